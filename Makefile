@@ -1,0 +1,32 @@
+# The two set-up commands of the README: `make run` and `make test`.
+# Both install what they need on a fresh Debian machine (see scripts/install-deps.sh).
+SHELL := /bin/bash
+CARGO ?= cargo
+CONFIG ?= examples/quickstart.yaml
+
+.PHONY: deps run test fmt lint nextest bench
+
+deps:
+	@bash scripts/install-deps.sh
+
+## Build the relay node and start it on the embedded store with the example config.
+run: deps
+	$(CARGO) build -p ankusa-relay --bin ankusa-relay
+	./target/debug/ankusa-relay run --config $(CONFIG)
+
+## Every check and every test, from a clean clone.
+test: deps fmt lint nextest
+
+fmt:
+	$(CARGO) fmt --all -- --check
+
+lint:
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+nextest:
+	$(CARGO) nextest run --workspace --all-targets --no-fail-fast
+
+## The self-asserting benches (not part of `make test`; see docs/testing.md).
+bench: deps
+	$(CARGO) bench -p ankusa-relay --bench gauges
+	$(CARGO) bench -p ankusa-relay --bench dispatch_tick

@@ -1,0 +1,254 @@
+//! The `ankusa-relay` command line.
+//!
+//! Every subcommand that is handed bad input (a missing data dir, a newer store format, a
+//! corrupted family, a bad config) prints one clear error on stderr, exits non-zero, and
+//! writes nothing.
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::admin::{self, AdminState};
+use crate::config::Config;
+use crate::queue::{counters, deliveries, fold, tenants};
+use crate::store::keys::{AtMs, Family};
+use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
+
+#[derive(Debug, Parser)]
+#[command(name = "ankusa-relay", version, about = "Ankusa relay node")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a relay node.
+    Run {
+        /// The YAML configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Inspect and maintain a store.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+    /// Print the version and the store format this binary supports.
+    Version {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Format, column families, key counts per family, migration in progress.
+    Inspect {
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Run (or, with --dry-run, list) the pending format migrations.
+    Migrate {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Check that the counters equal a fold of the families they summarise.
+    Verify {
+        #[arg(long)]
+        data: PathBuf,
+    },
+}
+
+/// Runs a parsed command line.
+pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run { config } => run(&config),
+        Command::Version { json } => {
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({
+                        "version": env!("CARGO_PKG_VERSION"),
+                        "store_format": SUPPORTED_FORMAT,
+                    })
+                );
+            } else {
+                println!(
+                    "ankusa-relay {} (store format {SUPPORTED_FORMAT})",
+                    env!("CARGO_PKG_VERSION")
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Store { command } => match command {
+            StoreCommand::Inspect { data } => inspect(&data),
+            StoreCommand::Migrate { data, dry_run } => migrate_cmd(&data, dry_run),
+            StoreCommand::Verify { data } => verify(&data),
+        },
+    }
+}
+
+fn open_existing(data: &Path, read_only: bool) -> anyhow::Result<Store> {
+    let opts = OpenOptions {
+        create_if_missing: false,
+        read_only,
+        ..OpenOptions::default()
+    };
+    Store::open(data, &opts).with_context(|| format!("opening the store at {}", data.display()))
+}
+
+fn inspect(data: &Path) -> anyhow::Result<ExitCode> {
+    let store = open_existing(data, true)?;
+    let format = store.format()?;
+    println!("store:    {}", data.display());
+    println!("format:   {format} (this binary supports {SUPPORTED_FORMAT})");
+    match migrate::in_progress(&store)? {
+        Some((to, cursor)) => println!(
+            "migrating: to format {to}, cursor {} bytes (resumes on the next boot or `store migrate`)",
+            cursor.len()
+        ),
+        None => println!("migrating: no"),
+    }
+    let cfs: Vec<&str> = store.column_families().iter().map(|c| c.name()).collect();
+    println!("column families: {}", cfs.join(", "));
+    println!("{:<18} {:<11} {:>12}", "family", "cf", "keys");
+    for fam in Family::of_format(format) {
+        let n = store
+            .scan_family(*fam)?
+            .try_fold(0u64, |n, kv| kv.map(|_| n + 1))?;
+        println!("{:<18} {:<11} {:>12}", fam.name(), fam.cf().name(), n);
+    }
+    if format >= 3 {
+        let c = counters::node(&store)?;
+        println!("tenants:  {}", tenants::count(&store)?);
+        println!(
+            "node counters: pending={} scheduled={} inflight={} dead={} bytes={} archive_pending={}",
+            c.pending, c.scheduled, c.inflight, c.dead, c.bytes, c.archive_pending
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn migrate_cmd(data: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
+    let registry = migrate::builtin();
+    if dry_run {
+        let store = open_existing(data, true)?;
+        let pending = migrate::pending(&store, &registry, SUPPORTED_FORMAT)?;
+        if pending.is_empty() {
+            println!("store at format {}: no pending migrations", store.format()?);
+        }
+        for p in pending {
+            println!("{p}");
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let store = open_existing(data, false)?;
+    let out = migrate::run(&store, &registry, SUPPORTED_FORMAT, |p| {
+        if p.finished || p.steps % 100 == 0 {
+            println!(
+                "{} -> {}: {} steps, {} rows{}",
+                p.from,
+                p.to,
+                p.steps,
+                p.rows,
+                if p.finished { ", done" } else { "" }
+            );
+        }
+        ControlFlow::Continue(())
+    })?;
+    println!("{out:?}");
+    Ok(ExitCode::SUCCESS)
+}
+
+fn verify(data: &Path) -> anyhow::Result<ExitCode> {
+    let store = open_existing(data, true)?;
+    let mismatches = fold::verify(&store)?;
+    if mismatches.is_empty() {
+        println!("counters equal a fold of the families");
+        return Ok(ExitCode::SUCCESS);
+    }
+    for m in &mismatches {
+        eprintln!(
+            "ord {}: stored {:?} but the families fold to {:?}",
+            m.ord.0, m.stored, m.folded
+        );
+    }
+    Ok(ExitCode::FAILURE)
+}
+
+fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+}
+
+/// Opens (or creates) the store, runs pending migrations, recovers inflight rows, and
+/// serves the admin listener until interrupted.
+fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
+    init_tracing();
+    let config = Config::load(config_path, std::env::vars())?;
+    let store = Store::open(&config.data_dir, &OpenOptions::default())
+        .with_context(|| format!("opening the store at {}", config.data_dir.display()))?;
+    let store = Arc::new(store);
+    let state = Arc::new(AdminState {
+        store: store.clone(),
+        ready: false.into(),
+    });
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let listener = tokio::net::TcpListener::bind(config.admin.listen)
+            .await
+            .with_context(|| format!("binding admin.listen {}", config.admin.listen))?;
+        let addr = listener.local_addr()?;
+        let app = admin::router(state.clone());
+        let server = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async {
+                    let _ = tokio::signal::ctrl_c().await;
+                })
+                .await
+        });
+        let boot_store = store.clone();
+        let boot = tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, u32)> {
+            let out = migrate::run(&boot_store, &migrate::builtin(), SUPPORTED_FORMAT, |p| {
+                tracing::info!(
+                    from = p.from,
+                    to = p.to,
+                    steps = p.steps,
+                    rows = p.rows,
+                    "migration step"
+                );
+                ControlFlow::Continue(())
+            })?;
+            tracing::info!(?out, "store format current");
+            let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()))?;
+            Ok((recovered, boot_store.format()?))
+        })
+        .await??;
+        state.ready.store(true, Ordering::Release);
+        tracing::info!(
+            data_dir = %config.data_dir.display(),
+            admin = %addr,
+            format = boot.1,
+            recovered_inflight = boot.0,
+            "relay node ready"
+        );
+        println!(
+            "ankusa-relay: store {} at format {} is open; admin listener on http://{addr} \
+             (try: curl http://{addr}/v1/node). Ctrl-C stops.",
+            config.data_dir.display(),
+            boot.1
+        );
+        server.await??;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,23 @@
+//! Ankusa relay node: receives webhooks for many tenants, commits each durably to an
+//! embedded RocksDB store before acknowledging it, and delivers it to its sinks.
+//!
+//! Layers (one folder each, each owning its own state):
+//! - [`store`]: RocksDB, key layouts, formats, migrations. The only user of `rocksdb`.
+//! - [`queue`]: tenant ordinals, per-tenant counters, the active index and every
+//!   delivery transition as an op builder.
+//! - [`admin`]: the admin listener (health, readiness, node status).
+//! - [`config`]: the YAML configuration and its validation.
+//! - [`cli`]: the `ankusa-relay` command line.
+
+pub mod admin;
+pub mod cli;
+pub mod config;
+pub mod queue;
+pub mod store;
+
+/// Milliseconds since the Unix epoch, now.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}

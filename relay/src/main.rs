@@ -1,0 +1,12 @@
+use clap::Parser;
+
+fn main() -> std::process::ExitCode {
+    let cli = ankusa_relay::cli::Cli::parse();
+    match ankusa_relay::cli::main(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("ankusa-relay: error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

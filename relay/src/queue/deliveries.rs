@@ -1,0 +1,1000 @@
+//! Delivery rows and every transition between their states — the only module that builds
+//! `?D ?F ?X ?A` keys (ADR "structural guard").
+//!
+//! A delivery is one (hook, sink) pair. Its state is which index key it has:
+//!
+//! ```text
+//!             ingest/expand/revive/recover (kind 0)      retry (kind 1)
+//!   ──────────────► due ?D ───claim──► inflight ?F ──────────────────┐
+//!                    ▲                   │ │ │                       │
+//!                    └───────────────────┘ │ └─dead_letter─► dead ?x + ?X
+//!                                          └─delivered / orphan_drop─► (row gone, ?c)
+//! ```
+//!
+//! Every op builder takes a [`Tx`] and adds its ops *and* its counter deltas; a `Tx` turns
+//! into one atomic batch with [`Tx::into_ops`], which appends the coalesced counter merges.
+//! There is no way to put a due row without its active marker ([`Tx::enqueue`] writes
+//! both), nor to move a row without its deltas.
+
+use std::collections::BTreeSet;
+
+use super::codec::{Dec, DecodeError, Enc};
+use super::counters::{self, Delta};
+use crate::store::keys::{
+    self, AtMs, Bucket, CounterField, DeadKey, DueKey, Family, InflightKey, Seq, SinkIdx, TenantOrd,
+};
+use crate::store::{Cf, Dir, Op, Store, StoreError};
+
+/// The most rows one purge or recovery batch touches.
+pub const CHUNK_ROWS: usize = 500;
+/// How many stale markers the oldest-due-age read skips before it settles for a bucket.
+pub const OLDEST_DUE_MAX_SKIPS: usize = 32;
+
+/// Why a due row is waiting: kind 0 counts as `pending`, kind 1 as `scheduled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Kind {
+    /// First attempt, replay revival, recovery or expansion.
+    First = 0,
+    /// Waiting out (or just past) a retry backoff.
+    Retry = 1,
+}
+
+impl Kind {
+    fn field(self) -> CounterField {
+        match self {
+            Kind::First => CounterField::Pending,
+            Kind::Retry => CounterField::Scheduled,
+        }
+    }
+}
+
+/// A due row: its key fields and its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DueRow {
+    pub key: DueKey,
+    pub size: u32,
+    pub kind: Kind,
+}
+
+impl DueRow {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<DueRow, StoreError> {
+        let key = keys::decode_due(key)?;
+        match value {
+            [a, b, c, d, k] if *k <= 1 => Ok(DueRow {
+                key,
+                size: u32::from_be_bytes([*a, *b, *c, *d]),
+                kind: if *k == 0 { Kind::First } else { Kind::Retry },
+            }),
+            _ => Err(StoreError::Corruption {
+                family: "due",
+                detail: format!("bad value {}", keys::hex(value)),
+            }),
+        }
+    }
+}
+
+/// An inflight row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InflightRow {
+    pub key: InflightKey,
+    pub size: u32,
+}
+
+impl InflightRow {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<InflightRow, StoreError> {
+        let key = keys::decode_inflight(key)?;
+        let size = size_value(value).ok_or_else(|| StoreError::Corruption {
+            family: "inflight",
+            detail: format!("bad value {}", keys::hex(value)),
+        })?;
+        Ok(InflightRow { key, size })
+    }
+}
+
+fn size_value(v: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?))
+}
+
+/// The value of a dead row (`?x`): whose it is and what the DLQ lists, without a hook read.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeadValue {
+    pub ord: TenantOrd,
+    pub size: u32,
+    pub source: String,
+    pub hook_id: String,
+}
+
+const DEAD_VALUE_VERSION: u8 = 3;
+
+impl DeadValue {
+    pub fn encode(&self) -> Vec<u8> {
+        Enc::with_version(DEAD_VALUE_VERSION)
+            .u32(self.ord.0)
+            .u32(self.size)
+            .str(&self.source)
+            .str(&self.hook_id)
+            .finish()
+    }
+    pub fn decode(v: &[u8]) -> Result<DeadValue, DecodeError> {
+        let mut d = Dec::new(v, "dead value");
+        d.version(DEAD_VALUE_VERSION)?;
+        let out = DeadValue {
+            ord: TenantOrd(d.u32()?),
+            size: d.u32()?,
+            source: d.string()?,
+            hook_id: d.string()?,
+        };
+        d.end()?;
+        Ok(out)
+    }
+}
+
+/// A dead row: `?x` key and value (its `?X` twin carries the same key fields).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeadRow {
+    pub key: DeadKey,
+    pub value: DeadValue,
+}
+
+impl DeadRow {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<DeadRow, StoreError> {
+        Ok(DeadRow {
+            key: keys::decode_dead(key)?,
+            value: DeadValue::decode(value).map_err(|e| StoreError::Corruption {
+                family: "dead",
+                detail: e.to_string(),
+            })?,
+        })
+    }
+}
+
+/// The hook envelope stored in `hooks`: everything delivery needs, including the sink ids
+/// of its fan-out list as they were at ingest.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Envelope {
+    pub id: String,
+    /// `None` files the hook under [`super::tenants::DEFAULT_TENANT`].
+    pub tenant: Option<String>,
+    pub source: String,
+    pub received_at: AtMs,
+    pub content_type: String,
+    pub sinks: Vec<String>,
+    pub body: Vec<u8>,
+}
+
+const ENVELOPE_VERSION: u8 = 1;
+
+impl Envelope {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Enc::with_version(ENVELOPE_VERSION);
+        e.str(&self.id);
+        match &self.tenant {
+            Some(t) => e.u8(1).str(t),
+            None => e.u8(0),
+        };
+        e.str(&self.source)
+            .u64(self.received_at.0)
+            .str(&self.content_type)
+            .u16(self.sinks.len() as u16);
+        for s in &self.sinks {
+            e.str(s);
+        }
+        e.bytes(&self.body).finish()
+    }
+
+    pub fn decode(v: &[u8]) -> Result<Envelope, DecodeError> {
+        let mut d = Dec::new(v, "hook envelope");
+        d.version(ENVELOPE_VERSION)?;
+        let id = d.string()?;
+        let tenant = match d.u8()? {
+            0 => None,
+            _ => Some(d.string()?),
+        };
+        let source = d.string()?;
+        let received_at = AtMs(d.u64()?);
+        let content_type = d.string()?;
+        let n = d.u16()?;
+        let mut sinks = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            sinks.push(d.string()?);
+        }
+        let body = d.bytes()?.to_vec();
+        d.end()?;
+        Ok(Envelope {
+            id,
+            tenant,
+            source,
+            received_at,
+            content_type,
+            sinks,
+            body,
+        })
+    }
+
+    /// The tenant the hook is filed under.
+    pub fn tenant_or_default(&self) -> &str {
+        self.tenant
+            .as_deref()
+            .unwrap_or(super::tenants::DEFAULT_TENANT)
+    }
+}
+
+/// The delivery row in `deliveries`: what the index keys do not say.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DeliveryRow {
+    pub ord: TenantOrd,
+    pub size: u32,
+    pub attempts: u32,
+    pub last_attempt_at: u64,
+    /// HTTP status of the last attempt (0: none, or no response).
+    pub last_status: u16,
+    pub last_error: String,
+}
+
+const ROW_VERSION: u8 = 1;
+
+impl DeliveryRow {
+    pub fn encode(&self) -> Vec<u8> {
+        Enc::with_version(ROW_VERSION)
+            .u32(self.ord.0)
+            .u32(self.size)
+            .u32(self.attempts)
+            .u64(self.last_attempt_at)
+            .u16(self.last_status)
+            .str(&self.last_error)
+            .finish()
+    }
+    pub fn decode(v: &[u8]) -> Result<DeliveryRow, DecodeError> {
+        let mut d = Dec::new(v, "delivery row");
+        d.version(ROW_VERSION)?;
+        let out = DeliveryRow {
+            ord: TenantOrd(d.u32()?),
+            size: d.u32()?,
+            attempts: d.u32()?,
+            last_attempt_at: d.u64()?,
+            last_status: d.u16()?,
+            last_error: d.string()?,
+        };
+        d.end()?;
+        Ok(out)
+    }
+}
+
+/// One atomic batch of queue transitions: ops plus the counter deltas they imply.
+#[derive(Debug, Default)]
+pub struct Tx {
+    ops: Vec<Op>,
+    deltas: Vec<Delta>,
+}
+
+impl Tx {
+    pub fn new() -> Self {
+        Tx::default()
+    }
+
+    /// An op outside the queue index (tenant allocation, dedupe keys, audit rows, a
+    /// migration cursor) that must commit with this batch.
+    pub fn push_op(&mut self, op: Op) {
+        self.ops.push(op);
+    }
+
+    pub fn deltas(&self) -> &[Delta] {
+        &self.deltas
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.ops.is_empty() && self.deltas.is_empty()
+    }
+
+    /// The batch: every op, then the coalesced counter merges.
+    pub fn into_ops(self) -> Vec<Op> {
+        let mut ops = self.ops;
+        ops.extend(counters::ops(&self.deltas));
+        ops
+    }
+
+    /// Commits the batch.
+    pub fn commit(self, store: &Store, sync: bool) -> Result<(), StoreError> {
+        if self.is_empty() {
+            return Ok(());
+        }
+        store.write(self.into_ops(), sync)
+    }
+
+    fn delta(&mut self, ord: TenantOrd, field: CounterField, d: i64) {
+        self.deltas.push(Delta::new(ord, field, d));
+    }
+
+    /// Puts a due row and its active marker (ADR `due_ops`): the only way a due row is
+    /// written. Counts it as pending (kind 0) or scheduled (kind 1).
+    fn enqueue(&mut self, row: &DueRow) {
+        let mut v = row.size.to_be_bytes().to_vec();
+        v.push(row.kind as u8);
+        self.ops.push(Op::put(Cf::Index, keys::due(&row.key), v));
+        self.ops.push(Op::put(
+            Cf::Index,
+            keys::active(row.key.at.bucket(), row.key.ord),
+            Vec::new(),
+        ));
+        self.delta(row.key.ord, row.kind.field(), 1);
+    }
+
+    fn put_inflight(&mut self, row: &InflightRow) {
+        self.ops.push(Op::put(
+            Cf::Index,
+            keys::inflight(&row.key),
+            row.size.to_be_bytes(),
+        ));
+        self.delta(row.key.ord, CounterField::Inflight, 1);
+    }
+
+    fn delete_inflight(&mut self, row: &InflightRow) {
+        self.ops
+            .push(Op::delete(Cf::Index, keys::inflight(&row.key)));
+        self.delta(row.key.ord, CounterField::Inflight, -1);
+    }
+
+    fn delete_due(&mut self, row: &DueRow) {
+        self.ops.push(Op::delete(Cf::Index, keys::due(&row.key)));
+        self.delta(row.key.ord, row.kind.field(), -1);
+    }
+
+    /// Deletes a delivery row, gives back its bytes, and leaves a `?c` marker so reclaim
+    /// looks at the hook.
+    fn drop_row(&mut self, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32) {
+        self.ops
+            .push(Op::delete(Cf::Deliveries, keys::delivery(seq, sink)));
+        self.ops
+            .push(Op::put(Cf::Index, keys::cleared(seq), Vec::new()));
+        self.delta(ord, CounterField::Bytes, -(size as i64));
+    }
+}
+
+/// What ingest needs to enqueue one hook.
+#[derive(Debug, Clone)]
+pub struct NewHook<'a> {
+    pub seq: Seq,
+    pub ord: TenantOrd,
+    pub envelope: &'a Envelope,
+    /// Keep an archive obligation (`?a`) until the archive has the hook.
+    pub archive: bool,
+}
+
+/// Ingest: the hook, one delivery row and one due row (kind 0, due at receipt) per sink,
+/// and the archive obligation. Returns the encoded size every row counts.
+pub fn ingest(tx: &mut Tx, h: &NewHook<'_>) -> u32 {
+    let env = h.envelope.encode();
+    let size = env.len() as u32;
+    tx.ops.push(Op::put(Cf::Hooks, keys::hook(h.seq), env));
+    for i in 0..h.envelope.sinks.len() {
+        add_delivery(
+            tx,
+            h.ord,
+            h.seq,
+            SinkIdx(i as u16),
+            size,
+            h.envelope.received_at,
+        );
+    }
+    if h.archive {
+        let mut v = size.to_be_bytes().to_vec();
+        v.extend_from_slice(&h.ord.0.to_be_bytes());
+        tx.ops.push(Op::put(Cf::Index, keys::archive(h.seq), v));
+        tx.delta(h.ord, CounterField::ArchivePending, 1);
+    }
+    size
+}
+
+fn add_delivery(tx: &mut Tx, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32, at: AtMs) {
+    let row = DeliveryRow {
+        ord,
+        size,
+        ..DeliveryRow::default()
+    };
+    tx.ops.push(Op::put(
+        Cf::Deliveries,
+        keys::delivery(seq, sink),
+        row.encode(),
+    ));
+    tx.delta(ord, CounterField::Bytes, size as i64);
+    tx.enqueue(&DueRow {
+        key: DueKey { ord, at, seq, sink },
+        size,
+        kind: Kind::First,
+    });
+}
+
+/// Expand: a new delivery of an existing hook to sink `sink` (rows imported from an older
+/// release, or a route gaining a sink), due at `at` as a first attempt.
+pub fn expand(tx: &mut Tx, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32, at: AtMs) {
+    add_delivery(tx, ord, seq, sink, size, at);
+}
+
+/// Claim: due → inflight, with the ord and size the due row carries.
+pub fn claim(tx: &mut Tx, row: &DueRow) -> InflightRow {
+    tx.delete_due(row);
+    let inflight = InflightRow {
+        key: InflightKey {
+            ord: row.key.ord,
+            seq: row.key.seq,
+            sink: row.key.sink,
+        },
+        size: row.size,
+    };
+    tx.put_inflight(&inflight);
+    inflight
+}
+
+/// Delivered: the inflight row and its delivery row go.
+pub fn delivered(tx: &mut Tx, row: &InflightRow) {
+    tx.delete_inflight(row);
+    tx.drop_row(row.key.ord, row.key.seq, row.key.sink, row.size);
+}
+
+/// Retry: inflight → due at `at` with kind 1; the delivery row records the attempt.
+pub fn retry(tx: &mut Tx, row: &InflightRow, at: AtMs, updated: &DeliveryRow) {
+    tx.delete_inflight(row);
+    tx.ops.push(Op::put(
+        Cf::Deliveries,
+        keys::delivery(row.key.seq, row.key.sink),
+        updated.encode(),
+    ));
+    tx.enqueue(&DueRow {
+        key: DueKey {
+            ord: row.key.ord,
+            at,
+            seq: row.key.seq,
+            sink: row.key.sink,
+        },
+        size: row.size,
+        kind: Kind::Retry,
+    });
+}
+
+/// Dead-letter: inflight → dead, keyed by time (`?x`, its value carrying the ord) and by
+/// tenant (`?X`). The delivery row stays (the DLQ still owes it), so bytes do not change.
+pub fn dead_letter(
+    tx: &mut Tx,
+    row: &InflightRow,
+    at: AtMs,
+    source: &str,
+    hook_id: &str,
+    updated: Option<&DeliveryRow>,
+) -> DeadRow {
+    tx.delete_inflight(row);
+    if let Some(updated) = updated {
+        tx.ops.push(Op::put(
+            Cf::Deliveries,
+            keys::delivery(row.key.seq, row.key.sink),
+            updated.encode(),
+        ));
+    }
+    let dead = DeadRow {
+        key: DeadKey {
+            at,
+            seq: row.key.seq,
+            sink: row.key.sink,
+        },
+        value: DeadValue {
+            ord: row.key.ord,
+            size: row.size,
+            source: source.to_owned(),
+            hook_id: hook_id.to_owned(),
+        },
+    };
+    tx.ops.push(Op::put(
+        Cf::Index,
+        keys::dead(&dead.key),
+        dead.value.encode(),
+    ));
+    tx.ops.push(Op::put(
+        Cf::Index,
+        keys::dead_by_tenant(row.key.ord, &dead.key),
+        Vec::new(),
+    ));
+    tx.delta(row.key.ord, CounterField::Dead, 1);
+    dead
+}
+
+/// Orphan drop: an inflight delivery whose hook is gone or undecodable is removed through
+/// the counted path.
+pub fn orphan_drop(tx: &mut Tx, row: &InflightRow) {
+    delivered(tx, row);
+}
+
+/// Revive (replay): dead → due at `at`, kind 0.
+pub fn revive(tx: &mut Tx, row: &DeadRow, at: AtMs) {
+    delete_dead(tx, row);
+    tx.enqueue(&DueRow {
+        key: DueKey {
+            ord: row.value.ord,
+            at,
+            seq: row.key.seq,
+            sink: row.key.sink,
+        },
+        size: row.value.size,
+        kind: Kind::First,
+    });
+}
+
+fn delete_dead(tx: &mut Tx, row: &DeadRow) {
+    tx.ops.push(Op::delete(Cf::Index, keys::dead(&row.key)));
+    tx.ops.push(Op::delete(
+        Cf::Index,
+        keys::dead_by_tenant(row.value.ord, &row.key),
+    ));
+    tx.delta(row.value.ord, CounterField::Dead, -1);
+}
+
+/// Recover (boot): an inflight row left by a crash goes back to due at `at`, kind 0.
+pub fn recover(tx: &mut Tx, row: &InflightRow, at: AtMs) {
+    tx.delete_inflight(row);
+    tx.enqueue(&DueRow {
+        key: DueKey {
+            ord: row.key.ord,
+            at,
+            seq: row.key.seq,
+            sink: row.key.sink,
+        },
+        size: row.size,
+        kind: Kind::First,
+    });
+}
+
+/// Purge one due row (its marker is left for the pipeline's cleanup).
+pub fn purge_due(tx: &mut Tx, row: &DueRow) {
+    tx.delete_due(row);
+    tx.drop_row(row.key.ord, row.key.seq, row.key.sink, row.size);
+}
+
+/// Purge one dead row.
+pub fn purge_dead(tx: &mut Tx, row: &DeadRow) {
+    delete_dead(tx, row);
+    tx.drop_row(row.value.ord, row.key.seq, row.key.sink, row.value.size);
+}
+
+/// An archive obligation (`?a`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArchiveObligation {
+    pub seq: Seq,
+    pub ord: TenantOrd,
+    pub size: u32,
+}
+
+impl ArchiveObligation {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<Self, StoreError> {
+        let seq = keys::decode_archive(key)?;
+        match value {
+            [a, b, c, d, e, f, g, h] => Ok(ArchiveObligation {
+                seq,
+                size: u32::from_be_bytes([*a, *b, *c, *d]),
+                ord: TenantOrd(u32::from_be_bytes([*e, *f, *g, *h])),
+            }),
+            _ => Err(StoreError::Corruption {
+                family: "archive_pending",
+                detail: format!("bad value {}", keys::hex(value)),
+            }),
+        }
+    }
+}
+
+/// Archive settle: the hook is in a segment; the obligation goes and reclaim may look.
+pub fn archive_settle(tx: &mut Tx, ob: &ArchiveObligation) {
+    tx.ops.push(Op::delete(Cf::Index, keys::archive(ob.seq)));
+    tx.ops
+        .push(Op::put(Cf::Index, keys::cleared(ob.seq), Vec::new()));
+    tx.delta(ob.ord, CounterField::ArchivePending, -1);
+}
+
+/// Archive drop: the obligation is given up (the archive is off, or the hook is gone).
+pub fn archive_drop(tx: &mut Tx, ob: &ArchiveObligation) {
+    archive_settle(tx, ob);
+}
+
+// ---------------------------------------------------------------------------------------
+// Reads.
+
+fn collect<T>(
+    scan: impl Iterator<Item = Result<crate::store::KeyValue, StoreError>>,
+    limit: usize,
+    mut decode: impl FnMut(&[u8], &[u8]) -> Result<T, StoreError>,
+) -> Result<Vec<T>, StoreError> {
+    let mut out = Vec::new();
+    for kv in scan.take(limit) {
+        let (k, v) = kv?;
+        out.push(decode(&k, &v)?);
+    }
+    Ok(out)
+}
+
+/// A tenant with due work, and the markers the scan saw for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ActiveTenant {
+    pub ord: TenantOrd,
+    /// Marker buckets seen, oldest first.
+    pub buckets: Vec<Bucket>,
+}
+
+/// The first `limit` active markers with a bucket at or before `now`'s, oldest first,
+/// grouped by tenant (in order of each tenant's oldest marker). Never touches a tenant
+/// with nothing due, so its cost depends on neither the tenant count nor the backlog.
+pub fn active_tenants(
+    store: &Store,
+    now: AtMs,
+    limit: usize,
+) -> Result<Vec<ActiveTenant>, StoreError> {
+    let (lo, end) = keys::active_through(now.bucket());
+    let mut out: Vec<ActiveTenant> = Vec::new();
+    for kv in store
+        .scan(Family::Active, &lo, &end, Dir::Forward)?
+        .take(limit)
+    {
+        let (k, _) = kv?;
+        let (bucket, ord) = keys::decode_active(&k)?;
+        match out.iter_mut().find(|t| t.ord == ord) {
+            Some(t) => t.buckets.push(bucket),
+            None => out.push(ActiveTenant {
+                ord,
+                buckets: vec![bucket],
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// A tenant's due rows with `floor <= at <= now`, oldest first, at most `limit` rows and
+/// `byte_budget` bytes (the first row is always returned, however large).
+pub fn due_for_tenant(
+    store: &Store,
+    ord: TenantOrd,
+    now: AtMs,
+    floor: AtMs,
+    limit: usize,
+    byte_budget: u64,
+) -> Result<Vec<DueRow>, StoreError> {
+    let (from, to) = keys::due_range(ord, floor, AtMs(now.0.saturating_add(1)));
+    let mut out = Vec::new();
+    let mut bytes = 0u64;
+    for kv in store.scan(Family::Due, &from, &to, Dir::Forward)? {
+        if out.len() >= limit {
+            break;
+        }
+        let (k, v) = kv?;
+        let row = DueRow::decode(&k, &v)?;
+        bytes += row.size as u64;
+        if bytes > byte_budget && !out.is_empty() {
+            break;
+        }
+        out.push(row);
+    }
+    Ok(out)
+}
+
+/// The earliest due row of a tenant (one seek).
+pub fn first_due(store: &Store, ord: TenantOrd) -> Result<Option<DueRow>, StoreError> {
+    let (from, to) = keys::due_tenant_range(ord);
+    match store.scan(Family::Due, &from, &to, Dir::Forward)?.next() {
+        Some(kv) => {
+            let (k, v) = kv?;
+            Ok(Some(DueRow::decode(&k, &v)?))
+        }
+        None => Ok(None),
+    }
+}
+
+fn has_due_in(store: &Store, ord: TenantOrd, bucket: Bucket) -> Result<bool, StoreError> {
+    let (from, to) = keys::due_range(
+        ord,
+        bucket.start(),
+        Bucket(bucket.0.saturating_add(1)).start(),
+    );
+    Ok(store
+        .scan(Family::Due, &from, &to, Dir::Forward)?
+        .next()
+        .is_some())
+}
+
+/// Cleanup step 1 (ADR section 5): which scanned markers are stale.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a cleanup plan must be carried out"]
+pub struct CleanupPlan {
+    pub ord: TenantOrd,
+    pub stale: Vec<Bucket>,
+}
+
+/// Markers deleted by step 2, to be verified by step 3.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use = "a cleanup must be verified"]
+pub struct DeletedMarkers {
+    pub ord: TenantOrd,
+    pub buckets: Vec<Bucket>,
+}
+
+/// Cleanup, step 1: reads the tenant's first due row; the scanned markers older than its
+/// bucket (older than `now`'s bucket if it has none) are stale. A marker of the current
+/// second is never stale.
+pub fn cleanup_plan(
+    store: &Store,
+    ord: TenantOrd,
+    scanned: &[Bucket],
+    now: AtMs,
+) -> Result<CleanupPlan, StoreError> {
+    let keep_from = match first_due(store, ord)? {
+        Some(first) => first.key.at.bucket().min(now.bucket()),
+        None => now.bucket(),
+    };
+    let stale: BTreeSet<Bucket> = scanned.iter().copied().filter(|b| *b < keep_from).collect();
+    Ok(CleanupPlan {
+        ord,
+        stale: stale.into_iter().collect(),
+    })
+}
+
+/// Cleanup, step 2: deletes the stale markers (not synced: a lost delete only costs an
+/// empty visit).
+pub fn cleanup_delete(store: &Store, plan: CleanupPlan) -> Result<DeletedMarkers, StoreError> {
+    if !plan.stale.is_empty() {
+        let ops = plan
+            .stale
+            .iter()
+            .map(|b| Op::delete(Cf::Index, keys::active(*b, plan.ord)))
+            .collect();
+        store.write(ops, false)?;
+    }
+    Ok(DeletedMarkers {
+        ord: plan.ord,
+        buckets: plan.stale,
+    })
+}
+
+/// Cleanup, step 3: puts back every deleted marker whose bucket still holds a due row of
+/// the tenant — a row a concurrent writer committed (with its marker) after step 1 read
+/// and before step 2 deleted. Writers only ever put markers and the pipeline is the only
+/// deleter, so after this no due row is without its marker. Returns the buckets restored.
+pub fn cleanup_verify(store: &Store, deleted: DeletedMarkers) -> Result<Vec<Bucket>, StoreError> {
+    let mut restored = Vec::new();
+    for b in deleted.buckets {
+        if has_due_in(store, deleted.ord, b)? {
+            restored.push(b);
+        }
+    }
+    if !restored.is_empty() {
+        let ops = restored
+            .iter()
+            .map(|b| Op::put(Cf::Index, keys::active(*b, deleted.ord), Vec::new()))
+            .collect();
+        store.write(ops, false)?;
+    }
+    Ok(restored)
+}
+
+/// The whole delete-then-verify cleanup of one tenant's scanned markers, after a claim.
+/// Dispatch-side only: the pipeline is the one deleter of markers.
+pub fn cleanup_markers(
+    store: &Store,
+    ord: TenantOrd,
+    scanned: &[Bucket],
+    now: AtMs,
+) -> Result<(), StoreError> {
+    let plan = cleanup_plan(store, ord, scanned, now)?;
+    let deleted = cleanup_delete(store, plan)?;
+    cleanup_verify(store, deleted)?;
+    Ok(())
+}
+
+/// When the oldest due row became due: from the first active marker, verified against that
+/// tenant's `first_due`; after [`OLDEST_DUE_MAX_SKIPS`] stale markers, the next marker's
+/// bucket start. O(1) in the backlog.
+pub fn oldest_due_at(store: &Store) -> Result<Option<AtMs>, StoreError> {
+    let (lo, end) = Family::Active.bounds();
+    for (i, kv) in store
+        .scan(Family::Active, &lo, &end, Dir::Forward)?
+        .enumerate()
+    {
+        let (k, _) = kv?;
+        let (bucket, ord) = keys::decode_active(&k)?;
+        if i >= OLDEST_DUE_MAX_SKIPS {
+            return Ok(Some(bucket.start()));
+        }
+        if let Some(first) = first_due(store, ord)? {
+            if first.key.at.bucket() <= bucket {
+                return Ok(Some(first.key.at));
+            }
+        }
+    }
+    Ok(None)
+}
+
+/// A page of the dead-letter queue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeadPage {
+    pub rows: Vec<DeadRow>,
+    /// Pass back as `before` for the next page; `None` at the end.
+    pub next: Option<DeadKey>,
+}
+
+fn page(rows: Vec<DeadRow>, limit: usize) -> DeadPage {
+    let next = if rows.len() == limit {
+        rows.last().map(|r| r.key)
+    } else {
+        None
+    };
+    DeadPage { rows, next }
+}
+
+/// The node's dead rows, newest first, strictly before `before` (a reverse `?x` scan).
+pub fn dead_page(
+    store: &Store,
+    before: Option<DeadKey>,
+    limit: usize,
+) -> Result<DeadPage, StoreError> {
+    let (lo, end) = Family::Dead.bounds();
+    let to = before.map_or(end, |k| keys::dead(&k));
+    let rows = collect(
+        store.scan(Family::Dead, &lo, &to, Dir::Reverse)?,
+        limit,
+        DeadRow::decode,
+    )?;
+    Ok(page(rows, limit))
+}
+
+/// One tenant's dead rows, newest first: a reverse scan of its `?X` range joined to the
+/// `?x` values by key. Reads no hook.
+pub fn dead_page_for_tenant(
+    store: &Store,
+    ord: TenantOrd,
+    before: Option<DeadKey>,
+    limit: usize,
+) -> Result<DeadPage, StoreError> {
+    let (lo, end) = keys::dead_tenant_range(ord);
+    let to = before.map_or(end, |k| keys::dead_by_tenant(ord, &k));
+    let dead_keys = collect(
+        store.scan(Family::DeadByTenant, &lo, &to, Dir::Reverse)?,
+        limit,
+        |k, _| Ok(keys::decode_dead_by_tenant(k)?.1),
+    )?;
+    let values = store.multi_get(
+        Cf::Index,
+        &dead_keys.iter().map(keys::dead).collect::<Vec<_>>(),
+    )?;
+    let mut rows = Vec::with_capacity(dead_keys.len());
+    for (key, v) in dead_keys.into_iter().zip(values) {
+        let v = v.ok_or_else(|| StoreError::Corruption {
+            family: "dead_by_tenant",
+            detail: format!("?X row without its ?x row at seq {}", key.seq.0),
+        })?;
+        rows.push(DeadRow::decode(&keys::dead(&key), &v)?);
+    }
+    Ok(page(rows, limit))
+}
+
+/// Which of a tenant's rows a purge removes (never inflight rows).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeKinds {
+    pub pending: bool,
+    pub dead: bool,
+}
+
+/// What a purge removed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PurgeReport {
+    pub due: u64,
+    pub dead: u64,
+    pub batches: u64,
+}
+
+/// One synced chunk of a purge: up to [`CHUNK_ROWS`] of the tenant's due rows (if asked),
+/// else up to [`CHUNK_ROWS`] dead rows. Returns the rows removed (0 when nothing is left).
+pub fn purge_tenant_chunk(
+    store: &Store,
+    ord: TenantOrd,
+    kinds: PurgeKinds,
+) -> Result<PurgeReport, StoreError> {
+    let mut tx = Tx::new();
+    let mut report = PurgeReport::default();
+    if kinds.pending {
+        let (lo, end) = keys::due_tenant_range(ord);
+        for row in collect(
+            store.scan(Family::Due, &lo, &end, Dir::Forward)?,
+            CHUNK_ROWS,
+            DueRow::decode,
+        )? {
+            purge_due(&mut tx, &row);
+            report.due += 1;
+        }
+    }
+    if kinds.dead && report.due == 0 {
+        let page = dead_page_for_tenant(store, ord, None, CHUNK_ROWS)?;
+        for row in &page.rows {
+            purge_dead(&mut tx, row);
+            report.dead += 1;
+        }
+    }
+    if !tx.is_empty() {
+        tx.commit(store, true)?;
+        report.batches = 1;
+    }
+    Ok(report)
+}
+
+/// Purges a tenant's pending (due) and/or dead rows in synced chunks of [`CHUNK_ROWS`].
+/// Idempotent: an interrupted purge finishes by being called again.
+pub fn purge_tenant(
+    store: &Store,
+    ord: TenantOrd,
+    kinds: PurgeKinds,
+) -> Result<PurgeReport, StoreError> {
+    let mut total = PurgeReport::default();
+    loop {
+        let r = purge_tenant_chunk(store, ord, kinds)?;
+        if r.batches == 0 {
+            return Ok(total);
+        }
+        total.due += r.due;
+        total.dead += r.dead;
+        total.batches += r.batches;
+    }
+}
+
+/// Boot recovery: every inflight row (left by a crash) back to due at `now`, kind 0, in
+/// synced chunks. Returns the rows recovered.
+pub fn recover_inflight(store: &Store, now: AtMs) -> Result<u64, StoreError> {
+    let (lo, end) = Family::Inflight.bounds();
+    let mut from = lo;
+    let mut total = 0;
+    loop {
+        let rows = collect(
+            store.scan(Family::Inflight, &from, &end, Dir::Forward)?,
+            CHUNK_ROWS,
+            InflightRow::decode,
+        )?;
+        let Some(last) = rows.last() else {
+            return Ok(total);
+        };
+        from = keys::inflight(&last.key);
+        from.push(0);
+        let mut tx = Tx::new();
+        for row in &rows {
+            recover(&mut tx, row, now);
+        }
+        total += rows.len() as u64;
+        tx.commit(store, true)?;
+    }
+}
+
+/// The archive obligations, oldest first, from `after` (exclusive).
+pub fn archive_obligations(
+    store: &Store,
+    after: Option<Seq>,
+    limit: usize,
+) -> Result<Vec<ArchiveObligation>, StoreError> {
+    let (lo, end) = Family::Archive.bounds();
+    let from = after.map_or(lo, |s| {
+        let mut k = keys::archive(s);
+        k.push(0);
+        k
+    });
+    collect(
+        store.scan(Family::Archive, &from, &end, Dir::Forward)?,
+        limit,
+        ArchiveObligation::decode,
+    )
+}
+
+/// A tenant's inflight rows (tests and tools; the pipeline keeps its own in memory).
+pub fn inflight_for_tenant(
+    store: &Store,
+    ord: TenantOrd,
+    limit: usize,
+) -> Result<Vec<InflightRow>, StoreError> {
+    let (lo, end) = keys::inflight_tenant_range(ord);
+    collect(
+        store.scan(Family::Inflight, &lo, &end, Dir::Forward)?,
+        limit,
+        InflightRow::decode,
+    )
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,922 @@
+//! The queue's proofs (ADR "Counters and transitions").
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::queue::tenants::{Allocator, DEFAULT_TENANT};
+use crate::queue::{counters, dead_for_tenant, fold, pending_for_tenant, QueueError};
+use crate::store::{OpenOptions, Store};
+
+/// A store, a tenant allocator and a seq counter: what the writer holds.
+struct Harness {
+    _dir: tempfile::TempDir,
+    store: Arc<Store>,
+    alloc: Allocator,
+    seq: u64,
+}
+
+impl Harness {
+    fn new() -> Self {
+        Self::with_max(1_000_000)
+    }
+
+    fn with_max(max: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("db"), &OpenOptions::default()).unwrap();
+        Harness {
+            _dir: dir,
+            store: Arc::new(store),
+            alloc: Allocator::new(max),
+            seq: 0,
+        }
+    }
+
+    /// Ingests one hook for `tenant` (None = default) with `sinks` sinks, due at `at`.
+    fn ingest(&mut self, tenant: Option<&str>, sinks: usize, at: u64, archive: bool) -> Seq {
+        self.try_ingest(tenant, sinks, at, archive).unwrap()
+    }
+
+    fn try_ingest(
+        &mut self,
+        tenant: Option<&str>,
+        sinks: usize,
+        at: u64,
+        archive: bool,
+    ) -> Result<Seq, QueueError> {
+        let name = tenant.unwrap_or(DEFAULT_TENANT);
+        let res = self.alloc.resolve(&self.store, [name]).unwrap();
+        let ord = match res.ords.get(name).unwrap() {
+            Ok(o) => *o,
+            Err(QueueError::TenantLimit { max }) => {
+                return Err(QueueError::TenantLimit { max: *max })
+            }
+            Err(e) => panic!("{e}"),
+        };
+        self.seq += 1;
+        let seq = Seq(self.seq);
+        let env = Envelope {
+            id: format!("hk_{}", self.seq),
+            tenant: tenant.map(str::to_owned),
+            source: "src".into(),
+            received_at: AtMs(at),
+            content_type: "application/json".into(),
+            sinks: (0..sinks).map(|i| format!("sink{i}")).collect(),
+            body: vec![b'x'; (self.seq % 7) as usize * 10],
+        };
+        let mut tx = Tx::new();
+        for op in &res.ops {
+            tx.push_op(op.clone());
+        }
+        ingest(
+            &mut tx,
+            &NewHook {
+                seq,
+                ord,
+                envelope: &env,
+                archive,
+            },
+        );
+        tx.commit(&self.store, false).unwrap();
+        self.alloc.committed(&res);
+        Ok(seq)
+    }
+
+    fn ord(&self, tenant: &str) -> TenantOrd {
+        crate::queue::tenants::ord(&self.store, tenant)
+            .unwrap()
+            .unwrap()
+    }
+
+    fn due_rows(&self) -> Vec<DueRow> {
+        self.store
+            .scan_family(Family::Due)
+            .unwrap()
+            .map(|kv| {
+                let (k, v) = kv.unwrap();
+                DueRow::decode(&k, &v).unwrap()
+            })
+            .collect()
+    }
+
+    fn inflight_rows(&self) -> Vec<InflightRow> {
+        self.store
+            .scan_family(Family::Inflight)
+            .unwrap()
+            .map(|kv| {
+                let (k, v) = kv.unwrap();
+                InflightRow::decode(&k, &v).unwrap()
+            })
+            .collect()
+    }
+
+    fn dead_rows(&self) -> Vec<DeadRow> {
+        dead_page(&self.store, None, usize::MAX).unwrap().rows
+    }
+
+    fn markers(&self) -> BTreeSet<(Bucket, TenantOrd)> {
+        self.store
+            .scan_family(Family::Active)
+            .unwrap()
+            .map(|kv| keys::decode_active(&kv.unwrap().0).unwrap())
+            .collect()
+    }
+
+    fn commit(&self, f: impl FnOnce(&mut Tx)) {
+        let mut tx = Tx::new();
+        f(&mut tx);
+        tx.commit(&self.store, false).unwrap();
+    }
+
+    fn assert_counters_equal_fold(&self) {
+        let mismatches = fold::verify(&self.store).unwrap();
+        assert!(
+            mismatches.is_empty(),
+            "counters differ from the fold: {mismatches:#?}"
+        );
+    }
+
+    fn assert_every_due_row_has_its_marker(&self) {
+        let markers = self.markers();
+        for r in self.due_rows() {
+            assert!(
+                markers.contains(&(r.key.at.bucket(), r.key.ord)),
+                "due row {r:?} has no marker"
+            );
+        }
+    }
+}
+
+const TENANTS: [Option<&str>; 4] = [None, Some("acme"), Some("globex"), Some("initech")];
+
+#[derive(Debug, Clone)]
+enum Transition {
+    Ingest {
+        tenant: usize,
+        sinks: usize,
+        at: u64,
+        archive: bool,
+    },
+    Claim(usize),
+    Deliver(usize),
+    Retry(usize, u64),
+    DeadLetter(usize),
+    OrphanDrop(usize),
+    Revive(usize),
+    Recover,
+    Expand(usize),
+    Purge {
+        tenant: usize,
+        pending: bool,
+        dead: bool,
+    },
+    ArchiveSettle(usize),
+    ArchiveDrop(usize),
+    Cleanup(u64),
+}
+
+fn transition() -> impl Strategy<Value = Transition> {
+    prop_oneof![
+        4 => (0..TENANTS.len(), 1usize..4, 0u64..20_000, any::<bool>()).prop_map(
+            |(tenant, sinks, at, archive)| Transition::Ingest { tenant, sinks, at, archive }
+        ),
+        4 => any::<usize>().prop_map(Transition::Claim),
+        2 => any::<usize>().prop_map(Transition::Deliver),
+        2 => (any::<usize>(), 0u64..30_000).prop_map(|(i, at)| Transition::Retry(i, at)),
+        2 => any::<usize>().prop_map(Transition::DeadLetter),
+        1 => any::<usize>().prop_map(Transition::OrphanDrop),
+        2 => any::<usize>().prop_map(Transition::Revive),
+        1 => Just(Transition::Recover),
+        1 => any::<usize>().prop_map(Transition::Expand),
+        1 => (0..TENANTS.len(), any::<bool>(), any::<bool>())
+            .prop_map(|(tenant, pending, dead)| Transition::Purge { tenant, pending, dead }),
+        1 => any::<usize>().prop_map(Transition::ArchiveSettle),
+        1 => any::<usize>().prop_map(Transition::ArchiveDrop),
+        2 => (0u64..40_000).prop_map(Transition::Cleanup),
+    ]
+}
+
+fn pick<T: Clone>(v: &[T], i: usize) -> Option<T> {
+    (!v.is_empty()).then(|| v[i % v.len()].clone())
+}
+
+fn apply(h: &mut Harness, t: &Transition) {
+    match t {
+        Transition::Ingest {
+            tenant,
+            sinks,
+            at,
+            archive,
+        } => {
+            h.ingest(TENANTS[*tenant], *sinks, *at, *archive);
+        }
+        Transition::Claim(i) => {
+            if let Some(r) = pick(&h.due_rows(), *i) {
+                h.commit(|tx| {
+                    claim(tx, &r);
+                });
+            }
+        }
+        Transition::Deliver(i) => {
+            if let Some(r) = pick(&h.inflight_rows(), *i) {
+                h.commit(|tx| delivered(tx, &r));
+            }
+        }
+        Transition::Retry(i, at) => {
+            if let Some(r) = pick(&h.inflight_rows(), *i) {
+                let row = DeliveryRow {
+                    ord: r.key.ord,
+                    size: r.size,
+                    attempts: 1,
+                    ..DeliveryRow::default()
+                };
+                h.commit(|tx| retry(tx, &r, AtMs(*at), &row));
+            }
+        }
+        Transition::DeadLetter(i) => {
+            if let Some(r) = pick(&h.inflight_rows(), *i) {
+                h.commit(|tx| {
+                    dead_letter(tx, &r, AtMs(r.key.seq.0 * 3), "src", "hk", None);
+                });
+            }
+        }
+        Transition::OrphanDrop(i) => {
+            if let Some(r) = pick(&h.inflight_rows(), *i) {
+                h.commit(|tx| orphan_drop(tx, &r));
+            }
+        }
+        Transition::Revive(i) => {
+            if let Some(r) = pick(&h.dead_rows(), *i) {
+                h.commit(|tx| revive(tx, &r, AtMs(500)));
+            }
+        }
+        Transition::Recover => {
+            recover_inflight(&h.store, AtMs(700)).unwrap();
+        }
+        Transition::Expand(i) => {
+            // A new sink for an existing hook: the next free sink index.
+            let seqs: Vec<Seq> = h
+                .store
+                .scan_family(Family::Hooks)
+                .unwrap()
+                .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap())
+                .collect();
+            if let Some(seq) = pick(&seqs, *i) {
+                let (lo, hi) = keys::deliveries_of_hook(seq);
+                let next = h
+                    .store
+                    .scan(Family::Deliveries, &lo, &hi, Dir::Forward)
+                    .unwrap()
+                    .map(|kv| keys::decode_delivery(&kv.unwrap().0).unwrap().1 .0)
+                    .max()
+                    .map_or(0, |m| m + 1);
+                let env =
+                    Envelope::decode(&h.store.get(Cf::Hooks, &keys::hook(seq)).unwrap().unwrap())
+                        .unwrap();
+                let ord = h.ord(env.tenant_or_default());
+                h.commit(|tx| expand(tx, ord, seq, SinkIdx(next), 77, AtMs(900)));
+            }
+        }
+        Transition::Purge {
+            tenant,
+            pending,
+            dead,
+        } => {
+            let name = TENANTS[*tenant].unwrap_or(DEFAULT_TENANT);
+            if let Some(ord) = crate::queue::tenants::ord(&h.store, name).unwrap() {
+                purge_tenant(
+                    &h.store,
+                    ord,
+                    PurgeKinds {
+                        pending: *pending,
+                        dead: *dead,
+                    },
+                )
+                .unwrap();
+            }
+        }
+        Transition::ArchiveSettle(i) | Transition::ArchiveDrop(i) => {
+            let obs = archive_obligations(&h.store, None, usize::MAX).unwrap();
+            if let Some(ob) = pick(&obs, *i) {
+                if matches!(t, Transition::ArchiveSettle(_)) {
+                    h.commit(|tx| archive_settle(tx, &ob));
+                } else {
+                    h.commit(|tx| archive_drop(tx, &ob));
+                }
+            }
+        }
+        Transition::Cleanup(now) => {
+            let now = AtMs(*now);
+            for t in active_tenants(&h.store, now, 4096).unwrap() {
+                cleanup_markers(&h.store, t.ord, &t.buckets, now).unwrap();
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn counters_equal_a_fold_after_any_sequence_of_transitions(
+        seq in proptest::collection::vec(transition(), 1..60)
+    ) {
+        let mut h = Harness::new();
+        for t in &seq {
+            apply(&mut h, t);
+        }
+        h.assert_counters_equal_fold();
+        // Every tenant's point read equals its fold too (the read the admin API serves).
+        let folded = fold::fold(&h.store).unwrap();
+        for (ord, c) in &folded {
+            prop_assert_eq!(&counters::read(&h.store, *ord).unwrap(), c);
+        }
+    }
+
+    #[test]
+    fn no_due_row_without_a_marker(seq in proptest::collection::vec(transition(), 1..60)) {
+        let mut h = Harness::new();
+        for t in &seq {
+            apply(&mut h, t);
+            h.assert_every_due_row_has_its_marker();
+        }
+    }
+}
+
+#[test]
+fn concurrent_writers_do_not_lose_counts() {
+    let mut h = Harness::new();
+    let threads = 6usize;
+    let per_thread = 150usize;
+    for i in 0..threads * per_thread {
+        h.ingest(Some("acme"), 1, i as u64, i % 3 == 0);
+    }
+    let ord = h.ord("acme");
+    let rows = h.due_rows();
+    let store = h.store.clone();
+    // Each thread owns a disjoint slice of rows and drives them through different op
+    // builders, one commit per transition, all on the same tenant's counter rows.
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = store.clone();
+            let mine: Vec<DueRow> = rows
+                .iter()
+                .copied()
+                .skip(t * per_thread)
+                .take(per_thread)
+                .collect();
+            std::thread::spawn(move || {
+                let commit = |f: &dyn Fn(&mut Tx)| {
+                    let mut tx = Tx::new();
+                    f(&mut tx);
+                    tx.commit(&store, false).unwrap();
+                };
+                for (i, r) in mine.iter().enumerate() {
+                    let mut tx = Tx::new();
+                    let inflight = claim(&mut tx, r);
+                    tx.commit(&store, false).unwrap();
+                    match (t + i) % 4 {
+                        0 => commit(&|tx| delivered(tx, &inflight)),
+                        1 => commit(&|tx| {
+                            retry(tx, &inflight, AtMs(99_000), &DeliveryRow::default())
+                        }),
+                        2 => {
+                            let mut tx = Tx::new();
+                            let dead = dead_letter(&mut tx, &inflight, AtMs(5), "src", "hk", None);
+                            tx.commit(&store, false).unwrap();
+                            commit(&|tx| revive(tx, &dead, AtMs(6)));
+                        }
+                        _ => {} // stays inflight
+                    }
+                }
+            })
+        })
+        .collect();
+    for handle in handles {
+        handle.join().unwrap();
+    }
+    let n = (threads * per_thread) as i64;
+    let c = counters::read(&h.store, ord).unwrap();
+    let quarter = |k: usize| {
+        (0..threads)
+            .flat_map(|t| (0..per_thread).map(move |i| (t + i) % 4))
+            .filter(|m| *m == k)
+            .count() as i64
+    };
+    assert_eq!(c.pending, quarter(2), "revived rows are pending again");
+    assert_eq!(c.scheduled, quarter(1));
+    assert_eq!(c.inflight, quarter(3));
+    assert_eq!(c.dead, 0);
+    assert_eq!(c.archive_pending, (n + 2) / 3);
+    assert_eq!(counters::node(&h.store).unwrap(), c);
+    h.assert_counters_equal_fold();
+}
+
+#[test]
+fn tenant_ordinal_is_assigned_once_and_never_reused() {
+    let mut h = Harness::new();
+    h.ingest(Some("a"), 1, 1, false);
+    h.ingest(Some("b"), 1, 1, false);
+    h.ingest(Some("a"), 1, 1, false);
+    h.ingest(None, 1, 1, false);
+    assert_eq!(h.ord("a"), TenantOrd(1));
+    assert_eq!(h.ord("b"), TenantOrd(2));
+    assert_eq!(h.ord(DEFAULT_TENANT), TenantOrd(3));
+    assert_eq!(crate::queue::tenants::count(&h.store).unwrap(), 3);
+    assert_eq!(
+        crate::queue::tenants::name(&h.store, TenantOrd(2))
+            .unwrap()
+            .as_deref(),
+        Some("b")
+    );
+
+    // A resolution whose batch never committed allocates nothing: the next one gets the
+    // same ordinal, and nothing was skipped.
+    let dropped = h.alloc.resolve(&h.store, ["c"]).unwrap();
+    assert_eq!(dropped.ord_of("c"), Some(TenantOrd(4)));
+    drop(dropped);
+    h.ingest(Some("c"), 1, 1, false);
+    assert_eq!(h.ord("c"), TenantOrd(4));
+
+    // A restarted writer (empty cache, next ordinal from the store) agrees.
+    let mut fresh = Allocator::with_cache(1_000_000, 2);
+    let res = fresh.resolve(&h.store, ["b", "a", "d", "c"]).unwrap();
+    assert_eq!(res.ord_of("a"), Some(TenantOrd(1)));
+    assert_eq!(res.ord_of("b"), Some(TenantOrd(2)));
+    assert_eq!(res.ord_of("c"), Some(TenantOrd(4)));
+    assert_eq!(res.ord_of("d"), Some(TenantOrd(5)));
+    assert_eq!(res.created, vec![("d".to_owned(), TenantOrd(5))]);
+    // Two tenants new in one batch get consecutive ordinals in first-sight order.
+    let res = fresh.resolve(&h.store, ["y", "x", "y"]).unwrap();
+    assert_eq!(
+        res.ord_of("y"),
+        Some(TenantOrd(5)),
+        "d's batch did not commit"
+    );
+    assert_eq!(res.ord_of("x"), Some(TenantOrd(6)));
+    // The cache is bounded: capacity 2, cleared whole when full.
+    fresh.committed(&res);
+    assert!(fresh.cache_len() <= 2);
+}
+
+#[test]
+fn tenants_max_refuses_a_new_tenant_and_never_an_existing_one() {
+    let mut h = Harness::with_max(2);
+    h.ingest(Some("a"), 1, 1, false);
+    h.ingest(Some("b"), 1, 1, false);
+    let before = fold::stored(&h.store).unwrap();
+    match h.try_ingest(Some("c"), 1, 1, false) {
+        Err(QueueError::TenantLimit { max: 2 }) => {}
+        other => panic!("expected TenantLimit, got {other:?}"),
+    }
+    assert_eq!(
+        fold::stored(&h.store).unwrap(),
+        before,
+        "a refusal changed counters"
+    );
+    assert!(crate::queue::tenants::ord(&h.store, "c").unwrap().is_none());
+    assert_eq!(crate::queue::tenants::count(&h.store).unwrap(), 2);
+    // Existing tenants at the cap, through the cache and through a cold allocator.
+    h.ingest(Some("a"), 1, 2, false);
+    h.alloc = Allocator::new(2);
+    h.ingest(Some("b"), 1, 2, false);
+    let err = h.try_ingest(Some("c"), 1, 1, false).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "tenant limit reached: this node holds tenants.max = 2 tenants"
+    );
+    h.assert_counters_equal_fold();
+}
+
+#[test]
+fn invalid_tenant_ids_are_refused_without_an_ordinal() {
+    let mut a = Allocator::new(10);
+    let h = Harness::new();
+    let long = "x".repeat(300);
+    let res = a.resolve(&h.store, ["", "a\nb", long.as_str()]).unwrap();
+    assert!(res
+        .ords
+        .values()
+        .all(|r| matches!(r, Err(QueueError::InvalidTenant(_)))));
+    assert!(res.ops.is_empty());
+}
+
+#[test]
+fn cleanup_does_not_lose_a_marker_to_a_concurrent_enqueue() {
+    let mut h = Harness::new();
+    // Tenant acme: a row due in bucket 50, claimed, and a row due in bucket 100.
+    h.ingest(Some("acme"), 1, 50_000, false);
+    h.ingest(Some("acme"), 1, 100_000, false);
+    let ord = h.ord("acme");
+    let first = first_due(&h.store, ord).unwrap().unwrap();
+    h.commit(|tx| {
+        claim(tx, &first);
+    });
+    let now = AtMs(200_000);
+    let active = active_tenants(&h.store, now, 4096).unwrap();
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].buckets, vec![Bucket(50), Bucket(100)]);
+
+    // Step 1 reads: bucket 50 is stale (the first due row is in bucket 100).
+    let plan = cleanup_plan(&h.store, ord, &active[0].buckets, now).unwrap();
+    assert_eq!(plan.stale, vec![Bucket(50)]);
+    // A writer commits a row due in bucket 50 (with its marker) before step 2 runs.
+    h.ingest(Some("acme"), 1, 50_500, false);
+    // Step 2 deletes the marker the writer just put: the hazard is real...
+    let deleted = cleanup_delete(&h.store, plan).unwrap();
+    assert!(!h.markers().contains(&(Bucket(50), ord)));
+    // ...and step 3 puts it back.
+    let restored = cleanup_verify(&h.store, deleted).unwrap();
+    assert_eq!(restored, vec![Bucket(50)]);
+    h.assert_every_due_row_has_its_marker();
+
+    // Without the concurrent writer, the stale marker goes and stays gone.
+    let row = first_due(&h.store, ord).unwrap().unwrap();
+    h.commit(|tx| {
+        claim(tx, &row);
+    });
+    cleanup_markers(&h.store, ord, &[Bucket(50), Bucket(100)], now).unwrap();
+    assert_eq!(h.markers(), BTreeSet::from([(Bucket(100), ord)]));
+    h.assert_every_due_row_has_its_marker();
+}
+
+#[test]
+fn a_marker_of_the_current_second_is_never_deleted() {
+    let mut h = Harness::new();
+    h.ingest(Some("acme"), 1, 10_200, false);
+    let ord = h.ord("acme");
+    let r = first_due(&h.store, ord).unwrap().unwrap();
+    h.commit(|tx| {
+        claim(tx, &r);
+    });
+    // The tenant has nothing due, but the marker is in the current second: it stays (a
+    // retry a few hundred milliseconds ahead may be about to use it).
+    cleanup_markers(&h.store, ord, &[Bucket(10)], AtMs(10_900)).unwrap();
+    assert!(h.markers().contains(&(Bucket(10), ord)));
+    cleanup_markers(&h.store, ord, &[Bucket(10)], AtMs(11_000)).unwrap();
+    assert!(h.markers().is_empty());
+}
+
+#[test]
+fn active_tenants_returns_only_tenants_with_due_rows() {
+    let mut h = Harness::new();
+    let now = 1_000_000u64;
+    h.ingest(Some("due-now"), 2, now - 5_000, false);
+    h.ingest(Some("due-later"), 1, now + 3_600_000, false);
+    h.ingest(Some("dead-only"), 1, now - 9_000, false);
+    h.ingest(Some("inflight-only"), 1, now - 8_000, false);
+    for name in ["dead-only", "inflight-only"] {
+        let ord = h.ord(name);
+        let r = first_due(&h.store, ord).unwrap().unwrap();
+        let mut tx = Tx::new();
+        let inflight = claim(&mut tx, &r);
+        if name == "dead-only" {
+            dead_letter(&mut tx, &inflight, AtMs(now - 1), "src", "hk", None);
+        }
+        tx.commit(&h.store, false).unwrap();
+        let active = active_tenants(&h.store, AtMs(now), 4096).unwrap();
+        let a = active.iter().find(|t| t.ord == ord).unwrap();
+        cleanup_markers(&h.store, ord, &a.buckets, AtMs(now)).unwrap();
+    }
+    let active = active_tenants(&h.store, AtMs(now), 4096).unwrap();
+    assert_eq!(
+        active,
+        vec![ActiveTenant {
+            ord: h.ord("due-now"),
+            buckets: vec![Bucket(now / 1000 - 5)]
+        }]
+    );
+    let due = due_for_tenant(&h.store, h.ord("due-now"), AtMs(now), AtMs(0), 10, u64::MAX).unwrap();
+    assert_eq!(due.len(), 2);
+    assert!(due_for_tenant(
+        &h.store,
+        h.ord("due-later"),
+        AtMs(now),
+        AtMs(0),
+        10,
+        u64::MAX
+    )
+    .unwrap()
+    .is_empty());
+    // Once its second comes, the later tenant is active too.
+    let later = active_tenants(&h.store, AtMs(now + 3_600_000), 4096).unwrap();
+    assert_eq!(later.len(), 2);
+    assert_eq!(
+        oldest_due_at(&h.store).unwrap(),
+        Some(AtMs(now - 5_000)),
+        "oldest due comes from the first live marker"
+    );
+}
+
+#[test]
+fn due_for_tenant_respects_floor_limit_and_byte_budget() {
+    let mut h = Harness::new();
+    for at in [1_000, 2_000, 3_000, 4_000, 5_000] {
+        h.ingest(Some("t"), 1, at, false);
+    }
+    let ord = h.ord("t");
+    let all = due_for_tenant(&h.store, ord, AtMs(4_000), AtMs(0), 10, u64::MAX).unwrap();
+    assert_eq!(
+        all.iter().map(|r| r.key.at.0).collect::<Vec<_>>(),
+        vec![1_000, 2_000, 3_000, 4_000]
+    );
+    let floor = due_for_tenant(&h.store, ord, AtMs(4_000), AtMs(2_500), 10, u64::MAX).unwrap();
+    assert_eq!(floor.len(), 2);
+    assert_eq!(
+        due_for_tenant(&h.store, ord, AtMs(9_000), AtMs(0), 2, u64::MAX)
+            .unwrap()
+            .len(),
+        2
+    );
+    let one = due_for_tenant(&h.store, ord, AtMs(9_000), AtMs(0), 10, 1).unwrap();
+    assert_eq!(one.len(), 1, "the first row always fits, however large");
+    let size = all[0].size as u64;
+    let two = due_for_tenant(
+        &h.store,
+        ord,
+        AtMs(9_000),
+        AtMs(0),
+        10,
+        size + all[1].size as u64,
+    )
+    .unwrap();
+    assert_eq!(two.len(), 2);
+}
+
+#[test]
+fn pending_for_tenant_dead_for_tenant_and_purge_tenant_touch_one_tenant() {
+    let mut h = Harness::new();
+    for i in 0..30 {
+        h.ingest(Some("a"), 2, i * 10, false);
+        h.ingest(Some("b"), 2, i * 10, false);
+    }
+    for name in ["a", "b"] {
+        let ord = h.ord(name);
+        for r in due_for_tenant(&h.store, ord, AtMs(u64::MAX - 1), AtMs(0), 10, u64::MAX).unwrap() {
+            let mut tx = Tx::new();
+            let inflight = claim(&mut tx, &r);
+            dead_letter(&mut tx, &inflight, AtMs(r.key.seq.0), "src", "hk", None);
+            tx.commit(&h.store, false).unwrap();
+        }
+    }
+    let (a, b) = (h.ord("a"), h.ord("b"));
+    let b_before = counters::read(&h.store, b).unwrap();
+    let b_rows_before = (
+        h.due_rows().iter().filter(|r| r.key.ord == b).count(),
+        dead_page_for_tenant(&h.store, b, None, 1000)
+            .unwrap()
+            .rows
+            .len(),
+    );
+    assert_eq!(pending_for_tenant(&h.store, a).unwrap().pending, 50);
+    assert_eq!(dead_for_tenant(&h.store, a).unwrap(), 10);
+
+    let before = h.store.stats();
+    let report = purge_tenant(
+        &h.store,
+        a,
+        PurgeKinds {
+            pending: true,
+            dead: true,
+        },
+    )
+    .unwrap();
+    assert_eq!((report.due, report.dead), (50, 10));
+    let delta = h.store.stats().since(&before);
+    assert_eq!(delta.point_reads_of(Cf::Hooks), 0, "a purge reads no hook");
+
+    let pa = pending_for_tenant(&h.store, a).unwrap();
+    assert_eq!(
+        (pa.pending, pa.scheduled, pa.inflight, pa.bytes),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(dead_for_tenant(&h.store, a).unwrap(), 0);
+    assert_eq!(counters::read(&h.store, b).unwrap(), b_before);
+    assert_eq!(
+        (
+            h.due_rows().iter().filter(|r| r.key.ord == b).count(),
+            dead_page_for_tenant(&h.store, b, None, 1000)
+                .unwrap()
+                .rows
+                .len()
+        ),
+        b_rows_before
+    );
+    // Every purged hook has a cleared marker for reclaim.
+    assert_eq!(h.store.scan_family(Family::Cleared).unwrap().count(), 30);
+    // A second purge is a no-op.
+    let again = purge_tenant(
+        &h.store,
+        a,
+        PurgeKinds {
+            pending: true,
+            dead: true,
+        },
+    )
+    .unwrap();
+    assert_eq!(again, PurgeReport::default());
+    h.assert_counters_equal_fold();
+}
+
+#[test]
+fn purge_tenant_resumes_after_interruption() {
+    let mut h = Harness::new();
+    for i in 0..1_200 {
+        h.ingest(Some("big"), 1, i, false);
+    }
+    h.ingest(Some("other"), 1, 5, false);
+    let ord = h.ord("big");
+    let kinds = PurgeKinds {
+        pending: true,
+        dead: false,
+    };
+    // The first chunk commits, then the process "dies".
+    let first = purge_tenant_chunk(&h.store, ord, kinds).unwrap();
+    assert_eq!(first.due, CHUNK_ROWS as u64);
+    assert_eq!(pending_for_tenant(&h.store, ord).unwrap().pending, 700);
+    h.assert_counters_equal_fold();
+    // Called again, it finishes the job without double counting.
+    let rest = purge_tenant(&h.store, ord, kinds).unwrap();
+    assert_eq!(rest.due, 700);
+    assert_eq!(rest.batches, 2);
+    assert_eq!(
+        pending_for_tenant(&h.store, ord).unwrap(),
+        crate::queue::Backlog::default()
+    );
+    assert_eq!(
+        pending_for_tenant(&h.store, h.ord("other"))
+            .unwrap()
+            .pending,
+        1
+    );
+    h.assert_counters_equal_fold();
+}
+
+#[test]
+fn recover_inflight_returns_every_inflight_row_to_due() {
+    let mut h = Harness::new();
+    for i in 0..1_100 {
+        h.ingest(Some(if i % 2 == 0 { "a" } else { "b" }), 1, i, false);
+    }
+    for r in h.due_rows() {
+        h.commit(|tx| {
+            claim(tx, &r);
+        });
+    }
+    assert_eq!(counters::node(&h.store).unwrap().inflight, 1_100);
+    assert_eq!(recover_inflight(&h.store, AtMs(50_000)).unwrap(), 1_100);
+    let c = counters::node(&h.store).unwrap();
+    assert_eq!((c.pending, c.inflight), (1_100, 0));
+    assert!(h.inflight_rows().is_empty());
+    h.assert_counters_equal_fold();
+    h.assert_every_due_row_has_its_marker();
+}
+
+#[test]
+fn dead_pages_are_newest_first_and_the_tenant_page_reads_one_range_and_no_hook() {
+    let mut h = Harness::new();
+    for i in 0..20u64 {
+        h.ingest(Some(if i % 2 == 0 { "a" } else { "b" }), 1, i, false);
+    }
+    for r in h.due_rows() {
+        h.commit(|tx| {
+            let inflight = claim(tx, &r);
+            dead_letter(
+                tx,
+                &inflight,
+                AtMs(1_000 + r.key.seq.0),
+                "src",
+                &format!("hk{}", r.key.seq.0),
+                None,
+            );
+        });
+    }
+    let page1 = dead_page(&h.store, None, 8).unwrap();
+    let ats: Vec<u64> = page1.rows.iter().map(|r| r.key.at.0).collect();
+    assert_eq!(ats, (13..=20).rev().map(|s| 1_000 + s).collect::<Vec<_>>());
+    let page2 = dead_page(&h.store, page1.next, 100).unwrap();
+    assert_eq!(page2.rows.len(), 12);
+    assert!(page2.next.is_none());
+
+    let a = h.ord("a");
+    let before = h.store.stats();
+    let tp = dead_page_for_tenant(&h.store, a, None, 100).unwrap();
+    let delta = h.store.stats().since(&before);
+    assert_eq!(tp.rows.len(), 10);
+    assert!(tp.rows.iter().all(|r| r.value.ord == a));
+    assert!(
+        tp.rows.windows(2).all(|w| w[0].key > w[1].key),
+        "newest first"
+    );
+    assert_eq!(delta.scans_of(Family::DeadByTenant), 1);
+    assert_eq!(delta.scans_of(Family::Dead), 0);
+    assert_eq!(delta.point_reads_of(Cf::Hooks), 0);
+}
+
+#[test]
+fn oldest_due_age_skips_stale_markers() {
+    let mut h = Harness::new();
+    h.ingest(Some("a"), 1, 5_000, false);
+    h.ingest(Some("b"), 1, 9_000, false);
+    let a = h.ord("a");
+    let r = first_due(&h.store, a).unwrap().unwrap();
+    h.commit(|tx| {
+        claim(tx, &r);
+    });
+    // a's marker in bucket 5 is stale now; b's row at 9 000 is the oldest due.
+    assert_eq!(oldest_due_at(&h.store).unwrap(), Some(AtMs(9_000)));
+    let before = h.store.stats();
+    oldest_due_at(&h.store).unwrap();
+    let d = h.store.stats().since(&before);
+    assert_eq!(d.scans_of(Family::Active), 1);
+    assert!(d.scans_of(Family::Due) <= 2);
+}
+
+#[test]
+fn values_that_do_not_decode_are_errors() {
+    assert!(Envelope::decode(b"\x01\x00").is_err());
+    assert!(Envelope::decode(b"").is_err());
+    assert!(DeliveryRow::decode(b"\x09").is_err());
+    assert!(DeadValue::decode(b"\x03\x00\x00").is_err());
+    let env = Envelope {
+        id: "hk_1".into(),
+        tenant: None,
+        source: "s".into(),
+        received_at: AtMs(5),
+        content_type: "text/plain".into(),
+        sinks: vec!["a".into(), "b".into()],
+        body: b"hello".to_vec(),
+    };
+    assert_eq!(Envelope::decode(&env.encode()).unwrap(), env);
+    let mut bad = env.encode();
+    bad.push(0);
+    assert!(
+        Envelope::decode(&bad).is_err(),
+        "trailing bytes are refused"
+    );
+}
+
+/// The ADR's structural guard: only `queue::deliveries` (and `store::keys`, which defines
+/// them) may call the constructors of the queue's index keys.
+#[test]
+fn only_deliveries_builds_queue_index_keys() {
+    const CONSTRUCTORS: [&str; 12] = [
+        "keys::due(",
+        "keys::due_range(",
+        "keys::due_tenant_range(",
+        "keys::inflight(",
+        "keys::inflight_tenant_range(",
+        "keys::dead(",
+        "keys::dead_range(",
+        "keys::dead_by_tenant(",
+        "keys::dead_tenant_range(",
+        "keys::active(",
+        "keys::active_through(",
+        "keys::archive(",
+    ];
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let allowed = [
+        root.join("src/store/keys.rs"),
+        root.join("src/queue/deliveries.rs"),
+        root.join("src/queue/deliveries/tests.rs"),
+    ];
+    let mut offenders = Vec::new();
+    let mut stack = vec![root.join("src"), root.join("tests"), root.join("benches")];
+    let mut files = 0;
+    while let Some(dir) = stack.pop() {
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            continue;
+        };
+        for e in entries {
+            let p = e.unwrap().path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "rs") {
+                files += 1;
+                if allowed.contains(&p) {
+                    continue;
+                }
+                let text = std::fs::read_to_string(&p).unwrap();
+                for c in CONSTRUCTORS {
+                    // `use ...::keys::{due, ...}` imports would dodge the prefix; refuse them too.
+                    let bare = c.trim_start_matches("keys::").trim_end_matches('(');
+                    let imported = text.lines().any(|l| {
+                        l.trim_start().starts_with("use ")
+                            && l.contains("keys::")
+                            && l.contains(&format!(" {bare},"))
+                    });
+                    if text.contains(c) || imported {
+                        offenders.push(format!("{} uses {c}", p.display()));
+                    }
+                }
+            }
+        }
+    }
+    assert!(files > 10, "the scan found too few sources ({files})");
+    assert!(
+        offenders.is_empty(),
+        "queue index keys built outside queue::deliveries: {offenders:#?}"
+    );
+}

@@ -1,0 +1,79 @@
+//! The queue model (ADR TEN-1, sections 2–6): tenant ordinals, per-tenant counters, the
+//! active-tenant index and every delivery transition.
+//!
+//! # Invariants
+//! - **Counters are merges.** The six per-tenant counters are only ever written as blind
+//!   merge operands ([`counters`]), mirrored into the node aggregate (ord 0), and ride in
+//!   the same atomic batch as the row changes they count. Nothing reads, changes and puts
+//!   back a shared row, so no interleaving of writers loses a count.
+//! - **Transitions are op builders.** Every state change of a delivery is a function in
+//!   [`deliveries`] that adds its ops *and* its counter deltas to a [`Tx`]; only
+//!   `deliveries` builds `?D ?F ?X ?A` keys (a test scans the sources to keep it so).
+//!   A batch that moves a row without its deltas cannot be assembled from outside.
+//! - **Every due row has a marker.** A due row is only ever written together with its
+//!   active marker `<<?A, bucket, ord>>`; markers are deleted only by the dispatch side's
+//!   delete-then-verify cleanup ([`deliveries::cleanup_markers`]), which restores any marker
+//!   a concurrent writer still needs.
+//! - **Ordinals are dense and permanent.** Assigned in first-sight order by the writer's
+//!   [`tenants::Allocator`] inside the commit batch that first uses them; never reused.
+//!
+//! # Who writes what
+//! The writer (ingest), the dispatch pipeline (claim, delivered, retry, dead-letter, orphan
+//! drop, marker cleanup), the replayer (revive), purge, the archive (settle, drop) and boot
+//! recovery (`recover_inflight`) all write index rows from their own tasks. That is safe
+//! because counters are merges and each transition's ops are one atomic batch.
+
+pub mod codec;
+pub mod counters;
+pub mod deliveries;
+pub mod fold;
+pub mod tenants;
+
+pub use counters::{Counts, Delta};
+pub use deliveries::Tx;
+
+use crate::store::StoreError;
+
+/// Errors of the queue layer.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error(transparent)]
+    Decode(#[from] codec::DecodeError),
+    #[error("tenant limit reached: this node holds tenants.max = {max} tenants")]
+    TenantLimit { max: u32 },
+    #[error("invalid tenant id: {0}")]
+    InvalidTenant(&'static str),
+}
+
+/// A tenant's waiting work, from four counter reads (ADR `pending_for_tenant`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Backlog {
+    pub pending: i64,
+    pub scheduled: i64,
+    pub inflight: i64,
+    pub bytes: i64,
+}
+
+/// The backlog of one tenant: one `multi_get` of its counter rows, no scan.
+pub fn pending_for_tenant(
+    store: &crate::store::Store,
+    ord: crate::store::keys::TenantOrd,
+) -> Result<Backlog, StoreError> {
+    let c = counters::read(store, ord)?;
+    Ok(Backlog {
+        pending: c.pending,
+        scheduled: c.scheduled,
+        inflight: c.inflight,
+        bytes: c.bytes,
+    })
+}
+
+/// The dead-letter count of one tenant, from its counter row.
+pub fn dead_for_tenant(
+    store: &crate::store::Store,
+    ord: crate::store::keys::TenantOrd,
+) -> Result<i64, StoreError> {
+    Ok(counters::read(store, ord)?.dead)
+}

@@ -1,0 +1,790 @@
+//! The embedded RocksDB store of a relay node. The only module that touches `rocksdb`.
+//!
+//! # What it owns
+//! - The column families ([`Cf`]) and their options: `counters` gets a 1 MiB write buffer,
+//!   no compression and the i64-add merge operator ([`merge`]); the other index families
+//!   (`index`, `tenants`) get 16 MiB buffers.
+//! - Every key layout ([`keys`]); nothing outside `keys` builds key bytes.
+//! - Atomic batches: [`Store::write`] applies a list of [`Op`]s as one write batch, synced
+//!   or not. An acked hook is only ever acked after a synced batch that holds it.
+//! - Scans that cannot mistake corruption for a clean end: every family has lo/hi sentinel
+//!   keys, written when the family is created. [`Store::scan`] only ever ends on a key at
+//!   or past the end of the requested range (at worst the family's sentinel); an iterator
+//!   that runs dry before that returns [`StoreError::Corruption`].
+//! - The format stamp (`m:format` in `default`) and the format guard: a store stamped with
+//!   a format newer than [`SUPPORTED_FORMAT`] is refused before anything is written, so the
+//!   files on disk are left byte for byte as they were.
+//! - Migrations ([`migrate`]): a registry of `{from, to, migration}` run step by step, each
+//!   step's ops and cursor in one synced batch, resumable after a crash.
+//!
+//! # Invariants
+//! - Sentinels are written only when a family is created (a new store, a new column
+//!   family, or a migration's set-up), never to "repair" a store: a missing sentinel must
+//!   stay visible as corruption.
+//! - Reads are instrumented ([`StoreStats`]): scans per family and point reads per column
+//!   family, so tests can prove which families a code path touches.
+
+pub mod keys;
+pub mod merge;
+pub mod migrate;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rocksdb::{
+    BlockBasedOptions, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options,
+    ReadOptions, WriteBatch, WriteOptions, DB,
+};
+
+pub use keys::Family;
+
+/// The newest store format this binary reads and writes.
+pub const SUPPORTED_FORMAT: u32 = 3;
+
+/// The column families of a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cf {
+    Default,
+    Hooks,
+    Deliveries,
+    Index,
+    Audit,
+    Quarantine,
+    Archive,
+    Tenants,
+    Counters,
+}
+
+impl Cf {
+    pub const ALL: [Cf; 9] = [
+        Cf::Default,
+        Cf::Hooks,
+        Cf::Deliveries,
+        Cf::Index,
+        Cf::Audit,
+        Cf::Quarantine,
+        Cf::Archive,
+        Cf::Tenants,
+        Cf::Counters,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cf::Default => "default",
+            Cf::Hooks => "hooks",
+            Cf::Deliveries => "deliveries",
+            Cf::Index => "index",
+            Cf::Audit => "audit",
+            Cf::Quarantine => "quarantine",
+            Cf::Archive => "archive",
+            Cf::Tenants => "tenants",
+            Cf::Counters => "counters",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Cf> {
+        Cf::ALL.into_iter().find(|cf| cf.name() == name)
+    }
+
+    /// The column families a store of `format` has (`tenants` and `counters` came with 3).
+    pub fn of_format(format: u32) -> &'static [Cf] {
+        if format >= 3 {
+            &Cf::ALL
+        } else {
+            &Cf::ALL[..7]
+        }
+    }
+
+    fn options(self) -> Options {
+        let mut o = Options::default();
+        match self {
+            Cf::Counters => {
+                // Small buffer: a flush collapses the memtable's operands, which bounds the
+                // operands a counter read has to apply.
+                o.set_write_buffer_size(1 << 20);
+                o.set_compression_type(DBCompressionType::None);
+                o.set_merge_operator(merge::NAME, merge::full_merge, merge::partial_merge);
+            }
+            Cf::Index | Cf::Tenants => {
+                o.set_write_buffer_size(16 << 20);
+                o.set_compression_type(DBCompressionType::None);
+                let mut b = BlockBasedOptions::default();
+                b.set_bloom_filter(10.0, false);
+                o.set_block_based_table_factory(&b);
+            }
+            Cf::Hooks | Cf::Archive | Cf::Quarantine => {
+                o.set_write_buffer_size(64 << 20);
+                o.set_compression_type(DBCompressionType::Zstd);
+            }
+            Cf::Default | Cf::Deliveries | Cf::Audit => {
+                o.set_write_buffer_size(16 << 20);
+                o.set_compression_type(DBCompressionType::None);
+            }
+        }
+        o
+    }
+}
+
+/// One change in an atomic batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Put {
+        cf: Cf,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        cf: Cf,
+        key: Vec<u8>,
+    },
+    /// Deletes `[from, to)`.
+    DeleteRange {
+        cf: Cf,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+    /// A merge operand (only `counters` has a merge operator).
+    Merge {
+        cf: Cf,
+        key: Vec<u8>,
+        operand: Vec<u8>,
+    },
+}
+
+impl Op {
+    pub fn put(cf: Cf, key: Vec<u8>, value: impl Into<Vec<u8>>) -> Op {
+        Op::Put {
+            cf,
+            key,
+            value: value.into(),
+        }
+    }
+    pub fn delete(cf: Cf, key: Vec<u8>) -> Op {
+        Op::Delete { cf, key }
+    }
+    pub fn cf(&self) -> Cf {
+        match self {
+            Op::Put { cf, .. }
+            | Op::Delete { cf, .. }
+            | Op::DeleteRange { cf, .. }
+            | Op::Merge { cf, .. } => *cf,
+        }
+    }
+    /// The key the op writes (the start of the range for `DeleteRange`).
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key, .. } | Op::Merge { key, .. } => key,
+            Op::DeleteRange { from, .. } => from,
+        }
+    }
+}
+
+/// Errors of the store layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("data directory {0} does not exist")]
+    Missing(PathBuf),
+    #[error("{path} is not an Ankusa store: {reason}")]
+    NotAStore { path: PathBuf, reason: String },
+    #[error(
+        "store format {found} is newer than this binary supports (format {supported}); \
+         run a release that supports format {found}, or restore a backup taken before the upgrade"
+    )]
+    StoreFormatNewer { found: u32, supported: u32 },
+    #[error("store corruption in family {family}: {detail}")]
+    Corruption {
+        family: &'static str,
+        detail: String,
+    },
+    #[error("store corruption: {0}")]
+    Key(#[from] keys::KeyError),
+    #[error("the store is open read-only")]
+    ReadOnly,
+    #[error("no migration from store format {from} towards {to} in this build")]
+    NoMigrationPath { from: u32, to: u32 },
+    #[error("migration {from} -> {to} failed at step {step}: {detail}")]
+    Migration {
+        from: u32,
+        to: u32,
+        step: u64,
+        detail: String,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+}
+
+impl StoreError {
+    fn corruption(family: Family, detail: impl Into<String>) -> Self {
+        StoreError::Corruption {
+            family: family.name(),
+            detail: detail.into(),
+        }
+    }
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Create the directory and a new store at `create_format` if there is none.
+    pub create_if_missing: bool,
+    /// The format a new store is created at.
+    pub create_format: u32,
+    /// The newest format this process accepts (the format guard).
+    pub supported_format: u32,
+    /// Open without writing anything (inspection tools).
+    pub read_only: bool,
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            create_if_missing: true,
+            create_format: SUPPORTED_FORMAT,
+            supported_format: SUPPORTED_FORMAT,
+            read_only: false,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Open an existing store, read-only, for inspection.
+    pub fn inspect() -> Self {
+        OpenOptions {
+            create_if_missing: false,
+            read_only: true,
+            ..OpenOptions::default()
+        }
+    }
+}
+
+const N_FAMILIES: usize = 21;
+
+/// Read counters, for tests and diagnostics: which families were scanned and how many
+/// point reads each column family served since open.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    scans: [AtomicU64; N_FAMILIES],
+    point_reads: [AtomicU64; 9],
+}
+
+/// A snapshot of [`StoreStats`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    pub scans: Vec<(Family, u64)>,
+    pub point_reads: Vec<(Cf, u64)>,
+}
+
+impl StatsSnapshot {
+    pub fn scans_of(&self, family: Family) -> u64 {
+        self.scans
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map_or(0, |(_, n)| *n)
+    }
+    pub fn point_reads_of(&self, cf: Cf) -> u64 {
+        self.point_reads
+            .iter()
+            .find(|(c, _)| *c == cf)
+            .map_or(0, |(_, n)| *n)
+    }
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
+        StatsSnapshot {
+            scans: self
+                .scans
+                .iter()
+                .map(|(f, n)| (*f, n - earlier.scans_of(*f)))
+                .collect(),
+            point_reads: self
+                .point_reads
+                .iter()
+                .map(|(c, n)| (*c, n - earlier.point_reads_of(*c)))
+                .collect(),
+        }
+    }
+}
+
+fn family_slot(f: Family) -> usize {
+    f as usize
+}
+
+fn cf_slot(cf: Cf) -> usize {
+    cf as usize
+}
+
+/// A raw key and value.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// Scan direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    Forward,
+    Reverse,
+}
+
+/// An open store.
+pub struct Store {
+    db: DB,
+    path: PathBuf,
+    read_only: bool,
+    stats: StoreStats,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn db_options() -> Options {
+    let mut o = Options::default();
+    o.create_if_missing(false);
+    o.set_max_background_jobs(2);
+    o.set_keep_log_file_num(4);
+    o
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
+    let context = context.into();
+    move |source| StoreError::Io { context, source }
+}
+
+impl Store {
+    /// Opens (or creates) the store at `path`, applying the format guard first.
+    pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        if !path.exists() {
+            if !opts.create_if_missing {
+                return Err(StoreError::Missing(path));
+            }
+            std::fs::create_dir_all(&path).map_err(io(format!("creating {}", path.display())))?;
+        }
+        if !path.is_dir() {
+            return Err(StoreError::NotAStore {
+                path,
+                reason: "not a directory".into(),
+            });
+        }
+        if !path.join("CURRENT").exists() {
+            let empty = std::fs::read_dir(&path)
+                .map_err(io(format!("reading {}", path.display())))?
+                .next()
+                .is_none();
+            if !empty {
+                return Err(StoreError::NotAStore {
+                    path,
+                    reason: "the directory holds files but no RocksDB CURRENT file".into(),
+                });
+            }
+            if !opts.create_if_missing || opts.read_only {
+                return Err(StoreError::NotAStore {
+                    path,
+                    reason: "the directory is empty".into(),
+                });
+            }
+            return Self::create(path, opts.create_format);
+        }
+        let existing = DB::list_cf(&db_options(), &path)?;
+        // The format guard runs on a read-only open, so a refused store is left untouched.
+        let found = Self::peek_format(&path, &existing)?;
+        if found > opts.supported_format {
+            return Err(StoreError::StoreFormatNewer {
+                found,
+                supported: opts.supported_format,
+            });
+        }
+        for name in &existing {
+            if Cf::from_name(name).is_none() {
+                return Err(StoreError::NotAStore {
+                    path,
+                    reason: format!("unknown column family {name:?}"),
+                });
+            }
+        }
+        if opts.read_only {
+            let db = DB::open_cf_descriptors_read_only(
+                &Self::log_elsewhere(db_options()),
+                &path,
+                existing
+                    .iter()
+                    .filter_map(|n| Cf::from_name(n))
+                    .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf.options())),
+                false,
+            )?;
+            return Ok(Store {
+                db,
+                path,
+                read_only: true,
+                stats: StoreStats::default(),
+            });
+        }
+        // Open with the column families this binary needs at the store's format or any
+        // format it will migrate to; the new ones get their families' sentinels.
+        let wanted = Cf::of_format(opts.supported_format.max(found));
+        let mut o = db_options();
+        o.create_missing_column_families(true);
+        let db = DB::open_cf_descriptors(
+            &o,
+            &path,
+            wanted
+                .iter()
+                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf.options())),
+        )?;
+        let store = Store {
+            db,
+            path,
+            read_only: false,
+            stats: StoreStats::default(),
+        };
+        let created: Vec<Cf> = wanted
+            .iter()
+            .copied()
+            .filter(|cf| !existing.iter().any(|n| n == cf.name()))
+            .collect();
+        if !created.is_empty() {
+            let ops = Family::FORMAT3
+                .iter()
+                .filter(|f| created.contains(&f.cf()))
+                .flat_map(|f| sentinel_ops(*f))
+                .collect();
+            store.write(ops, true)?;
+        }
+        Ok(store)
+    }
+
+    fn log_elsewhere(mut o: Options) -> Options {
+        // RocksDB writes an info LOG even when opened read-only; keep it out of the store.
+        let dir = std::env::temp_dir().join(format!("ankusa-ro-log-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        o.set_db_log_dir(dir);
+        o
+    }
+
+    /// Reads `m:format` through a read-only open (writes nothing to the store).
+    fn peek_format(path: &Path, existing: &[String]) -> Result<u32, StoreError> {
+        let db = DB::open_cf_descriptors_read_only(
+            &Self::log_elsewhere(db_options()),
+            path,
+            existing
+                .iter()
+                .filter(|n| *n == "default")
+                .map(|n| ColumnFamilyDescriptor::new(n, Options::default())),
+            false,
+        )?;
+        let raw = db.get(keys::META_FORMAT)?;
+        let format = raw
+            .as_deref()
+            .and_then(decode_u32)
+            .ok_or_else(|| StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: "no format stamp (m:format) in the default column family".into(),
+            })?;
+        Ok(format)
+    }
+
+    fn create(path: PathBuf, format: u32) -> Result<Store, StoreError> {
+        let mut o = db_options();
+        o.create_if_missing(true);
+        o.create_missing_column_families(true);
+        let db = DB::open_cf_descriptors(
+            &o,
+            &path,
+            Cf::of_format(format)
+                .iter()
+                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf.options())),
+        )?;
+        let store = Store {
+            db,
+            path,
+            read_only: false,
+            stats: StoreStats::default(),
+        };
+        let mut ops: Vec<Op> = Family::of_format(format)
+            .iter()
+            .flat_map(|f| sentinel_ops(*f))
+            .collect();
+        ops.push(Op::put(
+            Cf::Default,
+            keys::META_FORMAT.to_vec(),
+            format.to_be_bytes(),
+        ));
+        if format >= 3 {
+            ops.push(Op::put(
+                Cf::Default,
+                keys::META_NEXT_ORD.to_vec(),
+                1u32.to_be_bytes(),
+            ));
+        }
+        store.write(ops, true)?;
+        Ok(store)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The format stamp.
+    pub fn format(&self) -> Result<u32, StoreError> {
+        let raw = self.get(Cf::Default, keys::META_FORMAT)?;
+        raw.as_deref()
+            .and_then(decode_u32)
+            .ok_or_else(|| StoreError::corruption(Family::Meta, "format stamp missing"))
+    }
+
+    /// Applies `ops` as one atomic batch; `sync` waits for the WAL to reach the disk.
+    pub fn write(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
+        if self.read_only {
+            return Err(StoreError::ReadOnly);
+        }
+        let mut batch = WriteBatch::default();
+        for op in ops {
+            let cf = self.handle(op.cf())?;
+            match op {
+                Op::Put { key, value, .. } => batch.put_cf(cf, key, value),
+                Op::Delete { key, .. } => batch.delete_cf(cf, key),
+                Op::DeleteRange { from, to, .. } => batch.delete_range_cf(cf, from, to),
+                Op::Merge { key, operand, .. } => batch.merge_cf(cf, key, operand),
+            }
+        }
+        let mut wo = WriteOptions::default();
+        wo.set_sync(sync);
+        self.db.write_opt(batch, &wo)?;
+        Ok(())
+    }
+
+    fn handle(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StoreError> {
+        self.db
+            .cf_handle(cf.name())
+            .ok_or_else(|| StoreError::NotAStore {
+                path: self.path.clone(),
+                reason: format!("column family {} is not open", cf.name()),
+            })
+    }
+
+    /// One point read.
+    pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.stats.point_reads[cf_slot(cf)].fetch_add(1, Ordering::Relaxed);
+        Ok(self.db.get_cf(self.handle(cf)?, key)?)
+    }
+
+    /// Point reads of many keys of one column family in one call.
+    pub fn multi_get(&self, cf: Cf, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.stats.point_reads[cf_slot(cf)].fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let h = self.handle(cf)?;
+        self.db
+            .batched_multi_get_cf(h, keys, false)
+            .into_iter()
+            .map(|r| r.map(|v| v.map(|p| p.to_vec())).map_err(StoreError::from))
+            .collect()
+    }
+
+    /// Scans `[from, to)` of `family` in `dir` order, skipping its sentinels.
+    ///
+    /// The scan ends cleanly only on a key past the end of the range in scan direction;
+    /// the family's sentinel guarantees one exists, so an iterator that runs dry first is
+    /// reported as [`StoreError::Corruption`]. `from`/`to` are clamped to the family.
+    pub fn scan(
+        &self,
+        family: Family,
+        from: &[u8],
+        to: &[u8],
+        dir: Dir,
+    ) -> Result<Scan<'_>, StoreError> {
+        self.stats.scans[family_slot(family)].fetch_add(1, Ordering::Relaxed);
+        let (lo, end) = family.bounds();
+        let from = if from < lo.as_slice() {
+            lo.clone()
+        } else {
+            from.to_vec()
+        };
+        let to = if to > end.as_slice() {
+            end.clone()
+        } else {
+            to.to_vec()
+        };
+        let mut ro = ReadOptions::default();
+        // The iterator never leaves the family; its sentinels lie inside [lo, end), so a
+        // well-formed family always yields the key that ends the scan.
+        ro.set_iterate_lower_bound(lo.clone());
+        ro.set_iterate_upper_bound(end);
+        let mut it = self.db.raw_iterator_cf_opt(self.handle(family.cf())?, ro);
+        match dir {
+            Dir::Forward => it.seek(&from),
+            Dir::Reverse => {
+                it.seek_for_prev(&to);
+                if it.valid() && it.key().is_some_and(|k| k >= to.as_slice()) {
+                    it.prev();
+                }
+            }
+        }
+        Ok(Scan {
+            it,
+            family,
+            lo,
+            hi: family.hi(),
+            from,
+            to,
+            dir,
+            done: false,
+        })
+    }
+
+    /// Every key/value of a family (sentinels excluded), in order.
+    pub fn scan_family(&self, family: Family) -> Result<Scan<'_>, StoreError> {
+        let (lo, end) = family.bounds();
+        self.scan(family, &lo, &end, Dir::Forward)
+    }
+
+    /// What this store has been asked to read since it was opened.
+    pub fn stats(&self) -> StatsSnapshot {
+        StatsSnapshot {
+            scans: Family::FORMAT3
+                .iter()
+                .chain([Family::DueV2, Family::InflightV2].iter())
+                .map(|f| {
+                    (
+                        *f,
+                        self.stats.scans[family_slot(*f)].load(Ordering::Relaxed),
+                    )
+                })
+                .collect(),
+            point_reads: Cf::ALL
+                .iter()
+                .map(|c| {
+                    (
+                        *c,
+                        self.stats.point_reads[cf_slot(*c)].load(Ordering::Relaxed),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// Flushes every memtable to disk (tests and tools).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        for cf in Cf::ALL {
+            if let Some(h) = self.db.cf_handle(cf.name()) {
+                self.db.flush_cf(h)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Column families present in this store.
+    pub fn column_families(&self) -> Vec<Cf> {
+        Cf::ALL
+            .into_iter()
+            .filter(|cf| self.db.cf_handle(cf.name()).is_some())
+            .collect()
+    }
+
+    /// Every raw key/value of a column family, sentinels included (inspection and tests
+    /// that compare whole stores).
+    pub fn dump_cf(&self, cf: Cf) -> Result<Vec<KeyValue>, StoreError> {
+        let h = self.handle(cf)?;
+        let mut out = Vec::new();
+        for kv in self
+            .db
+            .iterator_cf(h, IteratorMode::From(&[], Direction::Forward))
+        {
+            let (k, v) = kv?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+}
+
+/// The two sentinel puts of a family.
+pub fn sentinel_ops(family: Family) -> [Op; 2] {
+    [
+        Op::put(family.cf(), family.lo(), Vec::new()),
+        Op::put(family.cf(), family.hi(), Vec::new()),
+    ]
+}
+
+/// Decodes a big-endian u32 value.
+pub fn decode_u32(b: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(b.try_into().ok()?))
+}
+
+/// A range scan; see [`Store::scan`].
+pub struct Scan<'a> {
+    it: rocksdb::DBRawIterator<'a>,
+    family: Family,
+    lo: Vec<u8>,
+    hi: Vec<u8>,
+    from: Vec<u8>,
+    to: Vec<u8>,
+    dir: Dir,
+    done: bool,
+}
+
+impl Iterator for Scan<'_> {
+    type Item = Result<KeyValue, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        loop {
+            if !self.it.valid() {
+                self.done = true;
+                if let Err(e) = self.it.status() {
+                    return Some(Err(e.into()));
+                }
+                let which = match self.dir {
+                    Dir::Forward => "hi",
+                    Dir::Reverse => "lo",
+                };
+                return Some(Err(StoreError::corruption(
+                    self.family,
+                    format!("scan ended before the family's {which} sentinel"),
+                )));
+            }
+            let key = self.it.key().unwrap_or_default();
+            // The end of the range, or the sentinel at the end of the family in scan
+            // direction: a clean end. The sentinel behind us is skipped.
+            let (past, behind) = match self.dir {
+                Dir::Forward => (
+                    key >= self.to.as_slice() || key == self.hi.as_slice(),
+                    self.lo.as_slice(),
+                ),
+                Dir::Reverse => (
+                    key < self.from.as_slice() || key == self.lo.as_slice(),
+                    self.hi.as_slice(),
+                ),
+            };
+            if past {
+                self.done = true;
+                return None;
+            }
+            if key == behind {
+                self.advance();
+                continue;
+            }
+            let item = (key.to_vec(), self.it.value().unwrap_or_default().to_vec());
+            self.advance();
+            return Some(Ok(item));
+        }
+    }
+}
+
+impl Scan<'_> {
+    fn advance(&mut self) {
+        match self.dir {
+            Dir::Forward => self.it.next(),
+            Dir::Reverse => self.it.prev(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

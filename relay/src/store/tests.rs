@@ -1,0 +1,410 @@
+use std::collections::BTreeMap;
+use std::ops::ControlFlow;
+use std::path::Path;
+use std::sync::Arc;
+
+use super::keys::{self, CounterField, Seq, TenantOrd};
+use super::migrate::{self, Migration, Outcome, Registry, Step};
+use super::*;
+
+fn fresh() -> (tempfile::TempDir, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(dir.path().join("db"), &OpenOptions::default()).unwrap();
+    (dir, store)
+}
+
+fn counter_value(store: &Store, ord: TenantOrd, field: CounterField) -> i64 {
+    store
+        .get(Cf::Counters, &keys::counter(ord, field))
+        .unwrap()
+        .map_or(0, |v| merge::decode(&v).unwrap())
+}
+
+fn put_hooks(store: &Store, n: u64) {
+    let ops = (1..=n)
+        .map(|i| Op::put(Cf::Hooks, keys::hook(Seq(i)), format!("hook-{i}")))
+        .collect();
+    store.write(ops, true).unwrap();
+}
+
+#[test]
+fn a_new_store_is_stamped_and_has_every_sentinel() {
+    let (_d, store) = fresh();
+    assert_eq!(store.format().unwrap(), SUPPORTED_FORMAT);
+    for fam in Family::FORMAT3 {
+        assert!(
+            store.get(fam.cf(), &fam.lo()).unwrap().is_some(),
+            "{fam:?} lo"
+        );
+        assert!(
+            store.get(fam.cf(), &fam.hi()).unwrap().is_some(),
+            "{fam:?} hi"
+        );
+        // A new store holds only its format stamp and next ordinal.
+        let expect = if fam == Family::Meta { 2 } else { 0 };
+        assert_eq!(store.scan_family(fam).unwrap().count(), expect, "{fam:?}");
+    }
+    for fam in [Family::DueV2, Family::InflightV2] {
+        assert!(store.get(fam.cf(), &fam.lo()).unwrap().is_none());
+    }
+}
+
+#[test]
+fn scans_return_the_range_in_both_directions() {
+    let (_d, store) = fresh();
+    put_hooks(&store, 10);
+    let fwd: Vec<u64> = store
+        .scan(
+            Family::Hooks,
+            &keys::hook(Seq(3)),
+            &keys::hook(Seq(7)),
+            Dir::Forward,
+        )
+        .unwrap()
+        .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap().0)
+        .collect();
+    assert_eq!(fwd, vec![3, 4, 5, 6]);
+    let rev: Vec<u64> = store
+        .scan(
+            Family::Hooks,
+            &keys::hook(Seq(3)),
+            &keys::hook(Seq(7)),
+            Dir::Reverse,
+        )
+        .unwrap()
+        .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap().0)
+        .collect();
+    assert_eq!(rev, vec![6, 5, 4, 3]);
+    let (lo, end) = Family::Hooks.bounds();
+    let all_rev: Vec<u64> = store
+        .scan(Family::Hooks, &lo, &end, Dir::Reverse)
+        .unwrap()
+        .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap().0)
+        .collect();
+    assert_eq!(all_rev, (1..=10).rev().collect::<Vec<_>>());
+    assert_eq!(store.scan_family(Family::Hooks).unwrap().count(), 10);
+}
+
+#[test]
+fn a_truncated_scan_is_reported_as_corruption() {
+    let (_d, store) = fresh();
+    put_hooks(&store, 5);
+    store
+        .write(vec![Op::delete(Cf::Hooks, Family::Hooks.hi())], true)
+        .unwrap();
+    let results: Vec<_> = store.scan_family(Family::Hooks).unwrap().collect();
+    assert_eq!(results.len(), 6, "five rows, then the error");
+    assert!(results[..5].iter().all(|r| r.is_ok()));
+    match &results[5] {
+        Err(StoreError::Corruption { family, detail }) => {
+            assert_eq!(*family, "hooks");
+            assert_eq!(detail, "scan ended before the family's hi sentinel");
+        }
+        other => panic!("expected corruption, got {other:?}"),
+    }
+    // A range that ends before the missing sentinel is still a clean scan.
+    let n = store
+        .scan(
+            Family::Hooks,
+            &keys::hook(Seq(1)),
+            &keys::hook(Seq(3)),
+            Dir::Forward,
+        )
+        .unwrap()
+        .count();
+    assert_eq!(n, 2);
+
+    // The same for a reverse scan that loses its lo sentinel.
+    store
+        .write(vec![Op::delete(Cf::Audit, Family::Audit.lo())], true)
+        .unwrap();
+    let (lo, end) = Family::Audit.bounds();
+    let r: Vec<_> = store
+        .scan(Family::Audit, &lo, &end, Dir::Reverse)
+        .unwrap()
+        .collect();
+    assert!(matches!(
+        r.as_slice(),
+        [Err(StoreError::Corruption { family: "audit", detail })] if detail.contains("lo sentinel")
+    ));
+}
+
+#[test]
+fn concurrent_merges_do_not_lose_counts() {
+    let (_d, store) = fresh();
+    let store = Arc::new(store);
+    let threads = 8;
+    let per_thread = 400;
+    let handles: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..per_thread {
+                    // Each batch is its own write, mixing a large and a negative delta.
+                    let delta: i64 = if i % 2 == 0 { 3_000_000_000 } else { -1 };
+                    store
+                        .write(
+                            vec![
+                                Op::Merge {
+                                    cf: Cf::Counters,
+                                    key: keys::counter(TenantOrd(7), CounterField::Bytes),
+                                    operand: merge::encode(delta).to_vec(),
+                                },
+                                Op::Merge {
+                                    cf: Cf::Counters,
+                                    key: keys::counter(TenantOrd(7), CounterField::Pending),
+                                    operand: merge::encode(1).to_vec(),
+                                },
+                            ],
+                            t % 2 == 0,
+                        )
+                        .unwrap();
+                }
+            })
+        })
+        .collect();
+    for h in handles {
+        h.join().unwrap();
+    }
+    let n = (threads * per_thread) as i64;
+    let expect_bytes = (n / 2) * 3_000_000_000 - n / 2;
+    assert_eq!(
+        counter_value(&store, TenantOrd(7), CounterField::Bytes),
+        expect_bytes
+    );
+    assert_eq!(
+        counter_value(&store, TenantOrd(7), CounterField::Pending),
+        n
+    );
+    // Still exact after the operands are flushed and compacted together.
+    store.flush().unwrap();
+    assert_eq!(
+        counter_value(&store, TenantOrd(7), CounterField::Bytes),
+        expect_bytes
+    );
+}
+
+fn file_digests(dir: &Path) -> BTreeMap<String, Vec<u8>> {
+    let mut out = BTreeMap::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        out.insert(
+            e.file_name().to_string_lossy().into_owned(),
+            std::fs::read(e.path()).unwrap(),
+        );
+    }
+    out
+}
+
+#[test]
+fn a_newer_store_format_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    {
+        let store = Store::open(&path, &OpenOptions::default()).unwrap();
+        put_hooks(&store, 3);
+        store
+            .write(
+                vec![Op::put(
+                    Cf::Default,
+                    keys::META_FORMAT.to_vec(),
+                    4u32.to_be_bytes(),
+                )],
+                true,
+            )
+            .unwrap();
+    }
+    let before = file_digests(&path);
+    for opts in [OpenOptions::default(), OpenOptions::inspect()] {
+        match Store::open(&path, &opts) {
+            Err(StoreError::StoreFormatNewer { found, supported }) => {
+                assert_eq!((found, supported), (4, 3));
+            }
+            other => panic!("expected StoreFormatNewer, got {other:?}"),
+        }
+    }
+    let err = Store::open(&path, &OpenOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("store format 4 is newer"), "{err}");
+    assert!(err.to_string().contains("(format 3)"), "{err}");
+    assert_eq!(
+        file_digests(&path),
+        before,
+        "the refused store was modified"
+    );
+}
+
+#[test]
+fn a_missing_data_dir_is_an_error_and_nothing_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("nope");
+    let err = Store::open(&path, &OpenOptions::inspect()).unwrap_err();
+    assert!(matches!(err, StoreError::Missing(_)), "{err}");
+    assert!(!path.exists());
+    std::fs::create_dir(&path).unwrap();
+    std::fs::write(path.join("junk"), b"x").unwrap();
+    let err = Store::open(&path, &OpenOptions::default()).unwrap_err();
+    assert!(matches!(err, StoreError::NotAStore { .. }), "{err}");
+}
+
+#[test]
+fn a_read_only_store_refuses_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    drop(Store::open(&path, &OpenOptions::default()).unwrap());
+    let ro = Store::open(&path, &OpenOptions::inspect()).unwrap();
+    assert_eq!(ro.format().unwrap(), 3);
+    assert!(matches!(ro.write(vec![], true), Err(StoreError::ReadOnly)));
+}
+
+/// A test migration 3 -> 4: upper-cases every hook value, three rows a step, and counts
+/// every row it moves with a merge, so a re-applied step would show as a double count.
+struct Upcase;
+
+impl Migration for Upcase {
+    fn from(&self) -> u32 {
+        3
+    }
+    fn to(&self) -> u32 {
+        4
+    }
+    fn description(&self) -> &'static str {
+        "upper-case hooks (test)"
+    }
+    fn step(&self, store: &Store, cursor: &[u8]) -> Result<Step, StoreError> {
+        let (lo, end) = Family::Hooks.bounds();
+        let start = if cursor.is_empty() {
+            lo
+        } else {
+            let mut s = cursor.to_vec();
+            s.push(0);
+            s
+        };
+        let mut step = Step::default();
+        let mut last = None;
+        for kv in store
+            .scan(Family::Hooks, &start, &end, Dir::Forward)?
+            .take(3)
+        {
+            let (k, v) = kv?;
+            step.ops
+                .push(Op::put(Cf::Hooks, k.clone(), v.to_ascii_uppercase()));
+            step.ops.push(Op::Merge {
+                cf: Cf::Counters,
+                key: keys::counter(TenantOrd(0), CounterField::Pending),
+                operand: merge::encode(1).to_vec(),
+            });
+            step.rows += 1;
+            last = Some(k);
+        }
+        step.next = last;
+        Ok(step)
+    }
+}
+
+fn upcase_registry() -> Registry {
+    Registry::new().register(Arc::new(Upcase))
+}
+
+fn opts4() -> OpenOptions {
+    OpenOptions {
+        supported_format: 4,
+        ..OpenOptions::default()
+    }
+}
+
+fn snapshot(store: &Store) -> Vec<(Cf, Vec<KeyValue>)> {
+    store.flush().unwrap();
+    Cf::ALL
+        .into_iter()
+        .map(|cf| {
+            let mut rows = store.dump_cf(cf).unwrap();
+            if cf == Cf::Counters {
+                // Merge operands fold on read; compare the values.
+                rows = rows
+                    .into_iter()
+                    .map(|(k, _)| {
+                        let v = store.get(cf, &k).unwrap().unwrap_or_default();
+                        (k, v)
+                    })
+                    .collect();
+            }
+            (cf, rows)
+        })
+        .collect()
+}
+
+#[test]
+fn the_migration_runner_resumes_after_a_stop_between_every_pair_of_steps() {
+    let hooks = 10u64; // 4 steps of <= 3 rows, then an empty final step
+    let reference = {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("db"), &opts4()).unwrap();
+        put_hooks(&store, hooks);
+        let out =
+            migrate::run(&store, &upcase_registry(), 4, |_| ControlFlow::Continue(())).unwrap();
+        assert_eq!(
+            out,
+            Outcome::Done {
+                format: 4,
+                steps: 5,
+                rows: hooks
+            }
+        );
+        snapshot(&store)
+    };
+    for stop_after in 1..=4u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("db");
+        {
+            let store = Store::open(&path, &opts4()).unwrap();
+            put_hooks(&store, hooks);
+            let out = migrate::run(&store, &upcase_registry(), 4, |p| {
+                if p.steps == stop_after {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .unwrap();
+            assert_eq!(
+                out,
+                Outcome::Stopped {
+                    format: 3,
+                    steps: stop_after
+                }
+            );
+            let pending = migrate::pending(&store, &upcase_registry(), 4).unwrap();
+            assert_eq!(pending.len(), 1);
+            assert!(pending[0].resuming);
+            assert_eq!(
+                pending[0].to_string(),
+                "3 -> 4: upper-case hooks (test) (interrupted; resumes from its cursor)"
+            );
+        }
+        // A new process: reopen and finish.
+        let store = Store::open(&path, &opts4()).unwrap();
+        let out =
+            migrate::run(&store, &upcase_registry(), 4, |_| ControlFlow::Continue(())).unwrap();
+        assert!(matches!(out, Outcome::Done { format: 4, .. }));
+        assert_eq!(
+            counter_value(&store, TenantOrd(0), CounterField::Pending),
+            hooks as i64,
+            "a committed step was applied twice (stopped after {stop_after})"
+        );
+        assert_eq!(snapshot(&store), reference, "stopped after {stop_after}");
+        assert!(migrate::in_progress(&store).unwrap().is_none());
+    }
+}
+
+#[test]
+fn a_missing_migration_path_is_a_clear_error() {
+    let (_d, store) = fresh();
+    let err = migrate::run(&store, &Registry::new(), 4, |_| ControlFlow::Continue(())).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "no migration from store format 3 towards 4 in this build"
+    );
+    assert!(migrate::pending(&store, &Registry::new(), 3)
+        .unwrap()
+        .is_empty());
+}
