@@ -5,6 +5,8 @@
 //! - [`store`]: RocksDB, key layouts, formats, migrations. The only user of `rocksdb`.
 //! - [`queue`]: tenant ordinals, per-tenant counters, the active index and every
 //!   delivery transition as an op builder.
+//! - [`dispatch`]: the pipeline's tick over the active index.
+//! - [`metrics`]: the queue gauges, read from counters and the active index.
 //! - [`admin`]: the admin listener (health, readiness, node status).
 //! - [`config`]: the YAML configuration and its validation.
 //! - [`cli`]: the `ankusa-relay` command line.
@@ -12,6 +14,8 @@
 pub mod admin;
 pub mod cli;
 pub mod config;
+pub mod dispatch;
+pub mod metrics;
 pub mod queue;
 pub mod store;
 

@@ -674,11 +674,8 @@ pub fn due_for_tenant(
 /// The earliest due row of a tenant (one seek).
 pub fn first_due(store: &Store, ord: TenantOrd) -> Result<Option<DueRow>, StoreError> {
     let (from, to) = keys::due_tenant_range(ord);
-    match store.scan(Family::Due, &from, &to, Dir::Forward)?.next() {
-        Some(kv) => {
-            let (k, v) = kv?;
-            Ok(Some(DueRow::decode(&k, &v)?))
-        }
+    match store.first(Family::Due, &from, &to, Dir::Forward)? {
+        Some((k, v)) => Ok(Some(DueRow::decode(&k, &v)?)),
         None => Ok(None),
     }
 }
@@ -690,8 +687,7 @@ fn has_due_in(store: &Store, ord: TenantOrd, bucket: Bucket) -> Result<bool, Sto
         Bucket(bucket.0.saturating_add(1)).start(),
     );
     Ok(store
-        .scan(Family::Due, &from, &to, Dir::Forward)?
-        .next()
+        .first(Family::Due, &from, &to, Dir::Forward)?
         .is_some())
 }
 

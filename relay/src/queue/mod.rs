@@ -28,6 +28,9 @@ pub mod counters;
 pub mod deliveries;
 pub mod fold;
 pub mod tenants;
+#[cfg(test)]
+pub(crate) mod testkit;
+pub mod writer;
 
 pub use counters::{Counts, Delta};
 pub use deliveries::Tx;

@@ -269,6 +269,7 @@ const N_FAMILIES: usize = 21;
 #[derive(Debug, Default)]
 pub struct StoreStats {
     scans: [AtomicU64; N_FAMILIES],
+    seeks: [AtomicU64; N_FAMILIES],
     point_reads: [AtomicU64; 9],
 }
 
@@ -276,12 +277,20 @@ pub struct StoreStats {
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StatsSnapshot {
     pub scans: Vec<(Family, u64)>,
+    /// Single-row seeks ([`Store::first`]), counted apart from scans.
+    pub seeks: Vec<(Family, u64)>,
     pub point_reads: Vec<(Cf, u64)>,
 }
 
 impl StatsSnapshot {
     pub fn scans_of(&self, family: Family) -> u64 {
         self.scans
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map_or(0, |(_, n)| *n)
+    }
+    pub fn seeks_of(&self, family: Family) -> u64 {
+        self.seeks
             .iter()
             .find(|(f, _)| *f == family)
             .map_or(0, |(_, n)| *n)
@@ -299,6 +308,11 @@ impl StatsSnapshot {
                 .scans
                 .iter()
                 .map(|(f, n)| (*f, n - earlier.scans_of(*f)))
+                .collect(),
+            seeks: self
+                .seeks
+                .iter()
+                .map(|(f, n)| (*f, n - earlier.seeks_of(*f)))
                 .collect(),
             point_reads: self
                 .point_reads
@@ -599,6 +613,16 @@ impl Store {
         dir: Dir,
     ) -> Result<Scan<'_>, StoreError> {
         self.stats.scans[family_slot(family)].fetch_add(1, Ordering::Relaxed);
+        self.range(family, from, to, dir)
+    }
+
+    fn range(
+        &self,
+        family: Family,
+        from: &[u8],
+        to: &[u8],
+        dir: Dir,
+    ) -> Result<Scan<'_>, StoreError> {
         let (lo, end) = family.bounds();
         let from = if from < lo.as_slice() {
             lo.clone()
@@ -637,6 +661,19 @@ impl Store {
         })
     }
 
+    /// The first row of `[from, to)` in `dir` order: one seek, counted as a seek rather
+    /// than a scan in [`StoreStats`].
+    pub fn first(
+        &self,
+        family: Family,
+        from: &[u8],
+        to: &[u8],
+        dir: Dir,
+    ) -> Result<Option<KeyValue>, StoreError> {
+        self.stats.seeks[family_slot(family)].fetch_add(1, Ordering::Relaxed);
+        self.range(family, from, to, dir)?.next().transpose()
+    }
+
     /// Every key/value of a family (sentinels excluded), in order.
     pub fn scan_family(&self, family: Family) -> Result<Scan<'_>, StoreError> {
         let (lo, end) = family.bounds();
@@ -645,17 +682,16 @@ impl Store {
 
     /// What this store has been asked to read since it was opened.
     pub fn stats(&self) -> StatsSnapshot {
-        StatsSnapshot {
-            scans: Family::FORMAT3
+        let load = |slots: &[AtomicU64; N_FAMILIES]| {
+            Family::FORMAT3
                 .iter()
                 .chain([Family::DueV2, Family::InflightV2].iter())
-                .map(|f| {
-                    (
-                        *f,
-                        self.stats.scans[family_slot(*f)].load(Ordering::Relaxed),
-                    )
-                })
-                .collect(),
+                .map(|f| (*f, slots[family_slot(*f)].load(Ordering::Relaxed)))
+                .collect()
+        };
+        StatsSnapshot {
+            scans: load(&self.stats.scans),
+            seeks: load(&self.stats.seeks),
             point_reads: Cf::ALL
                 .iter()
                 .map(|c| {

@@ -1,0 +1,134 @@
+//! Test support shared by the queue, dispatch and metrics unit tests: a store with the
+//! writer's assembler, and the invariant checks every test wants.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use super::deliveries::{DeadRow, DueRow, Envelope, InflightRow, Tx};
+use super::writer::Assembler;
+use super::{deliveries, fold, QueueError};
+use crate::store::keys::{self, AtMs, Bucket, Family, Seq, TenantOrd};
+use crate::store::{OpenOptions, Store};
+
+/// A store and the writer's assembler.
+pub(crate) struct Harness {
+    _dir: tempfile::TempDir,
+    pub store: Arc<Store>,
+    pub asm: Assembler,
+    hooks: u64,
+}
+
+impl Harness {
+    pub fn new() -> Self {
+        Self::with_max(1_000_000)
+    }
+
+    pub fn with_max(max: u32) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(dir.path().join("db"), &OpenOptions::default()).unwrap();
+        let asm = Assembler::open(&store, max).unwrap();
+        Harness {
+            _dir: dir,
+            store: Arc::new(store),
+            asm,
+            hooks: 0,
+        }
+    }
+
+    /// A hook envelope for `tenant` (None = default) with `sinks` sinks, received at `at`.
+    pub fn envelope(tenant: Option<&str>, sinks: usize, at: u64, n: u64) -> Envelope {
+        Envelope {
+            id: format!("hk_{n}"),
+            tenant: tenant.map(str::to_owned),
+            source: "src".into(),
+            received_at: AtMs(at),
+            content_type: "application/json".into(),
+            sinks: (0..sinks).map(|i| format!("sink{i}")).collect(),
+            body: vec![b'x'; (n % 7) as usize * 10],
+        }
+    }
+
+    /// Ingests one hook through the writer's assembler, due at `at`.
+    pub fn ingest(&mut self, tenant: Option<&str>, sinks: usize, at: u64, archive: bool) -> Seq {
+        self.try_ingest(tenant, sinks, at, archive).unwrap()
+    }
+
+    pub fn try_ingest(
+        &mut self,
+        tenant: Option<&str>,
+        sinks: usize,
+        at: u64,
+        archive: bool,
+    ) -> Result<Seq, QueueError> {
+        self.hooks += 1;
+        let env = Self::envelope(tenant, sinks, at, self.hooks);
+        let batch = self.asm.assemble(&self.store, &[env], archive).unwrap();
+        let mut out = self.asm.commit(&self.store, batch, false).unwrap();
+        out.remove(0)
+    }
+
+    pub fn ord(&self, tenant: &str) -> TenantOrd {
+        super::tenants::ord(&self.store, tenant).unwrap().unwrap()
+    }
+
+    pub fn due_rows(&self) -> Vec<DueRow> {
+        self.store
+            .scan_family(Family::Due)
+            .unwrap()
+            .map(|kv| {
+                let (k, v) = kv.unwrap();
+                DueRow::decode(&k, &v).unwrap()
+            })
+            .collect()
+    }
+
+    pub fn inflight_rows(&self) -> Vec<InflightRow> {
+        self.store
+            .scan_family(Family::Inflight)
+            .unwrap()
+            .map(|kv| {
+                let (k, v) = kv.unwrap();
+                InflightRow::decode(&k, &v).unwrap()
+            })
+            .collect()
+    }
+
+    pub fn dead_rows(&self) -> Vec<DeadRow> {
+        deliveries::dead_page(&self.store, None, usize::MAX)
+            .unwrap()
+            .rows
+    }
+
+    pub fn markers(&self) -> BTreeSet<(Bucket, TenantOrd)> {
+        self.store
+            .scan_family(Family::Active)
+            .unwrap()
+            .map(|kv| keys::decode_active(&kv.unwrap().0).unwrap())
+            .collect()
+    }
+
+    /// Builds and commits one transaction.
+    pub fn commit(&self, f: impl FnOnce(&mut Tx)) {
+        let mut tx = Tx::new();
+        f(&mut tx);
+        tx.commit(&self.store, false).unwrap();
+    }
+
+    pub fn assert_counters_equal_fold(&self) {
+        let mismatches = fold::verify(&self.store).unwrap();
+        assert!(
+            mismatches.is_empty(),
+            "counters differ from the fold: {mismatches:#?}"
+        );
+    }
+
+    pub fn assert_every_due_row_has_its_marker(&self) {
+        let markers = self.markers();
+        for r in self.due_rows() {
+            assert!(
+                markers.contains(&(r.key.at.bucket(), r.key.ord)),
+                "due row {r:?} has no marker"
+            );
+        }
+    }
+}

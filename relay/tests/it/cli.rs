@@ -1,0 +1,231 @@
+//! The command line: inspection, migration listing, bad input, and a node that serves.
+
+use std::time::{Duration, Instant};
+
+use ankusa_relay::store::keys::{self, Family};
+use ankusa_relay::store::{Cf, Op, OpenOptions, Store};
+
+use crate::support::*;
+
+#[test]
+fn store_inspect_reports_format_families_counts_and_counters() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    store_with_hooks(&data, 9);
+    let out = run(&["store", "inspect", "--data", data.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        stdout.contains("format:   3 (this binary supports 3)"),
+        "{stdout}"
+    );
+    assert!(stdout.contains("migrating: no"), "{stdout}");
+    // 9 hooks × 2 sinks, each with a due row and a delivery row; 9 archive obligations.
+    for (family, n) in [
+        ("hooks", 9),
+        ("deliveries", 18),
+        ("due", 18),
+        ("archive_pending", 9),
+    ] {
+        let line = stdout
+            .lines()
+            .find(|l| l.split_whitespace().next() == Some(family))
+            .unwrap_or_else(|| panic!("no {family} line in {stdout}"));
+        assert_eq!(
+            line.split_whitespace().last(),
+            Some(n.to_string().as_str()),
+            "{line}"
+        );
+    }
+    assert!(stdout.contains("tenants:  3"), "{stdout}");
+    assert!(stdout.contains("pending=18 scheduled=0"), "{stdout}");
+
+    let out = run(&["store", "verify", "--data", data.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("counters equal a fold"));
+}
+
+#[test]
+fn store_migrate_dry_run_on_a_current_store_lists_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    store_with_hooks(&data, 1);
+    let out = run(&[
+        "store",
+        "migrate",
+        "--data",
+        data.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "store at format 3: no pending migrations\n"
+    );
+}
+
+#[test]
+fn a_missing_data_dir_is_a_clear_error_and_nothing_is_created() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("absent");
+    for args in [
+        vec!["store", "inspect", "--data"],
+        vec!["store", "migrate", "--dry-run", "--data"],
+        vec!["store", "migrate", "--data"],
+        vec!["store", "verify", "--data"],
+    ] {
+        let mut args = args.clone();
+        args.push(data.to_str().unwrap());
+        let out = run(&args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        let err = text(&out.stderr);
+        assert!(err.contains("does not exist"), "{args:?}: {err}");
+        assert_eq!(err.lines().count(), 1, "one clear line: {err}");
+        assert!(!data.exists(), "{args:?} created the data dir");
+    }
+}
+
+#[test]
+fn a_newer_store_is_refused_by_every_command_and_left_unchanged() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    store_with_hooks(&data, 3);
+    {
+        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        store
+            .write(
+                vec![Op::put(
+                    Cf::Default,
+                    keys::META_FORMAT.to_vec(),
+                    7u32.to_be_bytes(),
+                )],
+                true,
+            )
+            .unwrap();
+    }
+    let before = files(&data);
+    for args in [
+        vec!["store", "inspect", "--data"],
+        vec!["store", "migrate", "--data"],
+        vec!["store", "verify", "--data"],
+    ] {
+        let mut args = args.clone();
+        args.push(data.to_str().unwrap());
+        let out = run(&args);
+        assert!(!out.status.success());
+        let err = text(&out.stderr);
+        assert!(
+            err.contains("store format 7 is newer than this binary supports (format 3)"),
+            "{err}"
+        );
+    }
+    assert_eq!(files(&data), before, "the refused store was modified");
+}
+
+#[test]
+fn a_corrupted_family_is_reported_not_read_as_empty() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    store_with_hooks(&data, 4);
+    {
+        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        store
+            .write(vec![Op::delete(Cf::Index, Family::Due.hi())], true)
+            .unwrap();
+    }
+    for sub in ["inspect", "verify"] {
+        let out = run(&["store", sub, "--data", data.to_str().unwrap()]);
+        assert!(
+            !out.status.success(),
+            "{sub} succeeded on a corrupted store"
+        );
+        let err = text(&out.stderr);
+        assert!(
+            err.contains(
+                "store corruption in family due: scan ended before the family's hi sentinel"
+            ),
+            "{sub}: {err}"
+        );
+    }
+}
+
+#[test]
+fn a_bad_config_is_refused_with_the_key_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("relay.yaml");
+    std::fs::write(&cfg, "data_dir: ./x\ntenants:\n  max: 0\n").unwrap();
+    let out = run(&["run", "--config", cfg.to_str().unwrap()]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("tenants.max: 0 is outside 1..=4294967294"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(
+        !dir.path().join("x").exists(),
+        "a refused config opened a store"
+    );
+}
+
+/// Kills the child when the test ends, however it ends.
+struct Node(std::process::Child);
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[test]
+fn run_opens_the_store_and_serves_health_readiness_and_node_status() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    store_with_hooks(&data, 6);
+    let port = free_port();
+    let cfg = dir.path().join("relay.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data_dir: {}\nadmin:\n  listen: 127.0.0.1:{port}\n",
+            data.display()
+        ),
+    )
+    .unwrap();
+    let _node = Node(
+        bin()
+            .args(["run", "--config", cfg.to_str().unwrap()])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok((200, _)) = http_get(port, "/readyz") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the node never became ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(http_get(port, "/healthz").unwrap(), (200, "ok\n".into()));
+    let (status, body) = http_get(port, "/v1/node").unwrap();
+    assert_eq!(status, 200);
+    let node: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(node["store_format"], 3);
+    assert_eq!(node["supported_format"], 3);
+    assert_eq!(node["tenants"], 3);
+    assert_eq!(node["counters"]["pending"], 12);
+    assert_eq!(node["counters"]["archive_pending"], 6);
+    assert_eq!(node["migrating_to"], serde_json::Value::Null);
+    assert_eq!(node["oldest_due_at_ms"], 1_000);
+}
+
+#[test]
+fn version_json_names_the_supported_store_format() {
+    let out = run(&["version", "--json"]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["store_format"], 3);
+    assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+}
