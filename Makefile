@@ -12,7 +12,10 @@ deps:
 ## Build the relay node and start it on the embedded store with the example config.
 run: deps
 	$(CARGO) build -p ankusa-relay --bin ankusa-relay
-	./target/debug/ankusa-relay run --config $(CONFIG)
+	@echo "ankusa-relay: starting a node with $(CONFIG). Send a first hook with:"
+	@echo "  curl -i -X POST http://127.0.0.1:8080/ingest/demo -H 'x-tenant: acme' -H 'content-type: application/json' -d '{\"hello\":\"world\"}'"
+	@echo "then see it counted: curl http://127.0.0.1:9090/v1/node"
+	GITHUB_WEBHOOK_SECRET=$${GITHUB_WEBHOOK_SECRET:-quickstart-github-secret} ./target/debug/ankusa-relay run --config $(CONFIG)
 
 ## Every check and every test, from a clean clone.
 test: deps fmt lint nextest

@@ -7,16 +7,14 @@
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::admin::{self, AdminState};
 use crate::config::Config;
-use crate::queue::{counters, deliveries, fold, tenants};
-use crate::store::keys::{AtMs, Family};
+use crate::node::Node;
+use crate::queue::{counters, fold, tenants};
+use crate::store::keys::Family;
 use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
 
 #[derive(Debug, Parser)]
@@ -187,68 +185,31 @@ fn verify(data: &Path) -> anyhow::Result<ExitCode> {
 fn init_tracing() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).try_init();
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .try_init();
 }
 
-/// Opens (or creates) the store, runs pending migrations, recovers inflight rows, and
-/// serves the admin listener until interrupted.
+/// Starts a node and serves until interrupted.
 fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
     init_tracing();
     let config = Config::load(config_path, std::env::vars())?;
-    let store = Store::open(&config.data_dir, &OpenOptions::default())
-        .with_context(|| format!("opening the store at {}", config.data_dir.display()))?;
-    let store = Arc::new(store);
-    let state = Arc::new(AdminState {
-        store: store.clone(),
-        ready: false.into(),
-    });
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let listener = tokio::net::TcpListener::bind(config.admin.listen)
-            .await
-            .with_context(|| format!("binding admin.listen {}", config.admin.listen))?;
-        let addr = listener.local_addr()?;
-        let app = admin::router(state.clone());
-        let server = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async {
-                    let _ = tokio::signal::ctrl_c().await;
-                })
-                .await
-        });
-        let boot_store = store.clone();
-        let boot = tokio::task::spawn_blocking(move || -> anyhow::Result<(u64, u32)> {
-            let out = migrate::run(&boot_store, &migrate::builtin(), SUPPORTED_FORMAT, |p| {
-                tracing::info!(
-                    from = p.from,
-                    to = p.to,
-                    steps = p.steps,
-                    rows = p.rows,
-                    "migration step"
-                );
-                ControlFlow::Continue(())
-            })?;
-            tracing::info!(?out, "store format current");
-            let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()))?;
-            Ok((recovered, boot_store.format()?))
-        })
-        .await??;
-        state.ready.store(true, Ordering::Release);
-        tracing::info!(
-            data_dir = %config.data_dir.display(),
-            admin = %addr,
-            format = boot.1,
-            recovered_inflight = boot.0,
-            "relay node ready"
-        );
+        let data_dir = config.data_dir.clone();
+        let node = Node::start(config).await?;
         println!(
-            "ankusa-relay: store {} at format {} is open; admin listener on http://{addr} \
-             (try: curl http://{addr}/v1/node). Ctrl-C stops.",
-            config.data_dir.display(),
-            boot.1
+            "ankusa-relay: store {} at format {SUPPORTED_FORMAT} is open; \
+             ingest on http://{}/ingest/{{source}}, admin on http://{} (try: curl http://{}/v1/node). \
+             Ctrl-C stops.",
+            data_dir.display(),
+            node.ingest_addr,
+            node.admin_addr,
+            node.admin_addr,
         );
-        server.await??;
-        anyhow::Ok(())
+        node.run_until_signal().await
     })?;
     Ok(ExitCode::SUCCESS)
 }

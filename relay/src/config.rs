@@ -42,16 +42,48 @@ fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
 pub struct Config {
     /// Where the store lives.
     pub data_dir: PathBuf,
+    pub ingest: IngestConfig,
     pub admin: AdminConfig,
     pub tenants: TenantsConfig,
+    pub writer: WriterConfig,
+    pub dedupe: DedupeConfig,
+    pub quarantine: QuarantineConfig,
+    pub sources: Vec<SourceConfig>,
+    pub sinks: Vec<SinkConfig>,
+    pub routes: Vec<RouteConfig>,
 }
 
 impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: PathBuf::from("./data"),
+            ingest: IngestConfig::default(),
             admin: AdminConfig::default(),
             tenants: TenantsConfig::default(),
+            writer: WriterConfig::default(),
+            dedupe: DedupeConfig::default(),
+            quarantine: QuarantineConfig::default(),
+            sources: Vec::new(),
+            sinks: Vec::new(),
+            routes: Vec::new(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct IngestConfig {
+    /// The ingest listener: `POST /ingest/{source}`, `/healthz`, `/readyz`.
+    pub listen: SocketAddr,
+    /// Largest accepted body, unless a source sets its own.
+    pub body_limit_bytes: usize,
+}
+
+impl Default for IngestConfig {
+    fn default() -> Self {
+        IngestConfig {
+            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            body_limit_bytes: 1 << 20,
         }
     }
 }
@@ -87,6 +119,225 @@ impl Default for TenantsConfig {
     }
 }
 
+/// The group-commit writer's limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct WriterConfig {
+    /// Requests that may wait for the writer; past it ingest answers `unavailable`.
+    pub queue_capacity: usize,
+    /// Most hooks in one commit batch.
+    pub max_batch_hooks: usize,
+    /// Most body bytes in one commit batch.
+    pub max_batch_bytes: usize,
+    /// How long the writer waits, after the first request of a batch, for more.
+    pub max_batch_delay_us: u64,
+}
+
+impl Default for WriterConfig {
+    fn default() -> Self {
+        WriterConfig {
+            queue_capacity: 8192,
+            max_batch_hooks: 512,
+            max_batch_bytes: 8 << 20,
+            max_batch_delay_us: 500,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DedupeConfig {
+    /// How long an idempotency key is remembered.
+    pub window_ms: u64,
+    /// Most expired dedupe keys removed per sweep.
+    pub sweep_batch: usize,
+    /// How often the writer sweeps expired dedupe keys when idle.
+    pub sweep_interval_ms: u64,
+}
+
+impl Default for DedupeConfig {
+    fn default() -> Self {
+        DedupeConfig {
+            window_ms: 24 * 3_600_000,
+            sweep_batch: 1_000,
+            sweep_interval_ms: 1_000,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct QuarantineConfig {
+    /// Most quarantined requests kept; past it new ones are counted and dropped.
+    pub max_entries: u64,
+    /// Most bytes of quarantined requests kept.
+    pub max_bytes: u64,
+}
+
+impl Default for QuarantineConfig {
+    fn default() -> Self {
+        QuarantineConfig {
+            max_entries: 10_000,
+            max_bytes: 64 << 20,
+        }
+    }
+}
+
+/// A secret: given inline, read from a file, or read from an environment variable.
+/// Never printed: `Debug` and serialisation show `<redacted>`.
+#[derive(Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum SecretSource {
+    Value(String),
+    File(PathBuf),
+    Env(String),
+}
+
+impl std::fmt::Debug for SecretSource {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
+impl Serialize for SecretSource {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(REDACTED)
+    }
+}
+
+/// What every secret is replaced by in `/v1/config`.
+pub const REDACTED: &str = "<redacted>";
+
+impl SecretSource {
+    /// The secret's bytes (a trailing newline of a file is dropped).
+    pub fn resolve(&self, key: &str) -> Result<Vec<u8>, ConfigError> {
+        match self {
+            SecretSource::Value(v) => Ok(v.as_bytes().to_vec()),
+            SecretSource::File(p) => {
+                let mut b = std::fs::read(p).map_err(|e| {
+                    invalid(key, format!("cannot read secret file {}: {e}", p.display()))
+                })?;
+                while b.last().is_some_and(|c| *c == b'\n' || *c == b'\r') {
+                    b.pop();
+                }
+                Ok(b)
+            }
+            SecretSource::Env(name) => std::env::var(name)
+                .map(String::into_bytes)
+                .map_err(|_| invalid(key, format!("environment variable {name} is not set"))),
+        }
+    }
+}
+
+/// Where a source's hooks get their tenant.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum TenantFrom {
+    /// Every hook of the source belongs to this tenant.
+    Fixed(String),
+    /// A request header names the tenant (a shared source).
+    Header(String),
+    /// A JSON pointer into the body names the tenant (a shared source).
+    JsonPointer(String),
+}
+
+/// How a source's requests are verified.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "scheme", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum VerifyConfig {
+    None,
+    /// HMAC-SHA256 of the body in a header, hex or base64, with an optional prefix.
+    #[serde(rename = "hmac-sha256")]
+    HmacSha256 {
+        secret: SecretSource,
+        header: String,
+        #[serde(default)]
+        prefix: String,
+        #[serde(default)]
+        encoding: SigEncoding,
+    },
+    /// `webhook-id`, `webhook-timestamp`, `webhook-signature` (Standard Webhooks).
+    StandardWebhooks {
+        secret: SecretSource,
+        #[serde(default = "default_tolerance")]
+        tolerance_s: u64,
+    },
+    /// `X-Hub-Signature-256: sha256=<hex>`.
+    Github {
+        secret: SecretSource,
+    },
+    /// `Stripe-Signature: t=<ts>,v1=<hex>`.
+    Stripe {
+        secret: SecretSource,
+        #[serde(default = "default_tolerance")]
+        tolerance_s: u64,
+    },
+}
+
+fn default_tolerance() -> u64 {
+    300
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SigEncoding {
+    #[default]
+    Hex,
+    Base64,
+}
+
+/// Where a hook's idempotency key comes from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyConfig {
+    /// Headers tried in order; the first present one is the key.
+    pub headers: Vec<String>,
+    /// A JSON pointer into the body, tried after the headers.
+    pub json_pointer: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    pub id: String,
+    /// Absent: every hook belongs to the `default` tenant.
+    #[serde(default)]
+    pub tenant: Option<TenantFrom>,
+    pub verify: VerifyConfig,
+    /// Absent: the scheme's own id (`webhook-id`, `X-GitHub-Delivery`, Stripe's event id).
+    #[serde(default)]
+    pub idempotency: Option<IdempotencyConfig>,
+    /// The route (a list of sinks) its hooks fan out to.
+    pub route: String,
+    #[serde(default)]
+    pub body_limit_bytes: Option<usize>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SinkConfig {
+    pub id: String,
+    pub url: String,
+    /// Signs deliveries (Standard Webhooks); `whsec_` + base64, or raw bytes.
+    #[serde(default)]
+    pub secret: Option<SecretSource>,
+    #[serde(default = "default_sink_timeout")]
+    pub timeout_ms: u64,
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+}
+
+fn default_sink_timeout() -> u64 {
+    10_000
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    pub id: String,
+    pub sinks: Vec<String>,
+}
+
 /// The range `tenants.max` must fall in (ordinal `u32::MAX` is reserved).
 pub const TENANTS_MAX_RANGE: std::ops::RangeInclusive<u32> = 1..=4_294_967_294;
 
@@ -118,8 +369,11 @@ impl Config {
                 apply_override(&mut doc, path, &v)?;
             }
         }
+        // Through JSON: serde_yaml's `Value` reads enums only from YAML tags, while the
+        // configuration writes them as one-key maps (`tenant: {header: x-tenant}`).
+        let json = serde_json::to_value(&doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
         let cfg: Config =
-            serde_yaml::from_value(doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
+            serde_json::from_value(json).map_err(|e| ConfigError::Parse(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
@@ -140,6 +394,129 @@ impl Config {
         }
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must not be empty"));
+        }
+        let w = &self.writer;
+        if !(1..=1_000_000).contains(&w.queue_capacity) {
+            return Err(invalid("writer.queue_capacity", "must be in 1..=1000000"));
+        }
+        if !(1..=65_536).contains(&w.max_batch_hooks) {
+            return Err(invalid("writer.max_batch_hooks", "must be in 1..=65536"));
+        }
+        if w.max_batch_bytes < 1024 {
+            return Err(invalid("writer.max_batch_bytes", "must be at least 1024"));
+        }
+        if w.max_batch_delay_us > 1_000_000 {
+            return Err(invalid(
+                "writer.max_batch_delay_us",
+                "must be at most 1000000",
+            ));
+        }
+        if self.dedupe.window_ms == 0 || self.dedupe.sweep_batch == 0 {
+            return Err(invalid(
+                "dedupe",
+                "window_ms and sweep_batch must be positive",
+            ));
+        }
+        if !(1..=256 << 20).contains(&self.ingest.body_limit_bytes) {
+            return Err(invalid(
+                "ingest.body_limit_bytes",
+                "must be in 1..=268435456",
+            ));
+        }
+        let mut ids = std::collections::BTreeSet::new();
+        for (i, s) in self.sinks.iter().enumerate() {
+            let key = format!("sinks[{i}]");
+            if s.id.is_empty() || !ids.insert(s.id.as_str()) {
+                return Err(invalid(&key, format!("id {:?} is empty or repeated", s.id)));
+            }
+            if !(s.url.starts_with("http://") || s.url.starts_with("https://")) {
+                return Err(invalid(
+                    &format!("{key}.url"),
+                    "must be an http:// or https:// URL",
+                ));
+            }
+            if !(1..=600_000).contains(&s.timeout_ms) {
+                return Err(invalid(
+                    &format!("{key}.timeout_ms"),
+                    "must be in 1..=600000",
+                ));
+            }
+        }
+        let mut routes = std::collections::BTreeSet::new();
+        for (i, r) in self.routes.iter().enumerate() {
+            let key = format!("routes[{i}]");
+            if r.id.is_empty() || !routes.insert(r.id.as_str()) {
+                return Err(invalid(&key, format!("id {:?} is empty or repeated", r.id)));
+            }
+            if r.sinks.is_empty() || r.sinks.len() > usize::from(u16::MAX) {
+                return Err(invalid(
+                    &format!("{key}.sinks"),
+                    "must name 1..=65535 sinks",
+                ));
+            }
+            for s in &r.sinks {
+                if !ids.contains(s.as_str()) {
+                    return Err(invalid(
+                        &format!("{key}.sinks"),
+                        format!("unknown sink {s:?}"),
+                    ));
+                }
+            }
+        }
+        let mut sources = std::collections::BTreeSet::new();
+        for (i, s) in self.sources.iter().enumerate() {
+            let key = format!("sources[{i}]");
+            let url_safe =
+                s.id.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+            if s.id.is_empty() || !url_safe || !sources.insert(s.id.as_str()) {
+                return Err(invalid(
+                    &key,
+                    format!("id {:?} is empty, repeated, or not [A-Za-z0-9._-]", s.id),
+                ));
+            }
+            if !routes.contains(s.route.as_str()) {
+                return Err(invalid(
+                    &format!("{key}.route"),
+                    format!("unknown route {:?}", s.route),
+                ));
+            }
+            if let Some(TenantFrom::JsonPointer(p)) = &s.tenant {
+                if !(p.is_empty() || p.starts_with('/')) {
+                    return Err(invalid(
+                        &format!("{key}.tenant.json_pointer"),
+                        "must start with /",
+                    ));
+                }
+            }
+            if let Some(TenantFrom::Fixed(t)) = &s.tenant {
+                if crate::queue::tenants::validate(t).is_err() {
+                    return Err(invalid(
+                        &format!("{key}.tenant.fixed"),
+                        "not a valid tenant id",
+                    ));
+                }
+            }
+            if let Some(n) = s.body_limit_bytes {
+                if !(1..=256 << 20).contains(&n) {
+                    return Err(invalid(
+                        &format!("{key}.body_limit_bytes"),
+                        "must be in 1..=268435456",
+                    ));
+                }
+            }
+            let secret = match &s.verify {
+                VerifyConfig::None => None,
+                VerifyConfig::HmacSha256 { secret, .. }
+                | VerifyConfig::StandardWebhooks { secret, .. }
+                | VerifyConfig::Github { secret }
+                | VerifyConfig::Stripe { secret, .. } => Some(secret),
+            };
+            if let Some(secret) = secret {
+                if secret.resolve(&format!("{key}.verify.secret"))?.is_empty() {
+                    return Err(invalid(&format!("{key}.verify.secret"), "is empty"));
+                }
+            }
         }
         Ok(())
     }

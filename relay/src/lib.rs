@@ -5,6 +5,8 @@
 //! - [`store`]: RocksDB, key layouts, formats, migrations. The only user of `rocksdb`.
 //! - [`queue`]: tenant ordinals, per-tenant counters, the active index and every
 //!   delivery transition as an op builder.
+//! - [`edge`]: the ingest listener: verification, tenants, dedupe keys, quarantine.
+//! - [`node`]: boot order and the listeners of a running node.
 //! - [`dispatch`]: the pipeline's tick over the active index.
 //! - [`metrics`]: the queue gauges, read from counters and the active index.
 //! - [`admin`]: the admin listener (health, readiness, node status).
@@ -15,7 +17,9 @@ pub mod admin;
 pub mod cli;
 pub mod config;
 pub mod dispatch;
+pub mod edge;
 pub mod metrics;
+pub mod node;
 pub mod queue;
 pub mod store;
 

@@ -1,10 +1,12 @@
 //! The admin listener (default `:9090`): liveness, readiness and the node's status.
 //!
-//! `/healthz` answers as soon as the process serves; `/readyz` only once the store is open
+//! `/metrics` serves the node's Prometheus metrics. `/healthz` answers as soon as the process serves; `/readyz` only once the store is open
 //! and every pending migration has run; `/v1/node` reports the version, store formats,
 //! tenant count and the node's aggregate counters (six point reads, never a fold).
 
 use std::sync::atomic::{AtomicBool, Ordering};
+
+use axum::http::header::CONTENT_TYPE;
 use std::sync::Arc;
 
 use axum::extract::State;
@@ -21,7 +23,8 @@ use crate::store::{migrate, Store, SUPPORTED_FORMAT};
 #[derive(Debug)]
 pub struct AdminState {
     pub store: Arc<Store>,
-    pub ready: AtomicBool,
+    pub ready: Arc<AtomicBool>,
+    pub metrics: Arc<crate::metrics::Metrics>,
 }
 
 /// The node status served at `/v1/node`.
@@ -97,10 +100,22 @@ async fn node(State(s): State<Arc<AdminState>>) -> Response {
     }
 }
 
+async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
+    (
+        [(
+            CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        s.metrics.encode(),
+    )
+        .into_response()
+}
+
 /// The admin router.
 pub fn router(state: Arc<AdminState>) -> Router {
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
         .route("/readyz", get(readyz))
         .route("/v1/node", get(node))
         .with_state(state)

@@ -1,5 +1,119 @@
-//! Node metrics. [`gauges`] reads the queue gauges at O(1) cost in the backlog and the
-//! tenant count: counter point reads and a bounded walk of the active index, never a fold
-//! of the due, inflight, dead or archive families.
+//! Node metrics (Prometheus text exposition through `prometheus-client`).
+//!
+//! [`Metrics`] holds every metric the node exports; label sets are bounded (sources come
+//! from the configuration, outcomes are a fixed set). [`gauges`] reads the queue gauges at
+//! O(1) cost in the backlog and the tenant count: counter point reads and a bounded walk of
+//! the active index, never a fold of the due, inflight, dead or archive families.
 
 pub mod gauges;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// The fixed set of ingest outcomes.
+pub const OUTCOMES: [&str; 6] = [
+    "accepted",
+    "duplicate",
+    "rejected",
+    "quarantined",
+    "tenant_limit",
+    "unavailable",
+];
+
+/// The `source` label of requests naming no configured source.
+pub const UNKNOWN_SOURCE: &str = "_unknown";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IngestLabels {
+    pub source: String,
+    pub outcome: String,
+}
+
+/// Every metric of a node.
+#[derive(Debug)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub ingest_requests: Family<IngestLabels, Counter>,
+    pub ingest_latency: Histogram,
+    pub writer_batch_hooks: Histogram,
+    pub writer_commit_seconds: Histogram,
+    pub quarantine_dropped: Counter,
+    pub dedupe_swept: Counter,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let ingest_requests = Family::<IngestLabels, Counter>::default();
+        registry.register(
+            "ankusa_ingest_requests",
+            "Ingest requests by source and outcome",
+            ingest_requests.clone(),
+        );
+        let ingest_latency = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
+        registry.register(
+            "ankusa_ingest_latency_seconds",
+            "Time from request to answer, including the synced commit for accepted hooks",
+            ingest_latency.clone(),
+        );
+        let writer_batch_hooks = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        registry.register(
+            "ankusa_writer_batch_hooks",
+            "Hooks committed per synced writer batch",
+            writer_batch_hooks.clone(),
+        );
+        let writer_commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 18));
+        registry.register(
+            "ankusa_writer_commit_seconds",
+            "Duration of the writer's synced commit",
+            writer_commit_seconds.clone(),
+        );
+        let quarantine_dropped = Counter::default();
+        registry.register(
+            "ankusa_quarantine_dropped",
+            "Requests that failed verification but were not kept: the quarantine was full",
+            quarantine_dropped.clone(),
+        );
+        let dedupe_swept = Counter::default();
+        registry.register(
+            "ankusa_dedupe_swept",
+            "Expired idempotency keys removed",
+            dedupe_swept.clone(),
+        );
+        Metrics {
+            registry,
+            ingest_requests,
+            ingest_latency,
+            writer_batch_hooks,
+            writer_commit_seconds,
+            quarantine_dropped,
+            dedupe_swept,
+        }
+    }
+
+    pub fn ingest(&self, source: &str, outcome: &str) {
+        self.ingest_requests
+            .get_or_create(&IngestLabels {
+                source: source.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The exposition text.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}

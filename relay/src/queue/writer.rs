@@ -29,6 +29,13 @@ pub struct Assembler {
     next_seq: u64,
 }
 
+impl Assembled {
+    /// Another op to commit with the batch (dedupe keys).
+    pub fn push_op(&mut self, op: crate::store::Op) {
+        self.tx.push_op(op);
+    }
+}
+
 impl Assembler {
     /// Starts after the highest `seq` in `hooks`.
     pub fn open(store: &Store, tenants_max: u32) -> Result<Self, StoreError> {
@@ -110,4 +117,305 @@ impl Assembler {
         self.next_seq = batch.next_seq;
         Ok(batch.outcomes)
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// The writer task.
+
+/// One hook handed to the writer, and where its answer goes.
+#[derive(Debug)]
+pub struct Submission {
+    pub envelope: Envelope,
+    /// The idempotency key, if the source gives one; deduplicated per tenant.
+    pub idempotency: Option<Vec<u8>>,
+    pub reply: tokio::sync::oneshot::Sender<Reply>,
+}
+
+/// The writer's answer to a submission.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Committed by a synced write.
+    Accepted { id: String },
+    /// Seen within the dedupe window; nothing was written.
+    Duplicate { id: String },
+    /// The tenant would be past `tenants.max`.
+    TenantLimit,
+    /// The tenant id is not acceptable.
+    InvalidTenant(&'static str),
+    /// The store failed the commit.
+    Unavailable,
+}
+
+/// The writer's limits.
+#[derive(Debug, Clone)]
+pub struct WriterSettings {
+    pub queue_capacity: usize,
+    pub max_batch_hooks: usize,
+    pub max_batch_bytes: usize,
+    pub max_batch_delay: std::time::Duration,
+    pub dedupe_window_ms: u64,
+    pub sweep_batch: usize,
+    pub sweep_interval: std::time::Duration,
+    pub archive: bool,
+}
+
+impl WriterSettings {
+    pub fn from_config(c: &crate::config::Config) -> Self {
+        WriterSettings {
+            queue_capacity: c.writer.queue_capacity,
+            max_batch_hooks: c.writer.max_batch_hooks,
+            max_batch_bytes: c.writer.max_batch_bytes,
+            max_batch_delay: std::time::Duration::from_micros(c.writer.max_batch_delay_us),
+            dedupe_window_ms: c.dedupe.window_ms,
+            sweep_batch: c.dedupe.sweep_batch,
+            sweep_interval: std::time::Duration::from_millis(c.dedupe.sweep_interval_ms),
+            archive: false,
+        }
+    }
+}
+
+/// The request side of the writer: hands hooks over without blocking.
+#[derive(Debug, Clone)]
+pub struct WriterHandle {
+    tx: std::sync::mpsc::SyncSender<Submission>,
+}
+
+/// The writer's queue is full (or the writer has stopped): answer `unavailable`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("the writer's queue is full")]
+pub struct WriterBusy;
+
+impl WriterHandle {
+    /// Queues a submission, or refuses at once if the bounded queue is full.
+    pub fn try_submit(&self, s: Submission) -> Result<(), WriterBusy> {
+        self.tx.try_send(s).map_err(|_| WriterBusy)
+    }
+}
+
+/// Starts the writer thread. It stops when every [`WriterHandle`] is dropped.
+pub fn spawn(
+    store: std::sync::Arc<Store>,
+    assembler: Assembler,
+    settings: WriterSettings,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
+    let (tx, rx) = std::sync::mpsc::sync_channel(settings.queue_capacity);
+    let mut w = Writer {
+        store,
+        asm: assembler,
+        settings,
+        metrics,
+    };
+    let join = std::thread::Builder::new()
+        .name("ankusa-writer".into())
+        .spawn(move || w.run(rx))?;
+    Ok((WriterHandle { tx }, join))
+}
+
+struct Writer {
+    store: std::sync::Arc<Store>,
+    asm: Assembler,
+    settings: WriterSettings,
+    metrics: std::sync::Arc<crate::metrics::Metrics>,
+}
+
+/// `?u` value: `<<expires_at::64>>` then the first hook's id.
+fn dedupe_value(expires: u64, id: &str) -> Vec<u8> {
+    let mut v = expires.to_be_bytes().to_vec();
+    v.extend_from_slice(id.as_bytes());
+    v
+}
+
+fn decode_dedupe_value(v: &[u8]) -> Option<(u64, String)> {
+    let (e, id) = v.split_at_checked(8)?;
+    Some((
+        u64::from_be_bytes(e.try_into().ok()?),
+        String::from_utf8(id.to_vec()).ok()?,
+    ))
+}
+
+impl Writer {
+    fn run(&mut self, rx: std::sync::mpsc::Receiver<Submission>) {
+        use std::sync::mpsc::RecvTimeoutError;
+        loop {
+            let first = match rx.recv_timeout(self.settings.sweep_interval) {
+                Ok(s) => s,
+                Err(RecvTimeoutError::Timeout) => {
+                    self.sweep_dedupe();
+                    continue;
+                }
+                Err(RecvTimeoutError::Disconnected) => return,
+            };
+            let deadline = std::time::Instant::now() + self.settings.max_batch_delay;
+            let mut bytes = first.envelope.body.len();
+            let mut batch = vec![first];
+            while batch.len() < self.settings.max_batch_hooks
+                && bytes < self.settings.max_batch_bytes
+            {
+                let next = match rx.try_recv() {
+                    Ok(s) => s,
+                    Err(_) => {
+                        let now = std::time::Instant::now();
+                        if now >= deadline {
+                            break;
+                        }
+                        match rx.recv_timeout(deadline - now) {
+                            Ok(s) => s,
+                            Err(_) => break,
+                        }
+                    }
+                };
+                bytes += next.envelope.body.len();
+                batch.push(next);
+            }
+            self.commit_batch(batch);
+        }
+    }
+
+    fn commit_batch(&mut self, batch: Vec<Submission>) {
+        let now = crate::now_ms();
+        let mut replies: Vec<Option<Reply>> = vec![None; batch.len()];
+        // Dedupe: the writer owns the `?u` keys, so one multi_get here is authoritative.
+        let ukeys: Vec<Option<Vec<u8>>> = batch
+            .iter()
+            .map(|s| {
+                s.idempotency
+                    .as_ref()
+                    .and_then(|k| keys::dedupe(s.envelope.tenant_or_default(), k))
+            })
+            .collect();
+        let present: Vec<Vec<u8>> = ukeys.iter().flatten().cloned().collect();
+        let found = match self.store.multi_get(crate::store::Cf::Index, &present) {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(error = %e, "writer: reading dedupe keys");
+                return reply_all(batch, Reply::Unavailable);
+            }
+        };
+        let mut seen: std::collections::HashMap<Vec<u8>, String> = present
+            .into_iter()
+            .zip(found)
+            .filter_map(|(k, v)| {
+                let (expires, id) = decode_dedupe_value(v.as_deref()?)?;
+                (expires > now).then_some((k, id))
+            })
+            .collect();
+        let mut fresh: Vec<usize> = Vec::with_capacity(batch.len());
+        for (i, s) in batch.iter().enumerate() {
+            match ukeys[i].as_ref().and_then(|k| seen.get(k)) {
+                Some(id) => replies[i] = Some(Reply::Duplicate { id: id.clone() }),
+                None => {
+                    if let Some(k) = &ukeys[i] {
+                        seen.insert(k.clone(), s.envelope.id.clone());
+                    }
+                    fresh.push(i);
+                }
+            }
+        }
+        let envs: Vec<Envelope> = fresh.iter().map(|i| batch[*i].envelope.clone()).collect();
+        let mut assembled = match self.asm.assemble(&self.store, &envs, self.settings.archive) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "writer: assembling a batch");
+                return reply_all(batch, Reply::Unavailable);
+            }
+        };
+        let expires = now.saturating_add(self.settings.dedupe_window_ms);
+        for (j, i) in fresh.iter().enumerate() {
+            if let (Some(k), Ok(_)) = (&ukeys[*i], &assembled.outcomes[j]) {
+                let id = &batch[*i].envelope.id;
+                assembled.push_op(crate::store::Op::put(
+                    crate::store::Cf::Index,
+                    keys::dedupe_expiry(keys::AtMs(expires), k),
+                    Vec::new(),
+                ));
+                assembled.push_op(crate::store::Op::put(
+                    crate::store::Cf::Index,
+                    k.clone(),
+                    dedupe_value(expires, id),
+                ));
+            }
+        }
+        let started = std::time::Instant::now();
+        let committed = fresh.len();
+        match self.asm.commit(&self.store, assembled, true) {
+            Ok(outcomes) => {
+                self.metrics
+                    .writer_commit_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                self.metrics.writer_batch_hooks.observe(committed as f64);
+                for (i, out) in fresh.into_iter().zip(outcomes) {
+                    replies[i] = Some(match out {
+                        Ok(_) => Reply::Accepted {
+                            id: batch[i].envelope.id.clone(),
+                        },
+                        Err(QueueError::TenantLimit { .. }) => Reply::TenantLimit,
+                        Err(QueueError::InvalidTenant(why)) => Reply::InvalidTenant(why),
+                        Err(_) => Reply::Unavailable,
+                    });
+                }
+            }
+            Err(e) => {
+                tracing::error!(error = %e, hooks = committed, "writer: commit failed");
+                for i in fresh {
+                    replies[i] = Some(Reply::Unavailable);
+                }
+            }
+        }
+        for (s, r) in batch.into_iter().zip(replies) {
+            // A requester that went away does not care.
+            let _ = s.reply.send(r.unwrap_or(Reply::Unavailable));
+        }
+    }
+
+    /// Removes up to `sweep_batch` expired dedupe keys. Runs on the writer thread, the
+    /// only writer of `?u`/`?e`, so it cannot race a new key for the same hook.
+    fn sweep_dedupe(&mut self) {
+        match sweep_expired_dedupe(&self.store, crate::now_ms(), self.settings.sweep_batch) {
+            Ok(n) => {
+                self.metrics.dedupe_swept.inc_by(n);
+            }
+            Err(e) => tracing::warn!(error = %e, "writer: dedupe sweep"),
+        }
+    }
+}
+
+fn reply_all(batch: Vec<Submission>, r: Reply) {
+    for s in batch {
+        let _ = s.reply.send(r.clone());
+    }
+}
+
+/// Deletes up to `limit` dedupe keys that expired before `now`; returns how many.
+pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64, StoreError> {
+    let (lo, to) = keys::dedupe_expired_before(keys::AtMs(now));
+    let mut ops = Vec::new();
+    let mut n = 0;
+    let expired: Vec<(keys::AtMs, Vec<u8>)> = store
+        .scan(Family::DedupeExpiry, &lo, &to, Dir::Forward)?
+        .take(limit)
+        .map(|kv| kv.and_then(|(k, _)| Ok(keys::decode_dedupe_expiry(&k)?)))
+        .collect::<Result<_, _>>()?;
+    let values = store.multi_get(
+        crate::store::Cf::Index,
+        &expired.iter().map(|(_, u)| u.clone()).collect::<Vec<_>>(),
+    )?;
+    for ((at, u), v) in expired.into_iter().zip(values) {
+        ops.push(crate::store::Op::delete(
+            crate::store::Cf::Index,
+            keys::dedupe_expiry(at, &u),
+        ));
+        // A newer hook may have renewed the key; only its own expiry removes it.
+        if v.as_deref()
+            .and_then(decode_dedupe_value)
+            .is_some_and(|(e, _)| e == at.0)
+        {
+            ops.push(crate::store::Op::delete(crate::store::Cf::Index, u));
+        }
+        n += 1;
+    }
+    if !ops.is_empty() {
+        store.write(ops, false)?;
+    }
+    Ok(n)
 }

@@ -187,8 +187,9 @@ fn run_opens_the_store_and_serves_health_readiness_and_node_status() {
     std::fs::write(
         &cfg,
         format!(
-            "data_dir: {}\nadmin:\n  listen: 127.0.0.1:{port}\n",
-            data.display()
+            "data_dir: {}\nadmin:\n  listen: 127.0.0.1:{port}\ningest:\n  listen: 127.0.0.1:{}\n",
+            data.display(),
+            free_port()
         ),
     )
     .unwrap();

@@ -90,3 +90,134 @@ pub fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
     v.sort();
     v
 }
+
+/// A pooled HTTP/1.1 client over real TCP.
+pub type Client = hyper_util::client::legacy::Client<
+    hyper_util::client::legacy::connect::HttpConnector,
+    http_body_util::Full<bytes::Bytes>,
+>;
+
+pub fn client() -> Client {
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .pool_max_idle_per_host(128)
+        .build_http()
+}
+
+/// A response: status, headers, body.
+pub struct Resp {
+    pub status: u16,
+    pub headers: hyper::HeaderMap,
+    pub body: Vec<u8>,
+}
+
+impl Resp {
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_slice(&self.body).unwrap_or(serde_json::Value::Null)
+    }
+}
+
+/// POSTs `body` with `headers`.
+pub async fn post(
+    c: &Client,
+    url: &str,
+    headers: &[(&str, String)],
+    body: impl Into<bytes::Bytes>,
+) -> Resp {
+    try_post(c, url, headers, body).await.expect("response")
+}
+
+/// POSTs `body` with `headers`; `None` if the connection failed (a killed server).
+pub async fn try_post(
+    c: &Client,
+    url: &str,
+    headers: &[(&str, String)],
+    body: impl Into<bytes::Bytes>,
+) -> Option<Resp> {
+    use http_body_util::BodyExt;
+    let mut req = hyper::Request::post(url);
+    for (k, v) in headers {
+        req = req.header(*k, v.as_str());
+    }
+    let req = req
+        .body(http_body_util::Full::new(body.into()))
+        .expect("request");
+    let resp = c.request(req).await.ok()?;
+    let status = resp.status().as_u16();
+    let headers = resp.headers().clone();
+    let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
+    Some(Resp {
+        status,
+        headers,
+        body,
+    })
+}
+
+/// GETs a URL's body as text.
+pub async fn get_text(c: &Client, url: &str) -> (u16, String) {
+    use http_body_util::BodyExt;
+    let req = hyper::Request::get(url)
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .expect("request");
+    let resp = c.request(req).await.expect("response");
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.expect("body").to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}
+
+/// HMAC-SHA256, for signing test requests the way providers do.
+pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
+    use hmac::Mac;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().to_vec()
+}
+
+pub fn now_s() -> u64 {
+    ankusa_relay::now_ms() / 1000
+}
+
+/// A relay binary started on a config file; killed when dropped.
+pub struct Proc {
+    pub child: std::process::Child,
+}
+
+impl Proc {
+    /// Starts `ankusa-relay run` with `yaml` (whose admin listener is on `admin_port`) and
+    /// waits for `/readyz`.
+    pub fn start(dir: &Path, yaml: &str, admin_port: u16) -> Proc {
+        let cfg = dir.join("relay.yaml");
+        std::fs::write(&cfg, yaml).expect("write config");
+        let child = bin()
+            .args(["run", "--config", cfg.to_str().expect("utf-8 path")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn ankusa-relay");
+        let p = Proc { child };
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, _)) = http_get(admin_port, "/readyz") {
+                return p;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the node never became ready"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// SIGKILL, and reap.
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}

@@ -1,0 +1,407 @@
+//! The ingest edge: `POST /ingest/{source}` on the ingest listener.
+//!
+//! # What a request goes through
+//! 1. The source is looked up (unknown → 404 `rejected`).
+//! 2. The body is read up to the source's limit (over it → 413 `rejected`).
+//! 3. The signature is verified in constant time (failure → 401 `quarantined`: the request
+//!    is kept in the bounded quarantine family for inspection; no tenant ordinal is made).
+//! 4. The tenant is taken from the source (fixed, a header, or a JSON pointer; missing →
+//!    400 `rejected`) and the idempotency key from the configured headers or the scheme's
+//!    default.
+//! 5. The hook is handed to the writer without blocking (queue full → 503 `unavailable`)
+//!    and the handler awaits its answer: `accepted` (202 `{"id"}`, only after the synced
+//!    commit that holds it), `duplicate` (200 with the first hook's id, nothing written),
+//!    `tenant_limit` (503 `{"error":"tenant_limit"}`, `Retry-After: 300`).
+//!
+//! The request path takes no lock and does no read-modify-write: it hands its hook to the
+//! writer task and awaits the commit. Every request is counted in
+//! `ankusa_ingest_requests_total{source,outcome}` with its latency.
+
+pub mod quarantine;
+pub mod verify;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::config::{Config, ConfigError, IdempotencyConfig, TenantFrom, VerifyConfig};
+use crate::metrics::{Metrics, UNKNOWN_SOURCE};
+use crate::queue::deliveries::Envelope;
+use crate::queue::tenants;
+use crate::queue::writer::{Reply, Submission, WriterHandle};
+use crate::store::keys::AtMs;
+use verify::Verifier;
+
+/// A source, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub id: String,
+    pub tenant: Option<TenantFrom>,
+    pub verifier: Verifier,
+    pub idempotency: IdempotencyConfig,
+    pub sinks: Vec<String>,
+    pub body_limit: usize,
+}
+
+/// Builds the sources of a validated configuration (resolving their secrets).
+pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> {
+    let mut out = HashMap::new();
+    for (i, s) in config.sources.iter().enumerate() {
+        let key = format!("sources[{i}].verify.secret");
+        let (verifier, default_idem) = match &s.verify {
+            VerifyConfig::None => (Verifier::None, IdempotencyConfig::default()),
+            VerifyConfig::HmacSha256 {
+                secret,
+                header,
+                prefix,
+                encoding,
+            } => (
+                Verifier::HmacSha256 {
+                    secret: secret.resolve(&key)?,
+                    header: header.to_ascii_lowercase(),
+                    prefix: prefix.clone(),
+                    encoding: *encoding,
+                },
+                IdempotencyConfig::default(),
+            ),
+            VerifyConfig::StandardWebhooks {
+                secret,
+                tolerance_s,
+            } => (
+                Verifier::StandardWebhooks {
+                    key: verify::standard_webhooks_key(&secret.resolve(&key)?),
+                    tolerance_s: *tolerance_s,
+                },
+                IdempotencyConfig {
+                    headers: vec!["webhook-id".into()],
+                    json_pointer: None,
+                },
+            ),
+            VerifyConfig::Github { secret } => (
+                Verifier::Github {
+                    secret: secret.resolve(&key)?,
+                },
+                IdempotencyConfig {
+                    headers: vec!["x-github-delivery".into()],
+                    json_pointer: None,
+                },
+            ),
+            VerifyConfig::Stripe {
+                secret,
+                tolerance_s,
+            } => (
+                Verifier::Stripe {
+                    secret: secret.resolve(&key)?,
+                    tolerance_s: *tolerance_s,
+                },
+                IdempotencyConfig {
+                    headers: Vec::new(),
+                    json_pointer: Some("/id".into()),
+                },
+            ),
+        };
+        let sinks = config
+            .routes
+            .iter()
+            .find(|r| r.id == s.route)
+            .map(|r| r.sinks.clone())
+            .unwrap_or_default();
+        out.insert(
+            s.id.clone(),
+            Source {
+                id: s.id.clone(),
+                tenant: s.tenant.clone(),
+                verifier,
+                idempotency: s.idempotency.clone().unwrap_or(default_idem),
+                sinks,
+                body_limit: s.body_limit_bytes.unwrap_or(config.ingest.body_limit_bytes),
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Shared state of the ingest handlers.
+#[derive(Debug)]
+pub struct EdgeState {
+    pub sources: HashMap<String, Source>,
+    pub writer: WriterHandle,
+    pub quarantine: quarantine::Quarantine,
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<AtomicBool>,
+    next_id: AtomicU64,
+    id_prefix: String,
+}
+
+impl EdgeState {
+    pub fn new(
+        sources: HashMap<String, Source>,
+        writer: WriterHandle,
+        quarantine: quarantine::Quarantine,
+        metrics: Arc<Metrics>,
+        ready: Arc<AtomicBool>,
+    ) -> Self {
+        EdgeState {
+            sources,
+            writer,
+            quarantine,
+            metrics,
+            ready,
+            next_id: AtomicU64::new(0),
+            // Ids are unique across restarts: boot time and a random part, then a counter.
+            id_prefix: format!(
+                "hk_{:x}{:06x}",
+                crate::now_ms(),
+                rand::random::<u32>() & 0xFF_FFFF
+            ),
+        }
+    }
+
+    fn new_id(&self) -> String {
+        format!(
+            "{}_{:x}",
+            self.id_prefix,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// The ingest router.
+pub fn router(state: Arc<EdgeState>) -> Router {
+    Router::new()
+        .route("/ingest/{source}", post(ingest))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+}
+
+async fn readyz(State(s): State<Arc<EdgeState>>) -> Response {
+    if s.ready.load(Ordering::Acquire) {
+        (StatusCode::OK, "ready\n").into_response()
+    } else {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the node is starting",
+        )
+    }
+}
+
+/// The one error body shape: `{"error": code, "message": ...}`.
+pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+    (
+        status,
+        Json(serde_json::json!({ "error": code, "message": message.into() })),
+    )
+        .into_response()
+}
+
+fn with_retry_after(mut r: Response, secs: u32) -> Response {
+    r.headers_mut()
+        .insert("retry-after", HeaderValue::from(secs));
+    r
+}
+
+/// The tenant of a request, per its source.
+fn tenant_of(
+    src: &Source,
+    headers: &HeaderMap,
+    json: &mut JsonBody<'_>,
+) -> Result<Option<String>, &'static str> {
+    let t = match &src.tenant {
+        None => return Ok(None),
+        Some(TenantFrom::Fixed(t)) => t.clone(),
+        Some(TenantFrom::Header(h)) => headers
+            .get(h.as_str())
+            .and_then(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .ok_or("the tenant header is missing")?
+            .to_owned(),
+        Some(TenantFrom::JsonPointer(p)) => match json.get()?.pointer(p) {
+            Some(serde_json::Value::String(s)) => s.clone(),
+            Some(serde_json::Value::Number(n)) => n.to_string(),
+            _ => return Err("the tenant is missing from the body"),
+        },
+    };
+    tenants::validate(&t).map_err(|_| "the tenant id is not valid")?;
+    Ok(Some(t))
+}
+
+/// The body parsed as JSON once, on demand.
+struct JsonBody<'a> {
+    raw: &'a [u8],
+    parsed: Option<Result<serde_json::Value, ()>>,
+}
+
+impl JsonBody<'_> {
+    fn get(&mut self) -> Result<&serde_json::Value, &'static str> {
+        let raw = self.raw;
+        self.parsed
+            .get_or_insert_with(|| serde_json::from_slice(raw).map_err(|_| ()))
+            .as_ref()
+            .map_err(|_| "the body is not JSON")
+    }
+}
+
+fn idempotency_of(src: &Source, headers: &HeaderMap, json: &mut JsonBody<'_>) -> Option<Vec<u8>> {
+    for h in &src.idempotency.headers {
+        if let Some(v) = headers.get(h.as_str()) {
+            if !v.is_empty() && v.len() <= 512 {
+                return Some(v.as_bytes().to_vec());
+            }
+        }
+    }
+    let p = src.idempotency.json_pointer.as_ref()?;
+    match json.get().ok()?.pointer(p)? {
+        serde_json::Value::String(s) if !s.is_empty() && s.len() <= 512 => {
+            Some(s.as_bytes().to_vec())
+        }
+        _ => None,
+    }
+}
+
+async fn ingest(
+    State(s): State<Arc<EdgeState>>,
+    Path(source): Path<String>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    let (label, outcome, resp) = handle(&s, &source, headers, body).await;
+    s.metrics.ingest(label, outcome);
+    s.metrics
+        .ingest_latency
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}
+
+async fn handle<'a>(
+    s: &'a EdgeState,
+    source: &str,
+    headers: HeaderMap,
+    body: Body,
+) -> (&'a str, &'static str, Response) {
+    let Some(src) = s.sources.get(source) else {
+        return (
+            UNKNOWN_SOURCE,
+            "rejected",
+            error(StatusCode::NOT_FOUND, "unknown_source", "no such source"),
+        );
+    };
+    let label = src.id.as_str();
+    let rejected = |status, code: &str, msg: &str| (label, "rejected", error(status, code, msg));
+    if !s.ready.load(Ordering::Acquire) {
+        let r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the node is starting",
+        );
+        return (label, "unavailable", with_retry_after(r, 5));
+    }
+    let bytes = match Limited::new(body, src.body_limit).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return rejected(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the body is larger than the source's limit",
+            )
+        }
+        Err(_) => {
+            return rejected(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "the body could not be read",
+            )
+        }
+    };
+    let now_ms = crate::now_ms();
+    if let Err(why) = src.verifier.verify(&headers, &bytes, now_ms / 1000) {
+        s.quarantine
+            .keep(src.id.clone(), why.to_string(), &headers, &bytes);
+        return (
+            label,
+            "quarantined",
+            error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the request failed verification",
+            ),
+        );
+    }
+    let mut json = JsonBody {
+        raw: &bytes,
+        parsed: None,
+    };
+    let tenant = match tenant_of(src, &headers, &mut json) {
+        Ok(t) => t,
+        Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
+    };
+    let idempotency = idempotency_of(src, &headers, &mut json);
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream")
+        .to_owned();
+    let envelope = Envelope {
+        id: s.new_id(),
+        tenant,
+        source: src.id.clone(),
+        received_at: AtMs(now_ms),
+        content_type,
+        sinks: src.sinks.clone(),
+        body: bytes.to_vec(),
+    };
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sub = Submission {
+        envelope,
+        idempotency,
+        reply: tx,
+    };
+    let unavailable = |msg: &str| {
+        let r = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg);
+        (label, "unavailable", with_retry_after(r, 1))
+    };
+    if s.writer.try_submit(sub).is_err() {
+        return unavailable("the node is at capacity");
+    }
+    match rx.await {
+        Ok(Reply::Accepted { id }) => (
+            label,
+            "accepted",
+            (StatusCode::ACCEPTED, Json(serde_json::json!({ "id": id }))).into_response(),
+        ),
+        Ok(Reply::Duplicate { id }) => (
+            label,
+            "duplicate",
+            (
+                StatusCode::OK,
+                Json(serde_json::json!({ "id": id, "duplicate": true })),
+            )
+                .into_response(),
+        ),
+        Ok(Reply::TenantLimit) => {
+            let r = (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({
+                    "error": "tenant_limit",
+                    "message": "this node holds tenants.max tenants",
+                })),
+            )
+                .into_response();
+            (label, "tenant_limit", with_retry_after(r, 300))
+        }
+        Ok(Reply::InvalidTenant(why)) => rejected(StatusCode::BAD_REQUEST, "bad_tenant", why),
+        Ok(Reply::Unavailable) | Err(_) => unavailable("the store could not commit the hook"),
+    }
+}

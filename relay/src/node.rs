@@ -1,0 +1,163 @@
+//! A running relay node: boot order, listeners and shutdown.
+//!
+//! Boot: open the store (format guard first) → serve the admin listener (`/readyz` not
+//! ready) → run pending migrations → recover inflight rows → start the writer → serve the
+//! ingest listener → ready. Both listeners are bound before anything slow happens, so a
+//! port clash fails the start at once.
+
+use std::net::SocketAddr;
+use std::ops::ControlFlow;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
+
+use crate::admin::{self, AdminState};
+use crate::config::Config;
+use crate::edge::{self, quarantine::Quarantine, EdgeState};
+use crate::metrics::Metrics;
+use crate::queue::deliveries;
+use crate::queue::writer::{self, Assembler, WriterSettings};
+use crate::store::keys::AtMs;
+use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
+
+/// A started node.
+pub struct Node {
+    pub ingest_addr: SocketAddr,
+    pub admin_addr: SocketAddr,
+    pub store: Arc<Store>,
+    pub metrics: Arc<Metrics>,
+    pub recovered_inflight: u64,
+    shutdown: tokio::sync::watch::Sender<bool>,
+    servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    writer: Option<std::thread::JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for Node {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Node")
+            .field("ingest_addr", &self.ingest_addr)
+            .field("admin_addr", &self.admin_addr)
+            .finish()
+    }
+}
+
+fn serve(
+    listener: tokio::net::TcpListener,
+    app: axum::Router,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<std::io::Result<()>> {
+    tokio::spawn(async move {
+        axum::serve(listener, app)
+            .with_graceful_shutdown(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .await
+    })
+}
+
+impl Node {
+    /// Starts a node from a validated configuration.
+    pub async fn start(config: Config) -> anyhow::Result<Node> {
+        let sources = edge::sources(&config)?;
+        let data_dir = config.data_dir.clone();
+        let store =
+            tokio::task::spawn_blocking(move || Store::open(&data_dir, &OpenOptions::default()))
+                .await?
+                .with_context(|| format!("opening the store at {}", config.data_dir.display()))?;
+        let store = Arc::new(store);
+        let metrics = Arc::new(Metrics::new());
+        let ready = Arc::new(AtomicBool::new(false));
+        let ingest = tokio::net::TcpListener::bind(config.ingest.listen)
+            .await
+            .with_context(|| format!("binding ingest.listen {}", config.ingest.listen))?;
+        let admin_l = tokio::net::TcpListener::bind(config.admin.listen)
+            .await
+            .with_context(|| format!("binding admin.listen {}", config.admin.listen))?;
+        let (ingest_addr, admin_addr) = (ingest.local_addr()?, admin_l.local_addr()?);
+        let (shutdown, stop) = tokio::sync::watch::channel(false);
+        let admin_state = Arc::new(AdminState {
+            store: store.clone(),
+            ready: ready.clone(),
+            metrics: metrics.clone(),
+        });
+        let mut servers = vec![serve(admin_l, admin::router(admin_state), stop.clone())];
+
+        let boot_store = store.clone();
+        let (recovered, assembler) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+            let out = migrate::run(&boot_store, &migrate::builtin(), SUPPORTED_FORMAT, |p| {
+                tracing::info!(
+                    from = p.from,
+                    to = p.to,
+                    steps = p.steps,
+                    rows = p.rows,
+                    "migration step"
+                );
+                ControlFlow::Continue(())
+            })?;
+            tracing::info!(?out, "store format current");
+            let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()))?;
+            let assembler = Assembler::open(&boot_store, config.tenants.max)?;
+            Ok((recovered, assembler))
+        })
+        .await??;
+        let (writer, writer_thread) = writer::spawn(
+            store.clone(),
+            assembler,
+            WriterSettings::from_config(&config),
+            metrics.clone(),
+        )?;
+        let quarantine = Quarantine::open(
+            store.clone(),
+            metrics.clone(),
+            config.quarantine.max_entries,
+            config.quarantine.max_bytes,
+        )?;
+        let edge_state = Arc::new(EdgeState::new(
+            sources,
+            writer,
+            quarantine,
+            metrics.clone(),
+            ready.clone(),
+        ));
+        servers.push(serve(ingest, edge::router(edge_state), stop));
+        ready.store(true, Ordering::Release);
+        tracing::info!(%ingest_addr, %admin_addr, recovered_inflight = recovered, "relay node ready");
+        Ok(Node {
+            ingest_addr,
+            admin_addr,
+            store,
+            metrics,
+            recovered_inflight: recovered,
+            shutdown,
+            servers,
+            writer: Some(writer_thread),
+        })
+    }
+
+    /// Stops serving, lets in-flight requests finish, and stops the writer.
+    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        let _ = self.shutdown.send(true);
+        for s in self.servers.drain(..) {
+            s.await??;
+        }
+        // The servers held the last writer handles; the writer drains and exits.
+        if let Some(w) = self.writer.take() {
+            tokio::task::spawn_blocking(move || w.join())
+                .await?
+                .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
+        }
+        Ok(())
+    }
+
+    /// Runs until Ctrl-C (or SIGTERM), then shuts down.
+    pub async fn run_until_signal(self) -> anyhow::Result<()> {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = term.recv() => {}
+        }
+        tracing::info!("shutting down");
+        self.shutdown().await
+    }
+}
