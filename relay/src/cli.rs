@@ -37,6 +37,14 @@ pub enum Command {
         #[command(subcommand)]
         command: StoreCommand,
     },
+    /// A small webhook receiver: prints what it receives and checks its signature.
+    Sink {
+        #[arg(long, default_value = "127.0.0.1:9999")]
+        listen: std::net::SocketAddr,
+        /// The sink's Standard Webhooks secret (`whsec_...`), to verify signatures.
+        #[arg(long, env = "ANKUSA_SINK_SECRET")]
+        secret: Option<String>,
+    },
     /// Print the version and the store format this binary supports.
     Version {
         #[arg(long)]
@@ -69,6 +77,7 @@ pub enum StoreCommand {
 pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { config } => run(&config),
+        Command::Sink { listen, secret } => sink(listen, secret),
         Command::Version { json } => {
             if json {
                 println!(
@@ -210,6 +219,52 @@ fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
             node.admin_addr,
         );
         node.run_until_signal().await
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves `POST /*` on `listen`, printing each hook and whether its signature verifies.
+fn sink(listen: std::net::SocketAddr, secret: Option<String>) -> anyhow::Result<ExitCode> {
+    use crate::edge::verify::{standard_webhooks_key, Verifier};
+    let verifier = secret.map(|s| Verifier::StandardWebhooks {
+        key: standard_webhooks_key(s.as_bytes()),
+        tolerance_s: 300,
+    });
+    let verifier = std::sync::Arc::new(verifier);
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let app = axum::Router::new().fallback(
+            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+                let verifier = verifier.clone();
+                async move {
+                    let id = headers
+                        .get("webhook-id")
+                        .and_then(|v| v.to_str().ok())
+                        .unwrap_or("-");
+                    let check = match verifier.as_ref() {
+                        None => "unchecked".to_owned(),
+                        Some(v) => match v.verify(&headers, &body, crate::now_ms() / 1000) {
+                            Ok(()) => "signature ok".to_owned(),
+                            Err(e) => format!("signature BAD ({e})"),
+                        },
+                    };
+                    let preview: String =
+                        String::from_utf8_lossy(&body).chars().take(200).collect();
+                    println!("received {id} ({} bytes, {check}): {preview}", body.len());
+                    axum::http::StatusCode::NO_CONTENT
+                }
+            },
+        );
+        let l = tokio::net::TcpListener::bind(listen)
+            .await
+            .with_context(|| format!("binding {listen}"))?;
+        println!("ankusa-relay sink: listening on http://{}", l.local_addr()?);
+        axum::serve(l, app)
+            .with_graceful_shutdown(async {
+                let _ = tokio::signal::ctrl_c().await;
+            })
+            .await?;
+        anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
 }

@@ -48,6 +48,9 @@ pub struct Config {
     pub writer: WriterConfig,
     pub dedupe: DedupeConfig,
     pub quarantine: QuarantineConfig,
+    pub dispatch: DispatchConfig,
+    pub retry: RetryConfig,
+    pub reclaim: ReclaimConfig,
     pub sources: Vec<SourceConfig>,
     pub sinks: Vec<SinkConfig>,
     pub routes: Vec<RouteConfig>,
@@ -63,6 +66,9 @@ impl Default for Config {
             writer: WriterConfig::default(),
             dedupe: DedupeConfig::default(),
             quarantine: QuarantineConfig::default(),
+            dispatch: DispatchConfig::default(),
+            retry: RetryConfig::default(),
+            reclaim: ReclaimConfig::default(),
             sources: Vec::new(),
             sinks: Vec::new(),
             routes: Vec::new(),
@@ -179,6 +185,89 @@ impl Default for QuarantineConfig {
         QuarantineConfig {
             max_entries: 10_000,
             max_bytes: 64 << 20,
+        }
+    }
+}
+
+/// The dispatch pipeline's limits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct DispatchConfig {
+    /// How often the pipeline ticks when the last tick had nothing (or little) to do.
+    pub tick_interval_ms: u64,
+    /// Deliveries in flight across all sinks (the claim budget).
+    pub max_inflight: usize,
+    /// Deliveries in flight to one sink, unless the sink sets its own.
+    pub per_sink_inflight: usize,
+    /// Rows claimed from one tenant per tick.
+    pub rows_per_tenant: usize,
+    /// Bytes claimed per tick.
+    pub bytes_per_tick: u64,
+}
+
+impl Default for DispatchConfig {
+    fn default() -> Self {
+        DispatchConfig {
+            tick_interval_ms: 100,
+            max_inflight: 512,
+            per_sink_inflight: 128,
+            rows_per_tenant: 256,
+            bytes_per_tick: 16 << 20,
+        }
+    }
+}
+
+/// How jitter is applied to the retry schedule.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum Jitter {
+    /// A delay drawn uniformly from `[0, step]` (AWS "full jitter").
+    #[default]
+    Full,
+    /// Exactly the step.
+    None,
+}
+
+/// The retry schedule.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct RetryConfig {
+    /// Delay before retry n (1-based) is `schedule_ms[n-1]`; past the end, the last step.
+    pub schedule_ms: Vec<u64>,
+    /// Attempts before a delivery is dead-lettered.
+    pub max_attempts: u32,
+    pub jitter: Jitter,
+    /// The longest `Retry-After` a sink may ask for; longer asks are cut to it.
+    pub max_retry_after_ms: u64,
+}
+
+impl Default for RetryConfig {
+    fn default() -> Self {
+        RetryConfig {
+            schedule_ms: vec![
+                5_000, 30_000, 120_000, 600_000, 1_800_000, 3_600_000, 7_200_000, 14_400_000,
+            ],
+            max_attempts: 10,
+            jitter: Jitter::Full,
+            max_retry_after_ms: 86_400_000,
+        }
+    }
+}
+
+/// Reclaim: removing hooks nothing needs any more.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ReclaimConfig {
+    pub interval_ms: u64,
+    /// Cleared markers looked at per pass.
+    pub batch: usize,
+}
+
+impl Default for ReclaimConfig {
+    fn default() -> Self {
+        ReclaimConfig {
+            interval_ms: 1_000,
+            batch: 1_000,
         }
     }
 }
@@ -325,10 +414,20 @@ pub struct SinkConfig {
     pub timeout_ms: u64,
     #[serde(default)]
     pub headers: std::collections::BTreeMap<String, String>,
+    /// A 4xx other than 408 and 429 dead-letters at once (else it is retried).
+    #[serde(default = "default_true")]
+    pub dead_letter_on_4xx: bool,
+    /// Deliveries in flight to this sink (default: `dispatch.per_sink_inflight`).
+    #[serde(default)]
+    pub max_inflight: Option<usize>,
 }
 
 fn default_sink_timeout() -> u64 {
     10_000
+}
+
+fn default_true() -> bool {
+    true
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -422,6 +521,32 @@ impl Config {
                 "ingest.body_limit_bytes",
                 "must be in 1..=268435456",
             ));
+        }
+        let d = &self.dispatch;
+        if d.tick_interval_ms == 0 || d.tick_interval_ms > 60_000 {
+            return Err(invalid("dispatch.tick_interval_ms", "must be in 1..=60000"));
+        }
+        if !(1..=100_000).contains(&d.max_inflight) || !(1..=100_000).contains(&d.per_sink_inflight)
+        {
+            return Err(invalid(
+                "dispatch",
+                "max_inflight and per_sink_inflight must be in 1..=100000",
+            ));
+        }
+        if d.rows_per_tenant == 0 || d.bytes_per_tick == 0 {
+            return Err(invalid(
+                "dispatch",
+                "rows_per_tenant and bytes_per_tick must be positive",
+            ));
+        }
+        if self.retry.schedule_ms.is_empty() {
+            return Err(invalid("retry.schedule_ms", "must name at least one delay"));
+        }
+        if !(1..=1_000).contains(&self.retry.max_attempts) {
+            return Err(invalid("retry.max_attempts", "must be in 1..=1000"));
+        }
+        if self.reclaim.interval_ms == 0 || self.reclaim.batch == 0 {
+            return Err(invalid("reclaim", "interval_ms and batch must be positive"));
         }
         let mut ids = std::collections::BTreeSet::new();
         for (i, s) in self.sinks.iter().enumerate() {

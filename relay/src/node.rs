@@ -2,7 +2,9 @@
 //!
 //! Boot: open the store (format guard first) → serve the admin listener (`/readyz` not
 //! ready) → run pending migrations → recover inflight rows → start the writer → serve the
-//! ingest listener → ready. Both listeners are bound before anything slow happens, so a
+//! ingest listener → start the dispatch pipeline and reclaim → ready. Shutdown stops the
+//! listeners, lets the pipeline commit the outcomes of deliveries in flight, and drains
+//! the writer. Both listeners are bound before anything slow happens, so a
 //! port clash fails the start at once.
 
 use std::net::SocketAddr;
@@ -14,6 +16,8 @@ use anyhow::Context;
 
 use crate::admin::{self, AdminState};
 use crate::config::Config;
+use crate::dispatch::delivery::Deliverer;
+use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::edge::{self, quarantine::Quarantine, EdgeState};
 use crate::metrics::Metrics;
 use crate::queue::deliveries;
@@ -30,6 +34,7 @@ pub struct Node {
     pub recovered_inflight: u64,
     shutdown: tokio::sync::watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+    background: Vec<tokio::task::JoinHandle<()>>,
     writer: Option<std::thread::JoinHandle<()>>,
 }
 
@@ -56,10 +61,46 @@ fn serve(
     })
 }
 
+/// Runs reclaim passes every `reclaim.interval_ms` until stopped.
+fn spawn_reclaim(
+    store: Arc<Store>,
+    config: &Config,
+    metrics: Arc<Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let interval = std::time::Duration::from_millis(config.reclaim.interval_ms);
+    let batch = config.reclaim.batch;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let s = store.clone();
+            match tokio::task::spawn_blocking(move || {
+                crate::queue::reclaim::reclaim_pass(&s, batch)
+            })
+            .await
+            {
+                Ok(Ok(r)) => metrics.reclaimed_hooks.inc_by(r.hooks_removed),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "reclaim pass failed");
+                    0
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "reclaim task failed");
+                    0
+                }
+            };
+        }
+    })
+}
+
 impl Node {
     /// Starts a node from a validated configuration.
     pub async fn start(config: Config) -> anyhow::Result<Node> {
         let sources = edge::sources(&config)?;
+        let deliverer = Deliverer::from_config(&config)?;
         let data_dir = config.data_dir.clone();
         let store =
             tokio::task::spawn_blocking(move || Store::open(&data_dir, &OpenOptions::default()))
@@ -120,7 +161,17 @@ impl Node {
             metrics.clone(),
             ready.clone(),
         ));
-        servers.push(serve(ingest, edge::router(edge_state), stop));
+        servers.push(serve(ingest, edge::router(edge_state), stop.clone()));
+        let background = vec![
+            pipeline::spawn(
+                store.clone(),
+                deliverer,
+                PipelineSettings::from_config(&config),
+                metrics.clone(),
+                stop.clone(),
+            ),
+            spawn_reclaim(store.clone(), &config, metrics.clone(), stop),
+        ];
         ready.store(true, Ordering::Release);
         tracing::info!(%ingest_addr, %admin_addr, recovered_inflight = recovered, "relay node ready");
         Ok(Node {
@@ -131,6 +182,7 @@ impl Node {
             recovered_inflight: recovered,
             shutdown,
             servers,
+            background,
             writer: Some(writer_thread),
         })
     }
@@ -140,6 +192,9 @@ impl Node {
         let _ = self.shutdown.send(true);
         for s in self.servers.drain(..) {
             s.await??;
+        }
+        for t in self.background.drain(..) {
+            t.await?;
         }
         // The servers held the last writer handles; the writer drains and exits.
         if let Some(w) = self.writer.take() {

@@ -125,6 +125,349 @@ pub fn plan_tick(
     Ok(plan)
 }
 
+// ---------------------------------------------------------------------------------------
+// The running pipeline.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::delivery::{backoff, Attempt, Deliverer, Verdict};
+use crate::config::{Config, RetryConfig};
+use crate::metrics::{Metrics, SinkLabel, SinkOutcome};
+use crate::queue::deliveries::{DeliveryRow, Envelope, InflightRow, Tx};
+use crate::store::keys::{self, Seq};
+use crate::store::Cf;
+
+/// The pipeline's settings.
+#[derive(Debug, Clone)]
+pub struct PipelineSettings {
+    pub tick_interval: Duration,
+    pub max_inflight: usize,
+    pub limits: TickLimits,
+    pub retry: RetryConfig,
+}
+
+impl PipelineSettings {
+    pub fn from_config(c: &Config) -> Self {
+        PipelineSettings {
+            tick_interval: Duration::from_millis(c.dispatch.tick_interval_ms),
+            max_inflight: c.dispatch.max_inflight,
+            limits: TickLimits {
+                max_markers: 4096,
+                rows_per_tick: c.dispatch.max_inflight,
+                rows_per_tenant: c.dispatch.rows_per_tenant,
+                bytes_per_tick: c.dispatch.bytes_per_tick,
+            },
+            retry: c.retry.clone(),
+        }
+    }
+}
+
+/// A claimed delivery on its way out.
+#[derive(Debug)]
+struct Job {
+    row: InflightRow,
+    /// The delivery row as read at claim time (attempts so far).
+    state: DeliveryRow,
+    envelope: Option<Arc<Envelope>>,
+}
+
+/// A finished attempt, to be committed.
+#[derive(Debug)]
+struct Done {
+    job: Job,
+    attempt: Option<Attempt>,
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
+
+/// Starts the pipeline; it stops when `stop` turns true, after committing the outcomes of
+/// the deliveries already in flight.
+pub fn spawn(
+    store: Arc<Store>,
+    deliverer: Deliverer,
+    settings: PipelineSettings,
+    metrics: Arc<Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_inflight));
+        let (done_tx, done_rx) = tokio::sync::mpsc::channel::<Done>(settings.max_inflight);
+        let committer = tokio::spawn(commit_outcomes(
+            store.clone(),
+            done_rx,
+            settings.retry.clone(),
+        ));
+        let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
+        let mut cursors = Cursors::default();
+        loop {
+            if *stop.borrow() {
+                break;
+            }
+            let free = permits.available_permits();
+            let mut busy = false;
+            if free > 0 {
+                let limits = TickLimits {
+                    rows_per_tick: settings.limits.rows_per_tick.min(free),
+                    ..settings.limits
+                };
+                let ctx = TickCtx {
+                    store: &store,
+                    deliverer: &deliverer,
+                    permits: &permits,
+                    done_tx: &done_tx,
+                    metrics: &metrics,
+                    max_retry_after,
+                };
+                match tick(&ctx, limits, cursors).await {
+                    Ok((c, claimed)) => {
+                        cursors = c;
+                        busy = claimed >= limits.rows_per_tick;
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "dispatch tick failed");
+                        cursors = Cursors::default();
+                    }
+                }
+            }
+            if !busy {
+                tokio::select! {
+                    _ = tokio::time::sleep(settings.tick_interval) => {}
+                    _ = stop.changed() => {}
+                }
+            }
+        }
+        drop(done_tx);
+        let _ = committer.await;
+    })
+}
+
+/// What a tick works with.
+struct TickCtx<'a> {
+    store: &'a Arc<Store>,
+    deliverer: &'a Deliverer,
+    permits: &'a Arc<tokio::sync::Semaphore>,
+    done_tx: &'a tokio::sync::mpsc::Sender<Done>,
+    metrics: &'a Arc<Metrics>,
+    max_retry_after: Duration,
+}
+
+/// One tick: plan, claim, clean markers, fetch envelopes, start deliveries.
+async fn tick(
+    ctx: &TickCtx<'_>,
+    limits: TickLimits,
+    cursors: Cursors,
+) -> Result<(Cursors, usize), StoreError> {
+    let TickCtx {
+        store,
+        deliverer,
+        permits,
+        done_tx,
+        metrics,
+        max_retry_after,
+    } = *ctx;
+    let s = (*store).clone();
+    let (cursors, jobs, visited) =
+        tokio::task::spawn_blocking(move || claim_tick(&s, limits, cursors))
+            .await
+            .map_err(|e| StoreError::Io {
+                context: "dispatch tick".into(),
+                source: std::io::Error::other(e.to_string()),
+            })??;
+    metrics.dispatch_active_tenants.set(visited as i64);
+    metrics.dispatch_claimed.inc_by(jobs.len() as u64);
+    let claimed = jobs.len();
+    for job in jobs {
+        let permit = match permits.clone().try_acquire_owned() {
+            Ok(p) => p,
+            // Sized to the free permits; only a shutdown race gets here.
+            Err(_) => permits
+                .clone()
+                .acquire_owned()
+                .await
+                .map_err(|e| StoreError::Io {
+                    context: "dispatch permits".into(),
+                    source: std::io::Error::other(e.to_string()),
+                })?,
+        };
+        let (deliverer, done_tx, metrics) =
+            ((*deliverer).clone(), done_tx.clone(), (*metrics).clone());
+        tokio::spawn(async move {
+            let attempt = match job.envelope.as_deref() {
+                None => None,
+                Some(env) => Some(
+                    match env
+                        .sinks
+                        .get(job.row.key.sink.0 as usize)
+                        .and_then(|id| deliverer.sink(id))
+                    {
+                        None => Attempt {
+                            verdict: Verdict::Dead,
+                            status: 0,
+                            error: "the hook's sink is no longer configured".into(),
+                            latency: Duration::ZERO,
+                        },
+                        Some(sink) => {
+                            let _sink_permit = sink.permits.clone().acquire_owned().await;
+                            let a = deliverer.attempt(&sink, env, max_retry_after).await;
+                            metrics
+                                .delivery_attempts
+                                .get_or_create(&SinkOutcome {
+                                    sink: sink.id.clone(),
+                                    outcome: a.outcome().to_owned(),
+                                })
+                                .inc();
+                            metrics
+                                .delivery_latency
+                                .get_or_create(&SinkLabel {
+                                    sink: sink.id.clone(),
+                                })
+                                .observe(a.latency.as_secs_f64());
+                            a
+                        }
+                    },
+                ),
+            };
+            let _ = done_tx
+                .send(Done {
+                    job,
+                    attempt,
+                    _permit: permit,
+                })
+                .await;
+        });
+    }
+    Ok((cursors, claimed))
+}
+
+/// The blocking half of a tick: plan, claim (one batch), clean the markers of the tenants
+/// claimed from, and read the hooks and delivery rows of the claimed rows.
+fn claim_tick(
+    store: &Store,
+    limits: TickLimits,
+    mut cursors: Cursors,
+) -> Result<(Cursors, Vec<Job>, usize), StoreError> {
+    let now = AtMs(crate::now_ms());
+    let plan = plan_tick(store, now, &limits, &cursors)?;
+    let mut tx = Tx::new();
+    let mut rows = Vec::new();
+    for w in &plan.work {
+        for r in &w.rows {
+            rows.push(deliveries::claim(&mut tx, r));
+        }
+    }
+    if !tx.is_empty() {
+        tx.commit(store, false)?;
+    }
+    for w in &plan.work {
+        deliveries::cleanup_markers(store, w.ord, &w.buckets, now)?;
+        match w.rows.last() {
+            // A full share: more may wait from here on.
+            Some(last) if w.rows.len() >= limits.rows_per_tenant => {
+                cursors.advance(w.ord, last.key.at)
+            }
+            // Drained up to now: start from the beginning next time.
+            _ => cursors.evict(w.ord),
+        }
+    }
+    let mut seqs: Vec<Seq> = rows.iter().map(|r| r.key.seq).collect();
+    seqs.sort();
+    seqs.dedup();
+    let hooks = store.multi_get(
+        Cf::Hooks,
+        &seqs.iter().map(|s| keys::hook(*s)).collect::<Vec<_>>(),
+    )?;
+    let envs: HashMap<Seq, Arc<Envelope>> = seqs
+        .into_iter()
+        .zip(hooks)
+        .filter_map(|(s, v)| Some((s, Arc::new(Envelope::decode(&v?).ok()?))))
+        .collect();
+    let states = store.multi_get(
+        Cf::Deliveries,
+        &rows
+            .iter()
+            .map(|r| keys::delivery(r.key.seq, r.key.sink))
+            .collect::<Vec<_>>(),
+    )?;
+    let jobs = rows
+        .into_iter()
+        .zip(states)
+        .map(|(row, state)| Job {
+            state: state
+                .and_then(|v| DeliveryRow::decode(&v).ok())
+                .unwrap_or(DeliveryRow {
+                    ord: row.key.ord,
+                    size: row.size,
+                    ..DeliveryRow::default()
+                }),
+            envelope: envs.get(&row.key.seq).cloned(),
+            row,
+        })
+        .collect();
+    Ok((cursors, jobs, plan.tenants_visited))
+}
+
+/// Commits finished attempts in batches: delivered, retry (with backoff), dead-letter, or
+/// orphan drop. Outcomes are not synced: a lost outcome only means a redelivery.
+async fn commit_outcomes(
+    store: Arc<Store>,
+    mut rx: tokio::sync::mpsc::Receiver<Done>,
+    retry: RetryConfig,
+) {
+    let max_retry_after = Duration::from_millis(retry.max_retry_after_ms);
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < 1024 {
+            match rx.try_recv() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
+            }
+        }
+        let store = store.clone();
+        let retry = retry.clone();
+        let result = tokio::task::spawn_blocking(move || {
+            let now = crate::now_ms();
+            let mut tx = Tx::new();
+            for d in &batch {
+                outcome_ops(&mut tx, d, &retry, max_retry_after, now);
+            }
+            // The permits in `batch` are released once the outcomes are committed.
+            tx.commit(&store, false)
+        })
+        .await;
+        match result {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "dispatch: committing outcomes"),
+            Err(e) => tracing::error!(error = %e, "dispatch: outcome task"),
+        }
+    }
+}
+
+fn outcome_ops(tx: &mut Tx, d: &Done, retry: &RetryConfig, max_retry_after: Duration, now: u64) {
+    let row = &d.job.row;
+    let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
+        // The hook is gone or does not decode: an orphan, dropped through the counted path.
+        deliveries::orphan_drop(tx, row);
+        return;
+    };
+    let mut state = d.job.state.clone();
+    state.attempts += 1;
+    state.last_attempt_at = now;
+    state.last_status = a.status;
+    state.last_error = a.error.clone();
+    match &a.verdict {
+        Verdict::Delivered => deliveries::delivered(tx, row),
+        Verdict::Retry { retry_after } if state.attempts < retry.max_attempts => {
+            let planned = backoff(retry, state.attempts, rand::random::<f64>());
+            let delay = retry_after.map_or(planned, |ra| ra.min(max_retry_after).max(planned));
+            let at = AtMs(now + delay.as_millis() as u64);
+            deliveries::retry(tx, row, at, &state);
+        }
+        Verdict::Retry { .. } | Verdict::Dead => {
+            deliveries::dead_letter(tx, row, AtMs(now), &env.source, &env.id, Some(&state));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

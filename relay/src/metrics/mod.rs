@@ -10,6 +10,7 @@ pub mod gauges;
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
@@ -27,6 +28,17 @@ pub const OUTCOMES: [&str; 6] = [
 pub const UNKNOWN_SOURCE: &str = "_unknown";
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkOutcome {
+    pub sink: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    pub sink: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct IngestLabels {
     pub source: String,
     pub outcome: String,
@@ -42,6 +54,11 @@ pub struct Metrics {
     pub writer_commit_seconds: Histogram,
     pub quarantine_dropped: Counter,
     pub dedupe_swept: Counter,
+    pub delivery_attempts: Family<SinkOutcome, Counter>,
+    pub delivery_latency: Family<SinkLabel, Histogram>,
+    pub dispatch_active_tenants: Gauge,
+    pub dispatch_claimed: Counter,
+    pub reclaimed_hooks: Counter,
 }
 
 impl Default for Metrics {
@@ -89,7 +106,44 @@ impl Metrics {
             "Expired idempotency keys removed",
             dedupe_swept.clone(),
         );
+        let delivery_attempts = Family::<SinkOutcome, Counter>::default();
+        registry.register(
+            "ankusa_delivery_attempts",
+            "Delivery attempts by sink and outcome (delivered, retryable, rejected, error)",
+            delivery_attempts.clone(),
+        );
+        let delivery_latency = Family::<SinkLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_5, 2.0, 16))
+        });
+        registry.register(
+            "ankusa_delivery_latency_seconds",
+            "Duration of a delivery attempt, by sink",
+            delivery_latency.clone(),
+        );
+        let dispatch_active_tenants = Gauge::default();
+        registry.register(
+            "ankusa_dispatch_active_tenants",
+            "Distinct tenants the last dispatch tick visited",
+            dispatch_active_tenants.clone(),
+        );
+        let dispatch_claimed = Counter::default();
+        registry.register(
+            "ankusa_dispatch_claimed",
+            "Due rows claimed for delivery",
+            dispatch_claimed.clone(),
+        );
+        let reclaimed_hooks = Counter::default();
+        registry.register(
+            "ankusa_reclaimed_hooks",
+            "Hooks removed because no delivery, dead row or archive obligation needed them",
+            reclaimed_hooks.clone(),
+        );
         Metrics {
+            delivery_attempts,
+            delivery_latency,
+            dispatch_active_tenants,
+            dispatch_claimed,
+            reclaimed_hooks,
             registry,
             ingest_requests,
             ingest_latency,

@@ -978,6 +978,11 @@ pub fn archive_obligations(
     )
 }
 
+/// True if the hook still owes the archive.
+pub fn has_archive_obligation(store: &Store, seq: Seq) -> Result<bool, StoreError> {
+    Ok(store.get(Cf::Index, &keys::archive(seq))?.is_some())
+}
+
 /// A tenant's inflight rows (tests and tools; the pipeline keeps its own in memory).
 pub fn inflight_for_tenant(
     store: &Store,

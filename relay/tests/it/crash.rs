@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ankusa_relay::queue::deliveries::{DueRow, Envelope};
+use ankusa_relay::queue::deliveries::{self, DueRow, Envelope, InflightRow};
 use ankusa_relay::queue::{fold, tenants};
 use ankusa_relay::store::keys::Family;
 use ankusa_relay::store::{OpenOptions, Store};
@@ -110,14 +110,25 @@ fn every_acked_hook_survives_kill_9() {
             )
         })
         .collect();
-    let due: Vec<DueRow> = store
-        .scan_family(Family::Due)
+    // Each acked hook has one row per sink under its tenant's ordinal: due, or (the node
+    // delivers to an unreachable sink meanwhile) inflight or dead.
+    let mut rows: HashMap<(u32, u64), usize> = HashMap::new();
+    for kv in store.scan_family(Family::Due).unwrap() {
+        let (k, v) = kv.unwrap();
+        let r = DueRow::decode(&k, &v).unwrap();
+        *rows.entry((r.key.ord.0, r.key.seq.0)).or_default() += 1;
+    }
+    for kv in store.scan_family(Family::Inflight).unwrap() {
+        let (k, v) = kv.unwrap();
+        let r = InflightRow::decode(&k, &v).unwrap();
+        *rows.entry((r.key.ord.0, r.key.seq.0)).or_default() += 1;
+    }
+    for r in deliveries::dead_page(&store, None, usize::MAX)
         .unwrap()
-        .map(|kv| {
-            let (k, v) = kv.unwrap();
-            DueRow::decode(&k, &v).unwrap()
-        })
-        .collect();
+        .rows
+    {
+        *rows.entry((r.value.ord.0, r.key.seq.0)).or_default() += 1;
+    }
     for (id, tenant) in &acked {
         let (seq, env) = hooks
             .get(id)
@@ -126,19 +137,128 @@ fn every_acked_hook_survives_kill_9() {
         let ord = tenants::ord(&store, tenant)
             .unwrap()
             .expect("tenant ordinal");
-        let rows = due
-            .iter()
-            .filter(|r| r.key.seq.0 == *seq && r.key.ord == ord)
-            .count();
         assert_eq!(
-            rows, 2,
-            "hook {id} lacks a due row per sink under its tenant's ordinal"
+            rows.get(&(ord.0, *seq)).copied().unwrap_or(0),
+            2,
+            "hook {id} lacks a row per sink under its tenant's ordinal"
         );
     }
     assert!(
         fold::verify(&store).unwrap().is_empty(),
         "counters differ from the fold"
     );
-    let node_pending = status["counters"]["pending"].as_i64().unwrap();
-    assert_eq!(node_pending, 2 * hooks.len() as i64);
+    let c = &status["counters"];
+    let rows_counted: i64 = ["pending", "scheduled", "inflight", "dead"]
+        .iter()
+        .map(|f| c[f].as_i64().unwrap())
+        .sum();
+    assert_eq!(rows_counted, 2 * hooks.len() as i64);
+}
+
+#[test]
+fn inflight_rows_are_recovered_after_kill_9() {
+    use crate::dispatch::TestSink;
+    use std::sync::atomic::Ordering;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = rt.block_on(TestSink::start());
+    sink.delay_ms.store(30_000, Ordering::Relaxed);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    let (admin, ingest) = (free_port(), free_port());
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:{ingest}" }}
+admin: {{ listen: "127.0.0.1:{admin}" }}
+dispatch: {{ tick_interval_ms: 10 }}
+retry: {{ schedule_ms: [50], jitter: none }}
+sinks: [{{ id: slow, url: "{}", timeout_ms: 60000 }}]
+routes: [{{ id: r, sinks: [slow] }}]
+sources:
+  - {{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
+"#,
+        data.display(),
+        sink.url("/slow")
+    );
+    let mut node = Proc::start(dir.path(), &yaml, admin);
+    let ids: Vec<String> = rt.block_on(async {
+        let c = client();
+        let mut ids = Vec::new();
+        for i in 0..60 {
+            let r = post(
+                &c,
+                &format!("http://127.0.0.1:{ingest}/ingest/in"),
+                &[("x-tenant", format!("t{}", i % 3))],
+                format!(r#"{{"i":{i}}}"#),
+            )
+            .await;
+            assert_eq!(r.status, 202);
+            ids.push(r.json()["id"].as_str().unwrap().to_owned());
+        }
+        ids
+    });
+    // Deliveries are held by the slow sink: they are inflight in the store.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sink.on("/slow").len() < 60 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never claimed the rows"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    node.kill9();
+    {
+        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        let c = ankusa_relay::queue::counters::node(&store).unwrap();
+        assert_eq!(
+            c.inflight, 60,
+            "the kill should leave the claimed rows inflight"
+        );
+        assert!(fold::verify(&store).unwrap().is_empty());
+    }
+    // Restart with a sink that answers at once: every hook arrives at least once.
+    sink.delay_ms.store(0, Ordering::Relaxed);
+    let node = Proc::start(dir.path(), &yaml, admin);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let got: std::collections::BTreeSet<String> = sink
+            .on("/slow")
+            .iter()
+            .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
+            .collect();
+        if ids.iter().all(|id| got.contains(id)) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every hook was redelivered"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Let the outcomes commit, then look at the store.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = http_get(admin, "/v1/node").unwrap();
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        let c = &v["counters"];
+        if c["pending"] == 0 && c["inflight"] == 0 && c["scheduled"] == 0 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the queue never settled: {c}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(node);
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    assert!(
+        fold::verify(&store).unwrap().is_empty(),
+        "counters differ from the fold"
+    );
 }

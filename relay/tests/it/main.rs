@@ -3,5 +3,6 @@
 
 mod cli;
 mod crash;
+mod dispatch;
 mod ingest;
 mod support;

@@ -1,0 +1,268 @@
+//! One delivery attempt: an HTTP POST of the stored body to a sink.
+//!
+//! - The original content type, Standard Webhooks signing with the sink's secret
+//!   (`webhook-id` = the hook id, `webhook-timestamp`, `webhook-signature`), and the sink's
+//!   configured headers.
+//! - A pooled client (HTTP/1.1 keep-alive; rustls for `https://`), a per-sink timeout.
+//! - 2xx → delivered. 408, 429, 5xx, timeouts and connection errors → retry, honouring a
+//!   `Retry-After` of seconds within `retry.max_retry_after_ms`. Other 4xx → dead-letter
+//!   (unless the sink sets `dead_letter_on_4xx: false`).
+//! - The retry schedule: step n (1-based) of `retry.schedule_ms`, the last step repeating,
+//!   with full jitter by default; after `retry.max_attempts` attempts, dead-letter.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use crate::config::{Config, ConfigError, Jitter, RetryConfig};
+use crate::edge::verify::{standard_webhooks_key, standard_webhooks_sign};
+use crate::queue::deliveries::Envelope;
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// A sink, ready to deliver to.
+#[derive(Debug)]
+pub struct Sink {
+    pub id: String,
+    pub uri: Uri,
+    key: Option<Vec<u8>>,
+    pub timeout: Duration,
+    headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
+    pub dead_letter_on_4xx: bool,
+    /// Bounds this sink's deliveries in flight.
+    pub permits: Arc<tokio::sync::Semaphore>,
+}
+
+/// What an attempt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Delivered,
+    /// Try again; `retry_after` if the sink asked for a delay.
+    Retry {
+        retry_after: Option<Duration>,
+    },
+    /// Do not try again.
+    Dead,
+}
+
+/// One attempt's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub verdict: Verdict,
+    /// HTTP status (0: no response).
+    pub status: u16,
+    pub error: String,
+    pub latency: Duration,
+}
+
+impl Attempt {
+    /// The metric label of the outcome.
+    pub fn outcome(&self) -> &'static str {
+        match (&self.verdict, self.status) {
+            (Verdict::Delivered, _) => "delivered",
+            (Verdict::Dead, _) => "rejected",
+            (Verdict::Retry { .. }, 0) => "error",
+            (Verdict::Retry { .. }, _) => "retryable",
+        }
+    }
+}
+
+/// The delivery client: pooled connections and every configured sink.
+#[derive(Debug, Clone)]
+pub struct Deliverer {
+    client: Client<Https, Full<Bytes>>,
+    sinks: Arc<HashMap<String, Arc<Sink>>>,
+}
+
+impl Deliverer {
+    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        let mut sinks = HashMap::new();
+        for (i, s) in config.sinks.iter().enumerate() {
+            let key = format!("sinks[{i}]");
+            let uri: Uri = s.url.parse().map_err(|e| ConfigError::Invalid {
+                key: format!("{key}.url"),
+                message: format!("{e}"),
+            })?;
+            let secret = match &s.secret {
+                Some(sec) => Some(standard_webhooks_key(
+                    &sec.resolve(&format!("{key}.secret"))?,
+                )),
+                None => None,
+            };
+            let mut headers = Vec::new();
+            for (k, v) in &s.headers {
+                let name = hyper::header::HeaderName::try_from(k.as_str()).map_err(|e| {
+                    ConfigError::Invalid {
+                        key: format!("{key}.headers"),
+                        message: format!("{k:?}: {e}"),
+                    }
+                })?;
+                let value = hyper::header::HeaderValue::try_from(v.as_str()).map_err(|e| {
+                    ConfigError::Invalid {
+                        key: format!("{key}.headers"),
+                        message: format!("{k:?}: {e}"),
+                    }
+                })?;
+                headers.push((name, value));
+            }
+            let permits = s.max_inflight.unwrap_or(config.dispatch.per_sink_inflight);
+            sinks.insert(
+                s.id.clone(),
+                Arc::new(Sink {
+                    id: s.id.clone(),
+                    uri,
+                    key: secret,
+                    timeout: Duration::from_millis(s.timeout_ms),
+                    headers,
+                    dead_letter_on_4xx: s.dead_letter_on_4xx,
+                    permits: Arc::new(tokio::sync::Semaphore::new(permits)),
+                }),
+            );
+        }
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+            .map_err(|e| ConfigError::Invalid {
+                key: "sinks".into(),
+                message: format!("TLS set-up: {e}"),
+            })?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(config.dispatch.per_sink_inflight)
+            .build(https);
+        Ok(Deliverer {
+            client,
+            sinks: Arc::new(sinks),
+        })
+    }
+
+    pub fn sink(&self, id: &str) -> Option<Arc<Sink>> {
+        self.sinks.get(id).cloned()
+    }
+
+    /// POSTs the hook to the sink once.
+    pub async fn attempt(&self, sink: &Sink, env: &Envelope, max_retry_after: Duration) -> Attempt {
+        let started = Instant::now();
+        let mut req = hyper::Request::post(sink.uri.clone())
+            .header(hyper::header::CONTENT_TYPE, env.content_type.as_str())
+            .header("user-agent", concat!("ankusa/", env!("CARGO_PKG_VERSION")))
+            .header("webhook-id", env.id.as_str());
+        if let Some(key) = &sink.key {
+            let ts = crate::now_ms() / 1000;
+            req = req.header("webhook-timestamp", ts.to_string()).header(
+                "webhook-signature",
+                standard_webhooks_sign(key, &env.id, ts, &env.body),
+            );
+        }
+        for (k, v) in &sink.headers {
+            req = req.header(k, v);
+        }
+        let req = match req.body(Full::new(Bytes::from(env.body.clone()))) {
+            Ok(r) => r,
+            Err(e) => {
+                return Attempt {
+                    verdict: Verdict::Dead,
+                    status: 0,
+                    error: format!("request: {e}"),
+                    latency: started.elapsed(),
+                }
+            }
+        };
+        let result = tokio::time::timeout(sink.timeout, async {
+            let resp = self.client.request(req).await?;
+            let status = resp.status();
+            let retry_after = resp
+                .headers()
+                .get(hyper::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            // Drain the body so the connection goes back to the pool.
+            let _ = resp.into_body().collect().await;
+            Ok::<_, hyper_util::client::legacy::Error>((status, retry_after))
+        })
+        .await;
+        let latency = started.elapsed();
+        match result {
+            Err(_) => Attempt {
+                verdict: Verdict::Retry { retry_after: None },
+                status: 0,
+                error: "timeout".into(),
+                latency,
+            },
+            Ok(Err(e)) => Attempt {
+                verdict: Verdict::Retry { retry_after: None },
+                status: 0,
+                error: format!("connection: {e}"),
+                latency,
+            },
+            Ok(Ok((status, retry_after))) => {
+                let code = status.as_u16();
+                let verdict = if status.is_success() {
+                    Verdict::Delivered
+                } else if code == 408 || code == 429 || status.is_server_error() {
+                    Verdict::Retry {
+                        retry_after: retry_after.map(|d| d.min(max_retry_after)),
+                    }
+                } else if status.is_client_error() && sink.dead_letter_on_4xx {
+                    Verdict::Dead
+                } else {
+                    Verdict::Retry { retry_after: None }
+                };
+                Attempt {
+                    verdict,
+                    status: code,
+                    error: if status.is_success() {
+                        String::new()
+                    } else {
+                        format!("HTTP {code}")
+                    },
+                    latency,
+                }
+            }
+        }
+    }
+}
+
+/// The delay before retry number `attempts` (the attempts made so far, ≥ 1).
+pub fn backoff(retry: &RetryConfig, attempts: u32, random: f64) -> Duration {
+    let i = (attempts.max(1) as usize - 1).min(retry.schedule_ms.len().saturating_sub(1));
+    let step = retry.schedule_ms.get(i).copied().unwrap_or(0);
+    let ms = match retry.jitter {
+        Jitter::Full => (step as f64 * random.clamp(0.0, 1.0)) as u64,
+        Jitter::None => step,
+    };
+    Duration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_follows_the_schedule_and_repeats_its_last_step() {
+        let r = RetryConfig {
+            schedule_ms: vec![10, 20, 40],
+            jitter: Jitter::None,
+            ..RetryConfig::default()
+        };
+        let ms = |a| backoff(&r, a, 0.5).as_millis();
+        assert_eq!([ms(1), ms(2), ms(3), ms(4), ms(9)], [10, 20, 40, 40, 40]);
+        let full = RetryConfig {
+            jitter: Jitter::Full,
+            ..r
+        };
+        assert_eq!(backoff(&full, 3, 0.25).as_millis(), 10);
+        assert_eq!(backoff(&full, 3, 0.0).as_millis(), 0);
+        assert_eq!(backoff(&full, 3, 1.0).as_millis(), 40);
+    }
+}

@@ -1,0 +1,355 @@
+//! Delivery end to end: a node with a real store delivering to a real axum sink on
+//! 127.0.0.1.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ankusa_relay::config::Config;
+use ankusa_relay::edge::verify::{standard_webhooks_key, Verifier};
+use ankusa_relay::node::Node;
+use ankusa_relay::queue::deliveries::{self, PurgeKinds};
+use ankusa_relay::queue::{counters, fold, tenants, Counts};
+use ankusa_relay::store::keys::Family;
+use axum::http::{HeaderMap, StatusCode};
+
+use crate::support::*;
+
+const SINK_SECRET: &str = "whsec_c2luay1zZWNyZXQtZm9yLXRoZS10ZXN0cw==";
+
+/// A request the sink received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    pub at: Instant,
+}
+
+/// A scripted answer: status and an optional `Retry-After` in seconds.
+type Answer = (u16, Option<u64>);
+
+/// A local webhook receiver: answers each path from a script (default 200), records all.
+#[derive(Clone, Default)]
+pub struct TestSink {
+    pub received: Arc<Mutex<Vec<Received>>>,
+    script: Arc<Mutex<HashMap<String, VecDeque<Answer>>>>,
+    /// Every path answers this status when its script is empty (0 = 200).
+    pub default_status: Arc<AtomicU64>,
+    /// Milliseconds each request is held before the answer.
+    pub delay_ms: Arc<AtomicU64>,
+    pub port: u16,
+}
+
+impl TestSink {
+    pub async fn start() -> TestSink {
+        let mut sink = TestSink::default();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        sink.port = l.local_addr().unwrap().port();
+        let s = sink.clone();
+        let app = axum::Router::new().fallback(
+            move |uri: axum::http::Uri, headers: HeaderMap, body: axum::body::Bytes| {
+                let s = s.clone();
+                async move {
+                    let path = uri.path().to_owned();
+                    s.received.lock().unwrap().push(Received {
+                        path: path.clone(),
+                        headers,
+                        body: body.to_vec(),
+                        at: Instant::now(),
+                    });
+                    let delay = s.delay_ms.load(Ordering::Relaxed);
+                    if delay > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
+                    let next = s
+                        .script
+                        .lock()
+                        .unwrap()
+                        .get_mut(&path)
+                        .and_then(VecDeque::pop_front);
+                    let (status, retry_after) = next.unwrap_or_else(|| {
+                        match s.default_status.load(Ordering::Relaxed) as u16 {
+                            0 => (200, None),
+                            n => (n, None),
+                        }
+                    });
+                    let mut resp = axum::response::Response::new(axum::body::Body::empty());
+                    *resp.status_mut() = StatusCode::from_u16(status).unwrap();
+                    if let Some(ra) = retry_after {
+                        resp.headers_mut().insert("retry-after", ra.into());
+                    }
+                    resp
+                }
+            },
+        );
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+        sink
+    }
+
+    pub fn script(&self, path: &str, answers: &[Answer]) {
+        self.script
+            .lock()
+            .unwrap()
+            .insert(path.to_owned(), answers.iter().copied().collect());
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn on(&self, path: &str) -> Vec<Received> {
+        self.received
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
+    }
+}
+
+/// Polls `f` every 20 ms until it holds, or fails after `secs`.
+pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+fn config(dir: &std::path::Path, sink: &TestSink, routes: &str, extra: &str) -> Config {
+    let yaml = format!(
+        r#"
+data_dir: {data}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin: {{ listen: "127.0.0.1:0" }}
+dispatch: {{ tick_interval_ms: 10 }}
+retry: {{ schedule_ms: [60, 120, 240], max_attempts: 4, jitter: none }}
+reclaim: {{ interval_ms: 30 }}
+sinks:
+  - {{ id: a, url: "{a}", secret: {{ value: "{SINK_SECRET}" }}, headers: {{ x-extra: "yes" }} }}
+  - {{ id: b, url: "{b}" }}
+  - {{ id: c, url: "{c}" }}
+  - {{ id: lenient, url: "{l}", dead_letter_on_4xx: false }}
+routes:
+{routes}
+sources:
+  - id: in
+    tenant: {{ header: x-tenant }}
+    verify: {{ scheme: none }}
+    route: main
+{extra}"#,
+        data = dir.join("db").display(),
+        a = sink.url("/a"),
+        b = sink.url("/b"),
+        c = sink.url("/c"),
+        l = sink.url("/lenient"),
+    );
+    Config::from_yaml(&yaml, Vec::new()).unwrap()
+}
+
+struct Harness {
+    node: Node,
+    sink: TestSink,
+    c: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    async fn start(routes: &str, extra: &str) -> Harness {
+        let sink = TestSink::start().await;
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(config(dir.path(), &sink, routes, extra))
+            .await
+            .unwrap();
+        Harness {
+            node,
+            sink,
+            c: client(),
+            _dir: dir,
+        }
+    }
+
+    async fn send(&self, tenant: &str, body: &str) -> String {
+        let r = post(
+            &self.c,
+            &format!("http://{}/ingest/in", self.node.ingest_addr),
+            &[
+                ("x-tenant", tenant.to_owned()),
+                ("content-type", "application/vnd.test+json".to_owned()),
+            ],
+            body.to_owned(),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+        r.json()["id"].as_str().unwrap().to_owned()
+    }
+
+    fn node_counts(&self) -> Counts {
+        counters::node(&self.node.store).unwrap()
+    }
+
+    fn hooks(&self) -> usize {
+        self.node.store.scan_family(Family::Hooks).unwrap().count()
+    }
+
+    async fn settled(&self) {
+        eventually(20, "the queue to settle", || {
+            let c = self.node_counts();
+            c.pending == 0 && c.scheduled == 0 && c.inflight == 0
+        })
+        .await;
+        assert!(fold::verify(&self.node.store).unwrap().is_empty());
+    }
+}
+
+#[tokio::test]
+async fn a_hook_arrives_signed_with_its_original_body() {
+    let h = Harness::start("  - { id: main, sinks: [a] }", "").await;
+    let body = r#"{"event":"invoice.paid","amount":4200}"#;
+    let id = h.send("acme", body).await;
+    eventually(10, "the sink to receive the hook", || {
+        !h.sink.on("/a").is_empty()
+    })
+    .await;
+    let got = h.sink.on("/a").remove(0);
+    assert_eq!(got.body, body.as_bytes());
+    assert_eq!(got.headers["content-type"], "application/vnd.test+json");
+    assert_eq!(got.headers["webhook-id"], id.as_str());
+    assert_eq!(got.headers["x-extra"], "yes");
+    // A receiver verifies the signature the Standard Webhooks way.
+    let v = Verifier::StandardWebhooks {
+        key: standard_webhooks_key(SINK_SECRET.as_bytes()),
+        tolerance_s: 300,
+    };
+    assert_eq!(v.verify(&got.headers, &got.body, now_s()), Ok(()));
+    assert!(v.verify(&got.headers, b"tampered", now_s()).is_err());
+    h.settled().await;
+    eventually(10, "the delivered hook to be reclaimed", || h.hooks() == 0).await;
+    assert_eq!(h.node_counts(), Counts::default());
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_sink_answering_500_twice_then_200_gets_the_hook_three_times_on_schedule() {
+    let h = Harness::start("  - { id: main, sinks: [b] }", "").await;
+    h.sink
+        .script("/b", &[(500, None), (500, None), (200, None)]);
+    h.send("acme", "{}").await;
+    eventually(10, "three attempts", || h.sink.on("/b").len() == 3).await;
+    h.settled().await;
+    let got = h.sink.on("/b");
+    let gaps: Vec<Duration> = got.windows(2).map(|w| w[1].at - w[0].at).collect();
+    // The schedule's first two steps are lower bounds (the tick adds a little).
+    assert!(gaps[0] >= Duration::from_millis(60), "{gaps:?}");
+    assert!(gaps[1] >= Duration::from_millis(120), "{gaps:?}");
+    assert_eq!(h.node_counts().dead, 0);
+    let m = h.node.metrics.encode();
+    assert!(
+        m.contains(r#"ankusa_delivery_attempts_total{sink="b",outcome="retryable"} 2"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"ankusa_delivery_attempts_total{sink="b",outcome="delivered"} 1"#),
+        "{m}"
+    );
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_400_dead_letters_at_once_exhausted_attempts_dead_letter_and_retry_after_is_honoured() {
+    let h = Harness::start("  - { id: main, sinks: [a, b, c, lenient] }", "").await;
+    h.sink.script("/a", &[(400, None)]);
+    h.sink.script("/b", &[(503, None); 10]);
+    h.sink.script("/c", &[(429, Some(1)), (200, None)]);
+    h.sink.script("/lenient", &[(404, None), (200, None)]);
+    h.send("acme", "{}").await;
+    eventually(15, "every sink to settle", || {
+        let c = h.node_counts();
+        c.pending == 0 && c.scheduled == 0 && c.inflight == 0 && c.dead == 2
+    })
+    .await;
+    assert_eq!(h.sink.on("/a").len(), 1, "a 400 is not retried");
+    assert_eq!(h.sink.on("/b").len(), 4, "max_attempts = 4, then dead");
+    let c = h.sink.on("/c");
+    assert_eq!(c.len(), 2);
+    assert!(
+        c[1].at - c[0].at >= Duration::from_secs(1),
+        "Retry-After: 1 was not honoured"
+    );
+    assert_eq!(
+        h.sink.on("/lenient").len(),
+        2,
+        "dead_letter_on_4xx: false retries a 404"
+    );
+    // The DLQ names both dead deliveries; the hook is kept for them.
+    let ord = tenants::ord(&h.node.store, "acme").unwrap().unwrap();
+    let page = deliveries::dead_page_for_tenant(&h.node.store, ord, None, 10).unwrap();
+    assert_eq!(page.rows.len(), 2);
+    assert_eq!(h.hooks(), 1);
+    assert!(fold::verify(&h.node.store).unwrap().is_empty());
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn fan_out_to_three_sinks_settles_each_independently_and_reclaims_after_the_last() {
+    let h = Harness::start("  - { id: main, sinks: [a, b, c] }", "").await;
+    h.sink
+        .script("/c", &[(500, None), (500, None), (200, None)]);
+    h.send("acme", r#"{"n":1}"#).await;
+    eventually(10, "a and b delivered", || {
+        h.sink.on("/a").len() == 1 && h.sink.on("/b").len() == 1
+    })
+    .await;
+    // c is still retrying: the hook is kept.
+    assert!(h.sink.on("/c").len() < 3);
+    assert_eq!(h.hooks(), 1);
+    h.settled().await;
+    assert_eq!(h.sink.on("/c").len(), 3);
+    eventually(10, "the hook to be reclaimed", || h.hooks() == 0).await;
+
+    // A sink that never succeeds: dead-lettered, and the hook is kept for the DLQ until the
+    // dead row is purged; then it is reclaimed.
+    h.sink.script("/c", &[(500, None); 10]);
+    h.send("acme", r#"{"n":2}"#).await;
+    eventually(15, "c dead-lettered", || h.node_counts().dead == 1).await;
+    h.settled().await;
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(h.hooks(), 1, "a dead row keeps its hook");
+    let ord = tenants::ord(&h.node.store, "acme").unwrap().unwrap();
+    deliveries::purge_tenant(
+        &h.node.store,
+        ord,
+        PurgeKinds {
+            pending: false,
+            dead: true,
+        },
+    )
+    .unwrap();
+    eventually(10, "the purged hook to be reclaimed", || h.hooks() == 0).await;
+    assert_eq!(h.node_counts(), Counts::default());
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_tenants_are_all_delivered() {
+    let h = Harness::start("  - { id: main, sinks: [b] }", "").await;
+    for i in 0..200 {
+        h.send(&format!("t{}", i % 37), &format!(r#"{{"i":{i}}}"#))
+            .await;
+    }
+    eventually(20, "200 deliveries", || h.sink.on("/b").len() >= 200).await;
+    h.settled().await;
+    let ids: std::collections::BTreeSet<_> = h
+        .sink
+        .on("/b")
+        .iter()
+        .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(ids.len(), 200);
+    h.node.shutdown().await.unwrap();
+}
