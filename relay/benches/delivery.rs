@@ -40,17 +40,24 @@ struct Sink {
 async fn start_sink() -> (Sink, u16) {
     let sink = Sink::default();
     let s = sink.clone();
-    let app = axum::Router::new().fallback(move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
-        let s = s.clone();
-        async move {
-            s.count.fetch_add(1, Ordering::Relaxed);
-            if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
-                s.arrivals.lock().expect("lock").insert(id.to_owned(), Instant::now());
+    let app = axum::Router::new().fallback(
+        move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+            let s = s.clone();
+            async move {
+                s.count.fetch_add(1, Ordering::Relaxed);
+                if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
+                    s.arrivals
+                        .lock()
+                        .expect("lock")
+                        .insert(id.to_owned(), Instant::now());
+                }
+                axum::http::StatusCode::NO_CONTENT
             }
-            axum::http::StatusCode::NO_CONTENT
-        }
-    });
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        },
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
     let port = l.local_addr().expect("addr").port();
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
@@ -114,7 +121,10 @@ async fn relay_drain(port: u16, sink: &Sink) -> f64 {
         .await
         .expect("node");
     while sink.count.load(Ordering::Relaxed) < BACKLOG {
-        assert!(started.elapsed() < Duration::from_secs(600), "the backlog never drained");
+        assert!(
+            started.elapsed() < Duration::from_secs(600),
+            "the backlog never drained"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let rate = BACKLOG as f64 / started.elapsed().as_secs_f64();
@@ -158,9 +168,11 @@ async fn bare_client(port: u16, sink: &Sink) -> f64 {
 
 async fn steady_latency(port: u16, sink: &Sink) -> (f64, f64, usize) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(Config::from_yaml(&yaml(&dir.path().join("db"), port), Vec::new()).expect("config"))
-        .await
-        .expect("node");
+    let node = Node::start(
+        Config::from_yaml(&yaml(&dir.path().join("db"), port), Vec::new()).expect("config"),
+    )
+    .await
+    .expect("node");
     sink.arrivals.lock().expect("lock").clear();
     let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new()).build_http();
     let url: Arc<str> = format!("http://{}/ingest/in", node.ingest_addr).into();
@@ -202,7 +214,8 @@ async fn steady_latency(port: u16, sink: &Sink) -> (f64, f64, usize) {
         .collect();
     lat.sort();
     node.shutdown().await.expect("shutdown");
-    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3;
+    let pct =
+        |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3;
     (pct(0.5), pct(0.99), lat.len())
 }
 

@@ -71,6 +71,13 @@ pub enum StoreCommand {
         #[arg(long)]
         data: PathBuf,
     },
+    /// Write a fixture store of format 2 or 3 as a .tar.zst (tests, upgrade drills).
+    Fixture {
+        #[arg(long, value_parser = clap::value_parser!(u32).range(2..=3))]
+        format: u32,
+        /// The .tar.zst to write.
+        out: PathBuf,
+    },
 }
 
 /// Runs a parsed command line.
@@ -99,6 +106,7 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             StoreCommand::Inspect { data } => inspect(&data),
             StoreCommand::Migrate { data, dry_run } => migrate_cmd(&data, dry_run),
             StoreCommand::Verify { data } => verify(&data),
+            StoreCommand::Fixture { format, out } => fixture(format, &out),
         },
     }
 }
@@ -158,21 +166,68 @@ fn migrate_cmd(data: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let store = open_existing(data, false)?;
+    let tty = std::io::IsTerminal::is_terminal(&std::io::stdout());
+    let started = std::time::Instant::now();
     let out = migrate::run(&store, &registry, SUPPORTED_FORMAT, |p| {
-        if p.finished || p.steps % 100 == 0 {
-            println!(
-                "{} -> {}: {} steps, {} rows{}",
-                p.from,
-                p.to,
-                p.steps,
-                p.rows,
-                if p.finished { ", done" } else { "" }
-            );
+        let rate = p.rows as f64 / started.elapsed().as_secs_f64().max(1e-3);
+        let line = format!(
+            "{} -> {}: step {}, {} rows, {:.0} rows/s{}",
+            p.from,
+            p.to,
+            p.steps,
+            p.rows,
+            rate,
+            if p.finished { ", done" } else { "" }
+        );
+        if tty {
+            // One line, rewritten in place.
+            print!("\r\x1b[2K{line}");
+            if p.finished {
+                println!();
+            }
+        } else {
+            println!("{line}");
         }
+        use std::io::Write;
+        let _ = std::io::stdout().flush();
         ControlFlow::Continue(())
     })?;
-    println!("{out:?}");
+    match out {
+        migrate::Outcome::Done {
+            format,
+            steps,
+            rows,
+        } => {
+            println!("store at format {format} ({steps} steps, {rows} rows moved)")
+        }
+        migrate::Outcome::Stopped { format, steps } => {
+            println!("stopped at format {format} after {steps} steps")
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn fixture(format: u32, out: &Path) -> anyhow::Result<ExitCode> {
+    let dir = tempfile_dir()?;
+    let data = dir.join("store");
+    match format {
+        2 => crate::store::fixture::write_v2(&data)?,
+        _ => crate::store::fixture::write_v3(&data)?,
+    }
+    crate::store::tarball::pack(&data, out)?;
+    let _ = std::fs::remove_dir_all(&dir);
+    println!("wrote a format {format} fixture store to {}", out.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+fn tempfile_dir() -> anyhow::Result<PathBuf> {
+    let dir = std::env::temp_dir().join(format!(
+        "ankusa-fixture-{}-{}",
+        std::process::id(),
+        crate::now_ms()
+    ));
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
 }
 
 fn verify(data: &Path) -> anyhow::Result<ExitCode> {

@@ -125,6 +125,7 @@ impl Node {
         let mut servers = vec![serve(admin_l, admin::router(admin_state), stop.clone())];
 
         let boot_store = store.clone();
+        let max_tenants = config.tenants.max;
         let (recovered, assembler) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let out = migrate::run(&boot_store, &migrate::builtin(), SUPPORTED_FORMAT, |p| {
                 tracing::info!(
@@ -137,6 +138,14 @@ impl Node {
                 ControlFlow::Continue(())
             })?;
             tracing::info!(?out, "store format current");
+            let tenants = crate::queue::tenants::count(&boot_store)?;
+            if tenants > max_tenants {
+                tracing::warn!(
+                    tenants,
+                    tenants_max = max_tenants,
+                    "the store holds more tenants than tenants.max: existing tenants are served, new ones are refused"
+                );
+            }
             let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()))?;
             let assembler = Assembler::open(&boot_store, config.tenants.max)?;
             Ok((recovered, assembler))

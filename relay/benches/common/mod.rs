@@ -95,9 +95,12 @@ pub fn build(cell: &Cell, dir: &std::path::Path) -> Store {
     let mut tx = Tx::new();
     let mut moved = 0;
     for t in (ACTIVE..cell.tenants).step_by(10) {
-        let ord = ankusa_relay::queue::tenants::ord(&store, &format!("tenant-{t}"))
-            .expect("read")
-            .expect("tenant exists");
+        // With fewer rows than tenants, not every tenant has one.
+        let Some(ord) =
+            ankusa_relay::queue::tenants::ord(&store, &format!("tenant-{t}")).expect("read")
+        else {
+            continue;
+        };
         if let Some(r) = deliveries::first_due(&store, ord).expect("first_due") {
             let f = deliveries::claim(&mut tx, &r);
             deliveries::dead_letter(&mut tx, &f, AtMs(NOW - 1), "bench", "hk", None);

@@ -199,9 +199,18 @@ pub fn spawn(
         ));
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
         let mut cursors = Cursors::default();
+        // A tick is worth its fixed cost once a quarter of the permits are free.
+        let refill = (settings.max_inflight / 4).max(1) as u32;
         loop {
             if *stop.borrow() {
                 break;
+            }
+            if permits.available_permits() < refill as usize {
+                tokio::select! {
+                    _ = permits.acquire_many(refill) => {}
+                    _ = tokio::time::sleep(settings.tick_interval) => {}
+                    _ = stop.changed() => {}
+                }
             }
             let free = permits.available_permits();
             let mut busy = false;

@@ -593,6 +593,44 @@ pub fn archive_drop(tx: &mut Tx, ob: &ArchiveObligation) {
 }
 
 // ---------------------------------------------------------------------------------------
+// Imports: rows that already exist in an older layout, re-keyed by the 2 -> 3 migration.
+// Each puts the format-3 index row with its counter deltas; the caller deletes the old key.
+
+/// An imported due row (and its marker): pending or scheduled +1, bytes +size.
+pub fn import_due(tx: &mut Tx, row: &DueRow) {
+    tx.enqueue(row);
+    tx.delta(row.key.ord, CounterField::Bytes, row.size as i64);
+}
+
+/// An imported inflight row: inflight +1, bytes +size.
+pub fn import_inflight(tx: &mut Tx, row: &InflightRow) {
+    tx.put_inflight(row);
+    tx.delta(row.key.ord, CounterField::Bytes, row.size as i64);
+}
+
+/// An imported dead row: `?x` rewritten with the ord in its value, and `?X`; dead +1,
+/// bytes +size.
+pub fn import_dead(tx: &mut Tx, row: &DeadRow) {
+    tx.ops
+        .push(Op::put(Cf::Index, keys::dead(&row.key), row.value.encode()));
+    tx.ops.push(Op::put(
+        Cf::Index,
+        keys::dead_by_tenant(row.value.ord, &row.key),
+        Vec::new(),
+    ));
+    tx.delta(row.value.ord, CounterField::Dead, 1);
+    tx.delta(row.value.ord, CounterField::Bytes, row.value.size as i64);
+}
+
+/// An imported archive obligation, rewritten with the ord in its value: archive_pending +1.
+pub fn import_archive(tx: &mut Tx, ob: &ArchiveObligation) {
+    let mut v = ob.size.to_be_bytes().to_vec();
+    v.extend_from_slice(&ob.ord.0.to_be_bytes());
+    tx.ops.push(Op::put(Cf::Index, keys::archive(ob.seq), v));
+    tx.delta(ob.ord, CounterField::ArchivePending, 1);
+}
+
+// ---------------------------------------------------------------------------------------
 // Reads.
 
 fn collect<T>(
@@ -716,6 +754,13 @@ pub fn cleanup_plan(
     scanned: &[Bucket],
     now: AtMs,
 ) -> Result<CleanupPlan, StoreError> {
+    // Only markers older than the current second can be stale; with none, skip the seek.
+    if scanned.iter().all(|b| *b >= now.bucket()) {
+        return Ok(CleanupPlan {
+            ord,
+            stale: Vec::new(),
+        });
+    }
     let keep_from = match first_due(store, ord)? {
         Some(first) => first.key.at.bucket().min(now.bucket()),
         None => now.bucket(),
@@ -976,6 +1021,11 @@ pub fn archive_obligations(
         limit,
         ArchiveObligation::decode,
     )
+}
+
+/// Every due row, in key order (fixtures, tools and tests; O(backlog)).
+pub fn due_rows(store: &Store) -> Result<Vec<DueRow>, StoreError> {
+    collect(store.scan_family(Family::Due)?, usize::MAX, DueRow::decode)
 }
 
 /// True if the hook still owes the archive.

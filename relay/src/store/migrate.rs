@@ -230,5 +230,5 @@ pub fn run(
 
 /// The migrations this build knows, in chain order.
 pub fn builtin() -> Registry {
-    Registry::new()
+    Registry::new().register(Arc::new(super::migrations::tenant_keys::TenantKeys))
 }

@@ -24,9 +24,13 @@
 //! - Reads are instrumented ([`StoreStats`]): scans per family and point reads per column
 //!   family, so tests can prove which families a code path touches.
 
+pub mod fixture;
 pub mod keys;
+pub mod legacy;
 pub mod merge;
 pub mod migrate;
+pub mod migrations;
+pub mod tarball;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -6,3 +6,4 @@ mod crash;
 mod dispatch;
 mod ingest;
 mod support;
+mod upgrade;

@@ -750,6 +750,9 @@ fn only_deliveries_builds_queue_index_keys() {
         root.join("src/store/keys.rs"),
         root.join("src/queue/deliveries.rs"),
         root.join("src/queue/deliveries/tests.rs"),
+        // Writes format-2 stores only (fixtures and upgrade tests): `?x` and `?a` keys are
+        // the same bytes in both formats, with format-2 values.
+        root.join("src/store/legacy/v2.rs"),
     ];
     let mut offenders = Vec::new();
     let mut stack = vec![root.join("src"), root.join("tests"), root.join("benches")];

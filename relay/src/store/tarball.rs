@@ -1,0 +1,65 @@
+//! Store directories as `.tar.zst` files: fixtures, backups and restores.
+//!
+//! `pack` archives a closed store directory (its info logs left out); `unpack` extracts
+//! one into an empty directory, refusing entries that would escape it.
+
+use std::path::Path;
+
+use super::StoreError;
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::Io { context, source }
+}
+
+/// Packs the files of `dir` (not its `LOG*` info logs) into `out` as tar + zstd.
+pub fn pack(dir: &Path, out: &Path) -> Result<(), StoreError> {
+    let tmp = out.with_extension("tmp");
+    let file = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+    let enc = zstd::Encoder::new(file, 9).map_err(io("zstd encoder".into()))?;
+    let mut tar = tar::Builder::new(enc);
+    let mut names: Vec<_> = std::fs::read_dir(dir)
+        .map_err(io(format!("reading {}", dir.display())))?
+        .filter_map(Result::ok)
+        .filter(|e| e.path().is_file())
+        .map(|e| e.file_name())
+        .collect();
+    names.sort();
+    for name in names {
+        if name.to_string_lossy().starts_with("LOG") {
+            continue;
+        }
+        tar.append_path_with_name(dir.join(&name), &name)
+            .map_err(io(format!("adding {}", name.to_string_lossy())))?;
+    }
+    let enc = tar.into_inner().map_err(io("finishing tar".into()))?;
+    enc.finish().map_err(io("finishing zstd".into()))?;
+    std::fs::rename(&tmp, out).map_err(io(format!("writing {}", out.display())))?;
+    Ok(())
+}
+
+/// Unpacks `file` into `dir`, which must not exist or be empty.
+pub fn unpack(file: &Path, dir: &Path) -> Result<(), StoreError> {
+    if dir.exists()
+        && std::fs::read_dir(dir)
+            .map_err(io(format!("reading {}", dir.display())))?
+            .next()
+            .is_some()
+    {
+        return Err(StoreError::NotAStore {
+            path: dir.to_path_buf(),
+            reason: "refusing to unpack into a directory that is not empty".into(),
+        });
+    }
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    let f = std::fs::File::open(file).map_err(io(format!("opening {}", file.display())))?;
+    let dec = zstd::Decoder::new(f).map_err(io("zstd decoder".into()))?;
+    let mut ar = tar::Archive::new(dec);
+    for entry in ar.entries().map_err(io("reading tar".into()))? {
+        let mut entry = entry.map_err(io("reading tar entry".into()))?;
+        // `unpack_in` refuses paths that would land outside `dir`.
+        entry
+            .unpack_in(dir)
+            .map_err(io(format!("unpacking into {}", dir.display())))?;
+    }
+    Ok(())
+}

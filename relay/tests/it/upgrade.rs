@@ -1,0 +1,502 @@
+//! Store format 2 → 3 (ADR TEN-1 "Upgrade and layout").
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+
+use ankusa_relay::queue::deliveries::Envelope;
+use ankusa_relay::queue::{counters, deliveries, fold, tenants, Counts};
+use ankusa_relay::store::keys::{AtMs, Family, Seq, SinkIdx, TenantOrd};
+use ankusa_relay::store::legacy::v2::{State, Writer};
+use ankusa_relay::store::migrate::{self, Outcome};
+use ankusa_relay::store::{tarball, Cf, KeyValue, OpenOptions, Store, StoreError};
+
+use crate::support::*;
+
+fn fixture(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+fn unpack(name: &str, dir: &Path) -> PathBuf {
+    let data = dir.join("db");
+    tarball::unpack(&fixture(name), &data).unwrap();
+    data
+}
+
+fn migrate_all(store: &Store) -> Outcome {
+    migrate::run(store, &migrate::builtin(), 3, |_| ControlFlow::Continue(())).unwrap()
+}
+
+/// Every column family's contents, counters as their merged values.
+fn snapshot(store: &Store) -> Vec<(Cf, Vec<KeyValue>)> {
+    store.flush().unwrap();
+    store
+        .column_families()
+        .into_iter()
+        .map(|cf| {
+            let rows = store
+                .dump_cf(cf)
+                .unwrap()
+                .into_iter()
+                .map(|(k, v)| {
+                    if cf == Cf::Counters {
+                        let merged = store.get(cf, &k).unwrap().unwrap_or_default();
+                        (k, merged)
+                    } else {
+                        (k, v)
+                    }
+                })
+                .collect();
+            (cf, rows)
+        })
+        .collect()
+}
+
+fn tenant_counts(store: &Store, name: &str) -> Counts {
+    let ord = tenants::ord(store, name)
+        .unwrap()
+        .unwrap_or_else(|| panic!("no tenant {name}"));
+    counters::read(store, ord).unwrap()
+}
+
+#[test]
+fn v2_fixture_upgrades_to_v3_with_counters_equal_to_a_fold() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = unpack("store-v2.tar.zst", dir.path());
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    assert_eq!(store.format().unwrap(), 2);
+    assert!(matches!(
+        migrate_all(&store),
+        Outcome::Done { format: 3, .. }
+    ));
+    assert_eq!(store.format().unwrap(), 3);
+    assert!(migrate::in_progress(&store).unwrap().is_none());
+    assert!(
+        fold::verify(&store).unwrap().is_empty(),
+        "counters differ from the fold"
+    );
+    // No format-2 index row is left, and no sentinel of one.
+    for fam in [Family::DueV2, Family::InflightV2] {
+        let (lo, end) = fam.bounds();
+        let raw = store.dump_cf(Cf::Index).unwrap();
+        assert!(raw
+            .iter()
+            .all(|(k, _)| !(k.as_slice() >= lo.as_slice() && k.as_slice() < end.as_slice())));
+    }
+    // Per tenant, what the fixture put there (see store::fixture).
+    let acme = tenant_counts(&store, "acme");
+    assert_eq!(
+        (acme.pending, acme.scheduled, acme.inflight, acme.dead),
+        (2, 1, 1, 1)
+    );
+    let globex = tenant_counts(&store, "globex");
+    assert_eq!((globex.pending, globex.scheduled, globex.dead), (1, 1, 1));
+    let deadonly = tenant_counts(&store, "deadonly");
+    assert_eq!(
+        (
+            deadonly.pending,
+            deadonly.scheduled,
+            deadonly.inflight,
+            deadonly.dead
+        ),
+        (0, 0, 0, 3)
+    );
+    assert_eq!(deadonly.archive_pending, 1);
+    let default = tenant_counts(&store, tenants::DEFAULT_TENANT);
+    // Hook 6 (due), hook 7 (inflight), the undecodable hook 20 and the missing hook 21.
+    assert_eq!((default.pending, default.inflight), (3, 2));
+    assert_eq!(counters::node(&store).unwrap().dead, 5);
+    // Every dead row's value carries its ord; the by-tenant view agrees with the node view.
+    let all = deliveries::dead_page(&store, None, 100).unwrap().rows;
+    for r in &all {
+        let page = deliveries::dead_page_for_tenant(&store, r.value.ord, None, 100).unwrap();
+        assert!(page.rows.contains(r));
+    }
+    // Due rows have their markers; the far-future ones are retries (kind 1).
+    for r in deliveries::due_rows(&store).unwrap() {
+        let kind_is_retry = r.kind == deliveries::Kind::Retry;
+        assert_eq!(
+            kind_is_retry,
+            r.key.at.0 > ankusa_relay::store::fixture::FUTURE - 1,
+            "{r:?}"
+        );
+    }
+}
+
+#[test]
+fn a_hook_with_no_tenant_or_no_envelope_files_under_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    {
+        let w = Writer::create(&data).unwrap();
+        let env = Envelope {
+            id: "a".into(),
+            tenant: None,
+            source: "s".into(),
+            received_at: AtMs(1),
+            content_type: "x".into(),
+            sinks: vec!["k".into()],
+            body: vec![],
+        };
+        w.hook(
+            Seq(1),
+            Some(&env),
+            10,
+            &[(SinkIdx(0), State::Due { at: AtMs(5) })],
+            false,
+        )
+        .unwrap();
+        w.raw_hook(Seq(2), vec![0xde, 0xad]).unwrap();
+        w.hook(Seq(2), None, 10, &[(SinkIdx(0), State::Inflight)], false)
+            .unwrap();
+        w.hook(
+            Seq(3),
+            None,
+            10,
+            &[(SinkIdx(0), State::Dead { at: AtMs(7) })],
+            true,
+        )
+        .unwrap();
+    }
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    migrate_all(&store);
+    assert_eq!(tenants::count(&store).unwrap(), 1);
+    let c = tenant_counts(&store, tenants::DEFAULT_TENANT);
+    assert_eq!(
+        (c.pending, c.inflight, c.dead, c.archive_pending),
+        (1, 1, 1, 1)
+    );
+    assert!(fold::verify(&store).unwrap().is_empty());
+}
+
+/// A format-2 store big enough for several steps per phase, written the same way each time.
+fn big_v2(data: &Path, hooks: u64) {
+    let w = Writer::create(data).unwrap();
+    for n in 1..=hooks {
+        let tenant = match n % 5 {
+            0 => None,
+            k => Some(format!("tenant-{k}-{}", n % 13)),
+        };
+        let env = Envelope {
+            id: format!("h{n}"),
+            tenant,
+            source: "src".into(),
+            received_at: AtMs(1_600_000_000_000 + n),
+            content_type: "application/json".into(),
+            sinks: vec!["a".into(), "b".into()],
+            body: vec![b'x'; (n % 50) as usize],
+        };
+        let at = |n: u64| {
+            AtMs(if n % 7 == 0 {
+                4_000_000_000_000 + n
+            } else {
+                1_600_000_000_000 + n
+            })
+        };
+        let states = match n % 4 {
+            0 => vec![State::Due { at: at(n) }, State::Inflight],
+            1 => vec![
+                State::Due { at: at(n) },
+                State::Dead {
+                    at: AtMs(1_650_000_000_000 + n),
+                },
+            ],
+            2 => vec![State::Inflight, State::Due { at: at(n + 1) }],
+            _ => vec![
+                State::Dead {
+                    at: AtMs(1_650_000_000_000 + n),
+                },
+                State::Due { at: at(n) },
+            ],
+        };
+        let rows: Vec<_> = states
+            .into_iter()
+            .enumerate()
+            .map(|(i, s)| (SinkIdx(i as u16), s))
+            .collect();
+        let hook = (n % 97 != 0).then_some(&env);
+        w.hook(Seq(n), hook, 64, &rows, n % 3 == 0).unwrap();
+    }
+    w.store.flush().unwrap();
+}
+
+#[test]
+fn resumes_interrupted_tenant_migration_without_double_counting() {
+    const HOOKS: u64 = 700; // 1 400 rows: several 500-row steps in the due phase
+    let reference = {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("db");
+        big_v2(&data, HOOKS);
+        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        let Outcome::Done { steps, .. } = migrate_all(&store) else {
+            panic!()
+        };
+        assert!(fold::verify(&store).unwrap().is_empty());
+        (steps, snapshot(&store))
+    };
+    let (steps, reference) = reference;
+    assert!(
+        steps >= 4,
+        "the test store should take several steps ({steps})"
+    );
+    for stop_after in 1..steps {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("db");
+        big_v2(&data, HOOKS);
+        {
+            let store = Store::open(&data, &OpenOptions::default()).unwrap();
+            let out = migrate::run(&store, &migrate::builtin(), 3, |p| {
+                if p.steps == stop_after {
+                    ControlFlow::Break(())
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .unwrap();
+            assert_eq!(
+                out,
+                Outcome::Stopped {
+                    format: 2,
+                    steps: stop_after
+                }
+            );
+            assert!(migrate::in_progress(&store).unwrap().is_some());
+        }
+        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        assert!(matches!(
+            migrate_all(&store),
+            Outcome::Done { format: 3, .. }
+        ));
+        assert!(
+            fold::verify(&store).unwrap().is_empty(),
+            "stopped after {stop_after}"
+        );
+        assert!(
+            snapshot(&store) == reference,
+            "stopped after {stop_after}: differs from an uninterrupted run"
+        );
+    }
+}
+
+#[test]
+fn a_migration_killed_with_sigkill_resumes_to_the_same_store() {
+    const HOOKS: u64 = 20_000;
+    let reference = {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("db");
+        big_v2(&data, HOOKS);
+        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        migrate_all(&store);
+        snapshot(&store)
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    big_v2(&data, HOOKS);
+    let mut child = bin()
+        .args(["store", "migrate", "--data", data.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut seen = 0;
+    while seen < 5 {
+        let line = lines.next().expect("progress line").unwrap();
+        assert!(
+            !line.contains("done"),
+            "the migration finished before it could be killed"
+        );
+        seen += 1;
+    }
+    child.kill().unwrap();
+    child.wait().unwrap();
+    {
+        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        assert_eq!(
+            store.format().unwrap(),
+            2,
+            "killed mid-way, the store is still format 2"
+        );
+        assert!(migrate::in_progress(&store).unwrap().is_some());
+    }
+    let out = run(&["store", "migrate", "--data", data.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    assert!(fold::verify(&store).unwrap().is_empty());
+    assert!(
+        snapshot(&store) == reference,
+        "a resumed migration differs from an uninterrupted one"
+    );
+}
+
+#[test]
+fn tenant_migration_allocates_each_ordinal_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    big_v2(&data, 1_200);
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    migrate_all(&store);
+    let mut by_ord: BTreeMap<u32, String> = BTreeMap::new();
+    for kv in store.scan_family(Family::TenantNames).unwrap() {
+        let (k, v) = kv.unwrap();
+        let ord = ankusa_relay::store::keys::decode_tenant_name(&k).unwrap();
+        by_ord.insert(ord.0, String::from_utf8(v).unwrap());
+    }
+    let n = by_ord.len() as u32;
+    // Dense from 1, one name each, and `?n` maps every name back to its ordinal.
+    assert_eq!(
+        by_ord.keys().copied().collect::<Vec<_>>(),
+        (1..=n).collect::<Vec<_>>()
+    );
+    for (ord, name) in &by_ord {
+        assert_eq!(tenants::ord(&store, name).unwrap(), Some(TenantOrd(*ord)));
+    }
+    assert_eq!(
+        store.scan_family(Family::TenantOrds).unwrap().count() as u32,
+        n
+    );
+    assert_eq!(tenants::count(&store).unwrap(), n);
+    // 4 × 13 named tenants plus default.
+    assert_eq!(n, 4 * 13 + 1);
+}
+
+#[test]
+fn an_empty_format_2_store_migrates_in_one_step() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    drop(Writer::create(&data).unwrap());
+    let out = run(&[
+        "store",
+        "migrate",
+        "--data",
+        data.to_str().unwrap(),
+        "--dry-run",
+    ]);
+    assert_eq!(
+        text(&out.stdout),
+        "2 -> 3: re-key due/inflight/dead by tenant ordinal, seed per-tenant counters\n"
+    );
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    assert_eq!(
+        migrate_all(&store),
+        Outcome::Done {
+            format: 3,
+            steps: 1,
+            rows: 0
+        }
+    );
+    for fam in Family::FORMAT3 {
+        assert!(store.scan_family(fam).is_ok());
+        let n = store
+            .scan_family(fam)
+            .unwrap()
+            .collect::<Result<Vec<_>, StoreError>>()
+            .unwrap()
+            .len();
+        assert_eq!(n, if fam == Family::Meta { 1 } else { 0 }, "{fam:?}");
+    }
+}
+
+#[test]
+fn a_format_2_release_refuses_a_format_3_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = unpack("store-v3.tar.zst", dir.path());
+    let before = files(&data);
+    let format2 = OpenOptions {
+        supported_format: 2,
+        ..OpenOptions::default()
+    };
+    match Store::open(&data, &format2) {
+        Err(StoreError::StoreFormatNewer {
+            found: 3,
+            supported: 2,
+        }) => {}
+        other => panic!("expected StoreFormatNewer {{3, 2}}, got {other:?}"),
+    }
+    assert_eq!(files(&data), before, "the refused store was modified");
+}
+
+fn node_yaml(data: &Path, admin: u16, ingest: u16) -> String {
+    format!(
+        "data_dir: {}\nadmin: {{ listen: \"127.0.0.1:{admin}\" }}\ningest: {{ listen: \"127.0.0.1:{ingest}\" }}\n",
+        data.display()
+    )
+}
+
+fn node_status(admin: u16) -> serde_json::Value {
+    let (status, body) = http_get(admin, "/v1/node").unwrap();
+    assert_eq!(status, 200);
+    serde_json::from_str(&body).unwrap()
+}
+
+#[test]
+fn a_restored_format_2_backup_migrates_on_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = unpack("store-v2.tar.zst", dir.path());
+    let (admin, ingest) = (free_port(), free_port());
+    let node = Proc::start(dir.path(), &node_yaml(&data, admin, ingest), admin);
+    let s = node_status(admin);
+    assert_eq!(s["store_format"], 3);
+    assert_eq!(s["migrating_to"], serde_json::Value::Null);
+    assert_eq!(s["tenants"], 4);
+    drop(node);
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    assert!(fold::verify(&store).unwrap().is_empty());
+}
+
+#[test]
+fn the_v3_fixture_task_writes_a_store_that_boots() {
+    let dir = tempfile::tempdir().unwrap();
+    let out_file = dir.path().join("store-v3.tar.zst");
+    let out = run(&[
+        "store",
+        "fixture",
+        "--format",
+        "3",
+        out_file.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let data = dir.path().join("db");
+    tarball::unpack(&out_file, &data).unwrap();
+    {
+        let store = Store::open(&data, &OpenOptions::inspect()).unwrap();
+        assert_eq!(store.format().unwrap(), 3);
+        assert_eq!(tenants::count(&store).unwrap(), 4);
+        let c = counters::node(&store).unwrap();
+        assert!(
+            c.pending > 0
+                && c.scheduled > 0
+                && c.inflight > 0
+                && c.dead > 0
+                && c.archive_pending > 0,
+            "{c:?}"
+        );
+        let deadonly = tenant_counts(&store, "deadonly");
+        assert_eq!(
+            (deadonly.pending, deadonly.scheduled, deadonly.inflight),
+            (0, 0, 0)
+        );
+        assert!(deadonly.dead > 0);
+        assert!(tenants::ord(&store, tenants::DEFAULT_TENANT)
+            .unwrap()
+            .is_some());
+        assert!(fold::verify(&store).unwrap().is_empty());
+    }
+    let (admin, ingest) = (free_port(), free_port());
+    let node = Proc::start(dir.path(), &node_yaml(&data, admin, ingest), admin);
+    let s = node_status(admin);
+    assert_eq!(s["store_format"], 3);
+    // Boot recovery moved the fixture's inflight rows back to due.
+    assert_eq!(s["counters"]["inflight"], 0);
+    drop(node);
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    assert!(fold::verify(&store).unwrap().is_empty());
+    // The committed fixture is the same story.
+    let dir2 = tempfile::tempdir().unwrap();
+    let committed = unpack("store-v3.tar.zst", dir2.path());
+    let store2 = Store::open(&committed, &OpenOptions::inspect()).unwrap();
+    assert_eq!(tenants::count(&store2).unwrap(), 4);
+}
