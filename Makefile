@@ -14,7 +14,8 @@ run: deps
 	$(CARGO) build -p ankusa-relay --bin ankusa-relay
 	@echo "ankusa-relay: starting a node with $(CONFIG). Send a first hook with:"
 	@echo "  curl -i -X POST http://127.0.0.1:8080/ingest/demo -H 'x-tenant: acme' -H 'content-type: application/json' -d '{\"hello\":\"world\"}'"
-	@echo "then see it counted: curl http://127.0.0.1:9090/v1/node"
+	@echo "see it delivered: ./target/debug/ankusa-relay sink --listen 127.0.0.1:9999 --secret whsec_c2luay1zZWNyZXQtZm9yLXRoZS1xdWlja3N0YXJ0"
+	@echo "and counted: curl http://127.0.0.1:9090/v1/node"
 	GITHUB_WEBHOOK_SECRET=$${GITHUB_WEBHOOK_SECRET:-quickstart-github-secret} ./target/debug/ankusa-relay run --config $(CONFIG)
 
 ## Every check and every test, from a clean clone.
@@ -33,3 +34,6 @@ nextest:
 bench: deps
 	$(CARGO) bench -p ankusa-relay --bench gauges
 	$(CARGO) bench -p ankusa-relay --bench dispatch_tick
+	$(CARGO) bench -p ankusa-relay --bench ingest
+	$(CARGO) bench -p ankusa-relay --bench delivery
+	$(CARGO) bench -p ankusa-relay --bench migration
