@@ -3,21 +3,25 @@
 # - libclang (bindgen, for the RocksDB bindings) from Debian's libclang-dev
 # - a C++ compiler for RocksDB itself
 # - cargo-nextest, the test runner `make test` uses
+# - promtool (Debian's prometheus package), to lint the metrics exposition in tests
 set -euo pipefail
 
 need_apt=()
-if ! compgen -G "/usr/lib/llvm-*/lib/libclang*.so*" >/dev/null && ! compgen -G "/usr/lib/*/libclang*.so*" >/dev/null; then
+# Ask dpkg: a bare libclang-cpp (present on fresh machines) is not what bindgen loads.
+if ! dpkg -s libclang-dev >/dev/null 2>&1; then
   need_apt+=(libclang-dev)
 fi
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
+# promtool lints the /metrics exposition in the admin tests (Debian's prometheus package).
+command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-deps: installing ${need_apt[*]} with apt-get"
   sudo_cmd=()
   [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
   "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq "${need_apt[@]}"
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
 
 if ! cargo nextest --version >/dev/null 2>&1; then

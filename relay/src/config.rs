@@ -97,10 +97,16 @@ impl Default for IngestConfig {
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct AdminConfig {
-    /// The admin listener: health, readiness, node status, metrics.
+    /// The admin listener: health, readiness, node status, metrics, the admin API.
     pub listen: SocketAddr,
     /// How often the queue gauges are read, in milliseconds.
     pub gauge_interval_ms: u64,
+    /// Bearer tokens of the admin API.
+    pub tokens: Vec<TokenConfig>,
+    /// How long audit rows are kept.
+    pub audit_retention_ms: u64,
+    /// Largest page an admin listing returns.
+    pub max_page: usize,
 }
 
 impl Default for AdminConfig {
@@ -108,8 +114,31 @@ impl Default for AdminConfig {
         AdminConfig {
             listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
             gauge_interval_ms: 15_000,
+            tokens: Vec::new(),
+            audit_retention_ms: 30 * 86_400_000,
+            max_page: 1_000,
         }
     }
+}
+
+/// An admin API token.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Who the token is (written to the audit trail).
+    pub name: String,
+    pub secret: SecretSource,
+    pub scope: ScopeConfig,
+}
+
+/// What a token may see and change.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum ScopeConfig {
+    /// Everything.
+    Admin,
+    /// Only these tenants; every other tenant looks absent.
+    Tenants(Vec<String>),
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -547,6 +576,33 @@ impl Config {
         }
         if self.reclaim.interval_ms == 0 || self.reclaim.batch == 0 {
             return Err(invalid("reclaim", "interval_ms and batch must be positive"));
+        }
+        if !(1..=100_000).contains(&self.admin.max_page) {
+            return Err(invalid("admin.max_page", "must be in 1..=100000"));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, t) in self.admin.tokens.iter().enumerate() {
+            let key = format!("admin.tokens[{i}]");
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+                return Err(invalid(
+                    &key,
+                    format!("name {:?} is empty or repeated", t.name),
+                ));
+            }
+            if t.secret.resolve(&format!("{key}.secret"))?.len() < 16 {
+                return Err(invalid(
+                    &format!("{key}.secret"),
+                    "must be at least 16 bytes",
+                ));
+            }
+            if let ScopeConfig::Tenants(ts) = &t.scope {
+                if ts.is_empty() {
+                    return Err(invalid(
+                        &format!("{key}.scope.tenants"),
+                        "must name a tenant",
+                    ));
+                }
+            }
         }
         let mut ids = std::collections::BTreeSet::new();
         for (i, s) in self.sinks.iter().enumerate() {

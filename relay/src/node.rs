@@ -14,6 +14,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 
+use crate::admin::api::Api;
+use crate::admin::audit::Audit;
+use crate::admin::auth::Tokens;
 use crate::admin::{self, AdminState};
 use crate::config::Config;
 use crate::dispatch::delivery::Deliverer;
@@ -96,6 +99,67 @@ fn spawn_reclaim(
     })
 }
 
+/// Reads the queue gauges every `admin.gauge_interval_ms` (and once at start).
+fn spawn_gauges(
+    store: Arc<Store>,
+    config: &Config,
+    metrics: Arc<Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let interval = std::time::Duration::from_millis(config.admin.gauge_interval_ms);
+    tokio::spawn(async move {
+        loop {
+            let (s, m) = (store.clone(), metrics.clone());
+            let tick =
+                tokio::task::spawn_blocking(move || -> Result<(), crate::store::StoreError> {
+                    let g = crate::metrics::gauges::read(&s, AtMs(crate::now_ms()))?;
+                    let mut names = std::collections::HashMap::new();
+                    for (ord, _) in &g.top_pending {
+                        names.insert(
+                            *ord,
+                            crate::queue::tenants::name(&s, *ord)?.unwrap_or_default(),
+                        );
+                    }
+                    m.publish(&g, |o| names.get(&o).cloned().unwrap_or_default());
+                    Ok(())
+                })
+                .await;
+            if !matches!(tick, Ok(Ok(()))) {
+                tracing::warn!("queue gauge tick failed");
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    })
+}
+
+/// Prunes audit rows past `admin.audit_retention_ms`, a bounded batch a minute.
+fn spawn_audit_prune(
+    store: Arc<Store>,
+    config: &Config,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let retention = config.admin.audit_retention_ms;
+    tokio::spawn(async move {
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_secs(60)) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            let s = store.clone();
+            let cutoff = crate::now_ms().saturating_sub(retention);
+            if let Ok(Err(e)) =
+                tokio::task::spawn_blocking(move || crate::admin::audit::prune(&s, cutoff, 1_000))
+                    .await
+            {
+                tracing::warn!(error = %e, "audit prune failed");
+            }
+        }
+    })
+}
+
 impl Node {
     /// Starts a node from a validated configuration.
     pub async fn start(config: Config) -> anyhow::Result<Node> {
@@ -122,7 +186,24 @@ impl Node {
             ready: ready.clone(),
             metrics: metrics.clone(),
         });
-        let mut servers = vec![serve(admin_l, admin::router(admin_state), stop.clone())];
+        let quarantine = Arc::new(Quarantine::open(
+            store.clone(),
+            metrics.clone(),
+            config.quarantine.max_entries,
+            config.quarantine.max_bytes,
+        )?);
+        let api = Arc::new(Api {
+            store: store.clone(),
+            tokens: Tokens::from_config(&config)?,
+            audit: Audit::open(&store)?,
+            config: Arc::new(config.clone()),
+            quarantine: Some(quarantine.clone()),
+        });
+        let mut servers = vec![serve(
+            admin_l,
+            admin::router(admin_state, api),
+            stop.clone(),
+        )];
 
         let boot_store = store.clone();
         let max_tenants = config.tenants.max;
@@ -157,12 +238,6 @@ impl Node {
             WriterSettings::from_config(&config),
             metrics.clone(),
         )?;
-        let quarantine = Quarantine::open(
-            store.clone(),
-            metrics.clone(),
-            config.quarantine.max_entries,
-            config.quarantine.max_bytes,
-        )?;
         let edge_state = Arc::new(EdgeState::new(
             sources,
             writer,
@@ -179,7 +254,9 @@ impl Node {
                 metrics.clone(),
                 stop.clone(),
             ),
-            spawn_reclaim(store.clone(), &config, metrics.clone(), stop),
+            spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),
+            spawn_gauges(store.clone(), &config, metrics.clone(), stop.clone()),
+            spawn_audit_prune(store.clone(), &config, stop),
         ];
         ready.store(true, Ordering::Release);
         tracing::info!(%ingest_addr, %admin_addr, recovered_inflight = recovered, "relay node ready");

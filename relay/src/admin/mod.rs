@@ -1,5 +1,6 @@
 //! The admin listener (default `:9090`): liveness, readiness and the node's status.
 //!
+//! The admin API lives in [`api`] (authenticated by [`auth`], audited by [`audit`]).
 //! `/metrics` serves the node's Prometheus metrics. `/healthz` answers as soon as the process serves; `/readyz` only once the store is open
 //! and every pending migration has run; `/v1/node` reports the version, store formats,
 //! tenant count and the node's aggregate counters (six point reads, never a fold).
@@ -15,6 +16,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::{Json, Router};
 use serde::Serialize;
+
+pub mod api;
+pub mod audit;
+pub mod auth;
+
+use axum::routing::{delete, post};
 
 use crate::queue::{counters, tenants, Counts};
 use crate::store::{migrate, Store, SUPPORTED_FORMAT};
@@ -77,46 +84,50 @@ async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
     }
 }
 
-async fn node(State(s): State<Arc<AdminState>>) -> Response {
-    let store = s.store.clone();
-    match tokio::task::spawn_blocking(move || node_status(&store)).await {
-        Ok(Ok(status)) => Json(status).into_response(),
-        Ok(Err(e)) => {
-            tracing::error!(error = %e, "reading node status");
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "store_error",
-                "the store could not be read".into(),
-            )
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "node status task");
-            error(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "internal error".into(),
-            )
-        }
+/// Prometheus text by default; OpenMetrics to a scraper that asks for it.
+async fn metrics(State(s): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {
+    let wants_om = headers
+        .get(axum::http::header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|a| a.contains("application/openmetrics-text"));
+    if wants_om {
+        (
+            [(
+                CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            s.metrics.encode(),
+        )
+            .into_response()
+    } else {
+        (
+            [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
+            s.metrics.encode_prometheus(),
+        )
+            .into_response()
     }
 }
 
-async fn metrics(State(s): State<Arc<AdminState>>) -> Response {
-    (
-        [(
-            CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        s.metrics.encode(),
-    )
-        .into_response()
-}
-
-/// The admin router.
-pub fn router(state: Arc<AdminState>) -> Router {
+/// The admin router: health, readiness and metrics unauthenticated; `/v1/*` behind tokens.
+pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/node", get(api::node))
+        .route("/v1/config", get(api::config))
+        .route("/v1/dlq", get(api::dlq))
+        .route("/v1/dlq/replay", post(api::replay))
+        .route("/v1/tenants", get(api::tenants_top))
+        .route("/v1/tenants/{t}", get(api::tenant))
+        .route("/v1/tenants/{t}/queue", delete(api::purge))
+        .route(
+            "/v1/quarantine",
+            get(api::quarantine_list).delete(api::quarantine_delete),
+        )
+        .route("/v1/audit", get(api::audit_list))
+        .with_state(api);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/readyz", get(readyz))
-        .route("/v1/node", get(node))
         .with_state(state)
+        .merge(v1)
 }

@@ -135,7 +135,7 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
 pub struct EdgeState {
     pub sources: HashMap<String, Source>,
     pub writer: WriterHandle,
-    pub quarantine: quarantine::Quarantine,
+    pub quarantine: Arc<quarantine::Quarantine>,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<AtomicBool>,
     next_id: AtomicU64,
@@ -146,7 +146,7 @@ impl EdgeState {
     pub fn new(
         sources: HashMap<String, Source>,
         writer: WriterHandle,
-        quarantine: quarantine::Quarantine,
+        quarantine: Arc<quarantine::Quarantine>,
         metrics: Arc<Metrics>,
         ready: Arc<AtomicBool>,
     ) -> Self {

@@ -120,15 +120,70 @@ impl Quarantine {
         });
     }
 
-    /// Quarantined entries, oldest first (tools and tests).
-    pub fn list(&self, limit: usize) -> Result<Vec<Entry>, StoreError> {
-        let mut out = Vec::new();
-        for kv in self.store.scan_family(Family::Quarantine)?.take(limit) {
-            let (_, v) = kv?;
-            if let Ok(e) = serde_json::from_slice(&v) {
+    /// Gives back the room of deleted entries.
+    fn released(&self, entries: u64, bytes: u64) {
+        self.entries
+            .fetch_sub(entries.min(self.len()), Ordering::Relaxed);
+        let b = self.bytes.load(Ordering::Relaxed);
+        self.bytes.fetch_sub(bytes.min(b), Ordering::Relaxed);
+    }
+}
+
+/// Quarantined entries newest first, ids below `before`, that `keep` accepts.
+pub fn page(
+    store: &Store,
+    before: Option<u64>,
+    limit: usize,
+    keep: impl Fn(&Entry) -> bool,
+) -> Result<Vec<Entry>, StoreError> {
+    let (lo, end) = Family::Quarantine.bounds();
+    let to = before.map_or(end, keys::quarantine);
+    let mut out = Vec::new();
+    for kv in store.scan(Family::Quarantine, &lo, &to, crate::store::Dir::Reverse)? {
+        let (_, v) = kv?;
+        if let Ok(e) = serde_json::from_slice::<Entry>(&v) {
+            if keep(&e) {
                 out.push(e);
+                if out.len() >= limit {
+                    break;
+                }
             }
         }
-        Ok(out)
     }
+    Ok(out)
+}
+
+/// Deletes every entry `pick` accepts, in synced chunks of 500, `audit` in the first.
+/// Returns how many went.
+pub fn delete(
+    store: &Store,
+    quarantine: Option<&Quarantine>,
+    pick: impl Fn(&Entry) -> bool,
+    audit: Op,
+) -> Result<u64, StoreError> {
+    let mut victims: Vec<(Vec<u8>, u64)> = Vec::new();
+    for kv in store.scan_family(Family::Quarantine)? {
+        let (k, v) = kv?;
+        if let Ok(e) = serde_json::from_slice::<Entry>(&v) {
+            if pick(&e) {
+                victims.push((k, v.len() as u64));
+            }
+        }
+    }
+    let mut first = Some(audit);
+    for chunk in victims.chunks(500) {
+        let mut ops: Vec<Op> = chunk
+            .iter()
+            .map(|(k, _)| Op::delete(Cf::Quarantine, k.clone()))
+            .collect();
+        ops.extend(first.take());
+        store.write(ops, true)?;
+        if let Some(q) = quarantine {
+            q.released(chunk.len() as u64, chunk.iter().map(|(_, b)| b).sum());
+        }
+    }
+    if let Some(op) = first {
+        store.write(vec![op], true)?;
+    }
+    Ok(victims.len() as u64)
 }

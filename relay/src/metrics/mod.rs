@@ -39,6 +39,16 @@ pub struct SinkLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FieldLabel {
+    pub field: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct IngestLabels {
     pub source: String,
     pub outcome: String,
@@ -59,6 +69,10 @@ pub struct Metrics {
     pub dispatch_active_tenants: Gauge,
     pub dispatch_claimed: Counter,
     pub reclaimed_hooks: Counter,
+    pub queue_state: Family<FieldLabel, Gauge>,
+    pub oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub tenant_pending: Family<TenantLabel, Gauge>,
+    pub tenants: Gauge,
 }
 
 impl Default for Metrics {
@@ -138,7 +152,35 @@ impl Metrics {
             "Hooks removed because no delivery, dead row or archive obligation needed them",
             reclaimed_hooks.clone(),
         );
+        let queue_state = Family::<FieldLabel, Gauge>::default();
+        registry.register(
+            "ankusa_queue_state",
+            "The node's six queue counters (pending, scheduled, inflight, dead, bytes, archive_pending)",
+            queue_state.clone(),
+        );
+        let oldest_due_age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "ankusa_queue_oldest_due_age_seconds",
+            "How long the oldest due row has been due (0 when nothing is due)",
+            oldest_due_age.clone(),
+        );
+        let tenant_pending = Family::<TenantLabel, Gauge>::default();
+        registry.register(
+            "ankusa_tenant_pending",
+            "Pending rows of the top 100 tenants among the first 10 000 with work due",
+            tenant_pending.clone(),
+        );
+        let tenants = Gauge::default();
+        registry.register(
+            "ankusa_tenants",
+            "Tenant ordinals ever allocated",
+            tenants.clone(),
+        );
         Metrics {
+            queue_state,
+            oldest_due_age,
+            tenant_pending,
+            tenants,
             delivery_attempts,
             delivery_latency,
             dispatch_active_tenants,
@@ -163,11 +205,84 @@ impl Metrics {
             .inc();
     }
 
-    /// The exposition text.
+    /// Publishes one gauge reading; tenant names come from `name`.
+    pub fn publish(
+        &self,
+        g: &gauges::GaugeReading,
+        name: impl Fn(crate::store::keys::TenantOrd) -> String,
+    ) {
+        for f in crate::store::keys::CounterField::ALL {
+            self.queue_state
+                .get_or_create(&FieldLabel {
+                    field: f.name().to_owned(),
+                })
+                .set(g.node.get(f));
+        }
+        self.oldest_due_age.set(g.oldest_due_age_ms as f64 / 1000.0);
+        self.tenants.set(i64::from(g.tenants));
+        // The per-tenant family holds only this tick's top tenants.
+        self.tenant_pending.clear();
+        for (ord, pending) in &g.top_pending {
+            self.tenant_pending
+                .get_or_create(&TenantLabel { tenant: name(*ord) })
+                .set(*pending);
+        }
+    }
+
+    /// The exposition text, OpenMetrics.
     pub fn encode(&self) -> String {
         let mut out = String::new();
         // Writing to a String cannot fail.
         let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
         out
+    }
+
+    /// The exposition text in the Prometheus text format (0.0.4): OpenMetrics names a
+    /// counter family without its `_total` suffix, the older format with it, and has no
+    /// `# EOF`. What a scraper gets unless it asks for OpenMetrics.
+    pub fn encode_prometheus(&self) -> String {
+        to_prometheus_text(&self.encode())
+    }
+}
+
+/// Rewrites OpenMetrics text as Prometheus text format 0.0.4.
+pub fn to_prometheus_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len() + 64);
+    for line in om.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) && !name.ends_with("_total") {
+                    out.push_str(&format!("{prefix}{name}_total {tail}"));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counters_are_named_with_their_total_suffix_in_prometheus_text() {
+        let om = "# HELP a_requests Requests.\n# TYPE a_requests counter\na_requests_total{x=\"1\"} 2\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n# EOF\n";
+        assert_eq!(
+            super::to_prometheus_text(om),
+            "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\na_requests_total{x=\"1\"} 2\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n"
+        );
     }
 }

@@ -932,6 +932,15 @@ pub fn purge_tenant_chunk(
     ord: TenantOrd,
     kinds: PurgeKinds,
 ) -> Result<PurgeReport, StoreError> {
+    purge_chunk(store, ord, kinds, Vec::new())
+}
+
+fn purge_chunk(
+    store: &Store,
+    ord: TenantOrd,
+    kinds: PurgeKinds,
+    extra: Vec<Op>,
+) -> Result<PurgeReport, StoreError> {
     let mut tx = Tx::new();
     let mut report = PurgeReport::default();
     if kinds.pending {
@@ -952,8 +961,14 @@ pub fn purge_tenant_chunk(
             report.dead += 1;
         }
     }
+    let moved = !tx.is_empty();
+    for op in extra {
+        tx.push_op(op);
+    }
     if !tx.is_empty() {
         tx.commit(store, true)?;
+    }
+    if moved {
         report.batches = 1;
     }
     Ok(report)
@@ -966,9 +981,20 @@ pub fn purge_tenant(
     ord: TenantOrd,
     kinds: PurgeKinds,
 ) -> Result<PurgeReport, StoreError> {
+    purge_tenant_with(store, ord, kinds, Vec::new())
+}
+
+/// [`purge_tenant`], with `first` (an audit row) committed in the first chunk's batch.
+pub fn purge_tenant_with(
+    store: &Store,
+    ord: TenantOrd,
+    kinds: PurgeKinds,
+    first: Vec<Op>,
+) -> Result<PurgeReport, StoreError> {
     let mut total = PurgeReport::default();
+    let mut first = Some(first);
     loop {
-        let r = purge_tenant_chunk(store, ord, kinds)?;
+        let r = purge_chunk(store, ord, kinds, first.take().unwrap_or_default())?;
         if r.batches == 0 {
             return Ok(total);
         }

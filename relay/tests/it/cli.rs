@@ -187,7 +187,7 @@ fn run_opens_the_store_and_serves_health_readiness_and_node_status() {
     std::fs::write(
         &cfg,
         format!(
-            "data_dir: {}\nadmin:\n  listen: 127.0.0.1:{port}\ningest:\n  listen: 127.0.0.1:{}\n",
+            "data_dir: {}\nadmin:\n  listen: 127.0.0.1:{port}\n  tokens: {ADMIN_TOKENS_YAML}\ningest:\n  listen: 127.0.0.1:{}\n",
             data.display(),
             free_port()
         ),
@@ -210,7 +210,12 @@ fn run_opens_the_store_and_serves_health_readiness_and_node_status() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert_eq!(http_get(port, "/healthz").unwrap(), (200, "ok\n".into()));
-    let (status, body) = http_get(port, "/v1/node").unwrap();
+    assert_eq!(
+        http_get(port, "/v1/node").unwrap().0,
+        401,
+        "node status needs a token"
+    );
+    let (status, body) = http_get_admin(port, "/v1/node").unwrap();
     assert_eq!(status, 200);
     let node: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(node["store_format"], 3);

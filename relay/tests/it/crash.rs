@@ -19,6 +19,7 @@ ingest:
   listen: 127.0.0.1:{ingest}
 admin:
   listen: 127.0.0.1:{admin}
+  tokens: {ADMIN_TOKENS_YAML}
 sinks:
   - {{ id: a, url: "http://127.0.0.1:9/a" }}
   - {{ id: b, url: "http://127.0.0.1:9/b" }}
@@ -92,7 +93,7 @@ fn every_acked_hook_survives_kill_9() {
 
     // The restarted binary boots on the crashed store and reports the same counters.
     let node = Proc::start(dir.path(), &yaml(&data, admin, ingest), admin);
-    let (status, body) = http_get(admin, "/v1/node").unwrap();
+    let (status, body) = http_get_admin(admin, "/v1/node").unwrap();
     assert_eq!(status, 200);
     let status: serde_json::Value = serde_json::from_str(&body).unwrap();
     drop(node);
@@ -174,7 +175,7 @@ fn inflight_rows_are_recovered_after_kill_9() {
         r#"
 data_dir: {}
 ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}" }}
+admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
 dispatch: {{ tick_interval_ms: 10 }}
 retry: {{ schedule_ms: [50], jitter: none }}
 sinks: [{{ id: slow, url: "{}", timeout_ms: 60000 }}]
@@ -243,7 +244,7 @@ sources:
     // Let the outcomes commit, then look at the store.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let (_, body) = http_get(admin, "/v1/node").unwrap();
+        let (_, body) = http_get_admin(admin, "/v1/node").unwrap();
         let v: serde_json::Value = serde_json::from_str(&body).unwrap();
         let c = &v["counters"];
         if c["pending"] == 0 && c["inflight"] == 0 && c["scheduled"] == 0 {

@@ -1,6 +1,7 @@
 //! Integration tests of the `ankusa-relay` binary: one test binary, a module per area.
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
+mod admin;
 mod cli;
 mod crash;
 mod dispatch;

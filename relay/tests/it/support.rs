@@ -47,13 +47,30 @@ pub fn store_with_hooks(dir: &Path, hooks: u64) {
     asm.commit(&store, batch, true).expect("commit");
 }
 
+/// The admin token the integration tests' configurations name.
+pub const ADMIN_TOKEN: &str = "it-admin-token-0123456789";
+
+/// The `admin.tokens` YAML flow value that grants [`ADMIN_TOKEN`] the admin scope.
+pub const ADMIN_TOKENS_YAML: &str =
+    r#"[{ name: it, secret: { value: "it-admin-token-0123456789" }, scope: admin }]"#;
+
 /// `GET path` on 127.0.0.1:port; returns (status, body).
 pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    http_get_auth(port, path, None)
+}
+
+/// `GET path` with the admin bearer token.
+pub fn http_get_admin(port: u16, path: &str) -> std::io::Result<(u16, String)> {
+    http_get_auth(port, path, Some(ADMIN_TOKEN))
+}
+
+fn http_get_auth(port: u16, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
+    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
     write!(
         s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n"
     )?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;

@@ -421,13 +421,13 @@ fn a_format_2_release_refuses_a_format_3_store() {
 
 fn node_yaml(data: &Path, admin: u16, ingest: u16) -> String {
     format!(
-        "data_dir: {}\nadmin: {{ listen: \"127.0.0.1:{admin}\" }}\ningest: {{ listen: \"127.0.0.1:{ingest}\" }}\n",
+        "data_dir: {}\nadmin: {{ listen: \"127.0.0.1:{admin}\", tokens: {ADMIN_TOKENS_YAML} }}\ningest: {{ listen: \"127.0.0.1:{ingest}\" }}\n",
         data.display()
     )
 }
 
 fn node_status(admin: u16) -> serde_json::Value {
-    let (status, body) = http_get(admin, "/v1/node").unwrap();
+    let (status, body) = http_get_admin(admin, "/v1/node").unwrap();
     assert_eq!(status, 200);
     serde_json::from_str(&body).unwrap()
 }

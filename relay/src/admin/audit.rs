@@ -1,0 +1,112 @@
+//! The audit trail: one row per mutating admin call, `<<?a, seq::64, at::64>>` in the
+//! `audit` family, written in the same batch as the call's effect where it has one.
+//! Rows are pruned by age (`admin.audit_retention_ms`) in bounded batches.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::keys::{self, AtMs, Family, Seq};
+use crate::store::{Cf, Dir, Op, Store, StoreError};
+
+/// One audit row.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct Record {
+    pub seq: u64,
+    pub at_ms: u64,
+    /// The token's name.
+    pub who: String,
+    /// What was done, e.g. `purge`, `replay`, `quarantine.delete`.
+    pub action: String,
+    /// The tenant it concerned, if one.
+    pub tenant: Option<String>,
+    pub detail: serde_json::Value,
+}
+
+/// Hands out audit seqs and builds audit ops.
+#[derive(Debug)]
+pub struct Audit {
+    next: AtomicU64,
+}
+
+impl Audit {
+    /// Continues after the highest audit seq in the store.
+    pub fn open(store: &Store) -> Result<Self, StoreError> {
+        let (lo, end) = Family::Audit.bounds();
+        let last = match store.first(Family::Audit, &lo, &end, Dir::Reverse)? {
+            Some((k, _)) => keys::decode_audit(&k)?.0 .0,
+            None => 0,
+        };
+        Ok(Audit {
+            next: AtomicU64::new(last + 1),
+        })
+    }
+
+    /// The op that records one call.
+    pub fn op(
+        &self,
+        who: &str,
+        action: &str,
+        tenant: Option<&str>,
+        detail: serde_json::Value,
+    ) -> Op {
+        let seq = self.next.fetch_add(1, Ordering::Relaxed);
+        let at = crate::now_ms();
+        let r = Record {
+            seq,
+            at_ms: at,
+            who: who.to_owned(),
+            action: action.to_owned(),
+            tenant: tenant.map(str::to_owned),
+            detail,
+        };
+        Op::put(
+            Cf::Audit,
+            keys::audit(Seq(seq), AtMs(at)),
+            serde_json::to_vec(&r).unwrap_or_default(),
+        )
+    }
+}
+
+/// Audit rows newest first, strictly before seq `before`, that `keep` accepts.
+pub fn page(
+    store: &Store,
+    before: Option<u64>,
+    limit: usize,
+    keep: impl Fn(&Record) -> bool,
+) -> Result<Vec<Record>, StoreError> {
+    let (lo, end) = Family::Audit.bounds();
+    let to = before.map_or(end, |s| keys::audit(Seq(s), AtMs(0)));
+    let mut out = Vec::new();
+    for kv in store.scan(Family::Audit, &lo, &to, Dir::Reverse)? {
+        let (_, v) = kv?;
+        if let Ok(r) = serde_json::from_slice::<Record>(&v) {
+            if keep(&r) {
+                out.push(r);
+                if out.len() >= limit {
+                    break;
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Deletes up to `limit` audit rows older than `cutoff_ms`; returns how many.
+pub fn prune(store: &Store, cutoff_ms: u64, limit: usize) -> Result<u64, StoreError> {
+    let mut ops = Vec::new();
+    for kv in store.scan_family(Family::Audit)?.take(limit) {
+        let (k, _) = kv?;
+        let (_, at) = keys::decode_audit(&k)?;
+        // Seqs grow with time, so the first row young enough ends the pass.
+        if at.0 >= cutoff_ms {
+            break;
+        }
+        ops.push(Op::delete(Cf::Audit, k));
+    }
+    let n = ops.len() as u64;
+    if n > 0 {
+        store.write(ops, false)?;
+    }
+    Ok(n)
+}

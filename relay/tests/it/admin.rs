@@ -1,0 +1,457 @@
+//! The admin API over real HTTP: scopes, DLQ and replay, purge, quarantine, audit, config
+//! redaction, metrics exposition.
+
+use std::time::Duration;
+
+use ankusa_relay::config::Config;
+use ankusa_relay::node::Node;
+use ankusa_relay::queue::counters;
+use ankusa_relay::store::keys::Family;
+use ankusa_relay::store::Cf;
+use http_body_util::{BodyExt, Full};
+
+use crate::dispatch::{eventually, TestSink};
+use crate::support::*;
+
+const ADMIN: &str = "admin-token-0123456789";
+const TOKEN_A: &str = "tenant-a-token-0123456789";
+const TOKEN_B: &str = "tenant-b-token-0123456789";
+const SRC_SECRET: &str = "source-hmac-secret";
+const SINK_SECRET: &str = "whsec_c2VjcmV0LXNpbmstc2VjcmV0";
+
+fn config(dir: &std::path::Path, sink: &TestSink) -> Config {
+    let yaml = format!(
+        r#"
+data_dir: {data}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin:
+  listen: "127.0.0.1:0"
+  gauge_interval_ms: 100
+  tokens:
+    - {{ name: ops, secret: {{ value: "{ADMIN}" }}, scope: admin }}
+    - {{ name: team-a, secret: {{ value: "{TOKEN_A}" }}, scope: {{ tenants: [a] }} }}
+    - {{ name: team-b, secret: {{ value: "{TOKEN_B}" }}, scope: {{ tenants: [b] }} }}
+dispatch: {{ tick_interval_ms: 10 }}
+retry: {{ schedule_ms: [30], max_attempts: 2, jitter: none }}
+sinks:
+  - {{ id: s, url: "{url}", secret: {{ value: "{SINK_SECRET}" }} }}
+routes: [{{ id: r, sinks: [s] }}]
+sources:
+  - {{ id: shared, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
+  - id: sa
+    tenant: {{ fixed: a }}
+    verify: {{ scheme: hmac-sha256, secret: {{ value: "{SRC_SECRET}" }}, header: x-sig }}
+    route: r
+  - id: sb
+    tenant: {{ fixed: b }}
+    verify: {{ scheme: hmac-sha256, secret: {{ value: "{SRC_SECRET}" }}, header: x-sig }}
+    route: r
+"#,
+        data = dir.join("db").display(),
+        url = sink.url("/hooks"),
+    );
+    Config::from_yaml(&yaml, Vec::new()).unwrap()
+}
+
+struct H {
+    node: Node,
+    sink: TestSink,
+    c: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl H {
+    /// A node whose sink answers 400: every hook dead-letters at once. Tenants a and b
+    /// get 3 dead rows each; sources sa and sb get 2 quarantined requests each.
+    async fn start() -> H {
+        let sink = TestSink::start().await;
+        sink.default_status
+            .store(400, std::sync::atomic::Ordering::Relaxed);
+        let dir = tempfile::tempdir().unwrap();
+        let node = Node::start(config(dir.path(), &sink)).await.unwrap();
+        let h = H {
+            node,
+            sink,
+            c: client(),
+            _dir: dir,
+        };
+        for t in ["a", "b"] {
+            for i in 0..3 {
+                let r = post(
+                    &h.c,
+                    &format!("http://{}/ingest/shared", h.node.ingest_addr),
+                    &[("x-tenant", t.to_owned())],
+                    format!(r#"{{"t":"{t}","i":{i}}}"#),
+                )
+                .await;
+                assert_eq!(r.status, 202);
+            }
+        }
+        for src in ["sa", "sb"] {
+            for _ in 0..2 {
+                let r = post(
+                    &h.c,
+                    &format!("http://{}/ingest/{src}", h.node.ingest_addr),
+                    &[("x-sig", "00".repeat(32))],
+                    "{}",
+                )
+                .await;
+                assert_eq!(r.status, 401);
+            }
+        }
+        let store = h.node.store.clone();
+        eventually(15, "six dead rows", || {
+            counters::node(&store).unwrap().dead == 6
+        })
+        .await;
+        eventually(5, "four quarantined requests", || {
+            store.scan_family(Family::Quarantine).unwrap().count() == 4
+        })
+        .await;
+        h
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: &str,
+    ) -> (u16, serde_json::Value) {
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(format!("http://{}{path}", self.node.admin_addr))
+            .header("content-type", "application/json");
+        if let Some(t) = token {
+            req = req.header("authorization", format!("Bearer {t}"));
+        }
+        let resp = self
+            .c
+            .request(
+                req.body(Full::new(bytes::Bytes::from(body.to_owned())))
+                    .unwrap(),
+            )
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let b = resp.into_body().collect().await.unwrap().to_bytes();
+        (
+            status,
+            serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+        )
+    }
+}
+
+fn tenants_of(items: &serde_json::Value) -> Vec<String> {
+    items["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["tenant"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_scoped_dlq() {
+    let h = H::start().await;
+    // Admin: all six, newest first, paged.
+    let (s, all) = h.call("GET", "/v1/dlq?limit=4", Some(ADMIN), "").await;
+    assert_eq!(s, 200);
+    assert_eq!(all["items"].as_array().unwrap().len(), 4);
+    let next = all["next"].as_str().unwrap();
+    let (_, rest) = h
+        .call(
+            "GET",
+            &format!("/v1/dlq?limit=4&before={next}"),
+            Some(ADMIN),
+            "",
+        )
+        .await;
+    assert_eq!(rest["items"].as_array().unwrap().len(), 2);
+    assert!(rest["next"].is_null());
+    // Team a sees only a's rows, with or without naming the tenant; b does not exist for it.
+    for path in ["/v1/dlq", "/v1/dlq?tenant=a"] {
+        let (s, v) = h.call("GET", path, Some(TOKEN_A), "").await;
+        assert_eq!(s, 200);
+        assert_eq!(tenants_of(&v), vec!["a"; 3], "{path}");
+    }
+    let (s, v) = h.call("GET", "/v1/dlq?tenant=b", Some(TOKEN_A), "").await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")));
+    let (s, _) = h.call("GET", "/v1/dlq", None, "").await;
+    assert_eq!(s, 401);
+    let (s, _) = h.call("GET", "/v1/dlq", Some("not-a-token"), "").await;
+    assert_eq!(s, 401);
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_scoped_dlq_reads_one_range() {
+    let h = H::start().await;
+    let before = h.node.store.stats();
+    let (s, v) = h.call("GET", "/v1/dlq?tenant=a", Some(ADMIN), "").await;
+    let d = h.node.store.stats().since(&before);
+    assert_eq!(s, 200);
+    assert_eq!(tenants_of(&v).len(), 3);
+    assert_eq!(d.scans_of(Family::DeadByTenant), 1, "one ?X range");
+    assert_eq!(
+        d.scans_of(Family::Dead),
+        0,
+        "no walk of the node-wide dead family"
+    );
+    assert_eq!(d.point_reads_of(Cf::Hooks), 0, "no hook read");
+    h.node.shutdown().await.unwrap();
+}
+
+/// Every endpoint, for both tenant scopes: the other tenant's rows cannot be seen or changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenant_token_can_neither_see_nor_change_another_tenants_rows() {
+    let h = H::start().await;
+    for (token, mine, other) in [(TOKEN_A, "a", "b"), (TOKEN_B, "b", "a")] {
+        let (_, admin_view) = h
+            .call("GET", &format!("/v1/dlq?tenant={other}"), Some(ADMIN), "")
+            .await;
+        let other_id = admin_view["items"][0]["id"].as_str().unwrap().to_owned();
+        let table: Vec<(&str, String, String, u16)> = vec![
+            ("GET", format!("/v1/tenants/{other}"), String::new(), 404),
+            ("GET", format!("/v1/tenants/{mine}"), String::new(), 200),
+            ("GET", format!("/v1/dlq?tenant={other}"), String::new(), 404),
+            (
+                "DELETE",
+                format!("/v1/tenants/{other}/queue?kinds=pending,dead"),
+                String::new(),
+                404,
+            ),
+            (
+                "POST",
+                "/v1/dlq/replay".into(),
+                format!(r#"{{"tenant":"{other}"}}"#),
+                404,
+            ),
+            ("GET", "/v1/config".into(), String::new(), 403),
+            ("GET", "/v1/node".into(), String::new(), 403),
+        ];
+        for (method, path, body, want) in table {
+            let (s, _) = h.call(method, &path, Some(token), &body).await;
+            assert_eq!(s, want, "{token}: {method} {path}");
+        }
+        // Replay by the other tenant's row id revives nothing.
+        let (s, v) = h
+            .call(
+                "POST",
+                "/v1/dlq/replay",
+                Some(token),
+                &format!(r#"{{"ids":["{other_id}"]}}"#),
+            )
+            .await;
+        assert_eq!((s, v["revived"].as_u64()), (200, Some(0)));
+        // Top tenants lists only its own.
+        let (_, top) = h.call("GET", "/v1/tenants", Some(token), "").await;
+        let names: Vec<_> = top["tenants"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|t| t["tenant"].as_str().unwrap())
+            .collect();
+        assert_eq!(names, vec![mine]);
+    }
+    // Nothing changed for either tenant.
+    assert_eq!(counters::node(&h.node.store).unwrap().dead, 6);
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_scoped_quarantine_purge() {
+    let h = H::start().await;
+    let (_, qa) = h.call("GET", "/v1/quarantine", Some(TOKEN_A), "").await;
+    let srcs: Vec<_> = qa["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(srcs, vec!["sa", "sa"]);
+    let (_, all) = h.call("GET", "/v1/quarantine", Some(ADMIN), "").await;
+    assert_eq!(all["items"].as_array().unwrap().len(), 4);
+    let b_id = all["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["source"] == "sb")
+        .unwrap()["id"]
+        .as_u64()
+        .unwrap();
+    // Team a cannot delete b's entry by id, and "delete all" deletes only its own.
+    let (s, _) = h
+        .call(
+            "DELETE",
+            &format!("/v1/quarantine?id={b_id}"),
+            Some(TOKEN_A),
+            "",
+        )
+        .await;
+    assert_eq!(s, 404);
+    let (s, v) = h.call("DELETE", "/v1/quarantine", Some(TOKEN_A), "").await;
+    assert_eq!((s, v["deleted"].as_u64()), (200, Some(2)));
+    let (_, left) = h.call("GET", "/v1/quarantine", Some(ADMIN), "").await;
+    let srcs: Vec<_> = left["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["source"].as_str().unwrap())
+        .collect();
+    assert_eq!(srcs, vec!["sb", "sb"]);
+    // The deletion is audited, and team b does not see team a's audit rows.
+    let (_, audit) = h.call("GET", "/v1/audit", Some(ADMIN), "").await;
+    assert!(audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["who"] == "team-a" && r["action"] == "quarantine.delete"));
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenant_scoped_replay() {
+    let h = H::start().await;
+    // The sink recovers; team a replays its tenant: its three hooks are delivered, b's stay dead.
+    h.sink
+        .default_status
+        .store(200, std::sync::atomic::Ordering::Relaxed);
+    let received_before = h.sink.on("/hooks").len();
+    let (s, v) = h
+        .call("POST", "/v1/dlq/replay", Some(TOKEN_A), r#"{"tenant":"a"}"#)
+        .await;
+    assert_eq!((s, v["revived"].as_u64()), (200, Some(3)));
+    let store = h.node.store.clone();
+    eventually(15, "a's replayed hooks delivered", || {
+        let c = counters::node(&store).unwrap();
+        c.pending == 0 && c.inflight == 0 && c.dead == 3
+    })
+    .await;
+    let delivered: Vec<_> = h.sink.on("/hooks")[received_before..]
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    assert_eq!(delivered.len(), 3);
+    assert!(delivered.iter().all(|b| b.contains(r#""t":"a""#)));
+    let (_, a) = h.call("GET", "/v1/tenants/a", Some(TOKEN_A), "").await;
+    assert_eq!(a["counters"]["dead"], 0);
+    let (_, b) = h.call("GET", "/v1/tenants/b", Some(TOKEN_B), "").await;
+    assert_eq!(b["counters"]["dead"], 3);
+    // The replay is in the audit trail team a can read.
+    let (_, audit) = h.call("GET", "/v1/audit", Some(TOKEN_A), "").await;
+    assert!(audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|r| r["action"] == "dlq.replay" && r["tenant"] == "a"));
+    let (_, audit_b) = h.call("GET", "/v1/audit", Some(TOKEN_B), "").await;
+    assert!(audit_b["items"].as_array().unwrap().is_empty());
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn purge_removes_one_tenants_rows_and_a_second_purge_is_a_no_op() {
+    let h = H::start().await;
+    let (s, v) = h
+        .call(
+            "DELETE",
+            "/v1/tenants/a/queue?kinds=pending,dead",
+            Some(ADMIN),
+            "",
+        )
+        .await;
+    assert_eq!((s, v["dead"].as_u64()), (200, Some(3)));
+    let (_, a) = h.call("GET", "/v1/tenants/a", Some(ADMIN), "").await;
+    assert_eq!(a["counters"]["dead"], 0);
+    let (_, b) = h.call("GET", "/v1/tenants/b", Some(ADMIN), "").await;
+    assert_eq!(b["counters"]["dead"], 3);
+    let (s, v) = h
+        .call(
+            "DELETE",
+            "/v1/tenants/a/queue?kinds=pending,dead",
+            Some(ADMIN),
+            "",
+        )
+        .await;
+    assert_eq!(
+        (s, v["dead"].as_u64(), v["due"].as_u64()),
+        (200, Some(0), Some(0))
+    );
+    let (s, _) = h
+        .call("DELETE", "/v1/tenants/a/queue?kinds=bogus", Some(ADMIN), "")
+        .await;
+    assert_eq!(s, 400);
+    assert!(ankusa_relay::queue::fold::verify(&h.node.store)
+        .unwrap()
+        .is_empty());
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_shows_no_secret_and_node_status_is_served() {
+    let h = H::start().await;
+    let (s, cfg) = h.call("GET", "/v1/config", Some(ADMIN), "").await;
+    assert_eq!(s, 200);
+    let text = cfg.to_string();
+    for secret in [ADMIN, TOKEN_A, TOKEN_B, SRC_SECRET, SINK_SECRET] {
+        assert!(!text.contains(secret), "/v1/config leaks a secret");
+    }
+    assert!(text.contains("<redacted>"));
+    assert_eq!(cfg["tenants"]["max"], 1_000_000);
+    let (s, node) = h.call("GET", "/v1/node", Some(ADMIN), "").await;
+    assert_eq!(s, 200);
+    assert_eq!(node["store_format"], 3);
+    assert_eq!(node["counters"]["dead"], 6);
+    h.node.shutdown().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_valid_prometheus_text() {
+    let h = H::start().await;
+    // Let the gauge task publish once (it runs at start, then every interval).
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (status, text) = get_text(&h.c, &format!("http://{}/metrics", h.node.admin_addr)).await;
+    assert_eq!(status, 200);
+    for name in [
+        "ankusa_ingest_requests_total",
+        "ankusa_queue_state",
+        "ankusa_queue_oldest_due_age_seconds",
+        "ankusa_tenants",
+        "ankusa_delivery_attempts_total",
+        "ankusa_writer_batch_hooks",
+    ] {
+        assert!(text.contains(name), "no {name} in the scrape");
+    }
+    assert!(
+        text.contains(r#"ankusa_queue_state{field="dead"} 6"#),
+        "{text}"
+    );
+    let promtool = std::process::Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package; make test installs it)");
+    use std::io::Write;
+    let mut child = promtool;
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        text_of(&out.stdout),
+        text_of(&out.stderr)
+    );
+    h.node.shutdown().await.unwrap();
+}
+
+fn text_of(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
