@@ -18,6 +18,7 @@ pub mod cli;
 pub mod config;
 pub mod dispatch;
 pub mod edge;
+pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod queue;

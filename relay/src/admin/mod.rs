@@ -5,16 +5,15 @@
 //! and every pending migration has run; `/v1/node` reports the version, store formats,
 //! tenant count and the node's aggregate counters (six point reads, never a fold).
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 
 use axum::http::header::CONTENT_TYPE;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use axum::{Json, Router};
+use axum::Router;
 use serde::Serialize;
 
 pub mod api;
@@ -60,28 +59,12 @@ pub fn node_status(store: &Store) -> Result<NodeStatus, crate::store::StoreError
     })
 }
 
-fn error(status: StatusCode, code: &str, message: String) -> Response {
-    (
-        status,
-        Json(serde_json::json!({ "error": code, "message": message })),
-    )
-        .into_response()
-}
-
 async fn healthz() -> &'static str {
     "ok\n"
 }
 
 async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
-    if s.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            "the store is opening or migrating".into(),
-        )
-    }
+    crate::http::readiness(&s.ready)
 }
 
 /// Prometheus text by default; OpenMetrics to a scraper that asks for it.

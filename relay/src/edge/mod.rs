@@ -185,25 +185,10 @@ pub fn router(state: Arc<EdgeState>) -> Router {
 }
 
 async fn readyz(State(s): State<Arc<EdgeState>>) -> Response {
-    if s.ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
-            "the node is starting",
-        )
-    }
+    crate::http::readiness(&s.ready)
 }
 
-/// The one error body shape: `{"error": code, "message": ...}`.
-pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(serde_json::json!({ "error": code, "message": message.into() })),
-    )
-        .into_response()
-}
+pub use crate::http::error;
 
 fn with_retry_after(mut r: Response, secs: u32) -> Response {
     r.headers_mut()

@@ -444,21 +444,7 @@ impl Store {
         // Open with the column families this binary needs at the store's format or any
         // format it will migrate to; the new ones get their families' sentinels.
         let wanted = Cf::of_format(opts.supported_format.max(found));
-        let mut o = db_options();
-        o.create_missing_column_families(true);
-        let db = DB::open_cf_descriptors(
-            &o,
-            &path,
-            wanted
-                .iter()
-                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf.options())),
-        )?;
-        let store = Store {
-            db,
-            path,
-            read_only: false,
-            stats: StoreStats::default(),
-        };
+        let store = Self::open_rw(path, wanted, false)?;
         let created: Vec<Cf> = wanted
             .iter()
             .copied()
@@ -505,23 +491,27 @@ impl Store {
         Ok(format)
     }
 
-    fn create(path: PathBuf, format: u32) -> Result<Store, StoreError> {
+    /// Opens read-write with `cfs`, creating the missing ones (and the store if `create`).
+    fn open_rw(path: PathBuf, cfs: &[Cf], create: bool) -> Result<Store, StoreError> {
         let mut o = db_options();
-        o.create_if_missing(true);
+        o.create_if_missing(create);
         o.create_missing_column_families(true);
         let db = DB::open_cf_descriptors(
             &o,
             &path,
-            Cf::of_format(format)
-                .iter()
+            cfs.iter()
                 .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf.options())),
         )?;
-        let store = Store {
+        Ok(Store {
             db,
             path,
             read_only: false,
             stats: StoreStats::default(),
-        };
+        })
+    }
+
+    fn create(path: PathBuf, format: u32) -> Result<Store, StoreError> {
+        let store = Self::open_rw(path, Cf::of_format(format), true)?;
         let mut ops: Vec<Op> = Family::of_format(format)
             .iter()
             .flat_map(|f| sentinel_ops(*f))
