@@ -52,15 +52,15 @@ impl Assembler {
 
     /// Builds one batch: resolves the batch's distinct tenants (cache, one `multi_get` for
     /// misses, new ordinals), assigns seqs, and adds each accepted hook's ingest ops.
-    pub fn assemble(
+    pub fn assemble<E: std::borrow::Borrow<Envelope>>(
         &mut self,
         store: &Store,
-        hooks: &[Envelope],
+        hooks: &[E],
         archive: bool,
     ) -> Result<Assembled, StoreError> {
         let resolution = self
             .alloc
-            .resolve(store, hooks.iter().map(Envelope::tenant_or_default))?;
+            .resolve(store, hooks.iter().map(|e| e.borrow().tenant_or_default()))?;
         let mut tx = Tx::new();
         for op in &resolution.ops {
             tx.push_op(op.clone());
@@ -68,6 +68,7 @@ impl Assembler {
         let mut next_seq = self.next_seq;
         let mut outcomes = Vec::with_capacity(hooks.len());
         for env in hooks {
+            let env = env.borrow();
             let ord = match resolution.ords.get(env.tenant_or_default()) {
                 Some(Ok(ord)) => *ord,
                 Some(Err(QueueError::TenantLimit { max })) => {
@@ -312,7 +313,7 @@ impl Writer {
                 }
             }
         }
-        let envs: Vec<Envelope> = fresh.iter().map(|i| batch[*i].envelope.clone()).collect();
+        let envs: Vec<&Envelope> = fresh.iter().map(|i| &batch[*i].envelope).collect();
         let mut assembled = match self.asm.assemble(&self.store, &envs, self.settings.archive) {
             Ok(a) => a,
             Err(e) => {
