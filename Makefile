@@ -27,8 +27,10 @@ fmt:
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
+# Unit, property and integration tests. The benches are compiled by `lint` (clippy
+# --all-targets) but not run here: they are programs with their own pass rules (`make bench`).
 nextest:
-	$(CARGO) nextest run --workspace --all-targets --no-fail-fast
+	$(CARGO) nextest run --workspace --no-fail-fast
 
 ## The self-asserting benches (not part of `make test`; see docs/testing.md).
 bench: deps
