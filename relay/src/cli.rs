@@ -45,10 +45,40 @@ pub enum Command {
         #[arg(long, env = "ANKUSA_SINK_SECRET")]
         secret: Option<String>,
     },
+    /// Backups taken over the admin API (the operator's backup Job runs this).
+    Backup {
+        #[command(subcommand)]
+        command: BackupCommand,
+    },
+    /// Unpack a backup archive into an empty data directory.
+    Restore {
+        /// The .tar.zst a backup produced.
+        #[arg(long)]
+        from: PathBuf,
+        /// The data directory to create (must not exist, or be empty).
+        #[arg(long)]
+        data: PathBuf,
+    },
     /// Print the version and the store format this binary supports.
     Version {
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BackupCommand {
+    /// Ask a node for a backup and copy its archive to `--to`, checking it opens.
+    Pull {
+        /// The node's admin URL, e.g. http://relay-0.relay:9090
+        #[arg(long)]
+        from: String,
+        /// An admin-scope token.
+        #[arg(long, env = "ANKUSA_ADMIN_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The directory to write `<id>.tar.zst` into.
+        #[arg(long)]
+        to: PathBuf,
     },
 }
 
@@ -85,6 +115,10 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { config } => run(&config),
         Command::Sink { listen, secret } => sink(listen, secret),
+        Command::Backup {
+            command: BackupCommand::Pull { from, token, to },
+        } => backup_pull(&from, &token, &to),
+        Command::Restore { from, data } => restore(&from, &data),
         Command::Version { json } => {
             if json {
                 println!(
@@ -319,6 +353,95 @@ fn sink(listen: std::net::SocketAddr, secret: Option<String>) -> anyhow::Result<
                 let _ = tokio::signal::ctrl_c().await;
             })
             .await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Unpacks a backup into `data` and checks the result opens (the format guard included).
+fn restore(from: &Path, data: &Path) -> anyhow::Result<ExitCode> {
+    crate::store::tarball::unpack(from, data)
+        .with_context(|| format!("restoring {} into {}", from.display(), data.display()))?;
+    let store = Store::open(data, &OpenOptions::inspect())
+        .with_context(|| format!("checking the restored store at {}", data.display()))?;
+    println!(
+        "restored {} into {} (store format {})",
+        from.display(),
+        data.display(),
+        store.format()?
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `POST /v1/backups`, then streams `GET /v1/backups/{id}/archive` to `to/<id>.tar.zst`.
+fn backup_pull(from: &str, token: &str, to: &Path) -> anyhow::Result<ExitCode> {
+    use http_body_util::BodyExt;
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async {
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build(
+                    hyper_rustls::HttpsConnectorBuilder::new()
+                        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+                        .https_or_http()
+                        .enable_http1()
+                        .build(),
+                );
+        let base = from.trim_end_matches('/');
+        let auth = format!("Bearer {token}");
+        let req = hyper::Request::post(format!("{base}/v1/backups"))
+            .header("authorization", &auth)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))?;
+        let resp = client.request(req).await.context("asking for a backup")?;
+        let status = resp.status();
+        let body = resp.into_body().collect().await?.to_bytes();
+        anyhow::ensure!(
+            status.is_success(),
+            "POST /v1/backups answered {status}: {}",
+            String::from_utf8_lossy(&body)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&body)?;
+        let id = v["id"]
+            .as_str()
+            .context("no backup id in the answer")?
+            .to_owned();
+        anyhow::ensure!(
+            crate::admin::backups::is_backup_id(&id),
+            "bad backup id {id:?}"
+        );
+        std::fs::create_dir_all(to)?;
+        let out = to.join(format!("{id}.tar.zst"));
+        let tmp = to.join(format!("{id}.tar.zst.part"));
+        let req = hyper::Request::get(format!("{base}/v1/backups/{id}/archive"))
+            .header("authorization", &auth)
+            .body(http_body_util::Full::new(bytes::Bytes::new()))?;
+        let resp = client.request(req).await.context("fetching the archive")?;
+        anyhow::ensure!(
+            resp.status().is_success(),
+            "GET archive answered {}",
+            resp.status()
+        );
+        let mut body = resp.into_body();
+        let mut file = std::fs::File::create(&tmp)?;
+        let mut bytes = 0u64;
+        while let Some(frame) = body.frame().await {
+            if let Ok(data) = frame?.into_data() {
+                std::io::Write::write_all(&mut file, &data)?;
+                bytes += data.len() as u64;
+            }
+        }
+        file.sync_all()?;
+        // Check the archive is a store before calling it a backup.
+        let check = to.join(format!("{id}.check"));
+        let _ = std::fs::remove_dir_all(&check);
+        crate::store::tarball::unpack(&tmp, &check)?;
+        let format = Store::open(&check, &OpenOptions::inspect())?.format()?;
+        std::fs::remove_dir_all(&check)?;
+        std::fs::rename(&tmp, &out)?;
+        println!(
+            "backup {id}: {bytes} bytes, store format {format}, written to {}",
+            out.display()
+        );
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

@@ -107,6 +107,11 @@ pub struct AdminConfig {
     pub audit_retention_ms: u64,
     /// Largest page an admin listing returns.
     pub max_page: usize,
+    /// Where `POST /v1/backups` writes its archives (default: `<data_dir>.backups`). They
+    /// are staging for a puller: a backup on the node's own disk is not a backup.
+    pub backup_dir: Option<PathBuf>,
+    /// Backup archives kept in `backup_dir`; older ones are deleted.
+    pub backup_keep: usize,
 }
 
 impl Default for AdminConfig {
@@ -117,6 +122,8 @@ impl Default for AdminConfig {
             tokens: Vec::new(),
             audit_retention_ms: 30 * 86_400_000,
             max_page: 1_000,
+            backup_dir: None,
+            backup_keep: 2,
         }
     }
 }
@@ -470,6 +477,15 @@ pub struct RouteConfig {
 pub const TENANTS_MAX_RANGE: std::ops::RangeInclusive<u32> = 1..=4_294_967_294;
 
 impl Config {
+    /// Where backup archives are staged.
+    pub fn backup_dir(&self) -> PathBuf {
+        self.admin.backup_dir.clone().unwrap_or_else(|| {
+            let mut p = self.data_dir.clone().into_os_string();
+            p.push(".backups");
+            PathBuf::from(p)
+        })
+    }
+
     /// Reads `path`, applies `ANKUSA_*` overrides from `env`, and validates.
     pub fn load(
         path: &Path,
@@ -576,6 +592,9 @@ impl Config {
         }
         if self.reclaim.interval_ms == 0 || self.reclaim.batch == 0 {
             return Err(invalid("reclaim", "interval_ms and batch must be positive"));
+        }
+        if !(1..=100).contains(&self.admin.backup_keep) {
+            return Err(invalid("admin.backup_keep", "must be in 1..=100"));
         }
         if !(1..=100_000).contains(&self.admin.max_page) {
             return Err(invalid("admin.max_page", "must be in 1..=100000"));

@@ -19,6 +19,7 @@ use serde::Serialize;
 pub mod api;
 pub mod audit;
 pub mod auth;
+pub mod backups;
 
 use axum::routing::{delete, post};
 
@@ -106,6 +107,8 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
             get(api::quarantine_list).delete(api::quarantine_delete),
         )
         .route("/v1/audit", get(api::audit_list))
+        .route("/v1/backups", post(backups::create))
+        .route("/v1/backups/{id}/archive", get(backups::archive))
         .with_state(api);
     Router::new()
         .route("/healthz", get(healthz))

@@ -698,6 +698,14 @@ impl Store {
         }
     }
 
+    /// A consistent point-in-time copy of the store at `dir` (which must not exist):
+    /// hard links where the file system allows. The copy is an openable store.
+    pub fn checkpoint(&self, dir: &Path) -> Result<(), StoreError> {
+        let cp = rocksdb::checkpoint::Checkpoint::new(&self.db)?;
+        cp.create_checkpoint(dir)?;
+        Ok(())
+    }
+
     /// Flushes every memtable to disk (tests and tools).
     pub fn flush(&self) -> Result<(), StoreError> {
         for cf in Cf::ALL {

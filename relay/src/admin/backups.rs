@@ -1,0 +1,151 @@
+//! Backups: `POST /v1/backups` takes a RocksDB checkpoint and packs it as `.tar.zst` in
+//! the backup staging directory; `GET /v1/backups/{id}/archive` streams it. The operator's
+//! backup Job (or `ankusa-relay backup pull`) copies it off the node; `ankusa-relay restore`
+//! unpacks one into an empty data directory. At most `admin.backup_keep` archives are
+//! kept; a backup never blocks writers (a checkpoint hard-links immutable files).
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+
+use super::api::{Api, ApiError};
+use crate::store::{tarball, Store, StoreError};
+
+/// A backup id: `b` and the Unix milliseconds it was taken.
+pub fn is_backup_id(id: &str) -> bool {
+    id.len() > 1 && id.starts_with('b') && id[1..].bytes().all(|c| c.is_ascii_digit())
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::Io { context, source }
+}
+
+/// Takes a checkpoint of `store`, packs it as `<dir>/<id>.tar.zst`, prunes to `keep`.
+/// Returns the id and the archive's size.
+pub fn take(store: &Store, dir: &Path, keep: usize) -> Result<(String, u64), StoreError> {
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    let id = format!("b{}", crate::now_ms());
+    let ckpt = dir.join(format!("{id}.checkpoint"));
+    let _ = std::fs::remove_dir_all(&ckpt);
+    store.checkpoint(&ckpt)?;
+    let out = dir.join(format!("{id}.tar.zst"));
+    let packed = tarball::pack(&ckpt, &out);
+    let _ = std::fs::remove_dir_all(&ckpt);
+    packed?;
+    let size = std::fs::metadata(&out)
+        .map_err(io(format!("reading {}", out.display())))?
+        .len();
+    let mut archives: Vec<PathBuf> = std::fs::read_dir(dir)
+        .map_err(io(format!("reading {}", dir.display())))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "zst"))
+        .collect();
+    archives.sort();
+    while archives.len() > keep {
+        let old = archives.remove(0);
+        let _ = std::fs::remove_file(old);
+    }
+    Ok((id, size))
+}
+
+/// `POST /v1/backups` (admin).
+pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let c = api
+        .tokens
+        .authenticate(&headers)
+        .ok_or(ApiError::Unauthorized)?;
+    if !c.scope.is_admin() {
+        return Err(ApiError::Forbidden);
+    }
+    let a = api.clone();
+    tokio::task::spawn_blocking(move || {
+        let (id, bytes) = take(&a.store, &a.config.backup_dir(), a.config.admin.backup_keep)?;
+        let format = a.store.format()?;
+        let audit = a.audit.op(
+            &c.name,
+            "backup.create",
+            None,
+            serde_json::json!({ "id": id, "bytes": bytes }),
+        );
+        a.store.write(vec![audit], true)?;
+        Ok(
+            Json(serde_json::json!({ "id": id, "bytes": bytes, "store_format": format }))
+                .into_response(),
+        )
+    })
+    .await
+    .map_err(|_| ApiError::Internal)?
+}
+
+/// A body fed by a reader thread, 64 KiB at a time.
+struct Chunks(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+impl futures_core::Stream for Chunks {
+    type Item = Result<Frame<Bytes>, std::io::Error>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// `GET /v1/backups/{id}/archive` (admin): the archive, streamed.
+pub async fn archive(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Response, ApiError> {
+    let c = api
+        .tokens
+        .authenticate(&headers)
+        .ok_or(ApiError::Unauthorized)?;
+    if !c.scope.is_admin() {
+        return Err(ApiError::Forbidden);
+    }
+    if !is_backup_id(&id) {
+        return Err(ApiError::NotFound("backup"));
+    }
+    let path = api.config.backup_dir().join(format!("{id}.tar.zst"));
+    let file = std::fs::File::open(&path).map_err(|_| ApiError::NotFound("backup"))?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut file = file;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    if tx
+                        .blocking_send(Ok(Frame::data(Bytes::copy_from_slice(&buf[..n]))))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/zstd".to_owned()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::new(StreamBody::new(Chunks(rx))),
+    )
+        .into_response())
+}

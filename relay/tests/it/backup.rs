@@ -1,0 +1,114 @@
+//! Backups over the admin API, pulled and restored by the command line.
+
+use ankusa_relay::config::Config;
+use ankusa_relay::node::Node;
+use ankusa_relay::queue::{counters, fold};
+use ankusa_relay::store::{OpenOptions, Store};
+
+use crate::support::*;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pulled_backup_restores_to_the_same_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin: {{ listen: "127.0.0.1:0", tokens: {ADMIN_TOKENS_YAML}, backup_keep: 1 }}
+sinks: [{{ id: s, url: "http://127.0.0.1:9/never" }}]
+routes: [{{ id: r, sinks: [s] }}]
+retry: {{ schedule_ms: [3600000] }}
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
+"#,
+        dir.path().join("db").display()
+    );
+    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
+        .await
+        .unwrap();
+    let c = client();
+    for i in 0..40 {
+        let r = post(
+            &c,
+            &format!("http://{}/ingest/in", node.ingest_addr),
+            &[("x-tenant", format!("t{}", i % 4))],
+            format!("{{\"i\":{i}}}"),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+    }
+    let admin = format!("http://{}", node.admin_addr);
+    let out_dir = dir.path().join("pulled");
+    // A token is required, and only an admin one.
+    let refused = tokio::task::spawn_blocking({
+        let (admin, out_dir) = (admin.clone(), out_dir.clone());
+        move || {
+            run(&[
+                "backup",
+                "pull",
+                "--from",
+                &admin,
+                "--token",
+                "wrong-token-0123456789",
+                "--to",
+                out_dir.to_str().unwrap(),
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("401"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let pulled = tokio::task::spawn_blocking({
+        let (admin, out_dir) = (admin.clone(), out_dir.clone());
+        move || {
+            run(&[
+                "backup",
+                "pull",
+                "--from",
+                &admin,
+                "--token",
+                ADMIN_TOKEN,
+                "--to",
+                out_dir.to_str().unwrap(),
+            ])
+        }
+    })
+    .await
+    .unwrap();
+    assert!(pulled.status.success(), "{}", text(&pulled.stderr));
+    let expect = counters::node(&node.store).unwrap();
+    node.shutdown().await.unwrap();
+
+    let archive = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".tar.zst"))
+        .expect("an archive");
+    let restored = dir.path().join("restored");
+    let out = run(&[
+        "restore",
+        "--from",
+        archive.to_str().unwrap(),
+        "--data",
+        restored.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("store format 3"));
+    // Restoring over a store is refused.
+    let again = run(&[
+        "restore",
+        "--from",
+        archive.to_str().unwrap(),
+        "--data",
+        restored.to_str().unwrap(),
+    ]);
+    assert!(!again.status.success());
+    let store = Store::open(&restored, &OpenOptions::default()).unwrap();
+    assert_eq!(counters::node(&store).unwrap(), expect);
+    assert_eq!(ankusa_relay::queue::tenants::count(&store).unwrap(), 4);
+    assert!(fold::verify(&store).unwrap().is_empty());
+}
