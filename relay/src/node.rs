@@ -186,6 +186,7 @@ impl Node {
             ready: ready.clone(),
             metrics: metrics.clone(),
         });
+        let progress = Arc::new(admin::Progress::default());
         let quarantine = Arc::new(Quarantine::open(
             store.clone(),
             metrics.clone(),
@@ -198,6 +199,7 @@ impl Node {
             audit: Audit::open(&store)?,
             config: Arc::new(config.clone()),
             quarantine: Some(quarantine.clone()),
+            progress: progress.clone(),
         });
         let mut servers = vec![serve(
             admin_l,
@@ -207,6 +209,7 @@ impl Node {
 
         let boot_store = store.clone();
         let max_tenants = config.tenants.max;
+        let boot_progress = progress.clone();
         let (recovered, assembler) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let out = migrate::run(&boot_store, &migrate::builtin(), SUPPORTED_FORMAT, |p| {
                 tracing::info!(
@@ -216,8 +219,15 @@ impl Node {
                     rows = p.rows,
                     "migration step"
                 );
+                boot_progress.set((!p.finished).then_some(admin::MigrationProgress {
+                    from: p.from,
+                    to: p.to,
+                    steps: p.steps,
+                    rows: p.rows,
+                }));
                 ControlFlow::Continue(())
             })?;
+            boot_progress.set(None);
             tracing::info!(?out, "store format current");
             let tenants = crate::queue::tenants::count(&boot_store)?;
             if tenants > max_tenants {

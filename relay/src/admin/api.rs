@@ -32,6 +32,8 @@ pub struct Api {
     pub audit: Audit,
     pub config: Arc<Config>,
     pub quarantine: Option<Arc<Quarantine>>,
+    /// The boot migration's progress.
+    pub progress: Arc<super::Progress>,
 }
 
 /// An API error: one JSON shape, a stable code.
@@ -569,5 +571,6 @@ pub async fn config(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResul
 pub async fn node(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult {
     admin_only(&caller(&api, &headers)?)?;
     let a = api.clone();
-    blocking(move || Ok(Json(super::node_status(&a.store)?).into_response())).await
+    blocking(move || Ok(Json(super::node_status(&a.store, a.progress.get())?).into_response()))
+        .await
 }

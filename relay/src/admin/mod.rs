@@ -14,7 +14,6 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use axum::Router;
-use serde::Serialize;
 
 pub mod api;
 pub mod audit;
@@ -34,28 +33,47 @@ pub struct AdminState {
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
-/// The node status served at `/v1/node`.
-#[derive(Debug, Clone, Serialize, PartialEq)]
-pub struct NodeStatus {
-    pub version: &'static str,
-    pub supported_format: u32,
-    pub store_format: u32,
-    /// The format an unfinished migration is moving to, if any.
-    pub migrating_to: Option<u32>,
-    pub tenants: u32,
-    pub counters: Counts,
-    pub oldest_due_at_ms: Option<u64>,
+pub use ankusa_crds::node::{MigrationProgress, NodeCounters, NodeStatus};
+
+/// The boot migration's progress, shared with `/v1/node`.
+#[derive(Debug, Default)]
+pub struct Progress(std::sync::Mutex<Option<MigrationProgress>>);
+
+impl Progress {
+    pub fn set(&self, p: Option<MigrationProgress>) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = p;
+        }
+    }
+    pub fn get(&self) -> Option<MigrationProgress> {
+        self.0.lock().ok().and_then(|g| g.clone())
+    }
+}
+
+fn node_counters(c: &Counts) -> NodeCounters {
+    NodeCounters {
+        pending: c.pending,
+        scheduled: c.scheduled,
+        inflight: c.inflight,
+        dead: c.dead,
+        bytes: c.bytes,
+        archive_pending: c.archive_pending,
+    }
 }
 
 /// Reads the node status from the store (O(1): point reads and one marker seek).
-pub fn node_status(store: &Store) -> Result<NodeStatus, crate::store::StoreError> {
+pub fn node_status(
+    store: &Store,
+    migration: Option<MigrationProgress>,
+) -> Result<NodeStatus, crate::store::StoreError> {
     Ok(NodeStatus {
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").to_owned(),
         supported_format: SUPPORTED_FORMAT,
         store_format: store.format()?,
         migrating_to: migrate::in_progress(store)?.map(|(to, _)| to),
+        migration,
         tenants: tenants::count(store)?,
-        counters: counters::node(store)?,
+        counters: node_counters(&counters::node(store)?),
         oldest_due_at_ms: crate::queue::deliveries::oldest_due_at(store)?.map(|a| a.0),
     })
 }

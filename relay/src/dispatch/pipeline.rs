@@ -1,4 +1,4 @@
-//! The dispatch tick's planning half (ADR section 5).
+//! The dispatch pipeline: the tick's plan (ADR section 5) and the task that runs it.
 //!
 //! `active_tenants(now, 4096)` gives the tenants with a marker at or before now, oldest
 //! second first; for each, `due_for_tenant` from the tenant's in-memory cursor takes its
@@ -8,12 +8,22 @@
 //! Cursors (`ord → floor at`) live only in memory, for tenants that are active; a tenant
 //! that drains loses its cursor, and after a restart every cursor starts at 0, which only
 //! costs a scan over rows already known to be gone.
+//!
+//! The running pipeline ([`spawn`]) claims a tick's rows in one batch, cleans the markers
+//! of the tenants it claimed from, and delivers under a global and a per-sink semaphore;
+//! one task commits the outcomes in batches (not synced: a lost outcome means a redelivery
+//! after boot recovery, never a loss).
 
 use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
 
-use crate::queue::deliveries::{self, DueRow};
-use crate::store::keys::{AtMs, Bucket, TenantOrd};
-use crate::store::{Store, StoreError};
+use super::delivery::{backoff, Attempt, Deliverer, Verdict};
+use crate::config::{Config, RetryConfig};
+use crate::metrics::{Metrics, SinkLabel, SinkOutcome};
+use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow, Tx};
+use crate::store::keys::{self, AtMs, Bucket, Seq, TenantOrd};
+use crate::store::{Cf, Store, StoreError};
 
 /// A tick's budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -127,16 +137,6 @@ pub fn plan_tick(
 
 // ---------------------------------------------------------------------------------------
 // The running pipeline.
-
-use std::sync::Arc;
-use std::time::Duration;
-
-use super::delivery::{backoff, Attempt, Deliverer, Verdict};
-use crate::config::{Config, RetryConfig};
-use crate::metrics::{Metrics, SinkLabel, SinkOutcome};
-use crate::queue::deliveries::{DeliveryRow, Envelope, InflightRow, Tx};
-use crate::store::keys::{self, Seq};
-use crate::store::Cf;
 
 /// The pipeline's settings.
 #[derive(Debug, Clone)]

@@ -500,3 +500,51 @@ fn the_v3_fixture_task_writes_a_store_that_boots() {
     let store2 = Store::open(&committed, &OpenOptions::inspect()).unwrap();
     assert_eq!(tenants::count(&store2).unwrap(), 4);
 }
+
+#[test]
+fn node_status_reports_the_boot_migration_while_it_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    big_v2(&data, 30_000);
+    let (admin, ingest) = (free_port(), free_port());
+    let cfg = dir.path().join("relay.yaml");
+    std::fs::write(&cfg, node_yaml(&data, admin, ingest)).unwrap();
+    let mut child = bin()
+        .args(["run", "--config", cfg.to_str().unwrap()])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    let mut seen_progress = false;
+    loop {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node never became ready"
+        );
+        if let Ok((200, body)) = http_get_admin(admin, "/v1/node") {
+            let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+            if v["migration"]["steps"].as_u64().is_some_and(|s| s > 0) {
+                assert_eq!(v["migrating_to"], 3);
+                assert_eq!(v["store_format"], 2);
+                assert_eq!(
+                    http_get(admin, "/readyz").unwrap().0,
+                    503,
+                    "ready during a migration"
+                );
+                seen_progress = true;
+            }
+            if v["store_format"] == 3 {
+                assert!(v["migration"].is_null());
+                break;
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        seen_progress,
+        "/v1/node never showed the migration's progress"
+    );
+}
