@@ -88,13 +88,15 @@ impl IntoResponse for ApiError {
 
 type ApiResult = Result<Response, ApiError>;
 
-fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
+/// The authenticated caller, or 401.
+pub(crate) fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
     api.tokens
         .authenticate(headers)
         .ok_or(ApiError::Unauthorized)
 }
 
-fn admin_only(c: &Caller) -> Result<(), ApiError> {
+/// 403 unless the caller has the admin scope.
+pub(crate) fn admin_only(c: &Caller) -> Result<(), ApiError> {
     if c.scope.is_admin() {
         Ok(())
     } else {

@@ -18,7 +18,7 @@ use bytes::Bytes;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
 
-use super::api::{Api, ApiError};
+use super::api::{admin_only, caller, Api, ApiError};
 use crate::store::{tarball, Store, StoreError};
 
 /// A backup id: `b` and the Unix milliseconds it was taken.
@@ -61,13 +61,8 @@ pub fn take(store: &Store, dir: &Path, keep: usize) -> Result<(String, u64), Sto
 
 /// `POST /v1/backups` (admin).
 pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let c = api
-        .tokens
-        .authenticate(&headers)
-        .ok_or(ApiError::Unauthorized)?;
-    if !c.scope.is_admin() {
-        return Err(ApiError::Forbidden);
-    }
+    let c = caller(&api, &headers)?;
+    admin_only(&c)?;
     let a = api.clone();
     tokio::task::spawn_blocking(move || {
         let (id, bytes) = take(&a.store, &a.config.backup_dir(), a.config.admin.backup_keep)?;
@@ -104,13 +99,8 @@ pub async fn archive(
     headers: HeaderMap,
     UrlPath(id): UrlPath<String>,
 ) -> Result<Response, ApiError> {
-    let c = api
-        .tokens
-        .authenticate(&headers)
-        .ok_or(ApiError::Unauthorized)?;
-    if !c.scope.is_admin() {
-        return Err(ApiError::Forbidden);
-    }
+    let c = caller(&api, &headers)?;
+    admin_only(&c)?;
     if !is_backup_id(&id) {
         return Err(ApiError::NotFound("backup"));
     }
