@@ -354,7 +354,7 @@ async fn tenants_max_refuses_a_new_tenant_with_tenant_limit() {
 
 #[tokio::test]
 async fn duplicates_within_the_window_get_the_first_id_and_after_it_a_new_hook() {
-    let t = TestNode::start("dedupe:\n  window_ms: 400\n  sweep_interval_ms: 100\n").await;
+    let t = TestNode::start("dedupe:\n  window_ms: 1500\n  sweep_interval_ms: 100\n").await;
     let body = br#"{"k":1}"#;
     let first = t
         .post("sw", &sw_headers("msg_dup", now_s(), body, "t"), body)
@@ -393,14 +393,14 @@ async fn duplicates_within_the_window_get_the_first_id_and_after_it_a_new_hook()
     );
     assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 15);
     // After the window: a new hook, and the sweep removes the expired keys.
-    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
     let later = t
         .post("sw", &sw_headers("msg_dup", now_s(), body, "t"), body)
         .await;
     assert_eq!(later.status, 202);
     assert_ne!(later.json()["id"], id.as_str());
     assert_eq!(t.hooks().len(), 4);
-    tokio::time::sleep(std::time::Duration::from_millis(700)).await;
+    tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
     assert!(t.node.store.scan_family(Family::Dedupe).unwrap().count() <= 1);
     t.node.shutdown().await.unwrap();
 }
