@@ -259,12 +259,10 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
         m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="accepted"} 1"#),
         "{m}"
     );
-    fold::verify(&t.node.store)
-        .unwrap()
-        .is_empty()
-        .then_some(())
-        .unwrap();
+    // The pipeline keeps retrying the unreachable sink; check the counters once it stopped.
+    let store = t.node.store.clone();
     t.node.shutdown().await.unwrap();
+    assert!(fold::verify(&store).unwrap().is_empty());
 }
 
 #[tokio::test]
