@@ -224,10 +224,7 @@ fn run_opens_the_store_and_serves_health_readiness_and_node_status() {
     // 6 hooks × 2 sinks; the node's config names neither sink, so the pipeline may already
     // have dead-lettered some: the rows are all still counted somewhere.
     let c = &node["counters"];
-    let rows: i64 = ["pending", "scheduled", "inflight", "dead"]
-        .iter()
-        .map(|f| c[f].as_i64().unwrap())
-        .sum();
+    let rows = queued_rows(c);
     assert_eq!(rows, 12, "{c}");
     assert_eq!(c["archive_pending"], 6);
     assert_eq!(node["migrating_to"], serde_json::Value::Null);

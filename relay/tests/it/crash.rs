@@ -149,10 +149,7 @@ fn every_acked_hook_survives_kill_9() {
         "counters differ from the fold"
     );
     let c = &status["counters"];
-    let rows_counted: i64 = ["pending", "scheduled", "inflight", "dead"]
-        .iter()
-        .map(|f| c[f].as_i64().unwrap())
-        .sum();
+    let rows_counted = queued_rows(c);
     assert_eq!(rows_counted, 2 * hooks.len() as i64);
 }
 

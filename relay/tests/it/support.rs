@@ -238,3 +238,12 @@ impl Drop for Proc {
         self.kill9();
     }
 }
+
+/// Every delivery row a `/v1/node` counters object counts, whatever its state: what a live
+/// pipeline moving rows between states cannot change.
+pub fn queued_rows(counters: &serde_json::Value) -> i64 {
+    ["pending", "scheduled", "inflight", "dead"]
+        .iter()
+        .map(|f| counters[f].as_i64().expect("a counter"))
+        .sum()
+}

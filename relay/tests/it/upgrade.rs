@@ -497,10 +497,7 @@ fn the_v3_fixture_task_writes_a_store_that_boots() {
     // The node's pipeline moves rows on at once (the fixture's sinks are not configured
     // here, so they dead-letter): every row is still counted somewhere.
     let c = &s["counters"];
-    let after: i64 = ["pending", "scheduled", "inflight", "dead"]
-        .iter()
-        .map(|f| c[f].as_i64().unwrap())
-        .sum();
+    let after = queued_rows(c);
     assert_eq!(after, before);
     drop(node);
     let store = Store::open(&data, &OpenOptions::default()).unwrap();
