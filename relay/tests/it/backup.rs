@@ -39,46 +39,30 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     let admin = format!("http://{}", node.admin_addr);
     let out_dir = dir.path().join("pulled");
     // A token is required, and only an admin one.
-    let refused = tokio::task::spawn_blocking({
+    // `backup pull` blocks; run it off the runtime that serves the node.
+    let pull = |token: &'static str| {
         let (admin, out_dir) = (admin.clone(), out_dir.clone());
-        move || {
+        tokio::task::spawn_blocking(move || {
             run(&[
                 "backup",
                 "pull",
                 "--from",
                 &admin,
                 "--token",
-                "wrong-token-0123456789",
+                token,
                 "--to",
                 out_dir.to_str().unwrap(),
             ])
-        }
-    })
-    .await
-    .unwrap();
+        })
+    };
+    let refused = pull("wrong-token-0123456789").await.unwrap();
     assert!(!refused.status.success());
     assert!(
         text(&refused.stderr).contains("401"),
         "{}",
         text(&refused.stderr)
     );
-    let pulled = tokio::task::spawn_blocking({
-        let (admin, out_dir) = (admin.clone(), out_dir.clone());
-        move || {
-            run(&[
-                "backup",
-                "pull",
-                "--from",
-                &admin,
-                "--token",
-                ADMIN_TOKEN,
-                "--to",
-                out_dir.to_str().unwrap(),
-            ])
-        }
-    })
-    .await
-    .unwrap();
+    let pulled = pull(ADMIN_TOKEN).await.unwrap();
     assert!(pulled.status.success(), "{}", text(&pulled.stderr));
     let expect = counters::node(&node.store).unwrap();
     node.shutdown().await.unwrap();
