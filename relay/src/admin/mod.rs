@@ -22,7 +22,7 @@ pub mod backups;
 
 use axum::routing::{delete, post};
 
-use crate::queue::{counters, tenants, Counts};
+use crate::queue::{counters, tenants};
 use crate::store::{migrate, Store, SUPPORTED_FORMAT};
 
 /// Shared state of the admin handlers.
@@ -50,17 +50,6 @@ impl Progress {
     }
 }
 
-fn node_counters(c: &Counts) -> NodeCounters {
-    NodeCounters {
-        pending: c.pending,
-        scheduled: c.scheduled,
-        inflight: c.inflight,
-        dead: c.dead,
-        bytes: c.bytes,
-        archive_pending: c.archive_pending,
-    }
-}
-
 /// Reads the node status from the store (O(1): point reads and one marker seek).
 pub fn node_status(
     store: &Store,
@@ -73,7 +62,7 @@ pub fn node_status(
         migrating_to: migrate::in_progress(store)?.map(|(to, _)| to),
         migration,
         tenants: tenants::count(store)?,
-        counters: node_counters(&counters::node(store)?),
+        counters: counters::node(store)?,
         oldest_due_at_ms: crate::queue::deliveries::oldest_due_at(store)?.map(|a| a.0),
     })
 }

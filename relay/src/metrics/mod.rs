@@ -211,6 +211,7 @@ impl Metrics {
         g: &gauges::GaugeReading,
         name: impl Fn(crate::store::keys::TenantOrd) -> String,
     ) {
+        use crate::queue::counters::CountsExt;
         for f in crate::store::keys::CounterField::ALL {
             self.queue_state
                 .get_or_create(&FieldLabel {

@@ -51,19 +51,18 @@ pub fn ops(deltas: &[Delta]) -> Vec<Op> {
         .collect()
 }
 
-/// A tenant's (or the node's) six counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
-pub struct Counts {
-    pub pending: i64,
-    pub scheduled: i64,
-    pub inflight: i64,
-    pub dead: i64,
-    pub bytes: i64,
-    pub archive_pending: i64,
+/// A tenant's (or the node's) six counters: the type `/v1/node` serves, from the crate
+/// the operator shares (`ankusa-crds`), so there is one definition of the six fields.
+pub use ankusa_crds::node::NodeCounters as Counts;
+
+/// Access to [`Counts`] by [`CounterField`].
+pub trait CountsExt {
+    fn get(&self, f: CounterField) -> i64;
+    fn add(&mut self, f: CounterField, d: i64);
 }
 
-impl Counts {
-    pub fn get(&self, f: CounterField) -> i64 {
+impl CountsExt for Counts {
+    fn get(&self, f: CounterField) -> i64 {
         match f {
             CounterField::Pending => self.pending,
             CounterField::Scheduled => self.scheduled,
@@ -74,7 +73,7 @@ impl Counts {
         }
     }
 
-    pub fn add(&mut self, f: CounterField, d: i64) {
+    fn add(&mut self, f: CounterField, d: i64) {
         let slot = match f {
             CounterField::Pending => &mut self.pending,
             CounterField::Scheduled => &mut self.scheduled,
@@ -84,10 +83,6 @@ impl Counts {
             CounterField::ArchivePending => &mut self.archive_pending,
         };
         *slot += d;
-    }
-
-    pub fn is_zero(&self) -> bool {
-        *self == Counts::default()
     }
 }
 

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 
-use super::counters::{self, Counts};
+use super::counters::{self, Counts, CountsExt};
 use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind};
 use crate::store::keys::{self, CounterField, Family, TenantOrd};
 use crate::store::{merge, Store, StoreError};
