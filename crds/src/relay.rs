@@ -1,0 +1,446 @@
+//! The `Relay` custom resource (`relays.ankusa.dev/v1alpha1`).
+//!
+//! - `spec` is what the user asks for: how many nodes, which image, the tenant ceiling, the
+//!   volume, the relay's configuration (inline or from a ConfigMap, secrets by reference),
+//!   backups, the upgrade controls, monitoring, resources.
+//! - `status` is written only by the operator: conditions that each carry the generation
+//!   they describe (so `kubectl wait --for=condition=Ready` never reads a stale answer),
+//!   the store format (the lowest over the nodes), what each node reports at `/v1/node`,
+//!   tenant totals, a bounded top-tenants list, and the upgrade cursor a restarted
+//!   operator resumes from.
+//!
+//! CEL rules reject what can never work (a zero tenant ceiling, a backup volume that is a
+//! node's own volume, inline config and a ConfigMap reference at once) at admission, so
+//! the operator never has to carry a nonsense spec.
+
+// `printcolumn(type_ = ...)` repeats per column inside one `#[kube]` attribute, which
+// clippy's duplicate-attribute check mistakes for a repeated attribute.
+#![allow(clippy::duplicated_attributes)]
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::{ResourceRequirements, SecretKeySelector};
+use kube::{CustomResource, KubeSchema};
+use serde::{Deserialize, Serialize};
+
+/// The most entries `status.topTenants` holds.
+pub const TOP_TENANTS_MAX: usize = 10;
+
+/// A set of relay nodes: a StatefulSet, its Services, configuration and monitoring.
+#[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[kube(
+    group = "ankusa.dev",
+    version = "v1alpha1",
+    kind = "Relay",
+    namespaced,
+    shortname = "rly",
+    category = "ankusa",
+    status = "RelayStatus",
+    derive = "PartialEq",
+    doc = "A set of Ankusa relay nodes: durable multi-tenant webhook relay on embedded stores",
+    printcolumn(
+        name = "Ready",
+        type_ = "string",
+        json_path = r#".status.conditions[?(@.type=="Ready")].status"#
+    ),
+    printcolumn(name = "Nodes", type_ = "string", json_path = ".status.nodesReady"),
+    printcolumn(name = "Format", type_ = "integer", json_path = ".status.storeFormat"),
+    printcolumn(name = "Target", type_ = "integer", json_path = ".status.targetFormat"),
+    printcolumn(
+        name = "Tenants",
+        type_ = "integer",
+        json_path = ".status.tenants.count"
+    ),
+    printcolumn(
+        name = "Pending",
+        type_ = "integer",
+        json_path = ".status.tenants.pending"
+    ),
+    printcolumn(name = "Dead", type_ = "integer", json_path = ".status.tenants.dead"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct RelaySpec {
+    /// Relay nodes (StatefulSet replicas). Each node has its own store and volume.
+    #[serde(default = "default_replicas")]
+    #[x_kube(validation = Rule::new("self >= 1").message("replicas must be at least 1"))]
+    pub replicas: i32,
+    /// The relay image, e.g. `ghcr.io/ankusa/relay:0.1.0`.
+    #[x_kube(validation = Rule::new("self != ''").message("image must not be empty"))]
+    pub image: String,
+    /// `Always`, `IfNotPresent` or `Never`; the cluster's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image_pull_policy: Option<String>,
+    #[serde(default)]
+    pub tenants: TenantsSpec,
+    #[serde(default)]
+    pub storage: StorageSpec,
+    #[serde(default)]
+    pub config: ConfigSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup: Option<BackupSpec>,
+    #[serde(default)]
+    pub upgrade: UpgradeSpec,
+    #[serde(default)]
+    pub monitoring: MonitoringSpec,
+    /// CPU and memory for each relay container.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// The tenant ceiling every node holds (`tenants.max` in the relay's configuration).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantsSpec {
+    /// The most tenants one node will hold; ordinals are never reused.
+    #[serde(default = "default_tenants_max")]
+    #[x_kube(validation = Rule::new("self >= 1").message("tenants.max must be at least 1"))]
+    pub max: i64,
+}
+
+impl Default for TenantsSpec {
+    fn default() -> Self {
+        TenantsSpec {
+            max: default_tenants_max(),
+        }
+    }
+}
+
+fn default_tenants_max() -> i64 {
+    1_000_000
+}
+
+/// Each node's volume (a PersistentVolumeClaim per node, never deleted by the operator).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct StorageSpec {
+    /// Requested size, a Kubernetes quantity.
+    #[serde(default = "default_storage_size")]
+    pub size: String,
+    /// The StorageClass; the cluster's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub storage_class_name: Option<String>,
+}
+
+impl Default for StorageSpec {
+    fn default() -> Self {
+        StorageSpec {
+            size: default_storage_size(),
+            storage_class_name: None,
+        }
+    }
+}
+
+fn default_storage_size() -> String {
+    "10Gi".into()
+}
+
+/// The relay's configuration: sources, sinks, routes and any other relay key.
+///
+/// The operator owns the keys that tie a node to its pod (`data_dir`, the listeners,
+/// `tenants.max`, the backup directory) and adds its own admin token; everything else is
+/// passed through to `relay.yaml`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.inline) && has(self.configMapRef))").message("set config.inline or config.configMapRef, not both"))]
+pub struct ConfigSpec {
+    /// Relay configuration keys, as in `relay.yaml` (see docs/configuration.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "free_form_object")]
+    pub inline: Option<serde_json::Value>,
+    /// A ConfigMap in the Relay's namespace holding the relay configuration.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map_ref: Option<ConfigMapKeyRef>,
+    /// Environment variables from Secrets, for `{ env: NAME }` secrets in the configuration.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secret_env: Vec<SecretEnv>,
+}
+
+/// A key of a ConfigMap.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ConfigMapKeyRef {
+    pub name: String,
+    /// The key holding the YAML (default `relay.yaml`).
+    #[serde(default = "default_config_key")]
+    pub key: String,
+}
+
+fn default_config_key() -> String {
+    "relay.yaml".into()
+}
+
+/// An environment variable set from a Secret's key.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretEnv {
+    /// The variable's name, as the configuration names it in `{ env: NAME }`.
+    #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be an environment variable name"))]
+    pub name: String,
+    pub secret_key_ref: SecretKeySelector,
+}
+
+/// When and where the operator backs the nodes' stores up.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupSpec {
+    pub destination: BackupDestination,
+    /// Backups kept per node on the destination.
+    #[serde(default = "default_retention")]
+    #[x_kube(validation = Rule::new("self >= 1").message("retention must be at least 1"))]
+    pub retention: i32,
+    #[serde(default)]
+    pub policy: BackupPolicy,
+}
+
+fn default_retention() -> i32 {
+    3
+}
+
+/// A volume claim that is not any node's own volume: a backup on the node's disk does not
+/// count.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupDestination {
+    #[x_kube(validation = Rule::new("!self.startsWith('data-')").message("the backup claim must not be a node's own volume (data-*)"))]
+    pub claim_name: String,
+}
+
+/// When a backup runs before pods move.
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum BackupPolicy {
+    /// Before every rollout.
+    Always,
+    /// Before a rollout that changes the store format.
+    #[default]
+    FormatChange,
+    /// Never (a format change then rolls without a safety net).
+    Never,
+}
+
+/// Controls of the backup-gated format upgrade.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeSpec {
+    /// Hold every pod on its current release.
+    #[serde(default)]
+    pub paused: bool,
+    /// Change this value to retry a failed upgrade.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry: Option<String>,
+}
+
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct MonitoringSpec {
+    #[serde(default)]
+    pub service_monitor: ServiceMonitorSpec,
+}
+
+/// A Prometheus Operator `ServiceMonitor` for the nodes' `/metrics`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ServiceMonitorSpec {
+    #[serde(default)]
+    pub enabled: bool,
+    /// Scrape interval, a Prometheus duration.
+    #[serde(default = "default_scrape_interval")]
+    #[x_kube(validation = Rule::new("self.matches('^[0-9]+(ms|s|m|h)$')").message("interval must be a duration such as 30s"))]
+    pub interval: String,
+    /// Labels on the ServiceMonitor (what the Prometheus selects on).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// Prometheus relabel configs applied to the scrape.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(schema_with = "free_form_list")]
+    pub relabelings: Vec<serde_json::Value>,
+}
+
+impl Default for ServiceMonitorSpec {
+    fn default() -> Self {
+        ServiceMonitorSpec {
+            enabled: false,
+            interval: default_scrape_interval(),
+            labels: BTreeMap::new(),
+            relabelings: Vec::new(),
+        }
+    }
+}
+
+fn default_scrape_interval() -> String {
+    "30s".into()
+}
+
+fn free_form_object(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
+}
+
+fn free_form_list(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "type": "array",
+        "items": { "type": "object", "x-kubernetes-preserve-unknown-fields": true },
+    })
+}
+
+/// What the operator observed, written only by the operator.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RelayStatus {
+    /// The generation this status describes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_generation: Option<i64>,
+    #[serde(default)]
+    pub conditions: Vec<Condition>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<Phase>,
+    /// `ready/desired` nodes, for the printer column.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes_ready: Option<String>,
+    /// The lowest store format over the nodes that answered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_format: Option<u32>,
+    /// The store format of the target image, once known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_format: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade: Option<UpgradeStatus>,
+    #[serde(default)]
+    pub nodes: Vec<NodeReport>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants: Option<TenantTotals>,
+    /// The tenants with the most pending deliveries (at most 10).
+    #[serde(default)]
+    pub top_tenants: Vec<TopTenant>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_backup: Option<String>,
+}
+
+/// The `Relay` as a whole.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, schemars::JsonSchema)]
+pub enum Phase {
+    /// Creating objects or waiting for nodes.
+    Pending,
+    /// Every node ready and answering.
+    Running,
+    /// A format upgrade is under way.
+    Upgrading,
+    /// Something needs attention; the conditions say what.
+    Degraded,
+}
+
+/// A condition in the Kubernetes convention, with the generation it describes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Condition {
+    /// `Ready`, `Progressing`, `BackupSucceeded`, `Upgrading`, `Degraded`, `ServiceMonitor`.
+    #[serde(rename = "type")]
+    pub type_: String,
+    /// `True`, `False` or `Unknown`.
+    pub status: String,
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
+    /// RFC 3339.
+    pub last_transition_time: String,
+    pub observed_generation: i64,
+}
+
+/// The upgrade cursor: enough for a restarted operator to resume.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeStatus {
+    pub phase: UpgradePhase,
+    /// The image being rolled out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target_image: Option<String>,
+    /// Backup Jobs of this upgrade, one per node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backup_jobs: Vec<String>,
+    /// The pod being moved now.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_pod: Option<String>,
+    /// Pods on the target release with their migration finished.
+    #[serde(default)]
+    pub pods_migrated: i32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The `spec.upgrade.retry` value this cursor has acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_seen: Option<String>,
+}
+
+#[derive(
+    Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
+)]
+pub enum UpgradePhase {
+    #[default]
+    Idle,
+    BackingUp,
+    Rolling,
+    Verifying,
+    Completed,
+    Blocked,
+    Failed,
+}
+
+/// One node as the operator last saw it.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeReport {
+    /// The pod's name.
+    pub name: String,
+    /// The pod is Ready and its `/v1/node` answered.
+    pub ready: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub format: Option<u32>,
+    #[serde(default)]
+    pub migrating: bool,
+    #[serde(default)]
+    pub pending: i64,
+    #[serde(default)]
+    pub dead: i64,
+    /// Why the node is not reported ready (not scheduled, not Ready, did not answer).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}
+
+/// Tenant counts and queue totals summed over the nodes that answered.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TenantTotals {
+    /// Tenant ordinals allocated, summed over nodes.
+    pub count: i64,
+    /// `spec.tenants.max`, per node.
+    pub max: i64,
+    pub pending: i64,
+    pub scheduled: i64,
+    pub inflight: i64,
+    pub dead: i64,
+    pub bytes: i64,
+}
+
+/// A tenant with its pending count, summed over nodes.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TopTenant {
+    pub tenant: String,
+    pub pending: i64,
+    #[serde(default)]
+    pub dead: i64,
+}
