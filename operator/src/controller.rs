@@ -1,0 +1,821 @@
+//! The I/O shell around the planner: watch `Relay`s, observe what exists, ask the planner,
+//! carry out its answer, write the status.
+//!
+//! One reconcile:
+//! 1. read the `Relay` (watched as untyped objects, so one malformed `Relay` is reported on
+//!    itself — a Warning Event and a metric — and never breaks the watch of the others);
+//! 2. read the user's configuration (inline, or the referenced ConfigMap) and the
+//!    operator's token Secret (made once);
+//! 3. observe the StatefulSet, pods, owned objects, Jobs, whether the ServiceMonitor API is
+//!    served, and poll each ready pod's `/v1/node`;
+//! 4. [`planner::rollout`] and [`planner::changes`]: apply only what is missing or drifted,
+//!    by server-side apply under [`FIELD_MANAGER`] with an owner reference, with an Event
+//!    for each object created or changed; create the Jobs the planner asks for;
+//! 5. [`status::status`]: patch the status only when it differs.
+//!
+//! Reconciles repeat every `poll_interval` (that is the node poll); a failed reconcile
+//! backs off exponentially per object (1 s doubling to 5 min).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ankusa_crds::relay::{Relay, RelayStatus};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DynamicObject, ListParams, LogParams, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::watcher;
+use kube::{Client, Resource, ResourceExt};
+use serde_json::{json, Value};
+
+use crate::metrics::Metrics;
+use crate::nodes::NodeClient;
+use crate::planner::{self, Change, JobAction, JobObs, Observed, Owned, PodObs, ProbeObs, StsObs};
+use crate::resources::{self, DesiredSet, Names, ResourceError};
+use crate::status;
+
+/// The field manager of every server-side apply the operator makes.
+pub const FIELD_MANAGER: &str = "ankusa-operator";
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("malformed Relay: {0}")]
+    Malformed(String),
+    #[error(transparent)]
+    Resource(#[from] ResourceError),
+}
+
+impl Error {
+    /// The `reason` label of the failure metric.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Error::Kube(kube::Error::Api(s)) if s.code == 409 => "conflict",
+            Error::Kube(kube::Error::Api(s)) if s.code == 422 => "invalid",
+            Error::Kube(kube::Error::Api(s)) if s.code == 403 => "forbidden",
+            Error::Kube(kube::Error::Api(_)) => "api",
+            Error::Kube(_) => "transport",
+            Error::Malformed(_) => "malformed",
+            Error::Resource(_) => "resource",
+        }
+    }
+}
+
+/// Settings of the controller.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// How often each `Relay` is reconciled and its nodes polled.
+    pub poll_interval: Duration,
+    /// How a node's admin URL is formed (see [`crate::nodes::DEFAULT_URL_TEMPLATE`]).
+    pub node_url_template: String,
+    pub node_timeout: Duration,
+    /// The Events' reporting instance (the operator pod's name).
+    pub instance: String,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            poll_interval: Duration::from_secs(30),
+            node_url_template: crate::nodes::DEFAULT_URL_TEMPLATE.into(),
+            node_timeout: Duration::from_secs(3),
+            instance: "ankusa-operator".into(),
+        }
+    }
+}
+
+/// What every reconcile shares.
+pub struct Context {
+    pub client: Client,
+    pub metrics: Arc<Metrics>,
+    pub settings: Settings,
+    nodes: NodeClient,
+    recorder: Recorder,
+    /// Consecutive failures per `Relay`, for the backoff.
+    failures: Mutex<HashMap<(String, String), u32>>,
+    /// Store formats of probed images (an image's format never changes).
+    formats: Mutex<BTreeMap<String, u32>>,
+}
+
+impl Context {
+    pub fn new(client: Client, metrics: Arc<Metrics>, settings: Settings) -> Arc<Context> {
+        let recorder = Recorder::new(
+            client.clone(),
+            Reporter {
+                controller: FIELD_MANAGER.into(),
+                instance: Some(settings.instance.clone()),
+            },
+        );
+        Arc::new(Context {
+            nodes: NodeClient::new(settings.node_url_template.clone(), settings.node_timeout),
+            client,
+            metrics,
+            settings,
+            recorder,
+            failures: Mutex::new(HashMap::new()),
+            formats: Mutex::new(BTreeMap::new()),
+        })
+    }
+}
+
+/// The `Relay` resource as an untyped API resource (the watch reads untyped objects).
+pub fn relay_api_resource() -> kube::api::ApiResource {
+    kube::api::ApiResource::erase::<Relay>(&())
+}
+
+/// Watch every `Relay` (in `namespace`, or all) and reconcile until `shutdown` resolves.
+pub async fn run(
+    ctx: Arc<Context>,
+    namespace: Option<String>,
+    shutdown: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let client = ctx.client.clone();
+    let ar = relay_api_resource();
+    let (relays, sts, svc, cm, pdb, jobs) = match &namespace {
+        Some(ns) => (
+            Api::<DynamicObject>::namespaced_with(client.clone(), ns, &ar),
+            Api::<StatefulSet>::namespaced(client.clone(), ns),
+            Api::<Service>::namespaced(client.clone(), ns),
+            Api::<ConfigMap>::namespaced(client.clone(), ns),
+            Api::<PodDisruptionBudget>::namespaced(client.clone(), ns),
+            Api::<Job>::namespaced(client.clone(), ns),
+        ),
+        None => (
+            Api::<DynamicObject>::all_with(client.clone(), &ar),
+            Api::<StatefulSet>::all(client.clone()),
+            Api::<Service>::all(client.clone()),
+            Api::<ConfigMap>::all(client.clone()),
+            Api::<PodDisruptionBudget>::all(client.clone()),
+            Api::<Job>::all(client.clone()),
+        ),
+    };
+    let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=ankusa-operator");
+    Controller::new_with(relays, watcher::Config::default(), ar)
+        .owns(sts, owned.clone())
+        .owns(svc, owned.clone())
+        .owns(cm, owned.clone())
+        .owns(pdb, owned.clone())
+        .owns(jobs, owned)
+        .graceful_shutdown_on(shutdown)
+        .run(reconcile_object, error_policy, ctx)
+        .for_each(|res| async move {
+            match res {
+                Ok((obj, _)) => tracing::debug!(relay = %obj.name, "reconciled"),
+                Err(e) => tracing::warn!(error = %e, "reconcile failed"),
+            }
+        })
+        .await;
+}
+
+/// Reconcile one watched object: decode it, then [`reconcile`].
+pub async fn reconcile_object(obj: Arc<DynamicObject>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let relay = match decode(&obj) {
+        Ok(r) => r,
+        Err(e) => {
+            // Report on the object itself and wait for the user to fix it: retrying a
+            // spec that cannot parse only repeats the Event.
+            let reference = obj.object_ref(&relay_api_resource());
+            let _ = ctx
+                .recorder
+                .publish(
+                    &Event {
+                        type_: EventType::Warning,
+                        reason: "Malformed".into(),
+                        note: Some(truncate(&e.to_string(), 1000)),
+                        action: "Reconcile".into(),
+                        secondary: None,
+                    },
+                    &reference,
+                )
+                .await;
+            ctx.metrics.failure("malformed");
+            tracing::warn!(relay = %obj.name_any(), error = %e, "malformed Relay");
+            return Ok(Action::await_change());
+        }
+    };
+    reconcile(Arc::new(relay), ctx).await
+}
+
+/// A watched object as a `Relay`.
+pub fn decode(obj: &DynamicObject) -> Result<Relay, Error> {
+    let v = serde_json::to_value(obj).map_err(|e| Error::Malformed(e.to_string()))?;
+    serde_json::from_value(v).map_err(|e| Error::Malformed(e.to_string()))
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    s.chars().take(n).collect()
+}
+
+/// Back off per object: 1 s, 2 s, 4 s … up to 5 min.
+pub fn error_policy(obj: Arc<DynamicObject>, err: &Error, ctx: Arc<Context>) -> Action {
+    ctx.metrics.failure(err.reason());
+    let key = (obj.namespace().unwrap_or_default(), obj.name_any());
+    let n = {
+        let mut f = ctx.failures.lock().unwrap_or_else(|p| p.into_inner());
+        let n = f.entry(key).or_insert(0);
+        *n = n.saturating_add(1);
+        *n
+    };
+    tracing::warn!(relay = %obj.name_any(), error = %err, failures = n, "reconcile failed");
+    Action::requeue(backoff(n))
+}
+
+/// The delay after `n` consecutive failures.
+pub fn backoff(n: u32) -> Duration {
+    let secs = 1u64 << n.saturating_sub(1).min(9);
+    Duration::from_secs(secs.min(300))
+}
+
+/// One reconcile of one `Relay`.
+pub async fn reconcile(relay: Arc<Relay>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    ctx.metrics.reconciles.inc();
+    let result = reconcile_inner(&relay, &ctx).await;
+    ctx.metrics
+        .duration
+        .observe(started.elapsed().as_secs_f64());
+    if result.is_ok() {
+        let key = (relay.namespace().unwrap_or_default(), relay.name_any());
+        ctx.failures
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&key);
+    }
+    result
+}
+
+async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> {
+    let names = Names::of(relay)?;
+    let ns = names.namespace.as_str();
+    let client = &ctx.client;
+    let prev = relay.status.clone().unwrap_or_default();
+    let mut o = Observed {
+        now: now_rfc3339(),
+        ..Observed::default()
+    };
+
+    let user_config = match user_config(relay, client, ns).await {
+        Ok(c) => c,
+        Err(e) => {
+            o.config_error = Some(e);
+            None
+        }
+    };
+    let token = ensure_token(relay, ctx, &names).await?;
+
+    observe(relay, ctx, &names, &token, &mut o).await?;
+    let rollout = planner::rollout(relay, &prev, &o);
+    let monitor = planner::monitor_decision(relay, &o);
+
+    if o.config_error.is_none() {
+        let mut effective = relay.clone();
+        effective.spec.image = rollout.image.clone();
+        let desired = DesiredSet::build(
+            &effective,
+            user_config.as_ref(),
+            rollout.partition,
+            monitor == planner::MonitorDecision::Applied,
+        );
+        match desired {
+            Ok(desired) => {
+                for (kind, change) in planner::changes(&desired, &o.objects) {
+                    if let Err(e) =
+                        apply_owned(relay, ctx, &names, &desired, kind, change, &o).await
+                    {
+                        // A refused apply (an immutable field changed, say) is reported in
+                        // the status and retried with backoff.
+                        o.apply_error =
+                            Some(format!("{} {}: {e}", kind.kind(), change_word(change)));
+                        write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
+                        return Err(e);
+                    }
+                }
+            }
+            Err(e) => o.config_error = Some(e.to_string()),
+        }
+        for job in &rollout.jobs {
+            create_job(relay, ctx, &names, job, &o).await?;
+        }
+    }
+    write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
+    Ok(Action::requeue(ctx.settings.poll_interval))
+}
+
+fn change_word(c: Change) -> &'static str {
+    match c {
+        Change::Create => "create",
+        Change::Update => "update",
+    }
+}
+
+async fn write_status(
+    relay: &Relay,
+    ctx: &Context,
+    prev: &RelayStatus,
+    o: &Observed,
+    rollout: &planner::Rollout,
+    monitor: &planner::MonitorDecision,
+) -> Result<(), Error> {
+    let next = status::status(relay, prev, o, rollout, monitor);
+    if relay.status.as_ref() == Some(&next) {
+        return Ok(());
+    }
+    let api: Api<Relay> =
+        Api::namespaced(ctx.client.clone(), &relay.namespace().unwrap_or_default());
+    let body = json!({
+        "apiVersion": "ankusa.dev/v1alpha1",
+        "kind": "Relay",
+        "status": next,
+    });
+    api.patch_status(
+        &relay.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(())
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// The user's relay configuration: `spec.config.inline`, or the YAML under the referenced
+/// ConfigMap's key. An `Err` is a message for the `Degraded` condition.
+async fn user_config(relay: &Relay, client: &Client, ns: &str) -> Result<Option<Value>, String> {
+    let cfg = &relay.spec.config;
+    if let Some(inline) = &cfg.inline {
+        return Ok(Some(inline.clone()));
+    }
+    let Some(r) = &cfg.config_map_ref else {
+        return Ok(None);
+    };
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm = api
+        .get_opt(&r.name)
+        .await
+        .map_err(|e| format!("reading ConfigMap {}: {e}", r.name))?
+        .ok_or_else(|| format!("ConfigMap {} does not exist", r.name))?;
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&r.key))
+        .ok_or_else(|| format!("ConfigMap {} has no key {}", r.name, r.key))?;
+    let v: Value = serde_yaml::from_str(text)
+        .map_err(|e| format!("ConfigMap {} key {}: {e}", r.name, r.key))?;
+    Ok(Some(v))
+}
+
+/// The operator's admin token for this `Relay`: read from its Secret, made once.
+async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<String, Error> {
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    if let Some(s) = api.get_opt(&names.token_secret).await? {
+        if let Some(t) = s.data.as_ref().and_then(|d| d.get(resources::TOKEN_KEY)) {
+            return Ok(String::from_utf8_lossy(&t.0).into_owned());
+        }
+    }
+    let token = new_token();
+    let secret = resources::token_secret(relay, &token)?;
+    api.patch(
+        &names.token_secret,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&secret),
+    )
+    .await?;
+    event(
+        ctx,
+        relay,
+        "Created",
+        &format!("Secret/{}", names.token_secret),
+    )
+    .await;
+    ctx.metrics.applied("Secret", "create");
+    Ok(token)
+}
+
+fn new_token() -> String {
+    use rand::RngCore;
+    let mut b = [0u8; 32];
+    rand::rng().fill_bytes(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+async fn observe(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    token: &str,
+    o: &mut Observed,
+) -> Result<(), Error> {
+    let client = &ctx.client;
+    let ns = names.namespace.as_str();
+
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let sts = sts_api.get_opt(&names.statefulset).await?;
+    o.statefulset = sts.as_ref().map(sts_obs);
+    o.objects.statefulset = sts.as_ref().map(to_json);
+    o.objects.config_map = get_json::<ConfigMap>(client, ns, &names.config_map).await?;
+    o.objects.headless = get_json::<Service>(client, ns, &names.headless).await?;
+    o.objects.client = get_json::<Service>(client, ns, &names.client).await?;
+    o.objects.pdb = get_json::<PodDisruptionBudget>(client, ns, &names.pdb).await?;
+
+    o.service_monitor_api = service_monitor_served(client).await?;
+    if o.service_monitor_api && relay.spec.monitoring.service_monitor.enabled {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &resources::service_monitor_resource());
+        o.objects.service_monitor = api
+            .get_opt(&names.service_monitor)
+            .await?
+            .as_ref()
+            .map(to_json);
+    }
+
+    let selector = resources::selector_labels(&names.relay)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!(
+            "{selector},{}=relay",
+            "app.kubernetes.io/component"
+        )))
+        .await?;
+    o.pods = list
+        .items
+        .iter()
+        .filter_map(|p| pod_obs(p, &names.statefulset))
+        .collect();
+
+    // Poll every ready pod, concurrently.
+    let polls = o.pods.iter().filter(|p| p.ready).map(|p| {
+        let url = ctx.nodes.url(&p.name, &names.headless, ns);
+        let name = p.name.clone();
+        let nodes = ctx.nodes.clone();
+        let token = token.to_owned();
+        async move { (name, nodes.poll(&url, &token).await) }
+    });
+    for (name, reading) in futures::future::join_all(polls).await {
+        ctx.metrics.poll(reading.is_ok());
+        if let Err(e) = &reading {
+            tracing::info!(relay = %names.relay, pod = %name, error = %e, "node did not answer");
+        }
+        o.nodes.insert(name, reading);
+    }
+
+    observe_jobs(relay, ctx, names, o).await?;
+    Ok(())
+}
+
+async fn observe_jobs(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    o: &mut Observed,
+) -> Result<(), Error> {
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let jobs = api
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/instance={},{}",
+            names.relay,
+            resources::JOB_LABEL
+        )))
+        .await?;
+    let by_name: BTreeMap<String, &Job> = jobs.items.iter().map(|j| (j.name_any(), j)).collect();
+    let cached = ctx
+        .formats
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    for (image, f) in &cached {
+        o.probes.insert(image.clone(), ProbeObs::Format(*f));
+    }
+    // The probe of the spec's image.
+    let image = relay.spec.image.clone();
+    let name = planner::probe_job_name(relay, &image);
+    let probe = match by_name.get(&name) {
+        Some(job) if !o.probes.contains_key(&image) => Some(match job_obs(job) {
+            JobObs::Running => ProbeObs::Running,
+            JobObs::Failed(m) => ProbeObs::Failed(m),
+            JobObs::Succeeded => match probe_format(ctx, &names.namespace, &name).await {
+                Ok(f) => {
+                    ctx.formats
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .insert(image.clone(), f);
+                    ProbeObs::Format(f)
+                }
+                Err(m) => ProbeObs::Failed(m),
+            },
+        }),
+        _ => None,
+    };
+    if let Some(p) = probe {
+        o.probes.insert(image, p);
+    }
+    // Backup Jobs of the upgrade under way.
+    if let Some(u) = relay.status.as_ref().and_then(|s| s.upgrade.as_ref()) {
+        if let Some(target) = &u.target_image {
+            for i in 0..relay.spec.replicas {
+                let name = planner::backup_job_name(relay, i, target, u.retry_seen.as_deref());
+                if let Some(job) = by_name.get(&name) {
+                    o.backups.insert(i, job_obs(job));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The store format the probe Job's pod printed.
+async fn probe_format(ctx: &Context, ns: &str, job: &str) -> Result<u32, String> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await
+        .map_err(|e| e.to_string())?;
+    let pod = list
+        .items
+        .iter()
+        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+        .ok_or("the probe's pod is gone")?;
+    let log = pods
+        .logs(
+            &pod.name_any(),
+            &LogParams {
+                container: Some("probe".into()),
+                limit_bytes: Some(4096),
+                ..LogParams::default()
+            },
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+    parse_version_json(&log)
+}
+
+/// `store_format` from `ankusa-relay version --json` output (its last JSON line).
+pub fn parse_version_json(log: &str) -> Result<u32, String> {
+    log.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+        .and_then(|v| v.get("store_format").and_then(Value::as_u64))
+        .and_then(|f| u32::try_from(f).ok())
+        .ok_or_else(|| {
+            format!(
+                "no store_format in the probe's output: {}",
+                truncate(log, 200)
+            )
+        })
+}
+
+fn job_obs(job: &Job) -> JobObs {
+    let status = job.status.clone().unwrap_or_default();
+    if status.succeeded.unwrap_or(0) > 0 {
+        return JobObs::Succeeded;
+    }
+    let failed = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Failed" && c.status == "True");
+    match failed {
+        Some(c) => JobObs::Failed(c.message.or(c.reason).unwrap_or_else(|| "failed".into())),
+        None => JobObs::Running,
+    }
+}
+
+async fn create_job(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    job: &JobAction,
+    o: &Observed,
+) -> Result<(), Error> {
+    let (name, obj) = match job {
+        JobAction::Probe { image } => {
+            let name = planner::probe_job_name(relay, image);
+            (name.clone(), resources::probe_job(relay, &name, image)?)
+        }
+        JobAction::Backup { ordinal, target } => {
+            let retry = relay
+                .status
+                .as_ref()
+                .and_then(|s| s.upgrade.as_ref())
+                .and_then(|u| u.retry_seen.clone())
+                .or_else(|| relay.spec.upgrade.retry.clone());
+            let name = planner::backup_job_name(relay, *ordinal, target, retry.as_deref());
+            let pod = names.pod(*ordinal);
+            // The node's own release pulls its backup.
+            let image = o
+                .pods
+                .iter()
+                .find(|p| p.ordinal == *ordinal)
+                .map(|p| p.image.clone())
+                .unwrap_or_else(|| relay.spec.image.clone());
+            let url = ctx.nodes.url(&pod, &names.headless, &names.namespace);
+            (
+                name.clone(),
+                resources::backup_job(relay, &name, *ordinal, &image, &url)?,
+            )
+        }
+    };
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    api.patch(
+        &name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&obj),
+    )
+    .await?;
+    event(ctx, relay, "Created", &format!("Job/{name}")).await;
+    ctx.metrics.applied("Job", "create");
+    Ok(())
+}
+
+fn to_json<T: serde::Serialize>(t: &T) -> Value {
+    serde_json::to_value(t).unwrap_or(Value::Null)
+}
+
+async fn get_json<K>(client: &Client, ns: &str, name: &str) -> Result<Option<Value>, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    Ok(api.get_opt(name).await?.as_ref().map(to_json))
+}
+
+/// `monitoring.coreos.com/v1` serves `servicemonitors`.
+pub async fn service_monitor_served(client: &Client) -> Result<bool, Error> {
+    match client
+        .list_api_group_resources("monitoring.coreos.com/v1")
+        .await
+    {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicemonitors")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn sts_obs(s: &StatefulSet) -> StsObs {
+    let spec = s.spec.clone().unwrap_or_default();
+    let status = s.status.clone().unwrap_or_default();
+    StsObs {
+        image: spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.containers.iter().find(|c| c.name == "relay"))
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default(),
+        partition: spec
+            .update_strategy
+            .and_then(|u| u.rolling_update)
+            .and_then(|r| r.partition)
+            .unwrap_or(0),
+        ready_replicas: status.ready_replicas.unwrap_or(0),
+        updated_replicas: status.updated_replicas.unwrap_or(0),
+    }
+}
+
+fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
+    let name = p.name_any();
+    let ordinal = name.strip_prefix(sts)?.strip_prefix('-')?.parse().ok()?;
+    let spec = p.spec.as_ref()?;
+    let image = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "relay")
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let status = p.status.clone().unwrap_or_default();
+    let ready = p.metadata.deletion_timestamp.is_none()
+        && status
+            .conditions
+            .unwrap_or_default()
+            .iter()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+    let failing = status
+        .container_statuses
+        .unwrap_or_default()
+        .iter()
+        .filter(|c| c.name == "relay")
+        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+        .find(|r| {
+            matches!(
+                r.as_str(),
+                "CrashLoopBackOff"
+                    | "ImagePullBackOff"
+                    | "ErrImagePull"
+                    | "CreateContainerConfigError"
+            )
+        });
+    Some(PodObs {
+        name,
+        ordinal,
+        image,
+        ready,
+        failing,
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn apply_owned(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    desired: &DesiredSet,
+    kind: Owned,
+    change: Change,
+    _o: &Observed,
+) -> Result<(), Error> {
+    let client = ctx.client.clone();
+    let ns = names.namespace.as_str();
+    let pp = PatchParams::apply(FIELD_MANAGER).force();
+    let name = match kind {
+        Owned::ConfigMap => {
+            let api: Api<ConfigMap> = Api::namespaced(client, ns);
+            api.patch(&names.config_map, &pp, &Patch::Apply(&desired.config_map))
+                .await?;
+            &names.config_map
+        }
+        Owned::HeadlessService => {
+            let api: Api<Service> = Api::namespaced(client, ns);
+            api.patch(&names.headless, &pp, &Patch::Apply(&desired.headless))
+                .await?;
+            &names.headless
+        }
+        Owned::ClientService => {
+            let api: Api<Service> = Api::namespaced(client, ns);
+            api.patch(&names.client, &pp, &Patch::Apply(&desired.client))
+                .await?;
+            &names.client
+        }
+        Owned::StatefulSet => {
+            let api: Api<StatefulSet> = Api::namespaced(client, ns);
+            api.patch(&names.statefulset, &pp, &Patch::Apply(&desired.statefulset))
+                .await?;
+            &names.statefulset
+        }
+        Owned::PodDisruptionBudget => {
+            let api: Api<PodDisruptionBudget> = Api::namespaced(client, ns);
+            api.patch(&names.pdb, &pp, &Patch::Apply(&desired.pdb))
+                .await?;
+            &names.pdb
+        }
+        Owned::ServiceMonitor => {
+            let Some(sm) = &desired.service_monitor else {
+                return Ok(());
+            };
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client, ns, &resources::service_monitor_resource());
+            api.patch(&names.service_monitor, &pp, &Patch::Apply(sm))
+                .await?;
+            &names.service_monitor
+        }
+    };
+    let reason = match change {
+        Change::Create => "Created",
+        Change::Update => "Updated",
+    };
+    event(ctx, relay, reason, &format!("{}/{name}", kind.kind())).await;
+    ctx.metrics.applied(kind.kind(), change_word(change));
+    tracing::info!(relay = %names.relay, object = %format!("{}/{name}", kind.kind()), change = change_word(change), "applied");
+    Ok(())
+}
+
+/// A Normal Event on the `Relay` naming the object it is about (`Kind/name`, the
+/// Event's related object, so Events about different objects are not merged into one
+/// series). An Event that cannot be written is logged, not fatal.
+async fn event(ctx: &Context, relay: &Relay, reason: &str, object: &str) {
+    let (kind, name) = object.split_once('/').unwrap_or(("", object));
+    let related = k8s_openapi::api::core::v1::ObjectReference {
+        kind: Some(kind.to_owned()),
+        name: Some(name.to_owned()),
+        namespace: relay.namespace(),
+        ..Default::default()
+    };
+    let ev = Event {
+        type_: EventType::Normal,
+        reason: reason.into(),
+        note: Some(format!("{reason} {object}")),
+        action: "Apply".into(),
+        secondary: Some(related),
+    };
+    if let Err(e) = ctx.recorder.publish(&ev, &relay.object_ref(&())).await {
+        tracing::warn!(error = %e, "cannot write an Event");
+    }
+}

@@ -1,0 +1,26 @@
+//! The Ankusa operator: reconciles `Relay` resources (`relays.ankusa.dev`) into relay
+//! nodes — a StatefulSet with a volume per node, its Services, configuration, disruption
+//! budget and ServiceMonitor — and reports what the nodes say in the `Relay`'s status.
+//!
+//! - [`planner`] decides (pure: observed state → next action), including the
+//!   backup-gated store-format upgrade;
+//! - [`resources`] builds the desired objects (pure);
+//! - [`status`] computes the status (pure);
+//! - [`controller`] is the I/O shell: watch, observe, apply under one field manager,
+//!   Events, status patch, backoff;
+//! - [`nodes`] polls each node's `/v1/node`;
+//! - [`leader`] keeps two replicas from reconciling at once (a Lease);
+//! - [`metrics`], [`telemetry`]: the operator's own metrics and logs.
+//!
+//! The operator never deletes a PersistentVolumeClaim: no code path here can (there is no
+//! delete of any kind), and the StatefulSet retains its claims on scale-down and deletion.
+
+pub mod controller;
+pub mod leader;
+pub mod metrics;
+pub mod nodes;
+pub mod planner;
+pub mod rbac;
+pub mod resources;
+pub mod status;
+pub mod telemetry;

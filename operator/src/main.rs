@@ -1,0 +1,158 @@
+//! `ankusa-operator`: `run` (the controller) and `crd` (print the CRD).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+
+use ankusa_operator::controller::{self, Context, Settings};
+use ankusa_operator::leader::{self, LeaseSettings};
+use ankusa_operator::metrics::Metrics;
+use ankusa_operator::telemetry::{self, LogFormat};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ankusa-operator",
+    version,
+    about = "Reconciles Ankusa Relay resources"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Watch Relay resources and reconcile them.
+    Run(RunArgs),
+    /// Print the Relay CustomResourceDefinition as YAML.
+    Crd,
+}
+
+#[derive(Debug, clap::Args)]
+struct RunArgs {
+    /// Watch only this namespace (default: every namespace).
+    #[arg(long, env = "ANKUSA_OPERATOR_NAMESPACE")]
+    watch_namespace: Option<String>,
+    /// Where /metrics, /healthz and /readyz are served.
+    #[arg(
+        long,
+        env = "ANKUSA_OPERATOR_METRICS_ADDR",
+        default_value = "0.0.0.0:8080"
+    )]
+    metrics_addr: SocketAddr,
+    /// Seconds between reconciles of a Relay (and polls of its nodes).
+    #[arg(long, env = "ANKUSA_OPERATOR_POLL_INTERVAL_S", default_value_t = 30)]
+    poll_interval_s: u64,
+    /// A node's admin URL, from {pod}, {service} and {namespace}.
+    #[arg(long, env = "ANKUSA_OPERATOR_NODE_URL", default_value = ankusa_operator::nodes::DEFAULT_URL_TEMPLATE)]
+    node_url_template: String,
+    /// Elect a leader through a Lease (turn off only with a single replica).
+    #[arg(long, env = "ANKUSA_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
+    leader_election: bool,
+    #[arg(
+        long,
+        env = "ANKUSA_OPERATOR_LEASE_NAME",
+        default_value = "ankusa-operator"
+    )]
+    lease_name: String,
+    /// The Lease's namespace (default: the operator pod's, from POD_NAMESPACE).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
+    lease_namespace: String,
+    /// This replica's identity (default: the pod name, from POD_NAME).
+    #[arg(long, env = "POD_NAME", default_value = "ankusa-operator")]
+    identity: String,
+    #[arg(
+        long,
+        env = "ANKUSA_OPERATOR_LOG_FORMAT",
+        value_enum,
+        default_value = "text"
+    )]
+    log_format: LogFormat,
+}
+
+fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Crd => {
+            print!("{}", ankusa_crds::manifest::crd_yaml());
+            Ok(())
+        }
+        Command::Run(args) => {
+            telemetry::init(args.log_format);
+            tokio::runtime::Runtime::new()?.block_on(run(args))
+        }
+    }
+}
+
+async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let metrics = Arc::new(Metrics::default());
+    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_addr))?;
+    let router = ankusa_operator::metrics::router(metrics.clone());
+    tokio::spawn(async move {
+        if let Err(e) = axum::serve(listener, router).await {
+            tracing::error!(error = %e, "metrics listener stopped");
+        }
+    });
+    let client = kube::Client::try_default()
+        .await
+        .context("connecting to the Kubernetes API")?;
+    let lease = LeaseSettings {
+        name: args.lease_name.clone(),
+        namespace: args.lease_namespace.clone(),
+        identity: args.identity.clone(),
+        lease_duration: Duration::from_secs(15),
+        renew_every: Duration::from_secs(5),
+    };
+    if args.leader_election {
+        leader::acquire(&client, &lease).await;
+    }
+    metrics.leader.set(1);
+    let settings = Settings {
+        poll_interval: Duration::from_secs(args.poll_interval_s.max(1)),
+        node_url_template: args.node_url_template,
+        instance: args.identity,
+        ..Settings::default()
+    };
+    let ctx = Context::new(client.clone(), metrics.clone(), settings);
+    tracing::info!(namespace = ?args.watch_namespace, "reconciling Relays");
+    // Losing the Lease stops the controller; the process then exits and restarts as a
+    // follower.
+    let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
+    if args.leader_election {
+        let client = client.clone();
+        tokio::spawn(async move {
+            leader::keep(&client, &lease).await;
+            let _ = lost_tx.send(());
+        });
+    }
+    let lost = async move {
+        // Without election the sender is dropped at once; that is not a lost Lease.
+        if args.leader_election {
+            let _ = lost_rx.await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let shutdown = async move {
+        let term = async {
+            if let Ok(mut s) =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            {
+                s.recv().await;
+            }
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term => {},
+            _ = lost => {},
+        }
+    };
+    controller::run(ctx, args.watch_namespace, shutdown).await;
+    metrics.leader.set(0);
+    Ok(())
+}

@@ -1,0 +1,150 @@
+//! The operator's own metrics (prometheus-client), served at `/metrics` beside `/healthz`
+//! and `/readyz` on `--metrics-addr`.
+//!
+//! - `ankusa_operator_reconciles_total` — reconciles run.
+//! - `ankusa_operator_reconcile_failures_total{reason}` — reconciles that failed, by reason.
+//! - `ankusa_operator_reconcile_duration_seconds` — histogram of reconcile time.
+//! - `ankusa_operator_node_polls_total{outcome}` — `/v1/node` polls, `ok` or `error`.
+//! - `ankusa_operator_applies_total{kind,change}` — objects created or updated.
+//! - `ankusa_operator_leader` — 1 while this replica holds the leader Lease.
+
+use std::sync::atomic::AtomicI64;
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ApplyLabels {
+    pub kind: String,
+    pub change: String,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub reconciles: Counter,
+    pub failures: Family<ReasonLabels, Counter>,
+    pub duration: Histogram,
+    pub node_polls: Family<OutcomeLabels, Counter>,
+    pub applies: Family<ApplyLabels, Counter>,
+    pub leader: Gauge<i64, AtomicI64>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let mut registry = Registry::with_prefix("ankusa_operator");
+        let reconciles = Counter::default();
+        registry.register("reconciles", "Reconciles run", reconciles.clone());
+        let failures = Family::<ReasonLabels, Counter>::default();
+        registry.register(
+            "reconcile_failures",
+            "Reconciles that failed, by reason",
+            failures.clone(),
+        );
+        let duration = Histogram::new(exponential_buckets(0.005, 2.0, 12));
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time a reconcile took",
+            duration.clone(),
+        );
+        let node_polls = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "node_polls",
+            "Polls of a node's /v1/node, by outcome",
+            node_polls.clone(),
+        );
+        let applies = Family::<ApplyLabels, Counter>::default();
+        registry.register(
+            "applies",
+            "Owned objects created or updated",
+            applies.clone(),
+        );
+        let leader = Gauge::<i64, AtomicI64>::default();
+        registry.register(
+            "leader",
+            "1 while this replica holds the leader Lease",
+            leader.clone(),
+        );
+        Metrics {
+            registry,
+            reconciles,
+            failures,
+            duration,
+            node_polls,
+            applies,
+            leader,
+        }
+    }
+}
+
+impl Metrics {
+    pub fn failure(&self, reason: &str) {
+        self.failures
+            .get_or_create(&ReasonLabels {
+                reason: reason.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn poll(&self, ok: bool) {
+        self.node_polls
+            .get_or_create(&OutcomeLabels {
+                outcome: if ok { "ok" } else { "error" }.into(),
+            })
+            .inc();
+    }
+
+    pub fn applied(&self, kind: &str, change: &str) {
+        self.applies
+            .get_or_create(&ApplyLabels {
+                kind: kind.to_owned(),
+                change: change.to_owned(),
+            })
+            .inc();
+    }
+
+    /// The registry in the Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+/// `/metrics`, `/healthz`, `/readyz` for the operator's pod.
+pub fn router(metrics: Arc<Metrics>) -> axum::Router {
+    use axum::routing::get;
+    axum::Router::new()
+        .route(
+            "/metrics",
+            get(move || {
+                let m = metrics.clone();
+                async move {
+                    (
+                        [(
+                            axum::http::header::CONTENT_TYPE,
+                            "text/plain; version=0.0.4; charset=utf-8",
+                        )],
+                        m.encode(),
+                    )
+                }
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .route("/readyz", get(|| async { "ok" }))
+}

@@ -1,0 +1,51 @@
+//! The permissions the operator's code uses, one line per API call site kind. The chart's
+//! RBAC (`charts/ankusa/templates/rbac.yaml`) grants exactly these; a test renders the chart
+//! and compares, so a new call without a grant (or a grant without a call) fails the build.
+
+/// (API group, resource, verbs) granted cluster-wide.
+pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
+    // controller: the watch of Relays.
+    ("ankusa.dev", "relays", &["get", "list", "watch"]),
+    // controller::write_status: server-side apply of the status subresource.
+    ("ankusa.dev", "relays/status", &["patch"]),
+    // controller::observe + apply_owned + the owned-object watches. Server-side apply that
+    // creates an object is authorised as `create`.
+    (
+        "apps",
+        "statefulsets",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    ("", "services", &["get", "list", "watch", "create", "patch"]),
+    // Owned ConfigMaps, and the user's configMapRef.
+    (
+        "",
+        "configmaps",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    (
+        "policy",
+        "poddisruptionbudgets",
+        &["get", "list", "watch", "create", "patch"],
+    ),
+    // controller::ensure_token: the operator's own token Secret.
+    ("", "secrets", &["get", "create", "patch"]),
+    // controller::observe: the Relay's pods; probe_format: the probe Job's pod and its log.
+    ("", "pods", &["list"]),
+    ("", "pods/log", &["get"]),
+    // controller::observe_jobs + create_job: image probe and backup Jobs.
+    ("batch", "jobs", &["list", "watch", "create", "patch"]),
+    (
+        "monitoring.coreos.com",
+        "servicemonitors",
+        &["get", "create", "patch"],
+    ),
+    // controller::event: events.k8s.io/v1 Events (a repeat is a patch of its series).
+    ("events.k8s.io", "events", &["create", "patch"]),
+];
+
+/// (API group, resource, verbs) granted in the operator's own namespace.
+pub const LEADER_RULES: &[(&str, &str, &[&str])] = &[(
+    "coordination.k8s.io",
+    "leases",
+    &["get", "create", "update"],
+)];

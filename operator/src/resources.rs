@@ -1,0 +1,660 @@
+//! The objects a `Relay` owns, built from its spec: pure functions, no I/O.
+//!
+//! Every object carries the same labels, an owner reference to the `Relay` (so deleting
+//! the `Relay` garbage-collects them) and nothing the operator does not mean to own:
+//! these are server-side apply bodies, and every field in them is a field the operator
+//! claims under its field manager. Fields left out (a `kubectl rollout restart`
+//! annotation, a replica count an autoscaler sets elsewhere) stay with whoever set them.
+//!
+//! What a node is, as objects:
+//! - ConfigMap `<name>-config`: `relay.yaml`, the user's configuration with the keys that
+//!   tie a node to its pod (data directory, listeners, `tenants.max`, backup directory)
+//!   set by the operator, and the operator's own admin token (read from a file) added.
+//! - Secret `<name>-operator-token`: the token the operator polls `/v1/node` with; made
+//!   once, kept across reconciles.
+//! - Services `<name>-nodes` (headless, one DNS name per pod, used by the operator and
+//!   Prometheus) and `<name>` (ingest and admin for clients).
+//! - StatefulSet `<name>`: one volume claim per node (`data-<name>-<ordinal>`), retained
+//!   when the set is scaled down or deleted — the operator never deletes a store.
+//! - PodDisruptionBudget `<name>`: at most one node down by eviction.
+//! - ServiceMonitor `<name>` when asked for and the Prometheus Operator is installed.
+
+use std::collections::BTreeMap;
+
+use ankusa_crds::relay::Relay;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// The relay's ingest port (`POST /ingest/{source}`).
+pub const INGEST_PORT: u16 = 8080;
+/// The relay's admin port (`/v1/...`, `/metrics`, `/healthz`, `/readyz`).
+pub const ADMIN_PORT: u16 = 9090;
+/// Where a node's volume is mounted; the store lives in `data/` under it.
+pub const DATA_MOUNT: &str = "/var/lib/ankusa";
+/// Where `relay.yaml` is mounted.
+pub const CONFIG_MOUNT: &str = "/etc/ankusa";
+/// Where the operator's token is mounted.
+pub const TOKEN_MOUNT: &str = "/etc/ankusa-operator";
+/// The key of the relay configuration in the ConfigMap.
+pub const CONFIG_KEY: &str = "relay.yaml";
+/// The key of the token in the operator's Secret.
+pub const TOKEN_KEY: &str = "token";
+/// The admin token name the relay writes to its audit trail for the operator's calls.
+pub const TOKEN_NAME: &str = "ankusa-operator";
+/// Pod template annotation with the hash of `relay.yaml`: a configuration change rolls
+/// the nodes (the relay reads its configuration at start).
+pub const CONFIG_HASH_ANNOTATION: &str = "ankusa.dev/config-hash";
+
+/// Why a desired object could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourceError {
+    #[error("the Relay has no {0}")]
+    MissingMeta(&'static str),
+    #[error("relay configuration: {0}")]
+    Config(String),
+    #[error("building {kind}: {source}")]
+    Build {
+        kind: &'static str,
+        source: serde_json::Error,
+    },
+}
+
+/// Names of the objects a `Relay` owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub relay: String,
+    pub namespace: String,
+    pub statefulset: String,
+    pub headless: String,
+    pub client: String,
+    pub config_map: String,
+    pub token_secret: String,
+    pub pdb: String,
+    pub service_monitor: String,
+}
+
+impl Names {
+    pub fn of(relay: &Relay) -> Result<Names, ResourceError> {
+        let name = relay
+            .meta()
+            .name
+            .clone()
+            .ok_or(ResourceError::MissingMeta("name"))?;
+        let namespace = relay
+            .meta()
+            .namespace
+            .clone()
+            .ok_or(ResourceError::MissingMeta("namespace"))?;
+        Ok(Names {
+            statefulset: name.clone(),
+            headless: format!("{name}-nodes"),
+            client: name.clone(),
+            config_map: format!("{name}-config"),
+            token_secret: format!("{name}-operator-token"),
+            pdb: name.clone(),
+            service_monitor: name.clone(),
+            namespace,
+            relay: name,
+        })
+    }
+
+    /// The pod of ordinal `i`.
+    pub fn pod(&self, i: i32) -> String {
+        format!("{}-{i}", self.statefulset)
+    }
+
+    /// The claim of ordinal `i` (named by the StatefulSet controller).
+    pub fn claim(&self, i: i32) -> String {
+        format!("data-{}-{i}", self.statefulset)
+    }
+}
+
+/// Labels on every object of a `Relay`.
+pub fn labels(relay_name: &str) -> BTreeMap<String, String> {
+    let mut l = selector_labels(relay_name);
+    l.insert(
+        "app.kubernetes.io/managed-by".into(),
+        "ankusa-operator".into(),
+    );
+    l.insert("app.kubernetes.io/component".into(), "relay".into());
+    l
+}
+
+/// The labels that select a `Relay`'s pods (immutable on a StatefulSet).
+pub fn selector_labels(relay_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "ankusa-relay".into()),
+        ("app.kubernetes.io/instance".into(), relay_name.into()),
+    ])
+}
+
+/// The controller owner reference every owned object carries.
+pub fn owner(relay: &Relay) -> Result<OwnerReference, ResourceError> {
+    relay
+        .controller_owner_ref(&())
+        .ok_or(ResourceError::MissingMeta("uid"))
+}
+
+fn metadata(relay: &Relay, name: &str) -> Result<Value, ResourceError> {
+    let names = Names::of(relay)?;
+    Ok(json!({
+        "name": name,
+        "namespace": names.namespace,
+        "labels": labels(&names.relay),
+        "ownerReferences": [owner(relay)?],
+    }))
+}
+
+/// `v` as a typed object. A field the type does not know would be dropped silently by
+/// the conversion; it is refused instead, so a misspelt field is an error, not a no-op.
+fn typed<T: DeserializeOwned + serde::Serialize>(
+    kind: &'static str,
+    v: Value,
+) -> Result<T, ResourceError> {
+    let t: T = serde_json::from_value(v.clone())
+        .map_err(|source| ResourceError::Build { kind, source })?;
+    let back = serde_json::to_value(&t).map_err(|source| ResourceError::Build { kind, source })?;
+    if !crate::planner::contains(&back, &v) {
+        return Err(ResourceError::Config(format!(
+            "{kind}: a field is not part of the {kind} schema"
+        )));
+    }
+    Ok(t)
+}
+
+/// The relay configuration the nodes run: `user` (inline or from the referenced
+/// ConfigMap; `None` for none) with the operator's keys set.
+pub fn relay_config(relay: &Relay, user: Option<&Value>) -> Result<Value, ResourceError> {
+    let mut cfg = match user {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::Object(m)) => Value::Object(m.clone()),
+        Some(_) => {
+            return Err(ResourceError::Config(
+                "the relay configuration must be a mapping of keys".into(),
+            ))
+        }
+    };
+    let root = object(&mut cfg, "")?;
+    root.insert("data_dir".into(), json!(format!("{DATA_MOUNT}/data")));
+    let ingest = entry_object(root, "ingest")?;
+    ingest.insert("listen".into(), json!(format!("0.0.0.0:{INGEST_PORT}")));
+    let admin = entry_object(root, "admin")?;
+    admin.insert("listen".into(), json!(format!("0.0.0.0:{ADMIN_PORT}")));
+    admin.insert("backup_dir".into(), json!(format!("{DATA_MOUNT}/backups")));
+    let tokens = admin.entry("tokens").or_insert_with(|| json!([]));
+    let Value::Array(tokens) = tokens else {
+        return Err(ResourceError::Config("admin.tokens must be a list".into()));
+    };
+    tokens.retain(|t| t.get("name") != Some(&json!(TOKEN_NAME)));
+    tokens.push(json!({
+        "name": TOKEN_NAME,
+        "secret": { "file": format!("{TOKEN_MOUNT}/{TOKEN_KEY}") },
+        "scope": "admin",
+    }));
+    let tenants = entry_object(root, "tenants")?;
+    tenants.insert("max".into(), json!(relay.spec.tenants.max));
+    Ok(cfg)
+}
+
+fn object<'a>(
+    v: &'a mut Value,
+    key: &str,
+) -> Result<&'a mut serde_json::Map<String, Value>, ResourceError> {
+    v.as_object_mut()
+        .ok_or_else(|| ResourceError::Config(format!("{key} must be a mapping")))
+}
+
+fn entry_object<'a>(
+    m: &'a mut serde_json::Map<String, Value>,
+    key: &str,
+) -> Result<&'a mut serde_json::Map<String, Value>, ResourceError> {
+    let v = m.entry(key).or_insert_with(|| json!({}));
+    if v.is_null() {
+        *v = json!({});
+    }
+    object(v, key)
+}
+
+/// `relay.yaml` as text, with a stable key order.
+pub fn relay_yaml(cfg: &Value) -> Result<String, ResourceError> {
+    serde_yaml::to_string(cfg).map_err(|e| ResourceError::Config(e.to_string()))
+}
+
+/// A short hash of `relay.yaml` for the pod template annotation.
+pub fn config_hash(yaml: &str) -> String {
+    let digest = Sha256::digest(yaml.as_bytes());
+    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn config_map(relay: &Relay, yaml: &str) -> Result<ConfigMap, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "ConfigMap",
+        json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata(relay, &names.config_map)?,
+            "data": { CONFIG_KEY: yaml },
+        }),
+    )
+}
+
+/// The operator's token Secret. `token` is the existing value when the Secret exists, so
+/// re-applying it changes nothing.
+pub fn token_secret(relay: &Relay, token: &str) -> Result<Secret, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "Secret",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata(relay, &names.token_secret)?,
+            "type": "Opaque",
+            "stringData": { TOKEN_KEY: token },
+        }),
+    )
+}
+
+fn ports() -> Value {
+    json!([
+        { "name": "ingest", "port": INGEST_PORT, "targetPort": "ingest", "protocol": "TCP" },
+        { "name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP" },
+    ])
+}
+
+/// The headless Service: a DNS name per pod, ready or not (the operator polls a pod
+/// that is starting or migrating, and Prometheus scrapes it).
+pub fn headless_service(relay: &Relay) -> Result<Service, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "Service",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(relay, &names.headless)?,
+            "spec": {
+                "clusterIP": "None",
+                "publishNotReadyAddresses": true,
+                "selector": selector_labels(&names.relay),
+                "ports": ports(),
+            },
+        }),
+    )
+}
+
+/// The client Service: ingest for providers, admin for operators of the relay.
+pub fn client_service(relay: &Relay) -> Result<Service, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "Service",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": metadata(relay, &names.client)?,
+            "spec": {
+                "type": "ClusterIP",
+                "selector": selector_labels(&names.relay),
+                "ports": ports(),
+            },
+        }),
+    )
+}
+
+/// The StatefulSet. `partition` holds ordinals below it on their current revision (the
+/// upgrade gate lowers it one ordinal at a time); `config_hash` rolls the pods when
+/// `relay.yaml` changes.
+pub fn statefulset(
+    relay: &Relay,
+    partition: i32,
+    config_hash: &str,
+) -> Result<StatefulSet, ResourceError> {
+    let names = Names::of(relay)?;
+    let spec = &relay.spec;
+    let mut container = json!({
+        "name": "relay",
+        "image": spec.image,
+        "args": ["run", "--config", format!("{CONFIG_MOUNT}/{CONFIG_KEY}")],
+        "ports": [
+            { "name": "ingest", "containerPort": INGEST_PORT, "protocol": "TCP" },
+            { "name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP" },
+        ],
+        "env": spec.config.secret_env.iter().map(|e| json!({
+            "name": e.name,
+            "valueFrom": { "secretKeyRef": e.secret_key_ref },
+        })).collect::<Vec<_>>(),
+        "volumeMounts": [
+            { "name": "data", "mountPath": DATA_MOUNT },
+            { "name": "config", "mountPath": CONFIG_MOUNT, "readOnly": true },
+            { "name": "operator-token", "mountPath": TOKEN_MOUNT, "readOnly": true },
+        ],
+        // Ready means the store is open, migrated and the listeners are up; a node
+        // migrating its store is alive but not ready.
+        "readinessProbe": {
+            "httpGet": { "path": "/readyz", "port": "admin" },
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        "livenessProbe": {
+            "httpGet": { "path": "/healthz", "port": "admin" },
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": {
+            "allowPrivilegeEscalation": false,
+            "readOnlyRootFilesystem": true,
+            "capabilities": { "drop": ["ALL"] },
+        },
+    });
+    if let Some(policy) = &spec.image_pull_policy {
+        container["imagePullPolicy"] = json!(policy);
+    }
+    if let Some(resources) = &spec.resources {
+        container["resources"] = json!(resources);
+    }
+    let mut claim_spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": { "requests": { "storage": spec.storage.size } },
+    });
+    if let Some(class) = &spec.storage.storage_class_name {
+        claim_spec["storageClassName"] = json!(class);
+    }
+    typed(
+        "StatefulSet",
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": metadata(relay, &names.statefulset)?,
+            "spec": {
+                "replicas": spec.replicas,
+                "serviceName": names.headless,
+                // Nodes are independent stores: start them together; the upgrade gate,
+                // not the pod management policy, orders a format change.
+                "podManagementPolicy": "Parallel",
+                "selector": { "matchLabels": selector_labels(&names.relay) },
+                "updateStrategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": { "partition": partition },
+                },
+                // A store is never deleted by scaling down or deleting the Relay.
+                "persistentVolumeClaimRetentionPolicy": {
+                    "whenDeleted": "Retain",
+                    "whenScaled": "Retain",
+                },
+                "template": {
+                    "metadata": {
+                        "labels": labels(&names.relay),
+                        "annotations": { CONFIG_HASH_ANNOTATION: config_hash },
+                    },
+                    "spec": {
+                        "terminationGracePeriodSeconds": 30,
+                        "securityContext": {
+                            "runAsNonRoot": true,
+                            "runAsUser": 10001,
+                            "runAsGroup": 10001,
+                            "fsGroup": 10001,
+                        },
+                        "containers": [container],
+                        "volumes": [
+                            { "name": "config", "configMap": { "name": names.config_map } },
+                            { "name": "operator-token", "secret": { "secretName": names.token_secret } },
+                        ],
+                    },
+                },
+                "volumeClaimTemplates": [{
+                    "metadata": { "name": "data", "labels": selector_labels(&names.relay) },
+                    "spec": claim_spec,
+                }],
+            },
+        }),
+    )
+}
+
+/// At most one node down by voluntary eviction: a node down stops its tenants' ingest.
+pub fn pdb(relay: &Relay) -> Result<PodDisruptionBudget, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "PodDisruptionBudget",
+        json!({
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": metadata(relay, &names.pdb)?,
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": { "matchLabels": selector_labels(&names.relay) },
+            },
+        }),
+    )
+}
+
+/// The Prometheus Operator's `ServiceMonitor` resource.
+pub fn service_monitor_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+        "servicemonitors",
+    )
+}
+
+/// A ServiceMonitor scraping every node's `/metrics` through the headless Service.
+pub fn service_monitor(relay: &Relay) -> Result<DynamicObject, ResourceError> {
+    let names = Names::of(relay)?;
+    let sm = &relay.spec.monitoring.service_monitor;
+    let mut meta = metadata(relay, &names.service_monitor)?;
+    for (k, v) in &sm.labels {
+        meta["labels"][k] = json!(v);
+    }
+    let mut endpoint = json!({
+        "port": "admin",
+        "path": "/metrics",
+        "interval": sm.interval,
+    });
+    if !sm.relabelings.is_empty() {
+        endpoint["relabelings"] = json!(sm.relabelings);
+    }
+    let mut selector = selector_labels(&names.relay);
+    selector.insert("app.kubernetes.io/component".into(), "relay".into());
+    typed(
+        "ServiceMonitor",
+        json!({
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": meta,
+            "spec": {
+                "selector": { "matchLabels": selector },
+                "namespaceSelector": { "matchNames": [names.namespace] },
+                "endpoints": [endpoint],
+            },
+        }),
+    )
+}
+
+/// Every desired object of a `Relay` (the ServiceMonitor only when it will be applied).
+#[derive(Debug, Clone)]
+pub struct DesiredSet {
+    pub config_map: ConfigMap,
+    pub headless: Service,
+    pub client: Service,
+    pub statefulset: StatefulSet,
+    pub pdb: PodDisruptionBudget,
+    pub service_monitor: Option<DynamicObject>,
+}
+
+impl DesiredSet {
+    pub fn build(
+        relay: &Relay,
+        user_config: Option<&Value>,
+        partition: i32,
+        with_service_monitor: bool,
+    ) -> Result<DesiredSet, ResourceError> {
+        let yaml = relay_yaml(&relay_config(relay, user_config)?)?;
+        Ok(DesiredSet {
+            config_map: config_map(relay, &yaml)?,
+            headless: headless_service(relay)?,
+            client: client_service(relay)?,
+            statefulset: statefulset(relay, partition, &config_hash(&yaml))?,
+            pdb: pdb(relay)?,
+            service_monitor: if with_service_monitor {
+                Some(service_monitor(relay)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The objects as one YAML stream, in apply order (what the golden file holds).
+    pub fn to_yaml(&self) -> Result<String, ResourceError> {
+        let mut docs = vec![
+            to_value(&self.config_map)?,
+            to_value(&self.headless)?,
+            to_value(&self.client)?,
+            to_value(&self.statefulset)?,
+            to_value(&self.pdb)?,
+        ];
+        if let Some(sm) = &self.service_monitor {
+            docs.push(to_value(sm)?);
+        }
+        let mut out = String::new();
+        for d in docs {
+            out.push_str("---\n");
+            out.push_str(
+                &serde_yaml::to_string(&d).map_err(|e| ResourceError::Config(e.to_string()))?,
+            );
+        }
+        Ok(out)
+    }
+}
+
+fn to_value<T: serde::Serialize>(t: &T) -> Result<Value, ResourceError> {
+    serde_json::to_value(t).map_err(|source| ResourceError::Build {
+        kind: "object",
+        source,
+    })
+}
+
+/// The relay's name of an owned object, for Events.
+pub fn describe<K: Resource<DynamicType = ()>>(obj: &K) -> String {
+    format!("{}/{}", K::kind(&()), obj.name_any())
+}
+
+/// Label on the operator's Jobs: `probe` or `backup`.
+pub const JOB_LABEL: &str = "ankusa.dev/job";
+/// Where the backup volume is mounted in a backup Job.
+pub const BACKUP_MOUNT: &str = "/backups";
+
+fn job_labels(relay_name: &str, job: &str) -> BTreeMap<String, String> {
+    let mut l = labels(relay_name);
+    l.insert("app.kubernetes.io/component".into(), format!("{job}-job"));
+    l.insert(JOB_LABEL.into(), job.into());
+    l
+}
+
+/// A Job that prints `ankusa-relay version --json` of `image`: the store format a release
+/// would move the stores to, learned before any pod moves.
+pub fn probe_job(
+    relay: &Relay,
+    name: &str,
+    image: &str,
+) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
+    let names = Names::of(relay)?;
+    let mut meta = metadata(relay, name)?;
+    meta["labels"] = json!(job_labels(&names.relay, "probe"));
+    typed(
+        "Job",
+        json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta,
+            "spec": {
+                "backoffLimit": 2,
+                "ttlSecondsAfterFinished": 86400,
+                "template": {
+                    "metadata": { "labels": job_labels(&names.relay, "probe") },
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "containers": [{
+                            "name": "probe",
+                            "image": image,
+                            "args": ["version", "--json"],
+                            "securityContext": {
+                                "runAsNonRoot": true,
+                                "runAsUser": 10001,
+                                "allowPrivilegeEscalation": false,
+                                "readOnlyRootFilesystem": true,
+                                "capabilities": { "drop": ["ALL"] },
+                            },
+                        }],
+                    },
+                },
+            },
+        }),
+    )
+}
+
+/// A Job that pulls node `ordinal`'s checkpoint archive over the admin API onto the backup
+/// volume (`/backups/<relay>/<pod>/<id>.tar.zst`), with `image` (the node's current
+/// release, which speaks its own backup API).
+pub fn backup_job(
+    relay: &Relay,
+    name: &str,
+    ordinal: i32,
+    image: &str,
+    node_url: &str,
+) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
+    let names = Names::of(relay)?;
+    let claim = relay
+        .spec
+        .backup
+        .as_ref()
+        .map(|b| b.destination.claim_name.clone())
+        .ok_or(ResourceError::Config(
+            "spec.backup.destination is not set".into(),
+        ))?;
+    let pod = names.pod(ordinal);
+    let mut meta = metadata(relay, name)?;
+    meta["labels"] = json!(job_labels(&names.relay, "backup"));
+    meta["labels"]["ankusa.dev/ordinal"] = json!(ordinal.to_string());
+    typed(
+        "Job",
+        json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta,
+            "spec": {
+                "backoffLimit": 2,
+                "template": {
+                    "metadata": { "labels": job_labels(&names.relay, "backup") },
+                    "spec": {
+                        "restartPolicy": "Never",
+                        "securityContext": { "runAsNonRoot": true, "runAsUser": 10001, "fsGroup": 10001 },
+                        "containers": [{
+                            "name": "backup",
+                            "image": image,
+                            "args": [
+                                "backup", "pull",
+                                "--from", node_url,
+                                "--to", format!("{BACKUP_MOUNT}/{}/{pod}", names.relay),
+                            ],
+                            "env": [{
+                                "name": "ANKUSA_ADMIN_TOKEN",
+                                "valueFrom": { "secretKeyRef": { "name": names.token_secret, "key": TOKEN_KEY } },
+                            }],
+                            "volumeMounts": [{ "name": "backups", "mountPath": BACKUP_MOUNT }],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": false,
+                                "readOnlyRootFilesystem": true,
+                                "capabilities": { "drop": ["ALL"] },
+                            },
+                        }],
+                        "volumes": [{ "name": "backups", "persistentVolumeClaim": { "claimName": claim } }],
+                    },
+                },
+            },
+        }),
+    )
+}

@@ -1,0 +1,296 @@
+//! The `Relay`'s status, computed from what the nodes and the cluster report (pure), and
+//! the patch that writes it.
+//!
+//! Every condition carries the generation it describes, so `kubectl wait
+//! --for=condition=Ready` never acts on an answer about an older spec. A condition keeps
+//! its `lastTransitionTime` while its status stays the same, so re-writing an unchanged
+//! status changes nothing.
+//!
+//! Conditions: `Ready` (every node's pod Ready and its `/v1/node` answering), `Progressing`,
+//! `Upgrading`, `BackupSucceeded` (once a backup ran), `Degraded` (configuration, apply,
+//! upgrade or node faults — a node that does not answer is reported here, not an error of
+//! the reconcile), `ServiceMonitor`.
+
+use std::collections::BTreeMap;
+
+use ankusa_crds::relay::{
+    Condition, NodeReport, Phase, Relay, RelayStatus, TenantTotals, TopTenant, UpgradePhase,
+    TOP_TENANTS_MAX,
+};
+
+use crate::planner::{in_progress, MonitorDecision, Observed, Rollout};
+
+/// The `Relay`'s status.
+pub fn status(
+    relay: &Relay,
+    prev: &RelayStatus,
+    o: &Observed,
+    r: &Rollout,
+    monitor: &MonitorDecision,
+) -> RelayStatus {
+    let generation = relay.metadata.generation.unwrap_or(0);
+    let replicas = relay.spec.replicas.max(0);
+    let names = crate::resources::Names::of(relay).ok();
+
+    let mut nodes = Vec::new();
+    let mut totals = TenantTotals {
+        max: relay.spec.tenants.max,
+        ..TenantTotals::default()
+    };
+    let mut top: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    let mut answered = 0;
+    for i in 0..replicas {
+        let name = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
+        let pod = o.pods.iter().find(|p| p.ordinal == i);
+        let mut report = NodeReport {
+            name: name.clone(),
+            ..NodeReport::default()
+        };
+        match (pod, o.nodes.get(&name)) {
+            (None, _) => report.message = Some("no pod".into()),
+            (Some(p), _) if !p.ready => {
+                report.message = Some(
+                    p.failing
+                        .clone()
+                        .unwrap_or_else(|| "pod is not Ready".into()),
+                )
+            }
+            (Some(_), None) => report.message = Some("not polled yet".into()),
+            (Some(_), Some(Err(e))) => report.message = Some(format!("/v1/node: {e}")),
+            (Some(_), Some(Ok(n))) => {
+                answered += 1;
+                let s = &n.status;
+                report.ready = true;
+                report.version = Some(s.version.clone());
+                report.format = Some(s.store_format);
+                report.migrating = s.migrating_to.is_some();
+                report.pending = s.counters.pending;
+                report.dead = s.counters.dead;
+                totals.count += i64::from(s.tenants);
+                totals.pending += s.counters.pending;
+                totals.scheduled += s.counters.scheduled;
+                totals.inflight += s.counters.inflight;
+                totals.dead += s.counters.dead;
+                totals.bytes += s.counters.bytes;
+                for (t, pending, dead) in &n.top {
+                    let e = top.entry(t.clone()).or_default();
+                    e.0 += pending;
+                    e.1 += dead;
+                }
+            }
+        }
+        nodes.push(report);
+    }
+    let mut top: Vec<TopTenant> = top
+        .into_iter()
+        .map(|(tenant, (pending, dead))| TopTenant {
+            tenant,
+            pending,
+            dead,
+        })
+        .collect();
+    top.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.tenant.cmp(&b.tenant)));
+    top.truncate(TOP_TENANTS_MAX);
+
+    let store_format = nodes.iter().filter_map(|n| n.format).min();
+    let all_ready = o.statefulset.is_some() && answered == replicas;
+    let upgrading = r.upgrade.as_ref().map(in_progress).unwrap_or(false);
+
+    let mut conds = Conditions::new(prev, generation, &o.now);
+    if all_ready {
+        conds.set(
+            "Ready",
+            true,
+            "AllNodesReady",
+            format!("{answered}/{replicas} nodes ready and answering"),
+        );
+    } else {
+        let waiting: Vec<String> = nodes
+            .iter()
+            .filter(|n| !n.ready)
+            .map(|n| format!("{}: {}", n.name, n.message.clone().unwrap_or_default()))
+            .collect();
+        conds.set("Ready", false, "NodesNotReady", waiting.join("; "));
+    }
+    let sts = o.statefulset.as_ref();
+    let rolling = sts
+        .map(|s| s.updated_replicas < replicas || s.ready_replicas < replicas)
+        .unwrap_or(true);
+    match (&r.hold, upgrading, rolling) {
+        (Some(h), _, _) if !h.fault => conds.set("Progressing", false, h.reason, h.message.clone()),
+        (_, true, _) => conds.set(
+            "Progressing",
+            true,
+            "Upgrading",
+            "a gated format upgrade is rolling",
+        ),
+        (_, _, true) => conds.set(
+            "Progressing",
+            true,
+            "RollingOut",
+            "nodes are being created or updated",
+        ),
+        _ => conds.set(
+            "Progressing",
+            false,
+            "Stable",
+            "every node runs the requested release",
+        ),
+    }
+    match &r.upgrade {
+        Some(u) if in_progress(u) => conds.set(
+            "Upgrading",
+            !matches!(u.phase, UpgradePhase::Failed | UpgradePhase::Blocked),
+            match u.phase {
+                UpgradePhase::BackingUp => "BackingUp",
+                UpgradePhase::Rolling => "Rolling",
+                UpgradePhase::Verifying => "Verifying",
+                UpgradePhase::Failed => "Failed",
+                _ => "Blocked",
+            },
+            format!(
+                "to {}: {} of {replicas} nodes migrated",
+                u.target_image.clone().unwrap_or_default(),
+                u.pods_migrated
+            ),
+        ),
+        _ => conds.set(
+            "Upgrading",
+            false,
+            "NoUpgrade",
+            "no format upgrade under way",
+        ),
+    }
+    if r.backups_succeeded_now {
+        conds.set(
+            "BackupSucceeded",
+            true,
+            "BackupsCompleted",
+            format!("{replicas} node backups on the backup volume"),
+        );
+    } else if let Some(h) = r.hold.as_ref().filter(|h| h.reason == "BackupFailed") {
+        conds.set("BackupSucceeded", false, "BackupFailed", h.message.clone());
+    }
+    let mut faults: Vec<(&'static str, String)> = Vec::new();
+    if let Some(e) = &o.config_error {
+        faults.push(("ConfigInvalid", e.clone()));
+    }
+    if let Some(e) = &o.apply_error {
+        faults.push(("ApplyFailed", e.clone()));
+    }
+    if let Some(h) = r.hold.as_ref().filter(|h| h.fault) {
+        faults.push((h.reason, h.message.clone()));
+    }
+    let silent: Vec<&NodeReport> = nodes
+        .iter()
+        .filter(|n| {
+            !n.ready
+                && n.message
+                    .as_deref()
+                    .map(|m| m.starts_with("/v1/node"))
+                    .unwrap_or(false)
+        })
+        .collect();
+    if !silent.is_empty() {
+        faults.push((
+            "NodeNotAnswering",
+            silent
+                .iter()
+                .map(|n| format!("{}: {}", n.name, n.message.clone().unwrap_or_default()))
+                .collect::<Vec<_>>()
+                .join("; "),
+        ));
+    }
+    match faults.first() {
+        Some((reason, _)) => conds.set(
+            "Degraded",
+            true,
+            reason,
+            faults
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        None => conds.set("Degraded", false, "Healthy", "nothing needs attention"),
+    }
+    match monitor {
+        MonitorDecision::Disabled => conds.set("ServiceMonitor", false, "Disabled", "spec.monitoring.serviceMonitor.enabled is false"),
+        MonitorDecision::Applied => conds.set("ServiceMonitor", true, "Applied", "the ServiceMonitor scrapes every node's /metrics"),
+        MonitorDecision::ApiMissing => conds.set(
+            "ServiceMonitor",
+            false,
+            "ApiNotServed",
+            "monitoring.coreos.com/v1 ServiceMonitor is not served by this cluster (is the Prometheus Operator installed?)",
+        ),
+    }
+
+    let phase = if !faults.is_empty() {
+        Phase::Degraded
+    } else if upgrading {
+        Phase::Upgrading
+    } else if all_ready {
+        Phase::Running
+    } else {
+        Phase::Pending
+    };
+    RelayStatus {
+        observed_generation: Some(generation),
+        conditions: conds.into_vec(),
+        phase: Some(phase),
+        nodes_ready: Some(format!("{answered}/{replicas}")),
+        store_format,
+        target_format: r.target_format.or(prev.target_format),
+        upgrade: r.upgrade.clone(),
+        nodes,
+        tenants: Some(totals),
+        top_tenants: top,
+        last_backup: if r.backups_succeeded_now {
+            Some(o.now.clone())
+        } else {
+            prev.last_backup.clone()
+        },
+    }
+}
+
+/// Conditions with their transition time kept while their status does not change.
+struct Conditions<'a> {
+    prev: &'a RelayStatus,
+    generation: i64,
+    now: &'a str,
+    out: Vec<Condition>,
+}
+
+impl<'a> Conditions<'a> {
+    fn new(prev: &'a RelayStatus, generation: i64, now: &'a str) -> Self {
+        Conditions {
+            prev,
+            generation,
+            now,
+            out: Vec::new(),
+        }
+    }
+
+    fn set(&mut self, type_: &str, status: bool, reason: &str, message: impl Into<String>) {
+        let status = if status { "True" } else { "False" }.to_owned();
+        let last_transition_time = self
+            .prev
+            .conditions
+            .iter()
+            .find(|c| c.type_ == type_ && c.status == status)
+            .map(|c| c.last_transition_time.clone())
+            .unwrap_or_else(|| self.now.to_owned());
+        self.out.push(Condition {
+            type_: type_.to_owned(),
+            status,
+            reason: reason.to_owned(),
+            message: message.into(),
+            last_transition_time,
+            observed_generation: self.generation,
+        });
+    }
+
+    fn into_vec(self) -> Vec<Condition> {
+        self.out
+    }
+}

@@ -1,0 +1,206 @@
+//! The Helm chart, rendered and linted by the real Helm engine (`scripts/render-chart.py`,
+//! helm-python-sdk, installed by `scripts/install-deps.sh`): every rendered document parses
+//! as its Kubernetes type without a field the type does not know, RBAC is exactly what the
+//! code uses, and the CRD template is the generated CRD with `helm.sh/resource-policy: keep`.
+
+use std::collections::BTreeSet;
+use std::process::Command;
+
+use ankusa_operator::planner::contains;
+use ankusa_operator::rbac::{CLUSTER_RULES, LEADER_RULES};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::CustomResourceExt;
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::support::root;
+
+fn render(values: Value) -> Vec<Value> {
+    let out = Command::new("python3")
+        .arg(root().join("scripts/render-chart.py"))
+        .arg(root().join("charts/ankusa"))
+        .arg("--values-json")
+        .arg(values.to_string())
+        .output()
+        .expect("python3 runs");
+    assert!(
+        out.status.success(),
+        "the chart does not lint or render:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| Value::deserialize(d).unwrap())
+        .filter(|v| !v.is_null())
+        .collect()
+}
+
+/// `doc` as a `T`, with nothing lost on the way (an unknown or misplaced field would be).
+fn parse<T: DeserializeOwned + serde::Serialize>(doc: &Value) -> T {
+    let t: T = serde_json::from_value(doc.clone())
+        .unwrap_or_else(|e| panic!("{} does not parse: {e}", doc["kind"]));
+    let back = serde_json::to_value(&t).unwrap();
+    assert!(
+        contains(&back, doc),
+        "{} {} has a field its type does not know:\n{}",
+        doc["kind"],
+        doc["metadata"]["name"],
+        serde_yaml::to_string(doc).unwrap()
+    );
+    t
+}
+
+fn check_all(docs: &[Value]) {
+    for doc in docs {
+        match doc["kind"].as_str().unwrap() {
+            "Deployment" => drop(parse::<Deployment>(doc)),
+            "ServiceAccount" => drop(parse::<ServiceAccount>(doc)),
+            "Service" => drop(parse::<Service>(doc)),
+            "ClusterRole" => drop(parse::<ClusterRole>(doc)),
+            "ClusterRoleBinding" => drop(parse::<ClusterRoleBinding>(doc)),
+            "Role" => drop(parse::<Role>(doc)),
+            "RoleBinding" => drop(parse::<RoleBinding>(doc)),
+            "CustomResourceDefinition" => drop(parse::<CustomResourceDefinition>(doc)),
+            other => panic!("the chart renders an unexpected kind {other}"),
+        }
+    }
+}
+
+fn kinds(docs: &[Value]) -> Vec<String> {
+    docs.iter()
+        .map(|d| d["kind"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn find<'a>(docs: &'a [Value], kind: &str) -> &'a Value {
+    docs.iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind}"))
+}
+
+type Grant = (String, String, BTreeSet<String>);
+
+fn grants(rules: &[PolicyRule]) -> BTreeSet<Grant> {
+    let mut out = BTreeSet::new();
+    for r in rules {
+        for g in r.api_groups.clone().unwrap_or_default() {
+            for res in r.resources.clone().unwrap_or_default() {
+                out.insert((g.clone(), res, r.verbs.iter().cloned().collect()));
+            }
+        }
+    }
+    out
+}
+
+fn expected(rules: &[(&str, &str, &[&str])]) -> BTreeSet<Grant> {
+    rules
+        .iter()
+        .map(|(g, r, v)| {
+            (
+                (*g).to_owned(),
+                (*r).to_owned(),
+                v.iter().map(|s| (*s).to_owned()).collect(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn chart_renders_kubernetes_objects() {
+    let docs = render(json!({}));
+    check_all(&docs);
+    let mut k = kinds(&docs);
+    k.sort();
+    assert_eq!(
+        k,
+        [
+            "ClusterRole",
+            "ClusterRoleBinding",
+            "CustomResourceDefinition",
+            "Deployment",
+            "Role",
+            "RoleBinding",
+            "Service",
+            "ServiceAccount"
+        ]
+    );
+    let deploy: Deployment = parse(find(&docs, "Deployment"));
+    let spec = deploy.spec.unwrap();
+    assert_eq!(spec.replicas, Some(2));
+    let pod = spec.template.spec.unwrap();
+    let c = &pod.containers[0];
+    assert_eq!(c.args.as_deref(), Some(&["run".to_owned()][..]));
+    let env: Vec<String> = c
+        .env
+        .clone()
+        .unwrap()
+        .iter()
+        .map(|e| e.name.clone())
+        .collect();
+    assert!(env.contains(&"POD_NAME".to_owned()) && env.contains(&"POD_NAMESPACE".to_owned()));
+    assert_eq!(pod.service_account_name.as_deref(), Some("ankusa"));
+}
+
+#[test]
+fn chart_rbac_is_exactly_what_the_code_uses() {
+    let docs = render(json!({}));
+    let cluster: ClusterRole = parse(find(&docs, "ClusterRole"));
+    let granted = grants(&cluster.rules.unwrap_or_default());
+    assert_eq!(granted, expected(CLUSTER_RULES));
+    let role: Role = parse(find(&docs, "Role"));
+    assert_eq!(grants(&role.rules.unwrap()), expected(LEADER_RULES));
+    // Nothing may delete, anywhere.
+    for (_, _, verbs) in granted {
+        assert!(!verbs.contains("delete") && !verbs.contains("deletecollection"));
+    }
+}
+
+#[test]
+fn chart_crd_is_the_generated_crd_kept_on_uninstall() {
+    let docs = render(json!({}));
+    let crd = find(&docs, "CustomResourceDefinition");
+    assert_eq!(
+        crd["metadata"]["annotations"]["helm.sh/resource-policy"],
+        "keep"
+    );
+    let mut generated = serde_json::to_value(ankusa_crds::relay::Relay::crd()).unwrap();
+    generated["metadata"]["annotations"] = json!({ "helm.sh/resource-policy": "keep" });
+    assert_eq!(crd, &generated);
+}
+
+#[test]
+fn chart_options_change_what_renders() {
+    // No CRD, no leader election, one namespace watched.
+    let docs = render(json!({
+        "crds": { "install": false },
+        "leaderElection": { "enabled": false },
+        "replicaCount": 1,
+        "watchNamespace": "payments",
+    }));
+    check_all(&docs);
+    let k = kinds(&docs);
+    assert!(!k.contains(&"CustomResourceDefinition".to_owned()));
+    assert!(!k.contains(&"Role".to_owned()));
+    let deploy: Deployment = parse(find(&docs, "Deployment"));
+    let env = deploy.spec.unwrap().template.spec.unwrap().containers[0]
+        .env
+        .clone()
+        .unwrap();
+    let get = |n: &str| {
+        env.iter()
+            .find(|e| e.name == n)
+            .and_then(|e| e.value.clone())
+    };
+    assert_eq!(
+        get("ANKUSA_OPERATOR_NAMESPACE").as_deref(),
+        Some("payments")
+    );
+    assert_eq!(
+        get("ANKUSA_OPERATOR_LEADER_ELECTION").as_deref(),
+        Some("false")
+    );
+}

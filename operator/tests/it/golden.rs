@@ -1,0 +1,165 @@
+//! The objects a `Relay` owns, compared with committed golden YAML
+//! (`tests/golden/<fixture>.yaml`), so a reviewer sees every change to them as a diff.
+//! `UPDATE_GOLDEN=1 cargo nextest run -p ankusa-operator golden` rewrites the files.
+
+use ankusa_operator::planner;
+use ankusa_operator::resources::{self, DesiredSet, Names};
+
+use crate::support::{relay, test_path};
+
+fn rendered(fixture: &str) -> String {
+    let r = relay(fixture);
+    let d = DesiredSet::build(
+        &r,
+        r.spec.config.inline.as_ref(),
+        0,
+        r.spec.monitoring.service_monitor.enabled,
+    )
+    .unwrap();
+    let mut out = d.to_yaml().unwrap();
+    let names = Names::of(&r).unwrap();
+    // The Jobs of an upgrade and the token Secret (with a fixed token) belong to the review.
+    let secret = resources::token_secret(&r, "0123456789abcdef").unwrap();
+    out.push_str("---\n");
+    out.push_str(&serde_yaml::to_string(&secret).unwrap());
+    let probe_name = planner::probe_job_name(&r, &r.spec.image);
+    let probe = resources::probe_job(&r, &probe_name, &r.spec.image).unwrap();
+    out.push_str("---\n");
+    out.push_str(&serde_yaml::to_string(&probe).unwrap());
+    if r.spec.backup.is_some() {
+        let name = planner::backup_job_name(&r, 0, &r.spec.image, None);
+        let url = format!(
+            "http://{}.{}.{}.svc:9090",
+            names.pod(0),
+            names.headless,
+            names.namespace
+        );
+        let job = resources::backup_job(&r, &name, 0, "ghcr.io/ankusa/relay:0.0.9", &url).unwrap();
+        out.push_str("---\n");
+        out.push_str(&serde_yaml::to_string(&job).unwrap());
+    }
+    out
+}
+
+fn check(fixture: &str) {
+    let got = rendered(fixture);
+    let path = test_path(&format!("golden/{fixture}.yaml"));
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, &got).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path).unwrap_or_default();
+    if got != want {
+        let diff: Vec<String> = got
+            .lines()
+            .zip(want.lines().chain(std::iter::repeat("<end of file>")))
+            .enumerate()
+            .filter(|(_, (g, w))| g != w)
+            .take(5)
+            .map(|(i, (g, w))| format!("line {}: generated {g:?}, golden {w:?}", i + 1))
+            .collect();
+        panic!(
+            "{} differs from the generated objects (UPDATE_GOLDEN=1 to accept):\n{}",
+            path.display(),
+            diff.join("\n")
+        );
+    }
+}
+
+#[test]
+fn minimal_relay_objects_match_golden_yaml() {
+    check("minimal");
+}
+
+#[test]
+fn full_relay_objects_match_golden_yaml() {
+    check("full");
+}
+
+/// The relay configuration the operator writes is one the relay node accepts.
+#[test]
+fn generated_relay_yaml_is_accepted_by_the_relay() {
+    for fixture in ["minimal", "full"] {
+        let r = relay(fixture);
+        let cfg = resources::relay_config(&r, r.spec.config.inline.as_ref()).unwrap();
+        let yaml = resources::relay_yaml(&cfg).unwrap();
+        // The node reads its secrets at start: give it the files and variables the pod has.
+        let dir = tempfile::tempdir().unwrap();
+        let token = dir.path().join("token");
+        std::fs::write(&token, "an-operator-token-of-32-bytes-at-least").unwrap();
+        let yaml = yaml.replace("/etc/ankusa-operator/token", token.to_str().unwrap());
+        for e in &r.spec.config.secret_env {
+            std::env::set_var(&e.name, "a-secret-from-a-secret");
+        }
+        let parsed =
+            ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).unwrap_or_else(|e| {
+                panic!("{fixture}: the relay refuses the generated config: {e}\n{yaml}")
+            });
+        assert_eq!(i64::from(parsed.tenants.max), r.spec.tenants.max);
+        assert_eq!(parsed.admin.listen.port(), resources::ADMIN_PORT);
+        assert_eq!(parsed.ingest.listen.port(), resources::INGEST_PORT);
+        assert!(parsed
+            .admin
+            .tokens
+            .iter()
+            .any(|t| t.name == resources::TOKEN_NAME));
+    }
+}
+
+/// The user cannot move the node off the ports, data directory and ceiling the operator
+/// manages, and a token of the user's keeps its place beside the operator's.
+#[test]
+fn operator_keys_override_the_users() {
+    let r = relay("minimal");
+    let user = serde_json::json!({
+        "data_dir": "/tmp/elsewhere",
+        "admin": { "listen": "127.0.0.1:1", "tokens": [
+            { "name": "ops", "secret": { "env": "OPS_TOKEN" }, "scope": "admin" },
+            { "name": resources::TOKEN_NAME, "secret": { "value": "spoofed" }, "scope": "admin" },
+        ] },
+        "tenants": { "max": 7 },
+    });
+    let cfg = resources::relay_config(&r, Some(&user)).unwrap();
+    assert_eq!(cfg["data_dir"], "/var/lib/ankusa/data");
+    assert_eq!(cfg["admin"]["listen"], "0.0.0.0:9090");
+    assert_eq!(cfg["tenants"]["max"], 1_000_000);
+    let tokens = cfg["admin"]["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 2);
+    assert_eq!(tokens[0]["name"], "ops");
+    assert_eq!(tokens[1]["secret"]["file"], "/etc/ankusa-operator/token");
+    // Not a mapping: a clear error, nothing built.
+    let err = resources::relay_config(&r, Some(&serde_json::json!(["a"]))).unwrap_err();
+    assert!(err.to_string().contains("mapping"), "{err}");
+}
+
+/// A configuration change rolls the pods (the hash on the template changes); the same
+/// configuration gives the same hash.
+#[test]
+fn config_hash_follows_the_configuration() {
+    let r = relay("minimal");
+    let a = DesiredSet::build(&r, None, 0, false).unwrap();
+    let b = DesiredSet::build(&r, None, 0, false).unwrap();
+    let c = DesiredSet::build(
+        &r,
+        Some(&serde_json::json!({"dedupe": {"window_ms": 1000}})),
+        0,
+        false,
+    )
+    .unwrap();
+    let hash = |d: &DesiredSet| {
+        d.statefulset
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .annotations
+            .as_ref()
+            .unwrap()[resources::CONFIG_HASH_ANNOTATION]
+            .clone()
+    };
+    assert_eq!(hash(&a), hash(&b));
+    assert_ne!(hash(&a), hash(&c));
+}

@@ -1,0 +1,12 @@
+//! The operator's integration tests: one binary, a module per area.
+
+// Test helpers panic on failure: that is how a test reports it.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod apiserver;
+mod chart;
+mod golden;
+mod leader;
+mod planner;
+mod reconcile;
+mod support;

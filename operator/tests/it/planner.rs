@@ -1,0 +1,183 @@
+//! Planner scenarios from YAML fixtures (`tests/fixtures/planner/*.yaml`).
+//!
+//! Each file names a `Relay` fixture (or patches one), the status the `Relay` carries, what
+//! the cluster and the nodes report, and what the planner must decide: the StatefulSet's
+//! image and partition, Jobs, the upgrade cursor's phase, which objects to create or
+//! update, and a subset of the status. Owned objects are observed as `none` (nothing
+//! exists) or `desired` (exactly what the spec asks for), with `drift` merged in.
+
+use ankusa_crds::relay::{Relay, RelayStatus};
+use ankusa_operator::planner::{self, Observed, ObservedObjects};
+use ankusa_operator::resources::DesiredSet;
+use ankusa_operator::status;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::support::{assert_contains, relay_value, test_path};
+
+#[derive(Deserialize)]
+struct Scenario {
+    relay: String,
+    #[serde(default)]
+    spec: Value,
+    #[serde(default)]
+    status: Option<RelayStatus>,
+    #[serde(default)]
+    observed: Observed,
+    /// `none` or `desired`.
+    #[serde(default = "none")]
+    objects: String,
+    #[serde(default)]
+    drift: Value,
+    expect: Value,
+}
+
+fn none() -> String {
+    "none".into()
+}
+
+fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
+
+fn desired_objects(
+    relay: &Relay,
+    user: Option<&Value>,
+    partition: i32,
+    sm: bool,
+) -> ObservedObjects {
+    let d = DesiredSet::build(relay, user, partition, sm).unwrap();
+    ObservedObjects {
+        config_map: Some(j(&d.config_map)),
+        headless: Some(j(&d.headless)),
+        client: Some(j(&d.client)),
+        statefulset: Some(j(&d.statefulset)),
+        pdb: Some(j(&d.pdb)),
+        service_monitor: d.service_monitor.as_ref().map(j),
+    }
+}
+
+fn j<T: serde::Serialize>(t: &T) -> Value {
+    serde_json::to_value(t).unwrap()
+}
+
+fn run(file: &str) {
+    let path = test_path(&format!("fixtures/planner/{file}"));
+    let text = std::fs::read_to_string(&path).unwrap();
+    // Through JSON, so enums read as `{ Ok: ... }` rather than YAML tags.
+    let v: Value = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let sc: Scenario = serde_json::from_value(v).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let mut rv = relay_value(&sc.relay);
+    if !sc.spec.is_null() {
+        merge(&mut rv["spec"], &sc.spec);
+    }
+    let relay: Relay = serde_json::from_value(rv).unwrap();
+    let prev = sc.status.clone().unwrap_or_default();
+    let mut o = sc.observed;
+    o.now = "2026-11-30T00:00:00Z".into();
+
+    // First the rollout (it decides the image and partition the objects are compared at).
+    let r = planner::rollout(&relay, &prev, &o);
+    let monitor = planner::monitor_decision(&relay, &o);
+    let sm = monitor == planner::MonitorDecision::Applied;
+    let user = relay.spec.config.inline.clone();
+    if sc.objects == "desired" {
+        // What the cluster holds: what the spec asked for at the observed state.
+        let mut steady = relay.clone();
+        if let Some(s) = &o.statefulset {
+            steady.spec.image = s.image.clone();
+        }
+        let partition = o.statefulset.as_ref().map(|s| s.partition).unwrap_or(0);
+        let mut objs =
+            serde_json::to_value(desired_objects(&steady, user.as_ref(), partition, sm)).unwrap();
+        if !sc.drift.is_null() {
+            merge(&mut objs, &sc.drift);
+        }
+        o.objects = serde_json::from_value(objs).unwrap();
+    }
+    let mut effective = relay.clone();
+    effective.spec.image = r.image.clone();
+    let desired = DesiredSet::build(&effective, user.as_ref(), r.partition, sm).unwrap();
+    let changes = planner::changes(&desired, &o.objects);
+    let st = status::status(&relay, &prev, &o, &r, &monitor);
+
+    let conditions: serde_json::Map<String, Value> = st
+        .conditions
+        .iter()
+        .map(|c| (c.type_.clone(), json!({ "status": c.status, "reason": c.reason, "observedGeneration": c.observed_generation })))
+        .collect();
+    let actual = json!({
+        "image": r.image,
+        "partition": r.partition,
+        "jobs": r.jobs,
+        "upgradePhase": r.upgrade.as_ref().map(|u| u.phase),
+        "upgrade": r.upgrade,
+        "hold": r.hold.as_ref().map(|h| h.reason),
+        "changes": changes,
+        "statefulset": serde_json::to_value(&desired.statefulset).unwrap(),
+        "status": serde_json::to_value(&st).unwrap(),
+        "conditions": conditions,
+    });
+    assert_contains(&actual, &sc.expect, file);
+    // Every condition describes this generation.
+    for c in &st.conditions {
+        assert_eq!(
+            c.observed_generation,
+            relay.metadata.generation.unwrap(),
+            "{file}: {}",
+            c.type_
+        );
+    }
+    assert_eq!(st.observed_generation, relay.metadata.generation, "{file}");
+}
+
+macro_rules! scenarios {
+    ($($name:ident),* $(,)?) => {
+        $(
+            #[test]
+            fn $name() {
+                run(concat!(stringify!($name), ".yaml"));
+            }
+        )*
+
+        /// Every fixture file has a test above.
+        #[test]
+        fn every_planner_fixture_is_run() {
+            let listed = [$(concat!(stringify!($name), ".yaml")),*];
+            for entry in std::fs::read_dir(test_path("fixtures/planner")).unwrap() {
+                let name = entry.unwrap().file_name().into_string().unwrap();
+                assert!(listed.contains(&name.as_str()), "{name} is not run by any test");
+            }
+        }
+    };
+}
+
+scenarios!(
+    creates_everything_for_a_new_relay,
+    nothing_to_do_when_everything_matches,
+    updates_a_drifted_statefulset,
+    scales_up,
+    scales_down_keeping_every_claim,
+    reports_nodes_and_tenants,
+    reports_a_node_that_does_not_answer,
+    service_monitor_without_its_api_is_a_condition,
+    same_format_release_rolls_without_a_gate,
+    new_image_is_probed_before_any_pod_moves,
+    format_change_holds_pods_and_starts_backups,
+    backups_done_lower_the_partition_by_one,
+    verified_pod_lowers_the_partition_again,
+    unverified_pod_holds_the_partition,
+    failed_backup_stops_the_upgrade,
+    crash_looping_pod_fails_the_upgrade,
+    retry_token_resumes_a_failed_upgrade,
+    third_target_waits_for_the_upgrade,
+    older_format_is_refused,
+    last_pod_verified_completes_the_upgrade,
+);

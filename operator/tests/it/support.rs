@@ -1,0 +1,40 @@
+//! Fixtures shared by the operator's tests.
+
+use std::path::PathBuf;
+
+use ankusa_crds::relay::Relay;
+use serde_json::Value;
+
+/// The workspace root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `operator/tests/<rel>`.
+pub fn test_path(rel: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(rel)
+}
+
+/// A `Relay` fixture from `tests/fixtures/relays/<name>.yaml`, as JSON.
+pub fn relay_value(name: &str) -> Value {
+    let path = test_path(&format!("fixtures/relays/{name}.yaml"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_yaml::from_str(&text).unwrap()
+}
+
+pub fn relay(name: &str) -> Relay {
+    serde_json::from_value(relay_value(name)).unwrap()
+}
+
+/// `have` holds every field of `want`; on failure, both are printed.
+#[track_caller]
+pub fn assert_contains(have: &Value, want: &Value, what: &str) {
+    assert!(
+        ankusa_operator::planner::contains(have, want),
+        "{what}: expected to contain\n{}\nbut was\n{}",
+        serde_yaml::to_string(want).unwrap(),
+        serde_yaml::to_string(have).unwrap()
+    );
+}
