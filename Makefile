@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps run test fmt lint nextest bench
+.PHONY: deps run test fmt lint nextest e2e crds bench
 
 deps:
 	@bash scripts/install-deps.sh
@@ -19,7 +19,7 @@ run: deps
 	GITHUB_WEBHOOK_SECRET=$${GITHUB_WEBHOOK_SECRET:-quickstart-github-secret} ./target/debug/ankusa-relay run --config $(CONFIG)
 
 ## Every check and every test, from a clean clone.
-test: deps fmt lint nextest
+test: deps fmt lint nextest e2e
 
 fmt:
 	$(CARGO) fmt --all -- --check
@@ -31,6 +31,14 @@ lint:
 # --all-targets) but not run here: they are programs with their own pass rules (`make bench`).
 nextest:
 	$(CARGO) nextest run --workspace --no-fail-fast
+
+# Tests on a real cluster: they run where KUBECONFIG is set and say so when skipped.
+e2e:
+	@bash e2e/run.sh
+
+## Regenerate crds/manifests/relay.yaml and the chart's CRD template from crds/src/relay.rs.
+crds:
+	$(CARGO) run -p ankusa-crds --bin crdgen
 
 ## The self-asserting benches (not part of `make test`; see docs/testing.md).
 bench: deps

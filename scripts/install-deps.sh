@@ -4,6 +4,7 @@
 # - a C++ compiler for RocksDB itself
 # - cargo-nextest, the test runner `make test` uses
 # - promtool (Debian's prometheus package), to lint the metrics exposition in tests
+# - helm-python-sdk (PyPI): the Helm engine, offline, to render and lint the chart in tests
 set -euo pipefail
 
 need_apt=()
@@ -27,4 +28,12 @@ fi
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-nextest from crates.io"
   cargo install cargo-nextest --locked
+fi
+
+# The chart tests render and lint charts/ankusa with Helm's own engine; this package
+# carries it as a library, so no helm binary or cluster is needed.
+HELM_SDK_VERSION=0.2.2
+if ! python3 -c "import helm_python" >/dev/null 2>&1; then
+  echo "install-deps: installing helm-python-sdk ${HELM_SDK_VERSION} from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check "helm-python-sdk==${HELM_SDK_VERSION}"
 fi
