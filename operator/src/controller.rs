@@ -607,14 +607,11 @@ async fn create_job(
             let name = planner::probe_job_name(relay, image);
             (name.clone(), resources::probe_job(relay, &name, image)?)
         }
-        JobAction::Backup { ordinal, target } => {
-            let retry = relay
-                .status
-                .as_ref()
-                .and_then(|s| s.upgrade.as_ref())
-                .and_then(|u| u.retry_seen.clone())
-                .or_else(|| relay.spec.upgrade.retry.clone());
-            let name = planner::backup_job_name(relay, *ordinal, target, retry.as_deref());
+        JobAction::Backup {
+            ordinal,
+            target: _,
+            name,
+        } => {
             let pod = names.pod(*ordinal);
             // The node's own release pulls its backup.
             let image = o
@@ -626,7 +623,7 @@ async fn create_job(
             let url = ctx.nodes.url(&pod, &names.headless, &names.namespace);
             (
                 name.clone(),
-                resources::backup_job(relay, &name, *ordinal, &image, &url)?,
+                resources::backup_job(relay, name, *ordinal, &image, &url)?,
             )
         }
     };

@@ -131,7 +131,12 @@ pub enum JobAction {
     /// Run `ankusa-relay version --json` from `image` to learn its store format.
     Probe { image: String },
     /// Pull node `ordinal`'s checkpoint to the backup volume for `target`.
-    Backup { ordinal: i32, target: String },
+    /// `name` carries the attempt (the retry token), so a retried upgrade backs up anew.
+    Backup {
+        ordinal: i32,
+        target: String,
+        name: String,
+    },
 }
 
 /// The rollout decision.
@@ -394,9 +399,14 @@ fn continue_upgrade(
         );
     }
 
+    // The backup Jobs observed belong to the attempt named in the previous status.
+    let mut backups = &o.backups;
+    let none = BTreeMap::new();
     // A changed retry token restarts a stopped upgrade where it stopped.
     if matches!(cursor.phase, UpgradePhase::Failed | UpgradePhase::Blocked) {
         if spec.upgrade.retry != cursor.retry_seen {
+            // A new attempt: the last attempt's Jobs (one of them failed) do not count.
+            backups = &none;
             cursor.retry_seen = spec.upgrade.retry.clone();
             cursor.last_error = None;
             cursor.phase = if cursor.pods_migrated > 0 || observed_partition < replicas {
@@ -431,10 +441,11 @@ fn continue_upgrade(
         cursor.backup_jobs = names_of_jobs;
         let mut done = 0;
         for ordinal in 0..replicas {
-            match o.backups.get(&ordinal) {
+            match backups.get(&ordinal) {
                 None => out.jobs.push(JobAction::Backup {
                     ordinal,
                     target: target.clone(),
+                    name: backup_job_name(relay, ordinal, &target, cursor.retry_seen.as_deref()),
                 }),
                 Some(JobObs::Running) => {}
                 Some(JobObs::Succeeded) => done += 1,

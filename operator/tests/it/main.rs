@@ -5,8 +5,10 @@
 
 mod apiserver;
 mod chart;
+mod gate;
 mod golden;
 mod leader;
+mod nodes;
 mod planner;
 mod reconcile;
 mod support;

@@ -1,0 +1,76 @@
+//! The operator's poller against a real relay node (in this process: real RocksDB store,
+//! real listeners on 127.0.0.1), configured by the operator's own `relay.yaml`.
+
+use std::time::Duration;
+
+use ankusa_operator::nodes::NodeClient;
+use ankusa_operator::resources;
+use bytes::Bytes;
+use http_body_util::Full;
+use serde_json::json;
+
+use crate::support::relay;
+
+const TOKEN: &str = "operator-token-0123456789abcdef0123";
+
+async fn post(url: &str, tenant: &str, body: &str) -> u16 {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let req = hyper::Request::post(url)
+        .header("x-tenant", tenant)
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    client.request(req).await.unwrap().status().as_u16()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn operator_polls_a_real_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let token_file = dir.path().join("token");
+    std::fs::write(&token_file, TOKEN).unwrap();
+    // The configuration the operator would mount, with this machine's paths and ports.
+    let r = relay("minimal");
+    let user = json!({
+        "sinks": [{ "id": "nowhere", "url": "http://127.0.0.1:9/hooks", "timeout_ms": 200 }],
+        "routes": [{ "id": "r", "sinks": ["nowhere"] }],
+        "sources": [{ "id": "demo", "tenant": { "header": "x-tenant" }, "verify": { "scheme": "none" }, "route": "r" }],
+        "dispatch": { "tick_interval_ms": 60000 },
+    });
+    let mut cfg = resources::relay_config(&r, Some(&user)).unwrap();
+    cfg["data_dir"] = json!(dir.path().join("data"));
+    cfg["ingest"]["listen"] = json!("127.0.0.1:0");
+    cfg["admin"]["listen"] = json!("127.0.0.1:0");
+    cfg["admin"]["backup_dir"] = json!(dir.path().join("backups"));
+    cfg["admin"]["tokens"][0]["secret"]["file"] = json!(token_file);
+    let yaml = resources::relay_yaml(&cfg).unwrap();
+    let config = ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).unwrap();
+    let node = ankusa_relay::node::Node::start(config).await.unwrap();
+
+    let ingest = format!("http://{}/ingest/demo", node.ingest_addr);
+    for (tenant, n) in [("acme", 3), ("globex", 1)] {
+        for i in 0..n {
+            assert_eq!(post(&ingest, tenant, &format!("{{\"n\":{i}}}")).await, 202);
+        }
+    }
+
+    let client = NodeClient::new("http://{pod}", Duration::from_secs(2));
+    let base = format!("http://{}", node.admin_addr);
+    let reading = client.poll(&base, TOKEN).await.unwrap();
+    assert_eq!(reading.status.store_format, 3);
+    assert_eq!(reading.status.tenants, 2);
+    assert_eq!(reading.status.counters.pending, 4);
+    assert_eq!(reading.top.first(), Some(&("acme".to_owned(), 3, 0)));
+
+    // A wrong token is an answer the status reports, not a panic or a hang.
+    let err = client
+        .poll(&base, "not-the-token-0123456789abcdef")
+        .await
+        .unwrap_err();
+    assert!(err.contains("401"), "{err}");
+    // A node that is not there is reported within the timeout.
+    let started = std::time::Instant::now();
+    let err = client.poll("http://127.0.0.1:9", TOKEN).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_secs(3), "{err}");
+    node.shutdown().await.unwrap();
+}
