@@ -346,11 +346,7 @@ pub fn statefulset(
             "periodSeconds": 10,
             "failureThreshold": 6,
         },
-        "securityContext": {
-            "allowPrivilegeEscalation": false,
-            "readOnlyRootFilesystem": true,
-            "capabilities": { "drop": ["ALL"] },
-        },
+        "securityContext": container_security(),
     });
     if let Some(policy) = &spec.image_pull_policy {
         container["imagePullPolicy"] = json!(policy);
@@ -554,16 +550,32 @@ fn job_labels(relay_name: &str, job: &str) -> BTreeMap<String, String> {
     l
 }
 
-/// A Job that prints `ankusa-relay version --json` of `image`: the store format a release
-/// would move the stores to, learned before any pod moves.
-pub fn probe_job(
+/// The container security context of every container the operator runs.
+fn container_security() -> Value {
+    json!({
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "capabilities": { "drop": ["ALL"] },
+    })
+}
+
+/// A run-once Job of the `Relay` (`job` is `probe` or `backup`) around `pod_spec`.
+fn job(
     relay: &Relay,
     name: &str,
-    image: &str,
+    job: &str,
+    extra_labels: &[(&str, String)],
+    mut pod_spec: Value,
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
     let mut meta = metadata(relay, name)?;
-    meta["labels"] = json!(job_labels(&names.relay, "probe"));
+    meta["labels"] = json!(job_labels(&names.relay, job));
+    for (k, v) in extra_labels {
+        meta["labels"][*k] = json!(v);
+    }
+    pod_spec["restartPolicy"] = json!("Never");
+    pod_spec["securityContext"] =
+        json!({ "runAsNonRoot": true, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001 });
     typed(
         "Job",
         json!({
@@ -572,26 +584,36 @@ pub fn probe_job(
             "metadata": meta,
             "spec": {
                 "backoffLimit": 2,
+                // A finished Job is read within a reconcile or two; a day is plenty.
                 "ttlSecondsAfterFinished": 86400,
                 "template": {
-                    "metadata": { "labels": job_labels(&names.relay, "probe") },
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "containers": [{
-                            "name": "probe",
-                            "image": image,
-                            "args": ["version", "--json"],
-                            "securityContext": {
-                                "runAsNonRoot": true,
-                                "runAsUser": 10001,
-                                "allowPrivilegeEscalation": false,
-                                "readOnlyRootFilesystem": true,
-                                "capabilities": { "drop": ["ALL"] },
-                            },
-                        }],
-                    },
+                    "metadata": { "labels": job_labels(&names.relay, job) },
+                    "spec": pod_spec,
                 },
             },
+        }),
+    )
+}
+
+/// A Job that prints `ankusa-relay version --json` of `image`: the store format a release
+/// would move the stores to, learned before any pod moves.
+pub fn probe_job(
+    relay: &Relay,
+    name: &str,
+    image: &str,
+) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
+    job(
+        relay,
+        name,
+        "probe",
+        &[],
+        json!({
+            "containers": [{
+                "name": "probe",
+                "image": image,
+                "args": ["version", "--json"],
+                "securityContext": container_security(),
+            }],
         }),
     )
 }
@@ -616,45 +638,28 @@ pub fn backup_job(
             "spec.backup.destination is not set".into(),
         ))?;
     let pod = names.pod(ordinal);
-    let mut meta = metadata(relay, name)?;
-    meta["labels"] = json!(job_labels(&names.relay, "backup"));
-    meta["labels"]["ankusa.dev/ordinal"] = json!(ordinal.to_string());
-    typed(
-        "Job",
+    job(
+        relay,
+        name,
+        "backup",
+        &[("ankusa.dev/ordinal", ordinal.to_string())],
         json!({
-            "apiVersion": "batch/v1",
-            "kind": "Job",
-            "metadata": meta,
-            "spec": {
-                "backoffLimit": 2,
-                "template": {
-                    "metadata": { "labels": job_labels(&names.relay, "backup") },
-                    "spec": {
-                        "restartPolicy": "Never",
-                        "securityContext": { "runAsNonRoot": true, "runAsUser": 10001, "fsGroup": 10001 },
-                        "containers": [{
-                            "name": "backup",
-                            "image": image,
-                            "args": [
-                                "backup", "pull",
-                                "--from", node_url,
-                                "--to", format!("{BACKUP_MOUNT}/{}/{pod}", names.relay),
-                            ],
-                            "env": [{
-                                "name": "ANKUSA_ADMIN_TOKEN",
-                                "valueFrom": { "secretKeyRef": { "name": names.token_secret, "key": TOKEN_KEY } },
-                            }],
-                            "volumeMounts": [{ "name": "backups", "mountPath": BACKUP_MOUNT }],
-                            "securityContext": {
-                                "allowPrivilegeEscalation": false,
-                                "readOnlyRootFilesystem": true,
-                                "capabilities": { "drop": ["ALL"] },
-                            },
-                        }],
-                        "volumes": [{ "name": "backups", "persistentVolumeClaim": { "claimName": claim } }],
-                    },
-                },
-            },
+            "containers": [{
+                "name": "backup",
+                "image": image,
+                "args": [
+                    "backup", "pull",
+                    "--from", node_url,
+                    "--to", format!("{BACKUP_MOUNT}/{}/{pod}", names.relay),
+                ],
+                "env": [{
+                    "name": "ANKUSA_ADMIN_TOKEN",
+                    "valueFrom": { "secretKeyRef": { "name": names.token_secret, "key": TOKEN_KEY } },
+                }],
+                "volumeMounts": [{ "name": "backups", "mountPath": BACKUP_MOUNT }],
+                "securityContext": container_security(),
+            }],
+            "volumes": [{ "name": "backups", "persistentVolumeClaim": { "claimName": claim } }],
         }),
     )
 }

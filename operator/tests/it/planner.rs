@@ -13,7 +13,7 @@ use ankusa_operator::status;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use crate::support::{assert_contains, relay_value, test_path};
+use crate::support::{assert_contains, merge, relay_value, test_path};
 
 #[derive(Deserialize)]
 struct Scenario {
@@ -34,17 +34,6 @@ struct Scenario {
 
 fn none() -> String {
     "none".into()
-}
-
-fn merge(base: &mut Value, patch: &Value) {
-    match (base, patch) {
-        (Value::Object(b), Value::Object(p)) => {
-            for (k, v) in p {
-                merge(b.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (b, p) => *b = p.clone(),
-    }
 }
 
 fn desired_objects(

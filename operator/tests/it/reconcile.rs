@@ -12,7 +12,7 @@ use kube::api::{Api, DynamicObject};
 use serde_json::{json, Value};
 
 use crate::apiserver::ApiServer;
-use crate::support::relay_value;
+use crate::support::{merge, relay_value};
 
 const CORE: &str = "/api/v1";
 const APPS: &str = "/apis/apps/v1";
@@ -65,17 +65,6 @@ impl Harness {
 
     fn clear_log(&self) {
         self.server.lock().requests.clear();
-    }
-}
-
-fn merge(base: &mut Value, patch: &Value) {
-    match (base, patch) {
-        (Value::Object(b), Value::Object(p)) => {
-            for (k, v) in p {
-                merge(b.entry(k.clone()).or_insert(Value::Null), v);
-            }
-        }
-        (b, p) => *b = p.clone(),
     }
 }
 

@@ -38,3 +38,15 @@ pub fn assert_contains(have: &Value, want: &Value, what: &str) {
         serde_yaml::to_string(have).unwrap()
     );
 }
+
+/// `patch` merged into `base`: mappings key by key, anything else replaced.
+pub fn merge(base: &mut Value, patch: &Value) {
+    match (base, patch) {
+        (Value::Object(b), Value::Object(p)) => {
+            for (k, v) in p {
+                merge(b.entry(k.clone()).or_insert(Value::Null), v);
+            }
+        }
+        (b, p) => *b = p.clone(),
+    }
+}
