@@ -5,6 +5,7 @@
 
 mod apiserver;
 mod chart;
+mod cli;
 mod gate;
 mod golden;
 mod leader;
