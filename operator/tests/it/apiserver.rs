@@ -35,6 +35,9 @@ pub struct Inner {
     pub objects: BTreeMap<Key, Value>,
     pub requests: Vec<Request>,
     pub monitoring_api: bool,
+    /// Writes to a path containing one of these are refused with 422 (an admission or
+    /// validation failure, e.g. an immutable field).
+    pub refuse: Vec<String>,
     rv: u64,
     uid: u64,
 }
@@ -178,6 +181,10 @@ async fn handle(
         content_type: content_type.clone(),
         body: body_v.clone(),
     });
+
+    if method != Method::GET && inner.refuse.iter().any(|r| path.contains(r.as_str())) {
+        return status(422, "Invalid", format!("{path}: spec: Forbidden: updates to statefulset spec for fields other than 'replicas', 'template' and 'updateStrategy' are forbidden"));
+    }
 
     if path == "/apis/monitoring.coreos.com/v1" {
         return if inner.monitoring_api {

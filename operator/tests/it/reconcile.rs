@@ -457,3 +457,45 @@ async fn status_reports_each_node_and_a_silent_one_is_not_fatal() {
         "{m}"
     );
 }
+
+#[tokio::test]
+async fn refused_apply_is_degraded_and_retried_with_backoff() {
+    let h = harness(ankusa_operator::nodes::DEFAULT_URL_TEMPLATE).await;
+    h.put_relay("minimal", json!({}));
+    h.server.lock().refuse.push("/statefulsets/".into());
+    let err = h.reconcile("default", "relay").await.unwrap_err();
+    assert_eq!(err.reason(), "invalid");
+    let relay = h.object(RELAYS, "default", "relays", "relay").unwrap();
+    let degraded = relay["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Degraded")
+        .unwrap()
+        .clone();
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "ApplyFailed");
+    assert!(degraded["message"]
+        .as_str()
+        .unwrap()
+        .contains("StatefulSet create"));
+    // The error policy backs off per object: 1 s, 2 s, 4 s … at most 5 min.
+    let api: Api<DynamicObject> = Api::namespaced_with(
+        h.client.clone(),
+        "default",
+        &controller::relay_api_resource(),
+    );
+    let obj = Arc::new(api.get("relay").await.unwrap());
+    let delays: Vec<_> = (0..3)
+        .map(|_| controller::error_policy(obj.clone(), &err, h.ctx.clone()))
+        .collect();
+    assert_eq!(
+        delays,
+        [1, 2, 4].map(|s| kube::runtime::controller::Action::requeue(Duration::from_secs(s)))
+    );
+    assert_eq!(controller::backoff(40), Duration::from_secs(300));
+    // Once the API server accepts it, the next reconcile succeeds and clears the fault.
+    h.server.lock().refuse.clear();
+    h.reconcile("default", "relay").await.unwrap();
+    assert!(h.object(APPS, "default", "statefulsets", "relay").is_some());
+}
