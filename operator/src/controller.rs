@@ -13,7 +13,9 @@
 //!    for each object created or changed; create the Jobs the planner asks for;
 //! 5. [`status::status`]: patch the status only when it differs.
 //!
-//! Reconciles repeat every `poll_interval` (that is the node poll); a failed reconcile
+//! What triggers a reconcile: a change of a `Relay`'s generation (its spec — not its
+//! status, which the operator itself rewrites as node counters move), a change of an owned
+//! object, and the `poll_interval` requeue (that is the node poll). A failed reconcile
 //! backs off exponentially per object (1 s doubling to 5 min).
 
 use std::collections::{BTreeMap, HashMap};
@@ -29,7 +31,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DynamicObject, ListParams, LogParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
-use kube::runtime::watcher;
+use kube::runtime::{predicates, reflector, watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
 use serde_json::{json, Value};
 
@@ -157,7 +159,18 @@ pub async fn run(
         ),
     };
     let owned = watcher::Config::default().labels("app.kubernetes.io/managed-by=ankusa-operator");
-    Controller::new_with(relays, watcher::Config::default(), ar)
+    // Relays trigger a reconcile when their generation changes, not on every status
+    // write: the operator's own status patches (node counters move all the time) would
+    // otherwise re-trigger it in a loop. Node polls come from the requeue interval, and
+    // changes to owned objects still trigger through `owns`.
+    let writer = reflector::store::Writer::new(ar.clone());
+    let reader = writer.as_reader();
+    let relay_changes = watcher(relays, watcher::Config::default())
+        .default_backoff()
+        .reflect(writer)
+        .applied_objects()
+        .predicate_filter(predicates::generation, Default::default());
+    Controller::for_stream_with(relay_changes, reader, ar)
         .owns(sts, owned.clone())
         .owns(svc, owned.clone())
         .owns(cm, owned.clone())
