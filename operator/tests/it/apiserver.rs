@@ -207,14 +207,36 @@ async fn handle(
     }
 
     let segs: Vec<&str> = path.trim_start_matches('/').split('/').collect();
-    let Some(i) = segs.iter().position(|s| *s == "namespaces") else {
-        return status(404, "NotFound", format!("no route {path}"));
+    // `/<prefix>/namespaces/<ns>/<plural>[/<name>[/<sub>]]`, or `/<prefix>/<plural>` for a
+    // list across namespaces (namespace "*").
+    let (prefix, ns, plural, name, sub) = match segs.iter().position(|s| *s == "namespaces") {
+        Some(i) => (
+            format!("/{}", segs[..i].join("/")),
+            segs.get(i + 1).copied().unwrap_or_default().to_owned(),
+            segs.get(i + 2).copied().unwrap_or_default().to_owned(),
+            segs.get(i + 3).map(|s| (*s).to_owned()),
+            segs.get(i + 4).copied(),
+        ),
+        None if segs.len() >= 3 && method == Method::GET => (
+            format!("/{}", segs[..segs.len() - 1].join("/")),
+            "*".to_owned(),
+            segs[segs.len() - 1].to_owned(),
+            None,
+            None,
+        ),
+        None => return status(404, "NotFound", format!("no route {path}")),
     };
-    let prefix = format!("/{}", segs[..i].join("/"));
-    let ns = segs.get(i + 1).copied().unwrap_or_default().to_owned();
-    let plural = segs.get(i + 2).copied().unwrap_or_default().to_owned();
-    let name = segs.get(i + 3).map(|s| (*s).to_owned());
-    let sub = segs.get(i + 4).copied();
+    // A watch: the initial list was the state; no further events are sent, and the
+    // connection stays open as a real watch does until its timeout.
+    if query.get("watch").map(String::as_str) == Some("true")
+        || query.get("watch").map(String::as_str) == Some("1")
+    {
+        drop(inner);
+        let body = axum::body::Body::from_stream(futures::stream::pending::<
+            Result<Bytes, std::convert::Infallible>,
+        >());
+        return (StatusCode::OK, [("content-type", "application/json")], body).into_response();
+    }
     let key = |n: &str| (prefix.clone(), ns.clone(), plural.clone(), n.to_owned());
 
     match (method.as_str(), name) {
@@ -224,7 +246,10 @@ async fn handle(
                 .objects
                 .iter()
                 .filter(|((p, n, pl, _), o)| {
-                    p == &prefix && n == &ns && pl == &plural && matches_selector(o, &selector)
+                    p == &prefix
+                        && (n == &ns || ns == "*")
+                        && pl == &plural
+                        && matches_selector(o, &selector)
                 })
                 .map(|(_, o)| o.clone())
                 .collect();

@@ -499,3 +499,57 @@ async fn refused_apply_is_degraded_and_retried_with_backoff() {
     h.reconcile("default", "relay").await.unwrap();
     assert!(h.object(APPS, "default", "statefulsets", "relay").is_some());
 }
+
+/// The controller's watch loop: a malformed Relay is reported on itself and the Relay
+/// beside it is reconciled all the same.
+#[tokio::test]
+async fn the_watch_survives_a_malformed_relay() {
+    let h = harness(ankusa_operator::nodes::DEFAULT_URL_TEMPLATE).await;
+    h.put_relay("minimal", json!({}));
+    let mut bad = relay_value("minimal");
+    bad["metadata"]["name"] = json!("broken");
+    bad["metadata"]["uid"] = json!("uid-broken");
+    bad["spec"]["replicas"] = json!("three");
+    h.server.lock().put(RELAYS, "default", "relays", bad);
+
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let ctx = h.ctx.clone();
+    let run = tokio::spawn(controller::run(ctx, None, async move {
+        let _ = stop_rx.await;
+    }));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let done = {
+            let inner = h.server.lock();
+            let sts = inner
+                .get(APPS, "default", "statefulsets", "relay")
+                .is_some();
+            let warned = inner.requests.iter().any(|r| {
+                r.method == "POST"
+                    && r.body["reason"] == "Malformed"
+                    && r.body["regarding"]["name"] == "broken"
+            });
+            let status = inner
+                .get(RELAYS, "default", "relays", "relay")
+                .map(|r| !r["status"].is_null())
+                .unwrap_or(false);
+            sts && warned && status
+        };
+        if done {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the controller did not reconcile both Relays"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(h
+        .object(APPS, "default", "statefulsets", "broken")
+        .is_none());
+    let _ = stop_tx.send(());
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .unwrap()
+        .unwrap();
+}
