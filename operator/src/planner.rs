@@ -174,17 +174,20 @@ fn hold(reason: &'static str, message: impl Into<String>, fault: bool) -> Option
     })
 }
 
-/// The lowest store format over the nodes, if every expected node answered.
-pub fn lowest_format(relay: &Relay, o: &Observed) -> Option<u32> {
-    let formats: Vec<u32> = o
+/// The lowest store format of the nodes: over those that answered now and the lowest the
+/// last status recorded (a node down for a moment, such as the pod a rolling update is
+/// replacing, keeps the format it had). Without a recorded format, every node must have
+/// answered: the first decision about a format change is not taken on part of the fleet.
+pub fn lowest_format(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Option<u32> {
+    let answered: Vec<u32> = o
         .nodes
         .values()
         .filter_map(|n| n.as_ref().ok().map(|r| r.status.store_format))
         .collect();
-    if formats.len() < relay.spec.replicas.max(0) as usize {
+    if prev.store_format.is_none() && answered.len() < relay.spec.replicas.max(0) as usize {
         return None;
     }
-    formats.into_iter().min()
+    answered.into_iter().chain(prev.store_format).min()
 }
 
 pub fn in_progress(u: &UpgradeStatus) -> bool {
@@ -288,7 +291,7 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         }
         Some(ProbeObs::Format(f)) => *f,
     };
-    let Some(store) = lowest_format(relay, o) else {
+    let Some(store) = lowest_format(relay, prev, o) else {
         return hold_old(
             hold(
                 "WaitingForNodes",

@@ -240,7 +240,13 @@ pub fn status(
         phase: Some(phase),
         nodes_ready: Some(format!("{answered}/{replicas}")),
         store_format,
-        target_format: r.target_format.or(prev.target_format),
+        // Until a probe says otherwise, the target is what the running release supports.
+        target_format: r.target_format.or(prev.target_format).or_else(|| {
+            o.nodes
+                .values()
+                .filter_map(|n| n.as_ref().ok().map(|r| r.status.supported_format))
+                .min()
+        }),
         upgrade: r.upgrade.clone(),
         nodes,
         tenants: Some(totals),

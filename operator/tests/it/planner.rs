@@ -158,6 +158,7 @@ scenarios!(
     reports_a_node_that_does_not_answer,
     service_monitor_without_its_api_is_a_condition,
     same_format_release_rolls_without_a_gate,
+    same_format_roll_keeps_going_while_a_pod_restarts,
     new_image_is_probed_before_any_pod_moves,
     format_change_holds_pods_and_starts_backups,
     backups_done_lower_the_partition_by_one,
