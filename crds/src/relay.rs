@@ -220,7 +220,7 @@ pub struct BackupDestination {
     Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default, schemars::JsonSchema,
 )]
 pub enum BackupPolicy {
-    /// Before every rollout.
+    /// Before every change of release (image), whatever its store format.
     Always,
     /// Before a rollout that changes the store format.
     #[default]

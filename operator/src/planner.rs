@@ -254,29 +254,23 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     }
     let target = spec.image.clone();
     let format = match o.probes.get(&target) {
-        None => {
-            return hold_old(
-                hold(
-                    "ProbingImage",
-                    format!("learning the store format of {target}"),
-                    false,
-                ),
-                vec![JobAction::Probe {
+        probe @ (None | Some(ProbeObs::Running)) => {
+            // Start the probe once; wait for it while it runs.
+            let jobs = match probe {
+                None => vec![JobAction::Probe {
                     image: target.clone(),
                 }],
-                None,
-            )
-        }
-        Some(ProbeObs::Running) => {
+                _ => Vec::new(),
+            };
             return hold_old(
                 hold(
                     "ProbingImage",
                     format!("learning the store format of {target}"),
                     false,
                 ),
-                Vec::new(),
+                jobs,
                 None,
-            )
+            );
         }
         Some(ProbeObs::Failed(m)) => {
             return hold_old(
