@@ -299,9 +299,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         match desired {
             Ok(desired) => {
                 for (kind, change) in planner::changes(&desired, &o.objects) {
-                    if let Err(e) =
-                        apply_owned(relay, ctx, &names, &desired, kind, change, &o).await
-                    {
+                    if let Err(e) = apply_owned(relay, ctx, &names, &desired, kind, change).await {
                         // A refused apply (an immutable field changed, say) is reported in
                         // the status and retried with backoff.
                         o.apply_error =
@@ -310,11 +308,11 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                         return Err(e);
                     }
                 }
+                for job in &rollout.jobs {
+                    create_job(relay, ctx, &names, job, &o).await?;
+                }
             }
             Err(e) => o.config_error = Some(e.to_string()),
-        }
-        for job in &rollout.jobs {
-            create_job(relay, ctx, &names, job, &o).await?;
         }
     }
     write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
@@ -742,7 +740,6 @@ fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
     })
 }
 
-#[allow(clippy::too_many_arguments)]
 async fn apply_owned(
     relay: &Relay,
     ctx: &Context,
@@ -750,7 +747,6 @@ async fn apply_owned(
     desired: &DesiredSet,
     kind: Owned,
     change: Change,
-    _o: &Observed,
 ) -> Result<(), Error> {
     let client = ctx.client.clone();
     let ns = names.namespace.as_str();

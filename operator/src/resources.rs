@@ -27,7 +27,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
-use kube::{Resource, ResourceExt};
+use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
 use sha2::{Digest, Sha256};
@@ -108,11 +108,6 @@ impl Names {
     /// The pod of ordinal `i`.
     pub fn pod(&self, i: i32) -> String {
         format!("{}-{i}", self.statefulset)
-    }
-
-    /// The claim of ordinal `i` (named by the StatefulSet controller).
-    pub fn claim(&self, i: i32) -> String {
-        format!("data-{}-{i}", self.statefulset)
     }
 }
 
@@ -531,11 +526,6 @@ fn to_value<T: serde::Serialize>(t: &T) -> Result<Value, ResourceError> {
         kind: "object",
         source,
     })
-}
-
-/// The relay's name of an owned object, for Events.
-pub fn describe<K: Resource<DynamicType = ()>>(obj: &K) -> String {
-    format!("{}/{}", K::kind(&()), obj.name_any())
 }
 
 /// Label on the operator's Jobs: `probe` or `backup`.
