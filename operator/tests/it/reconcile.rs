@@ -63,6 +63,18 @@ impl Harness {
         self.server.lock().get(prefix, ns, plural, name).cloned()
     }
 
+    /// The condition `type_` of a stored Relay's status.
+    fn condition(&self, ns: &str, name: &str, type_: &str) -> Value {
+        let relay = self.object(RELAYS, ns, "relays", name).unwrap();
+        relay["status"]["conditions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|c| c["type"] == type_)
+            .unwrap_or_else(|| panic!("no {type_} condition"))
+            .clone()
+    }
+
     fn clear_log(&self) {
         self.server.lock().requests.clear();
     }
@@ -240,14 +252,7 @@ async fn missing_service_monitor_api_is_a_condition_not_an_error() {
     assert!(h
         .object(MONITORING, "payments", "servicemonitors", "hooks")
         .is_none());
-    let relay = h.object(RELAYS, "payments", "relays", "hooks").unwrap();
-    let cond = relay["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "ServiceMonitor")
-        .unwrap()
-        .clone();
+    let cond = h.condition("payments", "hooks", "ServiceMonitor");
     assert_eq!(cond["status"], "False");
     assert_eq!(cond["reason"], "ApiNotServed");
     assert_eq!(cond["observedGeneration"], 3);
@@ -299,14 +304,7 @@ async fn missing_config_map_is_degraded_and_nothing_is_applied() {
     );
     h.reconcile("default", "relay").await.unwrap();
     assert!(h.object(APPS, "default", "statefulsets", "relay").is_none());
-    let relay = h.object(RELAYS, "default", "relays", "relay").unwrap();
-    let degraded = relay["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Degraded")
-        .unwrap()
-        .clone();
+    let degraded = h.condition("default", "relay", "Degraded");
     assert_eq!(degraded["status"], "True");
     assert_eq!(degraded["reason"], "ConfigInvalid");
     assert!(degraded["message"]
@@ -465,14 +463,7 @@ async fn refused_apply_is_degraded_and_retried_with_backoff() {
     h.server.lock().refuse.push("/statefulsets/".into());
     let err = h.reconcile("default", "relay").await.unwrap_err();
     assert_eq!(err.reason(), "invalid");
-    let relay = h.object(RELAYS, "default", "relays", "relay").unwrap();
-    let degraded = relay["status"]["conditions"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|c| c["type"] == "Degraded")
-        .unwrap()
-        .clone();
+    let degraded = h.condition("default", "relay", "Degraded");
     assert_eq!(degraded["status"], "True");
     assert_eq!(degraded["reason"], "ApplyFailed");
     assert!(degraded["message"]
