@@ -609,8 +609,9 @@ pub fn probe_job(
 }
 
 /// A Job that pulls node `ordinal`'s checkpoint archive over the admin API onto the backup
-/// volume (`/backups/<relay>/<pod>/<id>.tar.zst`), with `image` (the node's current
-/// release, which speaks its own backup API).
+/// volume (`/backups/<relay>/<pod>/<id>.tar.zst`), keeping the newest
+/// `spec.backup.retention` there, with `image` (the node's current release, which speaks
+/// its own backup API).
 pub fn backup_job(
     relay: &Relay,
     name: &str,
@@ -619,14 +620,10 @@ pub fn backup_job(
     node_url: &str,
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
-    let claim = relay
-        .spec
-        .backup
-        .as_ref()
-        .map(|b| b.destination.claim_name.clone())
-        .ok_or(ResourceError::Config(
-            "spec.backup.destination is not set".into(),
-        ))?;
+    let backup = relay.spec.backup.as_ref().ok_or(ResourceError::Config(
+        "spec.backup.destination is not set".into(),
+    ))?;
+    let claim = backup.destination.claim_name.clone();
     let pod = names.pod(ordinal);
     job(
         relay,
@@ -641,6 +638,8 @@ pub fn backup_job(
                     "backup", "pull",
                     "--from", node_url,
                     "--to", format!("{BACKUP_MOUNT}/{}/{pod}", names.relay),
+                    // spec.backup.retention: the newest N archives of this node stay.
+                    "--keep", backup.retention.max(1).to_string(),
                 ],
                 "env": [{
                     "name": "ANKUSA_ADMIN_TOKEN",

@@ -79,6 +79,9 @@ pub enum BackupCommand {
         /// The directory to write `<id>.tar.zst` into.
         #[arg(long)]
         to: PathBuf,
+        /// After a successful pull, keep only the newest N archives in `--to`.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep: Option<u64>,
     },
 }
 
@@ -116,8 +119,14 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Run { config } => run(&config),
         Command::Sink { listen, secret } => sink(listen, secret),
         Command::Backup {
-            command: BackupCommand::Pull { from, token, to },
-        } => backup_pull(&from, &token, &to),
+            command:
+                BackupCommand::Pull {
+                    from,
+                    token,
+                    to,
+                    keep,
+                },
+        } => backup_pull(&from, &token, &to, keep),
         Command::Restore { from, data } => restore(&from, &data),
         Command::Version { json } => {
             if json {
@@ -374,7 +383,7 @@ fn restore(from: &Path, data: &Path) -> anyhow::Result<ExitCode> {
 }
 
 /// `POST /v1/backups`, then streams `GET /v1/backups/{id}/archive` to `to/<id>.tar.zst`.
-fn backup_pull(from: &str, token: &str, to: &Path) -> anyhow::Result<ExitCode> {
+fn backup_pull(from: &str, token: &str, to: &Path, keep: Option<u64>) -> anyhow::Result<ExitCode> {
     use http_body_util::BodyExt;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
@@ -442,6 +451,13 @@ fn backup_pull(from: &str, token: &str, to: &Path) -> anyhow::Result<ExitCode> {
             "backup {id}: {bytes} bytes, store format {format}, written to {}",
             out.display()
         );
+        if let Some(keep) = keep {
+            let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+            let removed = crate::admin::backups::prune(to, keep)?;
+            if removed > 0 {
+                println!("removed {removed} older backup(s), keeping {keep}");
+            }
+        }
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

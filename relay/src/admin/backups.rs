@@ -45,18 +45,30 @@ pub fn take(store: &Store, dir: &Path, keep: usize) -> Result<(String, u64), Sto
     let size = std::fs::metadata(&out)
         .map_err(io(format!("reading {}", out.display())))?
         .len();
-    let mut archives: Vec<PathBuf> = std::fs::read_dir(dir)
+    prune(dir, keep)?;
+    Ok((id, size))
+}
+
+/// Deletes the oldest backup archives (`b<ms>.tar.zst`) in `dir` beyond the newest `keep`;
+/// other files are left alone (a backup volume may be shared). Returns how many went.
+pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
+    let mut archives: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
         .map_err(io(format!("reading {}", dir.display())))?
         .filter_map(Result::ok)
         .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "zst"))
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?;
+            let id = name.strip_suffix(".tar.zst")?;
+            // Ordered by the id's number: names of different lengths do not sort as text.
+            is_backup_id(id).then(|| id[1..].parse().ok().map(|n: u64| (n, p.clone())))?
+        })
         .collect();
     archives.sort();
-    while archives.len() > keep {
-        let old = archives.remove(0);
-        let _ = std::fs::remove_file(old);
+    let excess = archives.len().saturating_sub(keep);
+    for (_, old) in archives.drain(..excess) {
+        std::fs::remove_file(&old).map_err(io(format!("removing {}", old.display())))?;
     }
-    Ok((id, size))
+    Ok(excess)
 }
 
 /// `POST /v1/backups` (admin).
@@ -138,4 +150,35 @@ pub async fn archive(
         Body::new(StreamBody::new(Chunks(rx))),
     )
         .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prune_keeps_the_newest_by_number_and_only_touches_backups() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "b999.tar.zst",
+            "b1000.tar.zst",
+            "b1001.tar.zst",
+            "other.tar.zst",
+            "b12.txt",
+        ] {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        assert_eq!(prune(dir.path(), 2).unwrap(), 1);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        // b999 is the oldest although it sorts last as text.
+        assert_eq!(
+            left,
+            ["b1000.tar.zst", "b1001.tar.zst", "b12.txt", "other.tar.zst"]
+        );
+        assert_eq!(prune(dir.path(), 5).unwrap(), 0);
+    }
 }

@@ -64,6 +64,42 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     );
     let pulled = pull(ADMIN_TOKEN).await.unwrap();
     assert!(pulled.status.success(), "{}", text(&pulled.stderr));
+    // A second pull with --keep 1: the older archive goes, files that are not backups stay.
+    let archives = |dir: &std::path::Path| -> Vec<std::path::PathBuf> {
+        let mut v: Vec<_> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.to_string_lossy().ends_with(".tar.zst"))
+            .collect();
+        v.sort();
+        v
+    };
+    let first = archives(&out_dir);
+    assert_eq!(first.len(), 1);
+    std::fs::write(out_dir.join("notes.txt"), "not a backup").unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    let (a, o) = (admin.clone(), out_dir.clone());
+    let kept = tokio::task::spawn_blocking(move || {
+        run(&[
+            "backup",
+            "pull",
+            "--from",
+            &a,
+            "--token",
+            ADMIN_TOKEN,
+            "--to",
+            o.to_str().unwrap(),
+            "--keep",
+            "1",
+        ])
+    })
+    .await
+    .unwrap();
+    assert!(kept.status.success(), "{}", text(&kept.stderr));
+    let second = archives(&out_dir);
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
+    assert!(out_dir.join("notes.txt").exists());
     let expect = counters::node(&node.store).unwrap();
     node.shutdown().await.unwrap();
 
