@@ -397,20 +397,16 @@ async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<Str
     }
     let token = new_token();
     let secret = resources::token_secret(relay, &token)?;
-    api.patch(
-        &names.token_secret,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&secret),
-    )
-    .await?;
-    event(
+    apply(
         ctx,
         relay,
-        "Created",
-        &format!("Secret/{}", names.token_secret),
+        &api,
+        "Secret",
+        &names.token_secret,
+        &secret,
+        Change::Create,
     )
-    .await;
-    ctx.metrics.applied("Secret", "create");
+    .await?;
     Ok(token)
 }
 
@@ -639,15 +635,7 @@ async fn create_job(
         }
     };
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    api.patch(
-        &name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(&obj),
-    )
-    .await?;
-    event(ctx, relay, "Created", &format!("Job/{name}")).await;
-    ctx.metrics.applied("Job", "create");
-    Ok(())
+    apply(ctx, relay, &api, "Job", &name, &obj, Change::Create).await
 }
 
 fn to_json<T: serde::Serialize>(t: &T) -> Value {
@@ -748,39 +736,55 @@ async fn apply_owned(
     kind: Owned,
     change: Change,
 ) -> Result<(), Error> {
-    let client = ctx.client.clone();
-    let ns = names.namespace.as_str();
-    let pp = PatchParams::apply(FIELD_MANAGER).force();
-    let name = match kind {
+    let (client, ns) = (ctx.client.clone(), names.namespace.as_str());
+    let k = kind.kind();
+    match kind {
         Owned::ConfigMap => {
             let api: Api<ConfigMap> = Api::namespaced(client, ns);
-            api.patch(&names.config_map, &pp, &Patch::Apply(&desired.config_map))
-                .await?;
-            &names.config_map
+            apply(
+                ctx,
+                relay,
+                &api,
+                k,
+                &names.config_map,
+                &desired.config_map,
+                change,
+            )
+            .await
         }
         Owned::HeadlessService => {
             let api: Api<Service> = Api::namespaced(client, ns);
-            api.patch(&names.headless, &pp, &Patch::Apply(&desired.headless))
-                .await?;
-            &names.headless
+            apply(
+                ctx,
+                relay,
+                &api,
+                k,
+                &names.headless,
+                &desired.headless,
+                change,
+            )
+            .await
         }
         Owned::ClientService => {
             let api: Api<Service> = Api::namespaced(client, ns);
-            api.patch(&names.client, &pp, &Patch::Apply(&desired.client))
-                .await?;
-            &names.client
+            apply(ctx, relay, &api, k, &names.client, &desired.client, change).await
         }
         Owned::StatefulSet => {
             let api: Api<StatefulSet> = Api::namespaced(client, ns);
-            api.patch(&names.statefulset, &pp, &Patch::Apply(&desired.statefulset))
-                .await?;
-            &names.statefulset
+            apply(
+                ctx,
+                relay,
+                &api,
+                k,
+                &names.statefulset,
+                &desired.statefulset,
+                change,
+            )
+            .await
         }
         Owned::PodDisruptionBudget => {
             let api: Api<PodDisruptionBudget> = Api::namespaced(client, ns);
-            api.patch(&names.pdb, &pp, &Patch::Apply(&desired.pdb))
-                .await?;
-            &names.pdb
+            apply(ctx, relay, &api, k, &names.pdb, &desired.pdb, change).await
         }
         Owned::ServiceMonitor => {
             let Some(sm) = &desired.service_monitor else {
@@ -788,18 +792,38 @@ async fn apply_owned(
             };
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client, ns, &resources::service_monitor_resource());
-            api.patch(&names.service_monitor, &pp, &Patch::Apply(sm))
-                .await?;
-            &names.service_monitor
+            apply(ctx, relay, &api, k, &names.service_monitor, sm, change).await
         }
-    };
+    }
+}
+
+/// Server-side apply of `obj` under [`FIELD_MANAGER`], forced, then the Event, metric and
+/// log line that go with every object the operator creates or changes.
+async fn apply<K>(
+    ctx: &Context,
+    relay: &Relay,
+    api: &Api<K>,
+    kind: &str,
+    name: &str,
+    obj: &K,
+    change: Change,
+) -> Result<(), Error>
+where
+    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await?;
     let reason = match change {
         Change::Create => "Created",
         Change::Update => "Updated",
     };
-    event(ctx, relay, reason, &format!("{}/{name}", kind.kind())).await;
-    ctx.metrics.applied(kind.kind(), change_word(change));
-    tracing::info!(relay = %names.relay, object = %format!("{}/{name}", kind.kind()), change = change_word(change), "applied");
+    event(ctx, relay, reason, &format!("{kind}/{name}")).await;
+    ctx.metrics.applied(kind, change_word(change));
+    tracing::info!(relay = %relay.name_any(), object = %format!("{kind}/{name}"), change = change_word(change), "applied");
     Ok(())
 }
 
