@@ -264,42 +264,37 @@ fn ports() -> Value {
     ])
 }
 
-/// The headless Service: a DNS name per pod, ready or not (the operator polls a pod
-/// that is starting or migrating, and Prometheus scrapes it).
-pub fn headless_service(relay: &Relay) -> Result<Service, ResourceError> {
+/// A Service of the relay's pods on the ingest and admin ports, with `spec` added.
+fn service(relay: &Relay, name: &str, mut spec: Value) -> Result<Service, ResourceError> {
     let names = Names::of(relay)?;
+    spec["selector"] = json!(selector_labels(&names.relay));
+    spec["ports"] = ports();
     typed(
         "Service",
         json!({
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": metadata(relay, &names.headless)?,
-            "spec": {
-                "clusterIP": "None",
-                "publishNotReadyAddresses": true,
-                "selector": selector_labels(&names.relay),
-                "ports": ports(),
-            },
+            "metadata": metadata(relay, name)?,
+            "spec": spec,
         }),
+    )
+}
+
+/// The headless Service: a DNS name per pod, ready or not (the operator polls a pod
+/// that is starting or migrating, and Prometheus scrapes it).
+pub fn headless_service(relay: &Relay) -> Result<Service, ResourceError> {
+    let names = Names::of(relay)?;
+    service(
+        relay,
+        &names.headless,
+        json!({ "clusterIP": "None", "publishNotReadyAddresses": true }),
     )
 }
 
 /// The client Service: ingest for providers, admin for operators of the relay.
 pub fn client_service(relay: &Relay) -> Result<Service, ResourceError> {
     let names = Names::of(relay)?;
-    typed(
-        "Service",
-        json!({
-            "apiVersion": "v1",
-            "kind": "Service",
-            "metadata": metadata(relay, &names.client)?,
-            "spec": {
-                "type": "ClusterIP",
-                "selector": selector_labels(&names.relay),
-                "ports": ports(),
-            },
-        }),
-    )
+    service(relay, &names.client, json!({ "type": "ClusterIP" }))
 }
 
 /// The StatefulSet. `partition` holds ordinals below it on their current revision (the
