@@ -508,10 +508,22 @@ impl Config {
         } else {
             serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?
         };
+        let sections = top_level_keys();
         for (k, v) in env {
-            if let Some(path) = k.strip_prefix("ANKUSA_") {
-                apply_override(&mut doc, path, &v)?;
+            let Some(path) = k.strip_prefix("ANKUSA_") else {
+                continue;
+            };
+            // Only a variable whose first segment names a configuration key is an
+            // override: Kubernetes injects `<SERVICE>_SERVICE_HOST` and friends for every
+            // Service in a pod's namespace (an `ankusa-metrics` Service gives
+            // `ANKUSA_METRICS_SERVICE_HOST`), and the command line reads a few `ANKUSA_*`
+            // variables of its own. A misspelt key below a real section is still an error.
+            let first = path.split("__").next().unwrap_or("").to_ascii_lowercase();
+            if !sections.contains(&first) {
+                tracing::debug!(variable = %k, "not a configuration override; ignored");
+                continue;
             }
+            apply_override(&mut doc, path, &v)?;
         }
         // Through JSON: serde_yaml's `Value` reads enums only from YAML tags, while the
         // configuration writes them as one-key maps (`tenant: {header: x-tenant}`).
@@ -722,6 +734,14 @@ impl Config {
     }
 }
 
+/// The configuration's top-level keys, from its own serialisation.
+fn top_level_keys() -> Vec<String> {
+    match serde_json::to_value(Config::default()) {
+        Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
+        _ => Vec::new(),
+    }
+}
+
 fn apply_override(doc: &mut serde_yaml::Value, path: &str, raw: &str) -> Result<(), ConfigError> {
     let segments: Vec<String> = path.split("__").map(|s| s.to_ascii_lowercase()).collect();
     let key = segments.join(".");
@@ -768,6 +788,21 @@ mod tests {
         assert_eq!(c.data_dir, PathBuf::from("/tmp/x"));
         let c = Config::from_yaml("", env(&[("ANKUSA_DATA_DIR", "/d"), ("OTHER", "1")])).unwrap();
         assert_eq!(c.data_dir, PathBuf::from("/d"));
+        // What Kubernetes injects for a Service named `ankusa-metrics` in the pod's
+        // namespace, and the command line's own variables, are not overrides.
+        let injected = [
+            ("ANKUSA_METRICS_SERVICE_HOST", "10.96.0.12"),
+            ("ANKUSA_METRICS_SERVICE_PORT", "8080"),
+            ("ANKUSA_METRICS_PORT_8080_TCP_ADDR", "10.96.0.12"),
+            ("ANKUSA_METRICS_PORT", "tcp://10.96.0.12:8080"),
+            ("ANKUSA_ADMIN_TOKEN", "t"),
+            ("ANKUSA_SINK_SECRET", "s"),
+        ];
+        let c = Config::from_yaml("data_dir: /tmp/x\n", env(&injected)).unwrap();
+        assert_eq!(
+            c,
+            Config::from_yaml("data_dir: /tmp/x\n", env(&[])).unwrap()
+        );
     }
 
     #[test]
@@ -781,6 +816,11 @@ mod tests {
         );
         let e = Config::from_yaml("", env(&[("ANKUSA_TENANTS__MAXX", "3")])).unwrap_err();
         assert!(e.to_string().contains("maxx"), "{e}");
+        let e = Config::from_yaml("", env(&[("ANKUSA_DATA_DIRR", "/d")]));
+        assert!(
+            e.is_ok(),
+            "a variable naming no key is not an override: {e:?}"
+        );
         let e = Config::from_yaml("tenants:\n  max: 4294967295\n", env(&[])).unwrap_err();
         assert!(e.to_string().contains("tenants.max"), "{e}");
     }
