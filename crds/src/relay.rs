@@ -37,6 +37,12 @@ pub const TOP_TENANTS_MAX: usize = 10;
     category = "ankusa",
     status = "RelayStatus",
     derive = "PartialEq",
+    // Every owned object's name is built from the Relay's: a Service name is a DNS-1035
+    // label, and the longest derived label value (`<name>-backup-<ordinal>-<hash>` on a
+    // backup Job, 19 characters more, or the StatefulSet's
+    // `controller-revision-hash` label, 11 more) must stay within 63.
+    validation = Rule::new("self.metadata.name.size() <= 40").message("a Relay name is at most 40 characters: the names of its StatefulSet, Services and Jobs are built from it"),
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a Relay name must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): it names the relay's Services"),
     doc = "A set of Ankusa relay nodes: durable multi-tenant webhook relay on embedded stores",
     printcolumn(
         name = "Ready",
@@ -68,9 +74,10 @@ pub const TOP_TENANTS_MAX: usize = 10;
 pub struct RelaySpec {
     /// Relay nodes (StatefulSet replicas). Each node has its own store and volume.
     #[serde(default = "default_replicas")]
-    #[x_kube(validation = Rule::new("self >= 1").message("replicas must be at least 1"))]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 99").message("replicas must be between 1 and 99"))]
     pub replicas: i32,
     /// The relay image, e.g. `ghcr.io/ankusa/relay:0.1.0`.
+    #[schemars(length(max = 1024))]
     #[x_kube(validation = Rule::new("self != ''").message("image must not be empty"))]
     pub image: String,
     /// `Always`, `IfNotPresent` or `Never`; the cluster's default when unset.
@@ -162,6 +169,7 @@ pub struct ConfigSpec {
     pub config_map_ref: Option<ConfigMapKeyRef>,
     /// Environment variables from Secrets, for `{ env: NAME }` secrets in the configuration.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
     pub secret_env: Vec<SecretEnv>,
 }
 
@@ -184,6 +192,7 @@ fn default_config_key() -> String {
 #[serde(rename_all = "camelCase")]
 pub struct SecretEnv {
     /// The variable's name, as the configuration names it in `{ env: NAME }`.
+    #[schemars(length(min = 1, max = 128))]
     #[x_kube(validation = Rule::new("self.matches('^[A-Za-z_][A-Za-z0-9_]*$')").message("must be an environment variable name"))]
     pub name: String,
     pub secret_key_ref: SecretKeySelector,
@@ -211,6 +220,7 @@ fn default_retention() -> i32 {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupDestination {
+    #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("!self.startsWith('data-')").message("the backup claim must not be a node's own volume (data-*)"))]
     pub claim_name: String,
 }
@@ -256,6 +266,7 @@ pub struct ServiceMonitorSpec {
     pub enabled: bool,
     /// Scrape interval, a Prometheus duration.
     #[serde(default = "default_scrape_interval")]
+    #[schemars(length(max = 16))]
     #[x_kube(validation = Rule::new("self.matches('^[0-9]+(ms|s|m|h)$')").message("interval must be a duration such as 30s"))]
     pub interval: String,
     /// Labels on the ServiceMonitor (what the Prometheus selects on).
@@ -312,9 +323,13 @@ pub struct RelayStatus {
     pub nodes_ready: Option<String>,
     /// The lowest store format over the nodes that answered.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // An int64 in the schema: the API server knows no `uint32` format and warns on it.
+    #[schemars(with = "Option<i64>")]
     pub store_format: Option<u32>,
     /// The store format of the target image, once known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // An int64 in the schema: the API server knows no `uint32` format and warns on it.
+    #[schemars(with = "Option<i64>")]
     pub target_format: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade: Option<UpgradeStatus>,
@@ -408,6 +423,8 @@ pub struct NodeReport {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub version: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    // An int64 in the schema: the API server knows no `uint32` format and warns on it.
+    #[schemars(with = "Option<i64>")]
     pub format: Option<u32>,
     #[serde(default)]
     pub migrating: bool,
