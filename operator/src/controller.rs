@@ -298,6 +298,25 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         );
         match desired {
             Ok(desired) => {
+                // What the API server would make of each existing object: its answer to a
+                // dry-run apply is what drift is measured against.
+                for kind in Owned::ALL {
+                    if o.objects.get(kind).is_none() {
+                        continue;
+                    }
+                    match patch_owned(ctx, &names, &desired, kind, DryRun::Yes).await {
+                        Ok(Some(after)) => {
+                            o.objects.applied.insert(kind, after);
+                        }
+                        Ok(None) => {}
+                        Err(e) => {
+                            // Refused even as a dry run: the apply itself would be.
+                            o.apply_error = Some(format!("{} update: {e}", kind.kind()));
+                            write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
+                            return Err(e);
+                        }
+                    }
+                }
                 for (kind, change) in planner::changes(&desired, &o.objects) {
                     if let Err(e) = apply_owned(relay, ctx, &names, &desired, kind, change).await {
                         // A refused apply (an immutable field changed, say) is reported in
@@ -323,6 +342,7 @@ fn change_word(c: Change) -> &'static str {
     match c {
         Change::Create => "create",
         Change::Update => "update",
+        Change::Delete => "delete",
     }
 }
 
@@ -437,12 +457,20 @@ async fn observe(
     o.objects.pdb = get_json::<PodDisruptionBudget>(client, ns, &names.pdb).await?;
 
     o.service_monitor_api = service_monitor_served(client).await?;
-    if o.service_monitor_api && relay.spec.monitoring.service_monitor.enabled {
+    if o.service_monitor_api {
+        // Read whether or not monitoring is on: one left from when it was on is deleted.
+        // A ServiceMonitor of that name that this Relay does not own is not its business.
         let api: Api<DynamicObject> =
             Api::namespaced_with(client.clone(), ns, &resources::service_monitor_resource());
+        let uid = relay.metadata.uid.clone();
         o.objects.service_monitor = api
             .get_opt(&names.service_monitor)
             .await?
+            .filter(|sm| {
+                sm.owner_references()
+                    .iter()
+                    .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref())
+            })
             .as_ref()
             .map(to_json);
     }
@@ -728,6 +756,68 @@ fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
     })
 }
 
+/// Whether a server-side apply is only asked about (`dryRun=All`) or made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DryRun {
+    Yes,
+    No,
+}
+
+/// Server-side apply of the desired object of `kind` (forced, under [`FIELD_MANAGER`]):
+/// the object as the API server answered, or `None` when there is no such desired object.
+async fn patch_owned(
+    ctx: &Context,
+    names: &Names,
+    desired: &DesiredSet,
+    kind: Owned,
+    dry_run: DryRun,
+) -> Result<Option<Value>, Error> {
+    let (client, ns) = (ctx.client.clone(), names.namespace.as_str());
+    let answer = match kind {
+        Owned::ConfigMap => {
+            let api: Api<ConfigMap> = Api::namespaced(client, ns);
+            ssa(&api, &names.config_map, &desired.config_map, dry_run).await?
+        }
+        Owned::HeadlessService => {
+            let api: Api<Service> = Api::namespaced(client, ns);
+            ssa(&api, &names.headless, &desired.headless, dry_run).await?
+        }
+        Owned::ClientService => {
+            let api: Api<Service> = Api::namespaced(client, ns);
+            ssa(&api, &names.client, &desired.client, dry_run).await?
+        }
+        Owned::StatefulSet => {
+            let api: Api<StatefulSet> = Api::namespaced(client, ns);
+            ssa(&api, &names.statefulset, &desired.statefulset, dry_run).await?
+        }
+        Owned::PodDisruptionBudget => {
+            let api: Api<PodDisruptionBudget> = Api::namespaced(client, ns);
+            ssa(&api, &names.pdb, &desired.pdb, dry_run).await?
+        }
+        Owned::ServiceMonitor => {
+            let Some(sm) = &desired.service_monitor else {
+                return Ok(None);
+            };
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client, ns, &resources::service_monitor_resource());
+            ssa(&api, &names.service_monitor, sm, dry_run).await?
+        }
+    };
+    Ok(Some(answer))
+}
+
+async fn ssa<K>(api: &Api<K>, name: &str, obj: &K, dry_run: DryRun) -> Result<Value, Error>
+where
+    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut params = PatchParams::apply(FIELD_MANAGER).force();
+    params.dry_run = dry_run == DryRun::Yes;
+    let answer = api.patch(name, &params, &Patch::Apply(obj)).await?;
+    Ok(to_json(&answer))
+}
+
+/// Carry out one change of an owned object, with the Event, metric and log line that go
+/// with it.
 async fn apply_owned(
     relay: &Relay,
     ctx: &Context,
@@ -736,65 +826,27 @@ async fn apply_owned(
     kind: Owned,
     change: Change,
 ) -> Result<(), Error> {
-    let (client, ns) = (ctx.client.clone(), names.namespace.as_str());
-    let k = kind.kind();
-    match kind {
-        Owned::ConfigMap => {
-            let api: Api<ConfigMap> = Api::namespaced(client, ns);
-            apply(
-                ctx,
-                relay,
-                &api,
-                k,
-                &names.config_map,
-                &desired.config_map,
-                change,
-            )
-            .await
+    let name = names.of_kind(kind);
+    if change == Change::Delete {
+        // Only a ServiceMonitor is ever deleted (monitoring turned off).
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            ctx.client.clone(),
+            &names.namespace,
+            &resources::service_monitor_resource(),
+        );
+        match api.delete(name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(e) => return Err(e.into()),
         }
-        Owned::HeadlessService => {
-            let api: Api<Service> = Api::namespaced(client, ns);
-            apply(
-                ctx,
-                relay,
-                &api,
-                k,
-                &names.headless,
-                &desired.headless,
-                change,
-            )
-            .await
-        }
-        Owned::ClientService => {
-            let api: Api<Service> = Api::namespaced(client, ns);
-            apply(ctx, relay, &api, k, &names.client, &desired.client, change).await
-        }
-        Owned::StatefulSet => {
-            let api: Api<StatefulSet> = Api::namespaced(client, ns);
-            apply(
-                ctx,
-                relay,
-                &api,
-                k,
-                &names.statefulset,
-                &desired.statefulset,
-                change,
-            )
-            .await
-        }
-        Owned::PodDisruptionBudget => {
-            let api: Api<PodDisruptionBudget> = Api::namespaced(client, ns);
-            apply(ctx, relay, &api, k, &names.pdb, &desired.pdb, change).await
-        }
-        Owned::ServiceMonitor => {
-            let Some(sm) = &desired.service_monitor else {
-                return Ok(());
-            };
-            let api: Api<DynamicObject> =
-                Api::namespaced_with(client, ns, &resources::service_monitor_resource());
-            apply(ctx, relay, &api, k, &names.service_monitor, sm, change).await
-        }
+    } else if patch_owned(ctx, names, desired, kind, DryRun::No)
+        .await?
+        .is_none()
+    {
+        return Ok(());
     }
+    record(ctx, relay, kind.kind(), name, change).await;
+    Ok(())
 }
 
 /// Server-side apply of `obj` under [`FIELD_MANAGER`], forced, then the Event, metric and
@@ -811,20 +863,21 @@ async fn apply<K>(
 where
     K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    api.patch(
-        name,
-        &PatchParams::apply(FIELD_MANAGER).force(),
-        &Patch::Apply(obj),
-    )
-    .await?;
+    ssa(api, name, obj, DryRun::No).await?;
+    record(ctx, relay, kind, name, change).await;
+    Ok(())
+}
+
+/// The Event, metric and log line of a change the operator made.
+async fn record(ctx: &Context, relay: &Relay, kind: &str, name: &str, change: Change) {
     let reason = match change {
         Change::Create => "Created",
         Change::Update => "Updated",
+        Change::Delete => "Deleted",
     };
     event(ctx, relay, reason, &format!("{kind}/{name}")).await;
     ctx.metrics.applied(kind, change_word(change));
     tracing::info!(relay = %relay.name_any(), object = %format!("{kind}/{name}"), change = change_word(change), "applied");
-    Ok(())
 }
 
 /// A Normal Event on the `Relay` naming the object it is about (`Kind/name`, the

@@ -1,20 +1,25 @@
 //! Leader election on a `coordination.k8s.io/v1` Lease, so two operator replicas never
 //! reconcile at once.
 //!
-//! A replica takes the Lease when it is absent or its holder has not renewed it within
-//! `lease_duration`, renews it every `renew_every`, and writes with the Lease's
-//! `resourceVersion` so two replicas racing for an expired Lease cannot both win (the
-//! loser gets a 409). A leader that fails to renew before its Lease expires stops: the
-//! process exits and Kubernetes restarts it as a follower.
+//! The rules are client-go's, so clocks never have to agree between machines:
+//! - A follower never reads the holder's `renewTime` against its own clock. It remembers
+//!   the Lease's `resourceVersion` and when it, the follower, first saw it; the Lease has
+//!   expired when that record has not changed for `leaseDurationSeconds` of the
+//!   follower's own monotonic clock.
+//! - Every write carries the `resourceVersion` it read, so two replicas racing for an
+//!   expired Lease cannot both win (the loser gets a 409).
+//! - Every API call has a deadline. A leader that has not renewed within `renew_deadline`
+//!   (shorter than the lease) stops reconciling before any follower can take over.
 
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
-use k8s_openapi::jiff::{SignedDuration, Timestamp};
+use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-use kube::Client;
+use kube::{Client, ResourceExt};
 use serde_json::json;
+use tokio::time::Instant;
 
 #[derive(Debug, Clone)]
 pub struct LeaseSettings {
@@ -22,8 +27,26 @@ pub struct LeaseSettings {
     pub namespace: String,
     /// This replica's identity (its pod name).
     pub identity: String,
+    /// How long a Lease that nobody renews stays held.
     pub lease_duration: Duration,
+    /// A leader that has not renewed for this long stops (less than `lease_duration`).
+    pub renew_deadline: Duration,
+    /// How often the leader renews and a follower looks.
     pub renew_every: Duration,
+}
+
+impl LeaseSettings {
+    /// client-go's defaults: a 15 s lease, renewed every 2 s, given up after 10 s.
+    pub fn new(name: &str, namespace: &str, identity: &str) -> LeaseSettings {
+        LeaseSettings {
+            name: name.into(),
+            namespace: namespace.into(),
+            identity: identity.into(),
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            renew_every: Duration::from_secs(2),
+        }
+    }
 }
 
 /// What one attempt found.
@@ -35,13 +58,52 @@ pub enum Outcome {
     Following(String),
 }
 
-/// Try once to take or renew the Lease.
-pub async fn try_acquire(client: &Client, s: &LeaseSettings) -> Result<Outcome, kube::Error> {
-    let api: Api<Lease> = Api::namespaced(client.clone(), &s.namespace);
-    let now = Timestamp::now();
-    let secs = i32::try_from(s.lease_duration.as_secs()).unwrap_or(i32::MAX);
-    match api.get_opt(&s.name).await? {
-        None => {
+/// Why an attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum LeaseError {
+    #[error("Kubernetes API: {0}")]
+    Kube(#[from] kube::Error),
+    #[error("the API server did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// One replica's view of the Lease.
+pub struct Elector {
+    client: Client,
+    settings: LeaseSettings,
+    /// The Lease's resourceVersion as last seen, and when this replica first saw it.
+    observed: Option<(String, Instant)>,
+}
+
+impl Elector {
+    pub fn new(client: Client, settings: LeaseSettings) -> Elector {
+        Elector {
+            client,
+            settings,
+            observed: None,
+        }
+    }
+
+    pub fn settings(&self) -> &LeaseSettings {
+        &self.settings
+    }
+
+    /// Try once to take or renew the Lease; every call to the API server has a deadline
+    /// of `renew_deadline`.
+    pub async fn try_acquire(&mut self) -> Result<Outcome, LeaseError> {
+        let deadline = self.settings.renew_deadline;
+        match tokio::time::timeout(deadline, self.attempt()).await {
+            Ok(r) => r,
+            Err(_) => Err(LeaseError::Timeout(deadline)),
+        }
+    }
+
+    async fn attempt(&mut self) -> Result<Outcome, LeaseError> {
+        let s = self.settings.clone();
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &s.namespace);
+        let now = MicroTime(Timestamp::now());
+        let secs = i32::try_from(s.lease_duration.as_secs()).unwrap_or(i32::MAX);
+        let Some(mut lease) = api.get_opt(&s.name).await? else {
             let lease: Lease = serde_json::from_value(json!({
                 "apiVersion": "coordination.k8s.io/v1",
                 "kind": "Lease",
@@ -49,80 +111,102 @@ pub async fn try_acquire(client: &Client, s: &LeaseSettings) -> Result<Outcome, 
                 "spec": {
                     "holderIdentity": s.identity,
                     "leaseDurationSeconds": secs,
-                    "acquireTime": MicroTime(now),
-                    "renewTime": MicroTime(now),
+                    "acquireTime": now,
+                    "renewTime": now,
                     "leaseTransitions": 0,
                 },
             }))
             .map_err(kube::Error::SerdeError)?;
-            match api.create(&PostParams::default(), &lease).await {
+            return match api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(Outcome::Leading),
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(Outcome::Following(String::new())),
-                Err(e) => Err(e),
+                Err(e) => Err(e.into()),
+            };
+        };
+        let version = lease.resource_version().unwrap_or_default();
+        let seen_at = match &self.observed {
+            Some((v, at)) if *v == version => *at,
+            _ => {
+                let at = Instant::now();
+                self.observed = Some((version, at));
+                at
             }
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        let holder = spec.holder_identity.clone().unwrap_or_default();
+        let held_for = spec
+            .lease_duration_seconds
+            .map(|d| Duration::from_secs(u64::try_from(d).unwrap_or(0)))
+            .unwrap_or(s.lease_duration);
+        let expired = seen_at.elapsed() >= held_for;
+        if holder != s.identity && !holder.is_empty() && !expired {
+            return Ok(Outcome::Following(holder));
         }
-        Some(mut lease) => {
-            let spec = lease.spec.get_or_insert_with(Default::default);
-            let holder = spec.holder_identity.clone().unwrap_or_default();
-            let renewed = spec.renew_time.as_ref().map(|t| t.0);
-            let duration =
-                SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(secs)));
-            let expired = renewed.map(|r| r + duration < now).unwrap_or(true);
-            if holder != s.identity && !expired && !holder.is_empty() {
-                return Ok(Outcome::Following(holder));
+        if holder != s.identity {
+            spec.acquire_time = Some(now.clone());
+            spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
+            spec.holder_identity = Some(s.identity.clone());
+        }
+        spec.renew_time = Some(now);
+        spec.lease_duration_seconds = Some(secs);
+        // `replace` carries the resourceVersion read: a concurrent writer makes it a 409.
+        match api.replace(&s.name, &PostParams::default(), &lease).await {
+            Ok(written) => {
+                self.observed = Some((
+                    written.resource_version().unwrap_or_default(),
+                    Instant::now(),
+                ));
+                Ok(Outcome::Leading)
             }
-            if holder != s.identity {
-                spec.acquire_time = Some(MicroTime(now));
-                spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
-                spec.holder_identity = Some(s.identity.clone());
-            }
-            spec.renew_time = Some(MicroTime(now));
-            spec.lease_duration_seconds = Some(secs);
-            // `replace` carries the resourceVersion we read: a concurrent writer makes it 409.
-            match api.replace(&s.name, &PostParams::default(), &lease).await {
-                Ok(_) => Ok(Outcome::Leading),
-                Err(kube::Error::Api(e)) if e.code == 409 => Ok(Outcome::Following(holder)),
-                Err(e) => Err(e),
-            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(Outcome::Following(holder)),
+            Err(e) => Err(e.into()),
         }
     }
-}
 
-/// Wait until this replica leads.
-pub async fn acquire(client: &Client, s: &LeaseSettings) {
-    loop {
-        match try_acquire(client, s).await {
-            Ok(Outcome::Leading) => {
-                tracing::info!(lease = %s.name, identity = %s.identity, "leading");
-                return;
-            }
-            Ok(Outcome::Following(holder)) => {
-                tracing::debug!(lease = %s.name, %holder, "following")
-            }
-            Err(e) => tracing::warn!(lease = %s.name, error = %e, "lease attempt failed"),
-        }
-        tokio::time::sleep(s.renew_every).await;
-    }
-}
-
-/// Renew until a renewal fails for longer than the lease lasts; then return (the caller
-/// stops reconciling).
-pub async fn keep(client: &Client, s: &LeaseSettings) {
-    let mut last_ok = tokio::time::Instant::now();
-    loop {
-        tokio::time::sleep(s.renew_every).await;
-        match try_acquire(client, s).await {
-            Ok(Outcome::Leading) => last_ok = tokio::time::Instant::now(),
-            Ok(Outcome::Following(holder)) => {
-                tracing::error!(lease = %s.name, %holder, "lost the lease");
-                return;
-            }
-            Err(e) => {
-                tracing::warn!(lease = %s.name, error = %e, "lease renewal failed");
-                if last_ok.elapsed() >= s.lease_duration {
-                    tracing::error!(lease = %s.name, "lease expired without renewal");
+    /// Wait until this replica leads.
+    pub async fn acquire(&mut self) {
+        loop {
+            match self.try_acquire().await {
+                Ok(Outcome::Leading) => {
+                    tracing::info!(lease = %self.settings.name, identity = %self.settings.identity, "leading");
                     return;
                 }
+                Ok(Outcome::Following(holder)) => {
+                    tracing::debug!(lease = %self.settings.name, %holder, "following")
+                }
+                Err(e) => {
+                    tracing::warn!(lease = %self.settings.name, error = %e, "lease attempt failed")
+                }
+            }
+            tokio::time::sleep(self.settings.renew_every).await;
+        }
+    }
+
+    /// Renew until the Lease is lost or not renewed within `renew_deadline`; then return
+    /// (the caller stops reconciling).
+    pub async fn keep(&mut self) {
+        let mut last_ok = Instant::now();
+        loop {
+            tokio::time::sleep(self.settings.renew_every).await;
+            let left = self
+                .settings
+                .renew_deadline
+                .saturating_sub(last_ok.elapsed());
+            let attempt = tokio::time::timeout(left, self.try_acquire()).await;
+            match attempt {
+                Ok(Ok(Outcome::Leading)) => last_ok = Instant::now(),
+                Ok(Ok(Outcome::Following(holder))) => {
+                    tracing::error!(lease = %self.settings.name, %holder, "lost the lease");
+                    return;
+                }
+                Ok(Err(e)) => {
+                    tracing::warn!(lease = %self.settings.name, error = %e, "lease renewal failed")
+                }
+                Err(_) => {}
+            }
+            if last_ok.elapsed() >= self.settings.renew_deadline {
+                tracing::error!(lease = %self.settings.name, "not renewed within the renew deadline; stepping down");
+                return;
             }
         }
     }

@@ -8,7 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use ankusa_operator::controller::{self, Context, Settings};
-use ankusa_operator::leader::{self, LeaseSettings};
+use ankusa_operator::leader::{Elector, LeaseSettings};
 use ankusa_operator::metrics::Metrics;
 use ankusa_operator::telemetry::{self, LogFormat};
 
@@ -61,6 +61,15 @@ struct RunArgs {
     /// The Lease's namespace (default: the operator pod's, from POD_NAMESPACE).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
+    /// Seconds a Lease nobody renews stays held.
+    #[arg(long, env = "ANKUSA_OPERATOR_LEASE_DURATION_S", default_value_t = 15)]
+    lease_duration_s: u64,
+    /// Seconds the leader may go without renewing before it steps down (< lease duration).
+    #[arg(long, env = "ANKUSA_OPERATOR_RENEW_DEADLINE_S", default_value_t = 10)]
+    renew_deadline_s: u64,
+    /// Seconds between renewals (and between a follower's looks).
+    #[arg(long, env = "ANKUSA_OPERATOR_RETRY_PERIOD_S", default_value_t = 2)]
+    retry_period_s: u64,
     /// This replica's identity (default: the pod name, from POD_NAME).
     #[arg(long, env = "POD_NAME", default_value = "ankusa-operator")]
     identity: String,
@@ -102,14 +111,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("connecting to the Kubernetes API")?;
     let lease = LeaseSettings {
-        name: args.lease_name.clone(),
-        namespace: args.lease_namespace.clone(),
-        identity: args.identity.clone(),
-        lease_duration: Duration::from_secs(15),
-        renew_every: Duration::from_secs(5),
+        lease_duration: Duration::from_secs(args.lease_duration_s.max(2)),
+        renew_deadline: Duration::from_secs(
+            args.renew_deadline_s
+                .clamp(1, args.lease_duration_s.max(2) - 1),
+        ),
+        renew_every: Duration::from_secs(args.retry_period_s.max(1)),
+        ..LeaseSettings::new(&args.lease_name, &args.lease_namespace, &args.identity)
     };
+    let mut elector = Elector::new(client.clone(), lease);
     if args.leader_election {
-        leader::acquire(&client, &lease).await;
+        elector.acquire().await;
     }
     metrics.leader.set(1);
     let settings = Settings {
@@ -124,9 +136,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     // follower.
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
     if args.leader_election {
-        let client = client.clone();
         tokio::spawn(async move {
-            leader::keep(&client, &lease).await;
+            elector.keep().await;
             let _ = lost_tx.send(());
         });
     }

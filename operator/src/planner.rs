@@ -100,6 +100,27 @@ pub struct ObservedObjects {
     pub statefulset: Option<Value>,
     pub pdb: Option<Value>,
     pub service_monitor: Option<Value>,
+    /// Each existing object as it would be after the operator's apply: the API server's
+    /// answer to a dry-run apply of the desired object, with its defaults, canonical
+    /// quantities, and the fields the operator no longer sets removed. Where present,
+    /// drift is "this differs from the live object"; where absent (the planner's YAML
+    /// scenarios), drift is a field of the desired object missing from the live one.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub applied: BTreeMap<Owned, Value>,
+}
+
+impl ObservedObjects {
+    /// The live object of `kind`.
+    pub fn get(&self, kind: Owned) -> Option<&Value> {
+        match kind {
+            Owned::ConfigMap => self.config_map.as_ref(),
+            Owned::HeadlessService => self.headless.as_ref(),
+            Owned::ClientService => self.client.as_ref(),
+            Owned::StatefulSet => self.statefulset.as_ref(),
+            Owned::PodDisruptionBudget => self.pdb.as_ref(),
+            Owned::ServiceMonitor => self.service_monitor.as_ref(),
+        }
+    }
 }
 
 /// Everything the planner decides from.
@@ -537,16 +558,21 @@ fn continue_upgrade(
 pub fn backup_job_name(relay: &Relay, ordinal: i32, target: &str, retry: Option<&str>) -> String {
     let name = relay.metadata.name.clone().unwrap_or_default();
     let key = format!("{target}\n{}", retry.unwrap_or(""));
-    format!(
-        "{name}-backup-{ordinal}-{}",
-        crate::resources::config_hash(&key)
-    )
+    format!("{name}-backup-{ordinal}-{}", job_hash(&key))
 }
 
 /// The image probe Job of `image`.
 pub fn probe_job_name(relay: &Relay, image: &str) -> String {
     let name = relay.metadata.name.clone().unwrap_or_default();
-    format!("{name}-probe-{}", crate::resources::config_hash(image))
+    format!("{name}-probe-{}", job_hash(image))
+}
+
+/// 8 hex digits of `key`'s hash: a Job name must stay a 63-character label (the CRD holds
+/// Relay names to 40 characters for it).
+fn job_hash(key: &str) -> String {
+    let mut h = crate::resources::config_hash(key);
+    h.truncate(8);
+    h
 }
 
 /// An owned object kind.
@@ -563,6 +589,16 @@ pub enum Owned {
 }
 
 impl Owned {
+    /// Every kind, in apply order.
+    pub const ALL: [Owned; 6] = [
+        Owned::ConfigMap,
+        Owned::HeadlessService,
+        Owned::ClientService,
+        Owned::StatefulSet,
+        Owned::PodDisruptionBudget,
+        Owned::ServiceMonitor,
+    ];
+
     pub fn kind(self) -> &'static str {
         match self {
             Owned::ConfigMap => "ConfigMap",
@@ -574,23 +610,40 @@ impl Owned {
     }
 }
 
-/// Create a missing object or update a drifted one. There is no delete.
+/// Create a missing object, update a drifted one, or delete one no longer wanted (only a
+/// ServiceMonitor: the operator deletes no store, Service or StatefulSet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Change {
     Create,
     Update,
+    Delete,
 }
 
-/// Which owned objects to apply: those missing and those where a field the operator sets
-/// differs from the cluster's (fields the cluster or others added are not drift).
+/// Which owned objects to apply: those missing and those that differ from what the
+/// operator's apply would make of them (fields the cluster or others added are not drift);
+/// and an owned ServiceMonitor that is no longer wanted, to delete.
 pub fn changes(desired: &DesiredSet, observed: &ObservedObjects) -> Vec<(Owned, Change)> {
     let mut out = Vec::new();
     let mut check = |kind: Owned, want: Option<Value>, have: &Option<Value>| {
-        let Some(want) = want else { return };
+        let Some(want) = want else {
+            // Not wanted (a ServiceMonitor with monitoring turned off): an existing one,
+            // which the controller reports only when this Relay owns it, goes.
+            if have.is_some() {
+                out.push((kind, Change::Delete));
+            }
+            return;
+        };
         match have {
             None => out.push((kind, Change::Create)),
-            Some(have) if !contains(have, &want) => out.push((kind, Change::Update)),
-            Some(_) => {}
+            Some(have) => {
+                let drift = match observed.applied.get(&kind) {
+                    Some(after) => comparable(after) != comparable(have),
+                    None => !contains(have, &want),
+                };
+                if drift {
+                    out.push((kind, Change::Update));
+                }
+            }
         }
     };
     check(
@@ -624,6 +677,21 @@ pub fn changes(desired: &DesiredSet, observed: &ObservedObjects) -> Vec<(Owned, 
         &observed.service_monitor,
     );
     out
+}
+
+/// An object without what changes under it on every write or is not the operator's to
+/// set: its resourceVersion, generation, managed fields and status.
+fn comparable(v: &Value) -> Value {
+    let mut v = v.clone();
+    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
+        for k in ["resourceVersion", "generation", "managedFields"] {
+            meta.remove(k);
+        }
+    }
+    if let Some(o) = v.as_object_mut() {
+        o.remove("status");
+    }
+    v
 }
 
 fn json<T: serde::Serialize>(t: &T) -> Option<Value> {

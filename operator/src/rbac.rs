@@ -8,6 +8,9 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("ankusa.dev", "relays", &["get", "list", "watch"]),
     // controller::write_status: server-side apply of the status subresource.
     ("ankusa.dev", "relays/status", &["patch"]),
+    // Owned objects carry a controller owner reference with blockOwnerDeletion, which a
+    // server enforcing owner-reference permissions allows only with this.
+    ("ankusa.dev", "relays/finalizers", &["update"]),
     // controller::observe + apply_owned + the owned-object watches. Server-side apply that
     // creates an object is authorised as `create`.
     (
@@ -34,10 +37,11 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "pods/log", &["get"]),
     // controller::observe_jobs + create_job: image probe and backup Jobs.
     ("batch", "jobs", &["list", "watch", "create", "patch"]),
+    // The one delete: the ServiceMonitor of a Relay whose monitoring was turned off.
     (
         "monitoring.coreos.com",
         "servicemonitors",
-        &["get", "create", "patch"],
+        &["get", "create", "patch", "delete"],
     ),
     // controller::event: events.k8s.io/v1 Events (a repeat is a patch of its series).
     ("events.k8s.io", "events", &["create", "patch"]),

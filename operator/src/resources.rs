@@ -105,6 +105,19 @@ impl Names {
         })
     }
 
+    /// The name of the owned object of `kind`.
+    pub fn of_kind(&self, kind: crate::planner::Owned) -> &str {
+        use crate::planner::Owned;
+        match kind {
+            Owned::ConfigMap => &self.config_map,
+            Owned::HeadlessService => &self.headless,
+            Owned::ClientService => &self.client,
+            Owned::StatefulSet => &self.statefulset,
+            Owned::PodDisruptionBudget => &self.pdb,
+            Owned::ServiceMonitor => &self.service_monitor,
+        }
+    }
+
     /// The pod of ordinal `i`.
     pub fn pod(&self, i: i32) -> String {
         format!("{}-{i}", self.statefulset)
@@ -264,17 +277,29 @@ fn ports() -> Value {
     ])
 }
 
-/// A Service of the relay's pods on the ingest and admin ports, with `spec` added.
-fn service(relay: &Relay, name: &str, mut spec: Value) -> Result<Service, ResourceError> {
+/// Label telling a Relay's two Services apart (`nodes` or `client`): the ServiceMonitor
+/// selects `nodes` only, so each pod is scraped once.
+pub const SERVICE_LABEL: &str = "ankusa.dev/service";
+
+/// A Service of the relay's pods on the ingest and admin ports, with `spec` added;
+/// `role` is its [`SERVICE_LABEL`].
+fn service(
+    relay: &Relay,
+    name: &str,
+    role: &str,
+    mut spec: Value,
+) -> Result<Service, ResourceError> {
     let names = Names::of(relay)?;
     spec["selector"] = json!(selector_labels(&names.relay));
     spec["ports"] = ports();
+    let mut meta = metadata(relay, name)?;
+    meta["labels"][SERVICE_LABEL] = json!(role);
     typed(
         "Service",
         json!({
             "apiVersion": "v1",
             "kind": "Service",
-            "metadata": metadata(relay, name)?,
+            "metadata": meta,
             "spec": spec,
         }),
     )
@@ -287,6 +312,7 @@ pub fn headless_service(relay: &Relay) -> Result<Service, ResourceError> {
     service(
         relay,
         &names.headless,
+        "nodes",
         json!({ "clusterIP": "None", "publishNotReadyAddresses": true }),
     )
 }
@@ -294,7 +320,12 @@ pub fn headless_service(relay: &Relay) -> Result<Service, ResourceError> {
 /// The client Service: ingest for providers, admin for operators of the relay.
 pub fn client_service(relay: &Relay) -> Result<Service, ResourceError> {
     let names = Names::of(relay)?;
-    service(relay, &names.client, json!({ "type": "ClusterIP" }))
+    service(
+        relay,
+        &names.client,
+        "client",
+        json!({ "type": "ClusterIP" }),
+    )
 }
 
 /// The StatefulSet. `partition` holds ordinals below it on their current revision (the
@@ -315,10 +346,6 @@ pub fn statefulset(
             { "name": "ingest", "containerPort": INGEST_PORT, "protocol": "TCP" },
             { "name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP" },
         ],
-        "env": spec.config.secret_env.iter().map(|e| json!({
-            "name": e.name,
-            "valueFrom": { "secretKeyRef": e.secret_key_ref },
-        })).collect::<Vec<_>>(),
         "volumeMounts": [
             { "name": "data", "mountPath": DATA_MOUNT },
             { "name": "config", "mountPath": CONFIG_MOUNT, "readOnly": true },
@@ -338,6 +365,19 @@ pub fn statefulset(
         },
         "securityContext": container_security(),
     });
+    // No `env: []`: the API server drops an empty list, and a field it drops would read
+    // as drift on every poll.
+    if !spec.config.secret_env.is_empty() {
+        container["env"] = json!(spec
+            .config
+            .secret_env
+            .iter()
+            .map(|e| json!({
+                "name": e.name,
+                "valueFrom": { "secretKeyRef": e.secret_key_ref },
+            }))
+            .collect::<Vec<_>>());
+    }
     if let Some(policy) = &spec.image_pull_policy {
         container["imagePullPolicy"] = json!(policy);
     }
@@ -380,12 +420,10 @@ pub fn statefulset(
                     },
                     "spec": {
                         "terminationGracePeriodSeconds": 30,
-                        "securityContext": {
-                            "runAsNonRoot": true,
-                            "runAsUser": 10001,
-                            "runAsGroup": 10001,
-                            "fsGroup": 10001,
-                        },
+                        // No `<SERVICE>_SERVICE_HOST` variables for every Service in the
+                        // namespace: the relay needs none, and they only crowd its env.
+                        "enableServiceLinks": false,
+                        "securityContext": pod_security(),
                         "containers": [container],
                         "volumes": [
                             { "name": "config", "configMap": { "name": names.config_map } },
@@ -443,8 +481,9 @@ pub fn service_monitor(relay: &Relay) -> Result<DynamicObject, ResourceError> {
     if !sm.relabelings.is_empty() {
         endpoint["relabelings"] = json!(sm.relabelings);
     }
+    // The headless Service only: selecting both Services would scrape every pod twice.
     let mut selector = selector_labels(&names.relay);
-    selector.insert("app.kubernetes.io/component".into(), "relay".into());
+    selector.insert(SERVICE_LABEL.into(), "nodes".into());
     typed(
         "ServiceMonitor",
         json!({
@@ -535,6 +574,18 @@ fn job_labels(relay_name: &str, job: &str) -> BTreeMap<String, String> {
     l
 }
 
+/// The pod security context of every pod the operator runs: admitted where the namespace
+/// enforces the `restricted` Pod Security Standard.
+fn pod_security() -> Value {
+    json!({
+        "runAsNonRoot": true,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,
+        "seccompProfile": { "type": "RuntimeDefault" },
+    })
+}
+
 /// The container security context of every container the operator runs.
 fn container_security() -> Value {
     json!({
@@ -559,8 +610,8 @@ fn job(
         meta["labels"][*k] = json!(v);
     }
     pod_spec["restartPolicy"] = json!("Never");
-    pod_spec["securityContext"] =
-        json!({ "runAsNonRoot": true, "runAsUser": 10001, "runAsGroup": 10001, "fsGroup": 10001 });
+    pod_spec["enableServiceLinks"] = json!(false);
+    pod_spec["securityContext"] = pod_security();
     typed(
         "Job",
         json!({

@@ -6,7 +6,8 @@
 //! its `lastTransitionTime` while its status stays the same, so re-writing an unchanged
 //! status changes nothing.
 //!
-//! Conditions: `Ready` (every node's pod Ready and its `/v1/node` answering), `Progressing`,
+//! Conditions: `Ready` (every node's pod runs `spec.image`, is Ready and its `/v1/node`
+//! answers), `Progressing`,
 //! `Upgrading`, `BackupSucceeded` (once a backup ran), `Degraded` (configuration, apply,
 //! upgrade or node faults — a node that does not answer is reported here, not an error of
 //! the reconcile), `ServiceMonitor`.
@@ -39,6 +40,9 @@ pub fn status(
     };
     let mut top: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let mut answered = 0;
+    // Nodes that answer and run `spec.image`: Ready waits for every one of them, so that
+    // after an image change `kubectl wait --for=condition=Ready` does not return at once.
+    let mut current = 0;
     for i in 0..replicas {
         let name = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
         let pod = o.pods.iter().find(|p| p.ordinal == i);
@@ -57,8 +61,11 @@ pub fn status(
             }
             (Some(_), None) => report.message = Some("not polled yet".into()),
             (Some(_), Some(Err(e))) => report.message = Some(format!("/v1/node: {e}")),
-            (Some(_), Some(Ok(n))) => {
+            (Some(p), Some(Ok(n))) => {
                 answered += 1;
+                if p.image == relay.spec.image {
+                    current += 1;
+                }
                 let s = &n.status;
                 report.ready = true;
                 report.version = Some(s.version.clone());
@@ -93,7 +100,7 @@ pub fn status(
     top.truncate(TOP_TENANTS_MAX);
 
     let store_format = nodes.iter().filter_map(|n| n.format).min();
-    let all_ready = o.statefulset.is_some() && answered == replicas;
+    let all_ready = o.statefulset.is_some() && current == replicas;
     let upgrading = r.upgrade.as_ref().map(in_progress).unwrap_or(false);
 
     let mut conds = Conditions::new(prev, generation, &o.now);
@@ -103,6 +110,13 @@ pub fn status(
             true,
             "AllNodesReady",
             format!("{answered}/{replicas} nodes ready and answering"),
+        );
+    } else if answered == replicas && o.statefulset.is_some() {
+        conds.set(
+            "Ready",
+            false,
+            "ReleaseRolling",
+            format!("{current}/{replicas} nodes run {}", relay.spec.image),
         );
     } else {
         let waiting: Vec<String> = nodes

@@ -50,6 +50,7 @@ fn desired_objects(
         statefulset: Some(j(&d.statefulset)),
         pdb: Some(j(&d.pdb)),
         service_monitor: d.service_monitor.as_ref().map(j),
+        ..ObservedObjects::default()
     }
 }
 
