@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps run test fmt lint nextest e2e crds bench
+.PHONY: deps run test fmt lint nextest e2e testenv crds bench
 
 deps:
 	@bash scripts/install-deps.sh
@@ -18,8 +18,11 @@ run: deps
 	@echo "and counted: curl http://127.0.0.1:9090/v1/node"
 	GITHUB_WEBHOOK_SECRET=$${GITHUB_WEBHOOK_SECRET:-quickstart-github-secret} ./target/debug/ankusa-relay run --config $(CONFIG)
 
-## Every check and every test, from a clean clone.
-test: deps fmt lint nextest e2e
+## Every check and every test, from a clean clone. The tests run against a real
+## Kubernetes control plane that scripts/k8s-testenv.sh builds (once, from the Go modules
+## pinned in e2e/testenv/go.mod) and starts on 127.0.0.1, and stops when they end.
+test: deps fmt lint
+	bash scripts/k8s-testenv.sh run -- $(MAKE) --no-print-directory nextest e2e
 
 fmt:
 	$(CARGO) fmt --all -- --check
@@ -32,9 +35,15 @@ lint:
 nextest:
 	$(CARGO) nextest run --workspace --no-fail-fast
 
-# Tests on a real cluster: they run where KUBECONFIG is set and say so when skipped.
+# The operator, the chart and real relay nodes on the control plane `make test` started
+# (or any the environment of `scripts/k8s-testenv.sh start DIR` points at).
 e2e:
+	$(CARGO) build -p ankusa-relay --bin ankusa-relay -p ankusa-operator --bin ankusa-operator
 	@bash e2e/run.sh
+
+## Build the control plane's binaries (cached under ~/.cache/ankusa) without starting it.
+testenv:
+	@bash scripts/k8s-testenv.sh build
 
 ## Regenerate crds/manifests/relay.yaml and the chart's CRD template from crds/src/relay.rs.
 crds:

@@ -3,9 +3,10 @@
 // Test helpers panic on failure: that is how a test reports it.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod apiserver;
+mod admission;
 mod chart;
 mod cli;
+mod cluster;
 mod gate;
 mod golden;
 mod leader;
