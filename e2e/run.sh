@@ -118,6 +118,30 @@ done
 [ "$tenants" = 1 ] || { echo "e2e: the status counts $tenants tenants, not 1" >&2; exit 1; }
 kubectl -n "$ns" get relays
 
+echo "e2e: hooks-0 deleted: its process stops, the StatefulSet's new pod gets one on the same store"
+uid=$(kubectl -n "$ns" get pod hooks-0 -o jsonpath='{.metadata.uid}')
+kubectl -n "$ns" delete pod hooks-0 --wait=false >/dev/null
+for _ in $(seq 1 300); do
+  now=$(kubectl -n "$ns" get pod hooks-0 -o jsonpath='{.metadata.uid}' 2>/dev/null || true)
+  [ -n "$now" ] && [ "$now" != "$uid" ] && break
+  sleep 0.2
+done
+for _ in $(seq 1 100); do
+  [ "$(grep -c "started hooks-0" "$work/runner.log")" -ge 2 ] && break
+  sleep 0.2
+done
+grep -q "stopped hooks-0" "$work/runner.log" || { echo "e2e: the runner did not stop hooks-0's process" >&2; exit 1; }
+[ "$(grep -c "started hooks-0" "$work/runner.log")" -ge 2 ] || { echo "e2e: no process for the new hooks-0" >&2; exit 1; }
+# The new process opened the old store: the tenant of the hook acked before is there.
+token=$(kubectl -n "$ns" get secret hooks-operator-token -o jsonpath='{.data.token}' | base64 -d)
+for _ in $(seq 1 100); do
+  node=$(curl -fsS -H "Authorization: Bearer $token" "http://127.0.0.1:${proxy}/admin/$ns/hooks-0/v1/node" 2>/dev/null || true)
+  case "$node" in *'"tenants":1'*) break ;; esac
+  sleep 0.2
+done
+case "$node" in *'"tenants":1'*) ;; *) echo "e2e: the restarted hooks-0 reports: $node" >&2; exit 1 ;; esac
+kubectl -n "$ns" wait --for=condition=Ready relay/hooks --timeout=2m >/dev/null
+
 echo "e2e: after an image change, Ready waits for the new generation"
 kubectl -n "$ns" patch relay hooks --type merge -p '{"spec":{"image":"ghcr.io/ankusa/relay:0.1.1"}}' >/dev/null
 gen=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.metadata.generation}')

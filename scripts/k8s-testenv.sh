@@ -128,6 +128,7 @@ start() {
     shift
     "$@" >"$dir/$name.log" 2>&1 &
     echo "$! $name" >>"$dir/pids"
+    disown $!  # stopped by `stop`, not reported by this shell's job control
   }
 
   # Certificates: a CA, the API servers' serving certificate for 127.0.0.1, and the
@@ -282,7 +283,7 @@ stop() {
   local pids
   pids=$(tac "$dir/pids" | cut -d' ' -f1)
   for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
-  for _ in $(seq 1 50); do
+  for _ in $(seq 1 100); do
     local alive=0
     for p in $pids; do kill -0 "$p" 2>/dev/null && alive=1; done
     [ $alive = 0 ] && break

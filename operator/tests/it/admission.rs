@@ -179,23 +179,31 @@ async fn every_cel_rule_refuses_its_bad_case_with_its_message() {
         .unwrap();
 }
 
+/// A Relay `hooks` with `spec` in a new namespace (`prefix`, `labels`), reconciled once
+/// by the operator's identity: (cluster-admin, the namespace, the Relays' API).
+async fn reconciled(prefix: &str, labels: Value, spec: Value) -> (Client, String, Api<Relay>) {
+    let admin = cluster::admin().await;
+    let (op, _) = cluster::operator_client().await;
+    let ns = cluster::namespace_with(&admin, prefix, labels).await;
+    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
+    let r: Relay = serde_json::from_value(relay(&ns, "hooks", spec)).unwrap();
+    relays.create(&PostParams::default(), &r).await.unwrap();
+    let ctx = Context::new(op, Arc::new(Metrics::default()), Settings::default());
+    controller::reconcile(Arc::new(relays.get("hooks").await.unwrap()), ctx)
+        .await
+        .unwrap();
+    (admin, ns, relays)
+}
+
 /// `kubectl get relays` prints every printer column with a value.
 #[tokio::test]
 async fn kubectl_get_relays_prints_every_column() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "columns").await;
-    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
-    let r: Relay = serde_json::from_value(relay(
-        &ns,
-        "hooks",
+    let (_, ns, relays) = reconciled(
+        "columns",
+        json!({}),
         json!({ "image": "ghcr.io/ankusa/relay:0.1.0" }),
-    ))
-    .unwrap();
-    relays.create(&PostParams::default(), &r).await.unwrap();
-    let ctx = Context::new(op, Arc::new(Metrics::default()), Settings::default());
-    let r = relays.get("hooks").await.unwrap();
-    controller::reconcile(Arc::new(r), ctx).await.unwrap();
+    )
+    .await;
     // What nodes would report (the e2e run fills it from real nodes).
     relays
         .patch_status(
@@ -240,28 +248,14 @@ async fn kubectl_get_relays_prints_every_column() {
 /// Standard are admitted.
 #[tokio::test]
 async fn restricted_pod_security_admits_relay_pods_and_jobs() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace_with(
-        &admin,
+    let (admin, ns, relays) = reconciled(
         "restricted",
         json!({ "pod-security.kubernetes.io/enforce": "restricted",
                 "pod-security.kubernetes.io/enforce-version": "latest" }),
-    )
-    .await;
-    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
-    let r: Relay = serde_json::from_value(relay(
-        &ns,
-        "hooks",
         json!({ "image": "ghcr.io/ankusa/relay:0.1.0", "replicas": 2,
                 "backup": { "destination": { "claimName": "backups" } } }),
-    ))
-    .unwrap();
-    relays.create(&PostParams::default(), &r).await.unwrap();
-    let ctx = Context::new(op, Arc::new(Metrics::default()), Settings::default());
-    controller::reconcile(Arc::new(relays.get("hooks").await.unwrap()), ctx)
-        .await
-        .unwrap();
+    )
+    .await;
     // The StatefulSet controller's pods are created (admission would refuse them).
     wait_ready_pods(&admin, &ns, 2).await;
     // Probe and backup Jobs, as the operator builds them, create their pods too.
@@ -311,9 +305,12 @@ async fn restricted_pod_security_admits_relay_pods_and_jobs() {
 /// (whose service links would be `ANKUSA_METRICS_*`), gets pods without service links.
 #[tokio::test]
 async fn relay_pods_get_no_service_links() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "links").await;
+    let (admin, ns, _) = reconciled(
+        "links",
+        json!({}),
+        json!({ "image": "ghcr.io/ankusa/relay:0.1.0" }),
+    )
+    .await;
     let svc: Service = serde_json::from_value(json!({
         "apiVersion": "v1", "kind": "Service", "metadata": { "name": "ankusa-metrics" },
         "spec": { "ports": [{ "port": 8080 }], "selector": { "app": "operator" } },
@@ -321,18 +318,6 @@ async fn relay_pods_get_no_service_links() {
     .unwrap();
     Api::<Service>::namespaced(admin.clone(), &ns)
         .create(&PostParams::default(), &svc)
-        .await
-        .unwrap();
-    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
-    let r: Relay = serde_json::from_value(relay(
-        &ns,
-        "hooks",
-        json!({ "image": "ghcr.io/ankusa/relay:0.1.0" }),
-    ))
-    .unwrap();
-    relays.create(&PostParams::default(), &r).await.unwrap();
-    let ctx = Context::new(op, Arc::new(Metrics::default()), Settings::default());
-    controller::reconcile(Arc::new(relays.get("hooks").await.unwrap()), ctx)
         .await
         .unwrap();
     wait_ready_pods(&admin, &ns, 1).await;
@@ -347,22 +332,13 @@ async fn relay_pods_get_no_service_links() {
 /// ServiceMonitor selects.
 #[tokio::test]
 async fn each_pod_is_scraped_once() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "scrape").await;
-    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
-    let r: Relay = serde_json::from_value(relay(
-        &ns,
-        "hooks",
+    let (admin, ns, _) = reconciled(
+        "scrape",
+        json!({}),
         json!({ "image": "ghcr.io/ankusa/relay:0.1.0", "replicas": 2,
                 "monitoring": { "serviceMonitor": { "enabled": true } } }),
-    ))
-    .unwrap();
-    relays.create(&PostParams::default(), &r).await.unwrap();
-    let ctx = Context::new(op, Arc::new(Metrics::default()), Settings::default());
-    controller::reconcile(Arc::new(relays.get("hooks").await.unwrap()), ctx)
-        .await
-        .unwrap();
+    )
+    .await;
     wait_ready_pods(&admin, &ns, 2).await;
     let sm = Api::<DynamicObject>::namespaced_with(
         admin.clone(),

@@ -51,6 +51,17 @@ async fn create_relay(admin: &Client, ns: &str, fixture: &str, patch: Value) -> 
         .unwrap()
 }
 
+/// A new namespace (`prefix`) on the full control plane with the fixture `fixture`
+/// (`patch` merged), and an operator context as the operator's ServiceAccount whose nodes
+/// answer nothing.
+async fn set_up(prefix: &str, fixture: &str, patch: Value) -> (Client, String, Arc<Context>) {
+    let admin = cluster::admin().await;
+    let (op, _) = cluster::operator_client().await;
+    let ns = cluster::namespace(&admin, prefix).await;
+    create_relay(&admin, &ns, fixture, patch).await;
+    (admin, ns, context(op, NOWHERE))
+}
+
 /// Read the Relay back (with the status the last reconcile wrote) and reconcile it.
 async fn reconcile(ctx: &Arc<Context>, ns: &str, name: &str) -> Result<(), controller::Error> {
     let api: Api<Relay> = Api::namespaced(ctx.client.clone(), ns);
@@ -239,6 +250,20 @@ async fn versions(client: &Client, ns: &str) -> (Vec<(String, String)>, usize) {
     (out, events)
 }
 
+/// Four more reconciles of `name` leave every object of `ns` (and the Event count) as
+/// they were.
+async fn reconciles_write_nothing(ctx: &Arc<Context>, admin: &Client, ns: &str, name: &str) {
+    let before = versions(admin, ns).await;
+    for _ in 0..4 {
+        reconcile(ctx, ns, name).await.unwrap();
+        assert_eq!(
+            versions(admin, ns).await,
+            before,
+            "a reconcile with nothing to do wrote"
+        );
+    }
+}
+
 /// On a server with no controllers nothing moves under the operator: after the first
 /// reconcile, the second and three polls after it write nothing at all — the server's
 /// defaulting (an empty `env` dropped, `1000m` CPU printed as `1`) is not drift.
@@ -262,27 +287,11 @@ async fn second_reconcile_and_three_polls_write_nothing() {
         sts["spec"]["template"]["spec"]["containers"][0]["resources"]["requests"]["cpu"],
         "1"
     );
-    let before = versions(&admin, &ns).await;
-    for _ in 0..4 {
-        reconcile(&ctx, &ns, "hooks").await.unwrap();
-        assert_eq!(
-            versions(&admin, &ns).await,
-            before,
-            "a reconcile with nothing to do wrote"
-        );
-    }
+    reconciles_write_nothing(&ctx, &admin, &ns, "hooks").await;
     // A Relay without secretEnv: no `env: []` for the server to drop.
     create_relay(&admin, &ns, "minimal", json!({})).await;
     reconcile(&ctx, &ns, "relay").await.unwrap();
-    let before = versions(&admin, &ns).await;
-    for _ in 0..4 {
-        reconcile(&ctx, &ns, "relay").await.unwrap();
-        assert_eq!(
-            versions(&admin, &ns).await,
-            before,
-            "a reconcile with nothing to do wrote"
-        );
-    }
+    reconciles_write_nothing(&ctx, &admin, &ns, "relay").await;
 }
 
 /// On the full control plane (controllers, scheduler, kwok nodes), once the world the
@@ -290,11 +299,7 @@ async fn second_reconcile_and_three_polls_write_nothing() {
 /// log), with the ServiceMonitor served and applied.
 #[tokio::test]
 async fn polls_of_a_settled_relay_write_nothing() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "settled").await;
-    create_relay(&admin, &ns, "full", json!({ "spec": { "replicas": 2 } })).await;
-    let ctx = context(op, NOWHERE);
+    let (admin, ns, ctx) = set_up("settled", "full", json!({ "spec": { "replicas": 2 } })).await;
     reconcile(&ctx, &ns, "hooks").await.unwrap();
     assert!(service_monitor(&admin, &ns, "hooks").await.is_some());
     // The StatefulSet controller makes both pods (they wait for volumes: no provisioner).
@@ -317,11 +322,7 @@ async fn polls_of_a_settled_relay_write_nothing() {
 
 #[tokio::test]
 async fn drift_is_applied_back_and_a_removed_field_disappears() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "drift").await;
-    create_relay(&admin, &ns, "full", json!({})).await;
-    let ctx = context(op, NOWHERE);
+    let (admin, ns, ctx) = set_up("drift", "full", json!({})).await;
     reconcile(&ctx, &ns, "hooks").await.unwrap();
 
     // Someone scales the StatefulSet by hand and restarts it with kubectl.
@@ -405,11 +406,7 @@ async fn drift_is_applied_back_and_a_removed_field_disappears() {
 
 #[tokio::test]
 async fn turning_monitoring_off_deletes_the_service_monitor() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "monitoring").await;
-    create_relay(&admin, &ns, "full", json!({})).await;
-    let ctx = context(op, NOWHERE);
+    let (admin, ns, ctx) = set_up("monitoring", "full", json!({})).await;
     reconcile(&ctx, &ns, "hooks").await.unwrap();
     let sm = service_monitor(&admin, &ns, "hooks").await.unwrap();
     assert_eq!(sm.labels()["release"], "prometheus");
