@@ -238,13 +238,21 @@ fn decode_dedupe_value(v: &[u8]) -> Option<(u64, String)> {
 impl Writer {
     fn run(&mut self, rx: std::sync::mpsc::Receiver<Submission>) {
         use std::sync::mpsc::RecvTimeoutError;
+        // The dedupe sweep runs every `sweep_interval` whatever the traffic: between two
+        // batches once the interval has passed (steady traffic never leaves the queue
+        // idle), bounded by `sweep_batch` keys per pass so a batch waits for at most one
+        // bounded pass.
+        let mut next_sweep = std::time::Instant::now() + self.settings.sweep_interval;
         loop {
-            let first = match rx.recv_timeout(self.settings.sweep_interval) {
+            let now = std::time::Instant::now();
+            if now >= next_sweep {
+                self.sweep_dedupe();
+                next_sweep = now + self.settings.sweep_interval;
+            }
+            let wait = next_sweep.saturating_duration_since(std::time::Instant::now());
+            let first = match rx.recv_timeout(wait) {
                 Ok(s) => s,
-                Err(RecvTimeoutError::Timeout) => {
-                    self.sweep_dedupe();
-                    continue;
-                }
+                Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
             let deadline = std::time::Instant::now() + self.settings.max_batch_delay;

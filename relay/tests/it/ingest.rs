@@ -403,6 +403,38 @@ async fn duplicates_within_the_window_get_the_first_id_and_after_it_a_new_hook()
     t.node.shutdown().await.unwrap();
 }
 
+/// Under steady traffic (a request every 50 ms, so the writer's queue is never idle for a
+/// whole sweep interval) expired dedupe keys are still swept.
+#[tokio::test]
+async fn the_dedupe_sweep_runs_under_steady_traffic() {
+    let t = TestNode::start("dedupe:\n  window_ms: 300\n  sweep_interval_ms: 200\n").await;
+    let body = br#"{"k":1}"#;
+    let sent: u32 = 40;
+    for i in 0..sent {
+        let r = t
+            .post(
+                "sw",
+                &sw_headers(&format!("msg_{i}"), now_s(), body, "t"),
+                body,
+            )
+            .await;
+        assert_eq!(r.status, 202);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Keys of the last ~(window + interval) are still there; the older ones are gone.
+    let left = t.node.store.scan_family(Family::Dedupe).unwrap().count();
+    assert!(
+        left < (sent / 2) as usize,
+        "{left} of {sent} dedupe keys left under steady traffic"
+    );
+    let m = t.metrics().await;
+    assert!(
+        metric(&m, "ankusa_dedupe_swept_total") >= f64::from(sent / 2),
+        "{m}"
+    );
+    t.node.shutdown().await.unwrap();
+}
+
 async fn futures_join<F: std::future::Future<Output = u16> + Send + 'static>(
     futs: Vec<F>,
 ) -> Vec<u16> {
