@@ -383,8 +383,12 @@ pub async fn tenants_top(
         match &c.scope {
             Scope::Admin => {
                 let now = AtMs(crate::now_ms());
-                let active =
-                    deliveries::active_tenants(store, now, crate::metrics::gauges::ACTIVE_SAMPLE)?;
+                let active = deliveries::active_tenants_distinct(
+                    store,
+                    now,
+                    crate::metrics::gauges::ACTIVE_SAMPLE,
+                    crate::metrics::gauges::ACTIVE_SAMPLE_MARKERS,
+                )?;
                 for t in active {
                     let counters = counters::read(store, t.ord)?;
                     let name = tenants::name(store, t.ord)?.unwrap_or_default();

@@ -55,15 +55,28 @@ pub fn node_status(
     store: &Store,
     migration: Option<MigrationProgress>,
 ) -> Result<NodeStatus, crate::store::StoreError> {
+    let store_format = store.format()?;
+    // Tenants and counters live in the current format's families: a store still below it
+    // (its boot migration under way) has none to read yet, and reports zeros with
+    // `migrating_to` and the migration's progress rather than an error.
+    let current = store_format >= SUPPORTED_FORMAT;
     Ok(NodeStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         supported_format: SUPPORTED_FORMAT,
-        store_format: store.format()?,
+        store_format,
         migrating_to: migrate::in_progress(store)?.map(|(to, _)| to),
         migration,
-        tenants: tenants::count(store)?,
-        counters: counters::node(store)?,
-        oldest_due_at_ms: crate::queue::deliveries::oldest_due_at(store)?.map(|a| a.0),
+        tenants: if current { tenants::count(store)? } else { 0 },
+        counters: if current {
+            counters::node(store)?
+        } else {
+            NodeCounters::default()
+        },
+        oldest_due_at_ms: if current {
+            crate::queue::deliveries::oldest_due_at(store)?.map(|a| a.0)
+        } else {
+            None
+        },
     })
 }
 
@@ -99,10 +112,32 @@ async fn metrics(State(s): State<Arc<AdminState>>, headers: axum::http::HeaderMa
     }
 }
 
-/// The admin router: health, readiness and metrics unauthenticated; `/v1/*` behind tokens.
+/// Until the node is ready (store migrated, inflight rows recovered, pipeline started),
+/// every `/v1/*` call but `/v1/node` answers 503 `not_ready`: a replay, purge or backup
+/// during the boot migration would read or write a store that is still changing shape.
+async fn require_ready(
+    State(s): State<Arc<AdminState>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if s.ready.load(std::sync::atomic::Ordering::Acquire) {
+        next.run(req).await
+    } else {
+        crate::http::error(
+            axum::http::StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the node is starting: the store is opening, migrating or recovering",
+        )
+    }
+}
+
+/// The admin router: health, readiness and metrics unauthenticated; `/v1/*` behind tokens,
+/// and all of it but `/v1/node` behind readiness.
 pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
-    let v1 = Router::new()
+    let node = Router::new()
         .route("/v1/node", get(api::node))
+        .with_state(api.clone());
+    let v1 = Router::new()
         .route("/v1/config", get(api::config))
         .route("/v1/dlq", get(api::dlq))
         .route("/v1/dlq/replay", post(api::replay))
@@ -116,11 +151,16 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
         .route("/v1/audit", get(api::audit_list))
         .route("/v1/backups", post(backups::create))
         .route("/v1/backups/{id}/archive", get(backups::archive))
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_ready,
+        ))
         .with_state(api);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/readyz", get(readyz))
         .with_state(state)
+        .merge(node)
         .merge(v1)
 }

@@ -530,7 +530,12 @@ fn node_status_reports_the_boot_migration_while_it_runs() {
             std::time::Instant::now() < deadline,
             "the node never became ready"
         );
-        if let Ok((200, body)) = http_get_admin(admin, "/v1/node") {
+        let answer = http_get_admin(admin, "/v1/node");
+        if let Ok((code, body)) = &answer {
+            // Answering at all, it answers the status: never a 500 mid-migration.
+            assert_eq!(*code, 200, "/v1/node during the boot migration: {body}");
+        }
+        if let Ok((200, body)) = answer {
             let v: serde_json::Value = serde_json::from_str(&body).unwrap();
             if v["migration"]["steps"].as_u64().is_some_and(|s| s > 0) {
                 assert_eq!(v["migrating_to"], 3);
@@ -540,6 +545,10 @@ fn node_status_reports_the_boot_migration_while_it_runs() {
                     503,
                     "ready during a migration"
                 );
+                // Nothing but /v1/node reads or writes the store before the node is ready.
+                let (code, body) = http_get_admin(admin, "/v1/dlq").unwrap();
+                assert_eq!(code, 503, "{body}");
+                assert!(body.contains("not_ready"), "{body}");
                 seen_progress = true;
             }
             if v["store_format"] == 3 {
