@@ -4,7 +4,7 @@
 //! |---|---|
 //! | `ankusa_queue_state{field}` | the six counter rows of ord 0, one `multi_get` |
 //! | `ankusa_queue_oldest_due_age_seconds` | the first active marker, verified against its tenant's first due row |
-//! | `ankusa_tenant_pending{tenant}` | top [`TOP_TENANTS`] by pending among the first [`ACTIVE_SAMPLE`] distinct tenants in active-index order, one counter read each |
+//! | `ankusa_tenant_pending{tenant}` | top [`TOP_TENANTS`] by pending among the first [`ACTIVE_SAMPLE`] distinct tenants in active-index order (at most [`ACTIVE_SAMPLE_MARKERS`] markers read), one counter read each |
 //! | `ankusa_tenants` | `m:next_ord - 1` |
 //!
 //! A tenant with pending work has a marker at or before the current second, so the
@@ -17,8 +17,10 @@ use crate::store::{Store, StoreError};
 
 /// How many tenants the per-tenant pending gauge reports.
 pub const TOP_TENANTS: usize = 100;
-/// How many distinct active tenants (and markers) it looks at.
+/// How many distinct active tenants it looks at.
 pub const ACTIVE_SAMPLE: usize = 10_000;
+/// The most active markers read to find them (ten per sampled tenant on average).
+pub const ACTIVE_SAMPLE_MARKERS: usize = 100_000;
 
 /// One gauge tick's readings.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -35,7 +37,8 @@ pub fn read(store: &Store, now: AtMs) -> Result<GaugeReading, StoreError> {
     let node = counters::node(store)?;
     let oldest_due_age_ms =
         deliveries::oldest_due_at(store)?.map_or(0, |at| now.0.saturating_sub(at.0));
-    let active = deliveries::active_tenants(store, now, ACTIVE_SAMPLE)?;
+    let active =
+        deliveries::active_tenants_distinct(store, now, ACTIVE_SAMPLE, ACTIVE_SAMPLE_MARKERS)?;
     let mut top: Vec<(TenantOrd, i64)> = Vec::with_capacity(active.len());
     for t in active {
         let c = counters::read(store, t.ord)?;

@@ -662,20 +662,50 @@ pub fn active_tenants(
     now: AtMs,
     limit: usize,
 ) -> Result<Vec<ActiveTenant>, StoreError> {
+    active_grouped(store, now, usize::MAX, limit)
+}
+
+/// The first `tenants` distinct tenants with a marker at or before `now`'s bucket, in
+/// order of each one's oldest marker, reading at most `max_markers` markers (a tenant
+/// with markers in many buckets cannot make the read unbounded). The per-tenant gauge and
+/// `/v1/tenants` sample with it.
+pub fn active_tenants_distinct(
+    store: &Store,
+    now: AtMs,
+    tenants: usize,
+    max_markers: usize,
+) -> Result<Vec<ActiveTenant>, StoreError> {
+    active_grouped(store, now, tenants, max_markers)
+}
+
+/// Markers grouped by tenant in one pass (a hash index, not a search per marker): at most
+/// `max_markers` markers and `max_tenants` tenants; a marker of a tenant past that is
+/// where the read stops.
+fn active_grouped(
+    store: &Store,
+    now: AtMs,
+    max_tenants: usize,
+    max_markers: usize,
+) -> Result<Vec<ActiveTenant>, StoreError> {
     let (lo, end) = keys::active_through(now.bucket());
     let mut out: Vec<ActiveTenant> = Vec::new();
+    let mut index: std::collections::HashMap<TenantOrd, usize> = std::collections::HashMap::new();
     for kv in store
         .scan(Family::Active, &lo, &end, Dir::Forward)?
-        .take(limit)
+        .take(max_markers)
     {
         let (k, _) = kv?;
         let (bucket, ord) = keys::decode_active(&k)?;
-        match out.iter_mut().find(|t| t.ord == ord) {
-            Some(t) => t.buckets.push(bucket),
-            None => out.push(ActiveTenant {
-                ord,
-                buckets: vec![bucket],
-            }),
+        match index.get(&ord) {
+            Some(&i) => out[i].buckets.push(bucket),
+            None if out.len() >= max_tenants => break,
+            None => {
+                index.insert(ord, out.len());
+                out.push(ActiveTenant {
+                    ord,
+                    buckets: vec![bucket],
+                });
+            }
         }
     }
     Ok(out)

@@ -792,3 +792,37 @@ fn only_deliveries_builds_queue_index_keys() {
         "queue index keys built outside queue::deliveries: {offenders:#?}"
     );
 }
+
+#[test]
+fn the_tenant_sample_counts_distinct_tenants_within_a_marker_bound() {
+    let mut h = Harness::new();
+    let now = 1_000_000u64;
+    // "busy" has a marker in each of 50 seconds before "quiet"'s one.
+    for s in 0..50 {
+        h.ingest(Some("busy"), 1, now - 100_000 + s * 1_000, false);
+    }
+    h.ingest(Some("quiet"), 1, now - 10_000, false);
+    // Counted in markers, a sample of 10 sees only "busy".
+    let by_markers = active_tenants(&h.store, AtMs(now), 10).unwrap();
+    assert_eq!(by_markers.len(), 1);
+    assert_eq!(by_markers[0].buckets.len(), 10);
+    // Counted in tenants, a sample of 2 sees both, with every marker of each.
+    let distinct = active_tenants_distinct(&h.store, AtMs(now), 2, 1_000).unwrap();
+    let ords: Vec<_> = distinct.iter().map(|t| t.ord).collect();
+    assert_eq!(ords, vec![h.ord("busy"), h.ord("quiet")]);
+    assert_eq!(distinct[0].buckets.len(), 50);
+    // A sample of one tenant stops at the second tenant's first marker.
+    assert_eq!(
+        active_tenants_distinct(&h.store, AtMs(now), 1, 1_000)
+            .unwrap()
+            .len(),
+        1
+    );
+    // The marker bound still holds.
+    assert_eq!(
+        active_tenants_distinct(&h.store, AtMs(now), 2, 20)
+            .unwrap()
+            .len(),
+        1
+    );
+}
