@@ -316,6 +316,7 @@ pub async fn replay(
             req.tenant.as_deref(),
             serde_json::json!({ "rows": total, "source": req.source, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len() }),
         ));
+        let mut revived = 0u64;
         for chunk in rows.chunks(deliveries::CHUNK_ROWS) {
             let mut tx = Tx::new();
             if let Some(op) = first.take() {
@@ -324,12 +325,13 @@ pub async fn replay(
             for r in chunk {
                 deliveries::revive(&mut tx, r, now);
             }
-            tx.commit(store, true)?;
+            // A row a concurrent replay or purge moved first is not revived again.
+            revived += tx.commit(store, true)?.count();
         }
         if let Some(op) = first {
             store.write(vec![op], true)?;
         }
-        Ok(Json(serde_json::json!({ "revived": total })).into_response())
+        Ok(Json(serde_json::json!({ "revived": revived })).into_response())
     })
     .await
 }

@@ -364,9 +364,14 @@ fn claim_tick(
             rows.push(deliveries::claim(&mut tx, r));
         }
     }
-    if !tx.is_empty() {
-        tx.commit(store, false)?;
-    }
+    // One unit per claim, in order: a row another writer moved first (purged, say) is
+    // not ours to deliver.
+    let committed = tx.commit(store, false)?;
+    let rows: Vec<InflightRow> = rows
+        .into_iter()
+        .zip(committed.moved)
+        .filter_map(|(r, moved)| moved.then_some(r))
+        .collect();
     for w in &plan.work {
         deliveries::cleanup_markers(store, w.ord, &w.buckets, now)?;
         match w.rows.last() {
@@ -444,7 +449,7 @@ async fn commit_outcomes(
         })
         .await;
         match result {
-            Ok(Ok(())) => {}
+            Ok(Ok(_)) => {}
             Ok(Err(e)) => tracing::error!(error = %e, "dispatch: committing outcomes"),
             Err(e) => tracing::error!(error = %e, "dispatch: outcome task"),
         }

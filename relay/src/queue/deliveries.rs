@@ -262,10 +262,51 @@ impl DeliveryRow {
 }
 
 /// One atomic batch of queue transitions: ops plus the counter deltas they imply.
+///
+/// A transition that consumes a row (claim, an outcome, revive, recover, purge: every
+/// delete of a due, inflight or dead row) is a *unit* that commits only if that row still
+/// exists when the batch commits. [`Tx::commit`] checks every unit's row and writes the
+/// batch inside one critical section of the store's transition lock, so two writers that
+/// read the same row (two replays, a purge and a claim, a replay and a purge) move it
+/// once between them, and only the transitions that moved a row count.
 #[derive(Debug, Default)]
 pub struct Tx {
+    /// Ops and deltas of no unit: creations (ingest, imports) and [`Tx::push_op`].
     ops: Vec<Op>,
     deltas: Vec<Delta>,
+    units: Vec<Unit>,
+}
+
+/// One consuming transition: the `Index` key of the row it consumes, and what it writes.
+#[derive(Debug)]
+struct Unit {
+    consumes: Vec<u8>,
+    ops: Vec<Op>,
+    deltas: Vec<Delta>,
+}
+
+/// The `Index` key an op puts, if it puts one.
+fn index_put(op: &Op) -> Option<Vec<u8>> {
+    match op {
+        Op::Put {
+            cf: Cf::Index, key, ..
+        } => Some(key.clone()),
+        _ => None,
+    }
+}
+
+/// What [`Tx::commit`] did: for each consuming transition, in the order they were added,
+/// whether its row was still there (and so it moved).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Committed {
+    pub moved: Vec<bool>,
+}
+
+impl Committed {
+    /// How many consuming transitions moved their row.
+    pub fn count(&self) -> u64 {
+        self.moved.iter().filter(|m| **m).count() as u64
+    }
 }
 
 impl Tx {
@@ -274,36 +315,97 @@ impl Tx {
     }
 
     /// An op outside the queue index (tenant allocation, dedupe keys, audit rows, a
-    /// migration cursor) that must commit with this batch.
+    /// migration cursor) that must commit with this batch, whatever its units do.
     pub fn push_op(&mut self, op: Op) {
         self.ops.push(op);
     }
 
-    pub fn deltas(&self) -> &[Delta] {
-        &self.deltas
+    /// Every delta, of every unit (as if each moved its row).
+    pub fn deltas(&self) -> Vec<Delta> {
+        let mut all = self.deltas.clone();
+        for u in &self.units {
+            all.extend(u.deltas.iter().cloned());
+        }
+        all
     }
 
     pub fn is_empty(&self) -> bool {
-        self.ops.is_empty() && self.deltas.is_empty()
+        self.ops.is_empty() && self.deltas.is_empty() && self.units.is_empty()
     }
 
-    /// The batch: every op, then the coalesced counter merges.
+    /// The batch with every unit in it, unchecked: for a single writer (a migration, a
+    /// fixture) that owns the whole store. Every op, then the coalesced counter merges.
     pub fn into_ops(self) -> Vec<Op> {
+        let deltas = self.deltas();
         let mut ops = self.ops;
-        ops.extend(counters::ops(&self.deltas));
+        for u in self.units {
+            ops.extend(u.ops);
+        }
+        ops.extend(counters::ops(&deltas));
         ops
     }
 
-    /// Commits the batch.
-    pub fn commit(self, store: &Store, sync: bool) -> Result<(), StoreError> {
+    /// Checks each unit's row and writes the batch, both under the store's transition
+    /// lock: a unit whose row is gone (another writer moved it first), or that consumes
+    /// a row an earlier unit of this batch consumed, is left out with its deltas.
+    pub fn commit(self, store: &Store, sync: bool) -> Result<Committed, StoreError> {
         if self.is_empty() {
-            return Ok(());
+            return Ok(Committed::default());
         }
-        store.write(self.into_ops(), sync)
+        let _serialised = store.transition_lock();
+        let wanted: Vec<Vec<u8>> = self.units.iter().map(|u| u.consumes.clone()).collect();
+        let present = if wanted.is_empty() {
+            Vec::new()
+        } else {
+            store.multi_get(Cf::Index, &wanted)?
+        };
+        let mut ops = self.ops;
+        let mut deltas = self.deltas;
+        // Rows this batch itself writes before a unit consumes them (a claim and its
+        // outcome in one batch) are there for that unit.
+        let mut created: std::collections::HashSet<Vec<u8>> =
+            ops.iter().filter_map(index_put).collect();
+        let mut consumed = std::collections::HashSet::new();
+        let mut moved = Vec::with_capacity(self.units.len());
+        for (u, p) in self.units.into_iter().zip(present) {
+            let ok = created.remove(&u.consumes) || (p.is_some() && consumed.insert(u.consumes));
+            if ok {
+                created.extend(u.ops.iter().filter_map(index_put));
+                ops.extend(u.ops);
+                deltas.extend(u.deltas);
+            }
+            moved.push(ok);
+        }
+        ops.extend(counters::ops(&deltas));
+        if !ops.is_empty() {
+            store.write(ops, sync)?;
+        }
+        Ok(Committed { moved })
+    }
+
+    /// Starts a unit: what follows (until the next unit) commits only if `key` is there.
+    fn consume(&mut self, key: Vec<u8>) {
+        self.units.push(Unit {
+            consumes: key,
+            ops: Vec::new(),
+            deltas: Vec::new(),
+        });
+    }
+
+    /// An op of the current unit (or of none).
+    fn op(&mut self, op: Op) {
+        match self.units.last_mut() {
+            Some(u) => u.ops.push(op),
+            None => self.ops.push(op),
+        }
     }
 
     fn delta(&mut self, ord: TenantOrd, field: CounterField, d: i64) {
-        self.deltas.push(Delta::new(ord, field, d));
+        let delta = Delta::new(ord, field, d);
+        match self.units.last_mut() {
+            Some(u) => u.deltas.push(delta),
+            None => self.deltas.push(delta),
+        }
     }
 
     /// Puts a due row and its active marker (ADR `due_ops`): the only way a due row is
@@ -311,8 +413,8 @@ impl Tx {
     fn enqueue(&mut self, row: &DueRow) {
         let mut v = row.size.to_be_bytes().to_vec();
         v.push(row.kind as u8);
-        self.ops.push(Op::put(Cf::Index, keys::due(&row.key), v));
-        self.ops.push(Op::put(
+        self.op(Op::put(Cf::Index, keys::due(&row.key), v));
+        self.op(Op::put(
             Cf::Index,
             keys::active(row.key.at.bucket(), row.key.ord),
             Vec::new(),
@@ -321,7 +423,7 @@ impl Tx {
     }
 
     fn put_inflight(&mut self, row: &InflightRow) {
-        self.ops.push(Op::put(
+        self.op(Op::put(
             Cf::Index,
             keys::inflight(&row.key),
             row.size.to_be_bytes(),
@@ -330,23 +432,22 @@ impl Tx {
     }
 
     fn delete_inflight(&mut self, row: &InflightRow) {
-        self.ops
-            .push(Op::delete(Cf::Index, keys::inflight(&row.key)));
+        self.consume(keys::inflight(&row.key));
+        self.op(Op::delete(Cf::Index, keys::inflight(&row.key)));
         self.delta(row.key.ord, CounterField::Inflight, -1);
     }
 
     fn delete_due(&mut self, row: &DueRow) {
-        self.ops.push(Op::delete(Cf::Index, keys::due(&row.key)));
+        self.consume(keys::due(&row.key));
+        self.op(Op::delete(Cf::Index, keys::due(&row.key)));
         self.delta(row.key.ord, row.kind.field(), -1);
     }
 
     /// Deletes a delivery row, gives back its bytes, and leaves a `?c` marker so reclaim
     /// looks at the hook.
     fn drop_row(&mut self, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32) {
-        self.ops
-            .push(Op::delete(Cf::Deliveries, keys::delivery(seq, sink)));
-        self.ops
-            .push(Op::put(Cf::Index, keys::cleared(seq), Vec::new()));
+        self.op(Op::delete(Cf::Deliveries, keys::delivery(seq, sink)));
+        self.op(Op::put(Cf::Index, keys::cleared(seq), Vec::new()));
         self.delta(ord, CounterField::Bytes, -(size as i64));
     }
 }
@@ -366,7 +467,7 @@ pub struct NewHook<'a> {
 pub fn ingest(tx: &mut Tx, h: &NewHook<'_>) -> u32 {
     let env = h.envelope.encode();
     let size = env.len() as u32;
-    tx.ops.push(Op::put(Cf::Hooks, keys::hook(h.seq), env));
+    tx.op(Op::put(Cf::Hooks, keys::hook(h.seq), env));
     for i in 0..h.envelope.sinks.len() {
         add_delivery(
             tx,
@@ -380,7 +481,7 @@ pub fn ingest(tx: &mut Tx, h: &NewHook<'_>) -> u32 {
     if h.archive {
         let mut v = size.to_be_bytes().to_vec();
         v.extend_from_slice(&h.ord.0.to_be_bytes());
-        tx.ops.push(Op::put(Cf::Index, keys::archive(h.seq), v));
+        tx.op(Op::put(Cf::Index, keys::archive(h.seq), v));
         tx.delta(h.ord, CounterField::ArchivePending, 1);
     }
     size
@@ -392,7 +493,7 @@ fn add_delivery(tx: &mut Tx, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32,
         size,
         ..DeliveryRow::default()
     };
-    tx.ops.push(Op::put(
+    tx.op(Op::put(
         Cf::Deliveries,
         keys::delivery(seq, sink),
         row.encode(),
@@ -435,7 +536,7 @@ pub fn delivered(tx: &mut Tx, row: &InflightRow) {
 /// Retry: inflight → due at `at` with kind 1; the delivery row records the attempt.
 pub fn retry(tx: &mut Tx, row: &InflightRow, at: AtMs, updated: &DeliveryRow) {
     tx.delete_inflight(row);
-    tx.ops.push(Op::put(
+    tx.op(Op::put(
         Cf::Deliveries,
         keys::delivery(row.key.seq, row.key.sink),
         updated.encode(),
@@ -464,7 +565,7 @@ pub fn dead_letter(
 ) -> DeadRow {
     tx.delete_inflight(row);
     if let Some(updated) = updated {
-        tx.ops.push(Op::put(
+        tx.op(Op::put(
             Cf::Deliveries,
             keys::delivery(row.key.seq, row.key.sink),
             updated.encode(),
@@ -483,12 +584,12 @@ pub fn dead_letter(
             hook_id: hook_id.to_owned(),
         },
     };
-    tx.ops.push(Op::put(
+    tx.op(Op::put(
         Cf::Index,
         keys::dead(&dead.key),
         dead.value.encode(),
     ));
-    tx.ops.push(Op::put(
+    tx.op(Op::put(
         Cf::Index,
         keys::dead_by_tenant(row.key.ord, &dead.key),
         Vec::new(),
@@ -519,8 +620,9 @@ pub fn revive(tx: &mut Tx, row: &DeadRow, at: AtMs) {
 }
 
 fn delete_dead(tx: &mut Tx, row: &DeadRow) {
-    tx.ops.push(Op::delete(Cf::Index, keys::dead(&row.key)));
-    tx.ops.push(Op::delete(
+    tx.consume(keys::dead(&row.key));
+    tx.op(Op::delete(Cf::Index, keys::dead(&row.key)));
+    tx.op(Op::delete(
         Cf::Index,
         keys::dead_by_tenant(row.value.ord, &row.key),
     ));
@@ -581,9 +683,8 @@ impl ArchiveObligation {
 
 /// Archive settle: the hook is in a segment; the obligation goes and reclaim may look.
 pub fn archive_settle(tx: &mut Tx, ob: &ArchiveObligation) {
-    tx.ops.push(Op::delete(Cf::Index, keys::archive(ob.seq)));
-    tx.ops
-        .push(Op::put(Cf::Index, keys::cleared(ob.seq), Vec::new()));
+    tx.op(Op::delete(Cf::Index, keys::archive(ob.seq)));
+    tx.op(Op::put(Cf::Index, keys::cleared(ob.seq), Vec::new()));
     tx.delta(ob.ord, CounterField::ArchivePending, -1);
 }
 
@@ -611,9 +712,8 @@ pub fn import_inflight(tx: &mut Tx, row: &InflightRow) {
 /// An imported dead row: `?x` rewritten with the ord in its value, and `?X`; dead +1,
 /// bytes +size.
 pub fn import_dead(tx: &mut Tx, row: &DeadRow) {
-    tx.ops
-        .push(Op::put(Cf::Index, keys::dead(&row.key), row.value.encode()));
-    tx.ops.push(Op::put(
+    tx.op(Op::put(Cf::Index, keys::dead(&row.key), row.value.encode()));
+    tx.op(Op::put(
         Cf::Index,
         keys::dead_by_tenant(row.value.ord, &row.key),
         Vec::new(),
@@ -626,7 +726,7 @@ pub fn import_dead(tx: &mut Tx, row: &DeadRow) {
 pub fn import_archive(tx: &mut Tx, ob: &ArchiveObligation) {
     let mut v = ob.size.to_be_bytes().to_vec();
     v.extend_from_slice(&ob.ord.0.to_be_bytes());
-    tx.ops.push(Op::put(Cf::Index, keys::archive(ob.seq), v));
+    tx.op(Op::put(Cf::Index, keys::archive(ob.seq), v));
     tx.delta(ob.ord, CounterField::ArchivePending, 1);
 }
 
@@ -929,15 +1029,29 @@ pub fn dead_page_for_tenant(
         Cf::Index,
         &dead_keys.iter().map(keys::dead).collect::<Vec<_>>(),
     )?;
+    // The next page starts after the last key scanned, even if its row moved meanwhile.
+    let next = (dead_keys.len() == limit)
+        .then(|| dead_keys.last().copied())
+        .flatten();
     let mut rows = Vec::with_capacity(dead_keys.len());
     for (key, v) in dead_keys.into_iter().zip(values) {
-        let v = v.ok_or_else(|| StoreError::Corruption {
-            family: "dead_by_tenant",
-            detail: format!("?X row without its ?x row at seq {}", key.seq.0),
-        })?;
+        let Some(v) = v else {
+            // `?x` and `?X` go in one batch: if `?X` is gone too, a replay or purge moved
+            // the row between the two reads; if it is still there, the pair is broken.
+            if store
+                .get(Cf::Index, &keys::dead_by_tenant(ord, &key))?
+                .is_none()
+            {
+                continue;
+            }
+            return Err(StoreError::Corruption {
+                family: "dead_by_tenant",
+                detail: format!("?X row without its ?x row at seq {}", key.seq.0),
+            });
+        };
         rows.push(DeadRow::decode(&keys::dead(&key), &v)?);
     }
-    Ok(page(rows, limit))
+    Ok(DeadPage { rows, next })
 }
 
 /// Which of a tenant's rows a purge removes (never inflight rows).
@@ -973,6 +1087,7 @@ fn purge_chunk(
 ) -> Result<PurgeReport, StoreError> {
     let mut tx = Tx::new();
     let mut report = PurgeReport::default();
+    let mut due = 0usize;
     if kinds.pending {
         let (lo, end) = keys::due_tenant_range(ord);
         for row in collect(
@@ -981,24 +1096,26 @@ fn purge_chunk(
             DueRow::decode,
         )? {
             purge_due(&mut tx, &row);
-            report.due += 1;
+            due += 1;
         }
     }
-    if kinds.dead && report.due == 0 {
+    if kinds.dead && due == 0 {
         let page = dead_page_for_tenant(store, ord, None, CHUNK_ROWS)?;
         for row in &page.rows {
             purge_dead(&mut tx, row);
-            report.dead += 1;
         }
     }
-    let moved = !tx.is_empty();
+    let found = !tx.is_empty();
     for op in extra {
         tx.push_op(op);
     }
-    if !tx.is_empty() {
-        tx.commit(store, true)?;
-    }
-    if moved {
+    let committed = tx.commit(store, true)?;
+    // Only the rows this purge removed count: a row claimed or purged by another writer
+    // between the read and the commit was left as that writer made it.
+    let (due_moved, dead_moved) = committed.moved.split_at(due.min(committed.moved.len()));
+    report.due = due_moved.iter().filter(|m| **m).count() as u64;
+    report.dead = dead_moved.iter().filter(|m| **m).count() as u64;
+    if found {
         report.batches = 1;
     }
     Ok(report)

@@ -351,6 +351,8 @@ pub struct Store {
     path: PathBuf,
     read_only: bool,
     stats: StoreStats,
+    /// Serialises queue transitions that consume a row: see `queue::deliveries::Tx`.
+    transitions: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for Store {
@@ -373,6 +375,12 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
 }
 
 impl Store {
+    /// The lock every consuming queue transition commits under: its check that the rows
+    /// it consumes are still there and its write are one critical section.
+    pub fn transition_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.transitions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Opens (or creates) the store at `path`, applying the format guard first.
     pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store, StoreError> {
         let path = path.as_ref().to_path_buf();
@@ -439,6 +447,7 @@ impl Store {
                 path,
                 read_only: true,
                 stats: StoreStats::default(),
+                transitions: std::sync::Mutex::new(()),
             });
         }
         // Open with the column families this binary needs at the store's format or any
@@ -507,6 +516,7 @@ impl Store {
             path,
             read_only: false,
             stats: StoreStats::default(),
+            transitions: std::sync::Mutex::new(()),
         })
     }
 
