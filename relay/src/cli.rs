@@ -309,8 +309,8 @@ fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
         let node = Node::start(config).await?;
         println!(
             "ankusa-relay: store {} at format {SUPPORTED_FORMAT} is open; \
-             ingest on http://{}/ingest/{{source}}, admin on http://{} (try: curl http://{}/v1/node). \
-             Ctrl-C stops.",
+             ingest on http://{}/ingest/{{source}}, admin on http://{} (try: curl -H \
+             'authorization: Bearer <an admin.tokens secret>' http://{}/v1/node). Ctrl-C stops.",
             data_dir.display(),
             node.ingest_addr,
             node.admin_addr,

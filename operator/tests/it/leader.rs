@@ -225,8 +225,9 @@ async fn the_follower_takes_over_from_a_killed_leader() {
     })
     .await;
     let took = killed.elapsed();
-    // Lease 4 s, plus one retry period of the follower's and the API's latency.
-    assert!(took <= Duration::from_secs(7), "takeover took {took:?}");
+    // Lease 4 s after the follower last saw it renewed (at most one retry period before the
+    // kill), plus its next look (one retry period) and the API's latency on a busy machine.
+    assert!(took <= Duration::from_secs(8), "takeover took {took:?}");
     // The new leader reconciles: a drifted object is applied back.
     Api::<k8s_openapi::api::core::v1::Service>::namespaced(admin.clone(), &ns)
         .delete("relay", &Default::default())

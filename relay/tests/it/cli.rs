@@ -238,3 +238,31 @@ fn version_json_names_the_supported_store_format() {
     assert_eq!(v["store_format"], 3);
     assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
 }
+
+/// `make run`'s configuration loads, and carries the admin token the README's `/v1/node`
+/// call uses.
+#[test]
+fn the_quickstart_configuration_loads_with_the_readmes_admin_token() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let c = ankusa_relay::config::Config::load(
+        &root.join("examples/quickstart.yaml"),
+        Vec::<(String, String)>::new(),
+    );
+    // It names one secret by environment variable, as `make run` sets it.
+    let c = match c {
+        Err(e) if e.to_string().contains("GITHUB_WEBHOOK_SECRET") => {
+            std::env::set_var("GITHUB_WEBHOOK_SECRET", "quickstart-github-secret");
+            ankusa_relay::config::Config::load(
+                &root.join("examples/quickstart.yaml"),
+                Vec::<(String, String)>::new(),
+            )
+            .unwrap()
+        }
+        other => other.unwrap(),
+    };
+    assert_eq!(c.admin.tokens.len(), 1);
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    assert!(readme.contains("Bearer quickstart-admin-token"));
+    let yaml = std::fs::read_to_string(root.join("examples/quickstart.yaml")).unwrap();
+    assert!(yaml.contains("\"quickstart-admin-token\""));
+}
