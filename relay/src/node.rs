@@ -1,7 +1,8 @@
 //! A running relay node: boot order, listeners and shutdown.
 //!
 //! Boot: open the store (format guard first) → serve the admin listener (`/readyz` not
-//! ready) → run pending migrations → recover inflight rows → start the writer → serve the
+//! ready) → run pending migrations → recover inflight rows → restore lost active markers →
+//! start the writer → serve the
 //! ingest listener → start the dispatch pipeline and reclaim → ready. Shutdown stops the
 //! listeners, lets the pipeline commit the outcomes of deliveries in flight, and drains
 //! the writer. Both listeners are bound before anything slow happens, so a
@@ -238,6 +239,10 @@ impl Node {
                 );
             }
             let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()))?;
+            let markers = deliveries::repair_markers(&boot_store)?;
+            if markers > 0 {
+                tracing::warn!(markers, "restored active markers a crash had lost");
+            }
             let assembler = Assembler::open(&boot_store, config.tenants.max)?;
             Ok((recovered, assembler))
         })

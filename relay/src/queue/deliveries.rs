@@ -1196,6 +1196,39 @@ pub fn archive_obligations(
     )
 }
 
+/// Boot repair: every due row's active marker exists. The pipeline's marker cleanup
+/// deletes a marker and, if a due row arrived in its bucket meanwhile, restores it in a
+/// later unsynced write; a crash that keeps the delete (made durable by a later synced
+/// batch) and loses the restore would leave a due row no tick ever visits. One pass over
+/// the due family before the pipeline starts (O(due rows), with one point read per
+/// distinct tenant-second) puts back what is missing, synced. Returns the markers restored.
+pub fn repair_markers(store: &Store) -> Result<u64, StoreError> {
+    let mut last: Option<(Bucket, TenantOrd)> = None;
+    let mut ops = Vec::new();
+    let mut restored = 0;
+    for kv in store.scan_family(Family::Due)? {
+        let (k, v) = kv?;
+        let row = DueRow::decode(&k, &v)?;
+        let here = (row.key.at.bucket(), row.key.ord);
+        if last == Some(here) {
+            continue;
+        }
+        last = Some(here);
+        let marker = keys::active(here.0, here.1);
+        if store.get(Cf::Index, &marker)?.is_none() {
+            ops.push(Op::put(Cf::Index, marker, Vec::new()));
+            restored += 1;
+            if ops.len() >= CHUNK_ROWS {
+                store.write(std::mem::take(&mut ops), true)?;
+            }
+        }
+    }
+    if !ops.is_empty() {
+        store.write(ops, true)?;
+    }
+    Ok(restored)
+}
+
 /// Every due row, in key order (fixtures, tools and tests; O(backlog)).
 pub fn due_rows(store: &Store) -> Result<Vec<DueRow>, StoreError> {
     collect(store.scan_family(Family::Due)?, usize::MAX, DueRow::decode)

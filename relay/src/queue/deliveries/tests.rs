@@ -975,3 +975,35 @@ fn a_purge_racing_claims_removes_each_row_once() {
     h.assert_counters_equal_fold();
     assert_no_negative_counter(&h, &["t"]);
 }
+
+/// The state a crash can leave between the marker cleanup's delete and its restore: due
+/// rows whose marker is gone. The boot repair puts back exactly the missing markers.
+#[test]
+fn boot_repair_restores_the_markers_a_crash_lost() {
+    let mut h = Harness::new();
+    let now = 1_000_000u64;
+    h.ingest(Some("a"), 1, now - 5_000, false);
+    h.ingest(Some("a"), 1, now - 5_000, false);
+    h.ingest(Some("a"), 1, now - 3_000, false);
+    h.ingest(Some("b"), 1, now - 5_000, false);
+    let lost = [
+        (Bucket(now / 1000 - 5), h.ord("a")),
+        (Bucket(now / 1000 - 5), h.ord("b")),
+    ];
+    h.store
+        .write(
+            lost.iter()
+                .map(|(b, o)| Op::delete(Cf::Index, keys::active(*b, *o)))
+                .collect(),
+            false,
+        )
+        .unwrap();
+    assert_eq!(h.markers().len(), 1);
+    assert_eq!(repair_markers(&h.store).unwrap(), 2);
+    h.assert_every_due_row_has_its_marker();
+    assert_eq!(h.markers().len(), 3);
+    // Nothing to do the second time.
+    assert_eq!(repair_markers(&h.store).unwrap(), 0);
+    let active = active_tenants(&h.store, AtMs(now), 4096).unwrap();
+    assert_eq!(active.len(), 2);
+}
