@@ -62,6 +62,14 @@ async fn set_up(prefix: &str, fixture: &str, patch: Value) -> (Client, String, A
     (admin, ns, context(op, NOWHERE))
 }
 
+/// A merge patch of the Relay `name`, as a user's `kubectl patch --type merge`.
+async fn merge_spec(relays: &Api<Relay>, name: &str, patch: Value) {
+    relays
+        .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .unwrap();
+}
+
 /// Read the Relay back (with the status the last reconcile wrote) and reconcile it.
 async fn reconcile(ctx: &Arc<Context>, ns: &str, name: &str) -> Result<(), controller::Error> {
     let api: Api<Relay> = Api::namespaced(ctx.client.clone(), ns);
@@ -747,14 +755,12 @@ async fn refused_apply_is_degraded_and_retried_with_backoff() {
     let ctx = context(op, NOWHERE);
     reconcile(&ctx, &ns, "relay").await.unwrap();
     let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
-    relays
-        .patch(
-            "relay",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "storage": { "size": "50Gi" } } })),
-        )
-        .await
-        .unwrap();
+    merge_spec(
+        &relays,
+        "relay",
+        json!({ "spec": { "storage": { "size": "50Gi" } } }),
+    )
+    .await;
     let err = reconcile(&ctx, &ns, "relay").await.unwrap_err();
     assert_eq!(err.reason(), "invalid", "{err}");
     let degraded = condition(&admin, &ns, "relay", "Degraded").await;
@@ -786,14 +792,12 @@ async fn refused_apply_is_degraded_and_retried_with_backoff() {
     );
     assert_eq!(controller::backoff(40), Duration::from_secs(300));
     // Back to the size the claims have: the next reconcile succeeds.
-    relays
-        .patch(
-            "relay",
-            &PatchParams::default(),
-            &Patch::Merge(json!({ "spec": { "storage": { "size": "10Gi" } } })),
-        )
-        .await
-        .unwrap();
+    merge_spec(
+        &relays,
+        "relay",
+        json!({ "spec": { "storage": { "size": "10Gi" } } }),
+    )
+    .await;
     reconcile(&ctx, &ns, "relay").await.unwrap();
     assert_eq!(
         condition(&admin, &ns, "relay", "Degraded").await["status"],
