@@ -60,23 +60,24 @@ pub fn node_status(
     // (its boot migration under way) has none to read yet, and reports zeros with
     // `migrating_to` and the migration's progress rather than an error.
     let current = store_format >= SUPPORTED_FORMAT;
+    let (tenants, counters, oldest_due_at_ms) = if current {
+        (
+            tenants::count(store)?,
+            counters::node(store)?,
+            crate::queue::deliveries::oldest_due_at(store)?.map(|a| a.0),
+        )
+    } else {
+        (0, NodeCounters::default(), None)
+    };
     Ok(NodeStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
         supported_format: SUPPORTED_FORMAT,
         store_format,
         migrating_to: migrate::in_progress(store)?.map(|(to, _)| to),
         migration,
-        tenants: if current { tenants::count(store)? } else { 0 },
-        counters: if current {
-            counters::node(store)?
-        } else {
-            NodeCounters::default()
-        },
-        oldest_due_at_ms: if current {
-            crate::queue::deliveries::oldest_due_at(store)?.map(|a| a.0)
-        } else {
-            None
-        },
+        tenants,
+        counters,
+        oldest_due_at_ms,
     })
 }
 

@@ -320,15 +320,6 @@ impl Tx {
         self.ops.push(op);
     }
 
-    /// Every delta, of every unit (as if each moved its row).
-    pub fn deltas(&self) -> Vec<Delta> {
-        let mut all = self.deltas.clone();
-        for u in &self.units {
-            all.extend(u.deltas.iter().cloned());
-        }
-        all
-    }
-
     pub fn is_empty(&self) -> bool {
         self.ops.is_empty() && self.deltas.is_empty() && self.units.is_empty()
     }
@@ -336,10 +327,10 @@ impl Tx {
     /// The batch with every unit in it, unchecked: for a single writer (a migration, a
     /// fixture) that owns the whole store. Every op, then the coalesced counter merges.
     pub fn into_ops(self) -> Vec<Op> {
-        let deltas = self.deltas();
-        let mut ops = self.ops;
+        let (mut ops, mut deltas) = (self.ops, self.deltas);
         for u in self.units {
             ops.extend(u.ops);
+            deltas.extend(u.deltas);
         }
         ops.extend(counters::ops(&deltas));
         ops
@@ -347,18 +338,20 @@ impl Tx {
 
     /// Checks each unit's row and writes the batch, both under the store's transition
     /// lock: a unit whose row is gone (another writer moved it first), or that consumes
-    /// a row an earlier unit of this batch consumed, is left out with its deltas.
+    /// a row an earlier unit of this batch consumed, is left out with its deltas. A batch
+    /// with no unit (ingest: creations only) has nothing to check and writes without the
+    /// lock, so the writer's synced commits never wait on dispatch or admin commits.
     pub fn commit(self, store: &Store, sync: bool) -> Result<Committed, StoreError> {
         if self.is_empty() {
             return Ok(Committed::default());
         }
+        if self.units.is_empty() {
+            store.write(self.into_ops(), sync)?;
+            return Ok(Committed::default());
+        }
         let _serialised = store.transition_lock();
         let wanted: Vec<Vec<u8>> = self.units.iter().map(|u| u.consumes.clone()).collect();
-        let present = if wanted.is_empty() {
-            Vec::new()
-        } else {
-            store.multi_get(Cf::Index, &wanted)?
-        };
+        let present = store.multi_get(Cf::Index, &wanted)?;
         let mut ops = self.ops;
         let mut deltas = self.deltas;
         // Rows this batch itself writes before a unit consumes them (a claim and its
@@ -762,26 +755,15 @@ pub fn active_tenants(
     now: AtMs,
     limit: usize,
 ) -> Result<Vec<ActiveTenant>, StoreError> {
-    active_grouped(store, now, usize::MAX, limit)
+    active_tenants_distinct(store, now, usize::MAX, limit)
 }
 
-/// The first `tenants` distinct tenants with a marker at or before `now`'s bucket, in
+/// The first `max_tenants` distinct tenants with a marker at or before `now`'s bucket, in
 /// order of each one's oldest marker, reading at most `max_markers` markers (a tenant
-/// with markers in many buckets cannot make the read unbounded). The per-tenant gauge and
-/// `/v1/tenants` sample with it.
+/// with markers in many buckets cannot make the read unbounded); a marker of a tenant
+/// past `max_tenants` is where the read stops. Markers are grouped in one pass (a hash
+/// index, not a search per marker). The per-tenant gauge and `/v1/tenants` sample with it.
 pub fn active_tenants_distinct(
-    store: &Store,
-    now: AtMs,
-    tenants: usize,
-    max_markers: usize,
-) -> Result<Vec<ActiveTenant>, StoreError> {
-    active_grouped(store, now, tenants, max_markers)
-}
-
-/// Markers grouped by tenant in one pass (a hash index, not a search per marker): at most
-/// `max_markers` markers and `max_tenants` tenants; a marker of a tenant past that is
-/// where the read stops.
-fn active_grouped(
     store: &Store,
     now: AtMs,
     max_tenants: usize,
