@@ -298,34 +298,12 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         );
         match desired {
             Ok(desired) => {
-                // What the API server would make of each existing object: its answer to a
-                // dry-run apply is what drift is measured against.
-                for kind in Owned::ALL {
-                    if o.objects.get(kind).is_none() {
-                        continue;
-                    }
-                    match patch_owned(ctx, &names, &desired, kind, DryRun::Yes).await {
-                        Ok(Some(after)) => {
-                            o.objects.applied.insert(kind, after);
-                        }
-                        Ok(None) => {}
-                        Err(e) => {
-                            // Refused even as a dry run: the apply itself would be.
-                            o.apply_error = Some(format!("{} update: {e}", kind.kind()));
-                            write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
-                            return Err(e);
-                        }
-                    }
-                }
-                for (kind, change) in planner::changes(&desired, &o.objects) {
-                    if let Err(e) = apply_owned(relay, ctx, &names, &desired, kind, change).await {
-                        // A refused apply (an immutable field changed, say) is reported in
-                        // the status and retried with backoff.
-                        o.apply_error =
-                            Some(format!("{} {}: {e}", kind.kind(), change_word(change)));
-                        write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
-                        return Err(e);
-                    }
+                if let Err((what, e)) = apply_desired(relay, ctx, &names, &desired, &mut o).await {
+                    // A refused apply (an immutable field changed, say) is reported in the
+                    // status and retried with backoff.
+                    o.apply_error = Some(format!("{what}: {e}"));
+                    write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
+                    return Err(e);
                 }
                 for job in &rollout.jobs {
                     create_job(relay, ctx, &names, job, &o).await?;
@@ -336,6 +314,37 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
     }
     write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
     Ok(Action::requeue(ctx.settings.poll_interval))
+}
+
+/// Measure drift against the API server's own answer (a dry-run apply of each existing
+/// object), then carry out the planner's changes. An error names what was refused
+/// (`StatefulSet update`, say).
+async fn apply_desired(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    desired: &DesiredSet,
+    o: &mut Observed,
+) -> Result<(), (String, Error)> {
+    for kind in Owned::ALL {
+        if o.objects.get(kind).is_none() {
+            continue;
+        }
+        // Refused even as a dry run: the update itself would be.
+        let refused = |e| (format!("{} update", kind.kind()), e);
+        if let Some(after) = patch_owned(ctx, names, desired, kind, DryRun::Yes)
+            .await
+            .map_err(refused)?
+        {
+            o.objects.applied.insert(kind, after);
+        }
+    }
+    for (kind, change) in planner::changes(desired, &o.objects) {
+        apply_owned(relay, ctx, names, desired, kind, change)
+            .await
+            .map_err(|e| (format!("{} {}", kind.kind(), change_word(change)), e))?;
+    }
+    Ok(())
 }
 
 fn change_word(c: Change) -> &'static str {
@@ -772,27 +781,31 @@ async fn patch_owned(
     kind: Owned,
     dry_run: DryRun,
 ) -> Result<Option<Value>, Error> {
-    let (client, ns) = (ctx.client.clone(), names.namespace.as_str());
+    let (client, ns, name) = (
+        ctx.client.clone(),
+        names.namespace.as_str(),
+        names.of_kind(kind),
+    );
     let answer = match kind {
         Owned::ConfigMap => {
             let api: Api<ConfigMap> = Api::namespaced(client, ns);
-            ssa(&api, &names.config_map, &desired.config_map, dry_run).await?
+            ssa(&api, name, &desired.config_map, dry_run).await?
         }
         Owned::HeadlessService => {
             let api: Api<Service> = Api::namespaced(client, ns);
-            ssa(&api, &names.headless, &desired.headless, dry_run).await?
+            ssa(&api, name, &desired.headless, dry_run).await?
         }
         Owned::ClientService => {
             let api: Api<Service> = Api::namespaced(client, ns);
-            ssa(&api, &names.client, &desired.client, dry_run).await?
+            ssa(&api, name, &desired.client, dry_run).await?
         }
         Owned::StatefulSet => {
             let api: Api<StatefulSet> = Api::namespaced(client, ns);
-            ssa(&api, &names.statefulset, &desired.statefulset, dry_run).await?
+            ssa(&api, name, &desired.statefulset, dry_run).await?
         }
         Owned::PodDisruptionBudget => {
             let api: Api<PodDisruptionBudget> = Api::namespaced(client, ns);
-            ssa(&api, &names.pdb, &desired.pdb, dry_run).await?
+            ssa(&api, name, &desired.pdb, dry_run).await?
         }
         Owned::ServiceMonitor => {
             let Some(sm) = &desired.service_monitor else {
@@ -800,7 +813,7 @@ async fn patch_owned(
             };
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client, ns, &resources::service_monitor_resource());
-            ssa(&api, &names.service_monitor, sm, dry_run).await?
+            ssa(&api, name, sm, dry_run).await?
         }
     };
     Ok(Some(answer))

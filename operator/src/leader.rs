@@ -84,10 +84,6 @@ impl Elector {
         }
     }
 
-    pub fn settings(&self) -> &LeaseSettings {
-        &self.settings
-    }
-
     /// Try once to take or renew the Lease; every call to the API server has a deadline
     /// of `renew_deadline`.
     pub async fn try_acquire(&mut self) -> Result<Outcome, LeaseError> {

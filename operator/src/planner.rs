@@ -624,58 +624,28 @@ pub enum Change {
 /// and an owned ServiceMonitor that is no longer wanted, to delete.
 pub fn changes(desired: &DesiredSet, observed: &ObservedObjects) -> Vec<(Owned, Change)> {
     let mut out = Vec::new();
-    let mut check = |kind: Owned, want: Option<Value>, have: &Option<Value>| {
-        let Some(want) = want else {
+    for kind in Owned::ALL {
+        let have = observed.get(kind);
+        let Some(want) = desired.value(kind) else {
             // Not wanted (a ServiceMonitor with monitoring turned off): an existing one,
             // which the controller reports only when this Relay owns it, goes.
             if have.is_some() {
                 out.push((kind, Change::Delete));
             }
-            return;
+            continue;
         };
-        match have {
-            None => out.push((kind, Change::Create)),
-            Some(have) => {
-                let drift = match observed.applied.get(&kind) {
-                    Some(after) => comparable(after) != comparable(have),
-                    None => !contains(have, &want),
-                };
-                if drift {
-                    out.push((kind, Change::Update));
-                }
-            }
+        let Some(have) = have else {
+            out.push((kind, Change::Create));
+            continue;
+        };
+        let drift = match observed.applied.get(&kind) {
+            Some(after) => comparable(after) != comparable(have),
+            None => !contains(have, &want),
+        };
+        if drift {
+            out.push((kind, Change::Update));
         }
-    };
-    check(
-        Owned::ConfigMap,
-        json(&desired.config_map),
-        &observed.config_map,
-    );
-    check(
-        Owned::HeadlessService,
-        json(&desired.headless),
-        &observed.headless,
-    );
-    check(
-        Owned::ClientService,
-        json(&desired.client),
-        &observed.client,
-    );
-    check(
-        Owned::StatefulSet,
-        json(&desired.statefulset),
-        &observed.statefulset,
-    );
-    check(
-        Owned::PodDisruptionBudget,
-        json(&desired.pdb),
-        &observed.pdb,
-    );
-    check(
-        Owned::ServiceMonitor,
-        desired.service_monitor.as_ref().and_then(json),
-        &observed.service_monitor,
-    );
+    }
     out
 }
 
@@ -692,10 +662,6 @@ fn comparable(v: &Value) -> Value {
         o.remove("status");
     }
     v
-}
-
-fn json<T: serde::Serialize>(t: &T) -> Option<Value> {
-    serde_json::to_value(t).ok()
 }
 
 /// `have` holds every field of `want` with the same value. Objects are compared key by

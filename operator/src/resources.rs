@@ -532,6 +532,19 @@ impl DesiredSet {
         })
     }
 
+    /// The desired object of `kind` as JSON (`None`: no ServiceMonitor is wanted).
+    pub fn value(&self, kind: crate::planner::Owned) -> Option<Value> {
+        use crate::planner::Owned;
+        match kind {
+            Owned::ConfigMap => to_value(&self.config_map).ok(),
+            Owned::HeadlessService => to_value(&self.headless).ok(),
+            Owned::ClientService => to_value(&self.client).ok(),
+            Owned::StatefulSet => to_value(&self.statefulset).ok(),
+            Owned::PodDisruptionBudget => to_value(&self.pdb).ok(),
+            Owned::ServiceMonitor => self.service_monitor.as_ref().and_then(|s| to_value(s).ok()),
+        }
+    }
+
     /// The objects as one YAML stream, in apply order (what the golden file holds).
     pub fn to_yaml(&self) -> Result<String, ResourceError> {
         let mut docs = vec![
