@@ -223,6 +223,15 @@ pub async fn bare_operator_client() -> Client {
         .0
 }
 
+/// The Events of `ns`.
+pub async fn events(client: &Client, ns: &str) -> Vec<k8s_openapi::api::events::v1::Event> {
+    Api::<k8s_openapi::api::events::v1::Event>::namespaced(client.clone(), ns)
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+}
+
 /// A write the audit log recorded.
 #[derive(Debug, Clone)]
 pub struct Write {

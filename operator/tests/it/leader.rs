@@ -198,12 +198,8 @@ async fn the_follower_takes_over_from_a_killed_leader() {
     assert!(!writes.is_empty());
     // Every object the operator applies gets an Event naming the replica that did it:
     // all of them are the leader's.
-    let events = Api::<k8s_openapi::api::events::v1::Event>::namespaced(admin.clone(), &ns)
-        .list(&Default::default())
-        .await
-        .unwrap();
+    let events = cluster::events(&admin, &ns).await;
     let ours: Vec<_> = events
-        .items
         .iter()
         .filter(|e| e.reporting_controller.as_deref() == Some("ankusa-operator"))
         .collect();

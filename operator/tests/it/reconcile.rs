@@ -14,7 +14,6 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
     ConfigMap, PersistentVolume, PersistentVolumeClaim, Pod, Secret, Service,
 };
-use k8s_openapi::api::events::v1::Event;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams, PostParams};
 use kube::{Client, ResourceExt};
@@ -57,6 +56,23 @@ async fn create_relay(admin: &Client, ns: &str, fixture: &str, patch: Value) -> 
 async fn set_up(prefix: &str, fixture: &str, patch: Value) -> (Client, String, Arc<Context>) {
     let admin = cluster::admin().await;
     let (op, _) = cluster::operator_client().await;
+    set_up_on(admin, op, prefix, fixture, patch).await
+}
+
+/// [`set_up`] on the bare API server (no controllers, no ServiceMonitor CRD).
+async fn set_up_bare(prefix: &str, fixture: &str, patch: Value) -> (Client, String, Arc<Context>) {
+    let admin = cluster::bare_admin().await;
+    let op = cluster::bare_operator_client().await;
+    set_up_on(admin, op, prefix, fixture, patch).await
+}
+
+async fn set_up_on(
+    admin: Client,
+    op: Client,
+    prefix: &str,
+    fixture: &str,
+    patch: Value,
+) -> (Client, String, Arc<Context>) {
     let ns = cluster::namespace(&admin, prefix).await;
     create_relay(&admin, &ns, fixture, patch).await;
     (admin, ns, context(op, NOWHERE))
@@ -195,16 +211,12 @@ async fn first_reconcile_creates_everything_with_field_manager_and_owner_referen
     assert!(applies.iter().all(|w| w.uri.contains("fieldManager=ankusa-operator")
         && w.uri.contains("force=true")), "{applies:#?}");
     assert!(writes.iter().all(|w| w.verb != "delete"), "{writes:#?}");
-    let events = Api::<Event>::namespaced(admin.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
+    let events = cluster::events(&admin, &ns).await;
     let created: Vec<_> = events
-        .items
         .iter()
         .filter(|e| e.reason.as_deref() == Some("Created"))
         .collect();
-    assert_eq!(created.len(), owned.len(), "{:#?}", events.items);
+    assert_eq!(created.len(), owned.len(), "{:#?}", events);
     assert!(created
         .iter()
         .all(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("relay")));
@@ -249,12 +261,7 @@ async fn versions(client: &Client, ns: &str) -> (Vec<(String, String)>, usize) {
     collect!(StatefulSet, "StatefulSet");
     collect!(PodDisruptionBudget, "PodDisruptionBudget");
     out.sort();
-    let events = Api::<Event>::namespaced(client.clone(), ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .len();
+    let events = cluster::events(client, ns).await.len();
     (out, events)
 }
 
@@ -277,17 +284,12 @@ async fn reconciles_write_nothing(ctx: &Arc<Context>, admin: &Client, ns: &str, 
 /// defaulting (an empty `env` dropped, `1000m` CPU printed as `1`) is not drift.
 #[tokio::test]
 async fn second_reconcile_and_three_polls_write_nothing() {
-    let admin = cluster::bare_admin().await;
-    let op = cluster::bare_operator_client().await;
-    let ns = cluster::namespace(&admin, "noop").await;
-    create_relay(
-        &admin,
-        &ns,
+    let (admin, ns, ctx) = set_up_bare(
+        "noop",
         "full",
         json!({ "spec": { "resources": { "requests": { "cpu": "1000m", "memory": "0.5Gi" } } } }),
     )
     .await;
-    let ctx = context(op, NOWHERE);
     reconcile(&ctx, &ns, "hooks").await.unwrap();
     let sts = get_json::<StatefulSet>(&admin, &ns, "hooks").await.unwrap();
     // The server canonicalised the quantities the operator sent.
@@ -364,18 +366,12 @@ async fn drift_is_applied_back_and_a_removed_field_disappears() {
             .any(|w| w.resource == "statefulsets" && w.verb == "patch"),
         "{writes:#?}"
     );
-    let events = Api::<Event>::namespaced(admin.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
-    assert!(events
-        .items
-        .iter()
-        .any(|e| e.reason.as_deref() == Some("Updated")
-            && e.note
-                .as_deref()
-                .unwrap_or("")
-                .contains("StatefulSet/hooks")));
+    let events = cluster::events(&admin, &ns).await;
+    assert!(events.iter().any(|e| e.reason.as_deref() == Some("Updated")
+        && e.note
+            .as_deref()
+            .unwrap_or("")
+            .contains("StatefulSet/hooks")));
 
     // A field removed from the Relay's spec disappears from the owned object.
     let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
@@ -474,11 +470,7 @@ async fn turning_monitoring_off_deletes_the_service_monitor() {
 /// On the bare API server the Prometheus Operator's CRD is not installed.
 #[tokio::test]
 async fn missing_service_monitor_api_is_a_condition_not_an_error() {
-    let admin = cluster::bare_admin().await;
-    let op = cluster::bare_operator_client().await;
-    let ns = cluster::namespace(&admin, "nosm").await;
-    create_relay(&admin, &ns, "full", json!({})).await;
-    let ctx = context(op, NOWHERE);
+    let (admin, ns, ctx) = set_up_bare("nosm", "full", json!({})).await;
     reconcile(&ctx, &ns, "hooks").await.unwrap();
     let cond = condition(&admin, &ns, "hooks", "ServiceMonitor").await;
     assert_eq!(cond["status"], "False");
@@ -510,13 +502,9 @@ async fn malformed_relay_is_reported_on_itself() {
     let writes = audit.writes(OPERATOR_USER, &ns);
     assert_eq!(writes.len(), 1, "only the Event: {writes:#?}");
     assert_eq!(writes[0].resource, "events");
-    let events = Api::<Event>::namespaced(admin.clone(), &ns)
-        .list(&ListParams::default())
-        .await
-        .unwrap();
+    let events = cluster::events(&admin, &ns).await;
     assert!(
         events
-            .items
             .iter()
             .any(|e| e.reason.as_deref() == Some("Malformed")
                 && e.type_.as_deref() == Some("Warning"))
@@ -748,11 +736,7 @@ async fn status_reports_each_node_and_a_silent_one_is_not_fatal() {
 /// the real server, reported as `Degraded`/`ApplyFailed`, and retried with backoff.
 #[tokio::test]
 async fn refused_apply_is_degraded_and_retried_with_backoff() {
-    let admin = cluster::bare_admin().await;
-    let op = cluster::bare_operator_client().await;
-    let ns = cluster::namespace(&admin, "refused").await;
-    create_relay(&admin, &ns, "minimal", json!({})).await;
-    let ctx = context(op, NOWHERE);
+    let (admin, ns, ctx) = set_up_bare("refused", "minimal", json!({})).await;
     reconcile(&ctx, &ns, "relay").await.unwrap();
     let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
     merge_spec(
