@@ -29,6 +29,13 @@ stamp="$cache/.built-${K8S_VERSION}-${ETCD_VERSION}-${KWOK_VERSION}-${PROMETHEUS
 
 log() { echo "k8s-testenv: $*" >&2; }
 
+# module_dir MODULE@VERSION: the module's files in the Go module cache (downloaded and
+# checked against the checksum database).
+module_dir() {
+  (cd "$root/e2e/testenv" && go mod download -json "$1") |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
+}
+
 build() {
   if [ -f "$stamp" ]; then
     return 0
@@ -49,19 +56,17 @@ build() {
       k8s.io/kubernetes/cmd/kubectl)
   (cd "$root/e2e/testenv" && go build -o "$cache/etcd" go.etcd.io/etcd/server/v3)
   log "building kwok ${KWOK_VERSION}"
-  (cd "$root/e2e/testenv" && GOBIN="$cache" GOFLAGS=-buildvcs=false go install "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}")
+  (cd "$root/e2e/testenv" && GOBIN="$cache" go install "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}")
   # The Prometheus Operator's own ServiceMonitor CRD, from its module's files.
   local dir
-  dir=$(cd "$root/e2e/testenv" && go mod download -json "github.com/prometheus-operator/prometheus-operator@${PROMETHEUS_OPERATOR_VERSION}" \
-        | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  dir=$(module_dir "github.com/prometheus-operator/prometheus-operator@${PROMETHEUS_OPERATOR_VERSION}")
   cp "$dir/example/prometheus-operator-crd/monitoring.coreos.com_servicemonitors.yaml" "$cache/servicemonitors.yaml"
   chmod u+w "$cache/servicemonitors.yaml"
   # kwok's own stages, from its module: nodes become Ready and keep a heartbeat, pods
   # become Running and Ready, deleted pods go. Not `pod-complete`, which would mark every
   # Job's pod Succeeded without running anything: a Job's pod stays Running until the
   # test that runs its work says how it ended.
-  dir=$(cd "$root/e2e/testenv" && go mod download -json "sigs.k8s.io/kwok@${KWOK_VERSION}" \
-        | python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])')
+  dir=$(module_dir "sigs.k8s.io/kwok@${KWOK_VERSION}")
   local stage
   : >"$cache/kwok-stages.yaml"
   for stage in node/fast/node-initialize node/heartbeat/node-heartbeat pod/fast/pod-ready pod/fast/pod-delete; do

@@ -17,7 +17,7 @@ use std::time::Duration;
 use ankusa_operator::rbac::CLUSTER_RULES;
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::Client;
@@ -85,85 +85,82 @@ pub async fn namespace(client: &Client, prefix: &str) -> String {
     namespace_with(client, prefix, json!({})).await
 }
 
+/// `(group, resource, verbs)` rules as RBAC PolicyRules.
+fn rules(rules: &[(&str, &str, &[&str])]) -> Vec<Value> {
+    rules
+        .iter()
+        .map(|(group, resource, verbs)| {
+            json!({ "apiGroups": [group], "resources": [resource], "verbs": verbs })
+        })
+        .collect()
+}
+
+/// Server-side apply of `obj`, read as `K`, through `api` (idempotent: tests race for it).
+async fn put<K>(api: Api<K>, obj: Value)
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let name = obj["metadata"]["name"].as_str().unwrap().to_owned();
+    let typed: K = serde_json::from_value(obj).unwrap();
+    api.patch(&name, &apply(), &Patch::Apply(&typed))
+        .await
+        .unwrap();
+}
+
 /// A client with the operator's ServiceAccount token on the server `admin` talks to,
 /// and its kubeconfig (for an operator process).
 pub async fn operator_identity(
     admin: &Client,
     admin_kubeconfig: &std::path::Path,
 ) -> (Client, PathBuf) {
-    let ns_api: Api<Namespace> = Api::all(admin.clone());
-    let ns: Namespace = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": OPERATOR_NS },
-    }))
-    .unwrap();
-    ns_api
-        .patch(OPERATOR_NS, &apply(), &Patch::Apply(&ns))
-        .await
-        .unwrap();
     let sa_api: Api<ServiceAccount> = Api::namespaced(admin.clone(), OPERATOR_NS);
-    let sa: ServiceAccount = serde_json::from_value(json!({
-        "apiVersion": "v1", "kind": "ServiceAccount",
-        "metadata": { "name": OPERATOR_SA, "namespace": OPERATOR_NS },
-    }))
-    .unwrap();
-    sa_api
-        .patch(OPERATOR_SA, &apply(), &Patch::Apply(&sa))
-        .await
-        .unwrap();
-    let rules: Vec<Value> = CLUSTER_RULES
-        .iter()
-        .map(|(group, resource, verbs)| {
-            json!({ "apiGroups": [group], "resources": [resource], "verbs": verbs })
-        })
-        .collect();
-    let role: ClusterRole = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": { "name": "ankusa-operator-tests" }, "rules": rules,
-    }))
-    .unwrap();
-    Api::<ClusterRole>::all(admin.clone())
-        .patch("ankusa-operator-tests", &apply(), &Patch::Apply(&role))
-        .await
-        .unwrap();
-    let binding: ClusterRoleBinding = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": { "name": "ankusa-operator-tests" },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "ankusa-operator-tests" },
-        "subjects": [{ "kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS }],
-    }))
-    .unwrap();
-    Api::<ClusterRoleBinding>::all(admin.clone())
-        .patch("ankusa-operator-tests", &apply(), &Patch::Apply(&binding))
-        .await
-        .unwrap();
+    put(
+        Api::<Namespace>::all(admin.clone()),
+        json!({ "apiVersion": "v1", "kind": "Namespace", "metadata": { "name": OPERATOR_NS } }),
+    )
+    .await;
+    put(
+        sa_api.clone(),
+        json!({ "apiVersion": "v1", "kind": "ServiceAccount",
+                "metadata": { "name": OPERATOR_SA, "namespace": OPERATOR_NS } }),
+    )
+    .await;
+    let rbac = "rbac.authorization.k8s.io/v1";
+    let subjects =
+        json!([{ "kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS }]);
+    put(
+        Api::<ClusterRole>::all(admin.clone()),
+        json!({ "apiVersion": rbac, "kind": "ClusterRole",
+                "metadata": { "name": "ankusa-operator-tests" },
+                "rules": rules(CLUSTER_RULES) }),
+    )
+    .await;
+    put(
+        Api::<ClusterRoleBinding>::all(admin.clone()),
+        json!({ "apiVersion": rbac, "kind": "ClusterRoleBinding",
+                "metadata": { "name": "ankusa-operator-tests" },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                             "name": "ankusa-operator-tests" },
+                "subjects": subjects }),
+    )
+    .await;
     // The leader-election rules, in the operator's namespace.
-    let leader_rules: Vec<Value> = ankusa_operator::rbac::LEADER_RULES
-        .iter()
-        .map(|(group, resource, verbs)| {
-            json!({ "apiGroups": [group], "resources": [resource], "verbs": verbs })
-        })
-        .collect();
-    let role: k8s_openapi::api::rbac::v1::Role = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-        "metadata": { "name": "ankusa-operator-leader", "namespace": OPERATOR_NS },
-        "rules": leader_rules,
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), OPERATOR_NS)
-        .patch("ankusa-operator-leader", &apply(), &Patch::Apply(&role))
-        .await
-        .unwrap();
-    let rb: k8s_openapi::api::rbac::v1::RoleBinding = serde_json::from_value(json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": { "name": "ankusa-operator-leader", "namespace": OPERATOR_NS },
-        "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "ankusa-operator-leader" },
-        "subjects": [{ "kind": "ServiceAccount", "name": OPERATOR_SA, "namespace": OPERATOR_NS }],
-    }))
-    .unwrap();
-    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), OPERATOR_NS)
-        .patch("ankusa-operator-leader", &apply(), &Patch::Apply(&rb))
-        .await
-        .unwrap();
+    put(
+        Api::<Role>::namespaced(admin.clone(), OPERATOR_NS),
+        json!({ "apiVersion": rbac, "kind": "Role",
+                "metadata": { "name": "ankusa-operator-leader", "namespace": OPERATOR_NS },
+                "rules": rules(ankusa_operator::rbac::LEADER_RULES) }),
+    )
+    .await;
+    put(
+        Api::<RoleBinding>::namespaced(admin.clone(), OPERATOR_NS),
+        json!({ "apiVersion": rbac, "kind": "RoleBinding",
+                "metadata": { "name": "ankusa-operator-leader", "namespace": OPERATOR_NS },
+                "roleRef": { "apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                             "name": "ankusa-operator-leader" },
+                "subjects": subjects }),
+    )
+    .await;
 
     let request: TokenRequest = serde_json::from_value(json!({
         "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
