@@ -63,6 +63,10 @@ pub enum Command {
     Version {
         #[arg(long)]
         json: bool,
+        /// Also write the answer to this file (the operator's image probe passes its
+        /// pod's termination message file).
+        #[arg(long)]
+        write: Option<PathBuf>,
     },
 }
 
@@ -80,6 +84,21 @@ pub enum BackupCommand {
         #[arg(long)]
         to: PathBuf,
         /// After a successful pull, keep only the newest N archives in `--to`.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep: Option<u64>,
+        /// Give up when the node sends nothing for this long (connecting included).
+        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86400))]
+        idle_timeout_s: u64,
+    },
+    /// Pack a store no node has open (a volume claim that outlived a scale-down) into
+    /// `--to`, checking it opens.
+    Offline {
+        /// The store's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// The directory to write `<id>.tar.zst` into.
+        #[arg(long)]
+        to: PathBuf,
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         keep: Option<u64>,
     },
@@ -125,23 +144,36 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
                     token,
                     to,
                     keep,
+                    idle_timeout_s,
                 },
-        } => backup_pull(&from, &token, &to, keep),
+        } => backup_pull(
+            &from,
+            &token,
+            &to,
+            keep,
+            std::time::Duration::from_secs(idle_timeout_s),
+        ),
+        Command::Backup {
+            command: BackupCommand::Offline { data, to, keep },
+        } => backup_offline(&data, &to, keep),
         Command::Restore { from, data } => restore(&from, &data),
-        Command::Version { json } => {
-            if json {
-                println!(
-                    "{}",
-                    serde_json::json!({
-                        "version": env!("CARGO_PKG_VERSION"),
-                        "store_format": SUPPORTED_FORMAT,
-                    })
-                );
+        Command::Version { json, write } => {
+            let text = if json {
+                serde_json::json!({
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "store_format": SUPPORTED_FORMAT,
+                })
+                .to_string()
             } else {
-                println!(
+                format!(
                     "ankusa-relay {} (store format {SUPPORTED_FORMAT})",
                     env!("CARGO_PKG_VERSION")
-                );
+                )
+            };
+            println!("{text}");
+            if let Some(path) = write {
+                std::fs::write(&path, format!("{text}\n"))
+                    .with_context(|| format!("writing {}", path.display()))?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -382,11 +414,22 @@ fn restore(from: &Path, data: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `POST /v1/backups`, then streams `GET /v1/backups/{id}/archive` to `to/<id>.tar.zst`.
-fn backup_pull(from: &str, token: &str, to: &Path, keep: Option<u64>) -> anyhow::Result<ExitCode> {
+/// Streams a backup from the node (`POST /v1/backups/stream`; a node without it, an older
+/// release, is asked the old way: `POST /v1/backups`, then `GET .../archive`) into
+/// `to/<id>.tar.zst`, checking it opens before it takes that name.
+fn backup_pull(
+    from: &str,
+    token: &str,
+    to: &Path,
+    keep: Option<u64>,
+    idle: std::time::Duration,
+) -> anyhow::Result<ExitCode> {
     use http_body_util::BodyExt;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.set_connect_timeout(Some(idle));
+        http.enforce_http(false);
         let client =
             hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
                 .build(
@@ -394,26 +437,86 @@ fn backup_pull(from: &str, token: &str, to: &Path, keep: Option<u64>) -> anyhow:
                         .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
                         .https_or_http()
                         .enable_http1()
-                        .build(),
+                        .wrap_connector(http),
                 );
         let base = from.trim_end_matches('/');
         let auth = format!("Bearer {token}");
-        let req = hyper::Request::post(format!("{base}/v1/backups"))
-            .header("authorization", &auth)
-            .body(http_body_util::Full::new(bytes::Bytes::new()))?;
-        let resp = client.request(req).await.context("asking for a backup")?;
-        let status = resp.status();
-        let body = resp.into_body().collect().await?.to_bytes();
-        anyhow::ensure!(
-            status.is_success(),
-            "POST /v1/backups answered {status}: {}",
-            String::from_utf8_lossy(&body)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&body)?;
-        let id = v["id"]
-            .as_str()
-            .context("no backup id in the answer")?
-            .to_owned();
+        let request = |method: hyper::Method, path: String| {
+            hyper::Request::builder()
+                .method(method)
+                .uri(format!("{base}{path}"))
+                .header("authorization", &auth)
+                .body(http_body_util::Full::new(bytes::Bytes::new()))
+        };
+        let within = |what: &'static str| {
+            move |_| anyhow::anyhow!("{what}: the node sent nothing for {} s", idle.as_secs())
+        };
+        let resp = tokio::time::timeout(
+            idle,
+            client.request(request(hyper::Method::POST, "/v1/backups/stream".into())?),
+        )
+        .await
+        .map_err(within("asking for a backup"))?
+        .context("asking for a backup")?;
+        let (id, resp) = if resp.status() == hyper::StatusCode::NOT_FOUND {
+            // An older node: it packs the archive on its volume, then serves it.
+            let resp = tokio::time::timeout(
+                idle,
+                client.request(request(hyper::Method::POST, "/v1/backups".into())?),
+            )
+            .await
+            .map_err(within("asking for a backup"))?
+            .context("asking for a backup")?;
+            let status = resp.status();
+            let body = tokio::time::timeout(idle, resp.into_body().collect())
+                .await
+                .map_err(within("reading the answer"))??
+                .to_bytes();
+            anyhow::ensure!(
+                status.is_success(),
+                "POST /v1/backups answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+            let v: serde_json::Value = serde_json::from_slice(&body)?;
+            let id = v["id"]
+                .as_str()
+                .context("no backup id in the answer")?
+                .to_owned();
+            anyhow::ensure!(
+                crate::admin::backups::is_backup_id(&id),
+                "bad backup id {id:?}"
+            );
+            let resp = tokio::time::timeout(
+                idle,
+                client.request(request(
+                    hyper::Method::GET,
+                    format!("/v1/backups/{id}/archive"),
+                )?),
+            )
+            .await
+            .map_err(within("fetching the archive"))?
+            .context("fetching the archive")?;
+            (id, resp)
+        } else {
+            let id = resp
+                .headers()
+                .get("ankusa-backup-id")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            (id, resp)
+        };
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let body = tokio::time::timeout(idle, resp.into_body().collect())
+                .await
+                .map(|b| b.map(|b| b.to_bytes()).unwrap_or_default())
+                .unwrap_or_default();
+            anyhow::bail!(
+                "the node answered {status}: {}",
+                String::from_utf8_lossy(&body)
+            );
+        }
         anyhow::ensure!(
             crate::admin::backups::is_backup_id(&id),
             "bad backup id {id:?}"
@@ -421,44 +524,77 @@ fn backup_pull(from: &str, token: &str, to: &Path, keep: Option<u64>) -> anyhow:
         std::fs::create_dir_all(to)?;
         let out = to.join(format!("{id}.tar.zst"));
         let tmp = to.join(format!("{id}.tar.zst.part"));
-        let req = hyper::Request::get(format!("{base}/v1/backups/{id}/archive"))
-            .header("authorization", &auth)
-            .body(http_body_util::Full::new(bytes::Bytes::new()))?;
-        let resp = client.request(req).await.context("fetching the archive")?;
-        anyhow::ensure!(
-            resp.status().is_success(),
-            "GET archive answered {}",
-            resp.status()
-        );
         let mut body = resp.into_body();
         let mut file = std::fs::File::create(&tmp)?;
         let mut bytes = 0u64;
-        while let Some(frame) = body.frame().await {
-            if let Ok(data) = frame?.into_data() {
+        loop {
+            let frame = tokio::time::timeout(idle, body.frame())
+                .await
+                .map_err(within("receiving the archive"))?;
+            let Some(frame) = frame else { break };
+            if let Ok(data) = frame.context("receiving the archive")?.into_data() {
                 std::io::Write::write_all(&mut file, &data)?;
                 bytes += data.len() as u64;
             }
         }
         file.sync_all()?;
-        // Check the archive is a store before calling it a backup.
-        let check = to.join(format!("{id}.check"));
-        let _ = std::fs::remove_dir_all(&check);
-        crate::store::tarball::unpack(&tmp, &check)?;
-        let format = Store::open(&check, &OpenOptions::inspect())?.format()?;
-        std::fs::remove_dir_all(&check)?;
+        let format = check_archive(&tmp, to, &id)?;
         std::fs::rename(&tmp, &out)?;
         println!(
             "backup {id}: {bytes} bytes, store format {format}, written to {}",
             out.display()
         );
-        if let Some(keep) = keep {
-            let keep = usize::try_from(keep).unwrap_or(usize::MAX);
-            let removed = crate::admin::backups::prune(to, keep)?;
-            if removed > 0 {
-                println!("removed {removed} older backup(s), keeping {keep}");
-            }
-        }
+        prune_to(to, keep)?;
         anyhow::Ok(())
     })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Unpacks `archive` beside it and opens the result (the format guard included): a cut or
+/// corrupt archive is refused before it is called a backup. Returns the store's format.
+fn check_archive(archive: &Path, dir: &Path, id: &str) -> anyhow::Result<u32> {
+    let check = dir.join(format!("{id}.check"));
+    let _ = std::fs::remove_dir_all(&check);
+    let opened = crate::store::tarball::unpack(archive, &check)
+        .map_err(anyhow::Error::from)
+        .and_then(|()| Ok(Store::open(&check, &OpenOptions::inspect())?.format()?));
+    let _ = std::fs::remove_dir_all(&check);
+    if opened.is_err() {
+        let _ = std::fs::remove_file(archive);
+    }
+    opened.context("the archive is not a whole store")
+}
+
+/// `--keep`: only the newest N archives stay in `to`.
+fn prune_to(to: &Path, keep: Option<u64>) -> anyhow::Result<()> {
+    if let Some(keep) = keep {
+        let keep = usize::try_from(keep).unwrap_or(usize::MAX);
+        let removed = crate::admin::backups::prune(to, keep)?;
+        if removed > 0 {
+            println!("removed {removed} older backup(s), keeping {keep}");
+        }
+    }
+    Ok(())
+}
+
+/// Packs a closed store into `to/<id>.tar.zst` and checks the archive opens.
+fn backup_offline(data: &Path, to: &Path, keep: Option<u64>) -> anyhow::Result<ExitCode> {
+    // Opening it read-only first: a directory that is not a store (or is open elsewhere
+    // and mid-write) is refused before anything is written.
+    let format = open_existing(data, true)?.format()?;
+    std::fs::create_dir_all(to)?;
+    let id = format!("b{}", crate::now_ms());
+    let out = to.join(format!("{id}.tar.zst"));
+    let tmp = to.join(format!("{id}.tar.zst.part"));
+    crate::store::tarball::pack(data, &tmp)
+        .with_context(|| format!("packing {}", data.display()))?;
+    check_archive(&tmp, to, &id)?;
+    std::fs::rename(&tmp, &out)?;
+    let bytes = std::fs::metadata(&out)?.len();
+    println!(
+        "backup {id}: {bytes} bytes, store format {format}, written to {}",
+        out.display()
+    );
+    prune_to(to, keep)?;
     Ok(ExitCode::SUCCESS)
 }

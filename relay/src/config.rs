@@ -146,6 +146,9 @@ pub enum ScopeConfig {
     Admin,
     /// Only these tenants; every other tenant looks absent.
     Tenants(Vec<String>),
+    /// Taking and fetching backups (`/v1/backups*`), nothing else: the token the
+    /// operator's backup Jobs hold.
+    Backup,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]

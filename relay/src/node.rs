@@ -210,6 +210,7 @@ impl Node {
 
         let boot_store = store.clone();
         let max_tenants = config.tenants.max;
+        let backup_dir = config.backup_dir();
         let boot_progress = progress.clone();
         let (recovered, assembler) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let out = migrate::run(&boot_store, &migrate::builtin(), SUPPORTED_FORMAT, |p| {
@@ -237,6 +238,10 @@ impl Node {
                     tenants_max = max_tenants,
                     "the store holds more tenants than tenants.max: existing tenants are served, new ones are refused"
                 );
+            }
+            let stale = admin::backups::remove_stream_checkpoints(&backup_dir)?;
+            if stale > 0 {
+                tracing::warn!(stale, "removed checkpoints of backup streams a stop cut short");
             }
             let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()))?;
             let markers = deliveries::repair_markers(&boot_store)?;

@@ -90,9 +90,27 @@ type ApiResult = Result<Response, ApiError>;
 
 /// The authenticated caller, or 401.
 pub(crate) fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
-    api.tokens
+    let c = api
+        .tokens
         .authenticate(headers)
-        .ok_or(ApiError::Unauthorized)
+        .ok_or(ApiError::Unauthorized)?;
+    if c.backup_only {
+        return Err(ApiError::Forbidden);
+    }
+    Ok(c)
+}
+
+/// The caller of a backup endpoint: an admin or a backup-scope token.
+pub(crate) fn backup_caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let c = api
+        .tokens
+        .authenticate(headers)
+        .ok_or(ApiError::Unauthorized)?;
+    if c.backup_only || c.scope.is_admin() {
+        Ok(c)
+    } else {
+        Err(ApiError::Forbidden)
+    }
 }
 
 /// 403 unless the caller has the admin scope.

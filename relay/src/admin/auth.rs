@@ -38,6 +38,9 @@ impl Scope {
 pub struct Caller {
     pub name: String,
     pub scope: Scope,
+    /// A backup-scope token: only the backup endpoints accept it (its `scope` sees no
+    /// tenant either way).
+    pub backup_only: bool,
 }
 
 #[derive(Clone)]
@@ -45,6 +48,7 @@ struct Token {
     name: String,
     digest: [u8; 32],
     scope: Scope,
+    backup_only: bool,
 }
 
 /// The configured tokens.
@@ -70,7 +74,9 @@ impl Tokens {
                 scope: match &t.scope {
                     ScopeConfig::Admin => Scope::Admin,
                     ScopeConfig::Tenants(ts) => Scope::Tenants(ts.iter().cloned().collect()),
+                    ScopeConfig::Backup => Scope::Tenants(BTreeSet::new()),
                 },
+                backup_only: t.scope == ScopeConfig::Backup,
             });
         }
         Ok(Tokens(out))
@@ -92,6 +98,7 @@ impl Tokens {
                 found = Some(Caller {
                     name: t.name.clone(),
                     scope: t.scope.clone(),
+                    backup_only: t.backup_only,
                 });
             }
         }

@@ -1,8 +1,16 @@
-//! Backups: `POST /v1/backups` takes a RocksDB checkpoint and packs it as `.tar.zst` in
-//! the backup staging directory; `GET /v1/backups/{id}/archive` streams it. The operator's
-//! backup Job (or `ankusa-relay backup pull`) copies it off the node; `ankusa-relay restore`
-//! unpacks one into an empty data directory. At most `admin.backup_keep` archives are
-//! kept; a backup never blocks writers (a checkpoint hard-links immutable files).
+//! Backups.
+//!
+//! - `POST /v1/backups/stream` takes a RocksDB checkpoint (hard links to the immutable
+//!   files, beside the store) and answers with it packed as `.tar.zst` while it is packed:
+//!   nothing the size of the store is staged on the node's volume. The operator's backup
+//!   Job (`ankusa-relay backup pull`) writes it to the backup claim.
+//! - `POST /v1/backups` packs a checkpoint as `.tar.zst` in the backup staging directory
+//!   and `GET /v1/backups/{id}/archive` serves it (for copies kept on the node; at most
+//!   `admin.backup_keep` archives stay).
+//!
+//! Both accept an admin token or a backup-scope token (which can do nothing else).
+//! `ankusa-relay restore` unpacks an archive into an empty data directory. A backup never
+//! blocks writers.
 
 use std::path::{Path, PathBuf};
 use std::pin::Pin;
@@ -18,7 +26,7 @@ use bytes::Bytes;
 use http_body_util::StreamBody;
 use hyper::body::Frame;
 
-use super::api::{admin_only, caller, Api, ApiError};
+use super::api::{backup_caller, Api, ApiError};
 use crate::store::{tarball, Store, StoreError};
 
 /// A backup id: `b` and the Unix milliseconds it was taken.
@@ -71,10 +79,27 @@ pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
     Ok(excess)
 }
 
-/// `POST /v1/backups` (admin).
+/// Removes the checkpoints of backup streams a stop cut short (`*.stream-checkpoint` in
+/// `dir`; their hard links would keep deleted files on the volume). Run at boot, before
+/// any stream starts. Returns how many went.
+pub fn remove_stream_checkpoints(dir: &Path) -> Result<usize, StoreError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(0);
+    };
+    let mut n = 0;
+    for e in entries.filter_map(Result::ok) {
+        let path = e.path();
+        if path.extension().and_then(|x| x.to_str()) == Some("stream-checkpoint") {
+            std::fs::remove_dir_all(&path).map_err(io(format!("removing {}", path.display())))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// `POST /v1/backups` (admin or backup scope).
 pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
-    let c = caller(&api, &headers)?;
-    admin_only(&c)?;
+    let c = backup_caller(&api, &headers)?;
     let a = api.clone();
     tokio::task::spawn_blocking(move || {
         let (id, bytes) = take(&a.store, &a.config.backup_dir(), a.config.admin.backup_keep)?;
@@ -111,8 +136,7 @@ pub async fn archive(
     headers: HeaderMap,
     UrlPath(id): UrlPath<String>,
 ) -> Result<Response, ApiError> {
-    let c = caller(&api, &headers)?;
-    admin_only(&c)?;
+    backup_caller(&api, &headers)?;
     if !is_backup_id(&id) {
         return Err(ApiError::NotFound("backup"));
     }
@@ -146,6 +170,70 @@ pub async fn archive(
         [
             (header::CONTENT_TYPE, "application/zstd".to_owned()),
             (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::new(StreamBody::new(Chunks(rx))),
+    )
+        .into_response())
+}
+
+/// A `Write` that sends what is written as body frames (a backup packed as it streams).
+struct FrameWriter(tokio::sync::mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>);
+
+impl std::io::Write for FrameWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(Frame::data(Bytes::copy_from_slice(buf))))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client left"))?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `POST /v1/backups/stream` (admin or backup scope): a checkpoint, packed into the answer
+/// as it is read. The answer's headers carry its id and store format; a cut stream is a
+/// broken archive, which `backup pull` refuses.
+pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let c = backup_caller(&api, &headers)?;
+    let id = format!("b{}", crate::now_ms());
+    let dir = api.config.backup_dir();
+    let ckpt = dir.join(format!("{id}.stream-checkpoint"));
+    let a = api.clone();
+    let (id2, ckpt2) = (id.clone(), ckpt.clone());
+    // The checkpoint first: a failure is an error status, not a cut stream.
+    let format = tokio::task::spawn_blocking(move || -> Result<u32, StoreError> {
+        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
+        let _ = std::fs::remove_dir_all(&ckpt2);
+        a.store.checkpoint(&ckpt2)?;
+        let audit = a.audit.op(
+            &c.name,
+            "backup.stream",
+            None,
+            serde_json::json!({ "id": id2 }),
+        );
+        a.store.write(vec![audit], true)?;
+        a.store.format()
+    })
+    .await
+    .map_err(|_| ApiError::Internal)??;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::task::spawn_blocking(move || {
+        let err = tx.clone();
+        if let Err(e) = tarball::pack_to(&ckpt, FrameWriter(tx)) {
+            tracing::warn!(error = %e, "backup stream stopped");
+            let _ = err.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+        let _ = std::fs::remove_dir_all(&ckpt);
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/zstd".to_owned()),
+            (header::HeaderName::from_static("ankusa-backup-id"), id),
+            (
+                header::HeaderName::from_static("ankusa-store-format"),
+                format.to_string(),
+            ),
         ],
         Body::new(StreamBody::new(Chunks(rx))),
     )

@@ -151,6 +151,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
         )
         .route("/v1/audit", get(api::audit_list))
         .route("/v1/backups", post(backups::create))
+        .route("/v1/backups/stream", post(backups::stream))
         .route("/v1/backups/{id}/archive", get(backups::archive))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -15,7 +15,17 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> StoreError {
 pub fn pack(dir: &Path, out: &Path) -> Result<(), StoreError> {
     let tmp = out.with_extension("tmp");
     let file = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
-    let enc = zstd::Encoder::new(file, 9).map_err(io("zstd encoder".into()))?;
+    let file = pack_to(dir, file)?;
+    file.sync_all()
+        .map_err(io(format!("syncing {}", tmp.display())))?;
+    std::fs::rename(&tmp, out).map_err(io(format!("writing {}", out.display())))?;
+    Ok(())
+}
+
+/// Packs the files of `dir` (not its `LOG*` info logs) as tar + zstd into `w`, as it goes
+/// (a backup streams to its destination without a copy on the node). Returns `w`.
+pub fn pack_to<W: std::io::Write>(dir: &Path, w: W) -> Result<W, StoreError> {
+    let enc = zstd::Encoder::new(w, 9).map_err(io("zstd encoder".into()))?;
     let mut tar = tar::Builder::new(enc);
     let mut names: Vec<_> = std::fs::read_dir(dir)
         .map_err(io(format!("reading {}", dir.display())))?
@@ -32,9 +42,7 @@ pub fn pack(dir: &Path, out: &Path) -> Result<(), StoreError> {
             .map_err(io(format!("adding {}", name.to_string_lossy())))?;
     }
     let enc = tar.into_inner().map_err(io("finishing tar".into()))?;
-    enc.finish().map_err(io("finishing zstd".into()))?;
-    std::fs::rename(&tmp, out).map_err(io(format!("writing {}", out.display())))?;
-    Ok(())
+    enc.finish().map_err(io("finishing zstd".into()))
 }
 
 /// Unpacks `file` into `dir`, which must not exist or be empty.

@@ -138,3 +138,197 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     assert_eq!(ankusa_relay::queue::tenants::count(&store).unwrap(), 4);
     assert!(fold::verify(&store).unwrap().is_empty());
 }
+
+const BACKUP_TOKEN: &str = "it-backup-token-0123456789";
+const TENANT_TOKEN: &str = "it-tenant-token-0123456789";
+
+/// The node's backup staging directory holds no archive and no checkpoint.
+fn nothing_staged(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .map(|d| {
+            d.map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_token_streams_a_backup_and_can_do_nothing_else() {
+    let dir = tempfile::tempdir().unwrap();
+    let staging = dir.path().join("staging");
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin:
+  listen: "127.0.0.1:0"
+  backup_dir: {}
+  tokens:
+    - {{ name: it, secret: {{ value: "{ADMIN_TOKEN}" }}, scope: admin }}
+    - {{ name: jobs, secret: {{ value: "{BACKUP_TOKEN}" }}, scope: backup }}
+    - {{ name: t0, secret: {{ value: "{TENANT_TOKEN}" }}, scope: {{ tenants: [t0] }} }}
+sinks: [{{ id: s, url: "http://127.0.0.1:9/never" }}]
+routes: [{{ id: r, sinks: [s] }}]
+retry: {{ schedule_ms: [3600000] }}
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
+"#,
+        dir.path().join("db").display(),
+        staging.display()
+    );
+    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
+        .await
+        .unwrap();
+    let c = client();
+    for i in 0..30 {
+        let r = post(
+            &c,
+            &format!("http://{}/ingest/in", node.ingest_addr),
+            &[("x-tenant", format!("t{}", i % 3))],
+            format!("{{\"i\":{i}}}"),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+    }
+    let port = node.admin_addr.port();
+    // The backup token opens nothing but the backup endpoints.
+    for path in [
+        "/v1/node",
+        "/v1/dlq",
+        "/v1/tenants/t0",
+        "/v1/audit",
+        "/v1/config",
+    ] {
+        let (status, body) = http_get_auth_token(port, path, BACKUP_TOKEN).unwrap();
+        assert_eq!(status, 403, "{path}: {body}");
+    }
+    let admin = format!("http://{}", node.admin_addr);
+    let out_dir = dir.path().join("pulled");
+    let pull = |token: &'static str| {
+        let (admin, out_dir) = (admin.clone(), out_dir.clone());
+        tokio::task::spawn_blocking(move || {
+            run(&[
+                "backup",
+                "pull",
+                "--from",
+                &admin,
+                "--token",
+                token,
+                "--to",
+                out_dir.to_str().unwrap(),
+                "--idle-timeout-s",
+                "20",
+            ])
+        })
+    };
+    // A tenant's token cannot take a backup.
+    let refused = pull(TENANT_TOKEN).await.unwrap();
+    assert!(!refused.status.success());
+    assert!(
+        text(&refused.stderr).contains("403"),
+        "{}",
+        text(&refused.stderr)
+    );
+    let pulled = pull(BACKUP_TOKEN).await.unwrap();
+    assert!(pulled.status.success(), "{}", text(&pulled.stderr));
+    assert!(text(&pulled.stdout).contains("store format 3"));
+    // Streamed: nothing the size of the store stayed on the node's volume.
+    assert_eq!(nothing_staged(&staging), Vec::<String>::new());
+    let expect = counters::node(&node.store).unwrap();
+    node.shutdown().await.unwrap();
+
+    let archive = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".tar.zst"))
+        .expect("an archive");
+    let restored = dir.path().join("restored");
+    let out = run(&[
+        "restore",
+        "--from",
+        archive.to_str().unwrap(),
+        "--data",
+        restored.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let store = Store::open(&restored, &OpenOptions::default()).unwrap();
+    let got = counters::node(&store).unwrap();
+    let rows = |c: &ankusa_relay::queue::Counts| c.pending + c.scheduled + c.inflight + c.dead;
+    assert_eq!(rows(&got), 30);
+    assert_eq!(got.bytes, expect.bytes);
+    assert!(fold::verify(&store).unwrap().is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_offline_backup_packs_a_closed_store_and_refuses_what_is_not_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin: {{ listen: "127.0.0.1:0", tokens: {ADMIN_TOKENS_YAML} }}
+sinks: [{{ id: s, url: "http://127.0.0.1:9/never" }}]
+routes: [{{ id: r, sinks: [s] }}]
+retry: {{ schedule_ms: [3600000] }}
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
+"#,
+        db.display()
+    );
+    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
+        .await
+        .unwrap();
+    let c = client();
+    for i in 0..12 {
+        let r = post(
+            &c,
+            &format!("http://{}/ingest/in", node.ingest_addr),
+            &[("x-tenant", format!("t{}", i % 2))],
+            format!("{{\"i\":{i}}}"),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+    }
+    node.shutdown().await.unwrap();
+    let to = dir.path().join("backups");
+    let out = run(&[
+        "backup",
+        "offline",
+        "--data",
+        db.to_str().unwrap(),
+        "--to",
+        to.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let archives: Vec<_> = std::fs::read_dir(&to)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(archives.len(), 1, "{archives:?}");
+    let restored = dir.path().join("restored");
+    let r = run(&[
+        "restore",
+        "--from",
+        archives[0].to_str().unwrap(),
+        "--data",
+        restored.to_str().unwrap(),
+    ]);
+    assert!(r.status.success(), "{}", text(&r.stderr));
+    let store = Store::open(&restored, &OpenOptions::default()).unwrap();
+    let got = counters::node(&store).unwrap();
+    assert_eq!(got.pending + got.scheduled + got.inflight + got.dead, 12);
+
+    // Not a store: refused, nothing written.
+    let empty = dir.path().join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let elsewhere = dir.path().join("elsewhere");
+    let bad = run(&[
+        "backup",
+        "offline",
+        "--data",
+        empty.to_str().unwrap(),
+        "--to",
+        elsewhere.to_str().unwrap(),
+    ]);
+    assert!(!bad.status.success());
+    assert!(!elsewhere.exists());
+}

@@ -64,6 +64,11 @@ pub fn http_get_admin(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     http_get_auth(port, path, Some(ADMIN_TOKEN))
 }
 
+/// `GET path` with `token` as the bearer token.
+pub fn http_get_auth_token(port: u16, path: &str, token: &str) -> std::io::Result<(u16, String)> {
+    http_get_auth(port, path, Some(token))
+}
+
 fn http_get_auth(port: u16, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(Duration::from_secs(5)))?;
