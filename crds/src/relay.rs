@@ -52,6 +52,8 @@ pub const TOP_TENANTS_MAX: usize = 10;
     printcolumn(name = "Nodes", type_ = "string", json_path = ".status.nodesReady"),
     printcolumn(name = "Format", type_ = "integer", json_path = ".status.storeFormat"),
     printcolumn(name = "Target", type_ = "integer", json_path = ".status.targetFormat"),
+    printcolumn(name = "Upgrade", type_ = "string", json_path = ".status.upgrade.phase"),
+    printcolumn(name = "Moving", type_ = "string", json_path = ".status.upgrade.currentPod"),
     printcolumn(
         name = "Tenants",
         type_ = "integer",
@@ -248,7 +250,53 @@ pub struct UpgradeSpec {
     pub paused: bool,
     /// Change this value to retry a failed upgrade.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub retry: Option<String>,
+    /// How long each step of a gated upgrade may take before the upgrade is `Failed`.
+    #[serde(default)]
+    pub timeouts: UpgradeTimeouts,
+}
+
+/// Deadlines of the gated upgrade's steps, in seconds.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct UpgradeTimeouts {
+    /// The image probe Job (`activeDeadlineSeconds`): pulling the image and printing its
+    /// version.
+    #[serde(default = "default_probe_seconds")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 86400").message("probeSeconds must be between 10 and 86400"))]
+    pub probe_seconds: i64,
+    /// Each node's backup Job (`activeDeadlineSeconds`).
+    #[serde(default = "default_backup_seconds")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 604800").message("backupSeconds must be between 10 and 604800"))]
+    pub backup_seconds: i64,
+    /// Each node, from its partition drop to Ready on the new release with its migration
+    /// finished.
+    #[serde(default = "default_verify_seconds")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 604800").message("verifySeconds must be between 10 and 604800"))]
+    pub verify_seconds: i64,
+}
+
+impl Default for UpgradeTimeouts {
+    fn default() -> Self {
+        UpgradeTimeouts {
+            probe_seconds: default_probe_seconds(),
+            backup_seconds: default_backup_seconds(),
+            verify_seconds: default_verify_seconds(),
+        }
+    }
+}
+
+fn default_probe_seconds() -> i64 {
+    600
+}
+
+fn default_backup_seconds() -> i64 {
+    3600
+}
+
+fn default_verify_seconds() -> i64 {
+    1800
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
@@ -340,8 +388,13 @@ pub struct RelayStatus {
     /// The tenants with the most pending deliveries (at most 10).
     #[serde(default)]
     pub top_tenants: Vec<TopTenant>,
+    /// When the last node backup of an upgrade finished (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup: Option<String>,
+    /// The image every node ran when no upgrade was under way: what a StatefulSet that
+    /// went missing is recreated with, so no pod starts a new release ungated.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub current_image: Option<String>,
 }
 
 /// The `Relay` as a whole.
@@ -396,6 +449,33 @@ pub struct UpgradeStatus {
     /// The `spec.upgrade.retry` value this cursor has acted on.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retry_seen: Option<String>,
+    /// The release every node ran when the upgrade began.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_image: Option<String>,
+    /// The rolling-update partition the gate set last: pods at this ordinal and above run
+    /// the target. The cursor, not the StatefulSet, is the truth (a StatefulSet can be
+    /// deleted and recreated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub partition: Option<i32>,
+    /// The nodes this upgrade covers: the StatefulSet's replicas are held here until it
+    /// ends (a scale-up waits; a new pod would otherwise start the target unbacked).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Ordinals at or above `replicas` whose volume claims outlived a scale-down: backed up
+    /// (offline) before the first node moves, since a later scale-up starts the target on
+    /// them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retained_claims: Vec<i32>,
+    /// When the current step began (RFC 3339), for its deadline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_started: Option<String>,
+    /// When this upgrade began (RFC 3339): its Jobs' names carry it, so a later upgrade to
+    /// the same target never takes an earlier one's backup for its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub started: Option<String>,
+    /// The phase a `Failed` upgrade stopped in (where a retry resumes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_in: Option<UpgradePhase>,
 }
 
 #[derive(

@@ -28,7 +28,7 @@ use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DynamicObject, ListParams, LogParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{predicates, reflector, watcher, WatchStreamExt};
@@ -290,6 +290,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
     if o.config_error.is_none() {
         let mut effective = relay.clone();
         effective.spec.image = rollout.image.clone();
+        effective.spec.replicas = rollout.replicas;
         let desired = DesiredSet::build(
             &effective,
             user_config.as_ref(),
@@ -297,54 +298,120 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
             monitor == planner::MonitorDecision::Applied,
         );
         match desired {
-            Ok(desired) => {
-                if let Err((what, e)) = apply_desired(relay, ctx, &names, &desired, &mut o).await {
-                    // A refused apply (an immutable field changed, say) is reported in the
-                    // status and retried with backoff.
-                    o.apply_error = Some(format!("{what}: {e}"));
-                    write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
-                    return Err(e);
+            Ok(mut desired) => {
+                o.storage_change =
+                    keep_claim_templates(&mut desired, o.objects.statefulset.as_ref());
+                // A refused object (a ServiceMonitor the Prometheus Operator rejects, say)
+                // is a condition; the rest of the reconcile, the gate's Jobs included,
+                // goes on.
+                let refused = apply_desired(relay, ctx, &names, &desired, &mut o).await;
+                if !refused.is_empty() {
+                    o.apply_error = Some(
+                        refused
+                            .iter()
+                            .map(|(what, e)| format!("{what}: {e}"))
+                            .collect::<Vec<_>>()
+                            .join("; "),
+                    );
                 }
                 for job in &rollout.jobs {
-                    create_job(relay, ctx, &names, job, &o).await?;
+                    create_job(relay, ctx, &names, job).await?;
                 }
             }
             Err(e) => o.config_error = Some(e.to_string()),
         }
     }
-    write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
+    let next = write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
+    for e in planner::upgrade_events(
+        relay,
+        prev.upgrade.as_ref(),
+        next.upgrade.as_ref(),
+        &rollout,
+    ) {
+        event_with(ctx, relay, &e).await;
+    }
+    ctx.metrics.upgrade(relay, &next);
+    if o.apply_error.is_some() {
+        // Retried sooner than the poll, with the backoff of a failed reconcile.
+        return Ok(Action::requeue(
+            ctx.settings.poll_interval.min(Duration::from_secs(10)),
+        ));
+    }
     Ok(Action::requeue(ctx.settings.poll_interval))
 }
 
+/// The StatefulSet's claim templates cannot change in place: the desired object keeps the
+/// live ones, and a different size asked for is reported (`Some(message)`) for the user to
+/// carry out.
+fn keep_claim_templates(desired: &mut DesiredSet, live: Option<&Value>) -> Option<String> {
+    let live_templates = live?.pointer("/spec/volumeClaimTemplates")?.clone();
+    let live_templates: Vec<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        serde_json::from_value(live_templates).ok()?;
+    let spec = desired.statefulset.spec.as_mut()?;
+    let wanted = spec.volume_claim_templates.clone().unwrap_or_default();
+    let size = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        c.spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .map(|q| q.0.clone())
+    };
+    let class = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        c.spec.as_ref().and_then(|s| s.storage_class_name.clone())
+    };
+    let message = match (wanted.first(), live_templates.first()) {
+        (Some(w), Some(l)) if size(w) != size(l) || (class(w).is_some() && class(w) != class(l)) => Some(format!(
+            "spec.storage asks for {} ({}) but the StatefulSet's claims were made with {} ({}); claim templates cannot change in place: expand each data-* claim (kubectl edit pvc), then delete the StatefulSet with --cascade=orphan; the operator recreates it with the new template on the release the nodes run",
+            size(w).unwrap_or_default(),
+            class(w).unwrap_or_else(|| "default class".into()),
+            size(l).unwrap_or_default(),
+            class(l).unwrap_or_else(|| "default class".into()),
+        )),
+        _ => None,
+    };
+    spec.volume_claim_templates = Some(live_templates);
+    message
+}
+
 /// Measure drift against the API server's own answer (a dry-run apply of each existing
-/// object), then carry out the planner's changes. An error names what was refused
-/// (`StatefulSet update`, say).
+/// object), then carry out the planner's changes. Returns what was refused (`StatefulSet
+/// update`, say, with the error); one refusal does not stop the other objects.
 async fn apply_desired(
     relay: &Relay,
     ctx: &Context,
     names: &Names,
     desired: &DesiredSet,
     o: &mut Observed,
-) -> Result<(), (String, Error)> {
+) -> Vec<(String, Error)> {
+    let mut refused = Vec::new();
+    let mut dry_refused = Vec::new();
     for kind in Owned::ALL {
         if o.objects.get(kind).is_none() {
             continue;
         }
         // Refused even as a dry run: the update itself would be.
-        let refused = |e| (format!("{} update", kind.kind()), e);
-        if let Some(after) = patch_owned(ctx, names, desired, kind, DryRun::Yes)
-            .await
-            .map_err(refused)?
-        {
-            o.objects.applied.insert(kind, after);
+        match patch_owned(ctx, names, desired, kind, DryRun::Yes).await {
+            Ok(Some(after)) => {
+                o.objects.applied.insert(kind, after);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                dry_refused.push(kind);
+                refused.push((format!("{} update", kind.kind()), e));
+            }
         }
     }
     for (kind, change) in planner::changes(desired, &o.objects) {
-        apply_owned(relay, ctx, names, desired, kind, change)
-            .await
-            .map_err(|e| (format!("{} {}", kind.kind(), change_word(change)), e))?;
+        if dry_refused.contains(&kind) {
+            continue;
+        }
+        if let Err(e) = apply_owned(relay, ctx, names, desired, kind, change).await {
+            ctx.metrics.failure(e.reason());
+            refused.push((format!("{} {}", kind.kind(), change_word(change)), e));
+        }
     }
-    Ok(())
+    refused
 }
 
 fn change_word(c: Change) -> &'static str {
@@ -362,10 +429,10 @@ async fn write_status(
     o: &Observed,
     rollout: &planner::Rollout,
     monitor: &planner::MonitorDecision,
-) -> Result<(), Error> {
+) -> Result<RelayStatus, Error> {
     let next = status::status(relay, prev, o, rollout, monitor);
     if relay.status.as_ref() == Some(&next) {
-        return Ok(());
+        return Ok(next);
     }
     let api: Api<Relay> =
         Api::namespaced(ctx.client.clone(), &relay.namespace().unwrap_or_default());
@@ -380,7 +447,7 @@ async fn write_status(
         &Patch::Apply(&body),
     )
     .await?;
-    Ok(())
+    Ok(next)
 }
 
 fn now_rfc3339() -> String {
@@ -416,16 +483,29 @@ async fn user_config(relay: &Relay, client: &Client, ns: &str) -> Result<Option<
     Ok(Some(v))
 }
 
-/// The operator's admin token for this `Relay`: read from its Secret, made once.
+/// The operator's admin token for this `Relay`, read from its Secret; the Secret (with the
+/// backup-scope token beside it) is made once, and a key missing from an older one added.
 async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<String, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    if let Some(s) = api.get_opt(&names.token_secret).await? {
-        if let Some(t) = s.data.as_ref().and_then(|d| d.get(resources::TOKEN_KEY)) {
-            return Ok(String::from_utf8_lossy(&t.0).into_owned());
-        }
+    let existing = api.get_opt(&names.token_secret).await?;
+    let key = |k: &str| {
+        existing
+            .as_ref()
+            .and_then(|s| s.data.as_ref())
+            .and_then(|d| d.get(k))
+            .map(|t| String::from_utf8_lossy(&t.0).into_owned())
+    };
+    let (token, backup) = (key(resources::TOKEN_KEY), key(resources::BACKUP_TOKEN_KEY));
+    if let (Some(token), Some(_)) = (&token, &backup) {
+        return Ok(token.clone());
     }
-    let token = new_token();
-    let secret = resources::token_secret(relay, &token)?;
+    let change = if existing.is_some() {
+        Change::Update
+    } else {
+        Change::Create
+    };
+    let token = token.unwrap_or_else(new_token);
+    let secret = resources::token_secret(relay, &token, &backup.unwrap_or_else(new_token))?;
     apply(
         ctx,
         relay,
@@ -433,7 +513,7 @@ async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<Str
         "Secret",
         &names.token_secret,
         &secret,
-        Change::Create,
+        change,
     )
     .await?;
     Ok(token)
@@ -502,6 +582,18 @@ async fn observe(
         .filter_map(|p| pod_obs(p, &names.statefulset))
         .collect();
 
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), ns);
+    o.claims = claims
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter_map(|c| names.claim_ordinal(&c.name_any()))
+        .collect();
+    o.claims.sort_unstable();
+
     // Poll every ready pod, concurrently.
     let polls = o.pods.iter().filter(|p| p.ready).map(|p| {
         let url = ctx.nodes.url(&p.name, &names.headless, ns);
@@ -551,7 +643,7 @@ async fn observe_jobs(
     let probe = match by_name.get(&name) {
         Some(job) if !o.probes.contains_key(&image) => Some(match job_obs(job) {
             JobObs::Running => ProbeObs::Running,
-            JobObs::Failed(m) => ProbeObs::Failed(m),
+            JobObs::Failed(m) => ProbeObs::Failed(format!("Job {name}: {m}")),
             JobObs::Succeeded => match probe_format(ctx, &names.namespace, &name).await {
                 Ok(f) => {
                     ctx.formats
@@ -560,7 +652,7 @@ async fn observe_jobs(
                         .insert(image.clone(), f);
                     ProbeObs::Format(f)
                 }
-                Err(m) => ProbeObs::Failed(m),
+                Err(m) => ProbeObs::Failed(format!("Job {name}: {m}")),
             },
         }),
         _ => None,
@@ -568,11 +660,19 @@ async fn observe_jobs(
     if let Some(p) = probe {
         o.probes.insert(image, p);
     }
-    // Backup Jobs of the upgrade under way.
+    // Backup Jobs of the upgrade step under way (their names carry the target and the
+    // attempt), by the ordinal they back up.
     if let Some(u) = relay.status.as_ref().and_then(|s| s.upgrade.as_ref()) {
-        if let Some(target) = &u.target_image {
-            for i in 0..relay.spec.replicas {
-                let name = planner::backup_job_name(relay, i, target, u.retry_seen.as_deref());
+        if u.target_image.is_some() {
+            let top = o
+                .claims
+                .iter()
+                .copied()
+                .chain([relay.spec.replicas, u.replicas.unwrap_or(0)])
+                .max()
+                .unwrap_or(0);
+            for i in 0..=top {
+                let name = planner::backup_job_name(relay, i, u);
                 if let Some(job) = by_name.get(&name) {
                     o.backups.insert(i, job_obs(job));
                 }
@@ -582,30 +682,27 @@ async fn observe_jobs(
     Ok(())
 }
 
-/// The store format the probe Job's pod printed.
+/// The store format the probe Job's pod wrote to its termination message
+/// (`ankusa-relay version --json --write /dev/termination-log`).
 async fn probe_format(ctx: &Context, ns: &str, job: &str) -> Result<u32, String> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("job-name={job}")))
         .await
         .map_err(|e| e.to_string())?;
-    let pod = list
+    let message = list
         .items
         .iter()
-        .find(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
-        .ok_or("the probe's pod is gone")?;
-    let log = pods
-        .logs(
-            &pod.name_any(),
-            &LogParams {
-                container: Some("probe".into()),
-                limit_bytes: Some(4096),
-                ..LogParams::default()
-            },
-        )
-        .await
-        .map_err(|e| e.to_string())?;
-    parse_version_json(&log)
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .filter(|c| c.name == "probe")
+        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+        .ok_or("the probe's pod left no termination message")?;
+    parse_version_json(&message)
 }
 
 /// `store_format` from `ankusa-relay version --json` output (its last JSON line).
@@ -644,35 +741,26 @@ async fn create_job(
     ctx: &Context,
     names: &Names,
     job: &JobAction,
-    o: &Observed,
 ) -> Result<(), Error> {
-    let (name, obj) = match job {
-        JobAction::Probe { image } => {
-            let name = planner::probe_job_name(relay, image);
-            (name.clone(), resources::probe_job(relay, &name, image)?)
-        }
+    let name = job.name(relay);
+    let obj = match job {
+        JobAction::Probe { image } => resources::probe_job(relay, &name, image)?,
         JobAction::Backup {
-            ordinal,
-            target: _,
-            name,
+            ordinal, target, ..
         } => {
-            let pod = names.pod(*ordinal);
-            // The node's own release pulls its backup.
-            let image = o
-                .pods
-                .iter()
-                .find(|p| p.ordinal == *ordinal)
-                .map(|p| p.image.clone())
-                .unwrap_or_else(|| relay.spec.image.clone());
-            let url = ctx.nodes.url(&pod, &names.headless, &names.namespace);
-            (
-                name.clone(),
-                resources::backup_job(relay, name, *ordinal, &image, &url)?,
-            )
+            let url = ctx
+                .nodes
+                .url(&names.pod(*ordinal), &names.headless, &names.namespace);
+            resources::backup_job(relay, &name, *ordinal, target, &url)?
         }
+        JobAction::OfflineBackup {
+            ordinal, target, ..
+        } => resources::offline_backup_job(relay, &name, *ordinal, target)?,
     };
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    apply(ctx, relay, &api, "Job", &name, &obj, Change::Create).await
+    ssa(&api, &name, &obj, DryRun::No).await?;
+    ctx.metrics.applied("Job", "create");
+    Ok(())
 }
 
 fn to_json<T: serde::Serialize>(t: &T) -> Value {
@@ -724,6 +812,19 @@ fn sts_obs(s: &StatefulSet) -> StsObs {
     }
 }
 
+/// Waiting reasons of a container that will not run without a change (a new image, a
+/// fixed Secret or ConfigMap): on the upgrade's current pod they fail the upgrade at once.
+const FAILING_REASONS: &[&str] = &[
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
 fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
     let name = p.name_any();
     let ordinal = name.strip_prefix(sts)?.strip_prefix('-')?.parse().ok()?;
@@ -738,30 +839,48 @@ fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
     let ready = p.metadata.deletion_timestamp.is_none()
         && status
             .conditions
-            .unwrap_or_default()
             .iter()
+            .flatten()
             .any(|c| c.type_ == "Ready" && c.status == "True");
-    let failing = status
+    let relay_status = status
         .container_statuses
+        .clone()
         .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "relay");
+    let waiting = relay_status
+        .as_ref()
+        .and_then(|c| c.state.as_ref()?.waiting.clone());
+    let failing = waiting.as_ref().and_then(|w| {
+        let reason = w.reason.clone()?;
+        FAILING_REASONS
+            .contains(&reason.as_str())
+            .then(|| match &w.message {
+                Some(m) if !m.is_empty() => format!("{reason}: {}", truncate(m, 200)),
+                _ => reason,
+            })
+    });
+    // Not failing, not Ready: unschedulable, or a container still being created.
+    let unscheduled = status
+        .conditions
         .iter()
-        .filter(|c| c.name == "relay")
-        .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
-        .find(|r| {
-            matches!(
-                r.as_str(),
-                "CrashLoopBackOff"
-                    | "ImagePullBackOff"
-                    | "ErrImagePull"
-                    | "CreateContainerConfigError"
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.clone().unwrap_or_else(|| "Unschedulable".into()),
+                truncate(c.message.as_deref().unwrap_or(""), 200)
             )
         });
+    let waiting = unscheduled.or_else(|| waiting.and_then(|w| w.reason));
     Some(PodObs {
         name,
         ordinal,
         image,
         ready,
         failing,
+        waiting,
     })
 }
 
@@ -913,5 +1032,24 @@ async fn event(ctx: &Context, relay: &Relay, reason: &str, object: &str) {
     };
     if let Err(e) = ctx.recorder.publish(&ev, &relay.object_ref(&())).await {
         tracing::warn!(error = %e, "cannot write an Event");
+    }
+}
+
+/// The Event of a step of the upgrade gate (a Warning for a failure).
+async fn event_with(ctx: &Context, relay: &Relay, e: &planner::StepEvent) {
+    let ev = Event {
+        type_: if e.warning {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: e.reason.into(),
+        note: Some(truncate(&e.message, 1000)),
+        action: "Upgrade".into(),
+        secondary: None,
+    };
+    tracing::info!(relay = %relay.name_any(), reason = e.reason, message = %e.message, "upgrade step");
+    if let Err(err) = ctx.recorder.publish(&ev, &relay.object_ref(&())).await {
+        tracing::warn!(error = %err, "cannot write an Event");
     }
 }

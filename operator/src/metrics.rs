@@ -7,6 +7,10 @@
 //! - `ankusa_operator_node_polls_total{outcome}` — `/v1/node` polls, `ok` or `error`.
 //! - `ankusa_operator_applies_total{kind,change}` — objects created or updated.
 //! - `ankusa_operator_leader` — 1 while this replica holds the leader Lease.
+//! - `ankusa_operator_upgrade_phase{namespace,relay,phase}` — 1 for the phase of each
+//!   `Relay`'s upgrade cursor (`Idle` without one), 0 for the others.
+//! - `ankusa_operator_last_backup_timestamp_seconds{namespace,relay}` — when the last
+//!   node backup of an upgrade finished (`time() - …` is its age).
 
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
@@ -29,6 +33,19 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RelayLabels {
+    pub namespace: String,
+    pub relay: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PhaseLabels {
+    pub namespace: String,
+    pub relay: String,
+    pub phase: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApplyLabels {
     pub kind: String,
     pub change: String,
@@ -42,7 +59,17 @@ pub struct Metrics {
     pub node_polls: Family<OutcomeLabels, Counter>,
     pub applies: Family<ApplyLabels, Counter>,
     pub leader: Gauge<i64, AtomicI64>,
+    pub upgrade_phase: Family<PhaseLabels, Gauge<i64, AtomicI64>>,
+    pub last_backup: Family<RelayLabels, Gauge<i64, AtomicI64>>,
 }
+
+/// Every upgrade phase, for the phase gauge.
+const PHASES: [ankusa_crds::relay::UpgradePhase; 7] = {
+    use ankusa_crds::relay::UpgradePhase::*;
+    [
+        Idle, BackingUp, Rolling, Verifying, Completed, Blocked, Failed,
+    ]
+};
 
 impl Default for Metrics {
     fn default() -> Self {
@@ -79,7 +106,21 @@ impl Default for Metrics {
             "1 while this replica holds the leader Lease",
             leader.clone(),
         );
+        let upgrade_phase = Family::<PhaseLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "upgrade_phase",
+            "1 for the phase of each Relay's upgrade cursor",
+            upgrade_phase.clone(),
+        );
+        let last_backup = Family::<RelayLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "last_backup_timestamp_seconds",
+            "When the last node backup of an upgrade finished",
+            last_backup.clone(),
+        );
         Metrics {
+            upgrade_phase,
+            last_backup,
             registry,
             reconciles,
             failures,
@@ -115,6 +156,38 @@ impl Metrics {
                 change: change.to_owned(),
             })
             .inc();
+    }
+
+    /// The upgrade gauges of one `Relay` from its status.
+    pub fn upgrade(
+        &self,
+        relay: &ankusa_crds::relay::Relay,
+        status: &ankusa_crds::relay::RelayStatus,
+    ) {
+        use kube::ResourceExt;
+        let (namespace, name) = (relay.namespace().unwrap_or_default(), relay.name_any());
+        let phase = status.upgrade.as_ref().map(|u| u.phase).unwrap_or_default();
+        for p in PHASES {
+            self.upgrade_phase
+                .get_or_create(&PhaseLabels {
+                    namespace: namespace.clone(),
+                    relay: name.clone(),
+                    phase: format!("{p:?}"),
+                })
+                .set(i64::from(p == phase));
+        }
+        let at = status
+            .last_backup
+            .as_deref()
+            .and_then(|t| t.parse::<k8s_openapi::jiff::Timestamp>().ok());
+        if let Some(at) = at {
+            self.last_backup
+                .get_or_create(&RelayLabels {
+                    namespace,
+                    relay: name,
+                })
+                .set(at.as_second());
+        }
     }
 
     /// The registry in the Prometheus text format.

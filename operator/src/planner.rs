@@ -2,31 +2,41 @@
 //! gathers an [`Observed`], calls these functions and carries out what they return.
 //!
 //! Three decisions, each a function:
-//! - [`rollout`]: which image the StatefulSet carries, where its rolling-update partition
-//!   stands, which Jobs must run, and the upgrade cursor (`status.upgrade`).
+//! - [`rollout`]: which image the StatefulSet carries, its replicas, where its
+//!   rolling-update partition stands, which Jobs must run, and the upgrade cursor
+//!   (`status.upgrade`).
 //! - [`changes`]: which owned objects are missing or drifted from what the spec asks for
 //!   (create / update; the type has no delete, and no claim is ever among the objects).
 //! - [`crate::status::status`] (its own module): the `Relay`'s status from the same
 //!   [`Observed`].
 //!
 //! # The upgrade gate
-//! A release whose store format is higher than the nodes' (learned by an image probe Job,
-//! cached in the cursor) moves only behind a backup:
-//! 1. the partition is held at `replicas`, so no pod moves;
-//! 2. a backup Job per node pulls the node's checkpoint to the backup volume; all must
-//!    succeed;
-//! 3. the partition drops one ordinal at a time, highest first, each time only after the
-//!    pod above it is Ready on the new release and reports the new format with no
-//!    migration running;
-//! 4. a failure stops the roll where it is (`Failed`, `Degraded`) until
-//!    `spec.upgrade.retry` changes;
-//! 5. a new image requested mid-upgrade waits for the upgrade to finish; an image whose
-//!    format is *lower* than the stores' is refused (`Blocked`): format 3 is a one-way door.
+//! A release whose store format is higher than the nodes' (learned by an image probe Job)
+//! moves only behind backups, one node at a time, highest ordinal first. The cursor
+//! (`status.upgrade`) holds the partition the gate set; with `n` nodes it starts at `n`:
+//! 1. `BackingUp` at partition `p`: node `p-1` (still on the old release) is backed up
+//!    now, by a Job that streams its checkpoint to the backup claim; at `p = n` the claims
+//!    that outlived earlier scale-downs are backed up too (offline), since a later
+//!    scale-up starts the target on them;
+//! 2. every backup of the step succeeded → the partition drops to `p-1` (`Verifying`):
+//!    the StatefulSet controller replaces that pod with the target release;
+//! 3. the pod is Ready on the target and reports the target's format with no migration
+//!    running → back to 1 for the next node, or `Completed` at ordinal 0;
+//! 4. a failed backup, a pod that fails on the target (any waiting reason that is not a
+//!    start, or not Ready within `spec.upgrade.timeouts.verifySeconds`), or a Job past
+//!    its deadline stops the roll where it is (`Failed`, `Degraded`, the pod or Job
+//!    named). A new `spec.upgrade.retry` resumes the same step; a new image of the same
+//!    store format rolls forward from it (fix forward); nothing goes below the format the
+//!    migrated stores are at;
+//! 5. a new image requested while the upgrade runs waits for it to finish; an image whose
+//!    format is *lower* than the stores' is refused: format 3 is a one-way door.
 //!
-//! Invariants (property-tested in `tests`): the partition never drops below `replicas`
-//! for a gated target without every backup of that target succeeded; it drops by at most
-//! one ordinal per decision, and only past a verified pod; a restarted operator resumes
-//! from `status` alone (the functions keep no state).
+//! What no move of the cluster can break (property-tested in `tests/it/gate.rs`): no pod
+//! starts the target release on a volume that was not backed up in this upgrade. The gate
+//! keeps it by taking its positions from the cursor, not from what it observes: a
+//! StatefulSet that went missing is recreated at the release the nodes ran (`from`) with
+//! the cursor's partition; the replicas stay at the count the upgrade began with until it
+//! ends; the partition is never raised above a pod that runs the newer release.
 //!
 //! A release with the same store format rolls the ordinary way: partition 0, and the
 //! StatefulSet controller replaces pods one at a time, waiting for readiness.
@@ -60,9 +70,14 @@ pub struct PodObs {
     /// The pod's Ready condition.
     pub ready: bool,
     #[serde(default)]
-    /// The relay container is waiting in CrashLoopBackOff (or its image cannot be
-    /// pulled): on the upgrade's current pod, that fails the upgrade.
+    /// The relay container cannot run (crash-looping, an image that cannot be pulled or
+    /// named, a container that cannot be created): on the upgrade's current pod, that
+    /// fails the upgrade.
     pub failing: Option<String>,
+    /// Why a pod that is not failing is not Ready yet (unschedulable, creating): named
+    /// when its step runs out of time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting: Option<String>,
 }
 
 /// What a node answered at `/v1/node` (and `/v1/tenants?top=`).
@@ -133,8 +148,10 @@ pub struct Observed {
     pub nodes: BTreeMap<String, Result<NodeReading, String>>,
     /// Image probe results by image.
     pub probes: BTreeMap<String, ProbeObs>,
-    /// Backup Jobs of the current upgrade attempt, by ordinal.
+    /// Backup Jobs of the current upgrade step, by ordinal.
     pub backups: BTreeMap<i32, JobObs>,
+    /// Ordinals of the nodes' volume claims (`data-<name>-<ordinal>`) that exist.
+    pub claims: Vec<i32>,
     pub objects: ObservedObjects,
     /// `monitoring.coreos.com/v1` `servicemonitors` is served.
     pub service_monitor_api: bool,
@@ -142,6 +159,9 @@ pub struct Observed {
     pub config_error: Option<String>,
     /// An apply the controller tried and the API server refused.
     pub apply_error: Option<String>,
+    /// `spec.storage` differs from the StatefulSet's claim templates (which cannot change
+    /// in place): what the user has to do.
+    pub storage_change: Option<String>,
     /// RFC 3339, for condition transition times.
     pub now: String,
 }
@@ -158,6 +178,23 @@ pub enum JobAction {
         target: String,
         name: String,
     },
+    /// Pack the store on claim `ordinal`, which no pod uses (it outlived a scale-down),
+    /// onto the backup volume for `target`.
+    OfflineBackup {
+        ordinal: i32,
+        target: String,
+        name: String,
+    },
+}
+
+impl JobAction {
+    /// The Job's name.
+    pub fn name(&self, relay: &Relay) -> String {
+        match self {
+            JobAction::Probe { image } => probe_job_name(relay, image),
+            JobAction::Backup { name, .. } | JobAction::OfflineBackup { name, .. } => name.clone(),
+        }
+    }
 }
 
 /// The rollout decision.
@@ -167,6 +204,8 @@ pub struct Rollout {
     pub image: String,
     /// Its rolling-update partition.
     pub partition: i32,
+    /// Its replicas: `spec.replicas`, or the count a gated upgrade began with while it runs.
+    pub replicas: i32,
     pub jobs: Vec<JobAction>,
     /// The cursor to write (`None`: no gated upgrade has run).
     pub upgrade: Option<UpgradeStatus>,
@@ -174,8 +213,10 @@ pub struct Rollout {
     pub target_format: Option<u32>,
     /// Why pods are held, or what stopped the upgrade (for the conditions).
     pub hold: Option<Hold>,
-    /// Backups of this decision all succeeded (set once, when they do).
+    /// The backups of an upgrade step all succeeded in this decision.
     pub backups_succeeded_now: bool,
+    /// The image every node runs with no upgrade under way (`status.currentImage`).
+    pub current_image: Option<String>,
 }
 
 /// Why the rollout is not moving.
@@ -222,45 +263,83 @@ pub fn in_progress(u: &UpgradeStatus) -> bool {
     ) && u.target_image.is_some()
 }
 
-/// Decide the StatefulSet's image and partition, the Jobs to run and the cursor.
+/// Seconds from `since` to `now` (both RFC 3339); `None` when either does not parse.
+pub fn elapsed_s(since: &str, now: &str) -> Option<i64> {
+    use k8s_openapi::jiff::Timestamp;
+    let (a, b) = (
+        since.parse::<Timestamp>().ok()?,
+        now.parse::<Timestamp>().ok()?,
+    );
+    Some(b.as_second() - a.as_second())
+}
+
+/// The partition that holds every pod on the release it runs: just above the highest
+/// ordinal that does not run the template's image. Never above a pod that already runs
+/// it (such a pod, recreated below the partition, would come back on the older release).
+fn holding_partition(template: &str, pods: &[PodObs], replicas: i32) -> i32 {
+    pods.iter()
+        .filter(|p| p.image != template)
+        .map(|p| p.ordinal + 1)
+        .max()
+        .unwrap_or(0)
+        .clamp(0, replicas)
+}
+
+/// Decide the StatefulSet's image, replicas and partition, the Jobs to run and the cursor.
 pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     let spec = &relay.spec;
     let replicas = spec.replicas.max(0);
     let cursor = prev.upgrade.clone().unwrap_or_default();
-    let steady = |image: &str, upgrade: Option<UpgradeStatus>, target_format| Rollout {
+    if in_progress(&cursor) {
+        return continue_upgrade(relay, prev, cursor, o);
+    }
+    let steady = |image: &str, target_format| Rollout {
         image: image.to_owned(),
         partition: 0,
+        replicas,
         jobs: Vec::new(),
-        upgrade,
+        upgrade: prev.upgrade.clone(),
         target_format,
         hold: None,
         backups_succeeded_now: false,
+        current_image: prev.current_image.clone(),
     };
+    // A store exists once a node has answered; before that there is nothing to protect,
+    // and a first install that never came up follows the spec's image (a corrected
+    // image replaces one that never started).
+    let store_known = prev.store_format.is_some() || o.nodes.values().any(Result::is_ok);
     let Some(sts) = &o.statefulset else {
-        // Nothing runs yet: no store to protect.
-        return steady(&spec.image, prev.upgrade.clone(), None);
+        // A missing StatefulSet over existing stores comes back on the release they ran;
+        // a new release then goes through the gate like any other.
+        let image = match &prev.current_image {
+            Some(running) if store_known => running.clone(),
+            _ => spec.image.clone(),
+        };
+        return steady(&image, prev.target_format);
     };
-    let observed_partition = sts.partition.clamp(0, replicas);
-
-    if in_progress(&cursor) {
-        return continue_upgrade(relay, prev, cursor, observed_partition, o);
-    }
-
-    // No upgrade under way. Does any pod run something other than the spec's image?
+    let everyone_on_template =
+        o.pods.iter().all(|p| p.image == sts.image) && o.pods.len() as i32 >= replicas;
+    let steady_out = |image: &str, target_format| {
+        let mut r = steady(image, target_format);
+        if everyone_on_template && sts.image == image {
+            r.current_image = Some(sts.image.clone());
+        }
+        r
+    };
     let behind = o.pods.iter().any(|p| p.image != spec.image) || sts.image != spec.image;
-    let previous_format = prev.target_format;
-    if !behind {
-        return steady(&spec.image, prev.upgrade.clone(), previous_format);
+    if !behind || !store_known {
+        return steady_out(&spec.image, prev.target_format);
     }
-    let on_old = sts.image.clone();
     let hold_old = |h: Option<Hold>, jobs, target_format| Rollout {
-        image: on_old.clone(),
-        partition: observed_partition.max(if sts.image == spec.image { replicas } else { 0 }),
+        image: sts.image.clone(),
+        partition: holding_partition(&sts.image, &o.pods, replicas),
+        replicas,
         jobs,
         upgrade: prev.upgrade.clone(),
         target_format,
         hold: h,
         backups_succeeded_now: false,
+        current_image: prev.current_image.clone(),
     };
     if spec.upgrade.paused {
         return hold_old(
@@ -274,37 +353,9 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         );
     }
     let target = spec.image.clone();
-    let format = match o.probes.get(&target) {
-        probe @ (None | Some(ProbeObs::Running)) => {
-            // Start the probe once; wait for it while it runs.
-            let jobs = match probe {
-                None => vec![JobAction::Probe {
-                    image: target.clone(),
-                }],
-                _ => Vec::new(),
-            };
-            return hold_old(
-                hold(
-                    "ProbingImage",
-                    format!("learning the store format of {target}"),
-                    false,
-                ),
-                jobs,
-                None,
-            );
-        }
-        Some(ProbeObs::Failed(m)) => {
-            return hold_old(
-                hold(
-                    "ProbeFailed",
-                    format!("the image probe of {target} failed: {m}"),
-                    true,
-                ),
-                Vec::new(),
-                None,
-            )
-        }
-        Some(ProbeObs::Format(f)) => *f,
+    let format = match probe_of(&target, o) {
+        Ok(f) => f,
+        Err((h, jobs)) => return hold_old(h, jobs, None),
     };
     let Some(store) = lowest_format(relay, prev, o) else {
         return hold_old(
@@ -353,20 +404,62 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         }
     };
     if !gated {
-        return steady(&target, prev.upgrade.clone(), Some(format));
+        return steady_out(&target, Some(format));
     }
     let cursor = UpgradeStatus {
         phase: UpgradePhase::BackingUp,
         target_image: Some(target),
-        backup_jobs: Vec::new(),
-        current_pod: None,
-        pods_migrated: 0,
-        last_error: None,
+        from_image: Some(sts.image.clone()),
+        partition: Some(replicas),
+        replicas: Some(replicas),
+        retained_claims: o
+            .claims
+            .iter()
+            .copied()
+            .filter(|&i| i >= replicas)
+            .collect(),
+        step_started: Some(o.now.clone()),
+        started: Some(o.now.clone()),
         retry_seen: spec.upgrade.retry.clone(),
+        ..UpgradeStatus::default()
     };
     let mut prev_with_format = prev.clone();
     prev_with_format.target_format = Some(format);
-    continue_upgrade(relay, &prev_with_format, cursor, replicas, o)
+    continue_upgrade(relay, &prev_with_format, cursor, o)
+}
+
+/// The store format of `image` from its probe, or the hold (and the probe Job to start)
+/// while it is not known.
+fn probe_of(image: &str, o: &Observed) -> Result<u32, (Option<Hold>, Vec<JobAction>)> {
+    match o.probes.get(image) {
+        None => Err((
+            hold(
+                "ProbingImage",
+                format!("learning the store format of {image}"),
+                false,
+            ),
+            vec![JobAction::Probe {
+                image: image.to_owned(),
+            }],
+        )),
+        Some(ProbeObs::Running) => Err((
+            hold(
+                "ProbingImage",
+                format!("learning the store format of {image}"),
+                false,
+            ),
+            Vec::new(),
+        )),
+        Some(ProbeObs::Failed(m)) => Err((
+            hold(
+                "ProbeFailed",
+                format!("the image probe of {image} failed: {m}; set spec.image to a release that starts"),
+                true,
+            ),
+            Vec::new(),
+        )),
+        Some(ProbeObs::Format(f)) => Ok(*f),
+    }
 }
 
 /// A gated upgrade, from its cursor.
@@ -374,69 +467,124 @@ fn continue_upgrade(
     relay: &Relay,
     prev: &RelayStatus,
     mut cursor: UpgradeStatus,
-    observed_partition: i32,
     o: &Observed,
 ) -> Rollout {
     let spec = &relay.spec;
-    let replicas = spec.replicas.max(0);
     let names = crate::resources::Names::of(relay).ok();
+    let pod_name = |i: i32| names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
+    let n = cursor.replicas.unwrap_or(spec.replicas).max(0);
+    let observed = o.statefulset.as_ref().map(|s| s.partition.clamp(0, n));
+    let p = cursor.partition.or(observed).unwrap_or(n).clamp(0, n);
+    cursor.partition = Some(p);
+    cursor.replicas = Some(n);
     let target = cursor
         .target_image
         .clone()
         .unwrap_or_else(|| spec.image.clone());
+    let from = cursor
+        .from_image
+        .clone()
+        .or_else(|| o.statefulset.as_ref().map(|s| s.image.clone()))
+        .unwrap_or_else(|| target.clone());
+    cursor.from_image = Some(from.clone());
     let target_format = prev.target_format;
     let mut out = Rollout {
         image: target.clone(),
-        partition: observed_partition,
+        partition: p,
+        replicas: n,
         jobs: Vec::new(),
         upgrade: None,
         target_format,
         hold: None,
         backups_succeeded_now: false,
+        current_image: prev.current_image.clone(),
     };
+    let step_age = cursor
+        .step_started
+        .as_deref()
+        .and_then(|s| elapsed_s(s, &o.now));
+
+    if o.statefulset.is_none() {
+        // Recreated at the release the nodes ran with every pod held (partition n): a new
+        // StatefulSet creates pods at its template, and the old release refuses a newer
+        // store where the new one would migrate an unbacked one; pods that outlived the
+        // StatefulSet (an orphaning delete) are left as they are. The next decision moves
+        // the template to the target and the partition back to the cursor's.
+        out.image = from;
+        out.partition = n;
+        out.hold = hold(
+            "StatefulSetMissing",
+            format!(
+                "recreating the StatefulSet on {} with every pod held; the upgrade resumes at partition {p}",
+                out.image
+            ),
+            false,
+        );
+        out.upgrade = Some(cursor);
+        return out;
+    }
+
     if spec.image != target {
-        // Cancelling is allowed while no pod has moved: back to the release every pod runs.
-        let nobody_moved =
-            o.pods.iter().all(|p| p.image == spec.image) && observed_partition >= replicas;
-        if nobody_moved {
-            out.image = spec.image.clone();
+        let failed = matches!(cursor.phase, UpgradePhase::Failed | UpgradePhase::Blocked);
+        if p >= n && o.pods.iter().all(|x| x.image != target) {
+            // Nothing moved: the upgrade is cancelled, every pod stays on its release and
+            // the new image goes through the gate from the start.
+            out.image = from;
             out.partition = 0;
             cursor.phase = UpgradePhase::Idle;
             cursor.last_error = None;
             cursor.current_pod = None;
+            cursor.failed_in = None;
             out.upgrade = Some(cursor);
             return out;
         }
-        out.hold = hold(
-            "UpgradeInProgress",
-            format!(
-                "{} is waiting: the upgrade to {target} finishes first",
-                spec.image
-            ),
-            false,
-        );
+        if !failed {
+            out.hold = hold(
+                "UpgradeInProgress",
+                format!(
+                    "{} is waiting: the upgrade to {target} finishes first",
+                    spec.image
+                ),
+                false,
+            );
+        } else {
+            // Fix forward: a release of the migrated stores' format replaces the target
+            // from the step that failed.
+            let format = match probe_of(&spec.image, o) {
+                Ok(f) => f,
+                Err((h, jobs)) => {
+                    out.hold = h;
+                    out.jobs = jobs;
+                    out.upgrade = Some(cursor);
+                    return out;
+                }
+            };
+            if Some(format) != target_format {
+                out.hold = hold(
+                    "FixForwardRefused",
+                    format!(
+                        "{} supports store format {format}; nodes from {} on are at format {}: a fix must support that format (a store is never moved back)",
+                        spec.image,
+                        pod_name(p),
+                        target_format.map(|f| f.to_string()).unwrap_or_else(|| "?".into())
+                    ),
+                    true,
+                );
+                out.upgrade = Some(cursor);
+                return out;
+            }
+            cursor.target_image = Some(spec.image.clone());
+            out.image = spec.image.clone();
+            return resume(relay, cursor, o, out);
+        }
     }
 
-    // The backup Jobs observed belong to the attempt named in the previous status.
-    let mut backups = &o.backups;
-    let none = BTreeMap::new();
-    // A changed retry token restarts a stopped upgrade where it stopped.
     if matches!(cursor.phase, UpgradePhase::Failed | UpgradePhase::Blocked) {
-        if spec.upgrade.retry != cursor.retry_seen {
-            // A new attempt: the last attempt's Jobs (one of them failed) do not count.
-            backups = &none;
-            cursor.retry_seen = spec.upgrade.retry.clone();
-            cursor.last_error = None;
-            cursor.phase = if cursor.pods_migrated > 0 || observed_partition < replicas {
-                UpgradePhase::Rolling
-            } else {
-                UpgradePhase::BackingUp
-            };
-        } else {
+        if spec.upgrade.retry == cursor.retry_seen {
             out.hold = hold(
                 "UpgradeFailed",
                 format!(
-                    "{}; change spec.upgrade.retry to try again",
+                    "{}; change spec.upgrade.retry to try again, or set spec.image to a fixed release of the same store format",
                     cursor.last_error.clone().unwrap_or_default()
                 ),
                 true,
@@ -444,120 +592,257 @@ fn continue_upgrade(
             out.upgrade = Some(cursor);
             return out;
         }
+        return resume(relay, cursor, o, out);
     }
     if spec.upgrade.paused {
         out.hold = hold("Paused", "spec.upgrade.paused holds the upgrade", false);
         out.upgrade = Some(cursor);
         return out;
     }
+    step(relay, cursor, o, out, step_age)
+}
 
-    if cursor.phase == UpgradePhase::BackingUp {
-        out.partition = replicas;
-        let names_of_jobs: Vec<String> = (0..replicas)
-            .map(|i| backup_job_name(relay, i, &target, cursor.retry_seen.as_deref()))
-            .collect();
-        cursor.backup_jobs = names_of_jobs;
-        let mut done = 0;
-        for ordinal in 0..replicas {
-            match backups.get(&ordinal) {
-                None => out.jobs.push(JobAction::Backup {
-                    ordinal,
-                    target: target.clone(),
-                    name: backup_job_name(relay, ordinal, &target, cursor.retry_seen.as_deref()),
-                }),
-                Some(JobObs::Running) => {}
-                Some(JobObs::Succeeded) => done += 1,
-                Some(JobObs::Failed(m)) => {
-                    cursor.phase = UpgradePhase::Failed;
-                    cursor.last_error = Some(format!("backup of node {ordinal} failed: {m}"));
-                    out.jobs.clear();
-                    out.hold = hold(
-                        "BackupFailed",
-                        format!(
-                            "backup of node {ordinal} failed: {m}; change spec.upgrade.retry to try again"
-                        ),
-                        true,
-                    );
-                    out.upgrade = Some(cursor);
-                    return out;
-                }
-            }
-        }
-        if done < replicas {
-            out.hold = hold(
-                "BackingUp",
-                format!("{done}/{replicas} node backups done"),
-                false,
-            );
-            out.upgrade = Some(cursor);
-            return out;
-        }
-        out.backups_succeeded_now = true;
-        cursor.phase = UpgradePhase::Rolling;
-    }
+/// A failed upgrade resumes the step it stopped in, as a new attempt (new Job names, a new
+/// deadline).
+fn resume(relay: &Relay, mut cursor: UpgradeStatus, o: &Observed, out: Rollout) -> Rollout {
+    cursor.retry_seen = relay.spec.upgrade.retry.clone();
+    cursor.last_error = None;
+    cursor.phase = cursor.failed_in.take().unwrap_or(UpgradePhase::BackingUp);
+    cursor.step_started = Some(o.now.clone());
+    // The Jobs observed belong to the attempt that failed.
+    let mut fresh = o.clone();
+    fresh.backups.clear();
+    step(relay, cursor, &fresh, out, Some(0))
+}
 
-    // Rolling: the pod at the partition is the one updating; it must be verified before
-    // the partition drops past the next one.
-    let p = observed_partition.min(replicas);
-    if p >= replicas {
-        out.partition = replicas - 1;
-        cursor.current_pod = names.as_ref().map(|n| n.pod(replicas - 1));
-        cursor.phase = UpgradePhase::Rolling;
-        out.upgrade = Some(cursor);
-        return out;
-    }
-    let pod_name = names.as_ref().map(|n| n.pod(p)).unwrap_or_default();
-    cursor.current_pod = Some(pod_name.clone());
-    let pod = o.pods.iter().find(|x| x.ordinal == p);
-    if let Some(reason) = pod.and_then(|x| x.failing.clone()) {
-        if pod.map(|x| x.image == target).unwrap_or(false) {
-            cursor.phase = UpgradePhase::Failed;
-            cursor.last_error = Some(format!("{pod_name} on {target}: {reason}"));
-            out.hold = hold(
-                "UpgradeFailed",
-                format!("{pod_name} on {target}: {reason}; the other nodes stay on their release; change spec.upgrade.retry to try again"),
-                true,
-            );
-            out.upgrade = Some(cursor);
-            return out;
-        }
-    }
-    let verified = pod.map(|x| x.image == target && x.ready).unwrap_or(false)
-        && match o.nodes.get(&pod_name) {
-            Some(Ok(r)) => {
-                r.status.migrating_to.is_none()
-                    && target_format
-                        .map(|f| r.status.store_format == f)
-                        .unwrap_or(true)
-            }
-            _ => false,
-        };
-    if !verified {
-        cursor.phase = UpgradePhase::Verifying;
-        out.partition = p;
-        out.upgrade = Some(cursor);
-        return out;
-    }
-    cursor.pods_migrated = replicas - p;
-    if p == 0 {
-        cursor.phase = UpgradePhase::Completed;
-        cursor.current_pod = None;
-        out.partition = 0;
-        out.upgrade = Some(cursor);
-        return out;
-    }
-    cursor.phase = UpgradePhase::Rolling;
-    cursor.current_pod = names.as_ref().map(|n| n.pod(p - 1));
-    out.partition = p - 1;
+fn fail(
+    mut cursor: UpgradeStatus,
+    mut out: Rollout,
+    reason: &'static str,
+    message: String,
+) -> Rollout {
+    cursor.failed_in = Some(match cursor.phase {
+        UpgradePhase::Failed | UpgradePhase::Blocked => UpgradePhase::BackingUp,
+        phase => phase,
+    });
+    cursor.phase = UpgradePhase::Failed;
+    cursor.last_error = Some(message.clone());
+    out.jobs.clear();
+    out.hold = hold(
+        reason,
+        format!("{message}; change spec.upgrade.retry to try again, or set spec.image to a fixed release of the same store format"),
+        true,
+    );
     out.upgrade = Some(cursor);
     out
 }
 
-/// The backup Job of node `ordinal` for `target`; a retry token gives a new name, so a
-/// retried upgrade backs up again.
-pub fn backup_job_name(relay: &Relay, ordinal: i32, target: &str, retry: Option<&str>) -> String {
+/// One step of a running upgrade at the cursor's partition.
+fn step(
+    relay: &Relay,
+    mut cursor: UpgradeStatus,
+    o: &Observed,
+    mut out: Rollout,
+    step_age: Option<i64>,
+) -> Rollout {
+    let spec = &relay.spec;
+    let names = crate::resources::Names::of(relay).ok();
+    let pod_name = |i: i32| names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
+    let n = cursor.replicas.unwrap_or(spec.replicas).max(0);
+    let p = cursor.partition.unwrap_or(n);
+    let target = cursor.target_image.clone().unwrap_or_default();
+    let target_format = out.target_format;
+    out.partition = p;
+    out.image = target.clone();
+    if cursor.phase == UpgradePhase::Rolling {
+        // A cursor written before `Verifying` covered it.
+        cursor.phase = UpgradePhase::Verifying;
+    }
+
+    // Every node at or above the partition must run the target, Ready, at the target's
+    // format with no migration running, before the next one is backed up and moves (after
+    // a fix forward, or a pod recreated, that is more than the last one moved).
+    if let Some((i, state, failing)) = unverified(o, p, n, &target, target_format) {
+        let name = pod_name(i);
+        if failing {
+            return fail(
+                cursor,
+                out,
+                "UpgradeFailed",
+                format!("{name} on {target}: {state}; the other nodes stay on their release"),
+            );
+        }
+        if cursor.phase != UpgradePhase::Verifying {
+            cursor.phase = UpgradePhase::Verifying;
+            cursor.step_started = Some(o.now.clone());
+            cursor.current_pod = Some(name);
+            out.upgrade = Some(cursor);
+            return out;
+        }
+        let limit = spec.upgrade.timeouts.verify_seconds;
+        if step_age.map(|a| a > limit).unwrap_or(false) {
+            return fail(
+                cursor,
+                out,
+                "UpgradeTimedOut",
+                format!("{name} was not verified on {target} within {limit} s ({state})"),
+            );
+        }
+        cursor.current_pod = Some(name);
+        out.upgrade = Some(cursor);
+        return out;
+    }
+    cursor.pods_migrated = n - p;
+    if cursor.phase == UpgradePhase::Verifying {
+        if p == 0 {
+            cursor.phase = UpgradePhase::Completed;
+            cursor.current_pod = None;
+            out.current_image = Some(target);
+            out.upgrade = Some(cursor);
+            return out;
+        }
+        // The next node is backed up now, just before it moves.
+        cursor.phase = UpgradePhase::BackingUp;
+        cursor.step_started = Some(o.now.clone());
+        let mut fresh = o.clone();
+        fresh.backups.clear();
+        return step(relay, cursor, &fresh, out, Some(0));
+    }
+
+    {
+        // Node p-1, now; at the first step also the claims no pod uses.
+        let mut wanted: Vec<(i32, bool)> = Vec::new();
+        if p == n {
+            wanted.extend(cursor.retained_claims.iter().map(|&i| (i, true)));
+        }
+        if p > 0 {
+            wanted.push((p - 1, false));
+        }
+        cursor.current_pod = (p > 0).then(|| pod_name(p - 1));
+        let mut jobs = Vec::new();
+        let mut done = 0;
+        for &(ordinal, offline) in &wanted {
+            let name = backup_job_name(relay, ordinal, &cursor);
+            match o.backups.get(&ordinal) {
+                None => jobs.push(if offline {
+                    JobAction::OfflineBackup {
+                        ordinal,
+                        target: target.clone(),
+                        name,
+                    }
+                } else {
+                    JobAction::Backup {
+                        ordinal,
+                        target: target.clone(),
+                        name,
+                    }
+                }),
+                Some(JobObs::Running) => {}
+                Some(JobObs::Succeeded) => done += 1,
+                Some(JobObs::Failed(m)) => {
+                    return fail(
+                        cursor,
+                        out,
+                        "BackupFailed",
+                        format!("backup Job {name} of {} failed: {m}", pod_name(ordinal)),
+                    );
+                }
+            }
+        }
+        cursor.backup_jobs = wanted
+            .iter()
+            .map(|&(i, _)| backup_job_name(relay, i, &cursor))
+            .collect();
+        if done < wanted.len() {
+            out.jobs = jobs;
+            // A hold already set (a new image waiting for this upgrade) says more.
+            out.hold = out.hold.or(hold(
+                "BackingUp",
+                format!(
+                    "backing up {} before it moves to {target} ({done}/{} backups of this step done)",
+                    cursor.current_pod.clone().unwrap_or_default(),
+                    wanted.len()
+                ),
+                false,
+            ));
+            out.upgrade = Some(cursor);
+            return out;
+        }
+        // Every backup of the step is on the backup volume: the next node moves.
+        out.backups_succeeded_now = !wanted.is_empty();
+        if p == 0 {
+            cursor.phase = UpgradePhase::Completed;
+            cursor.current_pod = None;
+            out.partition = 0;
+            out.upgrade = Some(cursor);
+            return out;
+        }
+        cursor.phase = UpgradePhase::Verifying;
+        cursor.partition = Some(p - 1);
+        cursor.step_started = Some(o.now.clone());
+        cursor.current_pod = Some(pod_name(p - 1));
+        out.partition = p - 1;
+        out.upgrade = Some(cursor);
+        out
+    }
+}
+
+/// The highest node at or above `p` (below `n`) not verified on `target`: its ordinal,
+/// what it is doing, and whether that is a failure (a waiting reason that needs a change).
+fn unverified(
+    o: &Observed,
+    p: i32,
+    n: i32,
+    target: &str,
+    target_format: Option<u32>,
+) -> Option<(i32, String, bool)> {
+    for i in (p..n).rev() {
+        let pod = o.pods.iter().find(|x| x.ordinal == i);
+        let Some(pod) = pod else {
+            return Some((i, "no pod".into(), false));
+        };
+        if pod.image != target {
+            return Some((i, format!("the pod still runs {}", pod.image), false));
+        }
+        if let Some(reason) = &pod.failing {
+            return Some((i, reason.clone(), true));
+        }
+        if !pod.ready {
+            let state = match &pod.waiting {
+                Some(w) => format!("the pod is not Ready: {w}"),
+                None => "the pod is not Ready".to_owned(),
+            };
+            return Some((i, state, false));
+        }
+        match o.nodes.get(&pod.name) {
+            Some(Ok(r)) if r.status.migrating_to.is_some() => {
+                return Some((i, "still migrating".into(), false))
+            }
+            Some(Ok(r)) if target_format.is_some_and(|f| r.status.store_format != f) => {
+                return Some((
+                    i,
+                    format!("at store format {}", r.status.store_format),
+                    false,
+                ))
+            }
+            Some(Ok(_)) => {}
+            _ => return Some((i, "its /v1/node does not answer".into(), false)),
+        }
+    }
+    None
+}
+
+/// The backup Job of node `ordinal` in the upgrade `cursor` stands for: its name carries the
+/// target, the attempt (the retry token) and when the upgrade began, so a retried upgrade,
+/// a fix forward or a later upgrade to the same target backs up anew.
+pub fn backup_job_name(relay: &Relay, ordinal: i32, cursor: &UpgradeStatus) -> String {
     let name = relay.metadata.name.clone().unwrap_or_default();
-    let key = format!("{target}\n{}", retry.unwrap_or(""));
+    let key = format!(
+        "{}\n{}\n{}",
+        cursor.target_image.as_deref().unwrap_or(""),
+        cursor.retry_seen.as_deref().unwrap_or(""),
+        cursor.started.as_deref().unwrap_or("")
+    );
     format!("{name}-backup-{ordinal}-{}", job_hash(&key))
 }
 
@@ -701,4 +986,113 @@ pub fn monitor_decision(relay: &Relay, o: &Observed) -> MonitorDecision {
     } else {
         MonitorDecision::ApiMissing
     }
+}
+
+/// An Event of a step of the upgrade gate.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct StepEvent {
+    pub reason: &'static str,
+    pub message: String,
+    pub warning: bool,
+}
+
+/// The Events of one decision of the gate: what changed from the cursor `prev` to `next`,
+/// and the Jobs it starts.
+pub fn upgrade_events(
+    relay: &Relay,
+    prev: Option<&UpgradeStatus>,
+    next: Option<&UpgradeStatus>,
+    r: &Rollout,
+) -> Vec<StepEvent> {
+    let mut out = Vec::new();
+    let ev = |reason, message: String, warning| StepEvent {
+        reason,
+        message,
+        warning,
+    };
+    for job in &r.jobs {
+        match job {
+            JobAction::Probe { image } => out.push(ev(
+                "ProbeStarted",
+                format!("Job {} learns the store format of {image}", job.name(relay)),
+                false,
+            )),
+            JobAction::Backup { ordinal, name, .. }
+            | JobAction::OfflineBackup { ordinal, name, .. } => out.push(ev(
+                "BackupStarted",
+                format!("Job {name} backs up node {ordinal}"),
+                false,
+            )),
+        }
+    }
+    let Some(next) = next else {
+        return out;
+    };
+    let default = UpgradeStatus::default();
+    let prev = prev.unwrap_or(&default);
+    let target = next.target_image.clone().unwrap_or_default();
+    if r.backups_succeeded_now {
+        out.push(ev(
+            "BackupSucceeded",
+            format!("backed up: {}", next.backup_jobs.join(", ")),
+            false,
+        ));
+    }
+    if next.phase == UpgradePhase::BackingUp && prev.phase != UpgradePhase::BackingUp {
+        if let Some(from) = &next.from_image {
+            if !in_progress(prev) {
+                out.push(ev(
+                    "UpgradeStarted",
+                    format!("{from} → {target}: each node is backed up just before it moves, highest ordinal first"),
+                    false,
+                ));
+            }
+        }
+    }
+    if let (Some(a), Some(b)) = (prev.partition, next.partition) {
+        if b < a && in_progress(prev) {
+            out.push(ev(
+                "PartitionLowered",
+                format!(
+                    "partition {a} → {b}: {} moves to {target}",
+                    next.current_pod.clone().unwrap_or_default()
+                ),
+                false,
+            ));
+        }
+    }
+    if next.pods_migrated > prev.pods_migrated && in_progress(prev) {
+        let pod = prev.current_pod.clone().unwrap_or_default();
+        out.push(ev(
+            "NodeVerified",
+            format!("{pod} runs {target}, Ready, its store migrated"),
+            false,
+        ));
+    }
+    if next.phase == UpgradePhase::Completed && prev.phase != UpgradePhase::Completed {
+        out.push(ev(
+            "UpgradeCompleted",
+            format!("every node runs {target}"),
+            false,
+        ));
+    }
+    if next.phase == UpgradePhase::Failed && prev.phase != UpgradePhase::Failed {
+        let message = next.last_error.clone().unwrap_or_default();
+        if next.failed_in == Some(UpgradePhase::BackingUp) {
+            out.push(ev("BackupFailed", message.clone(), true));
+        }
+        out.push(ev("UpgradeFailed", message, true));
+    }
+    if prev.phase == UpgradePhase::Failed && next.phase != UpgradePhase::Failed && in_progress(next)
+    {
+        out.push(ev(
+            "UpgradeResumed",
+            format!(
+                "resuming at {} towards {target}",
+                next.current_pod.clone().unwrap_or_default()
+            ),
+            false,
+        ));
+    }
+    out
 }

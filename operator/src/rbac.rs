@@ -32,9 +32,12 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ),
     // controller::ensure_token: the operator's own token Secret.
     ("", "secrets", &["get", "create", "patch"]),
-    // controller::observe: the Relay's pods; probe_format: the probe Job's pod and its log.
+    // controller::observe: the Relay's pods; probe_format: the probe Job's pod (its
+    // termination message).
     ("", "pods", &["list"]),
-    ("", "pods/log", &["get"]),
+    // controller::observe: the nodes' volume claims (those that outlived a scale-down are
+    // backed up before an upgrade).
+    ("", "persistentvolumeclaims", &["list"]),
     // controller::observe_jobs + create_job: image probe and backup Jobs.
     ("batch", "jobs", &["list", "watch", "create", "patch"]),
     // The one delete: the ServiceMonitor of a Relay whose monitoring was turned off.

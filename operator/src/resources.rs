@@ -10,7 +10,8 @@
 //! - ConfigMap `<name>-config`: `relay.yaml`, the user's configuration with the keys that
 //!   tie a node to its pod (data directory, listeners, `tenants.max`, backup directory)
 //!   set by the operator, and the operator's own admin token (read from a file) added.
-//! - Secret `<name>-operator-token`: the token the operator polls `/v1/node` with; made
+//! - Secret `<name>-operator-token`: the token the operator polls `/v1/node` with (`token`,
+//!   admin scope) and the one its backup Jobs use (`backup-token`, backup scope); made
 //!   once, kept across reconciles.
 //! - Services `<name>-nodes` (headless, one DNS name per pod, used by the operator and
 //!   Prometheus) and `<name>` (ingest and admin for clients).
@@ -48,6 +49,11 @@ pub const CONFIG_KEY: &str = "relay.yaml";
 pub const TOKEN_KEY: &str = "token";
 /// The admin token name the relay writes to its audit trail for the operator's calls.
 pub const TOKEN_NAME: &str = "ankusa-operator";
+/// The key of the backup-scope token in the operator's Secret: the only token the backup
+/// Jobs hold (it can take and fetch backups, nothing else).
+pub const BACKUP_TOKEN_KEY: &str = "backup-token";
+/// The backup token's name in the relay's audit trail.
+pub const BACKUP_TOKEN_NAME: &str = "ankusa-backup";
 /// Pod template annotation with the hash of `relay.yaml`: a configuration change rolls
 /// the nodes (the relay reads its configuration at start).
 pub const CONFIG_HASH_ANNOTATION: &str = "ankusa.dev/config-hash";
@@ -121,6 +127,21 @@ impl Names {
     /// The pod of ordinal `i`.
     pub fn pod(&self, i: i32) -> String {
         format!("{}-{i}", self.statefulset)
+    }
+
+    /// Node `i`'s volume claim (the StatefulSet's claim template is `data`).
+    pub fn claim(&self, i: i32) -> String {
+        format!("data-{}-{i}", self.statefulset)
+    }
+
+    /// The ordinal of a node volume claim's name, if it is one of this Relay's.
+    pub fn claim_ordinal(&self, claim: &str) -> Option<i32> {
+        claim
+            .strip_prefix("data-")?
+            .strip_prefix(self.statefulset.as_str())?
+            .strip_prefix('-')?
+            .parse()
+            .ok()
     }
 }
 
@@ -200,11 +221,19 @@ pub fn relay_config(relay: &Relay, user: Option<&Value>) -> Result<Value, Resour
     let Value::Array(tokens) = tokens else {
         return Err(ResourceError::Config("admin.tokens must be a list".into()));
     };
-    tokens.retain(|t| t.get("name") != Some(&json!(TOKEN_NAME)));
+    tokens.retain(|t| {
+        t.get("name") != Some(&json!(TOKEN_NAME))
+            && t.get("name") != Some(&json!(BACKUP_TOKEN_NAME))
+    });
     tokens.push(json!({
         "name": TOKEN_NAME,
         "secret": { "file": format!("{TOKEN_MOUNT}/{TOKEN_KEY}") },
         "scope": "admin",
+    }));
+    tokens.push(json!({
+        "name": BACKUP_TOKEN_NAME,
+        "secret": { "file": format!("{TOKEN_MOUNT}/{BACKUP_TOKEN_KEY}") },
+        "scope": "backup",
     }));
     let tenants = entry_object(root, "tenants")?;
     tenants.insert("max".into(), json!(relay.spec.tenants.max));
@@ -254,9 +283,13 @@ pub fn config_map(relay: &Relay, yaml: &str) -> Result<ConfigMap, ResourceError>
     )
 }
 
-/// The operator's token Secret. `token` is the existing value when the Secret exists, so
-/// re-applying it changes nothing.
-pub fn token_secret(relay: &Relay, token: &str) -> Result<Secret, ResourceError> {
+/// The operator's token Secret: the admin token and the backup token. Existing values are
+/// passed back in, so re-applying it changes nothing.
+pub fn token_secret(
+    relay: &Relay,
+    token: &str,
+    backup_token: &str,
+) -> Result<Secret, ResourceError> {
     let names = Names::of(relay)?;
     typed(
         "Secret",
@@ -265,7 +298,7 @@ pub fn token_secret(relay: &Relay, token: &str) -> Result<Secret, ResourceError>
             "kind": "Secret",
             "metadata": metadata(relay, &names.token_secret)?,
             "type": "Opaque",
-            "stringData": { TOKEN_KEY: token },
+            "stringData": { TOKEN_KEY: token, BACKUP_TOKEN_KEY: backup_token },
         }),
     )
 }
@@ -614,6 +647,7 @@ fn job(
     name: &str,
     job: &str,
     extra_labels: &[(&str, String)],
+    deadline_s: i64,
     mut pod_spec: Value,
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
@@ -633,6 +667,9 @@ fn job(
             "metadata": meta,
             "spec": {
                 "backoffLimit": 2,
+                // spec.upgrade.timeouts: past it the Job fails (DeadlineExceeded) and the
+                // upgrade stops with the Job named, instead of waiting forever.
+                "activeDeadlineSeconds": deadline_s,
                 // A finished Job is read within a reconcile or two; a day is plenty.
                 "ttlSecondsAfterFinished": 86400,
                 "template": {
@@ -656,21 +693,26 @@ pub fn probe_job(
         name,
         "probe",
         &[],
+        relay.spec.upgrade.timeouts.probe_seconds,
         json!({
             "containers": [{
                 "name": "probe",
                 "image": image,
-                "args": ["version", "--json"],
+                // The answer goes to the termination message, which the operator reads
+                // from the pod's status (no log access needed).
+                "args": ["version", "--json", "--write", "/dev/termination-log"],
+                "terminationMessagePath": "/dev/termination-log",
                 "securityContext": container_security(),
             }],
         }),
     )
 }
 
-/// A Job that pulls node `ordinal`'s checkpoint archive over the admin API onto the backup
+/// A Job that streams node `ordinal`'s checkpoint over the admin API onto the backup
 /// volume (`/backups/<relay>/<pod>/<id>.tar.zst`), keeping the newest
-/// `spec.backup.retention` there, with `image` (the node's current release, which speaks
-/// its own backup API).
+/// `spec.backup.retention` there. `image` is the upgrade's target release (the newest
+/// puller speaks every older node's backup API); its token can take backups and nothing
+/// else.
 pub fn backup_job(
     relay: &Relay,
     name: &str,
@@ -679,16 +721,14 @@ pub fn backup_job(
     node_url: &str,
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
-    let backup = relay.spec.backup.as_ref().ok_or(ResourceError::Config(
-        "spec.backup.destination is not set".into(),
-    ))?;
-    let claim = backup.destination.claim_name.clone();
+    let (claim, keep) = backup_destination(relay)?;
     let pod = names.pod(ordinal);
     job(
         relay,
         name,
         "backup",
         &[("ankusa.dev/ordinal", ordinal.to_string())],
+        relay.spec.upgrade.timeouts.backup_seconds,
         json!({
             "containers": [{
                 "name": "backup",
@@ -698,11 +738,11 @@ pub fn backup_job(
                     "--from", node_url,
                     "--to", format!("{BACKUP_MOUNT}/{}/{pod}", names.relay),
                     // spec.backup.retention: the newest N archives of this node stay.
-                    "--keep", backup.retention.max(1).to_string(),
+                    "--keep", keep,
                 ],
                 "env": [{
                     "name": "ANKUSA_ADMIN_TOKEN",
-                    "valueFrom": { "secretKeyRef": { "name": names.token_secret, "key": TOKEN_KEY } },
+                    "valueFrom": { "secretKeyRef": { "name": names.token_secret, "key": BACKUP_TOKEN_KEY } },
                 }],
                 "volumeMounts": [{ "name": "backups", "mountPath": BACKUP_MOUNT }],
                 "securityContext": container_security(),
@@ -710,4 +750,56 @@ pub fn backup_job(
             "volumes": [{ "name": "backups", "persistentVolumeClaim": { "claimName": claim } }],
         }),
     )
+}
+
+/// A Job that packs the store on node `ordinal`'s volume claim, which no pod uses (it
+/// outlived a scale-down), onto the backup volume, opening it read-only.
+pub fn offline_backup_job(
+    relay: &Relay,
+    name: &str,
+    ordinal: i32,
+    image: &str,
+) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
+    let names = Names::of(relay)?;
+    let (claim, keep) = backup_destination(relay)?;
+    let pod = names.pod(ordinal);
+    job(
+        relay,
+        name,
+        "backup",
+        &[("ankusa.dev/ordinal", ordinal.to_string())],
+        relay.spec.upgrade.timeouts.backup_seconds,
+        json!({
+            "containers": [{
+                "name": "backup",
+                "image": image,
+                "args": [
+                    "backup", "offline",
+                    "--data", format!("{DATA_MOUNT}/data"),
+                    "--to", format!("{BACKUP_MOUNT}/{}/{pod}", names.relay),
+                    "--keep", keep,
+                ],
+                "volumeMounts": [
+                    { "name": "backups", "mountPath": BACKUP_MOUNT },
+                    { "name": "data", "mountPath": DATA_MOUNT, "readOnly": true },
+                ],
+                "securityContext": container_security(),
+            }],
+            "volumes": [
+                { "name": "backups", "persistentVolumeClaim": { "claimName": claim } },
+                { "name": "data", "persistentVolumeClaim": { "claimName": names.claim(ordinal), "readOnly": true } },
+            ],
+        }),
+    )
+}
+
+/// The backup claim and the `--keep` of `spec.backup`.
+fn backup_destination(relay: &Relay) -> Result<(String, String), ResourceError> {
+    let backup = relay.spec.backup.as_ref().ok_or(ResourceError::Config(
+        "spec.backup.destination is not set".into(),
+    ))?;
+    Ok((
+        backup.destination.claim_name.clone(),
+        backup.retention.max(1).to_string(),
+    ))
 }

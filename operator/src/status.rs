@@ -99,7 +99,23 @@ pub fn status(
     top.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.tenant.cmp(&b.tenant)));
     top.truncate(TOP_TENANTS_MAX);
 
-    let store_format = nodes.iter().filter_map(|n| n.format).min();
+    // The lowest store format of the nodes. It only rises when every node has reported:
+    // a node that is down keeps the format it had (the gate decides from this, and a
+    // first install is told apart from a fleet whose nodes are all down by it).
+    let reported = o
+        .nodes
+        .values()
+        .filter_map(|n| n.as_ref().ok().map(|r| r.status.store_format))
+        .min();
+    let everyone = !o.pods.is_empty()
+        && o.pods
+            .iter()
+            .all(|p| matches!(o.nodes.get(&p.name), Some(Ok(_))));
+    let store_format = if everyone {
+        reported
+    } else {
+        reported.into_iter().chain(prev.store_format).min()
+    };
     let all_ready = o.statefulset.is_some() && current == replicas;
     let upgrading = r.upgrade.as_ref().map(in_progress).unwrap_or(false);
 
@@ -130,13 +146,21 @@ pub fn status(
     let rolling = sts
         .map(|s| s.updated_replicas < replicas || s.ready_replicas < replicas)
         .unwrap_or(true);
+    // Progressing=True while work is under way (a probe, a backup, a node moving);
+    // False when held by the user or stopped by a fault (Degraded says which).
     match (&r.hold, upgrading, rolling) {
-        (Some(h), _, _) if !h.fault => conds.set("Progressing", false, h.reason, h.message.clone()),
+        (Some(h), _, _) if h.fault || h.reason == "Paused" => {
+            conds.set("Progressing", false, h.reason, h.message.clone())
+        }
+        (Some(h), _, _) => conds.set("Progressing", true, h.reason, h.message.clone()),
         (_, true, _) => conds.set(
             "Progressing",
             true,
             "Upgrading",
-            "a gated format upgrade is rolling",
+            match r.upgrade.as_ref().and_then(|u| u.current_pod.clone()) {
+                Some(pod) => format!("{pod} is moving to the target release"),
+                None => "a gated format upgrade is rolling".to_owned(),
+            },
         ),
         (_, _, true) => conds.set(
             "Progressing",
@@ -176,11 +200,16 @@ pub fn status(
         ),
     }
     if r.backups_succeeded_now {
+        let jobs = r
+            .upgrade
+            .as_ref()
+            .map(|u| u.backup_jobs.join(", "))
+            .unwrap_or_default();
         conds.set(
             "BackupSucceeded",
             true,
             "BackupsCompleted",
-            format!("{replicas} node backups on the backup volume"),
+            format!("backed up just before the node moved: {jobs}"),
         );
     } else if let Some(h) = r.hold.as_ref().filter(|h| h.reason == "BackupFailed") {
         conds.set("BackupSucceeded", false, "BackupFailed", h.message.clone());
@@ -191,6 +220,9 @@ pub fn status(
     }
     if let Some(e) = &o.apply_error {
         faults.push(("ApplyFailed", e.clone()));
+    }
+    if let Some(e) = &o.storage_change {
+        faults.push(("StorageChangePending", e.clone()));
     }
     if let Some(h) = r.hold.as_ref().filter(|h| h.fault) {
         faults.push((h.reason, h.message.clone()));
@@ -270,6 +302,7 @@ pub fn status(
         } else {
             prev.last_backup.clone()
         },
+        current_image: r.current_image.clone(),
     }
 }
 

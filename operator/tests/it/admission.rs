@@ -211,7 +211,8 @@ async fn kubectl_get_relays_prints_every_column() {
             &PatchParams::apply("ankusa-tests").force(),
             &Patch::Apply(json!({
                 "apiVersion": "ankusa.dev/v1alpha1", "kind": "Relay",
-                "status": { "storeFormat": 3, "targetFormat": 3,
+                "status": { "storeFormat": 2, "targetFormat": 3,
+                    "upgrade": { "phase": "Verifying", "targetImage": "ghcr.io/ankusa/relay:0.1.0", "currentPod": "hooks-0", "podsMigrated": 0 },
                     "tenants": { "count": 2, "max": 10, "pending": 1, "scheduled": 0, "inflight": 0, "dead": 0, "bytes": 5 } },
             })),
         )
@@ -233,15 +234,19 @@ async fn kubectl_get_relays_prints_every_column() {
     assert_eq!(
         header,
         [
-            "NAME", "READY", "NODES", "FORMAT", "TARGET", "TENANTS", "PENDING", "DEAD", "PHASE",
-            "AGE"
+            "NAME", "READY", "NODES", "FORMAT", "TARGET", "UPGRADE", "MOVING", "TENANTS",
+            "PENDING", "DEAD", "PHASE", "AGE"
         ]
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(row.len(), header.len(), "{text}");
     assert!(!row.contains(&"<none>"), "{text}");
     assert_eq!(row[0], "hooks");
-    assert_eq!(&row[3..8], ["3", "3", "2", "1", "0"], "{text}");
+    assert_eq!(
+        &row[3..10],
+        ["2", "3", "Verifying", "hooks-0", "2", "1", "0"],
+        "{text}"
+    );
 }
 
 /// The operator's pods and Jobs in a namespace enforcing the `restricted` Pod Security

@@ -19,7 +19,7 @@ fn rendered(fixture: &str) -> String {
     let mut out = d.to_yaml().unwrap();
     let names = Names::of(&r).unwrap();
     // The Jobs of an upgrade and the token Secret (with a fixed token) belong to the review.
-    let secret = resources::token_secret(&r, "0123456789abcdef").unwrap();
+    let secret = resources::token_secret(&r, "0123456789abcdef", "fedcba9876543210").unwrap();
     out.push_str("---\n");
     out.push_str(&serde_yaml::to_string(&secret).unwrap());
     let probe_name = planner::probe_job_name(&r, &r.spec.image);
@@ -27,7 +27,12 @@ fn rendered(fixture: &str) -> String {
     out.push_str("---\n");
     out.push_str(&serde_yaml::to_string(&probe).unwrap());
     if r.spec.backup.is_some() {
-        let name = planner::backup_job_name(&r, 0, &r.spec.image, None);
+        let cursor = ankusa_crds::relay::UpgradeStatus {
+            target_image: Some(r.spec.image.clone()),
+            started: Some("2026-11-30T00:00:00Z".into()),
+            ..Default::default()
+        };
+        let name = planner::backup_job_name(&r, 0, &cursor);
         let url = format!(
             "http://{}.{}.{}.svc:9090",
             names.pod(0),
@@ -87,7 +92,14 @@ fn generated_relay_yaml_is_accepted_by_the_relay() {
         let dir = tempfile::tempdir().unwrap();
         let token = dir.path().join("token");
         std::fs::write(&token, "an-operator-token-of-32-bytes-at-least").unwrap();
-        let yaml = yaml.replace("/etc/ankusa-operator/token", token.to_str().unwrap());
+        let backup = dir.path().join("backup-token");
+        std::fs::write(&backup, "a-backup-token-of-32-bytes-at-least").unwrap();
+        let yaml = yaml
+            .replace("/etc/ankusa-operator/token", token.to_str().unwrap())
+            .replace(
+                "/etc/ankusa-operator/backup-token",
+                backup.to_str().unwrap(),
+            );
         for e in &r.spec.config.secret_env {
             std::env::set_var(&e.name, "a-secret-from-a-secret");
         }
@@ -124,9 +136,12 @@ fn operator_keys_override_the_users() {
     assert_eq!(cfg["admin"]["listen"], "0.0.0.0:9090");
     assert_eq!(cfg["tenants"]["max"], 1_000_000);
     let tokens = cfg["admin"]["tokens"].as_array().unwrap();
-    assert_eq!(tokens.len(), 2);
+    assert_eq!(tokens.len(), 3);
     assert_eq!(tokens[0]["name"], "ops");
     assert_eq!(tokens[1]["secret"]["file"], "/etc/ankusa-operator/token");
+    // The backup Jobs' token: backup scope, nothing else.
+    assert_eq!(tokens[2]["name"], resources::BACKUP_TOKEN_NAME);
+    assert_eq!(tokens[2]["scope"], "backup");
     // Not a mapping: a clear error, nothing built.
     let err = resources::relay_config(&r, Some(&serde_json::json!(["a"]))).unwrap_err();
     assert!(err.to_string().contains("mapping"), "{err}");

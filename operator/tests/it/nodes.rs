@@ -43,6 +43,9 @@ async fn operator_polls_a_real_node() {
     cfg["admin"]["listen"] = json!("127.0.0.1:0");
     cfg["admin"]["backup_dir"] = json!(dir.path().join("backups"));
     cfg["admin"]["tokens"][0]["secret"]["file"] = json!(token_file);
+    let backup_file = dir.path().join("backup-token");
+    std::fs::write(&backup_file, "a-backup-token-of-the-operator-0123").unwrap();
+    cfg["admin"]["tokens"][1]["secret"]["file"] = json!(backup_file);
     let yaml = resources::relay_yaml(&cfg).unwrap();
     let config = ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).unwrap();
     let node = ankusa_relay::node::Node::start(config).await.unwrap();

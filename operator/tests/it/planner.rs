@@ -94,6 +94,7 @@ fn run(file: &str) {
     }
     let mut effective = relay.clone();
     effective.spec.image = r.image.clone();
+    effective.spec.replicas = r.replicas;
     let desired = DesiredSet::build(&effective, user.as_ref(), r.partition, sm).unwrap();
     let changes = planner::changes(&desired, &o.objects);
     let st = status::status(&relay, &prev, &o, &r, &monitor);
@@ -163,7 +164,16 @@ scenarios!(
     new_image_is_probed_before_any_pod_moves,
     format_change_holds_pods_and_starts_backups,
     backups_done_lower_the_partition_by_one,
-    verified_pod_lowers_the_partition_again,
+    a_verified_pod_backs_up_the_next_node_before_it_moves,
+    a_missing_statefulset_comes_back_on_the_running_release,
+    a_missing_statefulset_keeps_the_running_release,
+    a_scale_up_waits_for_the_upgrade,
+    retained_claims_are_backed_up_before_the_first_node_moves,
+    a_node_not_verified_in_time_fails_the_upgrade,
+    a_fixed_image_rolls_forward_from_a_failed_upgrade,
+    a_fix_of_a_lower_format_is_refused,
+    a_first_install_that_never_started_takes_a_corrected_image,
+    a_pause_never_raises_the_partition_above_a_moved_pod,
     unverified_pod_holds_the_partition,
     failed_backup_stops_the_upgrade,
     crash_looping_pod_fails_the_upgrade,

@@ -732,21 +732,36 @@ async fn status_reports_each_node_and_a_silent_one_is_not_fatal() {
     );
 }
 
-/// A StatefulSet's claim templates are immutable: a changed storage size is refused by
-/// the real server, reported as `Degraded`/`ApplyFailed`, and retried with backoff.
+/// An object the API server refuses (here a PodDisruptionBudget a quota forbids) is a
+/// `Degraded`/`ApplyFailed` condition naming it; the rest of the reconcile goes on (the
+/// StatefulSet is made, the status written), and it is applied once allowed.
 #[tokio::test]
-async fn refused_apply_is_degraded_and_retried_with_backoff() {
-    let (admin, ns, ctx) = set_up_bare("refused", "minimal", json!({})).await;
-    reconcile(&ctx, &ns, "relay").await.unwrap();
-    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
-    merge_spec(
-        &relays,
-        "relay",
-        json!({ "spec": { "storage": { "size": "50Gi" } } }),
-    )
+async fn a_refused_object_is_a_condition_and_the_rest_goes_on() {
+    // The full server: its quota controller computes the quota's usage, without which the
+    // quota is not enforced.
+    let (admin, ns, ctx) = set_up("refused", "minimal", json!({})).await;
+    let quotas: Api<k8s_openapi::api::core::v1::ResourceQuota> =
+        Api::namespaced(admin.clone(), &ns);
+    quotas
+        .create(
+            &Default::default(),
+            &serde_json::from_value(json!({
+                "metadata": { "name": "no-pdbs" },
+                "spec": { "hard": { "count/poddisruptionbudgets.policy": "0" } },
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    cluster::eventually(Duration::from_secs(30), "the quota's usage", || {
+        let quotas = quotas.clone();
+        async move {
+            let q = quotas.get("no-pdbs").await.ok()?;
+            q.status?.hard.map(|_| ())
+        }
+    })
     .await;
-    let err = reconcile(&ctx, &ns, "relay").await.unwrap_err();
-    assert_eq!(err.reason(), "invalid", "{err}");
+    reconcile(&ctx, &ns, "relay").await.unwrap();
     let degraded = condition(&admin, &ns, "relay", "Degraded").await;
     assert_eq!(degraded["status"], "True");
     assert_eq!(degraded["reason"], "ApplyFailed");
@@ -754,10 +769,14 @@ async fn refused_apply_is_degraded_and_retried_with_backoff() {
         degraded["message"]
             .as_str()
             .unwrap()
-            .contains("StatefulSet update"),
+            .contains("PodDisruptionBudget create"),
         "{degraded:#}"
     );
-    // The error policy backs off per object: 1 s, 2 s, 4 s … at most 5 min.
+    let sts: Api<StatefulSet> = Api::namespaced(admin.clone(), &ns);
+    assert!(sts.get_opt("relay").await.unwrap().is_some());
+    assert!(ctx.metrics.encode().contains("reason=\"forbidden\""));
+    // The error policy of a failed reconcile backs off per object: 1 s, 2 s, 4 s … at most
+    // 5 min.
     let obj = Api::<DynamicObject>::namespaced_with(
         admin.clone(),
         &ns,
@@ -767,6 +786,7 @@ async fn refused_apply_is_degraded_and_retried_with_backoff() {
     .await
     .unwrap();
     let obj = Arc::new(obj);
+    let err = controller::Error::Malformed("x".into());
     let delays: Vec<_> = (0..3)
         .map(|_| controller::error_policy(obj.clone(), &err, ctx.clone()))
         .collect();
@@ -775,7 +795,51 @@ async fn refused_apply_is_degraded_and_retried_with_backoff() {
         [1, 2, 4].map(|s| kube::runtime::controller::Action::requeue(Duration::from_secs(s)))
     );
     assert_eq!(controller::backoff(40), Duration::from_secs(300));
-    // Back to the size the claims have: the next reconcile succeeds.
+    // Allowed again: the next reconcile applies it.
+    quotas.delete("no-pdbs", &Default::default()).await.unwrap();
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    assert_eq!(
+        condition(&admin, &ns, "relay", "Degraded").await["status"],
+        "False"
+    );
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), &ns);
+    assert!(pdbs.get_opt("relay").await.unwrap().is_some());
+}
+
+/// A StatefulSet's claim templates are immutable: a changed `spec.storage` is not applied
+/// (the templates stay as they are, nothing is refused), and the condition says what to do.
+#[tokio::test]
+async fn a_storage_change_is_a_condition_that_says_what_to_do() {
+    let (admin, ns, ctx) = set_up_bare("storage", "minimal", json!({})).await;
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
+    merge_spec(
+        &relays,
+        "relay",
+        json!({ "spec": { "storage": { "size": "50Gi" } } }),
+    )
+    .await;
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "StorageChangePending");
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains("50Gi") && message.contains("--cascade=orphan"),
+        "{message}"
+    );
+    let sts: Api<StatefulSet> = Api::namespaced(admin.clone(), &ns);
+    let live = sts.get("relay").await.unwrap();
+    let size = &live.spec.unwrap().volume_claim_templates.unwrap()[0]
+        .spec
+        .clone()
+        .unwrap()
+        .resources
+        .unwrap()
+        .requests
+        .unwrap()["storage"];
+    assert_eq!(size.0, "10Gi");
+    // Back to the size the claims have: nothing to do.
     merge_spec(
         &relays,
         "relay",
