@@ -40,6 +40,7 @@ nextest:
 e2e:
 	$(CARGO) build -p ankusa-relay --bin ankusa-relay -p ankusa-operator --bin ankusa-operator
 	@bash e2e/run.sh
+	@bash e2e/upgrade.sh
 
 ## Build the control plane's binaries (cached under ~/.cache/ankusa) without starting it.
 testenv:

@@ -9,6 +9,25 @@ relay's ANKUSA_* variables, a data directory of its own and loopback ports. When
 goes away (deleted, or replaced by a new one of the same name), the process is stopped;
 the data directory stays, as a volume would.
 
+Which program a pod runs is its image's release, from ANKUSA_E2E_RELEASES (JSON, image →
+release; an image not named there is `current`):
+- `current`: this tree's `ankusa-relay run`;
+- `previous`: e2e/previous_release.py, the format-2 release before it (its store is the
+  committed v2 fixture, restored on first start);
+- `crash-after-migrate`: a release that migrates the store to format 3, then exits 1
+  every time it starts.
+A node's data directory is its volume claim's PersistentVolume (a host directory), so a
+store outlives its pod, a scale-down and the StatefulSet, as it does on a cluster. kwok
+marks a pod Ready when it starts it; the runner then reports what the process does, as a
+kubelet would: Ready only while `/readyz` answers 200, and a process that exits is
+`CrashLoopBackOff` and restarted after a pause.
+
+The operator's Job pods (label ankusa.dev/job) run too: their container's command, with
+the relay binary of this tree (a probe of the `previous` release answers that release's
+`version --json`), their claims mapped to their volumes' host directories, their Secret
+variables resolved; the pod is then marked Succeeded or Failed from the real exit code,
+with the termination message the container wrote.
+
 It also serves, on 127.0.0.1:PROXY_PORT, `/admin/{namespace}/{pod}/...` forwarded to that
 pod's admin listener (the operator's node URL template points here), and
 `/ingest/{namespace}/{pod}/...` to its ingest listener. And it binds each pending volume claim of the
@@ -26,20 +45,31 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
 NAMESPACE, WORKDIR, PROXY_PORT, RELAY = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
 SELECTOR = "app.kubernetes.io/name=ankusa-relay,app.kubernetes.io/component=relay"
-TOKEN_FILE_IN_POD = "/etc/ankusa-operator/token"
+JOB_SELECTOR = "ankusa.dev/job"
+HERE = os.path.dirname(os.path.abspath(__file__))
+FIXTURE_V2 = os.path.join(HERE, "..", "relay", "tests", "fixtures", "store-v2.tar.zst")
+RELEASES = json.loads(os.environ.get("ANKUSA_E2E_RELEASES") or "{}")
+DATA_MOUNT = "/var/lib/ankusa"
+RESTART_PAUSE_S = 2.0
 
-nodes = {}  # pod name -> {"uid", "proc", "admin", "ingest"}
+nodes = {}  # pod name -> {"uid", "proc", "admin", "ingest", "release", ...}
+jobs_seen = set()  # uids of Job pods run
 lock = threading.Lock()
 stopping = threading.Event()
 
 
 def log(msg):
-    print(f"e2e-runner: {msg}", file=sys.stderr, flush=True)
+    print(f"e2e-runner: {int(time.time() * 1000)} {msg}", file=sys.stderr, flush=True)
+
+
+def release_of(image):
+    return RELEASES.get(image, "current")
 
 
 def kubectl_json(*args):
@@ -87,22 +117,43 @@ def provision():
                        capture_output=True)
 
 
-def start(pod):
-    name = pod["metadata"]["name"]
-    instance = pod["metadata"]["labels"]["app.kubernetes.io/instance"]
-    cm = kubectl_json("get", "configmap", f"{instance}-config")
-    token = secret_value(f"{instance}-operator-token", "token")
-    if not cm or token is None:
+def claim_host_path(claim):
+    """The host directory of a bound claim's PersistentVolume, or None."""
+    pvc = kubectl_json("get", "pvc", claim)
+    volume = pvc and pvc["spec"].get("volumeName")
+    if not volume or pvc.get("status", {}).get("phase") != "Bound":
         return None
-    home = os.path.join(WORKDIR, "nodes", name)
-    os.makedirs(home, exist_ok=True)
-    with open(os.path.join(home, "relay.yaml"), "w") as f:
-        f.write(cm["data"]["relay.yaml"])
-    token_file = os.path.join(home, "operator-token")
-    with open(token_file, "w") as f:
-        f.write(token)
+    pv = kubectl_json("get", "pv", volume)
+    path = pv and pv["spec"].get("hostPath", {}).get("path")
+    if path:
+        os.makedirs(path, exist_ok=True)
+    return path
+
+
+def mounts_of(pod, container):
+    """mountPath -> host directory, for every claim the container mounts; None if one is
+    not bound yet."""
+    claims = {v["name"]: v["persistentVolumeClaim"]["claimName"]
+              for v in pod["spec"].get("volumes", []) if "persistentVolumeClaim" in v}
+    out = {}
+    for m in container.get("volumeMounts", []):
+        if m["name"] in claims:
+            path = claim_host_path(claims[m["name"]])
+            if path is None:
+                return None
+            out[m["mountPath"]] = path
+    return out
+
+
+def map_path(arg, mounts):
+    for mount, host in sorted(mounts.items(), key=lambda kv: -len(kv[0])):
+        if arg == mount or arg.startswith(mount + "/"):
+            return host + arg[len(mount):]
+    return arg
+
+
+def container_env(container):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANKUSA_")}
-    container = next(c for c in pod["spec"]["containers"] if c["name"] == "relay")
     for e in container.get("env", []):
         ref = e.get("valueFrom", {}).get("secretKeyRef")
         if ref:
@@ -112,6 +163,56 @@ def start(pod):
             env[e["name"]] = value
         elif "value" in e:
             env[e["name"]] = e["value"]
+    return env
+
+
+def patch_status(name, uid, status):
+    # The uid is a precondition: a pod recreated under the same name since is left alone.
+    body = {"metadata": {"uid": uid}, "status": status}
+    out = subprocess.run(["kubectl", "-n", NAMESPACE, "patch", "pod", name, "--subresource=status",
+                          "--type=strategic", "-p", json.dumps(body)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        log(f"status of {name} not patched: {out.stderr.strip()}")
+
+
+def now():
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+
+
+def report(name, node, ready, waiting=None):
+    """What a kubelet reports of the relay container."""
+    state = ({"running": None, "waiting": {"reason": waiting, "message": "the relay exited"}}
+             if waiting else {"waiting": None, "running": {"startedAt": now()}})
+    flag = "True" if ready else "False"
+    patch_status(name, node["uid"], {
+        "conditions": [{"type": "Ready", "status": flag, "lastTransitionTime": now()},
+                       {"type": "ContainersReady", "status": flag, "lastTransitionTime": now()}],
+        "containerStatuses": [{"name": "relay", "image": node["image"], "ready": ready,
+                               "restartCount": node["restarts"], "state": state}],
+    })
+    node["reported"] = (ready, waiting)
+
+
+def start(pod):
+    name = pod["metadata"]["name"]
+    instance = pod["metadata"]["labels"]["app.kubernetes.io/instance"]
+    cm = kubectl_json("get", "configmap", f"{instance}-config")
+    secret = f"{instance}-operator-token"
+    token, backup_token = secret_value(secret, "token"), secret_value(secret, "backup-token")
+    container = next(c for c in pod["spec"]["containers"] if c["name"] == "relay")
+    mounts = mounts_of(pod, container)
+    env = container_env(container)
+    if not cm or token is None or backup_token is None or mounts is None or env is None:
+        return None
+    home = os.path.join(WORKDIR, "nodes", name)
+    os.makedirs(home, exist_ok=True)
+    with open(os.path.join(home, "relay.yaml"), "w") as f:
+        f.write(cm["data"]["relay.yaml"])
+    token_file, backup_file = os.path.join(home, "operator-token"), os.path.join(home, "backup-token")
+    for path, value in ((token_file, token), (backup_file, backup_token)):
+        with open(path, "w") as f:
+            f.write(value)
     if pod["spec"].get("enableServiceLinks", True):
         # What a kubelet injects for every Service of the namespace, unless told not to.
         services = kubectl_json("get", "services") or {"items": []}
@@ -124,20 +225,109 @@ def start(pod):
             env[f"{prefix}_SERVICE_HOST"] = ip
             env[f"{prefix}_SERVICE_PORT"] = str(port)
             env[f"{prefix}_PORT"] = f"tcp://{ip}:{port}"
+    volume = mounts[DATA_MOUNT]
+    data, backups = os.path.join(volume, "data"), os.path.join(volume, "backups")
+    image = container["image"]
+    release = release_of(image)
     admin, ingest = free_port(), free_port()
     env.update({
-        "ANKUSA_DATA_DIR": os.path.join(home, "data"),
+        "ANKUSA_DATA_DIR": data,
         "ANKUSA_INGEST__LISTEN": f"127.0.0.1:{ingest}",
         "ANKUSA_ADMIN__LISTEN": f"127.0.0.1:{admin}",
-        "ANKUSA_ADMIN__BACKUP_DIR": os.path.join(home, "backups"),
-        "ANKUSA_ADMIN__TOKENS": json.dumps([{
-            "name": "ankusa-operator", "secret": {"file": token_file}, "scope": "admin"}]),
+        "ANKUSA_ADMIN__BACKUP_DIR": backups,
+        "ANKUSA_ADMIN__TOKENS": json.dumps([
+            {"name": "ankusa-operator", "secret": {"file": token_file}, "scope": "admin"},
+            {"name": "ankusa-backup", "secret": {"file": backup_file}, "scope": "backup"}]),
     })
+    if release == "previous":
+        cmd = [sys.executable, os.path.join(HERE, "previous_release.py"), "run", RELAY, FIXTURE_V2,
+               data, backups, str(admin), token_file, backup_file]
+    elif release == "crash-after-migrate":
+        cmd = ["bash", "-c", '"$0" store migrate --data "$1" && echo "crashing after the migration" >&2; exit 1',
+               RELAY, data]
+    else:
+        cmd = [RELAY, "run", "--config", os.path.join(home, "relay.yaml")]
     out = open(os.path.join(home, "relay.log"), "ab")
-    proc = subprocess.Popen([RELAY, "run", "--config", os.path.join(home, "relay.yaml")],
-                            env=env, stdout=out, stderr=out)
-    log(f"started {name} (pid {proc.pid}, admin {admin}, ingest {ingest})")
-    return {"uid": pod["metadata"]["uid"], "proc": proc, "admin": admin, "ingest": ingest}
+    proc = subprocess.Popen(cmd, env=env, stdout=out, stderr=out)
+    log(f"started {name} release={release} image={image} pid={proc.pid} admin={admin} ingest={ingest}")
+    node = {"uid": pod["metadata"]["uid"], "proc": proc, "admin": admin, "ingest": ingest,
+            "release": release, "image": image, "cmd": cmd, "env": env, "log": out,
+            "restarts": 0, "reported": None, "exited_at": None}
+    # kwok reported the pod Ready as it started it; a kubelet would not before the
+    # readiness probe passes.
+    report(name, node, False)
+    return node
+
+
+def readyz(node):
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", node["admin"], timeout=0.5)
+        conn.request("GET", "/readyz")
+        return conn.getresponse().status == 200
+    except OSError:
+        return False
+
+
+def watch(name, node):
+    """Report the process as a kubelet would; restart one that exited, after a pause."""
+    if node["proc"].poll() is not None:
+        if node["exited_at"] is None:
+            node["exited_at"] = time.time()
+            node["restarts"] += 1
+            log(f"{name} exited with {node['proc'].returncode}")
+            report(name, node, False, "CrashLoopBackOff")
+        elif time.time() - node["exited_at"] > RESTART_PAUSE_S:
+            node["proc"] = subprocess.Popen(node["cmd"], env=node["env"], stdout=node["log"],
+                                            stderr=node["log"])
+            node["exited_at"] = None
+            log(f"restarted {name} release={node['release']} pid={node['proc'].pid}")
+        return
+    ready = readyz(node)
+    if node["reported"] != (ready, None):
+        report(name, node, ready)
+
+
+def run_job(pod):
+    """Run a Job pod's container and report its end as a kubelet would."""
+    name = pod["metadata"]["name"]
+    container = pod["spec"]["containers"][0]
+    mounts = mounts_of(pod, container)
+    env = container_env(container)
+    if mounts is None or env is None:
+        return False
+    args = list(container.get("args", []))
+    term = tempfile.NamedTemporaryFile(prefix="termination-", dir=WORKDIR, delete=False).name
+    args = [term if a == container.get("terminationMessagePath", "/dev/termination-log")
+            else map_path(a, mounts) for a in args]
+    started = now()
+
+    def body():
+        release = release_of(container["image"])
+        if args[:1] == ["version"] and release == "previous":
+            cmd = [sys.executable, os.path.join(HERE, "previous_release.py"), "version"]
+            with open(term, "w") as f:
+                out = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True)
+        else:
+            out = subprocess.run([RELAY, *args], env=env, capture_output=True, text=True)
+        with open(term) as f:
+            message = f.read()
+        if not message:
+            message = (out.stderr or "")[-1024:] if out.returncode else ""
+        log(f"job pod {name} {' '.join(args[:2])} exited {out.returncode}: {(out.stderr or '').strip()[-300:]}")
+        code = out.returncode
+        patch_status(name, pod["metadata"]["uid"], {
+            "phase": "Succeeded" if code == 0 else "Failed",
+            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now()}],
+            "containerStatuses": [{
+                "name": container["name"], "image": container["image"], "ready": False,
+                "restartCount": 0,
+                "state": {"running": None, "terminated": {
+                    "exitCode": code, "reason": "Completed" if code == 0 else "Error",
+                    "message": message[:4096], "startedAt": started, "finishedAt": now()}}}],
+        })
+
+    threading.Thread(target=body, daemon=True).start()
+    return True
 
 
 def stop(name, node):
@@ -164,13 +354,22 @@ def reconcile_pods():
         for name in list(nodes):
             node = nodes[name]
             pod = running.get(name)
-            if pod is None or pod["metadata"]["uid"] != node["uid"] or node["proc"].poll() is not None:
+            if pod is None or pod["metadata"]["uid"] != node["uid"]:
                 stop(name, nodes.pop(name))
         for name, pod in running.items():
             if name not in nodes:
                 node = start(pod)
                 if node:
                     nodes[name] = node
+        for name, node in nodes.items():
+            watch(name, node)
+    jobs = kubectl_json("get", "pods", "-l", JOB_SELECTOR) or {"items": []}
+    for p in jobs["items"]:
+        uid = p["metadata"]["uid"]
+        if uid in jobs_seen or p.get("status", {}).get("phase") != "Running":
+            continue
+        if run_job(p):
+            jobs_seen.add(uid)
 
 
 class Proxy(http.server.BaseHTTPRequestHandler):

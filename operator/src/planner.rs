@@ -582,7 +582,11 @@ fn continue_upgrade(
     if matches!(cursor.phase, UpgradePhase::Failed | UpgradePhase::Blocked) {
         if spec.upgrade.retry == cursor.retry_seen {
             out.hold = hold(
-                "UpgradeFailed",
+                if cursor.failed_in == Some(UpgradePhase::BackingUp) {
+                    "BackupFailed"
+                } else {
+                    "UpgradeFailed"
+                },
                 format!(
                     "{}; change spec.upgrade.retry to try again, or set spec.image to a fixed release of the same store format",
                     cursor.last_error.clone().unwrap_or_default()
