@@ -10,7 +10,10 @@ goes away (deleted, or replaced by a new one of the same name), the process is s
 the data directory stays, as a volume would.
 
 Which program a pod runs is its image's release, from ANKUSA_E2E_RELEASES (JSON, image →
-release; an image not named there is `current`):
+release; an image not named there is `current`; WORKDIR/releases.json, when a test
+writes it, replaces it: a tag pushed again). A probe pod reports the digest its tag
+resolves to now (its image ID, `repo@sha256:…`); an image pinned to a digest runs the
+release that digest was issued for, whatever its tag names since:
 - `current`: this tree's `ankusa-relay run`;
 - `previous`: e2e/previous_release.py, the format-2 release before it (its store is the
   committed v2 fixture, restored on first start);
@@ -37,6 +40,7 @@ provisioner). It writes `ready` into WORKDIR once its proxy listens, and exits o
     runner.py NAMESPACE WORKDIR PROXY_PORT RELAY_BINARY
 """
 
+import hashlib
 import http.client
 import http.server
 import json
@@ -68,8 +72,30 @@ def log(msg):
     print(f"e2e-runner: {int(time.time() * 1000)} {msg}", file=sys.stderr, flush=True)
 
 
-def release_of(image):
-    return RELEASES.get(image, "current")
+issued = {}  # digest -> the release it was issued for
+
+
+def releases():
+    try:
+        with open(os.path.join(WORKDIR, "releases.json")) as f:
+            return json.load(f)
+    except FileNotFoundError:
+        return RELEASES
+
+
+def digest_of(image):
+    """What a registry answers for the tag now."""
+    release = releases().get(image, "current")
+    digest = "sha256:" + hashlib.sha256(f"{image}\n{release}".encode()).hexdigest()
+    issued[digest] = release
+    return digest
+
+
+def release_of(ref):
+    if "@sha256:" in ref:
+        tag, digest = ref.split("@", 1)
+        return issued.get(digest) or releases().get(tag, "current")
+    return releases().get(ref, "current")
 
 
 def kubectl_json(*args):
@@ -301,6 +327,11 @@ def run_job(pod):
             else map_path(a, mounts) for a in args]
     started = now()
 
+    image = container["image"]
+    repo = image.split("@", 1)[0].rsplit(":", 1)[0] if "/" in image else image
+    image_id = f"docker-pullable://{repo}@" + (
+        image.split("@", 1)[1] if "@sha256:" in image else digest_of(image))
+
     def body():
         release = release_of(container["image"])
         if args[:1] == ["version"] and release == "previous":
@@ -320,7 +351,7 @@ def run_job(pod):
             "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": now()}],
             "containerStatuses": [{
                 "name": container["name"], "image": container["image"], "ready": False,
-                "restartCount": 0,
+                "restartCount": 0, "imageID": image_id,
                 "state": {"running": None, "terminated": {
                     "exitCode": code, "reason": "Completed" if code == 0 else "Error",
                     "message": message[:4096], "startedAt": started, "finishedAt": now()}}}],

@@ -5,13 +5,19 @@
 # StatefulSet controller and real relay processes (e2e/runner.py). Scenarios:
 #
 # 1. `up`, 3 nodes: each node is backed up after the node before it finished and before it
-#    moves; highest ordinal first, one at a time; the StatefulSet is deleted (orphaning
-#    its pods) and the operator SIGKILLed mid-upgrade, and it still finishes with every
-#    acked hook in place and counters equal to a fold of the families.
+#    moves; highest ordinal first, one at a time; the operator is SIGKILLed while a node
+#    is backed up and while one moves, the StatefulSet is deleted (orphaning its pods),
+#    and it still finishes with every acked hook in place and counters equal to a fold of
+#    the families.
 # 2. `nobk`: a backup that cannot run (its claim does not exist) fails at its deadline: no
 #    pod moves, the Relay is Degraded naming the Job.
 # 3. `crash`: a release that crash-loops after migrating stops the roll (Failed, the pod
 #    named), and a fixed release of the same format rolls forward.
+# 4. `scale`: a claim left by a scale-down, and a scale back up requested mid-upgrade: the
+#    claim's old store is backed up (offline) before a pod of the new release opens it.
+#
+# In 1, the pods run the new release pinned to the digest its probe resolved; the tag
+# pushed again later does not change what a recreated pod runs.
 #
 #   scripts/k8s-testenv.sh run -- bash e2e/upgrade.sh      (make test does this)
 set -euo pipefail
@@ -24,7 +30,7 @@ source "$(dirname "$0")/lib.sh"
 e2e_start
 
 fail() { echo "e2e: $*" >&2; exit 1; }
-# ANKUSA_E2E_ONLY=name runs one scenario (up, nobk, crash).
+# ANKUSA_E2E_ONLY=name runs one scenario (up, nobk, crash, scale).
 only() { [ -z "${ANKUSA_E2E_ONLY:-}" ] || [ "$ANKUSA_E2E_ONLY" = "$1" ]; }
 field() { kubectl -n "$ns" get relay "$1" -o jsonpath="$2"; }
 phase_is() { [ "$(field "$1" '{.status.upgrade.phase}')" = "$2" ]; }
@@ -77,6 +83,10 @@ wait_installed up
 pids+=($!)
 echo "e2e: up: moving to $NEW"
 kubectl -n "$ns" patch relay up --type merge -p "{\"spec\":{\"image\":\"$NEW\"}}" >/dev/null
+e2e_until 120 moving_is up BackingUp up-2 || fail "up-2 was never backed up"
+echo "e2e: up: the operator SIGKILLed while up-2 is backed up; a new one takes over"
+kill -KILL "$operator_pid"
+e2e_operator
 e2e_until 120 moving_is up BackingUp up-1 || fail "up-1 was never backed up"
 echo "e2e: up: the StatefulSet deleted, its pods orphaned, while up-1 is backed up"
 kubectl -n "$ns" delete statefulset up --cascade=orphan >/dev/null
@@ -86,6 +96,11 @@ kill -KILL "$operator_pid"
 e2e_operator
 e2e_until 300 phase_is up Completed || fail "the upgrade did not complete: $(field up '{.status.upgrade}')"
 kubectl -n "$ns" get relay up
+images=$(kubectl -n "$ns" get pods -l app.kubernetes.io/instance=up,app.kubernetes.io/component=relay \
+  -o jsonpath='{.items[*].spec.containers[0].image}')
+for i in $images; do
+  case "$i" in "$NEW@sha256:"*) ;; *) fail "a node runs $i, not $NEW pinned to the digest the probe resolved" ;; esac
+done
 
 # Order: highest ordinal first; each node's backup after the node above it moved and
 # before it moved itself; no node ever went back to the previous release.
@@ -99,9 +114,8 @@ for i in 2 1 0; do
   taken=${archive#b}; taken=${taken%.tar.zst}
   [ "$taken" -lt "$started" ] || fail "up-$i moved ($started) before its backup ($taken)"
   [ "$taken" -gt "$prev_start" ] || fail "up-$i's backup ($taken) is older than the move of the node above it ($prev_start)"
-  if awk -v s="$started" '$2 > s' "$work/runner.log" | grep -q "started up-$i release=previous"; then
-    fail "up-$i went back to the previous release"
-  fi
+  later=$(awk -v s="$started" '$2 > s' "$work/runner.log")
+  case "$later" in *"started up-$i release=previous"*) fail "up-$i went back to the previous release" ;; esac
   prev_start=$started
 done
 # Every hook the previous release acked is on every node, and counted.
@@ -123,17 +137,29 @@ done
 grep -q "Verifying.*up-2" "$work/up-columns.log" && grep -q "Verifying.*up-0" "$work/up-columns.log" &&
   grep -q "Completed" "$work/up-columns.log" || fail "kubectl get relays did not show the cursor moving"
 for reason in UpgradeStarted BackupStarted BackupSucceeded PartitionLowered NodeVerified UpgradeCompleted; do
-  kubectl -n "$ns" get events --field-selector "reason=$reason" -o name | grep -q . ||
+  [ -n "$(kubectl -n "$ns" get events --field-selector "reason=$reason" -o name)" ] ||
     fail "no $reason Event"
 done
 echo "e2e: up: the cursor as kubectl get relays showed it:"
 # (Without the AGE column, each state once.)
 sed -E 's/[[:space:]]+[0-9]+s$//' "$work/up-columns.log" | uniq | sed 's/^/  /'
+echo "e2e: up: $NEW pushed again (now a release that crash-loops); up-0 recreated keeps its digest"
+python3 -c 'import json, os, sys; r = json.loads(os.environ["ANKUSA_E2E_RELEASES"]); r[sys.argv[1]] = "crash-after-migrate"; print(json.dumps(r))' \
+  "$NEW" >"$work/releases.json"
+starts=$(grep -c "started up-0 " "$work/runner.log")
+kubectl -n "$ns" delete pod up-0 >/dev/null
+e2e_until 60 bash -c "[ \$(grep -c 'started up-0 ' '$work/runner.log') -gt $starts ]" || fail "up-0 was not recreated"
+grep "started up-0 " "$work/runner.log" | tail -n1 | grep -q "release=current image=$NEW@sha256:" ||
+  fail "the recreated up-0 runs: $(grep 'started up-0 ' "$work/runner.log" | tail -n1)"
+all_ready() { [ "$(field up '{.status.conditions[?(@.type=="Ready")].status}/{.status.nodesReady}')" = "True/3/3" ]; }
+e2e_until 60 all_ready || fail "up is not Ready after up-0 came back"
+rm "$work/releases.json"
+
 # The stores, closed: counters equal a fold of the families.
 dirs=()
 for i in 0 1 2; do dirs+=("$(claim_dir "data-up-$i")/data"); done
 kubectl -n "$ns" delete relay up --wait=true >/dev/null
-e2e_until 60 bash -c "! grep -q . <(kubectl -n $ns get pods -l app.kubernetes.io/instance=up -o name)" ||
+e2e_until 60 bash -c "[ -z \"\$(kubectl -n $ns get pods -l app.kubernetes.io/instance=up,app.kubernetes.io/component=relay -o name)\" ]" ||
   fail "up's pods did not go"
 sleep 1
 for d in "${dirs[@]}"; do
@@ -154,7 +180,7 @@ message=$(field nobk '{.status.conditions[?(@.type=="Degraded")].message}')
 [ "$reason" = BackupFailed ] || fail "Degraded is $reason: $message"
 case "$message" in *nobk-backup-1-*) ;; *) fail "Degraded does not name the Job: $message" ;; esac
 grep -q "started nobk-.* release=current" "$work/runner.log" && fail "a nobk node moved without a backup"
-kubectl -n "$ns" get events --field-selector reason=BackupFailed -o name | grep -q . || fail "no BackupFailed Event"
+[ -n "$(kubectl -n "$ns" get events --field-selector reason=BackupFailed -o name)" ] || fail "no BackupFailed Event"
 echo "e2e: nobk: $message"
 
 fi
@@ -176,5 +202,37 @@ e2e_until 240 phase_is crash Completed || fail "the fix did not roll forward: $(
 kubectl -n "$ns" wait --for=condition=Ready relay/crash --timeout=2m >/dev/null || fail "crash is not Ready"
 [ "$(field crash '{.status.storeFormat}')" = 3 ] || fail "crash is not at format 3"
 kubectl -n "$ns" get relays
+fi
+
+# --- 4. a claim left by a scale-down is backed up before the new release can open it ---
+if only scale; then
+echo "e2e: scale: three nodes on the previous release, scaled down to two (data-scale-2 stays)"
+backup_claim scale-backups
+relay scale 3 scale-backups
+wait_installed scale
+kubectl -n "$ns" patch relay scale --type merge -p '{"spec":{"replicas":2}}' >/dev/null
+e2e_until 60 bash -c "! kubectl -n $ns get pod scale-2 >/dev/null 2>&1" || fail "scale-2 did not go"
+kubectl -n "$ns" wait --for=condition=Ready relay/scale --timeout=2m >/dev/null || fail "scale is not Ready at 2"
+echo "e2e: scale: moving to $NEW, and back to three nodes while it moves"
+kubectl -n "$ns" patch relay scale --type merge -p "{\"spec\":{\"image\":\"$NEW\"}}" >/dev/null
+e2e_until 120 phase_is scale BackingUp || fail "the upgrade did not start"
+kubectl -n "$ns" patch relay scale --type merge -p '{"spec":{"replicas":3}}' >/dev/null
+retained=$(field scale '{.status.upgrade.retainedClaims}')
+[ "$retained" = "[2]" ] || fail "the retained claims are $retained"
+e2e_until 300 phase_is scale Completed || fail "the upgrade did not complete: $(field scale '{.status.upgrade}')"
+e2e_until 120 bash -c "grep -q 'started scale-2 release=current' '$work/runner.log'" || fail "scale-2 never came back"
+grep -q "started scale-2 release=current" "$work/runner.log" || fail "scale-2 did not start on $NEW"
+started=$(runner_ms "started scale-2 release=current")
+completed_before=$(runner_ms "started scale-0 release=current")
+[ "$started" -gt "$completed_before" ] || fail "scale-2 started on $NEW before the upgrade of the others ended"
+archive=$(ls "$(claim_dir scale-backups)/scale/scale-2/" | grep -E '^b[0-9]+\.tar\.zst$' | head -n1)
+[ -n "$archive" ] || fail "the retained claim of scale-2 was never backed up"
+taken=${archive#b}; taken=${taken%.tar.zst}
+[ "$taken" -lt "$started" ] || fail "scale-2 opened its old store ($started) before its backup ($taken)"
+"$relay_bin" restore --from "$(claim_dir scale-backups)/scale/scale-2/$archive" --data "$work/scale-2-restored" |
+  grep -q "store format 2" || fail "the backup of scale-2 is not its format-2 store"
+e2e_until 120 bash -c "[ \"\$(kubectl -n $ns get relay scale -o jsonpath='{.status.nodesReady}')\" = 3/3 ]" ||
+  fail "scale is not at 3/3"
+echo "e2e: scale: scale-2's old store backed up (offline) before it opened on $NEW"
 fi
 echo "e2e: upgrade: passed"

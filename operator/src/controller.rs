@@ -102,8 +102,9 @@ pub struct Context {
     recorder: Recorder,
     /// Consecutive failures per `Relay`, for the backoff.
     failures: Mutex<HashMap<(String, String), u32>>,
-    /// Store formats of probed images (an image's format never changes).
-    formats: Mutex<BTreeMap<String, u32>>,
+    /// What probes learned of images: the store format and the digest the tag resolved to
+    /// (at most [`PROBED_MAX`] images; a forgotten one is read from its Job again).
+    probed: Mutex<BTreeMap<String, Probed>>,
 }
 
 impl Context {
@@ -122,9 +123,20 @@ impl Context {
             settings,
             recorder,
             failures: Mutex::new(HashMap::new()),
-            formats: Mutex::new(BTreeMap::new()),
+            probed: Mutex::new(BTreeMap::new()),
         })
     }
+}
+
+/// Images whose probe results are kept in memory.
+pub const PROBED_MAX: usize = 256;
+
+/// What an image probe learned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Probed {
+    format: u32,
+    /// `sha256:…`, when the pod's image ID named a repository digest.
+    digest: Option<String>,
 }
 
 /// The `Relay` resource as an untyped API resource (the watch reads untyped objects).
@@ -629,13 +641,12 @@ async fn observe_jobs(
         )))
         .await?;
     let by_name: BTreeMap<String, &Job> = jobs.items.iter().map(|j| (j.name_any(), j)).collect();
-    let cached = ctx
-        .formats
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
-    for (image, f) in &cached {
-        o.probes.insert(image.clone(), ProbeObs::Format(*f));
+    let cached = ctx.probed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for (image, p) in &cached {
+        o.probes.insert(image.clone(), ProbeObs::Format(p.format));
+        if let Some(d) = &p.digest {
+            o.digests.insert(image.clone(), d.clone());
+        }
     }
     // The probe of the spec's image.
     let image = relay.spec.image.clone();
@@ -644,13 +655,18 @@ async fn observe_jobs(
         Some(job) if !o.probes.contains_key(&image) => Some(match job_obs(job) {
             JobObs::Running => ProbeObs::Running,
             JobObs::Failed(m) => ProbeObs::Failed(format!("Job {name}: {m}")),
-            JobObs::Succeeded => match probe_format(ctx, &names.namespace, &name).await {
-                Ok(f) => {
-                    ctx.formats
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(image.clone(), f);
-                    ProbeObs::Format(f)
+            JobObs::Succeeded => match probe_result(ctx, &names.namespace, &name).await {
+                Ok(p) => {
+                    if let Some(d) = &p.digest {
+                        o.digests.insert(image.clone(), d.clone());
+                    }
+                    let format = p.format;
+                    let mut probed = ctx.probed.lock().unwrap_or_else(|p| p.into_inner());
+                    if probed.len() >= PROBED_MAX {
+                        probed.pop_first();
+                    }
+                    probed.insert(image.clone(), p);
+                    ProbeObs::Format(format)
                 }
                 Err(m) => ProbeObs::Failed(format!("Job {name}: {m}")),
             },
@@ -682,15 +698,16 @@ async fn observe_jobs(
     Ok(())
 }
 
-/// The store format the probe Job's pod wrote to its termination message
-/// (`ankusa-relay version --json --write /dev/termination-log`).
-async fn probe_format(ctx: &Context, ns: &str, job: &str) -> Result<u32, String> {
+/// What the probe Job's pod learned: the store format it wrote to its termination message
+/// (`ankusa-relay version --json --write /dev/termination-log`) and the digest its image
+/// resolved to (the container's image ID, when it names a repository digest).
+async fn probe_result(ctx: &Context, ns: &str, job: &str) -> Result<Probed, String> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("job-name={job}")))
         .await
         .map_err(|e| e.to_string())?;
-    let message = list
+    let container = list
         .items
         .iter()
         .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
@@ -699,10 +716,27 @@ async fn probe_format(ctx: &Context, ns: &str, job: &str) -> Result<u32, String>
                 .iter()
                 .flat_map(|s| s.container_statuses.iter().flatten())
         })
-        .filter(|c| c.name == "probe")
-        .find_map(|c| c.state.as_ref()?.terminated.as_ref()?.message.clone())
+        .find(|c| c.name == "probe")
+        .ok_or("the probe's pod is gone")?;
+    let message = container
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.message.clone())
         .ok_or("the probe's pod left no termination message")?;
-    parse_version_json(&message)
+    Ok(Probed {
+        format: parse_version_json(&message)?,
+        digest: repository_digest(&container.image_id),
+    })
+}
+
+/// The `sha256:…` of a container's image ID when it names a repository digest
+/// (`docker-pullable://repo@sha256:…`, `repo@sha256:…`); a bare image ID (`sha256:…` of the
+/// local image) names no pullable image and gives `None`.
+pub fn repository_digest(image_id: &str) -> Option<String> {
+    let (_, digest) = image_id.rsplit_once('@')?;
+    let hex = digest.strip_prefix("sha256:")?;
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| digest.to_owned())
 }
 
 /// `store_format` from `ankusa-relay version --json` output (its last JSON line).

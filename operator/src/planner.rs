@@ -148,6 +148,10 @@ pub struct Observed {
     pub nodes: BTreeMap<String, Result<NodeReading, String>>,
     /// Image probe results by image.
     pub probes: BTreeMap<String, ProbeObs>,
+    /// The digest (`sha256:…`) each probed image resolved to: pods run `image@digest`, so
+    /// a tag pushed again later does not change what runs.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub digests: BTreeMap<String, String>,
     /// Backup Jobs of the current upgrade step, by ordinal.
     pub backups: BTreeMap<i32, JobObs>,
     /// Ordinals of the nodes' volume claims (`data-<name>-<ordinal>`) that exist.
@@ -263,6 +267,24 @@ pub fn in_progress(u: &UpgradeStatus) -> bool {
     ) && u.target_image.is_some()
 }
 
+/// `reference` names `image`: the same string, or `image` pinned to a digest
+/// (`image@sha256:…`).
+pub fn names_image(image: &str, reference: &str) -> bool {
+    reference == image
+        || reference
+            .strip_prefix(image)
+            .is_some_and(|rest| rest.starts_with("@sha256:"))
+}
+
+/// `image` pinned to the digest its probe resolved (`image@sha256:…`), or as it is when
+/// none is known (or it names a digest already).
+pub fn pinned(image: &str, o: &Observed) -> String {
+    match o.digests.get(image) {
+        Some(d) if !image.contains('@') => format!("{image}@{d}"),
+        _ => image.to_owned(),
+    }
+}
+
 /// Seconds from `since` to `now` (both RFC 3339); `None` when either does not parse.
 pub fn elapsed_s(since: &str, now: &str) -> Option<i64> {
     use k8s_openapi::jiff::Timestamp;
@@ -326,9 +348,15 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         }
         r
     };
-    let behind = o.pods.iter().any(|p| p.image != spec.image) || sts.image != spec.image;
-    if !behind || !store_known {
-        return steady_out(&spec.image, prev.target_format);
+    // Pods on the spec's image, by tag or by the digest it resolved to, are where they
+    // should be: a pinned fleet is not moved to re-resolve its tag.
+    let behind = o.pods.iter().any(|p| !names_image(&spec.image, &p.image))
+        || !names_image(&spec.image, &sts.image);
+    if !behind {
+        return steady_out(&sts.image, prev.target_format);
+    }
+    if !store_known {
+        return steady_out(&pinned(&spec.image, o), prev.target_format);
     }
     let hold_old = |h: Option<Hold>, jobs, target_format| Rollout {
         image: sts.image.clone(),
@@ -352,11 +380,12 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
             None,
         );
     }
-    let target = spec.image.clone();
-    let format = match probe_of(&target, o) {
+    let format = match probe_of(&spec.image, o) {
         Ok(f) => f,
         Err((h, jobs)) => return hold_old(h, jobs, None),
     };
+    // The release as the probe resolved it: what every pod of it runs.
+    let target = pinned(&spec.image, o);
     let Some(store) = lowest_format(relay, prev, o) else {
         return hold_old(
             hold(
@@ -524,7 +553,7 @@ fn continue_upgrade(
         return out;
     }
 
-    if spec.image != target {
+    if !names_image(&spec.image, &target) {
         let failed = matches!(cursor.phase, UpgradePhase::Failed | UpgradePhase::Blocked);
         if p >= n && o.pods.iter().all(|x| x.image != target) {
             // Nothing moved: the upgrade is cancelled, every pod stays on its release and
@@ -573,8 +602,8 @@ fn continue_upgrade(
                 out.upgrade = Some(cursor);
                 return out;
             }
-            cursor.target_image = Some(spec.image.clone());
-            out.image = spec.image.clone();
+            cursor.target_image = Some(pinned(&spec.image, o));
+            out.image = pinned(&spec.image, o);
             return resume(relay, cursor, o, out);
         }
     }

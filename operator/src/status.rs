@@ -63,7 +63,7 @@ pub fn status(
             (Some(_), Some(Err(e))) => report.message = Some(format!("/v1/node: {e}")),
             (Some(p), Some(Ok(n))) => {
                 answered += 1;
-                if p.image == relay.spec.image {
+                if crate::planner::names_image(&relay.spec.image, &p.image) {
                     current += 1;
                 }
                 let s = &n.status;

@@ -174,6 +174,8 @@ scenarios!(
     a_fix_of_a_lower_format_is_refused,
     a_first_install_that_never_started_takes_a_corrected_image,
     a_pause_never_raises_the_partition_above_a_moved_pod,
+    a_probed_release_runs_by_digest,
+    a_pinned_fleet_stays_on_its_digest,
     unverified_pod_holds_the_partition,
     failed_backup_stops_the_upgrade,
     crash_looping_pod_fails_the_upgrade,
@@ -182,3 +184,24 @@ scenarios!(
     older_format_is_refused,
     last_pod_verified_completes_the_upgrade,
 );
+
+/// A reference names an image by its tag or pinned to a digest; only a repository digest
+/// from a container's image ID pins.
+#[test]
+fn images_are_pinned_by_repository_digest_only() {
+    let d = format!("sha256:{}", "ab".repeat(32));
+    assert!(planner::names_image("r/x:1", "r/x:1"));
+    assert!(planner::names_image("r/x:1", &format!("r/x:1@{d}")));
+    assert!(!planner::names_image("r/x:1", "r/x:10"));
+    assert!(!planner::names_image("r/x:1", &format!("r/x:10@{d}")));
+    use ankusa_operator::controller::repository_digest;
+    assert_eq!(
+        repository_digest(&format!("docker-pullable://r/x@{d}")),
+        Some(d.clone())
+    );
+    assert_eq!(repository_digest(&format!("r/x@{d}")), Some(d.clone()));
+    // A local image ID is not a digest a registry serves.
+    assert_eq!(repository_digest(&d), None);
+    assert_eq!(repository_digest("r/x@sha256:short"), None);
+    assert_eq!(repository_digest(""), None);
+}
