@@ -67,6 +67,12 @@ spec:
 ${4:-}
 EOF
 }
+set_spec() { kubectl -n "$ns" patch relay "$1" --type merge -p "{\"spec\":$2}" >/dev/null; }
+install() { # name replicas: a Relay on the previous release with a backup claim of its own
+  backup_claim "$1-backups"
+  relay "$1" "$2" "$1-backups"
+  wait_installed "$1"
+}
 wait_installed() { # the previous release up on every node
   kubectl -n "$ns" wait --for=condition=Ready "relay/$1" --timeout=3m >/dev/null ||
     fail "$1 did not become Ready on $OLD"
@@ -76,13 +82,11 @@ wait_installed() { # the previous release up on every node
 # --- 1. a three-node upgrade, with the StatefulSet deleted and the operator killed ---
 if only up; then
 echo "e2e: up: three nodes on the previous release (format 2)"
-backup_claim up-backups
-relay up 3 up-backups
-wait_installed up
+install up 3
 ( while sleep 1; do kubectl -n "$ns" get relay up --no-headers 2>/dev/null; done ) >"$work/up-columns.log" &
 pids+=($!)
 echo "e2e: up: moving to $NEW"
-kubectl -n "$ns" patch relay up --type merge -p "{\"spec\":{\"image\":\"$NEW\"}}" >/dev/null
+set_spec up "{\"image\":\"$NEW\"}"
 e2e_until 120 moving_is up BackingUp up-2 || fail "up-2 was never backed up"
 echo "e2e: up: the operator SIGKILLed while up-2 is backed up; a new one takes over"
 kill -KILL "$operator_pid"
@@ -173,7 +177,7 @@ if only nobk; then
 echo "e2e: nobk: a backup whose claim does not exist"
 relay nobk 2 no-such-claim "  upgrade: { timeouts: { backupSeconds: 10 } }"
 wait_installed nobk
-kubectl -n "$ns" patch relay nobk --type merge -p "{\"spec\":{\"image\":\"$NEW\"}}" >/dev/null
+set_spec nobk "{\"image\":\"$NEW\"}"
 e2e_until 120 phase_is nobk Failed || fail "the upgrade did not fail: $(field nobk '{.status.upgrade}')"
 reason=$(field nobk '{.status.conditions[?(@.type=="Degraded")].reason}')
 message=$(field nobk '{.status.conditions[?(@.type=="Degraded")].message}')
@@ -188,16 +192,14 @@ fi
 # --- 3. a release that crash-loops after migrating; a fixed one rolls forward ---
 if only crash; then
 echo "e2e: crash: $BROKEN crash-loops after migrating"
-backup_claim crash-backups
-relay crash 2 crash-backups
-wait_installed crash
-kubectl -n "$ns" patch relay crash --type merge -p "{\"spec\":{\"image\":\"$BROKEN\"}}" >/dev/null
+install crash 2
+set_spec crash "{\"image\":\"$BROKEN\"}"
 e2e_until 180 phase_is crash Failed || fail "the upgrade did not fail: $(field crash '{.status.upgrade}')"
 error=$(field crash '{.status.upgrade.lastError}')
 case "$error" in *crash-1*CrashLoopBackOff*) ;; *) fail "lastError: $error" ;; esac
 grep -q "started crash-0 release=crash-after-migrate" "$work/runner.log" && fail "crash-0 moved after crash-1 failed"
 echo "e2e: crash: stopped at $error; fixing forward with $FIXED"
-kubectl -n "$ns" patch relay crash --type merge -p "{\"spec\":{\"image\":\"$FIXED\"}}" >/dev/null
+set_spec crash "{\"image\":\"$FIXED\"}"
 e2e_until 240 phase_is crash Completed || fail "the fix did not roll forward: $(field crash '{.status.upgrade}')"
 kubectl -n "$ns" wait --for=condition=Ready relay/crash --timeout=2m >/dev/null || fail "crash is not Ready"
 [ "$(field crash '{.status.storeFormat}')" = 3 ] || fail "crash is not at format 3"
@@ -207,16 +209,14 @@ fi
 # --- 4. a claim left by a scale-down is backed up before the new release can open it ---
 if only scale; then
 echo "e2e: scale: three nodes on the previous release, scaled down to two (data-scale-2 stays)"
-backup_claim scale-backups
-relay scale 3 scale-backups
-wait_installed scale
-kubectl -n "$ns" patch relay scale --type merge -p '{"spec":{"replicas":2}}' >/dev/null
+install scale 3
+set_spec scale '{"replicas":2}'
 e2e_until 60 bash -c "! kubectl -n $ns get pod scale-2 >/dev/null 2>&1" || fail "scale-2 did not go"
 kubectl -n "$ns" wait --for=condition=Ready relay/scale --timeout=2m >/dev/null || fail "scale is not Ready at 2"
 echo "e2e: scale: moving to $NEW, and back to three nodes while it moves"
-kubectl -n "$ns" patch relay scale --type merge -p "{\"spec\":{\"image\":\"$NEW\"}}" >/dev/null
+set_spec scale "{\"image\":\"$NEW\"}"
 e2e_until 120 phase_is scale BackingUp || fail "the upgrade did not start"
-kubectl -n "$ns" patch relay scale --type merge -p '{"spec":{"replicas":3}}' >/dev/null
+set_spec scale '{"replicas":3}'
 retained=$(field scale '{.status.upgrade.retainedClaims}')
 [ "$retained" = "[2]" ] || fail "the retained claims are $retained"
 e2e_until 300 phase_is scale Completed || fail "the upgrade did not complete: $(field scale '{.status.upgrade}')"
