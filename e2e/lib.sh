@@ -40,10 +40,12 @@ cleanup() {
 }
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
-# The operator process (again, after a SIGKILL: e2e_operator starts another).
+# The operator process (again, after a SIGKILL: e2e_operator starts another); its
+# /metrics on $operator_metrics.
 e2e_operator() {
+  operator_metrics="127.0.0.1:$(free_port)"
   KUBECONFIG="$work/operator-kubeconfig" "$operator_bin" run \
-    --watch-namespace "$ns" --metrics-addr "127.0.0.1:$(free_port)" \
+    --watch-namespace "$ns" --metrics-addr "$operator_metrics" \
     --lease-namespace "$ns" --identity "e2e-operator-$RANDOM" --poll-interval-s 2 \
     --lease-duration-s 4 --renew-deadline-s 3 --retry-period-s 1 \
     --node-url-template "http://127.0.0.1:${proxy}/admin/{namespace}/{pod}" \

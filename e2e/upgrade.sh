@@ -144,6 +144,11 @@ for reason in UpgradeStarted BackupStarted BackupSucceeded PartitionLowered Node
   [ -n "$(kubectl -n "$ns" get events --field-selector "reason=$reason" -o name)" ] ||
     fail "no $reason Event"
 done
+metrics=$(curl -fsS "http://$operator_metrics/metrics")
+case "$metrics" in *"ankusa_operator_upgrade_phase{namespace=\"$ns\",relay=\"up\",phase=\"Completed\"} 1"*) ;;
+  *) fail "the operator's metrics do not show up's upgrade Completed" ;; esac
+case "$metrics" in *"ankusa_operator_last_backup_timestamp_seconds{namespace=\"$ns\",relay=\"up\"} 1"*) ;;
+  *) fail "the operator's metrics have no last backup time for up" ;; esac
 echo "e2e: up: the cursor as kubectl get relays showed it:"
 # (Without the AGE column, each state once.)
 sed -E 's/[[:space:]]+[0-9]+s$//' "$work/up-columns.log" | uniq | sed 's/^/  /'
