@@ -368,6 +368,7 @@ pub fn statefulset(
     relay: &Relay,
     partition: i32,
     config_hash: &str,
+    shutdown_grace_ms: u64,
 ) -> Result<StatefulSet, ResourceError> {
     let names = Names::of(relay)?;
     let spec = &relay.spec;
@@ -397,6 +398,8 @@ pub fn statefulset(
             "failureThreshold": 6,
         },
         "securityContext": container_security(),
+        // Endpoints drop the pod before it stops taking hooks: SIGTERM comes after this.
+        "lifecycle": { "preStop": { "sleep": { "seconds": PRE_STOP_S } } },
     });
     // No `env: []`: the API server drops an empty list, and a field it drops would read
     // as drift on every poll.
@@ -452,7 +455,10 @@ pub fn statefulset(
                         "annotations": { CONFIG_HASH_ANNOTATION: config_hash },
                     },
                     "spec": {
-                        "terminationGracePeriodSeconds": 30,
+                        // The node's own grace for deliveries in flight, after the preStop
+                        // pause, with room to sync and exit: a SIGKILL never cuts a
+                        // graceful stop short.
+                        "terminationGracePeriodSeconds": termination_grace_s(shutdown_grace_ms),
                         // No `<SERVICE>_SERVICE_HOST` variables for every Service in the
                         // namespace: the relay needs none, and they only crowd its env.
                         "enableServiceLinks": false,
@@ -471,6 +477,23 @@ pub fn statefulset(
             },
         }),
     )
+}
+
+/// The pause before a relay container gets SIGTERM, for endpoint controllers and load
+/// balancers to stop sending it hooks.
+pub const PRE_STOP_S: i64 = 5;
+
+/// The pod's termination grace: the preStop pause, the node's `shutdown.grace_ms`, and 10
+/// s to commit, sync and exit.
+pub fn termination_grace_s(shutdown_grace_ms: u64) -> i64 {
+    PRE_STOP_S + i64::try_from(shutdown_grace_ms.div_ceil(1000)).unwrap_or(600) + 10
+}
+
+/// `shutdown.grace_ms` of a relay configuration (the relay's default when unset).
+pub fn shutdown_grace_ms(cfg: &Value) -> u64 {
+    cfg.pointer("/shutdown/grace_ms")
+        .and_then(Value::as_u64)
+        .unwrap_or(20_000)
 }
 
 /// At most one node down by voluntary eviction: a node down stops its tenants' ingest.
@@ -550,12 +573,18 @@ impl DesiredSet {
         partition: i32,
         with_service_monitor: bool,
     ) -> Result<DesiredSet, ResourceError> {
-        let yaml = relay_yaml(&relay_config(relay, user_config)?)?;
+        let cfg = relay_config(relay, user_config)?;
+        let yaml = relay_yaml(&cfg)?;
         Ok(DesiredSet {
             config_map: config_map(relay, &yaml)?,
             headless: headless_service(relay)?,
             client: client_service(relay)?,
-            statefulset: statefulset(relay, partition, &config_hash(&yaml))?,
+            statefulset: statefulset(
+                relay,
+                partition,
+                &config_hash(&yaml),
+                shutdown_grace_ms(&cfg),
+            )?,
             pdb: pdb(relay)?,
             service_monitor: if with_service_monitor {
                 Some(service_monitor(relay)?)

@@ -51,6 +51,7 @@ pub struct Config {
     pub dispatch: DispatchConfig,
     pub retry: RetryConfig,
     pub reclaim: ReclaimConfig,
+    pub shutdown: ShutdownConfig,
     pub sources: Vec<SourceConfig>,
     pub sinks: Vec<SinkConfig>,
     pub routes: Vec<RouteConfig>,
@@ -69,6 +70,7 @@ impl Default for Config {
             dispatch: DispatchConfig::default(),
             retry: RetryConfig::default(),
             reclaim: ReclaimConfig::default(),
+            shutdown: ShutdownConfig::default(),
             sources: Vec::new(),
             sinks: Vec::new(),
             routes: Vec::new(),
@@ -308,6 +310,21 @@ impl Default for ReclaimConfig {
             interval_ms: 1_000,
             batch: 1_000,
         }
+    }
+}
+
+/// A graceful stop (SIGTERM): readiness fails, ingest and claiming stop, deliveries in
+/// flight get up to `grace_ms` to finish and have their outcomes committed; rows still in
+/// flight then go back to due (synced) and the node exits.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ShutdownConfig {
+    pub grace_ms: u64,
+}
+
+impl Default for ShutdownConfig {
+    fn default() -> Self {
+        ShutdownConfig { grace_ms: 20_000 }
     }
 }
 
@@ -604,6 +621,9 @@ impl Config {
         }
         if !(1..=1_000).contains(&self.retry.max_attempts) {
             return Err(invalid("retry.max_attempts", "must be in 1..=1000"));
+        }
+        if self.shutdown.grace_ms > 600_000 {
+            return Err(invalid("shutdown.grace_ms", "must be in 0..=600000"));
         }
         if self.reclaim.interval_ms == 0 || self.reclaim.batch == 0 {
             return Err(invalid("reclaim", "interval_ms and batch must be positive"));

@@ -3,9 +3,10 @@
 //! Boot: open the store (format guard first) → serve the admin listener (`/readyz` not
 //! ready) → run pending migrations → recover inflight rows → restore lost active markers →
 //! start the writer → serve the
-//! ingest listener → start the dispatch pipeline and reclaim → ready. Shutdown stops the
-//! listeners, lets the pipeline commit the outcomes of deliveries in flight, and drains
-//! the writer. Both listeners are bound before anything slow happens, so a
+//! ingest listener → start the dispatch pipeline and reclaim → ready. Shutdown (SIGTERM)
+//! fails readiness first, stops the listeners, lets deliveries in flight finish within
+//! `shutdown.grace_ms` and commits their outcomes (what the deadline cuts is due again,
+//! synced), and drains the writer. Both listeners are bound before anything slow happens, so a
 //! port clash fails the start at once.
 
 use std::net::SocketAddr;
@@ -36,6 +37,7 @@ pub struct Node {
     pub store: Arc<Store>,
     pub metrics: Arc<Metrics>,
     pub recovered_inflight: u64,
+    ready: Arc<AtomicBool>,
     shutdown: tokio::sync::watch::Sender<bool>,
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     background: Vec<tokio::task::JoinHandle<()>>,
@@ -286,6 +288,7 @@ impl Node {
             store,
             metrics,
             recovered_inflight: recovered,
+            ready,
             shutdown,
             servers,
             background,
@@ -293,8 +296,11 @@ impl Node {
         })
     }
 
-    /// Stops serving, lets in-flight requests finish, and stops the writer.
+    /// A graceful stop: `/readyz` fails and ingest refuses first, then the listeners stop
+    /// (requests in progress finish), the pipeline stops claiming and gives deliveries in
+    /// flight `shutdown.grace_ms` (see [`pipeline`]), and the writer drains.
     pub async fn shutdown(mut self) -> anyhow::Result<()> {
+        self.ready.store(false, Ordering::Release);
         let _ = self.shutdown.send(true);
         for s in self.servers.drain(..) {
             s.await??;

@@ -178,3 +178,28 @@ fn config_hash_follows_the_configuration() {
     assert_eq!(hash(&a), hash(&b));
     assert_ne!(hash(&a), hash(&c));
 }
+
+/// A pod's termination grace covers the preStop pause and the node's own
+/// `shutdown.grace_ms`, so a SIGKILL never cuts a graceful stop short.
+#[test]
+fn the_termination_grace_covers_the_nodes_shutdown_grace() {
+    let r = relay("minimal");
+    let grace = |user: Option<serde_json::Value>| {
+        let d = resources::DesiredSet::build(&r, user.as_ref(), 0, false).unwrap();
+        let pod = d.statefulset.spec.unwrap().template.spec.unwrap();
+        let pre_stop = pod.containers[0]
+            .lifecycle
+            .as_ref()
+            .and_then(|l| l.pre_stop.as_ref())
+            .and_then(|h| h.sleep.as_ref())
+            .map(|s| s.seconds);
+        (pod.termination_grace_period_seconds, pre_stop)
+    };
+    assert_eq!(grace(None), (Some(35), Some(5)));
+    assert_eq!(
+        grace(Some(
+            serde_json::json!({ "shutdown": { "grace_ms": 60_500 } })
+        )),
+        (Some(5 + 61 + 10), Some(5))
+    );
+}

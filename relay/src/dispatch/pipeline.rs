@@ -13,6 +13,11 @@
 //! of the tenants it claimed from, and delivers under a global and a per-sink semaphore;
 //! one task commits the outcomes in batches (not synced: a lost outcome means a redelivery
 //! after boot recovery, never a loss).
+//!
+//! A graceful stop: claiming stops; deliveries in flight get up to `shutdown.grace_ms` to
+//! finish and have their outcomes committed; those still running then are cut, their rows
+//! made due again (synced, counted in `ankusa_shutdown_requeued`), and the write-ahead
+//! log is synced. Only a delivery cut at the deadline (or a crash) can be redelivered.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -143,6 +148,8 @@ pub fn plan_tick(
 pub struct PipelineSettings {
     pub tick_interval: Duration,
     pub max_inflight: usize,
+    /// How long a stop waits for deliveries in flight.
+    pub grace: Duration,
     pub limits: TickLimits,
     pub retry: RetryConfig,
 }
@@ -152,6 +159,7 @@ impl PipelineSettings {
         PipelineSettings {
             tick_interval: Duration::from_millis(c.dispatch.tick_interval_ms),
             max_inflight: c.dispatch.max_inflight,
+            grace: Duration::from_millis(c.shutdown.grace_ms),
             limits: TickLimits {
                 max_markers: 4096,
                 rows_per_tick: c.dispatch.max_inflight,
@@ -199,12 +207,15 @@ pub fn spawn(
         ));
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
         let mut cursors = Cursors::default();
+        // The delivery tasks, so a stop can cut those still running at its deadline.
+        let mut in_flight = tokio::task::JoinSet::new();
         // A tick is worth its fixed cost once a quarter of the permits are free.
         let refill = (settings.max_inflight / 4).max(1) as u32;
         loop {
             if *stop.borrow() {
                 break;
             }
+            while in_flight.try_join_next().is_some() {}
             if permits.available_permits() < refill as usize {
                 tokio::select! {
                     _ = permits.acquire_many(refill) => {}
@@ -219,7 +230,8 @@ pub fn spawn(
                     rows_per_tick: settings.limits.rows_per_tick.min(free),
                     ..settings.limits
                 };
-                let ctx = TickCtx {
+                let mut ctx = TickCtx {
+                    tasks: &mut in_flight,
                     store: &store,
                     deliverer: &deliverer,
                     permits: &permits,
@@ -227,7 +239,7 @@ pub fn spawn(
                     metrics: &metrics,
                     max_retry_after,
                 };
-                match tick(&ctx, limits, cursors).await {
+                match tick(&mut ctx, limits, cursors).await {
                     Ok((c, claimed)) => {
                         cursors = c;
                         busy = claimed >= limits.rows_per_tick;
@@ -245,13 +257,45 @@ pub fn spawn(
                 }
             }
         }
+        // Stopping: nothing more is claimed. Every permit back means every delivery in
+        // flight finished and its outcome is committed.
+        let all = u32::try_from(settings.max_inflight).unwrap_or(u32::MAX);
+        let finished = tokio::time::timeout(settings.grace, permits.acquire_many(all))
+            .await
+            .is_ok();
+        if !finished {
+            in_flight.abort_all();
+        }
+        while in_flight.join_next().await.is_some() {}
         drop(done_tx);
         let _ = committer.await;
+        // What is still in flight in the store now is what the deadline cut: due again.
+        let s = store.clone();
+        let stopped = tokio::task::spawn_blocking(move || {
+            let requeued = deliveries::recover_inflight(&s, AtMs(crate::now_ms()))?;
+            s.sync_wal()?;
+            Ok::<_, StoreError>(requeued)
+        })
+        .await;
+        match stopped {
+            Ok(Ok(0)) => tracing::info!("dispatch stopped: every delivery in flight finished"),
+            Ok(Ok(n)) => {
+                metrics.shutdown_requeued.inc_by(n);
+                tracing::warn!(
+                    requeued = n,
+                    grace_ms = settings.grace.as_millis() as u64,
+                    "dispatch stopped: deliveries still in flight at the end of the grace are due again (they may be delivered twice)"
+                );
+            }
+            Ok(Err(e)) => tracing::error!(error = %e, "dispatch: making cut deliveries due again"),
+            Err(e) => tracing::error!(error = %e, "dispatch: stop task"),
+        }
     })
 }
 
 /// What a tick works with.
 struct TickCtx<'a> {
+    tasks: &'a mut tokio::task::JoinSet<()>,
     store: &'a Arc<Store>,
     deliverer: &'a Deliverer,
     permits: &'a Arc<tokio::sync::Semaphore>,
@@ -262,18 +306,19 @@ struct TickCtx<'a> {
 
 /// One tick: plan, claim, clean markers, fetch envelopes, start deliveries.
 async fn tick(
-    ctx: &TickCtx<'_>,
+    ctx: &mut TickCtx<'_>,
     limits: TickLimits,
     cursors: Cursors,
 ) -> Result<(Cursors, usize), StoreError> {
     let TickCtx {
+        tasks,
         store,
         deliverer,
         permits,
         done_tx,
         metrics,
         max_retry_after,
-    } = *ctx;
+    } = ctx;
     let s = (*store).clone();
     let (cursors, jobs, visited) =
         tokio::task::spawn_blocking(move || claim_tick(&s, limits, cursors))
@@ -300,7 +345,8 @@ async fn tick(
         };
         let (deliverer, done_tx, metrics) =
             ((*deliverer).clone(), done_tx.clone(), (*metrics).clone());
-        tokio::spawn(async move {
+        let max_retry_after = *max_retry_after;
+        tasks.spawn(async move {
             let attempt = match job.envelope.as_deref() {
                 None => None,
                 Some(env) => Some(

@@ -68,6 +68,8 @@ pub struct Metrics {
     pub delivery_latency: Family<SinkLabel, Histogram>,
     pub dispatch_active_tenants: Gauge,
     pub dispatch_claimed: Counter,
+    /// Rows still in flight when a graceful stop's grace ran out, made due again.
+    pub shutdown_requeued: Counter,
     pub reclaimed_hooks: Counter,
     pub queue_state: Family<FieldLabel, Gauge>,
     pub oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -146,6 +148,12 @@ impl Metrics {
             "Due rows claimed for delivery",
             dispatch_claimed.clone(),
         );
+        let shutdown_requeued = Counter::default();
+        registry.register(
+            "ankusa_shutdown_requeued",
+            "Rows whose delivery was still in flight when a graceful stop's grace ran out, made due again",
+            shutdown_requeued.clone(),
+        );
         let reclaimed_hooks = Counter::default();
         registry.register(
             "ankusa_reclaimed_hooks",
@@ -185,6 +193,7 @@ impl Metrics {
             delivery_latency,
             dispatch_active_tenants,
             dispatch_claimed,
+            shutdown_requeued,
             reclaimed_hooks,
             registry,
             ingest_requests,

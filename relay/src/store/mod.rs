@@ -716,6 +716,16 @@ impl Store {
         Ok(())
     }
 
+    /// Syncs the write-ahead log: every write made so far, synced or not, survives a power
+    /// cut from here on (a graceful stop ends with it).
+    pub fn sync_wal(&self) -> Result<(), StoreError> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.db.flush_wal(true)?;
+        Ok(())
+    }
+
     /// Flushes every memtable to disk (tests and tools).
     pub fn flush(&self) -> Result<(), StoreError> {
         for cf in Cf::ALL {

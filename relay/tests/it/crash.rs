@@ -260,3 +260,199 @@ sources:
         "counters differ from the fold"
     );
 }
+
+/// SIGTERM, and wait for the process to exit on its own (`within`).
+fn sigterm(node: &mut Proc, within: Duration) -> std::process::ExitStatus {
+    let pid = node.child.id().to_string();
+    let ok = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        if let Some(status) = node.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the node did not stop within {within:?} of SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A rolling update is a SIGTERM: a node stopped that way while a backlog drains, and
+/// started again, four times over, delivers every hook exactly once.
+#[test]
+fn repeated_sigterm_while_a_backlog_drains_delivers_every_hook_exactly_once() {
+    use crate::dispatch::TestSink;
+    use std::sync::atomic::Ordering;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = rt.block_on(TestSink::start());
+    // Slow while the hooks arrive, so a backlog builds; then 20 ms an answer.
+    sink.delay_ms.store(2000, Ordering::Relaxed);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    let (admin, ingest) = (free_port(), free_port());
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:{ingest}" }}
+admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
+dispatch: {{ tick_interval_ms: 10 }}
+shutdown: {{ grace_ms: 5000 }}
+retry: {{ schedule_ms: [50], jitter: none }}
+sinks: [{{ id: s, url: "{}", timeout_ms: 10000 }}]
+routes: [{{ id: r, sinks: [s] }}]
+sources:
+  - {{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
+"#,
+        data.display(),
+        sink.url("/s")
+    );
+    let mut node = Proc::start(dir.path(), &yaml, admin);
+    let hooks = 3000;
+    let ids: Vec<String> = rt.block_on(async {
+        let c = client();
+        let mut ids = Vec::new();
+        for i in 0..hooks {
+            let r = post(
+                &c,
+                &format!("http://127.0.0.1:{ingest}/ingest/in"),
+                &[("x-tenant", format!("t{}", i % 50))],
+                format!(r#"{{"i":{i}}}"#),
+            )
+            .await;
+            assert_eq!(r.status, 202);
+            ids.push(r.json()["id"].as_str().unwrap().to_owned());
+        }
+        ids
+    });
+    let received = |sink: &TestSink| -> HashMap<String, usize> {
+        let mut n = HashMap::new();
+        for r in sink.on("/s") {
+            *n.entry(r.headers["webhook-id"].to_str().unwrap().to_owned())
+                .or_default() += 1;
+        }
+        n
+    };
+    sink.delay_ms.store(20, Ordering::Relaxed);
+    for _ in 0..4 {
+        std::thread::sleep(Duration::from_millis(100));
+        let status = sigterm(&mut node, Duration::from_secs(15));
+        assert!(status.success(), "a graceful stop exits 0: {status}");
+        node = Proc::start(dir.path(), &yaml, admin);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while received(&sink).len() < ids.len() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "only {} of {} hooks arrived",
+            received(&sink).len(),
+            ids.len()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let got = received(&sink);
+    let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        twice.is_empty(),
+        "{} hooks arrived more than once after SIGTERMs, e.g. {:?}",
+        twice.len(),
+        twice.iter().take(3).collect::<Vec<_>>()
+    );
+    assert!(ids.iter().all(|id| got.contains_key(id)));
+    let status = sigterm(&mut node, Duration::from_secs(15));
+    assert!(status.success());
+    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    let c = ankusa_relay::queue::counters::node(&store).unwrap();
+    assert_eq!(
+        (c.pending, c.scheduled, c.inflight, c.dead),
+        (0, 0, 0, 0),
+        "{c:?}"
+    );
+    assert!(fold::verify(&store).unwrap().is_empty());
+}
+
+/// Deliveries still in flight when `shutdown.grace_ms` runs out are cut: the node exits
+/// in time, their rows are due again (nothing left inflight), and a restart delivers them.
+#[test]
+fn a_stop_cuts_deliveries_at_its_grace_and_makes_them_due_again() {
+    use crate::dispatch::TestSink;
+    use std::sync::atomic::Ordering;
+
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let sink = rt.block_on(TestSink::start());
+    sink.delay_ms.store(60_000, Ordering::Relaxed);
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    let (admin, ingest) = (free_port(), free_port());
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:{ingest}" }}
+admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
+dispatch: {{ tick_interval_ms: 10 }}
+shutdown: {{ grace_ms: 1000 }}
+sinks: [{{ id: slow, url: "{}", timeout_ms: 120000 }}]
+routes: [{{ id: r, sinks: [slow] }}]
+sources:
+  - {{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
+"#,
+        data.display(),
+        sink.url("/slow")
+    );
+    let mut node = Proc::start(dir.path(), &yaml, admin);
+    rt.block_on(async {
+        let c = client();
+        for i in 0..20 {
+            let r = post(
+                &c,
+                &format!("http://127.0.0.1:{ingest}/ingest/in"),
+                &[("x-tenant", format!("t{}", i % 2))],
+                format!(r#"{{"i":{i}}}"#),
+            )
+            .await;
+            assert_eq!(r.status, 202);
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sink.on("/slow").len() < 20 {
+        assert!(std::time::Instant::now() < deadline, "never claimed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let started = std::time::Instant::now();
+    let status = sigterm(&mut node, Duration::from_secs(10));
+    assert!(status.success(), "{status}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the stop took {:?} with a 1 s grace",
+        started.elapsed()
+    );
+    {
+        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        let c = ankusa_relay::queue::counters::node(&store).unwrap();
+        assert_eq!((c.inflight, c.pending + c.scheduled), (0, 20), "{c:?}");
+        assert!(fold::verify(&store).unwrap().is_empty());
+    }
+    sink.delay_ms.store(0, Ordering::Relaxed);
+    let _node = Proc::start(dir.path(), &yaml, admin);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while sink.on("/slow").len() < 40 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cut deliveries were not made again"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
