@@ -261,6 +261,13 @@ impl DeliveryRow {
     }
 }
 
+/// A due row's value: its size and kind.
+fn due_value(row: &DueRow) -> Vec<u8> {
+    let mut v = row.size.to_be_bytes().to_vec();
+    v.push(row.kind as u8);
+    v
+}
+
 /// One atomic batch of queue transitions: ops plus the counter deltas they imply.
 ///
 /// A transition that consumes a row (claim, an outcome, revive, recover, purge: every
@@ -277,20 +284,25 @@ pub struct Tx {
     units: Vec<Unit>,
 }
 
-/// One consuming transition: the `Index` key of the row it consumes, and what it writes.
+/// One consuming transition: the `Index` key of the row it consumes, the value the row
+/// had when it was read (where the deltas depend on it: a due row's kind), and what it
+/// writes.
 #[derive(Debug)]
 struct Unit {
     consumes: Vec<u8>,
+    expects: Option<Vec<u8>>,
     ops: Vec<Op>,
     deltas: Vec<Delta>,
 }
 
-/// The `Index` key an op puts, if it puts one.
-fn index_put(op: &Op) -> Option<Vec<u8>> {
+/// The `Index` key and value an op puts, if it puts one.
+fn index_put(op: &Op) -> Option<(Vec<u8>, Vec<u8>)> {
     match op {
         Op::Put {
-            cf: Cf::Index, key, ..
-        } => Some(key.clone()),
+            cf: Cf::Index,
+            key,
+            value,
+        } => Some((key.clone(), value.clone())),
         _ => None,
     }
 }
@@ -356,12 +368,23 @@ impl Tx {
         let mut deltas = self.deltas;
         // Rows this batch itself writes before a unit consumes them (a claim and its
         // outcome in one batch) are there for that unit.
-        let mut created: std::collections::HashSet<Vec<u8>> =
+        let mut created: std::collections::HashMap<Vec<u8>, Vec<u8>> =
             ops.iter().filter_map(index_put).collect();
         let mut consumed = std::collections::HashSet::new();
         let mut moved = Vec::with_capacity(self.units.len());
+        // The row is there, and as it was read: the same key written again since with
+        // another value (a due row that became a retry under the same key) is not the
+        // row this unit's deltas describe.
+        let as_read = |have: Option<&[u8]>, u: &Unit| match (have, &u.expects) {
+            (None, _) => false,
+            (Some(_), None) => true,
+            (Some(v), Some(e)) => v == e.as_slice(),
+        };
         for (u, p) in self.units.into_iter().zip(present) {
-            let ok = created.remove(&u.consumes) || (p.is_some() && consumed.insert(u.consumes));
+            let ok = match created.remove(&u.consumes) {
+                Some(v) => as_read(Some(&v), &u),
+                None => as_read(p.as_deref(), &u) && consumed.insert(u.consumes.clone()),
+            };
             if ok {
                 created.extend(u.ops.iter().filter_map(index_put));
                 ops.extend(u.ops);
@@ -376,10 +399,12 @@ impl Tx {
         Ok(Committed { moved })
     }
 
-    /// Starts a unit: what follows (until the next unit) commits only if `key` is there.
-    fn consume(&mut self, key: Vec<u8>) {
+    /// Starts a unit: what follows (until the next unit) commits only if `key` is there
+    /// (and, with `expects`, holds that value).
+    fn consume(&mut self, key: Vec<u8>, expects: Option<Vec<u8>>) {
         self.units.push(Unit {
             consumes: key,
+            expects,
             ops: Vec::new(),
             deltas: Vec::new(),
         });
@@ -404,9 +429,7 @@ impl Tx {
     /// Puts a due row and its active marker (ADR `due_ops`): the only way a due row is
     /// written. Counts it as pending (kind 0) or scheduled (kind 1).
     fn enqueue(&mut self, row: &DueRow) {
-        let mut v = row.size.to_be_bytes().to_vec();
-        v.push(row.kind as u8);
-        self.op(Op::put(Cf::Index, keys::due(&row.key), v));
+        self.op(Op::put(Cf::Index, keys::due(&row.key), due_value(row)));
         self.op(Op::put(
             Cf::Index,
             keys::active(row.key.at.bucket(), row.key.ord),
@@ -425,13 +448,14 @@ impl Tx {
     }
 
     fn delete_inflight(&mut self, row: &InflightRow) {
-        self.consume(keys::inflight(&row.key));
+        self.consume(keys::inflight(&row.key), None);
         self.op(Op::delete(Cf::Index, keys::inflight(&row.key)));
         self.delta(row.key.ord, CounterField::Inflight, -1);
     }
 
     fn delete_due(&mut self, row: &DueRow) {
-        self.consume(keys::due(&row.key));
+        // Its kind decides which counter goes down: the row must still be that kind.
+        self.consume(keys::due(&row.key), Some(due_value(row)));
         self.op(Op::delete(Cf::Index, keys::due(&row.key)));
         self.delta(row.key.ord, row.kind.field(), -1);
     }
@@ -613,7 +637,7 @@ pub fn revive(tx: &mut Tx, row: &DeadRow, at: AtMs) {
 }
 
 fn delete_dead(tx: &mut Tx, row: &DeadRow) {
-    tx.consume(keys::dead(&row.key));
+    tx.consume(keys::dead(&row.key), None);
     tx.op(Op::delete(Cf::Index, keys::dead(&row.key)));
     tx.op(Op::delete(
         Cf::Index,

@@ -72,31 +72,15 @@ impl Harness {
     }
 
     pub fn due_rows(&self) -> Vec<DueRow> {
-        self.store
-            .scan_family(Family::Due)
-            .unwrap()
-            .map(|kv| {
-                let (k, v) = kv.unwrap();
-                DueRow::decode(&k, &v).unwrap()
-            })
-            .collect()
+        due_rows(&self.store)
     }
 
     pub fn inflight_rows(&self) -> Vec<InflightRow> {
-        self.store
-            .scan_family(Family::Inflight)
-            .unwrap()
-            .map(|kv| {
-                let (k, v) = kv.unwrap();
-                InflightRow::decode(&k, &v).unwrap()
-            })
-            .collect()
+        inflight_rows(&self.store)
     }
 
     pub fn dead_rows(&self) -> Vec<DeadRow> {
-        deliveries::dead_page(&self.store, None, usize::MAX)
-            .unwrap()
-            .rows
+        dead_rows(&self.store)
     }
 
     pub fn markers(&self) -> BTreeSet<(Bucket, TenantOrd)> {
@@ -131,4 +115,33 @@ impl Harness {
             );
         }
     }
+}
+
+/// Every due row of `store` (tests read the families whole).
+pub fn due_rows(store: &Store) -> Vec<DueRow> {
+    store
+        .scan_family(Family::Due)
+        .unwrap()
+        .map(|kv| {
+            let (k, v) = kv.unwrap();
+            DueRow::decode(&k, &v).unwrap()
+        })
+        .collect()
+}
+
+/// Every inflight row of `store`.
+pub fn inflight_rows(store: &Store) -> Vec<InflightRow> {
+    store
+        .scan_family(Family::Inflight)
+        .unwrap()
+        .map(|kv| {
+            let (k, v) = kv.unwrap();
+            InflightRow::decode(&k, &v).unwrap()
+        })
+        .collect()
+}
+
+/// Every dead row of `store`, newest first.
+pub fn dead_rows(store: &Store) -> Vec<DeadRow> {
+    deliveries::dead_page(store, None, usize::MAX).unwrap().rows
 }

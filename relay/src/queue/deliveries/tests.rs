@@ -1007,3 +1007,277 @@ fn boot_repair_restores_the_markers_a_crash_lost() {
     let active = active_tenants(&h.store, AtMs(now), 4096).unwrap();
     assert_eq!(active.len(), 2);
 }
+
+/// An operation a task of the node makes on the queue, as the model-based concurrent test
+/// issues it: each reads the rows as they are when it runs, then commits.
+#[derive(Debug, Clone)]
+enum Task {
+    /// The writer: a hook for a tenant with 1..3 sinks.
+    Ingest { tenant: usize, sinks: usize },
+    /// The pipeline claims up to n due rows (one batch).
+    Claim(usize),
+    /// Outcomes of up to n inflight rows (one batch): 0 delivered, 1 retry, 2 dead-letter.
+    Outcome(usize, u8),
+    /// A replay of every dead row, in chunks (`POST /v1/dlq/replay {from_ms: 0}`).
+    ReplayAll,
+    /// A replay of one tenant's dead rows.
+    ReplayTenant(usize),
+    /// A replay of the i-th dead row alone (`{ids: [..]}`).
+    ReplayOne(usize),
+    /// `DELETE /v1/tenants/{t}/queue?kinds=…`.
+    Purge {
+        tenant: usize,
+        pending: bool,
+        dead: bool,
+    },
+    /// Boot recovery of inflight rows.
+    Recover,
+    /// A reclaim pass (hooks nothing needs).
+    Reclaim,
+}
+
+fn task() -> impl Strategy<Value = Task> {
+    prop_oneof![
+        3 => (0..3usize, 1..3usize).prop_map(|(tenant, sinks)| Task::Ingest { tenant, sinks }),
+        4 => (1..40usize).prop_map(Task::Claim),
+        4 => (1..40usize, 0..3u8).prop_map(|(n, k)| Task::Outcome(n, k)),
+        1 => Just(Task::ReplayAll),
+        1 => (0..3usize).prop_map(Task::ReplayTenant),
+        1 => any::<usize>().prop_map(Task::ReplayOne),
+        1 => (0..3usize, any::<bool>(), any::<bool>())
+            .prop_map(|(tenant, pending, dead)| Task::Purge { tenant, pending, dead }),
+        1 => Just(Task::Recover),
+        1 => Just(Task::Reclaim),
+    ]
+}
+
+/// Rows each kind of move moved, summed over every thread of a schedule: what the store
+/// must add up to afterwards if every row made one transition per move that owned it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Moves {
+    ingested: u64,
+    claimed: u64,
+    delivered: u64,
+    retried: u64,
+    dead_lettered: u64,
+    revived: u64,
+    purged_due: u64,
+    purged_dead: u64,
+    recovered: u64,
+}
+
+impl std::ops::AddAssign for Moves {
+    fn add_assign(&mut self, o: Moves) {
+        self.ingested += o.ingested;
+        self.claimed += o.claimed;
+        self.delivered += o.delivered;
+        self.retried += o.retried;
+        self.dead_lettered += o.dead_lettered;
+        self.revived += o.revived;
+        self.purged_due += o.purged_due;
+        self.purged_dead += o.purged_dead;
+        self.recovered += o.recovered;
+    }
+}
+
+const MODEL_TENANTS: [&str; 3] = ["m0", "m1", "m2"];
+const MODEL_NOW: u64 = 1_000_000;
+
+fn revive_all(store: &Store, rows: &[DeadRow]) -> u64 {
+    let mut n = 0;
+    for chunk in rows.chunks(13) {
+        let mut tx = Tx::new();
+        for r in chunk {
+            revive(&mut tx, r, AtMs(MODEL_NOW));
+        }
+        n += tx.commit(store, false).unwrap().count();
+    }
+    n
+}
+
+/// Runs one thread's tasks; returns what they moved.
+fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u64) -> Moves {
+    let mut m = Moves::default();
+    let mut asm = asm;
+    let mut n = seed * 1_000_000;
+    for t in tasks {
+        match t {
+            Task::Ingest { tenant, sinks } => {
+                // Only the writer thread ingests (as on a node); elsewhere it is a no-op.
+                if let Some(asm) = asm.as_deref_mut() {
+                    n += 1;
+                    let env = Harness::envelope(
+                        Some(MODEL_TENANTS[*tenant]),
+                        *sinks,
+                        MODEL_NOW - 10_000 + n % 5_000,
+                        n,
+                    );
+                    let batch = asm.assemble(store, &[env], false).unwrap();
+                    asm.commit(store, batch, false).unwrap();
+                    m.ingested += *sinks as u64;
+                }
+            }
+            Task::Claim(k) => {
+                let rows = crate::queue::testkit::due_rows(store);
+                let mut tx = Tx::new();
+                for r in rows.iter().take(*k) {
+                    claim(&mut tx, r);
+                }
+                m.claimed += tx.commit(store, false).unwrap().count();
+            }
+            Task::Outcome(k, kind) => {
+                let rows = crate::queue::testkit::inflight_rows(store);
+                let mut tx = Tx::new();
+                for r in rows.iter().take(*k) {
+                    match kind {
+                        0 => delivered(&mut tx, r),
+                        1 => retry(
+                            &mut tx,
+                            r,
+                            AtMs(MODEL_NOW - 1),
+                            &DeliveryRow {
+                                ord: r.key.ord,
+                                size: r.size,
+                                attempts: 1,
+                                ..DeliveryRow::default()
+                            },
+                        ),
+                        _ => {
+                            dead_letter(&mut tx, r, AtMs(MODEL_NOW), "src", "hk", None);
+                        }
+                    }
+                }
+                let moved = tx.commit(store, false).unwrap().count();
+                match kind {
+                    0 => m.delivered += moved,
+                    1 => m.retried += moved,
+                    _ => m.dead_lettered += moved,
+                }
+            }
+            Task::ReplayAll => {
+                m.revived += revive_all(store, &crate::queue::testkit::dead_rows(store));
+            }
+            Task::ReplayTenant(t) => {
+                let Some(ord) = crate::queue::tenants::ord(store, MODEL_TENANTS[*t]).unwrap()
+                else {
+                    continue;
+                };
+                let rows = dead_page_for_tenant(store, ord, None, usize::MAX)
+                    .unwrap()
+                    .rows;
+                m.revived += revive_all(store, &rows);
+            }
+            Task::ReplayOne(i) => {
+                if let Some(r) = pick(&crate::queue::testkit::dead_rows(store), *i) {
+                    m.revived += revive_all(store, &[r]);
+                }
+            }
+            Task::Purge {
+                tenant,
+                pending,
+                dead,
+            } => {
+                let Some(ord) = crate::queue::tenants::ord(store, MODEL_TENANTS[*tenant]).unwrap()
+                else {
+                    continue;
+                };
+                let p = purge_tenant(
+                    store,
+                    ord,
+                    PurgeKinds {
+                        pending: *pending,
+                        dead: *dead,
+                    },
+                )
+                .unwrap();
+                m.purged_due += p.due;
+                m.purged_dead += p.dead;
+            }
+            Task::Recover => {
+                let rows = crate::queue::testkit::inflight_rows(store);
+                let mut tx = Tx::new();
+                for r in &rows {
+                    recover(&mut tx, r, AtMs(MODEL_NOW - 1));
+                }
+                m.recovered += tx.commit(store, false).unwrap().count();
+            }
+            Task::Reclaim => {
+                crate::queue::reclaim::reclaim_pass(store, 1_000).unwrap();
+            }
+        }
+    }
+    m
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// Schedules of the node's tasks issued from four threads at once against a real
+    /// store (a writer ingesting; the others claiming, committing outcomes, replaying by
+    /// range, tenant and id, purging, recovering, reclaiming). Afterwards the counters
+    /// equal a fold of the families, none is negative, and the rows add up to what each
+    /// move reported it moved: a row moved twice (or a move counted for a row another
+    /// took first) breaks the sums.
+    #[test]
+    fn concurrent_tasks_keep_counters_exact_and_move_each_row_once(
+        seed_hooks in 20usize..120,
+        schedules in prop::collection::vec(prop::collection::vec(task(), 1..25), 4),
+    ) {
+        let mut h = Harness::new();
+        let mut start = Moves::default();
+        for i in 0..seed_hooks {
+            h.ingest(Some(MODEL_TENANTS[i % 3]), 1 + i % 2, MODEL_NOW - 20_000 + i as u64, false);
+            start.ingested += 1 + (i % 2) as u64;
+        }
+        let Harness { store, asm, .. } = &mut h;
+        let store: &Store = store;
+        let moves = std::thread::scope(|s| {
+            let (writer_tasks, others) = schedules.split_first().unwrap();
+            let writer = s.spawn(move || run_tasks(store, Some(asm), writer_tasks, 1));
+            let workers: Vec<_> = others
+                .iter()
+                .enumerate()
+                .map(|(i, tasks)| s.spawn(move || run_tasks(store, None, tasks, 2 + i as u64)))
+                .collect();
+            let mut total = writer.join().unwrap();
+            for w in workers {
+                total += w.join().unwrap();
+            }
+            total
+        });
+        let mut m = start;
+        m += moves;
+        h.assert_counters_equal_fold();
+        let c = counters::node(&h.store).unwrap();
+        prop_assert!(
+            c.pending >= 0 && c.scheduled >= 0 && c.inflight >= 0 && c.dead >= 0 && c.bytes >= 0,
+            "{c:?}"
+        );
+        for t in MODEL_TENANTS {
+            if let Some(ord) = crate::queue::tenants::ord(&h.store, t).unwrap() {
+                let tc = counters::read(&h.store, ord).unwrap();
+                prop_assert!(
+                    tc.pending >= 0 && tc.scheduled >= 0 && tc.inflight >= 0 && tc.dead >= 0 && tc.bytes >= 0,
+                    "{t}: {tc:?}"
+                );
+            }
+        }
+        let (due, inflight, dead) = (
+            h.due_rows().len() as u64,
+            h.inflight_rows().len() as u64,
+            h.dead_rows().len() as u64,
+        );
+        prop_assert_eq!(
+            inflight,
+            m.claimed - m.delivered - m.retried - m.dead_lettered - m.recovered,
+            "inflight rows against the moves {:?}", m
+        );
+        prop_assert_eq!(dead, m.dead_lettered - m.revived - m.purged_dead, "dead rows against {:?}", m);
+        prop_assert_eq!(
+            due + inflight + dead,
+            m.ingested - m.delivered - m.purged_due - m.purged_dead,
+            "rows against {:?}", m
+        );
+        h.assert_every_due_row_has_its_marker();
+    }
+}
