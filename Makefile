@@ -57,3 +57,4 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench ingest
 	$(CARGO) bench -p ankusa-relay --bench delivery
 	$(CARGO) bench -p ankusa-relay --bench migration
+	$(CARGO) bench -p ankusa-relay --bench replay
