@@ -7,10 +7,13 @@
 //! - Every key layout ([`keys`]); nothing outside `keys` builds key bytes.
 //! - Atomic batches: [`Store::write`] applies a list of [`Op`]s as one write batch, synced
 //!   or not. An acked hook is only ever acked after a synced batch that holds it.
-//! - Scans that cannot mistake corruption for a clean end: every family has lo/hi sentinel
-//!   keys, written when the family is created. [`Store::scan`] only ever ends on a key at
-//!   or past the end of the requested range (at worst the family's sentinel); an iterator
-//!   that runs dry before that returns [`StoreError::Corruption`].
+//! - Scans that cannot mistake corruption for a clean end, without walking past their
+//!   range: every scan's iterator is bounded to exactly `[from, to)` (so it never steps
+//!   over the tombstones between its range and the next live key), an iterator error is
+//!   an error, and every family has lo/hi sentinel keys, written when the family is
+//!   created, that a scan reaching the family's end must meet: a scan of the whole family
+//!   (or up to its end) that runs dry before its sentinel returns
+//!   [`StoreError::Corruption`].
 //! - The format stamp (`m:format` in `default`) and the format guard: a store stamped with
 //!   a format newer than [`SUPPORTED_FORMAT`] is refused before anything is written, so the
 //!   files on disk are left byte for byte as they were.
@@ -606,9 +609,10 @@ impl Store {
 
     /// Scans `[from, to)` of `family` in `dir` order, skipping its sentinels.
     ///
-    /// The scan ends cleanly only on a key past the end of the range in scan direction;
-    /// the family's sentinel guarantees one exists, so an iterator that runs dry first is
-    /// reported as [`StoreError::Corruption`]. `from`/`to` are clamped to the family.
+    /// The iterator is bounded to exactly `[from, to)`; it ends cleanly when it runs out,
+    /// unless the range reaches the family's end in scan direction: then it must meet the
+    /// family's sentinel there, and running dry first is [`StoreError::Corruption`]. An
+    /// iterator error is an error. `from`/`to` are clamped to the family.
     pub fn scan(
         &self,
         family: Family,
@@ -638,11 +642,16 @@ impl Store {
         } else {
             to.to_vec()
         };
+        // A range that reaches the family's end in scan direction holds the sentinel
+        // there: a well-formed family yields it, a damaged one runs dry.
+        let to_sentinel = match dir {
+            Dir::Forward => to == end,
+            Dir::Reverse => from == lo,
+        };
         let mut ro = ReadOptions::default();
-        // The iterator never leaves the family; its sentinels lie inside [lo, end), so a
-        // well-formed family always yields the key that ends the scan.
-        ro.set_iterate_lower_bound(lo.clone());
-        ro.set_iterate_upper_bound(end);
+        // Exactly the range: nothing past it is read, tombstones included.
+        ro.set_iterate_lower_bound(from.clone());
+        ro.set_iterate_upper_bound(to.clone());
         let mut it = self.db.raw_iterator_cf_opt(self.handle(family.cf())?, ro);
         match dir {
             Dir::Forward => it.seek(&from),
@@ -661,6 +670,7 @@ impl Store {
             from,
             to,
             dir,
+            to_sentinel,
             done: false,
         })
     }
@@ -782,6 +792,8 @@ pub struct Scan<'a> {
     from: Vec<u8>,
     to: Vec<u8>,
     dir: Dir,
+    /// The range reaches the family's end in scan direction: its sentinel must be met.
+    to_sentinel: bool,
     done: bool,
 }
 
@@ -797,6 +809,9 @@ impl Iterator for Scan<'_> {
                 self.done = true;
                 if let Err(e) = self.it.status() {
                     return Some(Err(e.into()));
+                }
+                if !self.to_sentinel {
+                    return None;
                 }
                 let which = match self.dir {
                     Dir::Forward => "hi",

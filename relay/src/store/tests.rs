@@ -129,6 +129,59 @@ fn a_truncated_scan_is_reported_as_corruption() {
     ));
 }
 
+/// A bounded scan reads its range and nothing past it: 10 000 tombstones right after the
+/// range (rows just claimed, markers just cleaned) cost it nothing, in either direction,
+/// and a point read of an empty range is one seek.
+#[test]
+fn a_bounded_scan_never_walks_the_tombstones_past_its_range() {
+    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+    let (_d, store) = fresh();
+    put_hooks(&store, 10_010);
+    // Rows 11..=10 010 deleted: tombstones between the range [1, 11) and the sentinel.
+    let deletes = (11..=10_010)
+        .map(|i| Op::delete(Cf::Hooks, keys::hook(Seq(i))))
+        .collect();
+    store.write(deletes, true).unwrap();
+    set_perf_stats(PerfStatsLevel::EnableCount);
+    let mut ctx = PerfContext::default();
+    for dir in [Dir::Forward, Dir::Reverse] {
+        ctx.reset();
+        let n = store
+            .scan(
+                Family::Hooks,
+                &keys::hook(Seq(1)),
+                &keys::hook(Seq(11)),
+                dir,
+            )
+            .unwrap()
+            .map(Result::unwrap)
+            .count();
+        assert_eq!(n, 10);
+        assert_eq!(
+            ctx.metric(PerfMetric::InternalDeleteSkippedCount),
+            0,
+            "{dir:?}: the scan stepped over tombstones past its range"
+        );
+    }
+    // The tombstoned range itself is empty, and reading it is the only way to walk them.
+    ctx.reset();
+    assert!(store
+        .first(
+            Family::Hooks,
+            &keys::hook(Seq(11)),
+            &keys::hook(Seq(5_000)),
+            Dir::Forward
+        )
+        .unwrap()
+        .is_none());
+    let skipped = ctx.metric(PerfMetric::InternalDeleteSkippedCount);
+    assert!(
+        skipped <= 5_000,
+        "walked {skipped} tombstones for a range of 4 989"
+    );
+    set_perf_stats(PerfStatsLevel::Disable);
+}
+
 #[test]
 fn concurrent_merges_do_not_lose_counts() {
     let (_d, store) = fresh();
