@@ -31,6 +31,10 @@ the relay binary of this tree (a probe of the `previous` release answers that re
 variables resolved; the pod is then marked Succeeded or Failed from the real exit code,
 with the termination message the container wrote.
 
+A test can hold a step where it wants to act: while WORKDIR/hold-backup-POD exists, backup
+Job pods of that node wait to be run; while WORKDIR/hold-ready-POD exists, that pod, once it
+runs the `current` release, is not reported Ready.
+
 It also serves, on 127.0.0.1:PROXY_PORT, `/admin/{namespace}/{pod}/...` forwarded to that
 pod's admin listener (the operator's node URL template points here), and
 `/ingest/{namespace}/{pod}/...` to its ingest listener. And it binds each pending volume claim of the
@@ -308,7 +312,9 @@ def watch(name, node):
             node["exited_at"] = None
             log(f"restarted {name} release={node['release']} pid={node['proc'].pid}")
         return
-    ready = readyz(node)
+    held = node["release"] == "current" and os.path.exists(
+        os.path.join(WORKDIR, f"hold-ready-{name}"))
+    ready = readyz(node) and not held
     if node["reported"] != (ready, None):
         report(name, node, ready)
 
@@ -322,6 +328,10 @@ def run_job(pod):
     if mounts is None or env is None:
         return False
     args = list(container.get("args", []))
+    if "--from" in args:
+        node = args[args.index("--from") + 1].rstrip("/").rsplit("/", 1)[-1]
+        if os.path.exists(os.path.join(WORKDIR, f"hold-backup-{node}")):
+            return False  # held by the test: run on a later round
     term = tempfile.NamedTemporaryFile(prefix="termination-", dir=WORKDIR, delete=False).name
     args = [term if a == container.get("terminationMessagePath", "/dev/termination-log")
             else map_path(a, mounts) for a in args]

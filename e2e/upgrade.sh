@@ -86,18 +86,24 @@ install up 3
 ( while sleep 1; do kubectl -n "$ns" get relay up --no-headers 2>/dev/null; done ) >"$work/up-columns.log" &
 pids+=($!)
 echo "e2e: up: moving to $NEW"
+# The runner holds these steps until the test has acted in them.
+touch "$work/hold-backup-up-2" "$work/hold-backup-up-1" "$work/hold-ready-up-1"
 set_spec up "{\"image\":\"$NEW\"}"
 e2e_until 120 moving_is up BackingUp up-2 || fail "up-2 was never backed up"
 echo "e2e: up: the operator SIGKILLed while up-2 is backed up; a new one takes over"
 kill -KILL "$operator_pid"
 e2e_operator
+rm "$work/hold-backup-up-2"
 e2e_until 120 moving_is up BackingUp up-1 || fail "up-1 was never backed up"
 echo "e2e: up: the StatefulSet deleted, its pods orphaned, while up-1 is backed up"
 kubectl -n "$ns" delete statefulset up --cascade=orphan >/dev/null
+rm "$work/hold-backup-up-1"
 e2e_until 120 moving_is up Verifying up-1 || fail "up-1 never moved"
+e2e_until 60 bash -c "grep -q 'started up-1 release=current' '$work/runner.log'" || fail "up-1 never started $NEW"
 echo "e2e: up: the operator SIGKILLed while up-1 moves; a new one takes over"
 kill -KILL "$operator_pid"
 e2e_operator
+rm "$work/hold-ready-up-1"
 e2e_until 300 phase_is up Completed || fail "the upgrade did not complete: $(field up '{.status.upgrade}')"
 kubectl -n "$ns" get relay up
 images=$(kubectl -n "$ns" get pods -l app.kubernetes.io/instance=up,app.kubernetes.io/component=relay \
@@ -219,9 +225,11 @@ set_spec scale '{"replicas":2}'
 e2e_until 60 bash -c "! kubectl -n $ns get pod scale-2 >/dev/null 2>&1" || fail "scale-2 did not go"
 kubectl -n "$ns" wait --for=condition=Ready relay/scale --timeout=2m >/dev/null || fail "scale is not Ready at 2"
 echo "e2e: scale: moving to $NEW, and back to three nodes while it moves"
+touch "$work/hold-backup-scale-1"
 set_spec scale "{\"image\":\"$NEW\"}"
 e2e_until 120 phase_is scale BackingUp || fail "the upgrade did not start"
 set_spec scale '{"replicas":3}'
+rm "$work/hold-backup-scale-1"
 retained=$(field scale '{.status.upgrade.retainedClaims}')
 [ "$retained" = "[2]" ] || fail "the retained claims are $retained"
 e2e_until 300 phase_is scale Completed || fail "the upgrade did not complete: $(field scale '{.status.upgrade}')"
