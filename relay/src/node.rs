@@ -67,7 +67,8 @@ fn serve(
     })
 }
 
-/// Runs reclaim passes every `reclaim.interval_ms` until stopped.
+/// Every `reclaim.interval_ms`, runs reclaim passes of `reclaim.batch` markers back to back
+/// while they come back full (so reclaim keeps up with any delivery rate), until stopped.
 fn spawn_reclaim(
     store: Arc<Store>,
     config: &Config,
@@ -77,27 +78,38 @@ fn spawn_reclaim(
     let interval = std::time::Duration::from_millis(config.reclaim.interval_ms);
     let batch = config.reclaim.batch;
     tokio::spawn(async move {
+        let mut reclaimer = Some(crate::queue::reclaim::Reclaimer::default());
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
-            let s = store.clone();
-            match tokio::task::spawn_blocking(move || {
-                crate::queue::reclaim::reclaim_pass(&s, batch)
-            })
-            .await
-            {
-                Ok(Ok(r)) => metrics.reclaimed_hooks.inc_by(r.hooks_removed),
-                Ok(Err(e)) => {
-                    tracing::warn!(error = %e, "reclaim pass failed");
-                    0
-                }
-                Err(e) => {
+            loop {
+                let (s, mut r) = (store.clone(), reclaimer.take().unwrap_or_default());
+                let (r, pass) = tokio::task::spawn_blocking(move || {
+                    let pass = r.pass(&s, batch);
+                    (r, pass)
+                })
+                .await
+                .unwrap_or_else(|e| {
                     tracing::warn!(error = %e, "reclaim task failed");
-                    0
+                    (Default::default(), Ok(Default::default()))
+                });
+                reclaimer = Some(r);
+                match pass {
+                    Ok(report) => {
+                        metrics.reclaimed_hooks.inc_by(report.hooks_removed);
+                        // A short pass ended the sweep: wait for the next interval.
+                        if (report.markers as usize) < batch || *stop.borrow() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "reclaim pass failed");
+                        break;
+                    }
                 }
-            };
+            }
         }
     })
 }

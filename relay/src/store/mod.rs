@@ -736,6 +736,19 @@ impl Store {
         Ok(())
     }
 
+    /// Compacts `[from, to)` of `cf`: drops the tombstones there, so scans over the span
+    /// stop stepping over deleted rows. Blocking; for background tasks.
+    pub fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) {
+        if let (false, Ok(h)) = (self.read_only, self.handle(cf)) {
+            // The tombstones are in the memtable first: flushed, they reach the files the
+            // compaction drops them from.
+            let _ = self.db.flush_cf(h);
+            let mut o = rocksdb::CompactOptions::default();
+            o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            self.db.compact_range_cf_opt(h, Some(from), Some(to), &o);
+        }
+    }
+
     /// Flushes every memtable to disk (tests and tools).
     pub fn flush(&self) -> Result<(), StoreError> {
         for cf in Cf::ALL {
