@@ -1,10 +1,19 @@
-//! `cargo bench -p ankusa-relay --bench ingest`: durable ingest over loopback HTTP.
+//! `cargo bench -p ankusa-relay --bench ingest`: durable ingest over loopback HTTP, against
+//! the HTTP ceiling of this machine.
 //!
-//! 64 concurrent keep-alive clients post 1 KiB bodies for 1 000 tenants to an
-//! hmac-sha256 source; every 202 means the hook was in a synced commit. The same load runs
-//! twice against the same binary: with the writer's default group commit, and with its
-//! batch limit set to 1 (one fsync per hook). PASS only if group commit reaches at least
-//! 20x the hooks/s of the batch-1 run.
+//! 64 concurrent keep-alive clients post 1 KiB bodies for 1 000 tenants, signed
+//! hmac-sha256, for 6 s to each of:
+//! - a no-op handler built like the ingest listener (the same route, reading the body under
+//!   the same limit) answering 202: what HTTP alone costs here, with the same load
+//!   generator (which the no-op rate proves is not the bottleneck of the relay's run);
+//! - the relay's ingest (signature verified, every 202 after a synced commit) with delivery
+//!   on to a local no-op sink;
+//! - the same with the writer's batch limit at 1 (one fsync per hook), for reference.
+//!
+//! PASS only if the relay acks at least 40% of the no-op rate, its p99 ack is under 10 ms,
+//! and its writer averages at least 20 hooks per fsync. (The rule it replaces, group commit
+//! ≥ 20x batch-1, measured the disk, not the writer: where fsync is fast, batch-1 is not
+//! fsync-bound.)
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -49,28 +58,45 @@ fn sign(body: &[u8]) -> String {
     format!("sha256={}", sig.concat())
 }
 
-async fn run(label: &'static str, max_batch_hooks: usize) -> Run {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0" }}
-writer: {{ max_batch_hooks: {max_batch_hooks} }}
-sinks: [{{ id: s, url: "http://127.0.0.1:9/" }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources:
-  - id: bench
-    tenant: {{ header: x-tenant }}
-    verify: {{ scheme: hmac-sha256, secret: {{ value: "{SECRET}" }}, header: x-signature, prefix: "sha256=" }}
-    route: r
-"#,
-        dir.path().join("db").display()
-    );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).expect("config"))
+/// A local sink answering 200 at once.
+async fn noop_sink() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
-        .expect("node");
-    let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::OK });
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    addr
+}
+
+/// The no-op twin of the ingest listener: the same route, the body read under the same
+/// limit, 202.
+async fn noop_ingest() -> std::net::SocketAddr {
+    use axum::extract::Request;
+    use http_body_util::Limited;
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let app = axum::Router::new().route(
+        "/ingest/{source}",
+        axum::routing::post(|req: Request| async move {
+            match Limited::new(req.into_body(), 1 << 20).collect().await {
+                Ok(_) => axum::http::StatusCode::ACCEPTED,
+                Err(_) => axum::http::StatusCode::PAYLOAD_TOO_LARGE,
+            }
+        }),
+    );
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    addr
+}
+
+/// The load against `url`: (acked, seconds, sorted latencies).
+async fn load(url: Arc<str>) -> (f64, Vec<Duration>) {
     let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new())
         .pool_max_idle_per_host(CLIENTS)
         .build_http();
@@ -96,7 +122,7 @@ sources:
                     let resp = client.request(req).await.expect("response");
                     let status = resp.status();
                     resp.into_body().collect().await.expect("body");
-                    assert_eq!(status, 202, "every request must be acked durably");
+                    assert_eq!(status, 202, "every request must be acked");
                     lat.push(t.elapsed());
                     n += 1;
                 }
@@ -110,8 +136,50 @@ sources:
     }
     let secs = started.elapsed().as_secs_f64();
     lat.sort();
-    let pct =
-        |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3;
+    (secs, lat)
+}
+
+fn pct(lat: &[Duration], p: f64) -> f64 {
+    lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3
+}
+
+async fn noop(label: &'static str) -> Run {
+    let addr = noop_ingest().await;
+    let (secs, lat) = load(format!("http://{addr}/ingest/bench").into()).await;
+    Run {
+        label,
+        hooks: lat.len() as u64,
+        secs,
+        p50_ms: pct(&lat, 0.50),
+        p99_ms: pct(&lat, 0.99),
+        hooks_per_fsync: 0.0,
+    }
+}
+
+async fn run(label: &'static str, max_batch_hooks: usize) -> Run {
+    let sink = noop_sink().await;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin: {{ listen: "127.0.0.1:0" }}
+writer: {{ max_batch_hooks: {max_batch_hooks} }}
+sinks: [{{ id: s, url: "http://{sink}/" }}]
+routes: [{{ id: r, sinks: [s] }}]
+sources:
+  - id: bench
+    tenant: {{ header: x-tenant }}
+    verify: {{ scheme: hmac-sha256, secret: {{ value: "{SECRET}" }}, header: x-signature, prefix: "sha256=" }}
+    route: r
+"#,
+        dir.path().join("db").display()
+    );
+    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).expect("config"))
+        .await
+        .expect("node");
+    let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
+    let (secs, lat) = load(url).await;
     let m = node.metrics.encode();
     let hooks_per_fsync =
         metric(&m, "ankusa_writer_batch_hooks_sum") / metric(&m, "ankusa_writer_batch_hooks_count");
@@ -119,8 +187,8 @@ sources:
         label,
         hooks: lat.len() as u64,
         secs,
-        p50_ms: pct(0.50),
-        p99_ms: pct(0.99),
+        p50_ms: pct(&lat, 0.50),
+        p99_ms: pct(&lat, 0.99),
         hooks_per_fsync,
     };
     node.shutdown().await.expect("shutdown");
@@ -129,12 +197,13 @@ sources:
 
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let group = rt.block_on(run("group commit (default)", 512));
-    let single = rt.block_on(run("batch limit 1", 1));
-    println!("\ningest — {CLIENTS} keep-alive clients, {BODY} B bodies, {TENANTS} tenants, hmac-sha256, {}s per run", RUN.as_secs());
+    let ceiling = rt.block_on(noop("no-op handler (HTTP ceiling)"));
+    let group = rt.block_on(run("relay, group commit (default)", 512));
+    let single = rt.block_on(run("relay, batch limit 1 (reference)", 1));
+    println!("\ningest — {CLIENTS} keep-alive clients, {BODY} B bodies, {TENANTS} tenants, hmac-sha256, delivery on to a local sink, {}s per run", RUN.as_secs());
     println!("| run | hooks acked | hooks/s | p50 ack (ms) | p99 ack (ms) | hooks per fsync |");
     println!("|---|---:|---:|---:|---:|---:|");
-    for r in [&group, &single] {
+    for r in [&ceiling, &group, &single] {
         println!(
             "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} |",
             r.label,
@@ -145,9 +214,14 @@ fn main() -> std::process::ExitCode {
             r.hooks_per_fsync
         );
     }
-    let ratio = (group.hooks as f64 / group.secs) / (single.hooks as f64 / single.secs);
-    println!("\ngroup commit / batch-1 = {ratio:.1}x (pass: >= 20x)");
-    if ratio >= 20.0 {
+    let share = (group.hooks as f64 / group.secs) / (ceiling.hooks as f64 / ceiling.secs);
+    println!(
+        "\nrelay / no-op = {:.0}% (pass: >= 40%), relay p99 = {:.2} ms (pass: < 10), hooks per fsync = {:.1} (pass: >= 20)",
+        share * 100.0,
+        group.p99_ms,
+        group.hooks_per_fsync
+    );
+    if share >= 0.40 && group.p99_ms < 10.0 && group.hooks_per_fsync >= 20.0 {
         println!("ingest: PASS");
         std::process::ExitCode::SUCCESS
     } else {
