@@ -84,6 +84,8 @@ fn spawn_reclaim(
                 _ = tokio::time::sleep(interval) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
+            // What this sweep finds: the hooks that waited for it.
+            let mut found = 0u64;
             loop {
                 let (s, mut r) = (store.clone(), reclaimer.take().unwrap_or_default());
                 let (r, pass) = tokio::task::spawn_blocking(move || {
@@ -99,8 +101,12 @@ fn spawn_reclaim(
                 match pass {
                     Ok(report) => {
                         metrics.reclaimed_hooks.inc_by(report.hooks_removed);
+                        found += report.markers;
                         // A short pass ended the sweep: wait for the next interval.
                         if (report.markers as usize) < batch || *stop.borrow() {
+                            metrics
+                                .reclaim_backlog
+                                .set(i64::try_from(found).unwrap_or(i64::MAX));
                             break;
                         }
                     }

@@ -70,6 +70,8 @@ pub struct Metrics {
     pub dispatch_claimed: Counter,
     /// Rows still in flight when a graceful stop's grace ran out, made due again.
     pub shutdown_requeued: Counter,
+    /// Cleared markers (hooks awaiting reclaim) the last reclaim sweep found.
+    pub reclaim_backlog: Gauge,
     pub reclaimed_hooks: Counter,
     pub queue_state: Family<FieldLabel, Gauge>,
     pub oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -154,6 +156,12 @@ impl Metrics {
             "Rows whose delivery was still in flight when a graceful stop's grace ran out, made due again",
             shutdown_requeued.clone(),
         );
+        let reclaim_backlog = Gauge::default();
+        registry.register(
+            "ankusa_reclaim_backlog",
+            "Hooks awaiting reclaim (cleared markers) that the last reclaim sweep found",
+            reclaim_backlog.clone(),
+        );
         let reclaimed_hooks = Counter::default();
         registry.register(
             "ankusa_reclaimed_hooks",
@@ -194,6 +202,7 @@ impl Metrics {
             dispatch_active_tenants,
             dispatch_claimed,
             shutdown_requeued,
+            reclaim_backlog,
             reclaimed_hooks,
             registry,
             ingest_requests,

@@ -420,6 +420,9 @@ async fn metrics_are_valid_prometheus_text() {
         "ankusa_tenants",
         "ankusa_delivery_attempts_total",
         "ankusa_writer_batch_hooks",
+        "ankusa_reclaim_backlog",
+        "ankusa_reclaimed_hooks_total",
+        "ankusa_shutdown_requeued_total",
     ] {
         assert!(text.contains(name), "no {name} in the scrape");
     }
