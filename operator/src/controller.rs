@@ -785,11 +785,23 @@ async fn create_job(
             let url = ctx
                 .nodes
                 .url(&names.pod(*ordinal), &names.headless, &names.namespace);
-            resources::backup_job(relay, &name, *ordinal, target, &url)?
+            resources::backup_job(
+                relay,
+                &name,
+                *ordinal,
+                target,
+                resources::BackupSource::Node(&url),
+            )?
         }
         JobAction::OfflineBackup {
             ordinal, target, ..
-        } => resources::offline_backup_job(relay, &name, *ordinal, target)?,
+        } => resources::backup_job(
+            relay,
+            &name,
+            *ordinal,
+            target,
+            resources::BackupSource::Claim,
+        )?,
     };
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
     ssa(&api, &name, &obj, DryRun::No).await?;

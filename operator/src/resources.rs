@@ -737,98 +737,74 @@ pub fn probe_job(
     )
 }
 
-/// A Job that streams node `ordinal`'s checkpoint over the admin API onto the backup
-/// volume (`/backups/<relay>/<pod>/<id>.tar.zst`), keeping the newest
-/// `spec.backup.retention` there. `image` is the upgrade's target release (the newest
-/// puller speaks every older node's backup API); its token can take backups and nothing
-/// else.
+/// Where a backup Job reads node `ordinal`'s store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupSource<'a> {
+    /// The running node, over its admin API at this URL (`backup pull`: a checkpoint
+    /// streamed, with a token that can take backups and nothing else).
+    Node(&'a str),
+    /// The node's volume claim, which no pod uses (it outlived a scale-down), mounted
+    /// read-only (`backup offline`).
+    Claim,
+}
+
+/// A Job that backs node `ordinal`'s store up onto the backup volume
+/// (`/backups/<relay>/<pod>/<id>.tar.zst`), keeping the newest `spec.backup.retention`
+/// there. `image` is the upgrade's target release (the newest puller speaks every older
+/// node's backup API).
 pub fn backup_job(
     relay: &Relay,
     name: &str,
     ordinal: i32,
     image: &str,
-    node_url: &str,
+    source: BackupSource<'_>,
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
-    let (claim, keep) = backup_destination(relay)?;
-    let pod = names.pod(ordinal);
-    job(
-        relay,
-        name,
-        "backup",
-        &[("ankusa.dev/ordinal", ordinal.to_string())],
-        relay.spec.upgrade.timeouts.backup_seconds,
-        json!({
-            "containers": [{
-                "name": "backup",
-                "image": image,
-                "args": [
-                    "backup", "pull",
-                    "--from", node_url,
-                    "--to", format!("{BACKUP_MOUNT}/{}/{pod}", names.relay),
-                    // spec.backup.retention: the newest N archives of this node stay.
-                    "--keep", keep,
-                ],
-                "env": [{
-                    "name": "ANKUSA_ADMIN_TOKEN",
-                    "valueFrom": { "secretKeyRef": { "name": names.token_secret, "key": BACKUP_TOKEN_KEY } },
-                }],
-                "volumeMounts": [{ "name": "backups", "mountPath": BACKUP_MOUNT }],
-                "securityContext": container_security(),
-            }],
-            "volumes": [{ "name": "backups", "persistentVolumeClaim": { "claimName": claim } }],
-        }),
-    )
-}
-
-/// A Job that packs the store on node `ordinal`'s volume claim, which no pod uses (it
-/// outlived a scale-down), onto the backup volume, opening it read-only.
-pub fn offline_backup_job(
-    relay: &Relay,
-    name: &str,
-    ordinal: i32,
-    image: &str,
-) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
-    let names = Names::of(relay)?;
-    let (claim, keep) = backup_destination(relay)?;
-    let pod = names.pod(ordinal);
-    job(
-        relay,
-        name,
-        "backup",
-        &[("ankusa.dev/ordinal", ordinal.to_string())],
-        relay.spec.upgrade.timeouts.backup_seconds,
-        json!({
-            "containers": [{
-                "name": "backup",
-                "image": image,
-                "args": [
-                    "backup", "offline",
-                    "--data", format!("{DATA_MOUNT}/data"),
-                    "--to", format!("{BACKUP_MOUNT}/{}/{pod}", names.relay),
-                    "--keep", keep,
-                ],
-                "volumeMounts": [
-                    { "name": "backups", "mountPath": BACKUP_MOUNT },
-                    { "name": "data", "mountPath": DATA_MOUNT, "readOnly": true },
-                ],
-                "securityContext": container_security(),
-            }],
-            "volumes": [
-                { "name": "backups", "persistentVolumeClaim": { "claimName": claim } },
-                { "name": "data", "persistentVolumeClaim": { "claimName": names.claim(ordinal), "readOnly": true } },
-            ],
-        }),
-    )
-}
-
-/// The backup claim and the `--keep` of `spec.backup`.
-fn backup_destination(relay: &Relay) -> Result<(String, String), ResourceError> {
     let backup = relay.spec.backup.as_ref().ok_or(ResourceError::Config(
         "spec.backup.destination is not set".into(),
     ))?;
-    Ok((
-        backup.destination.claim_name.clone(),
-        backup.retention.max(1).to_string(),
-    ))
+    let to = format!("{BACKUP_MOUNT}/{}/{}", names.relay, names.pod(ordinal));
+    // spec.backup.retention: the newest N archives of this node stay.
+    let keep = backup.retention.max(1).to_string();
+    let mut container = json!({
+        "name": "backup",
+        "image": image,
+        "volumeMounts": [{ "name": "backups", "mountPath": BACKUP_MOUNT }],
+        "securityContext": container_security(),
+    });
+    let mut volumes = vec![json!({
+        "name": "backups",
+        "persistentVolumeClaim": { "claimName": backup.destination.claim_name },
+    })];
+    match source {
+        BackupSource::Node(url) => {
+            container["args"] =
+                json!(["backup", "pull", "--from", url, "--to", to, "--keep", keep]);
+            container["env"] = json!([{
+                "name": "ANKUSA_ADMIN_TOKEN",
+                "valueFrom": { "secretKeyRef": { "name": names.token_secret, "key": BACKUP_TOKEN_KEY } },
+            }]);
+        }
+        BackupSource::Claim => {
+            let data = format!("{DATA_MOUNT}/data");
+            container["args"] =
+                json!(["backup", "offline", "--data", data, "--to", to, "--keep", keep]);
+            container["volumeMounts"] = json!([
+                { "name": "backups", "mountPath": BACKUP_MOUNT },
+                { "name": "data", "mountPath": DATA_MOUNT, "readOnly": true },
+            ]);
+            volumes.push(json!({
+                "name": "data",
+                "persistentVolumeClaim": { "claimName": names.claim(ordinal), "readOnly": true },
+            }));
+        }
+    }
+    job(
+        relay,
+        name,
+        "backup",
+        &[("ankusa.dev/ordinal", ordinal.to_string())],
+        relay.spec.upgrade.timeouts.backup_seconds,
+        json!({ "containers": [container], "volumes": volumes }),
+    )
 }

@@ -269,20 +269,34 @@ async fn restricted_pod_security_admits_relay_pods_and_jobs() {
     let probe =
         ankusa_operator::resources::probe_job(&r, "hooks-probe-test", "ghcr.io/ankusa/relay:0.2.0")
             .unwrap();
-    let backup = ankusa_operator::resources::backup_job(
+    use ankusa_operator::resources::{backup_job, BackupSource};
+    let backup = backup_job(
         &r,
         "hooks-backup-0-test",
         0,
         "ghcr.io/ankusa/relay:0.1.0",
-        "http://hooks-0.hooks-nodes:9090",
+        BackupSource::Node("http://hooks-0.hooks-nodes:9090"),
     )
     .unwrap();
-    for job in [probe, backup] {
+    // The offline backup of a claim no pod uses, mounted read-only.
+    let offline = backup_job(
+        &r,
+        "hooks-backup-3-test",
+        3,
+        "ghcr.io/ankusa/relay:0.1.0",
+        BackupSource::Claim,
+    )
+    .unwrap();
+    for job in [probe, backup, offline] {
         jobs.create(&PostParams::default(), &job).await.unwrap();
     }
     provision(&admin, &ns).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
-    for job in ["hooks-probe-test", "hooks-backup-0-test"] {
+    for job in [
+        "hooks-probe-test",
+        "hooks-backup-0-test",
+        "hooks-backup-3-test",
+    ] {
         cluster::eventually(
             Duration::from_secs(60),
             &format!("a pod of {job}"),

@@ -39,7 +39,14 @@ fn rendered(fixture: &str) -> String {
             names.headless,
             names.namespace
         );
-        let job = resources::backup_job(&r, &name, 0, "ghcr.io/ankusa/relay:0.0.9", &url).unwrap();
+        let job = resources::backup_job(
+            &r,
+            &name,
+            0,
+            "ghcr.io/ankusa/relay:0.0.9",
+            resources::BackupSource::Node(&url),
+        )
+        .unwrap();
         out.push_str("---\n");
         out.push_str(&serde_yaml::to_string(&job).unwrap());
     }
