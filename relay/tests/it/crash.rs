@@ -153,56 +153,102 @@ fn every_acked_hook_survives_kill_9() {
     assert_eq!(rows_counted, 2 * hooks.len() as i64);
 }
 
-#[test]
-fn inflight_rows_are_recovered_after_kill_9() {
-    use crate::dispatch::TestSink;
-    use std::sync::atomic::Ordering;
+/// A node (the real binary) delivering to one local sink at `/s`, whose answers are held
+/// `delay_ms`; `extra` is more configuration (YAML lines).
+struct SinkNode {
+    rt: tokio::runtime::Runtime,
+    sink: crate::dispatch::TestSink,
+    dir: tempfile::TempDir,
+    data: std::path::PathBuf,
+    admin: u16,
+    ingest: u16,
+    yaml: String,
+}
 
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let sink = rt.block_on(TestSink::start());
-    sink.delay_ms.store(30_000, Ordering::Relaxed);
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("db");
-    let (admin, ingest) = (free_port(), free_port());
-    let yaml = format!(
-        r#"
+impl SinkNode {
+    fn new(delay_ms: u64, sink_timeout_ms: u64, extra: &str) -> SinkNode {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let sink = rt.block_on(crate::dispatch::TestSink::start());
+        sink.delay_ms
+            .store(delay_ms, std::sync::atomic::Ordering::Relaxed);
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("db");
+        let (admin, ingest) = (free_port(), free_port());
+        let yaml = format!(
+            r#"
 data_dir: {}
 ingest: {{ listen: "127.0.0.1:{ingest}" }}
 admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
 dispatch: {{ tick_interval_ms: 10 }}
-retry: {{ schedule_ms: [50], jitter: none }}
-sinks: [{{ id: slow, url: "{}", timeout_ms: 60000 }}]
-routes: [{{ id: r, sinks: [slow] }}]
+{extra}
+sinks: [{{ id: s, url: "{}", timeout_ms: {sink_timeout_ms} }}]
+routes: [{{ id: r, sinks: [s] }}]
 sources:
   - {{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
 "#,
-        data.display(),
-        sink.url("/slow")
-    );
-    let mut node = Proc::start(dir.path(), &yaml, admin);
-    let ids: Vec<String> = rt.block_on(async {
-        let c = client();
-        let mut ids = Vec::new();
-        for i in 0..60 {
-            let r = post(
-                &c,
-                &format!("http://127.0.0.1:{ingest}/ingest/in"),
-                &[("x-tenant", format!("t{}", i % 3))],
-                format!(r#"{{"i":{i}}}"#),
-            )
-            .await;
-            assert_eq!(r.status, 202);
-            ids.push(r.json()["id"].as_str().unwrap().to_owned());
+            data.display(),
+            sink.url("/s")
+        );
+        SinkNode {
+            rt,
+            sink,
+            dir,
+            data,
+            admin,
+            ingest,
+            yaml,
         }
-        ids
-    });
+    }
+
+    fn start(&self) -> Proc {
+        Proc::start(self.dir.path(), &self.yaml, self.admin)
+    }
+
+    /// Posts `n` hooks over `tenants` tenants; their ids.
+    fn ingest(&self, n: usize, tenants: usize) -> Vec<String> {
+        self.rt.block_on(async {
+            let c = client();
+            let mut ids = Vec::new();
+            for i in 0..n {
+                let r = post(
+                    &c,
+                    &format!("http://127.0.0.1:{}/ingest/in", self.ingest),
+                    &[("x-tenant", format!("t{}", i % tenants))],
+                    format!(r#"{{"i":{i}}}"#),
+                )
+                .await;
+                assert_eq!(r.status, 202);
+                ids.push(r.json()["id"].as_str().unwrap().to_owned());
+            }
+            ids
+        })
+    }
+
+    /// What the sink has received.
+    fn received(&self) -> Vec<crate::dispatch::Received> {
+        self.sink.on("/s")
+    }
+
+    fn set_delay(&self, ms: u64) {
+        self.sink
+            .delay_ms
+            .store(ms, std::sync::atomic::Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn inflight_rows_are_recovered_after_kill_9() {
+    let n = SinkNode::new(30_000, 60_000, "retry: { schedule_ms: [50], jitter: none }");
+    let (data, admin) = (&n.data, n.admin);
+    let mut node = n.start();
+    let ids = n.ingest(60, 3);
     // Deliveries are held by the slow sink: they are inflight in the store.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sink.on("/slow").len() < 60 {
+    while n.received().len() < 60 {
         assert!(
             std::time::Instant::now() < deadline,
             "the node never claimed the rows"
@@ -211,7 +257,7 @@ sources:
     }
     node.kill9();
     {
-        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        let store = Store::open(data, &OpenOptions::default()).unwrap();
         let c = ankusa_relay::queue::counters::node(&store).unwrap();
         assert_eq!(
             c.inflight, 60,
@@ -220,12 +266,12 @@ sources:
         assert!(fold::verify(&store).unwrap().is_empty());
     }
     // Restart with a sink that answers at once: every hook arrives at least once.
-    sink.delay_ms.store(0, Ordering::Relaxed);
-    let node = Proc::start(dir.path(), &yaml, admin);
+    n.set_delay(0);
+    let node = n.start();
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let got: std::collections::BTreeSet<String> = sink
-            .on("/slow")
+        let got: std::collections::BTreeSet<String> = n
+            .received()
             .iter()
             .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
             .collect();
@@ -254,7 +300,7 @@ sources:
         std::thread::sleep(Duration::from_millis(20));
     }
     drop(node);
-    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    let store = Store::open(data, &OpenOptions::default()).unwrap();
     assert!(
         fold::verify(&store).unwrap().is_empty(),
         "counters differ from the fold"
@@ -286,80 +332,40 @@ fn sigterm(node: &mut Proc, within: Duration) -> std::process::ExitStatus {
 /// started again, four times over, delivers every hook exactly once.
 #[test]
 fn repeated_sigterm_while_a_backlog_drains_delivers_every_hook_exactly_once() {
-    use crate::dispatch::TestSink;
-    use std::sync::atomic::Ordering;
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let sink = rt.block_on(TestSink::start());
     // Slow while the hooks arrive, so a backlog builds; then 20 ms an answer.
-    sink.delay_ms.store(2000, Ordering::Relaxed);
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("db");
-    let (admin, ingest) = (free_port(), free_port());
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
-dispatch: {{ tick_interval_ms: 10 }}
-shutdown: {{ grace_ms: 5000 }}
-retry: {{ schedule_ms: [50], jitter: none }}
-sinks: [{{ id: s, url: "{}", timeout_ms: 10000 }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources:
-  - {{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
-"#,
-        data.display(),
-        sink.url("/s")
+    let n = SinkNode::new(
+        2_000,
+        10_000,
+        "shutdown: { grace_ms: 5000 }\nretry: { schedule_ms: [50], jitter: none }",
     );
-    let mut node = Proc::start(dir.path(), &yaml, admin);
-    let hooks = 3000;
-    let ids: Vec<String> = rt.block_on(async {
-        let c = client();
-        let mut ids = Vec::new();
-        for i in 0..hooks {
-            let r = post(
-                &c,
-                &format!("http://127.0.0.1:{ingest}/ingest/in"),
-                &[("x-tenant", format!("t{}", i % 50))],
-                format!(r#"{{"i":{i}}}"#),
-            )
-            .await;
-            assert_eq!(r.status, 202);
-            ids.push(r.json()["id"].as_str().unwrap().to_owned());
-        }
-        ids
-    });
-    let received = |sink: &TestSink| -> HashMap<String, usize> {
-        let mut n = HashMap::new();
-        for r in sink.on("/s") {
-            *n.entry(r.headers["webhook-id"].to_str().unwrap().to_owned())
+    let mut node = n.start();
+    let ids = n.ingest(3_000, 50);
+    let received = |n: &SinkNode| -> HashMap<String, usize> {
+        let mut got = HashMap::new();
+        for r in n.received() {
+            *got.entry(r.headers["webhook-id"].to_str().unwrap().to_owned())
                 .or_default() += 1;
         }
-        n
+        got
     };
-    sink.delay_ms.store(20, Ordering::Relaxed);
+    n.set_delay(20);
     for _ in 0..4 {
         std::thread::sleep(Duration::from_millis(100));
         let status = sigterm(&mut node, Duration::from_secs(15));
         assert!(status.success(), "a graceful stop exits 0: {status}");
-        node = Proc::start(dir.path(), &yaml, admin);
+        node = n.start();
     }
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while received(&sink).len() < ids.len() {
+    while received(&n).len() < ids.len() {
         assert!(
             std::time::Instant::now() < deadline,
             "only {} of {} hooks arrived",
-            received(&sink).len(),
+            received(&n).len(),
             ids.len()
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    let got = received(&sink);
+    let got = received(&n);
     let twice: Vec<_> = got.iter().filter(|(_, n)| **n > 1).collect();
     assert!(
         twice.is_empty(),
@@ -370,7 +376,7 @@ sources:
     assert!(ids.iter().all(|id| got.contains_key(id)));
     let status = sigterm(&mut node, Duration::from_secs(15));
     assert!(status.success());
-    let store = Store::open(&data, &OpenOptions::default()).unwrap();
+    let store = Store::open(&n.data, &OpenOptions::default()).unwrap();
     let c = ankusa_relay::queue::counters::node(&store).unwrap();
     assert_eq!(
         (c.pending, c.scheduled, c.inflight, c.dead),
@@ -384,50 +390,11 @@ sources:
 /// in time, their rows are due again (nothing left inflight), and a restart delivers them.
 #[test]
 fn a_stop_cuts_deliveries_at_its_grace_and_makes_them_due_again() {
-    use crate::dispatch::TestSink;
-    use std::sync::atomic::Ordering;
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let sink = rt.block_on(TestSink::start());
-    sink.delay_ms.store(60_000, Ordering::Relaxed);
-    let dir = tempfile::tempdir().unwrap();
-    let data = dir.path().join("db");
-    let (admin, ingest) = (free_port(), free_port());
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
-dispatch: {{ tick_interval_ms: 10 }}
-shutdown: {{ grace_ms: 1000 }}
-sinks: [{{ id: slow, url: "{}", timeout_ms: 120000 }}]
-routes: [{{ id: r, sinks: [slow] }}]
-sources:
-  - {{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
-"#,
-        data.display(),
-        sink.url("/slow")
-    );
-    let mut node = Proc::start(dir.path(), &yaml, admin);
-    rt.block_on(async {
-        let c = client();
-        for i in 0..20 {
-            let r = post(
-                &c,
-                &format!("http://127.0.0.1:{ingest}/ingest/in"),
-                &[("x-tenant", format!("t{}", i % 2))],
-                format!(r#"{{"i":{i}}}"#),
-            )
-            .await;
-            assert_eq!(r.status, 202);
-        }
-    });
+    let n = SinkNode::new(60_000, 120_000, "shutdown: { grace_ms: 1000 }");
+    let mut node = n.start();
+    n.ingest(20, 2);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sink.on("/slow").len() < 20 {
+    while n.received().len() < 20 {
         assert!(std::time::Instant::now() < deadline, "never claimed");
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -440,15 +407,15 @@ sources:
         started.elapsed()
     );
     {
-        let store = Store::open(&data, &OpenOptions::default()).unwrap();
+        let store = Store::open(&n.data, &OpenOptions::default()).unwrap();
         let c = ankusa_relay::queue::counters::node(&store).unwrap();
         assert_eq!((c.inflight, c.pending + c.scheduled), (0, 20), "{c:?}");
         assert!(fold::verify(&store).unwrap().is_empty());
     }
-    sink.delay_ms.store(0, Ordering::Relaxed);
-    let _node = Proc::start(dir.path(), &yaml, admin);
+    n.set_delay(0);
+    let _node = n.start();
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while sink.on("/slow").len() < 40 {
+    while n.received().len() < 40 {
         assert!(
             std::time::Instant::now() < deadline,
             "the cut deliveries were not made again"
