@@ -103,19 +103,8 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     let expect = counters::node(&node.store).unwrap();
     node.shutdown().await.unwrap();
 
-    let archive = std::fs::read_dir(&out_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".tar.zst"))
-        .expect("an archive");
     let restored = dir.path().join("restored");
-    let out = run(&[
-        "restore",
-        "--from",
-        archive.to_str().unwrap(),
-        "--data",
-        restored.to_str().unwrap(),
-    ]);
+    let (archive, out) = restore_archive_in(&out_dir, &restored);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(text(&out.stdout).contains("store format 3"));
     // Restoring over a store is refused.
@@ -137,6 +126,26 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     assert_eq!(got.bytes, expect.bytes);
     assert_eq!(ankusa_relay::queue::tenants::count(&store).unwrap(), 4);
     assert!(fold::verify(&store).unwrap().is_empty());
+}
+
+/// `ankusa-relay restore` of the archive in `dir` into `into`: the archive and the output.
+fn restore_archive_in(
+    dir: &std::path::Path,
+    into: &std::path::Path,
+) -> (std::path::PathBuf, std::process::Output) {
+    let archive = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.to_string_lossy().ends_with(".tar.zst"))
+        .expect("an archive");
+    let out = run(&[
+        "restore",
+        "--from",
+        archive.to_str().unwrap(),
+        "--data",
+        into.to_str().unwrap(),
+    ]);
+    (archive, out)
 }
 
 const BACKUP_TOKEN: &str = "it-backup-token-0123456789";
@@ -236,19 +245,8 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     let expect = counters::node(&node.store).unwrap();
     node.shutdown().await.unwrap();
 
-    let archive = std::fs::read_dir(&out_dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .find(|p| p.to_string_lossy().ends_with(".tar.zst"))
-        .expect("an archive");
     let restored = dir.path().join("restored");
-    let out = run(&[
-        "restore",
-        "--from",
-        archive.to_str().unwrap(),
-        "--data",
-        restored.to_str().unwrap(),
-    ]);
+    let (_, out) = restore_archive_in(&out_dir, &restored);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let store = Store::open(&restored, &OpenOptions::default()).unwrap();
     let got = counters::node(&store).unwrap();
@@ -305,13 +303,7 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
         .collect();
     assert_eq!(archives.len(), 1, "{archives:?}");
     let restored = dir.path().join("restored");
-    let r = run(&[
-        "restore",
-        "--from",
-        archives[0].to_str().unwrap(),
-        "--data",
-        restored.to_str().unwrap(),
-    ]);
+    let (_, r) = restore_archive_in(&to, &restored);
     assert!(r.status.success(), "{}", text(&r.stderr));
     let store = Store::open(&restored, &OpenOptions::default()).unwrap();
     let got = counters::node(&store).unwrap();
