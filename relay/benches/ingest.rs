@@ -21,8 +21,8 @@ use std::time::{Duration, Instant};
 use ankusa_relay::config::Config;
 use ankusa_relay::node::Node;
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+
+mod load;
 
 const CLIENTS: usize = 64;
 const TENANTS: usize = 1_000;
@@ -95,45 +95,36 @@ async fn noop_ingest() -> std::net::SocketAddr {
     addr
 }
 
-/// The load against `url`: (acked, seconds, sorted latencies).
+/// The load against `url`: (seconds, sorted latencies).
 async fn load(url: Arc<str>) -> (f64, Vec<Duration>) {
-    let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(CLIENTS)
-        .build_http();
+    let client = load::client(CLIENTS);
     let deadline = Instant::now() + RUN;
     let started = Instant::now();
-    let tasks: Vec<_> = (0..CLIENTS)
+    let tasks: Vec<_> = (0..CLIENTS as u64)
         .map(|w| {
             let (client, url) = (client.clone(), url.clone());
             tokio::spawn(async move {
                 let mut lat = Vec::new();
-                let mut n = 0usize;
+                let mut n = 0u64;
                 while Instant::now() < deadline {
-                    let mut body = format!(r#"{{"worker":{w},"n":{n},"pad":""#).into_bytes();
-                    body.resize(BODY - 2, b'x');
-                    body.extend_from_slice(b"\"}");
+                    let body = load::body(w, n, BODY);
                     let req = hyper::Request::post(&*url)
-                        .header("x-tenant", format!("tenant-{}", (w * 31 + n) % TENANTS))
+                        .header(
+                            "x-tenant",
+                            format!("tenant-{}", (w * 31 + n) % TENANTS as u64),
+                        )
                         .header("x-signature", sign(&body))
                         .header("content-type", "application/json")
                         .body(Full::new(bytes::Bytes::from(body)))
                         .expect("request");
-                    let t = Instant::now();
-                    let resp = client.request(req).await.expect("response");
-                    let status = resp.status();
-                    resp.into_body().collect().await.expect("body");
-                    assert_eq!(status, 202, "every request must be acked");
-                    lat.push(t.elapsed());
+                    lat.push(load::post_acked(&client, req).await);
                     n += 1;
                 }
                 lat
             })
         })
         .collect();
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await.expect("client task"));
-    }
+    let mut lat = load::gather(tasks).await;
     let secs = started.elapsed().as_secs_f64();
     lat.sort();
     (secs, lat)

@@ -21,8 +21,8 @@ use ankusa_relay::queue::writer::Assembler;
 use ankusa_relay::store::keys::{AtMs, Family};
 use ankusa_relay::store::{OpenOptions, Store};
 use http_body_util::{BodyExt, Full};
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::TokioExecutor;
+
+mod load;
 
 const DEAD: u64 = 100_000;
 const TENANTS: u64 = 1_000;
@@ -79,9 +79,7 @@ fn seed(dir: &std::path::Path) {
 
 /// Open-loop ingest at RATE for `window`: when each request was sent, and its ack latency.
 async fn ingest(url: Arc<str>, window: Duration, offset: u64) -> Vec<(Instant, Duration)> {
-    let client: Client<_, Full<bytes::Bytes>> = Client::builder(TokioExecutor::new())
-        .pool_max_idle_per_host(CLIENTS as usize)
-        .build_http();
+    let client = load::client(CLIENTS as usize);
     let every = Duration::from_micros(1_000_000 * CLIENTS / RATE);
     let deadline = Instant::now() + window;
     let tasks: Vec<_> = (0..CLIENTS)
@@ -94,34 +92,23 @@ async fn ingest(url: Arc<str>, window: Duration, offset: u64) -> Vec<(Instant, D
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     tick.tick().await;
-                    let mut body = format!(r#"{{"w":{w},"n":{n},"pad":""#).into_bytes();
-                    body.resize(BODY - 2, b'x');
-                    body.extend_from_slice(b"\"}");
                     let req = hyper::Request::post(&*url)
                         .header(
                             "x-tenant",
                             format!("tenant-{}", (offset + w * 7 + n) % TENANTS),
                         )
                         .header("content-type", "application/json")
-                        .body(Full::new(bytes::Bytes::from(body)))
+                        .body(Full::new(bytes::Bytes::from(load::body(w, n, BODY))))
                         .expect("request");
-                    let t = Instant::now();
-                    let resp = client.request(req).await.expect("response");
-                    let status = resp.status();
-                    resp.into_body().collect().await.expect("body");
-                    assert_eq!(status, 202, "every hook is acked");
-                    lat.push((t, t.elapsed()));
+                    let sent = Instant::now();
+                    lat.push((sent, load::post_acked(&client, req).await));
                     n += 1;
                 }
                 lat
             })
         })
         .collect();
-    let mut lat = Vec::new();
-    for t in tasks {
-        lat.extend(t.await.expect("client"));
-    }
-    lat
+    load::gather(tasks).await
 }
 
 /// The latencies, sorted.
@@ -169,8 +156,7 @@ sources: [{{ id: bench, tenant: {{ header: x-tenant }}, verify: {{ scheme: none 
         let admin = format!("http://{}/v1/dlq/replay", node.admin_addr);
         let replay = tokio::spawn(async move {
             tokio::time::sleep(Duration::from_millis(500)).await;
-            let client: Client<_, Full<bytes::Bytes>> =
-                Client::builder(TokioExecutor::new()).build_http();
+            let client = load::client(1);
             let req = hyper::Request::post(admin)
                 .header("authorization", format!("Bearer {TOKEN}"))
                 .header("content-type", "application/json")
