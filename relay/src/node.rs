@@ -26,6 +26,7 @@ use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::edge::{self, quarantine::Quarantine, EdgeState};
 use crate::metrics::Metrics;
 use crate::queue::deliveries;
+use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
 use crate::store::keys::AtMs;
 use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
@@ -272,11 +273,13 @@ impl Node {
             Ok((recovered, assembler))
         })
         .await??;
+        let hints = Arc::new(DueHints::default());
         let (writer, writer_thread) = writer::spawn(
             store.clone(),
             assembler,
             WriterSettings::from_config(&config),
             metrics.clone(),
+            hints.clone(),
         )?;
         let edge_state = Arc::new(EdgeState::new(
             sources,
@@ -292,6 +295,7 @@ impl Node {
                 deliverer,
                 PipelineSettings::from_config(&config),
                 metrics.clone(),
+                hints,
                 stop.clone(),
             ),
             spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),

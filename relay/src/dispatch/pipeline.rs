@@ -6,8 +6,16 @@
 //! Cross-tenant order is therefore "oldest second first"; within a tenant, oldest first.
 //!
 //! Cursors (`ord → floor at`) live only in memory, for tenants that are active; a tenant
-//! that drains loses its cursor, and after a restart every cursor starts at 0, which only
-//! costs a scan over rows already known to be gone.
+//! that drains loses its cursor. A tenant's read never starts below its oldest marker (no
+//! due row is older), and the active index is read from where its live markers start, so
+//! neither walks the tombstones of rows and markers already claimed and cleaned.
+//!
+//! Two kinds of tick. A *full* tick reads the active index as above: at least every
+//! `dispatch.tick_interval_ms`, and back to back while work is left behind. A *hinted*
+//! tick reads only the tenants the writer just gave due rows ([`DueHints`]), each from the
+//! earliest `at` it was given, and is woken by the writer's commit — so a fresh hook is
+//! claimed in milliseconds without any scan. Hints are shortcuts: whatever they miss (a
+//! replay, a retry coming due, a hint past its ceiling) the next full tick finds.
 //!
 //! The running pipeline ([`spawn`]) claims a tick's rows in one batch, cleans the markers
 //! of the tenants it claimed from, and delivers under a global and a per-sink semaphore;
@@ -25,8 +33,9 @@ use std::time::Duration;
 
 use super::delivery::{backoff, Attempt, Deliverer, Verdict};
 use crate::config::{Config, RetryConfig};
-use crate::metrics::{Metrics, SinkLabel, SinkOutcome};
+use crate::metrics::{Metrics, ScanLabel, SinkLabel, SinkOutcome};
 use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow, Tx};
+use crate::queue::hints::{DueHints, Hinted};
 use crate::store::keys::{self, AtMs, Bucket, Seq, TenantOrd};
 use crate::store::{Cf, Store, StoreError};
 
@@ -70,17 +79,40 @@ pub struct TickPlan {
     pub work: Vec<TenantWork>,
     /// Distinct tenants the tick looked at (`ankusa_dispatch_active_tenants`).
     pub tenants_visited: usize,
+    /// The oldest marker bucket a full scan met (none for a hinted tick or an empty index).
+    pub oldest: Option<Bucket>,
+    /// The row or byte budget ran out: more may be due than the tick took.
+    pub exhausted: bool,
 }
 
-/// The pipeline's per-tenant scan cursors, bounded by the tenants the last ticks saw.
+/// The pipeline's in-memory read positions: per-tenant scan floors, the hinted tenants
+/// not yet served, and where the active index's live markers start. All are hints; the
+/// store is the truth, and a full scan from bucket 0 every [`Cursors::RESCAN_MS`] bounds
+/// what a wrong hint can cost to a delay.
 #[derive(Debug, Default)]
 pub struct Cursors {
     floors: HashMap<TenantOrd, AtMs>,
+    /// Tenants the writer announced that no tick has drained yet, with their floors.
+    pub hinted: Hinted,
+    /// The first bucket the next full scan reads (markers below it are cleaned ones).
+    active_from: Bucket,
+    /// When a full scan last started at bucket 0.
+    rescanned_at: AtMs,
+    /// When the last full scan ran, and whether it left work behind.
+    full_at: AtMs,
+    backlog: bool,
 }
 
 impl Cursors {
     /// The most cursors kept; past it the map is cleared (a cursor is only a hint).
     pub const CAPACITY: usize = 65_536;
+    /// How often a full scan starts at bucket 0 (a marker written below the live start,
+    /// by a clock step or a commit slower than [`Cursors::SLACK_BUCKETS`], waits at most
+    /// this long).
+    pub const RESCAN_MS: u64 = 10_000;
+    /// Seconds below the current one that a full scan still reads, for markers committed
+    /// late with an earlier `at` (a writer batch's receipt time).
+    pub const SLACK_BUCKETS: u64 = 5;
 
     pub fn floor(&self, ord: TenantOrd) -> AtMs {
         self.floors.get(&ord).copied().unwrap_or(AtMs(0))
@@ -102,42 +134,149 @@ impl Cursors {
     pub fn is_empty(&self) -> bool {
         self.floors.is_empty()
     }
+
+    /// Where a full scan at `now` starts: bucket 0 once every [`Cursors::RESCAN_MS`],
+    /// otherwise the live start the last scan found.
+    pub fn active_from(&self, now: AtMs) -> Bucket {
+        if now.0 >= self.rescanned_at.0.saturating_add(Self::RESCAN_MS) {
+            Bucket(0)
+        } else {
+            self.active_from
+        }
+    }
+
+    /// Whether the tick at `now` scans the active index: when the hints overflowed, when
+    /// the last tick left work behind (a spent budget, a tenant's full share), and at
+    /// least every `interval_ms`.
+    pub fn full_due(&self, now: AtMs, interval_ms: u64) -> bool {
+        self.hinted.overflowed
+            || self.backlog
+            || !self.floors.is_empty()
+            || now.0 >= self.full_at.0.saturating_add(interval_ms)
+    }
+
+    /// After a full scan from `from` at `now` that met `oldest` first.
+    fn scanned(&mut self, now: AtMs, from: Bucket, plan: &TickPlan) {
+        if from == Bucket(0) {
+            self.rescanned_at = now;
+        }
+        let slack = Bucket(now.bucket().0.saturating_sub(Self::SLACK_BUCKETS));
+        self.active_from = plan.oldest.map_or(slack, |b| b.min(slack));
+        self.full_at = now;
+        self.backlog = plan.exhausted;
+        self.hinted.overflowed = false;
+    }
 }
 
-/// Plans one tick: reads the active index and each visited tenant's due rows. Reads only;
-/// claiming and the marker cleanup follow in the pipeline.
+/// Plans one full tick: reads the active index from the live start and each visited
+/// tenant's due rows from its oldest marker (no due row is older: every due row has its
+/// marker). Reads only; claiming and the marker cleanup follow in the pipeline.
 pub fn plan_tick(
     store: &Store,
     now: AtMs,
     limits: &TickLimits,
     cursors: &Cursors,
 ) -> Result<TickPlan, StoreError> {
-    let active = deliveries::active_tenants(store, now, limits.max_markers)?;
-    let mut plan = TickPlan::default();
-    let mut rows_left = limits.rows_per_tick;
-    let mut bytes_left = limits.bytes_per_tick;
+    let from = cursors.active_from(now);
+    let active = deliveries::active_tenants_from(store, from, now, usize::MAX, limits.max_markers)?;
+    let mut plan = TickPlan {
+        oldest: active.first().and_then(|t| t.buckets.first().copied()),
+        ..TickPlan::default()
+    };
+    let mut budget = Budget::new(limits);
     for t in active {
-        if rows_left == 0 || bytes_left == 0 {
+        if budget.spent() {
+            plan.exhausted = true;
             break;
         }
         plan.tenants_visited += 1;
-        let rows = deliveries::due_for_tenant(
-            store,
-            t.ord,
-            now,
-            cursors.floor(t.ord),
-            limits.rows_per_tenant.min(rows_left),
-            bytes_left,
-        )?;
-        rows_left -= rows.len();
-        bytes_left = bytes_left.saturating_sub(rows.iter().map(|r| u64::from(r.size)).sum::<u64>());
+        let oldest = t.buckets.first().map_or(AtMs(0), |b| b.start());
+        let floor = cursors.floor(t.ord).max(oldest);
+        let rows = budget.take(store, t.ord, now, floor, limits)?;
         plan.work.push(TenantWork {
             ord: t.ord,
             buckets: t.buckets,
             rows,
         });
     }
+    plan.exhausted |= budget.spent();
     Ok(plan)
+}
+
+/// Plans one hinted tick: the tenants the writer announced, oldest hint first, each read
+/// from its cursor or its hint. No marker is read or cleaned (a full tick does that).
+pub fn plan_hinted(
+    store: &Store,
+    now: AtMs,
+    limits: &TickLimits,
+    cursors: &Cursors,
+) -> Result<TickPlan, StoreError> {
+    let mut tenants: Vec<(TenantOrd, AtMs)> = cursors
+        .hinted
+        .tenants
+        .iter()
+        .map(|(o, a)| (*o, *a))
+        .collect();
+    tenants.sort_by_key(|(o, a)| (*a, *o));
+    let mut plan = TickPlan::default();
+    let mut budget = Budget::new(limits);
+    for (ord, hint) in tenants {
+        if budget.spent() {
+            plan.exhausted = true;
+            break;
+        }
+        plan.tenants_visited += 1;
+        let floor = cursors.floors.get(&ord).copied().unwrap_or(hint);
+        let rows = budget.take(store, ord, now, floor, limits)?;
+        plan.work.push(TenantWork {
+            ord,
+            buckets: Vec::new(),
+            rows,
+        });
+    }
+    plan.exhausted |= budget.spent();
+    Ok(plan)
+}
+
+/// What is left of a tick's row and byte budgets.
+struct Budget {
+    rows: usize,
+    bytes: u64,
+}
+
+impl Budget {
+    fn new(limits: &TickLimits) -> Self {
+        Budget {
+            rows: limits.rows_per_tick,
+            bytes: limits.bytes_per_tick,
+        }
+    }
+    fn spent(&self) -> bool {
+        self.rows == 0 || self.bytes == 0
+    }
+    /// One tenant's share, oldest first from `floor`.
+    fn take(
+        &mut self,
+        store: &Store,
+        ord: TenantOrd,
+        now: AtMs,
+        floor: AtMs,
+        limits: &TickLimits,
+    ) -> Result<Vec<DueRow>, StoreError> {
+        let rows = deliveries::due_for_tenant(
+            store,
+            ord,
+            now,
+            floor,
+            limits.rows_per_tenant.min(self.rows),
+            self.bytes,
+        )?;
+        self.rows -= rows.len();
+        self.bytes = self
+            .bytes
+            .saturating_sub(rows.iter().map(|r| u64::from(r.size)).sum::<u64>());
+        Ok(rows)
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -195,6 +334,7 @@ pub fn spawn(
     deliverer: Deliverer,
     settings: PipelineSettings,
     metrics: Arc<Metrics>,
+    hints: Arc<DueHints>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -233,6 +373,8 @@ pub fn spawn(
                 let mut ctx = TickCtx {
                     tasks: &mut in_flight,
                     store: &store,
+                    hints: &hints,
+                    interval_ms: settings.tick_interval.as_millis() as u64,
                     deliverer: &deliverer,
                     permits: &permits,
                     done_tx: &done_tx,
@@ -241,8 +383,12 @@ pub fn spawn(
                 };
                 match tick(&mut ctx, limits, cursors).await {
                     Ok((c, claimed)) => {
+                        // Work left behind (a spent budget, a tenant's full share, hinted
+                        // tenants not reached) is taken at once, not after a sleep.
+                        busy = claimed >= limits.rows_per_tick
+                            || c.backlog
+                            || !c.hinted.tenants.is_empty();
                         cursors = c;
-                        busy = claimed >= limits.rows_per_tick;
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "dispatch tick failed");
@@ -253,6 +399,7 @@ pub fn spawn(
             if !busy {
                 tokio::select! {
                     _ = tokio::time::sleep(settings.tick_interval) => {}
+                    _ = hints.arrived() => {}
                     _ = stop.changed() => {}
                 }
             }
@@ -297,6 +444,8 @@ pub fn spawn(
 struct TickCtx<'a> {
     tasks: &'a mut tokio::task::JoinSet<()>,
     store: &'a Arc<Store>,
+    hints: &'a DueHints,
+    interval_ms: u64,
     deliverer: &'a Deliverer,
     permits: &'a Arc<tokio::sync::Semaphore>,
     done_tx: &'a tokio::sync::mpsc::Sender<Done>,
@@ -308,26 +457,43 @@ struct TickCtx<'a> {
 async fn tick(
     ctx: &mut TickCtx<'_>,
     limits: TickLimits,
-    cursors: Cursors,
+    mut cursors: Cursors,
 ) -> Result<(Cursors, usize), StoreError> {
     let TickCtx {
         tasks,
         store,
+        hints,
+        interval_ms,
         deliverer,
         permits,
         done_tx,
         metrics,
         max_retry_after,
     } = ctx;
+    let taken = hints.take();
+    if taken.overflowed {
+        metrics.dispatch_hint_overflows.inc();
+    }
+    cursors.hinted.merge(taken, DueHints::CAPACITY);
     let s = (*store).clone();
-    let (cursors, jobs, visited) =
-        tokio::task::spawn_blocking(move || claim_tick(&s, limits, cursors))
+    let interval_ms = *interval_ms;
+    let (cursors, jobs, visited, full) =
+        tokio::task::spawn_blocking(move || claim_tick(&s, limits, cursors, interval_ms))
             .await
             .map_err(|e| StoreError::Io {
                 context: "dispatch tick".into(),
                 source: std::io::Error::other(e.to_string()),
             })??;
     metrics.dispatch_active_tenants.set(visited as i64);
+    metrics
+        .dispatch_ticks
+        .get_or_create(&ScanLabel {
+            scan: if full { "full" } else { "hinted" }.to_owned(),
+        })
+        .inc();
+    metrics
+        .dispatch_hinted_tenants
+        .set(cursors.hinted.tenants.len() as i64);
     metrics.dispatch_claimed.inc_by(jobs.len() as u64);
     let claimed = jobs.len();
     for job in jobs {
@@ -394,15 +560,27 @@ async fn tick(
     Ok((cursors, claimed))
 }
 
-/// The blocking half of a tick: plan, claim (one batch), clean the markers of the tenants
-/// claimed from, and read the hooks and delivery rows of the claimed rows.
+/// The blocking half of a tick: plan (a full scan, or the hinted tenants), claim (one
+/// batch), clean the markers of the tenants claimed from, and read the hooks and delivery
+/// rows of the claimed rows. Also says whether the tick was a full one.
 fn claim_tick(
     store: &Store,
     limits: TickLimits,
     mut cursors: Cursors,
-) -> Result<(Cursors, Vec<Job>, usize), StoreError> {
+    interval_ms: u64,
+) -> Result<(Cursors, Vec<Job>, usize, bool), StoreError> {
     let now = AtMs(crate::now_ms());
-    let plan = plan_tick(store, now, &limits, &cursors)?;
+    let full = cursors.full_due(now, interval_ms);
+    let plan = if full {
+        let from = cursors.active_from(now);
+        let plan = plan_tick(store, now, &limits, &cursors)?;
+        cursors.scanned(now, from, &plan);
+        plan
+    } else {
+        let plan = plan_hinted(store, now, &limits, &cursors)?;
+        cursors.backlog = plan.exhausted;
+        plan
+    };
     let mut tx = Tx::new();
     let mut rows = Vec::new();
     for w in &plan.work {
@@ -425,8 +603,11 @@ fn claim_tick(
             Some(last) if w.rows.len() >= limits.rows_per_tenant => {
                 cursors.advance(w.ord, last.key.at)
             }
-            // Drained up to now: start from the beginning next time.
-            _ => cursors.evict(w.ord),
+            // Drained up to now: the next read starts at its oldest marker or its hint.
+            _ => {
+                cursors.evict(w.ord);
+                cursors.hinted.tenants.remove(&w.ord);
+            }
         }
     }
     let mut seqs: Vec<Seq> = rows.iter().map(|r| r.key.seq).collect();
@@ -463,7 +644,7 @@ fn claim_tick(
             row,
         })
         .collect();
-    Ok((cursors, jobs, plan.tenants_visited))
+    Ok((cursors, jobs, plan.tenants_visited, full))
 }
 
 /// Commits finished attempts in batches: delivered, retry (with backoff), dead-letter, or
@@ -595,6 +776,111 @@ mod tests {
         assert_eq!(
             order,
             vec![(b, 4_900), (b, 5_050), (a, 5_100), (a, 5_300), (c, 5_000)]
+        );
+    }
+
+    /// Claims every row the plan names and cleans the tenants' markers, like the pipeline.
+    fn claim_all(h: &Harness, plan: &TickPlan, now: AtMs) {
+        let mut tx = Tx::new();
+        for w in &plan.work {
+            for r in &w.rows {
+                claim(&mut tx, r);
+            }
+        }
+        tx.commit(&h.store, false).unwrap();
+        for w in &plan.work {
+            cleanup_markers(&h.store, w.ord, &w.buckets, now).unwrap();
+        }
+    }
+
+    /// Tombstones a closure's reads stepped over.
+    fn tombstones_walked(f: impl FnOnce()) -> u64 {
+        use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+        set_perf_stats(PerfStatsLevel::EnableCount);
+        let mut ctx = PerfContext::default();
+        ctx.reset();
+        f();
+        ctx.metric(PerfMetric::InternalDeleteSkippedCount)
+    }
+
+    #[test]
+    fn a_tick_reads_from_the_oldest_marker_not_over_the_rows_already_claimed() {
+        let mut h = Harness::new();
+        // 2 000 rows of one tenant in second 1, claimed and their markers cleaned: 2 000
+        // due-row tombstones and one marker tombstone below everything live.
+        for i in 0..2_000 {
+            h.ingest(Some("a"), 1, 1_000 + i % 1_000, false);
+        }
+        let limits = TickLimits {
+            rows_per_tick: 4_096,
+            rows_per_tenant: 4_096,
+            ..TickLimits::default()
+        };
+        let mut cursors = Cursors::default();
+        let first = plan_tick(&h.store, AtMs(3_000), &limits, &cursors).unwrap();
+        assert_eq!(first.work[0].rows.len(), 2_000);
+        claim_all(&h, &first, AtMs(3_000));
+        cursors.scanned(AtMs(3_000), Bucket(0), &first);
+        // A new row in second 9: the full scan and the cleanup read from second 9.
+        h.ingest(Some("a"), 1, 9_100, false);
+        let now = AtMs(9_500);
+        let walked = tombstones_walked(|| {
+            let plan = plan_tick(&h.store, now, &limits, &cursors).unwrap();
+            assert_eq!(plan.work[0].rows.len(), 1);
+            assert_eq!(plan.oldest, Some(Bucket(9)));
+            cleanup_markers(&h.store, plan.work[0].ord, &plan.work[0].buckets, now).unwrap();
+        });
+        assert!(walked <= 2, "the tick stepped over {walked} tombstones");
+        // The same from a hint: no active-index read at all.
+        let mut hinted = Cursors::default();
+        hinted.hinted.add(
+            h.ord("a"),
+            AtMs(9_100),
+            crate::queue::hints::DueHints::CAPACITY,
+        );
+        let before = h.store.stats();
+        let walked = tombstones_walked(|| {
+            let plan = plan_hinted(&h.store, now, &limits, &hinted).unwrap();
+            assert_eq!(plan.work[0].rows.len(), 1);
+        });
+        assert_eq!(walked, 0);
+        assert_eq!(h.store.stats().since(&before).scans_of(Family::Active), 0);
+    }
+
+    #[test]
+    fn a_wrong_hint_costs_a_delay_never_a_row() {
+        let mut h = Harness::new();
+        h.ingest(Some("a"), 1, 5_000, false);
+        let limits = TickLimits::default();
+        let mut cursors = Cursors::default();
+        // A hint past the row (a clock step, say): the hinted tick finds nothing.
+        cursors.hinted.add(h.ord("a"), AtMs(5_500), 16);
+        assert!(
+            cursors.full_due(AtMs(5_600), 100),
+            "no full scan has run yet"
+        );
+        cursors.full_at = AtMs(5_600);
+        assert!(!cursors.full_due(AtMs(5_650), 100));
+        let hinted = plan_hinted(&h.store, AtMs(5_650), &limits, &cursors).unwrap();
+        assert!(hinted.work.iter().all(|w| w.rows.is_empty()));
+        // The full scan one interval later does.
+        assert!(cursors.full_due(AtMs(5_700), 100));
+        let full = plan_tick(&h.store, AtMs(5_700), &limits, &cursors).unwrap();
+        assert_eq!(full.work[0].rows.len(), 1);
+        // A live start above a late marker: the rescan from bucket 0 finds it.
+        cursors.active_from = Bucket(7);
+        cursors.rescanned_at = AtMs(5_700);
+        assert!(plan_tick(&h.store, AtMs(8_000), &limits, &cursors)
+            .unwrap()
+            .work
+            .is_empty());
+        let rescan = AtMs(5_700 + Cursors::RESCAN_MS);
+        assert_eq!(cursors.active_from(rescan), Bucket(0));
+        assert_eq!(
+            plan_tick(&h.store, rescan, &limits, &cursors).unwrap().work[0]
+                .rows
+                .len(),
+            1
         );
     }
 

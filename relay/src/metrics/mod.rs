@@ -38,6 +38,13 @@ pub struct SinkLabel {
     pub sink: String,
 }
 
+/// Which read a dispatch tick planned from: `full` (the active index) or `hinted` (the
+/// tenants the writer announced).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScanLabel {
+    pub scan: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FieldLabel {
     pub field: String,
@@ -68,6 +75,11 @@ pub struct Metrics {
     pub delivery_latency: Family<SinkLabel, Histogram>,
     pub dispatch_active_tenants: Gauge,
     pub dispatch_claimed: Counter,
+    pub dispatch_ticks: Family<ScanLabel, Counter>,
+    /// Hinted tenants waiting after the last tick.
+    pub dispatch_hinted_tenants: Gauge,
+    /// Times the hint set was full (the next tick then scans the active index).
+    pub dispatch_hint_overflows: Counter,
     /// Rows still in flight when a graceful stop's grace ran out, made due again.
     pub shutdown_requeued: Counter,
     /// Cleared markers (hooks awaiting reclaim) the last reclaim sweep found.
@@ -150,6 +162,24 @@ impl Metrics {
             "Due rows claimed for delivery",
             dispatch_claimed.clone(),
         );
+        let dispatch_ticks = Family::<ScanLabel, Counter>::default();
+        registry.register(
+            "ankusa_dispatch_ticks",
+            "Dispatch ticks, by the read they planned from (full: the active index; hinted: the tenants the writer announced)",
+            dispatch_ticks.clone(),
+        );
+        let dispatch_hinted_tenants = Gauge::default();
+        registry.register(
+            "ankusa_dispatch_hinted_tenants",
+            "Tenants announced by the writer that the last dispatch tick left for the next",
+            dispatch_hinted_tenants.clone(),
+        );
+        let dispatch_hint_overflows = Counter::default();
+        registry.register(
+            "ankusa_dispatch_hint_overflows",
+            "Times the writer's hints reached their ceiling of 65 536 tenants (the next tick scans the active index)",
+            dispatch_hint_overflows.clone(),
+        );
         let shutdown_requeued = Counter::default();
         registry.register(
             "ankusa_shutdown_requeued",
@@ -201,6 +231,9 @@ impl Metrics {
             delivery_latency,
             dispatch_active_tenants,
             dispatch_claimed,
+            dispatch_ticks,
+            dispatch_hinted_tenants,
+            dispatch_hint_overflows,
             shutdown_requeued,
             reclaim_backlog,
             reclaimed_hooks,

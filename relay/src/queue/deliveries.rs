@@ -793,7 +793,19 @@ pub fn active_tenants_distinct(
     max_tenants: usize,
     max_markers: usize,
 ) -> Result<Vec<ActiveTenant>, StoreError> {
-    let (lo, end) = keys::active_through(now.bucket());
+    active_tenants_from(store, Bucket(0), now, max_tenants, max_markers)
+}
+
+/// [`active_tenants_distinct`] over the markers from bucket `from` on: the dispatch tick
+/// starts where the live markers start, not at the cleaned markers' tombstones below them.
+pub fn active_tenants_from(
+    store: &Store,
+    from: Bucket,
+    now: AtMs,
+    max_tenants: usize,
+    max_markers: usize,
+) -> Result<Vec<ActiveTenant>, StoreError> {
+    let (lo, end) = keys::active_range(from, now.bucket());
     let mut out: Vec<ActiveTenant> = Vec::new();
     let mut index: std::collections::HashMap<TenantOrd, usize> = std::collections::HashMap::new();
     for kv in store
@@ -847,7 +859,18 @@ pub fn due_for_tenant(
 
 /// The earliest due row of a tenant (one seek).
 pub fn first_due(store: &Store, ord: TenantOrd) -> Result<Option<DueRow>, StoreError> {
-    let (from, to) = keys::due_tenant_range(ord);
+    first_due_from(store, ord, AtMs(0))
+}
+
+/// The earliest due row of a tenant at or after `from` (one seek, over only the
+/// tombstones of rows claimed since `from`).
+pub fn first_due_from(
+    store: &Store,
+    ord: TenantOrd,
+    from: AtMs,
+) -> Result<Option<DueRow>, StoreError> {
+    let (from, _) = keys::due_range(ord, from, from);
+    let (_, to) = keys::due_tenant_range(ord);
     match store.first(Family::Due, &from, &to, Dir::Forward)? {
         Some((k, v)) => Ok(Some(DueRow::decode(&k, &v)?)),
         None => Ok(None),
@@ -897,7 +920,10 @@ pub fn cleanup_plan(
             stale: Vec::new(),
         });
     }
-    let keep_from = match first_due(store, ord)? {
+    // Every due row has its marker, and the scan met the tenant's markers oldest first:
+    // no due row of the tenant is older than the first scanned bucket.
+    let oldest = scanned.iter().min().copied().unwrap_or(Bucket(0));
+    let keep_from = match first_due_from(store, ord, oldest.start())? {
         Some(first) => first.key.at.bucket().min(now.bucket()),
         None => now.bucket(),
     };

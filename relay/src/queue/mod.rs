@@ -27,6 +27,7 @@ pub mod codec;
 pub mod counters;
 pub mod deliveries;
 pub mod fold;
+pub mod hints;
 pub mod reclaim;
 pub mod tenants;
 #[cfg(test)]

@@ -7,9 +7,10 @@
 //! and the tenant [`Allocator`]; nothing else allocates either.
 
 use super::deliveries::{self, Envelope, NewHook, Tx};
+use super::hints::DueHints;
 use super::tenants::{Allocator, Resolution};
 use super::QueueError;
-use crate::store::keys::{self, Family, Seq};
+use crate::store::keys::{self, AtMs, Family, Seq, TenantOrd};
 use crate::store::{Dir, Store, StoreError};
 
 /// A batch ready to commit, and what each hook of it will get.
@@ -20,6 +21,8 @@ pub struct Assembled {
     next_seq: u64,
     /// Per hook, in input order: its seq, or why it is refused (nothing is written for it).
     pub outcomes: Vec<Result<Seq, QueueError>>,
+    /// The tenants given due rows, with each row's `at`: the dispatch tick's hints.
+    pub due: Vec<(TenantOrd, AtMs)>,
 }
 
 /// Seq and tenant state of the writer.
@@ -67,6 +70,7 @@ impl Assembler {
         }
         let mut next_seq = self.next_seq;
         let mut outcomes = Vec::with_capacity(hooks.len());
+        let mut due = Vec::with_capacity(hooks.len());
         for env in hooks {
             let env = env.borrow();
             let ord = match resolution.ords.get(env.tenant_or_default()) {
@@ -95,6 +99,9 @@ impl Assembler {
                     archive,
                 },
             );
+            if !env.sinks.is_empty() {
+                due.push((ord, env.received_at));
+            }
             outcomes.push(Ok(seq));
         }
         Ok(Assembled {
@@ -102,6 +109,7 @@ impl Assembler {
             resolution,
             next_seq,
             outcomes,
+            due,
         })
     }
 
@@ -199,6 +207,7 @@ pub fn spawn(
     assembler: Assembler,
     settings: WriterSettings,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    hints: std::sync::Arc<DueHints>,
 ) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(settings.queue_capacity);
     let mut w = Writer {
@@ -206,6 +215,7 @@ pub fn spawn(
         asm: assembler,
         settings,
         metrics,
+        hints,
     };
     let join = std::thread::Builder::new()
         .name("ankusa-writer".into())
@@ -218,6 +228,8 @@ struct Writer {
     asm: Assembler,
     settings: WriterSettings,
     metrics: std::sync::Arc<crate::metrics::Metrics>,
+    /// Where committed due work is announced to the dispatch tick.
+    hints: std::sync::Arc<DueHints>,
 }
 
 /// `?u` value: `<<expires_at::64>>` then the first hook's id.
@@ -347,8 +359,10 @@ impl Writer {
         }
         let started = std::time::Instant::now();
         let committed = fresh.len();
+        let due = std::mem::take(&mut assembled.due);
         match self.asm.commit(&self.store, assembled, true) {
             Ok(outcomes) => {
+                self.hints.add(due);
                 self.metrics
                     .writer_commit_seconds
                     .observe(started.elapsed().as_secs_f64());

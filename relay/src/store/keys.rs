@@ -34,7 +34,7 @@ impl TenantOrd {
 pub struct SinkIdx(pub u16);
 
 /// Milliseconds since the Unix epoch.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct AtMs(pub u64);
 
 impl AtMs {
@@ -45,7 +45,7 @@ impl AtMs {
 }
 
 /// An active-index bucket: `at / 1000`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Bucket(pub u64);
 
 impl Bucket {
@@ -635,8 +635,13 @@ pub fn decode_active(key: &[u8]) -> Result<(Bucket, TenantOrd), KeyError> {
 
 /// Active markers from the family start through `last` (inclusive): `(start, end_exclusive)`.
 pub fn active_through(last: Bucket) -> (Vec<u8>, Vec<u8>) {
+    active_range(Bucket(0), last)
+}
+
+/// Active markers of buckets `first..=last`: `(start, end_exclusive)`.
+pub fn active_range(first: Bucket, last: Bucket) -> (Vec<u8>, Vec<u8>) {
     (
-        Family::Active.lo(),
+        KeyBuf::new(b"A", 8).u64(first.0).0,
         KeyBuf::new(b"A", 8).u64(last.0.saturating_add(1)).0,
     )
 }
