@@ -58,3 +58,5 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench delivery
 	$(CARGO) bench -p ankusa-relay --bench migration
 	$(CARGO) bench -p ankusa-relay --bench replay
+	$(CARGO) bench -p ankusa-relay --bench sustain
+	$(CARGO) bench -p ankusa-relay --bench depth

@@ -118,10 +118,6 @@ fn sorted(lat: impl Iterator<Item = Duration>) -> Vec<Duration> {
     v
 }
 
-fn pct(lat: &[Duration], p: f64) -> f64 {
-    lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3
-}
-
 fn main() -> std::process::ExitCode {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("db");
@@ -190,7 +186,7 @@ sources: [{{ id: bench, tenant: {{ header: x-tenant }}, verify: {{ scheme: none 
             took.as_secs_f64(),
         )
     });
-    let (b99, d99) = (pct(&base, 0.99), pct(&during, 0.99));
+    let (b99, d99) = (load::pct(&base, 0.99), load::pct(&during, 0.99));
     let rate = revived as f64 / replay_s;
     println!(
         "\nreplay — {DEAD} dead rows over {TENANTS} tenants, ingest open-loop at {RATE} hooks/s ({CLIENTS} clients, {BODY} B, synced acks)"
@@ -201,14 +197,14 @@ sources: [{{ id: bench, tenant: {{ header: x-tenant }}, verify: {{ scheme: none 
         "| ingest alone | {} | {:.0} | {:.2} | {:.2} |",
         base.len(),
         base.len() as f64 / BASELINE.as_secs_f64(),
-        pct(&base, 0.5),
+        load::pct(&base, 0.5),
         b99
     );
     println!(
         "| ingest during the replay | {} | {:.0} | {:.2} | {:.2} |",
         during.len(),
         during.len() as f64 / window_s,
-        pct(&during, 0.5),
+        load::pct(&during, 0.5),
         d99
     );
     println!(

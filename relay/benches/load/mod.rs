@@ -1,5 +1,8 @@
-//! The HTTP load of the benches that post hooks (`ingest`, `replay`): keep-alive clients
-//! posting JSON bodies of a fixed size, each expecting its 202.
+//! The HTTP load of the benches that post hooks (`ingest`, `replay`, `sustain`, `depth`):
+//! keep-alive clients posting JSON bodies of a fixed size, each expecting its 202, and the
+//! relay node and local sink they run against.
+// Each bench uses its own part of this module.
+#![allow(dead_code)]
 
 use std::time::{Duration, Instant};
 
@@ -42,4 +45,124 @@ pub async fn gather<T>(tasks: Vec<tokio::task::JoinHandle<Vec<T>>>) -> Vec<T> {
         all.extend(t.await.expect("client task"));
     }
     all
+}
+
+/// The hmac-sha256 secret of the benches' `bench` source.
+pub const SECRET: &str = "bench-secret";
+
+/// `sha256=<hex>` over `body` with [`SECRET`].
+pub fn sign(body: &[u8]) -> String {
+    use hmac::Mac;
+    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).expect("key");
+    m.update(body);
+    let sig: Vec<String> = m
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("sha256={}", sig.concat())
+}
+
+/// Request `n` of client `worker`: a signed `size`-byte hook for one of `tenants` tenants.
+pub fn signed_hook(
+    url: &str,
+    worker: u64,
+    n: u64,
+    tenants: u64,
+    size: usize,
+) -> hyper::Request<Full<bytes::Bytes>> {
+    let body = body(worker, n, size);
+    hyper::Request::post(url)
+        .header(
+            "x-tenant",
+            format!("tenant-{}", (worker * 31 + n) % tenants),
+        )
+        .header("x-signature", sign(&body))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body)))
+        .expect("request")
+}
+
+/// A local sink answering 200 at once.
+pub async fn noop_sink() -> std::net::SocketAddr {
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::OK });
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    addr
+}
+
+/// A relay node on a store under `dir`: source `bench` (tenant from `x-tenant`,
+/// hmac-sha256 with [`SECRET`]) routed to one sink at `sink`; `extra` adds top-level keys.
+pub async fn relay(
+    dir: &std::path::Path,
+    sink: std::net::SocketAddr,
+    extra: &str,
+) -> ankusa_relay::node::Node {
+    relay_with_sink(dir, sink, "", extra).await
+}
+
+/// [`relay`] with more keys for the sink (`sink_keys`, e.g. `", timeout_ms: 600000"`).
+pub async fn relay_with_sink(
+    dir: &std::path::Path,
+    sink: std::net::SocketAddr,
+    sink_keys: &str,
+    extra: &str,
+) -> ankusa_relay::node::Node {
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin: {{ listen: "127.0.0.1:0" }}
+sinks: [{{ id: s, url: "http://{sink}/"{sink_keys} }}]
+routes: [{{ id: r, sinks: [s] }}]
+sources:
+  - id: bench
+    tenant: {{ header: x-tenant }}
+    verify: {{ scheme: hmac-sha256, secret: {{ value: "{SECRET}" }}, header: x-signature, prefix: "sha256=" }}
+    route: r
+{extra}
+"#,
+        dir.join("db").display()
+    );
+    let config = ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).expect("config");
+    ankusa_relay::node::Node::start(config).await.expect("node")
+}
+
+/// The value of an unlabelled sample `name` in a metrics text (0 if absent).
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The `p` quantile of sorted latencies, in ms.
+pub fn pct(lat: &[Duration], p: f64) -> f64 {
+    lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)].as_secs_f64() * 1e3
+}
+
+/// This process's CPU time so far (user + system), from `/proc/self/stat`.
+pub fn cpu_time() -> Duration {
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    // Fields after the command's closing parenthesis; utime and stime are 14th and 15th.
+    let rest = &stat[stat.rfind(')').expect("stat") + 2..];
+    let f: Vec<&str> = rest.split(' ').collect();
+    let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
+    // USER_HZ is 100 on Linux.
+    Duration::from_millis(ticks * 10)
+}
+
+/// This process's resident set, in MiB, from `/proc/self/status`.
+pub fn rss_mib() -> f64 {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        .map_or(0.0, |kb| kb / 1024.0)
 }

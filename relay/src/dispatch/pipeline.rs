@@ -477,6 +477,7 @@ async fn tick(
     cursors.hinted.merge(taken, DueHints::CAPACITY);
     let s = (*store).clone();
     let interval_ms = *interval_ms;
+    let started = std::time::Instant::now();
     let (cursors, jobs, visited, full) =
         tokio::task::spawn_blocking(move || claim_tick(&s, limits, cursors, interval_ms))
             .await
@@ -484,6 +485,9 @@ async fn tick(
                 context: "dispatch tick".into(),
                 source: std::io::Error::other(e.to_string()),
             })??;
+    metrics
+        .dispatch_tick_seconds
+        .observe(started.elapsed().as_secs_f64());
     metrics.dispatch_active_tenants.set(visited as i64);
     metrics
         .dispatch_ticks

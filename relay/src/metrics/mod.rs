@@ -76,6 +76,8 @@ pub struct Metrics {
     pub dispatch_active_tenants: Gauge,
     pub dispatch_claimed: Counter,
     pub dispatch_ticks: Family<ScanLabel, Counter>,
+    /// The read-and-claim half of a tick (plan, claim, marker cleanup, envelope reads).
+    pub dispatch_tick_seconds: Histogram,
     /// Hinted tenants waiting after the last tick.
     pub dispatch_hinted_tenants: Gauge,
     /// Times the hint set was full (the next tick then scans the active index).
@@ -168,6 +170,12 @@ impl Metrics {
             "Dispatch ticks, by the read they planned from (full: the active index; hinted: the tenants the writer announced)",
             dispatch_ticks.clone(),
         );
+        let dispatch_tick_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        registry.register(
+            "ankusa_dispatch_tick_seconds",
+            "Duration of a dispatch tick's reads and claim (plan, claim, marker cleanup, envelope reads)",
+            dispatch_tick_seconds.clone(),
+        );
         let dispatch_hinted_tenants = Gauge::default();
         registry.register(
             "ankusa_dispatch_hinted_tenants",
@@ -232,6 +240,7 @@ impl Metrics {
             dispatch_active_tenants,
             dispatch_claimed,
             dispatch_ticks,
+            dispatch_tick_seconds,
             dispatch_hinted_tenants,
             dispatch_hint_overflows,
             shutdown_requeued,
