@@ -39,6 +39,8 @@ struct Run {
     p50_ms: f64,
     p99_ms: f64,
     hooks_per_fsync: f64,
+    /// The writer's synced commit: p50 and p99 (bucket upper bounds), ms.
+    commit_ms: Option<(f64, f64)>,
 }
 
 impl Run {
@@ -152,6 +154,7 @@ async fn twin(label: &'static str, forwarding: bool) -> Run {
         p50_ms: load::pct(&lat, 0.50),
         p99_ms: load::pct(&lat, 0.99),
         hooks_per_fsync: 0.0,
+        commit_ms: None,
     }
 }
 
@@ -176,6 +179,10 @@ async fn run(label: &'static str, max_batch_hooks: usize) -> Run {
         p50_ms: load::pct(&lat, 0.50),
         p99_ms: load::pct(&lat, 0.99),
         hooks_per_fsync,
+        commit_ms: Some((
+            load::histogram_quantile(&m, "ankusa_writer_commit_seconds", 0.5) * 1e3,
+            load::histogram_quantile(&m, "ankusa_writer_commit_seconds", 0.99) * 1e3,
+        )),
     };
     node.shutdown().await.expect("shutdown");
     out
@@ -188,17 +195,19 @@ fn main() -> std::process::ExitCode {
     let group = rt.block_on(run("relay, group commit (default)", 512));
     let single = rt.block_on(run("relay, batch limit 1 (reference)", 1));
     println!("\ningest — {CLIENTS} keep-alive clients, {BODY} B bodies, {TENANTS} tenants, hmac-sha256, delivery on to a local sink, {}s per run", RUN.as_secs());
-    println!("| run | hooks acked | hooks/s | p50 ack (ms) | p99 ack (ms) | hooks per fsync |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| run | hooks acked | hooks/s | p50 ack (ms) | p99 ack (ms) | hooks per fsync | synced commit p50 / p99 (ms, ≤) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     for r in [&ceiling, &forwarding, &group, &single] {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} |",
             r.label,
             r.hooks,
             r.rate(),
             r.p50_ms,
             r.p99_ms,
-            r.hooks_per_fsync
+            r.hooks_per_fsync,
+            r.commit_ms
+                .map_or("-".into(), |(p50, p99)| format!("{p50:.2} / {p99:.2}"))
         );
     }
     let share = group.rate() / ceiling.rate();

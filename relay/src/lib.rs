@@ -24,6 +24,12 @@ pub mod node;
 pub mod queue;
 pub mod store;
 
+/// The allocator of every program built on the relay (the node, its tests and benches):
+/// the ingest and dispatch paths allocate per hook from many threads, where glibc's
+/// allocator spent about a tenth of the node's CPU (docs/performance.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Milliseconds since the Unix epoch, now.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now()

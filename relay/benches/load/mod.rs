@@ -166,3 +166,27 @@ pub fn rss_mib() -> f64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
         .map_or(0.0, |kb| kb / 1024.0)
 }
+
+/// The `q` quantile of histogram `name` in a metrics text, as the upper bound of the bucket
+/// it falls in (seconds; 0 if the histogram is empty).
+pub fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let buckets: Vec<(f64, f64)> = text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix(&prefix)?;
+            let (le, count) = rest.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    let total = buckets.last().map_or(0.0, |b| b.1);
+    buckets
+        .iter()
+        .find(|(_, c)| *c >= total * q && total > 0.0)
+        .map_or(0.0, |b| b.0)
+}
