@@ -240,6 +240,9 @@ pub struct DispatchConfig {
     pub max_inflight: usize,
     /// Deliveries in flight to one sink, unless the sink sets its own.
     pub per_sink_inflight: usize,
+    /// Deliveries in flight for one tenant: a tenant's backlog holds at most this many of
+    /// the node's delivery slots.
+    pub tenant_max_inflight: usize,
     /// Rows claimed from one tenant per tick.
     pub rows_per_tenant: usize,
     /// Bytes claimed per tick.
@@ -252,6 +255,7 @@ impl Default for DispatchConfig {
             tick_interval_ms: 100,
             max_inflight: 512,
             per_sink_inflight: 128,
+            tenant_max_inflight: 128,
             rows_per_tenant: 256,
             bytes_per_tick: 16 << 20,
         }
@@ -603,11 +607,13 @@ impl Config {
         if d.tick_interval_ms == 0 || d.tick_interval_ms > 60_000 {
             return Err(invalid("dispatch.tick_interval_ms", "must be in 1..=60000"));
         }
-        if !(1..=100_000).contains(&d.max_inflight) || !(1..=100_000).contains(&d.per_sink_inflight)
+        if !(1..=100_000).contains(&d.max_inflight)
+            || !(1..=100_000).contains(&d.per_sink_inflight)
+            || !(1..=100_000).contains(&d.tenant_max_inflight)
         {
             return Err(invalid(
                 "dispatch",
-                "max_inflight and per_sink_inflight must be in 1..=100000",
+                "max_inflight, per_sink_inflight and tenant_max_inflight must be in 1..=100000",
             ));
         }
         if d.rows_per_tenant == 0 || d.bytes_per_tick == 0 {
@@ -674,6 +680,12 @@ impl Config {
                 return Err(invalid(
                     &format!("{key}.timeout_ms"),
                     "must be in 1..=600000",
+                ));
+            }
+            if s.max_inflight.is_some_and(|m| !(1..=100_000).contains(&m)) {
+                return Err(invalid(
+                    &format!("{key}.max_inflight"),
+                    "must be in 1..=100000 (a sink with no slot would never be delivered to)",
                 ));
             }
         }

@@ -101,6 +101,10 @@ pub struct Cursors {
     /// When the last full scan ran, and whether it left work behind.
     full_at: AtMs,
     backlog: bool,
+    /// Where the round robin of the next tick starts.
+    rotation: usize,
+    /// The last tick left work but could claim none of it (every slot it needed was held).
+    blocked: bool,
 }
 
 impl Cursors {
@@ -146,12 +150,11 @@ impl Cursors {
     }
 
     /// Whether the tick at `now` scans the active index: when the hints overflowed, when
-    /// the last tick left work behind (a spent budget, a tenant's full share), and at
-    /// least every `interval_ms`.
+    /// the last tick left work behind (a spent budget, a tenant's full share) unless it
+    /// could claim nothing (waiting for slots), and at least every `interval_ms`.
     pub fn full_due(&self, now: AtMs, interval_ms: u64) -> bool {
         self.hinted.overflowed
-            || self.backlog
-            || !self.floors.is_empty()
+            || !self.blocked && (self.backlog || !self.floors.is_empty())
             || now.0 >= self.full_at.0.saturating_add(interval_ms)
     }
 
@@ -203,8 +206,8 @@ pub fn plan_tick(
     Ok(plan)
 }
 
-/// Plans one hinted tick: the tenants the writer announced, oldest hint first, each read
-/// from its cursor or its hint. No marker is read or cleaned (a full tick does that).
+/// Plans the hinted part of a tick: the tenants the writer announced, oldest hint first,
+/// each read from its hint. No marker is read or cleaned (a full tick does that).
 pub fn plan_hinted(
     store: &Store,
     now: AtMs,
@@ -226,7 +229,9 @@ pub fn plan_hinted(
             break;
         }
         plan.tenants_visited += 1;
-        let floor = cursors.floors.get(&ord).copied().unwrap_or(hint);
+        // From the hint, not the tenant's cursor: fresh rows are read even when an older
+        // backlog (say, for a full sink) holds the cursor back.
+        let floor = hint;
         let rows = budget.take(store, ord, now, floor, limits)?;
         plan.work.push(TenantWork {
             ord,
@@ -287,6 +292,8 @@ impl Budget {
 pub struct PipelineSettings {
     pub tick_interval: Duration,
     pub max_inflight: usize,
+    /// Deliveries in flight for one tenant.
+    pub tenant_max_inflight: usize,
     /// How long a stop waits for deliveries in flight.
     pub grace: Duration,
     pub limits: TickLimits,
@@ -298,6 +305,7 @@ impl PipelineSettings {
         PipelineSettings {
             tick_interval: Duration::from_millis(c.dispatch.tick_interval_ms),
             max_inflight: c.dispatch.max_inflight,
+            tenant_max_inflight: c.dispatch.tenant_max_inflight,
             grace: Duration::from_millis(c.shutdown.grace_ms),
             limits: TickLimits {
                 max_markers: 4096,
@@ -317,6 +325,10 @@ struct Job {
     /// The delivery row as read at claim time (attempts so far).
     state: DeliveryRow,
     envelope: Option<Arc<Envelope>>,
+    /// The sink's slot, taken before the row was claimed (none for a row with no sink).
+    sink_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    /// The tenant's in-flight slot, given back when the job is dropped.
+    tenant_slot: TenantSlot,
 }
 
 /// A finished attempt, to be committed.
@@ -339,6 +351,7 @@ pub fn spawn(
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_inflight));
+        let tenants = TenantSlots::new(settings.tenant_max_inflight);
         let (done_tx, done_rx) = tokio::sync::mpsc::channel::<Done>(settings.max_inflight);
         let committer = tokio::spawn(commit_outcomes(
             store.clone(),
@@ -365,6 +378,8 @@ pub fn spawn(
             }
             let free = permits.available_permits();
             let mut busy = false;
+            // Work is waiting for a slot (of a sink, a tenant): the next tick waits for one.
+            let mut waiting = false;
             if free > 0 {
                 let limits = TickLimits {
                     rows_per_tick: settings.limits.rows_per_tick.min(free),
@@ -372,6 +387,7 @@ pub fn spawn(
                 };
                 let mut ctx = TickCtx {
                     tasks: &mut in_flight,
+                    tenants: &tenants,
                     store: &store,
                     hints: &hints,
                     interval_ms: settings.tick_interval.as_millis() as u64,
@@ -384,10 +400,11 @@ pub fn spawn(
                 match tick(&mut ctx, limits, cursors).await {
                     Ok((c, claimed)) => {
                         // Work left behind (a spent budget, a tenant's full share, hinted
-                        // tenants not reached) is taken at once, not after a sleep.
-                        busy = claimed >= limits.rows_per_tick
-                            || c.backlog
-                            || !c.hinted.tenants.is_empty();
+                        // tenants not reached) is taken at once, not after a sleep — unless
+                        // nothing could be claimed: then it waits for a slot to free.
+                        let left = c.backlog || !c.hinted.tenants.is_empty();
+                        busy = claimed >= limits.rows_per_tick || (claimed > 0 && left);
+                        waiting = claimed == 0 && left;
                         cursors = c;
                     }
                     Err(e) => {
@@ -396,7 +413,16 @@ pub fn spawn(
                     }
                 }
             }
-            if !busy {
+            if waiting {
+                // A freed slot, or fresh rows (read from their hints only: a blocked
+                // backlog is scanned again once a slot frees or the interval passes).
+                tokio::select! {
+                    _ = tokio::time::sleep(settings.tick_interval) => {}
+                    _ = tenants.freed() => {}
+                    _ = hints.arrived() => {}
+                    _ = stop.changed() => {}
+                }
+            } else if !busy {
                 tokio::select! {
                     _ = tokio::time::sleep(settings.tick_interval) => {}
                     _ = hints.arrived() => {}
@@ -443,6 +469,7 @@ pub fn spawn(
 /// What a tick works with.
 struct TickCtx<'a> {
     tasks: &'a mut tokio::task::JoinSet<()>,
+    tenants: &'a TenantSlots,
     store: &'a Arc<Store>,
     hints: &'a DueHints,
     interval_ms: u64,
@@ -461,6 +488,7 @@ async fn tick(
 ) -> Result<(Cursors, usize), StoreError> {
     let TickCtx {
         tasks,
+        tenants,
         store,
         hints,
         interval_ms,
@@ -478,13 +506,19 @@ async fn tick(
     let s = (*store).clone();
     let interval_ms = *interval_ms;
     let started = std::time::Instant::now();
-    let (cursors, jobs, visited, full) =
-        tokio::task::spawn_blocking(move || claim_tick(&s, limits, cursors, interval_ms))
-            .await
-            .map_err(|e| StoreError::Io {
-                context: "dispatch tick".into(),
-                source: std::io::Error::other(e.to_string()),
-            })??;
+    let claim_ctx = ClaimCtx {
+        deliverer: (*deliverer).clone(),
+        tenants: (*tenants).clone(),
+        free: limits.rows_per_tick,
+    };
+    let (cursors, jobs, visited, full) = tokio::task::spawn_blocking(move || {
+        claim_tick(&s, limits, cursors, interval_ms, &claim_ctx)
+    })
+    .await
+    .map_err(|e| StoreError::Io {
+        context: "dispatch tick".into(),
+        source: std::io::Error::other(e.to_string()),
+    })??;
     metrics
         .dispatch_tick_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -498,6 +532,11 @@ async fn tick(
     metrics
         .dispatch_hinted_tenants
         .set(cursors.hinted.tenants.len() as i64);
+    let (tenants_in_flight, most) = tenants.usage();
+    metrics
+        .dispatch_tenants_inflight
+        .set(tenants_in_flight as i64);
+    metrics.dispatch_tenant_inflight_max.set(most as i64);
     metrics.dispatch_claimed.inc_by(jobs.len() as u64);
     let claimed = jobs.len();
     for job in jobs {
@@ -532,7 +571,7 @@ async fn tick(
                             latency: Duration::ZERO,
                         },
                         Some(sink) => {
-                            let _sink_permit = sink.permits.clone().acquire_owned().await;
+                            // The sink's slot was taken before the claim: nothing waits here.
                             let a = deliverer.attempt(&sink, env, max_retry_after).await;
                             metrics
                                 .delivery_attempts
@@ -552,6 +591,11 @@ async fn tick(
                     },
                 ),
             };
+            let mut job = job;
+            // The sink's slot is free again as soon as the attempt is over.
+            if job.sink_slot.take().is_some() {
+                job.tenant_slot.slots.notify_freed();
+            }
             let _ = done_tx
                 .send(Done {
                     job,
@@ -564,57 +608,71 @@ async fn tick(
     Ok((cursors, claimed))
 }
 
-/// The blocking half of a tick: plan (a full scan, or the hinted tenants), claim (one
-/// batch), clean the markers of the tenants claimed from, and read the hooks and delivery
-/// rows of the claimed rows. Also says whether the tick was a full one.
+/// What the claim half of a tick needs besides the store.
+struct ClaimCtx {
+    deliverer: Deliverer,
+    tenants: TenantSlots,
+    /// Free global delivery permits: the most rows this tick may claim.
+    free: usize,
+}
+
+/// A row the tick read, with its hook (if the hook is still there).
+struct Candidate {
+    row: DueRow,
+    envelope: Option<Arc<Envelope>>,
+}
+
+/// The blocking half of a tick: plan (a full scan, or the hinted tenants), read the
+/// candidates' hooks (a row's sink is named by its hook), assign rows round robin across
+/// tenants — each row only with a free slot of its sink and of its tenant — claim the
+/// assigned rows (one batch), clean the markers of the tenants read, and read the claimed
+/// rows' delivery rows. Also says whether the tick was a full one.
 fn claim_tick(
     store: &Store,
     limits: TickLimits,
     mut cursors: Cursors,
     interval_ms: u64,
+    ctx: &ClaimCtx,
 ) -> Result<(Cursors, Vec<Job>, usize, bool), StoreError> {
     let now = AtMs(crate::now_ms());
     let full = cursors.full_due(now, interval_ms);
+    // No tenant reads more rows than the tick can claim.
+    let read = TickLimits {
+        rows_per_tenant: limits.rows_per_tenant.min(ctx.free.max(1)),
+        ..limits
+    };
     let plan = if full {
         let from = cursors.active_from(now);
-        let plan = plan_tick(store, now, &limits, &cursors)?;
+        let plan = plan_tick(store, now, &read, &cursors)?;
         cursors.scanned(now, from, &plan);
         plan
     } else {
-        let plan = plan_hinted(store, now, &limits, &cursors)?;
-        cursors.backlog = plan.exhausted;
-        plan
+        cursors.backlog = false;
+        TickPlan::default()
     };
-    let mut tx = Tx::new();
-    let mut rows = Vec::new();
-    for w in &plan.work {
-        for r in &w.rows {
-            rows.push(deliveries::claim(&mut tx, r));
-        }
+    // The hinted tenants, every tick: their fresh rows never wait behind a full tick's
+    // order or a backlog another sink holds up.
+    let hinted = if cursors.hinted.tenants.is_empty() {
+        TickPlan::default()
+    } else {
+        plan_hinted(store, now, &read, &cursors)?
+    };
+    cursors.backlog |= hinted.exhausted;
+    // Per tenant, the rows of both reads, oldest first, once each.
+    let mut order: Vec<TenantOrd> = Vec::new();
+    let mut rows_of: HashMap<TenantOrd, Vec<DueRow>> = HashMap::new();
+    for w in plan.work.iter().chain(&hinted.work) {
+        let rows = rows_of.entry(w.ord).or_insert_with(|| {
+            order.push(w.ord);
+            Vec::new()
+        });
+        rows.extend(w.rows.iter().copied());
     }
-    // One unit per claim, in order: a row another writer moved first (purged, say) is
-    // not ours to deliver.
-    let committed = tx.commit(store, false)?;
-    let rows: Vec<InflightRow> = rows
-        .into_iter()
-        .zip(committed.moved)
-        .filter_map(|(r, moved)| moved.then_some(r))
-        .collect();
-    for w in &plan.work {
-        deliveries::cleanup_markers(store, w.ord, &w.buckets, now)?;
-        match w.rows.last() {
-            // A full share: more may wait from here on.
-            Some(last) if w.rows.len() >= limits.rows_per_tenant => {
-                cursors.advance(w.ord, last.key.at)
-            }
-            // Drained up to now: the next read starts at its oldest marker or its hint.
-            _ => {
-                cursors.evict(w.ord);
-                cursors.hinted.tenants.remove(&w.ord);
-            }
-        }
+    for rows in rows_of.values_mut() {
+        rows.sort();
+        rows.dedup_by_key(|r| r.key);
     }
-    let mut seqs: Vec<Seq> = rows.iter().map(|r| r.key.seq).collect();
+    let mut seqs: Vec<Seq> = rows_of.values().flatten().map(|r| r.key.seq).collect();
     seqs.sort();
     seqs.dedup();
     let hooks = store.multi_get(
@@ -626,17 +684,101 @@ fn claim_tick(
         .zip(hooks)
         .filter_map(|(s, v)| Some((s, Arc::new(Envelope::decode(&v?).ok()?))))
         .collect();
+    let work: Vec<(TenantOrd, Vec<Candidate>)> = order
+        .iter()
+        .map(|ord| {
+            let rows = rows_of[ord]
+                .iter()
+                .map(|r| Candidate {
+                    row: *r,
+                    envelope: envs.get(&r.key.seq).cloned(),
+                })
+                .collect();
+            (*ord, rows)
+        })
+        .collect();
+    let start = cursors.rotation;
+    cursors.rotation = cursors.rotation.wrapping_add(1);
+    let picked = assign(&work, start, ctx.free, &ctx.tenants, |c| {
+        let env = c.envelope.as_deref()?;
+        let id = env.sinks.get(c.row.key.sink.0 as usize)?;
+        Some(ctx.deliverer.sink(id)?.permits.clone())
+    });
+    let mut tx = Tx::new();
+    let claims: Vec<InflightRow> = picked
+        .iter()
+        .map(|p| deliveries::claim(&mut tx, &work[p.tenant].1[p.row].row))
+        .collect();
+    // One unit per claim, in order: a row another writer moved first (purged, say) is
+    // not ours to deliver.
+    let committed = tx.commit(store, false)?;
+    let mut claimed_keys = std::collections::HashSet::new();
+    let mut jobs_in = Vec::new();
+    for ((p, row), moved) in picked.into_iter().zip(claims).zip(committed.moved) {
+        if moved {
+            claimed_keys.insert(work[p.tenant].1[p.row].row.key);
+            jobs_in.push((p, row));
+        }
+    }
+    // Where each read stopped: the first row it left (for want of a slot), or none.
+    let left = |w: &TenantWork| {
+        w.rows
+            .iter()
+            .find(|r| !claimed_keys.contains(&r.key))
+            .map(|r| r.key.at)
+    };
+    let mut left_any = false;
+    for w in &plan.work {
+        deliveries::cleanup_markers(store, w.ord, &w.buckets, now)?;
+        match (left(w), w.rows.last()) {
+            // Rows left for want of a slot: the next read starts at the first of them.
+            (Some(at), _) => {
+                cursors.advance(w.ord, at);
+                left_any = true;
+            }
+            // A full share: more may wait from here on.
+            (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
+                cursors.advance(w.ord, last.key.at);
+                left_any = true;
+            }
+            // Drained up to now (hinted rows included): the next read starts at its
+            // oldest marker.
+            _ => {
+                cursors.evict(w.ord);
+                cursors.hinted.tenants.remove(&w.ord);
+            }
+        }
+    }
+    for w in &hinted.work {
+        match (left(w), w.rows.last()) {
+            // Rows no slot could take: the hint goes (a later hint starts at its own rows,
+            // not behind these); the full ticks hold them, from the tenant's markers.
+            (Some(_), _) => {
+                cursors.hinted.tenants.remove(&w.ord);
+                left_any = true;
+            }
+            (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
+                cursors.hinted.tenants.insert(w.ord, last.key.at);
+                left_any = true;
+            }
+            _ => {
+                cursors.hinted.tenants.remove(&w.ord);
+            }
+        }
+    }
+    cursors.backlog |= left_any;
+    cursors.blocked = left_any && jobs_in.is_empty();
     let states = store.multi_get(
         Cf::Deliveries,
-        &rows
+        &jobs_in
             .iter()
-            .map(|r| keys::delivery(r.key.seq, r.key.sink))
+            .map(|(_, r)| keys::delivery(r.key.seq, r.key.sink))
             .collect::<Vec<_>>(),
     )?;
-    let jobs = rows
+    let jobs = jobs_in
         .into_iter()
         .zip(states)
-        .map(|(row, state)| Job {
+        .map(|((p, row), state)| Job {
             state: state
                 .and_then(|v| DeliveryRow::decode(&v).ok())
                 .unwrap_or(DeliveryRow {
@@ -644,11 +786,186 @@ fn claim_tick(
                     size: row.size,
                     ..DeliveryRow::default()
                 }),
-            envelope: envs.get(&row.key.seq).cloned(),
+            envelope: work[p.tenant].1[p.row].envelope.clone(),
             row,
+            sink_slot: p.sink_slot,
+            tenant_slot: p.tenant_slot,
         })
         .collect();
-    Ok((cursors, jobs, plan.tenants_visited, full))
+    Ok((
+        cursors,
+        jobs,
+        plan.tenants_visited + hinted.tenants_visited,
+        full,
+    ))
+}
+
+/// A candidate the round robin gave a slot: `work[tenant].1[row]`.
+struct Picked {
+    tenant: usize,
+    row: usize,
+    sink_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    tenant_slot: TenantSlot,
+}
+
+/// Deficit round robin with a quantum of one row: tenants take turns from `start`, each
+/// turn giving one tenant its next row that has a free slot of its sink (`sink_of`: none
+/// for a row that needs no sink — an orphan, a sink no longer configured) and of the
+/// tenant, until `budget` rows are picked or no tenant can take one. Within a tenant rows
+/// go oldest first; a row whose sink is full is passed over, so a slow sink never holds
+/// back the tenant's rows for other sinks, and a flooding tenant gets one row per turn
+/// like everyone else.
+fn assign(
+    work: &[(TenantOrd, Vec<Candidate>)],
+    start: usize,
+    budget: usize,
+    tenants: &TenantSlots,
+    sink_of: impl Fn(&Candidate) -> Option<Arc<tokio::sync::Semaphore>>,
+) -> Vec<Picked> {
+    let n = work.len();
+    let mut picked = Vec::new();
+    if n == 0 {
+        return picked;
+    }
+    let mut next = vec![0usize; n];
+    let mut open = vec![true; n];
+    while picked.len() < budget {
+        let mut progress = false;
+        for k in 0..n {
+            let t = (start + k) % n;
+            if !open[t] || picked.len() >= budget {
+                continue;
+            }
+            let (ord, rows) = &work[t];
+            loop {
+                let Some(c) = rows.get(next[t]) else {
+                    open[t] = false;
+                    break;
+                };
+                if !tenants.has_room(*ord) {
+                    open[t] = false;
+                    break;
+                }
+                next[t] += 1;
+                let sink_slot = match sink_of(c) {
+                    None => None,
+                    Some(slots) => match slots.try_acquire_owned() {
+                        Ok(p) => Some(p),
+                        // The sink is full: this tenant's next row, if another sink's.
+                        Err(_) => continue,
+                    },
+                };
+                // Only this task takes slots; others only give them back.
+                let Some(tenant_slot) = tenants.try_take(*ord) else {
+                    open[t] = false;
+                    break;
+                };
+                picked.push(Picked {
+                    tenant: t,
+                    row: next[t] - 1,
+                    sink_slot,
+                    tenant_slot,
+                });
+                progress = true;
+                break;
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    picked
+}
+
+/// Deliveries in flight per tenant, capped (`dispatch.tenant_max_inflight`): a tenant's
+/// backlog can hold at most its cap of the node's delivery slots.
+#[derive(Debug, Clone)]
+pub struct TenantSlots {
+    inner: Arc<SlotsInner>,
+}
+
+#[derive(Debug)]
+struct SlotsInner {
+    cap: usize,
+    held: std::sync::Mutex<HashMap<TenantOrd, usize>>,
+    /// Signalled when a tenant's or a sink's slot is given back.
+    freed: tokio::sync::Notify,
+}
+
+/// One delivery's hold on its tenant's slots; given back when dropped.
+#[derive(Debug)]
+pub struct TenantSlot {
+    slots: TenantSlots,
+    ord: TenantOrd,
+}
+
+impl TenantSlots {
+    pub fn new(cap: usize) -> Self {
+        TenantSlots {
+            inner: Arc::new(SlotsInner {
+                cap,
+                held: Default::default(),
+                freed: tokio::sync::Notify::new(),
+            }),
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<TenantOrd, usize>> {
+        self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Whether `ord` holds fewer than its cap.
+    pub fn has_room(&self, ord: TenantOrd) -> bool {
+        self.held().get(&ord).copied().unwrap_or(0) < self.inner.cap
+    }
+
+    /// A slot of `ord`'s, unless it holds its cap.
+    pub fn try_take(&self, ord: TenantOrd) -> Option<TenantSlot> {
+        let mut held = self.held();
+        let n = held.entry(ord).or_default();
+        if *n >= self.inner.cap {
+            if *n == 0 {
+                held.remove(&ord);
+            }
+            return None;
+        }
+        *n += 1;
+        Some(TenantSlot {
+            slots: self.clone(),
+            ord,
+        })
+    }
+
+    /// Tenants with deliveries in flight, and the most any one of them holds.
+    pub fn usage(&self) -> (usize, usize) {
+        let held = self.held();
+        (held.len(), held.values().copied().max().unwrap_or(0))
+    }
+
+    /// A sink's slot was given back.
+    pub fn notify_freed(&self) {
+        self.inner.freed.notify_one();
+    }
+
+    /// Resolves once a slot is given back (at once if one was since the last wait).
+    pub async fn freed(&self) {
+        self.inner.freed.notified().await
+    }
+}
+
+impl Drop for TenantSlot {
+    fn drop(&mut self) {
+        {
+            let mut held = self.slots.held();
+            if let Some(n) = held.get_mut(&self.ord) {
+                *n -= 1;
+                if *n == 0 {
+                    held.remove(&self.ord);
+                }
+            }
+        }
+        self.slots.notify_freed();
+    }
 }
 
 /// Commits finished attempts in batches: delivered, retry (with backoff), dead-letter, or
@@ -886,6 +1203,91 @@ mod tests {
                 .len(),
             1
         );
+    }
+
+    /// Candidates of tenant `ord`: `n` rows, the i-th for sink `sinks[i % len]`.
+    fn candidates(ord: u32, n: u64, sinks: &[&str]) -> (TenantOrd, Vec<Candidate>) {
+        let rows = (0..n)
+            .map(|i| {
+                let sink = (i as usize) % sinks.len();
+                Candidate {
+                    row: DueRow {
+                        key: keys::DueKey {
+                            ord: TenantOrd(ord),
+                            at: AtMs(1_000 + i),
+                            seq: Seq(u64::from(ord) * 1_000_000 + i),
+                            sink: keys::SinkIdx(sink as u16),
+                        },
+                        size: 10,
+                        kind: deliveries::Kind::First,
+                    },
+                    envelope: Some(Arc::new(Envelope {
+                        sinks: sinks.iter().map(|s| (*s).to_owned()).collect(),
+                        ..Envelope::default()
+                    })),
+                }
+            })
+            .collect();
+        (TenantOrd(ord), rows)
+    }
+
+    fn sink_slots<'a>(
+        sinks: &'a HashMap<&'static str, Arc<tokio::sync::Semaphore>>,
+    ) -> impl Fn(&Candidate) -> Option<Arc<tokio::sync::Semaphore>> + 'a {
+        |c| {
+            let env = c.envelope.as_deref()?;
+            let id = env.sinks.get(c.row.key.sink.0 as usize)?;
+            sinks.get(id.as_str()).cloned()
+        }
+    }
+
+    #[test]
+    fn the_round_robin_gives_a_quiet_tenant_its_turn_beside_a_flood() {
+        let work = vec![candidates(1, 1_000, &["s"]), candidates(2, 1, &["s"])];
+        let sinks = HashMap::from([("s", Arc::new(tokio::sync::Semaphore::new(100)))]);
+        let tenants = TenantSlots::new(1_000);
+        // Whichever tenant the rotation starts with, the quiet one is in the first round.
+        for start in 0..2 {
+            let picked = assign(&work, start, 2, &tenants, sink_slots(&sinks));
+            let who: Vec<usize> = picked.iter().map(|p| p.tenant).collect();
+            assert!(who.contains(&1), "start {start}: {who:?}");
+        }
+        // A flood alone takes the whole budget, oldest first.
+        let picked = assign(&work[..1], 0, 5, &tenants, sink_slots(&sinks));
+        let rows: Vec<usize> = picked.iter().map(|p| p.row).collect();
+        assert_eq!(rows, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_full_sink_holds_back_only_its_own_rows_and_a_tenant_only_its_cap() {
+        // Tenant 1 alternates between a full sink and a free one.
+        let work = vec![
+            candidates(1, 10, &["slow", "fast"]),
+            candidates(2, 10, &["fast"]),
+        ];
+        let sinks = HashMap::from([
+            ("slow", Arc::new(tokio::sync::Semaphore::new(0))),
+            ("fast", Arc::new(tokio::sync::Semaphore::new(100))),
+        ]);
+        let tenants = TenantSlots::new(3);
+        let picked = assign(&work, 0, 100, &tenants, sink_slots(&sinks));
+        let of = |t: usize| -> Vec<usize> {
+            picked
+                .iter()
+                .filter(|p| p.tenant == t)
+                .map(|p| p.row)
+                .collect()
+        };
+        // Tenant 1's rows for `fast` (odd rows) go; its `slow` rows wait; each tenant stops
+        // at its cap of 3.
+        assert_eq!(of(0), vec![1, 3, 5]);
+        assert_eq!(of(1), vec![0, 1, 2]);
+        assert!(picked.iter().all(|p| p.sink_slot.is_some()));
+        assert_eq!(tenants.usage(), (2, 3));
+        assert!(!tenants.has_room(TenantOrd(1)));
+        drop(picked);
+        assert_eq!(tenants.usage(), (0, 0), "dropped slots are given back");
+        assert_eq!(sinks["fast"].available_permits(), 100);
     }
 
     #[test]

@@ -80,6 +80,9 @@ pub struct Metrics {
     pub dispatch_tick_seconds: Histogram,
     /// Hinted tenants waiting after the last tick.
     pub dispatch_hinted_tenants: Gauge,
+    /// Tenants with deliveries in flight, and the most one of them holds.
+    pub dispatch_tenants_inflight: Gauge,
+    pub dispatch_tenant_inflight_max: Gauge,
     /// Times the hint set was full (the next tick then scans the active index).
     pub dispatch_hint_overflows: Counter,
     /// Rows still in flight when a graceful stop's grace ran out, made due again.
@@ -182,6 +185,18 @@ impl Metrics {
             "Tenants announced by the writer that the last dispatch tick left for the next",
             dispatch_hinted_tenants.clone(),
         );
+        let dispatch_tenants_inflight = Gauge::default();
+        registry.register(
+            "ankusa_dispatch_tenants_inflight",
+            "Tenants with deliveries in flight",
+            dispatch_tenants_inflight.clone(),
+        );
+        let dispatch_tenant_inflight_max = Gauge::default();
+        registry.register(
+            "ankusa_dispatch_tenant_inflight_max",
+            "Deliveries in flight of the tenant holding the most (at most dispatch.tenant_max_inflight)",
+            dispatch_tenant_inflight_max.clone(),
+        );
         let dispatch_hint_overflows = Counter::default();
         registry.register(
             "ankusa_dispatch_hint_overflows",
@@ -243,6 +258,8 @@ impl Metrics {
             dispatch_tick_seconds,
             dispatch_hinted_tenants,
             dispatch_hint_overflows,
+            dispatch_tenants_inflight,
+            dispatch_tenant_inflight_max,
             shutdown_requeued,
             reclaim_backlog,
             reclaimed_hooks,

@@ -151,7 +151,7 @@ impl DeadRow {
 
 /// The hook envelope stored in `hooks`: everything delivery needs, including the sink ids
 /// of its fan-out list as they were at ingest.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Envelope {
     pub id: String,
     /// `None` files the hook under [`super::tenants::DEFAULT_TENANT`].
