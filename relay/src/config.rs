@@ -858,5 +858,11 @@ mod tests {
         );
         let e = Config::from_yaml("tenants:\n  max: 4294967295\n", env(&[])).unwrap_err();
         assert!(e.to_string().contains("tenants.max"), "{e}");
+        // A sink with no slot would never be delivered to.
+        let yaml = "sinks: [{ id: s, url: \"http://127.0.0.1:9/\", max_inflight: 0 }]\n";
+        let e = Config::from_yaml(yaml, env(&[])).unwrap_err();
+        assert!(e.to_string().contains("sinks[0].max_inflight"), "{e}");
+        let e = Config::from_yaml("dispatch: { tenant_max_inflight: 0 }\n", env(&[])).unwrap_err();
+        assert!(e.to_string().contains("tenant_max_inflight"), "{e}");
     }
 }
