@@ -215,7 +215,9 @@ impl Node {
             config.quarantine.max_entries,
             config.quarantine.max_bytes,
         )?);
+        let hints = Arc::new(DueHints::default());
         let api = Arc::new(Api {
+            hints: hints.clone(),
             store: store.clone(),
             tokens: Tokens::from_config(&config)?,
             audit: Audit::open(&store)?,
@@ -273,7 +275,6 @@ impl Node {
             Ok((recovered, assembler))
         })
         .await??;
-        let hints = Arc::new(DueHints::default());
         let (writer, writer_thread) = writer::spawn(
             store.clone(),
             assembler,

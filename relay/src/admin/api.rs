@@ -34,6 +34,8 @@ pub struct Api {
     pub quarantine: Option<Arc<Quarantine>>,
     /// The boot migration's progress.
     pub progress: Arc<super::Progress>,
+    /// Where revived rows are announced to the dispatch pipeline.
+    pub hints: Arc<crate::queue::hints::DueHints>,
 }
 
 /// An API error: one JSON shape, a stable code.
@@ -345,6 +347,8 @@ pub async fn replay(
             }
             // A row a concurrent replay or purge moved first is not revived again.
             revived += tx.commit(store, true)?.count();
+            // Delivered at once, not at the next full scan.
+            a.hints.add(chunk.iter().map(|r| (r.value.ord, now)));
         }
         if let Some(op) = first {
             store.write(vec![op], true)?;

@@ -357,6 +357,7 @@ pub fn spawn(
             store.clone(),
             done_rx,
             settings.retry.clone(),
+            hints.clone(),
         ));
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
         let mut cursors = Cursors::default();
@@ -413,18 +414,23 @@ pub fn spawn(
                     }
                 }
             }
+            // The timer: the interval, or sooner when a retry comes due before it.
+            let nap = hints.next_later().map_or(settings.tick_interval, |at| {
+                Duration::from_millis(at.0.saturating_sub(crate::now_ms()))
+                    .min(settings.tick_interval)
+            });
             if waiting {
                 // A freed slot, or fresh rows (read from their hints only: a blocked
                 // backlog is scanned again once a slot frees or the interval passes).
                 tokio::select! {
-                    _ = tokio::time::sleep(settings.tick_interval) => {}
+                    _ = tokio::time::sleep(nap) => {}
                     _ = tenants.freed() => {}
                     _ = hints.arrived() => {}
                     _ = stop.changed() => {}
                 }
             } else if !busy {
                 tokio::select! {
-                    _ = tokio::time::sleep(settings.tick_interval) => {}
+                    _ = tokio::time::sleep(nap) => {}
                     _ = hints.arrived() => {}
                     _ = stop.changed() => {}
                 }
@@ -498,7 +504,7 @@ async fn tick(
         metrics,
         max_retry_after,
     } = ctx;
-    let taken = hints.take();
+    let taken = hints.take(AtMs(crate::now_ms()));
     if taken.overflowed {
         metrics.dispatch_hint_overflows.inc();
     }
@@ -974,6 +980,7 @@ async fn commit_outcomes(
     store: Arc<Store>,
     mut rx: tokio::sync::mpsc::Receiver<Done>,
     retry: RetryConfig,
+    hints: Arc<DueHints>,
 ) {
     let max_retry_after = Duration::from_millis(retry.max_retry_after_ms);
     while let Some(first) = rx.recv().await {
@@ -989,27 +996,36 @@ async fn commit_outcomes(
         let result = tokio::task::spawn_blocking(move || {
             let now = crate::now_ms();
             let mut tx = Tx::new();
-            for d in &batch {
-                outcome_ops(&mut tx, d, &retry, max_retry_after, now);
-            }
+            let retries: Vec<(TenantOrd, AtMs)> = batch
+                .iter()
+                .filter_map(|d| outcome_ops(&mut tx, d, &retry, max_retry_after, now))
+                .collect();
             // The permits in `batch` are released once the outcomes are committed.
-            tx.commit(&store, false)
+            tx.commit(&store, false).map(|_| retries)
         })
         .await;
         match result {
-            Ok(Ok(_)) => {}
+            // Each retry is claimed when it comes due, not at the next full scan.
+            Ok(Ok(retries)) => hints.add_later(retries),
             Ok(Err(e)) => tracing::error!(error = %e, "dispatch: committing outcomes"),
             Err(e) => tracing::error!(error = %e, "dispatch: outcome task"),
         }
     }
 }
 
-fn outcome_ops(tx: &mut Tx, d: &Done, retry: &RetryConfig, max_retry_after: Duration, now: u64) {
+/// Adds one finished attempt's outcome; a retry's tenant and due time.
+fn outcome_ops(
+    tx: &mut Tx,
+    d: &Done,
+    retry: &RetryConfig,
+    max_retry_after: Duration,
+    now: u64,
+) -> Option<(TenantOrd, AtMs)> {
     let row = &d.job.row;
     let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
         // The hook is gone or does not decode: an orphan, dropped through the counted path.
         deliveries::orphan_drop(tx, row);
-        return;
+        return None;
     };
     let mut state = d.job.state.clone();
     state.attempts += 1;
@@ -1017,15 +1033,20 @@ fn outcome_ops(tx: &mut Tx, d: &Done, retry: &RetryConfig, max_retry_after: Dura
     state.last_status = a.status;
     state.last_error = a.error.clone();
     match &a.verdict {
-        Verdict::Delivered => deliveries::delivered(tx, row),
+        Verdict::Delivered => {
+            deliveries::delivered(tx, row);
+            None
+        }
         Verdict::Retry { retry_after } if state.attempts < retry.max_attempts => {
             let planned = backoff(retry, state.attempts, rand::random::<f64>());
             let delay = retry_after.map_or(planned, |ra| ra.min(max_retry_after).max(planned));
             let at = AtMs(now + delay.as_millis() as u64);
             deliveries::retry(tx, row, at, &state);
+            Some((row.key.ord, at))
         }
         Verdict::Retry { .. } | Verdict::Dead => {
             deliveries::dead_letter(tx, row, AtMs(now), &env.source, &env.id, Some(&state));
+            None
         }
     }
 }

@@ -7,11 +7,17 @@
 //! ceiling. A hint carries the earliest `at` the writer enqueued for the tenant, so the
 //! tick's read of that tenant starts there instead of at the tenant's first tombstone.
 //!
-//! Bounded: at most [`DueHints::CAPACITY`] tenants wait; past it a hint is refused and the
-//! set marked overflowed, which makes the next tick a full scan.
+//! Rows that become due later (retries) are hinted ahead: [`DueHints::add_later`] keeps
+//! them in a timer ordered by `at`, the pipeline sleeps until the earliest, and a take at
+//! or after it turns them into hints — a retry is claimed when it comes due, without a
+//! scan.
+//!
+//! Bounded: at most [`DueHints::CAPACITY`] tenants wait, and as many timer entries; past
+//! either a hint is refused and the set marked overflowed, which makes the next tick a
+//! full scan (a timer entry refused is found by a full scan when it comes due).
 
 use std::collections::hash_map::Entry;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 use crate::store::keys::{AtMs, TenantOrd};
@@ -19,8 +25,15 @@ use crate::store::keys::{AtMs, TenantOrd};
 /// The hints waiting for the next tick, and the tick's wake-up.
 #[derive(Debug, Default)]
 pub struct DueHints {
-    waiting: Mutex<Hinted>,
+    waiting: Mutex<Waiting>,
     wake: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Waiting {
+    now: Hinted,
+    /// Rows due later: `(at, tenant)`, earliest first.
+    later: BTreeSet<(AtMs, TenantOrd)>,
 }
 
 /// What a tick takes: per tenant the earliest hinted `at`, and whether any hint was
@@ -69,17 +82,53 @@ impl DueHints {
     /// tick.
     pub fn add(&self, due: impl IntoIterator<Item = (TenantOrd, AtMs)>) {
         {
-            let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+            let mut w = self.lock();
             for (ord, at) in due {
-                w.add(ord, at, Self::CAPACITY);
+                w.now.add(ord, at, Self::CAPACITY);
             }
         }
         self.wake.notify_one();
     }
 
-    /// Everything waiting, leaving nothing.
-    pub fn take(&self) -> Hinted {
-        std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|p| p.into_inner()))
+    /// Rows that become due at their `at` (retries): hinted when it comes. Wakes the
+    /// pipeline so it can sleep until the earliest.
+    pub fn add_later(&self, due: impl IntoIterator<Item = (TenantOrd, AtMs)>) {
+        let mut added = false;
+        {
+            let mut w = self.lock();
+            for (ord, at) in due {
+                if w.later.len() >= Self::CAPACITY {
+                    w.now.overflowed = true;
+                    break;
+                }
+                added |= w.later.insert((at, ord));
+            }
+        }
+        if added {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Everything hinted now, and the timer's entries due by `now`, leaving neither.
+    pub fn take(&self, now: AtMs) -> Hinted {
+        let mut w = self.lock();
+        while let Some(&(at, ord)) = w.later.first() {
+            if at > now {
+                break;
+            }
+            w.later.pop_first();
+            w.now.add(ord, at, Self::CAPACITY);
+        }
+        std::mem::take(&mut w.now)
+    }
+
+    /// When the earliest timer entry comes due.
+    pub fn next_later(&self) -> Option<AtMs> {
+        self.lock().later.first().map(|(at, _)| *at)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Waiting> {
+        self.waiting.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Resolves once a hint arrives (at once if one arrived since the last wait).
@@ -116,7 +165,7 @@ mod tests {
             let hints = hints.clone();
             tokio::spawn(async move {
                 hints.arrived().await;
-                hints.take()
+                hints.take(AtMs(1_000))
             })
         };
         hints.add([(TenantOrd(7), AtMs(1_000))]);
@@ -125,6 +174,20 @@ mod tests {
             .expect("woken")
             .expect("task");
         assert_eq!(got.tenants[&TenantOrd(7)], AtMs(1_000));
-        assert!(hints.take().is_empty());
+        assert!(hints.take(AtMs(1_000)).is_empty());
+    }
+
+    #[test]
+    fn a_later_row_is_hinted_when_it_comes_due_and_not_before() {
+        let hints = DueHints::default();
+        hints.add_later([(TenantOrd(1), AtMs(5_000)), (TenantOrd(2), AtMs(3_000))]);
+        assert_eq!(hints.next_later(), Some(AtMs(3_000)));
+        assert!(hints.take(AtMs(2_999)).is_empty());
+        let t = hints.take(AtMs(4_000));
+        assert_eq!(t.tenants.len(), 1);
+        assert_eq!(t.tenants[&TenantOrd(2)], AtMs(3_000));
+        assert_eq!(hints.next_later(), Some(AtMs(5_000)));
+        assert_eq!(hints.take(AtMs(9_000)).tenants[&TenantOrd(1)], AtMs(5_000));
+        assert_eq!(hints.next_later(), None);
     }
 }

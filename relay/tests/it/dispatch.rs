@@ -266,6 +266,77 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     node.shutdown().await.unwrap();
 }
 
+/// Rows that become due later wake the pipeline too: with a tick of 5 s, a retry goes out
+/// when its backoff ends, and a replayed dead row at once.
+#[tokio::test]
+async fn retries_coming_due_and_replays_are_claimed_without_waiting_for_the_tick() {
+    let sink = TestSink::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"
+data_dir: {data}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin: {{ listen: "127.0.0.1:0", tokens: {tokens} }}
+dispatch: {{ tick_interval_ms: 5000 }}
+retry: {{ schedule_ms: [200], max_attempts: 3, jitter: none }}
+sinks: [{{ id: a, url: "{a}" }}]
+routes: [{{ id: main, sinks: [a] }}]
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: main }}]
+"#,
+        data = dir.path().join("db").display(),
+        tokens = ADMIN_TOKENS_YAML,
+        a = sink.url("/a"),
+    );
+    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
+        .await
+        .unwrap();
+    let c = client();
+    // 503, then 200: the retry leaves 200 ms after the first attempt, not at the tick.
+    sink.script("/a", &[(503, None), (400, None)]);
+    let ingest = format!("http://{}/ingest/in", node.ingest_addr);
+    let r = post(&c, &ingest, &[("x-tenant", "t".into())], r#"{"n":1}"#).await;
+    assert_eq!(r.status, 202);
+    eventually(3, "the retry", || sink.on("/a").len() >= 2).await;
+    let got = sink.on("/a");
+    let gap = got[1].at.duration_since(got[0].at);
+    assert!(
+        gap >= Duration::from_millis(200) && gap < Duration::from_millis(1_500),
+        "retry after {gap:?}"
+    );
+    // The 400 dead-lettered it; a replay delivers it at once.
+    eventually(3, "dead-lettered", || {
+        counters::node(&node.store).unwrap().dead == 1
+    })
+    .await;
+    let replay = post(
+        &c,
+        &format!("http://{}/v1/dlq/replay", node.admin_addr),
+        &[
+            ("authorization", format!("Bearer {ADMIN_TOKEN}")),
+            ("content-type", "application/json".into()),
+        ],
+        r#"{"tenant":"t"}"#,
+    )
+    .await;
+    assert_eq!(
+        replay.status,
+        200,
+        "{}",
+        String::from_utf8_lossy(&replay.body)
+    );
+    let replayed = Instant::now();
+    eventually(3, "the replayed hook delivered", || {
+        sink.on("/a").len() >= 3
+    })
+    .await;
+    let lag = sink.on("/a")[2].at.saturating_duration_since(replayed);
+    assert!(
+        lag < Duration::from_millis(1_500),
+        "replay delivered after {lag:?}"
+    );
+    node.shutdown().await.unwrap();
+}
+
 /// A slow sink holds only its own slots: sink A answers in 2 s with `max_inflight: 2` and
 /// a backlog of 2 000 hooks, and the same tenant's hooks for sink B still arrive at once.
 #[tokio::test]
