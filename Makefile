@@ -60,3 +60,5 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench replay
 	$(CARGO) bench -p ankusa-relay --bench sustain
 	$(CARGO) bench -p ankusa-relay --bench depth
+	$(CARGO) bench -p ankusa-relay --bench latency
+	$(CARGO) bench -p ankusa-relay --bench fairness

@@ -190,3 +190,110 @@ pub fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
         .find(|(_, c)| *c >= total * q && total > 0.0)
         .map_or(0.0, |b| b.0)
 }
+
+/// A local sink that answers 204 and records when each `webhook-id` arrived; optionally
+/// holding each request `delay` behind `slots` concurrent answers (a sink of limited
+/// capacity).
+#[derive(Clone, Default)]
+pub struct ArrivalSink {
+    pub count: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    pub arrivals: std::sync::Arc<std::sync::Mutex<std::collections::HashMap<String, Instant>>>,
+}
+
+impl ArrivalSink {
+    /// When `id` arrived, if it has.
+    pub fn arrived(&self, id: &str) -> Option<Instant> {
+        self.arrivals.lock().expect("lock").get(id).copied()
+    }
+}
+
+/// Starts an [`ArrivalSink`] on 127.0.0.1; its port.
+pub async fn arrival_sink(delay: Duration) -> (ArrivalSink, u16) {
+    use std::sync::atomic::Ordering;
+    let sink = ArrivalSink::default();
+    let s = sink.clone();
+    let app = axum::Router::new().fallback(
+        move |headers: axum::http::HeaderMap, _body: axum::body::Bytes| {
+            let s = s.clone();
+            async move {
+                if !delay.is_zero() {
+                    tokio::time::sleep(delay).await;
+                }
+                s.count.fetch_add(1, Ordering::Relaxed);
+                if let Some(id) = headers.get("webhook-id").and_then(|v| v.to_str().ok()) {
+                    s.arrivals
+                        .lock()
+                        .expect("lock")
+                        .insert(id.to_owned(), Instant::now());
+                }
+                axum::http::StatusCode::NO_CONTENT
+            }
+        },
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = l.local_addr().expect("addr").port();
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    (sink, port)
+}
+
+/// Open-loop ingest: `rate` hooks/s for `secs` seconds to `url`, tenant `tenant(n)`, each
+/// request on its own task at its planned time, signed for the `bench` source (a source
+/// that verifies nothing ignores the header). Returns each acked hook's id with the
+/// instant its request was sent.
+pub async fn open_loop(
+    url: std::sync::Arc<str>,
+    rate: u64,
+    secs: u64,
+    size: usize,
+    tenant: impl Fn(u64) -> String,
+) -> Vec<(String, Instant)> {
+    let client = client(256);
+    let period = Duration::from_nanos(1_000_000_000 / rate);
+    let start = Instant::now();
+    let mut tasks = Vec::new();
+    for n in 0..rate * secs {
+        tokio::time::sleep_until((start + period * n as u32).into()).await;
+        let (client, url) = (client.clone(), url.clone());
+        let b = body(n, n, size);
+        let req = hyper::Request::post(&*url)
+            .header("x-tenant", tenant(n))
+            .header("x-signature", sign(&b))
+            .header("content-type", "application/json")
+            .body(Full::new(bytes::Bytes::from(b)))
+            .expect("request");
+        tasks.push(tokio::spawn(async move {
+            let t = Instant::now();
+            let resp = client.request(req).await.expect("response");
+            let status = resp.status();
+            let b = resp.into_body().collect().await.expect("body").to_bytes();
+            assert_eq!(status, 202, "{}", String::from_utf8_lossy(&b));
+            let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
+            vec![(v["id"].as_str().expect("id").to_owned(), t)]
+        }));
+    }
+    gather(tasks).await
+}
+
+/// Ingest-to-delivery latencies of `sent` (waiting up to `wait` for the last arrivals),
+/// sorted; and how many never arrived.
+pub async fn delivery_lags(
+    sink: &ArrivalSink,
+    sent: &[(String, Instant)],
+    wait: Duration,
+) -> (Vec<Duration>, usize) {
+    let deadline = Instant::now() + wait;
+    while sent.iter().any(|(id, _)| sink.arrived(id).is_none()) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let mut lat: Vec<Duration> = sent
+        .iter()
+        .filter_map(|(id, t)| sink.arrived(id).map(|a| a.saturating_duration_since(*t)))
+        .collect();
+    lat.sort();
+    let missing = sent.len() - lat.len();
+    (lat, missing)
+}

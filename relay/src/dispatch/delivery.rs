@@ -36,8 +36,13 @@ pub struct Sink {
     pub timeout: Duration,
     headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
     pub dead_letter_on_4xx: bool,
-    /// Bounds this sink's deliveries in flight.
+    /// Bounds this sink's requests in flight (`max_inflight`).
     pub permits: Arc<tokio::sync::Semaphore>,
+    /// Bounds this sink's claimed rows: its requests in flight and a quarter as many next
+    /// in line (`max_inflight` + ⌈`max_inflight`/4⌉), so a delivery starts the moment a
+    /// request ends, a slow sink holds a bounded share of the node's slots, and a row
+    /// claimed for a busy sink queues behind few others.
+    pub claims: Arc<tokio::sync::Semaphore>,
 }
 
 /// What an attempt came to.
@@ -123,6 +128,7 @@ impl Deliverer {
                     headers,
                     dead_letter_on_4xx: s.dead_letter_on_4xx,
                     permits: Arc::new(tokio::sync::Semaphore::new(permits)),
+                    claims: Arc::new(tokio::sync::Semaphore::new(permits + permits.div_ceil(4))),
                 }),
             );
         }
@@ -147,6 +153,14 @@ impl Deliverer {
 
     pub fn sink(&self, id: &str) -> Option<Arc<Sink>> {
         self.sinks.get(id).cloned()
+    }
+
+    /// Free slots over every sink: the most rows a tick can start deliveries for.
+    pub fn free_slots(&self) -> usize {
+        self.sinks
+            .values()
+            .map(|s| s.claims.available_permits())
+            .sum()
     }
 
     /// POSTs the hook to the sink once.

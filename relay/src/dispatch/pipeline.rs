@@ -39,6 +39,10 @@ use crate::queue::hints::{DueHints, Hinted};
 use crate::store::keys::{self, AtMs, Bucket, Seq, TenantOrd};
 use crate::store::{Cf, Store, StoreError};
 
+/// How long a tick waiting for slots lets them come back after the first, so one tick
+/// claims for several.
+const SLOT_BATCH: Duration = Duration::from_millis(1);
+
 /// A tick's budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TickLimits {
@@ -173,7 +177,8 @@ impl Cursors {
 
 /// Plans one full tick: reads the active index from the live start and each visited
 /// tenant's due rows from its oldest marker (no due row is older: every due row has its
-/// marker). Reads only; claiming and the marker cleanup follow in the pipeline.
+/// marker), tenants in marker order from the tick's rotation on. Reads only; claiming
+/// and the marker cleanup follow in the pipeline.
 pub fn plan_tick(
     store: &Store,
     now: AtMs,
@@ -187,6 +192,12 @@ pub fn plan_tick(
         ..TickPlan::default()
     };
     let mut budget = Budget::new(limits);
+    // Each tick starts one tenant further on: when the budget is small (the slots of a
+    // busy sink), every active tenant still gets read in turn, not just the oldest.
+    let n = active.len();
+    let start = if n == 0 { 0 } else { cursors.rotation % n };
+    let mut active = active;
+    active.rotate_left(start);
     for t in active {
         if budget.spent() {
             plan.exhausted = true;
@@ -325,7 +336,8 @@ struct Job {
     /// The delivery row as read at claim time (attempts so far).
     state: DeliveryRow,
     envelope: Option<Arc<Envelope>>,
-    /// The sink's slot, taken before the row was claimed (none for a row with no sink).
+    /// The sink's claim slot, taken before the row was claimed (none for a row with no
+    /// sink).
     sink_slot: Option<tokio::sync::OwnedSemaphorePermit>,
     /// The tenant's in-flight slot, given back when the job is dropped.
     tenant_slot: TenantSlot,
@@ -424,7 +436,12 @@ pub fn spawn(
                 // backlog is scanned again once a slot frees or the interval passes).
                 tokio::select! {
                     _ = tokio::time::sleep(nap) => {}
-                    _ = tenants.freed() => {}
+                    _ = tenants.freed() => {
+                        // Let a few more slots come back: one tick for several rows, a
+                        // full read again (its rotation reaches every waiting tenant).
+                        tokio::time::sleep(SLOT_BATCH).await;
+                        cursors.blocked = false;
+                    }
                     _ = hints.arrived() => {}
                     _ = stop.changed() => {}
                 }
@@ -512,10 +529,17 @@ async fn tick(
     let s = (*store).clone();
     let interval_ms = *interval_ms;
     let started = std::time::Instant::now();
+    // No more candidates than free slots: the node's, and the sinks' together (a row
+    // needs one of its sink's; orphans and rows of removed sinks need none and are rare).
+    let free = limits.rows_per_tick.min(deliverer.free_slots().max(1));
+    let limits = TickLimits {
+        rows_per_tick: free,
+        ..limits
+    };
     let claim_ctx = ClaimCtx {
         deliverer: (*deliverer).clone(),
         tenants: (*tenants).clone(),
-        free: limits.rows_per_tick,
+        free,
     };
     let (cursors, jobs, visited, full) = tokio::task::spawn_blocking(move || {
         claim_tick(&s, limits, cursors, interval_ms, &claim_ctx)
@@ -577,7 +601,9 @@ async fn tick(
                             latency: Duration::ZERO,
                         },
                         Some(sink) => {
-                            // The sink's slot was taken before the claim: nothing waits here.
+                            // The claim took one of the sink's claim slots; the request
+                            // waits only for one of its own requests to end.
+                            let _request = sink.permits.clone().acquire_owned().await;
                             let a = deliverer.attempt(&sink, env, max_retry_after).await;
                             metrics
                                 .delivery_attempts
@@ -708,7 +734,7 @@ fn claim_tick(
     let picked = assign(&work, start, ctx.free, &ctx.tenants, |c| {
         let env = c.envelope.as_deref()?;
         let id = env.sinks.get(c.row.key.sink.0 as usize)?;
-        Some(ctx.deliverer.sink(id)?.permits.clone())
+        Some(ctx.deliverer.sink(id)?.claims.clone())
     });
     let mut tx = Tx::new();
     let claims: Vec<InflightRow> = picked

@@ -1,0 +1,91 @@
+//! `cargo bench -p ankusa-relay --bench fairness`: does a flooding tenant hold back a
+//! quiet one?
+//!
+//! One node, one sink of limited capacity (16 slots, each answer held 10 ms: about 1 600
+//! hooks/s). In one run:
+//! 1. the victim tenant alone, open loop at 50 hooks/s for 10 s;
+//! 2. the victim again at 50 hooks/s, beside a flooding tenant at 100× its rate (5 000
+//!    hooks/s, above the sink's capacity, so the flood's backlog grows) into the same
+//!    sink.
+//!
+//! For each victim hook, the time from its ingest request to the sink's receipt.
+//!
+//! PASS only if the victim's p99 with the flood is within 2× its p99 alone (counted as at
+//! least 5 ms), and every victim hook arrived.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+mod load;
+
+const VICTIM_RATE: u64 = 50;
+const FLOOD_RATE: u64 = 5_000;
+const SECS: u64 = 10;
+const BODY: usize = 1_024;
+const SINK_SLOTS: usize = 16;
+const SINK_DELAY: Duration = Duration::from_millis(10);
+
+fn main() -> std::process::ExitCode {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let (alone, with_flood, missing, flood_sent, flood_delivered) = rt.block_on(async {
+        let (sink, port) = load::arrival_sink(SINK_DELAY).await;
+        let node = load::relay_with_sink(
+            dir.path(),
+            std::net::SocketAddr::from(([127, 0, 0, 1], port)),
+            &format!(", max_inflight: {SINK_SLOTS}"),
+            "",
+        )
+        .await;
+        let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
+        let victim = |_| "victim".to_owned();
+        let sent = load::open_loop(url.clone(), VICTIM_RATE, SECS, BODY, victim).await;
+        let (alone, missing_alone) =
+            load::delivery_lags(&sink, &sent, Duration::from_secs(10)).await;
+        let flood = tokio::spawn(load::open_loop(url.clone(), FLOOD_RATE, SECS, BODY, |_| {
+            "flood".to_owned()
+        }));
+        let sent = load::open_loop(url, VICTIM_RATE, SECS, BODY, victim).await;
+        let flood_sent = flood.await.expect("flood").len();
+        let (with_flood, missing_flood) =
+            load::delivery_lags(&sink, &sent, Duration::from_secs(10)).await;
+        let flood_delivered =
+            sink.count.load(std::sync::atomic::Ordering::Relaxed) as usize - 2 * sent.len();
+        node.shutdown().await.expect("shutdown");
+        (
+            alone,
+            with_flood,
+            missing_alone + missing_flood,
+            flood_sent,
+            flood_delivered,
+        )
+    });
+    println!(
+        "\nfairness — victim at {VICTIM_RATE}/s, flood at {FLOOD_RATE}/s, one sink of {SINK_SLOTS} slots × {} ms, {SECS}s each",
+        SINK_DELAY.as_millis()
+    );
+    println!("| victim | hooks | p50 (ms) | p99 (ms) | max (ms) |");
+    println!("|---|---:|---:|---:|---:|");
+    for (label, lat) in [("alone", &alone), ("beside the flood", &with_flood)] {
+        println!(
+            "| {label} | {} | {:.2} | {:.2} | {:.2} |",
+            lat.len(),
+            load::pct(lat, 0.5),
+            load::pct(lat, 0.99),
+            load::pct(lat, 1.0)
+        );
+    }
+    println!("flood: {flood_sent} acked, {flood_delivered} delivered by the end of the run");
+    let (a99, f99) = (load::pct(&alone, 0.99), load::pct(&with_flood, 0.99));
+    let ratio = f99 / a99.max(5.0);
+    println!(
+        "\nvictim p99 with the flood / alone = {f99:.2} / {a99:.2} ms = {ratio:.2}x (pass: <= 2x, alone counted as >= 5 ms); never arrived: {missing}"
+    );
+    if ratio <= 2.0 && missing == 0 {
+        println!("fairness: PASS");
+        std::process::ExitCode::SUCCESS
+    } else {
+        println!("fairness: FAIL");
+        std::process::ExitCode::FAILURE
+    }
+}
