@@ -28,7 +28,7 @@ const SINK_DELAY: Duration = Duration::from_millis(10);
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (alone, with_flood, missing, flood_sent, flood_delivered) = rt.block_on(async {
+    let (alone, with_flood, parts, missing, flood_sent, flood_delivered) = rt.block_on(async {
         let (sink, port) = load::arrival_sink(SINK_DELAY).await;
         let node = load::relay_with_sink(
             dir.path(),
@@ -42,6 +42,7 @@ fn main() -> std::process::ExitCode {
         let sent = load::open_loop(url.clone(), VICTIM_RATE, SECS, BODY, victim).await;
         let (alone, missing_alone) =
             load::delivery_lags(&sink, &sent, Duration::from_secs(10)).await;
+        let parts_alone = load::lag_parts(&sink, &sent);
         let flood = tokio::spawn(load::open_loop(url.clone(), FLOOD_RATE, SECS, BODY, |_| {
             "flood".to_owned()
         }));
@@ -49,12 +50,14 @@ fn main() -> std::process::ExitCode {
         let flood_sent = flood.await.expect("flood").len();
         let (with_flood, missing_flood) =
             load::delivery_lags(&sink, &sent, Duration::from_secs(10)).await;
+        let parts_flood = load::lag_parts(&sink, &sent);
         let flood_delivered =
             sink.count.load(std::sync::atomic::Ordering::Relaxed) as usize - 2 * sent.len();
         node.shutdown().await.expect("shutdown");
         (
             alone,
             with_flood,
+            [parts_alone, parts_flood],
             missing_alone + missing_flood,
             flood_sent,
             flood_delivered,
@@ -64,15 +67,20 @@ fn main() -> std::process::ExitCode {
         "\nfairness — victim at {VICTIM_RATE}/s, flood at {FLOOD_RATE}/s, one sink of {SINK_SLOTS} slots × {} ms, {SECS}s each",
         SINK_DELAY.as_millis()
     );
-    println!("| victim | hooks | p50 (ms) | p99 (ms) | max (ms) |");
-    println!("|---|---:|---:|---:|---:|");
-    for (label, lat) in [("alone", &alone), ("beside the flood", &with_flood)] {
+    println!("| victim | hooks | p50 (ms) | p99 (ms) | max (ms) | ack p99 (ms) | ack to arrival p99 (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    for ((label, lat), (ack, dispatch)) in [("alone", &alone), ("beside the flood", &with_flood)]
+        .into_iter()
+        .zip(&parts)
+    {
         println!(
-            "| {label} | {} | {:.2} | {:.2} | {:.2} |",
+            "| {label} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} |",
             lat.len(),
             load::pct(lat, 0.5),
             load::pct(lat, 0.99),
-            load::pct(lat, 1.0)
+            load::pct(lat, 1.0),
+            load::pct(ack, 0.99),
+            load::pct(dispatch, 0.99)
         );
     }
     println!("flood: {flood_sent} acked, {flood_delivered} delivered by the end of the run");

@@ -240,17 +240,24 @@ pub async fn arrival_sink(delay: Duration) -> (ArrivalSink, u16) {
     (sink, port)
 }
 
+/// A hook an open-loop sender had acked: its id, when its request left, when its 202 came.
+#[derive(Debug, Clone)]
+pub struct Sent {
+    pub id: String,
+    pub sent: Instant,
+    pub acked: Instant,
+}
+
 /// Open-loop ingest: `rate` hooks/s for `secs` seconds to `url`, tenant `tenant(n)`, each
 /// request on its own task at its planned time, signed for the `bench` source (a source
-/// that verifies nothing ignores the header). Returns each acked hook's id with the
-/// instant its request was sent.
+/// that verifies nothing ignores the header).
 pub async fn open_loop(
     url: std::sync::Arc<str>,
     rate: u64,
     secs: u64,
     size: usize,
     tenant: impl Fn(u64) -> String,
-) -> Vec<(String, Instant)> {
+) -> Vec<Sent> {
     let client = client(256);
     let period = Duration::from_nanos(1_000_000_000 / rate);
     let start = Instant::now();
@@ -272,7 +279,11 @@ pub async fn open_loop(
             let b = resp.into_body().collect().await.expect("body").to_bytes();
             assert_eq!(status, 202, "{}", String::from_utf8_lossy(&b));
             let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
-            vec![(v["id"].as_str().expect("id").to_owned(), t)]
+            vec![Sent {
+                id: v["id"].as_str().expect("id").to_owned(),
+                sent: t,
+                acked: Instant::now(),
+            }]
         }));
     }
     gather(tasks).await
@@ -282,18 +293,36 @@ pub async fn open_loop(
 /// sorted; and how many never arrived.
 pub async fn delivery_lags(
     sink: &ArrivalSink,
-    sent: &[(String, Instant)],
+    sent: &[Sent],
     wait: Duration,
 ) -> (Vec<Duration>, usize) {
     let deadline = Instant::now() + wait;
-    while sent.iter().any(|(id, _)| sink.arrived(id).is_none()) && Instant::now() < deadline {
+    while sent.iter().any(|s| sink.arrived(&s.id).is_none()) && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let mut lat: Vec<Duration> = sent
         .iter()
-        .filter_map(|(id, t)| sink.arrived(id).map(|a| a.saturating_duration_since(*t)))
+        .filter_map(|s| {
+            sink.arrived(&s.id)
+                .map(|a| a.saturating_duration_since(s.sent))
+        })
         .collect();
     lat.sort();
     let missing = sent.len() - lat.len();
     (lat, missing)
+}
+
+/// The parts of the latencies of delivered hooks: request to ack, and ack to arrival;
+/// each sorted.
+pub fn lag_parts(sink: &ArrivalSink, sent: &[Sent]) -> (Vec<Duration>, Vec<Duration>) {
+    let (mut ack, mut dispatch): (Vec<Duration>, Vec<Duration>) = sent
+        .iter()
+        .filter_map(|s| {
+            let a = sink.arrived(&s.id)?;
+            Some((s.acked - s.sent, a.saturating_duration_since(s.acked)))
+        })
+        .unzip();
+    ack.sort();
+    dispatch.sort();
+    (ack, dispatch)
 }

@@ -783,8 +783,14 @@ fn claim_tick(
     }
     for w in &hinted.work {
         match (left(w), w.rows.last()) {
-            // Rows no slot could take: the hint goes (a later hint starts at its own rows,
-            // not behind these); the full ticks hold them, from the tenant's markers.
+            // Rows no slot could take, all of them read: the hint stays at the first, so
+            // the next tick offers them again (a quiet tenant keeps its turn).
+            (Some(at), _) if w.rows.len() < read.rows_per_tenant => {
+                cursors.hinted.tenants.insert(w.ord, at);
+                left_any = true;
+            }
+            // A full read of rows no slot could take: the hint goes (a later hint starts
+            // at its own rows, not behind these); the full reads hold them.
             (Some(_), _) => {
                 cursors.hinted.tenants.remove(&w.ord);
                 left_any = true;
