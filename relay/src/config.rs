@@ -480,10 +480,26 @@ pub struct SinkConfig {
     /// Deliveries in flight to this sink (default: `dispatch.per_sink_inflight`).
     #[serde(default)]
     pub max_inflight: Option<usize>,
+    /// Consecutive failed attempts (408, 429, 5xx, timeouts, connection errors) that open
+    /// the sink's breaker.
+    #[serde(default = "default_breaker_failures")]
+    pub breaker_failures: u32,
+    /// How long an open breaker keeps the sink's rows due before a probe (longer if the
+    /// sink's `Retry-After` asks for it).
+    #[serde(default = "default_breaker_cooldown")]
+    pub breaker_cooldown_ms: u64,
 }
 
 fn default_sink_timeout() -> u64 {
     10_000
+}
+
+fn default_breaker_failures() -> u32 {
+    5
+}
+
+fn default_breaker_cooldown() -> u64 {
+    5_000
 }
 
 fn default_true() -> bool {
@@ -680,6 +696,18 @@ impl Config {
                 return Err(invalid(
                     &format!("{key}.timeout_ms"),
                     "must be in 1..=600000",
+                ));
+            }
+            if !(1..=10_000).contains(&s.breaker_failures) {
+                return Err(invalid(
+                    &format!("{key}.breaker_failures"),
+                    "must be in 1..=10000",
+                ));
+            }
+            if !(1..=3_600_000).contains(&s.breaker_cooldown_ms) {
+                return Err(invalid(
+                    &format!("{key}.breaker_cooldown_ms"),
+                    "must be in 1..=3600000",
                 ));
             }
             if s.max_inflight.is_some_and(|m| !(1..=100_000).contains(&m)) {

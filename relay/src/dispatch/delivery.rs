@@ -21,6 +21,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
+use super::control::{Controller, Signal};
 use crate::config::{Config, ConfigError, Jitter, RetryConfig};
 use crate::edge::verify::{standard_webhooks_key, standard_webhooks_sign};
 use crate::queue::deliveries::Envelope;
@@ -43,6 +44,10 @@ pub struct Sink {
     /// request ends, a slow sink holds a bounded share of the node's slots, and a row
     /// claimed for a busy sink queues behind few others.
     pub claims: Arc<tokio::sync::Semaphore>,
+    /// The size of `claims`.
+    pub claim_capacity: usize,
+    /// The adaptive limit and the breaker.
+    pub control: Controller,
 }
 
 /// What an attempt came to.
@@ -68,6 +73,18 @@ pub struct Attempt {
 }
 
 impl Attempt {
+    /// What the attempt tells the sink's controller.
+    pub fn signal(&self) -> Signal {
+        match &self.verdict {
+            Verdict::Delivered => Signal::Success,
+            Verdict::Retry { retry_after } => Signal::Overloaded {
+                retry_after: *retry_after,
+            },
+            // A 4xx answer (the sink is up and deciding), or a request never sent.
+            Verdict::Dead => Signal::Rejected,
+        }
+    }
+
     /// The metric label of the outcome.
     pub fn outcome(&self) -> &'static str {
         match (&self.verdict, self.status) {
@@ -129,6 +146,12 @@ impl Deliverer {
                     dead_letter_on_4xx: s.dead_letter_on_4xx,
                     permits: Arc::new(tokio::sync::Semaphore::new(permits)),
                     claims: Arc::new(tokio::sync::Semaphore::new(permits + permits.div_ceil(4))),
+                    claim_capacity: permits + permits.div_ceil(4),
+                    control: Controller::new(
+                        permits,
+                        s.breaker_failures,
+                        Duration::from_millis(s.breaker_cooldown_ms),
+                    ),
                 }),
             );
         }

@@ -6,5 +6,6 @@
 //! which of their rows to claim, at a cost that depends on the tenants with work due,
 //! never on the number of tenants or the size of the backlog.
 
+pub mod control;
 pub mod delivery;
 pub mod pipeline;

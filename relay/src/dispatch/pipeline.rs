@@ -31,7 +31,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::delivery::{backoff, Attempt, Deliverer, Verdict};
+use super::delivery::{backoff, Attempt, Deliverer, Sink, Verdict};
 use crate::config::{Config, RetryConfig};
 use crate::metrics::{Metrics, ScanLabel, SinkLabel, SinkOutcome};
 use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow, Tx};
@@ -605,6 +605,19 @@ async fn tick(
                             // waits only for one of its own requests to end.
                             let _request = sink.permits.clone().acquire_owned().await;
                             let a = deliverer.attempt(&sink, env, max_retry_after).await;
+                            let now = std::time::Instant::now();
+                            sink.control.record(a.signal(), now);
+                            let label = SinkLabel {
+                                sink: sink.id.clone(),
+                            };
+                            metrics
+                                .sink_limit
+                                .get_or_create(&label)
+                                .set(sink.control.limit() as i64);
+                            metrics
+                                .sink_breaker
+                                .get_or_create(&label)
+                                .set(sink.control.breaker(now) as i64);
                             metrics
                                 .delivery_attempts
                                 .get_or_create(&SinkOutcome {
@@ -732,9 +745,11 @@ fn claim_tick(
     let start = cursors.rotation;
     cursors.rotation = cursors.rotation.wrapping_add(1);
     let picked = assign(&work, start, ctx.free, &ctx.tenants, |c| {
-        let env = c.envelope.as_deref()?;
-        let id = env.sinks.get(c.row.key.sink.0 as usize)?;
-        Some(ctx.deliverer.sink(id)?.claims.clone())
+        c.envelope
+            .as_deref()
+            .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
+            .and_then(|id| ctx.deliverer.sink(id))
+            .map_or(SinkSlot::NotNeeded, |sink| take_sink_slot(&sink))
     });
     let mut tx = Tx::new();
     let claims: Vec<InflightRow> = picked
@@ -846,10 +861,34 @@ struct Picked {
     tenant_slot: TenantSlot,
 }
 
+/// A row's claim on its sink's slots.
+enum SinkSlot {
+    /// The row needs no sink (an orphan, a sink no longer configured).
+    NotNeeded,
+    /// One of the sink's claim slots, taken.
+    Taken(tokio::sync::OwnedSemaphorePermit),
+    /// The sink is full, over its adaptive limit, or its breaker is open.
+    Refused,
+}
+
+/// Takes a slot of `sink` for one row: a free claim slot within the sink's adaptive
+/// limit, and past its breaker.
+fn take_sink_slot(sink: &Sink) -> SinkSlot {
+    let Ok(permit) = sink.claims.clone().try_acquire_owned() else {
+        return SinkSlot::Refused;
+    };
+    // The rows claimed before this one.
+    let claimed = sink.claim_capacity - sink.claims.available_permits() - 1;
+    if sink.control.admit(claimed, std::time::Instant::now()) {
+        SinkSlot::Taken(permit)
+    } else {
+        SinkSlot::Refused
+    }
+}
+
 /// Deficit round robin with a quantum of one row: tenants take turns from `start`, each
-/// turn giving one tenant its next row that has a free slot of its sink (`sink_of`: none
-/// for a row that needs no sink — an orphan, a sink no longer configured) and of the
-/// tenant, until `budget` rows are picked or no tenant can take one. Within a tenant rows
+/// turn giving one tenant its next row that has a slot of its sink (`sink_slot`) and of
+/// the tenant, until `budget` rows are picked or no tenant can take one. Within a tenant rows
 /// go oldest first; a row whose sink is full is passed over, so a slow sink never holds
 /// back the tenant's rows for other sinks, and a flooding tenant gets one row per turn
 /// like everyone else.
@@ -858,7 +897,7 @@ fn assign(
     start: usize,
     budget: usize,
     tenants: &TenantSlots,
-    sink_of: impl Fn(&Candidate) -> Option<Arc<tokio::sync::Semaphore>>,
+    sink_slot: impl Fn(&Candidate) -> SinkSlot,
 ) -> Vec<Picked> {
     let n = work.len();
     let mut picked = Vec::new();
@@ -885,13 +924,11 @@ fn assign(
                     break;
                 }
                 next[t] += 1;
-                let sink_slot = match sink_of(c) {
-                    None => None,
-                    Some(slots) => match slots.try_acquire_owned() {
-                        Ok(p) => Some(p),
-                        // The sink is full: this tenant's next row, if another sink's.
-                        Err(_) => continue,
-                    },
+                let sink_slot = match sink_slot(c) {
+                    SinkSlot::NotNeeded => None,
+                    SinkSlot::Taken(p) => Some(p),
+                    // The sink is full: this tenant's next row, if another sink's.
+                    SinkSlot::Refused => continue,
                 };
                 // Only this task takes slots; others only give them back.
                 let Some(tenant_slot) = tenants.try_take(*ord) else {
@@ -1286,11 +1323,18 @@ mod tests {
 
     fn sink_slots<'a>(
         sinks: &'a HashMap<&'static str, Arc<tokio::sync::Semaphore>>,
-    ) -> impl Fn(&Candidate) -> Option<Arc<tokio::sync::Semaphore>> + 'a {
+    ) -> impl Fn(&Candidate) -> SinkSlot + 'a {
         |c| {
-            let env = c.envelope.as_deref()?;
-            let id = env.sinks.get(c.row.key.sink.0 as usize)?;
-            sinks.get(id.as_str()).cloned()
+            let slots = c
+                .envelope
+                .as_deref()
+                .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
+                .and_then(|id| sinks.get(id.as_str()));
+            match slots.map(|s| s.clone().try_acquire_owned()) {
+                None => SinkSlot::NotNeeded,
+                Some(Ok(p)) => SinkSlot::Taken(p),
+                Some(Err(_)) => SinkSlot::Refused,
+            }
         }
     }
 

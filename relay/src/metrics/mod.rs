@@ -73,6 +73,10 @@ pub struct Metrics {
     pub dedupe_swept: Counter,
     pub delivery_attempts: Family<SinkOutcome, Counter>,
     pub delivery_latency: Family<SinkLabel, Histogram>,
+    /// Each sink's adaptive concurrency limit, after its last attempt.
+    pub sink_limit: Family<SinkLabel, Gauge>,
+    /// Each sink's breaker after its last attempt: 0 closed, 1 open, 2 half-open.
+    pub sink_breaker: Family<SinkLabel, Gauge>,
     pub dispatch_active_tenants: Gauge,
     pub dispatch_claimed: Counter,
     pub dispatch_ticks: Family<ScanLabel, Counter>,
@@ -154,6 +158,18 @@ impl Metrics {
             "ankusa_delivery_latency_seconds",
             "Duration of a delivery attempt, by sink",
             delivery_latency.clone(),
+        );
+        let sink_limit = Family::<SinkLabel, Gauge>::default();
+        registry.register(
+            "ankusa_sink_limit",
+            "A sink's adaptive concurrency limit (1..=max_inflight), after its last attempt",
+            sink_limit.clone(),
+        );
+        let sink_breaker = Family::<SinkLabel, Gauge>::default();
+        registry.register(
+            "ankusa_sink_breaker",
+            "A sink's breaker after its last attempt: 0 closed, 1 open (its rows stay due), 2 half-open (one probe)",
+            sink_breaker.clone(),
         );
         let dispatch_active_tenants = Gauge::default();
         registry.register(
@@ -252,6 +268,8 @@ impl Metrics {
             tenants,
             delivery_attempts,
             delivery_latency,
+            sink_limit,
+            sink_breaker,
             dispatch_active_tenants,
             dispatch_claimed,
             dispatch_ticks,

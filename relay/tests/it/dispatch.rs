@@ -337,6 +337,86 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     node.shutdown().await.unwrap();
 }
 
+/// A failing sink: 503s halve its limit, three in a row open its breaker (no request for
+/// the cooldown: its rows stay due), and once it answers again a probe closes the
+/// breaker and the rows go out.
+#[tokio::test]
+async fn a_failing_sinks_breaker_opens_holds_its_rows_and_a_probe_closes_it() {
+    let sink = TestSink::start().await;
+    sink.default_status.store(503, Ordering::Relaxed);
+    let dir = tempfile::tempdir().unwrap();
+    let yaml = format!(
+        r#"
+data_dir: {data}
+ingest: {{ listen: "127.0.0.1:0" }}
+admin: {{ listen: "127.0.0.1:0" }}
+dispatch: {{ tick_interval_ms: 20 }}
+retry: {{ schedule_ms: [30], max_attempts: 1000, jitter: none }}
+sinks: [{{ id: a, url: "{a}", max_inflight: 8, breaker_failures: 3, breaker_cooldown_ms: 600 }}]
+routes: [{{ id: main, sinks: [a] }}]
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: main }}]
+"#,
+        data = dir.path().join("db").display(),
+        a = sink.url("/a"),
+    );
+    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
+        .await
+        .unwrap();
+    let c = client();
+    for i in 0..10 {
+        let r = post(
+            &c,
+            &format!("http://{}/ingest/in", node.ingest_addr),
+            &[("x-tenant", "t".into())],
+            format!(r#"{{"n":{i}}}"#),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+    }
+    let gauge = |name: &str| -> Option<i64> {
+        let m = node.metrics.encode();
+        m.lines().find_map(|l| {
+            l.strip_prefix(&format!(r#"{name}{{sink="a"}} "#))?
+                .trim()
+                .parse()
+                .ok()
+        })
+    };
+    eventually(5, "the breaker open", || {
+        gauge("ankusa_sink_breaker") == Some(1)
+    })
+    .await;
+    assert!(
+        gauge("ankusa_sink_limit").unwrap() < 8,
+        "503s lowered the limit"
+    );
+    // Open: no request reaches the sink for (most of) the cooldown.
+    let before = sink.on("/a").len();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        sink.on("/a").len(),
+        before,
+        "a request while the breaker was open"
+    );
+    assert_eq!(
+        counters::node(&node.store).unwrap().inflight,
+        0,
+        "the rows wait as due, not in flight"
+    );
+    // The sink recovers: the probe after the cooldown closes the breaker; all 10 arrive.
+    sink.default_status.store(0, Ordering::Relaxed);
+    eventually(5, "the breaker closed", || {
+        gauge("ankusa_sink_breaker") == Some(0)
+    })
+    .await;
+    eventually(5, "every hook delivered", || {
+        let c = counters::node(&node.store).unwrap();
+        c.pending + c.scheduled + c.inflight == 0
+    })
+    .await;
+    node.shutdown().await.unwrap();
+}
+
 /// A slow sink holds only its own slots: sink A answers in 2 s with `max_inflight: 2` and
 /// a backlog of 2 000 hooks, and the same tenant's hooks for sink B still arrive at once.
 #[tokio::test]

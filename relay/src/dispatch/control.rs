@@ -1,0 +1,235 @@
+//! Per-sink flow control: an adaptive concurrency limit and a circuit breaker.
+//!
+//! **Limit (AIMD).** A sink's limit moves between 1 and its `max_inflight`: every
+//! delivered attempt adds `1 / limit` (one slot per limit's worth of successes, the
+//! additive increase), every attempt that shows the sink is overloaded — 429, 5xx, a
+//! timeout, a connection error — halves it (the multiplicative decrease), at most once per
+//! [`Controller::DECREASE_EVERY`] so a burst of failures from one window counts once. The
+//! tick claims a row for the sink only while its claimed rows are under the limit (plus
+//! the quarter next in line).
+//!
+//! **Breaker.** After `breaker_failures` consecutive failed attempts the breaker opens for
+//! `breaker_cooldown_ms` (or the sink's `Retry-After`, if it asked for longer): the sink
+//! gets no claims, so its rows stay due instead of being retried in a tight loop. Then it
+//! is half-open: one probe row is claimed; its success closes the breaker, its failure
+//! opens it again.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// The breaker's state, as the `ankusa_sink_breaker` gauge shows it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Breaker {
+    Closed = 0,
+    Open = 1,
+    HalfOpen = 2,
+}
+
+/// What an attempt told the controller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Signal {
+    /// Delivered.
+    Success,
+    /// The sink answered but refused the hook for good (a 4xx other than 408 and 429): it
+    /// is not overloaded.
+    Rejected,
+    /// 408, 429, 5xx, a timeout, a connection error; with the sink's `Retry-After`.
+    Overloaded { retry_after: Option<Duration> },
+}
+
+#[derive(Debug)]
+struct State {
+    limit: f64,
+    failures: u32,
+    breaker: Breaker,
+    open_until: Instant,
+    /// A half-open probe is out.
+    probing: bool,
+    last_decrease: Option<Instant>,
+}
+
+/// One sink's controller.
+#[derive(Debug)]
+pub struct Controller {
+    max: usize,
+    failures_to_open: u32,
+    cooldown: Duration,
+    state: Mutex<State>,
+}
+
+impl Controller {
+    /// The least time between two decreases of the limit.
+    pub const DECREASE_EVERY: Duration = Duration::from_millis(100);
+    /// The longest a `Retry-After` keeps the breaker open.
+    pub const MAX_OPEN: Duration = Duration::from_secs(3600);
+
+    pub fn new(max_inflight: usize, failures_to_open: u32, cooldown: Duration) -> Self {
+        Controller {
+            max: max_inflight.max(1),
+            failures_to_open: failures_to_open.max(1),
+            cooldown,
+            state: Mutex::new(State {
+                limit: max_inflight.max(1) as f64,
+                failures: 0,
+                breaker: Breaker::Closed,
+                open_until: Instant::now(),
+                probing: false,
+                last_decrease: None,
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The current limit (1..=max_inflight).
+    pub fn limit(&self) -> usize {
+        (self.lock().limit as usize).clamp(1, self.max)
+    }
+
+    /// The breaker's state at `now` (an open breaker past its time is half-open).
+    pub fn breaker(&self, now: Instant) -> Breaker {
+        let s = self.lock();
+        match s.breaker {
+            Breaker::Open if now >= s.open_until => Breaker::HalfOpen,
+            b => b,
+        }
+    }
+
+    /// Whether a row may be claimed for the sink now, with `claimed` of its rows already
+    /// claimed. A half-open breaker admits one probe: admitting it marks it out.
+    pub fn admit(&self, claimed: usize, now: Instant) -> bool {
+        let mut s = self.lock();
+        match s.breaker {
+            Breaker::Open if now < s.open_until => false,
+            Breaker::Open | Breaker::HalfOpen => {
+                s.breaker = Breaker::HalfOpen;
+                if s.probing || claimed > 0 {
+                    false
+                } else {
+                    s.probing = true;
+                    true
+                }
+            }
+            Breaker::Closed => {
+                let limit = (s.limit as usize).clamp(1, self.max);
+                claimed < limit + limit.div_ceil(4)
+            }
+        }
+    }
+
+    /// An attempt's outcome.
+    pub fn record(&self, signal: Signal, now: Instant) {
+        let mut s = self.lock();
+        match signal {
+            Signal::Success | Signal::Rejected => {
+                s.failures = 0;
+                if s.breaker != Breaker::Closed {
+                    s.breaker = Breaker::Closed;
+                    s.probing = false;
+                    // Start again gently after an outage.
+                    s.limit = s.limit.min(1.0_f64.max(self.max as f64 / 4.0));
+                }
+                if signal == Signal::Success {
+                    s.limit = (s.limit + 1.0 / s.limit).min(self.max as f64);
+                }
+            }
+            Signal::Overloaded { retry_after } => {
+                s.failures = s.failures.saturating_add(1);
+                let recent = s
+                    .last_decrease
+                    .is_some_and(|t| now.duration_since(t) < Self::DECREASE_EVERY);
+                if !recent {
+                    s.limit = (s.limit / 2.0).max(1.0);
+                    s.last_decrease = Some(now);
+                }
+                let asked = retry_after.unwrap_or(Duration::ZERO).min(Self::MAX_OPEN);
+                if s.breaker == Breaker::HalfOpen
+                    || s.failures >= self.failures_to_open
+                    || !asked.is_zero()
+                {
+                    s.breaker = Breaker::Open;
+                    s.probing = false;
+                    s.open_until = now + self.cooldown.max(asked);
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: Duration = Duration::from_millis(1);
+
+    #[test]
+    fn the_limit_halves_on_overload_and_grows_back_on_successes() {
+        let c = Controller::new(16, 100, Duration::from_secs(1));
+        let t0 = Instant::now();
+        assert_eq!(c.limit(), 16);
+        c.record(Signal::Overloaded { retry_after: None }, t0);
+        assert_eq!(c.limit(), 8);
+        // A burst of 503s from the same window counts once.
+        c.record(Signal::Overloaded { retry_after: None }, t0 + 10 * MS);
+        assert_eq!(c.limit(), 8);
+        c.record(Signal::Overloaded { retry_after: None }, t0 + 200 * MS);
+        c.record(Signal::Overloaded { retry_after: None }, t0 + 400 * MS);
+        c.record(Signal::Overloaded { retry_after: None }, t0 + 600 * MS);
+        c.record(Signal::Overloaded { retry_after: None }, t0 + 800 * MS);
+        assert_eq!(c.limit(), 1, "never below one");
+        // Additive increase: about `limit` successes per slot.
+        for _ in 0..200 {
+            c.record(Signal::Success, t0 + Duration::from_secs(1));
+        }
+        assert_eq!(c.limit(), 16, "back to max_inflight and no further");
+        // Claims: the limit plus a quarter next in line.
+        assert!(c.admit(19, t0));
+        assert!(!c.admit(20, t0));
+        // A refusal for good is not overload.
+        c.record(Signal::Rejected, t0 + Duration::from_secs(2));
+        assert_eq!(c.limit(), 16);
+    }
+
+    #[test]
+    fn the_breaker_opens_after_consecutive_failures_and_a_probe_closes_it() {
+        let c = Controller::new(8, 3, Duration::from_millis(500));
+        let t0 = Instant::now();
+        c.record(Signal::Overloaded { retry_after: None }, t0);
+        c.record(Signal::Success, t0);
+        c.record(Signal::Overloaded { retry_after: None }, t0);
+        c.record(Signal::Overloaded { retry_after: None }, t0);
+        assert_eq!(c.breaker(t0), Breaker::Closed, "a success reset the count");
+        c.record(Signal::Overloaded { retry_after: None }, t0);
+        assert_eq!(c.breaker(t0), Breaker::Open);
+        assert!(!c.admit(0, t0 + 100 * MS), "open: no claims");
+        // After the cooldown: one probe, no second.
+        let later = t0 + 600 * MS;
+        assert_eq!(c.breaker(later), Breaker::HalfOpen);
+        assert!(c.admit(0, later));
+        assert!(!c.admit(0, later), "one probe at a time");
+        // The probe fails: open again for a cooldown.
+        c.record(Signal::Overloaded { retry_after: None }, later);
+        assert_eq!(c.breaker(later + 100 * MS), Breaker::Open);
+        let again = later + 600 * MS;
+        assert!(c.admit(0, again));
+        c.record(Signal::Success, again);
+        assert_eq!(c.breaker(again), Breaker::Closed);
+        assert!(c.admit(0, again) && c.admit(1, again));
+    }
+
+    #[test]
+    fn a_retry_after_keeps_the_breaker_open_that_long() {
+        let c = Controller::new(8, 100, Duration::from_millis(100));
+        let t0 = Instant::now();
+        c.record(
+            Signal::Overloaded {
+                retry_after: Some(Duration::from_secs(30)),
+            },
+            t0,
+        );
+        assert_eq!(c.breaker(t0 + Duration::from_secs(29)), Breaker::Open);
+        assert_eq!(c.breaker(t0 + Duration::from_secs(31)), Breaker::HalfOpen);
+    }
+}
