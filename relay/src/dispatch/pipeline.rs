@@ -886,8 +886,8 @@ fn take_sink_slot(sink: &Sink) -> SinkSlot {
     }
 }
 
-/// Deficit round robin with a quantum of one row: tenants take turns from `start`, each
-/// turn giving one tenant its next row that has a slot of its sink (`sink_slot`) and of
+/// Deficit round robin with a quantum of one row: tenants take turns — those with the
+/// fewest deliveries in flight first, ties from `start` — each turn giving one tenant its next row that has a slot of its sink (`sink_slot`) and of
 /// the tenant, until `budget` rows are picked or no tenant can take one. Within a tenant rows
 /// go oldest first; a row whose sink is full is passed over, so a slow sink never holds
 /// back the tenant's rows for other sinks, and a flooding tenant gets one row per turn
@@ -906,10 +906,13 @@ fn assign(
     }
     let mut next = vec![0usize; n];
     let mut open = vec![true; n];
+    // The turn order: tenants with the fewest deliveries in flight first (a quiet tenant
+    // before one whose backlog fills the sink), ties from the rotating start.
+    let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
+    order.sort_by_key(|t| tenants.held(work[*t].0));
     while picked.len() < budget {
         let mut progress = false;
-        for k in 0..n {
-            let t = (start + k) % n;
+        for &t in &order {
             if !open[t] || picked.len() >= budget {
                 continue;
             }
@@ -985,18 +988,23 @@ impl TenantSlots {
         }
     }
 
-    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<TenantOrd, usize>> {
+    fn held_map(&self) -> std::sync::MutexGuard<'_, HashMap<TenantOrd, usize>> {
         self.inner.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The deliveries `ord` has in flight.
+    pub fn held(&self, ord: TenantOrd) -> usize {
+        self.held_map().get(&ord).copied().unwrap_or(0)
     }
 
     /// Whether `ord` holds fewer than its cap.
     pub fn has_room(&self, ord: TenantOrd) -> bool {
-        self.held().get(&ord).copied().unwrap_or(0) < self.inner.cap
+        self.held_map().get(&ord).copied().unwrap_or(0) < self.inner.cap
     }
 
     /// A slot of `ord`'s, unless it holds its cap.
     pub fn try_take(&self, ord: TenantOrd) -> Option<TenantSlot> {
-        let mut held = self.held();
+        let mut held = self.held_map();
         let n = held.entry(ord).or_default();
         if *n >= self.inner.cap {
             if *n == 0 {
@@ -1013,7 +1021,7 @@ impl TenantSlots {
 
     /// Tenants with deliveries in flight, and the most any one of them holds.
     pub fn usage(&self) -> (usize, usize) {
-        let held = self.held();
+        let held = self.held_map();
         (held.len(), held.values().copied().max().unwrap_or(0))
     }
 
@@ -1031,7 +1039,7 @@ impl TenantSlots {
 impl Drop for TenantSlot {
     fn drop(&mut self) {
         {
-            let mut held = self.slots.held();
+            let mut held = self.slots.held_map();
             if let Some(n) = held.get_mut(&self.ord) {
                 *n -= 1;
                 if *n == 0 {

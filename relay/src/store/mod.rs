@@ -745,6 +745,9 @@ impl Store {
             let _ = self.db.flush_cf(h);
             let mut o = rocksdb::CompactOptions::default();
             o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            // The store's own compactions go on meanwhile: an exclusive one would let L0
+            // files pile up under ingest until RocksDB stalls writes.
+            o.set_exclusive_manual_compaction(false);
             self.db.compact_range_cf_opt(h, Some(from), Some(to), &o);
         }
     }
