@@ -121,12 +121,49 @@ pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-fn config(dir: &std::path::Path, sink: &TestSink, routes: &str, extra: &str) -> Config {
+/// A node on a store under `dir`, listening on ephemeral loopback ports; `rest` is the
+/// rest of its configuration.
+async fn start_node(dir: &std::path::Path, rest: &str) -> Node {
+    start_node_with_admin(dir, "[]", rest).await
+}
+
+/// [`start_node`] with admin `tokens` (a YAML flow list).
+async fn start_node_with_admin(dir: &std::path::Path, tokens: &str, rest: &str) -> Node {
+    Node::start(node_config(dir, tokens, rest)).await.unwrap()
+}
+
+/// Posts `hooks` hooks of `tenant` to `url` from 16 concurrent clients, each acked.
+async fn backlog(c: &Client, url: &str, tenant: &str, hooks: usize) {
+    let workers: Vec<_> = (0..16)
+        .map(|w| {
+            let (c, url, tenant) = (c.clone(), url.to_owned(), tenant.to_owned());
+            tokio::spawn(async move {
+                for n in (w..hooks).step_by(16) {
+                    let body = format!(r#"{{"{tenant}":{n}}}"#);
+                    let r = post(&c, &url, &[("x-tenant", tenant.clone())], body).await;
+                    assert_eq!(r.status, 202);
+                }
+            })
+        })
+        .collect();
+    for w in workers {
+        w.await.unwrap();
+    }
+}
+
+/// A node's configuration: its store under `dir`, ephemeral loopback listeners, admin
+/// `tokens`, then `rest`.
+fn node_config(dir: &std::path::Path, tokens: &str, rest: &str) -> Config {
     let yaml = format!(
+        "data_dir: {}\ningest: {{ listen: \"127.0.0.1:0\" }}\nadmin: {{ listen: \"127.0.0.1:0\", tokens: {tokens} }}\n{rest}",
+        dir.join("db").display()
+    );
+    Config::from_yaml(&yaml, Vec::new()).unwrap()
+}
+
+fn config(dir: &std::path::Path, sink: &TestSink, routes: &str, extra: &str) -> Config {
+    let rest = format!(
         r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0" }}
 dispatch: {{ tick_interval_ms: 10 }}
 retry: {{ schedule_ms: [60, 120, 240], max_attempts: 4, jitter: none }}
 reclaim: {{ interval_ms: 30 }}
@@ -143,13 +180,12 @@ sources:
     verify: {{ scheme: none }}
     route: main
 {extra}"#,
-        data = dir.join("db").display(),
         a = sink.url("/a"),
         b = sink.url("/b"),
         c = sink.url("/c"),
         l = sink.url("/lenient"),
     );
-    Config::from_yaml(&yaml, Vec::new()).unwrap()
+    node_config(dir, "[]", &rest)
 }
 
 struct Harness {
@@ -213,22 +249,16 @@ impl Harness {
 async fn a_fresh_hook_is_delivered_from_the_writers_wake_up_not_the_tick() {
     let sink = TestSink::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
+    let rest = format!(
         r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0" }}
 dispatch: {{ tick_interval_ms: 1000 }}
 sinks: [{{ id: a, url: "{a}" }}]
 routes: [{{ id: main, sinks: [a] }}]
 sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: main }}]
 "#,
-        data = dir.path().join("db").display(),
         a = sink.url("/a"),
     );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
-        .await
-        .unwrap();
+    let node = start_node(dir.path(), &rest).await;
     let c = client();
     let mut lags = Vec::new();
     for i in 0..7 {
@@ -272,24 +302,17 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
 async fn retries_coming_due_and_replays_are_claimed_without_waiting_for_the_tick() {
     let sink = TestSink::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
+    let rest = format!(
         r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0", tokens: {tokens} }}
 dispatch: {{ tick_interval_ms: 5000 }}
 retry: {{ schedule_ms: [200], max_attempts: 3, jitter: none }}
 sinks: [{{ id: a, url: "{a}" }}]
 routes: [{{ id: main, sinks: [a] }}]
 sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: main }}]
 "#,
-        data = dir.path().join("db").display(),
-        tokens = ADMIN_TOKENS_YAML,
         a = sink.url("/a"),
     );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
-        .await
-        .unwrap();
+    let node = start_node_with_admin(dir.path(), ADMIN_TOKENS_YAML, &rest).await;
     let c = client();
     // 503, then 200: the retry leaves 200 ms after the first attempt, not at the tick.
     sink.script("/a", &[(503, None), (400, None)]);
@@ -345,23 +368,17 @@ async fn a_failing_sinks_breaker_opens_holds_its_rows_and_a_probe_closes_it() {
     let sink = TestSink::start().await;
     sink.default_status.store(503, Ordering::Relaxed);
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
+    let rest = format!(
         r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0" }}
 dispatch: {{ tick_interval_ms: 20 }}
 retry: {{ schedule_ms: [30], max_attempts: 1000, jitter: none }}
 sinks: [{{ id: a, url: "{a}", max_inflight: 8, breaker_failures: 3, breaker_cooldown_ms: 600 }}]
 routes: [{{ id: main, sinks: [a] }}]
 sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: main }}]
 "#,
-        data = dir.path().join("db").display(),
         a = sink.url("/a"),
     );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
-        .await
-        .unwrap();
+    let node = start_node(dir.path(), &rest).await;
     let c = client();
     for i in 0..10 {
         let r = post(
@@ -425,11 +442,8 @@ async fn a_slow_sink_with_a_backlog_never_delays_another_sinks_deliveries() {
     slow.delay_ms.store(2_000, Ordering::Relaxed);
     let fast = TestSink::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
+    let rest = format!(
         r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0" }}
 dispatch: {{ tick_interval_ms: 50 }}
 shutdown: {{ grace_ms: 0 }}
 sinks:
@@ -440,35 +454,13 @@ sources:
   - {{ id: a, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: ra }}
   - {{ id: b, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: rb }}
 "#,
-        data = dir.path().join("db").display(),
         a = slow.url("/a"),
         b = fast.url("/b"),
     );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
-        .await
-        .unwrap();
+    let node = start_node(dir.path(), &rest).await;
     let c = client();
     let url_a = format!("http://{}/ingest/a", node.ingest_addr);
-    let backlog: Vec<_> = (0..16)
-        .map(|w| {
-            let (c, url) = (c.clone(), url_a.clone());
-            tokio::spawn(async move {
-                for n in 0..125 {
-                    let r = post(
-                        &c,
-                        &url,
-                        &[("x-tenant", "t".into())],
-                        format!("{{\"w\":{w},\"n\":{n}}}"),
-                    )
-                    .await;
-                    assert_eq!(r.status, 202);
-                }
-            })
-        })
-        .collect();
-    for t in backlog {
-        t.await.unwrap();
-    }
+    backlog(&c, &url_a, "t", 2_000).await;
     for i in 0..20 {
         let r = post(
             &c,
@@ -513,39 +505,19 @@ async fn a_quiet_tenant_is_served_beside_a_flooding_one_in_the_same_sink() {
     let sink = TestSink::start().await;
     sink.delay_ms.store(20, Ordering::Relaxed);
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
+    let rest = format!(
         r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0" }}
 shutdown: {{ grace_ms: 0 }}
 sinks: [{{ id: a, url: "{a}", max_inflight: 4 }}]
 routes: [{{ id: main, sinks: [a] }}]
 sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: main }}]
 "#,
-        data = dir.path().join("db").display(),
         a = sink.url("/a"),
     );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
-        .await
-        .unwrap();
+    let node = start_node(dir.path(), &rest).await;
     let c = client();
     let url = format!("http://{}/ingest/in", node.ingest_addr);
-    let flood: Vec<_> = (0..16)
-        .map(|w| {
-            let (c, url) = (c.clone(), url.clone());
-            tokio::spawn(async move {
-                for n in 0..125 {
-                    let body = format!("{{\"f\":{w},\"n\":{n}}}");
-                    let r = post(&c, &url, &[("x-tenant", "flood".into())], body).await;
-                    assert_eq!(r.status, 202);
-                }
-            })
-        })
-        .collect();
-    for t in flood {
-        t.await.unwrap();
-    }
+    backlog(&c, &url, "flood", 2_000).await;
     for i in 0..10 {
         let body = format!(r#"{{"quiet":{i}}}"#);
         let r = post(&c, &url, &[("x-tenant", "quiet".into())], body.clone()).await;
