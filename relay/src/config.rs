@@ -243,6 +243,9 @@ pub struct DispatchConfig {
     /// Deliveries in flight for one tenant: a tenant's backlog holds at most this many of
     /// the node's delivery slots.
     pub tenant_max_inflight: usize,
+    /// Rows per turn of the claim round robin, by tenant id (default 1): a tenant of
+    /// weight 3 gets three rows for every one of a tenant of weight 1 when both wait.
+    pub tenant_weights: std::collections::BTreeMap<String, u32>,
     /// Rows claimed from one tenant per tick.
     pub rows_per_tenant: usize,
     /// Bytes claimed per tick.
@@ -256,6 +259,7 @@ impl Default for DispatchConfig {
             max_inflight: 512,
             per_sink_inflight: 128,
             tenant_max_inflight: 128,
+            tenant_weights: Default::default(),
             rows_per_tenant: 256,
             bytes_per_tick: 16 << 20,
         }
@@ -632,6 +636,16 @@ impl Config {
                 "max_inflight, per_sink_inflight and tenant_max_inflight must be in 1..=100000",
             ));
         }
+        if let Some((t, w)) = d
+            .tenant_weights
+            .iter()
+            .find(|(t, w)| t.is_empty() || !(1..=1_000).contains(*w))
+        {
+            return Err(invalid(
+                "dispatch.tenant_weights",
+                format!("{t:?}: {w} (a tenant id and a weight in 1..=1000)"),
+            ));
+        }
         if d.rows_per_tenant == 0 || d.bytes_per_tick == 0 {
             return Err(invalid(
                 "dispatch",
@@ -892,5 +906,11 @@ mod tests {
         assert!(e.to_string().contains("sinks[0].max_inflight"), "{e}");
         let e = Config::from_yaml("dispatch: { tenant_max_inflight: 0 }\n", env(&[])).unwrap_err();
         assert!(e.to_string().contains("tenant_max_inflight"), "{e}");
+        let e =
+            Config::from_yaml("dispatch: { tenant_weights: { acme: 0 } }\n", env(&[])).unwrap_err();
+        assert!(e.to_string().contains("dispatch.tenant_weights"), "{e}");
+        let ok =
+            Config::from_yaml("dispatch: { tenant_weights: { acme: 3 } }\n", env(&[])).unwrap();
+        assert_eq!(ok.dispatch.tenant_weights["acme"], 3);
     }
 }

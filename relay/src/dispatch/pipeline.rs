@@ -305,6 +305,8 @@ pub struct PipelineSettings {
     pub max_inflight: usize,
     /// Deliveries in flight for one tenant.
     pub tenant_max_inflight: usize,
+    /// Rows per round-robin turn, by tenant id.
+    pub tenant_weights: std::collections::BTreeMap<String, u32>,
     /// How long a stop waits for deliveries in flight.
     pub grace: Duration,
     pub limits: TickLimits,
@@ -317,6 +319,7 @@ impl PipelineSettings {
             tick_interval: Duration::from_millis(c.dispatch.tick_interval_ms),
             max_inflight: c.dispatch.max_inflight,
             tenant_max_inflight: c.dispatch.tenant_max_inflight,
+            tenant_weights: c.dispatch.tenant_weights.clone(),
             grace: Duration::from_millis(c.shutdown.grace_ms),
             limits: TickLimits {
                 max_markers: 4096,
@@ -364,6 +367,7 @@ pub fn spawn(
     tokio::spawn(async move {
         let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_inflight));
         let tenants = TenantSlots::new(settings.tenant_max_inflight);
+        let weights = Weights::new(settings.tenant_weights.clone());
         let (done_tx, done_rx) = tokio::sync::mpsc::channel::<Done>(settings.max_inflight);
         let committer = tokio::spawn(commit_outcomes(
             store.clone(),
@@ -401,6 +405,7 @@ pub fn spawn(
                 let mut ctx = TickCtx {
                     tasks: &mut in_flight,
                     tenants: &tenants,
+                    weights: &weights,
                     store: &store,
                     hints: &hints,
                     interval_ms: settings.tick_interval.as_millis() as u64,
@@ -493,6 +498,7 @@ pub fn spawn(
 struct TickCtx<'a> {
     tasks: &'a mut tokio::task::JoinSet<()>,
     tenants: &'a TenantSlots,
+    weights: &'a Weights,
     store: &'a Arc<Store>,
     hints: &'a DueHints,
     interval_ms: u64,
@@ -512,6 +518,7 @@ async fn tick(
     let TickCtx {
         tasks,
         tenants,
+        weights,
         store,
         hints,
         interval_ms,
@@ -539,6 +546,7 @@ async fn tick(
     let claim_ctx = ClaimCtx {
         deliverer: (*deliverer).clone(),
         tenants: (*tenants).clone(),
+        weights: (*weights).clone(),
         free,
     };
     let (cursors, jobs, visited, full) = tokio::task::spawn_blocking(move || {
@@ -657,6 +665,7 @@ async fn tick(
 struct ClaimCtx {
     deliverer: Deliverer,
     tenants: TenantSlots,
+    weights: Weights,
     /// Free global delivery permits: the most rows this tick may claim.
     free: usize,
 }
@@ -744,7 +753,8 @@ fn claim_tick(
         .collect();
     let start = cursors.rotation;
     cursors.rotation = cursors.rotation.wrapping_add(1);
-    let picked = assign(&work, start, ctx.free, &ctx.tenants, |c| {
+    let weight_of = ctx.weights.resolve(store)?;
+    let picked = assign(&work, start, ctx.free, &ctx.tenants, &weight_of, |c| {
         c.envelope
             .as_deref()
             .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
@@ -897,6 +907,7 @@ fn assign(
     start: usize,
     budget: usize,
     tenants: &TenantSlots,
+    weights: &HashMap<TenantOrd, u32>,
     sink_slot: impl Fn(&Candidate) -> SinkSlot,
 ) -> Vec<Picked> {
     let n = work.len();
@@ -909,43 +920,47 @@ fn assign(
     // The turn order: tenants with the fewest deliveries in flight first (a quiet tenant
     // before one whose backlog fills the sink), ties from the rotating start.
     let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
-    order.sort_by_key(|t| tenants.held(work[*t].0));
+    let weight = |ord: &TenantOrd| weights.get(ord).copied().unwrap_or(1).max(1);
+    order.sort_by_key(|t| tenants.held(work[*t].0) * 1_000 / weight(&work[*t].0) as usize);
     while picked.len() < budget {
         let mut progress = false;
         for &t in &order {
-            if !open[t] || picked.len() >= budget {
-                continue;
-            }
             let (ord, rows) = &work[t];
-            loop {
-                let Some(c) = rows.get(next[t]) else {
-                    open[t] = false;
-                    break;
-                };
-                if !tenants.has_room(*ord) {
-                    open[t] = false;
+            // A tenant's turn: as many rows as its weight.
+            for _ in 0..weight(ord) {
+                if !open[t] || picked.len() >= budget {
                     break;
                 }
-                next[t] += 1;
-                let sink_slot = match sink_slot(c) {
-                    SinkSlot::NotNeeded => None,
-                    SinkSlot::Taken(p) => Some(p),
-                    // The sink is full: this tenant's next row, if another sink's.
-                    SinkSlot::Refused => continue,
-                };
-                // Only this task takes slots; others only give them back.
-                let Some(tenant_slot) = tenants.try_take(*ord) else {
-                    open[t] = false;
+                loop {
+                    let Some(c) = rows.get(next[t]) else {
+                        open[t] = false;
+                        break;
+                    };
+                    if !tenants.has_room(*ord) {
+                        open[t] = false;
+                        break;
+                    }
+                    next[t] += 1;
+                    let sink_slot = match sink_slot(c) {
+                        SinkSlot::NotNeeded => None,
+                        SinkSlot::Taken(p) => Some(p),
+                        // The sink is full: this tenant's next row, if another sink's.
+                        SinkSlot::Refused => continue,
+                    };
+                    // Only this task takes slots; others only give them back.
+                    let Some(tenant_slot) = tenants.try_take(*ord) else {
+                        open[t] = false;
+                        break;
+                    };
+                    picked.push(Picked {
+                        tenant: t,
+                        row: next[t] - 1,
+                        sink_slot,
+                        tenant_slot,
+                    });
+                    progress = true;
                     break;
-                };
-                picked.push(Picked {
-                    tenant: t,
-                    row: next[t] - 1,
-                    sink_slot,
-                    tenant_slot,
-                });
-                progress = true;
-                break;
+                }
             }
         }
         if !progress {
@@ -953,6 +968,40 @@ fn assign(
         }
     }
     picked
+}
+
+/// The configured tenant weights (`dispatch.tenant_weights`), by ordinal once a tenant has
+/// one (its first hook is committed): names not yet known are looked up again each tick.
+#[derive(Debug, Clone, Default)]
+pub struct Weights {
+    resolved: Arc<std::sync::Mutex<HashMap<TenantOrd, u32>>>,
+    unresolved: Arc<std::sync::Mutex<Vec<(String, u32)>>>,
+}
+
+impl Weights {
+    pub fn new(by_name: std::collections::BTreeMap<String, u32>) -> Self {
+        Weights {
+            resolved: Default::default(),
+            unresolved: Arc::new(std::sync::Mutex::new(by_name.into_iter().collect())),
+        }
+    }
+
+    /// Ordinal → weight, for the tenants that have an ordinal.
+    pub fn resolve(&self, store: &Store) -> Result<HashMap<TenantOrd, u32>, StoreError> {
+        let mut unresolved = self.unresolved.lock().unwrap_or_else(|p| p.into_inner());
+        let mut resolved = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
+        let mut still = Vec::new();
+        for (name, w) in unresolved.drain(..) {
+            match crate::queue::tenants::ord(store, &name)? {
+                Some(ord) => {
+                    resolved.insert(ord, w);
+                }
+                None => still.push((name, w)),
+            }
+        }
+        *unresolved = still;
+        Ok(resolved.clone())
+    }
 }
 
 /// Deliveries in flight per tenant, capped (`dispatch.tenant_max_inflight`): a tenant's
@@ -1353,14 +1402,39 @@ mod tests {
         let tenants = TenantSlots::new(1_000);
         // Whichever tenant the rotation starts with, the quiet one is in the first round.
         for start in 0..2 {
-            let picked = assign(&work, start, 2, &tenants, sink_slots(&sinks));
+            let picked = assign(
+                &work,
+                start,
+                2,
+                &tenants,
+                &HashMap::new(),
+                sink_slots(&sinks),
+            );
             let who: Vec<usize> = picked.iter().map(|p| p.tenant).collect();
             assert!(who.contains(&1), "start {start}: {who:?}");
         }
         // A flood alone takes the whole budget, oldest first.
-        let picked = assign(&work[..1], 0, 5, &tenants, sink_slots(&sinks));
+        let picked = assign(
+            &work[..1],
+            0,
+            5,
+            &tenants,
+            &HashMap::new(),
+            sink_slots(&sinks),
+        );
         let rows: Vec<usize> = picked.iter().map(|p| p.row).collect();
         assert_eq!(rows, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_tenant_of_weight_three_gets_three_rows_a_turn() {
+        let work = vec![candidates(1, 100, &["s"]), candidates(2, 100, &["s"])];
+        let sinks = HashMap::from([("s", Arc::new(tokio::sync::Semaphore::new(1_000)))]);
+        let tenants = TenantSlots::new(1_000);
+        let weights = HashMap::from([(TenantOrd(2), 3)]);
+        let picked = assign(&work, 0, 40, &tenants, &weights, sink_slots(&sinks));
+        let of = |t: usize| picked.iter().filter(|p| p.tenant == t).count();
+        assert_eq!((of(0), of(1)), (10, 30));
     }
 
     #[test]
@@ -1375,7 +1449,7 @@ mod tests {
             ("fast", Arc::new(tokio::sync::Semaphore::new(100))),
         ]);
         let tenants = TenantSlots::new(3);
-        let picked = assign(&work, 0, 100, &tenants, sink_slots(&sinks));
+        let picked = assign(&work, 0, 100, &tenants, &HashMap::new(), sink_slots(&sinks));
         let of = |t: usize| -> Vec<usize> {
             picked
                 .iter()
