@@ -33,11 +33,14 @@ use std::time::Duration;
 
 use super::delivery::{backoff, Attempt, Deliverer, Sink, Verdict};
 use crate::config::{Config, RetryConfig};
-use crate::metrics::{Metrics, ScanLabel, SinkLabel, SinkOutcome};
+use crate::metrics::{Metrics, ScanLabel, SinkLabel, SinkOutcome, TenantLabel};
 use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow, Tx};
 use crate::queue::hints::{DueHints, Hinted};
 use crate::store::keys::{self, AtMs, Bucket, Seq, TenantOrd};
 use crate::store::{Cf, Store, StoreError};
+
+/// Tenants named in `ankusa_tenant_inflight` (those holding the most).
+pub const TOP_INFLIGHT: usize = 20;
 
 /// How long a tick waiting for slots lets them come back after the first, so one tick
 /// claims for several.
@@ -107,6 +110,10 @@ pub struct Cursors {
     backlog: bool,
     /// Where the round robin of the next tick starts.
     rotation: usize,
+    /// When the per-tenant in-flight gauge was last refreshed, and its new values (the
+    /// tenants holding the most), for the async half of the tick to publish.
+    named_at: AtMs,
+    top_inflight: Option<Vec<(String, usize)>>,
     /// The last tick left work but could claim none of it (every slot it needed was held).
     blocked: bool,
 }
@@ -570,6 +577,16 @@ async fn tick(
     metrics
         .dispatch_hinted_tenants
         .set(cursors.hinted.tenants.len() as i64);
+    let mut cursors = cursors;
+    if let Some(top) = cursors.top_inflight.take() {
+        metrics.tenant_inflight.clear();
+        for (tenant, n) in top {
+            metrics
+                .tenant_inflight
+                .get_or_create(&TenantLabel { tenant })
+                .set(n as i64);
+        }
+    }
     let (tenants_in_flight, most) = tenants.usage();
     metrics
         .dispatch_tenants_inflight
@@ -855,6 +872,17 @@ fn claim_tick(
             tenant_slot: p.tenant_slot,
         })
         .collect();
+    // Once a second: the tenants holding the most deliveries in flight, by name.
+    if now.0 >= cursors.named_at.0.saturating_add(1_000) {
+        cursors.named_at = now;
+        let mut top = Vec::new();
+        for (ord, n) in ctx.tenants.top(TOP_INFLIGHT) {
+            if let Some(name) = crate::queue::tenants::name(store, ord)? {
+                top.push((name, n));
+            }
+        }
+        cursors.top_inflight = Some(top);
+    }
     Ok((
         cursors,
         jobs,
@@ -1066,6 +1094,15 @@ impl TenantSlots {
             slots: self.clone(),
             ord,
         })
+    }
+
+    /// The `n` tenants holding the most deliveries in flight.
+    pub fn top(&self, n: usize) -> Vec<(TenantOrd, usize)> {
+        let mut all: Vec<(TenantOrd, usize)> =
+            self.held_map().iter().map(|(o, n)| (*o, *n)).collect();
+        all.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
+        all.truncate(n);
+        all
     }
 
     /// Tenants with deliveries in flight, and the most any one of them holds.

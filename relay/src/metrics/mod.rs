@@ -97,6 +97,8 @@ pub struct Metrics {
     pub queue_state: Family<FieldLabel, Gauge>,
     pub oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub tenant_pending: Family<TenantLabel, Gauge>,
+    /// Deliveries in flight of the tenants holding the most (refreshed each second).
+    pub tenant_inflight: Family<TenantLabel, Gauge>,
     pub tenants: Gauge,
 }
 
@@ -249,6 +251,12 @@ impl Metrics {
             "How long the oldest due row has been due (0 when nothing is due)",
             oldest_due_age.clone(),
         );
+        let tenant_inflight = Family::<TenantLabel, Gauge>::default();
+        registry.register(
+            "ankusa_tenant_inflight",
+            "Deliveries in flight of the 20 tenants holding the most (refreshed each second)",
+            tenant_inflight.clone(),
+        );
         let tenant_pending = Family::<TenantLabel, Gauge>::default();
         registry.register(
             "ankusa_tenant_pending",
@@ -265,6 +273,7 @@ impl Metrics {
             queue_state,
             oldest_due_age,
             tenant_pending,
+            tenant_inflight,
             tenants,
             delivery_attempts,
             delivery_latency,

@@ -483,10 +483,10 @@ sources:
         a_in_flight <= 2 * 4,
         "A's sink saw {a_in_flight} requests: more than its 2 slots allow in this time"
     );
-    // Once B's last outcome is committed, A holds its 2 requests and 2 rows next in
-    // line, no more; the rest of its backlog is still due.
-    eventually(3, "only A's 4 claims in flight", || {
-        counters::node(&node.store).unwrap().inflight <= 4
+    // Once B's last outcome is committed, A holds its 2 requests and one row next in
+    // line (a quarter of 2, rounded up), no more; the rest of its backlog is still due.
+    eventually(3, "only A's 3 claims in flight", || {
+        counters::node(&node.store).unwrap().inflight <= 3
     })
     .await;
     let counts = counters::node(&node.store).unwrap();
@@ -494,6 +494,13 @@ sources:
         counts.pending > 1_900,
         "A's backlog still waits: {counts:?}"
     );
+    // The tenant's deliveries in flight (A's 3), by name (refreshed each second).
+    eventually(3, "the per-tenant in-flight gauge", || {
+        node.metrics
+            .encode()
+            .contains(r#"ankusa_tenant_inflight{tenant="t"} 3"#)
+    })
+    .await;
     node.shutdown().await.unwrap();
 }
 
