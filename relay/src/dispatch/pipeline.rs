@@ -1,26 +1,24 @@
 //! The dispatch pipeline: the tick's plan (ADR section 5) and the task that runs it.
 //!
-//! `active_tenants(now, 4096)` gives the tenants with a marker at or before now, oldest
-//! second first; for each, `due_for_tenant` from the tenant's in-memory cursor takes its
-//! rows oldest first until the per-tenant, per-tick row and byte budgets are spent.
-//! Cross-tenant order is therefore "oldest second first"; within a tenant, oldest first.
+//! Every tick reads candidates two ways. A *full* read (at least every
+//! `dispatch.tick_interval_ms`, and at once again while a tick that claimed something left
+//! work) takes the tenants with a marker at or before now from the active index, visiting
+//! them from a rotating start, and for each takes its due rows oldest first from its
+//! in-memory cursor or its oldest marker (no due row is older), within per-tenant and
+//! per-tick budgets. A *hinted* read takes the tenants the writer, a replay or the retry
+//! timer just announced ([`DueHints`]), each from its hint. Hints are shortcuts: whatever
+//! they miss the next full read finds.
 //!
-//! Cursors (`ord → floor at`) live only in memory, for tenants that are active; a tenant
-//! that drains loses its cursor. A tenant's read never starts below its oldest marker (no
-//! due row is older), and the active index is read from where its live markers start, so
-//! neither walks the tombstones of rows and markers already claimed and cleaned.
+//! Cursors (`ord → floor at`) live only in memory; a tenant that drains loses its cursor.
+//! The active index is read from where its live markers start, so no read walks the
+//! tombstones of rows and markers already claimed and cleaned.
 //!
-//! Two kinds of tick. A *full* tick reads the active index as above: at least every
-//! `dispatch.tick_interval_ms`, and back to back while work is left behind. A *hinted*
-//! tick reads only the tenants the writer just gave due rows ([`DueHints`]), each from the
-//! earliest `at` it was given, and is woken by the writer's commit — so a fresh hook is
-//! claimed in milliseconds without any scan. Hints are shortcuts: whatever they miss (a
-//! replay, a retry coming due, a hint past its ceiling) the next full tick finds.
-//!
-//! The running pipeline ([`spawn`]) claims a tick's rows in one batch, cleans the markers
-//! of the tenants it claimed from, and delivers under a global and a per-sink semaphore;
-//! one task commits the outcomes in batches (not synced: a lost outcome means a redelivery
-//! after boot recovery, never a loss).
+//! The candidates' hooks name their sinks; rows are then assigned round robin across
+//! tenants (fewest deliveries in flight first), each only with a claim slot of its sink
+//! (within its adaptive limit and past its breaker, [`super::control`]) and of its tenant,
+//! and claimed in one batch. The markers of the tenants the full read met are cleaned.
+//! Deliveries run with those slots held; one task commits the outcomes in batches (not
+//! synced: a lost outcome means a redelivery after boot recovery, never a loss).
 //!
 //! A graceful stop: claiming stops; deliveries in flight get up to `shutdown.grace_ms` to
 //! finish and have their outcomes committed; those still running then are cut, their rows
@@ -86,7 +84,7 @@ pub struct TickPlan {
     pub work: Vec<TenantWork>,
     /// Distinct tenants the tick looked at (`ankusa_dispatch_active_tenants`).
     pub tenants_visited: usize,
-    /// The oldest marker bucket a full scan met (none for a hinted tick or an empty index).
+    /// The oldest marker bucket a full read met (none for a hinted read or an empty index).
     pub oldest: Option<Bucket>,
     /// The row or byte budget ran out: more may be due than the tick took.
     pub exhausted: bool,
