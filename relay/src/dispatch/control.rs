@@ -5,8 +5,11 @@
 //! additive increase), every attempt that shows the sink is overloaded — 429, 5xx, a
 //! timeout, a connection error — halves it (the multiplicative decrease), at most once per
 //! [`Controller::DECREASE_EVERY`] so a burst of failures from one window counts once. The
-//! tick claims a row for the sink only while its claimed rows are under the limit (plus
-//! the quarter next in line).
+//! sink's request line ([`super::line`]) lets at most `limit` requests out at once, and the
+//! tick claims a row for the sink only while its claimed rows are under twice the limit
+//! (as many next in line as in flight), or under that plus a quarter of the limit for a
+//! tenant with no row claimed for the sink (its first row never waits for the flood's
+//! claims to end).
 //!
 //! **Breaker.** After `breaker_failures` consecutive failed attempts the breaker opens for
 //! `breaker_cooldown_ms` (or the sink's `Retry-After`, if it asked for longer): the sink
@@ -63,6 +66,22 @@ impl Controller {
     /// The longest a `Retry-After` keeps the breaker open.
     pub const MAX_OPEN: Duration = Duration::from_secs(3600);
 
+    /// Rows claimed for a sink at `limit`: its requests in flight and as many next in line.
+    pub fn line(limit: usize) -> usize {
+        2 * limit
+    }
+
+    /// Claims beyond [`Controller::line`] kept for tenants with no row claimed for the sink.
+    pub fn reserve(limit: usize) -> usize {
+        limit.div_ceil(4)
+    }
+
+    /// The most rows ever claimed for a sink of `max_inflight`.
+    pub fn claim_capacity(max_inflight: usize) -> usize {
+        let m = max_inflight.max(1);
+        Self::line(m) + Self::reserve(m)
+    }
+
     pub fn new(max_inflight: usize, failures_to_open: u32, cooldown: Duration) -> Self {
         Controller {
             max: max_inflight.max(1),
@@ -99,7 +118,8 @@ impl Controller {
 
     /// Whether a row may be claimed for the sink now, with `claimed` of its rows already
     /// claimed. A half-open breaker admits one probe: admitting it marks it out.
-    pub fn admit(&self, claimed: usize, now: Instant) -> bool {
+    /// `newcomer`: the row's tenant has no row claimed for the sink.
+    pub fn admit(&self, claimed: usize, newcomer: bool, now: Instant) -> bool {
         let mut s = self.lock();
         match s.breaker {
             Breaker::Open if now < s.open_until => false,
@@ -114,7 +134,8 @@ impl Controller {
             }
             Breaker::Closed => {
                 let limit = (s.limit as usize).clamp(1, self.max);
-                claimed < limit + limit.div_ceil(4)
+                claimed < Self::line(limit)
+                    || (newcomer && claimed < Self::line(limit) + Self::reserve(limit))
             }
         }
     }
@@ -184,9 +205,13 @@ mod tests {
             c.record(Signal::Success, t0 + Duration::from_secs(1));
         }
         assert_eq!(c.limit(), 16, "back to max_inflight and no further");
-        // Claims: the limit plus a quarter next in line.
-        assert!(c.admit(19, t0));
-        assert!(!c.admit(20, t0));
+        // Claims: as many next in line as in flight, and a quarter more for a tenant with
+        // none claimed.
+        assert!(c.admit(31, false, t0));
+        assert!(!c.admit(32, false, t0));
+        assert!(c.admit(35, true, t0));
+        assert!(!c.admit(36, true, t0));
+        assert_eq!(Controller::claim_capacity(16), 36);
         // A refusal for good is not overload.
         c.record(Signal::Rejected, t0 + Duration::from_secs(2));
         assert_eq!(c.limit(), 16);
@@ -203,20 +228,20 @@ mod tests {
         assert_eq!(c.breaker(t0), Breaker::Closed, "a success reset the count");
         c.record(Signal::Overloaded { retry_after: None }, t0);
         assert_eq!(c.breaker(t0), Breaker::Open);
-        assert!(!c.admit(0, t0 + 100 * MS), "open: no claims");
+        assert!(!c.admit(0, true, t0 + 100 * MS), "open: no claims");
         // After the cooldown: one probe, no second.
         let later = t0 + 600 * MS;
         assert_eq!(c.breaker(later), Breaker::HalfOpen);
-        assert!(c.admit(0, later));
-        assert!(!c.admit(0, later), "one probe at a time");
+        assert!(c.admit(0, true, later));
+        assert!(!c.admit(0, true, later), "one probe at a time");
         // The probe fails: open again for a cooldown.
         c.record(Signal::Overloaded { retry_after: None }, later);
         assert_eq!(c.breaker(later + 100 * MS), Breaker::Open);
         let again = later + 600 * MS;
-        assert!(c.admit(0, again));
+        assert!(c.admit(0, true, again));
         c.record(Signal::Success, again);
         assert_eq!(c.breaker(again), Breaker::Closed);
-        assert!(c.admit(0, again) && c.admit(1, again));
+        assert!(c.admit(0, true, again) && c.admit(1, true, again));
     }
 
     #[test]

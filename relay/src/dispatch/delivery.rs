@@ -22,9 +22,11 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use super::control::{Controller, Signal};
+use super::line::Line;
 use crate::config::{Config, ConfigError, Jitter, RetryConfig};
 use crate::edge::verify::{standard_webhooks_key, standard_webhooks_sign};
 use crate::queue::deliveries::Envelope;
+use crate::store::keys::TenantOrd;
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 
@@ -37,17 +39,69 @@ pub struct Sink {
     pub timeout: Duration,
     headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
     pub dead_letter_on_4xx: bool,
-    /// Bounds this sink's requests in flight (`max_inflight`).
-    pub permits: Arc<tokio::sync::Semaphore>,
-    /// Bounds this sink's claimed rows: its requests in flight and a quarter as many next
-    /// in line (`max_inflight` + ⌈`max_inflight`/4⌉), so a delivery starts the moment a
-    /// request ends, a slow sink holds a bounded share of the node's slots, and a row
-    /// claimed for a busy sink queues behind few others.
-    pub claims: Arc<tokio::sync::Semaphore>,
+    /// The request line: at most the adaptive limit of requests in flight, the next slot
+    /// to the next tenant's turn.
+    pub line: Arc<Line>,
+    /// Bounds this sink's claimed rows ([`Controller::claim_capacity`]): as many next in
+    /// line as in flight, so a delivery starts the moment a request ends, and a slow sink
+    /// holds a bounded share of the node's slots.
+    claims: Arc<tokio::sync::Semaphore>,
     /// The size of `claims`.
-    pub claim_capacity: usize,
+    claim_capacity: usize,
+    /// Rows claimed for this sink, by tenant.
+    claimed_by: std::sync::Mutex<HashMap<TenantOrd, usize>>,
     /// The adaptive limit and the breaker.
     pub control: Controller,
+}
+
+impl Sink {
+    fn claimed_by(&self) -> std::sync::MutexGuard<'_, HashMap<TenantOrd, usize>> {
+        self.claimed_by.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A claim slot for one of `tenant`'s rows: a free one within the sink's adaptive
+    /// limit (with the reserve if the tenant has none claimed here) and past its breaker.
+    pub fn try_claim(self: &Arc<Self>, tenant: TenantOrd) -> Option<ClaimSlot> {
+        let permit = self.claims.clone().try_acquire_owned().ok()?;
+        // The rows claimed before this one.
+        let claimed = self.claim_capacity - self.claims.available_permits() - 1;
+        let mut by = self.claimed_by();
+        let newcomer = !by.contains_key(&tenant);
+        if !self.control.admit(claimed, newcomer, Instant::now()) {
+            return None;
+        }
+        *by.entry(tenant).or_default() += 1;
+        Some(ClaimSlot {
+            _permit: permit,
+            sink: self.clone(),
+            tenant,
+        })
+    }
+
+    /// Free claim slots.
+    pub fn free_claims(&self) -> usize {
+        self.claims.available_permits()
+    }
+}
+
+/// A row's claim on one of its sink's slots, given back when dropped.
+#[derive(Debug)]
+pub struct ClaimSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    sink: Arc<Sink>,
+    tenant: TenantOrd,
+}
+
+impl Drop for ClaimSlot {
+    fn drop(&mut self) {
+        let mut by = self.sink.claimed_by();
+        if let Some(n) = by.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.tenant);
+            }
+        }
+    }
 }
 
 /// What an attempt came to.
@@ -144,9 +198,12 @@ impl Deliverer {
                     timeout: Duration::from_millis(s.timeout_ms),
                     headers,
                     dead_letter_on_4xx: s.dead_letter_on_4xx,
-                    permits: Arc::new(tokio::sync::Semaphore::new(permits)),
-                    claims: Arc::new(tokio::sync::Semaphore::new(permits + permits.div_ceil(4))),
-                    claim_capacity: permits + permits.div_ceil(4),
+                    line: Line::new(permits),
+                    claims: Arc::new(tokio::sync::Semaphore::new(Controller::claim_capacity(
+                        permits,
+                    ))),
+                    claim_capacity: Controller::claim_capacity(permits),
+                    claimed_by: std::sync::Mutex::new(HashMap::new()),
                     control: Controller::new(
                         permits,
                         s.breaker_failures,
@@ -180,10 +237,7 @@ impl Deliverer {
 
     /// Free slots over every sink: the most rows a tick can start deliveries for.
     pub fn free_slots(&self) -> usize {
-        self.sinks
-            .values()
-            .map(|s| s.claims.available_permits())
-            .sum()
+        self.sinks.values().map(|s| s.free_claims()).sum()
     }
 
     /// POSTs the hook to the sink once.

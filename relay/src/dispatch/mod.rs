@@ -8,4 +8,5 @@
 
 pub mod control;
 pub mod delivery;
+pub mod line;
 pub mod pipeline;

@@ -17,8 +17,9 @@
 //! tenants (fewest deliveries in flight first), each only with a claim slot of its sink
 //! (within its adaptive limit and past its breaker, [`super::control`]) and of its tenant,
 //! and claimed in one batch. The markers of the tenants the full read met are cleaned.
-//! Deliveries run with those slots held; one task commits the outcomes in batches (not
-//! synced: a lost outcome means a redelivery after boot recovery, never a loss).
+//! Deliveries run with those slots held, each request in its tenant's turn in the sink's
+//! request line ([`super::line`]); one task commits the outcomes in batches (not synced: a
+//! lost outcome means a redelivery after boot recovery, never a loss).
 //!
 //! A graceful stop: claiming stops; deliveries in flight get up to `shutdown.grace_ms` to
 //! finish and have their outcomes committed; those still running then are cut, their rows
@@ -29,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::delivery::{backoff, Attempt, Deliverer, Sink, Verdict};
+use super::delivery::{backoff, Attempt, ClaimSlot, Deliverer, Verdict};
 use crate::config::{Config, RetryConfig};
 use crate::metrics::{Metrics, ScanLabel, SinkLabel, SinkOutcome, TenantLabel};
 use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow, Tx};
@@ -346,7 +347,7 @@ struct Job {
     envelope: Option<Arc<Envelope>>,
     /// The sink's claim slot, taken before the row was claimed (none for a row with no
     /// sink).
-    sink_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    sink_slot: Option<ClaimSlot>,
     /// The tenant's in-flight slot, given back when the job is dropped.
     tenant_slot: TenantSlot,
 }
@@ -625,11 +626,12 @@ async fn tick(
                         },
                         Some(sink) => {
                             // The claim took one of the sink's claim slots; the request
-                            // waits only for one of its own requests to end.
-                            let _request = sink.permits.clone().acquire_owned().await;
+                            // waits only for its tenant's turn in the sink's line.
+                            let _request = sink.line.acquire(job.row.key.ord).await;
                             let a = deliverer.attempt(&sink, env, max_retry_after).await;
                             let now = std::time::Instant::now();
                             sink.control.record(a.signal(), now);
+                            sink.line.set_limit(sink.control.limit());
                             let label = SinkLabel {
                                 sink: sink.id.clone(),
                             };
@@ -641,6 +643,12 @@ async fn tick(
                                 .sink_breaker
                                 .get_or_create(&label)
                                 .set(sink.control.breaker(now) as i64);
+                            let (requests, queued) = sink.line.usage();
+                            metrics
+                                .sink_requests
+                                .get_or_create(&label)
+                                .set(requests as i64);
+                            metrics.sink_queued.get_or_create(&label).set(queued as i64);
                             metrics
                                 .delivery_attempts
                                 .get_or_create(&SinkOutcome {
@@ -774,7 +782,10 @@ fn claim_tick(
             .as_deref()
             .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
             .and_then(|id| ctx.deliverer.sink(id))
-            .map_or(SinkSlot::NotNeeded, |sink| take_sink_slot(&sink))
+            .map_or(SinkSlot::NotNeeded, |sink| {
+                sink.try_claim(c.row.key.ord)
+                    .map_or(SinkSlot::Refused, SinkSlot::Taken)
+            })
     });
     let mut tx = Tx::new();
     let claims: Vec<InflightRow> = picked
@@ -890,36 +901,21 @@ fn claim_tick(
 }
 
 /// A candidate the round robin gave a slot: `work[tenant].1[row]`.
-struct Picked {
+struct Picked<S> {
     tenant: usize,
     row: usize,
-    sink_slot: Option<tokio::sync::OwnedSemaphorePermit>,
+    sink_slot: Option<S>,
     tenant_slot: TenantSlot,
 }
 
-/// A row's claim on its sink's slots.
-enum SinkSlot {
+/// A row's claim on its sink's slots (`S`: the slot, [`ClaimSlot`] in the node).
+enum SinkSlot<S> {
     /// The row needs no sink (an orphan, a sink no longer configured).
     NotNeeded,
     /// One of the sink's claim slots, taken.
-    Taken(tokio::sync::OwnedSemaphorePermit),
+    Taken(S),
     /// The sink is full, over its adaptive limit, or its breaker is open.
     Refused,
-}
-
-/// Takes a slot of `sink` for one row: a free claim slot within the sink's adaptive
-/// limit, and past its breaker.
-fn take_sink_slot(sink: &Sink) -> SinkSlot {
-    let Ok(permit) = sink.claims.clone().try_acquire_owned() else {
-        return SinkSlot::Refused;
-    };
-    // The rows claimed before this one.
-    let claimed = sink.claim_capacity - sink.claims.available_permits() - 1;
-    if sink.control.admit(claimed, std::time::Instant::now()) {
-        SinkSlot::Taken(permit)
-    } else {
-        SinkSlot::Refused
-    }
 }
 
 /// Deficit round robin with a quantum of one row: tenants take turns — those with the
@@ -928,14 +924,14 @@ fn take_sink_slot(sink: &Sink) -> SinkSlot {
 /// go oldest first; a row whose sink is full is passed over, so a slow sink never holds
 /// back the tenant's rows for other sinks, and a flooding tenant gets one row per turn
 /// like everyone else.
-fn assign(
+fn assign<S>(
     work: &[(TenantOrd, Vec<Candidate>)],
     start: usize,
     budget: usize,
     tenants: &TenantSlots,
     weights: &HashMap<TenantOrd, u32>,
-    sink_slot: impl Fn(&Candidate) -> SinkSlot,
-) -> Vec<Picked> {
+    sink_slot: impl Fn(&Candidate) -> SinkSlot<S>,
+) -> Vec<Picked<S>> {
     let n = work.len();
     let mut picked = Vec::new();
     if n == 0 {
@@ -1415,7 +1411,7 @@ mod tests {
 
     fn sink_slots<'a>(
         sinks: &'a HashMap<&'static str, Arc<tokio::sync::Semaphore>>,
-    ) -> impl Fn(&Candidate) -> SinkSlot + 'a {
+    ) -> impl Fn(&Candidate) -> SinkSlot<tokio::sync::OwnedSemaphorePermit> + 'a {
         |c| {
             let slots = c
                 .envelope

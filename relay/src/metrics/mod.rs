@@ -77,6 +77,10 @@ pub struct Metrics {
     pub sink_limit: Family<SinkLabel, Gauge>,
     /// Each sink's breaker after its last attempt: 0 closed, 1 open, 2 half-open.
     pub sink_breaker: Family<SinkLabel, Gauge>,
+    /// A sink's requests in flight, after its last attempt.
+    pub sink_requests: Family<SinkLabel, Gauge>,
+    /// A sink's claimed rows waiting in its request line, after its last attempt.
+    pub sink_queued: Family<SinkLabel, Gauge>,
     pub dispatch_active_tenants: Gauge,
     pub dispatch_claimed: Counter,
     pub dispatch_ticks: Family<ScanLabel, Counter>,
@@ -172,6 +176,18 @@ impl Metrics {
             "ankusa_sink_breaker",
             "A sink's breaker after its last attempt: 0 closed, 1 open (its rows stay due), 2 half-open (one probe)",
             sink_breaker.clone(),
+        );
+        let sink_requests = Family::<SinkLabel, Gauge>::default();
+        registry.register(
+            "ankusa_sink_requests",
+            "A sink's requests in flight (at most its limit), after its last attempt",
+            sink_requests.clone(),
+        );
+        let sink_queued = Family::<SinkLabel, Gauge>::default();
+        registry.register(
+            "ankusa_sink_queued",
+            "Rows claimed for a sink waiting in its request line for a slot, after its last attempt",
+            sink_queued.clone(),
         );
         let dispatch_active_tenants = Gauge::default();
         registry.register(
@@ -279,6 +295,8 @@ impl Metrics {
             delivery_latency,
             sink_limit,
             sink_breaker,
+            sink_requests,
+            sink_queued,
             dispatch_active_tenants,
             dispatch_claimed,
             dispatch_ticks,
