@@ -74,6 +74,7 @@ async fn relay_drain(port: u16, sink: &load::ArrivalSink) -> f64 {
                         content_type: "application/json".into(),
                         sinks: vec!["s".into()],
                         body: body(n),
+                        headers: Vec::new(),
                     }
                 })
                 .collect();

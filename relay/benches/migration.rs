@@ -25,6 +25,7 @@ fn build(path: &std::path::Path, rows: u64) {
             content_type: "application/json".into(),
             sinks: vec!["s".into()],
             body: vec![b'x'; 64],
+            headers: Vec::new(),
         };
         // 70% due, 15% inflight, 10% dead, 5% due later; a third owe the archive.
         let state = match n % 20 {

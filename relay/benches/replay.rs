@@ -48,6 +48,7 @@ fn seed(dir: &std::path::Path) {
                 content_type: "application/json".into(),
                 sinks: vec!["s".into()],
                 body: vec![b'x'; 256],
+                headers: Vec::new(),
             })
             .collect();
         let b = asm.assemble(&store, &envs, false).expect("assemble");

@@ -367,10 +367,19 @@ fn sink(listen: std::net::SocketAddr, secret: Option<String>) -> anyhow::Result<
             move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
                 let verifier = verifier.clone();
                 async move {
-                    let id = headers
-                        .get("webhook-id")
-                        .and_then(|v| v.to_str().ok())
-                        .unwrap_or("-");
+                    let get = |name: &str| {
+                        headers
+                            .get(name)
+                            .and_then(|v| v.to_str().ok())
+                            .unwrap_or("-")
+                            .to_owned()
+                    };
+                    let id = get("webhook-id");
+                    let from = format!(
+                        "tenant {}, source {}",
+                        get("ankusa-tenant"),
+                        get("ankusa-source")
+                    );
                     let check = match verifier.as_ref() {
                         None => "unchecked".to_owned(),
                         Some(v) => match v.verify(&headers, &body, crate::now_ms() / 1000) {
@@ -380,7 +389,10 @@ fn sink(listen: std::net::SocketAddr, secret: Option<String>) -> anyhow::Result<
                     };
                     let preview: String =
                         String::from_utf8_lossy(&body).chars().take(200).collect();
-                    println!("received {id} ({} bytes, {check}): {preview}", body.len());
+                    println!(
+                        "received {id} ({from}, {} bytes, {check}): {preview}",
+                        body.len()
+                    );
                     axum::http::StatusCode::NO_CONTENT
                 }
             },

@@ -427,6 +427,28 @@ pub enum VerifyConfig {
     },
 }
 
+impl VerifyConfig {
+    /// The headers a source of this scheme forwards unless it lists its own: what a
+    /// receiver needs to tell one kind of hook from another when the body does not say.
+    /// GitHub names the event only in `X-GitHub-Event`; Stripe's and Standard Webhooks'
+    /// events carry their type in the body.
+    pub fn forward_headers(&self) -> &'static [&'static str] {
+        match self {
+            VerifyConfig::Github { .. } => &[
+                "X-GitHub-Event",
+                "X-GitHub-Delivery",
+                "X-GitHub-Hook-ID",
+                "X-GitHub-Hook-Installation-Target-Type",
+                "X-GitHub-Hook-Installation-Target-ID",
+            ],
+            VerifyConfig::None
+            | VerifyConfig::HmacSha256 { .. }
+            | VerifyConfig::StandardWebhooks { .. }
+            | VerifyConfig::Stripe { .. } => &[],
+        }
+    }
+}
+
 fn default_tolerance() -> u64 {
     300
 }
@@ -464,6 +486,49 @@ pub struct SourceConfig {
     pub route: String,
     #[serde(default)]
     pub body_limit_bytes: Option<usize>,
+    /// Request headers kept with each hook and sent on to its sinks (at most
+    /// [`MAX_FORWARD_HEADERS`]). Absent: the scheme's own ([`VerifyConfig::forward_headers`]:
+    /// GitHub's event and delivery headers); `[]` forwards none.
+    #[serde(default)]
+    pub forward_headers: Option<Vec<String>>,
+}
+
+/// The most header names a source may forward.
+pub const MAX_FORWARD_HEADERS: usize = 16;
+
+/// Headers a source may not forward: the delivery sets them itself.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "user-agent",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "ankusa-tenant",
+    "ankusa-source",
+];
+
+impl SourceConfig {
+    /// The header names (lower case) this source forwards.
+    pub fn forwarded(&self) -> Vec<String> {
+        match &self.forward_headers {
+            Some(names) => names.iter().map(|n| n.to_ascii_lowercase()).collect(),
+            None => self
+                .verify
+                .forward_headers()
+                .iter()
+                .map(|n| n.to_ascii_lowercase())
+                .collect(),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -786,6 +851,31 @@ impl Config {
                     ));
                 }
             }
+            if let Some(names) = &s.forward_headers {
+                let key = format!("{key}.forward_headers");
+                if names.len() > MAX_FORWARD_HEADERS {
+                    return Err(invalid(
+                        &key,
+                        format!("at most {MAX_FORWARD_HEADERS} header names"),
+                    ));
+                }
+                let mut seen = std::collections::BTreeSet::new();
+                for n in names {
+                    let lower = n.to_ascii_lowercase();
+                    if axum::http::HeaderName::from_bytes(n.as_bytes()).is_err()
+                        || RESERVED_HEADERS.contains(&lower.as_str())
+                        || !seen.insert(lower)
+                    {
+                        return Err(invalid(
+                            &key,
+                            format!(
+                                "{n:?} is not a header name, is repeated, or is set by the delivery itself ({})",
+                                RESERVED_HEADERS.join(", ")
+                            ),
+                        ));
+                    }
+                }
+            }
             if let Some(n) = s.body_limit_bytes {
                 if !(1..=256 << 20).contains(&n) {
                     return Err(invalid(
@@ -900,6 +990,41 @@ mod tests {
         );
         let e = Config::from_yaml("tenants:\n  max: 4294967295\n", env(&[])).unwrap_err();
         assert!(e.to_string().contains("tenants.max"), "{e}");
+        // Forwarded headers: names, no repeats, none the delivery sets, a bounded list.
+        let src = |fwd: &str| {
+            format!(
+                "sinks: [{{ id: s, url: \"http://127.0.0.1:9/\" }}]\nroutes: [{{ id: r, sinks: [s] }}]\nsources: [{{ id: a, verify: {{ scheme: none }}, route: r, forward_headers: {fwd} }}]\n"
+            )
+        };
+        let ok = Config::from_yaml(&src("[X-Shop-Topic, x-request-id]"), env(&[])).unwrap();
+        assert_eq!(ok.sources[0].forwarded(), ["x-shop-topic", "x-request-id"]);
+        let many = format!(
+            "[{}]",
+            (0..17)
+                .map(|i| format!("x-h{i}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        for bad in [
+            "[webhook-signature]",
+            "[Content-Type]",
+            "[\"bad name\"]",
+            "[x-a, X-A]",
+            &many,
+        ] {
+            let e = Config::from_yaml(&src(bad), env(&[])).unwrap_err();
+            assert!(
+                e.to_string().contains("sources[0].forward_headers"),
+                "{bad}: {e}"
+            );
+        }
+        // The scheme's defaults: GitHub's event and delivery headers, none for the others.
+        let gh = "sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\nroutes: [{ id: r, sinks: [s] }]\nsources: [{ id: g, verify: { scheme: github, secret: { value: x } }, route: r }, { id: n, verify: { scheme: none }, route: r }]\n";
+        let c = Config::from_yaml(gh, env(&[])).unwrap();
+        assert!(c.sources[0]
+            .forwarded()
+            .contains(&"x-github-event".to_owned()));
+        assert!(c.sources[1].forwarded().is_empty());
         // A sink with no slot would never be delivered to.
         let yaml = "sinks: [{ id: s, url: \"http://127.0.0.1:9/\", max_inflight: 0 }]\n";
         let e = Config::from_yaml(yaml, env(&[])).unwrap_err();

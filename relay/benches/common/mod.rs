@@ -59,6 +59,7 @@ fn envelope(tenant: u64, at: u64, n: u64) -> Envelope {
         content_type: "application/json".into(),
         sinks: vec!["sink".into()],
         body: Vec::new(),
+        headers: Vec::new(),
     }
 }
 

@@ -1,8 +1,9 @@
 //! One delivery attempt: an HTTP POST of the stored body to a sink.
 //!
 //! - The original content type, Standard Webhooks signing with the sink's secret
-//!   (`webhook-id` = the hook id, `webhook-timestamp`, `webhook-signature`), and the sink's
-//!   configured headers.
+//!   (`webhook-id` = the hook id, `webhook-timestamp`, `webhook-signature`), the hook's
+//!   tenant and source (`ankusa-tenant`, `ankusa-source`), the provider's headers its
+//!   source forwards (`sources[].forward_headers`), then the sink's configured headers.
 //! - A pooled client (HTTP/1.1 keep-alive; rustls for `https://`), a per-sink timeout.
 //! - 2xx → delivered. 408, 429, 5xx, timeouts and connection errors → retry, honouring a
 //!   `Retry-After` of seconds within `retry.max_retry_after_ms`. Other 4xx → dead-letter
@@ -246,7 +247,16 @@ impl Deliverer {
         let mut req = hyper::Request::post(sink.uri.clone())
             .header(hyper::header::CONTENT_TYPE, env.content_type.as_str())
             .header("user-agent", concat!("ankusa/", env!("CARGO_PKG_VERSION")))
-            .header("webhook-id", env.id.as_str());
+            .header("webhook-id", env.id.as_str())
+            .header("ankusa-tenant", env.tenant_or_default())
+            .header("ankusa-source", env.source.as_str());
+        // The provider's headers its source forwards (validated at ingest; a value that no
+        // longer parses, from a store written by hand, is left out).
+        for (name, value) in &env.headers {
+            if let Ok(v) = hyper::header::HeaderValue::from_bytes(value) {
+                req = req.header(name.as_str(), v);
+            }
+        }
         if let Some(key) = &sink.key {
             let ts = crate::now_ms() / 1000;
             req = req.header("webhook-timestamp", ts.to_string()).header(

@@ -6,8 +6,9 @@
 //! 3. The signature is verified in constant time (failure → 401 `quarantined`: the request
 //!    is kept in the bounded quarantine family for inspection; no tenant ordinal is made).
 //! 4. The tenant is taken from the source (fixed, a header, or a JSON pointer; missing →
-//!    400 `rejected`) and the idempotency key from the configured headers or the scheme's
-//!    default.
+//!    400 `rejected`), the headers the source forwards are kept (over 1 KiB for one value
+//!    or 4 KiB in all → 431 `rejected`), and the idempotency key comes from the configured
+//!    headers or the scheme's default.
 //! 5. The hook is handed to the writer without blocking (queue full → 503 `unavailable`)
 //!    and the handler awaits its answer: `accepted` (202 `{"id"}`, only after the synced
 //!    commit that holds it), `duplicate` (200 with the first hook's id, nothing written),
@@ -27,7 +28,7 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -50,7 +51,14 @@ pub struct Source {
     pub idempotency: IdempotencyConfig,
     pub sinks: Vec<String>,
     pub body_limit: usize,
+    /// Request headers kept with the hook and sent to its sinks (lower case).
+    pub forward: Vec<HeaderName>,
 }
+
+/// The most bytes of one forwarded header value.
+pub const MAX_FORWARD_VALUE: usize = 1024;
+/// The most bytes of all of a hook's forwarded headers, names and values.
+pub const MAX_FORWARD_BYTES: usize = 4096;
 
 /// Builds the sources of a validated configuration (resolving their secrets).
 pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> {
@@ -124,6 +132,16 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
                 idempotency: s.idempotency.clone().unwrap_or(default_idem),
                 sinks,
                 body_limit: s.body_limit_bytes.unwrap_or(config.ingest.body_limit_bytes),
+                forward: s
+                    .forwarded()
+                    .iter()
+                    .map(|n| {
+                        HeaderName::from_bytes(n.as_bytes()).map_err(|e| ConfigError::Invalid {
+                            key: format!("sources[{i}].forward_headers"),
+                            message: format!("{n:?}: {e}"),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
             },
         );
     }
@@ -238,6 +256,26 @@ impl JsonBody<'_> {
     }
 }
 
+/// The headers `src` forwards, as received (every value of a repeated one), within
+/// [`MAX_FORWARD_VALUE`] each and [`MAX_FORWARD_BYTES`] in all.
+fn forwarded(src: &Source, headers: &HeaderMap) -> Result<Vec<(String, Vec<u8>)>, &'static str> {
+    let mut out = Vec::new();
+    let mut total = 0;
+    for name in &src.forward {
+        for v in headers.get_all(name) {
+            if v.len() > MAX_FORWARD_VALUE {
+                return Err("a forwarded header's value is over 1024 bytes");
+            }
+            total += name.as_str().len() + v.len();
+            if total > MAX_FORWARD_BYTES {
+                return Err("the forwarded headers are over 4096 bytes");
+            }
+            out.push((name.as_str().to_owned(), v.as_bytes().to_vec()));
+        }
+    }
+    Ok(out)
+}
+
 fn idempotency_of(src: &Source, headers: &HeaderMap, json: &mut JsonBody<'_>) -> Option<Vec<u8>> {
     for h in &src.idempotency.headers {
         if let Some(v) = headers.get(h.as_str()) {
@@ -332,6 +370,16 @@ async fn handle<'a>(
         Ok(t) => t,
         Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
     };
+    let forwarded = match forwarded(src, &headers) {
+        Ok(f) => f,
+        Err(msg) => {
+            return rejected(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers_too_large",
+                msg,
+            )
+        }
+    };
     let idempotency = idempotency_of(src, &headers, &mut json);
     let content_type = headers
         .get("content-type")
@@ -346,6 +394,7 @@ async fn handle<'a>(
         content_type,
         sinks: src.sinks.clone(),
         body: bytes.to_vec(),
+        headers: forwarded,
     };
     let (tx, rx) = tokio::sync::oneshot::channel();
     let sub = Submission {

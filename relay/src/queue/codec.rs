@@ -74,6 +74,15 @@ impl<'a> Dec<'a> {
         self.buf = rest;
         Ok(head)
     }
+    /// Reads the version byte: one of `known`.
+    pub fn version_of(&mut self, known: &[u8]) -> Result<u8, DecodeError> {
+        let v = self.u8()?;
+        if known.contains(&v) {
+            Ok(v)
+        } else {
+            Err(self.err("unknown version"))
+        }
+    }
     /// Checks the version byte.
     pub fn version(&mut self, expected: u8) -> Result<(), DecodeError> {
         if self.u8()? == expected {

@@ -161,13 +161,25 @@ pub struct Envelope {
     pub content_type: String,
     pub sinks: Vec<String>,
     pub body: Vec<u8>,
+    /// The request headers its source forwards to sinks (`sources[].forward_headers`):
+    /// lower-case names, raw values, in the order received.
+    pub headers: Vec<(String, Vec<u8>)>,
 }
 
-const ENVELOPE_VERSION: u8 = 1;
+/// Version 2 added the forwarded headers (after the body); version 1 still decodes, with
+/// none.
+const ENVELOPE_VERSION: u8 = 2;
 
 impl Envelope {
+    /// Version 1 when there are no forwarded headers (what every release reads), else
+    /// version 2.
     pub fn encode(&self) -> Vec<u8> {
-        let mut e = Enc::with_version(ENVELOPE_VERSION);
+        let version = if self.headers.is_empty() {
+            1
+        } else {
+            ENVELOPE_VERSION
+        };
+        let mut e = Enc::with_version(version);
         e.str(&self.id);
         match &self.tenant {
             Some(t) => e.u8(1).str(t),
@@ -180,12 +192,19 @@ impl Envelope {
         for s in &self.sinks {
             e.str(s);
         }
-        e.bytes(&self.body).finish()
+        e.bytes(&self.body);
+        if version >= 2 {
+            e.u16(self.headers.len() as u16);
+            for (name, value) in &self.headers {
+                e.str(name).bytes(value);
+            }
+        }
+        e.finish()
     }
 
     pub fn decode(v: &[u8]) -> Result<Envelope, DecodeError> {
         let mut d = Dec::new(v, "hook envelope");
-        d.version(ENVELOPE_VERSION)?;
+        let version = d.version_of(&[1, ENVELOPE_VERSION])?;
         let id = d.string()?;
         let tenant = match d.u8()? {
             0 => None,
@@ -200,6 +219,12 @@ impl Envelope {
             sinks.push(d.string()?);
         }
         let body = d.bytes()?.to_vec();
+        let mut headers = Vec::new();
+        if version >= 2 {
+            for _ in 0..d.u16()? {
+                headers.push((d.string()?, d.bytes()?.to_vec()));
+            }
+        }
         d.end()?;
         Ok(Envelope {
             id,
@@ -209,6 +234,7 @@ impl Envelope {
             content_type,
             sinks,
             body,
+            headers,
         })
     }
 

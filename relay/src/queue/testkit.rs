@@ -45,6 +45,7 @@ impl Harness {
             content_type: "application/json".into(),
             sinks: (0..sinks).map(|i| format!("sink{i}")).collect(),
             body: vec![b'x'; (n % 7) as usize * 10],
+            headers: Vec::new(),
         }
     }
 

@@ -28,6 +28,7 @@ fn env(n: u64, tenant: Option<&str>, sinks: usize) -> Envelope {
         content_type: "application/json".into(),
         sinks: (0..sinks).map(|i| format!("sink{i}")).collect(),
         body: format!(r#"{{"fixture":{n}}}"#).into_bytes(),
+        headers: Vec::new(),
     }
 }
 

@@ -595,6 +595,75 @@ async fn a_hook_arrives_signed_with_its_original_body() {
     h.node.shutdown().await.unwrap();
 }
 
+/// What a receiver needs besides the body: every hook's tenant and source, and the
+/// provider's headers its source forwards — GitHub's event and delivery by default, a
+/// source's own list otherwise, never more than the bounds.
+#[tokio::test]
+async fn a_github_hook_reaches_the_sink_with_its_event_header_tenant_and_source() {
+    let extra = r#"  - { id: gh, tenant: { json_pointer: /installation/id }, verify: { scheme: github, secret: { value: "gh-secret" } }, route: main }
+  - { id: shop, tenant: { header: x-tenant }, verify: { scheme: none }, route: main, forward_headers: [X-Shop-Topic] }
+"#;
+    let h = Harness::start("  - { id: main, sinks: [a] }", extra).await;
+    let url = |source: &str| format!("http://{}/ingest/{source}", h.node.ingest_addr);
+    let gh_body = br#"{"action":"opened","installation":{"id":4242}}"#.to_vec();
+    let sig = format!("sha256={}", hex(&hmac_sha256(b"gh-secret", &[&gh_body])));
+    let r = post(
+        &h.c,
+        &url("gh"),
+        &[
+            ("x-hub-signature-256", sig),
+            ("x-github-event", "pull_request".into()),
+            ("x-github-delivery", "d-77".into()),
+            ("x-unlisted", "not forwarded".into()),
+        ],
+        gh_body.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    let shop_body = br#"{"order":1}"#.to_vec();
+    let r = post(
+        &h.c,
+        &url("shop"),
+        &[
+            ("x-tenant", "shop-1".into()),
+            ("x-shop-topic", "orders/create".into()),
+            ("x-github-event", "push".into()),
+        ],
+        shop_body.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    // Over the bound: refused, nothing stored.
+    let r = post(
+        &h.c,
+        &url("shop"),
+        &[
+            ("x-tenant", "shop-1".into()),
+            ("x-shop-topic", "t".repeat(2_000)),
+        ],
+        shop_body.clone(),
+    )
+    .await;
+    assert_eq!(r.status, 431);
+    assert_eq!(r.json()["error"], "headers_too_large");
+    eventually(10, "both hooks delivered", || h.sink.on("/a").len() >= 2).await;
+    let got = h.sink.on("/a");
+    assert_eq!(got.len(), 2, "the refused hook was not stored");
+    let gh = got.iter().find(|r| r.body == gh_body).unwrap();
+    assert_eq!(gh.headers["x-github-event"], "pull_request");
+    assert_eq!(gh.headers["x-github-delivery"], "d-77");
+    assert_eq!(gh.headers["ankusa-tenant"], "4242");
+    assert_eq!(gh.headers["ankusa-source"], "gh");
+    assert!(!gh.headers.contains_key("x-unlisted"));
+    assert!(!gh.headers.contains_key("x-hub-signature-256"));
+    let shop = got.iter().find(|r| r.body == shop_body).unwrap();
+    assert_eq!(shop.headers["x-shop-topic"], "orders/create");
+    assert_eq!(shop.headers["ankusa-tenant"], "shop-1");
+    assert_eq!(shop.headers["ankusa-source"], "shop");
+    assert!(!shop.headers.contains_key("x-github-event"));
+    h.node.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_sink_answering_500_twice_then_200_gets_the_hook_three_times_on_schedule() {
     let h = Harness::start("  - { id: main, sinks: [b] }", "").await;

@@ -61,10 +61,6 @@ sources:
     Config::from_yaml(&yaml, Vec::new()).expect("test config")
 }
 
-fn hexs(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 fn b64(b: &[u8]) -> String {
     base64::engine::general_purpose::STANDARD.encode(b)
 }
@@ -135,7 +131,7 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
     // hmac-sha256, hex with a prefix
     let good = format!(
         "sha256={}",
-        hexs(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]))
+        hex(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]))
     );
     let r = t
         .post(
@@ -146,7 +142,7 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
         .await;
     assert_eq!(r.status, 202);
     assert!(r.json()["id"].as_str().unwrap().starts_with("hk_"));
-    let bad = format!("sha256={}", hexs(&hmac_sha256(b"wrong", &[body])));
+    let bad = format!("sha256={}", hex(&hmac_sha256(b"wrong", &[body])));
     let r = t
         .post(
             "shared",
@@ -200,7 +196,7 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
     let sign = |ts: u64| {
         format!(
             "t={ts},v1={}",
-            hexs(&hmac_sha256(
+            hex(&hmac_sha256(
                 STRIPE_SECRET.as_bytes(),
                 &[ts.to_string().as_bytes(), b".", stripe_body]
             ))
@@ -269,10 +265,10 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
 async fn quarantined_and_rejected_requests_never_create_an_ordinal() {
     let t = TestNode::start("").await;
     let body = br#"{"x":1}"#;
-    let bad = format!("sha256={}", hexs(&hmac_sha256(b"nope", &[body])));
+    let bad = format!("sha256={}", hex(&hmac_sha256(b"nope", &[body])));
     let good = format!(
         "sha256={}",
-        hexs(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]))
+        hex(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]))
     );
     // Bad signature, tenant named in the header: quarantined.
     let r = t

@@ -41,6 +41,7 @@ pub fn store_with_hooks(dir: &Path, hooks: u64) {
             content_type: "application/json".into(),
             sinks: vec!["a".into(), "b".into()],
             body: b"{}".to_vec(),
+            headers: Vec::new(),
         })
         .collect();
     let batch = asm.assemble(&store, &envs, true).expect("assemble");
@@ -194,6 +195,11 @@ pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
         m.update(p);
     }
     m.finalize().into_bytes().to_vec()
+}
+
+/// Lower-case hex, as providers write signatures.
+pub fn hex(b: &[u8]) -> String {
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 pub fn now_s() -> u64 {

@@ -140,6 +140,7 @@ fn a_hook_with_no_tenant_or_no_envelope_files_under_default() {
             content_type: "x".into(),
             sinks: vec!["k".into()],
             body: vec![],
+            headers: Vec::new(),
         };
         w.hook(
             Seq(1),
@@ -188,6 +189,7 @@ fn big_v2(data: &Path, hooks: u64) {
             content_type: "application/json".into(),
             sinks: vec!["a".into(), "b".into()],
             body: vec![b'x'; (n % 50) as usize],
+            headers: Vec::new(),
         };
         let at = |n: u64| {
             AtMs(if n % 7 == 0 {

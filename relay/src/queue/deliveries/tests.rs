@@ -717,6 +717,7 @@ fn values_that_do_not_decode_are_errors() {
         content_type: "text/plain".into(),
         sinks: vec!["a".into(), "b".into()],
         body: b"hello".to_vec(),
+        headers: Vec::new(),
     };
     assert_eq!(Envelope::decode(&env.encode()).unwrap(), env);
     let mut bad = env.encode();
@@ -725,6 +726,42 @@ fn values_that_do_not_decode_are_errors() {
         Envelope::decode(&bad).is_err(),
         "trailing bytes are refused"
     );
+}
+
+#[test]
+fn an_envelope_keeps_its_forwarded_headers_and_a_version_1_envelope_still_decodes() {
+    let env = Envelope {
+        id: "hk_1".into(),
+        tenant: Some("acme".into()),
+        source: "gh".into(),
+        received_at: AtMs(5),
+        content_type: "application/json".into(),
+        sinks: vec!["a".into()],
+        body: b"{}".to_vec(),
+        headers: vec![
+            ("x-github-event".into(), b"push".to_vec()),
+            ("x-github-delivery".into(), b"d-1".to_vec()),
+        ],
+    };
+    assert_eq!(Envelope::decode(&env.encode()).unwrap(), env);
+    assert_eq!(env.encode()[0], 2);
+    // Without forwarded headers it is written as version 1 (what a release before them
+    // reads), and decodes the same.
+    let none = Envelope {
+        headers: Vec::new(),
+        ..env
+    };
+    let v1 = none.encode();
+    assert_eq!(v1[0], 1);
+    assert_eq!(Envelope::decode(&v1).unwrap(), none);
+    // A version 2 envelope cut inside its headers is an error, not fewer headers.
+    let mut cut = Envelope {
+        headers: vec![("x-a".into(), b"1".to_vec())],
+        ..none
+    }
+    .encode();
+    cut.truncate(cut.len() - 1);
+    assert!(Envelope::decode(&cut).is_err());
 }
 
 /// The ADR's structural guard: only `queue::deliveries` (and `store::keys`, which defines
