@@ -71,7 +71,15 @@ fn seed(dir: &std::path::Path) {
         let mut tx = Tx::new();
         for r in &rows {
             let inflight = deliveries::claim(&mut tx, r);
-            deliveries::dead_letter(&mut tx, &inflight, AtMs(now - 30_000), "bench", "hk", None);
+            deliveries::dead_letter(
+                &mut tx,
+                &inflight,
+                AtMs(now - 30_000),
+                "bench",
+                "hk",
+                "s",
+                None,
+            );
         }
         tx.commit(&store, false).expect("dead-letter");
     }

@@ -104,7 +104,7 @@ pub fn build(cell: &Cell, dir: &std::path::Path) -> Store {
         };
         if let Some(r) = deliveries::first_due(&store, ord).expect("first_due") {
             let f = deliveries::claim(&mut tx, &r);
-            deliveries::dead_letter(&mut tx, &f, AtMs(NOW - 1), "bench", "hk", None);
+            deliveries::dead_letter(&mut tx, &f, AtMs(NOW - 1), "bench", "hk", "s", None);
             moved += 1;
             if moved % 1_000 == 0 {
                 std::mem::take(&mut tx)

@@ -163,8 +163,16 @@ struct DlqItem {
     at_ms: u64,
     hook_id: String,
     source: String,
-    sink: u16,
+    /// The sink's id.
+    sink: String,
+    /// Its position in the hook's fan-out list.
+    sink_index: u16,
     size: u32,
+    attempts: u32,
+    last_attempt_ms: u64,
+    /// HTTP status of the last attempt (0: no response).
+    last_status: u16,
+    last_error: String,
 }
 
 fn names(store: &Store, rows: &[DeadRow]) -> Result<BTreeMap<TenantOrd, String>, StoreError> {
@@ -177,20 +185,39 @@ fn names(store: &Store, rows: &[DeadRow]) -> Result<BTreeMap<TenantOrd, String>,
     Ok(out)
 }
 
+/// The page's rows as the DLQ lists them: tenant names, the sink's id (from the row, or for
+/// a row dead-lettered before the row carried it, from its hook), and the last attempt
+/// from the delivery rows (one `multi_get`).
 fn items(store: &Store, rows: &[DeadRow]) -> Result<Vec<DlqItem>, StoreError> {
     let names = names(store, rows)?;
-    Ok(rows
-        .iter()
-        .map(|r| DlqItem {
+    let pairs: Vec<_> = rows.iter().map(|r| (r.key.seq, r.key.sink)).collect();
+    let states = deliveries::delivery_rows(store, &pairs)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (r, state) in rows.iter().zip(states) {
+        let sink = if r.value.sink.is_empty() {
+            deliveries::envelope(store, r.key.seq)?
+                .and_then(|e| e.sinks.get(r.key.sink.0 as usize).cloned())
+                .unwrap_or_default()
+        } else {
+            r.value.sink.clone()
+        };
+        let state = state.unwrap_or_default();
+        out.push(DlqItem {
             id: row_id(&r.key),
             tenant: names.get(&r.value.ord).cloned().unwrap_or_default(),
             at_ms: r.key.at.0,
             hook_id: r.value.hook_id.clone(),
             source: r.value.source.clone(),
-            sink: r.key.sink.0,
+            sink,
+            sink_index: r.key.sink.0,
             size: r.value.size,
-        })
-        .collect())
+            attempts: state.attempts,
+            last_attempt_ms: state.last_attempt_at,
+            last_status: state.last_status,
+            last_error: state.last_error,
+        });
+    }
+    Ok(out)
 }
 
 /// Dead rows visible to `scope` (optionally one tenant's), newest first, before `before`.

@@ -1202,7 +1202,11 @@ fn outcome_ops(
             Some((row.key.ord, at))
         }
         Verdict::Retry { .. } | Verdict::Dead => {
-            deliveries::dead_letter(tx, row, AtMs(now), &env.source, &env.id, Some(&state));
+            let sink = env
+                .sinks
+                .get(row.key.sink.0 as usize)
+                .map_or("", String::as_str);
+            deliveries::dead_letter(tx, row, AtMs(now), &env.source, &env.id, sink, Some(&state));
             None
         }
     }

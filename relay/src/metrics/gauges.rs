@@ -74,7 +74,7 @@ mod tests {
         for r in rows.iter().filter(|r| r.key.ord == h.ord("b")).take(10) {
             h.commit(|tx| {
                 let f = claim(tx, r);
-                dead_letter(tx, &f, AtMs(3_000), "src", "hk", None);
+                dead_letter(tx, &f, AtMs(3_000), "src", "hk", "s", None);
             });
         }
         h

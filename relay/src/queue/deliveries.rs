@@ -103,28 +103,44 @@ pub struct DeadValue {
     pub size: u32,
     pub source: String,
     pub hook_id: String,
+    /// The sink's id (empty for a row dead-lettered before version 4, or imported).
+    pub sink: String,
 }
 
-const DEAD_VALUE_VERSION: u8 = 3;
+/// Version 4 added the sink's id; version 3 still decodes, without it.
+const DEAD_VALUE_VERSION: u8 = 4;
 
 impl DeadValue {
+    /// Version 3 when the sink is not known (what releases before version 4 read).
     pub fn encode(&self) -> Vec<u8> {
-        Enc::with_version(DEAD_VALUE_VERSION)
-            .u32(self.ord.0)
+        let version = if self.sink.is_empty() {
+            3
+        } else {
+            DEAD_VALUE_VERSION
+        };
+        let mut e = Enc::with_version(version);
+        e.u32(self.ord.0)
             .u32(self.size)
             .str(&self.source)
-            .str(&self.hook_id)
-            .finish()
+            .str(&self.hook_id);
+        if version >= 4 {
+            e.str(&self.sink);
+        }
+        e.finish()
     }
     pub fn decode(v: &[u8]) -> Result<DeadValue, DecodeError> {
         let mut d = Dec::new(v, "dead value");
-        d.version(DEAD_VALUE_VERSION)?;
-        let out = DeadValue {
+        let version = d.version_of(&[3, DEAD_VALUE_VERSION])?;
+        let mut out = DeadValue {
             ord: TenantOrd(d.u32()?),
             size: d.u32()?,
             source: d.string()?,
             hook_id: d.string()?,
+            sink: String::new(),
         };
+        if version >= 4 {
+            out.sink = d.string()?;
+        }
         d.end()?;
         Ok(out)
     }
@@ -604,6 +620,7 @@ pub fn dead_letter(
     at: AtMs,
     source: &str,
     hook_id: &str,
+    sink: &str,
     updated: Option<&DeliveryRow>,
 ) -> DeadRow {
     tx.delete_inflight(row);
@@ -625,6 +642,7 @@ pub fn dead_letter(
             size: row.size,
             source: source.to_owned(),
             hook_id: hook_id.to_owned(),
+            sink: sink.to_owned(),
         },
     };
     tx.op(Op::put(
@@ -1050,6 +1068,44 @@ fn page(rows: Vec<DeadRow>, limit: usize) -> DeadPage {
         None
     };
     DeadPage { rows, next }
+}
+
+/// The delivery rows of `(hook, sink)` pairs, in order (`None` where there is none). A row
+/// that does not decode is an error naming its key, never read as absent.
+pub fn delivery_rows(
+    store: &Store,
+    pairs: &[(Seq, SinkIdx)],
+) -> Result<Vec<Option<DeliveryRow>>, StoreError> {
+    let ks: Vec<Vec<u8>> = pairs.iter().map(|(s, k)| keys::delivery(*s, *k)).collect();
+    store
+        .multi_get(Cf::Deliveries, &ks)?
+        .into_iter()
+        .zip(&ks)
+        .map(|(v, k)| {
+            v.map(|v| {
+                DeliveryRow::decode(&v).map_err(|e| StoreError::Corruption {
+                    family: "deliveries",
+                    detail: format!("{e} at {}", keys::hex(k)),
+                })
+            })
+            .transpose()
+        })
+        .collect()
+}
+
+/// The hook `seq`'s envelope, if the hook is still stored. An envelope that does not
+/// decode is an error.
+pub fn envelope(store: &Store, seq: Seq) -> Result<Option<Envelope>, StoreError> {
+    let k = keys::hook(seq);
+    store
+        .get(Cf::Hooks, &k)?
+        .map(|v| {
+            Envelope::decode(&v).map_err(|e| StoreError::Corruption {
+                family: "hooks",
+                detail: format!("{e} at {}", keys::hex(&k)),
+            })
+        })
+        .transpose()
 }
 
 /// The node's dead rows, newest first, strictly before `before` (a reverse `?x` scan).

@@ -125,6 +125,7 @@ pub fn write_v3(dir: &Path) -> Result<(), StoreError> {
                     AtMs(PAST + 10_000 + seq),
                     "fixture",
                     &format!("fx_{seq}"),
+                    "",
                     None,
                 );
             }

@@ -169,6 +169,14 @@ async fn tenant_scoped_dlq() {
         .await;
     assert_eq!(rest["items"].as_array().unwrap().len(), 2);
     assert!(rest["next"].is_null());
+    // Each row names its sink by id and says why it died.
+    let row = &all["items"][0];
+    assert_eq!(row["sink"], "s");
+    assert_eq!(row["sink_index"], 0);
+    assert_eq!(row["attempts"], 1);
+    assert_eq!(row["last_status"], 400);
+    assert_eq!(row["last_error"], "HTTP 400");
+    assert!(row["last_attempt_ms"].as_u64().unwrap() > 0);
     // Team a sees only a's rows, with or without naming the tenant; b does not exist for it.
     for path in ["/v1/dlq", "/v1/dlq?tenant=a"] {
         let (s, v) = h.call("GET", path, Some(TOKEN_A), "").await;

@@ -99,7 +99,7 @@ fn apply(h: &mut Harness, t: &Transition) {
         Transition::DeadLetter(i) => {
             if let Some(r) = pick(&h.inflight_rows(), *i) {
                 h.commit(|tx| {
-                    dead_letter(tx, &r, AtMs(r.key.seq.0 * 3), "src", "hk", None);
+                    dead_letter(tx, &r, AtMs(r.key.seq.0 * 3), "src", "hk", "s", None);
                 });
             }
         }
@@ -245,7 +245,8 @@ fn concurrent_writers_do_not_lose_counts() {
                         }),
                         2 => {
                             let mut tx = Tx::new();
-                            let dead = dead_letter(&mut tx, &inflight, AtMs(5), "src", "hk", None);
+                            let dead =
+                                dead_letter(&mut tx, &inflight, AtMs(5), "src", "hk", "s", None);
                             tx.commit(&store, false).unwrap();
                             commit(&|tx| revive(tx, &dead, AtMs(6)));
                         }
@@ -437,7 +438,7 @@ fn active_tenants_returns_only_tenants_with_due_rows() {
         let mut tx = Tx::new();
         let inflight = claim(&mut tx, &r);
         if name == "dead-only" {
-            dead_letter(&mut tx, &inflight, AtMs(now - 1), "src", "hk", None);
+            dead_letter(&mut tx, &inflight, AtMs(now - 1), "src", "hk", "s", None);
         }
         tx.commit(&h.store, false).unwrap();
         let active = active_tenants(&h.store, AtMs(now), 4096).unwrap();
@@ -521,7 +522,15 @@ fn pending_for_tenant_dead_for_tenant_and_purge_tenant_touch_one_tenant() {
         for r in due_for_tenant(&h.store, ord, AtMs(u64::MAX - 1), AtMs(0), 10, u64::MAX).unwrap() {
             let mut tx = Tx::new();
             let inflight = claim(&mut tx, &r);
-            dead_letter(&mut tx, &inflight, AtMs(r.key.seq.0), "src", "hk", None);
+            dead_letter(
+                &mut tx,
+                &inflight,
+                AtMs(r.key.seq.0),
+                "src",
+                "hk",
+                "s",
+                None,
+            );
             tx.commit(&h.store, false).unwrap();
         }
     }
@@ -653,6 +662,7 @@ fn dead_pages_are_newest_first_and_the_tenant_page_reads_one_range_and_no_hook()
                 AtMs(1_000 + r.key.seq.0),
                 "src",
                 &format!("hk{}", r.key.seq.0),
+                "s",
                 None,
             );
         });
@@ -726,6 +736,25 @@ fn values_that_do_not_decode_are_errors() {
         Envelope::decode(&bad).is_err(),
         "trailing bytes are refused"
     );
+}
+
+#[test]
+fn a_dead_value_names_its_sink_and_a_version_3_value_still_decodes() {
+    let v = DeadValue {
+        ord: TenantOrd(7),
+        size: 9,
+        source: "gh".into(),
+        hook_id: "hk_1".into(),
+        sink: "billing".into(),
+    };
+    assert_eq!(v.encode()[0], 4);
+    assert_eq!(DeadValue::decode(&v.encode()).unwrap(), v);
+    let old = DeadValue {
+        sink: String::new(),
+        ..v
+    };
+    assert_eq!(old.encode()[0], 3, "unknown sink: written as version 3");
+    assert_eq!(DeadValue::decode(&old.encode()).unwrap(), old);
 }
 
 #[test]
@@ -891,7 +920,7 @@ fn concurrent_replays_and_purges_move_each_dead_row_once() {
     h.commit(|tx| {
         for r in &due {
             let inflight = claim(tx, r);
-            dead_letter(tx, &inflight, AtMs(now), "src", "hk", None);
+            dead_letter(tx, &inflight, AtMs(now), "src", "hk", "s", None);
         }
     });
     assert_eq!(h.dead_rows().len(), 300);
@@ -1180,7 +1209,7 @@ fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u
                             },
                         ),
                         _ => {
-                            dead_letter(&mut tx, r, AtMs(MODEL_NOW), "src", "hk", None);
+                            dead_letter(&mut tx, r, AtMs(MODEL_NOW), "src", "hk", "s", None);
                         }
                     }
                 }

@@ -307,6 +307,7 @@ impl Migration for TenantKeys {
                             size,
                             source: old.source,
                             hook_id: old.hook_id,
+                            sink: String::new(),
                         };
                         deliveries::import_dead(&mut tx, &DeadRow { key, value });
                     }
