@@ -1,4 +1,6 @@
-//! What both listeners share: the one JSON error shape and the readiness answer.
+//! What both listeners share: the one JSON error shape, the layer that puts every error
+//! in it (the framework's own rejections, unknown paths and wrong methods included), and
+//! the readiness answer.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -26,4 +28,65 @@ pub fn readiness(ready: &AtomicBool) -> Response {
             "the node is starting: the store is opening or migrating",
         )
     }
+}
+
+/// The stable code of an error status the framework answered by itself.
+fn code_of(status: StatusCode) -> &'static str {
+    match status {
+        StatusCode::BAD_REQUEST => "bad_request",
+        StatusCode::UNAUTHORIZED => "unauthorized",
+        StatusCode::FORBIDDEN => "forbidden",
+        StatusCode::NOT_FOUND => "not_found",
+        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
+        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
+        StatusCode::UNPROCESSABLE_ENTITY => "bad_request",
+        s if s.is_server_error() => "internal",
+        _ => "bad_request",
+    }
+}
+
+/// The most bytes of a framework rejection's text kept as the error's message.
+const MAX_REJECTION_TEXT: usize = 4096;
+
+/// Response middleware for both listeners: an error answer (4xx, 5xx) that is not already
+/// JSON — an extractor's rejection (a bad query, an unknown field, a missing content
+/// type), the 404 of an unknown path, the 405 of a wrong method — is rewritten to the one
+/// shape, its text (if any) as the message. Other answers pass untouched.
+pub async fn json_errors(resp: Response) -> Response {
+    let status = resp.status();
+    let is_json = resp
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/json"));
+    if !(status.is_client_error() || status.is_server_error()) || is_json {
+        return resp;
+    }
+    let (parts, body) = resp.into_parts();
+    let text = axum::body::to_bytes(body, MAX_REJECTION_TEXT)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).trim().to_owned())
+        .unwrap_or_default();
+    let message = if text.is_empty() {
+        status
+            .canonical_reason()
+            .unwrap_or("error")
+            .to_ascii_lowercase()
+    } else {
+        text
+    };
+    let mut out = error(status, code_of(status), message);
+    // Keep what the framework said besides the body (`Allow` on a 405, say).
+    for (k, v) in parts.headers.iter() {
+        if k != axum::http::header::CONTENT_TYPE && k != axum::http::header::CONTENT_LENGTH {
+            out.headers_mut().insert(k.clone(), v.clone());
+        }
+    }
+    out
+}
+
+/// The answer to a path no route serves.
+pub async fn not_found() -> Response {
+    error(StatusCode::NOT_FOUND, "not_found", "no such path")
 }

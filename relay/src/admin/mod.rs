@@ -135,6 +135,7 @@ async fn require_ready(
 /// The admin router: health, readiness and metrics unauthenticated; `/v1/*` behind tokens,
 /// and all of it but `/v1/node` behind readiness.
 pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
+    let gate = api.clone();
     let node = Router::new()
         .route("/v1/node", get(api::node))
         .with_state(api.clone());
@@ -165,4 +166,21 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
         .with_state(state)
         .merge(node)
         .merge(v1)
+        .fallback(crate::http::not_found)
+        .layer(axum::middleware::from_fn_with_state(gate, token_first))
+        .layer(axum::middleware::map_response(crate::http::json_errors))
+}
+
+/// Every `/v1/*` request shows a valid token before anything else looks at it: a caller
+/// without one learns neither which paths exist nor what their parameters are (401 before
+/// any 404, 405 or parameter error). The handlers then check the token's scope.
+async fn token_first(
+    State(api): State<Arc<api::Api>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    if req.uri().path().starts_with("/v1/") && api.tokens.authenticate(req.headers()).is_none() {
+        return api::ApiError::Unauthorized.into_response();
+    }
+    next.run(req).await
 }

@@ -199,7 +199,9 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .route("/ingest/{source}", post(ingest))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
+        .fallback(crate::http::not_found)
         .with_state(state)
+        .layer(axum::middleware::map_response(crate::http::json_errors))
 }
 
 async fn readyz(State(s): State<Arc<EdgeState>>) -> Response {

@@ -566,3 +566,122 @@ async fn concurrent_replays_and_purges_during_dispatch_move_each_row_once() {
         .is_empty());
     h.node.shutdown().await.unwrap();
 }
+
+/// A raw request: method, URL, headers, body; answers status, headers and the JSON body
+/// (`Null` if it is not JSON).
+async fn raw(
+    c: &Client,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, hyper::HeaderMap, serde_json::Value) {
+    let mut req = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = c
+        .request(
+            req.body(Full::new(bytes::Bytes::from(body.to_owned())))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let h = resp.headers().clone();
+    let b = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        h,
+        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+    )
+}
+
+/// Every error from both listeners is the JSON shape with a stable code — the framework's
+/// own rejections, unknown paths and wrong methods too — and on `/v1/*` the token is
+/// checked before anything else, so a caller without one learns nothing of the API's shape.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_error_is_json_and_the_token_comes_first() {
+    let h = H::start().await;
+    let admin = |p: &str| format!("http://{}{p}", h.node.admin_addr);
+    let ingest = |p: &str| format!("http://{}{p}", h.node.ingest_addr);
+    let bearer = format!("Bearer {ADMIN}");
+    let auth = [("authorization", bearer.as_str())];
+    // No token: 401 for a path that exists, one that does not, a bad query, a wrong method.
+    for (method, path) in [
+        ("GET", "/v1/dlq"),
+        ("GET", "/v1/no-such-thing"),
+        ("GET", "/v1/dlq?limit=many"),
+        ("DELETE", "/v1/dlq"),
+        ("POST", "/v1/dlq/replay"),
+    ] {
+        let (s, _, v) = raw(&h.c, method, &admin(path), &[], "").await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (401, Some("unauthorized")),
+            "{method} {path}"
+        );
+    }
+    // With a token, each error in the shape, with the framework's reason as the message.
+    // Method, path, headers besides the token, body, status, code.
+    type Case<'a> = (
+        &'a str,
+        &'a str,
+        &'a [(&'a str, &'a str)],
+        &'a str,
+        u16,
+        &'a str,
+    );
+    let cases: [Case<'_>; 5] = [
+        ("GET", "/v1/no-such-thing", &[], "", 404, "not_found"),
+        ("GET", "/v1/dlq?limit=many", &[], "", 400, "bad_request"),
+        ("DELETE", "/v1/dlq", &[], "", 405, "method_not_allowed"),
+        (
+            "POST",
+            "/v1/dlq/replay",
+            &[],
+            r#"{"ids":[]}"#,
+            415,
+            "unsupported_media_type",
+        ),
+        (
+            "POST",
+            "/v1/dlq/replay",
+            &[("content-type", "application/json")],
+            r#"{"idz":[]}"#,
+            422,
+            "bad_request",
+        ),
+    ];
+    for (method, path, extra, body, status, code) in cases {
+        let headers: Vec<(&str, &str)> = auth.iter().chain(extra.iter()).copied().collect();
+        let (s, hs, v) = raw(&h.c, method, &admin(path), &headers, body).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (status, Some(code)),
+            "{method} {path}: {v}"
+        );
+        assert!(
+            !v["message"].as_str().unwrap().is_empty(),
+            "{method} {path}"
+        );
+        if status == 405 {
+            assert!(hs.contains_key("allow"), "a 405 keeps its Allow header");
+        }
+    }
+    // Outside /v1 and on the ingest listener: the same shape.
+    let (s, _, v) = raw(&h.c, "GET", &admin("/nope"), &[], "").await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")));
+    let (s, _, v) = raw(&h.c, "GET", &ingest("/nope"), &[], "").await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")));
+    let (s, _, v) = raw(&h.c, "GET", &ingest("/ingest/shared"), &[], "").await;
+    assert_eq!((s, v["error"].as_str()), (405, Some("method_not_allowed")));
+    // Answers that are not errors pass untouched.
+    let (s, hs, _) = raw(&h.c, "GET", &admin("/metrics"), &[], "").await;
+    assert_eq!(s, 200);
+    assert!(hs["content-type"]
+        .to_str()
+        .unwrap()
+        .starts_with("text/plain"));
+    h.node.shutdown().await.unwrap();
+}
