@@ -16,7 +16,7 @@ run: deps
 	@echo "  curl -i -X POST http://127.0.0.1:8080/ingest/demo -H 'x-tenant: acme' -H 'content-type: application/json' -d '{\"hello\":\"world\"}'"
 	@echo "see it delivered: ./target/debug/ankusa-relay sink --listen 127.0.0.1:9999 --secret whsec_c2luay1zZWNyZXQtZm9yLXRoZS1xdWlja3N0YXJ0"
 	@echo "and counted: curl -H 'authorization: Bearer quickstart-admin-token' http://127.0.0.1:9090/v1/node"
-	GITHUB_WEBHOOK_SECRET=$${GITHUB_WEBHOOK_SECRET:-quickstart-github-secret} ./target/debug/ankusa-relay run --config $(CONFIG)
+	./target/debug/ankusa-relay run --config $(CONFIG)
 
 ## Every check and every test, from a clean clone. The tests run against a real
 ## Kubernetes control plane that scripts/k8s-testenv.sh builds (once, from the Go modules

@@ -32,6 +32,11 @@ pub enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// Check a configuration file without starting a node.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
     /// Inspect and maintain a store.
     Store {
         #[command(subcommand)]
@@ -67,6 +72,17 @@ pub enum Command {
         /// pod's termination message file).
         #[arg(long)]
         write: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Every check `run` makes before it opens the store (the file, `ANKUSA_*` overrides,
+    /// validation, secrets, sinks' URLs and headers, tokens), with the same message and
+    /// exit code; the store is not touched.
+    Check {
+        /// The YAML configuration file.
+        file: PathBuf,
     },
 }
 
@@ -136,6 +152,9 @@ pub enum StoreCommand {
 pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { config } => run(&config),
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => config_check(&file),
         Command::Sink { listen, secret } => sink(listen, secret),
         Command::Backup {
             command:
@@ -329,6 +348,21 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+}
+
+/// `config check`: what `run` would say about the file, without a store.
+fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = Config::load(path, std::env::vars())?;
+    crate::node::check(&config)?;
+    println!(
+        "{}: ok ({} sources, {} routes, {} sinks, {} admin tokens)",
+        path.display(),
+        config.sources.len(),
+        config.routes.len(),
+        config.sinks.len(),
+        config.admin.tokens.len()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Starts a node and serves until interrupted.

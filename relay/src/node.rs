@@ -182,9 +182,20 @@ fn spawn_audit_prune(
     })
 }
 
+/// Every check a node makes on a loaded configuration before it opens its store: the
+/// sources' verifiers and secrets, the sinks' URLs, secrets and headers, the admin tokens.
+/// `config check` runs exactly this.
+pub fn check(config: &Config) -> anyhow::Result<()> {
+    edge::sources(config)?;
+    Deliverer::from_config(config)?;
+    Tokens::from_config(config)?;
+    Ok(())
+}
+
 impl Node {
     /// Starts a node from a validated configuration.
     pub async fn start(config: Config) -> anyhow::Result<Node> {
+        check(&config)?;
         let sources = edge::sources(&config)?;
         let deliverer = Deliverer::from_config(&config)?;
         let data_dir = config.data_dir.clone();
