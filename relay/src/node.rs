@@ -205,6 +205,7 @@ impl Node {
                 .with_context(|| format!("opening the store at {}", config.data_dir.display()))?;
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
+        metrics.tenants_max.set(i64::from(config.tenants.max));
         let ready = Arc::new(AtomicBool::new(false));
         let ingest = tokio::net::TcpListener::bind(config.ingest.listen)
             .await

@@ -9,7 +9,7 @@ use std::process::Command;
 use ankusa_operator::planner::contains;
 use ankusa_operator::rbac::{CLUSTER_RULES, LEADER_RULES};
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt;
@@ -65,6 +65,12 @@ fn check_all(docs: &[Value]) {
             "Role" => drop(parse::<Role>(doc)),
             "RoleBinding" => drop(parse::<RoleBinding>(doc)),
             "CustomResourceDefinition" => drop(parse::<CustomResourceDefinition>(doc)),
+            "ConfigMap" => drop(parse::<ConfigMap>(doc)),
+            // No Rust type: its spec is checked against the rules file it is made from.
+            "PrometheusRule" => {
+                assert_eq!(doc["apiVersion"], "monitoring.coreos.com/v1");
+                assert!(doc["spec"]["groups"].is_array());
+            }
             other => panic!("the chart renders an unexpected kind {other}"),
         }
     }
@@ -210,4 +216,41 @@ fn chart_options_change_what_renders() {
         get("ANKUSA_OPERATOR_LEADER_ELECTION").as_deref(),
         Some("false")
     );
+}
+
+#[test]
+fn chart_ships_the_alerts_and_the_dashboard_when_asked() {
+    let off = render(json!({}));
+    let k = kinds(&off);
+    assert!(!k.contains(&"PrometheusRule".to_owned()));
+    assert!(!k.contains(&"ConfigMap".to_owned()));
+    let docs = render(json!({
+        "monitoring": {
+            "prometheusRule": { "enabled": true, "labels": { "release": "prometheus" } },
+            "dashboards": { "enabled": true, "annotations": { "grafana_folder": "Ankusa" } },
+        }
+    }));
+    check_all(&docs);
+    // The rule's groups are the rules file's, which promtool checks and tests.
+    let rule = find(&docs, "PrometheusRule");
+    assert_eq!(rule["metadata"]["labels"]["release"], "prometheus");
+    let file: Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("charts/ankusa/files/alerts.yaml")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(rule["spec"]["groups"], file["groups"]);
+    // The dashboard, byte for byte, labelled for Grafana's sidecar.
+    let cm: ConfigMap = parse(find(&docs, "ConfigMap"));
+    let labels = cm.metadata.labels.unwrap();
+    assert_eq!(labels["grafana_dashboard"], "1");
+    assert_eq!(cm.metadata.annotations.unwrap()["grafana_folder"], "Ankusa");
+    let json_text = &cm.data.unwrap()["ankusa-relay.json"];
+    let shipped: Value = serde_json::from_str(json_text).unwrap();
+    let file: Value = serde_json::from_str(
+        &std::fs::read_to_string(root().join("charts/ankusa/dashboards/ankusa-relay.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(shipped, file);
+    assert_eq!(shipped["uid"], "ankusa-relay");
 }

@@ -104,6 +104,8 @@ pub struct Metrics {
     /// Deliveries in flight of the tenants holding the most (refreshed each second).
     pub tenant_inflight: Family<TenantLabel, Gauge>,
     pub tenants: Gauge,
+    /// `tenants.max`, so a dashboard or an alert can divide by it.
+    pub tenants_max: Gauge,
 }
 
 impl Default for Metrics {
@@ -285,12 +287,19 @@ impl Metrics {
             "Tenant ordinals ever allocated",
             tenants.clone(),
         );
+        let tenants_max = Gauge::default();
+        registry.register(
+            "ankusa_tenants_max",
+            "The node's tenants.max: a new tenant past it is refused",
+            tenants_max.clone(),
+        );
         Metrics {
             queue_state,
             oldest_due_age,
             tenant_pending,
             tenant_inflight,
             tenants,
+            tenants_max,
             delivery_attempts,
             delivery_latency,
             sink_limit,

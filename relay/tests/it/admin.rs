@@ -685,3 +685,122 @@ async fn every_error_is_json_and_the_token_comes_first() {
         .starts_with("text/plain"));
     h.node.shutdown().await.unwrap();
 }
+
+/// The repository's root.
+fn repo() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// The shipped alert rules are valid Prometheus rules, and `promtool test rules` runs a
+/// unit test of every one of them (it fires on the series it is about, not on healthy
+/// ones).
+#[test]
+fn the_alert_rules_pass_promtool_and_each_has_a_unit_test() {
+    let files = repo().join("charts/ankusa/files");
+    for args in [
+        ["check", "rules", "alerts.yaml"],
+        ["test", "rules", "alerts.test.yaml"],
+    ] {
+        let out = std::process::Command::new("promtool")
+            .args(args)
+            .current_dir(&files)
+            .output()
+            .expect("promtool (Debian's prometheus package; make test installs it)");
+        assert!(
+            out.status.success(),
+            "promtool {}: {}{}",
+            args.join(" "),
+            text_of(&out.stdout),
+            text_of(&out.stderr)
+        );
+    }
+    let yaml = |f: &str| -> serde_yaml::Value {
+        serde_yaml::from_str(&std::fs::read_to_string(files.join(f)).unwrap()).unwrap()
+    };
+    let alerts: std::collections::BTreeSet<String> = yaml("alerts.yaml")["groups"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|g| g["rules"].as_sequence().unwrap().iter())
+        .map(|r| r["alert"].as_str().unwrap().to_owned())
+        .collect();
+    let tested: std::collections::BTreeSet<String> = yaml("alerts.test.yaml")["tests"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|t| t["alert_rule_test"].as_sequence().unwrap().iter())
+        .filter(|t| t["exp_alerts"].as_sequence().is_some_and(|a| !a.is_empty()))
+        .map(|t| t["alertname"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(alerts.len() >= 9, "{alerts:?}");
+    assert_eq!(alerts, tested, "every alert has a test in which it fires");
+}
+
+/// Every series the alerts and the dashboard query is one the node exports: a renamed or
+/// removed metric fails here, not silently on a dashboard.
+#[test]
+fn the_alerts_and_the_dashboard_query_only_metrics_the_node_exports() {
+    let exposition = ankusa_relay::metrics::Metrics::new().encode_prometheus();
+    let mut exported = std::collections::BTreeSet::new();
+    for line in exposition.lines() {
+        let mut it = line.split_whitespace();
+        if let (Some("#"), Some("TYPE"), Some(name), Some(kind)) =
+            (it.next(), it.next(), it.next(), it.next())
+        {
+            match kind {
+                "counter" => {
+                    exported.insert(format!("{}_total", name.trim_end_matches("_total")));
+                }
+                "histogram" => {
+                    for s in ["_bucket", "_sum", "_count"] {
+                        exported.insert(format!("{name}{s}"));
+                    }
+                }
+                _ => {
+                    exported.insert(name.to_owned());
+                }
+            }
+        }
+    }
+    assert!(
+        exported.contains("ankusa_ingest_requests_total"),
+        "{exported:?}"
+    );
+    let re = |text: &str| -> std::collections::BTreeSet<String> {
+        let mut out = std::collections::BTreeSet::new();
+        let b = text.as_bytes();
+        let mut i = 0;
+        while let Some(at) = text[i..].find("ankusa_") {
+            let start = i + at;
+            let mut end = start;
+            while end < b.len() && (b[end].is_ascii_lowercase() || b[end] == b'_') {
+                end += 1;
+            }
+            out.insert(text[start..end].to_owned());
+            i = end;
+        }
+        out
+    };
+    let alerts = std::fs::read_to_string(repo().join("charts/ankusa/files/alerts.yaml")).unwrap();
+    let dashboard: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(repo().join("charts/ankusa/dashboards/ankusa-relay.json"))
+            .unwrap(),
+    )
+    .unwrap();
+    let mut exprs = String::new();
+    for p in dashboard["panels"].as_array().unwrap() {
+        for t in p["targets"].as_array().into_iter().flatten() {
+            exprs.push_str(t["expr"].as_str().unwrap());
+            exprs.push('\n');
+        }
+    }
+    for v in dashboard["templating"]["list"].as_array().unwrap() {
+        if let Some(q) = v["query"]["query"].as_str() {
+            exprs.push_str(q);
+        }
+    }
+    let queried: Vec<String> = re(&alerts).into_iter().chain(re(&exprs)).collect();
+    assert!(queried.len() > 20, "{queried:?}");
+    let unknown: Vec<&String> = queried.iter().filter(|m| !exported.contains(*m)).collect();
+    assert!(unknown.is_empty(), "queried but not exported: {unknown:?}");
+}
