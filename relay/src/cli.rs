@@ -32,6 +32,33 @@ pub enum Command {
         #[arg(long)]
         config: PathBuf,
     },
+    /// The admin API of one node, or of every node of a Relay merged into one answer.
+    Admin {
+        /// A node's admin URL, e.g. http://127.0.0.1:9090; repeat or comma-separate for
+        /// several nodes.
+        #[arg(
+            long = "url",
+            env = "ANKUSA_ADMIN_URL",
+            value_delimiter = ',',
+            required = true
+        )]
+        urls: Vec<String>,
+        /// Each address an http URL's host resolves to is a node: pass a Relay's headless
+        /// Service (http://<relay>-nodes.<namespace>.svc:9090) to reach every node.
+        #[arg(long)]
+        all_addresses: bool,
+        /// A bearer token from the nodes' admin.tokens.
+        #[arg(long, env = "ANKUSA_ADMIN_TOKEN", hide_env_values = true)]
+        token: String,
+        /// Print the merged JSON instead of a table.
+        #[arg(long, global = true)]
+        json: bool,
+        /// Give up on a node that does not answer within this many seconds.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        timeout_s: u64,
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
     /// Check a configuration file without starting a node.
     Config {
         #[command(subcommand)]
@@ -72,6 +99,84 @@ pub enum Command {
         /// pod's termination message file).
         #[arg(long)]
         write: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Each node's release, store format, tenants and queue counters, and their sum.
+    Node,
+    /// The tenants with the most pending work, their counters summed over the nodes.
+    Tenants {
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+    },
+    /// One tenant's counters summed over the nodes that hold it.
+    Tenant { tenant: String },
+    /// The dead-letter queue.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Remove a tenant's pending and/or dead rows on every node (never rows in flight).
+    Purge {
+        tenant: String,
+        /// Comma-separated: pending, dead.
+        #[arg(long, default_value = "pending,dead")]
+        kinds: String,
+    },
+    /// Requests that failed verification.
+    Quarantine {
+        #[command(subcommand)]
+        command: QuarantineCommand,
+    },
+    /// Pull a backup of every node into DIR/<host>_<port>/.
+    Backup {
+        #[arg(long)]
+        to: PathBuf,
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep: Option<u64>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Dead rows of every node, newest first, ids as <node>/<id>.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Revive dead rows: by id (<node>/<id>), or by tenant, source and time on every node.
+    Replay {
+        #[arg(long = "id")]
+        ids: Vec<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        source: Option<String>,
+        #[arg(long)]
+        from_ms: Option<u64>,
+        #[arg(long)]
+        to_ms: Option<u64>,
+        /// The most rows each node revives.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCommand {
+    /// Quarantined requests of every node, newest first, ids as <node>/<id>.
+    List {
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Delete one (<node>/<id>), or every one in the token's scope on every node.
+    Delete {
+        #[arg(long)]
+        id: Option<String>,
     },
 }
 
@@ -155,6 +260,21 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Config {
             command: ConfigCommand::Check { file },
         } => config_check(&file),
+        Command::Admin {
+            urls,
+            all_addresses,
+            token,
+            json,
+            timeout_s,
+            command,
+        } => admin(
+            &urls,
+            all_addresses,
+            &token,
+            json,
+            std::time::Duration::from_secs(timeout_s),
+            command,
+        ),
         Command::Sink { listen, secret } => sink(listen, secret),
         Command::Backup {
             command:
@@ -348,6 +468,269 @@ fn init_tracing() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .try_init();
+}
+
+/// `admin …`: one call per node, merged.
+fn admin(
+    urls: &[String],
+    all_addresses: bool,
+    token: &str,
+    json_out: bool,
+    timeout: std::time::Duration,
+    command: AdminCommand,
+) -> anyhow::Result<ExitCode> {
+    use crate::admin::client::{self as c, cell, table, Nodes};
+    use hyper::Method;
+    let rt = tokio::runtime::Runtime::new()?;
+    let nodes = rt.block_on(Nodes::resolve(urls, all_addresses, token, timeout))?;
+    if let AdminCommand::Backup { to, keep } = &command {
+        for url in &nodes.urls {
+            let (_, rest) = url.split_once("://").unwrap_or(("", url));
+            let dir = to.join(rest.replace([':', '/'], "_"));
+            backup_pull(url, token, &dir, *keep, timeout)?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let out: serde_json::Value = rt.block_on(async {
+        anyhow::Ok(match &command {
+            AdminCommand::Node => {
+                c::merge_nodes(&nodes.urls, nodes.all(Method::GET, "/v1/node", None).await?)
+            }
+            AdminCommand::Tenants { top } => c::merge_tenants(
+                nodes
+                    .all(Method::GET, &format!("/v1/tenants?top={top}"), None)
+                    .await?,
+                *top,
+            ),
+            AdminCommand::Tenant { tenant } => {
+                let path = format!("/v1/tenants/{}", c::q(tenant));
+                let mut answers = Vec::new();
+                for i in 0..nodes.urls.len() {
+                    // A node that never saw the tenant answers 404: not an error here.
+                    answers.push(match nodes.call(i, Method::GET, &path, None).await {
+                        Ok(v) => Some(v),
+                        Err(e) if e.to_string().contains(": 404 not_found") => None,
+                        Err(e) => return Err(e),
+                    });
+                }
+                c::merge_tenant(tenant, answers)
+                    .ok_or_else(|| anyhow::anyhow!("no node holds tenant {tenant:?}"))?
+            }
+            AdminCommand::Dlq {
+                command: DlqCommand::List { tenant, limit },
+            } => {
+                let mut path = format!("/v1/dlq?limit={limit}");
+                if let Some(t) = tenant {
+                    path.push_str(&format!("&tenant={}", c::q(t)));
+                }
+                c::merge_items(nodes.all(Method::GET, &path, None).await?, "at_ms", *limit)
+            }
+            AdminCommand::Dlq {
+                command:
+                    DlqCommand::Replay {
+                        ids,
+                        tenant,
+                        source,
+                        from_ms,
+                        to_ms,
+                        limit,
+                    },
+            } => {
+                let filter = serde_json::json!({
+                    "tenant": tenant, "source": source, "from_ms": from_ms, "to_ms": to_ms, "limit": limit,
+                });
+                let mut body: Vec<serde_json::Value> = vec![filter; nodes.urls.len()];
+                if !ids.is_empty() {
+                    let mut by_node: Vec<Vec<String>> = vec![Vec::new(); nodes.urls.len()];
+                    for id in ids {
+                        let (n, own) = c::split_id(id, nodes.urls.len())?;
+                        by_node[n].push(own);
+                    }
+                    for (b, own) in body.iter_mut().zip(by_node) {
+                        b["ids"] = serde_json::json!(own);
+                    }
+                }
+                let mut answers = Vec::new();
+                for (i, b) in body.iter().enumerate() {
+                    // A node given no ids of an id replay has nothing to do.
+                    if !ids.is_empty() && b["ids"].as_array().is_some_and(|a| a.is_empty()) {
+                        continue;
+                    }
+                    let b = strip_nulls(b);
+                    answers.push(nodes.call(i, Method::POST, "/v1/dlq/replay", Some(&b)).await?);
+                }
+                c::sum_reports(&answers)
+            }
+            AdminCommand::Purge { tenant, kinds } => {
+                let path = format!("/v1/tenants/{}/queue?kinds={}", c::q(tenant), c::q(kinds));
+                let mut answers = Vec::new();
+                for i in 0..nodes.urls.len() {
+                    match nodes.call(i, Method::DELETE, &path, None).await {
+                        Ok(v) => answers.push(v),
+                        Err(e) if e.to_string().contains(": 404 not_found") => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                let mut sum = c::sum_reports(&answers);
+                sum["tenant"] = serde_json::json!(tenant);
+                sum
+            }
+            AdminCommand::Quarantine {
+                command: QuarantineCommand::List { limit },
+            } => c::merge_items(
+                nodes
+                    .all(Method::GET, &format!("/v1/quarantine?limit={limit}"), None)
+                    .await?,
+                "at_ms",
+                *limit,
+            ),
+            AdminCommand::Quarantine {
+                command: QuarantineCommand::Delete { id },
+            } => match id {
+                Some(id) => {
+                    let (n, own) = c::split_id(id, nodes.urls.len())?;
+                    let path = format!("/v1/quarantine?id={}", c::q(&own));
+                    nodes.call(n, Method::DELETE, &path, None).await?
+                }
+                None => c::sum_reports(&nodes.all(Method::DELETE, "/v1/quarantine", None).await?),
+            },
+            AdminCommand::Backup { .. } => unreachable!("handled above"),
+        })
+    })?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let counters = ["pending", "scheduled", "inflight", "dead", "bytes"];
+    let text = match &command {
+        AdminCommand::Node => {
+            let mut rows: Vec<Vec<String>> = out["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| {
+                    let mut r = vec![
+                        cell(&n["node"]),
+                        cell(&n["url"]),
+                        cell(&n["version"]),
+                        cell(&n["store_format"]),
+                        cell(&n["tenants"]),
+                    ];
+                    r.extend(counters.iter().map(|k| cell(&n["counters"][*k])));
+                    r
+                })
+                .collect();
+            let mut total = vec![
+                "all".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ];
+            total.extend(counters.iter().map(|k| cell(&out["counters"][*k])));
+            rows.push(total);
+            let mut h = vec!["node", "url", "version", "format", "tenants"];
+            h.extend(counters);
+            table(&h, &rows)
+        }
+        AdminCommand::Tenants { .. } | AdminCommand::Tenant { .. } => {
+            let list = match &command {
+                AdminCommand::Tenant { .. } => vec![out.clone()],
+                _ => out["tenants"].as_array().cloned().unwrap_or_default(),
+            };
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|t| {
+                    let mut r = vec![cell(&t["tenant"])];
+                    r.extend(counters.iter().map(|k| cell(&t["counters"][*k])));
+                    r.push(cell(&t["nodes"]));
+                    r
+                })
+                .collect();
+            let mut h = vec!["tenant"];
+            h.extend(counters);
+            h.push("nodes");
+            table(&h, &rows)
+        }
+        AdminCommand::Dlq {
+            command: DlqCommand::List { .. },
+        } => {
+            let rows: Vec<Vec<String>> = out["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|i| {
+                    [
+                        "id",
+                        "tenant",
+                        "at_ms",
+                        "hook_id",
+                        "source",
+                        "sink",
+                        "attempts",
+                        "last_error",
+                    ]
+                    .iter()
+                    .map(|k| cell(&i[*k]))
+                    .collect()
+                })
+                .collect();
+            table(
+                &[
+                    "id",
+                    "tenant",
+                    "at_ms",
+                    "hook_id",
+                    "source",
+                    "sink",
+                    "attempts",
+                    "last_error",
+                ],
+                &rows,
+            )
+        }
+        AdminCommand::Quarantine {
+            command: QuarantineCommand::List { .. },
+        } => {
+            let rows: Vec<Vec<String>> = out["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|i| {
+                    ["id", "source", "at_ms", "reason"]
+                        .iter()
+                        .map(|k| cell(&i[*k]))
+                        .collect()
+                })
+                .collect();
+            table(&["id", "source", "at_ms", "reason"], &rows)
+        }
+        _ => {
+            let rows: Vec<Vec<String>> = out
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| vec![k.clone(), cell(v)])
+                .collect();
+            table(&["field", "value"], &rows)
+        }
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A JSON object without its null fields (the API refuses none of them, but a request
+/// says only what it means).
+fn strip_nulls(v: &serde_json::Value) -> serde_json::Value {
+    match v {
+        serde_json::Value::Object(m) => serde_json::Value::Object(
+            m.iter()
+                .filter(|(_, v)| !v.is_null())
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        ),
+        other => other.clone(),
+    }
 }
 
 /// `config check`: what `run` would say about the file, without a store.

@@ -19,6 +19,7 @@ pub mod api;
 pub mod audit;
 pub mod auth;
 pub mod backups;
+pub mod client;
 
 use axum::routing::{delete, post};
 

@@ -804,3 +804,99 @@ fn the_alerts_and_the_dashboard_query_only_metrics_the_node_exports() {
     let unknown: Vec<&String> = queried.iter().filter(|m| !exported.contains(*m)).collect();
     assert!(unknown.is_empty(), "queried but not exported: {unknown:?}");
 }
+
+/// `ankusa-relay admin …` against three live nodes: one merged DLQ, one tenant view, a
+/// replay and a purge across the nodes, ids that name their node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_admin_cli_merges_three_nodes() {
+    let hs = [H::start().await, H::start().await, H::start().await];
+    let urls: Vec<String> = hs
+        .iter()
+        .map(|h| format!("http://{}", h.node.admin_addr))
+        .collect();
+    let urls = urls.join(",");
+    let cli = |args: &[&str], token: &str| {
+        let mut a = vec!["admin", "--url", urls.as_str(), "--token", token];
+        a.extend_from_slice(args);
+        let a: Vec<String> = a.iter().map(|s| s.to_string()).collect();
+        async move {
+            tokio::task::spawn_blocking(move || bin().args(&a).output().unwrap())
+                .await
+                .unwrap()
+        }
+    };
+    let json = |out: &std::process::Output| -> serde_json::Value {
+        assert!(out.status.success(), "{}", text_of(&out.stderr));
+        serde_json::from_slice(&out.stdout).unwrap()
+    };
+    // Every node's six dead rows in one listing, newest first, ids naming their node.
+    let list = json(&cli(&["dlq", "list", "--limit", "100", "--json"], ADMIN).await);
+    let items = list["items"].as_array().unwrap();
+    assert_eq!(items.len(), 18);
+    for n in 0..3 {
+        let of_node = items
+            .iter()
+            .filter(|i| i["id"].as_str().unwrap().starts_with(&format!("{n}/")))
+            .count();
+        assert_eq!(of_node, 6, "node {n}");
+    }
+    let at: Vec<u64> = items.iter().map(|i| i["at_ms"].as_u64().unwrap()).collect();
+    assert!(at.windows(2).all(|w| w[0] >= w[1]), "newest first");
+    // The table says the same.
+    let table = cli(&["dlq", "list", "--limit", "100"], ADMIN).await;
+    let text = text_of(&table.stdout);
+    assert!(text.starts_with("ID"), "{text}");
+    assert_eq!(text.lines().count(), 19, "{text}");
+    // One row per tenant, counters summed over the nodes.
+    let tenants = json(&cli(&["tenants", "--json"], ADMIN).await);
+    let a = tenants["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["tenant"] == "a")
+        .unwrap()
+        .clone();
+    assert_eq!(a["counters"]["dead"], 9);
+    assert_eq!(a["nodes"], serde_json::json!([0, 1, 2]));
+    let node = json(&cli(&["node", "--json"], ADMIN).await);
+    assert_eq!(node["counters"]["dead"], 18);
+    assert_eq!(node["nodes"].as_array().unwrap().len(), 3);
+    // A replay by id goes to the node each id names; by tenant, to every node.
+    let picked = [
+        items[0]["id"].as_str().unwrap(),
+        items[17]["id"].as_str().unwrap(),
+    ];
+    let r = json(
+        &cli(
+            &[
+                "dlq", "replay", "--id", picked[0], "--id", picked[1], "--json",
+            ],
+            ADMIN,
+        )
+        .await,
+    );
+    assert_eq!(r["revived"], 2);
+    let r = json(&cli(&["dlq", "replay", "--tenant", "b", "--json"], ADMIN).await);
+    // Tenant b's nine, less any of the two just revived by id (still on their way).
+    assert!(r["revived"].as_i64().unwrap() >= 7, "{r}");
+    // A purge of tenant a on every node.
+    let p = json(&cli(&["purge", "a", "--kinds", "pending,dead", "--json"], ADMIN).await);
+    assert_eq!(p["tenant"], "a");
+    assert!(
+        p["dead"].as_i64().unwrap() + p["due"].as_i64().unwrap() >= 7,
+        "{p}"
+    );
+    // A tenant token sees its own tenant only; a wrong token is refused, naming the node.
+    let t = json(&cli(&["tenant", "b", "--json"], TOKEN_B).await);
+    assert_eq!(t["nodes"], serde_json::json!([0, 1, 2]));
+    let bad = cli(&["node"], "not-a-token").await;
+    assert!(!bad.status.success());
+    let err = text_of(&bad.stderr);
+    assert!(
+        err.contains("401 unauthorized") && err.contains(&hs[0].node.admin_addr.to_string()),
+        "{err}"
+    );
+    for h in hs {
+        h.node.shutdown().await.unwrap();
+    }
+}

@@ -1,0 +1,385 @@
+//! `ankusa-relay admin …`: the admin API of one node, or of every node of a Relay merged
+//! into one answer.
+//!
+//! Each node has its own store, so a Relay's DLQ, replay, purge and tenant counts are the
+//! sum of its nodes'. Given several node URLs (or, with `--all-addresses`, a host name that
+//! resolves to several addresses, such as a Relay's headless Service), every call goes to
+//! every node at once
+//! and the answers are merged: one DLQ listing newest first, one replay count, one
+//! purge report, one row per tenant with its counters summed. A node that does not answer
+//! fails the command (naming it): a merged answer never leaves a node out silently.
+//!
+//! Row ids of merged listings are `<node>/<id>`, `<node>` the node's place in the list
+//! the command prints; `dlq replay --id` and `quarantine delete --id` take them back.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail, Context};
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use serde_json::{json, Value};
+
+type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+
+/// The nodes a command talks to, and how.
+pub struct Nodes {
+    /// Base URLs, one per node, in a stable order (as given, each host's addresses sorted).
+    pub urls: Vec<String>,
+    client: hyper_util::client::legacy::Client<Https, Full<Bytes>>,
+    auth: String,
+    timeout: Duration,
+}
+
+/// Splits `http://host:port/prefix` into scheme, host, port and the rest.
+fn split_url(url: &str) -> anyhow::Result<(String, String, u16, String)> {
+    let uri: hyper::Uri = url
+        .parse()
+        .with_context(|| format!("{url:?} is not a URL"))?;
+    let scheme = uri.scheme_str().unwrap_or("http").to_owned();
+    let host = uri
+        .host()
+        .ok_or_else(|| anyhow!("{url:?} has no host"))?
+        .to_owned();
+    let port = uri
+        .port_u16()
+        .unwrap_or(if scheme == "https" { 443 } else { 80 });
+    let rest = uri.path().trim_end_matches('/').to_owned();
+    Ok((scheme, host, port, rest))
+}
+
+impl Nodes {
+    /// The nodes behind `urls`. With `all_addresses`, an `http://` URL whose host resolves
+    /// to several addresses stands for each of them (`https://` URLs are kept as given, for
+    /// their certificates' names).
+    pub async fn resolve(
+        urls: &[String],
+        all_addresses: bool,
+        token: &str,
+        timeout: Duration,
+    ) -> anyhow::Result<Nodes> {
+        let mut out = Vec::new();
+        for url in urls.iter().flat_map(|u| u.split(',')).map(str::trim) {
+            if url.is_empty() {
+                continue;
+            }
+            let (scheme, host, port, rest) = split_url(url)?;
+            if !all_addresses || scheme != "http" || host.parse::<std::net::IpAddr>().is_ok() {
+                out.push(url.trim_end_matches('/').to_owned());
+                continue;
+            }
+            let mut addrs: Vec<std::net::SocketAddr> =
+                tokio::net::lookup_host((host.as_str(), port))
+                    .await
+                    .with_context(|| format!("resolving {host}"))?
+                    .collect();
+            addrs.sort();
+            addrs.dedup();
+            if addrs.len() <= 1 {
+                out.push(url.trim_end_matches('/').to_owned());
+            } else {
+                out.extend(addrs.iter().map(|a| format!("http://{a}{rest}")));
+            }
+        }
+        if out.is_empty() {
+            bail!("no node URL: pass --url (or set ANKUSA_ADMIN_URL)");
+        }
+        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+        http.set_connect_timeout(Some(timeout));
+        http.enforce_http(false);
+        let client =
+            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+                .build(
+                    hyper_rustls::HttpsConnectorBuilder::new()
+                        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+                        .https_or_http()
+                        .enable_http1()
+                        .wrap_connector(http),
+                );
+        Ok(Nodes {
+            urls: out,
+            client,
+            auth: format!("Bearer {token}"),
+            timeout,
+        })
+    }
+
+    /// One call to node `i`: its JSON answer, or an error naming the node and carrying the
+    /// API's error code and message.
+    pub async fn call(
+        &self,
+        i: usize,
+        method: hyper::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Value> {
+        let url = format!("{}{path}", self.urls[i]);
+        let mut req = hyper::Request::builder()
+            .method(method)
+            .uri(&url)
+            .header("authorization", &self.auth);
+        let payload = match body {
+            Some(b) => {
+                req = req.header("content-type", "application/json");
+                Bytes::from(b.to_string())
+            }
+            None => Bytes::new(),
+        };
+        let req = req.body(Full::new(payload))?;
+        let resp = tokio::time::timeout(self.timeout, async {
+            let resp = self.client.request(req).await?;
+            let status = resp.status();
+            let body = resp.into_body().collect().await?.to_bytes();
+            anyhow::Ok((status, body))
+        })
+        .await
+        .map_err(|_| anyhow!("{url}: no answer within {} s", self.timeout.as_secs()))?
+        .with_context(|| url.clone())?;
+        let (status, body) = resp;
+        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+        if !status.is_success() {
+            bail!(
+                "{url}: {} {}: {}",
+                status.as_u16(),
+                v["error"].as_str().unwrap_or("error"),
+                v["message"].as_str().unwrap_or("")
+            );
+        }
+        Ok(v)
+    }
+
+    /// The same call to every node at once; the answers in node order, or the first error.
+    pub async fn all(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<Vec<Value>> {
+        let calls = (0..self.urls.len()).map(|i| self.call(i, method.clone(), path, body));
+        futures_util::future::join_all(calls)
+            .await
+            .into_iter()
+            .collect()
+    }
+}
+
+/// Query-string escaping of one value.
+pub fn q(v: &str) -> String {
+    let mut out = String::new();
+    for b in v.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// A merged id `<node>/<id>`: the node's index and the node's own id.
+pub fn split_id(id: &str, nodes: usize) -> anyhow::Result<(usize, String)> {
+    let (n, rest) = id
+        .split_once('/')
+        .ok_or_else(|| anyhow!("{id:?}: ids are <node>/<id>, as the listings print them"))?;
+    let n: usize = n
+        .parse()
+        .map_err(|_| anyhow!("{id:?}: <node> is the node's number in the listing"))?;
+    if n >= nodes {
+        bail!("{id:?}: there are {nodes} nodes");
+    }
+    Ok((n, rest.to_owned()))
+}
+
+/// Every node's `/v1/node`, with its URL.
+pub fn merge_nodes(urls: &[String], answers: Vec<Value>) -> Value {
+    let nodes: Vec<Value> = urls
+        .iter()
+        .zip(answers)
+        .enumerate()
+        .map(|(i, (u, mut v))| {
+            v["node"] = json!(i);
+            v["url"] = json!(u);
+            v
+        })
+        .collect();
+    let mut total = BTreeMap::<String, i64>::new();
+    for n in &nodes {
+        if let Some(c) = n["counters"].as_object() {
+            for (k, v) in c {
+                *total.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
+            }
+        }
+    }
+    json!({ "nodes": nodes, "counters": total })
+}
+
+/// Tenants from every node's `/v1/tenants?top=N`, one row per tenant with its counters
+/// summed, most pending first, `top` of them.
+pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
+    let mut by: BTreeMap<String, (BTreeMap<String, i64>, Vec<usize>)> = BTreeMap::new();
+    for (i, a) in answers.iter().enumerate() {
+        for t in a["tenants"].as_array().into_iter().flatten() {
+            let name = t["tenant"].as_str().unwrap_or_default().to_owned();
+            let e = by.entry(name).or_default();
+            e.1.push(i);
+            for (k, v) in t["counters"].as_object().into_iter().flatten() {
+                *e.0.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
+            }
+        }
+    }
+    let mut rows: Vec<Value> = by
+        .into_iter()
+        .map(|(t, (c, nodes))| json!({ "tenant": t, "counters": c, "nodes": nodes }))
+        .collect();
+    rows.sort_by(|a, b| {
+        b["counters"]["pending"]
+            .as_i64()
+            .cmp(&a["counters"]["pending"].as_i64())
+            .then_with(|| a["tenant"].as_str().cmp(&b["tenant"].as_str()))
+    });
+    rows.truncate(top);
+    json!({ "tenants": rows })
+}
+
+/// One tenant's counters over the nodes that know it (`None`: a node that does not).
+pub fn merge_tenant(tenant: &str, answers: Vec<Option<Value>>) -> Option<Value> {
+    let mut total = BTreeMap::<String, i64>::new();
+    let mut nodes = Vec::new();
+    for (i, a) in answers.into_iter().enumerate() {
+        let Some(a) = a else { continue };
+        nodes.push(i);
+        for (k, v) in a["counters"].as_object().into_iter().flatten() {
+            *total.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
+        }
+    }
+    (!nodes.is_empty()).then(|| json!({ "tenant": tenant, "counters": total, "nodes": nodes }))
+}
+
+/// Items from every node's page, each with its node and a merged id, newest first (by
+/// `key`), `limit` of them.
+pub fn merge_items(answers: Vec<Value>, key: &str, limit: usize) -> Value {
+    let mut items: Vec<Value> = Vec::new();
+    for (i, a) in answers.into_iter().enumerate() {
+        for mut it in a["items"].as_array().cloned().unwrap_or_default() {
+            let id = match &it["id"] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            it["id"] = json!(format!("{i}/{id}"));
+            it["node"] = json!(i);
+            items.push(it);
+        }
+    }
+    items.sort_by(|a, b| b[key].as_u64().cmp(&a[key].as_u64()));
+    items.truncate(limit);
+    json!({ "items": items })
+}
+
+/// Sums the numeric fields of every node's answer (replay and purge reports).
+pub fn sum_reports(answers: &[Value]) -> Value {
+    let mut total = serde_json::Map::new();
+    for a in answers {
+        for (k, v) in a.as_object().into_iter().flatten() {
+            if let Some(n) = v.as_i64() {
+                let t = total.entry(k.clone()).or_insert(json!(0));
+                *t = json!(t.as_i64().unwrap_or(0) + n);
+            } else {
+                total.entry(k.clone()).or_insert(v.clone());
+            }
+        }
+    }
+    Value::Object(total)
+}
+
+/// A plain table: a header row and aligned columns.
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.len()).collect();
+    for r in rows {
+        for (w, c) in widths.iter_mut().zip(r) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let line = |cells: Vec<String>, out: &mut String| {
+        let padded: Vec<String> = cells
+            .iter()
+            .zip(&widths)
+            .map(|(c, w)| format!("{c:<w$}"))
+            .collect();
+        out.push_str(padded.join("  ").trim_end());
+        out.push('\n');
+    };
+    line(headers.iter().map(|h| h.to_uppercase()).collect(), &mut out);
+    for r in rows {
+        line(r.clone(), &mut out);
+    }
+    out
+}
+
+/// A JSON value as a table cell.
+pub fn cell(v: &Value) -> String {
+    match v {
+        Value::Null => "-".into(),
+        Value::String(s) => s.clone(),
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn merged_listings_sum_and_order_across_nodes() {
+        let a = json!({ "tenants": [
+            { "tenant": "acme", "counters": { "pending": 5, "dead": 1 } },
+            { "tenant": "globex", "counters": { "pending": 1, "dead": 0 } },
+        ]});
+        let b =
+            json!({ "tenants": [{ "tenant": "acme", "counters": { "pending": 2, "dead": 3 } }] });
+        let m = merge_tenants(vec![a, b], 10);
+        assert_eq!(m["tenants"][0]["tenant"], "acme");
+        assert_eq!(m["tenants"][0]["counters"]["pending"], 7);
+        assert_eq!(m["tenants"][0]["counters"]["dead"], 4);
+        assert_eq!(m["tenants"][0]["nodes"], json!([0, 1]));
+        assert_eq!(m["tenants"].as_array().unwrap().len(), 2);
+
+        let d = merge_items(
+            vec![
+                json!({ "items": [{ "id": "5.1.0", "at_ms": 5 }, { "id": "2.1.0", "at_ms": 2 }] }),
+                json!({ "items": [{ "id": "9.4.0", "at_ms": 9 }] }),
+            ],
+            "at_ms",
+            2,
+        );
+        let ids: Vec<&str> = d["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["1/9.4.0", "0/5.1.0"]);
+        assert_eq!(split_id("1/9.4.0", 2).unwrap(), (1, "9.4.0".to_owned()));
+        assert!(split_id("2/9.4.0", 2).is_err());
+        assert!(split_id("9.4.0", 2).is_err());
+
+        let s = sum_reports(&[
+            json!({ "tenant": "acme", "due": 3, "dead": 1 }),
+            json!({ "tenant": "acme", "due": 2, "dead": 0 }),
+        ]);
+        assert_eq!(s, json!({ "tenant": "acme", "due": 5, "dead": 1 }));
+        assert_eq!(q("a b/é"), "a%20b%2F%C3%A9");
+    }
+
+    #[test]
+    fn a_table_aligns_its_columns() {
+        let t = table(
+            &["node", "tenant"],
+            &[
+                vec!["0".into(), "acme".into()],
+                vec!["12".into(), "b".into()],
+            ],
+        );
+        assert_eq!(t, "NODE  TENANT\n0     acme\n12    b\n");
+    }
+}
