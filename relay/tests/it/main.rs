@@ -6,6 +6,7 @@ mod backup;
 mod cli;
 mod crash;
 mod dispatch;
+mod docs;
 mod ingest;
 mod support;
 mod upgrade;

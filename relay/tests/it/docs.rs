@@ -1,0 +1,152 @@
+//! The reference pages say what the code does: every configuration key the code reads is
+//! in `docs/configuration.md` and every key there is one the code reads; every metric the
+//! node exports is in `docs/observability.md` and every metric there is exported.
+
+use std::collections::BTreeSet;
+
+use ankusa_relay::config::Config;
+
+fn doc(name: &str) -> String {
+    std::fs::read_to_string(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../docs")
+            .join(name),
+    )
+    .unwrap()
+}
+
+/// The first column of every table row of `text` that is a backquoted name.
+fn first_column(text: &str) -> BTreeSet<String> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .filter_map(|l| l.split_once('`'))
+        .map(|(name, _)| name.to_owned())
+        .collect()
+}
+
+/// Dotted paths to the leaves of `v`: `a.b`, `list[].field`; an empty object or list is a
+/// leaf.
+fn leaves(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
+    match v {
+        serde_json::Value::Object(m) if !m.is_empty() => {
+            for (k, v) in m {
+                let p = if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                };
+                leaves(&p, v, out);
+            }
+        }
+        serde_json::Value::Array(a) if a.first().is_some_and(|x| x.is_object()) => {
+            leaves(&format!("{prefix}[]"), &a[0], out);
+        }
+        _ => {
+            out.insert(prefix.to_owned());
+        }
+    }
+}
+
+#[test]
+fn configuration_md_lists_every_key_the_code_reads_and_no_other() {
+    // One of everything, every optional field set.
+    let yaml = r#"
+admin:
+  tokens: [{ name: ops, secret: { value: "0123456789abcdef0123" }, scope: admin }]
+sinks:
+  - { id: s, url: "http://127.0.0.1:9/", secret: { value: "whsec_c2luaw==" }, timeout_ms: 5,
+      headers: {}, dead_letter_on_4xx: true, max_inflight: 4, breaker_failures: 3, breaker_cooldown_ms: 10 }
+routes: [{ id: r, sinks: [s] }]
+sources:
+  - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },
+      route: r, body_limit_bytes: 1024, forward_headers: [x-f] }
+"#;
+    let c = Config::from_yaml(yaml, Vec::new()).unwrap();
+    let mut code = BTreeSet::new();
+    leaves("", &serde_json::to_value(&c).unwrap(), &mut code);
+    let documented = first_column(&doc("configuration.md"));
+    // A key is documented when it, or the object it belongs to (a tenant source, a verify
+    // scheme, a token's scope), has a row.
+    let covered = |k: &str| {
+        let mut p = k.to_owned();
+        loop {
+            if documented.contains(&p) {
+                return true;
+            }
+            match p.rfind('.') {
+                Some(i) => p.truncate(i),
+                None => return false,
+            }
+        }
+    };
+    let missing: Vec<&String> = code.iter().filter(|k| !covered(k)).collect();
+    assert!(
+        missing.is_empty(),
+        "keys the code reads, not in configuration.md: {missing:?}"
+    );
+    let config_rows: BTreeSet<&String> = documented
+        .iter()
+        .filter(|d| {
+            !d.contains(' ')
+                && !d.starts_with("ankusa")
+                && d.chars().next().is_some_and(|c| c.is_ascii_lowercase())
+        })
+        .collect();
+    let stale: Vec<&&String> = config_rows
+        .iter()
+        .filter(|d| {
+            let d = d.as_str();
+            !code
+                .iter()
+                .any(|k| k == d || k.starts_with(&format!("{d}.")))
+                && ![
+                    "none",
+                    "hmac-sha256",
+                    "standard-webhooks",
+                    "github",
+                    "stripe",
+                ]
+                .contains(&d)
+        })
+        .collect();
+    assert!(
+        stale.is_empty(),
+        "rows of configuration.md the code does not read: {stale:?}"
+    );
+    assert!(code.len() > 50, "{code:?}");
+}
+
+#[test]
+fn observability_md_lists_every_metric_the_node_exports_and_no_other() {
+    let exposition = ankusa_relay::metrics::Metrics::new().encode_prometheus();
+    let mut exported = BTreeSet::new();
+    for line in exposition.lines() {
+        let mut it = line.split_whitespace();
+        if let (Some("#"), Some("TYPE"), Some(name), Some(kind)) =
+            (it.next(), it.next(), it.next(), it.next())
+        {
+            exported.insert(if kind == "counter" {
+                format!("{}_total", name.trim_end_matches("_total"))
+            } else {
+                name.to_owned()
+            });
+        }
+    }
+    let documented: BTreeSet<String> = first_column(&doc("observability.md"))
+        .into_iter()
+        .filter(|n| n.starts_with("ankusa_"))
+        // `ankusa_sink_limit{sink}`: the name before its labels.
+        .map(|n| n.split('{').next().unwrap().to_owned())
+        .collect();
+    let undocumented: Vec<&String> = exported.difference(&documented).collect();
+    let stale: Vec<&String> = documented.difference(&exported).collect();
+    assert!(
+        undocumented.is_empty(),
+        "exported, not in observability.md: {undocumented:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "in observability.md, not exported: {stale:?}"
+    );
+    assert!(exported.len() > 25);
+}
