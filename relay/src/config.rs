@@ -392,6 +392,9 @@ pub enum TenantFrom {
     Header(String),
     /// A JSON pointer into the body names the tenant (a shared source).
     JsonPointer(String),
+    /// The URL names the tenant: `POST /ingest/{source}/{tenant}`, for providers that let
+    /// each tenant register its own endpoint URL (`tenant: path`).
+    Path,
 }
 
 /// How a source's requests are verified.

@@ -5,7 +5,8 @@
 //! 2. The body is read up to the source's limit (over it → 413 `rejected`).
 //! 3. The signature is verified in constant time (failure → 401 `quarantined`: the request
 //!    is kept in the bounded quarantine family for inspection; no tenant ordinal is made).
-//! 4. The tenant is taken from the source (fixed, a header, or a JSON pointer; missing →
+//! 4. The tenant is taken from the source (fixed, a header, a JSON pointer, or the URL's
+//!    `/ingest/{source}/{tenant}`; missing →
 //!    400 `rejected`), the headers the source forwards are kept (over 1 KiB for one value
 //!    or 4 KiB in all → 431 `rejected`), and the idempotency key comes from the configured
 //!    headers or the scheme's default.
@@ -197,6 +198,7 @@ impl EdgeState {
 pub fn router(state: Arc<EdgeState>) -> Router {
     Router::new()
         .route("/ingest/{source}", post(ingest))
+        .route("/ingest/{source}/{tenant}", post(ingest_for_tenant))
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz))
         .fallback(crate::http::not_found)
@@ -219,11 +221,19 @@ fn with_retry_after(mut r: Response, secs: u32) -> Response {
 /// The tenant of a request, per its source.
 fn tenant_of(
     src: &Source,
+    in_path: Option<&str>,
     headers: &HeaderMap,
     json: &mut JsonBody<'_>,
 ) -> Result<Option<String>, &'static str> {
+    if in_path.is_some() && src.tenant != Some(TenantFrom::Path) {
+        return Err("this source does not take its tenant from the URL: POST /ingest/{source}");
+    }
     let t = match &src.tenant {
         None => return Ok(None),
+        Some(TenantFrom::Path) => in_path
+            .filter(|t| !t.is_empty())
+            .ok_or("this source takes its tenant from the URL: POST /ingest/{source}/{tenant}")?
+            .to_owned(),
         Some(TenantFrom::Fixed(t)) => t.clone(),
         Some(TenantFrom::Header(h)) => headers
             .get(h.as_str())
@@ -301,8 +311,29 @@ async fn ingest(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
+    served(&s, &source, None, headers, body).await
+}
+
+/// `POST /ingest/{source}/{tenant}`: a source whose tenant is in its URL (`tenant: path`).
+async fn ingest_for_tenant(
+    State(s): State<Arc<EdgeState>>,
+    Path((source, tenant)): Path<(String, String)>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    served(&s, &source, Some(&tenant), headers, body).await
+}
+
+/// One ingest request, counted and timed.
+async fn served(
+    s: &EdgeState,
+    source: &str,
+    tenant: Option<&str>,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
     let started = Instant::now();
-    let (label, outcome, resp) = handle(&s, &source, headers, body).await;
+    let (label, outcome, resp) = handle(s, source, tenant, headers, body).await;
     s.metrics.ingest(label, outcome);
     s.metrics
         .ingest_latency
@@ -313,6 +344,7 @@ async fn ingest(
 async fn handle<'a>(
     s: &'a EdgeState,
     source: &str,
+    in_path: Option<&str>,
     headers: HeaderMap,
     body: Body,
 ) -> (&'a str, &'static str, Response) {
@@ -368,7 +400,7 @@ async fn handle<'a>(
         raw: &bytes,
         parsed: None,
     };
-    let tenant = match tenant_of(src, &headers, &mut json) {
+    let tenant = match tenant_of(src, in_path, &headers, &mut json) {
         Ok(t) => t,
         Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
     };

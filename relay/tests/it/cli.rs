@@ -267,7 +267,7 @@ fn config_check_answers_what_run_would_without_a_store() {
     let out = run(&["config", "check", quickstart.to_str().unwrap()]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(
-        text(&out.stdout).contains(": ok (5 sources"),
+        text(&out.stdout).contains(": ok (6 sources"),
         "{}",
         text(&out.stdout)
     );

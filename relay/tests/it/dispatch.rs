@@ -664,6 +664,41 @@ async fn a_github_hook_reaches_the_sink_with_its_event_header_tenant_and_source(
     h.node.shutdown().await.unwrap();
 }
 
+/// A provider that lets each tenant register its own URL: the tenant is the last path
+/// segment, for the sources that say so and no other.
+#[tokio::test]
+async fn a_tenant_in_the_url_files_the_hook_under_it() {
+    let extra = "  - { id: pt, tenant: path, verify: { scheme: none }, route: main }\n";
+    let h = Harness::start("  - { id: main, sinks: [a] }", extra).await;
+    let url = |p: &str| format!("http://{}{p}", h.node.ingest_addr);
+    let r = post(&h.c, &url("/ingest/pt/acme-7"), &[], r#"{"n":1}"#).await;
+    assert_eq!(r.status, 202);
+    eventually(10, "the hook delivered", || !h.sink.on("/a").is_empty()).await;
+    assert_eq!(h.sink.on("/a")[0].headers["ankusa-tenant"], "acme-7");
+    assert_eq!(tenants::count(&h.node.store).unwrap(), 1);
+    for (path, why) in [
+        ("/ingest/pt", "a path source without a tenant in its URL"),
+        (
+            "/ingest/in/acme",
+            "a header source given a tenant in its URL",
+        ),
+        ("/ingest/pt/a%0Ab", "a tenant id with a control character"),
+    ] {
+        let r = post(&h.c, &url(path), &[("x-tenant", "t".into())], "{}").await;
+        assert_eq!(
+            (r.status, r.json()["error"].as_str()),
+            (400, Some("bad_tenant")),
+            "{why}"
+        );
+    }
+    assert_eq!(
+        tenants::count(&h.node.store).unwrap(),
+        1,
+        "refusals made no tenant"
+    );
+    h.node.shutdown().await.unwrap();
+}
+
 #[tokio::test]
 async fn a_sink_answering_500_twice_then_200_gets_the_hook_three_times_on_schedule() {
     let h = Harness::start("  - { id: main, sinks: [b] }", "").await;
