@@ -3,7 +3,9 @@
 # - libclang (bindgen, for the RocksDB bindings) from Debian's libclang-dev
 # - a C++ compiler for RocksDB itself
 # - cargo-nextest, the test runner `make test` uses
-# - promtool (Debian's prometheus package), to lint the metrics exposition in tests
+# - promtool (Debian's prometheus package), to lint the metrics exposition and test the
+#   alert rules in tests
+# - curl, which the README's quickstart test runs as the README writes it
 # - helm-python-sdk (PyPI): the Helm engine, offline, to render and lint the chart in tests
 set -euo pipefail
 
@@ -16,6 +18,7 @@ command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 # promtool lints the /metrics exposition in the admin tests (Debian's prometheus package).
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+command -v curl >/dev/null 2>&1 || need_apt+=(curl)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-deps: installing ${need_apt[*]} with apt-get"

@@ -321,3 +321,112 @@ fn config_check_answers_what_run_would_without_a_store() {
         assert!(!dir.path().join("x").exists(), "{name}: a refused config made a store");
     }
 }
+
+/// The README's quickstart, as a newcomer runs it: the node `make run` starts
+/// (`run --config examples/quickstart.yaml`, its store under `./data/quickstart`), then each
+/// command of the README's first shell block exactly as written — the sink in the
+/// background, the curls — and the answers the README promises: a 202 with the hook's
+/// id, the sink printing it with `signature ok`, and the node's status with the token.
+#[test]
+fn the_readmes_quickstart_works_as_written() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme
+        .split("```sh\n")
+        .nth(2)
+        .and_then(|b| b.split("```").next())
+        .expect("the README's quickstart block");
+    // Lines continued with a backslash are one command.
+    let commands: Vec<String> = block
+        .replace("\\\n", " ")
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(|l| {
+            l.replace(
+                "./target/debug/ankusa-relay",
+                env!("CARGO_BIN_EXE_ankusa-relay"),
+            )
+        })
+        .collect();
+    assert_eq!(commands.len(), 3, "{commands:#?}");
+    assert!(
+        commands[0].contains(" sink --listen 127.0.0.1:9999"),
+        "{}",
+        commands[0]
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let _node = Node(
+        bin()
+            .current_dir(dir.path())
+            .args(["run", "--config"])
+            .arg(root.join("examples/quickstart.yaml"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let mut sink = Node(
+        std::process::Command::new("sh")
+            .args(["-c", &format!("exec {}", commands[0])])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !matches!(http_get(8080, "/readyz"), Ok((200, _))) {
+        assert!(
+            Instant::now() < deadline,
+            "the quickstart node never became ready"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        dir.path().join("data/quickstart").is_dir(),
+        "the store is under ./data/quickstart"
+    );
+    let sh = |c: &str| {
+        let out = std::process::Command::new("sh")
+            .args(["-c", c])
+            .output()
+            .expect("sh");
+        assert!(out.status.success(), "{c}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let ack = sh(&commands[1]);
+    assert!(ack.starts_with("HTTP/1.1 202"), "{ack}");
+    let id = ack
+        .split("\"id\":\"")
+        .nth(1)
+        .and_then(|r| r.split('"').next())
+        .expect("a hook id in the answer")
+        .to_owned();
+    assert!(id.starts_with("hk_"), "{ack}");
+    let node: serde_json::Value = serde_json::from_str(&sh(&commands[2])).unwrap();
+    assert_eq!(node["store_format"], 3, "{node}");
+    assert_eq!(node["tenants"], 1, "{node}");
+    // The sink prints the hook, its signature checked.
+    let mut out = sink.0.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(&mut out)
+            .lines()
+            .map_while(Result::ok)
+        {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let line = rx.recv_timeout(left).expect("the sink printed the hook");
+        if line.contains(&id) {
+            assert!(line.contains("signature ok"), "{line}");
+            assert!(line.contains("tenant acme, source demo"), "{line}");
+            break;
+        }
+    }
+}
