@@ -46,6 +46,18 @@ pub struct NodeStatus {
     pub counters: NodeCounters,
     /// When the oldest due row became due (ms since the epoch), if any.
     pub oldest_due_at_ms: Option<u64>,
+    /// Set while the store's writes fail (a full disk, a failed WAL sync): the node acks
+    /// nothing and is not ready until a write succeeds again.
+    #[serde(default)]
+    pub write_error: Option<WriteError>,
+}
+
+/// Why and since when the store's writes fail.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WriteError {
+    pub message: String,
+    /// When the failure began (ms since the epoch).
+    pub since_ms: u64,
 }
 
 #[cfg(test)]
@@ -71,6 +83,10 @@ mod tests {
                 ..NodeCounters::default()
             },
             oldest_due_at_ms: None,
+            write_error: Some(WriteError {
+                message: "No space left on device".into(),
+                since_ms: 5,
+            }),
         };
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<NodeStatus>(&text).unwrap(), s);

@@ -17,16 +17,24 @@ pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Resp
         .into_response()
 }
 
-/// `/readyz`: 200 once `ready`, else 503 `not_ready`.
-pub fn readiness(ready: &AtomicBool) -> Response {
-    if ready.load(Ordering::Acquire) {
-        (StatusCode::OK, "ready\n").into_response()
-    } else {
-        error(
+/// `/readyz`: 200 once `ready` and while the store takes writes; 503 `not_ready` while the
+/// node starts, 503 `store_unavailable` while its writes fail (a full disk, a failed WAL
+/// sync: the node acks nothing then, so traffic should go to another node).
+pub fn readiness(ready: &AtomicBool, store: &crate::store::Store) -> Response {
+    if !ready.load(Ordering::Acquire) {
+        return error(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
             "the node is starting: the store is opening or migrating",
-        )
+        );
+    }
+    match store.health().error() {
+        Some((e, _)) if store.health().failing() => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store_unavailable",
+            format!("the store refuses writes: {e}"),
+        ),
+        _ => (StatusCode::OK, "ready\n").into_response(),
     }
 }
 

@@ -157,6 +157,37 @@ fn spawn_gauges(
     })
 }
 
+/// While the store's writes fail (a full disk, a failed WAL sync), a small synced write
+/// every second, so the node becomes ready again as soon as the store takes writes, whether
+/// or not traffic arrives to find out. Keeps `ankusa_store_write_failing` and
+/// `ankusa_store_write_failures_total` current.
+fn spawn_write_probe(
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut counted = 0;
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            if store.health().failing() {
+                let s = store.clone();
+                // Its outcome is the store's health; a failure is already logged there.
+                let _ = tokio::task::spawn_blocking(move || s.probe_write()).await;
+            }
+            let failures = store.health().failures();
+            metrics.store_write_failures.inc_by(failures - counted);
+            counted = failures;
+            metrics
+                .store_write_failing
+                .set(i64::from(store.health().failing()));
+        }
+    })
+}
+
 /// Prunes audit rows past `admin.audit_retention_ms`, a bounded batch a minute.
 fn spawn_audit_prune(
     store: Arc<Store>,
@@ -296,6 +327,7 @@ impl Node {
         )?;
         let edge_state = Arc::new(EdgeState::new(
             sources,
+            store.clone(),
             writer,
             quarantine,
             metrics.clone(),
@@ -313,7 +345,8 @@ impl Node {
             ),
             spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_gauges(store.clone(), &config, metrics.clone(), stop.clone()),
-            spawn_audit_prune(store.clone(), &config, stop),
+            spawn_audit_prune(store.clone(), &config, stop.clone()),
+            spawn_write_probe(store.clone(), metrics.clone(), stop),
         ];
         ready.store(true, Ordering::Release);
         tracing::info!(%ingest_addr, %admin_addr, recovered_inflight = recovered, "relay node ready");

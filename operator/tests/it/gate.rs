@@ -114,6 +114,7 @@ fn node_status(p: &SimPod, v: &Volume) -> NodeStatus {
         tenants: 1,
         counters: NodeCounters::default(),
         oldest_due_at_ms: None,
+        write_error: None,
     }
 }
 

@@ -79,6 +79,11 @@ pub fn node_status(
         tenants,
         counters,
         oldest_due_at_ms,
+        write_error: store
+            .health()
+            .error()
+            .filter(|_| store.health().failing())
+            .map(|(message, since_ms)| ankusa_crds::node::WriteError { message, since_ms }),
     })
 }
 
@@ -87,7 +92,7 @@ async fn healthz() -> &'static str {
 }
 
 async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
-    crate::http::readiness(&s.ready)
+    crate::http::readiness(&s.ready, &s.store)
 }
 
 /// Prometheus text by default; OpenMetrics to a scraper that asks for it.

@@ -380,6 +380,7 @@ pub fn spawn(
             done_rx,
             settings.retry.clone(),
             hints.clone(),
+            stop.clone(),
         ));
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
         let mut cursors = Cursors::default();
@@ -1138,6 +1139,7 @@ async fn commit_outcomes(
     mut rx: tokio::sync::mpsc::Receiver<Done>,
     retry: RetryConfig,
     hints: Arc<DueHints>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let max_retry_after = Duration::from_millis(retry.max_retry_after_ms);
     while let Some(first) = rx.recv().await {
@@ -1148,25 +1150,45 @@ async fn commit_outcomes(
                 Err(_) => break,
             }
         }
-        let store = store.clone();
-        let retry = retry.clone();
-        let result = tokio::task::spawn_blocking(move || {
-            let now = crate::now_ms();
-            let mut tx = Tx::new();
-            let retries: Vec<(TenantOrd, AtMs)> = batch
-                .iter()
-                .filter_map(|d| outcome_ops(&mut tx, d, &retry, max_retry_after, now))
-                .collect();
-            // The permits in `batch` are released once the outcomes are committed.
-            tx.commit(&store, false).map(|_| retries)
-        })
-        .await;
-        match result {
-            // Each retry is claimed when it comes due, not at the next full scan.
-            Ok(Ok(retries)) => hints.add_later(retries),
-            Ok(Err(e)) => tracing::error!(error = %e, "dispatch: committing outcomes"),
-            Err(e) => tracing::error!(error = %e, "dispatch: outcome task"),
+        // A batch whose commit fails (a full disk, a failed WAL sync) is committed again
+        // once a second until it succeeds: nothing was written, and its rows must not
+        // stay inflight until the next boot. Its slots stay held meanwhile, so the
+        // pipeline claims nothing new. Only a stop gives up; boot recovery then makes the
+        // rows due again (a redelivery, never a loss).
+        let batch = Arc::new(batch);
+        loop {
+            let (store, retry, b) = (store.clone(), retry.clone(), batch.clone());
+            let result = tokio::task::spawn_blocking(move || {
+                let now = crate::now_ms();
+                let mut tx = Tx::new();
+                let retries: Vec<(TenantOrd, AtMs)> = b
+                    .iter()
+                    .filter_map(|d| outcome_ops(&mut tx, d, &retry, max_retry_after, now))
+                    .collect();
+                tx.commit(&store, false).map(|_| retries)
+            })
+            .await;
+            match result {
+                // Each retry is claimed when it comes due, not at the next full scan.
+                Ok(Ok(retries)) => {
+                    hints.add_later(retries);
+                    break;
+                }
+                Ok(Err(e)) if !*stop.borrow() => {
+                    tracing::debug!(error = %e, outcomes = batch.len(), "dispatch: committing outcomes, again in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, outcomes = batch.len(), "dispatch: outcomes not committed at stop; their rows are due again after the next boot");
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "dispatch: outcome task");
+                    break;
+                }
+            }
         }
+        // The batch's permits go back as it drops, its outcomes committed.
     }
 }
 

@@ -153,6 +153,8 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
 #[derive(Debug)]
 pub struct EdgeState {
     pub sources: HashMap<String, Source>,
+    /// For readiness: the store's write health.
+    pub store: Arc<crate::store::Store>,
     pub writer: WriterHandle,
     pub quarantine: Arc<quarantine::Quarantine>,
     pub metrics: Arc<Metrics>,
@@ -164,6 +166,7 @@ pub struct EdgeState {
 impl EdgeState {
     pub fn new(
         sources: HashMap<String, Source>,
+        store: Arc<crate::store::Store>,
         writer: WriterHandle,
         quarantine: Arc<quarantine::Quarantine>,
         metrics: Arc<Metrics>,
@@ -171,6 +174,7 @@ impl EdgeState {
     ) -> Self {
         EdgeState {
             sources,
+            store,
             writer,
             quarantine,
             metrics,
@@ -207,7 +211,7 @@ pub fn router(state: Arc<EdgeState>) -> Router {
 }
 
 async fn readyz(State(s): State<Arc<EdgeState>>) -> Response {
-    crate::http::readiness(&s.ready)
+    crate::http::readiness(&s.ready, &s.store)
 }
 
 pub use crate::http::error;

@@ -106,6 +106,9 @@ pub struct Metrics {
     pub tenants: Gauge,
     /// `tenants.max`, so a dashboard or an alert can divide by it.
     pub tenants_max: Gauge,
+    /// 1 while the store's writes fail.
+    pub store_write_failing: Gauge,
+    pub store_write_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -287,6 +290,18 @@ impl Metrics {
             "Tenant ordinals ever allocated",
             tenants.clone(),
         );
+        let store_write_failing = Gauge::default();
+        registry.register(
+            "ankusa_store_write_failing",
+            "1 while the store's writes fail (a full disk, a failed WAL sync): nothing is acked and the node is not ready",
+            store_write_failing.clone(),
+        );
+        let store_write_failures = Counter::default();
+        registry.register(
+            "ankusa_store_write_failures",
+            "Store writes that failed",
+            store_write_failures.clone(),
+        );
         let tenants_max = Gauge::default();
         registry.register(
             "ankusa_tenants_max",
@@ -300,6 +315,8 @@ impl Metrics {
             tenant_inflight,
             tenants,
             tenants_max,
+            store_write_failing,
+            store_write_failures,
             delivery_attempts,
             delivery_latency,
             sink_limit,

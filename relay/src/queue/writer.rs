@@ -379,7 +379,9 @@ impl Writer {
                 }
             }
             Err(e) => {
-                tracing::error!(error = %e, hooks = committed, "writer: commit failed");
+                // The store logs the failure that begins an outage; each batch refused
+                // during it is only a debug line.
+                tracing::debug!(error = %e, hooks = committed, "writer: commit failed");
                 for i in fresh {
                     replies[i] = Some(Reply::Unavailable);
                 }

@@ -360,6 +360,8 @@ impl Family {
 
 /// The store format stamp: `<<format::32>>`.
 pub const META_FORMAT: &[u8] = b"m:format";
+/// `<<ms::64>>`: the last write probe after a failed write (see `Store::probe_write`).
+pub const META_PROBE: &[u8] = b"m:probe";
 /// The next tenant ordinal to allocate: `<<next::32>>`.
 pub const META_NEXT_ORD: &[u8] = b"m:next_ord";
 

@@ -356,6 +356,59 @@ pub struct Store {
     stats: StoreStats,
     /// Serialises queue transitions that consume a row: see `queue::deliveries::Tx`.
     transitions: std::sync::Mutex<()>,
+    /// Whether the last write failed, and why.
+    health: WriteHealth,
+}
+
+/// The store's write health: the error of the last write if it failed (a full disk, a
+/// failed WAL sync), cleared by the next write that succeeds. RocksDB stops every write
+/// after such an error and resumes by itself once it can (for a full disk, once space
+/// returns); until a write succeeds again the node is not ready.
+#[derive(Debug, Default)]
+pub struct WriteHealth {
+    failing: std::sync::atomic::AtomicBool,
+    /// The first error of the current failure, and when (ms since the epoch).
+    error: std::sync::Mutex<Option<(String, u64)>>,
+    /// Writes that failed since the store was opened.
+    failures: std::sync::atomic::AtomicU64,
+}
+
+impl WriteHealth {
+    fn failed(&self, e: &StoreError) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if !self.failing.swap(true, Ordering::AcqRel) {
+            let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+            *g = Some((e.to_string(), crate::now_ms()));
+            tracing::error!(error = %e, "store: writes fail; the node is not ready until one succeeds");
+        }
+    }
+
+    fn succeeded(&self) {
+        if self.failing.swap(false, Ordering::AcqRel) {
+            let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+            let since = g.take().map_or(0, |(_, at)| at);
+            tracing::warn!(
+                failed_for_ms = crate::now_ms().saturating_sub(since),
+                failures = self.failures.load(Ordering::Relaxed),
+                "store: writes succeed again"
+            );
+        }
+    }
+
+    /// Whether the last write failed.
+    pub fn failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+
+    /// The error of the current failure and when it began.
+    pub fn error(&self) -> Option<(String, u64)> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Writes that failed since the store was opened.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
 }
 
 impl std::fmt::Debug for Store {
@@ -451,6 +504,7 @@ impl Store {
                 read_only: true,
                 stats: StoreStats::default(),
                 transitions: std::sync::Mutex::new(()),
+                health: WriteHealth::default(),
             });
         }
         // Open with the column families this binary needs at the store's format or any
@@ -520,6 +574,7 @@ impl Store {
             read_only: false,
             stats: StoreStats::default(),
             transitions: std::sync::Mutex::new(()),
+            health: WriteHealth::default(),
         })
     }
 
@@ -574,8 +629,35 @@ impl Store {
         }
         let mut wo = WriteOptions::default();
         wo.set_sync(sync);
-        self.db.write_opt(batch, &wo)?;
-        Ok(())
+        match self.db.write_opt(batch, &wo) {
+            Ok(()) => {
+                self.health.succeeded();
+                Ok(())
+            }
+            Err(e) => {
+                let e = StoreError::from(e);
+                self.health.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// The store's write health.
+    pub fn health(&self) -> &WriteHealth {
+        &self.health
+    }
+
+    /// A small synced write (`m:probe`, the time of the probe): whether the store takes
+    /// writes again after a failure.
+    pub fn probe_write(&self) -> Result<(), StoreError> {
+        self.write(
+            vec![Op::put(
+                Cf::Default,
+                keys::META_PROBE.to_vec(),
+                crate::now_ms().to_be_bytes().to_vec(),
+            )],
+            true,
+        )
     }
 
     fn handle(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StoreError> {

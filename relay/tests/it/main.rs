@@ -7,6 +7,7 @@ mod cli;
 mod crash;
 mod dispatch;
 mod docs;
+mod faults;
 mod ingest;
 mod support;
 mod upgrade;

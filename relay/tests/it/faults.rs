@@ -1,0 +1,195 @@
+//! Broken disks: a full one. The data directory is a tmpfs the test mounts (root, as the
+//! machine `make test` runs on), filled by ingest, then grown.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use crate::dispatch::TestSink;
+use crate::support::*;
+
+/// A tmpfs mounted for the test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(at: &Path, size: &str) -> Tmpfs {
+        let out = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(at)
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs for the full-disk test (it needs root): {}",
+            text(&out.stderr)
+        );
+        Tmpfs(at.to_owned())
+    }
+
+    fn resize(&self, size: &str) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", &format!("remount,size={size}")])
+            .arg(&self.0)
+            .output()
+            .expect("mount");
+        assert!(out.status.success(), "remount: {}", text(&out.stderr));
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).output();
+    }
+}
+
+/// A full disk: ingest answers 503 `unavailable` once the store's writes fail and acks
+/// nothing it did not commit; the node stops being ready (so traffic goes elsewhere) but
+/// keeps serving health, `/v1/node` (which names the error) and metrics; when space
+/// returns it is ready again by itself, ingest resumes, every acked hook is delivered —
+/// those whose delivery was under way when the disk filled too (their outcomes are
+/// committed once the store takes writes, not left inflight) — and the counters equal a
+/// fold of the families.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_ingest_loses_nothing_acked_and_recovers_when_space_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    std::fs::create_dir(&mnt).unwrap();
+    let disk = Tmpfs::mount(&mnt, "24m");
+    let (admin, ingest) = (free_port(), free_port());
+    // A slow sink while the disk fills: deliveries are under way when it does.
+    let sink = TestSink::start().await;
+    sink.delay_ms
+        .store(2_000, std::sync::atomic::Ordering::Relaxed);
+    let data = mnt.join("db");
+    let yaml = format!(
+        r#"data_dir: {data}
+ingest: {{ listen: "127.0.0.1:{ingest}" }}
+admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
+sinks: [{{ id: s, url: "{sink}" }}]
+routes: [{{ id: r, sinks: [s] }}]
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
+"#,
+        data = data.display(),
+        sink = sink.url("/hooks"),
+    );
+    let mut node = tokio::task::spawn_blocking({
+        let dir = dir.path().to_owned();
+        move || Proc::start(&dir, &yaml, admin)
+    })
+    .await
+    .unwrap();
+    let c = client();
+    let url = format!("http://127.0.0.1:{ingest}/ingest/in");
+    let body = vec![b'x'; 8 * 1024];
+    let mut acked = std::collections::BTreeSet::new();
+    let mut refused = None;
+    for i in 0..20_000u64 {
+        let r = post(
+            &c,
+            &url,
+            &[("x-tenant", format!("t{}", i % 5))],
+            body.clone(),
+        )
+        .await;
+        match r.status {
+            202 => {
+                acked.insert(r.json()["id"].as_str().unwrap().to_owned());
+            }
+            _ => {
+                refused = Some(r);
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("the disk filled up");
+    assert_eq!(refused.status, 503);
+    assert_eq!(refused.json()["error"], "unavailable");
+    assert!(
+        acked.len() > 100,
+        "acked {} before the disk filled",
+        acked.len()
+    );
+    // Not ready, still alive, and saying why.
+    let get = |port: u16, path: &'static str| {
+        tokio::task::spawn_blocking(move || http_get(port, path).unwrap())
+    };
+    let admin_get = |path: &'static str| {
+        tokio::task::spawn_blocking(move || http_get_admin(admin, path).unwrap())
+    };
+    let (s, b) = get(ingest, "/readyz").await.unwrap();
+    assert_eq!(s, 503, "{b}");
+    assert!(b.contains("store_unavailable"), "{b}");
+    assert_eq!(get(admin, "/healthz").await.unwrap().0, 200);
+    let (s, b) = admin_get("/v1/node").await.unwrap();
+    assert_eq!(s, 200);
+    let status: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert!(
+        status["write_error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("No space left")),
+        "{status}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !get(admin, "/metrics")
+        .await
+        .unwrap()
+        .1
+        .contains("ankusa_store_write_failing 1")
+    {
+        assert!(Instant::now() < deadline, "the failing gauge never rose");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let r = post(&c, &url, &[("x-tenant", "t1".into())], body.clone()).await;
+    assert_eq!(r.status, 503, "still refused while full");
+    // Space returns: ready again with no request to find out, and ingest resumes.
+    disk.resize("256m");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while get(ingest, "/readyz").await.unwrap().0 != 200 {
+        assert!(
+            Instant::now() < deadline,
+            "the node never became ready again"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let r = post(&c, &url, &[("x-tenant", "t1".into())], body.clone()).await;
+    assert_eq!(r.status, 202, "ingest resumed");
+    acked.insert(r.json()["id"].as_str().unwrap().to_owned());
+    let (_, b) = admin_get("/v1/node").await.unwrap();
+    let status: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert!(status["write_error"].is_null(), "{status}");
+    // Every acked hook reaches the sink and nothing stays queued: no row is left
+    // inflight by an outcome whose commit failed while the disk was full.
+    sink.delay_ms.store(0, std::sync::atomic::Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(90);
+    loop {
+        let got: std::collections::BTreeSet<String> = sink
+            .on("/hooks")
+            .iter()
+            .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
+            .collect();
+        let (_, b) = admin_get("/v1/node").await.unwrap();
+        let status: serde_json::Value = serde_json::from_str(&b).unwrap();
+        let queued = ["pending", "scheduled", "inflight", "dead"]
+            .iter()
+            .map(|k| status["counters"][*k].as_u64().unwrap())
+            .sum::<u64>();
+        if acked.is_subset(&got) && queued == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} acked hooks never delivered; queued: {}",
+            acked.difference(&got).count(),
+            status["counters"]
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    // And after a stop, the counters equal a fold of the families.
+    node.kill9();
+    let out = run(&["store", "verify", "--data", data.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
