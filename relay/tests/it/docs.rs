@@ -150,3 +150,45 @@ fn observability_md_lists_every_metric_the_node_exports_and_no_other() {
     );
     assert!(exported.len() > 25);
 }
+
+/// Every YAML example of `docs/providers.md` is a source `config check` accepts.
+#[test]
+fn the_provider_examples_pass_config_check() {
+    let text = doc("providers.md");
+    let mut sources = String::from("sources:\n");
+    let mut blocks = 0;
+    for block in text.split("```yaml\n").skip(1) {
+        let block = block.split("```").next().unwrap();
+        blocks += 1;
+        for line in block.lines().filter(|l| *l != "sources:") {
+            sources.push_str(line);
+            sources.push('\n');
+        }
+    }
+    assert!(blocks >= 5, "{blocks} examples");
+    let yaml = format!(
+        "data_dir: ./never-opened\nsinks: [{{ id: internal, url: \"http://127.0.0.1:9/\" }}]\nroutes: [{{ id: to-internal, sinks: [internal] }}]\n{sources}"
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("providers.yaml");
+    std::fs::write(&file, &yaml).unwrap();
+    let out = crate::support::bin()
+        .current_dir(dir.path())
+        .args(["config", "check"])
+        .arg(&file)
+        .envs([
+            ("GITHUB_WEBHOOK_SECRET", "g"),
+            ("STRIPE_WEBHOOK_SECRET", "s"),
+            ("SHOPIFY_WEBHOOK_SECRET", "h"),
+            ("ACME_WHSEC", "whsec_c2VjcmV0"),
+            ("PARTNER_SECRET", "p"),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{yaml}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("ok ({blocks} sources")));
+}
