@@ -556,8 +556,7 @@ fn admin(
                     if !ids.is_empty() && b["ids"].as_array().is_some_and(|a| a.is_empty()) {
                         continue;
                     }
-                    let b = strip_nulls(b);
-                    answers.push(nodes.call(i, Method::POST, "/v1/dlq/replay", Some(&b)).await?);
+                    answers.push(nodes.call(i, Method::POST, "/v1/dlq/replay", Some(b)).await?);
                 }
                 c::sum_reports(&answers)
             }
@@ -719,20 +718,6 @@ fn admin(
     Ok(ExitCode::SUCCESS)
 }
 
-/// A JSON object without its null fields (the API refuses none of them, but a request
-/// says only what it means).
-fn strip_nulls(v: &serde_json::Value) -> serde_json::Value {
-    match v {
-        serde_json::Value::Object(m) => serde_json::Value::Object(
-            m.iter()
-                .filter(|(_, v)| !v.is_null())
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
-        ),
-        other => other.clone(),
-    }
-}
-
 /// `config check`: what `run` would say about the file, without a store.
 fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
     let config = Config::load(path, std::env::vars())?;
@@ -856,18 +841,7 @@ fn backup_pull(
     use http_body_util::BodyExt;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-        http.set_connect_timeout(Some(idle));
-        http.enforce_http(false);
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build(
-                    hyper_rustls::HttpsConnectorBuilder::new()
-                        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
-                        .https_or_http()
-                        .enable_http1()
-                        .wrap_connector(http),
-                );
+        let client = crate::admin::client::http_client(idle)?;
         let base = from.trim_end_matches('/');
         let auth = format!("Bearer {token}");
         let request = |method: hyper::Method, path: String| {

@@ -31,6 +31,25 @@ pub struct Nodes {
     timeout: Duration,
 }
 
+/// An HTTP(S) client for the admin API (the admin CLI and `backup pull`): keep-alive,
+/// webpki roots, `connect_timeout` to connect.
+pub fn http_client(
+    connect_timeout: Duration,
+) -> anyhow::Result<hyper_util::client::legacy::Client<Https, Full<Bytes>>> {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.enforce_http(false);
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(http),
+        ),
+    )
+}
+
 /// Splits `http://host:port/prefix` into scheme, host, port and the rest.
 fn split_url(url: &str) -> anyhow::Result<(String, String, u16, String)> {
     let uri: hyper::Uri = url
@@ -84,21 +103,9 @@ impl Nodes {
         if out.is_empty() {
             bail!("no node URL: pass --url (or set ANKUSA_ADMIN_URL)");
         }
-        let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-        http.set_connect_timeout(Some(timeout));
-        http.enforce_http(false);
-        let client =
-            hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
-                .build(
-                    hyper_rustls::HttpsConnectorBuilder::new()
-                        .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
-                        .https_or_http()
-                        .enable_http1()
-                        .wrap_connector(http),
-                );
         Ok(Nodes {
             urls: out,
-            client,
+            client: http_client(timeout)?,
             auth: format!("Bearer {token}"),
             timeout,
         })
