@@ -384,7 +384,8 @@ impl WriteHealth {
     }
 
     fn succeeded(&self) {
-        if self.failing.swap(false, Ordering::AcqRel) {
+        // Every write passes here: a load, and a write to the flag only after a failure.
+        if self.failing.load(Ordering::Acquire) && self.failing.swap(false, Ordering::AcqRel) {
             let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
             let since = g.take().map_or(0, |(_, at)| at);
             tracing::warn!(
