@@ -64,31 +64,7 @@ sources:
 async fn relay_drain(port: u16, sink: &load::ArrivalSink) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("db");
-    {
-        let store = Store::open(&data, &OpenOptions::default()).expect("store");
-        let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
-        let now = ankusa_relay::now_ms();
-        for chunk in 0..BACKLOG / 1_000 {
-            let envs: Vec<Envelope> = (0..1_000)
-                .map(|i| {
-                    let n = chunk * 1_000 + i;
-                    Envelope {
-                        id: format!("backlog-{n}"),
-                        tenant: Some(format!("tenant-{}", n % TENANTS)),
-                        source: "in".into(),
-                        received_at: AtMs(now - 60_000 + n / 100),
-                        content_type: "application/json".into(),
-                        sinks: vec!["s".into()],
-                        body: body(n),
-                        headers: Vec::new(),
-                    }
-                })
-                .collect();
-            let b = asm.assemble(&store, &envs, false).expect("assemble");
-            asm.commit(&store, b, false).expect("commit");
-        }
-        store.flush().expect("flush");
-    }
+    write_backlog(&data);
     sink.count.store(0, Ordering::Relaxed);
     let started = Instant::now();
     let node = Node::start(Config::from_yaml(&yaml(&data, port), Vec::new()).expect("config"))
@@ -106,7 +82,7 @@ async fn relay_drain(port: u16, sink: &load::ArrivalSink) -> f64 {
     rate
 }
 
-/// The backlog of `relay_drain`, written to a store at `data`.
+/// The backlog both drains start from, written to a store at `data`.
 fn write_backlog(data: &std::path::Path) {
     let store = Store::open(data, &OpenOptions::default()).expect("store");
     let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
@@ -116,7 +92,7 @@ fn write_backlog(data: &std::path::Path) {
             .map(|i| {
                 let n = chunk * 1_000 + i;
                 Envelope {
-                    id: format!("twin-{n}"),
+                    id: format!("backlog-{n}"),
                     tenant: Some(format!("tenant-{}", n % TENANTS)),
                     source: "in".into(),
                     received_at: AtMs(now - 60_000 + n / 100),

@@ -118,27 +118,14 @@ impl H {
         token: Option<&str>,
         body: &str,
     ) -> (u16, serde_json::Value) {
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("http://{}{path}", self.node.admin_addr))
-            .header("content-type", "application/json");
-        if let Some(t) = token {
-            req = req.header("authorization", format!("Bearer {t}"));
+        let bearer = token.map(|t| format!("Bearer {t}"));
+        let mut headers = vec![("content-type", "application/json")];
+        if let Some(b) = &bearer {
+            headers.push(("authorization", b.as_str()));
         }
-        let resp = self
-            .c
-            .request(
-                req.body(Full::new(bytes::Bytes::from(body.to_owned())))
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let b = resp.into_body().collect().await.unwrap().to_bytes();
-        (
-            status,
-            serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
-        )
+        let url = format!("http://{}{path}", self.node.admin_addr);
+        let (status, _, v) = raw(&self.c, method, &url, &headers, body).await;
+        (status, v)
     }
 }
 
