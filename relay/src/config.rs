@@ -52,6 +52,7 @@ pub struct Config {
     pub retry: RetryConfig,
     pub reclaim: ReclaimConfig,
     pub shutdown: ShutdownConfig,
+    pub cluster: ClusterConfig,
     pub sources: Vec<SourceConfig>,
     pub sinks: Vec<SinkConfig>,
     pub routes: Vec<RouteConfig>,
@@ -71,6 +72,7 @@ impl Default for Config {
             retry: RetryConfig::default(),
             reclaim: ReclaimConfig::default(),
             shutdown: ShutdownConfig::default(),
+            cluster: ClusterConfig::default(),
             sources: Vec::new(),
             sinks: Vec::new(),
             routes: Vec::new(),
@@ -333,6 +335,117 @@ pub struct ShutdownConfig {
 impl Default for ShutdownConfig {
     fn default() -> Self {
         ShutdownConfig { grace_ms: 20_000 }
+    }
+}
+
+/// The nodes of one Relay: each tenant belongs to one of them (rendezvous hashing of the
+/// tenant id over the node names), and a node forwards a hook for a tenant it does not own
+/// to the owner. No nodes (the default) or one: this node owns every tenant.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ClusterConfig {
+    /// This node's name in `nodes` (the operator sets it from the pod name through
+    /// `ANKUSA_CLUSTER__NAME`).
+    pub name: Option<String>,
+    /// Every node of the Relay. The first one keeps the Relay's tenant registry
+    /// (`tenants.max` counts tenants relay-wide).
+    pub nodes: Vec<ClusterNode>,
+    /// The secret the nodes show each other (at least 16 bytes; required with two nodes
+    /// or more).
+    pub token: Option<SecretSource>,
+    /// How long a node waits for another's answer (a forwarded hook, an admin call).
+    pub forward_timeout_ms: u64,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig {
+            name: None,
+            nodes: Vec::new(),
+            token: None,
+            forward_timeout_ms: 10_000,
+        }
+    }
+}
+
+/// One node of a Relay.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ClusterNode {
+    /// Its stable name (a StatefulSet pod name).
+    pub name: String,
+    /// Its ingest listener, `http://host:port`.
+    pub ingest: String,
+    /// Its admin listener, `http://host:port`.
+    pub admin: String,
+}
+
+impl ClusterConfig {
+    /// Two nodes or more.
+    pub fn is_multi(&self) -> bool {
+        self.nodes.len() > 1
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if !(100..=120_000).contains(&self.forward_timeout_ms) {
+            return Err(invalid(
+                "cluster.forward_timeout_ms",
+                format!("{} is outside 100..=120000", self.forward_timeout_ms),
+            ));
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, n) in self.nodes.iter().enumerate() {
+            let key = format!("cluster.nodes[{i}]");
+            if n.name.is_empty() || n.name.len() > 253 || !names.insert(n.name.as_str()) {
+                return Err(invalid(
+                    &key,
+                    format!("name {:?} is empty, too long or repeated", n.name),
+                ));
+            }
+            for (field, url) in [("ingest", &n.ingest), ("admin", &n.admin)] {
+                let ok = url
+                    .parse::<axum::http::Uri>()
+                    .ok()
+                    .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
+                    .filter(|u| u.host().is_some() && (u.path() == "/" || u.path().is_empty()));
+                if ok.is_none() {
+                    return Err(invalid(
+                        &format!("{key}.{field}"),
+                        format!("{url:?} is not an http(s)://host:port URL"),
+                    ));
+                }
+            }
+        }
+        if self.nodes.is_empty() {
+            return Ok(());
+        }
+        match &self.name {
+            Some(me) if names.contains(me.as_str()) => {}
+            Some(me) => {
+                return Err(invalid(
+                    "cluster.name",
+                    format!("{me:?} is not one of cluster.nodes"),
+                ))
+            }
+            None => {
+                return Err(invalid(
+                    "cluster.name",
+                    "must name this node (one of cluster.nodes)",
+                ))
+            }
+        }
+        if self.is_multi() {
+            let Some(t) = &self.token else {
+                return Err(invalid(
+                    "cluster.token",
+                    "is required with two nodes or more",
+                ));
+            };
+            if t.resolve("cluster.token")?.len() < 16 {
+                return Err(invalid("cluster.token", "must be at least 16 bytes"));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -732,6 +845,7 @@ impl Config {
         if self.reclaim.interval_ms == 0 || self.reclaim.batch == 0 {
             return Err(invalid("reclaim", "interval_ms and batch must be positive"));
         }
+        self.cluster.validate()?;
         if !(1..=100).contains(&self.admin.backup_keep) {
             return Err(invalid("admin.backup_keep", "must be in 1..=100"));
         }

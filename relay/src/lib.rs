@@ -11,10 +11,12 @@
 //! - [`metrics`]: the queue gauges, read from counters and the active index.
 //! - [`admin`]: the admin listener (health, readiness, node status).
 //! - [`config`]: the YAML configuration and its validation.
+//! - [`cluster`]: the nodes of one Relay: tenant ownership, forwarding, the tenant registry.
 //! - [`cli`]: the `ankusa-relay` command line.
 
 pub mod admin;
 pub mod cli;
+pub mod cluster;
 pub mod config;
 pub mod dispatch;
 pub mod edge;

@@ -20,6 +20,7 @@ use crate::admin::api::Api;
 use crate::admin::audit::Audit;
 use crate::admin::auth::Tokens;
 use crate::admin::{self, AdminState};
+use crate::cluster::Cluster;
 use crate::config::Config;
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
@@ -237,6 +238,7 @@ impl Node {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
         metrics.tenants_max.set(i64::from(config.tenants.max));
+        let cluster = Arc::new(Cluster::new(&config, &store, metrics.clone())?);
         let ready = Arc::new(AtomicBool::new(false));
         let ingest = tokio::net::TcpListener::bind(config.ingest.listen)
             .await
@@ -260,6 +262,7 @@ impl Node {
         )?);
         let hints = Arc::new(DueHints::default());
         let api = Arc::new(Api {
+            cluster: cluster.clone(),
             hints: hints.clone(),
             store: store.clone(),
             tokens: Tokens::from_config(&config)?,
@@ -332,6 +335,7 @@ impl Node {
             quarantine,
             metrics.clone(),
             ready.clone(),
+            cluster,
         ));
         servers.push(serve(ingest, edge::router(edge_state), stop.clone()));
         let background = vec![

@@ -36,6 +36,8 @@ pub struct Api {
     pub progress: Arc<super::Progress>,
     /// Where revived rows are announced to the dispatch pipeline.
     pub hints: Arc<crate::queue::hints::DueHints>,
+    /// The Relay's nodes: who owns which tenant.
+    pub cluster: Arc<crate::cluster::Cluster>,
 }
 
 /// An API error: one JSON shape, a stable code.
@@ -469,10 +471,14 @@ pub async fn tenants_top(
                 .then(x.ord.cmp(&y.ord))
         });
         views.truncate(n);
-        Ok(
-            Json(serde_json::json!({ "tenants": views, "total": tenants::count(store)? }))
-                .into_response(),
-        )
+        let mut out = serde_json::json!({ "tenants": views, "total": tenants::count(store)? });
+        if a.cluster.is_multi() {
+            out["owned"] = a.cluster.owned().into();
+            if let Some(r) = a.cluster.registry() {
+                out["registered"] = r.len().into();
+            }
+        }
+        Ok(Json(out).into_response())
     })
     .await
 }

@@ -124,7 +124,9 @@ impl Nodes {
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(&url)
-            .header("authorization", &self.auth);
+            .header("authorization", &self.auth)
+            // Each node answers for itself: this client merges the nodes' answers.
+            .header(crate::cluster::LOCAL_HEADER, "1");
         let payload = match body {
             Some(b) => {
                 req = req.header("content-type", "application/json");

@@ -20,6 +20,7 @@ pub mod audit;
 pub mod auth;
 pub mod backups;
 pub mod client;
+pub mod routing;
 
 use axum::routing::{delete, post};
 
@@ -160,6 +161,11 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
         .route("/v1/backups", post(backups::create))
         .route("/v1/backups/stream", post(backups::stream))
         .route("/v1/backups/{id}/archive", get(backups::archive))
+        .route("/cluster/v1/tenants/admit", post(routing::admit))
+        .route_layer(axum::middleware::from_fn_with_state(
+            api.clone(),
+            routing::to_owner,
+        ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_ready,

@@ -29,12 +29,13 @@ use std::time::Instant;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
+use crate::cluster::{self, Admission, Cluster};
 use crate::config::{Config, ConfigError, IdempotencyConfig, TenantFrom, VerifyConfig};
 use crate::metrics::{Metrics, UNKNOWN_SOURCE};
 use crate::queue::deliveries::Envelope;
@@ -159,6 +160,8 @@ pub struct EdgeState {
     pub quarantine: Arc<quarantine::Quarantine>,
     pub metrics: Arc<Metrics>,
     pub ready: Arc<AtomicBool>,
+    /// The Relay's nodes: who owns which tenant.
+    pub cluster: Arc<Cluster>,
     next_id: AtomicU64,
     id_prefix: String,
 }
@@ -171,6 +174,7 @@ impl EdgeState {
         quarantine: Arc<quarantine::Quarantine>,
         metrics: Arc<Metrics>,
         ready: Arc<AtomicBool>,
+        cluster: Arc<Cluster>,
     ) -> Self {
         EdgeState {
             sources,
@@ -179,6 +183,7 @@ impl EdgeState {
             quarantine,
             metrics,
             ready,
+            cluster,
             next_id: AtomicU64::new(0),
             // Ids are unique across restarts: boot time and a random part, then a counter.
             id_prefix: format!(
@@ -220,6 +225,12 @@ fn with_retry_after(mut r: Response, secs: u32) -> Response {
     r.headers_mut()
         .insert("retry-after", HeaderValue::from(secs));
     r
+}
+
+/// 503 `tenant_limit`, `Retry-After: 300`.
+fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, &'static str, Response) {
+    let r = error(StatusCode::SERVICE_UNAVAILABLE, "tenant_limit", message);
+    (label, "tenant_limit", with_retry_after(r, 300))
 }
 
 /// The tenant of a request, per its source.
@@ -312,20 +323,22 @@ fn idempotency_of(src: &Source, headers: &HeaderMap, json: &mut JsonBody<'_>) ->
 async fn ingest(
     State(s): State<Arc<EdgeState>>,
     Path(source): Path<String>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    served(&s, &source, None, headers, body).await
+    served(&s, &source, None, &uri, headers, body).await
 }
 
 /// `POST /ingest/{source}/{tenant}`: a source whose tenant is in its URL (`tenant: path`).
 async fn ingest_for_tenant(
     State(s): State<Arc<EdgeState>>,
     Path((source, tenant)): Path<(String, String)>,
+    uri: Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    served(&s, &source, Some(&tenant), headers, body).await
+    served(&s, &source, Some(&tenant), &uri, headers, body).await
 }
 
 /// One ingest request, counted and timed.
@@ -333,11 +346,12 @@ async fn served(
     s: &EdgeState,
     source: &str,
     tenant: Option<&str>,
+    uri: &Uri,
     headers: HeaderMap,
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let (label, outcome, resp) = handle(s, source, tenant, headers, body).await;
+    let (label, outcome, resp) = handle(s, source, tenant, uri, headers, body).await;
     s.metrics.ingest(label, outcome);
     s.metrics
         .ingest_latency
@@ -349,6 +363,7 @@ async fn handle<'a>(
     s: &'a EdgeState,
     source: &str,
     in_path: Option<&str>,
+    uri: &Uri,
     headers: HeaderMap,
     body: Body,
 ) -> (&'a str, &'static str, Response) {
@@ -368,6 +383,16 @@ async fn handle<'a>(
             "the node is starting",
         );
         return (label, "unavailable", with_retry_after(r, 5));
+    }
+    // A hook another node of the Relay forwarded is taken here, whatever this node's view
+    // of the node list: it never goes round twice. Only a node may say so.
+    let forwarded_in = headers.contains_key(cluster::FORWARDED_BY);
+    if forwarded_in && !s.cluster.authentic(&headers) {
+        return rejected(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a forwarded hook must carry the cluster token",
+        );
     }
     let bytes = match Limited::new(body, src.body_limit).collect().await {
         Ok(c) => c.to_bytes(),
@@ -418,6 +443,44 @@ async fn handle<'a>(
             )
         }
     };
+    let owned_as = tenant.as_deref().unwrap_or(tenants::DEFAULT_TENANT);
+    if !forwarded_in {
+        if let Some(owner) = s.cluster.other_owner(owned_as) {
+            let pq = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+            return match s
+                .cluster
+                .forward_ingest(owner, pq, &headers, bytes.clone())
+                .await
+            {
+                Ok(r) => (label, "forwarded", r),
+                Err(e) => {
+                    let r = error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "owner_unavailable",
+                        format!("the node that owns this tenant did not answer ({e})"),
+                    );
+                    (label, "owner_unavailable", with_retry_after(r, 5))
+                }
+            };
+        }
+    }
+    let store = &s.store;
+    match s
+        .cluster
+        .admit(owned_as, || Ok(tenants::ord(store, owned_as)?.is_some()))
+        .await
+    {
+        Ok(Admission::Admitted) => {}
+        Ok(Admission::Limit) => return tenant_limit(label, "this Relay holds tenants.max tenants"),
+        Err(e) => {
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "registry_unavailable",
+                format!("the Relay's tenant registry did not answer ({e})"),
+            );
+            return (label, "unavailable", with_retry_after(r, 5));
+        }
+    }
     let idempotency = idempotency_of(src, &headers, &mut json);
     let content_type = headers
         .get("content-type")
@@ -462,17 +525,7 @@ async fn handle<'a>(
             )
                 .into_response(),
         ),
-        Ok(Reply::TenantLimit) => {
-            let r = (
-                StatusCode::SERVICE_UNAVAILABLE,
-                Json(serde_json::json!({
-                    "error": "tenant_limit",
-                    "message": "this node holds tenants.max tenants",
-                })),
-            )
-                .into_response();
-            (label, "tenant_limit", with_retry_after(r, 300))
-        }
+        Ok(Reply::TenantLimit) => tenant_limit(label, "this node holds tenants.max tenants"),
         Ok(Reply::InvalidTenant(why)) => rejected(StatusCode::BAD_REQUEST, "bad_tenant", why),
         Ok(Reply::Unavailable) | Err(_) => unavailable("the store could not commit the hook"),
     }

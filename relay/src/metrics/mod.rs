@@ -15,13 +15,15 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// The fixed set of ingest outcomes.
-pub const OUTCOMES: [&str; 6] = [
+pub const OUTCOMES: [&str; 8] = [
     "accepted",
     "duplicate",
     "rejected",
     "quarantined",
     "tenant_limit",
     "unavailable",
+    "forwarded",
+    "owner_unavailable",
 ];
 
 /// The `source` label of requests naming no configured source.
@@ -53,6 +55,20 @@ pub struct FieldLabel {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct TenantLabel {
     pub tenant: String,
+}
+
+/// What a node sent another (`ingest`: a hook for a tenant the other owns; `admin`: an
+/// admin call about such a tenant; `admit`: a new tenant to the registry) and how it went
+/// (`answered` or `unavailable`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    pub kind: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -109,6 +125,16 @@ pub struct Metrics {
     /// 1 while the store's writes fail.
     pub store_write_failing: Gauge,
     pub store_write_failures: Counter,
+    /// Requests this node sent to another of its Relay, by kind and outcome.
+    pub cluster_forwards: Family<ForwardLabels, Counter>,
+    /// Time from sending a request to another node to its answer.
+    pub cluster_forward_seconds: Family<KindLabel, Histogram>,
+    /// Nodes in the Relay's node list (1 when there is none).
+    pub cluster_nodes: Gauge,
+    /// Tenants this node has taken hooks for as their owner since it started.
+    pub cluster_tenants_owned: Gauge,
+    /// On the registry node: tenants the Relay holds.
+    pub cluster_tenants_registered: Gauge,
 }
 
 impl Default for Metrics {
@@ -302,6 +328,38 @@ impl Metrics {
             "Store writes that failed",
             store_write_failures.clone(),
         );
+        let cluster_forwards = Family::<ForwardLabels, Counter>::default();
+        registry.register(
+            "ankusa_cluster_forwards",
+            "Requests sent to another node of the Relay, by kind (ingest, admin, admit) and outcome (answered, unavailable)",
+            cluster_forwards.clone(),
+        );
+        let cluster_forward_seconds = Family::<KindLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
+        });
+        registry.register(
+            "ankusa_cluster_forward_seconds",
+            "Time from sending a request to another node of the Relay to its answer",
+            cluster_forward_seconds.clone(),
+        );
+        let cluster_nodes = Gauge::default();
+        registry.register(
+            "ankusa_cluster_nodes",
+            "Nodes in the Relay's node list",
+            cluster_nodes.clone(),
+        );
+        let cluster_tenants_owned = Gauge::default();
+        registry.register(
+            "ankusa_cluster_tenants_owned",
+            "Tenants this node has taken hooks for as their owner since it started",
+            cluster_tenants_owned.clone(),
+        );
+        let cluster_tenants_registered = Gauge::default();
+        registry.register(
+            "ankusa_cluster_tenants_registered",
+            "On the Relay's registry node (its first): tenants the Relay holds",
+            cluster_tenants_registered.clone(),
+        );
         let tenants_max = Gauge::default();
         registry.register(
             "ankusa_tenants_max",
@@ -317,6 +375,11 @@ impl Metrics {
             tenants_max,
             store_write_failing,
             store_write_failures,
+            cluster_forwards,
+            cluster_forward_seconds,
+            cluster_nodes,
+            cluster_tenants_owned,
+            cluster_tenants_registered,
             delivery_attempts,
             delivery_latency,
             sink_limit,

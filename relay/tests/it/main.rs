@@ -4,6 +4,7 @@
 mod admin;
 mod backup;
 mod cli;
+mod cluster;
 mod crash;
 mod dispatch;
 mod docs;

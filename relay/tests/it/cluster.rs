@@ -1,0 +1,556 @@
+//! One Relay of several relay processes on loopback, sharing a node list: each tenant is
+//! owned by one node, hooks sent to any node are stored and delivered by the owner once,
+//! `tenants.max` counts relay-wide, and the admin API answers the same from every node.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::dispatch::TestSink;
+use crate::support::*;
+
+const GH_SECRET: &str = "cluster-github-secret";
+const CLUSTER_TOKEN: &str = "cluster-token-0123456789abcdef";
+const ADMIN: &str = "it-admin-token-0123456789";
+
+#[derive(Clone)]
+struct Spec {
+    name: String,
+    ingest: u16,
+    admin: u16,
+    dir: PathBuf,
+}
+
+/// A Relay of relay processes and one local sink.
+struct Relay {
+    rt: tokio::runtime::Runtime,
+    sink: TestSink,
+    _root: tempfile::TempDir,
+    root: PathBuf,
+    specs: Vec<Spec>,
+    procs: Vec<Option<Proc>>,
+    extra: String,
+}
+
+impl Relay {
+    fn new(nodes: usize, extra: &str) -> Relay {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        let sink = rt.block_on(TestSink::start());
+        let root = tempfile::tempdir().unwrap();
+        let mut r = Relay {
+            rt,
+            sink,
+            root: root.path().to_owned(),
+            _root: root,
+            specs: Vec::new(),
+            procs: Vec::new(),
+            extra: extra.to_owned(),
+        };
+        for _ in 0..nodes {
+            r.add_spec();
+        }
+        r
+    }
+
+    fn add_spec(&mut self) {
+        let i = self.specs.len();
+        let dir = self.root.join(format!("relay-{i}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        self.specs.push(Spec {
+            name: format!("relay-{i}"),
+            ingest: free_port(),
+            admin: free_port(),
+            dir,
+        });
+        self.procs.push(None);
+    }
+
+    /// Node `i`'s configuration with the current node list.
+    fn yaml(&self, i: usize) -> String {
+        let s = &self.specs[i];
+        let nodes: Vec<String> = self
+            .specs
+            .iter()
+            .map(|n| {
+                format!(
+                    r#"{{ name: {}, ingest: "http://127.0.0.1:{}", admin: "http://127.0.0.1:{}" }}"#,
+                    n.name, n.ingest, n.admin
+                )
+            })
+            .collect();
+        format!(
+            r#"
+data_dir: {data}
+ingest: {{ listen: "127.0.0.1:{ingest}" }}
+admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
+dispatch: {{ tick_interval_ms: 20 }}
+cluster:
+  name: {name}
+  token: {{ value: "{CLUSTER_TOKEN}" }}
+  forward_timeout_ms: 2000
+  nodes: [{nodes}]
+{extra}
+sinks: [{{ id: s, url: "{url}", timeout_ms: 5000 }}]
+routes: [{{ id: r, sinks: [s] }}]
+sources:
+  - {{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: r }}
+"#,
+            data = s.dir.join("db").display(),
+            ingest = s.ingest,
+            admin = s.admin,
+            name = s.name,
+            nodes = nodes.join(", "),
+            extra = self.extra,
+            url = self.sink.url("/s"),
+        )
+    }
+
+    fn start(&mut self, i: usize) {
+        let y = self.yaml(i);
+        self.procs[i] = Some(Proc::start(&self.specs[i].dir, &y, self.specs[i].admin));
+    }
+
+    fn start_all(&mut self) {
+        for i in 0..self.specs.len() {
+            self.start(i);
+        }
+    }
+
+    fn kill9(&mut self, i: usize) {
+        if let Some(mut p) = self.procs[i].take() {
+            p.kill9();
+        }
+    }
+
+    /// The index of the node that owns `tenant` under the current node list.
+    fn owner(&self, tenant: &str) -> usize {
+        ankusa_relay::cluster::owner_index(self.specs.iter().map(|s| s.name.as_str()), tenant)
+    }
+
+    fn ingest_url(&self, i: usize) -> String {
+        format!("http://127.0.0.1:{}/ingest/gh", self.specs[i].ingest)
+    }
+
+    /// Sends a signed GitHub delivery to node `i`.
+    async fn send(&self, c: &Client, i: usize, tenant: &str, delivery: &str) -> Option<Resp> {
+        send_to(c, &self.ingest_url(i), tenant, delivery).await
+    }
+
+    /// An admin GET on node `i`: status and JSON.
+    fn admin_get(&self, i: usize, path: &str) -> (u16, serde_json::Value) {
+        let (status, body) = http_get_auth_token(self.specs[i].admin, path, ADMIN).unwrap();
+        (status, serde_json::from_str(&body).unwrap_or_default())
+    }
+
+    /// The deliveries the sink received, by `x-github-delivery`.
+    fn delivered(&self) -> HashMap<String, usize> {
+        let mut out = HashMap::new();
+        for r in self.sink.on("/s") {
+            let d = r
+                .headers
+                .get("x-github-delivery")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned();
+            *out.entry(d).or_insert(0) += 1;
+        }
+        out
+    }
+
+    /// Waits until the sink holds every one of `ids`, or panics after `within`.
+    fn await_delivered(&self, ids: &HashSet<String>, within: Duration) -> HashMap<String, usize> {
+        let deadline = Instant::now() + within;
+        loop {
+            let got = self.delivered();
+            if ids.iter().all(|d| got.contains_key(d)) {
+                return got;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{} of {} acked hooks never arrived",
+                ids.iter().filter(|d| !got.contains_key(*d)).count(),
+                ids.len()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// Sends a signed GitHub delivery to `url`.
+async fn send_to(c: &Client, url: &str, tenant: &str, delivery: &str) -> Option<Resp> {
+    let body = format!(r#"{{"delivery":"{delivery}","tenant":"{tenant}"}}"#);
+    let sig = format!(
+        "sha256={}",
+        hex(&hmac_sha256(GH_SECRET.as_bytes(), &[body.as_bytes()]))
+    );
+    try_post(
+        c,
+        url,
+        &[
+            ("x-hub-signature-256", sig),
+            ("x-github-delivery", delivery.to_owned()),
+            ("x-github-event", "push".to_owned()),
+            ("x-tenant", tenant.to_owned()),
+        ],
+        body,
+    )
+    .await
+}
+
+/// Tenant ids owned by each node: `per` for every node.
+fn tenants_per_owner(r: &Relay, per: usize) -> Vec<Vec<String>> {
+    let mut out = vec![Vec::new(); r.specs.len()];
+    for t in 0.. {
+        let id = format!("tenant-{t}");
+        let o = r.owner(&id);
+        if out[o].len() < per {
+            out[o].push(id);
+        }
+        if out.iter().all(|v| v.len() >= per) {
+            break;
+        }
+    }
+    out
+}
+
+#[test]
+fn the_same_github_delivery_sent_to_each_node_is_one_hook_delivered_once() {
+    let mut r = Relay::new(3, "");
+    r.start_all();
+    let owned = tenants_per_owner(&r, 2);
+    let c = client();
+    let mut ids = HashSet::new();
+    r.rt.block_on(async {
+        for (o, ts) in owned.iter().enumerate() {
+            for t in ts {
+                let delivery = format!("d-{t}");
+                ids.insert(delivery.clone());
+                let mut hook_ids = HashSet::new();
+                for i in 0..3 {
+                    let a = r.send(&c, i, t, &delivery).await.unwrap();
+                    let want = if hook_ids.is_empty() { 202 } else { 200 };
+                    assert_eq!(
+                        a.status,
+                        want,
+                        "node {i}, tenant {t} (owner {o}): {:?}",
+                        a.json()
+                    );
+                    hook_ids.insert(a.json()["id"].as_str().unwrap().to_owned());
+                }
+                assert_eq!(
+                    hook_ids.len(),
+                    1,
+                    "every node answered with the first hook's id"
+                );
+            }
+        }
+    });
+    let got = r.await_delivered(&ids, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    let got2 = r.delivered();
+    assert_eq!(got, got2);
+    assert!(
+        got.values().all(|n| *n == 1),
+        "delivered more than once: {got:?}"
+    );
+
+    // Node 1 forwarded the hooks of the tenants nodes 0 and 2 own.
+    let (_, m) = http_get(r.specs[1].admin, "/metrics").unwrap();
+    assert!(
+        m.contains(r#"ankusa_cluster_forwards_total{kind="ingest",outcome="answered"} 4"#),
+        "{m}"
+    );
+    assert!(m.contains(r#"outcome="forwarded"} 4"#), "{m}");
+
+    // A tenant's counters live on its owner alone, and every node answers the same view.
+    for (o, ts) in owned.iter().enumerate() {
+        let t = &ts[0];
+        let views: Vec<_> = (0..3)
+            .map(|i| r.admin_get(i, &format!("/v1/tenants/{t}")))
+            .collect();
+        for (i, (status, v)) in views.iter().enumerate() {
+            assert_eq!(*status, 200, "node {i}: {v}");
+            assert_eq!(v, &views[0].1, "node {i} answers as node 0 does");
+        }
+        assert_eq!(views[0].1["tenant"], t.as_str(), "{}", views[0].1);
+        for i in 0..3 {
+            // Asked for its own view, only the owner knows the tenant.
+            let own = local_get(&r, i, &format!("/v1/tenants/{t}"));
+            assert_eq!(own == 200, i == o, "node {i}'s own view of {t} (owner {o})");
+        }
+    }
+    // The relay-wide list counts each tenant once.
+    let (status, all) = r.admin_get(2, "/v1/tenants?top=100");
+    assert_eq!(status, 200, "{all}");
+    assert_eq!(all["total"], 6, "{all}");
+    assert_eq!(all["unavailable"].as_array().unwrap().len(), 0, "{all}");
+}
+
+/// A GET answered by the node it reaches (`ankusa-cluster-local`): its status.
+fn local_get(r: &Relay, i: usize, path: &str) -> u16 {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", r.specs[i].admin)).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\nankusa-cluster-local: 1\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    s.read_to_string(&mut out).unwrap();
+    out.split_whitespace().nth(1).unwrap().parse().unwrap()
+}
+
+#[test]
+fn tenants_max_counts_tenants_relay_wide_whichever_node_a_hook_reaches() {
+    let mut r = Relay::new(3, "tenants: { max: 10 }");
+    r.start_all();
+    let c = client();
+    r.rt.block_on(async {
+        for t in 0..10 {
+            let a = r
+                .send(&c, t % 3, &format!("t{t}"), &format!("d{t}"))
+                .await
+                .unwrap();
+            assert_eq!(a.status, 202, "tenant {t}: {:?}", a.json());
+        }
+        for i in 0..3 {
+            let a = r.send(&c, i, "t-eleventh", &format!("x{i}")).await.unwrap();
+            assert_eq!(a.status, 503, "node {i}: {:?}", a.json());
+            assert_eq!(a.json()["error"], "tenant_limit");
+            assert_eq!(a.headers["retry-after"], "300");
+        }
+        // The ten keep flowing, through any node.
+        for t in 0..10 {
+            let a = r
+                .send(&c, (t + 1) % 3, &format!("t{t}"), &format!("e{t}"))
+                .await
+                .unwrap();
+            assert_eq!(a.status, 202, "tenant {t}: {:?}", a.json());
+        }
+    });
+    let (_, all) = r.admin_get(1, "/v1/tenants");
+    assert_eq!(all["total"], 10, "{all}");
+}
+
+#[test]
+fn a_killed_owner_makes_only_its_tenants_wait_and_loses_no_acked_hook() {
+    let mut r = Relay::new(3, "");
+    r.start_all();
+    let owned = tenants_per_owner(&r, 1);
+    let victim = 2;
+    let t = owned[victim][0].clone();
+    let c = client();
+    let mut acked = HashSet::new();
+    r.rt.block_on(async {
+        for n in 0..20 {
+            let d = format!("before-{n}");
+            let a = r.send(&c, n % 3, &t, &d).await.unwrap();
+            assert_eq!(a.status, 202);
+            acked.insert(d);
+        }
+    });
+    r.kill9(victim);
+    r.rt.block_on(async {
+        for i in 0..3 {
+            if i == victim {
+                continue;
+            }
+            let a = r.send(&c, i, &t, &format!("during-{i}")).await.unwrap();
+            assert_eq!(a.status, 503, "{:?}", a.json());
+            assert_eq!(a.json()["error"], "owner_unavailable");
+            assert!(a.headers.contains_key("retry-after"));
+            // Other tenants are unaffected, whoever owns them.
+            for (o, ts) in owned.iter().enumerate() {
+                if o == victim {
+                    continue;
+                }
+                let d = format!("other-{i}-{o}");
+                let a = r.send(&c, i, &ts[0], &d).await.unwrap();
+                assert_eq!(a.status, 202, "{:?}", a.json());
+                acked.insert(d);
+            }
+        }
+        // The admin API says who did not answer, rather than answering for it.
+        let v = r.admin_get(0, &format!("/v1/tenants/{t}"));
+        assert_eq!(v.0, 503, "{}", v.1);
+        assert_eq!(v.1["error"], "owner_unavailable");
+    });
+    r.start(victim);
+    r.rt.block_on(async {
+        for n in 0..10 {
+            let d = format!("after-{n}");
+            let a = r.send(&c, n % 3, &t, &d).await.unwrap();
+            assert_eq!(a.status, 202, "{:?}", a.json());
+            acked.insert(d);
+        }
+    });
+    let got = r.await_delivered(&acked, Duration::from_secs(60));
+    // At least once: a delivery the kill cut short is sent again after the restart; no
+    // other hook is delivered twice.
+    let twice: Vec<_> = got
+        .iter()
+        .filter(|(d, n)| **n > 1 && !d.starts_with("before-"))
+        .collect();
+    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+}
+
+#[test]
+fn scaling_from_three_to_four_nodes_moves_a_quarter_of_the_tenants_and_loses_nothing() {
+    let mut r = Relay::new(3, "");
+    r.start_all();
+    let tenants: Vec<String> = (0..40).map(|t| format!("scale-{t}")).collect();
+    let before: Vec<usize> = tenants.iter().map(|t| r.owner(t)).collect();
+    // The fourth node's ports are known now; until it runs, a hook sent to it is sent to
+    // another node (a provider retries).
+    r.add_spec();
+    let urls: Vec<String> = (0..4).map(|i| r.ingest_url(i)).collect();
+    let acked = Arc::new(Mutex::new(HashSet::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Hooks keep arriving before, during and after the change, one sender per tenant; a
+    // refused hook is sent again until accepted (as a provider does), so every delivery id
+    // is acked exactly once in the end. A tenant whose owner is down waits; others flow.
+    let senders: Vec<_> = tenants
+        .iter()
+        .enumerate()
+        .map(|(k, t)| {
+            let (acked, stop, t, urls) = (acked.clone(), stop.clone(), t.clone(), urls.clone());
+            r.rt.spawn(async move {
+                let c = client();
+                let mut seq = k;
+                while !stop.load(Ordering::Relaxed) {
+                    let d = format!("{t}-{seq}");
+                    let since = Instant::now();
+                    for tries in 0.. {
+                        let url = &urls[(seq + tries) % urls.len()];
+                        match send_to(&c, url, &t, &d).await {
+                            Some(a) if a.status == 202 || a.status == 200 => {
+                                acked.lock().unwrap().insert(d);
+                                break;
+                            }
+                            a => assert!(
+                                since.elapsed() < Duration::from_secs(60),
+                                "{d} was never accepted: {:?}",
+                                a.map(|a| (a.status, a.json()))
+                            ),
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    seq += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+        })
+        .collect();
+    let wait_for_more = |n: usize| {
+        let from = acked.lock().unwrap().len();
+        while acked.lock().unwrap().len() < from + n {
+            assert!(senders.iter().all(|s| !s.is_finished()), "a sender stopped");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    wait_for_more(80);
+    // The fourth node starts with the four-node list, then the others restart with it, one
+    // at a time (a StatefulSet's rolling update), while hooks keep arriving.
+    r.start(3);
+    wait_for_more(40);
+    for i in 0..3 {
+        if let Some(mut p) = r.procs[i].take() {
+            sigterm(&mut p);
+        }
+        wait_for_more(20);
+        r.start(i);
+        wait_for_more(40);
+    }
+    wait_for_more(80);
+    stop.store(true, Ordering::Relaxed);
+    for s in senders {
+        r.rt.block_on(s).unwrap();
+    }
+    let acked = acked.lock().unwrap().clone();
+
+    let after: Vec<usize> = tenants.iter().map(|t| r.owner(t)).collect();
+    let moved: Vec<_> = (0..tenants.len())
+        .filter(|&i| before[i] != after[i])
+        .collect();
+    assert!(
+        moved.iter().all(|&i| after[i] == 3),
+        "only tenants the new node owns move"
+    );
+    assert!(
+        (4..=18).contains(&moved.len()),
+        "about a quarter of 40 tenants moved: {}",
+        moved.len()
+    );
+    let got = r.await_delivered(&acked, Duration::from_secs(60));
+    std::thread::sleep(Duration::from_millis(500));
+    let dup: Vec<_> = r.delivered().into_iter().filter(|(_, n)| *n > 1).collect();
+    assert!(dup.is_empty(), "delivered twice: {dup:?}");
+    assert_eq!(got.len(), acked.len());
+    // The new node took the hooks of the tenants that moved to it.
+    let (_, all) = r.admin_get(3, "/v1/tenants");
+    let owned3 = all["nodes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|n| n["node"] == "relay-3")
+        .unwrap()["owned"]
+        .as_u64()
+        .unwrap();
+    assert_eq!(owned3 as usize, moved.len(), "{all}");
+}
+
+/// SIGTERM and wait.
+fn sigterm(p: &mut Proc) {
+    let _ = std::process::Command::new("kill")
+        .args(["-TERM", &p.child.id().to_string()])
+        .status();
+    let _ = p.child.wait();
+}
+
+#[test]
+fn a_forwarded_hook_without_the_cluster_token_is_refused() {
+    let mut r = Relay::new(2, "");
+    r.start_all();
+    let c = client();
+    r.rt.block_on(async {
+        let body = "{}";
+        let sig = format!(
+            "sha256={}",
+            hex(&hmac_sha256(GH_SECRET.as_bytes(), &[body.as_bytes()]))
+        );
+        let a = post(
+            &c,
+            &r.ingest_url(0),
+            &[
+                ("x-hub-signature-256", sig),
+                ("x-tenant", "t".to_owned()),
+                ("ankusa-forwarded-by", "relay-1".to_owned()),
+                (
+                    "ankusa-cluster-token",
+                    "not-the-token-0123456789".to_owned(),
+                ),
+            ],
+            body,
+        )
+        .await;
+        assert_eq!(a.status, 401, "{:?}", a.json());
+        // The registry's door wants the token too.
+        let a = post(
+            &c,
+            &format!(
+                "http://127.0.0.1:{}/cluster/v1/tenants/admit",
+                r.specs[0].admin
+            ),
+            &[("content-type", "application/json".to_owned())],
+            r#"{"tenant":"x"}"#,
+        )
+        .await;
+        assert_eq!(a.status, 401, "{:?}", a.json());
+    });
+}
