@@ -49,6 +49,7 @@ e2e_operator() {
     --lease-namespace "$ns" --identity "e2e-operator-$RANDOM" --poll-interval-s 2 \
     --lease-duration-s 4 --renew-deadline-s 3 --retry-period-s 1 \
     --node-url-template "http://127.0.0.1:${proxy}/admin/{namespace}/{pod}" \
+    --node-ingest-url-template "http://127.0.0.1:${proxy}/ingest/{namespace}/{pod}" \
     >>"$work/operator.log" 2>&1 &
   operator_pid=$!
   pids+=("$operator_pid")

@@ -45,6 +45,14 @@ sig=$(printf '%s.%s' "$ts" "$body" | openssl dgst -sha256 -hmac whsec_e2e_stripe
 code=$(curl -s -o "$work/ack.json" -w '%{http_code}' -X POST "$ingest" -H 'content-type: application/json' \
   -H "stripe-signature: t=${ts},v1=${sig}" -d "$body")
 [ "$code" = 202 ] || { echo "e2e: a signed hook was answered $code: $(cat "$work/ack.json")" >&2; exit 1; }
+echo "e2e: the same event sent to hooks-1 reaches its tenant's owner, which answers it is a duplicate"
+# The operator wrote both nodes into each one's cluster.nodes: whichever node owns
+# acct_e2e dedupes the provider's retry, whichever node it reaches.
+code=$(curl -s -o "$work/dup.json" -w '%{http_code}' -X POST "http://127.0.0.1:${proxy}/ingest/$ns/hooks-1/ingest/stripe" \
+  -H 'content-type: application/json' -H "stripe-signature: t=${ts},v1=${sig}" -d "$body")
+first=$(sed -n 's/.*"id":"\([^"]*\)".*/\1/p' "$work/ack.json")
+[ "$code" = 200 ] && grep -q "\"id\":\"$first\"" "$work/dup.json" && grep -q '"duplicate":true' "$work/dup.json" \
+  || { echo "e2e: the retry sent to hooks-1 was answered $code: $(cat "$work/dup.json") (first: $first)" >&2; exit 1; }
 for _ in $(seq 1 100); do
   tenants=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.tenants.count}')
   [ "$tenants" = 1 ] && break

@@ -182,11 +182,16 @@ def map_path(arg, mounts):
     return arg
 
 
-def container_env(container):
+def container_env(pod, container):
     env = {k: v for k, v in os.environ.items() if not k.startswith("ANKUSA_")}
     for e in container.get("env", []):
         ref = e.get("valueFrom", {}).get("secretKeyRef")
-        if ref:
+        field = e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath")
+        if field == "metadata.name":
+            env[e["name"]] = pod["metadata"]["name"]
+        elif field:
+            return None  # a field this runner does not know: fail loudly rather than guess
+        elif ref:
             value = secret_value(ref["name"], ref["key"])
             if value is None:
                 return None  # as a kubelet would: the pod cannot start without it
@@ -230,17 +235,20 @@ def start(pod):
     cm = kubectl_json("get", "configmap", f"{instance}-config")
     secret = f"{instance}-operator-token"
     token, backup_token = secret_value(secret, "token"), secret_value(secret, "backup-token")
+    cluster_token = secret_value(secret, "cluster-token")
     container = next(c for c in pod["spec"]["containers"] if c["name"] == "relay")
     mounts = mounts_of(pod, container)
-    env = container_env(container)
-    if not cm or token is None or backup_token is None or mounts is None or env is None:
+    env = container_env(pod, container)
+    if (not cm or token is None or backup_token is None or cluster_token is None or mounts is None
+            or env is None):
         return None
     home = os.path.join(WORKDIR, "nodes", name)
     os.makedirs(home, exist_ok=True)
     with open(os.path.join(home, "relay.yaml"), "w") as f:
         f.write(cm["data"]["relay.yaml"])
     token_file, backup_file = os.path.join(home, "operator-token"), os.path.join(home, "backup-token")
-    for path, value in ((token_file, token), (backup_file, backup_token)):
+    cluster_file = os.path.join(home, "cluster-token")
+    for path, value in ((token_file, token), (backup_file, backup_token), (cluster_file, cluster_token)):
         with open(path, "w") as f:
             f.write(value)
     if pod["spec"].get("enableServiceLinks", True):
@@ -268,6 +276,8 @@ def start(pod):
         "ANKUSA_ADMIN__TOKENS": json.dumps([
             {"name": "ankusa-operator", "secret": {"file": token_file}, "scope": "admin"},
             {"name": "ankusa-backup", "secret": {"file": backup_file}, "scope": "backup"}]),
+        # The Secret volume's file, where the pod would mount it.
+        "ANKUSA_CLUSTER__TOKEN": json.dumps({"file": cluster_file}),
     })
     if release == "previous":
         cmd = [sys.executable, os.path.join(HERE, "previous_release.py"), "run", RELAY, FIXTURE_V2,
@@ -324,7 +334,7 @@ def run_job(pod):
     name = pod["metadata"]["name"]
     container = pod["spec"]["containers"][0]
     mounts = mounts_of(pod, container)
-    env = container_env(container)
+    env = container_env(pod, container)
     if mounts is None or env is None:
         return False
     args = list(container.get("args", []))

@@ -50,6 +50,23 @@ pub struct NodeStatus {
     /// nothing and is not ready until a write succeeds again.
     #[serde(default)]
     pub write_error: Option<WriteError>,
+    /// The node's place in a Relay of several nodes (absent when it runs alone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterStatus>,
+}
+
+/// A node of a Relay of several nodes.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClusterStatus {
+    /// Its name in `cluster.nodes`.
+    pub name: String,
+    /// Nodes in the Relay's list.
+    pub nodes: u32,
+    /// Tenants it has taken hooks for as their owner since it started.
+    pub tenants_owned: u64,
+    /// On the registry node (the first): tenants the Relay holds, each counted once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants_registered: Option<u64>,
 }
 
 /// Why and since when the store's writes fail.
@@ -86,6 +103,12 @@ mod tests {
             write_error: Some(WriteError {
                 message: "No space left on device".into(),
                 since_ms: 5,
+            }),
+            cluster: Some(ClusterStatus {
+                name: "hooks-0".into(),
+                nodes: 3,
+                tenants_owned: 4,
+                tenants_registered: Some(10),
             }),
         };
         let text = serde_json::to_string(&s).unwrap();

@@ -110,7 +110,8 @@ fn default_replicas() -> i32 {
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantsSpec {
-    /// The most tenants one node will hold; ordinals are never reused.
+    /// The most tenants the Relay will hold (counted once across its nodes); ordinals are
+    /// never reused.
     #[serde(default = "default_tenants_max")]
     #[x_kube(validation = Rule::new("self >= 1").message("tenants.max must be at least 1"))]
     pub max: i64,
@@ -512,6 +513,10 @@ pub struct NodeReport {
     pub pending: i64,
     #[serde(default)]
     pub dead: i64,
+    /// Tenants the node has taken hooks for as their owner since it started (each tenant
+    /// of a Relay belongs to one node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants_owned: Option<i64>,
     /// Why the node is not reported ready (not scheduled, not Ready, did not answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
@@ -521,9 +526,10 @@ pub struct NodeReport {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TenantTotals {
-    /// Tenant ordinals allocated, summed over nodes.
+    /// Tenants the Relay holds, each counted once (its tenant registry's count; the sum of
+    /// the nodes' tenant ordinals while the registry node does not answer).
     pub count: i64,
-    /// `spec.tenants.max`, per node.
+    /// `spec.tenants.max`, for the whole Relay.
     pub max: i64,
     pub pending: i64,
     pub scheduled: i64,

@@ -77,6 +77,9 @@ pub struct Settings {
     pub poll_interval: Duration,
     /// How a node's admin URL is formed (see [`crate::nodes::DEFAULT_URL_TEMPLATE`]).
     pub node_url_template: String,
+    /// How a node's ingest URL is formed, for the other nodes of its Relay (see
+    /// [`crate::resources::DEFAULT_INGEST_URL_TEMPLATE`]).
+    pub node_ingest_url_template: String,
     pub node_timeout: Duration,
     /// The Events' reporting instance (the operator pod's name).
     pub instance: String,
@@ -87,6 +90,7 @@ impl Default for Settings {
         Settings {
             poll_interval: Duration::from_secs(30),
             node_url_template: crate::nodes::DEFAULT_URL_TEMPLATE.into(),
+            node_ingest_url_template: crate::resources::DEFAULT_INGEST_URL_TEMPLATE.into(),
             node_timeout: Duration::from_secs(3),
             instance: "ankusa-operator".into(),
         }
@@ -303,11 +307,15 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         let mut effective = relay.clone();
         effective.spec.image = rollout.image.clone();
         effective.spec.replicas = rollout.replicas;
-        let desired = DesiredSet::build(
+        let desired = DesiredSet::build_with(
             &effective,
             user_config.as_ref(),
             rollout.partition,
             monitor == planner::MonitorDecision::Applied,
+            &resources::NodeUrls {
+                admin: ctx.settings.node_url_template.clone(),
+                ingest: ctx.settings.node_ingest_url_template.clone(),
+            },
         );
         match desired {
             Ok(mut desired) => {
@@ -496,7 +504,8 @@ async fn user_config(relay: &Relay, client: &Client, ns: &str) -> Result<Option<
 }
 
 /// The operator's admin token for this `Relay`, read from its Secret; the Secret (with the
-/// backup-scope token beside it) is made once, and a key missing from an older one added.
+/// backup-scope token and the nodes' cluster token beside it) is made once, and a key
+/// missing from an older one added.
 async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<String, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let existing = api.get_opt(&names.token_secret).await?;
@@ -507,8 +516,12 @@ async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<Str
             .and_then(|d| d.get(k))
             .map(|t| String::from_utf8_lossy(&t.0).into_owned())
     };
-    let (token, backup) = (key(resources::TOKEN_KEY), key(resources::BACKUP_TOKEN_KEY));
-    if let (Some(token), Some(_)) = (&token, &backup) {
+    let (token, backup, cluster) = (
+        key(resources::TOKEN_KEY),
+        key(resources::BACKUP_TOKEN_KEY),
+        key(resources::CLUSTER_TOKEN_KEY),
+    );
+    if let (Some(token), Some(_), Some(_)) = (&token, &backup, &cluster) {
         return Ok(token.clone());
     }
     let change = if existing.is_some() {
@@ -517,7 +530,12 @@ async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<Str
         Change::Create
     };
     let token = token.unwrap_or_else(new_token);
-    let secret = resources::token_secret(relay, &token, &backup.unwrap_or_else(new_token))?;
+    let secret = resources::token_secret(
+        relay,
+        &token,
+        &backup.unwrap_or_else(new_token),
+        &cluster.unwrap_or_else(new_token),
+    )?;
     apply(
         ctx,
         relay,

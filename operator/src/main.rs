@@ -26,7 +26,7 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Watch Relay resources and reconcile them.
-    Run(RunArgs),
+    Run(Box<RunArgs>),
     /// Print the Relay CustomResourceDefinition as YAML.
     Crd,
 }
@@ -49,6 +49,10 @@ struct RunArgs {
     /// A node's admin URL, from {pod}, {service} and {namespace}.
     #[arg(long, env = "ANKUSA_OPERATOR_NODE_URL", default_value = ankusa_operator::nodes::DEFAULT_URL_TEMPLATE)]
     node_url_template: String,
+    /// A node's ingest URL, from {pod}, {service} and {namespace}: where the other nodes of
+    /// its Relay forward hooks for the tenants it owns.
+    #[arg(long, env = "ANKUSA_OPERATOR_NODE_INGEST_URL", default_value = ankusa_operator::resources::DEFAULT_INGEST_URL_TEMPLATE)]
+    node_ingest_url_template: String,
     /// Elect a leader through a Lease (turn off only with a single replica).
     #[arg(long, env = "ANKUSA_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     leader_election: bool,
@@ -91,7 +95,7 @@ fn main() -> anyhow::Result<()> {
         }
         Command::Run(args) => {
             telemetry::init(args.log_format);
-            tokio::runtime::Runtime::new()?.block_on(run(args))
+            tokio::runtime::Runtime::new()?.block_on(run(*args))
         }
     }
 }
@@ -127,6 +131,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let settings = Settings {
         poll_interval: Duration::from_secs(args.poll_interval_s.max(1)),
         node_url_template: args.node_url_template,
+        node_ingest_url_template: args.node_ingest_url_template,
         instance: args.identity,
         ..Settings::default()
     };

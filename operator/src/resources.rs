@@ -52,6 +52,11 @@ pub const TOKEN_NAME: &str = "ankusa-operator";
 /// The key of the backup-scope token in the operator's Secret: the only token the backup
 /// Jobs hold (it can take and fetch backups, nothing else).
 pub const BACKUP_TOKEN_KEY: &str = "backup-token";
+/// The key of the cluster token in the operator's Secret: what the nodes of a Relay show
+/// each other (forwarded hooks, admin calls, the tenant registry).
+pub const CLUSTER_TOKEN_KEY: &str = "cluster-token";
+/// The default URL one node reaches another's ingest listener at.
+pub const DEFAULT_INGEST_URL_TEMPLATE: &str = "http://{pod}.{service}.{namespace}.svc:8080";
 /// The backup token's name in the relay's audit trail.
 pub const BACKUP_TOKEN_NAME: &str = "ankusa-backup";
 /// Pod template annotation with the hash of `relay.yaml`: a configuration change rolls
@@ -198,9 +203,48 @@ fn typed<T: DeserializeOwned + serde::Serialize>(
     Ok(t)
 }
 
+/// How one node reaches another's listeners: templates of `{pod}`, `{service}` (the
+/// headless Service) and `{namespace}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeUrls {
+    pub admin: String,
+    pub ingest: String,
+}
+
+impl Default for NodeUrls {
+    fn default() -> Self {
+        NodeUrls {
+            admin: crate::nodes::DEFAULT_URL_TEMPLATE.into(),
+            ingest: DEFAULT_INGEST_URL_TEMPLATE.into(),
+        }
+    }
+}
+
+impl NodeUrls {
+    fn fill(template: &str, pod: &str, names: &Names) -> String {
+        template
+            .replace("{pod}", pod)
+            .replace("{service}", &names.headless)
+            .replace("{namespace}", &names.namespace)
+    }
+}
+
 /// The relay configuration the nodes run: `user` (inline or from the referenced
-/// ConfigMap; `None` for none) with the operator's keys set.
+/// ConfigMap; `None` for none) with the operator's keys set, nodes reached at their
+/// headless-Service DNS names.
 pub fn relay_config(relay: &Relay, user: Option<&Value>) -> Result<Value, ResourceError> {
+    relay_config_with(relay, user, &NodeUrls::default())
+}
+
+/// [`relay_config`], nodes reached at `urls`. The node list (`cluster.nodes`) is every
+/// ordinal of `spec.replicas`, the first one keeping the Relay's tenant registry; each
+/// node learns its own name from its pod's (`ANKUSA_CLUSTER__NAME`).
+pub fn relay_config_with(
+    relay: &Relay,
+    user: Option<&Value>,
+    urls: &NodeUrls,
+) -> Result<Value, ResourceError> {
+    let names = Names::of(relay)?;
     let mut cfg = match user {
         None | Some(Value::Null) => json!({}),
         Some(Value::Object(m)) => Value::Object(m.clone()),
@@ -237,6 +281,25 @@ pub fn relay_config(relay: &Relay, user: Option<&Value>) -> Result<Value, Resour
     }));
     let tenants = entry_object(root, "tenants")?;
     tenants.insert("max".into(), json!(relay.spec.tenants.max));
+    let cluster = entry_object(root, "cluster")?;
+    cluster.remove("name");
+    cluster.insert(
+        "nodes".into(),
+        json!((0..relay.spec.replicas.max(1))
+            .map(|i| {
+                let pod = names.pod(i);
+                json!({
+                    "name": pod,
+                    "ingest": NodeUrls::fill(&urls.ingest, &pod, &names),
+                    "admin": NodeUrls::fill(&urls.admin, &pod, &names),
+                })
+            })
+            .collect::<Vec<_>>()),
+    );
+    cluster.insert(
+        "token".into(),
+        json!({ "file": format!("{TOKEN_MOUNT}/{CLUSTER_TOKEN_KEY}") }),
+    );
     Ok(cfg)
 }
 
@@ -289,6 +352,7 @@ pub fn token_secret(
     relay: &Relay,
     token: &str,
     backup_token: &str,
+    cluster_token: &str,
 ) -> Result<Secret, ResourceError> {
     let names = Names::of(relay)?;
     typed(
@@ -298,7 +362,11 @@ pub fn token_secret(
             "kind": "Secret",
             "metadata": metadata(relay, &names.token_secret)?,
             "type": "Opaque",
-            "stringData": { TOKEN_KEY: token, BACKUP_TOKEN_KEY: backup_token },
+            "stringData": {
+                TOKEN_KEY: token,
+                BACKUP_TOKEN_KEY: backup_token,
+                CLUSTER_TOKEN_KEY: cluster_token,
+            },
         }),
     )
 }
@@ -401,19 +469,19 @@ pub fn statefulset(
         // Endpoints drop the pod before it stops taking hooks: SIGTERM comes after this.
         "lifecycle": { "preStop": { "sleep": { "seconds": PRE_STOP_S } } },
     });
-    // No `env: []`: the API server drops an empty list, and a field it drops would read
-    // as drift on every poll.
-    if !spec.config.secret_env.is_empty() {
-        container["env"] = json!(spec
-            .config
-            .secret_env
-            .iter()
-            .map(|e| json!({
-                "name": e.name,
-                "valueFrom": { "secretKeyRef": e.secret_key_ref },
-            }))
-            .collect::<Vec<_>>());
-    }
+    // Each node's name in `cluster.nodes` is its pod's (`apiVersion` written out: the API
+    // server would add it, and a field it adds would read as drift on every poll).
+    let mut env = vec![json!({
+        "name": "ANKUSA_CLUSTER__NAME",
+        "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "metadata.name" } },
+    })];
+    env.extend(spec.config.secret_env.iter().map(|e| {
+        json!({
+            "name": e.name,
+            "valueFrom": { "secretKeyRef": e.secret_key_ref },
+        })
+    }));
+    container["env"] = json!(env);
     if let Some(policy) = &spec.image_pull_policy {
         container["imagePullPolicy"] = json!(policy);
     }
@@ -573,7 +641,24 @@ impl DesiredSet {
         partition: i32,
         with_service_monitor: bool,
     ) -> Result<DesiredSet, ResourceError> {
-        let cfg = relay_config(relay, user_config)?;
+        Self::build_with(
+            relay,
+            user_config,
+            partition,
+            with_service_monitor,
+            &NodeUrls::default(),
+        )
+    }
+
+    /// [`DesiredSet::build`], the nodes reaching each other at `urls`.
+    pub fn build_with(
+        relay: &Relay,
+        user_config: Option<&Value>,
+        partition: i32,
+        with_service_monitor: bool,
+        urls: &NodeUrls,
+    ) -> Result<DesiredSet, ResourceError> {
+        let cfg = relay_config_with(relay, user_config, urls)?;
         let yaml = relay_yaml(&cfg)?;
         Ok(DesiredSet {
             config_map: config_map(relay, &yaml)?,

@@ -40,6 +40,9 @@ pub fn status(
     };
     let mut top: BTreeMap<String, (i64, i64)> = BTreeMap::new();
     let mut answered = 0;
+    // The Relay's tenant registry (its first node) counts each tenant once; the sum of the
+    // nodes' ordinals counts a tenant again on a node it moved away from.
+    let mut registered: Option<i64> = None;
     // Nodes that answer and run `spec.image`: Ready waits for every one of them, so that
     // after an image change `kubectl wait --for=condition=Ready` does not return at once.
     let mut current = 0;
@@ -73,6 +76,10 @@ pub fn status(
                 report.migrating = s.migrating_to.is_some();
                 report.pending = s.counters.pending;
                 report.dead = s.counters.dead;
+                report.tenants_owned = s.cluster.as_ref().map(|c| c.tenants_owned as i64);
+                if let Some(n) = s.cluster.as_ref().and_then(|c| c.tenants_registered) {
+                    registered = Some(n as i64);
+                }
                 totals.count += i64::from(s.tenants);
                 totals.pending += s.counters.pending;
                 totals.scheduled += s.counters.scheduled;
@@ -87,6 +94,9 @@ pub fn status(
             }
         }
         nodes.push(report);
+    }
+    if let Some(n) = registered {
+        totals.count = n;
     }
     let mut top: Vec<TopTenant> = top
         .into_iter()

@@ -233,6 +233,16 @@ impl Cluster {
         self.registry.as_ref()
     }
 
+    /// This node's place in the Relay, for `/v1/node` (`None` alone).
+    pub fn status(&self) -> Option<ankusa_crds::node::ClusterStatus> {
+        self.is_multi().then(|| ankusa_crds::node::ClusterStatus {
+            name: self.me().unwrap_or_default().to_owned(),
+            nodes: self.members.len() as u32,
+            tenants_owned: self.owned() as u64,
+            tenants_registered: self.registry.as_ref().map(|r| r.len() as u64),
+        })
+    }
+
     /// Publishes the registry's size.
     pub fn set_registered(&self, n: usize) {
         self.metrics.cluster_tenants_registered.set(n as i64);

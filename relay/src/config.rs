@@ -374,7 +374,7 @@ impl Default for ClusterConfig {
 pub struct ClusterNode {
     /// Its stable name (a StatefulSet pod name).
     pub name: String,
-    /// Its ingest listener, `http://host:port`.
+    /// Its ingest listener, `http://host:port` (a path, if any, is a prefix).
     pub ingest: String,
     /// Its admin listener, `http://host:port`.
     pub admin: String,
@@ -403,11 +403,12 @@ impl ClusterConfig {
                 ));
             }
             for (field, url) in [("ingest", &n.ingest), ("admin", &n.admin)] {
+                // A path is a prefix the listener's paths are appended to (a proxy's).
                 let ok = url
                     .parse::<axum::http::Uri>()
                     .ok()
                     .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
-                    .filter(|u| u.host().is_some() && (u.path() == "/" || u.path().is_empty()));
+                    .filter(|u| u.host().is_some() && u.query().is_none());
                 if ok.is_none() {
                     return Err(invalid(
                         &format!("{key}.{field}"),

@@ -115,6 +115,7 @@ fn node_status(p: &SimPod, v: &Volume) -> NodeStatus {
         counters: NodeCounters::default(),
         oldest_due_at_ms: None,
         write_error: None,
+        cluster: None,
     }
 }
 

@@ -19,7 +19,13 @@ fn rendered(fixture: &str) -> String {
     let mut out = d.to_yaml().unwrap();
     let names = Names::of(&r).unwrap();
     // The Jobs of an upgrade and the token Secret (with a fixed token) belong to the review.
-    let secret = resources::token_secret(&r, "0123456789abcdef", "fedcba9876543210").unwrap();
+    let secret = resources::token_secret(
+        &r,
+        "0123456789abcdef",
+        "fedcba9876543210",
+        "0011223344556677",
+    )
+    .unwrap();
     out.push_str("---\n");
     out.push_str(&serde_yaml::to_string(&secret).unwrap());
     let probe_name = planner::probe_job_name(&r, &r.spec.image);
@@ -101,19 +107,30 @@ fn generated_relay_yaml_is_accepted_by_the_relay() {
         std::fs::write(&token, "an-operator-token-of-32-bytes-at-least").unwrap();
         let backup = dir.path().join("backup-token");
         std::fs::write(&backup, "a-backup-token-of-32-bytes-at-least").unwrap();
+        let cluster = dir.path().join("cluster-token");
+        std::fs::write(&cluster, "a-cluster-token-of-32-bytes-at-least").unwrap();
         let yaml = yaml
             .replace("/etc/ankusa-operator/token", token.to_str().unwrap())
             .replace(
                 "/etc/ankusa-operator/backup-token",
                 backup.to_str().unwrap(),
+            )
+            .replace(
+                "/etc/ankusa-operator/cluster-token",
+                cluster.to_str().unwrap(),
             );
         for e in &r.spec.config.secret_env {
             std::env::set_var(&e.name, "a-secret-from-a-secret");
         }
-        let parsed =
-            ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).unwrap_or_else(|e| {
-                panic!("{fixture}: the relay refuses the generated config: {e}\n{yaml}")
-            });
+        // What the pod's `ANKUSA_CLUSTER__NAME` (its name) says.
+        let pod = resources::Names::of(&r).unwrap().pod(0);
+        let env = vec![("ANKUSA_CLUSTER__NAME".to_owned(), pod.clone())];
+        let parsed = ankusa_relay::config::Config::from_yaml(&yaml, env).unwrap_or_else(|e| {
+            panic!("{fixture}: the relay refuses the generated config: {e}\n{yaml}")
+        });
+        assert_eq!(parsed.cluster.name.as_deref(), Some(pod.as_str()));
+        assert_eq!(parsed.cluster.nodes.len(), r.spec.replicas.max(1) as usize);
+        assert_eq!(parsed.cluster.nodes[0].name, pod);
         assert_eq!(i64::from(parsed.tenants.max), r.spec.tenants.max);
         assert_eq!(parsed.admin.listen.port(), resources::ADMIN_PORT);
         assert_eq!(parsed.ingest.listen.port(), resources::INGEST_PORT);

@@ -49,8 +49,15 @@ async fn operator_polls_a_real_node() {
     let backup_file = dir.path().join("backup-token");
     std::fs::write(&backup_file, "a-backup-token-of-the-operator-0123").unwrap();
     cfg["admin"]["tokens"][1]["secret"]["file"] = json!(backup_file);
+    let cluster_file = dir.path().join("cluster-token");
+    std::fs::write(&cluster_file, "a-cluster-token-of-the-nodes-0123456").unwrap();
+    cfg["cluster"]["token"]["file"] = json!(cluster_file);
     let yaml = resources::relay_yaml(&cfg).unwrap();
-    let config = ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).unwrap();
+    // The pod's name, as its `ANKUSA_CLUSTER__NAME` gives it.
+    let pod = resources::Names::of(&r).unwrap().pod(0);
+    let config =
+        ankusa_relay::config::Config::from_yaml(&yaml, vec![("ANKUSA_CLUSTER__NAME".into(), pod)])
+            .unwrap();
     let node = ankusa_relay::node::Node::start(config).await.unwrap();
 
     let ingest = format!("http://{}/ingest/demo", node.ingest_addr);

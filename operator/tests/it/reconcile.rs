@@ -597,6 +597,7 @@ async fn node_server(token: Arc<std::sync::Mutex<String>>) -> String {
                         counters: NodeCounters { pending: 5, dead: 1, ..NodeCounters::default() },
                         oldest_due_at_ms: None,
                         write_error: None,
+                        cluster: None,
                     };
                     (StatusCode::OK, serde_json::to_string(&s).unwrap())
                 }

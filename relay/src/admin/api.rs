@@ -634,6 +634,10 @@ pub async fn config(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResul
 pub async fn node(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult {
     admin_only(&caller(&api, &headers)?)?;
     let a = api.clone();
-    blocking(move || Ok(Json(super::node_status(&a.store, a.progress.get())?).into_response()))
-        .await
+    blocking(move || {
+        let mut s = super::node_status(&a.store, a.progress.get())?;
+        s.cluster = a.cluster.status();
+        Ok(Json(s).into_response())
+    })
+    .await
 }

@@ -85,6 +85,7 @@ pub fn node_status(
             .error()
             .filter(|_| store.health().failing())
             .map(|(message, since_ms)| ankusa_crds::node::WriteError { message, since_ms }),
+        cluster: None,
     })
 }
 
