@@ -62,3 +62,4 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench depth
 	$(CARGO) bench -p ankusa-relay --bench latency
 	$(CARGO) bench -p ankusa-relay --bench fairness
+	$(CARGO) bench -p ankusa-relay --bench forward

@@ -944,7 +944,9 @@ fn assign<S>(
     // before one whose backlog fills the sink), ties from the rotating start.
     let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
     let weight = |ord: &TenantOrd| weights.get(ord).copied().unwrap_or(1).max(1);
-    order.sort_by_key(|t| tenants.held(work[*t].0) * 1_000 / weight(&work[*t].0) as usize);
+    // Each tenant's count read once: deliveries end while this sorts, and a key that
+    // changes mid-sort is not an order (the standard sort panics on one).
+    order.sort_by_cached_key(|t| tenants.held(work[*t].0) * 1_000 / weight(&work[*t].0) as usize);
     while picked.len() < budget {
         let mut progress = false;
         for &t in &order {

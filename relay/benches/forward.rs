@@ -1,0 +1,213 @@
+//! `cargo bench -p ankusa-relay --bench forward`: what ingest through a node that does not
+//! own the tenant costs, against ingest straight to the owner.
+//!
+//! A Relay of two nodes (`a`, `b`) in this process, on loopback. Every hook is for one of
+//! 1 000 tenants that `b` owns. 64 keep-alive clients post 1 KiB bodies, signed
+//! hmac-sha256, for 5 s:
+//! - **direct**: to `b`, which verifies, commits (synced) and acks;
+//! - **forwarded**: to `a`, which verifies, finds the tenant, sends the request on to `b`
+//!   over its keep-alive pool and answers with `b`'s ack.
+//!
+//! Rounds alternate (direct, forwarded, direct, forwarded) after a warm-up that admits
+//! every tenant, so neither side pays the tenant registry or a cold page cache; each mode's
+//! rate is its hooks over its seconds, its p99 over all its acks. Both nodes share the
+//! machine's two cores, so the forwarded run also pays `a`'s HTTP work on them.
+//!
+//! PASS if forwarding keeps at least 70% of the direct rate.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use http_body_util::Full;
+
+mod load;
+
+const CLIENTS: usize = 64;
+const TENANTS: usize = 1_000;
+const BODY: usize = 1_024;
+const RUN: Duration = Duration::from_secs(5);
+const TOKEN: &str = "bench-cluster-token-0123456789";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .port()
+}
+
+struct Ports {
+    ingest: u16,
+    admin: u16,
+}
+
+async fn node(
+    name: &str,
+    me: &Ports,
+    all: &[(&str, &Ports)],
+    dir: &std::path::Path,
+    sink: std::net::SocketAddr,
+) -> ankusa_relay::node::Node {
+    let nodes: Vec<String> = all
+        .iter()
+        .map(|(n, p)| {
+            format!(
+                r#"{{ name: {n}, ingest: "http://127.0.0.1:{}", admin: "http://127.0.0.1:{}" }}"#,
+                p.ingest, p.admin
+            )
+        })
+        .collect();
+    let yaml = format!(
+        r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:{}" }}
+admin: {{ listen: "127.0.0.1:{}" }}
+cluster: {{ name: {name}, token: {{ value: "{TOKEN}" }}, nodes: [{}] }}
+sinks: [{{ id: s, url: "http://{sink}/" }}]
+routes: [{{ id: r, sinks: [s] }}]
+sources:
+  - id: bench
+    tenant: {{ header: x-tenant }}
+    verify: {{ scheme: hmac-sha256, secret: {{ value: "{}" }}, header: x-signature, prefix: "sha256=" }}
+    route: r
+"#,
+        dir.join(name).display(),
+        me.ingest,
+        me.admin,
+        nodes.join(", "),
+        load::SECRET,
+    );
+    let config = ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).expect("config");
+    ankusa_relay::node::Node::start(config).await.expect("node")
+}
+
+/// A signed hook for `tenant`.
+fn hook(url: &str, tenant: &str, worker: u64, n: u64) -> hyper::Request<Full<bytes::Bytes>> {
+    let body = load::body(worker, n, BODY);
+    hyper::Request::post(url)
+        .header("x-tenant", tenant)
+        .header("x-signature", load::sign(&body))
+        .header("content-type", "application/json")
+        .body(Full::new(bytes::Bytes::from(body)))
+        .expect("request")
+}
+
+/// `CLIENTS` clients posting to `url` for `run`: (seconds, latencies).
+async fn load(
+    url: Arc<str>,
+    tenants: Arc<Vec<String>>,
+    run: Duration,
+    seed: u64,
+) -> (f64, Vec<Duration>) {
+    let client = load::client(CLIENTS);
+    let started = Instant::now();
+    let deadline = started + run;
+    let tasks: Vec<_> = (0..CLIENTS as u64)
+        .map(|w| {
+            let (client, url, tenants) = (client.clone(), url.clone(), tenants.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut n = 0u64;
+                while Instant::now() < deadline {
+                    let t = &tenants[((w * 31 + n) as usize) % tenants.len()];
+                    lat.push(load::post_acked(&client, hook(&url, t, w + seed, n)).await);
+                    n += 1;
+                }
+                lat
+            })
+        })
+        .collect();
+    let lat = load::gather(tasks).await;
+    (started.elapsed().as_secs_f64(), lat)
+}
+
+#[derive(Default)]
+struct Mode {
+    secs: f64,
+    lat: Vec<Duration>,
+}
+
+impl Mode {
+    fn rate(&self) -> f64 {
+        self.lat.len() as f64 / self.secs
+    }
+}
+
+fn main() -> std::process::ExitCode {
+    let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let (direct, forwarded, forward_p99) = rt.block_on(async {
+        let sink = load::noop_sink().await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let pa = Ports {
+            ingest: free_port(),
+            admin: free_port(),
+        };
+        let pb = Ports {
+            ingest: free_port(),
+            admin: free_port(),
+        };
+        let all = [("a", &pa), ("b", &pb)];
+        let a = node("a", &pa, &all, dir.path(), sink).await;
+        let b = node("b", &pb, &all, dir.path(), sink).await;
+        let names = ["a", "b"];
+        let tenants: Arc<Vec<String>> = Arc::new(
+            (0..)
+                .map(|i| format!("tenant-{i}"))
+                .filter(|t| ankusa_relay::cluster::owner_index(names.iter().copied(), t) == 1)
+                .take(TENANTS)
+                .collect(),
+        );
+        let to_b: Arc<str> = format!("http://127.0.0.1:{}/ingest/bench", pb.ingest).into();
+        let to_a: Arc<str> = format!("http://127.0.0.1:{}/ingest/bench", pa.ingest).into();
+        // Warm-up: every tenant admitted by the registry (on `a`) and known to `b`.
+        load(to_b.clone(), tenants.clone(), Duration::from_secs(2), 1_000).await;
+        let (mut direct, mut forwarded) = (Mode::default(), Mode::default());
+        for round in 0..2u64 {
+            let (s, l) = load(to_b.clone(), tenants.clone(), RUN, 2_000 + round * 100).await;
+            direct.secs += s;
+            direct.lat.extend(l);
+            let (s, l) = load(to_a.clone(), tenants.clone(), RUN, 3_000 + round * 100).await;
+            forwarded.secs += s;
+            forwarded.lat.extend(l);
+        }
+        // The ingest kind's buckets, as an unlabelled histogram.
+        let m = a.metrics.encode().replace("\",kind=\"ingest\"}", "\"}");
+        let forward_p99 = load::histogram_quantile(&m, "ankusa_cluster_forward_seconds", 0.99);
+        a.shutdown().await.expect("shutdown a");
+        b.shutdown().await.expect("shutdown b");
+        (direct, forwarded, forward_p99)
+    });
+    let row = |label: &str, m: &mut Mode| {
+        m.lat.sort();
+        println!(
+            "| {label} | {} | {:.0} | {:.2} | {:.2} |",
+            m.lat.len(),
+            m.rate(),
+            load::pct(&m.lat, 0.50),
+            load::pct(&m.lat, 0.99)
+        );
+    };
+    let (mut direct, mut forwarded) = (direct, forwarded);
+    println!(
+        "\nforward — two nodes, {CLIENTS} keep-alive clients, {BODY} B bodies, {TENANTS} tenants owned by b, hmac-sha256, 2 × {}s per mode",
+        RUN.as_secs()
+    );
+    println!("| mode | hooks acked | hooks/s | p50 ack (ms) | p99 ack (ms) |");
+    println!("|---|---:|---:|---:|---:|");
+    row("direct (to the owner)", &mut direct);
+    row("forwarded (through a non-owner)", &mut forwarded);
+    let share = forwarded.rate() / direct.rate();
+    println!(
+        "\nforwarded / direct = {:.0}%; a's forward to b p99 (ankusa_cluster_forward_seconds, bucket bound) = {:.2} ms",
+        share * 100.0,
+        forward_p99 * 1e3
+    );
+    println!("pass: forwarded / direct >= 70%");
+    if share >= 0.70 {
+        println!("forward: PASS");
+        std::process::ExitCode::SUCCESS
+    } else {
+        println!("forward: FAIL");
+        std::process::ExitCode::FAILURE
+    }
+}
