@@ -228,6 +228,11 @@ impl Cluster {
         (owner != self.me).then(|| &self.members[owner])
     }
 
+    /// The owner of `tenant` (with two nodes or more).
+    pub fn owner_of(&self, tenant: &str) -> &Member {
+        &self.members[owner_index(self.members.iter().map(|m| m.name.as_str()), tenant)]
+    }
+
     /// The registry, when this node keeps it.
     pub fn registry(&self) -> Option<&Registry> {
         self.registry.as_ref()

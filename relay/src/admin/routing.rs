@@ -1,9 +1,10 @@
 //! The admin API of a Relay of several nodes answers relay-wide from any of them.
 //!
-//! - A call that names a tenant (`/v1/tenants/{t}`, `/v1/tenants/{t}/queue`,
-//!   `/v1/dlq?tenant=t`, `POST /v1/dlq/replay` with `"tenant"`) goes to the tenant's owner,
-//!   with the caller's own token; the answer is the owner's. Owner unreachable: 503
-//!   `owner_unavailable`.
+//! - A call that names a tenant goes to the tenant's owner, with the caller's own token:
+//!   `GET /v1/dlq?tenant=t` is the owner's page; `GET /v1/tenants/{t}`,
+//!   `DELETE /v1/tenants/{t}/queue` and `POST /v1/dlq/replay` with `"tenant"` go to every
+//!   node at once (a former owner still draining the tenant's rows answers too) and their
+//!   answers are added up. Owner unreachable: 503 `owner_unavailable`.
 //! - `GET /v1/tenants` asks every node and merges: a tenant's counters summed over the nodes
 //!   that hold rows of it, `total` from the Relay's tenant registry, and each node's
 //!   answer in `nodes` (`unavailable` names the nodes that gave none).
@@ -71,10 +72,22 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
     } else {
         (req, None)
     };
-    let Some(owner) = tenant.as_deref().and_then(|t| cluster.other_owner(t)) else {
+    let Some(tenant) = tenant else {
         return next.run(req).await;
     };
-    let owner = owner.clone();
+    // What a former owner still holds counts too: a tenant's view, purge and replay ask
+    // every node and add their answers up; a DLQ page is the owner's.
+    let merge = match (req.method().clone(), path.as_str()) {
+        (Method::GET, p) if p.starts_with("/v1/tenants/") && !p.ends_with("/queue") => {
+            Some(Merge::View)
+        }
+        (Method::DELETE, p) if p.ends_with("/queue") => {
+            Some(Merge::Sum(&["due", "dead", "batches"]))
+        }
+        (Method::POST, "/v1/dlq/replay") => Some(Merge::Sum(&["revived"])),
+        _ => None,
+    };
+    let owner = cluster.owner_of(&tenant).clone();
     let (parts, body) = req.into_parts();
     let Ok(body) = body.collect().await.map(|c| c.to_bytes()) else {
         return error(
@@ -86,13 +99,123 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
     let pq = parts
         .uri
         .path_and_query()
-        .map_or(path.as_str(), |p| p.as_str());
-    answer_of(
-        &owner,
-        cluster
-            .forward_admin(&owner, parts.method.clone(), pq, &parts.headers, body)
-            .await,
-    )
+        .map_or(path.clone(), |p| p.as_str().to_owned());
+    let me = cluster.me().unwrap_or_default().to_owned();
+    let Some(merge) = merge else {
+        if owner.name == me {
+            return next.run(Request::from_parts(parts, Body::from(body))).await;
+        }
+        return answer_of(
+            &owner,
+            cluster
+                .forward_admin(&owner, parts.method.clone(), &pq, &parts.headers, body)
+                .await,
+        );
+    };
+    let (method, headers) = (parts.method.clone(), parts.headers.clone());
+    let others = cluster
+        .members()
+        .iter()
+        .filter(|m| m.name != me)
+        .map(|m| async {
+            let r = cluster
+                .forward_admin(m, method.clone(), &pq, &headers, body.clone())
+                .await;
+            (m.name.clone(), r)
+        });
+    let (local, remote) = tokio::join!(
+        next.run(Request::from_parts(parts, Body::from(body.clone()))),
+        futures_util::future::join_all(others)
+    );
+    let mut answers = vec![(me, Ok(local))];
+    answers.extend(remote);
+    merged(&owner, answers, merge).await
+}
+
+/// How the nodes' answers to one call about a tenant add up.
+#[derive(Debug, Clone, Copy)]
+enum Merge {
+    /// `{tenant, ord, counters}`: the counters summed (the owner's `ord`).
+    View,
+    /// These numeric fields summed.
+    Sum(&'static [&'static str]),
+}
+
+/// The owner's answer with every other node's 200 added in; the owner's own answer as it
+/// is when it is an error other than 404, 503 `owner_unavailable` when it gave none.
+async fn merged(
+    owner: &Member,
+    answers: Vec<(String, Result<Response, crate::cluster::Unreachable>)>,
+    merge: Merge,
+) -> Response {
+    let mut owner_answer = None;
+    let mut found: Vec<Value> = Vec::new();
+    let mut unavailable = Vec::new();
+    for (name, r) in answers {
+        let is_owner = name == owner.name;
+        let resp = match r {
+            Ok(resp) => resp,
+            Err(e) if is_owner => return answer_of(owner, Err(e)),
+            Err(_) => {
+                unavailable.push(name);
+                continue;
+            }
+        };
+        let status = resp.status();
+        let Ok(bytes) = resp.into_body().collect().await.map(|c| c.to_bytes()) else {
+            unavailable.push(name);
+            continue;
+        };
+        if is_owner {
+            if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
+                return raw(status, bytes);
+            }
+            owner_answer = Some((status, bytes.clone()));
+        }
+        if status == StatusCode::OK {
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            // The owner's answer first: its `ord` and shape are the view's.
+            if is_owner {
+                found.insert(0, v);
+            } else {
+                found.push(v);
+            }
+        } else if status != StatusCode::NOT_FOUND && !is_owner {
+            unavailable.push(name);
+        }
+    }
+    let Some(mut out) = found.first().cloned() else {
+        return match owner_answer {
+            Some((status, bytes)) => raw(status, bytes),
+            None => error(StatusCode::NOT_FOUND, "not_found", "no such tenant"),
+        };
+    };
+    for v in &found[1..] {
+        match merge {
+            Merge::View => add_counters(&mut out, v),
+            Merge::Sum(fields) => {
+                for f in fields {
+                    let sum = out[*f].as_i64().unwrap_or(0) + v[*f].as_i64().unwrap_or(0);
+                    out[*f] = sum.into();
+                }
+            }
+        }
+    }
+    if !unavailable.is_empty() {
+        out["unavailable"] = unavailable.into();
+    }
+    Json(out).into_response()
+}
+
+/// An answer as it came.
+fn raw(status: StatusCode, body: Bytes) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    r
 }
 
 fn answer_of(owner: &Member, r: Result<Response, crate::cluster::Unreachable>) -> Response {
@@ -155,13 +278,7 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
         };
         if status != StatusCode::OK {
             // The caller's own error (a bad token, a bad parameter) is every node's.
-            let mut r = Response::new(Body::from(body));
-            *r.status_mut() = status;
-            r.headers_mut().insert(
-                "content-type",
-                axum::http::HeaderValue::from_static("application/json"),
-            );
-            return r;
+            return raw(status, body);
         }
         let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
         if let Some(n) = v.get("registered").and_then(Value::as_u64) {
