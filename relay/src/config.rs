@@ -396,10 +396,21 @@ impl ClusterConfig {
         let mut names = std::collections::BTreeSet::new();
         for (i, n) in self.nodes.iter().enumerate() {
             let key = format!("cluster.nodes[{i}]");
-            if n.name.is_empty() || n.name.len() > 253 || !names.insert(n.name.as_str()) {
+            let chars_ok = n
+                .name
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+            if n.name.is_empty()
+                || n.name.len() > 253
+                || !chars_ok
+                || !names.insert(n.name.as_str())
+            {
                 return Err(invalid(
                     &key,
-                    format!("name {:?} is empty, too long or repeated", n.name),
+                    format!(
+                        "name {:?} is empty, too long, repeated or not [A-Za-z0-9._-]",
+                        n.name
+                    ),
                 ));
             }
             for (field, url) in [("ingest", &n.ingest), ("admin", &n.admin)] {

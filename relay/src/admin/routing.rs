@@ -1,10 +1,11 @@
 //! The admin API of a Relay of several nodes answers relay-wide from any of them.
 //!
 //! - A call that names a tenant goes to the tenant's owner, with the caller's own token:
-//!   `GET /v1/dlq?tenant=t` is the owner's page; `GET /v1/tenants/{t}`,
-//!   `DELETE /v1/tenants/{t}/queue` and `POST /v1/dlq/replay` with `"tenant"` go to every
-//!   node at once (a former owner still draining the tenant's rows answers too) and their
-//!   answers are added up. Owner unreachable: 503 `owner_unavailable`.
+//!   `GET /v1/tenants/{t}`, `GET /v1/dlq?tenant=t`, `DELETE /v1/tenants/{t}/queue` and
+//!   `POST /v1/dlq/replay` with `"tenant"` go to every node at once (a former owner still
+//!   draining the tenant's rows answers too) and their answers are added up (a DLQ page
+//!   merged newest first, ids `<node>/<id>`, which a replay by ids routes back). Owner
+//!   unreachable: 503 `owner_unavailable`.
 //! - `GET /v1/tenants` asks every node and merges: a tenant's counters summed over the nodes
 //!   that hold rows of it, `total` from the Relay's tenant registry, and each node's
 //!   answer in `nodes` (`unavailable` names the nodes that gave none).
@@ -49,9 +50,11 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
     let (req, tenant) = if let Some(rest) = path.strip_prefix("/v1/tenants/") {
         let t = rest.split('/').next().map(|t| decode(t, false));
         (req, t)
-    } else if path == "/v1/dlq" {
-        let t = query_param(&query, "tenant");
-        (req, t)
+    } else if path == "/v1/dlq" && req.method() == Method::GET {
+        if let Some(t) = query_param(&query, "tenant") {
+            return merged_dlq(&api, req, next, &t, &query).await;
+        }
+        (req, None)
     } else if path == "/v1/dlq/replay" && req.method() == Method::POST {
         let (parts, body) = req.into_parts();
         let Ok(bytes) = http_body_util::Limited::new(body, MAX_ROUTED_BODY)
@@ -65,9 +68,14 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
                 "the replay request is over 1 MiB",
             );
         };
-        let t = serde_json::from_slice::<Value>(&bytes)
-            .ok()
-            .and_then(|v| v.get("tenant")?.as_str().map(str::to_owned));
+        let v = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
+        if v["ids"].as_array().is_some_and(|ids| {
+            ids.iter()
+                .any(|i| i.as_str().is_some_and(|i| i.contains('/')))
+        }) {
+            return replay_by_ids(&api, Request::from_parts(parts, Body::empty()), next, v).await;
+        }
+        let t = v.get("tenant").and_then(Value::as_str).map(str::to_owned);
         (Request::from_parts(parts, Body::from(bytes)), t)
     } else {
         (req, None)
@@ -76,7 +84,7 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         return next.run(req).await;
     };
     // What a former owner still holds counts too: a tenant's view, purge and replay ask
-    // every node and add their answers up; a DLQ page is the owner's.
+    // every node and add their answers up.
     let merge = match (req.method().clone(), path.as_str()) {
         (Method::GET, p) if p.starts_with("/v1/tenants/") && !p.ends_with("/queue") => {
             Some(Merge::View)
@@ -130,6 +138,326 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
     let mut answers = vec![(me, Ok(local))];
     answers.extend(remote);
     merged(&owner, answers, merge).await
+}
+
+/// `GET /v1/dlq?tenant=t` relay-wide: every node's page of the tenant's dead rows (its
+/// owner's and a former owner's), merged newest first. Ids are `<node>/<id>`; `next` holds
+/// each node's own cursor (`<node>:<id>,…`; a node missing from it has no more rows).
+async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &str) -> Response {
+    let cluster = &api.cluster;
+    let limit = query_param(query, "limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .unwrap_or(100)
+        .clamp(1, api.config.admin.max_page);
+    // Each node's cursor: `None` from its newest row, `Some(c)` after row `c`; a node
+    // absent from a given cursor is done.
+    let mut from: Vec<(String, Option<String>)> = Vec::new();
+    match query_param(query, "before") {
+        None => from.extend(cluster.members().iter().map(|m| (m.name.clone(), None))),
+        Some(c) => {
+            for part in c.split(',').filter(|p| !p.is_empty()) {
+                let Some((node, cur)) = part.split_once(':') else {
+                    return error(StatusCode::BAD_REQUEST, "bad_request", "bad cursor");
+                };
+                if !cluster.members().iter().any(|m| m.name == node) {
+                    return error(StatusCode::BAD_REQUEST, "bad_request", "bad cursor");
+                }
+                from.push((node.to_owned(), (!cur.is_empty()).then(|| cur.to_owned())));
+            }
+        }
+    }
+    let pq_of = |before: &Option<String>| {
+        let mut q = format!("/v1/dlq?tenant={}&limit={limit}", encode(tenant));
+        if let Some(b) = before {
+            q.push_str(&format!("&before={}", encode(b)));
+        }
+        q
+    };
+    let me = cluster.me().unwrap_or_default().to_owned();
+    let owner = cluster.owner_of(tenant).clone();
+    let (mut parts, _) = req.into_parts();
+    let headers = parts.headers.clone();
+    let mine = from.iter().find(|(n, _)| *n == me).map(|(_, c)| c.clone());
+    let local = async {
+        match mine {
+            Some(c) => {
+                parts.uri = pq_of(&c).parse().unwrap_or_default();
+                Some(Ok(next
+                    .run(Request::from_parts(parts, Body::empty()))
+                    .await))
+            }
+            None => None,
+        }
+    };
+    let others = from.iter().filter(|(n, _)| *n != me).map(|(n, c)| {
+        let (pq, headers) = (pq_of(c), &headers);
+        async move {
+            let m = cluster.members().iter().find(|m| m.name == *n);
+            let r = match m {
+                Some(m) => {
+                    cluster
+                        .forward_admin(m, Method::GET, &pq, headers, Bytes::new())
+                        .await
+                }
+                None => Err(crate::cluster::Unreachable {
+                    node: n.clone(),
+                    reason: "not in the node list".into(),
+                }),
+            };
+            (n.clone(), r)
+        }
+    });
+    let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
+    let mut answers: Vec<(String, Result<Response, crate::cluster::Unreachable>)> = Vec::new();
+    if let Some(l) = local {
+        answers.push((me.clone(), l));
+    }
+    answers.extend(remote);
+    let mut pages: Vec<NodePage> = Vec::new();
+    let mut unavailable = Vec::new();
+    let (mut found, mut not_found) = (false, None);
+    for (name, r) in answers {
+        let start = from
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, c)| c.clone());
+        let resp = match r {
+            Ok(resp) => resp,
+            Err(e) if name == owner.name => return answer_of(&owner, Err(e)),
+            Err(_) => {
+                unavailable.push(name.clone());
+                // Its place is kept: the next page asks it again.
+                pages.push(NodePage::kept(name, start));
+                continue;
+            }
+        };
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        if status == StatusCode::NOT_FOUND {
+            // The tenant is not there: nothing of it on that node.
+            not_found = Some(bytes);
+            pages.push(NodePage::kept(name, None).done());
+            continue;
+        }
+        if status != StatusCode::OK {
+            if name == owner.name || status == StatusCode::UNAUTHORIZED {
+                return raw(status, bytes);
+            }
+            unavailable.push(name.clone());
+            pages.push(NodePage::kept(name, start));
+            continue;
+        }
+        found = true;
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        let items = v["items"].as_array().cloned().unwrap_or_default();
+        let next = v["next"].as_str().map(str::to_owned);
+        pages.push(NodePage {
+            node: name,
+            items,
+            next,
+            start,
+        });
+    }
+    if let (false, Some(b), true) = (found, not_found, unavailable.is_empty()) {
+        return raw(StatusCode::NOT_FOUND, b);
+    }
+    // Newest first across the nodes.
+    let mut all: Vec<(usize, usize, u64)> = Vec::new();
+    for (p, page) in pages.iter().enumerate() {
+        for (i, it) in page.items.iter().enumerate() {
+            all.push((p, i, it["at_ms"].as_u64().unwrap_or(0)));
+        }
+    }
+    all.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
+    all.truncate(limit);
+    let mut taken = vec![0usize; pages.len()];
+    let mut items = Vec::with_capacity(all.len());
+    for (p, i, _) in &all {
+        let NodePage {
+            node, items: page, ..
+        } = &pages[*p];
+        let mut it = page[*i].clone();
+        let id = it["id"].as_str().unwrap_or_default().to_owned();
+        it["id"] = format!("{node}/{id}").into();
+        it["node"] = node.clone().into();
+        items.push(it);
+        taken[*p] = taken[*p].max(i + 1);
+    }
+    let mut cursors = Vec::new();
+    for (
+        p,
+        NodePage {
+            node,
+            items: page,
+            next,
+            start,
+        },
+    ) in pages.iter().enumerate()
+    {
+        let cur = if page.is_empty() {
+            // Nothing read from it: done if it answered an empty page, else where it was.
+            if unavailable.contains(node) {
+                Some(start.clone().unwrap_or_default())
+            } else {
+                None
+            }
+        } else if taken[p] == page.len() {
+            next.clone()
+        } else if taken[p] == 0 {
+            Some(start.clone().unwrap_or_default())
+        } else {
+            page[taken[p] - 1]["id"].as_str().map(str::to_owned)
+        };
+        if let Some(c) = cur {
+            cursors.push(format!("{node}:{c}"));
+        }
+    }
+    let mut out = serde_json::json!({
+        "items": items,
+        "next": (!cursors.is_empty()).then(|| cursors.join(",")),
+    });
+    if !unavailable.is_empty() {
+        out["unavailable"] = unavailable.into();
+    }
+    Json(out).into_response()
+}
+
+/// One node's page of a relay-wide DLQ listing.
+struct NodePage {
+    node: String,
+    items: Vec<Value>,
+    /// Its own cursor after the page (`None`: no more rows).
+    next: Option<String>,
+    /// Where the page began (`None`: at its newest row).
+    start: Option<String>,
+}
+
+impl NodePage {
+    /// No rows read from `node` this time: the next page asks it from `start` again.
+    fn kept(node: String, start: Option<String>) -> NodePage {
+        NodePage {
+            node,
+            items: Vec::new(),
+            next: start.clone(),
+            start,
+        }
+    }
+
+    fn done(self) -> NodePage {
+        NodePage {
+            next: None,
+            start: None,
+            ..self
+        }
+    }
+}
+
+/// `POST /v1/dlq/replay` with ids of a relay-wide page (`<node>/<id>`): each node revives
+/// its own; `revived` summed. An id without a node is this node's.
+async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Response {
+    let cluster = &api.cluster;
+    let me = cluster.me().unwrap_or_default().to_owned();
+    let mut groups: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+    for id in body["ids"].as_array().into_iter().flatten() {
+        let Some(id) = id.as_str() else {
+            return error(StatusCode::BAD_REQUEST, "bad_request", "ids are strings");
+        };
+        let (node, id) = id.split_once('/').unwrap_or((me.as_str(), id));
+        if !cluster.members().iter().any(|m| m.name == node) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("no node {node:?} in the Relay"),
+            );
+        }
+        groups.entry(node.to_owned()).or_default().push(id.into());
+    }
+    let body_for = |ids: &Vec<Value>| {
+        let mut b = body.clone();
+        b["ids"] = ids.clone().into();
+        Bytes::from(b.to_string())
+    };
+    let (mut parts, _) = req.into_parts();
+    parts.headers.remove("content-length");
+    let headers = parts.headers.clone();
+    let mine = groups.get(&me).map(&body_for);
+    let local = async {
+        match mine {
+            Some(b) => Some(next.run(Request::from_parts(parts, Body::from(b))).await),
+            None => None,
+        }
+    };
+    let others = groups.iter().filter(|(n, _)| **n != me).map(|(n, ids)| {
+        let (b, headers) = (body_for(ids), &headers);
+        async move {
+            let m = cluster.members().iter().find(|m| m.name == *n);
+            match m {
+                Some(m) => (
+                    n.clone(),
+                    cluster
+                        .forward_admin(m, Method::POST, "/v1/dlq/replay", headers, b)
+                        .await,
+                ),
+                None => (
+                    n.clone(),
+                    Err(crate::cluster::Unreachable {
+                        node: n.clone(),
+                        reason: "not in the node list".into(),
+                    }),
+                ),
+            }
+        }
+    });
+    let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
+    let mut revived = 0i64;
+    let mut unavailable = Vec::new();
+    let mut answers: Vec<(String, Result<Response, crate::cluster::Unreachable>)> = Vec::new();
+    if let Some(l) = local {
+        answers.push((me, Ok(l)));
+    }
+    answers.extend(remote);
+    for (name, r) in answers {
+        let Ok(resp) = r else {
+            unavailable.push(name);
+            continue;
+        };
+        let status = resp.status();
+        let bytes = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
+        if status != StatusCode::OK {
+            // The caller's own error (a bad id, a bad token) is every node's.
+            return raw(status, bytes);
+        }
+        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        revived += v["revived"].as_i64().unwrap_or(0);
+    }
+    let mut out = serde_json::json!({ "revived": revived });
+    if !unavailable.is_empty() {
+        out["unavailable"] = unavailable.into();
+    }
+    Json(out).into_response()
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
 }
 
 /// How the nodes' answers to one call about a tenant add up.

@@ -556,7 +556,7 @@ fn a_forwarded_hook_without_the_cluster_token_is_refused() {
 }
 
 #[test]
-fn a_tenants_view_replay_and_purge_add_up_what_a_former_owner_still_holds() {
+fn a_tenants_view_dlq_replay_and_purge_add_up_what_a_former_owner_still_holds() {
     let mut r = Relay::new(2, "");
     r.sink
         .default_status
@@ -603,28 +603,62 @@ fn a_tenants_view_replay_and_purge_add_up_what_a_former_owner_still_holds() {
         .collect();
     assert_eq!(views[0], views[1]);
     assert_eq!(local_get(&r, 0, &format!("/v1/tenants/{t}")), 200);
-    r.rt.block_on(async {
-        let admin = |i: usize| format!("http://127.0.0.1:{}", r.specs[i].admin);
-        let auth = ("authorization", format!("Bearer {ADMIN}"));
-        let a = post(
-            &c,
-            &format!("{}/v1/dlq/replay", admin(0)),
-            &[
-                auth.clone(),
-                ("content-type", "application/json".to_owned()),
-            ],
-            format!(r#"{{"tenant":"{t}"}}"#),
-        )
-        .await;
-        assert_eq!(a.status, 200, "{:?}", a.json());
-        assert_eq!(a.json()["revived"], 2, "{:?}", a.json());
-    });
-    // Replayed, they are dead again (the sink still answers 400); purge both from node 1.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while r.admin_get(1, &format!("/v1/tenants/{t}")).1["counters"]["dead"] != 2 {
-        assert!(Instant::now() < deadline);
-        std::thread::sleep(Duration::from_millis(50));
+    let dead_again = || {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while r.admin_get(1, &format!("/v1/tenants/{t}")).1["counters"]["dead"] != 2 {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    // The tenant's DLQ from any node: both rows, a page at a time, ids naming their node.
+    let mut ids = Vec::new();
+    let mut before = String::new();
+    for page in 0.. {
+        assert!(page < 4, "the pages never ended");
+        let q = if before.is_empty() {
+            format!("/v1/dlq?tenant={t}&limit=1")
+        } else {
+            format!("/v1/dlq?tenant={t}&limit=1&before={before}")
+        };
+        let (status, v) = r.admin_get(1, &q);
+        assert_eq!(status, 200, "{v}");
+        for it in v["items"].as_array().unwrap() {
+            ids.push(it["id"].as_str().unwrap().to_owned());
+        }
+        match v["next"].as_str() {
+            Some(n) => before = n.to_owned(),
+            None => break,
+        }
     }
+    let mut nodes: Vec<_> = ids.iter().map(|i| i.split('/').next().unwrap()).collect();
+    nodes.sort();
+    assert_eq!(nodes, ["relay-0", "relay-1"], "{ids:?}");
+    let replay = |body: String| {
+        r.rt.block_on(async {
+            let url = format!("http://127.0.0.1:{}/v1/dlq/replay", r.specs[0].admin);
+            let a = post(
+                &c,
+                &url,
+                &[
+                    ("authorization", format!("Bearer {ADMIN}")),
+                    ("content-type", "application/json".to_owned()),
+                ],
+                body,
+            )
+            .await;
+            assert_eq!(a.status, 200, "{:?}", a.json());
+            a.json()
+        })
+    };
+    // Replayed by those ids, from a node that holds one of them.
+    let a = replay(serde_json::json!({ "ids": ids }).to_string());
+    assert_eq!(a["revived"], 2, "{a}");
+    // Dead again (the sink still answers 400): now by tenant.
+    dead_again();
+    let a = replay(format!(r#"{{"tenant":"{t}"}}"#));
+    assert_eq!(a["revived"], 2, "{a}");
+    // Dead again; purge both from node 1.
+    dead_again();
     let (status, body) = {
         use std::io::{Read, Write};
         let mut s = std::net::TcpStream::connect(("127.0.0.1", r.specs[1].admin)).unwrap();
