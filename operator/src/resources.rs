@@ -322,6 +322,16 @@ fn entry_object<'a>(
     object(v, key)
 }
 
+/// Every check a node makes of its configuration but reading its secrets (they live in
+/// files and variables of its pod), as the first node would: a configuration the relay
+/// would refuse is never applied, so a typo does not crash-loop the nodes one by one.
+pub fn check_relay_yaml(relay: &Relay, yaml: &str) -> Result<(), ResourceError> {
+    let pod = Names::of(relay)?.pod(0);
+    ankusa_config::Config::from_yaml_unresolved(yaml, [("ANKUSA_CLUSTER__NAME".to_owned(), pod)])
+        .map(|_| ())
+        .map_err(|e| ResourceError::Config(format!("the relay would refuse it: {e}")))
+}
+
 /// `relay.yaml` as text, with a stable key order.
 pub fn relay_yaml(cfg: &Value) -> Result<String, ResourceError> {
     serde_yaml::to_string(cfg).map_err(|e| ResourceError::Config(e.to_string()))
@@ -660,6 +670,7 @@ impl DesiredSet {
     ) -> Result<DesiredSet, ResourceError> {
         let cfg = relay_config_with(relay, user_config, urls)?;
         let yaml = relay_yaml(&cfg)?;
+        check_relay_yaml(relay, &yaml)?;
         Ok(DesiredSet {
             config_map: config_map(relay, &yaml)?,
             headless: headless_service(relay)?,

@@ -10,14 +10,15 @@
 //! - [`dispatch`]: the pipeline's tick over the active index.
 //! - [`metrics`]: the queue gauges, read from counters and the active index.
 //! - [`admin`]: the admin listener (health, readiness, node status).
-//! - [`config`]: the YAML configuration and its validation.
+//! - [`config`]: the YAML configuration and its validation (crate `config/`).
 //! - [`cluster`]: the nodes of one Relay: tenant ownership, forwarding, the tenant registry.
 //! - [`cli`]: the `ankusa-relay` command line.
 
 pub mod admin;
 pub mod cli;
 pub mod cluster;
-pub mod config;
+/// The node's configuration (crate `ankusa-config`: no RocksDB, shared with the operator).
+pub use ankusa_config as config;
 pub mod dispatch;
 pub mod edge;
 pub mod http;

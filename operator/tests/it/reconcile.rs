@@ -563,6 +563,59 @@ async fn missing_config_map_is_degraded_and_nothing_is_applied() {
         .contains("window_ms: 5000"));
 }
 
+/// A configuration the relay would refuse (a sink URL that is not http) is never applied:
+/// no ConfigMap or StatefulSet reaches the nodes, `Degraded` quotes the relay's own error
+/// naming the key; fixed, it is applied.
+#[tokio::test]
+async fn a_config_the_relay_would_refuse_is_degraded_and_never_applied() {
+    let admin = cluster::admin().await;
+    let (op, _) = cluster::operator_client().await;
+    let ns = cluster::namespace(&admin, "badcfg").await;
+    let bad = json!({
+        "sinks": [{ "id": "s", "url": "ftp://billing.internal/hooks" }],
+        "routes": [{ "id": "r", "sinks": ["s"] }],
+    });
+    create_relay(
+        &admin,
+        &ns,
+        "minimal",
+        json!({ "spec": { "config": { "inline": bad } } }),
+    )
+    .await;
+    let ctx = context(op, NOWHERE);
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    assert!(get_json::<StatefulSet>(&admin, &ns, "relay")
+        .await
+        .is_none());
+    assert!(get_json::<ConfigMap>(&admin, &ns, "relay-config")
+        .await
+        .is_none());
+    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
+    assert_eq!(degraded["status"], "True");
+    assert_eq!(degraded["reason"], "ConfigInvalid");
+    let msg = degraded["message"].as_str().unwrap();
+    assert!(
+        msg.contains("sinks[0].url") && msg.contains("http://"),
+        "{msg}"
+    );
+
+    let api: Api<Relay> = Api::namespaced(admin.clone(), &ns);
+    api.patch(
+        "relay",
+        &PatchParams::default(),
+        &Patch::Merge(json!({ "spec": { "config": { "inline": {
+            "sinks": [{ "id": "s", "url": "http://billing.internal/hooks" }],
+            "routes": [{ "id": "r", "sinks": ["s"] }],
+        } } } })),
+    )
+    .await
+    .unwrap();
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    assert!(get_json::<StatefulSet>(&admin, &ns, "relay")
+        .await
+        .is_some());
+}
+
 /// A node status server standing in for the pods' admin listeners: `/{pod}/v1/node` and
 /// `/{pod}/v1/tenants`, checking the operator's token.
 async fn node_server(token: Arc<std::sync::Mutex<String>>) -> String {

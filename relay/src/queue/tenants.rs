@@ -20,22 +20,16 @@ use crate::store::{decode_u32, Cf, Op, Store, StoreError};
 /// The tenant of hooks that name none.
 pub const DEFAULT_TENANT: &str = "default";
 /// The longest tenant id accepted, in bytes.
-pub const MAX_TENANT_LEN: usize = 256;
+pub const MAX_TENANT_LEN: usize = ankusa_config::MAX_TENANT_LEN;
 /// The writer's cache size (entries).
 pub const CACHE_CAPACITY: usize = 65_536;
 
 /// Checks a tenant id: non-empty, at most 256 bytes, no control characters.
 pub fn validate(tenant: &str) -> Result<(), QueueError> {
-    if tenant.is_empty() {
-        return Err(QueueError::InvalidTenant("empty"));
+    match ankusa_config::tenant_id_problem(tenant) {
+        Some(why) => Err(QueueError::InvalidTenant(why)),
+        None => Ok(()),
     }
-    if tenant.len() > MAX_TENANT_LEN {
-        return Err(QueueError::InvalidTenant("longer than 256 bytes"));
-    }
-    if tenant.chars().any(char::is_control) {
-        return Err(QueueError::InvalidTenant("contains a control character"));
-    }
-    Ok(())
 }
 
 /// The ordinal of a tenant, if it has one.

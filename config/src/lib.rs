@@ -386,7 +386,7 @@ impl ClusterConfig {
         self.nodes.len() > 1
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    fn validate(&self, secrets: Secrets) -> Result<(), ConfigError> {
         if !(100..=120_000).contains(&self.forward_timeout_ms) {
             return Err(invalid(
                 "cluster.forward_timeout_ms",
@@ -416,7 +416,7 @@ impl ClusterConfig {
             for (field, url) in [("ingest", &n.ingest), ("admin", &n.admin)] {
                 // A path is a prefix the listener's paths are appended to (a proxy's).
                 let ok = url
-                    .parse::<axum::http::Uri>()
+                    .parse::<http::Uri>()
                     .ok()
                     .filter(|u| matches!(u.scheme_str(), Some("http" | "https")))
                     .filter(|u| u.host().is_some() && u.query().is_none());
@@ -453,11 +453,45 @@ impl ClusterConfig {
                     "is required with two nodes or more",
                 ));
             };
-            if t.resolve("cluster.token")?.len() < 16 {
+            if secrets.len(t, "cluster.token")?.is_some_and(|n| n < 16) {
                 return Err(invalid("cluster.token", "must be at least 16 bytes"));
             }
         }
         Ok(())
+    }
+}
+
+/// Whether validation reads the secrets (their length is checked) or leaves them be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Secrets {
+    Resolve,
+    Skip,
+}
+
+impl Secrets {
+    /// The secret's length, or `None` when secrets are skipped.
+    fn len(self, s: &SecretSource, key: &str) -> Result<Option<usize>, ConfigError> {
+        match self {
+            Secrets::Resolve => Ok(Some(s.resolve(key)?.len())),
+            Secrets::Skip => Ok(None),
+        }
+    }
+}
+
+/// The longest tenant id, in bytes.
+pub const MAX_TENANT_LEN: usize = 256;
+
+/// What is wrong with a tenant id, if anything: empty, over 256 bytes, or a control
+/// character.
+pub fn tenant_id_problem(tenant: &str) -> Option<&'static str> {
+    if tenant.is_empty() {
+        Some("empty")
+    } else if tenant.len() > MAX_TENANT_LEN {
+        Some("longer than 256 bytes")
+    } else if tenant.chars().any(char::is_control) {
+        Some("contains a control character")
+    } else {
+        None
     }
 }
 
@@ -740,6 +774,16 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
+        let cfg = Self::parse(text, env)?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// YAML text with the overrides applied, not validated.
+    fn parse(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
         let mut doc: serde_yaml::Value = if text.trim().is_empty() {
             serde_yaml::Value::Mapping(Default::default())
         } else {
@@ -765,14 +809,28 @@ impl Config {
         // Through JSON: serde_yaml's `Value` reads enums only from YAML tags, while the
         // configuration writes them as one-key maps (`tenant: {header: x-tenant}`).
         let json = serde_json::to_value(&doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        let cfg: Config =
-            serde_json::from_value(json).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        cfg.validate()?;
+        serde_json::from_value(json).map_err(|e| ConfigError::Parse(e.to_string()))
+    }
+
+    /// [`Config::from_yaml`] without reading any secret: what can be checked of a node's
+    /// configuration away from the node (the operator checks a `Relay`'s with it).
+    pub fn from_yaml_unresolved(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<Config, ConfigError> {
+        let cfg = Self::parse(text, env)?;
+        cfg.validate_with(Secrets::Skip)?;
         Ok(cfg)
     }
 
     /// Range and cross-field checks.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_with(Secrets::Resolve)
+    }
+
+    /// Every check of [`Config::validate`]; with [`Secrets::Skip`], secrets are not read
+    /// (where they live — a file, a variable — exists only where the node runs).
+    pub fn validate_with(&self, secrets: Secrets) -> Result<(), ConfigError> {
         if !TENANTS_MAX_RANGE.contains(&self.tenants.max) {
             return Err(invalid(
                 "tenants.max",
@@ -857,7 +915,7 @@ impl Config {
         if self.reclaim.interval_ms == 0 || self.reclaim.batch == 0 {
             return Err(invalid("reclaim", "interval_ms and batch must be positive"));
         }
-        self.cluster.validate()?;
+        self.cluster.validate(secrets)?;
         if !(1..=100).contains(&self.admin.backup_keep) {
             return Err(invalid("admin.backup_keep", "must be in 1..=100"));
         }
@@ -873,7 +931,10 @@ impl Config {
                     format!("name {:?} is empty or repeated", t.name),
                 ));
             }
-            if t.secret.resolve(&format!("{key}.secret"))?.len() < 16 {
+            if secrets
+                .len(&t.secret, &format!("{key}.secret"))?
+                .is_some_and(|n| n < 16)
+            {
                 return Err(invalid(
                     &format!("{key}.secret"),
                     "must be at least 16 bytes",
@@ -973,7 +1034,7 @@ impl Config {
                 }
             }
             if let Some(TenantFrom::Fixed(t)) = &s.tenant {
-                if crate::queue::tenants::validate(t).is_err() {
+                if tenant_id_problem(t).is_some() {
                     return Err(invalid(
                         &format!("{key}.tenant.fixed"),
                         "not a valid tenant id",
@@ -991,7 +1052,7 @@ impl Config {
                 let mut seen = std::collections::BTreeSet::new();
                 for n in names {
                     let lower = n.to_ascii_lowercase();
-                    if axum::http::HeaderName::from_bytes(n.as_bytes()).is_err()
+                    if http::HeaderName::from_bytes(n.as_bytes()).is_err()
                         || RESERVED_HEADERS.contains(&lower.as_str())
                         || !seen.insert(lower)
                     {
@@ -1021,7 +1082,7 @@ impl Config {
                 | VerifyConfig::Stripe { secret, .. } => Some(secret),
             };
             if let Some(secret) = secret {
-                if secret.resolve(&format!("{key}.verify.secret"))?.is_empty() {
+                if secrets.len(secret, &format!("{key}.verify.secret"))? == Some(0) {
                     return Err(invalid(&format!("{key}.verify.secret"), "is empty"));
                 }
             }
