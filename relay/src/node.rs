@@ -308,9 +308,9 @@ impl Node {
                     "the store holds more tenants than tenants.max: existing tenants are served, new ones are refused"
                 );
             }
-            let stale = admin::backups::remove_stream_checkpoints(&backup_dir)?;
+            let stale = admin::backups::remove_cut_backups(&backup_dir)?;
             if stale > 0 {
-                tracing::warn!(stale, "removed checkpoints of backup streams a stop cut short");
+                tracing::warn!(stale, "removed checkpoints and half-packed archives of backups a stop cut short");
             }
             let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()))?;
             let markers = deliveries::repair_markers(&boot_store)?;

@@ -79,18 +79,27 @@ pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
     Ok(excess)
 }
 
-/// Removes the checkpoints of backup streams a stop cut short (`*.stream-checkpoint` in
-/// `dir`; their hard links would keep deleted files on the volume). Run at boot, before
-/// any stream starts. Returns how many went.
-pub fn remove_stream_checkpoints(dir: &Path) -> Result<usize, StoreError> {
+/// Removes what backups a stop (a SIGKILL, a crash) cut short left in `dir`: checkpoints
+/// of streams (`*.stream-checkpoint`) and of staged backups (`b<ms>.checkpoint`), whose
+/// hard links would keep deleted files on the volume, and half-packed archives
+/// (`b<ms>.tar.tmp`, never renamed to `.tar.zst`). Other files are left alone (a backup
+/// volume may be shared). Run at boot, before any backup starts. Returns how many went.
+pub fn remove_cut_backups(dir: &Path) -> Result<usize, StoreError> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(0);
     };
     let mut n = 0;
     for e in entries.filter_map(Result::ok) {
         let path = e.path();
-        if path.extension().and_then(|x| x.to_str()) == Some("stream-checkpoint") {
+        let Some(name) = path.file_name().and_then(|x| x.to_str()) else {
+            continue;
+        };
+        let ours = |suffix: &str| name.strip_suffix(suffix).is_some_and(is_backup_id);
+        if name.ends_with(".stream-checkpoint") || ours(".checkpoint") {
             std::fs::remove_dir_all(&path).map_err(io(format!("removing {}", path.display())))?;
+            n += 1;
+        } else if ours(".tar.tmp") {
+            std::fs::remove_file(&path).map_err(io(format!("removing {}", path.display())))?;
             n += 1;
         }
     }

@@ -48,6 +48,10 @@ pub use keys::Family;
 /// The newest store format this binary reads and writes.
 pub const SUPPORTED_FORMAT: u32 = 3;
 
+/// A file a restore puts in its data directory first and removes once every file is in:
+/// a directory that still holds it is a cut restore, which no command opens.
+pub const RESTORING_MARKER: &str = "ANKUSA-RESTORING";
+
 /// The column families of a store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Cf {
@@ -451,6 +455,14 @@ impl Store {
             return Err(StoreError::NotAStore {
                 path,
                 reason: "not a directory".into(),
+            });
+        }
+        if path.join(RESTORING_MARKER).exists() {
+            return Err(StoreError::NotAStore {
+                path,
+                reason: format!(
+                    "a restore into it did not finish ({RESTORING_MARKER} is there): delete the directory and restore again"
+                ),
             });
         }
         if !path.join("CURRENT").exists() {

@@ -59,6 +59,13 @@ pub fn unpack(file: &Path, dir: &Path) -> Result<(), StoreError> {
         });
     }
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    // Until the last file is in, the directory says so: a restore that is cut (a killed
+    // process, a truncated archive) leaves a directory every command refuses to open.
+    let marker = dir.join(super::RESTORING_MARKER);
+    std::fs::File::create(&marker)
+        .and_then(|f| f.sync_all())
+        .map_err(io(format!("creating {}", marker.display())))?;
+    sync_dir(dir)?;
     let f = std::fs::File::open(file).map_err(io(format!("opening {}", file.display())))?;
     let dec = zstd::Decoder::new(f).map_err(io("zstd decoder".into()))?;
     let mut ar = tar::Archive::new(dec);
@@ -69,5 +76,21 @@ pub fn unpack(file: &Path, dir: &Path) -> Result<(), StoreError> {
             .unpack_in(dir)
             .map_err(io(format!("unpacking into {}", dir.display())))?;
     }
-    Ok(())
+    // Every file durable before the marker goes.
+    for e in std::fs::read_dir(dir).map_err(io(format!("reading {}", dir.display())))? {
+        let path = e.map_err(io(format!("reading {}", dir.display())))?.path();
+        if path.is_file() {
+            std::fs::File::open(&path)
+                .and_then(|f| f.sync_all())
+                .map_err(io(format!("syncing {}", path.display())))?;
+        }
+    }
+    std::fs::remove_file(&marker).map_err(io(format!("removing {}", marker.display())))?;
+    sync_dir(dir)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(format!("syncing {}", dir.display())))
 }

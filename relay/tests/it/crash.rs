@@ -423,3 +423,300 @@ fn a_stop_cuts_deliveries_at_its_grace_and_makes_them_due_again() {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A node on a store of `rows` dead rows whose sink refuses connections and retries once
+/// an hour: a revived row moves (due → inflight → scheduled) but never leaves the queue,
+/// so "every row is somewhere, once" is `queued_rows == rows`.
+struct DeadStore {
+    dir: tempfile::TempDir,
+    data: std::path::PathBuf,
+    admin: u16,
+    yaml: String,
+}
+
+impl DeadStore {
+    fn new(rows: u64, tenants: u64) -> DeadStore {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("db");
+        store_with_dead(&data, rows, tenants);
+        let (admin, ingest) = (free_port(), free_port());
+        let yaml = format!(
+            r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:{ingest}" }}
+admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
+retry: {{ schedule_ms: [3600000], jitter: none }}
+sinks: [{{ id: s, url: "http://127.0.0.1:9/refused", timeout_ms: 1000 }}]
+routes: [{{ id: r, sinks: [s] }}]
+"#,
+            data.display()
+        );
+        DeadStore {
+            dir,
+            data,
+            admin,
+            yaml,
+        }
+    }
+
+    fn start(&self) -> Proc {
+        Proc::start(self.dir.path(), &self.yaml, self.admin)
+    }
+
+    fn counters(&self) -> serde_json::Value {
+        let (status, body) = http_get_admin(self.admin, "/v1/node").unwrap();
+        assert_eq!(status, 200, "{body}");
+        serde_json::from_str::<serde_json::Value>(&body).unwrap()["counters"].clone()
+    }
+
+    /// Starts `method path` in a thread and SIGKILLs the node once the dead count has
+    /// fallen by `by` (the operation is under way, not finished).
+    fn kill_during(
+        &self,
+        node: &mut Proc,
+        method: &'static str,
+        path: String,
+        body: &'static str,
+        by: i64,
+    ) {
+        let start = self.counters()["dead"].as_i64().unwrap();
+        let admin = self.admin;
+        let call = std::thread::spawn(move || {
+            http_admin(admin, method, &path, body, Duration::from_secs(120))
+        });
+        let deadline = std::time::Instant::now() + Duration::from_secs(120);
+        loop {
+            let dead = self.counters()["dead"].as_i64().unwrap();
+            if dead <= start - by {
+                assert!(
+                    dead > 0,
+                    "the operation finished before the kill: make it longer"
+                );
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the operation never moved ({dead} dead)"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        node.kill9();
+        // The call saw its connection cut (or, at the very end, its answer).
+        let _ = call.join().unwrap();
+    }
+
+    /// `store verify`: the counters equal a fold of the families.
+    fn assert_counters_equal_a_fold(&self) {
+        let out = run(&["store", "verify", "--data", self.data.to_str().unwrap()]);
+        assert!(
+            out.status.success(),
+            "store verify: {}{}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+}
+
+#[test]
+fn kill_9_during_a_replay_of_100000_rows_leaves_each_row_moved_once() {
+    const ROWS: i64 = 100_000;
+    let s = DeadStore::new(ROWS as u64, 1_000);
+    let mut node = s.start();
+    s.kill_during(
+        &mut node,
+        "POST",
+        "/v1/dlq/replay".into(),
+        r#"{"from_ms":0}"#,
+        5_000,
+    );
+    s.assert_counters_equal_a_fold();
+    let node = s.start();
+    let c = s.counters();
+    let dead = c["dead"].as_i64().unwrap();
+    assert!(dead > 0 && dead < ROWS, "{c}");
+    assert_eq!(queued_rows(&c), ROWS, "every row is somewhere, once: {c}");
+    // Replayed again, exactly the rows the cut replay had not revived are revived.
+    let (status, body) = http_admin(
+        s.admin,
+        "POST",
+        "/v1/dlq/replay",
+        r#"{"from_ms":0}"#,
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let revived = serde_json::from_str::<serde_json::Value>(&body).unwrap()["revived"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(revived, dead);
+    let c = s.counters();
+    assert_eq!(c["dead"], 0, "{c}");
+    assert_eq!(queued_rows(&c), ROWS, "{c}");
+    drop(node);
+    s.assert_counters_equal_a_fold();
+}
+
+#[test]
+fn kill_9_during_a_purge_of_100000_rows_leaves_each_row_purged_once() {
+    const ROWS: i64 = 100_000;
+    let s = DeadStore::new(ROWS as u64, 1);
+    let mut node = s.start();
+    s.kill_during(
+        &mut node,
+        "DELETE",
+        "/v1/tenants/tenant-0/queue?kinds=pending,dead".into(),
+        "",
+        5_000,
+    );
+    s.assert_counters_equal_a_fold();
+    let node = s.start();
+    let c = s.counters();
+    let dead = c["dead"].as_i64().unwrap();
+    assert!(dead > 0 && dead < ROWS, "{c}");
+    assert_eq!(queued_rows(&c), dead, "only dead rows: {c}");
+    // Purged again, exactly the rest goes.
+    let (status, body) = http_admin(
+        s.admin,
+        "DELETE",
+        "/v1/tenants/tenant-0/queue?kinds=pending,dead",
+        "",
+        Duration::from_secs(120),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{body}");
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(v["dead"].as_i64().unwrap(), dead, "{v}");
+    assert_eq!(queued_rows(&s.counters()), 0);
+    drop(node);
+    s.assert_counters_equal_a_fold();
+}
+
+fn names_in(dir: &std::path::Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[test]
+fn kill_9_during_a_backup_leaves_no_archive_but_a_whole_one_and_the_next_boot_clears_the_rest() {
+    let s = DeadStore::new(100_000, 1_000);
+    let mut node = s.start();
+    let backups = s.data.with_extension("backups");
+    let admin = s.admin;
+    let call = std::thread::spawn(move || {
+        http_admin(admin, "POST", "/v1/backups", "", Duration::from_secs(120))
+    });
+    // Kill as soon as the archive is being packed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while !names_in(&backups).iter().any(|n| n.ends_with(".tar.tmp")) {
+        assert!(!call.is_finished(), "the backup finished before the kill");
+        assert!(std::time::Instant::now() < deadline, "no backup started");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    node.kill9();
+    let _ = call.join().unwrap();
+    let left = names_in(&backups);
+    assert!(
+        !left.iter().any(|n| n.ends_with(".tar.zst")),
+        "a cut backup is never an archive: {left:?}"
+    );
+    assert!(
+        left.iter()
+            .any(|n| n.ends_with(".tar.tmp") || n.ends_with(".checkpoint")),
+        "{left:?}"
+    );
+    // The next boot removes the half-packed archive and the checkpoint's hard links.
+    let _node = s.start();
+    assert_eq!(names_in(&backups), Vec::<String>::new());
+    // And backs up whole, restorably.
+    let (status, body) =
+        http_admin(s.admin, "POST", "/v1/backups", "", Duration::from_secs(120)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let id = serde_json::from_str::<serde_json::Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let archive = backups.join(format!("{id}.tar.zst"));
+    let restored = s.dir.path().join("restored");
+    let out = run(&[
+        "restore",
+        "--from",
+        archive.to_str().unwrap(),
+        "--data",
+        restored.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(&["store", "verify", "--data", restored.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn a_cut_restore_leaves_a_directory_no_command_opens() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    store_with_hooks(&data, 5_000);
+    let archive = dir.path().join("whole.tar.zst");
+    ankusa_relay::store::tarball::pack(&data, &archive).unwrap();
+    // The archive cut half-way, as a killed copy or restore leaves it.
+    let bytes = std::fs::read(&archive).unwrap();
+    let cut = dir.path().join("cut.tar.zst");
+    std::fs::write(&cut, &bytes[..bytes.len() / 2]).unwrap();
+    let half = dir.path().join("half");
+    let out = run(&[
+        "restore",
+        "--from",
+        cut.to_str().unwrap(),
+        "--data",
+        half.to_str().unwrap(),
+    ]);
+    assert!(!out.status.success());
+    assert!(!names_in(&half).is_empty(), "the cut restore wrote files");
+    for args in [
+        vec!["store", "inspect", "--data", half.to_str().unwrap()],
+        vec!["store", "verify", "--data", half.to_str().unwrap()],
+    ] {
+        let out = run(&args);
+        assert!(
+            !out.status.success(),
+            "{args:?} opened a half-restored store"
+        );
+        assert!(
+            text(&out.stderr).contains("a restore into it did not finish"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let cfg = dir.path().join("relay.yaml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "data_dir: {}\ningest: {{ listen: \"127.0.0.1:0\" }}\nadmin: {{ listen: \"127.0.0.1:0\" }}\n",
+            half.display()
+        ),
+    )
+    .unwrap();
+    let out = run(&["run", "--config", cfg.to_str().unwrap()]);
+    assert!(!out.status.success(), "run opened a half-restored store");
+    assert!(
+        text(&out.stderr).contains("a restore into it did not finish"),
+        "{}",
+        text(&out.stderr)
+    );
+    // The whole archive restores, and no marker is left.
+    let whole = dir.path().join("whole");
+    let out = run(&[
+        "restore",
+        "--from",
+        archive.to_str().unwrap(),
+        "--data",
+        whole.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(!names_in(&whole).contains(&ankusa_relay::store::RESTORING_MARKER.to_owned()));
+}

@@ -48,6 +48,93 @@ pub fn store_with_hooks(dir: &Path, hooks: u64) {
     asm.commit(&store, batch, true).expect("commit");
 }
 
+/// A format-3 store at `dir` holding `rows` dead rows (one sink each) over `tenants`
+/// tenants (`tenant-0`, …), dead-lettered a minute ago; closed again.
+pub fn store_with_dead(dir: &Path, rows: u64, tenants: u64) {
+    use ankusa_relay::queue::deliveries::{self, Tx};
+    use ankusa_relay::store::keys::Family;
+    let store = Store::open(dir, &OpenOptions::default()).expect("open");
+    let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
+    let now = ankusa_relay::now_ms();
+    let mut n = 0;
+    while n < rows {
+        let envs: Vec<Envelope> = (n..(n + 1_000).min(rows))
+            .map(|i| Envelope {
+                id: format!("hk_{i}"),
+                tenant: Some(format!("tenant-{}", i % tenants)),
+                source: "it".into(),
+                received_at: AtMs(now - 120_000),
+                content_type: "application/json".into(),
+                sinks: vec!["s".into()],
+                body: b"{}".to_vec(),
+                headers: Vec::new(),
+            })
+            .collect();
+        let b = asm.assemble(&store, &envs, false).expect("assemble");
+        asm.commit(&store, b, false).expect("commit");
+        n += envs.len() as u64;
+    }
+    loop {
+        let due: Vec<deliveries::DueRow> = store
+            .scan_family(Family::Due)
+            .expect("scan")
+            .take(5_000)
+            .map(|kv| {
+                let (k, v) = kv.expect("row");
+                deliveries::DueRow::decode(&k, &v).expect("due row")
+            })
+            .collect();
+        if due.is_empty() {
+            break;
+        }
+        let mut tx = Tx::new();
+        for r in &due {
+            let inflight = deliveries::claim(&mut tx, r);
+            deliveries::dead_letter(
+                &mut tx,
+                &inflight,
+                AtMs(now - 60_000),
+                "it",
+                "hk",
+                "s",
+                None,
+            );
+        }
+        tx.commit(&store, false).expect("dead-letter");
+    }
+    store.sync_wal().expect("sync");
+}
+
+/// One HTTP/1.1 request with the admin token over a fresh connection, waiting up to
+/// `wait` for the answer: (status, body); an error when the connection breaks (a killed
+/// server).
+pub fn http_admin(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+    wait: Duration,
+) -> std::io::Result<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port))?;
+    s.set_read_timeout(Some(wait))?;
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut resp = String::new();
+    s.read_to_string(&mut resp)?;
+    let status = resp
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("no status line"))?;
+    Ok((
+        status,
+        resp.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned(),
+    ))
+}
+
 /// The admin token the integration tests' configurations name.
 pub const ADMIN_TOKEN: &str = "it-admin-token-0123456789";
 
