@@ -928,19 +928,32 @@ fn backup_pull(
         let out = to.join(format!("{id}.tar.zst"));
         let tmp = to.join(format!("{id}.tar.zst.part"));
         let mut body = resp.into_body();
-        let mut file = std::fs::File::create(&tmp)?;
-        let mut bytes = 0u64;
-        loop {
-            let frame = tokio::time::timeout(idle, body.frame())
-                .await
-                .map_err(within("receiving the archive"))?;
-            let Some(frame) = frame else { break };
-            if let Ok(data) = frame.context("receiving the archive")?.into_data() {
-                std::io::Write::write_all(&mut file, &data)?;
-                bytes += data.len() as u64;
+        let received = async {
+            let mut file = std::fs::File::create(&tmp)?;
+            let mut bytes = 0u64;
+            loop {
+                let frame = tokio::time::timeout(idle, body.frame())
+                    .await
+                    .map_err(within("receiving the archive"))?;
+                let Some(frame) = frame else { break };
+                if let Ok(data) = frame.context("receiving the archive")?.into_data() {
+                    std::io::Write::write_all(&mut file, &data)
+                        .with_context(|| format!("writing {}", tmp.display()))?;
+                    bytes += data.len() as u64;
+                }
             }
+            file.sync_all()?;
+            anyhow::Ok(bytes)
         }
-        file.sync_all()?;
+        .await;
+        // A cut transfer or a full destination: nothing of it stays.
+        let bytes = match received {
+            Ok(b) => b,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
         let format = check_archive(&tmp, to, &id)?;
         std::fs::rename(&tmp, &out)?;
         println!(

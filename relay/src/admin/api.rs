@@ -47,6 +47,11 @@ pub enum ApiError {
     Forbidden,
     NotFound(&'static str),
     BadRequest(String),
+    /// An operation that failed for a reason the caller can act on (a full volume).
+    Failed {
+        code: &'static str,
+        message: String,
+    },
     Internal,
 }
 
@@ -76,6 +81,9 @@ impl IntoResponse for ApiError {
                 format!("no such {what}"),
             ),
             ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, "bad_request", m),
+            ApiError::Failed { code, message } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, code, message)
+            }
             ApiError::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",

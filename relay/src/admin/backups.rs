@@ -44,11 +44,25 @@ pub fn take(store: &Store, dir: &Path, keep: usize) -> Result<(String, u64), Sto
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     let id = format!("b{}", crate::now_ms());
     let ckpt = dir.join(format!("{id}.checkpoint"));
-    let _ = std::fs::remove_dir_all(&ckpt);
-    store.checkpoint(&ckpt)?;
+    // RocksDB builds a checkpoint in `<dir>.tmp` and renames it when whole.
+    let ckpt_tmp = dir.join(format!("{id}.checkpoint.tmp"));
     let out = dir.join(format!("{id}.tar.zst"));
+    let half_packed = out.with_extension("tmp");
+    let clean = || {
+        let _ = std::fs::remove_dir_all(&ckpt);
+        let _ = std::fs::remove_dir_all(&ckpt_tmp);
+    };
+    clean();
+    // Whatever fails (a full volume, say), nothing of this backup stays behind.
+    if let Err(e) = store.checkpoint(&ckpt) {
+        clean();
+        return Err(e);
+    }
     let packed = tarball::pack(&ckpt, &out);
-    let _ = std::fs::remove_dir_all(&ckpt);
+    clean();
+    if packed.is_err() {
+        let _ = std::fs::remove_file(&half_packed);
+    }
     packed?;
     let size = std::fs::metadata(&out)
         .map_err(io(format!("reading {}", out.display())))?
@@ -80,7 +94,8 @@ pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
 }
 
 /// Removes what backups a stop (a SIGKILL, a crash) cut short left in `dir`: checkpoints
-/// of streams (`*.stream-checkpoint`) and of staged backups (`b<ms>.checkpoint`), whose
+/// of streams (`*.stream-checkpoint`) and of staged backups (`b<ms>.checkpoint`, and
+/// `.checkpoint.tmp` while RocksDB builds one), whose
 /// hard links would keep deleted files on the volume, and half-packed archives
 /// (`b<ms>.tar.tmp`, never renamed to `.tar.zst`). Other files are left alone (a backup
 /// volume may be shared). Run at boot, before any backup starts. Returns how many went.
@@ -95,7 +110,11 @@ pub fn remove_cut_backups(dir: &Path) -> Result<usize, StoreError> {
             continue;
         };
         let ours = |suffix: &str| name.strip_suffix(suffix).is_some_and(is_backup_id);
-        if name.ends_with(".stream-checkpoint") || ours(".checkpoint") {
+        if name.ends_with(".stream-checkpoint")
+            || name.ends_with(".stream-checkpoint.tmp")
+            || ours(".checkpoint")
+            || ours(".checkpoint.tmp")
+        {
             std::fs::remove_dir_all(&path).map_err(io(format!("removing {}", path.display())))?;
             n += 1;
         } else if ours(".tar.tmp") {
@@ -111,7 +130,14 @@ pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
     let c = backup_caller(&api, &headers)?;
     let a = api.clone();
     tokio::task::spawn_blocking(move || {
-        let (id, bytes) = take(&a.store, &a.config.backup_dir(), a.config.admin.backup_keep)?;
+        let (id, bytes) = take(&a.store, &a.config.backup_dir(), a.config.admin.backup_keep)
+            .map_err(|e| {
+                tracing::error!(error = %e, "backup failed");
+                ApiError::Failed {
+                    code: "backup_failed",
+                    message: format!("the backup failed and nothing of it was kept: {e}"),
+                }
+            })?;
         let format = a.store.format()?;
         let audit = a.audit.op(
             &c.name,
@@ -211,10 +237,27 @@ pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
     let a = api.clone();
     let (id2, ckpt2) = (id.clone(), ckpt.clone());
     // The checkpoint first: a failure is an error status, not a cut stream.
-    let format = tokio::task::spawn_blocking(move || -> Result<u32, StoreError> {
-        std::fs::create_dir_all(&dir).map_err(io(format!("creating {}", dir.display())))?;
-        let _ = std::fs::remove_dir_all(&ckpt2);
-        a.store.checkpoint(&ckpt2)?;
+    let format = tokio::task::spawn_blocking(move || -> Result<u32, ApiError> {
+        let failed = |e: StoreError| {
+            tracing::error!(error = %e, "backup stream failed");
+            ApiError::Failed {
+                code: "backup_failed",
+                message: format!("the backup failed and nothing of it was kept: {e}"),
+            }
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(io(format!("creating {}", dir.display())))
+            .map_err(failed)?;
+        // RocksDB builds a checkpoint in `<dir>.tmp`; whatever fails, neither stays.
+        let clean = || {
+            let _ = std::fs::remove_dir_all(&ckpt2);
+            let _ = std::fs::remove_dir_all(ckpt2.with_extension("stream-checkpoint.tmp"));
+        };
+        clean();
+        if let Err(e) = a.store.checkpoint(&ckpt2) {
+            clean();
+            return Err(failed(e));
+        }
         let audit = a.audit.op(
             &c.name,
             "backup.stream",
@@ -222,7 +265,7 @@ pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
             serde_json::json!({ "id": id2 }),
         );
         a.store.write(vec![audit], true)?;
-        a.store.format()
+        Ok(a.store.format()?)
     })
     .await
     .map_err(|_| ApiError::Internal)??;

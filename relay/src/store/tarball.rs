@@ -12,14 +12,21 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> StoreError {
 }
 
 /// Packs the files of `dir` (not its `LOG*` info logs) into `out` as tar + zstd.
+/// Written to `<out>.tmp` and renamed when whole; on any error the `.tmp` is removed.
 pub fn pack(dir: &Path, out: &Path) -> Result<(), StoreError> {
     let tmp = out.with_extension("tmp");
-    let file = std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
-    let file = pack_to(dir, file)?;
-    file.sync_all()
-        .map_err(io(format!("syncing {}", tmp.display())))?;
-    std::fs::rename(&tmp, out).map_err(io(format!("writing {}", out.display())))?;
-    Ok(())
+    let packed = (|| {
+        let file =
+            std::fs::File::create(&tmp).map_err(io(format!("creating {}", tmp.display())))?;
+        let file = pack_to(dir, file)?;
+        file.sync_all()
+            .map_err(io(format!("syncing {}", tmp.display())))?;
+        std::fs::rename(&tmp, out).map_err(io(format!("writing {}", out.display())))
+    })();
+    if packed.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    packed
 }
 
 /// Packs the files of `dir` (not its `LOG*` info logs) as tar + zstd into `w`, as it goes

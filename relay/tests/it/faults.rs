@@ -193,3 +193,91 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
         text(&out.stderr)
     );
 }
+
+/// A backup whose volume fills: the call fails with `backup_failed` naming the cause,
+/// nothing of it stays on the volume (no half-packed archive, no checkpoint), the node
+/// keeps serving; with room, the next backup is whole. The same for `backup pull` into a
+/// destination that fills.
+#[test]
+fn a_backup_that_runs_out_of_space_fails_cleanly_and_the_node_keeps_working() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    store_with_hooks(&data, 60_000);
+    let small = dir.path().join("small");
+    std::fs::create_dir(&small).unwrap();
+    let volume = Tmpfs::mount(&small, "256k");
+    let (admin, ingest) = (free_port(), free_port());
+    let yaml = |backup_dir: &Path| {
+        format!(
+            r#"
+data_dir: {}
+ingest: {{ listen: "127.0.0.1:{ingest}" }}
+admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML}, backup_dir: {} }}
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
+sinks: [{{ id: a, url: "http://127.0.0.1:9/" }}, {{ id: b, url: "http://127.0.0.1:9/" }}]
+routes: [{{ id: r, sinks: [a, b] }}]
+"#,
+            data.display(),
+            backup_dir.display()
+        )
+    };
+    let empty = |d: &Path| std::fs::read_dir(d).unwrap().next().is_none();
+
+    // `backup pull` into a destination that fills (the node's own staging has room).
+    let node = Proc::start(dir.path(), &yaml(&dir.path().join("staging")), admin);
+    let out = bin()
+        .args([
+            "backup",
+            "pull",
+            "--from",
+            &format!("http://127.0.0.1:{admin}"),
+            "--to",
+        ])
+        .arg(&small)
+        .env("ANKUSA_ADMIN_TOKEN", ADMIN_TOKEN)
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("No space left"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(empty(&small), "the pull left its partial archive");
+    drop(node);
+
+    // The node's own backup volume fills: staged and streamed backups fail cleanly.
+    let _node = Proc::start(dir.path(), &yaml(&small), admin);
+    for path in ["/v1/backups", "/v1/backups/stream"] {
+        let (status, body) = http_admin(admin, "POST", path, "", Duration::from_secs(60)).unwrap();
+        assert_eq!(status, 500, "{path}: {body}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["error"], "backup_failed", "{path}: {v}");
+        assert!(
+            v["message"].as_str().unwrap().contains("No space left"),
+            "{v}"
+        );
+        assert!(empty(&small), "{path} left files on the volume");
+    }
+    // The node keeps working: ready, and taking hooks.
+    assert_eq!(http_get(admin, "/readyz").unwrap().0, 200);
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let r = rt.block_on(post(
+        &client(),
+        &format!("http://127.0.0.1:{ingest}/ingest/in"),
+        &[("x-tenant", "acme".to_owned())],
+        "{}",
+    ));
+    assert_eq!(r.status, 202);
+    // With room, a whole backup.
+    volume.resize("512m");
+    let (status, body) =
+        http_admin(admin, "POST", "/v1/backups", "", Duration::from_secs(60)).unwrap();
+    assert_eq!(status, 200, "{body}");
+    let names: Vec<String> = std::fs::read_dir(&small)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 1, "{names:?}");
+    assert!(names[0].ends_with(".tar.zst"), "{names:?}");
+}
