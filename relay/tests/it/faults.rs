@@ -281,3 +281,211 @@ routes: [{{ id: r, sinks: [a, b] }}]
     assert_eq!(names.len(), 1, "{names:?}");
     assert!(names[0].ends_with(".tar.zst"), "{names:?}");
 }
+
+/// An ext4 image on a loop device, mounted for the test, unmounted when dropped.
+struct LoopDisk {
+    image: PathBuf,
+    at: PathBuf,
+}
+
+impl LoopDisk {
+    fn new(image: &Path, at: &Path, size: &str) -> LoopDisk {
+        let ok = |c: &mut std::process::Command| {
+            let out = c.output().expect("run");
+            assert!(out.status.success(), "{c:?}: {}", text(&out.stderr));
+        };
+        ok(std::process::Command::new("truncate")
+            .args(["-s", size])
+            .arg(image));
+        ok(std::process::Command::new("mkfs.ext4").arg("-q").arg(image));
+        std::fs::create_dir_all(at).unwrap();
+        let d = LoopDisk {
+            image: image.to_owned(),
+            at: at.to_owned(),
+        };
+        d.mount();
+        d
+    }
+
+    fn mount(&self) {
+        let out = std::process::Command::new("mount")
+            .args(["-o", "loop"])
+            .arg(&self.image)
+            .arg(&self.at)
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mounting a loop device for the I/O-error test (it needs root): {}",
+            text(&out.stderr)
+        );
+    }
+
+    fn unmount(&self) {
+        let out = std::process::Command::new("umount")
+            .arg(&self.at)
+            .output()
+            .expect("umount");
+        assert!(out.status.success(), "umount: {}", text(&out.stderr));
+    }
+
+    /// ext4's shutdown ioctl (`EXT4_IOC_SHUTDOWN`, without flushing the journal): from
+    /// now on every read, write and sync on the filesystem fails with EIO, as on a disk
+    /// that died under the node.
+    fn fail_every_io(&self) {
+        let out = std::process::Command::new("python3")
+            .args([
+                "-c",
+                "import fcntl, os, struct, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.ioctl(fd, 0x8004587D, struct.pack('I', 2))",
+            ])
+            .arg(&self.at)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "shutdown ioctl: {}",
+            text(&out.stderr)
+        );
+    }
+}
+
+impl Drop for LoopDisk {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.at).output();
+    }
+}
+
+/// The disk under the store starts failing every I/O (the WAL's sync included) while
+/// hooks arrive from eight senders: the node stops acking — every answer after the
+/// failure is 503 — says why on `/v1/node` and `/readyz`, and every hook it acked before
+/// is in the store once the disk is back (remounted) and the node restarted: delivered,
+/// with counters equal to a fold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_io_error_under_the_wal_stops_every_ack_and_loses_nothing_acked() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = LoopDisk::new(
+        &dir.path().join("disk.img"),
+        &dir.path().join("mnt"),
+        "256M",
+    );
+    let data = disk.at.join("db");
+    let (admin, ingest) = (free_port(), free_port());
+    let sink = TestSink::start().await;
+    let yaml = format!(
+        r#"data_dir: {data}
+ingest: {{ listen: "127.0.0.1:{ingest}" }}
+admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML}, backup_dir: {backups} }}
+dispatch: {{ tick_interval_ms: 20 }}
+sinks: [{{ id: s, url: "{sink}" }}]
+routes: [{{ id: r, sinks: [s] }}]
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
+"#,
+        data = data.display(),
+        backups = dir.path().join("backups").display(),
+        sink = sink.url("/hooks"),
+    );
+    let start = {
+        let (dir, yaml) = (dir.path().to_owned(), yaml.clone());
+        move || {
+            let (dir, yaml) = (dir.clone(), yaml.clone());
+            tokio::task::spawn_blocking(move || Proc::start(&dir, &yaml, admin))
+        }
+    };
+    let mut node = start().await.unwrap();
+    let url = format!("http://127.0.0.1:{ingest}/ingest/in");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // (hook id, answered at) of each ack, and when each refusal came.
+    type Answers = (Vec<(String, Instant)>, Vec<Instant>);
+    let senders: Vec<tokio::task::JoinHandle<Answers>> = (0..8)
+        .map(|w| {
+            let (url, stop) = (url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let c = client();
+                let (mut acked, mut refused) = (Vec::new(), Vec::new());
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = format!(r#"{{"w":{w},"n":{n}}}"#);
+                    n += 1;
+                    match try_post(&c, &url, &[("x-tenant", format!("t{w}"))], body).await {
+                        Some(r) if r.status == 202 => acked
+                            .push((r.json()["id"].as_str().unwrap().to_owned(), Instant::now())),
+                        Some(r) => {
+                            assert_eq!(r.status, 503, "{:?}", r.json());
+                            refused.push(Instant::now());
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        None => tokio::time::sleep(Duration::from_millis(5)).await,
+                    }
+                }
+                (acked, refused)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    disk.fail_every_io();
+    let failed_at = Instant::now();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    // Not ready, saying why.
+    let (s, b) = tokio::task::spawn_blocking(move || http_get(ingest, "/readyz").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(s, 503, "{b}");
+    assert!(b.contains("store_unavailable"), "{b}");
+    let (s, b) = tokio::task::spawn_blocking(move || http_get_admin(admin, "/v1/node").unwrap())
+        .await
+        .unwrap();
+    assert_eq!(s, 200, "{b}");
+    let status: serde_json::Value = serde_json::from_str(&b).unwrap();
+    assert!(status["write_error"]["message"].is_string(), "{status}");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut acked = std::collections::BTreeSet::new();
+    let mut last_ack = failed_at - Duration::from_secs(3600);
+    let mut refusals = 0;
+    for s in senders {
+        let (a, r) = s.await.unwrap();
+        for (id, at) in a {
+            last_ack = last_ack.max(at);
+            acked.insert(id);
+        }
+        refusals += r.iter().filter(|at| **at > failed_at).count();
+    }
+    assert!(acked.len() > 50, "acked {} before the failure", acked.len());
+    assert!(refusals > 0, "nothing was refused after the disk failed");
+    // Acks stop with the failure: at most the commits already synced answer after it.
+    assert!(
+        last_ack < failed_at + Duration::from_millis(500),
+        "acked {:?} after the disk failed",
+        last_ack - failed_at
+    );
+    node.kill9();
+    // The disk comes back (the journal replays on mount); the node starts on the store.
+    disk.unmount();
+    disk.mount();
+    let _node = start().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got: std::collections::BTreeSet<String> = sink
+            .on("/hooks")
+            .iter()
+            .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
+            .collect();
+        let missing = acked.difference(&got).count();
+        if missing == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of {} acked hooks never arrived",
+            acked.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(_node);
+    let out = run(&["store", "verify", "--data", data.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}
