@@ -28,7 +28,8 @@
 //!   family, so tests can prove which families a code path touches.
 
 pub mod fixture;
-pub mod keys;
+/// Every key layout (crate `ankusa-keys`: no RocksDB, fuzzed on its own).
+pub use ankusa_keys as keys;
 pub mod legacy;
 pub mod merge;
 pub mod migrate;
@@ -52,88 +53,36 @@ pub const SUPPORTED_FORMAT: u32 = 3;
 /// a directory that still holds it is a cut restore, which no command opens.
 pub const RESTORING_MARKER: &str = "ANKUSA-RESTORING";
 
-/// The column families of a store.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Cf {
-    Default,
-    Hooks,
-    Deliveries,
-    Index,
-    Audit,
-    Quarantine,
-    Archive,
-    Tenants,
-    Counters,
-}
+pub use ankusa_keys::Cf;
 
-impl Cf {
-    pub const ALL: [Cf; 9] = [
-        Cf::Default,
-        Cf::Hooks,
-        Cf::Deliveries,
-        Cf::Index,
-        Cf::Audit,
-        Cf::Quarantine,
-        Cf::Archive,
-        Cf::Tenants,
-        Cf::Counters,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Cf::Default => "default",
-            Cf::Hooks => "hooks",
-            Cf::Deliveries => "deliveries",
-            Cf::Index => "index",
-            Cf::Audit => "audit",
-            Cf::Quarantine => "quarantine",
-            Cf::Archive => "archive",
-            Cf::Tenants => "tenants",
-            Cf::Counters => "counters",
+/// RocksDB's options of a column family.
+fn cf_options(cf: Cf) -> Options {
+    let mut o = Options::default();
+    match cf {
+        Cf::Counters => {
+            // Small buffer: a flush collapses the memtable's operands, which bounds the
+            // operands a counter read has to apply.
+            o.set_write_buffer_size(1 << 20);
+            o.set_compression_type(DBCompressionType::None);
+            o.set_merge_operator(merge::NAME, merge::full_merge, merge::partial_merge);
+        }
+        Cf::Index | Cf::Tenants => {
+            o.set_write_buffer_size(16 << 20);
+            o.set_compression_type(DBCompressionType::None);
+            let mut b = BlockBasedOptions::default();
+            b.set_bloom_filter(10.0, false);
+            o.set_block_based_table_factory(&b);
+        }
+        Cf::Hooks | Cf::Archive | Cf::Quarantine => {
+            o.set_write_buffer_size(64 << 20);
+            o.set_compression_type(DBCompressionType::Zstd);
+        }
+        Cf::Default | Cf::Deliveries | Cf::Audit => {
+            o.set_write_buffer_size(16 << 20);
+            o.set_compression_type(DBCompressionType::None);
         }
     }
-
-    pub fn from_name(name: &str) -> Option<Cf> {
-        Cf::ALL.into_iter().find(|cf| cf.name() == name)
-    }
-
-    /// The column families a store of `format` has (`tenants` and `counters` came with 3).
-    pub fn of_format(format: u32) -> &'static [Cf] {
-        if format >= 3 {
-            &Cf::ALL
-        } else {
-            &Cf::ALL[..7]
-        }
-    }
-
-    fn options(self) -> Options {
-        let mut o = Options::default();
-        match self {
-            Cf::Counters => {
-                // Small buffer: a flush collapses the memtable's operands, which bounds the
-                // operands a counter read has to apply.
-                o.set_write_buffer_size(1 << 20);
-                o.set_compression_type(DBCompressionType::None);
-                o.set_merge_operator(merge::NAME, merge::full_merge, merge::partial_merge);
-            }
-            Cf::Index | Cf::Tenants => {
-                o.set_write_buffer_size(16 << 20);
-                o.set_compression_type(DBCompressionType::None);
-                let mut b = BlockBasedOptions::default();
-                b.set_bloom_filter(10.0, false);
-                o.set_block_based_table_factory(&b);
-            }
-            Cf::Hooks | Cf::Archive | Cf::Quarantine => {
-                o.set_write_buffer_size(64 << 20);
-                o.set_compression_type(DBCompressionType::Zstd);
-            }
-            Cf::Default | Cf::Deliveries | Cf::Audit => {
-                o.set_write_buffer_size(16 << 20);
-                o.set_compression_type(DBCompressionType::None);
-            }
-        }
-        o
-    }
+    o
 }
 
 /// One change in an atomic batch.
@@ -508,7 +457,7 @@ impl Store {
                 existing
                     .iter()
                     .filter_map(|n| Cf::from_name(n))
-                    .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf.options())),
+                    .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(cf))),
                 false,
             )?;
             return Ok(Store {
@@ -579,7 +528,7 @@ impl Store {
             &o,
             &path,
             cfs.iter()
-                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf.options())),
+                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(*cf))),
         )?;
         Ok(Store {
             db,

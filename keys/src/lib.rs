@@ -11,7 +11,60 @@
 //! own op builders only: `queue::deliveries` is the one caller, and a test scans the
 //! crate's sources to keep it so (the ADR's structural guard).
 
-use super::Cf;
+/// The column families of a store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Cf {
+    Default,
+    Hooks,
+    Deliveries,
+    Index,
+    Audit,
+    Quarantine,
+    Archive,
+    Tenants,
+    Counters,
+}
+
+impl Cf {
+    pub const ALL: [Cf; 9] = [
+        Cf::Default,
+        Cf::Hooks,
+        Cf::Deliveries,
+        Cf::Index,
+        Cf::Audit,
+        Cf::Quarantine,
+        Cf::Archive,
+        Cf::Tenants,
+        Cf::Counters,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Cf::Default => "default",
+            Cf::Hooks => "hooks",
+            Cf::Deliveries => "deliveries",
+            Cf::Index => "index",
+            Cf::Audit => "audit",
+            Cf::Quarantine => "quarantine",
+            Cf::Archive => "archive",
+            Cf::Tenants => "tenants",
+            Cf::Counters => "counters",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Cf> {
+        Cf::ALL.into_iter().find(|cf| cf.name() == name)
+    }
+
+    /// The column families a store of `format` has (`tenants` and `counters` came with 3).
+    pub fn of_format(format: u32) -> &'static [Cf] {
+        if format >= 3 {
+            &Cf::ALL
+        } else {
+            &Cf::ALL[..7]
+        }
+    }
+}
 
 /// Commit order of a hook, assigned by the writer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]

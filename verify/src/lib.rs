@@ -8,7 +8,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use crate::config::SigEncoding;
+use ankusa_config::SigEncoding;
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -65,9 +65,9 @@ pub trait Headers {
     fn get(&self, name: &str) -> Option<&str>;
 }
 
-impl Headers for axum::http::HeaderMap {
+impl Headers for http::HeaderMap {
     fn get(&self, name: &str) -> Option<&str> {
-        axum::http::HeaderMap::get(self, name).and_then(|v| v.to_str().ok())
+        http::HeaderMap::get(self, name).and_then(|v| v.to_str().ok())
     }
 }
 
@@ -240,7 +240,7 @@ impl Verifier {
 
 /// Lower-case hex.
 pub fn hex(b: &[u8]) -> String {
-    crate::store::keys::hex(b)
+    ankusa_keys::hex(b)
 }
 
 #[cfg(test)]
