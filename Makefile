@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps run test fmt lint nextest e2e testenv crds bench
+.PHONY: deps run test fmt lint nextest e2e testenv crds bench fuzz fuzz-smoke
 
 deps:
 	@bash scripts/install-deps.sh
@@ -21,8 +21,17 @@ run: deps
 ## Every check and every test, from a clean clone. The tests run against a real
 ## Kubernetes control plane that scripts/k8s-testenv.sh builds (once, from the Go modules
 ## pinned in e2e/testenv/go.mod) and starts on 127.0.0.1, and stops when they end.
-test: deps fmt lint
+test: deps fmt lint fuzz-smoke
 	bash scripts/k8s-testenv.sh run -- $(MAKE) --no-print-directory nextest e2e
+
+## Every fuzz target (fuzz/, cargo fuzz on nightly) for FUZZ_SECONDS each (default 10 min).
+FUZZ_SECONDS ?= 600
+fuzz:
+	bash scripts/fuzz.sh $(FUZZ_SECONDS)
+
+# The smoke `make test` runs: each target for 20 s; a crash fails the build.
+fuzz-smoke:
+	bash scripts/fuzz.sh 20
 
 fmt:
 	$(CARGO) fmt --all -- --check
