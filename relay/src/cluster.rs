@@ -271,8 +271,11 @@ impl Cluster {
 
     /// Makes sure the registry holds `tenant` before this node, its owner, stores a hook
     /// of it: once per tenant and process. `exists`: whether the store already holds it.
+    /// A tenant the store holds is taken at once — it exists, and its hooks must not wait
+    /// for the registry node — and registered in the background (a registry that does not
+    /// answer then misses it until the next try); a new one waits for the registry's word.
     pub async fn admit(
-        &self,
+        self: &Arc<Self>,
         tenant: &str,
         exists: impl FnOnce() -> Result<bool, StoreError>,
     ) -> Result<Admission, AdmitError> {
@@ -280,6 +283,16 @@ impl Cluster {
             return Ok(Admission::Admitted);
         }
         let exists = exists()?;
+        if exists && self.registry.is_none() {
+            self.remember(tenant);
+            let (me, t) = (self.clone(), tenant.to_owned());
+            tokio::spawn(async move {
+                if let Err(e) = me.admit_remote(&t, true).await {
+                    tracing::debug!(tenant = %t, error = %e, "registering an existing tenant failed; the next start tries again");
+                }
+            });
+            return Ok(Admission::Admitted);
+        }
         let answer = match &self.registry {
             Some(r) => {
                 let a = r.admit(tenant, exists)?;
@@ -289,14 +302,18 @@ impl Cluster {
             None => self.admit_remote(tenant, exists).await?,
         };
         if answer == Admission::Admitted {
-            let mut set = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
-            if set.len() >= ADMITTED_CEILING {
-                set.clear();
-            }
-            set.insert(tenant.to_owned());
-            self.metrics.cluster_tenants_owned.set(set.len() as i64);
+            self.remember(tenant);
         }
         Ok(answer)
+    }
+
+    fn remember(&self, tenant: &str) {
+        let mut set = self.admitted.lock().unwrap_or_else(|e| e.into_inner());
+        if set.len() >= ADMITTED_CEILING {
+            set.clear();
+        }
+        set.insert(tenant.to_owned());
+        self.metrics.cluster_tenants_owned.set(set.len() as i64);
     }
 
     fn is_admitted(&self, tenant: &str) -> bool {

@@ -679,3 +679,36 @@ fn a_tenants_view_dlq_replay_and_purge_add_up_what_a_former_owner_still_holds() 
     let (_, v) = r.admin_get(1, &format!("/v1/tenants/{t}"));
     assert_eq!(v["counters"]["dead"], 0, "{v}");
 }
+
+#[test]
+fn with_the_registry_node_down_only_new_tenants_wait() {
+    let mut r = Relay::new(3, "");
+    r.start_all();
+    let owned = tenants_per_owner(&r, 2);
+    let (known, new) = (owned[1][0].clone(), owned[1][1].clone());
+    let c = client();
+    r.rt.block_on(async {
+        assert_eq!(r.send(&c, 1, &known, "k-1").await.unwrap().status, 202);
+    });
+    // The registry (the first node) goes down, and node 1 restarts: it has forgotten
+    // which tenants the registry admitted, but its store holds `known`.
+    r.kill9(0);
+    r.kill9(1);
+    r.start(1);
+    r.rt.block_on(async {
+        let a = r.send(&c, 2, &known, "k-2").await.unwrap();
+        assert_eq!(a.status, 202, "a tenant the owner stores: {:?}", a.json());
+        let a = r.send(&c, 1, &new, "n-1").await.unwrap();
+        assert_eq!(a.status, 503, "{:?}", a.json());
+        assert_eq!(a.json()["error"], "registry_unavailable");
+        assert!(a.headers.contains_key("retry-after"));
+    });
+    // The registry back: the new tenant is admitted, and counted once.
+    r.start(0);
+    r.rt.block_on(async {
+        let a = r.send(&c, 1, &new, "n-2").await.unwrap();
+        assert_eq!(a.status, 202, "{:?}", a.json());
+    });
+    let (_, all) = r.admin_get(2, "/v1/tenants");
+    assert_eq!(all["total"], 2, "{all}");
+}
