@@ -45,7 +45,7 @@ sig=$(printf '%s.%s' "$ts" "$body" | openssl dgst -sha256 -hmac whsec_e2e_stripe
 code=$(curl -s -o "$work/ack.json" -w '%{http_code}' -X POST "$ingest" -H 'content-type: application/json' \
   -H "stripe-signature: t=${ts},v1=${sig}" -d "$body")
 [ "$code" = 202 ] || { echo "e2e: a signed hook was answered $code: $(cat "$work/ack.json")" >&2; exit 1; }
-echo "e2e: the same event sent to hooks-1 reaches its tenant's owner, which answers it is a duplicate"
+echo "e2e: the same event sent to hooks-1 reaches its tenant's owner, which answers it is a duplicate; the status counts the tenant once, owned by one node"
 # The operator wrote both nodes into each one's cluster.nodes: whichever node owns
 # acct_e2e dedupes the provider's retry, whichever node it reaches.
 code=$(curl -s -o "$work/dup.json" -w '%{http_code}' -X POST "http://127.0.0.1:${proxy}/ingest/$ns/hooks-1/ingest/stripe" \
@@ -59,6 +59,14 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 [ "$tenants" = 1 ] || { echo "e2e: the status counts $tenants tenants, not 1" >&2; exit 1; }
+# One node owns acct_e2e: its share is 1, the other's 0 (the status polls every 2 s).
+for _ in $(seq 1 100); do
+  owned=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.nodes[*].tenantsOwned}')
+  [ "$(tr ' ' '\n' <<<"$owned" | sort | tr '\n' ' ')" = "0 1 " ] && break
+  sleep 0.2
+done
+[ "$(tr ' ' '\n' <<<"$owned" | sort | tr '\n' ' ')" = "0 1 " ] \
+  || { echo "e2e: the nodes' owned tenants are '$owned', not one node with 1" >&2; exit 1; }
 kubectl -n "$ns" get relays
 
 echo "e2e: hooks-0 deleted: its process stops, the StatefulSet's new pod gets one on the same store"
