@@ -388,6 +388,27 @@ impl Cluster {
             .await
     }
 
+    /// [`Cluster::forward_admin`] to the node named `name`.
+    pub async fn forward_admin_named(
+        &self,
+        name: &str,
+        method: Method,
+        path_and_query: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response, Unreachable> {
+        match self.members.iter().find(|m| m.name == name) {
+            Some(m) => {
+                self.forward_admin(m, method, path_and_query, headers, body)
+                    .await
+            }
+            None => Err(Unreachable {
+                node: name.to_owned(),
+                reason: "not in the node list".into(),
+            }),
+        }
+    }
+
     /// One request to another node, with the cluster token, within `forward_timeout_ms`;
     /// the answer read whole (status, `content-type`, `retry-after`, body).
     #[allow(clippy::too_many_arguments)]

@@ -30,7 +30,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::api::Api;
-use crate::cluster::{Admission, Member, LOCAL_HEADER};
+use crate::cluster::{Admission, Member, Unreachable, LOCAL_HEADER};
 use crate::http::error;
 
 /// The largest replay body read to find its tenant.
@@ -192,23 +192,14 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
     let others = from.iter().filter(|(n, _)| *n != me).map(|(n, c)| {
         let (pq, headers) = (pq_of(c), &headers);
         async move {
-            let m = cluster.members().iter().find(|m| m.name == *n);
-            let r = match m {
-                Some(m) => {
-                    cluster
-                        .forward_admin(m, Method::GET, &pq, headers, Bytes::new())
-                        .await
-                }
-                None => Err(crate::cluster::Unreachable {
-                    node: n.clone(),
-                    reason: "not in the node list".into(),
-                }),
-            };
+            let r = cluster
+                .forward_admin_named(n, Method::GET, &pq, headers, Bytes::new())
+                .await;
             (n.clone(), r)
         }
     });
     let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
-    let mut answers: Vec<(String, Result<Response, crate::cluster::Unreachable>)> = Vec::new();
+    let mut answers: Vec<(String, Result<Response, Unreachable>)> = Vec::new();
     if let Some(l) = local {
         answers.push((me.clone(), l));
     }
@@ -216,13 +207,13 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
     let mut pages: Vec<NodePage> = Vec::new();
     let mut unavailable = Vec::new();
     let (mut found, mut not_found) = (false, None);
-    for (name, r) in answers {
+    for (name, r) in read_all(answers).await {
         let start = from
             .iter()
             .find(|(n, _)| *n == name)
             .and_then(|(_, c)| c.clone());
-        let resp = match r {
-            Ok(resp) => resp,
+        let (status, bytes) = match r {
+            Ok(answer) => answer,
             Err(e) if name == owner.name => return answer_of(&owner, Err(e)),
             Err(_) => {
                 unavailable.push(name.clone());
@@ -231,13 +222,6 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
                 continue;
             }
         };
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
         if status == StatusCode::NOT_FOUND {
             // The tenant is not there: nothing of it on that node.
             not_found = Some(bytes);
@@ -395,44 +379,25 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
     let others = groups.iter().filter(|(n, _)| **n != me).map(|(n, ids)| {
         let (b, headers) = (body_for(ids), &headers);
         async move {
-            let m = cluster.members().iter().find(|m| m.name == *n);
-            match m {
-                Some(m) => (
-                    n.clone(),
-                    cluster
-                        .forward_admin(m, Method::POST, "/v1/dlq/replay", headers, b)
-                        .await,
-                ),
-                None => (
-                    n.clone(),
-                    Err(crate::cluster::Unreachable {
-                        node: n.clone(),
-                        reason: "not in the node list".into(),
-                    }),
-                ),
-            }
+            let r = cluster
+                .forward_admin_named(n, Method::POST, "/v1/dlq/replay", headers, b)
+                .await;
+            (n.clone(), r)
         }
     });
     let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
     let mut revived = 0i64;
     let mut unavailable = Vec::new();
-    let mut answers: Vec<(String, Result<Response, crate::cluster::Unreachable>)> = Vec::new();
+    let mut answers: Vec<(String, Result<Response, Unreachable>)> = Vec::new();
     if let Some(l) = local {
         answers.push((me, Ok(l)));
     }
     answers.extend(remote);
-    for (name, r) in answers {
-        let Ok(resp) = r else {
+    for (name, r) in read_all(answers).await {
+        let Ok((status, bytes)) = r else {
             unavailable.push(name);
             continue;
         };
-        let status = resp.status();
-        let bytes = resp
-            .into_body()
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-            .unwrap_or_default();
         if status != StatusCode::OK {
             // The caller's own error (a bad id, a bad token) is every node's.
             return raw(status, bytes);
@@ -473,26 +438,21 @@ enum Merge {
 /// is when it is an error other than 404, 503 `owner_unavailable` when it gave none.
 async fn merged(
     owner: &Member,
-    answers: Vec<(String, Result<Response, crate::cluster::Unreachable>)>,
+    answers: Vec<(String, Result<Response, Unreachable>)>,
     merge: Merge,
 ) -> Response {
     let mut owner_answer = None;
     let mut found: Vec<Value> = Vec::new();
     let mut unavailable = Vec::new();
-    for (name, r) in answers {
+    for (name, r) in read_all(answers).await {
         let is_owner = name == owner.name;
-        let resp = match r {
-            Ok(resp) => resp,
+        let (status, bytes) = match r {
+            Ok(answer) => answer,
             Err(e) if is_owner => return answer_of(owner, Err(e)),
             Err(_) => {
                 unavailable.push(name);
                 continue;
             }
-        };
-        let status = resp.status();
-        let Ok(bytes) = resp.into_body().collect().await.map(|c| c.to_bytes()) else {
-            unavailable.push(name);
-            continue;
         };
         if is_owner {
             if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
@@ -535,6 +495,30 @@ async fn merged(
     Json(out).into_response()
 }
 
+/// Each node's answer read whole: its status and body (a body cut short is no answer).
+async fn read_all(
+    answers: Vec<(String, Result<Response, Unreachable>)>,
+) -> Vec<(String, Result<(StatusCode, Bytes), Unreachable>)> {
+    let mut out = Vec::with_capacity(answers.len());
+    for (name, r) in answers {
+        let read = match r {
+            Ok(resp) => {
+                let status = resp.status();
+                match resp.into_body().collect().await {
+                    Ok(c) => Ok((status, c.to_bytes())),
+                    Err(e) => Err(Unreachable {
+                        node: name.clone(),
+                        reason: e.to_string(),
+                    }),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        out.push((name, read));
+    }
+    out
+}
+
 /// An answer as it came.
 fn raw(status: StatusCode, body: Bytes) -> Response {
     let mut r = Response::new(Body::from(body));
@@ -546,7 +530,7 @@ fn raw(status: StatusCode, body: Bytes) -> Response {
     r
 }
 
-fn answer_of(owner: &Member, r: Result<Response, crate::cluster::Unreachable>) -> Response {
+fn answer_of(owner: &Member, r: Result<Response, Unreachable>) -> Response {
     r.unwrap_or_else(|e| {
         let mut r = error(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -591,18 +575,10 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
     let mut merged: std::collections::BTreeMap<String, Value> = Default::default();
     let (mut nodes, mut unavailable) = (Vec::new(), Vec::new());
     let (mut registered, mut summed_total) = (None, 0u64);
-    for (name, r) in answers {
-        let Ok(resp) = r else {
+    for (name, r) in read_all(answers).await {
+        let Ok((status, body)) = r else {
             unavailable.push(name);
             continue;
-        };
-        let status = resp.status();
-        let body = match resp.into_body().collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(_) => {
-                unavailable.push(name);
-                continue;
-            }
         };
         if status != StatusCode::OK {
             // The caller's own error (a bad token, a bad parameter) is every node's.
