@@ -16,13 +16,11 @@ use std::time::{Duration, Instant};
 
 use ankusa_relay::config::Config;
 use ankusa_relay::node::Node;
-use ankusa_relay::queue::deliveries::{self, Envelope, Tx};
-use ankusa_relay::queue::writer::Assembler;
-use ankusa_relay::store::keys::{AtMs, Family};
-use ankusa_relay::store::{OpenOptions, Store};
 use http_body_util::{BodyExt, Full};
 
 mod load;
+#[path = "../tests/it/seed.rs"]
+mod seed;
 
 const DEAD: u64 = 100_000;
 const TENANTS: u64 = 1_000;
@@ -31,60 +29,6 @@ const CLIENTS: u64 = 64;
 const BODY: usize = 1_024;
 const BASELINE: Duration = Duration::from_secs(5);
 const TOKEN: &str = "bench-admin-token-0123456789";
-
-/// Writes DEAD dead rows into a new store at `dir`.
-fn seed(dir: &std::path::Path) {
-    let store = Store::open(dir, &OpenOptions::default()).expect("open");
-    let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
-    let now = ankusa_relay::now_ms();
-    let mut n = 0;
-    while n < DEAD {
-        let envs: Vec<Envelope> = (n..(n + 1_000).min(DEAD))
-            .map(|i| Envelope {
-                id: format!("hk_{i}"),
-                tenant: Some(format!("tenant-{}", i % TENANTS)),
-                source: "bench".into(),
-                received_at: AtMs(now - 60_000),
-                content_type: "application/json".into(),
-                sinks: vec!["s".into()],
-                body: vec![b'x'; 256],
-                headers: Vec::new(),
-            })
-            .collect();
-        let b = asm.assemble(&store, &envs, false).expect("assemble");
-        asm.commit(&store, b, false).expect("commit");
-        n += envs.len() as u64;
-    }
-    loop {
-        let rows: Vec<deliveries::DueRow> = store
-            .scan_family(Family::Due)
-            .expect("scan")
-            .take(5_000)
-            .map(|kv| {
-                let (k, v) = kv.expect("row");
-                deliveries::DueRow::decode(&k, &v).expect("due row")
-            })
-            .collect();
-        if rows.is_empty() {
-            break;
-        }
-        let mut tx = Tx::new();
-        for r in &rows {
-            let inflight = deliveries::claim(&mut tx, r);
-            deliveries::dead_letter(
-                &mut tx,
-                &inflight,
-                AtMs(now - 30_000),
-                "bench",
-                "hk",
-                "s",
-                None,
-            );
-        }
-        tx.commit(&store, false).expect("dead-letter");
-    }
-    store.sync_wal().expect("sync");
-}
 
 /// Open-loop ingest at RATE for `window`: when each request was sent, and its ack latency.
 async fn ingest(url: Arc<str>, window: Duration, offset: u64) -> Vec<(Instant, Duration)> {
@@ -131,7 +75,7 @@ fn main() -> std::process::ExitCode {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("db");
     let t = Instant::now();
-    seed(&data);
+    seed::store_with_dead(&data, DEAD, TENANTS, "bench", 256);
     println!(
         "seeded {DEAD} dead rows in {:.1}s",
         t.elapsed().as_secs_f64()

@@ -294,16 +294,20 @@ fn the_same_github_delivery_sent_to_each_node_is_one_hook_delivered_once() {
 
 /// A GET answered by the node it reaches (`ankusa-cluster-local`): its status.
 fn local_get(r: &Relay, i: usize, path: &str) -> u16 {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(("127.0.0.1", r.specs[i].admin)).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\nankusa-cluster-local: 1\r\nConnection: close\r\n\r\n"
+    let headers = [
+        format!("Authorization: Bearer {ADMIN}"),
+        "ankusa-cluster-local: 1".to_owned(),
+    ];
+    http_raw(
+        r.specs[i].admin,
+        "GET",
+        path,
+        &headers,
+        "",
+        Duration::from_secs(5),
     )
-    .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).unwrap();
-    out.split_whitespace().nth(1).unwrap().parse().unwrap()
+    .unwrap()
+    .0
 }
 
 #[test]
@@ -659,21 +663,15 @@ fn a_tenants_view_dlq_replay_and_purge_add_up_what_a_former_owner_still_holds() 
     assert_eq!(a["revived"], 2, "{a}");
     // Dead again; purge both from node 1.
     dead_again();
-    let (status, body) = {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", r.specs[1].admin)).unwrap();
-        write!(
-            s,
-            "DELETE /v1/tenants/{t}/queue?kinds=pending,dead HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {ADMIN}\r\nConnection: close\r\n\r\n"
-        )
-        .unwrap();
-        let mut out = String::new();
-        s.read_to_string(&mut out).unwrap();
-        let status: u16 = out.split_whitespace().nth(1).unwrap().parse().unwrap();
-        let body: serde_json::Value =
-            serde_json::from_str(out.split("\r\n\r\n").nth(1).unwrap()).unwrap();
-        (status, body)
-    };
+    let (status, body) = http_admin(
+        r.specs[1].admin,
+        "DELETE",
+        &format!("/v1/tenants/{t}/queue?kinds=pending,dead"),
+        "",
+        Duration::from_secs(30),
+    )
+    .unwrap();
+    let body: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["dead"], 2, "{body}");
     let (_, v) = r.admin_get(1, &format!("/v1/tenants/{t}"));

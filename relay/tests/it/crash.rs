@@ -438,7 +438,7 @@ impl DeadStore {
     fn new(rows: u64, tenants: u64) -> DeadStore {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("db");
-        store_with_dead(&data, rows, tenants);
+        crate::seed::store_with_dead(&data, rows, tenants, "it", 2);
         let (admin, ingest) = (free_port(), free_port());
         let yaml = format!(
             r#"

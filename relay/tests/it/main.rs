@@ -10,5 +10,6 @@ mod dispatch;
 mod docs;
 mod faults;
 mod ingest;
+mod seed;
 mod support;
 mod upgrade;

@@ -48,80 +48,28 @@ pub fn store_with_hooks(dir: &Path, hooks: u64) {
     asm.commit(&store, batch, true).expect("commit");
 }
 
-/// A format-3 store at `dir` holding `rows` dead rows (one sink each) over `tenants`
-/// tenants (`tenant-0`, …), dead-lettered a minute ago; closed again.
-pub fn store_with_dead(dir: &Path, rows: u64, tenants: u64) {
-    use ankusa_relay::queue::deliveries::{self, Tx};
-    use ankusa_relay::store::keys::Family;
-    let store = Store::open(dir, &OpenOptions::default()).expect("open");
-    let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
-    let now = ankusa_relay::now_ms();
-    let mut n = 0;
-    while n < rows {
-        let envs: Vec<Envelope> = (n..(n + 1_000).min(rows))
-            .map(|i| Envelope {
-                id: format!("hk_{i}"),
-                tenant: Some(format!("tenant-{}", i % tenants)),
-                source: "it".into(),
-                received_at: AtMs(now - 120_000),
-                content_type: "application/json".into(),
-                sinks: vec!["s".into()],
-                body: b"{}".to_vec(),
-                headers: Vec::new(),
-            })
-            .collect();
-        let b = asm.assemble(&store, &envs, false).expect("assemble");
-        asm.commit(&store, b, false).expect("commit");
-        n += envs.len() as u64;
-    }
-    loop {
-        let due: Vec<deliveries::DueRow> = store
-            .scan_family(Family::Due)
-            .expect("scan")
-            .take(5_000)
-            .map(|kv| {
-                let (k, v) = kv.expect("row");
-                deliveries::DueRow::decode(&k, &v).expect("due row")
-            })
-            .collect();
-        if due.is_empty() {
-            break;
-        }
-        let mut tx = Tx::new();
-        for r in &due {
-            let inflight = deliveries::claim(&mut tx, r);
-            deliveries::dead_letter(
-                &mut tx,
-                &inflight,
-                AtMs(now - 60_000),
-                "it",
-                "hk",
-                "s",
-                None,
-            );
-        }
-        tx.commit(&store, false).expect("dead-letter");
-    }
-    store.sync_wal().expect("sync");
-}
-
-/// One HTTP/1.1 request with the admin token over a fresh connection, waiting up to
-/// `wait` for the answer: (status, body); an error when the connection breaks (a killed
-/// server).
-pub fn http_admin(
+/// One HTTP/1.1 request over a fresh connection with `headers` (each `Name: value`) and
+/// `body`, waiting up to `wait` for the answer: (status, body); an error when the
+/// connection breaks (a killed server) or no status line comes.
+pub fn http_raw(
     port: u16,
     method: &str,
     path: &str,
+    headers: &[String],
     body: &str,
     wait: Duration,
 ) -> std::io::Result<(u16, String)> {
     let mut s = TcpStream::connect(("127.0.0.1", port))?;
     s.set_read_timeout(Some(wait))?;
-    write!(
-        s,
-        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {ADMIN_TOKEN}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )?;
+    let mut head = format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n");
+    for h in headers {
+        head.push_str(h);
+        head.push_str("\r\n");
+    }
+    if !body.is_empty() {
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    write!(s, "{head}Connection: close\r\n\r\n{body}")?;
     let mut resp = String::new();
     s.read_to_string(&mut resp)?;
     let status = resp
@@ -129,10 +77,23 @@ pub fn http_admin(
         .nth(1)
         .and_then(|c| c.parse().ok())
         .ok_or_else(|| std::io::Error::other("no status line"))?;
-    Ok((
-        status,
-        resp.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned(),
-    ))
+    let body = resp.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    Ok((status, body))
+}
+
+/// A JSON request with the admin token ([`http_raw`]).
+pub fn http_admin(
+    port: u16,
+    method: &str,
+    path: &str,
+    body: &str,
+    wait: Duration,
+) -> std::io::Result<(u16, String)> {
+    let headers = [
+        format!("Authorization: Bearer {ADMIN_TOKEN}"),
+        "Content-Type: application/json".to_owned(),
+    ];
+    http_raw(port, method, path, &headers, body, wait)
 }
 
 /// The admin token the integration tests' configurations name.
@@ -158,22 +119,11 @@ pub fn http_get_auth_token(port: u16, path: &str, token: &str) -> std::io::Resul
 }
 
 fn http_get_auth(port: u16, path: &str, token: Option<&str>) -> std::io::Result<(u16, String)> {
-    let mut s = TcpStream::connect(("127.0.0.1", port))?;
-    s.set_read_timeout(Some(Duration::from_secs(5)))?;
-    let auth = token.map_or(String::new(), |t| format!("Authorization: Bearer {t}\r\n"));
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n{auth}Connection: close\r\n\r\n"
-    )?;
-    let mut resp = String::new();
-    s.read_to_string(&mut resp)?;
-    let status = resp
-        .split_whitespace()
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    let body = resp.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
-    Ok((status, body))
+    let auth: Vec<String> = token
+        .map(|t| format!("Authorization: Bearer {t}"))
+        .into_iter()
+        .collect();
+    http_raw(port, "GET", path, &auth, "", Duration::from_secs(5))
 }
 
 /// A port that was free a moment ago.
