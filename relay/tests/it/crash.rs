@@ -505,6 +505,14 @@ routes: [{{ id: r, sinks: [s] }}]
         let _ = call.join().unwrap();
     }
 
+    /// `method path` with the admin token: its 200 answer, as JSON.
+    fn call(&self, method: &str, path: &str, body: &str) -> serde_json::Value {
+        let (status, body) =
+            http_admin(self.admin, method, path, body, Duration::from_secs(120)).unwrap();
+        assert_eq!(status, 200, "{method} {path}: {body}");
+        serde_json::from_str(&body).unwrap()
+    }
+
     /// `store verify`: the counters equal a fold of the families.
     fn assert_counters_equal_a_fold(&self) {
         let out = run(&["store", "verify", "--data", self.data.to_str().unwrap()]);
@@ -517,18 +525,17 @@ routes: [{{ id: r, sinks: [s] }}]
     }
 }
 
+/// A replay of every dead row: path and body.
+const REPLAY_ALL: (&str, &str) = ("/v1/dlq/replay", r#"{"from_ms":0}"#);
+/// A purge of every row of the only tenant.
+const PURGE_ALL: &str = "/v1/tenants/tenant-0/queue?kinds=pending,dead";
+
 #[test]
 fn kill_9_during_a_replay_of_100000_rows_leaves_each_row_moved_once() {
     const ROWS: i64 = 100_000;
     let s = DeadStore::new(ROWS as u64, 1_000);
     let mut node = s.start();
-    s.kill_during(
-        &mut node,
-        "POST",
-        "/v1/dlq/replay".into(),
-        r#"{"from_ms":0}"#,
-        5_000,
-    );
+    s.kill_during(&mut node, "POST", REPLAY_ALL.0.into(), REPLAY_ALL.1, 5_000);
     s.assert_counters_equal_a_fold();
     let node = s.start();
     let c = s.counters();
@@ -536,19 +543,8 @@ fn kill_9_during_a_replay_of_100000_rows_leaves_each_row_moved_once() {
     assert!(dead > 0 && dead < ROWS, "{c}");
     assert_eq!(queued_rows(&c), ROWS, "every row is somewhere, once: {c}");
     // Replayed again, exactly the rows the cut replay had not revived are revived.
-    let (status, body) = http_admin(
-        s.admin,
-        "POST",
-        "/v1/dlq/replay",
-        r#"{"from_ms":0}"#,
-        Duration::from_secs(120),
-    )
-    .unwrap();
-    assert_eq!(status, 200, "{body}");
-    let revived = serde_json::from_str::<serde_json::Value>(&body).unwrap()["revived"]
-        .as_i64()
-        .unwrap();
-    assert_eq!(revived, dead);
+    let v = s.call("POST", REPLAY_ALL.0, REPLAY_ALL.1);
+    assert_eq!(v["revived"].as_i64().unwrap(), dead, "{v}");
     let c = s.counters();
     assert_eq!(c["dead"], 0, "{c}");
     assert_eq!(queued_rows(&c), ROWS, "{c}");
@@ -561,13 +557,7 @@ fn kill_9_during_a_purge_of_100000_rows_leaves_each_row_purged_once() {
     const ROWS: i64 = 100_000;
     let s = DeadStore::new(ROWS as u64, 1);
     let mut node = s.start();
-    s.kill_during(
-        &mut node,
-        "DELETE",
-        "/v1/tenants/tenant-0/queue?kinds=pending,dead".into(),
-        "",
-        5_000,
-    );
+    s.kill_during(&mut node, "DELETE", PURGE_ALL.into(), "", 5_000);
     s.assert_counters_equal_a_fold();
     let node = s.start();
     let c = s.counters();
@@ -575,16 +565,7 @@ fn kill_9_during_a_purge_of_100000_rows_leaves_each_row_purged_once() {
     assert!(dead > 0 && dead < ROWS, "{c}");
     assert_eq!(queued_rows(&c), dead, "only dead rows: {c}");
     // Purged again, exactly the rest goes.
-    let (status, body) = http_admin(
-        s.admin,
-        "DELETE",
-        "/v1/tenants/tenant-0/queue?kinds=pending,dead",
-        "",
-        Duration::from_secs(120),
-    )
-    .unwrap();
-    assert_eq!(status, 200, "{body}");
-    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    let v = s.call("DELETE", PURGE_ALL, "");
     assert_eq!(v["dead"].as_i64().unwrap(), dead, "{v}");
     assert_eq!(queued_rows(&s.counters()), 0);
     drop(node);
