@@ -51,6 +51,7 @@ pub struct Config {
     pub dispatch: DispatchConfig,
     pub retry: RetryConfig,
     pub reclaim: ReclaimConfig,
+    pub hook_log: HookLogConfig,
     pub shutdown: ShutdownConfig,
     pub cluster: ClusterConfig,
     pub sources: Vec<SourceConfig>,
@@ -71,6 +72,7 @@ impl Default for Config {
             dispatch: DispatchConfig::default(),
             retry: RetryConfig::default(),
             reclaim: ReclaimConfig::default(),
+            hook_log: HookLogConfig::default(),
             shutdown: ShutdownConfig::default(),
             cluster: ClusterConfig::default(),
             sources: Vec::new(),
@@ -319,6 +321,33 @@ impl Default for ReclaimConfig {
         ReclaimConfig {
             interval_ms: 1_000,
             batch: 1_000,
+        }
+    }
+}
+
+/// The hook log: each hook's record (no body) and its deliveries' attempts, kept after
+/// the hook is delivered and reclaimed, for `GET /v1/hooks/{id}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct HookLogConfig {
+    pub enabled: bool,
+    /// Hooks older than this leave the log.
+    pub retention_ms: u64,
+    /// The log's ceiling: past it, the oldest hooks leave first.
+    pub max_hooks: u64,
+    pub prune_interval_ms: u64,
+    /// Hooks looked at per prune pass.
+    pub prune_batch: usize,
+}
+
+impl Default for HookLogConfig {
+    fn default() -> Self {
+        HookLogConfig {
+            enabled: true,
+            retention_ms: 259_200_000,
+            max_hooks: 10_000_000,
+            prune_interval_ms: 1_000,
+            prune_batch: 10_000,
         }
     }
 }
@@ -914,6 +943,14 @@ impl Config {
         }
         if self.reclaim.interval_ms == 0 || self.reclaim.batch == 0 {
             return Err(invalid("reclaim", "interval_ms and batch must be positive"));
+        }
+        let h = &self.hook_log;
+        if h.retention_ms == 0 || h.max_hooks == 0 || h.prune_interval_ms == 0 || h.prune_batch == 0
+        {
+            return Err(invalid(
+                "hook_log",
+                "retention_ms, max_hooks, prune_interval_ms and prune_batch must be positive",
+            ));
         }
         self.cluster.validate(secrets)?;
         if !(1..=100).contains(&self.admin.backup_keep) {

@@ -223,11 +223,18 @@ pub enum Family {
     Quarantine,
     /// `archive`: `<<?s, segment::64>>` → archive segment metadata.
     ArchiveSegments,
+    /// `audit`: `<<?l, seq::64>>` → the hook log's record of a hook (no body).
+    HookLog,
+    /// `audit`: `<<?i, hook id>>` → `<<seq::64>>`: a hook id's seq, while the log keeps it.
+    HookIds,
+    /// `audit`: `<<?v, seq::64, sink::16, at::64, kind::8>>` → a delivery's event (an
+    /// attempt, a replay, a recovery).
+    HookEvents,
 }
 
 impl Family {
     /// Every family of format 3, in column-family order.
-    pub const FORMAT3: [Family; 19] = [
+    pub const FORMAT3: [Family; 22] = [
         Family::Meta,
         Family::Hooks,
         Family::Deliveries,
@@ -247,7 +254,15 @@ impl Family {
         Family::Audit,
         Family::Quarantine,
         Family::ArchiveSegments,
+        Family::HookLog,
+        Family::HookIds,
+        Family::HookEvents,
     ];
+
+    /// The hook log's families: in every format 3 store, created by the release that
+    /// brought them (marked by [`META_HOOK_LOG`]) — in the `audit` column family, so no
+    /// format change.
+    pub const HOOK_LOG: [Family; 3] = [Family::HookLog, Family::HookIds, Family::HookEvents];
 
     /// Every family of format 2 (the tenant-less layout).
     pub const FORMAT2: [Family; 14] = [
@@ -286,7 +301,7 @@ impl Family {
             | DedupeExpiry | DueV2 | InflightV2 => Cf::Index,
             TenantNames | TenantOrds => Cf::Tenants,
             Counters => Cf::Counters,
-            Audit => Cf::Audit,
+            Audit | HookLog | HookIds | HookEvents => Cf::Audit,
             Quarantine => Cf::Quarantine,
             ArchiveSegments => Cf::Archive,
         }
@@ -316,6 +331,9 @@ impl Family {
             Audit => "audit",
             Quarantine => "quarantine",
             ArchiveSegments => "archive_segments",
+            HookLog => "hook_log",
+            HookIds => "hook_ids",
+            HookEvents => "hook_events",
         }
     }
 
@@ -342,6 +360,9 @@ impl Family {
             Audit => b"a",
             Quarantine => b"q",
             ArchiveSegments => b"s",
+            HookLog => b"l",
+            HookIds => b"i",
+            HookEvents => b"v",
         }
     }
 
@@ -366,9 +387,11 @@ impl Family {
             Audit => Some(16),
             Quarantine => Some(8),
             ArchiveSegments => Some(8),
+            HookLog => Some(8),
+            HookEvents => Some(19),
             // Text after the prefix: UTF-8 never holds 0xFF, so `prefix ++ [0xFF]` is above
             // every real key (meta keys are ASCII).
-            Meta | Dedupe | DedupeExpiry | TenantOrds => None,
+            Meta | Dedupe | DedupeExpiry | TenantOrds | HookIds => None,
         }
     }
 
@@ -415,6 +438,8 @@ impl Family {
 pub const META_FORMAT: &[u8] = b"m:format";
 /// `<<ms::64>>`: the last write probe after a failed write (see `Store::probe_write`).
 pub const META_PROBE: &[u8] = b"m:probe";
+/// Present once the hook log's families ([`Family::HOOK_LOG`]) exist, with their sentinels.
+pub const META_HOOK_LOG: &[u8] = b"m:hook_log";
 /// The next tenant ordinal to allocate: `<<next::32>>`.
 pub const META_NEXT_ORD: &[u8] = b"m:next_ord";
 
@@ -860,6 +885,105 @@ pub fn decode_archive_segment(key: &[u8]) -> Result<u64, KeyError> {
     Ok(rd_u64(key, 1))
 }
 
+// ---------------------------------------------------------------------------------------
+// The hook log (`audit`).
+
+pub fn hook_log(seq: Seq) -> Vec<u8> {
+    KeyBuf::new(b"l", 8).u64(seq.0).0
+}
+
+pub fn decode_hook_log(key: &[u8]) -> Result<Seq, KeyError> {
+    check(Family::HookLog, key)?;
+    Ok(Seq(rd_u64(key, 1)))
+}
+
+/// The log records of seqs `[from, to)`.
+pub fn hook_log_range(from: Seq, to: Seq) -> (Vec<u8>, Vec<u8>) {
+    (hook_log(from), hook_log(to))
+}
+
+/// `None` for an empty id (hook ids are never empty).
+pub fn hook_id(id: &str) -> Option<Vec<u8>> {
+    (!id.is_empty()).then(|| KeyBuf::new(b"i", id.len()).bytes(id.as_bytes()).0)
+}
+
+pub fn decode_hook_id(key: &[u8]) -> Result<String, KeyError> {
+    check(Family::HookIds, key)?;
+    match std::str::from_utf8(&key[1..]) {
+        Ok(s) if !s.is_empty() => Ok(s.to_owned()),
+        _ => Err(bad(Family::HookIds.name(), key)),
+    }
+}
+
+/// What a delivery's event is: its key's last byte.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum EventKind {
+    Attempt = 1,
+    Replayed = 2,
+    Recovered = 3,
+}
+
+impl EventKind {
+    pub fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(EventKind::Attempt),
+            2 => Some(EventKind::Replayed),
+            3 => Some(EventKind::Recovered),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::Attempt => "attempt",
+            EventKind::Replayed => "replayed",
+            EventKind::Recovered => "recovered",
+        }
+    }
+}
+
+/// A delivery event's key fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct EventKey {
+    pub seq: Seq,
+    pub sink: SinkIdx,
+    pub at: AtMs,
+    pub kind: EventKind,
+}
+
+pub fn hook_event(k: &EventKey) -> Vec<u8> {
+    let mut b = KeyBuf::new(b"v", 19).u64(k.seq.0).u16(k.sink.0).u64(k.at.0);
+    b.0.push(k.kind as u8);
+    b.0
+}
+
+pub fn decode_hook_event(key: &[u8]) -> Result<EventKey, KeyError> {
+    check(Family::HookEvents, key)?;
+    let kind = EventKind::from_byte(key[19]).ok_or_else(|| bad("hook_events", key))?;
+    Ok(EventKey {
+        seq: Seq(rd_u64(key, 1)),
+        sink: SinkIdx(rd_u16(key, 9)),
+        at: AtMs(rd_u64(key, 11)),
+        kind,
+    })
+}
+
+/// Every event of one delivery, oldest first.
+pub fn hook_events_of_delivery(seq: Seq, sink: SinkIdx) -> (Vec<u8>, Vec<u8>) {
+    let lo = KeyBuf::new(b"v", 10).u64(seq.0).u16(sink.0).0;
+    let hi = prefix_end(&lo).expect("a delivery prefix is never all 0xFF");
+    (lo, hi)
+}
+
+/// Every event of the hooks with seqs `[from, to)`.
+pub fn hook_events_of_seqs(from: Seq, to: Seq) -> (Vec<u8>, Vec<u8>) {
+    (
+        KeyBuf::new(b"v", 8).u64(from.0).0,
+        KeyBuf::new(b"v", 8).u64(to.0).0,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1000,6 +1124,27 @@ mod tests {
                 assert!(a1 <= b0 || b1 <= a0, "{fam:?} and {other:?} overlap");
             }
             assert!(fam.lo() < fam.hi());
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn hook_log_keys_round_trip_and_stay_inside_sentinels(
+            s in 0..u64::MAX, k in any::<u16>(), at in any::<u64>(), kind in 1u8..=3, id in "\\PC{1,60}"
+        ) {
+            prop_assert_eq!(decode_hook_log(&hook_log(Seq(s))).unwrap(), Seq(s));
+            prop_assert!(inside(Family::HookLog, &hook_log(Seq(s))));
+            let i = hook_id(&id).unwrap();
+            prop_assert_eq!(decode_hook_id(&i).unwrap(), id);
+            prop_assert!(inside(Family::HookIds, &i));
+            let e = EventKey { seq: Seq(s), sink: SinkIdx(k), at: AtMs(at), kind: EventKind::from_byte(kind).unwrap() };
+            let ek = hook_event(&e);
+            prop_assert_eq!(decode_hook_event(&ek).unwrap(), e);
+            prop_assert!(inside(Family::HookEvents, &ek));
+            let (lo, hi) = hook_events_of_delivery(Seq(s), SinkIdx(k));
+            prop_assert!(lo <= ek && ek < hi);
+            let (lo, hi) = hook_events_of_seqs(Seq(s), Seq(s + 1));
+            prop_assert!(lo <= ek && ek < hi);
         }
     }
 

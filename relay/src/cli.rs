@@ -130,6 +130,11 @@ pub enum AdminCommand {
         #[command(subcommand)]
         command: QuarantineCommand,
     },
+    /// The hook log: what happened to a hook.
+    Hooks {
+        #[command(subcommand)]
+        command: HooksCommand,
+    },
     /// Pull a backup of every node into DIR/<host>_<port>/.
     Backup {
         #[arg(long)]
@@ -163,6 +168,18 @@ pub enum DlqCommand {
         /// The most rows each node revives.
         #[arg(long)]
         limit: Option<usize>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HooksCommand {
+    /// One hook by id, from whichever node's log has it: its tenant, source, receipt and,
+    /// per sink, its state and attempts.
+    Get {
+        id: String,
+        /// Also print the body (while the hook is still stored).
+        #[arg(long)]
+        body: bool,
     },
 }
 
@@ -593,6 +610,24 @@ fn admin(
                 }
                 None => c::sum_reports(&nodes.all(Method::DELETE, "/v1/quarantine", None).await?),
             },
+            AdminCommand::Hooks {
+                command: HooksCommand::Get { id, body },
+            } => {
+                let path = format!("/v1/hooks/{}?body={body}", c::q(id));
+                let mut found = None;
+                for i in 0..nodes.urls.len() {
+                    // A node whose log does not have the hook answers 404: ask the next.
+                    match nodes.call(i, Method::GET, &path, None).await {
+                        Ok(v) => {
+                            found = Some(v);
+                            break;
+                        }
+                        Err(e) if e.to_string().contains(": 404 not_found") => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                found.ok_or_else(|| anyhow::anyhow!("no node's hook log has hook {id:?}"))?
+            }
             AdminCommand::Backup { .. } => unreachable!("handled above"),
         })
     })?;
@@ -704,6 +739,7 @@ fn admin(
                 .collect();
             table(&["id", "source", "at_ms", "reason"], &rows)
         }
+        AdminCommand::Hooks { .. } => hook_text(&out),
         _ => {
             let rows: Vec<Vec<String>> = out
                 .as_object()
@@ -716,6 +752,75 @@ fn admin(
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A hook from the hook log as text: its fields, a line per sink, a line per event, and
+/// the body if it was asked for.
+fn hook_text(h: &serde_json::Value) -> String {
+    use crate::admin::client::{cell, table};
+    let mut out = String::new();
+    for k in [
+        "id",
+        "tenant",
+        "source",
+        "received_ms",
+        "size",
+        "content_type",
+        "stored",
+    ] {
+        out.push_str(&format!("{k:<13} {}\n", cell(&h[k])));
+    }
+    for (name, value) in h["headers"].as_object().into_iter().flatten() {
+        out.push_str(&format!("header        {name}: {}\n", cell(value)));
+    }
+    let sinks: Vec<&serde_json::Value> = h["sinks"].as_array().into_iter().flatten().collect();
+    let rows: Vec<Vec<String>> = sinks
+        .iter()
+        .map(|s| {
+            ["sink", "state", "attempts", "next_attempt_ms"]
+                .iter()
+                .map(|k| cell(&s[*k]))
+                .collect()
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&table(
+        &["sink", "state", "attempts", "next_attempt_ms"],
+        &rows,
+    ));
+    let cols = [
+        "kind",
+        "at_ms",
+        "attempt",
+        "outcome",
+        "status",
+        "error",
+        "latency_ms",
+        "next_at_ms",
+    ];
+    let rows: Vec<Vec<String>> = sinks
+        .iter()
+        .flat_map(|s| {
+            s["events"].as_array().into_iter().flatten().map(|e| {
+                let mut r = vec![cell(&s["sink"])];
+                r.extend(cols.iter().map(|k| cell(&e[*k])));
+                r
+            })
+        })
+        .collect();
+    if !rows.is_empty() {
+        let mut h = vec!["sink"];
+        h.extend(cols);
+        out.push('\n');
+        out.push_str(&table(&h, &rows));
+    }
+    if let Some(b) = h["body"].as_str().or(h["body_base64"].as_str()) {
+        out.push_str(&format!(
+            "\nbody{}:\n{b}\n",
+            if h["body"].is_null() { " (base64)" } else { "" }
+        ));
+    }
+    out
 }
 
 /// `config check`: what `run` would say about the file, without a store.

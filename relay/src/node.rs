@@ -26,9 +26,9 @@ use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::edge::{self, quarantine::Quarantine, EdgeState};
 use crate::metrics::Metrics;
-use crate::queue::deliveries;
 use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
+use crate::queue::{deliveries, hooklog};
 use crate::store::keys::AtMs;
 use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
 
@@ -114,6 +114,60 @@ fn spawn_reclaim(
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "reclaim pass failed");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Every `hook_log.prune_interval_ms`, prunes the hook log by age and ceiling, passes back
+/// to back while they come back full. Runs whether or not logging is on (turning it off
+/// lets what was logged age out).
+fn spawn_hook_log_prune(
+    store: Arc<Store>,
+    config: &Config,
+    metrics: Arc<Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let c = &config.hook_log;
+    let interval = std::time::Duration::from_millis(c.prune_interval_ms);
+    let batch = c.prune_batch;
+    let limits = hooklog::Retention {
+        retention_ms: c.retention_ms,
+        max_hooks: c.max_hooks,
+    };
+    tokio::spawn(async move {
+        let mut pruner = Some(hooklog::Pruner::default());
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            loop {
+                let (s, mut p) = (store.clone(), pruner.take().unwrap_or_default());
+                let Ok((p, pass)) = tokio::task::spawn_blocking(move || {
+                    let pass = p.pass(&s, AtMs(crate::now_ms()), limits, batch);
+                    (p, pass)
+                })
+                .await
+                else {
+                    break;
+                };
+                pruner = Some(p);
+                match pass {
+                    Ok(r) => {
+                        metrics.hook_log_pruned.inc_by(r.pruned);
+                        metrics
+                            .hook_log_hooks
+                            .set(i64::try_from(r.hooks).unwrap_or(i64::MAX));
+                        if (r.pruned as usize) < batch || *stop.borrow() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "hook log prune failed");
                         break;
                     }
                 }
@@ -312,12 +366,13 @@ impl Node {
             if stale > 0 {
                 tracing::warn!(stale, "removed checkpoints and half-packed archives of backups a stop cut short");
             }
-            let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()))?;
+            let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()), config.hook_log.enabled)?;
             let markers = deliveries::repair_markers(&boot_store)?;
             if markers > 0 {
                 tracing::warn!(markers, "restored active markers a crash had lost");
             }
-            let assembler = Assembler::open(&boot_store, config.tenants.max)?;
+            let assembler = Assembler::open(&boot_store, config.tenants.max)?
+                .logging(config.hook_log.enabled);
             Ok((recovered, assembler))
         })
         .await??;
@@ -348,6 +403,7 @@ impl Node {
                 stop.clone(),
             ),
             spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),
+            spawn_hook_log_prune(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_gauges(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
             spawn_write_probe(store.clone(), metrics.clone(), stop),

@@ -20,8 +20,8 @@ use super::auth::{Caller, Scope, Tokens};
 use crate::config::{Config, TenantFrom};
 use crate::edge::quarantine::Quarantine;
 use crate::queue::deliveries::{self, DeadPage, DeadRow, PurgeKinds, Tx};
-use crate::queue::{counters, tenants, Counts};
-use crate::store::keys::{AtMs, DeadKey, Seq, SinkIdx, TenantOrd};
+use crate::queue::{counters, hooklog, tenants, Counts};
+use crate::store::keys::{AtMs, DeadKey, EventKind, Seq, SinkIdx, TenantOrd};
 use crate::store::{Store, StoreError};
 
 /// What the API handlers share.
@@ -98,7 +98,7 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Response, ApiError>;
+pub(crate) type ApiResult = Result<Response, ApiError>;
 
 /// The authenticated caller, or 401.
 pub(crate) fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
@@ -135,7 +135,7 @@ pub(crate) fn admin_only(c: &Caller) -> Result<(), ApiError> {
 }
 
 /// Runs store work off the async threads.
-async fn blocking<T: Send + 'static>(
+pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
 ) -> Result<T, ApiError> {
     tokio::task::spawn_blocking(f)
@@ -381,6 +381,10 @@ pub async fn replay(
             }
             for r in chunk {
                 deliveries::revive(&mut tx, r, now);
+                if a.config.hook_log.enabled {
+                    let ev = hooklog::requeued(EventKind::Replayed, now, 0, now);
+                    hooklog::record(&mut tx, store, r.key.seq, r.key.sink, &ev)?;
+                }
             }
             // A row a concurrent replay or purge moved first is not revived again.
             revived += tx.commit(store, true)?.count();

@@ -20,6 +20,7 @@ pub mod audit;
 pub mod auth;
 pub mod backups;
 pub mod client;
+pub mod hooks;
 pub mod routing;
 
 use axum::routing::{delete, post};
@@ -159,6 +160,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
             get(api::quarantine_list).delete(api::quarantine_delete),
         )
         .route("/v1/audit", get(api::audit_list))
+        .route("/v1/hooks/{id}", get(hooks::get))
         .route("/v1/backups", post(backups::create))
         .route("/v1/backups/stream", post(backups::stream))
         .route("/v1/backups/{id}/archive", get(backups::archive))

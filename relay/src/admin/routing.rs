@@ -9,6 +9,7 @@
 //! - `GET /v1/tenants` asks every node and merges: a tenant's counters summed over the nodes
 //!   that hold rows of it, `total` from the Relay's tenant registry, and each node's
 //!   answer in `nodes` (`unavailable` names the nodes that gave none).
+//! - `GET /v1/hooks/{id}`: the node reached looks in its hook log, then asks the others.
 //! - A call carrying `ankusa-cluster-local: 1` is answered by the node it reaches (what a
 //!   node sends another, and what `ankusa-relay admin` sends when it merges nodes itself).
 //!   Calls that name no tenant (the DLQ of every tenant, replay by ids, quarantine, audit,
@@ -46,6 +47,9 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
     let query = req.uri().query().unwrap_or("").to_owned();
     if path == "/v1/tenants" && req.method() == Method::GET {
         return merged_tenants(&api, req, next).await;
+    }
+    if path.starts_with("/v1/hooks/") && req.method() == Method::GET {
+        return hook_anywhere(&api, req, next).await;
     }
     let (req, tenant) = if let Some(rest) = path.strip_prefix("/v1/tenants/") {
         let t = rest.split('/').next().map(|t| decode(t, false));
@@ -544,6 +548,55 @@ fn answer_of(owner: &Member, r: Result<Response, Unreachable>) -> Response {
             .insert("retry-after", axum::http::HeaderValue::from(5));
         r
     })
+}
+
+/// `GET /v1/hooks/{id}` relay-wide: the node reached looks first; if its log does not have
+/// the hook (another node took it, or its tenant moved), every other node is asked at once
+/// and the first that has it answers. None has it: 404; none has it but some did not
+/// answer: 503 naming them.
+async fn hook_anywhere(api: &Api, req: Request, next: Next) -> Response {
+    let cluster = &api.cluster;
+    let headers: HeaderMap = req.headers().clone();
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    let local = next.run(req).await;
+    if local.status() != StatusCode::NOT_FOUND {
+        return local;
+    }
+    let me = cluster.me().unwrap_or_default().to_owned();
+    let asks = cluster.members().iter().filter(|m| m.name != me).map(|m| {
+        let (pq, headers) = (pq.clone(), headers.clone());
+        async move {
+            let r = cluster
+                .forward_admin(m, Method::GET, &pq, &headers, Bytes::new())
+                .await;
+            (m.name.clone(), r)
+        }
+    });
+    let mut silent = Vec::new();
+    for (name, r) in futures_util::future::join_all(asks).await {
+        match r {
+            Ok(r) if r.status() == StatusCode::NOT_FOUND => {}
+            Ok(r) => return r,
+            Err(e) => silent.push(format!("{name} ({})", e.reason)),
+        }
+    }
+    if silent.is_empty() {
+        return local;
+    }
+    let mut r = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "owner_unavailable",
+        format!(
+            "no node that answered has this hook, and these did not answer: {}",
+            silent.join(", ")
+        ),
+    );
+    r.headers_mut()
+        .insert("retry-after", axum::http::HeaderValue::from(5));
+    r
 }
 
 /// `GET /v1/tenants` relay-wide: every node's own answer, merged.

@@ -27,6 +27,7 @@ use super::line::Line;
 use crate::config::{Config, ConfigError, Jitter, RetryConfig};
 use crate::edge::verify::{standard_webhooks_key, standard_webhooks_sign};
 use crate::queue::deliveries::Envelope;
+pub use crate::queue::hooklog::ErrorClass;
 use crate::store::keys::TenantOrd;
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
@@ -123,6 +124,8 @@ pub struct Attempt {
     pub verdict: Verdict,
     /// HTTP status (0: no response).
     pub status: u16,
+    /// Why it failed (`None`: delivered).
+    pub class: Option<ErrorClass>,
     pub error: String,
     pub latency: Duration,
 }
@@ -273,6 +276,7 @@ impl Deliverer {
                 return Attempt {
                     verdict: Verdict::Dead,
                     status: 0,
+                    class: Some(ErrorClass::Request),
                     error: format!("request: {e}"),
                     latency: started.elapsed(),
                 }
@@ -297,12 +301,14 @@ impl Deliverer {
             Err(_) => Attempt {
                 verdict: Verdict::Retry { retry_after: None },
                 status: 0,
+                class: Some(ErrorClass::Timeout),
                 error: "timeout".into(),
                 latency,
             },
             Ok(Err(e)) => Attempt {
                 verdict: Verdict::Retry { retry_after: None },
                 status: 0,
+                class: Some(ErrorClass::Connection),
                 error: format!("connection: {e}"),
                 latency,
             },
@@ -322,6 +328,7 @@ impl Deliverer {
                 Attempt {
                     verdict,
                     status: code,
+                    class: (!status.is_success()).then_some(ErrorClass::Status),
                     error: if status.is_success() {
                         String::new()
                     } else {

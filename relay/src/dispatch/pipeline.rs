@@ -35,7 +35,8 @@ use crate::config::{Config, RetryConfig};
 use crate::metrics::{Metrics, ScanLabel, SinkLabel, SinkOutcome, TenantLabel};
 use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow, Tx};
 use crate::queue::hints::{DueHints, Hinted};
-use crate::store::keys::{self, AtMs, Bucket, Seq, TenantOrd};
+use crate::queue::hooklog::{self, AttemptOutcome};
+use crate::store::keys::{self, AtMs, Bucket, EventKind, Seq, TenantOrd};
 use crate::store::{Cf, Store, StoreError};
 
 /// Tenants named in `ankusa_tenant_inflight` (those holding the most).
@@ -317,6 +318,8 @@ pub struct PipelineSettings {
     pub grace: Duration,
     pub limits: TickLimits,
     pub retry: RetryConfig,
+    /// Record each attempt (and each recovery) in the hook log.
+    pub hook_log: bool,
 }
 
 impl PipelineSettings {
@@ -334,6 +337,7 @@ impl PipelineSettings {
                 bytes_per_tick: c.dispatch.bytes_per_tick,
             },
             retry: c.retry.clone(),
+            hook_log: c.hook_log.enabled,
         }
     }
 }
@@ -379,6 +383,7 @@ pub fn spawn(
             store.clone(),
             done_rx,
             settings.retry.clone(),
+            settings.hook_log,
             hints.clone(),
             stop.clone(),
         ));
@@ -478,9 +483,9 @@ pub fn spawn(
         drop(done_tx);
         let _ = committer.await;
         // What is still in flight in the store now is what the deadline cut: due again.
-        let s = store.clone();
+        let (s, log) = (store.clone(), settings.hook_log);
         let stopped = tokio::task::spawn_blocking(move || {
-            let requeued = deliveries::recover_inflight(&s, AtMs(crate::now_ms()))?;
+            let requeued = deliveries::recover_inflight(&s, AtMs(crate::now_ms()), log)?;
             s.sync_wal()?;
             Ok::<_, StoreError>(requeued)
         })
@@ -622,6 +627,7 @@ async fn tick(
                         None => Attempt {
                             verdict: Verdict::Dead,
                             status: 0,
+                            class: Some(hooklog::ErrorClass::Unconfigured),
                             error: "the hook's sink is no longer configured".into(),
                             latency: Duration::ZERO,
                         },
@@ -1140,6 +1146,7 @@ async fn commit_outcomes(
     store: Arc<Store>,
     mut rx: tokio::sync::mpsc::Receiver<Done>,
     retry: RetryConfig,
+    log: bool,
     hints: Arc<DueHints>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
@@ -1163,10 +1170,13 @@ async fn commit_outcomes(
             let result = tokio::task::spawn_blocking(move || {
                 let now = crate::now_ms();
                 let mut tx = Tx::new();
-                let retries: Vec<(TenantOrd, AtMs)> = b
-                    .iter()
-                    .filter_map(|d| outcome_ops(&mut tx, d, &retry, max_retry_after, now))
-                    .collect();
+                let mut retries: Vec<(TenantOrd, AtMs)> = Vec::new();
+                for d in b.iter() {
+                    let log = log.then_some(&*store);
+                    if let Some(r) = outcome_ops(&mut tx, log, d, &retry, max_retry_after, now)? {
+                        retries.push(r);
+                    }
+                }
                 tx.commit(&store, false).map(|_| retries)
             })
             .await;
@@ -1194,36 +1204,38 @@ async fn commit_outcomes(
     }
 }
 
-/// Adds one finished attempt's outcome; a retry's tenant and due time.
+/// Adds one finished attempt's outcome (and, with `log`, its hook log event); a retry's
+/// tenant and due time.
 fn outcome_ops(
     tx: &mut Tx,
+    log: Option<&Store>,
     d: &Done,
     retry: &RetryConfig,
     max_retry_after: Duration,
     now: u64,
-) -> Option<(TenantOrd, AtMs)> {
+) -> Result<Option<(TenantOrd, AtMs)>, StoreError> {
     let row = &d.job.row;
     let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
         // The hook is gone or does not decode: an orphan, dropped through the counted path.
         deliveries::orphan_drop(tx, row);
-        return None;
+        return Ok(None);
     };
     let mut state = d.job.state.clone();
     state.attempts += 1;
     state.last_attempt_at = now;
     state.last_status = a.status;
     state.last_error = a.error.clone();
-    match &a.verdict {
+    let (outcome, next_at, retried) = match &a.verdict {
         Verdict::Delivered => {
             deliveries::delivered(tx, row);
-            None
+            (AttemptOutcome::Delivered, None, None)
         }
         Verdict::Retry { retry_after } if state.attempts < retry.max_attempts => {
             let planned = backoff(retry, state.attempts, rand::random::<f64>());
             let delay = retry_after.map_or(planned, |ra| ra.min(max_retry_after).max(planned));
             let at = AtMs(now + delay.as_millis() as u64);
             deliveries::retry(tx, row, at, &state);
-            Some((row.key.ord, at))
+            (AttemptOutcome::Retry, Some(at), Some((row.key.ord, at)))
         }
         Verdict::Retry { .. } | Verdict::Dead => {
             let sink = env
@@ -1231,9 +1243,24 @@ fn outcome_ops(
                 .get(row.key.sink.0 as usize)
                 .map_or("", String::as_str);
             deliveries::dead_letter(tx, row, AtMs(now), &env.source, &env.id, sink, Some(&state));
-            None
+            (AttemptOutcome::Dead, Some(AtMs(now)), None)
         }
+    };
+    if let Some(store) = log {
+        let ev = hooklog::Event {
+            kind: EventKind::Attempt,
+            at: AtMs(now),
+            attempt: state.attempts,
+            outcome: Some(outcome),
+            status: a.status,
+            class: a.class,
+            error: a.error.clone(),
+            latency_us: a.latency.as_micros() as u64,
+            next_at,
+        };
+        hooklog::record(tx, store, row.key.seq, row.key.sink, &ev)?;
     }
+    Ok(retried)
 }
 
 #[cfg(test)]

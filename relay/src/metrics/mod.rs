@@ -114,6 +114,8 @@ pub struct Metrics {
     /// Cleared markers (hooks awaiting reclaim) the last reclaim sweep found.
     pub reclaim_backlog: Gauge,
     pub reclaimed_hooks: Counter,
+    pub hook_log_hooks: Gauge,
+    pub hook_log_pruned: Counter,
     pub queue_state: Family<FieldLabel, Gauge>,
     pub oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub tenant_pending: Family<TenantLabel, Gauge>,
@@ -286,6 +288,18 @@ impl Metrics {
             "Hooks removed because no delivery, dead row or archive obligation needed them",
             reclaimed_hooks.clone(),
         );
+        let hook_log_hooks = Gauge::default();
+        registry.register(
+            "ankusa_hook_log_hooks",
+            "Hooks the hook log keeps (newest seq - oldest seq + 1; ceiling hook_log.max_hooks)",
+            hook_log_hooks.clone(),
+        );
+        let hook_log_pruned = Counter::default();
+        registry.register(
+            "ankusa_hook_log_pruned",
+            "Hooks removed from the hook log by age or by its ceiling",
+            hook_log_pruned.clone(),
+        );
         let queue_state = Family::<FieldLabel, Gauge>::default();
         registry.register(
             "ankusa_queue_state",
@@ -397,6 +411,8 @@ impl Metrics {
             shutdown_requeued,
             reclaim_backlog,
             reclaimed_hooks,
+            hook_log_hooks,
+            hook_log_pruned,
             registry,
             ingest_requests,
             ingest_latency,

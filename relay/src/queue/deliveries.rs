@@ -452,6 +452,12 @@ impl Tx {
         });
     }
 
+    /// An op that rides with the transition just added: it commits only if that
+    /// transition's row moves (the hook log's events).
+    pub(super) fn unit_op(&mut self, op: Op) {
+        self.op(op);
+    }
+
     /// An op of the current unit (or of none).
     fn op(&mut self, op: Op) {
         match self.units.last_mut() {
@@ -519,6 +525,8 @@ pub struct NewHook<'a> {
     pub envelope: &'a Envelope,
     /// Keep an archive obligation (`?a`) until the archive has the hook.
     pub archive: bool,
+    /// Write the hook log's record and id ([`super::hooklog`]).
+    pub log: bool,
 }
 
 /// Ingest: the hook, one delivery row and one due row (kind 0, due at receipt) per sink,
@@ -542,6 +550,9 @@ pub fn ingest(tx: &mut Tx, h: &NewHook<'_>) -> u32 {
         v.extend_from_slice(&h.ord.0.to_be_bytes());
         tx.op(Op::put(Cf::Index, keys::archive(h.seq), v));
         tx.delta(h.ord, CounterField::ArchivePending, 1);
+    }
+    if h.log {
+        super::hooklog::log_ingest(tx, h.seq, h.envelope);
     }
     size
 }
@@ -1267,7 +1278,7 @@ pub fn purge_tenant_with(
 
 /// Boot recovery: every inflight row (left by a crash) back to due at `now`, kind 0, in
 /// synced chunks. Returns the rows recovered.
-pub fn recover_inflight(store: &Store, now: AtMs) -> Result<u64, StoreError> {
+pub fn recover_inflight(store: &Store, now: AtMs, log: bool) -> Result<u64, StoreError> {
     let (lo, end) = Family::Inflight.bounds();
     let mut from = lo;
     let mut total = 0;
@@ -1285,6 +1296,10 @@ pub fn recover_inflight(store: &Store, now: AtMs) -> Result<u64, StoreError> {
         let mut tx = Tx::new();
         for row in &rows {
             recover(&mut tx, row, now);
+            if log {
+                let ev = super::hooklog::requeued(keys::EventKind::Recovered, now, 0, now);
+                super::hooklog::record(&mut tx, store, row.key.seq, row.key.sink, &ev)?;
+            }
         }
         total += rows.len() as u64;
         tx.commit(store, true)?;
@@ -1346,6 +1361,50 @@ pub fn repair_markers(store: &Store) -> Result<u64, StoreError> {
 /// Every due row, in key order (fixtures, tools and tests; O(backlog)).
 pub fn due_rows(store: &Store) -> Result<Vec<DueRow>, StoreError> {
     collect(store.scan_family(Family::Due)?, usize::MAX, DueRow::decode)
+}
+
+/// Where a delivery's index row was found by [`locate`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Located {
+    Inflight,
+    Due(Kind),
+    Dead,
+    /// Not at any of the places asked about.
+    Elsewhere,
+}
+
+/// Looks for a delivery's index row by point reads only, at the places the caller
+/// expects it (the hook log knows the due or dead time from its last event): inflight,
+/// then due at `due_at`, then dead at `dead_at`.
+pub fn locate(
+    store: &Store,
+    ord: TenantOrd,
+    seq: Seq,
+    sink: SinkIdx,
+    due_at: Option<AtMs>,
+    dead_at: Option<AtMs>,
+) -> Result<Located, StoreError> {
+    if store
+        .get(Cf::Index, &keys::inflight(&InflightKey { ord, seq, sink }))?
+        .is_some()
+    {
+        return Ok(Located::Inflight);
+    }
+    if let Some(at) = due_at {
+        let key = DueKey { ord, at, seq, sink };
+        if let Some(v) = store.get(Cf::Index, &keys::due(&key))? {
+            return Ok(Located::Due(DueRow::decode(&keys::due(&key), &v)?.kind));
+        }
+    }
+    if let Some(at) = dead_at {
+        if store
+            .get(Cf::Index, &keys::dead(&DeadKey { at, seq, sink }))?
+            .is_some()
+        {
+            return Ok(Located::Dead);
+        }
+    }
+    Ok(Located::Elsewhere)
 }
 
 /// True if the hook still owes the archive.

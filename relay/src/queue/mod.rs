@@ -28,6 +28,7 @@ pub mod counters;
 pub mod deliveries;
 pub mod fold;
 pub mod hints;
+pub mod hooklog;
 pub mod reclaim;
 pub mod tenants;
 #[cfg(test)]

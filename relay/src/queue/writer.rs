@@ -30,6 +30,8 @@ pub struct Assembled {
 pub struct Assembler {
     alloc: Allocator,
     next_seq: u64,
+    /// Write each hook's hook log record ([`super::hooklog`]).
+    log: bool,
 }
 
 impl Assembled {
@@ -50,7 +52,14 @@ impl Assembler {
         Ok(Assembler {
             alloc: Allocator::new(tenants_max),
             next_seq: last + 1,
+            log: false,
         })
+    }
+
+    /// Logs every hook it assembles in the hook log (`hook_log.enabled`).
+    pub fn logging(mut self, on: bool) -> Self {
+        self.log = on;
+        self
     }
 
     /// Builds one batch: resolves the batch's distinct tenants (cache, one `multi_get` for
@@ -97,6 +106,7 @@ impl Assembler {
                     ord,
                     envelope: env,
                     archive,
+                    log: self.log,
                 },
             );
             if !env.sinks.is_empty() {

@@ -179,7 +179,7 @@ pub enum StoreError {
 }
 
 impl StoreError {
-    fn corruption(family: Family, detail: impl Into<String>) -> Self {
+    pub fn corruption(family: Family, detail: impl Into<String>) -> Self {
         StoreError::Corruption {
             family: family.name(),
             detail: detail.into(),
@@ -222,7 +222,7 @@ impl OpenOptions {
     }
 }
 
-const N_FAMILIES: usize = 21;
+const N_FAMILIES: usize = 24;
 
 /// Read counters, for tests and diagnostics: which families were scanned and how many
 /// point reads each column family served since open.
@@ -486,6 +486,7 @@ impl Store {
                 .collect();
             store.write(ops, true)?;
         }
+        store.ensure_hook_log_families()?;
         Ok(store)
     }
 
@@ -557,9 +558,30 @@ impl Store {
                 keys::META_NEXT_ORD.to_vec(),
                 1u32.to_be_bytes(),
             ));
+            ops.push(Op::put(Cf::Default, keys::META_HOOK_LOG.to_vec(), []));
         }
         store.write(ops, true)?;
         Ok(store)
+    }
+
+    /// Creates the hook log's families ([`Family::HOOK_LOG`], in `audit`) in a format 3
+    /// store that predates them: their sentinels and [`keys::META_HOOK_LOG`] in one synced
+    /// batch, once. A store that has the marker is left alone (a missing sentinel there
+    /// stays corruption). Run at open and when a migration reaches format 3.
+    pub fn ensure_hook_log_families(&self) -> Result<bool, StoreError> {
+        if self.read_only
+            || self.format()? < 3
+            || self.get(Cf::Default, keys::META_HOOK_LOG)?.is_some()
+        {
+            return Ok(false);
+        }
+        let mut ops: Vec<Op> = Family::HOOK_LOG
+            .iter()
+            .flat_map(|f| sentinel_ops(*f))
+            .collect();
+        ops.push(Op::put(Cf::Default, keys::META_HOOK_LOG.to_vec(), []));
+        self.write(ops, true)?;
+        Ok(true)
     }
 
     pub fn path(&self) -> &Path {

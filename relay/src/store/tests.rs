@@ -40,8 +40,8 @@ fn a_new_store_is_stamped_and_has_every_sentinel() {
             store.get(fam.cf(), &fam.hi()).unwrap().is_some(),
             "{fam:?} hi"
         );
-        // A new store holds only its format stamp and next ordinal.
-        let expect = if fam == Family::Meta { 2 } else { 0 };
+        // A new store holds only its format stamp, next ordinal and hook log marker.
+        let expect = if fam == Family::Meta { 3 } else { 0 };
         assert_eq!(store.scan_family(fam).unwrap().count(), expect, "{fam:?}");
     }
     for fam in [Family::DueV2, Family::InflightV2] {

@@ -32,7 +32,7 @@ admin:
     - {{ name: team-a, secret: {{ value: "{TOKEN_A}" }}, scope: {{ tenants: [a] }} }}
     - {{ name: team-b, secret: {{ value: "{TOKEN_B}" }}, scope: {{ tenants: [b] }} }}
 dispatch: {{ tick_interval_ms: 10 }}
-retry: {{ schedule_ms: [30], max_attempts: 2, jitter: none }}
+retry: {{ schedule_ms: [30], max_attempts: 3, jitter: none }}
 sinks:
   - {{ id: s, url: "{url}", secret: {{ value: "{SINK_SECRET}" }} }}
 routes: [{{ id: r, sinks: [s] }}]
@@ -844,6 +844,28 @@ async fn the_admin_cli_merges_three_nodes() {
     let node = json(&cli(&["node", "--json"], ADMIN).await);
     assert_eq!(node["counters"]["dead"], 18);
     assert_eq!(node["nodes"].as_array().unwrap().len(), 3);
+    // A hook from the third node's log: the CLI asks each node until one has it.
+    let of_third = items
+        .iter()
+        .find(|i| i["id"].as_str().unwrap().starts_with("2/"))
+        .unwrap();
+    let hook_id = of_third["hook_id"].as_str().unwrap();
+    let hook = json(&cli(&["hooks", "get", hook_id, "--body", "--json"], ADMIN).await);
+    assert_eq!(hook["id"], hook_id);
+    assert_eq!(hook["sinks"][0]["state"], "dead");
+    assert!(
+        hook["body"].as_str().unwrap().starts_with(r#"{"t":"#),
+        "{hook}"
+    );
+    let text = text_of(&cli(&["hooks", "get", hook_id], ADMIN).await.stdout);
+    assert!(text.contains("dead") && text.contains("HTTP 400"), "{text}");
+    let missing = cli(&["hooks", "get", "hk_nowhere"], ADMIN).await;
+    assert!(!missing.status.success());
+    assert!(
+        text_of(&missing.stderr).contains("no node's hook log has hook"),
+        "{}",
+        text_of(&missing.stderr)
+    );
     // A replay by id goes to the node each id names; by tenant, to every node.
     let picked = [
         items[0]["id"].as_str().unwrap(),
@@ -882,4 +904,108 @@ async fn the_admin_cli_merges_three_nodes() {
     for h in hs {
         h.node.shutdown().await.unwrap();
     }
+}
+
+/// The hook log (issue 17): a hook that fails twice and then succeeds shows its three
+/// attempts; a dead hook shows its body and why, and a replay then a delivery after it;
+/// a tenant token sees only its tenants' hooks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hooks_attempts_and_state_are_in_the_hook_log() {
+    let h = H::start().await;
+    h.sink
+        .default_status
+        .store(200, std::sync::atomic::Ordering::Relaxed);
+    h.sink.script("/hooks", &[(500, None), (503, None)]);
+    let r = post(
+        &h.c,
+        &format!("http://{}/ingest/shared", h.node.ingest_addr),
+        &[("x-tenant", "a".to_owned())],
+        r#"{"late":true}"#,
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let path = format!("/v1/hooks/{id}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let hook = loop {
+        let (s, v) = h.call("GET", &path, Some(ADMIN), "").await;
+        assert_eq!(s, 200, "{v}");
+        if v["sinks"][0]["state"] == "delivered" {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "not delivered: {v:#}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(hook["id"], id.as_str());
+    assert_eq!(hook["tenant"], "a");
+    assert_eq!(hook["source"], "shared");
+    assert_eq!(hook["size"], 13);
+    let sink = &hook["sinks"][0];
+    assert_eq!(sink["sink"], "s");
+    assert_eq!(sink["attempts"], 3);
+    let events = sink["events"].as_array().unwrap();
+    let col = |k: &str| events.iter().map(|e| e[k].clone()).collect::<Vec<_>>();
+    assert_eq!(col("kind"), ["attempt", "attempt", "attempt"]);
+    assert_eq!(col("attempt"), [1, 2, 3]);
+    assert_eq!(col("status"), [500, 503, 200]);
+    assert_eq!(col("outcome"), ["retry", "retry", "delivered"]);
+    assert_eq!(
+        col("error_class"),
+        [
+            serde_json::json!("status"),
+            serde_json::json!("status"),
+            serde_json::Value::Null
+        ]
+    );
+    assert!(events[0]["next_at_ms"].as_u64().unwrap() >= events[0]["at_ms"].as_u64().unwrap());
+    assert!(events[2]["latency_ms"].as_f64().is_some());
+    // Tenant scope: a's token reads a's hook; b's token is told there is no such hook.
+    let (s, _) = h.call("GET", &path, Some(TOKEN_A), "").await;
+    assert_eq!(s, 200);
+    let (s, v) = h.call("GET", &path, Some(TOKEN_B), "").await;
+    assert_eq!((s, v["error"].as_str()), (404, Some("not_found")));
+    let (s, _) = h
+        .call("GET", "/v1/hooks/hk_no_such_hook", Some(ADMIN), "")
+        .await;
+    assert_eq!(s, 404);
+
+    // One of b's dead hooks: its body (still stored), its state and why.
+    let (_, dlq) = h.call("GET", "/v1/dlq?tenant=b", Some(TOKEN_B), "").await;
+    let dead_id = dlq["items"][0]["hook_id"].as_str().unwrap().to_owned();
+    let dead_path = format!("/v1/hooks/{dead_id}");
+    let (s, v) = h
+        .call("GET", &format!("{dead_path}?body=true"), Some(TOKEN_B), "")
+        .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["sinks"][0]["state"], "dead");
+    assert_eq!(v["sinks"][0]["events"][0]["status"], 400);
+    assert_eq!(v["sinks"][0]["events"][0]["outcome"], "dead");
+    assert_eq!(v["stored"], true);
+    assert!(v["body"].as_str().unwrap().starts_with(r#"{"t":"b","i":"#));
+    let (s, v) = h
+        .call("GET", &format!("{dead_path}?bodyy=1"), Some(ADMIN), "")
+        .await;
+    assert_eq!((s, v["error"].as_str()), (400, Some("bad_request")), "{v}");
+    // Replayed, then delivered: the log shows both after the dead attempt.
+    let (s, _) = h
+        .call("POST", "/v1/dlq/replay", Some(TOKEN_B), r#"{"tenant":"b"}"#)
+        .await;
+    assert_eq!(s, 200);
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    let v = loop {
+        let (_, v) = h.call("GET", &dead_path, Some(ADMIN), "").await;
+        if v["sinks"][0]["state"] == "delivered" {
+            break v;
+        }
+        assert!(std::time::Instant::now() < deadline, "not delivered: {v:#}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    let kinds: Vec<_> = v["sinks"][0]["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["kind"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(kinds, ["attempt", "replayed", "attempt"]);
+    h.node.shutdown().await.unwrap();
 }

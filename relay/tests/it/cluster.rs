@@ -226,6 +226,7 @@ fn the_same_github_delivery_sent_to_each_node_is_one_hook_delivered_once() {
     let owned = tenants_per_owner(&r, 2);
     let c = client();
     let mut ids = HashSet::new();
+    let mut hooks = Vec::new();
     r.rt.block_on(async {
         for (o, ts) in owned.iter().enumerate() {
             for t in ts {
@@ -248,6 +249,7 @@ fn the_same_github_delivery_sent_to_each_node_is_one_hook_delivered_once() {
                     1,
                     "every node answered with the first hook's id"
                 );
+                hooks.extend(hook_ids.into_iter().map(|id| (o, id)));
             }
         }
     });
@@ -285,6 +287,22 @@ fn the_same_github_delivery_sent_to_each_node_is_one_hook_delivered_once() {
             assert_eq!(own == 200, i == o, "node {i}'s own view of {t} (owner {o})");
         }
     }
+    // A hook is in its owner's log; any node answers for it.
+    for (o, id) in &hooks {
+        let path = format!("/v1/hooks/{id}");
+        for i in 0..3 {
+            let (status, v) = r.admin_get(i, &path);
+            assert_eq!(status, 200, "node {i}, hook of node {o}: {v}");
+            assert_eq!(v["id"], id.as_str());
+            assert_eq!(v["sinks"][0]["state"], "delivered", "{v}");
+            assert_eq!(
+                local_get(&r, i, &path) == 200,
+                i == *o,
+                "node {i}'s own log"
+            );
+        }
+    }
+    assert_eq!(r.admin_get(1, "/v1/hooks/hk_nowhere").0, 404);
     // The relay-wide list counts each tenant once.
     let (status, all) = r.admin_get(2, "/v1/tenants?top=100");
     assert_eq!(status, 200, "{all}");

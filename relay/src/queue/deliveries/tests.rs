@@ -114,7 +114,7 @@ fn apply(h: &mut Harness, t: &Transition) {
             }
         }
         Transition::Recover => {
-            recover_inflight(&h.store, AtMs(700)).unwrap();
+            recover_inflight(&h.store, AtMs(700), false).unwrap();
         }
         Transition::Expand(i) => {
             // A new sink for an existing hook: the next free sink index.
@@ -639,7 +639,10 @@ fn recover_inflight_returns_every_inflight_row_to_due() {
         });
     }
     assert_eq!(counters::node(&h.store).unwrap().inflight, 1_100);
-    assert_eq!(recover_inflight(&h.store, AtMs(50_000)).unwrap(), 1_100);
+    assert_eq!(
+        recover_inflight(&h.store, AtMs(50_000), false).unwrap(),
+        1_100
+    );
     let c = counters::node(&h.store).unwrap();
     assert_eq!((c.pending, c.inflight), (1_100, 0));
     assert!(h.inflight_rows().is_empty());
