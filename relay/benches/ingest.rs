@@ -158,13 +158,15 @@ async fn twin(label: &'static str, forwarding: bool) -> Run {
     }
 }
 
-async fn run(label: &'static str, max_batch_hooks: usize) -> Run {
+async fn run(label: &'static str, max_batch_hooks: usize, hook_log: bool) -> Run {
     let sink = load::noop_sink().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let node = load::relay(
         dir.path(),
         sink,
-        &format!("writer: {{ max_batch_hooks: {max_batch_hooks} }}"),
+        &format!(
+            "writer: {{ max_batch_hooks: {max_batch_hooks} }}\nhook_log: {{ enabled: {hook_log} }}"
+        ),
     )
     .await;
     let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
@@ -192,12 +194,13 @@ fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let ceiling = rt.block_on(twin("no-op handler (HTTP ceiling)", false));
     let forwarding = rt.block_on(twin("forwarding twin (HTTP of a relay)", true));
-    let group = rt.block_on(run("relay, group commit (default)", 512));
-    let single = rt.block_on(run("relay, batch limit 1 (reference)", 1));
+    let group = rt.block_on(run("relay, group commit (default)", 512, true));
+    let unlogged = rt.block_on(run("relay, hook log off (reference)", 512, false));
+    let single = rt.block_on(run("relay, batch limit 1 (reference)", 1, true));
     println!("\ningest — {CLIENTS} keep-alive clients, {BODY} B bodies, {TENANTS} tenants, hmac-sha256, delivery on to a local sink, {}s per run", RUN.as_secs());
     println!("| run | hooks acked | hooks/s | p50 ack (ms) | p99 ack (ms) | hooks per fsync | synced commit p50 / p99 (ms, ≤) |");
     println!("|---|---:|---:|---:|---:|---:|---:|");
-    for r in [&ceiling, &forwarding, &group, &single] {
+    for r in [&ceiling, &forwarding, &group, &unlogged, &single] {
         println!(
             "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} |",
             r.label,
@@ -219,6 +222,10 @@ fn main() -> std::process::ExitCode {
         forwarding.rate() / ceiling.rate() * 100.0,
         group.p99_ms,
         group.hooks_per_fsync
+    );
+    println!(
+        "hook log: relay with it / without it = {:.0}% (reference, no rule)",
+        group.rate() / unlogged.rate() * 100.0
     );
     println!("pass: relay / forwarding twin >= 40%, relay p99 < 10 ms, hooks per fsync >= 20");
     if of_forwarding >= 0.40 && group.p99_ms < 10.0 && group.hooks_per_fsync >= 20.0 {

@@ -530,8 +530,8 @@ pub async fn purge(
     .await
 }
 
-/// The tenant a quarantined request's source pins, if it pins one.
-fn source_tenant(config: &Config, source: &str) -> Option<String> {
+/// The tenant a source pins (`tenant: {fixed: …}`, or none: `default`), if it pins one.
+pub(crate) fn source_tenant(config: &Config, source: &str) -> Option<String> {
     config
         .sources
         .iter()
@@ -543,7 +543,7 @@ fn source_tenant(config: &Config, source: &str) -> Option<String> {
         })
 }
 
-fn quarantine_visible(config: &Config, scope: &Scope, source: &str) -> bool {
+pub(crate) fn quarantine_visible(config: &Config, scope: &Scope, source: &str) -> bool {
     // A shared source's tenant is whatever the unverified request claimed: admin only.
     scope.is_admin() || source_tenant(config, source).is_some_and(|t| scope.sees(&t))
 }

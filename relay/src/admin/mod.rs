@@ -22,6 +22,7 @@ pub mod backups;
 pub mod client;
 pub mod hooks;
 pub mod routing;
+pub mod sources;
 
 use axum::routing::{delete, post};
 
@@ -161,6 +162,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
         )
         .route("/v1/audit", get(api::audit_list))
         .route("/v1/hooks/{id}", get(hooks::get))
+        .route("/v1/sources/{id}", get(sources::get))
         .route("/v1/backups", post(backups::create))
         .route("/v1/backups/stream", post(backups::stream))
         .route("/v1/backups/{id}/archive", get(backups::archive))

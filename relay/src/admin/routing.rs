@@ -10,6 +10,7 @@
 //!   that hold rows of it, `total` from the Relay's tenant registry, and each node's
 //!   answer in `nodes` (`unavailable` names the nodes that gave none).
 //! - `GET /v1/hooks/{id}`: the node reached looks in its hook log, then asks the others.
+//! - `GET /v1/sources/{id}`: every node is asked, the source's backlogs added up.
 //! - A call carrying `ankusa-cluster-local: 1` is answered by the node it reaches (what a
 //!   node sends another, and what `ankusa-relay admin` sends when it merges nodes itself).
 //!   Calls that name no tenant (the DLQ of every tenant, replay by ids, quarantine, audit,
@@ -81,6 +82,16 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         }
         let t = v.get("tenant").and_then(Value::as_str).map(str::to_owned);
         (Request::from_parts(parts, Body::from(bytes)), t)
+    } else if let Some(id) = path
+        .strip_prefix("/v1/sources/")
+        .filter(|_| req.method() == Method::GET)
+    {
+        // A source's rows live on the owners of its tenants: every node is asked and the
+        // backlogs added up. The "owner" whose error wins is its fixed tenant's, or (a
+        // shared source) the source id's.
+        let id = decode(id, false);
+        let key = super::api::source_tenant(&api.config, &id).unwrap_or(id);
+        (req, Some(key))
     } else {
         (req, None)
     };
@@ -97,6 +108,7 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
             Some(Merge::Sum(&["due", "dead", "batches"]))
         }
         (Method::POST, "/v1/dlq/replay") => Some(Merge::Sum(&["revived"])),
+        (Method::GET, p) if p.starts_with("/v1/sources/") => Some(Merge::Backlog),
         _ => None,
     };
     let owner = cluster.owner_of(&tenant).clone();
@@ -436,6 +448,8 @@ enum Merge {
     View,
     /// These numeric fields summed.
     Sum(&'static [&'static str]),
+    /// A source's `backlog`: its counts summed, `exact` only if every node's is.
+    Backlog,
 }
 
 /// The owner's answer with every other node's 200 added in; the owner's own answer as it
@@ -485,11 +499,13 @@ async fn merged(
     for v in &found[1..] {
         match merge {
             Merge::View => add_counters(&mut out, v),
-            Merge::Sum(fields) => {
-                for f in fields {
-                    let sum = out[*f].as_i64().unwrap_or(0) + v[*f].as_i64().unwrap_or(0);
-                    out[*f] = sum.into();
-                }
+            Merge::Sum(fields) => add_fields(&mut out, v, fields),
+            Merge::Backlog => {
+                let fields = ["pending", "scheduled", "inflight", "bytes", "rows_read"];
+                add_fields(&mut out["backlog"], &v["backlog"], &fields);
+                let exact = out["backlog"]["exact"].as_bool() == Some(true)
+                    && v["backlog"]["exact"].as_bool() == Some(true);
+                out["backlog"]["exact"] = exact.into();
             }
         }
     }
@@ -497,6 +513,13 @@ async fn merged(
         out["unavailable"] = unavailable.into();
     }
     Json(out).into_response()
+}
+
+fn add_fields(out: &mut Value, v: &Value, fields: &[&str]) {
+    for f in fields {
+        let sum = out[*f].as_i64().unwrap_or(0) + v[*f].as_i64().unwrap_or(0);
+        out[*f] = sum.into();
+    }
 }
 
 /// Each node's answer read whole: its status and body (a body cut short is no answer).

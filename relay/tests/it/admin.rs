@@ -1009,3 +1009,69 @@ async fn a_hooks_attempts_and_state_are_in_the_hook_log() {
     assert_eq!(kinds, ["attempt", "replayed", "attempt"]);
     h.node.shutdown().await.unwrap();
 }
+
+/// `GET /v1/sources/{id}` (ADR `pending_for_source`): a source's configuration and the
+/// rows its hooks still owe; a tenant token sees only the sources fixed to its tenants.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sources_backlog_counts_the_rows_its_hooks_still_owe() {
+    let h = H::start().await;
+    h.sink
+        .default_status
+        .store(200, std::sync::atomic::Ordering::Relaxed);
+    h.sink
+        .delay_ms
+        .store(3_000, std::sync::atomic::Ordering::Relaxed);
+    for i in 0..3 {
+        let r = post(
+            &h.c,
+            &format!("http://{}/ingest/shared", h.node.ingest_addr),
+            &[("x-tenant", "a".to_owned())],
+            format!(r#"{{"slow":{i}}}"#),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+    }
+    let store = h.node.store.clone();
+    eventually(10, "three deliveries in flight", || {
+        counters::node(&store).unwrap().inflight == 3
+    })
+    .await;
+    let (s, v) = h.call("GET", "/v1/sources/shared", Some(ADMIN), "").await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["verify"], "none");
+    assert_eq!(v["sinks"], serde_json::json!(["s"]));
+    assert_eq!(v["tenant"], serde_json::Value::Null);
+    let b = &v["backlog"];
+    assert_eq!(
+        (b["inflight"].as_i64(), b["pending"].as_i64()),
+        (Some(3), Some(0)),
+        "{v}"
+    );
+    assert_eq!(b["exact"], true);
+    let (_, v) = h
+        .call("GET", "/v1/sources/shared?limit=1", Some(ADMIN), "")
+        .await;
+    assert_eq!(
+        (
+            v["backlog"]["rows_read"].as_u64(),
+            v["backlog"]["exact"].as_bool()
+        ),
+        (Some(1), Some(false))
+    );
+    // A fixed-tenant source: its tenant's token sees it, another's does not.
+    let (s, v) = h.call("GET", "/v1/sources/sa", Some(TOKEN_A), "").await;
+    assert_eq!((s, v["tenant"].as_str()), (200, Some("a")), "{v}");
+    assert_eq!(v["backlog"]["inflight"], 0, "sa's hooks were refused: {v}");
+    for (path, token) in [
+        ("/v1/sources/sa", TOKEN_B),
+        ("/v1/sources/shared", TOKEN_A),
+        ("/v1/sources/nope", ADMIN),
+    ] {
+        let (s, v) = h.call("GET", path, Some(token), "").await;
+        assert_eq!((s, v["error"].as_str()), (404, Some("not_found")), "{path}");
+    }
+    h.sink
+        .delay_ms
+        .store(0, std::sync::atomic::Ordering::Relaxed);
+    h.node.shutdown().await.unwrap();
+}

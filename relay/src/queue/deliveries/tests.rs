@@ -1350,3 +1350,55 @@ proptest! {
         h.assert_every_due_row_has_its_marker();
     }
 }
+
+#[test]
+fn pending_for_source_counts_its_hooks_rows_and_reads_one_tenant_when_fixed() {
+    let mut h = Harness::new();
+    let mut n = 0;
+    let mut add = |h: &mut Harness, tenant: &str, source: &str, sinks: usize| {
+        n += 1;
+        let mut env = Harness::envelope(Some(tenant), sinks, 1_000, n);
+        env.source = source.into();
+        let batch = h.asm.assemble(&h.store, &[env], false).unwrap();
+        h.asm.commit(&h.store, batch, false).unwrap();
+    };
+    for _ in 0..3 {
+        add(&mut h, "t1", "gh", 2);
+    }
+    add(&mut h, "t1", "shared", 1);
+    add(&mut h, "t2", "shared", 1);
+    add(&mut h, "t2", "shared", 1);
+    let first = h.due_rows()[0];
+    h.commit(|tx| {
+        claim(tx, &first);
+    });
+    let o1 = h.ord("t1");
+    let gh = pending_for_source(&h.store, "gh", Some(o1), 1_000).unwrap();
+    assert_eq!(
+        (gh.pending, gh.scheduled, gh.inflight, gh.exact),
+        (5, 0, 1, true)
+    );
+    assert_eq!(
+        gh.bytes,
+        h.due_rows()
+            .iter()
+            .filter(|r| r.key.ord == o1 && r.key.seq.0 <= 3)
+            .map(|r| r.size as i64)
+            .sum::<i64>()
+            + first.size as i64
+    );
+    assert_eq!(gh.rows_read, 7, "only t1's rows are read");
+    let shared = pending_for_source(&h.store, "shared", None, 1_000).unwrap();
+    assert_eq!(
+        (shared.pending, shared.inflight, shared.rows_read),
+        (3, 0, 9)
+    );
+    let cut = pending_for_source(&h.store, "shared", None, 4).unwrap();
+    assert_eq!((cut.rows_read, cut.exact), (4, false));
+    assert_eq!(
+        pending_for_source(&h.store, "nobody", None, 1_000)
+            .unwrap()
+            .pending,
+        0
+    );
+}
