@@ -52,6 +52,7 @@ pub struct Config {
     pub retry: RetryConfig,
     pub reclaim: ReclaimConfig,
     pub hook_log: HookLogConfig,
+    pub archive: ArchiveConfig,
     pub shutdown: ShutdownConfig,
     pub cluster: ClusterConfig,
     pub sources: Vec<SourceConfig>,
@@ -73,6 +74,7 @@ impl Default for Config {
             retry: RetryConfig::default(),
             reclaim: ReclaimConfig::default(),
             hook_log: HookLogConfig::default(),
+            archive: ArchiveConfig::default(),
             shutdown: ShutdownConfig::default(),
             cluster: ClusterConfig::default(),
             sources: Vec::new(),
@@ -350,6 +352,42 @@ impl Default for HookLogConfig {
             prune_batch: 10_000,
         }
     }
+}
+
+/// The archive: hooks of archived sources or routes kept, bodies and all, for their
+/// retention after delivery (`sources[].archive`, `routes[].archive` choose what).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ArchiveConfig {
+    /// How long an archived hook is kept, unless its source or route says otherwise.
+    pub retention_ms: u64,
+    pub settle_interval_ms: u64,
+    /// Obligations settled per pass (passes run back to back while full).
+    pub settle_batch: usize,
+    /// Expired hooks removed per pass.
+    pub prune_batch: usize,
+}
+
+impl Default for ArchiveConfig {
+    fn default() -> Self {
+        ArchiveConfig {
+            retention_ms: 2_592_000_000,
+            settle_interval_ms: 1_000,
+            settle_batch: 1_000,
+            prune_batch: 1_000,
+        }
+    }
+}
+
+/// A source's or route's archive setting: `archive: {enabled: true, retention_ms: …}`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveSetting {
+    #[serde(default = "default_true")]
+    pub enabled: bool,
+    /// Absent: `archive.retention_ms`.
+    #[serde(default)]
+    pub retention_ms: Option<u64>,
 }
 
 /// A graceful stop (SIGTERM): readiness fails, ingest and claiming stop, deliveries in
@@ -682,6 +720,9 @@ pub struct SourceConfig {
     /// GitHub's event and delivery headers); `[]` forwards none.
     #[serde(default)]
     pub forward_headers: Option<Vec<String>>,
+    /// Archive this source's hooks (overrides its route's setting).
+    #[serde(default)]
+    pub archive: Option<ArchiveSetting>,
 }
 
 /// The most header names a source may forward.
@@ -771,6 +812,49 @@ fn default_true() -> bool {
 pub struct RouteConfig {
     pub id: String,
     pub sinks: Vec<String>,
+    /// Archive the hooks of every source on this route (a source's own setting wins).
+    #[serde(default)]
+    pub archive: Option<ArchiveSetting>,
+}
+
+/// What the archive does with a source's hooks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ArchivePolicy {
+    /// New hooks get an archive obligation and are kept this long once archived.
+    Archive { retention_ms: u64 },
+    /// New hooks are not archived; obligations already made are honoured with this
+    /// retention (a source the configuration no longer names, or that says nothing).
+    Honour { retention_ms: u64 },
+    /// Archiving is switched off (`archive: {enabled: false}`): obligations are dropped.
+    Off,
+}
+
+impl Config {
+    /// The archive policy of the hooks of source `id`: its own setting, else its route's.
+    pub fn archive_policy(&self, id: &str) -> ArchivePolicy {
+        let default = self.archive.retention_ms;
+        let source = self.sources.iter().find(|s| s.id == id);
+        let setting = source.and_then(|s| {
+            s.archive.clone().or_else(|| {
+                self.routes
+                    .iter()
+                    .find(|r| r.id == s.route)
+                    .and_then(|r| r.archive.clone())
+            })
+        });
+        match setting {
+            Some(ArchiveSetting {
+                enabled: true,
+                retention_ms,
+            }) => ArchivePolicy::Archive {
+                retention_ms: retention_ms.unwrap_or(default),
+            },
+            Some(ArchiveSetting { enabled: false, .. }) => ArchivePolicy::Off,
+            None => ArchivePolicy::Honour {
+                retention_ms: default,
+            },
+        }
+    }
 }
 
 /// The range `tenants.max` must fall in (ordinal `u32::MAX` is reserved).
@@ -1022,6 +1106,33 @@ impl Config {
                     "must be in 1..=100000 (a sink with no slot would never be delivered to)",
                 ));
             }
+        }
+        let a = &self.archive;
+        if a.retention_ms == 0
+            || a.settle_interval_ms == 0
+            || a.settle_batch == 0
+            || a.prune_batch == 0
+        {
+            return Err(invalid(
+                "archive",
+                "retention_ms, settle_interval_ms, settle_batch and prune_batch must be positive",
+            ));
+        }
+        let setting_ok = |key: String, s: &Option<ArchiveSetting>| match s {
+            Some(ArchiveSetting {
+                retention_ms: Some(0),
+                ..
+            }) => Err(invalid(
+                &format!("{key}.archive.retention_ms"),
+                "must be positive",
+            )),
+            _ => Ok(()),
+        };
+        for (i, r) in self.routes.iter().enumerate() {
+            setting_ok(format!("routes[{i}]"), &r.archive)?;
+        }
+        for (i, s) in self.sources.iter().enumerate() {
+            setting_ok(format!("sources[{i}]"), &s.archive)?;
         }
         let mut routes = std::collections::BTreeSet::new();
         for (i, r) in self.routes.iter().enumerate() {

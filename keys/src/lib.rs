@@ -230,11 +230,15 @@ pub enum Family {
     /// `audit`: `<<?v, seq::64, sink::16, at::64, kind::8>>` → a delivery's event (an
     /// attempt, a replay, a recovery).
     HookEvents,
+    /// `archive`: `<<?h, ord::32, received::64, seq::64>>` → an archived hook.
+    ArchivedHooks,
+    /// `archive`: `<<?y, expires::64, seq::64>>` → `<<ord::32, received::64>>`: retention order.
+    ArchiveExpiry,
 }
 
 impl Family {
     /// Every family of format 3, in column-family order.
-    pub const FORMAT3: [Family; 22] = [
+    pub const FORMAT3: [Family; 24] = [
         Family::Meta,
         Family::Hooks,
         Family::Deliveries,
@@ -257,12 +261,18 @@ impl Family {
         Family::HookLog,
         Family::HookIds,
         Family::HookEvents,
+        Family::ArchivedHooks,
+        Family::ArchiveExpiry,
     ];
 
     /// The hook log's families: in every format 3 store, created by the release that
     /// brought them (marked by [`META_HOOK_LOG`]) — in the `audit` column family, so no
     /// format change.
     pub const HOOK_LOG: [Family; 3] = [Family::HookLog, Family::HookIds, Family::HookEvents];
+
+    /// The archive's families (in `archive`), created like the hook log's: once, marked by
+    /// [`META_ARCHIVE`].
+    pub const ARCHIVE: [Family; 2] = [Family::ArchivedHooks, Family::ArchiveExpiry];
 
     /// Every family of format 2 (the tenant-less layout).
     pub const FORMAT2: [Family; 14] = [
@@ -303,7 +313,7 @@ impl Family {
             Counters => Cf::Counters,
             Audit | HookLog | HookIds | HookEvents => Cf::Audit,
             Quarantine => Cf::Quarantine,
-            ArchiveSegments => Cf::Archive,
+            ArchiveSegments | ArchivedHooks | ArchiveExpiry => Cf::Archive,
         }
     }
 
@@ -334,6 +344,8 @@ impl Family {
             HookLog => "hook_log",
             HookIds => "hook_ids",
             HookEvents => "hook_events",
+            ArchivedHooks => "archived_hooks",
+            ArchiveExpiry => "archive_expiry",
         }
     }
 
@@ -363,6 +375,8 @@ impl Family {
             HookLog => b"l",
             HookIds => b"i",
             HookEvents => b"v",
+            ArchivedHooks => b"h",
+            ArchiveExpiry => b"y",
         }
     }
 
@@ -389,6 +403,8 @@ impl Family {
             ArchiveSegments => Some(8),
             HookLog => Some(8),
             HookEvents => Some(19),
+            ArchivedHooks => Some(20),
+            ArchiveExpiry => Some(16),
             // Text after the prefix: UTF-8 never holds 0xFF, so `prefix ++ [0xFF]` is above
             // every real key (meta keys are ASCII).
             Meta | Dedupe | DedupeExpiry | TenantOrds | HookIds => None,
@@ -440,6 +456,8 @@ pub const META_FORMAT: &[u8] = b"m:format";
 pub const META_PROBE: &[u8] = b"m:probe";
 /// Present once the hook log's families ([`Family::HOOK_LOG`]) exist, with their sentinels.
 pub const META_HOOK_LOG: &[u8] = b"m:hook_log";
+/// Present once the archive's families ([`Family::ARCHIVE`]) exist, with their sentinels.
+pub const META_ARCHIVE: &[u8] = b"m:archive";
 /// The next tenant ordinal to allocate: `<<next::32>>`.
 pub const META_NEXT_ORD: &[u8] = b"m:next_ord";
 
@@ -984,6 +1002,59 @@ pub fn hook_events_of_seqs(from: Seq, to: Seq) -> (Vec<u8>, Vec<u8>) {
     )
 }
 
+// ---------------------------------------------------------------------------------------
+// The archive (`archive`).
+
+/// An archived hook's key fields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ArchivedKey {
+    pub ord: TenantOrd,
+    pub received: AtMs,
+    pub seq: Seq,
+}
+
+pub fn archived_hook(k: &ArchivedKey) -> Vec<u8> {
+    KeyBuf::new(b"h", 20)
+        .u32(k.ord.0)
+        .u64(k.received.0)
+        .u64(k.seq.0)
+        .0
+}
+
+pub fn decode_archived_hook(key: &[u8]) -> Result<ArchivedKey, KeyError> {
+    check(Family::ArchivedHooks, key)?;
+    Ok(ArchivedKey {
+        ord: TenantOrd(rd_u32(key, 1)),
+        received: AtMs(rd_u64(key, 5)),
+        seq: Seq(rd_u64(key, 13)),
+    })
+}
+
+/// A tenant's archived hooks received in `[from, to)`.
+pub fn archived_range(ord: TenantOrd, from: AtMs, to: AtMs) -> (Vec<u8>, Vec<u8>) {
+    (
+        KeyBuf::new(b"h", 12).u32(ord.0).u64(from.0).0,
+        KeyBuf::new(b"h", 12).u32(ord.0).u64(to.0).0,
+    )
+}
+
+pub fn archive_expiry(expires: AtMs, seq: Seq) -> Vec<u8> {
+    KeyBuf::new(b"y", 16).u64(expires.0).u64(seq.0).0
+}
+
+pub fn decode_archive_expiry(key: &[u8]) -> Result<(AtMs, Seq), KeyError> {
+    check(Family::ArchiveExpiry, key)?;
+    Ok((AtMs(rd_u64(key, 1)), Seq(rd_u64(key, 9))))
+}
+
+/// Every expiry key of hooks expiring before `until`.
+pub fn archive_expired_before(until: AtMs) -> (Vec<u8>, Vec<u8>) {
+    (
+        Family::ArchiveExpiry.lo(),
+        KeyBuf::new(b"y", 8).u64(until.0).0,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1145,6 +1216,27 @@ mod tests {
             prop_assert!(lo <= ek && ek < hi);
             let (lo, hi) = hook_events_of_seqs(Seq(s), Seq(s + 1));
             prop_assert!(lo <= ek && ek < hi);
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn archive_keys_round_trip_sort_by_tenant_then_time_and_stay_inside_sentinels(
+            o in 0..=TenantOrd::MAX_REAL, r in any::<u64>(), s in any::<u64>(), e in 0..u64::MAX,
+        ) {
+            let k = ArchivedKey { ord: TenantOrd(o), received: AtMs(r), seq: Seq(s) };
+            let b = archived_hook(&k);
+            prop_assert_eq!(decode_archived_hook(&b).unwrap(), k);
+            prop_assert!(inside(Family::ArchivedHooks, &b));
+            if r < u64::MAX {
+                let (lo, hi) = archived_range(TenantOrd(o), AtMs(r), AtMs(r + 1));
+                prop_assert!(lo <= b && b < hi);
+            }
+            let y = archive_expiry(AtMs(e), Seq(s));
+            prop_assert_eq!(decode_archive_expiry(&y).unwrap(), (AtMs(e), Seq(s)));
+            prop_assert!(inside(Family::ArchiveExpiry, &y));
+            let (lo, hi) = archive_expired_before(AtMs(e + 1));
+            prop_assert!(lo < y && y < hi);
         }
     }
 

@@ -21,14 +21,14 @@ use crate::admin::audit::Audit;
 use crate::admin::auth::Tokens;
 use crate::admin::{self, AdminState};
 use crate::cluster::Cluster;
-use crate::config::Config;
+use crate::config::{ArchivePolicy, Config};
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::edge::{self, quarantine::Quarantine, EdgeState};
-use crate::metrics::Metrics;
+use crate::metrics::{ArchiveLabel, Metrics};
 use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
-use crate::queue::{deliveries, hooklog};
+use crate::queue::{archive, deliveries, hooklog};
 use crate::store::keys::AtMs;
 use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
 
@@ -168,6 +168,68 @@ fn spawn_hook_log_prune(
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, "hook log prune failed");
+                        break;
+                    }
+                }
+            }
+        }
+    })
+}
+
+/// Every `archive.settle_interval_ms`, settles archive obligations (passes back to back
+/// while full) and removes archived hooks past their retention.
+fn spawn_archiver(
+    store: Arc<Store>,
+    config: &Config,
+    metrics: Arc<Metrics>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let interval = std::time::Duration::from_millis(config.archive.settle_interval_ms);
+    let (settle_batch, prune_batch) = (config.archive.settle_batch, config.archive.prune_batch);
+    let policy = Arc::new(config.clone());
+    tokio::spawn(async move {
+        let mut archiver = Some(archive::Archiver::default());
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+            loop {
+                let (s, p, mut a) = (
+                    store.clone(),
+                    policy.clone(),
+                    archiver.take().unwrap_or_default(),
+                );
+                let Ok((a, pass)) = tokio::task::spawn_blocking(move || {
+                    let settled = a.settle(&s, p.as_ref(), settle_batch);
+                    let pruned = a.prune(&s, AtMs(crate::now_ms()), prune_batch);
+                    (a, settled.and_then(|x| pruned.map(|y| (x, y))))
+                })
+                .await
+                else {
+                    break;
+                };
+                archiver = Some(a);
+                match pass {
+                    Ok((settled, pruned)) => {
+                        let label = |outcome| ArchiveLabel { outcome };
+                        metrics
+                            .archive_settled
+                            .get_or_create(&label("archived"))
+                            .inc_by(settled.archived);
+                        metrics
+                            .archive_settled
+                            .get_or_create(&label("dropped"))
+                            .inc_by(settled.dropped);
+                        metrics.archive_expired.inc_by(pruned.expired);
+                        let full = settled.seen as usize >= settle_batch
+                            || pruned.expired as usize >= prune_batch;
+                        if !full || *stop.borrow() {
+                            break;
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "archive pass failed");
                         break;
                     }
                 }
@@ -324,10 +386,11 @@ impl Node {
             config: Arc::new(config.clone()),
             quarantine: Some(quarantine.clone()),
             progress: progress.clone(),
+            writer: std::sync::OnceLock::new(),
         });
         let mut servers = vec![serve(
             admin_l,
-            admin::router(admin_state, api),
+            admin::router(admin_state, api.clone()),
             stop.clone(),
         )];
 
@@ -335,6 +398,12 @@ impl Node {
         let max_tenants = config.tenants.max;
         let backup_dir = config.backup_dir();
         let boot_progress = progress.clone();
+        let archived: Vec<String> = config
+            .sources
+            .iter()
+            .filter(|s| matches!(config.archive_policy(&s.id), ArchivePolicy::Archive { .. }))
+            .map(|s| s.id.clone())
+            .collect();
         let (recovered, assembler) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
             let out = migrate::run(&boot_store, &migrate::builtin(), SUPPORTED_FORMAT, |p| {
                 tracing::info!(
@@ -372,7 +441,8 @@ impl Node {
                 tracing::warn!(markers, "restored active markers a crash had lost");
             }
             let assembler = Assembler::open(&boot_store, config.tenants.max)?
-                .logging(config.hook_log.enabled);
+                .logging(config.hook_log.enabled)
+                .archiving(archived);
             Ok((recovered, assembler))
         })
         .await??;
@@ -383,6 +453,7 @@ impl Node {
             metrics.clone(),
             hints.clone(),
         )?;
+        let _ = api.writer.set(writer.clone());
         let edge_state = Arc::new(EdgeState::new(
             sources,
             store.clone(),
@@ -404,6 +475,7 @@ impl Node {
             ),
             spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_hook_log_prune(store.clone(), &config, metrics.clone(), stop.clone()),
+            spawn_archiver(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_gauges(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
             spawn_write_probe(store.clone(), metrics.clone(), stop),

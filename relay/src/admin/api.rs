@@ -38,6 +38,9 @@ pub struct Api {
     pub hints: Arc<crate::queue::hints::DueHints>,
     /// The Relay's nodes: who owns which tenant.
     pub cluster: Arc<crate::cluster::Cluster>,
+    /// The ingest writer, once it runs (after the boot migration): archive replays commit
+    /// through it.
+    pub writer: std::sync::OnceLock<crate::queue::writer::WriterHandle>,
 }
 
 /// An API error: one JSON shape, a stable code.
@@ -144,7 +147,11 @@ pub(crate) async fn blocking<T: Send + 'static>(
 }
 
 /// A visible tenant's ordinal; 404 for one outside the scope or unknown.
-fn visible_ord(store: &Store, scope: &Scope, tenant: &str) -> Result<TenantOrd, ApiError> {
+pub(crate) fn visible_ord(
+    store: &Store,
+    scope: &Scope,
+    tenant: &str,
+) -> Result<TenantOrd, ApiError> {
     if !scope.sees(tenant) {
         return Err(ApiError::NotFound("tenant"));
     }

@@ -16,6 +16,7 @@ use axum::routing::get;
 use axum::Router;
 
 pub mod api;
+pub mod archive;
 pub mod audit;
 pub mod auth;
 pub mod backups;
@@ -163,6 +164,8 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
         .route("/v1/audit", get(api::audit_list))
         .route("/v1/hooks/{id}", get(hooks::get))
         .route("/v1/sources/{id}", get(sources::get))
+        .route("/v1/archive", get(archive::list))
+        .route("/v1/archive/replay", post(archive::replay))
         .route("/v1/backups", post(backups::create))
         .route("/v1/backups/stream", post(backups::stream))
         .route("/v1/backups/{id}/archive", get(backups::archive))

@@ -11,6 +11,7 @@
 //!   answer in `nodes` (`unavailable` names the nodes that gave none).
 //! - `GET /v1/hooks/{id}`: the node reached looks in its hook log, then asks the others.
 //! - `GET /v1/sources/{id}`: every node is asked, the source's backlogs added up.
+//! - `GET /v1/archive?tenant=t` and `POST /v1/archive/replay` go to the tenant's owner.
 //! - A call carrying `ankusa-cluster-local: 1` is answered by the node it reaches (what a
 //!   node sends another, and what `ankusa-relay admin` sends when it merges nodes itself).
 //!   Calls that name no tenant (the DLQ of every tenant, replay by ids, quarantine, audit,
@@ -60,7 +61,14 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
             return merged_dlq(&api, req, next, &t, &query).await;
         }
         (req, None)
-    } else if path == "/v1/dlq/replay" && req.method() == Method::POST {
+    } else if path == "/v1/archive" && req.method() == Method::GET {
+        // A tenant's archive is on its owner (what a former owner archived stays there:
+        // ask it with `ankusa-cluster-local: 1`).
+        let t = query_param(&query, "tenant");
+        (req, t)
+    } else if (path == "/v1/dlq/replay" || path == "/v1/archive/replay")
+        && req.method() == Method::POST
+    {
         let (parts, body) = req.into_parts();
         let Ok(bytes) = http_body_util::Limited::new(body, MAX_ROUTED_BODY)
             .collect()
@@ -74,10 +82,12 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
             );
         };
         let v = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
-        if v["ids"].as_array().is_some_and(|ids| {
-            ids.iter()
-                .any(|i| i.as_str().is_some_and(|i| i.contains('/')))
-        }) {
+        if path == "/v1/dlq/replay"
+            && v["ids"].as_array().is_some_and(|ids| {
+                ids.iter()
+                    .any(|i| i.as_str().is_some_and(|i| i.contains('/')))
+            })
+        {
             return replay_by_ids(&api, Request::from_parts(parts, Body::empty()), next, v).await;
         }
         let t = v.get("tenant").and_then(Value::as_str).map(str::to_owned);

@@ -502,6 +502,7 @@ async fn handle<'a>(
     let sub = Submission {
         envelope,
         idempotency,
+        from_archive: false,
         reply: tx,
     };
     let unavailable = |msg: &str| {

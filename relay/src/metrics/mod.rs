@@ -48,6 +48,12 @@ pub struct ScanLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ArchiveLabel {
+    /// `archived` or `dropped`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct FieldLabel {
     pub field: String,
 }
@@ -115,6 +121,8 @@ pub struct Metrics {
     pub reclaim_backlog: Gauge,
     pub reclaimed_hooks: Counter,
     pub hook_log_hooks: Gauge,
+    pub archive_settled: Family<ArchiveLabel, Counter>,
+    pub archive_expired: Counter,
     pub hook_log_pruned: Counter,
     pub queue_state: Family<FieldLabel, Gauge>,
     pub oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64>,
@@ -288,6 +296,18 @@ impl Metrics {
             "Hooks removed because no delivery, dead row or archive obligation needed them",
             reclaimed_hooks.clone(),
         );
+        let archive_settled = Family::<ArchiveLabel, Counter>::default();
+        registry.register(
+            "ankusa_archive_settled",
+            "Archive obligations settled: archived (kept for their retention) or dropped (hook gone, or the source's archive is off)",
+            archive_settled.clone(),
+        );
+        let archive_expired = Counter::default();
+        registry.register(
+            "ankusa_archive_expired",
+            "Archived hooks removed at the end of their retention",
+            archive_expired.clone(),
+        );
         let hook_log_hooks = Gauge::default();
         registry.register(
             "ankusa_hook_log_hooks",
@@ -412,6 +432,8 @@ impl Metrics {
             reclaim_backlog,
             reclaimed_hooks,
             hook_log_hooks,
+            archive_settled,
+            archive_expired,
             hook_log_pruned,
             registry,
             ingest_requests,

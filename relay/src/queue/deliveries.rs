@@ -753,8 +753,10 @@ impl ArchiveObligation {
     }
 }
 
-/// Archive settle: the hook is in a segment; the obligation goes and reclaim may look.
+/// Archive settle: the hook is archived; the obligation goes and reclaim may look. A unit:
+/// it (and what rides with it, [`Tx::unit_op`]) commits only if the obligation is there.
 pub fn archive_settle(tx: &mut Tx, ob: &ArchiveObligation) {
+    tx.consume(keys::archive(ob.seq), None);
     tx.op(Op::delete(Cf::Index, keys::archive(ob.seq)));
     tx.op(Op::put(Cf::Index, keys::cleared(ob.seq), Vec::new()));
     tx.delta(ob.ord, CounterField::ArchivePending, -1);
@@ -1323,6 +1325,18 @@ pub fn archive_obligations(
         limit,
         ArchiveObligation::decode,
     )
+}
+
+/// Compacts the obligations' span up to `through` (all of it with `None`): the archiver's
+/// settled obligations are tombstones a fresh sweep would otherwise walk.
+pub fn compact_obligations(store: &Store, through: Option<Seq>) {
+    let (lo, end) = Family::Archive.bounds();
+    let to = through.map_or(end, |s| {
+        let mut k = keys::archive(s);
+        k.push(0);
+        k
+    });
+    store.compact_range(Cf::Index, &lo, &to);
 }
 
 /// Boot repair: every due row's active marker exists. The pipeline's marker cleanup

@@ -3,7 +3,7 @@
 //! A delivered hook's delivery row is deleted at once and reclaim removes the hook within a
 //! second, so "was `hk_…` delivered, and how?" needs a record of its own. Three families
 //! in the `audit` column family (no format change; created once per store, see
-//! [`Store::ensure_hook_log_families`]):
+//! [`Store::ensure_added_families`]):
 //!
 //! | family | key | value | written by |
 //! |---|---|---|---|

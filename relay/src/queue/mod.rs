@@ -23,6 +23,7 @@
 //! recovery (`recover_inflight`) all write index rows from their own tasks. That is safe
 //! because counters are merges and each transition's ops are one atomic batch.
 
+pub mod archive;
 pub mod codec;
 pub mod counters;
 pub mod deliveries;

@@ -32,6 +32,8 @@ pub struct Assembler {
     next_seq: u64,
     /// Write each hook's hook log record ([`super::hooklog`]).
     log: bool,
+    /// The sources whose hooks get an archive obligation.
+    archived: std::collections::HashSet<String>,
 }
 
 impl Assembled {
@@ -53,7 +55,15 @@ impl Assembler {
             alloc: Allocator::new(tenants_max),
             next_seq: last + 1,
             log: false,
+            archived: Default::default(),
         })
+    }
+
+    /// Gives the hooks of these sources an archive obligation (`sources[].archive`,
+    /// `routes[].archive`).
+    pub fn archiving(mut self, sources: impl IntoIterator<Item = String>) -> Self {
+        self.archived = sources.into_iter().collect();
+        self
     }
 
     /// Logs every hook it assembles in the hook log (`hook_log.enabled`).
@@ -70,6 +80,18 @@ impl Assembler {
         hooks: &[E],
         archive: bool,
     ) -> Result<Assembled, StoreError> {
+        self.assemble_except(store, hooks, archive, &[])
+    }
+
+    /// [`Assembler::assemble`], but the hooks whose place in `unarchived` is true get no
+    /// archive obligation (hooks replayed from the archive, which has them already).
+    pub fn assemble_except<E: std::borrow::Borrow<Envelope>>(
+        &mut self,
+        store: &Store,
+        hooks: &[E],
+        archive: bool,
+        unarchived: &[bool],
+    ) -> Result<Assembled, StoreError> {
         let resolution = self
             .alloc
             .resolve(store, hooks.iter().map(|e| e.borrow().tenant_or_default()))?;
@@ -80,7 +102,7 @@ impl Assembler {
         let mut next_seq = self.next_seq;
         let mut outcomes = Vec::with_capacity(hooks.len());
         let mut due = Vec::with_capacity(hooks.len());
-        for env in hooks {
+        for (i, env) in hooks.iter().enumerate() {
             let env = env.borrow();
             let ord = match resolution.ords.get(env.tenant_or_default()) {
                 Some(Ok(ord)) => *ord,
@@ -105,7 +127,8 @@ impl Assembler {
                     seq,
                     ord,
                     envelope: env,
-                    archive,
+                    archive: (archive || self.archived.contains(&env.source))
+                        && !unarchived.get(i).copied().unwrap_or(false),
                     log: self.log,
                 },
             );
@@ -147,6 +170,8 @@ pub struct Submission {
     pub envelope: Envelope,
     /// The idempotency key, if the source gives one; deduplicated per tenant.
     pub idempotency: Option<Vec<u8>>,
+    /// Sent again from the archive: no new archive obligation.
+    pub from_archive: bool,
     pub reply: tokio::sync::oneshot::Sender<Reply>,
 }
 
@@ -208,6 +233,15 @@ impl WriterHandle {
     /// Queues a submission, or refuses at once if the bounded queue is full.
     pub fn try_submit(&self, s: Submission) -> Result<(), WriterBusy> {
         self.tx.try_send(s).map_err(|_| WriterBusy)
+    }
+
+    /// Queues a submission, or gives it back: `Full` (try again later) or `Disconnected`
+    /// (the writer has stopped).
+    pub fn try_submit_or_return(
+        &self,
+        s: Submission,
+    ) -> Result<(), Box<std::sync::mpsc::TrySendError<Submission>>> {
+        self.tx.try_send(s).map_err(Box::new)
     }
 }
 
@@ -344,13 +378,18 @@ impl Writer {
             }
         }
         let envs: Vec<&Envelope> = fresh.iter().map(|i| &batch[*i].envelope).collect();
-        let mut assembled = match self.asm.assemble(&self.store, &envs, self.settings.archive) {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::error!(error = %e, "writer: assembling a batch");
-                return reply_all(batch, Reply::Unavailable);
-            }
-        };
+        let unarchived: Vec<bool> = fresh.iter().map(|i| batch[*i].from_archive).collect();
+        let mut assembled =
+            match self
+                .asm
+                .assemble_except(&self.store, &envs, self.settings.archive, &unarchived)
+            {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::error!(error = %e, "writer: assembling a batch");
+                    return reply_all(batch, Reply::Unavailable);
+                }
+            };
         let expires = now.saturating_add(self.settings.dedupe_window_ms);
         for (j, i) in fresh.iter().enumerate() {
             if let (Some(k), Ok(_)) = (&ukeys[*i], &assembled.outcomes[j]) {

@@ -174,7 +174,7 @@ pub fn run(
     loop {
         let format = store.format()?;
         if format >= target {
-            store.ensure_hook_log_families()?;
+            store.ensure_added_families()?;
             return Ok(Outcome::Done {
                 format,
                 steps,

@@ -222,7 +222,7 @@ impl OpenOptions {
     }
 }
 
-const N_FAMILIES: usize = 24;
+const N_FAMILIES: usize = 26;
 
 /// Read counters, for tests and diagnostics: which families were scanned and how many
 /// point reads each column family served since open.
@@ -486,7 +486,7 @@ impl Store {
                 .collect();
             store.write(ops, true)?;
         }
-        store.ensure_hook_log_families()?;
+        store.ensure_added_families()?;
         Ok(store)
     }
 
@@ -558,30 +558,35 @@ impl Store {
                 keys::META_NEXT_ORD.to_vec(),
                 1u32.to_be_bytes(),
             ));
-            ops.push(Op::put(Cf::Default, keys::META_HOOK_LOG.to_vec(), []));
+            for (marker, _) in ADDED_FAMILIES {
+                ops.push(Op::put(Cf::Default, marker.to_vec(), []));
+            }
         }
         store.write(ops, true)?;
         Ok(store)
     }
 
-    /// Creates the hook log's families ([`Family::HOOK_LOG`], in `audit`) in a format 3
-    /// store that predates them: their sentinels and [`keys::META_HOOK_LOG`] in one synced
-    /// batch, once. A store that has the marker is left alone (a missing sentinel there
-    /// stays corruption). Run at open and when a migration reaches format 3.
-    pub fn ensure_hook_log_families(&self) -> Result<bool, StoreError> {
-        if self.read_only
-            || self.format()? < 3
-            || self.get(Cf::Default, keys::META_HOOK_LOG)?.is_some()
-        {
-            return Ok(false);
+    /// Creates the families that came after format 3 within its column families (the
+    /// hook log's in `audit`, the archive's in `archive`: [`ADDED_FAMILIES`]) in a format 3
+    /// store that predates them: their sentinels and marker in one synced batch, once per
+    /// marker. Families whose marker is there are left alone (a missing sentinel there
+    /// stays corruption). Run at open and when a migration reaches format 3. Returns how
+    /// many sets it created.
+    pub fn ensure_added_families(&self) -> Result<usize, StoreError> {
+        if self.read_only || self.format()? < 3 {
+            return Ok(0);
         }
-        let mut ops: Vec<Op> = Family::HOOK_LOG
-            .iter()
-            .flat_map(|f| sentinel_ops(*f))
-            .collect();
-        ops.push(Op::put(Cf::Default, keys::META_HOOK_LOG.to_vec(), []));
-        self.write(ops, true)?;
-        Ok(true)
+        let mut created = 0;
+        for (marker, families) in ADDED_FAMILIES {
+            if self.get(Cf::Default, marker)?.is_some() {
+                continue;
+            }
+            let mut ops: Vec<Op> = families.iter().flat_map(|f| sentinel_ops(*f)).collect();
+            ops.push(Op::put(Cf::Default, marker.to_vec(), []));
+            self.write(ops, true)?;
+            created += 1;
+        }
+        Ok(created)
     }
 
     pub fn path(&self) -> &Path {
@@ -851,6 +856,13 @@ impl Store {
         Ok(out)
     }
 }
+
+/// Families added to format 3 stores after format 3, inside existing column families, and
+/// the meta key that marks each set created ([`Store::ensure_added_families`]).
+pub const ADDED_FAMILIES: [(&[u8], &[Family]); 2] = [
+    (keys::META_HOOK_LOG, &Family::HOOK_LOG),
+    (keys::META_ARCHIVE, &Family::ARCHIVE),
+];
 
 /// The two sentinel puts of a family.
 pub fn sentinel_ops(family: Family) -> [Op; 2] {

@@ -556,7 +556,7 @@ async fn concurrent_replays_and_purges_during_dispatch_move_each_row_once() {
 
 /// A raw request: method, URL, headers, body; answers status, headers and the JSON body
 /// (`Null` if it is not JSON).
-async fn raw(
+pub async fn raw(
     c: &Client,
     method: &str,
     url: &str,

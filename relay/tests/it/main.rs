@@ -2,6 +2,7 @@
 #![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
 
 mod admin;
+mod archive;
 mod backup;
 mod cli;
 mod cluster;
