@@ -72,3 +72,4 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench latency
 	$(CARGO) bench -p ankusa-relay --bench fairness
 	$(CARGO) bench -p ankusa-relay --bench forward
+	$(CARGO) bench -p ankusa-relay --bench archive

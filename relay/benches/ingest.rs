@@ -21,7 +21,7 @@
 //! measured the disk, not the writer.)
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
 
@@ -116,28 +116,7 @@ async fn forwarding_ingest(sink: std::net::SocketAddr) -> std::net::SocketAddr {
 
 /// The load against `url`: (seconds, sorted latencies).
 async fn load(url: Arc<str>) -> (f64, Vec<Duration>) {
-    let client = load::client(CLIENTS);
-    let deadline = Instant::now() + RUN;
-    let started = Instant::now();
-    let tasks: Vec<_> = (0..CLIENTS as u64)
-        .map(|w| {
-            let (client, url) = (client.clone(), url.clone());
-            tokio::spawn(async move {
-                let mut lat = Vec::new();
-                let mut n = 0u64;
-                while Instant::now() < deadline {
-                    let req = load::signed_hook(&url, w, n, TENANTS as u64, BODY);
-                    lat.push(load::post_acked(&client, req).await);
-                    n += 1;
-                }
-                lat
-            })
-        })
-        .collect();
-    let mut lat = load::gather(tasks).await;
-    let secs = started.elapsed().as_secs_f64();
-    lat.sort();
-    (secs, lat)
+    load::closed_loop(url, CLIENTS, RUN, TENANTS as u64, BODY).await
 }
 
 async fn twin(label: &'static str, forwarding: bool) -> Run {

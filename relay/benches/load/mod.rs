@@ -114,13 +114,25 @@ pub async fn relay_with_sink(
     sink_keys: &str,
     extra: &str,
 ) -> ankusa_relay::node::Node {
+    relay_with_route(dir, sink, sink_keys, "", extra).await
+}
+
+/// [`relay_with_sink`] with more keys for the route (`route_keys`, e.g.
+/// `", archive: { enabled: true }"`).
+pub async fn relay_with_route(
+    dir: &std::path::Path,
+    sink: std::net::SocketAddr,
+    sink_keys: &str,
+    route_keys: &str,
+    extra: &str,
+) -> ankusa_relay::node::Node {
     let yaml = format!(
         r#"
 data_dir: {}
 ingest: {{ listen: "127.0.0.1:0" }}
 admin: {{ listen: "127.0.0.1:0" }}
 sinks: [{{ id: s, url: "http://{sink}/"{sink_keys} }}]
-routes: [{{ id: r, sinks: [s] }}]
+routes: [{{ id: r, sinks: [s]{route_keys} }}]
 sources:
   - id: bench
     tenant: {{ header: x-tenant }}
@@ -325,4 +337,37 @@ pub fn lag_parts(sink: &ArrivalSink, sent: &[Sent]) -> (Vec<Duration>, Vec<Durat
     ack.sort();
     dispatch.sort();
     (ack, dispatch)
+}
+
+/// `clients` keep-alive clients posting signed hooks (`body` bytes, `tenants` tenants) to
+/// `url` back to back for `run`: (seconds, sorted ack latencies).
+pub async fn closed_loop(
+    url: std::sync::Arc<str>,
+    clients: usize,
+    run: Duration,
+    tenants: u64,
+    body: usize,
+) -> (f64, Vec<Duration>) {
+    let client = client(clients);
+    let deadline = std::time::Instant::now() + run;
+    let started = std::time::Instant::now();
+    let tasks: Vec<_> = (0..clients as u64)
+        .map(|w| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                let mut lat = Vec::new();
+                let mut n = 0u64;
+                while std::time::Instant::now() < deadline {
+                    let req = signed_hook(&url, w, n, tenants, body);
+                    lat.push(post_acked(&client, req).await);
+                    n += 1;
+                }
+                lat
+            })
+        })
+        .collect();
+    let mut lat = gather(tasks).await;
+    let secs = started.elapsed().as_secs_f64();
+    lat.sort();
+    (secs, lat)
 }
