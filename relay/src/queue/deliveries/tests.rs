@@ -35,6 +35,10 @@ enum Transition {
     },
     ArchiveSettle(usize),
     ArchiveDrop(usize),
+    /// The archiver: a settle pass of up to n obligations (a source with the archive off
+    /// drops), then its retention pass at `now`.
+    Archiver { n: usize, off: bool, now: u64 },
+    Reclaim,
     Cleanup(u64),
 }
 
@@ -55,6 +59,9 @@ fn transition() -> impl Strategy<Value = Transition> {
             .prop_map(|(tenant, pending, dead)| Transition::Purge { tenant, pending, dead }),
         1 => any::<usize>().prop_map(Transition::ArchiveSettle),
         1 => any::<usize>().prop_map(Transition::ArchiveDrop),
+        1 => (1usize..4, any::<bool>(), 0u64..40_000)
+            .prop_map(|(n, off, now)| Transition::Archiver { n, off, now }),
+        1 => Just(Transition::Reclaim),
         2 => (0u64..40_000).prop_map(Transition::Cleanup),
     ]
 }
@@ -167,6 +174,15 @@ fn apply(h: &mut Harness, t: &Transition) {
                     h.commit(|tx| archive_drop(tx, &ob));
                 }
             }
+        }
+        Transition::Archiver { n, off, now } => {
+            let policy = |_: &str| (!*off).then_some(10_000u64);
+            let mut a = crate::queue::archive::Archiver::default();
+            a.settle(&h.store, &policy, *n).unwrap();
+            a.prune(&h.store, AtMs(*now), 100).unwrap();
+        }
+        Transition::Reclaim => {
+            crate::queue::reclaim::reclaim_pass(&h.store, 100).unwrap();
         }
         Transition::Cleanup(now) => {
             let now = AtMs(*now);
