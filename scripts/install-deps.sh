@@ -7,6 +7,7 @@
 #   alert rules in tests
 # - curl, which the README's quickstart test runs as the README writes it
 # - helm-python-sdk (PyPI): the Helm engine, offline, to render and lint the chart in tests
+# - schemathesis (PyPI): runs every operation of docs/openapi.json against a live node
 set -euo pipefail
 
 need_apt=()
@@ -39,4 +40,11 @@ HELM_SDK_VERSION=0.2.2
 if ! python3 -c "import helm_python" >/dev/null 2>&1; then
   echo "install-deps: installing helm-python-sdk ${HELM_SDK_VERSION} from PyPI"
   python3 -m pip install --quiet --disable-pip-version-check "helm-python-sdk==${HELM_SDK_VERSION}"
+fi
+
+# The API contract test drives a live node with every operation of the OpenAPI document.
+SCHEMATHESIS_VERSION=4.32.5
+if ! python3 -c "import schemathesis, sys; sys.exit(schemathesis.__version__ != '${SCHEMATHESIS_VERSION}')" >/dev/null 2>&1; then
+  echo "install-deps: installing schemathesis ${SCHEMATHESIS_VERSION} from PyPI"
+  python3 -m pip install --quiet --disable-pip-version-check "schemathesis==${SCHEMATHESIS_VERSION}"
 fi

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// A node's aggregate queue counters (the six per-tenant counters summed into ord 0).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeCounters {
     /// First-attempt rows waiting.
     pub pending: i64,
@@ -18,6 +19,7 @@ pub struct NodeCounters {
 
 /// A store-format migration under way.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct MigrationProgress {
     pub from: u32,
     pub to: u32,
@@ -29,6 +31,7 @@ pub struct MigrationProgress {
 
 /// `GET /v1/node`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct NodeStatus {
     /// The relay release.
     pub version: String,
@@ -57,6 +60,7 @@ pub struct NodeStatus {
 
 /// A node of a Relay of several nodes.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct ClusterStatus {
     /// Its name in `cluster.nodes`.
     pub name: String,
@@ -71,6 +75,7 @@ pub struct ClusterStatus {
 
 /// Why and since when the store's writes fail.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct WriteError {
     pub message: String,
     /// When the failure began (ms since the epoch).

@@ -91,6 +91,8 @@ pub enum Command {
         #[arg(long)]
         data: PathBuf,
     },
+    /// Print the OpenAPI 3.1 document of the ingest and admin APIs (docs/openapi.json).
+    Openapi,
     /// Print the version and the store format this binary supports.
     Version {
         #[arg(long)]
@@ -293,6 +295,10 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             command,
         ),
         Command::Sink { listen, secret } => sink(listen, secret),
+        Command::Openapi => {
+            print!("{}", crate::openapi::json());
+            Ok(ExitCode::SUCCESS)
+        }
         Command::Backup {
             command:
                 BackupCommand::Pull {

@@ -24,6 +24,7 @@ pub mod edge;
 pub mod http;
 pub mod metrics;
 pub mod node;
+pub mod openapi;
 pub mod queue;
 pub mod store;
 

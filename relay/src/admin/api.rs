@@ -173,8 +173,8 @@ fn parse_row_id(s: &str) -> Option<DeadKey> {
     it.next().is_none().then_some(k)
 }
 
-#[derive(Debug, Serialize)]
-struct DlqItem {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct DlqItem {
     id: String,
     tenant: String,
     at_ms: u64,
@@ -269,7 +269,8 @@ fn dead_rows(
     }
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PageQuery {
     tenant: Option<String>,
     before: Option<String>,
@@ -281,6 +282,20 @@ fn limit(api: &Api, l: Option<usize>) -> usize {
 }
 
 /// `GET /v1/dlq`
+#[utoipa::path(
+    get,
+    path = "/v1/dlq",
+    tag = "admin",
+    params(PageQuery),
+    responses(
+        (status = 200, description = "Dead rows, newest first", body = crate::openapi::DlqPage),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn dlq(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -305,7 +320,7 @@ pub async fn dlq(
     .await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayRequest {
     #[serde(default)]
@@ -322,6 +337,23 @@ pub const MAX_REPLAY: usize = 100_000;
 
 /// `POST /v1/dlq/replay`: revive dead rows by ids, tenant, source or time range, in synced
 /// batches of 500 through the queue's revive op builder.
+#[utoipa::path(
+    post,
+    path = "/v1/dlq/replay",
+    tag = "admin",
+    request_body = ReplayRequest,
+    responses(
+        (status = 200, description = "Rows revived by this call", body = crate::openapi::Revived),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
+        (status = 415, description = "The body is not JSON", body = crate::openapi::ErrorBody),
+        (status = 422, description = "The JSON body has an unknown or missing field", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn replay(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -406,14 +438,27 @@ pub async fn replay(
     .await
 }
 
-#[derive(Debug, Serialize)]
-struct TenantView {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct TenantView {
     tenant: String,
     ord: u32,
     counters: Counts,
 }
 
 /// `GET /v1/tenants/{t}`
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{t}",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id")),
+    responses(
+        (status = 200, description = "The tenant's counters", body = TenantView),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn tenant(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -434,13 +479,27 @@ pub async fn tenant(
     .await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct TopQuery {
     top: Option<usize>,
 }
 
 /// `GET /v1/tenants?top=N`: the tenants with the most pending work, from the active index
 /// and the counters (never a scan of all tenants).
+#[utoipa::path(
+    get,
+    path = "/v1/tenants",
+    tag = "admin",
+    params(TopQuery),
+    responses(
+        (status = 200, description = "The tenants with the most pending work", body = crate::openapi::TenantsTop),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn tenants_top(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -502,12 +561,27 @@ pub async fn tenants_top(
     .await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct PurgeQuery {
     kinds: String,
 }
 
 /// `DELETE /v1/tenants/{t}/queue?kinds=pending,dead`
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{t}/queue",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id"), PurgeQuery),
+    responses(
+        (status = 200, description = "Rows removed", body = crate::openapi::PurgeReport),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn purge(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -555,7 +629,8 @@ pub(crate) fn quarantine_visible(config: &Config, scope: &Scope, source: &str) -
     scope.is_admin() || source_tenant(config, source).is_some_and(|t| scope.sees(&t))
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct QuarantineQuery {
     id: Option<u64>,
     before: Option<u64>,
@@ -563,6 +638,19 @@ pub struct QuarantineQuery {
 }
 
 /// `GET /v1/quarantine`: newest first, with headers and a body preview.
+#[utoipa::path(
+    get,
+    path = "/v1/quarantine",
+    tag = "admin",
+    params(QuarantineQuery),
+    responses(
+        (status = 200, description = "Quarantined requests, newest first", body = crate::openapi::QuarantinePage),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn quarantine_list(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -589,6 +677,20 @@ pub async fn quarantine_list(
 }
 
 /// `DELETE /v1/quarantine?id=N` (one) or without `id` (everything within scope).
+#[utoipa::path(
+    delete,
+    path = "/v1/quarantine",
+    tag = "admin",
+    params(QuarantineQuery),
+    responses(
+        (status = 200, description = "Entries deleted", body = crate::openapi::Deleted),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn quarantine_delete(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -616,13 +718,27 @@ pub async fn quarantine_delete(
     .await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 pub struct AuditQuery {
     before: Option<u64>,
     limit: Option<usize>,
 }
 
 /// `GET /v1/audit`: newest first; a tenant scope sees rows of its tenants.
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "admin",
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "Audit rows, newest first", body = crate::openapi::AuditPage),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn audit_list(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -644,12 +760,35 @@ pub async fn audit_list(
 }
 
 /// `GET /v1/config`: the effective configuration, every secret `<redacted>`. Admin only.
+#[utoipa::path(
+    get,
+    path = "/v1/config",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The effective configuration, secrets redacted", body = Object),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn config(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult {
     admin_only(&caller(&api, &headers)?)?;
     Ok(Json(serde_json::to_value(&*api.config).map_err(|_| ApiError::Internal)?).into_response())
 }
 
 /// `GET /v1/node`: the node's status (the operator polls it). Admin only.
+#[utoipa::path(
+    get,
+    path = "/v1/node",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The node's status (served during a boot migration too)", body = ankusa_crds::node::NodeStatus),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn node(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult {
     admin_only(&caller(&api, &headers)?)?;
     let a = api.clone();

@@ -21,7 +21,8 @@ const MAX_REPLAY: usize = 100_000;
 /// Submissions awaited together by a replay.
 const REPLAY_WINDOW: usize = 256;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct ArchiveQuery {
     tenant: Option<String>,
@@ -67,6 +68,20 @@ fn item(a: &Archived, body: bool) -> serde_json::Value {
 
 /// `GET /v1/archive?tenant=&from_ms=&to_ms=&before=&limit=&body=`: the tenant's archived
 /// hooks received in `[from_ms, to_ms)`, newest first, one bounded scan of its range.
+#[utoipa::path(
+    get,
+    path = "/v1/archive",
+    tag = "admin",
+    params(ArchiveQuery),
+    responses(
+        (status = 200, description = "The tenant's archived hooks, newest first", body = crate::openapi::ArchivePage),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn list(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -103,9 +118,9 @@ pub async fn list(
     .await
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct ReplayRequest {
+pub struct ArchiveReplayRequest {
     tenant: String,
     from_ms: Option<u64>,
     to_ms: Option<u64>,
@@ -119,10 +134,27 @@ pub struct ReplayRequest {
 /// matches is committed again as a new hook — same id, body, headers and fan-out, received
 /// now — through the writer (a synced commit, then delivery as a first attempt). The
 /// archive keeps its copy. Answers `{"replayed": n}`; audited.
+#[utoipa::path(
+    post,
+    path = "/v1/archive/replay",
+    tag = "admin",
+    request_body = ArchiveReplayRequest,
+    responses(
+        (status = 200, description = "Hooks committed again", body = crate::openapi::Replayed),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
+        (status = 415, description = "The body is not JSON", body = crate::openapi::ErrorBody),
+        (status = 422, description = "The JSON body has an unknown or missing field", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn replay(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
-    Json(req): Json<ReplayRequest>,
+    Json(req): Json<ArchiveReplayRequest>,
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
     let Some(writer) = api.writer.get().cloned() else {

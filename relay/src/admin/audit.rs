@@ -10,7 +10,7 @@ use crate::store::keys::{self, AtMs, Family, Seq};
 use crate::store::{Cf, Dir, Op, Store, StoreError};
 
 /// One audit row.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct Record {
     pub seq: u64,
     pub at_ms: u64,

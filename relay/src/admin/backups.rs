@@ -126,6 +126,19 @@ pub fn remove_cut_backups(dir: &Path) -> Result<usize, StoreError> {
 }
 
 /// `POST /v1/backups` (admin or backup scope).
+#[utoipa::path(
+    post,
+    path = "/v1/backups",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The backup's archive was written to admin.backup_dir", body = crate::openapi::BackupCreated),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
+        (status = 500, description = "The backup failed (backup_failed); nothing of it was kept", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
     let c = backup_caller(&api, &headers)?;
     let a = api.clone();
@@ -166,6 +179,21 @@ impl futures_core::Stream for Chunks {
 }
 
 /// `GET /v1/backups/{id}/archive` (admin): the archive, streamed.
+#[utoipa::path(
+    get,
+    path = "/v1/backups/{id}/archive",
+    tag = "admin",
+    params(("id" = String, Path, description = "A backup id")),
+    responses(
+        (status = 200, description = "The backup's archive", content_type = "application/zstd", body = Vec<u8>),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn archive(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
@@ -229,6 +257,19 @@ impl std::io::Write for FrameWriter {
 /// `POST /v1/backups/stream` (admin or backup scope): a checkpoint, packed into the answer
 /// as it is read. The answer's headers carry its id and store format; a cut stream is a
 /// broken archive, which `backup pull` refuses.
+#[utoipa::path(
+    post,
+    path = "/v1/backups/stream",
+    tag = "admin",
+    responses(
+        (status = 200, description = "A RocksDB checkpoint as .tar.zst, streamed while it is packed", content_type = "application/zstd", body = Vec<u8>),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
+        (status = 500, description = "The checkpoint could not be taken", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
     let c = backup_caller(&api, &headers)?;
     let id = format!("b{}", crate::now_ms());

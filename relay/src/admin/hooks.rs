@@ -13,7 +13,8 @@ use serde::{Deserialize, Serialize};
 use super::api::{blocking, caller, Api, ApiError, ApiResult};
 use crate::queue::hooklog::{self, AttemptOutcome, DeliveryState, ErrorClass, Event, HookView};
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct HookQuery {
     /// Include the body (while the hook is still stored).
@@ -21,8 +22,8 @@ pub struct HookQuery {
     body: bool,
 }
 
-#[derive(Debug, Serialize)]
-struct EventOut {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EventOut {
     kind: &'static str,
     at_ms: u64,
     attempt: u32,
@@ -57,8 +58,8 @@ impl From<&Event> for EventOut {
     }
 }
 
-#[derive(Debug, Serialize)]
-struct SinkOut {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SinkOut {
     sink: String,
     index: u16,
     state: DeliveryState,
@@ -68,8 +69,8 @@ struct SinkOut {
     events: Vec<EventOut>,
 }
 
-#[derive(Debug, Serialize)]
-struct HookOut {
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct HookOut {
     id: String,
     tenant: String,
     source: String,
@@ -134,6 +135,20 @@ fn render(v: HookView) -> HookOut {
 /// `GET /v1/hooks/{id}[?body=true]`: the hook's tenant, source, receipt, size, forwarded
 /// headers and, per sink, its state, attempts and next attempt. A tenant-scoped token sees
 /// only its tenants' hooks (404 for the others, as for an unknown id).
+#[utoipa::path(
+    get,
+    path = "/v1/hooks/{id}",
+    tag = "admin",
+    params(("id" = String, Path, description = "A hook id"), HookQuery),
+    responses(
+        (status = 200, description = "The hook from the hook log", body = HookOut),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,

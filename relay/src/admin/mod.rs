@@ -92,16 +92,44 @@ pub fn node_status(
     })
 }
 
-async fn healthz() -> &'static str {
+#[utoipa::path(
+    get,
+    path = "/healthz",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The process serves (both listeners)", content_type = "text/plain", body = String),
+    )
+)]
+pub(crate) async fn healthz() -> &'static str {
     "ok\n"
 }
 
-async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "admin",
+    responses(
+        (status = 200, description = "Ready (both listeners)", content_type = "text/plain", body = String),
+        (status = 503, description = "Not ready: starting, migrating, stopping, or the store's writes fail (store_unavailable)", body = crate::openapi::ErrorBody),
+    )
+)]
+pub(crate) async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
     crate::http::readiness(&s.ready, &s.store)
 }
 
 /// Prometheus text by default; OpenMetrics to a scraper that asks for it.
-async fn metrics(State(s): State<Arc<AdminState>>, headers: axum::http::HeaderMap) -> Response {
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "admin",
+    responses(
+        (status = 200, description = "Prometheus text 0.0.4, or OpenMetrics when the Accept header asks for it", content_type = "text/plain", body = String),
+    )
+)]
+pub(crate) async fn metrics(
+    State(s): State<Arc<AdminState>>,
+    headers: axum::http::HeaderMap,
+) -> Response {
     let wants_om = headers
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -162,6 +190,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
             get(api::quarantine_list).delete(api::quarantine_delete),
         )
         .route("/v1/audit", get(api::audit_list))
+        .route("/v1/openapi.json", get(crate::openapi::document))
         .route("/v1/hooks/{id}", get(hooks::get))
         .route("/v1/sources/{id}", get(sources::get))
         .route("/v1/archive", get(archive::list))

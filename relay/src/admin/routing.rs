@@ -763,7 +763,7 @@ fn decode(s: &str, plus_is_space: bool) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdmitRequest {
     tenant: String,
@@ -773,6 +773,23 @@ pub struct AdmitRequest {
 
 /// `POST /cluster/v1/tenants/admit` on the registry node: 200 admitted, 409
 /// `tenant_limit`.
+#[utoipa::path(
+    post,
+    path = "/cluster/v1/tenants/admit",
+    tag = "cluster",
+    request_body = AdmitRequest,
+    responses(
+        (status = 200, description = "The tenant is in the registry", body = crate::openapi::Admitted),
+        (status = 401, description = "No valid cluster token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "This node keeps no registry (not_registry)", body = crate::openapi::ErrorBody),
+        (status = 409, description = "The Relay holds tenants.max tenants (tenant_limit)", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
+        (status = 415, description = "The body is not JSON", body = crate::openapi::ErrorBody),
+        (status = 422, description = "The JSON body has an unknown or missing field", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The registry could not record it", body = crate::openapi::ErrorBody),
+    ),
+    security(("cluster" = []))
+)]
 pub async fn admit(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,

@@ -16,7 +16,8 @@ use crate::queue::{deliveries, tenants};
 const DEFAULT_ROWS: usize = 100_000;
 const MAX_ROWS: usize = 1_000_000;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 #[serde(deny_unknown_fields)]
 pub struct SourceQuery {
     /// The most due and inflight rows read to count the backlog.
@@ -28,6 +29,20 @@ pub struct SourceQuery {
 /// fixed tenant reads only that tenant's rows; a shared one folds every due and inflight
 /// row, up to `limit` (then `exact` is false). A tenant token sees only the sources fixed
 /// to its tenants (as for quarantine).
+#[utoipa::path(
+    get,
+    path = "/v1/sources/{id}",
+    tag = "admin",
+    params(("id" = String, Path, description = "A source id"), SourceQuery),
+    responses(
+        (status = 200, description = "The source and its backlog", body = crate::openapi::SourceView),
+        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
+        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
+        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
+        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
 pub async fn get(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,

@@ -321,7 +321,24 @@ fn idempotency_of(src: &Source, headers: &HeaderMap, json: &mut JsonBody<'_>) ->
     }
 }
 
-async fn ingest(
+#[utoipa::path(
+    post,
+    path = "/ingest/{source}",
+    tag = "ingest",
+    params(("source" = String, Path, description = "A source id")),
+    request_body(content = Vec<u8>, description = "The provider's body, as sent", content_type = "*/*"),
+    responses(
+        (status = 202, description = "Committed by a synced write", body = crate::openapi::IngestAnswer),
+        (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = crate::openapi::IngestAnswer),
+        (status = 400, description = "No tenant, or a bad one (bad_tenant)", body = crate::openapi::ErrorBody),
+        (status = 401, description = "The signature does not verify (quarantined)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such source", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
+        (status = 431, description = "Forwarded headers over their bound (headers_too_large)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Not ready, at capacity, the store failing, tenant_limit, or the owner unavailable", body = crate::openapi::ErrorBody),
+    )
+)]
+pub(crate) async fn ingest(
     State(s): State<Arc<EdgeState>>,
     Path(source): Path<String>,
     uri: Uri,
@@ -332,7 +349,24 @@ async fn ingest(
 }
 
 /// `POST /ingest/{source}/{tenant}`: a source whose tenant is in its URL (`tenant: path`).
-async fn ingest_for_tenant(
+#[utoipa::path(
+    post,
+    path = "/ingest/{source}/{tenant}",
+    tag = "ingest",
+    params(("source" = String, Path, description = "A source id"), ("tenant" = String, Path, description = "The tenant (sources with tenant: path)")),
+    request_body(content = Vec<u8>, description = "The provider's body, as sent", content_type = "*/*"),
+    responses(
+        (status = 202, description = "Committed by a synced write", body = crate::openapi::IngestAnswer),
+        (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = crate::openapi::IngestAnswer),
+        (status = 400, description = "No tenant, or a bad one (bad_tenant)", body = crate::openapi::ErrorBody),
+        (status = 401, description = "The signature does not verify (quarantined)", body = crate::openapi::ErrorBody),
+        (status = 404, description = "No such source", body = crate::openapi::ErrorBody),
+        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
+        (status = 431, description = "Forwarded headers over their bound (headers_too_large)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Not ready, at capacity, the store failing, tenant_limit, or the owner unavailable", body = crate::openapi::ErrorBody),
+    )
+)]
+pub(crate) async fn ingest_for_tenant(
     State(s): State<Arc<EdgeState>>,
     Path((source, tenant)): Path<(String, String)>,
     uri: Uri,

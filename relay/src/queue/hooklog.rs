@@ -87,7 +87,7 @@ pub fn log_ingest(tx: &mut Tx, seq: Seq, env: &Envelope) {
 }
 
 /// How an attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum AttemptOutcome {
     Delivered,
@@ -96,7 +96,7 @@ pub enum AttemptOutcome {
 }
 
 /// Why an attempt failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
     /// No response within the sink's timeout.
@@ -285,7 +285,7 @@ pub fn requeued(kind: EventKind, now: AtMs, attempts: u32, due: AtMs) -> Event {
 // Reading.
 
 /// Where a delivery is now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum DeliveryState {
     /// Waiting for its first attempt (or for the one after a replay or a recovery).

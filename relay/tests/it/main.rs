@@ -6,6 +6,7 @@ mod archive;
 mod backup;
 mod cli;
 mod cluster;
+mod contract;
 mod crash;
 mod dispatch;
 mod docs;

@@ -37,7 +37,11 @@ enum Transition {
     ArchiveDrop(usize),
     /// The archiver: a settle pass of up to n obligations (a source with the archive off
     /// drops), then its retention pass at `now`.
-    Archiver { n: usize, off: bool, now: u64 },
+    Archiver {
+        n: usize,
+        off: bool,
+        now: u64,
+    },
     Reclaim,
     Cleanup(u64),
 }
