@@ -1247,28 +1247,65 @@ fn top_level_keys() -> Vec<String> {
     }
 }
 
+/// Applies one `ANKUSA_A__B__C` override. A segment below a list picks an entry by its
+/// index (`ANKUSA_SINKS__0__URL`) or by its `id`, case-insensitively (`ANKUSA_SINKS__CI__URL`);
+/// an entry that does not exist is an error, as is a segment below a scalar.
 fn apply_override(doc: &mut serde_yaml::Value, path: &str, raw: &str) -> Result<(), ConfigError> {
     let segments: Vec<String> = path.split("__").map(|s| s.to_ascii_lowercase()).collect();
     let key = segments.join(".");
     if segments.iter().any(|s| s.is_empty()) {
         return Err(invalid(&key, "malformed environment override name"));
     }
-    let value: serde_yaml::Value =
-        serde_yaml::from_str(raw).map_err(|e| invalid(&key, format!("bad override: {e}")))?;
+    let mut value = Some(
+        serde_yaml::from_str::<serde_yaml::Value>(raw)
+            .map_err(|e| invalid(&key, format!("bad override: {e}")))?,
+    );
     let mut node = doc;
     for (i, seg) in segments.iter().enumerate() {
-        let map = match node {
-            serde_yaml::Value::Mapping(m) => m,
-            _ => return Err(invalid(&key, "overrides a key that is not a mapping")),
+        let last = i + 1 == segments.len();
+        node = match node {
+            serde_yaml::Value::Mapping(m) => {
+                let k = serde_yaml::Value::String(seg.clone());
+                if last {
+                    m.insert(k, value.take().unwrap_or_default());
+                    return Ok(());
+                }
+                m.entry(k)
+                    .or_insert_with(|| serde_yaml::Value::Mapping(Default::default()))
+            }
+            serde_yaml::Value::Sequence(items) => {
+                let at = match seg.parse::<usize>() {
+                    Ok(n) if n < items.len() => n,
+                    Ok(n) => {
+                        return Err(invalid(
+                            &key,
+                            format!("no entry {n}: the list has {} entries", items.len()),
+                        ))
+                    }
+                    Err(_) => items
+                        .iter()
+                        .position(|it| {
+                            it.get("id")
+                                .and_then(serde_yaml::Value::as_str)
+                                .is_some_and(|id| id.eq_ignore_ascii_case(seg))
+                        })
+                        .ok_or_else(|| {
+                            invalid(&key, format!("no entry with index or id {seg:?}"))
+                        })?,
+                };
+                if last {
+                    items[at] = value.take().unwrap_or_default();
+                    return Ok(());
+                }
+                &mut items[at]
+            }
+            _ => {
+                return Err(invalid(
+                    &key,
+                    "overrides a key below a value that is not a mapping or a list",
+                ))
+            }
         };
-        let k = serde_yaml::Value::String(seg.clone());
-        if i + 1 == segments.len() {
-            map.insert(k, value);
-            return Ok(());
-        }
-        node = map
-            .entry(k)
-            .or_insert_with(|| serde_yaml::Value::Mapping(Default::default()));
     }
     Ok(())
 }
@@ -1282,6 +1319,37 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    #[test]
+    fn list_entries_are_addressed_by_index_or_by_id() {
+        let yaml = r#"
+data_dir: /tmp/x
+sinks:
+  - { id: ci, url: "http://a.example/" }
+  - { id: Billing, url: "http://b.example/" }
+routes: [{ id: r, sinks: [ci, Billing] }]
+"#;
+        let c = Config::from_yaml(
+            yaml,
+            env(&[
+                ("ANKUSA_SINKS__0__URL", "http://c.example/"),
+                ("ANKUSA_SINKS__BILLING__TIMEOUT_MS", "1234"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.sinks[0].url, "http://c.example/");
+        assert_eq!(c.sinks[1].timeout_ms, 1234);
+        for (var, says) in [
+            ("ANKUSA_SINKS__2__URL", "no entry 2: the list has 2 entries"),
+            ("ANKUSA_SINKS__NOPE__URL", "no entry with index or id"),
+            ("ANKUSA_DATA_DIR__X", "not a mapping or a list"),
+        ] {
+            let e = Config::from_yaml(yaml, env(&[(var, "1")]))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(says), "{var}: {e}");
+        }
     }
 
     #[test]
