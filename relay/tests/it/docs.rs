@@ -1,6 +1,7 @@
 //! The reference pages say what the code does: every configuration key the code reads is
 //! in `docs/configuration.md` and every key there is one the code reads; every metric the
-//! node exports is in `docs/observability.md` and every metric there is exported.
+//! node exports is in `docs/observability.md` and every metric there is exported;
+//! `docs/operator.md` names every field of the Relay resource and of its status.
 
 use std::collections::BTreeSet;
 
@@ -191,4 +192,63 @@ fn the_provider_examples_pass_config_check() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("ok ({blocks} sources")));
+}
+
+/// `docs/operator.md` says what the Relay resource is: every top-level `spec` field of the
+/// CRD is in its example, and its status table lists exactly the CRD's status fields.
+#[test]
+fn operator_md_names_every_relay_field_and_status_field_of_the_crd() {
+    let crd: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../crds/manifests/relay.yaml"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+    let fields = |part: &str| -> BTreeSet<String> {
+        schema[part]["properties"]
+            .as_mapping()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect()
+    };
+    let md = doc("operator.md");
+    // The example's `spec:` block: its keys two spaces in.
+    let example = md
+        .split("\nspec:\n")
+        .nth(1)
+        .unwrap()
+        .split("```")
+        .next()
+        .unwrap();
+    let in_example: BTreeSet<String> = example
+        .lines()
+        .filter_map(|l| l.strip_prefix("  "))
+        .filter(|l| !l.starts_with(' ') && !l.starts_with('#'))
+        .filter_map(|l| l.split_once(':').map(|(k, _)| k.trim().to_owned()))
+        .collect();
+    assert_eq!(
+        in_example,
+        fields("spec"),
+        "the Relay example's spec fields"
+    );
+    let status = md
+        .split("\n## Status\n")
+        .nth(1)
+        .unwrap()
+        .split("\n## ")
+        .next()
+        .unwrap();
+    let table: BTreeSet<String> = first_column(
+        status
+            .split("\n\n")
+            .find(|t| t.contains("| `observedGeneration`"))
+            .unwrap(),
+    )
+    .into_iter()
+    .map(|f| f.trim_end_matches("[]").to_owned())
+    .collect();
+    assert_eq!(table, fields("status"), "operator.md's status table");
 }
