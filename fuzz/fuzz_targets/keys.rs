@@ -64,4 +64,19 @@ fuzz_target!(|key: &[u8]| {
         let _ = k::dedupe(s, key);
         let _ = k::prefix_end(key);
     }
+    if let Ok(seq) = k::decode_hook_log(key) {
+        assert_eq!(k::hook_log(seq), key);
+    }
+    if let Ok(id) = k::decode_hook_id(key) {
+        assert_eq!(k::hook_id(&id).as_deref(), Some(key));
+    }
+    if let Ok(e) = k::decode_hook_event(key) {
+        assert_eq!(k::hook_event(&e), key);
+    }
+    if let Ok(a) = k::decode_archived_hook(key) {
+        assert_eq!(k::archived_hook(&a), key);
+    }
+    if let Ok((at, seq)) = k::decode_archive_expiry(key) {
+        assert_eq!(k::archive_expiry(at, seq), key);
+    }
 });

@@ -3,6 +3,8 @@
 //! Every comparison of a signature is constant-time (`subtle`); secrets are never logged.
 //! A timestamp outside the scheme's tolerance is refused like a bad signature.
 
+pub mod request;
+
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;

@@ -58,10 +58,8 @@ pub struct Source {
     pub forward: Vec<HeaderName>,
 }
 
-/// The most bytes of one forwarded header value.
-pub const MAX_FORWARD_VALUE: usize = 1024;
-/// The most bytes of all of a hook's forwarded headers, names and values.
-pub const MAX_FORWARD_BYTES: usize = 4096;
+use ankusa_verify::request::{forwarded, idempotency_of, tenant_of, JsonBody};
+pub use ankusa_verify::request::{MAX_FORWARD_BYTES, MAX_FORWARD_VALUE};
 
 /// Builds the sources of a validated configuration (resolving their secrets).
 pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> {
@@ -234,93 +232,6 @@ fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, &'static str, Re
     (label, "tenant_limit", with_retry_after(r, 300))
 }
 
-/// The tenant of a request, per its source.
-fn tenant_of(
-    src: &Source,
-    in_path: Option<&str>,
-    headers: &HeaderMap,
-    json: &mut JsonBody<'_>,
-) -> Result<Option<String>, &'static str> {
-    if in_path.is_some() && src.tenant != Some(TenantFrom::Path) {
-        return Err("this source does not take its tenant from the URL: POST /ingest/{source}");
-    }
-    let t = match &src.tenant {
-        None => return Ok(None),
-        Some(TenantFrom::Path) => in_path
-            .filter(|t| !t.is_empty())
-            .ok_or("this source takes its tenant from the URL: POST /ingest/{source}/{tenant}")?
-            .to_owned(),
-        Some(TenantFrom::Fixed(t)) => t.clone(),
-        Some(TenantFrom::Header(h)) => headers
-            .get(h.as_str())
-            .and_then(|v| v.to_str().ok())
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .ok_or("the tenant header is missing")?
-            .to_owned(),
-        Some(TenantFrom::JsonPointer(p)) => match json.get()?.pointer(p) {
-            Some(serde_json::Value::String(s)) => s.clone(),
-            Some(serde_json::Value::Number(n)) => n.to_string(),
-            _ => return Err("the tenant is missing from the body"),
-        },
-    };
-    tenants::validate(&t).map_err(|_| "the tenant id is not valid")?;
-    Ok(Some(t))
-}
-
-/// The body parsed as JSON once, on demand.
-struct JsonBody<'a> {
-    raw: &'a [u8],
-    parsed: Option<Result<serde_json::Value, ()>>,
-}
-
-impl JsonBody<'_> {
-    fn get(&mut self) -> Result<&serde_json::Value, &'static str> {
-        let raw = self.raw;
-        self.parsed
-            .get_or_insert_with(|| serde_json::from_slice(raw).map_err(|_| ()))
-            .as_ref()
-            .map_err(|_| "the body is not JSON")
-    }
-}
-
-/// The headers `src` forwards, as received (every value of a repeated one), within
-/// [`MAX_FORWARD_VALUE`] each and [`MAX_FORWARD_BYTES`] in all.
-fn forwarded(src: &Source, headers: &HeaderMap) -> Result<Vec<(String, Vec<u8>)>, &'static str> {
-    let mut out = Vec::new();
-    let mut total = 0;
-    for name in &src.forward {
-        for v in headers.get_all(name) {
-            if v.len() > MAX_FORWARD_VALUE {
-                return Err("a forwarded header's value is over 1024 bytes");
-            }
-            total += name.as_str().len() + v.len();
-            if total > MAX_FORWARD_BYTES {
-                return Err("the forwarded headers are over 4096 bytes");
-            }
-            out.push((name.as_str().to_owned(), v.as_bytes().to_vec()));
-        }
-    }
-    Ok(out)
-}
-
-fn idempotency_of(src: &Source, headers: &HeaderMap, json: &mut JsonBody<'_>) -> Option<Vec<u8>> {
-    for h in &src.idempotency.headers {
-        if let Some(v) = headers.get(h.as_str()) {
-            if !v.is_empty() && v.len() <= 512 {
-                return Some(v.as_bytes().to_vec());
-            }
-        }
-    }
-    let p = src.idempotency.json_pointer.as_ref()?;
-    match json.get().ok()?.pointer(p)? {
-        serde_json::Value::String(s) if !s.is_empty() && s.len() <= 512 => {
-            Some(s.as_bytes().to_vec())
-        }
-        _ => None,
-    }
-}
-
 #[utoipa::path(
     post,
     path = "/ingest/{source}",
@@ -460,15 +371,12 @@ async fn handle<'a>(
             ),
         );
     }
-    let mut json = JsonBody {
-        raw: &bytes,
-        parsed: None,
-    };
-    let tenant = match tenant_of(src, in_path, &headers, &mut json) {
+    let mut json = JsonBody::new(&bytes);
+    let tenant = match tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json) {
         Ok(t) => t,
         Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
     };
-    let forwarded = match forwarded(src, &headers) {
+    let forwarded = match forwarded(&src.forward, &headers) {
         Ok(f) => f,
         Err(msg) => {
             return rejected(
@@ -516,7 +424,7 @@ async fn handle<'a>(
             return (label, "unavailable", with_retry_after(r, 5));
         }
     }
-    let idempotency = idempotency_of(src, &headers, &mut json);
+    let idempotency = idempotency_of(&src.idempotency, &headers, &mut json);
     let content_type = headers
         .get("content-type")
         .and_then(|v| v.to_str().ok())

@@ -18,12 +18,13 @@
 
 use std::collections::BTreeSet;
 
-use super::codec::{Dec, DecodeError, Enc};
 use super::counters::{self, Delta};
 use crate::store::keys::{
     self, AtMs, Bucket, CounterField, DeadKey, DueKey, Family, InflightKey, Seq, SinkIdx, TenantOrd,
 };
 use crate::store::{Cf, Dir, Op, Store, StoreError};
+/// The values rows and hooks hold (crate `ankusa-values`).
+pub use ankusa_values::{DeadValue, DeliveryRow, Envelope};
 
 /// The most rows one purge or recovery batch touches.
 pub const CHUNK_ROWS: usize = 500;
@@ -96,56 +97,6 @@ fn size_value(v: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?))
 }
 
-/// The value of a dead row (`?x`): whose it is and what the DLQ lists, without a hook read.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub struct DeadValue {
-    pub ord: TenantOrd,
-    pub size: u32,
-    pub source: String,
-    pub hook_id: String,
-    /// The sink's id (empty for a row dead-lettered before version 4, or imported).
-    pub sink: String,
-}
-
-/// Version 4 added the sink's id; version 3 still decodes, without it.
-const DEAD_VALUE_VERSION: u8 = 4;
-
-impl DeadValue {
-    /// Version 3 when the sink is not known (what releases before version 4 read).
-    pub fn encode(&self) -> Vec<u8> {
-        let version = if self.sink.is_empty() {
-            3
-        } else {
-            DEAD_VALUE_VERSION
-        };
-        let mut e = Enc::with_version(version);
-        e.u32(self.ord.0)
-            .u32(self.size)
-            .str(&self.source)
-            .str(&self.hook_id);
-        if version >= 4 {
-            e.str(&self.sink);
-        }
-        e.finish()
-    }
-    pub fn decode(v: &[u8]) -> Result<DeadValue, DecodeError> {
-        let mut d = Dec::new(v, "dead value");
-        let version = d.version_of(&[3, DEAD_VALUE_VERSION])?;
-        let mut out = DeadValue {
-            ord: TenantOrd(d.u32()?),
-            size: d.u32()?,
-            source: d.string()?,
-            hook_id: d.string()?,
-            sink: String::new(),
-        };
-        if version >= 4 {
-            out.sink = d.string()?;
-        }
-        d.end()?;
-        Ok(out)
-    }
-}
-
 /// A dead row: `?x` key and value (its `?X` twin carries the same key fields).
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct DeadRow {
@@ -162,144 +113,6 @@ impl DeadRow {
                 detail: e.to_string(),
             })?,
         })
-    }
-}
-
-/// The hook envelope stored in `hooks`: everything delivery needs, including the sink ids
-/// of its fan-out list as they were at ingest.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Envelope {
-    pub id: String,
-    /// `None` files the hook under [`super::tenants::DEFAULT_TENANT`].
-    pub tenant: Option<String>,
-    pub source: String,
-    pub received_at: AtMs,
-    pub content_type: String,
-    pub sinks: Vec<String>,
-    pub body: Vec<u8>,
-    /// The request headers its source forwards to sinks (`sources[].forward_headers`):
-    /// lower-case names, raw values, in the order received.
-    pub headers: Vec<(String, Vec<u8>)>,
-}
-
-/// Version 2 added the forwarded headers (after the body); version 1 still decodes, with
-/// none.
-const ENVELOPE_VERSION: u8 = 2;
-
-impl Envelope {
-    /// Version 1 when there are no forwarded headers (what every release reads), else
-    /// version 2.
-    pub fn encode(&self) -> Vec<u8> {
-        let version = if self.headers.is_empty() {
-            1
-        } else {
-            ENVELOPE_VERSION
-        };
-        let mut e = Enc::with_version(version);
-        e.str(&self.id);
-        match &self.tenant {
-            Some(t) => e.u8(1).str(t),
-            None => e.u8(0),
-        };
-        e.str(&self.source)
-            .u64(self.received_at.0)
-            .str(&self.content_type)
-            .u16(self.sinks.len() as u16);
-        for s in &self.sinks {
-            e.str(s);
-        }
-        e.bytes(&self.body);
-        if version >= 2 {
-            e.u16(self.headers.len() as u16);
-            for (name, value) in &self.headers {
-                e.str(name).bytes(value);
-            }
-        }
-        e.finish()
-    }
-
-    pub fn decode(v: &[u8]) -> Result<Envelope, DecodeError> {
-        let mut d = Dec::new(v, "hook envelope");
-        let version = d.version_of(&[1, ENVELOPE_VERSION])?;
-        let id = d.string()?;
-        let tenant = match d.u8()? {
-            0 => None,
-            _ => Some(d.string()?),
-        };
-        let source = d.string()?;
-        let received_at = AtMs(d.u64()?);
-        let content_type = d.string()?;
-        let n = d.u16()?;
-        let mut sinks = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            sinks.push(d.string()?);
-        }
-        let body = d.bytes()?.to_vec();
-        let mut headers = Vec::new();
-        if version >= 2 {
-            for _ in 0..d.u16()? {
-                headers.push((d.string()?, d.bytes()?.to_vec()));
-            }
-        }
-        d.end()?;
-        Ok(Envelope {
-            id,
-            tenant,
-            source,
-            received_at,
-            content_type,
-            sinks,
-            body,
-            headers,
-        })
-    }
-
-    /// The tenant the hook is filed under.
-    pub fn tenant_or_default(&self) -> &str {
-        self.tenant
-            .as_deref()
-            .unwrap_or(super::tenants::DEFAULT_TENANT)
-    }
-}
-
-/// The delivery row in `deliveries`: what the index keys do not say.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct DeliveryRow {
-    pub ord: TenantOrd,
-    pub size: u32,
-    pub attempts: u32,
-    pub last_attempt_at: u64,
-    /// HTTP status of the last attempt (0: none, or no response).
-    pub last_status: u16,
-    pub last_error: String,
-}
-
-const ROW_VERSION: u8 = 1;
-
-impl DeliveryRow {
-    pub fn encode(&self) -> Vec<u8> {
-        Enc::with_version(ROW_VERSION)
-            .u32(self.ord.0)
-            .u32(self.size)
-            .u32(self.attempts)
-            .u64(self.last_attempt_at)
-            .u16(self.last_status)
-            .str(&self.last_error)
-            .finish()
-    }
-    pub fn decode(v: &[u8]) -> Result<DeliveryRow, DecodeError> {
-        let mut d = Dec::new(v, "delivery row");
-        d.version(ROW_VERSION)?;
-        let out = DeliveryRow {
-            ord: TenantOrd(d.u32()?),
-            size: d.u32()?,
-            attempts: d.u32()?,
-            last_attempt_at: d.u64()?,
-            last_status: d.u16()?,
-            last_error: d.string()?,
-        };
-        d.end()?;
-        Ok(out)
     }
 }
 

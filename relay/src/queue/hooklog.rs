@@ -23,56 +23,15 @@
 //! time, a dead-letter's time, a replay's due time, or the receipt time if there was no
 //! event yet), and one point read confirms it.
 
-use super::codec::{Dec, DecodeError, Enc};
+use super::codec::DecodeError;
 use super::deliveries::{self, DeliveryRow, Envelope, Kind, Located, Tx};
 use crate::store::keys::{self, AtMs, EventKey, EventKind, Family, Seq, SinkIdx};
 use crate::store::{Cf, Dir, Op, Store, StoreError};
+/// The hook log's values (crate `ankusa-values`).
+pub use ankusa_values::{AttemptOutcome, ErrorClass, Event, LogRecord, MAX_ERROR_BYTES};
 
 /// Attempts kept per delivery (with the replays and recoveries between them).
 pub const MAX_ATTEMPTS_KEPT: usize = 16;
-/// The longest error message an event keeps (bytes; cut at a character boundary).
-pub const MAX_ERROR_BYTES: usize = 256;
-
-/// A hook as the log keeps it: its envelope without the body, and the body's size.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct LogRecord {
-    pub envelope: Envelope,
-    pub body_len: u32,
-}
-
-const RECORD_VERSION: u8 = 1;
-
-impl LogRecord {
-    pub fn of(env: &Envelope) -> LogRecord {
-        LogRecord {
-            envelope: Envelope {
-                body: Vec::new(),
-                ..env.clone()
-            },
-            body_len: env.body.len() as u32,
-        }
-    }
-
-    fn encode_envelope(env: &Envelope) -> Vec<u8> {
-        let bodiless = Envelope {
-            body: Vec::new(),
-            ..env.clone()
-        };
-        Enc::with_version(RECORD_VERSION)
-            .u32(env.body.len() as u32)
-            .bytes(&bodiless.encode())
-            .finish()
-    }
-
-    pub fn decode(v: &[u8]) -> Result<LogRecord, DecodeError> {
-        let mut d = Dec::new(v, "hook log record");
-        d.version(RECORD_VERSION)?;
-        let body_len = d.u32()?;
-        let envelope = Envelope::decode(d.bytes()?)?;
-        d.end()?;
-        Ok(LogRecord { envelope, body_len })
-    }
-}
 
 /// Ingest's log ops: the record and the id, in the hook's own commit.
 pub fn log_ingest(tx: &mut Tx, seq: Seq, env: &Envelope) {
@@ -84,144 +43,6 @@ pub fn log_ingest(tx: &mut Tx, seq: Seq, env: &Envelope) {
     if let Some(k) = keys::hook_id(&env.id) {
         tx.push_op(Op::put(Cf::Audit, k, seq.0.to_be_bytes()));
     }
-}
-
-/// How an attempt ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum AttemptOutcome {
-    Delivered,
-    Retry,
-    Dead,
-}
-
-/// Why an attempt failed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum ErrorClass {
-    /// No response within the sink's timeout.
-    Timeout,
-    /// No connection, or it broke before an answer.
-    Connection,
-    /// The sink answered with a status that is not 2xx.
-    Status,
-    /// The request could not be built (a header value of the sink's config).
-    Request,
-    /// The hook's sink is no longer in the configuration.
-    Unconfigured,
-}
-
-impl ErrorClass {
-    fn byte(c: Option<ErrorClass>) -> u8 {
-        match c {
-            None => 0,
-            Some(ErrorClass::Timeout) => 1,
-            Some(ErrorClass::Connection) => 2,
-            Some(ErrorClass::Status) => 3,
-            Some(ErrorClass::Request) => 4,
-            Some(ErrorClass::Unconfigured) => 5,
-        }
-    }
-    fn of(b: u8) -> Result<Option<ErrorClass>, DecodeError> {
-        Ok(match b {
-            0 => None,
-            1 => Some(ErrorClass::Timeout),
-            2 => Some(ErrorClass::Connection),
-            3 => Some(ErrorClass::Status),
-            4 => Some(ErrorClass::Request),
-            5 => Some(ErrorClass::Unconfigured),
-            _ => return Err(bad("error class")),
-        })
-    }
-}
-
-fn bad(reason: &'static str) -> DecodeError {
-    DecodeError {
-        what: "hook event",
-        reason,
-    }
-}
-
-/// One event of a delivery.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Event {
-    pub kind: EventKind,
-    /// When it happened (an attempt: when its outcome was committed).
-    pub at: AtMs,
-    /// The attempt's number (1 = first); for a replay or a recovery, the attempts made
-    /// before it (0 if unknown).
-    pub attempt: u32,
-    pub outcome: Option<AttemptOutcome>,
-    /// HTTP status (0: none).
-    pub status: u16,
-    pub class: Option<ErrorClass>,
-    pub error: String,
-    pub latency_us: u64,
-    /// When the delivery is due next (a retry, a replay, a recovery), or was dead-lettered.
-    pub next_at: Option<AtMs>,
-}
-
-const EVENT_VERSION: u8 = 1;
-
-impl Event {
-    pub fn encode(&self) -> Vec<u8> {
-        let outcome = match self.outcome {
-            None => 0,
-            Some(AttemptOutcome::Delivered) => 1,
-            Some(AttemptOutcome::Retry) => 2,
-            Some(AttemptOutcome::Dead) => 3,
-        };
-        Enc::with_version(EVENT_VERSION)
-            .u32(self.attempt)
-            .u8(outcome)
-            .u16(self.status)
-            .u8(ErrorClass::byte(self.class))
-            .str(truncate(&self.error, MAX_ERROR_BYTES))
-            .u64(self.latency_us)
-            .u64(self.next_at.map_or(u64::MAX, |a| a.0))
-            .finish()
-    }
-
-    pub fn decode(key: &EventKey, v: &[u8]) -> Result<Event, DecodeError> {
-        let mut d = Dec::new(v, "hook event");
-        d.version(EVENT_VERSION)?;
-        let attempt = d.u32()?;
-        let outcome = match d.u8()? {
-            0 => None,
-            1 => Some(AttemptOutcome::Delivered),
-            2 => Some(AttemptOutcome::Retry),
-            3 => Some(AttemptOutcome::Dead),
-            _ => return Err(bad("outcome")),
-        };
-        let status = d.u16()?;
-        let class = ErrorClass::of(d.u8()?)?;
-        let error = d.string()?;
-        let latency_us = d.u64()?;
-        let next = d.u64()?;
-        d.end()?;
-        Ok(Event {
-            kind: key.kind,
-            at: key.at,
-            attempt,
-            outcome,
-            status,
-            class,
-            error,
-            latency_us,
-            next_at: (next != u64::MAX).then_some(AtMs(next)),
-        })
-    }
-}
-
-fn truncate(s: &str, max: usize) -> &str {
-    if s.len() <= max {
-        return s;
-    }
-    let mut end = max;
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// Adds a delivery's event to the transition just added to `tx` (it commits only if that

@@ -18,7 +18,7 @@ use crate::store::keys::{self, TenantOrd};
 use crate::store::{decode_u32, Cf, Op, Store, StoreError};
 
 /// The tenant of hooks that name none.
-pub const DEFAULT_TENANT: &str = "default";
+pub use ankusa_values::DEFAULT_TENANT;
 /// The longest tenant id accepted, in bytes.
 pub const MAX_TENANT_LEN: usize = ankusa_config::MAX_TENANT_LEN;
 /// The writer's cache size (entries).

@@ -51,7 +51,7 @@ pub const SUPPORTED_FORMAT: u32 = 3;
 
 /// A file a restore puts in its data directory first and removes once every file is in:
 /// a directory that still holds it is a cut restore, which no command opens.
-pub const RESTORING_MARKER: &str = "ANKUSA-RESTORING";
+pub use ankusa_tarball::RESTORING_MARKER;
 
 pub use ankusa_keys::Cf;
 
