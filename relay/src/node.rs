@@ -69,51 +69,42 @@ fn serve(
     })
 }
 
-/// Every `reclaim.interval_ms`, runs reclaim passes of `reclaim.batch` markers back to back
-/// while they come back full (so reclaim keeps up with any delivery rate), until stopped.
-fn spawn_reclaim(
-    store: Arc<Store>,
-    config: &Config,
-    metrics: Arc<Metrics>,
+/// Every `interval` until stopped, runs `pass` on a blocking thread with its state (a
+/// cursor kept from pass to pass), and again at once while it answers `Ok(true)` (a full
+/// pass: more is waiting), so the task keeps up with any rate; a failed pass is logged and
+/// waits for the next interval. The node's reclaim, hook log pruning and archiver.
+fn periodic<S: Default + Send + 'static>(
+    name: &'static str,
+    interval: std::time::Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
+    pass: impl FnMut(&mut S) -> Result<bool, crate::store::StoreError> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
-    let interval = std::time::Duration::from_millis(config.reclaim.interval_ms);
-    let batch = config.reclaim.batch;
     tokio::spawn(async move {
-        let mut reclaimer = Some(crate::queue::reclaim::Reclaimer::default());
+        let mut held = Some((S::default(), pass));
         loop {
             tokio::select! {
                 _ = tokio::time::sleep(interval) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
-            // What this sweep finds: the hooks that waited for it.
-            let mut found = 0u64;
             loop {
-                let (s, mut r) = (store.clone(), reclaimer.take().unwrap_or_default());
-                let (r, pass) = tokio::task::spawn_blocking(move || {
-                    let pass = r.pass(&s, batch);
-                    (r, pass)
+                let Some((mut state, mut pass)) = held.take() else {
+                    return;
+                };
+                let Ok((state, pass, full)) = tokio::task::spawn_blocking(move || {
+                    let full = pass(&mut state);
+                    (state, pass, full)
                 })
                 .await
-                .unwrap_or_else(|e| {
-                    tracing::warn!(error = %e, "reclaim task failed");
-                    (Default::default(), Ok(Default::default()))
-                });
-                reclaimer = Some(r);
-                match pass {
-                    Ok(report) => {
-                        metrics.reclaimed_hooks.inc_by(report.hooks_removed);
-                        found += report.markers;
-                        // A short pass ended the sweep: wait for the next interval.
-                        if (report.markers as usize) < batch || *stop.borrow() {
-                            metrics
-                                .reclaim_backlog
-                                .set(i64::try_from(found).unwrap_or(i64::MAX));
-                            break;
-                        }
-                    }
+                else {
+                    tracing::warn!(task = name, "periodic task panicked; it stops");
+                    return;
+                };
+                held = Some((state, pass));
+                match full {
+                    Ok(true) if !*stop.borrow() => {}
+                    Ok(_) => break,
                     Err(e) => {
-                        tracing::warn!(error = %e, "reclaim pass failed");
+                        tracing::warn!(task = name, error = %e, "periodic pass failed");
                         break;
                     }
                 }
@@ -122,120 +113,96 @@ fn spawn_reclaim(
     })
 }
 
-/// Every `hook_log.prune_interval_ms`, prunes the hook log by age and ceiling, passes back
-/// to back while they come back full. Runs whether or not logging is on (turning it off
-/// lets what was logged age out).
+/// Reclaim every `reclaim.interval_ms`, `reclaim.batch` markers a pass. The backlog gauge
+/// is what one whole sweep found.
+fn spawn_reclaim(
+    store: Arc<Store>,
+    config: &Config,
+    metrics: Arc<Metrics>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let interval = std::time::Duration::from_millis(config.reclaim.interval_ms);
+    let batch = config.reclaim.batch;
+    periodic(
+        "reclaim",
+        interval,
+        stop,
+        move |(reclaimer, found): &mut (crate::queue::reclaim::Reclaimer, u64)| {
+            let report = reclaimer.pass(&store, batch)?;
+            metrics.reclaimed_hooks.inc_by(report.hooks_removed);
+            *found += report.markers;
+            let full = report.markers as usize >= batch;
+            if !full {
+                // A short pass ended the sweep.
+                metrics
+                    .reclaim_backlog
+                    .set(i64::try_from(*found).unwrap_or(i64::MAX));
+                *found = 0;
+            }
+            Ok(full)
+        },
+    )
+}
+
+/// Prunes the hook log by age and ceiling every `hook_log.prune_interval_ms`. Runs whether
+/// or not logging is on (turning it off lets what was logged age out).
 fn spawn_hook_log_prune(
     store: Arc<Store>,
     config: &Config,
     metrics: Arc<Metrics>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let c = &config.hook_log;
-    let interval = std::time::Duration::from_millis(c.prune_interval_ms);
     let batch = c.prune_batch;
     let limits = hooklog::Retention {
         retention_ms: c.retention_ms,
         max_hooks: c.max_hooks,
     };
-    tokio::spawn(async move {
-        let mut pruner = Some(hooklog::Pruner::default());
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = stop.wait_for(|s| *s) => return,
-            }
-            loop {
-                let (s, mut p) = (store.clone(), pruner.take().unwrap_or_default());
-                let Ok((p, pass)) = tokio::task::spawn_blocking(move || {
-                    let pass = p.pass(&s, AtMs(crate::now_ms()), limits, batch);
-                    (p, pass)
-                })
-                .await
-                else {
-                    break;
-                };
-                pruner = Some(p);
-                match pass {
-                    Ok(r) => {
-                        metrics.hook_log_pruned.inc_by(r.pruned);
-                        metrics
-                            .hook_log_hooks
-                            .set(i64::try_from(r.hooks).unwrap_or(i64::MAX));
-                        if (r.pruned as usize) < batch || *stop.borrow() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "hook log prune failed");
-                        break;
-                    }
-                }
-            }
-        }
-    })
+    periodic(
+        "hook log prune",
+        std::time::Duration::from_millis(c.prune_interval_ms),
+        stop,
+        move |pruner: &mut hooklog::Pruner| {
+            let r = pruner.pass(&store, AtMs(crate::now_ms()), limits, batch)?;
+            metrics.hook_log_pruned.inc_by(r.pruned);
+            metrics
+                .hook_log_hooks
+                .set(i64::try_from(r.hooks).unwrap_or(i64::MAX));
+            Ok(r.pruned as usize >= batch)
+        },
+    )
 }
 
-/// Every `archive.settle_interval_ms`, settles archive obligations (passes back to back
-/// while full) and removes archived hooks past their retention.
+/// Settles archive obligations and removes archived hooks past their retention every
+/// `archive.settle_interval_ms`.
 fn spawn_archiver(
     store: Arc<Store>,
     config: &Config,
     metrics: Arc<Metrics>,
-    mut stop: tokio::sync::watch::Receiver<bool>,
+    stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    let interval = std::time::Duration::from_millis(config.archive.settle_interval_ms);
     let (settle_batch, prune_batch) = (config.archive.settle_batch, config.archive.prune_batch);
-    let policy = Arc::new(config.clone());
-    tokio::spawn(async move {
-        let mut archiver = Some(archive::Archiver::default());
-        loop {
-            tokio::select! {
-                _ = tokio::time::sleep(interval) => {}
-                _ = stop.wait_for(|s| *s) => return,
-            }
-            loop {
-                let (s, p, mut a) = (
-                    store.clone(),
-                    policy.clone(),
-                    archiver.take().unwrap_or_default(),
-                );
-                let Ok((a, pass)) = tokio::task::spawn_blocking(move || {
-                    let settled = a.settle(&s, p.as_ref(), settle_batch);
-                    let pruned = a.prune(&s, AtMs(crate::now_ms()), prune_batch);
-                    (a, settled.and_then(|x| pruned.map(|y| (x, y))))
-                })
-                .await
-                else {
-                    break;
-                };
-                archiver = Some(a);
-                match pass {
-                    Ok((settled, pruned)) => {
-                        let label = |outcome| ArchiveLabel { outcome };
-                        metrics
-                            .archive_settled
-                            .get_or_create(&label("archived"))
-                            .inc_by(settled.archived);
-                        metrics
-                            .archive_settled
-                            .get_or_create(&label("dropped"))
-                            .inc_by(settled.dropped);
-                        metrics.archive_expired.inc_by(pruned.expired);
-                        let full = settled.seen as usize >= settle_batch
-                            || pruned.expired as usize >= prune_batch;
-                        if !full || *stop.borrow() {
-                            break;
-                        }
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "archive pass failed");
-                        break;
-                    }
-                }
-            }
-        }
-    })
+    let policy = config.clone();
+    periodic(
+        "archiver",
+        std::time::Duration::from_millis(config.archive.settle_interval_ms),
+        stop,
+        move |a: &mut archive::Archiver| {
+            let settled = a.settle(&store, &policy, settle_batch)?;
+            let pruned = a.prune(&store, AtMs(crate::now_ms()), prune_batch)?;
+            let label = |outcome| ArchiveLabel { outcome };
+            metrics
+                .archive_settled
+                .get_or_create(&label("archived"))
+                .inc_by(settled.archived);
+            metrics
+                .archive_settled
+                .get_or_create(&label("dropped"))
+                .inc_by(settled.dropped);
+            metrics.archive_expired.inc_by(pruned.expired);
+            Ok(settled.seen as usize >= settle_batch || pruned.expired as usize >= prune_batch)
+        },
+    )
 }
 
 /// Reads the queue gauges every `admin.gauge_interval_ms` (and once at start).

@@ -126,10 +126,12 @@ pub fn unpack_from<R: Read>(r: R, dir: &Path) -> Result<(), TarballError> {
         let mut parts = path.components();
         let name = match (parts.next(), parts.next()) {
             (Some(std::path::Component::Normal(name)), None) => name.to_owned(),
-            _ => return Err(TarballError::Refused(format!(
+            _ => {
+                return Err(TarballError::Refused(format!(
                 "the archive's entry {} is not a file name: a store's archive holds only its files",
                 path.display()
-            ))),
+            )))
+            }
         };
         if !kind.is_file() || name == RESTORING_MARKER {
             return Err(TarballError::Refused(format!(

@@ -462,3 +462,10 @@ fn a_missing_migration_path_is_a_clear_error() {
         .unwrap()
         .is_empty());
 }
+
+#[test]
+fn every_family_has_a_read_statistics_slot() {
+    for f in Family::FORMAT3.iter().chain(Family::FORMAT2.iter()) {
+        assert!(super::family_slot(*f) < super::N_FAMILIES, "{f:?}");
+    }
+}
