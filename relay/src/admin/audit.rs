@@ -79,13 +79,18 @@ pub fn page(
     let to = before.map_or(end, |s| keys::audit(Seq(s), AtMs(0)));
     let mut out = Vec::new();
     for kv in store.scan(Family::Audit, &lo, &to, Dir::Reverse)? {
-        let (_, v) = kv?;
-        if let Ok(r) = serde_json::from_slice::<Record>(&v) {
-            if keep(&r) {
-                out.push(r);
-                if out.len() >= limit {
-                    break;
-                }
+        let (k, v) = kv?;
+        // A row that does not decode is corruption, never skipped.
+        let r: Record = serde_json::from_slice(&v).map_err(|e| {
+            StoreError::corruption(
+                Family::Audit,
+                format!("undecodable row {}: {e}", keys::hex(&k)),
+            )
+        })?;
+        if keep(&r) {
+            out.push(r);
+            if out.len() >= limit {
+                break;
             }
         }
     }
@@ -109,4 +114,59 @@ pub fn prune(store: &Store, cutoff_ms: u64, limit: usize) -> Result<u64, StoreEr
         store.write(ops, false)?;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_undecodable_audit_or_quarantine_row_is_corruption_not_a_shorter_page() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Store::open(dir.path().join("db"), &crate::store::OpenOptions::default()).unwrap();
+        let audit = Audit::open(&store).unwrap();
+        store
+            .write(
+                vec![audit.op("ops", "dlq.replay", None, serde_json::json!({}))],
+                true,
+            )
+            .unwrap();
+        assert_eq!(page(&store, None, 10, |_| true).unwrap().len(), 1);
+        store
+            .write(
+                vec![
+                    Op::put(
+                        Cf::Audit,
+                        keys::audit(Seq(99), AtMs(1)),
+                        b"{not json".to_vec(),
+                    ),
+                    Op::put(Cf::Quarantine, keys::quarantine(7), b"\xff".to_vec()),
+                ],
+                true,
+            )
+            .unwrap();
+        let e = page(&store, None, 10, |_| true).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Corruption {
+                    family: "audit",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let e = crate::edge::quarantine::page(&store, None, 10, |_| true).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                StoreError::Corruption {
+                    family: "quarantine",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+    }
 }

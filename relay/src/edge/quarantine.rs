@@ -129,6 +129,16 @@ impl Quarantine {
     }
 }
 
+/// An entry, or corruption naming its key: a row that does not decode is never skipped.
+fn decode(key: &[u8], v: &[u8]) -> Result<Entry, StoreError> {
+    serde_json::from_slice(v).map_err(|e| {
+        StoreError::corruption(
+            Family::Quarantine,
+            format!("undecodable entry {}: {e}", keys::hex(key)),
+        )
+    })
+}
+
 /// Quarantined entries newest first, ids below `before`, that `keep` accepts.
 pub fn page(
     store: &Store,
@@ -140,13 +150,12 @@ pub fn page(
     let to = before.map_or(end, keys::quarantine);
     let mut out = Vec::new();
     for kv in store.scan(Family::Quarantine, &lo, &to, crate::store::Dir::Reverse)? {
-        let (_, v) = kv?;
-        if let Ok(e) = serde_json::from_slice::<Entry>(&v) {
-            if keep(&e) {
-                out.push(e);
-                if out.len() >= limit {
-                    break;
-                }
+        let (k, v) = kv?;
+        let e = decode(&k, &v)?;
+        if keep(&e) {
+            out.push(e);
+            if out.len() >= limit {
+                break;
             }
         }
     }
@@ -164,10 +173,8 @@ pub fn delete(
     let mut victims: Vec<(Vec<u8>, u64)> = Vec::new();
     for kv in store.scan_family(Family::Quarantine)? {
         let (k, v) = kv?;
-        if let Ok(e) = serde_json::from_slice::<Entry>(&v) {
-            if pick(&e) {
-                victims.push((k, v.len() as u64));
-            }
+        if pick(&decode(&k, &v)?) {
+            victims.push((k, v.len() as u64));
         }
     }
     let mut first = Some(audit);
