@@ -460,6 +460,10 @@ pub const META_HOOK_LOG: &[u8] = b"m:hook_log";
 pub const META_ARCHIVE: &[u8] = b"m:archive";
 /// The next tenant ordinal to allocate: `<<next::32>>`.
 pub const META_NEXT_ORD: &[u8] = b"m:next_ord";
+/// The next hook seq the writer hands out: `<<next::64>>`, in every ingest commit. Seqs are
+/// never reused, even after reclaim has removed the newest hooks (their hook log records,
+/// events and cleared markers are keyed by seq).
+pub const META_NEXT_SEQ: &[u8] = b"m:next_seq";
 
 /// `m:migrating:N`: present while the migration to format N is unfinished; its value is the
 /// migration's cursor.

@@ -44,16 +44,30 @@ impl Assembled {
 }
 
 impl Assembler {
-    /// Starts after the highest `seq` in `hooks`.
+    /// Starts at `m:next_seq`, or after the highest `seq` in `hooks` and in the hook log
+    /// (a store written before `m:next_seq`), whichever is higher: a seq is never handed
+    /// out twice, even once reclaim has removed the newest hooks.
     pub fn open(store: &Store, tenants_max: u32) -> Result<Self, StoreError> {
-        let (lo, end) = Family::Hooks.bounds();
-        let last = match store.first(Family::Hooks, &lo, &end, Dir::Reverse)? {
-            Some((k, _)) => keys::decode_hook(&k)?.0,
-            None => 0,
-        };
+        let mut next =
+            match store.get(crate::store::Cf::Default, keys::META_NEXT_SEQ)? {
+                Some(v) => u64::from_be_bytes(v.as_slice().try_into().map_err(|_| {
+                    StoreError::corruption(Family::Meta, "m:next_seq is not 8 bytes")
+                })?),
+                None => 1,
+            };
+        for family in [Family::Hooks, Family::HookLog] {
+            let (lo, end) = family.bounds();
+            if let Some((k, _)) = store.first(family, &lo, &end, Dir::Reverse)? {
+                let seq = match family {
+                    Family::Hooks => keys::decode_hook(&k)?,
+                    _ => keys::decode_hook_log(&k)?,
+                };
+                next = next.max(seq.0 + 1);
+            }
+        }
         Ok(Assembler {
             alloc: Allocator::new(tenants_max),
-            next_seq: last + 1,
+            next_seq: next,
             log: false,
             archived: Default::default(),
         })
@@ -136,6 +150,13 @@ impl Assembler {
                 due.push((ord, env.received_at));
             }
             outcomes.push(Ok(seq));
+        }
+        if next_seq != self.next_seq {
+            tx.push_op(crate::store::Op::put(
+                crate::store::Cf::Default,
+                keys::META_NEXT_SEQ.to_vec(),
+                next_seq.to_be_bytes(),
+            ));
         }
         Ok(Assembled {
             tx,

@@ -1422,3 +1422,30 @@ fn pending_for_source_counts_its_hooks_rows_and_reads_one_tenant_when_fixed() {
         0
     );
 }
+
+#[test]
+fn a_hook_seq_is_never_handed_out_twice_even_after_reclaim_removed_the_newest_hooks() {
+    let mut h = Harness::new();
+    let last = (0..5)
+        .map(|_| h.ingest(Some("a"), 0, 1, false))
+        .last()
+        .unwrap();
+    // Reclaim removed every hook (nothing else keeps them here).
+    let ops = (1..=last.0)
+        .map(|s| Op::delete(Cf::Hooks, keys::hook(Seq(s))))
+        .collect();
+    h.store.write(ops, false).unwrap();
+    h.asm = Assembler::open(&h.store, 1_000_000).unwrap();
+    assert_eq!(h.ingest(Some("a"), 0, 1, false), Seq(last.0 + 1));
+    // A store from before `m:next_seq`: the hook log's newest record counts too.
+    let mut h = Harness::new();
+    h.asm = Assembler::open(&h.store, 1_000_000).unwrap().logging(true);
+    let last = (0..3).map(|_| h.ingest(None, 0, 1, false)).last().unwrap();
+    let mut ops: Vec<Op> = (1..=last.0)
+        .map(|s| Op::delete(Cf::Hooks, keys::hook(Seq(s))))
+        .collect();
+    ops.push(Op::delete(Cf::Default, keys::META_NEXT_SEQ.to_vec()));
+    h.store.write(ops, false).unwrap();
+    h.asm = Assembler::open(&h.store, 1_000_000).unwrap();
+    assert_eq!(h.ingest(None, 0, 1, false), Seq(last.0 + 1));
+}
