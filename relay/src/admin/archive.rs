@@ -157,6 +157,7 @@ pub async fn replay(
     Json(req): Json<ArchiveReplayRequest>,
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
+    let caller_name = c.name.clone();
     let Some(writer) = api.writer.get().cloned() else {
         return Err(ApiError::Failed {
             code: "not_ready",
@@ -194,7 +195,6 @@ pub async fn replay(
         Ok(out)
     })
     .await?;
-    let caller_name = caller(&api, &headers)?.name;
     let now = AtMs(crate::now_ms());
     let mut replayed = 0u64;
     for window in envelopes.chunks(REPLAY_WINDOW) {
