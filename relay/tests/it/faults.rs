@@ -331,21 +331,26 @@ impl LoopDisk {
 
     /// ext4's shutdown ioctl (`EXT4_IOC_SHUTDOWN`, without flushing the journal): from
     /// now on every read, write and sync on the filesystem fails with EIO, as on a disk
-    /// that died under the node.
-    fn fail_every_io(&self) {
-        let out = std::process::Command::new("python3")
-            .args([
-                "-c",
-                "import fcntl, os, struct, sys\nfd = os.open(sys.argv[1], os.O_RDONLY)\nfcntl.ioctl(fd, 0x8004587D, struct.pack('I', 2))",
-            ])
-            .arg(&self.at)
-            .output()
-            .expect("python3");
-        assert!(
-            out.status.success(),
-            "shutdown ioctl: {}",
-            text(&out.stderr)
-        );
+    /// that died under the node. Returns when the call began and when it returned.
+    ///
+    /// The kernel does not order the shutdown against an `fdatasync` already under way: one
+    /// that overlaps the call can return 0 for data the remounted filesystem does not hold
+    /// (`docs/testing.md`, "A disk that fails under the WAL"). Only a sync that returned
+    /// before the call began is a durability promise this model of a dead disk can check.
+    #[allow(unsafe_code)]
+    fn fail_every_io(&self) -> (Instant, Instant) {
+        use std::os::fd::AsRawFd;
+        const EXT4_IOC_SHUTDOWN: u32 = 0x8004_587D;
+        const EXT4_GOING_FLAGS_NOLOGFLUSH: u32 = 2;
+        let dir = std::fs::File::open(&self.at).expect("open the mount point");
+        let flags = EXT4_GOING_FLAGS_NOLOGFLUSH;
+        let began = Instant::now();
+        // SAFETY: the descriptor is open for the call; the kernel reads one u32 through
+        // the pointer, which points at a live local.
+        let rc = unsafe { libc::ioctl(dir.as_raw_fd(), EXT4_IOC_SHUTDOWN as _, &flags) };
+        let ended = Instant::now();
+        assert_eq!(rc, 0, "shutdown ioctl: {}", std::io::Error::last_os_error());
+        (began, ended)
     }
 }
 
@@ -358,8 +363,10 @@ impl Drop for LoopDisk {
 /// The disk under the store starts failing every I/O (the WAL's sync included) while
 /// hooks arrive from eight senders: the node stops acking — every answer after the
 /// failure is 503 — says why on `/v1/node` and `/readyz`, and every hook it acked before
-/// is in the store once the disk is back (remounted) and the node restarted: delivered,
-/// with counters equal to a fold.
+/// the disk failed is in the store once the disk is back (remounted) and the node
+/// restarted: delivered, with counters equal to a fold. An ack whose sync overlapped the
+/// shutdown call itself is outside what the kernel's shutdown models (see
+/// [`LoopDisk::fail_every_io`]); those few are counted and printed, not promised.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_io_error_under_the_wal_stops_every_ack_and_loses_nothing_acked() {
     let dir = tempfile::tempdir().unwrap();
@@ -397,8 +404,8 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     let mut node = start().await.unwrap();
     let url = format!("http://127.0.0.1:{ingest}/ingest/in");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // (hook id, sent at) of each ack, and when each refusal came.
-    type Answers = (Vec<(String, Instant)>, Vec<Instant>);
+    // (hook id, sent at, acked at) of each ack, and when each refusal came.
+    type Answers = (Vec<(String, Instant, Instant)>, Vec<Instant>);
     let senders: Vec<tokio::task::JoinHandle<Answers>> = (0..8)
         .map(|w| {
             let (url, stop) = (url.clone(), stop.clone());
@@ -411,9 +418,11 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
                     n += 1;
                     let sent = Instant::now();
                     match try_post(&c, &url, &[("x-tenant", format!("t{w}"))], body).await {
-                        Some(r) if r.status == 202 => {
-                            acked.push((r.json()["id"].as_str().unwrap().to_owned(), sent))
-                        }
+                        Some(r) if r.status == 202 => acked.push((
+                            r.json()["id"].as_str().unwrap().to_owned(),
+                            sent,
+                            Instant::now(),
+                        )),
                         Some(r) => {
                             assert_eq!(r.status, 503, "{:?}", r.json());
                             refused.push(Instant::now());
@@ -427,8 +436,7 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
         })
         .collect();
     tokio::time::sleep(Duration::from_millis(800)).await;
-    disk.fail_every_io();
-    let failed_at = Instant::now();
+    let (failing_from, failed_at) = disk.fail_every_io();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     // Not ready, saying why.
     let (s, b) = tokio::task::spawn_blocking(move || http_get(ingest, "/readyz").unwrap())
@@ -443,15 +451,20 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     let status: serde_json::Value = serde_json::from_str(&b).unwrap();
     assert!(status["write_error"]["message"].is_string(), "{status}");
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let mut acked = std::collections::BTreeSet::new();
+    // Acked before the shutdown call began: promised. Acked while it ran: not promised.
+    let (mut acked, mut overlapping) = (std::collections::BTreeSet::new(), Vec::new());
     let mut acked_after = 0;
     let mut refusals = 0;
     for s in senders {
         let (a, r) = s.await.unwrap();
-        for (id, sent) in a {
+        for (id, sent, at) in a {
             // Sent once the disk had failed: its commit could not have synced.
             acked_after += usize::from(sent > failed_at);
-            acked.insert(id);
+            if at < failing_from {
+                acked.insert(id);
+            } else {
+                overlapping.push(id);
+            }
         }
         refusals += r.iter().filter(|at| **at > failed_at).count();
     }
@@ -475,6 +488,13 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
             .collect();
         let missing = acked.difference(&got).count();
         if missing == 0 {
+            let lost = overlapping.iter().filter(|id| !got.contains(*id)).count();
+            eprintln!(
+                "{} acked before the shutdown call, all delivered; {} acked while it ran, \
+                 {lost} of them not in the store after the remount",
+                acked.len(),
+                overlapping.len()
+            );
             break;
         }
         if Instant::now() >= deadline {
