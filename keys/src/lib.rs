@@ -90,6 +90,13 @@ pub struct SinkIdx(pub u16);
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct AtMs(pub u64);
 
+/// Milliseconds since the Unix epoch, now (0 on a clock set before it).
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
 impl AtMs {
     /// The active-index bucket (a second) this instant falls in.
     pub fn bucket(self) -> Bucket {

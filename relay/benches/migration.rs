@@ -8,9 +8,9 @@ use std::time::Instant;
 
 use ankusa_relay::queue::deliveries::Envelope;
 use ankusa_relay::store::keys::{AtMs, Seq, SinkIdx};
-use ankusa_relay::store::legacy::v2::{State, Writer};
 use ankusa_relay::store::migrate::{self, Outcome};
 use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_relay::upgrade::legacy::v2::{State, Writer};
 
 const TENANTS: u64 = 1_000;
 
@@ -56,12 +56,9 @@ fn main() -> std::process::ExitCode {
         let built = t.elapsed();
         let store = Store::open(&path, &OpenOptions::default()).expect("open");
         let t = Instant::now();
-        let out = migrate::run(
-            &store,
-            &migrate::builtin(),
-            3,
-            |_| ControlFlow::Continue(()),
-        )
+        let out = migrate::run(&store, &ankusa_relay::upgrade::builtin(), 3, |_| {
+            ControlFlow::Continue(())
+        })
         .expect("migrate");
         let secs = t.elapsed().as_secs_f64();
         let Outcome::Done {

@@ -390,7 +390,7 @@ fn inspect(data: &Path) -> anyhow::Result<ExitCode> {
 }
 
 fn migrate_cmd(data: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
-    let registry = migrate::builtin();
+    let registry = crate::upgrade::builtin();
     if dry_run {
         let store = open_existing(data, true)?;
         let pending = migrate::pending(&store, &registry, SUPPORTED_FORMAT)?;
@@ -448,8 +448,8 @@ fn fixture(format: u32, out: &Path) -> anyhow::Result<ExitCode> {
     let dir = tempfile_dir()?;
     let data = dir.join("store");
     match format {
-        2 => crate::store::fixture::write_v2(&data)?,
-        _ => crate::store::fixture::write_v3(&data)?,
+        2 => crate::upgrade::fixture::write_v2(&data)?,
+        _ => crate::upgrade::fixture::write_v3(&data)?,
     }
     crate::store::tarball::pack(&data, out)?;
     let _ = std::fs::remove_dir_all(&dir);

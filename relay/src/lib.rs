@@ -2,7 +2,9 @@
 //! embedded RocksDB store before acknowledging it, and delivers it to its sinks.
 //!
 //! Layers (one folder each, each owning its own state):
-//! - [`store`]: RocksDB, key layouts, formats, migrations. The only user of `rocksdb`.
+//! - [`store`]: RocksDB, key layouts, the format guard and the migration runner (crate
+//!   `ankusa-store`, the only one that depends on `rocksdb`).
+//! - [`upgrade`]: the format migrations, the older layouts they read, and fixtures.
 //! - [`queue`]: tenant ordinals, per-tenant counters, the active index and every
 //!   delivery transition as an op builder.
 //! - [`edge`]: the ingest listener: verification, tenants, dedupe keys, quarantine.
@@ -26,7 +28,9 @@ pub mod metrics;
 pub mod node;
 pub mod openapi;
 pub mod queue;
-pub mod store;
+/// The store (crate `ankusa-store`: the only crate that depends on RocksDB).
+pub use ankusa_store as store;
+pub mod upgrade;
 
 /// The allocator of every program built on the relay (the node, its tests and benches):
 /// the ingest and dispatch paths allocate per hook from many threads, where glibc's
@@ -35,8 +39,4 @@ pub mod store;
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
 /// Milliseconds since the Unix epoch, now.
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_millis() as u64)
-}
+pub use ankusa_keys::now_ms;

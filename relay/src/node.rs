@@ -372,7 +372,7 @@ impl Node {
             .map(|s| s.id.clone())
             .collect();
         let (recovered, assembler) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
-            let out = migrate::run(&boot_store, &migrate::builtin(), SUPPORTED_FORMAT, |p| {
+            let out = migrate::run(&boot_store, &crate::upgrade::builtin(), SUPPORTED_FORMAT, |p| {
                 tracing::info!(
                     from = p.from,
                     to = p.to,

@@ -1349,12 +1349,7 @@ mod tests {
 
     /// Tombstones a closure's reads stepped over.
     fn tombstones_walked(f: impl FnOnce()) -> u64 {
-        use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
-        set_perf_stats(PerfStatsLevel::EnableCount);
-        let mut ctx = PerfContext::default();
-        ctx.reset();
-        f();
-        ctx.metric(PerfMetric::InternalDeleteSkippedCount)
+        crate::store::tombstones_walked(f).1
     }
 
     #[test]

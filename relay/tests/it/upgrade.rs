@@ -8,9 +8,9 @@ use std::path::{Path, PathBuf};
 use ankusa_relay::queue::deliveries::Envelope;
 use ankusa_relay::queue::{counters, deliveries, fold, tenants, Counts};
 use ankusa_relay::store::keys::{AtMs, Family, Seq, SinkIdx, TenantOrd};
-use ankusa_relay::store::legacy::v2::{State, Writer};
 use ankusa_relay::store::migrate::{self, Outcome};
 use ankusa_relay::store::{tarball, Cf, KeyValue, OpenOptions, Store, StoreError};
+use ankusa_relay::upgrade::legacy::v2::{State, Writer};
 
 use crate::support::*;
 
@@ -27,7 +27,10 @@ fn unpack(name: &str, dir: &Path) -> PathBuf {
 }
 
 fn migrate_all(store: &Store) -> Outcome {
-    migrate::run(store, &migrate::builtin(), 3, |_| ControlFlow::Continue(())).unwrap()
+    migrate::run(store, &ankusa_relay::upgrade::builtin(), 3, |_| {
+        ControlFlow::Continue(())
+    })
+    .unwrap()
 }
 
 /// Every column family's contents, counters as their merged values.
@@ -86,7 +89,7 @@ fn v2_fixture_upgrades_to_v3_with_counters_equal_to_a_fold() {
             .iter()
             .all(|(k, _)| !(k.as_slice() >= lo.as_slice() && k.as_slice() < end.as_slice())));
     }
-    // Per tenant, what the fixture put there (see store::fixture).
+    // Per tenant, what the fixture put there (see upgrade::fixture).
     let acme = tenant_counts(&store, "acme");
     assert_eq!(
         (acme.pending, acme.scheduled, acme.inflight, acme.dead),
@@ -120,7 +123,7 @@ fn v2_fixture_upgrades_to_v3_with_counters_equal_to_a_fold() {
         let kind_is_retry = r.kind == deliveries::Kind::Retry;
         assert_eq!(
             kind_is_retry,
-            r.key.at.0 > ankusa_relay::store::fixture::FUTURE - 1,
+            r.key.at.0 > ankusa_relay::upgrade::fixture::FUTURE - 1,
             "{r:?}"
         );
     }
@@ -250,7 +253,7 @@ fn resumes_interrupted_tenant_migration_without_double_counting() {
         big_v2(&data, HOOKS);
         {
             let store = Store::open(&data, &OpenOptions::default()).unwrap();
-            let out = migrate::run(&store, &migrate::builtin(), 3, |p| {
+            let out = migrate::run(&store, &ankusa_relay::upgrade::builtin(), 3, |p| {
                 if p.steps == stop_after {
                     ControlFlow::Break(())
                 } else {

@@ -8,11 +8,11 @@
 
 use std::path::Path;
 
-use super::keys::{AtMs, Seq, SinkIdx};
 use super::legacy::v2::{State, Writer};
-use super::{OpenOptions, Store, StoreError};
 use crate::queue::deliveries::{self, DeliveryRow, Envelope, Tx};
 use crate::queue::writer::Assembler;
+use crate::store::keys::{AtMs, Seq, SinkIdx};
+use crate::store::{OpenOptions, Store, StoreError};
 
 /// Due long ago.
 pub const PAST: u64 = 1_700_000_000_000;

@@ -228,8 +228,3 @@ pub fn run(
         }
     }
 }
-
-/// The migrations this build knows, in chain order.
-pub fn builtin() -> Registry {
-    Registry::new().register(Arc::new(super::migrations::tenant_keys::TenantKeys))
-}

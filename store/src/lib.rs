@@ -1,4 +1,8 @@
-//! The embedded RocksDB store of a relay node. The only module that touches `rocksdb`.
+//! The embedded RocksDB store of a relay node: the only crate of the workspace that
+//! depends on `rocksdb` (`make check-layers` holds every other crate to it). It knows key
+//! bytes, families and formats, never queue semantics: the format migrations and the older
+//! layouts they read sit above the queue, in the node crate's `upgrade` module, and are
+//! handed to [`migrate::run`] as a [`migrate::Registry`].
 //!
 //! # What it owns
 //! - The column families ([`Cf`]) and their options: `counters` gets a 1 MiB write buffer,
@@ -27,14 +31,13 @@
 //! - Reads are instrumented ([`StoreStats`]): scans per family and point reads per column
 //!   family, so tests can prove which families a code path touches.
 
-pub mod fixture;
 /// Every key layout (crate `ankusa-keys`: no RocksDB, fuzzed on its own).
 pub use ankusa_keys as keys;
-pub mod legacy;
 pub mod merge;
 pub mod migrate;
-pub mod migrations;
 pub mod tarball;
+
+pub use ankusa_keys::now_ms;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -333,7 +336,7 @@ impl WriteHealth {
         self.failures.fetch_add(1, Ordering::Relaxed);
         if !self.failing.swap(true, Ordering::AcqRel) {
             let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
-            *g = Some((e.to_string(), crate::now_ms()));
+            *g = Some((e.to_string(), now_ms()));
             tracing::error!(error = %e, "store: writes fail; the node is not ready until one succeeds");
         }
     }
@@ -344,7 +347,7 @@ impl WriteHealth {
             let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
             let since = g.take().map_or(0, |(_, at)| at);
             tracing::warn!(
-                failed_for_ms = crate::now_ms().saturating_sub(since),
+                failed_for_ms = now_ms().saturating_sub(since),
                 failures = self.failures.load(Ordering::Relaxed),
                 "store: writes succeed again"
             );
@@ -645,7 +648,7 @@ impl Store {
             vec![Op::put(
                 Cf::Default,
                 keys::META_PROBE.to_vec(),
-                crate::now_ms().to_be_bytes().to_vec(),
+                now_ms().to_be_bytes().to_vec(),
             )],
             true,
         )
@@ -953,6 +956,20 @@ impl Scan<'_> {
             Dir::Reverse => self.it.prev(),
         }
     }
+}
+
+/// Runs `f` and counts the deleted entries (tombstones) RocksDB's reads stepped over on
+/// this thread while it ran: what tests and benches use to show a read path does not walk
+/// what was deleted.
+pub fn tombstones_walked<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+    set_perf_stats(PerfStatsLevel::EnableCount);
+    let mut ctx = PerfContext::default();
+    ctx.reset();
+    let out = f();
+    let walked = ctx.metric(PerfMetric::InternalDeleteSkippedCount);
+    set_perf_stats(PerfStatsLevel::Disable);
+    (out, walked)
 }
 
 #[cfg(test)]

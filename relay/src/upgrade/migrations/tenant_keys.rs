@@ -33,9 +33,9 @@ use crate::queue::deliveries::{
 };
 use crate::queue::tenants::{self, DEFAULT_TENANT};
 use crate::store::keys::{self, DeadKey, DueKey, Family, InflightKey, Seq, TenantOrd};
-use crate::store::legacy::v2;
 use crate::store::migrate::{Migration, Step, MAX_STEP_ROWS};
 use crate::store::{sentinel_ops, Cf, Dir, KeyValue, Op, Store, StoreError};
+use crate::upgrade::legacy::v2;
 
 /// The 2 → 3 migration.
 #[derive(Debug, Default, Clone, Copy)]
