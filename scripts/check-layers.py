@@ -18,15 +18,17 @@ ALLOWED = {
     "ankusa-values": {"ankusa-keys"},
     "ankusa-verify": {"ankusa-config", "ankusa-keys"},
     "ankusa-store": {"ankusa-keys", "ankusa-tarball"},
+    "ankusa-queue": {"ankusa-store", "ankusa-keys", "ankusa-values", "ankusa-config",
+                     "ankusa-crds"},
     "ankusa-operator": {"ankusa-crds", "ankusa-config", "ankusa-keys"},
-    "ankusa-relay": {"ankusa-store", "ankusa-keys", "ankusa-tarball", "ankusa-crds",
+    "ankusa-relay": {"ankusa-queue", "ankusa-store", "ankusa-keys", "ankusa-tarball", "ankusa-crds",
                      "ankusa-config", "ankusa-values", "ankusa-verify"},
 }
 ROCKSDB = {"rocksdb", "librocksdb-sys"}
 # Depends on the rocksdb crate itself.
 ROCKSDB_DIRECT = {"ankusa-store"}
 # Reaches it, only through ankusa-store.
-MAY_USE_ROCKSDB = {"ankusa-store", "ankusa-relay"}
+MAY_USE_ROCKSDB = {"ankusa-store", "ankusa-queue", "ankusa-relay"}
 
 meta = json.loads(subprocess.run(
     ["cargo", "metadata", "--format-version", "1", "--locked"],

@@ -5,7 +5,7 @@
 //! - [`store`]: RocksDB, key layouts, the format guard and the migration runner (crate
 //!   `ankusa-store`, the only one that depends on `rocksdb`).
 //! - [`upgrade`]: the format migrations, the older layouts they read, and fixtures.
-//! - [`queue`]: tenant ordinals, per-tenant counters, the active index and every
+//! - [`queue`] (crate `ankusa-queue`): tenant ordinals, per-tenant counters, the active index and every
 //!   delivery transition as an op builder.
 //! - [`edge`]: the ingest listener: verification, tenants, dedupe keys, quarantine.
 //! - [`node`]: boot order and the listeners of a running node.
@@ -27,7 +27,8 @@ pub mod http;
 pub mod metrics;
 pub mod node;
 pub mod openapi;
-pub mod queue;
+/// The queue model (crate `ankusa-queue`).
+pub use ankusa_queue as queue;
 /// The store (crate `ankusa-store`: the only crate that depends on RocksDB).
 pub use ankusa_store as store;
 pub mod upgrade;

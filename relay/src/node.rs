@@ -417,7 +417,11 @@ impl Node {
             store.clone(),
             assembler,
             WriterSettings::from_config(&config),
-            metrics.clone(),
+            writer::WriterMetrics {
+                batch_hooks: metrics.writer_batch_hooks.clone(),
+                commit_seconds: metrics.writer_commit_seconds.clone(),
+                dedupe_swept: metrics.dedupe_swept.clone(),
+            },
             hints.clone(),
         )?;
         let _ = api.writer.set(writer.clone());

@@ -25,8 +25,8 @@
 
 use super::codec::DecodeError;
 use super::deliveries::{self, DeliveryRow, Envelope, Kind, Located, Tx};
-use crate::store::keys::{self, AtMs, EventKey, EventKind, Family, Seq, SinkIdx};
-use crate::store::{Cf, Dir, Op, Store, StoreError};
+use ankusa_store::keys::{self, AtMs, EventKey, EventKind, Family, Seq, SinkIdx};
+use ankusa_store::{Cf, Dir, Op, Store, StoreError};
 /// The hook log's values (crate `ankusa-values`).
 pub use ankusa_values::{AttemptOutcome, ErrorClass, Event, LogRecord, MAX_ERROR_BYTES};
 

@@ -1,9 +1,9 @@
 use super::*;
-use crate::queue::deliveries::{claim, dead_letter, delivered, retry, revive, DueRow};
-use crate::queue::testkit::Harness;
-use crate::queue::writer::Assembler;
-use crate::store::keys::EventKind;
-use crate::store::OpenOptions;
+use crate::deliveries::{claim, dead_letter, delivered, retry, revive, DueRow};
+use crate::testkit::Harness;
+use crate::writer::Assembler;
+use ankusa_store::keys::EventKind;
+use ankusa_store::OpenOptions;
 
 fn logging() -> Harness {
     let mut h = Harness::new();

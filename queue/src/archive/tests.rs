@@ -1,7 +1,7 @@
 use super::*;
-use crate::queue::counters;
-use crate::queue::reclaim::reclaim_pass;
-use crate::queue::testkit::Harness;
+use crate::counters;
+use crate::reclaim::reclaim_pass;
+use crate::testkit::Harness;
 
 fn keep(ms: u64) -> impl Fn(&str) -> Option<u64> {
     move |_: &str| Some(ms)

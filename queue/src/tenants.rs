@@ -14,8 +14,8 @@
 use std::collections::HashMap;
 
 use super::QueueError;
-use crate::store::keys::{self, TenantOrd};
-use crate::store::{decode_u32, Cf, Op, Store, StoreError};
+use ankusa_store::keys::{self, TenantOrd};
+use ankusa_store::{decode_u32, Cf, Op, Store, StoreError};
 
 /// The tenant of hooks that name none.
 pub use ankusa_values::DEFAULT_TENANT;

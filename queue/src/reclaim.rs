@@ -15,9 +15,9 @@
 //! one seek.
 
 use super::deliveries;
-use crate::store::keys::{self, Family};
-use crate::store::Dir;
-use crate::store::{Cf, Op, Store, StoreError};
+use ankusa_store::keys::{self, Family};
+use ankusa_store::Dir;
+use ankusa_store::{Cf, Op, Store, StoreError};
 
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -113,9 +113,9 @@ fn remove(store: &Store, seqs: &[keys::Seq]) -> Result<ReclaimReport, StoreError
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::deliveries::{claim, delivered, Tx};
-    use crate::queue::testkit::Harness;
-    use crate::store::tombstones_walked;
+    use crate::deliveries::{claim, delivered, Tx};
+    use crate::testkit::Harness;
+    use ankusa_store::tombstones_walked;
 
     /// 3 000 delivered hooks leave 3 000 markers: passes of 1 000 sweep them with a cursor
     /// (no pass walks what the one before deleted), every hook goes, and once the sweep

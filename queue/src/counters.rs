@@ -14,8 +14,8 @@
 
 use std::collections::BTreeMap;
 
-use crate::store::keys::{self, CounterField, TenantOrd};
-use crate::store::{merge, Cf, Op, Store, StoreError};
+use ankusa_store::keys::{self, CounterField, TenantOrd};
+use ankusa_store::{merge, Cf, Op, Store, StoreError};
 
 /// One counter change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,10 +5,10 @@ use std::collections::BTreeSet;
 use proptest::prelude::*;
 
 use super::*;
-use crate::queue::tenants::{Allocator, DEFAULT_TENANT};
-use crate::queue::testkit::Harness;
-use crate::queue::writer::Assembler;
-use crate::queue::{counters, dead_for_tenant, fold, pending_for_tenant, QueueError};
+use crate::tenants::{Allocator, DEFAULT_TENANT};
+use crate::testkit::Harness;
+use crate::writer::Assembler;
+use crate::{counters, dead_for_tenant, fold, pending_for_tenant, QueueError};
 
 const TENANTS: [Option<&str>; 4] = [None, Some("acme"), Some("globex"), Some("initech")];
 
@@ -157,7 +157,7 @@ fn apply(h: &mut Harness, t: &Transition) {
             dead,
         } => {
             let name = TENANTS[*tenant].unwrap_or(DEFAULT_TENANT);
-            if let Some(ord) = crate::queue::tenants::ord(&h.store, name).unwrap() {
+            if let Some(ord) = crate::tenants::ord(&h.store, name).unwrap() {
                 purge_tenant(
                     &h.store,
                     ord,
@@ -181,12 +181,12 @@ fn apply(h: &mut Harness, t: &Transition) {
         }
         Transition::Archiver { n, off, now } => {
             let policy = |_: &str| (!*off).then_some(10_000u64);
-            let mut a = crate::queue::archive::Archiver::default();
+            let mut a = crate::archive::Archiver::default();
             a.settle(&h.store, &policy, *n).unwrap();
             a.prune(&h.store, AtMs(*now), 100).unwrap();
         }
         Transition::Reclaim => {
-            crate::queue::reclaim::reclaim_pass(&h.store, 100).unwrap();
+            crate::reclaim::reclaim_pass(&h.store, 100).unwrap();
         }
         Transition::Cleanup(now) => {
             let now = AtMs(*now);
@@ -306,9 +306,9 @@ fn tenant_ordinal_is_assigned_once_and_never_reused() {
     assert_eq!(h.ord("a"), TenantOrd(1));
     assert_eq!(h.ord("b"), TenantOrd(2));
     assert_eq!(h.ord(DEFAULT_TENANT), TenantOrd(3));
-    assert_eq!(crate::queue::tenants::count(&h.store).unwrap(), 3);
+    assert_eq!(crate::tenants::count(&h.store).unwrap(), 3);
     assert_eq!(
-        crate::queue::tenants::name(&h.store, TenantOrd(2))
+        crate::tenants::name(&h.store, TenantOrd(2))
             .unwrap()
             .as_deref(),
         Some("b")
@@ -361,8 +361,8 @@ fn tenants_max_refuses_a_new_tenant_and_never_an_existing_one() {
         before,
         "a refusal changed counters"
     );
-    assert!(crate::queue::tenants::ord(&h.store, "c").unwrap().is_none());
-    assert_eq!(crate::queue::tenants::count(&h.store).unwrap(), 2);
+    assert!(crate::tenants::ord(&h.store, "c").unwrap().is_none());
+    assert_eq!(crate::tenants::count(&h.store).unwrap(), 2);
     // Existing tenants at the cap, through the cache and through a cold allocator.
     h.ingest(Some("a"), 1, 2, false);
     h.asm = Assembler::open(&h.store, 2).unwrap();
@@ -636,7 +636,7 @@ fn purge_tenant_resumes_after_interruption() {
     assert_eq!(rest.batches, 2);
     assert_eq!(
         pending_for_tenant(&h.store, ord).unwrap(),
-        crate::queue::Backlog::default()
+        crate::Backlog::default()
     );
     assert_eq!(
         pending_for_tenant(&h.store, h.ord("other"))
@@ -834,19 +834,22 @@ fn only_deliveries_builds_queue_index_keys() {
         "keys::active_through(",
         "keys::archive(",
     ];
+    // This crate, and every other crate's sources in the workspace that could reach it.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let relay = root.join("../relay");
     let allowed = [
-        root.join("src/queue/deliveries.rs"),
-        root.join("src/queue/deliveries/tests.rs"),
+        root.join("src/deliveries.rs"),
+        root.join("src/deliveries/tests.rs"),
         // Writes format-2 stores only (fixtures and upgrade tests): `?x` and `?a` keys are
         // the same bytes in both formats, with format-2 values.
-        root.join("src/upgrade/legacy/v2.rs"),
+        relay.join("src/upgrade/legacy/v2.rs"),
     ];
     let mut offenders = Vec::new();
     let mut stack = vec![
         root.join("src"),
-        root.join("tests"),
-        root.join("benches"),
+        relay.join("src"),
+        relay.join("tests"),
+        relay.join("benches"),
         root.join("../store/src"),
     ];
     let mut files = 0;
@@ -1211,7 +1214,7 @@ fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u
                 }
             }
             Task::Claim(k) => {
-                let rows = crate::queue::testkit::due_rows(store);
+                let rows = crate::testkit::due_rows(store);
                 let mut tx = Tx::new();
                 for r in rows.iter().take(*k) {
                     claim(&mut tx, r);
@@ -1219,7 +1222,7 @@ fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u
                 m.claimed += tx.commit(store, false).unwrap().count();
             }
             Task::Outcome(k, kind) => {
-                let rows = crate::queue::testkit::inflight_rows(store);
+                let rows = crate::testkit::inflight_rows(store);
                 let mut tx = Tx::new();
                 for r in rows.iter().take(*k) {
                     match kind {
@@ -1248,11 +1251,10 @@ fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u
                 }
             }
             Task::ReplayAll => {
-                m.revived += revive_all(store, &crate::queue::testkit::dead_rows(store));
+                m.revived += revive_all(store, &crate::testkit::dead_rows(store));
             }
             Task::ReplayTenant(t) => {
-                let Some(ord) = crate::queue::tenants::ord(store, MODEL_TENANTS[*t]).unwrap()
-                else {
+                let Some(ord) = crate::tenants::ord(store, MODEL_TENANTS[*t]).unwrap() else {
                     continue;
                 };
                 let rows = dead_page_for_tenant(store, ord, None, usize::MAX)
@@ -1261,7 +1263,7 @@ fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u
                 m.revived += revive_all(store, &rows);
             }
             Task::ReplayOne(i) => {
-                if let Some(r) = pick(&crate::queue::testkit::dead_rows(store), *i) {
+                if let Some(r) = pick(&crate::testkit::dead_rows(store), *i) {
                     m.revived += revive_all(store, &[r]);
                 }
             }
@@ -1270,8 +1272,7 @@ fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u
                 pending,
                 dead,
             } => {
-                let Some(ord) = crate::queue::tenants::ord(store, MODEL_TENANTS[*tenant]).unwrap()
-                else {
+                let Some(ord) = crate::tenants::ord(store, MODEL_TENANTS[*tenant]).unwrap() else {
                     continue;
                 };
                 let p = purge_tenant(
@@ -1287,7 +1288,7 @@ fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u
                 m.purged_dead += p.dead;
             }
             Task::Recover => {
-                let rows = crate::queue::testkit::inflight_rows(store);
+                let rows = crate::testkit::inflight_rows(store);
                 let mut tx = Tx::new();
                 for r in &rows {
                     recover(&mut tx, r, AtMs(MODEL_NOW - 1));
@@ -1295,7 +1296,7 @@ fn run_tasks(store: &Store, asm: Option<&mut Assembler>, tasks: &[Task], seed: u
                 m.recovered += tx.commit(store, false).unwrap().count();
             }
             Task::Reclaim => {
-                crate::queue::reclaim::reclaim_pass(store, 1_000).unwrap();
+                crate::reclaim::reclaim_pass(store, 1_000).unwrap();
             }
         }
     }
@@ -1347,7 +1348,7 @@ proptest! {
             "{c:?}"
         );
         for t in MODEL_TENANTS {
-            if let Some(ord) = crate::queue::tenants::ord(&h.store, t).unwrap() {
+            if let Some(ord) = crate::tenants::ord(&h.store, t).unwrap() {
                 let tc = counters::read(&h.store, ord).unwrap();
                 prop_assert!(
                     tc.pending >= 0 && tc.scheduled >= 0 && tc.inflight >= 0 && tc.dead >= 0 && tc.bytes >= 0,

@@ -32,14 +32,14 @@ pub mod hints;
 pub mod hooklog;
 pub mod reclaim;
 pub mod tenants;
-#[cfg(test)]
-pub(crate) mod testkit;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testkit;
 pub mod writer;
 
 pub use counters::{Counts, Delta};
 pub use deliveries::Tx;
 
-use crate::store::StoreError;
+use ankusa_store::StoreError;
 
 /// Errors of the queue layer.
 #[derive(Debug, thiserror::Error)]
@@ -65,8 +65,8 @@ pub struct Backlog {
 
 /// The backlog of one tenant: one `multi_get` of its counter rows, no scan.
 pub fn pending_for_tenant(
-    store: &crate::store::Store,
-    ord: crate::store::keys::TenantOrd,
+    store: &ankusa_store::Store,
+    ord: ankusa_store::keys::TenantOrd,
 ) -> Result<Backlog, StoreError> {
     let c = counters::read(store, ord)?;
     Ok(Backlog {
@@ -79,8 +79,8 @@ pub fn pending_for_tenant(
 
 /// The dead-letter count of one tenant, from its counter row.
 pub fn dead_for_tenant(
-    store: &crate::store::Store,
-    ord: crate::store::keys::TenantOrd,
+    store: &ankusa_store::Store,
+    ord: ankusa_store::keys::TenantOrd,
 ) -> Result<i64, StoreError> {
     Ok(counters::read(store, ord)?.dead)
 }

@@ -1,5 +1,8 @@
 //! Test support shared by the queue, dispatch and metrics unit tests: a store with the
-//! writer's assembler, and the invariant checks every test wants.
+//! writer's assembler, and the invariant checks every test wants. Built for this crate's
+//! tests and, with the `test-support` feature, for the node crate's; a failure in it is a
+//! failed test, so it panics rather than returning errors.
+#![allow(clippy::unwrap_used)]
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -7,15 +10,21 @@ use std::sync::Arc;
 use super::deliveries::{DeadRow, DueRow, Envelope, InflightRow, Tx};
 use super::writer::Assembler;
 use super::{deliveries, fold, QueueError};
-use crate::store::keys::{self, AtMs, Bucket, Family, Seq, TenantOrd};
-use crate::store::{OpenOptions, Store};
+use ankusa_store::keys::{self, AtMs, Bucket, Family, Seq, TenantOrd};
+use ankusa_store::{OpenOptions, Store};
 
 /// A store and the writer's assembler.
-pub(crate) struct Harness {
+pub struct Harness {
     _dir: tempfile::TempDir,
     pub store: Arc<Store>,
     pub asm: Assembler,
     hooks: u64,
+}
+
+impl Default for Harness {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl Harness {

@@ -8,8 +8,8 @@ use std::collections::BTreeMap;
 
 use super::counters::{self, Counts, CountsExt};
 use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind};
-use crate::store::keys::{self, CounterField, Family, TenantOrd};
-use crate::store::{merge, Store, StoreError};
+use ankusa_store::keys::{self, CounterField, Family, TenantOrd};
+use ankusa_store::{merge, Store, StoreError};
 
 /// Per-ordinal counts from the families; ord 0 holds the node total.
 pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
@@ -65,7 +65,7 @@ pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
 pub fn stored(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
     let mut out: BTreeMap<TenantOrd, Counts> = BTreeMap::new();
     let (lo, end) = Family::Counters.bounds();
-    for kv in store.scan(Family::Counters, &lo, &end, crate::store::Dir::Forward)? {
+    for kv in store.scan(Family::Counters, &lo, &end, ankusa_store::Dir::Forward)? {
         let (k, v) = kv?;
         let (ord, field) = keys::decode_counter(&k)?;
         let n = merge::decode(&v).ok_or_else(|| StoreError::Corruption {

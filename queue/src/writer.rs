@@ -10,8 +10,8 @@ use super::deliveries::{self, Envelope, NewHook, Tx};
 use super::hints::DueHints;
 use super::tenants::{Allocator, Resolution};
 use super::QueueError;
-use crate::store::keys::{self, AtMs, Family, Seq, TenantOrd};
-use crate::store::{Dir, Store, StoreError};
+use ankusa_store::keys::{self, AtMs, Family, Seq, TenantOrd};
+use ankusa_store::{Dir, Store, StoreError};
 
 /// A batch ready to commit, and what each hook of it will get.
 #[derive(Debug)]
@@ -38,7 +38,7 @@ pub struct Assembler {
 
 impl Assembled {
     /// Another op to commit with the batch (dedupe keys).
-    pub fn push_op(&mut self, op: crate::store::Op) {
+    pub fn push_op(&mut self, op: ankusa_store::Op) {
         self.tx.push_op(op);
     }
 }
@@ -49,7 +49,7 @@ impl Assembler {
     /// out twice, even once reclaim has removed the newest hooks.
     pub fn open(store: &Store, tenants_max: u32) -> Result<Self, StoreError> {
         let mut next =
-            match store.get(crate::store::Cf::Default, keys::META_NEXT_SEQ)? {
+            match store.get(ankusa_store::Cf::Default, keys::META_NEXT_SEQ)? {
                 Some(v) => u64::from_be_bytes(v.as_slice().try_into().map_err(|_| {
                     StoreError::corruption(Family::Meta, "m:next_seq is not 8 bytes")
                 })?),
@@ -152,8 +152,8 @@ impl Assembler {
             outcomes.push(Ok(seq));
         }
         if next_seq != self.next_seq {
-            tx.push_op(crate::store::Op::put(
-                crate::store::Cf::Default,
+            tx.push_op(ankusa_store::Op::put(
+                ankusa_store::Cf::Default,
                 keys::META_NEXT_SEQ.to_vec(),
                 next_seq.to_be_bytes(),
             ));
@@ -225,7 +225,7 @@ pub struct WriterSettings {
 }
 
 impl WriterSettings {
-    pub fn from_config(c: &crate::config::Config) -> Self {
+    pub fn from_config(c: &ankusa_config::Config) -> Self {
         WriterSettings {
             queue_capacity: c.writer.queue_capacity,
             max_batch_hooks: c.writer.max_batch_hooks,
@@ -266,12 +266,25 @@ impl WriterHandle {
     }
 }
 
+/// What the writer reports, as handles into the node's metrics registry (the node
+/// registers them as `ankusa_writer_batch_hooks`, `ankusa_writer_commit_seconds` and
+/// `ankusa_dedupe_swept_total`).
+#[derive(Debug, Clone)]
+pub struct WriterMetrics {
+    /// Hooks committed per synced batch.
+    pub batch_hooks: prometheus_client::metrics::histogram::Histogram,
+    /// Seconds each synced commit took.
+    pub commit_seconds: prometheus_client::metrics::histogram::Histogram,
+    /// Expired dedupe keys removed by the sweep.
+    pub dedupe_swept: prometheus_client::metrics::counter::Counter,
+}
+
 /// Starts the writer thread. It stops when every [`WriterHandle`] is dropped.
 pub fn spawn(
     store: std::sync::Arc<Store>,
     assembler: Assembler,
     settings: WriterSettings,
-    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    metrics: WriterMetrics,
     hints: std::sync::Arc<DueHints>,
 ) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(settings.queue_capacity);
@@ -292,7 +305,7 @@ struct Writer {
     store: std::sync::Arc<Store>,
     asm: Assembler,
     settings: WriterSettings,
-    metrics: std::sync::Arc<crate::metrics::Metrics>,
+    metrics: WriterMetrics,
     /// Where committed due work is announced to the dispatch tick.
     hints: std::sync::Arc<DueHints>,
 }
@@ -359,7 +372,7 @@ impl Writer {
     }
 
     fn commit_batch(&mut self, batch: Vec<Submission>) {
-        let now = crate::now_ms();
+        let now = ankusa_keys::now_ms();
         let mut replies: Vec<Option<Reply>> = vec![None; batch.len()];
         // Dedupe: the writer owns the `?u` keys, so one multi_get here is authoritative.
         let ukeys: Vec<Option<Vec<u8>>> = batch
@@ -371,7 +384,7 @@ impl Writer {
             })
             .collect();
         let present: Vec<Vec<u8>> = ukeys.iter().flatten().cloned().collect();
-        let found = match self.store.multi_get(crate::store::Cf::Index, &present) {
+        let found = match self.store.multi_get(ankusa_store::Cf::Index, &present) {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!(error = %e, "writer: reading dedupe keys");
@@ -415,13 +428,13 @@ impl Writer {
         for (j, i) in fresh.iter().enumerate() {
             if let (Some(k), Ok(_)) = (&ukeys[*i], &assembled.outcomes[j]) {
                 let id = &batch[*i].envelope.id;
-                assembled.push_op(crate::store::Op::put(
-                    crate::store::Cf::Index,
+                assembled.push_op(ankusa_store::Op::put(
+                    ankusa_store::Cf::Index,
                     keys::dedupe_expiry(keys::AtMs(expires), k),
                     Vec::new(),
                 ));
-                assembled.push_op(crate::store::Op::put(
-                    crate::store::Cf::Index,
+                assembled.push_op(ankusa_store::Op::put(
+                    ankusa_store::Cf::Index,
                     k.clone(),
                     dedupe_value(expires, id),
                 ));
@@ -434,9 +447,9 @@ impl Writer {
             Ok(outcomes) => {
                 self.hints.add(due);
                 self.metrics
-                    .writer_commit_seconds
+                    .commit_seconds
                     .observe(started.elapsed().as_secs_f64());
-                self.metrics.writer_batch_hooks.observe(committed as f64);
+                self.metrics.batch_hooks.observe(committed as f64);
                 for (i, out) in fresh.into_iter().zip(outcomes) {
                     replies[i] = Some(match out {
                         Ok(_) => Reply::Accepted {
@@ -466,7 +479,11 @@ impl Writer {
     /// Removes up to `sweep_batch` expired dedupe keys. Runs on the writer thread, the
     /// only writer of `?u`/`?e`, so it cannot race a new key for the same hook.
     fn sweep_dedupe(&mut self) {
-        match sweep_expired_dedupe(&self.store, crate::now_ms(), self.settings.sweep_batch) {
+        match sweep_expired_dedupe(
+            &self.store,
+            ankusa_keys::now_ms(),
+            self.settings.sweep_batch,
+        ) {
             Ok(n) => {
                 self.metrics.dedupe_swept.inc_by(n);
             }
@@ -492,12 +509,12 @@ pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64
         .map(|kv| kv.and_then(|(k, _)| Ok(keys::decode_dedupe_expiry(&k)?)))
         .collect::<Result<_, _>>()?;
     let values = store.multi_get(
-        crate::store::Cf::Index,
+        ankusa_store::Cf::Index,
         &expired.iter().map(|(_, u)| u.clone()).collect::<Vec<_>>(),
     )?;
     for ((at, u), v) in expired.into_iter().zip(values) {
-        ops.push(crate::store::Op::delete(
-            crate::store::Cf::Index,
+        ops.push(ankusa_store::Op::delete(
+            ankusa_store::Cf::Index,
             keys::dedupe_expiry(at, &u),
         ));
         // A newer hook may have renewed the key; only its own expiry removes it.
@@ -505,7 +522,7 @@ pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64
             .and_then(decode_dedupe_value)
             .is_some_and(|(e, _)| e == at.0)
         {
-            ops.push(crate::store::Op::delete(crate::store::Cf::Index, u));
+            ops.push(ankusa_store::Op::delete(ankusa_store::Cf::Index, u));
         }
         n += 1;
     }

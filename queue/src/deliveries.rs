@@ -19,10 +19,10 @@
 use std::collections::BTreeSet;
 
 use super::counters::{self, Delta};
-use crate::store::keys::{
+use ankusa_store::keys::{
     self, AtMs, Bucket, CounterField, DeadKey, DueKey, Family, InflightKey, Seq, SinkIdx, TenantOrd,
 };
-use crate::store::{Cf, Dir, Op, Store, StoreError};
+use ankusa_store::{Cf, Dir, Op, Store, StoreError};
 /// The values rows and hooks hold (crate `ankusa-values`).
 pub use ankusa_values::{DeadValue, DeliveryRow, Envelope};
 
@@ -621,7 +621,7 @@ pub fn import_archive(tx: &mut Tx, ob: &ArchiveObligation) {
 // Reads.
 
 fn collect<T>(
-    scan: impl Iterator<Item = Result<crate::store::KeyValue, StoreError>>,
+    scan: impl Iterator<Item = Result<ankusa_store::KeyValue, StoreError>>,
     limit: usize,
     mut decode: impl FnMut(&[u8], &[u8]) -> Result<T, StoreError>,
 ) -> Result<Vec<T>, StoreError> {

@@ -21,11 +21,11 @@
 
 use super::codec::{Dec, DecodeError, Enc};
 use super::deliveries::{self, ArchiveObligation, Envelope, Tx};
-use crate::store::keys::{self, ArchivedKey, AtMs, Family, Seq, TenantOrd};
-use crate::store::{Cf, Dir, Op, Store, StoreError};
+use ankusa_store::keys::{self, ArchivedKey, AtMs, Family, Seq, TenantOrd};
+use ankusa_store::{Cf, Dir, Op, Store, StoreError};
 
 /// What the archive does with an obligation's hook, by its source (from the
-/// configuration: [`crate::config::Config::archive_policy`]).
+/// configuration: [`ankusa_config::Config::archive_policy`]).
 pub trait Policy {
     /// The retention to archive with, or `None` to drop the obligation.
     fn retention_ms(&self, source: &str) -> Option<u64>;
@@ -37,9 +37,9 @@ impl<F: Fn(&str) -> Option<u64>> Policy for F {
     }
 }
 
-impl Policy for crate::config::Config {
+impl Policy for ankusa_config::Config {
     fn retention_ms(&self, source: &str) -> Option<u64> {
-        use crate::config::ArchivePolicy;
+        use ankusa_config::ArchivePolicy;
         match self.archive_policy(source) {
             ArchivePolicy::Archive { retention_ms } | ArchivePolicy::Honour { retention_ms } => {
                 Some(retention_ms)
