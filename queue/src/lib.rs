@@ -8,7 +8,7 @@
 //!   back a shared row, so no interleaving of writers loses a count.
 //! - **Transitions are op builders.** Every state change of a delivery is a function in
 //!   [`deliveries`] that adds its ops *and* its counter deltas to a [`Tx`]; only
-//!   `deliveries` builds `?D ?F ?X ?A` keys (a test scans the sources to keep it so).
+//!   `deliveries` builds `?D ?F ?X ?A` keys (clippy's `disallowed-methods` keeps it so).
 //!   A batch that moves a row without its deltas cannot be assembled from outside.
 //! - **Every due row has a marker.** A due row is only ever written together with its
 //!   active marker `<<?A, bucket, ord>>`; markers are deleted only by the dispatch side's

@@ -1,0 +1,98 @@
+//! The rows of the queue's index and what their values hold: due, inflight and dead
+//! rows, and a due row's kind.
+
+use super::*;
+use ankusa_store::keys::{self, CounterField, DeadKey, DueKey, InflightKey};
+use ankusa_store::StoreError;
+
+/// Why a due row is waiting: kind 0 counts as `pending`, kind 1 as `scheduled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum Kind {
+    /// First attempt, replay revival, recovery or expansion.
+    First = 0,
+    /// Waiting out (or just past) a retry backoff.
+    Retry = 1,
+}
+
+impl Kind {
+    pub(super) fn field(self) -> CounterField {
+        match self {
+            Kind::First => CounterField::Pending,
+            Kind::Retry => CounterField::Scheduled,
+        }
+    }
+}
+
+/// A due row: its key fields and its value.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DueRow {
+    pub key: DueKey,
+    pub size: u32,
+    pub kind: Kind,
+}
+
+impl DueRow {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<DueRow, StoreError> {
+        let key = keys::decode_due(key)?;
+        match value {
+            [a, b, c, d, k] if *k <= 1 => Ok(DueRow {
+                key,
+                size: u32::from_be_bytes([*a, *b, *c, *d]),
+                kind: if *k == 0 { Kind::First } else { Kind::Retry },
+            }),
+            _ => Err(StoreError::Corruption {
+                family: "due",
+                detail: format!("bad value {}", keys::hex(value)),
+            }),
+        }
+    }
+}
+
+/// An inflight row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct InflightRow {
+    pub key: InflightKey,
+    pub size: u32,
+}
+
+impl InflightRow {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<InflightRow, StoreError> {
+        let key = keys::decode_inflight(key)?;
+        let size = size_value(value).ok_or_else(|| StoreError::Corruption {
+            family: "inflight",
+            detail: format!("bad value {}", keys::hex(value)),
+        })?;
+        Ok(InflightRow { key, size })
+    }
+}
+
+pub(super) fn size_value(v: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(v.get(..4)?.try_into().ok()?))
+}
+
+/// A dead row: `?x` key and value (its `?X` twin carries the same key fields).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct DeadRow {
+    pub key: DeadKey,
+    pub value: DeadValue,
+}
+
+impl DeadRow {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<DeadRow, StoreError> {
+        Ok(DeadRow {
+            key: keys::decode_dead(key)?,
+            value: DeadValue::decode(value).map_err(|e| StoreError::Corruption {
+                family: "dead",
+                detail: e.to_string(),
+            })?,
+        })
+    }
+}
+
+/// A due row's value: its size and kind.
+pub(super) fn due_value(row: &DueRow) -> Vec<u8> {
+    let mut v = row.size.to_be_bytes().to_vec();
+    v.push(row.kind as u8);
+    v
+}
