@@ -97,7 +97,7 @@ pub fn read(store: &Store, ord: TenantOrd) -> Result<Counts, StoreError> {
     for (f, v) in CounterField::ALL.iter().zip(vals) {
         if let Some(v) = v {
             let n = merge::decode(&v).ok_or_else(|| StoreError::Corruption {
-                family: "counters",
+                family: ankusa_store::Family::Counters,
                 detail: format!("undecodable value for ord {} {}", ord.0, f.name()),
             })?;
             c.add(*f, n);

@@ -49,7 +49,7 @@ pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
     }
     if dead != by_tenant {
         return Err(StoreError::Corruption {
-            family: "dead_by_tenant",
+            family: Family::DeadByTenant,
             detail: format!("{dead} dead rows but {by_tenant} by-tenant rows"),
         });
     }
@@ -69,7 +69,7 @@ pub fn stored(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> 
         let (k, v) = kv?;
         let (ord, field) = keys::decode_counter(&k)?;
         let n = merge::decode(&v).ok_or_else(|| StoreError::Corruption {
-            family: "counters",
+            family: Family::Counters,
             detail: format!("undecodable value at {}", keys::hex(&k)),
         })?;
         out.entry(ord).or_default().add(field, n);

@@ -154,11 +154,8 @@ pub enum StoreError {
          run a release that supports format {found}, or restore a backup taken before the upgrade"
     )]
     StoreFormatNewer { found: u32, supported: u32 },
-    #[error("store corruption in family {family}: {detail}")]
-    Corruption {
-        family: &'static str,
-        detail: String,
-    },
+    #[error("store corruption in family {}: {detail}", family.name())]
+    Corruption { family: Family, detail: String },
     #[error("store corruption: {0}")]
     Key(#[from] keys::KeyError),
     #[error("the store is open read-only")]
@@ -184,7 +181,7 @@ pub enum StoreError {
 impl StoreError {
     pub fn corruption(family: Family, detail: impl Into<String>) -> Self {
         StoreError::Corruption {
-            family: family.name(),
+            family,
             detail: detail.into(),
         }
     }

@@ -98,7 +98,7 @@ fn a_truncated_scan_is_reported_as_corruption() {
     assert!(results[..5].iter().all(|r| r.is_ok()));
     match &results[5] {
         Err(StoreError::Corruption { family, detail }) => {
-            assert_eq!(*family, "hooks");
+            assert_eq!(*family, Family::Hooks);
             assert_eq!(detail, "scan ended before the family's hi sentinel");
         }
         other => panic!("expected corruption, got {other:?}"),
@@ -126,7 +126,7 @@ fn a_truncated_scan_is_reported_as_corruption() {
         .collect();
     assert!(matches!(
         r.as_slice(),
-        [Err(StoreError::Corruption { family: "audit", detail })] if detail.contains("lo sentinel")
+        [Err(StoreError::Corruption { family: Family::Audit, detail })] if detail.contains("lo sentinel")
     ));
 }
 

@@ -305,7 +305,7 @@ pub fn delivery_rows(
         .map(|(v, k)| {
             v.map(|v| {
                 DeliveryRow::decode(&v).map_err(|e| StoreError::Corruption {
-                    family: "deliveries",
+                    family: Family::Deliveries,
                     detail: format!("{e} at {}", keys::hex(k)),
                 })
             })
@@ -322,7 +322,7 @@ pub fn envelope(store: &Store, seq: Seq) -> Result<Option<Envelope>, StoreError>
         .get(Cf::Hooks, &k)?
         .map(|v| {
             Envelope::decode(&v).map_err(|e| StoreError::Corruption {
-                family: "hooks",
+                family: Family::Hooks,
                 detail: format!("{e} at {}", keys::hex(&k)),
             })
         })
@@ -380,7 +380,7 @@ pub fn dead_page_for_tenant(
                 continue;
             }
             return Err(StoreError::Corruption {
-                family: "dead_by_tenant",
+                family: Family::DeadByTenant,
                 detail: format!("?X row without its ?x row at seq {}", key.seq.0),
             });
         };

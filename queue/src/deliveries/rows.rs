@@ -42,7 +42,7 @@ impl DueRow {
                 kind: if *k == 0 { Kind::First } else { Kind::Retry },
             }),
             _ => Err(StoreError::Corruption {
-                family: "due",
+                family: ankusa_store::Family::Due,
                 detail: format!("bad value {}", keys::hex(value)),
             }),
         }
@@ -60,7 +60,7 @@ impl InflightRow {
     pub fn decode(key: &[u8], value: &[u8]) -> Result<InflightRow, StoreError> {
         let key = keys::decode_inflight(key)?;
         let size = size_value(value).ok_or_else(|| StoreError::Corruption {
-            family: "inflight",
+            family: ankusa_store::Family::Inflight,
             detail: format!("bad value {}", keys::hex(value)),
         })?;
         Ok(InflightRow { key, size })
@@ -83,7 +83,7 @@ impl DeadRow {
         Ok(DeadRow {
             key: keys::decode_dead(key)?,
             value: DeadValue::decode(value).map_err(|e| StoreError::Corruption {
-                family: "dead",
+                family: ankusa_store::Family::Dead,
                 detail: e.to_string(),
             })?,
         })

@@ -244,7 +244,7 @@ impl ArchiveObligation {
                 ord: TenantOrd(u32::from_be_bytes([*e, *f, *g, *h])),
             }),
             _ => Err(StoreError::Corruption {
-                family: "archive_pending",
+                family: ankusa_store::Family::Archive,
                 detail: format!("bad value {}", keys::hex(value)),
             }),
         }

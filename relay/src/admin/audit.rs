@@ -151,7 +151,7 @@ mod tests {
             matches!(
                 e,
                 StoreError::Corruption {
-                    family: "audit",
+                    family: Family::Audit,
                     ..
                 }
             ),
@@ -162,7 +162,7 @@ mod tests {
             matches!(
                 e,
                 StoreError::Corruption {
-                    family: "quarantine",
+                    family: Family::Quarantine,
                     ..
                 }
             ),

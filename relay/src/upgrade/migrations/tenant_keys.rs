@@ -66,7 +66,7 @@ fn parse(c: &[u8]) -> Result<(u8, u64, &[u8]), StoreError> {
             Ok((*p, u64::from_be_bytes(a), last))
         }
         _ => Err(StoreError::Corruption {
-            family: "meta",
+            family: Family::Meta,
             detail: format!("bad 2 -> 3 migration cursor {}", keys::hex(c)),
         }),
     }
@@ -170,7 +170,7 @@ fn read(store: &Store, family: Family, last: &[u8]) -> Result<Vec<KeyValue>, Sto
         .collect()
 }
 
-fn corrupt(family: &'static str, detail: String) -> StoreError {
+fn corrupt(family: Family, detail: String) -> StoreError {
     StoreError::Corruption { family, detail }
 }
 
@@ -248,7 +248,7 @@ impl Migration for TenantKeys {
                     for (k, v) in &batch {
                         let (at, seq, sink) = keys::decode_due_v2(k)?;
                         let size = v2::decode_size(v).ok_or_else(|| {
-                            corrupt("due_v2", format!("bad value at {}", keys::hex(k)))
+                            corrupt(Family::DueV2, format!("bad value at {}", keys::hex(k)))
                         })?;
                         tx.push_op(Op::delete(Cf::Index, k.clone()));
                         let kind = if at.0 > started {
@@ -271,7 +271,7 @@ impl Migration for TenantKeys {
                     for (k, v) in &batch {
                         let (seq, sink) = keys::decode_inflight_v2(k)?;
                         let size = v2::decode_size(v).ok_or_else(|| {
-                            corrupt("inflight_v2", format!("bad value at {}", keys::hex(k)))
+                            corrupt(Family::InflightV2, format!("bad value at {}", keys::hex(k)))
                         })?;
                         tx.push_op(Op::delete(Cf::Index, k.clone()));
                         let ord = ords.get(&names[&seq]);
@@ -297,8 +297,9 @@ impl Migration for TenantKeys {
                             .collect::<Vec<_>>(),
                     )?;
                     for ((key, (k, v)), drow) in dkeys.into_iter().zip(&batch).zip(drows) {
-                        let old = v2::DeadValueV2::decode(v)
-                            .map_err(|e| corrupt("dead", format!("{e} at {}", keys::hex(k))))?;
+                        let old = v2::DeadValueV2::decode(v).map_err(|e| {
+                            corrupt(Family::Dead, format!("{e} at {}", keys::hex(k)))
+                        })?;
                         let size = drow
                             .and_then(|r| DeliveryRow::decode(&r).ok())
                             .map_or(0, |r| r.size);
@@ -316,7 +317,7 @@ impl Migration for TenantKeys {
                     for (k, v) in &batch {
                         let seq = keys::decode_archive(k)?;
                         let size = v2::decode_size(v).ok_or_else(|| {
-                            corrupt("archive_pending", format!("bad value at {}", keys::hex(k)))
+                            corrupt(Family::Archive, format!("bad value at {}", keys::hex(k)))
                         })?;
                         deliveries::import_archive(
                             &mut tx,
