@@ -93,11 +93,7 @@ impl IntoResponse for ApiError {
                 "internal error".to_owned(),
             ),
         };
-        (
-            status,
-            Json(serde_json::json!({ "error": code, "message": msg })),
-        )
-            .into_response()
+        crate::http::error(status, code, msg)
     }
 }
 
