@@ -19,9 +19,9 @@ use super::audit::{self, Audit};
 use super::auth::{Caller, Scope, Tokens};
 use crate::config::{Config, TenantFrom};
 use crate::edge::quarantine::Quarantine;
-use crate::queue::deliveries::{self, DeadPage, DeadRow, PurgeKinds, Tx};
-use crate::queue::{counters, hooklog, tenants, Counts};
-use crate::store::keys::{AtMs, DeadKey, EventKind, Seq, SinkIdx, TenantOrd};
+use crate::queue::deliveries::{self, DeadPage, DeadRow, PurgeKinds};
+use crate::queue::{counters, tenants, Counts};
+use crate::store::keys::{AtMs, DeadKey, Seq, SinkIdx, TenantOrd};
 use crate::store::{Store, StoreError};
 
 /// What the API handlers share.
@@ -402,33 +402,20 @@ pub async fn replay(
         }
         let now = AtMs(crate::now_ms());
         let total = rows.len();
-        let mut first = Some(a.audit.op(
+        let audit = a.audit.op(
             &c.name,
             "dlq.replay",
             req.tenant.as_deref(),
             serde_json::json!({ "rows": total, "source": req.source, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len() }),
-        ));
-        let mut revived = 0u64;
-        for chunk in rows.chunks(deliveries::CHUNK_ROWS) {
-            let mut tx = Tx::new();
-            if let Some(op) = first.take() {
-                tx.push_op(op);
-            }
-            for r in chunk {
-                deliveries::revive(&mut tx, r, now);
-                if a.config.hook_log.enabled {
-                    let ev = hooklog::requeued(EventKind::Replayed, now, 0, now);
-                    hooklog::record(&mut tx, store, r.key.seq, r.key.sink, &ev)?;
-                }
-            }
-            // A row a concurrent replay or purge moved first is not revived again.
-            revived += tx.commit(store, true)?.count();
-            // Delivered at once, not at the next full scan.
-            a.hints.add(chunk.iter().map(|r| (r.value.ord, now)));
-        }
-        if let Some(op) = first {
-            store.write(vec![op], true)?;
-        }
+        );
+        let revived = crate::dispatch::replayer::revive(
+            store,
+            &a.hints,
+            &rows,
+            now,
+            a.config.hook_log.enabled,
+            Some(audit),
+        )?;
         Ok(Json(serde_json::json!({ "revived": revived })).into_response())
     })
     .await

@@ -10,3 +10,4 @@ pub mod control;
 pub mod delivery;
 pub mod line;
 pub mod pipeline;
+pub mod replayer;
