@@ -227,9 +227,58 @@ fn with_retry_after(mut r: Response, secs: u32) -> Response {
 }
 
 /// 503 `tenant_limit`, `Retry-After: 300`.
-fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, &'static str, Response) {
+/// How an ingest request ended: the `outcome` label of `ankusa_ingest_requests_total`
+/// (`docs/observability.md` lists every one; a test keeps the two equal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// 202: committed by a synced write.
+    Accepted,
+    /// 200: an idempotency key seen within the window; nothing new stored.
+    Duplicate,
+    /// Sent to the node that owns the tenant, which counts the hook's own outcome.
+    Forwarded,
+    /// 4xx: a bad request (unknown source, body, tenant, headers, a forged forward).
+    Rejected,
+    /// 401: failed verification; kept in the quarantine.
+    Quarantined,
+    /// 503: `tenants.max` reached.
+    TenantLimit,
+    /// 503: the node is starting, at capacity, or its store does not take writes.
+    Unavailable,
+    /// 503: the tenant's owner did not answer.
+    OwnerUnavailable,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Accepted,
+        Outcome::Duplicate,
+        Outcome::Forwarded,
+        Outcome::Rejected,
+        Outcome::Quarantined,
+        Outcome::TenantLimit,
+        Outcome::Unavailable,
+        Outcome::OwnerUnavailable,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Forwarded => "forwarded",
+            Outcome::Rejected => "rejected",
+            Outcome::Quarantined => "quarantined",
+            Outcome::TenantLimit => "tenant_limit",
+            Outcome::Unavailable => "unavailable",
+            Outcome::OwnerUnavailable => "owner_unavailable",
+        }
+    }
+}
+
+fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Response) {
     let r = error(StatusCode::SERVICE_UNAVAILABLE, "tenant_limit", message);
-    (label, "tenant_limit", with_retry_after(r, 300))
+    (label, Outcome::TenantLimit, with_retry_after(r, 300))
 }
 
 #[utoipa::path(
@@ -298,7 +347,7 @@ async fn served(
 ) -> Response {
     let started = Instant::now();
     let (label, outcome, resp) = handle(s, source, tenant, uri, headers, body).await;
-    s.metrics.ingest(label, outcome);
+    s.metrics.ingest(label, outcome.label());
     s.metrics
         .ingest_latency
         .observe(started.elapsed().as_secs_f64());
@@ -312,23 +361,24 @@ async fn handle<'a>(
     uri: &Uri,
     headers: HeaderMap,
     body: Body,
-) -> (&'a str, &'static str, Response) {
+) -> (&'a str, Outcome, Response) {
     let Some(src) = s.sources.get(source) else {
         return (
             UNKNOWN_SOURCE,
-            "rejected",
+            Outcome::Rejected,
             error(StatusCode::NOT_FOUND, "unknown_source", "no such source"),
         );
     };
     let label = src.id.as_str();
-    let rejected = |status, code: &str, msg: &str| (label, "rejected", error(status, code, msg));
+    let rejected =
+        |status, code: &str, msg: &str| (label, Outcome::Rejected, error(status, code, msg));
     if !s.ready.load(Ordering::Acquire) {
         let r = error(
             StatusCode::SERVICE_UNAVAILABLE,
             "not_ready",
             "the node is starting",
         );
-        return (label, "unavailable", with_retry_after(r, 5));
+        return (label, Outcome::Unavailable, with_retry_after(r, 5));
     }
     // A hook another node of the Relay forwarded is taken here, whatever this node's view
     // of the node list: it never goes round twice. Only a node may say so.
@@ -363,7 +413,7 @@ async fn handle<'a>(
             .keep(src.id.clone(), why.to_string(), &headers, &bytes);
         return (
             label,
-            "quarantined",
+            Outcome::Quarantined,
             error(
                 StatusCode::UNAUTHORIZED,
                 "unauthorized",
@@ -395,14 +445,14 @@ async fn handle<'a>(
                 .forward_ingest(owner, pq, &headers, bytes.clone())
                 .await
             {
-                Ok(r) => (label, "forwarded", r),
+                Ok(r) => (label, Outcome::Forwarded, r),
                 Err(e) => {
                     let r = error(
                         StatusCode::SERVICE_UNAVAILABLE,
                         "owner_unavailable",
                         format!("the node that owns this tenant did not answer ({e})"),
                     );
-                    (label, "owner_unavailable", with_retry_after(r, 5))
+                    (label, Outcome::OwnerUnavailable, with_retry_after(r, 5))
                 }
             };
         }
@@ -421,7 +471,7 @@ async fn handle<'a>(
                 "registry_unavailable",
                 format!("the Relay's tenant registry did not answer ({e})"),
             );
-            return (label, "unavailable", with_retry_after(r, 5));
+            return (label, Outcome::Unavailable, with_retry_after(r, 5));
         }
     }
     let idempotency = idempotency_of(&src.idempotency, &headers, &mut json);
@@ -449,7 +499,7 @@ async fn handle<'a>(
     };
     let unavailable = |msg: &str| {
         let r = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg);
-        (label, "unavailable", with_retry_after(r, 1))
+        (label, Outcome::Unavailable, with_retry_after(r, 1))
     };
     if s.writer.try_submit(sub).is_err() {
         return unavailable("the node is at capacity");
@@ -457,12 +507,12 @@ async fn handle<'a>(
     match rx.await {
         Ok(Reply::Accepted { id }) => (
             label,
-            "accepted",
+            Outcome::Accepted,
             (StatusCode::ACCEPTED, Json(serde_json::json!({ "id": id }))).into_response(),
         ),
         Ok(Reply::Duplicate { id }) => (
             label,
-            "duplicate",
+            Outcome::Duplicate,
             (
                 StatusCode::OK,
                 Json(serde_json::json!({ "id": id, "duplicate": true })),

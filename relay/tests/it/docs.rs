@@ -153,6 +153,42 @@ fn observability_md_lists_every_metric_the_node_exports_and_no_other() {
 }
 
 /// Every YAML example of `docs/providers.md` is a source `config check` accepts.
+/// The ingest `outcome` label's values, as observability.md lists them, are the code's.
+#[test]
+fn observability_md_lists_every_ingest_outcome_and_no_other() {
+    let text = doc("observability.md");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with("| `ankusa_ingest_requests_total{source, outcome}`"))
+        .expect("the ingest requests row");
+    // The values, without the remarks in parentheses.
+    let mut values = String::new();
+    let mut depth = 0;
+    for ch in row.split("∈").nth(1).expect("the outcome list").chars() {
+        match ch {
+            '(' => depth += 1,
+            ')' => depth -= 1,
+            c if depth == 0 => values.push(c),
+            _ => {}
+        }
+    }
+    let listed = values
+        .split(',')
+        .map(|v| {
+            v.split_whitespace()
+                .next()
+                .unwrap_or("")
+                .trim_end_matches('|')
+                .to_owned()
+        })
+        .collect::<BTreeSet<_>>();
+    let code = ankusa_relay::edge::Outcome::ALL
+        .iter()
+        .map(|o| o.label().to_owned())
+        .collect::<BTreeSet<_>>();
+    assert_eq!(listed, code, "{row}");
+}
+
 #[test]
 fn the_provider_examples_pass_config_check() {
     let text = doc("providers.md");
