@@ -37,6 +37,152 @@ fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
     }
 }
 
+/// `value` must lie in `range`. The range is written once, here in the check, and the
+/// message is made from it: `{value} is outside {lo}..={hi}`.
+fn in_range<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<(), ConfigError> {
+    if range.contains(&value) {
+        Ok(())
+    } else {
+        Err(invalid(
+            key,
+            format!("{value} is outside {}..={}", range.start(), range.end()),
+        ))
+    }
+}
+
+/// `value` must be positive.
+fn positive<T: PartialOrd + Default>(key: &str, value: T) -> Result<(), ConfigError> {
+    if value > T::default() {
+        Ok(())
+    } else {
+        Err(invalid(key, "must be positive"))
+    }
+}
+
+/// `value` must be at least `min`.
+fn at_least<T: PartialOrd + std::fmt::Display>(
+    key: &str,
+    value: T,
+    min: T,
+) -> Result<(), ConfigError> {
+    if value >= min {
+        Ok(())
+    } else {
+        Err(invalid(key, format!("{value} is less than {min}")))
+    }
+}
+
+impl AdminConfig {
+    /// The admin section's numbers (its tokens are checked with the secrets).
+    fn validate_scalars(&self) -> Result<(), ConfigError> {
+        in_range(
+            "admin.gauge_interval_ms",
+            self.gauge_interval_ms,
+            100..=3_600_000,
+        )?;
+        in_range("admin.backup_keep", self.backup_keep, 1..=100)?;
+        in_range("admin.max_page", self.max_page, 1..=100_000)
+    }
+}
+
+impl IngestConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range(
+            "ingest.body_limit_bytes",
+            self.body_limit_bytes,
+            1..=256 << 20,
+        )
+    }
+}
+
+impl WriterConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range("writer.queue_capacity", self.queue_capacity, 1..=1_000_000)?;
+        in_range("writer.max_batch_hooks", self.max_batch_hooks, 1..=65_536)?;
+        at_least("writer.max_batch_bytes", self.max_batch_bytes, 1024)?;
+        in_range(
+            "writer.max_batch_delay_us",
+            self.max_batch_delay_us,
+            0..=1_000_000,
+        )
+    }
+}
+
+impl DedupeConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive("dedupe.window_ms", self.window_ms)?;
+        positive("dedupe.sweep_batch", self.sweep_batch)
+    }
+}
+
+impl DispatchConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range(
+            "dispatch.tick_interval_ms",
+            self.tick_interval_ms,
+            1..=60_000,
+        )?;
+        in_range("dispatch.max_inflight", self.max_inflight, 1..=100_000)?;
+        in_range(
+            "dispatch.per_sink_inflight",
+            self.per_sink_inflight,
+            1..=100_000,
+        )?;
+        in_range(
+            "dispatch.tenant_max_inflight",
+            self.tenant_max_inflight,
+            1..=100_000,
+        )?;
+        if let Some((t, w)) = self
+            .tenant_weights
+            .iter()
+            .find(|(t, w)| t.is_empty() || !(1..=1_000).contains(*w))
+        {
+            return Err(invalid(
+                "dispatch.tenant_weights",
+                format!("{t:?}: {w} (a tenant id and a weight in 1..=1000)"),
+            ));
+        }
+        positive("dispatch.rows_per_tenant", self.rows_per_tenant)?;
+        positive("dispatch.bytes_per_tick", self.bytes_per_tick)
+    }
+}
+
+impl RetryConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.schedule_ms.is_empty() {
+            return Err(invalid("retry.schedule_ms", "must name at least one delay"));
+        }
+        in_range("retry.max_attempts", self.max_attempts, 1..=1_000)
+    }
+}
+
+impl ReclaimConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive("reclaim.interval_ms", self.interval_ms)?;
+        positive("reclaim.batch", self.batch)
+    }
+}
+
+impl HookLogConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        positive("hook_log.retention_ms", self.retention_ms)?;
+        positive("hook_log.max_hooks", self.max_hooks)?;
+        positive("hook_log.prune_interval_ms", self.prune_interval_ms)?;
+        positive("hook_log.prune_batch", self.prune_batch)
+    }
+}
+
+impl ShutdownConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        in_range("shutdown.grace_ms", self.grace_ms, 0..=600_000)
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, default)]
 pub struct Config {
@@ -944,105 +1090,20 @@ impl Config {
     /// Every check of [`Config::validate`]; with [`Secrets::Skip`], secrets are not read
     /// (where they live — a file, a variable — exists only where the node runs).
     pub fn validate_with(&self, secrets: Secrets) -> Result<(), ConfigError> {
-        if !TENANTS_MAX_RANGE.contains(&self.tenants.max) {
-            return Err(invalid(
-                "tenants.max",
-                format!("{} is outside 1..=4294967294", self.tenants.max),
-            ));
-        }
-        if !(100..=3_600_000).contains(&self.admin.gauge_interval_ms) {
-            return Err(invalid(
-                "admin.gauge_interval_ms",
-                format!("{} is outside 100..=3600000", self.admin.gauge_interval_ms),
-            ));
-        }
+        in_range("tenants.max", self.tenants.max, TENANTS_MAX_RANGE)?;
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must not be empty"));
         }
-        let w = &self.writer;
-        if !(1..=1_000_000).contains(&w.queue_capacity) {
-            return Err(invalid("writer.queue_capacity", "must be in 1..=1000000"));
-        }
-        if !(1..=65_536).contains(&w.max_batch_hooks) {
-            return Err(invalid("writer.max_batch_hooks", "must be in 1..=65536"));
-        }
-        if w.max_batch_bytes < 1024 {
-            return Err(invalid("writer.max_batch_bytes", "must be at least 1024"));
-        }
-        if w.max_batch_delay_us > 1_000_000 {
-            return Err(invalid(
-                "writer.max_batch_delay_us",
-                "must be at most 1000000",
-            ));
-        }
-        if self.dedupe.window_ms == 0 || self.dedupe.sweep_batch == 0 {
-            return Err(invalid(
-                "dedupe",
-                "window_ms and sweep_batch must be positive",
-            ));
-        }
-        if !(1..=256 << 20).contains(&self.ingest.body_limit_bytes) {
-            return Err(invalid(
-                "ingest.body_limit_bytes",
-                "must be in 1..=268435456",
-            ));
-        }
-        let d = &self.dispatch;
-        if d.tick_interval_ms == 0 || d.tick_interval_ms > 60_000 {
-            return Err(invalid("dispatch.tick_interval_ms", "must be in 1..=60000"));
-        }
-        if !(1..=100_000).contains(&d.max_inflight)
-            || !(1..=100_000).contains(&d.per_sink_inflight)
-            || !(1..=100_000).contains(&d.tenant_max_inflight)
-        {
-            return Err(invalid(
-                "dispatch",
-                "max_inflight, per_sink_inflight and tenant_max_inflight must be in 1..=100000",
-            ));
-        }
-        if let Some((t, w)) = d
-            .tenant_weights
-            .iter()
-            .find(|(t, w)| t.is_empty() || !(1..=1_000).contains(*w))
-        {
-            return Err(invalid(
-                "dispatch.tenant_weights",
-                format!("{t:?}: {w} (a tenant id and a weight in 1..=1000)"),
-            ));
-        }
-        if d.rows_per_tenant == 0 || d.bytes_per_tick == 0 {
-            return Err(invalid(
-                "dispatch",
-                "rows_per_tenant and bytes_per_tick must be positive",
-            ));
-        }
-        if self.retry.schedule_ms.is_empty() {
-            return Err(invalid("retry.schedule_ms", "must name at least one delay"));
-        }
-        if !(1..=1_000).contains(&self.retry.max_attempts) {
-            return Err(invalid("retry.max_attempts", "must be in 1..=1000"));
-        }
-        if self.shutdown.grace_ms > 600_000 {
-            return Err(invalid("shutdown.grace_ms", "must be in 0..=600000"));
-        }
-        if self.reclaim.interval_ms == 0 || self.reclaim.batch == 0 {
-            return Err(invalid("reclaim", "interval_ms and batch must be positive"));
-        }
-        let h = &self.hook_log;
-        if h.retention_ms == 0 || h.max_hooks == 0 || h.prune_interval_ms == 0 || h.prune_batch == 0
-        {
-            return Err(invalid(
-                "hook_log",
-                "retention_ms, max_hooks, prune_interval_ms and prune_batch must be positive",
-            ));
-        }
+        self.admin.validate_scalars()?;
+        self.ingest.validate()?;
+        self.writer.validate()?;
+        self.dedupe.validate()?;
+        self.dispatch.validate()?;
+        self.retry.validate()?;
+        self.reclaim.validate()?;
+        self.hook_log.validate()?;
+        self.shutdown.validate()?;
         self.cluster.validate(secrets)?;
-        if !(1..=100).contains(&self.admin.backup_keep) {
-            return Err(invalid("admin.backup_keep", "must be in 1..=100"));
-        }
-        if !(1..=100_000).contains(&self.admin.max_page) {
-            return Err(invalid("admin.max_page", "must be in 1..=100000"));
-        }
         let mut names = std::collections::BTreeSet::new();
         for (i, t) in self.admin.tokens.iter().enumerate() {
             let key = format!("admin.tokens[{i}]");
@@ -1082,29 +1143,20 @@ impl Config {
                     "must be an http:// or https:// URL",
                 ));
             }
-            if !(1..=600_000).contains(&s.timeout_ms) {
-                return Err(invalid(
-                    &format!("{key}.timeout_ms"),
-                    "must be in 1..=600000",
-                ));
-            }
-            if !(1..=10_000).contains(&s.breaker_failures) {
-                return Err(invalid(
-                    &format!("{key}.breaker_failures"),
-                    "must be in 1..=10000",
-                ));
-            }
-            if !(1..=3_600_000).contains(&s.breaker_cooldown_ms) {
-                return Err(invalid(
-                    &format!("{key}.breaker_cooldown_ms"),
-                    "must be in 1..=3600000",
-                ));
-            }
-            if s.max_inflight.is_some_and(|m| !(1..=100_000).contains(&m)) {
-                return Err(invalid(
-                    &format!("{key}.max_inflight"),
-                    "must be in 1..=100000 (a sink with no slot would never be delivered to)",
-                ));
+            in_range(&format!("{key}.timeout_ms"), s.timeout_ms, 1..=600_000)?;
+            in_range(
+                &format!("{key}.breaker_failures"),
+                s.breaker_failures,
+                1..=10_000,
+            )?;
+            in_range(
+                &format!("{key}.breaker_cooldown_ms"),
+                s.breaker_cooldown_ms,
+                1..=3_600_000,
+            )?;
+            // A sink with no slot would never be delivered to.
+            if let Some(m) = s.max_inflight {
+                in_range(&format!("{key}.max_inflight"), m, 1..=100_000)?;
             }
         }
         let a = &self.archive;
@@ -1443,5 +1495,57 @@ routes: [{ id: r, sinks: [ci, Billing] }]
         let ok =
             Config::from_yaml("dispatch: { tenant_weights: { acme: 3 } }\n", env(&[])).unwrap();
         assert_eq!(ok.dispatch.tenant_weights["acme"], 3);
+    }
+
+    /// Each section checks its own keys; a value out of range names its key, and the range
+    /// in the message is the one the check uses.
+    #[test]
+    fn each_section_names_the_key_and_the_range_it_checks() {
+        for (yaml, message) in [
+            (
+                "writer: { max_batch_hooks: 0 }",
+                "writer.max_batch_hooks: 0 is outside 1..=65536",
+            ),
+            (
+                "writer: { max_batch_bytes: 10 }",
+                "writer.max_batch_bytes: 10 is less than 1024",
+            ),
+            (
+                "dedupe: { window_ms: 0 }",
+                "dedupe.window_ms: must be positive",
+            ),
+            (
+                "dispatch: { per_sink_inflight: 100001 }",
+                "dispatch.per_sink_inflight: 100001 is outside 1..=100000",
+            ),
+            (
+                "retry: { max_attempts: 0 }",
+                "retry.max_attempts: 0 is outside 1..=1000",
+            ),
+            ("reclaim: { batch: 0 }", "reclaim.batch: must be positive"),
+            (
+                "hook_log: { prune_batch: 0 }",
+                "hook_log.prune_batch: must be positive",
+            ),
+            (
+                "shutdown: { grace_ms: 600001 }",
+                "shutdown.grace_ms: 600001 is outside 0..=600000",
+            ),
+            (
+                "admin: { max_page: 0 }",
+                "admin.max_page: 0 is outside 1..=100000",
+            ),
+            (
+                "ingest: { body_limit_bytes: 0 }",
+                "ingest.body_limit_bytes: 0 is outside 1..=268435456",
+            ),
+        ] {
+            let e = Config::from_yaml(&format!("{yaml}\n"), env(&[])).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                format!("invalid config: {message}"),
+                "{yaml}"
+            );
+        }
     }
 }
