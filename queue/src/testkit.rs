@@ -46,16 +46,12 @@ impl Harness {
 
     /// A hook envelope for `tenant` (None = default) with `sinks` sinks, received at `at`.
     pub fn envelope(tenant: Option<&str>, sinks: usize, at: u64, n: u64) -> Envelope {
-        Envelope {
-            id: format!("hk_{n}"),
-            tenant: tenant.map(str::to_owned),
-            source: "src".into(),
-            received_at: AtMs(at),
-            content_type: "application/json".into(),
-            sinks: (0..sinks).map(|i| format!("sink{i}")).collect(),
-            body: vec![b'x'; (n % 7) as usize * 10],
-            headers: Vec::new(),
-        }
+        Envelope::builder(format!("hk_{n}"), "src")
+            .tenant(tenant)
+            .received_at(AtMs(at))
+            .sinks((0..sinks).map(|i| format!("sink{i}")))
+            .body(vec![b'x'; (n % 7) as usize * 10])
+            .build()
     }
 
     /// Ingests one hook through the writer's assembler, due at `at`.

@@ -38,16 +38,12 @@ fn fill(store: &Store) {
         let envs: Vec<Envelope> = (0..1_000)
             .map(|i| {
                 let n = chunk * 1_000 + i;
-                Envelope {
-                    id: format!("hk_bench_{n}"),
-                    tenant: Some(format!("t{}", n % TENANTS)),
-                    source: "bench".into(),
-                    received_at: AtMs(now + n / 1_000),
-                    content_type: "application/json".into(),
-                    sinks: vec!["s".into()],
-                    body: vec![b'x'; 256],
-                    headers: Vec::new(),
-                }
+                Envelope::builder(format!("hk_bench_{n}"), "bench")
+                    .tenant(Some(&format!("t{}", n % TENANTS)))
+                    .received_at(AtMs(now + n / 1_000))
+                    .sinks(["s"])
+                    .body(vec![b'x'; 256])
+                    .build()
             })
             .collect();
         let batch = asm.assemble(store, &envs, true).expect("assemble");

@@ -91,16 +91,12 @@ fn write_backlog(data: &std::path::Path) {
         let envs: Vec<Envelope> = (0..1_000)
             .map(|i| {
                 let n = chunk * 1_000 + i;
-                Envelope {
-                    id: format!("backlog-{n}"),
-                    tenant: Some(format!("tenant-{}", n % TENANTS)),
-                    source: "in".into(),
-                    received_at: AtMs(now - 60_000 + n / 100),
-                    content_type: "application/json".into(),
-                    sinks: vec!["s".into()],
-                    body: body(n),
-                    headers: Vec::new(),
-                }
+                Envelope::builder(format!("backlog-{n}"), "in")
+                    .tenant(Some(&format!("tenant-{}", n % TENANTS)))
+                    .received_at(AtMs(now - 60_000 + n / 100))
+                    .sinks(["s"])
+                    .body(body(n))
+                    .build()
             })
             .collect();
         let b = asm.assemble(&store, &envs, false).expect("assemble");

@@ -17,16 +17,12 @@ const TENANTS: u64 = 1_000;
 fn build(path: &std::path::Path, rows: u64) {
     let w = Writer::create(path).expect("create");
     for n in 1..=rows {
-        let env = Envelope {
-            id: format!("h{n}"),
-            tenant: Some(format!("tenant-{}", n % TENANTS)),
-            source: "bench".into(),
-            received_at: AtMs(1_600_000_000_000 + n),
-            content_type: "application/json".into(),
-            sinks: vec!["s".into()],
-            body: vec![b'x'; 64],
-            headers: Vec::new(),
-        };
+        let env = Envelope::builder(format!("h{n}"), "bench")
+            .tenant(Some(&format!("tenant-{}", n % TENANTS)))
+            .received_at(AtMs(1_600_000_000_000 + n))
+            .sinks(["s"])
+            .body(vec![b'x'; 64])
+            .build();
         // 70% due, 15% inflight, 10% dead, 5% due later; a third owe the archive.
         let state = match n % 20 {
             0..=13 => State::Due {

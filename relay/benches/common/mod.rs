@@ -51,16 +51,11 @@ pub fn cells() -> Vec<Cell> {
 }
 
 fn envelope(tenant: u64, at: u64, n: u64) -> Envelope {
-    Envelope {
-        id: format!("hk_{n}"),
-        tenant: Some(format!("tenant-{tenant}")),
-        source: "bench".into(),
-        received_at: AtMs(at),
-        content_type: "application/json".into(),
-        sinks: vec!["sink".into()],
-        body: Vec::new(),
-        headers: Vec::new(),
-    }
+    Envelope::builder(format!("hk_{n}"), "bench")
+        .tenant(Some(&format!("tenant-{tenant}")))
+        .received_at(AtMs(at))
+        .sinks(["sink"])
+        .build()
 }
 
 /// A store with `rows` queued rows over `tenants` tenants, 8 of them with rows due now.

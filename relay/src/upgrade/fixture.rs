@@ -20,16 +20,12 @@ pub const PAST: u64 = 1_700_000_000_000;
 pub const FUTURE: u64 = 4_000_000_000_000;
 
 fn env(n: u64, tenant: Option<&str>, sinks: usize) -> Envelope {
-    Envelope {
-        id: format!("fx_{n}"),
-        tenant: tenant.map(str::to_owned),
-        source: "fixture".into(),
-        received_at: AtMs(PAST + n),
-        content_type: "application/json".into(),
-        sinks: (0..sinks).map(|i| format!("sink{i}")).collect(),
-        body: format!(r#"{{"fixture":{n}}}"#).into_bytes(),
-        headers: Vec::new(),
-    }
+    Envelope::builder(format!("fx_{n}"), "fixture")
+        .tenant(tenant)
+        .received_at(AtMs(PAST + n))
+        .sinks((0..sinks).map(|i| format!("sink{i}")))
+        .body(format!(r#"{{"fixture":{n}}}"#).into_bytes())
+        .build()
 }
 
 /// Writes the format-2 fixture store at `dir`.

@@ -18,15 +18,13 @@ pub fn store_with_dead(dir: &Path, rows: u64, tenants: u64, source: &str, body: 
     let mut n = 0;
     while n < rows {
         let envs: Vec<Envelope> = (n..(n + 1_000).min(rows))
-            .map(|i| Envelope {
-                id: format!("hk_{i}"),
-                tenant: Some(format!("tenant-{}", i % tenants)),
-                source: source.into(),
-                received_at: AtMs(now - 120_000),
-                content_type: "application/json".into(),
-                sinks: vec!["s".into()],
-                body: vec![b'x'; body],
-                headers: Vec::new(),
+            .map(|i| {
+                Envelope::builder(format!("hk_{i}"), source)
+                    .tenant(Some(&format!("tenant-{}", i % tenants)))
+                    .received_at(AtMs(now - 120_000))
+                    .sinks(["s"])
+                    .body(vec![b'x'; body])
+                    .build()
             })
             .collect();
         let b = asm.assemble(&store, &envs, false).expect("assemble");

@@ -29,19 +29,17 @@ pub fn store_with_hooks(dir: &Path, hooks: u64) {
     let store = Store::open(dir, &OpenOptions::default()).expect("open");
     let mut asm = Assembler::open(&store, 1_000).expect("assembler");
     let envs: Vec<Envelope> = (0..hooks)
-        .map(|i| Envelope {
-            id: format!("hk_{i}"),
-            tenant: match i % 3 {
-                0 => None,
-                1 => Some("acme".into()),
-                _ => Some("globex".into()),
-            },
-            source: "it".into(),
-            received_at: AtMs(1_000 + i),
-            content_type: "application/json".into(),
-            sinks: vec!["a".into(), "b".into()],
-            body: b"{}".to_vec(),
-            headers: Vec::new(),
+        .map(|i| {
+            Envelope::builder(format!("hk_{i}"), "it")
+                .tenant(match i % 3 {
+                    0 => None,
+                    1 => Some("acme"),
+                    _ => Some("globex"),
+                })
+                .received_at(AtMs(1_000 + i))
+                .sinks(["a", "b"])
+                .body(b"{}".to_vec())
+                .build()
         })
         .collect();
     let batch = asm.assemble(&store, &envs, true).expect("assemble");

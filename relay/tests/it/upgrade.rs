@@ -135,16 +135,11 @@ fn a_hook_with_no_tenant_or_no_envelope_files_under_default() {
     let data = dir.path().join("db");
     {
         let w = Writer::create(&data).unwrap();
-        let env = Envelope {
-            id: "a".into(),
-            tenant: None,
-            source: "s".into(),
-            received_at: AtMs(1),
-            content_type: "x".into(),
-            sinks: vec!["k".into()],
-            body: vec![],
-            headers: Vec::new(),
-        };
+        let env = Envelope::builder("a", "s")
+            .received_at(AtMs(1))
+            .content_type("x")
+            .sinks(["k"])
+            .build();
         w.hook(
             Seq(1),
             Some(&env),
@@ -184,16 +179,12 @@ fn big_v2(data: &Path, hooks: u64) {
             0 => None,
             k => Some(format!("tenant-{k}-{}", n % 13)),
         };
-        let env = Envelope {
-            id: format!("h{n}"),
-            tenant,
-            source: "src".into(),
-            received_at: AtMs(1_600_000_000_000 + n),
-            content_type: "application/json".into(),
-            sinks: vec!["a".into(), "b".into()],
-            body: vec![b'x'; (n % 50) as usize],
-            headers: Vec::new(),
-        };
+        let env = Envelope::builder(format!("h{n}"), "src")
+            .tenant(tenant.as_deref())
+            .received_at(AtMs(1_600_000_000_000 + n))
+            .sinks(["a", "b"])
+            .body(vec![b'x'; (n % 50) as usize])
+            .build();
         let at = |n: u64| {
             AtMs(if n % 7 == 0 {
                 4_000_000_000_000 + n
@@ -645,16 +636,12 @@ proptest::proptest! {
                 3 => Some(String::new()),
                 _ => Some("bad\u{7}tenant".to_owned()),
             };
-            let env = Envelope {
-                id: format!("h{i}"),
-                tenant,
-                source: "src".into(),
-                received_at: AtMs(1_000 + i as u64),
-                content_type: "application/json".into(),
-                sinks: (0..states.len()).map(|s| format!("s{s}")).collect(),
-                body: vec![b'x'; i],
-                headers: Vec::new(),
-            };
+            let env = Envelope::builder(format!("h{i}"), "src")
+                .tenant(tenant.as_deref())
+                .received_at(AtMs(1_000 + i as u64))
+                .sinks((0..states.len()).map(|s| format!("s{s}")))
+                .body(vec![b'x'; i])
+                .build();
             let rows: Vec<_> = states.iter().cloned().enumerate().map(|(s, st)| (SinkIdx(s as u16), st)).collect();
             rows_written += rows.len();
             obligations += usize::from(*archive);
