@@ -96,9 +96,11 @@ pub fn read(store: &Store, ord: TenantOrd) -> Result<Counts, StoreError> {
     let mut c = Counts::default();
     for (f, v) in CounterField::ALL.iter().zip(vals) {
         if let Some(v) = v {
-            let n = merge::decode(&v).ok_or_else(|| StoreError::Corruption {
-                family: ankusa_store::Family::Counters,
-                detail: format!("undecodable value for ord {} {}", ord.0, f.name()),
+            let n = merge::decode(&v).ok_or_else(|| {
+                StoreError::corruption(
+                    ankusa_store::Family::Counters,
+                    format!("undecodable value for ord {} {}", ord.0, f.name()),
+                )
             })?;
             c.add(*f, n);
         }

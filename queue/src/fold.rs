@@ -48,10 +48,10 @@ pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
         dead += 1;
     }
     if dead != by_tenant {
-        return Err(StoreError::Corruption {
-            family: Family::DeadByTenant,
-            detail: format!("{dead} dead rows but {by_tenant} by-tenant rows"),
-        });
+        return Err(StoreError::corruption(
+            Family::DeadByTenant,
+            format!("{dead} dead rows but {by_tenant} by-tenant rows"),
+        ));
     }
     for kv in store.scan_family(Family::Archive)? {
         let (k, v) = kv?;
@@ -68,9 +68,11 @@ pub fn stored(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> 
     for kv in store.scan(Family::Counters, &lo, &end, ankusa_store::Dir::Forward)? {
         let (k, v) = kv?;
         let (ord, field) = keys::decode_counter(&k)?;
-        let n = merge::decode(&v).ok_or_else(|| StoreError::Corruption {
-            family: Family::Counters,
-            detail: format!("undecodable value at {}", keys::hex(&k)),
+        let n = merge::decode(&v).ok_or_else(|| {
+            StoreError::corruption(
+                Family::Counters,
+                format!("undecodable value at {}", keys::hex(&k)),
+            )
         })?;
         out.entry(ord).or_default().add(field, n);
     }

@@ -25,7 +25,7 @@ use crate::config::{ArchivePolicy, Config};
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::edge::{self, quarantine::Quarantine, EdgeState};
-use crate::metrics::{ArchiveLabel, Metrics};
+use crate::metrics::{ArchiveLabel, Metrics, StoreFamilyLabel};
 use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
 use crate::queue::{archive, deliveries, hooklog};
@@ -243,8 +243,8 @@ fn spawn_gauges(
 
 /// While the store's writes fail (a full disk, a failed WAL sync), a small synced write
 /// every second, so the node becomes ready again as soon as the store takes writes, whether
-/// or not traffic arrives to find out. Keeps `ankusa_store_write_failing` and
-/// `ankusa_store_write_failures_total` current.
+/// or not traffic arrives to find out. Keeps `ankusa_store_write_failing`,
+/// `ankusa_store_write_failures_total` and `ankusa_store_corruption_errors_total` current.
 fn spawn_write_probe(
     store: Arc<Store>,
     metrics: Arc<Metrics>,
@@ -268,6 +268,12 @@ fn spawn_write_probe(
             metrics
                 .store_write_failing
                 .set(i64::from(store.health().failing()));
+            for (family, n) in crate::store::corruptions() {
+                let c = metrics.store_corruption.get_or_create(&StoreFamilyLabel {
+                    family: family.name().to_owned(),
+                });
+                c.inc_by(n.saturating_sub(c.get()));
+            }
         }
     })
 }

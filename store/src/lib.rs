@@ -179,12 +179,37 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// Corruption found in `family`. Every corruption is built here, and counted: the node
+    /// exports the counts as `ankusa_store_corruption_errors_total{family}`
+    /// ([`corruptions`]).
     pub fn corruption(family: Family, detail: impl Into<String>) -> Self {
+        CORRUPTIONS[family_slot(family)].fetch_add(1, Ordering::Relaxed);
         StoreError::Corruption {
             family,
             detail: detail.into(),
         }
     }
+}
+
+/// Corruption found in this process so far, by family slot.
+static CORRUPTIONS: [AtomicU64; N_FAMILIES] = [const { AtomicU64::new(0) }; N_FAMILIES];
+
+/// Every family a store of any supported format has, in slot order of the statistics.
+fn every_family() -> impl Iterator<Item = Family> {
+    Family::FORMAT3
+        .iter()
+        .chain([Family::DueV2, Family::InflightV2].iter())
+        .copied()
+}
+
+/// How many times this process found each family corrupt (a scan cut short before its
+/// sentinel, a row that does not decode), since it started: families never found corrupt
+/// are left out.
+pub fn corruptions() -> Vec<(Family, u64)> {
+    every_family()
+        .map(|f| (f, CORRUPTIONS[family_slot(f)].load(Ordering::Relaxed)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
 }
 
 /// How to open a store.
@@ -770,10 +795,8 @@ impl Store {
     /// What this store has been asked to read since it was opened.
     pub fn stats(&self) -> StatsSnapshot {
         let load = |slots: &[AtomicU64; N_FAMILIES]| {
-            Family::FORMAT3
-                .iter()
-                .chain([Family::DueV2, Family::InflightV2].iter())
-                .map(|f| (*f, slots[family_slot(*f)].load(Ordering::Relaxed)))
+            every_family()
+                .map(|f| (f, slots[family_slot(f)].load(Ordering::Relaxed)))
                 .collect()
         };
         StatsSnapshot {

@@ -304,9 +304,8 @@ pub fn delivery_rows(
         .zip(&ks)
         .map(|(v, k)| {
             v.map(|v| {
-                DeliveryRow::decode(&v).map_err(|e| StoreError::Corruption {
-                    family: Family::Deliveries,
-                    detail: format!("{e} at {}", keys::hex(k)),
+                DeliveryRow::decode(&v).map_err(|e| {
+                    StoreError::corruption(Family::Deliveries, format!("{e} at {}", keys::hex(k)))
                 })
             })
             .transpose()
@@ -321,9 +320,8 @@ pub fn envelope(store: &Store, seq: Seq) -> Result<Option<Envelope>, StoreError>
     store
         .get(Cf::Hooks, &k)?
         .map(|v| {
-            Envelope::decode(&v).map_err(|e| StoreError::Corruption {
-                family: Family::Hooks,
-                detail: format!("{e} at {}", keys::hex(&k)),
+            Envelope::decode(&v).map_err(|e| {
+                StoreError::corruption(Family::Hooks, format!("{e} at {}", keys::hex(&k)))
             })
         })
         .transpose()
@@ -379,10 +377,10 @@ pub fn dead_page_for_tenant(
             {
                 continue;
             }
-            return Err(StoreError::Corruption {
-                family: Family::DeadByTenant,
-                detail: format!("?X row without its ?x row at seq {}", key.seq.0),
-            });
+            return Err(StoreError::corruption(
+                Family::DeadByTenant,
+                format!("?X row without its ?x row at seq {}", key.seq.0),
+            ));
         };
         rows.push(DeadRow::decode(&keys::dead(&key), &v)?);
     }

@@ -41,10 +41,10 @@ impl DueRow {
                 size: u32::from_be_bytes([*a, *b, *c, *d]),
                 kind: if *k == 0 { Kind::First } else { Kind::Retry },
             }),
-            _ => Err(StoreError::Corruption {
-                family: ankusa_store::Family::Due,
-                detail: format!("bad value {}", keys::hex(value)),
-            }),
+            _ => Err(StoreError::corruption(
+                ankusa_store::Family::Due,
+                format!("bad value {}", keys::hex(value)),
+            )),
         }
     }
 }
@@ -59,9 +59,11 @@ pub struct InflightRow {
 impl InflightRow {
     pub fn decode(key: &[u8], value: &[u8]) -> Result<InflightRow, StoreError> {
         let key = keys::decode_inflight(key)?;
-        let size = size_value(value).ok_or_else(|| StoreError::Corruption {
-            family: ankusa_store::Family::Inflight,
-            detail: format!("bad value {}", keys::hex(value)),
+        let size = size_value(value).ok_or_else(|| {
+            StoreError::corruption(
+                ankusa_store::Family::Inflight,
+                format!("bad value {}", keys::hex(value)),
+            )
         })?;
         Ok(InflightRow { key, size })
     }
@@ -82,10 +84,8 @@ impl DeadRow {
     pub fn decode(key: &[u8], value: &[u8]) -> Result<DeadRow, StoreError> {
         Ok(DeadRow {
             key: keys::decode_dead(key)?,
-            value: DeadValue::decode(value).map_err(|e| StoreError::Corruption {
-                family: ankusa_store::Family::Dead,
-                detail: e.to_string(),
-            })?,
+            value: DeadValue::decode(value)
+                .map_err(|e| StoreError::corruption(ankusa_store::Family::Dead, e.to_string()))?,
         })
     }
 }

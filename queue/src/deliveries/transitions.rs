@@ -243,10 +243,10 @@ impl ArchiveObligation {
                 size: u32::from_be_bytes([*a, *b, *c, *d]),
                 ord: TenantOrd(u32::from_be_bytes([*e, *f, *g, *h])),
             }),
-            _ => Err(StoreError::Corruption {
-                family: ankusa_store::Family::Archive,
-                detail: format!("bad value {}", keys::hex(value)),
-            }),
+            _ => Err(StoreError::corruption(
+                ankusa_store::Family::Archive,
+                format!("bad value {}", keys::hex(value)),
+            )),
         }
     }
 }

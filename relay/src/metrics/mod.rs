@@ -72,6 +72,12 @@ pub struct ForwardLabels {
     pub outcome: String,
 }
 
+/// A store family (`due`, `hooks`, `audit`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreFamilyLabel {
+    pub family: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct KindLabel {
     pub kind: String,
@@ -135,6 +141,7 @@ pub struct Metrics {
     /// 1 while the store's writes fail.
     pub store_write_failing: Gauge,
     pub store_write_failures: Counter,
+    pub store_corruption: Family<StoreFamilyLabel, Counter>,
     /// Requests this node sent to another of its Relay, by kind and outcome.
     pub cluster_forwards: Family<ForwardLabels, Counter>,
     /// Time from sending a request to another node to its answer.
@@ -362,6 +369,12 @@ impl Metrics {
             "Store writes that failed",
             store_write_failures.clone(),
         );
+        let store_corruption = Family::<StoreFamilyLabel, Counter>::default();
+        registry.register(
+            "ankusa_store_corruption_errors",
+            "Times a store family was found corrupt (a scan cut short before its sentinel, a row that does not decode); never read as empty",
+            store_corruption.clone(),
+        );
         let cluster_forwards = Family::<ForwardLabels, Counter>::default();
         registry.register(
             "ankusa_cluster_forwards",
@@ -409,6 +422,7 @@ impl Metrics {
             tenants_max,
             store_write_failing,
             store_write_failures,
+            store_corruption,
             cluster_forwards,
             cluster_forward_seconds,
             cluster_nodes,

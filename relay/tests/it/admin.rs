@@ -450,6 +450,47 @@ async fn metrics_are_valid_prometheus_text() {
     h.node.shutdown().await.unwrap();
 }
 
+/// A dead row whose value no longer decodes: the DLQ page is an error (500), never a page
+/// without the row, and the node counts the corruption by family on `/metrics`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_row_is_an_error_and_is_counted_by_family() {
+    let h = H::start().await;
+    let store = h.node.store.clone();
+    let (key, _) = store
+        .scan_family(Family::Dead)
+        .unwrap()
+        .next()
+        .expect("a dead row")
+        .unwrap();
+    store
+        .write(
+            vec![ankusa_relay::store::Op::put(Cf::Index, key, vec![0xff])],
+            true,
+        )
+        .unwrap();
+    let (status, v) = h.call("GET", "/v1/dlq", Some(ADMIN), "").await;
+    assert_eq!(status, 500, "{v}");
+    // The probe task publishes the counts every second.
+    let url = format!("http://{}/metrics", h.node.admin_addr);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, text) = get_text(&h.c, &url).await;
+        let counted = text.lines().any(|l| {
+            l.starts_with(r#"ankusa_store_corruption_errors_total{family="dead"} "#)
+                && !l.ends_with(" 0")
+        });
+        if counted {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the corruption was not counted: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    h.node.shutdown().await.unwrap();
+}
+
 fn text_of(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }

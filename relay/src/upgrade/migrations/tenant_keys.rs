@@ -65,10 +65,10 @@ fn parse(c: &[u8]) -> Result<(u8, u64, &[u8]), StoreError> {
             a.copy_from_slice(t);
             Ok((*p, u64::from_be_bytes(a), last))
         }
-        _ => Err(StoreError::Corruption {
-            family: Family::Meta,
-            detail: format!("bad 2 -> 3 migration cursor {}", keys::hex(c)),
-        }),
+        _ => Err(StoreError::corruption(
+            Family::Meta,
+            format!("bad 2 -> 3 migration cursor {}", keys::hex(c)),
+        )),
     }
 }
 
@@ -171,7 +171,7 @@ fn read(store: &Store, family: Family, last: &[u8]) -> Result<Vec<KeyValue>, Sto
 }
 
 fn corrupt(family: Family, detail: String) -> StoreError {
-    StoreError::Corruption { family, detail }
+    StoreError::corruption(family, detail)
 }
 
 impl Migration for TenantKeys {
