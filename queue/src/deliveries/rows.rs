@@ -2,7 +2,7 @@
 //! rows, and a due row's kind.
 
 use super::*;
-use ankusa_store::keys::{self, CounterField, DeadKey, DueKey, InflightKey};
+use ankusa_store::keys::{self, AtMs, CounterField, DeadKey, DueKey, InflightKey};
 use ankusa_store::StoreError;
 
 /// Why a due row is waiting: kind 0 counts as `pending`, kind 1 as `scheduled`.
@@ -66,6 +66,20 @@ impl InflightRow {
             )
         })?;
         Ok(InflightRow { key, size })
+    }
+
+    /// The same delivery due again at `at` as `kind` (a retry, a boot recovery).
+    pub fn due_at(&self, at: AtMs, kind: Kind) -> DueRow {
+        DueRow {
+            key: DueKey {
+                ord: self.key.ord,
+                at,
+                seq: self.key.seq,
+                sink: self.key.sink,
+            },
+            size: self.size,
+            kind,
+        }
     }
 }
 

@@ -109,16 +109,7 @@ pub fn retry(tx: &mut Tx, row: &InflightRow, at: AtMs, updated: &DeliveryRow) {
         keys::delivery(row.key.seq, row.key.sink),
         updated.encode(),
     ));
-    tx.enqueue(&DueRow {
-        key: DueKey {
-            ord: row.key.ord,
-            at,
-            seq: row.key.seq,
-            sink: row.key.sink,
-        },
-        size: row.size,
-        kind: Kind::Retry,
-    });
+    tx.enqueue(&row.due_at(at, Kind::Retry));
 }
 
 /// Dead-letter: inflight → dead, keyed by time (`?x`, its value carrying the ord) and by
@@ -202,16 +193,7 @@ pub(super) fn delete_dead(tx: &mut Tx, row: &DeadRow) {
 /// Recover (boot): an inflight row left by a crash goes back to due at `at`, kind 0.
 pub fn recover(tx: &mut Tx, row: &InflightRow, at: AtMs) {
     tx.delete_inflight(row);
-    tx.enqueue(&DueRow {
-        key: DueKey {
-            ord: row.key.ord,
-            at,
-            seq: row.key.seq,
-            sink: row.key.sink,
-        },
-        size: row.size,
-        kind: Kind::First,
-    });
+    tx.enqueue(&row.due_at(at, Kind::First));
 }
 
 /// Purge one due row (its marker is left for the pipeline's cleanup).
