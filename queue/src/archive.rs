@@ -21,8 +21,9 @@
 
 use super::codec::{Dec, DecodeError, Enc};
 use super::deliveries::{self, ArchiveObligation, Envelope, Tx};
+use crate::QueueError;
 use ankusa_store::keys::{self, ArchivedKey, AtMs, Family, Seq, TenantOrd};
-use ankusa_store::{Cf, Dir, Op, Store, StoreError};
+use ankusa_store::{Cf, Dir, Op, Store};
 
 /// What the archive does with an obligation's hook, by its source (from the
 /// configuration: [`ankusa_config::Config::archive_policy`]).
@@ -67,9 +68,9 @@ fn encode(expires: AtMs, envelope_bytes: &[u8]) -> Vec<u8> {
 }
 
 impl Archived {
-    pub fn decode(key: &[u8], v: &[u8]) -> Result<Archived, StoreError> {
+    pub fn decode(key: &[u8], v: &[u8]) -> Result<Archived, QueueError> {
         let key = keys::decode_archived_hook(key)?;
-        let corrupt = |e: DecodeError| StoreError::corruption(Family::ArchivedHooks, e.to_string());
+        let corrupt = |e: DecodeError| QueueError::corrupt(Family::ArchivedHooks, e.to_string());
         let mut d = Dec::new(v, "archived hook");
         d.version(VERSION).map_err(corrupt)?;
         let expires = AtMs(d.u64().map_err(corrupt)?);
@@ -121,7 +122,7 @@ impl Archiver {
         store: &Store,
         policy: &dyn Policy,
         limit: usize,
-    ) -> Result<SettleReport, StoreError> {
+    ) -> Result<SettleReport, QueueError> {
         let obs = deliveries::archive_obligations(store, self.settled_to, limit)?;
         let Some(last) = obs.last().map(|o| o.seq) else {
             if self.settled_since_compaction > 0 {
@@ -171,7 +172,7 @@ impl Archiver {
         store: &Store,
         now: AtMs,
         limit: usize,
-    ) -> Result<PruneReport, StoreError> {
+    ) -> Result<PruneReport, QueueError> {
         let (mut lo, until) = keys::archive_expired_before(AtMs(now.0.saturating_add(1)));
         // Above the lo sentinel (the bare prefix), below every real key: the range delete
         // must never take the sentinel.
@@ -194,7 +195,7 @@ impl Archiver {
                     AtMs(u64::from_be_bytes(rest.try_into().unwrap_or_default())),
                 ),
                 _ => {
-                    return Err(StoreError::corruption(
+                    return Err(QueueError::corrupt(
                         Family::ArchiveExpiry,
                         format!("bad value {}", keys::hex(&v)),
                     ))
@@ -270,7 +271,7 @@ pub fn page(
     to: AtMs,
     before: Option<(AtMs, Seq)>,
     limit: usize,
-) -> Result<Page, StoreError> {
+) -> Result<Page, QueueError> {
     let (lo, mut hi) = keys::archived_range(ord, from, to);
     if let Some((received, seq)) = before {
         let b = keys::archived_hook(&ArchivedKey { ord, received, seq });

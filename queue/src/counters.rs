@@ -12,10 +12,11 @@
 //! [`ops`] coalesces a batch's deltas per `(ord, field)` and mirrors each into ord 0, the
 //! node aggregate, so the aggregate is exactly the sum of the tenants.
 
+use crate::QueueError;
 use std::collections::BTreeMap;
 
 use ankusa_store::keys::{self, CounterField, TenantOrd};
-use ankusa_store::{merge, Cf, Op, Store, StoreError};
+use ankusa_store::{merge, Cf, Op, Store};
 
 /// One counter change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +88,7 @@ impl CountsExt for Counts {
 }
 
 /// The six counters of one ordinal: one `multi_get` of six point reads.
-pub fn read(store: &Store, ord: TenantOrd) -> Result<Counts, StoreError> {
+pub fn read(store: &Store, ord: TenantOrd) -> Result<Counts, QueueError> {
     let keys: Vec<Vec<u8>> = CounterField::ALL
         .iter()
         .map(|f| keys::counter(ord, *f))
@@ -97,7 +98,7 @@ pub fn read(store: &Store, ord: TenantOrd) -> Result<Counts, StoreError> {
     for (f, v) in CounterField::ALL.iter().zip(vals) {
         if let Some(v) = v {
             let n = merge::decode(&v).ok_or_else(|| {
-                StoreError::corruption(
+                QueueError::corrupt(
                     ankusa_store::Family::Counters,
                     format!("undecodable value for ord {} {}", ord.0, f.name()),
                 )
@@ -109,7 +110,7 @@ pub fn read(store: &Store, ord: TenantOrd) -> Result<Counts, StoreError> {
 }
 
 /// The node aggregate (ord 0).
-pub fn node(store: &Store) -> Result<Counts, StoreError> {
+pub fn node(store: &Store) -> Result<Counts, QueueError> {
     read(store, TenantOrd::AGGREGATE)
 }
 

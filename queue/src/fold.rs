@@ -4,15 +4,16 @@
 //! families") and of `ankusa-relay store verify`. It reads every due, inflight, dead and
 //! archive row, so it never runs on a request path or a gauge tick.
 
+use crate::QueueError;
 use std::collections::BTreeMap;
 
 use super::counters::{self, Counts, CountsExt};
 use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind};
 use ankusa_store::keys::{self, CounterField, Family, TenantOrd};
-use ankusa_store::{merge, Store, StoreError};
+use ankusa_store::{merge, Store};
 
 /// Per-ordinal counts from the families; ord 0 holds the node total.
-pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
+pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, QueueError> {
     let mut out: BTreeMap<TenantOrd, Counts> = BTreeMap::new();
     let mut add = |ord: TenantOrd, f: CounterField, d: i64| {
         out.entry(ord).or_default().add(f, d);
@@ -48,7 +49,7 @@ pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
         dead += 1;
     }
     if dead != by_tenant {
-        return Err(StoreError::corruption(
+        return Err(QueueError::corrupt(
             Family::DeadByTenant,
             format!("{dead} dead rows but {by_tenant} by-tenant rows"),
         ));
@@ -62,14 +63,14 @@ pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
 }
 
 /// Every counter row as stored (zero rows included), per ordinal.
-pub fn stored(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, StoreError> {
+pub fn stored(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, QueueError> {
     let mut out: BTreeMap<TenantOrd, Counts> = BTreeMap::new();
     let (lo, end) = Family::Counters.bounds();
     for kv in store.scan(Family::Counters, &lo, &end, ankusa_store::Dir::Forward)? {
         let (k, v) = kv?;
         let (ord, field) = keys::decode_counter(&k)?;
         let n = merge::decode(&v).ok_or_else(|| {
-            StoreError::corruption(
+            QueueError::corrupt(
                 Family::Counters,
                 format!("undecodable value at {}", keys::hex(&k)),
             )
@@ -89,7 +90,7 @@ pub struct Mismatch {
 
 /// Compares the stored counters with the fold; empty when they agree everywhere (a tenant
 /// with all-zero counters and no rows agrees).
-pub fn verify(store: &Store) -> Result<Vec<Mismatch>, StoreError> {
+pub fn verify(store: &Store) -> Result<Vec<Mismatch>, QueueError> {
     let folded = fold(store)?;
     let stored = stored(store)?;
     let mut ords: Vec<TenantOrd> = folded.keys().chain(stored.keys()).copied().collect();

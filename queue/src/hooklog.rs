@@ -25,8 +25,9 @@
 
 use super::codec::DecodeError;
 use super::deliveries::{self, DeliveryRow, Envelope, Kind, Located, Tx};
+use crate::QueueError;
 use ankusa_store::keys::{self, AtMs, EventKey, EventKind, Family, Seq, SinkIdx};
-use ankusa_store::{Cf, Dir, Op, Store, StoreError};
+use ankusa_store::{Cf, Dir, Op, Store};
 /// The hook log's values (crate `ankusa-values`).
 pub use ankusa_values::{AttemptOutcome, ErrorClass, Event, LogRecord, MAX_ERROR_BYTES};
 
@@ -54,7 +55,7 @@ pub fn record(
     seq: Seq,
     sink: SinkIdx,
     ev: &Event,
-) -> Result<(), StoreError> {
+) -> Result<(), QueueError> {
     let key = EventKey {
         seq,
         sink,
@@ -147,7 +148,7 @@ pub struct HookView {
 }
 
 /// The log's seq of a hook id, if the log keeps it.
-pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, StoreError> {
+pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, QueueError> {
     let Some(k) = keys::hook_id(id) else {
         return Ok(None);
     };
@@ -155,7 +156,7 @@ pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, StoreError> {
         None => Ok(None),
         Some(v) => match <[u8; 8]>::try_from(v.as_slice()) {
             Ok(b) => Ok(Some(Seq(u64::from_be_bytes(b)))),
-            Err(_) => Err(StoreError::corruption(
+            Err(_) => Err(QueueError::corrupt(
                 Family::HookIds,
                 format!("bad value for {id}"),
             )),
@@ -163,13 +164,13 @@ pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, StoreError> {
     }
 }
 
-fn corrupt(family: Family, e: DecodeError) -> StoreError {
-    StoreError::corruption(family, e.to_string())
+fn corrupt(family: Family, e: DecodeError) -> QueueError {
+    QueueError::corrupt(family, e.to_string())
 }
 
 /// A hook by id: its record, each sink's state and events, and (with `body`) its body.
 /// `None` if the log does not keep the id (never logged, pruned, or another node's).
-pub fn lookup(store: &Store, id: &str, body: bool) -> Result<Option<HookView>, StoreError> {
+pub fn lookup(store: &Store, id: &str, body: bool) -> Result<Option<HookView>, QueueError> {
     let Some(seq) = seq_of(store, id)? else {
         return Ok(None);
     };
@@ -212,7 +213,7 @@ fn sink_view(
     seq: Seq,
     sink: SinkIdx,
     record: &LogRecord,
-) -> Result<SinkView, StoreError> {
+) -> Result<SinkView, QueueError> {
     let (lo, hi) = keys::hook_events_of_delivery(seq, sink);
     let mut events = Vec::new();
     for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
@@ -307,7 +308,7 @@ impl Pruner {
         now: AtMs,
         limits: Retention,
         batch: usize,
-    ) -> Result<PruneReport, StoreError> {
+    ) -> Result<PruneReport, QueueError> {
         let (lo, end) = Family::HookLog.bounds();
         let from = self.cursor.map_or(lo.clone(), keys::hook_log);
         let Some((newest, _)) = store.first(Family::HookLog, &lo, &end, Dir::Reverse)? else {

@@ -39,19 +39,55 @@ pub mod writer;
 pub use counters::{Counts, Delta};
 pub use deliveries::Tx;
 
-use ankusa_store::StoreError;
+use ankusa_store::{keys, Family, StoreError};
 
-/// Errors of the queue layer.
+/// Errors of the queue layer. Every queue function returns this type; the store's errors
+/// arrive through `From`, with a damaged family lifted into [`QueueError::Corrupt`] so that
+/// callers match corruption in one place whichever layer found it.
 #[derive(Debug, thiserror::Error)]
 pub enum QueueError {
+    /// A row of `family` that does not decode, a missing sentinel, a counter that does not
+    /// parse: never read as empty. Counted (`ankusa_store_corruption_errors_total{family}`).
+    #[error("store corruption in family {}: {detail}", family.name())]
+    Corrupt { family: Family, detail: String },
     #[error(transparent)]
-    Store(#[from] StoreError),
-    #[error(transparent)]
-    Decode(#[from] codec::DecodeError),
+    Store(StoreError),
     #[error("tenant limit reached: this node holds tenants.max = {max} tenants")]
     TenantLimit { max: u32 },
     #[error("invalid tenant id: {0}")]
     InvalidTenant(&'static str),
+}
+
+impl QueueError {
+    /// Corruption found by the queue in `family` (counted like the store's).
+    pub fn corrupt(family: Family, detail: impl Into<String>) -> Self {
+        StoreError::corruption(family, detail).into()
+    }
+
+    /// Whether this is corruption, found by the queue or by the store (a row or a key
+    /// that does not decode).
+    pub fn is_corruption(&self) -> bool {
+        matches!(
+            self,
+            QueueError::Corrupt { .. } | QueueError::Store(StoreError::Key(_))
+        )
+    }
+}
+
+impl From<StoreError> for QueueError {
+    fn from(e: StoreError) -> Self {
+        match e {
+            StoreError::Corruption { family, detail } => QueueError::Corrupt { family, detail },
+            e => QueueError::Store(e),
+        }
+    }
+}
+
+/// A key that does not decode is corruption of the store's key space.
+impl From<keys::KeyError> for QueueError {
+    fn from(e: keys::KeyError) -> Self {
+        StoreError::from(e).into()
+    }
 }
 
 /// A tenant's waiting work, from four counter reads (ADR `pending_for_tenant`).
@@ -67,7 +103,7 @@ pub struct Backlog {
 pub fn pending_for_tenant(
     store: &ankusa_store::Store,
     ord: ankusa_store::keys::TenantOrd,
-) -> Result<Backlog, StoreError> {
+) -> Result<Backlog, QueueError> {
     let c = counters::read(store, ord)?;
     Ok(Backlog {
         pending: c.pending,
@@ -81,6 +117,6 @@ pub fn pending_for_tenant(
 pub fn dead_for_tenant(
     store: &ankusa_store::Store,
     ord: ankusa_store::keys::TenantOrd,
-) -> Result<i64, StoreError> {
+) -> Result<i64, QueueError> {
     Ok(counters::read(store, ord)?.dead)
 }

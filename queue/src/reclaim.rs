@@ -15,9 +15,10 @@
 //! one seek.
 
 use super::deliveries;
+use crate::QueueError;
 use ankusa_store::keys::{self, Family};
 use ankusa_store::Dir;
-use ankusa_store::{Cf, Op, Store, StoreError};
+use ankusa_store::{Cf, Op, Store};
 
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -27,7 +28,7 @@ pub struct ReclaimReport {
 }
 
 /// One bounded pass over the cleared markers, from the first.
-pub fn reclaim_pass(store: &Store, limit: usize) -> Result<ReclaimReport, StoreError> {
+pub fn reclaim_pass(store: &Store, limit: usize) -> Result<ReclaimReport, QueueError> {
     Reclaimer::default().pass(store, limit)
 }
 
@@ -64,14 +65,14 @@ impl Reclaimer {
 
     /// One pass of at most `limit` markers. A short pass ends the sweep: the next starts
     /// from the first marker again.
-    pub fn pass(&mut self, store: &Store, limit: usize) -> Result<ReclaimReport, StoreError> {
+    pub fn pass(&mut self, store: &Store, limit: usize) -> Result<ReclaimReport, QueueError> {
         let (lo, end) = Family::Cleared.bounds();
         let from = self.cursor.map_or(lo, keys::cleared);
         let seqs: Vec<keys::Seq> = store
             .scan(Family::Cleared, &from, &end, Dir::Forward)?
             .take(limit)
             .map(|kv| Ok(keys::decode_cleared(&kv?.0)?))
-            .collect::<Result<_, StoreError>>()?;
+            .collect::<Result<_, QueueError>>()?;
         let report = remove(store, &seqs)?;
         self.deleted += report.markers;
         if seqs.len() < limit {
@@ -89,7 +90,7 @@ impl Reclaimer {
 }
 
 /// Looks at the hooks of `seqs`' markers: removes each hook nothing needs, and every marker.
-fn remove(store: &Store, seqs: &[keys::Seq]) -> Result<ReclaimReport, StoreError> {
+fn remove(store: &Store, seqs: &[keys::Seq]) -> Result<ReclaimReport, QueueError> {
     let mut report = ReclaimReport::default();
     let mut ops = Vec::with_capacity(seqs.len() * 2);
     for &seq in seqs {

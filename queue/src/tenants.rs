@@ -15,7 +15,7 @@ use std::collections::HashMap;
 
 use super::QueueError;
 use ankusa_store::keys::{self, TenantOrd};
-use ankusa_store::{decode_u32, Cf, Op, Store, StoreError};
+use ankusa_store::{decode_u32, Cf, Op, Store};
 
 /// The tenant of hooks that name none.
 pub use ankusa_values::DEFAULT_TENANT;
@@ -33,7 +33,7 @@ pub fn validate(tenant: &str) -> Result<(), QueueError> {
 }
 
 /// The ordinal of a tenant, if it has one.
-pub fn ord(store: &Store, tenant: &str) -> Result<Option<TenantOrd>, StoreError> {
+pub fn ord(store: &Store, tenant: &str) -> Result<Option<TenantOrd>, QueueError> {
     Ok(store
         .get(Cf::Tenants, &keys::tenant_ord(tenant))?
         .as_deref()
@@ -42,7 +42,7 @@ pub fn ord(store: &Store, tenant: &str) -> Result<Option<TenantOrd>, StoreError>
 }
 
 /// The tenant id of an ordinal (`None` for an unknown or erased ordinal).
-pub fn name(store: &Store, ord: TenantOrd) -> Result<Option<String>, StoreError> {
+pub fn name(store: &Store, ord: TenantOrd) -> Result<Option<String>, QueueError> {
     Ok(store
         .get(Cf::Tenants, &keys::tenant_name(ord))?
         .filter(|v| !v.is_empty())
@@ -50,7 +50,7 @@ pub fn name(store: &Store, ord: TenantOrd) -> Result<Option<String>, StoreError>
 }
 
 /// The next ordinal to allocate (`m:next_ord`; 1 on a store that has none yet).
-pub fn next_ord(store: &Store) -> Result<u32, StoreError> {
+pub fn next_ord(store: &Store) -> Result<u32, QueueError> {
     Ok(store
         .get(Cf::Default, keys::META_NEXT_ORD)?
         .as_deref()
@@ -59,7 +59,7 @@ pub fn next_ord(store: &Store) -> Result<u32, StoreError> {
 }
 
 /// Ordinals ever allocated (`m:next_ord - 1`): an O(1) read.
-pub fn count(store: &Store) -> Result<u32, StoreError> {
+pub fn count(store: &Store) -> Result<u32, QueueError> {
     Ok(next_ord(store)?.saturating_sub(1))
 }
 
@@ -162,7 +162,7 @@ impl Allocator {
         &mut self,
         store: &Store,
         tenants: impl IntoIterator<Item = &'a str>,
-    ) -> Result<Resolution, StoreError> {
+    ) -> Result<Resolution, QueueError> {
         let mut res = Resolution::default();
         let mut misses: Vec<&str> = Vec::new();
         for t in tenants {

@@ -11,7 +11,7 @@ use super::hints::DueHints;
 use super::tenants::{Allocator, Resolution};
 use super::QueueError;
 use ankusa_store::keys::{self, AtMs, Family, Seq, TenantOrd};
-use ankusa_store::{Dir, Store, StoreError};
+use ankusa_store::{Dir, Store};
 
 /// A batch ready to commit, and what each hook of it will get.
 #[derive(Debug)]
@@ -47,14 +47,15 @@ impl Assembler {
     /// Starts at `m:next_seq`, or after the highest `seq` in `hooks` and in the hook log
     /// (a store written before `m:next_seq`), whichever is higher: a seq is never handed
     /// out twice, even once reclaim has removed the newest hooks.
-    pub fn open(store: &Store, tenants_max: u32) -> Result<Self, StoreError> {
-        let mut next =
-            match store.get(ankusa_store::Cf::Default, keys::META_NEXT_SEQ)? {
-                Some(v) => u64::from_be_bytes(v.as_slice().try_into().map_err(|_| {
-                    StoreError::corruption(Family::Meta, "m:next_seq is not 8 bytes")
-                })?),
-                None => 1,
-            };
+    pub fn open(store: &Store, tenants_max: u32) -> Result<Self, QueueError> {
+        let mut next = match store.get(ankusa_store::Cf::Default, keys::META_NEXT_SEQ)? {
+            Some(v) => u64::from_be_bytes(
+                v.as_slice()
+                    .try_into()
+                    .map_err(|_| QueueError::corrupt(Family::Meta, "m:next_seq is not 8 bytes"))?,
+            ),
+            None => 1,
+        };
         for family in [Family::Hooks, Family::HookLog] {
             let (lo, end) = family.bounds();
             if let Some((k, _)) = store.first(family, &lo, &end, Dir::Reverse)? {
@@ -93,7 +94,7 @@ impl Assembler {
         store: &Store,
         hooks: &[E],
         archive: bool,
-    ) -> Result<Assembled, StoreError> {
+    ) -> Result<Assembled, QueueError> {
         self.assemble_except(store, hooks, archive, &[])
     }
 
@@ -105,7 +106,7 @@ impl Assembler {
         hooks: &[E],
         archive: bool,
         unarchived: &[bool],
-    ) -> Result<Assembled, StoreError> {
+    ) -> Result<Assembled, QueueError> {
         let resolution = self
             .alloc
             .resolve(store, hooks.iter().map(|e| e.borrow().tenant_or_default()))?;
@@ -174,7 +175,7 @@ impl Assembler {
         store: &Store,
         batch: Assembled,
         sync: bool,
-    ) -> Result<Vec<Result<Seq, QueueError>>, StoreError> {
+    ) -> Result<Vec<Result<Seq, QueueError>>, QueueError> {
         batch.tx.commit(store, sync)?;
         self.alloc.committed(&batch.resolution);
         self.next_seq = batch.next_seq;
@@ -499,7 +500,7 @@ fn reply_all(batch: Vec<Submission>, r: Reply) {
 }
 
 /// Deletes up to `limit` dedupe keys that expired before `now`; returns how many.
-pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64, StoreError> {
+pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64, QueueError> {
     let (lo, to) = keys::dedupe_expired_before(keys::AtMs(now));
     let mut ops = Vec::new();
     let mut n = 0;

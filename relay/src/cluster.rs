@@ -35,6 +35,7 @@ use subtle::ConstantTimeEq;
 
 use crate::config::Config;
 use crate::metrics::{ForwardLabels, KindLabel, Metrics};
+use crate::queue::QueueError;
 use crate::store::keys::Family;
 use crate::store::{Cf, Dir, Op, Store, StoreError};
 
@@ -161,7 +162,11 @@ const ADMITTED_CEILING: usize = 1 << 20;
 impl Cluster {
     /// This node's view of the Relay in `config` (a single node when `cluster.nodes` has
     /// fewer than two).
-    pub fn new(config: &Config, store: &Arc<Store>, metrics: Arc<Metrics>) -> anyhow::Result<Self> {
+    pub fn new(
+        config: &Config,
+        store: &Arc<Store>,
+        metrics: Arc<Metrics>,
+    ) -> Result<Self, crate::node::NodeError> {
         let c = &config.cluster;
         let members: Vec<Member> = c
             .nodes
@@ -179,7 +184,10 @@ impl Cluster {
             .unwrap_or(0);
         let token = match &c.token {
             Some(t) => HeaderValue::from_bytes(&t.resolve("cluster.token")?).map_err(|_| {
-                anyhow::anyhow!("cluster.token: must be printable ASCII (it travels in a header)")
+                crate::config::ConfigError::Invalid {
+                    key: "cluster.token".into(),
+                    message: "must be printable ASCII (it travels in a header)".into(),
+                }
             })?,
             None => HeaderValue::from_static(""),
         };
@@ -277,7 +285,7 @@ impl Cluster {
     pub async fn admit(
         self: &Arc<Self>,
         tenant: &str,
-        exists: impl FnOnce() -> Result<bool, StoreError>,
+        exists: impl FnOnce() -> Result<bool, QueueError>,
     ) -> Result<Admission, AdmitError> {
         if !self.is_multi() || self.is_admitted(tenant) {
             return Ok(Admission::Admitted);
@@ -519,7 +527,13 @@ pub enum AdmitError {
     #[error(transparent)]
     Unreachable(#[from] Unreachable),
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Queue(#[from] QueueError),
+}
+
+impl From<StoreError> for AdmitError {
+    fn from(e: StoreError) -> Self {
+        AdmitError::Queue(e.into())
+    }
 }
 
 /// The rendezvous weight of `tenant` on node `name`.

@@ -14,13 +14,12 @@ use std::ops::ControlFlow;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use anyhow::Context;
-
 use crate::admin::api::Api;
 use crate::admin::audit::Audit;
 use crate::admin::auth::Tokens;
 use crate::admin::{self, AdminState};
 use crate::cluster::Cluster;
+use crate::config::ConfigError;
 use crate::config::{ArchivePolicy, Config};
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
@@ -28,9 +27,55 @@ use crate::edge::{self, quarantine::Quarantine, EdgeState};
 use crate::metrics::{ArchiveLabel, Metrics, StoreFamilyLabel};
 use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
+use crate::queue::QueueError;
 use crate::queue::{archive, deliveries, hooklog};
 use crate::store::keys::AtMs;
-use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
+use crate::store::{migrate, OpenOptions, Store, StoreError, SUPPORTED_FORMAT};
+
+/// Errors of starting, running and stopping a node.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("opening the store at {path}: {source}")]
+    Open {
+        path: std::path::PathBuf,
+        source: StoreError,
+    },
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("{what}: the task did not finish: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+    #[error("the writer thread panicked")]
+    WriterPanicked,
+    #[error("TLS setup for the cluster's client: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+impl From<StoreError> for NodeError {
+    fn from(e: StoreError) -> Self {
+        NodeError::Queue(e.into())
+    }
+}
+
+impl NodeError {
+    fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let context = context.into();
+        move |source| NodeError::Io { context, source }
+    }
+
+    fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {
+        move |source| NodeError::Task { what, source }
+    }
+}
 
 /// A started node.
 pub struct Node {
@@ -77,7 +122,7 @@ fn periodic<S: Default + Send + 'static>(
     name: &'static str,
     interval: std::time::Duration,
     mut stop: tokio::sync::watch::Receiver<bool>,
-    pass: impl FnMut(&mut S) -> Result<bool, crate::store::StoreError> + Send + 'static,
+    pass: impl FnMut(&mut S) -> Result<bool, QueueError> + Send + 'static,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut held = Some((S::default(), pass));
@@ -216,20 +261,19 @@ fn spawn_gauges(
     tokio::spawn(async move {
         loop {
             let (s, m) = (store.clone(), metrics.clone());
-            let tick =
-                tokio::task::spawn_blocking(move || -> Result<(), crate::store::StoreError> {
-                    let g = crate::metrics::gauges::read(&s, AtMs(crate::now_ms()))?;
-                    let mut names = std::collections::HashMap::new();
-                    for (ord, _) in &g.top_pending {
-                        names.insert(
-                            *ord,
-                            crate::queue::tenants::name(&s, *ord)?.unwrap_or_default(),
-                        );
-                    }
-                    m.publish(&g, |o| names.get(&o).cloned().unwrap_or_default());
-                    Ok(())
-                })
-                .await;
+            let tick = tokio::task::spawn_blocking(move || -> Result<(), QueueError> {
+                let g = crate::metrics::gauges::read(&s, AtMs(crate::now_ms()))?;
+                let mut names = std::collections::HashMap::new();
+                for (ord, _) in &g.top_pending {
+                    names.insert(
+                        *ord,
+                        crate::queue::tenants::name(&s, *ord)?.unwrap_or_default(),
+                    );
+                }
+                m.publish(&g, |o| names.get(&o).cloned().unwrap_or_default());
+                Ok(())
+            })
+            .await;
             if !matches!(tick, Ok(Ok(()))) {
                 tracing::warn!("queue gauge tick failed");
             }
@@ -306,7 +350,7 @@ fn spawn_audit_prune(
 /// Every check a node makes on a loaded configuration before it opens its store: the
 /// sources' verifiers and secrets, the sinks' URLs, secrets and headers, the admin tokens.
 /// `config check` runs exactly this.
-pub fn check(config: &Config) -> anyhow::Result<()> {
+pub fn check(config: &Config) -> Result<(), ConfigError> {
     edge::sources(config)?;
     Deliverer::from_config(config)?;
     Tokens::from_config(config)?;
@@ -315,15 +359,19 @@ pub fn check(config: &Config) -> anyhow::Result<()> {
 
 impl Node {
     /// Starts a node from a validated configuration.
-    pub async fn start(config: Config) -> anyhow::Result<Node> {
+    pub async fn start(config: Config) -> Result<Node, NodeError> {
         check(&config)?;
         let sources = edge::sources(&config)?;
         let deliverer = Deliverer::from_config(&config)?;
         let data_dir = config.data_dir.clone();
         let store =
             tokio::task::spawn_blocking(move || Store::open(&data_dir, &OpenOptions::default()))
-                .await?
-                .with_context(|| format!("opening the store at {}", config.data_dir.display()))?;
+                .await
+                .map_err(NodeError::task("opening the store"))?
+                .map_err(|source| NodeError::Open {
+                    path: config.data_dir.clone(),
+                    source,
+                })?;
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
         metrics.tenants_max.set(i64::from(config.tenants.max));
@@ -331,11 +379,21 @@ impl Node {
         let ready = Arc::new(AtomicBool::new(false));
         let ingest = tokio::net::TcpListener::bind(config.ingest.listen)
             .await
-            .with_context(|| format!("binding ingest.listen {}", config.ingest.listen))?;
+            .map_err(NodeError::io(format!(
+                "binding ingest.listen {}",
+                config.ingest.listen
+            )))?;
         let admin_l = tokio::net::TcpListener::bind(config.admin.listen)
             .await
-            .with_context(|| format!("binding admin.listen {}", config.admin.listen))?;
-        let (ingest_addr, admin_addr) = (ingest.local_addr()?, admin_l.local_addr()?);
+            .map_err(NodeError::io(format!(
+                "binding admin.listen {}",
+                config.admin.listen
+            )))?;
+        let local = NodeError::io("reading a listener's address");
+        let (ingest_addr, admin_addr) = match (ingest.local_addr(), admin_l.local_addr()) {
+            (Ok(i), Ok(a)) => (i, a),
+            (Err(e), _) | (_, Err(e)) => return Err(local(e)),
+        };
         let (shutdown, stop) = tokio::sync::watch::channel(false);
         let admin_state = Arc::new(AdminState {
             store: store.clone(),
@@ -377,7 +435,7 @@ impl Node {
             .filter(|s| matches!(config.archive_policy(&s.id), ArchivePolicy::Archive { .. }))
             .map(|s| s.id.clone())
             .collect();
-        let (recovered, assembler) = tokio::task::spawn_blocking(move || -> anyhow::Result<_> {
+        let (recovered, assembler) = tokio::task::spawn_blocking(move || -> Result<_, NodeError> {
             let out = migrate::run(&boot_store, &crate::upgrade::builtin(), SUPPORTED_FORMAT, |p| {
                 tracing::info!(
                     from = p.from,
@@ -418,7 +476,8 @@ impl Node {
                 .archiving(archived);
             Ok((recovered, assembler))
         })
-        .await??;
+        .await
+        .map_err(NodeError::task("boot: migrations and recovery"))??;
         let (writer, writer_thread) = writer::spawn(
             store.clone(),
             assembler,
@@ -429,7 +488,8 @@ impl Node {
                 dedupe_swept: metrics.dedupe_swept.clone(),
             },
             hints.clone(),
-        )?;
+        )
+        .map_err(NodeError::io("starting the writer thread"))?;
         let _ = api.writer.set(writer.clone());
         let edge_state = Arc::new(EdgeState::new(
             sources,
@@ -476,27 +536,31 @@ impl Node {
     /// A graceful stop: `/readyz` fails and ingest refuses first, then the listeners stop
     /// (requests in progress finish), the pipeline stops claiming and gives deliveries in
     /// flight `shutdown.grace_ms` (see [`pipeline`]), and the writer drains.
-    pub async fn shutdown(mut self) -> anyhow::Result<()> {
+    pub async fn shutdown(mut self) -> Result<(), NodeError> {
         self.ready.store(false, Ordering::Release);
         let _ = self.shutdown.send(true);
         for s in self.servers.drain(..) {
-            s.await??;
+            s.await
+                .map_err(NodeError::task("a listener"))?
+                .map_err(NodeError::io("serving a listener"))?;
         }
         for t in self.background.drain(..) {
-            t.await?;
+            t.await.map_err(NodeError::task("a background task"))?;
         }
         // The servers held the last writer handles; the writer drains and exits.
         if let Some(w) = self.writer.take() {
             tokio::task::spawn_blocking(move || w.join())
-                .await?
-                .map_err(|_| anyhow::anyhow!("the writer thread panicked"))?;
+                .await
+                .map_err(NodeError::task("joining the writer"))?
+                .map_err(|_| NodeError::WriterPanicked)?;
         }
         Ok(())
     }
 
     /// Runs until Ctrl-C (or SIGTERM), then shuts down.
-    pub async fn run_until_signal(self) -> anyhow::Result<()> {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    pub async fn run_until_signal(self) -> Result<(), NodeError> {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .map_err(NodeError::io("installing the SIGTERM handler"))?;
         tokio::select! {
             _ = tokio::signal::ctrl_c() => {}
             _ = term.recv() => {}

@@ -4,8 +4,9 @@
 #![allow(clippy::disallowed_methods)]
 
 use super::*;
+use crate::QueueError;
 use ankusa_store::keys::{self, AtMs, Bucket, Family, Seq, TenantOrd};
-use ankusa_store::{Cf, Dir, Op, Store, StoreError};
+use ankusa_store::{Cf, Dir, Op, Store};
 
 /// Which of a tenant's rows a purge removes (never inflight rows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -28,7 +29,7 @@ pub fn purge_tenant_chunk(
     store: &Store,
     ord: TenantOrd,
     kinds: PurgeKinds,
-) -> Result<PurgeReport, StoreError> {
+) -> Result<PurgeReport, QueueError> {
     purge_chunk(store, ord, kinds, Vec::new())
 }
 
@@ -37,7 +38,7 @@ pub(super) fn purge_chunk(
     ord: TenantOrd,
     kinds: PurgeKinds,
     extra: Vec<Op>,
-) -> Result<PurgeReport, StoreError> {
+) -> Result<PurgeReport, QueueError> {
     let mut tx = Tx::new();
     let mut report = PurgeReport::default();
     let mut due = 0usize;
@@ -80,7 +81,7 @@ pub fn purge_tenant(
     store: &Store,
     ord: TenantOrd,
     kinds: PurgeKinds,
-) -> Result<PurgeReport, StoreError> {
+) -> Result<PurgeReport, QueueError> {
     purge_tenant_with(store, ord, kinds, Vec::new())
 }
 
@@ -90,7 +91,7 @@ pub fn purge_tenant_with(
     ord: TenantOrd,
     kinds: PurgeKinds,
     first: Vec<Op>,
-) -> Result<PurgeReport, StoreError> {
+) -> Result<PurgeReport, QueueError> {
     let mut total = PurgeReport::default();
     let mut first = Some(first);
     loop {
@@ -106,7 +107,7 @@ pub fn purge_tenant_with(
 
 /// Boot recovery: every inflight row (left by a crash) back to due at `now`, kind 0, in
 /// synced chunks. Returns the rows recovered.
-pub fn recover_inflight(store: &Store, now: AtMs, log: bool) -> Result<u64, StoreError> {
+pub fn recover_inflight(store: &Store, now: AtMs, log: bool) -> Result<u64, QueueError> {
     let (lo, end) = Family::Inflight.bounds();
     let mut from = lo;
     let mut total = 0;
@@ -139,7 +140,7 @@ pub fn archive_obligations(
     store: &Store,
     after: Option<Seq>,
     limit: usize,
-) -> Result<Vec<ArchiveObligation>, StoreError> {
+) -> Result<Vec<ArchiveObligation>, QueueError> {
     let (lo, end) = Family::Archive.bounds();
     let from = after.map_or(lo, |s| {
         let mut k = keys::archive(s);
@@ -171,7 +172,7 @@ pub fn compact_obligations(store: &Store, through: Option<Seq>) {
 /// batch) and loses the restore would leave a due row no tick ever visits. One pass over
 /// the due family before the pipeline starts (O(due rows), with one point read per
 /// distinct tenant-second) puts back what is missing, synced. Returns the markers restored.
-pub fn repair_markers(store: &Store) -> Result<u64, StoreError> {
+pub fn repair_markers(store: &Store) -> Result<u64, QueueError> {
     let mut last: Option<(Bucket, TenantOrd)> = None;
     let mut ops = Vec::new();
     let mut restored = 0;

@@ -3,19 +3,20 @@
 // Builds the queue's index keys: this module is part of `deliveries` (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
+use crate::QueueError;
 use std::collections::BTreeSet;
 
 use super::*;
 use ankusa_store::keys::{
     self, AtMs, Bucket, DeadKey, DueKey, Family, InflightKey, Seq, SinkIdx, TenantOrd,
 };
-use ankusa_store::{Cf, Dir, Op, Store, StoreError};
+use ankusa_store::{Cf, Dir, Op, Store};
 
 pub(super) fn collect<T>(
-    scan: impl Iterator<Item = Result<ankusa_store::KeyValue, StoreError>>,
+    scan: impl Iterator<Item = Result<ankusa_store::KeyValue, ankusa_store::StoreError>>,
     limit: usize,
-    mut decode: impl FnMut(&[u8], &[u8]) -> Result<T, StoreError>,
-) -> Result<Vec<T>, StoreError> {
+    mut decode: impl FnMut(&[u8], &[u8]) -> Result<T, QueueError>,
+) -> Result<Vec<T>, QueueError> {
     let mut out = Vec::new();
     for kv in scan.take(limit) {
         let (k, v) = kv?;
@@ -39,7 +40,7 @@ pub fn active_tenants(
     store: &Store,
     now: AtMs,
     limit: usize,
-) -> Result<Vec<ActiveTenant>, StoreError> {
+) -> Result<Vec<ActiveTenant>, QueueError> {
     active_tenants_distinct(store, now, usize::MAX, limit)
 }
 
@@ -53,7 +54,7 @@ pub fn active_tenants_distinct(
     now: AtMs,
     max_tenants: usize,
     max_markers: usize,
-) -> Result<Vec<ActiveTenant>, StoreError> {
+) -> Result<Vec<ActiveTenant>, QueueError> {
     active_tenants_from(store, Bucket(0), now, max_tenants, max_markers)
 }
 
@@ -65,7 +66,7 @@ pub fn active_tenants_from(
     now: AtMs,
     max_tenants: usize,
     max_markers: usize,
-) -> Result<Vec<ActiveTenant>, StoreError> {
+) -> Result<Vec<ActiveTenant>, QueueError> {
     let (lo, end) = keys::active_range(from, now.bucket());
     let mut out: Vec<ActiveTenant> = Vec::new();
     let mut index: std::collections::HashMap<TenantOrd, usize> = std::collections::HashMap::new();
@@ -99,7 +100,7 @@ pub fn due_for_tenant(
     floor: AtMs,
     limit: usize,
     byte_budget: u64,
-) -> Result<Vec<DueRow>, StoreError> {
+) -> Result<Vec<DueRow>, QueueError> {
     let (from, to) = keys::due_range(ord, floor, AtMs(now.0.saturating_add(1)));
     let mut out = Vec::new();
     let mut bytes = 0u64;
@@ -119,7 +120,7 @@ pub fn due_for_tenant(
 }
 
 /// The earliest due row of a tenant (one seek).
-pub fn first_due(store: &Store, ord: TenantOrd) -> Result<Option<DueRow>, StoreError> {
+pub fn first_due(store: &Store, ord: TenantOrd) -> Result<Option<DueRow>, QueueError> {
     first_due_from(store, ord, AtMs(0))
 }
 
@@ -129,7 +130,7 @@ pub fn first_due_from(
     store: &Store,
     ord: TenantOrd,
     from: AtMs,
-) -> Result<Option<DueRow>, StoreError> {
+) -> Result<Option<DueRow>, QueueError> {
     let (from, _) = keys::due_range(ord, from, from);
     let (_, to) = keys::due_tenant_range(ord);
     match store.first(Family::Due, &from, &to, Dir::Forward)? {
@@ -142,7 +143,7 @@ pub(super) fn has_due_in(
     store: &Store,
     ord: TenantOrd,
     bucket: Bucket,
-) -> Result<bool, StoreError> {
+) -> Result<bool, QueueError> {
     let (from, to) = keys::due_range(
         ord,
         bucket.start(),
@@ -177,7 +178,7 @@ pub fn cleanup_plan(
     ord: TenantOrd,
     scanned: &[Bucket],
     now: AtMs,
-) -> Result<CleanupPlan, StoreError> {
+) -> Result<CleanupPlan, QueueError> {
     // Only markers older than the current second can be stale; with none, skip the seek.
     if scanned.iter().all(|b| *b >= now.bucket()) {
         return Ok(CleanupPlan {
@@ -201,7 +202,7 @@ pub fn cleanup_plan(
 
 /// Cleanup, step 2: deletes the stale markers (not synced: a lost delete only costs an
 /// empty visit).
-pub fn cleanup_delete(store: &Store, plan: CleanupPlan) -> Result<DeletedMarkers, StoreError> {
+pub fn cleanup_delete(store: &Store, plan: CleanupPlan) -> Result<DeletedMarkers, QueueError> {
     if !plan.stale.is_empty() {
         let ops = plan
             .stale
@@ -220,7 +221,7 @@ pub fn cleanup_delete(store: &Store, plan: CleanupPlan) -> Result<DeletedMarkers
 /// the tenant — a row a concurrent writer committed (with its marker) after step 1 read
 /// and before step 2 deleted. Writers only ever put markers and the pipeline is the only
 /// deleter, so after this no due row is without its marker. Returns the buckets restored.
-pub fn cleanup_verify(store: &Store, deleted: DeletedMarkers) -> Result<Vec<Bucket>, StoreError> {
+pub fn cleanup_verify(store: &Store, deleted: DeletedMarkers) -> Result<Vec<Bucket>, QueueError> {
     let mut restored = Vec::new();
     for b in deleted.buckets {
         if has_due_in(store, deleted.ord, b)? {
@@ -244,7 +245,7 @@ pub fn cleanup_markers(
     ord: TenantOrd,
     scanned: &[Bucket],
     now: AtMs,
-) -> Result<(), StoreError> {
+) -> Result<(), QueueError> {
     let plan = cleanup_plan(store, ord, scanned, now)?;
     let deleted = cleanup_delete(store, plan)?;
     cleanup_verify(store, deleted)?;
@@ -254,7 +255,7 @@ pub fn cleanup_markers(
 /// When the oldest due row became due: from the first active marker, verified against that
 /// tenant's `first_due`; after [`OLDEST_DUE_MAX_SKIPS`] stale markers, the next marker's
 /// bucket start. O(1) in the backlog.
-pub fn oldest_due_at(store: &Store) -> Result<Option<AtMs>, StoreError> {
+pub fn oldest_due_at(store: &Store) -> Result<Option<AtMs>, QueueError> {
     let (lo, end) = Family::Active.bounds();
     for (i, kv) in store
         .scan(Family::Active, &lo, &end, Dir::Forward)?
@@ -296,7 +297,7 @@ pub(super) fn page(rows: Vec<DeadRow>, limit: usize) -> DeadPage {
 pub fn delivery_rows(
     store: &Store,
     pairs: &[(Seq, SinkIdx)],
-) -> Result<Vec<Option<DeliveryRow>>, StoreError> {
+) -> Result<Vec<Option<DeliveryRow>>, QueueError> {
     let ks: Vec<Vec<u8>> = pairs.iter().map(|(s, k)| keys::delivery(*s, *k)).collect();
     store
         .multi_get(Cf::Deliveries, &ks)?
@@ -305,7 +306,7 @@ pub fn delivery_rows(
         .map(|(v, k)| {
             v.map(|v| {
                 DeliveryRow::decode(&v).map_err(|e| {
-                    StoreError::corruption(Family::Deliveries, format!("{e} at {}", keys::hex(k)))
+                    QueueError::corrupt(Family::Deliveries, format!("{e} at {}", keys::hex(k)))
                 })
             })
             .transpose()
@@ -315,13 +316,13 @@ pub fn delivery_rows(
 
 /// The hook `seq`'s envelope, if the hook is still stored. An envelope that does not
 /// decode is an error.
-pub fn envelope(store: &Store, seq: Seq) -> Result<Option<Envelope>, StoreError> {
+pub fn envelope(store: &Store, seq: Seq) -> Result<Option<Envelope>, QueueError> {
     let k = keys::hook(seq);
     store
         .get(Cf::Hooks, &k)?
         .map(|v| {
             Envelope::decode(&v).map_err(|e| {
-                StoreError::corruption(Family::Hooks, format!("{e} at {}", keys::hex(&k)))
+                QueueError::corrupt(Family::Hooks, format!("{e} at {}", keys::hex(&k)))
             })
         })
         .transpose()
@@ -332,7 +333,7 @@ pub fn dead_page(
     store: &Store,
     before: Option<DeadKey>,
     limit: usize,
-) -> Result<DeadPage, StoreError> {
+) -> Result<DeadPage, QueueError> {
     let (lo, end) = Family::Dead.bounds();
     let to = before.map_or(end, |k| keys::dead(&k));
     let rows = collect(
@@ -350,7 +351,7 @@ pub fn dead_page_for_tenant(
     ord: TenantOrd,
     before: Option<DeadKey>,
     limit: usize,
-) -> Result<DeadPage, StoreError> {
+) -> Result<DeadPage, QueueError> {
     let (lo, end) = keys::dead_tenant_range(ord);
     let to = before.map_or(end, |k| keys::dead_by_tenant(ord, &k));
     let dead_keys = collect(
@@ -377,7 +378,7 @@ pub fn dead_page_for_tenant(
             {
                 continue;
             }
-            return Err(StoreError::corruption(
+            return Err(QueueError::corrupt(
                 Family::DeadByTenant,
                 format!("?X row without its ?x row at seq {}", key.seq.0),
             ));
@@ -388,7 +389,7 @@ pub fn dead_page_for_tenant(
 }
 
 /// Every due row, in key order (fixtures, tools and tests; O(backlog)).
-pub fn due_rows(store: &Store) -> Result<Vec<DueRow>, StoreError> {
+pub fn due_rows(store: &Store) -> Result<Vec<DueRow>, QueueError> {
     collect(store.scan_family(Family::Due)?, usize::MAX, DueRow::decode)
 }
 
@@ -412,7 +413,7 @@ pub fn locate(
     sink: SinkIdx,
     due_at: Option<AtMs>,
     dead_at: Option<AtMs>,
-) -> Result<Located, StoreError> {
+) -> Result<Located, QueueError> {
     if store
         .get(Cf::Index, &keys::inflight(&InflightKey { ord, seq, sink }))?
         .is_some()
@@ -437,7 +438,7 @@ pub fn locate(
 }
 
 /// True if the hook still owes the archive.
-pub fn has_archive_obligation(store: &Store, seq: Seq) -> Result<bool, StoreError> {
+pub fn has_archive_obligation(store: &Store, seq: Seq) -> Result<bool, QueueError> {
     Ok(store.get(Cf::Index, &keys::archive(seq))?.is_some())
 }
 
@@ -446,7 +447,7 @@ pub fn inflight_for_tenant(
     store: &Store,
     ord: TenantOrd,
     limit: usize,
-) -> Result<Vec<InflightRow>, StoreError> {
+) -> Result<Vec<InflightRow>, QueueError> {
     let (lo, end) = keys::inflight_tenant_range(ord);
     collect(
         store.scan(Family::Inflight, &lo, &end, Dir::Forward)?,
@@ -478,7 +479,7 @@ pub fn pending_for_source(
     source: &str,
     ord: Option<TenantOrd>,
     limit: usize,
-) -> Result<SourceBacklog, StoreError> {
+) -> Result<SourceBacklog, QueueError> {
     // (seq, what it counts as, size): None for inflight.
     let mut rows: Vec<(Seq, Option<Kind>, u32)> = Vec::new();
     let (due_lo, due_end) = match ord {

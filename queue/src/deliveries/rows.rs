@@ -2,8 +2,8 @@
 //! rows, and a due row's kind.
 
 use super::*;
+use crate::QueueError;
 use ankusa_store::keys::{self, AtMs, CounterField, DeadKey, DueKey, InflightKey};
-use ankusa_store::StoreError;
 
 /// Why a due row is waiting: kind 0 counts as `pending`, kind 1 as `scheduled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -33,7 +33,7 @@ pub struct DueRow {
 }
 
 impl DueRow {
-    pub fn decode(key: &[u8], value: &[u8]) -> Result<DueRow, StoreError> {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<DueRow, QueueError> {
         let key = keys::decode_due(key)?;
         match value {
             [a, b, c, d, k] if *k <= 1 => Ok(DueRow {
@@ -41,7 +41,7 @@ impl DueRow {
                 size: u32::from_be_bytes([*a, *b, *c, *d]),
                 kind: if *k == 0 { Kind::First } else { Kind::Retry },
             }),
-            _ => Err(StoreError::corruption(
+            _ => Err(QueueError::corrupt(
                 ankusa_store::Family::Due,
                 format!("bad value {}", keys::hex(value)),
             )),
@@ -57,10 +57,10 @@ pub struct InflightRow {
 }
 
 impl InflightRow {
-    pub fn decode(key: &[u8], value: &[u8]) -> Result<InflightRow, StoreError> {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<InflightRow, QueueError> {
         let key = keys::decode_inflight(key)?;
         let size = size_value(value).ok_or_else(|| {
-            StoreError::corruption(
+            QueueError::corrupt(
                 ankusa_store::Family::Inflight,
                 format!("bad value {}", keys::hex(value)),
             )
@@ -95,11 +95,11 @@ pub struct DeadRow {
 }
 
 impl DeadRow {
-    pub fn decode(key: &[u8], value: &[u8]) -> Result<DeadRow, StoreError> {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<DeadRow, QueueError> {
         Ok(DeadRow {
             key: keys::decode_dead(key)?,
             value: DeadValue::decode(value)
-                .map_err(|e| StoreError::corruption(ankusa_store::Family::Dead, e.to_string()))?,
+                .map_err(|e| QueueError::corrupt(ankusa_store::Family::Dead, e.to_string()))?,
         })
     }
 }

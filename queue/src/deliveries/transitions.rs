@@ -3,10 +3,11 @@
 #![allow(clippy::disallowed_methods)]
 
 use super::*;
+use crate::QueueError;
 use ankusa_store::keys::{
     self, AtMs, CounterField, DeadKey, DueKey, InflightKey, Seq, SinkIdx, TenantOrd,
 };
-use ankusa_store::{Cf, Op, StoreError};
+use ankusa_store::{Cf, Op};
 
 /// What ingest needs to enqueue one hook.
 #[derive(Debug, Clone)]
@@ -217,7 +218,7 @@ pub struct ArchiveObligation {
 }
 
 impl ArchiveObligation {
-    pub fn decode(key: &[u8], value: &[u8]) -> Result<Self, StoreError> {
+    pub fn decode(key: &[u8], value: &[u8]) -> Result<Self, QueueError> {
         let seq = keys::decode_archive(key)?;
         match value {
             [a, b, c, d, e, f, g, h] => Ok(ArchiveObligation {
@@ -225,7 +226,7 @@ impl ArchiveObligation {
                 size: u32::from_be_bytes([*a, *b, *c, *d]),
                 ord: TenantOrd(u32::from_be_bytes([*e, *f, *g, *h])),
             }),
-            _ => Err(StoreError::corruption(
+            _ => Err(QueueError::corrupt(
                 ankusa_store::Family::Archive,
                 format!("bad value {}", keys::hex(value)),
             )),

@@ -4,8 +4,9 @@
 
 use super::*;
 use crate::counters::{self, Delta};
+use crate::QueueError;
 use ankusa_store::keys::{self, CounterField, Seq, SinkIdx, TenantOrd};
-use ankusa_store::{Cf, Op, Store, StoreError};
+use ankusa_store::{Cf, Op, Store};
 
 /// One atomic batch of queue transitions: ops plus the counter deltas they imply.
 ///
@@ -92,7 +93,7 @@ impl Tx {
     /// a row an earlier unit of this batch consumed, is left out with its deltas. A batch
     /// with no unit (ingest: creations only) has nothing to check and writes without the
     /// lock, so the writer's synced commits never wait on dispatch or admin commits.
-    pub fn commit(self, store: &Store, sync: bool) -> Result<Committed, StoreError> {
+    pub fn commit(self, store: &Store, sync: bool) -> Result<Committed, QueueError> {
         if self.is_empty() {
             return Ok(Committed::default());
         }

@@ -20,7 +20,7 @@ use super::auth::{Caller, Scope, Tokens};
 use crate::config::{Config, TenantFrom};
 use crate::edge::quarantine::Quarantine;
 use crate::queue::deliveries::{self, DeadPage, DeadRow, PurgeKinds};
-use crate::queue::{counters, tenants, Counts};
+use crate::queue::{counters, tenants, Counts, QueueError};
 use crate::store::keys::{AtMs, DeadKey, Seq, SinkIdx, TenantOrd};
 use crate::store::{Store, StoreError};
 
@@ -58,10 +58,16 @@ pub enum ApiError {
     Internal,
 }
 
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> Self {
+        tracing::error!(error = %e, corruption = e.is_corruption(), "admin API store error");
+        ApiError::Internal
+    }
+}
+
 impl From<StoreError> for ApiError {
     fn from(e: StoreError) -> Self {
-        tracing::error!(error = %e, "admin API store error");
-        ApiError::Internal
+        QueueError::from(e).into()
     }
 }
 
@@ -188,7 +194,7 @@ pub struct DlqItem {
     last_error: String,
 }
 
-fn names(store: &Store, rows: &[DeadRow]) -> Result<BTreeMap<TenantOrd, String>, StoreError> {
+fn names(store: &Store, rows: &[DeadRow]) -> Result<BTreeMap<TenantOrd, String>, QueueError> {
     let mut out = BTreeMap::new();
     for r in rows {
         if let std::collections::btree_map::Entry::Vacant(e) = out.entry(r.value.ord) {
@@ -201,7 +207,7 @@ fn names(store: &Store, rows: &[DeadRow]) -> Result<BTreeMap<TenantOrd, String>,
 /// The page's rows as the DLQ lists them: tenant names, the sink's id (from the row, or for
 /// a row dead-lettered before the row carried it, from its hook), and the last attempt
 /// from the delivery rows (one `multi_get`).
-fn items(store: &Store, rows: &[DeadRow]) -> Result<Vec<DlqItem>, StoreError> {
+fn items(store: &Store, rows: &[DeadRow]) -> Result<Vec<DlqItem>, QueueError> {
     let names = names(store, rows)?;
     let pairs: Vec<_> = rows.iter().map(|r| (r.key.seq, r.key.sink)).collect();
     let states = deliveries::delivery_rows(store, &pairs)?;

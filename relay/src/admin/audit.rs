@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
+use crate::queue::QueueError;
 use crate::store::keys::{self, AtMs, Family, Seq};
-use crate::store::{Cf, Dir, Op, Store, StoreError};
+use crate::store::{Cf, Dir, Op, Store};
 
 /// One audit row.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -31,7 +32,7 @@ pub struct Audit {
 
 impl Audit {
     /// Continues after the highest audit seq in the store.
-    pub fn open(store: &Store) -> Result<Self, StoreError> {
+    pub fn open(store: &Store) -> Result<Self, QueueError> {
         let (lo, end) = Family::Audit.bounds();
         let last = match store.first(Family::Audit, &lo, &end, Dir::Reverse)? {
             Some((k, _)) => keys::decode_audit(&k)?.0 .0,
@@ -74,7 +75,7 @@ pub fn page(
     before: Option<u64>,
     limit: usize,
     keep: impl Fn(&Record) -> bool,
-) -> Result<Vec<Record>, StoreError> {
+) -> Result<Vec<Record>, QueueError> {
     let (lo, end) = Family::Audit.bounds();
     let to = before.map_or(end, |s| keys::audit(Seq(s), AtMs(0)));
     let mut out = Vec::new();
@@ -82,7 +83,7 @@ pub fn page(
         let (k, v) = kv?;
         // A row that does not decode is corruption, never skipped.
         let r: Record = serde_json::from_slice(&v).map_err(|e| {
-            StoreError::corruption(
+            QueueError::corrupt(
                 Family::Audit,
                 format!("undecodable row {}: {e}", keys::hex(&k)),
             )
@@ -98,7 +99,7 @@ pub fn page(
 }
 
 /// Deletes up to `limit` audit rows older than `cutoff_ms`; returns how many.
-pub fn prune(store: &Store, cutoff_ms: u64, limit: usize) -> Result<u64, StoreError> {
+pub fn prune(store: &Store, cutoff_ms: u64, limit: usize) -> Result<u64, QueueError> {
     let mut ops = Vec::new();
     for kv in store.scan_family(Family::Audit)?.take(limit) {
         let (k, _) = kv?;
@@ -150,7 +151,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                StoreError::Corruption {
+                QueueError::Corrupt {
                     family: Family::Audit,
                     ..
                 }
@@ -161,7 +162,7 @@ mod tests {
         assert!(
             matches!(
                 e,
-                StoreError::Corruption {
+                QueueError::Corrupt {
                     family: Family::Quarantine,
                     ..
                 }

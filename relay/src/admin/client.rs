@@ -35,7 +35,7 @@ pub struct Nodes {
 /// webpki roots, `connect_timeout` to connect.
 pub fn http_client(
     connect_timeout: Duration,
-) -> anyhow::Result<hyper_util::client::legacy::Client<Https, Full<Bytes>>> {
+) -> Result<hyper_util::client::legacy::Client<Https, Full<Bytes>>, rustls::Error> {
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.set_connect_timeout(Some(connect_timeout));
     http.enforce_http(false);

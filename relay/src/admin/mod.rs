@@ -27,6 +27,7 @@ pub mod sources;
 
 use axum::routing::{delete, post};
 
+use crate::queue::QueueError;
 use crate::queue::{counters, tenants};
 use crate::store::{migrate, Store, SUPPORTED_FORMAT};
 
@@ -59,7 +60,7 @@ impl Progress {
 pub fn node_status(
     store: &Store,
     migration: Option<MigrationProgress>,
-) -> Result<NodeStatus, crate::store::StoreError> {
+) -> Result<NodeStatus, QueueError> {
     let store_format = store.format()?;
     // Tenants and counters live in the current format's families: a store still below it
     // (its boot migration under way) has none to read yet, and reports zeros with

@@ -11,3 +11,35 @@ pub mod delivery;
 pub mod line;
 pub mod pipeline;
 pub mod replayer;
+
+use crate::queue::QueueError;
+use crate::store::StoreError;
+
+/// Errors of the dispatch side: the queue's, and the runtime's own failures around them.
+#[derive(Debug, thiserror::Error)]
+pub enum DispatchError {
+    #[error(transparent)]
+    Queue(#[from] QueueError),
+    /// A blocking store task that panicked or was cancelled.
+    #[error("{what}: the blocking task did not finish: {source}")]
+    Task {
+        what: &'static str,
+        source: tokio::task::JoinError,
+    },
+    /// The delivery permits were closed: the node is stopping.
+    #[error("the delivery permits are closed: the node is stopping")]
+    Stopping,
+}
+
+impl From<StoreError> for DispatchError {
+    fn from(e: StoreError) -> Self {
+        DispatchError::Queue(e.into())
+    }
+}
+
+impl DispatchError {
+    /// Wraps a failed `spawn_blocking` join for `what`.
+    pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {
+        move |source| DispatchError::Task { what, source }
+    }
+}

@@ -31,13 +31,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::delivery::{backoff, Attempt, ClaimSlot, Deliverer, Verdict};
+use super::DispatchError;
 use crate::config::{Config, RetryConfig};
 use crate::metrics::{Metrics, ScanLabel, SinkLabel, SinkOutcome, TenantLabel};
 use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow, Tx};
 use crate::queue::hints::{DueHints, Hinted};
 use crate::queue::hooklog::{self, AttemptOutcome};
+use crate::queue::QueueError;
 use crate::store::keys::{self, AtMs, Bucket, EventKind, Seq, TenantOrd};
-use crate::store::{Cf, Store, StoreError};
+use crate::store::{Cf, Store};
 
 /// Tenants named in `ankusa_tenant_inflight` (those holding the most).
 pub const TOP_INFLIGHT: usize = 20;
@@ -191,7 +193,7 @@ pub fn plan_tick(
     now: AtMs,
     limits: &TickLimits,
     cursors: &Cursors,
-) -> Result<TickPlan, StoreError> {
+) -> Result<TickPlan, QueueError> {
     let from = cursors.active_from(now);
     let active = deliveries::active_tenants_from(store, from, now, usize::MAX, limits.max_markers)?;
     let mut plan = TickPlan {
@@ -231,7 +233,7 @@ pub fn plan_hinted(
     now: AtMs,
     limits: &TickLimits,
     cursors: &Cursors,
-) -> Result<TickPlan, StoreError> {
+) -> Result<TickPlan, QueueError> {
     let mut tenants: Vec<(TenantOrd, AtMs)> = cursors
         .hinted
         .tenants
@@ -285,7 +287,7 @@ impl Budget {
         now: AtMs,
         floor: AtMs,
         limits: &TickLimits,
-    ) -> Result<Vec<DueRow>, StoreError> {
+    ) -> Result<Vec<DueRow>, QueueError> {
         let rows = deliveries::due_for_tenant(
             store,
             ord,
@@ -487,7 +489,7 @@ pub fn spawn(
         let stopped = tokio::task::spawn_blocking(move || {
             let requeued = deliveries::recover_inflight(&s, AtMs(crate::now_ms()), log)?;
             s.sync_wal()?;
-            Ok::<_, StoreError>(requeued)
+            Ok::<_, DispatchError>(requeued)
         })
         .await;
         match stopped {
@@ -526,7 +528,7 @@ async fn tick(
     ctx: &mut TickCtx<'_>,
     limits: TickLimits,
     mut cursors: Cursors,
-) -> Result<(Cursors, usize), StoreError> {
+) -> Result<(Cursors, usize), DispatchError> {
     let TickCtx {
         tasks,
         tenants,
@@ -565,10 +567,7 @@ async fn tick(
         claim_tick(&s, limits, cursors, interval_ms, &claim_ctx)
     })
     .await
-    .map_err(|e| StoreError::Io {
-        context: "dispatch tick".into(),
-        source: std::io::Error::other(e.to_string()),
-    })??;
+    .map_err(DispatchError::task("dispatch tick"))??;
     metrics
         .dispatch_tick_seconds
         .observe(started.elapsed().as_secs_f64());
@@ -607,10 +606,7 @@ async fn tick(
                 .clone()
                 .acquire_owned()
                 .await
-                .map_err(|e| StoreError::Io {
-                    context: "dispatch permits".into(),
-                    source: std::io::Error::other(e.to_string()),
-                })?,
+                .map_err(|_| DispatchError::Stopping)?,
         };
         let (deliverer, done_tx, metrics) =
             ((*deliverer).clone(), done_tx.clone(), (*metrics).clone());
@@ -717,7 +713,7 @@ fn claim_tick(
     mut cursors: Cursors,
     interval_ms: u64,
     ctx: &ClaimCtx,
-) -> Result<(Cursors, Vec<Job>, usize, bool), StoreError> {
+) -> Result<(Cursors, Vec<Job>, usize, bool), DispatchError> {
     let now = AtMs(crate::now_ms());
     let full = cursors.full_due(now, interval_ms);
     // No tenant reads more rows than the tick can claim.
@@ -1018,7 +1014,7 @@ impl Weights {
     }
 
     /// Ordinal → weight, for the tenants that have an ordinal.
-    pub fn resolve(&self, store: &Store) -> Result<HashMap<TenantOrd, u32>, StoreError> {
+    pub fn resolve(&self, store: &Store) -> Result<HashMap<TenantOrd, u32>, QueueError> {
         let mut unresolved = self.unresolved.lock().unwrap_or_else(|p| p.into_inner());
         let mut resolved = self.resolved.lock().unwrap_or_else(|p| p.into_inner());
         let mut still = Vec::new();
@@ -1213,7 +1209,7 @@ fn outcome_ops(
     retry: &RetryConfig,
     max_retry_after: Duration,
     now: u64,
-) -> Result<Option<(TenantOrd, AtMs)>, StoreError> {
+) -> Result<Option<(TenantOrd, AtMs)>, QueueError> {
     let row = &d.job.row;
     let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
         // The hook is gone or does not decode: an orphan, dropped through the counted path.

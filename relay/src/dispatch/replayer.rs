@@ -6,8 +6,9 @@
 use crate::queue::deliveries::{self, DeadRow, Tx};
 use crate::queue::hints::DueHints;
 use crate::queue::hooklog;
+use crate::queue::QueueError;
 use crate::store::keys::{AtMs, EventKind};
-use crate::store::{Op, Store, StoreError};
+use crate::store::{Op, Store};
 
 /// Revives `rows`, due at `now`; returns how many this call moved. A row a concurrent
 /// replay or purge moved first is not revived again (and not counted). `audit`, if any,
@@ -20,7 +21,7 @@ pub fn revive(
     now: AtMs,
     log: bool,
     audit: Option<Op>,
-) -> Result<u64, StoreError> {
+) -> Result<u64, QueueError> {
     let mut first = audit;
     let mut revived = 0u64;
     for chunk in rows.chunks(deliveries::CHUNK_ROWS) {

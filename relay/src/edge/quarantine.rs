@@ -13,8 +13,9 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use crate::metrics::Metrics;
+use crate::queue::QueueError;
 use crate::store::keys::{self, Family};
-use crate::store::{Cf, Op, Store, StoreError};
+use crate::store::{Cf, Op, Store};
 
 /// Header names never kept.
 const DROPPED_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
@@ -50,7 +51,7 @@ impl Quarantine {
         metrics: Arc<Metrics>,
         max_entries: u64,
         max_bytes: u64,
-    ) -> Result<Self, StoreError> {
+    ) -> Result<Self, QueueError> {
         let (mut entries, mut bytes, mut last) = (0u64, 0u64, 0u64);
         for kv in store.scan_family(Family::Quarantine)? {
             let (k, v) = kv?;
@@ -130,9 +131,9 @@ impl Quarantine {
 }
 
 /// An entry, or corruption naming its key: a row that does not decode is never skipped.
-fn decode(key: &[u8], v: &[u8]) -> Result<Entry, StoreError> {
+fn decode(key: &[u8], v: &[u8]) -> Result<Entry, QueueError> {
     serde_json::from_slice(v).map_err(|e| {
-        StoreError::corruption(
+        QueueError::corrupt(
             Family::Quarantine,
             format!("undecodable entry {}: {e}", keys::hex(key)),
         )
@@ -145,7 +146,7 @@ pub fn page(
     before: Option<u64>,
     limit: usize,
     keep: impl Fn(&Entry) -> bool,
-) -> Result<Vec<Entry>, StoreError> {
+) -> Result<Vec<Entry>, QueueError> {
     let (lo, end) = Family::Quarantine.bounds();
     let to = before.map_or(end, keys::quarantine);
     let mut out = Vec::new();
@@ -169,7 +170,7 @@ pub fn delete(
     quarantine: Option<&Quarantine>,
     pick: impl Fn(&Entry) -> bool,
     audit: Op,
-) -> Result<u64, StoreError> {
+) -> Result<u64, QueueError> {
     let mut victims: Vec<(Vec<u8>, u64)> = Vec::new();
     for kv in store.scan_family(Family::Quarantine)? {
         let (k, v) = kv?;

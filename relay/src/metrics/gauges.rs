@@ -11,9 +11,10 @@
 //! per-tenant gauge never needs a scan of the counters family.
 
 use crate::queue::counters::{self, Counts};
+use crate::queue::QueueError;
 use crate::queue::{deliveries, tenants};
 use crate::store::keys::{AtMs, TenantOrd};
-use crate::store::{Store, StoreError};
+use crate::store::Store;
 
 /// How many tenants the per-tenant pending gauge reports.
 pub const TOP_TENANTS: usize = 100;
@@ -33,7 +34,7 @@ pub struct GaugeReading {
 }
 
 /// Reads every queue gauge.
-pub fn read(store: &Store, now: AtMs) -> Result<GaugeReading, StoreError> {
+pub fn read(store: &Store, now: AtMs) -> Result<GaugeReading, QueueError> {
     let node = counters::node(store)?;
     let oldest_due_age_ms =
         deliveries::oldest_due_at(store)?.map_or(0, |at| now.0.saturating_sub(at.0));

@@ -11,8 +11,9 @@ use std::path::Path;
 use super::legacy::v2::{State, Writer};
 use crate::queue::deliveries::{self, DeliveryRow, Envelope, Tx};
 use crate::queue::writer::Assembler;
+use crate::queue::QueueError;
 use crate::store::keys::{AtMs, Seq, SinkIdx};
-use crate::store::{OpenOptions, Store, StoreError};
+use crate::store::{OpenOptions, Store};
 
 /// Due long ago.
 pub const PAST: u64 = 1_700_000_000_000;
@@ -29,7 +30,7 @@ fn env(n: u64, tenant: Option<&str>, sinks: usize) -> Envelope {
 }
 
 /// Writes the format-2 fixture store at `dir`.
-pub fn write_v2(dir: &Path) -> Result<(), StoreError> {
+pub fn write_v2(dir: &Path) -> Result<(), QueueError> {
     let w = Writer::create(dir)?;
     let past = |n| State::Due { at: AtMs(PAST + n) };
     let future = |n| State::Due {
@@ -70,11 +71,11 @@ pub fn write_v2(dir: &Path) -> Result<(), StoreError> {
         &[(SinkIdx(0), past(21)), (SinkIdx(1), State::Inflight)],
         true,
     )?;
-    w.store.flush()
+    Ok(w.store.flush()?)
 }
 
 /// Writes the format-3 fixture store at `dir`, through the writer and the transitions.
-pub fn write_v3(dir: &Path) -> Result<(), StoreError> {
+pub fn write_v3(dir: &Path) -> Result<(), QueueError> {
     let store = Store::open(dir, &OpenOptions::default())?;
     let mut asm = Assembler::open(&store, 1_000_000)?;
     let envs = vec![
@@ -128,5 +129,5 @@ pub fn write_v3(dir: &Path) -> Result<(), StoreError> {
         }
     }
     tx.commit(&store, true)?;
-    store.flush()
+    Ok(store.flush()?)
 }

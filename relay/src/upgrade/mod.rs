@@ -16,3 +16,19 @@ use crate::store::migrate::Registry;
 pub fn builtin() -> Registry {
     Registry::new().register(Arc::new(migrations::tenant_keys::TenantKeys))
 }
+
+/// A queue error inside a migration step, in the terms of the runner (which lives in the
+/// store, below the queue). Corruption stays corruption, counted once; the tenant refusals
+/// cannot arise (a migration allocates ordinals itself) and would stop the migration.
+pub(crate) fn step_error(e: crate::queue::QueueError) -> crate::store::StoreError {
+    use crate::queue::QueueError;
+    use crate::store::StoreError;
+    match e {
+        QueueError::Corrupt { family, detail } => StoreError::Corruption { family, detail },
+        QueueError::Store(e) => e,
+        e @ (QueueError::TenantLimit { .. } | QueueError::InvalidTenant(_)) => StoreError::Io {
+            context: "migration step".into(),
+            source: std::io::Error::other(e.to_string()),
+        },
+    }
+}

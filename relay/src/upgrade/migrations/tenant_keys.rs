@@ -82,7 +82,7 @@ struct Ords {
 impl Ords {
     fn new(store: &Store) -> Result<Self, StoreError> {
         Ok(Ords {
-            next: tenants::next_ord(store)?,
+            next: tenants::next_ord(store).map_err(super::super::step_error)?,
             known: HashMap::new(),
         })
     }
