@@ -293,7 +293,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
     let user_config = match user_config(relay, client, ns).await {
         Ok(c) => c,
         Err(e) => {
-            o.config_error = Some(e);
+            o.config_error = Some(e.to_string());
             None
         }
     };
@@ -477,9 +477,44 @@ fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
+/// Why the user's relay configuration could not be read: a message for the `Degraded`
+/// condition, not a failed reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum UserConfigError {
+    #[error("reading ConfigMap {name}: {source}")]
+    Read { name: String, source: kube::Error },
+    #[error("ConfigMap {0} does not exist")]
+    Missing(String),
+    #[error("ConfigMap {name} has no key {key}")]
+    NoKey { name: String, key: String },
+    #[error("ConfigMap {name} key {key}: {source}")]
+    Yaml {
+        name: String,
+        key: String,
+        source: serde_yaml::Error,
+    },
+}
+
+/// Why a probe Job's answer could not be read: the probe is reported failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("listing its pods: {0}")]
+    List(#[from] kube::Error),
+    #[error("the probe's pod is gone")]
+    PodGone,
+    #[error("the probe's pod left no termination message")]
+    NoMessage,
+    #[error("no store_format in the probe's output: {0}")]
+    NoFormat(String),
+}
+
 /// The user's relay configuration: `spec.config.inline`, or the YAML under the referenced
-/// ConfigMap's key. An `Err` is a message for the `Degraded` condition.
-async fn user_config(relay: &Relay, client: &Client, ns: &str) -> Result<Option<Value>, String> {
+/// ConfigMap's key.
+async fn user_config(
+    relay: &Relay,
+    client: &Client,
+    ns: &str,
+) -> Result<Option<Value>, UserConfigError> {
     let cfg = &relay.spec.config;
     if let Some(inline) = &cfg.inline {
         return Ok(Some(inline.clone()));
@@ -491,15 +526,24 @@ async fn user_config(relay: &Relay, client: &Client, ns: &str) -> Result<Option<
     let cm = api
         .get_opt(&r.name)
         .await
-        .map_err(|e| format!("reading ConfigMap {}: {e}", r.name))?
-        .ok_or_else(|| format!("ConfigMap {} does not exist", r.name))?;
+        .map_err(|source| UserConfigError::Read {
+            name: r.name.clone(),
+            source,
+        })?
+        .ok_or_else(|| UserConfigError::Missing(r.name.clone()))?;
     let text = cm
         .data
         .as_ref()
         .and_then(|d| d.get(&r.key))
-        .ok_or_else(|| format!("ConfigMap {} has no key {}", r.name, r.key))?;
-    let v: Value = serde_yaml::from_str(text)
-        .map_err(|e| format!("ConfigMap {} key {}: {e}", r.name, r.key))?;
+        .ok_or_else(|| UserConfigError::NoKey {
+            name: r.name.clone(),
+            key: r.key.clone(),
+        })?;
+    let v: Value = serde_yaml::from_str(text).map_err(|source| UserConfigError::Yaml {
+        name: r.name.clone(),
+        key: r.key.clone(),
+        source,
+    })?;
     Ok(Some(v))
 }
 
@@ -630,7 +674,12 @@ async fn observe(
         let name = p.name.clone();
         let nodes = ctx.nodes.clone();
         let token = token.to_owned();
-        async move { (name, nodes.poll(&url, &token).await) }
+        async move {
+            (
+                name,
+                nodes.poll(&url, &token).await.map_err(|e| e.to_string()),
+            )
+        }
     });
     for (name, reading) in futures::future::join_all(polls).await {
         ctx.metrics.poll(reading.is_ok());
@@ -719,12 +768,11 @@ async fn observe_jobs(
 /// What the probe Job's pod learned: the store format it wrote to its termination message
 /// (`ankusa-relay version --json --write /dev/termination-log`) and the digest its image
 /// resolved to (the container's image ID, when it names a repository digest).
-async fn probe_result(ctx: &Context, ns: &str, job: &str) -> Result<Probed, String> {
+async fn probe_result(ctx: &Context, ns: &str, job: &str) -> Result<Probed, ProbeError> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("job-name={job}")))
-        .await
-        .map_err(|e| e.to_string())?;
+        .await?;
     let container = list
         .items
         .iter()
@@ -735,13 +783,13 @@ async fn probe_result(ctx: &Context, ns: &str, job: &str) -> Result<Probed, Stri
                 .flat_map(|s| s.container_statuses.iter().flatten())
         })
         .find(|c| c.name == "probe")
-        .ok_or("the probe's pod is gone")?;
+        .ok_or(ProbeError::PodGone)?;
     let message = container
         .state
         .as_ref()
         .and_then(|s| s.terminated.as_ref())
         .and_then(|t| t.message.clone())
-        .ok_or("the probe's pod left no termination message")?;
+        .ok_or(ProbeError::NoMessage)?;
     Ok(Probed {
         format: parse_version_json(&message)?,
         digest: repository_digest(&container.image_id),
@@ -758,18 +806,13 @@ pub fn repository_digest(image_id: &str) -> Option<String> {
 }
 
 /// `store_format` from `ankusa-relay version --json` output (its last JSON line).
-pub fn parse_version_json(log: &str) -> Result<u32, String> {
+pub fn parse_version_json(log: &str) -> Result<u32, ProbeError> {
     log.lines()
         .rev()
         .find_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
         .and_then(|v| v.get("store_format").and_then(Value::as_u64))
         .and_then(|f| u32::try_from(f).ok())
-        .ok_or_else(|| {
-            format!(
-                "no store_format in the probe's output: {}",
-                truncate(log, 200)
-            )
-        })
+        .ok_or_else(|| ProbeError::NoFormat(truncate(log, 200)))
 }
 
 fn job_obs(job: &Job) -> JobObs {

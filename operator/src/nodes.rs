@@ -23,6 +23,30 @@ pub const DEFAULT_URL_TEMPLATE: &str = "http://{pod}.{service}.{namespace}.svc:9
 /// Largest answer read from a node.
 const MAX_BODY: usize = 1 << 20;
 
+/// Why a node's status could not be read: reported in `status.nodes[]` and the `Degraded`
+/// condition, never a failed reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum PollError {
+    #[error("bad request to {url}: {source}")]
+    Request {
+        url: String,
+        source: hyper::http::Error,
+    },
+    #[error(transparent)]
+    Transport(#[from] hyper_util::client::legacy::Error),
+    #[error("reading the answer: {0}")]
+    Body(String),
+    #[error("answered {status}: {body}")]
+    Status {
+        status: hyper::StatusCode,
+        body: String,
+    },
+    #[error("unreadable answer: {0}")]
+    Decode(#[from] serde_json::Error),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+}
+
 #[derive(Clone)]
 pub struct NodeClient {
     http: Client<HttpConnector, Full<Bytes>>,
@@ -61,7 +85,7 @@ impl NodeClient {
     }
 
     /// Read a node's status and its top tenants.
-    pub async fn poll(&self, base: &str, token: &str) -> Result<NodeReading, String> {
+    pub async fn poll(&self, base: &str, token: &str) -> Result<NodeReading, PollError> {
         let base = base.trim_end_matches('/');
         let status: NodeStatus = self.get_json(&format!("{base}/v1/node"), token).await?;
         let top: TopAnswer = self
@@ -81,32 +105,35 @@ impl NodeClient {
         &self,
         url: &str,
         token: &str,
-    ) -> Result<T, String> {
+    ) -> Result<T, PollError> {
         let req = hyper::Request::get(url)
             .header("authorization", format!("Bearer {token}"))
             // This node's own view: the operator sums the nodes itself.
             .header("ankusa-cluster-local", "1")
             .body(Full::new(Bytes::new()))
-            .map_err(|e| format!("bad request to {url}: {e}"))?;
+            .map_err(|source| PollError::Request {
+                url: url.to_owned(),
+                source,
+            })?;
         let fut = async {
-            let resp = self.http.request(req).await.map_err(|e| e.to_string())?;
+            let resp = self.http.request(req).await?;
             let status = resp.status();
             let body = http_body_util::Limited::new(resp.into_body(), MAX_BODY)
                 .collect()
                 .await
-                .map_err(|e| e.to_string())?
+                .map_err(|e| PollError::Body(e.to_string()))?
                 .to_bytes();
             if !status.is_success() {
-                return Err(format!(
-                    "answered {status}: {}",
-                    String::from_utf8_lossy(&body[..body.len().min(200)])
-                ));
+                return Err(PollError::Status {
+                    status,
+                    body: String::from_utf8_lossy(&body[..body.len().min(200)]).into_owned(),
+                });
             }
-            serde_json::from_slice(&body).map_err(|e| format!("unreadable answer: {e}"))
+            Ok(serde_json::from_slice(&body)?)
         };
         match tokio::time::timeout(self.timeout, fut).await {
             Ok(r) => r,
-            Err(_) => Err(format!("no answer within {:?}", self.timeout)),
+            Err(_) => Err(PollError::Timeout(self.timeout)),
         }
     }
 }
