@@ -25,6 +25,7 @@ use ankusa_relay::queue::deliveries::Envelope;
 use ankusa_relay::queue::writer::Assembler;
 use ankusa_relay::store::keys::AtMs;
 use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_relay::testkit::TestNode;
 
 mod load;
 use http_body_util::{BodyExt, Full};
@@ -45,20 +46,19 @@ fn body(n: u64) -> Vec<u8> {
     b
 }
 
-fn yaml(data: &std::path::Path, port: u16) -> String {
-    format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0" }}
-dispatch: {{ tick_interval_ms: 5, max_inflight: 512, per_sink_inflight: {CONCURRENCY} }}
-sinks: [{{ id: s, url: "http://127.0.0.1:{port}/hooks", secret: {{ value: "whsec_YmVuY2gtc2luay1zZWNyZXQ=" }} }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources:
-  - {{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
-"#,
-        data.display()
-    )
+/// The node the bench drains through: one signed sink on `port`, its store at `data`.
+fn config(data: &std::path::Path, port: u16) -> Config {
+    TestNode::builder()
+        .data_dir(data)
+        .section(&format!(
+            "dispatch: {{ tick_interval_ms: 5, max_inflight: 512, per_sink_inflight: {CONCURRENCY} }}"
+        ))
+        .sink_yaml(&format!(
+            r#"{{ id: s, url: "http://127.0.0.1:{port}/hooks", secret: {{ value: "whsec_YmVuY2gtc2luay1zZWNyZXQ=" }} }}"#
+        ))
+        .route("r", &["s"])
+        .open_source("in", "r")
+        .config_at(data)
 }
 
 async fn relay_drain(port: u16, sink: &load::ArrivalSink) -> f64 {
@@ -67,9 +67,7 @@ async fn relay_drain(port: u16, sink: &load::ArrivalSink) -> f64 {
     write_backlog(&data);
     sink.count.store(0, Ordering::Relaxed);
     let started = Instant::now();
-    let node = Node::start(Config::from_yaml(&yaml(&data, port), Vec::new()).expect("config"))
-        .await
-        .expect("node");
+    let node = Node::start(config(&data, port)).await.expect("node");
     while sink.count.load(Ordering::Relaxed) < BACKLOG {
         assert!(
             started.elapsed() < Duration::from_secs(600),
@@ -114,7 +112,7 @@ async fn transitions_twin(port: u16, sink: &load::ArrivalSink) -> f64 {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("db");
     write_backlog(&data);
-    let config = Config::from_yaml(&yaml(&data, port), Vec::new()).expect("config");
+    let config = config(&data, port);
     let deliverer = Deliverer::from_config(&config).expect("deliverer");
     let target = deliverer.sink("s").expect("sink");
     let store = Arc::new(Store::open(&data, &OpenOptions::default()).expect("store"));
@@ -242,11 +240,9 @@ async fn bare_client(port: u16, sink: &load::ArrivalSink) -> f64 {
 
 async fn steady_latency(port: u16, sink: &load::ArrivalSink) -> (f64, f64, usize) {
     let dir = tempfile::tempdir().expect("tempdir");
-    let node = Node::start(
-        Config::from_yaml(&yaml(&dir.path().join("db"), port), Vec::new()).expect("config"),
-    )
-    .await
-    .expect("node");
+    let node = Node::start(config(&dir.path().join("db"), port))
+        .await
+        .expect("node");
     let url: Arc<str> = format!("http://{}/ingest/in", node.ingest_addr).into();
     let sent = load::open_loop(url, STEADY_RATE, STEADY_SECS, BODY, |n| {
         format!("tenant-{}", n % TENANTS)

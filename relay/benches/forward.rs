@@ -57,27 +57,14 @@ async fn node(
             )
         })
         .collect();
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:{}" }}
-admin: {{ listen: "127.0.0.1:{}" }}
-cluster: {{ name: {name}, token: {{ value: "{TOKEN}" }}, nodes: [{}] }}
-sinks: [{{ id: s, url: "http://{sink}/" }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources:
-  - id: bench
-    tenant: {{ header: x-tenant }}
-    verify: {{ scheme: hmac-sha256, secret: {{ value: "{}" }}, header: x-signature, prefix: "sha256=" }}
-    route: r
-"#,
-        dir.join(name).display(),
-        me.ingest,
-        me.admin,
-        nodes.join(", "),
-        load::SECRET,
-    );
-    let config = ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).expect("config");
+    let config = load::bench_node(sink, "", "")
+        .data_dir(dir.join(name))
+        .ports(me.admin, me.ingest)
+        .section(&format!(
+            r#"cluster: {{ name: {name}, token: {{ value: "{TOKEN}" }}, nodes: [{}] }}"#,
+            nodes.join(", ")
+        ))
+        .config_at(dir);
     ankusa_relay::node::Node::start(config).await.expect("node")
 }
 

@@ -14,8 +14,8 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ankusa_relay::config::Config;
 use ankusa_relay::node::Node;
+use ankusa_relay::testkit::TestNode;
 use http_body_util::{BodyExt, Full};
 
 mod load;
@@ -80,25 +80,17 @@ fn main() -> std::process::ExitCode {
         "seeded {DEAD} dead rows in {:.1}s",
         t.elapsed().as_secs_f64()
     );
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin:
-  listen: "127.0.0.1:0"
-  tokens: [{{ name: bench, secret: {{ value: "{TOKEN}" }}, scope: admin }}]
-dispatch: {{ tick_interval_ms: 60000 }}
-sinks: [{{ id: s, url: "http://127.0.0.1:9/" }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources: [{{ id: bench, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
-"#,
-        data.display()
-    );
+    let config = TestNode::builder()
+        .data_dir(&data)
+        .admin_token("bench", TOKEN)
+        .section("dispatch: { tick_interval_ms: 60000 }")
+        .sink("s", "http://127.0.0.1:9/")
+        .route("r", &["s"])
+        .open_source("bench", "r")
+        .config_at(&data);
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let (base, during, revived, replay_s, window_s) = rt.block_on(async {
-        let node = Node::start(Config::from_yaml(&yaml, Vec::new()).expect("config"))
-            .await
-            .expect("node");
+        let node = Node::start(config).await.expect("node");
         let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
         let base = ingest(url.clone(), BASELINE, 0).await;
         // Ingest again, and replay the whole DLQ once it runs.

@@ -31,6 +31,8 @@ pub mod openapi;
 pub use ankusa_queue as queue;
 /// The store (crate `ankusa-store`: the only crate that depends on RocksDB).
 pub use ankusa_store as store;
+#[cfg(any(test, feature = "test-support"))]
+pub mod testkit;
 pub mod upgrade;
 
 /// The allocator of every program built on the relay (the node, its tests and benches):

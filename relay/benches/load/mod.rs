@@ -126,24 +126,25 @@ pub async fn relay_with_route(
     route_keys: &str,
     extra: &str,
 ) -> ankusa_relay::node::Node {
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0" }}
-sinks: [{{ id: s, url: "http://{sink}/"{sink_keys} }}]
-routes: [{{ id: r, sinks: [s]{route_keys} }}]
-sources:
-  - id: bench
-    tenant: {{ header: x-tenant }}
-    verify: {{ scheme: hmac-sha256, secret: {{ value: "{SECRET}" }}, header: x-signature, prefix: "sha256=" }}
-    route: r
-{extra}
-"#,
-        dir.join("db").display()
-    );
-    let config = ankusa_relay::config::Config::from_yaml(&yaml, Vec::new()).expect("config");
+    let config = bench_node(sink, sink_keys, route_keys)
+        .section(extra)
+        .config_at(dir);
     ankusa_relay::node::Node::start(config).await.expect("node")
+}
+
+/// The benches' node: source `bench` (tenant from `x-tenant`, hmac-sha256 with [`SECRET`])
+/// routed to one sink at `sink`, with more keys for the sink and the route.
+pub fn bench_node(
+    sink: std::net::SocketAddr,
+    sink_keys: &str,
+    route_keys: &str,
+) -> ankusa_relay::testkit::NodeBuilder {
+    ankusa_relay::testkit::TestNode::builder()
+        .sink_yaml(&format!(r#"{{ id: s, url: "http://{sink}/"{sink_keys} }}"#))
+        .route_yaml(&format!("{{ id: r, sinks: [s]{route_keys} }}"))
+        .source_yaml(&format!(
+            r#"{{ id: bench, tenant: {{ header: x-tenant }}, verify: {{ scheme: hmac-sha256, secret: {{ value: "{SECRET}" }}, header: x-signature, prefix: "sha256=" }}, route: r }}"#
+        ))
 }
 
 /// The value of an unlabelled sample `name` in a metrics text (0 if absent).

@@ -3,14 +3,11 @@
 
 use std::time::Duration;
 
-use ankusa_relay::config::Config;
-use ankusa_relay::node::Node;
 use ankusa_relay::queue::counters;
 use ankusa_relay::store::keys::Family;
 use ankusa_relay::store::Cf;
-use http_body_util::{BodyExt, Full};
+use ankusa_relay::testkit::{eventually, TestNode, TestSink};
 
-use crate::dispatch::{eventually, TestSink};
 use crate::support::*;
 
 const ADMIN: &str = "admin-token-0123456789";
@@ -19,45 +16,38 @@ const TOKEN_B: &str = "tenant-b-token-0123456789";
 const SRC_SECRET: &str = "source-hmac-secret";
 const SINK_SECRET: &str = "whsec_c2VjcmV0LXNpbmstc2VjcmV0";
 
-fn config(dir: &std::path::Path, sink: &TestSink) -> Config {
-    let yaml = format!(
-        r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin:
-  listen: "127.0.0.1:0"
-  gauge_interval_ms: 100
-  tokens:
-    - {{ name: ops, secret: {{ value: "{ADMIN}" }}, scope: admin }}
-    - {{ name: team-a, secret: {{ value: "{TOKEN_A}" }}, scope: {{ tenants: [a] }} }}
-    - {{ name: team-b, secret: {{ value: "{TOKEN_B}" }}, scope: {{ tenants: [b] }} }}
-dispatch: {{ tick_interval_ms: 10 }}
-retry: {{ schedule_ms: [30], max_attempts: 3, jitter: none }}
-sinks:
-  - {{ id: s, url: "{url}", secret: {{ value: "{SINK_SECRET}" }} }}
-routes: [{{ id: r, sinks: [s] }}]
-sources:
-  - {{ id: shared, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
-  - id: sa
-    tenant: {{ fixed: a }}
-    verify: {{ scheme: hmac-sha256, secret: {{ value: "{SRC_SECRET}" }}, header: x-sig }}
-    route: r
-  - id: sb
-    tenant: {{ fixed: b }}
-    verify: {{ scheme: hmac-sha256, secret: {{ value: "{SRC_SECRET}" }}, header: x-sig }}
-    route: r
-"#,
-        data = dir.join("db").display(),
-        url = sink.url("/hooks"),
-    );
-    Config::from_yaml(&yaml, Vec::new()).unwrap()
+/// The admin tests' node: an admin token and one per tenant a and b, a signed sink `s`,
+/// source `shared` (tenant from `x-tenant`) and sources `sa` / `sb` fixed to tenants a and b
+/// with an HMAC check.
+async fn start_node(sink: &TestSink) -> TestNode {
+    let signed = |id: &str, tenant: &str| {
+        format!(
+            r#"{{ id: {id}, tenant: {{ fixed: {tenant} }}, verify: {{ scheme: hmac-sha256, secret: {{ value: "{SRC_SECRET}" }}, header: x-sig }}, route: r }}"#
+        )
+    };
+    TestNode::builder()
+        .admin_key("gauge_interval_ms: 100")
+        .admin_token("ops", ADMIN)
+        .tenant_token("team-a", TOKEN_A, &["a"])
+        .tenant_token("team-b", TOKEN_B, &["b"])
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("retry: { schedule_ms: [30], max_attempts: 3, jitter: none }")
+        .sink_yaml(&format!(
+            r#"{{ id: s, url: "{}", secret: {{ value: "{SINK_SECRET}" }} }}"#,
+            sink.url("/hooks")
+        ))
+        .route("r", &["s"])
+        .open_source("shared", "r")
+        .source_yaml(&signed("sa", "a"))
+        .source_yaml(&signed("sb", "b"))
+        .start()
+        .await
 }
 
 struct H {
-    node: Node,
+    node: TestNode,
     sink: TestSink,
     c: Client,
-    _dir: tempfile::TempDir,
 }
 
 impl H {
@@ -67,13 +57,11 @@ impl H {
         let sink = TestSink::start().await;
         sink.default_status
             .store(400, std::sync::atomic::Ordering::Relaxed);
-        let dir = tempfile::tempdir().unwrap();
-        let node = Node::start(config(dir.path(), &sink)).await.unwrap();
+        let node = start_node(&sink).await;
         let h = H {
             node,
             sink,
             c: client(),
-            _dir: dir,
         };
         for t in ["a", "b"] {
             for i in 0..3 {
@@ -176,7 +164,7 @@ async fn tenant_scoped_dlq() {
     assert_eq!(s, 401);
     let (s, _) = h.call("GET", "/v1/dlq", Some("not-a-token"), "").await;
     assert_eq!(s, 401);
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -194,7 +182,7 @@ async fn tenant_scoped_dlq_reads_one_range() {
         "no walk of the node-wide dead family"
     );
     assert_eq!(d.point_reads_of(Cf::Hooks), 0, "no hook read");
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 /// Every endpoint, for both tenant scopes: the other tenant's rows cannot be seen or changed.
@@ -251,7 +239,7 @@ async fn a_tenant_token_can_neither_see_nor_change_another_tenants_rows() {
     }
     // Nothing changed for either tenant.
     assert_eq!(counters::node(&h.node.store).unwrap().dead, 6);
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -302,7 +290,7 @@ async fn tenant_scoped_quarantine_purge() {
         .unwrap()
         .iter()
         .any(|r| r["who"] == "team-a" && r["action"] == "quarantine.delete"));
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -342,7 +330,7 @@ async fn tenant_scoped_replay() {
         .any(|r| r["action"] == "dlq.replay" && r["tenant"] == "a"));
     let (_, audit_b) = h.call("GET", "/v1/audit", Some(TOKEN_B), "").await;
     assert!(audit_b["items"].as_array().unwrap().is_empty());
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -380,7 +368,7 @@ async fn purge_removes_one_tenants_rows_and_a_second_purge_is_a_no_op() {
     assert!(ankusa_relay::queue::fold::verify(&h.node.store)
         .unwrap()
         .is_empty());
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -398,7 +386,7 @@ async fn config_shows_no_secret_and_node_status_is_served() {
     assert_eq!(s, 200);
     assert_eq!(node["store_format"], 3);
     assert_eq!(node["counters"]["dead"], 6);
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -447,7 +435,7 @@ async fn metrics_are_valid_prometheus_text() {
         text_of(&out.stdout),
         text_of(&out.stderr)
     );
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 /// A dead row whose value no longer decodes: the DLQ page is an error (500), never a page
@@ -488,7 +476,7 @@ async fn a_corrupt_row_is_an_error_and_is_counted_by_family() {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 fn text_of(b: &[u8]) -> String {
@@ -505,8 +493,7 @@ async fn concurrent_replays_and_purges_during_dispatch_move_each_row_once() {
     let sink = TestSink::start().await;
     sink.default_status
         .store(400, std::sync::atomic::Ordering::Relaxed);
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path(), &sink)).await.unwrap();
+    let node = start_node(&sink).await;
     let c = client();
     let tenants = ["t0", "t1", "t2", "t3", "t4"];
     let hooks = 600;
@@ -528,12 +515,7 @@ async fn concurrent_replays_and_purges_during_dispatch_move_each_row_once() {
     let before_recovery = sink.on("/hooks").len();
     sink.default_status
         .store(200, std::sync::atomic::Ordering::Relaxed);
-    let h = H {
-        node,
-        sink,
-        c,
-        _dir: dir,
-    };
+    let h = H { node, sink, c };
     let replay = || h.call("POST", "/v1/dlq/replay", Some(ADMIN), r#"{"from_ms":0}"#);
     let hr = &h;
     let purge = |t: &'static str| {
@@ -592,37 +574,7 @@ async fn concurrent_replays_and_purges_during_dispatch_move_each_row_once() {
     assert!(ankusa_relay::queue::fold::verify(&store)
         .unwrap()
         .is_empty());
-    h.node.shutdown().await.unwrap();
-}
-
-/// A raw request: method, URL, headers, body; answers status, headers and the JSON body
-/// (`Null` if it is not JSON).
-pub async fn raw(
-    c: &Client,
-    method: &str,
-    url: &str,
-    headers: &[(&str, &str)],
-    body: &str,
-) -> (u16, hyper::HeaderMap, serde_json::Value) {
-    let mut req = hyper::Request::builder().method(method).uri(url);
-    for (k, v) in headers {
-        req = req.header(*k, *v);
-    }
-    let resp = c
-        .request(
-            req.body(Full::new(bytes::Bytes::from(body.to_owned())))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    let status = resp.status().as_u16();
-    let h = resp.headers().clone();
-    let b = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        h,
-        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
-    )
+    h.node.stop().await;
 }
 
 /// Every error from both listeners is the JSON shape with a stable code — the framework's
@@ -711,7 +663,7 @@ async fn every_error_is_json_and_the_token_comes_first() {
         .to_str()
         .unwrap()
         .starts_with("text/plain"));
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 /// The repository's root.
@@ -943,7 +895,7 @@ async fn the_admin_cli_merges_three_nodes() {
         "{err}"
     );
     for h in hs {
-        h.node.shutdown().await.unwrap();
+        h.node.stop().await;
     }
 }
 
@@ -1048,7 +1000,7 @@ async fn a_hooks_attempts_and_state_are_in_the_hook_log() {
         .map(|e| e["kind"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(kinds, ["attempt", "replayed", "attempt"]);
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 /// `GET /v1/sources/{id}` (ADR `pending_for_source`): a source's configuration and the
@@ -1114,5 +1066,5 @@ async fn a_sources_backlog_counts_the_rows_its_hooks_still_owe() {
     h.sink
         .delay_ms
         .store(0, std::sync::atomic::Ordering::Relaxed);
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }

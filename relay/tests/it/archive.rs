@@ -2,54 +2,41 @@
 //! delivery and reclaim, listed for their tenant, sent again on request, and gone after
 //! their retention; `archive_pending` returns to 0 and the counters equal a fold.
 
-use ankusa_relay::config::Config;
-use ankusa_relay::node::Node;
 use ankusa_relay::queue::{counters, fold};
 use ankusa_relay::store::keys::Family;
+use ankusa_relay::testkit::{eventually, TestNode, TestSink};
 
-use crate::admin::raw;
-use crate::dispatch::{eventually, TestSink};
 use crate::support::*;
 
 const ADMIN: &str = "archive-admin-token-0123";
 const TOKEN_A: &str = "archive-tenant-a-token-01";
 const TOKEN_B: &str = "archive-tenant-b-token-01";
 
-fn config(dir: &std::path::Path, sink: &TestSink) -> Config {
-    let yaml = format!(
-        r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin:
-  listen: "127.0.0.1:0"
-  tokens:
-    - {{ name: ops, secret: {{ value: "{ADMIN}" }}, scope: admin }}
-    - {{ name: team-a, secret: {{ value: "{TOKEN_A}" }}, scope: {{ tenants: [a] }} }}
-    - {{ name: team-b, secret: {{ value: "{TOKEN_B}" }}, scope: {{ tenants: [b] }} }}
-dispatch: {{ tick_interval_ms: 10 }}
-reclaim: {{ interval_ms: 30 }}
-archive: {{ retention_ms: 600000, settle_interval_ms: 50 }}
-sinks:
-  - {{ id: s, url: "{url}" }}
-routes:
-  - {{ id: kept, sinks: [s], archive: {{ enabled: true }} }}
-  - {{ id: plain, sinks: [s] }}
-sources:
-  - {{ id: shared, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: kept }}
-  - {{ id: brief, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: kept, archive: {{ retention_ms: 1500 }} }}
-  - {{ id: unkept, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: plain }}
-"#,
-        data = dir.join("db").display(),
-        url = sink.url("/hooks"),
-    );
-    Config::from_yaml(&yaml, Vec::new()).unwrap()
+/// Route `kept` archives, `plain` does not; `brief` keeps its hooks 1.5 s.
+async fn start_node(sink: &TestSink) -> TestNode {
+    TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .tenant_token("team-a", TOKEN_A, &["a"])
+        .tenant_token("team-b", TOKEN_B, &["b"])
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("reclaim: { interval_ms: 30 }")
+        .section("archive: { retention_ms: 600000, settle_interval_ms: 50 }")
+        .sink("s", &sink.url("/hooks"))
+        .route_yaml("{ id: kept, sinks: [s], archive: { enabled: true } }")
+        .route("plain", &["s"])
+        .open_source("shared", "kept")
+        .source_yaml(
+            "{ id: brief, tenant: { header: x-tenant }, verify: { scheme: none }, route: kept, archive: { retention_ms: 1500 } }",
+        )
+        .open_source("unkept", "plain")
+        .start()
+        .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn archived_hooks_are_listed_replayed_and_gone_after_their_retention() {
     let sink = TestSink::start().await;
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path(), &sink)).await.unwrap();
+    let node = start_node(&sink).await;
     let c = client();
     let send = |source: &'static str, tenant: &'static str, i: usize| {
         let (c, url) = (
@@ -212,5 +199,5 @@ async fn archived_hooks_are_listed_replayed_and_gone_after_their_retention() {
         .iter()
         .any(|r| r["action"] == "archive.replay"));
     assert!(fold::verify(&store).unwrap().is_empty());
-    node.shutdown().await.unwrap();
+    node.stop().await;
 }

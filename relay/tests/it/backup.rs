@@ -1,30 +1,36 @@
 //! Backups over the admin API, pulled and restored by the command line.
 
-use ankusa_relay::config::Config;
 use ankusa_relay::node::Node;
 use ankusa_relay::queue::{counters, fold};
 use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_relay::testkit::NodeBuilder;
 
 use crate::support::*;
+
+/// A node whose only sink never answers and retries after an hour: every hook stays queued.
+fn parked() -> NodeBuilder {
+    NodeBuilder::default()
+        .sink("s", "http://127.0.0.1:9/never")
+        .route("r", &["s"])
+        .section("retry: { schedule_ms: [3600000] }")
+        .open_source("in", "r")
+}
+
+/// Starts `b` with its store at `<dir>/db`.
+async fn start(b: NodeBuilder, dir: &std::path::Path) -> Node {
+    Node::start(b.config_at(dir)).await.unwrap()
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pulled_backup_restores_to_the_same_store() {
     let dir = tempfile::tempdir().unwrap();
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0", tokens: {ADMIN_TOKENS_YAML}, backup_keep: 1 }}
-sinks: [{{ id: s, url: "http://127.0.0.1:9/never" }}]
-routes: [{{ id: r, sinks: [s] }}]
-retry: {{ schedule_ms: [3600000] }}
-sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
-"#,
-        dir.path().join("db").display()
-    );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
-        .await
-        .unwrap();
+    let node = start(
+        parked()
+            .admin_token("it", ADMIN_TOKEN)
+            .admin_key("backup_keep: 1"),
+        dir.path(),
+    )
+    .await;
     let c = client();
     for i in 0..40 {
         let r = post(
@@ -165,28 +171,17 @@ fn nothing_staged(dir: &std::path::Path) -> Vec<String> {
 async fn a_backup_token_streams_a_backup_and_can_do_nothing_else() {
     let dir = tempfile::tempdir().unwrap();
     let staging = dir.path().join("staging");
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin:
-  listen: "127.0.0.1:0"
-  backup_dir: {}
-  tokens:
-    - {{ name: it, secret: {{ value: "{ADMIN_TOKEN}" }}, scope: admin }}
-    - {{ name: jobs, secret: {{ value: "{BACKUP_TOKEN}" }}, scope: backup }}
-    - {{ name: t0, secret: {{ value: "{TENANT_TOKEN}" }}, scope: {{ tenants: [t0] }} }}
-sinks: [{{ id: s, url: "http://127.0.0.1:9/never" }}]
-routes: [{{ id: r, sinks: [s] }}]
-retry: {{ schedule_ms: [3600000] }}
-sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
-"#,
-        dir.path().join("db").display(),
-        staging.display()
-    );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
-        .await
-        .unwrap();
+    let node = start(
+        parked()
+            .admin_key(&format!("backup_dir: {}", staging.display()))
+            .admin_token("it", ADMIN_TOKEN)
+            .token_yaml(&format!(
+                r#"{{ name: jobs, secret: {{ value: "{BACKUP_TOKEN}" }}, scope: backup }}"#
+            ))
+            .tenant_token("t0", TENANT_TOKEN, &["t0"]),
+        dir.path(),
+    )
+    .await;
     let c = client();
     for i in 0..30 {
         let r = post(
@@ -260,21 +255,7 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
 async fn an_offline_backup_packs_a_closed_store_and_refuses_what_is_not_one() {
     let dir = tempfile::tempdir().unwrap();
     let db = dir.path().join("db");
-    let yaml = format!(
-        r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin: {{ listen: "127.0.0.1:0", tokens: {ADMIN_TOKENS_YAML} }}
-sinks: [{{ id: s, url: "http://127.0.0.1:9/never" }}]
-routes: [{{ id: r, sinks: [s] }}]
-retry: {{ schedule_ms: [3600000] }}
-sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
-"#,
-        db.display()
-    );
-    let node = Node::start(Config::from_yaml(&yaml, Vec::new()).unwrap())
-        .await
-        .unwrap();
+    let node = start(parked().admin_token("it", ADMIN_TOKEN), dir.path()).await;
     let c = client();
     for i in 0..12 {
         let r = post(

@@ -167,48 +167,14 @@ fn a_bad_config_is_refused_with_the_key_named() {
     );
 }
 
-/// Kills the child when the test ends, however it ends.
-struct Node(std::process::Child);
-
-impl Drop for Node {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[test]
 fn run_opens_the_store_and_serves_health_readiness_and_node_status() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("db");
     store_with_hooks(&data, 6);
-    let port = free_port();
-    let cfg = dir.path().join("relay.yaml");
-    std::fs::write(
-        &cfg,
-        format!(
-            "data_dir: {}\nadmin:\n  listen: 127.0.0.1:{port}\n  tokens: {ADMIN_TOKENS_YAML}\ningest:\n  listen: 127.0.0.1:{}\n",
-            data.display(),
-            free_port()
-        ),
-    )
-    .unwrap();
-    let _node = Node(
-        bin()
-            .args(["run", "--config", cfg.to_str().unwrap()])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok((200, _)) = http_get(port, "/readyz") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "the node never became ready");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    let spec = proc_node();
+    let port = spec.admin_port().unwrap();
+    let _node = Proc::start(dir.path(), &spec);
     assert_eq!(http_get(port, "/healthz").unwrap(), (200, "ok\n".into()));
     assert_eq!(
         http_get(port, "/v1/node").unwrap().0,
@@ -356,8 +322,8 @@ fn the_readmes_quickstart_works_as_written() {
         commands[0]
     );
     let dir = tempfile::tempdir().unwrap();
-    let _node = Node(
-        bin()
+    let _node = Proc {
+        child: bin()
             .current_dir(dir.path())
             .args(["run", "--config"])
             .arg(root.join("examples/quickstart.yaml"))
@@ -365,14 +331,14 @@ fn the_readmes_quickstart_works_as_written() {
             .stderr(std::process::Stdio::null())
             .spawn()
             .unwrap(),
-    );
-    let mut sink = Node(
-        std::process::Command::new("sh")
+    };
+    let mut sink = Proc {
+        child: std::process::Command::new("sh")
             .args(["-c", &format!("exec {}", commands[0])])
             .stdout(std::process::Stdio::piped())
             .spawn()
             .unwrap(),
-    );
+    };
     let deadline = Instant::now() + Duration::from_secs(30);
     while !matches!(http_get(8080, "/readyz"), Ok((200, _))) {
         assert!(
@@ -406,7 +372,7 @@ fn the_readmes_quickstart_works_as_written() {
     assert_eq!(node["store_format"], 3, "{node}");
     assert_eq!(node["tenants"], 1, "{node}");
     // The sink prints the hook, its signature checked.
-    let mut out = sink.0.stdout.take().unwrap();
+    let mut out = sink.child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         use std::io::BufRead;

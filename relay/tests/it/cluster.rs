@@ -8,8 +8,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::dispatch::TestSink;
+use ankusa_relay::testkit::NodeBuilder;
+
 use crate::support::*;
+use ankusa_relay::testkit::TestSink;
 
 const GH_SECRET: &str = "cluster-github-secret";
 const CLUSTER_TOKEN: &str = "cluster-token-0123456789abcdef";
@@ -72,7 +74,7 @@ impl Relay {
     }
 
     /// Node `i`'s configuration with the current node list.
-    fn yaml(&self, i: usize) -> String {
+    fn spec(&self, i: usize) -> NodeBuilder {
         let s = &self.specs[i];
         let nodes: Vec<String> = self
             .specs
@@ -84,36 +86,33 @@ impl Relay {
                 )
             })
             .collect();
-        format!(
-            r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
-dispatch: {{ tick_interval_ms: 20 }}
-cluster:
-  name: {name}
+        NodeBuilder::default()
+            .ports(s.admin, s.ingest)
+            .admin_token("it", ADMIN_TOKEN)
+            .section("dispatch: { tick_interval_ms: 20 }")
+            .section(&format!(
+                r#"cluster:
+  name: {}
   token: {{ value: "{CLUSTER_TOKEN}" }}
   forward_timeout_ms: 2000
-  nodes: [{nodes}]
-{extra}
-sinks: [{{ id: s, url: "{url}", timeout_ms: 5000 }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources:
-  - {{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: r }}
-"#,
-            data = s.dir.join("db").display(),
-            ingest = s.ingest,
-            admin = s.admin,
-            name = s.name,
-            nodes = nodes.join(", "),
-            extra = self.extra,
-            url = self.sink.url("/s"),
-        )
+  nodes: [{}]"#,
+                s.name,
+                nodes.join(", ")
+            ))
+            .section(&self.extra)
+            .sink_yaml(&format!(
+                r#"{{ id: s, url: "{}", timeout_ms: 5000 }}"#,
+                self.sink.url("/s")
+            ))
+            .route("r", &["s"])
+            .source_yaml(&format!(
+                r#"{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: r }}"#
+            ))
     }
 
     fn start(&mut self, i: usize) {
-        let y = self.yaml(i);
-        self.procs[i] = Some(Proc::start(&self.specs[i].dir, &y, self.specs[i].admin));
+        let spec = self.spec(i);
+        self.procs[i] = Some(Proc::start(&self.specs[i].dir, &spec));
     }
 
     fn start_all(&mut self) {

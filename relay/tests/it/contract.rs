@@ -7,11 +7,10 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use ankusa_relay::config::Config;
-use ankusa_relay::node::Node;
 use ankusa_relay::queue::counters;
 
-use crate::dispatch::{eventually, TestSink};
+use ankusa_relay::testkit::{eventually, TestNode, TestSink};
+
 use crate::support::*;
 
 const ADMIN: &str = "contract-admin-token-0123";
@@ -130,29 +129,19 @@ fn the_document_names_every_route_the_routers_serve_and_api_md_documents_each() 
     );
 }
 
-fn config(dir: &Path, sink: &TestSink) -> Config {
-    let yaml = format!(
-        r#"
-data_dir: {data}
-ingest: {{ listen: "127.0.0.1:0" }}
-admin:
-  listen: "127.0.0.1:0"
-  tokens: [{{ name: ops, secret: {{ value: "{ADMIN}" }}, scope: admin }}]
-  backup_dir: {backups}
-  backup_keep: 2
-dispatch: {{ tick_interval_ms: 20 }}
-archive: {{ settle_interval_ms: 50 }}
-sinks: [{{ id: s, url: "{url}" }}]
-routes: [{{ id: r, sinks: [s], archive: {{ enabled: true }} }}]
-sources:
-  - {{ id: shared, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
-  - {{ id: fixed, tenant: {{ fixed: acme }}, verify: {{ scheme: none }}, route: r }}
-"#,
-        data = dir.join("db").display(),
-        backups = dir.join("backups").display(),
-        url = sink.url("/hooks"),
-    );
-    Config::from_yaml(&yaml, Vec::new()).unwrap()
+async fn start_node(sink: &TestSink) -> TestNode {
+    TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .admin_key("backup_dir: {dir}/backups")
+        .admin_key("backup_keep: 2")
+        .section("dispatch: { tick_interval_ms: 20 }")
+        .section("archive: { settle_interval_ms: 50 }")
+        .sink("s", &sink.url("/hooks"))
+        .route_yaml("{ id: r, sinks: [s], archive: { enabled: true } }")
+        .open_source("shared", "r")
+        .source_yaml("{ id: fixed, tenant: { fixed: acme }, verify: { scheme: none }, route: r }")
+        .start()
+        .await
 }
 
 /// Runs schemathesis on `docs/openapi.json` against `url` for the operations `tag_args`
@@ -202,8 +191,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_off_the_schema() {
     // Every hook dead-letters: the DLQ, the hook log and the archive have something to show.
     sink.default_status
         .store(400, std::sync::atomic::Ordering::Relaxed);
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(config(dir.path(), &sink)).await.unwrap();
+    let node = start_node(&sink).await;
     let c = client();
     let mut hook = String::new();
     for i in 0..5 {
@@ -225,7 +213,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_off_the_schema() {
     .await;
     // Values that reach the handlers' real work, not only their 404s.
     std::fs::write(
-        dir.path().join("schemathesis.toml"),
+        node.dir().join("schemathesis.toml"),
         format!(
             r#"[parameters]
 "path.t" = "acme"
@@ -245,7 +233,7 @@ parameters = {{ "path.id" = "shared" }}
     .unwrap();
     let admin = format!("http://{}", node.admin_addr);
     let ingest = format!("http://{}", node.ingest_addr);
-    let d = dir.path().to_owned();
+    let d = node.dir().to_owned();
     let results = tokio::task::spawn_blocking(move || {
         [
             (
@@ -265,5 +253,5 @@ parameters = {{ "path.id" = "shared" }}
             panic!("schemathesis against the {which} listener:\n{out}");
         }
     }
-    node.shutdown().await.unwrap();
+    node.stop().await;
 }

@@ -9,38 +9,26 @@ use ankusa_relay::queue::{fold, tenants};
 use ankusa_relay::store::keys::Family;
 use ankusa_relay::store::{OpenOptions, Store};
 
+use ankusa_relay::testkit::NodeBuilder;
+
 use crate::support::*;
 
-fn yaml(data: &std::path::Path, admin: u16, ingest: u16) -> String {
-    format!(
-        r#"
-data_dir: {}
-ingest:
-  listen: 127.0.0.1:{ingest}
-admin:
-  listen: 127.0.0.1:{admin}
-  tokens: {ADMIN_TOKENS_YAML}
-sinks:
-  - {{ id: a, url: "http://127.0.0.1:9/a" }}
-  - {{ id: b, url: "http://127.0.0.1:9/b" }}
-routes:
-  - {{ id: both, sinks: [a, b] }}
-sources:
-  - id: shared
-    tenant: {{ header: x-tenant }}
-    verify: {{ scheme: none }}
-    route: both
-"#,
-        data.display()
-    )
+/// A node whose two sinks never answer: every acked hook stays queued, twice.
+fn two_dead_sinks() -> NodeBuilder {
+    proc_node()
+        .sink("a", "http://127.0.0.1:9/a")
+        .sink("b", "http://127.0.0.1:9/b")
+        .route("both", &["a", "b"])
+        .open_source("shared", "both")
 }
 
 #[test]
 fn every_acked_hook_survives_kill_9() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("db");
-    let (admin, ingest) = (free_port(), free_port());
-    let mut node = Proc::start(dir.path(), &yaml(&data, admin, ingest), admin);
+    let spec = two_dead_sinks();
+    let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
+    let mut node = Proc::start(dir.path(), &spec);
 
     let acked: Arc<Mutex<Vec<(String, String)>>> = Arc::default();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -92,7 +80,7 @@ fn every_acked_hook_survives_kill_9() {
     );
 
     // The restarted binary boots on the crashed store and reports the same counters.
-    let node = Proc::start(dir.path(), &yaml(&data, admin, ingest), admin);
+    let node = Proc::start(dir.path(), &spec);
     let (status, body) = http_get_admin(admin, "/v1/node").unwrap();
     assert_eq!(status, 200);
     let status: serde_json::Value = serde_json::from_str(&body).unwrap();
@@ -157,12 +145,12 @@ fn every_acked_hook_survives_kill_9() {
 /// `delay_ms`; `extra` is more configuration (YAML lines).
 struct SinkNode {
     rt: tokio::runtime::Runtime,
-    sink: crate::dispatch::TestSink,
+    sink: ankusa_relay::testkit::TestSink,
     dir: tempfile::TempDir,
     data: std::path::PathBuf,
     admin: u16,
     ingest: u16,
-    yaml: String,
+    spec: NodeBuilder,
 }
 
 impl SinkNode {
@@ -172,40 +160,33 @@ impl SinkNode {
             .enable_all()
             .build()
             .unwrap();
-        let sink = rt.block_on(crate::dispatch::TestSink::start());
+        let sink = rt.block_on(ankusa_relay::testkit::TestSink::start());
         sink.delay_ms
             .store(delay_ms, std::sync::atomic::Ordering::Relaxed);
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("db");
-        let (admin, ingest) = (free_port(), free_port());
-        let yaml = format!(
-            r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
-dispatch: {{ tick_interval_ms: 10 }}
-{extra}
-sinks: [{{ id: s, url: "{}", timeout_ms: {sink_timeout_ms} }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources:
-  - {{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}
-"#,
-            data.display(),
-            sink.url("/s")
-        );
+        let spec = proc_node()
+            .section("dispatch: { tick_interval_ms: 10 }")
+            .section(extra)
+            .sink_yaml(&format!(
+                r#"{{ id: s, url: "{}", timeout_ms: {sink_timeout_ms} }}"#,
+                sink.url("/s")
+            ))
+            .route("r", &["s"])
+            .open_source("in", "r");
         SinkNode {
             rt,
             sink,
             dir,
             data,
-            admin,
-            ingest,
-            yaml,
+            admin: spec.admin_port().unwrap(),
+            ingest: spec.ingest_port().unwrap(),
+            spec,
         }
     }
 
     fn start(&self) -> Proc {
-        Proc::start(self.dir.path(), &self.yaml, self.admin)
+        Proc::start(self.dir.path(), &self.spec)
     }
 
     /// Posts `n` hooks over `tenants` tenants; their ids.
@@ -229,7 +210,7 @@ sources:
     }
 
     /// What the sink has received.
-    fn received(&self) -> Vec<crate::dispatch::Received> {
+    fn received(&self) -> Vec<ankusa_relay::testkit::Received> {
         self.sink.on("/s")
     }
 
@@ -431,7 +412,7 @@ struct DeadStore {
     dir: tempfile::TempDir,
     data: std::path::PathBuf,
     admin: u16,
-    yaml: String,
+    spec: NodeBuilder,
 }
 
 impl DeadStore {
@@ -439,28 +420,20 @@ impl DeadStore {
         let dir = tempfile::tempdir().unwrap();
         let data = dir.path().join("db");
         crate::seed::store_with_dead(&data, rows, tenants, "it", 2);
-        let (admin, ingest) = (free_port(), free_port());
-        let yaml = format!(
-            r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
-retry: {{ schedule_ms: [3600000], jitter: none }}
-sinks: [{{ id: s, url: "http://127.0.0.1:9/refused", timeout_ms: 1000 }}]
-routes: [{{ id: r, sinks: [s] }}]
-"#,
-            data.display()
-        );
+        let spec = proc_node()
+            .section("retry: { schedule_ms: [3600000], jitter: none }")
+            .sink_yaml(r#"{ id: s, url: "http://127.0.0.1:9/refused", timeout_ms: 1000 }"#)
+            .route("r", &["s"]);
         DeadStore {
             dir,
             data,
-            admin,
-            yaml,
+            admin: spec.admin_port().unwrap(),
+            spec,
         }
     }
 
     fn start(&self) -> Proc {
-        Proc::start(self.dir.path(), &self.yaml, self.admin)
+        Proc::start(self.dir.path(), &self.spec)
     }
 
     fn counters(&self) -> serde_json::Value {

@@ -1,141 +1,39 @@
 //! Delivery end to end: a node with a real store delivering to a real axum sink on
 //! 127.0.0.1.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ankusa_relay::config::Config;
 use ankusa_relay::edge::verify::{standard_webhooks_key, Verifier};
 use ankusa_relay::node::Node;
 use ankusa_relay::queue::deliveries::{self, PurgeKinds};
 use ankusa_relay::queue::{counters, fold, tenants, Counts};
 use ankusa_relay::store::keys::Family;
-use axum::http::{HeaderMap, StatusCode};
+use ankusa_relay::testkit::{eventually, NodeBuilder, TestNode, TestSink};
 
 use crate::support::*;
 
 const SINK_SECRET: &str = "whsec_c2luay1zZWNyZXQtZm9yLXRoZS10ZXN0cw==";
 
-/// A request the sink received.
-#[derive(Debug, Clone)]
-pub struct Received {
-    pub path: String,
-    pub headers: HeaderMap,
-    pub body: Vec<u8>,
-    pub at: Instant,
-}
-
-/// A scripted answer: status and an optional `Retry-After` in seconds.
-type Answer = (u16, Option<u64>);
-
-/// A local webhook receiver: answers each path from a script (default 200), records all.
-#[derive(Clone, Default)]
-pub struct TestSink {
-    pub received: Arc<Mutex<Vec<Received>>>,
-    script: Arc<Mutex<HashMap<String, VecDeque<Answer>>>>,
-    /// Every path answers this status when its script is empty (0 = 200).
-    pub default_status: Arc<AtomicU64>,
-    /// Milliseconds each request is held before the answer.
-    pub delay_ms: Arc<AtomicU64>,
-    /// Requests being answered now, and the most ever at once.
-    pub open: Arc<AtomicU64>,
-    pub most_open: Arc<AtomicU64>,
-    pub port: u16,
-}
-
-impl TestSink {
-    pub async fn start() -> TestSink {
-        let mut sink = TestSink::default();
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        sink.port = l.local_addr().unwrap().port();
-        let s = sink.clone();
-        let app = axum::Router::new().fallback(
-            move |uri: axum::http::Uri, headers: HeaderMap, body: axum::body::Bytes| {
-                let s = s.clone();
-                async move {
-                    let path = uri.path().to_owned();
-                    s.received.lock().unwrap().push(Received {
-                        path: path.clone(),
-                        headers,
-                        body: body.to_vec(),
-                        at: Instant::now(),
-                    });
-                    let open = s.open.fetch_add(1, Ordering::SeqCst) + 1;
-                    s.most_open.fetch_max(open, Ordering::SeqCst);
-                    let delay = s.delay_ms.load(Ordering::Relaxed);
-                    if delay > 0 {
-                        tokio::time::sleep(Duration::from_millis(delay)).await;
-                    }
-                    s.open.fetch_sub(1, Ordering::SeqCst);
-                    let next = s
-                        .script
-                        .lock()
-                        .unwrap()
-                        .get_mut(&path)
-                        .and_then(VecDeque::pop_front);
-                    let (status, retry_after) = next.unwrap_or_else(|| {
-                        match s.default_status.load(Ordering::Relaxed) as u16 {
-                            0 => (200, None),
-                            n => (n, None),
-                        }
-                    });
-                    let mut resp = axum::response::Response::new(axum::body::Body::empty());
-                    *resp.status_mut() = StatusCode::from_u16(status).unwrap();
-                    if let Some(ra) = retry_after {
-                        resp.headers_mut().insert("retry-after", ra.into());
-                    }
-                    resp
-                }
-            },
-        );
-        tokio::spawn(async move {
-            let _ = axum::serve(l, app).await;
-        });
-        sink
-    }
-
-    pub fn script(&self, path: &str, answers: &[Answer]) {
-        self.script
-            .lock()
-            .unwrap()
-            .insert(path.to_owned(), answers.iter().copied().collect());
-    }
-
-    pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
-    }
-
-    pub fn on(&self, path: &str) -> Vec<Received> {
-        self.received
-            .lock()
-            .unwrap()
-            .iter()
-            .filter(|r| r.path == path)
-            .cloned()
-            .collect()
-    }
-}
-
-/// Polls `f` every 20 ms until it holds, or fails after `secs`.
-pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// A node on a store under `dir`, listening on ephemeral loopback ports; `rest` is the
 /// rest of its configuration.
 async fn start_node(dir: &std::path::Path, rest: &str) -> Node {
-    start_node_with_admin(dir, "[]", rest).await
+    start(NodeBuilder::default().section(rest), dir).await
 }
 
-/// [`start_node`] with admin `tokens` (a YAML flow list).
-async fn start_node_with_admin(dir: &std::path::Path, tokens: &str, rest: &str) -> Node {
-    Node::start(node_config(dir, tokens, rest)).await.unwrap()
+/// [`start_node`] with the tests' admin token.
+async fn start_node_with_admin(dir: &std::path::Path, rest: &str) -> Node {
+    start(
+        NodeBuilder::default()
+            .admin_token("it", ADMIN_TOKEN)
+            .section(rest),
+        dir,
+    )
+    .await
+}
+
+async fn start(b: NodeBuilder, dir: &std::path::Path) -> Node {
+    Node::start(b.config_at(dir)).await.unwrap()
 }
 
 /// Posts `hooks` hooks of `tenant` to `url` from 16 concurrent clients, each acked.
@@ -157,62 +55,46 @@ async fn backlog(c: &Client, url: &str, tenant: &str, hooks: usize) {
     }
 }
 
-/// A node's configuration: its store under `dir`, ephemeral loopback listeners, admin
-/// `tokens`, then `rest`.
-fn node_config(dir: &std::path::Path, tokens: &str, rest: &str) -> Config {
-    let yaml = format!(
-        "data_dir: {}\ningest: {{ listen: \"127.0.0.1:0\" }}\nadmin: {{ listen: \"127.0.0.1:0\", tokens: {tokens} }}\n{rest}",
-        dir.join("db").display()
-    );
-    Config::from_yaml(&yaml, Vec::new()).unwrap()
-}
-
-fn config(dir: &std::path::Path, sink: &TestSink, routes: &str, extra: &str) -> Config {
-    let rest = format!(
-        r#"
-dispatch: {{ tick_interval_ms: 10 }}
-retry: {{ schedule_ms: [60, 120, 240], max_attempts: 4, jitter: none }}
-reclaim: {{ interval_ms: 30 }}
-sinks:
-  - {{ id: a, url: "{a}", secret: {{ value: "{SINK_SECRET}" }}, headers: {{ x-extra: "yes" }} }}
-  - {{ id: b, url: "{b}" }}
-  - {{ id: c, url: "{c}" }}
-  - {{ id: lenient, url: "{l}", dead_letter_on_4xx: false }}
-routes:
-{routes}
-sources:
-  - id: in
-    tenant: {{ header: x-tenant }}
-    verify: {{ scheme: none }}
-    route: main
-{extra}"#,
-        a = sink.url("/a"),
-        b = sink.url("/b"),
-        c = sink.url("/c"),
-        l = sink.url("/lenient"),
-    );
-    node_config(dir, "[]", &rest)
+/// The delivery tests' node: sinks `a` (signed, with an extra header), `b`, `c` and
+/// `lenient` (no dead letter on a 4xx) on `sink`, route `main` to `route_sinks`, source `in`
+/// (tenant from `x-tenant`, no verification) and `sources`.
+fn builder(sink: &TestSink, route_sinks: &[&str], sources: &[&str]) -> NodeBuilder {
+    let mut b = TestNode::builder()
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("retry: { schedule_ms: [60, 120, 240], max_attempts: 4, jitter: none }")
+        .section("reclaim: { interval_ms: 30 }")
+        .sink_yaml(&format!(
+            r#"{{ id: a, url: "{}", secret: {{ value: "{SINK_SECRET}" }}, headers: {{ x-extra: "yes" }} }}"#,
+            sink.url("/a")
+        ))
+        .sink("b", &sink.url("/b"))
+        .sink("c", &sink.url("/c"))
+        .sink_yaml(&format!(
+            r#"{{ id: lenient, url: "{}", dead_letter_on_4xx: false }}"#,
+            sink.url("/lenient")
+        ))
+        .route("main", route_sinks)
+        .open_source("in", "main");
+    for s in sources {
+        b = b.source_yaml(s);
+    }
+    b
 }
 
 struct Harness {
-    node: Node,
+    node: TestNode,
     sink: TestSink,
     c: Client,
-    _dir: tempfile::TempDir,
 }
 
 impl Harness {
-    async fn start(routes: &str, extra: &str) -> Harness {
+    async fn start(route_sinks: &[&str], sources: &[&str]) -> Harness {
         let sink = TestSink::start().await;
-        let dir = tempfile::tempdir().unwrap();
-        let node = Node::start(config(dir.path(), &sink, routes, extra))
-            .await
-            .unwrap();
+        let node = builder(&sink, route_sinks, sources).start().await;
         Harness {
             node,
             sink,
             c: client(),
-            _dir: dir,
         }
     }
 
@@ -318,7 +200,7 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
 "#,
         a = sink.url("/a"),
     );
-    let node = start_node_with_admin(dir.path(), ADMIN_TOKENS_YAML, &rest).await;
+    let node = start_node_with_admin(dir.path(), &rest).await;
     let c = client();
     // 503, then 200: the retry leaves 200 ms after the first attempt, not at the tick.
     sink.script("/a", &[(503, None), (400, None)]);
@@ -570,7 +452,7 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
 
 #[tokio::test]
 async fn a_hook_arrives_signed_with_its_original_body() {
-    let h = Harness::start("  - { id: main, sinks: [a] }", "").await;
+    let h = Harness::start(&["a"], &[]).await;
     let body = r#"{"event":"invoice.paid","amount":4200}"#;
     let id = h.send("acme", body).await;
     eventually(10, "the sink to receive the hook", || {
@@ -592,7 +474,7 @@ async fn a_hook_arrives_signed_with_its_original_body() {
     h.settled().await;
     eventually(10, "the delivered hook to be reclaimed", || h.hooks() == 0).await;
     assert_eq!(h.node_counts(), Counts::default());
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 /// What a receiver needs besides the body: every hook's tenant and source, and the
@@ -600,10 +482,14 @@ async fn a_hook_arrives_signed_with_its_original_body() {
 /// source's own list otherwise, never more than the bounds.
 #[tokio::test]
 async fn a_github_hook_reaches_the_sink_with_its_event_header_tenant_and_source() {
-    let extra = r#"  - { id: gh, tenant: { json_pointer: /installation/id }, verify: { scheme: github, secret: { value: "gh-secret" } }, route: main }
-  - { id: shop, tenant: { header: x-tenant }, verify: { scheme: none }, route: main, forward_headers: [X-Shop-Topic] }
-"#;
-    let h = Harness::start("  - { id: main, sinks: [a] }", extra).await;
+    let h = Harness::start(
+        &["a"],
+        &[
+            r#"{ id: gh, tenant: { json_pointer: /installation/id }, verify: { scheme: github, secret: { value: "gh-secret" } }, route: main }"#,
+            "{ id: shop, tenant: { header: x-tenant }, verify: { scheme: none }, route: main, forward_headers: [X-Shop-Topic] }",
+        ],
+    )
+    .await;
     let url = |source: &str| format!("http://{}/ingest/{source}", h.node.ingest_addr);
     let gh_body = br#"{"action":"opened","installation":{"id":4242}}"#.to_vec();
     let sig = format!("sha256={}", hex(&hmac_sha256(b"gh-secret", &[&gh_body])));
@@ -661,15 +547,18 @@ async fn a_github_hook_reaches_the_sink_with_its_event_header_tenant_and_source(
     assert_eq!(shop.headers["ankusa-tenant"], "shop-1");
     assert_eq!(shop.headers["ankusa-source"], "shop");
     assert!(!shop.headers.contains_key("x-github-event"));
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 /// A provider that lets each tenant register its own URL: the tenant is the last path
 /// segment, for the sources that say so and no other.
 #[tokio::test]
 async fn a_tenant_in_the_url_files_the_hook_under_it() {
-    let extra = "  - { id: pt, tenant: path, verify: { scheme: none }, route: main }\n";
-    let h = Harness::start("  - { id: main, sinks: [a] }", extra).await;
+    let h = Harness::start(
+        &["a"],
+        &["{ id: pt, tenant: path, verify: { scheme: none }, route: main }"],
+    )
+    .await;
     let url = |p: &str| format!("http://{}{p}", h.node.ingest_addr);
     let r = post(&h.c, &url("/ingest/pt/acme-7"), &[], r#"{"n":1}"#).await;
     assert_eq!(r.status, 202);
@@ -696,12 +585,12 @@ async fn a_tenant_in_the_url_files_the_hook_under_it() {
         1,
         "refusals made no tenant"
     );
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test]
 async fn a_sink_answering_500_twice_then_200_gets_the_hook_three_times_on_schedule() {
-    let h = Harness::start("  - { id: main, sinks: [b] }", "").await;
+    let h = Harness::start(&["b"], &[]).await;
     h.sink
         .script("/b", &[(500, None), (500, None), (200, None)]);
     h.send("acme", "{}").await;
@@ -722,12 +611,12 @@ async fn a_sink_answering_500_twice_then_200_gets_the_hook_three_times_on_schedu
         m.contains(r#"ankusa_delivery_attempts_total{sink="b",outcome="delivered"} 1"#),
         "{m}"
     );
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test]
 async fn a_400_dead_letters_at_once_exhausted_attempts_dead_letter_and_retry_after_is_honoured() {
-    let h = Harness::start("  - { id: main, sinks: [a, b, c, lenient] }", "").await;
+    let h = Harness::start(&["a", "b", "c", "lenient"], &[]).await;
     h.sink.script("/a", &[(400, None)]);
     h.sink.script("/b", &[(503, None); 10]);
     h.sink.script("/c", &[(429, Some(1)), (200, None)]);
@@ -757,12 +646,12 @@ async fn a_400_dead_letters_at_once_exhausted_attempts_dead_letter_and_retry_aft
     assert_eq!(page.rows.len(), 2);
     assert_eq!(h.hooks(), 1);
     assert!(fold::verify(&h.node.store).unwrap().is_empty());
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test]
 async fn fan_out_to_three_sinks_settles_each_independently_and_reclaims_after_the_last() {
-    let h = Harness::start("  - { id: main, sinks: [a, b, c] }", "").await;
+    let h = Harness::start(&["a", "b", "c"], &[]).await;
     h.sink
         .script("/c", &[(500, None), (500, None), (200, None)]);
     h.send("acme", r#"{"n":1}"#).await;
@@ -797,12 +686,12 @@ async fn fan_out_to_three_sinks_settles_each_independently_and_reclaims_after_th
     .unwrap();
     eventually(10, "the purged hook to be reclaimed", || h.hooks() == 0).await;
     assert_eq!(h.node_counts(), Counts::default());
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tenants_are_all_delivered() {
-    let h = Harness::start("  - { id: main, sinks: [b] }", "").await;
+    let h = Harness::start(&["b"], &[]).await;
     for i in 0..200 {
         h.send(&format!("t{}", i % 37), &format!(r#"{{"i":{i}}}"#))
             .await;
@@ -816,5 +705,5 @@ async fn many_tenants_are_all_delivered() {
         .map(|r| r.headers["webhook-id"].to_str().unwrap().to_owned())
         .collect();
     assert_eq!(ids.len(), 200);
-    h.node.shutdown().await.unwrap();
+    h.node.stop().await;
 }

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::dispatch::TestSink;
 use crate::support::*;
+use ankusa_relay::testkit::TestSink;
 
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);
@@ -54,26 +54,20 @@ async fn a_full_disk_refuses_ingest_loses_nothing_acked_and_recovers_when_space_
     let mnt = dir.path().join("small");
     std::fs::create_dir(&mnt).unwrap();
     let disk = Tmpfs::mount(&mnt, "24m");
-    let (admin, ingest) = (free_port(), free_port());
     // A slow sink while the disk fills: deliveries are under way when it does.
     let sink = TestSink::start().await;
     sink.delay_ms
         .store(2_000, std::sync::atomic::Ordering::Relaxed);
     let data = mnt.join("db");
-    let yaml = format!(
-        r#"data_dir: {data}
-ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML} }}
-sinks: [{{ id: s, url: "{sink}" }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
-"#,
-        data = data.display(),
-        sink = sink.url("/hooks"),
-    );
+    let spec = proc_node()
+        .data_dir(&data)
+        .sink("s", &sink.url("/hooks"))
+        .route("r", &["s"])
+        .open_source("in", "r");
+    let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
     let mut node = tokio::task::spawn_blocking({
         let dir = dir.path().to_owned();
-        move || Proc::start(&dir, &yaml, admin)
+        move || Proc::start(&dir, &spec)
     })
     .await
     .unwrap();
@@ -206,25 +200,20 @@ fn a_backup_that_runs_out_of_space_fails_cleanly_and_the_node_keeps_working() {
     let small = dir.path().join("small");
     std::fs::create_dir(&small).unwrap();
     let volume = Tmpfs::mount(&small, "256k");
-    let (admin, ingest) = (free_port(), free_port());
-    let yaml = |backup_dir: &Path| {
-        format!(
-            r#"
-data_dir: {}
-ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML}, backup_dir: {} }}
-sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
-sinks: [{{ id: a, url: "http://127.0.0.1:9/" }}, {{ id: b, url: "http://127.0.0.1:9/" }}]
-routes: [{{ id: r, sinks: [a, b] }}]
-"#,
-            data.display(),
-            backup_dir.display()
-        )
+    let base = proc_node()
+        .open_source("in", "r")
+        .sink("a", "http://127.0.0.1:9/")
+        .sink("b", "http://127.0.0.1:9/")
+        .route("r", &["a", "b"]);
+    let (admin, ingest) = (base.admin_port().unwrap(), base.ingest_port().unwrap());
+    let spec = |backup_dir: &Path| {
+        base.clone()
+            .admin_key(&format!("backup_dir: {}", backup_dir.display()))
     };
     let empty = |d: &Path| std::fs::read_dir(d).unwrap().next().is_none();
 
     // `backup pull` into a destination that fills (the node's own staging has room).
-    let node = Proc::start(dir.path(), &yaml(&dir.path().join("staging")), admin);
+    let node = Proc::start(dir.path(), &spec(&dir.path().join("staging")));
     let out = bin()
         .args([
             "backup",
@@ -247,7 +236,7 @@ routes: [{{ id: r, sinks: [a, b] }}]
     drop(node);
 
     // The node's own backup volume fills: staged and streamed backups fail cleanly.
-    let _node = Proc::start(dir.path(), &yaml(&small), admin);
+    let _node = Proc::start(dir.path(), &spec(&small));
     for path in ["/v1/backups", "/v1/backups/stream"] {
         let (status, body) = http_admin(admin, "POST", path, "", Duration::from_secs(60)).unwrap();
         assert_eq!(status, 500, "{path}: {body}");
@@ -376,29 +365,23 @@ async fn an_io_error_under_the_wal_stops_every_ack_and_loses_nothing_acked() {
         "256M",
     );
     let data = disk.at.join("db");
-    let (admin, ingest) = (free_port(), free_port());
     let sink = TestSink::start().await;
-    let yaml = format!(
-        r#"data_dir: {data}
-ingest: {{ listen: "127.0.0.1:{ingest}" }}
-admin: {{ listen: "127.0.0.1:{admin}", tokens: {ADMIN_TOKENS_YAML}, backup_dir: {backups} }}
-dispatch: {{ tick_interval_ms: 20 }}
-# Deliveries that failed while the disk did (their hooks could not be read) come due again
-# within a second, not on the default schedule (5 s, 30 s, 120 s … with jitter).
-retry: {{ schedule_ms: [200], jitter: none }}
-sinks: [{{ id: s, url: "{sink}" }}]
-routes: [{{ id: r, sinks: [s] }}]
-sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: r }}]
-"#,
-        data = data.display(),
-        backups = dir.path().join("backups").display(),
-        sink = sink.url("/hooks"),
-    );
+    let spec = proc_node()
+        .data_dir(&data)
+        .admin_key("backup_dir: {dir}/backups")
+        .section("dispatch: { tick_interval_ms: 20 }")
+        // Deliveries that failed while the disk did (their hooks could not be read) come due
+        // again within a second, not on the default schedule (5 s, 30 s, 120 s … with jitter).
+        .section("retry: { schedule_ms: [200], jitter: none }")
+        .sink("s", &sink.url("/hooks"))
+        .route("r", &["s"])
+        .open_source("in", "r");
+    let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
     let start = {
-        let (dir, yaml) = (dir.path().to_owned(), yaml.clone());
+        let dir = dir.path().to_owned();
         move || {
-            let (dir, yaml) = (dir.clone(), yaml.clone());
-            tokio::task::spawn_blocking(move || Proc::start(&dir, &yaml, admin))
+            let (dir, spec) = (dir.clone(), spec.clone());
+            tokio::task::spawn_blocking(move || Proc::start(&dir, &spec))
         }
     };
     let mut node = start().await.unwrap();

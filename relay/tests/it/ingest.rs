@@ -2,10 +2,9 @@
 
 use std::collections::BTreeSet;
 
-use ankusa_relay::config::Config;
-use ankusa_relay::node::Node;
 use ankusa_relay::queue::{deliveries::Envelope, fold, tenants};
 use ankusa_relay::store::keys::Family;
+use ankusa_relay::testkit::TestNode;
 use base64::Engine;
 
 use crate::support::*;
@@ -15,50 +14,45 @@ const SW_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const STRIPE_SECRET: &str = "whsec_stripe_test";
 const HMAC_SECRET: &str = "hmac-secret";
 
-fn config(dir: &std::path::Path, extra: &str) -> Config {
-    let yaml = format!(
-        r#"
-data_dir: {data}
-ingest:
-  listen: 127.0.0.1:0
-  body_limit_bytes: 4096
-admin:
-  listen: 127.0.0.1:0
-sinks:
-  - id: local
-    url: http://127.0.0.1:9/hooks
-routes:
-  - id: main
-    sinks: [local]
-sources:
-  - id: open
-    verify: {{ scheme: none }}
-    route: main
-  - id: shared
-    tenant: {{ header: x-tenant }}
-    verify: {{ scheme: hmac-sha256, secret: {{ value: "{HMAC_SECRET}" }}, header: X-Signature, prefix: "sha256=" }}
-    route: main
-  - id: byjson
-    tenant: {{ json_pointer: /account }}
-    verify: {{ scheme: hmac-sha256, secret: {{ value: "{HMAC_SECRET}" }}, header: X-Sig-B64, encoding: base64 }}
-    idempotency: {{ json_pointer: /event }}
-    route: main
-  - id: gh
-    tenant: {{ fixed: acme }}
-    verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}
-    route: main
-  - id: sw
-    tenant: {{ header: x-tenant }}
-    verify: {{ scheme: standard-webhooks, secret: {{ value: "{SW_SECRET}" }} }}
-    route: main
-  - id: stripe
-    tenant: {{ fixed: billing }}
-    verify: {{ scheme: stripe, secret: {{ value: "{STRIPE_SECRET}" }} }}
-    route: main
-{extra}"#,
-        data = dir.join("db").display()
-    );
-    Config::from_yaml(&yaml, Vec::new()).expect("test config")
+/// The edge's node: a sink nobody listens on, and a source per verification scheme;
+/// `sections` is more configuration.
+async fn edge_node(sections: &str) -> TestNode {
+    let hmac = |id: &str, tenant: &str, header: &str, verify: &str, rest: &str| {
+        format!(
+            r#"{{ id: {id}, tenant: {tenant}, verify: {{ scheme: hmac-sha256, secret: {{ value: "{HMAC_SECRET}" }}, header: {header}{verify} }}, route: main{rest} }}"#
+        )
+    };
+    TestNode::builder()
+        .ingest_key("body_limit_bytes: 4096")
+        .sink("local", "http://127.0.0.1:9/hooks")
+        .route("main", &["local"])
+        .source_yaml("{ id: open, verify: { scheme: none }, route: main }")
+        .source_yaml(&hmac(
+            "shared",
+            "{ header: x-tenant }",
+            "X-Signature",
+            r#", prefix: "sha256=""#,
+            "",
+        ))
+        .source_yaml(&hmac(
+            "byjson",
+            "{ json_pointer: /account }",
+            "X-Sig-B64",
+            ", encoding: base64",
+            ", idempotency: { json_pointer: /event }",
+        ))
+        .source_yaml(&format!(
+            r#"{{ id: gh, tenant: {{ fixed: acme }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: main }}"#
+        ))
+        .source_yaml(&format!(
+            r#"{{ id: sw, tenant: {{ header: x-tenant }}, verify: {{ scheme: standard-webhooks, secret: {{ value: "{SW_SECRET}" }} }}, route: main }}"#
+        ))
+        .source_yaml(&format!(
+            r#"{{ id: stripe, tenant: {{ fixed: billing }}, verify: {{ scheme: stripe, secret: {{ value: "{STRIPE_SECRET}" }} }}, route: main }}"#
+        ))
+        .section(sections)
+        .start()
+        .await
 }
 
 fn b64(b: &[u8]) -> String {
@@ -79,27 +73,26 @@ fn sw_headers(id: &str, ts: u64, body: &[u8], tenant: &str) -> Vec<(&'static str
     ]
 }
 
-struct TestNode {
-    node: Node,
-    _dir: tempfile::TempDir,
+struct Edge {
+    node: TestNode,
     c: Client,
 }
 
-impl TestNode {
-    async fn start(extra: &str) -> TestNode {
-        let dir = tempfile::tempdir().unwrap();
-        let node = Node::start(config(dir.path(), extra)).await.unwrap();
-        TestNode {
-            node,
-            _dir: dir,
+impl Edge {
+    async fn start(sections: &str) -> Edge {
+        Edge {
+            node: edge_node(sections).await,
             c: client(),
         }
     }
-    fn url(&self, source: &str) -> String {
-        format!("http://{}/ingest/{source}", self.node.ingest_addr)
-    }
     async fn post(&self, source: &str, headers: &[(&str, String)], body: &[u8]) -> Resp {
-        post(&self.c, &self.url(source), headers, body.to_vec()).await
+        post(
+            &self.c,
+            &self.node.ingest_url(source),
+            headers,
+            body.to_vec(),
+        )
+        .await
     }
     fn hooks(&self) -> Vec<Envelope> {
         self.node
@@ -113,15 +106,13 @@ impl TestNode {
         tenants::count(&self.node.store).unwrap()
     }
     async fn metrics(&self) -> String {
-        get_text(&self.c, &format!("http://{}/metrics", self.node.admin_addr))
-            .await
-            .1
+        get_text(&self.c, &self.node.admin_url("/metrics")).await.1
     }
 }
 
 #[tokio::test]
 async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wrong_one() {
-    let t = TestNode::start("").await;
+    let t = Edge::start("").await;
     let body = br#"{"account":"acct-7","event":"evt-1","n":1}"#;
     let now = now_s();
 
@@ -257,13 +248,13 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
     );
     // The pipeline keeps retrying the unreachable sink; check the counters once it stopped.
     let store = t.node.store.clone();
-    t.node.shutdown().await.unwrap();
+    t.node.stop().await;
     assert!(fold::verify(&store).unwrap().is_empty());
 }
 
 #[tokio::test]
 async fn quarantined_and_rejected_requests_never_create_an_ordinal() {
-    let t = TestNode::start("").await;
+    let t = Edge::start("").await;
     let body = br#"{"x":1}"#;
     let bad = format!("sha256={}", hex(&hmac_sha256(b"nope", &[body])));
     let good = format!(
@@ -320,12 +311,12 @@ async fn quarantined_and_rejected_requests_never_create_an_ordinal() {
         m.contains(r#"ankusa_ingest_requests_total{source="shared",outcome="rejected"} 2"#),
         "{m}"
     );
-    t.node.shutdown().await.unwrap();
+    t.node.stop().await;
 }
 
 #[tokio::test]
 async fn tenants_max_refuses_a_new_tenant_with_tenant_limit() {
-    let t = TestNode::start("tenants:\n  max: 2\n").await;
+    let t = Edge::start("tenants:\n  max: 2\n").await;
     let body = b"{}";
     let sw = |id: &str, tenant: &str| sw_headers(id, now_s(), body, tenant);
     assert_eq!(t.post("sw", &sw("m1", "a"), body).await.status, 202);
@@ -343,12 +334,12 @@ async fn tenants_max_refuses_a_new_tenant_with_tenant_limit() {
         m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="tenant_limit"} 1"#),
         "{m}"
     );
-    t.node.shutdown().await.unwrap();
+    t.node.stop().await;
 }
 
 #[tokio::test]
 async fn duplicates_within_the_window_get_the_first_id_and_after_it_a_new_hook() {
-    let t = TestNode::start("dedupe:\n  window_ms: 1500\n  sweep_interval_ms: 100\n").await;
+    let t = Edge::start("dedupe:\n  window_ms: 1500\n  sweep_interval_ms: 100\n").await;
     let body = br#"{"k":1}"#;
     let first = t
         .post("sw", &sw_headers("msg_dup", now_s(), body, "t"), body)
@@ -374,7 +365,7 @@ async fn duplicates_within_the_window_get_the_first_id_and_after_it_a_new_hook()
     let futs: Vec<_> = (0..16)
         .map(|_| {
             let h = sw_headers("msg_race", now_s(), body, "t");
-            let url = t.url("sw");
+            let url = t.node.ingest_url("sw");
             let c = t.c.clone();
             async move { post(&c, &url, &h, body.to_vec()).await.status }
         })
@@ -396,14 +387,14 @@ async fn duplicates_within_the_window_get_the_first_id_and_after_it_a_new_hook()
     assert_eq!(t.hooks().len(), 4);
     tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
     assert!(t.node.store.scan_family(Family::Dedupe).unwrap().count() <= 1);
-    t.node.shutdown().await.unwrap();
+    t.node.stop().await;
 }
 
 /// Under steady traffic (a request every 50 ms, so the writer's queue is never idle for a
 /// whole sweep interval) expired dedupe keys are still swept.
 #[tokio::test]
 async fn the_dedupe_sweep_runs_under_steady_traffic() {
-    let t = TestNode::start("dedupe:\n  window_ms: 300\n  sweep_interval_ms: 200\n").await;
+    let t = Edge::start("dedupe:\n  window_ms: 300\n  sweep_interval_ms: 200\n").await;
     let body = br#"{"k":1}"#;
     let sent: u32 = 40;
     for i in 0..sent {
@@ -428,7 +419,7 @@ async fn the_dedupe_sweep_runs_under_steady_traffic() {
         metric(&m, "ankusa_dedupe_swept_total") >= f64::from(sent / 2),
         "{m}"
     );
-    t.node.shutdown().await.unwrap();
+    t.node.stop().await;
 }
 
 async fn futures_join<F: std::future::Future<Output = u16> + Send + 'static>(
@@ -450,12 +441,12 @@ fn metric(text: &str, name: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_commits_many_hooks_per_fsync_under_concurrency() {
-    let t = TestNode::start("").await;
+    let t = Edge::start("").await;
     let clients = 64;
     let per_client = 15;
     let futs: Vec<_> = (0..clients)
         .map(|i| {
-            let url = t.url("open");
+            let url = t.node.ingest_url("open");
             let c = t.c.clone();
             async move {
                 let mut ok = 0u16;
@@ -479,5 +470,5 @@ async fn the_writer_commits_many_hooks_per_fsync_under_concurrency() {
         hooks / batches >= 4.0,
         "{hooks} hooks in {batches} synced batches: the writer is not grouping commits"
     );
-    t.node.shutdown().await.unwrap();
+    t.node.stop().await;
 }

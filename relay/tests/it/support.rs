@@ -11,6 +11,8 @@ use ankusa_relay::queue::deliveries::Envelope;
 use ankusa_relay::queue::writer::Assembler;
 use ankusa_relay::store::keys::AtMs;
 use ankusa_relay::store::{OpenOptions, Store};
+pub use ankusa_relay::testkit::free_port;
+use ankusa_relay::testkit::NodeBuilder;
 
 pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ankusa-relay"))
@@ -97,10 +99,6 @@ pub fn http_admin(
 /// The admin token the integration tests' configurations name.
 pub const ADMIN_TOKEN: &str = "it-admin-token-0123456789";
 
-/// The `admin.tokens` YAML flow value that grants [`ADMIN_TOKEN`] the admin scope.
-pub const ADMIN_TOKENS_YAML: &str =
-    r#"[{ name: it, secret: { value: "it-admin-token-0123456789" }, scope: admin }]"#;
-
 /// `GET path` on 127.0.0.1:port; returns (status, body).
 pub fn http_get(port: u16, path: &str) -> std::io::Result<(u16, String)> {
     http_get_auth(port, path, None)
@@ -122,15 +120,6 @@ fn http_get_auth(port: u16, path: &str, token: Option<&str>) -> std::io::Result<
         .into_iter()
         .collect();
     http_raw(port, "GET", path, &auth, "", Duration::from_secs(5))
-}
-
-/// A port that was free a moment ago.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
 }
 
 /// Every file of a directory with its bytes.
@@ -210,6 +199,41 @@ pub async fn try_post(
     })
 }
 
+/// A raw request: method, URL, headers, body; answers status, headers and the JSON body
+/// (`Null` if it is not JSON).
+pub async fn raw(
+    c: &Client,
+    method: &str,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, hyper::HeaderMap, serde_json::Value) {
+    let mut req = hyper::Request::builder().method(method).uri(url);
+    for (k, v) in headers {
+        req = req.header(*k, *v);
+    }
+    let resp = c
+        .request(
+            req.body(http_body_util::Full::new(bytes::Bytes::from(
+                body.to_owned(),
+            )))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let status = resp.status().as_u16();
+    let h = resp.headers().clone();
+    let b = http_body_util::BodyExt::collect(resp.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    (
+        status,
+        h,
+        serde_json::from_slice(&b).unwrap_or(serde_json::Value::Null),
+    )
+}
+
 /// GETs a URL's body as text.
 pub async fn get_text(c: &Client, url: &str) -> (u16, String) {
     use http_body_util::BodyExt;
@@ -241,24 +265,24 @@ pub fn now_s() -> u64 {
     ankusa_relay::now_ms() / 1000
 }
 
+/// The process tests' node: fixed free ports and [`ADMIN_TOKEN`] as the admin token.
+pub fn proc_node() -> NodeBuilder {
+    NodeBuilder::default()
+        .free_ports()
+        .admin_token("it", ADMIN_TOKEN)
+}
+
 /// A relay binary started on a config file; killed when dropped.
 pub struct Proc {
     pub child: std::process::Child,
 }
 
 impl Proc {
-    /// Starts `ankusa-relay run` with `yaml` (whose admin listener is on `admin_port`) and
-    /// waits for `/readyz`.
-    pub fn start(dir: &Path, yaml: &str, admin_port: u16) -> Proc {
-        let cfg = dir.join("relay.yaml");
-        std::fs::write(&cfg, yaml).expect("write config");
-        let child = bin()
-            .args(["run", "--config", cfg.to_str().expect("utf-8 path")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("spawn ankusa-relay");
-        let p = Proc { child };
+    /// Starts `ankusa-relay run` on `node`'s configuration (its files under `dir`, its
+    /// ports fixed) and waits for `/readyz`.
+    pub fn start(dir: &Path, node: &NodeBuilder) -> Proc {
+        let p = Proc::spawn(dir, node);
+        let admin_port = node.admin_port().expect("fixed ports");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok((200, _)) = http_get(admin_port, "/readyz") {
@@ -270,6 +294,24 @@ impl Proc {
             );
             std::thread::sleep(Duration::from_millis(50));
         }
+    }
+
+    /// Starts `ankusa-relay run` on `node`'s configuration and returns at once (a test that
+    /// watches the boot).
+    pub fn spawn(dir: &Path, node: &NodeBuilder) -> Proc {
+        assert!(
+            node.admin_port().is_some(),
+            "a process node has fixed ports (NodeBuilder::free_ports)"
+        );
+        let cfg = dir.join("relay.yaml");
+        std::fs::write(&cfg, node.yaml_at(dir)).expect("write config");
+        let child = bin()
+            .args(["run", "--config", cfg.to_str().expect("utf-8 path")])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn ankusa-relay");
+        Proc { child }
     }
 
     /// SIGKILL, and reap.

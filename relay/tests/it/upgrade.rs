@@ -416,13 +416,6 @@ fn a_format_2_release_refuses_a_format_3_store() {
     assert_eq!(files(&data), before, "the refused store was modified");
 }
 
-fn node_yaml(data: &Path, admin: u16, ingest: u16) -> String {
-    format!(
-        "data_dir: {}\nadmin: {{ listen: \"127.0.0.1:{admin}\", tokens: {ADMIN_TOKENS_YAML} }}\ningest: {{ listen: \"127.0.0.1:{ingest}\" }}\n",
-        data.display()
-    )
-}
-
 fn node_status(admin: u16) -> serde_json::Value {
     let (status, body) = http_get_admin(admin, "/v1/node").unwrap();
     assert_eq!(status, 200);
@@ -433,8 +426,9 @@ fn node_status(admin: u16) -> serde_json::Value {
 fn a_restored_format_2_backup_migrates_on_boot() {
     let dir = tempfile::tempdir().unwrap();
     let data = unpack("store-v2.tar.zst", dir.path());
-    let (admin, ingest) = (free_port(), free_port());
-    let node = Proc::start(dir.path(), &node_yaml(&data, admin, ingest), admin);
+    let spec = proc_node().data_dir(&data);
+    let admin = spec.admin_port().unwrap();
+    let node = Proc::start(dir.path(), &spec);
     let s = node_status(admin);
     assert_eq!(s["store_format"], 3);
     assert_eq!(s["migrating_to"], serde_json::Value::Null);
@@ -510,8 +504,9 @@ fn the_v3_fixture_task_writes_a_store_that_boots() {
         let c = counters::node(&store).unwrap();
         c.pending + c.scheduled + c.inflight + c.dead
     };
-    let (admin, ingest) = (free_port(), free_port());
-    let node = Proc::start(dir.path(), &node_yaml(&data, admin, ingest), admin);
+    let spec = proc_node().data_dir(&data);
+    let admin = spec.admin_port().unwrap();
+    let node = Proc::start(dir.path(), &spec);
     let s = node_status(admin);
     assert_eq!(s["store_format"], 3);
     // The node's pipeline moves rows on at once (the fixture's sinks are not configured
@@ -534,15 +529,9 @@ fn node_status_reports_the_boot_migration_while_it_runs() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("db");
     big_v2(&data, 30_000);
-    let (admin, ingest) = (free_port(), free_port());
-    let cfg = dir.path().join("relay.yaml");
-    std::fs::write(&cfg, node_yaml(&data, admin, ingest)).unwrap();
-    let mut child = bin()
-        .args(["run", "--config", cfg.to_str().unwrap()])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
+    let spec = proc_node().data_dir(&data);
+    let admin = spec.admin_port().unwrap();
+    let mut node = Proc::spawn(dir.path(), &spec);
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     let mut seen_progress = false;
     loop {
@@ -590,8 +579,7 @@ fn node_status_reports_the_boot_migration_while_it_runs() {
     let (_, body) = http_get_admin(admin, "/v1/node").unwrap();
     let v: serde_json::Value = serde_json::from_str(&body).unwrap();
     assert!(v["migration"].is_null(), "{v}");
-    let _ = child.kill();
-    let _ = child.wait();
+    node.kill9();
     assert!(
         seen_progress,
         "/v1/node never showed the migration's progress"

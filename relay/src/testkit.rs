@@ -1,0 +1,390 @@
+//! Test support shared by the node's tests and benches (feature `test-support`): a node
+//! configuration builder, an in-process [`TestNode`], and a scriptable local sink.
+//!
+//! ```ignore
+//! let sink = TestSink::start().await;
+//! let t = TestNode::builder()
+//!     .admin_token("ops", ADMIN)
+//!     .sink("s", &sink.url("/hooks"))
+//!     .route("r", &["s"])
+//!     .open_source("shared", "r")
+//!     .section("dispatch: { tick_interval_ms: 10 }")
+//!     .start()
+//!     .await;
+//! ```
+//!
+//! Every configuration is written as the YAML a user would write, then parsed and validated
+//! by [`Config::from_yaml`], so a test exercises the same path as `ankusa-relay run`.
+
+use std::collections::{HashMap, VecDeque};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, StatusCode};
+
+use crate::config::Config;
+use crate::node::Node;
+
+/// A node's configuration, built up as YAML: the store under a data directory, listeners on
+/// loopback (ephemeral ports unless [`NodeBuilder::ports`]), then what the test adds.
+#[derive(Debug, Clone, Default)]
+pub struct NodeBuilder {
+    data: Option<PathBuf>,
+    admin_port: Option<u16>,
+    ingest_port: Option<u16>,
+    admin: Vec<String>,
+    ingest: Vec<String>,
+    tokens: Vec<String>,
+    sinks: Vec<String>,
+    routes: Vec<String>,
+    sources: Vec<String>,
+    sections: Vec<String>,
+}
+
+impl NodeBuilder {
+    /// The store's directory. Without one, [`NodeBuilder::start`] makes a temporary
+    /// directory that lives as long as the [`TestNode`] (the store is `<dir>/db`).
+    pub fn data_dir(mut self, data: impl Into<PathBuf>) -> Self {
+        self.data = Some(data.into());
+        self
+    }
+
+    /// Fixed loopback ports for the admin and ingest listeners (a process test must know
+    /// them before the node starts, and a restart keeps them).
+    pub fn ports(mut self, admin: u16, ingest: u16) -> Self {
+        self.admin_port = Some(admin);
+        self.ingest_port = Some(ingest);
+        self
+    }
+
+    /// [`NodeBuilder::ports`] with two ports free now.
+    pub fn free_ports(self) -> Self {
+        self.ports(free_port(), free_port())
+    }
+
+    /// The admin listener's port, if fixed.
+    pub fn admin_port(&self) -> Option<u16> {
+        self.admin_port
+    }
+
+    /// The ingest listener's port, if fixed.
+    pub fn ingest_port(&self) -> Option<u16> {
+        self.ingest_port
+    }
+
+    /// An admin token of scope `admin`.
+    pub fn admin_token(self, name: &str, secret: &str) -> Self {
+        self.token_yaml(&format!(
+            r#"{{ name: {name}, secret: {{ value: "{secret}" }}, scope: admin }}"#
+        ))
+    }
+
+    /// An admin token scoped to `tenants`.
+    pub fn tenant_token(self, name: &str, secret: &str, tenants: &[&str]) -> Self {
+        self.token_yaml(&format!(
+            r#"{{ name: {name}, secret: {{ value: "{secret}" }}, scope: {{ tenants: [{}] }} }}"#,
+            tenants.join(", ")
+        ))
+    }
+
+    /// An admin token, as a YAML mapping.
+    pub fn token_yaml(mut self, token: &str) -> Self {
+        self.tokens.push(token.to_owned());
+        self
+    }
+
+    /// One more key of the `admin` section (`"gauge_interval_ms: 100"`).
+    pub fn admin_key(mut self, line: &str) -> Self {
+        self.admin.push(line.to_owned());
+        self
+    }
+
+    /// One more key of the `ingest` section (`"body_limit_bytes: 4096"`).
+    pub fn ingest_key(mut self, line: &str) -> Self {
+        self.ingest.push(line.to_owned());
+        self
+    }
+
+    /// A sink with only an id and a URL.
+    pub fn sink(self, id: &str, url: &str) -> Self {
+        self.sink_yaml(&format!(r#"{{ id: {id}, url: "{url}" }}"#))
+    }
+
+    /// A sink, as a YAML mapping (flow or block style).
+    pub fn sink_yaml(mut self, sink: &str) -> Self {
+        self.sinks.push(sink.to_owned());
+        self
+    }
+
+    /// A route to `sinks`.
+    pub fn route(self, id: &str, sinks: &[&str]) -> Self {
+        self.route_yaml(&format!("{{ id: {id}, sinks: [{}] }}", sinks.join(", ")))
+    }
+
+    /// A route, as a YAML mapping.
+    pub fn route_yaml(mut self, route: &str) -> Self {
+        self.routes.push(route.to_owned());
+        self
+    }
+
+    /// A source that takes its tenant from the `x-tenant` header and verifies nothing:
+    /// what most tests send through.
+    pub fn open_source(self, id: &str, route: &str) -> Self {
+        self.source_yaml(&format!(
+            "{{ id: {id}, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: {route} }}"
+        ))
+    }
+
+    /// A source, as a YAML mapping (flow or block style).
+    pub fn source_yaml(mut self, source: &str) -> Self {
+        self.sources.push(source.to_owned());
+        self
+    }
+
+    /// Any other top-level YAML (`"dispatch: { tick_interval_ms: 10 }"`), as written.
+    pub fn section(mut self, yaml: &str) -> Self {
+        self.sections.push(yaml.to_owned());
+        self
+    }
+
+    /// The configuration file's text for a node whose files go under `dir`: the store at
+    /// `<dir>/db` unless [`NodeBuilder::data_dir`] says otherwise, and every `{dir}` in what
+    /// the test wrote replaced by `dir` (`.admin_key("backup_dir: {dir}/backups")`).
+    pub fn yaml_at(&self, dir: &Path) -> String {
+        let data = self.data.clone().unwrap_or_else(|| dir.join("db"));
+        let mut y = format!("data_dir: {}\n", data.display());
+        let section = |y: &mut String, name: &str, port: Option<u16>, keys: &[String]| {
+            y.push_str(&format!(
+                "{name}:\n  listen: \"127.0.0.1:{}\"\n",
+                port.unwrap_or(0)
+            ));
+            for k in keys {
+                y.push_str(&format!("  {k}\n"));
+            }
+        };
+        section(&mut y, "ingest", self.ingest_port, &self.ingest);
+        section(&mut y, "admin", self.admin_port, &self.admin);
+        list(&mut y, "  tokens", "    ", &self.tokens);
+        list(&mut y, "sinks", "  ", &self.sinks);
+        list(&mut y, "routes", "  ", &self.routes);
+        list(&mut y, "sources", "  ", &self.sources);
+        for s in &self.sections {
+            y.push_str(s.trim_matches('\n'));
+            y.push('\n');
+        }
+        y.replace("{dir}", &dir.display().to_string())
+    }
+
+    /// The validated configuration ([`NodeBuilder::yaml_at`]); panics with the parser's
+    /// message if the test wrote a configuration the node refuses.
+    pub fn config_at(&self, dir: &Path) -> Config {
+        let yaml = self.yaml_at(dir);
+        match Config::from_yaml(&yaml, Vec::new()) {
+            Ok(c) => c,
+            Err(e) => panic!("test configuration refused: {e}\n{yaml}"),
+        }
+    }
+
+    /// Starts the node in this process; panics if it does not start.
+    pub async fn start(self) -> TestNode {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let node = match Node::start(self.config_at(dir.path())).await {
+            Ok(n) => n,
+            Err(e) => panic!("the test node did not start: {e}"),
+        };
+        TestNode { node, dir }
+    }
+}
+
+/// A loopback port free now (the OS picks it; another process may take it before use,
+/// which the OS makes unlikely by not reusing it at once).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// Appends `items` as a YAML block list named `name` (`indent` before each item; the lines
+/// of a block-style item are indented under its first).
+fn list(y: &mut String, name: &str, indent: &str, items: &[String]) {
+    if items.is_empty() {
+        return;
+    }
+    y.push_str(&format!("{name}:\n"));
+    for item in items {
+        let mut lines = item.trim_matches('\n').lines();
+        if let Some(first) = lines.next() {
+            y.push_str(&format!("{indent}- {}\n", first.trim()));
+        }
+        for l in lines {
+            y.push_str(&format!("{indent}  {}\n", l.trim_end()));
+        }
+    }
+}
+
+/// A node started in this process by [`NodeBuilder::start`], with the temporary directory
+/// that holds its store (and anything else the test writes there).
+pub struct TestNode {
+    pub node: Node,
+    dir: tempfile::TempDir,
+}
+
+impl TestNode {
+    pub fn builder() -> NodeBuilder {
+        NodeBuilder::default()
+    }
+
+    /// The temporary directory of this node.
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// `http://<ingest>/ingest/<source>`.
+    pub fn ingest_url(&self, source: &str) -> String {
+        format!("http://{}/ingest/{source}", self.node.ingest_addr)
+    }
+
+    /// `http://<admin><path>`.
+    pub fn admin_url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.node.admin_addr)
+    }
+
+    /// A graceful stop; the directory is kept for the caller (a restart on the same store).
+    pub async fn stop(self) -> tempfile::TempDir {
+        if let Err(e) = self.node.shutdown().await {
+            panic!("the test node did not stop cleanly: {e}");
+        }
+        self.dir
+    }
+}
+
+impl std::ops::Deref for TestNode {
+    type Target = Node;
+    fn deref(&self) -> &Node {
+        &self.node
+    }
+}
+
+/// A request the sink received.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub path: String,
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+    pub at: Instant,
+}
+
+/// A scripted answer: status and an optional `Retry-After` in seconds.
+pub type Answer = (u16, Option<u64>);
+
+/// A local webhook receiver on 127.0.0.1: answers each path from a script (default 200),
+/// records every request.
+#[derive(Clone, Default)]
+pub struct TestSink {
+    pub received: Arc<Mutex<Vec<Received>>>,
+    script: Arc<Mutex<HashMap<String, VecDeque<Answer>>>>,
+    /// Every path answers this status when its script is empty (0 = 200).
+    pub default_status: Arc<AtomicU64>,
+    /// Milliseconds each request is held before the answer.
+    pub delay_ms: Arc<AtomicU64>,
+    /// Requests being answered now, and the most ever at once.
+    pub open: Arc<AtomicU64>,
+    pub most_open: Arc<AtomicU64>,
+    pub port: u16,
+}
+
+impl TestSink {
+    pub async fn start() -> TestSink {
+        let mut sink = TestSink::default();
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind the test sink");
+        sink.port = l.local_addr().expect("the sink's address").port();
+        let s = sink.clone();
+        let app = axum::Router::new().fallback(
+            move |uri: axum::http::Uri, headers: HeaderMap, body: axum::body::Bytes| {
+                let s = s.clone();
+                async move {
+                    s.answer(uri.path().to_owned(), headers, body.to_vec())
+                        .await
+                }
+            },
+        );
+        tokio::spawn(async move {
+            let _ = axum::serve(l, app).await;
+        });
+        sink
+    }
+
+    async fn answer(
+        &self,
+        path: String,
+        headers: HeaderMap,
+        body: Vec<u8>,
+    ) -> axum::response::Response {
+        lock(&self.received).push(Received {
+            path: path.clone(),
+            headers,
+            body,
+            at: Instant::now(),
+        });
+        let open = self.open.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_open.fetch_max(open, Ordering::SeqCst);
+        let delay = self.delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        self.open.fetch_sub(1, Ordering::SeqCst);
+        let next = lock(&self.script)
+            .get_mut(&path)
+            .and_then(VecDeque::pop_front);
+        let (status, retry_after) =
+            next.unwrap_or_else(
+                || match self.default_status.load(Ordering::Relaxed) as u16 {
+                    0 => (200, None),
+                    n => (n, None),
+                },
+            );
+        let mut resp = axum::response::Response::new(axum::body::Body::empty());
+        *resp.status_mut() =
+            StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if let Some(ra) = retry_after {
+            resp.headers_mut().insert("retry-after", ra.into());
+        }
+        resp
+    }
+
+    /// The answers `path` gives next, in order; then the default.
+    pub fn script(&self, path: &str, answers: &[Answer]) {
+        lock(&self.script).insert(path.to_owned(), answers.iter().copied().collect());
+    }
+
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    /// The requests received on `path`, in arrival order.
+    pub fn on(&self, path: &str) -> Vec<Received> {
+        lock(&self.received)
+            .iter()
+            .filter(|r| r.path == path)
+            .cloned()
+            .collect()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Polls `f` every 20 ms until it holds; panics with `what` after `secs`.
+pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for: {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
