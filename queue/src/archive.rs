@@ -68,9 +68,14 @@ fn encode(expires: AtMs, envelope_bytes: &[u8]) -> Vec<u8> {
 }
 
 impl Archived {
-    pub fn decode(key: &[u8], v: &[u8]) -> Result<Archived, QueueError> {
-        let key = keys::decode_archived_hook(key)?;
-        let corrupt = |e: DecodeError| QueueError::corrupt(Family::ArchivedHooks, e.to_string());
+    pub fn decode(raw_key: &[u8], v: &[u8]) -> Result<Archived, QueueError> {
+        let key = keys::decode_archived_hook(raw_key)?;
+        let corrupt = |e: DecodeError| {
+            QueueError::corrupt(
+                Family::ArchivedHooks,
+                format!("{e} at {}", keys::hex(raw_key)),
+            )
+        };
         let mut d = Dec::new(v, "archived hook");
         d.version(VERSION).map_err(corrupt)?;
         let expires = AtMs(d.u64().map_err(corrupt)?);
@@ -138,11 +143,20 @@ impl Archiver {
             seen: obs.len() as u64,
             ..SettleReport::default()
         };
-        for (ob, raw) in obs.iter().zip(hooks) {
-            // A hook that is gone or does not decode cannot be archived.
-            let env = raw
-                .as_deref()
-                .and_then(|v| Envelope::decode(v).ok().map(|e| (e, v)));
+        for ((ob, raw), key) in obs.iter().zip(hooks).zip(&hook_keys) {
+            // A hook that is gone cannot be archived. Nor can one that does not decode: that
+            // is corruption, counted and logged with its key, and the obligation is dropped
+            // through the counted path like a gone hook's (the other hooks still settle).
+            let env = match raw.as_deref().map(|v| (Envelope::decode(v), v)) {
+                Some((Ok(e), v)) => Some((e, v)),
+                Some((Err(e), _)) => {
+                    let err =
+                        QueueError::corrupt(Family::Hooks, format!("{e} at {}", keys::hex(key)));
+                    tracing::error!(error = %err, "archive: a hook does not decode; not archived");
+                    None
+                }
+                None => None,
+            };
             match env.and_then(|(e, v)| policy.retention_ms(&e.source).map(|r| (e, v, r))) {
                 Some((env, bytes, retention)) => {
                     archive_one(&mut tx, ob, &env, bytes, retention);

@@ -164,8 +164,9 @@ pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, QueueError> {
     }
 }
 
-fn corrupt(family: Family, e: DecodeError) -> QueueError {
-    QueueError::corrupt(family, e.to_string())
+/// A row of `family` at `key` that does not decode.
+fn corrupt(family: Family, key: &[u8], e: DecodeError) -> QueueError {
+    QueueError::corrupt(family, format!("{e} at {}", keys::hex(key)))
 }
 
 /// A hook by id: its record, each sink's state and events, and (with `body`) its body.
@@ -174,10 +175,11 @@ pub fn lookup(store: &Store, id: &str, body: bool) -> Result<Option<HookView>, Q
     let Some(seq) = seq_of(store, id)? else {
         return Ok(None);
     };
-    let Some(raw) = store.get(Cf::Audit, &keys::hook_log(seq))? else {
+    let key = keys::hook_log(seq);
+    let Some(raw) = store.get(Cf::Audit, &key)? else {
         return Ok(None);
     };
-    let record = LogRecord::decode(&raw).map_err(|e| corrupt(Family::HookLog, e))?;
+    let record = LogRecord::decode(&raw).map_err(|e| corrupt(Family::HookLog, &key, e))?;
     if record.envelope.id != id {
         return Ok(None);
     }
@@ -219,7 +221,7 @@ fn sink_view(
     for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
         let (k, v) = kv?;
         let ek = keys::decode_hook_event(&k)?;
-        events.push(Event::decode(&ek, &v).map_err(|e| corrupt(Family::HookEvents, e))?);
+        events.push(Event::decode(&ek, &v).map_err(|e| corrupt(Family::HookEvents, &k, e))?);
     }
     let attempts_logged = events
         .iter()
@@ -227,8 +229,9 @@ fn sink_view(
         .map(|e| e.attempt)
         .max()
         .unwrap_or(0);
-    let row = match store.get(Cf::Deliveries, &keys::delivery(seq, sink))? {
-        Some(v) => Some(DeliveryRow::decode(&v).map_err(|e| corrupt(Family::Deliveries, e))?),
+    let key = keys::delivery(seq, sink);
+    let row = match store.get(Cf::Deliveries, &key)? {
+        Some(v) => Some(DeliveryRow::decode(&v).map_err(|e| corrupt(Family::Deliveries, &key, e))?),
         None => None,
     };
     let last = events.last();
@@ -327,7 +330,7 @@ impl Pruner {
         {
             let (k, v) = kv?;
             let seq = keys::decode_hook_log(&k)?;
-            let record = LogRecord::decode(&v).map_err(|e| corrupt(Family::HookLog, e))?;
+            let record = LogRecord::decode(&v).map_err(|e| corrupt(Family::HookLog, &k, e))?;
             let over = newest.0 - seq.0 + 1 > limits.max_hooks;
             if record.envelope.received_at.0 > cutoff && !over {
                 oldest_kept = Some(seq);

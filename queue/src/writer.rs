@@ -326,6 +326,22 @@ fn decode_dedupe_value(v: &[u8]) -> Option<(u64, String)> {
     ))
 }
 
+/// The dedupe row at `key`: its expiry and hook id. A value that does not decode is
+/// corruption, reported (counted under `family="dedupe"` and logged with its key) and then
+/// treated as no entry: ingest takes the hook as new and its own entry replaces the damaged
+/// one, the sweep removes it. Refusing the key forever would lose every later hook of it.
+fn read_dedupe_value(key: &[u8], v: &[u8]) -> Option<(u64, String)> {
+    let d = decode_dedupe_value(v);
+    if d.is_none() {
+        let err = QueueError::corrupt(
+            Family::Dedupe,
+            format!("bad value {} at {}", keys::hex(v), keys::hex(key)),
+        );
+        tracing::error!(error = %err, "a dedupe row does not decode");
+    }
+    d
+}
+
 impl Writer {
     fn run(&mut self, rx: std::sync::mpsc::Receiver<Submission>) {
         use std::sync::mpsc::RecvTimeoutError;
@@ -396,7 +412,7 @@ impl Writer {
             .into_iter()
             .zip(found)
             .filter_map(|(k, v)| {
-                let (expires, id) = decode_dedupe_value(v.as_deref()?)?;
+                let (expires, id) = read_dedupe_value(&k, v.as_deref()?)?;
                 (expires > now).then_some((k, id))
             })
             .collect();
@@ -518,11 +534,12 @@ pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64
             ankusa_store::Cf::Index,
             keys::dedupe_expiry(at, &u),
         ));
-        // A newer hook may have renewed the key; only its own expiry removes it.
-        if v.as_deref()
-            .and_then(decode_dedupe_value)
-            .is_some_and(|(e, _)| e == at.0)
-        {
+        // A newer hook may have renewed the key; only its own expiry removes it (and a
+        // damaged entry, reported, goes with the expiry that names it).
+        let remove = v
+            .as_deref()
+            .is_some_and(|v| read_dedupe_value(&u, v).is_none_or(|(e, _)| e == at.0));
+        if remove {
             ops.push(ankusa_store::Op::delete(ankusa_store::Cf::Index, u));
         }
         n += 1;

@@ -525,11 +525,23 @@ pub fn pending_for_source(
         seqs.sort_unstable();
         seqs.dedup();
         let keys: Vec<Vec<u8>> = seqs.iter().map(|s| keys::hook(*s)).collect();
-        for (seq, v) in seqs.iter().zip(store.multi_get(Cf::Hooks, &keys)?) {
-            // A hook that is gone or does not decode is no source's.
-            let mine = v
-                .and_then(|v| Envelope::decode(&v).ok())
-                .is_some_and(|e| e.source == source);
+        for ((seq, v), key) in seqs
+            .iter()
+            .zip(store.multi_get(Cf::Hooks, &keys)?)
+            .zip(&keys)
+        {
+            // A hook that is gone is no source's; one that does not decode is corruption.
+            let mine = match v {
+                Some(v) => {
+                    Envelope::decode(&v)
+                        .map_err(|e| {
+                            QueueError::corrupt(Family::Hooks, format!("{e} at {}", keys::hex(key)))
+                        })?
+                        .source
+                        == source
+                }
+                None => false,
+            };
             of_source.insert(*seq, mine);
         }
         for (seq, kind, size) in chunk {

@@ -33,8 +33,8 @@ pub struct DueRow {
 }
 
 impl DueRow {
-    pub fn decode(key: &[u8], value: &[u8]) -> Result<DueRow, QueueError> {
-        let key = keys::decode_due(key)?;
+    pub fn decode(raw_key: &[u8], value: &[u8]) -> Result<DueRow, QueueError> {
+        let key = keys::decode_due(raw_key)?;
         match value {
             [a, b, c, d, k] if *k <= 1 => Ok(DueRow {
                 key,
@@ -43,7 +43,7 @@ impl DueRow {
             }),
             _ => Err(QueueError::corrupt(
                 ankusa_store::Family::Due,
-                format!("bad value {}", keys::hex(value)),
+                format!("bad value {} at {}", keys::hex(value), keys::hex(raw_key)),
             )),
         }
     }
@@ -57,12 +57,12 @@ pub struct InflightRow {
 }
 
 impl InflightRow {
-    pub fn decode(key: &[u8], value: &[u8]) -> Result<InflightRow, QueueError> {
-        let key = keys::decode_inflight(key)?;
+    pub fn decode(raw_key: &[u8], value: &[u8]) -> Result<InflightRow, QueueError> {
+        let key = keys::decode_inflight(raw_key)?;
         let size = size_value(value).ok_or_else(|| {
             QueueError::corrupt(
                 ankusa_store::Family::Inflight,
-                format!("bad value {}", keys::hex(value)),
+                format!("bad value {} at {}", keys::hex(value), keys::hex(raw_key)),
             )
         })?;
         Ok(InflightRow { key, size })
@@ -98,8 +98,12 @@ impl DeadRow {
     pub fn decode(key: &[u8], value: &[u8]) -> Result<DeadRow, QueueError> {
         Ok(DeadRow {
             key: keys::decode_dead(key)?,
-            value: DeadValue::decode(value)
-                .map_err(|e| QueueError::corrupt(ankusa_store::Family::Dead, e.to_string()))?,
+            value: DeadValue::decode(value).map_err(|e| {
+                QueueError::corrupt(
+                    ankusa_store::Family::Dead,
+                    format!("{e} at {}", keys::hex(key)),
+                )
+            })?,
         })
     }
 }

@@ -38,7 +38,7 @@ use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow,
 use crate::queue::hints::{DueHints, Hinted};
 use crate::queue::hooklog::{self, AttemptOutcome};
 use crate::queue::QueueError;
-use crate::store::keys::{self, AtMs, Bucket, EventKind, Seq, TenantOrd};
+use crate::store::keys::{self, AtMs, Bucket, EventKind, Family, Seq, TenantOrd};
 use crate::store::{Cf, Store};
 
 /// Tenants named in `ankusa_tenant_inflight` (those holding the most).
@@ -351,6 +351,10 @@ struct Job {
     /// The delivery row as read at claim time (attempts so far).
     state: DeliveryRow,
     envelope: Option<Arc<Envelope>>,
+    /// Why the row cannot be delivered: its hook or its delivery row does not decode
+    /// (corruption, counted when it was read). It is dead-lettered with this error, never
+    /// sent and never dropped as an orphan.
+    corrupt: Option<Arc<str>>,
     /// The sink's claim slot, taken before the row was claimed (none for a row with no
     /// sink).
     sink_slot: Option<ClaimSlot>,
@@ -613,6 +617,7 @@ async fn tick(
         let max_retry_after = *max_retry_after;
         tasks.spawn(async move {
             let attempt = match job.envelope.as_deref() {
+                _ if job.corrupt.is_some() => None,
                 None => None,
                 Some(env) => Some(
                     match env
@@ -696,10 +701,20 @@ struct ClaimCtx {
     free: usize,
 }
 
-/// A row the tick read, with its hook (if the hook is still there).
+/// A row the tick read, with its hook (if the hook is still there and decodes).
 struct Candidate {
     row: DueRow,
     envelope: Option<Arc<Envelope>>,
+    /// The hook is there but does not decode (see [`Job::corrupt`]).
+    corrupt: Option<Arc<str>>,
+}
+
+/// Corruption the dispatch tick found in `family` at `key`: counted and logged, and the
+/// error's text for the dead row it becomes.
+fn corrupt_row(family: Family, key: &[u8], e: impl std::fmt::Display) -> Arc<str> {
+    let err = QueueError::corrupt(family, format!("{e} at {}", keys::hex(key)));
+    tracing::error!(error = %err, "dispatch: a row does not decode; its delivery is dead-lettered");
+    err.to_string().into()
 }
 
 /// The blocking half of a tick: plan (a full scan, or the hinted tenants), read the
@@ -759,11 +774,21 @@ fn claim_tick(
         Cf::Hooks,
         &seqs.iter().map(|s| keys::hook(*s)).collect::<Vec<_>>(),
     )?;
-    let envs: HashMap<Seq, Arc<Envelope>> = seqs
-        .into_iter()
-        .zip(hooks)
-        .filter_map(|(s, v)| Some((s, Arc::new(Envelope::decode(&v?).ok()?))))
-        .collect();
+    // A hook that is gone is an orphan (its rows are dropped); one that does not decode is
+    // corruption, never read as gone: its rows are dead-lettered with the error.
+    let mut envs: HashMap<Seq, Arc<Envelope>> = HashMap::with_capacity(seqs.len());
+    let mut corrupt: HashMap<Seq, Arc<str>> = HashMap::new();
+    for (s, v) in seqs.into_iter().zip(hooks) {
+        let Some(v) = v else { continue };
+        match Envelope::decode(&v) {
+            Ok(env) => {
+                envs.insert(s, Arc::new(env));
+            }
+            Err(e) => {
+                corrupt.insert(s, corrupt_row(Family::Hooks, &keys::hook(s), e));
+            }
+        }
+    }
     let work: Vec<(TenantOrd, Vec<Candidate>)> = order
         .iter()
         .map(|ord| {
@@ -772,6 +797,7 @@ fn claim_tick(
                 .map(|r| Candidate {
                     row: *r,
                     envelope: envs.get(&r.key.seq).cloned(),
+                    corrupt: corrupt.get(&r.key.seq).cloned(),
                 })
                 .collect();
             (*ord, rows)
@@ -860,28 +886,37 @@ fn claim_tick(
     }
     cursors.backlog |= left_any;
     cursors.blocked = left_any && jobs_in.is_empty();
-    let states = store.multi_get(
-        Cf::Deliveries,
-        &jobs_in
-            .iter()
-            .map(|(_, r)| keys::delivery(r.key.seq, r.key.sink))
-            .collect::<Vec<_>>(),
-    )?;
+    let state_keys: Vec<Vec<u8>> = jobs_in
+        .iter()
+        .map(|(_, r)| keys::delivery(r.key.seq, r.key.sink))
+        .collect();
+    let states = store.multi_get(Cf::Deliveries, &state_keys)?;
     let jobs = jobs_in
         .into_iter()
         .zip(states)
-        .map(|((p, row), state)| Job {
-            state: state
-                .and_then(|v| DeliveryRow::decode(&v).ok())
-                .unwrap_or(DeliveryRow {
-                    ord: row.key.ord,
-                    size: row.size,
-                    ..DeliveryRow::default()
-                }),
-            envelope: work[p.tenant].1[p.row].envelope.clone(),
-            row,
-            sink_slot: p.sink_slot,
-            tenant_slot: p.tenant_slot,
+        .zip(&state_keys)
+        .map(|(((p, row), state), key)| {
+            let candidate = &work[p.tenant].1[p.row];
+            let fresh = DeliveryRow {
+                ord: row.key.ord,
+                size: row.size,
+                ..DeliveryRow::default()
+            };
+            // A delivery row that does not decode is corruption: the row is dead-lettered
+            // with the error (and a fresh state), not sent on a made-up attempt count.
+            let (state, corrupt) = match state.map(|v| DeliveryRow::decode(&v)) {
+                None => (fresh, candidate.corrupt.clone()),
+                Some(Ok(s)) => (s, candidate.corrupt.clone()),
+                Some(Err(e)) => (fresh, Some(corrupt_row(Family::Deliveries, key, e))),
+            };
+            Job {
+                state,
+                envelope: candidate.envelope.clone(),
+                corrupt,
+                row,
+                sink_slot: p.sink_slot,
+                tenant_slot: p.tenant_slot,
+            }
         })
         .collect();
     // Once a second: the tenants holding the most deliveries in flight, by name.
@@ -1211,8 +1246,23 @@ fn outcome_ops(
     now: u64,
 ) -> Result<Option<(TenantOrd, AtMs)>, QueueError> {
     let row = &d.job.row;
+    if let Some(error) = &d.job.corrupt {
+        // Corruption: the row goes to the DLQ with the error, where it shows and counts,
+        // and a replay sends it once the store is whole again.
+        let mut state = d.job.state.clone();
+        state.last_attempt_at = now;
+        state.last_error = error.to_string();
+        // Without a readable hook the sink has no name here; the DLQ shows its index.
+        let env = d.job.envelope.as_deref();
+        let sink = env
+            .and_then(|e| e.sinks.get(row.key.sink.0 as usize).cloned())
+            .unwrap_or_else(|| format!("#{}", row.key.sink.0));
+        let (source, id) = env.map_or(("", ""), |e| (e.source.as_str(), e.id.as_str()));
+        deliveries::dead_letter(tx, row, AtMs(now), source, id, &sink, Some(&state));
+        return Ok(None);
+    }
     let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
-        // The hook is gone or does not decode: an orphan, dropped through the counted path.
+        // The hook is gone: an orphan, dropped through the counted path.
         deliveries::orphan_drop(tx, row);
         return Ok(None);
     };
@@ -1449,6 +1499,7 @@ mod tests {
                         sinks: sinks.iter().map(|s| (*s).to_owned()).collect(),
                         ..Envelope::default()
                     })),
+                    corrupt: None,
                 }
             })
             .collect();

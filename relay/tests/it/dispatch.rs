@@ -9,6 +9,7 @@ use ankusa_relay::node::Node;
 use ankusa_relay::queue::deliveries::{self, PurgeKinds};
 use ankusa_relay::queue::{counters, fold, tenants, Counts};
 use ankusa_relay::store::keys::Family;
+use ankusa_relay::store::{Cf, Op};
 use ankusa_relay::testkit::{eventually, NodeBuilder, TestNode, TestSink};
 
 use crate::support::*;
@@ -182,6 +183,112 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
         "{m}"
     );
     node.shutdown().await.unwrap();
+}
+
+/// A hook that no longer decodes when its retry comes due is corruption, not an orphan:
+/// its delivery is not sent and not dropped but dead-lettered with the error, the
+/// corruption is counted under `family="hooks"`, other hooks keep flowing, and once the
+/// bytes are whole again a replay delivers it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_corrupt_hook_is_never_read_as_gone_by_the_claim() {
+    let sink = TestSink::start().await;
+    let node = TestNode::builder()
+        .admin_token("it", ADMIN_TOKEN)
+        .section("dispatch: { tick_interval_ms: 50 }")
+        .section("retry: { schedule_ms: [600], max_attempts: 5, jitter: none }")
+        .sink("a", &sink.url("/a"))
+        .route("main", &["a"])
+        .open_source("in", "main")
+        .start()
+        .await;
+    let c = client();
+    sink.script("/a", &[(503, None)]);
+    let send = |tenant: &str| {
+        let (c, url, tenant) = (c.clone(), node.ingest_url("in"), tenant.to_owned());
+        async move {
+            let r = post(&c, &url, &[("x-tenant", tenant)], "{}").await;
+            assert_eq!(r.status, 202);
+            r.json()["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let id = send("t").await;
+    eventually(5, "the first attempt, then a retry scheduled", || {
+        sink.on("/a").len() == 1 && counters::node(&node.store).unwrap().scheduled == 1
+    })
+    .await;
+    let (key, whole) = node
+        .store
+        .scan_family(Family::Hooks)
+        .unwrap()
+        .next()
+        .expect("the hook")
+        .unwrap();
+    let put = |v: Vec<u8>| {
+        node.store
+            .write(vec![Op::put(Cf::Hooks, key.clone(), v)], true)
+            .unwrap();
+    };
+    put(vec![0xff]);
+    // When the retry comes due: dead-lettered, not sent; another tenant's hook still goes.
+    eventually(5, "the corrupt hook's row dead-lettered", || {
+        counters::node(&node.store).unwrap().dead == 1
+    })
+    .await;
+    send("u").await;
+    eventually(5, "the other hook delivered", || sink.on("/a").len() == 2).await;
+    let counts = counters::node(&node.store).unwrap();
+    assert_eq!(
+        counts.pending + counts.scheduled + counts.inflight,
+        0,
+        "{counts:?}"
+    );
+    // The counts are published once a second.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let (_, m) = get_text(&c, &node.admin_url("/metrics")).await;
+        if m.lines().any(|l| {
+            l.starts_with(r#"ankusa_store_corruption_errors_total{family="hooks"} "#)
+                && !l.ends_with(" 0")
+        }) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the corruption was not counted: {m}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (_, dlq) = http_get_auth_token(node.admin_addr.port(), "/v1/dlq", ADMIN_TOKEN).unwrap();
+    assert!(
+        dlq.contains("does not decode") || dlq.contains("corruption"),
+        "{dlq}"
+    );
+    // Whole again: a replay sends it.
+    put(whole);
+    let r = post(
+        &c,
+        &node.admin_url("/v1/dlq/replay"),
+        &[
+            ("authorization", format!("Bearer {ADMIN_TOKEN}")),
+            ("content-type", "application/json".into()),
+        ],
+        r#"{"tenant":"t"}"#,
+    )
+    .await;
+    assert_eq!(r.status, 200, "{}", String::from_utf8_lossy(&r.body));
+    eventually(10, "the replayed hook delivered", || {
+        sink.on("/a")
+            .iter()
+            .filter(|h| String::from_utf8_lossy(&h.body).contains("{}"))
+            .count()
+            == 3
+    })
+    .await;
+    assert!(sink
+        .on("/a")
+        .iter()
+        .any(|h| h.headers["webhook-id"] == id.as_str()));
+    node.stop().await;
 }
 
 /// Rows that become due later wake the pipeline too: with a tick of 5 s, a retry goes out
