@@ -18,6 +18,87 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+// The error answers that many operations share, written once. They only describe the
+// document: the handlers answer through `ApiError` and `http::error`.
+
+/// No valid token, or the node not ready: every authenticated admin call.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum AuthErrors {
+    #[response(status = 401, description = "No valid token")]
+    Unauthorized(ErrorBody),
+    #[response(status = 503, description = "The node is not ready")]
+    NotReady(ErrorBody),
+}
+
+/// A bad parameter or body.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum BadRequest {
+    #[response(status = 400, description = "A bad parameter or body")]
+    BadRequest(ErrorBody),
+}
+
+/// A thing that does not exist, or that the token's scope does not reach (the two look
+/// alike, so a scope learns nothing of other tenants).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum NotFound {
+    #[response(status = 404, description = "Not found, or outside the token's scope")]
+    NotFound(ErrorBody),
+}
+
+/// An operation the token's scope does not allow.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum Forbidden {
+    #[response(status = 403, description = "Not for this token's scope")]
+    Forbidden(ErrorBody),
+}
+
+/// A JSON request body refused before the handler: too large, not JSON, a field unknown
+/// or missing.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum JsonBodyErrors {
+    #[response(status = 413, description = "The body is too large")]
+    TooLarge(ErrorBody),
+    #[response(status = 415, description = "The body is not JSON")]
+    NotJson(ErrorBody),
+    #[response(
+        status = 422,
+        description = "The JSON body has an unknown or missing field"
+    )]
+    BadFields(ErrorBody),
+}
+
+/// Every refusal of `POST /ingest/*`.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum IngestErrors {
+    #[response(status = 400, description = "No tenant, or a bad one (bad_tenant)")]
+    BadTenant(ErrorBody),
+    #[response(
+        status = 401,
+        description = "The signature does not verify (quarantined)"
+    )]
+    Quarantined(ErrorBody),
+    #[response(status = 404, description = "No such source")]
+    NoSource(ErrorBody),
+    #[response(status = 413, description = "The body is too large")]
+    TooLarge(ErrorBody),
+    #[response(
+        status = 431,
+        description = "Forwarded headers over their bound (headers_too_large)"
+    )]
+    HeadersTooLarge(ErrorBody),
+    #[response(
+        status = 503,
+        description = "Not ready, at capacity, the store failing, tenant_limit, or the owner unavailable"
+    )]
+    Unavailable(ErrorBody),
+}
+
 /// `202` (committed by a synced write) or `200` with `duplicate` (seen within the dedupe
 /// window: the first hook's id).
 #[derive(Debug, Serialize, ToSchema)]

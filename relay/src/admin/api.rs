@@ -291,10 +291,9 @@ fn limit(api: &Api, l: Option<usize>) -> usize {
     params(PageQuery),
     responses(
         (status = 200, description = "Dead rows, newest first", body = crate::openapi::DlqPage),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
     ),
     security(("bearer" = []))
 )]
@@ -346,13 +345,10 @@ pub const MAX_REPLAY: usize = 100_000;
     request_body = ReplayRequest,
     responses(
         (status = 200, description = "Rows revived by this call", body = crate::openapi::Revived),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
-        (status = 415, description = "The body is not JSON", body = crate::openapi::ErrorBody),
-        (status = 422, description = "The JSON body has an unknown or missing field", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
+        crate::openapi::JsonBodyErrors,
     ),
     security(("bearer" = []))
 )]
@@ -442,9 +438,8 @@ pub struct TenantView {
     params(("t" = String, Path, description = "A tenant id")),
     responses(
         (status = 200, description = "The tenant's counters", body = TenantView),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::NotFound,
     ),
     security(("bearer" = []))
 )]
@@ -483,9 +478,8 @@ pub struct TopQuery {
     params(TopQuery),
     responses(
         (status = 200, description = "The tenants with the most pending work", body = crate::openapi::TenantsTop),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
     ),
     security(("bearer" = []))
 )]
@@ -564,10 +558,9 @@ pub struct PurgeQuery {
     params(("t" = String, Path, description = "A tenant id"), PurgeQuery),
     responses(
         (status = 200, description = "Rows removed", body = crate::openapi::PurgeReport),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
     ),
     security(("bearer" = []))
 )]
@@ -634,9 +627,8 @@ pub struct QuarantineQuery {
     params(QuarantineQuery),
     responses(
         (status = 200, description = "Quarantined requests, newest first", body = crate::openapi::QuarantinePage),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
     ),
     security(("bearer" = []))
 )]
@@ -673,10 +665,9 @@ pub async fn quarantine_list(
     params(QuarantineQuery),
     responses(
         (status = 200, description = "Entries deleted", body = crate::openapi::Deleted),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
     ),
     security(("bearer" = []))
 )]
@@ -722,9 +713,8 @@ pub struct AuditQuery {
     params(AuditQuery),
     responses(
         (status = 200, description = "Audit rows, newest first", body = crate::openapi::AuditPage),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
     ),
     security(("bearer" = []))
 )]
@@ -755,9 +745,8 @@ pub async fn audit_list(
     tag = "admin",
     responses(
         (status = 200, description = "The effective configuration, secrets redacted", body = Object),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::Forbidden,
     ),
     security(("bearer" = []))
 )]
@@ -774,7 +763,7 @@ pub async fn config(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResul
     responses(
         (status = 200, description = "The node's status (served during a boot migration too)", body = ankusa_crds::node::NodeStatus),
         (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
+        crate::openapi::Forbidden,
     ),
     security(("bearer" = []))
 )]

@@ -75,10 +75,9 @@ fn item(a: &Archived, body: bool) -> serde_json::Value {
     params(ArchiveQuery),
     responses(
         (status = 200, description = "The tenant's archived hooks, newest first", body = crate::openapi::ArchivePage),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
     ),
     security(("bearer" = []))
 )]
@@ -141,13 +140,10 @@ pub struct ArchiveReplayRequest {
     request_body = ArchiveReplayRequest,
     responses(
         (status = 200, description = "Hooks committed again", body = crate::openapi::Replayed),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
-        (status = 415, description = "The body is not JSON", body = crate::openapi::ErrorBody),
-        (status = 422, description = "The JSON body has an unknown or missing field", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
+        crate::openapi::JsonBodyErrors,
     ),
     security(("bearer" = []))
 )]

@@ -132,10 +132,9 @@ pub fn remove_cut_backups(dir: &Path) -> Result<usize, StoreError> {
     tag = "admin",
     responses(
         (status = 200, description = "The backup's archive was written to admin.backup_dir", body = crate::openapi::BackupCreated),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
         (status = 500, description = "The backup failed (backup_failed); nothing of it was kept", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::Forbidden,
     ),
     security(("bearer" = []))
 )]
@@ -186,11 +185,10 @@ impl futures_core::Stream for Chunks {
     params(("id" = String, Path, description = "A backup id")),
     responses(
         (status = 200, description = "The backup's archive", content_type = "application/zstd", body = Vec<u8>),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
+        crate::openapi::Forbidden,
     ),
     security(("bearer" = []))
 )]
@@ -263,10 +261,9 @@ impl std::io::Write for FrameWriter {
     tag = "admin",
     responses(
         (status = 200, description = "A RocksDB checkpoint as .tar.zst, streamed while it is packed", content_type = "application/zstd", body = Vec<u8>),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 403, description = "Not for this token's scope", body = crate::openapi::ErrorBody),
         (status = 500, description = "The checkpoint could not be taken", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::Forbidden,
     ),
     security(("bearer" = []))
 )]

@@ -142,10 +142,9 @@ fn render(v: HookView) -> HookOut {
     params(("id" = String, Path, description = "A hook id"), HookQuery),
     responses(
         (status = 200, description = "The hook from the hook log", body = HookOut),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
     ),
     security(("bearer" = []))
 )]

@@ -783,10 +783,8 @@ pub struct AdmitRequest {
         (status = 401, description = "No valid cluster token", body = crate::openapi::ErrorBody),
         (status = 404, description = "This node keeps no registry (not_registry)", body = crate::openapi::ErrorBody),
         (status = 409, description = "The Relay holds tenants.max tenants (tenant_limit)", body = crate::openapi::ErrorBody),
-        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
-        (status = 415, description = "The body is not JSON", body = crate::openapi::ErrorBody),
-        (status = 422, description = "The JSON body has an unknown or missing field", body = crate::openapi::ErrorBody),
         (status = 503, description = "The registry could not record it", body = crate::openapi::ErrorBody),
+        crate::openapi::JsonBodyErrors,
     ),
     security(("cluster" = []))
 )]

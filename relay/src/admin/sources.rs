@@ -36,10 +36,9 @@ pub struct SourceQuery {
     params(("id" = String, Path, description = "A source id"), SourceQuery),
     responses(
         (status = 200, description = "The source and its backlog", body = crate::openapi::SourceView),
-        (status = 400, description = "A bad parameter or body", body = crate::openapi::ErrorBody),
-        (status = 401, description = "No valid token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "Not found, or outside the token's scope", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The node is not ready", body = crate::openapi::ErrorBody),
+        crate::openapi::AuthErrors,
+        crate::openapi::BadRequest,
+        crate::openapi::NotFound,
     ),
     security(("bearer" = []))
 )]

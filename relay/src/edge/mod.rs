@@ -290,12 +290,7 @@ fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Respons
     responses(
         (status = 202, description = "Committed by a synced write", body = crate::openapi::IngestAnswer),
         (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = crate::openapi::IngestAnswer),
-        (status = 400, description = "No tenant, or a bad one (bad_tenant)", body = crate::openapi::ErrorBody),
-        (status = 401, description = "The signature does not verify (quarantined)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "No such source", body = crate::openapi::ErrorBody),
-        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
-        (status = 431, description = "Forwarded headers over their bound (headers_too_large)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "Not ready, at capacity, the store failing, tenant_limit, or the owner unavailable", body = crate::openapi::ErrorBody),
+        crate::openapi::IngestErrors,
     )
 )]
 pub(crate) async fn ingest(
@@ -318,12 +313,7 @@ pub(crate) async fn ingest(
     responses(
         (status = 202, description = "Committed by a synced write", body = crate::openapi::IngestAnswer),
         (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = crate::openapi::IngestAnswer),
-        (status = 400, description = "No tenant, or a bad one (bad_tenant)", body = crate::openapi::ErrorBody),
-        (status = 401, description = "The signature does not verify (quarantined)", body = crate::openapi::ErrorBody),
-        (status = 404, description = "No such source", body = crate::openapi::ErrorBody),
-        (status = 413, description = "The body is too large", body = crate::openapi::ErrorBody),
-        (status = 431, description = "Forwarded headers over their bound (headers_too_large)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "Not ready, at capacity, the store failing, tenant_limit, or the owner unavailable", body = crate::openapi::ErrorBody),
+        crate::openapi::IngestErrors,
     )
 )]
 pub(crate) async fn ingest_for_tenant(
