@@ -388,3 +388,40 @@ pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Flow and block style items, `{dir}` and fixed ports all come out as YAML the node's
+    /// own parser takes, with the values the test wrote.
+    #[test]
+    fn the_builder_writes_a_configuration_the_node_takes() {
+        let dir = Path::new("/srv/t");
+        let b = TestNode::builder()
+            .ports(9101, 9102)
+            .admin_token("ops", "ops-token-0123456789")
+            .tenant_token("a", "a-token-0123456789ab", &["acme", "globex"])
+            .admin_key("backup_dir: {dir}/backups")
+            .sink("s", "http://127.0.0.1:9/x")
+            .route("r", &["s"])
+            .source_yaml(
+                "id: block\ntenant: { header: x-tenant }\nverify: { scheme: none }\nroute: r",
+            )
+            .open_source("flow", "r")
+            .section("dispatch: { tick_interval_ms: 7 }");
+        let c = b.config_at(dir);
+        assert_eq!(c.data_dir, dir.join("db"));
+        assert_eq!(c.admin.listen.port(), 9101);
+        assert_eq!(c.ingest.listen.port(), 9102);
+        assert_eq!(b.admin_port(), Some(9101));
+        assert_eq!(c.admin.tokens.len(), 2);
+        assert_eq!(c.backup_dir(), dir.join("backups"));
+        let ids: Vec<_> = c.sources.iter().map(|s| s.id.as_str()).collect();
+        assert_eq!(ids, ["block", "flow"]);
+        assert_eq!(c.dispatch.tick_interval_ms, 7);
+        // Without a data directory of its own, the store goes under the node's directory.
+        let own = TestNode::builder().data_dir("/data/x").config_at(dir);
+        assert_eq!(own.data_dir, Path::new("/data/x"));
+    }
+}
