@@ -21,9 +21,10 @@
 
 use super::codec::{Dec, DecodeError, Enc};
 use super::deliveries::{self, ArchiveObligation, Envelope, Tx};
-use crate::QueueError;
 use ankusa_store::keys::{self, ArchivedKey, AtMs, Family, Seq, TenantOrd};
 use ankusa_store::{Cf, Dir, Op, Store};
+
+use crate::QueueError;
 
 /// What the archive does with an obligation's hook, by its source (from the
 /// configuration: [`ankusa_config::Config::archive_policy`]).
@@ -70,12 +71,7 @@ fn encode(expires: AtMs, envelope_bytes: &[u8]) -> Vec<u8> {
 impl Archived {
     pub fn decode(raw_key: &[u8], v: &[u8]) -> Result<Archived, QueueError> {
         let key = keys::decode_archived_hook(raw_key)?;
-        let corrupt = |e: DecodeError| {
-            QueueError::corrupt(
-                Family::ArchivedHooks,
-                format!("{e} at {}", keys::hex(raw_key)),
-            )
-        };
+        let corrupt = |e: DecodeError| QueueError::corrupt_at(Family::ArchivedHooks, raw_key, e);
         let mut d = Dec::new(v, "archived hook");
         d.version(VERSION).map_err(corrupt)?;
         let expires = AtMs(d.u64().map_err(corrupt)?);
@@ -150,8 +146,7 @@ impl Archiver {
             let env = match raw.as_deref().map(|v| (Envelope::decode(v), v)) {
                 Some((Ok(e), v)) => Some((e, v)),
                 Some((Err(e), _)) => {
-                    let err =
-                        QueueError::corrupt(Family::Hooks, format!("{e} at {}", keys::hex(key)));
+                    let err = QueueError::corrupt_at(Family::Hooks, key, e);
                     tracing::error!(error = %err, "archive: a hook does not decode; not archived");
                     None
                 }

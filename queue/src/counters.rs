@@ -12,11 +12,12 @@
 //! [`ops`] coalesces a batch's deltas per `(ord, field)` and mirrors each into ord 0, the
 //! node aggregate, so the aggregate is exactly the sum of the tenants.
 
-use crate::QueueError;
 use std::collections::BTreeMap;
 
 use ankusa_store::keys::{self, CounterField, TenantOrd};
 use ankusa_store::{merge, Cf, Op, Store};
+
+use crate::QueueError;
 
 /// One counter change.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

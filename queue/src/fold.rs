@@ -4,13 +4,14 @@
 //! families") and of `ankusa-relay store verify`. It reads every due, inflight, dead and
 //! archive row, so it never runs on a request path or a gauge tick.
 
-use crate::QueueError;
 use std::collections::BTreeMap;
 
 use super::counters::{self, Counts, CountsExt};
 use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind};
 use ankusa_store::keys::{self, CounterField, Family, TenantOrd};
 use ankusa_store::{merge, Store};
+
+use crate::QueueError;
 
 /// Per-ordinal counts from the families; ord 0 holds the node total.
 pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, QueueError> {

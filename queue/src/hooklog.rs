@@ -23,13 +23,13 @@
 //! time, a dead-letter's time, a replay's due time, or the receipt time if there was no
 //! event yet), and one point read confirms it.
 
-use super::codec::DecodeError;
 use super::deliveries::{self, DeliveryRow, Envelope, Kind, Located, Tx};
-use crate::QueueError;
 use ankusa_store::keys::{self, AtMs, EventKey, EventKind, Family, Seq, SinkIdx};
 use ankusa_store::{Cf, Dir, Op, Store};
 /// The hook log's values (crate `ankusa-values`).
 pub use ankusa_values::{AttemptOutcome, ErrorClass, Event, LogRecord, MAX_ERROR_BYTES};
+
+use crate::QueueError;
 
 /// Attempts kept per delivery (with the replays and recoveries between them).
 pub const MAX_ATTEMPTS_KEPT: usize = 16;
@@ -164,11 +164,6 @@ pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, QueueError> {
     }
 }
 
-/// A row of `family` at `key` that does not decode.
-fn corrupt(family: Family, key: &[u8], e: DecodeError) -> QueueError {
-    QueueError::corrupt(family, format!("{e} at {}", keys::hex(key)))
-}
-
 /// A hook by id: its record, each sink's state and events, and (with `body`) its body.
 /// `None` if the log does not keep the id (never logged, pruned, or another node's).
 pub fn lookup(store: &Store, id: &str, body: bool) -> Result<Option<HookView>, QueueError> {
@@ -179,7 +174,8 @@ pub fn lookup(store: &Store, id: &str, body: bool) -> Result<Option<HookView>, Q
     let Some(raw) = store.get(Cf::Audit, &key)? else {
         return Ok(None);
     };
-    let record = LogRecord::decode(&raw).map_err(|e| corrupt(Family::HookLog, &key, e))?;
+    let record =
+        LogRecord::decode(&raw).map_err(|e| QueueError::corrupt_at(Family::HookLog, &key, e))?;
     if record.envelope.id != id {
         return Ok(None);
     }
@@ -221,7 +217,10 @@ fn sink_view(
     for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
         let (k, v) = kv?;
         let ek = keys::decode_hook_event(&k)?;
-        events.push(Event::decode(&ek, &v).map_err(|e| corrupt(Family::HookEvents, &k, e))?);
+        events.push(
+            Event::decode(&ek, &v)
+                .map_err(|e| QueueError::corrupt_at(Family::HookEvents, &k, e))?,
+        );
     }
     let attempts_logged = events
         .iter()
@@ -231,7 +230,10 @@ fn sink_view(
         .unwrap_or(0);
     let key = keys::delivery(seq, sink);
     let row = match store.get(Cf::Deliveries, &key)? {
-        Some(v) => Some(DeliveryRow::decode(&v).map_err(|e| corrupt(Family::Deliveries, &key, e))?),
+        Some(v) => Some(
+            DeliveryRow::decode(&v)
+                .map_err(|e| QueueError::corrupt_at(Family::Deliveries, &key, e))?,
+        ),
         None => None,
     };
     let last = events.last();
@@ -330,7 +332,8 @@ impl Pruner {
         {
             let (k, v) = kv?;
             let seq = keys::decode_hook_log(&k)?;
-            let record = LogRecord::decode(&v).map_err(|e| corrupt(Family::HookLog, &k, e))?;
+            let record = LogRecord::decode(&v)
+                .map_err(|e| QueueError::corrupt_at(Family::HookLog, &k, e))?;
             let over = newest.0 - seq.0 + 1 > limits.max_hooks;
             if record.envelope.received_at.0 > cutoff && !over {
                 oldest_kept = Some(seq);

@@ -64,6 +64,12 @@ impl QueueError {
         StoreError::corruption(family, detail).into()
     }
 
+    /// Corruption of the row of `family` at `key`: `what` is wrong with it (a decode
+    /// error, `"bad value …"`), and the key in hex says where.
+    pub fn corrupt_at(family: Family, key: &[u8], what: impl std::fmt::Display) -> Self {
+        Self::corrupt(family, format!("{what} at {}", keys::hex(key)))
+    }
+
     /// Whether this is corruption, found by the queue or by the store (a row or a key
     /// that does not decode).
     pub fn is_corruption(&self) -> bool {

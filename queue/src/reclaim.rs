@@ -15,10 +15,11 @@
 //! one seek.
 
 use super::deliveries;
-use crate::QueueError;
 use ankusa_store::keys::{self, Family};
 use ankusa_store::Dir;
 use ankusa_store::{Cf, Op, Store};
+
+use crate::QueueError;
 
 /// What one pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -333,10 +333,8 @@ fn decode_dedupe_value(v: &[u8]) -> Option<(u64, String)> {
 fn read_dedupe_value(key: &[u8], v: &[u8]) -> Option<(u64, String)> {
     let d = decode_dedupe_value(v);
     if d.is_none() {
-        let err = QueueError::corrupt(
-            Family::Dedupe,
-            format!("bad value {} at {}", keys::hex(v), keys::hex(key)),
-        );
+        let err =
+            QueueError::corrupt_at(Family::Dedupe, key, format!("bad value {}", keys::hex(v)));
         tracing::error!(error = %err, "a dedupe row does not decode");
     }
     d

@@ -4,9 +4,10 @@
 #![allow(clippy::disallowed_methods)]
 
 use super::*;
-use crate::QueueError;
 use ankusa_store::keys::{self, AtMs, Bucket, Family, Seq, TenantOrd};
 use ankusa_store::{Cf, Dir, Op, Store};
+
+use crate::QueueError;
 
 /// Which of a tenant's rows a purge removes (never inflight rows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

@@ -3,7 +3,6 @@
 // Builds the queue's index keys: this module is part of `deliveries` (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
-use crate::QueueError;
 use std::collections::BTreeSet;
 
 use super::*;
@@ -11,6 +10,8 @@ use ankusa_store::keys::{
     self, AtMs, Bucket, DeadKey, DueKey, Family, InflightKey, Seq, SinkIdx, TenantOrd,
 };
 use ankusa_store::{Cf, Dir, Op, Store};
+
+use crate::QueueError;
 
 pub(super) fn collect<T>(
     scan: impl Iterator<Item = Result<ankusa_store::KeyValue, ankusa_store::StoreError>>,
@@ -305,9 +306,8 @@ pub fn delivery_rows(
         .zip(&ks)
         .map(|(v, k)| {
             v.map(|v| {
-                DeliveryRow::decode(&v).map_err(|e| {
-                    QueueError::corrupt(Family::Deliveries, format!("{e} at {}", keys::hex(k)))
-                })
+                DeliveryRow::decode(&v)
+                    .map_err(|e| QueueError::corrupt_at(Family::Deliveries, k, e))
             })
             .transpose()
         })
@@ -320,11 +320,7 @@ pub fn envelope(store: &Store, seq: Seq) -> Result<Option<Envelope>, QueueError>
     let k = keys::hook(seq);
     store
         .get(Cf::Hooks, &k)?
-        .map(|v| {
-            Envelope::decode(&v).map_err(|e| {
-                QueueError::corrupt(Family::Hooks, format!("{e} at {}", keys::hex(&k)))
-            })
-        })
+        .map(|v| Envelope::decode(&v).map_err(|e| QueueError::corrupt_at(Family::Hooks, &k, e)))
         .transpose()
 }
 
@@ -534,9 +530,7 @@ pub fn pending_for_source(
             let mine = match v {
                 Some(v) => {
                     Envelope::decode(&v)
-                        .map_err(|e| {
-                            QueueError::corrupt(Family::Hooks, format!("{e} at {}", keys::hex(key)))
-                        })?
+                        .map_err(|e| QueueError::corrupt_at(Family::Hooks, key, e))?
                         .source
                         == source
                 }

@@ -2,8 +2,9 @@
 //! rows, and a due row's kind.
 
 use super::*;
-use crate::QueueError;
 use ankusa_store::keys::{self, AtMs, CounterField, DeadKey, DueKey, InflightKey};
+
+use crate::QueueError;
 
 /// Why a due row is waiting: kind 0 counts as `pending`, kind 1 as `scheduled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -41,9 +42,10 @@ impl DueRow {
                 size: u32::from_be_bytes([*a, *b, *c, *d]),
                 kind: if *k == 0 { Kind::First } else { Kind::Retry },
             }),
-            _ => Err(QueueError::corrupt(
+            _ => Err(QueueError::corrupt_at(
                 ankusa_store::Family::Due,
-                format!("bad value {} at {}", keys::hex(value), keys::hex(raw_key)),
+                raw_key,
+                format!("bad value {}", keys::hex(value)),
             )),
         }
     }
@@ -60,9 +62,10 @@ impl InflightRow {
     pub fn decode(raw_key: &[u8], value: &[u8]) -> Result<InflightRow, QueueError> {
         let key = keys::decode_inflight(raw_key)?;
         let size = size_value(value).ok_or_else(|| {
-            QueueError::corrupt(
+            QueueError::corrupt_at(
                 ankusa_store::Family::Inflight,
-                format!("bad value {} at {}", keys::hex(value), keys::hex(raw_key)),
+                raw_key,
+                format!("bad value {}", keys::hex(value)),
             )
         })?;
         Ok(InflightRow { key, size })
@@ -98,12 +101,8 @@ impl DeadRow {
     pub fn decode(key: &[u8], value: &[u8]) -> Result<DeadRow, QueueError> {
         Ok(DeadRow {
             key: keys::decode_dead(key)?,
-            value: DeadValue::decode(value).map_err(|e| {
-                QueueError::corrupt(
-                    ankusa_store::Family::Dead,
-                    format!("{e} at {}", keys::hex(key)),
-                )
-            })?,
+            value: DeadValue::decode(value)
+                .map_err(|e| QueueError::corrupt_at(ankusa_store::Family::Dead, key, e))?,
         })
     }
 }

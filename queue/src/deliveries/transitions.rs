@@ -3,11 +3,12 @@
 #![allow(clippy::disallowed_methods)]
 
 use super::*;
-use crate::QueueError;
 use ankusa_store::keys::{
     self, AtMs, CounterField, DeadKey, DueKey, InflightKey, Seq, SinkIdx, TenantOrd,
 };
 use ankusa_store::{Cf, Op};
+
+use crate::QueueError;
 
 /// What ingest needs to enqueue one hook.
 #[derive(Debug, Clone)]

@@ -4,9 +4,10 @@
 
 use super::*;
 use crate::counters::{self, Delta};
-use crate::QueueError;
 use ankusa_store::keys::{self, CounterField, Seq, SinkIdx, TenantOrd};
 use ankusa_store::{Cf, Op, Store};
+
+use crate::QueueError;
 
 /// One atomic batch of queue transitions: ops plus the counter deltas they imply.
 ///

@@ -616,8 +616,8 @@ async fn tick(
             ((*deliverer).clone(), done_tx.clone(), (*metrics).clone());
         let max_retry_after = *max_retry_after;
         tasks.spawn(async move {
-            let attempt = match job.envelope.as_deref() {
-                _ if job.corrupt.is_some() => None,
+            // A corrupt row is not attempted: its outcome is the dead letter.
+            let attempt = match job.envelope.as_deref().filter(|_| job.corrupt.is_none()) {
                 None => None,
                 Some(env) => Some(
                     match env
@@ -712,7 +712,7 @@ struct Candidate {
 /// Corruption the dispatch tick found in `family` at `key`: counted and logged, and the
 /// error's text for the dead row it becomes.
 fn corrupt_row(family: Family, key: &[u8], e: impl std::fmt::Display) -> Arc<str> {
-    let err = QueueError::corrupt(family, format!("{e} at {}", keys::hex(key)));
+    let err = QueueError::corrupt_at(family, key, e);
     tracing::error!(error = %err, "dispatch: a row does not decode; its delivery is dead-lettered");
     err.to_string().into()
 }
