@@ -19,16 +19,14 @@ use crate::admin::audit::Audit;
 use crate::admin::auth::Tokens;
 use crate::admin::{self, AdminState};
 use crate::cluster::Cluster;
-use crate::config::ConfigError;
-use crate::config::{ArchivePolicy, Config};
+use crate::config::{ArchivePolicy, Config, ConfigError};
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::edge::{self, quarantine::Quarantine, EdgeState};
 use crate::metrics::{ArchiveLabel, Metrics, StoreFamilyLabel};
 use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
-use crate::queue::QueueError;
-use crate::queue::{archive, deliveries, hooklog};
+use crate::queue::{archive, deliveries, hooklog, QueueError};
 use crate::store::keys::AtMs;
 use crate::store::{migrate, OpenOptions, Store, StoreError, SUPPORTED_FORMAT};
 

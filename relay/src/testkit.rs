@@ -252,12 +252,11 @@ impl TestNode {
         format!("http://{}{path}", self.node.admin_addr)
     }
 
-    /// A graceful stop; the directory is kept for the caller (a restart on the same store).
-    pub async fn stop(self) -> tempfile::TempDir {
+    /// A graceful stop; panics if the node does not stop cleanly. The directory goes with it.
+    pub async fn stop(self) {
         if let Err(e) = self.node.shutdown().await {
             panic!("the test node did not stop cleanly: {e}");
         }
-        self.dir
     }
 }
 
