@@ -2,10 +2,12 @@
 //! needs it.
 //!
 //! Every transition that removes a delivery row or settles an archive obligation leaves a
-//! `?c` cleared marker on the hook. A pass reads up to `limit` markers; for each, if the
-//! hook has no delivery row left (due, inflight and dead rows all keep theirs) and no
-//! `?a`, the hook goes; the marker goes either way (a later settlement puts a new one).
-//! Hook seqs are never reused, so a marker can never point at a newer hook.
+//! `?c` cleared marker on the hook, except the delivered outcome of a hook's last row,
+//! which takes the hook with it (`deliveries::last_needs`: the common case of
+//! one sink and no archive never reaches reclaim). A pass reads up to `limit` markers; for
+//! each, if the hook has no delivery row left (due, inflight and dead rows all keep
+//! theirs) and no `?a`, the hook goes; the marker goes either way (a later settlement puts
+//! a new one). Hook seqs are never reused, so a marker can never point at a newer hook.
 //!
 //! A [`Reclaimer`] keeps a cursor: its passes sweep the markers forward from where the
 //! last one stopped, so the markers a pass deleted (tombstones until compaction) are not
@@ -94,6 +96,7 @@ impl Reclaimer {
 fn remove(store: &Store, seqs: &[keys::Seq]) -> Result<ReclaimReport, QueueError> {
     let mut report = ReclaimReport::default();
     let mut ops = Vec::with_capacity(seqs.len() * 2);
+    let mut unneeded = Vec::new();
     for &seq in seqs {
         report.markers += 1;
         ops.push(Op::delete(Cf::Index, keys::cleared(seq)));
@@ -102,7 +105,15 @@ fn remove(store: &Store, seqs: &[keys::Seq]) -> Result<ReclaimReport, QueueError
             .first(Family::Deliveries, &from, &to, Dir::Forward)?
             .is_some();
         if !has_rows && !deliveries::has_archive_obligation(store, seq)? {
-            ops.push(Op::delete(Cf::Hooks, keys::hook(seq)));
+            unneeded.push(keys::hook(seq));
+        }
+    }
+    // A hook whose last row's outcome took it along (`delivered_last`) may still
+    // have a marker an earlier row left: it is not counted twice.
+    let present = store.multi_get(Cf::Hooks, &unneeded)?;
+    for (key, hook) in unneeded.into_iter().zip(present) {
+        if hook.is_some() {
+            ops.push(Op::delete(Cf::Hooks, key));
             report.hooks_removed += 1;
         }
     }

@@ -11,7 +11,7 @@ use super::deliveries::{DeadRow, DueRow, Envelope, InflightRow, Tx};
 use super::writer::Assembler;
 use super::{deliveries, fold, QueueError};
 use ankusa_store::keys::{self, AtMs, Bucket, Family, Seq, TenantOrd};
-use ankusa_store::{OpenOptions, Store};
+use ankusa_store::{Cf, OpenOptions, Store};
 
 /// A store and the writer's assembler.
 pub struct Harness {
@@ -110,6 +110,28 @@ impl Harness {
             mismatches.is_empty(),
             "counters differ from the fold: {mismatches:#?}"
         );
+    }
+
+    /// No hook was reclaimed too early: every delivery row and archive obligation still
+    /// has its hook.
+    pub fn assert_every_need_has_its_hook(&self) {
+        let mut needs: Vec<Seq> = Vec::new();
+        for kv in self.store.scan_family(Family::Deliveries).unwrap() {
+            needs.push(keys::decode_delivery(&kv.unwrap().0).unwrap().0);
+        }
+        for kv in self.store.scan_family(Family::Archive).unwrap() {
+            let (k, v) = kv.unwrap();
+            needs.push(deliveries::ArchiveObligation::decode(&k, &v).unwrap().seq);
+        }
+        for seq in needs {
+            assert!(
+                self.store
+                    .get(Cf::Hooks, &keys::hook(seq))
+                    .unwrap()
+                    .is_some(),
+                "hook {seq:?} is gone while a row or an obligation still needs it"
+            );
+        }
     }
 
     pub fn assert_every_due_row_has_its_marker(&self) {

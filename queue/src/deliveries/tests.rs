@@ -12,7 +12,7 @@ use crate::testkit::Harness;
 use crate::writer::Assembler;
 use crate::{counters, dead_for_tenant, fold, pending_for_tenant, QueueError};
 use ankusa_store::keys::{self, AtMs, Bucket, Family, Seq, SinkIdx, TenantOrd};
-use ankusa_store::{Cf, Dir, Op, Store};
+use ankusa_store::{Cf, Op, Store};
 
 const TENANTS: [Option<&str>; 4] = [None, Some("acme"), Some("globex"), Some("initech")];
 
@@ -26,6 +26,8 @@ enum Transition {
     },
     Claim(usize),
     Deliver(usize),
+    /// Delivered by the pipeline's outcome: the hook goes too where nothing else needs it.
+    DeliverReclaiming(usize),
     Retry(usize, u64),
     DeadLetter(usize),
     OrphanDrop(usize),
@@ -57,6 +59,7 @@ fn transition() -> impl Strategy<Value = Transition> {
         ),
         4 => any::<usize>().prop_map(Transition::Claim),
         2 => any::<usize>().prop_map(Transition::Deliver),
+        2 => any::<usize>().prop_map(Transition::DeliverReclaiming),
         2 => (any::<usize>(), 0u64..30_000).prop_map(|(i, at)| Transition::Retry(i, at)),
         2 => any::<usize>().prop_map(Transition::DeadLetter),
         1 => any::<usize>().prop_map(Transition::OrphanDrop),
@@ -76,6 +79,14 @@ fn transition() -> impl Strategy<Value = Transition> {
 
 fn pick<T: Clone>(v: &[T], i: usize) -> Option<T> {
     (!v.is_empty()).then(|| v[i % v.len()].clone())
+}
+
+/// How many sinks the hook's envelope names (0 for a hook that is gone).
+fn sinks_of(store: &Store, seq: Seq) -> usize {
+    store
+        .get(Cf::Hooks, &keys::hook(seq))
+        .unwrap()
+        .map_or(0, |v| Envelope::decode(&v).unwrap().sinks.len())
 }
 
 fn apply(h: &mut Harness, t: &Transition) {
@@ -98,6 +109,12 @@ fn apply(h: &mut Harness, t: &Transition) {
         Transition::Deliver(i) => {
             if let Some(r) = pick(&h.inflight_rows(), *i) {
                 h.commit(|tx| delivered(tx, &r));
+            }
+        }
+        Transition::DeliverReclaiming(i) => {
+            if let Some(r) = pick(&h.inflight_rows(), *i) {
+                let last = last_needs(&h.store, &[(r, sinks_of(&h.store, r.key.seq))]).unwrap();
+                h.commit(|tx| delivered_last(tx, &r, last[0]));
             }
         }
         Transition::Retry(i, at) => {
@@ -132,7 +149,8 @@ fn apply(h: &mut Harness, t: &Transition) {
             recover_inflight(&h.store, AtMs(700), false).unwrap();
         }
         Transition::Expand(i) => {
-            // A new sink for an existing hook: the next free sink index.
+            // A new sink for an existing hook, appended to its envelope as an import or a
+            // route gaining a sink writes it.
             let seqs: Vec<Seq> = h
                 .store
                 .scan_family(Family::Hooks)
@@ -140,19 +158,16 @@ fn apply(h: &mut Harness, t: &Transition) {
                 .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap())
                 .collect();
             if let Some(seq) = pick(&seqs, *i) {
-                let (lo, hi) = keys::deliveries_of_hook(seq);
-                let next = h
-                    .store
-                    .scan(Family::Deliveries, &lo, &hi, Dir::Forward)
-                    .unwrap()
-                    .map(|kv| keys::decode_delivery(&kv.unwrap().0).unwrap().1 .0)
-                    .max()
-                    .map_or(0, |m| m + 1);
-                let env =
+                let mut env =
                     Envelope::decode(&h.store.get(Cf::Hooks, &keys::hook(seq)).unwrap().unwrap())
                         .unwrap();
                 let ord = h.ord(env.tenant_or_default());
-                h.commit(|tx| expand(tx, ord, seq, SinkIdx(next), 77, AtMs(900)));
+                let next = SinkIdx(env.sinks.len() as u16);
+                env.sinks.push(format!("expanded-{}", next.0));
+                h.commit(|tx| {
+                    tx.push_op(Op::put(Cf::Hooks, keys::hook(seq), env.encode()));
+                    expand(tx, ord, seq, next, 77, AtMs(900));
+                });
             }
         }
         Transition::Purge {
@@ -213,6 +228,7 @@ proptest! {
             apply(&mut h, t);
         }
         h.assert_counters_equal_fold();
+        h.assert_every_need_has_its_hook();
         // Every tenant's point read equals its fold too (the read the admin API serves).
         let folded = fold::fold(&h.store).unwrap();
         for (ord, c) in &folded {
@@ -1461,4 +1477,55 @@ fn a_hook_seq_is_never_handed_out_twice_even_after_reclaim_removed_the_newest_ho
     h.store.write(ops, false).unwrap();
     h.asm = Assembler::open(&h.store, 1_000_000).unwrap();
     assert_eq!(h.ingest(None, 0, 1, false), Seq(last.0 + 1));
+}
+
+/// The outcome of a delivered row takes its hook along when nothing else needs it (one
+/// sink, no archive obligation) and leaves no `?c` marker; a hook with another row or an
+/// obligation keeps the marker path, and reclaim removes it once the last need is gone.
+#[test]
+fn a_delivered_last_row_takes_its_hook_and_leaves_no_marker() {
+    let mut h = Harness::new();
+    let single = h.ingest(Some("acme"), 1, 10, false);
+    let pair = h.ingest(Some("acme"), 2, 10, false);
+    let archived = h.ingest(Some("acme"), 1, 10, true);
+    let rows = h.due_rows();
+    h.commit(|tx| {
+        for r in &rows {
+            claim(tx, r);
+        }
+    });
+    let hook = |seq: Seq| h.store.get(Cf::Hooks, &keys::hook(seq)).unwrap().is_some();
+    let cleared = |seq: Seq| {
+        h.store
+            .get(Cf::Index, &keys::cleared(seq))
+            .unwrap()
+            .is_some()
+    };
+    let deliver = |seq: Seq| -> Vec<bool> {
+        h.inflight_rows()
+            .iter()
+            .filter(|r| r.key.seq == seq)
+            .map(|r| {
+                let last = last_needs(&h.store, &[(*r, sinks_of(&h.store, seq))]).unwrap()[0];
+                h.commit(|tx| delivered_last(tx, r, last));
+                last
+            })
+            .collect()
+    };
+    assert_eq!(deliver(single), vec![true]);
+    assert!(!hook(single) && !cleared(single));
+    // The first of two rows sees the second; the second sees only its own.
+    assert_eq!(deliver(pair), vec![false, true]);
+    assert!(!hook(pair) && cleared(pair));
+    assert_eq!(deliver(archived), vec![false]);
+    assert!(hook(archived) && cleared(archived));
+    h.assert_counters_equal_fold();
+    h.assert_every_need_has_its_hook();
+    // Reclaim reads the two markers: the pair's hook is already gone, the archived one
+    // stays for its obligation.
+    let report = crate::reclaim::reclaim_pass(&h.store, 100).unwrap();
+    assert_eq!(report.markers, 2);
+    assert_eq!(report.hooks_removed, 0);
+    assert!(hook(archived));
+    assert_eq!(counters::read(&h.store, h.ord("acme")).unwrap().bytes, 0);
 }

@@ -6,7 +6,7 @@ use super::*;
 use ankusa_store::keys::{
     self, AtMs, CounterField, DeadKey, DueKey, InflightKey, Seq, SinkIdx, TenantOrd,
 };
-use ankusa_store::{Cf, Op};
+use ankusa_store::{Cf, Op, Store};
 
 use crate::QueueError;
 
@@ -77,7 +77,10 @@ pub(super) fn add_delivery(
 }
 
 /// Expand: a new delivery of an existing hook to sink `sink` (rows imported from an older
-/// release, or a route gaining a sink), due at `at` as a first attempt.
+/// release, or a route gaining a sink), due at `at` as a first attempt. The hook's envelope
+/// must name the sink at that index (a new sink is appended to it in the same batch):
+/// delivery reads the sink's name there, and [`last_needs`] looks for a hook's rows only
+/// at the indexes its envelope names.
 pub fn expand(tx: &mut Tx, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32, at: AtMs) {
     add_delivery(tx, ord, seq, sink, size, at);
 }
@@ -101,6 +104,53 @@ pub fn claim(tx: &mut Tx, row: &DueRow) -> InflightRow {
 pub fn delivered(tx: &mut Tx, row: &InflightRow) {
     tx.delete_inflight(row);
     tx.drop_row(row.key.ord, row.key.seq, row.key.sink, row.size);
+}
+
+/// For each delivered row and the number of sinks its hook names, whether the row is the
+/// last thing its hook is kept for: no other delivery row of the hook (due, inflight or
+/// dead) and no archive obligation. One `multi_get` for the whole batch; a hook of one
+/// sink costs one key (its `?a`).
+///
+/// The reads are made before the commit, outside its lock, and that is safe because what
+/// they look for is only ever created with the hook: its rows and obligation at ingest,
+/// for the sink indexes its envelope names (an [`expand`] of a new sink rewrites the
+/// envelope, and imports run before the node dispatches). What is absent now stays absent;
+/// a row of the hook that another writer removes meanwhile leaves its own marker, so a hook
+/// read as still needed is reclaimed later, never too early. Two rows of one hook in the
+/// same batch each see the other, and both leave a marker.
+pub fn last_needs(store: &Store, rows: &[(InflightRow, usize)]) -> Result<Vec<bool>, QueueError> {
+    let mut obligations = Vec::with_capacity(rows.len());
+    let mut others = Vec::new();
+    let mut spans = Vec::with_capacity(rows.len());
+    for (row, sinks) in rows {
+        obligations.push(keys::archive(row.key.seq));
+        let start = others.len();
+        others.extend(
+            (0..*sinks)
+                .filter(|s| *s != row.key.sink.0 as usize)
+                .map(|s| keys::delivery(row.key.seq, SinkIdx(s as u16))),
+        );
+        spans.push(start..others.len());
+    }
+    let obligations = store.multi_get(Cf::Index, &obligations)?;
+    let others = store.multi_get(Cf::Deliveries, &others)?;
+    Ok(obligations
+        .iter()
+        .zip(spans)
+        .map(|(ob, span)| ob.is_none() && others[span].iter().all(Option::is_none))
+        .collect())
+}
+
+/// Delivered; with `last` (from [`last_needs`]) the hook goes in the same unit, and no `?c`
+/// marker is left for reclaim to read back, delete and check again (the common case: one
+/// sink, no archive). Without it, as [`delivered`].
+pub fn delivered_last(tx: &mut Tx, row: &InflightRow, last: bool) {
+    tx.delete_inflight(row);
+    if last {
+        tx.drop_last_row(row.key.ord, row.key.seq, row.key.sink, row.size);
+    } else {
+        tx.drop_row(row.key.ord, row.key.seq, row.key.sink, row.size);
+    }
 }
 
 /// Retry: inflight → due at `at` with kind 1; the delivery row records the attempt.

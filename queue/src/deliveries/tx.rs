@@ -214,4 +214,12 @@ impl Tx {
         self.op(Op::put(Cf::Index, keys::cleared(seq), Vec::new()));
         self.delta(ord, CounterField::Bytes, -(size as i64));
     }
+
+    /// Deletes a hook's last delivery row and gives back its bytes, and the hook with it
+    /// (nothing else needs it: [`last_needs`] checked).
+    pub(super) fn drop_last_row(&mut self, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32) {
+        self.op(Op::delete(Cf::Deliveries, keys::delivery(seq, sink)));
+        self.op(Op::delete(Cf::Hooks, keys::hook(seq)));
+        self.delta(ord, CounterField::Bytes, -(size as i64));
+    }
 }

@@ -391,6 +391,7 @@ pub fn spawn(
             settings.retry.clone(),
             settings.hook_log,
             hints.clone(),
+            metrics.reclaimed_hooks.clone(),
             stop.clone(),
         ));
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
@@ -1179,6 +1180,7 @@ async fn commit_outcomes(
     retry: RetryConfig,
     log: bool,
     hints: Arc<DueHints>,
+    reclaimed: prometheus_client::metrics::counter::Counter,
     stop: tokio::sync::watch::Receiver<bool>,
 ) {
     let max_retry_after = Duration::from_millis(retry.max_retry_after_ms);
@@ -1202,19 +1204,27 @@ async fn commit_outcomes(
                 let now = crate::now_ms();
                 let mut tx = Tx::new();
                 let mut retries: Vec<(TenantOrd, AtMs)> = Vec::new();
-                for d in b.iter() {
-                    let log = log.then_some(&*store);
-                    if let Some(r) = outcome_ops(&mut tx, log, d, &retry, max_retry_after, now)? {
-                        retries.push(r);
-                    }
+                let takes_hook = last_needs(&store, &b)?;
+                let log = log.then_some(&*store);
+                for (d, last) in b.iter().zip(&takes_hook) {
+                    let r = outcome_ops(&mut tx, log, d, *last, &retry, max_retry_after, now)?;
+                    retries.extend(r);
                 }
-                tx.commit(&store, false).map(|_| retries)
+                // One unit per outcome: a hook went only with a row that moved.
+                let committed = tx.commit(&store, false)?;
+                let removed = takes_hook
+                    .iter()
+                    .zip(&committed.moved)
+                    .filter(|(t, m)| **t && **m)
+                    .count() as u64;
+                Ok::<_, QueueError>((retries, removed))
             })
             .await;
             match result {
                 // Each retry is claimed when it comes due, not at the next full scan.
-                Ok(Ok(retries)) => {
+                Ok(Ok((retries, removed))) => {
                     hints.add_later(retries);
+                    reclaimed.inc_by(removed);
                     break;
                 }
                 Ok(Err(e)) if !*stop.borrow() => {
@@ -1235,12 +1245,32 @@ async fn commit_outcomes(
     }
 }
 
-/// Adds one finished attempt's outcome (and, with `log`, its hook log event); a retry's
-/// tenant and due time.
+/// For each finished attempt, whether it is a delivery that takes its hook along: the
+/// row was the last thing the hook was kept for ([`deliveries::last_needs`], one read for
+/// the batch).
+fn last_needs(store: &Store, batch: &[Done]) -> Result<Vec<bool>, QueueError> {
+    let delivered = |d: &Done| {
+        let env = d.job.envelope.as_deref()?;
+        let a = d.attempt.as_ref()?;
+        (d.job.corrupt.is_none() && matches!(a.verdict, Verdict::Delivered))
+            .then_some((d.job.row, env.sinks.len()))
+    };
+    let rows: Vec<(InflightRow, usize)> = batch.iter().filter_map(delivered).collect();
+    let mut last = deliveries::last_needs(store, &rows)?.into_iter();
+    Ok(batch
+        .iter()
+        .map(|d| delivered(d).is_some() && last.next().unwrap_or(false))
+        .collect())
+}
+
+/// Adds one finished attempt's outcome as one unit (and, with `log`, its hook log event);
+/// a retry's tenant and due time. A delivered row that was its hook's last need (`last`)
+/// takes the hook with it, in the same unit (no marker for reclaim to come back to).
 fn outcome_ops(
     tx: &mut Tx,
     log: Option<&Store>,
     d: &Done,
+    last: bool,
     retry: &RetryConfig,
     max_retry_after: Duration,
     now: u64,
@@ -1271,9 +1301,9 @@ fn outcome_ops(
     state.last_attempt_at = now;
     state.last_status = a.status;
     state.last_error = a.error.clone();
-    let (outcome, next_at, retried) = match &a.verdict {
+    let (outcome, next_at, due_again) = match &a.verdict {
         Verdict::Delivered => {
-            deliveries::delivered(tx, row);
+            deliveries::delivered_last(tx, row, last);
             (AttemptOutcome::Delivered, None, None)
         }
         Verdict::Retry { retry_after } if state.attempts < retry.max_attempts => {
@@ -1306,7 +1336,7 @@ fn outcome_ops(
         };
         hooklog::record(tx, store, row.key.seq, row.key.sink, &ev)?;
     }
-    Ok(retried)
+    Ok(due_again)
 }
 
 #[cfg(test)]

@@ -300,7 +300,7 @@ impl Metrics {
         let reclaimed_hooks = Counter::default();
         registry.register(
             "ankusa_reclaimed_hooks",
-            "Hooks removed because no delivery, dead row or archive obligation needed them",
+            "Hooks removed because no delivery, dead row or archive obligation needed them (by reclaim or by the outcome of their last delivery)",
             reclaimed_hooks.clone(),
         );
         let archive_settled = Family::<ArchiveLabel, Counter>::default();
