@@ -138,6 +138,7 @@ async fn twin(label: &'static str, forwarding: bool) -> Run {
 }
 
 async fn run(label: &'static str, max_batch_hooks: usize, hook_log: bool) -> Run {
+    eprintln!("ingest: {label}");
     let sink = load::noop_sink().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let node = load::relay(
