@@ -118,6 +118,23 @@ pub struct Cursors {
     top_inflight: Option<Vec<(String, usize)>>,
     /// The last tick left work but could claim none of it (every slot it needed was held).
     blocked: bool,
+    /// The active tenants the last read of the active index found, visited across ticks.
+    cycle: Cycle,
+}
+
+/// The active tenants one read of the active index found, and the next one's turn. A full
+/// tick goes on through them where the last stopped, a budget's worth of tenants a tick,
+/// and reads the index again only once every one had its turn, after
+/// [`Cursors::CYCLE_MS`], at a rescan, or when the hints overflowed: a tick that can claim
+/// twenty rows does not read a thousand tenants' markers to find them. Fresh work of
+/// tenants the list does not hold reaches the tick through the writer's hints (and retries
+/// and replays through theirs); anything else waits for the next read, at most a cycle.
+#[derive(Debug, Default)]
+struct Cycle {
+    tenants: std::collections::VecDeque<deliveries::ActiveTenant>,
+    read_at: AtMs,
+    /// Work was left that only a fresh read is sure to find.
+    stale: bool,
 }
 
 impl Cursors {
@@ -130,6 +147,8 @@ impl Cursors {
     /// Seconds below the current one that a full scan still reads, for markers committed
     /// late with an earlier `at` (a writer batch's receipt time).
     pub const SLACK_BUCKETS: u64 = 5;
+    /// The longest a cycle over one read of the active index lasts.
+    pub const CYCLE_MS: u64 = 1_000;
 
     pub fn floor(&self, ord: TenantOrd) -> AtMs {
         self.floors.get(&ord).copied().unwrap_or(AtMs(0))
@@ -171,16 +190,49 @@ impl Cursors {
             || now.0 >= self.full_at.0.saturating_add(interval_ms)
     }
 
-    /// After a full scan from `from` at `now` that met `oldest` first.
-    fn scanned(&mut self, now: AtMs, from: Bucket, plan: &TickPlan) {
+    /// Whether the full tick at `now` reads the active index again (see [`Cycle`]).
+    fn cycle_over(&self, now: AtMs) -> bool {
+        self.cycle.tenants.is_empty()
+            || self.cycle.stale
+            || self.hinted.overflowed
+            || now.0 >= self.cycle.read_at.0.saturating_add(Self::CYCLE_MS)
+            || now.0 >= self.rescanned_at.0.saturating_add(Self::RESCAN_MS)
+    }
+
+    /// After a read of the active index from `from` at `now` that found `active`.
+    fn start_cycle(&mut self, now: AtMs, from: Bucket, active: Vec<deliveries::ActiveTenant>) {
         if from == Bucket(0) {
             self.rescanned_at = now;
         }
         let slack = Bucket(now.bucket().0.saturating_sub(Self::SLACK_BUCKETS));
-        self.active_from = plan.oldest.map_or(slack, |b| b.min(slack));
+        let oldest = active.first().and_then(|t| t.buckets.first().copied());
+        self.active_from = oldest.map_or(slack, |b| b.min(slack));
+        self.hinted.overflowed = false;
+        self.cycle = Cycle {
+            tenants: active.into(),
+            read_at: now,
+            stale: false,
+        };
+    }
+
+    /// A tenant the full tick left work of takes its next turn at the cycle's end (a
+    /// bounded cycle: past twice the markers a read takes, a fresh read finds it).
+    fn requeue(&mut self, w: &TenantWork) {
+        if self.cycle.tenants.len() < 2 * TickLimits::default().max_markers {
+            // Its floor says where its rows go on; its markers were just cleaned.
+            self.cycle.tenants.push_back(deliveries::ActiveTenant {
+                ord: w.ord,
+                buckets: Vec::new(),
+            });
+        } else {
+            self.cycle.stale = true;
+        }
+    }
+
+    /// After a full tick at `now`.
+    fn scanned(&mut self, now: AtMs, plan: &TickPlan) {
         self.full_at = now;
         self.backlog = plan.exhausted;
-        self.hinted.overflowed = false;
     }
 }
 
@@ -200,15 +252,47 @@ pub fn plan_tick(
         oldest: active.first().and_then(|t| t.buckets.first().copied()),
         ..TickPlan::default()
     };
-    let mut budget = Budget::new(limits);
     // Each tick starts one tenant further on: when the budget is small (the slots of a
     // busy sink), every active tenant still gets read in turn, not just the oldest.
     let n = active.len();
     let start = if n == 0 { 0 } else { cursors.rotation % n };
-    let mut active = active;
+    let mut active: std::collections::VecDeque<_> = active.into();
     active.rotate_left(start);
-    for t in active {
+    visit(store, now, limits, cursors, &mut active, &mut plan)?;
+    Ok(plan)
+}
+
+/// Plans a full tick from the cycle (see [`Cycle`]): the tenants whose turn is next, each
+/// read from its oldest marker seen, until the budget is spent. The tenants it visited
+/// leave the cycle; `exhausted` says the budget ran out before the cycle's end.
+fn plan_cycle(
+    store: &Store,
+    now: AtMs,
+    limits: &TickLimits,
+    cursors: &mut Cursors,
+) -> Result<TickPlan, QueueError> {
+    let mut plan = TickPlan::default();
+    let mut tenants = std::mem::take(&mut cursors.cycle.tenants);
+    visit(store, now, limits, cursors, &mut tenants, &mut plan)?;
+    plan.exhausted &= !tenants.is_empty();
+    cursors.cycle.tenants = tenants;
+    Ok(plan)
+}
+
+/// Takes tenants from the front of `tenants` and reads each one's due rows from its
+/// oldest marker (or its cursor), until the tick's budget is spent.
+fn visit(
+    store: &Store,
+    now: AtMs,
+    limits: &TickLimits,
+    cursors: &Cursors,
+    tenants: &mut std::collections::VecDeque<deliveries::ActiveTenant>,
+    plan: &mut TickPlan,
+) -> Result<(), QueueError> {
+    let mut budget = Budget::new(limits);
+    while let Some(t) = tenants.pop_front() {
         if budget.spent() {
+            tenants.push_front(t);
             plan.exhausted = true;
             break;
         }
@@ -223,7 +307,7 @@ pub fn plan_tick(
         });
     }
     plan.exhausted |= budget.spent();
-    Ok(plan)
+    Ok(())
 }
 
 /// Plans the hinted part of a tick: the tenants the writer announced, oldest hint first,
@@ -738,9 +822,14 @@ fn claim_tick(
         ..limits
     };
     let plan = if full {
-        let from = cursors.active_from(now);
-        let plan = plan_tick(store, now, &read, &cursors)?;
-        cursors.scanned(now, from, &plan);
+        if cursors.cycle_over(now) {
+            let from = cursors.active_from(now);
+            let active =
+                deliveries::active_tenants_from(store, from, now, usize::MAX, read.max_markers)?;
+            cursors.start_cycle(now, from, active);
+        }
+        let plan = plan_cycle(store, now, &read, &mut cursors)?;
+        cursors.scanned(now, &plan);
         plan
     } else {
         cursors.backlog = false;
@@ -753,7 +842,8 @@ fn claim_tick(
     } else {
         plan_hinted(store, now, &read, &cursors)?
     };
-    cursors.backlog |= hinted.exhausted;
+    // Hinted tenants the budget did not reach keep their hints: the next tick's hinted
+    // read goes on with them, with no full read of the active index.
     // Per tenant, the rows of both reads, oldest first, once each.
     let mut order: Vec<TenantOrd> = Vec::new();
     let mut rows_of: HashMap<TenantOrd, Vec<DueRow>> = HashMap::new();
@@ -844,14 +934,17 @@ fn claim_tick(
     for w in &plan.work {
         deliveries::cleanup_markers(store, w.ord, &w.buckets, now)?;
         match (left(w), w.rows.last()) {
-            // Rows left for want of a slot: the next read starts at the first of them.
+            // Rows left for want of a slot: the next read starts at the first of them, and
+            // the tenant's next turn is at the cycle's end.
             (Some(at), _) => {
                 cursors.advance(w.ord, at);
+                cursors.requeue(w);
                 left_any = true;
             }
             // A full share: more may wait from here on.
             (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
                 cursors.advance(w.ord, last.key.at);
+                cursors.requeue(w);
                 left_any = true;
             }
             // Drained up to now (hinted rows included): the next read starts at its
@@ -862,31 +955,36 @@ fn claim_tick(
             }
         }
     }
+    let mut left_hinted = false;
     for w in &hinted.work {
         match (left(w), w.rows.last()) {
             // Rows no slot could take, all of them read: the hint stays at the first, so
             // the next tick offers them again (a quiet tenant keeps its turn).
             (Some(at), _) if w.rows.len() < read.rows_per_tenant => {
                 cursors.hinted.tenants.insert(w.ord, at);
-                left_any = true;
+                left_hinted = true;
             }
             // A full read of rows no slot could take: the hint goes (a later hint starts
-            // at its own rows, not behind these); the full reads hold them.
+            // at its own rows, not behind these); the full reads hold them, from a fresh
+            // read of the active index (the cycle's may not hold the tenant).
             (Some(_), _) => {
                 cursors.hinted.tenants.remove(&w.ord);
+                cursors.cycle.stale = true;
                 left_any = true;
             }
             (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
                 cursors.hinted.tenants.insert(w.ord, last.key.at);
-                left_any = true;
+                left_hinted = true;
             }
             _ => {
                 cursors.hinted.tenants.remove(&w.ord);
             }
         }
     }
+    // Work left where only a full read finds it again calls for one; work a hint still
+    // points at is the hinted read's.
     cursors.backlog |= left_any;
-    cursors.blocked = left_any && jobs_in.is_empty();
+    cursors.blocked = (left_any || left_hinted) && jobs_in.is_empty();
     let state_keys: Vec<Vec<u8>> = jobs_in
         .iter()
         .map(|(_, r)| keys::delivery(r.key.seq, r.key.sink))
@@ -1442,10 +1540,18 @@ mod tests {
             ..TickLimits::default()
         };
         let mut cursors = Cursors::default();
+        let active = deliveries::active_tenants_from(
+            &h.store,
+            Bucket(0),
+            AtMs(3_000),
+            usize::MAX,
+            limits.max_markers,
+        )
+        .unwrap();
         let first = plan_tick(&h.store, AtMs(3_000), &limits, &cursors).unwrap();
         assert_eq!(first.work[0].rows.len(), 2_000);
         claim_all(&h, &first, AtMs(3_000));
-        cursors.scanned(AtMs(3_000), Bucket(0), &first);
+        cursors.start_cycle(AtMs(3_000), Bucket(0), active);
         // A new row in second 9: the full scan and the cleanup read from second 9.
         h.ingest(Some("a"), 1, 9_100, false);
         let now = AtMs(9_500);
@@ -1470,6 +1576,61 @@ mod tests {
         });
         assert_eq!(walked, 0);
         assert_eq!(h.store.stats().since(&before).scans_of(Family::Active), 0);
+    }
+
+    /// 50 tenants with a row each and a budget of 10 rows a tick: one read of the active
+    /// index serves five ticks, each visiting the next ten tenants, until every tenant had
+    /// its turn; then, or a cycle's time later, the index is read again.
+    #[test]
+    fn a_full_tick_goes_on_through_one_read_of_the_active_index() {
+        let mut h = Harness::new();
+        for t in 0..50 {
+            h.ingest(Some(&format!("t{t}")), 1, 20_000 + t, false);
+        }
+        let limits = TickLimits {
+            rows_per_tick: 10,
+            ..TickLimits::default()
+        };
+        let now = AtMs(21_000);
+        let mut cursors = Cursors::default();
+        assert!(cursors.cycle_over(now));
+        let active = deliveries::active_tenants_from(
+            &h.store,
+            cursors.active_from(now),
+            now,
+            usize::MAX,
+            limits.max_markers,
+        )
+        .unwrap();
+        cursors.start_cycle(now, Bucket(0), active);
+        let before = h.store.stats();
+        let mut seen = std::collections::BTreeSet::new();
+        for tick in 0..5 {
+            assert!(!cursors.cycle_over(now), "tick {tick}");
+            let plan = plan_cycle(&h.store, now, &limits, &mut cursors).unwrap();
+            assert_eq!(plan.tenants_visited, 10);
+            assert_eq!(plan.exhausted, tick < 4, "tick {tick}");
+            for w in &plan.work {
+                assert_eq!(w.rows.len(), 1);
+                assert!(seen.insert(w.ord), "{:?} visited twice", w.ord);
+            }
+        }
+        assert_eq!(seen.len(), 50);
+        assert_eq!(h.store.stats().since(&before).scans_of(Family::Active), 0);
+        assert!(cursors.cycle_over(now), "every tenant had its turn");
+        // A cycle with tenants left ends after CYCLE_MS all the same.
+        let active = deliveries::active_tenants_from(
+            &h.store,
+            cursors.active_from(now),
+            now,
+            usize::MAX,
+            limits.max_markers,
+        )
+        .unwrap();
+        cursors.start_cycle(now, cursors.active_from(now), active);
+        plan_cycle(&h.store, now, &limits, &mut cursors).unwrap();
+        assert!(!cursors.cycle_over(AtMs(now.0 + Cursors::CYCLE_MS - 1)));
+        assert!(cursors.cycle_over(AtMs(now.0 + Cursors::CYCLE_MS)));
     }
 
     #[test]
