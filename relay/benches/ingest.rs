@@ -207,6 +207,17 @@ fn main() -> std::process::ExitCode {
         "hook log: relay with it / without it = {:.0}% (reference, no rule)",
         group.rate() / unlogged.rate() * 100.0
     );
+    // The tail a group commit cannot go under: a hook that arrives during a commit waits
+    // for it and then for its own, on top of what the HTTP exchanges cost (reference, the
+    // rule proposed in docs/performance.md; the commit p99 is a histogram bucket's bound).
+    if let Some((_, commit_p99)) = group.commit_ms {
+        let bound = 2.0 * commit_p99 + forwarding.p99_ms;
+        println!(
+            "relay p99 {:.2} ms against 2 × the synced commit's p99 + the forwarding twin's p99 = {bound:.2} ms (proposed rule, reference: {})",
+            group.p99_ms,
+            if group.p99_ms <= bound { "holds" } else { "fails" }
+        );
+    }
     println!("pass: relay / forwarding twin >= 40%, relay p99 < 10 ms, hooks per fsync >= 20");
     if of_forwarding >= 0.40 && group.p99_ms < 10.0 && group.hooks_per_fsync >= 20.0 {
         println!("ingest: PASS");
