@@ -149,6 +149,9 @@ impl Cursors {
     pub const SLACK_BUCKETS: u64 = 5;
     /// The longest a cycle over one read of the active index lasts.
     pub const CYCLE_MS: u64 = 1_000;
+    /// The most tenants a cycle holds with those requeued (twice the markers a read takes
+    /// by default); past it, a fresh read finds the tenant.
+    pub const CYCLE_CAPACITY: usize = 8_192;
 
     pub fn floor(&self, ord: TenantOrd) -> AtMs {
         self.floors.get(&ord).copied().unwrap_or(AtMs(0))
@@ -199,6 +202,20 @@ impl Cursors {
             || now.0 >= self.rescanned_at.0.saturating_add(Self::RESCAN_MS)
     }
 
+    /// Reads the active index from its live start (at most `max_markers` markers) and
+    /// starts a cycle over the tenants it found.
+    fn read_cycle(
+        &mut self,
+        store: &Store,
+        now: AtMs,
+        max_markers: usize,
+    ) -> Result<(), QueueError> {
+        let from = self.active_from(now);
+        let active = deliveries::active_tenants_from(store, from, now, usize::MAX, max_markers)?;
+        self.start_cycle(now, from, active);
+        Ok(())
+    }
+
     /// After a read of the active index from `from` at `now` that found `active`.
     fn start_cycle(&mut self, now: AtMs, from: Bucket, active: Vec<deliveries::ActiveTenant>) {
         if from == Bucket(0) {
@@ -216,9 +233,9 @@ impl Cursors {
     }
 
     /// A tenant the full tick left work of takes its next turn at the cycle's end (a
-    /// bounded cycle: past twice the markers a read takes, a fresh read finds it).
+    /// bounded cycle: past [`Cursors::CYCLE_CAPACITY`], a fresh read finds it).
     fn requeue(&mut self, w: &TenantWork) {
-        if self.cycle.tenants.len() < 2 * TickLimits::default().max_markers {
+        if self.cycle.tenants.len() < Self::CYCLE_CAPACITY {
             // Its floor says where its rows go on; its markers were just cleaned.
             self.cycle.tenants.push_back(deliveries::ActiveTenant {
                 ord: w.ord,
@@ -823,10 +840,7 @@ fn claim_tick(
     };
     let plan = if full {
         if cursors.cycle_over(now) {
-            let from = cursors.active_from(now);
-            let active =
-                deliveries::active_tenants_from(store, from, now, usize::MAX, read.max_markers)?;
-            cursors.start_cycle(now, from, active);
+            cursors.read_cycle(store, now, read.max_markers)?;
         }
         let plan = plan_cycle(store, now, &read, &mut cursors)?;
         cursors.scanned(now, &plan);
@@ -1353,11 +1367,12 @@ fn last_needs(store: &Store, batch: &[Done]) -> Result<Vec<bool>, QueueError> {
         (d.job.corrupt.is_none() && matches!(a.verdict, Verdict::Delivered))
             .then_some((d.job.row, env.sinks.len()))
     };
-    let rows: Vec<(InflightRow, usize)> = batch.iter().filter_map(delivered).collect();
+    let wanted: Vec<Option<(InflightRow, usize)>> = batch.iter().map(delivered).collect();
+    let rows: Vec<(InflightRow, usize)> = wanted.iter().flatten().copied().collect();
     let mut last = deliveries::last_needs(store, &rows)?.into_iter();
-    Ok(batch
+    Ok(wanted
         .iter()
-        .map(|d| delivered(d).is_some() && last.next().unwrap_or(false))
+        .map(|w| w.is_some() && last.next().unwrap_or(false))
         .collect())
 }
 
@@ -1594,15 +1609,9 @@ mod tests {
         let now = AtMs(21_000);
         let mut cursors = Cursors::default();
         assert!(cursors.cycle_over(now));
-        let active = deliveries::active_tenants_from(
-            &h.store,
-            cursors.active_from(now),
-            now,
-            usize::MAX,
-            limits.max_markers,
-        )
-        .unwrap();
-        cursors.start_cycle(now, Bucket(0), active);
+        cursors
+            .read_cycle(&h.store, now, limits.max_markers)
+            .unwrap();
         let before = h.store.stats();
         let mut seen = std::collections::BTreeSet::new();
         for tick in 0..5 {
@@ -1619,15 +1628,9 @@ mod tests {
         assert_eq!(h.store.stats().since(&before).scans_of(Family::Active), 0);
         assert!(cursors.cycle_over(now), "every tenant had its turn");
         // A cycle with tenants left ends after CYCLE_MS all the same.
-        let active = deliveries::active_tenants_from(
-            &h.store,
-            cursors.active_from(now),
-            now,
-            usize::MAX,
-            limits.max_markers,
-        )
-        .unwrap();
-        cursors.start_cycle(now, cursors.active_from(now), active);
+        cursors
+            .read_cycle(&h.store, now, limits.max_markers)
+            .unwrap();
         plan_cycle(&h.store, now, &limits, &mut cursors).unwrap();
         assert!(!cursors.cycle_over(AtMs(now.0 + Cursors::CYCLE_MS - 1)));
         assert!(cursors.cycle_over(AtMs(now.0 + Cursors::CYCLE_MS)));
