@@ -113,8 +113,9 @@ pub fn delivered(tx: &mut Tx, row: &InflightRow) {
 ///
 /// The reads are made before the commit, outside its lock, and that is safe because what
 /// they look for is only ever created with the hook: its rows and obligation at ingest,
-/// for the sink indexes its envelope names (an [`expand`] of a new sink rewrites the
-/// envelope, and imports run before the node dispatches). What is absent now stays absent;
+/// for the sink indexes its envelope names (an [`expand`] of a new sink is committed with
+/// the envelope naming it, and imports run before the node dispatches). What is absent now
+/// stays absent;
 /// a row of the hook that another writer removes meanwhile leaves its own marker, so a hook
 /// read as still needed is reclaimed later, never too early. Two rows of one hook in the
 /// same batch each see the other, and both leave a marker.
