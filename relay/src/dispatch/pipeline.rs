@@ -33,7 +33,7 @@ use std::time::Duration;
 use super::delivery::{backoff, Attempt, ClaimSlot, Deliverer, Verdict};
 use super::DispatchError;
 use crate::config::{Config, RetryConfig};
-use crate::metrics::{Metrics, ScanLabel, SinkLabel, SinkOutcome, TenantLabel};
+use crate::metrics::{Metrics, ScanLabel, SinkMeters, TenantLabel};
 use crate::queue::deliveries::{self, DeliveryRow, DueRow, Envelope, InflightRow, Tx};
 use crate::queue::hints::{DueHints, Hinted};
 use crate::queue::hooklog::{self, AttemptOutcome};
@@ -496,6 +496,18 @@ pub fn spawn(
             stop.clone(),
         ));
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
+        // Each sink's series, resolved once (not a labelled lookup per delivery).
+        let meters: Arc<HashMap<String, SinkMeters>> = Arc::new(
+            deliverer
+                .sinks()
+                .map(|sink| {
+                    let m = metrics.sink_meters(&sink.id);
+                    m.limit.set(sink.control.limit() as i64);
+                    (sink.id.clone(), m)
+                })
+                .collect(),
+        );
+        let deliverer = Arc::new(deliverer);
         let mut cursors = Cursors::default();
         // The delivery tasks, so a stop can cut those still running at its deadline.
         let mut in_flight = tokio::task::JoinSet::new();
@@ -530,6 +542,7 @@ pub fn spawn(
                     hints: &hints,
                     interval_ms: settings.tick_interval.as_millis() as u64,
                     deliverer: &deliverer,
+                    meters: &meters,
                     permits: &permits,
                     done_tx: &done_tx,
                     metrics: &metrics,
@@ -622,7 +635,8 @@ struct TickCtx<'a> {
     store: &'a Arc<Store>,
     hints: &'a DueHints,
     interval_ms: u64,
-    deliverer: &'a Deliverer,
+    deliverer: &'a Arc<Deliverer>,
+    meters: &'a Arc<HashMap<String, SinkMeters>>,
     permits: &'a Arc<tokio::sync::Semaphore>,
     done_tx: &'a tokio::sync::mpsc::Sender<Done>,
     metrics: &'a Arc<Metrics>,
@@ -643,6 +657,7 @@ async fn tick(
         hints,
         interval_ms,
         deliverer,
+        meters,
         permits,
         done_tx,
         metrics,
@@ -714,8 +729,8 @@ async fn tick(
                 .await
                 .map_err(|_| DispatchError::Stopping)?,
         };
-        let (deliverer, done_tx, metrics) =
-            ((*deliverer).clone(), done_tx.clone(), (*metrics).clone());
+        let (deliverer, meters, done_tx) =
+            ((*deliverer).clone(), (*meters).clone(), done_tx.clone());
         let max_retry_after = *max_retry_after;
         tasks.spawn(async move {
             // A corrupt row is not attempted: its outcome is the dead letter.
@@ -742,36 +757,15 @@ async fn tick(
                             let now = std::time::Instant::now();
                             sink.control.record(a.signal(), now);
                             sink.line.set_limit(sink.control.limit());
-                            let label = SinkLabel {
-                                sink: sink.id.clone(),
-                            };
-                            metrics
-                                .sink_limit
-                                .get_or_create(&label)
-                                .set(sink.control.limit() as i64);
-                            metrics
-                                .sink_breaker
-                                .get_or_create(&label)
-                                .set(sink.control.breaker(now) as i64);
-                            let (requests, queued) = sink.line.usage();
-                            metrics
-                                .sink_requests
-                                .get_or_create(&label)
-                                .set(requests as i64);
-                            metrics.sink_queued.get_or_create(&label).set(queued as i64);
-                            metrics
-                                .delivery_attempts
-                                .get_or_create(&SinkOutcome {
-                                    sink: sink.id.clone(),
-                                    outcome: a.outcome().to_owned(),
-                                })
-                                .inc();
-                            metrics
-                                .delivery_latency
-                                .get_or_create(&SinkLabel {
-                                    sink: sink.id.clone(),
-                                })
-                                .observe(a.latency.as_secs_f64());
+                            if let Some(m) = meters.get(&sink.id) {
+                                m.limit.set(sink.control.limit() as i64);
+                                m.breaker.set(sink.control.breaker(now) as i64);
+                                let (requests, queued) = sink.line.usage();
+                                m.requests.set(requests as i64);
+                                m.queued.set(queued as i64);
+                                m.attempt(a.outcome()).inc();
+                                m.latency.observe(a.latency.as_secs_f64());
+                            }
                             a
                         }
                     },
@@ -796,7 +790,7 @@ async fn tick(
 
 /// What the claim half of a tick needs besides the store.
 struct ClaimCtx {
-    deliverer: Deliverer,
+    deliverer: Arc<Deliverer>,
     tenants: TenantSlots,
     weights: Weights,
     /// Free global delivery permits: the most rows this tick may claim.

@@ -40,6 +40,31 @@ pub struct SinkLabel {
     pub sink: String,
 }
 
+/// The `outcome` label of `ankusa_delivery_attempts`, in [`SinkMeters::attempt`]'s order.
+pub const ATTEMPT_OUTCOMES: [&str; 4] = ["delivered", "rejected", "error", "retryable"];
+
+/// One sink's delivery series ([`Metrics::sink_meters`]); clones share the series.
+#[derive(Clone, Debug)]
+pub struct SinkMeters {
+    attempts: [Counter; 4],
+    pub latency: Histogram,
+    pub limit: Gauge,
+    pub breaker: Gauge,
+    pub requests: Gauge,
+    pub queued: Gauge,
+}
+
+impl SinkMeters {
+    /// The attempts counter of `outcome` (one of [`ATTEMPT_OUTCOMES`]).
+    pub fn attempt(&self, outcome: &str) -> &Counter {
+        let i = ATTEMPT_OUTCOMES
+            .iter()
+            .position(|o| *o == outcome)
+            .unwrap_or(ATTEMPT_OUTCOMES.len() - 1);
+        &self.attempts[i]
+    }
+}
+
 /// Which read a dispatch tick planned from: `full` (the active index) or `hinted` (the
 /// tenants the writer announced).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -456,6 +481,30 @@ impl Metrics {
             writer_commit_seconds,
             quarantine_dropped,
             dedupe_swept,
+        }
+    }
+
+    /// `sink`'s series, resolved once: a delivery then updates its atomics instead of
+    /// looking up (and allocating) a labelled series in each family.
+    pub fn sink_meters(&self, sink: &str) -> SinkMeters {
+        let label = SinkLabel {
+            sink: sink.to_owned(),
+        };
+        let attempts = ATTEMPT_OUTCOMES.map(|outcome| {
+            self.delivery_attempts
+                .get_or_create(&SinkOutcome {
+                    sink: sink.to_owned(),
+                    outcome: outcome.to_owned(),
+                })
+                .clone()
+        });
+        SinkMeters {
+            attempts,
+            latency: self.delivery_latency.get_or_create(&label).clone(),
+            limit: self.sink_limit.get_or_create(&label).clone(),
+            breaker: self.sink_breaker.get_or_create(&label).clone(),
+            requests: self.sink_requests.get_or_create(&label).clone(),
+            queued: self.sink_queued.get_or_create(&label).clone(),
         }
     }
 
