@@ -136,9 +136,25 @@ impl Relay {
         format!("http://127.0.0.1:{}/ingest/gh", self.specs[i].ingest)
     }
 
-    /// Sends a signed GitHub delivery to node `i`.
-    async fn send(&self, c: &Client, i: usize, tenant: &str, delivery: &str) -> Option<Resp> {
-        send_to(c, &self.ingest_url(i), tenant, delivery).await
+    /// Sends a signed GitHub delivery to node `i`; a connection that gives no answer fails
+    /// the test with every node's log.
+    async fn send(&self, c: &Client, i: usize, tenant: &str, delivery: &str) -> Resp {
+        match send_to(c, &self.ingest_url(i), tenant, delivery).await {
+            Ok(r) => r,
+            Err(e) => panic!(
+                "node {i} gave no answer to {delivery} of {tenant}: {e}\n{}",
+                self.logs()
+            ),
+        }
+    }
+
+    /// The tail of every node's log.
+    fn logs(&self) -> String {
+        self.specs
+            .iter()
+            .map(|s| format!("--- {}\n{}", s.name, log_tail(&s.dir, 30)))
+            .collect::<Vec<_>>()
+            .join("\n")
     }
 
     /// An admin GET on node `i`: status and JSON.
@@ -182,13 +198,13 @@ impl Relay {
 }
 
 /// Sends a signed GitHub delivery to `url`.
-async fn send_to(c: &Client, url: &str, tenant: &str, delivery: &str) -> Option<Resp> {
+async fn send_to(c: &Client, url: &str, tenant: &str, delivery: &str) -> Result<Resp, String> {
     let body = format!(r#"{{"delivery":"{delivery}","tenant":"{tenant}"}}"#);
     let sig = format!(
         "sha256={}",
         hex(&hmac_sha256(GH_SECRET.as_bytes(), &[body.as_bytes()]))
     );
-    try_post(
+    post_result(
         c,
         url,
         &[
@@ -233,7 +249,7 @@ fn the_same_github_delivery_sent_to_each_node_is_one_hook_delivered_once() {
                 ids.insert(delivery.clone());
                 let mut hook_ids = HashSet::new();
                 for i in 0..3 {
-                    let a = r.send(&c, i, t, &delivery).await.unwrap();
+                    let a = r.send(&c, i, t, &delivery).await;
                     let want = if hook_ids.is_empty() { 202 } else { 200 };
                     assert_eq!(
                         a.status,
@@ -334,14 +350,11 @@ fn tenants_max_counts_tenants_relay_wide_whichever_node_a_hook_reaches() {
     let c = client();
     r.rt.block_on(async {
         for t in 0..10 {
-            let a = r
-                .send(&c, t % 3, &format!("t{t}"), &format!("d{t}"))
-                .await
-                .unwrap();
+            let a = r.send(&c, t % 3, &format!("t{t}"), &format!("d{t}")).await;
             assert_eq!(a.status, 202, "tenant {t}: {:?}", a.json());
         }
         for i in 0..3 {
-            let a = r.send(&c, i, "t-eleventh", &format!("x{i}")).await.unwrap();
+            let a = r.send(&c, i, "t-eleventh", &format!("x{i}")).await;
             assert_eq!(a.status, 503, "node {i}: {:?}", a.json());
             assert_eq!(a.json()["error"], "tenant_limit");
             assert_eq!(a.headers["retry-after"], "300");
@@ -350,8 +363,7 @@ fn tenants_max_counts_tenants_relay_wide_whichever_node_a_hook_reaches() {
         for t in 0..10 {
             let a = r
                 .send(&c, (t + 1) % 3, &format!("t{t}"), &format!("e{t}"))
-                .await
-                .unwrap();
+                .await;
             assert_eq!(a.status, 202, "tenant {t}: {:?}", a.json());
         }
     });
@@ -371,7 +383,7 @@ fn a_killed_owner_makes_only_its_tenants_wait_and_loses_no_acked_hook() {
     r.rt.block_on(async {
         for n in 0..20 {
             let d = format!("before-{n}");
-            let a = r.send(&c, n % 3, &t, &d).await.unwrap();
+            let a = r.send(&c, n % 3, &t, &d).await;
             assert_eq!(a.status, 202);
             acked.insert(d);
         }
@@ -382,7 +394,7 @@ fn a_killed_owner_makes_only_its_tenants_wait_and_loses_no_acked_hook() {
             if i == victim {
                 continue;
             }
-            let a = r.send(&c, i, &t, &format!("during-{i}")).await.unwrap();
+            let a = r.send(&c, i, &t, &format!("during-{i}")).await;
             assert_eq!(a.status, 503, "{:?}", a.json());
             assert_eq!(a.json()["error"], "owner_unavailable");
             assert!(a.headers.contains_key("retry-after"));
@@ -392,7 +404,7 @@ fn a_killed_owner_makes_only_its_tenants_wait_and_loses_no_acked_hook() {
                     continue;
                 }
                 let d = format!("other-{i}-{o}");
-                let a = r.send(&c, i, &ts[0], &d).await.unwrap();
+                let a = r.send(&c, i, &ts[0], &d).await;
                 assert_eq!(a.status, 202, "{:?}", a.json());
                 acked.insert(d);
             }
@@ -406,7 +418,7 @@ fn a_killed_owner_makes_only_its_tenants_wait_and_loses_no_acked_hook() {
     r.rt.block_on(async {
         for n in 0..10 {
             let d = format!("after-{n}");
-            let a = r.send(&c, n % 3, &t, &d).await.unwrap();
+            let a = r.send(&c, n % 3, &t, &d).await;
             assert_eq!(a.status, 202, "{:?}", a.json());
             acked.insert(d);
         }
@@ -450,7 +462,7 @@ fn scaling_from_three_to_four_nodes_moves_a_quarter_of_the_tenants_and_loses_not
                     for tries in 0.. {
                         let url = &urls[(seq + tries) % urls.len()];
                         match send_to(&c, url, &t, &d).await {
-                            Some(a) if a.status == 202 || a.status == 200 => {
+                            Ok(a) if a.status == 202 || a.status == 200 => {
                                 acked.lock().unwrap().insert(d);
                                 break;
                             }
@@ -588,7 +600,7 @@ fn a_tenants_view_dlq_replay_and_purge_add_up_what_a_former_owner_still_holds() 
     r.rt.block_on(async {
         // One hook through the owner, one kept by node 0 as a hook forwarded to it is (a
         // former owner's rows, as after a change of the node list).
-        assert_eq!(r.send(&c, 1, &t, "d-owner").await.unwrap().status, 202);
+        assert_eq!(r.send(&c, 1, &t, "d-owner").await.status, 202);
         let body = r#"{"former":true}"#;
         let sig = format!(
             "sha256={}",
@@ -703,7 +715,7 @@ fn with_the_registry_node_down_only_new_tenants_wait() {
     let (known, new) = (owned[1][0].clone(), owned[1][1].clone());
     let c = client();
     r.rt.block_on(async {
-        assert_eq!(r.send(&c, 1, &known, "k-1").await.unwrap().status, 202);
+        assert_eq!(r.send(&c, 1, &known, "k-1").await.status, 202);
     });
     // The registry (the first node) goes down, and node 1 restarts: it has forgotten
     // which tenants the registry admitted, but its store holds `known`.
@@ -711,9 +723,9 @@ fn with_the_registry_node_down_only_new_tenants_wait() {
     r.kill9(1);
     r.start(1);
     r.rt.block_on(async {
-        let a = r.send(&c, 2, &known, "k-2").await.unwrap();
+        let a = r.send(&c, 2, &known, "k-2").await;
         assert_eq!(a.status, 202, "a tenant the owner stores: {:?}", a.json());
-        let a = r.send(&c, 1, &new, "n-1").await.unwrap();
+        let a = r.send(&c, 1, &new, "n-1").await;
         assert_eq!(a.status, 503, "{:?}", a.json());
         assert_eq!(a.json()["error"], "registry_unavailable");
         assert!(a.headers.contains_key("retry-after"));
@@ -721,7 +733,7 @@ fn with_the_registry_node_down_only_new_tenants_wait() {
     // The registry back: the new tenant is admitted, and counted once.
     r.start(0);
     r.rt.block_on(async {
-        let a = r.send(&c, 1, &new, "n-2").await.unwrap();
+        let a = r.send(&c, 1, &new, "n-2").await;
         assert_eq!(a.status, 202, "{:?}", a.json());
     });
     let (_, all) = r.admin_get(2, "/v1/tenants");

@@ -180,6 +180,16 @@ pub async fn try_post(
     headers: &[(&str, String)],
     body: impl Into<bytes::Bytes>,
 ) -> Option<Resp> {
+    post_result(c, url, headers, body).await.ok()
+}
+
+/// POSTs `body` with `headers`; the client's error if no answer came.
+pub async fn post_result(
+    c: &Client,
+    url: &str,
+    headers: &[(&str, String)],
+    body: impl Into<bytes::Bytes>,
+) -> Result<Resp, String> {
     use http_body_util::BodyExt;
     let mut req = hyper::Request::post(url);
     for (k, v) in headers {
@@ -188,11 +198,17 @@ pub async fn try_post(
     let req = req
         .body(http_body_util::Full::new(body.into()))
         .expect("request");
-    let resp = c.request(req).await.ok()?;
+    let resp = c.request(req).await.map_err(|e| format!("{e:?}"))?;
     let status = resp.status().as_u16();
     let headers = resp.headers().clone();
-    let body = resp.into_body().collect().await.ok()?.to_bytes().to_vec();
-    Some(Resp {
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| format!("{e:?}"))?
+        .to_bytes()
+        .to_vec();
+    Ok(Resp {
         status,
         headers,
         body,
@@ -272,25 +288,40 @@ pub fn proc_node() -> NodeBuilder {
         .admin_token("it", ADMIN_TOKEN)
 }
 
-/// A relay binary started on a config file; killed when dropped.
+/// A relay binary started on a config file; killed when dropped. Its output goes to
+/// `relay.log` in its directory, read back by [`Proc::log_tail`] when a test fails.
 pub struct Proc {
     pub child: std::process::Child,
+}
+
+/// The last `lines` lines of the log of the node whose files are under `dir`.
+pub fn log_tail(dir: &Path, lines: usize) -> String {
+    let text = std::fs::read_to_string(dir.join("relay.log")).unwrap_or_default();
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }
 
 impl Proc {
     /// Starts `ankusa-relay run` on `node`'s configuration (its files under `dir`, its
     /// ports fixed) and waits for `/readyz`.
     pub fn start(dir: &Path, node: &NodeBuilder) -> Proc {
-        let p = Proc::spawn(dir, node);
+        let mut p = Proc::spawn(dir, node);
         let admin_port = node.admin_port().expect("fixed ports");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok((200, _)) = http_get(admin_port, "/readyz") {
                 return p;
             }
+            if let Ok(Some(status)) = p.child.try_wait() {
+                panic!(
+                    "the node exited ({status}) before it was ready:\n{}",
+                    log_tail(dir, 40)
+                );
+            }
             assert!(
                 std::time::Instant::now() < deadline,
-                "the node never became ready"
+                "the node never became ready:\n{}",
+                log_tail(dir, 40)
             );
             std::thread::sleep(Duration::from_millis(50));
         }
@@ -305,10 +336,15 @@ impl Proc {
         );
         let cfg = dir.join("relay.yaml");
         std::fs::write(&cfg, node.yaml_at(dir)).expect("write config");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("relay.log"))
+            .expect("open relay.log");
         let child = bin()
             .args(["run", "--config", cfg.to_str().expect("utf-8 path")])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
+            .stdout(log.try_clone().expect("clone relay.log"))
+            .stderr(log)
             .spawn()
             .expect("spawn ankusa-relay");
         Proc { child }
