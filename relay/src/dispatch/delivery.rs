@@ -26,6 +26,7 @@ use super::control::{Controller, Signal};
 use super::line::Line;
 use crate::config::{Config, ConfigError, Jitter, RetryConfig};
 use crate::edge::verify::{standard_webhooks_key, standard_webhooks_sign};
+use crate::metrics::AttemptOutcome;
 use crate::queue::deliveries::Envelope;
 pub use crate::queue::hooklog::ErrorClass;
 use crate::store::keys::TenantOrd;
@@ -143,13 +144,13 @@ impl Attempt {
         }
     }
 
-    /// The metric label of the outcome.
-    pub fn outcome(&self) -> &'static str {
+    /// How the attempt ended, as `ankusa_delivery_attempts_total` counts it.
+    pub fn outcome(&self) -> AttemptOutcome {
         match (&self.verdict, self.status) {
-            (Verdict::Delivered, _) => "delivered",
-            (Verdict::Dead, _) => "rejected",
-            (Verdict::Retry { .. }, 0) => "error",
-            (Verdict::Retry { .. }, _) => "retryable",
+            (Verdict::Delivered, _) => AttemptOutcome::Delivered,
+            (Verdict::Dead, _) => AttemptOutcome::Rejected,
+            (Verdict::Retry { .. }, 0) => AttemptOutcome::Error,
+            (Verdict::Retry { .. }, _) => AttemptOutcome::Retryable,
         }
     }
 }

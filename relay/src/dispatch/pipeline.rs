@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::delivery::{backoff, Attempt, ClaimSlot, Deliverer, Verdict};
+use super::delivery::{backoff, Attempt, ClaimSlot, Deliverer, Sink, Verdict};
 use super::DispatchError;
 use crate::config::{Config, RetryConfig};
 use crate::metrics::{Metrics, ScanLabel, SinkMeters, TenantLabel};
@@ -496,13 +496,17 @@ pub fn spawn(
             stop.clone(),
         ));
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
-        // Each sink's series, resolved once (not a labelled lookup per delivery).
-        let meters: Arc<HashMap<String, SinkMeters>> = Arc::new(
+        // Each sink with its series, resolved once: a delivery finds both in one lookup.
+        let meters: Arc<HashMap<String, Metered>> = Arc::new(
             deliverer
                 .sinks()
                 .map(|sink| {
-                    let m = metrics.sink_meters(&sink.id);
-                    m.limit.set(sink.control.limit() as i64);
+                    let meters = metrics.sink_meters(&sink.id);
+                    meters.limit.set(sink.control.limit() as i64);
+                    let m = Metered {
+                        sink: sink.clone(),
+                        meters,
+                    };
                     (sink.id.clone(), m)
                 })
                 .collect(),
@@ -627,6 +631,12 @@ pub fn spawn(
     })
 }
 
+/// A configured sink and its series.
+struct Metered {
+    sink: Arc<Sink>,
+    meters: SinkMeters,
+}
+
 /// What a tick works with.
 struct TickCtx<'a> {
     tasks: &'a mut tokio::task::JoinSet<()>,
@@ -636,7 +646,7 @@ struct TickCtx<'a> {
     hints: &'a DueHints,
     interval_ms: u64,
     deliverer: &'a Arc<Deliverer>,
-    meters: &'a Arc<HashMap<String, SinkMeters>>,
+    meters: &'a Arc<HashMap<String, Metered>>,
     permits: &'a Arc<tokio::sync::Semaphore>,
     done_tx: &'a tokio::sync::mpsc::Sender<Done>,
     metrics: &'a Arc<Metrics>,
@@ -740,7 +750,7 @@ async fn tick(
                     match env
                         .sinks
                         .get(job.row.key.sink.0 as usize)
-                        .and_then(|id| deliverer.sink(id))
+                        .and_then(|id| meters.get(id))
                     {
                         None => Attempt {
                             verdict: Verdict::Dead,
@@ -749,23 +759,22 @@ async fn tick(
                             error: "the hook's sink is no longer configured".into(),
                             latency: Duration::ZERO,
                         },
-                        Some(sink) => {
+                        Some(Metered { sink, meters: m }) => {
                             // The claim took one of the sink's claim slots; the request
                             // waits only for its tenant's turn in the sink's line.
                             let _request = sink.line.acquire(job.row.key.ord).await;
-                            let a = deliverer.attempt(&sink, env, max_retry_after).await;
+                            let a = deliverer.attempt(sink, env, max_retry_after).await;
                             let now = std::time::Instant::now();
                             sink.control.record(a.signal(), now);
-                            sink.line.set_limit(sink.control.limit());
-                            if let Some(m) = meters.get(&sink.id) {
-                                m.limit.set(sink.control.limit() as i64);
-                                m.breaker.set(sink.control.breaker(now) as i64);
-                                let (requests, queued) = sink.line.usage();
-                                m.requests.set(requests as i64);
-                                m.queued.set(queued as i64);
-                                m.attempt(a.outcome()).inc();
-                                m.latency.observe(a.latency.as_secs_f64());
-                            }
+                            let limit = sink.control.limit();
+                            sink.line.set_limit(limit);
+                            m.limit.set(limit as i64);
+                            m.breaker.set(sink.control.breaker(now) as i64);
+                            let (requests, queued) = sink.line.usage();
+                            m.requests.set(requests as i64);
+                            m.queued.set(queued as i64);
+                            m.attempt(a.outcome()).inc();
+                            m.latency.observe(a.latency.as_secs_f64());
                             a
                         }
                     },

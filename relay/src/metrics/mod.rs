@@ -40,8 +40,38 @@ pub struct SinkLabel {
     pub sink: String,
 }
 
-/// The `outcome` label of `ankusa_delivery_attempts`, in [`SinkMeters::attempt`]'s order.
-pub const ATTEMPT_OUTCOMES: [&str; 4] = ["delivered", "rejected", "error", "retryable"];
+/// The `outcome` label of `ankusa_delivery_attempts`: how one attempt ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptOutcome {
+    /// A 2xx.
+    Delivered = 0,
+    /// A final refusal: the row went to the DLQ.
+    Rejected = 1,
+    /// No answer (connection, timeout), to be retried.
+    Error = 2,
+    /// An answer that asks for a retry (429, 5xx).
+    Retryable = 3,
+}
+
+impl AttemptOutcome {
+    /// Every outcome, in the order of their series in [`SinkMeters`].
+    pub const ALL: [AttemptOutcome; 4] = [
+        AttemptOutcome::Delivered,
+        AttemptOutcome::Rejected,
+        AttemptOutcome::Error,
+        AttemptOutcome::Retryable,
+    ];
+
+    /// The label's value.
+    pub fn label(self) -> &'static str {
+        match self {
+            AttemptOutcome::Delivered => "delivered",
+            AttemptOutcome::Rejected => "rejected",
+            AttemptOutcome::Error => "error",
+            AttemptOutcome::Retryable => "retryable",
+        }
+    }
+}
 
 /// One sink's delivery series ([`Metrics::sink_meters`]); clones share the series.
 #[derive(Clone, Debug)]
@@ -55,13 +85,9 @@ pub struct SinkMeters {
 }
 
 impl SinkMeters {
-    /// The attempts counter of `outcome` (one of [`ATTEMPT_OUTCOMES`]).
-    pub fn attempt(&self, outcome: &str) -> &Counter {
-        let i = ATTEMPT_OUTCOMES
-            .iter()
-            .position(|o| *o == outcome)
-            .unwrap_or(ATTEMPT_OUTCOMES.len() - 1);
-        &self.attempts[i]
+    /// The attempts counter of `outcome`.
+    pub fn attempt(&self, outcome: AttemptOutcome) -> &Counter {
+        &self.attempts[outcome as usize]
     }
 }
 
@@ -490,11 +516,11 @@ impl Metrics {
         let label = SinkLabel {
             sink: sink.to_owned(),
         };
-        let attempts = ATTEMPT_OUTCOMES.map(|outcome| {
+        let attempts = AttemptOutcome::ALL.map(|outcome| {
             self.delivery_attempts
                 .get_or_create(&SinkOutcome {
                     sink: sink.to_owned(),
-                    outcome: outcome.to_owned(),
+                    outcome: outcome.label().to_owned(),
                 })
                 .clone()
         });
@@ -597,5 +623,26 @@ mod tests {
             super::to_prometheus_text(om),
             "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\na_requests_total{x=\"1\"} 2\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n"
         );
+    }
+
+    #[test]
+    fn every_attempt_outcome_counts_in_its_own_series() {
+        use super::{AttemptOutcome, Metrics};
+        let m = Metrics::new();
+        let meters = m.sink_meters("s");
+        for (n, o) in AttemptOutcome::ALL.into_iter().enumerate() {
+            for _ in 0..=n {
+                meters.attempt(o).inc();
+            }
+        }
+        let text = m.encode();
+        for (n, o) in AttemptOutcome::ALL.into_iter().enumerate() {
+            let line = format!(
+                "ankusa_delivery_attempts_total{{sink=\"s\",outcome=\"{}\"}} {}",
+                o.label(),
+                n + 1
+            );
+            assert!(text.contains(&line), "{line} not in\n{text}");
+        }
     }
 }
