@@ -148,7 +148,12 @@ impl DispatchConfig {
             ));
         }
         positive("dispatch.rows_per_tenant", self.rows_per_tenant)?;
-        positive("dispatch.bytes_per_tick", self.bytes_per_tick)
+        positive("dispatch.bytes_per_tick", self.bytes_per_tick)?;
+        in_range(
+            "dispatch.tenants_per_tick",
+            self.tenants_per_tick,
+            1..=100_000,
+        )
     }
 }
 
@@ -402,6 +407,8 @@ pub struct DispatchConfig {
     pub rows_per_tenant: usize,
     /// Bytes claimed per tick.
     pub bytes_per_tick: u64,
+    /// Tenants one read of a tick visits; a read of more tenants goes on in the next tick.
+    pub tenants_per_tick: usize,
 }
 
 impl Default for DispatchConfig {
@@ -414,6 +421,7 @@ impl Default for DispatchConfig {
             tenant_weights: Default::default(),
             rows_per_tenant: 256,
             bytes_per_tick: 16 << 20,
+            tenants_per_tick: 128,
         }
     }
 }

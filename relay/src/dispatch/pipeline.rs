@@ -59,6 +59,10 @@ pub struct TickLimits {
     pub rows_per_tenant: usize,
     /// Bytes claimed per tick across all tenants.
     pub bytes_per_tick: u64,
+    /// Tenants whose rows one read of a tick reads (each costs a seek even when it finds
+    /// nothing): a tick over many tenants is cut into slices, so the fresh hooks that the
+    /// next tick takes never wait behind a read of every tenant.
+    pub tenants_per_tick: usize,
 }
 
 impl Default for TickLimits {
@@ -68,6 +72,7 @@ impl Default for TickLimits {
             rows_per_tick: 1024,
             rows_per_tenant: 256,
             bytes_per_tick: 16 << 20,
+            tenants_per_tick: 128,
         }
     }
 }
@@ -364,10 +369,11 @@ pub fn plan_hinted(
     Ok(plan)
 }
 
-/// What is left of a tick's row and byte budgets.
+/// What is left of a tick's row, byte and tenant budgets.
 struct Budget {
     rows: usize,
     bytes: u64,
+    tenants: usize,
 }
 
 impl Budget {
@@ -375,10 +381,11 @@ impl Budget {
         Budget {
             rows: limits.rows_per_tick,
             bytes: limits.bytes_per_tick,
+            tenants: limits.tenants_per_tick,
         }
     }
     fn spent(&self) -> bool {
-        self.rows == 0 || self.bytes == 0
+        self.rows == 0 || self.bytes == 0 || self.tenants == 0
     }
     /// One tenant's share, oldest first from `floor`.
     fn take(
@@ -397,6 +404,7 @@ impl Budget {
             limits.rows_per_tenant.min(self.rows),
             self.bytes,
         )?;
+        self.tenants = self.tenants.saturating_sub(1);
         self.rows -= rows.len();
         self.bytes = self
             .bytes
@@ -438,6 +446,7 @@ impl PipelineSettings {
                 rows_per_tick: c.dispatch.max_inflight,
                 rows_per_tenant: c.dispatch.rows_per_tenant,
                 bytes_per_tick: c.dispatch.bytes_per_tick,
+                tenants_per_tick: c.dispatch.tenants_per_tick,
             },
             retry: c.retry.clone(),
             hook_log: c.hook_log.enabled,
@@ -1594,6 +1603,50 @@ mod tests {
         });
         assert_eq!(walked, 0);
         assert_eq!(h.store.stats().since(&before).scans_of(Family::Active), 0);
+    }
+
+    /// Each read of a tick visits at most `tenants_per_tick` tenants, due rows or not: the
+    /// safety-net read of tenants whose rows hints already took (their markers not yet
+    /// cleaned) goes on over several ticks, and so does a hinted read, so a fresh hook
+    /// waits one slice, never one read of every tenant.
+    #[test]
+    fn a_read_visits_at_most_its_tenant_budget_even_where_nothing_is_due() {
+        let mut h = Harness::new();
+        for t in 0..50 {
+            h.ingest(Some(&format!("t{t}")), 1, 20_000 + t, false);
+        }
+        let now = AtMs(21_000);
+        let limits = TickLimits {
+            tenants_per_tick: 10,
+            ..TickLimits::default()
+        };
+        let mut cursors = Cursors::default();
+        cursors
+            .read_cycle(&h.store, now, limits.max_markers)
+            .unwrap();
+        // The rows go as hinted reads take them: claimed, their markers left.
+        let all = plan_tick(&h.store, now, &TickLimits::default(), &Cursors::default()).unwrap();
+        assert_eq!(all.work.len(), 50);
+        let mut tx = Tx::new();
+        for r in all.work.iter().flat_map(|w| &w.rows) {
+            claim(&mut tx, r);
+        }
+        tx.commit(&h.store, false).unwrap();
+        for tick in 0..5 {
+            let plan = plan_cycle(&h.store, now, &limits, &mut cursors).unwrap();
+            assert_eq!(plan.tenants_visited, 10, "tick {tick}");
+            assert!(plan.work.iter().all(|w| w.rows.is_empty()), "tick {tick}");
+            assert_eq!(plan.exhausted, tick < 4, "tick {tick}");
+        }
+        let mut hinted = Cursors::default();
+        for t in 0..30 {
+            hinted
+                .hinted
+                .add(h.ord(&format!("t{t}")), AtMs(20_000), DueHints::CAPACITY);
+        }
+        let plan = plan_hinted(&h.store, now, &limits, &hinted).unwrap();
+        assert_eq!(plan.tenants_visited, 10);
+        assert!(plan.exhausted);
     }
 
     /// 50 tenants with a row each and a budget of 10 rows a tick: one read of the active
