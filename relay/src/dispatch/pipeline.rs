@@ -563,12 +563,7 @@ pub fn spawn(
                 };
                 match tick(&mut ctx, limits, cursors).await {
                     Ok((c, claimed)) => {
-                        // Work left behind (a spent budget, a tenant's full share, hinted
-                        // tenants not reached) is taken at once, not after a sleep — unless
-                        // nothing could be claimed: then it waits for a slot to free.
-                        let left = c.backlog || !c.hinted.tenants.is_empty();
-                        busy = claimed >= limits.rows_per_tick || (claimed > 0 && left);
-                        waiting = claimed == 0 && left;
+                        (busy, waiting) = after_tick(claimed, limits.rows_per_tick, &c);
                         cursors = c;
                     }
                     Err(e) => {
@@ -829,6 +824,19 @@ fn corrupt_row(family: Family, key: &[u8], e: impl std::fmt::Display) -> Arc<str
     let err = QueueError::corrupt_at(family, key, e);
     tracing::error!(error = %err, "dispatch: a row does not decode; its delivery is dead-lettered");
     err.to_string().into()
+}
+
+/// What the pipeline does after a tick that claimed `claimed` rows of a budget of
+/// `rows_per_tick` and left `c`: tick again at once (`busy`), wait for a slot or a hint
+/// (`waiting`), or neither (wait for a hint or the interval). Work left behind (a spent
+/// budget, a tenant's full share, hinted tenants not reached, the rest of a read cut at
+/// its tenant budget) is taken at once — unless rows were left for want of a slot and
+/// none could be claimed: then the next tick waits for a slot to free.
+fn after_tick(claimed: usize, rows_per_tick: usize, c: &Cursors) -> (bool, bool) {
+    let left = c.backlog || !c.hinted.tenants.is_empty();
+    let waiting = claimed == 0 && left && c.blocked;
+    let busy = claimed >= rows_per_tick || (left && !waiting);
+    (busy, waiting)
 }
 
 /// The blocking half of a tick: plan (a full scan, or the hinted tenants), read the
@@ -1647,6 +1655,46 @@ mod tests {
         let plan = plan_hinted(&h.store, now, &limits, &hinted).unwrap();
         assert_eq!(plan.tenants_visited, 10);
         assert!(plan.exhausted);
+    }
+
+    /// After a tick: work left goes on at once — also when a read cut at its tenant
+    /// budget claimed nothing (the next slice must not wait for the interval) — except
+    /// rows that no slot could take, which wait for a slot.
+    #[test]
+    fn only_rows_held_back_by_slots_make_the_next_tick_wait() {
+        let mut c = Cursors::default();
+        assert_eq!(after_tick(0, 10, &c), (false, false), "idle");
+        assert_eq!(after_tick(10, 10, &c), (true, false), "a full budget");
+        c.backlog = true;
+        assert_eq!(
+            after_tick(3, 10, &c),
+            (true, false),
+            "claimed some, left some"
+        );
+        assert_eq!(
+            after_tick(0, 10, &c),
+            (true, false),
+            "a slice found nothing due"
+        );
+        c.blocked = true;
+        assert_eq!(after_tick(0, 10, &c), (false, true), "every slot held");
+        c.backlog = false;
+        c.hinted.add(
+            TenantOrd(7),
+            AtMs(1),
+            crate::queue::hints::DueHints::CAPACITY,
+        );
+        assert_eq!(
+            after_tick(0, 10, &c),
+            (false, true),
+            "a hinted tenant's rows held"
+        );
+        c.blocked = false;
+        assert_eq!(
+            after_tick(0, 10, &c),
+            (true, false),
+            "hinted tenants not reached"
+        );
     }
 
     /// 50 tenants with a row each and a budget of 10 rows a tick: one read of the active
