@@ -40,16 +40,7 @@ fn main() -> std::process::ExitCode {
             load::open_loop(url, RATE, SECS, BODY, |n| format!("tenant-{}", n % TENANTS)).await;
         let (lat, missing) = load::delivery_lags(&sink, &sent, Duration::from_secs(30)).await;
         node.shutdown().await.expect("shutdown");
-        let mut acks: Vec<Duration> = sent.iter().map(|s| s.acked - s.sent).collect();
-        acks.sort();
-        let mut rest: Vec<Duration> = sent
-            .iter()
-            .filter_map(|s| {
-                sink.arrived(&s.id)
-                    .map(|a| a.saturating_duration_since(s.acked))
-            })
-            .collect();
-        rest.sort();
+        let (acks, rest) = load::lag_parts(&sink, &sent);
         (lat, missing, acks, rest)
     });
     let (p50, p90, p99, max) = (
