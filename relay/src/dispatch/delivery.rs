@@ -26,7 +26,7 @@ use super::control::{Controller, Signal};
 use super::line::Line;
 use crate::config::{Config, ConfigError, Jitter, RetryConfig};
 use crate::edge::verify::{standard_webhooks_key, standard_webhooks_sign};
-use crate::metrics::AttemptOutcome;
+use crate::metrics::AttemptLabel;
 use crate::queue::deliveries::Envelope;
 pub use crate::queue::hooklog::ErrorClass;
 use crate::store::keys::TenantOrd;
@@ -144,13 +144,13 @@ impl Attempt {
         }
     }
 
-    /// How the attempt ended, as `ankusa_delivery_attempts_total` counts it.
-    pub fn outcome(&self) -> AttemptOutcome {
+    /// How the attempt ended, as `ankusa_delivery_attempts_total` labels it.
+    pub fn outcome(&self) -> AttemptLabel {
         match (&self.verdict, self.status) {
-            (Verdict::Delivered, _) => AttemptOutcome::Delivered,
-            (Verdict::Dead, _) => AttemptOutcome::Rejected,
-            (Verdict::Retry { .. }, 0) => AttemptOutcome::Error,
-            (Verdict::Retry { .. }, _) => AttemptOutcome::Retryable,
+            (Verdict::Delivered, _) => AttemptLabel::Delivered,
+            (Verdict::Dead, _) => AttemptLabel::Rejected,
+            (Verdict::Retry { .. }, 0) => AttemptLabel::Error,
+            (Verdict::Retry { .. }, _) => AttemptLabel::Retryable,
         }
     }
 }

@@ -40,9 +40,11 @@ pub struct SinkLabel {
     pub sink: String,
 }
 
-/// The `outcome` label of `ankusa_delivery_attempts`: how one attempt ended.
+/// The `outcome` label of `ankusa_delivery_attempts`: how one attempt ended. Finer than
+/// the hook log's `AttemptOutcome` (delivered, retry, dead): a retry is `error` (no
+/// answer) or `retryable` (an answer that asks for one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AttemptOutcome {
+pub enum AttemptLabel {
     /// A 2xx.
     Delivered = 0,
     /// A final refusal: the row went to the DLQ.
@@ -53,22 +55,22 @@ pub enum AttemptOutcome {
     Retryable = 3,
 }
 
-impl AttemptOutcome {
+impl AttemptLabel {
     /// Every outcome, in the order of their series in [`SinkMeters`].
-    pub const ALL: [AttemptOutcome; 4] = [
-        AttemptOutcome::Delivered,
-        AttemptOutcome::Rejected,
-        AttemptOutcome::Error,
-        AttemptOutcome::Retryable,
+    pub const ALL: [AttemptLabel; 4] = [
+        AttemptLabel::Delivered,
+        AttemptLabel::Rejected,
+        AttemptLabel::Error,
+        AttemptLabel::Retryable,
     ];
 
     /// The label's value.
     pub fn label(self) -> &'static str {
         match self {
-            AttemptOutcome::Delivered => "delivered",
-            AttemptOutcome::Rejected => "rejected",
-            AttemptOutcome::Error => "error",
-            AttemptOutcome::Retryable => "retryable",
+            AttemptLabel::Delivered => "delivered",
+            AttemptLabel::Rejected => "rejected",
+            AttemptLabel::Error => "error",
+            AttemptLabel::Retryable => "retryable",
         }
     }
 }
@@ -86,7 +88,7 @@ pub struct SinkMeters {
 
 impl SinkMeters {
     /// The attempts counter of `outcome`.
-    pub fn attempt(&self, outcome: AttemptOutcome) -> &Counter {
+    pub fn attempt(&self, outcome: AttemptLabel) -> &Counter {
         &self.attempts[outcome as usize]
     }
 }
@@ -516,7 +518,7 @@ impl Metrics {
         let label = SinkLabel {
             sink: sink.to_owned(),
         };
-        let attempts = AttemptOutcome::ALL.map(|outcome| {
+        let attempts = AttemptLabel::ALL.map(|outcome| {
             self.delivery_attempts
                 .get_or_create(&SinkOutcome {
                     sink: sink.to_owned(),
@@ -627,16 +629,16 @@ mod tests {
 
     #[test]
     fn every_attempt_outcome_counts_in_its_own_series() {
-        use super::{AttemptOutcome, Metrics};
+        use super::{AttemptLabel, Metrics};
         let m = Metrics::new();
         let meters = m.sink_meters("s");
-        for (n, o) in AttemptOutcome::ALL.into_iter().enumerate() {
+        for (n, o) in AttemptLabel::ALL.into_iter().enumerate() {
             for _ in 0..=n {
                 meters.attempt(o).inc();
             }
         }
         let text = m.encode();
-        for (n, o) in AttemptOutcome::ALL.into_iter().enumerate() {
+        for (n, o) in AttemptLabel::ALL.into_iter().enumerate() {
             let line = format!(
                 "ankusa_delivery_attempts_total{{sink=\"s\",outcome=\"{}\"}} {}",
                 o.label(),
