@@ -6,8 +6,10 @@
 //! hooks/s for 10 s (each request on its own task at its planned time). For every hook,
 //! the time from its ingest request to the sink's receipt. For where that time goes, the
 //! table also gives the ack (request to 202: the synced commit) and the rest (202 to
-//! receipt: wake-up, claim, POST), without a rule. `ANKUSA_BENCH_EXTRA` adds YAML to the
-//! node's configuration, to compare settings in one sitting (e.g.
+//! receipt: wake-up, claim, POST), and the node's own view of the ack (its handler's time
+//! and the writer's synced commit, from its histograms), without a rule.
+//! `ANKUSA_BENCH_EXTRA` adds YAML to the node's configuration, to compare settings in one
+//! sitting (e.g.
 //! `ANKUSA_BENCH_EXTRA='dispatch: { tenants_per_tick: 100000 }'`).
 //!
 //! PASS only if p50 < 5 ms and p99 < 25 ms (Svix, measured on this machine at 500/s:
@@ -26,7 +28,7 @@ const BODY: usize = 1_024;
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
     let dir = tempfile::tempdir().expect("tempdir");
-    let (lat, missing, acks, rest) = rt.block_on(async {
+    let (lat, missing, acks, rest, node_view) = rt.block_on(async {
         let (sink, port) = load::arrival_sink(Duration::ZERO).await;
         let node = load::relay_with_sink(
             dir.path(),
@@ -39,9 +41,10 @@ fn main() -> std::process::ExitCode {
         let sent =
             load::open_loop(url, RATE, SECS, BODY, |n| format!("tenant-{}", n % TENANTS)).await;
         let (lat, missing) = load::delivery_lags(&sink, &sent, Duration::from_secs(30)).await;
+        let node_view = node.metrics.encode();
         node.shutdown().await.expect("shutdown");
         let (acks, rest) = load::lag_parts(&sink, &sent);
-        (lat, missing, acks, rest)
+        (lat, missing, acks, rest, node_view)
     });
     let (p50, p90, p99, max) = (
         load::pct(&lat, 0.50),
@@ -71,6 +74,24 @@ fn main() -> std::process::ExitCode {
                 load::pct(l, 1.0)
             );
         }
+    }
+    // The node's own view of the ack: from its handler's start to its answer, and the
+    // writer's synced commit (histogram bucket bounds). An ack the sender saw stall that
+    // the node did not was lost outside the node: the sender's task or the host.
+    println!("\nthe node's own view (histogram bucket bounds, ms; reference, no rule)");
+    println!("| histogram | p50 | p99 | max |");
+    println!("|---|---:|---:|---:|");
+    for (name, metric) in [
+        ("ingest handler", "ankusa_ingest_latency_seconds"),
+        ("writer's synced commit", "ankusa_writer_commit_seconds"),
+    ] {
+        let q = |q: f64| load::histogram_quantile(&node_view, metric, q) * 1e3;
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2} |",
+            q(0.5),
+            q(0.99),
+            q(1.0)
+        );
     }
     println!("\npass: p50 < 5 ms, p99 < 25 ms, every hook delivered");
     if p50 < 5.0 && p99 < 25.0 && missing == 0 {
