@@ -145,7 +145,7 @@ impl Attempt {
     }
 
     /// How the attempt ended, as `ankusa_delivery_attempts_total` labels it.
-    pub fn outcome(&self) -> AttemptLabel {
+    pub fn label(&self) -> AttemptLabel {
         match (&self.verdict, self.status) {
             (Verdict::Delivered, _) => AttemptLabel::Delivered,
             (Verdict::Dead, _) => AttemptLabel::Rejected,

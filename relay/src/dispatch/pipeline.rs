@@ -777,7 +777,7 @@ async fn tick(
                             let (requests, queued) = sink.line.usage();
                             m.requests.set(requests as i64);
                             m.queued.set(queued as i64);
-                            m.attempt(a.outcome()).inc();
+                            m.attempt(a.label()).inc();
                             m.latency.observe(a.latency.as_secs_f64());
                             a
                         }
