@@ -212,9 +212,16 @@ impl Allocator {
         Ok(res)
     }
 
+    /// Forgets the next ordinal, to read `m:next_ord` again: a batch whose commit failed
+    /// may be in the store with the ordinals it allocated (then they are spent) or not
+    /// (then the next batch allocates them again). The cache holds only committed
+    /// tenants, so it stays; a tenant of the failed batch misses it and is looked up.
+    pub fn reload(&mut self) {
+        self.next = None;
+    }
+
     /// Records a resolution whose batch committed: caches its ordinals and moves past the
-    /// ones it allocated. A batch that failed is simply dropped, and its ordinals are
-    /// allocated again by the next one.
+    /// ones it allocated. A batch that failed is not recorded ([`Allocator::reload`]).
     pub fn committed(&mut self, res: &Resolution) {
         for (t, o) in res.resolved.iter().chain(res.created.iter()) {
             self.cache.insert(t, *o);

@@ -30,6 +30,11 @@ pub struct Assembled {
 pub struct Assembler {
     alloc: Allocator,
     next_seq: u64,
+    /// A commit failed, so the store may or may not hold that batch (a write whose WAL
+    /// sync failed is applied, and RocksDB may resume taking writes): the next batch reads
+    /// `m:next_seq` and `m:next_ord` again, so neither a seq nor an ordinal is handed out
+    /// twice whichever it was.
+    stale: bool,
     /// Write each hook's hook log record ([`super::hooklog`]).
     log: bool,
     /// The sources whose hooks get an archive obligation.
@@ -48,27 +53,10 @@ impl Assembler {
     /// (a store written before `m:next_seq`), whichever is higher: a seq is never handed
     /// out twice, even once reclaim has removed the newest hooks.
     pub fn open(store: &Store, tenants_max: u32) -> Result<Self, QueueError> {
-        let mut next = match store.get(ankusa_store::Cf::Default, keys::META_NEXT_SEQ)? {
-            Some(v) => u64::from_be_bytes(
-                v.as_slice()
-                    .try_into()
-                    .map_err(|_| QueueError::corrupt(Family::Meta, "m:next_seq is not 8 bytes"))?,
-            ),
-            None => 1,
-        };
-        for family in [Family::Hooks, Family::HookLog] {
-            let (lo, end) = family.bounds();
-            if let Some((k, _)) = store.first(family, &lo, &end, Dir::Reverse)? {
-                let seq = match family {
-                    Family::Hooks => keys::decode_hook(&k)?,
-                    _ => keys::decode_hook_log(&k)?,
-                };
-                next = next.max(seq.0 + 1);
-            }
-        }
         Ok(Assembler {
             alloc: Allocator::new(tenants_max),
-            next_seq: next,
+            next_seq: next_seq(store)?,
+            stale: false,
             log: false,
             archived: Default::default(),
         })
@@ -107,6 +95,11 @@ impl Assembler {
         archive: bool,
         unarchived: &[bool],
     ) -> Result<Assembled, QueueError> {
+        if self.stale {
+            self.next_seq = next_seq(store)?;
+            self.alloc.reload();
+            self.stale = false;
+        }
         let resolution = self
             .alloc
             .resolve(store, hooks.iter().map(|e| e.borrow().tenant_or_default()))?;
@@ -169,18 +162,46 @@ impl Assembler {
     }
 
     /// Commits an assembled batch as one write; on success the allocator caches the
-    /// batch's ordinals and the seqs are spent. On failure nothing changes.
+    /// batch's ordinals and the seqs are spent. On failure the batch may still be in the
+    /// store (see `stale`), so the next batch starts from what the store holds.
     pub fn commit(
         &mut self,
         store: &Store,
         batch: Assembled,
         sync: bool,
     ) -> Result<Vec<Result<Seq, QueueError>>, QueueError> {
-        batch.tx.commit(store, sync)?;
+        if let Err(e) = batch.tx.commit(store, sync) {
+            self.stale = true;
+            return Err(e);
+        }
         self.alloc.committed(&batch.resolution);
         self.next_seq = batch.next_seq;
         Ok(batch.outcomes)
     }
+}
+
+/// The next seq to hand out: `m:next_seq`, or after the highest `seq` in `hooks` and in
+/// the hook log (a store written before `m:next_seq`), whichever is higher.
+fn next_seq(store: &Store) -> Result<u64, QueueError> {
+    let mut next = match store.get(ankusa_store::Cf::Default, keys::META_NEXT_SEQ)? {
+        Some(v) => u64::from_be_bytes(
+            v.as_slice()
+                .try_into()
+                .map_err(|_| QueueError::corrupt(Family::Meta, "m:next_seq is not 8 bytes"))?,
+        ),
+        None => 1,
+    };
+    for family in [Family::Hooks, Family::HookLog] {
+        let (lo, end) = family.bounds();
+        if let Some((k, _)) = store.first(family, &lo, &end, Dir::Reverse)? {
+            let seq = match family {
+                Family::Hooks => keys::decode_hook(&k)?,
+                _ => keys::decode_hook_log(&k)?,
+            };
+            next = next.max(seq.0 + 1);
+        }
+    }
+    Ok(next)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -458,9 +479,12 @@ impl Writer {
         let started = std::time::Instant::now();
         let committed = fresh.len();
         let due = std::mem::take(&mut assembled.due);
-        match self.asm.commit(&self.store, assembled, true) {
+        let result = self.asm.commit(&self.store, assembled, true);
+        // A failed commit may still have applied the batch (its WAL sync failed): its due
+        // rows are hinted either way, and a hint with no row costs one empty scan.
+        self.hints.add(due);
+        match result {
             Ok(outcomes) => {
-                self.hints.add(due);
                 self.metrics
                     .commit_seconds
                     .observe(started.elapsed().as_secs_f64());

@@ -274,13 +274,15 @@ pub struct Received {
     pub headers: HeaderMap,
     pub body: Vec<u8>,
     pub at: Instant,
+    /// The status it was answered (chosen when it arrived, before any `delay_ms`).
+    pub status: u16,
 }
 
 /// A scripted answer: status and an optional `Retry-After` in seconds.
 pub type Answer = (u16, Option<u64>);
 
 /// A local webhook receiver on 127.0.0.1: answers each path from a script (default 200),
-/// records every request.
+/// records every request with the status it chose for it on arrival.
 #[derive(Clone, Default)]
 pub struct TestSink {
     pub received: Arc<Mutex<Vec<Received>>>,
@@ -324,19 +326,6 @@ impl TestSink {
         headers: HeaderMap,
         body: Vec<u8>,
     ) -> axum::response::Response {
-        lock(&self.received).push(Received {
-            path: path.clone(),
-            headers,
-            body,
-            at: Instant::now(),
-        });
-        let open = self.open.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most_open.fetch_max(open, Ordering::SeqCst);
-        let delay = self.delay_ms.load(Ordering::Relaxed);
-        if delay > 0 {
-            tokio::time::sleep(Duration::from_millis(delay)).await;
-        }
-        self.open.fetch_sub(1, Ordering::SeqCst);
         let next = lock(&self.script)
             .get_mut(&path)
             .and_then(VecDeque::pop_front);
@@ -347,6 +336,20 @@ impl TestSink {
                     n => (n, None),
                 },
             );
+        lock(&self.received).push(Received {
+            path,
+            headers,
+            body,
+            at: Instant::now(),
+            status,
+        });
+        let open = self.open.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_open.fetch_max(open, Ordering::SeqCst);
+        let delay = self.delay_ms.load(Ordering::Relaxed);
+        if delay > 0 {
+            tokio::time::sleep(Duration::from_millis(delay)).await;
+        }
+        self.open.fetch_sub(1, Ordering::SeqCst);
         let mut resp = axum::response::Response::new(axum::body::Body::empty());
         *resp.status_mut() =
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);

@@ -643,9 +643,17 @@ impl Store {
                 Op::Merge { key, operand, .. } => batch.merge_cf(cf, key, operand),
             }
         }
-        let mut wo = WriteOptions::default();
-        wo.set_sync(sync);
-        match self.db.write_opt(batch, &wo) {
+        // A synced write is written, then the WAL synced apart from the write queue: the
+        // unsynced writes that arrive meanwhile (claims, outcomes) go on instead of
+        // queueing behind the fsync. The batch is visible before it is durable, so what a
+        // reader does with it before `write` returns may have to be done again after a
+        // crash (at-least-once, as for any unsynced write); its caller acks only after.
+        let written = self.db.write_opt(batch, &WriteOptions::default());
+        let written = match written {
+            Ok(()) if sync => self.db.flush_wal(true),
+            other => other,
+        };
+        match written {
             Ok(()) => {
                 self.health.succeeded();
                 Ok(())

@@ -501,3 +501,205 @@ async fn an_io_error_under_the_wal_stops_every_ack_and_loses_nothing_acked() {
         text(&out.stderr)
     );
 }
+
+/// A shared object for `LD_PRELOAD` whose `fdatasync` and `fsync` fail once with `ENOSPC`
+/// on a WAL file (`*.log`) when the file named by `ANKUSA_IT_FAIL_WAL_SYNC` exists (the
+/// failing call removes it): one sync of the node's WAL fails, everything else is real.
+fn wal_sync_fault(dir: &Path) -> PathBuf {
+    const SHIM: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int armed_for(int fd) {
+    const char *flag = getenv("ANKUSA_IT_FAIL_WAL_SYNC");
+    char link[64], path[4096];
+    ssize_t n;
+    if (!flag) return 0;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    n = readlink(link, path, sizeof path - 1);
+    if (n < 4) return 0;
+    path[n] = 0;
+    if (strcmp(path + n - 4, ".log") != 0) return 0;
+    return unlink(flag) == 0;
+}
+
+int fdatasync(int fd) {
+    static int (*real)(int);
+    if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fdatasync");
+    if (armed_for(fd)) { errno = ENOSPC; return -1; }
+    return real(fd);
+}
+
+int fsync(int fd) {
+    static int (*real)(int);
+    if (!real) real = (int (*)(int))dlsym(RTLD_NEXT, "fsync");
+    if (armed_for(fd)) { errno = ENOSPC; return -1; }
+    return real(fd);
+}
+"#;
+    let src = dir.join("wal_sync_fault.c");
+    let lib = dir.join("wal_sync_fault.so");
+    std::fs::write(&src, SHIM).unwrap();
+    let out = std::process::Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("run cc (the C compiler the RocksDB build uses)");
+    assert!(out.status.success(), "cc: {}", text(&out.stderr));
+    lib
+}
+
+/// One WAL sync fails (`ENOSPC`, as a thin-provisioned or quota'd disk reports it at
+/// fsync) while hooks of new and known tenants arrive from four senders, and the store
+/// takes writes again by itself. The batch of that sync is readable although its
+/// requests were refused, so the writer must not hand its seqs or tenant ordinals out
+/// again: every acked hook arrives with its own body, and after a SIGKILL the counters
+/// equal a fold of the families (`store verify`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
+    let dir = tempfile::tempdir().unwrap();
+    let shim = wal_sync_fault(dir.path());
+    let flag = dir.path().join("fail-next-wal-sync");
+    let data = dir.path().join("db");
+    // The sink refuses until the load ends: the rows of the failed sync's batch are still
+    // due when later batches are written, as they would be behind any backlog.
+    let sink = TestSink::start().await;
+    sink.default_status
+        .store(503, std::sync::atomic::Ordering::Relaxed);
+    let spec = proc_node()
+        .data_dir(&data)
+        .section("retry: { schedule_ms: [300], jitter: none, max_attempts: 1000 }")
+        .sink("s", &sink.url("/hooks"))
+        .route("r", &["s"])
+        .open_source("in", "r");
+    let ingest = spec.ingest_port().unwrap();
+    let mut node = {
+        let (dir, spec, env) = (
+            dir.path().to_owned(),
+            spec.clone(),
+            [
+                ("LD_PRELOAD", shim.clone()),
+                ("ANKUSA_IT_FAIL_WAL_SYNC", flag.clone()),
+            ],
+        );
+        tokio::task::spawn_blocking(move || {
+            let env: Vec<(&str, &Path)> = env.iter().map(|(k, v)| (*k, v.as_path())).collect();
+            Proc::start_with_env(&dir, &spec, &env)
+        })
+        .await
+        .unwrap()
+    };
+    let url = format!("http://127.0.0.1:{ingest}/ingest/in");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // (hook id, body, acked at) of each ack; when each refusal came.
+    type Answers = (Vec<(String, String, Instant)>, Vec<Instant>);
+    let senders: Vec<tokio::task::JoinHandle<Answers>> = (0..4)
+        .map(|w| {
+            let (url, stop) = (url.clone(), stop.clone());
+            tokio::spawn(async move {
+                let c = client();
+                let (mut acked, mut refused) = (Vec::new(), Vec::new());
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let body = format!(r#"{{"w":{w},"n":{n}}}"#);
+                    // A new tenant every 20 hooks of each sender: batches allocate ordinals.
+                    let tenant = format!("t{w}-{}", n / 20);
+                    n += 1;
+                    match try_post(&c, &url, &[("x-tenant", tenant)], body.clone()).await {
+                        Some(r) if r.status == 202 => acked.push((
+                            r.json()["id"].as_str().unwrap().to_owned(),
+                            body,
+                            Instant::now(),
+                        )),
+                        Some(r) => {
+                            assert_eq!(r.status, 503, "{:?}", r.json());
+                            refused.push(Instant::now());
+                            tokio::time::sleep(Duration::from_millis(5)).await;
+                        }
+                        None => tokio::time::sleep(Duration::from_millis(5)).await,
+                    }
+                }
+                (acked, refused)
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    std::fs::write(&flag, b"").unwrap();
+    let armed = Instant::now();
+    while flag.exists() {
+        assert!(
+            armed.elapsed() < Duration::from_secs(10),
+            "no WAL sync came in 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let failed_at = Instant::now();
+    // The store takes writes again by itself: hooks are acked after the failure.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (mut acked, mut refusals) = (std::collections::BTreeMap::new(), 0);
+    let mut acked_after = 0;
+    for s in senders {
+        let (a, r) = s.await.unwrap();
+        for (id, body, at) in a {
+            acked_after += usize::from(at > failed_at);
+            assert!(acked.insert(id, body).is_none(), "an id was acked twice");
+        }
+        refusals += r.len();
+    }
+    assert!(refusals > 0, "the failed sync refused nothing");
+    assert!(
+        acked_after > 50,
+        "the node acked {acked_after} hooks after the failed sync: it did not resume"
+    );
+    sink.default_status
+        .store(0, std::sync::atomic::Ordering::Relaxed);
+    // Every acked hook arrives once, with its own body. (A seq handed out again would
+    // have two batches' rows name one hook: it arrives twice, and the other never.)
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut got: std::collections::BTreeMap<String, Vec<Vec<u8>>> = Default::default();
+        for r in sink.on("/hooks").into_iter().filter(|r| r.status == 200) {
+            let id = r.headers["webhook-id"].to_str().unwrap().to_owned();
+            got.entry(id).or_default().push(r.body);
+        }
+        let missing = acked.keys().filter(|id| !got.contains_key(*id)).count();
+        if missing == 0 {
+            for (id, body) in &acked {
+                assert_eq!(got[id], [body.as_bytes()], "hook {id}: its deliveries");
+            }
+            let twice = got.values().filter(|b| b.len() > 1).count();
+            assert_eq!(
+                twice, 0,
+                "{twice} hooks were delivered twice to a healthy sink"
+            );
+            eprintln!(
+                "{} hooks acked ({acked_after} after the failed sync), {refusals} refused, \
+                 all acked delivered",
+                acked.len()
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{missing} of {} acked hooks never arrived",
+            acked.len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    node.kill9();
+    let out = run(&["store", "verify", "--data", data.to_str().unwrap()]);
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+}

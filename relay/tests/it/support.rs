@@ -305,7 +305,12 @@ impl Proc {
     /// Starts `ankusa-relay run` on `node`'s configuration (its files under `dir`, its
     /// ports fixed) and waits for `/readyz`.
     pub fn start(dir: &Path, node: &NodeBuilder) -> Proc {
-        let mut p = Proc::spawn(dir, node);
+        Proc::start_with_env(dir, node, &[])
+    }
+
+    /// [`Proc::start`] with more environment variables for the process.
+    pub fn start_with_env(dir: &Path, node: &NodeBuilder, env: &[(&str, &Path)]) -> Proc {
+        let mut p = Proc::spawn_with_env(dir, node, env);
         let admin_port = node.admin_port().expect("fixed ports");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
@@ -330,6 +335,10 @@ impl Proc {
     /// Starts `ankusa-relay run` on `node`'s configuration and returns at once (a test that
     /// watches the boot).
     pub fn spawn(dir: &Path, node: &NodeBuilder) -> Proc {
+        Proc::spawn_with_env(dir, node, &[])
+    }
+
+    fn spawn_with_env(dir: &Path, node: &NodeBuilder, env: &[(&str, &Path)]) -> Proc {
         assert!(
             node.admin_port().is_some(),
             "a process node has fixed ports (NodeBuilder::free_ports)"
@@ -343,6 +352,7 @@ impl Proc {
             .expect("open relay.log");
         let child = bin()
             .args(["run", "--config", cfg.to_str().expect("utf-8 path")])
+            .envs(env.iter().copied())
             .stdout(log.try_clone().expect("clone relay.log"))
             .stderr(log)
             .spawn()
