@@ -629,6 +629,11 @@ impl Store {
     }
 
     /// Applies `ops` as one atomic batch; `sync` waits for the WAL to reach the disk.
+    ///
+    /// An error does not say the batch is absent: a write whose WAL sync failed stays
+    /// applied (and readable, and in the WAL a restart replays). A caller that hands out
+    /// keys from memory reads them from the store again after a failure (the ingest
+    /// writer's `Assembler`); a transition checks its rows under the lock anyway.
     pub fn write(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
         if self.read_only {
             return Err(StoreError::ReadOnly);
