@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what building and testing Ankusa needs, only where it is missing.
 # - libclang (bindgen, for the RocksDB bindings) from Debian's libclang-dev
-# - a C++ compiler for RocksDB itself
+# - a C++ compiler for RocksDB itself, and a C one (zstd; the WAL-sync fault test builds
+#   a small shared object with `cc`)
 # - cargo-nextest, the test runner `make test` uses
 # - promtool (Debian's prometheus package), to lint the metrics exposition and test the
 #   alert rules in tests
@@ -16,6 +17,7 @@ if ! dpkg -s libclang-dev >/dev/null 2>&1; then
   need_apt+=(libclang-dev)
 fi
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
+command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
 # promtool lints the /metrics exposition in the admin tests (Debian's prometheus package).
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
