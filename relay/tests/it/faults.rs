@@ -578,7 +578,10 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
         .section("retry: { schedule_ms: [300], jitter: none, max_attempts: 1000 }")
         .sink("s", &sink.url("/hooks"))
         .route("r", &["s"])
-        .open_source("in", "r");
+        .source_yaml(
+            "{ id: in, tenant: { header: x-tenant }, verify: { scheme: none }, \
+               idempotency: { headers: [x-key] }, route: r }",
+        );
     let ingest = spec.ingest_port().unwrap();
     let mut node = {
         let (dir, spec, env) = (
@@ -598,8 +601,9 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
     };
     let url = format!("http://127.0.0.1:{ingest}/ingest/in");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // (hook id, body, acked at) of each ack; when each refusal came.
-    type Answers = (Vec<(String, String, Instant)>, Vec<Instant>);
+    // (hook id, body, acked at) of each ack; (tenant, idempotency key, body) of each refusal.
+    type Refused = (String, String, String);
+    type Answers = (Vec<(String, String, Instant)>, Vec<Refused>);
     let senders: Vec<tokio::task::JoinHandle<Answers>> = (0..4)
         .map(|w| {
             let (url, stop) = (url.clone(), stop.clone());
@@ -611,8 +615,10 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
                     let body = format!(r#"{{"w":{w},"n":{n}}}"#);
                     // A new tenant every 20 hooks of each sender: batches allocate ordinals.
                     let tenant = format!("t{w}-{}", n / 20);
+                    let key = format!("w{w}-n{n}");
                     n += 1;
-                    match try_post(&c, &url, &[("x-tenant", tenant)], body.clone()).await {
+                    let headers = [("x-tenant", tenant.clone()), ("x-key", key.clone())];
+                    match try_post(&c, &url, &headers, body.clone()).await {
                         Some(r) if r.status == 202 => acked.push((
                             r.json()["id"].as_str().unwrap().to_owned(),
                             body,
@@ -620,7 +626,7 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
                         )),
                         Some(r) => {
                             assert_eq!(r.status, 503, "{:?}", r.json());
-                            refused.push(Instant::now());
+                            refused.push((tenant, key, body));
                             tokio::time::sleep(Duration::from_millis(5)).await;
                         }
                         None => tokio::time::sleep(Duration::from_millis(5)).await,
@@ -644,7 +650,7 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
     // The store takes writes again by itself: hooks are acked after the failure.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let (mut acked, mut refusals) = (std::collections::BTreeMap::new(), 0);
+    let (mut acked, mut refused) = (std::collections::BTreeMap::new(), Vec::new());
     let mut acked_after = 0;
     for s in senders {
         let (a, r) = s.await.unwrap();
@@ -652,12 +658,30 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
             acked_after += usize::from(at > failed_at);
             assert!(acked.insert(id, body).is_none(), "an id was acked twice");
         }
-        refusals += r.len();
+        refused.extend(r);
     }
+    let refusals = refused.len();
     assert!(refusals > 0, "the failed sync refused nothing");
     assert!(
         acked_after > 50,
         "the node acked {acked_after} hooks after the failed sync: it did not resume"
+    );
+    // The provider sends each refused hook again with its idempotency key. The hooks of
+    // the batch whose sync failed are in the store: the node answers `duplicate` with
+    // their id, and they are delivered once, not twice.
+    let c = client();
+    let mut duplicates = 0;
+    for (tenant, key, body) in refused {
+        let headers = [("x-tenant", tenant), ("x-key", key)];
+        let r = post(&c, &url, &headers, body.clone()).await;
+        assert!(matches!(r.status, 200 | 202), "{} {:?}", r.status, r.json());
+        duplicates += usize::from(r.json()["duplicate"] == true);
+        let id = r.json()["id"].as_str().unwrap().to_owned();
+        assert!(acked.insert(id, body).is_none(), "an id was acked twice");
+    }
+    assert!(
+        duplicates > 0,
+        "no refused hook was in the store: the failed sync's batch was not applied"
     );
     sink.default_status
         .store(0, std::sync::atomic::Ordering::Relaxed);
@@ -680,9 +704,14 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
                 twice, 0,
                 "{twice} hooks were delivered twice to a healthy sink"
             );
+            let mut bodies = std::collections::BTreeSet::new();
+            for b in got.values().flatten() {
+                assert!(bodies.insert(b), "one body under two ids: {}", text(b));
+            }
             eprintln!(
-                "{} hooks acked ({acked_after} after the failed sync), {refusals} refused, \
-                 all acked delivered",
+                "{} hooks acked ({acked_after} after the failed sync), {refusals} refused \
+                 and sent again ({duplicates} of them answered duplicate), all acked \
+                 delivered once",
                 acked.len()
             );
             break;
