@@ -349,6 +349,66 @@ impl Drop for LoopDisk {
     }
 }
 
+/// One hook a sender posted, and its answer: a 202 (its id) or a 503.
+struct Posted {
+    headers: Vec<(&'static str, String)>,
+    body: String,
+    sent: Instant,
+    /// The id of a 202; `None` for a 503.
+    acked: Option<String>,
+    answered: Instant,
+}
+
+/// `senders` tasks posting hooks to `url` until `stop`, each hook's body unique
+/// (`{"w":sender,"n":count}`) and its headers from `headers(sender, count)`. An answer
+/// other than 202 or 503 fails the test; after a 503, or no answer (a connection the node
+/// dropped), a sender waits 5 ms. Each task returns what it posted and got answered.
+fn spawn_senders(
+    url: &str,
+    stop: &std::sync::Arc<std::sync::atomic::AtomicBool>,
+    senders: u64,
+    headers: fn(u64, u64) -> Vec<(&'static str, String)>,
+) -> Vec<tokio::task::JoinHandle<Vec<Posted>>> {
+    (0..senders)
+        .map(|w| {
+            let (url, stop) = (url.to_owned(), stop.clone());
+            tokio::spawn(async move {
+                let c = client();
+                let mut posted = Vec::new();
+                let mut n = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (headers, body) = (headers(w, n), format!(r#"{{"w":{w},"n":{n}}}"#));
+                    n += 1;
+                    let sent = Instant::now();
+                    let Some(r) = try_post(&c, &url, &headers, body.clone()).await else {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        continue;
+                    };
+                    let acked = match r.status {
+                        202 => Some(r.json()["id"].as_str().unwrap().to_owned()),
+                        s => {
+                            assert_eq!(s, 503, "{:?}", r.json());
+                            None
+                        }
+                    };
+                    let refused = acked.is_none();
+                    posted.push(Posted {
+                        headers,
+                        body,
+                        sent,
+                        acked,
+                        answered: Instant::now(),
+                    });
+                    if refused {
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                }
+                posted
+            })
+        })
+        .collect()
+}
+
 /// The disk under the store starts failing every I/O (the WAL's sync included) while
 /// hooks arrive from eight senders: the node stops acking — every answer after the
 /// failure is 503 — says why on `/v1/node` and `/readyz`, and every hook it acked before
@@ -387,37 +447,7 @@ async fn an_io_error_under_the_wal_stops_every_ack_and_loses_nothing_acked() {
     let mut node = start().await.unwrap();
     let url = format!("http://127.0.0.1:{ingest}/ingest/in");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // (hook id, sent at, acked at) of each ack, and when each refusal came.
-    type Answers = (Vec<(String, Instant, Instant)>, Vec<Instant>);
-    let senders: Vec<tokio::task::JoinHandle<Answers>> = (0..8)
-        .map(|w| {
-            let (url, stop) = (url.clone(), stop.clone());
-            tokio::spawn(async move {
-                let c = client();
-                let (mut acked, mut refused) = (Vec::new(), Vec::new());
-                let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let body = format!(r#"{{"w":{w},"n":{n}}}"#);
-                    n += 1;
-                    let sent = Instant::now();
-                    match try_post(&c, &url, &[("x-tenant", format!("t{w}"))], body).await {
-                        Some(r) if r.status == 202 => acked.push((
-                            r.json()["id"].as_str().unwrap().to_owned(),
-                            sent,
-                            Instant::now(),
-                        )),
-                        Some(r) => {
-                            assert_eq!(r.status, 503, "{:?}", r.json());
-                            refused.push(Instant::now());
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        None => tokio::time::sleep(Duration::from_millis(5)).await,
-                    }
-                }
-                (acked, refused)
-            })
-        })
-        .collect();
+    let senders = spawn_senders(&url, &stop, 8, |w, _| vec![("x-tenant", format!("t{w}"))]);
     tokio::time::sleep(Duration::from_millis(800)).await;
     let (failing_from, failed_at) = disk.fail_every_io();
     tokio::time::sleep(Duration::from_millis(1_500)).await;
@@ -439,17 +469,20 @@ async fn an_io_error_under_the_wal_stops_every_ack_and_loses_nothing_acked() {
     let mut acked_after = 0;
     let mut refusals = 0;
     for s in senders {
-        let (a, r) = s.await.unwrap();
-        for (id, sent, at) in a {
-            // Sent once the disk had failed: its commit could not have synced.
-            acked_after += usize::from(sent > failed_at);
-            if at < failing_from {
-                acked.insert(id);
-            } else {
-                overlapping.push(id);
+        for p in s.await.unwrap() {
+            match p.acked {
+                Some(id) => {
+                    // Sent once the disk had failed: its commit could not have synced.
+                    acked_after += usize::from(p.sent > failed_at);
+                    if p.answered < failing_from {
+                        acked.insert(id);
+                    } else {
+                        overlapping.push(id);
+                    }
+                }
+                None => refusals += usize::from(p.answered > failed_at),
             }
         }
-        refusals += r.iter().filter(|at| **at > failed_at).count();
     }
     assert!(acked.len() > 50, "acked {} before the failure", acked.len());
     assert!(refusals > 0, "nothing was refused after the disk failed");
@@ -601,41 +634,14 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
     };
     let url = format!("http://127.0.0.1:{ingest}/ingest/in");
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    // (hook id, body, acked at) of each ack; (tenant, idempotency key, body) of each refusal.
-    type Refused = (String, String, String);
-    type Answers = (Vec<(String, String, Instant)>, Vec<Refused>);
-    let senders: Vec<tokio::task::JoinHandle<Answers>> = (0..4)
-        .map(|w| {
-            let (url, stop) = (url.clone(), stop.clone());
-            tokio::spawn(async move {
-                let c = client();
-                let (mut acked, mut refused) = (Vec::new(), Vec::new());
-                let mut n = 0u64;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let body = format!(r#"{{"w":{w},"n":{n}}}"#);
-                    // A new tenant every 20 hooks of each sender: batches allocate ordinals.
-                    let tenant = format!("t{w}-{}", n / 20);
-                    let key = format!("w{w}-n{n}");
-                    n += 1;
-                    let headers = [("x-tenant", tenant.clone()), ("x-key", key.clone())];
-                    match try_post(&c, &url, &headers, body.clone()).await {
-                        Some(r) if r.status == 202 => acked.push((
-                            r.json()["id"].as_str().unwrap().to_owned(),
-                            body,
-                            Instant::now(),
-                        )),
-                        Some(r) => {
-                            assert_eq!(r.status, 503, "{:?}", r.json());
-                            refused.push((tenant, key, body));
-                            tokio::time::sleep(Duration::from_millis(5)).await;
-                        }
-                        None => tokio::time::sleep(Duration::from_millis(5)).await,
-                    }
-                }
-                (acked, refused)
-            })
-        })
-        .collect();
+    // A new tenant every 20 hooks of each sender (batches allocate ordinals), and an
+    // idempotency key per hook.
+    let senders = spawn_senders(&url, &stop, 4, |w, n| {
+        vec![
+            ("x-tenant", format!("t{w}-{}", n / 20)),
+            ("x-key", format!("w{w}-n{n}")),
+        ]
+    });
     tokio::time::sleep(Duration::from_millis(500)).await;
     std::fs::write(&flag, b"").unwrap();
     let armed = Instant::now();
@@ -653,12 +659,15 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
     let (mut acked, mut refused) = (std::collections::BTreeMap::new(), Vec::new());
     let mut acked_after = 0;
     for s in senders {
-        let (a, r) = s.await.unwrap();
-        for (id, body, at) in a {
-            acked_after += usize::from(at > failed_at);
-            assert!(acked.insert(id, body).is_none(), "an id was acked twice");
+        for p in s.await.unwrap() {
+            match p.acked {
+                Some(id) => {
+                    acked_after += usize::from(p.answered > failed_at);
+                    assert!(acked.insert(id, p.body).is_none(), "an id was acked twice");
+                }
+                None => refused.push((p.headers, p.body)),
+            }
         }
-        refused.extend(r);
     }
     let refusals = refused.len();
     assert!(refusals > 0, "the failed sync refused nothing");
@@ -671,8 +680,7 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
     // their id, and they are delivered once, not twice.
     let c = client();
     let mut duplicates = 0;
-    for (tenant, key, body) in refused {
-        let headers = [("x-tenant", tenant), ("x-key", key)];
+    for (headers, body) in refused {
         let r = post(&c, &url, &headers, body.clone()).await;
         assert!(matches!(r.status, 200 | 202), "{} {:?}", r.status, r.json());
         duplicates += usize::from(r.json()["duplicate"] == true);
