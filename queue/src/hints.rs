@@ -79,15 +79,20 @@ impl DueHints {
     pub const CAPACITY: usize = 65_536;
 
     /// The writer, after a commit: these tenants have due rows from `at` on. Wakes the
-    /// tick.
+    /// tick (not for none: a batch whose deliveries all started at its commit has nothing
+    /// for a tick).
     pub fn add(&self, due: impl IntoIterator<Item = (TenantOrd, AtMs)>) {
+        let mut any = false;
         {
             let mut w = self.lock();
             for (ord, at) in due {
                 w.now.add(ord, at, Self::CAPACITY);
+                any = true;
             }
         }
-        self.wake.notify_one();
+        if any {
+            self.wake.notify_one();
+        }
     }
 
     /// Rows that become due at their `at` (retries): hinted when it comes. Wakes the
