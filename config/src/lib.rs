@@ -409,6 +409,10 @@ pub struct DispatchConfig {
     pub bytes_per_tick: u64,
     /// Tenants one read of a tick visits; a read of more tenants goes on in the next tick.
     pub tenants_per_tick: usize,
+    /// Start a fresh hook's deliveries at its ingest commit (written inflight, no tick)
+    /// while the pipeline has caught up and their slots are free; off, every delivery is
+    /// written due and claimed by a tick.
+    pub start_at_commit: bool,
 }
 
 impl Default for DispatchConfig {
@@ -422,6 +426,7 @@ impl Default for DispatchConfig {
             rows_per_tenant: 256,
             bytes_per_tick: 16 << 20,
             tenants_per_tick: 128,
+            start_at_commit: true,
         }
     }
 }

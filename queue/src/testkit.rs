@@ -73,6 +73,34 @@ impl Harness {
         out.remove(0)
     }
 
+    /// Ingests one hook whose deliveries to the sinks set in `started` (bit i: sink i)
+    /// start at the commit, as the writer does while the pipeline has caught up: those
+    /// rows are written inflight. Returns the seq and the rows started.
+    pub fn ingest_started(
+        &mut self,
+        tenant: Option<&str>,
+        sinks: usize,
+        at: u64,
+        archive: bool,
+        started: u8,
+    ) -> (Seq, Vec<InflightRow>) {
+        self.hooks += 1;
+        let env = Self::envelope(tenant, sinks, at, self.hooks);
+        let starts = MaskStarts(started);
+        let mut batch = self
+            .asm
+            .assemble_except(&self.store, &[env], archive, &[], Some(&starts))
+            .unwrap();
+        let rows: Vec<InflightRow> = batch.started.drain(..).map(|(_, r, _)| r).collect();
+        let seq = self
+            .asm
+            .commit(&self.store, batch, false)
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        (seq, rows)
+    }
+
     pub fn ord(&self, tenant: &str) -> TenantOrd {
         super::tenants::ord(&self.store, tenant).unwrap().unwrap()
     }
@@ -172,4 +200,16 @@ pub fn inflight_rows(store: &Store) -> Vec<InflightRow> {
 /// Every dead row of `store`, newest first.
 pub fn dead_rows(store: &Store) -> Vec<DeadRow> {
     deliveries::dead_page(store, None, usize::MAX).unwrap().rows
+}
+
+/// A [`Starts`](super::writer::Starts) that starts the deliveries to the sinks whose bit is
+/// set (sink i: bit i of the mask), with no slots behind them.
+struct MaskStarts(u8);
+
+impl super::writer::Starts for MaskStarts {
+    fn try_start(&self, _: TenantOrd, sink: &str) -> Option<super::writer::StartSlot> {
+        let i: u32 = sink.strip_prefix("sink")?.parse().ok()?;
+        (i < 8 && self.0 & (1 << i) != 0).then(|| super::writer::StartSlot(Box::new(())))
+    }
+    fn started(&self, _: Vec<super::writer::Started>) {}
 }

@@ -6,11 +6,11 @@
 //! synced write, and only then acks the requests. The assembler owns commit order (`seq`)
 //! and the tenant [`Allocator`]; nothing else allocates either.
 
-use super::deliveries::{self, Envelope, NewHook, Tx};
+use super::deliveries::{self, Envelope, InflightRow, NewHook, Tx};
 use super::hints::DueHints;
 use super::tenants::{Allocator, Resolution};
 use super::QueueError;
-use ankusa_store::keys::{self, AtMs, Family, Seq, TenantOrd};
+use ankusa_store::keys::{self, AtMs, Family, InflightKey, Seq, SinkIdx, TenantOrd};
 use ankusa_store::{Dir, Store};
 
 /// A batch ready to commit, and what each hook of it will get.
@@ -23,6 +23,44 @@ pub struct Assembled {
     pub outcomes: Vec<Result<Seq, QueueError>>,
     /// The tenants given due rows, with each row's `at`: the dispatch tick's hints.
     pub due: Vec<(TenantOrd, AtMs)>,
+    /// The deliveries written inflight for the pipeline to start at once ([`Starts`]):
+    /// the hook's place in the input, its row, and the slots it runs with.
+    pub started: Vec<(usize, InflightRow, StartSlot)>,
+}
+
+/// Where the writer offers a fresh hook's deliveries for a start at commit: the dispatch
+/// pipeline, when it has caught up with every due row and the delivery's sink, its tenant
+/// and the node have a slot free. Such a delivery is written inflight in the ingest batch
+/// (never due, no marker, no claim): the pipeline starts it as soon as the batch commits,
+/// with no tick, no read of the store and no claim commit. Anything [`Starts::try_start`]
+/// refuses is written due, as always, and claimed by a tick in its tenant's turn.
+pub trait Starts: Send + Sync {
+    /// The slots for a delivery of tenant `ord`'s fresh hook to sink `sink` (its id), or
+    /// none: the row is then written due.
+    fn try_start(&self, ord: TenantOrd, sink: &str) -> Option<StartSlot>;
+    /// After the batch's commit, its started deliveries with their hooks. (After a failed
+    /// commit the writer drops their slots and makes the rows due itself, before it
+    /// assembles another batch: the store may hold them, a write whose sync failed being
+    /// applied.)
+    fn started(&self, rows: Vec<Started>);
+}
+
+/// The slots a started delivery holds, as [`Starts::try_start`] gave them (given back when
+/// dropped; only the implementation knows what is inside).
+pub struct StartSlot(pub Box<dyn std::any::Any + Send>);
+
+impl std::fmt::Debug for StartSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("StartSlot")
+    }
+}
+
+/// A delivery written inflight by the ingest batch, for the pipeline to start.
+#[derive(Debug)]
+pub struct Started {
+    pub row: InflightRow,
+    pub envelope: std::sync::Arc<Envelope>,
+    pub slot: StartSlot,
 }
 
 /// Seq and tenant state of the writer.
@@ -83,17 +121,19 @@ impl Assembler {
         hooks: &[E],
         archive: bool,
     ) -> Result<Assembled, QueueError> {
-        self.assemble_except(store, hooks, archive, &[])
+        self.assemble_except(store, hooks, archive, &[], None)
     }
 
     /// [`Assembler::assemble`], but the hooks whose place in `unarchived` is true get no
-    /// archive obligation (hooks replayed from the archive, which has them already).
+    /// archive obligation (hooks replayed from the archive, which has them already), and
+    /// each delivery `starts` takes is written inflight for it to start at commit.
     pub fn assemble_except<E: std::borrow::Borrow<Envelope>>(
         &mut self,
         store: &Store,
         hooks: &[E],
         archive: bool,
         unarchived: &[bool],
+        starts: Option<&dyn Starts>,
     ) -> Result<Assembled, QueueError> {
         if self.stale {
             self.next_seq = next_seq(store)?;
@@ -110,6 +150,8 @@ impl Assembler {
         let mut next_seq = self.next_seq;
         let mut outcomes = Vec::with_capacity(hooks.len());
         let mut due = Vec::with_capacity(hooks.len());
+        let mut started = Vec::new();
+        let mut starting: Vec<bool> = Vec::new();
         for (i, env) in hooks.iter().enumerate() {
             let env = env.borrow();
             let ord = match resolution.ords.get(env.tenant_or_default()) {
@@ -129,7 +171,16 @@ impl Assembler {
             };
             let seq = Seq(next_seq);
             next_seq += 1;
-            deliveries::ingest(
+            let mut slots = Vec::new();
+            starting.clear();
+            if let Some(starts) = starts {
+                for (k, sink) in env.sinks.iter().enumerate() {
+                    let slot = starts.try_start(ord, sink);
+                    starting.push(slot.is_some());
+                    slots.extend(slot.map(|s| (SinkIdx(k as u16), s)));
+                }
+            }
+            let size = deliveries::ingest(
                 &mut tx,
                 &NewHook {
                     seq,
@@ -138,10 +189,15 @@ impl Assembler {
                     archive: (archive || self.archived.contains(&env.source))
                         && !unarchived.get(i).copied().unwrap_or(false),
                     log: self.log,
+                    started: &starting,
                 },
             );
-            if !env.sinks.is_empty() {
+            if slots.len() < env.sinks.len() {
                 due.push((ord, env.received_at));
+            }
+            for (sink, slot) in slots {
+                let key = InflightKey { ord, seq, sink };
+                started.push((i, InflightRow { key, size }, slot));
             }
             outcomes.push(Ok(seq));
         }
@@ -158,6 +214,7 @@ impl Assembler {
             next_seq,
             outcomes,
             due,
+            started,
         })
     }
 
@@ -308,6 +365,7 @@ pub fn spawn(
     settings: WriterSettings,
     metrics: WriterMetrics,
     hints: std::sync::Arc<DueHints>,
+    starts: Option<std::sync::Arc<dyn Starts>>,
 ) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(settings.queue_capacity);
     let mut w = Writer {
@@ -316,6 +374,8 @@ pub fn spawn(
         settings,
         metrics,
         hints,
+        starts,
+        unstarted: Vec::new(),
     };
     let join = std::thread::Builder::new()
         .name("ankusa-writer".into())
@@ -330,6 +390,11 @@ struct Writer {
     metrics: WriterMetrics,
     /// Where committed due work is announced to the dispatch tick.
     hints: std::sync::Arc<DueHints>,
+    /// Where fresh deliveries may start at commit (none: every row is due).
+    starts: Option<std::sync::Arc<dyn Starts>>,
+    /// Rows a failed commit had written inflight to start, to make due before the next
+    /// batch (see [`Writer::requeue_unstarted`]).
+    unstarted: Vec<InflightRow>,
 }
 
 /// `?u` value: `<<expires_at::64>>` then the first hook's id.
@@ -372,6 +437,10 @@ impl Writer {
         loop {
             let now = std::time::Instant::now();
             if now >= next_sweep {
+                // The rows of a failed commit go due even when no hook comes after it.
+                if let Err(e) = self.requeue_unstarted() {
+                    tracing::debug!(error = %e, "writer: making the rows of a failed commit due");
+                }
                 self.sweep_dedupe();
                 next_sweep = now + self.settings.sweep_interval;
             }
@@ -408,6 +477,10 @@ impl Writer {
     }
 
     fn commit_batch(&mut self, batch: Vec<Submission>) {
+        if let Err(e) = self.requeue_unstarted() {
+            tracing::debug!(error = %e, "writer: making the rows of a failed commit due");
+            return reply_all(batch, Reply::Unavailable);
+        }
         let now = ankusa_keys::now_ms();
         let mut replies: Vec<Option<Reply>> = vec![None; batch.len()];
         // Dedupe: the writer owns the `?u` keys, so one multi_get here is authoritative.
@@ -449,17 +522,19 @@ impl Writer {
         }
         let envs: Vec<&Envelope> = fresh.iter().map(|i| &batch[*i].envelope).collect();
         let unarchived: Vec<bool> = fresh.iter().map(|i| batch[*i].from_archive).collect();
-        let mut assembled =
-            match self
-                .asm
-                .assemble_except(&self.store, &envs, self.settings.archive, &unarchived)
-            {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::error!(error = %e, "writer: assembling a batch");
-                    return reply_all(batch, Reply::Unavailable);
-                }
-            };
+        let mut assembled = match self.asm.assemble_except(
+            &self.store,
+            &envs,
+            self.settings.archive,
+            &unarchived,
+            self.starts.as_deref(),
+        ) {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::error!(error = %e, "writer: assembling a batch");
+                return reply_all(batch, Reply::Unavailable);
+            }
+        };
         let expires = now.saturating_add(self.settings.dedupe_window_ms);
         for (j, i) in fresh.iter().enumerate() {
             if let (Some(k), Ok(_)) = (&ukeys[*i], &assembled.outcomes[j]) {
@@ -479,10 +554,16 @@ impl Writer {
         let started = std::time::Instant::now();
         let committed = fresh.len();
         let due = std::mem::take(&mut assembled.due);
+        // The started rows, by their hook's place in the batch.
+        let to_start: Vec<(usize, InflightRow, StartSlot)> = std::mem::take(&mut assembled.started)
+            .into_iter()
+            .map(|(j, row, slot)| (fresh[j], row, slot))
+            .collect();
         let result = self.asm.commit(&self.store, assembled, true);
         // A failed commit may still have applied the batch (its WAL sync failed): its due
         // rows are hinted either way, and a hint with no row costs one empty scan.
         self.hints.add(due);
+        let committed_ok = result.is_ok();
         match result {
             Ok(outcomes) => {
                 self.metrics
@@ -509,10 +590,75 @@ impl Writer {
                 }
             }
         }
-        for (s, r) in batch.into_iter().zip(replies) {
+        // The hooks of the started rows go on to the pipeline.
+        let mut hooks: Vec<Option<std::sync::Arc<Envelope>>> = Vec::new();
+        let mut wanted = Vec::new();
+        if !to_start.is_empty() {
+            wanted.resize(batch.len(), false);
+            hooks.resize(batch.len(), None);
+            for (i, _, _) in &to_start {
+                wanted[*i] = true;
+            }
+        }
+        for (i, (s, r)) in batch.into_iter().zip(replies).enumerate() {
             // A requester that went away does not care.
             let _ = s.reply.send(r.unwrap_or(Reply::Unavailable));
+            if wanted.get(i).copied().unwrap_or(false) {
+                hooks[i] = Some(std::sync::Arc::new(s.envelope));
+            }
         }
+        if !committed_ok {
+            // Their slots go back as they drop; the rows, if the store holds them, are due
+            // again before another batch can reuse their seqs.
+            self.unstarted
+                .extend(to_start.into_iter().map(|(_, row, _)| row));
+        } else if let Some(starts) = &self.starts {
+            if !to_start.is_empty() {
+                let rows = to_start
+                    .into_iter()
+                    .filter_map(|(i, row, slot)| {
+                        let envelope = hooks[i].clone()?;
+                        Some(Started {
+                            row,
+                            envelope,
+                            slot,
+                        })
+                    })
+                    .collect();
+                starts.started(rows);
+            }
+        }
+    }
+
+    /// After a failed commit whose batch had started deliveries: each of their rows that
+    /// the store holds (the write was applied, its sync failed) goes back to due, as boot
+    /// recovery would make it, so that nothing stays inflight with no delivery running.
+    /// A row the store does not hold (the write was not applied) is left alone: its unit
+    /// does not move. Done before the next batch is assembled, which may reuse the failed
+    /// batch's seqs when the store does not hold it.
+    fn requeue_unstarted(&mut self) -> Result<(), QueueError> {
+        if self.unstarted.is_empty() {
+            return Ok(());
+        }
+        let now = AtMs(ankusa_keys::now_ms());
+        let mut tx = Tx::new();
+        let mut due = Vec::with_capacity(self.unstarted.len());
+        for row in &self.unstarted {
+            deliveries::recover(&mut tx, row, now);
+            if self.asm.log {
+                let ev = super::hooklog::requeued(keys::EventKind::Recovered, now, 0, now);
+                super::hooklog::record(&mut tx, &self.store, row.key.seq, row.key.sink, &ev)?;
+            }
+            due.push((row.key.ord, now));
+        }
+        let moved = tx.commit(&self.store, false)?;
+        tracing::warn!(
+            rows = moved.count(),
+            "writer: deliveries of a failed commit that the store holds are due again"
+        );
+        self.unstarted.clear();
+        self.hints.add(due);
+        Ok(())
     }
 
     /// Removes up to `sweep_batch` expired dedupe keys. Runs on the writer thread, the

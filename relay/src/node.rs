@@ -476,6 +476,8 @@ impl Node {
         })
         .await
         .map_err(NodeError::task("boot: migrations and recovery"))??;
+        // Fresh deliveries start at their ingest commit while dispatch has caught up.
+        let starter = Arc::new(pipeline::Starter::default());
         let (writer, writer_thread) = writer::spawn(
             store.clone(),
             assembler,
@@ -486,6 +488,10 @@ impl Node {
                 dedupe_swept: metrics.dedupe_swept.clone(),
             },
             hints.clone(),
+            config
+                .dispatch
+                .start_at_commit
+                .then(|| starter.clone() as Arc<dyn writer::Starts>),
         )
         .map_err(NodeError::io("starting the writer thread"))?;
         let _ = api.writer.set(writer.clone());
@@ -506,6 +512,7 @@ impl Node {
                 PipelineSettings::from_config(&config),
                 metrics.clone(),
                 hints,
+                starter,
                 stop.clone(),
             ),
             spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),

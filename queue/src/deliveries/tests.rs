@@ -24,6 +24,15 @@ enum Transition {
         at: u64,
         archive: bool,
     },
+    /// Ingest with the deliveries of the sinks in the mask started at the commit (written
+    /// inflight, never due).
+    IngestStarted {
+        tenant: usize,
+        sinks: usize,
+        at: u64,
+        archive: bool,
+        started: u8,
+    },
     Claim(usize),
     Deliver(usize),
     /// Delivered by the pipeline's outcome: the hook goes too where nothing else needs it.
@@ -56,6 +65,9 @@ fn transition() -> impl Strategy<Value = Transition> {
     prop_oneof![
         4 => (0..TENANTS.len(), 1usize..4, 0u64..20_000, any::<bool>()).prop_map(
             |(tenant, sinks, at, archive)| Transition::Ingest { tenant, sinks, at, archive }
+        ),
+        2 => (0..TENANTS.len(), 1usize..4, 0u64..20_000, any::<bool>(), any::<u8>()).prop_map(
+            |(tenant, sinks, at, archive, started)| Transition::IngestStarted { tenant, sinks, at, archive, started }
         ),
         4 => any::<usize>().prop_map(Transition::Claim),
         2 => any::<usize>().prop_map(Transition::Deliver),
@@ -98,6 +110,15 @@ fn apply(h: &mut Harness, t: &Transition) {
             archive,
         } => {
             h.ingest(TENANTS[*tenant], *sinks, *at, *archive);
+        }
+        Transition::IngestStarted {
+            tenant,
+            sinks,
+            at,
+            archive,
+            started,
+        } => {
+            h.ingest_started(TENANTS[*tenant], *sinks, *at, *archive, *started);
         }
         Transition::Claim(i) => {
             if let Some(r) = pick(&h.due_rows(), *i) {
@@ -1528,4 +1549,48 @@ fn a_delivered_last_row_takes_its_hook_and_leaves_no_marker() {
     assert_eq!(report.hooks_removed, 0);
     assert!(hook(archived));
     assert_eq!(counters::read(&h.store, h.ord("acme")).unwrap().bytes, 0);
+}
+
+#[test]
+fn a_delivery_started_at_commit_is_inflight_with_no_due_row_or_marker() {
+    let mut h = Harness::new();
+    // Of three sinks, the first and the third start at the commit; the second is due.
+    let (seq, started) = h.ingest_started(Some("acme"), 3, 5_000, false, 0b101);
+    let acme = h.ord("acme");
+    let sinks: Vec<u16> = started.iter().map(|r| r.key.sink.0).collect();
+    assert_eq!(sinks, vec![0, 2]);
+    assert_eq!(h.inflight_rows(), started);
+    let due: Vec<(Seq, u16)> = h
+        .due_rows()
+        .iter()
+        .map(|r| (r.key.seq, r.key.sink.0))
+        .collect();
+    assert_eq!(due, vec![(seq, 1)]);
+    // One marker, for the due row alone.
+    let active = active_tenants(&h.store, AtMs(10_000), 4096).unwrap();
+    assert_eq!(active.len(), 1);
+    assert_eq!(active[0].ord, acme);
+    let c = counters::read(&h.store, acme).unwrap();
+    assert_eq!((c.pending, c.inflight), (1, 2), "{c:?}");
+    h.assert_counters_equal_fold();
+    h.assert_every_need_has_its_hook();
+    // Delivered, the started rows take the hook along with the last of them.
+    let mut tx = Tx::new();
+    claim(&mut tx, &h.due_rows()[0]);
+    tx.commit(&h.store, false).unwrap();
+    for r in h.inflight_rows() {
+        let last = last_needs(&h.store, &[(r, 3)]).unwrap()[0];
+        h.commit(|tx| delivered_last(tx, &r, last));
+    }
+    assert!(h.store.get(Cf::Hooks, &keys::hook(seq)).unwrap().is_none());
+    h.assert_counters_equal_fold();
+    // A hook started whole writes no due row and no marker at all.
+    let (_, started) = h.ingest_started(Some("globex"), 2, 6_000, false, 0b11);
+    assert_eq!(started.len(), 2);
+    assert!(h.due_rows().is_empty());
+    assert!(active_tenants(&h.store, AtMs(10_000), 4096)
+        .unwrap()
+        .iter()
+        .all(|t| t.ord == acme));
+    h.assert_counters_equal_fold();
 }

@@ -20,23 +20,26 @@ pub struct NewHook<'a> {
     pub archive: bool,
     /// Write the hook log's record and id ([`super::hooklog`]).
     pub log: bool,
+    /// The sinks (by index in the envelope's list) whose deliveries the dispatch pipeline
+    /// starts as soon as the batch commits: their rows are written inflight, not due (see
+    /// [`crate::writer::Starts`]). Empty: every delivery is due.
+    pub started: &'a [bool],
 }
 
-/// Ingest: the hook, one delivery row and one due row (kind 0, due at receipt) per sink,
-/// and the archive obligation. Returns the encoded size every row counts.
+/// Ingest: the hook, one delivery row per sink with one due row (kind 0, due at receipt)
+/// or, for a sink in [`NewHook::started`], one inflight row, and the archive obligation.
+/// Returns the encoded size every row counts.
 pub fn ingest(tx: &mut Tx, h: &NewHook<'_>) -> u32 {
     let env = h.envelope.encode();
     let size = env.len() as u32;
     tx.op(Op::put(Cf::Hooks, keys::hook(h.seq), env));
     for i in 0..h.envelope.sinks.len() {
-        add_delivery(
-            tx,
-            h.ord,
-            h.seq,
-            SinkIdx(i as u16),
-            size,
-            h.envelope.received_at,
-        );
+        let sink = SinkIdx(i as u16);
+        if h.started.get(i).copied().unwrap_or(false) {
+            add_started(tx, h.ord, h.seq, sink, size);
+        } else {
+            add_delivery(tx, h.ord, h.seq, sink, size, h.envelope.received_at);
+        }
     }
     if h.archive {
         let mut v = size.to_be_bytes().to_vec();
@@ -58,6 +61,26 @@ pub(super) fn add_delivery(
     size: u32,
     at: AtMs,
 ) {
+    put_delivery_row(tx, ord, seq, sink, size);
+    tx.enqueue(&DueRow {
+        key: DueKey { ord, at, seq, sink },
+        size,
+        kind: Kind::First,
+    });
+}
+
+/// A fresh hook's delivery claimed at ingest: its delivery row and an inflight row (the
+/// same rows, deltas and key as [`claim`] leaves), with no due row or marker in between.
+fn add_started(tx: &mut Tx, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32) {
+    put_delivery_row(tx, ord, seq, sink, size);
+    tx.put_inflight(&InflightRow {
+        key: InflightKey { ord, seq, sink },
+        size,
+    });
+}
+
+/// A new delivery's row (no attempt yet) and the bytes it counts.
+fn put_delivery_row(tx: &mut Tx, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32) {
     let row = DeliveryRow {
         ord,
         size,
@@ -69,11 +92,6 @@ pub(super) fn add_delivery(
         row.encode(),
     ));
     tx.delta(ord, CounterField::Bytes, size as i64);
-    tx.enqueue(&DueRow {
-        key: DueKey { ord, at, seq, sink },
-        size,
-        kind: Kind::First,
-    });
 }
 
 /// Expand: a new delivery of an existing hook to sink `sink` (rows imported from an older

@@ -179,6 +179,17 @@ impl Cursors {
         self.floors.is_empty()
     }
 
+    /// Whether the last tick left no due row it knows of behind: no tenant's cursor, no
+    /// hinted tenant, no tenant of the cycle still to visit, no spent budget, no row
+    /// waiting for a slot (what reopens the [`Starter`]'s gate).
+    pub fn caught_up(&self) -> bool {
+        self.floors.is_empty()
+            && self.hinted.is_empty()
+            && !self.backlog
+            && !self.blocked
+            && self.cycle.tenants.is_empty()
+    }
+
     /// Where a full scan at `now` starts: bucket 0 once every [`Cursors::RESCAN_MS`],
     /// otherwise the live start the last scan found.
     pub fn active_from(&self, now: AtMs) -> Bucket {
@@ -488,6 +499,7 @@ pub fn spawn(
     settings: PipelineSettings,
     metrics: Arc<Metrics>,
     hints: Arc<DueHints>,
+    starter: Arc<Starter>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -521,16 +533,32 @@ pub fn spawn(
                 .collect(),
         );
         let deliverer = Arc::new(deliverer);
+        let run = Arc::new(Runner {
+            deliverer: deliverer.clone(),
+            meters: meters.clone(),
+            done_tx: done_tx.clone(),
+            max_retry_after,
+        });
         let mut cursors = Cursors::default();
-        // The delivery tasks, so a stop can cut those still running at its deadline.
-        let mut in_flight = tokio::task::JoinSet::new();
+        // The delivery tasks, so a stop can cut those still running at its deadline (the
+        // writer's starts run here too).
+        let in_flight: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>> = Arc::default();
+        starter.attach(StartParts {
+            permits: permits.clone(),
+            tenants: tenants.clone(),
+            deliverer: deliverer.clone(),
+            run: Arc::downgrade(&run),
+            tasks: in_flight.clone(),
+            handle: tokio::runtime::Handle::current(),
+            started: metrics.dispatch_started.clone(),
+        });
         // A tick is worth its fixed cost once a quarter of the permits are free.
         let refill = (settings.max_inflight / 4).max(1) as u32;
         loop {
             if *stop.borrow() {
                 break;
             }
-            while in_flight.try_join_next().is_some() {}
+            while lock(&in_flight).try_join_next().is_some() {}
             if permits.available_permits() < refill as usize {
                 tokio::select! {
                     _ = permits.acquire_many(refill) => {}
@@ -548,22 +576,25 @@ pub fn spawn(
                     ..settings.limits
                 };
                 let mut ctx = TickCtx {
-                    tasks: &mut in_flight,
+                    tasks: &in_flight,
                     tenants: &tenants,
                     weights: &weights,
                     store: &store,
                     hints: &hints,
                     interval_ms: settings.tick_interval.as_millis() as u64,
                     deliverer: &deliverer,
-                    meters: &meters,
+                    run: &run,
                     permits: &permits,
-                    done_tx: &done_tx,
                     metrics: &metrics,
-                    max_retry_after,
                 };
+                // A start refused from here on means a fresh row waits in the store.
+                let epoch = starter.epoch();
                 match tick(&mut ctx, limits, cursors).await {
                     Ok((c, claimed)) => {
                         (busy, waiting) = after_tick(claimed, limits.rows_per_tick, &c);
+                        if !busy && !waiting && c.caught_up() {
+                            starter.open_since(epoch);
+                        }
                         cursors = c;
                     }
                     Err(e) => {
@@ -599,16 +630,19 @@ pub fn spawn(
                 }
             }
         }
-        // Stopping: nothing more is claimed. Every permit back means every delivery in
-        // flight finished and its outcome is committed.
+        // Stopping: nothing more is claimed or started. Every permit back means every
+        // delivery in flight finished and its outcome is committed.
+        starter.stop();
         let all = u32::try_from(settings.max_inflight).unwrap_or(u32::MAX);
         let finished = tokio::time::timeout(settings.grace, permits.acquire_many(all))
             .await
             .is_ok();
+        let mut in_flight = std::mem::take(&mut *lock(&in_flight));
         if !finished {
             in_flight.abort_all();
         }
         while in_flight.join_next().await.is_some() {}
+        drop(run);
         drop(done_tx);
         let _ = committer.await;
         // What is still in flight in the store now is what the deadline cut: due again.
@@ -641,20 +675,254 @@ struct Metered {
     meters: SinkMeters,
 }
 
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// What a tick works with.
 struct TickCtx<'a> {
-    tasks: &'a mut tokio::task::JoinSet<()>,
+    tasks: &'a std::sync::Mutex<tokio::task::JoinSet<()>>,
     tenants: &'a TenantSlots,
     weights: &'a Weights,
     store: &'a Arc<Store>,
     hints: &'a DueHints,
     interval_ms: u64,
     deliverer: &'a Arc<Deliverer>,
-    meters: &'a Arc<HashMap<String, Metered>>,
+    run: &'a Arc<Runner>,
     permits: &'a Arc<tokio::sync::Semaphore>,
-    done_tx: &'a tokio::sync::mpsc::Sender<Done>,
     metrics: &'a Arc<Metrics>,
+}
+
+/// What a running delivery needs: its sink (with its series), and where its outcome goes.
+struct Runner {
+    deliverer: Arc<Deliverer>,
+    meters: Arc<HashMap<String, Metered>>,
+    done_tx: tokio::sync::mpsc::Sender<Done>,
     max_retry_after: Duration,
+}
+
+impl Runner {
+    /// One claimed (or started) delivery: its attempt, in its tenant's turn in the sink's
+    /// line, then its outcome to the committer (which gives the permit back).
+    async fn deliver(self: Arc<Self>, mut job: Job, permit: tokio::sync::OwnedSemaphorePermit) {
+        // A corrupt row is not attempted: its outcome is the dead letter.
+        let attempt = match job.envelope.as_deref().filter(|_| job.corrupt.is_none()) {
+            None => None,
+            Some(env) => Some(
+                match env
+                    .sinks
+                    .get(job.row.key.sink.0 as usize)
+                    .and_then(|id| self.meters.get(id))
+                {
+                    None => Attempt {
+                        verdict: Verdict::Dead,
+                        status: 0,
+                        class: Some(hooklog::ErrorClass::Unconfigured),
+                        error: "the hook's sink is no longer configured".into(),
+                        latency: Duration::ZERO,
+                    },
+                    Some(Metered { sink, meters: m }) => {
+                        // The claim took one of the sink's claim slots; the request
+                        // waits only for its tenant's turn in the sink's line.
+                        let _request = sink.line.acquire(job.row.key.ord).await;
+                        let a = self
+                            .deliverer
+                            .attempt(sink, env, self.max_retry_after)
+                            .await;
+                        let now = std::time::Instant::now();
+                        sink.control.record(a.signal(), now);
+                        let limit = sink.control.limit();
+                        sink.line.set_limit(limit);
+                        m.limit.set(limit as i64);
+                        m.breaker.set(sink.control.breaker(now) as i64);
+                        let (requests, queued) = sink.line.usage();
+                        m.requests.set(requests as i64);
+                        m.queued.set(queued as i64);
+                        m.attempt(a.label()).inc();
+                        m.latency.observe(a.latency.as_secs_f64());
+                        a
+                    }
+                },
+            ),
+        };
+        // The sink's slot is free again as soon as the attempt is over.
+        if job.sink_slot.take().is_some() {
+            job.tenant_slot.slots.notify_freed();
+        }
+        let _ = self
+            .done_tx
+            .send(Done {
+                job,
+                attempt,
+                _permit: permit,
+            })
+            .await;
+    }
+}
+
+/// The pipeline's side of starting a fresh delivery at its ingest commit
+/// ([`crate::queue::writer::Starts`]). The writer offers each delivery of each hook it
+/// assembles; a start is given only while the pipeline has *caught up* — its last tick
+/// left no due row behind and no start was refused since that tick began — and only with
+/// a slot of the node, of the delivery's sink (its adaptive limit and breaker, the
+/// newcomers' reserve) and of its tenant, the same slots a tick's claim takes. The row is
+/// then written inflight by the ingest batch itself and its delivery starts when the batch
+/// commits: no tick, no read of the store, no claim commit, no marker.
+///
+/// A refused start closes the gate until a tick that began after it catches up again, so a
+/// fresh row never overtakes a row of the store waiting for a slot: under a backlog every
+/// row goes through the ticks' round robin, as before. It starts nothing until the
+/// pipeline has attached its slots, and nothing once a stop began.
+#[derive(Default)]
+pub struct Starter {
+    parts: std::sync::OnceLock<StartParts>,
+    /// `(refusals << 1) | open`: the refusals counted since boot, and whether starts are
+    /// given (a tick opens the gate only if the count did not move while it ran).
+    gate: std::sync::atomic::AtomicU64,
+    stopping: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Starter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Starter")
+            .field("gate", &self.gate)
+            .field("stopping", &self.stopping)
+            .finish()
+    }
+}
+
+/// What the starter takes its slots from and runs its deliveries with.
+struct StartParts {
+    permits: Arc<tokio::sync::Semaphore>,
+    tenants: TenantSlots,
+    deliverer: Arc<Deliverer>,
+    /// Weak: the outcome channel closes when the stopping pipeline drops its runner.
+    run: std::sync::Weak<Runner>,
+    tasks: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
+    handle: tokio::runtime::Handle,
+    started: prometheus_client::metrics::counter::Counter,
+}
+
+/// The slots a started delivery runs with (inside a [`StartSlot`]).
+struct StartSlots {
+    permit: tokio::sync::OwnedSemaphorePermit,
+    sink: ClaimSlot,
+    tenant: TenantSlot,
+}
+
+impl Starter {
+    fn attach(&self, parts: StartParts) {
+        // A pipeline is spawned once per starter; a second would only start nothing.
+        let _ = self.parts.set(parts);
+    }
+
+    /// The refusals counted so far.
+    fn epoch(&self) -> u64 {
+        self.gate.load(std::sync::atomic::Ordering::Acquire) >> 1
+    }
+
+    /// Opens the gate, unless a start was refused since `epoch` (or it is open).
+    fn open_since(&self, epoch: u64) {
+        use std::sync::atomic::Ordering;
+        let _ = self.gate.compare_exchange(
+            epoch << 1,
+            (epoch << 1) | 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// A refusal: the gate closes and the count moves.
+    fn close(&self) {
+        use std::sync::atomic::Ordering;
+        let _ = self
+            .gate
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(((v >> 1) + 1) << 1)
+            });
+    }
+
+    /// Whether starts are given now.
+    pub fn is_open(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.gate.load(Ordering::Acquire) & 1 == 1 && !self.stopping.load(Ordering::Acquire)
+    }
+
+    fn stop(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.close();
+    }
+}
+
+impl crate::queue::writer::Starts for Starter {
+    fn try_start(&self, ord: TenantOrd, sink: &str) -> Option<crate::queue::writer::StartSlot> {
+        let p = self.parts.get()?;
+        if !self.is_open() {
+            return None;
+        }
+        let slots = (|| {
+            let sink = p.deliverer.sink(sink)?;
+            let permit = p.permits.clone().try_acquire_owned().ok()?;
+            let sink = sink.try_claim(ord)?;
+            let tenant = p.tenants.try_take(ord)?;
+            Some(StartSlots {
+                permit,
+                sink,
+                tenant,
+            })
+        })();
+        match slots {
+            Some(s) => Some(crate::queue::writer::StartSlot(Box::new(s))),
+            None => {
+                self.close();
+                None
+            }
+        }
+    }
+
+    fn started(&self, rows: Vec<crate::queue::writer::Started>) {
+        let Some(p) = self.parts.get() else { return };
+        // A pipeline that stopped runs nothing more: the rows stay inflight for the stop's
+        // (or the next boot's) recovery to make due.
+        let Some(run) = p.run.upgrade() else { return };
+        let mut tasks = lock(&p.tasks);
+        for crate::queue::writer::Started {
+            row,
+            envelope,
+            slot,
+        } in rows
+        {
+            let Ok(slots) = slot.0.downcast::<StartSlots>() else {
+                // Only this starter gives slots; a row without them stays inflight until
+                // the stop's or the next boot's recovery makes it due.
+                tracing::error!(
+                    seq = row.key.seq.0,
+                    "dispatch: a started row without its slots"
+                );
+                continue;
+            };
+            let StartSlots {
+                permit,
+                sink,
+                tenant,
+            } = *slots;
+            p.started.inc();
+            let job = Job {
+                row,
+                state: DeliveryRow {
+                    ord: row.key.ord,
+                    size: row.size,
+                    ..DeliveryRow::default()
+                },
+                envelope: Some(envelope),
+                corrupt: None,
+                sink_slot: Some(sink),
+                tenant_slot: tenant,
+            };
+            tasks.spawn_on(run.clone().deliver(job, permit), &p.handle);
+        }
+    }
 }
 
 /// One tick: plan, claim, clean markers, fetch envelopes, start deliveries.
@@ -671,11 +939,9 @@ async fn tick(
         hints,
         interval_ms,
         deliverer,
-        meters,
+        run,
         permits,
-        done_tx,
         metrics,
-        max_retry_after,
     } = ctx;
     let taken = hints.take(AtMs(crate::now_ms()));
     if taken.overflowed {
@@ -736,67 +1002,14 @@ async fn tick(
     for job in jobs {
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
-            // Sized to the free permits; only a shutdown race gets here.
+            // Sized to the free permits; a start at a commit since (or a stop) took one.
             Err(_) => permits
                 .clone()
                 .acquire_owned()
                 .await
                 .map_err(|_| DispatchError::Stopping)?,
         };
-        let (deliverer, meters, done_tx) =
-            ((*deliverer).clone(), (*meters).clone(), done_tx.clone());
-        let max_retry_after = *max_retry_after;
-        tasks.spawn(async move {
-            // A corrupt row is not attempted: its outcome is the dead letter.
-            let attempt = match job.envelope.as_deref().filter(|_| job.corrupt.is_none()) {
-                None => None,
-                Some(env) => Some(
-                    match env
-                        .sinks
-                        .get(job.row.key.sink.0 as usize)
-                        .and_then(|id| meters.get(id))
-                    {
-                        None => Attempt {
-                            verdict: Verdict::Dead,
-                            status: 0,
-                            class: Some(hooklog::ErrorClass::Unconfigured),
-                            error: "the hook's sink is no longer configured".into(),
-                            latency: Duration::ZERO,
-                        },
-                        Some(Metered { sink, meters: m }) => {
-                            // The claim took one of the sink's claim slots; the request
-                            // waits only for its tenant's turn in the sink's line.
-                            let _request = sink.line.acquire(job.row.key.ord).await;
-                            let a = deliverer.attempt(sink, env, max_retry_after).await;
-                            let now = std::time::Instant::now();
-                            sink.control.record(a.signal(), now);
-                            let limit = sink.control.limit();
-                            sink.line.set_limit(limit);
-                            m.limit.set(limit as i64);
-                            m.breaker.set(sink.control.breaker(now) as i64);
-                            let (requests, queued) = sink.line.usage();
-                            m.requests.set(requests as i64);
-                            m.queued.set(queued as i64);
-                            m.attempt(a.label()).inc();
-                            m.latency.observe(a.latency.as_secs_f64());
-                            a
-                        }
-                    },
-                ),
-            };
-            let mut job = job;
-            // The sink's slot is free again as soon as the attempt is over.
-            if job.sink_slot.take().is_some() {
-                job.tenant_slot.slots.notify_freed();
-            }
-            let _ = done_tx
-                .send(Done {
-                    job,
-                    attempt,
-                    _permit: permit,
-                })
-                .await;
-        });
+        lock(*tasks).spawn((*run).clone().deliver(job, permit));
     }
     Ok((cursors, claimed))
 }

@@ -164,6 +164,8 @@ pub struct Metrics {
     pub sink_queued: Family<SinkLabel, Gauge>,
     pub dispatch_active_tenants: Gauge,
     pub dispatch_claimed: Counter,
+    /// Fresh deliveries the ingest commit wrote inflight and started, with no tick.
+    pub dispatch_started: Counter,
     pub dispatch_ticks: Family<ScanLabel, Counter>,
     /// The read-and-claim half of a tick (plan, claim, marker cleanup, envelope reads).
     pub dispatch_tick_seconds: Histogram,
@@ -301,6 +303,12 @@ impl Metrics {
             "ankusa_dispatch_claimed",
             "Due rows claimed for delivery",
             dispatch_claimed.clone(),
+        );
+        let dispatch_started = Counter::default();
+        registry.register(
+            "ankusa_dispatch_started_at_commit",
+            "Fresh deliveries the ingest commit wrote inflight and started at once, with no tick, read or claim (the pipeline had caught up and every slot they needed was free)",
+            dispatch_started.clone(),
         );
         let dispatch_ticks = Family::<ScanLabel, Counter>::default();
         registry.register(
@@ -489,6 +497,7 @@ impl Metrics {
             sink_queued,
             dispatch_active_tenants,
             dispatch_claimed,
+            dispatch_started,
             dispatch_ticks,
             dispatch_tick_seconds,
             dispatch_hinted_tenants,

@@ -133,40 +133,15 @@ impl Harness {
 }
 
 /// The writer's commit wakes the pipeline: a hook ingested into an idle node reaches its
-/// sink in milliseconds, though the tick interval is a second.
+/// sink in milliseconds, though the tick interval is a second. (With the starts at commit
+/// off: the wake-up is the path of every row that waits in the store.)
 #[tokio::test]
 async fn a_fresh_hook_is_delivered_from_the_writers_wake_up_not_the_tick() {
     let sink = TestSink::start().await;
     let dir = tempfile::tempdir().unwrap();
-    let rest = format!(
-        r#"
-dispatch: {{ tick_interval_ms: 1000 }}
-sinks: [{{ id: a, url: "{a}" }}]
-routes: [{{ id: main, sinks: [a] }}]
-sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: main }}]
-"#,
-        a = sink.url("/a"),
-    );
+    let rest = one_sink(&sink, "tick_interval_ms: 1000, start_at_commit: false", "");
     let node = start_node(dir.path(), &rest).await;
-    let c = client();
-    let mut lags = Vec::new();
-    for i in 0..7 {
-        // Idle between hooks: the pipeline is asleep on its 1 s timer when each arrives.
-        tokio::time::sleep(Duration::from_millis(150)).await;
-        let r = post(
-            &c,
-            &format!("http://{}/ingest/in", node.ingest_addr),
-            &[("x-tenant", format!("t{}", i % 3))],
-            format!(r#"{{"n":{i}}}"#),
-        )
-        .await;
-        let acked = Instant::now();
-        assert_eq!(r.status, 202);
-        eventually(5, "the hook delivered", || sink.on("/a").len() > i).await;
-        let arrived = sink.on("/a")[i].at;
-        lags.push(arrived.saturating_duration_since(acked));
-    }
-    lags.sort();
+    let lags = spaced_hooks(&node, &sink).await;
     // The median is what the wake-up gives; every hook well under one tick, whatever a
     // busy test machine does to one of them.
     assert!(
@@ -182,6 +157,155 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
         m.contains(r#"ankusa_dispatch_ticks_total{scan="hinted"}"#),
         "{m}"
     );
+    node.shutdown().await.unwrap();
+}
+
+/// Seven hooks of three tenants, 150 ms apart (the pipeline idle on its timer when each
+/// arrives), each delivered to `/a` before the next: their ack-to-arrival times, sorted.
+async fn spaced_hooks(node: &Node, sink: &TestSink) -> Vec<Duration> {
+    let c = client();
+    let mut lags = Vec::new();
+    for i in 0..7 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let r = post(
+            &c,
+            &format!("http://{}/ingest/in", node.ingest_addr),
+            &[("x-tenant", format!("t{}", i % 3))],
+            format!(r#"{{"n":{i}}}"#),
+        )
+        .await;
+        let acked = Instant::now();
+        assert_eq!(r.status, 202);
+        eventually(5, "the hook delivered", || sink.on("/a").len() > i).await;
+        lags.push(sink.on("/a")[i].at.saturating_duration_since(acked));
+    }
+    lags.sort();
+    lags
+}
+
+/// The configuration of a node with one sink `a` (its `dispatch` keys and more keys of the
+/// sink as given), route `main` and source `in` (tenant from `x-tenant`, no verification).
+fn one_sink(sink: &TestSink, dispatch: &str, sink_keys: &str) -> String {
+    format!(
+        r#"
+dispatch: {{ {dispatch} }}
+sinks: [{{ id: a, url: "{a}"{sink_keys} }}]
+routes: [{{ id: main, sinks: [a] }}]
+sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }}, route: main }}]
+"#,
+        a = sink.url("/a"),
+    )
+}
+
+/// The value of one unlabelled series in an exposition (0 when absent).
+fn series(m: &str, name: &str) -> f64 {
+    m.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// A node whose pipeline has caught up starts a fresh hook's delivery at its ingest
+/// commit: no tick claims it (none is due for a second), it reaches the sink in
+/// milliseconds, and the store never holds a due row or a marker for it.
+#[tokio::test]
+async fn a_fresh_hook_into_a_caught_up_node_starts_at_its_commit_with_no_tick() {
+    let sink = TestSink::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let rest = one_sink(&sink, "tick_interval_ms: 1000", "");
+    let node = start_node(dir.path(), &rest).await;
+    let lags = spaced_hooks(&node, &sink).await;
+    assert!(
+        lags[3] < Duration::from_millis(50),
+        "ack to arrival: {lags:?}"
+    );
+    let m = node.metrics.encode();
+    assert_eq!(
+        series(&m, "ankusa_dispatch_started_at_commit_total"),
+        7.0,
+        "{m}"
+    );
+    assert_eq!(series(&m, "ankusa_dispatch_claimed_total"), 0.0, "{m}");
+    assert!(
+        !m.contains(r#"ankusa_dispatch_ticks_total{scan="hinted"}"#),
+        "no hint was needed: {m}"
+    );
+    eventually(5, "the queue to settle", || {
+        let c = counters::node(&node.store).unwrap();
+        c.pending == 0 && c.inflight == 0
+    })
+    .await;
+    assert!(fold::verify(&node.store).unwrap().is_empty());
+    // No marker was ever written: the active index is empty.
+    let now = ankusa_relay::store::keys::AtMs(ankusa_relay::now_ms() + 60_000);
+    assert!(deliveries::active_tenants(&node.store, now, 4096)
+        .unwrap()
+        .is_empty());
+    node.shutdown().await.unwrap();
+}
+
+/// A start refused for want of a slot closes the gate: the rows after it are written due
+/// and claimed by ticks in their turn, none overtakes the rows waiting before it, and once
+/// the pipeline has caught up again fresh hooks start at their commit once more.
+#[tokio::test]
+async fn once_a_start_is_refused_fresh_rows_queue_behind_the_waiting_ones() {
+    let sink = TestSink::start().await;
+    sink.delay_ms.store(300, Ordering::Relaxed);
+    let dir = tempfile::tempdir().unwrap();
+    let rest = one_sink(&sink, "tick_interval_ms: 20", ", max_inflight: 1");
+    let node = start_node(dir.path(), &rest).await;
+    let c = client();
+    let url = format!("http://{}/ingest/in", node.ingest_addr);
+    // Give the first tick its turn to find nothing and open the gate.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for n in 0..8 {
+        let r = post(
+            &c,
+            &url,
+            &[("x-tenant", "t".to_owned())],
+            format!(r#"{{"n":{n}}}"#),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+    }
+    eventually(20, "every hook delivered", || sink.on("/a").len() >= 8).await;
+    let order: Vec<String> = sink
+        .on("/a")
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    let sent: Vec<String> = (0..8).map(|n| format!(r#"{{"n":{n}}}"#)).collect();
+    assert_eq!(
+        order, sent,
+        "one tenant's hooks arrive in the order they were sent"
+    );
+    let m = node.metrics.encode();
+    let (started, claimed) = (
+        series(&m, "ankusa_dispatch_started_at_commit_total"),
+        series(&m, "ankusa_dispatch_claimed_total"),
+    );
+    // The sink takes one request and holds one more in line: the rest waited in the store.
+    assert!(
+        (1.0..=2.0).contains(&started),
+        "started {started}, claimed {claimed}"
+    );
+    assert_eq!(started + claimed, 8.0, "{m}");
+    // Caught up again: the next hook starts at its commit.
+    eventually(5, "the queue to settle", || {
+        let c = counters::node(&node.store).unwrap();
+        c.pending == 0 && c.inflight == 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let r = post(&c, &url, &[("x-tenant", "t".to_owned())], "{}".to_owned()).await;
+    assert_eq!(r.status, 202);
+    eventually(5, "the last hook delivered", || sink.on("/a").len() >= 9).await;
+    let m = node.metrics.encode();
+    assert_eq!(
+        series(&m, "ankusa_dispatch_started_at_commit_total"),
+        started + 1.0,
+        "{m}"
+    );
+    assert!(fold::verify(&node.store).unwrap().is_empty());
     node.shutdown().await.unwrap();
 }
 

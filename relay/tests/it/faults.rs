@@ -597,15 +597,31 @@ int fsync(int fd) {
 /// equal a fold of the families (`store verify`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
+    // The sink refuses until the load ends: the rows of the failed sync's batch are still
+    // due when later batches are written, as they would be behind any backlog.
+    wal_sync_fails_once(503).await;
+}
+
+/// The same with a healthy sink: the pipeline has caught up, so the batch whose sync
+/// fails had its deliveries written inflight to start at the commit. The writer gives
+/// their slots back and makes the rows due before its next batch: the hooks of that batch,
+/// answered `duplicate` when sent again, are delivered once (a row left inflight would
+/// never arrive).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_wal_sync_leaves_none_of_its_started_deliveries_inflight() {
+    wal_sync_fails_once(0).await;
+}
+
+/// One WAL sync fails under load from four senders, the sink answering `sink_status`
+/// (0: 200) until the load ends; see the two tests above.
+async fn wal_sync_fails_once(sink_status: u64) {
     let dir = tempfile::tempdir().unwrap();
     let shim = wal_sync_fault(dir.path());
     let flag = dir.path().join("fail-next-wal-sync");
     let data = dir.path().join("db");
-    // The sink refuses until the load ends: the rows of the failed sync's batch are still
-    // due when later batches are written, as they would be behind any backlog.
     let sink = TestSink::start().await;
     sink.default_status
-        .store(503, std::sync::atomic::Ordering::Relaxed);
+        .store(sink_status, std::sync::atomic::Ordering::Relaxed);
     let spec = proc_node()
         .data_dir(&data)
         .section("retry: { schedule_ms: [300], jitter: none, max_attempts: 1000 }")
@@ -732,6 +748,13 @@ async fn a_failed_wal_sync_spends_its_batch_seqs_and_ordinals() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     node.kill9();
+    if sink_status == 0 {
+        let log = std::fs::read_to_string(dir.path().join("relay.log")).unwrap_or_default();
+        assert!(
+            log.contains("deliveries of a failed commit that the store holds are due again"),
+            "the failed batch started no delivery at its commit: the test did not test it"
+        );
+    }
     let out = run(&["store", "verify", "--data", data.to_str().unwrap()]);
     assert!(
         out.status.success(),
