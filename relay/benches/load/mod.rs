@@ -128,8 +128,16 @@ pub async fn relay_with_route(
 ) -> ankusa_relay::node::Node {
     let config = bench_node(sink, sink_keys, route_keys)
         .section(extra)
+        .section(&bench_extra())
         .config_at(dir);
     ankusa_relay::node::Node::start(config).await.expect("node")
+}
+
+/// `ANKUSA_BENCH_EXTRA`: YAML added to the configuration of every node the benches start
+/// through [`relay`] (top-level keys the bench does not set itself), to compare two settings
+/// in one sitting, e.g. `ANKUSA_BENCH_EXTRA='dispatch: { start_at_commit: false }'`.
+pub fn bench_extra() -> String {
+    std::env::var("ANKUSA_BENCH_EXTRA").unwrap_or_default()
 }
 
 /// The benches' node: source `bench` (tenant from `x-tenant`, hmac-sha256 with [`SECRET`])
