@@ -25,7 +25,7 @@
 //! log) costs at most a quarter over the least a relay making the same durable moves and
 //! the same signed POSTs can cost. The rule, 80% of the bare client, is printed for
 //! reference: no relay making the ADR's moves can reach it on these cores (the ceiling the
-//! bench prints, 58–71% in every run measured; the twin itself reaches 35–52%), see
+//! bench prints, 56–71% in every run measured; the twin itself reaches 31–52%), see
 //! docs/performance.md.
 
 use std::sync::atomic::{AtomicU64, Ordering};
