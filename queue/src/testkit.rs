@@ -211,5 +211,6 @@ impl super::writer::Starts for MaskStarts {
         let i: u32 = sink.strip_prefix("sink")?.parse().ok()?;
         (i < 8 && self.0 & (1 << i) != 0).then(|| super::writer::StartSlot(Box::new(())))
     }
+    fn waiting(&self) {}
     fn started(&self, _: Vec<super::writer::Started>) {}
 }

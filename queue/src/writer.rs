@@ -38,6 +38,9 @@ pub trait Starts: Send + Sync {
     /// The slots for a delivery of tenant `ord`'s fresh hook to sink `sink` (its id), or
     /// none: the row is then written due.
     fn try_start(&self, ord: TenantOrd, sink: &str) -> Option<StartSlot>;
+    /// After a commit that wrote due rows, once they are hinted: rows wait in the store
+    /// (a tick that began before this has not seen their hints).
+    fn waiting(&self);
     /// After the batch's commit, its started deliveries with their hooks. (After a failed
     /// commit the writer drops their slots and makes the rows due itself, before it
     /// assembles another batch: the store may hold them, a write whose sync failed being
@@ -562,7 +565,11 @@ impl Writer {
         let result = self.asm.commit(&self.store, assembled, true);
         // A failed commit may still have applied the batch (its WAL sync failed): its due
         // rows are hinted either way, and a hint with no row costs one empty scan.
+        let waiting = !due.is_empty();
         self.hints.add(due);
+        if let (true, Some(starts)) = (waiting, &self.starts) {
+            starts.waiting();
+        }
         let committed_ok = result.is_ok();
         match result {
             Ok(outcomes) => {

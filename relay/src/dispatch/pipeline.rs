@@ -763,7 +763,8 @@ impl Runner {
 /// The pipeline's side of starting a fresh delivery at its ingest commit
 /// ([`crate::queue::writer::Starts`]). The writer offers each delivery of each hook it
 /// assembles; a start is given only while the pipeline has *caught up* — its last tick
-/// left no due row behind and no start was refused since that tick began — and only with
+/// left no due row behind and no fresh row was refused a start or written due since that
+/// tick began — and only with
 /// a slot of the node, of the delivery's sink (its adaptive limit and breaker, the
 /// newcomers' reserve) and of its tenant, the same slots a tick's claim takes. The row is
 /// then written inflight by the ingest batch itself and its delivery starts when the batch
@@ -858,10 +859,9 @@ impl Starter {
 impl crate::queue::writer::Starts for Starter {
     fn try_start(&self, ord: TenantOrd, sink: &str) -> Option<crate::queue::writer::StartSlot> {
         let p = self.parts.get()?;
-        if !self.is_open() {
-            return None;
-        }
-        let slots = (|| {
+        // A row refused while the gate is closed counts too: a tick that began before it
+        // has not seen it, and must not open the gate behind it.
+        let slots = self.is_open().then(|| {
             let sink = p.deliverer.sink(sink)?;
             let permit = p.permits.clone().try_acquire_owned().ok()?;
             let sink = sink.try_claim(ord)?;
@@ -871,14 +871,18 @@ impl crate::queue::writer::Starts for Starter {
                 sink,
                 tenant,
             })
-        })();
-        match slots {
+        });
+        match slots.flatten() {
             Some(s) => Some(crate::queue::writer::StartSlot(Box::new(s))),
             None => {
                 self.close();
                 None
             }
         }
+    }
+
+    fn waiting(&self) {
+        self.close();
     }
 
     fn started(&self, rows: Vec<crate::queue::writer::Started>) {

@@ -160,6 +160,17 @@ async fn a_fresh_hook_is_delivered_from_the_writers_wake_up_not_the_tick() {
     node.shutdown().await.unwrap();
 }
 
+/// Waits for the node's first tick: it finds nothing due at boot and opens the gate of the
+/// starts at the commit.
+async fn first_tick(node: &Node) {
+    eventually(10, "the first dispatch tick", || {
+        node.metrics
+            .encode()
+            .contains(r#"ankusa_dispatch_ticks_total{scan="full"}"#)
+    })
+    .await;
+}
+
 /// Seven hooks of three tenants, 150 ms apart (the pipeline idle on its timer when each
 /// arrives), each delivered to `/a` before the next: their ack-to-arrival times, sorted.
 async fn spaced_hooks(node: &Node, sink: &TestSink) -> Vec<Duration> {
@@ -213,6 +224,7 @@ async fn a_fresh_hook_into_a_caught_up_node_starts_at_its_commit_with_no_tick() 
     let dir = tempfile::tempdir().unwrap();
     let rest = one_sink(&sink, "tick_interval_ms: 1000", "");
     let node = start_node(dir.path(), &rest).await;
+    first_tick(&node).await;
     let lags = spaced_hooks(&node, &sink).await;
     assert!(
         lags[3] < Duration::from_millis(50),
@@ -255,8 +267,7 @@ async fn once_a_start_is_refused_fresh_rows_queue_behind_the_waiting_ones() {
     let node = start_node(dir.path(), &rest).await;
     let c = client();
     let url = format!("http://{}/ingest/in", node.ingest_addr);
-    // Give the first tick its turn to find nothing and open the gate.
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    first_tick(&node).await;
     for n in 0..8 {
         let r = post(
             &c,
