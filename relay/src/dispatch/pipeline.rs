@@ -891,6 +891,9 @@ impl crate::queue::writer::Starts for Starter {
         // (or the next boot's) recovery to make due.
         let Some(run) = p.run.upgrade() else { return };
         let mut tasks = lock(&p.tasks);
+        // The finished ones go first: between ticks (a second or a minute apart, when every
+        // delivery starts at its commit) the set holds only what runs.
+        while tasks.try_join_next().is_some() {}
         for crate::queue::writer::Started {
             row,
             envelope,
