@@ -208,13 +208,6 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
     )
 }
 
-/// The value of one unlabelled series in an exposition (0 when absent).
-fn series(m: &str, name: &str) -> f64 {
-    m.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0.0)
-}
-
 /// A node whose pipeline has caught up starts a fresh hook's delivery at its ingest
 /// commit: no tick claims it (none is due for a second), it reaches the sink in
 /// milliseconds, and the store never holds a due row or a marker for it.
@@ -232,11 +225,11 @@ async fn a_fresh_hook_into_a_caught_up_node_starts_at_its_commit_with_no_tick() 
     );
     let m = node.metrics.encode();
     assert_eq!(
-        series(&m, "ankusa_dispatch_started_at_commit_total"),
+        metric(&m, "ankusa_dispatch_started_at_commit_total"),
         7.0,
         "{m}"
     );
-    assert_eq!(series(&m, "ankusa_dispatch_claimed_total"), 0.0, "{m}");
+    assert_eq!(metric(&m, "ankusa_dispatch_claimed_total"), 0.0, "{m}");
     assert!(
         !m.contains(r#"ankusa_dispatch_ticks_total{scan="hinted"}"#),
         "no hint was needed: {m}"
@@ -291,8 +284,8 @@ async fn once_a_start_is_refused_fresh_rows_queue_behind_the_waiting_ones() {
     );
     let m = node.metrics.encode();
     let (started, claimed) = (
-        series(&m, "ankusa_dispatch_started_at_commit_total"),
-        series(&m, "ankusa_dispatch_claimed_total"),
+        metric(&m, "ankusa_dispatch_started_at_commit_total"),
+        metric(&m, "ankusa_dispatch_claimed_total"),
     );
     // The sink takes one request and holds one more in line: the rest waited in the store.
     assert!(
@@ -312,7 +305,7 @@ async fn once_a_start_is_refused_fresh_rows_queue_behind_the_waiting_ones() {
     eventually(5, "the last hook delivered", || sink.on("/a").len() >= 9).await;
     let m = node.metrics.encode();
     assert_eq!(
-        series(&m, "ankusa_dispatch_started_at_commit_total"),
+        metric(&m, "ankusa_dispatch_started_at_commit_total"),
         started + 1.0,
         "{m}"
     );

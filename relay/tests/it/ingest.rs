@@ -433,12 +433,6 @@ async fn futures_join<F: std::future::Future<Output = u16> + Send + 'static>(
     out
 }
 
-fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_commits_many_hooks_per_fsync_under_concurrency() {
     let t = Edge::start("").await;

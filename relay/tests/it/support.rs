@@ -381,3 +381,11 @@ pub fn queued_rows(counters: &serde_json::Value) -> i64 {
         .map(|f| counters[f].as_i64().expect("a counter"))
         .sum()
 }
+
+/// The value of the unlabelled series `name` in a metrics exposition; panics if it is not
+/// there.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+}
