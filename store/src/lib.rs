@@ -658,7 +658,23 @@ impl Store {
             Ok(()) if sync => self.db.flush_wal(true),
             other => other,
         };
-        match written {
+        self.health_of(written)
+    }
+
+    /// Syncs the write-ahead log: every write that returned before this call began,
+    /// synced or not, survives a power cut once it returns `Ok` (a graceful stop ends with
+    /// it). The ingest writer's syncer calls it once for all the batches written since its
+    /// last sync (see `queue::writer`); writes made while it runs go on. A failure leaves
+    /// those writes applied and readable, as for [`Store::write`].
+    pub fn sync_wal(&self) -> Result<(), StoreError> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.health_of(self.db.flush_wal(true))
+    }
+
+    fn health_of(&self, r: Result<(), rocksdb::Error>) -> Result<(), StoreError> {
+        match r {
             Ok(()) => {
                 self.health.succeeded();
                 Ok(())
@@ -832,16 +848,6 @@ impl Store {
     pub fn checkpoint(&self, dir: &Path) -> Result<(), StoreError> {
         let cp = rocksdb::checkpoint::Checkpoint::new(&self.db)?;
         cp.create_checkpoint(dir)?;
-        Ok(())
-    }
-
-    /// Syncs the write-ahead log: every write made so far, synced or not, survives a power
-    /// cut from here on (a graceful stop ends with it).
-    pub fn sync_wal(&self) -> Result<(), StoreError> {
-        if self.read_only {
-            return Ok(());
-        }
-        self.db.flush_wal(true)?;
         Ok(())
     }
 
