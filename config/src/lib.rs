@@ -335,6 +335,9 @@ pub struct WriterConfig {
     pub max_batch_bytes: usize,
     /// How long the writer waits, after the first request of a batch, for more.
     pub max_batch_delay_us: u64,
+    /// Write the next batch while the last one's WAL sync runs (a second thread syncs and
+    /// acks); off, the writer syncs each batch itself before it takes the next.
+    pub pipeline: bool,
 }
 
 impl Default for WriterConfig {
@@ -344,6 +347,7 @@ impl Default for WriterConfig {
             max_batch_hooks: 512,
             max_batch_bytes: 8 << 20,
             max_batch_delay_us: 500,
+            pipeline: true,
         }
     }
 }

@@ -221,6 +221,12 @@ impl Assembler {
         })
     }
 
+    /// The store may hold more than this assembler handed out (a WAL sync failed after
+    /// the batch was written): the next batch reads its seq and ordinal state again.
+    pub fn mark_stale(&mut self) {
+        self.stale = true;
+    }
+
     /// Commits an assembled batch as one write; on success the allocator caches the
     /// batch's ordinals and the seqs are spent. On failure the batch may still be in the
     /// store (see `stale`), so the next batch starts from what the store holds.
@@ -300,6 +306,9 @@ pub struct WriterSettings {
     pub max_batch_hooks: usize,
     pub max_batch_bytes: usize,
     pub max_batch_delay: std::time::Duration,
+    /// Hand each written batch to the syncer and go on (`writer.pipeline`); otherwise
+    /// the writer syncs it itself before the next batch.
+    pub pipeline: bool,
     pub dedupe_window_ms: u64,
     pub sweep_batch: usize,
     pub sweep_interval: std::time::Duration,
@@ -313,6 +322,7 @@ impl WriterSettings {
             max_batch_hooks: c.writer.max_batch_hooks,
             max_batch_bytes: c.writer.max_batch_bytes,
             max_batch_delay: std::time::Duration::from_micros(c.writer.max_batch_delay_us),
+            pipeline: c.writer.pipeline,
             dedupe_window_ms: c.dedupe.window_ms,
             sweep_batch: c.dedupe.sweep_batch,
             sweep_interval: std::time::Duration::from_millis(c.dedupe.sweep_interval_ms),
@@ -349,19 +359,33 @@ impl WriterHandle {
 }
 
 /// What the writer reports, as handles into the node's metrics registry (the node
-/// registers them as `ankusa_writer_batch_hooks`, `ankusa_writer_commit_seconds` and
-/// `ankusa_dedupe_swept_total`).
+/// registers them as `ankusa_writer_batch_hooks`, `ankusa_writer_commit_seconds`,
+/// `ankusa_dedupe_swept_total` and `ankusa_writer_unsynced_hooks`).
 #[derive(Debug, Clone)]
 pub struct WriterMetrics {
-    /// Hooks committed per synced batch.
+    /// Hooks acked per WAL sync (every batch written since the sync before).
     pub batch_hooks: prometheus_client::metrics::histogram::Histogram,
-    /// Seconds each synced commit took.
+    /// Seconds each WAL sync of the writer's batches took.
     pub commit_seconds: prometheus_client::metrics::histogram::Histogram,
     /// Expired dedupe keys removed by the sweep.
     pub dedupe_swept: prometheus_client::metrics::counter::Counter,
+    /// Hooks written and waiting for the WAL sync that acks them.
+    pub unsynced_hooks: prometheus_client::metrics::gauge::Gauge,
 }
 
-/// Starts the writer thread. It stops when every [`WriterHandle`] is dropped.
+/// Most written batches that may wait for the syncer ([`Syncer`]); past it the writer
+/// waits for a sync to end before it writes more, its own queue fills and ingest answers
+/// 503. The syncer takes every waiting batch at each sync, so under load one or two wait.
+pub const UNSYNCED_BATCHES_MAX: usize = 64;
+
+/// Starts the writer thread and its syncer. They stop when every [`WriterHandle`] is
+/// dropped (the writer joins the syncer, so every reply is sent when the handle's thread
+/// ends).
+///
+/// The writer writes each batch unsynced and hands it to the syncer, then goes on to the
+/// next batch at once; the syncer syncs the WAL once for every batch written since its
+/// last sync and only then answers their requests. So batch N + 1 is written while batch
+/// N's sync runs, and one fsync acks all the batches written during the sync before it.
 pub fn spawn(
     store: std::sync::Arc<Store>,
     assembler: Assembler,
@@ -371,6 +395,22 @@ pub fn spawn(
     starts: Option<std::sync::Arc<dyn Starts>>,
 ) -> std::io::Result<(WriterHandle, std::thread::JoinHandle<()>)> {
     let (tx, rx) = std::sync::mpsc::sync_channel(settings.queue_capacity);
+    let after = std::sync::Arc::new(AfterSync::default());
+    let syncer = Syncer {
+        store: store.clone(),
+        metrics: metrics.clone(),
+        starts: starts.clone(),
+        after: after.clone(),
+    };
+    let (sync, syncer_thread) = if settings.pipeline {
+        let (to_sync, written) = std::sync::mpsc::sync_channel(UNSYNCED_BATCHES_MAX);
+        let thread = std::thread::Builder::new()
+            .name("ankusa-wal-sync".into())
+            .spawn(move || syncer.run(written))?;
+        (Syncing::Pipelined(to_sync), Some(thread))
+    } else {
+        (Syncing::Inline(syncer), None)
+    };
     let mut w = Writer {
         store,
         asm: assembler,
@@ -378,11 +418,19 @@ pub fn spawn(
         metrics,
         hints,
         starts,
-        unstarted: Vec::new(),
+        after,
+        sync,
     };
     let join = std::thread::Builder::new()
         .name("ankusa-writer".into())
-        .spawn(move || w.run(rx))?;
+        .spawn(move || {
+            w.run(rx);
+            // The syncer answers what it holds, then sees its channel close.
+            drop(w);
+            if let Some(t) = syncer_thread {
+                let _ = t.join();
+            }
+        })?;
     Ok((WriterHandle { tx }, join))
 }
 
@@ -391,13 +439,124 @@ struct Writer {
     asm: Assembler,
     settings: WriterSettings,
     metrics: WriterMetrics,
-    /// Where committed due work is announced to the dispatch tick.
+    /// Where due work is announced to the dispatch tick, once written.
     hints: std::sync::Arc<DueHints>,
     /// Where fresh deliveries may start at commit (none: every row is due).
     starts: Option<std::sync::Arc<dyn Starts>>,
-    /// Rows a failed commit had written inflight to start, to make due before the next
-    /// batch (see [`Writer::requeue_unstarted`]).
-    unstarted: Vec<InflightRow>,
+    /// What a failed sync leaves the writer to do.
+    after: std::sync::Arc<AfterSync>,
+    /// Where written batches go to be synced and answered.
+    sync: Syncing,
+}
+
+/// How the writer's batches are synced (`writer.pipeline`).
+enum Syncing {
+    /// By the syncer thread, while the writer writes the next batch.
+    Pipelined(std::sync::mpsc::SyncSender<Written>),
+    /// By the writer itself, before it takes the next batch.
+    Inline(Syncer),
+}
+
+/// What a failed commit (the writer's write, or the syncer's WAL sync) leaves for the
+/// writer to do before its next batch.
+#[derive(Debug, Default)]
+struct AfterSync {
+    /// A WAL sync failed: the store holds batches whose requests were refused, so the
+    /// next batch reads its seq and ordinal state again ([`Assembler::mark_stale`]).
+    stale: std::sync::atomic::AtomicBool,
+    /// Rows a failed commit had written inflight to start, to make due (see
+    /// [`Writer::requeue_unstarted`]).
+    unstarted: std::sync::Mutex<Vec<InflightRow>>,
+}
+
+impl AfterSync {
+    fn unstarted(&self) -> std::sync::MutexGuard<'_, Vec<InflightRow>> {
+        self.unstarted.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A batch written (unsynced) and waiting for the WAL sync that makes it durable: what
+/// the syncer does once the sync returns.
+struct Written {
+    /// Each request's answer if the sync succeeds, and whether the batch wrote its hook
+    /// (a fresh hook's answer becomes `unavailable` if the sync fails).
+    replies: Vec<(tokio::sync::oneshot::Sender<Reply>, Reply, bool)>,
+    /// Hooks the batch wrote.
+    hooks: usize,
+    /// Deliveries written inflight, to start once durable.
+    started: Vec<Started>,
+}
+
+/// The thread that syncs the WAL for the writer and answers the requests of every batch
+/// the sync made durable.
+struct Syncer {
+    store: std::sync::Arc<Store>,
+    metrics: WriterMetrics,
+    starts: Option<std::sync::Arc<dyn Starts>>,
+    after: std::sync::Arc<AfterSync>,
+}
+
+impl Syncer {
+    fn run(&self, written: std::sync::mpsc::Receiver<Written>) {
+        while let Ok(first) = written.recv() {
+            // Every batch handed over so far was written before this sync begins.
+            let mut group = vec![first];
+            group.extend(written.try_iter());
+            let synced = self.sync();
+            self.finish(group, synced);
+        }
+    }
+
+    /// One WAL sync, timed (`ankusa_writer_commit_seconds`).
+    fn sync(&self) -> Result<(), ankusa_store::StoreError> {
+        let began = std::time::Instant::now();
+        let synced = self.store.sync_wal();
+        if synced.is_ok() {
+            self.metrics
+                .commit_seconds
+                .observe(began.elapsed().as_secs_f64());
+        }
+        synced
+    }
+
+    /// Answers a group of batches after their sync, in the order they were written.
+    fn finish(&self, group: Vec<Written>, synced: Result<(), ankusa_store::StoreError>) {
+        let hooks: usize = group.iter().map(|w| w.hooks).sum();
+        let ok = match &synced {
+            Ok(()) => {
+                self.metrics.batch_hooks.observe(hooks as f64);
+                true
+            }
+            Err(e) => {
+                // The store logs the failure that begins an outage; each sync refused
+                // during it is only a debug line.
+                tracing::debug!(error = %e, hooks, "writer: WAL sync failed");
+                self.after
+                    .stale
+                    .store(true, std::sync::atomic::Ordering::Release);
+                false
+            }
+        };
+        for w in group {
+            for (reply, r, fresh) in w.replies {
+                // A requester that went away does not care.
+                let _ = reply.send(if ok || !fresh { r } else { Reply::Unavailable });
+            }
+            self.metrics.unsynced_hooks.dec_by(w.hooks as i64);
+            if w.started.is_empty() {
+                continue;
+            }
+            match (&self.starts, ok) {
+                (Some(starts), true) => starts.started(w.started),
+                // Their slots go back as they drop; the rows, which the store may hold,
+                // are made due by the writer before its next batch.
+                _ => self
+                    .after
+                    .unstarted()
+                    .extend(w.started.into_iter().map(|s| s.row)),
+            }
+        }
+    }
 }
 
 /// `?u` value: `<<expires_at::64>>` then the first hook's id.
@@ -480,6 +639,13 @@ impl Writer {
     }
 
     fn commit_batch(&mut self, batch: Vec<Submission>) {
+        if self
+            .after
+            .stale
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            self.asm.mark_stale();
+        }
         if let Err(e) = self.requeue_unstarted() {
             tracing::debug!(error = %e, "writer: making the rows of a failed commit due");
             return reply_all(batch, Reply::Unavailable);
@@ -487,6 +653,8 @@ impl Writer {
         let now = ankusa_keys::now_ms();
         let mut replies: Vec<Option<Reply>> = vec![None; batch.len()];
         // Dedupe: the writer owns the `?u` keys, so one multi_get here is authoritative.
+        // (A key of a batch still waiting for its sync is read too: the duplicate's answer
+        // goes out after a later sync, which covers that batch.)
         let ukeys: Vec<Option<Vec<u8>>> = batch
             .iter()
             .map(|s| {
@@ -554,85 +722,95 @@ impl Writer {
                 ));
             }
         }
-        let started = std::time::Instant::now();
-        let committed = fresh.len();
+        let hooks = fresh.len();
         let due = std::mem::take(&mut assembled.due);
         // The started rows, by their hook's place in the batch.
         let to_start: Vec<(usize, InflightRow, StartSlot)> = std::mem::take(&mut assembled.started)
             .into_iter()
             .map(|(j, row, slot)| (fresh[j], row, slot))
             .collect();
-        let result = self.asm.commit(&self.store, assembled, true);
-        // A failed commit may still have applied the batch (its WAL sync failed): its due
-        // rows are hinted either way, and a hint with no row costs one empty scan.
+        // Written unsynced: the syncer's next sync makes it durable and answers.
+        let committed = self.asm.commit(&self.store, assembled, false);
+        // The due rows are readable now (a failed write may still have applied them): they
+        // are hinted before the next batch is assembled, so that a tick which has not
+        // seen them cannot open the start gate for a fresh row of their tenant (`waiting`).
+        // A hint with no row costs one empty scan.
         let waiting = !due.is_empty();
         self.hints.add(due);
         if let (true, Some(starts)) = (waiting, &self.starts) {
             starts.waiting();
         }
-        let committed_ok = result.is_ok();
-        match result {
-            Ok(outcomes) => {
-                self.metrics
-                    .commit_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                self.metrics.batch_hooks.observe(committed as f64);
-                for (i, out) in fresh.into_iter().zip(outcomes) {
-                    replies[i] = Some(match out {
-                        Ok(_) => Reply::Accepted {
-                            id: batch[i].envelope.id.clone(),
-                        },
-                        Err(QueueError::TenantLimit { .. }) => Reply::TenantLimit,
-                        Err(QueueError::InvalidTenant(why)) => Reply::InvalidTenant(why),
-                        Err(_) => Reply::Unavailable,
-                    });
-                }
-            }
+        let outcomes = match committed {
+            Ok(outcomes) => outcomes,
             Err(e) => {
                 // The store logs the failure that begins an outage; each batch refused
-                // during it is only a debug line.
-                tracing::debug!(error = %e, hooks = committed, "writer: commit failed");
-                for i in fresh {
-                    replies[i] = Some(Reply::Unavailable);
-                }
+                // during it is only a debug line. The batch may still be applied: its
+                // started rows are made due before the next batch.
+                tracing::debug!(error = %e, hooks, "writer: commit failed");
+                self.after
+                    .unstarted()
+                    .extend(to_start.into_iter().map(|(_, row, _)| row));
+                return reply_all(batch, Reply::Unavailable);
             }
+        };
+        for (i, out) in fresh.into_iter().zip(outcomes) {
+            replies[i] = Some(match out {
+                Ok(_) => Reply::Accepted {
+                    id: batch[i].envelope.id.clone(),
+                },
+                Err(QueueError::TenantLimit { .. }) => Reply::TenantLimit,
+                Err(QueueError::InvalidTenant(why)) => Reply::InvalidTenant(why),
+                Err(_) => Reply::Unavailable,
+            });
         }
-        // The hooks of the started rows go on to the pipeline.
-        let mut hooks: Vec<Option<std::sync::Arc<Envelope>>> = Vec::new();
+        // The hooks of the started rows go on to the pipeline after the sync.
         let mut wanted = Vec::new();
         if !to_start.is_empty() {
             wanted.resize(batch.len(), false);
-            hooks.resize(batch.len(), None);
             for (i, _, _) in &to_start {
                 wanted[*i] = true;
             }
         }
+        let mut envelopes: Vec<Option<std::sync::Arc<Envelope>>> = vec![None; wanted.len()];
+        let mut answers = Vec::with_capacity(batch.len());
         for (i, (s, r)) in batch.into_iter().zip(replies).enumerate() {
-            // A requester that went away does not care.
-            let _ = s.reply.send(r.unwrap_or(Reply::Unavailable));
+            // Only an accepted hook's answer depends on the sync (a duplicate or a
+            // refusal wrote nothing).
+            let wrote = matches!(r, Some(Reply::Accepted { .. }));
+            answers.push((s.reply, r.unwrap_or(Reply::Unavailable), wrote));
             if wanted.get(i).copied().unwrap_or(false) {
-                hooks[i] = Some(std::sync::Arc::new(s.envelope));
+                envelopes[i] = Some(std::sync::Arc::new(s.envelope));
             }
         }
-        if !committed_ok {
-            // Their slots go back as they drop; the rows, if the store holds them, are due
-            // again before another batch can reuse their seqs.
-            self.unstarted
-                .extend(to_start.into_iter().map(|(_, row, _)| row));
-        } else if let Some(starts) = &self.starts {
-            if !to_start.is_empty() {
-                let rows = to_start
-                    .into_iter()
-                    .filter_map(|(i, row, slot)| {
-                        let envelope = hooks[i].clone()?;
-                        Some(Started {
-                            row,
-                            envelope,
-                            slot,
-                        })
-                    })
-                    .collect();
-                starts.started(rows);
+        let started = to_start
+            .into_iter()
+            .filter_map(|(i, row, slot)| {
+                let envelope = envelopes[i].clone()?;
+                Some(Started {
+                    row,
+                    envelope,
+                    slot,
+                })
+            })
+            .collect();
+        self.metrics.unsynced_hooks.inc_by(hooks as i64);
+        let written = Written {
+            replies: answers,
+            hooks,
+            started,
+        };
+        match &self.sync {
+            Syncing::Inline(syncer) => syncer.finish(vec![written], syncer.sync()),
+            // Waits while `UNSYNCED_BATCHES_MAX` batches wait for their sync. The syncer
+            // outlives the writer's loop, so the send fails only if it panicked.
+            Syncing::Pipelined(to_sync) => {
+                if let Err(std::sync::mpsc::SendError(w)) = to_sync.send(written) {
+                    tracing::error!("writer: the WAL syncer has stopped");
+                    self.metrics.unsynced_hooks.dec_by(w.hooks as i64);
+                    for (reply, _, _) in w.replies {
+                        let _ = reply.send(Reply::Unavailable);
+                    }
+                }
             }
         }
     }
@@ -644,26 +822,36 @@ impl Writer {
     /// does not move. Done before the next batch is assembled, which may reuse the failed
     /// batch's seqs when the store does not hold it.
     fn requeue_unstarted(&mut self) -> Result<(), QueueError> {
-        if self.unstarted.is_empty() {
+        let rows = std::mem::take(&mut *self.after.unstarted());
+        if rows.is_empty() {
             return Ok(());
         }
         let now = AtMs(ankusa_keys::now_ms());
         let mut tx = Tx::new();
-        let mut due = Vec::with_capacity(self.unstarted.len());
-        for row in &self.unstarted {
-            deliveries::recover(&mut tx, row, now);
-            if self.asm.log {
-                let ev = super::hooklog::requeued(keys::EventKind::Recovered, now, 0, now);
-                super::hooklog::record(&mut tx, &self.store, row.key.seq, row.key.sink, &ev)?;
+        let mut due = Vec::with_capacity(rows.len());
+        let requeued = (|| {
+            for row in &rows {
+                deliveries::recover(&mut tx, row, now);
+                if self.asm.log {
+                    let ev = super::hooklog::requeued(keys::EventKind::Recovered, now, 0, now);
+                    super::hooklog::record(&mut tx, &self.store, row.key.seq, row.key.sink, &ev)?;
+                }
+                due.push((row.key.ord, now));
             }
-            due.push((row.key.ord, now));
-        }
-        let moved = tx.commit(&self.store, false)?;
+            tx.commit(&self.store, false)
+        })();
+        let moved = match requeued {
+            Ok(moved) => moved,
+            Err(e) => {
+                // Tried again before the next batch, or at the next sweep.
+                self.after.unstarted().extend(rows);
+                return Err(e);
+            }
+        };
         tracing::warn!(
             rows = moved.count(),
             "writer: deliveries of a failed commit that the store holds are due again"
         );
-        self.unstarted.clear();
         self.hints.add(due);
         Ok(())
     }

@@ -486,6 +486,7 @@ impl Node {
                 batch_hooks: metrics.writer_batch_hooks.clone(),
                 commit_seconds: metrics.writer_commit_seconds.clone(),
                 dedupe_swept: metrics.dedupe_swept.clone(),
+                unsynced_hooks: metrics.writer_unsynced_hooks.clone(),
             },
             hints.clone(),
             config

@@ -150,6 +150,8 @@ pub struct Metrics {
     pub ingest_latency: Histogram,
     pub writer_batch_hooks: Histogram,
     pub writer_commit_seconds: Histogram,
+    /// Hooks written by the writer and waiting for the WAL sync that acks them.
+    pub writer_unsynced_hooks: Gauge,
     pub quarantine_dropped: Counter,
     pub dedupe_swept: Counter,
     pub delivery_attempts: Family<SinkOutcome, Counter>,
@@ -233,14 +235,20 @@ impl Metrics {
         let writer_batch_hooks = Histogram::new(exponential_buckets(1.0, 2.0, 14));
         registry.register(
             "ankusa_writer_batch_hooks",
-            "Hooks committed per synced writer batch",
+            "Hooks acked per WAL sync of the writer (one sync covers every batch written during the sync before it)",
             writer_batch_hooks.clone(),
         );
         let writer_commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 18));
         registry.register(
             "ankusa_writer_commit_seconds",
-            "Duration of the writer's synced commit",
+            "Duration of each WAL sync that acks the writer's batches",
             writer_commit_seconds.clone(),
+        );
+        let writer_unsynced_hooks = Gauge::default();
+        registry.register(
+            "ankusa_writer_unsynced_hooks",
+            "Hooks written by the writer and waiting for the WAL sync that acks them",
+            writer_unsynced_hooks.clone(),
         );
         let quarantine_dropped = Counter::default();
         registry.register(
@@ -516,6 +524,7 @@ impl Metrics {
             ingest_latency,
             writer_batch_hooks,
             writer_commit_seconds,
+            writer_unsynced_hooks,
             quarantine_dropped,
             dedupe_swept,
         }

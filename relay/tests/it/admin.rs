@@ -403,6 +403,7 @@ async fn metrics_are_valid_prometheus_text() {
         "ankusa_tenants",
         "ankusa_delivery_attempts_total",
         "ankusa_writer_batch_hooks",
+        "ankusa_writer_unsynced_hooks",
         "ankusa_reclaim_backlog",
         "ankusa_reclaimed_hooks_total",
         "ankusa_shutdown_requeued_total",

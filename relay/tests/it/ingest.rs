@@ -435,7 +435,19 @@ async fn futures_join<F: std::future::Future<Output = u16> + Send + 'static>(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_writer_commits_many_hooks_per_fsync_under_concurrency() {
-    let t = Edge::start("").await;
+    many_hooks_per_fsync("").await;
+}
+
+/// The same with the writer syncing each batch itself (`writer.pipeline: false`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_without_its_pipeline_commits_many_hooks_per_fsync() {
+    many_hooks_per_fsync("writer: { pipeline: false }").await;
+}
+
+/// 64 clients post 15 hooks each: every one is acked, one WAL sync acks several of them,
+/// and once every ack is in no hook waits for a sync.
+async fn many_hooks_per_fsync(sections: &str) {
+    let t = Edge::start(sections).await;
     let clients = 64;
     let per_client = 15;
     let futs: Vec<_> = (0..clients)
@@ -464,5 +476,6 @@ async fn the_writer_commits_many_hooks_per_fsync_under_concurrency() {
         hooks / batches >= 4.0,
         "{hooks} hooks in {batches} synced batches: the writer is not grouping commits"
     );
+    assert_eq!(metric(&m, "ankusa_writer_unsynced_hooks"), 0.0);
     t.node.stop().await;
 }
