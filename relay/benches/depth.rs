@@ -9,8 +9,11 @@
 //! answered, and every later one at once), and the bench reports the drain: how long
 //! until nothing is queued, the rate, and the ticks' cost (`ankusa_dispatch_tick_seconds`).
 //!
-//! PASS only if the ingest rate at 10⁶ queued is at least 80% of the rate at 10⁵, and the
-//! RSS stays under 512 MiB.
+//! PASS only if the ingest rate near 10⁶ queued is at least 80% of the rate near 10⁵ (the
+//! median rate of the last three slices of 10⁵ against that of the first three: one slice
+//! swings by ±15% on a shared machine), and the RSS stays under 512 MiB. Each slice also
+//! shows the process's CPU and the host's steal, so a slow slice can be told from a slow
+//! node.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -54,6 +57,17 @@ struct Step {
     rate: f64,
     rss_mib: f64,
     ticks: f64,
+    /// The process's CPU over the slice, in cores.
+    cores: f64,
+    /// The host's CPU stolen by the hypervisor over the slice, %.
+    steal: f64,
+}
+
+/// The median of the rates of these slices.
+fn median_rate(steps: &[Step]) -> f64 {
+    let mut r: Vec<f64> = steps.iter().map(|s| s.rate).collect();
+    r.sort_by(f64::total_cmp);
+    r[r.len() / 2]
 }
 
 fn main() -> std::process::ExitCode {
@@ -84,6 +98,7 @@ fn main() -> std::process::ExitCode {
         let mut steps = Vec::new();
         let mut rss_max: f64 = 0.0;
         let (mut last_t, mut last_n) = (Instant::now(), 0u64);
+        let (mut last_cpu, mut last_host) = (load::cpu_time(), load::host_cpu());
         let mut next = STEP;
         while next <= DEPTH {
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -91,13 +106,18 @@ fn main() -> std::process::ExitCode {
             let n = acked.load(Ordering::Relaxed);
             if n >= next {
                 let m = node.metrics.encode();
+                let (cpu, host) = (load::cpu_time(), load::host_cpu());
+                let secs = last_t.elapsed().as_secs_f64();
                 steps.push(Step {
                     queued: next,
-                    rate: (n - last_n) as f64 / last_t.elapsed().as_secs_f64(),
+                    rate: (n - last_n) as f64 / secs,
                     rss_mib: load::rss_mib(),
                     ticks: load::metric(&m, "ankusa_dispatch_tick_seconds_count"),
+                    cores: (cpu - last_cpu).as_secs_f64() / secs,
+                    steal: load::steal_pct(last_host, host),
                 });
                 (last_t, last_n) = (Instant::now(), n);
+                (last_cpu, last_host) = (cpu, host);
                 next += STEP;
             }
         }
@@ -143,12 +163,12 @@ fn main() -> std::process::ExitCode {
     println!(
         "\ndepth — {TENANTS} tenants, {BODY} B hmac-signed hooks, {CLIENTS} clients, the sink holding every request"
     );
-    println!("| queued | ingest hooks/s (this 10⁵) | RSS (MiB) | dispatch ticks so far |");
-    println!("|---:|---:|---:|---:|");
+    println!("| queued | ingest hooks/s (this 10⁵) | RSS (MiB) | dispatch ticks so far | process CPU (cores) | host steal (%) |");
+    println!("|---:|---:|---:|---:|---:|---:|");
     for s in &steps {
         println!(
-            "| {} | {:.0} | {:.0} | {:.0} |",
-            s.queued, s.rate, s.rss_mib, s.ticks
+            "| {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.1} |",
+            s.queued, s.rate, s.rss_mib, s.ticks, s.cores, s.steal
         );
     }
     println!(
@@ -156,9 +176,13 @@ fn main() -> std::process::ExitCode {
         drained as f64 / drain_s
     );
     let (first, last) = (&steps[0], &steps[steps.len() - 1]);
-    let ratio = last.rate / first.rate;
+    // One slice of 10⁵ swings by ±15% on this shared machine with no trend at all, so the
+    // rule compares the median of the first three slices with that of the last three: a
+    // queue that slows as it grows fails it, one noisy slice does not.
+    let ratio = median_rate(&steps[steps.len() - 3..]) / median_rate(&steps[..3]);
     println!(
-        "rate at 10⁶ / rate at 10⁵ = {:.0}% (pass: >= 80%), peak RSS = {rss_max:.0} MiB (pass: < {RSS_MAX_MIB:.0})",
+        "rate at 10⁶ / rate at 10⁵ = {:.0}% (one slice each, reference); median of the last three slices / of the first three = {:.0}% (pass: >= 80%), peak RSS = {rss_max:.0} MiB (pass: < {RSS_MAX_MIB:.0})",
+        last.rate / first.rate * 100.0,
         ratio * 100.0
     );
     if ratio >= 0.8 && rss_max < RSS_MAX_MIB {

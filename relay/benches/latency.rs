@@ -7,7 +7,7 @@
 //! the time from its ingest request to the sink's receipt. For where that time goes, the
 //! table also gives the ack (request to 202: the synced commit) and the rest (202 to
 //! receipt: wake-up, claim, POST), and the node's own view of the ack (its handler's time
-//! and the writer's synced commit, from its histograms), without a rule.
+//! and the writer's WAL sync, from its histograms), without a rule.
 //! `ANKUSA_BENCH_EXTRA` adds YAML to the node's configuration, to compare settings in one
 //! sitting (e.g. `ANKUSA_BENCH_EXTRA='dispatch: { start_at_commit: false }'`; see
 //! `load::bench_extra`).
@@ -83,7 +83,7 @@ fn main() -> std::process::ExitCode {
     println!("|---|---:|---:|---:|");
     for (name, metric) in [
         ("ingest handler", "ankusa_ingest_latency_seconds"),
-        ("writer's synced commit", "ankusa_writer_commit_seconds"),
+        ("writer's WAL sync", "ankusa_writer_commit_seconds"),
     ] {
         let q = |q: f64| load::histogram_quantile(&node_view, metric, q) * 1e3;
         println!(

@@ -178,6 +178,29 @@ pub fn cpu_time() -> Duration {
     Duration::from_millis(ticks * 10)
 }
 
+/// The host's CPU time so far, from the first line of `/proc/stat`: (stolen by the
+/// hypervisor, all), in ticks. Their deltas over a window give the share of the host's
+/// CPU another guest took (`steal`), which slows every bench on a shared machine.
+pub fn host_cpu() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").expect("/proc/stat");
+    let f: Vec<u64> = stat
+        .lines()
+        .next()
+        .expect("the cpu line")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|v| v.parse().ok())
+        .collect();
+    // user nice system idle iowait irq softirq steal (guest time is within user).
+    (f.get(7).copied().unwrap_or(0), f.iter().take(8).sum())
+}
+
+/// The share of the host's CPU stolen between two [`host_cpu`] readings, in %.
+pub fn steal_pct(before: (u64, u64), after: (u64, u64)) -> f64 {
+    let all = after.1.saturating_sub(before.1).max(1);
+    after.0.saturating_sub(before.0) as f64 * 100.0 / all as f64
+}
+
 /// This process's resident set, in MiB, from `/proc/self/status`.
 pub fn rss_mib() -> f64 {
     let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
