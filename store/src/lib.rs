@@ -76,7 +76,16 @@ fn cf_options(cf: Cf) -> Options {
             b.set_bloom_filter(10.0, false);
             o.set_block_based_table_factory(&b);
         }
-        Cf::Hooks | Cf::Archive | Cf::Quarantine => {
+        Cf::Hooks => {
+            o.set_write_buffer_size(64 << 20);
+            o.set_compression_type(DBCompressionType::Zstd);
+            o.set_enable_blob_files(true);
+            o.set_min_blob_size(512);
+            o.set_blob_file_size(64 << 20);
+            o.set_blob_compression_type(DBCompressionType::Zstd);
+            o.set_enable_blob_gc(true);
+        }
+        Cf::Archive | Cf::Quarantine => {
             o.set_write_buffer_size(64 << 20);
             o.set_compression_type(DBCompressionType::Zstd);
         }
