@@ -481,7 +481,7 @@ struct Written {
     /// Each request's answer if the sync succeeds, and whether the batch wrote its hook
     /// (a fresh hook's answer becomes `unavailable` if the sync fails).
     replies: Vec<(tokio::sync::oneshot::Sender<Reply>, Reply, bool)>,
-    /// Hooks the batch wrote.
+    /// Hooks the batch wrote (its accepted answers).
     hooks: usize,
     /// Deliveries written inflight, to start once durable.
     started: Vec<Started>,
@@ -538,11 +538,12 @@ impl Syncer {
             }
         };
         for w in group {
-            for (reply, r, fresh) in w.replies {
-                // A requester that went away does not care.
-                let _ = reply.send(if ok || !fresh { r } else { Reply::Unavailable });
-            }
+            // Before the answers: a requester that has its ack sees its hook synced.
             self.metrics.unsynced_hooks.dec_by(w.hooks as i64);
+            for (reply, r, wrote) in w.replies {
+                // A requester that went away does not care.
+                let _ = reply.send(if ok || !wrote { r } else { Reply::Unavailable });
+            }
             if w.started.is_empty() {
                 continue;
             }
@@ -722,7 +723,6 @@ impl Writer {
                 ));
             }
         }
-        let hooks = fresh.len();
         let due = std::mem::take(&mut assembled.due);
         // The started rows, by their hook's place in the batch.
         let to_start: Vec<(usize, InflightRow, StartSlot)> = std::mem::take(&mut assembled.started)
@@ -746,7 +746,7 @@ impl Writer {
                 // The store logs the failure that begins an outage; each batch refused
                 // during it is only a debug line. The batch may still be applied: its
                 // started rows are made due before the next batch.
-                tracing::debug!(error = %e, hooks, "writer: commit failed");
+                tracing::debug!(error = %e, hooks = fresh.len(), "writer: commit failed");
                 self.after
                     .unstarted()
                     .extend(to_start.into_iter().map(|(_, row, _)| row));
@@ -793,6 +793,7 @@ impl Writer {
                 })
             })
             .collect();
+        let hooks = answers.iter().filter(|(_, _, wrote)| *wrote).count();
         self.metrics.unsynced_hooks.inc_by(hooks as i64);
         let written = Written {
             replies: answers,
@@ -827,20 +828,8 @@ impl Writer {
             return Ok(());
         }
         let now = AtMs(ankusa_keys::now_ms());
-        let mut tx = Tx::new();
-        let mut due = Vec::with_capacity(rows.len());
-        let requeued = (|| {
-            for row in &rows {
-                deliveries::recover(&mut tx, row, now);
-                if self.asm.log {
-                    let ev = super::hooklog::requeued(keys::EventKind::Recovered, now, 0, now);
-                    super::hooklog::record(&mut tx, &self.store, row.key.seq, row.key.sink, &ev)?;
-                }
-                due.push((row.key.ord, now));
-            }
-            tx.commit(&self.store, false)
-        })();
-        let moved = match requeued {
+        let due: Vec<(TenantOrd, AtMs)> = rows.iter().map(|r| (r.key.ord, now)).collect();
+        let moved = match self.recover_rows(&rows, now) {
             Ok(moved) => moved,
             Err(e) => {
                 // Tried again before the next batch, or at the next sweep.
@@ -854,6 +843,24 @@ impl Writer {
         );
         self.hints.add(due);
         Ok(())
+    }
+
+    /// Makes `rows` due again in one commit (a unit each: a row the store does not hold
+    /// moves nothing), with their hook log records.
+    fn recover_rows(
+        &self,
+        rows: &[InflightRow],
+        now: AtMs,
+    ) -> Result<deliveries::Committed, QueueError> {
+        let mut tx = Tx::new();
+        for row in rows {
+            deliveries::recover(&mut tx, row, now);
+            if self.asm.log {
+                let ev = super::hooklog::requeued(keys::EventKind::Recovered, now, 0, now);
+                super::hooklog::record(&mut tx, &self.store, row.key.seq, row.key.sink, &ev)?;
+            }
+        }
+        tx.commit(&self.store, false)
     }
 
     /// Removes up to `sweep_batch` expired dedupe keys. Runs on the writer thread, the
