@@ -336,7 +336,9 @@ pub struct WriterConfig {
     /// How long the writer waits, after the first request of a batch, for more.
     pub max_batch_delay_us: u64,
     /// Write the next batch while the last one's WAL sync runs (a second thread syncs and
-    /// acks); off, the writer syncs each batch itself before it takes the next.
+    /// acks); off (the default), the writer syncs each batch itself before it takes the
+    /// next. Off by default: with it on, a node was seen not to resume acking after one
+    /// failed WAL sync (docs/architecture.md).
     pub pipeline: bool,
 }
 
@@ -347,7 +349,7 @@ impl Default for WriterConfig {
             max_batch_hooks: 512,
             max_batch_bytes: 8 << 20,
             max_batch_delay_us: 500,
-            pipeline: true,
+            pipeline: false,
         }
     }
 }

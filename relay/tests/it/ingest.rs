@@ -438,10 +438,10 @@ async fn the_writer_commits_many_hooks_per_fsync_under_concurrency() {
     many_hooks_per_fsync("").await;
 }
 
-/// The same with the writer syncing each batch itself (`writer.pipeline: false`).
+/// The same with the writer's syncer thread (`writer.pipeline: true`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_writer_without_its_pipeline_commits_many_hooks_per_fsync() {
-    many_hooks_per_fsync("writer: { pipeline: false }").await;
+async fn the_writer_with_its_pipeline_commits_many_hooks_per_fsync() {
+    many_hooks_per_fsync("writer: { pipeline: true }").await;
 }
 
 /// 64 clients post 15 hooks each: every one is acked, one WAL sync acks several of them,
