@@ -108,6 +108,11 @@ impl WriterConfig {
             "writer.max_batch_delay_us",
             self.max_batch_delay_us,
             0..=1_000_000,
+        )?;
+        in_range(
+            "writer.max_batch_gap_us",
+            self.max_batch_gap_us,
+            0..=1_000_000,
         )
     }
 }
@@ -335,6 +340,10 @@ pub struct WriterConfig {
     pub max_batch_bytes: usize,
     /// How long the writer waits, after the first request of a batch, for more.
     pub max_batch_delay_us: u64,
+    /// The writer stops waiting for more as soon as none has come for this long: a batch
+    /// gathers while requests keep arriving, and a lone request does not sit out the
+    /// whole `max_batch_delay_us`.
+    pub max_batch_gap_us: u64,
     /// Write the next batch while the last one's WAL sync runs (a second thread syncs and
     /// acks); off (the default), the writer syncs each batch itself before it takes the
     /// next. Off by default: with it on, a node was seen not to resume acking after one
@@ -349,6 +358,7 @@ impl Default for WriterConfig {
             max_batch_hooks: 512,
             max_batch_bytes: 8 << 20,
             max_batch_delay_us: 500,
+            max_batch_gap_us: 50,
             pipeline: false,
         }
     }

@@ -306,6 +306,8 @@ pub struct WriterSettings {
     pub max_batch_hooks: usize,
     pub max_batch_bytes: usize,
     pub max_batch_delay: std::time::Duration,
+    /// The gathering ends once no request has come for this long.
+    pub max_batch_gap: std::time::Duration,
     /// Hand each written batch to the syncer and go on (`writer.pipeline`); otherwise
     /// the writer syncs it itself before the next batch.
     pub pipeline: bool,
@@ -322,6 +324,7 @@ impl WriterSettings {
             max_batch_hooks: c.writer.max_batch_hooks,
             max_batch_bytes: c.writer.max_batch_bytes,
             max_batch_delay: std::time::Duration::from_micros(c.writer.max_batch_delay_us),
+            max_batch_gap: std::time::Duration::from_micros(c.writer.max_batch_gap_us),
             pipeline: c.writer.pipeline,
             dedupe_window_ms: c.dedupe.window_ms,
             sweep_batch: c.dedupe.sweep_batch,
@@ -560,6 +563,51 @@ impl Syncer {
     }
 }
 
+/// A batch: `first`, then what else comes while requests keep arriving — each within
+/// `max_batch_gap` of the one before, all within `max_batch_delay` of the first — up to
+/// `max_batch_hooks` hooks and `max_batch_bytes` body bytes. What already waits in the
+/// channel (it queued during the last commit) is taken without waiting. A steady stream
+/// makes large batches (one fsync for many hooks); a lone hook waits at most the gap, not
+/// the whole delay, before its commit.
+fn gather<T: HasBody>(
+    rx: &std::sync::mpsc::Receiver<T>,
+    first: T,
+    settings: &WriterSettings,
+) -> Vec<T> {
+    let deadline = std::time::Instant::now() + settings.max_batch_delay;
+    let mut bytes = first.body_len();
+    let mut batch = vec![first];
+    while batch.len() < settings.max_batch_hooks && bytes < settings.max_batch_bytes {
+        let next = match rx.try_recv() {
+            Ok(s) => s,
+            Err(_) => {
+                let now = std::time::Instant::now();
+                if now >= deadline {
+                    break;
+                }
+                match rx.recv_timeout((deadline - now).min(settings.max_batch_gap)) {
+                    Ok(s) => s,
+                    Err(_) => break,
+                }
+            }
+        };
+        bytes += next.body_len();
+        batch.push(next);
+    }
+    batch
+}
+
+/// What the batch limits measure of a request.
+trait HasBody {
+    fn body_len(&self) -> usize;
+}
+
+impl HasBody for Submission {
+    fn body_len(&self) -> usize {
+        self.envelope.body.len()
+    }
+}
+
 /// `?u` value: `<<expires_at::64>>` then the first hook's id.
 fn dedupe_value(expires: u64, id: &str) -> Vec<u8> {
     let mut v = expires.to_be_bytes().to_vec();
@@ -613,28 +661,7 @@ impl Writer {
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
-            let deadline = std::time::Instant::now() + self.settings.max_batch_delay;
-            let mut bytes = first.envelope.body.len();
-            let mut batch = vec![first];
-            while batch.len() < self.settings.max_batch_hooks
-                && bytes < self.settings.max_batch_bytes
-            {
-                let next = match rx.try_recv() {
-                    Ok(s) => s,
-                    Err(_) => {
-                        let now = std::time::Instant::now();
-                        if now >= deadline {
-                            break;
-                        }
-                        match rx.recv_timeout(deadline - now) {
-                            Ok(s) => s,
-                            Err(_) => break,
-                        }
-                    }
-                };
-                bytes += next.envelope.body.len();
-                batch.push(next);
-            }
+            let batch = gather(&rx, first, &self.settings);
             self.commit_batch(batch);
         }
     }
@@ -918,4 +945,104 @@ pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64
         store.write(ops, false)?;
     }
     Ok(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, Instant};
+
+    /// A request of `n` body bytes.
+    struct Req(usize);
+
+    impl HasBody for Req {
+        fn body_len(&self) -> usize {
+            self.0
+        }
+    }
+
+    fn settings(delay: Duration, gap: Duration) -> WriterSettings {
+        let mut s = WriterSettings::from_config(&ankusa_config::Config::default());
+        s.max_batch_delay = delay;
+        s.max_batch_gap = gap;
+        s
+    }
+
+    #[test]
+    fn a_batch_takes_what_waits_and_ends_at_the_first_gap() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..3 {
+            tx.send(Req(1)).expect("send");
+        }
+        // One more comes after a pause far longer than the gap, far shorter than the delay.
+        let late = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(400));
+            tx.send(Req(1)).expect("send");
+        });
+        let began = Instant::now();
+        let batch = gather(
+            &rx,
+            Req(1),
+            &settings(Duration::from_secs(30), Duration::from_millis(20)),
+        );
+        assert_eq!(
+            batch.len(),
+            4,
+            "the first and the three waiting, not the late one"
+        );
+        assert!(
+            began.elapsed() < Duration::from_secs(30),
+            "the gap ended the batch, not the delay"
+        );
+        late.join().expect("sender");
+        assert_eq!(
+            rx.try_iter().count(),
+            1,
+            "the late request waits for the next batch"
+        );
+    }
+
+    #[test]
+    fn a_steady_stream_gathers_until_the_delay() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let stream = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    if tx.send(Req(1)).is_err() {
+                        return;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            })
+        };
+        let began = Instant::now();
+        let batch = gather(
+            &rx,
+            Req(1),
+            &settings(Duration::from_millis(300), Duration::from_secs(5)),
+        );
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        stream.join().expect("stream");
+        assert!(
+            began.elapsed() >= Duration::from_millis(300),
+            "requests kept coming within the gap: it gathered until the delay"
+        );
+        assert!(batch.len() > 1, "it took what came meanwhile");
+    }
+
+    #[test]
+    fn a_batch_stops_at_its_hook_and_byte_limits() {
+        let (tx, rx) = std::sync::mpsc::channel();
+        for _ in 0..10 {
+            tx.send(Req(100)).expect("send");
+        }
+        let mut s = settings(Duration::from_secs(30), Duration::from_secs(30));
+        s.max_batch_hooks = 4;
+        assert_eq!(gather(&rx, Req(100), &s).len(), 4);
+        s.max_batch_hooks = 512;
+        s.max_batch_bytes = 250;
+        assert_eq!(gather(&rx, Req(100), &s).len(), 3, "100 + 100 + 100 >= 250");
+    }
 }
