@@ -51,6 +51,8 @@ struct Run {
     batch: (f64, f64),
     /// The writer's WAL sync: p50 and p99 (bucket upper bounds), ms, the worst of the runs.
     commit_ms: Option<(f64, f64)>,
+    /// This process's CPU time over the runs (load generator, sink and server alike).
+    cpu: Duration,
 }
 
 impl Run {
@@ -73,9 +75,16 @@ impl Run {
         }
     }
 
-    fn add(&mut self, secs: f64, lat: Vec<Duration>) {
+    fn add(&mut self, secs: f64, lat: Vec<Duration>, cpu: Duration) {
         self.secs += secs;
         self.lat.extend(lat);
+        self.cpu += cpu;
+    }
+
+    /// The process's CPU per acked hook, µs, and its cores busy on average.
+    fn cpu(&self) -> (f64, f64) {
+        let cpu = self.cpu.as_secs_f64();
+        (cpu * 1e6 / self.lat.len() as f64, cpu / self.secs)
     }
 
     fn p(&self, q: f64) -> f64 {
@@ -160,8 +169,9 @@ async fn twin(into: &mut Run, forwarding: bool) {
     } else {
         noop_ingest().await
     };
+    let cpu = load::cpu_time();
     let (secs, lat) = load(format!("http://{addr}/ingest/bench").into()).await;
-    into.add(secs, lat);
+    into.add(secs, lat, load::cpu_time() - cpu);
 }
 
 /// Knobs of a relay run.
@@ -201,14 +211,16 @@ async fn run(into: &mut Run, k: Knobs) {
     )
     .await;
     let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
+    let cpu = load::cpu_time();
     let (secs, lat) = load(url).await;
+    let cpu = load::cpu_time() - cpu;
     let m = node.metrics.encode();
     into.batch.0 += load::metric(&m, "ankusa_writer_batch_hooks_sum");
     into.batch.1 += load::metric(&m, "ankusa_writer_batch_hooks_count");
     let q = |p| load::histogram_quantile(&m, "ankusa_writer_commit_seconds", p) * 1e3;
     let (p50, p99) = into.commit_ms.unwrap_or_default();
     into.commit_ms = Some((p50.max(q(0.5)), p99.max(q(0.99))));
-    into.add(secs, lat);
+    into.add(secs, lat, cpu);
     node.shutdown().await.expect("shutdown");
 }
 
@@ -256,8 +268,8 @@ fn main() -> std::process::ExitCode {
         },
     ));
     println!("\ningest — {CLIENTS} keep-alive clients, {BODY} B bodies, {TENANTS} tenants, hmac-sha256, delivery on to a local sink; the first three modes alternate over {ROUNDS} rounds of {}s, the references run once", RUN.as_secs());
-    println!("| run | hooks acked | hooks/s | p50 ack (ms) | p99 ack (ms) | hooks per fsync | WAL sync p50 / p99 (ms, ≤) |");
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("| run | hooks acked | hooks/s | p50 ack (ms) | p99 ack (ms) | hooks per fsync | WAL sync p50 / p99 (ms, ≤) | CPU per hook (µs) | cores busy |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     for r in [
         &mut ceiling,
         &mut forwarding,
@@ -268,8 +280,9 @@ fn main() -> std::process::ExitCode {
         &mut single,
     ] {
         r.lat.sort();
+        let (per_hook, cores) = r.cpu();
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} |",
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.1} | {} | {per_hook:.1} | {cores:.2} |",
             r.label,
             r.lat.len(),
             r.rate(),
