@@ -198,9 +198,27 @@ impl NodeBuilder {
     }
 }
 
-/// A loopback port free now (the OS picks it; another process may take it before use,
-/// which the OS makes unlikely by not reusing it at once).
+/// A loopback port free now (another process may take it before use).
+///
+/// It is chosen below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), at
+/// random, and checked free: a node given it binds it later, maybe again after a restart,
+/// and a port of the ephemeral range may meanwhile be handed to any `bind(0)` or outgoing
+/// connection on the machine (another test's sink, which answers every path with an empty
+/// 200, once stood in for a restarting node that way).
 pub fn free_port() -> u16 {
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let floor = 10_000u16;
+    if low > floor + 1_000 {
+        for _ in 0..1_000 {
+            let port = rand::random_range(floor..low);
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     std::net::TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

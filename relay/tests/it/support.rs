@@ -310,12 +310,25 @@ impl Proc {
 
     /// [`Proc::start`] with more environment variables for the process.
     pub fn start_with_env(dir: &Path, node: &NodeBuilder, env: &[(&str, &Path)]) -> Proc {
+        // The log is appended to across restarts: this process's boot adds one line.
+        let boots = |dir: &Path| {
+            std::fs::read_to_string(dir.join("relay.log"))
+                .unwrap_or_default()
+                .matches("relay node ready")
+                .count()
+        };
+        let before = boots(dir);
         let mut p = Proc::spawn_with_env(dir, node, env);
         let admin_port = node.admin_port().expect("fixed ports");
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
-            if let Ok((200, _)) = http_get(admin_port, "/readyz") {
-                return p;
+            // Only this node's answer counts: the port was free when the test chose it, and
+            // between a kill and a restart another test's server (a sink answering any
+            // request with an empty 200) may have been given it.
+            if let Ok((200, body)) = http_get(admin_port, "/readyz") {
+                if body == "ready\n" && boots(dir) > before {
+                    return p;
+                }
             }
             if let Ok(Some(status)) = p.child.try_wait() {
                 panic!(
