@@ -19,6 +19,12 @@ impl Enc {
     pub fn with_version(v: u8) -> Self {
         Enc(vec![v])
     }
+    /// A value of about `size` bytes in all (the version byte included).
+    pub fn with_version_and_capacity(v: u8, size: usize) -> Self {
+        let mut b = Vec::with_capacity(size.max(1));
+        b.push(v);
+        Enc(b)
+    }
     pub fn u8(&mut self, x: u8) -> &mut Self {
         self.0.push(x);
         self
