@@ -976,7 +976,7 @@ mod tests {
         }
         // One more comes after a pause far longer than the gap, far shorter than the delay.
         let late = std::thread::spawn(move || {
-            std::thread::sleep(Duration::from_millis(400));
+            std::thread::sleep(Duration::from_secs(1));
             tx.send(Req(1)).expect("send");
         });
         let began = Instant::now();
