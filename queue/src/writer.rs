@@ -385,10 +385,11 @@ pub const UNSYNCED_BATCHES_MAX: usize = 64;
 /// dropped (the writer joins the syncer, so every reply is sent when the handle's thread
 /// ends).
 ///
-/// The writer writes each batch unsynced and hands it to the syncer, then goes on to the
-/// next batch at once; the syncer syncs the WAL once for every batch written since its
-/// last sync and only then answers their requests. So batch N + 1 is written while batch
-/// N's sync runs, and one fsync acks all the batches written during the sync before it.
+/// The writer writes each batch unsynced and has its [`Syncer`] sync the WAL and answer
+/// it. With `settings.pipeline` the syncer is a thread of its own: the writer hands it the
+/// batch and goes on to the next at once, and the syncer syncs once for every batch
+/// written since its last sync, so batch N + 1 is written while batch N's sync runs.
+/// Without it (the default) the writer syncs and answers each batch itself.
 pub fn spawn(
     store: std::sync::Arc<Store>,
     assembler: Assembler,
@@ -484,14 +485,19 @@ struct Written {
     /// Each request's answer if the sync succeeds, and whether the batch wrote its hook
     /// (a fresh hook's answer becomes `unavailable` if the sync fails).
     replies: Vec<(tokio::sync::oneshot::Sender<Reply>, Reply, bool)>,
-    /// Hooks the batch wrote (its accepted answers).
-    hooks: usize,
     /// Deliveries written inflight, to start once durable.
     started: Vec<Started>,
 }
 
-/// The thread that syncs the WAL for the writer and answers the requests of every batch
-/// the sync made durable.
+impl Written {
+    /// Hooks the batch wrote (its accepted answers).
+    fn hooks(&self) -> usize {
+        self.replies.iter().filter(|(_, _, wrote)| *wrote).count()
+    }
+}
+
+/// Syncs the WAL for the writer and answers the requests of every batch the sync made
+/// durable: on its own thread with the pipeline, on the writer's without.
 struct Syncer {
     store: std::sync::Arc<Store>,
     metrics: WriterMetrics,
@@ -524,7 +530,7 @@ impl Syncer {
 
     /// Answers a group of batches after their sync, in the order they were written.
     fn finish(&self, group: Vec<Written>, synced: Result<(), ankusa_store::StoreError>) {
-        let hooks: usize = group.iter().map(|w| w.hooks).sum();
+        let hooks: usize = group.iter().map(Written::hooks).sum();
         let ok = match &synced {
             Ok(()) => {
                 self.metrics.batch_hooks.observe(hooks as f64);
@@ -542,7 +548,7 @@ impl Syncer {
         };
         for w in group {
             // Before the answers: a requester that has its ack sees its hook synced.
-            self.metrics.unsynced_hooks.dec_by(w.hooks as i64);
+            self.metrics.unsynced_hooks.dec_by(w.hooks() as i64);
             for (reply, r, wrote) in w.replies {
                 // A requester that went away does not care.
                 let _ = reply.send(if ok || !wrote { r } else { Reply::Unavailable });
@@ -569,13 +575,14 @@ impl Syncer {
 /// channel (it queued during the last commit) is taken without waiting. A steady stream
 /// makes large batches (one fsync for many hooks); a lone hook waits at most the gap, not
 /// the whole delay, before its commit.
-fn gather<T: HasBody>(
+fn gather<T>(
     rx: &std::sync::mpsc::Receiver<T>,
     first: T,
     settings: &WriterSettings,
+    body_len: impl Fn(&T) -> usize,
 ) -> Vec<T> {
     let deadline = std::time::Instant::now() + settings.max_batch_delay;
-    let mut bytes = first.body_len();
+    let mut bytes = body_len(&first);
     let mut batch = vec![first];
     while batch.len() < settings.max_batch_hooks && bytes < settings.max_batch_bytes {
         let next = match rx.try_recv() {
@@ -591,21 +598,10 @@ fn gather<T: HasBody>(
                 }
             }
         };
-        bytes += next.body_len();
+        bytes += body_len(&next);
         batch.push(next);
     }
     batch
-}
-
-/// What the batch limits measure of a request.
-trait HasBody {
-    fn body_len(&self) -> usize;
-}
-
-impl HasBody for Submission {
-    fn body_len(&self) -> usize {
-        self.envelope.body.len()
-    }
 }
 
 /// `?u` value: `<<expires_at::64>>` then the first hook's id.
@@ -661,7 +657,7 @@ impl Writer {
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
-            let batch = gather(&rx, first, &self.settings);
+            let batch = gather(&rx, first, &self.settings, |s| s.envelope.body.len());
             self.commit_batch(batch);
         }
     }
@@ -820,13 +816,11 @@ impl Writer {
                 })
             })
             .collect();
-        let hooks = answers.iter().filter(|(_, _, wrote)| *wrote).count();
-        self.metrics.unsynced_hooks.inc_by(hooks as i64);
         let written = Written {
             replies: answers,
-            hooks,
             started,
         };
+        self.metrics.unsynced_hooks.inc_by(written.hooks() as i64);
         match &self.sync {
             Syncing::Inline(syncer) => syncer.finish(vec![written], syncer.sync()),
             // Waits while `UNSYNCED_BATCHES_MAX` batches wait for their sync. The syncer
@@ -834,7 +828,7 @@ impl Writer {
             Syncing::Pipelined(to_sync) => {
                 if let Err(std::sync::mpsc::SendError(w)) = to_sync.send(written) {
                     tracing::error!("writer: the WAL syncer has stopped");
-                    self.metrics.unsynced_hooks.dec_by(w.hooks as i64);
+                    self.metrics.unsynced_hooks.dec_by(w.hooks() as i64);
                     for (reply, _, _) in w.replies {
                         let _ = reply.send(Reply::Unavailable);
                     }
@@ -955,10 +949,8 @@ mod tests {
     /// A request of `n` body bytes.
     struct Req(usize);
 
-    impl HasBody for Req {
-        fn body_len(&self) -> usize {
-            self.0
-        }
+    fn gather(rx: &std::sync::mpsc::Receiver<Req>, first: Req, s: &WriterSettings) -> Vec<Req> {
+        super::gather(rx, first, s, |r| r.0)
     }
 
     fn settings(delay: Duration, gap: Duration) -> WriterSettings {
