@@ -157,9 +157,12 @@ async fn forwarding_ingest(sink: std::net::SocketAddr) -> std::net::SocketAddr {
     addr
 }
 
-/// The load against `url`: (seconds, sorted latencies).
-async fn load(url: Arc<str>) -> (f64, Vec<Duration>) {
-    load::closed_loop(url, CLIENTS, RUN, TENANTS as u64, BODY).await
+/// One run of the load against `url` into `into`: its acks, seconds and this process's
+/// CPU time.
+async fn load(into: &mut Run, url: Arc<str>) {
+    let cpu = load::cpu_time();
+    let (secs, lat) = load::closed_loop(url, CLIENTS, RUN, TENANTS as u64, BODY).await;
+    into.add(secs, lat, load::cpu_time() - cpu);
 }
 
 /// One run of a twin (`forwarding`: the one that posts on to a sink) into `into`.
@@ -169,9 +172,7 @@ async fn twin(into: &mut Run, forwarding: bool) {
     } else {
         noop_ingest().await
     };
-    let cpu = load::cpu_time();
-    let (secs, lat) = load(format!("http://{addr}/ingest/bench").into()).await;
-    into.add(secs, lat, load::cpu_time() - cpu);
+    load(into, format!("http://{addr}/ingest/bench").into()).await;
 }
 
 /// Knobs of a relay run.
@@ -211,16 +212,13 @@ async fn run(into: &mut Run, k: Knobs) {
     )
     .await;
     let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
-    let cpu = load::cpu_time();
-    let (secs, lat) = load(url).await;
-    let cpu = load::cpu_time() - cpu;
+    load(into, url).await;
     let m = node.metrics.encode();
     into.batch.0 += load::metric(&m, "ankusa_writer_batch_hooks_sum");
     into.batch.1 += load::metric(&m, "ankusa_writer_batch_hooks_count");
     let q = |p| load::histogram_quantile(&m, "ankusa_writer_commit_seconds", p) * 1e3;
     let (p50, p99) = into.commit_ms.unwrap_or_default();
     into.commit_ms = Some((p50.max(q(0.5)), p99.max(q(0.99))));
-    into.add(secs, lat, cpu);
     node.shutdown().await.expect("shutdown");
 }
 
