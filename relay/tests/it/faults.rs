@@ -669,8 +669,25 @@ async fn wal_sync_fails_once(sink_status: u64) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     let failed_at = Instant::now();
-    // The store takes writes again by itself: hooks are acked after the failure.
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // The store takes writes again by itself: hooks are acked after the failure (RocksDB's
+    // error handler recovers in about 0.1 s). The load goes on until the node has acked 60
+    // more hooks (its hooks-per-sync sum), for at most 20 s; a failure prints the node's
+    // log and RocksDB's error lines. Known defect (docs/architecture.md): a write of
+    // another thread that reaches the WAL between the failed sync and the recovery makes
+    // the error unrecoverable, and the node never acks again.
+    let admin = spec.admin_port().unwrap();
+    let acked_by_syncs = || async move {
+        let (_, text) = tokio::task::spawn_blocking(move || http_get(admin, "/metrics").unwrap())
+            .await
+            .unwrap();
+        metric(&text, "ankusa_writer_batch_hooks_sum")
+    };
+    let before = acked_by_syncs().await;
+    while acked_by_syncs().await - before < 60.0 && failed_at.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let resumed_in = failed_at.elapsed();
+    tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let (mut acked, mut refused) = (std::collections::BTreeMap::new(), Vec::new());
     let mut acked_after = 0;
@@ -689,7 +706,17 @@ async fn wal_sync_fails_once(sink_status: u64) {
     assert!(refusals > 0, "the failed sync refused nothing");
     assert!(
         acked_after > 50,
-        "the node acked {acked_after} hooks after the failed sync: it did not resume"
+        "the node acked {acked_after} hooks after the failed sync: it did not resume in \
+         {resumed_in:?}; its log ends:\n{}\nRocksDB's LOG on errors and recovery:\n{}",
+        log_tail(dir.path(), 30),
+        std::fs::read_to_string(data.join("LOG"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| ["rror", "ecover", "esum", "bg"]
+                .iter()
+                .any(|w| l.contains(w)))
+            .collect::<Vec<_>>()
+            .join("\n")
     );
     // The provider sends each refused hook again with its idempotency key. The hooks of
     // the batch whose sync failed are in the store: the node answers `duplicate` with
@@ -733,9 +760,9 @@ async fn wal_sync_fails_once(sink_status: u64) {
                 assert!(bodies.insert(b), "one body under two ids: {}", text(b));
             }
             eprintln!(
-                "{} hooks acked ({acked_after} after the failed sync), {refusals} refused \
-                 and sent again ({duplicates} of them answered duplicate), all acked \
-                 delivered once",
+                "{} hooks acked ({acked_after} after the failed sync, the first 60 within \
+                 {resumed_in:?}), {refusals} refused and sent again ({duplicates} of them \
+                 answered duplicate), all acked delivered once",
                 acked.len()
             );
             break;
