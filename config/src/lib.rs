@@ -113,6 +113,11 @@ impl WriterConfig {
             "writer.max_batch_gap_us",
             self.max_batch_gap_us,
             0..=1_000_000,
+        )?;
+        in_range(
+            "writer.exit_when_stuck_ms",
+            self.exit_when_stuck_ms,
+            0..=3_600_000,
         )
     }
 }
@@ -346,9 +351,14 @@ pub struct WriterConfig {
     pub max_batch_gap_us: u64,
     /// Write the next batch while the last one's WAL sync runs (a second thread syncs and
     /// acks); off (the default), the writer syncs each batch itself before it takes the
-    /// next. Off by default: with it on, a node was seen not to resume acking after one
-    /// failed WAL sync (docs/architecture.md).
+    /// next. Off by default: with it on, a failed WAL sync makes the store stuck (and the
+    /// node exit, `exit_when_stuck_ms`) more often (docs/architecture.md).
     pub pipeline: bool,
+    /// When the store's writes have failed for this long with an error RocksDB does not
+    /// resume from by itself (anything but a lack of space), the node exits with code 75
+    /// at once, as a crash would, so that its supervisor restarts it and the restart's
+    /// open replays the WAL. `0`: never; the node stays up and not ready.
+    pub exit_when_stuck_ms: u64,
 }
 
 impl Default for WriterConfig {
@@ -360,6 +370,7 @@ impl Default for WriterConfig {
             max_batch_delay_us: 500,
             max_batch_gap_us: 50,
             pipeline: false,
+            exit_when_stuck_ms: 5_000,
         }
     }
 }
@@ -1538,6 +1549,10 @@ routes: [{ id: r, sinks: [ci, Billing] }]
             (
                 "writer: { max_batch_bytes: 10 }",
                 "writer.max_batch_bytes: 10 is less than 1024",
+            ),
+            (
+                "writer: { exit_when_stuck_ms: 3600001 }",
+                "writer.exit_when_stuck_ms: 3600001 is outside 0..=3600000",
             ),
             (
                 "dedupe: { window_ms: 0 }",

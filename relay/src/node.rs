@@ -283,12 +283,30 @@ fn spawn_gauges(
     })
 }
 
+/// The exit code of a node whose store is stuck (`writer.exit_when_stuck_ms`): EX_TEMPFAIL,
+/// a failure that a restart clears.
+pub const EXIT_STORE_STUCK: i32 = 75;
+
+/// Ends the process with `code` as a crash would: no destructors, no `atexit` handlers
+/// (RocksDB's static destructors must not run under its live background threads). What
+/// the store wrote is in the OS already, and the log went to unbuffered stderr.
+#[allow(unsafe_code)]
+fn exit_at_once(code: i32) -> ! {
+    // SAFETY: `_exit` has no preconditions; it ends the process without touching its memory.
+    unsafe { libc::_exit(code) }
+}
+
 /// While the store's writes fail (a full disk, a failed WAL sync), a small synced write
 /// every second, so the node becomes ready again as soon as the store takes writes, whether
-/// or not traffic arrives to find out. Keeps `ankusa_store_write_failing`,
-/// `ankusa_store_write_failures_total` and `ankusa_store_corruption_errors_total` current.
+/// or not traffic arrives to find out. When they have failed for `writer.exit_when_stuck_ms`
+/// with an error RocksDB does not resume from ([`crate::store::WriteHealth::stuck`]), the
+/// process exits with [`EXIT_STORE_STUCK`] at once, as a crash would: a graceful stop's
+/// writes would fail too, and the restart's open replays the WAL (what the crash tests
+/// prove). Keeps `ankusa_store_write_failing`, `ankusa_store_write_failures_total` and
+/// `ankusa_store_corruption_errors_total` current.
 fn spawn_write_probe(
     store: Arc<Store>,
+    exit_when_stuck_ms: u64,
     metrics: Arc<Metrics>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
@@ -302,7 +320,21 @@ fn spawn_write_probe(
             if store.health().failing() {
                 let s = store.clone();
                 // Its outcome is the store's health; a failure is already logged there.
-                let _ = tokio::task::spawn_blocking(move || s.probe_write()).await;
+                let probe = tokio::task::spawn_blocking(move || s.probe_write()).await;
+                if let Ok(Err(e)) = probe {
+                    if exit_when_stuck_ms > 0 && store.health().stuck(&e, exit_when_stuck_ms) {
+                        let (first, since) = store.health().error().unwrap_or_default();
+                        tracing::error!(
+                            error = %e,
+                            first_error = %first,
+                            failing_for_ms = crate::now_ms().saturating_sub(since),
+                            code = EXIT_STORE_STUCK,
+                            "store: writes fail with an error RocksDB does not resume from; \
+                             exiting so that the node restarts and its open replays the WAL"
+                        );
+                        exit_at_once(EXIT_STORE_STUCK);
+                    }
+                }
             }
             let failures = store.health().failures();
             metrics.store_write_failures.inc_by(failures - counted);
@@ -521,7 +553,12 @@ impl Node {
             spawn_archiver(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_gauges(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
-            spawn_write_probe(store.clone(), metrics.clone(), stop),
+            spawn_write_probe(
+                store.clone(),
+                config.writer.exit_when_stuck_ms,
+                metrics.clone(),
+                stop,
+            ),
         ];
         ready.store(true, Ordering::Release);
         tracing::info!(%ingest_addr, %admin_addr, recovered_inflight = recovered, "relay node ready");

@@ -198,6 +198,25 @@ impl StoreError {
             detail: detail.into(),
         }
     }
+
+    /// Whether RocksDB refused for lack of space (the disk is full, or the store reached
+    /// its space limit): an error it resumes writing from by itself once space returns.
+    /// Any other write error that lasts is one it does not resume from (see
+    /// [`WriteHealth::stuck`]).
+    pub fn is_no_space(&self) -> bool {
+        // RocksDB's status text is its code, then its subcode's message.
+        const NO_SPACE: [&str; 2] = [
+            "IO error: No space left on device",
+            "IO error: Space limit reached",
+        ];
+        match self {
+            StoreError::Rocks(e) => {
+                let text = e.to_string();
+                NO_SPACE.iter().any(|p| text.starts_with(p))
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Corruption found in this process so far, by family slot.
@@ -398,6 +417,21 @@ impl WriteHealth {
     /// Writes that failed since the store was opened.
     pub fn failures(&self) -> u64 {
         self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store is stuck: its writes have failed for at least `after_ms` and
+    /// `latest`, the error of a write made now, is not a lack of space. RocksDB resumes by
+    /// itself, within a fraction of a second, from a failed WAL sync or a full disk once
+    /// space returns; an error it classes as fatal (a WAL append that failed, or one that
+    /// met the WAL file a failed sync had marked) it never resumes from, and only a new
+    /// open of the database — a restart of the process, whose open replays the WAL —
+    /// clears it.
+    pub fn stuck(&self, latest: &StoreError, after_ms: u64) -> bool {
+        if !self.failing() || latest.is_no_space() {
+            return false;
+        }
+        self.error()
+            .is_some_and(|(_, since)| now_ms().saturating_sub(since) >= after_ms)
     }
 }
 
