@@ -47,7 +47,8 @@ impl Drop for Tmpfs {
 /// returns it is ready again by itself, ingest resumes, every acked hook is delivered —
 /// those whose delivery was under way when the disk filled too (their outcomes are
 /// committed once the store takes writes, not left inflight) — and the counters equal a
-/// fold of the families.
+/// fold of the families. A full disk is not a stuck store: the node stays up through it
+/// for longer than `writer.exit_when_stuck_ms`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_disk_refuses_ingest_loses_nothing_acked_and_recovers_when_space_returns() {
     let dir = tempfile::tempdir().unwrap();
@@ -61,6 +62,7 @@ async fn a_full_disk_refuses_ingest_loses_nothing_acked_and_recovers_when_space_
     let data = mnt.join("db");
     let spec = proc_node()
         .data_dir(&data)
+        .section("writer: { exit_when_stuck_ms: 1000 }")
         .sink("s", &sink.url("/hooks"))
         .route("r", &["s"])
         .open_source("in", "r");
@@ -134,6 +136,16 @@ async fn a_full_disk_refuses_ingest_loses_nothing_acked_and_recovers_when_space_
     }
     let r = post(&c, &url, &[("x-tenant", "t1".into())], body.clone()).await;
     assert_eq!(r.status, 503, "still refused while full");
+    // Full for three times `exit_when_stuck_ms` (three probes that fail for lack of
+    // space): RocksDB resumes from that by itself, so the node must not exit.
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    assert!(
+        node.child.try_wait().unwrap().is_none(),
+        "the node exited on a full disk; its log ends:\n{}",
+        log_tail(dir.path(), 20)
+    );
+    let r = post(&c, &url, &[("x-tenant", "t1".into())], body.clone()).await;
+    assert_eq!(r.status, 503, "still refused while full, and still up");
     // Space returns: ready again with no request to find out, and ingest resumes.
     disk.resize("256m");
     let deadline = Instant::now() + Duration::from_secs(60);
