@@ -38,7 +38,7 @@ cleanup() {
   fi
   exit $rc
 }
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+free_port() { python3 scripts/free_ports.py; }
 
 # The operator process (again, after a SIGKILL: e2e_operator starts another); its
 # /metrics on $operator_metrics.

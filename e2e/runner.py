@@ -50,7 +50,6 @@ import http.server
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -61,6 +60,8 @@ NAMESPACE, WORKDIR, PROXY_PORT, RELAY = sys.argv[1], sys.argv[2], int(sys.argv[3
 SELECTOR = "app.kubernetes.io/name=ankusa-relay,app.kubernetes.io/component=relay"
 JOB_SELECTOR = "ankusa.dev/job"
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
+from free_ports import free_ports  # noqa: E402
 FIXTURE_V2 = os.path.join(HERE, "..", "relay", "tests", "fixtures", "store-v2.tar.zst")
 RELEASES = json.loads(os.environ.get("ANKUSA_E2E_RELEASES") or "{}")
 DATA_MOUNT = "/var/lib/ankusa"
@@ -110,12 +111,15 @@ def kubectl_json(*args):
     return json.loads(out.stdout)
 
 
-def free_port():
-    s = socket.socket()
-    s.bind(("127.0.0.1", 0))
-    port = s.getsockname()[1]
-    s.close()
-    return port
+# Ports handed to nodes: a node that restarts binds its ports again, so they come from
+# below the ephemeral range (scripts/free_ports.py) and are never handed out twice.
+HANDED_OUT = set()
+
+
+def node_ports(n):
+    ports = free_ports(n, HANDED_OUT)
+    HANDED_OUT.update(ports)
+    return ports
 
 
 def secret_value(name, key):
@@ -267,7 +271,7 @@ def start(pod):
     data, backups = os.path.join(volume, "data"), os.path.join(volume, "backups")
     image = container["image"]
     release = release_of(image)
-    admin, ingest = free_port(), free_port()
+    admin, ingest = node_ports(2)
     env.update({
         "ANKUSA_DATA_DIR": data,
         "ANKUSA_INGEST__LISTEN": f"127.0.0.1:{ingest}",

@@ -76,10 +76,6 @@ build() {
   log "built in $((SECONDS - started)) s into $cache"
 }
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1]); s.close()'
-}
-
 # wait_ready URL TOKEN WHAT: until URL answers 200, or a process started here has died.
 wait_ready() {
   local url=$1 token=$2 what=$3
@@ -173,8 +169,11 @@ rules:
 EOF
 
   local etcd_port etcd_peer api_port bare_port kcm_port sched_port kwok_port
-  etcd_port=$(free_port); etcd_peer=$(free_port); api_port=$(free_port)
-  bare_port=$(free_port); kcm_port=$(free_port); sched_port=$(free_port); kwok_port=$(free_port)
+  local ports
+  # Distinct ports, picked at once: none is bound until its process starts.
+  ports=($(python3 "$root/scripts/free_ports.py" 8))
+  etcd_port=${ports[0]}; etcd_peer=${ports[1]}; api_port=${ports[2]}; bare_port=${ports[3]}
+  kcm_port=${ports[4]}; sched_port=${ports[5]}; kwok_port=${ports[6]}
 
   spawn etcd "$bin/etcd" --data-dir "$dir/etcd" --name testenv \
     --listen-client-urls "http://127.0.0.1:${etcd_port}" \
@@ -233,7 +232,7 @@ EOF
     --manage-all-nodes=false \
     --manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
     --node-ip 127.0.0.1 --node-port "$kwok_port" --cidr 10.244.0.0/16 \
-    --server-address "127.0.0.1:$(free_port)"
+    --server-address "127.0.0.1:${ports[7]}"
 
   local kubectl=("$bin/kubectl" --kubeconfig "$dir/kubeconfig")
   # Two fake nodes for the pods.
