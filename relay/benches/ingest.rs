@@ -14,7 +14,9 @@
 //! - for reference: the same with the hook log off; with the writer gathering each batch
 //!   for the whole `max_batch_delay_us` (no `max_batch_gap_us`); with the writer's pipeline
 //!   on (`writer.pipeline`, off by default: the next batch written while the last one
-//!   syncs); and with a batch limit of 1 (one fsync per hook).
+//!   syncs); with twice the clients (128: the cores busy throughout, so the rate is what
+//!   the CPU per hook allows rather than what a closed loop waiting on each sync leaves);
+//!   and with a batch limit of 1 (one fsync per hook).
 //!
 //! The no-op handler, the forwarding twin and the relay alternate over two rounds, so a
 //! change in the shared host's load falls on each of them; the references run once.
@@ -159,9 +161,9 @@ async fn forwarding_ingest(sink: std::net::SocketAddr) -> std::net::SocketAddr {
 
 /// One run of the load against `url` into `into`: its acks, seconds and this process's
 /// CPU time.
-async fn load(into: &mut Run, url: Arc<str>) {
+async fn load(into: &mut Run, url: Arc<str>, clients: usize) {
     let cpu = load::cpu_time();
-    let (secs, lat) = load::closed_loop(url, CLIENTS, RUN, TENANTS as u64, BODY).await;
+    let (secs, lat) = load::closed_loop(url, clients, RUN, TENANTS as u64, BODY).await;
     into.add(secs, lat, load::cpu_time() - cpu);
 }
 
@@ -172,7 +174,7 @@ async fn twin(into: &mut Run, forwarding: bool) {
     } else {
         noop_ingest().await
     };
-    load(into, format!("http://{addr}/ingest/bench").into()).await;
+    load(into, format!("http://{addr}/ingest/bench").into(), CLIENTS).await;
 }
 
 /// Knobs of a relay run.
@@ -183,6 +185,8 @@ struct Knobs {
     hook_log: bool,
     /// `writer.max_batch_gap_us`; `None` leaves the default.
     gap_us: Option<u64>,
+    /// Concurrent clients of the load.
+    clients: usize,
 }
 
 const DEFAULTS: Knobs = Knobs {
@@ -190,6 +194,7 @@ const DEFAULTS: Knobs = Knobs {
     pipeline: false,
     hook_log: true,
     gap_us: None,
+    clients: CLIENTS,
 };
 
 /// One relay run into `into`. (For one fsync per hook, `max_batch_hooks` 1 needs `pipeline`
@@ -212,7 +217,7 @@ async fn run(into: &mut Run, k: Knobs) {
     )
     .await;
     let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
-    load(into, url).await;
+    load(into, url, k.clients).await;
     let m = node.metrics.encode();
     into.batch.0 += load::metric(&m, "ankusa_writer_batch_hooks_sum");
     into.batch.1 += load::metric(&m, "ankusa_writer_batch_hooks_count");
@@ -257,6 +262,14 @@ fn main() -> std::process::ExitCode {
             ..DEFAULTS
         },
     ));
+    let mut doubled = Run::new("relay, twice the clients (reference)");
+    rt.block_on(run(
+        &mut doubled,
+        Knobs {
+            clients: 2 * CLIENTS,
+            ..DEFAULTS
+        },
+    ));
     let mut single = Run::new("relay, batch limit 1 (reference)");
     rt.block_on(run(
         &mut single,
@@ -275,6 +288,7 @@ fn main() -> std::process::ExitCode {
         &mut unlogged,
         &mut gapless,
         &mut piped,
+        &mut doubled,
         &mut single,
     ] {
         r.lat.sort();
@@ -319,6 +333,16 @@ fn main() -> std::process::ExitCode {
         gapless.p(0.99),
         group.hooks_per_fsync(),
         gapless.hooks_per_fsync()
+    );
+    // With twice the clients the relay's cores are busy throughout: how much of the gap
+    // to the twin is the closed loop idling the cores during a sync, and how much is the
+    // CPU each hook costs.
+    println!(
+        "twice the clients: relay {:.0}% of its rate at {CLIENTS}, cores busy {:.2} / {:.2}, relay / forwarding twin {:.0}% (reference, no rule)",
+        doubled.rate() / group.rate() * 100.0,
+        doubled.cpu().1,
+        group.cpu().1,
+        doubled.rate() / forwarding.rate() * 100.0
     );
     // The tail a group commit cannot go under: a hook that arrives during a commit waits
     // for it and then for its own, on top of what the HTTP exchanges cost (reference, the
