@@ -58,9 +58,37 @@ pub use ankusa_tarball::RESTORING_MARKER;
 
 pub use ankusa_keys::Cf;
 
+/// How many leading key bytes name an insert stream in a column family's memtable, where
+/// its writes interleave several of them: the family tag in `audit` (`?l`, `?i`, `?v`,
+/// each in seq or id order), the tenant's ordinal in `counters`, the tag and the ordinal in
+/// `index` (a tenant's due and inflight rows). RocksDB keeps the last insert position per
+/// stream (`memtable_insert_with_hint_prefix_extractor`), so the next key of a stream,
+/// which lands next to the last one, skips the skip list's search from the top. The
+/// positions are kept in the memtable and count toward its size (about 250 bytes per
+/// stream it has seen); the families of one key stream (`hooks`, `deliveries`) already
+/// reuse the memtable's own last position. See docs/performance.md.
+pub(crate) fn insert_hint_prefix(cf: Cf) -> Option<usize> {
+    match cf {
+        Cf::Audit => Some(1),
+        Cf::Counters => Some(4),
+        Cf::Index => Some(5),
+        _ => None,
+    }
+}
+
 /// RocksDB's options of a column family.
 fn cf_options(cf: Cf) -> Options {
-    let mut o = Options::default();
+    // The C API has no setter for the hint's extractor: it is set by name, as in an
+    // OPTIONS file. A name RocksDB did not know would leave the default (no hints); the
+    // test `memtables_keep_an_insert_hint_per_stream` reads the options back.
+    let mut o = match insert_hint_prefix(cf) {
+        Some(n) => Options::default()
+            .get_options_from_string(format!(
+                "memtable_insert_with_hint_prefix_extractor=rocksdb.CappedPrefix.{n}"
+            ))
+            .unwrap_or_default(),
+        None => Options::default(),
+    };
     match cf {
         Cf::Counters => {
             // Small buffer: a flush collapses the memtable's operands, which bounds the

@@ -481,3 +481,35 @@ fn every_family_has_a_read_statistics_slot() {
         assert!(super::family_slot(*f) < super::N_FAMILIES, "{f:?}");
     }
 }
+
+#[test]
+fn memtables_keep_an_insert_hint_per_stream() {
+    let (dir, store) = fresh();
+    drop(store);
+    let options = std::fs::read_dir(dir.path().join("db"))
+        .unwrap()
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().starts_with("OPTIONS-"))
+        .max_by_key(|e| e.file_name())
+        .map(|e| std::fs::read_to_string(e.path()).unwrap())
+        .expect("an OPTIONS file");
+    // Each column family's section of the OPTIONS file, by name.
+    let section = |name: &str| -> String {
+        let head = format!("[CFOptions \"{name}\"]");
+        let at = options.find(&head).unwrap_or_else(|| panic!("{head}"));
+        let rest = &options[at + head.len()..];
+        rest[..rest.find("\n[").unwrap_or(rest.len())].to_string()
+    };
+    for cf in Cf::ALL {
+        let want = match insert_hint_prefix(cf) {
+            Some(n) => format!("rocksdb.CappedPrefix.{n}"),
+            None => "nullptr".to_string(),
+        };
+        let line = format!("memtable_insert_with_hint_prefix_extractor={want}");
+        assert!(
+            section(cf.name()).contains(&line),
+            "{}: {line} not in its options",
+            cf.name()
+        );
+    }
+}
