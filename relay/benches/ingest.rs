@@ -42,6 +42,9 @@ const CLIENTS: usize = 64;
 const TENANTS: usize = 1_000;
 const BODY: usize = 1_024;
 const RUN: Duration = Duration::from_secs(6);
+/// The share of the forwarding twin's rate the relay must ack (the rule at
+/// [`CLIENTS`]; the proposed one, printed, at twice as many).
+const SHARE: f64 = 0.40;
 /// Rounds of the judged modes (no-op, forwarding twin, relay), alternated.
 const ROUNDS: usize = 2;
 
@@ -354,10 +357,11 @@ fn main() -> std::process::ExitCode {
     // alternated (the rule proposed in docs/performance.md; reference, not judged).
     let doubled_share = doubled.rate() / twin_doubled.rate();
     println!(
-        "relay / forwarding twin at {} clients = {:.0}% (proposed rule >= 40%, reference: {})",
-        2 * CLIENTS,
+        "relay / forwarding twin at {} clients = {:.0}% (proposed rule >= {:.0}%, reference: {})",
+        twice.clients,
         doubled_share * 100.0,
-        if doubled_share >= 0.40 {
+        SHARE * 100.0,
+        if doubled_share >= SHARE {
             "holds"
         } else {
             "fails"
@@ -374,8 +378,11 @@ fn main() -> std::process::ExitCode {
             if group.p(0.99) <= bound { "holds" } else { "fails" }
         );
     }
-    println!("pass: relay / forwarding twin >= 40%, relay p99 < 10 ms, hooks per fsync >= 20");
-    if of_forwarding >= 0.40 && group.p(0.99) < 10.0 && group.hooks_per_fsync() >= 20.0 {
+    println!(
+        "pass: relay / forwarding twin >= {:.0}%, relay p99 < 10 ms, hooks per fsync >= 20",
+        SHARE * 100.0
+    );
+    if of_forwarding >= SHARE && group.p(0.99) < 10.0 && group.hooks_per_fsync() >= 20.0 {
         println!("ingest: PASS");
         std::process::ExitCode::SUCCESS
     } else {
