@@ -11,6 +11,8 @@
 //! - [`Config::validate`] checks ranges and cross-field rules with messages that name the
 //!   key.
 
+pub mod listen;
+
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
@@ -257,7 +259,7 @@ pub struct IngestConfig {
 impl Default for IngestConfig {
     fn default() -> Self {
         IngestConfig {
-            listen: SocketAddr::from(([0, 0, 0, 0], 8080)),
+            listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 8080)),
             body_limit_bytes: 1 << 20,
         }
     }
@@ -286,7 +288,7 @@ pub struct AdminConfig {
 impl Default for AdminConfig {
     fn default() -> Self {
         AdminConfig {
-            listen: SocketAddr::from(([0, 0, 0, 0], 9090)),
+            listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 9090)),
             gauge_interval_ms: 15_000,
             tokens: Vec::new(),
             audit_retention_ms: 30 * 86_400_000,

@@ -12,7 +12,7 @@ use anyhow::Context;
 use clap::{Parser, Subcommand};
 
 use crate::config::Config;
-use crate::node::Node;
+use crate::node::StopSignals;
 use crate::queue::{counters, fold, tenants};
 use crate::store::keys::Family;
 use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
@@ -844,14 +844,24 @@ fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Starts a node and serves until interrupted.
+/// Starts a node and serves until interrupted. The stop signals' handlers come first, before
+/// the configuration is read (see [`StopSignals`]), and the soft open-file limit is raised
+/// to the hard one.
 fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
     init_tracing();
-    let config = Config::load(config_path, std::env::vars())?;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
+        let mut signals = StopSignals::install()?;
+        match crate::node::raise_open_files_limit() {
+            Ok((before, after)) if before != after => {
+                tracing::info!(from = ?before, to = ?after, "raised the soft open-file limit to the hard limit")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not raise the soft open-file limit"),
+        }
+        let config = Config::load(config_path, std::env::vars())?;
         let data_dir = config.data_dir.clone();
-        let node = Node::start(config).await?;
+        let node = signals.start_node(config).await?;
         println!(
             "ankusa-relay: store {} at format {SUPPORTED_FORMAT} is open; \
              ingest on http://{}/ingest/{{source}}, admin on http://{} (try: curl -H \
@@ -861,7 +871,8 @@ fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
             node.admin_addr,
             node.admin_addr,
         );
-        node.run_until_signal().await
+        node.run_until(&mut signals).await?;
+        anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
 }
@@ -910,13 +921,16 @@ fn sink(listen: std::net::SocketAddr, secret: Option<String>) -> anyhow::Result<
                 }
             },
         );
-        let l = tokio::net::TcpListener::bind(listen)
-            .await
+        let l = crate::config::listen::bind(listen)
+            .and_then(tokio::net::TcpListener::from_std)
             .with_context(|| format!("binding {listen}"))?;
         println!("ankusa-relay sink: listening on http://{}", l.local_addr()?);
+        // SIGTERM too: in a container the sink is PID 1, which ignores a signal it has no
+        // handler for.
+        let mut signals = StopSignals::install()?;
         axum::serve(l, app)
-            .with_graceful_shutdown(async {
-                let _ = tokio::signal::ctrl_c().await;
+            .with_graceful_shutdown(async move {
+                signals.recv().await;
             })
             .await?;
         anyhow::Ok(())

@@ -1,13 +1,16 @@
 //! A running relay node: boot order, listeners and shutdown.
 //!
-//! Boot: open the store (format guard first) → serve the admin listener (`/readyz` not
-//! ready) → run pending migrations → recover inflight rows → restore lost active markers →
-//! start the writer → serve the
-//! ingest listener → start the dispatch pipeline and reclaim → ready. Shutdown (SIGTERM)
-//! fails readiness first, stops the listeners, lets deliveries in flight finish within
+//! Boot: bind both listeners and serve them at once (`/healthz` 200, `/readyz` 503
+//! `store_opening`) → open the store (format guard first; `max_open_files` bounded by the
+//! open-file limit) → the admin router (`/readyz` 503 `not_ready` while migrating) → run
+//! pending migrations → recover inflight rows → restore lost active markers → start the
+//! writer → the ingest router → start the dispatch pipeline and reclaim → ready. Both
+//! listeners are bound before anything slow happens, so a port clash fails the start at
+//! once and a liveness probe never waits for a WAL replay. A stop signal before ready ends
+//! the process at once ([`StopSignals::start_node`]). Shutdown (SIGTERM) fails readiness
+//! first, stops the listeners, lets deliveries in flight finish within
 //! `shutdown.grace_ms` and commits their outcomes (what the deadline cuts is due again,
-//! synced), and drains the writer. Both listeners are bound before anything slow happens, so a
-//! port clash fails the start at once.
+//! synced), and drains the writer.
 
 use std::net::SocketAddr;
 use std::ops::ControlFlow;
@@ -23,6 +26,7 @@ use crate::config::{ArchivePolicy, Config, ConfigError};
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::edge::{self, quarantine::Quarantine, EdgeState};
+use crate::http::Switch;
 use crate::metrics::{ArchiveLabel, Metrics, StoreFamilyLabel};
 use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
@@ -73,6 +77,16 @@ impl NodeError {
     fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {
         move |source| NodeError::Task { what, source }
     }
+}
+
+/// What [`Node::boot`] started behind the listeners.
+struct Booted {
+    store: Arc<Store>,
+    metrics: Arc<Metrics>,
+    recovered: u64,
+    ready: Arc<AtomicBool>,
+    background: Vec<tokio::task::JoinHandle<()>>,
+    writer: std::thread::JoinHandle<()>,
 }
 
 /// A started node.
@@ -296,6 +310,97 @@ fn exit_at_once(code: i32) -> ! {
     unsafe { libc::_exit(code) }
 }
 
+/// The exit code of a node stopped by SIGTERM or SIGINT before it was ready (while its
+/// store opened, migrated or recovered): 128 + SIGTERM, as a shell reports it.
+pub const EXIT_STOPPED_DURING_BOOT: i32 = 143;
+
+/// SIGTERM and SIGINT, taken from the first thing `run` does: the node is PID 1 in its
+/// container, and PID 1 ignores a signal it has no handler for, so a pod deleted while
+/// its store opens or migrates would wait out its whole grace period.
+pub struct StopSignals {
+    term: tokio::signal::unix::Signal,
+    int: tokio::signal::unix::Signal,
+}
+
+impl StopSignals {
+    /// Installs the handlers (inside a Tokio runtime).
+    pub fn install() -> Result<StopSignals, NodeError> {
+        use tokio::signal::unix::{signal, SignalKind};
+        Ok(StopSignals {
+            term: signal(SignalKind::terminate())
+                .map_err(NodeError::io("installing the SIGTERM handler"))?,
+            int: signal(SignalKind::interrupt())
+                .map_err(NodeError::io("installing the SIGINT handler"))?,
+        })
+    }
+
+    /// The next stop signal's name.
+    pub async fn recv(&mut self) -> &'static str {
+        tokio::select! {
+            _ = self.term.recv() => "SIGTERM",
+            _ = self.int.recv() => "SIGINT",
+        }
+    }
+
+    /// Starts a node, unless a stop signal comes first: then the process ends at once with
+    /// [`EXIT_STOPPED_DURING_BOOT`], as a kill would (the open replays the WAL and every
+    /// migration step resumes where it stopped: what the crash and migration-kill tests
+    /// prove). A graceful stop has nothing to drain before the node is ready.
+    pub async fn start_node(&mut self, config: Config) -> Result<Node, NodeError> {
+        tokio::select! {
+            node = Node::start(config) => node,
+            signal = self.recv() => {
+                tracing::warn!(
+                    signal,
+                    code = EXIT_STOPPED_DURING_BOOT,
+                    "stopped before the node was ready; the store's open and any migration resume at the next start"
+                );
+                exit_at_once(EXIT_STOPPED_DURING_BOOT)
+            }
+        }
+    }
+}
+
+/// The soft `RLIMIT_NOFILE` of this process (`None`: unlimited).
+#[allow(unsafe_code)]
+pub fn open_files_limit() -> Option<u64> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `getrlimit` writes the one struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return Some(1024);
+    }
+    (l.rlim_cur != libc::RLIM_INFINITY).then_some(l.rlim_cur)
+}
+
+/// Raises the soft `RLIMIT_NOFILE` to the hard limit. Container runtimes start processes
+/// with a soft limit of 1 024, which a store of tens of GB (thousands of table files) and
+/// a few hundred connections exceed; the hard limit is what the runtime allows. Answers the
+/// soft limits before and after (`None`: unlimited).
+#[allow(unsafe_code)]
+pub fn raise_open_files_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
+    let mut l = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    let finite = |n: libc::rlim_t| (n != libc::RLIM_INFINITY).then_some(n);
+    // SAFETY: `getrlimit` writes the one struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let before = finite(l.rlim_cur);
+    if l.rlim_cur != l.rlim_max {
+        l.rlim_cur = l.rlim_max;
+        // SAFETY: `setrlimit` reads the one struct it is given.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &l) } != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok((before, finite(l.rlim_cur)))
+}
+
 /// While the store's writes fail (a full disk, a failed WAL sync), a small synced write
 /// every second, so the node becomes ready again as soon as the store takes writes, whether
 /// or not traffic arrives to find out. When they have failed for `writer.exit_when_stuck_ms`
@@ -391,30 +496,17 @@ impl Node {
     /// Starts a node from a validated configuration.
     pub async fn start(config: Config) -> Result<Node, NodeError> {
         check(&config)?;
-        let sources = edge::sources(&config)?;
-        let deliverer = Deliverer::from_config(&config)?;
-        let data_dir = config.data_dir.clone();
-        let store =
-            tokio::task::spawn_blocking(move || Store::open(&data_dir, &OpenOptions::default()))
-                .await
-                .map_err(NodeError::task("opening the store"))?
-                .map_err(|source| NodeError::Open {
-                    path: config.data_dir.clone(),
-                    source,
-                })?;
-        let store = Arc::new(store);
-        let metrics = Arc::new(Metrics::new());
-        metrics.tenants_max.set(i64::from(config.tenants.max));
-        let cluster = Arc::new(Cluster::new(&config, &store, metrics.clone())?);
-        let ready = Arc::new(AtomicBool::new(false));
-        let ingest = tokio::net::TcpListener::bind(config.ingest.listen)
-            .await
+        // Both listeners first, before anything slow: a port clash fails the start at
+        // once, and `/healthz` answers (`/readyz` 503 `store_opening`) while the store
+        // opens and replays its WAL.
+        let ingest = crate::config::listen::bind(config.ingest.listen)
+            .and_then(tokio::net::TcpListener::from_std)
             .map_err(NodeError::io(format!(
                 "binding ingest.listen {}",
                 config.ingest.listen
             )))?;
-        let admin_l = tokio::net::TcpListener::bind(config.admin.listen)
-            .await
+        let admin_l = crate::config::listen::bind(config.admin.listen)
+            .and_then(tokio::net::TcpListener::from_std)
             .map_err(NodeError::io(format!(
                 "binding admin.listen {}",
                 config.admin.listen
@@ -425,6 +517,72 @@ impl Node {
             (Err(e), _) | (_, Err(e)) => return Err(local(e)),
         };
         let (shutdown, stop) = tokio::sync::watch::channel(false);
+        let (admin_app, ingest_app) = (Switch::default(), Switch::default());
+        let servers = vec![
+            serve(admin_l, admin_app.router(), stop.clone()),
+            serve(ingest, ingest_app.router(), stop.clone()),
+        ];
+        tracing::info!(%ingest_addr, %admin_addr, "listening; opening the store");
+        match Self::boot(config, &admin_app, &ingest_app, stop).await {
+            Ok(parts) => Ok(Node {
+                ingest_addr,
+                admin_addr,
+                store: parts.store,
+                metrics: parts.metrics,
+                recovered_inflight: parts.recovered,
+                ready: parts.ready,
+                shutdown,
+                servers,
+                background: parts.background,
+                writer: Some(parts.writer),
+            }),
+            Err(e) => {
+                // The early listeners go with the failed start, closed before it returns
+                // (a supervisor may start another node on the same ports at once).
+                let _ = shutdown.send(true);
+                for s in servers {
+                    s.abort();
+                    let _ = s.await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Everything slow of a start, behind listeners that already serve: opens the store,
+    /// installs the admin router, migrates and recovers, starts the writer, installs the
+    /// ingest router, starts the pipeline and the periodic tasks.
+    async fn boot(
+        config: Config,
+        admin_app: &Switch,
+        ingest_app: &Switch,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<Booted, NodeError> {
+        let sources = edge::sources(&config)?;
+        let deliverer = Deliverer::from_config(&config)?;
+        let data_dir = config.data_dir.clone();
+        let limit = open_files_limit();
+        let opts = OpenOptions {
+            max_open_files: crate::store::max_open_files_for(limit),
+            ..OpenOptions::default()
+        };
+        tracing::info!(
+            open_files_limit = limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+            store_max_open_files = opts.max_open_files,
+            "opening the store"
+        );
+        let store = tokio::task::spawn_blocking(move || Store::open(&data_dir, &opts))
+            .await
+            .map_err(NodeError::task("opening the store"))?
+            .map_err(|source| NodeError::Open {
+                path: config.data_dir.clone(),
+                source,
+            })?;
+        let store = Arc::new(store);
+        let metrics = Arc::new(Metrics::new());
+        metrics.tenants_max.set(i64::from(config.tenants.max));
+        let cluster = Arc::new(Cluster::new(&config, &store, metrics.clone())?);
+        let ready = Arc::new(AtomicBool::new(false));
         let admin_state = Arc::new(AdminState {
             store: store.clone(),
             ready: ready.clone(),
@@ -449,11 +607,7 @@ impl Node {
             progress: progress.clone(),
             writer: std::sync::OnceLock::new(),
         });
-        let mut servers = vec![serve(
-            admin_l,
-            admin::router(admin_state, api.clone()),
-            stop.clone(),
-        )];
+        admin_app.set(admin::router(admin_state, api.clone()));
 
         let boot_store = store.clone();
         let max_tenants = config.tenants.max;
@@ -537,7 +691,7 @@ impl Node {
             ready.clone(),
             cluster,
         ));
-        servers.push(serve(ingest, edge::router(edge_state), stop.clone()));
+        ingest_app.set(edge::router(edge_state));
         let background = vec![
             pipeline::spawn(
                 store.clone(),
@@ -561,18 +715,14 @@ impl Node {
             ),
         ];
         ready.store(true, Ordering::Release);
-        tracing::info!(%ingest_addr, %admin_addr, recovered_inflight = recovered, "relay node ready");
-        Ok(Node {
-            ingest_addr,
-            admin_addr,
+        tracing::info!(recovered_inflight = recovered, "relay node ready");
+        Ok(Booted {
             store,
             metrics,
-            recovered_inflight: recovered,
+            recovered,
             ready,
-            shutdown,
-            servers,
             background,
-            writer: Some(writer_thread),
+            writer: writer_thread,
         })
     }
 
@@ -600,15 +750,10 @@ impl Node {
         Ok(())
     }
 
-    /// Runs until Ctrl-C (or SIGTERM), then shuts down.
-    pub async fn run_until_signal(self) -> Result<(), NodeError> {
-        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            .map_err(NodeError::io("installing the SIGTERM handler"))?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = term.recv() => {}
-        }
-        tracing::info!("shutting down");
+    /// Runs until a stop signal, then shuts down gracefully.
+    pub async fn run_until(self, signals: &mut StopSignals) -> Result<(), NodeError> {
+        let signal = signals.recv().await;
+        tracing::info!(signal, "shutting down");
         self.shutdown().await
     }
 }

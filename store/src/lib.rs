@@ -279,6 +279,20 @@ pub struct OpenOptions {
     pub supported_format: u32,
     /// Open without writing anything (inspection tools).
     pub read_only: bool,
+    /// The most table files RocksDB keeps open (`-1`: no bound). A node sets it from its
+    /// open-file limit ([`max_open_files_for`]): past the limit an open fails, and the
+    /// store's writes with it.
+    pub max_open_files: i32,
+}
+
+/// The table files a store may keep open under a soft `RLIMIT_NOFILE` of `limit` (`None`:
+/// unlimited): half of it, the other half for sockets, the WAL, the manifest and the
+/// rest; at least 64. Unbounded (`-1`) when the limit is.
+pub fn max_open_files_for(limit: Option<u64>) -> i32 {
+    match limit {
+        None => -1,
+        Some(n) => i32::try_from(n / 2).unwrap_or(i32::MAX).max(64),
+    }
 }
 
 impl Default for OpenOptions {
@@ -288,6 +302,7 @@ impl Default for OpenOptions {
             create_format: SUPPORTED_FORMAT,
             supported_format: SUPPORTED_FORMAT,
             read_only: false,
+            max_open_files: -1,
         }
     }
 }
@@ -477,6 +492,20 @@ fn db_options() -> Options {
     o
 }
 
+/// The bytes of the write-ahead log files (`*.log`) in a store's directory: what its open
+/// replays.
+fn wal_bytes(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
     let context = context.into();
     move |source| StoreError::Io { context, source }
@@ -529,11 +558,17 @@ impl Store {
                     reason: "the directory is empty".into(),
                 });
             }
-            return Self::create(path, opts.create_format);
+            return Self::create(path, opts.create_format, opts.max_open_files);
         }
         let existing = DB::list_cf(&db_options(), &path)?;
         // The format guard runs on a read-only open, so a refused store is left untouched.
+        // It reads the WAL as the open after it does, but replays only the default family's
+        // records (the format stamp's), and the second read comes from the page cache: the
+        // log line below says what each took.
+        let wal_bytes = wal_bytes(&path);
+        let checked = std::time::Instant::now();
         let found = Self::peek_format(&path, &existing)?;
+        let check_ms = checked.elapsed().as_millis();
         if found > opts.supported_format {
             return Err(StoreError::StoreFormatNewer {
                 found,
@@ -570,7 +605,15 @@ impl Store {
         // Open with the column families this binary needs at the store's format or any
         // format it will migrate to; the new ones get their families' sentinels.
         let wanted = Cf::of_format(opts.supported_format.max(found));
-        let store = Self::open_rw(path, wanted, false)?;
+        let opened = std::time::Instant::now();
+        let store = Self::open_rw(path, wanted, false, opts.max_open_files)?;
+        tracing::info!(
+            wal_bytes,
+            format_check_ms = check_ms,
+            open_ms = opened.elapsed().as_millis(),
+            format = found,
+            "store: opened"
+        );
         let created: Vec<Cf> = wanted
             .iter()
             .copied()
@@ -619,8 +662,14 @@ impl Store {
     }
 
     /// Opens read-write with `cfs`, creating the missing ones (and the store if `create`).
-    fn open_rw(path: PathBuf, cfs: &[Cf], create: bool) -> Result<Store, StoreError> {
+    fn open_rw(
+        path: PathBuf,
+        cfs: &[Cf],
+        create: bool,
+        max_open_files: i32,
+    ) -> Result<Store, StoreError> {
         let mut o = db_options();
+        o.set_max_open_files(max_open_files);
         o.create_if_missing(create);
         o.create_missing_column_families(true);
         let db = DB::open_cf_descriptors(
@@ -639,8 +688,8 @@ impl Store {
         })
     }
 
-    fn create(path: PathBuf, format: u32) -> Result<Store, StoreError> {
-        let store = Self::open_rw(path, Cf::of_format(format), true)?;
+    fn create(path: PathBuf, format: u32, max_open_files: i32) -> Result<Store, StoreError> {
+        let store = Self::open_rw(path, Cf::of_format(format), true, max_open_files)?;
         let mut ops: Vec<Op> = Family::of_format(format)
             .iter()
             .flat_map(|f| sentinel_ops(*f))

@@ -111,7 +111,7 @@ pub(crate) async fn healthz() -> &'static str {
     tag = "admin",
     responses(
         (status = 200, description = "Ready (both listeners)", content_type = "text/plain", body = String),
-        (status = 503, description = "Not ready: starting, migrating, stopping, or the store's writes fail (store_unavailable)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Not ready: the store is opening (store_opening), starting or migrating (not_ready), stopping, or the store's writes fail (store_unavailable)", body = crate::openapi::ErrorBody),
     )
 )]
 pub(crate) async fn readyz(State(s): State<Arc<AdminState>>) -> Response {

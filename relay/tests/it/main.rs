@@ -4,6 +4,7 @@
 mod admin;
 mod archive;
 mod backup;
+mod boot;
 mod cli;
 mod cluster;
 mod contract;

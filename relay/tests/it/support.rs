@@ -351,7 +351,7 @@ impl Proc {
         Proc::spawn_with_env(dir, node, &[])
     }
 
-    fn spawn_with_env(dir: &Path, node: &NodeBuilder, env: &[(&str, &Path)]) -> Proc {
+    pub fn spawn_with_env(dir: &Path, node: &NodeBuilder, env: &[(&str, &Path)]) -> Proc {
         assert!(
             node.admin_port().is_some(),
             "a process node has fixed ports (NodeBuilder::free_ports)"

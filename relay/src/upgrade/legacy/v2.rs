@@ -81,7 +81,7 @@ impl Writer {
                 create_if_missing: true,
                 create_format: FORMAT,
                 supported_format: FORMAT,
-                read_only: false,
+                ..OpenOptions::default()
             },
         )?;
         Ok(Writer { store })
