@@ -52,8 +52,9 @@ pub const TOP_TENANTS_MAX: usize = 10;
     printcolumn(name = "Nodes", type_ = "string", json_path = ".status.nodesReady"),
     printcolumn(name = "Format", type_ = "integer", json_path = ".status.storeFormat"),
     printcolumn(name = "Target", type_ = "integer", json_path = ".status.targetFormat"),
-    printcolumn(name = "Upgrade", type_ = "string", json_path = ".status.upgrade.phase"),
-    printcolumn(name = "Moving", type_ = "string", json_path = ".status.upgrade.currentPod"),
+    // What an upgrade is doing, empty while none runs: `kubectl get relays -o wide` shows them.
+    printcolumn(name = "Upgrade", type_ = "string", json_path = ".status.upgrade.phase", priority = "1"),
+    printcolumn(name = "Moving", type_ = "string", json_path = ".status.upgrade.currentPod", priority = "1"),
     printcolumn(
         name = "Tenants",
         type_ = "integer",
@@ -100,11 +101,26 @@ pub struct RelaySpec {
     /// CPU and memory for each relay container.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// How long a relay container may take from its start to its first `/healthz` answer
+    /// (the pod's startupProbe) before the kubelet restarts it; liveness is checked only
+    /// after. A node serves `/healthz` before it opens its store, so this covers the
+    /// container's own start (volume, process); raise it where those are slow.
+    #[serde(default = "default_startup_seconds")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 86400").message("startupSeconds must be between 10 and 86400"))]
+    pub startup_seconds: i64,
 }
 
 fn default_replicas() -> i32 {
     1
 }
+
+fn default_startup_seconds() -> i64 {
+    300
+}
+
+/// The period of the relay pods' startupProbe; its failure threshold is
+/// `startupSeconds` over it.
+pub const STARTUP_PROBE_PERIOD_S: i64 = 5;
 
 /// The tenant ceiling every node holds (`tenants.max` in the relay's configuration).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -83,6 +83,8 @@ pub struct Settings {
     pub node_timeout: Duration,
     /// The Events' reporting instance (the operator pod's name).
     pub instance: String,
+    /// Where the Relay watch reports its events and errors, for the pod's probes.
+    pub health: Option<Arc<crate::health::Health>>,
 }
 
 impl Default for Settings {
@@ -93,6 +95,7 @@ impl Default for Settings {
             node_ingest_url_template: crate::resources::DEFAULT_INGEST_URL_TEMPLATE.into(),
             node_timeout: Duration::from_secs(3),
             instance: "ankusa-operator".into(),
+            health: None,
         }
     }
 }
@@ -181,7 +184,18 @@ pub async fn run(
     // changes to owned objects still trigger through `owns`.
     let writer = reflector::store::Writer::new(ar.clone());
     let reader = writer.as_reader();
+    let health = ctx.settings.health.clone();
     let relay_changes = watcher(relays, watcher::Config::default())
+        .map(move |event| {
+            if let Some(h) = &health {
+                match &event {
+                    Ok(watcher::Event::InitDone) => h.watch_event(true),
+                    Ok(_) => h.watch_event(false),
+                    Err(_) => h.watch_error(),
+                }
+            }
+            event
+        })
         .default_backoff()
         .reflect(writer)
         .applied_objects()

@@ -73,6 +73,8 @@ pub struct Elector {
     settings: LeaseSettings,
     /// The Lease's resourceVersion as last seen, and when this replica first saw it.
     observed: Option<(String, Instant)>,
+    /// Told of every attempt, renewal and loss, for the pod's probes.
+    health: Option<std::sync::Arc<crate::health::Health>>,
 }
 
 impl Elector {
@@ -81,6 +83,26 @@ impl Elector {
             client,
             settings,
             observed: None,
+            health: None,
+        }
+    }
+
+    /// Reports attempts, renewals and the loss of the Lease to `health`.
+    pub fn with_health(mut self, health: std::sync::Arc<crate::health::Health>) -> Elector {
+        self.health = Some(health);
+        self
+    }
+
+    fn report(&self, outcome: Option<&Outcome>) {
+        if let Some(h) = &self.health {
+            match outcome {
+                Some(Outcome::Leading) => h.lease_renewed(),
+                Some(Outcome::Following(_)) => {
+                    h.lease_attempted();
+                    h.lease_lost();
+                }
+                None => h.lease_attempted(),
+            }
         }
     }
 
@@ -88,10 +110,12 @@ impl Elector {
     /// of `renew_deadline`.
     pub async fn try_acquire(&mut self) -> Result<Outcome, LeaseError> {
         let deadline = self.settings.renew_deadline;
-        match tokio::time::timeout(deadline, self.attempt()).await {
+        let out = match tokio::time::timeout(deadline, self.attempt()).await {
             Ok(r) => r,
             Err(_) => Err(LeaseError::Timeout(deadline)),
-        }
+        };
+        self.report(out.as_ref().ok());
+        out
     }
 
     async fn attempt(&mut self) -> Result<Outcome, LeaseError> {
@@ -178,6 +202,12 @@ impl Elector {
         }
     }
 
+    fn lost(&self) {
+        if let Some(h) = &self.health {
+            h.lease_lost();
+        }
+    }
+
     /// Renew until the Lease is lost or not renewed within `renew_deadline`; then return
     /// (the caller stops reconciling).
     pub async fn keep(&mut self) {
@@ -193,6 +223,7 @@ impl Elector {
                 Ok(Ok(Outcome::Leading)) => last_ok = Instant::now(),
                 Ok(Ok(Outcome::Following(holder))) => {
                     tracing::error!(lease = %self.settings.name, %holder, "lost the lease");
+                    self.lost();
                     return;
                 }
                 Ok(Err(e)) => {
@@ -202,6 +233,7 @@ impl Elector {
             }
             if last_ok.elapsed() >= self.settings.renew_deadline {
                 tracing::error!(lease = %self.settings.name, "not renewed within the renew deadline; stepping down");
+                self.lost();
                 return;
             }
         }

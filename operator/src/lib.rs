@@ -10,12 +10,14 @@
 //!   Events, status patch, backoff;
 //! - [`nodes`] polls each node's `/v1/node`;
 //! - [`leader`] keeps two replicas from reconciling at once (a Lease);
-//! - [`metrics`], [`telemetry`]: the operator's own metrics and logs.
+//! - [`metrics`], [`telemetry`]: the operator's own metrics and logs;
+//! - [`health`]: what the pod's `/readyz` and `/healthz` judge (the watch, the Lease).
 //!
 //! The operator never deletes a PersistentVolumeClaim: no code path here can (there is no
 //! delete of any kind), and the StatefulSet retains its claims on scale-down and deletion.
 
 pub mod controller;
+pub mod health;
 pub mod leader;
 pub mod metrics;
 pub mod nodes;

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 
 use ankusa_operator::controller::{self, Context, Settings};
+use ankusa_operator::health::{Health, Thresholds};
 use ankusa_operator::leader::{Elector, LeaseSettings};
 use ankusa_operator::metrics::Metrics;
 use ankusa_operator::telemetry::{self, LogFormat};
@@ -40,7 +41,7 @@ struct RunArgs {
     #[arg(
         long,
         env = "ANKUSA_OPERATOR_METRICS_ADDR",
-        default_value = "0.0.0.0:8080"
+        default_value = "[::]:8080"
     )]
     metrics_addr: SocketAddr,
     /// Seconds between reconciles of a Relay (and polls of its nodes).
@@ -102,10 +103,19 @@ fn main() -> anyhow::Result<()> {
 
 async fn run(args: RunArgs) -> anyhow::Result<()> {
     let metrics = Arc::new(Metrics::default());
-    let listener = tokio::net::TcpListener::bind(args.metrics_addr)
-        .await
+    let lease_duration = Duration::from_secs(args.lease_duration_s.max(2));
+    let renew_deadline = Duration::from_secs(
+        args.renew_deadline_s
+            .clamp(1, args.lease_duration_s.max(2) - 1),
+    );
+    let health = Arc::new(Health::new(
+        Thresholds::new(renew_deadline, lease_duration),
+        args.leader_election,
+    ));
+    let listener = ankusa_config::listen::bind(args.metrics_addr)
+        .and_then(tokio::net::TcpListener::from_std)
         .with_context(|| format!("binding {}", args.metrics_addr))?;
-    let router = ankusa_operator::metrics::router(metrics.clone());
+    let router = ankusa_operator::metrics::router(metrics.clone(), health.clone());
     tokio::spawn(async move {
         if let Err(e) = axum::serve(listener, router).await {
             tracing::error!(error = %e, "metrics listener stopped");
@@ -115,15 +125,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         .await
         .context("connecting to the Kubernetes API")?;
     let lease = LeaseSettings {
-        lease_duration: Duration::from_secs(args.lease_duration_s.max(2)),
-        renew_deadline: Duration::from_secs(
-            args.renew_deadline_s
-                .clamp(1, args.lease_duration_s.max(2) - 1),
-        ),
+        lease_duration,
+        renew_deadline,
         renew_every: Duration::from_secs(args.retry_period_s.max(1)),
         ..LeaseSettings::new(&args.lease_name, &args.lease_namespace, &args.identity)
     };
-    let mut elector = Elector::new(client.clone(), lease);
+    let mut elector = Elector::new(client.clone(), lease).with_health(health.clone());
     if args.leader_election {
         elector.acquire().await;
     }
@@ -133,6 +140,7 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_url_template: args.node_url_template,
         node_ingest_url_template: args.node_ingest_url_template,
         instance: args.identity,
+        health: Some(health),
         ..Settings::default()
     };
     let ctx = Context::new(client.clone(), metrics.clone(), settings);

@@ -199,9 +199,18 @@ impl Metrics {
     }
 }
 
-/// `/metrics`, `/healthz`, `/readyz` for the operator's pod.
-pub fn router(metrics: Arc<Metrics>) -> axum::Router {
+/// `/metrics`, `/healthz`, `/readyz` for the operator's pod: the probes answer 200 `ok` or
+/// 503 with the reason ([`crate::health`]).
+pub fn router(metrics: Arc<Metrics>, health: Arc<crate::health::Health>) -> axum::Router {
     use axum::routing::get;
+    fn answer(v: crate::health::Verdict) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        match v {
+            Ok(()) => "ok".into_response(),
+            Err(why) => (axum::http::StatusCode::SERVICE_UNAVAILABLE, why).into_response(),
+        }
+    }
+    let (live, ready) = (health.clone(), health);
     axum::Router::new()
         .route(
             "/metrics",
@@ -218,6 +227,6 @@ pub fn router(metrics: Arc<Metrics>) -> axum::Router {
                 }
             }),
         )
-        .route("/healthz", get(|| async { "ok" }))
-        .route("/readyz", get(|| async { "ok" }))
+        .route("/healthz", get(move || async move { answer(live.live()) }))
+        .route("/readyz", get(move || async move { answer(ready.ready()) }))
 }

@@ -257,9 +257,9 @@ pub fn relay_config_with(
     let root = object(&mut cfg, "")?;
     root.insert("data_dir".into(), json!(format!("{DATA_MOUNT}/data")));
     let ingest = entry_object(root, "ingest")?;
-    ingest.insert("listen".into(), json!(format!("0.0.0.0:{INGEST_PORT}")));
+    ingest.insert("listen".into(), json!(format!("[::]:{INGEST_PORT}")));
     let admin = entry_object(root, "admin")?;
-    admin.insert("listen".into(), json!(format!("0.0.0.0:{ADMIN_PORT}")));
+    admin.insert("listen".into(), json!(format!("[::]:{ADMIN_PORT}")));
     admin.insert("backup_dir".into(), json!(format!("{DATA_MOUNT}/backups")));
     let tokens = admin.entry("tokens").or_insert_with(|| json!([]));
     let Value::Array(tokens) = tokens else {
@@ -470,6 +470,14 @@ pub fn statefulset(
             "periodSeconds": 5,
             "failureThreshold": 2,
         },
+        // `/healthz` answers from the node's first second, before its store opens; the
+        // startup budget (`spec.startupSeconds`) covers the container's own start, and
+        // liveness is checked only after it.
+        "startupProbe": {
+            "httpGet": { "path": "/healthz", "port": "admin" },
+            "periodSeconds": ankusa_crds::relay::STARTUP_PROBE_PERIOD_S,
+            "failureThreshold": startup_failure_threshold(spec.startup_seconds),
+        },
         "livenessProbe": {
             "httpGet": { "path": "/healthz", "port": "admin" },
             "periodSeconds": 10,
@@ -555,6 +563,12 @@ pub fn statefulset(
             },
         }),
     )
+}
+
+/// The startupProbe's failure threshold for a budget of `seconds`.
+pub fn startup_failure_threshold(seconds: i64) -> i64 {
+    (seconds + ankusa_crds::relay::STARTUP_PROBE_PERIOD_S - 1)
+        / ankusa_crds::relay::STARTUP_PROBE_PERIOD_S
 }
 
 /// The pause before a relay container gets SIGTERM, for endpoint controllers and load
@@ -753,6 +767,9 @@ fn pod_security() -> Value {
         "runAsUser": 10001,
         "runAsGroup": 10001,
         "fsGroup": 10001,
+        // The kubelet changes the volume's ownership only when its root is not already
+        // the group's: not a recursive chown of the whole store at every start.
+        "fsGroupChangePolicy": "OnRootMismatch",
         "seccompProfile": { "type": "RuntimeDefault" },
     })
 }

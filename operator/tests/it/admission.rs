@@ -195,7 +195,8 @@ async fn reconciled(prefix: &str, labels: Value, spec: Value) -> (Client, String
     (admin, ns, relays)
 }
 
-/// `kubectl get relays` prints every printer column with a value.
+/// `kubectl get relays` prints the README's columns, each with a value; `-o wide` adds the
+/// upgrade's.
 #[tokio::test]
 async fn kubectl_get_relays_prints_every_column() {
     let (_, ns, relays) = reconciled(
@@ -218,17 +219,41 @@ async fn kubectl_get_relays_prints_every_column() {
         )
         .await
         .unwrap();
-    let out = std::process::Command::new(cluster::bin("kubectl"))
-        .args(["get", "relays", "-n", &ns])
-        .env("KUBECONFIG", cluster::path("KUBECONFIG"))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let get = |wide: bool| {
+        let mut args = vec!["get", "relays", "-n", ns.as_str()];
+        if wide {
+            args.extend(["-o", "wide"]);
+        }
+        let out = std::process::Command::new(cluster::bin("kubectl"))
+            .args(&args)
+            .env("KUBECONFIG", cluster::path("KUBECONFIG"))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    // The default listing: the README's columns, each with a value.
+    let text = get(false);
+    let lines: Vec<&str> = text.lines().collect();
+    let header: Vec<&str> = lines[0].split_whitespace().collect();
+    assert_eq!(
+        header,
+        [
+            "NAME", "READY", "NODES", "FORMAT", "TARGET", "TENANTS", "PENDING", "DEAD", "PHASE",
+            "AGE"
+        ]
     );
-    let text = String::from_utf8(out.stdout).unwrap();
+    let row: Vec<&str> = lines[1].split_whitespace().collect();
+    assert_eq!(row.len(), header.len(), "{text}");
+    assert!(!row.contains(&"<none>"), "{text}");
+    assert_eq!(row[0], "hooks");
+    assert_eq!(&row[3..8], ["2", "3", "2", "1", "0"], "{text}");
+    // `-o wide` adds where an upgrade is (empty while none runs).
+    let text = get(true);
     let lines: Vec<&str> = text.lines().collect();
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(
@@ -240,8 +265,6 @@ async fn kubectl_get_relays_prints_every_column() {
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(row.len(), header.len(), "{text}");
-    assert!(!row.contains(&"<none>"), "{text}");
-    assert_eq!(row[0], "hooks");
     assert_eq!(
         &row[3..10],
         ["2", "3", "Verifying", "hooks-0", "2", "1", "0"],

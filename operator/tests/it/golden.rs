@@ -157,7 +157,7 @@ fn operator_keys_override_the_users() {
     });
     let cfg = resources::relay_config(&r, Some(&user)).unwrap();
     assert_eq!(cfg["data_dir"], "/var/lib/ankusa/data");
-    assert_eq!(cfg["admin"]["listen"], "0.0.0.0:9090");
+    assert_eq!(cfg["admin"]["listen"], "[::]:9090");
     assert_eq!(cfg["tenants"]["max"], 1_000_000);
     let tokens = cfg["admin"]["tokens"].as_array().unwrap();
     assert_eq!(tokens.len(), 3);
