@@ -12,6 +12,7 @@ mod crash;
 mod dispatch;
 mod docs;
 mod faults;
+mod image;
 mod ingest;
 mod seed;
 mod support;
