@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps run test fmt lint check-layers nextest e2e testenv crds bench fuzz fuzz-smoke
+.PHONY: deps run test fmt lint check-layers nextest e2e testenv crds bench fuzz fuzz-smoke image image-archives
 
 deps:
 	@bash scripts/install-deps.sh
@@ -50,10 +50,30 @@ nextest:
 
 # The operator, the chart and real relay nodes on the control plane `make test` started
 # (or any the environment of `scripts/k8s-testenv.sh start DIR` points at).
+# e2e/node.sh runs the images on the real node, built from the debug binaries the other
+# e2e scripts use (a release build would compile RocksDB once more).
 e2e:
 	$(CARGO) build -p ankusa-relay --bin ankusa-relay -p ankusa-operator --bin ankusa-operator
 	@bash e2e/run.sh
 	@bash e2e/upgrade.sh
+	@$(MAKE) --no-print-directory image-archives IMAGE_PROFILE=dev
+	@bash e2e/node.sh
+
+## OCI image archives of the relay and the operator (target/images/{relay,operator}.oci.tar),
+## built by scripts/image.py from Debian's packages and this repository's binaries, without
+## a registry or a container engine; the same inputs give the same digest. Push them with
+## `skopeo copy oci-archive:target/images/relay.oci.tar docker://REGISTRY/ankusa/relay:TAG`
+## (docs/deployment.md). IMAGE_PROFILE=dev builds them from the debug binaries.
+IMAGE_PROFILE ?= release
+IMAGE_REGISTRY ?= ghcr.io/ankusa
+IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
+IMAGE_DIR = target/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
+image: deps image-archives
+
+image-archives:
+	$(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-relay --bin ankusa-relay -p ankusa-operator --bin ankusa-operator
+	python3 scripts/image.py --binary $(IMAGE_DIR)/ankusa-relay --ref $(IMAGE_REGISTRY)/relay:$(IMAGE_TAG) --out target/images/relay.oci.tar
+	python3 scripts/image.py --binary $(IMAGE_DIR)/ankusa-operator --ref $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) --out target/images/operator.oci.tar
 
 ## Build the control plane's binaries (cached under ~/.cache/ankusa) without starting it.
 testenv:

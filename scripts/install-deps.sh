@@ -9,6 +9,9 @@
 # - curl, which the README's quickstart test runs as the README writes it
 # - helm-python-sdk (PyPI): the Helm engine, offline, to render and lint the chart in tests
 # - schemathesis (PyPI): runs every operation of docs/openapi.json against a live node
+# - the real Kubernetes node of the tests (scripts/k8s-node.sh): containerd, runc, the CNI
+#   plugins, iptables and nftables (to put the host's tables back); skopeo to push the
+#   images `make image` builds
 set -euo pipefail
 
 need_apt=()
@@ -22,6 +25,14 @@ command -v make >/dev/null 2>&1 || need_apt+=(make)
 # promtool lints the /metrics exposition in the admin tests (Debian's prometheus package).
 command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
 command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
+command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+command -v iptables-save >/dev/null 2>&1 || need_apt+=(iptables)
+command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
+command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
+python3 -c 'import yaml' >/dev/null 2>&1 || need_apt+=(python3-yaml)
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-deps: installing ${need_apt[*]} with apt-get"

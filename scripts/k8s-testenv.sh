@@ -17,6 +17,20 @@
 #   ANKUSA_TESTENV_AUDIT_LOG         the full API server's audit log (every write, JSON)
 #   ANKUSA_TESTENV_BIN               the directory of the binaries (kubectl among them)
 #   ANKUSA_TESTENV_DIR               certificates, kubeconfigs, logs
+# and, with the real node (ANKUSA_TESTENV_NODE=1, the default; 0 for kwok's nodes only):
+#   ANKUSA_TESTENV_NODE              the real node's name (a kubelet on containerd; tainted
+#                                    ankusa.dev/real-node:NoSchedule, so that only pods that
+#                                    tolerate it, or tests that lift the taint, land on it)
+#   ANKUSA_TESTENV_NODE_IP           the pod bridge's own address: pods reach the API server
+#                                    (as the `kubernetes` Service) and the cluster DNS there,
+#                                    and a test's host process serves pods there
+#   ANKUSA_TESTENV_CONTAINERD        the containerd socket (`ctr --address`), namespace k8s.io
+#   ANKUSA_TESTENV_STORAGE_CLASS     a StorageClass of local volumes on the real node
+#
+# The real node changes the host, and `stop` restores it: the sysctls kubelet rewrites
+# (vm.overcommit_memory, kernel.panic, kernel.panic_on_oops) and net.ipv4.ip_forward (which
+# stays 0: no packet is forwarded), a bridge with pod veths (no gateway, no masquerade, no
+# route out), the pods' network namespaces, cgroups (kubepods), and mounts under DIR.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -25,9 +39,17 @@ ETCD_VERSION=v3.7.3
 KWOK_VERSION=v0.8.0
 PROMETHEUS_OPERATOR_VERSION=v0.85.0
 cache="${ANKUSA_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ankusa/k8s-${K8S_VERSION}}"
-stamp="$cache/.built-${K8S_VERSION}-${ETCD_VERSION}-${KWOK_VERSION}-${PROMETHEUS_OPERATOR_VERSION}-2"
+COREDNS_VERSION=v1.15.0
+HELM_VERSION=v4.3.2
+stamp="$cache/.built-${K8S_VERSION}-${ETCD_VERSION}-${KWOK_VERSION}-${PROMETHEUS_OPERATOR_VERSION}-${COREDNS_VERSION}-${HELM_VERSION}-4"
 
 log() { echo "k8s-testenv: $*" >&2; }
+# The real node: on unless ANKUSA_TESTENV_NODE=0.
+with_node=${ANKUSA_TESTENV_NODE:-1}
+# The node's name, which resolves to 127.0.0.1 everywhere: the API server reaches the
+# kubelet by it (kubelet refuses a loopback node IP, and reports the host's own address,
+# which nothing here sends to).
+NODE_NAME=localhost
 
 # module_dir MODULE@VERSION: the module's files in the Go module cache (downloaded and
 # checked against the checksum database).
@@ -48,13 +70,33 @@ build() {
   mkdir -p "$cache"
   local started=$SECONDS
   export GOTOOLCHAIN=local CGO_ENABLED=0 GOFLAGS=-buildvcs=false
-  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubectl ${K8S_VERSION} and etcd ${ETCD_VERSION} (first time only)"
-  (cd "$root/e2e/testenv" && go build -o "$cache/" \
+  log "building kube-apiserver, kube-controller-manager, kube-scheduler, kubelet, kubectl ${K8S_VERSION} and etcd ${ETCD_VERSION} (first time only)"
+  # One `go build` for all five: they share most of their packages, which compile once.
+  # Their version stamped as Kubernetes' own build does (a chart's kubeVersion is checked
+  # against it).
+  local minor=${K8S_VERSION#v1.}
+  minor=${minor%%.*}
+  local ldflags=""
+  local pkg
+  for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+    ldflags+=" -X $pkg.gitVersion=${K8S_VERSION} -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor}"
+    ldflags+=" -X $pkg.gitTreeState=clean -X $pkg.buildDate=1970-01-01T00:00:00Z"
+  done
+  (cd "$root/e2e/testenv" && go build -ldflags "$ldflags" -o "$cache/" \
       k8s.io/kubernetes/cmd/kube-apiserver \
       k8s.io/kubernetes/cmd/kube-controller-manager \
       k8s.io/kubernetes/cmd/kube-scheduler \
+      k8s.io/kubernetes/cmd/kubelet \
       k8s.io/kubernetes/cmd/kubectl)
   (cd "$root/e2e/testenv" && go build -o "$cache/etcd" go.etcd.io/etcd/server/v3)
+  # The real node's pod sandbox binary, and the cluster DNS (CoreDNS with the plugins the
+  # Corefile below uses; its own module, e2e/testenv/coredns/go.mod).
+  (cd "$root/e2e/testenv" && go build -o "$cache/pause" ./pause)
+  log "building CoreDNS ${COREDNS_VERSION}"
+  (cd "$root/e2e/testenv/coredns" && go build -o "$cache/coredns" .)
+  # The Helm CLI, for `helm install` as the README runs it (e2e/testenv/helm/go.mod).
+  log "building helm ${HELM_VERSION}"
+  (cd "$root/e2e/testenv/helm" && go build -o "$cache/helm" helm.sh/helm/v4/cmd/helm)
   log "building kwok ${KWOK_VERSION}"
   (cd "$root/e2e/testenv" && GOBIN="$cache" go install "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}")
   # The Prometheus Operator's own ServiceMonitor CRD, from its module's files.
@@ -132,30 +174,45 @@ start() {
     disown $!  # stopped by `stop`, not reported by this shell's job control
   }
 
-  # Certificates: a CA, the API servers' serving certificate for 127.0.0.1, and the
-  # service-account signing key.
+  # The real node's pod network, chosen before the API server: its first /24 is the
+  # Service range, so the `kubernetes` Service's ClusterIP is the bridge's own address.
+  if [ "$with_node" = 1 ]; then
+    pick_subnet
+  else
+    node_ip=10.96.0.1 svc_range=10.96.0.0/16
+  fi
+  # Certificates: a CA, the API servers' serving certificate for 127.0.0.1 (and the pod
+  # bridge's address), and the service-account signing key.
   (
     cd "$dir"
     openssl req -x509 -newkey rsa:2048 -nodes -keyout ca.key -out ca.crt -days 2 \
       -subj "/CN=ankusa-testenv-ca" 2>/dev/null
     openssl req -newkey rsa:2048 -nodes -keyout server.key -out server.csr \
       -subj "/CN=kube-apiserver" 2>/dev/null
-    printf 'subjectAltName=IP:127.0.0.1,DNS:localhost,DNS:kubernetes.default.svc\n' >san.ext
+    printf 'subjectAltName=IP:127.0.0.1,IP:%s,DNS:localhost,DNS:kubernetes.default.svc,DNS:kubernetes.default.svc.cluster.local\n' "$node_ip" >san.ext
     openssl x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
       -out server.crt -days 2 -extfile san.ext 2>/dev/null
+    # The API server's client certificate towards kubelets (logs, exec, port-forward).
+    openssl req -newkey rsa:2048 -nodes -keyout kubelet-client.key -out kubelet-client.csr \
+      -subj "/O=system:masters/CN=kube-apiserver-kubelet-client" 2>/dev/null
+    openssl x509 -req -in kubelet-client.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+      -out kubelet-client.crt -days 2 2>/dev/null
     openssl genrsa -out sa.key 2048 2>/dev/null
     openssl rsa -in sa.key -pubout -out sa.pub 2>/dev/null
   )
   # One user per component, so that the audit log tells the tests' own writes from the
   # scheduler's bindings and kwok's pod status updates.
-  local token kcm_token sched_token kwok_token
+  local token kcm_token sched_token kwok_token kubelet_token coredns_token
   token=$(openssl rand -hex 24); kcm_token=$(openssl rand -hex 24)
   sched_token=$(openssl rand -hex 24); kwok_token=$(openssl rand -hex 24)
+  kubelet_token=$(openssl rand -hex 24); coredns_token=$(openssl rand -hex 24)
   {
     echo "${token},admin,admin-uid,system:masters"
     echo "${kcm_token},system:kube-controller-manager,kcm-uid,system:masters"
     echo "${sched_token},system:kube-scheduler,scheduler-uid,system:masters"
     echo "${kwok_token},kwok,kwok-uid,system:masters"
+    echo "${kubelet_token},system:node:${NODE_NAME},kubelet-uid,system:masters"
+    echo "${coredns_token},coredns,coredns-uid,system:masters"
   } >"$dir/tokens.csv"
   # Every request that writes, at the Metadata level: the tests count writes with it.
   cat >"$dir/audit-policy.yaml" <<'EOF'
@@ -197,15 +254,17 @@ EOF
       --service-account-key-file "$dir/sa.pub" \
       --service-account-signing-key-file "$dir/sa.key" \
       --authorization-mode RBAC \
-      --service-cluster-ip-range 10.96.0.0/16 \
+      --service-cluster-ip-range "$svc_range" \
       --allow-privileged=false \
       --endpoint-reconciler-type none \
       --cert-dir "$dir/$name-certs" \
       "$@"
   }
+  # The real node's kubelet serves on 127.0.0.1 under the name `localhost`.
   apiserver kube-apiserver "$api_port" /registry \
     --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
-    --audit-log-mode blocking
+    --audit-log-mode blocking --kubelet-preferred-address-types Hostname \
+    --kubelet-client-certificate "$dir/kubelet-client.crt" --kubelet-client-key "$dir/kubelet-client.key"
   apiserver kube-apiserver-bare "$bare_port" /registry-bare
   wait_ready "https://127.0.0.1:${api_port}/readyz" "$token" kube-apiserver
   wait_ready "https://127.0.0.1:${bare_port}/readyz" "$token" "the bare kube-apiserver"
@@ -214,6 +273,8 @@ EOF
   kubeconfig "$dir/kubeconfig-kcm" "$api_port" "$kcm_token"
   kubeconfig "$dir/kubeconfig-scheduler" "$api_port" "$sched_token"
   kubeconfig "$dir/kubeconfig-kwok" "$api_port" "$kwok_token"
+  kubeconfig "$dir/kubeconfig-kubelet" "$api_port" "$kubelet_token"
+  kubeconfig "$dir/kubeconfig-coredns" "$api_port" "$coredns_token"
 
   spawn kube-controller-manager "$bin/kube-controller-manager" \
     --kubeconfig "$dir/kubeconfig-kcm" --authentication-kubeconfig "$dir/kubeconfig-kcm" \
@@ -269,6 +330,9 @@ EOF
   while read -r pid name; do
     kill -0 "$pid" 2>/dev/null || { log "$name exited: see $dir/$name.log"; return 1; }
   done <"$dir/pids"
+  if [ "$with_node" = 1 ]; then
+    start_node "$api_port"
+  fi
 
   cat >"$dir/env" <<EOF
 export KUBECONFIG="$dir/kubeconfig"
@@ -278,12 +342,21 @@ export ANKUSA_TESTENV_BIN="$bin"
 export ANKUSA_TESTENV_DIR="$dir"
 export PATH="$bin:\$PATH"
 EOF
+  if [ "$with_node" = 1 ]; then
+    cat >>"$dir/env" <<EOF
+export ANKUSA_TESTENV_NODE="$NODE_NAME"
+export ANKUSA_TESTENV_NODE_IP="$node_ip"
+export ANKUSA_TESTENV_CONTAINERD="$dir/node/containerd.sock"
+export ANKUSA_TESTENV_STORAGE_CLASS=ankusa-local
+EOF
+  fi
   log "control plane ${K8S_VERSION} up at https://127.0.0.1:${api_port} (source $dir/env)"
 }
 
 stop() {
   local dir=$1
   [ -f "$dir/pids" ] || return 0
+  if [ -d "$dir/node" ]; then stop_node "$dir"; fi
   local pids
   pids=$(tac "$dir/pids" | cut -d' ' -f1)
   for p in $pids; do kill -TERM "$p" 2>/dev/null || true; done
@@ -295,7 +368,12 @@ stop() {
   done
   for p in $pids; do kill -KILL "$p" 2>/dev/null || true; done
   rm -f "$dir/pids"
+  if [ -d "$dir/node" ]; then restore_host "$dir"; fi
+  return 0
 }
+
+# shellcheck source=scripts/k8s-node.sh
+source "$root/scripts/k8s-node.sh"
 
 case "${1:-}" in
   build) build ;;

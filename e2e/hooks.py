@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""Signed Shopify-style hooks for the e2e on the real node, and the check of what a sink got.
+
+    e2e/hooks.py send URL SECRET OUT --count N [--tenants K] [--rate R] [--seconds S]
+        POSTs N hooks (HMAC-SHA256 in X-Shopify-Hmac-Sha256, the shop as the tenant, a
+        webhook id of its own each) to URL, as a provider does: each is retried until the
+        relay acks it (202, or 200 for a duplicate) or S seconds pass. Appends each acked
+        hook's id (the relay's hk_...) to OUT and prints how many were acked and retried.
+    e2e/hooks.py check ACKED SINK_LOG [--allow-duplicates]
+        Every acked id is in the sink's log (`received hk_... (...)` lines, signature ok);
+        exits 1 naming what is missing. Prints the deliveries and the duplicates; a
+        duplicate fails unless --allow-duplicates (a crash may redeliver; a graceful stop
+        must not).
+"""
+import argparse
+import base64
+import hashlib
+import hmac
+import json
+import re
+import sys
+import time
+import urllib.error
+import urllib.request
+
+
+def send(a):
+    acked = retried = 0
+    deadline = time.monotonic() + a.seconds
+    gap = 1.0 / a.rate if a.rate else 0
+    with open(a.out, "a") as out:
+        for i in range(a.count):
+            shop = f"shop-{i % a.tenants}.example"
+            body = json.dumps({"n": i, "shop": shop}).encode()
+            sig = base64.b64encode(hmac.new(a.secret.encode(), body, hashlib.sha256).digest()).decode()
+            req = urllib.request.Request(a.url, data=body, method="POST", headers={
+                "content-type": "application/json",
+                "x-shopify-hmac-sha256": sig,
+                "x-shopify-shop-domain": shop,
+                "x-shopify-topic": "orders/create",
+                "x-shopify-webhook-id": f"{a.prefix}-{i}",
+            })
+            while True:
+                try:
+                    with urllib.request.urlopen(req, timeout=10) as r:
+                        answer = json.loads(r.read() or b"{}")
+                        if r.status in (200, 202) and "id" in answer:
+                            out.write(answer["id"] + "\n")
+                            out.flush()
+                            acked += 1
+                            break
+                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                    pass
+                retried += 1
+                if time.monotonic() > deadline:
+                    sys.exit(f"hooks: hook {i} not acked within {a.seconds} s ({acked} acked)")
+                time.sleep(0.2)
+            if gap:
+                time.sleep(gap)
+    print(f"hooks: {acked} acked, {retried} retries")
+
+
+def check(a):
+    acked = [l.strip() for l in open(a.acked) if l.strip()]
+    seen = {}
+    bad = 0
+    for line in open(a.sink_log, errors="replace"):
+        m = re.search(r"received (hk_[A-Za-z0-9_-]+) \(.*?, (signature [^)]*)\)", line)
+        if not m:
+            continue
+        seen[m.group(1)] = seen.get(m.group(1), 0) + 1
+        if m.group(2) != "signature ok":
+            bad += 1
+    missing = [i for i in set(acked) if i not in seen]
+    dups = sum(n - 1 for i, n in seen.items() if i in set(acked) and n > 1)
+    print(f"hooks: {len(set(acked))} acked, {sum(seen.values())} deliveries seen, "
+          f"{len(missing)} missing, {dups} duplicates, {bad} with a bad signature")
+    if missing:
+        sys.exit(f"hooks: acked but never delivered: {sorted(missing)[:10]}")
+    if bad:
+        sys.exit("hooks: deliveries whose signature did not verify")
+    if dups and not a.allow_duplicates:
+        sys.exit("hooks: hooks delivered twice")
+
+
+def main():
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("send")
+    s.add_argument("url")
+    s.add_argument("secret")
+    s.add_argument("out")
+    s.add_argument("--count", type=int, required=True)
+    s.add_argument("--tenants", type=int, default=5)
+    s.add_argument("--rate", type=float, default=0)
+    s.add_argument("--seconds", type=float, default=120)
+    s.add_argument("--prefix", default="wh")
+    c = sub.add_parser("check")
+    c.add_argument("acked")
+    c.add_argument("sink_log")
+    c.add_argument("--allow-duplicates", action="store_true")
+    a = p.parse_args()
+    send(a) if a.cmd == "send" else check(a)
+
+
+if __name__ == "__main__":
+    main()
