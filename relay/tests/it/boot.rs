@@ -5,7 +5,7 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::support::{bin, http_get, http_raw, log_tail, proc_node, store_with_hooks, text, Proc};
+use crate::support::{bin, http_get, http_raw, log_tail, proc_node, store_with_hooks, Proc};
 
 /// A shared object for `LD_PRELOAD` that holds the first open of a `MANIFEST-*` file for
 /// `ANKUSA_IT_SLOW_OPEN_MS` milliseconds: a store on a slow disk freshly attached (or a WAL
@@ -47,18 +47,7 @@ static void maybe_hold(const char *path) {
 OPEN(open)
 OPEN(open64)
 "#;
-    let src = dir.join("slow_open.c");
-    let lib = dir.join("slow_open.so");
-    std::fs::write(&src, SHIM).unwrap();
-    let out = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .expect("run cc (the C compiler the RocksDB build uses)");
-    assert!(out.status.success(), "cc: {}", text(&out.stderr));
-    lib
+    crate::support::preload_library(dir, "slow_open", SHIM)
 }
 
 /// Waits up to `limit` for `f` to answer `Some`.

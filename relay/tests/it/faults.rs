@@ -598,18 +598,7 @@ ssize_t write(int fd, const void *buf, size_t count) {
     return real(fd, buf, count);
 }
 "#;
-    let src = dir.join("wal_fault.c");
-    let lib = dir.join("wal_fault.so");
-    std::fs::write(&src, SHIM).unwrap();
-    let out = std::process::Command::new("cc")
-        .args(["-shared", "-fPIC", "-O2", "-o"])
-        .arg(&lib)
-        .arg(&src)
-        .arg("-ldl")
-        .output()
-        .expect("run cc (the C compiler the RocksDB build uses)");
-    assert!(out.status.success(), "cc: {}", text(&out.stderr));
-    lib
+    crate::support::preload_library(dir, "wal_fault", SHIM)
 }
 
 /// A node started with the WAL fault shim armed by `var` (see [`wal_fault`]), and what it

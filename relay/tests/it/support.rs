@@ -281,6 +281,23 @@ pub fn now_s() -> u64 {
     ankusa_relay::now_ms() / 1000
 }
 
+/// Compiles `source` (C) into `dir/NAME.so` for `LD_PRELOAD`: the fault shims of the
+/// process tests, which wrap a libc call of the node's and forward the rest.
+pub fn preload_library(dir: &Path, name: &str, source: &str) -> std::path::PathBuf {
+    let src = dir.join(format!("{name}.c"));
+    let lib = dir.join(format!("{name}.so"));
+    std::fs::write(&src, source).expect("write the shim's source");
+    let out = Command::new("cc")
+        .args(["-shared", "-fPIC", "-O2", "-o"])
+        .arg(&lib)
+        .arg(&src)
+        .arg("-ldl")
+        .output()
+        .expect("run cc (the C compiler the RocksDB build uses)");
+    assert!(out.status.success(), "cc: {}", text(&out.stderr));
+    lib
+}
+
 /// The process tests' node: fixed free ports and [`ADMIN_TOKEN`] as the admin token.
 pub fn proc_node() -> NodeBuilder {
     NodeBuilder::default()
