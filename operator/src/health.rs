@@ -1,9 +1,14 @@
 //! What `/readyz` and `/healthz` of the operator's pod judge: whether the Relay watch has
 //! listed and is not failing, and whether the Lease loop keeps making its attempts.
 //!
-//! - `/readyz` fails while the leader's Relay watch has not listed yet, while it has failed
-//!   for longer than [`Thresholds::watch_failing`] with no event since, and while a leader
-//!   has gone [`Thresholds::renew_deadline`] without renewing its Lease.
+//! - `/readyz` fails while the leader's Relay watch has not listed yet, while it has been
+//!   failing for longer than [`Thresholds::watch_failing`], and while a leader has gone
+//!   [`Thresholds::renew_deadline`] without renewing its Lease.
+//!
+//! A watch is failing from its first error until an event comes or no error has come for
+//! [`Thresholds::watch_quiet`]: a watcher that fails retries (and errs again) at least every
+//! 30 s, its longest backoff, and one that has recovered says nothing until an object
+//! changes (it resumes from its resourceVersion without a new list).
 //! - `/healthz` fails only when something is stuck for good: the watch failing for
 //!   [`Thresholds::watch_stuck`], or the Lease loop making no attempt at all (a hung task)
 //!   for [`Thresholds::lease_stuck`]. The kubelet then restarts the container, as it
@@ -17,8 +22,11 @@ use std::time::{Duration, Instant};
 /// When a condition turns into a failed probe.
 #[derive(Debug, Clone, Copy)]
 pub struct Thresholds {
-    /// A watch failing this long with no event since makes `/readyz` fail.
+    /// A watch failing this long makes `/readyz` fail.
     pub watch_failing: Duration,
+    /// No error for this long ends a failing run (longer than the watcher's longest
+    /// backoff step).
+    pub watch_quiet: Duration,
     /// ... and `/healthz`.
     pub watch_stuck: Duration,
     /// A leader not renewed for this long is not ready (it is about to step down).
@@ -33,6 +41,7 @@ impl Thresholds {
     pub fn new(renew_deadline: Duration, lease_duration: Duration) -> Thresholds {
         Thresholds {
             watch_failing: Duration::from_secs(30),
+            watch_quiet: Duration::from_secs(45),
             watch_stuck: Duration::from_secs(300),
             renew_deadline,
             lease_stuck: lease_duration * 4,
@@ -51,9 +60,10 @@ pub struct Health {
     watching: AtomicBool,
     /// Its first list has completed.
     listed: AtomicBool,
-    /// Milliseconds since `epoch` (+1; 0: never) of the watch's first error since its last
-    /// event, and of the last attempt and renewal of the Lease.
+    /// Milliseconds since `epoch` (+1; 0: never) of the first and the last error of the
+    /// watch's current failing run, and of the last attempt and renewal of the Lease.
     watch_failing_since: AtomicU64,
+    watch_last_error: AtomicU64,
     lease_attempt: AtomicU64,
     lease_renewed: AtomicU64,
 }
@@ -71,6 +81,7 @@ impl Health {
             watching: AtomicBool::new(false),
             listed: AtomicBool::new(false),
             watch_failing_since: AtomicU64::new(0),
+            watch_last_error: AtomicU64::new(0),
             lease_attempt: AtomicU64::new(0),
             lease_renewed: AtomicU64::new(0),
         };
@@ -99,14 +110,15 @@ impl Health {
         self.watch_failing_since.store(0, Ordering::Release);
     }
 
-    /// The watch failed (it retries with backoff); the first failure since the last event
-    /// starts the clock.
+    /// The watch failed (it retries with backoff): the first error of a run starts the
+    /// clock.
     pub fn watch_error(&self) {
         self.watching.store(true, Ordering::Release);
-        let now = self.now();
-        let _ =
+        if self.watch_failing_for().is_none() {
             self.watch_failing_since
-                .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire);
+                .store(self.now(), Ordering::Release);
+        }
+        self.watch_last_error.store(self.now(), Ordering::Release);
     }
 
     /// The elector finished an attempt, whatever its outcome.
@@ -126,7 +138,12 @@ impl Health {
         self.leading.store(false, Ordering::Release);
     }
 
+    /// How long the current failing run has lasted (`None`: the watch is not failing).
     fn watch_failing_for(&self) -> Option<Duration> {
+        let quiet = self.age(&self.watch_last_error)?;
+        if quiet >= self.thresholds.watch_quiet {
+            return None;
+        }
         self.age(&self.watch_failing_since)
     }
 
@@ -135,7 +152,7 @@ impl Health {
         let t = self.thresholds;
         if let Some(d) = self.watch_failing_for().filter(|d| *d >= t.watch_stuck) {
             return Err(format!(
-                "the Relay watch has failed for {} s with no event since",
+                "the Relay watch has been failing for {} s",
                 d.as_secs()
             ));
         }
@@ -175,7 +192,7 @@ impl Health {
         }
         if let Some(d) = self.watch_failing_for().filter(|d| *d >= t.watch_failing) {
             return Err(format!(
-                "the Relay watch has failed for {} s with no event since",
+                "the Relay watch has been failing for {} s",
                 d.as_secs()
             ));
         }
@@ -195,6 +212,7 @@ mod tests {
     fn quick() -> Thresholds {
         Thresholds {
             watch_failing: Duration::from_millis(30),
+            watch_quiet: Duration::from_millis(25),
             watch_stuck: Duration::from_millis(60),
             renew_deadline: Duration::from_millis(40),
             lease_stuck: Duration::from_millis(80),
@@ -212,20 +230,42 @@ mod tests {
         assert_eq!(h.live(), Ok(()));
     }
 
+    /// Errors every 15 ms (the watcher's retries) for about `ms`.
+    fn fail_for(h: &Health, ms: u64) {
+        for _ in 0..ms / 15 {
+            h.watch_error();
+            std::thread::sleep(Duration::from_millis(15));
+        }
+        h.watch_error();
+    }
+
     #[test]
     fn a_failing_watch_fails_readiness_then_liveness_and_an_event_clears_both() {
         let h = Health::new(quick(), false);
         h.watch_event(true);
         h.watch_error();
         assert_eq!(h.ready(), Ok(()), "a fresh failure is retried first");
-        std::thread::sleep(Duration::from_millis(35));
-        h.watch_error();
-        assert!(h.ready().unwrap_err().contains("watch has failed"));
+        fail_for(&h, 35);
+        assert!(h.ready().unwrap_err().contains("watch has been failing"));
         assert_eq!(h.live(), Ok(()));
-        std::thread::sleep(Duration::from_millis(30));
+        fail_for(&h, 30);
         assert!(h.live().is_err());
         h.watch_event(false);
         assert_eq!((h.live(), h.ready()), (Ok(()), Ok(())));
+    }
+
+    #[test]
+    fn a_watch_that_stops_erring_has_recovered_without_an_event() {
+        let h = Health::new(quick(), false);
+        h.watch_event(true);
+        fail_for(&h, 35);
+        assert!(h.ready().is_err());
+        // The watcher resumed: no error, and nothing changed to make an event.
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!((h.live(), h.ready()), (Ok(()), Ok(())));
+        // A new error starts a new run.
+        h.watch_error();
+        assert_eq!(h.ready(), Ok(()));
     }
 
     #[test]
