@@ -74,10 +74,11 @@ done
 kubectl taint nodes -l type=kwok ankusa.dev/real-node-test=true:NoSchedule --overwrite >/dev/null
 kubectl taint nodes "$node" ankusa.dev/real-node- >/dev/null
 
+# ankusa-system may exist already (the operator's tests use it in make test).
 for n in ankusa-system "$ns" apps; do
-  kubectl create namespace "$n" >/dev/null
+  kubectl create namespace "$n" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
   kubectl label namespace "$n" pod-security.kubernetes.io/enforce=restricted \
-    pod-security.kubernetes.io/enforce-version=latest >/dev/null
+    pod-security.kubernetes.io/enforce-version=latest --overwrite >/dev/null
 done
 kubectl label crd relays.ankusa.dev app.kubernetes.io/managed-by=Helm --overwrite >/dev/null
 kubectl annotate crd relays.ankusa.dev meta.helm.sh/release-name=ankusa \
