@@ -8,7 +8,8 @@
 # Needs target/images/{relay,operator}.oci.tar (`make e2e` builds them from the debug
 # binaries: IMAGE_PROFILE=dev). What it changes from the README's commands, and why:
 # - the namespaces enforce the `restricted` Pod Security Standard (created first, labelled);
-# - the test cluster installed the Relay CRD itself, so it is labelled for Helm to adopt;
+# - the test cluster installed the Relay CRD itself (and e2e/run.sh the chart's RBAC with
+#   kubectl), so those are labelled for Helm to adopt;
 # - examples/relay.yaml is applied with storage.storageClassName set to the node's local
 #   volumes, CPU requests a two-core node can hold, and no backup section (the backup
 #   claim's e2e is the upgrade gate's);
@@ -80,9 +81,14 @@ for n in ankusa-system "$ns" apps; do
   kubectl label namespace "$n" pod-security.kubernetes.io/enforce=restricted \
     pod-security.kubernetes.io/enforce-version=latest --overwrite >/dev/null
 done
-kubectl label crd relays.ankusa.dev app.kubernetes.io/managed-by=Helm --overwrite >/dev/null
-kubectl annotate crd relays.ankusa.dev meta.helm.sh/release-name=ankusa \
-  meta.helm.sh/release-namespace=ankusa-system --overwrite >/dev/null
+# Cluster-wide objects of the chart made without Helm (the CRD by the test cluster, the
+# RBAC by e2e/run.sh's kubectl apply of the rendered chart) are labelled for Helm to adopt.
+for obj in crd/relays.ankusa.dev clusterrole/ankusa clusterrolebinding/ankusa; do
+  kubectl get "$obj" >/dev/null 2>&1 || continue
+  kubectl label "$obj" app.kubernetes.io/managed-by=Helm --overwrite >/dev/null
+  kubectl annotate "$obj" meta.helm.sh/release-name=ankusa \
+    meta.helm.sh/release-namespace=ankusa-system --overwrite >/dev/null
+done
 # README's commands with no -n go to the Relay's namespace (in a copy of the kubeconfig).
 cp "$KUBECONFIG" "$work/kubeconfig"
 export KUBECONFIG="$work/kubeconfig"
