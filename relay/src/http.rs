@@ -1,9 +1,8 @@
 //! What both listeners share: the one JSON error shape, the layer that puts every error
 //! in it (the framework's own rejections, unknown paths and wrong methods included), the
-//! readiness answer, and the switch that serves a listener before the store is open.
+//! readiness answer, and what a listener answers before the store is open.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, OnceLock};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
@@ -36,33 +35,6 @@ pub fn readiness(ready: &AtomicBool, store: &crate::store::Store) -> Response {
             format!("the store refuses writes: {e}"),
         ),
         _ => (StatusCode::OK, "ready\n").into_response(),
-    }
-}
-
-/// A listener's app from the moment it binds: [`booting`] answers until [`Switch::set`]
-/// installs the full router, which answers every request after. Both listeners bind, and
-/// `/healthz` answers, before the store opens (the WAL replay of a large store can take
-/// minutes; a liveness probe must not kill the node for it).
-#[derive(Clone, Default)]
-pub struct Switch(Arc<OnceLock<axum::Router>>);
-
-impl Switch {
-    /// Installs the full router (once; a second call changes nothing).
-    pub fn set(&self, app: axum::Router) {
-        let _ = self.0.set(app);
-    }
-
-    /// The router to serve: the full one once set, `booting()` until then.
-    pub fn router(&self) -> axum::Router {
-        use tower::ServiceExt;
-        let full = self.0.clone();
-        let early = booting();
-        axum::Router::new().fallback_service(tower::service_fn(
-            move |req: axum::extract::Request| {
-                let app = full.get().unwrap_or(&early).clone();
-                app.oneshot(req)
-            },
-        ))
     }
 }
 

@@ -26,7 +26,6 @@ use crate::config::{ArchivePolicy, Config, ConfigError};
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::edge::{self, quarantine::Quarantine, EdgeState};
-use crate::http::Switch;
 use crate::metrics::{ArchiveLabel, Metrics, StoreFamilyLabel};
 use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
@@ -79,12 +78,85 @@ impl NodeError {
     }
 }
 
+/// A bound listener whose socket answers [`crate::http::booting`] (through a duplicate of
+/// it) until [`Listener::serve`] puts the full router on the socket itself. Connections that
+/// arrive in between wait in the socket's backlog, and no request of the running node passes
+/// through anything of the boot.
+struct Listener {
+    socket: std::net::TcpListener,
+    /// Ends the booting server (it ends with the node's stop too).
+    booted: tokio::sync::watch::Sender<bool>,
+    /// Closed once the booting server has ended: no connection of its is left.
+    ended: tokio::sync::oneshot::Receiver<()>,
+}
+
+impl Listener {
+    /// Binds `addr` (the configuration's `key`) and serves the booting router on it at once;
+    /// answers the listener and the booting server's task.
+    fn bind(
+        key: &str,
+        addr: SocketAddr,
+        stop: &tokio::sync::watch::Receiver<bool>,
+    ) -> Result<(Listener, tokio::task::JoinHandle<std::io::Result<()>>), NodeError> {
+        let context = format!("binding {key} {addr}");
+        let socket = crate::config::listen::bind(addr).map_err(NodeError::io(context.clone()))?;
+        let early = socket
+            .try_clone()
+            .and_then(tokio::net::TcpListener::from_std)
+            .map_err(NodeError::io(context))?;
+        let (booted, mut done) = tokio::sync::watch::channel(false);
+        let (end, ended) = tokio::sync::oneshot::channel();
+        let mut stop = stop.clone();
+        let task = tokio::spawn(async move {
+            let served = axum::serve(early, crate::http::booting())
+                .with_graceful_shutdown(async move {
+                    tokio::select! {
+                        _ = done.wait_for(|d| *d) => {}
+                        _ = stop.wait_for(|s| *s) => {}
+                    }
+                })
+                .await;
+            drop(end);
+            served
+        });
+        Ok((
+            Listener {
+                socket,
+                booted,
+                ended,
+            },
+            task,
+        ))
+    }
+
+    fn local_addr(&self) -> Result<SocketAddr, NodeError> {
+        self.socket
+            .local_addr()
+            .map_err(NodeError::io("reading a listener's address"))
+    }
+
+    /// Ends the booting server, waits until it has (so that no request is answered by it
+    /// once the full router serves), and serves `app` on the socket until the node stops.
+    async fn serve(
+        self,
+        app: axum::Router,
+        stop: tokio::sync::watch::Receiver<bool>,
+    ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, NodeError> {
+        let _ = self.booted.send(true);
+        let _ = self.ended.await;
+        let listener = tokio::net::TcpListener::from_std(self.socket)
+            .map_err(NodeError::io("serving a listener"))?;
+        Ok(serve(listener, app, stop))
+    }
+}
+
 /// What [`Node::boot`] started behind the listeners.
 struct Booted {
     store: Arc<Store>,
     metrics: Arc<Metrics>,
     recovered: u64,
     ready: Arc<AtomicBool>,
+    servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     background: Vec<tokio::task::JoinHandle<()>>,
     writer: std::thread::JoinHandle<()>,
 }
@@ -361,18 +433,28 @@ impl StopSignals {
     }
 }
 
-/// The soft `RLIMIT_NOFILE` of this process (`None`: unlimited).
+/// This process's `RLIMIT_NOFILE`.
 #[allow(unsafe_code)]
-pub fn open_files_limit() -> Option<u64> {
+fn nofile() -> std::io::Result<libc::rlimit> {
     let mut l = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
     };
     // SAFETY: `getrlimit` writes the one struct it is given.
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
-        return Some(1024);
+        return Err(std::io::Error::last_os_error());
     }
-    (l.rlim_cur != libc::RLIM_INFINITY).then_some(l.rlim_cur)
+    Ok(l)
+}
+
+/// A limit, `None` when unlimited.
+fn finite(n: libc::rlim_t) -> Option<u64> {
+    (n != libc::RLIM_INFINITY).then_some(n)
+}
+
+/// The soft `RLIMIT_NOFILE` of this process (`None`: unlimited, or unreadable).
+pub fn open_files_limit() -> Option<u64> {
+    nofile().ok().and_then(|l| finite(l.rlim_cur))
 }
 
 /// Raises the soft `RLIMIT_NOFILE` to the hard limit. Container runtimes start processes
@@ -381,15 +463,7 @@ pub fn open_files_limit() -> Option<u64> {
 /// soft limits before and after (`None`: unlimited).
 #[allow(unsafe_code)]
 pub fn raise_open_files_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
-    let mut l = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    let finite = |n: libc::rlim_t| (n != libc::RLIM_INFINITY).then_some(n);
-    // SAFETY: `getrlimit` writes the one struct it is given.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut l) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
+    let mut l = nofile()?;
     let before = finite(l.rlim_cur);
     if l.rlim_cur != l.rlim_max {
         l.rlim_cur = l.rlim_max;
@@ -499,31 +573,21 @@ impl Node {
         // Both listeners first, before anything slow: a port clash fails the start at
         // once, and `/healthz` answers (`/readyz` 503 `store_opening`) while the store
         // opens and replays its WAL.
-        let ingest = crate::config::listen::bind(config.ingest.listen)
-            .and_then(tokio::net::TcpListener::from_std)
-            .map_err(NodeError::io(format!(
-                "binding ingest.listen {}",
-                config.ingest.listen
-            )))?;
-        let admin_l = crate::config::listen::bind(config.admin.listen)
-            .and_then(tokio::net::TcpListener::from_std)
-            .map_err(NodeError::io(format!(
-                "binding admin.listen {}",
-                config.admin.listen
-            )))?;
-        let local = NodeError::io("reading a listener's address");
+        let (shutdown, stop) = tokio::sync::watch::channel(false);
+        let (ingest, early_ingest) = Listener::bind("ingest.listen", config.ingest.listen, &stop)?;
+        let mut early = vec![early_ingest];
+        let (admin_l, early_admin) =
+            match Listener::bind("admin.listen", config.admin.listen, &stop) {
+                Ok(l) => l,
+                Err(e) => return Err(Self::failed(&shutdown, early, e).await),
+            };
+        early.push(early_admin);
         let (ingest_addr, admin_addr) = match (ingest.local_addr(), admin_l.local_addr()) {
             (Ok(i), Ok(a)) => (i, a),
-            (Err(e), _) | (_, Err(e)) => return Err(local(e)),
+            (Err(e), _) | (_, Err(e)) => return Err(Self::failed(&shutdown, early, e).await),
         };
-        let (shutdown, stop) = tokio::sync::watch::channel(false);
-        let (admin_app, ingest_app) = (Switch::default(), Switch::default());
-        let servers = vec![
-            serve(admin_l, admin_app.router(), stop.clone()),
-            serve(ingest, ingest_app.router(), stop.clone()),
-        ];
         tracing::info!(%ingest_addr, %admin_addr, "listening; opening the store");
-        match Self::boot(config, &admin_app, &ingest_app, stop).await {
+        match Self::boot(config, admin_l, ingest, stop).await {
             Ok(parts) => Ok(Node {
                 ingest_addr,
                 admin_addr,
@@ -532,21 +596,27 @@ impl Node {
                 recovered_inflight: parts.recovered,
                 ready: parts.ready,
                 shutdown,
-                servers,
+                servers: parts.servers,
                 background: parts.background,
                 writer: Some(parts.writer),
             }),
-            Err(e) => {
-                // The early listeners go with the failed start, closed before it returns
-                // (a supervisor may start another node on the same ports at once).
-                let _ = shutdown.send(true);
-                for s in servers {
-                    s.abort();
-                    let _ = s.await;
-                }
-                Err(e)
-            }
+            Err(e) => Err(Self::failed(&shutdown, early, e).await),
         }
+    }
+
+    /// A failed start: the booting servers stop, and are gone (their sockets closed) before
+    /// `start` returns, as a supervisor may start another node on the same ports at once.
+    async fn failed(
+        shutdown: &tokio::sync::watch::Sender<bool>,
+        early: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
+        e: NodeError,
+    ) -> NodeError {
+        let _ = shutdown.send(true);
+        for task in early {
+            task.abort();
+            let _ = task.await;
+        }
+        e
     }
 
     /// Everything slow of a start, behind listeners that already serve: opens the store,
@@ -554,8 +624,8 @@ impl Node {
     /// ingest router, starts the pipeline and the periodic tasks.
     async fn boot(
         config: Config,
-        admin_app: &Switch,
-        ingest_app: &Switch,
+        admin_l: Listener,
+        ingest: Listener,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Booted, NodeError> {
         let sources = edge::sources(&config)?;
@@ -607,7 +677,11 @@ impl Node {
             progress: progress.clone(),
             writer: std::sync::OnceLock::new(),
         });
-        admin_app.set(admin::router(admin_state, api.clone()));
+        let mut servers = vec![
+            admin_l
+                .serve(admin::router(admin_state, api.clone()), stop.clone())
+                .await?,
+        ];
 
         let boot_store = store.clone();
         let max_tenants = config.tenants.max;
@@ -691,7 +765,7 @@ impl Node {
             ready.clone(),
             cluster,
         ));
-        ingest_app.set(edge::router(edge_state));
+        servers.push(ingest.serve(edge::router(edge_state), stop.clone()).await?);
         let background = vec![
             pipeline::spawn(
                 store.clone(),
@@ -721,6 +795,7 @@ impl Node {
             metrics,
             recovered,
             ready,
+            servers,
             background,
             writer: writer_thread,
         })
