@@ -56,8 +56,6 @@ pub struct Health {
     thresholds: Thresholds,
     election: bool,
     leading: AtomicBool,
-    /// The Relay watch has run (this replica leads and reconciles).
-    watching: AtomicBool,
     /// Its first list has completed.
     listed: AtomicBool,
     /// Milliseconds since `epoch` (+1; 0: never) of the first and the last error of the
@@ -78,7 +76,6 @@ impl Health {
             thresholds,
             election,
             leading: AtomicBool::new(!election),
-            watching: AtomicBool::new(false),
             listed: AtomicBool::new(false),
             watch_failing_since: AtomicU64::new(0),
             watch_last_error: AtomicU64::new(0),
@@ -103,7 +100,6 @@ impl Health {
 
     /// The watch produced an event: it is listed (on `listed`) and not failing.
     pub fn watch_event(&self, listed: bool) {
-        self.watching.store(true, Ordering::Release);
         if listed {
             self.listed.store(true, Ordering::Release);
         }
@@ -113,7 +109,6 @@ impl Health {
     /// The watch failed (it retries with backoff): the first error of a run starts the
     /// clock.
     pub fn watch_error(&self) {
-        self.watching.store(true, Ordering::Release);
         if self.watch_failing_for().is_none() {
             self.watch_failing_since
                 .store(self.now(), Ordering::Release);
@@ -197,11 +192,6 @@ impl Health {
             ));
         }
         Ok(())
-    }
-
-    /// Whether the Relay watch has run at all (for logs).
-    pub fn watching(&self) -> bool {
-        self.watching.load(Ordering::Acquire)
     }
 }
 

@@ -222,8 +222,8 @@ impl Elector {
             match attempt {
                 Ok(Ok(Outcome::Leading)) => last_ok = Instant::now(),
                 Ok(Ok(Outcome::Following(holder))) => {
+                    // try_acquire has told health.
                     tracing::error!(lease = %self.settings.name, %holder, "lost the lease");
-                    self.lost();
                     return;
                 }
                 Ok(Err(e)) => {
