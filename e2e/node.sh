@@ -18,8 +18,8 @@
 # The node's taint is lifted and kwok's nodes are tainted for the test, so every pod runs
 # on the real node; both are put back at the end. ANKUSA_E2E_KEEP=1 keeps the namespaces.
 set -euo pipefail
-cd "$(dirname "$0")/.."
-root=$(pwd)
+# e2e_until, and the checks of the control plane's variables and the binaries.
+source "$(dirname "$0")/lib.sh"
 
 if [ -z "${ANKUSA_TESTENV_NODE:-}" ]; then
   echo "e2e-node: no real node: run under scripts/k8s-testenv.sh (make test does)" >&2
@@ -59,13 +59,6 @@ cleanup() {
 }
 trap cleanup EXIT
 
-until_ok() { # until_ok SECONDS CMD...
-  local end=$((SECONDS + $1)); shift
-  until "$@"; do
-    [ $SECONDS -lt $end ] || return 1
-    sleep 1
-  done
-}
 
 say "loading the images of make image into the node's containerd"
 for f in relay operator; do
@@ -182,17 +175,17 @@ say "hooks through kubectl port-forward to hooks-0 are delivered to the sink and
 port=$(python3 scripts/free_ports.py)
 kubectl port-forward pod/hooks-0 "$port:8080" >"$work/pf.log" 2>&1 &
 pids+=($!)
-until_ok 30 curl -fsS "http://127.0.0.1:$port/healthz" -o /dev/null || fail "port-forward did not come up"
+e2e_until 30 curl -fsS "http://127.0.0.1:$port/healthz" -o /dev/null || fail "port-forward did not come up"
 url="http://127.0.0.1:$port/ingest/shopify"
 python3 e2e/hooks.py send "$url" "$shopify_secret" "$work/acked" --count 60 --tenants 6 --prefix first
 delivered() {
   kubectl -n apps logs webhook-consumer >"$work/sink.log" 2>/dev/null
   python3 e2e/hooks.py check "$work/acked" "$work/sink.log" >/dev/null 2>&1
 }
-until_ok 60 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" || true; fail "not every acked hook was delivered"; }
+e2e_until 60 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" || true; fail "not every acked hook was delivered"; }
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log"
 counted() { [ "$(kubectl get relay hooks -o jsonpath='{.status.tenants.count}')" = 6 ]; }
-until_ok 60 counted || fail "the Relay's status does not count the 6 tenants: $(kubectl get relay hooks -o jsonpath='{.status.tenants}')"
+e2e_until 60 counted || fail "the Relay's status does not count the 6 tenants: $(kubectl get relay hooks -o jsonpath='{.status.tenants}')"
 
 say "kubectl delete pod hooks-1 during a steady stream: drained within its grace, the same volume, nothing lost or redelivered"
 uid1=$(kubectl get pod hooks-1 -o jsonpath='{.metadata.uid}')
@@ -207,11 +200,11 @@ grace=$(kubectl get statefulset hooks -o jsonpath='{.spec.template.spec.terminat
 [ "$took" -lt "$grace" ] || fail "hooks-1 took $took s to stop (grace $grace s): SIGTERM did not end it"
 wait "$sender" || { cat "$work/steady.log" >&2; fail "the steady stream was not acked"; }
 cat "$work/steady.log"
-until_ok 120 bash -c "[ \"\$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].ready}')\" = true ]" \
+e2e_until 120 bash -c "[ \"\$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].ready}')\" = true ]" \
   || fail "hooks-1 did not come back"
 [ "$(kubectl get pod hooks-1 -o jsonpath='{.metadata.uid}')" != "$uid1" ] || fail "hooks-1 was not replaced"
 kubectl get pvc data-hooks-1 -o jsonpath='{.status.phase}' | grep -qx Bound || fail "hooks-1's claim is not bound"
-until_ok 90 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" || true; fail "acked hooks were lost across the pod's deletion"; }
+e2e_until 90 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" || true; fail "acked hooks were lost across the pod's deletion"; }
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log"
 
 say "a SIGKILL from outside to hooks-2's PID 1: the kubelet restarts the container, nothing acked is lost"
@@ -224,9 +217,9 @@ sender=$!
 sleep 2
 kill -KILL "$pid"
 wait "$sender" || { cat "$work/killed.log" >&2; fail "hooks around the SIGKILL were not acked"; }
-until_ok 120 bash -c "[ \"\$(kubectl get pod hooks-2 -o jsonpath='{.status.containerStatuses[0].restartCount}/{.status.containerStatuses[0].ready}')\" = \"$((restarts + 1))/true\" ]" \
+e2e_until 120 bash -c "[ \"\$(kubectl get pod hooks-2 -o jsonpath='{.status.containerStatuses[0].restartCount}/{.status.containerStatuses[0].ready}')\" = \"$((restarts + 1))/true\" ]" \
   || fail "the kubelet did not restart hooks-2's container"
-until_ok 90 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the SIGKILL"; }
+e2e_until 90 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the SIGKILL"; }
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
 
 kubectl get relays

@@ -4,7 +4,7 @@
 # DIR/node; every process is started here and stopped by its PID; whatever it changes on
 # the host is recorded before and restored by restore_host.
 #
-# Uses (from k8s-testenv.sh): log, spawn, wait_ready, dir, cache, root, NODE_NAME.
+# Uses (from k8s-testenv.sh): log, spawn, dir, cache, root, NODE_NAME.
 
 # The pod network: a /23 of 10.213.0.0/16 no interface or route of the host uses. Its first
 # /24 is the Service range (the `kubernetes` Service is its .1, the bridge's own address);
