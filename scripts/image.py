@@ -22,6 +22,7 @@ or a container engine.
 Prints the manifest's digest (sha256:...) on stdout.
 """
 import argparse
+import datetime
 import gzip
 import hashlib
 import io
@@ -237,8 +238,7 @@ def main():
     repo, _, tag = a.ref.rpartition(":")
     if not repo or "/" in tag:
         raise SystemExit(f"image: --ref {a.ref}: expected REGISTRY/NAME:TAG")
-    created = "1970-01-01T00:00:00Z" if EPOCH == 0 else \
-        __import__("datetime").datetime.fromtimestamp(EPOCH, __import__("datetime").timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    created = datetime.datetime.fromtimestamp(EPOCH, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with tempfile.TemporaryDirectory() as tmp:
         base, packages = base_layer(a.binary, tmp)
         app = app_layer(a.binary, exe, tmp)
