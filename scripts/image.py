@@ -19,6 +19,11 @@ or a container engine.
   `ctr -n k8s.io images import` registers it under the name the chart and the Relay use,
   and `skopeo copy oci-archive:FILE docker://REGISTRY/NAME:TAG` pushes it anywhere.
 
+More than one program: `--program PATH` adds the Debian package that ships PATH and
+those of the libraries it loads (e.g. an interpreter), `--package PKG` a package as it is,
+`--file SRC=DEST` a file to the second layer, and `--entrypoint JSON` replaces the
+binary as entrypoint (e2e/node.sh builds the previous release's image this way).
+
 Prints the manifest's digest (sha256:...) on stdout.
 """
 import argparse
@@ -89,20 +94,33 @@ def installed_version(pkg):
 
 
 def fetch_deb(pkg):
-    """The .deb of the installed version of `pkg`, from the cache or apt-get download."""
+    """The .deb of the installed version of `pkg` (or, when the archive no longer serves
+    that version, of the version apt would install), from the cache or apt-get download."""
     version = installed_version(pkg)
     os.makedirs(CACHE, exist_ok=True)
-    quoted = version.replace(":", "%3a")
-    for name in os.listdir(CACHE):
-        if name.startswith(f"{pkg}_{quoted}_"):
-            return os.path.join(CACHE, name)
+
+    def cached(v):
+        quoted = v.replace(":", "%3a")
+        for name in sorted(os.listdir(CACHE)):
+            if name.startswith(f"{pkg}_{quoted}_"):
+                return os.path.join(CACHE, name)
+        return None
+
+    candidate = run("apt-cache", "policy", pkg).split("Candidate:", 1)[1].split()[0]
+    for v in (version, candidate):
+        if cached(v):
+            return cached(v)
     log(f"downloading {pkg}={version}")
-    subprocess.run(["apt-get", "download", f"{pkg}={version}"], cwd=CACHE, check=True,
-                   capture_output=True)
-    for name in os.listdir(CACHE):
-        if name.startswith(f"{pkg}_{quoted}_"):
-            return os.path.join(CACHE, name)
-    raise SystemExit(f"image: apt-get download {pkg}={version} left no .deb in {CACHE}")
+    r = subprocess.run(["apt-get", "download", f"{pkg}={version}"], cwd=CACHE,
+                       capture_output=True, text=True)
+    if r.returncode != 0 and candidate != version:
+        log(f"{pkg}={version} is not served ({r.stderr.strip()}); downloading {candidate}")
+        r = subprocess.run(["apt-get", "download", f"{pkg}={candidate}"], cwd=CACHE,
+                           capture_output=True, text=True)
+        version = candidate
+    if r.returncode != 0 or not cached(version):
+        raise SystemExit(f"image: apt-get download {pkg}={version} failed: {r.stderr.strip()}")
+    return cached(version)
 
 
 class Layer:
@@ -169,8 +187,11 @@ def add_tree(layer, root):
                     layer.file(rel, f.read(), st.st_mode & 0o7777)
 
 
-def base_layer(binary, tmp):
-    packages = sorted({owning_package(lib) for lib in libraries(binary)} | {"ca-certificates"})
+def base_layer(binaries, extra, tmp):
+    packages = {"ca-certificates", *extra}
+    for b in binaries:
+        packages |= {owning_package(lib) for lib in libraries(b)}
+    packages = sorted(packages)
     layer = Layer()
     for pkg in packages:
         deb = fetch_deb(pkg)
@@ -200,12 +221,16 @@ def base_layer(binary, tmp):
     return layer, packages
 
 
-def app_layer(binary, name, tmp):
+def app_layer(binary, name, files, tmp):
     stripped = os.path.join(tmp, name)
     run("objcopy", "--strip-debug", binary, stripped)
     layer = Layer()
     with open(stripped, "rb") as f:
         layer.file(f"usr/local/bin/{name}", f.read(), 0o755)
+    for src, dest in files:
+        with open(src, "rb") as f:
+            mode = 0o755 if os.access(src, os.X_OK) else 0o644
+            layer.file(dest.lstrip("/"), f.read(), mode)
     return layer
 
 
@@ -233,15 +258,30 @@ def main():
     ap.add_argument("--binary", required=True)
     ap.add_argument("--ref", required=True, help="the image's reference, e.g. ghcr.io/ankusa/relay:0.1.0")
     ap.add_argument("--out", required=True, help="the .oci.tar to write")
+    ap.add_argument("--program", action="append", default=[],
+                    help="a program of this machine whose package (and libraries) the base holds")
+    ap.add_argument("--package", action="append", default=[], help="a Debian package the base holds")
+    ap.add_argument("--file", action="append", default=[], metavar="SRC=DEST",
+                    help="a file of this tree at DEST in the image")
+    ap.add_argument("--entrypoint", help="the entrypoint, a JSON list (default: the binary)")
     a = ap.parse_args()
+    files = []
+    for f in a.file:
+        src, sep, dest = f.partition("=")
+        if not sep or not dest.startswith("/"):
+            raise SystemExit(f"image: --file {f}: expected SRC=/DEST")
+        files.append((src, dest))
     exe = os.path.basename(a.binary)
     repo, _, tag = a.ref.rpartition(":")
     if not repo or "/" in tag:
         raise SystemExit(f"image: --ref {a.ref}: expected REGISTRY/NAME:TAG")
     created = datetime.datetime.fromtimestamp(EPOCH, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with tempfile.TemporaryDirectory() as tmp:
-        base, packages = base_layer(a.binary, tmp)
-        app = app_layer(a.binary, exe, tmp)
+        programs = [os.path.realpath(p) for p in a.program]
+        extra = set(a.package) | {owning_package(p) for p in programs}
+        base, packages = base_layer([a.binary, *programs], extra, tmp)
+        app = app_layer(a.binary, exe, files, tmp)
+        entrypoint = json.loads(a.entrypoint) if a.entrypoint else [f"/usr/local/bin/{exe}"]
         layout = os.path.join(tmp, "layout")
         os.makedirs(os.path.join(layout, "blobs", "sha256"))
         layers, diff_ids = [], []
@@ -255,7 +295,7 @@ def main():
             "os": "linux",
             "config": {
                 "User": f"{UID}:{UID}",
-                "Entrypoint": [f"/usr/local/bin/{exe}"],
+                "Entrypoint": entrypoint,
                 "Env": ["PATH=/usr/local/bin:/usr/bin:/bin",
                         "SSL_CERT_FILE=/etc/ssl/certs/ca-certificates.crt"],
                 "WorkingDir": "/",
@@ -266,7 +306,8 @@ def main():
             "rootfs": {"type": "layers", "diff_ids": diff_ids},
             "history": [
                 {"created": created, "created_by": "scripts/image.py: Debian packages " + " ".join(packages)},
-                {"created": created, "created_by": f"scripts/image.py: /usr/local/bin/{exe}"},
+                {"created": created, "created_by": f"scripts/image.py: /usr/local/bin/{exe}"
+                 + "".join(f" {d}" for _, d in files)},
             ],
         }
         cfg = blob(layout, canonical(config), "application/vnd.oci.image.config.v1+json")
