@@ -17,12 +17,22 @@ serves, over a real store:
   node;
 - `ankusa-relay version --json` of this release: `previous_release.py version`.
 
+As the entrypoint of the previous release's image (e2e/node.sh builds it with
+scripts/image.py: Debian's python3, this file, the fixture and this tree's relay binary for
+`restore`, `store inspect` and `backup offline`), `pod` takes the arguments the operator
+gives a relay container and serves at the places the operator's pod layout fixes: the
+data and backup directories on the data volume, the admin port, the token files of its
+Secret volume (that release read them from the same places).
+
     previous_release.py run RELAY_BINARY FIXTURE DATA_DIR BACKUP_DIR ADMIN_PORT TOKEN_FILE...
     previous_release.py version
+    previous_release.py pod run --config /etc/ankusa/relay.yaml
+    previous_release.py pod version --json [--write PATH]
 """
 
 import http.server
 import json
+import socket
 import os
 import re
 import signal
@@ -34,11 +44,40 @@ VERSION = "0.0.9"
 FORMAT = 2
 
 
-def version():
-    print(json.dumps({"version": VERSION, "store_format": FORMAT}))
+# The operator's pod layout (operator/src/resources.rs) and the image's files.
+POD = {
+    "relay": "/usr/local/bin/ankusa-relay",
+    "fixture": "/usr/local/lib/ankusa/store-v2.tar.zst",
+    "data": "/var/lib/ankusa/data",
+    "backups": "/var/lib/ankusa/backups",
+    "port": 9090,
+    "tokens": ["/etc/ankusa-operator/token", "/etc/ankusa-operator/backup-token"],
+}
 
 
-def run(relay, fixture, data, backup_dir, port, token_files):
+def version(write=None):
+    answer = json.dumps({"version": VERSION, "store_format": FORMAT})
+    if write:
+        with open(write, "w") as f:
+            f.write(answer)
+    print(answer)
+
+
+class DualStackServer(http.server.ThreadingHTTPServer):
+    """On [::], IPv4 too (as the relay's `[::]` listeners), or on 127.0.0.1."""
+
+    def __init__(self, host, port, handler):
+        if host == "::":
+            self.address_family = socket.AF_INET6
+        super().__init__((host, port), handler)
+
+    def server_bind(self):
+        if self.address_family == socket.AF_INET6:
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
+def run(relay, fixture, data, backup_dir, port, token_files, host="127.0.0.1"):
     if not os.path.isdir(data) or not os.listdir(data):
         subprocess.run([relay, "restore", "--from", fixture, "--data", data], check=True,
                        stdout=sys.stderr)
@@ -118,16 +157,29 @@ def run(relay, fixture, data, backup_dir, port, token_files):
             self.answer(200, {"id": m.group(1), "bytes": int(m.group(2)),
                               "store_format": FORMAT})
 
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
+    server = DualStackServer(host, port, Handler)
     signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
-    print(f"previous release {VERSION} (store format {FORMAT}) on 127.0.0.1:{port}",
+    print(f"previous release {VERSION} (store format {FORMAT}) on {host} port {port}",
           file=sys.stderr, flush=True)
     server.serve_forever()
+
+
+def pod(args):
+    if args[:1] == ["version"]:
+        write = args[args.index("--write") + 1] if "--write" in args else None
+        return version(write)
+    if args[:1] != ["run"]:
+        sys.exit(f"previous release {VERSION}: unknown command {args}")
+    os.makedirs(POD["backups"], exist_ok=True)
+    run(POD["relay"], POD["fixture"], POD["data"], POD["backups"], POD["port"],
+        POD["tokens"], host="::")
 
 
 if __name__ == "__main__":
     if sys.argv[1] == "version":
         version()
+    elif sys.argv[1] == "pod":
+        pod(sys.argv[2:])
     else:
         relay, fixture, data, backup_dir, port = sys.argv[2:7]
         run(relay, fixture, data, backup_dir, int(port), sys.argv[7:])
