@@ -2,8 +2,10 @@
 """Signed Shopify-style hooks for the e2e on the real node, and the check of what a sink got.
 
     e2e/hooks.py send URL SECRET OUT --count N [--tenants K] [--rate R] [--seconds S]
+                      [--size BYTES] [--parallel P]
         POSTs N hooks (HMAC-SHA256 in X-Shopify-Hmac-Sha256, the shop as the tenant, a
-        webhook id of its own each) to URL, as a provider does: each is retried until the
+        webhook id of its own each; P senders at once; bodies padded to about BYTES) to
+        URL, as a provider does: each is retried until the
         relay acks it (202, or 200 for a duplicate) or S seconds pass. Appends each acked
         hook's id (the relay's hk_...) to OUT and prints how many were acked and retried.
     e2e/hooks.py check ACKED SINK_LOG [--allow-duplicates]
@@ -19,45 +21,68 @@ import hmac
 import json
 import re
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 
 
 def send(a):
-    acked = retried = 0
     deadline = time.monotonic() + a.seconds
     gap = 1.0 / a.rate if a.rate else 0
-    with open(a.out, "a") as out:
-        for i in range(a.count):
-            shop = f"shop-{i % a.tenants}.example"
-            body = json.dumps({"n": i, "shop": shop}).encode()
-            sig = base64.b64encode(hmac.new(a.secret.encode(), body, hashlib.sha256).digest()).decode()
-            req = urllib.request.Request(a.url, data=body, method="POST", headers={
-                "content-type": "application/json",
-                "x-shopify-hmac-sha256": sig,
-                "x-shopify-shop-domain": shop,
-                "x-shopify-topic": "orders/create",
-                "x-shopify-webhook-id": f"{a.prefix}-{i}",
-            })
-            while True:
-                try:
-                    with urllib.request.urlopen(req, timeout=10) as r:
-                        answer = json.loads(r.read() or b"{}")
-                        if r.status in (200, 202) and "id" in answer:
+    lock = threading.Lock()
+    totals = {"acked": 0, "retried": 0}
+    failed = []
+
+    def one(i, out):
+        shop = f"shop-{i % a.tenants}.example"
+        doc = {"n": i, "shop": shop}
+        if a.size:
+            doc["pad"] = "x" * max(0, a.size - len(json.dumps(doc)) - 10)
+        body = json.dumps(doc).encode()
+        sig = base64.b64encode(hmac.new(a.secret.encode(), body, hashlib.sha256).digest()).decode()
+        req = urllib.request.Request(a.url, data=body, method="POST", headers={
+            "content-type": "application/json",
+            "x-shopify-hmac-sha256": sig,
+            "x-shopify-shop-domain": shop,
+            "x-shopify-topic": "orders/create",
+            "x-shopify-webhook-id": f"{a.prefix}-{i}",
+        })
+        while True:
+            try:
+                with urllib.request.urlopen(req, timeout=10) as r:
+                    answer = json.loads(r.read() or b"{}")
+                    if r.status in (200, 202) and "id" in answer:
+                        with lock:
                             out.write(answer["id"] + "\n")
                             out.flush()
-                            acked += 1
-                            break
-                except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                    pass
-                retried += 1
-                if time.monotonic() > deadline:
-                    sys.exit(f"hooks: hook {i} not acked within {a.seconds} s ({acked} acked)")
-                time.sleep(0.2)
+                            totals["acked"] += 1
+                        return True
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            with lock:
+                totals["retried"] += 1
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.2)
+
+    def worker(k, out):
+        for i in range(k, a.count, a.parallel):
+            if not one(i, out):
+                failed.append(i)
+                return
             if gap:
                 time.sleep(gap)
-    print(f"hooks: {acked} acked, {retried} retries")
+
+    with open(a.out, "a") as out:
+        threads = [threading.Thread(target=worker, args=(k, out)) for k in range(a.parallel)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if failed:
+        sys.exit(f"hooks: hook {failed[0]} not acked within {a.seconds} s ({totals['acked']} acked)")
+    print(f"hooks: {totals['acked']} acked, {totals['retried']} retries")
 
 
 def check(a):
@@ -95,6 +120,8 @@ def main():
     s.add_argument("--rate", type=float, default=0)
     s.add_argument("--seconds", type=float, default=120)
     s.add_argument("--prefix", default="wh")
+    s.add_argument("--size", type=int, default=0, help="pad each body to about this many bytes")
+    s.add_argument("--parallel", type=int, default=1, help="senders at once (--rate is each one's)")
     c = sub.add_parser("check")
     c.add_argument("acked")
     c.add_argument("sink_log")
