@@ -35,6 +35,22 @@ ns=hooks-$(openssl rand -hex 3)
 pids=()
 say() { echo "e2e-node: $*"; }
 fail() { echo "e2e-node: FAIL: $*" >&2; exit 1; }
+# The PID of a pod's container (its PID 1), as the node's containerd sees it.
+container_pid() {
+  local cid pid
+  cid=$(kubectl get pod "$1" -o jsonpath='{.status.containerStatuses[0].containerID}')
+  pid=$("${ctr[@]}" tasks ls | awk -v c="${cid#containerd://}" '$1 == c { print $2 }')
+  [ -n "$pid" ] || fail "no task for $1 ($cid)"
+  echo "$pid"
+}
+# The host directory of a container's memory cgroup (cgroup v1).
+memory_cgroup() {
+  local path
+  path=$(awk -F: '$2 ~ /(^|,)memory(,|$)/ { print $3 }' "/proc/$1/cgroup")
+  [ -n "$path" ] && [ "$path" != / ] && [ -f "/sys/fs/cgroup/memory$path/memory.limit_in_bytes" ] ||
+    fail "PID $1 has no memory cgroup of its own"
+  echo "/sys/fs/cgroup/memory$path"
+}
 
 cleanup() {
   local rc=$?
@@ -54,6 +70,10 @@ cleanup() {
   fi
   kubectl taint nodes -l type=kwok ankusa.dev/real-node-test- >/dev/null 2>&1 || true
   kubectl taint nodes "$node" ankusa.dev/real-node=true:NoSchedule --overwrite >/dev/null 2>&1 || true
+  kubectl delete pv "slow-$ns" --wait=false >/dev/null 2>&1 || true
+  # slowfs unmounts when it stops; a mount left behind (it was killed) goes before its files.
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  ! grep -q " $work/slow-volume " /proc/mounts || umount -l "$work/slow-volume" || true
   rm -rf "$work"
   exit $rc
 }
@@ -158,9 +178,7 @@ echo "$op_pods" | grep -q "^$node/ankusa/ghcr.io/ankusa/operator:0.1.0/true$" \
 
 say "each relay container: PID 1 is ankusa-relay as UID 10001, root filesystem read-only, soft open-file limit = hard"
 for p in 0 1 2; do
-  cid=$(kubectl get pod "hooks-$p" -o jsonpath='{.status.containerStatuses[0].containerID}')
-  pid=$("${ctr[@]}" tasks ls | awk -v c="${cid#containerd://}" '$1 == c { print $2 }')
-  [ -n "$pid" ] || fail "no task for hooks-$p ($cid)"
+  pid=$(container_pid "hooks-$p")
   grep -q "^Uid:.*10001" "/proc/$pid/status" || fail "hooks-$p does not run as 10001"
   [ "$(tr '\0' ' ' <"/proc/$pid/cmdline" | cut -d' ' -f1)" = /usr/local/bin/ankusa-relay ] \
     || fail "hooks-$p PID 1 is not the relay"
@@ -209,8 +227,7 @@ python3 e2e/hooks.py check "$work/acked" "$work/sink.log"
 
 say "a SIGKILL from outside to hooks-2's PID 1: the kubelet restarts the container, nothing acked is lost"
 restarts=$(kubectl get pod hooks-2 -o jsonpath='{.status.containerStatuses[0].restartCount}')
-cid=$(kubectl get pod hooks-2 -o jsonpath='{.status.containerStatuses[0].containerID}')
-pid=$("${ctr[@]}" tasks ls | awk -v c="${cid#containerd://}" '$1 == c { print $2 }')
+pid=$(container_pid hooks-2)
 python3 e2e/hooks.py send "$url" "$shopify_secret" "$work/acked" --count 100 --tenants 6 --rate 20 --prefix killed \
   >"$work/killed.log" 2>&1 &
 sender=$!
@@ -221,6 +238,249 @@ e2e_until 120 bash -c "[ \"\$(kubectl get pod hooks-2 -o jsonpath='{.status.cont
   || fail "the kubelet did not restart hooks-2's container"
 e2e_until 90 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the SIGKILL"; }
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
+
+say "hooks-1 over its memory limit: the kernel kills it, the kubelet restarts it, nothing acked is lost"
+# The container's memory cgroup is tightened to what it holds now plus a little (the pod's
+# own limit would take a long burst to reach), then a burst of large hooks goes straight
+# to the pod's address on the bridge: the kernel's OOM killer ends PID 1 mid-burst. The
+# restarted container gets the pod's limit again.
+restarts=$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].restartCount}')
+pid=$(container_pid hooks-1)
+mem=$(memory_cgroup "$pid")
+pod_limit=$(cat "$mem/memory.limit_in_bytes")
+rss=$(awk '$1 == "rss" { print $2 }' "$mem/memory.stat")
+limit=$((rss + (24 << 20)))
+until echo "$limit" >"$mem/memory.limit_in_bytes" 2>/dev/null; do # EBUSY: its cache did not shrink yet
+  limit=$((limit + (8 << 20)))
+  [ "$limit" -lt "$pod_limit" ] || fail "hooks-1's memory limit could not be lowered"
+done
+say "  hooks-1's cgroup: $((rss >> 20)) MiB resident; its limit of $((pod_limit >> 20)) MiB lowered to $((limit >> 20)) MiB"
+ip=$(kubectl get pod hooks-1 -o jsonpath='{.status.podIP}')
+python3 e2e/hooks.py send "http://$ip:8080/ingest/shopify" "$shopify_secret" "$work/acked" --count 96 --tenants 6 \
+  --parallel 16 --size 1000000 --seconds 180 --prefix oom >"$work/oom.log" 2>&1 ||
+  { cat "$work/oom.log" >&2; fail "the hooks around the OOM kill were not acked"; }
+cat "$work/oom.log"
+oomed() {
+  [ "$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].restartCount}/{.status.containerStatuses[0].lastState.terminated.reason}/{.status.containerStatuses[0].ready}')" = "$((restarts + 1))/OOMKilled/true" ]
+}
+e2e_until 120 oomed ||
+  fail "hooks-1 was not OOM-killed and restarted: $(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0]}')"
+[ "$(cat "$(memory_cgroup "$(container_pid hooks-1)")/memory.limit_in_bytes")" = "$pod_limit" ] ||
+  fail "the restarted hooks-1 does not have the pod's memory limit"
+e2e_until 120 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the OOM kill"; }
+python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
+kubectl get relays
+
+# --- a slow start ---------------------------------------------------------------------------
+# A node whose volume is a directory mounted again through FUSE (e2e/testenv/slowfs) that
+# holds every read of a file for as long as the test says: a disk freshly attached and slow.
+# Its store then opens for as long as the test keeps the disk slow.
+say "a slow disk under slow-0's store: not restarted while the store opens, /healthz 200 and /readyz 503 store_opening meanwhile, SIGTERM ends it at once"
+slowfs_src=e2e/testenv/slowfs
+slowfs_bin=${XDG_CACHE_HOME:-$HOME/.cache}/ankusa/slowfs-$(cat "$slowfs_src"/go.mod "$slowfs_src"/go.sum "$slowfs_src"/main.go | sha256sum | cut -c1-16)
+if [ ! -x "$slowfs_bin" ]; then
+  (cd "$slowfs_src" && go build -o "$slowfs_bin.part" .) && mv "$slowfs_bin.part" "$slowfs_bin"
+fi
+mkdir -p "$work/slow-backing" "$work/slow-volume"
+echo 0 >"$work/slow-delay-ms"
+"$slowfs_bin" -backing "$work/slow-backing" -mount "$work/slow-volume" -control "$work/slow-delay-ms" \
+  >"$work/slowfs.log" 2>&1 &
+slowfs_pid=$!
+pids+=("$slowfs_pid")
+slow_pv=slow-$ns
+mounted() { awk -v m="$work/slow-volume" '$2 == m && $3 == "fuse.slowfs"' /proc/mounts | grep -q .; }
+e2e_until 20 mounted || fail "slowfs did not mount: $(cat "$work/slowfs.log")"
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: PersistentVolume
+metadata: { name: $slow_pv }
+spec:
+  capacity: { storage: 1Gi }
+  accessModes: [ReadWriteOnce]
+  persistentVolumeReclaimPolicy: Retain
+  storageClassName: $ANKUSA_TESTENV_STORAGE_CLASS
+  claimRef: { namespace: $ns, name: data-slow-0 }
+  local: { path: $work/slow-volume }
+  nodeAffinity:
+    required:
+      nodeSelectorTerms:
+      - matchExpressions:
+        - { key: kubernetes.io/hostname, operator: In, values: [$node] }
+---
+apiVersion: ankusa.dev/v1alpha1
+kind: Relay
+metadata: { name: slow }
+spec:
+  replicas: 1
+  image: ghcr.io/ankusa/relay:0.1.0
+  storage: { size: 1Gi, storageClassName: $ANKUSA_TESTENV_STORAGE_CLASS }
+  resources: { requests: { cpu: 50m, memory: 64Mi } }
+  config:
+    inline:
+      sinks: [{ id: nowhere, url: "http://127.0.0.1:9/hooks", timeout_ms: 200 }]
+      routes: [{ id: r, sinks: [nowhere] }]
+      sources: [{ id: demo, tenant: { header: x-tenant }, verify: { scheme: none }, route: r }]
+EOF
+kubectl wait --for=condition=Ready relay/slow --timeout=3m >/dev/null || fail "relay/slow did not become Ready"
+ip=$(kubectl get pod slow-0 -o jsonpath='{.status.podIP}')
+for i in $(seq 1 20); do
+  curl -fsS -X POST -H 'x-tenant: t1' -H 'content-type: application/json' -d "{\"n\":$i}" \
+    "http://$ip:8080/ingest/demo" -o /dev/null || fail "hook $i was not acked"
+done
+# Every read now takes 3 s; the container is killed and the kubelet starts it again.
+echo 3000 >"$work/slow-delay-ms"
+restarts=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}')
+kill -KILL "$(container_pid slow-0)"
+running_again() {
+  [ "$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}')" = $((restarts + 1)) ] &&
+    curl -fsS "http://$ip:9090/healthz" -o /dev/null
+}
+e2e_until 60 running_again || fail "slow-0 did not start again"
+# For longer than liveness's budget (6 × 10 s): same container, alive, not ready, opening.
+started=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')
+opening=0
+end=$((SECONDS + 70))
+while [ $SECONDS -lt $end ]; do
+  state=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}/{.status.containerStatuses[0].state.running.startedAt}/{.status.containerStatuses[0].ready}')
+  [ "$state" = "$((restarts + 1))/$started/false" ] || fail "slow-0 while its store opens: $state"
+  curl -fsS "http://$ip:9090/healthz" -o /dev/null || fail "slow-0's /healthz did not answer 200 while its store opens"
+  answer=$(curl -sS -w ' %{http_code}' "http://$ip:9090/readyz")
+  case "$answer" in *store_opening*" 503") opening=$((opening + 1)) ;; *) fail "slow-0's /readyz while its store opens: $answer" ;; esac
+  sleep 5
+done
+say "  slow-0 stayed up ${opening} checks (70 s) while its store opened; the kubelet did not restart it"
+grace=$(kubectl get statefulset slow -o jsonpath='{.spec.template.spec.terminationGracePeriodSeconds}')
+t0=$SECONDS
+kubectl delete pod slow-0 --wait=true --timeout=120s >/dev/null
+took=$((SECONDS - t0))
+# The pre-stop pause (5 s), then SIGTERM: the process ends at once.
+[ "$took" -lt 15 ] || fail "slow-0, deleted while its store opened, took $took s to stop (grace $grace s)"
+say "  deleted while its store opened: gone in $took s (5 s of it the pre-stop pause; grace $grace s)"
+echo 0 >"$work/slow-delay-ms"
+kubectl wait --for=condition=Ready relay/slow --timeout=3m >/dev/null || fail "relay/slow did not come back"
+token=$(kubectl get secret slow-operator-token -o jsonpath='{.data.token}' | base64 -d)
+ip=$(kubectl get pod slow-0 -o jsonpath='{.status.podIP}')
+answer=$(curl -fsS -H "Authorization: Bearer $token" "http://$ip:9090/v1/node")
+python3 - "$answer" <<'PY' || fail "slow-0 lost acked hooks: $answer"
+import json, sys
+c = json.loads(sys.argv[1])["counters"]
+assert c["pending"] + c["scheduled"] + c["inflight"] + c["dead"] == 20, c
+PY
+kubectl delete relay slow --wait=true >/dev/null
+gone() { [ -z "$(kubectl get pods -l "app.kubernetes.io/instance=$1,app.kubernetes.io/component=relay" -o name)" ]; }
+e2e_until 90 gone slow || fail "slow's pods did not go"
+kubectl delete pvc data-slow-0 --wait=true >/dev/null
+kubectl delete pv "$slow_pv" --wait=true >/dev/null
+kill -TERM "$slowfs_pid"
+wait "$slowfs_pid" 2>/dev/null || true
+mounted && fail "slowfs is still mounted"
+
+# --- the format upgrade with two real images ----------------------------------------------
+# The previous release's image: e2e/previous_release.py (the format-2 release's admin and
+# backup API over the committed format-2 fixture store) on Debian's python3, with this
+# tree's relay binary for restore, inspect and offline backup.
+old=ghcr.io/ankusa/relay:0.0.9
+new=ghcr.io/ankusa/relay:0.1.0
+relay_bin=target/debug/ankusa-relay
+say "the format upgrade with two real images: $old (format 2) to $new, backed up to a real claim"
+python3 scripts/image.py --binary "$relay_bin" --ref "$old" --out "$work/previous.oci.tar" \
+  --program /usr/bin/python3.11 --package libpython3.11-minimal --package libpython3.11-stdlib \
+  --file e2e/previous_release.py=/usr/local/lib/ankusa/previous_release.py \
+  --file relay/tests/fixtures/store-v2.tar.zst=/usr/local/lib/ankusa/store-v2.tar.zst \
+  --entrypoint '["/usr/bin/python3.11", "/usr/local/lib/ankusa/previous_release.py", "pod"]' >/dev/null
+"${ctr[@]}" images import "$work/previous.oci.tar" >/dev/null
+# What a pull from a registry records beside the tag, and `ctr images import` does not: the
+# repository digest, which the node then reports as the image ID of the probe's container
+# and the operator pins the nodes to (docs/deployment.md: side-loaded images).
+for f in "$work/previous.oci.tar" target/images/relay.oci.tar; do
+  ref=$(tar -xOf "$f" index.json | python3 -c 'import json, sys; m = json.load(sys.stdin)["manifests"][0]; print(m["annotations"]["io.containerd.image.name"], m["digest"])')
+  "${ctr[@]}" images tag --force "${ref% *}" "${ref%:* *}@${ref#* }" >/dev/null
+done
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: PersistentVolumeClaim
+metadata: { name: old-backups }
+spec:
+  storageClassName: $ANKUSA_TESTENV_STORAGE_CLASS
+  accessModes: [ReadWriteOnce]
+  resources: { requests: { storage: 1Gi } }
+---
+apiVersion: ankusa.dev/v1alpha1
+kind: Relay
+metadata: { name: old }
+spec:
+  replicas: 2
+  image: $old
+  storage: { size: 1Gi, storageClassName: $ANKUSA_TESTENV_STORAGE_CLASS }
+  resources: { requests: { cpu: 50m, memory: 64Mi } }
+  backup: { destination: { claimName: old-backups }, retention: 2 }
+  config:
+    inline:
+      sinks: [{ id: nowhere, url: "http://127.0.0.1:9/hooks", timeout_ms: 200 }]
+      routes: [{ id: r, sinks: [nowhere] }]
+      sources: [{ id: demo, tenant: { header: x-tenant }, verify: { scheme: none }, route: r }]
+EOF
+kubectl wait --for=condition=Ready relay/old --timeout=3m >/dev/null || fail "relay/old did not become Ready on $old"
+[ "$(kubectl get relay old -o jsonpath='{.status.storeFormat}')" = 2 ] || fail "relay/old is not at format 2"
+kubectl get relay old
+kubectl patch relay old --type merge -p "{\"spec\":{\"image\":\"$new\"}}" >/dev/null
+completed() { [ "$(kubectl get relay old -o jsonpath='{.status.upgrade.phase}')" = Completed ]; }
+e2e_until 300 completed || fail "the upgrade did not complete: $(kubectl get relay old -o jsonpath='{.status.upgrade}')"
+kubectl wait --for=condition=Ready relay/old --timeout=2m >/dev/null || fail "relay/old is not Ready after the upgrade"
+kubectl get relay old -o wide
+[ "$(kubectl get relay old -o jsonpath='{.status.storeFormat}')" = 3 ] || fail "relay/old is not at format 3"
+# The backup Jobs ran as pods of the new image on the node, onto the backup claim.
+jobs=$(kubectl get pods -l ankusa.dev/job,app.kubernetes.io/instance=old \
+  -o jsonpath='{range .items[*]}{.metadata.labels.ankusa\.dev/job}/{.spec.nodeName}/{.status.phase}/{.spec.containers[0].args[0]} {end}')
+say "  the operator's Job pods (kind/node/phase/command): $jobs"
+case "$jobs" in *"backup/$node/Succeeded/backup"*) ;; *) fail "no backup Job pod succeeded on the node" ;; esac
+host_path() { # the host directory of a claim's local volume
+  kubectl get pv "$(kubectl get pvc "$1" -o jsonpath='{.spec.volumeName}')" -o jsonpath='{.spec.local.path}'
+}
+backups=$(host_path old-backups)
+started_ms() {
+  date -d "$(kubectl get pod "$1" -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')" +%s000
+}
+# Order: old-1 first; each node backed up before it moved; old-0's backup after old-1 moved
+# (the times of the pods' starts are whole seconds).
+moved_1=$(started_ms old-1)
+[ "$moved_1" -le "$(started_ms old-0)" ] || fail "old-0 moved before old-1"
+for i in 1 0; do
+  image=$(kubectl get pod "old-$i" -o jsonpath='{.spec.containers[0].image}')
+  case "$image" in "$new@sha256:"*) ;; *) fail "old-$i runs $image, not $new pinned to the digest its probe resolved" ;; esac
+  archive=$(ls "$backups/old/old-$i/" 2>/dev/null | grep -E '^b[0-9]+\.tar\.zst$' | sort | tail -n1)
+  [ -n "$archive" ] || fail "no backup of old-$i in the backup claim"
+  taken=${archive#b}; taken=${taken%.tar.zst}
+  [ "$taken" -lt "$(($(started_ms "old-$i") + 1000))" ] || fail "old-$i moved before its backup ($taken)"
+  [ "$i" = 1 ] || [ "$((taken + 1000))" -gt "$moved_1" ] || fail "old-0's backup ($taken) is older than old-1's move"
+  "$relay_bin" restore --from "$backups/old/old-$i/$archive" --data "$work/restored-$i" |
+    grep -q "store format 2" || fail "the backup of old-$i is not its format-2 store"
+done
+# Every hook the previous release acked is on both nodes, and counted.
+token=$(kubectl get secret old-operator-token -o jsonpath='{.data.token}' | base64 -d)
+for i in 0 1; do
+  aport=$(python3 scripts/free_ports.py)
+  kubectl port-forward "pod/old-$i" "$aport:9090" >"$work/pf-old-$i.log" 2>&1 &
+  pids+=($!)
+  e2e_until 30 curl -fsS "http://127.0.0.1:$aport/healthz" -o /dev/null || fail "port-forward to old-$i did not come up"
+  answer=$(curl -fsS -H "Authorization: Bearer $token" "http://127.0.0.1:$aport/v1/node")
+  python3 - "$answer" <<'PY' || fail "old-$i after the upgrade: $answer"
+import json, sys
+n = json.loads(sys.argv[1])
+c = n["counters"]
+assert n["store_format"] == 3 and n["migrating_to"] is None, n
+assert n["tenants"] == 4, n
+# The fixture's 16 deliveries, 13 of whose hooks the store holds (see e2e/upgrade.sh).
+assert 13 <= c["pending"] + c["scheduled"] + c["inflight"] + c["dead"] <= 16, n
+PY
+done
+# The stores, closed: counters equal a fold of the families.
+dirs=("$(host_path data-old-0)/data" "$(host_path data-old-1)/data")
+kubectl delete relay old --wait=true >/dev/null
+e2e_until 90 gone old || fail "old's pods did not go"
+for d in "${dirs[@]}"; do
+  "$relay_bin" store verify --data "$d" >/dev/null || fail "the counters of $d do not fold"
+done
 
 kubectl get relays
 say "ok"
