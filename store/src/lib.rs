@@ -56,6 +56,37 @@ pub const SUPPORTED_FORMAT: u32 = 3;
 /// a directory that still holds it is a cut restore, which no command opens.
 pub use ankusa_tarball::RESTORING_MARKER;
 
+/// The store's format beside its files (`3\n`), so that an open reads the WAL once: the
+/// format guard reads this file instead of opening the store a first time, read-only, for
+/// `m:format`. It is written (synced, then renamed into place) before any batch that
+/// raises `m:format` commits, so it is never below the stamp: at worst, after a crash
+/// between the two, it names the format a migration was finishing. A store without it (made
+/// before it existed, or restored from a checkpoint) is checked the old way once and gets
+/// it at its first read-write open.
+pub const FORMAT_FILE: &str = "ANKUSA-FORMAT";
+
+/// The format [`FORMAT_FILE`] names in `dir`; `None` if there is none or it does not parse
+/// (the guard then reads `m:format` itself).
+fn read_format_file(dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join(FORMAT_FILE)).ok()?;
+    text.trim().parse().ok()
+}
+
+/// Writes [`FORMAT_FILE`] atomically and durably.
+fn write_format_file(dir: &Path, format: u32) -> Result<(), StoreError> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{FORMAT_FILE}.tmp"));
+    let context = || format!("writing {}", dir.join(FORMAT_FILE).display());
+    let mut f = std::fs::File::create(&tmp).map_err(io(context()))?;
+    f.write_all(format!("{format}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io(context()))?;
+    std::fs::rename(&tmp, dir.join(FORMAT_FILE)).map_err(io(context()))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(context()))
+}
+
 pub use ankusa_keys::Cf;
 
 /// How many leading key bytes name an insert stream in a column family's memtable, where
@@ -409,6 +440,8 @@ pub struct Store {
     transitions: std::sync::Mutex<()>,
     /// Whether the last write failed, and why.
     health: WriteHealth,
+    /// The format [`FORMAT_FILE`] names (0: none yet).
+    format_file: std::sync::atomic::AtomicU32,
 }
 
 /// The store's write health: the error of the last write if it failed (a full disk, a
@@ -561,13 +594,17 @@ impl Store {
             return Self::create(path, opts.create_format, opts.max_open_files);
         }
         let existing = DB::list_cf(&db_options(), &path)?;
-        // The format guard runs on a read-only open, so a refused store is left untouched.
-        // It reads the WAL as the open after it does, but replays only the default family's
-        // records (the format stamp's), and the second read comes from the page cache: the
-        // log line below says what each took.
+        // The format guard refuses a newer store before anything opens it, so a refused
+        // store is left untouched: from FORMAT_FILE, or, for a store without one, from
+        // `m:format` through a read-only open (which reads the WAL once more: the log line
+        // below says what each took).
         let wal_bytes = wal_bytes(&path);
         let checked = std::time::Instant::now();
-        let found = Self::peek_format(&path, &existing)?;
+        let file_format = read_format_file(&path);
+        let found = match file_format {
+            Some(f) => f,
+            None => Self::peek_format(&path, &existing)?,
+        };
         let check_ms = checked.elapsed().as_millis();
         if found > opts.supported_format {
             return Err(StoreError::StoreFormatNewer {
@@ -593,14 +630,16 @@ impl Store {
                     .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(cf))),
                 false,
             )?;
-            return Ok(Store {
+            let ro = Store {
                 db,
                 path,
                 read_only: true,
                 stats: StoreStats::default(),
                 transitions: std::sync::Mutex::new(()),
                 health: WriteHealth::default(),
-            });
+                format_file: Default::default(),
+            };
+            return Self::checked_format(ro, opts.supported_format);
         }
         // Open with the column families this binary needs at the store's format or any
         // format it will migrate to; the new ones get their families' sentinels.
@@ -610,10 +649,22 @@ impl Store {
         tracing::info!(
             wal_bytes,
             format_check_ms = check_ms,
+            format_from = if file_format.is_some() {
+                FORMAT_FILE
+            } else {
+                "m:format"
+            },
             open_ms = opened.elapsed().as_millis(),
             format = found,
             "store: opened"
         );
+        let store = Self::checked_format(store, opts.supported_format)?;
+        if let Some(f) = file_format {
+            store
+                .format_file
+                .store(f, std::sync::atomic::Ordering::Relaxed);
+        }
+        store.raise_format_file(store.format()?)?;
         let created: Vec<Cf> = wanted
             .iter()
             .copied()
@@ -629,6 +680,27 @@ impl Store {
         }
         store.ensure_added_families()?;
         Ok(store)
+    }
+
+    /// `store`, unless its stamp is newer than `supported` (a FORMAT_FILE that fell behind
+    /// the stamp, which only a hand-made change can do).
+    fn checked_format(store: Store, supported: u32) -> Result<Store, StoreError> {
+        let found = store.format()?;
+        if found > supported {
+            return Err(StoreError::StoreFormatNewer { found, supported });
+        }
+        Ok(store)
+    }
+
+    /// Writes FORMAT_FILE when `format` is above what it names (never lowers it).
+    fn raise_format_file(&self, format: u32) -> Result<(), StoreError> {
+        use std::sync::atomic::Ordering;
+        if self.read_only || format <= self.format_file.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        write_format_file(&self.path, format)?;
+        self.format_file.fetch_max(format, Ordering::Relaxed);
+        Ok(())
     }
 
     fn log_elsewhere(mut o: Options) -> Options {
@@ -685,6 +757,7 @@ impl Store {
             stats: StoreStats::default(),
             transitions: std::sync::Mutex::new(()),
             health: WriteHealth::default(),
+            format_file: Default::default(),
         })
     }
 
@@ -760,6 +833,19 @@ impl Store {
         }
         let mut batch = WriteBatch::default();
         for op in ops {
+            if let Op::Put {
+                cf: Cf::Default,
+                key,
+                value,
+            } = &op
+            {
+                if key.as_slice() == keys::META_FORMAT {
+                    // The format file first: it is never below the stamp.
+                    if let Some(f) = decode_u32(value) {
+                        self.raise_format_file(f)?;
+                    }
+                }
+            }
             let cf = self.handle(op.cf())?;
             match op {
                 Op::Put { key, value, .. } => batch.put_cf(cf, key, value),

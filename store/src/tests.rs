@@ -299,6 +299,71 @@ fn a_newer_store_format_is_refused() {
     );
 }
 
+/// FORMAT_FILE follows the stamp: written at creation, raised before the batch that raises
+/// `m:format`, put back at the next read-write open of a store without it (or with one
+/// lowered by hand); a read-only open writes nothing.
+#[test]
+fn the_format_file_is_never_below_the_stamp() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let file = path.join(FORMAT_FILE);
+    let read = || std::fs::read_to_string(&file).ok();
+    drop(Store::open(&path, &OpenOptions::default()).unwrap());
+    assert_eq!(read().as_deref(), Some("3\n"));
+
+    std::fs::remove_file(&file).unwrap();
+    drop(Store::open(&path, &OpenOptions::inspect()).unwrap());
+    assert_eq!(read(), None, "a read-only open wrote the format file");
+    drop(Store::open(&path, &OpenOptions::default()).unwrap());
+    assert_eq!(read().as_deref(), Some("3\n"));
+
+    std::fs::write(&file, "2\n").unwrap();
+    let store = Store::open(&path, &OpenOptions::default()).unwrap();
+    assert_eq!(store.format().unwrap(), 3);
+    assert_eq!(read().as_deref(), Some("3\n"));
+    store
+        .write(
+            vec![Op::put(
+                Cf::Default,
+                keys::META_FORMAT.to_vec(),
+                4u32.to_be_bytes(),
+            )],
+            true,
+        )
+        .unwrap();
+    assert_eq!(read().as_deref(), Some("4\n"));
+}
+
+/// A format file lowered by hand below a newer stamp does not let the store through: the
+/// stamp, read after the open, still refuses it.
+#[test]
+fn a_format_file_behind_a_newer_stamp_is_still_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    {
+        let store = Store::open(&path, &OpenOptions::default()).unwrap();
+        store
+            .write(
+                vec![Op::put(
+                    Cf::Default,
+                    keys::META_FORMAT.to_vec(),
+                    4u32.to_be_bytes(),
+                )],
+                true,
+            )
+            .unwrap();
+    }
+    std::fs::write(path.join(FORMAT_FILE), "3\n").unwrap();
+    for opts in [OpenOptions::default(), OpenOptions::inspect()] {
+        match Store::open(&path, &opts) {
+            Err(StoreError::StoreFormatNewer { found, supported }) => {
+                assert_eq!((found, supported), (4, 3));
+            }
+            other => panic!("expected StoreFormatNewer, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn a_missing_data_dir_is_an_error_and_nothing_is_created() {
     let dir = tempfile::tempdir().unwrap();

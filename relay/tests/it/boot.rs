@@ -196,3 +196,114 @@ fn a_node_raises_its_open_file_limit_and_bounds_the_store_by_it() {
     );
     assert!(log.contains("store_max_open_files=1024"), "{log}");
 }
+
+/// A shared object for `LD_PRELOAD` that appends the path of every file ending in `.log`
+/// (RocksDB's write-ahead logs) the process opens for reading (a replay; RocksDB also
+/// opens the last log again to append to it) to the file `ANKUSA_IT_OPEN_LOG` names.
+fn wal_opens(dir: &Path) -> PathBuf {
+    const SHIM: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static int (*real_open)(const char *, int, ...);
+
+static void note(const char *path, int flags) {
+    const char *out = getenv("ANKUSA_IT_OPEN_LOG");
+    size_t n = strlen(path);
+    if (!out || (flags & O_ACCMODE) != O_RDONLY || n < 4 || strcmp(path + n - 4, ".log") != 0) return;
+    if (!real_open) real_open = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, "open");
+    int fd = real_open(out, O_WRONLY | O_APPEND | O_CREAT, 0644);
+    if (fd < 0) return;
+    (void)!write(fd, path, n);
+    (void)!write(fd, "\n", 1);
+    close(fd);
+}
+
+#define OPEN(name)                                                              \
+    int name(const char *path, int flags, ...) {                                \
+        static int (*real)(const char *, int, ...);                             \
+        if (!real) real = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, #name); \
+        mode_t mode = 0;                                                        \
+        if (flags & (O_CREAT | O_TMPFILE)) {                                    \
+            va_list ap; va_start(ap, flags); mode = va_arg(ap, mode_t); va_end(ap); \
+        }                                                                       \
+        note(path, flags);                                                      \
+        return real(path, flags, mode);                                         \
+    }
+OPEN(open)
+OPEN(open64)
+"#;
+    crate::support::preload_library(dir, "wal_opens", SHIM)
+}
+
+/// A node's start reads each write-ahead log of its store once: the format guard takes
+/// the format from the store's format file instead of a first, read-only open. A store
+/// without the file (an older one) is checked the old way, which reads each log twice, and
+/// gets the file at that start.
+#[test]
+fn a_start_reads_the_write_ahead_log_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("db");
+    store_with_hooks(&db, 30);
+    let node = proc_node();
+    let shim = wal_opens(dir.path());
+    let opens_log = dir.path().join("opens.txt");
+    // The logs the store holds before a start, and how often that start opened each.
+    let wals = |db: &Path| -> Vec<String> {
+        let mut w: Vec<String> = std::fs::read_dir(db)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".log") && std::fs::metadata(db.join(n)).unwrap().len() > 0)
+            .collect();
+        w.sort();
+        w
+    };
+    let opens = |wals: Vec<String>| -> Vec<(String, usize)> {
+        let text = std::fs::read_to_string(&opens_log).unwrap_or_default();
+        let _ = std::fs::remove_file(&opens_log);
+        wals.into_iter()
+            .map(|w| {
+                let n = text
+                    .lines()
+                    .filter(|l| l.ends_with(&format!("/{w}")))
+                    .count();
+                (w, n)
+            })
+            .collect()
+    };
+    let env = [
+        ("LD_PRELOAD", shim.as_path()),
+        ("ANKUSA_IT_OPEN_LOG", opens_log.as_path()),
+    ];
+    let start = |env: &[(&str, &Path)]| {
+        let p = Proc::start_with_env(dir.path(), &node, env);
+        drop(p);
+    };
+    assert!(db.join(ankusa_store::FORMAT_FILE).exists());
+    let before = wals(&db);
+    assert!(
+        !before.is_empty(),
+        "the store has no write-ahead log to replay"
+    );
+    start(&env);
+    let once = opens(before);
+    assert!(once.iter().all(|(_, n)| *n == 1), "{once:?}");
+
+    // More hooks in a fresh log (the start above recovered and replaced the first ones),
+    // and the store's format file gone.
+    store_with_hooks(&db, 30);
+    std::fs::remove_file(db.join(ankusa_store::FORMAT_FILE)).unwrap();
+    let before = wals(&db);
+    start(&env);
+    let twice = opens(before);
+    assert!(
+        twice.iter().any(|(_, n)| *n == 2),
+        "without the format file the guard opens the store first: {twice:?}"
+    );
+    assert!(db.join(ankusa_store::FORMAT_FILE).exists());
+}
