@@ -14,7 +14,9 @@
 //!   for [`Thresholds::lease_stuck`]. The kubelet then restarts the container, as it
 //!   would a crashed one.
 //!
-//! A follower that looks at the Lease on time is healthy and ready: it is doing its job.
+//! A follower is ready while it reads the Lease: one that has not read it within
+//! [`Thresholds::renew_deadline`] (the API server unreachable from its pod) could not take
+//! over, and a rollout must not count it as a replica that can.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -64,6 +66,8 @@ pub struct Health {
     watch_last_error: AtomicU64,
     lease_attempt: AtomicU64,
     lease_renewed: AtomicU64,
+    /// The last attempt the API server answered (leading or following).
+    lease_read: AtomicU64,
 }
 
 /// A probe's verdict: `Err` carries the reason, for the 503's body.
@@ -81,6 +85,7 @@ impl Health {
             watch_last_error: AtomicU64::new(0),
             lease_attempt: AtomicU64::new(0),
             lease_renewed: AtomicU64::new(0),
+            lease_read: AtomicU64::new(0),
         };
         // The Lease loop is judged from the start: its first attempt is due at once.
         h.lease_attempted();
@@ -123,9 +128,15 @@ impl Health {
 
     /// The elector took or renewed the Lease.
     pub fn lease_renewed(&self) {
-        self.lease_attempted();
+        self.lease_read();
         self.leading.store(true, Ordering::Release);
         self.lease_renewed.store(self.now(), Ordering::Release);
+    }
+
+    /// The elector read the Lease (another replica holds it, or this one took it).
+    pub fn lease_read(&self) {
+        self.lease_attempted();
+        self.lease_read.store(self.now(), Ordering::Release);
     }
 
     /// This replica stopped leading.
@@ -165,13 +176,24 @@ impl Health {
         Ok(())
     }
 
-    /// `/readyz`: everything of `/healthz`, and a leader whose watch has listed, is not
-    /// failing, and whose Lease is renewed on time.
+    /// `/readyz`: everything of `/healthz`; a follower that has read the Lease within the
+    /// renew deadline; a leader whose watch has listed, is not failing, and whose Lease is
+    /// renewed on time.
     pub fn ready(&self) -> Verdict {
         self.live()?;
         let t = self.thresholds;
         if !self.leading.load(Ordering::Acquire) {
-            return Ok(());
+            if !self.election {
+                return Ok(());
+            }
+            return match self.age(&self.lease_read) {
+                Some(d) if d < t.renew_deadline => Ok(()),
+                Some(d) => Err(format!(
+                    "following, but the Lease could not be read for {} s",
+                    d.as_secs()
+                )),
+                None => Err("the Lease has not been read yet".into()),
+            };
         }
         if self.election {
             let renewed = self.age(&self.lease_renewed);
@@ -212,7 +234,12 @@ mod tests {
     #[test]
     fn a_leader_is_ready_once_listed_and_renewed() {
         let h = Health::new(quick(), true);
-        assert!(h.ready().is_ok(), "a follower looking on time is ready");
+        assert!(h.ready().unwrap_err().contains("not been read"));
+        h.lease_read();
+        assert!(
+            h.ready().is_ok(),
+            "a follower reading the Lease on time is ready"
+        );
         h.lease_renewed();
         assert!(h.ready().unwrap_err().contains("not listed"));
         h.watch_event(true);
@@ -268,8 +295,25 @@ mod tests {
         assert_eq!(h.live(), Ok(()));
         std::thread::sleep(Duration::from_millis(40));
         assert!(h.live().unwrap_err().contains("no attempt"));
-        h.lease_attempted();
+        h.lease_read();
         h.lease_lost();
         assert_eq!((h.live(), h.ready()), (Ok(()), Ok(())));
+    }
+
+    /// A follower whose attempts fail (the API server unreachable) is live while it keeps
+    /// trying, and not ready once it has gone the renew deadline without reading the Lease.
+    #[test]
+    fn a_follower_that_cannot_read_the_lease_is_not_ready() {
+        let h = Health::new(quick(), true);
+        h.lease_read();
+        assert_eq!(h.ready(), Ok(()));
+        for _ in 0..5 {
+            std::thread::sleep(Duration::from_millis(10));
+            h.lease_attempted();
+        }
+        assert!(h.ready().unwrap_err().contains("could not be read"));
+        assert_eq!(h.live(), Ok(()));
+        h.lease_read();
+        assert_eq!(h.ready(), Ok(()));
     }
 }

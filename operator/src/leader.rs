@@ -98,7 +98,7 @@ impl Elector {
             match outcome {
                 Some(Outcome::Leading) => h.lease_renewed(),
                 Some(Outcome::Following(_)) => {
-                    h.lease_attempted();
+                    h.lease_read();
                     h.lease_lost();
                 }
                 None => h.lease_attempted(),
