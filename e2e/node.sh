@@ -33,7 +33,8 @@ ctr=(ctr --address "$ANKUSA_TESTENV_CONTAINERD" -n k8s.io)
 work=$(mktemp -d "${TMPDIR:-/tmp}/ankusa-e2e-node.XXXXXX")
 ns=hooks-$(openssl rand -hex 3)
 pids=()
-say() { echo "e2e-node: $*"; }
+cut_rules=() # iptables rules the test inserted, each as one string
+say() { echo "e2e-node: [$SECONDS s] $*"; }
 fail() { echo "e2e-node: FAIL: $*" >&2; exit 1; }
 # The PID of a pod's container (its PID 1), as the node's containerd sees it.
 container_pid() {
@@ -71,6 +72,7 @@ cleanup() {
   kubectl taint nodes -l type=kwok ankusa.dev/real-node-test- >/dev/null 2>&1 || true
   kubectl taint nodes "$node" ankusa.dev/real-node=true:NoSchedule --overwrite >/dev/null 2>&1 || true
   kubectl delete pv "slow-$ns" --wait=false >/dev/null 2>&1 || true
+  for r in "${cut_rules[@]}"; do read -ra rule <<<"$r"; iptables -D "${rule[@]}" 2>/dev/null || true; done
   # slowfs unmounts when it stops; a mount left behind (it was killed) goes before its files.
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   ! grep -q " $work/slow-volume " /proc/mounts || umount -l "$work/slow-volume" || true
@@ -84,7 +86,8 @@ say "loading the images of make image into the node's containerd"
 for f in relay operator; do
   "${ctr[@]}" images import "target/images/$f.oci.tar" >/dev/null
 done
-"${ctr[@]}" images ls -q | grep -qx ghcr.io/ankusa/relay:0.1.0 || fail "the relay image is not in containerd"
+"${ctr[@]}" images ls -q | grep -qx ghcr.io/ankusa/relay:0.1.0 ||
+  fail "the relay image is not in containerd, which has: $("${ctr[@]}" images ls -q | tr '\n' ' ')"
 kubectl taint nodes -l type=kwok ankusa.dev/real-node-test=true:NoSchedule --overwrite >/dev/null
 kubectl taint nodes "$node" ankusa.dev/real-node- >/dev/null
 
@@ -239,42 +242,11 @@ e2e_until 120 bash -c "[ \"\$(kubectl get pod hooks-2 -o jsonpath='{.status.cont
 e2e_until 90 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the SIGKILL"; }
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
 
-say "hooks-1 over its memory limit: the kernel kills it, the kubelet restarts it, nothing acked is lost"
-# The container's memory cgroup is tightened to what it holds now plus a little (the pod's
-# own limit would take a long burst to reach), then a burst of large hooks goes straight
-# to the pod's address on the bridge: the kernel's OOM killer ends PID 1 mid-burst. The
-# restarted container gets the pod's limit again.
-restarts=$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].restartCount}')
-pid=$(container_pid hooks-1)
-mem=$(memory_cgroup "$pid")
-pod_limit=$(cat "$mem/memory.limit_in_bytes")
-rss=$(awk '$1 == "rss" { print $2 }' "$mem/memory.stat")
-limit=$((rss + (24 << 20)))
-until echo "$limit" >"$mem/memory.limit_in_bytes" 2>/dev/null; do # EBUSY: its cache did not shrink yet
-  limit=$((limit + (8 << 20)))
-  [ "$limit" -lt "$pod_limit" ] || fail "hooks-1's memory limit could not be lowered"
-done
-say "  hooks-1's cgroup: $((rss >> 20)) MiB resident; its limit of $((pod_limit >> 20)) MiB lowered to $((limit >> 20)) MiB"
-ip=$(kubectl get pod hooks-1 -o jsonpath='{.status.podIP}')
-python3 e2e/hooks.py send "http://$ip:8080/ingest/shopify" "$shopify_secret" "$work/acked" --count 96 --tenants 6 \
-  --parallel 16 --size 1000000 --seconds 180 --prefix oom >"$work/oom.log" 2>&1 ||
-  { cat "$work/oom.log" >&2; fail "the hooks around the OOM kill were not acked"; }
-cat "$work/oom.log"
-oomed() {
-  [ "$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].restartCount}/{.status.containerStatuses[0].lastState.terminated.reason}/{.status.containerStatuses[0].ready}')" = "$((restarts + 1))/OOMKilled/true" ]
-}
-e2e_until 120 oomed ||
-  fail "hooks-1 was not OOM-killed and restarted: $(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0]}')"
-[ "$(cat "$(memory_cgroup "$(container_pid hooks-1)")/memory.limit_in_bytes")" = "$pod_limit" ] ||
-  fail "the restarted hooks-1 does not have the pod's memory limit"
-e2e_until 120 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the OOM kill"; }
-python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
-kubectl get relays
-
 # --- a slow start ---------------------------------------------------------------------------
 # A node whose volume is a directory mounted again through FUSE (e2e/testenv/slowfs) that
 # holds every read of a file for as long as the test says: a disk freshly attached and slow.
-# Its store then opens for as long as the test keeps the disk slow.
+# Its store then opens for as long as the test keeps the disk slow. The watch of that open
+# (70 s) runs beside the OOM kill and the operator's cut below.
 say "a slow disk under slow-0's store: not restarted while the store opens, /healthz 200 and /readyz 503 store_opening meanwhile, SIGTERM ends it at once"
 slowfs_src=e2e/testenv/slowfs
 slowfs_bin=${XDG_CACHE_HOME:-$HOME/.cache}/ankusa/slowfs-$(cat "$slowfs_src"/go.mod "$slowfs_src"/go.sum "$slowfs_src"/main.go | sha256sum | cut -c1-16)
@@ -322,33 +294,102 @@ spec:
       sources: [{ id: demo, tenant: { header: x-tenant }, verify: { scheme: none }, route: r }]
 EOF
 kubectl wait --for=condition=Ready relay/slow --timeout=3m >/dev/null || fail "relay/slow did not become Ready"
-ip=$(kubectl get pod slow-0 -o jsonpath='{.status.podIP}')
+slow_ip=$(kubectl get pod slow-0 -o jsonpath='{.status.podIP}')
 for i in $(seq 1 20); do
   curl -fsS -X POST -H 'x-tenant: t1' -H 'content-type: application/json' -d "{\"n\":$i}" \
-    "http://$ip:8080/ingest/demo" -o /dev/null || fail "hook $i was not acked"
+    "http://$slow_ip:8080/ingest/demo" -o /dev/null || fail "hook $i was not acked"
 done
-# Every read now takes 3 s; the container is killed and the kubelet starts it again.
-echo 3000 >"$work/slow-delay-ms"
-restarts=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}')
+# Every read now takes 5 s; the container is killed and the kubelet starts it again.
+echo 5000 >"$work/slow-delay-ms"
+slow_restarts=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}')
 kill -KILL "$(container_pid slow-0)"
 running_again() {
-  [ "$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}')" = $((restarts + 1)) ] &&
-    curl -fsS "http://$ip:9090/healthz" -o /dev/null
+  [ "$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}')" = $((slow_restarts + 1)) ] &&
+    curl -fsS "http://$slow_ip:9090/healthz" -o /dev/null
 }
 e2e_until 60 running_again || fail "slow-0 did not start again"
 # For longer than liveness's budget (6 × 10 s): same container, alive, not ready, opening.
-started=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')
-opening=0
-end=$((SECONDS + 70))
-while [ $SECONDS -lt $end ]; do
-  state=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}/{.status.containerStatuses[0].state.running.startedAt}/{.status.containerStatuses[0].ready}')
-  [ "$state" = "$((restarts + 1))/$started/false" ] || fail "slow-0 while its store opens: $state"
-  curl -fsS "http://$ip:9090/healthz" -o /dev/null || fail "slow-0's /healthz did not answer 200 while its store opens"
-  answer=$(curl -sS -w ' %{http_code}' "http://$ip:9090/readyz")
-  case "$answer" in *store_opening*" 503") opening=$((opening + 1)) ;; *) fail "slow-0's /readyz while its store opens: $answer" ;; esac
-  sleep 5
+watch_slow_start() {
+  local started opening=0 end=$((SECONDS + 70)) state answer
+  started=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].state.running.startedAt}')
+  while [ $SECONDS -lt $end ]; do
+    state=$(kubectl get pod slow-0 -o jsonpath='{.status.containerStatuses[0].restartCount}/{.status.containerStatuses[0].state.running.startedAt}/{.status.containerStatuses[0].ready}')
+    [ "$state" = "$((slow_restarts + 1))/$started/false" ] || fail "slow-0 while its store opens: $state"
+    curl -fsS "http://$slow_ip:9090/healthz" -o /dev/null || fail "slow-0's /healthz did not answer 200 while its store opens"
+    answer=$(curl -sS -w ' %{http_code}' "http://$slow_ip:9090/readyz")
+    case "$answer" in *store_opening*" 503") opening=$((opening + 1)) ;; *) fail "slow-0's /readyz while its store opens: $answer" ;; esac
+    sleep 5
+  done
+  echo "$opening"
+}
+watch_slow_start >"$work/slow-watch.out" 2>&1 &
+slow_watch=$!
+pids+=("$slow_watch")
+
+say "hooks-1 over its memory limit: the kernel kills it, the kubelet restarts it, nothing acked is lost"
+# The container's memory cgroup is tightened to what it holds now plus a little (the pod's
+# own limit would take a long burst to reach), then a burst of large hooks goes straight
+# to the pod's address on the bridge: the kernel's OOM killer ends PID 1 mid-burst. The
+# restarted container gets the pod's limit again.
+restarts=$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].restartCount}')
+pid=$(container_pid hooks-1)
+mem=$(memory_cgroup "$pid")
+pod_limit=$(cat "$mem/memory.limit_in_bytes")
+rss=$(awk '$1 == "rss" { print $2 }' "$mem/memory.stat")
+limit=$((rss + (24 << 20)))
+until echo "$limit" >"$mem/memory.limit_in_bytes" 2>/dev/null; do # EBUSY: its cache did not shrink yet
+  limit=$((limit + (8 << 20)))
+  [ "$limit" -lt "$pod_limit" ] || fail "hooks-1's memory limit could not be lowered"
 done
-say "  slow-0 stayed up ${opening} checks (70 s) while its store opened; the kubelet did not restart it"
+say "  hooks-1's cgroup: $((rss >> 20)) MiB resident; its limit of $((pod_limit >> 20)) MiB lowered to $((limit >> 20)) MiB"
+ip=$(kubectl get pod hooks-1 -o jsonpath='{.status.podIP}')
+python3 e2e/hooks.py send "http://$ip:8080/ingest/shopify" "$shopify_secret" "$work/acked" --count 96 --tenants 6 \
+  --parallel 16 --size 1000000 --seconds 180 --prefix oom >"$work/oom.log" 2>&1 ||
+  { cat "$work/oom.log" >&2; fail "the hooks around the OOM kill were not acked"; }
+cat "$work/oom.log"
+oomed() {
+  [ "$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].restartCount}/{.status.containerStatuses[0].lastState.terminated.reason}/{.status.containerStatuses[0].ready}')" = "$((restarts + 1))/OOMKilled/true" ]
+}
+e2e_until 120 oomed ||
+  fail "hooks-1 was not OOM-killed and restarted: $(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0]}')"
+[ "$(cat "$(memory_cgroup "$(container_pid hooks-1)")/memory.limit_in_bytes")" = "$pod_limit" ] ||
+  fail "the restarted hooks-1 does not have the pod's memory limit"
+e2e_until 120 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the OOM kill"; }
+python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
+kubectl get relays
+
+# --- the operator cut off from the API server ----------------------------------------------
+say "the operator's pods cut off from the API server: none stays Ready; reachable again, they are Ready and reconcile"
+op_selector=app.kubernetes.io/name=ankusa-operator
+op_ready() { kubectl -n ankusa-system get pods -l "$op_selector" -o jsonpath='{range .items[*]}{.status.containerStatuses[0].ready}{"\n"}{end}'; }
+# The pods reach the API server at the kubernetes Service's address (the bridge's, where
+# the node forwards to it): a reset for every packet they send there.
+for ip in $(kubectl -n ankusa-system get pods -l "$op_selector" -o jsonpath='{.items[*].status.podIP}'); do
+  rule=(INPUT -s "$ip" -d "$ANKUSA_TESTENV_NODE_IP" -p tcp --dport 443 -j REJECT --reject-with tcp-reset)
+  iptables -I "${rule[@]}"
+  cut_rules+=("${rule[*]}")
+done
+none_ready() { ! op_ready | grep -q true; }
+e2e_until 150 none_ready || fail "an operator pod cut off from the API server stayed Ready: $(op_ready | tr '\n' ' ')"
+sleep 15
+none_ready || fail "an operator pod cut off from the API server became Ready again"
+say "  no operator pod Ready while cut off; $(kubectl -n ankusa-system get pods -l "$op_selector" -o jsonpath='{range .items[*]}{.metadata.name} restarts={.status.containerStatuses[0].restartCount} {end}')"
+for r in "${cut_rules[@]}"; do read -ra rule <<<"$r"; iptables -D "${rule[@]}"; done
+cut_rules=()
+e2e_until 180 bash -c "kubectl -n ankusa-system get pods -l $op_selector -o jsonpath='{.items[*].status.containerStatuses[0].ready}' | grep -q true" ||
+  fail "no operator pod became Ready once the API server was reachable"
+kubectl patch relay hooks --type merge -p '{"spec":{"tenants":{"max":100001}}}' >/dev/null
+reconciled() {
+  [ "$(kubectl get relay hooks -o jsonpath='{.status.observedGeneration}')" = "$(kubectl get relay hooks -o jsonpath='{.metadata.generation}')" ] &&
+    kubectl get configmap hooks-config -o jsonpath='{.data.relay\.yaml}' | grep -q 'max: 100001'
+}
+e2e_until 120 reconciled || fail "the operator did not reconcile a change once reachable again"
+
+# --- a slow start, continued: deleted while its store opens ---
+wait "$slow_watch" || fail "$(cat "$work/slow-watch.out")"
+say "  slow-0 stayed up $(cat "$work/slow-watch.out") checks (70 s) while its store opened; the kubelet did not restart it"
+answer=$(curl -sS -w ' %{http_code}' "http://$slow_ip:9090/readyz")
+case "$answer" in *store_opening*" 503") ;; *) fail "slow-0's store is no longer opening: $answer" ;; esac
 grace=$(kubectl get statefulset slow -o jsonpath='{.spec.template.spec.terminationGracePeriodSeconds}')
 t0=$SECONDS
 kubectl delete pod slow-0 --wait=true --timeout=120s >/dev/null
@@ -359,8 +400,8 @@ say "  deleted while its store opened: gone in $took s (5 s of it the pre-stop p
 echo 0 >"$work/slow-delay-ms"
 kubectl wait --for=condition=Ready relay/slow --timeout=3m >/dev/null || fail "relay/slow did not come back"
 token=$(kubectl get secret slow-operator-token -o jsonpath='{.data.token}' | base64 -d)
-ip=$(kubectl get pod slow-0 -o jsonpath='{.status.podIP}')
-answer=$(curl -fsS -H "Authorization: Bearer $token" "http://$ip:9090/v1/node")
+slow_ip=$(kubectl get pod slow-0 -o jsonpath='{.status.podIP}')
+answer=$(curl -fsS -H "Authorization: Bearer $token" "http://$slow_ip:9090/v1/node")
 python3 - "$answer" <<'PY' || fail "slow-0 lost acked hooks: $answer"
 import json, sys
 c = json.loads(sys.argv[1])["counters"]
