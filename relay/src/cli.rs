@@ -879,7 +879,7 @@ fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
 
 /// Serves `POST /*` on `listen`, printing each hook and whether its signature verifies.
 fn sink(listen: std::net::SocketAddr, secret: Option<String>) -> anyhow::Result<ExitCode> {
-    use crate::edge::verify::{standard_webhooks_key, Verifier};
+    use ankusa_verify::{standard_webhooks_key, Verifier};
     let verifier = secret.map(|s| Verifier::StandardWebhooks {
         key: standard_webhooks_key(s.as_bytes()),
         tolerance_s: 300,
@@ -966,7 +966,7 @@ fn backup_pull(
     use http_body_util::BodyExt;
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async {
-        let client = crate::admin::client::http_client(idle)?;
+        let client = crate::http::client(idle)?;
         let base = from.trim_end_matches('/');
         let auth = format!("Bearer {token}");
         let request = |method: hyper::Method, path: String| {

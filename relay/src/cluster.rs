@@ -50,8 +50,6 @@ const MAX_ANSWER: usize = 256 << 20;
 /// Registry keys: `m:cluster_tenant:<tenant id>`.
 const REGISTRY_PREFIX: &[u8] = b"m:cluster_tenant:";
 
-type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
-
 /// One node of the Relay.
 #[derive(Debug, Clone)]
 pub struct Member {
@@ -137,7 +135,7 @@ pub struct Cluster {
     members: Vec<Member>,
     me: usize,
     token: HeaderValue,
-    client: hyper_util::client::legacy::Client<Https, Full<Bytes>>,
+    client: crate::http::Client,
     timeout: Duration,
     metrics: Arc<Metrics>,
     /// Tenants the registry admitted (bounded by `tenants.max` and a ceiling).
@@ -155,6 +153,17 @@ impl std::fmt::Debug for Cluster {
     }
 }
 
+/// Why a node's view of its Relay could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error(transparent)]
+    Config(#[from] crate::config::ConfigError),
+    #[error("opening the tenant registry: {0}")]
+    Registry(#[from] StoreError),
+    #[error("TLS setup for the cluster's client: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
 /// The most admitted tenants remembered; past it the set is cleared (a miss costs one
 /// registry call).
 const ADMITTED_CEILING: usize = 1 << 20;
@@ -166,7 +175,7 @@ impl Cluster {
         config: &Config,
         store: &Arc<Store>,
         metrics: Arc<Metrics>,
-    ) -> Result<Self, crate::node::NodeError> {
+    ) -> Result<Self, ClusterError> {
         let c = &config.cluster;
         let members: Vec<Member> = c
             .nodes
@@ -204,7 +213,7 @@ impl Cluster {
             members,
             me,
             token,
-            client: crate::admin::client::http_client(Duration::from_secs(2))?,
+            client: crate::http::client(Duration::from_secs(2))?,
             timeout: Duration::from_millis(c.forward_timeout_ms),
             metrics,
             admitted: Mutex::new(HashSet::new()),

@@ -1,12 +1,38 @@
 //! What both listeners share: the one JSON error shape, the layer that puts every error
 //! in it (the framework's own rejections, unknown paths and wrong methods included), the
-//! readiness answer, and what a listener answers before the store is open.
+//! readiness answer, and what a listener answers before the store is open. And the one
+//! HTTP(S) client the node's outgoing calls to other nodes and the admin CLI use.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use bytes::Bytes;
+use http_body_util::Full;
+
+/// The connector of [`Client`]: HTTP, or HTTPS with webpki roots.
+pub type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
+
+/// The client [`client`] builds.
+pub type Client = hyper_util::client::legacy::Client<Https, Full<Bytes>>;
+
+/// An HTTP(S) client for calls to a node's listeners (cluster forwarding, the admin CLI,
+/// `backup pull`): keep-alive, webpki roots, `connect_timeout` to connect.
+pub fn client(connect_timeout: std::time::Duration) -> Result<Client, rustls::Error> {
+    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
+    http.set_connect_timeout(Some(connect_timeout));
+    http.enforce_http(false);
+    Ok(
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(
+            hyper_rustls::HttpsConnectorBuilder::new()
+                .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
+                .https_or_http()
+                .enable_http1()
+                .wrap_connector(http),
+        ),
+    )
+}
 
 /// The one error body shape: `{"error": code, "message": ...}`.
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {

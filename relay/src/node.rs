@@ -57,8 +57,8 @@ pub enum NodeError {
     },
     #[error("the writer thread panicked")]
     WriterPanicked,
-    #[error("TLS setup for the cluster's client: {0}")]
-    Tls(#[from] rustls::Error),
+    #[error(transparent)]
+    Cluster(#[from] crate::cluster::ClusterError),
 }
 
 impl From<StoreError> for NodeError {

@@ -20,34 +20,13 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 
-type Https = hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>;
-
 /// The nodes a command talks to, and how.
 pub struct Nodes {
     /// Base URLs, one per node, in a stable order (as given, each host's addresses sorted).
     pub urls: Vec<String>,
-    client: hyper_util::client::legacy::Client<Https, Full<Bytes>>,
+    client: crate::http::Client,
     auth: String,
     timeout: Duration,
-}
-
-/// An HTTP(S) client for the admin API (the admin CLI and `backup pull`): keep-alive,
-/// webpki roots, `connect_timeout` to connect.
-pub fn http_client(
-    connect_timeout: Duration,
-) -> Result<hyper_util::client::legacy::Client<Https, Full<Bytes>>, rustls::Error> {
-    let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
-    http.set_connect_timeout(Some(connect_timeout));
-    http.enforce_http(false);
-    Ok(
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(
-            hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(http),
-        ),
-    )
 }
 
 /// Splits `http://host:port/prefix` into scheme, host, port and the rest.
@@ -105,7 +84,7 @@ impl Nodes {
         }
         Ok(Nodes {
             urls: out,
-            client: http_client(timeout)?,
+            client: crate::http::client(timeout)?,
             auth: format!("Bearer {token}"),
             timeout,
         })

@@ -25,11 +25,11 @@ use hyper_util::rt::TokioExecutor;
 use super::control::{Controller, Signal};
 use super::line::Line;
 use crate::config::{Config, ConfigError, Jitter, RetryConfig};
-use crate::edge::verify::{standard_webhooks_key, standard_webhooks_sign};
 use crate::metrics::AttemptLabel;
 use crate::queue::deliveries::Envelope;
 pub use crate::queue::hooklog::ErrorClass;
 use crate::store::keys::TenantOrd;
+use ankusa_verify::{standard_webhooks_key, standard_webhooks_sign};
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
 

@@ -20,8 +20,6 @@
 //! `ankusa_ingest_requests_total{source,outcome}` with its latency.
 
 pub mod quarantine;
-/// Signature verification (crate `ankusa-verify`: no RocksDB, fuzzed on its own).
-pub use ankusa_verify as verify;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -43,7 +41,7 @@ use crate::queue::deliveries::Envelope;
 use crate::queue::tenants;
 use crate::queue::writer::{Reply, Submission, WriterHandle};
 use crate::store::keys::AtMs;
-use verify::Verifier;
+use ankusa_verify::Verifier;
 
 /// A source, ready to serve.
 #[derive(Debug, Clone)]
@@ -87,7 +85,7 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
                 tolerance_s,
             } => (
                 Verifier::StandardWebhooks {
-                    key: verify::standard_webhooks_key(&secret.resolve(&key)?),
+                    key: ankusa_verify::standard_webhooks_key(&secret.resolve(&key)?),
                     tolerance_s: *tolerance_s,
                 },
                 IdempotencyConfig {

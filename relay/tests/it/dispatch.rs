@@ -4,13 +4,13 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ankusa_relay::edge::verify::{standard_webhooks_key, Verifier};
 use ankusa_relay::node::Node;
 use ankusa_relay::queue::deliveries::{self, PurgeKinds};
 use ankusa_relay::queue::{counters, fold, tenants, Counts};
 use ankusa_relay::store::keys::Family;
 use ankusa_relay::store::{Cf, Op};
 use ankusa_relay::testkit::{eventually, NodeBuilder, TestNode, TestSink};
+use ankusa_verify::{standard_webhooks_key, Verifier};
 
 use crate::support::*;
 

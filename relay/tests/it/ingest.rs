@@ -60,13 +60,13 @@ fn b64(b: &[u8]) -> String {
 }
 
 fn sw_headers(id: &str, ts: u64, body: &[u8], tenant: &str) -> Vec<(&'static str, String)> {
-    let key = ankusa_relay::edge::verify::standard_webhooks_key(SW_SECRET.as_bytes());
+    let key = ankusa_verify::standard_webhooks_key(SW_SECRET.as_bytes());
     vec![
         ("webhook-id", id.to_owned()),
         ("webhook-timestamp", ts.to_string()),
         (
             "webhook-signature",
-            ankusa_relay::edge::verify::standard_webhooks_sign(&key, id, ts, body),
+            ankusa_verify::standard_webhooks_sign(&key, id, ts, body),
         ),
         ("x-tenant", tenant.to_owned()),
         ("content-type", "application/json".to_owned()),
