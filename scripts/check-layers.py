@@ -1,11 +1,25 @@
 #!/usr/bin/env python3
-"""The crate graph of docs/architecture.md, checked: `make check-layers` (part of `make test`).
+"""The crate graph and the node's module graph of docs/architecture.md, checked:
+`make check-layers` (part of `make test`).
 
-Each workspace crate may depend only on the crates below it; only ankusa-store depends on
-RocksDB itself, and only the crates above the store (the node) reach it through it. Reads `cargo metadata`
-(the resolved graph, normal and build dependencies; dev-dependencies are the tests' own).
+Crates: each workspace crate may depend only on the crates below it; only ankusa-store
+depends on RocksDB itself, and only the crates above the store (the node) reach it through
+it. Reads `cargo metadata` (the resolved graph, normal and build dependencies;
+dev-dependencies are the tests' own).
+
+Modules of ankusa-relay: each top-level module (relay/src/X.rs or relay/src/X/) has a rank
+in MODULE_RANK; a module may name (`crate::Y`) only modules of a lower rank. The paths its
+`#[cfg(test)]` modules name are the tests' own and are not counted. KNOWN lists the edges
+that still go upward, each with what removes it: the check fails on any other, and on a
+known edge that is gone (so that the list only shrinks).
+
+Store writes: the queue crate owns every row change. In ankusa-relay only `upgrade` (the
+format migrations' own steps) builds store ops (`Op::…`); KNOWN_WRITERS lists the files
+that still do, ratcheted the same way.
 """
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -70,8 +84,100 @@ for pid in meta["workspace_members"]:
         problems.append(f"{name} depends on {sorted(direct_rocks)} itself: only "
                         f"{sorted(ROCKSDB_DIRECT)} may (the rest go through its API)")
 
+# --- the node's modules ---------------------------------------------------------------------
+# Top: the CLI; the composition root (and the test support that starts nodes); the OpenAPI
+# document, read from the handlers; the admin API above the ingest edge and the dispatch
+# it operates on; the cluster (ownership, forwarding) beneath them; shared helpers; the
+# crates below, as the node names them.
+MODULE_RANK = {
+    "main": 9, "cli": 8,
+    "testkit": 7, "node": 6,
+    "openapi": 5,
+    "admin": 4,
+    "edge": 3, "dispatch": 3,
+    "cluster": 2,
+    "metrics": 1, "http": 1, "upgrade": 1,
+    "config": 0, "queue": 0, "store": 0, "now_ms": 0,
+}
+# Upward edges not removed yet: (from, to) -> what removes them.
+KNOWN = {
+    ("admin", "openapi"): "issue 49: one typed source per API body (no mirror structs in openapi.rs)",
+    ("edge", "openapi"): "issue 49: one typed source per API body (no mirror structs in openapi.rs)",
+}
+# Files of the node that build store ops themselves, beside `upgrade`: file -> what moves it.
+MAY_WRITE = {"upgrade"}
+KNOWN_WRITERS = {
+    "relay/src/admin/audit.rs": "issue 49: the audit rows' writes move to the queue crate (or a crate of their own)",
+    "relay/src/edge/quarantine.rs": "issue 49: the quarantine's writes move to the queue crate (or a crate of their own)",
+    "relay/src/cluster.rs": "issue 49: the tenant registry's writes move to the queue crate (or a crate of their own)",
+}
+STORE_OP = re.compile(r"\bOp::(put|delete|merge|delete_range|Put|Delete|Merge|DeleteRange)\b")
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "relay", "src")
+CRATE_PATH = re.compile(r"\bcrate::(\w+)")
+TEST_MOD = re.compile(r"^\s*#\[cfg\(test\)\]\s*\n\s*(pub(\(\w+\))?\s+)?mod\s+\w+\s*\{", re.M)
+
+
+def without_test_modules(text):
+    """`text` without its `#[cfg(test)] mod … { … }` blocks (braces counted)."""
+    out, pos = [], 0
+    for m in TEST_MOD.finditer(text):
+        if m.start() < pos:
+            continue
+        out.append(text[pos:m.start()])
+        depth, i = 0, m.end() - 1
+        while i < len(text):
+            if text[i] == "{":
+                depth += 1
+            elif text[i] == "}":
+                depth -= 1
+                if depth == 0:
+                    break
+            i += 1
+        pos = i + 1
+    out.append(text[pos:])
+    return "".join(out)
+
+
+edges = {}  # (from, to) -> first file naming it
+writers = set()  # files outside MAY_WRITE that build store ops
+for dirpath, _, filenames in os.walk(SRC):
+    for fn in sorted(filenames):
+        if not fn.endswith(".rs"):
+            continue
+        path = os.path.join(dirpath, fn)
+        rel = os.path.relpath(path, SRC)
+        module = rel.split(os.sep)[0].removesuffix(".rs")
+        if module == "lib":
+            continue
+        if module not in MODULE_RANK:
+            problems.append(f"relay/src/{rel}: module {module!r} has no rank in MODULE_RANK")
+            continue
+        code = without_test_modules(open(path).read())
+        for m in CRATE_PATH.finditer(code):
+            to = m.group(1)
+            if to != module:
+                edges.setdefault((module, to), f"relay/src/{rel}")
+        if module not in MAY_WRITE and STORE_OP.search(code):
+            writers.add(f"relay/src/{rel}")
+for (frm, to), where in sorted(edges.items()):
+    if to not in MODULE_RANK:
+        problems.append(f"{where}: names crate::{to}, which has no rank in MODULE_RANK")
+    elif MODULE_RANK[to] >= MODULE_RANK[frm] and (frm, to) not in KNOWN:
+        problems.append(f"{where}: {frm} names crate::{to}, which is not below it "
+                        f"({frm} {MODULE_RANK[frm]}, {to} {MODULE_RANK[to]})")
+for (frm, to), why in KNOWN.items():
+    if (frm, to) not in edges:
+        problems.append(f"the known upward edge {frm} -> {to} is gone: remove it from KNOWN")
+for f in sorted(writers - KNOWN_WRITERS.keys()):
+    problems.append(f"{f} builds store ops (Op::…): row changes belong to the queue crate")
+for f in sorted(KNOWN_WRITERS.keys() - writers):
+    problems.append(f"{f} no longer builds store ops: remove it from KNOWN_WRITERS")
+
 if problems:
     print("check-layers: FAIL", *problems, sep="\n  ")
     sys.exit(1)
 print(f"check-layers: ok ({len(members)} crates; RocksDB only in "
-      f"{', '.join(sorted(ROCKSDB_DIRECT))}, reached by {', '.join(sorted(MAY_USE_ROCKSDB))})")
+      f"{', '.join(sorted(ROCKSDB_DIRECT))}, reached by {', '.join(sorted(MAY_USE_ROCKSDB))}; "
+      f"{len({m for e in edges for m in e})} modules of ankusa-relay, {len(edges)} edges, "
+      f"{len(KNOWN)} known upward: {', '.join(f'{a} -> {b}' for a, b in KNOWN)}; "
+      f"{len(KNOWN_WRITERS)} files still writing rows outside the queue crate)")
