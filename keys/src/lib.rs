@@ -1003,6 +1003,7 @@ pub fn decode_hook_event(key: &[u8]) -> Result<EventKey, KeyError> {
 /// Every event of one delivery, oldest first.
 pub fn hook_events_of_delivery(seq: Seq, sink: SinkIdx) -> (Vec<u8>, Vec<u8>) {
     let lo = KeyBuf::new(b"v", 10).u64(seq.0).u16(sink.0).0;
+    #[allow(clippy::expect_used, reason = "the prefix starts with b'v'")]
     let hi = prefix_end(&lo).expect("a delivery prefix is never all 0xFF");
     (lo, hi)
 }

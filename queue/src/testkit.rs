@@ -2,7 +2,7 @@
 //! writer's assembler, and the invariant checks every test wants. Built for this crate's
 //! tests and, with the `test-support` feature, for the node crate's; a failure in it is a
 //! failed test, so it panics rather than returning errors.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

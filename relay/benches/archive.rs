@@ -12,6 +12,7 @@
 //! PASS if settling runs at ≥ 5 000 rows/s, the archived run's p99 ack is within 2× the
 //! plain run's, and its unsettled obligations at the end of the load are under 2 s worth of
 //! its own ingest (the archiver keeps up with the load it is under).
+#![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

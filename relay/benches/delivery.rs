@@ -27,6 +27,7 @@
 //! reference: no relay making the ADR's moves can reach it on these cores (the ceiling the
 //! bench prints, 56–71% in every run measured; the twin itself reaches 31–52%), see
 //! docs/performance.md.
+#![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

@@ -14,6 +14,7 @@
 //! swings by ±15% on a shared machine), and the RSS stays under 512 MiB. Each slice also
 //! shows the process's CPU and the host's steal, so a slow slice can be told from a slow
 //! node.
+#![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;

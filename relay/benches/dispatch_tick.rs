@@ -1,6 +1,7 @@
 //! `cargo bench -p ankusa-relay --bench dispatch_tick`: the dispatch tick's read half
 //! (`active_tenants` plus `due_for_tenant` for each) must not grow with the backlog or the
 //! tenant count. See `common`.
+#![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 mod common;
 

@@ -30,6 +30,7 @@
 //! relay delivers on the same cores: the forwarding twin alone reaches about half of the
 //! no-op rate here — see docs/performance.md. The rule before, group commit >= 20x batch-1,
 //! measured the disk, not the writer.)
+#![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -10,6 +10,7 @@
 //!
 //! PASS only if ingest p99 during the replay is within 3x of the baseline p99 (each counted
 //! as at least 1 ms) and the replay revives at least 20 000 rows/s.
+#![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -11,6 +11,7 @@
 //! PASS only if the hooks awaiting reclaim at the end of the load (hooks in the family
 //! that no delivery, dead row or obligation needs) are under 2 s worth of ingest, and the
 //! idle CPU falls under 5% of one core within 10 s of the load stopping.
+#![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -15,6 +15,7 @@
 //!
 //! Every configuration is written as the YAML a user would write, then parsed and validated
 //! by [`Config::from_yaml`], so a test exercises the same path as `ankusa-relay run`.
+#![allow(clippy::expect_used)] // test support: a failed expect is a failed test or bench
 
 use std::collections::{HashMap, VecDeque};
 use std::path::{Path, PathBuf};

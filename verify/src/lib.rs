@@ -74,6 +74,7 @@ impl Headers for http::HeaderMap {
 }
 
 fn mac(secret: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    #[allow(clippy::expect_used, reason = "HMAC takes a key of any length")]
     let mut m =
         HmacSha256::new_from_slice(secret).expect("HMAC-SHA256 accepts keys of every length");
     for p in parts {

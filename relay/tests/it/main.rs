@@ -1,5 +1,5 @@
 //! Integration tests of the `ankusa-relay` binary: one test binary, a module per area.
-#![allow(clippy::unwrap_used)] // test code: a failed unwrap is a failed test
+#![allow(clippy::unwrap_used, clippy::expect_used)] // test code: a failed unwrap is a failed test
 
 mod admin;
 mod archive;
