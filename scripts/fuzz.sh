@@ -28,18 +28,41 @@ fi
 targets=("$@")
 [ ${#targets[@]} -gt 0 ] || mapfile -t targets < <(cargo +nightly fuzz list)
 cargo +nightly fuzz build
-for t in "${targets[@]}"; do
+# One libFuzzer process a core (FUZZ_JOBS, default nproc): each runs one target on one
+# thread, so the smoke takes ceil(targets / cores) x SECONDS.
+jobs=${FUZZ_JOBS:-$(nproc)}
+fuzz_one() {
+  local t=$1 log=$2
   mkdir -p "fuzz/corpus/$t" "fuzz/seeds/$t" "fuzz/artifacts/$t"
-  log=$(mktemp)
-  if ! cargo +nightly fuzz run "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
-      -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
-      >"$log" 2>&1; then
+  cargo +nightly fuzz run "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
+    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    >"$log" 2>&1
+}
+report() {
+  local t=$1 log=$2 rc=$3 runs corpus
+  if [ "$rc" -ne 0 ]; then
     tail -n 60 "$log" >&2
     echo "fuzz: $t FAILED (input in fuzz/artifacts/$t/)" >&2
-    exit 1
+    return 1
   fi
   runs=$(grep -o 'Done [0-9]* runs' "$log" | tail -1)
   corpus=$(find "fuzz/corpus/$t" -type f | wc -l)
   echo "fuzz: $t ok — ${runs#Done } in ${seconds}s, corpus $corpus inputs"
   rm -f "$log"
+}
+failed=0
+for ((i = 0; i < ${#targets[@]}; i += jobs)); do
+  batch=("${targets[@]:i:jobs}")
+  pids=() logs=()
+  for t in "${batch[@]}"; do
+    logs+=("$(mktemp)")
+    fuzz_one "$t" "${logs[-1]}" &
+    pids+=($!)
+  done
+  for k in "${!batch[@]}"; do
+    rc=0
+    wait "${pids[$k]}" || rc=$?
+    report "${batch[$k]}" "${logs[$k]}" "$rc" || failed=1
+  done
+  [ "$failed" -eq 0 ] || exit 1
 done
