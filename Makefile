@@ -36,8 +36,10 @@ fuzz-smoke:
 fmt:
 	$(CARGO) fmt --all -- --check
 
+# clippy with the workspace's lints, and every declared dependency used (scripts/check-deps.py).
 lint:
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	python3 scripts/check-deps.py
 
 # The crate graph of docs/architecture.md: no crate depends upward, only the node reaches RocksDB.
 check-layers:
