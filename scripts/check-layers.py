@@ -86,7 +86,7 @@ for pid in meta["workspace_members"]:
 
 # --- the node's modules ---------------------------------------------------------------------
 # Top: the CLI; the composition root (and the test support that starts nodes); the OpenAPI
-# document, read from the handlers; the admin API above the ingest edge and the dispatch
+# document, read from the handlers; the admin API above ingest and the dispatch
 # it operates on; the cluster (ownership, forwarding) beneath them; shared helpers; the
 # crates below, as the node names them.
 MODULE_RANK = {
@@ -94,7 +94,7 @@ MODULE_RANK = {
     "testkit": 7, "node": 6,
     "openapi": 5,
     "admin": 4,
-    "edge": 3, "dispatch": 3,
+    "ingest": 3, "dispatch": 3,
     "cluster": 2,
     "metrics": 1, "http": 1, "upgrade": 1,
     "config": 0, "queue": 0, "store": 0, "now_ms": 0,
@@ -102,14 +102,11 @@ MODULE_RANK = {
 # Upward edges not removed yet: (from, to) -> what removes them.
 KNOWN = {
     ("admin", "openapi"): "issue 49: one typed source per API body (no mirror structs in openapi.rs)",
-    ("edge", "openapi"): "issue 49: one typed source per API body (no mirror structs in openapi.rs)",
+    ("ingest", "openapi"): "issue 49: one typed source per API body (no mirror structs in openapi.rs)",
 }
 # Files of the node that build store ops themselves, beside `upgrade`: file -> what moves it.
 MAY_WRITE = {"upgrade"}
 KNOWN_WRITERS = {
-    "relay/src/admin/audit.rs": "issue 49: the audit rows' writes move to the queue crate (or a crate of their own)",
-    "relay/src/edge/quarantine.rs": "issue 49: the quarantine's writes move to the queue crate (or a crate of their own)",
-    "relay/src/cluster.rs": "issue 49: the tenant registry's writes move to the queue crate (or a crate of their own)",
 }
 STORE_OP = re.compile(r"\bOp::(put|delete|merge|delete_range|Put|Delete|Merge|DeleteRange)\b")
 SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "relay", "src")

@@ -24,13 +24,16 @@
 //! because counters are merges and each transition's ops are one atomic batch.
 
 pub mod archive;
+pub mod audit;
 pub mod codec;
 pub mod counters;
 pub mod deliveries;
 pub mod fold;
 pub mod hints;
 pub mod hooklog;
+pub mod quarantine;
 pub mod reclaim;
+pub mod registry;
 pub mod tenants;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testkit;

@@ -35,9 +35,9 @@ use subtle::ConstantTimeEq;
 
 use crate::config::Config;
 use crate::metrics::{ForwardLabels, KindLabel, Metrics};
+use crate::queue::registry::{Admission, Registry};
 use crate::queue::QueueError;
-use crate::store::keys::Family;
-use crate::store::{Cf, Dir, Op, Store, StoreError};
+use crate::store::{Store, StoreError};
 
 /// The cluster token a node shows another.
 pub const TOKEN_HEADER: &str = "ankusa-cluster-token";
@@ -47,8 +47,6 @@ pub const FORWARDED_BY: &str = "ankusa-forwarded-by";
 pub const LOCAL_HEADER: &str = "ankusa-cluster-local";
 /// The most bytes of another node's answer read.
 const MAX_ANSWER: usize = 256 << 20;
-/// Registry keys: `m:cluster_tenant:<tenant id>`.
-const REGISTRY_PREFIX: &[u8] = b"m:cluster_tenant:";
 
 /// One node of the Relay.
 #[derive(Debug, Clone)]
@@ -65,69 +63,6 @@ pub struct Member {
 pub struct Unreachable {
     pub node: String,
     pub reason: String,
-}
-
-/// What the registry said of a tenant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Admission {
-    Admitted,
-    /// The Relay holds `tenants.max` tenants.
-    Limit,
-}
-
-/// The Relay's tenant registry, on its first node.
-#[derive(Debug)]
-pub struct Registry {
-    store: Arc<Store>,
-    max: u32,
-    names: Mutex<HashSet<String>>,
-}
-
-impl Registry {
-    /// Loads the registry from `store`.
-    pub fn open(store: Arc<Store>, max: u32) -> Result<Registry, StoreError> {
-        let mut names = HashSet::new();
-        let mut to = REGISTRY_PREFIX.to_vec();
-        to.push(0xFF);
-        for kv in store.scan(Family::Meta, REGISTRY_PREFIX, &to, Dir::Forward)? {
-            let (k, _) = kv?;
-            if let Some(name) = k.strip_prefix(REGISTRY_PREFIX) {
-                names.insert(String::from_utf8_lossy(name).into_owned());
-            }
-        }
-        Ok(Registry {
-            store,
-            max,
-            names: Mutex::new(names),
-        })
-    }
-
-    /// Registers `tenant`: always when `exists` (a node already stores it), otherwise only
-    /// below `tenants.max`. Synced before it answers.
-    pub fn admit(&self, tenant: &str, exists: bool) -> Result<Admission, StoreError> {
-        let mut names = self.names.lock().unwrap_or_else(|e| e.into_inner());
-        if names.contains(tenant) {
-            return Ok(Admission::Admitted);
-        }
-        if !exists && names.len() as u64 >= u64::from(self.max) {
-            return Ok(Admission::Limit);
-        }
-        let mut key = REGISTRY_PREFIX.to_vec();
-        key.extend_from_slice(tenant.as_bytes());
-        self.store
-            .write(vec![Op::put(Cf::Default, key, Vec::new())], true)?;
-        names.insert(tenant.to_owned());
-        Ok(Admission::Admitted)
-    }
-
-    /// Tenants registered.
-    pub fn len(&self) -> usize {
-        self.names.lock().unwrap_or_else(|e| e.into_inner()).len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// This node's view of its Relay.

@@ -7,7 +7,7 @@
 //! - [`upgrade`]: the format migrations, the older layouts they read, and fixtures.
 //! - [`queue`] (crate `ankusa-queue`): tenant ordinals, per-tenant counters, the active index and every
 //!   delivery transition as an op builder.
-//! - [`edge`]: the ingest listener: verification, tenants, dedupe keys, quarantine.
+//! - [`ingest`]: the ingest listener: verification, tenants, dedupe keys, quarantine.
 //! - [`node`]: boot order and the listeners of a running node.
 //! - [`dispatch`]: the pipeline's tick over the active index.
 //! - [`metrics`]: the queue gauges, read from counters and the active index.
@@ -22,8 +22,8 @@ pub mod cluster;
 /// The node's configuration (crate `ankusa-config`: no RocksDB, shared with the operator).
 pub use ankusa_config as config;
 pub mod dispatch;
-pub mod edge;
 pub mod http;
+pub mod ingest;
 pub mod metrics;
 pub mod node;
 pub mod openapi;

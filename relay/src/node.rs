@@ -18,15 +18,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use crate::admin::api::Api;
-use crate::admin::audit::Audit;
 use crate::admin::auth::Tokens;
 use crate::admin::{self, AdminState};
 use crate::cluster::Cluster;
 use crate::config::{ArchivePolicy, Config, ConfigError};
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
-use crate::edge::{self, quarantine::Quarantine, EdgeState};
+use crate::ingest::{quarantine::Quarantine, IngestState};
 use crate::metrics::{ArchiveLabel, Metrics, StoreFamilyLabel};
+use crate::queue::audit::Audit;
 use crate::queue::hints::DueHints;
 use crate::queue::writer::{self, Assembler, WriterSettings};
 use crate::queue::{archive, deliveries, hooklog, QueueError};
@@ -547,7 +547,7 @@ fn spawn_audit_prune(
             let s = store.clone();
             let cutoff = crate::now_ms().saturating_sub(retention);
             if let Ok(Err(e)) =
-                tokio::task::spawn_blocking(move || crate::admin::audit::prune(&s, cutoff, 1_000))
+                tokio::task::spawn_blocking(move || crate::queue::audit::prune(&s, cutoff, 1_000))
                     .await
             {
                 tracing::warn!(error = %e, "audit prune failed");
@@ -560,7 +560,7 @@ fn spawn_audit_prune(
 /// sources' verifiers and secrets, the sinks' URLs, secrets and headers, the admin tokens.
 /// `config check` runs exactly this.
 pub fn check(config: &Config) -> Result<(), ConfigError> {
-    edge::sources(config)?;
+    crate::ingest::sources(config)?;
     Deliverer::from_config(config)?;
     Tokens::from_config(config)?;
     Ok(())
@@ -628,7 +628,7 @@ impl Node {
         ingest: Listener,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Booted, NodeError> {
-        let sources = edge::sources(&config)?;
+        let sources = crate::ingest::sources(&config)?;
         let deliverer = Deliverer::from_config(&config)?;
         let data_dir = config.data_dir.clone();
         let limit = open_files_limit();
@@ -756,7 +756,7 @@ impl Node {
         )
         .map_err(NodeError::io("starting the writer thread"))?;
         let _ = api.writer.set(writer.clone());
-        let edge_state = Arc::new(EdgeState::new(
+        let ingest_state = Arc::new(IngestState::new(
             sources,
             store.clone(),
             writer,
@@ -765,7 +765,11 @@ impl Node {
             ready.clone(),
             cluster,
         ));
-        servers.push(ingest.serve(edge::router(edge_state), stop.clone()).await?);
+        servers.push(
+            ingest
+                .serve(crate::ingest::router(ingest_state), stop.clone())
+                .await?,
+        );
         let background = vec![
             pipeline::spawn(
                 store.clone(),

@@ -167,7 +167,7 @@ pub struct Deleted {
 
 #[derive(Debug, Serialize, ToSchema)]
 pub struct AuditPage {
-    pub items: Vec<crate::admin::audit::Record>,
+    pub items: Vec<crate::queue::audit::Record>,
     pub next: Option<u64>,
 }
 
@@ -262,8 +262,8 @@ impl Modify for Security {
         description = "The ingest listener (`ingest.listen`, default :8080: `/ingest/*`, `/healthz`, `/readyz`) and the admin listener (`admin.listen`, default :9090: `/v1/*`, `/cluster/v1/*`, `/metrics`, `/healthz`, `/readyz`) of one node. Every error is `ErrorBody`. See docs/api.md."
     ),
     paths(
-        crate::edge::ingest,
-        crate::edge::ingest_for_tenant,
+        crate::ingest::ingest,
+        crate::ingest::ingest_for_tenant,
         crate::admin::healthz,
         crate::admin::readyz,
         crate::admin::metrics,
@@ -284,7 +284,7 @@ impl Modify for Security {
         crate::admin::backups::create,
         crate::admin::backups::stream,
         crate::admin::backups::archive,
-        crate::admin::routing::admit,
+        crate::admin::relay_wide::admit,
         document,
     ),
     modifiers(&Security),

@@ -15,10 +15,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::audit::{self, Audit};
 use super::auth::{Caller, Scope, Tokens};
 use crate::config::{Config, TenantFrom};
-use crate::edge::quarantine::Quarantine;
+use crate::ingest::quarantine::Quarantine;
+use crate::queue::audit::{self, Audit};
 use crate::queue::deliveries::{self, DeadPage, DeadRow, PurgeKinds};
 use crate::queue::{counters, tenants, Counts, QueueError};
 use crate::store::keys::{AtMs, DeadKey, Seq, SinkIdx, TenantOrd};
@@ -641,7 +641,7 @@ pub async fn quarantine_list(
     let n = limit(&api, q.limit);
     let a = api.clone();
     blocking(move || {
-        let entries = crate::edge::quarantine::page(&a.store, q.before, n, |e| {
+        let entries = crate::queue::quarantine::page(&a.store, q.before, n, |e| {
             quarantine_visible(&a.config, &c.scope, &e.source)
         })?;
         let next = (entries.len() == n).then(|| entries.last().map(|e| e.id)).flatten();
@@ -685,11 +685,11 @@ pub async fn quarantine_delete(
             None,
             serde_json::json!({ "id": q.id }),
         );
-        let visible = |e: &crate::edge::quarantine::Entry| {
+        let visible = |e: &crate::queue::quarantine::Entry| {
             quarantine_visible(&a.config, &c.scope, &e.source) && q.id.is_none_or(|id| id == e.id)
         };
         let removed =
-            crate::edge::quarantine::delete(&a.store, a.quarantine.as_deref(), visible, audit)?;
+            crate::ingest::quarantine::delete(&a.store, a.quarantine.as_deref(), visible, audit)?;
         if q.id.is_some() && removed == 0 {
             return Err(ApiError::NotFound("quarantined request"));
         }

@@ -17,12 +17,11 @@ use axum::Router;
 
 pub mod api;
 pub mod archive;
-pub mod audit;
 pub mod auth;
 pub mod backups;
 pub mod client;
 pub mod hooks;
-pub mod routing;
+pub mod relay_wide;
 pub mod sources;
 
 use axum::routing::{delete, post};
@@ -199,10 +198,10 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
         .route("/v1/backups", post(backups::create))
         .route("/v1/backups/stream", post(backups::stream))
         .route("/v1/backups/{id}/archive", get(backups::archive))
-        .route("/cluster/v1/tenants/admit", post(routing::admit))
+        .route("/cluster/v1/tenants/admit", post(relay_wide::admit))
         .route_layer(axum::middleware::from_fn_with_state(
             api.clone(),
-            routing::to_owner,
+            relay_wide::to_owner,
         ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),

@@ -182,7 +182,7 @@ fn observability_md_lists_every_ingest_outcome_and_no_other() {
                 .to_owned()
         })
         .collect::<BTreeSet<_>>();
-    let code = ankusa_relay::edge::Outcome::ALL
+    let code = ankusa_relay::ingest::Outcome::ALL
         .iter()
         .map(|o| o.label().to_owned())
         .collect::<BTreeSet<_>>();

@@ -1,4 +1,4 @@
-//! The ingest edge over real HTTP on 127.0.0.1 against a node with a real store.
+//! Ingest over real HTTP on 127.0.0.1 against a node with a real store.
 
 use std::collections::BTreeSet;
 
@@ -14,7 +14,7 @@ const SW_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const STRIPE_SECRET: &str = "whsec_stripe_test";
 const HMAC_SECRET: &str = "hmac-secret";
 
-/// The edge's node: a sink nobody listens on, and a source per verification scheme;
+/// The ingest tests' node: a sink nobody listens on, and a source per verification scheme;
 /// `sections` is more configuration.
 async fn edge_node(sections: &str) -> TestNode {
     let hmac = |id: &str, tenant: &str, header: &str, verify: &str, rest: &str| {

@@ -1,4 +1,4 @@
-//! The ingest edge: `POST /ingest/{source}` on the ingest listener.
+//! Ingest: `POST /ingest/{source}` on the ingest listener.
 //!
 //! # What a request goes through
 //! 1. The source is looked up (unknown → 404 `rejected`).
@@ -34,10 +34,11 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
-use crate::cluster::{self, Admission, Cluster};
+use crate::cluster::{self, Cluster};
 use crate::config::{Config, ConfigError, IdempotencyConfig, TenantFrom, VerifyConfig};
 use crate::metrics::{Metrics, UNKNOWN_SOURCE};
 use crate::queue::deliveries::Envelope;
+use crate::queue::registry::Admission;
 use crate::queue::tenants;
 use crate::queue::writer::{Reply, Submission, WriterHandle};
 use crate::store::keys::AtMs;
@@ -149,7 +150,7 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
 
 /// Shared state of the ingest handlers.
 #[derive(Debug)]
-pub struct EdgeState {
+pub struct IngestState {
     pub sources: HashMap<String, Source>,
     /// For readiness: the store's write health.
     pub store: Arc<crate::store::Store>,
@@ -163,7 +164,7 @@ pub struct EdgeState {
     id_prefix: String,
 }
 
-impl EdgeState {
+impl IngestState {
     pub fn new(
         sources: HashMap<String, Source>,
         store: Arc<crate::store::Store>,
@@ -173,7 +174,7 @@ impl EdgeState {
         ready: Arc<AtomicBool>,
         cluster: Arc<Cluster>,
     ) -> Self {
-        EdgeState {
+        IngestState {
             sources,
             store,
             writer,
@@ -201,7 +202,7 @@ impl EdgeState {
 }
 
 /// The ingest router.
-pub fn router(state: Arc<EdgeState>) -> Router {
+pub fn router(state: Arc<IngestState>) -> Router {
     Router::new()
         .route("/ingest/{source}", post(ingest))
         .route("/ingest/{source}/{tenant}", post(ingest_for_tenant))
@@ -212,7 +213,7 @@ pub fn router(state: Arc<EdgeState>) -> Router {
         .layer(axum::middleware::map_response(crate::http::json_errors))
 }
 
-async fn readyz(State(s): State<Arc<EdgeState>>) -> Response {
+async fn readyz(State(s): State<Arc<IngestState>>) -> Response {
     crate::http::readiness(&s.ready, &s.store)
 }
 
@@ -292,7 +293,7 @@ fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Respons
     )
 )]
 pub(crate) async fn ingest(
-    State(s): State<Arc<EdgeState>>,
+    State(s): State<Arc<IngestState>>,
     Path(source): Path<String>,
     uri: Uri,
     headers: HeaderMap,
@@ -315,7 +316,7 @@ pub(crate) async fn ingest(
     )
 )]
 pub(crate) async fn ingest_for_tenant(
-    State(s): State<Arc<EdgeState>>,
+    State(s): State<Arc<IngestState>>,
     Path((source, tenant)): Path<(String, String)>,
     uri: Uri,
     headers: HeaderMap,
@@ -326,7 +327,7 @@ pub(crate) async fn ingest_for_tenant(
 
 /// One ingest request, counted and timed.
 async fn served(
-    s: &EdgeState,
+    s: &IngestState,
     source: &str,
     tenant: Option<&str>,
     uri: &Uri,
@@ -343,7 +344,7 @@ async fn served(
 }
 
 async fn handle<'a>(
-    s: &'a EdgeState,
+    s: &'a IngestState,
     source: &str,
     in_path: Option<&str>,
     uri: &Uri,

@@ -1,14 +1,16 @@
 //! The audit trail: one row per mutating admin call, `<<?a, seq::64, at::64>>` in the
 //! `audit` family, written in the same batch as the call's effect where it has one.
-//! Rows are pruned by age (`admin.audit_retention_ms`) in bounded batches.
+//! Rows are pruned by age (`admin.audit_retention_ms`) in bounded batches. The admin API
+//! (`ankusa-relay`'s `admin`) writes the ops built here and pages the rows.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use crate::queue::QueueError;
-use crate::store::keys::{self, AtMs, Family, Seq};
-use crate::store::{Cf, Dir, Op, Store};
+use ankusa_store::keys::{self, AtMs, Family, Seq};
+use ankusa_store::{Cf, Dir, Op, Store};
+
+use crate::QueueError;
 
 /// One audit row.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
@@ -52,7 +54,7 @@ impl Audit {
         detail: serde_json::Value,
     ) -> Op {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
-        let at = crate::now_ms();
+        let at = ankusa_keys::now_ms();
         let r = Record {
             seq,
             at_ms: at,
@@ -122,10 +124,10 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_undecodable_audit_or_quarantine_row_is_corruption_not_a_shorter_page() {
+    fn an_undecodable_audit_row_is_corruption_not_a_shorter_page() {
         let dir = tempfile::tempdir().unwrap();
         let store =
-            Store::open(dir.path().join("db"), &crate::store::OpenOptions::default()).unwrap();
+            Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default()).unwrap();
         let audit = Audit::open(&store).unwrap();
         store
             .write(
@@ -136,14 +138,11 @@ mod tests {
         assert_eq!(page(&store, None, 10, |_| true).unwrap().len(), 1);
         store
             .write(
-                vec![
-                    Op::put(
-                        Cf::Audit,
-                        keys::audit(Seq(99), AtMs(1)),
-                        b"{not json".to_vec(),
-                    ),
-                    Op::put(Cf::Quarantine, keys::quarantine(7), b"\xff".to_vec()),
-                ],
+                vec![Op::put(
+                    Cf::Audit,
+                    keys::audit(Seq(99), AtMs(1)),
+                    b"{not json".to_vec(),
+                )],
                 true,
             )
             .unwrap();
@@ -158,16 +157,37 @@ mod tests {
             ),
             "{e}"
         );
-        let e = crate::edge::quarantine::page(&store, None, 10, |_| true).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                QueueError::Corrupt {
-                    family: Family::Quarantine,
-                    ..
-                }
-            ),
-            "{e}"
+    }
+
+    #[test]
+    fn audit_seqs_continue_after_the_highest_in_the_store_and_prune_goes_by_age() {
+        let dir = tempfile::tempdir().unwrap();
+        let store =
+            Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default()).unwrap();
+        let audit = Audit::open(&store).unwrap();
+        let ops = (0..3)
+            .map(|i| audit.op("ops", "purge", Some("acme"), serde_json::json!({ "i": i })))
+            .collect();
+        store.write(ops, true).unwrap();
+        let again = Audit::open(&store).unwrap();
+        store
+            .write(
+                vec![again.op("ops", "replay", None, serde_json::json!({}))],
+                true,
+            )
+            .unwrap();
+        let seqs: Vec<u64> = page(&store, None, 10, |_| true)
+            .unwrap()
+            .iter()
+            .map(|r| r.seq)
+            .collect();
+        assert_eq!(seqs, [4, 3, 2, 1]);
+        assert_eq!(prune(&store, 0, 100).unwrap(), 0, "nothing is older than 0");
+        assert_eq!(
+            prune(&store, u64::MAX, 2).unwrap(),
+            2,
+            "bounded by the limit"
         );
+        assert_eq!(page(&store, None, 10, |_| true).unwrap().len(), 2);
     }
 }

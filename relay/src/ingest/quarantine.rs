@@ -3,34 +3,22 @@
 //! Bounded by entry count and bytes (`quarantine.max_entries`, `quarantine.max_bytes`);
 //! past either, a failing request is still refused with 401 but not kept, and
 //! `ankusa_quarantine_dropped_total` counts it. Credentials (`authorization`, `cookie`)
-//! are not kept. Quarantine rows never create a tenant ordinal.
+//! are not kept. Quarantine rows never create a tenant ordinal. The rows themselves are the
+//! queue crate's (`queue::quarantine`).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use axum::http::HeaderMap;
 use base64::Engine;
-use serde::{Deserialize, Serialize};
 
 use crate::metrics::Metrics;
+use crate::queue::quarantine::{self, Entry};
 use crate::queue::QueueError;
-use crate::store::keys::{self, Family};
-use crate::store::{Cf, Op, Store};
+use crate::store::{Op, Store};
 
 /// Header names never kept.
 const DROPPED_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
-
-/// A quarantined request.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct Entry {
-    pub id: u64,
-    pub source: String,
-    pub at_ms: u64,
-    pub reason: String,
-    pub headers: Vec<(String, String)>,
-    /// The body, base64.
-    pub body: String,
-}
 
 /// The bounded quarantine of a node.
 #[derive(Debug)]
@@ -52,13 +40,7 @@ impl Quarantine {
         max_entries: u64,
         max_bytes: u64,
     ) -> Result<Self, QueueError> {
-        let (mut entries, mut bytes, mut last) = (0u64, 0u64, 0u64);
-        for kv in store.scan_family(Family::Quarantine)? {
-            let (k, v) = kv?;
-            last = last.max(keys::decode_quarantine(&k)?);
-            entries += 1;
-            bytes += v.len() as u64;
-        }
+        let (entries, bytes, last) = quarantine::totals(&store)?;
         Ok(Quarantine {
             store,
             metrics,
@@ -98,11 +80,9 @@ impl Quarantine {
                 .collect(),
             body: base64::engine::general_purpose::STANDARD.encode(body),
         };
-        let value = match serde_json::to_vec(&entry) {
-            Ok(v) => v,
-            Err(_) => return,
+        let Some((op, size)) = quarantine::put(&entry) else {
+            return;
         };
-        let size = value.len() as u64;
         // Reserve room first; give it back if over a ceiling.
         let n = self.entries.fetch_add(1, Ordering::Relaxed) + 1;
         let b = self.bytes.fetch_add(size, Ordering::Relaxed) + size;
@@ -113,9 +93,8 @@ impl Quarantine {
             return;
         }
         let store = self.store.clone();
-        let key = keys::quarantine(entry.id);
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = store.write(vec![Op::put(Cf::Quarantine, key, value)], false) {
+            if let Err(e) = store.write(vec![op], false) {
                 tracing::warn!(error = %e, "quarantine write failed");
             }
         });
@@ -130,68 +109,17 @@ impl Quarantine {
     }
 }
 
-/// An entry, or corruption naming its key: a row that does not decode is never skipped.
-fn decode(key: &[u8], v: &[u8]) -> Result<Entry, QueueError> {
-    serde_json::from_slice(v).map_err(|e| {
-        QueueError::corrupt(
-            Family::Quarantine,
-            format!("undecodable entry {}: {e}", keys::hex(key)),
-        )
-    })
-}
-
-/// Quarantined entries newest first, ids below `before`, that `keep` accepts.
-pub fn page(
-    store: &Store,
-    before: Option<u64>,
-    limit: usize,
-    keep: impl Fn(&Entry) -> bool,
-) -> Result<Vec<Entry>, QueueError> {
-    let (lo, end) = Family::Quarantine.bounds();
-    let to = before.map_or(end, keys::quarantine);
-    let mut out = Vec::new();
-    for kv in store.scan(Family::Quarantine, &lo, &to, crate::store::Dir::Reverse)? {
-        let (k, v) = kv?;
-        let e = decode(&k, &v)?;
-        if keep(&e) {
-            out.push(e);
-            if out.len() >= limit {
-                break;
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Deletes every entry `pick` accepts, in synced chunks of 500, `audit` in the first.
-/// Returns how many went.
+/// Deletes every entry `pick` accepts (`queue::quarantine::delete`), giving their room
+/// back to this node's `quarantine`. Returns how many went.
 pub fn delete(
     store: &Store,
     quarantine: Option<&Quarantine>,
     pick: impl Fn(&Entry) -> bool,
     audit: Op,
 ) -> Result<u64, QueueError> {
-    let mut victims: Vec<(Vec<u8>, u64)> = Vec::new();
-    for kv in store.scan_family(Family::Quarantine)? {
-        let (k, v) = kv?;
-        if pick(&decode(&k, &v)?) {
-            victims.push((k, v.len() as u64));
-        }
-    }
-    let mut first = Some(audit);
-    for chunk in victims.chunks(500) {
-        let mut ops: Vec<Op> = chunk
-            .iter()
-            .map(|(k, _)| Op::delete(Cf::Quarantine, k.clone()))
-            .collect();
-        ops.extend(first.take());
-        store.write(ops, true)?;
+    quarantine::delete(store, pick, audit, |entries, bytes| {
         if let Some(q) = quarantine {
-            q.released(chunk.len() as u64, chunk.iter().map(|(_, b)| b).sum());
+            q.released(entries, bytes);
         }
-    }
-    if let Some(op) = first {
-        store.write(vec![op], true)?;
-    }
-    Ok(victims.len() as u64)
+    })
 }

@@ -33,8 +33,9 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::api::Api;
-use crate::cluster::{Admission, Member, Unreachable, LOCAL_HEADER};
+use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::error;
+use crate::queue::registry::Admission;
 
 /// The largest replay body read to find its tenant.
 const MAX_ROUTED_BODY: usize = 1 << 20;
