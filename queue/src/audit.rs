@@ -122,72 +122,51 @@ pub fn prune(store: &Store, cutoff_ms: u64, limit: usize) -> Result<u64, QueueEr
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::{assert_corrupt, Harness};
 
     #[test]
     fn an_undecodable_audit_row_is_corruption_not_a_shorter_page() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default()).unwrap();
-        let audit = Audit::open(&store).unwrap();
-        store
-            .write(
-                vec![audit.op("ops", "dlq.replay", None, serde_json::json!({}))],
-                true,
-            )
-            .unwrap();
-        assert_eq!(page(&store, None, 10, |_| true).unwrap().len(), 1);
-        store
-            .write(
-                vec![Op::put(
-                    Cf::Audit,
-                    keys::audit(Seq(99), AtMs(1)),
-                    b"{not json".to_vec(),
-                )],
-                true,
-            )
-            .unwrap();
-        let e = page(&store, None, 10, |_| true).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                QueueError::Corrupt {
-                    family: Family::Audit,
-                    ..
-                }
-            ),
-            "{e}"
+        let h = Harness::new();
+        let audit = Audit::open(&h.store).unwrap();
+        let op = audit.op("ops", "dlq.replay", None, serde_json::json!({}));
+        h.store.write(vec![op], true).unwrap();
+        assert_eq!(page(&h.store, None, 10, |_| true).unwrap().len(), 1);
+        let bad = Op::put(
+            Cf::Audit,
+            keys::audit(Seq(99), AtMs(1)),
+            b"{not json".to_vec(),
         );
+        h.store.write(vec![bad], true).unwrap();
+        assert_corrupt(page(&h.store, None, 10, |_| true), Family::Audit);
     }
 
     #[test]
     fn audit_seqs_continue_after_the_highest_in_the_store_and_prune_goes_by_age() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default()).unwrap();
-        let audit = Audit::open(&store).unwrap();
+        let h = Harness::new();
+        let audit = Audit::open(&h.store).unwrap();
         let ops = (0..3)
             .map(|i| audit.op("ops", "purge", Some("acme"), serde_json::json!({ "i": i })))
             .collect();
-        store.write(ops, true).unwrap();
-        let again = Audit::open(&store).unwrap();
-        store
-            .write(
-                vec![again.op("ops", "replay", None, serde_json::json!({}))],
-                true,
-            )
-            .unwrap();
-        let seqs: Vec<u64> = page(&store, None, 10, |_| true)
+        h.store.write(ops, true).unwrap();
+        let again = Audit::open(&h.store).unwrap();
+        let op = again.op("ops", "replay", None, serde_json::json!({}));
+        h.store.write(vec![op], true).unwrap();
+        let seqs: Vec<u64> = page(&h.store, None, 10, |_| true)
             .unwrap()
             .iter()
             .map(|r| r.seq)
             .collect();
         assert_eq!(seqs, [4, 3, 2, 1]);
-        assert_eq!(prune(&store, 0, 100).unwrap(), 0, "nothing is older than 0");
         assert_eq!(
-            prune(&store, u64::MAX, 2).unwrap(),
+            prune(&h.store, 0, 100).unwrap(),
+            0,
+            "nothing is older than 0"
+        );
+        assert_eq!(
+            prune(&h.store, u64::MAX, 2).unwrap(),
             2,
             "bounded by the limit"
         );
-        assert_eq!(page(&store, None, 10, |_| true).unwrap().len(), 2);
+        assert_eq!(page(&h.store, None, 10, |_| true).unwrap().len(), 2);
     }
 }

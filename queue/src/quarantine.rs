@@ -112,6 +112,7 @@ pub fn delete(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testkit::{assert_corrupt, Harness};
 
     fn entry(id: u64) -> Entry {
         Entry {
@@ -126,45 +127,23 @@ mod tests {
 
     #[test]
     fn an_undecodable_quarantine_row_is_corruption_not_a_shorter_page() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default()).unwrap();
-        store
-            .write(
-                vec![Op::put(
-                    Cf::Quarantine,
-                    keys::quarantine(7),
-                    b"\xff".to_vec(),
-                )],
-                true,
-            )
-            .unwrap();
-        let e = page(&store, None, 10, |_| true).unwrap_err();
-        assert!(
-            matches!(
-                e,
-                QueueError::Corrupt {
-                    family: Family::Quarantine,
-                    ..
-                }
-            ),
-            "{e}"
-        );
+        let h = Harness::new();
+        let bad = Op::put(Cf::Quarantine, keys::quarantine(7), b"\xff".to_vec());
+        h.store.write(vec![bad], true).unwrap();
+        assert_corrupt(page(&h.store, None, 10, |_| true), Family::Quarantine);
     }
 
     #[test]
     fn rows_are_paged_newest_first_counted_and_deleted_with_their_room_given_back() {
-        let dir = tempfile::tempdir().unwrap();
-        let store =
-            Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default()).unwrap();
+        let h = Harness::new();
         let ops: Vec<Op> = (1..=3)
             .filter_map(|i| put(&entry(i)))
             .map(|(op, _)| op)
             .collect();
-        store.write(ops, true).unwrap();
-        let (n, bytes, last) = totals(&store).unwrap();
+        h.store.write(ops, true).unwrap();
+        let (n, bytes, last) = totals(&h.store).unwrap();
         assert_eq!((n, last), (3, 3));
-        let ids: Vec<u64> = page(&store, None, 10, |_| true)
+        let ids: Vec<u64> = page(&h.store, None, 10, |_| true)
             .unwrap()
             .iter()
             .map(|e| e.id)
@@ -177,14 +156,13 @@ mod tests {
             b"{}".to_vec(),
         );
         let gone = delete(
-            &store,
+            &h.store,
             |e| e.id != 2,
             audit,
             |e, b| given_back = (given_back.0 + e, given_back.1 + b),
         )
         .unwrap();
-        assert_eq!(gone, 2);
-        assert_eq!(given_back.0, 2);
-        assert_eq!(totals(&store).unwrap().1, bytes - given_back.1);
+        assert_eq!((gone, given_back.0), (2, 2));
+        assert_eq!(totals(&h.store).unwrap().1, bytes - given_back.1);
     }
 }

@@ -80,10 +80,8 @@ mod tests {
 
     #[test]
     fn the_registry_holds_tenants_max_and_remembers_across_opens() {
-        let dir = tempfile::tempdir().unwrap();
-        let store = Arc::new(
-            Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default()).unwrap(),
-        );
+        let h = crate::testkit::Harness::new();
+        let store = h.store.clone();
         let r = Registry::open(store.clone(), 2).unwrap();
         assert_eq!(r.admit("a", false).unwrap(), Admission::Admitted);
         assert_eq!(r.admit("b", false).unwrap(), Admission::Admitted);

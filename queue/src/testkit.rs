@@ -214,3 +214,11 @@ impl super::writer::Starts for MaskStarts {
     fn waiting(&self) {}
     fn started(&self, _: Vec<super::writer::Started>) {}
 }
+
+/// `r` failed as corruption of `family` (a row that does not decode is never skipped).
+pub fn assert_corrupt<T: std::fmt::Debug>(r: Result<T, QueueError>, family: Family) {
+    match r {
+        Err(QueueError::Corrupt { family: f, .. }) if f == family => {}
+        other => panic!("expected corruption of {family:?}, got {other:?}"),
+    }
+}

@@ -262,6 +262,33 @@ fn file_digests(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
+/// Stamps `m:format` as a newer release's migration would (through `write`, so the format
+/// file follows).
+fn stamp(store: &Store, format: u32) {
+    store
+        .write(
+            vec![Op::put(
+                Cf::Default,
+                keys::META_FORMAT.to_vec(),
+                format.to_be_bytes(),
+            )],
+            true,
+        )
+        .unwrap();
+}
+
+/// Both a read-write and a read-only open refuse the store at `path` as format 4.
+fn refused_as_format_4(path: &Path) {
+    for opts in [OpenOptions::default(), OpenOptions::inspect()] {
+        match Store::open(path, &opts) {
+            Err(StoreError::StoreFormatNewer { found, supported }) => {
+                assert_eq!((found, supported), (4, 3));
+            }
+            other => panic!("expected StoreFormatNewer, got {other:?}"),
+        }
+    }
+}
+
 #[test]
 fn a_newer_store_format_is_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -269,26 +296,10 @@ fn a_newer_store_format_is_refused() {
     {
         let store = Store::open(&path, &OpenOptions::default()).unwrap();
         put_hooks(&store, 3);
-        store
-            .write(
-                vec![Op::put(
-                    Cf::Default,
-                    keys::META_FORMAT.to_vec(),
-                    4u32.to_be_bytes(),
-                )],
-                true,
-            )
-            .unwrap();
+        stamp(&store, 4);
     }
     let before = file_digests(&path);
-    for opts in [OpenOptions::default(), OpenOptions::inspect()] {
-        match Store::open(&path, &opts) {
-            Err(StoreError::StoreFormatNewer { found, supported }) => {
-                assert_eq!((found, supported), (4, 3));
-            }
-            other => panic!("expected StoreFormatNewer, got {other:?}"),
-        }
-    }
+    refused_as_format_4(&path);
     let err = Store::open(&path, &OpenOptions::default()).unwrap_err();
     assert!(err.to_string().contains("store format 4 is newer"), "{err}");
     assert!(err.to_string().contains("(format 3)"), "{err}");
@@ -321,16 +332,7 @@ fn the_format_file_is_never_below_the_stamp() {
     let store = Store::open(&path, &OpenOptions::default()).unwrap();
     assert_eq!(store.format().unwrap(), 3);
     assert_eq!(read().as_deref(), Some("3\n"));
-    store
-        .write(
-            vec![Op::put(
-                Cf::Default,
-                keys::META_FORMAT.to_vec(),
-                4u32.to_be_bytes(),
-            )],
-            true,
-        )
-        .unwrap();
+    stamp(&store, 4);
     assert_eq!(read().as_deref(), Some("4\n"));
 }
 
@@ -342,26 +344,10 @@ fn a_format_file_behind_a_newer_stamp_is_still_refused() {
     let path = dir.path().join("db");
     {
         let store = Store::open(&path, &OpenOptions::default()).unwrap();
-        store
-            .write(
-                vec![Op::put(
-                    Cf::Default,
-                    keys::META_FORMAT.to_vec(),
-                    4u32.to_be_bytes(),
-                )],
-                true,
-            )
-            .unwrap();
+        stamp(&store, 4);
     }
     std::fs::write(path.join(FORMAT_FILE), "3\n").unwrap();
-    for opts in [OpenOptions::default(), OpenOptions::inspect()] {
-        match Store::open(&path, &opts) {
-            Err(StoreError::StoreFormatNewer { found, supported }) => {
-                assert_eq!((found, supported), (4, 3));
-            }
-            other => panic!("expected StoreFormatNewer, got {other:?}"),
-        }
-    }
+    refused_as_format_4(&path);
 }
 
 #[test]

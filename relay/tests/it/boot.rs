@@ -11,18 +11,11 @@ use crate::support::{bin, http_get, http_raw, log_tail, proc_node, store_with_ho
 /// `ANKUSA_IT_SLOW_OPEN_MS` milliseconds: a store on a slow disk freshly attached (or a WAL
 /// of gigabytes to replay) as the node sees it. Every call is real.
 fn slow_open(dir: &Path) -> PathBuf {
-    const SHIM: &str = r#"
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <stdarg.h>
-#include <stdlib.h>
-#include <string.h>
-#include <time.h>
-
+    const HOOK: &str = r#"
 static int held;
 
-static void maybe_hold(const char *path) {
+static void hook(const char *path, int flags) {
+    (void)flags;
     const char *ms = getenv("ANKUSA_IT_SLOW_OPEN_MS");
     const char *base = strrchr(path, '/');
     base = base ? base + 1 : path;
@@ -32,7 +25,24 @@ static void maybe_hold(const char *path) {
     struct timespec t = { n / 1000, (n % 1000) * 1000000L };
     nanosleep(&t, 0);
 }
+"#;
+    open_hook(dir, "slow_open", HOOK)
+}
 
+/// A shared object for `LD_PRELOAD` whose `open` and `open64` call the C function
+/// `hook(path, flags)` defined in `hook`, then the real call.
+fn open_hook(dir: &Path, name: &str, hook: &str) -> PathBuf {
+    const HEAD: &str = r#"
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+"#;
+    const OPEN: &str = r#"
 #define OPEN(name)                                                              \
     int name(const char *path, int flags, ...) {                                \
         static int (*real)(const char *, int, ...);                             \
@@ -41,13 +51,13 @@ static void maybe_hold(const char *path) {
         if (flags & (O_CREAT | O_TMPFILE)) {                                    \
             va_list ap; va_start(ap, flags); mode = va_arg(ap, mode_t); va_end(ap); \
         }                                                                       \
-        maybe_hold(path);                                                       \
+        hook(path, flags);                                                      \
         return real(path, flags, mode);                                         \
     }
 OPEN(open)
 OPEN(open64)
 "#;
-    crate::support::preload_library(dir, "slow_open", SHIM)
+    crate::support::preload_library(dir, name, &format!("{HEAD}{hook}{OPEN}"))
 }
 
 /// Waits up to `limit` for `f` to answer `Some`.
@@ -201,18 +211,10 @@ fn a_node_raises_its_open_file_limit_and_bounds_the_store_by_it() {
 /// (RocksDB's write-ahead logs) the process opens for reading (a replay; RocksDB also
 /// opens the last log again to append to it) to the file `ANKUSA_IT_OPEN_LOG` names.
 fn wal_opens(dir: &Path) -> PathBuf {
-    const SHIM: &str = r#"
-#define _GNU_SOURCE
-#include <dlfcn.h>
-#include <fcntl.h>
-#include <stdarg.h>
-#include <stdlib.h>
-#include <string.h>
-#include <unistd.h>
-
+    const HOOK: &str = r#"
 static int (*real_open)(const char *, int, ...);
 
-static void note(const char *path, int flags) {
+static void hook(const char *path, int flags) {
     const char *out = getenv("ANKUSA_IT_OPEN_LOG");
     size_t n = strlen(path);
     if (!out || (flags & O_ACCMODE) != O_RDONLY || n < 4 || strcmp(path + n - 4, ".log") != 0) return;
@@ -223,22 +225,8 @@ static void note(const char *path, int flags) {
     (void)!write(fd, "\n", 1);
     close(fd);
 }
-
-#define OPEN(name)                                                              \
-    int name(const char *path, int flags, ...) {                                \
-        static int (*real)(const char *, int, ...);                             \
-        if (!real) real = (int (*)(const char *, int, ...))dlsym(RTLD_NEXT, #name); \
-        mode_t mode = 0;                                                        \
-        if (flags & (O_CREAT | O_TMPFILE)) {                                    \
-            va_list ap; va_start(ap, flags); mode = va_arg(ap, mode_t); va_end(ap); \
-        }                                                                       \
-        note(path, flags);                                                      \
-        return real(path, flags, mode);                                         \
-    }
-OPEN(open)
-OPEN(open64)
 "#;
-    crate::support::preload_library(dir, "wal_opens", SHIM)
+    open_hook(dir, "wal_opens", HOOK)
 }
 
 /// A node's start reads each write-ahead log of its store once: the format guard takes
