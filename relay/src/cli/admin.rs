@@ -1,0 +1,341 @@
+//! `admin …`: the admin API of one node, or of every node of a Relay merged
+//! (`admin::client`).
+
+use super::backup::backup_pull;
+use super::*;
+
+/// `admin …`: one call per node, merged.
+pub(super) fn admin(
+    urls: &[String],
+    all_addresses: bool,
+    token: &str,
+    json_out: bool,
+    timeout: std::time::Duration,
+    command: AdminCommand,
+) -> anyhow::Result<ExitCode> {
+    use crate::admin::client::{self as c, cell, table, Nodes};
+    use hyper::Method;
+    let rt = tokio::runtime::Runtime::new()?;
+    let nodes = rt.block_on(Nodes::resolve(urls, all_addresses, token, timeout))?;
+    if let AdminCommand::Backup { to, keep } = &command {
+        for url in &nodes.urls {
+            let (_, rest) = url.split_once("://").unwrap_or(("", url));
+            let dir = to.join(rest.replace([':', '/'], "_"));
+            backup_pull(url, token, &dir, *keep, timeout)?;
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    let out: serde_json::Value = rt.block_on(async {
+        anyhow::Ok(match &command {
+            AdminCommand::Node => {
+                c::merge_nodes(&nodes.urls, nodes.all(Method::GET, "/v1/node", None).await?)
+            }
+            AdminCommand::Tenants { top } => c::merge_tenants(
+                nodes
+                    .all(Method::GET, &format!("/v1/tenants?top={top}"), None)
+                    .await?,
+                *top,
+            ),
+            AdminCommand::Tenant { tenant } => {
+                let path = format!("/v1/tenants/{}", c::q(tenant));
+                let mut answers = Vec::new();
+                for i in 0..nodes.urls.len() {
+                    // A node that never saw the tenant answers 404: not an error here.
+                    answers.push(match nodes.call(i, Method::GET, &path, None).await {
+                        Ok(v) => Some(v),
+                        Err(e) if e.to_string().contains(": 404 not_found") => None,
+                        Err(e) => return Err(e),
+                    });
+                }
+                c::merge_tenant(tenant, answers)
+                    .ok_or_else(|| anyhow::anyhow!("no node holds tenant {tenant:?}"))?
+            }
+            AdminCommand::Dlq {
+                command: DlqCommand::List { tenant, limit },
+            } => {
+                let mut path = format!("/v1/dlq?limit={limit}");
+                if let Some(t) = tenant {
+                    path.push_str(&format!("&tenant={}", c::q(t)));
+                }
+                c::merge_items(nodes.all(Method::GET, &path, None).await?, "at_ms", *limit)
+            }
+            AdminCommand::Dlq {
+                command:
+                    DlqCommand::Replay {
+                        ids,
+                        tenant,
+                        source,
+                        from_ms,
+                        to_ms,
+                        limit,
+                    },
+            } => {
+                let filter = serde_json::json!({
+                    "tenant": tenant, "source": source, "from_ms": from_ms, "to_ms": to_ms, "limit": limit,
+                });
+                let mut body: Vec<serde_json::Value> = vec![filter; nodes.urls.len()];
+                if !ids.is_empty() {
+                    let mut by_node: Vec<Vec<String>> = vec![Vec::new(); nodes.urls.len()];
+                    for id in ids {
+                        let (n, own) = c::split_id(id, nodes.urls.len())?;
+                        by_node[n].push(own);
+                    }
+                    for (b, own) in body.iter_mut().zip(by_node) {
+                        b["ids"] = serde_json::json!(own);
+                    }
+                }
+                let mut answers = Vec::new();
+                for (i, b) in body.iter().enumerate() {
+                    // A node given no ids of an id replay has nothing to do.
+                    if !ids.is_empty() && b["ids"].as_array().is_some_and(|a| a.is_empty()) {
+                        continue;
+                    }
+                    answers.push(nodes.call(i, Method::POST, "/v1/dlq/replay", Some(b)).await?);
+                }
+                c::sum_reports(&answers)
+            }
+            AdminCommand::Purge { tenant, kinds } => {
+                let path = format!("/v1/tenants/{}/queue?kinds={}", c::q(tenant), c::q(kinds));
+                let mut answers = Vec::new();
+                for i in 0..nodes.urls.len() {
+                    match nodes.call(i, Method::DELETE, &path, None).await {
+                        Ok(v) => answers.push(v),
+                        Err(e) if e.to_string().contains(": 404 not_found") => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                let mut sum = c::sum_reports(&answers);
+                sum["tenant"] = serde_json::json!(tenant);
+                sum
+            }
+            AdminCommand::Quarantine {
+                command: QuarantineCommand::List { limit },
+            } => c::merge_items(
+                nodes
+                    .all(Method::GET, &format!("/v1/quarantine?limit={limit}"), None)
+                    .await?,
+                "at_ms",
+                *limit,
+            ),
+            AdminCommand::Quarantine {
+                command: QuarantineCommand::Delete { id },
+            } => match id {
+                Some(id) => {
+                    let (n, own) = c::split_id(id, nodes.urls.len())?;
+                    let path = format!("/v1/quarantine?id={}", c::q(&own));
+                    nodes.call(n, Method::DELETE, &path, None).await?
+                }
+                None => c::sum_reports(&nodes.all(Method::DELETE, "/v1/quarantine", None).await?),
+            },
+            AdminCommand::Hooks {
+                command: HooksCommand::Get { id, body },
+            } => {
+                let path = format!("/v1/hooks/{}?body={body}", c::q(id));
+                let mut found = None;
+                for i in 0..nodes.urls.len() {
+                    // A node whose log does not have the hook answers 404: ask the next.
+                    match nodes.call(i, Method::GET, &path, None).await {
+                        Ok(v) => {
+                            found = Some(v);
+                            break;
+                        }
+                        Err(e) if e.to_string().contains(": 404 not_found") => {}
+                        Err(e) => return Err(e),
+                    }
+                }
+                found.ok_or_else(|| anyhow::anyhow!("no node's hook log has hook {id:?}"))?
+            }
+            AdminCommand::Backup { .. } => unreachable!("handled above"),
+        })
+    })?;
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    let counters = ["pending", "scheduled", "inflight", "dead", "bytes"];
+    let text = match &command {
+        AdminCommand::Node => {
+            let mut rows: Vec<Vec<String>> = out["nodes"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|n| {
+                    let mut r = vec![
+                        cell(&n["node"]),
+                        cell(&n["url"]),
+                        cell(&n["version"]),
+                        cell(&n["store_format"]),
+                        cell(&n["tenants"]),
+                    ];
+                    r.extend(counters.iter().map(|k| cell(&n["counters"][*k])));
+                    r
+                })
+                .collect();
+            let mut total = vec![
+                "all".into(),
+                String::new(),
+                String::new(),
+                String::new(),
+                String::new(),
+            ];
+            total.extend(counters.iter().map(|k| cell(&out["counters"][*k])));
+            rows.push(total);
+            let mut h = vec!["node", "url", "version", "format", "tenants"];
+            h.extend(counters);
+            table(&h, &rows)
+        }
+        AdminCommand::Tenants { .. } | AdminCommand::Tenant { .. } => {
+            let list = match &command {
+                AdminCommand::Tenant { .. } => vec![out.clone()],
+                _ => out["tenants"].as_array().cloned().unwrap_or_default(),
+            };
+            let rows: Vec<Vec<String>> = list
+                .iter()
+                .map(|t| {
+                    let mut r = vec![cell(&t["tenant"])];
+                    r.extend(counters.iter().map(|k| cell(&t["counters"][*k])));
+                    r.push(cell(&t["nodes"]));
+                    r
+                })
+                .collect();
+            let mut h = vec!["tenant"];
+            h.extend(counters);
+            h.push("nodes");
+            table(&h, &rows)
+        }
+        AdminCommand::Dlq {
+            command: DlqCommand::List { .. },
+        } => {
+            let rows: Vec<Vec<String>> = out["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|i| {
+                    [
+                        "id",
+                        "tenant",
+                        "at_ms",
+                        "hook_id",
+                        "source",
+                        "sink",
+                        "attempts",
+                        "last_error",
+                    ]
+                    .iter()
+                    .map(|k| cell(&i[*k]))
+                    .collect()
+                })
+                .collect();
+            table(
+                &[
+                    "id",
+                    "tenant",
+                    "at_ms",
+                    "hook_id",
+                    "source",
+                    "sink",
+                    "attempts",
+                    "last_error",
+                ],
+                &rows,
+            )
+        }
+        AdminCommand::Quarantine {
+            command: QuarantineCommand::List { .. },
+        } => {
+            let rows: Vec<Vec<String>> = out["items"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|i| {
+                    ["id", "source", "at_ms", "reason"]
+                        .iter()
+                        .map(|k| cell(&i[*k]))
+                        .collect()
+                })
+                .collect();
+            table(&["id", "source", "at_ms", "reason"], &rows)
+        }
+        AdminCommand::Hooks { .. } => hook_text(&out),
+        _ => {
+            let rows: Vec<Vec<String>> = out
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| vec![k.clone(), cell(v)])
+                .collect();
+            table(&["field", "value"], &rows)
+        }
+    };
+    print!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A hook from the hook log as text: its fields, a line per sink, a line per event, and
+/// the body if it was asked for.
+pub(super) fn hook_text(h: &serde_json::Value) -> String {
+    use crate::admin::client::{cell, table};
+    let mut out = String::new();
+    for k in [
+        "id",
+        "tenant",
+        "source",
+        "received_ms",
+        "size",
+        "content_type",
+        "stored",
+    ] {
+        out.push_str(&format!("{k:<13} {}\n", cell(&h[k])));
+    }
+    for (name, value) in h["headers"].as_object().into_iter().flatten() {
+        out.push_str(&format!("header        {name}: {}\n", cell(value)));
+    }
+    let sinks: Vec<&serde_json::Value> = h["sinks"].as_array().into_iter().flatten().collect();
+    let rows: Vec<Vec<String>> = sinks
+        .iter()
+        .map(|s| {
+            ["sink", "state", "attempts", "next_attempt_ms"]
+                .iter()
+                .map(|k| cell(&s[*k]))
+                .collect()
+        })
+        .collect();
+    out.push('\n');
+    out.push_str(&table(
+        &["sink", "state", "attempts", "next_attempt_ms"],
+        &rows,
+    ));
+    let cols = [
+        "kind",
+        "at_ms",
+        "attempt",
+        "outcome",
+        "status",
+        "error",
+        "latency_ms",
+        "next_at_ms",
+    ];
+    let rows: Vec<Vec<String>> = sinks
+        .iter()
+        .flat_map(|s| {
+            s["events"].as_array().into_iter().flatten().map(|e| {
+                let mut r = vec![cell(&s["sink"])];
+                r.extend(cols.iter().map(|k| cell(&e[*k])));
+                r
+            })
+        })
+        .collect();
+    if !rows.is_empty() {
+        let mut h = vec!["sink"];
+        h.extend(cols);
+        out.push('\n');
+        out.push_str(&table(&h, &rows));
+    }
+    if let Some(b) = h["body"].as_str().or(h["body_base64"].as_str()) {
+        out.push_str(&format!(
+            "\nbody{}:\n{b}\n",
+            if h["body"].is_null() { " (base64)" } else { "" }
+        ));
+    }
+    out
+}

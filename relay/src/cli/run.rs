@@ -1,0 +1,52 @@
+//! `run` and `config check`: a node started on its configuration, or the configuration
+//! checked as `run` would.
+
+use super::*;
+
+/// `config check`: what `run` would say about the file, without a store.
+pub(super) fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
+    let config = Config::load(path, std::env::vars())?;
+    crate::node::check(&config)?;
+    println!(
+        "{}: ok ({} sources, {} routes, {} sinks, {} admin tokens)",
+        path.display(),
+        config.sources.len(),
+        config.routes.len(),
+        config.sinks.len(),
+        config.admin.tokens.len()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts a node and serves until interrupted. The stop signals' handlers come first, before
+/// the configuration is read (see [`StopSignals`]), and the soft open-file limit is raised
+/// to the hard one.
+pub(super) fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
+    init_tracing();
+    let rt = tokio::runtime::Runtime::new()?;
+    rt.block_on(async move {
+        let mut signals = StopSignals::install()?;
+        match crate::node::raise_open_files_limit() {
+            Ok((before, after)) if before != after => {
+                tracing::info!(from = ?before, to = ?after, "raised the soft open-file limit to the hard limit")
+            }
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e, "could not raise the soft open-file limit"),
+        }
+        let config = Config::load(config_path, std::env::vars())?;
+        let data_dir = config.data_dir.clone();
+        let node = signals.start_node(config).await?;
+        println!(
+            "ankusa-relay: store {} at format {SUPPORTED_FORMAT} is open; \
+             ingest on http://{}/ingest/{{source}}, admin on http://{} (try: curl -H \
+             'authorization: Bearer <an admin.tokens secret>' http://{}/v1/node). Ctrl-C stops.",
+            data_dir.display(),
+            node.ingest_addr,
+            node.admin_addr,
+            node.admin_addr,
+        );
+        node.run_until(&mut signals).await?;
+        anyhow::Ok(())
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
