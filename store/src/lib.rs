@@ -58,11 +58,12 @@ pub use ankusa_tarball::RESTORING_MARKER;
 
 /// The store's format beside its files (`3\n`), so that an open reads the WAL once: the
 /// format guard reads this file instead of opening the store a first time, read-only, for
-/// `m:format`. It is written (synced, then renamed into place) before any batch that
-/// raises `m:format` commits, so it is never below the stamp: at worst, after a crash
-/// between the two, it names the format a migration was finishing. A store without it (made
-/// before it existed, or restored from a checkpoint) is checked the old way once and gets
-/// it at its first read-write open.
+/// `m:format`. [`Store::record_format`] writes it (synced, then renamed into place) before
+/// the batch that stamps `m:format` commits — the creation's and a migration's last — so
+/// it is never below the stamp: at worst, after a crash between the two, it names the
+/// format a migration was finishing. A store without it (made before it existed, or
+/// restored from a checkpoint) is checked the old way once and gets it at its first
+/// read-write open.
 pub const FORMAT_FILE: &str = "ANKUSA-FORMAT";
 
 /// The format [`FORMAT_FILE`] names in `dir`; `None` if there is none or it does not parse
@@ -440,8 +441,6 @@ pub struct Store {
     transitions: std::sync::Mutex<()>,
     /// Whether the last write failed, and why.
     health: WriteHealth,
-    /// The format [`FORMAT_FILE`] names (0: none yet).
-    format_file: std::sync::atomic::AtomicU32,
 }
 
 /// The store's write health: the error of the last write if it failed (a full disk, a
@@ -637,9 +636,9 @@ impl Store {
                 stats: StoreStats::default(),
                 transitions: std::sync::Mutex::new(()),
                 health: WriteHealth::default(),
-                format_file: Default::default(),
             };
-            return Self::checked_format(ro, opts.supported_format);
+            ro.checked_format(opts.supported_format)?;
+            return Ok(ro);
         }
         // Open with the column families this binary needs at the store's format or any
         // format it will migrate to; the new ones get their families' sentinels.
@@ -658,13 +657,8 @@ impl Store {
             format = found,
             "store: opened"
         );
-        let store = Self::checked_format(store, opts.supported_format)?;
-        if let Some(f) = file_format {
-            store
-                .format_file
-                .store(f, std::sync::atomic::Ordering::Relaxed);
-        }
-        store.raise_format_file(store.format()?)?;
+        let stamped = store.checked_format(opts.supported_format)?;
+        store.record_format(stamped)?;
         let created: Vec<Cf> = wanted
             .iter()
             .copied()
@@ -682,25 +676,24 @@ impl Store {
         Ok(store)
     }
 
-    /// `store`, unless its stamp is newer than `supported` (a FORMAT_FILE that fell behind
-    /// the stamp, which only a hand-made change can do).
-    fn checked_format(store: Store, supported: u32) -> Result<Store, StoreError> {
-        let found = store.format()?;
+    /// The stamp, unless it is newer than `supported` (a FORMAT_FILE that fell behind the
+    /// stamp, which only a hand-made change can do).
+    fn checked_format(&self, supported: u32) -> Result<u32, StoreError> {
+        let found = self.format()?;
         if found > supported {
             return Err(StoreError::StoreFormatNewer { found, supported });
         }
-        Ok(store)
+        Ok(found)
     }
 
-    /// Writes FORMAT_FILE when `format` is above what it names (never lowers it).
-    fn raise_format_file(&self, format: u32) -> Result<(), StoreError> {
-        use std::sync::atomic::Ordering;
-        if self.read_only || format <= self.format_file.load(Ordering::Relaxed) {
+    /// Records `format` in [`FORMAT_FILE`] when it is above what the file names (it never
+    /// lowers it): called before the batch that stamps `m:format = format` commits. A
+    /// read-only store writes nothing.
+    pub fn record_format(&self, format: u32) -> Result<(), StoreError> {
+        if self.read_only || read_format_file(&self.path).is_some_and(|f| f >= format) {
             return Ok(());
         }
-        write_format_file(&self.path, format)?;
-        self.format_file.fetch_max(format, Ordering::Relaxed);
-        Ok(())
+        write_format_file(&self.path, format)
     }
 
     fn log_elsewhere(mut o: Options) -> Options {
@@ -757,7 +750,6 @@ impl Store {
             stats: StoreStats::default(),
             transitions: std::sync::Mutex::new(()),
             health: WriteHealth::default(),
-            format_file: Default::default(),
         })
     }
 
@@ -782,6 +774,7 @@ impl Store {
                 ops.push(Op::put(Cf::Default, marker.to_vec(), []));
             }
         }
+        store.record_format(format)?;
         store.write(ops, true)?;
         Ok(store)
     }
@@ -833,19 +826,6 @@ impl Store {
         }
         let mut batch = WriteBatch::default();
         for op in ops {
-            if let Op::Put {
-                cf: Cf::Default,
-                key,
-                value,
-            } = &op
-            {
-                if key.as_slice() == keys::META_FORMAT {
-                    // The format file first: it is never below the stamp.
-                    if let Some(f) = decode_u32(value) {
-                        self.raise_format_file(f)?;
-                    }
-                }
-            }
             let cf = self.handle(op.cf())?;
             match op {
                 Op::Put { key, value, .. } => batch.put_cf(cf, key, value),

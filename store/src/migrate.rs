@@ -202,6 +202,8 @@ pub fn run(
         match step.next {
             Some(next) => ops.push(Op::put(Cf::Default, marker, next)),
             None => {
+                // The format file first, so that it is never below the stamp.
+                store.record_format(m.to())?;
                 ops.push(Op::delete(Cf::Default, marker));
                 ops.push(Op::put(
                     Cf::Default,

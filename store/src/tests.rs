@@ -262,9 +262,9 @@ fn file_digests(dir: &Path) -> BTreeMap<String, Vec<u8>> {
     out
 }
 
-/// Stamps `m:format` as a newer release's migration would (through `write`, so the format
-/// file follows).
+/// Stamps `m:format` as a newer release's migration would: the format file first.
 fn stamp(store: &Store, format: u32) {
+    store.record_format(format).unwrap();
     store
         .write(
             vec![Op::put(
@@ -310,9 +310,9 @@ fn a_newer_store_format_is_refused() {
     );
 }
 
-/// FORMAT_FILE follows the stamp: written at creation, raised before the batch that raises
-/// `m:format`, put back at the next read-write open of a store without it (or with one
-/// lowered by hand); a read-only open writes nothing.
+/// FORMAT_FILE follows the stamp: written at creation, raised by the migration runner with
+/// its last step, put back at the next read-write open of a store without it (or with one
+/// lowered by hand); a read-only open writes nothing; a write that is no stamp leaves it.
 #[test]
 fn the_format_file_is_never_below_the_stamp() {
     let dir = tempfile::tempdir().unwrap();
@@ -329,10 +329,21 @@ fn the_format_file_is_never_below_the_stamp() {
     assert_eq!(read().as_deref(), Some("3\n"));
 
     std::fs::write(&file, "2\n").unwrap();
-    let store = Store::open(&path, &OpenOptions::default()).unwrap();
-    assert_eq!(store.format().unwrap(), 3);
+    drop(Store::open(&path, &OpenOptions::default()).unwrap());
     assert_eq!(read().as_deref(), Some("3\n"));
-    stamp(&store, 4);
+
+    let store = Store::open(&path, &opts4()).unwrap();
+    put_hooks(&store, 4);
+    assert_eq!(read().as_deref(), Some("3\n"));
+    migrate::run(&store, &upcase_registry(), 4, |p| {
+        // Until the last step commits, the store is at 3 and so is the file.
+        if !p.finished {
+            assert_eq!(read().as_deref(), Some("3\n"));
+        }
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(store.format().unwrap(), 4);
     assert_eq!(read().as_deref(), Some("4\n"));
 }
 
