@@ -4,7 +4,6 @@
 A `[dependencies]` entry must be named (`name::`, `use name`, `name as`, `extern crate`)
 in the crate's `src/` or `build.rs`; one named only by its tests or benches belongs in
 `[dev-dependencies]`; a `[dev-dependencies]` entry must be named somewhere in the crate.
-FEATURE_ONLY lists the entries that are there to turn a feature on, with why.
 """
 import os
 import re
@@ -12,8 +11,6 @@ import sys
 import tomllib
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
-# (crate dir, dependency) -> why it is declared though no code names it.
-FEATURE_ONLY: dict = {}
 
 
 def rust_files(path):
@@ -41,8 +38,6 @@ for member in workspace["workspace"]["members"]:
         rest += rust_files(os.path.join(crate, d))
     for kind in ("dependencies", "dev-dependencies", "build-dependencies"):
         for dep in manifest.get(kind, {}):
-            if (member, dep) in FEATURE_ONLY:
-                continue
             ident = dep.replace("-", "_")
             if ident == manifest["package"]["name"].replace("-", "_"):
                 continue  # the crate itself, as a dev-dependency with a feature
@@ -53,13 +48,7 @@ for member in workspace["workspace"]["members"]:
             elif not in_own:
                 where = " (only its tests or benches name it: a dev-dependency)" if in_rest else ""
                 problems.append(f"{member}: [{kind}] {dep} is not named in its code{where}")
-for (member, dep), why in FEATURE_ONLY.items():
-    manifest = tomllib.load(open(os.path.join(ROOT, member, "Cargo.toml"), "rb"))
-    if dep not in manifest.get("dependencies", {}):
-        problems.append(f"{member}: FEATURE_ONLY names {dep}, which it no longer declares")
-
 if problems:
     print("check-deps: FAIL", *problems, sep="\n  ")
     sys.exit(1)
-print(f"check-deps: ok ({len(workspace['workspace']['members'])} crates; every dependency named, "
-      f"{len(FEATURE_ONLY)} there for a feature)")
+print(f"check-deps: ok ({len(workspace['workspace']['members'])} crates; every dependency named)")
