@@ -99,10 +99,9 @@ done
   fail "the relay image is not in containerd, which has: $("${ctr[@]}" images ls -q | tr '\n' ' ')"
 # The previous release's image: e2e/previous_release.py (the format-2 release's admin and
 # backup API over the committed format-2 fixture store) on Debian's python3, with this
-# tree's relay binary for restore, inspect and offline backup.
+# tree's relay binary (lib.sh's relay_bin) for restore, inspect and offline backup.
 old=ghcr.io/ankusa/relay:0.0.9
 new=ghcr.io/ankusa/relay:0.1.0
-relay_bin=target/debug/ankusa-relay
 python3 scripts/image.py --binary "$relay_bin" --ref "$old" --out "$work/previous.oci.tar" \
   --program /usr/bin/python3.11 --package libpython3.11-minimal --package libpython3.11-stdlib \
   --file e2e/previous_release.py=/usr/local/lib/ankusa/previous_release.py \
@@ -387,11 +386,10 @@ wait "$previous_image" || fail "the previous release's image was not built: $(ca
 "${ctr[@]}" images import "$work/previous.oci.tar" >/dev/null
 # What a pull from a registry records beside the tag, and `ctr images import` does not: the
 # repository digest, which the node then reports as the image ID of the probe's container
-# and the operator pins the nodes to (docs/deployment.md: side-loaded images).
-for f in "$work/previous.oci.tar" target/images/relay.oci.tar; do
-  ref=$(tar -xOf "$f" index.json | python3 -c 'import json, sys; m = json.load(sys.stdin)["manifests"][0]; print(m["annotations"]["io.containerd.image.name"], m["digest"])')
-  "${ctr[@]}" images tag --force "${ref% *}" "${ref%:* *}@${ref#* }" >/dev/null
-done
+# (the target release's) and the operator pins the nodes to (docs/deployment.md).
+digest=$(tar -xOf target/images/relay.oci.tar index.json |
+  python3 -c 'import json, sys; print(json.load(sys.stdin)["manifests"][0]["digest"])')
+"${ctr[@]}" images tag --force "$new" "${new%:*}@$digest" >/dev/null
 kubectl apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: PersistentVolumeClaim
