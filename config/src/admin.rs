@@ -1,0 +1,114 @@
+//! The admin listener and its tokens (`admin`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{in_range, invalid, ConfigError, SecretSource, Secrets};
+
+impl AdminConfig {
+    /// The admin section's numbers, and its tokens: names unique, secrets of 16 bytes or
+    /// more (read unless `secrets` says not to), a tenant scope naming a tenant.
+    pub(crate) fn validate(&self, secrets: Secrets) -> Result<(), ConfigError> {
+        in_range(
+            "admin.gauge_interval_ms",
+            self.gauge_interval_ms,
+            100..=3_600_000,
+        )?;
+        in_range("admin.backup_keep", self.backup_keep, 1..=100)?;
+        in_range("admin.max_page", self.max_page, 1..=100_000)?;
+        let mut names = std::collections::BTreeSet::new();
+        for (i, t) in self.tokens.iter().enumerate() {
+            let key = format!("admin.tokens[{i}]");
+            if t.name.is_empty() || !names.insert(t.name.as_str()) {
+                return Err(invalid(
+                    &key,
+                    format!("name {:?} is empty or repeated", t.name),
+                ));
+            }
+            t.validate(&key, secrets)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct AdminConfig {
+    /// The admin listener: health, readiness, node status, metrics, the admin API.
+    pub listen: SocketAddr,
+    /// How often the queue gauges are read, in milliseconds.
+    pub gauge_interval_ms: u64,
+    /// Bearer tokens of the admin API.
+    pub tokens: Vec<TokenConfig>,
+    /// How long audit rows are kept.
+    pub audit_retention_ms: u64,
+    /// Largest page an admin listing returns.
+    pub max_page: usize,
+    /// Where `POST /v1/backups` writes its archives (default: `<data_dir>.backups`). They
+    /// are staging for a puller: a backup on the node's own disk is not a backup.
+    pub backup_dir: Option<PathBuf>,
+    /// Backup archives kept in `backup_dir`; older ones are deleted.
+    pub backup_keep: usize,
+}
+
+impl Default for AdminConfig {
+    fn default() -> Self {
+        AdminConfig {
+            listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 9090)),
+            gauge_interval_ms: 15_000,
+            tokens: Vec::new(),
+            audit_retention_ms: 30 * 86_400_000,
+            max_page: 1_000,
+            backup_dir: None,
+            backup_keep: 2,
+        }
+    }
+}
+
+/// An admin API token.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct TokenConfig {
+    /// Who the token is (written to the audit trail).
+    pub name: String,
+    pub secret: SecretSource,
+    pub scope: ScopeConfig,
+}
+
+/// What a token may see and change.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum ScopeConfig {
+    /// Everything.
+    Admin,
+    /// Only these tenants; every other tenant looks absent.
+    Tenants(Vec<String>),
+    /// Taking and fetching backups (`/v1/backups*`), nothing else: the token the
+    /// operator's backup Jobs hold.
+    Backup,
+}
+
+impl TokenConfig {
+    fn validate(&self, key: &str, secrets: Secrets) -> Result<(), ConfigError> {
+        if secrets
+            .len(&self.secret, &format!("{key}.secret"))?
+            .is_some_and(|n| n < 16)
+        {
+            return Err(invalid(
+                &format!("{key}.secret"),
+                "must be at least 16 bytes",
+            ));
+        }
+        if let ScopeConfig::Tenants(ts) = &self.scope {
+            if ts.is_empty() {
+                return Err(invalid(
+                    &format!("{key}.scope.tenants"),
+                    "must name a tenant",
+                ));
+            }
+        }
+        Ok(())
+    }
+}

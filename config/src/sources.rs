@@ -1,0 +1,244 @@
+//! Sources: where hooks come in, how they are verified and whose they are (`sources`).
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{invalid, tenant_id_problem, ArchiveSetting, ConfigError, SecretSource, Secrets};
+
+/// Where a source's hooks get their tenant.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum TenantFrom {
+    /// Every hook of the source belongs to this tenant.
+    Fixed(String),
+    /// A request header names the tenant (a shared source).
+    Header(String),
+    /// A JSON pointer into the body names the tenant (a shared source).
+    JsonPointer(String),
+    /// The URL names the tenant: `POST /ingest/{source}/{tenant}`, for providers that let
+    /// each tenant register its own endpoint URL (`tenant: path`).
+    Path,
+}
+
+/// How a source's requests are verified.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "scheme", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum VerifyConfig {
+    None,
+    /// HMAC-SHA256 of the body in a header, hex or base64, with an optional prefix.
+    #[serde(rename = "hmac-sha256")]
+    HmacSha256 {
+        secret: SecretSource,
+        header: String,
+        #[serde(default)]
+        prefix: String,
+        #[serde(default)]
+        encoding: SigEncoding,
+    },
+    /// `webhook-id`, `webhook-timestamp`, `webhook-signature` (Standard Webhooks).
+    StandardWebhooks {
+        secret: SecretSource,
+        #[serde(default = "default_tolerance")]
+        tolerance_s: u64,
+    },
+    /// `X-Hub-Signature-256: sha256=<hex>`.
+    Github {
+        secret: SecretSource,
+    },
+    /// `Stripe-Signature: t=<ts>,v1=<hex>`.
+    Stripe {
+        secret: SecretSource,
+        #[serde(default = "default_tolerance")]
+        tolerance_s: u64,
+    },
+}
+
+impl VerifyConfig {
+    /// The headers a source of this scheme forwards unless it lists its own: what a
+    /// receiver needs to tell one kind of hook from another when the body does not say.
+    /// GitHub names the event only in `X-GitHub-Event`; Stripe's and Standard Webhooks'
+    /// events carry their type in the body.
+    pub fn forward_headers(&self) -> &'static [&'static str] {
+        match self {
+            VerifyConfig::Github { .. } => &[
+                "X-GitHub-Event",
+                "X-GitHub-Delivery",
+                "X-GitHub-Hook-ID",
+                "X-GitHub-Hook-Installation-Target-Type",
+                "X-GitHub-Hook-Installation-Target-ID",
+            ],
+            VerifyConfig::None
+            | VerifyConfig::HmacSha256 { .. }
+            | VerifyConfig::StandardWebhooks { .. }
+            | VerifyConfig::Stripe { .. } => &[],
+        }
+    }
+}
+
+fn default_tolerance() -> u64 {
+    300
+}
+
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum SigEncoding {
+    #[default]
+    Hex,
+    Base64,
+}
+
+/// Where a hook's idempotency key comes from.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Default)]
+#[serde(deny_unknown_fields, default)]
+pub struct IdempotencyConfig {
+    /// Headers tried in order; the first present one is the key.
+    pub headers: Vec<String>,
+    /// A JSON pointer into the body, tried after the headers.
+    pub json_pointer: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SourceConfig {
+    pub id: String,
+    /// Absent: every hook belongs to the `default` tenant.
+    #[serde(default)]
+    pub tenant: Option<TenantFrom>,
+    pub verify: VerifyConfig,
+    /// Absent: the scheme's own id (`webhook-id`, `X-GitHub-Delivery`, Stripe's event id).
+    #[serde(default)]
+    pub idempotency: Option<IdempotencyConfig>,
+    /// The route (a list of sinks) its hooks fan out to.
+    pub route: String,
+    #[serde(default)]
+    pub body_limit_bytes: Option<usize>,
+    /// Request headers kept with each hook and sent on to its sinks (at most
+    /// [`MAX_FORWARD_HEADERS`]). Absent: the scheme's own ([`VerifyConfig::forward_headers`]:
+    /// GitHub's event and delivery headers); `[]` forwards none.
+    #[serde(default)]
+    pub forward_headers: Option<Vec<String>>,
+    /// Archive this source's hooks (overrides its route's setting).
+    #[serde(default)]
+    pub archive: Option<ArchiveSetting>,
+}
+
+/// The most header names a source may forward.
+pub const MAX_FORWARD_HEADERS: usize = 16;
+
+/// Headers a source may not forward: the delivery sets them itself.
+pub const RESERVED_HEADERS: &[&str] = &[
+    "host",
+    "content-type",
+    "content-length",
+    "transfer-encoding",
+    "connection",
+    "upgrade",
+    "te",
+    "trailer",
+    "keep-alive",
+    "proxy-connection",
+    "user-agent",
+    "webhook-id",
+    "webhook-timestamp",
+    "webhook-signature",
+    "ankusa-tenant",
+    "ankusa-source",
+];
+
+impl SourceConfig {
+    /// The header names (lower case) this source forwards.
+    pub fn forwarded(&self) -> Vec<String> {
+        match &self.forward_headers {
+            Some(names) => names.iter().map(|n| n.to_ascii_lowercase()).collect(),
+            None => self
+                .verify
+                .forward_headers()
+                .iter()
+                .map(|n| n.to_ascii_lowercase())
+                .collect(),
+        }
+    }
+}
+
+impl SourceConfig {
+    /// This source's own keys (`key` is `sources[i]`): its route one of `routes`, its
+    /// tenant rule, forwarded headers, body limit, archive setting and secret (read unless
+    /// `secrets` says not to).
+    pub(crate) fn validate(
+        &self,
+        key: &str,
+        routes: &BTreeSet<&str>,
+        secrets: Secrets,
+    ) -> Result<(), ConfigError> {
+        ArchiveSetting::validate(&self.archive, key)?;
+        if !routes.contains(self.route.as_str()) {
+            return Err(invalid(
+                &format!("{key}.route"),
+                format!("unknown route {:?}", self.route),
+            ));
+        }
+        if let Some(TenantFrom::JsonPointer(p)) = &self.tenant {
+            if !(p.is_empty() || p.starts_with('/')) {
+                return Err(invalid(
+                    &format!("{key}.tenant.json_pointer"),
+                    "must start with /",
+                ));
+            }
+        }
+        if let Some(TenantFrom::Fixed(t)) = &self.tenant {
+            if tenant_id_problem(t).is_some() {
+                return Err(invalid(
+                    &format!("{key}.tenant.fixed"),
+                    "not a valid tenant id",
+                ));
+            }
+        }
+        if let Some(names) = &self.forward_headers {
+            let key = format!("{key}.forward_headers");
+            if names.len() > MAX_FORWARD_HEADERS {
+                return Err(invalid(
+                    &key,
+                    format!("at most {MAX_FORWARD_HEADERS} header names"),
+                ));
+            }
+            let mut seen = std::collections::BTreeSet::new();
+            for n in names {
+                let lower = n.to_ascii_lowercase();
+                if http::HeaderName::from_bytes(n.as_bytes()).is_err()
+                    || RESERVED_HEADERS.contains(&lower.as_str())
+                    || !seen.insert(lower)
+                {
+                    return Err(invalid(
+                        &key,
+                        format!(
+                            "{n:?} is not a header name, is repeated, or is set by the delivery itself ({})",
+                            RESERVED_HEADERS.join(", ")
+                        ),
+                    ));
+                }
+            }
+        }
+        if let Some(n) = self.body_limit_bytes {
+            if !(1..=256 << 20).contains(&n) {
+                return Err(invalid(
+                    &format!("{key}.body_limit_bytes"),
+                    "must be in 1..=268435456",
+                ));
+            }
+        }
+        let secret = match &self.verify {
+            VerifyConfig::None => None,
+            VerifyConfig::HmacSha256 { secret, .. }
+            | VerifyConfig::StandardWebhooks { secret, .. }
+            | VerifyConfig::Github { secret }
+            | VerifyConfig::Stripe { secret, .. } => Some(secret),
+        };
+        if let Some(secret) = secret {
+            if secrets.len(secret, &format!("{key}.verify.secret"))? == Some(0) {
+                return Err(invalid(&format!("{key}.verify.secret"), "is empty"));
+            }
+        }
+        Ok(())
+    }
+}
