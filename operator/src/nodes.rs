@@ -62,7 +62,7 @@ struct TopAnswer {
 #[derive(Deserialize)]
 struct TopEntry {
     tenant: String,
-    counters: ankusa_crds::node::NodeCounters,
+    counters: ankusa_crds::node::Counters,
 }
 
 impl NodeClient {

@@ -6,12 +6,12 @@
 pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     // controller: the watch of Relays.
     ("ankusa.dev", "relays", &["get", "list", "watch"]),
-    // controller::write_status: server-side apply of the status subresource.
+    // controller::apply::write_status: server-side apply of the status subresource.
     ("ankusa.dev", "relays/status", &["patch"]),
     // Owned objects carry a controller owner reference with blockOwnerDeletion, which a
     // server enforcing owner-reference permissions allows only with this.
     ("ankusa.dev", "relays/finalizers", &["update"]),
-    // controller::observe + apply_owned + the owned-object watches. Server-side apply that
+    // controller::observe + apply::apply_owned + the owned-object watches. Server-side apply that
     // creates an object is authorised as `create`.
     (
         "apps",
@@ -38,7 +38,7 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     // controller::observe: the nodes' volume claims (those that outlived a scale-down are
     // backed up before an upgrade).
     ("", "persistentvolumeclaims", &["list"]),
-    // controller::observe_jobs + create_job: image probe and backup Jobs.
+    // controller::observe::observe_jobs + apply::create_job: image probe and backup Jobs.
     ("batch", "jobs", &["list", "watch", "create", "patch"]),
     // The one delete: the ServiceMonitor of a Relay whose monitoring was turned off.
     (
@@ -46,7 +46,7 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
         "servicemonitors",
         &["get", "create", "patch", "delete"],
     ),
-    // controller::event: events.k8s.io/v1 Events (a repeat is a patch of its series).
+    // controller::events::event: events.k8s.io/v1 Events (a repeat is a patch of its series).
     ("events.k8s.io", "events", &["create", "patch"]),
 ];
 

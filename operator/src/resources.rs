@@ -340,7 +340,7 @@ pub fn relay_yaml(cfg: &Value) -> Result<String, ResourceError> {
 /// A short hash of `relay.yaml` for the pod template annotation.
 pub fn config_hash(yaml: &str) -> String {
     let digest = Sha256::digest(yaml.as_bytes());
-    digest.iter().take(8).map(|b| format!("{b:02x}")).collect()
+    ankusa_keys::hex(&digest[..8])
 }
 
 pub fn config_map(relay: &Relay, yaml: &str) -> Result<ConfigMap, ResourceError> {

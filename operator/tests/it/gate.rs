@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use ankusa_crds::node::{NodeCounters, NodeStatus};
+use ankusa_crds::node::{Counters, NodeStatus};
 use ankusa_crds::relay::{Relay, RelayStatus, UpgradePhase};
 use ankusa_operator::planner::{
     self, JobAction, JobObs, NodeReading, Observed, PodObs, ProbeObs, StsObs,
@@ -112,7 +112,7 @@ fn node_status(p: &SimPod, v: &Volume) -> NodeStatus {
         migrating_to: if p.migrating { Some(3) } else { None },
         migration: None,
         tenants: 1,
-        counters: NodeCounters::default(),
+        counters: Counters::default(),
         oldest_due_at_ms: None,
         write_error: None,
         cluster: None,

@@ -125,7 +125,7 @@ fn generated_relay_yaml_is_accepted_by_the_relay() {
         // What the pod's `ANKUSA_CLUSTER__NAME` (its name) says.
         let pod = resources::Names::of(&r).unwrap().pod(0);
         let env = vec![("ANKUSA_CLUSTER__NAME".to_owned(), pod.clone())];
-        let parsed = ankusa_relay::config::Config::from_yaml(&yaml, env).unwrap_or_else(|e| {
+        let parsed = ankusa_config::Config::from_yaml(&yaml, env).unwrap_or_else(|e| {
             panic!("{fixture}: the relay refuses the generated config: {e}\n{yaml}")
         });
         assert_eq!(parsed.cluster.name.as_deref(), Some(pod.as_str()));

@@ -56,7 +56,7 @@ async fn operator_polls_a_real_node() {
     // The pod's name, as its `ANKUSA_CLUSTER__NAME` gives it.
     let pod = resources::Names::of(&r).unwrap().pod(0);
     let config =
-        ankusa_relay::config::Config::from_yaml(&yaml, vec![("ANKUSA_CLUSTER__NAME".into(), pod)])
+        ankusa_config::Config::from_yaml(&yaml, vec![("ANKUSA_CLUSTER__NAME".into(), pod)])
             .unwrap();
     let node = ankusa_relay::node::Node::start(config).await.unwrap();
 
@@ -70,11 +70,7 @@ async fn operator_polls_a_real_node() {
     // Fresh hooks are claimed at once (the writer wakes dispatch): wait for the four
     // attempts to fail and settle.
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while ankusa_relay::queue::counters::node(&node.store)
-        .unwrap()
-        .dead
-        < 4
-    {
+    while ankusa_queue::counters::node(&node.store).unwrap().dead < 4 {
         assert!(
             std::time::Instant::now() < deadline,
             "the hooks never settled"

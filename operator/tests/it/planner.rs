@@ -194,7 +194,7 @@ fn images_are_pinned_by_repository_digest_only() {
     assert!(planner::names_image("r/x:1", &format!("r/x:1@{d}")));
     assert!(!planner::names_image("r/x:1", "r/x:10"));
     assert!(!planner::names_image("r/x:1", &format!("r/x:10@{d}")));
-    use ankusa_operator::controller::repository_digest;
+    use ankusa_operator::controller::observe::repository_digest;
     assert_eq!(
         repository_digest(&format!("docker-pullable://r/x@{d}")),
         Some(d.clone())

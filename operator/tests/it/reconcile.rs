@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ankusa_crds::node::{NodeCounters, NodeStatus};
+use ankusa_crds::node::{Counters, NodeStatus};
 use ankusa_crds::relay::Relay;
 use ankusa_operator::controller::{self, Context, Settings, FIELD_MANAGER};
 use ankusa_operator::metrics::Metrics;
@@ -647,7 +647,7 @@ async fn node_server(token: Arc<std::sync::Mutex<String>>) -> String {
                         migrating_to: None,
                         migration: None,
                         tenants: 2,
-                        counters: NodeCounters { pending: 5, dead: 1, ..NodeCounters::default() },
+                        counters: Counters { pending: 5, dead: 1, ..Counters::default() },
                         oldest_due_at_ms: None,
                         write_error: None,
                         cluster: None,

@@ -1,0 +1,290 @@
+//! Carrying out the planner's answer: server-side apply of the desired objects under
+//! [`super::FIELD_MANAGER`] (drift measured by a dry run), the Jobs it asks for, and the
+//! status patch.
+
+use super::events::record;
+use super::*;
+
+/// The StatefulSet's claim templates cannot change in place: the desired object keeps the
+/// live ones, and a different size asked for is reported (`Some(message)`) for the user to
+/// carry out.
+pub(super) fn keep_claim_templates(
+    desired: &mut DesiredSet,
+    live: Option<&Value>,
+) -> Option<String> {
+    let live_templates = live?.pointer("/spec/volumeClaimTemplates")?.clone();
+    let live_templates: Vec<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        serde_json::from_value(live_templates).ok()?;
+    let spec = desired.statefulset.spec.as_mut()?;
+    let wanted = spec.volume_claim_templates.clone().unwrap_or_default();
+    let size = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        c.spec
+            .as_ref()
+            .and_then(|s| s.resources.as_ref())
+            .and_then(|r| r.requests.as_ref())
+            .and_then(|r| r.get("storage"))
+            .map(|q| q.0.clone())
+    };
+    let class = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        c.spec.as_ref().and_then(|s| s.storage_class_name.clone())
+    };
+    let message = match (wanted.first(), live_templates.first()) {
+        (Some(w), Some(l)) if size(w) != size(l) || (class(w).is_some() && class(w) != class(l)) => Some(format!(
+            "spec.storage asks for {} ({}) but the StatefulSet's claims were made with {} ({}); claim templates cannot change in place: expand each data-* claim (kubectl edit pvc), then delete the StatefulSet with --cascade=orphan; the operator recreates it with the new template on the release the nodes run",
+            size(w).unwrap_or_default(),
+            class(w).unwrap_or_else(|| "default class".into()),
+            size(l).unwrap_or_default(),
+            class(l).unwrap_or_else(|| "default class".into()),
+        )),
+        _ => None,
+    };
+    spec.volume_claim_templates = Some(live_templates);
+    message
+}
+
+/// Measure drift against the API server's own answer (a dry-run apply of each existing
+/// object), then carry out the planner's changes. Returns what was refused (`StatefulSet
+/// update`, say, with the error); one refusal does not stop the other objects.
+pub(super) async fn apply_desired(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    desired: &DesiredSet,
+    o: &mut Observed,
+) -> Vec<(String, Error)> {
+    let mut refused = Vec::new();
+    let mut dry_refused = Vec::new();
+    for kind in Owned::ALL {
+        if o.objects.get(kind).is_none() {
+            continue;
+        }
+        // Refused even as a dry run: the update itself would be.
+        match patch_owned(ctx, names, desired, kind, DryRun::Yes).await {
+            Ok(Some(after)) => {
+                o.objects.applied.insert(kind, after);
+            }
+            Ok(None) => {}
+            Err(e) => {
+                dry_refused.push(kind);
+                refused.push((format!("{} update", kind.kind()), e));
+            }
+        }
+    }
+    for (kind, change) in planner::changes(desired, &o.objects) {
+        if dry_refused.contains(&kind) {
+            continue;
+        }
+        if let Err(e) = apply_owned(relay, ctx, names, desired, kind, change).await {
+            ctx.metrics.failure(e.reason());
+            refused.push((format!("{} {}", kind.kind(), change_word(change)), e));
+        }
+    }
+    refused
+}
+
+pub(super) fn change_word(c: Change) -> &'static str {
+    match c {
+        Change::Create => "create",
+        Change::Update => "update",
+        Change::Delete => "delete",
+    }
+}
+
+pub(super) async fn write_status(
+    relay: &Relay,
+    ctx: &Context,
+    prev: &RelayStatus,
+    o: &Observed,
+    rollout: &planner::Rollout,
+    monitor: &planner::MonitorDecision,
+) -> Result<RelayStatus, Error> {
+    let next = status::status(relay, prev, o, rollout, monitor);
+    if relay.status.as_ref() == Some(&next) {
+        return Ok(next);
+    }
+    let api: Api<Relay> =
+        Api::namespaced(ctx.client.clone(), &relay.namespace().unwrap_or_default());
+    let body = json!({
+        "apiVersion": "ankusa.dev/v1alpha1",
+        "kind": "Relay",
+        "status": next,
+    });
+    api.patch_status(
+        &relay.name_any(),
+        &PatchParams::apply(FIELD_MANAGER).force(),
+        &Patch::Apply(&body),
+    )
+    .await?;
+    Ok(next)
+}
+
+pub(super) fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .round(k8s_openapi::jiff::Unit::Second)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+pub(super) async fn create_job(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    job: &JobAction,
+) -> Result<(), Error> {
+    let name = job.name(relay);
+    let obj = match job {
+        JobAction::Probe { image } => resources::probe_job(relay, &name, image)?,
+        JobAction::Backup {
+            ordinal, target, ..
+        } => {
+            let url = ctx
+                .nodes
+                .url(&names.pod(*ordinal), &names.headless, &names.namespace);
+            resources::backup_job(
+                relay,
+                &name,
+                *ordinal,
+                target,
+                resources::BackupSource::Node(&url),
+            )?
+        }
+        JobAction::OfflineBackup {
+            ordinal, target, ..
+        } => resources::backup_job(
+            relay,
+            &name,
+            *ordinal,
+            target,
+            resources::BackupSource::Claim,
+        )?,
+    };
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    ssa(&api, &name, &obj, DryRun::No).await?;
+    ctx.metrics.applied("Job", "create");
+    Ok(())
+}
+
+pub(super) fn to_json<T: serde::Serialize>(t: &T) -> Value {
+    serde_json::to_value(t).unwrap_or(Value::Null)
+}
+
+/// Whether a server-side apply is only asked about (`dryRun=All`) or made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum DryRun {
+    Yes,
+    No,
+}
+
+/// Server-side apply of the desired object of `kind` (forced, under [`FIELD_MANAGER`]):
+/// the object as the API server answered, or `None` when there is no such desired object.
+pub(super) async fn patch_owned(
+    ctx: &Context,
+    names: &Names,
+    desired: &DesiredSet,
+    kind: Owned,
+    dry_run: DryRun,
+) -> Result<Option<Value>, Error> {
+    let (client, ns, name) = (
+        ctx.client.clone(),
+        names.namespace.as_str(),
+        names.of_kind(kind),
+    );
+    let answer = match kind {
+        Owned::ConfigMap => {
+            let api: Api<ConfigMap> = Api::namespaced(client, ns);
+            ssa(&api, name, &desired.config_map, dry_run).await?
+        }
+        Owned::HeadlessService => {
+            let api: Api<Service> = Api::namespaced(client, ns);
+            ssa(&api, name, &desired.headless, dry_run).await?
+        }
+        Owned::ClientService => {
+            let api: Api<Service> = Api::namespaced(client, ns);
+            ssa(&api, name, &desired.client, dry_run).await?
+        }
+        Owned::StatefulSet => {
+            let api: Api<StatefulSet> = Api::namespaced(client, ns);
+            ssa(&api, name, &desired.statefulset, dry_run).await?
+        }
+        Owned::PodDisruptionBudget => {
+            let api: Api<PodDisruptionBudget> = Api::namespaced(client, ns);
+            ssa(&api, name, &desired.pdb, dry_run).await?
+        }
+        Owned::ServiceMonitor => {
+            let Some(sm) = &desired.service_monitor else {
+                return Ok(None);
+            };
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client, ns, &resources::service_monitor_resource());
+            ssa(&api, name, sm, dry_run).await?
+        }
+    };
+    Ok(Some(answer))
+}
+
+pub(super) async fn ssa<K>(
+    api: &Api<K>,
+    name: &str,
+    obj: &K,
+    dry_run: DryRun,
+) -> Result<Value, Error>
+where
+    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let mut params = PatchParams::apply(FIELD_MANAGER).force();
+    params.dry_run = dry_run == DryRun::Yes;
+    let answer = api.patch(name, &params, &Patch::Apply(obj)).await?;
+    Ok(to_json(&answer))
+}
+
+/// Carry out one change of an owned object, with the Event, metric and log line that go
+/// with it.
+pub(super) async fn apply_owned(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    desired: &DesiredSet,
+    kind: Owned,
+    change: Change,
+) -> Result<(), Error> {
+    let name = names.of_kind(kind);
+    if change == Change::Delete {
+        // Only a ServiceMonitor is ever deleted (monitoring turned off).
+        let api: Api<DynamicObject> = Api::namespaced_with(
+            ctx.client.clone(),
+            &names.namespace,
+            &resources::service_monitor_resource(),
+        );
+        match api.delete(name, &Default::default()).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
+            Err(e) => return Err(e.into()),
+        }
+    } else if patch_owned(ctx, names, desired, kind, DryRun::No)
+        .await?
+        .is_none()
+    {
+        return Ok(());
+    }
+    record(ctx, relay, kind.kind(), name, change).await;
+    Ok(())
+}
+
+/// Server-side apply of `obj` under [`FIELD_MANAGER`], forced, then the Event, metric and
+/// log line that go with every object the operator creates or changes.
+pub(super) async fn apply<K>(
+    ctx: &Context,
+    relay: &Relay,
+    api: &Api<K>,
+    kind: &str,
+    name: &str,
+    obj: &K,
+    change: Change,
+) -> Result<(), Error>
+where
+    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    ssa(api, name, obj, DryRun::No).await?;
+    record(ctx, relay, kind, name, change).await;
+    Ok(())
+}

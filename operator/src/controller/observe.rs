@@ -1,0 +1,427 @@
+//! Observing what exists for a `Relay`: its StatefulSet, pods, owned objects, Jobs and
+//! their answers, whether the ServiceMonitor API is served, and the user's configuration.
+
+use super::apply::to_json;
+use super::*;
+
+/// Why the user's relay configuration could not be read: a message for the `Degraded`
+/// condition, not a failed reconcile.
+#[derive(Debug, thiserror::Error)]
+pub enum UserConfigError {
+    #[error("reading ConfigMap {name}: {source}")]
+    Read { name: String, source: kube::Error },
+    #[error("ConfigMap {0} does not exist")]
+    Missing(String),
+    #[error("ConfigMap {name} has no key {key}")]
+    NoKey { name: String, key: String },
+    #[error("ConfigMap {name} key {key}: {source}")]
+    Yaml {
+        name: String,
+        key: String,
+        source: serde_yaml::Error,
+    },
+}
+
+/// Why a probe Job's answer could not be read: the probe is reported failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    #[error("listing its pods: {0}")]
+    List(#[from] kube::Error),
+    #[error("the probe's pod is gone")]
+    PodGone,
+    #[error("the probe's pod left no termination message")]
+    NoMessage,
+    #[error("no store_format in the probe's output: {0}")]
+    NoFormat(String),
+}
+
+/// The user's relay configuration: `spec.config.inline`, or the YAML under the referenced
+/// ConfigMap's key.
+pub(super) async fn user_config(
+    relay: &Relay,
+    client: &Client,
+    ns: &str,
+) -> Result<Option<Value>, UserConfigError> {
+    let cfg = &relay.spec.config;
+    if let Some(inline) = &cfg.inline {
+        return Ok(Some(inline.clone()));
+    }
+    let Some(r) = &cfg.config_map_ref else {
+        return Ok(None);
+    };
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), ns);
+    let cm = api
+        .get_opt(&r.name)
+        .await
+        .map_err(|source| UserConfigError::Read {
+            name: r.name.clone(),
+            source,
+        })?
+        .ok_or_else(|| UserConfigError::Missing(r.name.clone()))?;
+    let text = cm
+        .data
+        .as_ref()
+        .and_then(|d| d.get(&r.key))
+        .ok_or_else(|| UserConfigError::NoKey {
+            name: r.name.clone(),
+            key: r.key.clone(),
+        })?;
+    let v: Value = serde_yaml::from_str(text).map_err(|source| UserConfigError::Yaml {
+        name: r.name.clone(),
+        key: r.key.clone(),
+        source,
+    })?;
+    Ok(Some(v))
+}
+
+pub(super) async fn observe(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    token: &str,
+    o: &mut Observed,
+) -> Result<(), Error> {
+    let client = &ctx.client;
+    let ns = names.namespace.as_str();
+
+    let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
+    let sts = sts_api.get_opt(&names.statefulset).await?;
+    o.statefulset = sts.as_ref().map(sts_obs);
+    o.objects.statefulset = sts.as_ref().map(to_json);
+    o.objects.config_map = get_json::<ConfigMap>(client, ns, &names.config_map).await?;
+    o.objects.headless = get_json::<Service>(client, ns, &names.headless).await?;
+    o.objects.client = get_json::<Service>(client, ns, &names.client).await?;
+    o.objects.pdb = get_json::<PodDisruptionBudget>(client, ns, &names.pdb).await?;
+
+    o.service_monitor_api = service_monitor_served(client).await?;
+    if o.service_monitor_api {
+        // Read whether or not monitoring is on: one left from when it was on is deleted.
+        // A ServiceMonitor of that name that this Relay does not own is not its business.
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(client.clone(), ns, &resources::service_monitor_resource());
+        let uid = relay.metadata.uid.clone();
+        o.objects.service_monitor = api
+            .get_opt(&names.service_monitor)
+            .await?
+            .filter(|sm| {
+                sm.owner_references()
+                    .iter()
+                    .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref())
+            })
+            .as_ref()
+            .map(to_json);
+    }
+
+    let selector = resources::selector_labels(&names.relay)
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",");
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!(
+            "{selector},{}=relay",
+            "app.kubernetes.io/component"
+        )))
+        .await?;
+    o.pods = list
+        .items
+        .iter()
+        .filter_map(|p| pod_obs(p, &names.statefulset))
+        .collect();
+
+    let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(client.clone(), ns);
+    o.claims = claims
+        .list(&ListParams::default().labels(&selector))
+        .await?
+        .items
+        .iter()
+        .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter_map(|c| names.claim_ordinal(&c.name_any()))
+        .collect();
+    o.claims.sort_unstable();
+
+    // Poll every ready pod, concurrently.
+    let polls = o.pods.iter().filter(|p| p.ready).map(|p| {
+        let url = ctx.nodes.url(&p.name, &names.headless, ns);
+        let name = p.name.clone();
+        let nodes = ctx.nodes.clone();
+        let token = token.to_owned();
+        async move {
+            (
+                name,
+                nodes.poll(&url, &token).await.map_err(|e| e.to_string()),
+            )
+        }
+    });
+    for (name, reading) in futures::future::join_all(polls).await {
+        ctx.metrics.poll(reading.is_ok());
+        if let Err(e) = &reading {
+            tracing::info!(relay = %names.relay, pod = %name, error = %e, "node did not answer");
+        }
+        o.nodes.insert(name, reading);
+    }
+
+    observe_jobs(relay, ctx, names, o).await?;
+    Ok(())
+}
+
+pub(super) async fn observe_jobs(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    o: &mut Observed,
+) -> Result<(), Error> {
+    let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
+    let jobs = api
+        .list(&ListParams::default().labels(&format!(
+            "app.kubernetes.io/instance={},{}",
+            names.relay,
+            resources::JOB_LABEL
+        )))
+        .await?;
+    let by_name: BTreeMap<String, &Job> = jobs.items.iter().map(|j| (j.name_any(), j)).collect();
+    let cached = ctx.probed.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    for (image, p) in &cached {
+        o.probes.insert(image.clone(), ProbeObs::Format(p.format));
+        if let Some(d) = &p.digest {
+            o.digests.insert(image.clone(), d.clone());
+        }
+    }
+    // The probe of the spec's image.
+    let image = relay.spec.image.clone();
+    let name = planner::probe_job_name(relay, &image);
+    let probe = match by_name.get(&name) {
+        Some(job) if !o.probes.contains_key(&image) => Some(match job_obs(job) {
+            JobObs::Running => ProbeObs::Running,
+            JobObs::Failed(m) => ProbeObs::Failed(format!("Job {name}: {m}")),
+            JobObs::Succeeded => match probe_result(ctx, &names.namespace, &name).await {
+                Ok(p) => {
+                    if let Some(d) = &p.digest {
+                        o.digests.insert(image.clone(), d.clone());
+                    }
+                    let format = p.format;
+                    let mut probed = ctx.probed.lock().unwrap_or_else(|p| p.into_inner());
+                    if probed.len() >= PROBED_MAX {
+                        probed.pop_first();
+                    }
+                    probed.insert(image.clone(), p);
+                    ProbeObs::Format(format)
+                }
+                Err(m) => ProbeObs::Failed(format!("Job {name}: {m}")),
+            },
+        }),
+        _ => None,
+    };
+    if let Some(p) = probe {
+        o.probes.insert(image, p);
+    }
+    // Backup Jobs of the upgrade step under way (their names carry the target and the
+    // attempt), by the ordinal they back up.
+    if let Some(u) = relay.status.as_ref().and_then(|s| s.upgrade.as_ref()) {
+        if u.target_image.is_some() {
+            let top = o
+                .claims
+                .iter()
+                .copied()
+                .chain([relay.spec.replicas, u.replicas.unwrap_or(0)])
+                .max()
+                .unwrap_or(0);
+            for i in 0..=top {
+                let name = planner::backup_job_name(relay, i, u);
+                if let Some(job) = by_name.get(&name) {
+                    o.backups.insert(i, job_obs(job));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the probe Job's pod learned: the store format it wrote to its termination message
+/// (`ankusa-relay version --json --write /dev/termination-log`) and the digest its image
+/// resolved to (the container's image ID, when it names a repository digest).
+pub(super) async fn probe_result(ctx: &Context, ns: &str, job: &str) -> Result<Probed, ProbeError> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("job-name={job}")))
+        .await?;
+    let container = list
+        .items
+        .iter()
+        .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded"))
+        .flat_map(|p| {
+            p.status
+                .iter()
+                .flat_map(|s| s.container_statuses.iter().flatten())
+        })
+        .find(|c| c.name == "probe")
+        .ok_or(ProbeError::PodGone)?;
+    let message = container
+        .state
+        .as_ref()
+        .and_then(|s| s.terminated.as_ref())
+        .and_then(|t| t.message.clone())
+        .ok_or(ProbeError::NoMessage)?;
+    Ok(Probed {
+        format: parse_version_json(&message)?,
+        digest: repository_digest(&container.image_id),
+    })
+}
+
+/// The `sha256:…` of a container's image ID when it names a repository digest
+/// (`docker-pullable://repo@sha256:…`, `repo@sha256:…`); a bare image ID (`sha256:…` of the
+/// local image) names no pullable image and gives `None`.
+pub fn repository_digest(image_id: &str) -> Option<String> {
+    let (_, digest) = image_id.rsplit_once('@')?;
+    let hex = digest.strip_prefix("sha256:")?;
+    (hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| digest.to_owned())
+}
+
+/// `store_format` from `ankusa-relay version --json` output (its last JSON line).
+pub fn parse_version_json(log: &str) -> Result<u32, ProbeError> {
+    log.lines()
+        .rev()
+        .find_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
+        .and_then(|v| v.get("store_format").and_then(Value::as_u64))
+        .and_then(|f| u32::try_from(f).ok())
+        .ok_or_else(|| ProbeError::NoFormat(truncate(log, 200)))
+}
+
+pub(super) fn job_obs(job: &Job) -> JobObs {
+    let status = job.status.clone().unwrap_or_default();
+    if status.succeeded.unwrap_or(0) > 0 {
+        return JobObs::Succeeded;
+    }
+    let failed = status
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Failed" && c.status == "True");
+    match failed {
+        Some(c) => JobObs::Failed(c.message.or(c.reason).unwrap_or_else(|| "failed".into())),
+        None => JobObs::Running,
+    }
+}
+
+pub(super) async fn get_json<K>(
+    client: &Client,
+    ns: &str,
+    name: &str,
+) -> Result<Option<Value>, Error>
+where
+    K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
+        + Clone
+        + serde::de::DeserializeOwned
+        + serde::Serialize
+        + std::fmt::Debug,
+{
+    let api: Api<K> = Api::namespaced(client.clone(), ns);
+    Ok(api.get_opt(name).await?.as_ref().map(to_json))
+}
+
+/// `monitoring.coreos.com/v1` serves `servicemonitors`.
+pub async fn service_monitor_served(client: &Client) -> Result<bool, Error> {
+    match client
+        .list_api_group_resources("monitoring.coreos.com/v1")
+        .await
+    {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicemonitors")),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
+        Err(e) => Err(e.into()),
+    }
+}
+
+pub(super) fn sts_obs(s: &StatefulSet) -> StsObs {
+    let spec = s.spec.clone().unwrap_or_default();
+    let status = s.status.clone().unwrap_or_default();
+    StsObs {
+        image: spec
+            .template
+            .spec
+            .as_ref()
+            .and_then(|p| p.containers.iter().find(|c| c.name == "relay"))
+            .and_then(|c| c.image.clone())
+            .unwrap_or_default(),
+        partition: spec
+            .update_strategy
+            .and_then(|u| u.rolling_update)
+            .and_then(|r| r.partition)
+            .unwrap_or(0),
+        ready_replicas: status.ready_replicas.unwrap_or(0),
+        updated_replicas: status.updated_replicas.unwrap_or(0),
+    }
+}
+
+/// Waiting reasons of a container that will not run without a change (a new image, a
+/// fixed Secret or ConfigMap): on the upgrade's current pod they fail the upgrade at once.
+pub(super) const FAILING_REASONS: &[&str] = &[
+    "CrashLoopBackOff",
+    "ImagePullBackOff",
+    "ErrImagePull",
+    "ErrImageNeverPull",
+    "InvalidImageName",
+    "CreateContainerConfigError",
+    "CreateContainerError",
+    "RunContainerError",
+];
+
+pub(super) fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
+    let name = p.name_any();
+    let ordinal = name.strip_prefix(sts)?.strip_prefix('-')?.parse().ok()?;
+    let spec = p.spec.as_ref()?;
+    let image = spec
+        .containers
+        .iter()
+        .find(|c| c.name == "relay")
+        .and_then(|c| c.image.clone())
+        .unwrap_or_default();
+    let status = p.status.clone().unwrap_or_default();
+    let ready = p.metadata.deletion_timestamp.is_none()
+        && status
+            .conditions
+            .iter()
+            .flatten()
+            .any(|c| c.type_ == "Ready" && c.status == "True");
+    let relay_status = status
+        .container_statuses
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.name == "relay");
+    let waiting = relay_status
+        .as_ref()
+        .and_then(|c| c.state.as_ref()?.waiting.clone());
+    let failing = waiting.as_ref().and_then(|w| {
+        let reason = w.reason.clone()?;
+        FAILING_REASONS
+            .contains(&reason.as_str())
+            .then(|| match &w.message {
+                Some(m) if !m.is_empty() => format!("{reason}: {}", truncate(m, 200)),
+                _ => reason,
+            })
+    });
+    // Not failing, not Ready: unschedulable, or a container still being created.
+    let unscheduled = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
+        .map(|c| {
+            format!(
+                "{}: {}",
+                c.reason.clone().unwrap_or_else(|| "Unschedulable".into()),
+                truncate(c.message.as_deref().unwrap_or(""), 200)
+            )
+        });
+    let waiting = unscheduled.or_else(|| waiting.and_then(|w| w.reason));
+    Some(PodObs {
+        name,
+        ordinal,
+        image,
+        ready,
+        failing,
+        waiting,
+    })
+}
