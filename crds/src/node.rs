@@ -2,10 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
-/// A node's aggregate queue counters (the six per-tenant counters summed into ord 0).
+/// The six queue counters of a tenant, or of a node (every tenant's summed into ord 0):
+/// the one definition, shared by the queue (which keeps them), the relay's API (which
+/// serves them) and the operator (which reads them from `/v1/node`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-pub struct NodeCounters {
+pub struct Counters {
     /// First-attempt rows waiting.
     pub pending: i64,
     /// Retry rows waiting.
@@ -46,7 +48,7 @@ pub struct NodeStatus {
     pub migration: Option<MigrationProgress>,
     /// Tenant ordinals ever allocated.
     pub tenants: u32,
-    pub counters: NodeCounters,
+    pub counters: Counters,
     /// When the oldest due row became due (ms since the epoch), if any.
     pub oldest_due_at_ms: Option<u64>,
     /// Set while the store's writes fail (a full disk, a failed WAL sync): the node acks
@@ -100,9 +102,9 @@ mod tests {
                 rows: 2_000,
             }),
             tenants: 7,
-            counters: NodeCounters {
+            counters: Counters {
                 pending: 1,
-                ..NodeCounters::default()
+                ..Counters::default()
             },
             oldest_due_at_ms: None,
             write_error: Some(WriteError {

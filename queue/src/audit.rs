@@ -7,8 +7,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
-use ankusa_store::keys::{self, AtMs, Family, Seq};
-use ankusa_store::{Cf, Dir, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::{AtMs, Family, Seq};
+use ankusa_store::{Dir, Op, Store};
 
 use crate::QueueError;
 
@@ -37,7 +38,7 @@ impl Audit {
     pub fn open(store: &Store) -> Result<Self, QueueError> {
         let (lo, end) = Family::Audit.bounds();
         let last = match store.first(Family::Audit, &lo, &end, Dir::Reverse)? {
-            Some((k, _)) => keys::decode_audit(&k)?.0 .0,
+            Some((k, _)) => ankusa_keys::decode_audit(&k)?.0 .0,
             None => 0,
         };
         Ok(Audit {
@@ -65,7 +66,7 @@ impl Audit {
         };
         Op::put(
             Cf::Audit,
-            keys::audit(Seq(seq), AtMs(at)),
+            ankusa_keys::audit(Seq(seq), AtMs(at)),
             serde_json::to_vec(&r).unwrap_or_default(),
         )
     }
@@ -79,7 +80,7 @@ pub fn page(
     keep: impl Fn(&Record) -> bool,
 ) -> Result<Vec<Record>, QueueError> {
     let (lo, end) = Family::Audit.bounds();
-    let to = before.map_or(end, |s| keys::audit(Seq(s), AtMs(0)));
+    let to = before.map_or(end, |s| ankusa_keys::audit(Seq(s), AtMs(0)));
     let mut out = Vec::new();
     for kv in store.scan(Family::Audit, &lo, &to, Dir::Reverse)? {
         let (k, v) = kv?;
@@ -87,7 +88,7 @@ pub fn page(
         let r: Record = serde_json::from_slice(&v).map_err(|e| {
             QueueError::corrupt(
                 Family::Audit,
-                format!("undecodable row {}: {e}", keys::hex(&k)),
+                format!("undecodable row {}: {e}", ankusa_keys::hex(&k)),
             )
         })?;
         if keep(&r) {
@@ -105,7 +106,7 @@ pub fn prune(store: &Store, cutoff_ms: u64, limit: usize) -> Result<u64, QueueEr
     let mut ops = Vec::new();
     for kv in store.scan_family(Family::Audit)?.take(limit) {
         let (k, _) = kv?;
-        let (_, at) = keys::decode_audit(&k)?;
+        let (_, at) = ankusa_keys::decode_audit(&k)?;
         // Seqs grow with time, so the first row young enough ends the pass.
         if at.0 >= cutoff_ms {
             break;
@@ -133,7 +134,7 @@ mod tests {
         assert_eq!(page(&h.store, None, 10, |_| true).unwrap().len(), 1);
         let bad = Op::put(
             Cf::Audit,
-            keys::audit(Seq(99), AtMs(1)),
+            ankusa_keys::audit(Seq(99), AtMs(1)),
             b"{not json".to_vec(),
         );
         h.store.write(vec![bad], true).unwrap();

@@ -12,10 +12,12 @@
 //! [`ops`] coalesces a batch's deltas per `(ord, field)` and mirrors each into ord 0, the
 //! node aggregate, so the aggregate is exactly the sum of the tenants.
 
+use ankusa_crds::node::Counters;
 use std::collections::BTreeMap;
 
-use ankusa_store::keys::{self, CounterField, TenantOrd};
-use ankusa_store::{merge, Cf, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::{CounterField, TenantOrd};
+use ankusa_store::{merge, Op, Store};
 
 use crate::QueueError;
 
@@ -47,23 +49,19 @@ pub fn ops(deltas: &[Delta]) -> Vec<Op> {
         .filter(|(_, v)| *v != 0)
         .map(|((ord, field), v)| Op::Merge {
             cf: Cf::Counters,
-            key: keys::counter(ord, field),
+            key: ankusa_keys::counter(ord, field),
             operand: merge::encode(v).to_vec(),
         })
         .collect()
 }
 
-/// A tenant's (or the node's) six counters: the type `/v1/node` serves, from the crate
-/// the operator shares (`ankusa-crds`), so there is one definition of the six fields.
-pub use ankusa_crds::node::NodeCounters as Counts;
-
-/// Access to [`Counts`] by [`CounterField`].
+/// Access to [`Counters`] by [`CounterField`].
 pub trait CountsExt {
     fn get(&self, f: CounterField) -> i64;
     fn add(&mut self, f: CounterField, d: i64);
 }
 
-impl CountsExt for Counts {
+impl CountsExt for Counters {
     fn get(&self, f: CounterField) -> i64 {
         match f {
             CounterField::Pending => self.pending,
@@ -89,18 +87,18 @@ impl CountsExt for Counts {
 }
 
 /// The six counters of one ordinal: one `multi_get` of six point reads.
-pub fn read(store: &Store, ord: TenantOrd) -> Result<Counts, QueueError> {
+pub fn read(store: &Store, ord: TenantOrd) -> Result<Counters, QueueError> {
     let keys: Vec<Vec<u8>> = CounterField::ALL
         .iter()
-        .map(|f| keys::counter(ord, *f))
+        .map(|f| ankusa_keys::counter(ord, *f))
         .collect();
     let vals = store.multi_get(Cf::Counters, &keys)?;
-    let mut c = Counts::default();
+    let mut c = Counters::default();
     for (f, v) in CounterField::ALL.iter().zip(vals) {
         if let Some(v) = v {
             let n = merge::decode(&v).ok_or_else(|| {
                 QueueError::corrupt(
-                    ankusa_store::Family::Counters,
+                    ankusa_keys::Family::Counters,
                     format!("undecodable value for ord {} {}", ord.0, f.name()),
                 )
             })?;
@@ -111,7 +109,7 @@ pub fn read(store: &Store, ord: TenantOrd) -> Result<Counts, QueueError> {
 }
 
 /// The node aggregate (ord 0).
-pub fn node(store: &Store) -> Result<Counts, QueueError> {
+pub fn node(store: &Store) -> Result<Counters, QueueError> {
     read(store, TenantOrd::AGGREGATE)
 }
 
@@ -140,8 +138,11 @@ mod tests {
         assert_eq!(
             got,
             vec![
-                (keys::counter(t, CounterField::Pending), 2),
-                (keys::counter(TenantOrd(5), CounterField::Pending), -2),
+                (ankusa_keys::counter(t, CounterField::Pending), 2),
+                (
+                    ankusa_keys::counter(TenantOrd(5), CounterField::Pending),
+                    -2
+                ),
             ]
         );
     }

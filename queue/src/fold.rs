@@ -6,16 +6,17 @@
 
 use std::collections::BTreeMap;
 
-use super::counters::{self, Counts, CountsExt};
+use super::counters::{self, CountsExt};
 use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind};
-use ankusa_store::keys::{self, CounterField, Family, TenantOrd};
+use ankusa_crds::node::Counters;
+use ankusa_keys::{CounterField, Family, TenantOrd};
 use ankusa_store::{merge, Store};
 
 use crate::QueueError;
 
 /// Per-ordinal counts from the families; ord 0 holds the node total.
-pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, QueueError> {
-    let mut out: BTreeMap<TenantOrd, Counts> = BTreeMap::new();
+pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counters>, QueueError> {
+    let mut out: BTreeMap<TenantOrd, Counters> = BTreeMap::new();
     let mut add = |ord: TenantOrd, f: CounterField, d: i64| {
         out.entry(ord).or_default().add(f, d);
         out.entry(TenantOrd::AGGREGATE).or_default().add(f, d);
@@ -64,16 +65,16 @@ pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, QueueError> {
 }
 
 /// Every counter row as stored (zero rows included), per ordinal.
-pub fn stored(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, QueueError> {
-    let mut out: BTreeMap<TenantOrd, Counts> = BTreeMap::new();
+pub fn stored(store: &Store) -> Result<BTreeMap<TenantOrd, Counters>, QueueError> {
+    let mut out: BTreeMap<TenantOrd, Counters> = BTreeMap::new();
     let (lo, end) = Family::Counters.bounds();
     for kv in store.scan(Family::Counters, &lo, &end, ankusa_store::Dir::Forward)? {
         let (k, v) = kv?;
-        let (ord, field) = keys::decode_counter(&k)?;
+        let (ord, field) = ankusa_keys::decode_counter(&k)?;
         let n = merge::decode(&v).ok_or_else(|| {
             QueueError::corrupt(
                 Family::Counters,
-                format!("undecodable value at {}", keys::hex(&k)),
+                format!("undecodable value at {}", ankusa_keys::hex(&k)),
             )
         })?;
         out.entry(ord).or_default().add(field, n);
@@ -85,8 +86,8 @@ pub fn stored(store: &Store) -> Result<BTreeMap<TenantOrd, Counts>, QueueError> 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Mismatch {
     pub ord: TenantOrd,
-    pub stored: Counts,
-    pub folded: Counts,
+    pub stored: Counters,
+    pub folded: Counters,
 }
 
 /// Compares the stored counters with the fold; empty when they agree everywhere (a tenant

@@ -20,7 +20,7 @@ use std::collections::hash_map::Entry;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
-use ankusa_store::keys::{AtMs, TenantOrd};
+use ankusa_keys::{AtMs, TenantOrd};
 
 /// The hints waiting for the next tick, and the tick's wake-up.
 #[derive(Debug, Default)]

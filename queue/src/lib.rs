@@ -25,7 +25,6 @@
 
 pub mod archive;
 pub mod audit;
-pub mod codec;
 pub mod counters;
 pub mod deliveries;
 pub mod fold;
@@ -39,10 +38,12 @@ pub mod tenants;
 pub mod testkit;
 pub mod writer;
 
-pub use counters::{Counts, Delta};
+pub use counters::Delta;
 pub use deliveries::Tx;
 
-use ankusa_store::{keys, Family, StoreError};
+use ankusa_store::StoreError;
+
+use ankusa_keys::Family;
 
 /// Errors of the queue layer. Every queue function returns this type; the store's errors
 /// arrive through `From`, with a damaged family lifted into [`QueueError::Corrupt`] so that
@@ -70,7 +71,7 @@ impl QueueError {
     /// Corruption of the row of `family` at `key`: `what` is wrong with it (a decode
     /// error, `"bad value …"`), and the key in hex says where.
     pub fn corrupt_at(family: Family, key: &[u8], what: impl std::fmt::Display) -> Self {
-        Self::corrupt(family, format!("{what} at {}", keys::hex(key)))
+        Self::corrupt(family, format!("{what} at {}", ankusa_keys::hex(key)))
     }
 
     /// Whether this is corruption, found by the queue or by the store (a row or a key
@@ -93,8 +94,8 @@ impl From<StoreError> for QueueError {
 }
 
 /// A key that does not decode is corruption of the store's key space.
-impl From<keys::KeyError> for QueueError {
-    fn from(e: keys::KeyError) -> Self {
+impl From<ankusa_keys::KeyError> for QueueError {
+    fn from(e: ankusa_keys::KeyError) -> Self {
         StoreError::from(e).into()
     }
 }
@@ -111,7 +112,7 @@ pub struct Backlog {
 /// The backlog of one tenant: one `multi_get` of its counter rows, no scan.
 pub fn pending_for_tenant(
     store: &ankusa_store::Store,
-    ord: ankusa_store::keys::TenantOrd,
+    ord: ankusa_keys::TenantOrd,
 ) -> Result<Backlog, QueueError> {
     let c = counters::read(store, ord)?;
     Ok(Backlog {
@@ -125,7 +126,7 @@ pub fn pending_for_tenant(
 /// The dead-letter count of one tenant, from its counter row.
 pub fn dead_for_tenant(
     store: &ankusa_store::Store,
-    ord: ankusa_store::keys::TenantOrd,
+    ord: ankusa_keys::TenantOrd,
 ) -> Result<i64, QueueError> {
     Ok(counters::read(store, ord)?.dead)
 }

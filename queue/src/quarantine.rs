@@ -6,8 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use ankusa_store::keys::{self, Family};
-use ankusa_store::{Cf, Dir, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::Family;
+use ankusa_store::{Dir, Op, Store};
 
 use crate::QueueError;
 
@@ -28,7 +29,7 @@ pub fn totals(store: &Store) -> Result<(u64, u64, u64), QueueError> {
     let (mut entries, mut bytes, mut last) = (0u64, 0u64, 0u64);
     for kv in store.scan_family(Family::Quarantine)? {
         let (k, v) = kv?;
-        last = last.max(keys::decode_quarantine(&k)?);
+        last = last.max(ankusa_keys::decode_quarantine(&k)?);
         entries += 1;
         bytes += v.len() as u64;
     }
@@ -40,7 +41,7 @@ pub fn put(entry: &Entry) -> Option<(Op, u64)> {
     let value = serde_json::to_vec(entry).ok()?;
     let size = value.len() as u64;
     Some((
-        Op::put(Cf::Quarantine, keys::quarantine(entry.id), value),
+        Op::put(Cf::Quarantine, ankusa_keys::quarantine(entry.id), value),
         size,
     ))
 }
@@ -50,7 +51,7 @@ fn decode(key: &[u8], v: &[u8]) -> Result<Entry, QueueError> {
     serde_json::from_slice(v).map_err(|e| {
         QueueError::corrupt(
             Family::Quarantine,
-            format!("undecodable entry {}: {e}", keys::hex(key)),
+            format!("undecodable entry {}: {e}", ankusa_keys::hex(key)),
         )
     })
 }
@@ -63,7 +64,7 @@ pub fn page(
     keep: impl Fn(&Entry) -> bool,
 ) -> Result<Vec<Entry>, QueueError> {
     let (lo, end) = Family::Quarantine.bounds();
-    let to = before.map_or(end, keys::quarantine);
+    let to = before.map_or(end, ankusa_keys::quarantine);
     let mut out = Vec::new();
     for kv in store.scan(Family::Quarantine, &lo, &to, Dir::Reverse)? {
         let (k, v) = kv?;
@@ -128,7 +129,7 @@ mod tests {
     #[test]
     fn an_undecodable_quarantine_row_is_corruption_not_a_shorter_page() {
         let h = Harness::new();
-        let bad = Op::put(Cf::Quarantine, keys::quarantine(7), b"\xff".to_vec());
+        let bad = Op::put(Cf::Quarantine, ankusa_keys::quarantine(7), b"\xff".to_vec());
         h.store.write(vec![bad], true).unwrap();
         assert_corrupt(page(&h.store, None, 10, |_| true), Family::Quarantine);
     }
@@ -152,7 +153,7 @@ mod tests {
         let mut given_back = (0, 0);
         let audit = Op::put(
             Cf::Audit,
-            keys::audit(keys::Seq(1), keys::AtMs(1)),
+            ankusa_keys::audit(ankusa_keys::Seq(1), ankusa_keys::AtMs(1)),
             b"{}".to_vec(),
         );
         let gone = delete(

@@ -17,9 +17,10 @@
 //! one seek.
 
 use super::deliveries;
-use ankusa_store::keys::{self, Family};
+use ankusa_keys::Cf;
+use ankusa_keys::Family;
 use ankusa_store::Dir;
-use ankusa_store::{Cf, Op, Store};
+use ankusa_store::{Op, Store};
 
 use crate::QueueError;
 
@@ -43,7 +44,7 @@ const COMPACT_AFTER: u64 = 10_000;
 #[derive(Debug)]
 pub struct Reclaimer {
     /// Where the next pass starts; `None`: at the first marker.
-    cursor: Option<keys::Seq>,
+    cursor: Option<ankusa_keys::Seq>,
     /// Markers deleted since their span was last compacted.
     deleted: u64,
     compact_after: u64,
@@ -70,11 +71,11 @@ impl Reclaimer {
     /// from the first marker again.
     pub fn pass(&mut self, store: &Store, limit: usize) -> Result<ReclaimReport, QueueError> {
         let (lo, end) = Family::Cleared.bounds();
-        let from = self.cursor.map_or(lo, keys::cleared);
-        let seqs: Vec<keys::Seq> = store
+        let from = self.cursor.map_or(lo, ankusa_keys::cleared);
+        let seqs: Vec<ankusa_keys::Seq> = store
             .scan(Family::Cleared, &from, &end, Dir::Forward)?
             .take(limit)
-            .map(|kv| Ok(keys::decode_cleared(&kv?.0)?))
+            .map(|kv| Ok(ankusa_keys::decode_cleared(&kv?.0)?))
             .collect::<Result<_, QueueError>>()?;
         let report = remove(store, &seqs)?;
         self.deleted += report.markers;
@@ -86,26 +87,26 @@ impl Reclaimer {
                 self.deleted = 0;
             }
         } else {
-            self.cursor = seqs.last().map(|s| keys::Seq(s.0 + 1));
+            self.cursor = seqs.last().map(|s| ankusa_keys::Seq(s.0 + 1));
         }
         Ok(report)
     }
 }
 
 /// Looks at the hooks of `seqs`' markers: removes each hook nothing needs, and every marker.
-fn remove(store: &Store, seqs: &[keys::Seq]) -> Result<ReclaimReport, QueueError> {
+fn remove(store: &Store, seqs: &[ankusa_keys::Seq]) -> Result<ReclaimReport, QueueError> {
     let mut report = ReclaimReport::default();
     let mut ops = Vec::with_capacity(seqs.len() * 2);
     let mut unneeded = Vec::new();
     for &seq in seqs {
         report.markers += 1;
-        ops.push(Op::delete(Cf::Index, keys::cleared(seq)));
-        let (from, to) = keys::deliveries_of_hook(seq);
+        ops.push(Op::delete(Cf::Index, ankusa_keys::cleared(seq)));
+        let (from, to) = ankusa_keys::deliveries_of_hook(seq);
         let has_rows = store
             .first(Family::Deliveries, &from, &to, Dir::Forward)?
             .is_some();
         if !has_rows && !deliveries::has_archive_obligation(store, seq)? {
-            unneeded.push(keys::hook(seq));
+            unneeded.push(ankusa_keys::hook(seq));
         }
     }
     // A hook whose last row's outcome took it along (`delivered_last`) may still

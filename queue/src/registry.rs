@@ -5,8 +5,9 @@
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
-use ankusa_store::keys::Family;
-use ankusa_store::{Cf, Dir, Op, Store, StoreError};
+use ankusa_keys::Cf;
+use ankusa_keys::Family;
+use ankusa_store::{Dir, Op, Store, StoreError};
 
 /// Registry keys: `m:cluster_tenant:<tenant id>`.
 const REGISTRY_PREFIX: &[u8] = b"m:cluster_tenant:";

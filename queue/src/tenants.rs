@@ -14,8 +14,9 @@
 use std::collections::HashMap;
 
 use super::QueueError;
-use ankusa_store::keys::{self, TenantOrd};
-use ankusa_store::{decode_u32, Cf, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::TenantOrd;
+use ankusa_store::{decode_u32, Op, Store};
 
 /// The tenant of hooks that name none.
 pub use ankusa_values::DEFAULT_TENANT;
@@ -35,7 +36,7 @@ pub fn validate(tenant: &str) -> Result<(), QueueError> {
 /// The ordinal of a tenant, if it has one.
 pub fn ord(store: &Store, tenant: &str) -> Result<Option<TenantOrd>, QueueError> {
     Ok(store
-        .get(Cf::Tenants, &keys::tenant_ord(tenant))?
+        .get(Cf::Tenants, &ankusa_keys::tenant_ord(tenant))?
         .as_deref()
         .and_then(decode_u32)
         .map(TenantOrd))
@@ -44,7 +45,7 @@ pub fn ord(store: &Store, tenant: &str) -> Result<Option<TenantOrd>, QueueError>
 /// The tenant id of an ordinal (`None` for an unknown or erased ordinal).
 pub fn name(store: &Store, ord: TenantOrd) -> Result<Option<String>, QueueError> {
     Ok(store
-        .get(Cf::Tenants, &keys::tenant_name(ord))?
+        .get(Cf::Tenants, &ankusa_keys::tenant_name(ord))?
         .filter(|v| !v.is_empty())
         .map(|v| String::from_utf8_lossy(&v).into_owned()))
 }
@@ -52,7 +53,7 @@ pub fn name(store: &Store, ord: TenantOrd) -> Result<Option<String>, QueueError>
 /// The next ordinal to allocate (`m:next_ord`; 1 on a store that has none yet).
 pub fn next_ord(store: &Store) -> Result<u32, QueueError> {
     Ok(store
-        .get(Cf::Default, keys::META_NEXT_ORD)?
+        .get(Cf::Default, ankusa_keys::META_NEXT_ORD)?
         .as_deref()
         .and_then(decode_u32)
         .unwrap_or(1))
@@ -66,11 +67,19 @@ pub fn count(store: &Store) -> Result<u32, QueueError> {
 /// The ops that create ordinal `ord` for `tenant` and move `m:next_ord` past it.
 pub fn allocation_ops(tenant: &str, ord: TenantOrd) -> [Op; 3] {
     [
-        Op::put(Cf::Tenants, keys::tenant_name(ord), tenant.as_bytes()),
-        Op::put(Cf::Tenants, keys::tenant_ord(tenant), ord.0.to_be_bytes()),
+        Op::put(
+            Cf::Tenants,
+            ankusa_keys::tenant_name(ord),
+            tenant.as_bytes(),
+        ),
+        Op::put(
+            Cf::Tenants,
+            ankusa_keys::tenant_ord(tenant),
+            ord.0.to_be_bytes(),
+        ),
         Op::put(
             Cf::Default,
-            keys::META_NEXT_ORD.to_vec(),
+            ankusa_keys::META_NEXT_ORD.to_vec(),
             (ord.0 + 1).to_be_bytes(),
         ),
     ]
@@ -183,7 +192,7 @@ impl Allocator {
         if misses.is_empty() {
             return Ok(res);
         }
-        let keys: Vec<Vec<u8>> = misses.iter().map(|t| keys::tenant_ord(t)).collect();
+        let keys: Vec<Vec<u8>> = misses.iter().map(|t| ankusa_keys::tenant_ord(t)).collect();
         let found = store.multi_get(Cf::Tenants, &keys)?;
         let mut next = match self.next {
             Some(n) => n,

@@ -10,8 +10,9 @@ use std::sync::Arc;
 use super::deliveries::{DeadRow, DueRow, Envelope, InflightRow, Tx};
 use super::writer::Assembler;
 use super::{deliveries, fold, QueueError};
-use ankusa_store::keys::{self, AtMs, Bucket, Family, Seq, TenantOrd};
-use ankusa_store::{Cf, OpenOptions, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::{AtMs, Bucket, Family, Seq, TenantOrd};
+use ankusa_store::{OpenOptions, Store};
 
 /// A store and the writer's assembler.
 pub struct Harness {
@@ -121,7 +122,7 @@ impl Harness {
         self.store
             .scan_family(Family::Active)
             .unwrap()
-            .map(|kv| keys::decode_active(&kv.unwrap().0).unwrap())
+            .map(|kv| ankusa_keys::decode_active(&kv.unwrap().0).unwrap())
             .collect()
     }
 
@@ -145,7 +146,7 @@ impl Harness {
     pub fn assert_every_need_has_its_hook(&self) {
         let mut needs: Vec<Seq> = Vec::new();
         for kv in self.store.scan_family(Family::Deliveries).unwrap() {
-            needs.push(keys::decode_delivery(&kv.unwrap().0).unwrap().0);
+            needs.push(ankusa_keys::decode_delivery(&kv.unwrap().0).unwrap().0);
         }
         for kv in self.store.scan_family(Family::Archive).unwrap() {
             let (k, v) = kv.unwrap();
@@ -154,7 +155,7 @@ impl Harness {
         for seq in needs {
             assert!(
                 self.store
-                    .get(Cf::Hooks, &keys::hook(seq))
+                    .get(Cf::Hooks, &ankusa_keys::hook(seq))
                     .unwrap()
                     .is_some(),
                 "hook {seq:?} is gone while a row or an obligation still needs it"

@@ -10,7 +10,7 @@ use super::deliveries::{self, Envelope, InflightRow, NewHook, Tx};
 use super::hints::DueHints;
 use super::tenants::{Allocator, Resolution};
 use super::QueueError;
-use ankusa_store::keys::{self, AtMs, Family, InflightKey, Seq, SinkIdx, TenantOrd};
+use ankusa_keys::{AtMs, Family, InflightKey, Seq, SinkIdx, TenantOrd};
 use ankusa_store::{Dir, Store};
 
 /// A batch ready to commit, and what each hook of it will get.
@@ -206,8 +206,8 @@ impl Assembler {
         }
         if next_seq != self.next_seq {
             tx.push_op(ankusa_store::Op::put(
-                ankusa_store::Cf::Default,
-                keys::META_NEXT_SEQ.to_vec(),
+                ankusa_keys::Cf::Default,
+                ankusa_keys::META_NEXT_SEQ.to_vec(),
                 next_seq.to_be_bytes(),
             ));
         }
@@ -249,7 +249,7 @@ impl Assembler {
 /// The next seq to hand out: `m:next_seq`, or after the highest `seq` in `hooks` and in
 /// the hook log (a store written before `m:next_seq`), whichever is higher.
 fn next_seq(store: &Store) -> Result<u64, QueueError> {
-    let mut next = match store.get(ankusa_store::Cf::Default, keys::META_NEXT_SEQ)? {
+    let mut next = match store.get(ankusa_keys::Cf::Default, ankusa_keys::META_NEXT_SEQ)? {
         Some(v) => u64::from_be_bytes(
             v.as_slice()
                 .try_into()
@@ -261,8 +261,8 @@ fn next_seq(store: &Store) -> Result<u64, QueueError> {
         let (lo, end) = family.bounds();
         if let Some((k, _)) = store.first(family, &lo, &end, Dir::Reverse)? {
             let seq = match family {
-                Family::Hooks => keys::decode_hook(&k)?,
-                _ => keys::decode_hook_log(&k)?,
+                Family::Hooks => ankusa_keys::decode_hook(&k)?,
+                _ => ankusa_keys::decode_hook_log(&k)?,
             };
             next = next.max(seq.0 + 1);
         }
@@ -626,8 +626,11 @@ fn decode_dedupe_value(v: &[u8]) -> Option<(u64, String)> {
 fn read_dedupe_value(key: &[u8], v: &[u8]) -> Option<(u64, String)> {
     let d = decode_dedupe_value(v);
     if d.is_none() {
-        let err =
-            QueueError::corrupt_at(Family::Dedupe, key, format!("bad value {}", keys::hex(v)));
+        let err = QueueError::corrupt_at(
+            Family::Dedupe,
+            key,
+            format!("bad value {}", ankusa_keys::hex(v)),
+        );
         tracing::error!(error = %err, "a dedupe row does not decode");
     }
     d
@@ -684,11 +687,11 @@ impl Writer {
             .map(|s| {
                 s.idempotency
                     .as_ref()
-                    .and_then(|k| keys::dedupe(s.envelope.tenant_or_default(), k))
+                    .and_then(|k| ankusa_keys::dedupe(s.envelope.tenant_or_default(), k))
             })
             .collect();
         let present: Vec<Vec<u8>> = ukeys.iter().flatten().cloned().collect();
-        let found = match self.store.multi_get(ankusa_store::Cf::Index, &present) {
+        let found = match self.store.multi_get(ankusa_keys::Cf::Index, &present) {
             Ok(f) => f,
             Err(e) => {
                 tracing::error!(error = %e, "writer: reading dedupe keys");
@@ -735,12 +738,12 @@ impl Writer {
             if let (Some(k), Ok(_)) = (&ukeys[*i], &assembled.outcomes[j]) {
                 let id = &batch[*i].envelope.id;
                 assembled.push_op(ankusa_store::Op::put(
-                    ankusa_store::Cf::Index,
-                    keys::dedupe_expiry(keys::AtMs(expires), k),
+                    ankusa_keys::Cf::Index,
+                    ankusa_keys::dedupe_expiry(ankusa_keys::AtMs(expires), k),
                     Vec::new(),
                 ));
                 assembled.push_op(ankusa_store::Op::put(
-                    ankusa_store::Cf::Index,
+                    ankusa_keys::Cf::Index,
                     k.clone(),
                     dedupe_value(expires, id),
                 ));
@@ -877,7 +880,7 @@ impl Writer {
         for row in rows {
             deliveries::recover(&mut tx, row, now);
             if self.asm.log {
-                let ev = super::hooklog::requeued(keys::EventKind::Recovered, now, 0, now);
+                let ev = super::hooklog::requeued(ankusa_keys::EventKind::Recovered, now, 0, now);
                 super::hooklog::record(&mut tx, &self.store, row.key.seq, row.key.sink, &ev)?;
             }
         }
@@ -908,22 +911,22 @@ fn reply_all(batch: Vec<Submission>, r: Reply) {
 
 /// Deletes up to `limit` dedupe keys that expired before `now`; returns how many.
 pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64, QueueError> {
-    let (lo, to) = keys::dedupe_expired_before(keys::AtMs(now));
+    let (lo, to) = ankusa_keys::dedupe_expired_before(ankusa_keys::AtMs(now));
     let mut ops = Vec::new();
     let mut n = 0;
-    let expired: Vec<(keys::AtMs, Vec<u8>)> = store
+    let expired: Vec<(ankusa_keys::AtMs, Vec<u8>)> = store
         .scan(Family::DedupeExpiry, &lo, &to, Dir::Forward)?
         .take(limit)
-        .map(|kv| kv.and_then(|(k, _)| Ok(keys::decode_dedupe_expiry(&k)?)))
+        .map(|kv| kv.and_then(|(k, _)| Ok(ankusa_keys::decode_dedupe_expiry(&k)?)))
         .collect::<Result<_, _>>()?;
     let values = store.multi_get(
-        ankusa_store::Cf::Index,
+        ankusa_keys::Cf::Index,
         &expired.iter().map(|(_, u)| u.clone()).collect::<Vec<_>>(),
     )?;
     for ((at, u), v) in expired.into_iter().zip(values) {
         ops.push(ankusa_store::Op::delete(
-            ankusa_store::Cf::Index,
-            keys::dedupe_expiry(at, &u),
+            ankusa_keys::Cf::Index,
+            ankusa_keys::dedupe_expiry(at, &u),
         ));
         // A newer hook may have renewed the key; only its own expiry removes it (and a
         // damaged entry, reported, goes with the expiry that names it).
@@ -931,7 +934,7 @@ pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64
             .as_deref()
             .is_some_and(|v| read_dedupe_value(&u, v).is_none_or(|(e, _)| e == at.0));
         if remove {
-            ops.push(ankusa_store::Op::delete(ankusa_store::Cf::Index, u));
+            ops.push(ankusa_store::Op::delete(ankusa_keys::Cf::Index, u));
         }
         n += 1;
     }

@@ -17,12 +17,12 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ankusa_relay::queue::archive::Archiver;
-use ankusa_relay::queue::counters;
-use ankusa_relay::queue::deliveries::Envelope;
-use ankusa_relay::queue::writer::Assembler;
-use ankusa_relay::store::keys::AtMs;
-use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_keys::AtMs;
+use ankusa_queue::archive::Archiver;
+use ankusa_queue::counters;
+use ankusa_queue::deliveries::Envelope;
+use ankusa_queue::writer::Assembler;
+use ankusa_store::{OpenOptions, Store};
 
 mod load;
 
@@ -34,7 +34,7 @@ const RUN: Duration = Duration::from_secs(6);
 /// Writes `HOOKS` hooks with obligations, 1 000 per unsynced batch.
 fn fill(store: &Store) {
     let mut asm = Assembler::open(store, 1_000_000).expect("assembler");
-    let now = ankusa_relay::now_ms();
+    let now = ankusa_keys::now_ms();
     for chunk in 0..HOOKS / 1_000 {
         let envs: Vec<Envelope> = (0..1_000)
             .map(|i| {

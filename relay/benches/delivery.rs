@@ -33,13 +33,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ankusa_relay::config::Config;
+use ankusa_config::Config;
+use ankusa_keys::AtMs;
+use ankusa_queue::deliveries::Envelope;
+use ankusa_queue::writer::Assembler;
 use ankusa_relay::node::Node;
-use ankusa_relay::queue::deliveries::Envelope;
-use ankusa_relay::queue::writer::Assembler;
-use ankusa_relay::store::keys::AtMs;
-use ankusa_relay::store::{OpenOptions, Store};
 use ankusa_relay::testkit::TestNode;
+use ankusa_store::{OpenOptions, Store};
 
 mod load;
 use http_body_util::{BodyExt, Full};
@@ -110,7 +110,7 @@ async fn relay_drain(port: u16, sink: &load::ArrivalSink) -> (Drain, f64, f64) {
 fn write_backlog(data: &std::path::Path) {
     let store = Store::open(data, &OpenOptions::default()).expect("store");
     let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
-    let now = ankusa_relay::now_ms();
+    let now = ankusa_keys::now_ms();
     for chunk in 0..BACKLOG / 1_000 {
         let envs: Vec<Envelope> = (0..1_000)
             .map(|i| {
@@ -152,10 +152,9 @@ async fn drain<F: std::future::Future<Output = ()>>(n: u64, f: F) -> Drain {
 /// alone**: the same loop without the POSTs, what the ADR's transitions of a delivery cost
 /// when nothing else runs, batched as cheaply as they can be.
 async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Drain {
+    use ankusa_queue::deliveries::{self, Tx};
     use ankusa_relay::dispatch::delivery::Deliverer;
-    use ankusa_relay::dispatch::pipeline::{plan_tick, Cursors, TickLimits};
-    use ankusa_relay::queue::deliveries::{self, Tx};
-    use ankusa_relay::store::keys;
+    use ankusa_relay::dispatch::pipeline::plan::{plan_tick, Cursors, TickLimits};
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("db");
     write_backlog(&data);
@@ -180,7 +179,7 @@ async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Dr
             // Read and claim a batch, read its hooks.
             let s = store.clone();
             let (claimed, envs) = tokio::task::spawn_blocking(move || {
-                let now = AtMs(ankusa_relay::now_ms());
+                let now = AtMs(ankusa_keys::now_ms());
                 let plan = plan_tick(&s, now, &limits, &Cursors::default()).expect("plan");
                 let mut tx = Tx::new();
                 let mut claimed = Vec::new();
@@ -195,10 +194,10 @@ async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Dr
                 }
                 let hooks = s
                     .multi_get(
-                        ankusa_relay::store::Cf::Hooks,
+                        ankusa_keys::Cf::Hooks,
                         &claimed
                             .iter()
-                            .map(|r| keys::hook(r.key.seq))
+                            .map(|r| ankusa_keys::hook(r.key.seq))
                             .collect::<Vec<_>>(),
                     )
                     .expect("hooks");
@@ -225,7 +224,7 @@ async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Dr
                     deliveries::delivered_last(&mut tx, r, last);
                 }
                 tx.commit(&s, false).expect("outcomes");
-                ankusa_relay::queue::reclaim::reclaim_pass(&s, 1_000).expect("reclaim");
+                ankusa_queue::reclaim::reclaim_pass(&s, 1_000).expect("reclaim");
             })
             .await
             .expect("commit");

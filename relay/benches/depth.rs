@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ankusa_relay::queue::counters;
+use ankusa_queue::counters;
 
 mod load;
 

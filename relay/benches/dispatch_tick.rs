@@ -5,7 +5,7 @@
 
 mod common;
 
-use ankusa_relay::dispatch::pipeline::{plan_tick, Cursors, TickLimits};
+use ankusa_relay::dispatch::pipeline::plan::{plan_tick, Cursors, TickLimits};
 
 fn main() -> std::process::ExitCode {
     let limits = TickLimits::default();

@@ -29,14 +29,6 @@ const BODY: usize = 1_024;
 const RUN: Duration = Duration::from_secs(5);
 const TOKEN: &str = "bench-cluster-token-0123456789";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .expect("bind")
-        .local_addr()
-        .expect("addr")
-        .port()
-}
-
 struct Ports {
     ingest: u16,
     admin: u16,
@@ -127,12 +119,12 @@ fn main() -> std::process::ExitCode {
         let sink = load::noop_sink().await;
         let dir = tempfile::tempdir().expect("tempdir");
         let pa = Ports {
-            ingest: free_port(),
-            admin: free_port(),
+            ingest: ankusa_relay::testkit::free_port(),
+            admin: ankusa_relay::testkit::free_port(),
         };
         let pb = Ports {
-            ingest: free_port(),
-            admin: free_port(),
+            ingest: ankusa_relay::testkit::free_port(),
+            admin: ankusa_relay::testkit::free_port(),
         };
         let all = [("a", &pa), ("b", &pb)];
         let a = node("a", &pa, &all, dir.path(), sink).await;

@@ -337,7 +337,7 @@ fn main() -> std::process::ExitCode {
     );
     println!(
         "writer gathering: ending at the first {} µs gap / for the whole delay = {:.0}%, p99 {:.2} / {:.2} ms, hooks per fsync {:.1} / {:.1} (reference, no rule)",
-        ankusa_relay::config::WriterConfig::default().max_batch_gap_us,
+        ankusa_config::WriterConfig::default().max_batch_gap_us,
         group.rate() / gapless.rate() * 100.0,
         group.p(0.99),
         gapless.p(0.99),

@@ -7,11 +7,11 @@
 use std::ops::ControlFlow;
 use std::time::Instant;
 
-use ankusa_relay::queue::deliveries::Envelope;
-use ankusa_relay::store::keys::{AtMs, Seq, SinkIdx};
-use ankusa_relay::store::migrate::{self, Outcome};
-use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_keys::{AtMs, Seq, SinkIdx};
+use ankusa_queue::deliveries::Envelope;
 use ankusa_relay::upgrade::legacy::v2::{State, Writer};
+use ankusa_store::migrate::{self, Outcome};
+use ankusa_store::{OpenOptions, Store};
 
 const TENANTS: u64 = 1_000;
 

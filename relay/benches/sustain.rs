@@ -16,9 +16,10 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use ankusa_crds::node::Counters;
+use ankusa_keys::Family;
+use ankusa_queue::counters;
 use ankusa_relay::node::Node;
-use ankusa_relay::queue::{counters, Counts};
-use ankusa_relay::store::keys::Family;
 
 mod load;
 
@@ -71,7 +72,7 @@ fn hook_keys(node: &Node) -> u64 {
 }
 
 /// Rows that still need their hook (one sink: one row per hook).
-fn needed(c: &Counts) -> u64 {
+fn needed(c: &Counters) -> u64 {
     (c.pending + c.scheduled + c.inflight + c.dead).max(0) as u64
 }
 

@@ -33,11 +33,11 @@ use http_body_util::{BodyExt, Full, Limited};
 use sha2::Digest;
 use subtle::ConstantTimeEq;
 
-use crate::config::Config;
 use crate::metrics::{ForwardLabels, KindLabel, Metrics};
-use crate::queue::registry::{Admission, Registry};
-use crate::queue::QueueError;
-use crate::store::{Store, StoreError};
+use ankusa_config::Config;
+use ankusa_queue::registry::{Admission, Registry};
+use ankusa_queue::QueueError;
+use ankusa_store::{Store, StoreError};
 
 /// The cluster token a node shows another.
 pub const TOKEN_HEADER: &str = "ankusa-cluster-token";
@@ -92,7 +92,7 @@ impl std::fmt::Debug for Cluster {
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     #[error(transparent)]
-    Config(#[from] crate::config::ConfigError),
+    Config(#[from] ankusa_config::ConfigError),
     #[error("opening the tenant registry: {0}")]
     Registry(#[from] StoreError),
     #[error("TLS setup for the cluster's client: {0}")]
@@ -128,7 +128,7 @@ impl Cluster {
             .unwrap_or(0);
         let token = match &c.token {
             Some(t) => HeaderValue::from_bytes(&t.resolve("cluster.token")?).map_err(|_| {
-                crate::config::ConfigError::Invalid {
+                ankusa_config::ConfigError::Invalid {
                     key: "cluster.token".into(),
                     message: "must be printable ASCII (it travels in a header)".into(),
                 }

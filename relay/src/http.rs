@@ -34,19 +34,111 @@ pub fn client(connect_timeout: std::time::Duration) -> Result<Client, rustls::Er
     )
 }
 
-/// The one error body shape: `{"error": code, "message": ...}`.
+/// The one error body shape: `{"error": code, "message": ...}` ([`ErrorBody`]).
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     (
         status,
-        Json(serde_json::json!({ "error": code, "message": message.into() })),
+        Json(ErrorBody {
+            error: code.to_owned(),
+            message: message.into(),
+        }),
     )
         .into_response()
+}
+
+/// Every error of both listeners: a stable code and a message for people.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// A stable code: `unauthorized`, `not_found`, `bad_request`, `tenant_limit`, …
+    pub error: String,
+    pub message: String,
+}
+
+// The error answers that many operations share, written once for the OpenAPI document:
+// the handlers answer through `ApiError` and `error`, whose body is `ErrorBody`.
+
+/// No valid token, or the node not ready: every authenticated admin call.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum AuthErrors {
+    #[response(status = 401, description = "No valid token")]
+    Unauthorized(ErrorBody),
+    #[response(status = 503, description = "The node is not ready")]
+    NotReady(ErrorBody),
+}
+
+/// A bad parameter or body.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum BadRequest {
+    #[response(status = 400, description = "A bad parameter or body")]
+    BadRequest(ErrorBody),
+}
+
+/// A thing that does not exist, or that the token's scope does not reach (the two look
+/// alike, so a scope learns nothing of other tenants).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum NotFound {
+    #[response(status = 404, description = "Not found, or outside the token's scope")]
+    NotFound(ErrorBody),
+}
+
+/// An operation the token's scope does not allow.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum Forbidden {
+    #[response(status = 403, description = "Not for this token's scope")]
+    Forbidden(ErrorBody),
+}
+
+/// A JSON request body refused before the handler: too large, not JSON, a field unknown
+/// or missing.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum JsonBodyErrors {
+    #[response(status = 413, description = "The body is too large")]
+    TooLarge(ErrorBody),
+    #[response(status = 415, description = "The body is not JSON")]
+    NotJson(ErrorBody),
+    #[response(
+        status = 422,
+        description = "The JSON body has an unknown or missing field"
+    )]
+    BadFields(ErrorBody),
+}
+
+/// Every refusal of `POST /ingest/*`.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum IngestErrors {
+    #[response(status = 400, description = "No tenant, or a bad one (bad_tenant)")]
+    BadTenant(ErrorBody),
+    #[response(
+        status = 401,
+        description = "The signature does not verify (quarantined)"
+    )]
+    Quarantined(ErrorBody),
+    #[response(status = 404, description = "No such source")]
+    NoSource(ErrorBody),
+    #[response(status = 413, description = "The body is too large")]
+    TooLarge(ErrorBody),
+    #[response(
+        status = 431,
+        description = "Forwarded headers over their bound (headers_too_large)"
+    )]
+    HeadersTooLarge(ErrorBody),
+    #[response(
+        status = 503,
+        description = "Not ready, at capacity, the store failing, tenant_limit, or the owner unavailable"
+    )]
+    Unavailable(ErrorBody),
 }
 
 /// `/readyz`: 200 once `ready` and while the store takes writes; 503 `not_ready` while the
 /// node starts, 503 `store_unavailable` while its writes fail (a full disk, a failed WAL
 /// sync: the node acks nothing then, so traffic should go to another node).
-pub fn readiness(ready: &AtomicBool, store: &crate::store::Store) -> Response {
+pub fn readiness(ready: &AtomicBool, store: &ankusa_store::Store) -> Response {
     if !ready.load(Ordering::Acquire) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,

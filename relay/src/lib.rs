@@ -19,18 +19,12 @@
 pub mod admin;
 pub mod cli;
 pub mod cluster;
-/// The node's configuration (crate `ankusa-config`: no RocksDB, shared with the operator).
-pub use ankusa_config as config;
 pub mod dispatch;
 pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod node;
 pub mod openapi;
-/// The queue model (crate `ankusa-queue`).
-pub use ankusa_queue as queue;
-/// The store (crate `ankusa-store`: the only crate that depends on RocksDB).
-pub use ankusa_store as store;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testkit;
 pub mod upgrade;
@@ -40,6 +34,3 @@ pub mod upgrade;
 /// allocator spent about a tenth of the node's CPU (docs/performance.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
-
-/// Milliseconds since the Unix epoch, now.
-pub use ankusa_keys::now_ms;

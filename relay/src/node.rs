@@ -21,17 +21,17 @@ use crate::admin::api::Api;
 use crate::admin::auth::Tokens;
 use crate::admin::{self, AdminState};
 use crate::cluster::Cluster;
-use crate::config::{ArchivePolicy, Config, ConfigError};
 use crate::dispatch::delivery::Deliverer;
 use crate::dispatch::pipeline::{self, PipelineSettings};
 use crate::ingest::{quarantine::Quarantine, IngestState};
 use crate::metrics::{ArchiveLabel, Metrics, StoreFamilyLabel};
-use crate::queue::audit::Audit;
-use crate::queue::hints::DueHints;
-use crate::queue::writer::{self, Assembler, WriterSettings};
-use crate::queue::{archive, deliveries, hooklog, QueueError};
-use crate::store::keys::AtMs;
-use crate::store::{migrate, OpenOptions, Store, StoreError, SUPPORTED_FORMAT};
+use ankusa_config::{ArchivePolicy, Config, ConfigError};
+use ankusa_keys::AtMs;
+use ankusa_queue::audit::Audit;
+use ankusa_queue::hints::DueHints;
+use ankusa_queue::writer::{self, Assembler, WriterSettings};
+use ankusa_queue::{archive, deliveries, hooklog, QueueError};
+use ankusa_store::{migrate, OpenOptions, Store, StoreError, SUPPORTED_FORMAT};
 
 /// Errors of starting, running and stopping a node.
 #[derive(Debug, thiserror::Error)]
@@ -99,7 +99,7 @@ impl Listener {
         stop: &tokio::sync::watch::Receiver<bool>,
     ) -> Result<(Listener, tokio::task::JoinHandle<std::io::Result<()>>), NodeError> {
         let context = format!("binding {key} {addr}");
-        let socket = crate::config::listen::bind(addr).map_err(NodeError::io(context.clone()))?;
+        let socket = ankusa_config::listen::bind(addr).map_err(NodeError::io(context.clone()))?;
         let early = socket
             .try_clone()
             .and_then(tokio::net::TcpListener::from_std)
@@ -256,7 +256,7 @@ fn spawn_reclaim(
         "reclaim",
         interval,
         stop,
-        move |(reclaimer, found): &mut (crate::queue::reclaim::Reclaimer, u64)| {
+        move |(reclaimer, found): &mut (ankusa_queue::reclaim::Reclaimer, u64)| {
             let report = reclaimer.pass(&store, batch)?;
             metrics.reclaimed_hooks.inc_by(report.hooks_removed);
             *found += report.markers;
@@ -292,7 +292,7 @@ fn spawn_hook_log_prune(
         std::time::Duration::from_millis(c.prune_interval_ms),
         stop,
         move |pruner: &mut hooklog::Pruner| {
-            let r = pruner.pass(&store, AtMs(crate::now_ms()), limits, batch)?;
+            let r = pruner.pass(&store, AtMs(ankusa_keys::now_ms()), limits, batch)?;
             metrics.hook_log_pruned.inc_by(r.pruned);
             metrics
                 .hook_log_hooks
@@ -318,7 +318,7 @@ fn spawn_archiver(
         stop,
         move |a: &mut archive::Archiver| {
             let settled = a.settle(&store, &policy, settle_batch)?;
-            let pruned = a.prune(&store, AtMs(crate::now_ms()), prune_batch)?;
+            let pruned = a.prune(&store, AtMs(ankusa_keys::now_ms()), prune_batch)?;
             let label = |outcome| ArchiveLabel { outcome };
             metrics
                 .archive_settled
@@ -346,12 +346,12 @@ fn spawn_gauges(
         loop {
             let (s, m) = (store.clone(), metrics.clone());
             let tick = tokio::task::spawn_blocking(move || -> Result<(), QueueError> {
-                let g = crate::metrics::gauges::read(&s, AtMs(crate::now_ms()))?;
+                let g = crate::metrics::gauges::read(&s, AtMs(ankusa_keys::now_ms()))?;
                 let mut names = std::collections::HashMap::new();
                 for (ord, _) in &g.top_pending {
                     names.insert(
                         *ord,
-                        crate::queue::tenants::name(&s, *ord)?.unwrap_or_default(),
+                        ankusa_queue::tenants::name(&s, *ord)?.unwrap_or_default(),
                     );
                 }
                 m.publish(&g, |o| names.get(&o).cloned().unwrap_or_default());
@@ -478,7 +478,7 @@ pub fn raise_open_files_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
 /// While the store's writes fail (a full disk, a failed WAL sync), a small synced write
 /// every second, so the node becomes ready again as soon as the store takes writes, whether
 /// or not traffic arrives to find out. When they have failed for `writer.exit_when_stuck_ms`
-/// with an error RocksDB does not resume from ([`crate::store::WriteHealth::stuck`]), the
+/// with an error RocksDB does not resume from ([`ankusa_store::WriteHealth::stuck`]), the
 /// process exits with [`EXIT_STORE_STUCK`] at once, as a crash would: a graceful stop's
 /// writes would fail too, and the restart's open replays the WAL (what the crash tests
 /// prove). Keeps `ankusa_store_write_failing`, `ankusa_store_write_failures_total` and
@@ -506,7 +506,7 @@ fn spawn_write_probe(
                         tracing::error!(
                             error = %e,
                             first_error = %first,
-                            failing_for_ms = crate::now_ms().saturating_sub(since),
+                            failing_for_ms = ankusa_keys::now_ms().saturating_sub(since),
                             code = EXIT_STORE_STUCK,
                             "store: writes fail with an error RocksDB does not resume from; \
                              exiting so that the node restarts and its open replays the WAL"
@@ -521,7 +521,7 @@ fn spawn_write_probe(
             metrics
                 .store_write_failing
                 .set(i64::from(store.health().failing()));
-            for (family, n) in crate::store::corruptions() {
+            for (family, n) in ankusa_store::corruptions() {
                 let c = metrics.store_corruption.get_or_create(&StoreFamilyLabel {
                     family: family.name().to_owned(),
                 });
@@ -545,9 +545,9 @@ fn spawn_audit_prune(
                 _ = stop.wait_for(|s| *s) => return,
             }
             let s = store.clone();
-            let cutoff = crate::now_ms().saturating_sub(retention);
+            let cutoff = ankusa_keys::now_ms().saturating_sub(retention);
             if let Ok(Err(e)) =
-                tokio::task::spawn_blocking(move || crate::queue::audit::prune(&s, cutoff, 1_000))
+                tokio::task::spawn_blocking(move || ankusa_queue::audit::prune(&s, cutoff, 1_000))
                     .await
             {
                 tracing::warn!(error = %e, "audit prune failed");
@@ -633,7 +633,7 @@ impl Node {
         let data_dir = config.data_dir.clone();
         let limit = open_files_limit();
         let opts = OpenOptions {
-            max_open_files: crate::store::max_open_files_for(limit),
+            max_open_files: ankusa_store::max_open_files_for(limit),
             ..OpenOptions::default()
         };
         tracing::info!(
@@ -679,7 +679,17 @@ impl Node {
         });
         let mut servers = vec![
             admin_l
-                .serve(admin::router(admin_state, api.clone()), stop.clone())
+                .serve(
+                    admin::router(
+                        admin_state,
+                        api.clone(),
+                        axum::Router::new().route(
+                            "/v1/openapi.json",
+                            axum::routing::get(crate::openapi::document),
+                        ),
+                    ),
+                    stop.clone(),
+                )
                 .await?,
         ];
 
@@ -712,7 +722,7 @@ impl Node {
             })?;
             boot_progress.set(None);
             tracing::info!(?out, "store format current");
-            let tenants = crate::queue::tenants::count(&boot_store)?;
+            let tenants = ankusa_queue::tenants::count(&boot_store)?;
             if tenants > max_tenants {
                 tracing::warn!(
                     tenants,
@@ -724,7 +734,7 @@ impl Node {
             if stale > 0 {
                 tracing::warn!(stale, "removed checkpoints and half-packed archives of backups a stop cut short");
             }
-            let recovered = deliveries::recover_inflight(&boot_store, AtMs(crate::now_ms()), config.hook_log.enabled)?;
+            let recovered = deliveries::recover_inflight(&boot_store, AtMs(ankusa_keys::now_ms()), config.hook_log.enabled)?;
             let markers = deliveries::repair_markers(&boot_store)?;
             if markers > 0 {
                 tracing::warn!(markers, "restored active markers a crash had lost");
@@ -737,7 +747,7 @@ impl Node {
         .await
         .map_err(NodeError::task("boot: migrations and recovery"))??;
         // Fresh deliveries start at their ingest commit while dispatch has caught up.
-        let starter = Arc::new(pipeline::Starter::default());
+        let starter = Arc::new(pipeline::runner::Starter::default());
         let (writer, writer_thread) = writer::spawn(
             store.clone(),
             assembler,

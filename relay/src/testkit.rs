@@ -25,8 +25,8 @@ use std::time::{Duration, Instant};
 
 use axum::http::{HeaderMap, StatusCode};
 
-use crate::config::Config;
 use crate::node::Node;
+use ankusa_config::Config;
 
 /// A node's configuration, built up as YAML: the store under a data directory, listeners on
 /// loopback (ephemeral ports unless [`NodeBuilder::ports`]), then what the test adds.
@@ -197,6 +197,13 @@ impl NodeBuilder {
         };
         TestNode { node, dir }
     }
+}
+
+/// The value of the unlabelled series `name` in a Prometheus text exposition, if it is
+/// there (the tests insist on it, the benches count an absent one as 0).
+pub fn metric(text: &str, name: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
 }
 
 /// A loopback port free now (another process may take it before use).

@@ -8,7 +8,7 @@
 //! - The column families ([`Cf`]) and their options: `counters` gets a 1 MiB write buffer,
 //!   no compression and the i64-add merge operator ([`merge`]); the other index families
 //!   (`index`, `tenants`) get 16 MiB buffers.
-//! - Every key layout ([`keys`]); nothing outside `keys` builds key bytes.
+//! - Every key layout (crate `ankusa-keys`); nothing outside it builds key bytes.
 //! - Atomic batches: [`Store::write`] applies a list of [`Op`]s as one write batch, synced
 //!   or not. An acked hook is only ever acked after a synced batch that holds it.
 //! - Scans that cannot mistake corruption for a clean end, without walking past their
@@ -31,13 +31,9 @@
 //! - Reads are instrumented ([`StoreStats`]): scans per family and point reads per column
 //!   family, so tests can prove which families a code path touches.
 
-/// Every key layout (crate `ankusa-keys`: no RocksDB, fuzzed on its own).
-pub use ankusa_keys as keys;
 pub mod merge;
 pub mod migrate;
 pub mod tarball;
-
-pub use ankusa_keys::now_ms;
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -47,14 +43,13 @@ use rocksdb::{
     ReadOptions, WriteBatch, WriteOptions, DB,
 };
 
-pub use keys::Family;
+use ankusa_keys::Family;
 
 /// The newest store format this binary reads and writes.
 pub const SUPPORTED_FORMAT: u32 = 3;
 
-/// A file a restore puts in its data directory first and removes once every file is in:
-/// a directory that still holds it is a cut restore, which no command opens.
-pub use ankusa_tarball::RESTORING_MARKER;
+use ankusa_keys::now_ms;
+use ankusa_tarball::RESTORING_MARKER;
 
 /// The store's format beside its files (`3\n`), so that an open reads the WAL once: the
 /// format guard reads this file instead of opening the store a first time, read-only, for
@@ -88,7 +83,7 @@ fn write_format_file(dir: &Path, format: u32) -> Result<(), StoreError> {
         .map_err(io(context()))
 }
 
-pub use ankusa_keys::Cf;
+use ankusa_keys::Cf;
 
 /// How many leading key bytes name an insert stream in a column family's memtable, where
 /// its writes interleave several of them: the family tag in `audit` (`?l`, `?i`, `?v`,
@@ -226,7 +221,7 @@ pub enum StoreError {
     #[error("store corruption in family {}: {detail}", family.name())]
     Corruption { family: Family, detail: String },
     #[error("store corruption: {0}")]
-    Key(#[from] keys::KeyError),
+    Key(#[from] ankusa_keys::KeyError),
     #[error("the store is open read-only")]
     ReadOnly,
     #[error("no migration from store format {from} towards {to} in this build")]
@@ -715,7 +710,7 @@ impl Store {
                 .map(|n| ColumnFamilyDescriptor::new(n, Options::default())),
             false,
         )?;
-        let raw = db.get(keys::META_FORMAT)?;
+        let raw = db.get(ankusa_keys::META_FORMAT)?;
         let format = raw
             .as_deref()
             .and_then(decode_u32)
@@ -761,13 +756,13 @@ impl Store {
             .collect();
         ops.push(Op::put(
             Cf::Default,
-            keys::META_FORMAT.to_vec(),
+            ankusa_keys::META_FORMAT.to_vec(),
             format.to_be_bytes(),
         ));
         if format >= 3 {
             ops.push(Op::put(
                 Cf::Default,
-                keys::META_NEXT_ORD.to_vec(),
+                ankusa_keys::META_NEXT_ORD.to_vec(),
                 1u32.to_be_bytes(),
             ));
             for (marker, _) in ADDED_FAMILIES {
@@ -808,7 +803,7 @@ impl Store {
 
     /// The format stamp.
     pub fn format(&self) -> Result<u32, StoreError> {
-        let raw = self.get(Cf::Default, keys::META_FORMAT)?;
+        let raw = self.get(Cf::Default, ankusa_keys::META_FORMAT)?;
         raw.as_deref()
             .and_then(decode_u32)
             .ok_or_else(|| StoreError::corruption(Family::Meta, "format stamp missing"))
@@ -884,7 +879,7 @@ impl Store {
         self.write(
             vec![Op::put(
                 Cf::Default,
-                keys::META_PROBE.to_vec(),
+                ankusa_keys::META_PROBE.to_vec(),
                 now_ms().to_be_bytes().to_vec(),
             )],
             true,
@@ -1090,8 +1085,8 @@ impl Store {
 /// Families added to format 3 stores after format 3, inside existing column families, and
 /// the meta key that marks each set created ([`Store::ensure_added_families`]).
 pub const ADDED_FAMILIES: [(&[u8], &[Family]); 2] = [
-    (keys::META_HOOK_LOG, &Family::HOOK_LOG),
-    (keys::META_ARCHIVE, &Family::ARCHIVE),
+    (ankusa_keys::META_HOOK_LOG, &Family::HOOK_LOG),
+    (ankusa_keys::META_ARCHIVE, &Family::ARCHIVE),
 ];
 
 /// The two sentinel puts of a family.

@@ -16,7 +16,6 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use super::keys;
 use super::{Cf, Op, Store, StoreError};
 
 /// The most rows a step may move.
@@ -134,7 +133,7 @@ pub fn in_progress(store: &Store) -> Result<Option<(u32, Vec<u8>)>, StoreError> 
     let (lo, end) = super::Family::Meta.bounds();
     for kv in store.scan(super::Family::Meta, &lo, &end, super::Dir::Forward)? {
         let (k, v) = kv?;
-        if let Some(to) = keys::decode_meta_migrating(&k) {
+        if let Some(to) = ankusa_keys::decode_meta_migrating(&k) {
             return Ok(Some((to, v)));
         }
     }
@@ -183,7 +182,7 @@ pub fn run(
         }
         let chain = registry.plan(format, target)?;
         let m = &chain[0];
-        let marker = keys::meta_migrating(m.to());
+        let marker = ankusa_keys::meta_migrating(m.to());
         let cursor = store.get(Cf::Default, &marker)?;
         let mut ops = match cursor {
             None => m.prepare(store)?,
@@ -207,7 +206,7 @@ pub fn run(
                 ops.push(Op::delete(Cf::Default, marker));
                 ops.push(Op::put(
                     Cf::Default,
-                    keys::META_FORMAT.to_vec(),
+                    ankusa_keys::META_FORMAT.to_vec(),
                     m.to().to_be_bytes(),
                 ));
             }

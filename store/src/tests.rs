@@ -3,9 +3,9 @@ use std::ops::ControlFlow;
 use std::path::Path;
 use std::sync::Arc;
 
-use super::keys::{self, CounterField, Seq, TenantOrd};
 use super::migrate::{self, Migration, Outcome, Registry, Step};
 use super::*;
+use ankusa_keys::{CounterField, Seq, TenantOrd};
 
 fn fresh() -> (tempfile::TempDir, Store) {
     let dir = tempfile::tempdir().unwrap();
@@ -15,14 +15,14 @@ fn fresh() -> (tempfile::TempDir, Store) {
 
 fn counter_value(store: &Store, ord: TenantOrd, field: CounterField) -> i64 {
     store
-        .get(Cf::Counters, &keys::counter(ord, field))
+        .get(Cf::Counters, &ankusa_keys::counter(ord, field))
         .unwrap()
         .map_or(0, |v| merge::decode(&v).unwrap())
 }
 
 fn put_hooks(store: &Store, n: u64) {
     let ops = (1..=n)
-        .map(|i| Op::put(Cf::Hooks, keys::hook(Seq(i)), format!("hook-{i}")))
+        .map(|i| Op::put(Cf::Hooks, ankusa_keys::hook(Seq(i)), format!("hook-{i}")))
         .collect();
     store.write(ops, true).unwrap();
 }
@@ -57,30 +57,30 @@ fn scans_return_the_range_in_both_directions() {
     let fwd: Vec<u64> = store
         .scan(
             Family::Hooks,
-            &keys::hook(Seq(3)),
-            &keys::hook(Seq(7)),
+            &ankusa_keys::hook(Seq(3)),
+            &ankusa_keys::hook(Seq(7)),
             Dir::Forward,
         )
         .unwrap()
-        .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap().0)
+        .map(|kv| ankusa_keys::decode_hook(&kv.unwrap().0).unwrap().0)
         .collect();
     assert_eq!(fwd, vec![3, 4, 5, 6]);
     let rev: Vec<u64> = store
         .scan(
             Family::Hooks,
-            &keys::hook(Seq(3)),
-            &keys::hook(Seq(7)),
+            &ankusa_keys::hook(Seq(3)),
+            &ankusa_keys::hook(Seq(7)),
             Dir::Reverse,
         )
         .unwrap()
-        .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap().0)
+        .map(|kv| ankusa_keys::decode_hook(&kv.unwrap().0).unwrap().0)
         .collect();
     assert_eq!(rev, vec![6, 5, 4, 3]);
     let (lo, end) = Family::Hooks.bounds();
     let all_rev: Vec<u64> = store
         .scan(Family::Hooks, &lo, &end, Dir::Reverse)
         .unwrap()
-        .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap().0)
+        .map(|kv| ankusa_keys::decode_hook(&kv.unwrap().0).unwrap().0)
         .collect();
     assert_eq!(all_rev, (1..=10).rev().collect::<Vec<_>>());
     assert_eq!(store.scan_family(Family::Hooks).unwrap().count(), 10);
@@ -119,8 +119,8 @@ fn a_truncated_scan_is_reported_as_corruption() {
     let n = store
         .scan(
             Family::Hooks,
-            &keys::hook(Seq(1)),
-            &keys::hook(Seq(3)),
+            &ankusa_keys::hook(Seq(1)),
+            &ankusa_keys::hook(Seq(3)),
             Dir::Forward,
         )
         .unwrap()
@@ -152,7 +152,7 @@ fn a_bounded_scan_never_walks_the_tombstones_past_its_range() {
     put_hooks(&store, 10_010);
     // Rows 11..=10 010 deleted: tombstones between the range [1, 11) and the sentinel.
     let deletes = (11..=10_010)
-        .map(|i| Op::delete(Cf::Hooks, keys::hook(Seq(i))))
+        .map(|i| Op::delete(Cf::Hooks, ankusa_keys::hook(Seq(i))))
         .collect();
     store.write(deletes, true).unwrap();
     set_perf_stats(PerfStatsLevel::EnableCount);
@@ -162,8 +162,8 @@ fn a_bounded_scan_never_walks_the_tombstones_past_its_range() {
         let n = store
             .scan(
                 Family::Hooks,
-                &keys::hook(Seq(1)),
-                &keys::hook(Seq(11)),
+                &ankusa_keys::hook(Seq(1)),
+                &ankusa_keys::hook(Seq(11)),
                 dir,
             )
             .unwrap()
@@ -181,8 +181,8 @@ fn a_bounded_scan_never_walks_the_tombstones_past_its_range() {
     assert!(store
         .first(
             Family::Hooks,
-            &keys::hook(Seq(11)),
-            &keys::hook(Seq(5_000)),
+            &ankusa_keys::hook(Seq(11)),
+            &ankusa_keys::hook(Seq(5_000)),
             Dir::Forward
         )
         .unwrap()
@@ -213,12 +213,12 @@ fn concurrent_merges_do_not_lose_counts() {
                             vec![
                                 Op::Merge {
                                     cf: Cf::Counters,
-                                    key: keys::counter(TenantOrd(7), CounterField::Bytes),
+                                    key: ankusa_keys::counter(TenantOrd(7), CounterField::Bytes),
                                     operand: merge::encode(delta).to_vec(),
                                 },
                                 Op::Merge {
                                     cf: Cf::Counters,
-                                    key: keys::counter(TenantOrd(7), CounterField::Pending),
+                                    key: ankusa_keys::counter(TenantOrd(7), CounterField::Pending),
                                     operand: merge::encode(1).to_vec(),
                                 },
                             ],
@@ -269,7 +269,7 @@ fn stamp(store: &Store, format: u32) {
         .write(
             vec![Op::put(
                 Cf::Default,
-                keys::META_FORMAT.to_vec(),
+                ankusa_keys::META_FORMAT.to_vec(),
                 format.to_be_bytes(),
             )],
             true,
@@ -418,7 +418,7 @@ impl Migration for Upcase {
                 .push(Op::put(Cf::Hooks, k.clone(), v.to_ascii_uppercase()));
             step.ops.push(Op::Merge {
                 cf: Cf::Counters,
-                key: keys::counter(TenantOrd(0), CounterField::Pending),
+                key: ankusa_keys::counter(TenantOrd(0), CounterField::Pending),
                 operand: merge::encode(1).to_vec(),
             });
             step.rows += 1;

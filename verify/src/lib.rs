@@ -73,7 +73,9 @@ impl Headers for http::HeaderMap {
     }
 }
 
-fn mac(secret: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+/// HMAC-SHA256 of `parts` in order, keyed by `secret`: what every scheme here checks, and
+/// what the node's tests and benches sign with.
+pub fn hmac_sha256(secret: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     #[allow(clippy::expect_used, reason = "HMAC takes a key of any length")]
     let mut m =
         HmacSha256::new_from_slice(secret).expect("HMAC-SHA256 accepts keys of every length");
@@ -113,7 +115,7 @@ pub fn standard_webhooks_key(secret: &[u8]) -> Vec<u8> {
 /// The Standard Webhooks signature header value for a message: `v1,<base64>`.
 pub fn standard_webhooks_sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
     let ts = timestamp.to_string();
-    let sig = mac(key, &[id.as_bytes(), b".", ts.as_bytes(), b".", body]);
+    let sig = hmac_sha256(key, &[id.as_bytes(), b".", ts.as_bytes(), b".", body]);
     format!("v1,{}", b64().encode(sig))
 }
 
@@ -144,7 +146,7 @@ impl Verifier {
                     SigEncoding::Base64 => b64().decode(v).ok(),
                 }
                 .ok_or(VerifyError::Malformed("signature"))?;
-                if eq(&given, &mac(secret, &[body])) {
+                if eq(&given, &hmac_sha256(secret, &[body])) {
                     Ok(())
                 } else {
                     Err(VerifyError::Mismatch)
@@ -159,7 +161,7 @@ impl Verifier {
                     .strip_prefix("sha256=")
                     .and_then(hex_decode)
                     .ok_or(VerifyError::Malformed("x-hub-signature-256"))?;
-                if eq(&given, &mac(secret, &[body])) {
+                if eq(&given, &hmac_sha256(secret, &[body])) {
                     Ok(())
                 } else {
                     Err(VerifyError::Mismatch)
@@ -182,7 +184,7 @@ impl Verifier {
                 if !within(ts, now_s, *tolerance_s) {
                     return Err(VerifyError::StaleTimestamp);
                 }
-                let expected = mac(
+                let expected = hmac_sha256(
                     key,
                     &[id.as_bytes(), b".", ts_raw.trim().as_bytes(), b".", body],
                 );
@@ -224,7 +226,7 @@ impl Verifier {
                 if !within(t, now_s, *tolerance_s) {
                     return Err(VerifyError::StaleTimestamp);
                 }
-                let expected = mac(secret, &[ts_raw.as_bytes(), b".", body]);
+                let expected = hmac_sha256(secret, &[ts_raw.as_bytes(), b".", body]);
                 let mut any = false;
                 for s in v1 {
                     if let Some(given) = hex_decode(s) {
@@ -317,7 +319,10 @@ mod tests {
         let secret = b"whsec_test_secret".to_vec();
         let body = br#"{"id":"evt_1","object":"event"}"#;
         let t = 1_700_000_000u64;
-        let good = hex(&mac(&secret, &[t.to_string().as_bytes(), b".", body]));
+        let good = hex(&hmac_sha256(
+            &secret,
+            &[t.to_string().as_bytes(), b".", body],
+        ));
         let v = Verifier::Stripe {
             secret,
             tolerance_s: 300,
@@ -340,7 +345,7 @@ mod tests {
     #[test]
     fn hmac_sha256_with_prefix_hex_and_base64() {
         let secret = b"s3cr3t".to_vec();
-        let sig = mac(&secret, &[b"payload"]);
+        let sig = hmac_sha256(&secret, &[b"payload"]);
         let hexv = Verifier::HmacSha256 {
             secret: secret.clone(),
             header: "x-sig".into(),

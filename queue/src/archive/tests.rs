@@ -55,7 +55,7 @@ fn an_obligation_whose_hook_is_gone_or_whose_source_is_off_is_dropped() {
     let gone = h.ingest(Some("t"), 0, 1_000, true);
     h.ingest(Some("t"), 0, 1_001, true);
     h.store
-        .write(vec![Op::delete(Cf::Hooks, keys::hook(gone))], false)
+        .write(vec![Op::delete(Cf::Hooks, ankusa_keys::hook(gone))], false)
         .unwrap();
     let mut a = Archiver::default();
     let off = |_: &str| None;

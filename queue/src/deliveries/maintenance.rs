@@ -4,8 +4,9 @@
 #![allow(clippy::disallowed_methods)]
 
 use super::*;
-use ankusa_store::keys::{self, AtMs, Bucket, Family, Seq, TenantOrd};
-use ankusa_store::{Cf, Dir, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::{AtMs, Bucket, Family, Seq, TenantOrd};
+use ankusa_store::{Dir, Op, Store};
 
 use crate::QueueError;
 
@@ -44,7 +45,7 @@ pub(super) fn purge_chunk(
     let mut report = PurgeReport::default();
     let mut due = 0usize;
     if kinds.pending {
-        let (lo, end) = keys::due_tenant_range(ord);
+        let (lo, end) = ankusa_keys::due_tenant_range(ord);
         for row in collect(
             store.scan(Family::Due, &lo, &end, Dir::Forward)?,
             CHUNK_ROWS,
@@ -121,13 +122,13 @@ pub fn recover_inflight(store: &Store, now: AtMs, log: bool) -> Result<u64, Queu
         let Some(last) = rows.last() else {
             return Ok(total);
         };
-        from = keys::inflight(&last.key);
+        from = ankusa_keys::inflight(&last.key);
         from.push(0);
         let mut tx = Tx::new();
         for row in &rows {
             recover(&mut tx, row, now);
             if log {
-                let ev = crate::hooklog::requeued(keys::EventKind::Recovered, now, 0, now);
+                let ev = crate::hooklog::requeued(ankusa_keys::EventKind::Recovered, now, 0, now);
                 crate::hooklog::record(&mut tx, store, row.key.seq, row.key.sink, &ev)?;
             }
         }
@@ -144,7 +145,7 @@ pub fn archive_obligations(
 ) -> Result<Vec<ArchiveObligation>, QueueError> {
     let (lo, end) = Family::Archive.bounds();
     let from = after.map_or(lo, |s| {
-        let mut k = keys::archive(s);
+        let mut k = ankusa_keys::archive(s);
         k.push(0);
         k
     });
@@ -160,7 +161,7 @@ pub fn archive_obligations(
 pub fn compact_obligations(store: &Store, through: Option<Seq>) {
     let (lo, end) = Family::Archive.bounds();
     let to = through.map_or(end, |s| {
-        let mut k = keys::archive(s);
+        let mut k = ankusa_keys::archive(s);
         k.push(0);
         k
     });
@@ -185,7 +186,7 @@ pub fn repair_markers(store: &Store) -> Result<u64, QueueError> {
             continue;
         }
         last = Some(here);
-        let marker = keys::active(here.0, here.1);
+        let marker = ankusa_keys::active(here.0, here.1);
         if store.get(Cf::Index, &marker)?.is_none() {
             ops.push(Op::put(Cf::Index, marker, Vec::new()));
             restored += 1;

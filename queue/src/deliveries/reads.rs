@@ -6,10 +6,11 @@
 use std::collections::BTreeSet;
 
 use super::*;
-use ankusa_store::keys::{
+use ankusa_keys::Cf;
+use ankusa_keys::{
     self, AtMs, Bucket, DeadKey, DueKey, Family, InflightKey, Seq, SinkIdx, TenantOrd,
 };
-use ankusa_store::{Cf, Dir, Op, Store};
+use ankusa_store::{Dir, Op, Store};
 
 use crate::QueueError;
 
@@ -68,7 +69,7 @@ pub fn active_tenants_from(
     max_tenants: usize,
     max_markers: usize,
 ) -> Result<Vec<ActiveTenant>, QueueError> {
-    let (lo, end) = keys::active_range(from, now.bucket());
+    let (lo, end) = ankusa_keys::active_range(from, now.bucket());
     let mut out: Vec<ActiveTenant> = Vec::new();
     let mut index: std::collections::HashMap<TenantOrd, usize> = std::collections::HashMap::new();
     for kv in store
@@ -76,7 +77,7 @@ pub fn active_tenants_from(
         .take(max_markers)
     {
         let (k, _) = kv?;
-        let (bucket, ord) = keys::decode_active(&k)?;
+        let (bucket, ord) = ankusa_keys::decode_active(&k)?;
         match index.get(&ord) {
             Some(&i) => out[i].buckets.push(bucket),
             None if out.len() >= max_tenants => break,
@@ -102,7 +103,7 @@ pub fn due_for_tenant(
     limit: usize,
     byte_budget: u64,
 ) -> Result<Vec<DueRow>, QueueError> {
-    let (from, to) = keys::due_range(ord, floor, AtMs(now.0.saturating_add(1)));
+    let (from, to) = ankusa_keys::due_range(ord, floor, AtMs(now.0.saturating_add(1)));
     let mut out = Vec::new();
     let mut bytes = 0u64;
     for kv in store.scan(Family::Due, &from, &to, Dir::Forward)? {
@@ -132,8 +133,8 @@ pub fn first_due_from(
     ord: TenantOrd,
     from: AtMs,
 ) -> Result<Option<DueRow>, QueueError> {
-    let (from, _) = keys::due_range(ord, from, from);
-    let (_, to) = keys::due_tenant_range(ord);
+    let (from, _) = ankusa_keys::due_range(ord, from, from);
+    let (_, to) = ankusa_keys::due_tenant_range(ord);
     match store.first(Family::Due, &from, &to, Dir::Forward)? {
         Some((k, v)) => Ok(Some(DueRow::decode(&k, &v)?)),
         None => Ok(None),
@@ -145,7 +146,7 @@ pub(super) fn has_due_in(
     ord: TenantOrd,
     bucket: Bucket,
 ) -> Result<bool, QueueError> {
-    let (from, to) = keys::due_range(
+    let (from, to) = ankusa_keys::due_range(
         ord,
         bucket.start(),
         Bucket(bucket.0.saturating_add(1)).start(),
@@ -208,7 +209,7 @@ pub fn cleanup_delete(store: &Store, plan: CleanupPlan) -> Result<DeletedMarkers
         let ops = plan
             .stale
             .iter()
-            .map(|b| Op::delete(Cf::Index, keys::active(*b, plan.ord)))
+            .map(|b| Op::delete(Cf::Index, ankusa_keys::active(*b, plan.ord)))
             .collect();
         store.write(ops, false)?;
     }
@@ -232,7 +233,7 @@ pub fn cleanup_verify(store: &Store, deleted: DeletedMarkers) -> Result<Vec<Buck
     if !restored.is_empty() {
         let ops = restored
             .iter()
-            .map(|b| Op::put(Cf::Index, keys::active(*b, deleted.ord), Vec::new()))
+            .map(|b| Op::put(Cf::Index, ankusa_keys::active(*b, deleted.ord), Vec::new()))
             .collect();
         store.write(ops, false)?;
     }
@@ -263,7 +264,7 @@ pub fn oldest_due_at(store: &Store) -> Result<Option<AtMs>, QueueError> {
         .enumerate()
     {
         let (k, _) = kv?;
-        let (bucket, ord) = keys::decode_active(&k)?;
+        let (bucket, ord) = ankusa_keys::decode_active(&k)?;
         if i >= OLDEST_DUE_MAX_SKIPS {
             return Ok(Some(bucket.start()));
         }
@@ -299,7 +300,10 @@ pub fn delivery_rows(
     store: &Store,
     pairs: &[(Seq, SinkIdx)],
 ) -> Result<Vec<Option<DeliveryRow>>, QueueError> {
-    let ks: Vec<Vec<u8>> = pairs.iter().map(|(s, k)| keys::delivery(*s, *k)).collect();
+    let ks: Vec<Vec<u8>> = pairs
+        .iter()
+        .map(|(s, k)| ankusa_keys::delivery(*s, *k))
+        .collect();
     store
         .multi_get(Cf::Deliveries, &ks)?
         .into_iter()
@@ -317,7 +321,7 @@ pub fn delivery_rows(
 /// The hook `seq`'s envelope, if the hook is still stored. An envelope that does not
 /// decode is an error.
 pub fn envelope(store: &Store, seq: Seq) -> Result<Option<Envelope>, QueueError> {
-    let k = keys::hook(seq);
+    let k = ankusa_keys::hook(seq);
     store
         .get(Cf::Hooks, &k)?
         .map(|v| Envelope::decode(&v).map_err(|e| QueueError::corrupt_at(Family::Hooks, &k, e)))
@@ -331,7 +335,7 @@ pub fn dead_page(
     limit: usize,
 ) -> Result<DeadPage, QueueError> {
     let (lo, end) = Family::Dead.bounds();
-    let to = before.map_or(end, |k| keys::dead(&k));
+    let to = before.map_or(end, |k| ankusa_keys::dead(&k));
     let rows = collect(
         store.scan(Family::Dead, &lo, &to, Dir::Reverse)?,
         limit,
@@ -348,16 +352,16 @@ pub fn dead_page_for_tenant(
     before: Option<DeadKey>,
     limit: usize,
 ) -> Result<DeadPage, QueueError> {
-    let (lo, end) = keys::dead_tenant_range(ord);
-    let to = before.map_or(end, |k| keys::dead_by_tenant(ord, &k));
+    let (lo, end) = ankusa_keys::dead_tenant_range(ord);
+    let to = before.map_or(end, |k| ankusa_keys::dead_by_tenant(ord, &k));
     let dead_keys = collect(
         store.scan(Family::DeadByTenant, &lo, &to, Dir::Reverse)?,
         limit,
-        |k, _| Ok(keys::decode_dead_by_tenant(k)?.1),
+        |k, _| Ok(ankusa_keys::decode_dead_by_tenant(k)?.1),
     )?;
     let values = store.multi_get(
         Cf::Index,
-        &dead_keys.iter().map(keys::dead).collect::<Vec<_>>(),
+        &dead_keys.iter().map(ankusa_keys::dead).collect::<Vec<_>>(),
     )?;
     // The next page starts after the last key scanned, even if its row moved meanwhile.
     let next = (dead_keys.len() == limit)
@@ -369,7 +373,7 @@ pub fn dead_page_for_tenant(
             // `?x` and `?X` go in one batch: if `?X` is gone too, a replay or purge moved
             // the row between the two reads; if it is still there, the pair is broken.
             if store
-                .get(Cf::Index, &keys::dead_by_tenant(ord, &key))?
+                .get(Cf::Index, &ankusa_keys::dead_by_tenant(ord, &key))?
                 .is_none()
             {
                 continue;
@@ -379,7 +383,7 @@ pub fn dead_page_for_tenant(
                 format!("?X row without its ?x row at seq {}", key.seq.0),
             ));
         };
-        rows.push(DeadRow::decode(&keys::dead(&key), &v)?);
+        rows.push(DeadRow::decode(&ankusa_keys::dead(&key), &v)?);
     }
     Ok(DeadPage { rows, next })
 }
@@ -411,20 +415,25 @@ pub fn locate(
     dead_at: Option<AtMs>,
 ) -> Result<Located, QueueError> {
     if store
-        .get(Cf::Index, &keys::inflight(&InflightKey { ord, seq, sink }))?
+        .get(
+            Cf::Index,
+            &ankusa_keys::inflight(&InflightKey { ord, seq, sink }),
+        )?
         .is_some()
     {
         return Ok(Located::Inflight);
     }
     if let Some(at) = due_at {
         let key = DueKey { ord, at, seq, sink };
-        if let Some(v) = store.get(Cf::Index, &keys::due(&key))? {
-            return Ok(Located::Due(DueRow::decode(&keys::due(&key), &v)?.kind));
+        if let Some(v) = store.get(Cf::Index, &ankusa_keys::due(&key))? {
+            return Ok(Located::Due(
+                DueRow::decode(&ankusa_keys::due(&key), &v)?.kind,
+            ));
         }
     }
     if let Some(at) = dead_at {
         if store
-            .get(Cf::Index, &keys::dead(&DeadKey { at, seq, sink }))?
+            .get(Cf::Index, &ankusa_keys::dead(&DeadKey { at, seq, sink }))?
             .is_some()
         {
             return Ok(Located::Dead);
@@ -435,7 +444,7 @@ pub fn locate(
 
 /// True if the hook still owes the archive.
 pub fn has_archive_obligation(store: &Store, seq: Seq) -> Result<bool, QueueError> {
-    Ok(store.get(Cf::Index, &keys::archive(seq))?.is_some())
+    Ok(store.get(Cf::Index, &ankusa_keys::archive(seq))?.is_some())
 }
 
 /// A tenant's inflight rows (tests and tools; the pipeline keeps its own in memory).
@@ -444,7 +453,7 @@ pub fn inflight_for_tenant(
     ord: TenantOrd,
     limit: usize,
 ) -> Result<Vec<InflightRow>, QueueError> {
-    let (lo, end) = keys::inflight_tenant_range(ord);
+    let (lo, end) = ankusa_keys::inflight_tenant_range(ord);
     collect(
         store.scan(Family::Inflight, &lo, &end, Dir::Forward)?,
         limit,
@@ -453,7 +462,7 @@ pub fn inflight_for_tenant(
 }
 
 /// A source's waiting work ([`pending_for_source`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
 pub struct SourceBacklog {
     pub pending: i64,
     pub scheduled: i64,
@@ -479,7 +488,7 @@ pub fn pending_for_source(
     // (seq, what it counts as, size): None for inflight.
     let mut rows: Vec<(Seq, Option<Kind>, u32)> = Vec::new();
     let (due_lo, due_end) = match ord {
-        Some(o) => keys::due_tenant_range(o),
+        Some(o) => ankusa_keys::due_tenant_range(o),
         None => Family::Due.bounds(),
     };
     for kv in store.scan(Family::Due, &due_lo, &due_end, Dir::Forward)? {
@@ -491,7 +500,7 @@ pub fn pending_for_source(
         rows.push((r.key.seq, Some(r.kind), r.size));
     }
     let (in_lo, in_end) = match ord {
-        Some(o) => keys::inflight_tenant_range(o),
+        Some(o) => ankusa_keys::inflight_tenant_range(o),
         None => Family::Inflight.bounds(),
     };
     if rows.len() <= limit {
@@ -520,7 +529,7 @@ pub fn pending_for_source(
             .collect();
         seqs.sort_unstable();
         seqs.dedup();
-        let keys: Vec<Vec<u8>> = seqs.iter().map(|s| keys::hook(*s)).collect();
+        let keys: Vec<Vec<u8>> = seqs.iter().map(|s| ankusa_keys::hook(*s)).collect();
         for ((seq, v), key) in seqs
             .iter()
             .zip(store.multi_get(Cf::Hooks, &keys)?)

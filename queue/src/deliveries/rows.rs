@@ -2,7 +2,7 @@
 //! rows, and a due row's kind.
 
 use super::*;
-use ankusa_store::keys::{self, AtMs, CounterField, DeadKey, DueKey, InflightKey};
+use ankusa_keys::{AtMs, CounterField, DeadKey, DueKey, InflightKey};
 
 use crate::QueueError;
 
@@ -35,7 +35,7 @@ pub struct DueRow {
 
 impl DueRow {
     pub fn decode(raw_key: &[u8], value: &[u8]) -> Result<DueRow, QueueError> {
-        let key = keys::decode_due(raw_key)?;
+        let key = ankusa_keys::decode_due(raw_key)?;
         match value {
             [a, b, c, d, k] if *k <= 1 => Ok(DueRow {
                 key,
@@ -43,9 +43,9 @@ impl DueRow {
                 kind: if *k == 0 { Kind::First } else { Kind::Retry },
             }),
             _ => Err(QueueError::corrupt_at(
-                ankusa_store::Family::Due,
+                ankusa_keys::Family::Due,
                 raw_key,
-                format!("bad value {}", keys::hex(value)),
+                format!("bad value {}", ankusa_keys::hex(value)),
             )),
         }
     }
@@ -60,12 +60,12 @@ pub struct InflightRow {
 
 impl InflightRow {
     pub fn decode(raw_key: &[u8], value: &[u8]) -> Result<InflightRow, QueueError> {
-        let key = keys::decode_inflight(raw_key)?;
+        let key = ankusa_keys::decode_inflight(raw_key)?;
         let size = size_value(value).ok_or_else(|| {
             QueueError::corrupt_at(
-                ankusa_store::Family::Inflight,
+                ankusa_keys::Family::Inflight,
                 raw_key,
-                format!("bad value {}", keys::hex(value)),
+                format!("bad value {}", ankusa_keys::hex(value)),
             )
         })?;
         Ok(InflightRow { key, size })
@@ -100,9 +100,9 @@ pub struct DeadRow {
 impl DeadRow {
     pub fn decode(key: &[u8], value: &[u8]) -> Result<DeadRow, QueueError> {
         Ok(DeadRow {
-            key: keys::decode_dead(key)?,
+            key: ankusa_keys::decode_dead(key)?,
             value: DeadValue::decode(value)
-                .map_err(|e| QueueError::corrupt_at(ankusa_store::Family::Dead, key, e))?,
+                .map_err(|e| QueueError::corrupt_at(ankusa_keys::Family::Dead, key, e))?,
         })
     }
 }

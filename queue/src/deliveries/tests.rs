@@ -11,8 +11,9 @@ use crate::tenants::{Allocator, DEFAULT_TENANT};
 use crate::testkit::Harness;
 use crate::writer::Assembler;
 use crate::{counters, dead_for_tenant, fold, pending_for_tenant, QueueError};
-use ankusa_store::keys::{self, AtMs, Bucket, Family, Seq, SinkIdx, TenantOrd};
-use ankusa_store::{Cf, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::{AtMs, Bucket, Family, Seq, SinkIdx, TenantOrd};
+use ankusa_store::{Op, Store};
 
 const TENANTS: [Option<&str>; 4] = [None, Some("acme"), Some("globex"), Some("initech")];
 
@@ -96,7 +97,7 @@ fn pick<T: Clone>(v: &[T], i: usize) -> Option<T> {
 /// How many sinks the hook's envelope names (0 for a hook that is gone).
 fn sinks_of(store: &Store, seq: Seq) -> usize {
     store
-        .get(Cf::Hooks, &keys::hook(seq))
+        .get(Cf::Hooks, &ankusa_keys::hook(seq))
         .unwrap()
         .map_or(0, |v| Envelope::decode(&v).unwrap().sinks.len())
 }
@@ -176,17 +177,21 @@ fn apply(h: &mut Harness, t: &Transition) {
                 .store
                 .scan_family(Family::Hooks)
                 .unwrap()
-                .map(|kv| keys::decode_hook(&kv.unwrap().0).unwrap())
+                .map(|kv| ankusa_keys::decode_hook(&kv.unwrap().0).unwrap())
                 .collect();
             if let Some(seq) = pick(&seqs, *i) {
-                let mut env =
-                    Envelope::decode(&h.store.get(Cf::Hooks, &keys::hook(seq)).unwrap().unwrap())
-                        .unwrap();
+                let mut env = Envelope::decode(
+                    &h.store
+                        .get(Cf::Hooks, &ankusa_keys::hook(seq))
+                        .unwrap()
+                        .unwrap(),
+                )
+                .unwrap();
                 let ord = h.ord(env.tenant_or_default());
                 let next = SinkIdx(env.sinks.len() as u16);
                 env.sinks.push(format!("expanded-{}", next.0));
                 h.commit(|tx| {
-                    tx.push_op(Op::put(Cf::Hooks, keys::hook(seq), env.encode()));
+                    tx.push_op(Op::put(Cf::Hooks, ankusa_keys::hook(seq), env.encode()));
                     expand(tx, ord, seq, next, 77, AtMs(900));
                 });
             }
@@ -862,18 +867,18 @@ fn an_envelope_keeps_its_forwarded_headers_and_a_version_1_envelope_still_decode
 #[test]
 fn only_deliveries_builds_queue_index_keys() {
     const CONSTRUCTORS: [&str; 12] = [
-        "keys::due(",
-        "keys::due_range(",
-        "keys::due_tenant_range(",
-        "keys::inflight(",
-        "keys::inflight_tenant_range(",
-        "keys::dead(",
-        "keys::dead_range(",
-        "keys::dead_by_tenant(",
-        "keys::dead_tenant_range(",
-        "keys::active(",
-        "keys::active_through(",
-        "keys::archive(",
+        "ankusa_keys::due(",
+        "ankusa_keys::due_range(",
+        "ankusa_keys::due_tenant_range(",
+        "ankusa_keys::inflight(",
+        "ankusa_keys::inflight_tenant_range(",
+        "ankusa_keys::dead(",
+        "ankusa_keys::dead_range(",
+        "ankusa_keys::dead_by_tenant(",
+        "ankusa_keys::dead_tenant_range(",
+        "ankusa_keys::active(",
+        "ankusa_keys::active_through(",
+        "ankusa_keys::archive(",
     ];
     // This crate, and every other crate's sources in the workspace that could reach it.
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -914,10 +919,10 @@ fn only_deliveries_builds_queue_index_keys() {
                 let text = std::fs::read_to_string(&p).unwrap();
                 for c in CONSTRUCTORS {
                     // `use ...::keys::{due, ...}` imports would dodge the prefix; refuse them too.
-                    let bare = c.trim_start_matches("keys::").trim_end_matches('(');
+                    let bare = c.trim_start_matches("ankusa_keys::").trim_end_matches('(');
                     let imported = text.lines().any(|l| {
                         l.trim_start().starts_with("use ")
-                            && l.contains("keys::")
+                            && l.contains("ankusa_keys::")
                             && l.contains(&format!(" {bare},"))
                     });
                     if text.contains(c) || imported {
@@ -1134,7 +1139,7 @@ fn boot_repair_restores_the_markers_a_crash_lost() {
     h.store
         .write(
             lost.iter()
-                .map(|(b, o)| Op::delete(Cf::Index, keys::active(*b, *o)))
+                .map(|(b, o)| Op::delete(Cf::Index, ankusa_keys::active(*b, *o)))
                 .collect(),
             false,
         )
@@ -1482,7 +1487,7 @@ fn a_hook_seq_is_never_handed_out_twice_even_after_reclaim_removed_the_newest_ho
         .unwrap();
     // Reclaim removed every hook (nothing else keeps them here).
     let ops = (1..=last.0)
-        .map(|s| Op::delete(Cf::Hooks, keys::hook(Seq(s))))
+        .map(|s| Op::delete(Cf::Hooks, ankusa_keys::hook(Seq(s))))
         .collect();
     h.store.write(ops, false).unwrap();
     h.asm = Assembler::open(&h.store, 1_000_000).unwrap();
@@ -1492,9 +1497,9 @@ fn a_hook_seq_is_never_handed_out_twice_even_after_reclaim_removed_the_newest_ho
     h.asm = Assembler::open(&h.store, 1_000_000).unwrap().logging(true);
     let last = (0..3).map(|_| h.ingest(None, 0, 1, false)).last().unwrap();
     let mut ops: Vec<Op> = (1..=last.0)
-        .map(|s| Op::delete(Cf::Hooks, keys::hook(Seq(s))))
+        .map(|s| Op::delete(Cf::Hooks, ankusa_keys::hook(Seq(s))))
         .collect();
-    ops.push(Op::delete(Cf::Default, keys::META_NEXT_SEQ.to_vec()));
+    ops.push(Op::delete(Cf::Default, ankusa_keys::META_NEXT_SEQ.to_vec()));
     h.store.write(ops, false).unwrap();
     h.asm = Assembler::open(&h.store, 1_000_000).unwrap();
     assert_eq!(h.ingest(None, 0, 1, false), Seq(last.0 + 1));
@@ -1515,10 +1520,15 @@ fn a_delivered_last_row_takes_its_hook_and_leaves_no_marker() {
             claim(tx, r);
         }
     });
-    let hook = |seq: Seq| h.store.get(Cf::Hooks, &keys::hook(seq)).unwrap().is_some();
+    let hook = |seq: Seq| {
+        h.store
+            .get(Cf::Hooks, &ankusa_keys::hook(seq))
+            .unwrap()
+            .is_some()
+    };
     let cleared = |seq: Seq| {
         h.store
-            .get(Cf::Index, &keys::cleared(seq))
+            .get(Cf::Index, &ankusa_keys::cleared(seq))
             .unwrap()
             .is_some()
     };
@@ -1582,7 +1592,11 @@ fn a_delivery_started_at_commit_is_inflight_with_no_due_row_or_marker() {
         let last = last_needs(&h.store, &[(r, 3)]).unwrap()[0];
         h.commit(|tx| delivered_last(tx, &r, last));
     }
-    assert!(h.store.get(Cf::Hooks, &keys::hook(seq)).unwrap().is_none());
+    assert!(h
+        .store
+        .get(Cf::Hooks, &ankusa_keys::hook(seq))
+        .unwrap()
+        .is_none());
     h.assert_counters_equal_fold();
     // A hook started whole writes no due row and no marker at all.
     let (_, started) = h.ingest_started(Some("globex"), 2, 6_000, false, 0b11);

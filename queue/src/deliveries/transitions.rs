@@ -3,10 +3,11 @@
 #![allow(clippy::disallowed_methods)]
 
 use super::*;
-use ankusa_store::keys::{
+use ankusa_keys::Cf;
+use ankusa_keys::{
     self, AtMs, CounterField, DeadKey, DueKey, InflightKey, Seq, SinkIdx, TenantOrd,
 };
-use ankusa_store::{Cf, Op, Store};
+use ankusa_store::{Op, Store};
 
 use crate::QueueError;
 
@@ -32,7 +33,7 @@ pub struct NewHook<'a> {
 pub fn ingest(tx: &mut Tx, h: &NewHook<'_>) -> u32 {
     let env = h.envelope.encode();
     let size = env.len() as u32;
-    tx.op(Op::put(Cf::Hooks, keys::hook(h.seq), env));
+    tx.op(Op::put(Cf::Hooks, ankusa_keys::hook(h.seq), env));
     for i in 0..h.envelope.sinks.len() {
         let sink = SinkIdx(i as u16);
         if h.started.get(i).copied().unwrap_or(false) {
@@ -44,7 +45,7 @@ pub fn ingest(tx: &mut Tx, h: &NewHook<'_>) -> u32 {
     if h.archive {
         let mut v = size.to_be_bytes().to_vec();
         v.extend_from_slice(&h.ord.0.to_be_bytes());
-        tx.op(Op::put(Cf::Index, keys::archive(h.seq), v));
+        tx.op(Op::put(Cf::Index, ankusa_keys::archive(h.seq), v));
         tx.delta(h.ord, CounterField::ArchivePending, 1);
     }
     if h.log {
@@ -88,7 +89,7 @@ fn put_delivery_row(tx: &mut Tx, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: 
     };
     tx.op(Op::put(
         Cf::Deliveries,
-        keys::delivery(seq, sink),
+        ankusa_keys::delivery(seq, sink),
         row.encode(),
     ));
     tx.delta(ord, CounterField::Bytes, size as i64);
@@ -142,12 +143,12 @@ pub fn last_needs(store: &Store, rows: &[(InflightRow, usize)]) -> Result<Vec<bo
     let mut others = Vec::new();
     let mut spans = Vec::with_capacity(rows.len());
     for (row, sinks) in rows {
-        obligations.push(keys::archive(row.key.seq));
+        obligations.push(ankusa_keys::archive(row.key.seq));
         let start = others.len();
         others.extend(
             (0..*sinks)
                 .filter(|s| *s != row.key.sink.0 as usize)
-                .map(|s| keys::delivery(row.key.seq, SinkIdx(s as u16))),
+                .map(|s| ankusa_keys::delivery(row.key.seq, SinkIdx(s as u16))),
         );
         spans.push(start..others.len());
     }
@@ -177,7 +178,7 @@ pub fn retry(tx: &mut Tx, row: &InflightRow, at: AtMs, updated: &DeliveryRow) {
     tx.delete_inflight(row);
     tx.op(Op::put(
         Cf::Deliveries,
-        keys::delivery(row.key.seq, row.key.sink),
+        ankusa_keys::delivery(row.key.seq, row.key.sink),
         updated.encode(),
     ));
     tx.enqueue(&row.due_at(at, Kind::Retry));
@@ -198,7 +199,7 @@ pub fn dead_letter(
     if let Some(updated) = updated {
         tx.op(Op::put(
             Cf::Deliveries,
-            keys::delivery(row.key.seq, row.key.sink),
+            ankusa_keys::delivery(row.key.seq, row.key.sink),
             updated.encode(),
         ));
     }
@@ -218,12 +219,12 @@ pub fn dead_letter(
     };
     tx.op(Op::put(
         Cf::Index,
-        keys::dead(&dead.key),
+        ankusa_keys::dead(&dead.key),
         dead.value.encode(),
     ));
     tx.op(Op::put(
         Cf::Index,
-        keys::dead_by_tenant(row.key.ord, &dead.key),
+        ankusa_keys::dead_by_tenant(row.key.ord, &dead.key),
         Vec::new(),
     ));
     tx.delta(row.key.ord, CounterField::Dead, 1);
@@ -252,11 +253,11 @@ pub fn revive(tx: &mut Tx, row: &DeadRow, at: AtMs) {
 }
 
 pub(super) fn delete_dead(tx: &mut Tx, row: &DeadRow) {
-    tx.consume(keys::dead(&row.key), None);
-    tx.op(Op::delete(Cf::Index, keys::dead(&row.key)));
+    tx.consume(ankusa_keys::dead(&row.key), None);
+    tx.op(Op::delete(Cf::Index, ankusa_keys::dead(&row.key)));
     tx.op(Op::delete(
         Cf::Index,
-        keys::dead_by_tenant(row.value.ord, &row.key),
+        ankusa_keys::dead_by_tenant(row.value.ord, &row.key),
     ));
     tx.delta(row.value.ord, CounterField::Dead, -1);
 }
@@ -289,7 +290,7 @@ pub struct ArchiveObligation {
 
 impl ArchiveObligation {
     pub fn decode(key: &[u8], value: &[u8]) -> Result<Self, QueueError> {
-        let seq = keys::decode_archive(key)?;
+        let seq = ankusa_keys::decode_archive(key)?;
         match value {
             [a, b, c, d, e, f, g, h] => Ok(ArchiveObligation {
                 seq,
@@ -297,8 +298,8 @@ impl ArchiveObligation {
                 ord: TenantOrd(u32::from_be_bytes([*e, *f, *g, *h])),
             }),
             _ => Err(QueueError::corrupt(
-                ankusa_store::Family::Archive,
-                format!("bad value {}", keys::hex(value)),
+                ankusa_keys::Family::Archive,
+                format!("bad value {}", ankusa_keys::hex(value)),
             )),
         }
     }
@@ -307,9 +308,9 @@ impl ArchiveObligation {
 /// Archive settle: the hook is archived; the obligation goes and reclaim may look. A unit:
 /// it (and what rides with it, [`Tx::unit_op`]) commits only if the obligation is there.
 pub fn archive_settle(tx: &mut Tx, ob: &ArchiveObligation) {
-    tx.consume(keys::archive(ob.seq), None);
-    tx.op(Op::delete(Cf::Index, keys::archive(ob.seq)));
-    tx.op(Op::put(Cf::Index, keys::cleared(ob.seq), Vec::new()));
+    tx.consume(ankusa_keys::archive(ob.seq), None);
+    tx.op(Op::delete(Cf::Index, ankusa_keys::archive(ob.seq)));
+    tx.op(Op::put(Cf::Index, ankusa_keys::cleared(ob.seq), Vec::new()));
     tx.delta(ob.ord, CounterField::ArchivePending, -1);
 }
 
@@ -337,10 +338,14 @@ pub fn import_inflight(tx: &mut Tx, row: &InflightRow) {
 /// An imported dead row: `?x` rewritten with the ord in its value, and `?X`; dead +1,
 /// bytes +size.
 pub fn import_dead(tx: &mut Tx, row: &DeadRow) {
-    tx.op(Op::put(Cf::Index, keys::dead(&row.key), row.value.encode()));
     tx.op(Op::put(
         Cf::Index,
-        keys::dead_by_tenant(row.value.ord, &row.key),
+        ankusa_keys::dead(&row.key),
+        row.value.encode(),
+    ));
+    tx.op(Op::put(
+        Cf::Index,
+        ankusa_keys::dead_by_tenant(row.value.ord, &row.key),
         Vec::new(),
     ));
     tx.delta(row.value.ord, CounterField::Dead, 1);
@@ -351,6 +356,6 @@ pub fn import_dead(tx: &mut Tx, row: &DeadRow) {
 pub fn import_archive(tx: &mut Tx, ob: &ArchiveObligation) {
     let mut v = ob.size.to_be_bytes().to_vec();
     v.extend_from_slice(&ob.ord.0.to_be_bytes());
-    tx.op(Op::put(Cf::Index, keys::archive(ob.seq), v));
+    tx.op(Op::put(Cf::Index, ankusa_keys::archive(ob.seq), v));
     tx.delta(ob.ord, CounterField::ArchivePending, 1);
 }

@@ -4,8 +4,9 @@
 
 use super::*;
 use crate::counters::{self, Delta};
-use ankusa_store::keys::{self, CounterField, Seq, SinkIdx, TenantOrd};
-use ankusa_store::{Cf, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::{CounterField, Seq, SinkIdx, TenantOrd};
+use ankusa_store::{Op, Store};
 
 use crate::QueueError;
 
@@ -176,10 +177,14 @@ impl Tx {
     /// Puts a due row and its active marker (ADR `due_ops`): the only way a due row is
     /// written. Counts it as pending (kind 0) or scheduled (kind 1).
     pub(super) fn enqueue(&mut self, row: &DueRow) {
-        self.op(Op::put(Cf::Index, keys::due(&row.key), due_value(row)));
         self.op(Op::put(
             Cf::Index,
-            keys::active(row.key.at.bucket(), row.key.ord),
+            ankusa_keys::due(&row.key),
+            due_value(row),
+        ));
+        self.op(Op::put(
+            Cf::Index,
+            ankusa_keys::active(row.key.at.bucket(), row.key.ord),
             Vec::new(),
         ));
         self.delta(row.key.ord, row.kind.field(), 1);
@@ -188,38 +193,38 @@ impl Tx {
     pub(super) fn put_inflight(&mut self, row: &InflightRow) {
         self.op(Op::put(
             Cf::Index,
-            keys::inflight(&row.key),
+            ankusa_keys::inflight(&row.key),
             row.size.to_be_bytes(),
         ));
         self.delta(row.key.ord, CounterField::Inflight, 1);
     }
 
     pub(super) fn delete_inflight(&mut self, row: &InflightRow) {
-        self.consume(keys::inflight(&row.key), None);
-        self.op(Op::delete(Cf::Index, keys::inflight(&row.key)));
+        self.consume(ankusa_keys::inflight(&row.key), None);
+        self.op(Op::delete(Cf::Index, ankusa_keys::inflight(&row.key)));
         self.delta(row.key.ord, CounterField::Inflight, -1);
     }
 
     pub(super) fn delete_due(&mut self, row: &DueRow) {
         // Its kind decides which counter goes down: the row must still be that kind.
-        self.consume(keys::due(&row.key), Some(due_value(row)));
-        self.op(Op::delete(Cf::Index, keys::due(&row.key)));
+        self.consume(ankusa_keys::due(&row.key), Some(due_value(row)));
+        self.op(Op::delete(Cf::Index, ankusa_keys::due(&row.key)));
         self.delta(row.key.ord, row.kind.field(), -1);
     }
 
     /// Deletes a delivery row, gives back its bytes, and leaves a `?c` marker so reclaim
     /// looks at the hook.
     pub(super) fn drop_row(&mut self, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32) {
-        self.op(Op::delete(Cf::Deliveries, keys::delivery(seq, sink)));
-        self.op(Op::put(Cf::Index, keys::cleared(seq), Vec::new()));
+        self.op(Op::delete(Cf::Deliveries, ankusa_keys::delivery(seq, sink)));
+        self.op(Op::put(Cf::Index, ankusa_keys::cleared(seq), Vec::new()));
         self.delta(ord, CounterField::Bytes, -(size as i64));
     }
 
     /// Deletes a hook's last delivery row and gives back its bytes, and the hook with it
     /// (nothing else needs it: [`last_needs`] checked).
     pub(super) fn drop_last_row(&mut self, ord: TenantOrd, seq: Seq, sink: SinkIdx, size: u32) {
-        self.op(Op::delete(Cf::Deliveries, keys::delivery(seq, sink)));
-        self.op(Op::delete(Cf::Hooks, keys::hook(seq)));
+        self.op(Op::delete(Cf::Deliveries, ankusa_keys::delivery(seq, sink)));
+        self.op(Op::delete(Cf::Hooks, ankusa_keys::hook(seq)));
         self.delta(ord, CounterField::Bytes, -(size as i64));
     }
 }

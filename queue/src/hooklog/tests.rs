@@ -2,7 +2,7 @@ use super::*;
 use crate::deliveries::{claim, dead_letter, delivered, retry, revive, DueRow};
 use crate::testkit::Harness;
 use crate::writer::Assembler;
-use ankusa_store::keys::EventKind;
+use ankusa_keys::EventKind;
 use ankusa_store::OpenOptions;
 
 fn logging() -> Harness {
@@ -207,7 +207,7 @@ fn pruning_removes_whole_hooks_oldest_first_by_age_and_by_the_ceiling() {
         let mut tx = Tx::new();
         tx.push_op(Op::put(
             Cf::Audit,
-            keys::hook_event(&EventKey {
+            ankusa_keys::hook_event(&EventKey {
                 seq,
                 sink: SinkIdx(0),
                 at: AtMs(2_000 + i),
@@ -283,7 +283,7 @@ fn a_store_from_before_the_log_gets_its_families_once_and_never_a_repair() {
     let path = dir.path().join("db");
     let store = Store::open(&path, &OpenOptions::default()).unwrap();
     // What a store written before the hook log holds: no marker, no sentinels.
-    let mut ops = vec![Op::delete(Cf::Default, keys::META_HOOK_LOG.to_vec())];
+    let mut ops = vec![Op::delete(Cf::Default, ankusa_keys::META_HOOK_LOG.to_vec())];
     for f in Family::HOOK_LOG {
         ops.push(Op::delete(f.cf(), f.lo()));
         ops.push(Op::delete(f.cf(), f.hi()));

@@ -12,11 +12,11 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ankusa_relay::queue::deliveries::{self, Envelope, Tx};
-use ankusa_relay::queue::writer::Assembler;
-use ankusa_relay::queue::{counters, Delta};
-use ankusa_relay::store::keys::{AtMs, CounterField, TenantOrd};
-use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_keys::{AtMs, CounterField, TenantOrd};
+use ankusa_queue::deliveries::{self, Envelope, Tx};
+use ankusa_queue::writer::Assembler;
+use ankusa_queue::{counters, Delta};
+use ankusa_store::{OpenOptions, Store};
 
 pub const NOW: u64 = 1_800_000_000_000;
 pub const ACTIVE: u64 = 8;
@@ -92,8 +92,7 @@ pub fn build(cell: &Cell, dir: &std::path::Path) -> Store {
     let mut moved = 0;
     for t in (ACTIVE..cell.tenants).step_by(10) {
         // With fewer rows than tenants, not every tenant has one.
-        let Some(ord) =
-            ankusa_relay::queue::tenants::ord(&store, &format!("tenant-{t}")).expect("read")
+        let Some(ord) = ankusa_queue::tenants::ord(&store, &format!("tenant-{t}")).expect("read")
         else {
             continue;
         };

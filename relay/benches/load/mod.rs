@@ -52,16 +52,8 @@ pub const SECRET: &str = "bench-secret";
 
 /// `sha256=<hex>` over `body` with [`SECRET`].
 pub fn sign(body: &[u8]) -> String {
-    use hmac::Mac;
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(SECRET.as_bytes()).expect("key");
-    m.update(body);
-    let sig: Vec<String> = m
-        .finalize()
-        .into_bytes()
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect();
-    format!("sha256={}", sig.concat())
+    let mac = ankusa_verify::hmac_sha256(SECRET.as_bytes(), &[body]);
+    format!("sha256={}", ankusa_keys::hex(&mac))
 }
 
 /// Request `n` of client `worker`: a signed `size`-byte hook for one of `tenants` tenants.
@@ -157,9 +149,7 @@ pub fn bench_node(
 
 /// The value of an unlabelled sample `name` in a metrics text (0 if absent).
 pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or(0.0)
+    ankusa_relay::testkit::metric(text, name).unwrap_or(0.0)
 }
 
 /// The `p` quantile of sorted latencies, in ms.

@@ -1,5 +1,5 @@
 //! `GET /v1/archive` and `POST /v1/archive/replay`: a tenant's archived hooks, and sending
-//! them again ([`crate::queue::archive`]).
+//! them again ([`ankusa_queue::archive`]).
 
 use std::sync::Arc;
 
@@ -8,18 +8,52 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
-use crate::queue::archive::{self, Archived};
-use crate::queue::deliveries::Envelope;
-use crate::queue::writer::{Reply, Submission};
-use crate::store::keys::{AtMs, Seq};
+use ankusa_keys::{AtMs, Seq};
+use ankusa_queue::archive::{self, Archived};
+use ankusa_queue::deliveries::Envelope;
+use ankusa_queue::writer::{Reply, Submission};
 
 /// The most hooks one replay sends again.
 const MAX_REPLAY: usize = 100_000;
 /// Submissions awaited together by a replay.
 const REPLAY_WINDOW: usize = 256;
+
+/// One archived hook.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ArchivedItem {
+    pub id: String,
+    pub tenant: String,
+    pub source: String,
+    pub received_ms: u64,
+    pub expires_ms: u64,
+    pub size: u64,
+    pub content_type: String,
+    pub sinks: Vec<String>,
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// With `body=true`, a UTF-8 body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// With `body=true`, a body that is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_base64: Option<String>,
+}
+
+/// `GET /v1/archive`: a page of archived hooks.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ArchivePage {
+    pub items: Vec<ArchivedItem>,
+    /// `<received_ms>.<seq>`: pass as `before` for the next page.
+    pub next: Option<String>,
+}
+
+/// `POST /v1/archive/replay`: hooks committed again.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Replayed {
+    pub replayed: u64,
+}
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -40,30 +74,32 @@ fn parse_before(s: &str) -> Option<(AtMs, Seq)> {
     Some((AtMs(r.parse().ok()?), Seq(q.parse().ok()?)))
 }
 
-fn item(a: &Archived, body: bool) -> serde_json::Value {
+fn item(a: &Archived, body: bool) -> ArchivedItem {
     let env = &a.envelope;
-    let mut v = serde_json::json!({
-        "id": env.id,
-        "tenant": env.tenant_or_default(),
-        "source": env.source,
-        "received_ms": env.received_at.0,
-        "expires_ms": a.expires.0,
-        "size": env.body.len(),
-        "content_type": env.content_type,
-        "sinks": env.sinks,
-        "headers": env.headers.iter().map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned())).collect::<std::collections::BTreeMap<_, _>>(),
-    });
+    let (mut text, mut base64) = (None, None);
     if body {
         match std::str::from_utf8(&env.body) {
-            Ok(s) => v["body"] = s.into(),
-            Err(_) => {
-                v["body_base64"] = base64::engine::general_purpose::STANDARD
-                    .encode(&env.body)
-                    .into()
-            }
+            Ok(s) => text = Some(s.to_owned()),
+            Err(_) => base64 = Some(base64::engine::general_purpose::STANDARD.encode(&env.body)),
         }
     }
-    v
+    ArchivedItem {
+        id: env.id.clone(),
+        tenant: env.tenant_or_default().to_owned(),
+        source: env.source.clone(),
+        received_ms: env.received_at.0,
+        expires_ms: a.expires.0,
+        size: env.body.len() as u64,
+        content_type: env.content_type.clone(),
+        sinks: env.sinks.clone(),
+        headers: env
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+            .collect(),
+        body: text,
+        body_base64: base64,
+    }
 }
 
 /// `GET /v1/archive?tenant=&from_ms=&to_ms=&before=&limit=&body=`: the tenant's archived
@@ -74,10 +110,10 @@ fn item(a: &Archived, body: bool) -> serde_json::Value {
     tag = "admin",
     params(ArchiveQuery),
     responses(
-        (status = 200, description = "The tenant's archived hooks, newest first", body = crate::openapi::ArchivePage),
-        crate::openapi::AuthErrors,
-        crate::openapi::BadRequest,
-        crate::openapi::NotFound,
+        (status = 200, description = "The tenant's archived hooks, newest first", body = ArchivePage),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
     ),
     security(("bearer" = []))
 )]
@@ -108,10 +144,10 @@ pub async fn list(
             before,
             limit,
         )?;
-        Ok(Json(serde_json::json!({
-            "items": page.items.iter().map(|i| item(i, q.body)).collect::<Vec<_>>(),
-            "next": page.next.map(|(r, s)| format!("{}.{}", r.0, s.0)),
-        }))
+        Ok(Json(ArchivePage {
+            items: page.items.iter().map(|i| item(i, q.body)).collect(),
+            next: page.next.map(|(r, s)| format!("{}.{}", r.0, s.0)),
+        })
         .into_response())
     })
     .await
@@ -139,11 +175,11 @@ pub struct ArchiveReplayRequest {
     tag = "admin",
     request_body = ArchiveReplayRequest,
     responses(
-        (status = 200, description = "Hooks committed again", body = crate::openapi::Replayed),
-        crate::openapi::AuthErrors,
-        crate::openapi::BadRequest,
-        crate::openapi::NotFound,
-        crate::openapi::JsonBodyErrors,
+        (status = 200, description = "Hooks committed again", body = Replayed),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+        crate::http::JsonBodyErrors,
     ),
     security(("bearer" = []))
 )]
@@ -191,7 +227,7 @@ pub async fn replay(
         Ok(out)
     })
     .await?;
-    let now = AtMs(crate::now_ms());
+    let now = AtMs(ankusa_keys::now_ms());
     let mut replayed = 0u64;
     for window in envelopes.chunks(REPLAY_WINDOW) {
         let mut replies = Vec::with_capacity(window.len());
@@ -240,5 +276,5 @@ pub async fn replay(
     );
     let a = api.clone();
     blocking(move || Ok(a.store.write(vec![audit], true)?)).await?;
-    Ok(Json(serde_json::json!({ "replayed": replayed })).into_response())
+    Ok(Json(Replayed { replayed }).into_response())
 }

@@ -11,7 +11,7 @@ use axum::http::HeaderMap;
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
 
-use crate::config::{Config, ConfigError, ScopeConfig};
+use ankusa_config::{Config, ConfigError, ScopeConfig};
 
 /// What a caller may see.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -27,7 +27,7 @@ use http_body_util::StreamBody;
 use hyper::body::Frame;
 
 use super::api::{backup_caller, Api, ApiError};
-use crate::store::{tarball, Store, StoreError};
+use ankusa_store::{tarball, Store, StoreError};
 
 /// A backup id: `b` and the Unix milliseconds it was taken.
 pub fn is_backup_id(id: &str) -> bool {
@@ -42,7 +42,7 @@ fn io(context: String) -> impl FnOnce(std::io::Error) -> StoreError {
 /// Returns the id and the archive's size.
 pub fn take(store: &Store, dir: &Path, keep: usize) -> Result<(String, u64), StoreError> {
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
-    let id = format!("b{}", crate::now_ms());
+    let id = format!("b{}", ankusa_keys::now_ms());
     let ckpt = dir.join(format!("{id}.checkpoint"));
     // RocksDB builds a checkpoint in `<dir>.tmp` and renames it when whole.
     let ckpt_tmp = dir.join(format!("{id}.checkpoint.tmp"));
@@ -125,16 +125,26 @@ pub fn remove_cut_backups(dir: &Path) -> Result<usize, StoreError> {
     Ok(n)
 }
 
+/// `POST /v1/backups`: the backup taken.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct BackupCreated {
+    pub id: String,
+    /// The archive's size.
+    pub bytes: u64,
+    /// The store format the backup holds.
+    pub store_format: u32,
+}
+
 /// `POST /v1/backups` (admin or backup scope).
 #[utoipa::path(
     post,
     path = "/v1/backups",
     tag = "admin",
     responses(
-        (status = 200, description = "The backup's archive was written to admin.backup_dir", body = crate::openapi::BackupCreated),
-        (status = 500, description = "The backup failed (backup_failed); nothing of it was kept", body = crate::openapi::ErrorBody),
-        crate::openapi::AuthErrors,
-        crate::openapi::Forbidden,
+        (status = 200, description = "The backup's archive was written to admin.backup_dir", body = BackupCreated),
+        (status = 500, description = "The backup failed (backup_failed); nothing of it was kept", body = crate::http::ErrorBody),
+        crate::http::AuthErrors,
+        crate::http::Forbidden,
     ),
     security(("bearer" = []))
 )]
@@ -158,10 +168,12 @@ pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
             serde_json::json!({ "id": id, "bytes": bytes }),
         );
         a.store.write(vec![audit], true)?;
-        Ok(
-            Json(serde_json::json!({ "id": id, "bytes": bytes, "store_format": format }))
-                .into_response(),
-        )
+        Ok(Json(BackupCreated {
+            id,
+            bytes,
+            store_format: format,
+        })
+        .into_response())
     })
     .await
     .map_err(|_| ApiError::Internal)?
@@ -185,10 +197,10 @@ impl futures_core::Stream for Chunks {
     params(("id" = String, Path, description = "A backup id")),
     responses(
         (status = 200, description = "The backup's archive", content_type = "application/zstd", body = Vec<u8>),
-        crate::openapi::AuthErrors,
-        crate::openapi::BadRequest,
-        crate::openapi::NotFound,
-        crate::openapi::Forbidden,
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+        crate::http::Forbidden,
     ),
     security(("bearer" = []))
 )]
@@ -261,15 +273,15 @@ impl std::io::Write for FrameWriter {
     tag = "admin",
     responses(
         (status = 200, description = "A RocksDB checkpoint as .tar.zst, streamed while it is packed", content_type = "application/zstd", body = Vec<u8>),
-        (status = 500, description = "The checkpoint could not be taken", body = crate::openapi::ErrorBody),
-        crate::openapi::AuthErrors,
-        crate::openapi::Forbidden,
+        (status = 500, description = "The checkpoint could not be taken", body = crate::http::ErrorBody),
+        crate::http::AuthErrors,
+        crate::http::Forbidden,
     ),
     security(("bearer" = []))
 )]
 pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
     let c = backup_caller(&api, &headers)?;
-    let id = format!("b{}", crate::now_ms());
+    let id = format!("b{}", ankusa_keys::now_ms());
     let dir = api.config.backup_dir();
     let ckpt = dir.join(format!("{id}.stream-checkpoint"));
     let a = api.clone();

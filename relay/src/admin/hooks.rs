@@ -1,5 +1,5 @@
 //! `GET /v1/hooks/{id}`: what happened to one hook, from the hook log
-//! ([`crate::queue::hooklog`]) and the queue.
+//! ([`ankusa_queue::hooklog`]) and the queue.
 
 use std::sync::Arc;
 
@@ -11,7 +11,7 @@ use base64::Engine;
 use serde::{Deserialize, Serialize};
 
 use super::api::{blocking, caller, Api, ApiError, ApiResult};
-use crate::queue::hooklog::{self, AttemptOutcome, DeliveryState, ErrorClass, Event, HookView};
+use ankusa_queue::hooklog::{self, AttemptOutcome, DeliveryState, ErrorClass, Event, HookView};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -43,7 +43,7 @@ pub struct EventOut {
 
 impl From<&Event> for EventOut {
     fn from(e: &Event) -> Self {
-        let attempt = e.kind == crate::store::keys::EventKind::Attempt;
+        let attempt = e.kind == ankusa_keys::EventKind::Attempt;
         EventOut {
             kind: e.kind.name(),
             at_ms: e.at.0,
@@ -142,9 +142,9 @@ fn render(v: HookView) -> HookOut {
     params(("id" = String, Path, description = "A hook id"), HookQuery),
     responses(
         (status = 200, description = "The hook from the hook log", body = HookOut),
-        crate::openapi::AuthErrors,
-        crate::openapi::BadRequest,
-        crate::openapi::NotFound,
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
     ),
     security(("bearer" = []))
 )]

@@ -1,6 +1,8 @@
 //! The admin listener (default `:9090`): liveness, readiness and the node's status.
 //!
-//! The admin API lives in [`api`] (authenticated by [`auth`], audited by [`audit`]).
+//! The admin API: a file per resource ([`dlq`], [`tenants`], [`quarantine`], [`audit`],
+//! [`node`], [`hooks`], [`sources`], [`archive`], [`backups`]), what they share in [`api`],
+//! authenticated by [`auth`]; relay-wide answers in [`relay_wide`].
 //! `/metrics` serves the node's Prometheus metrics. `/healthz` answers as soon as the process serves; `/readyz` only once the store is open
 //! and every pending migration has run; `/v1/node` reports the version, store formats,
 //! tenant count and the node's aggregate counters (six point reads, never a fold).
@@ -17,18 +19,23 @@ use axum::Router;
 
 pub mod api;
 pub mod archive;
+pub mod audit;
 pub mod auth;
 pub mod backups;
 pub mod client;
+pub mod dlq;
 pub mod hooks;
+pub mod node;
+pub mod quarantine;
 pub mod relay_wide;
 pub mod sources;
+pub mod tenants;
 
 use axum::routing::{delete, post};
 
-use crate::queue::QueueError;
-use crate::queue::{counters, tenants};
-use crate::store::{migrate, Store, SUPPORTED_FORMAT};
+use ankusa_queue::counters;
+use ankusa_queue::QueueError;
+use ankusa_store::{migrate, Store, SUPPORTED_FORMAT};
 
 /// Shared state of the admin handlers.
 #[derive(Debug)]
@@ -38,7 +45,7 @@ pub struct AdminState {
     pub metrics: Arc<crate::metrics::Metrics>,
 }
 
-pub use ankusa_crds::node::{MigrationProgress, NodeCounters, NodeStatus};
+pub use ankusa_crds::node::{Counters, MigrationProgress, NodeStatus};
 
 /// The boot migration's progress, shared with `/v1/node`.
 #[derive(Debug, Default)]
@@ -67,12 +74,12 @@ pub fn node_status(
     let current = store_format >= SUPPORTED_FORMAT;
     let (tenants, counters, oldest_due_at_ms) = if current {
         (
-            tenants::count(store)?,
+            ankusa_queue::tenants::count(store)?,
             counters::node(store)?,
-            crate::queue::deliveries::oldest_due_at(store)?.map(|a| a.0),
+            ankusa_queue::deliveries::oldest_due_at(store)?.map(|a| a.0),
         )
     } else {
-        (0, NodeCounters::default(), None)
+        (0, Counters::default(), None)
     };
     Ok(NodeStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -110,7 +117,7 @@ pub(crate) async fn healthz() -> &'static str {
     tag = "admin",
     responses(
         (status = 200, description = "Ready (both listeners)", content_type = "text/plain", body = String),
-        (status = 503, description = "Not ready: the store is opening (store_opening), starting or migrating (not_ready), stopping, or the store's writes fail (store_unavailable)", body = crate::openapi::ErrorBody),
+        (status = 503, description = "Not ready: the store is opening (store_opening), starting or migrating (not_ready), stopping, or the store's writes fail (store_unavailable)", body = crate::http::ErrorBody),
     )
 )]
 pub(crate) async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
@@ -172,25 +179,25 @@ async fn require_ready(
 }
 
 /// The admin router: health, readiness and metrics unauthenticated; `/v1/*` behind tokens,
-/// and all of it but `/v1/node` behind readiness.
-pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
+/// and all of it but `/v1/node` behind readiness. `more` adds the routes of the layers above
+/// (the OpenAPI document, which is read from these handlers), under the same checks.
+pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::Api>>) -> Router {
     let gate = api.clone();
     let node = Router::new()
-        .route("/v1/node", get(api::node))
+        .route("/v1/node", get(node::node))
         .with_state(api.clone());
     let v1 = Router::new()
-        .route("/v1/config", get(api::config))
-        .route("/v1/dlq", get(api::dlq))
-        .route("/v1/dlq/replay", post(api::replay))
-        .route("/v1/tenants", get(api::tenants_top))
-        .route("/v1/tenants/{t}", get(api::tenant))
-        .route("/v1/tenants/{t}/queue", delete(api::purge))
+        .route("/v1/config", get(node::config))
+        .route("/v1/dlq", get(dlq::dlq))
+        .route("/v1/dlq/replay", post(dlq::replay))
+        .route("/v1/tenants", get(tenants::tenants_top))
+        .route("/v1/tenants/{t}", get(tenants::tenant))
+        .route("/v1/tenants/{t}/queue", delete(tenants::purge))
         .route(
             "/v1/quarantine",
-            get(api::quarantine_list).delete(api::quarantine_delete),
+            get(quarantine::quarantine_list).delete(quarantine::quarantine_delete),
         )
-        .route("/v1/audit", get(api::audit_list))
-        .route("/v1/openapi.json", get(crate::openapi::document))
+        .route("/v1/audit", get(audit::audit_list))
         .route("/v1/hooks/{id}", get(hooks::get))
         .route("/v1/sources/{id}", get(sources::get))
         .route("/v1/archive", get(archive::list))
@@ -199,6 +206,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>) -> Router {
         .route("/v1/backups/stream", post(backups::stream))
         .route("/v1/backups/{id}/archive", get(backups::archive))
         .route("/cluster/v1/tenants/admit", post(relay_wide::admit))
+        .merge(more)
         .route_layer(axum::middleware::from_fn_with_state(
             api.clone(),
             relay_wide::to_owner,

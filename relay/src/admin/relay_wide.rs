@@ -33,9 +33,14 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use super::api::Api;
+use super::dlq::{DlqItem, DlqPage, Revived};
+use super::tenants::{NodeTenants, TenantView, TenantsTop};
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::error;
-use crate::queue::registry::Admission;
+use ankusa_crds::node::Counters;
+use ankusa_keys::CounterField;
+use ankusa_queue::counters::CountsExt;
+use ankusa_queue::registry::Admission;
 
 /// The largest replay body read to find its tenant.
 const MAX_ROUTED_BODY: usize = 1 << 20;
@@ -101,7 +106,7 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         // backlogs added up. The "owner" whose error wins is its fixed tenant's, or (a
         // shared source) the source id's.
         let id = decode(id, false);
-        let key = super::api::source_tenant(&api.config, &id).unwrap_or(id);
+        let key = super::sources::source_tenant(&api.config, &id).unwrap_or(id);
         (req, Some(key))
     } else {
         (req, None)
@@ -264,13 +269,11 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
             continue;
         }
         found = true;
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        let items = v["items"].as_array().cloned().unwrap_or_default();
-        let next = v["next"].as_str().map(str::to_owned);
+        let page: DlqPage = serde_json::from_slice(&bytes).unwrap_or_default();
         pages.push(NodePage {
             node: name,
-            items,
-            next,
+            items: page.items,
+            next: page.next,
             start,
         });
     }
@@ -281,7 +284,7 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
     let mut all: Vec<(usize, usize, u64)> = Vec::new();
     for (p, page) in pages.iter().enumerate() {
         for (i, it) in page.items.iter().enumerate() {
-            all.push((p, i, it["at_ms"].as_u64().unwrap_or(0)));
+            all.push((p, i, it.at_ms));
         }
     }
     all.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
@@ -293,9 +296,8 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
             node, items: page, ..
         } = &pages[*p];
         let mut it = page[*i].clone();
-        let id = it["id"].as_str().unwrap_or_default().to_owned();
-        it["id"] = format!("{node}/{id}").into();
-        it["node"] = node.clone().into();
+        it.id = format!("{node}/{}", it.id);
+        it.node = Some(node.clone());
         items.push(it);
         taken[*p] = taken[*p].max(i + 1);
     }
@@ -322,26 +324,24 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
         } else if taken[p] == 0 {
             Some(start.clone().unwrap_or_default())
         } else {
-            page[taken[p] - 1]["id"].as_str().map(str::to_owned)
+            Some(page[taken[p] - 1].id.clone())
         };
         if let Some(c) = cur {
             cursors.push(format!("{node}:{c}"));
         }
     }
-    let mut out = serde_json::json!({
-        "items": items,
-        "next": (!cursors.is_empty()).then(|| cursors.join(",")),
-    });
-    if !unavailable.is_empty() {
-        out["unavailable"] = unavailable.into();
-    }
-    Json(out).into_response()
+    Json(DlqPage {
+        items,
+        next: (!cursors.is_empty()).then(|| cursors.join(",")),
+        unavailable,
+    })
+    .into_response()
 }
 
 /// One node's page of a relay-wide DLQ listing.
 struct NodePage {
     node: String,
-    items: Vec<Value>,
+    items: Vec<DlqItem>,
     /// Its own cursor after the page (`None`: no more rows).
     next: Option<String>,
     /// Where the page began (`None`: at its newest row).
@@ -413,7 +413,7 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
         }
     });
     let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
-    let mut revived = 0i64;
+    let mut revived = 0u64;
     let mut unavailable = Vec::new();
     let mut answers: Vec<(String, Result<Response, Unreachable>)> = Vec::new();
     if let Some(l) = local {
@@ -429,14 +429,14 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
             // The caller's own error (a bad id, a bad token) is every node's.
             return raw(status, bytes);
         }
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-        revived += v["revived"].as_i64().unwrap_or(0);
+        let answer: Revived = serde_json::from_slice(&bytes).unwrap_or_default();
+        revived += answer.revived;
     }
-    let mut out = serde_json::json!({ "revived": revived });
-    if !unavailable.is_empty() {
-        out["unavailable"] = unavailable.into();
-    }
-    Json(out).into_response()
+    Json(Revived {
+        revived,
+        unavailable,
+    })
+    .into_response()
 }
 
 /// Percent-encodes a query value.
@@ -509,7 +509,7 @@ async fn merged(
     };
     for v in &found[1..] {
         match merge {
-            Merge::View => add_counters(&mut out, v),
+            Merge::View => add_value_counters(&mut out, v),
             Merge::Sum(fields) => add_fields(&mut out, v, fields),
             Merge::Backlog => {
                 let fields = ["pending", "scheduled", "inflight", "bytes", "rows_read"];
@@ -524,6 +524,15 @@ async fn merged(
         out["unavailable"] = unavailable.into();
     }
     Json(out).into_response()
+}
+
+/// Adds the counters of one node's tenant view `from` to `into`'s.
+fn add_value_counters(into: &mut Value, from: &Value) {
+    add_fields(
+        &mut into["counters"],
+        &from["counters"],
+        &CounterField::ALL.map(|f| f.name()),
+    );
 }
 
 fn add_fields(out: &mut Value, v: &Value, fields: &[&str]) {
@@ -659,7 +668,7 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
     let (local, remote) = tokio::join!(next.run(req), futures_util::future::join_all(others));
     let mut answers = vec![(me, Ok(local))];
     answers.extend(remote);
-    let mut merged: std::collections::BTreeMap<String, Value> = Default::default();
+    let mut merged: std::collections::BTreeMap<String, TenantView> = Default::default();
     let (mut nodes, mut unavailable) = (Vec::new(), Vec::new());
     let (mut registered, mut summed_total) = (None, 0u64);
     for (name, r) in read_all(answers).await {
@@ -671,62 +680,48 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
             // The caller's own error (a bad token, a bad parameter) is every node's.
             return raw(status, body);
         }
-        let v: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
-        if let Some(n) = v.get("registered").and_then(Value::as_u64) {
-            registered = Some(n);
+        let Ok(answer) = serde_json::from_slice::<TenantsTop>(&body) else {
+            unavailable.push(name);
+            continue;
+        };
+        if answer.registered.is_some() {
+            registered = answer.registered;
         }
-        summed_total += v.get("total").and_then(Value::as_u64).unwrap_or(0);
-        nodes.push(serde_json::json!({
-            "node": name,
-            "total": v.get("total"),
-            "owned": v.get("owned"),
-        }));
-        for t in v
-            .get("tenants")
-            .and_then(Value::as_array)
-            .into_iter()
-            .flatten()
-        {
-            let Some(id) = t.get("tenant").and_then(Value::as_str) else {
-                continue;
-            };
-            match merged.get_mut(id) {
+        summed_total += answer.total;
+        nodes.push(NodeTenants {
+            node: name,
+            total: Some(answer.total),
+            owned: answer.owned,
+        });
+        for t in answer.tenants {
+            match merged.get_mut(&t.tenant) {
                 None => {
-                    let mut t = t.clone();
-                    if let Some(o) = t.as_object_mut() {
-                        o.remove("ord");
-                    }
-                    merged.insert(id.to_owned(), t);
+                    // An ordinal is one node's: a merged view has none.
+                    let t = TenantView { ord: None, ..t };
+                    merged.insert(t.tenant.clone(), t);
                 }
-                Some(m) => add_counters(m, t),
+                Some(m) => add_counters(&mut m.counters, &t.counters),
             }
         }
     }
-    let mut tenants: Vec<Value> = merged.into_values().collect();
-    let pending = |t: &Value| t["counters"]["pending"].as_i64().unwrap_or(0);
-    tenants.sort_by_key(|t| std::cmp::Reverse(pending(t)));
+    let mut tenants: Vec<TenantView> = merged.into_values().collect();
+    tenants.sort_by_key(|t| std::cmp::Reverse(t.counters.pending));
     tenants.truncate(top);
-    Json(serde_json::json!({
-        "tenants": tenants,
-        "total": registered.unwrap_or(summed_total),
-        "nodes": nodes,
-        "unavailable": unavailable,
-    }))
+    Json(TenantsTop {
+        tenants,
+        total: registered.unwrap_or(summed_total),
+        owned: None,
+        registered: None,
+        nodes,
+        unavailable,
+    })
     .into_response()
 }
 
 /// Adds `from`'s counters to `into`'s.
-fn add_counters(into: &mut Value, from: &Value) {
-    let (Some(i), Some(f)) = (
-        into.get_mut("counters").and_then(Value::as_object_mut),
-        from.get("counters").and_then(Value::as_object),
-    ) else {
-        return;
-    };
-    for (k, v) in f {
-        if let (Some(a), Some(b)) = (i.get(k).and_then(Value::as_i64), v.as_i64()) {
-            i.insert(k.clone(), Value::from(a + b));
-        }
+fn add_counters(into: &mut Counters, from: &Counters) {
+    for f in CounterField::ALL {
+        into.add(f, from.get(f));
     }
 }
 
@@ -764,6 +759,12 @@ fn decode(s: &str, plus_is_space: bool) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
+/// `POST /cluster/v1/tenants/admit`: the tenant is in the registry.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Admitted {
+    pub admitted: bool,
+}
+
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AdmitRequest {
@@ -780,12 +781,12 @@ pub struct AdmitRequest {
     tag = "cluster",
     request_body = AdmitRequest,
     responses(
-        (status = 200, description = "The tenant is in the registry", body = crate::openapi::Admitted),
-        (status = 401, description = "No valid cluster token", body = crate::openapi::ErrorBody),
-        (status = 404, description = "This node keeps no registry (not_registry)", body = crate::openapi::ErrorBody),
-        (status = 409, description = "The Relay holds tenants.max tenants (tenant_limit)", body = crate::openapi::ErrorBody),
-        (status = 503, description = "The registry could not record it", body = crate::openapi::ErrorBody),
-        crate::openapi::JsonBodyErrors,
+        (status = 200, description = "The tenant is in the registry", body = Admitted),
+        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
+        (status = 404, description = "This node keeps no registry (not_registry)", body = crate::http::ErrorBody),
+        (status = 409, description = "The Relay holds tenants.max tenants (tenant_limit)", body = crate::http::ErrorBody),
+        (status = 503, description = "The registry could not record it", body = crate::http::ErrorBody),
+        crate::http::JsonBodyErrors,
     ),
     security(("cluster" = []))
 )]
@@ -820,9 +821,7 @@ pub async fn admit(
         Ok((cluster, Some((Ok(a), n)))) => {
             cluster.set_registered(n);
             match a {
-                Admission::Admitted => {
-                    Json(serde_json::json!({ "admitted": true })).into_response()
-                }
+                Admission::Admitted => Json(Admitted { admitted: true }).into_response(),
                 Admission::Limit => error(
                     StatusCode::CONFLICT,
                     "tenant_limit",

@@ -7,14 +7,34 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
-use super::api::{blocking, caller, quarantine_visible, source_tenant, Api, ApiError, ApiResult};
-use crate::queue::{deliveries, tenants};
+use super::api::{blocking, caller, Api, ApiError, ApiResult};
+use super::auth::Scope;
+use ankusa_config::{Config, TenantFrom};
+use ankusa_queue::deliveries::{self, SourceBacklog};
+use ankusa_queue::tenants;
 
 /// Rows read by default, and at most.
 const DEFAULT_ROWS: usize = 100_000;
 const MAX_ROWS: usize = 1_000_000;
+
+/// `GET /v1/sources/{id}`: a source's settings and its backlog.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SourceView {
+    pub id: String,
+    /// The tenant the source pins (`default` without a tenant setting); null: shared.
+    pub tenant: Option<String>,
+    /// The verification scheme.
+    pub verify: Option<String>,
+    pub route: String,
+    pub sinks: Vec<String>,
+    pub forward_headers: Vec<String>,
+    pub backlog: SourceBacklog,
+    /// A Relay of several nodes: the nodes that gave no answer (their rows are not counted).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -35,10 +55,10 @@ pub struct SourceQuery {
     tag = "admin",
     params(("id" = String, Path, description = "A source id"), SourceQuery),
     responses(
-        (status = 200, description = "The source and its backlog", body = crate::openapi::SourceView),
-        crate::openapi::AuthErrors,
-        crate::openapi::BadRequest,
-        crate::openapi::NotFound,
+        (status = 200, description = "The source and its backlog", body = SourceView),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
     ),
     security(("bearer" = []))
 )]
@@ -84,7 +104,7 @@ pub async fn get(
             Some(t) => match tenants::ord(&a.store, t)? {
                 Some(o) => Some(o),
                 None => {
-                    return Ok(deliveries::SourceBacklog {
+                    return Ok(SourceBacklog {
                         exact: true,
                         ..Default::default()
                     })
@@ -95,14 +115,34 @@ pub async fn get(
         Ok(deliveries::pending_for_source(&a.store, &id, ord, limit)?)
     })
     .await?;
-    Ok(Json(serde_json::json!({
-        "id": src.id,
-        "tenant": fixed,
-        "verify": verify,
-        "route": src.route,
-        "sinks": sinks,
-        "forward_headers": forward,
-        "backlog": backlog,
-    }))
+    Ok(Json(SourceView {
+        id: src.id.clone(),
+        tenant: fixed,
+        verify,
+        route: src.route.clone(),
+        sinks,
+        forward_headers: forward,
+        backlog,
+        unavailable: Vec::new(),
+    })
     .into_response())
+}
+
+/// The tenant a source pins (`tenant: {fixed: …}`, or none: `default`), if it pins one.
+pub(crate) fn source_tenant(config: &Config, source: &str) -> Option<String> {
+    config
+        .sources
+        .iter()
+        .find(|s| s.id == source)
+        .and_then(|s| match &s.tenant {
+            Some(TenantFrom::Fixed(t)) => Some(t.clone()),
+            None => Some(tenants::DEFAULT_TENANT.to_owned()),
+            _ => None,
+        })
+}
+
+/// Whether `scope` sees `source`'s quarantined requests and backlog.
+pub(crate) fn quarantine_visible(config: &Config, scope: &Scope, source: &str) -> bool {
+    // A shared source's tenant is whatever the unverified request claimed: admin only.
+    scope.is_admin() || source_tenant(config, source).is_some_and(|t| scope.sees(&t))
 }

@@ -6,7 +6,7 @@ use super::*;
 
 /// Unpacks a backup into `data` and checks the result opens (the format guard included).
 pub(super) fn restore(from: &Path, data: &Path) -> anyhow::Result<ExitCode> {
-    crate::store::tarball::unpack(from, data)
+    ankusa_store::tarball::unpack(from, data)
         .with_context(|| format!("restoring {} into {}", from.display(), data.display()))?;
     let store = Store::open(data, &OpenOptions::inspect())
         .with_context(|| format!("checking the restored store at {}", data.display()))?;
@@ -162,7 +162,7 @@ pub(super) fn backup_pull(
 pub(super) fn check_archive(archive: &Path, dir: &Path, id: &str) -> anyhow::Result<u32> {
     let check = dir.join(format!("{id}.check"));
     let _ = std::fs::remove_dir_all(&check);
-    let opened = crate::store::tarball::unpack(archive, &check)
+    let opened = ankusa_store::tarball::unpack(archive, &check)
         .map_err(anyhow::Error::from)
         .and_then(|()| Ok(Store::open(&check, &OpenOptions::inspect())?.format()?));
     let _ = std::fs::remove_dir_all(&check);
@@ -194,10 +194,10 @@ pub(super) fn backup_offline(
     // and mid-write) is refused before anything is written.
     let format = open_existing(data, true)?.format()?;
     std::fs::create_dir_all(to)?;
-    let id = format!("b{}", crate::now_ms());
+    let id = format!("b{}", ankusa_keys::now_ms());
     let out = to.join(format!("{id}.tar.zst"));
     let tmp = to.join(format!("{id}.tar.zst.part"));
-    crate::store::tarball::pack(data, &tmp)
+    ankusa_store::tarball::pack(data, &tmp)
         .with_context(|| format!("packing {}", data.display()))?;
     check_archive(&tmp, to, &id)?;
     std::fs::rename(&tmp, &out)?;

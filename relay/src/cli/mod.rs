@@ -17,11 +17,11 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::config::Config;
 use crate::node::StopSignals;
-use crate::queue::{counters, fold, tenants};
-use crate::store::keys::Family;
-use crate::store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
+use ankusa_config::Config;
+use ankusa_keys::Family;
+use ankusa_queue::{counters, fold, tenants};
+use ankusa_store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
 
 #[derive(Debug, Parser)]
 #[command(name = "ankusa-relay", version, about = "Ankusa relay node")]

@@ -34,7 +34,7 @@ pub(super) fn sink(
                     );
                     let check = match verifier.as_ref() {
                         None => "unchecked".to_owned(),
-                        Some(v) => match v.verify(&headers, &body, crate::now_ms() / 1000) {
+                        Some(v) => match v.verify(&headers, &body, ankusa_keys::now_ms() / 1000) {
                             Ok(()) => "signature ok".to_owned(),
                             Err(e) => format!("signature BAD ({e})"),
                         },
@@ -49,7 +49,7 @@ pub(super) fn sink(
                 }
             },
         );
-        let l = crate::config::listen::bind(listen)
+        let l = ankusa_config::listen::bind(listen)
             .and_then(tokio::net::TcpListener::from_std)
             .with_context(|| format!("binding {listen}"))?;
         println!("ankusa-relay sink: listening on http://{}", l.local_addr()?);

@@ -105,7 +105,7 @@ pub(super) fn fixture(format: u32, out: &Path) -> anyhow::Result<ExitCode> {
         2 => crate::upgrade::fixture::write_v2(&data)?,
         _ => crate::upgrade::fixture::write_v3(&data)?,
     }
-    crate::store::tarball::pack(&data, out)?;
+    ankusa_store::tarball::pack(&data, out)?;
     let _ = std::fs::remove_dir_all(&dir);
     println!("wrote a format {format} fixture store to {}", out.display());
     Ok(ExitCode::SUCCESS)
@@ -115,7 +115,7 @@ pub(super) fn tempfile_dir() -> anyhow::Result<PathBuf> {
     let dir = std::env::temp_dir().join(format!(
         "ankusa-fixture-{}-{}",
         std::process::id(),
-        crate::now_ms()
+        ankusa_keys::now_ms()
     ));
     std::fs::create_dir_all(&dir)?;
     Ok(dir)

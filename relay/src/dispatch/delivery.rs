@@ -24,11 +24,11 @@ use hyper_util::rt::TokioExecutor;
 
 use super::control::{Controller, Signal};
 use super::line::Line;
-use crate::config::{Config, ConfigError, Jitter, RetryConfig};
 use crate::metrics::AttemptLabel;
-use crate::queue::deliveries::Envelope;
-pub use crate::queue::hooklog::ErrorClass;
-use crate::store::keys::TenantOrd;
+use ankusa_config::{Config, ConfigError, Jitter, RetryConfig};
+use ankusa_keys::TenantOrd;
+use ankusa_queue::deliveries::Envelope;
+pub use ankusa_queue::hooklog::ErrorClass;
 use ankusa_verify::{standard_webhooks_key, standard_webhooks_sign};
 
 type Https = hyper_rustls::HttpsConnector<HttpConnector>;
@@ -360,7 +360,7 @@ fn request(sink: &Sink, env: &Envelope) -> Result<hyper::Request<Full<Bytes>>, h
         }
     }
     if let Some(key) = &sink.key {
-        let ts = crate::now_ms() / 1000;
+        let ts = ankusa_keys::now_ms() / 1000;
         h.insert(WEBHOOK_TIMESTAMP.clone(), HeaderValue::from(ts));
         h.insert(
             WEBHOOK_SIGNATURE.clone(),

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use crate::store::keys::TenantOrd;
+use ankusa_keys::TenantOrd;
 
 #[derive(Debug, Default)]
 struct State {

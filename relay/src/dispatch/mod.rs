@@ -2,7 +2,7 @@
 //!
 //! This layer owns the pipeline's in-memory state (per-tenant scan cursors) and is the
 //! only caller of the active index's marker cleanup (`queue::deliveries::cleanup_markers`).
-//! [`pipeline::plan_tick`] is the read half of a tick: which tenants have work now and
+//! [`pipeline::plan::plan_tick`] is the read half of a tick: which tenants have work now and
 //! which of their rows to claim, at a cost that depends on the tenants with work due,
 //! never on the number of tenants or the size of the backlog.
 
@@ -12,8 +12,8 @@ pub mod line;
 pub mod pipeline;
 pub mod replayer;
 
-use crate::queue::QueueError;
-use crate::store::StoreError;
+use ankusa_queue::QueueError;
+use ankusa_store::StoreError;
 
 /// Errors of the dispatch side: the queue's, and the runtime's own failures around them.
 #[derive(Debug, thiserror::Error)]

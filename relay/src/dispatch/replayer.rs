@@ -3,12 +3,12 @@
 //! [`deliveries::CHUNK_ROWS`] through the queue's `revive` op builder, and wakes the
 //! pipeline for them.
 
-use crate::queue::deliveries::{self, DeadRow, Tx};
-use crate::queue::hints::DueHints;
-use crate::queue::hooklog;
-use crate::queue::QueueError;
-use crate::store::keys::{AtMs, EventKind};
-use crate::store::{Op, Store};
+use ankusa_keys::{AtMs, EventKind};
+use ankusa_queue::deliveries::{self, DeadRow, Tx};
+use ankusa_queue::hints::DueHints;
+use ankusa_queue::hooklog;
+use ankusa_queue::QueueError;
+use ankusa_store::{Op, Store};
 
 /// Revives `rows`, due at `now`; returns how many this call moved. A row a concurrent
 /// replay or purge moved first is not revived again (and not counted). `audit`, if any,

@@ -35,13 +35,13 @@ use axum::{Json, Router};
 use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::cluster::{self, Cluster};
-use crate::config::{Config, ConfigError, IdempotencyConfig, TenantFrom, VerifyConfig};
 use crate::metrics::{Metrics, UNKNOWN_SOURCE};
-use crate::queue::deliveries::Envelope;
-use crate::queue::registry::Admission;
-use crate::queue::tenants;
-use crate::queue::writer::{Reply, Submission, WriterHandle};
-use crate::store::keys::AtMs;
+use ankusa_config::{Config, ConfigError, IdempotencyConfig, TenantFrom, VerifyConfig};
+use ankusa_keys::AtMs;
+use ankusa_queue::deliveries::Envelope;
+use ankusa_queue::registry::Admission;
+use ankusa_queue::tenants;
+use ankusa_queue::writer::{Reply, Submission, WriterHandle};
 use ankusa_verify::Verifier;
 
 /// A source, ready to serve.
@@ -153,7 +153,7 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
 pub struct IngestState {
     pub sources: HashMap<String, Source>,
     /// For readiness: the store's write health.
-    pub store: Arc<crate::store::Store>,
+    pub store: Arc<ankusa_store::Store>,
     pub writer: WriterHandle,
     pub quarantine: Arc<quarantine::Quarantine>,
     pub metrics: Arc<Metrics>,
@@ -167,7 +167,7 @@ pub struct IngestState {
 impl IngestState {
     pub fn new(
         sources: HashMap<String, Source>,
-        store: Arc<crate::store::Store>,
+        store: Arc<ankusa_store::Store>,
         writer: WriterHandle,
         quarantine: Arc<quarantine::Quarantine>,
         metrics: Arc<Metrics>,
@@ -186,7 +186,7 @@ impl IngestState {
             // Ids are unique across restarts: boot time and a random part, then a counter.
             id_prefix: format!(
                 "hk_{:x}{:06x}",
-                crate::now_ms(),
+                ankusa_keys::now_ms(),
                 rand::random::<u32>() & 0xFF_FFFF
             ),
         }
@@ -280,6 +280,15 @@ fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Respons
     (label, Outcome::TenantLimit, with_retry_after(r, 300))
 }
 
+/// `202` (committed by a synced write) or `200` with `duplicate` (seen within the dedupe
+/// window: the first hook's id).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct IngestAnswer {
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<bool>,
+}
+
 #[utoipa::path(
     post,
     path = "/ingest/{source}",
@@ -287,9 +296,9 @@ fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Respons
     params(("source" = String, Path, description = "A source id")),
     request_body(content = Vec<u8>, description = "The provider's body, as sent", content_type = "*/*"),
     responses(
-        (status = 202, description = "Committed by a synced write", body = crate::openapi::IngestAnswer),
-        (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = crate::openapi::IngestAnswer),
-        crate::openapi::IngestErrors,
+        (status = 202, description = "Committed by a synced write", body = IngestAnswer),
+        (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = IngestAnswer),
+        crate::http::IngestErrors,
     )
 )]
 pub(crate) async fn ingest(
@@ -310,9 +319,9 @@ pub(crate) async fn ingest(
     params(("source" = String, Path, description = "A source id"), ("tenant" = String, Path, description = "The tenant (sources with tenant: path)")),
     request_body(content = Vec<u8>, description = "The provider's body, as sent", content_type = "*/*"),
     responses(
-        (status = 202, description = "Committed by a synced write", body = crate::openapi::IngestAnswer),
-        (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = crate::openapi::IngestAnswer),
-        crate::openapi::IngestErrors,
+        (status = 202, description = "Committed by a synced write", body = IngestAnswer),
+        (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = IngestAnswer),
+        crate::http::IngestErrors,
     )
 )]
 pub(crate) async fn ingest_for_tenant(
@@ -396,7 +405,7 @@ async fn handle<'a>(
             )
         }
     };
-    let now_ms = crate::now_ms();
+    let now_ms = ankusa_keys::now_ms();
     if let Err(why) = src.verifier.verify(&headers, &bytes, now_ms / 1000) {
         s.quarantine
             .keep(src.id.clone(), why.to_string(), &headers, &bytes);
@@ -497,14 +506,24 @@ async fn handle<'a>(
         Ok(Reply::Accepted { id }) => (
             label,
             Outcome::Accepted,
-            (StatusCode::ACCEPTED, Json(serde_json::json!({ "id": id }))).into_response(),
+            (
+                StatusCode::ACCEPTED,
+                Json(IngestAnswer {
+                    id,
+                    duplicate: None,
+                }),
+            )
+                .into_response(),
         ),
         Ok(Reply::Duplicate { id }) => (
             label,
             Outcome::Duplicate,
             (
                 StatusCode::OK,
-                Json(serde_json::json!({ "id": id, "duplicate": true })),
+                Json(IngestAnswer {
+                    id,
+                    duplicate: Some(true),
+                }),
             )
                 .into_response(),
         ),

@@ -13,9 +13,9 @@ use axum::http::HeaderMap;
 use base64::Engine;
 
 use crate::metrics::Metrics;
-use crate::queue::quarantine::{self, Entry};
-use crate::queue::QueueError;
-use crate::store::{Op, Store};
+use ankusa_queue::quarantine::{self, Entry};
+use ankusa_queue::QueueError;
+use ankusa_store::{Op, Store};
 
 /// Header names never kept.
 const DROPPED_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
@@ -66,7 +66,7 @@ impl Quarantine {
         let entry = Entry {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             source,
-            at_ms: crate::now_ms(),
+            at_ms: ankusa_keys::now_ms(),
             reason,
             headers: headers
                 .iter()

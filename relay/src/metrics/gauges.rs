@@ -10,11 +10,12 @@
 //! A tenant with pending work has a marker at or before the current second, so the
 //! per-tenant gauge never needs a scan of the counters family.
 
-use crate::queue::counters::{self, Counts};
-use crate::queue::QueueError;
-use crate::queue::{deliveries, tenants};
-use crate::store::keys::{AtMs, TenantOrd};
-use crate::store::Store;
+use ankusa_crds::node::Counters;
+use ankusa_keys::{AtMs, TenantOrd};
+use ankusa_queue::counters;
+use ankusa_queue::QueueError;
+use ankusa_queue::{deliveries, tenants};
+use ankusa_store::Store;
 
 /// How many tenants the per-tenant pending gauge reports.
 pub const TOP_TENANTS: usize = 100;
@@ -26,7 +27,7 @@ pub const ACTIVE_SAMPLE_MARKERS: usize = 100_000;
 /// One gauge tick's readings.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct GaugeReading {
-    pub node: Counts,
+    pub node: Counters,
     pub oldest_due_age_ms: u64,
     pub tenants: u32,
     /// `(ord, pending)`, largest first.
@@ -60,9 +61,9 @@ pub fn read(store: &Store, now: AtMs) -> Result<GaugeReading, QueueError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::queue::deliveries::{claim, dead_letter};
-    use crate::queue::testkit::Harness;
-    use crate::store::keys::Family;
+    use ankusa_keys::Family;
+    use ankusa_queue::deliveries::{claim, dead_letter};
+    use ankusa_queue::testkit::Harness;
 
     fn busy_harness() -> Harness {
         let mut h = Harness::new();
@@ -104,7 +105,7 @@ mod tests {
             "oldest due age and the active sample"
         );
         assert!(d.seeks_of(Family::Due) <= deliveries::OLDEST_DUE_MAX_SKIPS as u64);
-        assert_eq!(g.node, crate::queue::counters::node(&h.store).unwrap());
+        assert_eq!(g.node, ankusa_queue::counters::node(&h.store).unwrap());
         assert_eq!(g.node.pending, 40 * 2 + 30 + 40);
         assert_eq!(g.node.dead, 10);
         assert_eq!(g.node.archive_pending, 20);

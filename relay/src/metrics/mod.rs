@@ -567,10 +567,10 @@ impl Metrics {
     pub fn publish(
         &self,
         g: &gauges::GaugeReading,
-        name: impl Fn(crate::store::keys::TenantOrd) -> String,
+        name: impl Fn(ankusa_keys::TenantOrd) -> String,
     ) {
-        use crate::queue::counters::CountsExt;
-        for f in crate::store::keys::CounterField::ALL {
+        use ankusa_queue::counters::CountsExt;
+        for f in ankusa_keys::CounterField::ALL {
             self.queue_state
                 .get_or_create(&FieldLabel {
                     field: f.name().to_owned(),

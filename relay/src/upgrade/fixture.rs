@@ -9,11 +9,11 @@
 use std::path::Path;
 
 use super::legacy::v2::{State, Writer};
-use crate::queue::deliveries::{self, DeliveryRow, Envelope, Tx};
-use crate::queue::writer::Assembler;
-use crate::queue::QueueError;
-use crate::store::keys::{AtMs, Seq, SinkIdx};
-use crate::store::{OpenOptions, Store};
+use ankusa_keys::{AtMs, Seq, SinkIdx};
+use ankusa_queue::deliveries::{self, DeliveryRow, Envelope, Tx};
+use ankusa_queue::writer::Assembler;
+use ankusa_queue::QueueError;
+use ankusa_store::{OpenOptions, Store};
 
 /// Due long ago.
 pub const PAST: u64 = 1_700_000_000_000;

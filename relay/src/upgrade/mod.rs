@@ -1,7 +1,7 @@
 //! Store formats above the queue: the format migrations ([`migrations`]), the older layouts
 //! they read ([`legacy`]) and the fixture stores the tests and the `store fixture` command
 //! write ([`fixture`]). They use the queue's op builders and transitions, so they live in
-//! the node crate; the store crate only runs them ([`crate::store::migrate::run`]) from the
+//! the node crate; the store crate only runs them ([`ankusa_store::migrate::run`]) from the
 //! [`builtin`] registry.
 
 pub mod fixture;
@@ -10,7 +10,7 @@ pub mod migrations;
 
 use std::sync::Arc;
 
-use crate::store::migrate::Registry;
+use ankusa_store::migrate::Registry;
 
 /// The migrations this build knows, in chain order.
 pub fn builtin() -> Registry {
@@ -20,9 +20,9 @@ pub fn builtin() -> Registry {
 /// A queue error inside a migration step, in the terms of the runner (which lives in the
 /// store, below the queue). Corruption stays corruption, counted once; the tenant refusals
 /// cannot arise (a migration allocates ordinals itself) and would stop the migration.
-pub(crate) fn step_error(e: crate::queue::QueueError) -> crate::store::StoreError {
-    use crate::queue::QueueError;
-    use crate::store::StoreError;
+pub(crate) fn step_error(e: ankusa_queue::QueueError) -> ankusa_store::StoreError {
+    use ankusa_queue::QueueError;
+    use ankusa_store::StoreError;
     match e {
         QueueError::Corrupt { family, detail } => StoreError::Corruption { family, detail },
         QueueError::Store(e) => e,

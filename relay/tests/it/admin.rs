@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use ankusa_relay::queue::counters;
-use ankusa_relay::store::keys::Family;
-use ankusa_relay::store::Cf;
+use ankusa_keys::Cf;
+use ankusa_keys::Family;
+use ankusa_queue::counters;
 use ankusa_relay::testkit::{eventually, TestNode, TestSink};
 
 use crate::support::*;
@@ -365,7 +365,7 @@ async fn purge_removes_one_tenants_rows_and_a_second_purge_is_a_no_op() {
         .call("DELETE", "/v1/tenants/a/queue?kinds=bogus", Some(ADMIN), "")
         .await;
     assert_eq!(s, 400);
-    assert!(ankusa_relay::queue::fold::verify(&h.node.store)
+    assert!(ankusa_queue::fold::verify(&h.node.store)
         .unwrap()
         .is_empty());
     h.node.stop().await;
@@ -453,7 +453,7 @@ async fn a_corrupt_row_is_an_error_and_is_counted_by_family() {
         .unwrap();
     store
         .write(
-            vec![ankusa_relay::store::Op::put(Cf::Index, key, vec![0xff])],
+            vec![ankusa_store::Op::put(Cf::Index, key, vec![0xff])],
             true,
         )
         .unwrap();
@@ -572,9 +572,7 @@ async fn concurrent_replays_and_purges_during_dispatch_move_each_row_once() {
     );
     let c = counters::node(&store).unwrap();
     assert!(c.bytes >= 0 && c.archive_pending >= 0, "{c:?}");
-    assert!(ankusa_relay::queue::fold::verify(&store)
-        .unwrap()
-        .is_empty());
+    assert!(ankusa_queue::fold::verify(&store).unwrap().is_empty());
     h.node.stop().await;
 }
 

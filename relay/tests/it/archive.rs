@@ -2,8 +2,8 @@
 //! delivery and reclaim, listed for their tenant, sent again on request, and gone after
 //! their retention; `archive_pending` returns to 0 and the counters equal a fold.
 
-use ankusa_relay::queue::{counters, fold};
-use ankusa_relay::store::keys::Family;
+use ankusa_keys::Family;
+use ankusa_queue::{counters, fold};
 use ankusa_relay::testkit::{eventually, TestNode, TestSink};
 
 use crate::support::*;

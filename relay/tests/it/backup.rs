@@ -1,9 +1,9 @@
 //! Backups over the admin API, pulled and restored by the command line.
 
+use ankusa_queue::{counters, fold};
 use ankusa_relay::node::Node;
-use ankusa_relay::queue::{counters, fold};
-use ankusa_relay::store::{OpenOptions, Store};
 use ankusa_relay::testkit::NodeBuilder;
+use ankusa_store::{OpenOptions, Store};
 
 use crate::support::*;
 
@@ -126,11 +126,11 @@ async fn a_pulled_backup_restores_to_the_same_store() {
     // The pipeline kept moving rows (due -> scheduled) around the checkpoint, so compare
     // what the checkpoint cannot split: every row is somewhere, with all its bytes.
     let got = counters::node(&store).unwrap();
-    let rows = |c: &ankusa_relay::queue::Counts| c.pending + c.scheduled + c.inflight + c.dead;
+    let rows = |c: &ankusa_crds::node::Counters| c.pending + c.scheduled + c.inflight + c.dead;
     assert_eq!(rows(&got), 40);
     assert_eq!(rows(&expect), 40);
     assert_eq!(got.bytes, expect.bytes);
-    assert_eq!(ankusa_relay::queue::tenants::count(&store).unwrap(), 4);
+    assert_eq!(ankusa_queue::tenants::count(&store).unwrap(), 4);
     assert!(fold::verify(&store).unwrap().is_empty());
 }
 
@@ -245,7 +245,7 @@ async fn a_backup_token_streams_a_backup_and_can_do_nothing_else() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let store = Store::open(&restored, &OpenOptions::default()).unwrap();
     let got = counters::node(&store).unwrap();
-    let rows = |c: &ankusa_relay::queue::Counts| c.pending + c.scheduled + c.inflight + c.dead;
+    let rows = |c: &ankusa_crds::node::Counters| c.pending + c.scheduled + c.inflight + c.dead;
     assert_eq!(rows(&got), 30);
     assert_eq!(got.bytes, expect.bytes);
     assert!(fold::verify(&store).unwrap().is_empty());

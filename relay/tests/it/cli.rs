@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use ankusa_relay::store::keys::{self, Family};
-use ankusa_relay::store::{Cf, Op, OpenOptions, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::Family;
+use ankusa_store::{Op, OpenOptions, Store};
 
 use crate::support::*;
 
@@ -96,7 +97,7 @@ fn a_newer_store_is_refused_by_every_command_and_left_unchanged() {
             .write(
                 vec![Op::put(
                     Cf::Default,
-                    keys::META_FORMAT.to_vec(),
+                    ankusa_keys::META_FORMAT.to_vec(),
                     7u32.to_be_bytes(),
                 )],
                 true,
@@ -211,7 +212,7 @@ fn version_json_names_the_supported_store_format() {
 fn the_quickstart_configuration_loads_with_the_readmes_admin_token() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     // On its own: no environment variable needed.
-    let c = ankusa_relay::config::Config::load(
+    let c = ankusa_config::Config::load(
         &root.join("examples/quickstart.yaml"),
         Vec::<(String, String)>::new(),
     )

@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use ankusa_relay::queue::counters;
+use ankusa_queue::counters;
 
 use ankusa_relay::testkit::{eventually, TestNode, TestSink};
 

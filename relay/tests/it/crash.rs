@@ -4,10 +4,10 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use ankusa_relay::queue::deliveries::{self, DueRow, Envelope, InflightRow};
-use ankusa_relay::queue::{fold, tenants};
-use ankusa_relay::store::keys::Family;
-use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_keys::Family;
+use ankusa_queue::deliveries::{self, DueRow, Envelope, InflightRow};
+use ankusa_queue::{fold, tenants};
+use ankusa_store::{OpenOptions, Store};
 
 use ankusa_relay::testkit::NodeBuilder;
 
@@ -95,7 +95,7 @@ fn every_acked_hook_survives_kill_9() {
             let env = Envelope::decode(&v).unwrap();
             (
                 env.id.clone(),
-                (ankusa_relay::store::keys::decode_hook(&k).unwrap().0, env),
+                (ankusa_keys::decode_hook(&k).unwrap().0, env),
             )
         })
         .collect();
@@ -239,7 +239,7 @@ fn inflight_rows_are_recovered_after_kill_9() {
     node.kill9();
     {
         let store = Store::open(data, &OpenOptions::default()).unwrap();
-        let c = ankusa_relay::queue::counters::node(&store).unwrap();
+        let c = ankusa_queue::counters::node(&store).unwrap();
         assert_eq!(
             c.inflight, 60,
             "the kill should leave the claimed rows inflight"
@@ -358,7 +358,7 @@ fn repeated_sigterm_while_a_backlog_drains_delivers_every_hook_exactly_once() {
     let status = sigterm(&mut node, Duration::from_secs(15));
     assert!(status.success());
     let store = Store::open(&n.data, &OpenOptions::default()).unwrap();
-    let c = ankusa_relay::queue::counters::node(&store).unwrap();
+    let c = ankusa_queue::counters::node(&store).unwrap();
     assert_eq!(
         (c.pending, c.scheduled, c.inflight, c.dead),
         (0, 0, 0, 0),
@@ -389,7 +389,7 @@ fn a_stop_cuts_deliveries_at_its_grace_and_makes_them_due_again() {
     );
     {
         let store = Store::open(&n.data, &OpenOptions::default()).unwrap();
-        let c = ankusa_relay::queue::counters::node(&store).unwrap();
+        let c = ankusa_queue::counters::node(&store).unwrap();
         assert_eq!((c.inflight, c.pending + c.scheduled), (0, 20), "{c:?}");
         assert!(fold::verify(&store).unwrap().is_empty());
     }
@@ -616,7 +616,7 @@ fn a_cut_restore_leaves_a_directory_no_command_opens() {
     let data = dir.path().join("db");
     store_with_hooks(&data, 5_000);
     let archive = dir.path().join("whole.tar.zst");
-    ankusa_relay::store::tarball::pack(&data, &archive).unwrap();
+    ankusa_store::tarball::pack(&data, &archive).unwrap();
     // The archive cut half-way, as a killed copy or restore leaves it.
     let bytes = std::fs::read(&archive).unwrap();
     let cut = dir.path().join("cut.tar.zst");
@@ -672,5 +672,5 @@ fn a_cut_restore_leaves_a_directory_no_command_opens() {
         whole.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    assert!(!names_in(&whole).contains(&ankusa_relay::store::RESTORING_MARKER.to_owned()));
+    assert!(!names_in(&whole).contains(&ankusa_tarball::RESTORING_MARKER.to_owned()));
 }

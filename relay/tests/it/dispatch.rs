@@ -4,12 +4,14 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use ankusa_crds::node::Counters;
+use ankusa_keys::Cf;
+use ankusa_keys::Family;
+use ankusa_queue::deliveries::{self, PurgeKinds};
+use ankusa_queue::{counters, fold, tenants};
 use ankusa_relay::node::Node;
-use ankusa_relay::queue::deliveries::{self, PurgeKinds};
-use ankusa_relay::queue::{counters, fold, tenants, Counts};
-use ankusa_relay::store::keys::Family;
-use ankusa_relay::store::{Cf, Op};
 use ankusa_relay::testkit::{eventually, NodeBuilder, TestNode, TestSink};
+use ankusa_store::Op;
 use ankusa_verify::{standard_webhooks_key, Verifier};
 
 use crate::support::*;
@@ -82,17 +84,18 @@ fn builder(sink: &TestSink, route_sinks: &[&str], sources: &[&str]) -> NodeBuild
     b
 }
 
-struct Harness {
+/// A node delivering to one scriptable sink, and a client for its listeners.
+struct NodeAndSink {
     node: TestNode,
     sink: TestSink,
     c: Client,
 }
 
-impl Harness {
-    async fn start(route_sinks: &[&str], sources: &[&str]) -> Harness {
+impl NodeAndSink {
+    async fn start(route_sinks: &[&str], sources: &[&str]) -> NodeAndSink {
         let sink = TestSink::start().await;
         let node = builder(&sink, route_sinks, sources).start().await;
-        Harness {
+        NodeAndSink {
             node,
             sink,
             c: client(),
@@ -114,7 +117,7 @@ impl Harness {
         r.json()["id"].as_str().unwrap().to_owned()
     }
 
-    fn node_counts(&self) -> Counts {
+    fn node_counts(&self) -> Counters {
         counters::node(&self.node.store).unwrap()
     }
 
@@ -241,7 +244,7 @@ async fn a_fresh_hook_into_a_caught_up_node_starts_at_its_commit_with_no_tick() 
     .await;
     assert!(fold::verify(&node.store).unwrap().is_empty());
     // No marker was ever written: the active index is empty.
-    let now = ankusa_relay::store::keys::AtMs(ankusa_relay::now_ms() + 60_000);
+    let now = ankusa_keys::AtMs(ankusa_keys::now_ms() + 60_000);
     assert!(deliveries::active_tenants(&node.store, now, 4096)
         .unwrap()
         .is_empty());
@@ -686,7 +689,7 @@ sources: [{{ id: in, tenant: {{ header: x-tenant }}, verify: {{ scheme: none }},
 
 #[tokio::test]
 async fn a_hook_arrives_signed_with_its_original_body() {
-    let h = Harness::start(&["a"], &[]).await;
+    let h = NodeAndSink::start(&["a"], &[]).await;
     let body = r#"{"event":"invoice.paid","amount":4200}"#;
     let id = h.send("acme", body).await;
     eventually(10, "the sink to receive the hook", || {
@@ -707,7 +710,7 @@ async fn a_hook_arrives_signed_with_its_original_body() {
     assert!(v.verify(&got.headers, b"tampered", now_s()).is_err());
     h.settled().await;
     eventually(10, "the delivered hook to be reclaimed", || h.hooks() == 0).await;
-    assert_eq!(h.node_counts(), Counts::default());
+    assert_eq!(h.node_counts(), Counters::default());
     h.node.stop().await;
 }
 
@@ -716,7 +719,7 @@ async fn a_hook_arrives_signed_with_its_original_body() {
 /// source's own list otherwise, never more than the bounds.
 #[tokio::test]
 async fn a_github_hook_reaches_the_sink_with_its_event_header_tenant_and_source() {
-    let h = Harness::start(
+    let h = NodeAndSink::start(
         &["a"],
         &[
             r#"{ id: gh, tenant: { json_pointer: /installation/id }, verify: { scheme: github, secret: { value: "gh-secret" } }, route: main }"#,
@@ -788,7 +791,7 @@ async fn a_github_hook_reaches_the_sink_with_its_event_header_tenant_and_source(
 /// segment, for the sources that say so and no other.
 #[tokio::test]
 async fn a_tenant_in_the_url_files_the_hook_under_it() {
-    let h = Harness::start(
+    let h = NodeAndSink::start(
         &["a"],
         &["{ id: pt, tenant: path, verify: { scheme: none }, route: main }"],
     )
@@ -824,7 +827,7 @@ async fn a_tenant_in_the_url_files_the_hook_under_it() {
 
 #[tokio::test]
 async fn a_sink_answering_500_twice_then_200_gets_the_hook_three_times_on_schedule() {
-    let h = Harness::start(&["b"], &[]).await;
+    let h = NodeAndSink::start(&["b"], &[]).await;
     h.sink
         .script("/b", &[(500, None), (500, None), (200, None)]);
     h.send("acme", "{}").await;
@@ -850,7 +853,7 @@ async fn a_sink_answering_500_twice_then_200_gets_the_hook_three_times_on_schedu
 
 #[tokio::test]
 async fn a_400_dead_letters_at_once_exhausted_attempts_dead_letter_and_retry_after_is_honoured() {
-    let h = Harness::start(&["a", "b", "c", "lenient"], &[]).await;
+    let h = NodeAndSink::start(&["a", "b", "c", "lenient"], &[]).await;
     h.sink.script("/a", &[(400, None)]);
     h.sink.script("/b", &[(503, None); 10]);
     h.sink.script("/c", &[(429, Some(1)), (200, None)]);
@@ -885,7 +888,7 @@ async fn a_400_dead_letters_at_once_exhausted_attempts_dead_letter_and_retry_aft
 
 #[tokio::test]
 async fn fan_out_to_three_sinks_settles_each_independently_and_reclaims_after_the_last() {
-    let h = Harness::start(&["a", "b", "c"], &[]).await;
+    let h = NodeAndSink::start(&["a", "b", "c"], &[]).await;
     h.sink
         .script("/c", &[(500, None), (500, None), (200, None)]);
     h.send("acme", r#"{"n":1}"#).await;
@@ -919,13 +922,13 @@ async fn fan_out_to_three_sinks_settles_each_independently_and_reclaims_after_th
     )
     .unwrap();
     eventually(10, "the purged hook to be reclaimed", || h.hooks() == 0).await;
-    assert_eq!(h.node_counts(), Counts::default());
+    assert_eq!(h.node_counts(), Counters::default());
     h.node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_tenants_are_all_delivered() {
-    let h = Harness::start(&["b"], &[]).await;
+    let h = NodeAndSink::start(&["b"], &[]).await;
     for i in 0..200 {
         h.send(&format!("t{}", i % 37), &format!(r#"{{"i":{i}}}"#))
             .await;

@@ -5,7 +5,7 @@
 
 use std::collections::BTreeSet;
 
-use ankusa_relay::config::Config;
+use ankusa_config::Config;
 
 fn doc(name: &str) -> String {
     std::fs::read_to_string(

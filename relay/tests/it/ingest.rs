@@ -2,8 +2,8 @@
 
 use std::collections::BTreeSet;
 
-use ankusa_relay::queue::{deliveries::Envelope, fold, tenants};
-use ankusa_relay::store::keys::Family;
+use ankusa_keys::Family;
+use ankusa_queue::{deliveries::Envelope, fold, tenants};
 use ankusa_relay::testkit::TestNode;
 use base64::Engine;
 

@@ -3,10 +3,10 @@
 
 use std::path::Path;
 
-use ankusa_relay::queue::deliveries::{self, Envelope, Tx};
-use ankusa_relay::queue::writer::Assembler;
-use ankusa_relay::store::keys::{AtMs, Family};
-use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_keys::{AtMs, Family};
+use ankusa_queue::deliveries::{self, Envelope, Tx};
+use ankusa_queue::writer::Assembler;
+use ankusa_store::{OpenOptions, Store};
 
 /// A format-3 store at `dir` holding `rows` dead rows (one sink, `s`, each) over `tenants`
 /// tenants (`tenant-0`, …) from `source`, bodies of `body` bytes, dead-lettered a minute
@@ -14,7 +14,7 @@ use ankusa_relay::store::{OpenOptions, Store};
 pub fn store_with_dead(dir: &Path, rows: u64, tenants: u64, source: &str, body: usize) {
     let store = Store::open(dir, &OpenOptions::default()).expect("open");
     let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
-    let now = ankusa_relay::now_ms();
+    let now = ankusa_keys::now_ms();
     let mut n = 0;
     while n < rows {
         let envs: Vec<Envelope> = (n..(n + 1_000).min(rows))

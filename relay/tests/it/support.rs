@@ -7,12 +7,12 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use ankusa_relay::queue::deliveries::Envelope;
-use ankusa_relay::queue::writer::Assembler;
-use ankusa_relay::store::keys::AtMs;
-use ankusa_relay::store::{OpenOptions, Store};
+use ankusa_keys::AtMs;
+use ankusa_queue::deliveries::Envelope;
+use ankusa_queue::writer::Assembler;
 pub use ankusa_relay::testkit::free_port;
 use ankusa_relay::testkit::NodeBuilder;
+use ankusa_store::{OpenOptions, Store};
 
 pub fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_ankusa-relay"))
@@ -264,21 +264,13 @@ pub async fn get_text(c: &Client, url: &str) -> (u16, String) {
 
 /// HMAC-SHA256, for signing test requests the way providers do.
 pub fn hmac_sha256(key: &[u8], parts: &[&[u8]]) -> Vec<u8> {
-    use hmac::Mac;
-    let mut m = hmac::Hmac::<sha2::Sha256>::new_from_slice(key).expect("any key length");
-    for p in parts {
-        m.update(p);
-    }
-    m.finalize().into_bytes().to_vec()
+    ankusa_verify::hmac_sha256(key, parts).to_vec()
 }
 
-/// Lower-case hex, as providers write signatures.
-pub fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
+pub use ankusa_keys::hex;
 
 pub fn now_s() -> u64 {
-    ankusa_relay::now_ms() / 1000
+    ankusa_keys::now_ms() / 1000
 }
 
 /// Compiles `source` (C) into `dir/NAME.so` for `LD_PRELOAD`: the fault shims of the
@@ -415,7 +407,5 @@ pub fn queued_rows(counters: &serde_json::Value) -> i64 {
 /// The value of the unlabelled series `name` in a metrics exposition; panics if it is not
 /// there.
 pub fn metric(text: &str, name: &str) -> f64 {
-    text.lines()
-        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
+    ankusa_relay::testkit::metric(text, name).unwrap_or_else(|| panic!("no {name} in {text}"))
 }

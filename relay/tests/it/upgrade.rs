@@ -5,12 +5,14 @@ use std::io::BufRead;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use ankusa_relay::queue::deliveries::Envelope;
-use ankusa_relay::queue::{counters, deliveries, fold, tenants, Counts};
-use ankusa_relay::store::keys::{AtMs, Family, Seq, SinkIdx, TenantOrd};
-use ankusa_relay::store::migrate::{self, Outcome};
-use ankusa_relay::store::{tarball, Cf, KeyValue, OpenOptions, Store, StoreError};
+use ankusa_crds::node::Counters;
+use ankusa_keys::Cf;
+use ankusa_keys::{AtMs, Family, Seq, SinkIdx, TenantOrd};
+use ankusa_queue::deliveries::Envelope;
+use ankusa_queue::{counters, deliveries, fold, tenants};
 use ankusa_relay::upgrade::legacy::v2::{State, Writer};
+use ankusa_store::migrate::{self, Outcome};
+use ankusa_store::{tarball, KeyValue, OpenOptions, Store, StoreError};
 
 use crate::support::*;
 
@@ -58,7 +60,7 @@ fn snapshot(store: &Store) -> Vec<(Cf, Vec<KeyValue>)> {
         .collect()
 }
 
-fn tenant_counts(store: &Store, name: &str) -> Counts {
+fn tenant_counts(store: &Store, name: &str) -> Counters {
     let ord = tenants::ord(store, name)
         .unwrap()
         .unwrap_or_else(|| panic!("no tenant {name}"));
@@ -338,7 +340,7 @@ fn tenant_migration_allocates_each_ordinal_once() {
     let mut by_ord: BTreeMap<u32, String> = BTreeMap::new();
     for kv in store.scan_family(Family::TenantNames).unwrap() {
         let (k, v) = kv.unwrap();
-        let ord = ankusa_relay::store::keys::decode_tenant_name(&k).unwrap();
+        let ord = ankusa_keys::decode_tenant_name(&k).unwrap();
         by_ord.insert(ord.0, String::from_utf8(v).unwrap());
     }
     let n = by_ord.len() as u32;

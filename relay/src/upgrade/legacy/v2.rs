@@ -17,10 +17,11 @@
 
 use std::path::Path;
 
-use crate::queue::codec::{Dec, DecodeError, Enc};
-use crate::queue::deliveries::{DeliveryRow, Envelope};
-use crate::store::keys::{self, AtMs, DeadKey, Seq, SinkIdx};
-use crate::store::{Cf, Op, OpenOptions, Store, StoreError};
+use ankusa_keys::Cf;
+use ankusa_keys::{AtMs, DeadKey, Seq, SinkIdx};
+use ankusa_queue::deliveries::{DeliveryRow, Envelope};
+use ankusa_store::{Op, OpenOptions, Store, StoreError};
+use ankusa_values::codec::{Dec, DecodeError, Enc};
 
 /// The format this module writes.
 pub const FORMAT: u32 = 2;
@@ -89,8 +90,10 @@ impl Writer {
 
     /// A hook whose envelope is stored as given (it may not decode).
     pub fn raw_hook(&self, seq: Seq, bytes: Vec<u8>) -> Result<(), StoreError> {
-        self.store
-            .write(vec![Op::put(Cf::Hooks, keys::hook(seq), bytes)], false)
+        self.store.write(
+            vec![Op::put(Cf::Hooks, ankusa_keys::hook(seq), bytes)],
+            false,
+        )
     }
 
     /// A hook with its deliveries: one per `(sink, state)`; `hook: None` writes the rows
@@ -105,7 +108,7 @@ impl Writer {
     ) -> Result<(), StoreError> {
         let mut ops = Vec::new();
         if let Some(env) = hook {
-            ops.push(Op::put(Cf::Hooks, keys::hook(seq), env.encode()));
+            ops.push(Op::put(Cf::Hooks, ankusa_keys::hook(seq), env.encode()));
         }
         for (sink, state) in rows {
             let row = DeliveryRow {
@@ -115,16 +118,16 @@ impl Writer {
             };
             ops.push(Op::put(
                 Cf::Deliveries,
-                keys::delivery(seq, *sink),
+                ankusa_keys::delivery(seq, *sink),
                 row.encode(),
             ));
             let sz = size.to_be_bytes().to_vec();
             match state {
                 State::Due { at } => {
-                    ops.push(Op::put(Cf::Index, keys::due_v2(*at, seq, *sink), sz));
+                    ops.push(Op::put(Cf::Index, ankusa_keys::due_v2(*at, seq, *sink), sz));
                 }
                 State::Inflight => {
-                    ops.push(Op::put(Cf::Index, keys::inflight_v2(seq, *sink), sz));
+                    ops.push(Op::put(Cf::Index, ankusa_keys::inflight_v2(seq, *sink), sz));
                 }
                 State::Dead { at } => {
                     let v = DeadValueV2 {
@@ -136,12 +139,16 @@ impl Writer {
                         seq,
                         sink: *sink,
                     };
-                    ops.push(Op::put(Cf::Index, keys::dead(&key), v.encode()));
+                    ops.push(Op::put(Cf::Index, ankusa_keys::dead(&key), v.encode()));
                 }
             }
         }
         if archive {
-            ops.push(Op::put(Cf::Index, keys::archive(seq), size.to_be_bytes()));
+            ops.push(Op::put(
+                Cf::Index,
+                ankusa_keys::archive(seq),
+                size.to_be_bytes(),
+            ));
         }
         self.store.write(ops, false)
     }

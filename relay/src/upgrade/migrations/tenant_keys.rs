@@ -27,15 +27,16 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::queue::deliveries::{
+use crate::upgrade::legacy::v2;
+use ankusa_keys::Cf;
+use ankusa_keys::{DeadKey, DueKey, Family, InflightKey, Seq, TenantOrd};
+use ankusa_queue::deliveries::{
     self, ArchiveObligation, DeadRow, DeadValue, DeliveryRow, DueRow, Envelope, InflightRow, Kind,
     Tx,
 };
-use crate::queue::tenants::{self, DEFAULT_TENANT};
-use crate::store::keys::{self, DeadKey, DueKey, Family, InflightKey, Seq, TenantOrd};
-use crate::store::migrate::{Migration, Step, MAX_STEP_ROWS};
-use crate::store::{sentinel_ops, Cf, Dir, KeyValue, Op, Store, StoreError};
-use crate::upgrade::legacy::v2;
+use ankusa_queue::tenants::{self, DEFAULT_TENANT};
+use ankusa_store::migrate::{Migration, Step, MAX_STEP_ROWS};
+use ankusa_store::{sentinel_ops, Dir, KeyValue, Op, Store, StoreError};
 
 /// The 2 → 3 migration.
 #[derive(Debug, Default, Clone, Copy)]
@@ -56,7 +57,7 @@ fn cursor(phase: u8, started: u64, last: &[u8]) -> Vec<u8> {
 
 fn parse(c: &[u8]) -> Result<(u8, u64, &[u8]), StoreError> {
     if c.is_empty() {
-        return Ok((PHASE_DUE, crate::now_ms(), &[]));
+        return Ok((PHASE_DUE, ankusa_keys::now_ms(), &[]));
     }
     match c {
         [p, rest @ ..] if (PHASE_DUE..=PHASE_FINISH).contains(p) && rest.len() >= 8 => {
@@ -67,7 +68,7 @@ fn parse(c: &[u8]) -> Result<(u8, u64, &[u8]), StoreError> {
         }
         _ => Err(StoreError::corruption(
             Family::Meta,
-            format!("bad 2 -> 3 migration cursor {}", keys::hex(c)),
+            format!("bad 2 -> 3 migration cursor {}", ankusa_keys::hex(c)),
         )),
     }
 }
@@ -98,14 +99,14 @@ impl Ords {
             Cf::Tenants,
             &missing
                 .iter()
-                .map(|n| keys::tenant_ord(n))
+                .map(|n| ankusa_keys::tenant_ord(n))
                 .collect::<Vec<_>>(),
         )?;
         for (name, v) in missing.into_iter().zip(found) {
             if self.known.contains_key(name) {
                 continue;
             }
-            let ord = match v.as_deref().and_then(crate::store::decode_u32) {
+            let ord = match v.as_deref().and_then(ankusa_store::decode_u32) {
                 Some(o) => TenantOrd(o),
                 None => {
                     let o = TenantOrd(self.next);
@@ -136,7 +137,10 @@ fn tenants_of(store: &Store, seqs: &[Seq]) -> Result<BTreeMap<Seq, String>, Stor
     uniq.dedup();
     let hooks = store.multi_get(
         Cf::Hooks,
-        &uniq.iter().map(|s| keys::hook(*s)).collect::<Vec<_>>(),
+        &uniq
+            .iter()
+            .map(|s| ankusa_keys::hook(*s))
+            .collect::<Vec<_>>(),
     )?;
     Ok(uniq
         .into_iter()
@@ -246,9 +250,12 @@ impl Migration for TenantKeys {
             match phase {
                 PHASE_DUE => {
                     for (k, v) in &batch {
-                        let (at, seq, sink) = keys::decode_due_v2(k)?;
+                        let (at, seq, sink) = ankusa_keys::decode_due_v2(k)?;
                         let size = v2::decode_size(v).ok_or_else(|| {
-                            corrupt(Family::DueV2, format!("bad value at {}", keys::hex(k)))
+                            corrupt(
+                                Family::DueV2,
+                                format!("bad value at {}", ankusa_keys::hex(k)),
+                            )
                         })?;
                         tx.push_op(Op::delete(Cf::Index, k.clone()));
                         let kind = if at.0 > started {
@@ -269,9 +276,12 @@ impl Migration for TenantKeys {
                 }
                 PHASE_INFLIGHT => {
                     for (k, v) in &batch {
-                        let (seq, sink) = keys::decode_inflight_v2(k)?;
+                        let (seq, sink) = ankusa_keys::decode_inflight_v2(k)?;
                         let size = v2::decode_size(v).ok_or_else(|| {
-                            corrupt(Family::InflightV2, format!("bad value at {}", keys::hex(k)))
+                            corrupt(
+                                Family::InflightV2,
+                                format!("bad value at {}", ankusa_keys::hex(k)),
+                            )
                         })?;
                         tx.push_op(Op::delete(Cf::Index, k.clone()));
                         let ord = ords.get(&names[&seq]);
@@ -287,18 +297,18 @@ impl Migration for TenantKeys {
                 PHASE_DEAD => {
                     let dkeys: Vec<DeadKey> = batch
                         .iter()
-                        .map(|(k, _)| keys::decode_dead(k))
+                        .map(|(k, _)| ankusa_keys::decode_dead(k))
                         .collect::<Result<_, _>>()?;
                     let drows = store.multi_get(
                         Cf::Deliveries,
                         &dkeys
                             .iter()
-                            .map(|d| keys::delivery(d.seq, d.sink))
+                            .map(|d| ankusa_keys::delivery(d.seq, d.sink))
                             .collect::<Vec<_>>(),
                     )?;
                     for ((key, (k, v)), drow) in dkeys.into_iter().zip(&batch).zip(drows) {
                         let old = v2::DeadValueV2::decode(v).map_err(|e| {
-                            corrupt(Family::Dead, format!("{e} at {}", keys::hex(k)))
+                            corrupt(Family::Dead, format!("{e} at {}", ankusa_keys::hex(k)))
                         })?;
                         let size = drow
                             .and_then(|r| DeliveryRow::decode(&r).ok())
@@ -315,9 +325,12 @@ impl Migration for TenantKeys {
                 }
                 _ => {
                     for (k, v) in &batch {
-                        let seq = keys::decode_archive(k)?;
+                        let seq = ankusa_keys::decode_archive(k)?;
                         let size = v2::decode_size(v).ok_or_else(|| {
-                            corrupt(Family::Archive, format!("bad value at {}", keys::hex(k)))
+                            corrupt(
+                                Family::Archive,
+                                format!("bad value at {}", ankusa_keys::hex(k)),
+                            )
                         })?;
                         deliveries::import_archive(
                             &mut tx,
@@ -342,9 +355,9 @@ impl Migration for TenantKeys {
 
 fn seq_of(family: Family, k: &[u8]) -> Result<Seq, StoreError> {
     Ok(match family {
-        Family::DueV2 => keys::decode_due_v2(k)?.1,
-        Family::InflightV2 => keys::decode_inflight_v2(k)?.0,
-        Family::Dead => keys::decode_dead(k)?.seq,
-        _ => keys::decode_archive(k)?,
+        Family::DueV2 => ankusa_keys::decode_due_v2(k)?.1,
+        Family::InflightV2 => ankusa_keys::decode_inflight_v2(k)?.0,
+        Family::Dead => ankusa_keys::decode_dead(k)?.seq,
+        _ => ankusa_keys::decode_archive(k)?,
     })
 }

@@ -24,8 +24,9 @@
 //! event yet), and one point read confirms it.
 
 use super::deliveries::{self, DeliveryRow, Envelope, Kind, Located, Tx};
-use ankusa_store::keys::{self, AtMs, EventKey, EventKind, Family, Seq, SinkIdx};
-use ankusa_store::{Cf, Dir, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::{AtMs, EventKey, EventKind, Family, Seq, SinkIdx};
+use ankusa_store::{Dir, Op, Store};
 /// The hook log's values (crate `ankusa-values`).
 pub use ankusa_values::{AttemptOutcome, ErrorClass, Event, LogRecord, MAX_ERROR_BYTES};
 
@@ -38,10 +39,10 @@ pub const MAX_ATTEMPTS_KEPT: usize = 16;
 pub fn log_ingest(tx: &mut Tx, seq: Seq, env: &Envelope) {
     tx.push_op(Op::put(
         Cf::Audit,
-        keys::hook_log(seq),
+        ankusa_keys::hook_log(seq),
         LogRecord::encode_envelope(env),
     ));
-    if let Some(k) = keys::hook_id(&env.id) {
+    if let Some(k) = ankusa_keys::hook_id(&env.id) {
         tx.push_op(Op::put(Cf::Audit, k, seq.0.to_be_bytes()));
     }
 }
@@ -63,11 +64,11 @@ pub fn record(
         kind: ev.kind,
     };
     if ev.kind == EventKind::Attempt && ev.attempt as usize > MAX_ATTEMPTS_KEPT {
-        let (lo, hi) = keys::hook_events_of_delivery(seq, sink);
+        let (lo, hi) = ankusa_keys::hook_events_of_delivery(seq, sink);
         let mut attempts = Vec::new();
         for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
             let (k, _) = kv?;
-            let ek = keys::decode_hook_event(&k)?;
+            let ek = ankusa_keys::decode_hook_event(&k)?;
             attempts.push((ek.kind == EventKind::Attempt, k));
         }
         // Keep the newest MAX - 1 attempts (and what came after the oldest of them); the
@@ -84,7 +85,11 @@ pub fn record(
             tx.unit_op(Op::delete(Cf::Audit, k));
         }
     }
-    tx.unit_op(Op::put(Cf::Audit, keys::hook_event(&key), ev.encode()));
+    tx.unit_op(Op::put(
+        Cf::Audit,
+        ankusa_keys::hook_event(&key),
+        ev.encode(),
+    ));
     Ok(())
 }
 
@@ -149,7 +154,7 @@ pub struct HookView {
 
 /// The log's seq of a hook id, if the log keeps it.
 pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, QueueError> {
-    let Some(k) = keys::hook_id(id) else {
+    let Some(k) = ankusa_keys::hook_id(id) else {
         return Ok(None);
     };
     match store.get(Cf::Audit, &k)? {
@@ -170,7 +175,7 @@ pub fn lookup(store: &Store, id: &str, body: bool) -> Result<Option<HookView>, Q
     let Some(seq) = seq_of(store, id)? else {
         return Ok(None);
     };
-    let key = keys::hook_log(seq);
+    let key = ankusa_keys::hook_log(seq);
     let Some(raw) = store.get(Cf::Audit, &key)? else {
         return Ok(None);
     };
@@ -212,11 +217,11 @@ fn sink_view(
     sink: SinkIdx,
     record: &LogRecord,
 ) -> Result<SinkView, QueueError> {
-    let (lo, hi) = keys::hook_events_of_delivery(seq, sink);
+    let (lo, hi) = ankusa_keys::hook_events_of_delivery(seq, sink);
     let mut events = Vec::new();
     for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
         let (k, v) = kv?;
-        let ek = keys::decode_hook_event(&k)?;
+        let ek = ankusa_keys::decode_hook_event(&k)?;
         events.push(
             Event::decode(&ek, &v)
                 .map_err(|e| QueueError::corrupt_at(Family::HookEvents, &k, e))?,
@@ -228,7 +233,7 @@ fn sink_view(
         .map(|e| e.attempt)
         .max()
         .unwrap_or(0);
-    let key = keys::delivery(seq, sink);
+    let key = ankusa_keys::delivery(seq, sink);
     let row = match store.get(Cf::Deliveries, &key)? {
         Some(v) => Some(
             DeliveryRow::decode(&v)
@@ -315,11 +320,11 @@ impl Pruner {
         batch: usize,
     ) -> Result<PruneReport, QueueError> {
         let (lo, end) = Family::HookLog.bounds();
-        let from = self.cursor.map_or(lo.clone(), keys::hook_log);
+        let from = self.cursor.map_or(lo.clone(), ankusa_keys::hook_log);
         let Some((newest, _)) = store.first(Family::HookLog, &lo, &end, Dir::Reverse)? else {
             return Ok(PruneReport::default());
         };
-        let newest = keys::decode_hook_log(&newest)?;
+        let newest = ankusa_keys::decode_hook_log(&newest)?;
         let cutoff = now.0.saturating_sub(limits.retention_ms);
         let mut first = None;
         let mut last = None;
@@ -331,7 +336,7 @@ impl Pruner {
             .take(batch)
         {
             let (k, v) = kv?;
-            let seq = keys::decode_hook_log(&k)?;
+            let seq = ankusa_keys::decode_hook_log(&k)?;
             let record = LogRecord::decode(&v)
                 .map_err(|e| QueueError::corrupt_at(Family::HookLog, &k, e))?;
             let over = newest.0 - seq.0 + 1 > limits.max_hooks;
@@ -342,19 +347,19 @@ impl Pruner {
             first.get_or_insert(seq);
             last = Some(seq);
             pruned += 1;
-            if let Some(k) = keys::hook_id(&record.envelope.id) {
+            if let Some(k) = ankusa_keys::hook_id(&record.envelope.id) {
                 ops.push(Op::delete(Cf::Audit, k));
             }
         }
         if let (Some(first), Some(last)) = (first, last) {
             let to = Seq(last.0 + 1);
-            let (a, b) = keys::hook_log_range(first, to);
+            let (a, b) = ankusa_keys::hook_log_range(first, to);
             ops.push(Op::DeleteRange {
                 cf: Cf::Audit,
                 from: a,
                 to: b,
             });
-            let (a, b) = keys::hook_events_of_seqs(first, to);
+            let (a, b) = ankusa_keys::hook_events_of_seqs(first, to);
             ops.push(Op::DeleteRange {
                 cf: Cf::Audit,
                 from: a,
@@ -368,11 +373,11 @@ impl Pruner {
             None => store
                 .first(
                     Family::HookLog,
-                    &self.cursor.map_or(lo, keys::hook_log),
+                    &self.cursor.map_or(lo, ankusa_keys::hook_log),
                     &end,
                     Dir::Forward,
                 )?
-                .map(|(k, _)| keys::decode_hook_log(&k))
+                .map(|(k, _)| ankusa_keys::decode_hook_log(&k))
                 .transpose()?,
         };
         Ok(PruneReport {

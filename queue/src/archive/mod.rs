@@ -19,10 +19,11 @@
 //! deleted. An obligation whose hook is gone (purged) or whose source has the archive
 //! switched off is dropped through the counted path.
 
-use super::codec::{Dec, DecodeError, Enc};
 use super::deliveries::{self, ArchiveObligation, Envelope, Tx};
-use ankusa_store::keys::{self, ArchivedKey, AtMs, Family, Seq, TenantOrd};
-use ankusa_store::{Cf, Dir, Op, Store};
+use ankusa_keys::Cf;
+use ankusa_keys::{ArchivedKey, AtMs, Family, Seq, TenantOrd};
+use ankusa_store::{Dir, Op, Store};
+use ankusa_values::codec::{Dec, DecodeError, Enc};
 
 use crate::QueueError;
 
@@ -70,7 +71,7 @@ fn encode(expires: AtMs, envelope_bytes: &[u8]) -> Vec<u8> {
 
 impl Archived {
     pub fn decode(raw_key: &[u8], v: &[u8]) -> Result<Archived, QueueError> {
-        let key = keys::decode_archived_hook(raw_key)?;
+        let key = ankusa_keys::decode_archived_hook(raw_key)?;
         let corrupt = |e: DecodeError| QueueError::corrupt_at(Family::ArchivedHooks, raw_key, e);
         let mut d = Dec::new(v, "archived hook");
         d.version(VERSION).map_err(corrupt)?;
@@ -132,7 +133,7 @@ impl Archiver {
             }
             return Ok(SettleReport::default());
         };
-        let hook_keys: Vec<Vec<u8>> = obs.iter().map(|o| keys::hook(o.seq)).collect();
+        let hook_keys: Vec<Vec<u8>> = obs.iter().map(|o| ankusa_keys::hook(o.seq)).collect();
         let hooks = store.multi_get(Cf::Hooks, &hook_keys)?;
         let mut tx = Tx::new();
         let mut report = SettleReport {
@@ -182,7 +183,7 @@ impl Archiver {
         now: AtMs,
         limit: usize,
     ) -> Result<PruneReport, QueueError> {
-        let (mut lo, until) = keys::archive_expired_before(AtMs(now.0.saturating_add(1)));
+        let (mut lo, until) = ankusa_keys::archive_expired_before(AtMs(now.0.saturating_add(1)));
         // Above the lo sentinel (the bare prefix), below every real key: the range delete
         // must never take the sentinel.
         lo.push(0);
@@ -197,7 +198,7 @@ impl Archiver {
             .take(limit)
         {
             let (k, v) = kv?;
-            let (_, seq) = keys::decode_archive_expiry(&k)?;
+            let (_, seq) = ankusa_keys::decode_archive_expiry(&k)?;
             let (ord, received) = match v.as_slice() {
                 [a, b, c, d, rest @ ..] if rest.len() == 8 => (
                     TenantOrd(u32::from_be_bytes([*a, *b, *c, *d])),
@@ -206,13 +207,13 @@ impl Archiver {
                 _ => {
                     return Err(QueueError::corrupt(
                         Family::ArchiveExpiry,
-                        format!("bad value {}", keys::hex(&v)),
+                        format!("bad value {}", ankusa_keys::hex(&v)),
                     ))
                 }
             };
             ops.push(Op::delete(
                 Cf::Archive,
-                keys::archived_hook(&ArchivedKey { ord, received, seq }),
+                ankusa_keys::archived_hook(&ArchivedKey { ord, received, seq }),
             ));
             last = Some(k);
         }
@@ -251,14 +252,14 @@ fn archive_one(
     deliveries::archive_settle(tx, ob);
     tx.unit_op(Op::put(
         Cf::Archive,
-        keys::archived_hook(&key),
+        ankusa_keys::archived_hook(&key),
         encode(expires, bytes),
     ));
     let mut v = ob.ord.0.to_be_bytes().to_vec();
     v.extend_from_slice(&received.0.to_be_bytes());
     tx.unit_op(Op::put(
         Cf::Archive,
-        keys::archive_expiry(expires, ob.seq),
+        ankusa_keys::archive_expiry(expires, ob.seq),
         v,
     ));
 }
@@ -281,9 +282,9 @@ pub fn page(
     before: Option<(AtMs, Seq)>,
     limit: usize,
 ) -> Result<Page, QueueError> {
-    let (lo, mut hi) = keys::archived_range(ord, from, to);
+    let (lo, mut hi) = ankusa_keys::archived_range(ord, from, to);
     if let Some((received, seq)) = before {
-        let b = keys::archived_hook(&ArchivedKey { ord, received, seq });
+        let b = ankusa_keys::archived_hook(&ArchivedKey { ord, received, seq });
         if b < hi {
             hi = b;
         }

@@ -1,0 +1,60 @@
+//! The audit trail: `GET /v1/audit`, newest first; a tenant scope sees its tenants' rows.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::api::{blocking, caller, limit, Api, ApiResult};
+use ankusa_queue::audit::{self, Record};
+
+/// `GET /v1/audit`: a page of audit rows.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct AuditPage {
+    pub items: Vec<Record>,
+    /// Pass as `before` for the next page.
+    pub next: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct AuditQuery {
+    before: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/audit`: newest first; a tenant scope sees rows of its tenants.
+#[utoipa::path(
+    get,
+    path = "/v1/audit",
+    tag = "admin",
+    params(AuditQuery),
+    responses(
+        (status = 200, description = "Audit rows, newest first", body = AuditPage),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn audit_list(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<AuditQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let n = limit(&api, q.limit);
+    let a = api.clone();
+    blocking(move || {
+        let rows = audit::page(&a.store, q.before, n, |r| {
+            c.scope.is_admin() || r.tenant.as_deref().is_some_and(|t| c.scope.sees(t))
+        })?;
+        let next = (rows.len() == n)
+            .then(|| rows.last().map(|r| r.seq))
+            .flatten();
+        Ok(Json(AuditPage { items: rows, next }).into_response())
+    })
+    .await
+}

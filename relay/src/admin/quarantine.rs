@@ -1,0 +1,137 @@
+//! Requests that failed verification: `GET /v1/quarantine` (newest first, with headers
+//! and a body preview) and `DELETE /v1/quarantine`.
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::api::{blocking, caller, limit, Api, ApiError, ApiResult};
+use super::sources::quarantine_visible;
+
+/// One quarantined request.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct QuarantineItem {
+    pub id: u64,
+    pub source: String,
+    pub at_ms: u64,
+    /// Why verification failed.
+    pub reason: String,
+    /// `[name, value]` pairs as received.
+    pub headers: Vec<(String, String)>,
+    /// The first 1 024 characters of the body's base64.
+    pub body_base64_preview: String,
+}
+
+/// `GET /v1/quarantine`: a page of quarantined requests.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct QuarantinePage {
+    pub items: Vec<QuarantineItem>,
+    /// Pass as `before` for the next page.
+    pub next: Option<u64>,
+}
+
+/// `DELETE /v1/quarantine`: how many entries went.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Deleted {
+    pub deleted: u64,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct QuarantineQuery {
+    id: Option<u64>,
+    before: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// `GET /v1/quarantine`: newest first, with headers and a body preview.
+#[utoipa::path(
+    get,
+    path = "/v1/quarantine",
+    tag = "admin",
+    params(QuarantineQuery),
+    responses(
+        (status = 200, description = "Quarantined requests, newest first", body = QuarantinePage),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn quarantine_list(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<QuarantineQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let n = limit(&api, q.limit);
+    let a = api.clone();
+    blocking(move || {
+        let entries = ankusa_queue::quarantine::page(&a.store, q.before, n, |e| {
+            quarantine_visible(&a.config, &c.scope, &e.source)
+        })?;
+        let next = (entries.len() == n)
+            .then(|| entries.last().map(|e| e.id))
+            .flatten();
+        let items = entries
+            .into_iter()
+            .map(|e| QuarantineItem {
+                body_base64_preview: e.body.chars().take(1024).collect(),
+                id: e.id,
+                source: e.source,
+                at_ms: e.at_ms,
+                reason: e.reason,
+                headers: e.headers,
+            })
+            .collect();
+        Ok(Json(QuarantinePage { items, next }).into_response())
+    })
+    .await
+}
+
+/// `DELETE /v1/quarantine?id=N` (one) or without `id` (everything within scope).
+#[utoipa::path(
+    delete,
+    path = "/v1/quarantine",
+    tag = "admin",
+    params(QuarantineQuery),
+    responses(
+        (status = 200, description = "Entries deleted", body = Deleted),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn quarantine_delete(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<QuarantineQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let a = api.clone();
+    blocking(move || {
+        let audit = a.audit.op(
+            &c.name,
+            "quarantine.delete",
+            None,
+            serde_json::json!({ "id": q.id }),
+        );
+        let visible = |e: &ankusa_queue::quarantine::Entry| {
+            quarantine_visible(&a.config, &c.scope, &e.source) && q.id.is_none_or(|id| id == e.id)
+        };
+        let removed =
+            crate::ingest::quarantine::delete(&a.store, a.quarantine.as_deref(), visible, audit)?;
+        if q.id.is_some() && removed == 0 {
+            return Err(ApiError::NotFound("quarantined request"));
+        }
+        Ok(Json(Deleted {
+            deleted: removed as u64,
+        })
+        .into_response())
+    })
+    .await
+}
