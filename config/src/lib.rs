@@ -20,6 +20,7 @@ mod env;
 mod hook_log;
 mod ingest;
 pub mod listen;
+mod log;
 mod quarantine;
 mod reclaim;
 mod retry;
@@ -38,6 +39,7 @@ pub use dedupe::DedupeConfig;
 pub use dispatch::DispatchConfig;
 pub use hook_log::HookLogConfig;
 pub use ingest::IngestConfig;
+pub use log::{LogConfig, LogFormat};
 pub use quarantine::QuarantineConfig;
 pub use reclaim::ReclaimConfig;
 pub use retry::{Jitter, RetryConfig};
@@ -133,6 +135,7 @@ pub struct Config {
     pub hook_log: HookLogConfig,
     pub archive: ArchiveConfig,
     pub shutdown: ShutdownConfig,
+    pub log: LogConfig,
     pub cluster: ClusterConfig,
     pub sources: Vec<SourceConfig>,
     pub sinks: Vec<SinkConfig>,
@@ -155,6 +158,7 @@ impl Default for Config {
             hook_log: HookLogConfig::default(),
             archive: ArchiveConfig::default(),
             shutdown: ShutdownConfig::default(),
+            log: LogConfig::default(),
             cluster: ClusterConfig::default(),
             sources: Vec::new(),
             sinks: Vec::new(),
@@ -250,6 +254,7 @@ impl Config {
         self.hook_log.validate()?;
         self.archive.validate()?;
         self.shutdown.validate()?;
+        self.log.validate()?;
         self.cluster.validate(secrets)?;
         // Each list's ids are unique, and what one entry names exists in the next.
         let mut sinks = std::collections::BTreeSet::new();

@@ -282,6 +282,9 @@ pub struct Submission {
     /// Sent again from the archive: no new archive obligation.
     pub from_archive: bool,
     pub reply: tokio::sync::oneshot::Sender<Reply>,
+    /// The submitter's span (its request's, or none): the batch's span follows from it,
+    /// and records in it the batch's number (`batch`).
+    pub span: tracing::Span,
 }
 
 /// The writer's answer to a submission.
@@ -424,6 +427,7 @@ pub fn spawn(
         starts,
         after,
         sync,
+        batches: 0,
     };
     let join = std::thread::Builder::new()
         .name("ankusa-writer".into())
@@ -451,6 +455,9 @@ struct Writer {
     after: std::sync::Arc<AfterSync>,
     /// Where written batches go to be synced and answered.
     sync: Syncing,
+    /// Batches taken so far: each one's number in the `writer.batch` span and in its
+    /// requests' spans (`batch`).
+    batches: u64,
 }
 
 /// How the writer's batches are synced (`writer.pipeline`).
@@ -666,6 +673,20 @@ impl Writer {
     }
 
     fn commit_batch(&mut self, batch: Vec<Submission>) {
+        self.batches += 1;
+        let span = tracing::debug_span!(
+            target: "ankusa::trace",
+            "writer.batch",
+            batch = self.batches,
+            hooks = batch.len()
+        );
+        if !span.is_disabled() {
+            for s in &batch {
+                span.follows_from(&s.span);
+                s.span.record("batch", self.batches);
+            }
+        }
+        let _in_batch = span.enter();
         if self
             .after
             .stale

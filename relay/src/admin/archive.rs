@@ -241,6 +241,7 @@ pub async fn replay(
                 idempotency: None,
                 from_archive: true,
                 reply: tx,
+                span: tracing::Span::current(),
             };
             // The writer's queue is bounded: wait for room rather than refuse a replay.
             loop {

@@ -226,6 +226,22 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
         .fallback(crate::http::not_found)
         .layer(axum::middleware::from_fn_with_state(gate, token_first))
         .layer(axum::middleware::map_response(crate::http::json_errors))
+        .layer(axum::middleware::from_fn(traced))
+}
+
+/// Each admin call in an `admin` span (with `log.spans`): its method, path and status.
+async fn traced(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
+    use tracing::Instrument;
+    let span = tracing::debug_span!(
+        target: "ankusa::trace",
+        "admin",
+        method = %req.method(),
+        path = req.uri().path(),
+        status = tracing::field::Empty,
+    );
+    let resp = next.run(req).instrument(span.clone()).await;
+    span.record("status", resp.status().as_u16());
+    resp
 }
 
 /// Every `/v1/*` request shows a valid token before anything else looks at it: a caller

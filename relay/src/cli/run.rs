@@ -22,10 +22,13 @@ pub(super) fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
 /// the configuration is read (see [`StopSignals`]), and the soft open-file limit is raised
 /// to the hard one.
 pub(super) fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
-    init_tracing();
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
         let mut signals = StopSignals::install()?;
+        // The logs are as the configuration says: it is read before anything logs (a bad
+        // file is the command's error, on standard error).
+        let config = Config::load(config_path, std::env::vars())?;
+        init_tracing(&config.log)?;
         match crate::node::raise_open_files_limit() {
             Ok((before, after)) if before != after => {
                 tracing::info!(from = ?before, to = ?after, "raised the soft open-file limit to the hard limit")
@@ -33,7 +36,6 @@ pub(super) fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
             Ok(_) => {}
             Err(e) => tracing::warn!(error = %e, "could not raise the soft open-file limit"),
         }
-        let config = Config::load(config_path, std::env::vars())?;
         let data_dir = config.data_dir.clone();
         let node = signals.start_node(config).await?;
         println!(

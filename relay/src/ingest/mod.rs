@@ -25,6 +25,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
+use tracing::Instrument;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
@@ -344,7 +345,22 @@ async fn served(
     body: Body,
 ) -> Response {
     let started = Instant::now();
-    let (label, outcome, resp) = handle(s, source, tenant, uri, headers, body).await;
+    // Built only with `log.spans` (or another subscriber that asks for `ankusa::trace`).
+    let span = tracing::debug_span!(
+        target: "ankusa::trace",
+        "ingest",
+        source,
+        tenant = tracing::field::Empty,
+        hook_id = tracing::field::Empty,
+        batch = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let (label, outcome, resp) = handle(s, source, tenant, uri, headers, body)
+        .instrument(span.clone())
+        .await;
+    span.record("outcome", outcome.label());
+    span.record("status", resp.status().as_u16());
     s.metrics.ingest(label, outcome.label());
     s.metrics
         .ingest_latency
@@ -435,6 +451,7 @@ async fn handle<'a>(
         }
     };
     let owned_as = tenant.as_deref().unwrap_or(tenants::DEFAULT_TENANT);
+    tracing::Span::current().record("tenant", owned_as);
     if !forwarded_in {
         if let Some(owner) = s.cluster.other_owner(owned_as) {
             let pq = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
@@ -488,12 +505,15 @@ async fn handle<'a>(
         body: bytes.to_vec(),
         headers: forwarded,
     };
+    let span = tracing::Span::current();
+    span.record("hook_id", envelope.id.as_str());
     let (tx, rx) = tokio::sync::oneshot::channel();
     let sub = Submission {
         envelope,
         idempotency,
         from_archive: false,
         reply: tx,
+        span,
     };
     let unavailable = |msg: &str| {
         let r = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg);

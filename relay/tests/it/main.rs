@@ -14,6 +14,7 @@ mod docs;
 mod faults;
 mod image;
 mod ingest;
+mod logs;
 mod seed;
 mod support;
 mod upgrade;

@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
+use tracing::Instrument;
 
 use super::slots::{TenantSlot, TenantSlots};
 use super::{lock, Done, Job, Metered};
@@ -45,13 +46,28 @@ impl Runner {
                         latency: Duration::ZERO,
                     },
                     Some(Metered { sink, meters: m }) => {
+                        let span = tracing::debug_span!(
+                            target: "ankusa::trace",
+                            "delivery",
+                            hook_id = env.id.as_str(),
+                            tenant = env.tenant_or_default(),
+                            sink = sink.id.as_str(),
+                            attempt = job.state.attempts + 1,
+                            status = tracing::field::Empty,
+                            outcome = tracing::field::Empty,
+                        );
                         // The claim took one of the sink's claim slots; the request
                         // waits only for its tenant's turn in the sink's line.
-                        let _request = sink.line.acquire(job.row.key.ord).await;
-                        let a = self
-                            .deliverer
-                            .attempt(sink, env, self.max_retry_after)
-                            .await;
+                        let a = async {
+                            let _request = sink.line.acquire(job.row.key.ord).await;
+                            self.deliverer
+                                .attempt(sink, env, self.max_retry_after)
+                                .await
+                        }
+                        .instrument(span.clone())
+                        .await;
+                        span.record("status", a.status);
+                        span.record("outcome", a.label().label());
                         let now = std::time::Instant::now();
                         sink.control.record(a.signal(), now);
                         let limit = sink.control.limit();
