@@ -76,13 +76,6 @@ fn until<T>(limit: Duration, what: &str, dir: &Path, mut f: impl FnMut() -> Opti
     }
 }
 
-#[allow(unsafe_code)]
-fn sigterm(p: &Proc) {
-    let pid = i32::try_from(p.child.id()).unwrap();
-    // SAFETY: `kill` sends a signal to the process this test started; no memory is touched.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-}
-
 /// The store's open held for 20 s: `/healthz` answers on both listeners from the first
 /// second, `/readyz` 503 `store_opening`, ingest 503 `not_ready` (with `Retry-After`), and
 /// a SIGTERM ends the process at once (143), as a pod deleted during a slow boot must not
@@ -138,7 +131,7 @@ fn the_listeners_answer_while_the_store_opens_and_a_sigterm_then_ends_the_proces
     );
 
     let term = Instant::now();
-    sigterm(&p);
+    p.sigterm();
     let status = until(
         Duration::from_secs(3),
         "the process ended after SIGTERM",

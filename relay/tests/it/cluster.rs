@@ -494,7 +494,7 @@ fn scaling_from_three_to_four_nodes_moves_a_quarter_of_the_tenants_and_loses_not
     wait_for_more(40);
     for i in 0..3 {
         if let Some(mut p) = r.procs[i].take() {
-            sigterm(&mut p);
+            p.stop(Duration::from_secs(60));
         }
         wait_for_more(20);
         r.start(i);
@@ -536,14 +536,6 @@ fn scaling_from_three_to_four_nodes_moves_a_quarter_of_the_tenants_and_loses_not
         .as_u64()
         .unwrap();
     assert_eq!(owned3 as usize, moved.len(), "{all}");
-}
-
-/// SIGTERM and wait.
-fn sigterm(p: &mut Proc) {
-    let _ = std::process::Command::new("kill")
-        .args(["-TERM", &p.child.id().to_string()])
-        .status();
-    let _ = p.child.wait();
 }
 
 #[test]

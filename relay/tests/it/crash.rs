@@ -288,27 +288,6 @@ fn inflight_rows_are_recovered_after_kill_9() {
     );
 }
 
-/// SIGTERM, and wait for the process to exit on its own (`within`).
-fn sigterm(node: &mut Proc, within: Duration) -> std::process::ExitStatus {
-    let pid = node.child.id().to_string();
-    let ok = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(ok.success());
-    let deadline = std::time::Instant::now() + within;
-    loop {
-        if let Some(status) = node.child.try_wait().unwrap() {
-            return status;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the node did not stop within {within:?} of SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 /// A rolling update is a SIGTERM: a node stopped that way while a backlog drains, and
 /// started again, four times over, delivers every hook exactly once.
 #[test]
@@ -332,7 +311,7 @@ fn repeated_sigterm_while_a_backlog_drains_delivers_every_hook_exactly_once() {
     n.set_delay(20);
     for _ in 0..4 {
         std::thread::sleep(Duration::from_millis(100));
-        let status = sigterm(&mut node, Duration::from_secs(15));
+        let status = node.stop(Duration::from_secs(15));
         assert!(status.success(), "a graceful stop exits 0: {status}");
         node = n.start();
     }
@@ -355,7 +334,7 @@ fn repeated_sigterm_while_a_backlog_drains_delivers_every_hook_exactly_once() {
         twice.iter().take(3).collect::<Vec<_>>()
     );
     assert!(ids.iter().all(|id| got.contains_key(id)));
-    let status = sigterm(&mut node, Duration::from_secs(15));
+    let status = node.stop(Duration::from_secs(15));
     assert!(status.success());
     let store = Store::open(&n.data, &OpenOptions::default()).unwrap();
     let c = ankusa_queue::counters::node(&store).unwrap();
@@ -380,7 +359,7 @@ fn a_stop_cuts_deliveries_at_its_grace_and_makes_them_due_again() {
         std::thread::sleep(Duration::from_millis(20));
     }
     let started = std::time::Instant::now();
-    let status = sigterm(&mut node, Duration::from_secs(10));
+    let status = node.stop(Duration::from_secs(10));
     assert!(status.success(), "{status}");
     assert!(
         started.elapsed() < Duration::from_secs(5),

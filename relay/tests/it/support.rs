@@ -382,6 +382,31 @@ impl Proc {
         Proc { child }
     }
 
+    /// SIGTERM, and go on.
+    #[allow(unsafe_code)]
+    pub fn sigterm(&self) {
+        let pid = i32::try_from(self.child.id()).expect("a pid");
+        // SAFETY: `kill` sends a signal to the process this test started; no memory is
+        // touched.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+    }
+
+    /// SIGTERM, and wait for the process to exit on its own (`within`).
+    pub fn stop(&mut self, within: Duration) -> std::process::ExitStatus {
+        self.sigterm();
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the node did not stop within {within:?} of SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL, and reap.
     pub fn kill9(&mut self) {
         let _ = self.child.kill();
