@@ -21,7 +21,7 @@ run: deps
 ## Every check and every test, from a clean clone. The tests run against a real
 ## Kubernetes control plane that scripts/k8s-testenv.sh builds (once, from the Go modules
 ## pinned in e2e/testenv/go.mod) and starts on 127.0.0.1, and stops when they end.
-test: deps fmt lint check-layers fuzz-smoke
+test: deps fmt lint check-layers fuzz-smoke otelcol
 	bash scripts/k8s-testenv.sh run -- $(MAKE) --no-print-directory nextest e2e
 
 ## Every fuzz target (fuzz/, cargo fuzz on nightly) for FUZZ_SECONDS each (default 10 min).
@@ -44,6 +44,10 @@ lint:
 # The crate graph of docs/architecture.md: no crate depends upward, only the node reaches RocksDB.
 check-layers:
 	python3 scripts/check-layers.py
+
+# The test OpenTelemetry Collector (built once from its Go modules, then cached).
+otelcol:
+	@bash scripts/otelcol.sh >/dev/null
 
 # Unit, property and integration tests. The benches are compiled by `lint` (clippy
 # --all-targets) but not run here: they are programs with their own pass rules (`make bench`).

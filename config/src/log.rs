@@ -29,6 +29,12 @@ pub struct LogConfig {
     /// `delivery` (an attempt: hook id, tenant, sink, attempt, status), `admin` (a call) —
     /// each as one line when it closes, with its duration. Off: they cost nothing.
     pub spans: bool,
+    /// Export those spans over OTLP/HTTP (protobuf) to an OpenTelemetry collector at this
+    /// base URL (`http://otel-collector:4318`; they go to its `/v1/traces`), whatever
+    /// `spans` says. Absent: nothing is exported.
+    pub otlp_endpoint: Option<String>,
+    /// The `service.name` of the exported spans.
+    pub service_name: String,
 }
 
 impl Default for LogConfig {
@@ -37,6 +43,8 @@ impl Default for LogConfig {
             format: LogFormat::Text,
             filter: "info".to_owned(),
             spans: false,
+            otlp_endpoint: None,
+            service_name: "ankusa-relay".to_owned(),
         }
     }
 }
@@ -45,6 +53,19 @@ impl LogConfig {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if self.filter.trim().is_empty() {
             return Err(invalid("log.filter", "must not be empty (e.g. info)"));
+        }
+        if let Some(e) = &self.otlp_endpoint {
+            // The exporter speaks plain HTTP: a collector beside the node (a sidecar, a
+            // node agent) forwards over TLS.
+            if !e.starts_with("http://") || e.len() <= "http://".len() {
+                return Err(invalid(
+                    "log.otlp_endpoint",
+                    "must be an http:// URL (a collector beside the node)",
+                ));
+            }
+        }
+        if self.service_name.trim().is_empty() {
+            return Err(invalid("log.service_name", "must not be empty"));
         }
         Ok(())
     }

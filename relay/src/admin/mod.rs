@@ -233,7 +233,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
 async fn traced(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     use tracing::Instrument;
     let span = tracing::debug_span!(
-        target: "ankusa::trace",
+        target: crate::telemetry::TARGET,
         "admin",
         method = %req.method(),
         path = req.uri().path(),

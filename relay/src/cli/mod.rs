@@ -353,38 +353,3 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         },
     }
 }
-
-/// Logs to standard error as `log` says: its format, its filter (`RUST_LOG` replaces it),
-/// and with `log.spans` the spans that follow a hook (target `ankusa::trace`), each
-/// written when it closes.
-fn init_tracing(log: &ankusa_config::LogConfig) -> anyhow::Result<()> {
-    use tracing_subscriber::fmt::format::FmtSpan;
-    let directives = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.trim().is_empty() => v,
-        _ => log.filter.clone(),
-    };
-    let mut filter = tracing_subscriber::EnvFilter::try_new(&directives)
-        .with_context(|| format!("log.filter (or RUST_LOG) {directives:?} is not a filter"))?;
-    let span_events = if log.spans {
-        filter = filter.add_directive("ankusa::trace=debug".parse()?);
-        FmtSpan::CLOSE
-    } else {
-        FmtSpan::NONE
-    };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .with_span_events(span_events);
-    // A second init (tests in one process) keeps the first subscriber.
-    let _ = match log.format {
-        ankusa_config::LogFormat::Text => builder
-            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-            .try_init(),
-        ankusa_config::LogFormat::Json => builder
-            .json()
-            .with_current_span(true)
-            .with_span_list(true)
-            .try_init(),
-    };
-    Ok(())
-}

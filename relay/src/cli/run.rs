@@ -23,12 +23,13 @@ pub(super) fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
 /// to the hard one.
 pub(super) fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async move {
+    let telemetry = rt.block_on(async move {
         let mut signals = StopSignals::install()?;
         // The logs are as the configuration says: it is read before anything logs (a bad
         // file is the command's error, on standard error).
         let config = Config::load(config_path, std::env::vars())?;
-        init_tracing(&config.log)?;
+        let telemetry =
+            tokio::task::block_in_place(|| crate::telemetry::init(&config.log))?;
         match crate::node::raise_open_files_limit() {
             Ok((before, after)) if before != after => {
                 tracing::info!(from = ?before, to = ?after, "raised the soft open-file limit to the hard limit")
@@ -48,7 +49,9 @@ pub(super) fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
             node.admin_addr,
         );
         node.run_until(&mut signals).await?;
-        anyhow::Ok(())
+        anyhow::Ok(telemetry)
     })?;
+    // The exporter sends what it holds, off the runtime.
+    drop(telemetry);
     Ok(ExitCode::SUCCESS)
 }

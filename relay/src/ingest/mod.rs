@@ -347,7 +347,7 @@ async fn served(
     let started = Instant::now();
     // Built only with `log.spans` (or another subscriber that asks for `ankusa::trace`).
     let span = tracing::debug_span!(
-        target: "ankusa::trace",
+        target: crate::telemetry::TARGET,
         "ingest",
         source,
         tenant = tracing::field::Empty,
@@ -507,6 +507,7 @@ async fn handle<'a>(
     };
     let span = tracing::Span::current();
     span.record("hook_id", envelope.id.as_str());
+    crate::telemetry::in_hook_trace(&span, &envelope.id);
     let (tx, rx) = tokio::sync::oneshot::channel();
     let sub = Submission {
         envelope,

@@ -22,7 +22,9 @@ fn one_hook(log: &str) -> (String, Vec<String>) {
         .section(log)
         .sink("s", &sink.url("/s"))
         .route("r", &["s"])
-        .source_yaml("{ id: in, tenant: { header: x-tenant }, verify: { scheme: none }, route: r }");
+        .source_yaml(
+            "{ id: in, tenant: { header: x-tenant }, verify: { scheme: none }, route: r }",
+        );
     let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
     let node = Proc::start(dir.path(), &spec);
     let (status, body) = http_raw(
@@ -53,9 +55,11 @@ fn one_hook(log: &str) -> (String, Vec<String>) {
     }
     let (status, _) = http_get_admin(admin, "/v1/tenants/acme").unwrap();
     assert_eq!(status, 200);
-    // The spans close after their answers: the delivery's after its outcome is read.
+    // The spans close after their answers: the delivery's after its outcome is read. A
+    // graceful stop then ends the node (and sends what its exporter holds).
     std::thread::sleep(Duration::from_millis(300));
-    drop(node);
+    let mut node = node;
+    assert!(node.stop(Duration::from_secs(30)).success());
     let text = std::fs::read_to_string(dir.path().join("relay.log")).unwrap();
     (id, text.lines().map(str::to_owned).collect())
 }
@@ -141,4 +145,200 @@ fn a_bad_log_filter_is_the_commands_error() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// The spans reach a real OpenTelemetry Collector (built from its Go modules) over OTLP:
+/// the hook's request and its attempt in one trace, the trace id its hook id gives on every
+/// node, and the writer's batch linked to the request it acked.
+#[test]
+fn spans_reach_an_opentelemetry_collector_in_the_hooks_trace() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let out = std::process::Command::new("bash")
+        .arg(root.join("scripts/otelcol.sh"))
+        .output()
+        .expect("run scripts/otelcol.sh");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let collector_bin = text(&out.stdout).trim().to_owned();
+    let dir = tempfile::tempdir().unwrap();
+    let port = ankusa_relay::testkit::free_port();
+    let config = dir.path().join("otelcol.yaml");
+    std::fs::write(
+        &config,
+        format!(
+            "receivers: {{ otlp: {{ protocols: {{ http: {{ endpoint: \"127.0.0.1:{port}\" }} }} }} }}\n\
+             exporters: {{ debug: {{ verbosity: detailed }} }}\n\
+             service:\n  telemetry: {{ metrics: {{ level: none }} }}\n  \
+             pipelines: {{ traces: {{ receivers: [otlp], exporters: [debug] }} }}\n"
+        ),
+    )
+    .unwrap();
+    let collector_log = dir.path().join("otelcol.log");
+    let mut collector = Collector(
+        std::process::Command::new(&collector_bin)
+            .args(["--config", config.to_str().unwrap()])
+            .stdout(std::fs::File::create(&collector_log).unwrap())
+            .stderr(std::fs::File::create(dir.path().join("otelcol.err")).unwrap())
+            .spawn()
+            .expect("start the collector"),
+    );
+    let ready = || {
+        std::fs::read_to_string(dir.path().join("otelcol.err"))
+            .unwrap_or_default()
+            .contains("Everything is ready")
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !ready() {
+        assert!(Instant::now() < deadline, "the collector did not start");
+        assert!(
+            collector.0.try_wait().unwrap().is_none(),
+            "the collector exited"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    // Spans exported, not written: the node's log has none of them.
+    let (id, lines) = one_hook(&format!(
+        "log: {{ otlp_endpoint: \"http://127.0.0.1:{port}\", service_name: relay-under-test }}"
+    ));
+    assert!(!lines.iter().any(|l| l.contains("ankusa::trace")));
+
+    // The exporter sends every 5 s, and the node sent what it held when it stopped.
+    let everything = || {
+        let t = std::fs::read_to_string(dir.path().join("otelcol.err")).unwrap_or_default()
+            + &std::fs::read_to_string(&collector_log).unwrap_or_default();
+        t
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let spans = loop {
+        let spans = parse_debug_spans(&everything());
+        let named = |n: &str| spans.iter().any(|s| s.name == n);
+        if named("ingest") && named("delivery") && named("writer.batch") && named("admin") {
+            break spans;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the collector never received the spans:\n{}",
+            everything()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(everything().contains("relay-under-test"), "service.name");
+    let trace = hex_trace_of(&id);
+    let ingest = spans
+        .iter()
+        .find(|s| s.name == "ingest" && s.attr("hook_id") == Some(id.as_str()))
+        .expect("the request's span");
+    assert_eq!(ingest.trace_id, trace, "the request is in its hook's trace");
+    assert_eq!(ingest.attr("tenant"), Some("acme"));
+    let attempt = spans
+        .iter()
+        .find(|s| s.name == "delivery" && s.attr("hook_id") == Some(id.as_str()))
+        .expect("the attempt's span");
+    assert_eq!(
+        attempt.trace_id, trace,
+        "the attempt is in its hook's trace"
+    );
+    assert_eq!(attempt.attr("outcome"), Some("delivered"));
+    let batch = spans
+        .iter()
+        .find(|s| s.name == "writer.batch" && s.links.contains(&ingest.span_id))
+        .unwrap_or_else(|| {
+            panic!(
+                "no writer.batch span linked to the request {}: {spans:#?}\n{}",
+                ingest.span_id,
+                everything()
+            )
+        });
+    assert!(batch.attr("hooks").is_some());
+}
+
+/// The hex trace id the node derives from hook `id` (`telemetry::hook_context`).
+fn hex_trace_of(id: &str) -> String {
+    use opentelemetry::trace::TraceContextExt;
+    let cx = ankusa_relay::telemetry::hook_context(id);
+    cx.span().span_context().trace_id().to_string()
+}
+
+/// A child process killed when dropped.
+struct Collector(std::process::Child);
+
+impl Drop for Collector {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// One span as the collector's debug exporter prints it (`verbosity: detailed`).
+#[derive(Debug, Default)]
+struct DebugSpan {
+    name: String,
+    trace_id: String,
+    span_id: String,
+    attrs: Vec<(String, String)>,
+    /// The span ids of its links.
+    links: Vec<String>,
+}
+
+impl DebugSpan {
+    fn attr(&self, k: &str) -> Option<&str> {
+        self.attrs
+            .iter()
+            .find(|(a, _)| a == k)
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// Every span in the debug exporter's output: `Span #n`, then `Trace ID : …`, `ID : …`,
+/// `Name : …`, `Attributes:` with ` -> key: Str(value)` lines, and `Links:` with
+/// `SpanLink #n` and ` -> Trace ID: …`, ` -> ID: …` lines.
+fn parse_debug_spans(out: &str) -> Vec<DebugSpan> {
+    let mut spans: Vec<DebugSpan> = Vec::new();
+    let mut in_links = false;
+    for line in out.lines() {
+        let l = line.trim();
+        if l.starts_with("Span #") {
+            spans.push(DebugSpan::default());
+            in_links = false;
+            continue;
+        }
+        let Some(s) = spans.last_mut() else { continue };
+        // A link's fields are written as ` -> Trace ID: …`, ` -> ID: …`.
+        let l = if in_links {
+            l.strip_prefix("-> ").unwrap_or(l)
+        } else {
+            l
+        };
+        let field = |name: &str| {
+            l.strip_prefix(name)
+                .and_then(|r| r.trim_start().strip_prefix(':'))
+                .map(|v| v.trim().to_owned())
+        };
+        if l.starts_with("Links:") || l.starts_with("SpanLink #") {
+            in_links = true;
+        } else if l.starts_with("Attributes:") {
+            in_links = false;
+        } else if let Some(v) = field("Trace ID") {
+            if !in_links {
+                s.trace_id = v;
+            }
+        } else if let Some(v) = field("ID") {
+            if in_links {
+                s.links.push(v);
+            } else {
+                s.span_id = v;
+            }
+        } else if let Some(v) = field("Name") {
+            s.name = v;
+        } else if let Some(kv) = l.strip_prefix("-> ") {
+            if let Some((k, v)) = kv.split_once(": ") {
+                let v = v
+                    .trim_start_matches(|c: char| c.is_ascii_alphabetic())
+                    .trim_start_matches('(')
+                    .trim_end_matches(')');
+                s.attrs.push((k.to_owned(), v.to_owned()));
+            }
+        }
+    }
+    spans
 }

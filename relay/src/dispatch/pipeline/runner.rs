@@ -47,7 +47,7 @@ impl Runner {
                     },
                     Some(Metered { sink, meters: m }) => {
                         let span = tracing::debug_span!(
-                            target: "ankusa::trace",
+                            target: crate::telemetry::TARGET,
                             "delivery",
                             hook_id = env.id.as_str(),
                             tenant = env.tenant_or_default(),
@@ -56,6 +56,7 @@ impl Runner {
                             status = tracing::field::Empty,
                             outcome = tracing::field::Empty,
                         );
+                        crate::telemetry::in_hook_trace(&span, &env.id);
                         // The claim took one of the sink's claim slots; the request
                         // waits only for its tenant's turn in the sink's line.
                         let a = async {

@@ -1,0 +1,161 @@
+//! The node's logs and traces: one `tracing` subscriber with a layer for the log lines
+//! (text or JSON, `log.filter`) and, with `log.otlp_endpoint`, one exporting the spans
+//! that follow a hook to an OpenTelemetry collector over OTLP/HTTP.
+//!
+//! The spans (target [`TARGET`], level DEBUG: `ingest`, `writer.batch`, `delivery`,
+//! `admin`) are enabled only for a layer that asks for them — the log layer with
+//! `log.spans`, the exporter — so with neither, no span is ever built.
+//!
+//! **A hook is one trace.** Its trace id is derived from its id ([`hook_context`]): the
+//! request's `ingest` span and every `delivery` attempt, on whichever node and after any
+//! number of restarts, are children of the same (unexported) root, so a trace backend
+//! shows a hook's whole life under one trace id, and `writer.batch` links to the requests
+//! it acked.
+
+use opentelemetry::trace::{
+    SpanContext, SpanId, TraceContextExt, TraceFlags, TraceId, TraceState, TracerProvider,
+};
+use sha2::Digest;
+use tracing_opentelemetry::OpenTelemetrySpanExt;
+use tracing_subscriber::fmt::format::FmtSpan;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+use tracing_subscriber::{filter, Layer};
+
+use ankusa_config::{LogConfig, LogFormat};
+
+/// The target of the spans that follow a hook.
+pub const TARGET: &str = "ankusa::trace";
+
+/// Why the logs could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("log.filter (or RUST_LOG) {directives:?} is not a filter: {source}")]
+    Filter {
+        directives: String,
+        source: filter::ParseError,
+    },
+    #[error("log.otlp_endpoint {endpoint:?}: {source}")]
+    Exporter {
+        endpoint: String,
+        source: opentelemetry_otlp::ExporterBuildError,
+    },
+}
+
+/// Keeps the exporter while the node runs; dropped, it sends what it holds.
+#[derive(Debug, Default)]
+pub struct Telemetry {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Drop for Telemetry {
+    fn drop(&mut self) {
+        if let Some(p) = self.provider.take() {
+            if let Err(e) = p.shutdown() {
+                eprintln!("ankusa-relay: exporting the last spans: {e}");
+            }
+        }
+    }
+}
+
+/// Starts the logs (and the exporter) as `log` says; `RUST_LOG`, when set, replaces
+/// `log.filter`. A second call in one process (tests) keeps the first subscriber.
+pub fn init(log: &LogConfig) -> Result<Telemetry, TelemetryError> {
+    let directives = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => v,
+        _ => log.filter.clone(),
+    };
+    let mut events =
+        filter::EnvFilter::try_new(&directives).map_err(|source| TelemetryError::Filter {
+            directives: directives.clone(),
+            source,
+        })?;
+    let span_events = if log.spans {
+        let spans = format!("{TARGET}=debug");
+        events = events.add_directive(spans.parse().map_err(|source| TelemetryError::Filter {
+            directives: spans.clone(),
+            source,
+        })?);
+        FmtSpan::CLOSE
+    } else {
+        FmtSpan::NONE
+    };
+    let fmt = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_span_events(span_events);
+    let fmt = match log.format {
+        LogFormat::Text => fmt
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .boxed(),
+        LogFormat::Json => fmt
+            .json()
+            .with_current_span(true)
+            .with_span_list(true)
+            .boxed(),
+    };
+    let mut telemetry = Telemetry::default();
+    let otel = match &log.otlp_endpoint {
+        None => None,
+        Some(base) => {
+            use opentelemetry_otlp::WithExportConfig;
+            let endpoint = format!("{}/v1/traces", base.trim_end_matches('/'));
+            let exporter = opentelemetry_otlp::SpanExporter::builder()
+                .with_http()
+                .with_endpoint(endpoint.clone())
+                .build()
+                .map_err(|source| TelemetryError::Exporter { endpoint, source })?;
+            let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+                .with_batch_exporter(exporter)
+                .with_resource(
+                    opentelemetry_sdk::Resource::builder()
+                        .with_service_name(log.service_name.clone())
+                        .build(),
+                )
+                .build();
+            let tracer = provider.tracer("ankusa-relay");
+            telemetry.provider = Some(provider);
+            Some(
+                tracing_opentelemetry::layer()
+                    .with_tracer(tracer)
+                    // Entering a span does not start it: a request's span is put in its
+                    // hook's trace once the hook has an id (after it was entered).
+                    .with_context_activation(false)
+                    .with_filter(filter::Targets::new().with_target(TARGET, tracing::Level::DEBUG)),
+            )
+        }
+    };
+    let _ = tracing_subscriber::registry()
+        .with(fmt.with_filter(events))
+        .with(otel)
+        .try_init();
+    Ok(telemetry)
+}
+
+/// The OpenTelemetry context of hook `id`'s trace: a remote parent whose trace id and span
+/// id are the first 24 bytes of SHA-256 over the id, the same on every node.
+pub fn hook_context(id: &str) -> opentelemetry::Context {
+    let d = sha2::Sha256::new()
+        .chain_update(b"ankusa-hook\0")
+        .chain_update(id.as_bytes())
+        .finalize();
+    let mut trace = [0u8; 16];
+    let mut span = [0u8; 8];
+    trace.copy_from_slice(&d[..16]);
+    span.copy_from_slice(&d[16..24]);
+    let cx = SpanContext::new(
+        TraceId::from_bytes(trace),
+        SpanId::from_bytes(span),
+        TraceFlags::SAMPLED,
+        true,
+        TraceState::default(),
+    );
+    opentelemetry::Context::new().with_remote_span_context(cx)
+}
+
+/// Puts `span` (a hook's request or attempt) in hook `id`'s trace, if spans are exported.
+pub fn in_hook_trace(span: &tracing::Span, id: &str) {
+    if !span.is_disabled() {
+        // No exporter (log.spans alone), or a span already started: it keeps its own trace.
+        let _ = span.set_parent(hook_context(id));
+    }
+}
