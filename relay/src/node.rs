@@ -680,14 +680,7 @@ impl Node {
         let mut servers = vec![
             admin_l
                 .serve(
-                    admin::router(
-                        admin_state,
-                        api.clone(),
-                        axum::Router::new().route(
-                            "/v1/openapi.json",
-                            axum::routing::get(crate::openapi::document),
-                        ),
-                    ),
+                    admin::router(admin_state, api.clone(), crate::openapi::routes()),
                     stop.clone(),
                 )
                 .await?,

@@ -100,3 +100,9 @@ pub async fn document() -> axum::response::Response {
     )
         .into_response()
 }
+
+/// The document's route, which the node mounts on the admin router (behind its token and
+/// readiness checks, like every `/v1` route).
+pub fn routes() -> axum::Router<std::sync::Arc<crate::admin::api::Api>> {
+    axum::Router::new().route("/v1/openapi.json", axum::routing::get(document))
+}

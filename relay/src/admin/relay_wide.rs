@@ -712,8 +712,8 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
         total: registered.unwrap_or(summed_total),
         owned: None,
         registered: None,
-        nodes,
-        unavailable,
+        nodes: Some(nodes),
+        unavailable: Some(unavailable),
     })
     .into_response()
 }

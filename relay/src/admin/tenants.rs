@@ -41,12 +41,12 @@ pub struct TenantsTop {
     /// The registry node: tenants the registry holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered: Option<u64>,
-    /// Relay-wide: each node's own `total` and `owned`.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub nodes: Vec<NodeTenants>,
-    /// Relay-wide: the nodes that gave no answer.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
+    /// Relay-wide (always there): each node's own `total` and `owned`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<NodeTenants>>,
+    /// Relay-wide (always there): the nodes that gave no answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<Vec<String>>,
 }
 
 /// One node's part of a relay-wide `GET /v1/tenants`.
@@ -183,8 +183,8 @@ pub async fn tenants_top(
             registered: multi
                 .then(|| a.cluster.registry().map(|r| r.len() as u64))
                 .flatten(),
-            nodes: Vec::new(),
-            unavailable: Vec::new(),
+            nodes: None,
+            unavailable: None,
         })
         .into_response())
     })
