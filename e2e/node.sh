@@ -95,8 +95,11 @@ say "loading the images of make image into the node's containerd"
 for f in relay operator; do
   "${ctr[@]}" images import "target/images/$f.oci.tar" >/dev/null
 done
-"${ctr[@]}" images ls -q | grep -qx ghcr.io/ankusa/relay:0.1.0 ||
-  fail "the relay image is not in containerd, which has: $("${ctr[@]}" images ls -q | tr '\n' ' ')"
+# Listed first, then searched: `grep -q` stops reading at its match, and under pipefail
+# the lister's SIGPIPE would fail a pipe whose image is there.
+images=$("${ctr[@]}" images ls -q)
+grep -qx ghcr.io/ankusa/relay:0.1.0 <<<"$images" ||
+  fail "the relay image is not in containerd, which has: $(tr '\n' ' ' <<<"$images")"
 # The previous release's image: e2e/previous_release.py (the format-2 release's admin and
 # backup API over the committed format-2 fixture store) on Debian's python3, with this
 # tree's relay binary (lib.sh's relay_bin) for restore, inspect and offline backup.
