@@ -135,6 +135,13 @@ pub enum IngestErrors {
     Unavailable(ErrorBody),
 }
 
+/// `r` with `Retry-After: secs`.
+pub fn with_retry_after(mut r: Response, secs: u32) -> Response {
+    r.headers_mut()
+        .insert("retry-after", axum::http::HeaderValue::from(secs));
+    r
+}
+
 /// `/readyz`: 200 once `ready` and while the store takes writes; 503 `not_ready` while the
 /// node starts, 503 `store_unavailable` while its writes fail (a full disk, a failed WAL
 /// sync: the node acks nothing then, so traffic should go to another node).

@@ -36,7 +36,7 @@ use super::api::Api;
 use super::dlq::{DlqItem, DlqPage, Revived};
 use super::tenants::{NodeTenants, TenantView, TenantsTop};
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
-use crate::http::error;
+use crate::http::{error, with_retry_after};
 use ankusa_crds::node::Counters;
 use ankusa_keys::CounterField;
 use ankusa_queue::counters::CountsExt;
@@ -579,7 +579,7 @@ fn raw(status: StatusCode, body: Bytes) -> Response {
 
 fn answer_of(owner: &Member, r: Result<Response, Unreachable>) -> Response {
     r.unwrap_or_else(|e| {
-        let mut r = error(
+        let r = error(
             StatusCode::SERVICE_UNAVAILABLE,
             "owner_unavailable",
             format!(
@@ -587,10 +587,29 @@ fn answer_of(owner: &Member, r: Result<Response, Unreachable>) -> Response {
                 owner.name, e.reason
             ),
         );
-        r.headers_mut()
-            .insert("retry-after", axum::http::HeaderValue::from(5));
-        r
+        with_retry_after(r, 5)
     })
+}
+
+/// `GET pq` sent to every other node of the Relay at once, with the caller's headers.
+async fn get_from_others(
+    api: &Api,
+    pq: &str,
+    headers: &HeaderMap,
+) -> Vec<(String, Result<Response, Unreachable>)> {
+    let cluster = &api.cluster;
+    let me = cluster.me().unwrap_or_default();
+    let asks = cluster
+        .members()
+        .iter()
+        .filter(|m| m.name != me)
+        .map(|m| async move {
+            let r = cluster
+                .forward_admin(m, Method::GET, pq, headers, Bytes::new())
+                .await;
+            (m.name.clone(), r)
+        });
+    futures_util::future::join_all(asks).await
 }
 
 /// `GET /v1/hooks/{id}` relay-wide: the node reached looks first; if its log does not have
@@ -598,7 +617,6 @@ fn answer_of(owner: &Member, r: Result<Response, Unreachable>) -> Response {
 /// and the first that has it answers. None has it: 404; none has it but some did not
 /// answer: 503 naming them.
 async fn hook_anywhere(api: &Api, req: Request, next: Next) -> Response {
-    let cluster = &api.cluster;
     let headers: HeaderMap = req.headers().clone();
     let pq = req
         .uri()
@@ -608,18 +626,8 @@ async fn hook_anywhere(api: &Api, req: Request, next: Next) -> Response {
     if local.status() != StatusCode::NOT_FOUND {
         return local;
     }
-    let me = cluster.me().unwrap_or_default().to_owned();
-    let asks = cluster.members().iter().filter(|m| m.name != me).map(|m| {
-        let (pq, headers) = (pq.clone(), headers.clone());
-        async move {
-            let r = cluster
-                .forward_admin(m, Method::GET, &pq, &headers, Bytes::new())
-                .await;
-            (m.name.clone(), r)
-        }
-    });
     let mut silent = Vec::new();
-    for (name, r) in futures_util::future::join_all(asks).await {
+    for (name, r) in get_from_others(api, &pq, &headers).await {
         match r {
             Ok(r) if r.status() == StatusCode::NOT_FOUND => {}
             Ok(r) => return r,
@@ -629,7 +637,7 @@ async fn hook_anywhere(api: &Api, req: Request, next: Next) -> Response {
     if silent.is_empty() {
         return local;
     }
-    let mut r = error(
+    let r = error(
         StatusCode::SERVICE_UNAVAILABLE,
         "owner_unavailable",
         format!(
@@ -637,9 +645,7 @@ async fn hook_anywhere(api: &Api, req: Request, next: Next) -> Response {
             silent.join(", ")
         ),
     );
-    r.headers_mut()
-        .insert("retry-after", axum::http::HeaderValue::from(5));
-    r
+    with_retry_after(r, 5)
 }
 
 /// `GET /v1/tenants` relay-wide: every node's own answer, merged.
@@ -655,17 +661,7 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
         .unwrap_or(100)
         .clamp(1, api.config.admin.max_page);
     let me = cluster.me().unwrap_or_default().to_owned();
-    let others = cluster
-        .members()
-        .iter()
-        .filter(|m| m.name != me)
-        .map(|m| async {
-            let r = cluster
-                .forward_admin(m, Method::GET, &pq, &headers, Bytes::new())
-                .await;
-            (m.name.clone(), r)
-        });
-    let (local, remote) = tokio::join!(next.run(req), futures_util::future::join_all(others));
+    let (local, remote) = tokio::join!(next.run(req), get_from_others(api, &pq, &headers));
     let mut answers = vec![(me, Ok(local))];
     answers.extend(remote);
     let mut merged: std::collections::BTreeMap<String, TenantView> = Default::default();

@@ -205,57 +205,22 @@ pub(super) fn admin(
         }
         AdminCommand::Dlq {
             command: DlqCommand::List { .. },
-        } => {
-            let rows: Vec<Vec<String>> = out["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|i| {
-                    [
-                        "id",
-                        "tenant",
-                        "at_ms",
-                        "hook_id",
-                        "source",
-                        "sink",
-                        "attempts",
-                        "last_error",
-                    ]
-                    .iter()
-                    .map(|k| cell(&i[*k]))
-                    .collect()
-                })
-                .collect();
-            table(
-                &[
-                    "id",
-                    "tenant",
-                    "at_ms",
-                    "hook_id",
-                    "source",
-                    "sink",
-                    "attempts",
-                    "last_error",
-                ],
-                &rows,
-            )
-        }
+        } => items_table(
+            &out,
+            &[
+                "id",
+                "tenant",
+                "at_ms",
+                "hook_id",
+                "source",
+                "sink",
+                "attempts",
+                "last_error",
+            ],
+        ),
         AdminCommand::Quarantine {
             command: QuarantineCommand::List { .. },
-        } => {
-            let rows: Vec<Vec<String>> = out["items"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|i| {
-                    ["id", "source", "at_ms", "reason"]
-                        .iter()
-                        .map(|k| cell(&i[*k]))
-                        .collect()
-                })
-                .collect();
-            table(&["id", "source", "at_ms", "reason"], &rows)
-        }
+        } => items_table(&out, &["id", "source", "at_ms", "reason"]),
         AdminCommand::Hooks { .. } => hook_text(&out),
         _ => {
             let rows: Vec<Vec<String>> = out
@@ -269,6 +234,18 @@ pub(super) fn admin(
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// A listing's `items` as a table of `columns`.
+fn items_table(out: &serde_json::Value, columns: &[&str]) -> String {
+    use crate::admin::client::{cell, table};
+    let rows: Vec<Vec<String>> = out["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|i| columns.iter().map(|k| cell(&i[*k])).collect())
+        .collect();
+    table(columns, &rows)
 }
 
 /// A hook from the hook log as text: its fields, a line per sink, a line per event, and

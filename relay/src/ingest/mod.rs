@@ -29,7 +29,7 @@ use tracing::Instrument;
 
 use axum::body::Body;
 use axum::extract::{Path, State};
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderName, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
@@ -219,12 +219,7 @@ async fn readyz(State(s): State<Arc<IngestState>>) -> Response {
 }
 
 pub use crate::http::error;
-
-fn with_retry_after(mut r: Response, secs: u32) -> Response {
-    r.headers_mut()
-        .insert("retry-after", HeaderValue::from(secs));
-    r
-}
+use crate::http::with_retry_after;
 
 /// 503 `tenant_limit`, `Retry-After: 300`.
 /// How an ingest request ended: the `outcome` label of `ankusa_ingest_requests_total`
