@@ -85,7 +85,7 @@ image-archives:
 testenv:
 	@bash scripts/k8s-testenv.sh build
 
-## Regenerate crds/manifests/relay.yaml and the chart's CRD template from crds/src/relay.rs.
+## Regenerate crates/crds/manifests/relay.yaml and the chart's CRD template from crates/crds/src/relay.rs.
 crds:
 	$(CARGO) run -p ankusa-crds --bin crdgen
 

@@ -108,7 +108,7 @@ new=ghcr.io/ankusa/relay:0.1.0
 python3 scripts/image.py --binary "$relay_bin" --ref "$old" --out "$work/previous.oci.tar" \
   --program /usr/bin/python3.11 --package libpython3.11-minimal --package libpython3.11-stdlib \
   --file e2e/previous_release.py=/usr/local/lib/ankusa/previous_release.py \
-  --file relay/tests/fixtures/store-v2.tar.zst=/usr/local/lib/ankusa/store-v2.tar.zst \
+  --file crates/relay/tests/fixtures/store-v2.tar.zst=/usr/local/lib/ankusa/store-v2.tar.zst \
   --entrypoint '["/usr/bin/python3.11", "/usr/local/lib/ankusa/previous_release.py", "pod"]' \
   >"$work/previous-image.log" 2>&1 &
 previous_image=$!

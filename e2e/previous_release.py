@@ -44,7 +44,7 @@ VERSION = "0.0.9"
 FORMAT = 2
 
 
-# The operator's pod layout (operator/src/resources.rs) and the image's files.
+# The operator's pod layout (crates/operator/src/resources.rs) and the image's files.
 POD = {
     "relay": "/usr/local/bin/ankusa-relay",
     "fixture": "/usr/local/lib/ankusa/store-v2.tar.zst",

@@ -62,7 +62,7 @@ JOB_SELECTOR = "ankusa.dev/job"
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
 from free_ports import free_ports  # noqa: E402
-FIXTURE_V2 = os.path.join(HERE, "..", "relay", "tests", "fixtures", "store-v2.tar.zst")
+FIXTURE_V2 = os.path.join(HERE, "..", "crates", "relay", "tests", "fixtures", "store-v2.tar.zst")
 RELEASES = json.loads(os.environ.get("ANKUSA_E2E_RELEASES") or "{}")
 DATA_MOUNT = "/var/lib/ankusa"
 RESTART_PAUSE_S = 2.0

@@ -7,7 +7,7 @@ depends on RocksDB itself, and only the crates above the store (the node) reach 
 it. Reads `cargo metadata` (the resolved graph, normal and build dependencies;
 dev-dependencies are the tests' own).
 
-Modules of ankusa-relay: each top-level module (relay/src/X.rs or relay/src/X/) has a rank
+Modules of ankusa-relay: each top-level module (crates/relay/src/X.rs or crates/relay/src/X/) has a rank
 in MODULE_RANK; a module may name (`crate::Y`) only modules of a lower rank. The paths its
 `#[cfg(test)]` modules name are the tests' own and are not counted. KNOWN lists the edges
 that still go upward, each with what removes it: the check fails on any other, and on a
@@ -24,18 +24,18 @@ import sys
 
 # crate -> the workspace crates it may depend on.
 ALLOWED = {
-    "ankusa-keys": set(),
+    "ankusa-keyspace": set(),
     "ankusa-tarball": set(),
     "ankusa-crds": set(),
-    "ankusa-config": {"ankusa-keys"},
-    "ankusa-values": {"ankusa-keys"},
-    "ankusa-verify": {"ankusa-config", "ankusa-keys"},
-    "ankusa-store": {"ankusa-keys", "ankusa-tarball"},
-    "ankusa-queue": {"ankusa-store", "ankusa-keys", "ankusa-values", "ankusa-config",
+    "ankusa-config": {"ankusa-keyspace"},
+    "ankusa-records": {"ankusa-keyspace"},
+    "ankusa-verify": {"ankusa-config", "ankusa-keyspace"},
+    "ankusa-store": {"ankusa-keyspace", "ankusa-tarball"},
+    "ankusa-queue": {"ankusa-store", "ankusa-keyspace", "ankusa-records", "ankusa-config",
                      "ankusa-crds"},
-    "ankusa-operator": {"ankusa-crds", "ankusa-config", "ankusa-keys"},
-    "ankusa-relay": {"ankusa-queue", "ankusa-store", "ankusa-keys", "ankusa-tarball", "ankusa-crds",
-                     "ankusa-config", "ankusa-values", "ankusa-verify"},
+    "ankusa-operator": {"ankusa-crds", "ankusa-config", "ankusa-keyspace"},
+    "ankusa-relay": {"ankusa-queue", "ankusa-store", "ankusa-keyspace", "ankusa-tarball", "ankusa-crds",
+                     "ankusa-config", "ankusa-records", "ankusa-verify"},
 }
 ROCKSDB = {"rocksdb", "librocksdb-sys"}
 # Depends on the rocksdb crate itself.
@@ -102,7 +102,7 @@ KNOWN = {}
 # The only module of the node that builds store ops itself (the migrations' own steps).
 MAY_WRITE = {"upgrade"}
 STORE_OP = re.compile(r"\bOp::(put|delete|merge|delete_range|Put|Delete|Merge|DeleteRange)\b")
-SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "relay", "src")
+SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "relay", "src")
 CRATE_PATH = re.compile(r"\bcrate::(\w+)")
 TEST_MOD = re.compile(r"^\s*#\[cfg\(test\)\]\s*\n\s*(pub(\(\w+\))?\s+)?mod\s+\w+\s*\{", re.M)
 
@@ -140,15 +140,15 @@ for dirpath, _, filenames in os.walk(SRC):
         if module == "lib":
             continue
         if module not in MODULE_RANK:
-            problems.append(f"relay/src/{rel}: module {module!r} has no rank in MODULE_RANK")
+            problems.append(f"crates/relay/src/{rel}: module {module!r} has no rank in MODULE_RANK")
             continue
         code = without_test_modules(open(path).read())
         for m in CRATE_PATH.finditer(code):
             to = m.group(1)
             if to != module:
-                edges.setdefault((module, to), f"relay/src/{rel}")
+                edges.setdefault((module, to), f"crates/relay/src/{rel}")
         if module not in MAY_WRITE and STORE_OP.search(code):
-            writers.add(f"relay/src/{rel}")
+            writers.add(f"crates/relay/src/{rel}")
 for (frm, to), where in sorted(edges.items()):
     if to not in MODULE_RANK:
         problems.append(f"{where}: names crate::{to}, which has no rank in MODULE_RANK")

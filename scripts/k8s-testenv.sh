@@ -312,12 +312,12 @@ EOF
   done
   # The CRDs: the Relay from the committed manifest (on both servers), the ServiceMonitor
   # from the Prometheus Operator's module (on the full control plane only).
-  "${kubectl[@]}" apply --server-side -f "$root/crds/manifests/relay.yaml" >/dev/null
+  "${kubectl[@]}" apply --server-side -f "$root/crates/crds/manifests/relay.yaml" >/dev/null
   "${kubectl[@]}" apply --server-side -f "$cache/servicemonitors.yaml" >/dev/null
   "${kubectl[@]}" wait --for condition=Established --timeout 60s \
     crd/relays.ankusa.dev crd/servicemonitors.monitoring.coreos.com >/dev/null
   "$bin/kubectl" --kubeconfig "$dir/kubeconfig-bare" apply --server-side \
-    -f "$root/crds/manifests/relay.yaml" >/dev/null
+    -f "$root/crates/crds/manifests/relay.yaml" >/dev/null
   "$bin/kubectl" --kubeconfig "$dir/kubeconfig-bare" wait --for condition=Established \
     --timeout 60s crd/relays.ankusa.dev >/dev/null
   # Wait until the controllers run (the default ServiceAccount exists) and kwok has made

@@ -2,7 +2,7 @@
 //! and what decodes is the canonical encoding (encoding it again gives the same bytes).
 #![no_main]
 
-use ankusa_keys as k;
+use ankusa_keyspace as k;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|key: &[u8]| {

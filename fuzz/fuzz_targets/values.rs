@@ -3,8 +3,8 @@
 //! `DecodeError`, never a panic; and what decodes, encoded again, decodes to the same value.
 #![no_main]
 
-use ankusa_keys::{AtMs, EventKey, EventKind, Seq, SinkIdx};
-use ankusa_values::{DeadValue, DeliveryRow, Envelope, Event, LogRecord};
+use ankusa_keyspace::{AtMs, EventKey, EventKind, Seq, SinkIdx};
+use ankusa_records::{DeadValue, DeliveryRow, Envelope, Event, LogRecord};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|v: &[u8]| {

@@ -1,0 +1,923 @@
+//! The objects a `Relay` owns, built from its spec: pure functions, no I/O.
+//!
+//! Every object carries the same labels, an owner reference to the `Relay` (so deleting
+//! the `Relay` garbage-collects them) and nothing the operator does not mean to own:
+//! these are server-side apply bodies, and every field in them is a field the operator
+//! claims under its field manager. Fields left out (a `kubectl rollout restart`
+//! annotation, a replica count an autoscaler sets elsewhere) stay with whoever set them.
+//!
+//! What a node is, as objects:
+//! - ConfigMap `<name>-config`: `relay.yaml`, the user's configuration with the keys that
+//!   tie a node to its pod (data directory, listeners, `tenants.max`, backup directory)
+//!   set by the operator, and the operator's own admin token (read from a file) added.
+//! - Secret `<name>-operator-token`: the token the operator polls `/v1/node` with (`token`,
+//!   admin scope) and the one its backup Jobs use (`backup-token`, backup scope); made
+//!   once, kept across reconciles.
+//! - Services `<name>-nodes` (headless, one DNS name per pod, used by the operator and
+//!   Prometheus) and `<name>` (ingest and admin for clients).
+//! - StatefulSet `<name>`: one volume claim per node (`data-<name>-<ordinal>`), retained
+//!   when the set is scaled down or deleted — the operator never deletes a store.
+//! - PodDisruptionBudget `<name>`: at most one node down by eviction.
+//! - ServiceMonitor `<name>` when asked for and the Prometheus Operator is installed.
+
+use std::collections::BTreeMap;
+
+use ankusa_crds::relay::Relay;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::Resource;
+use serde::de::DeserializeOwned;
+use serde_json::{json, Value};
+use sha2::{Digest, Sha256};
+
+/// The relay's ingest port (`POST /ingest/{source}`).
+pub const INGEST_PORT: u16 = 8080;
+/// The relay's admin port (`/v1/...`, `/metrics`, `/healthz`, `/readyz`).
+pub const ADMIN_PORT: u16 = 9090;
+/// Where a node's volume is mounted; the store lives in `data/` under it.
+pub const DATA_MOUNT: &str = "/var/lib/ankusa";
+/// Where `relay.yaml` is mounted.
+pub const CONFIG_MOUNT: &str = "/etc/ankusa";
+/// Where the operator's token is mounted.
+pub const TOKEN_MOUNT: &str = "/etc/ankusa-operator";
+/// The key of the relay configuration in the ConfigMap.
+pub const CONFIG_KEY: &str = "relay.yaml";
+/// The key of the token in the operator's Secret.
+pub const TOKEN_KEY: &str = "token";
+/// The admin token name the relay writes to its audit trail for the operator's calls.
+pub const TOKEN_NAME: &str = "ankusa-operator";
+/// The key of the backup-scope token in the operator's Secret: the only token the backup
+/// Jobs hold (it can take and fetch backups, nothing else).
+pub const BACKUP_TOKEN_KEY: &str = "backup-token";
+/// The key of the cluster token in the operator's Secret: what the nodes of a Relay show
+/// each other (forwarded hooks, admin calls, the tenant registry).
+pub const CLUSTER_TOKEN_KEY: &str = "cluster-token";
+/// The default URL one node reaches another's ingest listener at.
+pub const DEFAULT_INGEST_URL_TEMPLATE: &str = "http://{pod}.{service}.{namespace}.svc:8080";
+/// The backup token's name in the relay's audit trail.
+pub const BACKUP_TOKEN_NAME: &str = "ankusa-backup";
+/// Pod template annotation with the hash of `relay.yaml`: a configuration change rolls
+/// the nodes (the relay reads its configuration at start).
+pub const CONFIG_HASH_ANNOTATION: &str = "ankusa.dev/config-hash";
+
+/// Why a desired object could not be built.
+#[derive(Debug, thiserror::Error)]
+pub enum ResourceError {
+    #[error("the Relay has no {0}")]
+    MissingMeta(&'static str),
+    #[error("relay configuration: {0}")]
+    Config(String),
+    #[error("building {kind}: {source}")]
+    Build {
+        kind: &'static str,
+        source: serde_json::Error,
+    },
+}
+
+/// Names of the objects a `Relay` owns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Names {
+    pub relay: String,
+    pub namespace: String,
+    pub statefulset: String,
+    pub headless: String,
+    pub client: String,
+    pub config_map: String,
+    pub token_secret: String,
+    pub pdb: String,
+    pub service_monitor: String,
+}
+
+impl Names {
+    pub fn of(relay: &Relay) -> Result<Names, ResourceError> {
+        let name = relay
+            .meta()
+            .name
+            .clone()
+            .ok_or(ResourceError::MissingMeta("name"))?;
+        let namespace = relay
+            .meta()
+            .namespace
+            .clone()
+            .ok_or(ResourceError::MissingMeta("namespace"))?;
+        Ok(Names {
+            statefulset: name.clone(),
+            headless: format!("{name}-nodes"),
+            client: name.clone(),
+            config_map: format!("{name}-config"),
+            token_secret: format!("{name}-operator-token"),
+            pdb: name.clone(),
+            service_monitor: name.clone(),
+            namespace,
+            relay: name,
+        })
+    }
+
+    /// The name of the owned object of `kind`.
+    pub fn of_kind(&self, kind: crate::planner::Owned) -> &str {
+        use crate::planner::Owned;
+        match kind {
+            Owned::ConfigMap => &self.config_map,
+            Owned::HeadlessService => &self.headless,
+            Owned::ClientService => &self.client,
+            Owned::StatefulSet => &self.statefulset,
+            Owned::PodDisruptionBudget => &self.pdb,
+            Owned::ServiceMonitor => &self.service_monitor,
+        }
+    }
+
+    /// The pod of ordinal `i`.
+    pub fn pod(&self, i: i32) -> String {
+        format!("{}-{i}", self.statefulset)
+    }
+
+    /// Node `i`'s volume claim (the StatefulSet's claim template is `data`).
+    pub fn claim(&self, i: i32) -> String {
+        format!("data-{}-{i}", self.statefulset)
+    }
+
+    /// The ordinal of a node volume claim's name, if it is one of this Relay's.
+    pub fn claim_ordinal(&self, claim: &str) -> Option<i32> {
+        claim
+            .strip_prefix("data-")?
+            .strip_prefix(self.statefulset.as_str())?
+            .strip_prefix('-')?
+            .parse()
+            .ok()
+    }
+}
+
+/// Labels on every object of a `Relay`.
+pub fn labels(relay_name: &str) -> BTreeMap<String, String> {
+    let mut l = selector_labels(relay_name);
+    l.insert(
+        "app.kubernetes.io/managed-by".into(),
+        "ankusa-operator".into(),
+    );
+    l.insert("app.kubernetes.io/component".into(), "relay".into());
+    l
+}
+
+/// The labels that select a `Relay`'s pods (immutable on a StatefulSet).
+pub fn selector_labels(relay_name: &str) -> BTreeMap<String, String> {
+    BTreeMap::from([
+        ("app.kubernetes.io/name".into(), "ankusa-relay".into()),
+        ("app.kubernetes.io/instance".into(), relay_name.into()),
+    ])
+}
+
+/// The controller owner reference every owned object carries.
+pub fn owner(relay: &Relay) -> Result<OwnerReference, ResourceError> {
+    relay
+        .controller_owner_ref(&())
+        .ok_or(ResourceError::MissingMeta("uid"))
+}
+
+fn metadata(relay: &Relay, name: &str) -> Result<Value, ResourceError> {
+    let names = Names::of(relay)?;
+    Ok(json!({
+        "name": name,
+        "namespace": names.namespace,
+        "labels": labels(&names.relay),
+        "ownerReferences": [owner(relay)?],
+    }))
+}
+
+/// `v` as a typed object. A field the type does not know would be dropped silently by
+/// the conversion; it is refused instead, so a misspelt field is an error, not a no-op.
+fn typed<T: DeserializeOwned + serde::Serialize>(
+    kind: &'static str,
+    v: Value,
+) -> Result<T, ResourceError> {
+    let t: T = serde_json::from_value(v.clone())
+        .map_err(|source| ResourceError::Build { kind, source })?;
+    let back = serde_json::to_value(&t).map_err(|source| ResourceError::Build { kind, source })?;
+    if !crate::planner::contains(&back, &v) {
+        return Err(ResourceError::Config(format!(
+            "{kind}: a field is not part of the {kind} schema"
+        )));
+    }
+    Ok(t)
+}
+
+/// How one node reaches another's listeners: templates of `{pod}`, `{service}` (the
+/// headless Service) and `{namespace}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeUrls {
+    pub admin: String,
+    pub ingest: String,
+}
+
+impl Default for NodeUrls {
+    fn default() -> Self {
+        NodeUrls {
+            admin: crate::nodes::DEFAULT_URL_TEMPLATE.into(),
+            ingest: DEFAULT_INGEST_URL_TEMPLATE.into(),
+        }
+    }
+}
+
+impl NodeUrls {
+    fn fill(template: &str, pod: &str, names: &Names) -> String {
+        template
+            .replace("{pod}", pod)
+            .replace("{service}", &names.headless)
+            .replace("{namespace}", &names.namespace)
+    }
+}
+
+/// The relay configuration the nodes run: `user` (inline or from the referenced
+/// ConfigMap; `None` for none) with the operator's keys set, nodes reached at their
+/// headless-Service DNS names.
+pub fn relay_config(relay: &Relay, user: Option<&Value>) -> Result<Value, ResourceError> {
+    relay_config_with(relay, user, &NodeUrls::default())
+}
+
+/// [`relay_config`], nodes reached at `urls`. The node list (`cluster.nodes`) is every
+/// ordinal of `spec.replicas`, the first one keeping the Relay's tenant registry; each
+/// node learns its own name from its pod's (`ANKUSA_CLUSTER__NAME`).
+pub fn relay_config_with(
+    relay: &Relay,
+    user: Option<&Value>,
+    urls: &NodeUrls,
+) -> Result<Value, ResourceError> {
+    let names = Names::of(relay)?;
+    let mut cfg = match user {
+        None | Some(Value::Null) => json!({}),
+        Some(Value::Object(m)) => Value::Object(m.clone()),
+        Some(_) => {
+            return Err(ResourceError::Config(
+                "the relay configuration must be a mapping of keys".into(),
+            ))
+        }
+    };
+    let root = object(&mut cfg, "")?;
+    root.insert("data_dir".into(), json!(format!("{DATA_MOUNT}/data")));
+    let ingest = entry_object(root, "ingest")?;
+    ingest.insert("listen".into(), json!(format!("[::]:{INGEST_PORT}")));
+    let admin = entry_object(root, "admin")?;
+    admin.insert("listen".into(), json!(format!("[::]:{ADMIN_PORT}")));
+    admin.insert("backup_dir".into(), json!(format!("{DATA_MOUNT}/backups")));
+    let tokens = admin.entry("tokens").or_insert_with(|| json!([]));
+    let Value::Array(tokens) = tokens else {
+        return Err(ResourceError::Config("admin.tokens must be a list".into()));
+    };
+    tokens.retain(|t| {
+        t.get("name") != Some(&json!(TOKEN_NAME))
+            && t.get("name") != Some(&json!(BACKUP_TOKEN_NAME))
+    });
+    tokens.push(json!({
+        "name": TOKEN_NAME,
+        "secret": { "file": format!("{TOKEN_MOUNT}/{TOKEN_KEY}") },
+        "scope": "admin",
+    }));
+    tokens.push(json!({
+        "name": BACKUP_TOKEN_NAME,
+        "secret": { "file": format!("{TOKEN_MOUNT}/{BACKUP_TOKEN_KEY}") },
+        "scope": "backup",
+    }));
+    let tenants = entry_object(root, "tenants")?;
+    tenants.insert("max".into(), json!(relay.spec.tenants.max));
+    let cluster = entry_object(root, "cluster")?;
+    cluster.remove("name");
+    cluster.insert(
+        "nodes".into(),
+        json!((0..relay.spec.replicas.max(1))
+            .map(|i| {
+                let pod = names.pod(i);
+                json!({
+                    "name": pod,
+                    "ingest": NodeUrls::fill(&urls.ingest, &pod, &names),
+                    "admin": NodeUrls::fill(&urls.admin, &pod, &names),
+                })
+            })
+            .collect::<Vec<_>>()),
+    );
+    cluster.insert(
+        "token".into(),
+        json!({ "file": format!("{TOKEN_MOUNT}/{CLUSTER_TOKEN_KEY}") }),
+    );
+    Ok(cfg)
+}
+
+fn object<'a>(
+    v: &'a mut Value,
+    key: &str,
+) -> Result<&'a mut serde_json::Map<String, Value>, ResourceError> {
+    v.as_object_mut()
+        .ok_or_else(|| ResourceError::Config(format!("{key} must be a mapping")))
+}
+
+fn entry_object<'a>(
+    m: &'a mut serde_json::Map<String, Value>,
+    key: &str,
+) -> Result<&'a mut serde_json::Map<String, Value>, ResourceError> {
+    let v = m.entry(key).or_insert_with(|| json!({}));
+    if v.is_null() {
+        *v = json!({});
+    }
+    object(v, key)
+}
+
+/// Every check a node makes of its configuration but reading its secrets (they live in
+/// files and variables of its pod), as the first node would: a configuration the relay
+/// would refuse is never applied, so a typo does not crash-loop the nodes one by one.
+pub fn check_relay_yaml(relay: &Relay, yaml: &str) -> Result<(), ResourceError> {
+    let pod = Names::of(relay)?.pod(0);
+    ankusa_config::Config::from_yaml_unresolved(yaml, [("ANKUSA_CLUSTER__NAME".to_owned(), pod)])
+        .map(|_| ())
+        .map_err(|e| ResourceError::Config(format!("the relay would refuse it: {e}")))
+}
+
+/// `relay.yaml` as text, with a stable key order.
+pub fn relay_yaml(cfg: &Value) -> Result<String, ResourceError> {
+    serde_yaml::to_string(cfg).map_err(|e| ResourceError::Config(e.to_string()))
+}
+
+/// A short hash of `relay.yaml` for the pod template annotation.
+pub fn config_hash(yaml: &str) -> String {
+    let digest = Sha256::digest(yaml.as_bytes());
+    ankusa_keyspace::hex(&digest[..8])
+}
+
+pub fn config_map(relay: &Relay, yaml: &str) -> Result<ConfigMap, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "ConfigMap",
+        json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": metadata(relay, &names.config_map)?,
+            "data": { CONFIG_KEY: yaml },
+        }),
+    )
+}
+
+/// The operator's token Secret: the admin token and the backup token. Existing values are
+/// passed back in, so re-applying it changes nothing.
+pub fn token_secret(
+    relay: &Relay,
+    token: &str,
+    backup_token: &str,
+    cluster_token: &str,
+) -> Result<Secret, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "Secret",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": metadata(relay, &names.token_secret)?,
+            "type": "Opaque",
+            "stringData": {
+                TOKEN_KEY: token,
+                BACKUP_TOKEN_KEY: backup_token,
+                CLUSTER_TOKEN_KEY: cluster_token,
+            },
+        }),
+    )
+}
+
+fn ports() -> Value {
+    json!([
+        { "name": "ingest", "port": INGEST_PORT, "targetPort": "ingest", "protocol": "TCP" },
+        { "name": "admin", "port": ADMIN_PORT, "targetPort": "admin", "protocol": "TCP" },
+    ])
+}
+
+/// Label telling a Relay's two Services apart (`nodes` or `client`): the ServiceMonitor
+/// selects `nodes` only, so each pod is scraped once.
+pub const SERVICE_LABEL: &str = "ankusa.dev/service";
+
+/// A Service of the relay's pods on the ingest and admin ports, with `spec` added;
+/// `role` is its [`SERVICE_LABEL`].
+fn service(
+    relay: &Relay,
+    name: &str,
+    role: &str,
+    mut spec: Value,
+) -> Result<Service, ResourceError> {
+    let names = Names::of(relay)?;
+    spec["selector"] = json!(selector_labels(&names.relay));
+    spec["ports"] = ports();
+    let mut meta = metadata(relay, name)?;
+    meta["labels"][SERVICE_LABEL] = json!(role);
+    typed(
+        "Service",
+        json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": meta,
+            "spec": spec,
+        }),
+    )
+}
+
+/// The headless Service: a DNS name per pod, ready or not (the operator polls a pod
+/// that is starting or migrating, and Prometheus scrapes it).
+pub fn headless_service(relay: &Relay) -> Result<Service, ResourceError> {
+    let names = Names::of(relay)?;
+    service(
+        relay,
+        &names.headless,
+        "nodes",
+        json!({ "clusterIP": "None", "publishNotReadyAddresses": true }),
+    )
+}
+
+/// The client Service: ingest for providers, admin for operators of the relay.
+pub fn client_service(relay: &Relay) -> Result<Service, ResourceError> {
+    let names = Names::of(relay)?;
+    service(
+        relay,
+        &names.client,
+        "client",
+        json!({ "type": "ClusterIP" }),
+    )
+}
+
+/// The StatefulSet. `partition` holds ordinals below it on their current revision (the
+/// upgrade gate lowers it one ordinal at a time); `config_hash` rolls the pods when
+/// `relay.yaml` changes.
+pub fn statefulset(
+    relay: &Relay,
+    partition: i32,
+    config_hash: &str,
+    shutdown_grace_ms: u64,
+) -> Result<StatefulSet, ResourceError> {
+    let names = Names::of(relay)?;
+    let spec = &relay.spec;
+    let mut container = json!({
+        "name": "relay",
+        "image": spec.image,
+        "args": ["run", "--config", format!("{CONFIG_MOUNT}/{CONFIG_KEY}")],
+        "ports": [
+            { "name": "ingest", "containerPort": INGEST_PORT, "protocol": "TCP" },
+            { "name": "admin", "containerPort": ADMIN_PORT, "protocol": "TCP" },
+        ],
+        "volumeMounts": [
+            { "name": "data", "mountPath": DATA_MOUNT },
+            { "name": "config", "mountPath": CONFIG_MOUNT, "readOnly": true },
+            { "name": "operator-token", "mountPath": TOKEN_MOUNT, "readOnly": true },
+        ],
+        // Ready means the store is open, migrated and the listeners are up; a node
+        // migrating its store is alive but not ready.
+        "readinessProbe": {
+            "httpGet": { "path": "/readyz", "port": "admin" },
+            "periodSeconds": 5,
+            "failureThreshold": 2,
+        },
+        // `/healthz` answers from the node's first second, before its store opens; the
+        // startup budget (`spec.startupSeconds`) covers the container's own start, and
+        // liveness is checked only after it.
+        "startupProbe": {
+            "httpGet": { "path": "/healthz", "port": "admin" },
+            "periodSeconds": ankusa_crds::relay::STARTUP_PROBE_PERIOD_S,
+            "failureThreshold": startup_failure_threshold(spec.startup_seconds),
+        },
+        "livenessProbe": {
+            "httpGet": { "path": "/healthz", "port": "admin" },
+            "periodSeconds": 10,
+            "failureThreshold": 6,
+        },
+        "securityContext": container_security(),
+        // Endpoints drop the pod before it stops taking hooks: SIGTERM comes after this.
+        "lifecycle": { "preStop": { "sleep": { "seconds": PRE_STOP_S } } },
+    });
+    // Each node's name in `cluster.nodes` is its pod's (`apiVersion` written out: the API
+    // server would add it, and a field it adds would read as drift on every poll).
+    let mut env = vec![json!({
+        "name": "ANKUSA_CLUSTER__NAME",
+        "valueFrom": { "fieldRef": { "apiVersion": "v1", "fieldPath": "metadata.name" } },
+    })];
+    env.extend(spec.config.secret_env.iter().map(|e| {
+        json!({
+            "name": e.name,
+            "valueFrom": { "secretKeyRef": e.secret_key_ref },
+        })
+    }));
+    container["env"] = json!(env);
+    if let Some(policy) = &spec.image_pull_policy {
+        container["imagePullPolicy"] = json!(policy);
+    }
+    if let Some(resources) = &spec.resources {
+        container["resources"] = json!(resources);
+    }
+    let mut claim_spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": { "requests": { "storage": spec.storage.size } },
+    });
+    if let Some(class) = &spec.storage.storage_class_name {
+        claim_spec["storageClassName"] = json!(class);
+    }
+    typed(
+        "StatefulSet",
+        json!({
+            "apiVersion": "apps/v1",
+            "kind": "StatefulSet",
+            "metadata": metadata(relay, &names.statefulset)?,
+            "spec": {
+                "replicas": spec.replicas,
+                "serviceName": names.headless,
+                // Nodes are independent stores: start them together; the upgrade gate,
+                // not the pod management policy, orders a format change.
+                "podManagementPolicy": "Parallel",
+                "selector": { "matchLabels": selector_labels(&names.relay) },
+                "updateStrategy": {
+                    "type": "RollingUpdate",
+                    "rollingUpdate": { "partition": partition },
+                },
+                // A store is never deleted by scaling down or deleting the Relay.
+                "persistentVolumeClaimRetentionPolicy": {
+                    "whenDeleted": "Retain",
+                    "whenScaled": "Retain",
+                },
+                "template": {
+                    "metadata": {
+                        "labels": labels(&names.relay),
+                        "annotations": { CONFIG_HASH_ANNOTATION: config_hash },
+                    },
+                    "spec": {
+                        // The node's own grace for deliveries in flight, after the preStop
+                        // pause, with room to sync and exit: a SIGKILL never cuts a
+                        // graceful stop short.
+                        "terminationGracePeriodSeconds": termination_grace_s(shutdown_grace_ms),
+                        // No `<SERVICE>_SERVICE_HOST` variables for every Service in the
+                        // namespace: the relay needs none, and they only crowd its env.
+                        "enableServiceLinks": false,
+                        "securityContext": pod_security(),
+                        "containers": [container],
+                        "volumes": [
+                            { "name": "config", "configMap": { "name": names.config_map } },
+                            { "name": "operator-token", "secret": { "secretName": names.token_secret } },
+                        ],
+                    },
+                },
+                "volumeClaimTemplates": [{
+                    "metadata": { "name": "data", "labels": selector_labels(&names.relay) },
+                    "spec": claim_spec,
+                }],
+            },
+        }),
+    )
+}
+
+/// The startupProbe's failure threshold for a budget of `seconds`.
+pub fn startup_failure_threshold(seconds: i64) -> i64 {
+    (seconds + ankusa_crds::relay::STARTUP_PROBE_PERIOD_S - 1)
+        / ankusa_crds::relay::STARTUP_PROBE_PERIOD_S
+}
+
+/// The pause before a relay container gets SIGTERM, for endpoint controllers and load
+/// balancers to stop sending it hooks.
+pub const PRE_STOP_S: i64 = 5;
+
+/// The pod's termination grace: the preStop pause, the node's `shutdown.grace_ms`, and 10
+/// s to commit, sync and exit.
+pub fn termination_grace_s(shutdown_grace_ms: u64) -> i64 {
+    PRE_STOP_S + i64::try_from(shutdown_grace_ms.div_ceil(1000)).unwrap_or(600) + 10
+}
+
+/// `shutdown.grace_ms` of a relay configuration (the relay's default when unset).
+pub fn shutdown_grace_ms(cfg: &Value) -> u64 {
+    cfg.pointer("/shutdown/grace_ms")
+        .and_then(Value::as_u64)
+        .unwrap_or(20_000)
+}
+
+/// At most one node down by voluntary eviction: a node down stops its tenants' ingest.
+pub fn pdb(relay: &Relay) -> Result<PodDisruptionBudget, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "PodDisruptionBudget",
+        json!({
+            "apiVersion": "policy/v1",
+            "kind": "PodDisruptionBudget",
+            "metadata": metadata(relay, &names.pdb)?,
+            "spec": {
+                "maxUnavailable": 1,
+                "selector": { "matchLabels": selector_labels(&names.relay) },
+            },
+        }),
+    )
+}
+
+/// The Prometheus Operator's `ServiceMonitor` resource.
+pub fn service_monitor_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("monitoring.coreos.com", "v1", "ServiceMonitor"),
+        "servicemonitors",
+    )
+}
+
+/// A ServiceMonitor scraping every node's `/metrics` through the headless Service.
+pub fn service_monitor(relay: &Relay) -> Result<DynamicObject, ResourceError> {
+    let names = Names::of(relay)?;
+    let sm = &relay.spec.monitoring.service_monitor;
+    let mut meta = metadata(relay, &names.service_monitor)?;
+    for (k, v) in &sm.labels {
+        meta["labels"][k] = json!(v);
+    }
+    let mut endpoint = json!({
+        "port": "admin",
+        "path": "/metrics",
+        "interval": sm.interval,
+    });
+    if !sm.relabelings.is_empty() {
+        endpoint["relabelings"] = json!(sm.relabelings);
+    }
+    // The headless Service only: selecting both Services would scrape every pod twice.
+    let mut selector = selector_labels(&names.relay);
+    selector.insert(SERVICE_LABEL.into(), "nodes".into());
+    typed(
+        "ServiceMonitor",
+        json!({
+            "apiVersion": "monitoring.coreos.com/v1",
+            "kind": "ServiceMonitor",
+            "metadata": meta,
+            "spec": {
+                "selector": { "matchLabels": selector },
+                "namespaceSelector": { "matchNames": [names.namespace] },
+                "endpoints": [endpoint],
+            },
+        }),
+    )
+}
+
+/// Every desired object of a `Relay` (the ServiceMonitor only when it will be applied).
+#[derive(Debug, Clone)]
+pub struct DesiredSet {
+    pub config_map: ConfigMap,
+    pub headless: Service,
+    pub client: Service,
+    pub statefulset: StatefulSet,
+    pub pdb: PodDisruptionBudget,
+    pub service_monitor: Option<DynamicObject>,
+}
+
+impl DesiredSet {
+    pub fn build(
+        relay: &Relay,
+        user_config: Option<&Value>,
+        partition: i32,
+        with_service_monitor: bool,
+    ) -> Result<DesiredSet, ResourceError> {
+        Self::build_with(
+            relay,
+            user_config,
+            partition,
+            with_service_monitor,
+            &NodeUrls::default(),
+        )
+    }
+
+    /// [`DesiredSet::build`], the nodes reaching each other at `urls`.
+    pub fn build_with(
+        relay: &Relay,
+        user_config: Option<&Value>,
+        partition: i32,
+        with_service_monitor: bool,
+        urls: &NodeUrls,
+    ) -> Result<DesiredSet, ResourceError> {
+        let cfg = relay_config_with(relay, user_config, urls)?;
+        let yaml = relay_yaml(&cfg)?;
+        check_relay_yaml(relay, &yaml)?;
+        Ok(DesiredSet {
+            config_map: config_map(relay, &yaml)?,
+            headless: headless_service(relay)?,
+            client: client_service(relay)?,
+            statefulset: statefulset(
+                relay,
+                partition,
+                &config_hash(&yaml),
+                shutdown_grace_ms(&cfg),
+            )?,
+            pdb: pdb(relay)?,
+            service_monitor: if with_service_monitor {
+                Some(service_monitor(relay)?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The desired object of `kind` as JSON (`None`: no ServiceMonitor is wanted).
+    pub fn value(&self, kind: crate::planner::Owned) -> Option<Value> {
+        use crate::planner::Owned;
+        match kind {
+            Owned::ConfigMap => to_value(&self.config_map).ok(),
+            Owned::HeadlessService => to_value(&self.headless).ok(),
+            Owned::ClientService => to_value(&self.client).ok(),
+            Owned::StatefulSet => to_value(&self.statefulset).ok(),
+            Owned::PodDisruptionBudget => to_value(&self.pdb).ok(),
+            Owned::ServiceMonitor => self.service_monitor.as_ref().and_then(|s| to_value(s).ok()),
+        }
+    }
+
+    /// The objects as one YAML stream, in apply order (what the golden file holds).
+    pub fn to_yaml(&self) -> Result<String, ResourceError> {
+        let mut docs = vec![
+            to_value(&self.config_map)?,
+            to_value(&self.headless)?,
+            to_value(&self.client)?,
+            to_value(&self.statefulset)?,
+            to_value(&self.pdb)?,
+        ];
+        if let Some(sm) = &self.service_monitor {
+            docs.push(to_value(sm)?);
+        }
+        let mut out = String::new();
+        for d in docs {
+            out.push_str("---\n");
+            out.push_str(
+                &serde_yaml::to_string(&d).map_err(|e| ResourceError::Config(e.to_string()))?,
+            );
+        }
+        Ok(out)
+    }
+}
+
+fn to_value<T: serde::Serialize>(t: &T) -> Result<Value, ResourceError> {
+    serde_json::to_value(t).map_err(|source| ResourceError::Build {
+        kind: "object",
+        source,
+    })
+}
+
+/// Label on the operator's Jobs: `probe` or `backup`.
+pub const JOB_LABEL: &str = "ankusa.dev/job";
+/// Where the backup volume is mounted in a backup Job.
+pub const BACKUP_MOUNT: &str = "/backups";
+
+fn job_labels(relay_name: &str, job: &str) -> BTreeMap<String, String> {
+    let mut l = labels(relay_name);
+    l.insert("app.kubernetes.io/component".into(), format!("{job}-job"));
+    l.insert(JOB_LABEL.into(), job.into());
+    l
+}
+
+/// The pod security context of every pod the operator runs: admitted where the namespace
+/// enforces the `restricted` Pod Security Standard.
+fn pod_security() -> Value {
+    json!({
+        "runAsNonRoot": true,
+        "runAsUser": 10001,
+        "runAsGroup": 10001,
+        "fsGroup": 10001,
+        // The kubelet changes the volume's ownership only when its root is not already
+        // the group's: not a recursive chown of the whole store at every start.
+        "fsGroupChangePolicy": "OnRootMismatch",
+        "seccompProfile": { "type": "RuntimeDefault" },
+    })
+}
+
+/// The container security context of every container the operator runs.
+fn container_security() -> Value {
+    json!({
+        "allowPrivilegeEscalation": false,
+        "readOnlyRootFilesystem": true,
+        "capabilities": { "drop": ["ALL"] },
+    })
+}
+
+/// A run-once Job of the `Relay` (`job` is `probe` or `backup`) around `pod_spec`.
+fn job(
+    relay: &Relay,
+    name: &str,
+    job: &str,
+    extra_labels: &[(&str, String)],
+    deadline_s: i64,
+    mut pod_spec: Value,
+) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
+    let names = Names::of(relay)?;
+    let mut meta = metadata(relay, name)?;
+    meta["labels"] = json!(job_labels(&names.relay, job));
+    for (k, v) in extra_labels {
+        meta["labels"][*k] = json!(v);
+    }
+    pod_spec["restartPolicy"] = json!("Never");
+    pod_spec["enableServiceLinks"] = json!(false);
+    pod_spec["securityContext"] = pod_security();
+    typed(
+        "Job",
+        json!({
+            "apiVersion": "batch/v1",
+            "kind": "Job",
+            "metadata": meta,
+            "spec": {
+                "backoffLimit": 2,
+                // spec.upgrade.timeouts: past it the Job fails (DeadlineExceeded) and the
+                // upgrade stops with the Job named, instead of waiting forever.
+                "activeDeadlineSeconds": deadline_s,
+                // A finished Job is read within a reconcile or two; a day is plenty.
+                "ttlSecondsAfterFinished": 86400,
+                "template": {
+                    "metadata": { "labels": job_labels(&names.relay, job) },
+                    "spec": pod_spec,
+                },
+            },
+        }),
+    )
+}
+
+/// A Job that prints `ankusa-relay version --json` of `image`: the store format a release
+/// would move the stores to, learned before any pod moves.
+pub fn probe_job(
+    relay: &Relay,
+    name: &str,
+    image: &str,
+) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
+    job(
+        relay,
+        name,
+        "probe",
+        &[],
+        relay.spec.upgrade.timeouts.probe_seconds,
+        json!({
+            "containers": [{
+                "name": "probe",
+                "image": image,
+                // The answer goes to the termination message, which the operator reads
+                // from the pod's status (no log access needed).
+                "args": ["version", "--json", "--write", "/dev/termination-log"],
+                "terminationMessagePath": "/dev/termination-log",
+                "securityContext": container_security(),
+            }],
+        }),
+    )
+}
+
+/// Where a backup Job reads node `ordinal`'s store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupSource<'a> {
+    /// The running node, over its admin API at this URL (`backup pull`: a checkpoint
+    /// streamed, with a token that can take backups and nothing else).
+    Node(&'a str),
+    /// The node's volume claim, which no pod uses (it outlived a scale-down), mounted
+    /// read-only (`backup offline`).
+    Claim,
+}
+
+/// A Job that backs node `ordinal`'s store up onto the backup volume
+/// (`/backups/<relay>/<pod>/<id>.tar.zst`), keeping the newest `spec.backup.retention`
+/// there. `image` is the upgrade's target release (the newest puller speaks every older
+/// node's backup API).
+pub fn backup_job(
+    relay: &Relay,
+    name: &str,
+    ordinal: i32,
+    image: &str,
+    source: BackupSource<'_>,
+) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
+    let names = Names::of(relay)?;
+    let backup = relay.spec.backup.as_ref().ok_or(ResourceError::Config(
+        "spec.backup.destination is not set".into(),
+    ))?;
+    let to = format!("{BACKUP_MOUNT}/{}/{}", names.relay, names.pod(ordinal));
+    // spec.backup.retention: the newest N archives of this node stay.
+    let keep = backup.retention.max(1).to_string();
+    let mut container = json!({
+        "name": "backup",
+        "image": image,
+        "volumeMounts": [{ "name": "backups", "mountPath": BACKUP_MOUNT }],
+        "securityContext": container_security(),
+    });
+    let mut volumes = vec![json!({
+        "name": "backups",
+        "persistentVolumeClaim": { "claimName": backup.destination.claim_name },
+    })];
+    match source {
+        BackupSource::Node(url) => {
+            container["args"] =
+                json!(["backup", "pull", "--from", url, "--to", to, "--keep", keep]);
+            container["env"] = json!([{
+                "name": "ANKUSA_ADMIN_TOKEN",
+                "valueFrom": { "secretKeyRef": { "name": names.token_secret, "key": BACKUP_TOKEN_KEY } },
+            }]);
+        }
+        BackupSource::Claim => {
+            let data = format!("{DATA_MOUNT}/data");
+            container["args"] =
+                json!(["backup", "offline", "--data", data, "--to", to, "--keep", keep]);
+            container["volumeMounts"] = json!([
+                { "name": "backups", "mountPath": BACKUP_MOUNT },
+                { "name": "data", "mountPath": DATA_MOUNT, "readOnly": true },
+            ]);
+            volumes.push(json!({
+                "name": "data",
+                "persistentVolumeClaim": { "claimName": names.claim(ordinal), "readOnly": true },
+            }));
+        }
+    }
+    job(
+        relay,
+        name,
+        "backup",
+        &[("ankusa.dev/ordinal", ordinal.to_string())],
+        relay.spec.upgrade.timeouts.backup_seconds,
+        json!({ "containers": [container], "volumes": volumes }),
+    )
+}

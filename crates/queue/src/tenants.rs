@@ -1,0 +1,245 @@
+//! Tenant ordinals (ADR section 3): dense u32s from 1 in first-sight order, never reused.
+//!
+//! - `?n tenant → ord` and `?t ord → tenant` in the `tenants` family; `m:next_ord` in meta.
+//! - Only the writer allocates, through its [`Allocator`]: the `?t`, `?n` and `m:next_ord`
+//!   puts ride in the same commit batch as the rows that use the new ordinal, so an
+//!   ordinal is never visible without its rows or the other way round.
+//! - The allocator's cache (65 536 entries, cleared whole when full) is filled only after
+//!   a commit succeeded ([`Allocator::committed`]); a miss is one `multi_get` of the
+//!   batch's uncached tenants.
+//! - `tenants.max`: a tenant that would be the max+1-th is refused with
+//!   [`QueueError::TenantLimit`]; an existing tenant is never refused.
+//! - Erase (later work) deletes `?n` and leaves `?t` as a tombstone with an empty value.
+
+use std::collections::HashMap;
+
+use super::QueueError;
+use ankusa_keyspace::Cf;
+use ankusa_keyspace::TenantOrd;
+use ankusa_store::{decode_u32, Op, Store};
+
+/// The tenant of hooks that name none.
+pub use ankusa_records::DEFAULT_TENANT;
+/// The longest tenant id accepted, in bytes.
+pub const MAX_TENANT_LEN: usize = ankusa_config::MAX_TENANT_LEN;
+/// The writer's cache size (entries).
+pub const CACHE_CAPACITY: usize = 65_536;
+
+/// Checks a tenant id: non-empty, at most 256 bytes, no control characters.
+pub fn validate(tenant: &str) -> Result<(), QueueError> {
+    match ankusa_config::tenant_id_problem(tenant) {
+        Some(why) => Err(QueueError::InvalidTenant(why)),
+        None => Ok(()),
+    }
+}
+
+/// The ordinal of a tenant, if it has one.
+pub fn ord(store: &Store, tenant: &str) -> Result<Option<TenantOrd>, QueueError> {
+    Ok(store
+        .get(Cf::Tenants, &ankusa_keyspace::tenant_ord(tenant))?
+        .as_deref()
+        .and_then(decode_u32)
+        .map(TenantOrd))
+}
+
+/// The tenant id of an ordinal (`None` for an unknown or erased ordinal).
+pub fn name(store: &Store, ord: TenantOrd) -> Result<Option<String>, QueueError> {
+    Ok(store
+        .get(Cf::Tenants, &ankusa_keyspace::tenant_name(ord))?
+        .filter(|v| !v.is_empty())
+        .map(|v| String::from_utf8_lossy(&v).into_owned()))
+}
+
+/// The next ordinal to allocate (`m:next_ord`; 1 on a store that has none yet).
+pub fn next_ord(store: &Store) -> Result<u32, QueueError> {
+    Ok(store
+        .get(Cf::Default, ankusa_keyspace::META_NEXT_ORD)?
+        .as_deref()
+        .and_then(decode_u32)
+        .unwrap_or(1))
+}
+
+/// Ordinals ever allocated (`m:next_ord - 1`): an O(1) read.
+pub fn count(store: &Store) -> Result<u32, QueueError> {
+    Ok(next_ord(store)?.saturating_sub(1))
+}
+
+/// The ops that create ordinal `ord` for `tenant` and move `m:next_ord` past it.
+pub fn allocation_ops(tenant: &str, ord: TenantOrd) -> [Op; 3] {
+    [
+        Op::put(
+            Cf::Tenants,
+            ankusa_keyspace::tenant_name(ord),
+            tenant.as_bytes(),
+        ),
+        Op::put(
+            Cf::Tenants,
+            ankusa_keyspace::tenant_ord(tenant),
+            ord.0.to_be_bytes(),
+        ),
+        Op::put(
+            Cf::Default,
+            ankusa_keyspace::META_NEXT_ORD.to_vec(),
+            (ord.0 + 1).to_be_bytes(),
+        ),
+    ]
+}
+
+/// A bounded map of tenant id → ordinal, cleared whole when full.
+#[derive(Debug, Default)]
+pub struct TenantCache {
+    map: HashMap<String, TenantOrd>,
+    capacity: usize,
+}
+
+impl TenantCache {
+    pub fn new(capacity: usize) -> Self {
+        TenantCache {
+            map: HashMap::new(),
+            capacity: capacity.max(1),
+        }
+    }
+    pub fn get(&self, tenant: &str) -> Option<TenantOrd> {
+        self.map.get(tenant).copied()
+    }
+    pub fn insert(&mut self, tenant: &str, ord: TenantOrd) {
+        if self.map.len() >= self.capacity && !self.map.contains_key(tenant) {
+            self.map.clear();
+        }
+        self.map.insert(tenant.to_owned(), ord);
+    }
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.map.is_empty()
+    }
+}
+
+/// The result of resolving one batch's tenants.
+#[derive(Debug, Default)]
+pub struct Resolution {
+    /// Each tenant's ordinal, or why it has none.
+    pub ords: HashMap<String, Result<TenantOrd, QueueError>>,
+    /// Allocation ops to put in the batch's commit (empty if nothing is new).
+    pub ops: Vec<Op>,
+    /// Tenants this batch creates, in allocation order.
+    pub created: Vec<(String, TenantOrd)>,
+    resolved: Vec<(String, TenantOrd)>,
+    next: u32,
+}
+
+impl Resolution {
+    pub fn ord_of(&self, tenant: &str) -> Option<TenantOrd> {
+        self.ords.get(tenant).and_then(|r| r.as_ref().ok().copied())
+    }
+}
+
+/// The writer's tenant resolver: cache, lookup and allocation.
+#[derive(Debug)]
+pub struct Allocator {
+    cache: TenantCache,
+    next: Option<u32>,
+    max: u32,
+}
+
+impl Allocator {
+    pub fn new(max: u32) -> Self {
+        Allocator {
+            cache: TenantCache::new(CACHE_CAPACITY),
+            next: None,
+            max,
+        }
+    }
+
+    /// With a cache of `capacity` entries (tests).
+    pub fn with_cache(max: u32, capacity: usize) -> Self {
+        Allocator {
+            cache: TenantCache::new(capacity),
+            ..Allocator::new(max)
+        }
+    }
+
+    pub fn cache_len(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Resolves the distinct tenants of a batch: cache hits, one `multi_get` for the
+    /// misses, and new ordinals (in order of `tenants`) for those with no row. Nothing is
+    /// written and the allocator does not change until [`Allocator::committed`].
+    pub fn resolve<'a>(
+        &mut self,
+        store: &Store,
+        tenants: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Resolution, QueueError> {
+        let mut res = Resolution::default();
+        let mut misses: Vec<&str> = Vec::new();
+        for t in tenants {
+            if res.ords.contains_key(t) || misses.contains(&t) {
+                continue;
+            }
+            if let Err(e) = validate(t) {
+                res.ords.insert(t.to_owned(), Err(e));
+                continue;
+            }
+            match self.cache.get(t) {
+                Some(o) => {
+                    res.ords.insert(t.to_owned(), Ok(o));
+                }
+                None => misses.push(t),
+            }
+        }
+        if misses.is_empty() {
+            return Ok(res);
+        }
+        let keys: Vec<Vec<u8>> = misses
+            .iter()
+            .map(|t| ankusa_keyspace::tenant_ord(t))
+            .collect();
+        let found = store.multi_get(Cf::Tenants, &keys)?;
+        let mut next = match self.next {
+            Some(n) => n,
+            None => next_ord(store)?,
+        };
+        for (t, v) in misses.into_iter().zip(found) {
+            match v.as_deref().and_then(decode_u32) {
+                Some(o) => {
+                    res.resolved.push((t.to_owned(), TenantOrd(o)));
+                    res.ords.insert(t.to_owned(), Ok(TenantOrd(o)));
+                }
+                None if next > self.max || next > TenantOrd::MAX_REAL => {
+                    res.ords
+                        .insert(t.to_owned(), Err(QueueError::TenantLimit { max: self.max }));
+                }
+                None => {
+                    let o = TenantOrd(next);
+                    next += 1;
+                    res.ops.extend(allocation_ops(t, o));
+                    res.created.push((t.to_owned(), o));
+                    res.ords.insert(t.to_owned(), Ok(o));
+                }
+            }
+        }
+        res.next = next;
+        Ok(res)
+    }
+
+    /// Forgets the next ordinal, to read `m:next_ord` again: a batch whose commit failed
+    /// may be in the store with the ordinals it allocated (then they are spent) or not
+    /// (then the next batch allocates them again). The cache holds only committed
+    /// tenants, so it stays; a tenant of the failed batch misses it and is looked up.
+    pub fn reload(&mut self) {
+        self.next = None;
+    }
+
+    /// Records a resolution whose batch committed: caches its ordinals and moves past the
+    /// ones it allocated. A batch that failed is not recorded ([`Allocator::reload`]).
+    pub fn committed(&mut self, res: &Resolution) {
+        for (t, o) in res.resolved.iter().chain(res.created.iter()) {
+            self.cache.insert(t, *o);
+        }
+        if res.next > 0 {
+            self.next = Some(res.next);
+        }
+    }
+}

@@ -1,0 +1,173 @@
+//! What the admin API's handlers share: [`Api`] (their state), [`ApiError`] (one JSON
+//! shape, a stable code), the caller's checks, and paging.
+//!
+//! Each resource's handlers and the types of their bodies live in a file of their own:
+//! [`super::dlq`], [`super::tenants`], [`super::quarantine`], [`super::audit`],
+//! [`super::node`], [`super::hooks`], [`super::sources`], [`super::archive`],
+//! [`super::backups`]. Every handler authenticates first; a tenant-scoped token sees only
+//! its tenants, and everything else answers as if it did not exist. Listings are newest
+//! first with an opaque cursor (`next`), pages capped by `admin.max_page`. Every mutating
+//! call writes an audit row, in the same batch as its first effect.
+
+use std::sync::Arc;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+
+use super::auth::{Caller, Scope, Tokens};
+use crate::ingest::quarantine::Quarantine;
+use ankusa_config::Config;
+use ankusa_keyspace::TenantOrd;
+use ankusa_queue::audit::Audit;
+use ankusa_queue::{tenants, QueueError};
+use ankusa_store::{Store, StoreError};
+
+/// What the API handlers share.
+#[derive(Debug)]
+pub struct Api {
+    pub store: Arc<Store>,
+    pub tokens: Tokens,
+    pub audit: Audit,
+    pub config: Arc<Config>,
+    pub quarantine: Option<Arc<Quarantine>>,
+    /// The boot migration's progress.
+    pub progress: Arc<super::Progress>,
+    /// Where revived rows are announced to the dispatch pipeline.
+    pub hints: Arc<ankusa_queue::hints::DueHints>,
+    /// The Relay's nodes: who owns which tenant.
+    pub cluster: Arc<crate::cluster::Cluster>,
+    /// The ingest writer, once it runs (after the boot migration): archive replays commit
+    /// through it.
+    pub writer: std::sync::OnceLock<ankusa_queue::writer::WriterHandle>,
+}
+
+/// An API error: one JSON shape, a stable code.
+#[derive(Debug)]
+pub enum ApiError {
+    Unauthorized,
+    Forbidden,
+    NotFound(&'static str),
+    BadRequest(String),
+    /// An operation that failed for a reason the caller can act on (a full volume).
+    Failed {
+        code: &'static str,
+        message: String,
+    },
+    Internal,
+}
+
+impl From<QueueError> for ApiError {
+    fn from(e: QueueError) -> Self {
+        tracing::error!(error = %e, corruption = e.is_corruption(), "admin API store error");
+        ApiError::Internal
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(e: StoreError) -> Self {
+        QueueError::from(e).into()
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, code, msg) = match self {
+            ApiError::Unauthorized => (
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "a valid bearer token is required".to_owned(),
+            ),
+            ApiError::Forbidden => (
+                StatusCode::FORBIDDEN,
+                "forbidden",
+                "this endpoint needs an admin token".to_owned(),
+            ),
+            ApiError::NotFound(what) => (
+                StatusCode::NOT_FOUND,
+                "not_found",
+                format!("no such {what}"),
+            ),
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, "bad_request", m),
+            ApiError::Failed { code, message } => {
+                (StatusCode::INTERNAL_SERVER_ERROR, code, message)
+            }
+            ApiError::Internal => (
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "internal error".to_owned(),
+            ),
+        };
+        crate::http::error(status, code, msg)
+    }
+}
+
+pub(crate) type ApiResult = Result<Response, ApiError>;
+
+/// The authenticated caller, or 401.
+pub(crate) fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let c = api
+        .tokens
+        .authenticate(headers)
+        .ok_or(ApiError::Unauthorized)?;
+    if c.backup_only {
+        return Err(ApiError::Forbidden);
+    }
+    Ok(c)
+}
+
+/// The caller of a backup endpoint: an admin or a backup-scope token.
+pub(crate) fn backup_caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
+    let c = api
+        .tokens
+        .authenticate(headers)
+        .ok_or(ApiError::Unauthorized)?;
+    if c.backup_only || c.scope.is_admin() {
+        Ok(c)
+    } else {
+        Err(ApiError::Forbidden)
+    }
+}
+
+/// 403 unless the caller has the admin scope.
+pub(crate) fn admin_only(c: &Caller) -> Result<(), ApiError> {
+    if c.scope.is_admin() {
+        Ok(())
+    } else {
+        Err(ApiError::Forbidden)
+    }
+}
+
+/// Runs store work off the async threads.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|_| ApiError::Internal)?
+}
+
+/// A visible tenant's ordinal; 404 for one outside the scope or unknown.
+pub(crate) fn visible_ord(
+    store: &Store,
+    scope: &Scope,
+    tenant: &str,
+) -> Result<TenantOrd, ApiError> {
+    if !scope.sees(tenant) {
+        return Err(ApiError::NotFound("tenant"));
+    }
+    tenants::ord(store, tenant)?.ok_or(ApiError::NotFound("tenant"))
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
+    pub(crate) tenant: Option<String>,
+    pub(crate) before: Option<String>,
+    pub(crate) limit: Option<usize>,
+}
+
+/// A page's size: `limit`, default 100, within `admin.max_page`.
+pub(crate) fn limit(api: &Api, l: Option<usize>) -> usize {
+    l.unwrap_or(100).clamp(1, api.config.admin.max_page)
+}

@@ -1,0 +1,281 @@
+//! `GET /v1/archive` and `POST /v1/archive/replay`: a tenant's archived hooks, and sending
+//! them again ([`ankusa_queue::archive`]).
+
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::Json;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use ankusa_keyspace::{AtMs, Seq};
+use ankusa_queue::archive::{self, Archived};
+use ankusa_queue::writer::{Reply, Submission};
+use ankusa_records::Envelope;
+
+/// The most hooks one replay sends again.
+const MAX_REPLAY: usize = 100_000;
+/// Submissions awaited together by a replay.
+const REPLAY_WINDOW: usize = 256;
+
+/// One archived hook.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ArchivedItem {
+    pub id: String,
+    pub tenant: String,
+    pub source: String,
+    pub received_ms: u64,
+    pub expires_ms: u64,
+    pub size: u64,
+    pub content_type: String,
+    pub sinks: Vec<String>,
+    pub headers: std::collections::BTreeMap<String, String>,
+    /// With `body=true`, a UTF-8 body.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// With `body=true`, a body that is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_base64: Option<String>,
+}
+
+/// `GET /v1/archive`: a page of archived hooks.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct ArchivePage {
+    pub items: Vec<ArchivedItem>,
+    /// `<received_ms>.<seq>`: pass as `before` for the next page.
+    pub next: Option<String>,
+}
+
+/// `POST /v1/archive/replay`: hooks committed again.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Replayed {
+    pub replayed: u64,
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveQuery {
+    tenant: Option<String>,
+    from_ms: Option<u64>,
+    to_ms: Option<u64>,
+    /// `next` of the previous page: `<received_ms>.<seq>`.
+    before: Option<String>,
+    limit: Option<usize>,
+    #[serde(default)]
+    body: bool,
+}
+
+fn parse_before(s: &str) -> Option<(AtMs, Seq)> {
+    let (r, q) = s.split_once('.')?;
+    Some((AtMs(r.parse().ok()?), Seq(q.parse().ok()?)))
+}
+
+fn item(a: &Archived, body: bool) -> ArchivedItem {
+    let env = &a.envelope;
+    let (mut text, mut base64) = (None, None);
+    if body {
+        match std::str::from_utf8(&env.body) {
+            Ok(s) => text = Some(s.to_owned()),
+            Err(_) => base64 = Some(base64::engine::general_purpose::STANDARD.encode(&env.body)),
+        }
+    }
+    ArchivedItem {
+        id: env.id.clone(),
+        tenant: env.tenant_or_default().to_owned(),
+        source: env.source.clone(),
+        received_ms: env.received_at.0,
+        expires_ms: a.expires.0,
+        size: env.body.len() as u64,
+        content_type: env.content_type.clone(),
+        sinks: env.sinks.clone(),
+        headers: env
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), String::from_utf8_lossy(v).into_owned()))
+            .collect(),
+        body: text,
+        body_base64: base64,
+    }
+}
+
+/// `GET /v1/archive?tenant=&from_ms=&to_ms=&before=&limit=&body=`: the tenant's archived
+/// hooks received in `[from_ms, to_ms)`, newest first, one bounded scan of its range.
+#[utoipa::path(
+    get,
+    path = "/v1/archive",
+    tag = "admin",
+    params(ArchiveQuery),
+    responses(
+        (status = 200, description = "The tenant's archived hooks, newest first", body = ArchivePage),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn list(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<ArchiveQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let Some(tenant) = q.tenant.clone() else {
+        return Err(ApiError::BadRequest("tenant is required".into()));
+    };
+    let before = match q.before.as_deref() {
+        None => None,
+        Some(b) => Some(parse_before(b).ok_or_else(|| {
+            ApiError::BadRequest("before: expected <received_ms>.<seq>, a page's next".into())
+        })?),
+    };
+    let limit = q.limit.unwrap_or(100).clamp(1, api.config.admin.max_page);
+    let a = api.clone();
+    blocking(move || {
+        let ord = visible_ord(&a.store, &c.scope, &tenant)?;
+        let page = archive::page(
+            &a.store,
+            ord,
+            AtMs(q.from_ms.unwrap_or(0)),
+            AtMs(q.to_ms.unwrap_or(u64::MAX)),
+            before,
+            limit,
+        )?;
+        Ok(Json(ArchivePage {
+            items: page.items.iter().map(|i| item(i, q.body)).collect(),
+            next: page.next.map(|(r, s)| format!("{}.{}", r.0, s.0)),
+        })
+        .into_response())
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ArchiveReplayRequest {
+    tenant: String,
+    from_ms: Option<u64>,
+    to_ms: Option<u64>,
+    /// Only these hook ids.
+    #[serde(default)]
+    ids: Vec<String>,
+    limit: Option<usize>,
+}
+
+/// `POST /v1/archive/replay {tenant, from_ms, to_ms, ids, limit}`: each archived hook that
+/// matches is committed again as a new hook — same id, body, headers and fan-out, received
+/// now — through the writer (a synced commit, then delivery as a first attempt). The
+/// archive keeps its copy. Answers `{"replayed": n}`; audited.
+#[utoipa::path(
+    post,
+    path = "/v1/archive/replay",
+    tag = "admin",
+    request_body = ArchiveReplayRequest,
+    responses(
+        (status = 200, description = "Hooks committed again", body = Replayed),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+        crate::http::JsonBodyErrors,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn replay(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Json(req): Json<ArchiveReplayRequest>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let caller_name = c.name.clone();
+    let Some(writer) = api.writer.get().cloned() else {
+        return Err(ApiError::Failed {
+            code: "not_ready",
+            message: "the node's writer is not running".into(),
+        });
+    };
+    let limit = req.limit.unwrap_or(MAX_REPLAY).clamp(1, MAX_REPLAY);
+    let a = api.clone();
+    let tenant = req.tenant.clone();
+    let (from, to) = (
+        AtMs(req.from_ms.unwrap_or(0)),
+        AtMs(req.to_ms.unwrap_or(u64::MAX)),
+    );
+    let ids: std::collections::HashSet<String> = req.ids.iter().cloned().collect();
+    let envelopes: Vec<Envelope> = blocking(move || {
+        let ord = visible_ord(&a.store, &c.scope, &tenant)?;
+        let mut out = Vec::new();
+        let mut before = None;
+        loop {
+            let page = archive::page(&a.store, ord, from, to, before, 1_000)?;
+            out.extend(
+                page.items
+                    .into_iter()
+                    .filter(|i| ids.is_empty() || ids.contains(&i.envelope.id))
+                    .map(|i| i.envelope),
+            );
+            match page.next {
+                Some(n) if out.len() < limit => before = Some(n),
+                _ => break,
+            }
+        }
+        out.truncate(limit);
+        // Oldest first, as they came.
+        out.reverse();
+        Ok(out)
+    })
+    .await?;
+    let now = AtMs(ankusa_keyspace::now_ms());
+    let mut replayed = 0u64;
+    for window in envelopes.chunks(REPLAY_WINDOW) {
+        let mut replies = Vec::with_capacity(window.len());
+        for env in window {
+            let (tx, rx) = tokio::sync::oneshot::channel();
+            let mut sub = Submission {
+                envelope: Envelope {
+                    received_at: now,
+                    ..env.clone()
+                },
+                idempotency: None,
+                from_archive: true,
+                reply: tx,
+                span: tracing::Span::current(),
+            };
+            // The writer's queue is bounded: wait for room rather than refuse a replay.
+            loop {
+                match writer.try_submit_or_return(sub).map_err(|e| *e) {
+                    Ok(()) => break,
+                    Err(std::sync::mpsc::TrySendError::Full(back)) => {
+                        sub = back;
+                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                    }
+                    Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                        return Err(ApiError::Failed {
+                            code: "unavailable",
+                            message: format!(
+                                "the node is stopping; {replayed} hooks were replayed"
+                            ),
+                        })
+                    }
+                }
+            }
+            replies.push(rx);
+        }
+        for rx in replies {
+            if let Ok(Reply::Accepted { .. }) = rx.await {
+                replayed += 1;
+            }
+        }
+    }
+    let audit = api.audit.op(
+        &caller_name,
+        "archive.replay",
+        Some(&req.tenant),
+        serde_json::json!({ "replayed": replayed, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len() }),
+    );
+    let a = api.clone();
+    blocking(move || Ok(a.store.write(vec![audit], true)?)).await?;
+    Ok(Json(Replayed { replayed }).into_response())
+}

@@ -1,0 +1,374 @@
+//! Backups.
+//!
+//! - `POST /v1/backups/stream` takes a RocksDB checkpoint (hard links to the immutable
+//!   files, beside the store) and answers with it packed as `.tar.zst` while it is packed:
+//!   nothing the size of the store is staged on the node's volume. The operator's backup
+//!   Job (`ankusa-relay backup pull`) writes it to the backup claim.
+//! - `POST /v1/backups` packs a checkpoint as `.tar.zst` in the backup staging directory
+//!   and `GET /v1/backups/{id}/archive` serves it (for copies kept on the node; at most
+//!   `admin.backup_keep` archives stay).
+//!
+//! Both accept an admin token or a backup-scope token (which can do nothing else).
+//! `ankusa-relay restore` unpacks an archive into an empty data directory. A backup never
+//! blocks writers.
+
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use axum::body::Body;
+use axum::extract::{Path as UrlPath, State};
+use axum::http::{header, HeaderMap};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use http_body_util::StreamBody;
+use hyper::body::Frame;
+
+use super::api::{backup_caller, Api, ApiError};
+use ankusa_store::{tarball, Store, StoreError};
+
+/// A backup id: `b` and the Unix milliseconds it was taken.
+pub fn is_backup_id(id: &str) -> bool {
+    id.len() > 1 && id.starts_with('b') && id[1..].bytes().all(|c| c.is_ascii_digit())
+}
+
+fn io(context: String) -> impl FnOnce(std::io::Error) -> StoreError {
+    move |source| StoreError::Io { context, source }
+}
+
+/// Takes a checkpoint of `store`, packs it as `<dir>/<id>.tar.zst`, prunes to `keep`.
+/// Returns the id and the archive's size.
+pub fn take(store: &Store, dir: &Path, keep: usize) -> Result<(String, u64), StoreError> {
+    std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
+    let id = format!("b{}", ankusa_keyspace::now_ms());
+    let ckpt = dir.join(format!("{id}.checkpoint"));
+    // RocksDB builds a checkpoint in `<dir>.tmp` and renames it when whole.
+    let ckpt_tmp = dir.join(format!("{id}.checkpoint.tmp"));
+    let out = dir.join(format!("{id}.tar.zst"));
+    let half_packed = out.with_extension("tmp");
+    let clean = || {
+        let _ = std::fs::remove_dir_all(&ckpt);
+        let _ = std::fs::remove_dir_all(&ckpt_tmp);
+    };
+    clean();
+    // Whatever fails (a full volume, say), nothing of this backup stays behind.
+    if let Err(e) = store.checkpoint(&ckpt) {
+        clean();
+        return Err(e);
+    }
+    let packed = tarball::pack(&ckpt, &out);
+    clean();
+    if packed.is_err() {
+        let _ = std::fs::remove_file(&half_packed);
+    }
+    packed?;
+    let size = std::fs::metadata(&out)
+        .map_err(io(format!("reading {}", out.display())))?
+        .len();
+    prune(dir, keep)?;
+    Ok((id, size))
+}
+
+/// Deletes the oldest backup archives (`b<ms>.tar.zst`) in `dir` beyond the newest `keep`;
+/// other files are left alone (a backup volume may be shared). Returns how many went.
+pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
+    let mut archives: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(io(format!("reading {}", dir.display())))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?;
+            let id = name.strip_suffix(".tar.zst")?;
+            // Ordered by the id's number: names of different lengths do not sort as text.
+            is_backup_id(id).then(|| id[1..].parse().ok().map(|n: u64| (n, p.clone())))?
+        })
+        .collect();
+    archives.sort();
+    let excess = archives.len().saturating_sub(keep);
+    for (_, old) in archives.drain(..excess) {
+        std::fs::remove_file(&old).map_err(io(format!("removing {}", old.display())))?;
+    }
+    Ok(excess)
+}
+
+/// Removes what backups a stop (a SIGKILL, a crash) cut short left in `dir`: checkpoints
+/// of streams (`*.stream-checkpoint`) and of staged backups (`b<ms>.checkpoint`, and
+/// `.checkpoint.tmp` while RocksDB builds one), whose
+/// hard links would keep deleted files on the volume, and half-packed archives
+/// (`b<ms>.tar.tmp`, never renamed to `.tar.zst`). Other files are left alone (a backup
+/// volume may be shared). Run at boot, before any backup starts. Returns how many went.
+pub fn remove_cut_backups(dir: &Path) -> Result<usize, StoreError> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(0);
+    };
+    let mut n = 0;
+    for e in entries.filter_map(Result::ok) {
+        let path = e.path();
+        let Some(name) = path.file_name().and_then(|x| x.to_str()) else {
+            continue;
+        };
+        let ours = |suffix: &str| name.strip_suffix(suffix).is_some_and(is_backup_id);
+        if name.ends_with(".stream-checkpoint")
+            || name.ends_with(".stream-checkpoint.tmp")
+            || ours(".checkpoint")
+            || ours(".checkpoint.tmp")
+        {
+            std::fs::remove_dir_all(&path).map_err(io(format!("removing {}", path.display())))?;
+            n += 1;
+        } else if ours(".tar.tmp") {
+            std::fs::remove_file(&path).map_err(io(format!("removing {}", path.display())))?;
+            n += 1;
+        }
+    }
+    Ok(n)
+}
+
+/// `POST /v1/backups`: the backup taken.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct BackupCreated {
+    pub id: String,
+    /// The archive's size.
+    pub bytes: u64,
+    /// The store format the backup holds.
+    pub store_format: u32,
+}
+
+/// `POST /v1/backups` (admin or backup scope).
+#[utoipa::path(
+    post,
+    path = "/v1/backups",
+    tag = "admin",
+    responses(
+        (status = 200, description = "The backup's archive was written to admin.backup_dir", body = BackupCreated),
+        (status = 500, description = "The backup failed (backup_failed); nothing of it was kept", body = crate::http::ErrorBody),
+        crate::http::AuthErrors,
+        crate::http::Forbidden,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let c = backup_caller(&api, &headers)?;
+    let a = api.clone();
+    tokio::task::spawn_blocking(move || {
+        let (id, bytes) = take(&a.store, &a.config.backup_dir(), a.config.admin.backup_keep)
+            .map_err(|e| {
+                tracing::error!(error = %e, "backup failed");
+                ApiError::Failed {
+                    code: "backup_failed",
+                    message: format!("the backup failed and nothing of it was kept: {e}"),
+                }
+            })?;
+        let format = a.store.format()?;
+        let audit = a.audit.op(
+            &c.name,
+            "backup.create",
+            None,
+            serde_json::json!({ "id": id, "bytes": bytes }),
+        );
+        a.store.write(vec![audit], true)?;
+        Ok(Json(BackupCreated {
+            id,
+            bytes,
+            store_format: format,
+        })
+        .into_response())
+    })
+    .await
+    .map_err(|_| ApiError::Internal)?
+}
+
+/// A body fed by a reader thread, 64 KiB at a time.
+struct Chunks(tokio::sync::mpsc::Receiver<Result<Frame<Bytes>, std::io::Error>>);
+
+impl futures_core::Stream for Chunks {
+    type Item = Result<Frame<Bytes>, std::io::Error>;
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        self.0.poll_recv(cx)
+    }
+}
+
+/// `GET /v1/backups/{id}/archive` (admin): the archive, streamed.
+#[utoipa::path(
+    get,
+    path = "/v1/backups/{id}/archive",
+    tag = "admin",
+    params(("id" = String, Path, description = "A backup id")),
+    responses(
+        (status = 200, description = "The backup's archive", content_type = "application/zstd", body = Vec<u8>),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+        crate::http::Forbidden,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn archive(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    UrlPath(id): UrlPath<String>,
+) -> Result<Response, ApiError> {
+    backup_caller(&api, &headers)?;
+    if !is_backup_id(&id) {
+        return Err(ApiError::NotFound("backup"));
+    }
+    let path = api.config.backup_dir().join(format!("{id}.tar.zst"));
+    let file = std::fs::File::open(&path).map_err(|_| ApiError::NotFound("backup"))?;
+    let len = file.metadata().map(|m| m.len()).unwrap_or(0);
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    tokio::task::spawn_blocking(move || {
+        use std::io::Read;
+        let mut file = file;
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            match file.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => {
+                    if tx
+                        .blocking_send(Ok(Frame::data(Bytes::copy_from_slice(&buf[..n]))))
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e));
+                    return;
+                }
+            }
+        }
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/zstd".to_owned()),
+            (header::CONTENT_LENGTH, len.to_string()),
+        ],
+        Body::new(StreamBody::new(Chunks(rx))),
+    )
+        .into_response())
+}
+
+/// A `Write` that sends what is written as body frames (a backup packed as it streams).
+struct FrameWriter(tokio::sync::mpsc::Sender<Result<Frame<Bytes>, std::io::Error>>);
+
+impl std::io::Write for FrameWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .blocking_send(Ok(Frame::data(Bytes::copy_from_slice(buf))))
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the client left"))?;
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// `POST /v1/backups/stream` (admin or backup scope): a checkpoint, packed into the answer
+/// as it is read. The answer's headers carry its id and store format; a cut stream is a
+/// broken archive, which `backup pull` refuses.
+#[utoipa::path(
+    post,
+    path = "/v1/backups/stream",
+    tag = "admin",
+    responses(
+        (status = 200, description = "A RocksDB checkpoint as .tar.zst, streamed while it is packed", content_type = "application/zstd", body = Vec<u8>),
+        (status = 500, description = "The checkpoint could not be taken", body = crate::http::ErrorBody),
+        crate::http::AuthErrors,
+        crate::http::Forbidden,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
+    let c = backup_caller(&api, &headers)?;
+    let id = format!("b{}", ankusa_keyspace::now_ms());
+    let dir = api.config.backup_dir();
+    let ckpt = dir.join(format!("{id}.stream-checkpoint"));
+    let a = api.clone();
+    let (id2, ckpt2) = (id.clone(), ckpt.clone());
+    // The checkpoint first: a failure is an error status, not a cut stream.
+    let format = tokio::task::spawn_blocking(move || -> Result<u32, ApiError> {
+        let failed = |e: StoreError| {
+            tracing::error!(error = %e, "backup stream failed");
+            ApiError::Failed {
+                code: "backup_failed",
+                message: format!("the backup failed and nothing of it was kept: {e}"),
+            }
+        };
+        std::fs::create_dir_all(&dir)
+            .map_err(io(format!("creating {}", dir.display())))
+            .map_err(failed)?;
+        // RocksDB builds a checkpoint in `<dir>.tmp`; whatever fails, neither stays.
+        let clean = || {
+            let _ = std::fs::remove_dir_all(&ckpt2);
+            let _ = std::fs::remove_dir_all(ckpt2.with_extension("stream-checkpoint.tmp"));
+        };
+        clean();
+        if let Err(e) = a.store.checkpoint(&ckpt2) {
+            clean();
+            return Err(failed(e));
+        }
+        let audit = a.audit.op(
+            &c.name,
+            "backup.stream",
+            None,
+            serde_json::json!({ "id": id2 }),
+        );
+        a.store.write(vec![audit], true)?;
+        Ok(a.store.format()?)
+    })
+    .await
+    .map_err(|_| ApiError::Internal)??;
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    tokio::task::spawn_blocking(move || {
+        let err = tx.clone();
+        if let Err(e) = tarball::pack_to(&ckpt, FrameWriter(tx)) {
+            tracing::warn!(error = %e, "backup stream stopped");
+            let _ = err.blocking_send(Err(std::io::Error::other(e.to_string())));
+        }
+        let _ = std::fs::remove_dir_all(&ckpt);
+    });
+    Ok((
+        [
+            (header::CONTENT_TYPE, "application/zstd".to_owned()),
+            (header::HeaderName::from_static("ankusa-backup-id"), id),
+            (
+                header::HeaderName::from_static("ankusa-store-format"),
+                format.to_string(),
+            ),
+        ],
+        Body::new(StreamBody::new(Chunks(rx))),
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prune_keeps_the_newest_by_number_and_only_touches_backups() {
+        let dir = tempfile::tempdir().unwrap();
+        for name in [
+            "b999.tar.zst",
+            "b1000.tar.zst",
+            "b1001.tar.zst",
+            "other.tar.zst",
+            "b12.txt",
+        ] {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        assert_eq!(prune(dir.path(), 2).unwrap(), 1);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        // b999 is the oldest although it sorts last as text.
+        assert_eq!(
+            left,
+            ["b1000.tar.zst", "b1001.tar.zst", "b12.txt", "other.tar.zst"]
+        );
+        assert_eq!(prune(dir.path(), 5).unwrap(), 0);
+    }
+}

@@ -1,0 +1,301 @@
+//! The dead-letter queue: `GET /v1/dlq` (a page of dead rows, newest first) and
+//! `POST /v1/dlq/replay` (revive rows by ids, tenant, source or time range).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Query, State};
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::api::{blocking, caller, limit, visible_ord, Api, ApiError, ApiResult, PageQuery};
+use super::auth::Scope;
+use ankusa_keyspace::{AtMs, DeadKey, Seq, SinkIdx, TenantOrd};
+use ankusa_queue::deliveries::{self, DeadPage, DeadRow};
+use ankusa_queue::{tenants, QueueError};
+use ankusa_store::Store;
+
+/// A DLQ row id: `at.seq.sink`.
+fn row_id(k: &DeadKey) -> String {
+    format!("{}.{}.{}", k.at.0, k.seq.0, k.sink.0)
+}
+
+fn parse_row_id(s: &str) -> Option<DeadKey> {
+    let mut it = s.split('.');
+    let k = DeadKey {
+        at: AtMs(it.next()?.parse().ok()?),
+        seq: Seq(it.next()?.parse().ok()?),
+        sink: SinkIdx(it.next()?.parse().ok()?),
+    };
+    it.next().is_none().then_some(k)
+}
+
+/// One dead row.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DlqItem {
+    /// `<at_ms>.<seq>.<sink_index>`; relay-wide, `<node>/<id>`.
+    pub id: String,
+    pub tenant: String,
+    pub at_ms: u64,
+    pub hook_id: String,
+    pub source: String,
+    /// The sink's id.
+    pub sink: String,
+    /// Its position in the hook's fan-out list.
+    pub sink_index: u16,
+    pub size: u32,
+    pub attempts: u32,
+    pub last_attempt_ms: u64,
+    /// HTTP status of the last attempt (0: no response).
+    pub last_status: u16,
+    pub last_error: String,
+    /// A Relay of several nodes: the node that holds the row.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
+/// `GET /v1/dlq`: a page of dead rows.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct DlqPage {
+    pub items: Vec<DlqItem>,
+    /// Pass as `before` for the next page.
+    pub next: Option<String>,
+    /// A Relay of several nodes: the nodes that gave no answer (their rows are missing).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+/// `POST /v1/dlq/replay`: how many rows were revived.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Revived {
+    /// Rows this call moved from the DLQ to due.
+    pub revived: u64,
+    /// A Relay of several nodes: the nodes that gave no answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+fn names(store: &Store, rows: &[DeadRow]) -> Result<BTreeMap<TenantOrd, String>, QueueError> {
+    let mut out = BTreeMap::new();
+    for r in rows {
+        if let std::collections::btree_map::Entry::Vacant(e) = out.entry(r.value.ord) {
+            e.insert(tenants::name(store, r.value.ord)?.unwrap_or_default());
+        }
+    }
+    Ok(out)
+}
+
+/// The page's rows as the DLQ lists them: tenant names, the sink's id (from the row, or for
+/// a row dead-lettered before the row carried it, from its hook), and the last attempt
+/// from the delivery rows (one `multi_get`).
+fn items(store: &Store, rows: &[DeadRow]) -> Result<Vec<DlqItem>, QueueError> {
+    let names = names(store, rows)?;
+    let pairs: Vec<_> = rows.iter().map(|r| (r.key.seq, r.key.sink)).collect();
+    let states = deliveries::delivery_rows(store, &pairs)?;
+    let mut out = Vec::with_capacity(rows.len());
+    for (r, state) in rows.iter().zip(states) {
+        let sink = if r.value.sink.is_empty() {
+            deliveries::envelope(store, r.key.seq)?
+                .and_then(|e| e.sinks.get(r.key.sink.0 as usize).cloned())
+                .unwrap_or_default()
+        } else {
+            r.value.sink.clone()
+        };
+        let state = state.unwrap_or_default();
+        out.push(DlqItem {
+            id: row_id(&r.key),
+            tenant: names.get(&r.value.ord).cloned().unwrap_or_default(),
+            at_ms: r.key.at.0,
+            hook_id: r.value.hook_id.clone(),
+            source: r.value.source.clone(),
+            sink,
+            sink_index: r.key.sink.0,
+            size: r.value.size,
+            attempts: state.attempts,
+            last_attempt_ms: state.last_attempt_at,
+            last_status: state.last_status,
+            last_error: state.last_error,
+            node: None,
+        });
+    }
+    Ok(out)
+}
+
+/// Dead rows visible to `scope` (optionally one tenant's), newest first, before `before`.
+/// A tenant scope merges its tenants' `?X` ranges; no hook is read.
+fn dead_rows(
+    store: &Store,
+    scope: &Scope,
+    tenant: Option<&str>,
+    before: Option<DeadKey>,
+    limit: usize,
+) -> Result<DeadPage, ApiError> {
+    if let Some(t) = tenant {
+        let ord = visible_ord(store, scope, t)?;
+        return Ok(deliveries::dead_page_for_tenant(store, ord, before, limit)?);
+    }
+    match scope {
+        Scope::Admin => Ok(deliveries::dead_page(store, before, limit)?),
+        Scope::Tenants(ts) => {
+            let mut rows = Vec::new();
+            for t in ts {
+                if let Some(ord) = tenants::ord(store, t)? {
+                    rows.extend(deliveries::dead_page_for_tenant(store, ord, before, limit)?.rows);
+                }
+            }
+            rows.sort_by_key(|r| std::cmp::Reverse(r.key));
+            rows.truncate(limit);
+            let next = (rows.len() == limit)
+                .then(|| rows.last().map(|r| r.key))
+                .flatten();
+            Ok(DeadPage { rows, next })
+        }
+    }
+}
+
+/// `GET /v1/dlq`
+#[utoipa::path(
+    get,
+    path = "/v1/dlq",
+    tag = "admin",
+    params(PageQuery),
+    responses(
+        (status = 200, description = "Dead rows, newest first", body = DlqPage),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn dlq(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<PageQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let before = match &q.before {
+        Some(s) => Some(parse_row_id(s).ok_or_else(|| ApiError::BadRequest("bad cursor".into()))?),
+        None => None,
+    };
+    let n = limit(&api, q.limit);
+    let a = api.clone();
+    blocking(move || {
+        let page = dead_rows(&a.store, &c.scope, q.tenant.as_deref(), before, n)?;
+        let items = items(&a.store, &page.rows)?;
+        Ok(Json(DlqPage {
+            items,
+            next: page.next.map(|k| row_id(&k)),
+            unavailable: Vec::new(),
+        })
+        .into_response())
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayRequest {
+    #[serde(default)]
+    ids: Vec<String>,
+    tenant: Option<String>,
+    source: Option<String>,
+    from_ms: Option<u64>,
+    to_ms: Option<u64>,
+    limit: Option<usize>,
+}
+
+/// The most rows one replay call revives.
+pub const MAX_REPLAY: usize = 100_000;
+
+/// `POST /v1/dlq/replay`: revive dead rows by ids, tenant, source or time range, in synced
+/// batches of 500 through the queue's revive op builder.
+#[utoipa::path(
+    post,
+    path = "/v1/dlq/replay",
+    tag = "admin",
+    request_body = ReplayRequest,
+    responses(
+        (status = 200, description = "Rows revived by this call", body = Revived),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+        crate::http::JsonBodyErrors,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn replay(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Json(req): Json<ReplayRequest>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let cap = req.limit.unwrap_or(MAX_REPLAY).clamp(1, MAX_REPLAY);
+    let a = api.clone();
+    blocking(move || {
+        let store = &a.store;
+        let mut rows: Vec<DeadRow> = Vec::new();
+        if !req.ids.is_empty() {
+            let keys: Vec<DeadKey> = req
+                .ids
+                .iter()
+                .map(|s| parse_row_id(s).ok_or_else(|| ApiError::BadRequest(format!("bad id {s:?}"))))
+                .collect::<Result<_, _>>()?;
+            for k in keys.into_iter().take(cap) {
+                // One row at a time through the tenant-aware page: invisible rows are absent.
+                let next = DeadKey { at: k.at, seq: k.seq, sink: SinkIdx(k.sink.0.saturating_add(1)) };
+                let page = dead_rows(store, &c.scope, req.tenant.as_deref(), Some(next), 1)?;
+                if let Some(r) = page.rows.into_iter().find(|r| r.key == k) {
+                    rows.push(r);
+                }
+            }
+        } else {
+            if req.tenant.is_none() && req.source.is_none() && req.from_ms.is_none() && req.to_ms.is_none() {
+                return Err(ApiError::BadRequest("name ids, a tenant, a source or a time range".into()));
+            }
+            let from = req.from_ms.unwrap_or(0);
+            let mut before = req.to_ms.map(|t| DeadKey { at: AtMs(t), seq: Seq(0), sink: SinkIdx(0) });
+            'pages: loop {
+                let page = dead_rows(store, &c.scope, req.tenant.as_deref(), before, 500)?;
+                for r in page.rows {
+                    if r.key.at.0 < from {
+                        break 'pages;
+                    }
+                    if req.source.as_ref().is_none_or(|s| *s == r.value.source) {
+                        rows.push(r);
+                        if rows.len() >= cap {
+                            break 'pages;
+                        }
+                    }
+                }
+                match page.next {
+                    Some(n) => before = Some(n),
+                    None => break,
+                }
+            }
+        }
+        let now = AtMs(ankusa_keyspace::now_ms());
+        let total = rows.len();
+        let audit = a.audit.op(
+            &c.name,
+            "dlq.replay",
+            req.tenant.as_deref(),
+            serde_json::json!({ "rows": total, "source": req.source, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len() }),
+        );
+        let revived = crate::dispatch::replayer::revive(
+            store,
+            &a.hints,
+            &rows,
+            now,
+            a.config.hook_log.enabled,
+            Some(audit),
+        )?;
+        Ok(Json(Revived {
+            revived,
+            unavailable: Vec::new(),
+        })
+        .into_response())
+    })
+    .await
+}

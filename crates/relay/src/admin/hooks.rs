@@ -1,0 +1,170 @@
+//! `GET /v1/hooks/{id}`: what happened to one hook, from the hook log
+//! ([`ankusa_queue::hooklog`]) and the queue.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::Json;
+use base64::Engine;
+use serde::{Deserialize, Serialize};
+
+use super::api::{blocking, caller, Api, ApiError, ApiResult};
+use ankusa_queue::hooklog::{self, DeliveryState, HookView};
+use ankusa_records::{AttemptOutcome, ErrorClass, Event};
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct HookQuery {
+    /// Include the body (while the hook is still stored).
+    #[serde(default)]
+    body: bool,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct EventOut {
+    kind: &'static str,
+    at_ms: u64,
+    attempt: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    outcome: Option<AttemptOutcome>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    status: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error_class: Option<ErrorClass>,
+    #[serde(skip_serializing_if = "String::is_empty")]
+    error: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    latency_ms: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_at_ms: Option<u64>,
+}
+
+impl From<&Event> for EventOut {
+    fn from(e: &Event) -> Self {
+        let attempt = e.kind == ankusa_keyspace::EventKind::Attempt;
+        EventOut {
+            kind: e.kind.name(),
+            at_ms: e.at.0,
+            attempt: e.attempt,
+            outcome: e.outcome,
+            status: (e.status != 0).then_some(e.status),
+            error_class: e.class,
+            error: e.error.clone(),
+            latency_ms: attempt.then_some(e.latency_us as f64 / 1000.0),
+            next_at_ms: e.next_at.map(|a| a.0),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct SinkOut {
+    sink: String,
+    index: u16,
+    state: DeliveryState,
+    attempts: u32,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    next_attempt_ms: Option<u64>,
+    events: Vec<EventOut>,
+}
+
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct HookOut {
+    id: String,
+    tenant: String,
+    source: String,
+    received_ms: u64,
+    size: u32,
+    content_type: String,
+    /// The provider's headers its source forwards to sinks.
+    headers: std::collections::BTreeMap<String, String>,
+    /// The hook is still stored: its body can be read (`?body=true`).
+    stored: bool,
+    sinks: Vec<SinkOut>,
+    /// The body as text, when it is UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body: Option<String>,
+    /// The body in base64, when it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    body_base64: Option<String>,
+}
+
+fn render(v: HookView) -> HookOut {
+    let env = v.record.envelope;
+    let (body, body_base64) = match v.body {
+        None => (None, None),
+        Some(b) => match String::from_utf8(b) {
+            Ok(s) => (Some(s), None),
+            Err(e) => (
+                None,
+                Some(base64::engine::general_purpose::STANDARD.encode(e.into_bytes())),
+            ),
+        },
+    };
+    HookOut {
+        tenant: env.tenant_or_default().to_owned(),
+        id: env.id,
+        source: env.source,
+        received_ms: env.received_at.0,
+        size: v.record.body_len,
+        content_type: env.content_type,
+        headers: env
+            .headers
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+            .collect(),
+        stored: v.stored,
+        sinks: v
+            .sinks
+            .into_iter()
+            .map(|s| SinkOut {
+                sink: s.sink,
+                index: s.index.0,
+                state: s.state,
+                attempts: s.attempts,
+                next_attempt_ms: s.next_attempt_at.map(|a| a.0),
+                events: s.events.iter().map(EventOut::from).collect(),
+            })
+            .collect(),
+        body,
+        body_base64,
+    }
+}
+
+/// `GET /v1/hooks/{id}[?body=true]`: the hook's tenant, source, receipt, size, forwarded
+/// headers and, per sink, its state, attempts and next attempt. A tenant-scoped token sees
+/// only its tenants' hooks (404 for the others, as for an unknown id).
+#[utoipa::path(
+    get,
+    path = "/v1/hooks/{id}",
+    tag = "admin",
+    params(("id" = String, Path, description = "A hook id"), HookQuery),
+    responses(
+        (status = 200, description = "The hook from the hook log", body = HookOut),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(q): Query<HookQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let a = api.clone();
+    blocking(move || {
+        let Some(view) = hooklog::lookup(&a.store, &id, q.body)? else {
+            return Err(ApiError::NotFound("hook"));
+        };
+        if !c.scope.sees(view.record.envelope.tenant_or_default()) {
+            return Err(ApiError::NotFound("hook"));
+        }
+        Ok(Json(render(view)).into_response())
+    })
+    .await
+}

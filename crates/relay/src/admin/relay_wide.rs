@@ -1,0 +1,847 @@
+//! The admin API of a Relay of several nodes answers relay-wide from any of them.
+//!
+//! - A call that names a tenant goes to the tenant's owner, with the caller's own token:
+//!   `GET /v1/tenants/{t}`, `GET /v1/dlq?tenant=t`, `DELETE /v1/tenants/{t}/queue` and
+//!   `POST /v1/dlq/replay` with `"tenant"` go to every node at once (a former owner still
+//!   draining the tenant's rows answers too) and their answers are added up (a DLQ page
+//!   merged newest first, ids `<node>/<id>`, which a replay by ids routes back). Owner
+//!   unreachable: 503 `owner_unavailable`.
+//! - `GET /v1/tenants` asks every node and merges: a tenant's counters summed over the nodes
+//!   that hold rows of it, `total` from the Relay's tenant registry, and each node's
+//!   answer in `nodes` (`unavailable` names the nodes that gave none).
+//! - `GET /v1/hooks/{id}`: the node reached looks in its hook log, then asks the others.
+//! - `GET /v1/sources/{id}`: every node is asked, the source's backlogs added up.
+//! - `GET /v1/archive?tenant=t` and `POST /v1/archive/replay` go to the tenant's owner.
+//! - A call carrying `ankusa-cluster-local: 1` is answered by the node it reaches (what a
+//!   node sends another, and what `ankusa-relay admin` sends when it merges nodes itself).
+//!   Calls that name no tenant (the DLQ of every tenant, replay by ids, quarantine, audit,
+//!   backups, node status) answer for the node they reach.
+//!
+//! `POST /cluster/v1/tenants/admit` (cluster token) is the registry's door, on the first node.
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use serde::Deserialize;
+use serde_json::Value;
+
+use super::api::Api;
+use super::dlq::{DlqItem, DlqPage, Revived};
+use super::tenants::{NodeTenants, TenantView, TenantsTop};
+use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
+use crate::http::{error, with_retry_after};
+use ankusa_crds::node::Counters;
+use ankusa_keyspace::CounterField;
+use ankusa_queue::counters::CountsExt;
+use ankusa_queue::registry::Admission;
+
+/// The largest replay body read to find its tenant.
+const MAX_ROUTED_BODY: usize = 1 << 20;
+
+/// Sends admin calls about another node's tenant to that node; merges `GET /v1/tenants`.
+pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response {
+    let cluster = &api.cluster;
+    if !cluster.is_multi() || req.headers().contains_key(LOCAL_HEADER) {
+        return next.run(req).await;
+    }
+    let path = req.uri().path().to_owned();
+    let query = req.uri().query().unwrap_or("").to_owned();
+    if path == "/v1/tenants" && req.method() == Method::GET {
+        return merged_tenants(&api, req, next).await;
+    }
+    if path.starts_with("/v1/hooks/") && req.method() == Method::GET {
+        return hook_anywhere(&api, req, next).await;
+    }
+    let (req, tenant) = if let Some(rest) = path.strip_prefix("/v1/tenants/") {
+        let t = rest.split('/').next().map(|t| decode(t, false));
+        (req, t)
+    } else if path == "/v1/dlq" && req.method() == Method::GET {
+        if let Some(t) = query_param(&query, "tenant") {
+            return merged_dlq(&api, req, next, &t, &query).await;
+        }
+        (req, None)
+    } else if path == "/v1/archive" && req.method() == Method::GET {
+        // A tenant's archive is on its owner (what a former owner archived stays there:
+        // ask it with `ankusa-cluster-local: 1`).
+        let t = query_param(&query, "tenant");
+        (req, t)
+    } else if (path == "/v1/dlq/replay" || path == "/v1/archive/replay")
+        && req.method() == Method::POST
+    {
+        let (parts, body) = req.into_parts();
+        let Ok(bytes) = http_body_util::Limited::new(body, MAX_ROUTED_BODY)
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+        else {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "bad_request",
+                "the replay request is over 1 MiB",
+            );
+        };
+        let v = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
+        if path == "/v1/dlq/replay"
+            && v["ids"].as_array().is_some_and(|ids| {
+                ids.iter()
+                    .any(|i| i.as_str().is_some_and(|i| i.contains('/')))
+            })
+        {
+            return replay_by_ids(&api, Request::from_parts(parts, Body::empty()), next, v).await;
+        }
+        let t = v.get("tenant").and_then(Value::as_str).map(str::to_owned);
+        (Request::from_parts(parts, Body::from(bytes)), t)
+    } else if let Some(id) = path
+        .strip_prefix("/v1/sources/")
+        .filter(|_| req.method() == Method::GET)
+    {
+        // A source's rows live on the owners of its tenants: every node is asked and the
+        // backlogs added up. The "owner" whose error wins is its fixed tenant's, or (a
+        // shared source) the source id's.
+        let id = decode(id, false);
+        let key = super::sources::source_tenant(&api.config, &id).unwrap_or(id);
+        (req, Some(key))
+    } else {
+        (req, None)
+    };
+    let Some(tenant) = tenant else {
+        return next.run(req).await;
+    };
+    // What a former owner still holds counts too: a tenant's view, purge and replay ask
+    // every node and add their answers up.
+    let merge = match (req.method().clone(), path.as_str()) {
+        (Method::GET, p) if p.starts_with("/v1/tenants/") && !p.ends_with("/queue") => {
+            Some(Merge::View)
+        }
+        (Method::DELETE, p) if p.ends_with("/queue") => {
+            Some(Merge::Sum(&["due", "dead", "batches"]))
+        }
+        (Method::POST, "/v1/dlq/replay") => Some(Merge::Sum(&["revived"])),
+        (Method::GET, p) if p.starts_with("/v1/sources/") => Some(Merge::Backlog),
+        _ => None,
+    };
+    let owner = cluster.owner_of(&tenant).clone();
+    let (parts, body) = req.into_parts();
+    let Ok(body) = body.collect().await.map(|c| c.to_bytes()) else {
+        return error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "the body could not be read",
+        );
+    };
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map_or(path.clone(), |p| p.as_str().to_owned());
+    let me = cluster.me().unwrap_or_default().to_owned();
+    let Some(merge) = merge else {
+        if owner.name == me {
+            return next.run(Request::from_parts(parts, Body::from(body))).await;
+        }
+        return answer_of(
+            &owner,
+            cluster
+                .forward_admin(&owner, parts.method.clone(), &pq, &parts.headers, body)
+                .await,
+        );
+    };
+    let (method, headers) = (parts.method.clone(), parts.headers.clone());
+    let others = cluster
+        .members()
+        .iter()
+        .filter(|m| m.name != me)
+        .map(|m| async {
+            let r = cluster
+                .forward_admin(m, method.clone(), &pq, &headers, body.clone())
+                .await;
+            (m.name.clone(), r)
+        });
+    let (local, remote) = tokio::join!(
+        next.run(Request::from_parts(parts, Body::from(body.clone()))),
+        futures_util::future::join_all(others)
+    );
+    let mut answers = vec![(me, Ok(local))];
+    answers.extend(remote);
+    merged(&owner, answers, merge).await
+}
+
+/// `GET /v1/dlq?tenant=t` relay-wide: every node's page of the tenant's dead rows (its
+/// owner's and a former owner's), merged newest first. Ids are `<node>/<id>`; `next` holds
+/// each node's own cursor (`<node>:<id>,…`; a node missing from it has no more rows).
+async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &str) -> Response {
+    let cluster = &api.cluster;
+    let limit = query_param(query, "limit")
+        .and_then(|l| l.parse::<usize>().ok())
+        .unwrap_or(100)
+        .clamp(1, api.config.admin.max_page);
+    // Each node's cursor: `None` from its newest row, `Some(c)` after row `c`; a node
+    // absent from a given cursor is done.
+    let mut from: Vec<(String, Option<String>)> = Vec::new();
+    match query_param(query, "before") {
+        None => from.extend(cluster.members().iter().map(|m| (m.name.clone(), None))),
+        Some(c) => {
+            for part in c.split(',').filter(|p| !p.is_empty()) {
+                let Some((node, cur)) = part.split_once(':') else {
+                    return error(StatusCode::BAD_REQUEST, "bad_request", "bad cursor");
+                };
+                if !cluster.members().iter().any(|m| m.name == node) {
+                    return error(StatusCode::BAD_REQUEST, "bad_request", "bad cursor");
+                }
+                from.push((node.to_owned(), (!cur.is_empty()).then(|| cur.to_owned())));
+            }
+        }
+    }
+    let pq_of = |before: &Option<String>| {
+        let mut q = format!("/v1/dlq?tenant={}&limit={limit}", encode(tenant));
+        if let Some(b) = before {
+            q.push_str(&format!("&before={}", encode(b)));
+        }
+        q
+    };
+    let me = cluster.me().unwrap_or_default().to_owned();
+    let owner = cluster.owner_of(tenant).clone();
+    let (mut parts, _) = req.into_parts();
+    let headers = parts.headers.clone();
+    let mine = from.iter().find(|(n, _)| *n == me).map(|(_, c)| c.clone());
+    let local = async {
+        match mine {
+            Some(c) => {
+                parts.uri = pq_of(&c).parse().unwrap_or_default();
+                Some(Ok(next
+                    .run(Request::from_parts(parts, Body::empty()))
+                    .await))
+            }
+            None => None,
+        }
+    };
+    let others = from.iter().filter(|(n, _)| *n != me).map(|(n, c)| {
+        let (pq, headers) = (pq_of(c), &headers);
+        async move {
+            let r = cluster
+                .forward_admin_named(n, Method::GET, &pq, headers, Bytes::new())
+                .await;
+            (n.clone(), r)
+        }
+    });
+    let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
+    let mut answers: Vec<(String, Result<Response, Unreachable>)> = Vec::new();
+    if let Some(l) = local {
+        answers.push((me.clone(), l));
+    }
+    answers.extend(remote);
+    let mut pages: Vec<NodePage> = Vec::new();
+    let mut unavailable = Vec::new();
+    let (mut found, mut not_found) = (false, None);
+    for (name, r) in read_all(answers).await {
+        let start = from
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, c)| c.clone());
+        let (status, bytes) = match r {
+            Ok(answer) => answer,
+            Err(e) if name == owner.name => return answer_of(&owner, Err(e)),
+            Err(_) => {
+                unavailable.push(name.clone());
+                // Its place is kept: the next page asks it again.
+                pages.push(NodePage::kept(name, start));
+                continue;
+            }
+        };
+        if status == StatusCode::NOT_FOUND {
+            // The tenant is not there: nothing of it on that node.
+            not_found = Some(bytes);
+            pages.push(NodePage::kept(name, None).done());
+            continue;
+        }
+        if status != StatusCode::OK {
+            if name == owner.name || status == StatusCode::UNAUTHORIZED {
+                return raw(status, bytes);
+            }
+            unavailable.push(name.clone());
+            pages.push(NodePage::kept(name, start));
+            continue;
+        }
+        found = true;
+        let page: DlqPage = serde_json::from_slice(&bytes).unwrap_or_default();
+        pages.push(NodePage {
+            node: name,
+            items: page.items,
+            next: page.next,
+            start,
+        });
+    }
+    if let (false, Some(b), true) = (found, not_found, unavailable.is_empty()) {
+        return raw(StatusCode::NOT_FOUND, b);
+    }
+    // Newest first across the nodes.
+    let mut all: Vec<(usize, usize, u64)> = Vec::new();
+    for (p, page) in pages.iter().enumerate() {
+        for (i, it) in page.items.iter().enumerate() {
+            all.push((p, i, it.at_ms));
+        }
+    }
+    all.sort_by(|a, b| b.2.cmp(&a.2).then(a.0.cmp(&b.0)).then(a.1.cmp(&b.1)));
+    all.truncate(limit);
+    let mut taken = vec![0usize; pages.len()];
+    let mut items = Vec::with_capacity(all.len());
+    for (p, i, _) in &all {
+        let NodePage {
+            node, items: page, ..
+        } = &pages[*p];
+        let mut it = page[*i].clone();
+        it.id = format!("{node}/{}", it.id);
+        it.node = Some(node.clone());
+        items.push(it);
+        taken[*p] = taken[*p].max(i + 1);
+    }
+    let mut cursors = Vec::new();
+    for (
+        p,
+        NodePage {
+            node,
+            items: page,
+            next,
+            start,
+        },
+    ) in pages.iter().enumerate()
+    {
+        let cur = if page.is_empty() {
+            // Nothing read from it: done if it answered an empty page, else where it was.
+            if unavailable.contains(node) {
+                Some(start.clone().unwrap_or_default())
+            } else {
+                None
+            }
+        } else if taken[p] == page.len() {
+            next.clone()
+        } else if taken[p] == 0 {
+            Some(start.clone().unwrap_or_default())
+        } else {
+            Some(page[taken[p] - 1].id.clone())
+        };
+        if let Some(c) = cur {
+            cursors.push(format!("{node}:{c}"));
+        }
+    }
+    Json(DlqPage {
+        items,
+        next: (!cursors.is_empty()).then(|| cursors.join(",")),
+        unavailable,
+    })
+    .into_response()
+}
+
+/// One node's page of a relay-wide DLQ listing.
+struct NodePage {
+    node: String,
+    items: Vec<DlqItem>,
+    /// Its own cursor after the page (`None`: no more rows).
+    next: Option<String>,
+    /// Where the page began (`None`: at its newest row).
+    start: Option<String>,
+}
+
+impl NodePage {
+    /// No rows read from `node` this time: the next page asks it from `start` again.
+    fn kept(node: String, start: Option<String>) -> NodePage {
+        NodePage {
+            node,
+            items: Vec::new(),
+            next: start.clone(),
+            start,
+        }
+    }
+
+    fn done(self) -> NodePage {
+        NodePage {
+            next: None,
+            start: None,
+            ..self
+        }
+    }
+}
+
+/// `POST /v1/dlq/replay` with ids of a relay-wide page (`<node>/<id>`): each node revives
+/// its own; `revived` summed. An id without a node is this node's.
+async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Response {
+    let cluster = &api.cluster;
+    let me = cluster.me().unwrap_or_default().to_owned();
+    let mut groups: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+    for id in body["ids"].as_array().into_iter().flatten() {
+        let Some(id) = id.as_str() else {
+            return error(StatusCode::BAD_REQUEST, "bad_request", "ids are strings");
+        };
+        let (node, id) = id.split_once('/').unwrap_or((me.as_str(), id));
+        if !cluster.members().iter().any(|m| m.name == node) {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                format!("no node {node:?} in the Relay"),
+            );
+        }
+        groups.entry(node.to_owned()).or_default().push(id.into());
+    }
+    let body_for = |ids: &Vec<Value>| {
+        let mut b = body.clone();
+        b["ids"] = ids.clone().into();
+        Bytes::from(b.to_string())
+    };
+    let (mut parts, _) = req.into_parts();
+    parts.headers.remove("content-length");
+    let headers = parts.headers.clone();
+    let mine = groups.get(&me).map(&body_for);
+    let local = async {
+        match mine {
+            Some(b) => Some(next.run(Request::from_parts(parts, Body::from(b))).await),
+            None => None,
+        }
+    };
+    let others = groups.iter().filter(|(n, _)| **n != me).map(|(n, ids)| {
+        let (b, headers) = (body_for(ids), &headers);
+        async move {
+            let r = cluster
+                .forward_admin_named(n, Method::POST, "/v1/dlq/replay", headers, b)
+                .await;
+            (n.clone(), r)
+        }
+    });
+    let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
+    let mut revived = 0u64;
+    let mut unavailable = Vec::new();
+    let mut answers: Vec<(String, Result<Response, Unreachable>)> = Vec::new();
+    if let Some(l) = local {
+        answers.push((me, Ok(l)));
+    }
+    answers.extend(remote);
+    for (name, r) in read_all(answers).await {
+        let Ok((status, bytes)) = r else {
+            unavailable.push(name);
+            continue;
+        };
+        if status != StatusCode::OK {
+            // The caller's own error (a bad id, a bad token) is every node's.
+            return raw(status, bytes);
+        }
+        let answer: Revived = serde_json::from_slice(&bytes).unwrap_or_default();
+        revived += answer.revived;
+    }
+    Json(Revived {
+        revived,
+        unavailable,
+    })
+    .into_response()
+}
+
+/// Percent-encodes a query value.
+fn encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// How the nodes' answers to one call about a tenant add up.
+#[derive(Debug, Clone, Copy)]
+enum Merge {
+    /// `{tenant, ord, counters}`: the counters summed (the owner's `ord`).
+    View,
+    /// These numeric fields summed.
+    Sum(&'static [&'static str]),
+    /// A source's `backlog`: its counts summed, `exact` only if every node's is.
+    Backlog,
+}
+
+/// The owner's answer with every other node's 200 added in; the owner's own answer as it
+/// is when it is an error other than 404, 503 `owner_unavailable` when it gave none.
+async fn merged(
+    owner: &Member,
+    answers: Vec<(String, Result<Response, Unreachable>)>,
+    merge: Merge,
+) -> Response {
+    let mut owner_answer = None;
+    let mut found: Vec<Value> = Vec::new();
+    let mut unavailable = Vec::new();
+    for (name, r) in read_all(answers).await {
+        let is_owner = name == owner.name;
+        let (status, bytes) = match r {
+            Ok(answer) => answer,
+            Err(e) if is_owner => return answer_of(owner, Err(e)),
+            Err(_) => {
+                unavailable.push(name);
+                continue;
+            }
+        };
+        if is_owner {
+            if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
+                return raw(status, bytes);
+            }
+            owner_answer = Some((status, bytes.clone()));
+        }
+        if status == StatusCode::OK {
+            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+            // The owner's answer first: its `ord` and shape are the view's.
+            if is_owner {
+                found.insert(0, v);
+            } else {
+                found.push(v);
+            }
+        } else if status != StatusCode::NOT_FOUND && !is_owner {
+            unavailable.push(name);
+        }
+    }
+    let Some(mut out) = found.first().cloned() else {
+        return match owner_answer {
+            Some((status, bytes)) => raw(status, bytes),
+            None => error(StatusCode::NOT_FOUND, "not_found", "no such tenant"),
+        };
+    };
+    for v in &found[1..] {
+        match merge {
+            Merge::View => add_value_counters(&mut out, v),
+            Merge::Sum(fields) => add_fields(&mut out, v, fields),
+            Merge::Backlog => {
+                let fields = ["pending", "scheduled", "inflight", "bytes", "rows_read"];
+                add_fields(&mut out["backlog"], &v["backlog"], &fields);
+                let exact = out["backlog"]["exact"].as_bool() == Some(true)
+                    && v["backlog"]["exact"].as_bool() == Some(true);
+                out["backlog"]["exact"] = exact.into();
+            }
+        }
+    }
+    if !unavailable.is_empty() {
+        out["unavailable"] = unavailable.into();
+    }
+    Json(out).into_response()
+}
+
+/// Adds the counters of one node's tenant view `from` to `into`'s.
+fn add_value_counters(into: &mut Value, from: &Value) {
+    add_fields(
+        &mut into["counters"],
+        &from["counters"],
+        &CounterField::ALL.map(|f| f.name()),
+    );
+}
+
+fn add_fields(out: &mut Value, v: &Value, fields: &[&str]) {
+    for f in fields {
+        let sum = out[*f].as_i64().unwrap_or(0) + v[*f].as_i64().unwrap_or(0);
+        out[*f] = sum.into();
+    }
+}
+
+/// Each node's answer read whole: its status and body (a body cut short is no answer).
+async fn read_all(
+    answers: Vec<(String, Result<Response, Unreachable>)>,
+) -> Vec<(String, Result<(StatusCode, Bytes), Unreachable>)> {
+    let mut out = Vec::with_capacity(answers.len());
+    for (name, r) in answers {
+        let read = match r {
+            Ok(resp) => {
+                let status = resp.status();
+                match resp.into_body().collect().await {
+                    Ok(c) => Ok((status, c.to_bytes())),
+                    Err(e) => Err(Unreachable {
+                        node: name.clone(),
+                        reason: e.to_string(),
+                    }),
+                }
+            }
+            Err(e) => Err(e),
+        };
+        out.push((name, read));
+    }
+    out
+}
+
+/// An answer as it came.
+fn raw(status: StatusCode, body: Bytes) -> Response {
+    let mut r = Response::new(Body::from(body));
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        "content-type",
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+fn answer_of(owner: &Member, r: Result<Response, Unreachable>) -> Response {
+    r.unwrap_or_else(|e| {
+        let r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "owner_unavailable",
+            format!(
+                "{} owns this tenant and did not answer: {}",
+                owner.name, e.reason
+            ),
+        );
+        with_retry_after(r, 5)
+    })
+}
+
+/// `GET pq` sent to every other node of the Relay at once, with the caller's headers.
+async fn get_from_others(
+    api: &Api,
+    pq: &str,
+    headers: &HeaderMap,
+) -> Vec<(String, Result<Response, Unreachable>)> {
+    let cluster = &api.cluster;
+    let me = cluster.me().unwrap_or_default();
+    let asks = cluster
+        .members()
+        .iter()
+        .filter(|m| m.name != me)
+        .map(|m| async move {
+            let r = cluster
+                .forward_admin(m, Method::GET, pq, headers, Bytes::new())
+                .await;
+            (m.name.clone(), r)
+        });
+    futures_util::future::join_all(asks).await
+}
+
+/// `GET /v1/hooks/{id}` relay-wide: the node reached looks first; if its log does not have
+/// the hook (another node took it, or its tenant moved), every other node is asked at once
+/// and the first that has it answers. None has it: 404; none has it but some did not
+/// answer: 503 naming them.
+async fn hook_anywhere(api: &Api, req: Request, next: Next) -> Response {
+    let headers: HeaderMap = req.headers().clone();
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or_else(|| req.uri().path().to_owned(), |p| p.as_str().to_owned());
+    let local = next.run(req).await;
+    if local.status() != StatusCode::NOT_FOUND {
+        return local;
+    }
+    let mut silent = Vec::new();
+    for (name, r) in get_from_others(api, &pq, &headers).await {
+        match r {
+            Ok(r) if r.status() == StatusCode::NOT_FOUND => {}
+            Ok(r) => return r,
+            Err(e) => silent.push(format!("{name} ({})", e.reason)),
+        }
+    }
+    if silent.is_empty() {
+        return local;
+    }
+    let r = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "owner_unavailable",
+        format!(
+            "no node that answered has this hook, and these did not answer: {}",
+            silent.join(", ")
+        ),
+    );
+    with_retry_after(r, 5)
+}
+
+/// `GET /v1/tenants` relay-wide: every node's own answer, merged.
+async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
+    let cluster = &api.cluster;
+    let headers: HeaderMap = req.headers().clone();
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or("/v1/tenants".to_owned(), |p| p.as_str().to_owned());
+    let top = query_param(req.uri().query().unwrap_or(""), "top")
+        .and_then(|t| t.parse::<usize>().ok())
+        .unwrap_or(100)
+        .clamp(1, api.config.admin.max_page);
+    let me = cluster.me().unwrap_or_default().to_owned();
+    let (local, remote) = tokio::join!(next.run(req), get_from_others(api, &pq, &headers));
+    let mut answers = vec![(me, Ok(local))];
+    answers.extend(remote);
+    let mut merged: std::collections::BTreeMap<String, TenantView> = Default::default();
+    let (mut nodes, mut unavailable) = (Vec::new(), Vec::new());
+    let (mut registered, mut summed_total) = (None, 0u64);
+    for (name, r) in read_all(answers).await {
+        let Ok((status, body)) = r else {
+            unavailable.push(name);
+            continue;
+        };
+        if status != StatusCode::OK {
+            // The caller's own error (a bad token, a bad parameter) is every node's.
+            return raw(status, body);
+        }
+        let Ok(answer) = serde_json::from_slice::<TenantsTop>(&body) else {
+            unavailable.push(name);
+            continue;
+        };
+        if answer.registered.is_some() {
+            registered = answer.registered;
+        }
+        summed_total += answer.total;
+        nodes.push(NodeTenants {
+            node: name,
+            total: Some(answer.total),
+            owned: answer.owned,
+        });
+        for t in answer.tenants {
+            match merged.get_mut(&t.tenant) {
+                None => {
+                    // An ordinal is one node's: a merged view has none.
+                    let t = TenantView { ord: None, ..t };
+                    merged.insert(t.tenant.clone(), t);
+                }
+                Some(m) => add_counters(&mut m.counters, &t.counters),
+            }
+        }
+    }
+    let mut tenants: Vec<TenantView> = merged.into_values().collect();
+    tenants.sort_by_key(|t| std::cmp::Reverse(t.counters.pending));
+    tenants.truncate(top);
+    Json(TenantsTop {
+        tenants,
+        total: registered.unwrap_or(summed_total),
+        owned: None,
+        registered: None,
+        nodes: Some(nodes),
+        unavailable: Some(unavailable),
+    })
+    .into_response()
+}
+
+/// Adds `from`'s counters to `into`'s.
+fn add_counters(into: &mut Counters, from: &Counters) {
+    for f in CounterField::ALL {
+        into.add(f, from.get(f));
+    }
+}
+
+/// A query parameter, decoded.
+fn query_param(query: &str, name: &str) -> Option<String> {
+    query.split('&').find_map(|kv| {
+        let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+        (decode(k, true) == name).then(|| decode(v, true))
+    })
+}
+
+/// Percent-decoding (and `+` as a space in a query).
+fn decode(s: &str, plus_is_space: bool) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        match b[i] {
+            b'%' if i + 2 < b.len() => {
+                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
+                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                    Some(c) => {
+                        out.push(c);
+                        i += 3;
+                        continue;
+                    }
+                    None => out.push(b'%'),
+                }
+            }
+            b'+' if plus_is_space => out.push(b' '),
+            c => out.push(c),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `POST /cluster/v1/tenants/admit`: the tenant is in the registry.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Admitted {
+    pub admitted: bool,
+}
+
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AdmitRequest {
+    tenant: String,
+    #[serde(default)]
+    exists: bool,
+}
+
+/// `POST /cluster/v1/tenants/admit` on the registry node: 200 admitted, 409
+/// `tenant_limit`.
+#[utoipa::path(
+    post,
+    path = "/cluster/v1/tenants/admit",
+    tag = "cluster",
+    request_body = AdmitRequest,
+    responses(
+        (status = 200, description = "The tenant is in the registry", body = Admitted),
+        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
+        (status = 404, description = "This node keeps no registry (not_registry)", body = crate::http::ErrorBody),
+        (status = 409, description = "The Relay holds tenants.max tenants (tenant_limit)", body = crate::http::ErrorBody),
+        (status = 503, description = "The registry could not record it", body = crate::http::ErrorBody),
+        crate::http::JsonBodyErrors,
+    ),
+    security(("cluster" = []))
+)]
+pub async fn admit(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Json(req): Json<AdmitRequest>,
+) -> Response {
+    let cluster = api.cluster.clone();
+    if !cluster.authentic(&headers) {
+        return error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the cluster token is required",
+        );
+    }
+    if cluster.registry().is_none() {
+        return error(
+            StatusCode::NOT_FOUND,
+            "not_registry",
+            "this node does not keep the Relay's tenant registry (the first node does)",
+        );
+    }
+    let answer = tokio::task::spawn_blocking(move || {
+        let r = cluster
+            .registry()
+            .map(|r| (r.admit(&req.tenant, req.exists), r.len()));
+        (cluster, r)
+    })
+    .await;
+    match answer {
+        Ok((cluster, Some((Ok(a), n)))) => {
+            cluster.set_registered(n);
+            match a {
+                Admission::Admitted => Json(Admitted { admitted: true }).into_response(),
+                Admission::Limit => error(
+                    StatusCode::CONFLICT,
+                    "tenant_limit",
+                    "the Relay holds tenants.max tenants",
+                ),
+            }
+        }
+        _ => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the registry could not record the tenant",
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn query_parameters_and_path_segments_are_percent_decoded() {
+        assert_eq!(
+            super::query_param("limit=5&tenant=acme%2Fus+east", "tenant").as_deref(),
+            Some("acme/us east")
+        );
+        assert_eq!(super::query_param("a=1", "tenant"), None);
+        assert_eq!(super::decode("a%20b%zz%4", false), "a b%zz%4");
+    }
+}

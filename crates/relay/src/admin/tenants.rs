@@ -1,0 +1,253 @@
+//! Tenants: `GET /v1/tenants/{t}` (its counters), `GET /v1/tenants?top=N` (the tenants
+//! with the most pending work) and `DELETE /v1/tenants/{t}/queue` (purge).
+
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use super::auth::Scope;
+use ankusa_crds::node::Counters;
+use ankusa_keyspace::AtMs;
+use ankusa_queue::deliveries::{self, PurgeKinds};
+use ankusa_queue::{counters, tenants};
+
+/// `GET /v1/tenants/{t}`: a tenant's counters.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TenantView {
+    pub tenant: String,
+    /// Its ordinal on the node that answered (absent from a relay-wide merge).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ord: Option<u32>,
+    pub counters: Counters,
+    /// A Relay of several nodes: the nodes that gave no answer (their rows are not counted).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+/// `GET /v1/tenants`: the tenants with the most pending work.
+#[derive(Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct TenantsTop {
+    pub tenants: Vec<TenantView>,
+    /// Tenants this node holds (in a Relay of several nodes: the registry's count).
+    pub total: u64,
+    /// A Relay of several nodes: tenants this node owns.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub owned: Option<u64>,
+    /// The registry node: tenants the registry holds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub registered: Option<u64>,
+    /// Relay-wide (always there): each node's own `total` and `owned`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nodes: Option<Vec<NodeTenants>>,
+    /// Relay-wide (always there): the nodes that gave no answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unavailable: Option<Vec<String>>,
+}
+
+/// One node's part of a relay-wide `GET /v1/tenants`.
+#[derive(Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NodeTenants {
+    pub node: String,
+    pub total: Option<u64>,
+    pub owned: Option<u64>,
+}
+
+/// `DELETE /v1/tenants/{t}/queue`: the rows removed.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct PurgeReport {
+    pub tenant: String,
+    pub due: u64,
+    pub dead: u64,
+    /// Synced batches written.
+    pub batches: u64,
+    /// A Relay of several nodes: the nodes that gave no answer (their rows are left).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+/// `GET /v1/tenants/{t}`
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{t}",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id")),
+    responses(
+        (status = 200, description = "The tenant's counters", body = TenantView),
+        crate::http::AuthErrors,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn tenant(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let a = api.clone();
+    blocking(move || {
+        let ord = visible_ord(&a.store, &c.scope, &t)?;
+        let counters = counters::read(&a.store, ord)?;
+        Ok(Json(TenantView {
+            tenant: t,
+            ord: Some(ord.0),
+            counters,
+            unavailable: Vec::new(),
+        })
+        .into_response())
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct TopQuery {
+    top: Option<usize>,
+}
+
+/// `GET /v1/tenants?top=N`: the tenants with the most pending work, from the active index
+/// and the counters (never a scan of all tenants).
+#[utoipa::path(
+    get,
+    path = "/v1/tenants",
+    tag = "admin",
+    params(TopQuery),
+    responses(
+        (status = 200, description = "The tenants with the most pending work", body = TenantsTop),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn tenants_top(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<TopQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let n = q.top.unwrap_or(100).clamp(1, api.config.admin.max_page);
+    let a = api.clone();
+    blocking(move || {
+        let store = &a.store;
+        let mut views = Vec::new();
+        match &c.scope {
+            Scope::Admin => {
+                let now = AtMs(ankusa_keyspace::now_ms());
+                let active = deliveries::active_tenants_distinct(
+                    store,
+                    now,
+                    crate::metrics::gauges::ACTIVE_SAMPLE,
+                    crate::metrics::gauges::ACTIVE_SAMPLE_MARKERS,
+                )?;
+                for t in active {
+                    let counters = counters::read(store, t.ord)?;
+                    let name = tenants::name(store, t.ord)?.unwrap_or_default();
+                    views.push(TenantView {
+                        tenant: name,
+                        ord: Some(t.ord.0),
+                        counters,
+                        unavailable: Vec::new(),
+                    });
+                }
+            }
+            Scope::Tenants(ts) => {
+                for t in ts {
+                    if let Some(ord) = tenants::ord(store, t)? {
+                        views.push(TenantView {
+                            tenant: t.clone(),
+                            ord: Some(ord.0),
+                            counters: counters::read(store, ord)?,
+                            unavailable: Vec::new(),
+                        });
+                    }
+                }
+            }
+        }
+        views.sort_by(|x, y| {
+            y.counters
+                .pending
+                .cmp(&x.counters.pending)
+                .then(x.ord.cmp(&y.ord))
+        });
+        views.truncate(n);
+        let multi = a.cluster.is_multi();
+        Ok(Json(TenantsTop {
+            tenants: views,
+            total: u64::from(tenants::count(store)?),
+            owned: multi.then(|| a.cluster.owned() as u64),
+            registered: multi
+                .then(|| a.cluster.registry().map(|r| r.len() as u64))
+                .flatten(),
+            nodes: None,
+            unavailable: None,
+        })
+        .into_response())
+    })
+    .await
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PurgeQuery {
+    kinds: String,
+}
+
+/// `DELETE /v1/tenants/{t}/queue?kinds=pending,dead`
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{t}/queue",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id"), PurgeQuery),
+    responses(
+        (status = 200, description = "Rows removed", body = PurgeReport),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn purge(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+    Query(q): Query<PurgeQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let mut kinds = PurgeKinds::default();
+    for k in q.kinds.split(',').map(str::trim) {
+        match k {
+            "pending" => kinds.pending = true,
+            "dead" => kinds.dead = true,
+            other => {
+                return Err(ApiError::BadRequest(format!(
+                    "unknown kind {other:?} (pending, dead)"
+                )))
+            }
+        }
+    }
+    let a = api.clone();
+    blocking(move || {
+        let ord = visible_ord(&a.store, &c.scope, &t)?;
+        let audit = a.audit.op(
+            &c.name,
+            "tenant.purge",
+            Some(&t),
+            serde_json::json!({ "kinds": q.kinds }),
+        );
+        let report = deliveries::purge_tenant_with(&a.store, ord, kinds, vec![audit])?;
+        Ok(Json(PurgeReport {
+            tenant: t,
+            due: report.due,
+            dead: report.dead,
+            batches: report.batches,
+            unavailable: Vec::new(),
+        })
+        .into_response())
+    })
+    .await
+}

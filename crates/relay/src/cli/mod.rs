@@ -1,0 +1,355 @@
+//! The `ankusa-relay` command line.
+//!
+//! Every subcommand that is handed bad input (a missing data dir, a newer store format, a
+//! corrupted family, a bad config) prints one clear error on stderr, exits non-zero, and
+//! writes nothing.
+
+mod admin;
+mod backup;
+mod run;
+mod sink;
+mod store;
+
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+
+use crate::node::StopSignals;
+use ankusa_config::Config;
+use ankusa_keyspace::Family;
+use ankusa_queue::{counters, fold, tenants};
+use ankusa_store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
+
+#[derive(Debug, Parser)]
+#[command(name = "ankusa-relay", version, about = "Ankusa relay node")]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a relay node.
+    Run {
+        /// The YAML configuration file.
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// The admin API of one node, or of every node of a Relay merged into one answer.
+    Admin {
+        /// A node's admin URL, e.g. http://127.0.0.1:9090; repeat or comma-separate for
+        /// several nodes.
+        #[arg(
+            long = "url",
+            env = "ANKUSA_ADMIN_URL",
+            value_delimiter = ',',
+            required = true
+        )]
+        urls: Vec<String>,
+        /// Each address an http URL's host resolves to is a node: pass a Relay's headless
+        /// Service (http://<relay>-nodes.<namespace>.svc:9090) to reach every node.
+        #[arg(long)]
+        all_addresses: bool,
+        /// A bearer token from the nodes' admin.tokens.
+        #[arg(long, env = "ANKUSA_ADMIN_TOKEN", hide_env_values = true)]
+        token: String,
+        /// Print the merged JSON instead of a table.
+        #[arg(long, global = true)]
+        json: bool,
+        /// Give up on a node that does not answer within this many seconds.
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+        timeout_s: u64,
+        #[command(subcommand)]
+        command: AdminCommand,
+    },
+    /// Check a configuration file without starting a node.
+    Config {
+        #[command(subcommand)]
+        command: ConfigCommand,
+    },
+    /// Inspect and maintain a store.
+    Store {
+        #[command(subcommand)]
+        command: StoreCommand,
+    },
+    /// A small webhook receiver: prints what it receives and checks its signature.
+    Sink {
+        #[arg(long, default_value = "127.0.0.1:9999")]
+        listen: std::net::SocketAddr,
+        /// The sink's Standard Webhooks secret (`whsec_...`), to verify signatures.
+        #[arg(long, env = "ANKUSA_SINK_SECRET")]
+        secret: Option<String>,
+    },
+    /// Backups taken over the admin API (the operator's backup Job runs this).
+    Backup {
+        #[command(subcommand)]
+        command: BackupCommand,
+    },
+    /// Unpack a backup archive into an empty data directory.
+    Restore {
+        /// The .tar.zst a backup produced.
+        #[arg(long)]
+        from: PathBuf,
+        /// The data directory to create (must not exist, or be empty).
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Print the OpenAPI 3.1 document of the ingest and admin APIs (docs/openapi.json).
+    Openapi,
+    /// Print the version and the store format this binary supports.
+    Version {
+        #[arg(long)]
+        json: bool,
+        /// Also write the answer to this file (the operator's image probe passes its
+        /// pod's termination message file).
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AdminCommand {
+    /// Each node's release, store format, tenants and queue counters, and their sum.
+    Node,
+    /// The tenants with the most pending work, their counters summed over the nodes.
+    Tenants {
+        #[arg(long, default_value_t = 20)]
+        top: usize,
+    },
+    /// One tenant's counters summed over the nodes that hold it.
+    Tenant { tenant: String },
+    /// The dead-letter queue.
+    Dlq {
+        #[command(subcommand)]
+        command: DlqCommand,
+    },
+    /// Remove a tenant's pending and/or dead rows on every node (never rows in flight).
+    Purge {
+        tenant: String,
+        /// Comma-separated: pending, dead.
+        #[arg(long, default_value = "pending,dead")]
+        kinds: String,
+    },
+    /// Requests that failed verification.
+    Quarantine {
+        #[command(subcommand)]
+        command: QuarantineCommand,
+    },
+    /// The hook log: what happened to a hook.
+    Hooks {
+        #[command(subcommand)]
+        command: HooksCommand,
+    },
+    /// Pull a backup of every node into DIR/<host>_<port>/.
+    Backup {
+        #[arg(long)]
+        to: PathBuf,
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep: Option<u64>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// Dead rows of every node, newest first, ids as <node>/<id>.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Revive dead rows: by id (<node>/<id>), or by tenant, source and time on every node.
+    Replay {
+        #[arg(long = "id")]
+        ids: Vec<String>,
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        source: Option<String>,
+        #[arg(long)]
+        from_ms: Option<u64>,
+        #[arg(long)]
+        to_ms: Option<u64>,
+        /// The most rows each node revives.
+        #[arg(long)]
+        limit: Option<usize>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum HooksCommand {
+    /// One hook by id, from whichever node's log has it: its tenant, source, receipt and,
+    /// per sink, its state and attempts.
+    Get {
+        id: String,
+        /// Also print the body (while the hook is still stored).
+        #[arg(long)]
+        body: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum QuarantineCommand {
+    /// Quarantined requests of every node, newest first, ids as <node>/<id>.
+    List {
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Delete one (<node>/<id>), or every one in the token's scope on every node.
+    Delete {
+        #[arg(long)]
+        id: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Every check `run` makes before it opens the store (the file, `ANKUSA_*` overrides,
+    /// validation, secrets, sinks' URLs and headers, tokens), with the same message and
+    /// exit code; the store is not touched.
+    Check {
+        /// The YAML configuration file.
+        file: PathBuf,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BackupCommand {
+    /// Ask a node for a backup and copy its archive to `--to`, checking it opens.
+    Pull {
+        /// The node's admin URL, e.g. http://relay-0.relay:9090
+        #[arg(long)]
+        from: String,
+        /// An admin-scope token.
+        #[arg(long, env = "ANKUSA_ADMIN_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The directory to write `<id>.tar.zst` into.
+        #[arg(long)]
+        to: PathBuf,
+        /// After a successful pull, keep only the newest N archives in `--to`.
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep: Option<u64>,
+        /// Give up when the node sends nothing for this long (connecting included).
+        #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86400))]
+        idle_timeout_s: u64,
+    },
+    /// Pack a store no node has open (a volume claim that outlived a scale-down) into
+    /// `--to`, checking it opens.
+    Offline {
+        /// The store's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// The directory to write `<id>.tar.zst` into.
+        #[arg(long)]
+        to: PathBuf,
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep: Option<u64>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum StoreCommand {
+    /// Format, column families, key counts per family, migration in progress.
+    Inspect {
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Run (or, with --dry-run, list) the pending format migrations.
+    Migrate {
+        #[arg(long)]
+        data: PathBuf,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Check that the counters equal a fold of the families they summarise.
+    Verify {
+        #[arg(long)]
+        data: PathBuf,
+    },
+    /// Write a fixture store of format 2 or 3 as a .tar.zst (tests, upgrade drills).
+    Fixture {
+        #[arg(long, value_parser = clap::value_parser!(u32).range(2..=3))]
+        format: u32,
+        /// The .tar.zst to write.
+        out: PathBuf,
+    },
+}
+
+/// Runs a parsed command line.
+pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        Command::Run { config } => run::run(&config),
+        Command::Config {
+            command: ConfigCommand::Check { file },
+        } => run::config_check(&file),
+        Command::Admin {
+            urls,
+            all_addresses,
+            token,
+            json,
+            timeout_s,
+            command,
+        } => admin::admin(
+            &urls,
+            all_addresses,
+            &token,
+            json,
+            std::time::Duration::from_secs(timeout_s),
+            command,
+        ),
+        Command::Sink { listen, secret } => sink::sink(listen, secret),
+        Command::Openapi => {
+            print!("{}", crate::openapi::json());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Backup {
+            command:
+                BackupCommand::Pull {
+                    from,
+                    token,
+                    to,
+                    keep,
+                    idle_timeout_s,
+                },
+        } => backup::backup_pull(
+            &from,
+            &token,
+            &to,
+            keep,
+            std::time::Duration::from_secs(idle_timeout_s),
+        ),
+        Command::Backup {
+            command: BackupCommand::Offline { data, to, keep },
+        } => backup::backup_offline(&data, &to, keep),
+        Command::Restore { from, data } => backup::restore(&from, &data),
+        Command::Version { json, write } => {
+            let text = if json {
+                serde_json::json!({
+                    "version": env!("CARGO_PKG_VERSION"),
+                    "store_format": SUPPORTED_FORMAT,
+                })
+                .to_string()
+            } else {
+                format!(
+                    "ankusa-relay {} (store format {SUPPORTED_FORMAT})",
+                    env!("CARGO_PKG_VERSION")
+                )
+            };
+            println!("{text}");
+            if let Some(path) = write {
+                std::fs::write(&path, format!("{text}\n"))
+                    .with_context(|| format!("writing {}", path.display()))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Store { command } => match command {
+            StoreCommand::Inspect { data } => store::inspect(&data),
+            StoreCommand::Migrate { data, dry_run } => store::migrate_cmd(&data, dry_run),
+            StoreCommand::Verify { data } => store::verify(&data),
+            StoreCommand::Fixture { format, out } => store::fixture(format, &out),
+        },
+    }
+}

@@ -1,0 +1,408 @@
+//! One delivery attempt: an HTTP POST of the stored body to a sink.
+//!
+//! - The original content type, Standard Webhooks signing with the sink's secret
+//!   (`webhook-id` = the hook id, `webhook-timestamp`, `webhook-signature`), the hook's
+//!   tenant and source (`ankusa-tenant`, `ankusa-source`), the provider's headers its
+//!   source forwards (`sources[].forward_headers`), then the sink's configured headers.
+//! - A pooled client (HTTP/1.1 keep-alive; rustls for `https://`), a per-sink timeout.
+//! - 2xx → delivered. 408, 429, 5xx, timeouts and connection errors → retry, honouring a
+//!   `Retry-After` of seconds within `retry.max_retry_after_ms`. Other 4xx → dead-letter
+//!   (unless the sink sets `dead_letter_on_4xx: false`).
+//! - The retry schedule: step n (1-based) of `retry.schedule_ms`, the last step repeating,
+//!   with full jitter by default; after `retry.max_attempts` attempts, dead-letter.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::Uri;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::TokioExecutor;
+
+use super::control::{Controller, Signal};
+use super::line::Line;
+use crate::metrics::AttemptLabel;
+use ankusa_config::{Config, ConfigError, Jitter, RetryConfig};
+use ankusa_keyspace::TenantOrd;
+use ankusa_records::Envelope;
+use ankusa_records::ErrorClass;
+use ankusa_verify::{standard_webhooks_key, standard_webhooks_sign};
+
+type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+
+/// A sink, ready to deliver to.
+#[derive(Debug)]
+pub struct Sink {
+    pub id: String,
+    pub uri: Uri,
+    key: Option<Vec<u8>>,
+    pub timeout: Duration,
+    headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
+    pub dead_letter_on_4xx: bool,
+    /// The request line: at most the adaptive limit of requests in flight, the next slot
+    /// to the next tenant's turn.
+    pub line: Arc<Line>,
+    /// Bounds this sink's claimed rows ([`Controller::claim_capacity`]): as many next in
+    /// line as in flight, so a delivery starts the moment a request ends, and a slow sink
+    /// holds a bounded share of the node's slots.
+    claims: Arc<tokio::sync::Semaphore>,
+    /// The size of `claims`.
+    claim_capacity: usize,
+    /// Rows claimed for this sink, by tenant.
+    claimed_by: std::sync::Mutex<HashMap<TenantOrd, usize>>,
+    /// The adaptive limit and the breaker.
+    pub control: Controller,
+}
+
+impl Sink {
+    fn claimed_by(&self) -> std::sync::MutexGuard<'_, HashMap<TenantOrd, usize>> {
+        self.claimed_by.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// A claim slot for one of `tenant`'s rows: a free one within the sink's adaptive
+    /// limit (with the reserve if the tenant has none claimed here) and past its breaker.
+    pub fn try_claim(self: &Arc<Self>, tenant: TenantOrd) -> Option<ClaimSlot> {
+        let permit = self.claims.clone().try_acquire_owned().ok()?;
+        // The rows claimed before this one.
+        let claimed = self.claim_capacity - self.claims.available_permits() - 1;
+        let mut by = self.claimed_by();
+        let newcomer = !by.contains_key(&tenant);
+        if !self.control.admit(claimed, newcomer, Instant::now()) {
+            return None;
+        }
+        *by.entry(tenant).or_default() += 1;
+        Some(ClaimSlot {
+            _permit: permit,
+            sink: self.clone(),
+            tenant,
+        })
+    }
+
+    /// Free claim slots.
+    pub fn free_claims(&self) -> usize {
+        self.claims.available_permits()
+    }
+}
+
+/// A row's claim on one of its sink's slots, given back when dropped.
+#[derive(Debug)]
+pub struct ClaimSlot {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+    sink: Arc<Sink>,
+    tenant: TenantOrd,
+}
+
+impl Drop for ClaimSlot {
+    fn drop(&mut self) {
+        let mut by = self.sink.claimed_by();
+        if let Some(n) = by.get_mut(&self.tenant) {
+            *n -= 1;
+            if *n == 0 {
+                by.remove(&self.tenant);
+            }
+        }
+    }
+}
+
+/// What an attempt came to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verdict {
+    Delivered,
+    /// Try again; `retry_after` if the sink asked for a delay.
+    Retry {
+        retry_after: Option<Duration>,
+    },
+    /// Do not try again.
+    Dead,
+}
+
+/// One attempt's result.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempt {
+    pub verdict: Verdict,
+    /// HTTP status (0: no response).
+    pub status: u16,
+    /// Why it failed (`None`: delivered).
+    pub class: Option<ErrorClass>,
+    pub error: String,
+    pub latency: Duration,
+}
+
+impl Attempt {
+    /// What the attempt tells the sink's controller.
+    pub fn signal(&self) -> Signal {
+        match &self.verdict {
+            Verdict::Delivered => Signal::Success,
+            Verdict::Retry { retry_after } => Signal::Overloaded {
+                retry_after: *retry_after,
+            },
+            // A 4xx answer (the sink is up and deciding), or a request never sent.
+            Verdict::Dead => Signal::Rejected,
+        }
+    }
+
+    /// How the attempt ended, as `ankusa_delivery_attempts_total` labels it.
+    pub fn label(&self) -> AttemptLabel {
+        match (&self.verdict, self.status) {
+            (Verdict::Delivered, _) => AttemptLabel::Delivered,
+            (Verdict::Dead, _) => AttemptLabel::Rejected,
+            (Verdict::Retry { .. }, 0) => AttemptLabel::Error,
+            (Verdict::Retry { .. }, _) => AttemptLabel::Retryable,
+        }
+    }
+}
+
+/// The delivery client: pooled connections and every configured sink.
+#[derive(Debug, Clone)]
+pub struct Deliverer {
+    client: Client<Https, Full<Bytes>>,
+    sinks: Arc<HashMap<String, Arc<Sink>>>,
+}
+
+impl Deliverer {
+    pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        let mut sinks = HashMap::new();
+        for (i, s) in config.sinks.iter().enumerate() {
+            let key = format!("sinks[{i}]");
+            let uri: Uri = s.url.parse().map_err(|e| ConfigError::Invalid {
+                key: format!("{key}.url"),
+                message: format!("{e}"),
+            })?;
+            let secret = match &s.secret {
+                Some(sec) => Some(standard_webhooks_key(
+                    &sec.resolve(&format!("{key}.secret"))?,
+                )),
+                None => None,
+            };
+            let mut headers = Vec::new();
+            for (k, v) in &s.headers {
+                let name = hyper::header::HeaderName::try_from(k.as_str()).map_err(|e| {
+                    ConfigError::Invalid {
+                        key: format!("{key}.headers"),
+                        message: format!("{k:?}: {e}"),
+                    }
+                })?;
+                let value = hyper::header::HeaderValue::try_from(v.as_str()).map_err(|e| {
+                    ConfigError::Invalid {
+                        key: format!("{key}.headers"),
+                        message: format!("{k:?}: {e}"),
+                    }
+                })?;
+                headers.push((name, value));
+            }
+            let permits = s.max_inflight.unwrap_or(config.dispatch.per_sink_inflight);
+            sinks.insert(
+                s.id.clone(),
+                Arc::new(Sink {
+                    id: s.id.clone(),
+                    uri,
+                    key: secret,
+                    timeout: Duration::from_millis(s.timeout_ms),
+                    headers,
+                    dead_letter_on_4xx: s.dead_letter_on_4xx,
+                    line: Line::new(permits),
+                    claims: Arc::new(tokio::sync::Semaphore::new(Controller::claim_capacity(
+                        permits,
+                    ))),
+                    claim_capacity: Controller::claim_capacity(permits),
+                    claimed_by: std::sync::Mutex::new(HashMap::new()),
+                    control: Controller::new(
+                        permits,
+                        s.breaker_failures,
+                        Duration::from_millis(s.breaker_cooldown_ms),
+                    ),
+                }),
+            );
+        }
+        let https = hyper_rustls::HttpsConnectorBuilder::new()
+            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
+            .map_err(|e| ConfigError::Invalid {
+                key: "sinks".into(),
+                message: format!("TLS set-up: {e}"),
+            })?
+            .https_or_http()
+            .enable_http1()
+            .build();
+        let client = Client::builder(TokioExecutor::new())
+            .pool_idle_timeout(Duration::from_secs(60))
+            .pool_max_idle_per_host(config.dispatch.per_sink_inflight)
+            .build(https);
+        Ok(Deliverer {
+            client,
+            sinks: Arc::new(sinks),
+        })
+    }
+
+    pub fn sink(&self, id: &str) -> Option<Arc<Sink>> {
+        self.sinks.get(id).cloned()
+    }
+
+    /// Every configured sink.
+    pub fn sinks(&self) -> impl Iterator<Item = &Arc<Sink>> {
+        self.sinks.values()
+    }
+
+    /// Free slots over every sink: the most rows a tick can start deliveries for.
+    pub fn free_slots(&self) -> usize {
+        self.sinks.values().map(|s| s.free_claims()).sum()
+    }
+
+    /// POSTs the hook to the sink once.
+    pub async fn attempt(&self, sink: &Sink, env: &Envelope, max_retry_after: Duration) -> Attempt {
+        let started = Instant::now();
+        let req = match request(sink, env) {
+            Ok(r) => r,
+            Err(e) => {
+                return Attempt {
+                    verdict: Verdict::Dead,
+                    status: 0,
+                    class: Some(ErrorClass::Request),
+                    error: format!("request: {e}"),
+                    latency: started.elapsed(),
+                }
+            }
+        };
+        let result = tokio::time::timeout(sink.timeout, async {
+            let resp = self.client.request(req).await?;
+            let status = resp.status();
+            let retry_after = resp
+                .headers()
+                .get(hyper::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
+            // Drain the body so the connection goes back to the pool.
+            let _ = resp.into_body().collect().await;
+            Ok::<_, hyper_util::client::legacy::Error>((status, retry_after))
+        })
+        .await;
+        let latency = started.elapsed();
+        match result {
+            Err(_) => Attempt {
+                verdict: Verdict::Retry { retry_after: None },
+                status: 0,
+                class: Some(ErrorClass::Timeout),
+                error: "timeout".into(),
+                latency,
+            },
+            Ok(Err(e)) => Attempt {
+                verdict: Verdict::Retry { retry_after: None },
+                status: 0,
+                class: Some(ErrorClass::Connection),
+                error: format!("connection: {e}"),
+                latency,
+            },
+            Ok(Ok((status, retry_after))) => {
+                let code = status.as_u16();
+                let verdict = if status.is_success() {
+                    Verdict::Delivered
+                } else if code == 408 || code == 429 || status.is_server_error() {
+                    Verdict::Retry {
+                        retry_after: retry_after.map(|d| d.min(max_retry_after)),
+                    }
+                } else if status.is_client_error() && sink.dead_letter_on_4xx {
+                    Verdict::Dead
+                } else {
+                    Verdict::Retry { retry_after: None }
+                };
+                Attempt {
+                    verdict,
+                    status: code,
+                    class: (!status.is_success()).then_some(ErrorClass::Status),
+                    error: if status.is_success() {
+                        String::new()
+                    } else {
+                        format!("HTTP {code}")
+                    },
+                    latency,
+                }
+            }
+        }
+    }
+}
+
+/// The signed POST of `env` to `sink`: the standard headers by their static names, in
+/// one header map sized for them (what a delivery costs is mostly this and the exchange).
+fn request(sink: &Sink, env: &Envelope) -> Result<hyper::Request<Full<Bytes>>, hyper::http::Error> {
+    use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, USER_AGENT};
+    static WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
+    static WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
+    static WEBHOOK_SIGNATURE: HeaderName = HeaderName::from_static("webhook-signature");
+    static TENANT: HeaderName = HeaderName::from_static("ankusa-tenant");
+    static SOURCE: HeaderName = HeaderName::from_static("ankusa-source");
+    let mut req = hyper::Request::new(Full::new(Bytes::from(env.body.clone())));
+    *req.method_mut() = hyper::Method::POST;
+    *req.uri_mut() = sink.uri.clone();
+    let h = req.headers_mut();
+    h.reserve(7 + env.headers.len() + sink.headers.len());
+    h.insert(CONTENT_TYPE, HeaderValue::from_str(&env.content_type)?);
+    h.insert(
+        USER_AGENT,
+        HeaderValue::from_static(concat!("ankusa/", env!("CARGO_PKG_VERSION"))),
+    );
+    h.insert(WEBHOOK_ID.clone(), HeaderValue::from_str(&env.id)?);
+    h.insert(
+        TENANT.clone(),
+        HeaderValue::from_str(env.tenant_or_default())?,
+    );
+    h.insert(SOURCE.clone(), HeaderValue::from_str(&env.source)?);
+    // The provider's headers its source forwards (validated at ingest; a name or value
+    // that no longer parses, from a store written by hand, is left out).
+    for (name, value) in &env.headers {
+        if let (Ok(n), Ok(v)) = (
+            HeaderName::from_bytes(name.as_bytes()),
+            HeaderValue::from_bytes(value),
+        ) {
+            h.append(n, v);
+        }
+    }
+    if let Some(key) = &sink.key {
+        let ts = ankusa_keyspace::now_ms() / 1000;
+        h.insert(WEBHOOK_TIMESTAMP.clone(), HeaderValue::from(ts));
+        h.insert(
+            WEBHOOK_SIGNATURE.clone(),
+            HeaderValue::from_str(&standard_webhooks_sign(key, &env.id, ts, &env.body))?,
+        );
+    }
+    for (k, v) in &sink.headers {
+        h.append(k.clone(), v.clone());
+    }
+    Ok(req)
+}
+
+/// The delay before retry number `attempts` (the attempts made so far, ≥ 1).
+pub fn backoff(retry: &RetryConfig, attempts: u32, random: f64) -> Duration {
+    let i = (attempts.max(1) as usize - 1).min(retry.schedule_ms.len().saturating_sub(1));
+    let step = retry.schedule_ms.get(i).copied().unwrap_or(0);
+    let ms = match retry.jitter {
+        Jitter::Full => (step as f64 * random.clamp(0.0, 1.0)) as u64,
+        Jitter::None => step,
+    };
+    Duration::from_millis(ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_follows_the_schedule_and_repeats_its_last_step() {
+        let r = RetryConfig {
+            schedule_ms: vec![10, 20, 40],
+            jitter: Jitter::None,
+            ..RetryConfig::default()
+        };
+        let ms = |a| backoff(&r, a, 0.5).as_millis();
+        assert_eq!([ms(1), ms(2), ms(3), ms(4), ms(9)], [10, 20, 40, 40, 40]);
+        let full = RetryConfig {
+            jitter: Jitter::Full,
+            ..r
+        };
+        assert_eq!(backoff(&full, 3, 0.25).as_millis(), 10);
+        assert_eq!(backoff(&full, 3, 0.0).as_millis(), 0);
+        assert_eq!(backoff(&full, 3, 1.0).as_millis(), 40);
+    }
+}

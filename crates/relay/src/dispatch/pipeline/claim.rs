@@ -1,0 +1,494 @@
+//! The blocking half of a tick: the plan's candidates read, assigned round robin across
+//! tenants within the sinks' and tenants' slots, and claimed in one batch.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::plan::{plan_cycle, plan_hinted, Cursors, TenantWork, TickLimits, TickPlan};
+use super::slots::{TenantSlot, TenantSlots, Weights};
+use super::{Job, TOP_INFLIGHT};
+use crate::dispatch::delivery::Deliverer;
+use crate::dispatch::DispatchError;
+use ankusa_keyspace::Cf;
+use ankusa_keyspace::{AtMs, Family, Seq, TenantOrd};
+use ankusa_queue::deliveries::{self, DueRow, InflightRow, Tx};
+use ankusa_queue::QueueError;
+use ankusa_records::{DeliveryRow, Envelope};
+use ankusa_store::Store;
+
+/// What the claim half of a tick needs besides the store.
+pub(super) struct ClaimCtx {
+    pub(super) deliverer: Arc<Deliverer>,
+    pub(super) tenants: TenantSlots,
+    pub(super) weights: Weights,
+    /// Free global delivery permits: the most rows this tick may claim.
+    pub(super) free: usize,
+}
+
+/// A row the tick read, with its hook (if the hook is still there and decodes).
+pub(super) struct Candidate {
+    pub(super) row: DueRow,
+    pub(super) envelope: Option<Arc<Envelope>>,
+    /// The hook is there but does not decode (see [`Job::corrupt`]).
+    pub(super) corrupt: Option<Arc<str>>,
+}
+
+/// Corruption the dispatch tick found in `family` at `key`: counted and logged, and the
+/// error's text for the dead row it becomes.
+pub(super) fn corrupt_row(family: Family, key: &[u8], e: impl std::fmt::Display) -> Arc<str> {
+    let err = QueueError::corrupt_at(family, key, e);
+    tracing::error!(error = %err, "dispatch: a row does not decode; its delivery is dead-lettered");
+    err.to_string().into()
+}
+
+/// The blocking half of a tick: plan (a full scan, or the hinted tenants), read the
+/// candidates' hooks (a row's sink is named by its hook), assign rows round robin across
+/// tenants — each row only with a free slot of its sink and of its tenant — claim the
+/// assigned rows (one batch), clean the markers of the tenants read, and read the claimed
+/// rows' delivery rows. Also says whether the tick was a full one.
+pub(super) fn claim_tick(
+    store: &Store,
+    limits: TickLimits,
+    mut cursors: Cursors,
+    interval_ms: u64,
+    ctx: &ClaimCtx,
+) -> Result<(Cursors, Vec<Job>, usize, bool), DispatchError> {
+    let now = AtMs(ankusa_keyspace::now_ms());
+    let full = cursors.full_due(now, interval_ms);
+    // No tenant reads more rows than the tick can claim.
+    let read = TickLimits {
+        rows_per_tenant: limits.rows_per_tenant.min(ctx.free.max(1)),
+        ..limits
+    };
+    let plan = if full {
+        if cursors.cycle_over(now) {
+            cursors.read_cycle(store, now, read.max_markers)?;
+        }
+        let plan = plan_cycle(store, now, &read, &mut cursors)?;
+        cursors.scanned(now, &plan);
+        plan
+    } else {
+        cursors.backlog = false;
+        TickPlan::default()
+    };
+    // The hinted tenants, every tick: their fresh rows never wait behind a full tick's
+    // order or a backlog another sink holds up.
+    let hinted = if cursors.hinted.tenants.is_empty() {
+        TickPlan::default()
+    } else {
+        plan_hinted(store, now, &read, &cursors)?
+    };
+    // Hinted tenants the budget did not reach keep their hints: the next tick's hinted
+    // read goes on with them, with no full read of the active index.
+    // Per tenant, the rows of both reads, oldest first, once each.
+    let mut order: Vec<TenantOrd> = Vec::new();
+    let mut rows_of: HashMap<TenantOrd, Vec<DueRow>> = HashMap::new();
+    for w in plan.work.iter().chain(&hinted.work) {
+        let rows = rows_of.entry(w.ord).or_insert_with(|| {
+            order.push(w.ord);
+            Vec::new()
+        });
+        rows.extend(w.rows.iter().copied());
+    }
+    for rows in rows_of.values_mut() {
+        rows.sort();
+        rows.dedup_by_key(|r| r.key);
+    }
+    let mut seqs: Vec<Seq> = rows_of.values().flatten().map(|r| r.key.seq).collect();
+    seqs.sort();
+    seqs.dedup();
+    let hooks = store.multi_get(
+        Cf::Hooks,
+        &seqs
+            .iter()
+            .map(|s| ankusa_keyspace::hook(*s))
+            .collect::<Vec<_>>(),
+    )?;
+    // A hook that is gone is an orphan (its rows are dropped); one that does not decode is
+    // corruption, never read as gone: its rows are dead-lettered with the error.
+    let mut envs: HashMap<Seq, Arc<Envelope>> = HashMap::with_capacity(seqs.len());
+    let mut corrupt: HashMap<Seq, Arc<str>> = HashMap::new();
+    for (s, v) in seqs.into_iter().zip(hooks) {
+        let Some(v) = v else { continue };
+        match Envelope::decode(&v) {
+            Ok(env) => {
+                envs.insert(s, Arc::new(env));
+            }
+            Err(e) => {
+                corrupt.insert(s, corrupt_row(Family::Hooks, &ankusa_keyspace::hook(s), e));
+            }
+        }
+    }
+    let work: Vec<(TenantOrd, Vec<Candidate>)> = order
+        .iter()
+        .map(|ord| {
+            let rows = rows_of[ord]
+                .iter()
+                .map(|r| Candidate {
+                    row: *r,
+                    envelope: envs.get(&r.key.seq).cloned(),
+                    corrupt: corrupt.get(&r.key.seq).cloned(),
+                })
+                .collect();
+            (*ord, rows)
+        })
+        .collect();
+    let start = cursors.rotation;
+    cursors.rotation = cursors.rotation.wrapping_add(1);
+    let weight_of = ctx.weights.resolve(store)?;
+    let picked = assign(&work, start, ctx.free, &ctx.tenants, &weight_of, |c| {
+        c.envelope
+            .as_deref()
+            .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
+            .and_then(|id| ctx.deliverer.sink(id))
+            .map_or(SinkSlot::NotNeeded, |sink| {
+                sink.try_claim(c.row.key.ord)
+                    .map_or(SinkSlot::Refused, SinkSlot::Taken)
+            })
+    });
+    let mut tx = Tx::new();
+    let claims: Vec<InflightRow> = picked
+        .iter()
+        .map(|p| deliveries::claim(&mut tx, &work[p.tenant].1[p.row].row))
+        .collect();
+    // One unit per claim, in order: a row another writer moved first (purged, say) is
+    // not ours to deliver.
+    let committed = tx.commit(store, false)?;
+    let mut claimed_keys = std::collections::HashSet::new();
+    let mut jobs_in = Vec::new();
+    for ((p, row), moved) in picked.into_iter().zip(claims).zip(committed.moved) {
+        if moved {
+            claimed_keys.insert(work[p.tenant].1[p.row].row.key);
+            jobs_in.push((p, row));
+        }
+    }
+    // Where each read stopped: the first row it left (for want of a slot), or none.
+    let left = |w: &TenantWork| {
+        w.rows
+            .iter()
+            .find(|r| !claimed_keys.contains(&r.key))
+            .map(|r| r.key.at)
+    };
+    let mut left_any = false;
+    for w in &plan.work {
+        deliveries::cleanup_markers(store, w.ord, &w.buckets, now)?;
+        match (left(w), w.rows.last()) {
+            // Rows left for want of a slot: the next read starts at the first of them, and
+            // the tenant's next turn is at the cycle's end.
+            (Some(at), _) => {
+                cursors.advance(w.ord, at);
+                cursors.requeue(w);
+                left_any = true;
+            }
+            // A full share: more may wait from here on.
+            (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
+                cursors.advance(w.ord, last.key.at);
+                cursors.requeue(w);
+                left_any = true;
+            }
+            // Drained up to now (hinted rows included): the next read starts at its
+            // oldest marker.
+            _ => {
+                cursors.evict(w.ord);
+                cursors.hinted.tenants.remove(&w.ord);
+            }
+        }
+    }
+    let mut left_hinted = false;
+    for w in &hinted.work {
+        match (left(w), w.rows.last()) {
+            // Rows no slot could take, all of them read: the hint stays at the first, so
+            // the next tick offers them again (a quiet tenant keeps its turn).
+            (Some(at), _) if w.rows.len() < read.rows_per_tenant => {
+                cursors.hinted.tenants.insert(w.ord, at);
+                left_hinted = true;
+            }
+            // A full read of rows no slot could take: the hint goes (a later hint starts
+            // at its own rows, not behind these); the full reads hold them, from a fresh
+            // read of the active index (the cycle's may not hold the tenant).
+            (Some(_), _) => {
+                cursors.hinted.tenants.remove(&w.ord);
+                cursors.cycle.stale = true;
+                left_any = true;
+            }
+            (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
+                cursors.hinted.tenants.insert(w.ord, last.key.at);
+                left_hinted = true;
+            }
+            _ => {
+                cursors.hinted.tenants.remove(&w.ord);
+            }
+        }
+    }
+    // Work left where only a full read finds it again calls for one; work a hint still
+    // points at is the hinted read's.
+    cursors.backlog |= left_any;
+    cursors.blocked = (left_any || left_hinted) && jobs_in.is_empty();
+    let state_keys: Vec<Vec<u8>> = jobs_in
+        .iter()
+        .map(|(_, r)| ankusa_keyspace::delivery(r.key.seq, r.key.sink))
+        .collect();
+    let states = store.multi_get(Cf::Deliveries, &state_keys)?;
+    let jobs = jobs_in
+        .into_iter()
+        .zip(states)
+        .zip(&state_keys)
+        .map(|(((p, row), state), key)| {
+            let candidate = &work[p.tenant].1[p.row];
+            let fresh = DeliveryRow {
+                ord: row.key.ord,
+                size: row.size,
+                ..DeliveryRow::default()
+            };
+            // A delivery row that does not decode is corruption: the row is dead-lettered
+            // with the error (and a fresh state), not sent on a made-up attempt count.
+            let (state, corrupt) = match state.map(|v| DeliveryRow::decode(&v)) {
+                None => (fresh, candidate.corrupt.clone()),
+                Some(Ok(s)) => (s, candidate.corrupt.clone()),
+                Some(Err(e)) => (fresh, Some(corrupt_row(Family::Deliveries, key, e))),
+            };
+            Job {
+                state,
+                envelope: candidate.envelope.clone(),
+                corrupt,
+                row,
+                sink_slot: p.sink_slot,
+                tenant_slot: p.tenant_slot,
+            }
+        })
+        .collect();
+    // Once a second: the tenants holding the most deliveries in flight, by name.
+    if now.0 >= cursors.named_at.0.saturating_add(1_000) {
+        cursors.named_at = now;
+        let mut top = Vec::new();
+        for (ord, n) in ctx.tenants.top(TOP_INFLIGHT) {
+            if let Some(name) = ankusa_queue::tenants::name(store, ord)? {
+                top.push((name, n));
+            }
+        }
+        cursors.top_inflight = Some(top);
+    }
+    Ok((
+        cursors,
+        jobs,
+        plan.tenants_visited + hinted.tenants_visited,
+        full,
+    ))
+}
+
+/// A candidate the round robin gave a slot: `work[tenant].1[row]`.
+pub(super) struct Picked<S> {
+    pub(super) tenant: usize,
+    pub(super) row: usize,
+    pub(super) sink_slot: Option<S>,
+    pub(super) tenant_slot: TenantSlot,
+}
+
+/// A row's claim on its sink's slots (`S`: the slot, [`ClaimSlot`] in the node).
+pub(super) enum SinkSlot<S> {
+    /// The row needs no sink (an orphan, a sink no longer configured).
+    NotNeeded,
+    /// One of the sink's claim slots, taken.
+    Taken(S),
+    /// The sink is full, over its adaptive limit, or its breaker is open.
+    Refused,
+}
+
+/// Deficit round robin with a quantum of one row: tenants take turns — those with the
+/// fewest deliveries in flight first, ties from `start` — each turn giving one tenant its next row that has a slot of its sink (`sink_slot`) and of
+/// the tenant, until `budget` rows are picked or no tenant can take one. Within a tenant rows
+/// go oldest first; a row whose sink is full is passed over, so a slow sink never holds
+/// back the tenant's rows for other sinks, and a flooding tenant gets one row per turn
+/// like everyone else.
+pub(super) fn assign<S>(
+    work: &[(TenantOrd, Vec<Candidate>)],
+    start: usize,
+    budget: usize,
+    tenants: &TenantSlots,
+    weights: &HashMap<TenantOrd, u32>,
+    sink_slot: impl Fn(&Candidate) -> SinkSlot<S>,
+) -> Vec<Picked<S>> {
+    let n = work.len();
+    let mut picked = Vec::new();
+    if n == 0 {
+        return picked;
+    }
+    let mut next = vec![0usize; n];
+    let mut open = vec![true; n];
+    // The turn order: tenants with the fewest deliveries in flight first (a quiet tenant
+    // before one whose backlog fills the sink), ties from the rotating start.
+    let mut order: Vec<usize> = (0..n).map(|k| (start + k) % n).collect();
+    let weight = |ord: &TenantOrd| weights.get(ord).copied().unwrap_or(1).max(1);
+    // Each tenant's count read once: deliveries end while this sorts, and a key that
+    // changes mid-sort is not an order (the standard sort panics on one).
+    order.sort_by_cached_key(|t| tenants.held(work[*t].0) * 1_000 / weight(&work[*t].0) as usize);
+    while picked.len() < budget {
+        let mut progress = false;
+        for &t in &order {
+            let (ord, rows) = &work[t];
+            // A tenant's turn: as many rows as its weight.
+            for _ in 0..weight(ord) {
+                if !open[t] || picked.len() >= budget {
+                    break;
+                }
+                loop {
+                    let Some(c) = rows.get(next[t]) else {
+                        open[t] = false;
+                        break;
+                    };
+                    if !tenants.has_room(*ord) {
+                        open[t] = false;
+                        break;
+                    }
+                    next[t] += 1;
+                    let sink_slot = match sink_slot(c) {
+                        SinkSlot::NotNeeded => None,
+                        SinkSlot::Taken(p) => Some(p),
+                        // The sink is full: this tenant's next row, if another sink's.
+                        SinkSlot::Refused => continue,
+                    };
+                    // Only this task takes slots; others only give them back.
+                    let Some(tenant_slot) = tenants.try_take(*ord) else {
+                        open[t] = false;
+                        break;
+                    };
+                    picked.push(Picked {
+                        tenant: t,
+                        row: next[t] - 1,
+                        sink_slot,
+                        tenant_slot,
+                    });
+                    progress = true;
+                    break;
+                }
+            }
+        }
+        if !progress {
+            break;
+        }
+    }
+    picked
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Candidates of tenant `ord`: `n` rows, the i-th for sink `sinks[i % len]`.
+    fn candidates(ord: u32, n: u64, sinks: &[&str]) -> (TenantOrd, Vec<Candidate>) {
+        let rows = (0..n)
+            .map(|i| {
+                let sink = (i as usize) % sinks.len();
+                Candidate {
+                    row: DueRow {
+                        key: ankusa_keyspace::DueKey {
+                            ord: TenantOrd(ord),
+                            at: AtMs(1_000 + i),
+                            seq: Seq(u64::from(ord) * 1_000_000 + i),
+                            sink: ankusa_keyspace::SinkIdx(sink as u16),
+                        },
+                        size: 10,
+                        kind: deliveries::Kind::First,
+                    },
+                    envelope: Some(Arc::new(Envelope {
+                        sinks: sinks.iter().map(|s| (*s).to_owned()).collect(),
+                        ..Envelope::default()
+                    })),
+                    corrupt: None,
+                }
+            })
+            .collect();
+        (TenantOrd(ord), rows)
+    }
+
+    fn sink_slots<'a>(
+        sinks: &'a HashMap<&'static str, Arc<tokio::sync::Semaphore>>,
+    ) -> impl Fn(&Candidate) -> SinkSlot<tokio::sync::OwnedSemaphorePermit> + 'a {
+        |c| {
+            let slots = c
+                .envelope
+                .as_deref()
+                .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
+                .and_then(|id| sinks.get(id.as_str()));
+            match slots.map(|s| s.clone().try_acquire_owned()) {
+                None => SinkSlot::NotNeeded,
+                Some(Ok(p)) => SinkSlot::Taken(p),
+                Some(Err(_)) => SinkSlot::Refused,
+            }
+        }
+    }
+
+    #[test]
+    fn the_round_robin_gives_a_quiet_tenant_its_turn_beside_a_flood() {
+        let work = vec![candidates(1, 1_000, &["s"]), candidates(2, 1, &["s"])];
+        let sinks = HashMap::from([("s", Arc::new(tokio::sync::Semaphore::new(100)))]);
+        let tenants = TenantSlots::new(1_000);
+        // Whichever tenant the rotation starts with, the quiet one is in the first round.
+        for start in 0..2 {
+            let picked = assign(
+                &work,
+                start,
+                2,
+                &tenants,
+                &HashMap::new(),
+                sink_slots(&sinks),
+            );
+            let who: Vec<usize> = picked.iter().map(|p| p.tenant).collect();
+            assert!(who.contains(&1), "start {start}: {who:?}");
+        }
+        // A flood alone takes the whole budget, oldest first.
+        let picked = assign(
+            &work[..1],
+            0,
+            5,
+            &tenants,
+            &HashMap::new(),
+            sink_slots(&sinks),
+        );
+        let rows: Vec<usize> = picked.iter().map(|p| p.row).collect();
+        assert_eq!(rows, vec![0, 1, 2, 3, 4]);
+    }
+
+    #[test]
+    fn a_tenant_of_weight_three_gets_three_rows_a_turn() {
+        let work = vec![candidates(1, 100, &["s"]), candidates(2, 100, &["s"])];
+        let sinks = HashMap::from([("s", Arc::new(tokio::sync::Semaphore::new(1_000)))]);
+        let tenants = TenantSlots::new(1_000);
+        let weights = HashMap::from([(TenantOrd(2), 3)]);
+        let picked = assign(&work, 0, 40, &tenants, &weights, sink_slots(&sinks));
+        let of = |t: usize| picked.iter().filter(|p| p.tenant == t).count();
+        assert_eq!((of(0), of(1)), (10, 30));
+    }
+
+    #[test]
+    fn a_full_sink_holds_back_only_its_own_rows_and_a_tenant_only_its_cap() {
+        // Tenant 1 alternates between a full sink and a free one.
+        let work = vec![
+            candidates(1, 10, &["slow", "fast"]),
+            candidates(2, 10, &["fast"]),
+        ];
+        let sinks = HashMap::from([
+            ("slow", Arc::new(tokio::sync::Semaphore::new(0))),
+            ("fast", Arc::new(tokio::sync::Semaphore::new(100))),
+        ]);
+        let tenants = TenantSlots::new(3);
+        let picked = assign(&work, 0, 100, &tenants, &HashMap::new(), sink_slots(&sinks));
+        let of = |t: usize| -> Vec<usize> {
+            picked
+                .iter()
+                .filter(|p| p.tenant == t)
+                .map(|p| p.row)
+                .collect()
+        };
+        // Tenant 1's rows for `fast` (odd rows) go; its `slow` rows wait; each tenant stops
+        // at its cap of 3.
+        assert_eq!(of(0), vec![1, 3, 5]);
+        assert_eq!(of(1), vec![0, 1, 2]);
+        assert!(picked.iter().all(|p| p.sink_slot.is_some()));
+        assert_eq!(tenants.usage(), (2, 3));
+        assert!(!tenants.has_room(TenantOrd(1)));
+        drop(picked);
+        assert_eq!(tenants.usage(), (0, 0), "dropped slots are given back");
+        assert_eq!(sinks["fast"].available_permits(), 100);
+    }
+}

@@ -1,0 +1,184 @@
+//! Finished attempts committed in batches: delivered, retried with backoff,
+//! dead-lettered, or dropped as orphans.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::Done;
+use crate::dispatch::delivery::{backoff, Verdict};
+use ankusa_config::RetryConfig;
+use ankusa_keyspace::{AtMs, EventKind, TenantOrd};
+use ankusa_queue::deliveries::{self, InflightRow, Tx};
+use ankusa_queue::hints::DueHints;
+use ankusa_queue::hooklog;
+use ankusa_queue::QueueError;
+use ankusa_records::AttemptOutcome;
+use ankusa_store::Store;
+
+/// Commits finished attempts in batches: delivered, retry (with backoff), dead-letter, or
+/// orphan drop. Outcomes are not synced: a lost outcome only means a redelivery.
+pub(super) async fn commit_outcomes(
+    store: Arc<Store>,
+    mut rx: tokio::sync::mpsc::Receiver<Done>,
+    retry: RetryConfig,
+    log: bool,
+    hints: Arc<DueHints>,
+    reclaimed: prometheus_client::metrics::counter::Counter,
+    stop: tokio::sync::watch::Receiver<bool>,
+) {
+    let max_retry_after = Duration::from_millis(retry.max_retry_after_ms);
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < 1024 {
+            match rx.try_recv() {
+                Ok(d) => batch.push(d),
+                Err(_) => break,
+            }
+        }
+        // A batch whose commit fails (a full disk, a failed WAL sync) is committed again
+        // once a second until it succeeds: nothing was written, and its rows must not
+        // stay inflight until the next boot. Its slots stay held meanwhile, so the
+        // pipeline claims nothing new. Only a stop gives up; boot recovery then makes the
+        // rows due again (a redelivery, never a loss).
+        let batch = Arc::new(batch);
+        loop {
+            let (store, retry, b) = (store.clone(), retry.clone(), batch.clone());
+            let result = tokio::task::spawn_blocking(move || {
+                let now = ankusa_keyspace::now_ms();
+                let mut tx = Tx::new();
+                let mut retries: Vec<(TenantOrd, AtMs)> = Vec::new();
+                let takes_hook = last_needs(&store, &b)?;
+                let log = log.then_some(&*store);
+                for (d, last) in b.iter().zip(&takes_hook) {
+                    let r = outcome_ops(&mut tx, log, d, *last, &retry, max_retry_after, now)?;
+                    retries.extend(r);
+                }
+                // One unit per outcome: a hook went only with a row that moved.
+                let committed = tx.commit(&store, false)?;
+                let removed = takes_hook
+                    .iter()
+                    .zip(&committed.moved)
+                    .filter(|(t, m)| **t && **m)
+                    .count() as u64;
+                Ok::<_, QueueError>((retries, removed))
+            })
+            .await;
+            match result {
+                // Each retry is claimed when it comes due, not at the next full scan.
+                Ok(Ok((retries, removed))) => {
+                    hints.add_later(retries);
+                    reclaimed.inc_by(removed);
+                    break;
+                }
+                Ok(Err(e)) if !*stop.borrow() => {
+                    tracing::debug!(error = %e, outcomes = batch.len(), "dispatch: committing outcomes, again in 1 s");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Ok(Err(e)) => {
+                    tracing::error!(error = %e, outcomes = batch.len(), "dispatch: outcomes not committed at stop; their rows are due again after the next boot");
+                    break;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "dispatch: outcome task");
+                    break;
+                }
+            }
+        }
+        // The batch's permits go back as it drops, its outcomes committed.
+    }
+}
+
+/// For each finished attempt, whether it is a delivery that takes its hook along: the
+/// row was the last thing the hook was kept for ([`deliveries::last_needs`], one read for
+/// the batch).
+pub(super) fn last_needs(store: &Store, batch: &[Done]) -> Result<Vec<bool>, QueueError> {
+    let delivered = |d: &Done| {
+        let env = d.job.envelope.as_deref()?;
+        let a = d.attempt.as_ref()?;
+        (d.job.corrupt.is_none() && matches!(a.verdict, Verdict::Delivered))
+            .then_some((d.job.row, env.sinks.len()))
+    };
+    let wanted: Vec<Option<(InflightRow, usize)>> = batch.iter().map(delivered).collect();
+    let rows: Vec<(InflightRow, usize)> = wanted.iter().flatten().copied().collect();
+    let mut last = deliveries::last_needs(store, &rows)?.into_iter();
+    Ok(wanted
+        .iter()
+        .map(|w| w.is_some() && last.next().unwrap_or(false))
+        .collect())
+}
+
+/// Adds one finished attempt's outcome as one unit (and, with `log`, its hook log event);
+/// a retry's tenant and due time. A delivered row that was its hook's last need (`last`)
+/// takes the hook with it, in the same unit (no marker for reclaim to come back to).
+pub(super) fn outcome_ops(
+    tx: &mut Tx,
+    log: Option<&Store>,
+    d: &Done,
+    last: bool,
+    retry: &RetryConfig,
+    max_retry_after: Duration,
+    now: u64,
+) -> Result<Option<(TenantOrd, AtMs)>, QueueError> {
+    let row = &d.job.row;
+    if let Some(error) = &d.job.corrupt {
+        // Corruption: the row goes to the DLQ with the error, where it shows and counts,
+        // and a replay sends it once the store is whole again.
+        let mut state = d.job.state.clone();
+        state.last_attempt_at = now;
+        state.last_error = error.to_string();
+        // Without a readable hook the sink has no name here; the DLQ shows its index.
+        let env = d.job.envelope.as_deref();
+        let sink = env
+            .and_then(|e| e.sinks.get(row.key.sink.0 as usize).cloned())
+            .unwrap_or_else(|| format!("#{}", row.key.sink.0));
+        let (source, id) = env.map_or(("", ""), |e| (e.source.as_str(), e.id.as_str()));
+        deliveries::dead_letter(tx, row, AtMs(now), source, id, &sink, Some(&state));
+        return Ok(None);
+    }
+    let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
+        // The hook is gone: an orphan, dropped through the counted path.
+        deliveries::orphan_drop(tx, row);
+        return Ok(None);
+    };
+    let mut state = d.job.state.clone();
+    state.attempts += 1;
+    state.last_attempt_at = now;
+    state.last_status = a.status;
+    state.last_error = a.error.clone();
+    let (outcome, next_at, due_again) = match &a.verdict {
+        Verdict::Delivered => {
+            deliveries::delivered_last(tx, row, last);
+            (AttemptOutcome::Delivered, None, None)
+        }
+        Verdict::Retry { retry_after } if state.attempts < retry.max_attempts => {
+            let planned = backoff(retry, state.attempts, rand::random::<f64>());
+            let delay = retry_after.map_or(planned, |ra| ra.min(max_retry_after).max(planned));
+            let at = AtMs(now + delay.as_millis() as u64);
+            deliveries::retry(tx, row, at, &state);
+            (AttemptOutcome::Retry, Some(at), Some((row.key.ord, at)))
+        }
+        Verdict::Retry { .. } | Verdict::Dead => {
+            let sink = env
+                .sinks
+                .get(row.key.sink.0 as usize)
+                .map_or("", String::as_str);
+            deliveries::dead_letter(tx, row, AtMs(now), &env.source, &env.id, sink, Some(&state));
+            (AttemptOutcome::Dead, Some(AtMs(now)), None)
+        }
+    };
+    if let Some(store) = log {
+        let ev = ankusa_records::Event {
+            kind: EventKind::Attempt,
+            at: AtMs(now),
+            attempt: state.attempts,
+            outcome: Some(outcome),
+            status: a.status,
+            class: a.class,
+            error: a.error.clone(),
+            latency_us: a.latency.as_micros() as u64,
+            next_at,
+        };
+        hooklog::record(tx, store, row.key.seq, row.key.sink, &ev)?;
+    }
+    Ok(due_again)
+}

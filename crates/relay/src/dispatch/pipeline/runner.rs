@@ -1,0 +1,272 @@
+//! A claimed or started delivery on its way out ([`Runner`]), and the [`Starter`] that
+//! starts a fresh hook's delivery at its ingest commit.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tracing::Instrument;
+
+use super::slots::{TenantSlot, TenantSlots};
+use super::{lock, Done, Job, Metered};
+use crate::dispatch::delivery::{Attempt, ClaimSlot, Deliverer, Verdict};
+use ankusa_keyspace::TenantOrd;
+use ankusa_records::DeliveryRow;
+
+/// What a running delivery needs: its sink (with its series), and where its outcome goes.
+pub(super) struct Runner {
+    pub(super) deliverer: Arc<Deliverer>,
+    pub(super) meters: Arc<HashMap<String, Metered>>,
+    pub(super) done_tx: tokio::sync::mpsc::Sender<Done>,
+    pub(super) max_retry_after: Duration,
+}
+
+impl Runner {
+    /// One claimed (or started) delivery: its attempt, in its tenant's turn in the sink's
+    /// line, then its outcome to the committer (which gives the permit back).
+    pub(super) async fn deliver(
+        self: Arc<Self>,
+        mut job: Job,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        // A corrupt row is not attempted: its outcome is the dead letter.
+        let attempt = match job.envelope.as_deref().filter(|_| job.corrupt.is_none()) {
+            None => None,
+            Some(env) => Some(
+                match env
+                    .sinks
+                    .get(job.row.key.sink.0 as usize)
+                    .and_then(|id| self.meters.get(id))
+                {
+                    None => Attempt {
+                        verdict: Verdict::Dead,
+                        status: 0,
+                        class: Some(ankusa_records::ErrorClass::Unconfigured),
+                        error: "the hook's sink is no longer configured".into(),
+                        latency: Duration::ZERO,
+                    },
+                    Some(Metered { sink, meters: m }) => {
+                        let span = tracing::debug_span!(
+                            target: crate::telemetry::TARGET,
+                            "delivery",
+                            hook_id = env.id.as_str(),
+                            tenant = env.tenant_or_default(),
+                            sink = sink.id.as_str(),
+                            attempt = job.state.attempts + 1,
+                            status = tracing::field::Empty,
+                            outcome = tracing::field::Empty,
+                        );
+                        crate::telemetry::in_hook_trace(&span, &env.id);
+                        // The claim took one of the sink's claim slots; the request
+                        // waits only for its tenant's turn in the sink's line.
+                        let a = async {
+                            let _request = sink.line.acquire(job.row.key.ord).await;
+                            self.deliverer
+                                .attempt(sink, env, self.max_retry_after)
+                                .await
+                        }
+                        .instrument(span.clone())
+                        .await;
+                        span.record("status", a.status);
+                        span.record("outcome", a.label().label());
+                        let now = std::time::Instant::now();
+                        sink.control.record(a.signal(), now);
+                        let limit = sink.control.limit();
+                        sink.line.set_limit(limit);
+                        m.limit.set(limit as i64);
+                        m.breaker.set(sink.control.breaker(now) as i64);
+                        let (requests, queued) = sink.line.usage();
+                        m.requests.set(requests as i64);
+                        m.queued.set(queued as i64);
+                        m.attempt(a.label()).inc();
+                        m.latency.observe(a.latency.as_secs_f64());
+                        a
+                    }
+                },
+            ),
+        };
+        // The sink's slot is free again as soon as the attempt is over.
+        if job.sink_slot.take().is_some() {
+            job.tenant_slot.slots.notify_freed();
+        }
+        let _ = self
+            .done_tx
+            .send(Done {
+                job,
+                attempt,
+                _permit: permit,
+            })
+            .await;
+    }
+}
+
+/// The pipeline's side of starting a fresh delivery at its ingest commit
+/// ([`ankusa_queue::writer::Starts`]). The writer offers each delivery of each hook it
+/// assembles; a start is given only while the pipeline has *caught up* — its last tick
+/// left no due row behind and no fresh row was refused a start or written due since that
+/// tick began — and only with
+/// a slot of the node, of the delivery's sink (its adaptive limit and breaker, the
+/// newcomers' reserve) and of its tenant, the same slots a tick's claim takes. The row is
+/// then written inflight by the ingest batch itself and its delivery starts when the batch
+/// commits: no tick, no read of the store, no claim commit, no marker.
+///
+/// A refused start closes the gate until a tick that began after it catches up again, so a
+/// fresh row never overtakes a row of the store waiting for a slot: under a backlog every
+/// row goes through the ticks' round robin, as before. It starts nothing until the
+/// pipeline has attached its slots, and nothing once a stop began.
+#[derive(Default)]
+pub struct Starter {
+    pub(super) parts: std::sync::OnceLock<StartParts>,
+    /// `(refusals << 1) | open`: the refusals counted since boot, and whether starts are
+    /// given (a tick opens the gate only if the count did not move while it ran).
+    pub(super) gate: std::sync::atomic::AtomicU64,
+    pub(super) stopping: std::sync::atomic::AtomicBool,
+}
+
+impl std::fmt::Debug for Starter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Starter")
+            .field("gate", &self.gate)
+            .field("stopping", &self.stopping)
+            .finish()
+    }
+}
+
+/// What the starter takes its slots from and runs its deliveries with.
+pub(super) struct StartParts {
+    pub(super) permits: Arc<tokio::sync::Semaphore>,
+    pub(super) tenants: TenantSlots,
+    pub(super) deliverer: Arc<Deliverer>,
+    /// Weak: the outcome channel closes when the stopping pipeline drops its runner.
+    pub(super) run: std::sync::Weak<Runner>,
+    pub(super) tasks: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
+    pub(super) handle: tokio::runtime::Handle,
+    pub(super) started: prometheus_client::metrics::counter::Counter,
+}
+
+/// The slots a started delivery runs with (inside a [`StartSlot`]).
+pub(super) struct StartSlots {
+    pub(super) permit: tokio::sync::OwnedSemaphorePermit,
+    pub(super) sink: ClaimSlot,
+    pub(super) tenant: TenantSlot,
+}
+
+impl Starter {
+    pub(super) fn attach(&self, parts: StartParts) {
+        // A pipeline is spawned once per starter; a second would only start nothing.
+        let _ = self.parts.set(parts);
+    }
+
+    /// The refusals counted so far.
+    pub(super) fn epoch(&self) -> u64 {
+        self.gate.load(std::sync::atomic::Ordering::Acquire) >> 1
+    }
+
+    /// Opens the gate, unless a start was refused since `epoch` (or it is open).
+    pub(super) fn open_since(&self, epoch: u64) {
+        use std::sync::atomic::Ordering;
+        let _ = self.gate.compare_exchange(
+            epoch << 1,
+            (epoch << 1) | 1,
+            Ordering::AcqRel,
+            Ordering::Acquire,
+        );
+    }
+
+    /// A refusal: the gate closes and the count moves.
+    pub(super) fn close(&self) {
+        use std::sync::atomic::Ordering;
+        let _ = self
+            .gate
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |v| {
+                Some(((v >> 1) + 1) << 1)
+            });
+    }
+
+    /// Whether starts are given now.
+    pub fn is_open(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.gate.load(Ordering::Acquire) & 1 == 1 && !self.stopping.load(Ordering::Acquire)
+    }
+
+    pub(super) fn stop(&self) {
+        self.stopping
+            .store(true, std::sync::atomic::Ordering::Release);
+        self.close();
+    }
+}
+
+impl ankusa_queue::writer::Starts for Starter {
+    fn try_start(&self, ord: TenantOrd, sink: &str) -> Option<ankusa_queue::writer::StartSlot> {
+        let p = self.parts.get()?;
+        // A row refused while the gate is closed counts too: a tick that began before it
+        // has not seen it, and must not open the gate behind it.
+        let slots = self.is_open().then(|| {
+            let sink = p.deliverer.sink(sink)?;
+            let permit = p.permits.clone().try_acquire_owned().ok()?;
+            let sink = sink.try_claim(ord)?;
+            let tenant = p.tenants.try_take(ord)?;
+            Some(StartSlots {
+                permit,
+                sink,
+                tenant,
+            })
+        });
+        match slots.flatten() {
+            Some(s) => Some(ankusa_queue::writer::StartSlot(Box::new(s))),
+            None => {
+                self.close();
+                None
+            }
+        }
+    }
+
+    fn waiting(&self) {
+        self.close();
+    }
+
+    fn started(&self, rows: Vec<ankusa_queue::writer::Started>) {
+        let Some(p) = self.parts.get() else { return };
+        // A pipeline that stopped runs nothing more: the rows stay inflight for the stop's
+        // (or the next boot's) recovery to make due.
+        let Some(run) = p.run.upgrade() else { return };
+        let mut tasks = lock(&p.tasks);
+        // The finished ones go first: between ticks (a second or a minute apart, when every
+        // delivery starts at its commit) the set holds only what runs.
+        while tasks.try_join_next().is_some() {}
+        for ankusa_queue::writer::Started {
+            row,
+            envelope,
+            slot,
+        } in rows
+        {
+            let Ok(slots) = slot.0.downcast::<StartSlots>() else {
+                // Only this starter gives slots; a row without them stays inflight until
+                // the stop's or the next boot's recovery makes it due.
+                tracing::error!(
+                    seq = row.key.seq.0,
+                    "dispatch: a started row without its slots"
+                );
+                continue;
+            };
+            let StartSlots {
+                permit,
+                sink,
+                tenant,
+            } = *slots;
+            p.started.inc();
+            let job = Job {
+                row,
+                state: DeliveryRow {
+                    ord: row.key.ord,
+                    size: row.size,
+                    ..DeliveryRow::default()
+                },
+                envelope: Some(envelope),
+                corrupt: None,
+                sink_slot: Some(sink),
+                tenant_slot: tenant,
+            };
+            tasks.spawn_on(run.clone().deliver(job, permit), &p.handle);
+        }
+    }
+}

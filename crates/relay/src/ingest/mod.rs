@@ -1,0 +1,550 @@
+//! Ingest: `POST /ingest/{source}` on the ingest listener.
+//!
+//! # What a request goes through
+//! 1. The source is looked up (unknown → 404 `rejected`).
+//! 2. The body is read up to the source's limit (over it → 413 `rejected`).
+//! 3. The signature is verified in constant time (failure → 401 `quarantined`: the request
+//!    is kept in the bounded quarantine family for inspection; no tenant ordinal is made).
+//! 4. The tenant is taken from the source (fixed, a header, a JSON pointer, or the URL's
+//!    `/ingest/{source}/{tenant}`; missing →
+//!    400 `rejected`), the headers the source forwards are kept (over 1 KiB for one value
+//!    or 4 KiB in all → 431 `rejected`), and the idempotency key comes from the configured
+//!    headers or the scheme's default.
+//! 5. The hook is handed to the writer without blocking (queue full → 503 `unavailable`)
+//!    and the handler awaits its answer: `accepted` (202 `{"id"}`, only after the synced
+//!    commit that holds it), `duplicate` (200 with the first hook's id, nothing written),
+//!    `tenant_limit` (503 `{"error":"tenant_limit"}`, `Retry-After: 300`).
+//!
+//! The request path takes no lock and does no read-modify-write: it hands its hook to the
+//! writer task and awaits the commit. Every request is counted in
+//! `ankusa_ingest_requests_total{source,outcome}` with its latency.
+
+pub mod quarantine;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+use tracing::Instrument;
+
+use axum::body::Body;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, HeaderName, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http_body_util::{BodyExt, LengthLimitError, Limited};
+
+use crate::cluster::{self, Cluster};
+use crate::metrics::{Metrics, UNKNOWN_SOURCE};
+use ankusa_config::{Config, ConfigError, IdempotencyConfig, TenantFrom, VerifyConfig};
+use ankusa_keyspace::AtMs;
+use ankusa_queue::registry::Admission;
+use ankusa_queue::tenants;
+use ankusa_queue::writer::{Reply, Submission, WriterHandle};
+use ankusa_records::Envelope;
+use ankusa_verify::Verifier;
+
+/// A source, ready to serve.
+#[derive(Debug, Clone)]
+pub struct Source {
+    pub id: String,
+    pub tenant: Option<TenantFrom>,
+    pub verifier: Verifier,
+    pub idempotency: IdempotencyConfig,
+    pub sinks: Vec<String>,
+    pub body_limit: usize,
+    /// Request headers kept with the hook and sent to its sinks (lower case).
+    pub forward: Vec<HeaderName>,
+}
+
+use ankusa_verify::request::{forwarded, idempotency_of, tenant_of, JsonBody};
+pub use ankusa_verify::request::{MAX_FORWARD_BYTES, MAX_FORWARD_VALUE};
+
+/// Builds the sources of a validated configuration (resolving their secrets).
+pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> {
+    let mut out = HashMap::new();
+    for (i, s) in config.sources.iter().enumerate() {
+        let key = format!("sources[{i}].verify.secret");
+        let (verifier, default_idem) = match &s.verify {
+            VerifyConfig::None => (Verifier::None, IdempotencyConfig::default()),
+            VerifyConfig::HmacSha256 {
+                secret,
+                header,
+                prefix,
+                encoding,
+            } => (
+                Verifier::HmacSha256 {
+                    secret: secret.resolve(&key)?,
+                    header: header.to_ascii_lowercase(),
+                    prefix: prefix.clone(),
+                    encoding: *encoding,
+                },
+                IdempotencyConfig::default(),
+            ),
+            VerifyConfig::StandardWebhooks {
+                secret,
+                tolerance_s,
+            } => (
+                Verifier::StandardWebhooks {
+                    key: ankusa_verify::standard_webhooks_key(&secret.resolve(&key)?),
+                    tolerance_s: *tolerance_s,
+                },
+                IdempotencyConfig {
+                    headers: vec!["webhook-id".into()],
+                    json_pointer: None,
+                },
+            ),
+            VerifyConfig::Github { secret } => (
+                Verifier::Github {
+                    secret: secret.resolve(&key)?,
+                },
+                IdempotencyConfig {
+                    headers: vec!["x-github-delivery".into()],
+                    json_pointer: None,
+                },
+            ),
+            VerifyConfig::Stripe {
+                secret,
+                tolerance_s,
+            } => (
+                Verifier::Stripe {
+                    secret: secret.resolve(&key)?,
+                    tolerance_s: *tolerance_s,
+                },
+                IdempotencyConfig {
+                    headers: Vec::new(),
+                    json_pointer: Some("/id".into()),
+                },
+            ),
+        };
+        let sinks = config
+            .routes
+            .iter()
+            .find(|r| r.id == s.route)
+            .map(|r| r.sinks.clone())
+            .unwrap_or_default();
+        out.insert(
+            s.id.clone(),
+            Source {
+                id: s.id.clone(),
+                tenant: s.tenant.clone(),
+                verifier,
+                idempotency: s.idempotency.clone().unwrap_or(default_idem),
+                sinks,
+                body_limit: s.body_limit_bytes.unwrap_or(config.ingest.body_limit_bytes),
+                forward: s
+                    .forwarded()
+                    .iter()
+                    .map(|n| {
+                        HeaderName::from_bytes(n.as_bytes()).map_err(|e| ConfigError::Invalid {
+                            key: format!("sources[{i}].forward_headers"),
+                            message: format!("{n:?}: {e}"),
+                        })
+                    })
+                    .collect::<Result<_, _>>()?,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// Shared state of the ingest handlers.
+#[derive(Debug)]
+pub struct IngestState {
+    pub sources: HashMap<String, Source>,
+    /// For readiness: the store's write health.
+    pub store: Arc<ankusa_store::Store>,
+    pub writer: WriterHandle,
+    pub quarantine: Arc<quarantine::Quarantine>,
+    pub metrics: Arc<Metrics>,
+    pub ready: Arc<AtomicBool>,
+    /// The Relay's nodes: who owns which tenant.
+    pub cluster: Arc<Cluster>,
+    next_id: AtomicU64,
+    id_prefix: String,
+}
+
+impl IngestState {
+    pub fn new(
+        sources: HashMap<String, Source>,
+        store: Arc<ankusa_store::Store>,
+        writer: WriterHandle,
+        quarantine: Arc<quarantine::Quarantine>,
+        metrics: Arc<Metrics>,
+        ready: Arc<AtomicBool>,
+        cluster: Arc<Cluster>,
+    ) -> Self {
+        IngestState {
+            sources,
+            store,
+            writer,
+            quarantine,
+            metrics,
+            ready,
+            cluster,
+            next_id: AtomicU64::new(0),
+            // Ids are unique across restarts: boot time and a random part, then a counter.
+            id_prefix: format!(
+                "hk_{:x}{:06x}",
+                ankusa_keyspace::now_ms(),
+                rand::random::<u32>() & 0xFF_FFFF
+            ),
+        }
+    }
+
+    fn new_id(&self) -> String {
+        format!(
+            "{}_{:x}",
+            self.id_prefix,
+            self.next_id.fetch_add(1, Ordering::Relaxed)
+        )
+    }
+}
+
+/// The ingest router.
+pub fn router(state: Arc<IngestState>) -> Router {
+    Router::new()
+        .route("/ingest/{source}", post(ingest))
+        .route("/ingest/{source}/{tenant}", post(ingest_for_tenant))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz))
+        .fallback(crate::http::not_found)
+        .with_state(state)
+        .layer(axum::middleware::map_response(crate::http::json_errors))
+}
+
+async fn readyz(State(s): State<Arc<IngestState>>) -> Response {
+    crate::http::readiness(&s.ready, &s.store)
+}
+
+pub use crate::http::error;
+use crate::http::with_retry_after;
+
+/// 503 `tenant_limit`, `Retry-After: 300`.
+/// How an ingest request ended: the `outcome` label of `ankusa_ingest_requests_total`
+/// (`docs/observability.md` lists every one; a test keeps the two equal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// 202: committed by a synced write.
+    Accepted,
+    /// 200: an idempotency key seen within the window; nothing new stored.
+    Duplicate,
+    /// Sent to the node that owns the tenant, which counts the hook's own outcome.
+    Forwarded,
+    /// 4xx: a bad request (unknown source, body, tenant, headers, a forged forward).
+    Rejected,
+    /// 401: failed verification; kept in the quarantine.
+    Quarantined,
+    /// 503: `tenants.max` reached.
+    TenantLimit,
+    /// 503: the node is starting, at capacity, or its store does not take writes.
+    Unavailable,
+    /// 503: the tenant's owner did not answer.
+    OwnerUnavailable,
+}
+
+impl Outcome {
+    pub const ALL: [Outcome; 8] = [
+        Outcome::Accepted,
+        Outcome::Duplicate,
+        Outcome::Forwarded,
+        Outcome::Rejected,
+        Outcome::Quarantined,
+        Outcome::TenantLimit,
+        Outcome::Unavailable,
+        Outcome::OwnerUnavailable,
+    ];
+
+    /// The metric label.
+    pub fn label(self) -> &'static str {
+        match self {
+            Outcome::Accepted => "accepted",
+            Outcome::Duplicate => "duplicate",
+            Outcome::Forwarded => "forwarded",
+            Outcome::Rejected => "rejected",
+            Outcome::Quarantined => "quarantined",
+            Outcome::TenantLimit => "tenant_limit",
+            Outcome::Unavailable => "unavailable",
+            Outcome::OwnerUnavailable => "owner_unavailable",
+        }
+    }
+}
+
+fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Response) {
+    let r = error(StatusCode::SERVICE_UNAVAILABLE, "tenant_limit", message);
+    (label, Outcome::TenantLimit, with_retry_after(r, 300))
+}
+
+/// `202` (committed by a synced write) or `200` with `duplicate` (seen within the dedupe
+/// window: the first hook's id).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct IngestAnswer {
+    pub id: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub duplicate: Option<bool>,
+}
+
+#[utoipa::path(
+    post,
+    path = "/ingest/{source}",
+    tag = "ingest",
+    params(("source" = String, Path, description = "A source id")),
+    request_body(content = Vec<u8>, description = "The provider's body, as sent", content_type = "*/*"),
+    responses(
+        (status = 202, description = "Committed by a synced write", body = IngestAnswer),
+        (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = IngestAnswer),
+        crate::http::IngestErrors,
+    )
+)]
+pub(crate) async fn ingest(
+    State(s): State<Arc<IngestState>>,
+    Path(source): Path<String>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    served(&s, &source, None, &uri, headers, body).await
+}
+
+/// `POST /ingest/{source}/{tenant}`: a source whose tenant is in its URL (`tenant: path`).
+#[utoipa::path(
+    post,
+    path = "/ingest/{source}/{tenant}",
+    tag = "ingest",
+    params(("source" = String, Path, description = "A source id"), ("tenant" = String, Path, description = "The tenant (sources with tenant: path)")),
+    request_body(content = Vec<u8>, description = "The provider's body, as sent", content_type = "*/*"),
+    responses(
+        (status = 202, description = "Committed by a synced write", body = IngestAnswer),
+        (status = 200, description = "Seen within the dedupe window: the first hook's id, duplicate true", body = IngestAnswer),
+        crate::http::IngestErrors,
+    )
+)]
+pub(crate) async fn ingest_for_tenant(
+    State(s): State<Arc<IngestState>>,
+    Path((source, tenant)): Path<(String, String)>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    served(&s, &source, Some(&tenant), &uri, headers, body).await
+}
+
+/// One ingest request, counted and timed.
+async fn served(
+    s: &IngestState,
+    source: &str,
+    tenant: Option<&str>,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> Response {
+    let started = Instant::now();
+    // Built only with `log.spans` (or another subscriber that asks for `ankusa::trace`).
+    let span = tracing::debug_span!(
+        target: crate::telemetry::TARGET,
+        "ingest",
+        source,
+        tenant = tracing::field::Empty,
+        hook_id = tracing::field::Empty,
+        batch = tracing::field::Empty,
+        outcome = tracing::field::Empty,
+        status = tracing::field::Empty,
+    );
+    let (label, outcome, resp) = handle(s, source, tenant, uri, headers, body)
+        .instrument(span.clone())
+        .await;
+    span.record("outcome", outcome.label());
+    span.record("status", resp.status().as_u16());
+    s.metrics.ingest(label, outcome.label());
+    s.metrics
+        .ingest_latency
+        .observe(started.elapsed().as_secs_f64());
+    resp
+}
+
+async fn handle<'a>(
+    s: &'a IngestState,
+    source: &str,
+    in_path: Option<&str>,
+    uri: &Uri,
+    headers: HeaderMap,
+    body: Body,
+) -> (&'a str, Outcome, Response) {
+    let Some(src) = s.sources.get(source) else {
+        return (
+            UNKNOWN_SOURCE,
+            Outcome::Rejected,
+            error(StatusCode::NOT_FOUND, "unknown_source", "no such source"),
+        );
+    };
+    let label = src.id.as_str();
+    let rejected =
+        |status, code: &str, msg: &str| (label, Outcome::Rejected, error(status, code, msg));
+    if !s.ready.load(Ordering::Acquire) {
+        let r = error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "not_ready",
+            "the node is starting",
+        );
+        return (label, Outcome::Unavailable, with_retry_after(r, 5));
+    }
+    // A hook another node of the Relay forwarded is taken here, whatever this node's view
+    // of the node list: it never goes round twice. Only a node may say so.
+    let forwarded_in = headers.contains_key(cluster::FORWARDED_BY);
+    if forwarded_in && !s.cluster.authentic(&headers) {
+        return rejected(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a forwarded hook must carry the cluster token",
+        );
+    }
+    let bytes = match Limited::new(body, src.body_limit).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
+            return rejected(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "the body is larger than the source's limit",
+            )
+        }
+        Err(_) => {
+            return rejected(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "the body could not be read",
+            )
+        }
+    };
+    let now_ms = ankusa_keyspace::now_ms();
+    if let Err(why) = src.verifier.verify(&headers, &bytes, now_ms / 1000) {
+        s.quarantine
+            .keep(src.id.clone(), why.to_string(), &headers, &bytes);
+        return (
+            label,
+            Outcome::Quarantined,
+            error(
+                StatusCode::UNAUTHORIZED,
+                "unauthorized",
+                "the request failed verification",
+            ),
+        );
+    }
+    let mut json = JsonBody::new(&bytes);
+    let tenant = match tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json) {
+        Ok(t) => t,
+        Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
+    };
+    let forwarded = match forwarded(&src.forward, &headers) {
+        Ok(f) => f,
+        Err(msg) => {
+            return rejected(
+                StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+                "headers_too_large",
+                msg,
+            )
+        }
+    };
+    let owned_as = tenant.as_deref().unwrap_or(tenants::DEFAULT_TENANT);
+    tracing::Span::current().record("tenant", owned_as);
+    if !forwarded_in {
+        if let Some(owner) = s.cluster.other_owner(owned_as) {
+            let pq = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+            return match s
+                .cluster
+                .forward_ingest(owner, pq, &headers, bytes.clone())
+                .await
+            {
+                Ok(r) => (label, Outcome::Forwarded, r),
+                Err(e) => {
+                    let r = error(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        "owner_unavailable",
+                        format!("the node that owns this tenant did not answer ({e})"),
+                    );
+                    (label, Outcome::OwnerUnavailable, with_retry_after(r, 5))
+                }
+            };
+        }
+    }
+    let store = &s.store;
+    match s
+        .cluster
+        .admit(owned_as, || Ok(tenants::ord(store, owned_as)?.is_some()))
+        .await
+    {
+        Ok(Admission::Admitted) => {}
+        Ok(Admission::Limit) => return tenant_limit(label, "this Relay holds tenants.max tenants"),
+        Err(e) => {
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "registry_unavailable",
+                format!("the Relay's tenant registry did not answer ({e})"),
+            );
+            return (label, Outcome::Unavailable, with_retry_after(r, 5));
+        }
+    }
+    let idempotency = idempotency_of(&src.idempotency, &headers, &mut json);
+    let content_type = headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream")
+        .to_owned();
+    let envelope = Envelope {
+        id: s.new_id(),
+        tenant,
+        source: src.id.clone(),
+        received_at: AtMs(now_ms),
+        content_type,
+        sinks: src.sinks.clone(),
+        body: bytes.to_vec(),
+        headers: forwarded,
+    };
+    let span = tracing::Span::current();
+    span.record("hook_id", envelope.id.as_str());
+    crate::telemetry::in_hook_trace(&span, &envelope.id);
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let sub = Submission {
+        envelope,
+        idempotency,
+        from_archive: false,
+        reply: tx,
+        span,
+    };
+    let unavailable = |msg: &str| {
+        let r = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg);
+        (label, Outcome::Unavailable, with_retry_after(r, 1))
+    };
+    if s.writer.try_submit(sub).is_err() {
+        return unavailable("the node is at capacity");
+    }
+    match rx.await {
+        Ok(Reply::Accepted { id }) => (
+            label,
+            Outcome::Accepted,
+            (
+                StatusCode::ACCEPTED,
+                Json(IngestAnswer {
+                    id,
+                    duplicate: None,
+                }),
+            )
+                .into_response(),
+        ),
+        Ok(Reply::Duplicate { id }) => (
+            label,
+            Outcome::Duplicate,
+            (
+                StatusCode::OK,
+                Json(IngestAnswer {
+                    id,
+                    duplicate: Some(true),
+                }),
+            )
+                .into_response(),
+        ),
+        Ok(Reply::TenantLimit) => tenant_limit(label, "this node holds tenants.max tenants"),
+        Ok(Reply::InvalidTenant(why)) => rejected(StatusCode::BAD_REQUEST, "bad_tenant", why),
+        Ok(Reply::Unavailable) | Err(_) => unavailable("the store could not commit the hook"),
+    }
+}

@@ -1,0 +1,668 @@
+//! Node metrics (Prometheus text exposition through `prometheus-client`).
+//!
+//! [`Metrics`] holds every metric the node exports; label sets are bounded (sources come
+//! from the configuration, outcomes are a fixed set). [`gauges`] reads the queue gauges at
+//! O(1) cost in the backlog and the tenant count: counter point reads and a bounded walk of
+//! the active index, never a fold of the due, inflight, dead or archive families.
+
+pub mod gauges;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+/// The fixed set of ingest outcomes.
+pub const OUTCOMES: [&str; 8] = [
+    "accepted",
+    "duplicate",
+    "rejected",
+    "quarantined",
+    "tenant_limit",
+    "unavailable",
+    "forwarded",
+    "owner_unavailable",
+];
+
+/// The `source` label of requests naming no configured source.
+pub const UNKNOWN_SOURCE: &str = "_unknown";
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkOutcome {
+    pub sink: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SinkLabel {
+    pub sink: String,
+}
+
+/// The `outcome` label of `ankusa_delivery_attempts`: how one attempt ended. Finer than
+/// the hook log's `AttemptOutcome` (delivered, retry, dead): a retry is `error` (no
+/// answer) or `retryable` (an answer that asks for one).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AttemptLabel {
+    /// A 2xx.
+    Delivered = 0,
+    /// A final refusal: the row went to the DLQ.
+    Rejected = 1,
+    /// No answer (connection, timeout), to be retried.
+    Error = 2,
+    /// An answer that asks for a retry (429, 5xx).
+    Retryable = 3,
+}
+
+impl AttemptLabel {
+    /// Every outcome, in the order of their series in [`SinkMeters`].
+    pub const ALL: [AttemptLabel; 4] = [
+        AttemptLabel::Delivered,
+        AttemptLabel::Rejected,
+        AttemptLabel::Error,
+        AttemptLabel::Retryable,
+    ];
+
+    /// The label's value.
+    pub fn label(self) -> &'static str {
+        match self {
+            AttemptLabel::Delivered => "delivered",
+            AttemptLabel::Rejected => "rejected",
+            AttemptLabel::Error => "error",
+            AttemptLabel::Retryable => "retryable",
+        }
+    }
+}
+
+/// One sink's delivery series ([`Metrics::sink_meters`]); clones share the series.
+#[derive(Clone, Debug)]
+pub struct SinkMeters {
+    attempts: [Counter; 4],
+    pub latency: Histogram,
+    pub limit: Gauge,
+    pub breaker: Gauge,
+    pub requests: Gauge,
+    pub queued: Gauge,
+}
+
+impl SinkMeters {
+    /// The attempts counter of `outcome`.
+    pub fn attempt(&self, outcome: AttemptLabel) -> &Counter {
+        &self.attempts[outcome as usize]
+    }
+}
+
+/// Which read a dispatch tick planned from: `full` (the active index) or `hinted` (the
+/// tenants the writer announced).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ScanLabel {
+    pub scan: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ArchiveLabel {
+    /// `archived` or `dropped`.
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FieldLabel {
+    pub field: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TenantLabel {
+    pub tenant: String,
+}
+
+/// What a node sent another (`ingest`: a hook for a tenant the other owns; `admin`: an
+/// admin call about such a tenant; `admit`: a new tenant to the registry) and how it went
+/// (`answered` or `unavailable`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ForwardLabels {
+    pub kind: String,
+    pub outcome: String,
+}
+
+/// A store family (`due`, `hooks`, `audit`, ...).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StoreFamilyLabel {
+    pub family: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabel {
+    pub kind: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IngestLabels {
+    pub source: String,
+    pub outcome: String,
+}
+
+/// Every metric of a node.
+#[derive(Debug)]
+pub struct Metrics {
+    pub registry: Registry,
+    pub ingest_requests: Family<IngestLabels, Counter>,
+    pub ingest_latency: Histogram,
+    pub writer_batch_hooks: Histogram,
+    pub writer_commit_seconds: Histogram,
+    /// Hooks written by the writer and waiting for the WAL sync that acks them.
+    pub writer_unsynced_hooks: Gauge,
+    pub quarantine_dropped: Counter,
+    pub dedupe_swept: Counter,
+    pub delivery_attempts: Family<SinkOutcome, Counter>,
+    pub delivery_latency: Family<SinkLabel, Histogram>,
+    /// Each sink's adaptive concurrency limit, after its last attempt.
+    pub sink_limit: Family<SinkLabel, Gauge>,
+    /// Each sink's breaker after its last attempt: 0 closed, 1 open, 2 half-open.
+    pub sink_breaker: Family<SinkLabel, Gauge>,
+    /// A sink's requests in flight, after its last attempt.
+    pub sink_requests: Family<SinkLabel, Gauge>,
+    /// A sink's claimed rows waiting in its request line, after its last attempt.
+    pub sink_queued: Family<SinkLabel, Gauge>,
+    pub dispatch_active_tenants: Gauge,
+    pub dispatch_claimed: Counter,
+    /// Fresh deliveries the ingest commit wrote inflight and started, with no tick.
+    pub dispatch_started: Counter,
+    pub dispatch_ticks: Family<ScanLabel, Counter>,
+    /// The read-and-claim half of a tick (plan, claim, marker cleanup, envelope reads).
+    pub dispatch_tick_seconds: Histogram,
+    /// Hinted tenants waiting after the last tick.
+    pub dispatch_hinted_tenants: Gauge,
+    /// Tenants with deliveries in flight, and the most one of them holds.
+    pub dispatch_tenants_inflight: Gauge,
+    pub dispatch_tenant_inflight_max: Gauge,
+    /// Times the hint set was full (the next tick then scans the active index).
+    pub dispatch_hint_overflows: Counter,
+    /// Rows still in flight when a graceful stop's grace ran out, made due again.
+    pub shutdown_requeued: Counter,
+    /// Cleared markers (hooks awaiting reclaim) the last reclaim sweep found.
+    pub reclaim_backlog: Gauge,
+    pub reclaimed_hooks: Counter,
+    pub hook_log_hooks: Gauge,
+    pub archive_settled: Family<ArchiveLabel, Counter>,
+    pub archive_expired: Counter,
+    pub hook_log_pruned: Counter,
+    pub queue_state: Family<FieldLabel, Gauge>,
+    pub oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64>,
+    pub tenant_pending: Family<TenantLabel, Gauge>,
+    /// Deliveries in flight of the tenants holding the most (refreshed each second).
+    pub tenant_inflight: Family<TenantLabel, Gauge>,
+    pub tenants: Gauge,
+    /// `tenants.max`, so a dashboard or an alert can divide by it.
+    pub tenants_max: Gauge,
+    /// 1 while the store's writes fail.
+    pub store_write_failing: Gauge,
+    pub store_write_failures: Counter,
+    pub store_corruption: Family<StoreFamilyLabel, Counter>,
+    /// Requests this node sent to another of its Relay, by kind and outcome.
+    pub cluster_forwards: Family<ForwardLabels, Counter>,
+    /// Time from sending a request to another node to its answer.
+    pub cluster_forward_seconds: Family<KindLabel, Histogram>,
+    /// Nodes in the Relay's node list (1 when there is none).
+    pub cluster_nodes: Gauge,
+    /// Tenants this node has taken hooks for as their owner since it started.
+    pub cluster_tenants_owned: Gauge,
+    /// On the registry node: tenants the Relay holds.
+    pub cluster_tenants_registered: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::default();
+        let ingest_requests = Family::<IngestLabels, Counter>::default();
+        registry.register(
+            "ankusa_ingest_requests",
+            "Ingest requests by source and outcome",
+            ingest_requests.clone(),
+        );
+        let ingest_latency = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
+        registry.register(
+            "ankusa_ingest_latency_seconds",
+            "Time from request to answer, including the synced commit for accepted hooks",
+            ingest_latency.clone(),
+        );
+        let writer_batch_hooks = Histogram::new(exponential_buckets(1.0, 2.0, 14));
+        registry.register(
+            "ankusa_writer_batch_hooks",
+            "Hooks acked per WAL sync of the writer (one sync covers every batch written during the sync before it)",
+            writer_batch_hooks.clone(),
+        );
+        let writer_commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 18));
+        registry.register(
+            "ankusa_writer_commit_seconds",
+            "Duration of each WAL sync that acks the writer's batches",
+            writer_commit_seconds.clone(),
+        );
+        let writer_unsynced_hooks = Gauge::default();
+        registry.register(
+            "ankusa_writer_unsynced_hooks",
+            "Hooks written by the writer and waiting for the WAL sync that acks them",
+            writer_unsynced_hooks.clone(),
+        );
+        let quarantine_dropped = Counter::default();
+        registry.register(
+            "ankusa_quarantine_dropped",
+            "Requests that failed verification but were not kept: the quarantine was full",
+            quarantine_dropped.clone(),
+        );
+        let dedupe_swept = Counter::default();
+        registry.register(
+            "ankusa_dedupe_swept",
+            "Expired idempotency keys removed",
+            dedupe_swept.clone(),
+        );
+        let delivery_attempts = Family::<SinkOutcome, Counter>::default();
+        registry.register(
+            "ankusa_delivery_attempts",
+            "Delivery attempts by sink and outcome (delivered, retryable, rejected, error)",
+            delivery_attempts.clone(),
+        );
+        let delivery_latency = Family::<SinkLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_5, 2.0, 16))
+        });
+        registry.register(
+            "ankusa_delivery_latency_seconds",
+            "Duration of a delivery attempt, by sink",
+            delivery_latency.clone(),
+        );
+        let sink_limit = Family::<SinkLabel, Gauge>::default();
+        registry.register(
+            "ankusa_sink_limit",
+            "A sink's adaptive concurrency limit (1..=max_inflight), after its last attempt",
+            sink_limit.clone(),
+        );
+        let sink_breaker = Family::<SinkLabel, Gauge>::default();
+        registry.register(
+            "ankusa_sink_breaker",
+            "A sink's breaker after its last attempt: 0 closed, 1 open (its rows stay due), 2 half-open (one probe)",
+            sink_breaker.clone(),
+        );
+        let sink_requests = Family::<SinkLabel, Gauge>::default();
+        registry.register(
+            "ankusa_sink_requests",
+            "A sink's requests in flight (at most its limit), after its last attempt",
+            sink_requests.clone(),
+        );
+        let sink_queued = Family::<SinkLabel, Gauge>::default();
+        registry.register(
+            "ankusa_sink_queued",
+            "Rows claimed for a sink waiting in its request line for a slot, after its last attempt",
+            sink_queued.clone(),
+        );
+        let dispatch_active_tenants = Gauge::default();
+        registry.register(
+            "ankusa_dispatch_active_tenants",
+            "Distinct tenants the last dispatch tick visited",
+            dispatch_active_tenants.clone(),
+        );
+        let dispatch_claimed = Counter::default();
+        registry.register(
+            "ankusa_dispatch_claimed",
+            "Due rows claimed for delivery",
+            dispatch_claimed.clone(),
+        );
+        let dispatch_started = Counter::default();
+        registry.register(
+            "ankusa_dispatch_started_at_commit",
+            "Fresh deliveries the ingest commit wrote inflight and started at once, with no tick, read or claim (the pipeline had caught up and every slot they needed was free)",
+            dispatch_started.clone(),
+        );
+        let dispatch_ticks = Family::<ScanLabel, Counter>::default();
+        registry.register(
+            "ankusa_dispatch_ticks",
+            "Dispatch ticks, by the read they planned from (full: the active index; hinted: the tenants the writer announced)",
+            dispatch_ticks.clone(),
+        );
+        let dispatch_tick_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
+        registry.register(
+            "ankusa_dispatch_tick_seconds",
+            "Duration of a dispatch tick's reads and claim (plan, claim, marker cleanup, envelope reads)",
+            dispatch_tick_seconds.clone(),
+        );
+        let dispatch_hinted_tenants = Gauge::default();
+        registry.register(
+            "ankusa_dispatch_hinted_tenants",
+            "Tenants announced by the writer that the last dispatch tick left for the next",
+            dispatch_hinted_tenants.clone(),
+        );
+        let dispatch_tenants_inflight = Gauge::default();
+        registry.register(
+            "ankusa_dispatch_tenants_inflight",
+            "Tenants with deliveries in flight",
+            dispatch_tenants_inflight.clone(),
+        );
+        let dispatch_tenant_inflight_max = Gauge::default();
+        registry.register(
+            "ankusa_dispatch_tenant_inflight_max",
+            "Deliveries in flight of the tenant holding the most (at most dispatch.tenant_max_inflight)",
+            dispatch_tenant_inflight_max.clone(),
+        );
+        let dispatch_hint_overflows = Counter::default();
+        registry.register(
+            "ankusa_dispatch_hint_overflows",
+            "Times the writer's hints reached their ceiling of 65 536 tenants (the next tick scans the active index)",
+            dispatch_hint_overflows.clone(),
+        );
+        let shutdown_requeued = Counter::default();
+        registry.register(
+            "ankusa_shutdown_requeued",
+            "Rows whose delivery was still in flight when a graceful stop's grace ran out, made due again",
+            shutdown_requeued.clone(),
+        );
+        let reclaim_backlog = Gauge::default();
+        registry.register(
+            "ankusa_reclaim_backlog",
+            "Hooks awaiting reclaim (cleared markers) that the last reclaim sweep found",
+            reclaim_backlog.clone(),
+        );
+        let reclaimed_hooks = Counter::default();
+        registry.register(
+            "ankusa_reclaimed_hooks",
+            "Hooks removed because no delivery, dead row or archive obligation needed them (by reclaim or by the outcome of their last delivery)",
+            reclaimed_hooks.clone(),
+        );
+        let archive_settled = Family::<ArchiveLabel, Counter>::default();
+        registry.register(
+            "ankusa_archive_settled",
+            "Archive obligations settled: archived (kept for their retention) or dropped (hook gone, or the source's archive is off)",
+            archive_settled.clone(),
+        );
+        let archive_expired = Counter::default();
+        registry.register(
+            "ankusa_archive_expired",
+            "Archived hooks removed at the end of their retention",
+            archive_expired.clone(),
+        );
+        let hook_log_hooks = Gauge::default();
+        registry.register(
+            "ankusa_hook_log_hooks",
+            "Hooks the hook log keeps (newest seq - oldest seq + 1; ceiling hook_log.max_hooks)",
+            hook_log_hooks.clone(),
+        );
+        let hook_log_pruned = Counter::default();
+        registry.register(
+            "ankusa_hook_log_pruned",
+            "Hooks removed from the hook log by age or by its ceiling",
+            hook_log_pruned.clone(),
+        );
+        let queue_state = Family::<FieldLabel, Gauge>::default();
+        registry.register(
+            "ankusa_queue_state",
+            "The node's six queue counters (pending, scheduled, inflight, dead, bytes, archive_pending)",
+            queue_state.clone(),
+        );
+        let oldest_due_age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
+        registry.register(
+            "ankusa_queue_oldest_due_age_seconds",
+            "How long the oldest due row has been due (0 when nothing is due)",
+            oldest_due_age.clone(),
+        );
+        let tenant_inflight = Family::<TenantLabel, Gauge>::default();
+        registry.register(
+            "ankusa_tenant_inflight",
+            "Deliveries in flight of the 20 tenants holding the most (refreshed each second)",
+            tenant_inflight.clone(),
+        );
+        let tenant_pending = Family::<TenantLabel, Gauge>::default();
+        registry.register(
+            "ankusa_tenant_pending",
+            "Pending rows of the top 100 tenants among the first 10 000 with work due",
+            tenant_pending.clone(),
+        );
+        let tenants = Gauge::default();
+        registry.register(
+            "ankusa_tenants",
+            "Tenant ordinals ever allocated",
+            tenants.clone(),
+        );
+        let store_write_failing = Gauge::default();
+        registry.register(
+            "ankusa_store_write_failing",
+            "1 while the store's writes fail (a full disk, a failed WAL sync): nothing is acked and the node is not ready",
+            store_write_failing.clone(),
+        );
+        let store_write_failures = Counter::default();
+        registry.register(
+            "ankusa_store_write_failures",
+            "Store writes that failed",
+            store_write_failures.clone(),
+        );
+        let store_corruption = Family::<StoreFamilyLabel, Counter>::default();
+        registry.register(
+            "ankusa_store_corruption_errors",
+            "Times a store family was found corrupt (a scan cut short before its sentinel, a row that does not decode); never read as empty",
+            store_corruption.clone(),
+        );
+        let cluster_forwards = Family::<ForwardLabels, Counter>::default();
+        registry.register(
+            "ankusa_cluster_forwards",
+            "Requests sent to another node of the Relay, by kind (ingest, admin, admit) and outcome (answered, unavailable)",
+            cluster_forwards.clone(),
+        );
+        let cluster_forward_seconds = Family::<KindLabel, Histogram>::new_with_constructor(|| {
+            Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
+        });
+        registry.register(
+            "ankusa_cluster_forward_seconds",
+            "Time from sending a request to another node of the Relay to its answer",
+            cluster_forward_seconds.clone(),
+        );
+        let cluster_nodes = Gauge::default();
+        registry.register(
+            "ankusa_cluster_nodes",
+            "Nodes in the Relay's node list",
+            cluster_nodes.clone(),
+        );
+        let cluster_tenants_owned = Gauge::default();
+        registry.register(
+            "ankusa_cluster_tenants_owned",
+            "Tenants this node has taken hooks for as their owner since it started",
+            cluster_tenants_owned.clone(),
+        );
+        let cluster_tenants_registered = Gauge::default();
+        registry.register(
+            "ankusa_cluster_tenants_registered",
+            "On the Relay's registry node (its first): tenants the Relay holds",
+            cluster_tenants_registered.clone(),
+        );
+        let tenants_max = Gauge::default();
+        registry.register(
+            "ankusa_tenants_max",
+            "The node's tenants.max: a new tenant past it is refused",
+            tenants_max.clone(),
+        );
+        Metrics {
+            queue_state,
+            oldest_due_age,
+            tenant_pending,
+            tenant_inflight,
+            tenants,
+            tenants_max,
+            store_write_failing,
+            store_write_failures,
+            store_corruption,
+            cluster_forwards,
+            cluster_forward_seconds,
+            cluster_nodes,
+            cluster_tenants_owned,
+            cluster_tenants_registered,
+            delivery_attempts,
+            delivery_latency,
+            sink_limit,
+            sink_breaker,
+            sink_requests,
+            sink_queued,
+            dispatch_active_tenants,
+            dispatch_claimed,
+            dispatch_started,
+            dispatch_ticks,
+            dispatch_tick_seconds,
+            dispatch_hinted_tenants,
+            dispatch_hint_overflows,
+            dispatch_tenants_inflight,
+            dispatch_tenant_inflight_max,
+            shutdown_requeued,
+            reclaim_backlog,
+            reclaimed_hooks,
+            hook_log_hooks,
+            archive_settled,
+            archive_expired,
+            hook_log_pruned,
+            registry,
+            ingest_requests,
+            ingest_latency,
+            writer_batch_hooks,
+            writer_commit_seconds,
+            writer_unsynced_hooks,
+            quarantine_dropped,
+            dedupe_swept,
+        }
+    }
+
+    /// `sink`'s series, resolved once: a delivery then updates its atomics instead of
+    /// looking up (and allocating) a labelled series in each family.
+    pub fn sink_meters(&self, sink: &str) -> SinkMeters {
+        let label = SinkLabel {
+            sink: sink.to_owned(),
+        };
+        let attempts = AttemptLabel::ALL.map(|outcome| {
+            self.delivery_attempts
+                .get_or_create(&SinkOutcome {
+                    sink: sink.to_owned(),
+                    outcome: outcome.label().to_owned(),
+                })
+                .clone()
+        });
+        SinkMeters {
+            attempts,
+            latency: self.delivery_latency.get_or_create(&label).clone(),
+            limit: self.sink_limit.get_or_create(&label).clone(),
+            breaker: self.sink_breaker.get_or_create(&label).clone(),
+            requests: self.sink_requests.get_or_create(&label).clone(),
+            queued: self.sink_queued.get_or_create(&label).clone(),
+        }
+    }
+
+    pub fn ingest(&self, source: &str, outcome: &str) {
+        self.ingest_requests
+            .get_or_create(&IngestLabels {
+                source: source.to_owned(),
+                outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// Publishes one gauge reading; tenant names come from `name`.
+    pub fn publish(
+        &self,
+        g: &gauges::GaugeReading,
+        name: impl Fn(ankusa_keyspace::TenantOrd) -> String,
+    ) {
+        use ankusa_queue::counters::CountsExt;
+        for f in ankusa_keyspace::CounterField::ALL {
+            self.queue_state
+                .get_or_create(&FieldLabel {
+                    field: f.name().to_owned(),
+                })
+                .set(g.node.get(f));
+        }
+        self.oldest_due_age.set(g.oldest_due_age_ms as f64 / 1000.0);
+        self.tenants.set(i64::from(g.tenants));
+        // The per-tenant family holds only this tick's top tenants.
+        self.tenant_pending.clear();
+        for (ord, pending) in &g.top_pending {
+            self.tenant_pending
+                .get_or_create(&TenantLabel { tenant: name(*ord) })
+                .set(*pending);
+        }
+    }
+
+    /// The exposition text, OpenMetrics.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// The exposition text in the Prometheus text format (0.0.4): OpenMetrics names a
+    /// counter family without its `_total` suffix, the older format with it, and has no
+    /// `# EOF`. What a scraper gets unless it asks for OpenMetrics.
+    pub fn encode_prometheus(&self) -> String {
+        to_prometheus_text(&self.encode())
+    }
+}
+
+/// Rewrites OpenMetrics text as Prometheus text format 0.0.4.
+pub fn to_prometheus_text(om: &str) -> String {
+    let counters: std::collections::HashSet<&str> = om
+        .lines()
+        .filter_map(|l| l.strip_prefix("# TYPE ")?.strip_suffix(" counter"))
+        .collect();
+    let mut out = String::with_capacity(om.len() + 64);
+    for line in om.lines() {
+        if line == "# EOF" {
+            continue;
+        }
+        let meta = ["# HELP ", "# TYPE "]
+            .into_iter()
+            .find_map(|p| Some((p, line.strip_prefix(p)?)));
+        match meta {
+            Some((prefix, rest)) => {
+                let (name, tail) = rest.split_once(' ').unwrap_or((rest, ""));
+                if counters.contains(name) && !name.ends_with("_total") {
+                    out.push_str(&format!("{prefix}{name}_total {tail}"));
+                } else {
+                    out.push_str(line);
+                }
+            }
+            None => out.push_str(line),
+        }
+        out.push('\n');
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn counters_are_named_with_their_total_suffix_in_prometheus_text() {
+        let om = "# HELP a_requests Requests.\n# TYPE a_requests counter\na_requests_total{x=\"1\"} 2\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n# EOF\n";
+        assert_eq!(
+            super::to_prometheus_text(om),
+            "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\na_requests_total{x=\"1\"} 2\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n"
+        );
+    }
+
+    #[test]
+    fn every_attempt_outcome_counts_in_its_own_series() {
+        use super::{AttemptLabel, Metrics};
+        let m = Metrics::new();
+        let meters = m.sink_meters("s");
+        for (n, o) in AttemptLabel::ALL.into_iter().enumerate() {
+            for _ in 0..=n {
+                meters.attempt(o).inc();
+            }
+        }
+        let text = m.encode();
+        for (n, o) in AttemptLabel::ALL.into_iter().enumerate() {
+            let line = format!(
+                "ankusa_delivery_attempts_total{{sink=\"s\",outcome=\"{}\"}} {}",
+                o.label(),
+                n + 1
+            );
+            assert!(text.contains(&line), "{line} not in\n{text}");
+        }
+    }
+}

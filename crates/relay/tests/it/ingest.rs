@@ -1,0 +1,482 @@
+//! Ingest over real HTTP on 127.0.0.1 against a node with a real store.
+
+use std::collections::BTreeSet;
+
+use ankusa_keyspace::Family;
+use ankusa_queue::{fold, tenants};
+use ankusa_records::Envelope;
+use ankusa_relay::testkit::TestNode;
+use base64::Engine;
+
+use crate::support::*;
+
+const GH_SECRET: &str = "It's a Secret to Everybody";
+const SW_SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
+const STRIPE_SECRET: &str = "whsec_stripe_test";
+const HMAC_SECRET: &str = "hmac-secret";
+
+/// The ingest tests' node: a sink nobody listens on, and a source per verification scheme;
+/// `sections` is more configuration.
+async fn edge_node(sections: &str) -> TestNode {
+    let hmac = |id: &str, tenant: &str, header: &str, verify: &str, rest: &str| {
+        format!(
+            r#"{{ id: {id}, tenant: {tenant}, verify: {{ scheme: hmac-sha256, secret: {{ value: "{HMAC_SECRET}" }}, header: {header}{verify} }}, route: main{rest} }}"#
+        )
+    };
+    TestNode::builder()
+        .ingest_key("body_limit_bytes: 4096")
+        .sink("local", "http://127.0.0.1:9/hooks")
+        .route("main", &["local"])
+        .source_yaml("{ id: open, verify: { scheme: none }, route: main }")
+        .source_yaml(&hmac(
+            "shared",
+            "{ header: x-tenant }",
+            "X-Signature",
+            r#", prefix: "sha256=""#,
+            "",
+        ))
+        .source_yaml(&hmac(
+            "byjson",
+            "{ json_pointer: /account }",
+            "X-Sig-B64",
+            ", encoding: base64",
+            ", idempotency: { json_pointer: /event }",
+        ))
+        .source_yaml(&format!(
+            r#"{{ id: gh, tenant: {{ fixed: acme }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: main }}"#
+        ))
+        .source_yaml(&format!(
+            r#"{{ id: sw, tenant: {{ header: x-tenant }}, verify: {{ scheme: standard-webhooks, secret: {{ value: "{SW_SECRET}" }} }}, route: main }}"#
+        ))
+        .source_yaml(&format!(
+            r#"{{ id: stripe, tenant: {{ fixed: billing }}, verify: {{ scheme: stripe, secret: {{ value: "{STRIPE_SECRET}" }} }}, route: main }}"#
+        ))
+        .section(sections)
+        .start()
+        .await
+}
+
+fn b64(b: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(b)
+}
+
+fn sw_headers(id: &str, ts: u64, body: &[u8], tenant: &str) -> Vec<(&'static str, String)> {
+    let key = ankusa_verify::standard_webhooks_key(SW_SECRET.as_bytes());
+    vec![
+        ("webhook-id", id.to_owned()),
+        ("webhook-timestamp", ts.to_string()),
+        (
+            "webhook-signature",
+            ankusa_verify::standard_webhooks_sign(&key, id, ts, body),
+        ),
+        ("x-tenant", tenant.to_owned()),
+        ("content-type", "application/json".to_owned()),
+    ]
+}
+
+struct Edge {
+    node: TestNode,
+    c: Client,
+}
+
+impl Edge {
+    async fn start(sections: &str) -> Edge {
+        Edge {
+            node: edge_node(sections).await,
+            c: client(),
+        }
+    }
+    async fn post(&self, source: &str, headers: &[(&str, String)], body: &[u8]) -> Resp {
+        post(
+            &self.c,
+            &self.node.ingest_url(source),
+            headers,
+            body.to_vec(),
+        )
+        .await
+    }
+    fn hooks(&self) -> Vec<Envelope> {
+        self.node
+            .store
+            .scan_family(Family::Hooks)
+            .unwrap()
+            .map(|kv| Envelope::decode(&kv.unwrap().1).unwrap())
+            .collect()
+    }
+    fn tenant_count(&self) -> u32 {
+        tenants::count(&self.node.store).unwrap()
+    }
+    async fn metrics(&self) -> String {
+        get_text(&self.c, &self.node.admin_url("/metrics")).await.1
+    }
+}
+
+#[tokio::test]
+async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wrong_one() {
+    let t = Edge::start("").await;
+    let body = br#"{"account":"acct-7","event":"evt-1","n":1}"#;
+    let now = now_s();
+
+    // none
+    assert_eq!(t.post("open", &[], body).await.status, 202);
+
+    // hmac-sha256, hex with a prefix
+    let good = format!(
+        "sha256={}",
+        hex(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]))
+    );
+    let r = t
+        .post(
+            "shared",
+            &[("x-signature", good.clone()), ("x-tenant", "t1".into())],
+            body,
+        )
+        .await;
+    assert_eq!(r.status, 202);
+    assert!(r.json()["id"].as_str().unwrap().starts_with("hk_"));
+    let bad = format!("sha256={}", hex(&hmac_sha256(b"wrong", &[body])));
+    let r = t
+        .post(
+            "shared",
+            &[("x-signature", bad), ("x-tenant", "t1".into())],
+            body,
+        )
+        .await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["error"], "unauthorized");
+
+    // hmac-sha256, base64, tenant from a JSON pointer
+    let sig = b64(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]));
+    assert_eq!(
+        t.post("byjson", &[("x-sig-b64", sig)], body).await.status,
+        202
+    );
+    let sig = b64(&hmac_sha256(HMAC_SECRET.as_bytes(), &[b"other"]));
+    assert_eq!(
+        t.post("byjson", &[("x-sig-b64", sig)], body).await.status,
+        401
+    );
+
+    // github (the documentation's example)
+    let sig = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+    let gh = [
+        ("x-hub-signature-256", sig.to_owned()),
+        ("x-github-delivery", "d-1".to_owned()),
+    ];
+    assert_eq!(t.post("gh", &gh, b"Hello, World!").await.status, 202);
+    assert_eq!(t.post("gh", &gh, b"Hello, World?").await.status, 401);
+
+    // standard-webhooks: good, wrong signature, stale timestamp
+    assert_eq!(
+        t.post("sw", &sw_headers("msg_1", now, body, "t2"), body)
+            .await
+            .status,
+        202
+    );
+    let mut wrong = sw_headers("msg_2", now, body, "t2");
+    wrong[2].1 = "v1,AAAA".into();
+    assert_eq!(t.post("sw", &wrong, body).await.status, 401);
+    assert_eq!(
+        t.post("sw", &sw_headers("msg_3", now - 3_600, body, "t2"), body)
+            .await
+            .status,
+        401
+    );
+
+    // stripe: good, stale
+    let stripe_body = br#"{"id":"evt_123","object":"event"}"#;
+    let sign = |ts: u64| {
+        format!(
+            "t={ts},v1={}",
+            hex(&hmac_sha256(
+                STRIPE_SECRET.as_bytes(),
+                &[ts.to_string().as_bytes(), b".", stripe_body]
+            ))
+        )
+    };
+    assert_eq!(
+        t.post("stripe", &[("stripe-signature", sign(now))], stripe_body)
+            .await
+            .status,
+        202
+    );
+    assert_eq!(
+        t.post(
+            "stripe",
+            &[("stripe-signature", sign(now - 900))],
+            stripe_body
+        )
+        .await
+        .status,
+        401
+    );
+
+    let hooks = t.hooks();
+    assert_eq!(hooks.len(), 6);
+    let tenants: BTreeSet<_> = hooks
+        .iter()
+        .map(|h| h.tenant_or_default().to_owned())
+        .collect();
+    let expect: BTreeSet<String> = ["default", "t1", "acct-7", "acme", "t2", "billing"]
+        .into_iter()
+        .map(String::from)
+        .collect();
+    assert_eq!(tenants, expect);
+    assert_eq!(hooks[0].sinks, vec!["local".to_owned()]);
+
+    // Six quarantined requests, kept with their reason and without credentials.
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let q: Vec<_> = t
+        .node
+        .store
+        .scan_family(Family::Quarantine)
+        .unwrap()
+        .map(|kv| serde_json::from_slice::<serde_json::Value>(&kv.unwrap().1).unwrap())
+        .collect();
+    assert_eq!(q.len(), 6);
+    assert!(q
+        .iter()
+        .any(|e| e["reason"] == "timestamp outside the tolerance"));
+    assert!(q.iter().any(|e| e["reason"] == "signature mismatch"));
+    let m = t.metrics().await;
+    assert!(
+        m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="quarantined"} 2"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="accepted"} 1"#),
+        "{m}"
+    );
+    // The pipeline keeps retrying the unreachable sink; check the counters once it stopped.
+    let store = t.node.store.clone();
+    t.node.stop().await;
+    assert!(fold::verify(&store).unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn quarantined_and_rejected_requests_never_create_an_ordinal() {
+    let t = Edge::start("").await;
+    let body = br#"{"x":1}"#;
+    let bad = format!("sha256={}", hex(&hmac_sha256(b"nope", &[body])));
+    let good = format!(
+        "sha256={}",
+        hex(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]))
+    );
+    // Bad signature, tenant named in the header: quarantined.
+    let r = t
+        .post(
+            "shared",
+            &[("x-signature", bad), ("x-tenant", "evil".into())],
+            body,
+        )
+        .await;
+    assert_eq!(r.status, 401);
+    // Good signature but no tenant header: rejected.
+    let r = t
+        .post("shared", &[("x-signature", good.clone())], body)
+        .await;
+    assert_eq!(r.status, 400);
+    assert_eq!(r.json()["error"], "bad_tenant");
+    // An invalid tenant id (longer than 256 bytes): rejected.
+    let r = t
+        .post(
+            "shared",
+            &[("x-signature", good), ("x-tenant", "x".repeat(300))],
+            body,
+        )
+        .await;
+    assert_eq!(r.status, 400);
+    // Unknown source, oversized body.
+    assert_eq!(t.post("nope", &[], body).await.status, 404);
+    let big = vec![b'x'; 5000];
+    let r = t.post("open", &[], &big).await;
+    assert_eq!(r.status, 413);
+    assert_eq!(r.json()["error"], "body_too_large");
+    // A JSON-pointer tenant missing from the body.
+    let sig = b64(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]));
+    assert_eq!(
+        t.post("byjson", &[("x-sig-b64", sig)], body).await.status,
+        400
+    );
+
+    assert_eq!(t.tenant_count(), 0);
+    assert!(tenants::ord(&t.node.store, "evil").unwrap().is_none());
+    assert!(t.hooks().is_empty());
+    assert_eq!(t.node.store.scan_family(Family::Due).unwrap().count(), 0);
+    let m = t.metrics().await;
+    assert!(
+        m.contains(r#"ankusa_ingest_requests_total{source="_unknown",outcome="rejected"} 1"#),
+        "{m}"
+    );
+    assert!(
+        m.contains(r#"ankusa_ingest_requests_total{source="shared",outcome="rejected"} 2"#),
+        "{m}"
+    );
+    t.node.stop().await;
+}
+
+#[tokio::test]
+async fn tenants_max_refuses_a_new_tenant_with_tenant_limit() {
+    let t = Edge::start("tenants:\n  max: 2\n").await;
+    let body = b"{}";
+    let sw = |id: &str, tenant: &str| sw_headers(id, now_s(), body, tenant);
+    assert_eq!(t.post("sw", &sw("m1", "a"), body).await.status, 202);
+    assert_eq!(t.post("sw", &sw("m2", "b"), body).await.status, 202);
+    let r = t.post("sw", &sw("m3", "c"), body).await;
+    assert_eq!(r.status, 503);
+    assert_eq!(r.json()["error"], "tenant_limit");
+    assert_eq!(r.headers.get("retry-after").unwrap(), "300");
+    // An existing tenant is still accepted at the cap.
+    assert_eq!(t.post("sw", &sw("m4", "a"), body).await.status, 202);
+    assert_eq!(t.tenant_count(), 2);
+    assert_eq!(t.hooks().len(), 3);
+    let m = t.metrics().await;
+    assert!(
+        m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="tenant_limit"} 1"#),
+        "{m}"
+    );
+    t.node.stop().await;
+}
+
+#[tokio::test]
+async fn duplicates_within_the_window_get_the_first_id_and_after_it_a_new_hook() {
+    let t = Edge::start("dedupe:\n  window_ms: 1500\n  sweep_interval_ms: 100\n").await;
+    let body = br#"{"k":1}"#;
+    let first = t
+        .post("sw", &sw_headers("msg_dup", now_s(), body, "t"), body)
+        .await;
+    assert_eq!(first.status, 202);
+    let id = first.json()["id"].as_str().unwrap().to_owned();
+    // The same key within the window: 200, the first id, nothing written.
+    let again = t
+        .post("sw", &sw_headers("msg_dup", now_s(), body, "t"), body)
+        .await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.json()["id"], id.as_str());
+    assert_eq!(again.json()["duplicate"], true);
+    // The same key for another tenant is a different hook.
+    assert_eq!(
+        t.post("sw", &sw_headers("msg_dup", now_s(), body, "u"), body)
+            .await
+            .status,
+        202
+    );
+    assert_eq!(t.hooks().len(), 2);
+    // Concurrent duplicates: exactly one is accepted.
+    let futs: Vec<_> = (0..16)
+        .map(|_| {
+            let h = sw_headers("msg_race", now_s(), body, "t");
+            let url = t.node.ingest_url("sw");
+            let c = t.c.clone();
+            async move { post(&c, &url, &h, body.to_vec()).await.status }
+        })
+        .collect();
+    let statuses = futures_join(futs).await;
+    assert_eq!(
+        statuses.iter().filter(|s| **s == 202).count(),
+        1,
+        "{statuses:?}"
+    );
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 15);
+    // After the window: a new hook, and the sweep removes the expired keys.
+    tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
+    let later = t
+        .post("sw", &sw_headers("msg_dup", now_s(), body, "t"), body)
+        .await;
+    assert_eq!(later.status, 202);
+    assert_ne!(later.json()["id"], id.as_str());
+    assert_eq!(t.hooks().len(), 4);
+    tokio::time::sleep(std::time::Duration::from_millis(1_700)).await;
+    assert!(t.node.store.scan_family(Family::Dedupe).unwrap().count() <= 1);
+    t.node.stop().await;
+}
+
+/// Under steady traffic (a request every 50 ms, so the writer's queue is never idle for a
+/// whole sweep interval) expired dedupe keys are still swept.
+#[tokio::test]
+async fn the_dedupe_sweep_runs_under_steady_traffic() {
+    let t = Edge::start("dedupe:\n  window_ms: 300\n  sweep_interval_ms: 200\n").await;
+    let body = br#"{"k":1}"#;
+    let sent: u32 = 40;
+    for i in 0..sent {
+        let r = t
+            .post(
+                "sw",
+                &sw_headers(&format!("msg_{i}"), now_s(), body, "t"),
+                body,
+            )
+            .await;
+        assert_eq!(r.status, 202);
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    // Keys of the last ~(window + interval) are still there; the older ones are gone.
+    let left = t.node.store.scan_family(Family::Dedupe).unwrap().count();
+    assert!(
+        left < (sent / 2) as usize,
+        "{left} of {sent} dedupe keys left under steady traffic"
+    );
+    let m = t.metrics().await;
+    assert!(
+        metric(&m, "ankusa_dedupe_swept_total") >= f64::from(sent / 2),
+        "{m}"
+    );
+    t.node.stop().await;
+}
+
+async fn futures_join<F: std::future::Future<Output = u16> + Send + 'static>(
+    futs: Vec<F>,
+) -> Vec<u16> {
+    let handles: Vec<_> = futs.into_iter().map(tokio::spawn).collect();
+    let mut out = Vec::new();
+    for h in handles {
+        out.push(h.await.unwrap());
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_commits_many_hooks_per_fsync_under_concurrency() {
+    many_hooks_per_fsync("").await;
+}
+
+/// The same with the writer's syncer thread (`writer.pipeline: true`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writer_with_its_pipeline_commits_many_hooks_per_fsync() {
+    many_hooks_per_fsync("writer: { pipeline: true }").await;
+}
+
+/// 64 clients post 15 hooks each: every one is acked, one WAL sync acks several of them,
+/// and once every ack is in no hook waits for a sync.
+async fn many_hooks_per_fsync(sections: &str) {
+    let t = Edge::start(sections).await;
+    let clients = 64;
+    let per_client = 15;
+    let futs: Vec<_> = (0..clients)
+        .map(|i| {
+            let url = t.node.ingest_url("open");
+            let c = t.c.clone();
+            async move {
+                let mut ok = 0u16;
+                for j in 0..per_client {
+                    let body = format!(r#"{{"client":{i},"n":{j}}}"#);
+                    if post(&c, &url, &[], body).await.status == 202 {
+                        ok += 1;
+                    }
+                }
+                ok
+            }
+        })
+        .collect();
+    let accepted: u64 = futures_join(futs).await.into_iter().map(u64::from).sum();
+    assert_eq!(accepted, (clients * per_client) as u64);
+    let m = t.metrics().await;
+    let hooks = metric(&m, "ankusa_writer_batch_hooks_sum");
+    let batches = metric(&m, "ankusa_writer_batch_hooks_count");
+    assert_eq!(hooks as u64, accepted);
+    assert!(
+        hooks / batches >= 4.0,
+        "{hooks} hooks in {batches} synced batches: the writer is not grouping commits"
+    );
+    assert_eq!(metric(&m, "ankusa_writer_unsynced_hooks"), 0.0);
+    t.node.stop().await;
+}

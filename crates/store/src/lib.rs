@@ -1,0 +1,1196 @@
+//! The embedded RocksDB store of a relay node: the only crate of the workspace that
+//! depends on `rocksdb` (`make check-layers` holds every other crate to it). It knows key
+//! bytes, families and formats, never queue semantics: the format migrations and the older
+//! layouts they read sit above the queue, in the node crate's `upgrade` module, and are
+//! handed to [`migrate::run`] as a [`migrate::Registry`].
+//!
+//! # What it owns
+//! - The column families ([`Cf`]) and their options: `counters` gets a 1 MiB write buffer,
+//!   no compression and the i64-add merge operator ([`merge`]); the other index families
+//!   (`index`, `tenants`) get 16 MiB buffers.
+//! - Every key layout (crate `ankusa-keyspace`); nothing outside it builds key bytes.
+//! - Atomic batches: [`Store::write`] applies a list of [`Op`]s as one write batch, synced
+//!   or not. An acked hook is only ever acked after a synced batch that holds it.
+//! - Scans that cannot mistake corruption for a clean end, without walking past their
+//!   range: every scan's iterator is bounded to exactly `[from, to)` (so it never steps
+//!   over the tombstones between its range and the next live key), an iterator error is
+//!   an error, and every family has lo/hi sentinel keys, written when the family is
+//!   created, that a scan reaching the family's end must meet: a scan of the whole family
+//!   (or up to its end) that runs dry before its sentinel returns
+//!   [`StoreError::Corruption`].
+//! - The format stamp (`m:format` in `default`) and the format guard: a store stamped with
+//!   a format newer than [`SUPPORTED_FORMAT`] is refused before anything is written, so the
+//!   files on disk are left byte for byte as they were.
+//! - Migrations ([`migrate`]): a registry of `{from, to, migration}` run step by step, each
+//!   step's ops and cursor in one synced batch, resumable after a crash.
+//!
+//! # Invariants
+//! - Sentinels are written only when a family is created (a new store, a new column
+//!   family, or a migration's set-up), never to "repair" a store: a missing sentinel must
+//!   stay visible as corruption.
+//! - Reads are instrumented ([`StoreStats`]): scans per family and point reads per column
+//!   family, so tests can prove which families a code path touches.
+
+pub mod merge;
+pub mod migrate;
+pub mod tarball;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use rocksdb::{
+    BlockBasedOptions, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options,
+    ReadOptions, WriteBatch, WriteOptions, DB,
+};
+
+use ankusa_keyspace::Family;
+
+/// The newest store format this binary reads and writes.
+pub const SUPPORTED_FORMAT: u32 = 3;
+
+use ankusa_keyspace::now_ms;
+use ankusa_tarball::RESTORING_MARKER;
+
+/// The store's format beside its files (`3\n`), so that an open reads the WAL once: the
+/// format guard reads this file instead of opening the store a first time, read-only, for
+/// `m:format`. [`Store::record_format`] writes it (synced, then renamed into place) before
+/// the batch that stamps `m:format` commits — the creation's and a migration's last — so
+/// it is never below the stamp: at worst, after a crash between the two, it names the
+/// format a migration was finishing. A store without it (made before it existed, or
+/// restored from a checkpoint) is checked the old way once and gets it at its first
+/// read-write open.
+pub const FORMAT_FILE: &str = "ANKUSA-FORMAT";
+
+/// The format [`FORMAT_FILE`] names in `dir`; `None` if there is none or it does not parse
+/// (the guard then reads `m:format` itself).
+fn read_format_file(dir: &Path) -> Option<u32> {
+    let text = std::fs::read_to_string(dir.join(FORMAT_FILE)).ok()?;
+    text.trim().parse().ok()
+}
+
+/// Writes [`FORMAT_FILE`] atomically and durably.
+fn write_format_file(dir: &Path, format: u32) -> Result<(), StoreError> {
+    use std::io::Write;
+    let tmp = dir.join(format!("{FORMAT_FILE}.tmp"));
+    let context = || format!("writing {}", dir.join(FORMAT_FILE).display());
+    let mut f = std::fs::File::create(&tmp).map_err(io(context()))?;
+    f.write_all(format!("{format}\n").as_bytes())
+        .and_then(|()| f.sync_all())
+        .map_err(io(context()))?;
+    std::fs::rename(&tmp, dir.join(FORMAT_FILE)).map_err(io(context()))?;
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(io(context()))
+}
+
+use ankusa_keyspace::Cf;
+
+/// How many leading key bytes name an insert stream in a column family's memtable, where
+/// its writes interleave several of them: the family tag in `audit` (`?l`, `?i`, `?v`,
+/// each in seq or id order), the tenant's ordinal in `counters`, the tag and the ordinal in
+/// `index` (a tenant's due and inflight rows). RocksDB keeps the last insert position per
+/// stream (`memtable_insert_with_hint_prefix_extractor`), so the next key of a stream,
+/// which lands next to the last one, skips the skip list's search from the top. The
+/// positions are kept in the memtable and count toward its size (about 250 bytes per
+/// stream it has seen); the families of one key stream (`hooks`, `deliveries`) already
+/// reuse the memtable's own last position. See docs/performance.md.
+pub(crate) fn insert_hint_prefix(cf: Cf) -> Option<usize> {
+    match cf {
+        Cf::Audit => Some(1),
+        Cf::Counters => Some(4),
+        Cf::Index => Some(5),
+        _ => None,
+    }
+}
+
+/// RocksDB's options of a column family.
+fn cf_options(cf: Cf) -> Options {
+    // The C API has no setter for the hint's extractor: it is set by name, as in an
+    // OPTIONS file. A name RocksDB did not know would leave the default (no hints); the
+    // test `memtables_keep_an_insert_hint_per_stream` reads the options back.
+    let mut o = match insert_hint_prefix(cf) {
+        Some(n) => Options::default()
+            .get_options_from_string(format!(
+                "memtable_insert_with_hint_prefix_extractor=rocksdb.CappedPrefix.{n}"
+            ))
+            .unwrap_or_default(),
+        None => Options::default(),
+    };
+    match cf {
+        Cf::Counters => {
+            // Small buffer: a flush collapses the memtable's operands, which bounds the
+            // operands a counter read has to apply.
+            o.set_write_buffer_size(1 << 20);
+            o.set_compression_type(DBCompressionType::None);
+            o.set_merge_operator(merge::NAME, merge::full_merge, merge::partial_merge);
+        }
+        Cf::Index | Cf::Tenants => {
+            o.set_write_buffer_size(16 << 20);
+            o.set_compression_type(DBCompressionType::None);
+            let mut b = BlockBasedOptions::default();
+            b.set_bloom_filter(10.0, false);
+            o.set_block_based_table_factory(&b);
+        }
+        Cf::Hooks => {
+            o.set_write_buffer_size(64 << 20);
+            o.set_compression_type(DBCompressionType::Zstd);
+            o.set_enable_blob_files(true);
+            o.set_min_blob_size(512);
+            o.set_blob_file_size(64 << 20);
+            o.set_blob_compression_type(DBCompressionType::Zstd);
+            o.set_enable_blob_gc(true);
+        }
+        Cf::Archive | Cf::Quarantine => {
+            o.set_write_buffer_size(64 << 20);
+            o.set_compression_type(DBCompressionType::Zstd);
+        }
+        Cf::Default | Cf::Deliveries | Cf::Audit => {
+            o.set_write_buffer_size(16 << 20);
+            o.set_compression_type(DBCompressionType::None);
+        }
+    }
+    o
+}
+
+/// One change in an atomic batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Op {
+    Put {
+        cf: Cf,
+        key: Vec<u8>,
+        value: Vec<u8>,
+    },
+    Delete {
+        cf: Cf,
+        key: Vec<u8>,
+    },
+    /// Deletes `[from, to)`.
+    DeleteRange {
+        cf: Cf,
+        from: Vec<u8>,
+        to: Vec<u8>,
+    },
+    /// A merge operand (only `counters` has a merge operator).
+    Merge {
+        cf: Cf,
+        key: Vec<u8>,
+        operand: Vec<u8>,
+    },
+}
+
+impl Op {
+    pub fn put(cf: Cf, key: Vec<u8>, value: impl Into<Vec<u8>>) -> Op {
+        Op::Put {
+            cf,
+            key,
+            value: value.into(),
+        }
+    }
+    pub fn delete(cf: Cf, key: Vec<u8>) -> Op {
+        Op::Delete { cf, key }
+    }
+    pub fn cf(&self) -> Cf {
+        match self {
+            Op::Put { cf, .. }
+            | Op::Delete { cf, .. }
+            | Op::DeleteRange { cf, .. }
+            | Op::Merge { cf, .. } => *cf,
+        }
+    }
+    /// The key the op writes (the start of the range for `DeleteRange`).
+    pub fn key(&self) -> &[u8] {
+        match self {
+            Op::Put { key, .. } | Op::Delete { key, .. } | Op::Merge { key, .. } => key,
+            Op::DeleteRange { from, .. } => from,
+        }
+    }
+}
+
+/// Errors of the store layer.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("data directory {0} does not exist")]
+    Missing(PathBuf),
+    #[error("{path} is not an Ankusa store: {reason}")]
+    NotAStore { path: PathBuf, reason: String },
+    #[error(
+        "store format {found} is newer than this binary supports (format {supported}); \
+         run a release that supports format {found}, or restore a backup taken before the upgrade"
+    )]
+    StoreFormatNewer { found: u32, supported: u32 },
+    #[error("store corruption in family {}: {detail}", family.name())]
+    Corruption { family: Family, detail: String },
+    #[error("store corruption: {0}")]
+    Key(#[from] ankusa_keyspace::KeyError),
+    #[error("the store is open read-only")]
+    ReadOnly,
+    #[error("no migration from store format {from} towards {to} in this build")]
+    NoMigrationPath { from: u32, to: u32 },
+    #[error("migration {from} -> {to} failed at step {step}: {detail}")]
+    Migration {
+        from: u32,
+        to: u32,
+        step: u64,
+        detail: String,
+    },
+    #[error("{context}: {source}")]
+    Io {
+        context: String,
+        source: std::io::Error,
+    },
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+}
+
+impl StoreError {
+    /// Corruption found in `family`. Every corruption is built here, and counted: the node
+    /// exports the counts as `ankusa_store_corruption_errors_total{family}`
+    /// ([`corruptions`]).
+    pub fn corruption(family: Family, detail: impl Into<String>) -> Self {
+        CORRUPTIONS[family_slot(family)].fetch_add(1, Ordering::Relaxed);
+        StoreError::Corruption {
+            family,
+            detail: detail.into(),
+        }
+    }
+
+    /// Whether RocksDB refused for lack of space (the disk is full, or the store reached
+    /// its space limit): an error it resumes writing from by itself once space returns.
+    /// Any other write error that lasts is one it does not resume from (see
+    /// [`WriteHealth::stuck`]).
+    pub fn is_no_space(&self) -> bool {
+        // RocksDB's status text is its code, then its subcode's message.
+        const NO_SPACE: [&str; 2] = [
+            "IO error: No space left on device",
+            "IO error: Space limit reached",
+        ];
+        match self {
+            StoreError::Rocks(e) => {
+                let text = e.to_string();
+                NO_SPACE.iter().any(|p| text.starts_with(p))
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Corruption found in this process so far, by family slot.
+static CORRUPTIONS: [AtomicU64; N_FAMILIES] = [const { AtomicU64::new(0) }; N_FAMILIES];
+
+/// Every family a store of any supported format has, in slot order of the statistics.
+fn every_family() -> impl Iterator<Item = Family> {
+    Family::FORMAT3
+        .iter()
+        .chain([Family::DueV2, Family::InflightV2].iter())
+        .copied()
+}
+
+/// How many times this process found each family corrupt (a scan cut short before its
+/// sentinel, a row that does not decode), since it started: families never found corrupt
+/// are left out.
+pub fn corruptions() -> Vec<(Family, u64)> {
+    every_family()
+        .map(|f| (f, CORRUPTIONS[family_slot(f)].load(Ordering::Relaxed)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+/// How to open a store.
+#[derive(Debug, Clone)]
+pub struct OpenOptions {
+    /// Create the directory and a new store at `create_format` if there is none.
+    pub create_if_missing: bool,
+    /// The format a new store is created at.
+    pub create_format: u32,
+    /// The newest format this process accepts (the format guard).
+    pub supported_format: u32,
+    /// Open without writing anything (inspection tools).
+    pub read_only: bool,
+    /// The most table files RocksDB keeps open (`-1`: no bound). A node sets it from its
+    /// open-file limit ([`max_open_files_for`]): past the limit an open fails, and the
+    /// store's writes with it.
+    pub max_open_files: i32,
+}
+
+/// The table files a store may keep open under a soft `RLIMIT_NOFILE` of `limit` (`None`:
+/// unlimited): half of it, the other half for sockets, the WAL, the manifest and the
+/// rest; at least 64. Unbounded (`-1`) when the limit is.
+pub fn max_open_files_for(limit: Option<u64>) -> i32 {
+    match limit {
+        None => -1,
+        Some(n) => i32::try_from(n / 2).unwrap_or(i32::MAX).max(64),
+    }
+}
+
+impl Default for OpenOptions {
+    fn default() -> Self {
+        OpenOptions {
+            create_if_missing: true,
+            create_format: SUPPORTED_FORMAT,
+            supported_format: SUPPORTED_FORMAT,
+            read_only: false,
+            max_open_files: -1,
+        }
+    }
+}
+
+impl OpenOptions {
+    /// Open an existing store, read-only, for inspection.
+    pub fn inspect() -> Self {
+        OpenOptions {
+            create_if_missing: false,
+            read_only: true,
+            ..OpenOptions::default()
+        }
+    }
+}
+
+/// Every family: those of format 3 and the two format 2 ones only the migration reads
+/// (a family added to [`Family::FORMAT3`] gets its slot without an edit here).
+const N_FAMILIES: usize = Family::FORMAT3.len() + 2;
+
+/// Read counters, for tests and diagnostics: which families were scanned and how many
+/// point reads each column family served since open.
+#[derive(Debug, Default)]
+pub struct StoreStats {
+    scans: [AtomicU64; N_FAMILIES],
+    seeks: [AtomicU64; N_FAMILIES],
+    point_reads: [AtomicU64; 9],
+}
+
+/// A snapshot of [`StoreStats`].
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StatsSnapshot {
+    pub scans: Vec<(Family, u64)>,
+    /// Single-row seeks ([`Store::first`]), counted apart from scans.
+    pub seeks: Vec<(Family, u64)>,
+    pub point_reads: Vec<(Cf, u64)>,
+}
+
+impl StatsSnapshot {
+    pub fn scans_of(&self, family: Family) -> u64 {
+        self.scans
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map_or(0, |(_, n)| *n)
+    }
+    pub fn seeks_of(&self, family: Family) -> u64 {
+        self.seeks
+            .iter()
+            .find(|(f, _)| *f == family)
+            .map_or(0, |(_, n)| *n)
+    }
+    pub fn point_reads_of(&self, cf: Cf) -> u64 {
+        self.point_reads
+            .iter()
+            .find(|(c, _)| *c == cf)
+            .map_or(0, |(_, n)| *n)
+    }
+    /// What happened between `earlier` and `self`.
+    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
+        StatsSnapshot {
+            scans: self
+                .scans
+                .iter()
+                .map(|(f, n)| (*f, n - earlier.scans_of(*f)))
+                .collect(),
+            seeks: self
+                .seeks
+                .iter()
+                .map(|(f, n)| (*f, n - earlier.seeks_of(*f)))
+                .collect(),
+            point_reads: self
+                .point_reads
+                .iter()
+                .map(|(c, n)| (*c, n - earlier.point_reads_of(*c)))
+                .collect(),
+        }
+    }
+}
+
+fn family_slot(f: Family) -> usize {
+    f as usize
+}
+
+fn cf_slot(cf: Cf) -> usize {
+    cf as usize
+}
+
+/// A raw key and value.
+pub type KeyValue = (Vec<u8>, Vec<u8>);
+
+/// Scan direction.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dir {
+    Forward,
+    Reverse,
+}
+
+/// An open store.
+pub struct Store {
+    db: DB,
+    path: PathBuf,
+    read_only: bool,
+    stats: StoreStats,
+    /// Serialises queue transitions that consume a row: see `queue::deliveries::Tx`.
+    transitions: std::sync::Mutex<()>,
+    /// Whether the last write failed, and why.
+    health: WriteHealth,
+}
+
+/// The store's write health: the error of the last write if it failed (a full disk, a
+/// failed WAL sync), cleared by the next write that succeeds. RocksDB stops every write
+/// after such an error and resumes by itself once it can (for a full disk, once space
+/// returns); until a write succeeds again the node is not ready.
+#[derive(Debug, Default)]
+pub struct WriteHealth {
+    failing: std::sync::atomic::AtomicBool,
+    /// The first error of the current failure, and when (ms since the epoch).
+    error: std::sync::Mutex<Option<(String, u64)>>,
+    /// Writes that failed since the store was opened.
+    failures: std::sync::atomic::AtomicU64,
+}
+
+impl WriteHealth {
+    fn failed(&self, e: &StoreError) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
+        if !self.failing.swap(true, Ordering::AcqRel) {
+            let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+            *g = Some((e.to_string(), now_ms()));
+            tracing::error!(error = %e, "store: writes fail; the node is not ready until one succeeds");
+        }
+    }
+
+    fn succeeded(&self) {
+        // Every write passes here: a load, and a write to the flag only after a failure.
+        if self.failing.load(Ordering::Acquire) && self.failing.swap(false, Ordering::AcqRel) {
+            let mut g = self.error.lock().unwrap_or_else(|p| p.into_inner());
+            let since = g.take().map_or(0, |(_, at)| at);
+            tracing::warn!(
+                failed_for_ms = now_ms().saturating_sub(since),
+                failures = self.failures.load(Ordering::Relaxed),
+                "store: writes succeed again"
+            );
+        }
+    }
+
+    /// Whether the last write failed.
+    pub fn failing(&self) -> bool {
+        self.failing.load(Ordering::Acquire)
+    }
+
+    /// The error of the current failure and when it began.
+    pub fn error(&self) -> Option<(String, u64)> {
+        self.error.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// Writes that failed since the store was opened.
+    pub fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
+    }
+
+    /// Whether the store is stuck: its writes have failed for at least `after_ms` and
+    /// `latest`, the error of a write made now, is not a lack of space. RocksDB resumes by
+    /// itself, within a fraction of a second, from a failed WAL sync or a full disk once
+    /// space returns; an error it classes as fatal (a WAL append that failed, or one that
+    /// met the WAL file a failed sync had marked) it never resumes from, and only a new
+    /// open of the database — a restart of the process, whose open replays the WAL —
+    /// clears it.
+    pub fn stuck(&self, latest: &StoreError, after_ms: u64) -> bool {
+        if !self.failing() || latest.is_no_space() {
+            return false;
+        }
+        self.error()
+            .is_some_and(|(_, since)| now_ms().saturating_sub(since) >= after_ms)
+    }
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
+}
+
+fn db_options() -> Options {
+    let mut o = Options::default();
+    o.create_if_missing(false);
+    o.set_max_background_jobs(2);
+    o.set_keep_log_file_num(4);
+    o
+}
+
+/// The bytes of the write-ahead log files (`*.log`) in a store's directory: what its open
+/// replays.
+fn wal_bytes(path: &Path) -> u64 {
+    std::fs::read_dir(path)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".log"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
+    let context = context.into();
+    move |source| StoreError::Io { context, source }
+}
+
+impl Store {
+    /// The lock every consuming queue transition commits under: its check that the rows
+    /// it consumes are still there and its write are one critical section.
+    pub fn transition_lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.transitions.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Opens (or creates) the store at `path`, applying the format guard first.
+    pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store, StoreError> {
+        let path = path.as_ref().to_path_buf();
+        if !path.exists() {
+            if !opts.create_if_missing {
+                return Err(StoreError::Missing(path));
+            }
+            std::fs::create_dir_all(&path).map_err(io(format!("creating {}", path.display())))?;
+        }
+        if !path.is_dir() {
+            return Err(StoreError::NotAStore {
+                path,
+                reason: "not a directory".into(),
+            });
+        }
+        if path.join(RESTORING_MARKER).exists() {
+            return Err(StoreError::NotAStore {
+                path,
+                reason: format!(
+                    "a restore into it did not finish ({RESTORING_MARKER} is there): delete the directory and restore again"
+                ),
+            });
+        }
+        if !path.join("CURRENT").exists() {
+            let empty = std::fs::read_dir(&path)
+                .map_err(io(format!("reading {}", path.display())))?
+                .next()
+                .is_none();
+            if !empty {
+                return Err(StoreError::NotAStore {
+                    path,
+                    reason: "the directory holds files but no RocksDB CURRENT file".into(),
+                });
+            }
+            if !opts.create_if_missing || opts.read_only {
+                return Err(StoreError::NotAStore {
+                    path,
+                    reason: "the directory is empty".into(),
+                });
+            }
+            return Self::create(path, opts.create_format, opts.max_open_files);
+        }
+        let existing = DB::list_cf(&db_options(), &path)?;
+        // The format guard refuses a newer store before anything opens it, so a refused
+        // store is left untouched: from FORMAT_FILE, or, for a store without one, from
+        // `m:format` through a read-only open (which reads the WAL once more: the log line
+        // below says what each took).
+        let wal_bytes = wal_bytes(&path);
+        let checked = std::time::Instant::now();
+        let file_format = read_format_file(&path);
+        let found = match file_format {
+            Some(f) => f,
+            None => Self::peek_format(&path, &existing)?,
+        };
+        let check_ms = checked.elapsed().as_millis();
+        if found > opts.supported_format {
+            return Err(StoreError::StoreFormatNewer {
+                found,
+                supported: opts.supported_format,
+            });
+        }
+        for name in &existing {
+            if Cf::from_name(name).is_none() {
+                return Err(StoreError::NotAStore {
+                    path,
+                    reason: format!("unknown column family {name:?}"),
+                });
+            }
+        }
+        if opts.read_only {
+            let db = DB::open_cf_descriptors_read_only(
+                &Self::log_elsewhere(db_options()),
+                &path,
+                existing
+                    .iter()
+                    .filter_map(|n| Cf::from_name(n))
+                    .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(cf))),
+                false,
+            )?;
+            let ro = Store {
+                db,
+                path,
+                read_only: true,
+                stats: StoreStats::default(),
+                transitions: std::sync::Mutex::new(()),
+                health: WriteHealth::default(),
+            };
+            ro.checked_format(opts.supported_format)?;
+            return Ok(ro);
+        }
+        // Open with the column families this binary needs at the store's format or any
+        // format it will migrate to; the new ones get their families' sentinels.
+        let wanted = Cf::of_format(opts.supported_format.max(found));
+        let opened = std::time::Instant::now();
+        let store = Self::open_rw(path, wanted, false, opts.max_open_files)?;
+        tracing::info!(
+            wal_bytes,
+            format_check_ms = check_ms,
+            format_from = if file_format.is_some() {
+                FORMAT_FILE
+            } else {
+                "m:format"
+            },
+            open_ms = opened.elapsed().as_millis(),
+            format = found,
+            "store: opened"
+        );
+        let stamped = store.checked_format(opts.supported_format)?;
+        store.record_format(stamped)?;
+        let created: Vec<Cf> = wanted
+            .iter()
+            .copied()
+            .filter(|cf| !existing.iter().any(|n| n == cf.name()))
+            .collect();
+        if !created.is_empty() {
+            let ops = Family::FORMAT3
+                .iter()
+                .filter(|f| created.contains(&f.cf()))
+                .flat_map(|f| sentinel_ops(*f))
+                .collect();
+            store.write(ops, true)?;
+        }
+        store.ensure_added_families()?;
+        Ok(store)
+    }
+
+    /// The stamp, unless it is newer than `supported` (a FORMAT_FILE that fell behind the
+    /// stamp, which only a hand-made change can do).
+    fn checked_format(&self, supported: u32) -> Result<u32, StoreError> {
+        let found = self.format()?;
+        if found > supported {
+            return Err(StoreError::StoreFormatNewer { found, supported });
+        }
+        Ok(found)
+    }
+
+    /// Records `format` in [`FORMAT_FILE`] when it is above what the file names (it never
+    /// lowers it): called before the batch that stamps `m:format = format` commits. A
+    /// read-only store writes nothing.
+    pub fn record_format(&self, format: u32) -> Result<(), StoreError> {
+        if self.read_only || read_format_file(&self.path).is_some_and(|f| f >= format) {
+            return Ok(());
+        }
+        write_format_file(&self.path, format)
+    }
+
+    fn log_elsewhere(mut o: Options) -> Options {
+        // RocksDB writes an info LOG even when opened read-only; keep it out of the store.
+        let dir = std::env::temp_dir().join(format!("ankusa-ro-log-{}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        o.set_db_log_dir(dir);
+        o
+    }
+
+    /// Reads `m:format` through a read-only open (writes nothing to the store).
+    fn peek_format(path: &Path, existing: &[String]) -> Result<u32, StoreError> {
+        let db = DB::open_cf_descriptors_read_only(
+            &Self::log_elsewhere(db_options()),
+            path,
+            existing
+                .iter()
+                .filter(|n| *n == "default")
+                .map(|n| ColumnFamilyDescriptor::new(n, Options::default())),
+            false,
+        )?;
+        let raw = db.get(ankusa_keyspace::META_FORMAT)?;
+        let format = raw
+            .as_deref()
+            .and_then(decode_u32)
+            .ok_or_else(|| StoreError::NotAStore {
+                path: path.to_path_buf(),
+                reason: "no format stamp (m:format) in the default column family".into(),
+            })?;
+        Ok(format)
+    }
+
+    /// Opens read-write with `cfs`, creating the missing ones (and the store if `create`).
+    fn open_rw(
+        path: PathBuf,
+        cfs: &[Cf],
+        create: bool,
+        max_open_files: i32,
+    ) -> Result<Store, StoreError> {
+        let mut o = db_options();
+        o.set_max_open_files(max_open_files);
+        o.create_if_missing(create);
+        o.create_missing_column_families(true);
+        let db = DB::open_cf_descriptors(
+            &o,
+            &path,
+            cfs.iter()
+                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(*cf))),
+        )?;
+        Ok(Store {
+            db,
+            path,
+            read_only: false,
+            stats: StoreStats::default(),
+            transitions: std::sync::Mutex::new(()),
+            health: WriteHealth::default(),
+        })
+    }
+
+    fn create(path: PathBuf, format: u32, max_open_files: i32) -> Result<Store, StoreError> {
+        let store = Self::open_rw(path, Cf::of_format(format), true, max_open_files)?;
+        let mut ops: Vec<Op> = Family::of_format(format)
+            .iter()
+            .flat_map(|f| sentinel_ops(*f))
+            .collect();
+        ops.push(Op::put(
+            Cf::Default,
+            ankusa_keyspace::META_FORMAT.to_vec(),
+            format.to_be_bytes(),
+        ));
+        if format >= 3 {
+            ops.push(Op::put(
+                Cf::Default,
+                ankusa_keyspace::META_NEXT_ORD.to_vec(),
+                1u32.to_be_bytes(),
+            ));
+            for (marker, _) in ADDED_FAMILIES {
+                ops.push(Op::put(Cf::Default, marker.to_vec(), []));
+            }
+        }
+        store.record_format(format)?;
+        store.write(ops, true)?;
+        Ok(store)
+    }
+
+    /// Creates the families that came after format 3 within its column families (the
+    /// hook log's in `audit`, the archive's in `archive`: [`ADDED_FAMILIES`]) in a format 3
+    /// store that predates them: their sentinels and marker in one synced batch, once per
+    /// marker. Families whose marker is there are left alone (a missing sentinel there
+    /// stays corruption). Run at open and when a migration reaches format 3. Returns how
+    /// many sets it created.
+    pub fn ensure_added_families(&self) -> Result<usize, StoreError> {
+        if self.read_only || self.format()? < 3 {
+            return Ok(0);
+        }
+        let mut created = 0;
+        for (marker, families) in ADDED_FAMILIES {
+            if self.get(Cf::Default, marker)?.is_some() {
+                continue;
+            }
+            let mut ops: Vec<Op> = families.iter().flat_map(|f| sentinel_ops(*f)).collect();
+            ops.push(Op::put(Cf::Default, marker.to_vec(), []));
+            self.write(ops, true)?;
+            created += 1;
+        }
+        Ok(created)
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The format stamp.
+    pub fn format(&self) -> Result<u32, StoreError> {
+        let raw = self.get(Cf::Default, ankusa_keyspace::META_FORMAT)?;
+        raw.as_deref()
+            .and_then(decode_u32)
+            .ok_or_else(|| StoreError::corruption(Family::Meta, "format stamp missing"))
+    }
+
+    /// Applies `ops` as one atomic batch; `sync` waits for the WAL to reach the disk.
+    ///
+    /// An error does not say the batch is absent: a write whose WAL sync failed stays
+    /// applied (and readable, and in the WAL a restart replays). A caller that hands out
+    /// keys from memory reads them from the store again after a failure (the ingest
+    /// writer's `Assembler`); a transition checks its rows under the lock anyway.
+    pub fn write(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
+        if self.read_only {
+            return Err(StoreError::ReadOnly);
+        }
+        let mut batch = WriteBatch::default();
+        for op in ops {
+            let cf = self.handle(op.cf())?;
+            match op {
+                Op::Put { key, value, .. } => batch.put_cf(cf, key, value),
+                Op::Delete { key, .. } => batch.delete_cf(cf, key),
+                Op::DeleteRange { from, to, .. } => batch.delete_range_cf(cf, from, to),
+                Op::Merge { key, operand, .. } => batch.merge_cf(cf, key, operand),
+            }
+        }
+        // A synced write is written, then the WAL synced apart from the write queue: the
+        // unsynced writes that arrive meanwhile (claims, outcomes) go on instead of
+        // queueing behind the fsync. The batch is visible before it is durable, so what a
+        // reader does with it before `write` returns may have to be done again after a
+        // crash (at-least-once, as for any unsynced write); its caller acks only after.
+        let written = self.db.write_opt(batch, &WriteOptions::default());
+        let written = match written {
+            Ok(()) if sync => self.db.flush_wal(true),
+            other => other,
+        };
+        self.health_of(written)
+    }
+
+    /// Syncs the write-ahead log: every write that returned before this call began,
+    /// synced or not, survives a power cut once it returns `Ok` (a graceful stop ends with
+    /// it). The ingest writer's syncer calls it once for all the batches written since its
+    /// last sync (see `queue::writer`); writes made while it runs go on. A failure leaves
+    /// those writes applied and readable, as for [`Store::write`].
+    pub fn sync_wal(&self) -> Result<(), StoreError> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.health_of(self.db.flush_wal(true))
+    }
+
+    fn health_of(&self, r: Result<(), rocksdb::Error>) -> Result<(), StoreError> {
+        match r {
+            Ok(()) => {
+                self.health.succeeded();
+                Ok(())
+            }
+            Err(e) => {
+                let e = StoreError::from(e);
+                self.health.failed(&e);
+                Err(e)
+            }
+        }
+    }
+
+    /// The store's write health.
+    pub fn health(&self) -> &WriteHealth {
+        &self.health
+    }
+
+    /// A small synced write (`m:probe`, the time of the probe): whether the store takes
+    /// writes again after a failure.
+    pub fn probe_write(&self) -> Result<(), StoreError> {
+        self.write(
+            vec![Op::put(
+                Cf::Default,
+                ankusa_keyspace::META_PROBE.to_vec(),
+                now_ms().to_be_bytes().to_vec(),
+            )],
+            true,
+        )
+    }
+
+    fn handle(&self, cf: Cf) -> Result<&rocksdb::ColumnFamily, StoreError> {
+        self.db
+            .cf_handle(cf.name())
+            .ok_or_else(|| StoreError::NotAStore {
+                path: self.path.clone(),
+                reason: format!("column family {} is not open", cf.name()),
+            })
+    }
+
+    /// One point read.
+    pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
+        self.stats.point_reads[cf_slot(cf)].fetch_add(1, Ordering::Relaxed);
+        Ok(self.db.get_cf(self.handle(cf)?, key)?)
+    }
+
+    /// Point reads of many keys of one column family in one call.
+    pub fn multi_get(&self, cf: Cf, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
+        if keys.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.stats.point_reads[cf_slot(cf)].fetch_add(keys.len() as u64, Ordering::Relaxed);
+        let h = self.handle(cf)?;
+        self.db
+            .batched_multi_get_cf(h, keys, false)
+            .into_iter()
+            .map(|r| r.map(|v| v.map(|p| p.to_vec())).map_err(StoreError::from))
+            .collect()
+    }
+
+    /// Scans `[from, to)` of `family` in `dir` order, skipping its sentinels.
+    ///
+    /// The iterator is bounded to exactly `[from, to)`; it ends cleanly when it runs out,
+    /// unless the range reaches the family's end in scan direction: then it must meet the
+    /// family's sentinel there, and running dry first is [`StoreError::Corruption`]. An
+    /// iterator error is an error. `from`/`to` are clamped to the family.
+    pub fn scan(
+        &self,
+        family: Family,
+        from: &[u8],
+        to: &[u8],
+        dir: Dir,
+    ) -> Result<Scan<'_>, StoreError> {
+        self.stats.scans[family_slot(family)].fetch_add(1, Ordering::Relaxed);
+        self.range(family, from, to, dir)
+    }
+
+    fn range(
+        &self,
+        family: Family,
+        from: &[u8],
+        to: &[u8],
+        dir: Dir,
+    ) -> Result<Scan<'_>, StoreError> {
+        let (lo, end) = family.bounds();
+        let from = if from < lo.as_slice() {
+            lo.clone()
+        } else {
+            from.to_vec()
+        };
+        let to = if to > end.as_slice() {
+            end.clone()
+        } else {
+            to.to_vec()
+        };
+        // A range that reaches the family's end in scan direction holds the sentinel
+        // there: a well-formed family yields it, a damaged one runs dry.
+        let to_sentinel = match dir {
+            Dir::Forward => to == end,
+            Dir::Reverse => from == lo,
+        };
+        let mut ro = ReadOptions::default();
+        // Exactly the range: nothing past it is read, tombstones included.
+        ro.set_iterate_lower_bound(from.clone());
+        ro.set_iterate_upper_bound(to.clone());
+        let mut it = self.db.raw_iterator_cf_opt(self.handle(family.cf())?, ro);
+        match dir {
+            Dir::Forward => it.seek(&from),
+            Dir::Reverse => {
+                it.seek_for_prev(&to);
+                if it.valid() && it.key().is_some_and(|k| k >= to.as_slice()) {
+                    it.prev();
+                }
+            }
+        }
+        Ok(Scan {
+            it,
+            family,
+            lo,
+            hi: family.hi(),
+            from,
+            to,
+            dir,
+            to_sentinel,
+            done: false,
+        })
+    }
+
+    /// The first row of `[from, to)` in `dir` order: one seek, counted as a seek rather
+    /// than a scan in [`StoreStats`].
+    pub fn first(
+        &self,
+        family: Family,
+        from: &[u8],
+        to: &[u8],
+        dir: Dir,
+    ) -> Result<Option<KeyValue>, StoreError> {
+        self.stats.seeks[family_slot(family)].fetch_add(1, Ordering::Relaxed);
+        self.range(family, from, to, dir)?.next().transpose()
+    }
+
+    /// Every key/value of a family (sentinels excluded), in order.
+    pub fn scan_family(&self, family: Family) -> Result<Scan<'_>, StoreError> {
+        let (lo, end) = family.bounds();
+        self.scan(family, &lo, &end, Dir::Forward)
+    }
+
+    /// What this store has been asked to read since it was opened.
+    pub fn stats(&self) -> StatsSnapshot {
+        let load = |slots: &[AtomicU64; N_FAMILIES]| {
+            every_family()
+                .map(|f| (f, slots[family_slot(f)].load(Ordering::Relaxed)))
+                .collect()
+        };
+        StatsSnapshot {
+            scans: load(&self.stats.scans),
+            seeks: load(&self.stats.seeks),
+            point_reads: Cf::ALL
+                .iter()
+                .map(|c| {
+                    (
+                        *c,
+                        self.stats.point_reads[cf_slot(*c)].load(Ordering::Relaxed),
+                    )
+                })
+                .collect(),
+        }
+    }
+
+    /// A consistent point-in-time copy of the store at `dir` (which must not exist):
+    /// hard links where the file system allows. The copy is an openable store.
+    pub fn checkpoint(&self, dir: &Path) -> Result<(), StoreError> {
+        let cp = rocksdb::checkpoint::Checkpoint::new(&self.db)?;
+        cp.create_checkpoint(dir)?;
+        Ok(())
+    }
+
+    /// Compacts `[from, to)` of `cf`: drops the tombstones there, so scans over the span
+    /// stop stepping over deleted rows. Blocking; for background tasks.
+    pub fn compact_range(&self, cf: Cf, from: &[u8], to: &[u8]) {
+        if let (false, Ok(h)) = (self.read_only, self.handle(cf)) {
+            // The tombstones are in the memtable first: flushed, they reach the files the
+            // compaction drops them from.
+            let _ = self.db.flush_cf(h);
+            let mut o = rocksdb::CompactOptions::default();
+            o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            // The store's own compactions go on meanwhile: an exclusive one would let L0
+            // files pile up under ingest until RocksDB stalls writes.
+            o.set_exclusive_manual_compaction(false);
+            self.db.compact_range_cf_opt(h, Some(from), Some(to), &o);
+        }
+    }
+
+    /// Flushes every memtable to disk (tests and tools).
+    pub fn flush(&self) -> Result<(), StoreError> {
+        for cf in Cf::ALL {
+            if let Some(h) = self.db.cf_handle(cf.name()) {
+                self.db.flush_cf(h)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Column families present in this store.
+    pub fn column_families(&self) -> Vec<Cf> {
+        Cf::ALL
+            .into_iter()
+            .filter(|cf| self.db.cf_handle(cf.name()).is_some())
+            .collect()
+    }
+
+    /// Every raw key/value of a column family, sentinels included (inspection and tests
+    /// that compare whole stores).
+    pub fn dump_cf(&self, cf: Cf) -> Result<Vec<KeyValue>, StoreError> {
+        let h = self.handle(cf)?;
+        let mut out = Vec::new();
+        for kv in self
+            .db
+            .iterator_cf(h, IteratorMode::From(&[], Direction::Forward))
+        {
+            let (k, v) = kv?;
+            out.push((k.to_vec(), v.to_vec()));
+        }
+        Ok(out)
+    }
+}
+
+/// Families added to format 3 stores after format 3, inside existing column families, and
+/// the meta key that marks each set created ([`Store::ensure_added_families`]).
+pub const ADDED_FAMILIES: [(&[u8], &[Family]); 2] = [
+    (ankusa_keyspace::META_HOOK_LOG, &Family::HOOK_LOG),
+    (ankusa_keyspace::META_ARCHIVE, &Family::ARCHIVE),
+];
+
+/// The two sentinel puts of a family.
+pub fn sentinel_ops(family: Family) -> [Op; 2] {
+    [
+        Op::put(family.cf(), family.lo(), Vec::new()),
+        Op::put(family.cf(), family.hi(), Vec::new()),
+    ]
+}
+
+/// Decodes a big-endian u32 value.
+pub fn decode_u32(b: &[u8]) -> Option<u32> {
+    Some(u32::from_be_bytes(b.try_into().ok()?))
+}
+
+/// A range scan; see [`Store::scan`].
+pub struct Scan<'a> {
+    it: rocksdb::DBRawIterator<'a>,
+    family: Family,
+    lo: Vec<u8>,
+    hi: Vec<u8>,
+    from: Vec<u8>,
+    to: Vec<u8>,
+    dir: Dir,
+    /// The range reaches the family's end in scan direction: its sentinel must be met.
+    to_sentinel: bool,
+    done: bool,
+}
+
+impl Iterator for Scan<'_> {
+    type Item = Result<KeyValue, StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        loop {
+            if !self.it.valid() {
+                self.done = true;
+                if let Err(e) = self.it.status() {
+                    return Some(Err(e.into()));
+                }
+                if !self.to_sentinel {
+                    return None;
+                }
+                let which = match self.dir {
+                    Dir::Forward => "hi",
+                    Dir::Reverse => "lo",
+                };
+                return Some(Err(StoreError::corruption(
+                    self.family,
+                    format!("scan ended before the family's {which} sentinel"),
+                )));
+            }
+            let key = self.it.key().unwrap_or_default();
+            // The end of the range, or the sentinel at the end of the family in scan
+            // direction: a clean end. The sentinel behind us is skipped.
+            let (past, behind) = match self.dir {
+                Dir::Forward => (
+                    key >= self.to.as_slice() || key == self.hi.as_slice(),
+                    self.lo.as_slice(),
+                ),
+                Dir::Reverse => (
+                    key < self.from.as_slice() || key == self.lo.as_slice(),
+                    self.hi.as_slice(),
+                ),
+            };
+            if past {
+                self.done = true;
+                return None;
+            }
+            if key == behind {
+                self.advance();
+                continue;
+            }
+            let item = (key.to_vec(), self.it.value().unwrap_or_default().to_vec());
+            self.advance();
+            return Some(Ok(item));
+        }
+    }
+}
+
+impl Scan<'_> {
+    fn advance(&mut self) {
+        match self.dir {
+            Dir::Forward => self.it.next(),
+            Dir::Reverse => self.it.prev(),
+        }
+    }
+}
+
+/// Runs `f` and counts the deleted entries (tombstones) RocksDB's reads stepped over on
+/// this thread while it ran: what tests and benches use to show a read path does not walk
+/// what was deleted.
+pub fn tombstones_walked<T>(f: impl FnOnce() -> T) -> (T, u64) {
+    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+    set_perf_stats(PerfStatsLevel::EnableCount);
+    let mut ctx = PerfContext::default();
+    ctx.reset();
+    let out = f();
+    let walked = ctx.metric(PerfMetric::InternalDeleteSkippedCount);
+    set_perf_stats(PerfStatsLevel::Disable);
+    (out, walked)
+}
+
+#[cfg(test)]
+mod tests;

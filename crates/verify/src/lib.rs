@@ -1,0 +1,376 @@
+//! Signature verification of incoming webhooks, one function per scheme.
+//!
+//! Every comparison of a signature is constant-time (`subtle`); secrets are never logged.
+//! A timestamp outside the scheme's tolerance is refused like a bad signature.
+
+pub mod request;
+
+use base64::Engine;
+use hmac::{Hmac, Mac};
+use sha2::Sha256;
+use subtle::ConstantTimeEq;
+
+use ankusa_config::SigEncoding;
+
+type HmacSha256 = Hmac<Sha256>;
+
+/// Why a request failed verification (kept with the quarantined request).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum VerifyError {
+    #[error("missing header {0}")]
+    MissingHeader(&'static str),
+    #[error("malformed {0} header")]
+    Malformed(&'static str),
+    #[error("timestamp outside the tolerance")]
+    StaleTimestamp,
+    #[error("signature mismatch")]
+    Mismatch,
+}
+
+/// A verifier built from a source's configuration, with its secret resolved.
+#[derive(Clone)]
+pub enum Verifier {
+    None,
+    HmacSha256 {
+        secret: Vec<u8>,
+        header: String,
+        prefix: String,
+        encoding: SigEncoding,
+    },
+    StandardWebhooks {
+        key: Vec<u8>,
+        tolerance_s: u64,
+    },
+    Github {
+        secret: Vec<u8>,
+    },
+    Stripe {
+        secret: Vec<u8>,
+        tolerance_s: u64,
+    },
+}
+
+impl std::fmt::Debug for Verifier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Verifier::None => "none",
+            Verifier::HmacSha256 { .. } => "hmac-sha256",
+            Verifier::StandardWebhooks { .. } => "standard-webhooks",
+            Verifier::Github { .. } => "github",
+            Verifier::Stripe { .. } => "stripe",
+        })
+    }
+}
+
+/// Headers as the verifier sees them (lower-case names).
+pub trait Headers {
+    fn get(&self, name: &str) -> Option<&str>;
+}
+
+impl Headers for http::HeaderMap {
+    fn get(&self, name: &str) -> Option<&str> {
+        http::HeaderMap::get(self, name).and_then(|v| v.to_str().ok())
+    }
+}
+
+/// HMAC-SHA256 of `parts` in order, keyed by `secret`: what every scheme here checks, and
+/// what the node's tests and benches sign with.
+pub fn hmac_sha256(secret: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    #[allow(clippy::expect_used, reason = "HMAC takes a key of any length")]
+    let mut m =
+        HmacSha256::new_from_slice(secret).expect("HMAC-SHA256 accepts keys of every length");
+    for p in parts {
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+fn eq(a: &[u8], b: &[u8]) -> bool {
+    a.ct_eq(b).into()
+}
+
+fn hex_decode(s: &str) -> Option<Vec<u8>> {
+    if s.len() % 2 != 0 {
+        return None;
+    }
+    (0..s.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(s.get(i..i + 2)?, 16).ok())
+        .collect()
+}
+
+fn b64() -> base64::engine::GeneralPurpose {
+    base64::engine::general_purpose::STANDARD
+}
+
+/// The signing key of a Standard Webhooks secret: `whsec_<base64>` decodes, anything
+/// else is used as raw bytes.
+pub fn standard_webhooks_key(secret: &[u8]) -> Vec<u8> {
+    match secret.strip_prefix(b"whsec_") {
+        Some(rest) => b64().decode(rest).unwrap_or_else(|_| secret.to_vec()),
+        None => secret.to_vec(),
+    }
+}
+
+/// The Standard Webhooks signature header value for a message: `v1,<base64>`.
+pub fn standard_webhooks_sign(key: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
+    let ts = timestamp.to_string();
+    let sig = hmac_sha256(key, &[id.as_bytes(), b".", ts.as_bytes(), b".", body]);
+    format!("v1,{}", b64().encode(sig))
+}
+
+fn within(ts: u64, now_s: u64, tolerance_s: u64) -> bool {
+    ts.abs_diff(now_s) <= tolerance_s
+}
+
+impl Verifier {
+    /// Checks a request; `now_s` is the current Unix time in seconds.
+    pub fn verify(&self, h: &dyn Headers, body: &[u8], now_s: u64) -> Result<(), VerifyError> {
+        match self {
+            Verifier::None => Ok(()),
+            Verifier::HmacSha256 {
+                secret,
+                header,
+                prefix,
+                encoding,
+            } => {
+                let v = h
+                    .get(header)
+                    .ok_or(VerifyError::MissingHeader("signature"))?;
+                let v = v
+                    .trim()
+                    .strip_prefix(prefix.as_str())
+                    .ok_or(VerifyError::Malformed("signature"))?;
+                let given = match encoding {
+                    SigEncoding::Hex => hex_decode(v),
+                    SigEncoding::Base64 => b64().decode(v).ok(),
+                }
+                .ok_or(VerifyError::Malformed("signature"))?;
+                if eq(&given, &hmac_sha256(secret, &[body])) {
+                    Ok(())
+                } else {
+                    Err(VerifyError::Mismatch)
+                }
+            }
+            Verifier::Github { secret } => {
+                let v = h
+                    .get("x-hub-signature-256")
+                    .ok_or(VerifyError::MissingHeader("x-hub-signature-256"))?;
+                let given = v
+                    .trim()
+                    .strip_prefix("sha256=")
+                    .and_then(hex_decode)
+                    .ok_or(VerifyError::Malformed("x-hub-signature-256"))?;
+                if eq(&given, &hmac_sha256(secret, &[body])) {
+                    Ok(())
+                } else {
+                    Err(VerifyError::Mismatch)
+                }
+            }
+            Verifier::StandardWebhooks { key, tolerance_s } => {
+                let id = h
+                    .get("webhook-id")
+                    .ok_or(VerifyError::MissingHeader("webhook-id"))?;
+                let ts_raw = h
+                    .get("webhook-timestamp")
+                    .ok_or(VerifyError::MissingHeader("webhook-timestamp"))?;
+                let sigs = h
+                    .get("webhook-signature")
+                    .ok_or(VerifyError::MissingHeader("webhook-signature"))?;
+                let ts: u64 = ts_raw
+                    .trim()
+                    .parse()
+                    .map_err(|_| VerifyError::Malformed("webhook-timestamp"))?;
+                if !within(ts, now_s, *tolerance_s) {
+                    return Err(VerifyError::StaleTimestamp);
+                }
+                let expected = hmac_sha256(
+                    key,
+                    &[id.as_bytes(), b".", ts_raw.trim().as_bytes(), b".", body],
+                );
+                // Space-separated `v1,<base64>` entries; any match passes (key rotation).
+                let mut any = false;
+                for s in sigs.split_whitespace() {
+                    if let Some(b) = s.strip_prefix("v1,") {
+                        if let Ok(given) = b64().decode(b) {
+                            any |= eq(&given, &expected);
+                        }
+                    }
+                }
+                if any {
+                    Ok(())
+                } else {
+                    Err(VerifyError::Mismatch)
+                }
+            }
+            Verifier::Stripe {
+                secret,
+                tolerance_s,
+            } => {
+                let v = h
+                    .get("stripe-signature")
+                    .ok_or(VerifyError::MissingHeader("stripe-signature"))?;
+                let mut ts = None;
+                let mut v1 = Vec::new();
+                for part in v.split(',') {
+                    match part.trim().split_once('=') {
+                        Some(("t", t)) => ts = Some(t),
+                        Some(("v1", s)) => v1.push(s),
+                        _ => {}
+                    }
+                }
+                let ts_raw = ts.ok_or(VerifyError::Malformed("stripe-signature"))?;
+                let t: u64 = ts_raw
+                    .parse()
+                    .map_err(|_| VerifyError::Malformed("stripe-signature"))?;
+                if !within(t, now_s, *tolerance_s) {
+                    return Err(VerifyError::StaleTimestamp);
+                }
+                let expected = hmac_sha256(secret, &[ts_raw.as_bytes(), b".", body]);
+                let mut any = false;
+                for s in v1 {
+                    if let Some(given) = hex_decode(s) {
+                        any |= eq(&given, &expected);
+                    }
+                }
+                if any {
+                    Ok(())
+                } else {
+                    Err(VerifyError::Mismatch)
+                }
+            }
+        }
+    }
+}
+
+/// Lower-case hex.
+pub fn hex(b: &[u8]) -> String {
+    ankusa_keyspace::hex(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    struct H(HashMap<&'static str, String>);
+    impl Headers for H {
+        fn get(&self, name: &str) -> Option<&str> {
+            self.0.get(name).map(String::as_str)
+        }
+    }
+    fn h(pairs: &[(&'static str, &str)]) -> H {
+        H(pairs.iter().map(|(k, v)| (*k, v.to_string())).collect())
+    }
+
+    #[test]
+    fn github_documentation_example() {
+        // The example in GitHub's "Validating webhook deliveries" documentation.
+        let v = Verifier::Github {
+            secret: b"It's a Secret to Everybody".to_vec(),
+        };
+        let sig = "sha256=757107ea0eb2509fc211221cce984b8a37570b6d7586c22c46f4379c8b043e17";
+        assert_eq!(
+            v.verify(&h(&[("x-hub-signature-256", sig)]), b"Hello, World!", 0),
+            Ok(())
+        );
+        assert_eq!(
+            v.verify(&h(&[("x-hub-signature-256", sig)]), b"Hello, World?", 0),
+            Err(VerifyError::Mismatch)
+        );
+        assert_eq!(
+            v.verify(&h(&[]), b"Hello, World!", 0),
+            Err(VerifyError::MissingHeader("x-hub-signature-256"))
+        );
+    }
+
+    #[test]
+    fn standard_webhooks_specification_example() {
+        // The example of the Standard Webhooks specification's signature section.
+        let key = standard_webhooks_key(b"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw");
+        let body = br#"{"test": 2432232314}"#;
+        let sig = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE=";
+        assert_eq!(
+            standard_webhooks_sign(&key, "msg_p5jXN8AQM9LWM0D4loKWxJek", 1614265330, body),
+            sig
+        );
+        let v = Verifier::StandardWebhooks {
+            key,
+            tolerance_s: 300,
+        };
+        let headers = h(&[
+            ("webhook-id", "msg_p5jXN8AQM9LWM0D4loKWxJek"),
+            ("webhook-timestamp", "1614265330"),
+            ("webhook-signature", &format!("v1,bm90IGl0 {sig}")),
+        ]);
+        assert_eq!(v.verify(&headers, body, 1614265330 + 10), Ok(()));
+        assert_eq!(
+            v.verify(&headers, body, 1614265330 + 301),
+            Err(VerifyError::StaleTimestamp)
+        );
+        assert_eq!(
+            v.verify(&headers, b"{}", 1614265330),
+            Err(VerifyError::Mismatch)
+        );
+    }
+
+    #[test]
+    fn stripe_scheme_checks_signature_and_tolerance() {
+        let secret = b"whsec_test_secret".to_vec();
+        let body = br#"{"id":"evt_1","object":"event"}"#;
+        let t = 1_700_000_000u64;
+        let good = hex(&hmac_sha256(
+            &secret,
+            &[t.to_string().as_bytes(), b".", body],
+        ));
+        let v = Verifier::Stripe {
+            secret,
+            tolerance_s: 300,
+        };
+        let hv = format!("t={t},v1={},v0=deadbeef,v1={good}", "00".repeat(32));
+        assert_eq!(
+            v.verify(&h(&[("stripe-signature", &hv)]), body, t + 5),
+            Ok(())
+        );
+        assert_eq!(
+            v.verify(&h(&[("stripe-signature", &hv)]), body, t + 600),
+            Err(VerifyError::StaleTimestamp)
+        );
+        assert_eq!(
+            v.verify(&h(&[("stripe-signature", "v1=00")]), body, t),
+            Err(VerifyError::Malformed("stripe-signature"))
+        );
+    }
+
+    #[test]
+    fn hmac_sha256_with_prefix_hex_and_base64() {
+        let secret = b"s3cr3t".to_vec();
+        let sig = hmac_sha256(&secret, &[b"payload"]);
+        let hexv = Verifier::HmacSha256 {
+            secret: secret.clone(),
+            header: "x-sig".into(),
+            prefix: "sha256=".into(),
+            encoding: SigEncoding::Hex,
+        };
+        let good = format!("sha256={}", hex(&sig));
+        assert_eq!(hexv.verify(&h(&[("x-sig", &good)]), b"payload", 0), Ok(()));
+        assert_eq!(
+            hexv.verify(&h(&[("x-sig", &hex(&sig))]), b"payload", 0),
+            Err(VerifyError::Malformed("signature"))
+        );
+        let b64v = Verifier::HmacSha256 {
+            secret,
+            header: "x-sig".into(),
+            prefix: String::new(),
+            encoding: SigEncoding::Base64,
+        };
+        assert_eq!(
+            b64v.verify(&h(&[("x-sig", &b64().encode(sig))]), b"payload", 0),
+            Ok(())
+        );
+        assert_eq!(
+            b64v.verify(&h(&[("x-sig", &b64().encode([0u8; 32]))]), b"payload", 0),
+            Err(VerifyError::Mismatch)
+        );
+    }
+}
