@@ -752,8 +752,17 @@ pub const JOB_LABEL: &str = "ankusa.dev/job";
 /// Where the backup volume is mounted in a backup Job.
 pub const BACKUP_MOUNT: &str = "/backups";
 
+/// `app.kubernetes.io/name` of the operator's Job pods.
+pub const JOB_APP_NAME: &str = "ankusa-relay-job";
+
+/// The labels of a Job and its pod. Its `app.kubernetes.io/name` is not the relay's, so
+/// that no selector of the Relay's — the StatefulSet's, the Services', the
+/// PodDisruptionBudget's — ever matches a Job's pod: a running backup pod must not take
+/// ingest traffic, and a finished one (kept a day) must not enter the budget, whose
+/// controller cannot count a Job's pods and would allow no eviction at all.
 fn job_labels(relay_name: &str, job: &str) -> BTreeMap<String, String> {
     let mut l = labels(relay_name);
+    l.insert("app.kubernetes.io/name".into(), JOB_APP_NAME.into());
     l.insert("app.kubernetes.io/component".into(), format!("{job}-job"));
     l.insert(JOB_LABEL.into(), job.into());
     l

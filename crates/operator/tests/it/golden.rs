@@ -227,3 +227,85 @@ fn the_termination_grace_covers_the_nodes_shutdown_grace() {
         (Some(5 + 61 + 10), Some(5))
     );
 }
+
+/// No selector of a Relay's objects matches the pod of one of its Jobs: a running backup
+/// pod takes no ingest traffic, and a finished probe or backup pod (kept a day) stays out
+/// of the PodDisruptionBudget, whose controller cannot count a Job's pods and would then
+/// allow no eviction at all (`e2e/node.sh` evicts a node after the upgrade's Jobs ran).
+#[test]
+fn no_selector_of_the_relay_matches_a_job_pod() {
+    use std::collections::BTreeMap;
+    for fixture in ["minimal", "full"] {
+        let r = relay(fixture);
+        let d = DesiredSet::build(&r, None, 0, false).unwrap();
+        let sts = d.statefulset.spec.as_ref().unwrap();
+        let pod_labels = sts
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .clone()
+            .unwrap();
+        let selectors: Vec<(&str, BTreeMap<String, String>)> = vec![
+            ("StatefulSet", sts.selector.match_labels.clone().unwrap()),
+            (
+                "headless Service",
+                d.headless.spec.clone().unwrap().selector.unwrap(),
+            ),
+            (
+                "client Service",
+                d.client.spec.clone().unwrap().selector.unwrap(),
+            ),
+            (
+                "PodDisruptionBudget",
+                d.pdb
+                    .spec
+                    .clone()
+                    .unwrap()
+                    .selector
+                    .unwrap()
+                    .match_labels
+                    .unwrap(),
+            ),
+        ];
+        let names = Names::of(&r).unwrap();
+        let url = format!("http://{}:9090", names.pod(0));
+        let jobs = [
+            resources::probe_job(&r, "probe", &r.spec.image).unwrap(),
+            resources::backup_job(
+                &r,
+                "b",
+                0,
+                &r.spec.image,
+                resources::BackupSource::Node(&url),
+            )
+            .unwrap_or_else(|_| resources::probe_job(&r, "p", &r.spec.image).unwrap()),
+        ];
+        let matches = |sel: &BTreeMap<String, String>, labels: &BTreeMap<String, String>| {
+            sel.iter().all(|(k, v)| labels.get(k) == Some(v))
+        };
+        for (what, sel) in &selectors {
+            assert!(
+                matches(sel, &pod_labels),
+                "{fixture}: the {what} does not select the relay's pods"
+            );
+            for job in &jobs {
+                let labels = job
+                    .spec
+                    .as_ref()
+                    .unwrap()
+                    .template
+                    .metadata
+                    .as_ref()
+                    .unwrap();
+                let labels = labels.labels.clone().unwrap();
+                assert!(
+                    !matches(sel, &labels),
+                    "{fixture}: the {what} selects the pod of Job {:?}: {labels:?}",
+                    job.metadata.name
+                );
+            }
+        }
+    }
+}
