@@ -33,7 +33,7 @@ cleanup() {
   if [ "${ANKUSA_E2E_KEEP:-}" != 1 ]; then
     kubectl delete namespace "$ns" --wait=false >/dev/null 2>&1 || true
     # The chart's cluster-wide RBAC goes with it (a namespace's deletion leaves it).
-    kubectl delete clusterrolebinding/ankusa clusterrole/ankusa --ignore-not-found >/dev/null 2>&1 || true
+    kubectl delete "clusterrolebinding/$ns-ankusa" "clusterrole/$ns-ankusa" --ignore-not-found >/dev/null 2>&1 || true
     rm -rf "$work"
   else
     echo "e2e: kept namespace $ns and $work" >&2

@@ -122,9 +122,10 @@ for n in ankusa-system "$ns" apps; do
   kubectl label namespace "$n" pod-security.kubernetes.io/enforce=restricted \
     pod-security.kubernetes.io/enforce-version=latest --overwrite >/dev/null
 done
-# Cluster-wide objects of the chart made without Helm (the CRD by the test cluster, the
-# RBAC by e2e/run.sh's kubectl apply of the rendered chart) are labelled for Helm to adopt.
-for obj in crd/relays.ankusa.dev clusterrole/ankusa clusterrolebinding/ankusa; do
+# The CRD, made without Helm by the test cluster, is labelled for Helm to adopt. (The
+# chart's ClusterRole and binding are named with the release's namespace: another
+# install's, in another namespace, does not collide with them.)
+for obj in crd/relays.ankusa.dev; do
   kubectl get "$obj" >/dev/null 2>&1 || continue
   kubectl label "$obj" app.kubernetes.io/managed-by=Helm --overwrite >/dev/null
   kubectl annotate "$obj" meta.helm.sh/release-name=ankusa \

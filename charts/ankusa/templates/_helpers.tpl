@@ -29,3 +29,10 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- default "default" .Values.serviceAccount.name }}
 {{- end }}
 {{- end }}
+
+{{- /* Cluster-scoped objects (the ClusterRole and its binding) carry the release's
+namespace too: two installs of the same release name in different namespaces do not
+collide. */ -}}
+{{- define "ankusa.clusterScopedName" -}}
+{{- printf "%s-%s" .Release.Namespace (include "ankusa.fullname" .) | trunc 253 | trimSuffix "-" }}
+{{- end }}

@@ -208,6 +208,45 @@ impl Elector {
         }
     }
 
+    /// Gives the Lease up on a clean stop, once this replica has stopped reconciling: its
+    /// holder emptied, so the next replica takes it at its next look instead of waiting
+    /// out the lease duration (client-go's `ReleaseOnCancel`). Written with the
+    /// resourceVersion read, and only while this replica still holds it: a Lease another
+    /// replica took meanwhile is left alone. Answers whether it was released.
+    pub async fn release(&mut self) -> Result<bool, LeaseError> {
+        let deadline = self.settings.renew_deadline;
+        match tokio::time::timeout(deadline, self.give_up()).await {
+            Ok(r) => r,
+            Err(_) => Err(LeaseError::Timeout(deadline)),
+        }
+    }
+
+    async fn give_up(&mut self) -> Result<bool, LeaseError> {
+        let s = self.settings.clone();
+        let api: Api<Lease> = Api::namespaced(self.client.clone(), &s.namespace);
+        let Some(mut lease) = api.get_opt(&s.name).await? else {
+            return Ok(false);
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(s.identity.as_str()) {
+            return Ok(false);
+        }
+        let now = MicroTime(Timestamp::now());
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(now.clone());
+        spec.acquire_time = Some(now);
+        match api.replace(&s.name, &PostParams::default(), &lease).await {
+            Ok(_) => {
+                self.observed = None;
+                self.lost();
+                Ok(true)
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
     /// Renew until the Lease is lost or not renewed within `renew_deadline`; then return
     /// (the caller stops reconciling).
     pub async fn keep(&mut self) {

@@ -146,14 +146,21 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     let ctx = Context::new(client.clone(), metrics.clone(), settings);
     tracing::info!(namespace = ?args.watch_namespace, "reconciling Relays");
     // Losing the Lease stops the controller; the process then exits and restarts as a
-    // follower.
+    // follower. A clean stop (SIGTERM) stops the controller first, then releases the
+    // Lease, so the next replica leads at its next look.
     let (lost_tx, lost_rx) = tokio::sync::oneshot::channel::<()>();
-    if args.leader_election {
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let keeper = args.leader_election.then(|| {
         tokio::spawn(async move {
-            elector.keep().await;
-            let _ = lost_tx.send(());
-        });
-    }
+            tokio::select! {
+                _ = elector.keep() => {
+                    let _ = lost_tx.send(());
+                    None
+                }
+                _ = stop_rx => Some(elector),
+            }
+        })
+    });
     let lost = async move {
         // Without election the sender is dropped at once; that is not a lost Lease.
         if args.leader_election {
@@ -178,5 +185,17 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     controller::run(ctx, args.watch_namespace, shutdown).await;
     metrics.leader.set(0);
+    let _ = stop_tx.send(());
+    if let Some(keeper) = keeper {
+        if let Ok(Some(mut elector)) = keeper.await {
+            match elector.release().await {
+                Ok(true) => tracing::info!(lease = %args.lease_name, "released the lease"),
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!(lease = %args.lease_name, error = %e, "could not release the lease")
+                }
+            }
+        }
+    }
     Ok(())
 }

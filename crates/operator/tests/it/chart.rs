@@ -20,11 +20,17 @@ use serde_json::{json, Value};
 use crate::support::root;
 
 fn render(values: Value) -> Vec<Value> {
+    render_in("ankusa-system", values)
+}
+
+/// The chart rendered as an install into namespace `ns`.
+fn render_in(ns: &str, values: Value) -> Vec<Value> {
     let out = Command::new("python3")
         .arg(root().join("scripts/render-chart.py"))
         .arg(root().join("charts/ankusa"))
         .arg("--values-json")
         .arg(values.to_string())
+        .args(["--namespace", ns])
         .output()
         .expect("python3 runs");
     assert!(
@@ -170,6 +176,25 @@ fn chart_rbac_is_exactly_what_the_code_uses() {
             );
         }
     }
+}
+
+/// Two installs of one release name in two namespaces: their cluster-scoped objects have
+/// different names, and each binding grants its own role to its own ServiceAccount.
+#[test]
+fn installs_in_two_namespaces_do_not_share_cluster_objects() {
+    let names = |ns: &str| {
+        let docs = render_in(ns, json!({}));
+        let role: ClusterRole = parse(find(&docs, "ClusterRole"));
+        let binding: ClusterRoleBinding = parse(find(&docs, "ClusterRoleBinding"));
+        assert_eq!(binding.role_ref.name, role.metadata.name.clone().unwrap());
+        let subject = &binding.subjects.unwrap()[0];
+        assert_eq!(subject.namespace.as_deref(), Some(ns));
+        (role.metadata.name.unwrap(), binding.metadata.name.unwrap())
+    };
+    let (a, b) = (names("payments"), names("billing"));
+    assert_eq!(a.0, "payments-ankusa");
+    assert_ne!(a.0, b.0);
+    assert_ne!(a.1, b.1);
 }
 
 #[test]

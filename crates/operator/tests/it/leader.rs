@@ -1,6 +1,7 @@
 //! Leader election on the real API server's Lease: one leader at a time, a live Lease is
 //! respected, one nobody renews is taken over after the lease duration as the follower's
-//! own clock measures it; and two operator processes, the leader SIGKILLed.
+//! own clock measures it; and two operator processes, the leader SIGKILLed, or stopped
+//! with SIGTERM (it releases the Lease).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -116,6 +117,18 @@ impl Drop for Operator {
 }
 
 fn operator(kubeconfig: &std::path::Path, lease: &str, identity: &str, ns: &str) -> Operator {
+    operator_with_lease(kubeconfig, lease, identity, ns, 4)
+}
+
+/// An operator process whose Lease lasts `lease_s` seconds (renewed every second, given up
+/// one second before it expires).
+fn operator_with_lease(
+    kubeconfig: &std::path::Path,
+    lease: &str,
+    identity: &str,
+    ns: &str,
+    lease_s: u64,
+) -> Operator {
     let child = Command::new(env!("CARGO_BIN_EXE_ankusa-operator"))
         .args([
             "run",
@@ -134,9 +147,9 @@ fn operator(kubeconfig: &std::path::Path, lease: &str, identity: &str, ns: &str)
         ])
         .args([
             "--lease-duration-s",
-            "4",
+            &lease_s.to_string(),
             "--renew-deadline-s",
-            "3",
+            &(lease_s - 1).to_string(),
             "--retry-period-s",
             "1",
         ])
@@ -241,4 +254,43 @@ async fn the_follower_takes_over_from_a_killed_leader() {
         },
     )
     .await;
+}
+
+/// A leader stopped cleanly (SIGTERM, as a rolling update or a drain stops it) empties the
+/// Lease once its controller has stopped, so the follower leads at its next look rather
+/// than after the lease duration: here a 30 s Lease changes hands in a few seconds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_leader_releases_the_lease() {
+    let admin = cluster::admin().await;
+    let (_, kubeconfig) = cluster::operator_client().await;
+    let ns = cluster::namespace(&admin, "release").await;
+    let lease = format!("op-{:08x}", rand::random::<u32>());
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), OPERATOR_NS);
+    let mut first = operator_with_lease(&kubeconfig, &lease, "operator-a", &ns, 30);
+    let leader = cluster::eventually(Duration::from_secs(30), "a leader", || async {
+        holder(&leases, &lease).await
+    })
+    .await;
+    assert_eq!(leader, "operator-a");
+    let _second = operator_with_lease(&kubeconfig, &lease, "operator-b", &ns, 30);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(holder(&leases, &lease).await.as_deref(), Some("operator-a"));
+
+    let pid = i32::try_from(first.0.id()).unwrap();
+    // SIGTERM to the child this test started, by its PID.
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let stopped = Instant::now();
+    let exit = first.0.wait().unwrap();
+    assert!(exit.success(), "the leader's exit on SIGTERM: {exit:?}");
+    cluster::eventually(Duration::from_secs(30), "operator-b leading", || async {
+        (holder(&leases, &lease).await.as_deref() == Some("operator-b")).then_some(())
+    })
+    .await;
+    let took = stopped.elapsed();
+    // The follower looks every second; without the release it would wait out the 30 s.
+    assert!(took <= Duration::from_secs(8), "takeover took {took:?}");
 }
