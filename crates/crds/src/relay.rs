@@ -19,7 +19,10 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::{ResourceRequirements, SecretKeySelector};
+use k8s_openapi::api::core::v1::{
+    Affinity, LocalObjectReference, ResourceRequirements, SecretKeySelector, Toleration,
+    TopologySpreadConstraint,
+};
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -98,9 +101,79 @@ pub struct RelaySpec {
     pub upgrade: UpgradeSpec,
     #[serde(default)]
     pub monitoring: MonitoringSpec,
-    /// CPU and memory for each relay container.
+    /// CPU and memory for each relay container. Unset: a request of
+    /// [`DEFAULT_CPU_REQUEST`] and [`DEFAULT_MEMORY_REQUEST`] and no limit (Burstable, not
+    /// the BestEffort pods a node's memory pressure evicts first). The node sizes its
+    /// RocksDB memory from the container's memory limit when there is one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// CPU and memory for the operator's probe and backup Jobs. Unset:
+    /// [`default_job_resources`], requests and limits both, which a ResourceQuota that
+    /// demands limits admits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_resources: Option<ResourceRequirements>,
+    /// Secrets to pull the image with, for the relay pods and the Jobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    #[x_kube(validation = Rule::new("self.all(s, has(s.name) && s.name != '')").message("every imagePullSecrets entry needs a name"))]
+    pub image_pull_secrets: Vec<LocalObjectReference>,
+    /// The relay pods' affinity. Unset: a preferred anti-affinity across hosts
+    /// (`kubernetes.io/hostname`), so the nodes of a Relay spread where they can; set, it
+    /// replaces that default entirely.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub affinity: Option<Affinity>,
+    /// Tolerations of the relay pods and the Jobs.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    #[x_kube(validation = Rule::new("self.all(t, !has(t.operator) || t.operator != 'Exists' || !has(t.value) || t.value == '')").message("a toleration with operator Exists takes no value"))]
+    #[x_kube(validation = Rule::new("self.all(t, !has(t.operator) || t.operator == 'Exists' || t.operator == 'Equal')").message("a toleration's operator is Exists or Equal"))]
+    #[x_kube(validation = Rule::new("self.all(t, has(t.key) && t.key != '' || has(t.operator) && t.operator == 'Exists')").message("a toleration without a key must have operator Exists"))]
+    pub tolerations: Vec<Toleration>,
+    /// Node labels the relay pods and the Jobs must be scheduled on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 32))]
+    pub node_selector: BTreeMap<String, String>,
+    /// How the relay pods spread over zones or hosts (their own label selector is added
+    /// when a constraint has none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    #[x_kube(validation = Rule::new("self.all(c, c.maxSkew >= 1)").message("a topology spread constraint's maxSkew is at least 1"))]
+    #[x_kube(validation = Rule::new("self.all(c, c.whenUnsatisfiable == 'DoNotSchedule' || c.whenUnsatisfiable == 'ScheduleAnyway')").message("whenUnsatisfiable is DoNotSchedule or ScheduleAnyway"))]
+    pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
+    /// The relay pods' and the Jobs' PriorityClass.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub priority_class_name: Option<String>,
+    /// Annotations on the relay pods and the Jobs' pods (e.g. a service mesh's opt-out:
+    /// a sidecar that never exits keeps a Job's pod from finishing).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    #[x_kube(validation = Rule::new("!self.exists(k, k.startsWith('ankusa.dev/'))").message("podAnnotations must not set the operator's own ankusa.dev/ annotations"))]
+    pub pod_annotations: BTreeMap<String, String>,
+    /// Labels on the relay pods and the Jobs' pods. The labels the operator selects its
+    /// pods by are its own.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend(
+        "maxProperties" = 32,
+        "additionalProperties" = {
+            "type": "string",
+            "maxLength": 63,
+            "pattern": "^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$",
+        },
+    ))]
+    #[x_kube(validation = Rule::new("!self.exists(k, k.startsWith('ankusa.dev/') || k in ['app.kubernetes.io/name', 'app.kubernetes.io/instance', 'app.kubernetes.io/component', 'app.kubernetes.io/managed-by'])").message("podLabels must not set the labels the operator selects its pods by (app.kubernetes.io/name, instance, component, managed-by, ankusa.dev/*)"))]
+    pub pod_labels: BTreeMap<String, String>,
+    /// The ServiceAccount of the relay pods and the Jobs (the namespace's `default` when
+    /// unset). The relay calls no Kubernetes API; its token is not mounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(max = 253),
+        regex(pattern = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub service_account_name: Option<String>,
     /// How long a relay container may take from its start to its first `/healthz` answer
     /// (the pod's startupProbe) before the kubelet restarts it; liveness is checked only
     /// after. A node serves `/healthz` before it opens its store, so this covers the
@@ -108,6 +181,28 @@ pub struct RelaySpec {
     #[serde(default = "default_startup_seconds")]
     #[x_kube(validation = Rule::new("self >= 10 && self <= 86400").message("startupSeconds must be between 10 and 86400"))]
     pub startup_seconds: i64,
+}
+
+/// The relay container's CPU request when `spec.resources` is unset.
+pub const DEFAULT_CPU_REQUEST: &str = "250m";
+/// The relay container's memory request when `spec.resources` is unset.
+pub const DEFAULT_MEMORY_REQUEST: &str = "512Mi";
+
+/// The Jobs' resources when `spec.jobResources` is unset: a probe prints a line, a backup
+/// streams a checkpoint through zstd.
+pub fn default_job_resources() -> ResourceRequirements {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    let q = |cpu: &str, mem: &str| {
+        BTreeMap::from([
+            ("cpu".to_owned(), Quantity(cpu.to_owned())),
+            ("memory".to_owned(), Quantity(mem.to_owned())),
+        ])
+    };
+    ResourceRequirements {
+        requests: Some(q("100m", "128Mi")),
+        limits: Some(q("1", "512Mi")),
+        ..ResourceRequirements::default()
+    }
 }
 
 fn default_replicas() -> i32 {

@@ -503,9 +503,13 @@ pub fn statefulset(
     if let Some(policy) = &spec.image_pull_policy {
         container["imagePullPolicy"] = json!(policy);
     }
-    if let Some(resources) = &spec.resources {
-        container["resources"] = json!(resources);
-    }
+    container["resources"] = match &spec.resources {
+        Some(resources) => json!(resources),
+        None => json!({ "requests": {
+            "cpu": ankusa_crds::relay::DEFAULT_CPU_REQUEST,
+            "memory": ankusa_crds::relay::DEFAULT_MEMORY_REQUEST,
+        } }),
+    };
     let mut claim_spec = json!({
         "accessModes": ["ReadWriteOnce"],
         "resources": { "requests": { "storage": spec.storage.size } },
@@ -513,9 +517,7 @@ pub fn statefulset(
     if let Some(class) = &spec.storage.storage_class_name {
         claim_spec["storageClassName"] = json!(class);
     }
-    typed(
-        "StatefulSet",
-        json!({
+    let mut set = json!({
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
             "metadata": metadata(relay, &names.statefulset)?,
@@ -537,8 +539,8 @@ pub fn statefulset(
                 },
                 "template": {
                     "metadata": {
-                        "labels": labels(&names.relay),
-                        "annotations": { CONFIG_HASH_ANNOTATION: config_hash },
+                        "labels": pod_labels(relay, labels(&names.relay)),
+                        "annotations": pod_annotations(relay, [(CONFIG_HASH_ANNOTATION, config_hash)]),
                     },
                     "spec": {
                         // The node's own grace for deliveries in flight, after the preStop
@@ -554,6 +556,7 @@ pub fn statefulset(
                             { "name": "config", "configMap": { "name": names.config_map } },
                             { "name": "operator-token", "secret": { "secretName": names.token_secret } },
                         ],
+                        "automountServiceAccountToken": false,
                     },
                 },
                 "volumeClaimTemplates": [{
@@ -561,8 +564,69 @@ pub fn statefulset(
                     "spec": claim_spec,
                 }],
             },
-        }),
-    )
+    });
+    let pod = &mut set["spec"]["template"]["spec"];
+    scheduling(relay, pod);
+    let own = json!({ "matchLabels": selector_labels(&names.relay) });
+    pod["affinity"] = match &spec.affinity {
+        Some(a) => json!(a),
+        // Spread the nodes over hosts where the cluster can: one host's loss takes one node.
+        None => json!({ "podAntiAffinity": {
+            "preferredDuringSchedulingIgnoredDuringExecution": [{
+                "weight": 100,
+                "podAffinityTerm": { "labelSelector": own, "topologyKey": "kubernetes.io/hostname" },
+            }],
+        } }),
+    };
+    if !spec.topology_spread_constraints.is_empty() {
+        let mut constraints = json!(spec.topology_spread_constraints);
+        for c in constraints.as_array_mut().into_iter().flatten() {
+            if c.get("labelSelector").is_none() {
+                c["labelSelector"] = own.clone();
+            }
+        }
+        pod["topologySpreadConstraints"] = constraints;
+    }
+    typed("StatefulSet", set)
+}
+
+/// What the relay pods and the Jobs' pods share from the spec: image pull secrets,
+/// tolerations, node selector, priority class and ServiceAccount.
+fn scheduling(relay: &Relay, pod: &mut Value) {
+    let spec = &relay.spec;
+    if !spec.image_pull_secrets.is_empty() {
+        pod["imagePullSecrets"] = json!(spec.image_pull_secrets);
+    }
+    if !spec.tolerations.is_empty() {
+        pod["tolerations"] = json!(spec.tolerations);
+    }
+    if !spec.node_selector.is_empty() {
+        pod["nodeSelector"] = json!(spec.node_selector);
+    }
+    if let Some(class) = &spec.priority_class_name {
+        pod["priorityClassName"] = json!(class);
+    }
+    if let Some(account) = &spec.service_account_name {
+        pod["serviceAccountName"] = json!(account);
+    }
+}
+
+/// A pod's labels: the operator's `own`, and the spec's `podLabels` (which admission keeps
+/// off the operator's keys; the operator's win all the same).
+fn pod_labels(relay: &Relay, own: BTreeMap<String, String>) -> BTreeMap<String, String> {
+    let mut l = relay.spec.pod_labels.clone();
+    l.extend(own);
+    l
+}
+
+/// A pod's annotations: the spec's `podAnnotations` and the operator's `own`.
+fn pod_annotations<'a>(
+    relay: &Relay,
+    own: impl IntoIterator<Item = (&'a str, &'a str)>,
+) -> BTreeMap<String, String> {
+    let mut a = relay.spec.pod_annotations.clone();
+    a.extend(own.into_iter().map(|(k, v)| (k.to_owned(), v.to_owned())));
+    a
 }
 
 /// The startupProbe's failure threshold for a budget of `seconds`.
@@ -809,7 +873,22 @@ fn job(
     }
     pod_spec["restartPolicy"] = json!("Never");
     pod_spec["enableServiceLinks"] = json!(false);
+    pod_spec["automountServiceAccountToken"] = json!(false);
     pod_spec["securityContext"] = pod_security();
+    scheduling(relay, &mut pod_spec);
+    let resources = relay
+        .spec
+        .job_resources
+        .clone()
+        .unwrap_or_else(ankusa_crds::relay::default_job_resources);
+    for c in pod_spec["containers"].as_array_mut().into_iter().flatten() {
+        c["resources"] = json!(resources);
+    }
+    let mut template_meta = json!({ "labels": pod_labels(relay, job_labels(&names.relay, job)) });
+    let annotations = pod_annotations(relay, []);
+    if !annotations.is_empty() {
+        template_meta["annotations"] = json!(annotations);
+    }
     typed(
         "Job",
         json!({
@@ -824,7 +903,7 @@ fn job(
                 // A finished Job is read within a reconcile or two; a day is plenty.
                 "ttlSecondsAfterFinished": 86400,
                 "template": {
-                    "metadata": { "labels": job_labels(&names.relay, job) },
+                    "metadata": template_meta,
                     "spec": pod_spec,
                 },
             },

@@ -150,6 +150,63 @@ async fn every_cel_rule_refuses_its_bad_case_with_its_message() {
             "interval must be a duration such as 30s",
         ),
         (
+            "ok",
+            json!({ "image": "x", "podLabels": { "app.kubernetes.io/name": "mine" } }),
+            "podLabels must not set the labels the operator selects its pods by",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "podLabels": { "team": "has spaces" } }),
+            "spec.podLabels.team",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "podAnnotations": { "ankusa.dev/config-hash": "x" } }),
+            "podAnnotations must not set the operator's own",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "tolerations": [{ "key": "k", "operator": "Exists", "value": "v" }] }),
+            "a toleration with operator Exists takes no value",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "tolerations": [{ "key": "k", "operator": "Equals" }] }),
+            "a toleration's operator is Exists or Equal",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "tolerations": [{ "operator": "Equal", "value": "v" }] }),
+            "a toleration without a key must have operator Exists",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "topologySpreadConstraints": [
+                { "maxSkew": 0, "topologyKey": "zone", "whenUnsatisfiable": "DoNotSchedule" } ] }),
+            "maxSkew is at least 1",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "topologySpreadConstraints": [
+                { "maxSkew": 1, "topologyKey": "zone", "whenUnsatisfiable": "Never" } ] }),
+            "whenUnsatisfiable is DoNotSchedule or ScheduleAnyway",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "imagePullSecrets": [{ "name": "" }] }),
+            "every imagePullSecrets entry needs a name",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "priorityClassName": "Not_A_Name" }),
+            "spec.priorityClassName",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "serviceAccountName": "-bad" }),
+            "spec.serviceAccountName",
+        ),
+        (
             "a-relay-name-that-is-longer-than-forty-chars",
             good.clone(),
             "a Relay name is at most 40 characters",
@@ -171,6 +228,32 @@ async fn every_cel_rule_refuses_its_bad_case_with_its_message() {
             .expect_err(&format!("{name} {spec} was admitted"));
         assert!(err.contains(message), "{spec}: {err}");
     }
+    // Every placement field at once (tests/fixtures/relays/full.yaml's) is admitted, and
+    // so are the pods the operator builds from them: the StatefulSet and both Jobs, as a
+    // server-side dry run.
+    let mut full = crate::support::relay_value("full");
+    full["metadata"] =
+        json!({ "name": "full", "namespace": ns, "uid": "5d0c9a51-7c1e-4b55-9d2b-0f6a2f4c1e01" });
+    create(&admin, &ns, &full).await.unwrap();
+    let full: Relay = serde_json::from_value(full).unwrap();
+    let set = ankusa_operator::resources::DesiredSet::build(&full, None, 0, false).unwrap();
+    Api::<k8s_openapi::api::apps::v1::StatefulSet>::namespaced(admin.clone(), &ns)
+        .create(&dry_run(), &set.statefulset)
+        .await
+        .unwrap();
+    let jobs: Api<Job> = Api::namespaced(admin.clone(), &ns);
+    let probe =
+        ankusa_operator::resources::probe_job(&full, "full-probe", &full.spec.image).unwrap();
+    jobs.create(&dry_run(), &probe).await.unwrap();
+    let backup = ankusa_operator::resources::backup_job(
+        &full,
+        "full-backup",
+        0,
+        &full.spec.image,
+        ankusa_operator::resources::BackupSource::Claim,
+    )
+    .unwrap();
+    jobs.create(&dry_run(), &backup).await.unwrap();
     // The longest name the rule allows makes valid objects: the operator builds them all
     // and the server accepts every one (server-side dry run).
     let longest = "r".repeat(40);
