@@ -2,10 +2,13 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{in_range, invalid, positive, ConfigError};
+use crate::{in_range, invalid, positive, CaBundle, ConfigError, Secrets};
 
 impl DispatchConfig {
-    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, secrets: Secrets) -> Result<(), ConfigError> {
+        if let Some(ca) = &self.ca_bundle {
+            ca.validate("dispatch.ca_bundle", secrets)?;
+        }
         in_range(
             "dispatch.tick_interval_ms",
             self.tick_interval_ms,
@@ -68,6 +71,10 @@ pub struct DispatchConfig {
     /// while the pipeline has caught up and their slots are free; off, every delivery is
     /// written due and claimed by a tick.
     pub start_at_commit: bool,
+    /// Certificate authorities every sink's HTTPS server may be signed by, beyond the web
+    /// PKI (a private CA of the deployment).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundle>,
 }
 
 impl Default for DispatchConfig {
@@ -82,6 +89,7 @@ impl Default for DispatchConfig {
             bytes_per_tick: 16 << 20,
             tenants_per_tick: 128,
             start_at_commit: true,
+            ca_bundle: None,
         }
     }
 }

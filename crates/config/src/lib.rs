@@ -30,6 +30,7 @@ mod shutdown;
 mod sinks;
 mod sources;
 mod tenants;
+mod tls;
 mod writer;
 
 pub use admin::{AdminConfig, ScopeConfig, TokenConfig};
@@ -52,6 +53,7 @@ pub use sources::{
     RESERVED_HEADERS,
 };
 pub use tenants::{tenant_id_problem, TenantsConfig, MAX_TENANT_LEN, TENANTS_MAX_RANGE};
+pub use tls::{CaBundle, MAX_BUNDLE_CERTS};
 pub use writer::WriterConfig;
 
 use std::path::{Path, PathBuf};
@@ -248,7 +250,7 @@ impl Config {
         self.ingest.validate()?;
         self.writer.validate()?;
         self.dedupe.validate()?;
-        self.dispatch.validate()?;
+        self.dispatch.validate(secrets)?;
         self.retry.validate()?;
         self.reclaim.validate()?;
         self.hook_log.validate()?;
@@ -263,7 +265,7 @@ impl Config {
             if s.id.is_empty() || !sinks.insert(s.id.as_str()) {
                 return Err(invalid(&key, format!("id {:?} is empty or repeated", s.id)));
             }
-            s.validate(&key)?;
+            s.validate(&key, secrets)?;
         }
         let mut routes = std::collections::BTreeSet::new();
         for (i, r) in self.routes.iter().enumerate() {

@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{in_range, invalid, ConfigError, SecretSource};
+use crate::{in_range, invalid, CaBundle, ConfigError, SecretSource, Secrets};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -30,6 +30,10 @@ pub struct SinkConfig {
     /// sink's `Retry-After` asks for it).
     #[serde(default = "default_breaker_cooldown")]
     pub breaker_cooldown_ms: u64,
+    /// Certificate authorities this sink's HTTPS server may be signed by, beyond the web
+    /// PKI and `dispatch.ca_bundle` (a sink behind a private CA).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundle>,
 }
 
 fn default_sink_timeout() -> u64 {
@@ -46,7 +50,7 @@ fn default_breaker_cooldown() -> u64 {
 
 impl SinkConfig {
     /// This sink's own keys (`key` is `sinks[i]`); its id is checked against the others'.
-    pub(crate) fn validate(&self, key: &str) -> Result<(), ConfigError> {
+    pub(crate) fn validate(&self, key: &str, secrets: Secrets) -> Result<(), ConfigError> {
         if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
             return Err(invalid(
                 &format!("{key}.url"),
@@ -67,6 +71,9 @@ impl SinkConfig {
         // A sink with no slot would never be delivered to.
         if let Some(m) = self.max_inflight {
             in_range(&format!("{key}.max_inflight"), m, 1..=100_000)?;
+        }
+        if let Some(ca) = &self.ca_bundle {
+            ca.validate(&format!("{key}.ca_bundle"), secrets)?;
         }
         Ok(())
     }

@@ -55,6 +55,9 @@ pub struct Sink {
     claimed_by: std::sync::Mutex<HashMap<TenantOrd, usize>>,
     /// The adaptive limit and the breaker.
     pub control: Controller,
+    /// The connection pool this sink's requests go through: the node's, or one of its own
+    /// when it trusts its own certificate authorities (`sinks[].ca_bundle`).
+    client: Client<Https, Full<Bytes>>,
 }
 
 impl Sink {
@@ -155,15 +158,57 @@ impl Attempt {
     }
 }
 
+/// A pooled HTTP/1.1 client over HTTP or HTTPS that trusts the web PKI's roots and `cas`
+/// (`key` names where they came from in an error).
+fn delivery_client(
+    cas: &[rustls::pki_types::CertificateDer<'static>],
+    idle_per_host: usize,
+    key: &str,
+) -> Result<Client<Https, Full<Bytes>>, ConfigError> {
+    let invalid = |message: String| ConfigError::Invalid {
+        key: key.to_owned(),
+        message,
+    };
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    for (i, ca) in cas.iter().enumerate() {
+        roots
+            .add(ca.clone())
+            .map_err(|e| invalid(format!("certificate {}: {e}", i + 1)))?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| invalid(format!("TLS set-up: {e}")))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let https = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .build();
+    Ok(Client::builder(TokioExecutor::new())
+        .pool_idle_timeout(Duration::from_secs(60))
+        .pool_max_idle_per_host(idle_per_host)
+        .build(https))
+}
+
 /// The delivery client: pooled connections and every configured sink.
 #[derive(Debug, Clone)]
 pub struct Deliverer {
-    client: Client<Https, Full<Bytes>>,
     sinks: Arc<HashMap<String, Arc<Sink>>>,
 }
 
 impl Deliverer {
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
+        let node_cas = match &config.dispatch.ca_bundle {
+            Some(ca) => ca.certificates("dispatch.ca_bundle")?,
+            None => Vec::new(),
+        };
+        let pool = config.dispatch.per_sink_inflight;
+        let shared = delivery_client(&node_cas, pool, "dispatch.ca_bundle")?;
         let mut sinks = HashMap::new();
         for (i, s) in config.sinks.iter().enumerate() {
             let key = format!("sinks[{i}]");
@@ -194,6 +239,15 @@ impl Deliverer {
                 headers.push((name, value));
             }
             let permits = s.max_inflight.unwrap_or(config.dispatch.per_sink_inflight);
+            let client = match &s.ca_bundle {
+                None => shared.clone(),
+                Some(ca) => {
+                    let key = format!("{key}.ca_bundle");
+                    let mut cas = node_cas.clone();
+                    cas.extend(ca.certificates(&key)?);
+                    delivery_client(&cas, permits, &key)?
+                }
+            };
             sinks.insert(
                 s.id.clone(),
                 Arc::new(Sink {
@@ -214,24 +268,11 @@ impl Deliverer {
                         s.breaker_failures,
                         Duration::from_millis(s.breaker_cooldown_ms),
                     ),
+                    client,
                 }),
             );
         }
-        let https = hyper_rustls::HttpsConnectorBuilder::new()
-            .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())
-            .map_err(|e| ConfigError::Invalid {
-                key: "sinks".into(),
-                message: format!("TLS set-up: {e}"),
-            })?
-            .https_or_http()
-            .enable_http1()
-            .build();
-        let client = Client::builder(TokioExecutor::new())
-            .pool_idle_timeout(Duration::from_secs(60))
-            .pool_max_idle_per_host(config.dispatch.per_sink_inflight)
-            .build(https);
         Ok(Deliverer {
-            client,
             sinks: Arc::new(sinks),
         })
     }
@@ -266,7 +307,7 @@ impl Deliverer {
             }
         };
         let result = tokio::time::timeout(sink.timeout, async {
-            let resp = self.client.request(req).await?;
+            let resp = sink.client.request(req).await?;
             let status = resp.status();
             let retry_after = resp
                 .headers()

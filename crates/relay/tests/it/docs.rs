@@ -46,18 +46,26 @@ fn leaves(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
 #[test]
 fn configuration_md_lists_every_key_the_code_reads_and_no_other() {
     // One of everything, every optional field set.
+    let pem = rcgen::generate_simple_self_signed(vec!["ca".to_owned()])
+        .unwrap()
+        .cert
+        .pem();
+    let pem = serde_json::to_string(&pem).unwrap();
     let yaml = r#"
 admin:
   tokens: [{ name: ops, secret: { value: "0123456789abcdef0123" }, scope: admin }]
 sinks:
   - { id: s, url: "http://127.0.0.1:9/", secret: { value: "whsec_c2luaw==" }, timeout_ms: 5,
-      headers: {}, dead_letter_on_4xx: true, max_inflight: 4, breaker_failures: 3, breaker_cooldown_ms: 10 }
+      headers: {}, dead_letter_on_4xx: true, max_inflight: 4, breaker_failures: 3, breaker_cooldown_ms: 10,
+      ca_bundle: { pem: PEM } }
+dispatch: { ca_bundle: { pem: PEM } }
 routes: [{ id: r, sinks: [s] }]
 sources:
   - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },
       route: r, body_limit_bytes: 1024, forward_headers: [x-f] }
-"#;
-    let c = Config::from_yaml(yaml, Vec::new()).unwrap();
+"#
+    .replace("PEM", &pem);
+    let c = Config::from_yaml(&yaml, Vec::new()).unwrap();
     let mut code = BTreeSet::new();
     leaves("", &serde_json::to_value(&c).unwrap(), &mut code);
     let documented = first_column(&doc("configuration.md"));

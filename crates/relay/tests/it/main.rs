@@ -17,4 +17,5 @@ mod ingest;
 mod logs;
 mod seed;
 mod support;
+mod tls;
 mod upgrade;
