@@ -29,6 +29,7 @@ mod secrets;
 mod shutdown;
 mod sinks;
 mod sources;
+mod store;
 mod tenants;
 mod tls;
 mod writer;
@@ -52,6 +53,7 @@ pub use sources::{
     IdempotencyConfig, SigEncoding, SourceConfig, TenantFrom, VerifyConfig, MAX_FORWARD_HEADERS,
     RESERVED_HEADERS,
 };
+pub use store::{StoreConfig, STORE_MEMORY_MIN};
 pub use tenants::{tenant_id_problem, TenantsConfig, MAX_TENANT_LEN, TENANTS_MAX_RANGE};
 pub use tls::{CaBundle, MAX_BUNDLE_CERTS};
 pub use writer::WriterConfig;
@@ -125,6 +127,7 @@ fn at_least<T: PartialOrd + std::fmt::Display>(
 pub struct Config {
     /// Where the store lives.
     pub data_dir: PathBuf,
+    pub store: StoreConfig,
     pub ingest: IngestConfig,
     pub admin: AdminConfig,
     pub tenants: TenantsConfig,
@@ -148,6 +151,7 @@ impl Default for Config {
     fn default() -> Self {
         Config {
             data_dir: PathBuf::from("./data"),
+            store: StoreConfig::default(),
             ingest: IngestConfig::default(),
             admin: AdminConfig::default(),
             tenants: TenantsConfig::default(),
@@ -246,6 +250,7 @@ impl Config {
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must not be empty"));
         }
+        self.store.validate()?;
         self.admin.validate(secrets)?;
         self.ingest.validate()?;
         self.writer.validate()?;

@@ -453,6 +453,72 @@ fn finite(n: libc::rlim_t) -> Option<u64> {
 }
 
 /// The soft `RLIMIT_NOFILE` of this process (`None`: unlimited, or unreadable).
+/// The memory limit of this process's cgroup, if it has one: cgroup v2's `memory.max`, or
+/// v1's `memory.limit_in_bytes` (where "no limit" is a number near `i64::MAX`).
+pub fn cgroup_memory_limit() -> Option<u64> {
+    let own = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_memory_limit_in(&own, std::path::Path::new("/sys/fs/cgroup"))
+}
+
+/// [`cgroup_memory_limit`] for a `/proc/self/cgroup` of `own` under the cgroup mount `root`.
+pub fn cgroup_memory_limit_in(own: &str, root: &std::path::Path) -> Option<u64> {
+    let read = |p: std::path::PathBuf| -> Option<u64> {
+        let text = std::fs::read_to_string(p).ok()?;
+        // Unlimited: "max" (v2), or the page-rounded i64::MAX (v1).
+        text.trim().parse::<u64>().ok().filter(|n| *n < 1 << 60)
+    };
+    for line in own.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim_start_matches('/');
+        if controllers.is_empty() {
+            // v2: the unified hierarchy. A limit anywhere up the tree bounds this one.
+            let mut dir = root.join(path);
+            let mut lowest: Option<u64> = None;
+            loop {
+                if let Some(n) = read(dir.join("memory.max")) {
+                    lowest = Some(lowest.map_or(n, |l| l.min(n)));
+                }
+                if dir == root || !dir.pop() {
+                    break;
+                }
+            }
+            if lowest.is_some() {
+                return lowest;
+            }
+        } else if controllers.split(',').any(|c| c == "memory") {
+            // v1 (hierarchical by default: the limit in force is the smallest up the tree,
+            // which the kernel reports as hierarchical_memory_limit).
+            let dir = root.join("memory").join(path);
+            if let Some(n) = std::fs::read_to_string(dir.join("memory.stat"))
+                .ok()
+                .and_then(|t| {
+                    t.lines()
+                        .find_map(|l| l.strip_prefix("hierarchical_memory_limit "))
+                        .and_then(|v| v.trim().parse::<u64>().ok())
+                })
+                .filter(|n| *n < 1 << 60)
+            {
+                return Some(n);
+            }
+            return read(dir.join("memory.limit_in_bytes"));
+        }
+    }
+    None
+}
+
+/// The store's memory budget: `store.memory_bytes`, else a quarter of the cgroup's memory
+/// `limit` (the rest is the node's own: requests in flight, writer batches, delivery
+/// buffers), else 512 MiB.
+pub fn store_memory_budget(config: &Config, limit: Option<u64>) -> ankusa_store::MemoryBudget {
+    let total = config
+        .store
+        .memory_bytes
+        .or(limit.map(|l| l / 4))
+        .unwrap_or(512 << 20);
+    ankusa_store::MemoryBudget::of_total(total)
+}
+
 pub fn open_files_limit() -> Option<u64> {
     nofile().ok().and_then(|l| finite(l.rlim_cur))
 }
@@ -521,6 +587,14 @@ fn spawn_write_probe(
             metrics
                 .store_write_failing
                 .set(i64::from(store.health().failing()));
+            if let Some((used, budget)) = store.memory_usage() {
+                metrics
+                    .store_memory_bytes
+                    .set(i64::try_from(used).unwrap_or(i64::MAX));
+                metrics
+                    .store_memory_budget_bytes
+                    .set(i64::try_from(budget).unwrap_or(i64::MAX));
+            }
             for (family, n) in ankusa_store::corruptions() {
                 let c = metrics.store_corruption.get_or_create(&StoreFamilyLabel {
                     family: family.name().to_owned(),
@@ -632,13 +706,19 @@ impl Node {
         let deliverer = Deliverer::from_config(&config)?;
         let data_dir = config.data_dir.clone();
         let limit = open_files_limit();
+        let memory_limit = cgroup_memory_limit();
+        let memory = store_memory_budget(&config, memory_limit);
         let opts = OpenOptions {
             max_open_files: ankusa_store::max_open_files_for(limit),
+            memory: Some(memory),
             ..OpenOptions::default()
         };
         tracing::info!(
             open_files_limit = limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
             store_max_open_files = opts.max_open_files,
+            memory_limit = memory_limit.map_or_else(|| "none".to_owned(), |n| n.to_string()),
+            store_block_cache_bytes = memory.block_cache_bytes,
+            store_write_buffer_bytes = memory.write_buffer_bytes,
             "opening the store"
         );
         let store = tokio::task::spawn_blocking(move || Store::open(&data_dir, &opts))

@@ -39,8 +39,8 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rocksdb::{
-    BlockBasedOptions, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode, Options,
-    ReadOptions, WriteBatch, WriteOptions, DB,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode,
+    Options, ReadOptions, WriteBatch, WriteBufferManager, WriteOptions, DB,
 };
 
 use ankusa_keyspace::Family;
@@ -103,8 +103,62 @@ pub(crate) fn insert_hint_prefix(cf: Cf) -> Option<usize> {
     }
 }
 
+/// One memory budget for the whole store: a block cache every column family shares, and
+/// a write-buffer manager that charges every family's memtables to that cache and flushes
+/// the largest when their sum passes `write_buffer_bytes`. Without one, each family keeps
+/// RocksDB's own block cache and its memtables are bounded only per family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MemoryBudget {
+    /// Blocks read from table files (data, index and filter blocks).
+    pub block_cache_bytes: usize,
+    /// Every family's memtables together.
+    pub write_buffer_bytes: usize,
+}
+
+impl MemoryBudget {
+    /// The smallest budget a store is given: below it flushes would follow every batch.
+    pub const MIN_BYTES: u64 = 32 << 20;
+
+    /// A budget of `total` bytes (at least [`MemoryBudget::MIN_BYTES`]): half for the
+    /// memtables (at most 512 MiB: more only delays flushes), the rest for the cache.
+    pub fn of_total(total: u64) -> MemoryBudget {
+        let total = usize::try_from(total.max(Self::MIN_BYTES)).unwrap_or(usize::MAX);
+        let write_buffer_bytes = (total / 2).min(512 << 20);
+        MemoryBudget {
+            block_cache_bytes: total - write_buffer_bytes,
+            write_buffer_bytes,
+        }
+    }
+}
+
+/// The shared cache and write-buffer manager of a [`MemoryBudget`].
+struct SharedMemory {
+    cache: Cache,
+    write_buffers: WriteBufferManager,
+}
+
+impl SharedMemory {
+    fn of(budget: &MemoryBudget) -> SharedMemory {
+        // The cache holds the memtables' charge too, so its capacity is the whole budget.
+        let cache = Cache::new_lru_cache(
+            budget
+                .block_cache_bytes
+                .saturating_add(budget.write_buffer_bytes),
+        );
+        let write_buffers = WriteBufferManager::new_write_buffer_manager_with_cache(
+            budget.write_buffer_bytes,
+            false,
+            cache.clone(),
+        );
+        SharedMemory {
+            cache,
+            write_buffers,
+        }
+    }
+}
+
 /// RocksDB's options of a column family.
-fn cf_options(cf: Cf) -> Options {
+fn cf_options(cf: Cf, memory: Option<&SharedMemory>) -> Options {
     // The C API has no setter for the hint's extractor: it is set by name, as in an
     // OPTIONS file. A name RocksDB did not know would leave the default (no hints); the
     // test `memtables_keep_an_insert_hint_per_stream` reads the options back.
@@ -127,9 +181,6 @@ fn cf_options(cf: Cf) -> Options {
         Cf::Index | Cf::Tenants => {
             o.set_write_buffer_size(16 << 20);
             o.set_compression_type(DBCompressionType::None);
-            let mut b = BlockBasedOptions::default();
-            b.set_bloom_filter(10.0, false);
-            o.set_block_based_table_factory(&b);
         }
         Cf::Hooks => {
             o.set_write_buffer_size(64 << 20);
@@ -149,6 +200,19 @@ fn cf_options(cf: Cf) -> Options {
             o.set_compression_type(DBCompressionType::None);
         }
     }
+    let mut b = BlockBasedOptions::default();
+    if matches!(cf, Cf::Index | Cf::Tenants) {
+        b.set_bloom_filter(10.0, false);
+    }
+    if let Some(m) = memory {
+        b.set_block_cache(&m.cache);
+        // Index and filter blocks count against the budget too; level 0's stay pinned,
+        // and all of them are evicted last.
+        b.set_cache_index_and_filter_blocks(true);
+        b.set_cache_index_and_filter_blocks_with_high_priority(true);
+        b.set_pin_l0_filter_and_index_blocks_in_cache(true);
+    }
+    o.set_block_based_table_factory(&b);
     o
 }
 
@@ -310,6 +374,9 @@ pub struct OpenOptions {
     /// open-file limit ([`max_open_files_for`]): past the limit an open fails, and the
     /// store's writes with it.
     pub max_open_files: i32,
+    /// One memory budget for the store's caches and memtables (`None`: RocksDB's
+    /// per-family defaults).
+    pub memory: Option<MemoryBudget>,
 }
 
 /// The table files a store may keep open under a soft `RLIMIT_NOFILE` of `limit` (`None`:
@@ -330,6 +397,7 @@ impl Default for OpenOptions {
             supported_format: SUPPORTED_FORMAT,
             read_only: false,
             max_open_files: -1,
+            memory: None,
         }
     }
 }
@@ -436,6 +504,8 @@ pub struct Store {
     transitions: std::sync::Mutex<()>,
     /// Whether the last write failed, and why.
     health: WriteHealth,
+    /// The shared cache of a [`MemoryBudget`], and the budget.
+    memory: Option<(Cache, MemoryBudget)>,
 }
 
 /// The store's write health: the error of the last write if it failed (a full disk, a
@@ -539,6 +609,17 @@ fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
 }
 
 impl Store {
+    /// With a [`MemoryBudget`]: the bytes its shared cache holds now — cached blocks and
+    /// the memtables charged to it — and the budget's total.
+    pub fn memory_usage(&self) -> Option<(usize, usize)> {
+        self.memory.as_ref().map(|(cache, budget)| {
+            (
+                cache.get_usage(),
+                budget.block_cache_bytes + budget.write_buffer_bytes,
+            )
+        })
+    }
+
     /// The lock every consuming queue transition commits under: its check that the rows
     /// it consumes are still there and its write are one critical section.
     pub fn transition_lock(&self) -> std::sync::MutexGuard<'_, ()> {
@@ -585,7 +666,7 @@ impl Store {
                     reason: "the directory is empty".into(),
                 });
             }
-            return Self::create(path, opts.create_format, opts.max_open_files);
+            return Self::create(path, opts.create_format, opts);
         }
         let existing = DB::list_cf(&db_options(), &path)?;
         // The format guard refuses a newer store before anything opens it, so a refused
@@ -621,7 +702,7 @@ impl Store {
                 existing
                     .iter()
                     .filter_map(|n| Cf::from_name(n))
-                    .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(cf))),
+                    .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(cf, None))),
                 false,
             )?;
             let ro = Store {
@@ -631,6 +712,7 @@ impl Store {
                 stats: StoreStats::default(),
                 transitions: std::sync::Mutex::new(()),
                 health: WriteHealth::default(),
+                memory: None,
             };
             ro.checked_format(opts.supported_format)?;
             return Ok(ro);
@@ -639,7 +721,7 @@ impl Store {
         // format it will migrate to; the new ones get their families' sentinels.
         let wanted = Cf::of_format(opts.supported_format.max(found));
         let opened = std::time::Instant::now();
-        let store = Self::open_rw(path, wanted, false, opts.max_open_files)?;
+        let store = Self::open_rw(path, wanted, false, opts)?;
         tracing::info!(
             wal_bytes,
             format_check_ms = check_ms,
@@ -726,17 +808,21 @@ impl Store {
         path: PathBuf,
         cfs: &[Cf],
         create: bool,
-        max_open_files: i32,
+        opts: &OpenOptions,
     ) -> Result<Store, StoreError> {
         let mut o = db_options();
-        o.set_max_open_files(max_open_files);
+        o.set_max_open_files(opts.max_open_files);
+        let memory = opts.memory.as_ref().map(SharedMemory::of);
+        if let Some(m) = &memory {
+            o.set_write_buffer_manager(&m.write_buffers);
+        }
         o.create_if_missing(create);
         o.create_missing_column_families(true);
         let db = DB::open_cf_descriptors(
             &o,
             &path,
             cfs.iter()
-                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(*cf))),
+                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(*cf, memory.as_ref()))),
         )?;
         Ok(Store {
             db,
@@ -745,11 +831,12 @@ impl Store {
             stats: StoreStats::default(),
             transitions: std::sync::Mutex::new(()),
             health: WriteHealth::default(),
+            memory: memory.map(|m| (m.cache, opts.memory.unwrap_or(MemoryBudget::of_total(0)))),
         })
     }
 
-    fn create(path: PathBuf, format: u32, max_open_files: i32) -> Result<Store, StoreError> {
-        let store = Self::open_rw(path, Cf::of_format(format), true, max_open_files)?;
+    fn create(path: PathBuf, format: u32, opts: &OpenOptions) -> Result<Store, StoreError> {
+        let store = Self::open_rw(path, Cf::of_format(format), true, opts)?;
         let mut ops: Vec<Op> = Family::of_format(format)
             .iter()
             .flat_map(|f| sentinel_ops(*f))

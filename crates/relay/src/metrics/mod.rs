@@ -197,6 +197,8 @@ pub struct Metrics {
     pub tenants_max: Gauge,
     /// 1 while the store's writes fail.
     pub store_write_failing: Gauge,
+    pub store_memory_bytes: Gauge,
+    pub store_memory_budget_bytes: Gauge,
     pub store_write_failures: Counter,
     pub store_corruption: Family<StoreFamilyLabel, Counter>,
     /// Requests this node sent to another of its Relay, by kind and outcome.
@@ -432,6 +434,18 @@ impl Metrics {
             "1 while the store's writes fail (a full disk, a failed WAL sync): nothing is acked and the node is not ready",
             store_write_failing.clone(),
         );
+        let store_memory_bytes = Gauge::default();
+        registry.register(
+            "ankusa_store_memory_bytes",
+            "Bytes in the store's shared cache: cached table blocks and the memtables charged to it (store.memory_bytes bounds it)",
+            store_memory_bytes.clone(),
+        );
+        let store_memory_budget_bytes = Gauge::default();
+        registry.register(
+            "ankusa_store_memory_budget_bytes",
+            "The store's memory budget: store.memory_bytes, or a quarter of the cgroup's memory limit, or 512 MiB",
+            store_memory_budget_bytes.clone(),
+        );
         let store_write_failures = Counter::default();
         registry.register(
             "ankusa_store_write_failures",
@@ -490,6 +504,8 @@ impl Metrics {
             tenants,
             tenants_max,
             store_write_failing,
+            store_memory_bytes,
+            store_memory_budget_bytes,
             store_write_failures,
             store_corruption,
             cluster_forwards,

@@ -59,6 +59,7 @@ sinks:
       headers: {}, dead_letter_on_4xx: true, max_inflight: 4, breaker_failures: 3, breaker_cooldown_ms: 10,
       ca_bundle: { pem: PEM } }
 dispatch: { ca_bundle: { pem: PEM } }
+store: { memory_bytes: 67108864 }
 routes: [{ id: r, sinks: [s] }]
 sources:
   - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },

@@ -15,6 +15,7 @@ mod faults;
 mod image;
 mod ingest;
 mod logs;
+mod memory;
 mod seed;
 mod support;
 mod tls;

@@ -366,6 +366,32 @@ impl Proc {
     }
 
     pub fn spawn_with_env(dir: &Path, node: &NodeBuilder, env: &[(&str, &Path)]) -> Proc {
+        Proc::spawn_into(dir, node, env, None)
+    }
+
+    /// [`Proc::start`] inside the cgroup whose `cgroup.procs` is `procs`: the process joins
+    /// it before the relay binary starts (a shell writes its own PID there, then `exec`s).
+    pub fn start_in_cgroup(dir: &Path, node: &NodeBuilder, procs: &Path) -> Proc {
+        let p = Proc::spawn_into(dir, node, &[], Some(procs));
+        let admin_port = node.admin_port().expect("fixed ports");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        while !matches!(http_get(admin_port, "/readyz"), Ok((200, ref b)) if b == "ready\n") {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the node never became ready:\n{}",
+                log_tail(dir, 40)
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        p
+    }
+
+    fn spawn_into(
+        dir: &Path,
+        node: &NodeBuilder,
+        env: &[(&str, &Path)],
+        cgroup_procs: Option<&Path>,
+    ) -> Proc {
         assert!(
             node.admin_port().is_some(),
             "a process node has fixed ports (NodeBuilder::free_ports)"
@@ -377,7 +403,20 @@ impl Proc {
             .append(true)
             .open(dir.join("relay.log"))
             .expect("open relay.log");
-        let child = bin()
+        let mut cmd = match cgroup_procs {
+            None => bin(),
+            Some(procs) => {
+                let mut c = Command::new("sh");
+                c.args([
+                    "-c",
+                    r#"echo $$ > "$0" && exec "$@""#,
+                    procs.to_str().expect("utf-8 path"),
+                    env!("CARGO_BIN_EXE_ankusa-relay"),
+                ]);
+                c
+            }
+        };
+        let child = cmd
             .args(["run", "--config", cfg.to_str().expect("utf-8 path")])
             .envs(env.iter().copied())
             .stdout(log.try_clone().expect("clone relay.log"))
