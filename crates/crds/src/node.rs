@@ -58,6 +58,10 @@ pub struct NodeStatus {
     /// The node's place in a Relay of several nodes (absent when it runs alone).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster: Option<ClusterStatus>,
+    /// The store's size on disk (table and blob files, write-ahead log): what the operator
+    /// checks the backup claim's room against. Absent from older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_bytes: Option<u64>,
 }
 
 /// A node of a Relay of several nodes.
@@ -117,6 +121,7 @@ mod tests {
                 tenants_owned: 4,
                 tenants_registered: Some(10),
             }),
+            store_bytes: Some(1 << 30),
         };
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<NodeStatus>(&text).unwrap(), s);

@@ -96,6 +96,18 @@ pub enum JobObs {
     Failed(String),
 }
 
+/// The backup destination's claim.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum BackupClaimObs {
+    /// No claim of that name in the namespace.
+    Missing,
+    /// The claim, with its bound capacity once bound (bytes) and its access modes.
+    Present {
+        capacity_bytes: Option<u64>,
+        access_modes: Vec<String>,
+    },
+}
+
 /// What the image probe learned of an image.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum ProbeObs {
@@ -156,6 +168,9 @@ pub struct Observed {
     pub backups: BTreeMap<i32, JobObs>,
     /// Ordinals of the nodes' volume claims (`data-<name>-<ordinal>`) that exist.
     pub claims: Vec<i32>,
+    /// `spec.backup.destination`'s claim, as read (`None`: not read, nothing is checked).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub backup_claim: Option<BackupClaimObs>,
     pub objects: ObservedObjects,
     /// `monitoring.coreos.com/v1` `servicemonitors` is served.
     pub service_monitor_api: bool,
@@ -787,6 +802,20 @@ fn step(
             .map(|&(i, _)| backup_job_name(relay, i, &cursor))
             .collect();
         if done < wanted.len() {
+            // One backup Job at a time: they all mount the backup claim, which a
+            // ReadWriteOnce volume attaches to one host at a time (a second Job elsewhere
+            // would wait on Multi-Attach until its deadline).
+            let running = wanted
+                .iter()
+                .any(|(i, _)| o.backups.get(i) == Some(&JobObs::Running));
+            jobs.truncate(usize::from(!running));
+            if !jobs.is_empty() {
+                if let Some(problem) = backup_claim_problem(relay, o) {
+                    out.hold = out.hold.or(hold("BackupClaimNotReady", problem, true));
+                    out.upgrade = Some(cursor);
+                    return out;
+                }
+            }
             out.jobs = jobs;
             // A hold already set (a new image waiting for this upgrade) says more.
             out.hold = out.hold.or(hold(
@@ -817,6 +846,41 @@ fn step(
         out.partition = p - 1;
         out.upgrade = Some(cursor);
         out
+    }
+}
+
+/// Why the backup claim cannot take this step's backups, if it cannot: it does not exist,
+/// or it is smaller than the stores it will hold — one archive of each node (at most its
+/// size on disk) and room to unpack the largest beside it, which the check of a backup
+/// does. Stores whose size their node does not report (older releases) are not counted.
+fn backup_claim_problem(relay: &Relay, o: &Observed) -> Option<String> {
+    let claim = relay.spec.backup.as_ref()?.destination.claim_name.as_str();
+    let ns = relay.metadata.namespace.as_deref().unwrap_or("default");
+    match o.backup_claim.as_ref()? {
+        BackupClaimObs::Missing => Some(format!(
+            "the backup claim {claim} does not exist in namespace {ns}: create it (see docs/deployment.md, \"Backup volumes\"); the upgrade waits for it, nothing moves"
+        )),
+        BackupClaimObs::Present { capacity_bytes, .. } => {
+            let capacity = (*capacity_bytes)?;
+            let sizes: Vec<u64> = o
+                .nodes
+                .values()
+                .filter_map(|r| r.as_ref().ok())
+                .filter_map(|r| r.status.store_bytes)
+                .collect();
+            if sizes.is_empty() {
+                return None;
+            }
+            let needed = sizes.iter().sum::<u64>() + sizes.iter().max().copied().unwrap_or(0);
+            (capacity < needed).then(|| {
+                format!(
+                    "the backup claim {claim} holds {} MiB; the nodes' stores take {} MiB on disk, plus the largest again to check its archive: {} MiB at least; grow the claim (the upgrade waits, nothing moves)",
+                    capacity >> 20,
+                    sizes.iter().sum::<u64>().div_ceil(1 << 20),
+                    needed.div_ceil(1 << 20)
+                )
+            })
+        }
     }
 }
 

@@ -1145,6 +1145,29 @@ impl Store {
         Ok(())
     }
 
+    /// The store's size on disk: every family's table and blob files (RocksDB's own
+    /// in-memory accounting, no directory walk) and the write-ahead log. What a backup of it
+    /// needs, before compression.
+    pub fn disk_bytes(&self) -> u64 {
+        let mut total = wal_bytes(&self.path);
+        for cf in Cf::ALL {
+            if let Some(h) = self.db.cf_handle(cf.name()) {
+                for p in [
+                    "rocksdb.total-sst-files-size",
+                    "rocksdb.total-blob-file-size",
+                ] {
+                    total += self
+                        .db
+                        .property_int_value_cf(h, p)
+                        .ok()
+                        .flatten()
+                        .unwrap_or(0);
+                }
+            }
+        }
+        total
+    }
+
     /// Column families present in this store.
     pub fn column_families(&self) -> Vec<Cf> {
         Cf::ALL

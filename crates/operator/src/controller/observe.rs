@@ -141,6 +141,29 @@ pub(super) async fn observe(
         .filter_map(|c| names.claim_ordinal(&c.name_any()))
         .collect();
     o.claims.sort_unstable();
+    // The backup destination: a list by name (the operator may list claims, not get them).
+    if let Some(backup) = &relay.spec.backup {
+        let name = &backup.destination.claim_name;
+        let found = claims
+            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+            .await?;
+        o.backup_claim = Some(match found.items.first() {
+            None => planner::BackupClaimObs::Missing,
+            Some(c) => planner::BackupClaimObs::Present {
+                capacity_bytes: c
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.capacity.as_ref())
+                    .and_then(|c| c.get("storage"))
+                    .and_then(|q| quantity_bytes(&q.0)),
+                access_modes: c
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.access_modes.clone())
+                    .unwrap_or_default(),
+            },
+        });
+    }
 
     // Poll every ready pod, concurrently.
     let polls = o.pods.iter().filter(|p| p.ready).map(|p| {
@@ -424,4 +447,41 @@ pub(super) fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
         failing,
         waiting,
     })
+}
+
+/// A storage quantity (`10Gi`, `500M`, `1073741824`) in bytes; `None` for a form a claim's
+/// capacity never takes (fractions, milli-units).
+pub(crate) fn quantity_bytes(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
+    let (n, unit) = q.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult: u64 = match unit {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn storage_quantities_read_as_bytes() {
+        use super::quantity_bytes as q;
+        assert_eq!(q("10Gi"), Some(10 << 30));
+        assert_eq!(q("500M"), Some(500_000_000));
+        assert_eq!(q("1073741824"), Some(1 << 30));
+        assert_eq!(q("1.5Gi"), None);
+        assert_eq!(q("100m"), None);
+    }
 }

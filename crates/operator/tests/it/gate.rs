@@ -116,6 +116,7 @@ fn node_status(p: &SimPod, v: &Volume) -> NodeStatus {
         oldest_due_at_ms: None,
         write_error: None,
         cluster: None,
+        store_bytes: None,
     }
 }
 

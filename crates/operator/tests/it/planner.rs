@@ -183,6 +183,10 @@ scenarios!(
     third_target_waits_for_the_upgrade,
     older_format_is_refused,
     last_pod_verified_completes_the_upgrade,
+    backup_jobs_run_one_at_a_time,
+    a_missing_backup_claim_holds_the_upgrade,
+    a_backup_claim_too_small_holds_the_upgrade,
+    a_backup_claim_with_room_lets_the_backups_start,
 );
 
 /// A reference names an image by its tag or pinned to a digest; only a repository digest

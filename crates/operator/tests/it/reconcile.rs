@@ -651,6 +651,7 @@ async fn node_server(token: Arc<std::sync::Mutex<String>>) -> String {
                         oldest_due_at_ms: None,
                         write_error: None,
                         cluster: None,
+                        store_bytes: None,
                     };
                     (StatusCode::OK, serde_json::to_string(&s).unwrap())
                 }

@@ -96,6 +96,7 @@ pub fn node_status(
             .filter(|_| store.health().failing())
             .map(|(message, since_ms)| ankusa_crds::node::WriteError { message, since_ms }),
         cluster: None,
+        store_bytes: Some(store.disk_bytes()),
     })
 }
 
