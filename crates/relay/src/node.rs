@@ -474,6 +474,9 @@ pub fn cgroup_memory_limit_in(own: &str, root: &std::path::Path) -> Option<u64> 
         if controllers.is_empty() {
             // v2: the unified hierarchy. A limit anywhere up the tree bounds this one.
             let mut dir = root.join(path);
+            if !dir.exists() {
+                dir = root.to_path_buf();
+            }
             let mut lowest: Option<u64> = None;
             loop {
                 if let Some(n) = read(dir.join("memory.max")) {
@@ -489,7 +492,12 @@ pub fn cgroup_memory_limit_in(own: &str, root: &std::path::Path) -> Option<u64> 
         } else if controllers.split(',').any(|c| c == "memory") {
             // v1 (hierarchical by default: the limit in force is the smallest up the tree,
             // which the kernel reports as hierarchical_memory_limit).
-            let dir = root.join("memory").join(path);
+            // In a container without its own cgroup namespace the path is the host's, and
+            // the container's cgroup is mounted at the hierarchy's root instead.
+            let mut dir = root.join("memory").join(path);
+            if !dir.exists() {
+                dir = root.join("memory");
+            }
             if let Some(n) = std::fs::read_to_string(dir.join("memory.stat"))
                 .ok()
                 .and_then(|t| {

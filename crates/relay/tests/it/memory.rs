@@ -214,4 +214,15 @@ fn the_cgroup_memory_limit_is_read_for_v1_and_v2() {
     )
     .unwrap();
     assert_eq!(cgroup_memory_limit_in(own, r), None);
+    // v1 in a container: /proc/self/cgroup names the host's path, the container's own
+    // cgroup is mounted at the hierarchy's root.
+    std::fs::write(
+        r.join("memory/memory.stat"),
+        "hierarchical_memory_limit 134217728\n",
+    )
+    .unwrap();
+    assert_eq!(
+        cgroup_memory_limit_in("12:memory:/kubepods/burstable/pod9/abc\n", r),
+        Some(128 << 20)
+    );
 }
