@@ -360,6 +360,10 @@ restarts=$(kubectl get pod hooks-1 -o jsonpath='{.status.containerStatuses[0].re
 pid=$(container_pid hooks-1)
 mem=$(memory_cgroup "$pid")
 pod_limit=$(cat "$mem/memory.limit_in_bytes")
+# The node read that limit from its cgroup and sized its store from it (a quarter).
+opening=$(kubectl logs hooks-1 | grep "opening the store" | tail -n1)
+echo "$opening" | grep -Eq "memory_limit\"?[=:]\"?$pod_limit\b" ||
+  fail "hooks-1 did not find its memory limit ($pod_limit) in its cgroup: $opening"
 rss=$(awk '$1 == "rss" { print $2 }' "$mem/memory.stat")
 limit=$((rss + (24 << 20)))
 until echo "$limit" >"$mem/memory.limit_in_bytes" 2>/dev/null; do # EBUSY: its cache did not shrink yet
