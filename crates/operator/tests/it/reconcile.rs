@@ -74,8 +74,35 @@ async fn set_up_on(
     patch: Value,
 ) -> (Client, String, Arc<Context>) {
     let ns = cluster::namespace(&admin, prefix).await;
+    if fixture == "full" {
+        placement_objects(&admin, &ns).await;
+    }
     create_relay(&admin, &ns, fixture, patch).await;
     (admin, ns, context(op, NOWHERE))
+}
+
+/// What the full fixture's pods name and the API server checks when it admits them: the
+/// ServiceAccount `relay` in `ns` and the PriorityClass `relay-critical` (cluster-wide,
+/// made once and shared by the tests).
+async fn placement_objects(admin: &Client, ns: &str) {
+    use k8s_openapi::api::core::v1::ServiceAccount;
+    use k8s_openapi::api::scheduling::v1::PriorityClass;
+    let accounts: Api<ServiceAccount> = Api::namespaced(admin.clone(), ns);
+    let account: ServiceAccount =
+        serde_json::from_value(json!({ "metadata": { "name": "relay" } })).unwrap();
+    accounts
+        .create(&PostParams::default(), &account)
+        .await
+        .unwrap();
+    let classes: Api<PriorityClass> = Api::all(admin.clone());
+    let class: PriorityClass =
+        serde_json::from_value(json!({ "metadata": { "name": "relay-critical" }, "value": 1000 }))
+            .unwrap();
+    match classes.create(&PostParams::default(), &class).await {
+        Ok(_) => {}
+        Err(kube::Error::Api(e)) if e.code == 409 => {}
+        Err(e) => panic!("PriorityClass relay-critical: {e}"),
+    }
 }
 
 /// A merge patch of the Relay `name`, as a user's `kubectl patch --type merge`.
@@ -392,19 +419,18 @@ async fn drift_is_applied_back_and_a_removed_field_disappears() {
     reconcile(&ctx, &ns, "hooks").await.unwrap();
     let v = serde_json::to_value(sts_api.get("hooks").await.unwrap()).unwrap();
     let container = &v["spec"]["template"]["spec"]["containers"][0];
-    assert!(
-        container["resources"]
-            .as_object()
-            .map(|o| o.is_empty())
-            .unwrap_or(true),
+    // The user's resources (a memory limit among them) gave way to the defaults.
+    assert_eq!(
+        container["resources"],
+        json!({ "requests": { "cpu": "250m", "memory": "512Mi" } }),
         "resources stayed: {container:#}"
     );
     // imagePullPolicy is defaulted by the server once the operator stops setting it.
     assert_ne!(container["imagePullPolicy"], json!(null));
     let managed = v["metadata"]["managedFields"].to_string();
     assert!(
-        !managed.contains("f:resources"),
-        "the operator still owns resources: {managed}"
+        !managed.contains("f:limits"),
+        "the operator still owns the removed limits: {managed}"
     );
 }
 
