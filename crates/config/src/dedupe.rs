@@ -7,6 +7,7 @@ use crate::{positive, ConfigError};
 impl DedupeConfig {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         positive("dedupe.window_ms", self.window_ms)?;
+        positive("dedupe.sweep_interval_ms", self.sweep_interval_ms)?;
         positive("dedupe.sweep_batch", self.sweep_batch)
     }
 }

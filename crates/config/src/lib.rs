@@ -309,6 +309,37 @@ mod tests {
             .collect()
     }
 
+    /// Values the docs call out of range are refused, each naming its key.
+    #[test]
+    fn documented_limits_are_enforced() {
+        let base = r#"
+data_dir: /tmp/x
+sinks: [{ id: s, url: "http://a.example/" }]
+routes: [{ id: r, sinks: [s] }]
+"#;
+        for (extra, key) in [
+            ("dedupe: { sweep_interval_ms: 0 }", "dedupe.sweep_interval_ms"),
+            (
+                "sources: [{ id: a, verify: { scheme: none }, route: r, forward_headers: [webhook-foo] }]",
+                "sources[0].forward_headers",
+            ),
+            (
+                "sources: [{ id: a, verify: { scheme: none }, route: r, forward_headers: [Ankusa-Foo] }]",
+                "sources[0].forward_headers",
+            ),
+            (
+                "cluster: { name: a, token: { value: \"sixteen bytes or more\" }, nodes: [{ name: a, ingest: \"http://a:1\", admin: \"http://a:2\" }, { name: b, ingest: \"http://b:1\", admin: \"http://b:2\" }] }",
+                "cluster.token",
+            ),
+        ] {
+            let yaml = format!("{base}{extra}\n");
+            let e = Config::from_yaml(&yaml, Vec::new())
+                .expect_err(extra)
+                .to_string();
+            assert!(e.contains(key), "{extra}: {e}");
+        }
+    }
+
     #[test]
     fn list_entries_are_addressed_by_index_or_by_id() {
         let yaml = r#"

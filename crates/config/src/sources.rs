@@ -146,6 +146,9 @@ pub const RESERVED_HEADERS: &[&str] = &[
     "ankusa-source",
 ];
 
+/// Prefixes of the headers the delivery sets itself: none of them is forwarded.
+pub const RESERVED_PREFIXES: &[&str] = &["webhook-", "ankusa-"];
+
 impl SourceConfig {
     /// The header names (lower case) this source forwards.
     pub fn forwarded(&self) -> Vec<String> {
@@ -207,13 +210,15 @@ impl SourceConfig {
                 let lower = n.to_ascii_lowercase();
                 if http::HeaderName::from_bytes(n.as_bytes()).is_err()
                     || RESERVED_HEADERS.contains(&lower.as_str())
+                    || RESERVED_PREFIXES.iter().any(|p| lower.starts_with(p))
                     || !seen.insert(lower)
                 {
                     return Err(invalid(
                         &key,
                         format!(
-                            "{n:?} is not a header name, is repeated, or is set by the delivery itself ({})",
-                            RESERVED_HEADERS.join(", ")
+                            "{n:?} is not a header name, is repeated, or is set by the delivery itself ({}, and every {}* header)",
+                            RESERVED_HEADERS.join(", "),
+                            RESERVED_PREFIXES.join("*, ")
                         ),
                     ));
                 }
