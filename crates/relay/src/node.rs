@@ -595,14 +595,7 @@ fn spawn_write_probe(
             metrics
                 .store_write_failing
                 .set(i64::from(store.health().failing()));
-            if let Some((used, budget)) = store.memory_usage() {
-                metrics
-                    .store_memory_bytes
-                    .set(i64::try_from(used).unwrap_or(i64::MAX));
-                metrics
-                    .store_memory_budget_bytes
-                    .set(i64::try_from(budget).unwrap_or(i64::MAX));
-            }
+            set_store_memory(&store, &metrics);
             for (family, n) in ankusa_store::corruptions() {
                 let c = metrics.store_corruption.get_or_create(&StoreFamilyLabel {
                     family: family.name().to_owned(),
@@ -611,6 +604,15 @@ fn spawn_write_probe(
             }
         }
     })
+}
+
+/// `ankusa_store_memory_bytes` and `ankusa_store_memory_budget_bytes` from the store.
+fn set_store_memory(store: &Store, metrics: &Metrics) {
+    if let Some((used, budget)) = store.memory_usage() {
+        let gauge = |n: usize| i64::try_from(n).unwrap_or(i64::MAX);
+        metrics.store_memory_bytes.set(gauge(used));
+        metrics.store_memory_budget_bytes.set(gauge(budget));
+    }
 }
 
 /// Prunes audit rows past `admin.audit_retention_ms`, a bounded batch a minute.
@@ -739,6 +741,8 @@ impl Node {
         let store = Arc::new(store);
         let metrics = Arc::new(Metrics::new());
         metrics.tenants_max.set(i64::from(config.tenants.max));
+        // From the first scrape (the write probe keeps them current every second).
+        set_store_memory(&store, &metrics);
         let cluster = Arc::new(Cluster::new(&config, &store, metrics.clone())?);
         let ready = Arc::new(AtomicBool::new(false));
         let admin_state = Arc::new(AdminState {
