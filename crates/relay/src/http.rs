@@ -22,16 +22,37 @@ pub type Client = hyper_util::client::legacy::Client<Https, Full<Bytes>>;
 pub fn client(connect_timeout: std::time::Duration) -> Result<Client, rustls::Error> {
     let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
     http.set_connect_timeout(Some(connect_timeout));
-    http.enforce_http(false);
     Ok(
-        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new()).build(
-            hyper_rustls::HttpsConnectorBuilder::new()
-                .with_provider_and_webpki_roots(rustls::crypto::ring::default_provider())?
-                .https_or_http()
-                .enable_http1()
-                .wrap_connector(http),
-        ),
+        hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+            .build(https(http, &[])?),
     )
+}
+
+/// HTTP/1.1 over plain HTTP or TLS on `http`, trusting the web PKI's roots (compiled into
+/// the binary) and `cas`.
+pub fn https(
+    mut http: hyper_util::client::legacy::connect::HttpConnector,
+    cas: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<Https, rustls::Error> {
+    // The TLS layer takes `https://` URIs through the TCP connector.
+    http.enforce_http(false);
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    for ca in cas {
+        roots.add(ca.clone())?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    Ok(hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_or_http()
+        .enable_http1()
+        .wrap_connector(http))
 }
 
 /// The one error body shape: `{"error": code, "message": ...}` ([`ErrorBody`]).

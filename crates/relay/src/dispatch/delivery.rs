@@ -31,7 +31,7 @@ use ankusa_records::Envelope;
 use ankusa_records::ErrorClass;
 use ankusa_verify::{standard_webhooks_key, standard_webhooks_sign};
 
-type Https = hyper_rustls::HttpsConnector<HttpConnector>;
+use crate::http::Https;
 
 /// A sink, ready to deliver to.
 #[derive(Debug)]
@@ -158,37 +158,18 @@ impl Attempt {
     }
 }
 
-/// A pooled HTTP/1.1 client over HTTP or HTTPS that trusts the web PKI's roots and `cas`
-/// (`key` names where they came from in an error).
+/// The pooled delivery client, trusting the web PKI's roots and `cas` (`key` names where
+/// they came from in an error).
 fn delivery_client(
     cas: &[rustls::pki_types::CertificateDer<'static>],
     idle_per_host: usize,
     key: &str,
 ) -> Result<Client<Https, Full<Bytes>>, ConfigError> {
-    let invalid = |message: String| ConfigError::Invalid {
-        key: key.to_owned(),
-        message,
-    };
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    for (i, ca) in cas.iter().enumerate() {
-        roots
-            .add(ca.clone())
-            .map_err(|e| invalid(format!("certificate {}: {e}", i + 1)))?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| invalid(format!("TLS set-up: {e}")))?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
-    let https = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_or_http()
-        .enable_http1()
-        .build();
+    let https =
+        crate::http::https(HttpConnector::new(), cas).map_err(|e| ConfigError::Invalid {
+            key: key.to_owned(),
+            message: format!("TLS set-up: {e}"),
+        })?;
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(idle_per_host)
