@@ -119,20 +119,18 @@ impl ClusterConfig {
                     "is required with two nodes or more",
                 ));
             };
-            if secrets.len(t, "cluster.token")?.is_some_and(|n| n < 16) {
-                return Err(invalid("cluster.token", "must be at least 16 bytes"));
-            }
-            // It travels in a header: printable ASCII only (no space, no control byte).
-            if secrets == Secrets::Resolve
-                && !t
-                    .resolve("cluster.token")?
-                    .iter()
-                    .all(|b| (0x21..=0x7e).contains(b))
-            {
-                return Err(invalid(
-                    "cluster.token",
-                    "must be printable ASCII (no spaces or control characters)",
-                ));
+            if secrets == Secrets::Resolve {
+                let token = t.resolve("cluster.token")?;
+                if token.len() < 16 {
+                    return Err(invalid("cluster.token", "must be at least 16 bytes"));
+                }
+                // It travels in a header: printable ASCII only (no space, no control byte).
+                if !token.iter().all(|b| (0x21..=0x7e).contains(b)) {
+                    return Err(invalid(
+                        "cluster.token",
+                        "must be printable ASCII (no spaces or control characters)",
+                    ));
+                }
             }
         }
         Ok(())

@@ -101,11 +101,8 @@ pub enum JobObs {
 pub enum BackupClaimObs {
     /// No claim of that name in the namespace.
     Missing,
-    /// The claim, with its bound capacity once bound (bytes) and its access modes.
-    Present {
-        capacity_bytes: Option<u64>,
-        access_modes: Vec<String>,
-    },
+    /// The claim, with its capacity once bound (bytes).
+    Present { capacity_bytes: Option<u64> },
 }
 
 /// What the image probe learned of an image.

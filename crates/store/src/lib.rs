@@ -812,8 +812,10 @@ impl Store {
     ) -> Result<Store, StoreError> {
         let mut o = db_options();
         o.set_max_open_files(opts.max_open_files);
-        let memory = opts.memory.as_ref().map(SharedMemory::of);
-        if let Some(m) = &memory {
+        let memory = opts
+            .memory
+            .map(|budget| (SharedMemory::of(&budget), budget));
+        if let Some((m, _)) = &memory {
             o.set_write_buffer_manager(&m.write_buffers);
         }
         o.create_if_missing(create);
@@ -821,8 +823,12 @@ impl Store {
         let db = DB::open_cf_descriptors(
             &o,
             &path,
-            cfs.iter()
-                .map(|cf| ColumnFamilyDescriptor::new(cf.name(), cf_options(*cf, memory.as_ref()))),
+            cfs.iter().map(|cf| {
+                ColumnFamilyDescriptor::new(
+                    cf.name(),
+                    cf_options(*cf, memory.as_ref().map(|(m, _)| m)),
+                )
+            }),
         )?;
         Ok(Store {
             db,
@@ -831,7 +837,7 @@ impl Store {
             stats: StoreStats::default(),
             transitions: std::sync::Mutex::new(()),
             health: WriteHealth::default(),
-            memory: memory.map(|m| (m.cache, opts.memory.unwrap_or(MemoryBudget::of_total(0)))),
+            memory: memory.map(|(m, budget)| (m.cache, budget)),
         })
     }
 

@@ -156,11 +156,6 @@ pub(super) async fn observe(
                     .and_then(|s| s.capacity.as_ref())
                     .and_then(|c| c.get("storage"))
                     .and_then(|q| quantity_bytes(&q.0)),
-                access_modes: c
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.access_modes.clone())
-                    .unwrap_or_default(),
             },
         });
     }

@@ -62,7 +62,8 @@ impl Progress {
     }
 }
 
-/// Reads the node status from the store (O(1): point reads and one marker seek).
+/// Reads the node status from the store: point reads, one marker seek, RocksDB's own size
+/// properties and a listing of the store directory's WAL files (`store_bytes`).
 pub fn node_status(
     store: &Store,
     migration: Option<MigrationProgress>,

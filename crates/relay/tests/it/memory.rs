@@ -21,7 +21,7 @@ struct MemoryCgroup {
 impl MemoryCgroup {
     /// Under cgroup v1's memory hierarchy, or v2's unified one.
     fn create(limit: u64) -> MemoryCgroup {
-        let name = format!("ankusa-it-{:08x}", rand_u32());
+        let name = format!("ankusa-it-{:08x}", rand::random::<u32>());
         let v1 = Path::new("/sys/fs/cgroup/memory");
         let (dir, file) = if v1.join("memory.limit_in_bytes").exists() {
             (v1.join(&name), "memory.limit_in_bytes")
@@ -64,13 +64,6 @@ impl Drop for MemoryCgroup {
             std::thread::sleep(Duration::from_millis(100));
         }
     }
-}
-
-fn rand_u32() -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default();
-    t.subsec_nanos() ^ std::process::id()
 }
 
 /// `VmHWM` (peak resident set) and `VmRSS` of `pid`, in bytes.
