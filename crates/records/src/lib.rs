@@ -353,6 +353,17 @@ pub enum ErrorClass {
 }
 
 impl ErrorClass {
+    /// The name the API and the logs show (as serialized).
+    pub fn name(self) -> &'static str {
+        match self {
+            ErrorClass::Timeout => "timeout",
+            ErrorClass::Connection => "connection",
+            ErrorClass::Status => "status",
+            ErrorClass::Request => "request",
+            ErrorClass::Unconfigured => "unconfigured",
+        }
+    }
+
     pub fn byte(c: Option<ErrorClass>) -> u8 {
         match c {
             None => 0,

@@ -57,14 +57,27 @@ pub fn https(
 
 /// The one error body shape: `{"error": code, "message": ...}` ([`ErrorBody`]).
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (
-        status,
-        Json(ErrorBody {
-            error: code.to_owned(),
-            message: message.into(),
-        }),
-    )
-        .into_response()
+    let body = ErrorBody {
+        error: code.to_owned(),
+        message: message.into(),
+        reason: None,
+    };
+    (status, Json(body)).into_response()
+}
+
+/// [`error`] with the reason of a code that has several causes.
+pub fn error_why(
+    status: StatusCode,
+    code: &str,
+    message: impl Into<String>,
+    reason: &str,
+) -> Response {
+    let body = ErrorBody {
+        error: code.to_owned(),
+        message: message.into(),
+        reason: Some(reason.to_owned()),
+    };
+    (status, Json(body)).into_response()
 }
 
 /// Every error of both listeners: a stable code and a message for people.
@@ -73,6 +86,11 @@ pub struct ErrorBody {
     /// A stable code: `unauthorized`, `not_found`, `bad_request`, `tenant_limit`, …
     pub error: String,
     pub message: String,
+    /// Why, where one code has several causes: a 401 of ingest carries the verification
+    /// failure's reason (`missing_header`, `malformed_header`, `stale_timestamp`,
+    /// `bad_signature`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 // The error answers that many operations share, written once for the OpenAPI document:

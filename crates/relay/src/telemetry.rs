@@ -159,3 +159,59 @@ pub fn in_hook_trace(span: &tracing::Span, id: &str) {
         let _ = span.set_parent(hook_context(id));
     }
 }
+
+/// A budget of log lines a second, for lines the outside world can cause at any rate
+/// (a sender failing verification, a sink refusing every attempt): at most `per_second`
+/// are written each second, and the first written after a gap says how many were left out.
+#[derive(Debug)]
+pub struct LogLimit {
+    per_second: u32,
+    /// The current second, the lines written in it, and the lines left out since the last
+    /// one written.
+    state: std::sync::Mutex<(u64, u32, u64)>,
+}
+
+impl LogLimit {
+    pub const fn new(per_second: u32) -> Self {
+        LogLimit {
+            per_second,
+            state: std::sync::Mutex::new((0, 0, 0)),
+        }
+    }
+
+    /// `Some(left_out)` when a line may be written in second `now_s` (`left_out` lines
+    /// were not since the last one that was), `None` when this second's budget is spent.
+    pub fn admit(&self, now_s: u64) -> Option<u64> {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.0 != now_s {
+            st.0 = now_s;
+            st.1 = 0;
+        }
+        if st.1 < self.per_second {
+            st.1 += 1;
+            Some(std::mem::take(&mut st.2))
+        } else {
+            st.2 += 1;
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LogLimit;
+
+    #[test]
+    fn a_log_limit_writes_its_budget_each_second_and_counts_the_rest() {
+        let l = LogLimit::new(2);
+        assert_eq!(l.admit(10), Some(0));
+        assert_eq!(l.admit(10), Some(0));
+        assert_eq!(l.admit(10), None);
+        assert_eq!(l.admit(10), None);
+        // The next second's first line says two were left out; the count starts again.
+        assert_eq!(l.admit(11), Some(2));
+        assert_eq!(l.admit(11), Some(0));
+        assert_eq!(l.admit(11), None);
+        assert_eq!(l.admit(12), Some(1));
+    }
+}

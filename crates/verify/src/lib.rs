@@ -5,6 +5,8 @@
 
 pub mod request;
 
+use std::borrow::Cow;
+
 use base64::Engine;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
@@ -18,13 +20,34 @@ type HmacSha256 = Hmac<Sha256>;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum VerifyError {
     #[error("missing header {0}")]
-    MissingHeader(&'static str),
+    MissingHeader(Cow<'static, str>),
     #[error("malformed {0} header")]
-    Malformed(&'static str),
+    Malformed(Cow<'static, str>),
     #[error("timestamp outside the tolerance")]
     StaleTimestamp,
     #[error("signature mismatch")]
     Mismatch,
+}
+
+impl VerifyError {
+    /// Every reason code, in the order of [`VerifyError::reason`]'s arms.
+    pub const REASONS: [&'static str; 4] = [
+        "missing_header",
+        "malformed_header",
+        "stale_timestamp",
+        "bad_signature",
+    ];
+
+    /// The stable reason code a refused sender and the metrics see. It names what failed,
+    /// never the secret or the expected signature.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            VerifyError::MissingHeader(_) => Self::REASONS[0],
+            VerifyError::Malformed(_) => Self::REASONS[1],
+            VerifyError::StaleTimestamp => Self::REASONS[2],
+            VerifyError::Mismatch => Self::REASONS[3],
+        }
+    }
 }
 
 /// A verifier built from a source's configuration, with its secret resolved.
@@ -136,16 +159,16 @@ impl Verifier {
             } => {
                 let v = h
                     .get(header)
-                    .ok_or(VerifyError::MissingHeader("signature"))?;
+                    .ok_or_else(|| VerifyError::MissingHeader(header.clone().into()))?;
                 let v = v
                     .trim()
                     .strip_prefix(prefix.as_str())
-                    .ok_or(VerifyError::Malformed("signature"))?;
+                    .ok_or_else(|| VerifyError::Malformed(header.clone().into()))?;
                 let given = match encoding {
                     SigEncoding::Hex => hex_decode(v),
                     SigEncoding::Base64 => b64().decode(v).ok(),
                 }
-                .ok_or(VerifyError::Malformed("signature"))?;
+                .ok_or_else(|| VerifyError::Malformed(header.clone().into()))?;
                 if eq(&given, &hmac_sha256(secret, &[body])) {
                     Ok(())
                 } else {
@@ -155,12 +178,14 @@ impl Verifier {
             Verifier::Github { secret } => {
                 let v = h
                     .get("x-hub-signature-256")
-                    .ok_or(VerifyError::MissingHeader("x-hub-signature-256"))?;
+                    .ok_or(VerifyError::MissingHeader(Cow::Borrowed(
+                        "x-hub-signature-256",
+                    )))?;
                 let given = v
                     .trim()
                     .strip_prefix("sha256=")
                     .and_then(hex_decode)
-                    .ok_or(VerifyError::Malformed("x-hub-signature-256"))?;
+                    .ok_or(VerifyError::Malformed(Cow::Borrowed("x-hub-signature-256")))?;
                 if eq(&given, &hmac_sha256(secret, &[body])) {
                     Ok(())
                 } else {
@@ -170,17 +195,21 @@ impl Verifier {
             Verifier::StandardWebhooks { key, tolerance_s } => {
                 let id = h
                     .get("webhook-id")
-                    .ok_or(VerifyError::MissingHeader("webhook-id"))?;
+                    .ok_or(VerifyError::MissingHeader(Cow::Borrowed("webhook-id")))?;
                 let ts_raw = h
                     .get("webhook-timestamp")
-                    .ok_or(VerifyError::MissingHeader("webhook-timestamp"))?;
+                    .ok_or(VerifyError::MissingHeader(Cow::Borrowed(
+                        "webhook-timestamp",
+                    )))?;
                 let sigs = h
                     .get("webhook-signature")
-                    .ok_or(VerifyError::MissingHeader("webhook-signature"))?;
+                    .ok_or(VerifyError::MissingHeader(Cow::Borrowed(
+                        "webhook-signature",
+                    )))?;
                 let ts: u64 = ts_raw
                     .trim()
                     .parse()
-                    .map_err(|_| VerifyError::Malformed("webhook-timestamp"))?;
+                    .map_err(|_| VerifyError::Malformed(Cow::Borrowed("webhook-timestamp")))?;
                 if !within(ts, now_s, *tolerance_s) {
                     return Err(VerifyError::StaleTimestamp);
                 }
@@ -207,9 +236,11 @@ impl Verifier {
                 secret,
                 tolerance_s,
             } => {
-                let v = h
-                    .get("stripe-signature")
-                    .ok_or(VerifyError::MissingHeader("stripe-signature"))?;
+                let v =
+                    h.get("stripe-signature")
+                        .ok_or(VerifyError::MissingHeader(Cow::Borrowed(
+                            "stripe-signature",
+                        )))?;
                 let mut ts = None;
                 let mut v1 = Vec::new();
                 for part in v.split(',') {
@@ -219,10 +250,10 @@ impl Verifier {
                         _ => {}
                     }
                 }
-                let ts_raw = ts.ok_or(VerifyError::Malformed("stripe-signature"))?;
+                let ts_raw = ts.ok_or(VerifyError::Malformed(Cow::Borrowed("stripe-signature")))?;
                 let t: u64 = ts_raw
                     .parse()
-                    .map_err(|_| VerifyError::Malformed("stripe-signature"))?;
+                    .map_err(|_| VerifyError::Malformed(Cow::Borrowed("stripe-signature")))?;
                 if !within(t, now_s, *tolerance_s) {
                     return Err(VerifyError::StaleTimestamp);
                 }
@@ -280,7 +311,9 @@ mod tests {
         );
         assert_eq!(
             v.verify(&h(&[]), b"Hello, World!", 0),
-            Err(VerifyError::MissingHeader("x-hub-signature-256"))
+            Err(VerifyError::MissingHeader(Cow::Borrowed(
+                "x-hub-signature-256"
+            )))
         );
     }
 
@@ -338,7 +371,7 @@ mod tests {
         );
         assert_eq!(
             v.verify(&h(&[("stripe-signature", "v1=00")]), body, t),
-            Err(VerifyError::Malformed("stripe-signature"))
+            Err(VerifyError::Malformed(Cow::Borrowed("stripe-signature")))
         );
     }
 
@@ -356,7 +389,20 @@ mod tests {
         assert_eq!(hexv.verify(&h(&[("x-sig", &good)]), b"payload", 0), Ok(()));
         assert_eq!(
             hexv.verify(&h(&[("x-sig", &hex(&sig))]), b"payload", 0),
-            Err(VerifyError::Malformed("signature"))
+            Err(VerifyError::Malformed(Cow::Borrowed("x-sig")))
+        );
+        // Each failure has its reason code, and the header it names is the configured one.
+        let missing = hexv.verify(&h(&[]), b"payload", 0).unwrap_err();
+        assert_eq!(missing, VerifyError::MissingHeader(Cow::Borrowed("x-sig")));
+        assert_eq!(missing.reason(), "missing_header");
+        assert_eq!(missing.to_string(), "missing header x-sig");
+        let wrong = format!("sha256={}", hex(&hmac_sha256(b"other", &[b"payload"])));
+        let mismatch = hexv.verify(&h(&[("x-sig", &wrong)]), b"payload", 0);
+        assert_eq!(mismatch.unwrap_err().reason(), "bad_signature");
+        assert_eq!(VerifyError::StaleTimestamp.reason(), "stale_timestamp");
+        assert_eq!(
+            VerifyError::Malformed(Cow::Borrowed("x-sig")).reason(),
+            "malformed_header"
         );
         let b64v = Verifier::HmacSha256 {
             secret,

@@ -163,6 +163,8 @@ pub struct IngestState {
     pub cluster: Arc<Cluster>,
     next_id: AtomicU64,
     id_prefix: String,
+    /// Lines about requests that failed verification: a sender can cause them at any rate.
+    verify_log: crate::telemetry::LogLimit,
 }
 
 impl IngestState {
@@ -184,6 +186,7 @@ impl IngestState {
             ready,
             cluster,
             next_id: AtomicU64::new(0),
+            verify_log: crate::telemetry::LogLimit::new(VERIFY_LOG_PER_SECOND),
             // Ids are unique across restarts: boot time and a random part, then a counter.
             id_prefix: format!(
                 "hk_{:x}{:06x}",
@@ -275,6 +278,9 @@ fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Respons
     let r = error(StatusCode::SERVICE_UNAVAILABLE, "tenant_limit", message);
     (label, Outcome::TenantLimit, with_retry_after(r, 300))
 }
+
+/// Lines a second about requests that failed verification.
+const VERIFY_LOG_PER_SECOND: u32 = 5;
 
 /// `202` (committed by a synced write) or `200` with `duplicate` (seen within the dedupe
 /// window: the first hook's id).
@@ -418,17 +424,35 @@ async fn handle<'a>(
     };
     let now_ms = ankusa_keyspace::now_ms();
     if let Err(why) = src.verifier.verify(&headers, &bytes, now_ms / 1000) {
+        let reason = why.reason();
+        s.metrics.verification_failed(label, reason);
+        if let Some(left_out) = s.verify_log.admit(now_ms / 1000) {
+            // The tenant the request names, if it names a valid one: unverified, so only
+            // a hint for whoever reads the log.
+            let named = tenant_of(
+                src.tenant.as_ref(),
+                in_path,
+                &headers,
+                &mut JsonBody::new(&bytes),
+            );
+            tracing::warn!(
+                source = %src.id,
+                tenant = named.ok().flatten().as_deref().unwrap_or("-"),
+                reason,
+                detail = %why,
+                left_out,
+                "a request failed verification (401); kept in the quarantine"
+            );
+        }
         s.quarantine
             .keep(src.id.clone(), why.to_string(), &headers, &bytes);
-        return (
-            label,
-            Outcome::Quarantined,
-            error(
-                StatusCode::UNAUTHORIZED,
-                "unauthorized",
-                "the request failed verification",
-            ),
+        let r = crate::http::error_why(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            format!("the request failed verification: {why}"),
+            reason,
         );
+        return (label, Outcome::Quarantined, r);
     }
     let mut json = JsonBody::new(&bytes);
     let tenant = match tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json) {

@@ -142,12 +142,21 @@ pub struct IngestLabels {
     pub outcome: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct VerifyLabels {
+    pub source: String,
+    /// One of `ankusa_verify::VerifyError::REASONS`.
+    pub reason: String,
+}
+
 /// Every metric of a node.
 #[derive(Debug)]
 pub struct Metrics {
     pub registry: Registry,
     pub ingest_requests: Family<IngestLabels, Counter>,
     pub ingest_latency: Histogram,
+    /// Requests that failed verification, by source and reason code.
+    pub ingest_verification_failures: Family<VerifyLabels, Counter>,
     pub writer_batch_hooks: Histogram,
     pub writer_commit_seconds: Histogram,
     /// Hooks written by the writer and waiting for the WAL sync that acks them.
@@ -227,6 +236,12 @@ impl Metrics {
             "ankusa_ingest_requests",
             "Ingest requests by source and outcome",
             ingest_requests.clone(),
+        );
+        let ingest_verification_failures = Family::<VerifyLabels, Counter>::default();
+        registry.register(
+            "ankusa_ingest_verification_failures",
+            "Requests that failed verification (401), by source and reason: missing_header, malformed_header, stale_timestamp, bad_signature",
+            ingest_verification_failures.clone(),
         );
         let ingest_latency = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
         registry.register(
@@ -538,6 +553,7 @@ impl Metrics {
             registry,
             ingest_requests,
             ingest_latency,
+            ingest_verification_failures,
             writer_batch_hooks,
             writer_commit_seconds,
             writer_unsynced_hooks,
@@ -568,6 +584,16 @@ impl Metrics {
             requests: self.sink_requests.get_or_create(&label).clone(),
             queued: self.sink_queued.get_or_create(&label).clone(),
         }
+    }
+
+    /// One request of `source` that failed verification for `reason`.
+    pub fn verification_failed(&self, source: &str, reason: &str) {
+        self.ingest_verification_failures
+            .get_or_create(&VerifyLabels {
+                source: source.to_owned(),
+                reason: reason.to_owned(),
+            })
+            .inc();
     }
 
     pub fn ingest(&self, source: &str, outcome: &str) {

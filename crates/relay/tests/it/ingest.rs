@@ -144,6 +144,22 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
         .await;
     assert_eq!(r.status, 401);
     assert_eq!(r.json()["error"], "unauthorized");
+    assert_eq!(r.json()["reason"], "bad_signature");
+    // A missing header is named; neither answer carries the secret or the expected value.
+    let r = t.post("shared", &[("x-tenant", "t1".into())], body).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["reason"], "missing_header");
+    assert!(r.json()["message"]
+        .as_str()
+        .unwrap()
+        .contains("x-signature"));
+    let expected = hex(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]));
+    for v in [
+        r.json().to_string(),
+        String::from_utf8_lossy(&r.body).into_owned(),
+    ] {
+        assert!(!v.contains(HMAC_SECRET) && !v.contains(&expected), "{v}");
+    }
 
     // hmac-sha256, base64, tenant from a JSON pointer
     let sig = b64(&hmac_sha256(HMAC_SECRET.as_bytes(), &[body]));
@@ -176,12 +192,16 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
     let mut wrong = sw_headers("msg_2", now, body, "t2");
     wrong[2].1 = "v1,AAAA".into();
     assert_eq!(t.post("sw", &wrong, body).await.status, 401);
-    assert_eq!(
-        t.post("sw", &sw_headers("msg_3", now - 3_600, body, "t2"), body)
-            .await
-            .status,
-        401
-    );
+    let r = t
+        .post("sw", &sw_headers("msg_3", now - 3_600, body, "t2"), body)
+        .await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["reason"], "stale_timestamp");
+    let mut garbled = sw_headers("msg_4", now, body, "t2");
+    garbled[1].1 = "yesterday".into();
+    let r = t.post("sw", &garbled, body).await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["reason"], "malformed_header");
 
     // stripe: good, stale
     let stripe_body = br#"{"id":"evt_123","object":"event"}"#;
@@ -224,7 +244,7 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
     assert_eq!(tenants, expect);
     assert_eq!(hooks[0].sinks, vec!["local".to_owned()]);
 
-    // Six quarantined requests, kept with their reason and without credentials.
+    // Eight quarantined requests, kept with their reason and without credentials.
     tokio::time::sleep(std::time::Duration::from_millis(200)).await;
     let q: Vec<_> = t
         .node
@@ -233,16 +253,29 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
         .unwrap()
         .map(|kv| serde_json::from_slice::<serde_json::Value>(&kv.unwrap().1).unwrap())
         .collect();
-    assert_eq!(q.len(), 6);
+    assert_eq!(q.len(), 8);
     assert!(q
         .iter()
         .any(|e| e["reason"] == "timestamp outside the tolerance"));
     assert!(q.iter().any(|e| e["reason"] == "signature mismatch"));
     let m = t.metrics().await;
     assert!(
-        m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="quarantined"} 2"#),
+        m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="quarantined"} 3"#),
         "{m}"
     );
+    for (source, reason, n) in [
+        ("shared", "bad_signature", 1),
+        ("shared", "missing_header", 1),
+        ("sw", "bad_signature", 1),
+        ("sw", "stale_timestamp", 1),
+        ("sw", "malformed_header", 1),
+        ("stripe", "stale_timestamp", 1),
+    ] {
+        let series = format!(
+            r#"ankusa_ingest_verification_failures_total{{source="{source}",reason="{reason}"}} {n}"#
+        );
+        assert!(m.contains(&series), "{series} missing:\n{m}");
+    }
     assert!(
         m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="accepted"} 1"#),
         "{m}"

@@ -342,3 +342,135 @@ fn parse_debug_spans(out: &str) -> Vec<DebugSpan> {
     }
     spans
 }
+
+/// Verification failures are logged with their source, the tenant the request names and
+/// their reason — never the secret or the expected signature — at most five a second.
+#[test]
+fn verification_failures_are_logged_with_their_reason_within_a_budget() {
+    let dir = tempfile::tempdir().unwrap();
+    let secret = "a-source-secret-never-logged";
+    let spec = proc_node()
+        .section("log: { format: json }")
+        .sink("s", "http://127.0.0.1:9/s")
+        .route("r", &["s"])
+        .source_yaml(&format!(
+            "{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: {secret} }} }}, route: r }}"
+        ));
+    let ingest = spec.ingest_port().unwrap();
+    let mut node = Proc::start(dir.path(), &spec);
+    let body = r#"{"n":1}"#;
+    let expected = ankusa_verify::hex(&ankusa_verify::hmac_sha256(
+        secret.as_bytes(),
+        &[body.as_bytes()],
+    ));
+    let started = Instant::now();
+    for i in 0..40 {
+        let sig = if i % 2 == 0 {
+            vec!["x-hub-signature-256: sha256=00ff".to_owned()]
+        } else {
+            vec![]
+        };
+        let headers = [sig, vec!["x-tenant: acme".to_owned()]].concat();
+        let (status, answer) = http_raw(
+            ingest,
+            "POST",
+            "/ingest/gh",
+            &headers,
+            body,
+            Duration::from_secs(10),
+        )
+        .unwrap();
+        assert_eq!(status, 401, "{answer}");
+    }
+    let seconds = started.elapsed().as_secs() + 1;
+    assert!(node.stop(Duration::from_secs(30)).success());
+    let text = std::fs::read_to_string(dir.path().join("relay.log")).unwrap();
+    assert!(
+        !text.contains(secret) && !text.contains(&expected),
+        "the log holds the secret or the expected signature:\n{text}"
+    );
+    let failures: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["reason"].is_string())
+        .collect();
+    assert!(!failures.is_empty(), "no failure logged:\n{text}");
+    assert!(
+        failures.len() as u64 <= 5 * seconds,
+        "{} lines in {seconds} s",
+        failures.len()
+    );
+    let first = &failures[0]["fields"];
+    assert_eq!(first["source"], "gh");
+    assert_eq!(first["tenant"], "acme");
+    assert_eq!(first["reason"], "bad_signature");
+    assert_eq!(failures[0]["level"], "WARN");
+    assert!(failures
+        .iter()
+        .any(|v| v["fields"]["reason"] == "missing_header"));
+}
+
+/// A failed delivery is in the node's log once its outcome is committed: INFO with its
+/// next attempt while it will be tried again, WARN once it is dead-lettered.
+#[test]
+fn failed_deliveries_are_logged_with_their_sink_attempt_and_fate() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on the discard port: every attempt is a connection error.
+    let spec = proc_node()
+        .section("log: { format: json }")
+        .section("retry: { schedule_ms: [50], max_attempts: 2, jitter: none }")
+        .sink("down", "http://127.0.0.1:9/hooks")
+        .route("r", &["down"])
+        .source_yaml(
+            "{ id: in, tenant: { header: x-tenant }, verify: { scheme: none }, route: r }",
+        );
+    let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
+    let mut node = Proc::start(dir.path(), &spec);
+    let (status, body) = http_raw(
+        ingest,
+        "POST",
+        "/ingest/in",
+        &["x-tenant: acme".to_owned()],
+        "{}",
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(status, 202, "{body}");
+    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let (_, dlq) = http_get_admin(admin, "/v1/dlq").unwrap();
+        if dlq.contains(&id) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never dead-lettered: {dlq}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(node.stop(Duration::from_secs(30)).success());
+    let text = std::fs::read_to_string(dir.path().join("relay.log")).unwrap();
+    let failed: Vec<Value> = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|v| v["fields"]["hook"] == id.as_str())
+        .collect();
+    assert_eq!(failed.len(), 2, "{text}");
+    let (retry, dead) = (&failed[0], &failed[1]);
+    assert_eq!(retry["level"], "INFO");
+    assert_eq!(retry["fields"]["attempt"], 1);
+    assert_eq!(retry["fields"]["sink"], "down");
+    assert_eq!(retry["fields"]["tenant"], "acme");
+    assert_eq!(retry["fields"]["class"], "connection");
+    assert!(
+        retry["fields"]["retry_in_ms"].as_u64().unwrap() <= 50,
+        "{retry}"
+    );
+    assert_eq!(dead["level"], "WARN");
+    assert_eq!(dead["fields"]["attempt"], 2);
+    assert!(dead["fields"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("dead-lettered"));
+}

@@ -12,7 +12,7 @@ use ankusa_queue::deliveries::{self, InflightRow, Tx};
 use ankusa_queue::hints::DueHints;
 use ankusa_queue::hooklog;
 use ankusa_queue::QueueError;
-use ankusa_records::AttemptOutcome;
+use ankusa_records::{AttemptOutcome, ErrorClass};
 use ankusa_store::Store;
 
 /// Commits finished attempts in batches: delivered, retry (with backoff), dead-letter, or
@@ -47,11 +47,13 @@ pub(super) async fn commit_outcomes(
                 let now = ankusa_keyspace::now_ms();
                 let mut tx = Tx::new();
                 let mut retries: Vec<(TenantOrd, AtMs)> = Vec::new();
+                let mut failed: Vec<(usize, Failed)> = Vec::new();
                 let takes_hook = last_needs(&store, &b)?;
                 let log = log.then_some(&*store);
-                for (d, last) in b.iter().zip(&takes_hook) {
-                    let r = outcome_ops(&mut tx, log, d, *last, &retry, max_retry_after, now)?;
-                    retries.extend(r);
+                for (i, (d, last)) in b.iter().zip(&takes_hook).enumerate() {
+                    let s = outcome_ops(&mut tx, log, d, *last, &retry, max_retry_after, now)?;
+                    retries.extend(s.due_again);
+                    failed.extend(s.failed.map(|f| (i, f)));
                 }
                 // One unit per outcome: a hook went only with a row that moved.
                 let committed = tx.commit(&store, false)?;
@@ -60,14 +62,17 @@ pub(super) async fn commit_outcomes(
                     .zip(&committed.moved)
                     .filter(|(t, m)| **t && **m)
                     .count() as u64;
-                Ok::<_, QueueError>((retries, removed))
+                Ok::<_, QueueError>((retries, removed, failed))
             })
             .await;
             match result {
                 // Each retry is claimed when it comes due, not at the next full scan.
-                Ok(Ok((retries, removed))) => {
+                Ok(Ok((retries, removed, failed))) => {
                     hints.add_later(retries);
                     reclaimed.inc_by(removed);
+                    for (i, f) in failed {
+                        log_failed(&batch[i], &f);
+                    }
                     break;
                 }
                 Ok(Err(e)) if !*stop.borrow() => {
@@ -107,6 +112,56 @@ pub(super) fn last_needs(store: &Store, batch: &[Done]) -> Result<Vec<bool>, Que
         .collect())
 }
 
+/// A failed attempt whose outcome was committed: retried, or dead-lettered.
+pub(super) struct Failed {
+    outcome: AttemptOutcome,
+    /// The attempt's number (1 = first).
+    attempt: u32,
+    /// A retry's due time.
+    next_at: Option<AtMs>,
+}
+
+/// What one outcome came to: a retry's tenant and due time, and a failure to log.
+#[derive(Default)]
+pub(super) struct Settled {
+    pub due_again: Option<(TenantOrd, AtMs)>,
+    pub failed: Option<Failed>,
+}
+
+/// Lines about failed deliveries: a sink that refuses everything could write one per
+/// attempt.
+static FAILED_LOG: crate::telemetry::LogLimit = crate::telemetry::LogLimit::new(5);
+
+/// Logs one failed attempt (committed): WARN when it went to the DLQ, INFO when it will be
+/// tried again. At most [`FAILED_LOG`]'s budget a second; `left_out` counts the rest.
+fn log_failed(d: &Done, f: &Failed) {
+    let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
+        return;
+    };
+    let Some(left_out) = FAILED_LOG.admit(ankusa_keyspace::now_ms() / 1000) else {
+        return;
+    };
+    let sink = env
+        .sinks
+        .get(d.job.row.key.sink.0 as usize)
+        .map_or("", String::as_str);
+    let tenant = env.tenant_or_default();
+    let class = a.class.map_or("", ErrorClass::name);
+    match f.outcome {
+        AttemptOutcome::Dead => tracing::warn!(
+            hook = %env.id, tenant, sink, attempt = f.attempt, status = a.status, class,
+            error = %a.error, left_out,
+            "a delivery failed for good: dead-lettered (GET /v1/dlq, `admin dlq replay`)"
+        ),
+        _ => tracing::info!(
+            hook = %env.id, tenant, sink, attempt = f.attempt, status = a.status, class,
+            error = %a.error, left_out,
+            retry_in_ms = f.next_at.map_or(0, |at| at.0.saturating_sub(ankusa_keyspace::now_ms())),
+            "a delivery failed; it will be tried again"
+        ),
+    }
+}
+
 /// Adds one finished attempt's outcome as one unit (and, with `log`, its hook log event);
 /// a retry's tenant and due time. A delivered row that was its hook's last need (`last`)
 /// takes the hook with it, in the same unit (no marker for reclaim to come back to).
@@ -118,7 +173,7 @@ pub(super) fn outcome_ops(
     retry: &RetryConfig,
     max_retry_after: Duration,
     now: u64,
-) -> Result<Option<(TenantOrd, AtMs)>, QueueError> {
+) -> Result<Settled, QueueError> {
     let row = &d.job.row;
     if let Some(error) = &d.job.corrupt {
         // Corruption: the row goes to the DLQ with the error, where it shows and counts,
@@ -133,12 +188,12 @@ pub(super) fn outcome_ops(
             .unwrap_or_else(|| format!("#{}", row.key.sink.0));
         let (source, id) = env.map_or(("", ""), |e| (e.source.as_str(), e.id.as_str()));
         deliveries::dead_letter(tx, row, AtMs(now), source, id, &sink, Some(&state));
-        return Ok(None);
+        return Ok(Settled::default());
     }
     let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
         // The hook is gone: an orphan, dropped through the counted path.
         deliveries::orphan_drop(tx, row);
-        return Ok(None);
+        return Ok(Settled::default());
     };
     let mut state = d.job.state.clone();
     state.attempts += 1;
@@ -180,5 +235,10 @@ pub(super) fn outcome_ops(
         };
         hooklog::record(tx, store, row.key.seq, row.key.sink, &ev)?;
     }
-    Ok(due_again)
+    let failed = (outcome != AttemptOutcome::Delivered).then_some(Failed {
+        outcome,
+        attempt: state.attempts,
+        next_at,
+    });
+    Ok(Settled { due_again, failed })
 }
