@@ -5,7 +5,7 @@ fn main() -> std::process::ExitCode {
     match ankusa_relay::cli::main(cli) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("ankusa-relay: error: {e:#}");
+            eprintln!("ankusa-relay: error: {}", ankusa_relay::cli::error_text(&e));
             std::process::ExitCode::FAILURE
         }
     }

@@ -304,6 +304,15 @@ pub enum StoreError {
     },
     #[error("rocksdb: {0}")]
     Rocks(#[from] rocksdb::Error),
+    #[error(
+        "the store at {} is held by another process{}: stop that node first, or give this one its own data_dir",
+        path.display(),
+        holder.map(|pid| format!(" (pid {pid}?)")).unwrap_or_default()
+    )]
+    Locked { path: PathBuf, holder: Option<u32> },
+    /// The destination of a restore holds files.
+    #[error(transparent)]
+    NotEmpty(ankusa_tarball::TarballError),
 }
 
 impl StoreError {
@@ -603,6 +612,33 @@ fn wal_bytes(path: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// RocksDB's answer when another process (or this one) holds the store's `LOCK` file.
+fn is_lock_error(e: &rocksdb::Error) -> bool {
+    let m = e.to_string();
+    m.contains("lock file") || m.contains("lock hold by current process")
+}
+
+/// The process holding a POSIX lock on `lock` (RocksDB's `LOCK` file), from
+/// `/proc/locks`: a hint for the message, as the holder may have gone since.
+fn lock_holder(lock: &Path) -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(lock).ok()?;
+    let dev = meta.dev();
+    // The kernel prints `major:minor:inode`, the device numbers in hex.
+    let (major, minor) = (
+        ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff),
+        (dev & 0xff) | ((dev >> 12) & !0xff),
+    );
+    let want = format!("{major:02x}:{minor:02x}:{}", meta.ino());
+    let locks = std::fs::read_to_string("/proc/locks").ok()?;
+    locks.lines().find_map(|l| {
+        // `1: POSIX  ADVISORY  WRITE 12345 08:01:1234567 0 EOF`
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let at = f.iter().position(|x| *x == "WRITE" || *x == "READ")?;
+        (f.get(at + 2) == Some(&want.as_str())).then(|| f.get(at + 1)?.parse().ok())?
+    })
+}
+
 fn io(context: impl Into<String>) -> impl FnOnce(std::io::Error) -> StoreError {
     let context = context.into();
     move |source| StoreError::Io { context, source }
@@ -628,7 +664,18 @@ impl Store {
 
     /// Opens (or creates) the store at `path`, applying the format guard first.
     pub fn open(path: impl AsRef<Path>, opts: &OpenOptions) -> Result<Store, StoreError> {
-        let path = path.as_ref().to_path_buf();
+        let path = path.as_ref();
+        Self::open_unlocked(path, opts).map_err(|e| match e {
+            StoreError::Rocks(r) if is_lock_error(&r) => StoreError::Locked {
+                path: path.to_path_buf(),
+                holder: lock_holder(&path.join("LOCK")),
+            },
+            e => e,
+        })
+    }
+
+    fn open_unlocked(path: &Path, opts: &OpenOptions) -> Result<Store, StoreError> {
+        let path = path.to_path_buf();
         if !path.exists() {
             if !opts.create_if_missing {
                 return Err(StoreError::Missing(path));

@@ -13,6 +13,7 @@ fn store_error(dir: &Path) -> impl FnOnce(TarballError) -> StoreError + '_ {
             path: dir.to_path_buf(),
             reason,
         },
+        e @ TarballError::NotEmpty(_) => StoreError::NotEmpty(e),
     }
 }
 

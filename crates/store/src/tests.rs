@@ -587,3 +587,19 @@ fn memtables_keep_an_insert_hint_per_stream() {
         );
     }
 }
+
+#[test]
+fn a_store_held_by_a_process_is_refused_with_its_holder() {
+    let (dir, _held) = fresh();
+    let err = Store::open(dir.path().join("db"), &OpenOptions::default()).unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, StoreError::Locked { holder: Some(pid), .. } if pid == std::process::id()),
+        "{err:?}"
+    );
+    assert!(text.contains("is held by another process"), "{text}");
+    assert!(
+        text.contains(&format!("(pid {}?)", std::process::id())),
+        "{text}"
+    );
+}

@@ -30,9 +30,15 @@ pub enum TarballError {
         #[source]
         source: std::io::Error,
     },
-    /// The archive or the destination is not acceptable.
+    /// The archive is not acceptable.
     #[error("{0}")]
     Refused(String),
+    /// The destination holds files (a live store, or anything else): nothing was written.
+    #[error(
+        "{} is not empty: restore into a new directory, or stop the node that uses it and move its store aside first",
+        .0.display()
+    )]
+    NotEmpty(std::path::PathBuf),
 }
 
 fn io(context: String) -> impl FnOnce(std::io::Error) -> TarballError {
@@ -94,10 +100,7 @@ pub fn unpack_from<R: Read>(r: R, dir: &Path) -> Result<(), TarballError> {
             .next()
             .is_some()
     {
-        return Err(TarballError::Refused(format!(
-            "refusing to unpack into {}: the directory is not empty",
-            dir.display()
-        )));
+        return Err(TarballError::NotEmpty(dir.to_path_buf()));
     }
     std::fs::create_dir_all(dir).map_err(io(format!("creating {}", dir.display())))?;
     let marker = dir.join(RESTORING_MARKER);
@@ -203,10 +206,11 @@ mod tests {
             vec![7u8; 100_000]
         );
         // Not into a directory that holds something.
-        assert!(matches!(
-            unpack(&d.path().join("a.tar.zst"), &out),
-            Err(TarballError::Refused(_))
-        ));
+        let e = unpack(&d.path().join("a.tar.zst"), &out).unwrap_err();
+        assert!(matches!(e, TarballError::NotEmpty(_)), "{e:?}");
+        assert!(e
+            .to_string()
+            .contains("is not empty: restore into a new directory"));
     }
 
     #[test]

@@ -82,14 +82,15 @@ impl Tokens {
         Ok(Tokens(out))
     }
 
-    /// The caller a request's `Authorization: Bearer …` header names, if any.
+    /// The caller a request's `Authorization: Bearer …` header names, if any (the scheme
+    /// in any case, RFC 7235).
     pub fn authenticate(&self, headers: &HeaderMap) -> Option<Caller> {
-        let given = headers
-            .get(axum::http::header::AUTHORIZATION)?
-            .to_str()
-            .ok()?
-            .strip_prefix("Bearer ")?
-            .trim();
+        let given = bearer(
+            headers
+                .get(axum::http::header::AUTHORIZATION)?
+                .to_str()
+                .ok()?,
+        )?;
         let digest: [u8; 32] = Sha256::digest(given.as_bytes()).into();
         let mut found = None;
         // Compare with every token, whatever matches first.
@@ -103,5 +104,34 @@ impl Tokens {
             }
         }
         found
+    }
+}
+
+/// The token of an `Authorization` value of the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 7235 §2.1): `bearer t`, `BEARER t` and `Bearer  t` all give `t`.
+pub fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bearer;
+
+    #[test]
+    fn the_bearer_scheme_is_case_insensitive() {
+        for v in [
+            "Bearer t0k",
+            "bearer t0k",
+            "BEARER t0k",
+            "Bearer   t0k ",
+            "bEaReR t0k",
+        ] {
+            assert_eq!(bearer(v), Some("t0k"), "{v:?}");
+        }
+        for v in ["Basic dTpw", "Bearer", "Bearer ", "Bearert0k", "t0k"] {
+            assert_eq!(bearer(v), None, "{v:?}");
+        }
     }
 }

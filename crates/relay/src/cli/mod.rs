@@ -279,6 +279,20 @@ pub enum StoreCommand {
 }
 
 /// Runs a parsed command line.
+/// An error and its causes on one line, each cause written once: a cause whose text its
+/// effect already shows (`opening X: <cause>`) is not repeated.
+pub fn error_text(e: &anyhow::Error) -> String {
+    let mut text = e.to_string();
+    for cause in e.chain().skip(1) {
+        let c = cause.to_string();
+        if !text.contains(&c) {
+            text.push_str(": ");
+            text.push_str(&c);
+        }
+    }
+    text
+}
+
 pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         Command::Run { config } => run::run(&config),
@@ -351,5 +365,19 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             StoreCommand::Verify { data } => store::verify(&data),
             StoreCommand::Fixture { format, out } => store::fixture(format, &out),
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_text;
+
+    #[test]
+    fn an_error_text_writes_each_cause_once() {
+        let inner = std::io::Error::other("disk on fire");
+        let e = anyhow::Error::new(inner).context("opening the store at /d: disk on fire");
+        assert_eq!(error_text(&e), "opening the store at /d: disk on fire");
+        let e = anyhow::Error::new(std::io::Error::other("no such file")).context("reading x");
+        assert_eq!(error_text(&e), "reading x: no such file");
     }
 }

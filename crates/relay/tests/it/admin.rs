@@ -164,6 +164,13 @@ async fn tenant_scoped_dlq() {
     assert_eq!(s, 401);
     let (s, _) = h.call("GET", "/v1/dlq", Some("not-a-token"), "").await;
     assert_eq!(s, 401);
+    // The scheme's name is case-insensitive (RFC 7235).
+    let url = format!("http://{}/v1/dlq", h.node.admin_addr);
+    let lower = format!("bearer {TOKEN_A}");
+    let headers = [("authorization", lower.as_str())];
+    let (s, _, v) = raw(&h.c, "GET", &url, &headers, "").await;
+    assert_eq!(s, 200);
+    assert_eq!(tenants_of(&v), vec!["a"; 3]);
     h.node.stop().await;
 }
 

@@ -122,6 +122,12 @@ async fn a_pulled_backup_restores_to_the_same_store() {
         restored.to_str().unwrap(),
     ]);
     assert!(!again.status.success());
+    let err = text(&again.stderr);
+    assert!(
+        err.contains("is not empty: restore into a new directory")
+            && !err.contains("not an Ankusa store"),
+        "{err}"
+    );
     let store = Store::open(&restored, &OpenOptions::default()).unwrap();
     // The pipeline kept moving rows (due -> scheduled) around the checkpoint, so compare
     // what the checkpoint cannot split: every row is somewhere, with all its bytes.

@@ -411,3 +411,32 @@ fn the_readmes_quickstart_works_as_written() {
         }
     }
 }
+
+/// A second node on a store another one holds says so once, naming the holder's pid.
+#[test]
+fn a_second_node_on_a_held_store_names_the_holder() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("db");
+    let first = proc_node().data_dir(&data);
+    let node = Proc::start(dir.path(), &first);
+    let other = tempfile::tempdir().unwrap();
+    let cfg = other.path().join("relay.yaml");
+    std::fs::write(&cfg, proc_node().data_dir(&data).yaml_at(other.path())).unwrap();
+    let out = run(&["run", "--config", cfg.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    let last = err.lines().last().unwrap_or_default();
+    assert!(
+        last.contains(&format!(
+            "is held by another process (pid {}?)",
+            node.child.id()
+        )),
+        "{err}"
+    );
+    assert_eq!(
+        last.matches("LOCK").count(),
+        0,
+        "RocksDB's own words: {err}"
+    );
+    drop(node);
+}
