@@ -334,6 +334,31 @@ pub fn envelope(store: &Store, seq: Seq) -> Result<Option<Envelope>, QueueError>
         .transpose()
 }
 
+/// The first `limit` distinct tenants with dead rows, in ordinal order: a skip scan of
+/// `?X` that reads one key per tenant (a seek past each tenant's rows), never a tenant's
+/// whole range.
+pub fn tenants_with_dead(store: &Store, limit: usize) -> Result<Vec<TenantOrd>, QueueError> {
+    let (_, end) = Family::DeadByTenant.bounds();
+    let mut from = ankusa_keyspace::dead_tenant_range(TenantOrd(0)).0;
+    let mut out = Vec::new();
+    while out.len() < limit {
+        let Some(kv) = store
+            .scan(Family::DeadByTenant, &from, &end, Dir::Forward)?
+            .next()
+        else {
+            break;
+        };
+        let (k, _) = kv?;
+        let (ord, _) = ankusa_keyspace::decode_dead_by_tenant(&k)?;
+        out.push(ord);
+        if ord.0 == u32::MAX {
+            break;
+        }
+        from = ankusa_keyspace::dead_tenant_range(TenantOrd(ord.0 + 1)).0;
+    }
+    Ok(out)
+}
+
 /// The node's dead rows, newest first, strictly before `before` (a reverse `?x` scan).
 pub fn dead_page(
     store: &Store,

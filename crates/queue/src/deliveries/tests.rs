@@ -756,6 +756,19 @@ fn dead_pages_are_newest_first_and_the_tenant_page_reads_one_range_and_no_hook()
     assert_eq!(delta.scans_of(Family::DeadByTenant), 1);
     assert_eq!(delta.scans_of(Family::Dead), 0);
     assert_eq!(delta.point_reads_of(Cf::Hooks), 0);
+
+    // The tenants with dead rows: one scan per tenant however many rows it has, and the
+    // limit holds.
+    let b = h.ord("b");
+    let before = h.store.stats();
+    assert_eq!(tenants_with_dead(&h.store, 10).unwrap(), vec![a, b]);
+    let delta = h.store.stats().since(&before);
+    assert_eq!(
+        delta.scans_of(Family::DeadByTenant),
+        3,
+        "a, b, then the end"
+    );
+    assert_eq!(tenants_with_dead(&h.store, 1).unwrap(), vec![a]);
 }
 
 #[test]

@@ -30,6 +30,16 @@ pub struct Nodes {
 }
 
 /// Splits `http://host:port/prefix` into scheme, host, port and the rest.
+/// `host:port` (or `host`) as `http://host:port`: a URL without a scheme is a node's
+/// plain-HTTP admin listener.
+fn with_scheme(url: &str) -> String {
+    if url.contains("://") {
+        url.to_owned()
+    } else {
+        format!("http://{url}")
+    }
+}
+
 fn split_url(url: &str) -> anyhow::Result<(String, String, u16, String)> {
     let uri: hyper::Uri = url
         .parse()
@@ -61,6 +71,8 @@ impl Nodes {
             if url.is_empty() {
                 continue;
             }
+            let url = with_scheme(url);
+            let url = url.as_str();
             let (scheme, host, port, rest) = split_url(url)?;
             if !all_addresses || scheme != "http" || host.parse::<std::net::IpAddr>().is_ok() {
                 out.push(url.trim_end_matches('/').to_owned());
@@ -219,14 +231,34 @@ pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
         .into_iter()
         .map(|(t, (c, nodes))| json!({ "tenant": t, "counters": c, "nodes": nodes }))
         .collect();
+    // As each node orders them: the most pending, then scheduled, then dead.
+    let key = |v: &Value| {
+        ["pending", "scheduled", "dead"].map(|k| v["counters"][k].as_i64().unwrap_or(0))
+    };
     rows.sort_by(|a, b| {
-        b["counters"]["pending"]
-            .as_i64()
-            .cmp(&a["counters"]["pending"].as_i64())
+        key(b)
+            .cmp(&key(a))
             .then_with(|| a["tenant"].as_str().cmp(&b["tenant"].as_str()))
     });
     rows.truncate(top);
-    json!({ "tenants": rows })
+    // A Relay's tenant count is its registry's (the node that keeps it reports it);
+    // nodes that are not one Relay (no `owned`) each count their own.
+    let total = answers
+        .iter()
+        .find_map(|a| a["registered"].as_u64())
+        .or_else(|| {
+            answers
+                .iter()
+                .all(|a| a["owned"].is_null())
+                .then(|| {
+                    answers
+                        .iter()
+                        .map(|a| a["total"].as_u64())
+                        .sum::<Option<u64>>()
+                })
+                .flatten()
+        });
+    json!({ "tenants": rows, "total": total })
 }
 
 /// One tenant's counters over the nodes that know it (`None`: a node that does not).
@@ -305,6 +337,63 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 }
 
 /// A JSON value as a table cell.
+/// A table column of epoch milliseconds (`at_ms`, `next_attempt_ms`, …; not durations
+/// such as `latency_ms`): the CLI's tables show it as a time, `--json` keeps the number.
+pub fn is_time_column(name: &str) -> bool {
+    name.ends_with("_ms") && !name.starts_with("latency") && !name.ends_with("window_ms")
+}
+
+/// A time column's header: `at_ms` → `at`.
+pub fn time_header(name: &str) -> &str {
+    if is_time_column(name) {
+        name.strip_suffix("_ms").unwrap_or(name)
+    } else {
+        name
+    }
+}
+
+/// Epoch milliseconds as people read them, against `now_ms`:
+/// `2026-12-04T02:30:01Z (3 s ago)`, `… (in 5 min)`.
+pub fn when(ms: u64, now_ms: u64) -> String {
+    let (secs, sub) = (ms / 1000, ms % 1000);
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Days since 1970-01-01 to a civil date (the proleptic Gregorian calendar).
+    let z = days as i64 + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let stamp = format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{sub:03}Z",
+        rem / 3_600,
+        rem % 3_600 / 60,
+        rem % 60
+    );
+    let span = |d: u64| match d / 1000 {
+        s if s < 120 => format!("{s} s"),
+        s if s < 7_200 => format!("{} min", s / 60),
+        s if s < 172_800 => format!("{} h", s / 3_600),
+        s => format!("{} d", s / 86_400),
+    };
+    if ms <= now_ms {
+        format!("{stamp} ({} ago)", span(now_ms - ms))
+    } else {
+        format!("{stamp} (in {})", span(ms - now_ms))
+    }
+}
+
+/// The cell of column `name`: a time for a time column, else [`cell`].
+pub fn cell_of(name: &str, v: &Value, now_ms: u64) -> String {
+    match v.as_u64() {
+        Some(ms) if is_time_column(name) && ms > 0 => when(ms, now_ms),
+        _ => cell(v),
+    }
+}
+
 pub fn cell(v: &Value) -> String {
     match v {
         Value::Null => "-".into(),
@@ -316,6 +405,41 @@ pub fn cell(v: &Value) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_node_url_may_leave_out_its_scheme() {
+        assert_eq!(with_scheme("127.0.0.1:9090"), "http://127.0.0.1:9090");
+        assert_eq!(
+            with_scheme("relay-0.hooks.svc:9090/"),
+            "http://relay-0.hooks.svc:9090/"
+        );
+        assert_eq!(with_scheme("https://r:9090"), "https://r:9090");
+        let (scheme, host, port, _) = split_url(&with_scheme("127.0.0.1:9090")).unwrap();
+        assert_eq!(
+            (scheme.as_str(), host.as_str(), port),
+            ("http", "127.0.0.1", 9090)
+        );
+    }
+
+    #[test]
+    fn times_read_as_dates_with_their_distance_from_now() {
+        let now = 1_796_351_401_250; // 2026-12-04T02:30:01.250Z
+        assert_eq!(when(now - 3_000, now), "2026-12-04T02:29:58.250Z (3 s ago)");
+        assert_eq!(
+            when(now + 300_000, now),
+            "2026-12-04T02:35:01.250Z (in 5 min)"
+        );
+        assert_eq!(when(0, now), "1970-01-01T00:00:00.000Z (20791 d ago)");
+        assert_eq!(
+            when(951_782_400_000, 951_782_400_000),
+            "2000-02-29T00:00:00.000Z (0 s ago)"
+        );
+        assert!(is_time_column("next_attempt_ms") && is_time_column("at_ms"));
+        assert!(!is_time_column("latency_ms") && !is_time_column("attempts"));
+        assert_eq!(time_header("received_ms"), "received");
+        assert_eq!(cell_of("latency_ms", &json!(4.2), now), "4.2");
+        assert_eq!(cell_of("at_ms", &Value::Null, now), "-");
+    }
 
     #[test]
     fn merged_listings_sum_and_order_across_nodes() {
@@ -331,6 +455,22 @@ mod tests {
         assert_eq!(m["tenants"][0]["counters"]["dead"], 4);
         assert_eq!(m["tenants"][0]["nodes"], json!([0, 1]));
         assert_eq!(m["tenants"].as_array().unwrap().len(), 2);
+        assert!(m["total"].is_null(), "no node said how many tenants it has");
+        // Nodes that are not one Relay each count their own; a Relay's registry counts
+        // its tenants; a Relay whose registry did not answer has no count.
+        let lone = json!({ "tenants": [], "total": 4 });
+        assert_eq!(merge_tenants(vec![lone.clone(), lone], 10)["total"], 8);
+        let reg = json!({ "tenants": [], "total": 3, "owned": 3, "registered": 5 });
+        let other = json!({ "tenants": [], "total": 2, "owned": 2 });
+        assert_eq!(merge_tenants(vec![other.clone(), reg], 10)["total"], 5);
+        assert!(merge_tenants(vec![other], 10)["total"].is_null());
+        // Scheduled and dead work orders tenants with the same pending count.
+        let c = json!({ "tenants": [
+            { "tenant": "a", "counters": { "pending": 0, "scheduled": 0, "dead": 2 } },
+            { "tenant": "b", "counters": { "pending": 0, "scheduled": 1, "dead": 0 } },
+        ]});
+        let m = merge_tenants(vec![c], 10);
+        assert_eq!(m["tenants"][0]["tenant"], "b");
 
         let d = merge_items(
             vec![

@@ -701,7 +701,7 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
         }
     }
     let mut tenants: Vec<TenantView> = merged.into_values().collect();
-    tenants.sort_by_key(|t| std::cmp::Reverse(t.counters.pending));
+    tenants.sort_by_key(|t| std::cmp::Reverse(super::tenants::work_order(&t.counters)));
     tenants.truncate(top);
     Json(TenantsTop {
         tenants,

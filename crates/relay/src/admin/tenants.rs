@@ -104,21 +104,28 @@ pub async fn tenant(
     .await
 }
 
+/// How `/v1/tenants` orders tenants, greatest first: the most pending, then the most
+/// scheduled, then the most dead.
+pub(crate) fn work_order(c: &Counters) -> (i64, i64, i64) {
+    (c.pending, c.scheduled, c.dead)
+}
+
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub struct TopQuery {
     top: Option<usize>,
 }
 
-/// `GET /v1/tenants?top=N`: the tenants with the most pending work, from the active index
-/// and the counters (never a scan of all tenants).
+/// `GET /v1/tenants?top=N`: the tenants with work — pending, scheduled or dead — the most
+/// pending first, from the active index, a skip scan of the dead rows' tenant index and the
+/// counters (never a scan of all tenants).
 #[utoipa::path(
     get,
     path = "/v1/tenants",
     tag = "admin",
     params(TopQuery),
     responses(
-        (status = 200, description = "The tenants with the most pending work", body = TenantsTop),
+        (status = 200, description = "The tenants with pending, scheduled or dead rows, the most pending first", body = TenantsTop),
         crate::http::AuthErrors,
         crate::http::BadRequest,
     ),
@@ -137,19 +144,31 @@ pub async fn tenants_top(
         let mut views = Vec::new();
         match &c.scope {
             Scope::Admin => {
-                let now = AtMs(ankusa_keyspace::now_ms());
+                // Tenants with due rows, now or later (every bucket of the active index),
+                // then those with dead rows (a skip scan, one key per tenant): both bounded.
                 let active = deliveries::active_tenants_distinct(
                     store,
-                    now,
+                    AtMs(u64::MAX),
                     crate::metrics::gauges::ACTIVE_SAMPLE,
                     crate::metrics::gauges::ACTIVE_SAMPLE_MARKERS,
                 )?;
-                for t in active {
-                    let counters = counters::read(store, t.ord)?;
-                    let name = tenants::name(store, t.ord)?.unwrap_or_default();
+                let dead =
+                    deliveries::tenants_with_dead(store, crate::metrics::gauges::ACTIVE_SAMPLE)?;
+                let mut seen = std::collections::HashSet::new();
+                let ords = active.into_iter().map(|t| t.ord).chain(dead);
+                for ord in ords.filter(|o| seen.insert(*o)) {
+                    let counters = counters::read(store, ord)?;
+                    // A marker the dispatcher has not cleaned yet can name a tenant with
+                    // nothing left.
+                    if counters.pending + counters.scheduled + counters.inflight + counters.dead
+                        == 0
+                    {
+                        continue;
+                    }
+                    let name = tenants::name(store, ord)?.unwrap_or_default();
                     views.push(TenantView {
                         tenant: name,
-                        ord: Some(t.ord.0),
+                        ord: Some(ord.0),
                         counters,
                         unavailable: Vec::new(),
                     });
@@ -169,11 +188,11 @@ pub async fn tenants_top(
             }
         }
         views.sort_by(|x, y| {
-            y.counters
-                .pending
-                .cmp(&x.counters.pending)
+            work_order(&y.counters)
+                .cmp(&work_order(&x.counters))
                 .then(x.ord.cmp(&y.ord))
         });
+
         views.truncate(n);
         let multi = a.cluster.is_multi();
         Ok(Json(TenantsTop {

@@ -236,22 +236,29 @@ pub(super) fn admin(
     Ok(ExitCode::SUCCESS)
 }
 
+/// A table of `rows`' `columns`, times shown as times.
+fn json_table(rows: &[&serde_json::Value], columns: &[&str]) -> String {
+    use crate::admin::client::{cell_of, table, time_header};
+    let now = ankusa_keyspace::now_ms();
+    let rows: Vec<Vec<String>> = rows
+        .iter()
+        .map(|i| columns.iter().map(|k| cell_of(k, &i[*k], now)).collect())
+        .collect();
+    let headers: Vec<&str> = columns.iter().map(|c| time_header(c)).collect();
+    table(&headers, &rows)
+}
+
 /// A listing's `items` as a table of `columns`.
 fn items_table(out: &serde_json::Value, columns: &[&str]) -> String {
-    use crate::admin::client::{cell, table};
-    let rows: Vec<Vec<String>> = out["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|i| columns.iter().map(|k| cell(&i[*k])).collect())
-        .collect();
-    table(columns, &rows)
+    let items: Vec<&serde_json::Value> = out["items"].as_array().into_iter().flatten().collect();
+    json_table(&items, columns)
 }
 
 /// A hook from the hook log as text: its fields, a line per sink, a line per event, and
 /// the body if it was asked for.
 pub(super) fn hook_text(h: &serde_json::Value) -> String {
-    use crate::admin::client::{cell, table};
+    use crate::admin::client::{cell, cell_of, time_header};
+    let now = ankusa_keyspace::now_ms();
     let mut out = String::new();
     for k in [
         "id",
@@ -262,27 +269,20 @@ pub(super) fn hook_text(h: &serde_json::Value) -> String {
         "content_type",
         "stored",
     ] {
-        out.push_str(&format!("{k:<13} {}\n", cell(&h[k])));
+        let name = time_header(k);
+        out.push_str(&format!("{name:<13} {}\n", cell_of(k, &h[k], now)));
     }
     for (name, value) in h["headers"].as_object().into_iter().flatten() {
         out.push_str(&format!("header        {name}: {}\n", cell(value)));
     }
     let sinks: Vec<&serde_json::Value> = h["sinks"].as_array().into_iter().flatten().collect();
-    let rows: Vec<Vec<String>> = sinks
-        .iter()
-        .map(|s| {
-            ["sink", "state", "attempts", "next_attempt_ms"]
-                .iter()
-                .map(|k| cell(&s[*k]))
-                .collect()
-        })
-        .collect();
     out.push('\n');
-    out.push_str(&table(
+    out.push_str(&json_table(
+        &sinks,
         &["sink", "state", "attempts", "next_attempt_ms"],
-        &rows,
     ));
     let cols = [
+        "sink",
         "kind",
         "at_ms",
         "attempt",
@@ -292,21 +292,20 @@ pub(super) fn hook_text(h: &serde_json::Value) -> String {
         "latency_ms",
         "next_at_ms",
     ];
-    let rows: Vec<Vec<String>> = sinks
+    // Each event with its sink's name, for one table of every sink's timeline.
+    let events: Vec<serde_json::Value> = sinks
         .iter()
         .flat_map(|s| {
             s["events"].as_array().into_iter().flatten().map(|e| {
-                let mut r = vec![cell(&s["sink"])];
-                r.extend(cols.iter().map(|k| cell(&e[*k])));
-                r
+                let mut e = e.clone();
+                e["sink"] = s["sink"].clone();
+                e
             })
         })
         .collect();
-    if !rows.is_empty() {
-        let mut h = vec!["sink"];
-        h.extend(cols);
+    if !events.is_empty() {
         out.push('\n');
-        out.push_str(&table(&h, &rows));
+        out.push_str(&json_table(&events.iter().collect::<Vec<_>>(), &cols));
     }
     if let Some(b) = h["body"].as_str().or(h["body_base64"].as_str()) {
         out.push_str(&format!(

@@ -40,8 +40,8 @@ pub enum Command {
     },
     /// The admin API of one node, or of every node of a Relay merged into one answer.
     Admin {
-        /// A node's admin URL, e.g. http://127.0.0.1:9090; repeat or comma-separate for
-        /// several nodes.
+        /// A node's admin URL, e.g. http://127.0.0.1:9090 (or 127.0.0.1:9090: http is the
+        /// default scheme); repeat or comma-separate for several nodes.
         #[arg(
             long = "url",
             env = "ANKUSA_ADMIN_URL",

@@ -828,13 +828,37 @@ async fn the_admin_cli_merges_three_nodes() {
     let text = text_of(&table.stdout);
     assert!(text.starts_with("ID"), "{text}");
     assert_eq!(text.lines().count(), 19, "{text}");
-    // A tenant's counters summed over the nodes that hold it. (`tenants` lists tenants
-    // with rows due, from each node's active index: these have only dead rows.)
+    // A tenant's counters summed over the nodes that hold it; `tenants` lists the tenants
+    // with only dead rows too, and keeps the count of tenants.
     let a = json(&cli(&["tenant", "a", "--json"], ADMIN).await);
     assert_eq!(a["counters"]["dead"], 9, "{a}");
     assert_eq!(a["nodes"], serde_json::json!([0, 1, 2]));
     let tenants = json(&cli(&["tenants", "--json"], ADMIN).await);
-    assert!(tenants["tenants"].is_array(), "{tenants}");
+    let dead: Vec<i64> = tenants["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            t["counters"]["dead"]
+                .as_i64()
+                .unwrap_or_else(|| panic!("{tenants}"))
+        })
+        .collect();
+    assert_eq!(dead.iter().sum::<i64>(), 18, "{tenants}");
+    assert!(
+        tenants["total"].as_u64().is_some_and(|n| n >= 6),
+        "{tenants}"
+    );
+    // The tables show times as times, and a URL may leave out its scheme.
+    let bare = hs[0].node.admin_addr.to_string();
+    let out = bin()
+        .args(["admin", "--url", &bare, "--token", ADMIN, "dlq", "list"])
+        .output()
+        .unwrap();
+    let text = text_of(&out.stdout);
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    assert!(text.lines().next().unwrap().contains(" AT "), "{text}");
+    assert!(text.contains("Z (") && text.contains(" ago)"), "{text}");
     let node = json(&cli(&["node", "--json"], ADMIN).await);
     assert_eq!(node["counters"]["dead"], 18);
     assert_eq!(node["nodes"].as_array().unwrap().len(), 3);
@@ -1068,4 +1092,66 @@ async fn a_sources_backlog_counts_the_rows_its_hooks_still_owe() {
         .delay_ms
         .store(0, std::sync::atomic::Ordering::Relaxed);
     h.node.stop().await;
+}
+
+/// `GET /v1/tenants` lists a tenant whose only row waits out a retry's backoff, and one
+/// whose only rows are dead, not only tenants with rows due now.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_lists_scheduled_and_dead_work_not_only_pending() {
+    let sink = TestSink::start().await;
+    sink.default_status
+        .store(503, std::sync::atomic::Ordering::Relaxed);
+    let node = TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("retry: { schedule_ms: [600000], max_attempts: 2, jitter: none }")
+        .sink("s", &sink.url("/hooks"))
+        .route("r", &["s"])
+        .open_source("shared", "r")
+        .start()
+        .await;
+    let c = client();
+    for t in ["later", "gone"] {
+        let url = node.ingest_url("shared");
+        let r = post(&c, &url, &[("x-tenant", t.to_owned())], b"{}".to_vec()).await;
+        assert_eq!(r.status, 202);
+        // Each tenant's first attempt fails before the next tenant sends.
+        eventually(10, "the first attempt's outcome", || {
+            let n = counters::node(&node.store).unwrap();
+            n.inflight == 0
+                && if t == "later" {
+                    n.scheduled == 1
+                } else {
+                    n.dead == 1
+                }
+        })
+        .await;
+        if t == "later" {
+            sink.default_status
+                .store(400, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    let url = format!("http://{}/v1/tenants", node.admin_addr);
+    let auth = format!("Bearer {ADMIN}");
+    let (status, _, v) = raw(&c, "GET", &url, &[("authorization", auth.as_str())], "").await;
+    assert_eq!(status, 200);
+    let rows: Vec<(String, i64, i64)> = v["tenants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| {
+            (
+                t["tenant"].as_str().unwrap().to_owned(),
+                t["counters"]["scheduled"].as_i64().unwrap(),
+                t["counters"]["dead"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        vec![("later".to_owned(), 1, 0), ("gone".to_owned(), 0, 1)],
+        "{v}"
+    );
+    assert_eq!(v["total"], 2);
+    node.stop().await;
 }
