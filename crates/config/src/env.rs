@@ -1,14 +1,24 @@
 //! Environment overrides: `ANKUSA_<PATH>`, segments joined by a double underscore.
 
+use crate::locate::Seg;
 use crate::{invalid, Config, ConfigError};
 
+/// A variable that set a key: the key's path (a list entry by its index).
+#[derive(Debug)]
+pub(crate) struct Override {
+    pub var: String,
+    pub path: Vec<Seg>,
+}
+
 /// Applies every `ANKUSA_*` variable of `env` whose first segment names a top-level key to
-/// the parsed document `doc`.
+/// the parsed document `doc`; returns what each set. An override that cannot apply is an
+/// error that names its variable.
 pub(crate) fn apply(
     doc: &mut serde_yaml::Value,
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<(), ConfigError> {
+) -> Result<Vec<Override>, ConfigError> {
     let sections = top_level_keys();
+    let mut applied = Vec::new();
     for (k, v) in env {
         let Some(path) = k.strip_prefix("ANKUSA_") else {
             continue;
@@ -23,9 +33,10 @@ pub(crate) fn apply(
             tracing::debug!(variable = %k, "not a configuration override; ignored");
             continue;
         }
-        apply_override(doc, path, &v)?;
+        let path = apply_override(doc, path, &v).map_err(|e| crate::from_variable(e, &k))?;
+        applied.push(Override { var: k, path });
     }
-    Ok(())
+    Ok(applied)
 }
 
 /// The configuration's top-level keys, from its own serialisation.
@@ -39,7 +50,11 @@ fn top_level_keys() -> Vec<String> {
 /// Applies one `ANKUSA_A__B__C` override. A segment below a list picks an entry by its
 /// index (`ANKUSA_SINKS__0__URL`) or by its `id`, case-insensitively (`ANKUSA_SINKS__CI__URL`);
 /// an entry that does not exist is an error, as is a segment below a scalar.
-fn apply_override(doc: &mut serde_yaml::Value, path: &str, raw: &str) -> Result<(), ConfigError> {
+fn apply_override(
+    doc: &mut serde_yaml::Value,
+    path: &str,
+    raw: &str,
+) -> Result<Vec<Seg>, ConfigError> {
     let segments: Vec<String> = path.split("__").map(|s| s.to_ascii_lowercase()).collect();
     let key = segments.join(".");
     if segments.iter().any(|s| s.is_empty()) {
@@ -50,14 +65,16 @@ fn apply_override(doc: &mut serde_yaml::Value, path: &str, raw: &str) -> Result<
             .map_err(|e| invalid(&key, format!("bad override: {e}")))?,
     );
     let mut node = doc;
+    let mut resolved = Vec::new();
     for (i, seg) in segments.iter().enumerate() {
         let last = i + 1 == segments.len();
         node = match node {
             serde_yaml::Value::Mapping(m) => {
                 let k = serde_yaml::Value::String(seg.clone());
+                resolved.push(Seg::Key(seg.clone()));
                 if last {
                     m.insert(k, value.take().unwrap_or_default());
-                    return Ok(());
+                    return Ok(resolved);
                 }
                 m.entry(k)
                     .or_insert_with(|| serde_yaml::Value::Mapping(Default::default()))
@@ -82,9 +99,10 @@ fn apply_override(doc: &mut serde_yaml::Value, path: &str, raw: &str) -> Result<
                             invalid(&key, format!("no entry with index or id {seg:?}"))
                         })?,
                 };
+                resolved.push(Seg::Index(at));
                 if last {
                     items[at] = value.take().unwrap_or_default();
-                    return Ok(());
+                    return Ok(resolved);
                 }
                 &mut items[at]
             }
@@ -96,5 +114,5 @@ fn apply_override(doc: &mut serde_yaml::Value, path: &str, raw: &str) -> Result<
             }
         };
     }
-    Ok(())
+    Ok(resolved)
 }

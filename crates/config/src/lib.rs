@@ -45,6 +45,7 @@ pub use log::{LogConfig, LogFormat};
 pub use quarantine::QuarantineConfig;
 pub use reclaim::ReclaimConfig;
 pub use retry::{Jitter, RetryConfig};
+mod locate;
 pub use routes::RouteConfig;
 pub use secrets::{SecretSource, Secrets, REDACTED};
 pub use shutdown::ShutdownConfig;
@@ -74,6 +75,57 @@ pub enum ConfigError {
     Parse(String),
     #[error("invalid config: {key}: {message}")]
     Invalid { key: String, message: String },
+    /// An error of the file with where it is (`line 4, column 17`), or of an override with
+    /// the variable that made it (`from ANKUSA_TENANTS__MAX`).
+    #[error("{error} ({place})")]
+    At {
+        error: Box<ConfigError>,
+        place: String,
+    },
+}
+
+/// A validation error with where its key is (when its key is one path).
+fn placed(e: ConfigError, text: &str, overrides: &[env::Override]) -> ConfigError {
+    let path = match &e {
+        ConfigError::Invalid { key, .. } => locate::parse(key),
+        _ => None,
+    };
+    match path {
+        Some(path) => place(e, &path, text, overrides),
+        None => e,
+    }
+}
+
+/// `e`, about the key at `path`, with where that key was set: by the last variable that
+/// set it or a key around it, else at its line and column in `text`.
+fn place(
+    e: ConfigError,
+    path: &[locate::Seg],
+    text: &str,
+    overrides: &[env::Override],
+) -> ConfigError {
+    let by_variable = overrides
+        .iter()
+        .rev()
+        .find(|o| !path.is_empty() && path.starts_with(&o.path));
+    if let Some(o) = by_variable {
+        return from_variable(e, &o.var);
+    }
+    match locate::line_col(text, path) {
+        Some((line, column)) => ConfigError::At {
+            error: Box::new(e),
+            place: format!("line {line}, column {column}"),
+        },
+        None => e,
+    }
+}
+
+/// `e`, from variable `var`.
+pub(crate) fn from_variable(e: ConfigError, var: &str) -> ConfigError {
+    ConfigError::At {
+        error: Box::new(e),
+        place: format!("from {var}"),
+    }
 }
 
 fn invalid(key: &str, message: impl Into<String>) -> ConfigError {
@@ -200,31 +252,43 @@ impl Config {
         Self::from_yaml(&text, env)
     }
 
-    /// Parses YAML text, applies overrides, validates.
+    /// Parses YAML text, applies overrides, validates. An error names the key's path and
+    /// where it is: its line and column in `text`, or the variable that set it.
     pub fn from_yaml(
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let cfg = Self::parse(text, env)?;
-        cfg.validate()?;
+        let (cfg, overrides) = Self::parse(text, env)?;
+        cfg.validate().map_err(|e| placed(e, text, &overrides))?;
         Ok(cfg)
     }
 
-    /// YAML text with the overrides applied, not validated.
+    /// YAML text with the overrides applied, not validated; with what each override set.
     fn parse(
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<Config, ConfigError> {
+    ) -> Result<(Config, Vec<env::Override>), ConfigError> {
         let mut doc: serde_yaml::Value = if text.trim().is_empty() {
             serde_yaml::Value::Mapping(Default::default())
         } else {
+            // serde_yaml's own message says where: "… at line 3 column 5".
             serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?
         };
-        env::apply(&mut doc, env)?;
+        let overrides = env::apply(&mut doc, env)?;
         // Through JSON: serde_yaml's `Value` reads enums only from YAML tags, while the
         // configuration writes them as one-key maps (`tenant: {header: x-tenant}`).
         let json = serde_json::to_value(&doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
-        serde_json::from_value(json).map_err(|e| ConfigError::Parse(e.to_string()))
+        match serde_path_to_error::deserialize(json) {
+            Ok(cfg) => Ok((cfg, overrides)),
+            Err(e) => {
+                let path = locate::of_error(e.path());
+                let error = ConfigError::Invalid {
+                    key: locate::render(&path),
+                    message: e.into_inner().to_string(),
+                };
+                Err(place(error, &path, text, &overrides))
+            }
+        }
     }
 
     /// [`Config::from_yaml`] without reading any secret: what can be checked of a node's
@@ -233,8 +297,9 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let cfg = Self::parse(text, env)?;
-        cfg.validate_with(Secrets::Skip)?;
+        let (cfg, overrides) = Self::parse(text, env)?;
+        cfg.validate_with(Secrets::Skip)
+            .map_err(|e| placed(e, text, &overrides))?;
         Ok(cfg)
     }
 
@@ -398,13 +463,66 @@ routes: [{ id: r, sinks: [ci, Billing] }]
     }
 
     #[test]
+    fn errors_name_the_key_path_and_the_line_or_the_variable() {
+        let sinks = "sinks:\n  - id: a\n    url: http://127.0.0.1:9/\n    timeout_ms: 5s\n";
+        let err = |text: &str, vars: &[(&str, &str)]| {
+            Config::from_yaml(text, env(vars)).unwrap_err().to_string()
+        };
+        // A type error, an unknown key, a missing key, a bad variant: path, line, column.
+        assert_eq!(
+            err(sinks, &[]),
+            "invalid config: sinks[0].timeout_ms: invalid type: string \"5s\", expected u64 (line 4, column 17)"
+        );
+        assert_eq!(
+            err("tenants:\n  maxx: 3\n", &[]),
+            "invalid config: tenants.maxx: unknown field `maxx`, expected `max` (line 2, column 9)"
+        );
+        assert_eq!(
+            err("sinks:\n  - id: a\n", &[]),
+            "invalid config: sinks[0]: missing field `url` (line 2, column 7)"
+        );
+        let e = err(
+            "sources:\n  - id: s\n    route: r\n    verify: { scheme: hmac }\n",
+            &[],
+        );
+        assert!(
+            e.starts_with("invalid config: sources[0].verify.scheme: unknown variant `hmac`")
+                && e.ends_with("(line 4, column 23)"),
+            "{e}"
+        );
+        // A range checked after parsing is placed the same way.
+        assert!(err("data_dir: /d\ntenants: { max: 0 }\n", &[]).ends_with("(line 2, column 17)"));
+        // What a variable set is its error: the variable is named, not a line.
+        assert_eq!(
+            err("", &[("ANKUSA_TENANTS__MAXX", "3")]),
+            "invalid config: tenants.maxx: unknown field `maxx`, expected `max` (from ANKUSA_TENANTS__MAXX)"
+        );
+        let fixed = sinks.replace("5s", "5000");
+        assert_eq!(
+            err(&fixed, &[("ANKUSA_SINKS__A__TIMEOUT_MS", "5s")]),
+            "invalid config: sinks[0].timeout_ms: invalid type: string \"5s\", expected u64 (from ANKUSA_SINKS__A__TIMEOUT_MS)"
+        );
+        assert!(err("", &[("ANKUSA_TENANTS__MAX", "0")]).ends_with("(from ANKUSA_TENANTS__MAX)"));
+        assert!(err(&fixed, &[("ANKUSA_SINKS__7__URL", "x")])
+            .ends_with("no entry 7: the list has 1 entries (from ANKUSA_SINKS__7__URL)"));
+        // A variable elsewhere does not take the blame for the file's error.
+        assert!(err(sinks, &[("ANKUSA_TENANTS__MAX", "5")]).ends_with("(line 4, column 17)"));
+        // YAML that does not parse says where, in serde_yaml's words.
+        assert!(
+            err("tenants: [\n", &[]).contains("line 2"),
+            "{}",
+            err("tenants: [\n", &[])
+        );
+    }
+
+    #[test]
     fn unknown_keys_and_bad_ranges_name_the_key() {
         let e = Config::from_yaml("tenant:\n  max: 3\n", env(&[])).unwrap_err();
         assert!(e.to_string().contains("unknown field `tenant`"), "{e}");
         let e = Config::from_yaml("tenants:\n  max: 0\n", env(&[])).unwrap_err();
         assert_eq!(
             e.to_string(),
-            "invalid config: tenants.max: 0 is outside 1..=4294967294"
+            "invalid config: tenants.max: 0 is outside 1..=4294967294 (line 2, column 8)"
         );
         let e = Config::from_yaml("", env(&[("ANKUSA_TENANTS__MAXX", "3")])).unwrap_err();
         assert!(e.to_string().contains("maxx"), "{e}");
@@ -511,10 +629,14 @@ routes: [{ id: r, sinks: [ci, Billing] }]
                 "ingest.body_limit_bytes: 0 is outside 1..=268435456",
             ),
         ] {
+            // Each names its key, and where the file sets it.
             let e = Config::from_yaml(&format!("{yaml}\n"), env(&[])).unwrap_err();
+            let (key, _) = message.split_once(':').unwrap();
+            let leaf = key.rsplit('.').next().unwrap();
+            let column = yaml.find(&format!("{leaf}: ")).unwrap() + leaf.len() + 3;
             assert_eq!(
                 e.to_string(),
-                format!("invalid config: {message}"),
+                format!("invalid config: {message} (line 1, column {column})"),
                 "{yaml}"
             );
         }

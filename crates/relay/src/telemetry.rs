@@ -61,15 +61,7 @@ impl Drop for Telemetry {
 /// Starts the logs (and the exporter) as `log` says; `RUST_LOG`, when set, replaces
 /// `log.filter`. A second call in one process (tests) keeps the first subscriber.
 pub fn init(log: &LogConfig) -> Result<Telemetry, TelemetryError> {
-    let directives = match std::env::var("RUST_LOG") {
-        Ok(v) if !v.trim().is_empty() => v,
-        _ => log.filter.clone(),
-    };
-    let mut events =
-        filter::EnvFilter::try_new(&directives).map_err(|source| TelemetryError::Filter {
-            directives: directives.clone(),
-            source,
-        })?;
+    let mut events = events_filter(log)?;
     let span_events = if log.spans {
         let spans = format!("{TARGET}=debug");
         events = events.add_directive(spans.parse().map_err(|source| TelemetryError::Filter {
@@ -129,6 +121,24 @@ pub fn init(log: &LogConfig) -> Result<Telemetry, TelemetryError> {
         .with(otel)
         .try_init();
     Ok(telemetry)
+}
+
+/// The filter of the log's events: `RUST_LOG` when set, else `log.filter`.
+fn events_filter(log: &LogConfig) -> Result<filter::EnvFilter, TelemetryError> {
+    let directives = match std::env::var("RUST_LOG") {
+        Ok(v) if !v.trim().is_empty() => v,
+        _ => log.filter.clone(),
+    };
+    filter::EnvFilter::try_new(&directives).map_err(|source| TelemetryError::Filter {
+        directives: directives.clone(),
+        source,
+    })
+}
+
+/// What `config check` can tell of the log section without setting anything up: that its
+/// filter (or `RUST_LOG`) parses.
+pub fn check(log: &LogConfig) -> Result<(), TelemetryError> {
+    events_filter(log).map(drop)
 }
 
 /// The OpenTelemetry context of hook `id`'s trace: a remote parent whose trace id and span

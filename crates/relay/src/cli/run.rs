@@ -7,6 +7,7 @@ use super::*;
 pub(super) fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
     let config = Config::load(path, std::env::vars())?;
     crate::node::check(&config)?;
+    crate::telemetry::check(&config.log)?;
     println!(
         "{}: ok ({} sources, {} routes, {} sinks, {} admin tokens)",
         path.display(),

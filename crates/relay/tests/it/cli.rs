@@ -301,6 +301,28 @@ fn config_check_answers_what_run_would_without_a_store() {
         assert!(text(&check.stderr).contains("ankusa-relay: error:"), "{name}");
         assert!(!dir.path().join("x").exists(), "{name}: a refused config made a store");
     }
+    // A type error names the key and its line and column; an override's, its variable.
+    let cfg = dir.path().join("type.yaml");
+    std::fs::write(
+        &cfg,
+        "data_dir: ./x\nsinks:\n  - id: s\n    url: http://127.0.0.1:9/\n    timeout_ms: 5s\n",
+    )
+    .unwrap();
+    let out = run(&["config", "check", cfg.to_str().unwrap()]);
+    assert_eq!(
+        text(&out.stderr).trim_end(),
+        "ankusa-relay: error: invalid config: sinks[0].timeout_ms: invalid type: string \"5s\", expected u64 (line 5, column 17)"
+    );
+    let out = bin()
+        .args(["config", "check", inline.to_str().unwrap()])
+        .env("ANKUSA_TENANTS__MAXX", "3")
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("unknown field `maxx`") && err.contains("(from ANKUSA_TENANTS__MAXX)"),
+        "{err}"
+    );
 }
 
 /// The README's quickstart, as a newcomer runs it: the node `make run` starts

@@ -138,13 +138,18 @@ fn a_bad_log_filter_is_the_commands_error() {
     let spec = proc_node().section("log: { filter: \"info,=[\" }");
     let cfg = dir.path().join("relay.yaml");
     std::fs::write(&cfg, spec.yaml_at(dir.path())).unwrap();
-    let out = run(&["run", "--config", cfg.to_str().unwrap()]);
-    assert!(!out.status.success());
-    assert!(
-        text(&out.stderr).contains("log.filter"),
-        "{}",
-        text(&out.stderr)
-    );
+    // `config check` says so too, before any node is started with it.
+    for args in [vec!["run", "--config"], vec!["config", "check"]] {
+        let mut args = args.clone();
+        args.push(cfg.to_str().unwrap());
+        let out = run(&args);
+        assert!(!out.status.success(), "{args:?}");
+        assert!(
+            text(&out.stderr).contains("log.filter"),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+    }
 }
 
 /// The spans reach a real OpenTelemetry Collector (built from its Go modules) over OTLP:
