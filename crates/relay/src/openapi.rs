@@ -46,6 +46,7 @@ impl Modify for Security {
         crate::admin::tenants::tenants_top,
         crate::admin::tenants::tenant,
         crate::admin::tenants::purge,
+        crate::admin::tenants::retry,
         crate::admin::quarantine::quarantine_list,
         crate::admin::quarantine::quarantine_delete,
         crate::admin::audit::audit_list,

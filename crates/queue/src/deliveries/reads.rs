@@ -121,6 +121,22 @@ pub fn due_for_tenant(
     Ok(out)
 }
 
+/// A tenant's due rows that wait for a time after `now` (a retry's backoff), earliest
+/// first, at most `limit`: one range scan of its `?D` rows from `now`.
+pub fn scheduled_for_tenant(
+    store: &Store,
+    ord: TenantOrd,
+    now: AtMs,
+    limit: usize,
+) -> Result<Vec<DueRow>, QueueError> {
+    let (from, to) = ankusa_keyspace::due_range(ord, AtMs(now.0.saturating_add(1)), AtMs(u64::MAX));
+    collect(
+        store.scan(Family::Due, &from, &to, Dir::Forward)?,
+        limit,
+        DueRow::decode,
+    )
+}
+
 /// The earliest due row of a tenant (one seek).
 pub fn first_due(store: &Store, ord: TenantOrd) -> Result<Option<DueRow>, QueueError> {
     first_due_from(store, ord, AtMs(0))

@@ -42,6 +42,8 @@ enum Transition {
     DeadLetter(usize),
     OrphanDrop(usize),
     Revive(usize),
+    /// Retry now: a due row made due at once.
+    Hasten(usize, u64),
     Recover,
     Expand(usize),
     Purge {
@@ -77,6 +79,7 @@ fn transition() -> impl Strategy<Value = Transition> {
         2 => any::<usize>().prop_map(Transition::DeadLetter),
         1 => any::<usize>().prop_map(Transition::OrphanDrop),
         2 => any::<usize>().prop_map(Transition::Revive),
+        1 => (any::<usize>(), 0u64..20_000).prop_map(|(i, at)| Transition::Hasten(i, at)),
         1 => Just(Transition::Recover),
         1 => any::<usize>().prop_map(Transition::Expand),
         1 => (0..TENANTS.len(), any::<bool>(), any::<bool>())
@@ -165,6 +168,11 @@ fn apply(h: &mut Harness, t: &Transition) {
         Transition::Revive(i) => {
             if let Some(r) = pick(&h.dead_rows(), *i) {
                 h.commit(|tx| revive(tx, &r, AtMs(500)));
+            }
+        }
+        Transition::Hasten(i, at) => {
+            if let Some(r) = pick(&h.due_rows(), *i) {
+                h.commit(|tx| hasten(tx, &r, AtMs(*at)));
             }
         }
         Transition::Recover => {
@@ -1624,5 +1632,47 @@ fn a_delivery_started_at_commit_is_inflight_with_no_due_row_or_marker() {
         .unwrap()
         .iter()
         .all(|t| t.ord == acme));
+    h.assert_counters_equal_fold();
+}
+
+#[test]
+fn retry_now_makes_a_scheduled_row_due_once_and_keeps_its_counter() {
+    let mut h = Harness::new();
+    h.ingest(Some("a"), 1, 1_000, false);
+    let a = h.ord("a");
+    let r = first_due(&h.store, a).unwrap().unwrap();
+    let row = DeliveryRow {
+        ord: a,
+        size: r.size,
+        attempts: 1,
+        ..DeliveryRow::default()
+    };
+    h.commit(|tx| {
+        let inflight = claim(tx, &r);
+        retry(tx, &inflight, AtMs(600_000), &row);
+    });
+    // Waiting out its backoff: not due at 2 000, found as scheduled.
+    assert!(
+        due_for_tenant(&h.store, a, AtMs(2_000), AtMs(0), 10, u64::MAX)
+            .unwrap()
+            .is_empty()
+    );
+    let waiting = scheduled_for_tenant(&h.store, a, AtMs(2_000), 10).unwrap();
+    assert_eq!(waiting.len(), 1);
+    assert_eq!(waiting[0].key.at, AtMs(600_000));
+    assert!(scheduled_for_tenant(&h.store, a, AtMs(600_000), 10)
+        .unwrap()
+        .is_empty());
+    let before = crate::counters::read(&h.store, a).unwrap();
+    assert_eq!(before.scheduled, 1);
+    h.commit(|tx| hasten(tx, &waiting[0], AtMs(2_000)));
+    let due = due_for_tenant(&h.store, a, AtMs(2_000), AtMs(0), 10, u64::MAX).unwrap();
+    assert_eq!(due.len(), 1);
+    assert_eq!((due[0].key.at, due[0].kind), (AtMs(2_000), Kind::Retry));
+    assert_eq!(crate::counters::read(&h.store, a).unwrap(), before);
+    // The same row read before the move is not moved twice.
+    let mut tx = Tx::new();
+    hasten(&mut tx, &waiting[0], AtMs(3_000));
+    assert_eq!(tx.commit(&h.store, false).unwrap().count(), 0);
     h.assert_counters_equal_fold();
 }

@@ -262,6 +262,17 @@ pub(super) fn delete_dead(tx: &mut Tx, row: &DeadRow) {
     tx.delta(row.value.ord, CounterField::Dead, -1);
 }
 
+/// Retry now: a due row waiting for its time (a retry's backoff) becomes due at `at`. Its
+/// kind stays, and with it the counter it is in (a retry is still `scheduled` until it is
+/// claimed); a row another writer moved first is not moved again.
+pub fn hasten(tx: &mut Tx, row: &DueRow, at: AtMs) {
+    tx.delete_due(row);
+    tx.enqueue(&DueRow {
+        key: DueKey { at, ..row.key },
+        ..*row
+    });
+}
+
 /// Recover (boot): an inflight row left by a crash goes back to due at `at`, kind 0.
 pub fn recover(tx: &mut Tx, row: &InflightRow, at: AtMs) {
     tx.delete_inflight(row);

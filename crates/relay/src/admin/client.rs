@@ -303,6 +303,10 @@ pub fn sum_reports(answers: &[Value]) -> Value {
             if let Some(n) = v.as_i64() {
                 let t = total.entry(k.clone()).or_insert(json!(0));
                 *t = json!(t.as_i64().unwrap_or(0) + n);
+            } else if let Some(b) = v.as_bool() {
+                // A flag (`more`) is true if any node's is.
+                let t = total.entry(k.clone()).or_insert(json!(false));
+                *t = json!(t.as_bool().unwrap_or(false) || b);
             } else {
                 total.entry(k.clone()).or_insert(v.clone());
             }

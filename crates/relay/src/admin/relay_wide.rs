@@ -1,8 +1,9 @@
 //! The admin API of a Relay of several nodes answers relay-wide from any of them.
 //!
 //! - A call that names a tenant goes to the tenant's owner, with the caller's own token:
-//!   `GET /v1/tenants/{t}`, `GET /v1/dlq?tenant=t`, `DELETE /v1/tenants/{t}/queue` and
-//!   `POST /v1/dlq/replay` with `"tenant"` go to every node at once (a former owner still
+//!   `GET /v1/tenants/{t}`, `GET /v1/dlq?tenant=t`, `DELETE /v1/tenants/{t}/queue`,
+//!   `POST /v1/tenants/{t}/retry` and `POST /v1/dlq/replay` with `"tenant"` go to every
+//!   node at once (a former owner still
 //!   draining the tenant's rows answers too) and their answers are added up (a DLQ page
 //!   merged newest first, ids `<node>/<id>`, which a replay by ids routes back). Owner
 //!   unreachable: 503 `owner_unavailable`.
@@ -124,6 +125,7 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
             Some(Merge::Sum(&["due", "dead", "batches"]))
         }
         (Method::POST, "/v1/dlq/replay") => Some(Merge::Sum(&["revived"])),
+        (Method::POST, p) if p.ends_with("/retry") => Some(Merge::Sum(&["retried", "more"])),
         (Method::GET, p) if p.starts_with("/v1/sources/") => Some(Merge::Backlog),
         _ => None,
     };
@@ -535,8 +537,13 @@ fn add_value_counters(into: &mut Value, from: &Value) {
     );
 }
 
+/// Numbers summed; flags (`more`) true if any node's is.
 fn add_fields(out: &mut Value, v: &Value, fields: &[&str]) {
     for f in fields {
+        if let (Some(a), Some(b)) = (out[*f].as_bool(), v[*f].as_bool()) {
+            out[*f] = (a || b).into();
+            continue;
+        }
         let sum = out[*f].as_i64().unwrap_or(0) + v[*f].as_i64().unwrap_or(0);
         out[*f] = sum.into();
     }

@@ -270,3 +270,133 @@ pub async fn purge(
     })
     .await
 }
+
+/// `POST /v1/tenants/{t}/retry`: which of the tenant's waiting rows to make due now.
+#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryRequest {
+    /// Only deliveries to this sink (its id).
+    sink: Option<String>,
+    /// Only this hook's deliveries (found through the hook log).
+    hook_id: Option<String>,
+    /// At most this many rows (default and ceiling [`MAX_RETRY`]).
+    limit: Option<usize>,
+}
+
+/// The rows a retry now moved.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct Retried {
+    pub tenant: String,
+    /// Rows made due now.
+    pub retried: u64,
+    /// More rows matched than one call moves: call again.
+    pub more: bool,
+    /// A Relay of several nodes: the nodes that gave no answer (their rows still wait).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+/// The most rows one retry now moves, and the most waiting rows it reads to find them.
+pub const MAX_RETRY: usize = 10_000;
+pub const MAX_RETRY_SCAN: usize = 100_000;
+
+/// `POST /v1/tenants/{t}/retry`: the tenant's rows waiting out a retry's backoff (or due
+/// later for another reason) are due now — all of them, one sink's, or one hook's. Rows
+/// move in synced batches with the audit row; a row that moved meanwhile (claimed,
+/// purged) is not counted.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{t}/retry",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id")),
+    request_body = RetryRequest,
+    responses(
+        (status = 200, description = "Rows made due now", body = Retried),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn retry(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+    body: bytes::Bytes,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    // No body (or an empty one) is every waiting row of the tenant.
+    let req: RetryRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        RetryRequest::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(e.to_string()))?
+    };
+    let cap = req.limit.unwrap_or(MAX_RETRY).clamp(1, MAX_RETRY);
+    if let Some(s) = &req.sink {
+        if !api.config.sinks.iter().any(|k| k.id == *s) {
+            return Err(ApiError::BadRequest(format!("no sink {s:?}")));
+        }
+    }
+    let a = api.clone();
+    blocking(move || {
+        let store = &a.store;
+        let ord = visible_ord(store, &c.scope, &t)?;
+        let seq = match &req.hook_id {
+            None => None,
+            Some(id) => Some(
+                ankusa_queue::hooklog::seq_of(store, id)?
+                    .ok_or(ApiError::NotFound("no such hook in the hook log"))?,
+            ),
+        };
+        let now = AtMs(ankusa_keyspace::now_ms());
+        let waiting = deliveries::scheduled_for_tenant(store, ord, now, MAX_RETRY_SCAN)?;
+        let mut sinks_of = std::collections::HashMap::new();
+        let mut rows = Vec::new();
+        let mut more = waiting.len() == MAX_RETRY_SCAN;
+        for r in waiting {
+            if seq.is_some_and(|s| s != r.key.seq) {
+                continue;
+            }
+            if let Some(want) = &req.sink {
+                // The sink's name is in its hook's envelope, read once per hook.
+                let names = match sinks_of.entry(r.key.seq) {
+                    std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                    std::collections::hash_map::Entry::Vacant(e) => {
+                        let env = deliveries::envelope(store, r.key.seq)?;
+                        e.insert(env.map(|e| e.sinks).unwrap_or_default())
+                    }
+                };
+                if names.get(r.key.sink.0 as usize) != Some(want) {
+                    continue;
+                }
+            }
+            if rows.len() == cap {
+                more = true;
+                break;
+            }
+            rows.push(r);
+        }
+        let audit = a.audit.op(
+            &c.name,
+            "tenant.retry",
+            Some(&t),
+            serde_json::json!({ "rows": rows.len(), "sink": req.sink, "hook_id": req.hook_id }),
+        );
+        let retried = crate::dispatch::replayer::hasten(
+            store,
+            &a.hints,
+            &rows,
+            now,
+            a.config.hook_log.enabled,
+            Some(audit),
+        )?;
+        Ok(Json(Retried {
+            tenant: t,
+            retried,
+            more,
+            unavailable: Vec::new(),
+        })
+        .into_response())
+    })
+    .await
+}

@@ -96,14 +96,19 @@ pub(super) fn admin(
             }
             AdminCommand::Purge { tenant, kinds } => {
                 let path = format!("/v1/tenants/{}/queue?kinds={}", c::q(tenant), c::q(kinds));
-                let mut answers = Vec::new();
-                for i in 0..nodes.urls.len() {
-                    match nodes.call(i, Method::DELETE, &path, None).await {
-                        Ok(v) => answers.push(v),
-                        Err(e) if e.to_string().contains(": 404 not_found") => {}
-                        Err(e) => return Err(e),
-                    }
-                }
+                let answers = knowing(&nodes, Method::DELETE, &path, None).await?;
+                let mut sum = c::sum_reports(&answers);
+                sum["tenant"] = serde_json::json!(tenant);
+                sum
+            }
+            AdminCommand::Retry {
+                tenant,
+                sink,
+                hook,
+            } => {
+                let path = format!("/v1/tenants/{}/retry", c::q(tenant));
+                let body = serde_json::json!({ "sink": sink, "hook_id": hook });
+                let answers = knowing(&nodes, Method::POST, &path, Some(&body)).await?;
                 let mut sum = c::sum_reports(&answers);
                 sum["tenant"] = serde_json::json!(tenant);
                 sum
@@ -234,6 +239,24 @@ pub(super) fn admin(
     };
     print!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every answer to one call from the nodes that know its tenant (a 404 is "not here").
+async fn knowing(
+    nodes: &crate::admin::client::Nodes,
+    method: hyper::Method,
+    path: &str,
+    body: Option<&serde_json::Value>,
+) -> anyhow::Result<Vec<serde_json::Value>> {
+    let mut answers = Vec::new();
+    for i in 0..nodes.urls.len() {
+        match nodes.call(i, method.clone(), path, body).await {
+            Ok(v) => answers.push(v),
+            Err(e) if e.to_string().contains(": 404 not_found") => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(answers)
 }
 
 /// A table of `rows`' `columns`, times shown as times.

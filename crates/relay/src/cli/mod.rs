@@ -133,6 +133,17 @@ pub enum AdminCommand {
         #[arg(long, default_value = "pending,dead")]
         kinds: String,
     },
+    /// Make a tenant's deliveries that wait out a retry's backoff due now, on every node:
+    /// all of them, one sink's, or one hook's.
+    Retry {
+        tenant: String,
+        /// Only deliveries to this sink (its id).
+        #[arg(long)]
+        sink: Option<String>,
+        /// Only this hook's deliveries.
+        #[arg(long)]
+        hook: Option<String>,
+    },
     /// Requests that failed verification.
     Quarantine {
         #[command(subcommand)]

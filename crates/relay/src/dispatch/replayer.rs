@@ -1,10 +1,10 @@
-//! Replay: dead rows made due again. The admin API picks the rows (by ids, tenant, source
-//! or time range, within the caller's scope); this module moves them, in synced batches of
-//! [`deliveries::CHUNK_ROWS`] through the queue's `revive` op builder, and wakes the
-//! pipeline for them.
+//! Replay: dead rows made due again, and retry now: rows waiting out a retry's backoff
+//! made due at once. The admin API picks the rows (within the caller's scope); this module
+//! moves them, in synced batches of [`deliveries::CHUNK_ROWS`] through the queue's
+//! `revive` and `hasten` op builders, and wakes the pipeline for them.
 
-use ankusa_keyspace::{AtMs, EventKind};
-use ankusa_queue::deliveries::{self, DeadRow, Tx};
+use ankusa_keyspace::{AtMs, EventKind, Seq, SinkIdx, TenantOrd};
+use ankusa_queue::deliveries::{self, DeadRow, DueRow, Tx};
 use ankusa_queue::hints::DueHints;
 use ankusa_queue::hooklog;
 use ankusa_queue::QueueError;
@@ -22,26 +22,72 @@ pub fn revive(
     log: bool,
     audit: Option<Op>,
 ) -> Result<u64, QueueError> {
+    let revive = |tx: &mut Tx, r: &DeadRow| deliveries::revive(tx, r, now);
+    requeue(store, hints, rows, now, log, audit, revive)
+}
+
+/// Makes `rows` (due later: a retry's backoff) due at `now`, as [`revive`] does dead rows.
+pub fn hasten(
+    store: &Store,
+    hints: &DueHints,
+    rows: &[DueRow],
+    now: AtMs,
+    log: bool,
+    audit: Option<Op>,
+) -> Result<u64, QueueError> {
+    let hasten = |tx: &mut Tx, r: &DueRow| deliveries::hasten(tx, r, now);
+    requeue(store, hints, rows, now, log, audit, hasten)
+}
+
+/// A row a replay or a retry now moves: its tenant and its delivery.
+trait Requeued {
+    fn at(&self) -> (TenantOrd, Seq, SinkIdx);
+}
+
+impl Requeued for DeadRow {
+    fn at(&self) -> (TenantOrd, Seq, SinkIdx) {
+        (self.value.ord, self.key.seq, self.key.sink)
+    }
+}
+
+impl Requeued for DueRow {
+    fn at(&self) -> (TenantOrd, Seq, SinkIdx) {
+        (self.key.ord, self.key.seq, self.key.sink)
+    }
+}
+
+/// Moves `rows` with `op`, due at `now`, in synced batches, each delivery with a
+/// `replayed` event when `log`; wakes the pipeline for each batch's tenants.
+fn requeue<R: Requeued>(
+    store: &Store,
+    hints: &DueHints,
+    rows: &[R],
+    now: AtMs,
+    log: bool,
+    audit: Option<Op>,
+    op: impl Fn(&mut Tx, &R),
+) -> Result<u64, QueueError> {
     let mut first = audit;
-    let mut revived = 0u64;
+    let mut moved = 0u64;
     for chunk in rows.chunks(deliveries::CHUNK_ROWS) {
         let mut tx = Tx::new();
         if let Some(op) = first.take() {
             tx.push_op(op);
         }
         for r in chunk {
-            deliveries::revive(&mut tx, r, now);
+            op(&mut tx, r);
             if log {
+                let (_, seq, sink) = r.at();
                 let ev = hooklog::requeued(EventKind::Replayed, now, 0, now);
-                hooklog::record(&mut tx, store, r.key.seq, r.key.sink, &ev)?;
+                hooklog::record(&mut tx, store, seq, sink, &ev)?;
             }
         }
-        revived += tx.commit(store, true)?.count();
+        moved += tx.commit(store, true)?.count();
         // Delivered at once, not at the next full scan.
-        hints.add(chunk.iter().map(|r| (r.value.ord, now)));
+        hints.add(chunk.iter().map(|r| (r.at().0, now)));
     }
     if let Some(op) = first {
         store.write(vec![op], true)?;
     }
-    Ok(revived)
+    Ok(moved)
 }

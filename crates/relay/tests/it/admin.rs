@@ -1155,3 +1155,121 @@ async fn tenants_lists_scheduled_and_dead_work_not_only_pending() {
     assert_eq!(v["total"], 2);
     node.stop().await;
 }
+
+/// `POST /v1/tenants/{t}/retry` makes rows waiting out a 10-minute backoff due now: one
+/// hook's, one sink's, then all; within the caller's scope, audited, and from the CLI.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retry_now_sends_waiting_rows_at_once() {
+    let sink = TestSink::start().await;
+    sink.default_status
+        .store(503, std::sync::atomic::Ordering::Relaxed);
+    let node = TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .tenant_token("team-b", TOKEN_B, &["b"])
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("retry: { schedule_ms: [600000], max_attempts: 5, jitter: none }")
+        .sink("one", &sink.url("/one"))
+        .sink("two", &sink.url("/two"))
+        .route("r", &["one", "two"])
+        .open_source("shared", "r")
+        .start()
+        .await;
+    let c = client();
+    let mut ids = Vec::new();
+    for t in ["a", "a", "a", "b"] {
+        let r = post(
+            &c,
+            &node.ingest_url("shared"),
+            &[("x-tenant", t.to_owned())],
+            b"{}".to_vec(),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+        ids.push(r.json()["id"].as_str().unwrap().to_owned());
+    }
+    eventually(10, "every first attempt failed", || {
+        let n = counters::node(&node.store).unwrap();
+        n.scheduled == 8 && n.inflight == 0
+    })
+    .await;
+    sink.default_status
+        .store(200, std::sync::atomic::Ordering::Relaxed);
+    let call = |path: &str, token: &str, body: &str| {
+        let url = format!("http://{}{path}", node.admin_addr);
+        let auth = format!("Bearer {token}");
+        let (c, body) = (c.clone(), body.to_owned());
+        async move {
+            let headers = [
+                ("authorization", auth.as_str()),
+                ("content-type", "application/json"),
+            ];
+            let (s, _, v) = raw(&c, "POST", &url, &headers, &body).await;
+            (s, v)
+        }
+    };
+    let delivered = |path: &str| sink.on(path).iter().filter(|r| r.status == 200).count();
+    // One hook: its two deliveries.
+    let body = format!(r#"{{"hook_id":"{}"}}"#, ids[0]);
+    let (s, v) = call("/v1/tenants/a/retry", ADMIN, &body).await;
+    assert_eq!(
+        (s, v["retried"].as_u64(), v["more"].as_bool()),
+        (200, Some(2), Some(false)),
+        "{v}"
+    );
+    eventually(10, "hook 0 delivered to both sinks", || {
+        delivered("/one") == 1 && delivered("/two") == 1
+    })
+    .await;
+    // One sink: the other two hooks' deliveries to `two`.
+    let (s, v) = call("/v1/tenants/a/retry", ADMIN, r#"{"sink":"two"}"#).await;
+    assert_eq!((s, v["retried"].as_u64()), (200, Some(2)), "{v}");
+    eventually(10, "sink two got them", || delivered("/two") == 3).await;
+    assert_eq!(delivered("/one"), 1);
+    // Bad input changes nothing; another tenant's token does not see tenant a.
+    let (s, v) = call("/v1/tenants/a/retry", ADMIN, r#"{"sink":"nope"}"#).await;
+    assert_eq!((s, v["error"].as_str()), (400, Some("bad_request")));
+    let (s, _) = call("/v1/tenants/a/retry", ADMIN, r#"{"hook_id":"hk_none"}"#).await;
+    assert_eq!(s, 404);
+    let (s, _) = call("/v1/tenants/a/retry", TOKEN_B, "{}").await;
+    assert_eq!(s, 404);
+    assert_eq!(counters::node(&node.store).unwrap().scheduled, 4);
+    // All of tenant a's (no body at all), then b's from the command line.
+    let (s, v) = call("/v1/tenants/a/retry", ADMIN, "").await;
+    assert_eq!((s, v["retried"].as_u64()), (200, Some(2)), "{v}");
+    let url = format!("http://{}", node.admin_addr);
+    let args: Vec<String> = [
+        "admin", "--url", &url, "--token", TOKEN_B, "retry", "b", "--json",
+    ]
+    .map(String::from)
+    .to_vec();
+    let out = tokio::task::spawn_blocking(move || bin().args(args).output().unwrap())
+        .await
+        .unwrap();
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["retried"], 2, "{v}");
+    eventually(10, "everything delivered", || {
+        counters::node(&node.store).unwrap().scheduled == 0
+            && delivered("/one") == 4
+            && delivered("/two") == 4
+    })
+    .await;
+    // Each call is in the audit log, with who asked and what moved.
+    let (_, audit) = {
+        let url = format!("http://{}/v1/audit", node.admin_addr);
+        let auth = format!("Bearer {ADMIN}");
+        let (s, _, v) = raw(&c, "GET", &url, &[("authorization", auth.as_str())], "").await;
+        (s, v)
+    };
+    let retries: Vec<_> = audit["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["action"] == "tenant.retry")
+        .collect();
+    assert_eq!(retries.len(), 4, "{audit}");
+    assert!(retries
+        .iter()
+        .any(|r| r["who"] == "team-b" && r["tenant"] == "b"));
+    node.stop().await;
+}
