@@ -4,13 +4,19 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps run test fmt lint check-layers nextest e2e testenv crds bench fuzz fuzz-smoke image image-archives
+.PHONY: deps deps-run run test fmt lint check-layers nextest e2e testenv crds bench fuzz fuzz-smoke image image-archives
 
+# Everything `make test` needs (build tools, test runners, the real node's packages, a
+# nightly toolchain for the fuzz smoke).
 deps:
 	@bash scripts/install-deps.sh
 
+# Only what building and starting a node needs: a first hook waits on nothing else.
+deps-run:
+	@bash scripts/install-deps.sh run
+
 ## Build the relay node and start it on the embedded store with the example config.
-run: deps
+run: deps-run
 	$(CARGO) build -p ankusa-relay --bin ankusa-relay
 	@echo "ankusa-relay: starting a node with $(CONFIG). Send a first hook with:"
 	@echo "  curl -i -X POST http://127.0.0.1:8080/ingest/demo -H 'x-tenant: acme' -H 'content-type: application/json' -d '{\"hello\":\"world\"}'"
@@ -54,12 +60,14 @@ otelcol:
 nextest:
 	$(CARGO) nextest run --workspace --no-fail-fast
 
-# The operator, the chart and real relay nodes on the control plane `make test` started
+# The newcomer's path (`make run` and the README's quickstart block, e2e/quickstart.sh);
+# the operator, the chart and real relay nodes on the control plane `make test` started
 # (or any the environment of `scripts/k8s-testenv.sh start DIR` points at).
 # e2e/node.sh runs the images on the real node, built from the debug binaries the other
 # e2e scripts use (a release build would compile RocksDB once more).
 e2e:
 	$(CARGO) build -p ankusa-relay --bin ankusa-relay -p ankusa-operator --bin ankusa-operator
+	@bash e2e/quickstart.sh
 	@bash e2e/run.sh
 	@bash e2e/upgrade.sh
 	@$(MAKE) --no-print-directory image-archives IMAGE_PROFILE=dev

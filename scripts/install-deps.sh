@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Installs what building and testing Ankusa needs, only where it is missing.
-# - libclang (bindgen, for the RocksDB bindings) from Debian's libclang-dev
-# - a C++ compiler for RocksDB itself, and a C one (zstd; the WAL-sync fault test builds
-#   a small shared object with `cc`)
+# Installs what Ankusa needs, only where it is missing.
+#
+#   scripts/install-deps.sh run    what `make run` needs to build and start a node:
+#                                  libclang (bindgen, for the RocksDB bindings, Debian's
+#                                  libclang-dev), a C++ compiler for RocksDB, a C one (zstd)
+#                                  and make. Nothing else: a first hook waits only on the build.
+#   scripts/install-deps.sh        that, and what `make test` needs:
 # - cargo-nextest, the test runner `make test` uses
+# - a nightly Rust toolchain (minimal profile), for the fuzz smoke's cargo-fuzz (libFuzzer)
 # - promtool (Debian's prometheus package), to lint the metrics exposition and test the
-#   alert rules in tests
-# - curl, which the README's quickstart test runs as the README writes it
+#   alert rules in tests; curl, which the README's quickstart test runs as the README writes it
 # - helm-python-sdk (PyPI): the Helm engine, offline, to render and lint the chart in tests
 # - schemathesis (PyPI): runs every operation of docs/openapi.json against a live node
 # - the real Kubernetes node of the tests (scripts/k8s-node.sh): containerd, runc, the CNI
 #   plugins, iptables and nftables (to put the host's tables back); skopeo to push the
 #   images `make image` builds
 set -euo pipefail
+mode=${1:-test}
+case "$mode" in
+  run | test) ;;
+  *) echo "usage: $0 [run|test]" >&2; exit 2 ;;
+esac
 
 need_apt=()
 # Ask dpkg: a bare libclang-cpp (present on fresh machines) is not what bindgen loads.
@@ -22,17 +30,19 @@ fi
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
-# promtool lints the /metrics exposition in the admin tests (Debian's prometheus package).
-command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
-command -v curl >/dev/null 2>&1 || need_apt+=(curl)
-command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
-command -v runc >/dev/null 2>&1 || need_apt+=(runc)
-[ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
-command -v iptables-save >/dev/null 2>&1 || need_apt+=(iptables)
-command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
-command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
-command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
-python3 -c 'import yaml' >/dev/null 2>&1 || need_apt+=(python3-yaml)
+if [ "$mode" = test ]; then
+  # promtool lints the /metrics exposition in the admin tests (Debian's prometheus package).
+  command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
+  command -v curl >/dev/null 2>&1 || need_apt+=(curl)
+  command -v containerd >/dev/null 2>&1 || need_apt+=(containerd)
+  command -v runc >/dev/null 2>&1 || need_apt+=(runc)
+  [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
+  command -v iptables-save >/dev/null 2>&1 || need_apt+=(iptables)
+  command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
+  command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
+  command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
+  python3 -c 'import yaml' >/dev/null 2>&1 || need_apt+=(python3-yaml)
+fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   echo "install-deps: installing ${need_apt[*]} with apt-get"
@@ -41,6 +51,8 @@ if [ ${#need_apt[@]} -gt 0 ]; then
   "${sudo_cmd[@]}" apt-get update -qq
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
 fi
+
+[ "$mode" = test ] || exit 0
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-nextest from crates.io"
@@ -60,4 +72,11 @@ SCHEMATHESIS_VERSION=4.32.5
 if ! python3 -c "import schemathesis, sys; sys.exit(schemathesis.__version__ != '${SCHEMATHESIS_VERSION}')" >/dev/null 2>&1; then
   echo "install-deps: installing schemathesis ${SCHEMATHESIS_VERSION} from PyPI"
   python3 -m pip install --quiet --disable-pip-version-check "schemathesis==${SCHEMATHESIS_VERSION}"
+fi
+
+# The fuzz smoke builds its targets with cargo-fuzz, whose libFuzzer instrumentation needs
+# a nightly compiler (scripts/fuzz.sh installs cargo-fuzz itself, into its cache).
+if ! cargo +nightly --version >/dev/null 2>&1; then
+  echo "install-deps: installing a nightly Rust toolchain (minimal profile) with rustup"
+  rustup toolchain install nightly --profile minimal --no-self-update
 fi

@@ -234,7 +234,8 @@ pub enum BackupCommand {
         /// The node's admin URL, e.g. http://relay-0.relay:9090
         #[arg(long)]
         from: String,
-        /// An admin-scope token.
+        /// A token of admin or backup scope (`scope: backup` may take backups and nothing
+        /// else).
         #[arg(long, env = "ANKUSA_ADMIN_TOKEN", hide_env_values = true)]
         token: String,
         /// The directory to write `<id>.tar.zst` into.

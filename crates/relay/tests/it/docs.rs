@@ -290,3 +290,323 @@ fn operator_md_names_every_relay_field_and_status_field_of_the_crd() {
     .collect();
     assert_eq!(table, fields("status"), "operator.md's status table");
 }
+
+/// The Markdown pages of the repository: README.md and docs/*.md, by path.
+fn pages() -> Vec<(std::path::PathBuf, String)> {
+    let root = crate::support::repo();
+    let mut out = vec![root.join("README.md")];
+    for e in std::fs::read_dir(root.join("docs")).unwrap() {
+        let p = e.unwrap().path();
+        if p.extension().is_some_and(|x| x == "md") {
+            out.push(p);
+        }
+    }
+    out.into_iter()
+        .map(|p| {
+            let text = std::fs::read_to_string(&p).unwrap();
+            (p, text)
+        })
+        .collect()
+}
+
+/// GitHub's anchor of a heading: lower case, code marks and punctuation dropped, spaces as
+/// hyphens; a link's text in place of the link.
+fn slug(heading: &str) -> String {
+    let mut text = String::new();
+    let mut rest = heading;
+    while let Some(open) = rest.find('[') {
+        let Some(mid) = rest[open..].find("](") else {
+            break;
+        };
+        let Some(close) = rest[open + mid..].find(')') else {
+            break;
+        };
+        text.push_str(&rest[..open]);
+        text.push_str(&rest[open + 1..open + mid]);
+        rest = &rest[open + mid + close + 1..];
+    }
+    text.push_str(rest);
+    text.to_lowercase()
+        .chars()
+        .filter_map(|c| match c {
+            ' ' => Some('-'),
+            c if c.is_alphanumeric() || c == '-' || c == '_' => Some(c),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The anchors of a page's headings (outside fenced code).
+fn anchors(text: &str) -> BTreeSet<String> {
+    let mut fenced = false;
+    let mut out = BTreeSet::new();
+    for line in text.lines() {
+        if line.starts_with("```") {
+            fenced = !fenced;
+        } else if !fenced && line.starts_with('#') {
+            out.insert(slug(line.trim_start_matches('#').trim()));
+        }
+    }
+    out
+}
+
+/// Every link to a section — `other.md#anchor` or `#anchor` — in README.md and docs/*.md
+/// names a heading its page has.
+#[test]
+fn every_link_to_a_section_names_a_heading_that_exists() {
+    let pages = pages();
+    let mut broken = Vec::new();
+    let mut checked = 0;
+    for (path, text) in &pages {
+        for part in text.split("](").skip(1) {
+            let Some(target) = part.split(')').next() else {
+                continue;
+            };
+            let Some((file, anchor)) = target.split_once('#') else {
+                continue;
+            };
+            if file.contains("://") || !(file.is_empty() || file.ends_with(".md")) {
+                continue;
+            }
+            let page = if file.is_empty() {
+                path.clone()
+            } else {
+                path.parent().unwrap().join(file)
+            };
+            let Ok(page_text) = std::fs::read_to_string(&page) else {
+                broken.push(format!("{}: {target} (no such page)", path.display()));
+                continue;
+            };
+            checked += 1;
+            if !anchors(&page_text).contains(anchor) {
+                broken.push(format!("{}: {target}", path.display()));
+            }
+        }
+    }
+    assert!(checked > 20, "only {checked} links to sections found");
+    assert!(
+        broken.is_empty(),
+        "links to no heading:\n{}",
+        broken.join("\n")
+    );
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn sources(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, String)>) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            sources(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            let text = std::fs::read_to_string(&p).unwrap();
+            out.push((p, text));
+        }
+    }
+}
+
+/// The stable code each `error(StatusCode::…, "code", …)` of `text` answers, in order.
+fn error_codes(text: &str) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (at, _) in text.match_indices("StatusCode::") {
+        let after = &text[at..];
+        let Some(comma) = after.find(',') else {
+            continue;
+        };
+        let rest = after[comma + 1..].trim_start();
+        let Some(code) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) else {
+            continue;
+        };
+        if !code.is_empty() && code.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
+            out.push((at, code.to_owned()));
+        }
+    }
+    out
+}
+
+/// api.md gives every error code ingest answers, and each code that carries a
+/// `Retry-After` the value the code sends (`with_retry_after(r, N)` after the code).
+#[test]
+fn api_md_gives_each_error_code_and_the_retry_after_the_code_sends() {
+    let mut files = Vec::new();
+    sources(&crate::support::repo().join("crates/relay/src"), &mut files);
+    let mut retry: std::collections::BTreeMap<String, BTreeSet<u64>> = Default::default();
+    for (_, text) in &files {
+        let codes = error_codes(text);
+        for (at, _) in text.match_indices("with_retry_after(") {
+            if text[..at].trim_end().ends_with("fn") {
+                continue;
+            }
+            let args = text[at..].split(')').next().unwrap();
+            let n: u64 = args.rsplit(',').next().unwrap().trim().parse().unwrap();
+            // The code answered just before it, within the same few lines.
+            let code = codes.iter().rev().find(|(c, _)| *c < at && at - *c < 400);
+            let (_, code) = code.unwrap_or_else(|| panic!("no code before {}", &text[at..at + 40]));
+            retry.entry(code.clone()).or_default().insert(n);
+        }
+    }
+    assert!(retry.len() >= 4, "{retry:?}");
+    let api = doc("api.md");
+    let rows: Vec<&str> = api.lines().filter(|l| l.starts_with('|')).collect();
+    for (code, values) in &retry {
+        // Rows that answer the code (the first column is the outcome, which may share
+        // its name).
+        let answers = |r: &&&str| {
+            r.split('|')
+                .skip(2)
+                .any(|cell| cell.contains(&format!("`{code}`")))
+        };
+        let with: Vec<&&str> = rows.iter().filter(answers).collect();
+        assert!(!with.is_empty(), "api.md has no row for `{code}`");
+        for row in with.iter().filter(|r| r.contains("Retry-After")) {
+            for n in values {
+                assert!(
+                    row.contains(&format!("Retry-After: {n}")),
+                    "`{code}` sends Retry-After: {n}; api.md says:\n{row}"
+                );
+            }
+        }
+    }
+    let ingest = &files
+        .iter()
+        .find(|(p, _)| p.ends_with("ingest/mod.rs"))
+        .unwrap()
+        .1;
+    for (_, code) in error_codes(ingest) {
+        assert!(
+            api.contains(&format!("`{code}`")),
+            "api.md never names `{code}`"
+        );
+    }
+}
+
+/// What `kubectl get relays` shows, in README.md and operator.md, is the CRD's printer
+/// columns: the default ones in order, and those `-o wide` adds.
+#[test]
+fn the_printer_columns_the_docs_show_are_the_crds() {
+    let root = crate::support::repo();
+    let crd: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root.join("crates/crds/manifests/relay.yaml")).unwrap(),
+    )
+    .unwrap();
+    let columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
+        .as_sequence()
+        .unwrap();
+    let named = |wide: bool| -> Vec<String> {
+        columns
+            .iter()
+            .filter(|c| (c["priority"].as_u64().unwrap_or(0) > 0) == wide)
+            .map(|c| c["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let (plain, wide) = (named(false), named(true));
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let comment = readme
+        .lines()
+        .find(|l| l.starts_with("kubectl get relays "))
+        .and_then(|l| l.split_once('#'))
+        .unwrap()
+        .1
+        .trim();
+    let (shown, adds) = comment.split_once(" (-o wide adds ").unwrap();
+    assert_eq!(
+        shown.split(", ").collect::<Vec<_>>(),
+        plain,
+        "README: {comment}"
+    );
+    assert_eq!(
+        adds.trim_end_matches(')').split(", ").collect::<Vec<_>>(),
+        wide,
+        "README: {comment}"
+    );
+    let op = doc("operator.md");
+    let header = op.lines().find(|l| l.starts_with("NAME ")).unwrap();
+    let mut want = vec!["NAME".to_owned()];
+    want.extend(plain.iter().map(|c| c.to_uppercase()));
+    assert_eq!(header.split_whitespace().collect::<Vec<_>>(), want);
+    for c in &wide {
+        assert!(
+            op.contains(&format!("`{c}`")),
+            "operator.md never names the {c} column"
+        );
+    }
+}
+
+/// README.md and testing.md say what `make test` runs — every prerequisite of its target
+/// and every e2e script — and testing.md lists every bench `make bench` runs, which are
+/// the relay's benches.
+#[test]
+fn the_docs_say_what_make_test_and_make_bench_run() {
+    let root = crate::support::repo();
+    let makefile = std::fs::read_to_string(root.join("Makefile")).unwrap();
+    let recipe = |target: &str| -> Vec<String> {
+        makefile
+            .split(&format!("\n{target}:"))
+            .nth(1)
+            .unwrap()
+            .split("\n\n")
+            .next()
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    };
+    let test = recipe("test");
+    let mut named: Vec<String> = test[0]
+        .split_whitespace()
+        .filter(|p| *p != "deps")
+        .map(str::to_owned)
+        .collect();
+    named.push("nextest".into());
+    named.extend(recipe("e2e").iter().filter_map(|l| {
+        l.split("bash ")
+            .nth(1)
+            .map(|s| s.split_whitespace().next().unwrap().to_owned())
+    }));
+    assert!(
+        named.iter().filter(|n| n.starts_with("e2e/")).count() >= 4,
+        "{named:?}"
+    );
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    for (page, text) in [("README.md", &readme), ("testing.md", &doc("testing.md"))] {
+        let line = text.lines().find(|l| l.starts_with("make test ")).unwrap();
+        for n in &named {
+            assert!(
+                line.contains(n.as_str()),
+                "{page}'s `make test` line lacks {n}: {line}"
+            );
+        }
+    }
+    let benches: BTreeSet<String> = recipe("bench")
+        .iter()
+        .filter_map(|l| l.split("--bench ").nth(1).map(|b| b.trim().to_owned()))
+        .collect();
+    let cargo = std::fs::read_to_string(root.join("crates/relay/Cargo.toml")).unwrap();
+    let declared: BTreeSet<String> = cargo
+        .split("[[bench]]")
+        .skip(1)
+        .filter_map(|b| b.split("name = \"").nth(1))
+        .map(|n| n.split('"').next().unwrap().to_owned())
+        .collect();
+    assert_eq!(benches, declared, "make bench and crates/relay/Cargo.toml");
+    let testing = doc("testing.md");
+    let listed: BTreeSet<String> = testing
+        .lines()
+        .filter_map(|l| l.strip_prefix("cargo bench -p ankusa-relay --bench "))
+        .map(|b| b.trim().to_owned())
+        .collect();
+    assert_eq!(listed, declared, "testing.md's commands");
+    let tabled: BTreeSet<String> = testing
+        .split("| bench | measures | pass rule |")
+        .nth(1)
+        .unwrap()
+        .split("\n\n")
+        .next()
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("| "))
+        .filter_map(|l| l.split(" |").next())
+        .flat_map(|cell| cell.split(", ").map(|b| b.trim_matches('`').to_owned()))
+        .filter(|b| !b.starts_with('-'))
+        .collect();
+    assert_eq!(tabled, declared, "testing.md's bench table");
+}
