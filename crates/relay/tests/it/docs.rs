@@ -610,3 +610,40 @@ fn the_docs_say_what_make_test_and_make_bench_run() {
         .collect();
     assert_eq!(tabled, declared, "testing.md's bench table");
 }
+
+/// Every claim examples/relay.yaml names is created by a file the README's Kubernetes
+/// steps apply before it.
+#[test]
+fn the_readmes_kubernetes_steps_create_every_claim_the_example_names() {
+    let root = crate::support::repo();
+    let relay = std::fs::read_to_string(root.join("examples/relay.yaml")).unwrap();
+    let claims: BTreeSet<&str> = relay
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("claimName:"))
+        .map(str::trim)
+        .collect();
+    assert!(!claims.is_empty());
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let applied: Vec<&str> = readme
+        .lines()
+        .filter_map(|l| l.strip_prefix("kubectl apply -f "))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    let at = applied
+        .iter()
+        .position(|f| *f == "examples/relay.yaml")
+        .unwrap();
+    let mut created = BTreeSet::new();
+    for file in &applied[..at] {
+        let text = std::fs::read_to_string(root.join(file)).unwrap();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let v = <serde_yaml::Value as serde::Deserialize>::deserialize(doc).unwrap();
+            if v["kind"] == "PersistentVolumeClaim" {
+                created.insert(v["metadata"]["name"].as_str().unwrap().to_owned());
+            }
+        }
+    }
+    for c in claims {
+        assert!(created.contains(c), "the README never creates claim {c}");
+    }
+}
