@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::{invalid, Config, ConfigError};
+use crate::{invalid, positive, Config, ConfigError};
 
 /// The archive: hooks of archived sources or routes kept, bodies and all, for their
 /// retention after delivery (`sources[].archive`, `routes[].archive` choose what).
@@ -82,17 +82,10 @@ impl Config {
 
 impl ArchiveConfig {
     pub(crate) fn validate(&self) -> Result<(), ConfigError> {
-        if self.retention_ms == 0
-            || self.settle_interval_ms == 0
-            || self.settle_batch == 0
-            || self.prune_batch == 0
-        {
-            return Err(invalid(
-                "archive",
-                "retention_ms, settle_interval_ms, settle_batch and prune_batch must be positive",
-            ));
-        }
-        Ok(())
+        positive("archive.retention_ms", self.retention_ms)?;
+        positive("archive.settle_interval_ms", self.settle_interval_ms)?;
+        positive("archive.settle_batch", self.settle_batch)?;
+        positive("archive.prune_batch", self.prune_batch)
     }
 }
 

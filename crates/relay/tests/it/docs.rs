@@ -647,3 +647,85 @@ fn the_readmes_kubernetes_steps_create_every_claim_the_example_names() {
         assert!(created.contains(c), "the README never creates claim {c}");
     }
 }
+
+/// A documented range as numbers: `1 – 268 435 456`, `32 MiB – 1 TiB`, `> 0`, `≥ 1024`;
+/// `None` for anything else (a path, a list, a choice).
+fn range_of(cell: &str) -> Option<(u64, Option<u64>)> {
+    let number = |s: &str| -> Option<u64> {
+        let s = s.trim();
+        let (digits, unit) = match s.split_once(' ') {
+            Some((d, u)) if matches!(u, "KiB" | "MiB" | "GiB" | "TiB") => (d, u),
+            _ => (s, ""),
+        };
+        let n: u64 = digits.replace(' ', "").parse().ok()?;
+        let scale = match unit {
+            "KiB" => 1 << 10,
+            "MiB" => 1 << 20,
+            "GiB" => 1 << 30,
+            "TiB" => 1 << 40,
+            _ => 1,
+        };
+        Some(n * scale)
+    };
+    let cell = cell.trim();
+    if let Some(n) = cell.strip_prefix("> ") {
+        return Some((number(n)? + 1, None));
+    }
+    if let Some(n) = cell.strip_prefix("≥ ") {
+        return Some((number(n)?, None));
+    }
+    let (lo, hi) = cell.split_once(" – ")?;
+    Some((number(lo)?, Some(number(hi)?)))
+}
+
+/// Every numeric bound configuration.md gives is one the node enforces: the value just
+/// outside it is refused naming the key, the bound itself is taken.
+#[test]
+fn every_documented_numeric_bound_is_enforced() {
+    let base = "data_dir: ./never-opened\n\
+        sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\n\
+        routes: [{ id: r, sinks: [s] }]\n\
+        sources: [{ id: a, verify: { scheme: none }, route: r }]\n";
+    let md = doc("configuration.md");
+    let mut checked = Vec::new();
+    for row in md.lines().filter(|l| l.starts_with("| `")) {
+        let cells: Vec<&str> = row.split(" | ").collect();
+        let key = cells[0].trim_start_matches("| `").trim_end_matches('`');
+        let Some((lo, hi)) = cells.get(2).and_then(|c| range_of(c)) else {
+            continue;
+        };
+        // The variable that sets the key: a list's first entry (the base has one of each).
+        let var = format!(
+            "ANKUSA_{}",
+            key.replace("[]", ".0").replace('.', "__").to_uppercase()
+        );
+        let load = |v: u64| Config::from_yaml(base, [(var.clone(), v.to_string())]);
+        let refused = |v: u64| match load(v) {
+            Ok(_) => panic!("{key} = {v} is outside {lo}..={hi:?} but was taken"),
+            Err(e) => {
+                let shown = key.replace("[]", "[0]");
+                assert!(e.to_string().contains(&shown), "{key} = {v}: {e}");
+            }
+        };
+        if lo > 0 {
+            refused(lo - 1);
+        }
+        if let Some(hi) = hi {
+            if hi < u64::MAX {
+                refused(hi + 1);
+            }
+        }
+        // The bounds themselves are taken (the largest of a few only where taking it
+        // costs nothing: a memory budget is a number until a store opens).
+        load(lo).unwrap_or_else(|e| panic!("{key} = {lo} (its minimum): {e}"));
+        if let Some(hi) = hi {
+            load(hi).unwrap_or_else(|e| panic!("{key} = {hi} (its maximum): {e}"));
+        }
+        checked.push(key.to_owned());
+    }
+    assert!(
+        checked.len() >= 40,
+        "{} bounds checked: {checked:?}",
+        checked.len()
+    );
+}
