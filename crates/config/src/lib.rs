@@ -46,6 +46,7 @@ pub use quarantine::QuarantineConfig;
 pub use reclaim::ReclaimConfig;
 pub use retry::{Jitter, RetryConfig};
 mod locate;
+pub mod reload;
 pub use routes::RouteConfig;
 pub use secrets::{SecretSource, Secrets, REDACTED};
 pub use shutdown::ShutdownConfig;

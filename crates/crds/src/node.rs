@@ -62,6 +62,34 @@ pub struct NodeStatus {
     /// checks the backup claim's room against. Absent from older releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_bytes: Option<u64>,
+    /// The configuration the node runs: when it was loaded, and the last reload it
+    /// refused. Absent from older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config: Option<ConfigStatus>,
+}
+
+/// The configuration a node runs (`ankusa-relay run --config FILE`, reloaded on SIGHUP or
+/// when the file changes).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ConfigStatus {
+    /// When the running configuration was loaded: at start, or by the last reload that
+    /// changed something (ms since the epoch).
+    pub loaded_at_ms: u64,
+    /// Reloads applied since the node started.
+    pub reloads: u64,
+    /// The last reload refused, while the file still says what was refused: the running
+    /// configuration is the one before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<ReloadRefusal>,
+}
+
+/// A reload the node refused, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ReloadRefusal {
+    pub message: String,
+    pub at_ms: u64,
 }
 
 /// A node of a Relay of several nodes.
@@ -122,6 +150,14 @@ mod tests {
                 tenants_registered: Some(10),
             }),
             store_bytes: Some(1 << 30),
+            config: Some(ConfigStatus {
+                loaded_at_ms: 9,
+                reloads: 2,
+                refused: Some(ReloadRefusal {
+                    message: "invalid config: tenants.max: …".into(),
+                    at_ms: 10,
+                }),
+            }),
         };
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<NodeStatus>(&text).unwrap(), s);

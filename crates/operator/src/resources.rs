@@ -440,8 +440,8 @@ pub fn client_service(relay: &Relay) -> Result<Service, ResourceError> {
 }
 
 /// The StatefulSet. `partition` holds ordinals below it on their current revision (the
-/// upgrade gate lowers it one ordinal at a time); `config_hash` rolls the pods when
-/// `relay.yaml` changes.
+/// upgrade gate lowers it one ordinal at a time); `config_hash` rolls the pods when what
+/// `relay.yaml` says that a node cannot reload changes.
 pub fn statefulset(
     relay: &Relay,
     partition: i32,
@@ -753,10 +753,12 @@ impl DesiredSet {
             config_map: config_map(relay, &yaml)?,
             headless: headless_service(relay)?,
             client: client_service(relay)?,
+            // Only what a node cannot reload rolls the pods: a change of sources, sinks,
+            // routes or tokens reaches them through the ConfigMap's volume.
             statefulset: statefulset(
                 relay,
                 partition,
-                &config_hash(&yaml),
+                &config_hash(&relay_yaml(&ankusa_config::reload::restart_part(&cfg))?),
                 shutdown_grace_ms(&cfg),
             )?,
             pdb: pdb(relay)?,

@@ -159,6 +159,7 @@ struct Booted {
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     background: Vec<tokio::task::JoinHandle<()>>,
     writer: std::thread::JoinHandle<()>,
+    reloader: Arc<crate::reload::Reloader>,
 }
 
 /// A started node.
@@ -173,6 +174,8 @@ pub struct Node {
     servers: Vec<tokio::task::JoinHandle<std::io::Result<()>>>,
     background: Vec<tokio::task::JoinHandle<()>>,
     writer: Option<std::thread::JoinHandle<()>>,
+    /// Applies a new configuration file's reloadable keys ([`crate::reload`]).
+    pub reloader: Arc<crate::reload::Reloader>,
 }
 
 impl std::fmt::Debug for Node {
@@ -392,6 +395,9 @@ pub const EXIT_STOPPED_DURING_BOOT: i32 = 143;
 pub struct StopSignals {
     term: tokio::signal::unix::Signal,
     int: tokio::signal::unix::Signal,
+    /// SIGHUP, handled from the start so that it never ends the process: a running node
+    /// reloads its configuration on it ([`StopSignals::hangups`]).
+    hup: Option<tokio::signal::unix::Signal>,
 }
 
 impl StopSignals {
@@ -403,7 +409,16 @@ impl StopSignals {
                 .map_err(NodeError::io("installing the SIGTERM handler"))?,
             int: signal(SignalKind::interrupt())
                 .map_err(NodeError::io("installing the SIGINT handler"))?,
+            hup: Some(
+                signal(SignalKind::hangup())
+                    .map_err(NodeError::io("installing the SIGHUP handler"))?,
+            ),
         })
+    }
+
+    /// The SIGHUP stream, for the configuration's reload (once).
+    pub fn hangups(&mut self) -> Option<tokio::signal::unix::Signal> {
+        self.hup.take()
     }
 
     /// The next stop signal's name.
@@ -683,6 +698,7 @@ impl Node {
                 servers: parts.servers,
                 background: parts.background,
                 writer: Some(parts.writer),
+                reloader: parts.reloader,
             }),
             Err(e) => Err(Self::failed(&shutdown, early, e).await),
         }
@@ -762,9 +778,15 @@ impl Node {
             cluster: cluster.clone(),
             hints: hints.clone(),
             store: store.clone(),
-            tokens: Tokens::from_config(&config)?,
+            tokens: Arc::new(arc_swap::ArcSwap::from_pointee(Tokens::from_config(
+                &config,
+            )?)),
             audit: Audit::open(&store)?,
-            config: Arc::new(config.clone()),
+            config: Arc::new(arc_swap::ArcSwap::from_pointee(config.clone())),
+            config_status: Arc::new(std::sync::Mutex::new(ankusa_crds::node::ConfigStatus {
+                loaded_at_ms: ankusa_keyspace::now_ms(),
+                ..Default::default()
+            })),
             quarantine: Some(quarantine.clone()),
             progress: progress.clone(),
             writer: std::sync::OnceLock::new(),
@@ -860,6 +882,19 @@ impl Node {
             ready.clone(),
             cluster,
         ));
+        // The reloader holds the parts it swaps, never the states that hold the writer (a
+        // stop waits for the writer's last handle to go).
+        let reloader = Arc::new(crate::reload::Reloader::new(
+            config.clone(),
+            crate::reload::Parts {
+                sources: ingest_state.sources.clone(),
+                deliverer: deliverer.clone(),
+                tokens: api.tokens.clone(),
+                config: api.config.clone(),
+                status: api.config_status.clone(),
+            },
+            metrics.clone(),
+        ));
         servers.push(
             ingest
                 .serve(crate::ingest::router(ingest_state), stop.clone())
@@ -897,6 +932,7 @@ impl Node {
             servers,
             background,
             writer: writer_thread,
+            reloader,
         })
     }
 

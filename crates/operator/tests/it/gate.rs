@@ -117,6 +117,7 @@ fn node_status(p: &SimPod, v: &Volume) -> NodeStatus {
         write_error: None,
         cluster: None,
         store_bytes: None,
+        config: None,
     }
 }
 

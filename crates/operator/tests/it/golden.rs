@@ -171,8 +171,9 @@ fn operator_keys_override_the_users() {
     assert!(err.to_string().contains("mapping"), "{err}");
 }
 
-/// A configuration change rolls the pods (the hash on the template changes); the same
-/// configuration gives the same hash.
+/// A configuration change the nodes cannot reload rolls the pods (the hash on the template
+/// changes); one they reload — sources, sinks, routes, tokens — does not (it reaches them
+/// through the ConfigMap's volume); the same configuration gives the same hash.
 #[test]
 fn config_hash_follows_the_configuration() {
     let r = relay("minimal");
@@ -201,6 +202,23 @@ fn config_hash_follows_the_configuration() {
     };
     assert_eq!(hash(&a), hash(&b));
     assert_ne!(hash(&a), hash(&c));
+    let reloadable = DesiredSet::build(
+        &r,
+        Some(&serde_json::json!({
+            "sinks": [{"id": "s", "url": "http://127.0.0.1:9/"}],
+            "routes": [{"id": "r", "sinks": ["s"]}],
+            "sources": [{"id": "a", "verify": {"scheme": "none"}, "route": "r"}],
+            "ingest": {"body_limit_bytes": 4096},
+        })),
+        0,
+        false,
+    )
+    .unwrap();
+    assert_eq!(hash(&a), hash(&reloadable));
+    assert_ne!(
+        a.config_map, reloadable.config_map,
+        "the nodes read the new file"
+    );
 }
 
 /// A pod's termination grace covers the preStop pause and the node's own

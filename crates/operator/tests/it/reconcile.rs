@@ -678,6 +678,7 @@ async fn node_server(token: Arc<std::sync::Mutex<String>>) -> String {
                         write_error: None,
                         cluster: None,
                         store_bytes: None,
+                        config: None,
                     };
                     (StatusCode::OK, serde_json::to_string(&s).unwrap())
                 }

@@ -27,9 +27,13 @@ use ankusa_store::{Store, StoreError};
 #[derive(Debug)]
 pub struct Api {
     pub store: Arc<Store>,
-    pub tokens: Tokens,
+    /// The admin tokens and the configuration: a reload swaps them (with the sources and
+    /// the sinks); the keys that need a restart never change under a running node.
+    pub tokens: Arc<arc_swap::ArcSwap<Tokens>>,
     pub audit: Audit,
-    pub config: Arc<Config>,
+    pub config: Arc<arc_swap::ArcSwap<Config>>,
+    /// When the configuration was loaded, and the last reload refused (`/v1/node`).
+    pub config_status: Arc<std::sync::Mutex<ankusa_crds::node::ConfigStatus>>,
     pub quarantine: Option<Arc<Quarantine>>,
     /// The boot migration's progress.
     pub progress: Arc<super::Progress>,
@@ -108,6 +112,7 @@ pub(crate) type ApiResult = Result<Response, ApiError>;
 pub(crate) fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let c = api
         .tokens
+        .load()
         .authenticate(headers)
         .ok_or(ApiError::Unauthorized)?;
     if c.backup_only {
@@ -120,6 +125,7 @@ pub(crate) fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError>
 pub(crate) fn backup_caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let c = api
         .tokens
+        .load()
         .authenticate(headers)
         .ok_or(ApiError::Unauthorized)?;
     if c.backup_only || c.scope.is_admin() {
@@ -169,5 +175,5 @@ pub struct PageQuery {
 
 /// A page's size: `limit`, default 100, within `admin.max_page`.
 pub(crate) fn limit(api: &Api, l: Option<usize>) -> usize {
-    l.unwrap_or(100).clamp(1, api.config.admin.max_page)
+    l.unwrap_or(100).clamp(1, api.config.load().admin.max_page)
 }

@@ -132,7 +132,10 @@ pub async fn list(
             ApiError::BadRequest("before: expected <received_ms>.<seq>, a page's next".into())
         })?),
     };
-    let limit = q.limit.unwrap_or(100).clamp(1, api.config.admin.max_page);
+    let limit = q
+        .limit
+        .unwrap_or(100)
+        .clamp(1, api.config.load().admin.max_page);
     let a = api.clone();
     blocking(move || {
         let ord = visible_ord(&a.store, &c.scope, &tenant)?;

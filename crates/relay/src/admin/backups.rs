@@ -152,14 +152,18 @@ pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
     let c = backup_caller(&api, &headers)?;
     let a = api.clone();
     tokio::task::spawn_blocking(move || {
-        let (id, bytes) = take(&a.store, &a.config.backup_dir(), a.config.admin.backup_keep)
-            .map_err(|e| {
-                tracing::error!(error = %e, "backup failed");
-                ApiError::Failed {
-                    code: "backup_failed",
-                    message: format!("the backup failed and nothing of it was kept: {e}"),
-                }
-            })?;
+        let (id, bytes) = take(
+            &a.store,
+            &a.config.load().backup_dir(),
+            a.config.load().admin.backup_keep,
+        )
+        .map_err(|e| {
+            tracing::error!(error = %e, "backup failed");
+            ApiError::Failed {
+                code: "backup_failed",
+                message: format!("the backup failed and nothing of it was kept: {e}"),
+            }
+        })?;
         let format = a.store.format()?;
         let audit = a.audit.op(
             &c.name,
@@ -213,7 +217,7 @@ pub async fn archive(
     if !is_backup_id(&id) {
         return Err(ApiError::NotFound("backup"));
     }
-    let path = api.config.backup_dir().join(format!("{id}.tar.zst"));
+    let path = api.config.load().backup_dir().join(format!("{id}.tar.zst"));
     let file = std::fs::File::open(&path).map_err(|_| ApiError::NotFound("backup"))?;
     let len = file.metadata().map(|m| m.len()).unwrap_or(0);
     let (tx, rx) = tokio::sync::mpsc::channel(4);
@@ -282,7 +286,7 @@ impl std::io::Write for FrameWriter {
 pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
     let c = backup_caller(&api, &headers)?;
     let id = format!("b{}", ankusa_keyspace::now_ms());
-    let dir = api.config.backup_dir();
+    let dir = api.config.load().backup_dir();
     let ckpt = dir.join(format!("{id}.stream-checkpoint"));
     let a = api.clone();
     let (id2, ckpt2) = (id.clone(), ckpt.clone());

@@ -288,7 +288,7 @@ pub async fn replay(
             &a.hints,
             &rows,
             now,
-            a.config.hook_log.enabled,
+            a.config.load().hook_log.enabled,
             Some(audit),
         )?;
         Ok(Json(Revived {

@@ -98,6 +98,7 @@ pub fn node_status(
             .map(|(message, since_ms)| ankusa_crds::node::WriteError { message, since_ms }),
         cluster: None,
         store_bytes: Some(store.disk_bytes()),
+        config: None,
     })
 }
 
@@ -255,7 +256,9 @@ async fn token_first(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
-    if req.uri().path().starts_with("/v1/") && api.tokens.authenticate(req.headers()).is_none() {
+    if req.uri().path().starts_with("/v1/")
+        && api.tokens.load().authenticate(req.headers()).is_none()
+    {
         return api::ApiError::Unauthorized.into_response();
     }
     next.run(req).await

@@ -24,7 +24,10 @@ use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
 )]
 pub async fn config(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult {
     admin_only(&caller(&api, &headers)?)?;
-    Ok(Json(serde_json::to_value(&*api.config).map_err(|_| ApiError::Internal)?).into_response())
+    Ok(
+        Json(serde_json::to_value(&**api.config.load()).map_err(|_| ApiError::Internal)?)
+            .into_response(),
+    )
 }
 
 /// `GET /v1/node`: the node's status (the operator polls it). Admin only.
@@ -45,6 +48,12 @@ pub async fn node(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult 
     blocking(move || {
         let mut s = super::node_status(&a.store, a.progress.get())?;
         s.cluster = a.cluster.status();
+        s.config = Some(
+            a.config_status
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+        );
         Ok(Json(s).into_response())
     })
     .await

@@ -71,7 +71,7 @@ pub async fn quarantine_list(
     let a = api.clone();
     blocking(move || {
         let entries = ankusa_queue::quarantine::page(&a.store, q.before, n, |e| {
-            quarantine_visible(&a.config, &c.scope, &e.source)
+            quarantine_visible(&a.config.load(), &c.scope, &e.source)
         })?;
         let next = (entries.len() == n)
             .then(|| entries.last().map(|e| e.id))
@@ -121,7 +121,8 @@ pub async fn quarantine_delete(
             serde_json::json!({ "id": q.id }),
         );
         let visible = |e: &ankusa_queue::quarantine::Entry| {
-            quarantine_visible(&a.config, &c.scope, &e.source) && q.id.is_none_or(|id| id == e.id)
+            quarantine_visible(&a.config.load(), &c.scope, &e.source)
+                && q.id.is_none_or(|id| id == e.id)
         };
         let removed =
             crate::ingest::quarantine::delete(&a.store, a.quarantine.as_deref(), visible, audit)?;

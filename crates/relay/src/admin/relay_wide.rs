@@ -107,7 +107,7 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         // backlogs added up. The "owner" whose error wins is its fixed tenant's, or (a
         // shared source) the source id's.
         let id = decode(id, false);
-        let key = super::sources::source_tenant(&api.config, &id).unwrap_or(id);
+        let key = super::sources::source_tenant(&api.config.load(), &id).unwrap_or(id);
         (req, Some(key))
     } else {
         (req, None)
@@ -182,7 +182,7 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
     let limit = query_param(query, "limit")
         .and_then(|l| l.parse::<usize>().ok())
         .unwrap_or(100)
-        .clamp(1, api.config.admin.max_page);
+        .clamp(1, api.config.load().admin.max_page);
     // Each node's cursor: `None` from its newest row, `Some(c)` after row `c`; a node
     // absent from a given cursor is done.
     let mut from: Vec<(String, Option<String>)> = Vec::new();
@@ -666,7 +666,7 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
     let top = query_param(req.uri().query().unwrap_or(""), "top")
         .and_then(|t| t.parse::<usize>().ok())
         .unwrap_or(100)
-        .clamp(1, api.config.admin.max_page);
+        .clamp(1, api.config.load().admin.max_page);
     let me = cluster.me().unwrap_or_default().to_owned();
     let (local, remote) = tokio::join!(next.run(req), get_from_others(api, &pq, &headers));
     let mut answers = vec![(me, Ok(local))];

@@ -69,7 +69,8 @@ pub async fn get(
     Query(q): Query<SourceQuery>,
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
-    let config = &api.config;
+    let config = api.config.load_full();
+    let config = &*config;
     let Some(src) = config.sources.iter().find(|s| s.id == id) else {
         return Err(ApiError::NotFound("source"));
     };

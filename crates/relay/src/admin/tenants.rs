@@ -137,7 +137,10 @@ pub async fn tenants_top(
     Query(q): Query<TopQuery>,
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
-    let n = q.top.unwrap_or(100).clamp(1, api.config.admin.max_page);
+    let n = q
+        .top
+        .unwrap_or(100)
+        .clamp(1, api.config.load().admin.max_page);
     let a = api.clone();
     blocking(move || {
         let store = &a.store;
@@ -333,7 +336,7 @@ pub async fn retry(
     };
     let cap = req.limit.unwrap_or(MAX_RETRY).clamp(1, MAX_RETRY);
     if let Some(s) = &req.sink {
-        if !api.config.sinks.iter().any(|k| k.id == *s) {
+        if !api.config.load().sinks.iter().any(|k| k.id == *s) {
             return Err(ApiError::BadRequest(format!("no sink {s:?}")));
         }
     }
@@ -387,7 +390,7 @@ pub async fn retry(
             &a.hints,
             &rows,
             now,
-            a.config.hook_log.enabled,
+            a.config.load().hook_log.enabled,
             Some(audit),
         )?;
         Ok(Json(Retried {

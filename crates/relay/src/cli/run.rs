@@ -39,7 +39,15 @@ pub(super) fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
             Err(e) => tracing::warn!(error = %e, "could not raise the soft open-file limit"),
         }
         let data_dir = config.data_dir.clone();
+        let hangups = signals.hangups();
         let node = signals.start_node(config).await?;
+        // SIGHUP, or a change to the file, reloads what can change without a restart.
+        tokio::spawn(crate::reload::watch(
+            node.reloader.clone(),
+            config_path.to_path_buf(),
+            hangups,
+            crate::reload::POLL,
+        ));
         println!(
             "ankusa-relay: store {} at format {SUPPORTED_FORMAT} is open; \
              ingest on http://{}/ingest/{{source}}, admin on http://{} (try: curl -H \

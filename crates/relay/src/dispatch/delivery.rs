@@ -58,6 +58,10 @@ pub struct Sink {
     /// The connection pool this sink's requests go through: the node's, or one of its own
     /// when it trusts its own certificate authorities (`sinks[].ca_bundle`).
     client: Client<Https, Full<Bytes>>,
+    /// SHA-256 over what the sink was built from — its configuration, its secret and its
+    /// own certificate authorities as read: a reload keeps a sink whose fingerprint did not
+    /// change as it is (its adaptive limit, breaker, line and connections).
+    fingerprint: [u8; 32],
 }
 
 impl Sink {
@@ -158,6 +162,110 @@ impl Attempt {
     }
 }
 
+/// Builds every sink of `config`, keeping those of `previous` whose fingerprint is the same.
+fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, ConfigError> {
+    let node_cas = match &config.dispatch.ca_bundle {
+        Some(ca) => ca.certificates("dispatch.ca_bundle")?,
+        None => Vec::new(),
+    };
+    let pool = config.dispatch.per_sink_inflight;
+    let shared = delivery_client(&node_cas, pool, "dispatch.ca_bundle")?;
+    let mut sinks = HashMap::new();
+    for (i, s) in config.sinks.iter().enumerate() {
+        let key = format!("sinks[{i}]");
+        let uri: Uri = s.url.parse().map_err(|e| ConfigError::Invalid {
+            key: format!("{key}.url"),
+            message: format!("{e}"),
+        })?;
+        let secret = match &s.secret {
+            Some(sec) => Some(standard_webhooks_key(
+                &sec.resolve(&format!("{key}.secret"))?,
+            )),
+            None => None,
+        };
+        let mut headers = Vec::new();
+        for (k, v) in &s.headers {
+            let name = hyper::header::HeaderName::try_from(k.as_str()).map_err(|e| {
+                ConfigError::Invalid {
+                    key: format!("{key}.headers"),
+                    message: format!("{k:?}: {e}"),
+                }
+            })?;
+            let value = hyper::header::HeaderValue::try_from(v.as_str()).map_err(|e| {
+                ConfigError::Invalid {
+                    key: format!("{key}.headers"),
+                    message: format!("{k:?}: {e}"),
+                }
+            })?;
+            headers.push((name, value));
+        }
+        let permits = s.max_inflight.unwrap_or(config.dispatch.per_sink_inflight);
+        let mut cas = node_cas.clone();
+        if let Some(ca) = &s.ca_bundle {
+            cas.extend(ca.certificates(&format!("{key}.ca_bundle"))?);
+        }
+        let client = match &s.ca_bundle {
+            None => shared.clone(),
+            Some(_) => delivery_client(&cas, permits, &format!("{key}.ca_bundle"))?,
+        };
+        let fingerprint =
+            sink_fingerprint(s, secret.as_deref(), s.ca_bundle.is_some().then_some(&cas));
+        if let Some(kept) = previous.and_then(|p| p.by_id.get(&s.id)) {
+            if kept.fingerprint == fingerprint {
+                sinks.insert(s.id.clone(), kept.clone());
+                continue;
+            }
+        }
+        sinks.insert(
+            s.id.clone(),
+            Arc::new(Sink {
+                id: s.id.clone(),
+                uri,
+                key: secret,
+                timeout: Duration::from_millis(s.timeout_ms),
+                headers,
+                dead_letter_on_4xx: s.dead_letter_on_4xx,
+                line: Line::new(permits),
+                claims: Arc::new(tokio::sync::Semaphore::new(Controller::claim_capacity(
+                    permits,
+                ))),
+                claim_capacity: Controller::claim_capacity(permits),
+                claimed_by: std::sync::Mutex::new(HashMap::new()),
+                control: Controller::new(
+                    permits,
+                    s.breaker_failures,
+                    Duration::from_millis(s.breaker_cooldown_ms),
+                ),
+                client,
+                fingerprint,
+            }),
+        );
+    }
+    Ok(Sinks {
+        generation: 0,
+        by_id: sinks,
+    })
+}
+
+/// What a sink is built from, hashed: its configuration, its secret as resolved, and its
+/// own certificate authorities as read.
+fn sink_fingerprint(
+    s: &ankusa_config::SinkConfig,
+    key: Option<&[u8]>,
+    cas: Option<&Vec<rustls::pki_types::CertificateDer<'static>>>,
+) -> [u8; 32] {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(serde_json::to_vec(s).unwrap_or_default());
+    h.update([u8::from(key.is_some())]);
+    h.update(key.unwrap_or_default());
+    for ca in cas.into_iter().flatten() {
+        h.update((ca.len() as u64).to_be_bytes());
+        h.update(ca.as_ref());
+    }
+    h.finalize().into()
+}
+
 /// The pooled delivery client, trusting the web PKI's roots and `cas` (`key` names where
 /// they came from in an error).
 fn delivery_client(
@@ -176,100 +284,67 @@ fn delivery_client(
         .build(https))
 }
 
-/// The delivery client: pooled connections and every configured sink.
+/// The configured sinks, as one reload installed them.
+#[derive(Debug, Default)]
+pub struct Sinks {
+    /// Counts the sets installed: the pipeline's per-sink series follow it.
+    pub generation: u64,
+    pub by_id: HashMap<String, Arc<Sink>>,
+}
+
+/// The delivery client: pooled connections and every configured sink. A configuration
+/// reload swaps the sinks whole ([`Deliverer::prepare`], [`Deliverer::install`]); a
+/// delivery already running keeps the sink it started with.
 #[derive(Debug, Clone)]
 pub struct Deliverer {
-    sinks: Arc<HashMap<String, Arc<Sink>>>,
+    sinks: Arc<arc_swap::ArcSwap<Sinks>>,
 }
 
 impl Deliverer {
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {
-        let node_cas = match &config.dispatch.ca_bundle {
-            Some(ca) => ca.certificates("dispatch.ca_bundle")?,
-            None => Vec::new(),
-        };
-        let pool = config.dispatch.per_sink_inflight;
-        let shared = delivery_client(&node_cas, pool, "dispatch.ca_bundle")?;
-        let mut sinks = HashMap::new();
-        for (i, s) in config.sinks.iter().enumerate() {
-            let key = format!("sinks[{i}]");
-            let uri: Uri = s.url.parse().map_err(|e| ConfigError::Invalid {
-                key: format!("{key}.url"),
-                message: format!("{e}"),
-            })?;
-            let secret = match &s.secret {
-                Some(sec) => Some(standard_webhooks_key(
-                    &sec.resolve(&format!("{key}.secret"))?,
-                )),
-                None => None,
-            };
-            let mut headers = Vec::new();
-            for (k, v) in &s.headers {
-                let name = hyper::header::HeaderName::try_from(k.as_str()).map_err(|e| {
-                    ConfigError::Invalid {
-                        key: format!("{key}.headers"),
-                        message: format!("{k:?}: {e}"),
-                    }
-                })?;
-                let value = hyper::header::HeaderValue::try_from(v.as_str()).map_err(|e| {
-                    ConfigError::Invalid {
-                        key: format!("{key}.headers"),
-                        message: format!("{k:?}: {e}"),
-                    }
-                })?;
-                headers.push((name, value));
-            }
-            let permits = s.max_inflight.unwrap_or(config.dispatch.per_sink_inflight);
-            let client = match &s.ca_bundle {
-                None => shared.clone(),
-                Some(ca) => {
-                    let key = format!("{key}.ca_bundle");
-                    let mut cas = node_cas.clone();
-                    cas.extend(ca.certificates(&key)?);
-                    delivery_client(&cas, permits, &key)?
-                }
-            };
-            sinks.insert(
-                s.id.clone(),
-                Arc::new(Sink {
-                    id: s.id.clone(),
-                    uri,
-                    key: secret,
-                    timeout: Duration::from_millis(s.timeout_ms),
-                    headers,
-                    dead_letter_on_4xx: s.dead_letter_on_4xx,
-                    line: Line::new(permits),
-                    claims: Arc::new(tokio::sync::Semaphore::new(Controller::claim_capacity(
-                        permits,
-                    ))),
-                    claim_capacity: Controller::claim_capacity(permits),
-                    claimed_by: std::sync::Mutex::new(HashMap::new()),
-                    control: Controller::new(
-                        permits,
-                        s.breaker_failures,
-                        Duration::from_millis(s.breaker_cooldown_ms),
-                    ),
-                    client,
-                }),
-            );
-        }
+        let sinks = build_sinks(config, None)?;
         Ok(Deliverer {
-            sinks: Arc::new(sinks),
+            sinks: Arc::new(arc_swap::ArcSwap::from_pointee(sinks)),
         })
     }
 
-    pub fn sink(&self, id: &str) -> Option<Arc<Sink>> {
-        self.sinks.get(id).cloned()
+    /// The sinks of `config`, ready to [`install`](Deliverer::install): a sink whose
+    /// configuration, secret and certificate authorities did not change is the running
+    /// one, kept whole.
+    pub fn prepare(&self, config: &Config) -> Result<Sinks, ConfigError> {
+        let running = self.sinks.load();
+        let mut next = build_sinks(config, Some(&running))?;
+        next.generation = running.generation + 1;
+        Ok(next)
     }
 
-    /// Every configured sink.
-    pub fn sinks(&self) -> impl Iterator<Item = &Arc<Sink>> {
-        self.sinks.values()
+    /// Makes `sinks` the ones new deliveries go to.
+    pub fn install(&self, sinks: Sinks) {
+        self.sinks.store(Arc::new(sinks));
+    }
+
+    pub fn sink(&self, id: &str) -> Option<Arc<Sink>> {
+        self.sinks.load().by_id.get(id).cloned()
+    }
+
+    /// The generation of the sinks installed now.
+    pub fn generation(&self) -> u64 {
+        self.sinks.load().generation
+    }
+
+    /// The sinks installed now.
+    pub fn current(&self) -> Arc<Sinks> {
+        self.sinks.load_full()
     }
 
     /// Free slots over every sink: the most rows a tick can start deliveries for.
     pub fn free_slots(&self) -> usize {
-        self.sinks.values().map(|s| s.free_claims()).sum()
+        self.sinks
+            .load()
+            .by_id
+            .values()
+            .map(|s| s.free_claims())
+            .sum()
     }
 
     /// POSTs the hook to the sink once.
@@ -409,6 +484,42 @@ pub fn backoff(retry: &RetryConfig, attempts: u32, random: f64) -> Duration {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reload keeps a sink whose configuration, secret and authorities are the same
+    /// (its limit, breaker, line and pool go on), and builds the others anew; a secret
+    /// rotated in its file is a new sink.
+    #[tokio::test]
+    async fn a_reload_keeps_the_sinks_that_did_not_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("b.secret");
+        std::fs::write(&secret, "whsec_c2VjcmV0LW9uZQ==").unwrap();
+        let cfg = |extra: &str| {
+            let text = format!(
+                "sinks:\n  - {{ id: a, url: \"http://127.0.0.1:9/a\" }}\n  - {{ id: b, url: \"http://127.0.0.1:9/b\", secret: {{ file: {} }} }}\n{extra}",
+                secret.display()
+            );
+            Config::from_yaml(&text, Vec::new()).unwrap()
+        };
+        let d = Deliverer::from_config(&cfg("")).unwrap();
+        let (a, b) = (d.sink("a").unwrap(), d.sink("b").unwrap());
+        let next = d
+            .prepare(&cfg("  - { id: c, url: \"http://127.0.0.1:9/c\" }\n"))
+            .unwrap();
+        d.install(next);
+        assert_eq!(d.generation(), 1);
+        assert!(Arc::ptr_eq(&a, &d.sink("a").unwrap()), "a was rebuilt");
+        assert!(Arc::ptr_eq(&b, &d.sink("b").unwrap()), "b was rebuilt");
+        assert!(d.sink("c").is_some());
+        std::fs::write(&secret, "whsec_c2VjcmV0LXR3bw==").unwrap();
+        let next = d.prepare(&cfg("")).unwrap();
+        d.install(next);
+        assert!(Arc::ptr_eq(&a, &d.sink("a").unwrap()));
+        assert!(
+            !Arc::ptr_eq(&b, &d.sink("b").unwrap()),
+            "b kept its old secret"
+        );
+        assert!(d.sink("c").is_none(), "c was removed");
+    }
 
     #[test]
     fn backoff_follows_the_schedule_and_repeats_its_last_step() {

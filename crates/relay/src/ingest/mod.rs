@@ -152,7 +152,9 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
 /// Shared state of the ingest handlers.
 #[derive(Debug)]
 pub struct IngestState {
-    pub sources: HashMap<String, Source>,
+    /// The configured sources; a configuration reload swaps them whole (a request keeps
+    /// the set it started with).
+    pub sources: Arc<arc_swap::ArcSwap<HashMap<String, Source>>>,
     /// For readiness: the store's write health.
     pub store: Arc<ankusa_store::Store>,
     pub writer: WriterHandle,
@@ -178,7 +180,7 @@ impl IngestState {
         cluster: Arc<Cluster>,
     ) -> Self {
         IngestState {
-            sources,
+            sources: Arc::new(arc_swap::ArcSwap::from_pointee(sources)),
             store,
             writer,
             quarantine,
@@ -357,7 +359,8 @@ async fn served(
         outcome = tracing::field::Empty,
         status = tracing::field::Empty,
     );
-    let (label, outcome, resp) = handle(s, source, tenant, uri, headers, body)
+    let sources = s.sources.load_full();
+    let (label, outcome, resp) = handle(s, &sources, source, tenant, uri, headers, body)
         .instrument(span.clone())
         .await;
     span.record("outcome", outcome.label());
@@ -370,14 +373,15 @@ async fn served(
 }
 
 async fn handle<'a>(
-    s: &'a IngestState,
+    s: &IngestState,
+    sources: &'a HashMap<String, Source>,
     source: &str,
     in_path: Option<&str>,
     uri: &Uri,
     headers: HeaderMap,
     body: Body,
 ) -> (&'a str, Outcome, Response) {
-    let Some(src) = s.sources.get(source) else {
+    let Some(src) = sources.get(source) else {
         return (
             UNKNOWN_SOURCE,
             Outcome::Rejected,

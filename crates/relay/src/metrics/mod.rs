@@ -143,6 +143,11 @@ pub struct IngestLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabel {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerifyLabels {
     pub source: String,
     /// One of `ankusa_verify::VerifyError::REASONS`.
@@ -155,6 +160,10 @@ pub struct Metrics {
     pub registry: Registry,
     pub ingest_requests: Family<IngestLabels, Counter>,
     pub ingest_latency: Histogram,
+    /// Configuration reloads, by outcome (applied, unchanged, refused).
+    pub config_reloads: Family<OutcomeLabel, Counter>,
+    /// 1 while the configuration file holds a reload the node refused.
+    pub config_reload_refused: Gauge,
     /// Requests that failed verification, by source and reason code.
     pub ingest_verification_failures: Family<VerifyLabels, Counter>,
     pub writer_batch_hooks: Histogram,
@@ -236,6 +245,18 @@ impl Metrics {
             "ankusa_ingest_requests",
             "Ingest requests by source and outcome",
             ingest_requests.clone(),
+        );
+        let config_reloads = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "ankusa_config_reloads",
+            "Configuration reloads (SIGHUP, or the file changed), by outcome: applied, unchanged, refused",
+            config_reloads.clone(),
+        );
+        let config_reload_refused = Gauge::default();
+        registry.register(
+            "ankusa_config_reload_refused",
+            "1 while the configuration file holds a reload the node refused (the previous configuration runs)",
+            config_reload_refused.clone(),
         );
         let ingest_verification_failures = Family::<VerifyLabels, Counter>::default();
         registry.register(
@@ -554,6 +575,8 @@ impl Metrics {
             ingest_requests,
             ingest_latency,
             ingest_verification_failures,
+            config_reloads,
+            config_reload_refused,
             writer_batch_hooks,
             writer_commit_seconds,
             writer_unsynced_hooks,
@@ -584,6 +607,15 @@ impl Metrics {
             requests: self.sink_requests.get_or_create(&label).clone(),
             queued: self.sink_queued.get_or_create(&label).clone(),
         }
+    }
+
+    /// One configuration reload, by its outcome.
+    pub fn config_reloaded(&self, outcome: &str) {
+        self.config_reloads
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     /// One request of `source` that failed verification for `reason`.

@@ -427,12 +427,17 @@ impl Proc {
     }
 
     /// SIGTERM, and go on.
-    #[allow(unsafe_code)]
     pub fn sigterm(&self) {
+        self.signal(libc::SIGTERM);
+    }
+
+    /// Sends `signal` to the process.
+    #[allow(unsafe_code)]
+    pub fn signal(&self, signal: libc::c_int) {
         let pid = i32::try_from(self.child.id()).expect("a pid");
         // SAFETY: `kill` sends a signal to the process this test started; no memory is
         // touched.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
+        assert_eq!(unsafe { libc::kill(pid, signal) }, 0);
     }
 
     /// SIGTERM, and wait for the process to exit on its own (`within`).

@@ -149,25 +149,14 @@ pub fn spawn(
             stop.clone(),
         ));
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
-        // Each sink with its series, resolved once: a delivery finds both in one lookup.
-        let meters: Arc<HashMap<String, Metered>> = Arc::new(
-            deliverer
-                .sinks()
-                .map(|sink| {
-                    let meters = metrics.sink_meters(&sink.id);
-                    meters.limit.set(sink.control.limit() as i64);
-                    let m = Metered {
-                        sink: sink.clone(),
-                        meters,
-                    };
-                    (sink.id.clone(), m)
-                })
-                .collect(),
-        );
+        // Each sink with its series, resolved once per set of sinks: a delivery finds both
+        // in one lookup.
+        let meters = arc_swap::ArcSwap::from_pointee(SinkSeries::of(&deliverer, &metrics));
         let deliverer = Arc::new(deliverer);
         let run = Arc::new(Runner {
             deliverer: deliverer.clone(),
-            meters: meters.clone(),
+            metrics: metrics.clone(),
+            meters,
             done_tx: done_tx.clone(),
             max_retry_after,
         });
@@ -305,6 +294,35 @@ pub fn spawn(
 struct Metered {
     sink: Arc<Sink>,
     meters: SinkMeters,
+}
+
+/// Every sink installed and its series, for one generation of the sinks.
+struct SinkSeries {
+    generation: u64,
+    by_id: HashMap<String, Metered>,
+}
+
+impl SinkSeries {
+    fn of(deliverer: &Deliverer, metrics: &Metrics) -> SinkSeries {
+        let sinks = deliverer.current();
+        let by_id = sinks
+            .by_id
+            .values()
+            .map(|sink| {
+                let meters = metrics.sink_meters(&sink.id);
+                meters.limit.set(sink.control.limit() as i64);
+                let m = Metered {
+                    sink: sink.clone(),
+                    meters,
+                };
+                (sink.id.clone(), m)
+            })
+            .collect();
+        SinkSeries {
+            generation: sinks.generation,
+            by_id,
+        }
+    }
 }
 
 fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {

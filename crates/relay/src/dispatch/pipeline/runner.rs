@@ -1,13 +1,12 @@
 //! A claimed or started delivery on its way out ([`Runner`]), and the [`Starter`] that
 //! starts a fresh hook's delivery at its ingest commit.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
 use super::slots::{TenantSlot, TenantSlots};
-use super::{lock, Done, Job, Metered};
+use super::{lock, Done, Job, Metered, SinkSeries};
 use crate::dispatch::delivery::{Attempt, ClaimSlot, Deliverer, Verdict};
 use ankusa_keyspace::TenantOrd;
 use ankusa_records::DeliveryRow;
@@ -15,12 +14,25 @@ use ankusa_records::DeliveryRow;
 /// What a running delivery needs: its sink (with its series), and where its outcome goes.
 pub(super) struct Runner {
     pub(super) deliverer: Arc<Deliverer>,
-    pub(super) meters: Arc<HashMap<String, Metered>>,
+    pub(super) metrics: Arc<crate::metrics::Metrics>,
+    /// The sinks and their series, rebuilt when a reload installs other sinks.
+    pub(super) meters: arc_swap::ArcSwap<SinkSeries>,
     pub(super) done_tx: tokio::sync::mpsc::Sender<Done>,
     pub(super) max_retry_after: Duration,
 }
 
 impl Runner {
+    /// The sinks installed now, with their series.
+    fn sinks(&self) -> Arc<SinkSeries> {
+        let series = self.meters.load_full();
+        if series.generation == self.deliverer.generation() {
+            return series;
+        }
+        let fresh = Arc::new(SinkSeries::of(&self.deliverer, &self.metrics));
+        self.meters.store(fresh.clone());
+        fresh
+    }
+
     /// One claimed (or started) delivery: its attempt, in its tenant's turn in the sink's
     /// line, then its outcome to the committer (which gives the permit back).
     pub(super) async fn deliver(
@@ -28,6 +40,7 @@ impl Runner {
         mut job: Job,
         permit: tokio::sync::OwnedSemaphorePermit,
     ) {
+        let sinks = self.sinks();
         // A corrupt row is not attempted: its outcome is the dead letter.
         let attempt = match job.envelope.as_deref().filter(|_| job.corrupt.is_none()) {
             None => None,
@@ -35,7 +48,7 @@ impl Runner {
                 match env
                     .sinks
                     .get(job.row.key.sink.0 as usize)
-                    .and_then(|id| self.meters.get(id))
+                    .and_then(|id| sinks.by_id.get(id))
                 {
                     None => Attempt {
                         verdict: Verdict::Dead,

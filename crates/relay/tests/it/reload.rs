@@ -1,0 +1,195 @@
+//! Configuration reload: what a running node applies from a new file, all or nothing, and
+//! what it refuses until a restart.
+
+use std::time::{Duration, Instant};
+
+use ankusa_relay::reload::{ReloadError, Reloaded};
+use ankusa_relay::testkit::{NodeBuilder, TestNode, TestSink};
+
+use crate::support::*;
+
+const ADMIN: &str = "reload-admin-token-0123";
+const NEW_ADMIN: &str = "reload-new-token-012345";
+
+fn base(sink: &TestSink) -> NodeBuilder {
+    TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .sink("one", &sink.url("/one"))
+        .route("r1", &["one"])
+        .open_source("a", "r1")
+}
+
+async fn delivered(sink: &TestSink, path: &str, n: usize) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while sink.on(path).len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{path} got {} of {n}",
+            sink.on(path).len()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn node_json(c: &Client, node: &TestNode, token: &str) -> (u16, serde_json::Value) {
+    let url = node.admin_url("/v1/node");
+    let auth = format!("Bearer {token}");
+    let (s, _, v) = raw(c, "GET", &url, &[("authorization", auth.as_str())], "").await;
+    (s, v)
+}
+
+/// A reload adds a source, a sink, a route and a token at once; a change that needs a
+/// restart, or a file that does not validate, is refused whole and says why, and the
+/// running configuration keeps serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_applies_sources_sinks_routes_and_tokens_or_nothing() {
+    let sink = TestSink::start().await;
+    let node = base(&sink).start().await;
+    let c = client();
+    let post = |source: &str| {
+        let (c, url) = (c.clone(), node.ingest_url(source));
+        async move {
+            post(&c, &url, &[("x-tenant", "acme".to_owned())], b"{}".to_vec())
+                .await
+                .status
+        }
+    };
+    assert_eq!(post("a").await, 202);
+    assert_eq!(post("b").await, 404);
+    let grown = base(&sink)
+        .admin_token("new", NEW_ADMIN)
+        .sink("two", &sink.url("/two"))
+        .route("r2", &["two"])
+        .open_source("b", "r2");
+    let r = node.reloader.reload(&grown.yaml_at(node.dir()), Vec::new());
+    assert_eq!(
+        r.unwrap(),
+        Reloaded::Applied {
+            changed: vec!["sources", "sinks", "routes", "admin.tokens"]
+        }
+    );
+    assert_eq!(post("b").await, 202);
+    assert_eq!(post("a").await, 202);
+    delivered(&sink, "/two", 1).await;
+    delivered(&sink, "/one", 2).await;
+    let (s, v) = node_json(&c, &node, NEW_ADMIN).await;
+    assert_eq!(s, 200, "the new token is taken: {v}");
+    assert_eq!(v["config"]["reloads"], 1, "{v}");
+    assert!(v["config"]["refused"].is_null(), "{v}");
+    // The same file again changes nothing.
+    let again = node.reloader.reload(&grown.yaml_at(node.dir()), Vec::new());
+    assert_eq!(again.unwrap(), Reloaded::Unchanged);
+
+    // A key that needs a restart: refused, named; nothing of the file applies.
+    let restart = grown
+        .clone()
+        .open_source("c", "r2")
+        .section("tenants: { max: 5 }");
+    let e = node
+        .reloader
+        .reload(&restart.yaml_at(node.dir()), Vec::new())
+        .unwrap_err();
+    assert!(
+        matches!(&e, ReloadError::NeedsRestart(k) if k == &["tenants.max"]),
+        "{e}"
+    );
+    assert_eq!(post("c").await, 404, "a refused reload applied a source");
+    let (_, v) = node_json(&c, &node, ADMIN).await;
+    let refused = v["config"]["refused"]["message"].as_str().unwrap();
+    assert!(
+        refused.contains("need a restart") && refused.contains("tenants.max"),
+        "{v}"
+    );
+    // A file that does not validate: refused with the key and its line.
+    let broken = grown
+        .clone()
+        .sink_yaml("{ id: three, url: \"http://127.0.0.1:9/\", timeout_ms: 5s }");
+    let e = node
+        .reloader
+        .reload(&broken.yaml_at(node.dir()), Vec::new())
+        .unwrap_err();
+    assert!(
+        e.to_string().contains("sinks[2].timeout_ms") && e.to_string().contains("(line "),
+        "{e}"
+    );
+    let m = get_text(&c, &node.admin_url("/metrics")).await.1;
+    for series in [
+        r#"ankusa_config_reloads_total{outcome="applied"} 1"#,
+        r#"ankusa_config_reloads_total{outcome="unchanged"} 1"#,
+        r#"ankusa_config_reloads_total{outcome="refused"} 2"#,
+        "ankusa_config_reload_refused 1",
+    ] {
+        assert!(m.contains(series), "{series}:\n{m}");
+    }
+    // What ran before the refusals still runs; a good file clears the refusal.
+    assert_eq!(post("b").await, 202);
+    node.reloader
+        .reload(&grown.yaml_at(node.dir()), Vec::new())
+        .unwrap();
+    let (_, v) = node_json(&c, &node, ADMIN).await;
+    assert!(v["config"]["refused"].is_null(), "{v}");
+    node.stop().await;
+}
+
+/// `run` reloads its file when it changes, and on SIGHUP — which never ends the process.
+#[test]
+fn run_reloads_its_file_when_it_changes_and_on_sighup() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = proc_node()
+        .sink("s", "http://127.0.0.1:9/s")
+        .route("r", &["s"])
+        .open_source("a", "r");
+    let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
+    let mut node = Proc::start(dir.path(), &spec);
+    let send = |source: &str| {
+        http_raw(
+            ingest,
+            "POST",
+            &format!("/ingest/{source}"),
+            &["x-tenant: acme".to_owned()],
+            "{}",
+            Duration::from_secs(10),
+        )
+        .unwrap()
+        .0
+    };
+    assert_eq!(send("b"), 404);
+    let grown = spec.clone().open_source("b", "r");
+    std::fs::write(dir.path().join("relay.yaml"), grown.yaml_at(dir.path())).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while send("b") != 202 {
+        assert!(
+            Instant::now() < deadline,
+            "the changed file was never applied:\n{}",
+            log_tail(dir.path(), 20)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let reloads = |outcome: &str| -> u64 {
+        let (_, m) = http_get(admin, "/metrics").unwrap();
+        let series = format!("ankusa_config_reloads_total{{outcome=\"{outcome}\"}} ");
+        m.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    assert_eq!(reloads("applied"), 1);
+    // SIGHUP with the file as it is: a reload that finds nothing to change.
+    node.signal(libc::SIGHUP);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while reloads("unchanged") < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "SIGHUP reloaded nothing:\n{}",
+            log_tail(dir.path(), 20)
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(send("b"), 202, "the node serves on after SIGHUP");
+    let log = std::fs::read_to_string(dir.path().join("relay.log")).unwrap();
+    assert!(
+        log.contains("the file changed") && log.contains("SIGHUP"),
+        "{log}"
+    );
+    assert!(node.stop(Duration::from_secs(30)).success());
+}
