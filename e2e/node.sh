@@ -271,6 +271,27 @@ e2e_until 120 bash -c "[ \"\$(kubectl get pod hooks-2 -o jsonpath='{.status.cont
 e2e_until 90 delivered --allow-duplicates || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the SIGKILL"; }
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
 
+say "a source added to the Relay's configuration reaches the running nodes through the ConfigMap: no pod restarted"
+pods_before=$(kubectl get pods -l app.kubernetes.io/instance=hooks,app.kubernetes.io/name=ankusa-relay \
+  -o jsonpath='{range .items[*]}{.metadata.name}/{.metadata.uid}/{.status.containerStatuses[0].restartCount}{"\n"}{end}')
+hash_before=$(kubectl get statefulset hooks -o jsonpath='{.spec.template.metadata.annotations.ankusa\.dev/config-hash}')
+kubectl patch relay hooks --type json -p '[{"op": "add", "path": "/spec/config/inline/sources/-",
+  "value": {"id": "added", "tenant": {"header": "x-tenant"}, "verify": {"scheme": "none"}, "route": "to-internal"}}]' >/dev/null
+added() {
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$port/ingest/added" \
+    -H 'x-tenant: reload-tenant' -H 'content-type: application/json' -d '{"added":true}')" = 202 ]
+}
+# The kubelet refreshes a ConfigMap volume at its pod sync (every minute by default); the
+# node reads its file every 2 s.
+e2e_until 240 added || fail "the added source never took a hook: $(kubectl logs hooks-0 --tail 20 2>&1)"
+kubectl logs hooks-0 | grep -q "configuration reloaded" || fail "hooks-0 logged no reload"
+[ "$(kubectl get statefulset hooks -o jsonpath='{.spec.template.metadata.annotations.ankusa\.dev/config-hash}')" = "$hash_before" ] \
+  || fail "adding a source changed the pods' config hash: the pods roll"
+sleep 5
+pods_after=$(kubectl get pods -l app.kubernetes.io/instance=hooks,app.kubernetes.io/name=ankusa-relay \
+  -o jsonpath='{range .items[*]}{.metadata.name}/{.metadata.uid}/{.status.containerStatuses[0].restartCount}{"\n"}{end}')
+[ "$pods_after" = "$pods_before" ] || fail "pods restarted on a reloadable change: $pods_before -> $pods_after"
+
 # --- a slow start ---------------------------------------------------------------------------
 # A node whose volume is a directory mounted again through FUSE (e2e/testenv/slowfs) that
 # holds every read of a file for as long as the test says: a disk freshly attached and slow.
