@@ -7,6 +7,12 @@ use std::collections::BTreeSet;
 
 use ankusa_config::Config;
 
+/// The Relay CRD as generated (`crates/crds/manifests/relay.yaml`).
+fn crd() -> serde_yaml::Value {
+    let path = crate::support::repo().join("crates/crds/manifests/relay.yaml");
+    serde_yaml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap()
+}
+
 fn doc(name: &str) -> String {
     std::fs::read_to_string(crate::support::repo().join("docs").join(name)).unwrap()
 }
@@ -238,11 +244,7 @@ fn the_provider_examples_pass_config_check() {
 /// CRD is in its example, and its status table lists exactly the CRD's status fields.
 #[test]
 fn operator_md_names_every_relay_field_and_status_field_of_the_crd() {
-    let crd: serde_yaml::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(crate::support::repo().join("crates/crds/manifests/relay.yaml"))
-            .unwrap(),
-    )
-    .unwrap();
+    let crd = crd();
     let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
     let fields = |part: &str| -> BTreeSet<String> {
         schema[part]["properties"]
@@ -484,10 +486,7 @@ fn api_md_gives_each_error_code_and_the_retry_after_the_code_sends() {
 #[test]
 fn the_printer_columns_the_docs_show_are_the_crds() {
     let root = crate::support::repo();
-    let crd: serde_yaml::Value = serde_yaml::from_str(
-        &std::fs::read_to_string(root.join("crates/crds/manifests/relay.yaml")).unwrap(),
-    )
-    .unwrap();
+    let crd = crd();
     let columns = crd["spec"]["versions"][0]["additionalPrinterColumns"]
         .as_sequence()
         .unwrap();

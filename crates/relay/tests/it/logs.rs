@@ -7,6 +7,27 @@ use serde_json::Value;
 
 use crate::support::*;
 
+/// POSTs one JSON hook of tenant `acme` to source `in` on `ingest`; its id.
+fn post_hook(ingest: u16) -> String {
+    let (status, body) = http_raw(
+        ingest,
+        "POST",
+        "/ingest/in",
+        &[
+            "x-tenant: acme".to_owned(),
+            "content-type: application/json".to_owned(),
+        ],
+        r#"{"n":1}"#,
+        Duration::from_secs(10),
+    )
+    .unwrap();
+    assert_eq!(status, 202, "{body}");
+    serde_json::from_str::<Value>(&body).unwrap()["id"]
+        .as_str()
+        .unwrap()
+        .to_owned()
+}
+
 /// A node process delivering source `in` to a local sink, with `log` as its log section;
 /// it posts one hook (tenant `acme`), waits for its delivery, makes one admin call and
 /// returns the hook's id and the log's lines.
@@ -27,23 +48,7 @@ fn one_hook(log: &str) -> (String, Vec<String>) {
         );
     let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
     let node = Proc::start(dir.path(), &spec);
-    let (status, body) = http_raw(
-        ingest,
-        "POST",
-        "/ingest/in",
-        &[
-            "x-tenant: acme".to_owned(),
-            "content-type: application/json".to_owned(),
-        ],
-        r#"{"n":1}"#,
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    assert_eq!(status, 202, "{body}");
-    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = post_hook(ingest);
     let deadline = Instant::now() + Duration::from_secs(20);
     while sink.on("/s").is_empty() {
         assert!(
@@ -431,20 +436,7 @@ fn failed_deliveries_are_logged_with_their_sink_attempt_and_fate() {
         );
     let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
     let mut node = Proc::start(dir.path(), &spec);
-    let (status, body) = http_raw(
-        ingest,
-        "POST",
-        "/ingest/in",
-        &["x-tenant: acme".to_owned()],
-        "{}",
-        Duration::from_secs(10),
-    )
-    .unwrap();
-    assert_eq!(status, 202, "{body}");
-    let id = serde_json::from_str::<Value>(&body).unwrap()["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+    let id = post_hook(ingest);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let (_, dlq) = http_get_admin(admin, "/v1/dlq").unwrap();
