@@ -20,7 +20,12 @@
 //! signed POST's (twin − moves) and the machinery's (relay − twin), and the ceiling any
 //! relay making those moves could reach, bare / (bare + moves).
 //!
-//! PASS only if the node reaches at least 80% of the transitions twin's rate: the
+//! The relay's drain and the twin's alternate over [`ROUNDS`] rounds, each round's pair run
+//! back to back, so that a change in the shared host's load falls on both sides of a round;
+//! the rule judges the median of the rounds' ratios (one pair measured minutes apart swung
+//! from 58% to 109% with the same code).
+//!
+//! PASS only if the median round has the node at 80% or more of the transitions twin's rate: the
 //! pipeline's machinery (ticks, hints, slots, request lines, fairness, metrics, the hook
 //! log) costs at most a quarter over the least a relay making the same durable moves and
 //! the same signed POSTs can cost. The issue's rule, 80% of the bare client, is printed for
@@ -52,6 +57,8 @@ const BODY: usize = 1_024;
 const CONCURRENCY: usize = 128;
 const STEADY_RATE: u64 = 1_000;
 const STEADY_SECS: u64 = 5;
+/// Alternated rounds of the relay's drain and the twin's.
+const ROUNDS: usize = 3;
 
 fn body(n: u64) -> Vec<u8> {
     let mut b = format!(r#"{{"n":{n},"pad":""#).into_bytes();
@@ -317,27 +324,40 @@ async fn steady_latency(port: u16, sink: &load::ArrivalSink) -> (f64, f64, usize
 
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let ((relay, ticks, tick_s), bare, twin, moves, (p50, p99, n)) = rt.block_on(async {
+    let (rounds, bare, moves, (p50, p99, n)) = rt.block_on(async {
         let (sink, port) = load::arrival_sink(Duration::ZERO).await;
-        let relay = relay_drain(port, &sink).await;
+        let mut rounds = Vec::with_capacity(ROUNDS);
+        for _ in 0..ROUNDS {
+            let relay = relay_drain(port, &sink).await;
+            let twin = transitions_twin(port, &sink, true).await;
+            rounds.push((relay, twin));
+        }
         let bare = bare_client(port, &sink).await;
         let steady = steady_latency(port, &sink).await;
-        // Last: their stores' deletion must not disturb the steady measurement.
-        let twin = transitions_twin(port, &sink, true).await;
+        // Last: its store's deletion must not disturb the steady measurement.
         let moves = transitions_twin(port, &sink, false).await;
-        (relay, bare, twin, moves, steady)
+        (rounds, bare, moves, steady)
     });
+    // The round whose relay / twin ratio is the median: its figures are the ones shown
+    // below the table.
+    let mut order: Vec<usize> = (0..rounds.len()).collect();
+    let of_twin_in = |i: usize| rounds[i].0 .0.rate / rounds[i].1.rate;
+    order.sort_by(|a, b| of_twin_in(*a).total_cmp(&of_twin_in(*b)));
+    let median = order[order.len() / 2];
+    let ((relay, ticks, tick_s), twin) = rounds[median];
     println!("\ndelivery — {BACKLOG} hooks of {BODY} B over {TENANTS} tenants to a local sink, concurrency {CONCURRENCY}");
     // Cores busy = rate × CPU per delivery: under 2 (this machine's cores) a run waits on
     // something other than the CPU.
     println!("| run | deliveries/s | CPU per delivery (µs) | cores busy |");
     println!("|---|---:|---:|---:|");
-    for (label, d) in [
-        ("relay draining its backlog", relay),
-        ("bare client, same bodies", bare),
-        ("transitions twin (reference)", twin),
-        ("the store's moves alone (reference)", moves),
-    ] {
+    let mut runs = Vec::new();
+    for (k, ((r, _, _), t)) in rounds.iter().enumerate() {
+        runs.push((format!("relay draining its backlog, round {}", k + 1), *r));
+        runs.push((format!("transitions twin, round {}", k + 1), *t));
+    }
+    runs.push(("bare client, same bodies".into(), bare));
+    runs.push(("the store's moves alone (reference)".into(), moves));
+    for (label, d) in runs {
         println!(
             "| {label} | {:.0} | {:.1} | {:.2} |",
             d.rate,
@@ -379,8 +399,12 @@ fn main() -> std::process::ExitCode {
     println!(
         "ingest-to-delivery at a steady {STEADY_RATE} hooks/s for {STEADY_SECS}s: p50 {p50:.1} ms, p99 {p99:.1} ms ({n} hooks)"
     );
+    let each: Vec<String> = (0..rounds.len())
+        .map(|i| format!("{:.0}%", of_twin_in(i) * 100.0))
+        .collect();
     println!(
-        "relay / transitions twin = {:.0}% (pass: >= 80%)",
+        "relay / transitions twin by round: {}; the median round {:.0}% (pass: >= 80%)",
+        each.join(", "),
         of_twin * 100.0
     );
     if of_twin >= 0.8 {
