@@ -39,7 +39,7 @@ pub const POLL: std::time::Duration = std::time::Duration::from_secs(2);
 pub enum Reloaded {
     /// The new configuration runs; these reloadable keys changed.
     Applied { changed: Vec<&'static str> },
-    /// The file says what already runs.
+    /// The file says what already runs (its secrets were read again all the same).
     Unchanged,
 }
 
@@ -159,11 +159,11 @@ impl Reloader {
             return Err(ReloadError::NeedsRestart(restart));
         }
         let changed = changed_reloadables(running, &next);
-        if changed.is_empty() && next == *running {
-            return Ok(Reloaded::Unchanged);
-        }
         // Everything built before anything is swapped: a part that cannot be built (a
-        // secret file gone, a CA bundle that does not parse) refuses the whole reload.
+        // secret file gone, a CA bundle that does not parse) refuses the whole reload. The
+        // parts are built even when the file says what runs: a secret given as a file or a
+        // variable is read again (a rotated sink secret makes a new sink; the others are
+        // kept).
         let p = &self.parts;
         let sinks = p.deliverer.prepare(&next)?;
         let sources = crate::ingest::sources(&next)?;
@@ -173,7 +173,11 @@ impl Reloader {
         p.config.store(Arc::new(next.clone()));
         p.sources.store(Arc::new(sources));
         *running = next;
-        Ok(Reloaded::Applied { changed })
+        Ok(if changed.is_empty() {
+            Reloaded::Unchanged
+        } else {
+            Reloaded::Applied { changed }
+        })
     }
 }
 

@@ -193,3 +193,36 @@ fn run_reloads_its_file_when_it_changes_and_on_sighup() {
     );
     assert!(node.stop(Duration::from_secs(30)).success());
 }
+
+/// A source's secret rotated in its file verifies with the new secret after a reload of the
+/// same configuration text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_reads_a_rotated_secret_again() {
+    let sink = TestSink::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let secret = dir.path().join("source.secret");
+    std::fs::write(&secret, "first-secret").unwrap();
+    let spec = TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .sink("one", &sink.url("/one"))
+        .route("r1", &["one"])
+        .source_yaml(&format!(
+            "{{ id: signed, tenant: {{ fixed: acme }}, verify: {{ scheme: hmac-sha256, secret: {{ file: {} }}, header: x-sig }}, route: r1 }}",
+            secret.display()
+        ));
+    let node = spec.clone().start().await;
+    let c = client();
+    let body = b"{}".to_vec();
+    let signed = |key: &str| {
+        let sig = ankusa_verify::hex(&ankusa_verify::hmac_sha256(key.as_bytes(), &[b"{}"]));
+        let (c, url, body) = (c.clone(), node.ingest_url("signed"), body.clone());
+        async move { post(&c, &url, &[("x-sig", sig)], body).await.status }
+    };
+    assert_eq!(signed("first-secret").await, 202);
+    std::fs::write(&secret, "second-secret").unwrap();
+    let r = node.reloader.reload(&spec.yaml_at(node.dir()), Vec::new());
+    assert_eq!(r.unwrap(), Reloaded::Unchanged);
+    assert_eq!(signed("second-secret").await, 202);
+    assert_eq!(signed("first-secret").await, 401);
+    node.stop().await;
+}
