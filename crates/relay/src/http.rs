@@ -57,12 +57,7 @@ pub fn https(
 
 /// The one error body shape: `{"error": code, "message": ...}` ([`ErrorBody`]).
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    let body = ErrorBody {
-        error: code.to_owned(),
-        message: message.into(),
-        reason: None,
-    };
-    (status, Json(body)).into_response()
+    answer(status, code, message.into(), None)
 }
 
 /// [`error`] with the reason of a code that has several causes.
@@ -72,10 +67,14 @@ pub fn error_why(
     message: impl Into<String>,
     reason: &str,
 ) -> Response {
+    answer(status, code, message.into(), Some(reason.to_owned()))
+}
+
+fn answer(status: StatusCode, code: &str, message: String, reason: Option<String>) -> Response {
     let body = ErrorBody {
         error: code.to_owned(),
-        message: message.into(),
-        reason: Some(reason.to_owned()),
+        message,
+        reason,
     };
     (status, Json(body)).into_response()
 }

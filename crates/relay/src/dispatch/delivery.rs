@@ -200,22 +200,27 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
             headers.push((name, value));
         }
         let permits = s.max_inflight.unwrap_or(config.dispatch.per_sink_inflight);
-        let mut cas = node_cas.clone();
-        if let Some(ca) = &s.ca_bundle {
-            cas.extend(ca.certificates(&format!("{key}.ca_bundle"))?);
-        }
-        let client = match &s.ca_bundle {
-            None => shared.clone(),
-            Some(_) => delivery_client(&cas, permits, &format!("{key}.ca_bundle"))?,
+        // A sink with authorities of its own trusts the node's and those.
+        let own_cas = match &s.ca_bundle {
+            None => None,
+            Some(ca) => {
+                let mut cas = node_cas.clone();
+                cas.extend(ca.certificates(&format!("{key}.ca_bundle"))?);
+                Some(cas)
+            }
         };
-        let fingerprint =
-            sink_fingerprint(s, secret.as_deref(), s.ca_bundle.is_some().then_some(&cas));
+        let fingerprint = sink_fingerprint(s, secret.as_deref(), own_cas.as_ref());
         if let Some(kept) = previous.and_then(|p| p.by_id.get(&s.id)) {
             if kept.fingerprint == fingerprint {
                 sinks.insert(s.id.clone(), kept.clone());
                 continue;
             }
         }
+        // Built only for a sink that is new or changed: a kept one keeps its pool.
+        let client = match &own_cas {
+            None => shared.clone(),
+            Some(cas) => delivery_client(cas, permits, &format!("{key}.ca_bundle"))?,
+        };
         sinks.insert(
             s.id.clone(),
             Arc::new(Sink {
