@@ -12,6 +12,41 @@ pub const RELOADABLE: [&str; 5] = [
     "ingest.body_limit_bytes",
 ];
 
+/// Sets reloadable `key` of `into` to `from`'s: the one place each key of [`RELOADABLE`]
+/// is named as a field.
+fn copy_key(into: &mut crate::Config, from: &crate::Config, key: &str) {
+    match key {
+        "sources" => into.sources = from.sources.clone(),
+        "sinks" => into.sinks = from.sinks.clone(),
+        "routes" => into.routes = from.routes.clone(),
+        "admin.tokens" => into.admin.tokens = from.admin.tokens.clone(),
+        "ingest.body_limit_bytes" => into.ingest.body_limit_bytes = from.ingest.body_limit_bytes,
+        other => unreachable!("{other} is not in RELOADABLE"),
+    }
+}
+
+/// `config` with every reloadable key of `from`: equal to `from` when only reloadable
+/// keys differ.
+pub fn with_reloadables_of(config: &crate::Config, from: &crate::Config) -> crate::Config {
+    let mut c = config.clone();
+    for key in RELOADABLE {
+        copy_key(&mut c, from, key);
+    }
+    c
+}
+
+/// The reloadable keys whose values differ between `a` and `b`.
+pub fn changed(a: &crate::Config, b: &crate::Config) -> Vec<&'static str> {
+    RELOADABLE
+        .into_iter()
+        .filter(|key| {
+            let mut c = a.clone();
+            copy_key(&mut c, b, key);
+            c != *a
+        })
+        .collect()
+}
+
 /// A configuration document (JSON form) without its reloadable keys: what changing needs a
 /// restart.
 pub fn restart_part(doc: &serde_json::Value) -> serde_json::Value {
@@ -53,5 +88,25 @@ mod tests {
         );
         // What the configuration does not say is not added.
         assert_eq!(restart_part(&serde_json::json!({})), serde_json::json!({}));
+    }
+
+    /// The typed copy and the JSON form name the same keys: two configurations that differ
+    /// in every reloadable key have the same restart part, and each key is seen to change.
+    #[test]
+    fn the_typed_and_the_json_forms_name_the_same_keys() {
+        let load = |text: &str| crate::Config::from_yaml(text, Vec::new()).unwrap();
+        let a = load("data_dir: /d\n");
+        let b = load(
+            "data_dir: /d\n\
+             ingest: { body_limit_bytes: 4096 }\n\
+             admin: { tokens: [{ name: t, secret: { value: 0123456789abcdef }, scope: admin }] }\n\
+             sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\n\
+             routes: [{ id: r, sinks: [s] }]\n\
+             sources: [{ id: a, verify: { scheme: none }, route: r }]\n",
+        );
+        assert_eq!(with_reloadables_of(&a, &b), b);
+        assert_eq!(changed(&a, &b), RELOADABLE);
+        let json = |c: &crate::Config| restart_part(&serde_json::to_value(c).unwrap());
+        assert_eq!(json(&a), json(&b));
     }
 }

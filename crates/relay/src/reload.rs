@@ -158,7 +158,7 @@ impl Reloader {
         if !restart.is_empty() {
             return Err(ReloadError::NeedsRestart(restart));
         }
-        let changed = changed_reloadables(running, &next);
+        let changed = ankusa_config::reload::changed(running, &next);
         // Everything built before anything is swapped: a part that cannot be built (a
         // secret file gone, a CA bundle that does not parse) refuses the whole reload. The
         // parts are built even when the file says what runs: a secret given as a file or a
@@ -222,39 +222,12 @@ pub async fn watch(
     }
 }
 
-/// `config` with the reloadable keys of `from`.
-fn with_reloadables_of(config: &Config, from: &Config) -> Config {
-    let mut c = config.clone();
-    c.sources = from.sources.clone();
-    c.sinks = from.sinks.clone();
-    c.routes = from.routes.clone();
-    c.admin.tokens = from.admin.tokens.clone();
-    c.ingest.body_limit_bytes = from.ingest.body_limit_bytes;
-    c
-}
-
-/// The reloadable keys whose values differ.
-fn changed_reloadables(a: &Config, b: &Config) -> Vec<&'static str> {
-    let differ = [
-        a.sources != b.sources,
-        a.sinks != b.sinks,
-        a.routes != b.routes,
-        a.admin.tokens != b.admin.tokens,
-        a.ingest.body_limit_bytes != b.ingest.body_limit_bytes,
-    ];
-    RELOADABLE
-        .iter()
-        .zip(differ)
-        .filter_map(|(k, d)| d.then_some(*k))
-        .collect()
-}
-
 /// The keys `next` changes that a running node cannot: every key outside [`RELOADABLE`],
 /// by its path, and the archive setting of any source (the writer and the archiver read
 /// it at start).
 fn needs_restart(running: &Config, next: &Config) -> Vec<String> {
     let mut keys = Vec::new();
-    let same_otherwise = with_reloadables_of(next, running);
+    let same_otherwise = ankusa_config::reload::with_reloadables_of(next, running);
     if same_otherwise != *running {
         let (a, b) = (to_json(running), to_json(&same_otherwise));
         differing("", &a, &b, &mut keys);
@@ -332,7 +305,7 @@ mod tests {
         let next = cfg(&more);
         assert!(needs_restart(&running, &next).is_empty());
         assert_eq!(
-            changed_reloadables(&running, &next),
+            ankusa_config::reload::changed(&running, &next),
             ["sinks", "ingest.body_limit_bytes"]
         );
         let moved = cfg(&format!(
