@@ -344,7 +344,7 @@ pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
 /// A table column of epoch milliseconds (`at_ms`, `next_attempt_ms`, …; not durations
 /// such as `latency_ms`): the CLI's tables show it as a time, `--json` keeps the number.
 pub fn is_time_column(name: &str) -> bool {
-    name.ends_with("_ms") && !name.starts_with("latency") && !name.ends_with("window_ms")
+    name.ends_with("_ms") && !name.starts_with("latency")
 }
 
 /// A time column's header: `at_ms` → `at`.
