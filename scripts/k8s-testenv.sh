@@ -41,6 +41,9 @@ PROMETHEUS_OPERATOR_VERSION=v0.85.0
 cache="${ANKUSA_K8S_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ankusa/k8s-${K8S_VERSION}}"
 COREDNS_VERSION=v1.15.0
 HELM_VERSION=v4.3.2
+# The Gateway API's CRDs (standard channel), from their module: its own cache file, so a
+# new version does not rebuild the control plane.
+GATEWAY_API_VERSION=v1.6.3
 stamp="$cache/.built-${K8S_VERSION}-${ETCD_VERSION}-${KWOK_VERSION}-${PROMETHEUS_OPERATOR_VERSION}-${COREDNS_VERSION}-${HELM_VERSION}-4"
 
 log() { echo "k8s-testenv: $*" >&2; }
@@ -58,7 +61,25 @@ module_dir() {
     python3 -c 'import json,sys; print(json.load(sys.stdin)["Dir"])'
 }
 
+# The Gateway API's standard CRDs the operator's HTTPRoute needs (GatewayClass, Gateway,
+# HTTPRoute), read from the module's files once into the cache.
+gateway_crds() {
+  local out="$cache/gateway-api-${GATEWAY_API_VERSION}.yaml"
+  if [ ! -f "$out" ]; then
+    local dir kind
+    mkdir -p "$cache"
+    dir=$(GOTOOLCHAIN=local module_dir "sigs.k8s.io/gateway-api@${GATEWAY_API_VERSION}")
+    : >"$out.part"
+    for kind in gatewayclasses gateways httproutes; do
+      { echo "---"; cat "$dir/config/crd/standard/gateway.networking.k8s.io_${kind}.yaml"; } >>"$out.part"
+    done
+    mv "$out.part" "$out"
+  fi
+  echo "$out"
+}
+
 build() {
+  gateway_crds >/dev/null
   if [ -f "$stamp" ]; then
     return 0
   fi
@@ -311,11 +332,14 @@ status:
 EOF
   done
   # The CRDs: the Relay from the committed manifest (on both servers), the ServiceMonitor
-  # from the Prometheus Operator's module (on the full control plane only).
+  # from the Prometheus Operator's module and the Gateway API's from theirs (on the full
+  # control plane only).
   "${kubectl[@]}" apply --server-side -f "$root/crates/crds/manifests/relay.yaml" >/dev/null
   "${kubectl[@]}" apply --server-side -f "$cache/servicemonitors.yaml" >/dev/null
+  "${kubectl[@]}" apply --server-side -f "$(gateway_crds)" >/dev/null
   "${kubectl[@]}" wait --for condition=Established --timeout 60s \
-    crd/relays.ankusa.dev crd/servicemonitors.monitoring.coreos.com >/dev/null
+    crd/relays.ankusa.dev crd/servicemonitors.monitoring.coreos.com \
+    crd/httproutes.gateway.networking.k8s.io crd/gateways.gateway.networking.k8s.io >/dev/null
   "$bin/kubectl" --kubeconfig "$dir/kubeconfig-bare" apply --server-side \
     -f "$root/crates/crds/manifests/relay.yaml" >/dev/null
   "$bin/kubectl" --kubeconfig "$dir/kubeconfig-bare" wait --for condition=Established \

@@ -23,6 +23,7 @@ use k8s_openapi::api::core::v1::{
     Affinity, LocalObjectReference, ResourceRequirements, SecretKeySelector, Toleration,
     TopologySpreadConstraint,
 };
+use k8s_openapi::api::networking::v1::NetworkPolicyPeer;
 use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +102,14 @@ pub struct RelaySpec {
     pub upgrade: UpgradeSpec,
     #[serde(default)]
     pub monitoring: MonitoringSpec,
+    /// How providers reach the nodes' ingest listener: the `<name>-ingest` Service, and an
+    /// optional Ingress or Gateway API HTTPRoute in front of it.
+    #[serde(default)]
+    pub ingest: IngestSpec,
+    /// NetworkPolicies that admit exactly the relay's own traffic, for namespaces that
+    /// deny by default.
+    #[serde(default)]
+    pub network_policy: NetworkPolicySpec,
     /// CPU and memory for each relay container. Unset: a request of
     /// [`DEFAULT_CPU_REQUEST`] and [`DEFAULT_MEMORY_REQUEST`] and no limit (Burstable, not
     /// the BestEffort pods a node's memory pressure evicts first). The node sizes its
@@ -409,6 +418,190 @@ fn default_backup_seconds() -> i64 {
 
 fn default_verify_seconds() -> i64 {
     1800
+}
+
+/// The `<name>-ingest` Service (the ingest port only: the admin API is never exposed with
+/// it) and what routes providers' requests to it.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct IngestSpec {
+    #[serde(default)]
+    pub service: IngestServiceSpec,
+    /// A `networking.k8s.io/v1` Ingress for `/ingest/` on `host` (unset: none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ingress: Option<IngressSpec>,
+    /// A `gateway.networking.k8s.io/v1` HTTPRoute for `/ingest/` attached to the named
+    /// Gateways (unset: none). The Gateway API's CRDs must be installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http_route: Option<HttpRouteSpec>,
+}
+
+/// The `<name>-ingest` Service.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.externalTrafficPolicy) || self.type != 'ClusterIP'").message("externalTrafficPolicy applies to a NodePort or LoadBalancer Service only"))]
+#[x_kube(validation = Rule::new("!has(self.loadBalancerSourceRanges) || size(self.loadBalancerSourceRanges) == 0 || self.type == 'LoadBalancer'").message("loadBalancerSourceRanges applies to a LoadBalancer Service only"))]
+pub struct IngestServiceSpec {
+    /// `ClusterIP` (default), `NodePort` or `LoadBalancer`.
+    #[serde(rename = "type", default = "default_service_type")]
+    #[x_kube(validation = Rule::new("self in ['ClusterIP', 'NodePort', 'LoadBalancer']").message("type is ClusterIP, NodePort or LoadBalancer"))]
+    pub type_: String,
+    /// Annotations on the Service (a cloud's load balancer settings).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub annotations: BTreeMap<String, String>,
+    /// `Cluster` or `Local` (keeps the client's address, on the nodes that run a relay pod).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self in ['Cluster', 'Local']").message("externalTrafficPolicy is Cluster or Local"))]
+    pub external_traffic_policy: Option<String>,
+    /// CIDRs a LoadBalancer admits (e.g. a provider's published webhook ranges).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(max = 43)))]
+    #[x_kube(validation = Rule::new("self.all(c, isCIDR(c))").message("every loadBalancerSourceRanges entry must be a CIDR such as 192.0.2.0/24"))]
+    pub load_balancer_source_ranges: Vec<String>,
+    /// The load balancer implementation (`spec.loadBalancerClass`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub load_balancer_class: Option<String>,
+}
+
+impl Default for IngestServiceSpec {
+    fn default() -> Self {
+        IngestServiceSpec {
+            type_: default_service_type(),
+            annotations: BTreeMap::new(),
+            external_traffic_policy: None,
+            load_balancer_source_ranges: Vec::new(),
+            load_balancer_class: None,
+        }
+    }
+}
+
+fn default_service_type() -> String {
+    "ClusterIP".into()
+}
+
+/// An Ingress routing `https://<host>/ingest/` to the `<name>-ingest` Service.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IngressSpec {
+    /// The host providers send to.
+    #[schemars(
+        length(min = 1, max = 253),
+        regex(
+            pattern = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+        )
+    )]
+    pub host: String,
+    /// The IngressClass (the cluster's default when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub class_name: Option<String>,
+    /// Annotations on the Ingress (e.g. a cert-manager issuer, a body size limit).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub annotations: BTreeMap<String, String>,
+    /// A Secret in the Relay's namespace with the certificate for `host` (unset: no TLS
+    /// section; the controller's default certificate, if any).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub tls_secret_name: Option<String>,
+}
+
+/// An HTTPRoute attaching `/ingest/` on the named Gateways to the `<name>-ingest` Service.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct HttpRouteSpec {
+    /// The Gateways (and listeners) to attach to.
+    #[schemars(length(min = 1, max = 32))]
+    pub parent_refs: Vec<GatewayRef>,
+    /// Hostnames the route matches (empty: the listeners' own), lower-case DNS names (a
+    /// leading `*.` allowed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(
+        length(max = 16),
+        inner(
+            length(min = 1, max = 253),
+            regex(
+                pattern = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+            )
+        )
+    )]
+    pub hostnames: Vec<String>,
+    /// Annotations on the HTTPRoute.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
+    pub annotations: BTreeMap<String, String>,
+}
+
+/// A Gateway an HTTPRoute attaches to.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct GatewayRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// The Gateway's namespace (the Relay's when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub namespace: Option<String>,
+    /// One listener of the Gateway (all when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub section_name: Option<String>,
+}
+
+/// The NetworkPolicies of a Relay. Enabled, the relay pods admit only:
+/// - on the ingest port, the providers (`ingestFrom`; anyone when empty) and the other
+///   nodes of the Relay, which forward to a tenant's owner;
+/// - on the admin port, the other nodes (relay-wide admin), the operator (it polls every
+///   node), the operator's backup Jobs (they pull a checkpoint), the scrapers
+///   (`metricsFrom`) and whoever `adminFrom` names (people with the admin CLI).
+///
+/// Nothing else reaches the pods, and egress is left alone (sinks are anywhere).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkPolicySpec {
+    #[serde(default)]
+    pub enabled: bool,
+    /// Who may send hooks (empty: any source, as a public webhook endpoint needs).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub ingest_from: Vec<NetworkPolicyPeer>,
+    /// Who may scrape `/metrics` on the admin port. Default: pods labelled
+    /// `app.kubernetes.io/name: prometheus` in any namespace (the Prometheus Operator's).
+    #[serde(default = "default_metrics_from")]
+    #[schemars(length(max = 32))]
+    pub metrics_from: Vec<NetworkPolicyPeer>,
+    /// Who else may call the admin API (empty: nobody but the operator and the nodes).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 32))]
+    pub admin_from: Vec<NetworkPolicyPeer>,
+}
+
+impl Default for NetworkPolicySpec {
+    fn default() -> Self {
+        NetworkPolicySpec {
+            enabled: false,
+            ingest_from: Vec::new(),
+            metrics_from: default_metrics_from(),
+            admin_from: Vec::new(),
+        }
+    }
+}
+
+fn default_metrics_from() -> Vec<NetworkPolicyPeer> {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    vec![NetworkPolicyPeer {
+        namespace_selector: Some(LabelSelector::default()),
+        pod_selector: Some(LabelSelector {
+            match_labels: Some(BTreeMap::from([(
+                "app.kubernetes.io/name".to_owned(),
+                "prometheus".to_owned(),
+            )])),
+            ..LabelSelector::default()
+        }),
+        ip_block: None,
+    }]
 }
 
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]

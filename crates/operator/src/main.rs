@@ -66,6 +66,11 @@ struct RunArgs {
     /// The Lease's namespace (default: the operator pod's, from POD_NAMESPACE).
     #[arg(long, env = "POD_NAMESPACE", default_value = "default")]
     lease_namespace: String,
+    /// The operator pods' labels (`k=v,k=v`), which the Relays' NetworkPolicies admit to
+    /// the nodes' admin port, in the operator's namespace (POD_NAMESPACE). Default:
+    /// `app.kubernetes.io/name=ankusa-operator` in any namespace.
+    #[arg(long, env = "ANKUSA_OPERATOR_POD_LABELS")]
+    operator_pod_labels: Option<String>,
     /// Seconds a Lease nobody renews stays held.
     #[arg(long, env = "ANKUSA_OPERATOR_LEASE_DURATION_S", default_value_t = 15)]
     lease_duration_s: u64,
@@ -141,6 +146,10 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         node_ingest_url_template: args.node_ingest_url_template,
         instance: args.identity,
         health: Some(health),
+        operator: ankusa_operator::resources::OperatorPeer::from_parts(
+            std::env::var("POD_NAMESPACE").ok(),
+            args.operator_pod_labels.as_deref(),
+        ),
         ..Settings::default()
     };
     let ctx = Context::new(client.clone(), metrics.clone(), settings);

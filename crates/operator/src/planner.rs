@@ -124,6 +124,11 @@ pub struct ObservedObjects {
     pub statefulset: Option<Value>,
     pub pdb: Option<Value>,
     pub service_monitor: Option<Value>,
+    pub ingest_service: Option<Value>,
+    /// The optional objects, each only when this Relay owns it.
+    pub ingress: Option<Value>,
+    pub http_route: Option<Value>,
+    pub network_policy: Option<Value>,
     /// Each existing object as it would be after the operator's apply: the API server's
     /// answer to a dry-run apply of the desired object, with its defaults, canonical
     /// quantities, and the fields the operator no longer sets removed. Where present,
@@ -143,6 +148,10 @@ impl ObservedObjects {
             Owned::StatefulSet => self.statefulset.as_ref(),
             Owned::PodDisruptionBudget => self.pdb.as_ref(),
             Owned::ServiceMonitor => self.service_monitor.as_ref(),
+            Owned::IngestService => self.ingest_service.as_ref(),
+            Owned::Ingress => self.ingress.as_ref(),
+            Owned::HttpRoute => self.http_route.as_ref(),
+            Owned::NetworkPolicy => self.network_policy.as_ref(),
         }
     }
 }
@@ -171,6 +180,8 @@ pub struct Observed {
     pub objects: ObservedObjects,
     /// `monitoring.coreos.com/v1` `servicemonitors` is served.
     pub service_monitor_api: bool,
+    /// `gateway.networking.k8s.io/v1` `httproutes` is served.
+    pub http_route_api: bool,
     /// The user's configuration could not be read (a missing ConfigMap, bad YAML).
     pub config_error: Option<String>,
     /// An apply the controller tried and the API server refused.
@@ -965,32 +976,53 @@ pub enum Owned {
     StatefulSet,
     PodDisruptionBudget,
     ServiceMonitor,
+    IngestService,
+    Ingress,
+    HttpRoute,
+    NetworkPolicy,
 }
 
 impl Owned {
     /// Every kind, in apply order.
-    pub const ALL: [Owned; 6] = [
+    pub const ALL: [Owned; 10] = [
         Owned::ConfigMap,
         Owned::HeadlessService,
         Owned::ClientService,
         Owned::StatefulSet,
         Owned::PodDisruptionBudget,
         Owned::ServiceMonitor,
+        Owned::IngestService,
+        Owned::Ingress,
+        Owned::HttpRoute,
+        Owned::NetworkPolicy,
     ];
+
+    /// A kind the Relay has only when its spec asks for it: one it owns that is no longer
+    /// wanted is deleted.
+    pub fn optional(self) -> bool {
+        matches!(
+            self,
+            Owned::ServiceMonitor | Owned::Ingress | Owned::HttpRoute | Owned::NetworkPolicy
+        )
+    }
 
     pub fn kind(self) -> &'static str {
         match self {
             Owned::ConfigMap => "ConfigMap",
-            Owned::HeadlessService | Owned::ClientService => "Service",
+            Owned::HeadlessService | Owned::ClientService | Owned::IngestService => "Service",
             Owned::StatefulSet => "StatefulSet",
             Owned::PodDisruptionBudget => "PodDisruptionBudget",
             Owned::ServiceMonitor => "ServiceMonitor",
+            Owned::Ingress => "Ingress",
+            Owned::HttpRoute => "HTTPRoute",
+            Owned::NetworkPolicy => "NetworkPolicy",
         }
     }
 }
 
-/// Create a missing object, update a drifted one, or delete one no longer wanted (only a
-/// ServiceMonitor: the operator deletes no store, Service or StatefulSet).
+/// Create a missing object, update a drifted one, or delete one no longer wanted (only an
+/// optional kind, [`Owned::optional`]: the operator deletes no store, Service or
+/// StatefulSet).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum Change {
     Create,
@@ -1000,15 +1032,16 @@ pub enum Change {
 
 /// Which owned objects to apply: those missing and those that differ from what the
 /// operator's apply would make of them (fields the cluster or others added are not drift);
-/// and an owned ServiceMonitor that is no longer wanted, to delete.
+/// and an owned optional object that is no longer wanted, to delete.
 pub fn changes(desired: &DesiredSet, observed: &ObservedObjects) -> Vec<(Owned, Change)> {
     let mut out = Vec::new();
     for kind in Owned::ALL {
         let have = observed.get(kind);
         let Some(want) = desired.value(kind) else {
-            // Not wanted (a ServiceMonitor with monitoring turned off): an existing one,
-            // which the controller reports only when this Relay owns it, goes.
-            if have.is_some() {
+            // Not wanted (a ServiceMonitor with monitoring turned off, an Ingress no longer
+            // asked for): an existing one, which the controller reports only when this
+            // Relay owns it, goes.
+            if have.is_some() && kind.optional() {
                 out.push((kind, Change::Delete));
             }
             continue;

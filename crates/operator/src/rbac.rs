@@ -40,10 +40,27 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "persistentvolumeclaims", &["list"]),
     // controller::observe::observe_jobs + apply::create_job: image probe and backup Jobs.
     ("batch", "jobs", &["list", "watch", "create", "patch"]),
-    // The one delete: the ServiceMonitor of a Relay whose monitoring was turned off.
+    // The deletes: an optional object no longer asked for (a ServiceMonitor whose
+    // monitoring was turned off, an Ingress, HTTPRoute or NetworkPolicy taken out of the
+    // spec), by controller::apply::apply_owned.
     (
         "monitoring.coreos.com",
         "servicemonitors",
+        &["get", "create", "patch", "delete"],
+    ),
+    (
+        "networking.k8s.io",
+        "ingresses",
+        &["get", "create", "patch", "delete"],
+    ),
+    (
+        "networking.k8s.io",
+        "networkpolicies",
+        &["get", "create", "patch", "delete"],
+    ),
+    (
+        "gateway.networking.k8s.io",
+        "httproutes",
         &["get", "create", "patch", "delete"],
     ),
     // controller::events::event: events.k8s.io/v1 Events (a repeat is a patch of its series).

@@ -19,12 +19,18 @@
 //!   when the set is scaled down or deleted — the operator never deletes a store.
 //! - PodDisruptionBudget `<name>`: at most one node down by eviction.
 //! - ServiceMonitor `<name>` when asked for and the Prometheus Operator is installed.
+//! - Service `<name>-ingest`: the ingest port alone, of the type `spec.ingest.service`
+//!   asks for (what a LoadBalancer or NodePort exposes to providers: never the admin API).
+//! - Ingress and HTTPRoute `<name>-ingest` when asked for: `/ingest/` to that Service.
+//! - NetworkPolicy `<name>` when asked for: the relay pods admit only the relay's own
+//!   traffic ([`network_policy`]).
 
 use std::collections::BTreeMap;
 
 use ankusa_crds::relay::Relay;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
@@ -89,6 +95,9 @@ pub struct Names {
     pub token_secret: String,
     pub pdb: String,
     pub service_monitor: String,
+    /// The ingest Service, and the Ingress and HTTPRoute in front of it.
+    pub ingest: String,
+    pub network_policy: String,
 }
 
 impl Names {
@@ -111,6 +120,8 @@ impl Names {
             token_secret: format!("{name}-operator-token"),
             pdb: name.clone(),
             service_monitor: name.clone(),
+            ingest: format!("{name}-ingest"),
+            network_policy: name.clone(),
             namespace,
             relay: name,
         })
@@ -126,6 +137,8 @@ impl Names {
             Owned::StatefulSet => &self.statefulset,
             Owned::PodDisruptionBudget => &self.pdb,
             Owned::ServiceMonitor => &self.service_monitor,
+            Owned::IngestService | Owned::Ingress | Owned::HttpRoute => &self.ingest,
+            Owned::NetworkPolicy => &self.network_policy,
         }
     }
 
@@ -439,6 +452,235 @@ pub fn client_service(relay: &Relay) -> Result<Service, ResourceError> {
     )
 }
 
+/// The ingest Service: the ingest port alone, so that a NodePort or LoadBalancer exposes
+/// to providers what they send to and nothing else.
+pub fn ingest_service(relay: &Relay) -> Result<Service, ResourceError> {
+    let names = Names::of(relay)?;
+    let want = &relay.spec.ingest.service;
+    let mut spec = json!({
+        "type": want.type_,
+        "selector": selector_labels(&names.relay),
+        "ports": [{ "name": "ingest", "port": INGEST_PORT, "targetPort": "ingest", "protocol": "TCP" }],
+    });
+    if let Some(p) = &want.external_traffic_policy {
+        spec["externalTrafficPolicy"] = json!(p);
+    }
+    if !want.load_balancer_source_ranges.is_empty() {
+        spec["loadBalancerSourceRanges"] = json!(want.load_balancer_source_ranges);
+    }
+    if let Some(c) = &want.load_balancer_class {
+        spec["loadBalancerClass"] = json!(c);
+    }
+    let mut meta = metadata(relay, &names.ingest)?;
+    meta["labels"][SERVICE_LABEL] = json!("ingest");
+    if !want.annotations.is_empty() {
+        meta["annotations"] = json!(want.annotations);
+    }
+    typed(
+        "Service",
+        json!({ "apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec }),
+    )
+}
+
+/// The path prefix providers post to (`/ingest/{source}`); both an Ingress's `Prefix` and
+/// an HTTPRoute's `PathPrefix` match it element by element.
+pub const INGEST_PATH: &str = "/ingest";
+
+/// The Ingress of `spec.ingest.ingress`: `https://<host>/ingest/` to the ingest Service.
+pub fn ingress(relay: &Relay) -> Result<Option<Ingress>, ResourceError> {
+    let Some(want) = &relay.spec.ingest.ingress else {
+        return Ok(None);
+    };
+    let names = Names::of(relay)?;
+    let mut meta = metadata(relay, &names.ingest)?;
+    if !want.annotations.is_empty() {
+        meta["annotations"] = json!(want.annotations);
+    }
+    let mut spec = json!({
+        "rules": [{
+            "host": want.host,
+            "http": { "paths": [{
+                "path": INGEST_PATH,
+                "pathType": "Prefix",
+                "backend": { "service": { "name": names.ingest, "port": { "name": "ingest" } } },
+            }] },
+        }],
+    });
+    if let Some(class) = &want.class_name {
+        spec["ingressClassName"] = json!(class);
+    }
+    if let Some(secret) = &want.tls_secret_name {
+        spec["tls"] = json!([{ "hosts": [want.host], "secretName": secret }]);
+    }
+    typed(
+        "Ingress",
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "Ingress",
+            "metadata": meta,
+            "spec": spec,
+        }),
+    )
+    .map(Some)
+}
+
+/// The Gateway API's `HTTPRoute` resource.
+pub fn http_route_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("gateway.networking.k8s.io", "v1", "HTTPRoute"),
+        "httproutes",
+    )
+}
+
+/// The HTTPRoute of `spec.ingest.httpRoute`: `/ingest/` on its Gateways to the ingest
+/// Service.
+pub fn http_route(relay: &Relay) -> Result<Option<DynamicObject>, ResourceError> {
+    let Some(want) = &relay.spec.ingest.http_route else {
+        return Ok(None);
+    };
+    let names = Names::of(relay)?;
+    let mut meta = metadata(relay, &names.ingest)?;
+    if !want.annotations.is_empty() {
+        meta["annotations"] = json!(want.annotations);
+    }
+    let parents: Vec<Value> = want
+        .parent_refs
+        .iter()
+        .map(|g| {
+            let mut r = json!({
+                "group": "gateway.networking.k8s.io",
+                "kind": "Gateway",
+                "name": g.name,
+            });
+            if let Some(ns) = &g.namespace {
+                r["namespace"] = json!(ns);
+            }
+            if let Some(section) = &g.section_name {
+                r["sectionName"] = json!(section);
+            }
+            r
+        })
+        .collect();
+    let mut spec = json!({
+        "parentRefs": parents,
+        "rules": [{
+            "matches": [{ "path": { "type": "PathPrefix", "value": INGEST_PATH } }],
+            "backendRefs": [{ "group": "", "kind": "Service", "name": names.ingest, "port": INGEST_PORT }],
+        }],
+    });
+    if !want.hostnames.is_empty() {
+        spec["hostnames"] = json!(want.hostnames);
+    }
+    typed(
+        "HTTPRoute",
+        json!({
+            "apiVersion": "gateway.networking.k8s.io/v1",
+            "kind": "HTTPRoute",
+            "metadata": meta,
+            "spec": spec,
+        }),
+    )
+    .map(Some)
+}
+
+/// Who the operator is, for the NetworkPolicy's admin rule: its namespace (any, when not
+/// known) and its pods' labels.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OperatorPeer {
+    pub namespace: Option<String>,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Default for OperatorPeer {
+    fn default() -> Self {
+        OperatorPeer {
+            namespace: None,
+            labels: BTreeMap::from([(
+                "app.kubernetes.io/name".to_owned(),
+                "ankusa-operator".to_owned(),
+            )]),
+        }
+    }
+}
+
+impl OperatorPeer {
+    /// `NAMESPACE` and `k=v,k=v` labels, as the chart passes them (`POD_NAMESPACE`,
+    /// `ANKUSA_OPERATOR_POD_LABELS`); what is missing keeps its default.
+    pub fn from_parts(namespace: Option<String>, labels: Option<&str>) -> OperatorPeer {
+        let mut peer = OperatorPeer {
+            namespace: namespace.filter(|n| !n.is_empty()),
+            ..OperatorPeer::default()
+        };
+        if let Some(l) = labels.filter(|l| !l.trim().is_empty()) {
+            peer.labels = l
+                .split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.trim().to_owned(), v.trim().to_owned()))
+                .collect();
+        }
+        peer
+    }
+
+    fn peer(&self) -> Value {
+        let namespaces = match &self.namespace {
+            Some(ns) => json!({ "matchLabels": { "kubernetes.io/metadata.name": ns } }),
+            None => json!({}),
+        };
+        json!({ "namespaceSelector": namespaces, "podSelector": { "matchLabels": self.labels } })
+    }
+}
+
+/// The NetworkPolicy of `spec.networkPolicy` (`None` when it is off). It selects the
+/// relay pods, for ingress only, and admits:
+/// 1. ingest from `ingestFrom` (anyone when empty);
+/// 2. ingest and admin from the Relay's other nodes (forwards, relay-wide admin);
+/// 3. admin from the operator (it polls `/v1/node`) and the Relay's backup Jobs (they pull
+///    a checkpoint);
+/// 4. admin from `metricsFrom` (scrapers) and from `adminFrom`, each when not empty.
+pub fn network_policy(
+    relay: &Relay,
+    operator: &OperatorPeer,
+) -> Result<Option<NetworkPolicy>, ResourceError> {
+    let want = &relay.spec.network_policy;
+    if !want.enabled {
+        return Ok(None);
+    }
+    let names = Names::of(relay)?;
+    let port = |name: &str| json!({ "port": name, "protocol": "TCP" });
+    let own = json!({ "podSelector": { "matchLabels": selector_labels(&names.relay) } });
+    let mut jobs = selector_labels(&names.relay);
+    jobs.insert("app.kubernetes.io/name".into(), JOB_APP_NAME.into());
+    let jobs = json!({ "podSelector": { "matchLabels": jobs } });
+    let mut ingest = json!({ "ports": [port("ingest")] });
+    if !want.ingest_from.is_empty() {
+        ingest["from"] = json!(want.ingest_from);
+    }
+    let mut rules = vec![
+        ingest,
+        json!({ "ports": [port("ingest"), port("admin")], "from": [own] }),
+        json!({ "ports": [port("admin")], "from": [operator.peer(), jobs] }),
+    ];
+    for peers in [&want.metrics_from, &want.admin_from] {
+        if !peers.is_empty() {
+            rules.push(json!({ "ports": [port("admin")], "from": peers }));
+        }
+    }
+    typed(
+        "NetworkPolicy",
+        json!({
+            "apiVersion": "networking.k8s.io/v1",
+            "kind": "NetworkPolicy",
+            "metadata": metadata(relay, &names.network_policy)?,
+            "spec": {
+                "podSelector": { "matchLabels": selector_labels(&names.relay) },
+                "policyTypes": ["Ingress"],
+                "ingress": rules,
+            },
+        }),
+    )
+    .map(Some)
+}
+
 /// The StatefulSet. `partition` holds ordinals below it on their current revision (the
 /// upgrade gate lowers it one ordinal at a time); `config_hash` rolls the pods when what
 /// `relay.yaml` says that a node cannot reload changes.
@@ -711,7 +953,19 @@ pub fn service_monitor(relay: &Relay) -> Result<DynamicObject, ResourceError> {
     )
 }
 
-/// Every desired object of a `Relay` (the ServiceMonitor only when it will be applied).
+/// What the desired objects depend on besides the `Relay`: which optional APIs the cluster
+/// serves, how nodes reach each other, and who the operator is.
+#[derive(Debug, Clone, Default)]
+pub struct Surroundings {
+    /// A ServiceMonitor is wanted and served.
+    pub service_monitor: bool,
+    /// `gateway.networking.k8s.io/v1` serves `httproutes`.
+    pub http_route_api: bool,
+    pub urls: NodeUrls,
+    pub operator: OperatorPeer,
+}
+
+/// Every desired object of a `Relay` (the optional ones only when they will be applied).
 #[derive(Debug, Clone)]
 pub struct DesiredSet {
     pub config_map: ConfigMap,
@@ -720,9 +974,15 @@ pub struct DesiredSet {
     pub statefulset: StatefulSet,
     pub pdb: PodDisruptionBudget,
     pub service_monitor: Option<DynamicObject>,
+    pub ingest_service: Service,
+    pub ingress: Option<Ingress>,
+    pub http_route: Option<DynamicObject>,
+    pub network_policy: Option<NetworkPolicy>,
 }
 
 impl DesiredSet {
+    /// The desired objects in a cluster that serves the HTTPRoute API, with the default
+    /// node URLs and operator identity.
     pub fn build(
         relay: &Relay,
         user_config: Option<&Value>,
@@ -733,20 +993,22 @@ impl DesiredSet {
             relay,
             user_config,
             partition,
-            with_service_monitor,
-            &NodeUrls::default(),
+            &Surroundings {
+                service_monitor: with_service_monitor,
+                http_route_api: true,
+                ..Surroundings::default()
+            },
         )
     }
 
-    /// [`DesiredSet::build`], the nodes reaching each other at `urls`.
+    /// The desired objects of `relay` in `around`.
     pub fn build_with(
         relay: &Relay,
         user_config: Option<&Value>,
         partition: i32,
-        with_service_monitor: bool,
-        urls: &NodeUrls,
+        around: &Surroundings,
     ) -> Result<DesiredSet, ResourceError> {
-        let cfg = relay_config_with(relay, user_config, urls)?;
+        let cfg = relay_config_with(relay, user_config, &around.urls)?;
         let yaml = relay_yaml(&cfg)?;
         check_relay_yaml(relay, &yaml)?;
         Ok(DesiredSet {
@@ -762,11 +1024,19 @@ impl DesiredSet {
                 shutdown_grace_ms(&cfg),
             )?,
             pdb: pdb(relay)?,
-            service_monitor: if with_service_monitor {
+            service_monitor: if around.service_monitor {
                 Some(service_monitor(relay)?)
             } else {
                 None
             },
+            ingest_service: ingest_service(relay)?,
+            ingress: ingress(relay)?,
+            http_route: if around.http_route_api {
+                http_route(relay)?
+            } else {
+                None
+            },
+            network_policy: network_policy(relay, &around.operator)?,
         })
     }
 
@@ -780,23 +1050,20 @@ impl DesiredSet {
             Owned::StatefulSet => to_value(&self.statefulset).ok(),
             Owned::PodDisruptionBudget => to_value(&self.pdb).ok(),
             Owned::ServiceMonitor => self.service_monitor.as_ref().and_then(|s| to_value(s).ok()),
+            Owned::IngestService => to_value(&self.ingest_service).ok(),
+            Owned::Ingress => self.ingress.as_ref().and_then(|s| to_value(s).ok()),
+            Owned::HttpRoute => self.http_route.as_ref().and_then(|s| to_value(s).ok()),
+            Owned::NetworkPolicy => self.network_policy.as_ref().and_then(|s| to_value(s).ok()),
         }
     }
 
     /// The objects as one YAML stream, in apply order (what the golden file holds).
     pub fn to_yaml(&self) -> Result<String, ResourceError> {
-        let mut docs = vec![
-            to_value(&self.config_map)?,
-            to_value(&self.headless)?,
-            to_value(&self.client)?,
-            to_value(&self.statefulset)?,
-            to_value(&self.pdb)?,
-        ];
-        if let Some(sm) = &self.service_monitor {
-            docs.push(to_value(sm)?);
-        }
         let mut out = String::new();
-        for d in docs {
+        for d in crate::planner::Owned::ALL
+            .into_iter()
+            .filter_map(|kind| self.value(kind))
+        {
             out.push_str("---\n");
             out.push_str(
                 &serde_yaml::to_string(&d).map_err(|e| ResourceError::Config(e.to_string()))?,

@@ -234,6 +234,12 @@ pub fn status(
     if let Some(e) = &o.storage_change {
         faults.push(("StorageChangePending", e.clone()));
     }
+    if relay.spec.ingest.http_route.is_some() && !o.http_route_api {
+        faults.push((
+            "HTTPRouteNotServed",
+            "spec.ingest.httpRoute asks for an HTTPRoute, but gateway.networking.k8s.io/v1 HTTPRoute is not served by this cluster (install the Gateway API's CRDs)".to_owned(),
+        ));
+    }
     if let Some(h) = r.hold.as_ref().filter(|h| h.fault) {
         faults.push((h.reason, h.message.clone()));
     }

@@ -218,6 +218,32 @@ pub(super) async fn patch_owned(
                 Api::namespaced_with(client, ns, &resources::service_monitor_resource());
             ssa(&api, name, sm, dry_run).await?
         }
+        Owned::IngestService => {
+            let api: Api<Service> = Api::namespaced(client, ns);
+            ssa(&api, name, &desired.ingest_service, dry_run).await?
+        }
+        Owned::Ingress => {
+            let Some(ingress) = &desired.ingress else {
+                return Ok(None);
+            };
+            let api: Api<Ingress> = Api::namespaced(client, ns);
+            ssa(&api, name, ingress, dry_run).await?
+        }
+        Owned::HttpRoute => {
+            let Some(route) = &desired.http_route else {
+                return Ok(None);
+            };
+            let api: Api<DynamicObject> =
+                Api::namespaced_with(client, ns, &resources::http_route_resource());
+            ssa(&api, name, route, dry_run).await?
+        }
+        Owned::NetworkPolicy => {
+            let Some(policy) = &desired.network_policy else {
+                return Ok(None);
+            };
+            let api: Api<NetworkPolicy> = Api::namespaced(client, ns);
+            ssa(&api, name, policy, dry_run).await?
+        }
     };
     Ok(Some(answer))
 }
@@ -249,14 +275,36 @@ pub(super) async fn apply_owned(
 ) -> Result<(), Error> {
     let name = names.of_kind(kind);
     if change == Change::Delete {
-        // Only a ServiceMonitor is ever deleted (monitoring turned off).
-        let api: Api<DynamicObject> = Api::namespaced_with(
-            ctx.client.clone(),
-            &names.namespace,
-            &resources::service_monitor_resource(),
-        );
-        match api.delete(name, &Default::default()).await {
-            Ok(_) => {}
+        // Only an optional kind is ever deleted (no longer asked for).
+        let (client, ns) = (ctx.client.clone(), names.namespace.as_str());
+        let params = kube::api::DeleteParams::default();
+        let deleted = match kind {
+            Owned::ServiceMonitor => Api::<DynamicObject>::namespaced_with(
+                client,
+                ns,
+                &resources::service_monitor_resource(),
+            )
+            .delete(name, &params)
+            .await
+            .map(drop),
+            Owned::HttpRoute => {
+                Api::<DynamicObject>::namespaced_with(client, ns, &resources::http_route_resource())
+                    .delete(name, &params)
+                    .await
+                    .map(drop)
+            }
+            Owned::Ingress => Api::<Ingress>::namespaced(client, ns)
+                .delete(name, &params)
+                .await
+                .map(drop),
+            Owned::NetworkPolicy => Api::<NetworkPolicy>::namespaced(client, ns)
+                .delete(name, &params)
+                .await
+                .map(drop),
+            _ => return Ok(()),
+        };
+        match deleted {
+            Ok(()) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
             Err(e) => return Err(e.into()),
         }

@@ -27,6 +27,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -93,6 +94,8 @@ pub struct Settings {
     pub instance: String,
     /// Where the Relay watch reports its events and errors, for the pod's probes.
     pub health: Option<Arc<crate::health::Health>>,
+    /// Who the operator is, for the NetworkPolicies that admit it to the nodes' admin port.
+    pub operator: resources::OperatorPeer,
 }
 
 impl Default for Settings {
@@ -104,6 +107,7 @@ impl Default for Settings {
             node_timeout: Duration::from_secs(3),
             instance: "ankusa-operator".into(),
             health: None,
+            operator: resources::OperatorPeer::default(),
         }
     }
 }
@@ -333,10 +337,14 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
             &effective,
             user_config.as_ref(),
             rollout.partition,
-            monitor == planner::MonitorDecision::Applied,
-            &resources::NodeUrls {
-                admin: ctx.settings.node_url_template.clone(),
-                ingest: ctx.settings.node_ingest_url_template.clone(),
+            &resources::Surroundings {
+                service_monitor: monitor == planner::MonitorDecision::Applied,
+                http_route_api: o.http_route_api,
+                urls: resources::NodeUrls {
+                    admin: ctx.settings.node_url_template.clone(),
+                    ingest: ctx.settings.node_ingest_url_template.clone(),
+                },
+                operator: ctx.settings.operator.clone(),
             },
         );
         match desired {

@@ -1,5 +1,6 @@
 //! Observing what exists for a `Relay`: its StatefulSet, pods, owned objects, Jobs and
-//! their answers, whether the ServiceMonitor API is served, and the user's configuration.
+//! their answers, whether the ServiceMonitor and HTTPRoute APIs are served, and the user's
+//! configuration.
 
 use super::apply::to_json;
 use super::*;
@@ -93,24 +94,49 @@ pub(super) async fn observe(
     o.objects.client = get_json::<Service>(client, ns, &names.client).await?;
     o.objects.pdb = get_json::<PodDisruptionBudget>(client, ns, &names.pdb).await?;
 
-    o.service_monitor_api = service_monitor_served(client).await?;
+    o.objects.ingest_service = get_json::<Service>(client, ns, &names.ingest).await?;
+
+    // The optional objects are read whether or not the spec asks for them: one left from
+    // when it did is deleted. One of that name that this Relay does not own is not its
+    // business.
+    let uid = relay.metadata.uid.clone();
+    let owned = |v: Value| {
+        let mine = v
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .is_some_and(|refs| {
+                refs.iter().any(|r| {
+                    r.get("controller") == Some(&Value::Bool(true))
+                        && r.get("uid").and_then(Value::as_str) == uid.as_deref()
+                })
+            });
+        mine.then_some(v)
+    };
+    o.service_monitor_api =
+        api_served(client, "monitoring.coreos.com/v1", "servicemonitors").await?;
     if o.service_monitor_api {
-        // Read whether or not monitoring is on: one left from when it was on is deleted.
-        // A ServiceMonitor of that name that this Relay does not own is not its business.
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(client.clone(), ns, &resources::service_monitor_resource());
-        let uid = relay.metadata.uid.clone();
-        o.objects.service_monitor = api
-            .get_opt(&names.service_monitor)
-            .await?
-            .filter(|sm| {
-                sm.owner_references()
-                    .iter()
-                    .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref())
-            })
-            .as_ref()
-            .map(to_json);
+        o.objects.service_monitor = get_dynamic(
+            client,
+            ns,
+            &resources::service_monitor_resource(),
+            &names.service_monitor,
+        )
+        .await?
+        .and_then(owned);
     }
+    o.http_route_api = api_served(client, "gateway.networking.k8s.io/v1", "httproutes").await?;
+    if o.http_route_api {
+        o.objects.http_route =
+            get_dynamic(client, ns, &resources::http_route_resource(), &names.ingest)
+                .await?
+                .and_then(owned);
+    }
+    o.objects.ingress = get_json::<Ingress>(client, ns, &names.ingest)
+        .await?
+        .and_then(owned);
+    o.objects.network_policy = get_json::<NetworkPolicy>(client, ns, &names.network_policy)
+        .await?
+        .and_then(owned);
 
     let selector = resources::selector_labels(&names.relay)
         .iter()
@@ -339,16 +365,28 @@ where
     Ok(api.get_opt(name).await?.as_ref().map(to_json))
 }
 
-/// `monitoring.coreos.com/v1` serves `servicemonitors`.
-pub async fn service_monitor_served(client: &Client) -> Result<bool, Error> {
-    match client
-        .list_api_group_resources("monitoring.coreos.com/v1")
-        .await
-    {
-        Ok(list) => Ok(list.resources.iter().any(|r| r.name == "servicemonitors")),
+/// `group_version` (e.g. `monitoring.coreos.com/v1`) serves `resource`.
+pub async fn api_served(
+    client: &Client,
+    group_version: &str,
+    resource: &str,
+) -> Result<bool, Error> {
+    match client.list_api_group_resources(group_version).await {
+        Ok(list) => Ok(list.resources.iter().any(|r| r.name == resource)),
         Err(kube::Error::Api(s)) if s.code == 404 => Ok(false),
         Err(e) => Err(e.into()),
     }
+}
+
+/// The object `name` of the dynamic resource `ar`, as JSON.
+async fn get_dynamic(
+    client: &Client,
+    ns: &str,
+    ar: &kube::api::ApiResource,
+    name: &str,
+) -> Result<Option<Value>, Error> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, ar);
+    Ok(api.get_opt(name).await?.as_ref().map(to_json))
 }
 
 pub(super) fn sts_obs(s: &StatefulSet) -> StsObs {

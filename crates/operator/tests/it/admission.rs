@@ -207,6 +207,41 @@ async fn every_cel_rule_refuses_its_bad_case_with_its_message() {
             "spec.serviceAccountName",
         ),
         (
+            "ok",
+            json!({ "image": "x", "ingest": { "service": { "type": "External" } } }),
+            "type is ClusterIP, NodePort or LoadBalancer",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "ingest": { "service": { "externalTrafficPolicy": "Local" } } }),
+            "externalTrafficPolicy applies to a NodePort or LoadBalancer Service only",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "ingest": { "service": { "type": "NodePort", "loadBalancerSourceRanges": ["10.0.0.0/8"] } } }),
+            "loadBalancerSourceRanges applies to a LoadBalancer Service only",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "ingest": { "service": { "type": "LoadBalancer", "loadBalancerSourceRanges": ["10.0.0.0"] } } }),
+            "every loadBalancerSourceRanges entry must be a CIDR",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "ingest": { "ingress": { "host": "https://hooks.example.com" } } }),
+            "spec.ingest.ingress.host",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "ingest": { "httpRoute": { "parentRefs": [] } } }),
+            "spec.ingest.httpRoute.parentRefs",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "ingest": { "httpRoute": { "parentRefs": [{ "name": "gw" }], "hostnames": ["Hooks.Example.com"] } } }),
+            "spec.ingest.httpRoute.hostnames[0]",
+        ),
+        (
             "a-relay-name-that-is-longer-than-forty-chars",
             good.clone(),
             "a Relay name is at most 40 characters",
@@ -254,6 +289,28 @@ async fn every_cel_rule_refuses_its_bad_case_with_its_message() {
     )
     .unwrap();
     jobs.create(&dry_run(), &backup).await.unwrap();
+    // Its exposure too: the ingest Service, the Ingress, the HTTPRoute (against the Gateway
+    // API's own CRD) and the NetworkPolicy.
+    Api::<k8s_openapi::api::core::v1::Service>::namespaced(admin.clone(), &ns)
+        .create(&dry_run(), &set.ingest_service)
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::networking::v1::Ingress>::namespaced(admin.clone(), &ns)
+        .create(&dry_run(), set.ingress.as_ref().unwrap())
+        .await
+        .unwrap();
+    Api::<kube::api::DynamicObject>::namespaced_with(
+        admin.clone(),
+        &ns,
+        &ankusa_operator::resources::http_route_resource(),
+    )
+    .create(&dry_run(), set.http_route.as_ref().unwrap())
+    .await
+    .unwrap();
+    Api::<k8s_openapi::api::networking::v1::NetworkPolicy>::namespaced(admin.clone(), &ns)
+        .create(&dry_run(), set.network_policy.as_ref().unwrap())
+        .await
+        .unwrap();
     // The longest name the rule allows makes valid objects: the operator builds them all
     // and the server accepts every one (server-side dry run).
     let longest = "r".repeat(40);

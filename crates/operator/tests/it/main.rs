@@ -7,6 +7,7 @@ mod admission;
 mod chart;
 mod cli;
 mod cluster;
+mod exposure;
 mod gate;
 mod golden;
 mod leader;

@@ -8,7 +8,7 @@
 
 use ankusa_crds::relay::{Relay, RelayStatus};
 use ankusa_operator::planner::{self, Observed, ObservedObjects};
-use ankusa_operator::resources::DesiredSet;
+use ankusa_operator::resources::{DesiredSet, Surroundings};
 use ankusa_operator::status;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -40,9 +40,9 @@ fn desired_objects(
     relay: &Relay,
     user: Option<&Value>,
     partition: i32,
-    sm: bool,
+    around: &Surroundings,
 ) -> ObservedObjects {
-    let d = DesiredSet::build(relay, user, partition, sm).unwrap();
+    let d = DesiredSet::build_with(relay, user, partition, around).unwrap();
     ObservedObjects {
         config_map: Some(j(&d.config_map)),
         headless: Some(j(&d.headless)),
@@ -50,6 +50,10 @@ fn desired_objects(
         statefulset: Some(j(&d.statefulset)),
         pdb: Some(j(&d.pdb)),
         service_monitor: d.service_monitor.as_ref().map(j),
+        ingest_service: Some(j(&d.ingest_service)),
+        ingress: d.ingress.as_ref().map(j),
+        http_route: d.http_route.as_ref().map(j),
+        network_policy: d.network_policy.as_ref().map(j),
         ..ObservedObjects::default()
     }
 }
@@ -63,6 +67,7 @@ fn run(file: &str) {
     let text = std::fs::read_to_string(&path).unwrap();
     // Through JSON, so enums read as `{ Ok: ... }` rather than YAML tags.
     let v: Value = serde_yaml::from_str(&text).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let route_api = v["observed"]["http_route_api"].as_bool();
     let sc: Scenario = serde_json::from_value(v).unwrap_or_else(|e| panic!("{file}: {e}"));
     let mut rv = relay_value(&sc.relay);
     if !sc.spec.is_null() {
@@ -71,12 +76,18 @@ fn run(file: &str) {
     let relay: Relay = serde_json::from_value(rv).unwrap();
     let prev = sc.status.clone().unwrap_or_default();
     let mut o = sc.observed;
+    // The fixtures' clusters serve the Gateway API unless one says otherwise.
+    o.http_route_api = route_api.unwrap_or(true);
     o.now = "2026-11-30T00:00:00Z".into();
 
     // First the rollout (it decides the image and partition the objects are compared at).
     let r = planner::rollout(&relay, &prev, &o);
     let monitor = planner::monitor_decision(&relay, &o);
-    let sm = monitor == planner::MonitorDecision::Applied;
+    let around = Surroundings {
+        service_monitor: monitor == planner::MonitorDecision::Applied,
+        http_route_api: o.http_route_api,
+        ..Surroundings::default()
+    };
     let user = relay.spec.config.inline.clone();
     if sc.objects == "desired" {
         // What the cluster holds: what the spec asked for at the observed state.
@@ -86,7 +97,8 @@ fn run(file: &str) {
         }
         let partition = o.statefulset.as_ref().map(|s| s.partition).unwrap_or(0);
         let mut objs =
-            serde_json::to_value(desired_objects(&steady, user.as_ref(), partition, sm)).unwrap();
+            serde_json::to_value(desired_objects(&steady, user.as_ref(), partition, &around))
+                .unwrap();
         if !sc.drift.is_null() {
             merge(&mut objs, &sc.drift);
         }
@@ -95,7 +107,7 @@ fn run(file: &str) {
     let mut effective = relay.clone();
     effective.spec.image = r.image.clone();
     effective.spec.replicas = r.replicas;
-    let desired = DesiredSet::build(&effective, user.as_ref(), r.partition, sm).unwrap();
+    let desired = DesiredSet::build_with(&effective, user.as_ref(), r.partition, &around).unwrap();
     let changes = planner::changes(&desired, &o.objects);
     let st = status::status(&relay, &prev, &o, &r, &monitor);
 

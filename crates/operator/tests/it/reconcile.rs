@@ -23,7 +23,7 @@ use crate::cluster::{self, Audit, OPERATOR_USER};
 use crate::support::{merge, relay_value};
 
 /// An operator context on `client` (the operator's identity).
-fn context(client: Client, node_url_template: &str) -> Arc<Context> {
+pub(crate) fn context(client: Client, node_url_template: &str) -> Arc<Context> {
     let settings = Settings {
         node_url_template: node_url_template.into(),
         node_timeout: Duration::from_millis(500),
@@ -33,10 +33,10 @@ fn context(client: Client, node_url_template: &str) -> Arc<Context> {
 }
 
 /// A URL template that answers nothing (port 9 on loopback refuses).
-const NOWHERE: &str = "http://127.0.0.1:9/{pod}";
+pub(crate) const NOWHERE: &str = "http://127.0.0.1:9/{pod}";
 
 /// The fixture `name` in namespace `ns` with `patch` merged, as created by `admin`.
-async fn create_relay(admin: &Client, ns: &str, fixture: &str, patch: Value) -> Relay {
+pub(crate) async fn create_relay(admin: &Client, ns: &str, fixture: &str, patch: Value) -> Relay {
     let mut v = relay_value(fixture);
     for k in ["uid", "generation", "resourceVersion"] {
         v["metadata"].as_object_mut().unwrap().remove(k);
@@ -106,7 +106,7 @@ async fn placement_objects(admin: &Client, ns: &str) {
 }
 
 /// A merge patch of the Relay `name`, as a user's `kubectl patch --type merge`.
-async fn merge_spec(relays: &Api<Relay>, name: &str, patch: Value) {
+pub(crate) async fn merge_spec(relays: &Api<Relay>, name: &str, patch: Value) {
     relays
         .patch(name, &PatchParams::default(), &Patch::Merge(patch))
         .await
@@ -114,7 +114,11 @@ async fn merge_spec(relays: &Api<Relay>, name: &str, patch: Value) {
 }
 
 /// Read the Relay back (with the status the last reconcile wrote) and reconcile it.
-async fn reconcile(ctx: &Arc<Context>, ns: &str, name: &str) -> Result<(), controller::Error> {
+pub(crate) async fn reconcile(
+    ctx: &Arc<Context>,
+    ns: &str,
+    name: &str,
+) -> Result<(), controller::Error> {
     let api: Api<Relay> = Api::namespaced(ctx.client.clone(), ns);
     let relay = api.get(name).await.unwrap();
     controller::reconcile(Arc::new(relay), ctx.clone())
@@ -122,7 +126,7 @@ async fn reconcile(ctx: &Arc<Context>, ns: &str, name: &str) -> Result<(), contr
         .map(|_| ())
 }
 
-async fn condition(admin: &Client, ns: &str, name: &str, type_: &str) -> Value {
+pub(crate) async fn condition(admin: &Client, ns: &str, name: &str, type_: &str) -> Value {
     let relay = Api::<Relay>::namespaced(admin.clone(), ns)
         .get(name)
         .await
@@ -137,7 +141,7 @@ async fn condition(admin: &Client, ns: &str, name: &str, type_: &str) -> Value {
         .clone()
 }
 
-async fn get_json<K>(client: &Client, ns: &str, name: &str) -> Option<Value>
+pub(crate) async fn get_json<K>(client: &Client, ns: &str, name: &str) -> Option<Value>
 where
     K: kube::Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>
         + Clone
@@ -196,6 +200,10 @@ async fn first_reconcile_creates_everything_with_field_manager_and_owner_referen
             "PodDisruptionBudget",
             get_json::<PodDisruptionBudget>(&admin, &ns, "relay").await,
         ),
+        (
+            "Service",
+            get_json::<Service>(&admin, &ns, "relay-ingest").await,
+        ),
     ];
     for (kind, obj) in &owned {
         let obj = obj
@@ -224,7 +232,7 @@ async fn first_reconcile_creates_everything_with_field_manager_and_owner_referen
         );
         assert_eq!(managers[0]["operation"], "Apply", "{kind}");
     }
-    // Every write is the operator's own: six applies, the status, one Event per object.
+    // Every write is the operator's own: seven applies, the status, one Event per object.
     let writes = audit.writes(OPERATOR_USER, &ns);
     let applies: Vec<_> = writes
         .iter()
@@ -233,7 +241,7 @@ async fn first_reconcile_creates_everything_with_field_manager_and_owner_referen
     assert_eq!(
         applies.len(),
         owned.len() + 1,
-        "six objects and the status: {writes:#?}"
+        "seven objects and the status: {writes:#?}"
     );
     assert!(applies.iter().all(|w| w.uri.contains("fieldManager=ankusa-operator")
         && w.uri.contains("force=true")), "{applies:#?}");
