@@ -506,6 +506,25 @@ for i in 0 1; do
   answer=$(curl -fsS -H "Authorization: Bearer $token" "http://127.0.0.1:$aport/v1/node")
   e2e_fixture_moved "$answer" || fail "old-$i after the upgrade: $answer"
 done
+# Scheduled backups: every minute, each node in turn onto the same claim, two kept per node.
+say "scheduled backups of relay/old: every minute, one node at a time, retention 2"
+kubectl patch relay old --type merge -p '{"spec":{"backup":{"schedule":"* * * * *"}}}' >/dev/null
+both_backed_up() {
+  [ "$(kubectl get relay old -o jsonpath='{range .status.scheduledBackups.nodes[*]}{.lastSuccess}{" "}{end}' | wc -w)" = 2 ]
+}
+e2e_until 240 both_backed_up ||
+  fail "no scheduled backup of each node: $(kubectl get relay old -o jsonpath='{.status.scheduledBackups}')"
+kubectl get relay old -o jsonpath='{.status.scheduledBackups}' | python3 -m json.tool
+[ "$(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="ScheduledBackups")].status}')" = True ] ||
+  fail "ScheduledBackups is not True: $(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="ScheduledBackups")]}')"
+for i in 0 1; do
+  kept=$(ls "$backups/old/old-$i/" | grep -cE '^b[0-9]+\.tar\.zst$')
+  [ "$kept" -le 2 ] || fail "old-$i keeps $kept archives, retention is 2"
+  newest=$(ls "$backups/old/old-$i/" | grep -E '^b[0-9]+\.tar\.zst$' | sort | tail -n1)
+  "$relay_bin" restore --from "$backups/old/old-$i/$newest" --data "$work/scheduled-$i" |
+    grep -q "store format 3" || fail "the scheduled backup of old-$i is not its format-3 store"
+done
+kubectl patch relay old --type merge -p '{"spec":{"backup":{"schedule":null}}}' >/dev/null
 # The stores, closed: counters equal a fold of the families.
 dirs=("$(host_path data-old-0)/data" "$(host_path data-old-1)/data")
 kubectl delete relay old --wait=true >/dev/null

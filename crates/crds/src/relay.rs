@@ -332,6 +332,14 @@ pub struct BackupSpec {
     pub retention: i32,
     #[serde(default)]
     pub policy: BackupPolicy,
+    /// A cron schedule (five fields, UTC, or `@daily` and the like) of backups besides the
+    /// upgrade gate's: at each time, every node is backed up in turn, one Job at a time,
+    /// and `retention` archives per node are kept. Unset: backups run only before
+    /// upgrades.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    #[x_kube(validation = Rule::new("self.matches('^(@[a-z]+|\\\\S+(\\\\s+\\\\S+){4})$')").message("schedule is a cron schedule of five fields (minute hour day-of-month month day-of-week), or @hourly, @daily, @weekly, @monthly, @yearly"))]
+    pub schedule: Option<String>,
 }
 
 fn default_retention() -> i32 {
@@ -696,10 +704,57 @@ pub struct RelayStatus {
     /// When the last node backup of an upgrade finished (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup: Option<String>,
+    /// Scheduled backups (`spec.backup.schedule`): the run under way or the last one, and
+    /// each node's last success.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scheduled_backups: Option<ScheduledBackups>,
     /// The image every node ran when no upgrade was under way: what a StatefulSet that
     /// went missing is recreated with, so no pod starts a new release ungated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_image: Option<String>,
+}
+
+/// Where scheduled backups stand.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ScheduledBackups {
+    /// The schedule this describes.
+    pub schedule: String,
+    /// When the operator first saw the schedule (RFC 3339): until a node's first success,
+    /// its backup age counts from here.
+    pub since: String,
+    /// The time of the run under way, or of the last one (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run: Option<String>,
+    /// The run is still backing nodes up.
+    #[serde(default)]
+    pub running: bool,
+    /// The next time of the schedule (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_run: Option<String>,
+    /// Seconds between runs, the longest gap around now (the alert fires at twice it).
+    #[serde(default)]
+    pub interval_seconds: i64,
+    /// One entry per node.
+    #[serde(default)]
+    pub nodes: Vec<NodeBackup>,
+}
+
+/// One node's scheduled backups.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeBackup {
+    /// The pod.
+    pub name: String,
+    /// When its last scheduled backup succeeded (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_success: Option<String>,
+    /// The Job of its last settled backup.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_job: Option<String>,
+    /// Why its last backup failed, while it has not succeeded since.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<String>,
 }
 
 /// The `Relay` as a whole.
@@ -719,7 +774,8 @@ pub enum Phase {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Condition {
-    /// `Ready`, `Progressing`, `BackupSucceeded`, `Upgrading`, `Degraded`, `ServiceMonitor`.
+    /// `Ready`, `Progressing`, `BackupSucceeded`, `Upgrading`, `Degraded`, `ServiceMonitor`,
+    /// `ScheduledBackups`.
     #[serde(rename = "type")]
     pub type_: String,
     /// `True`, `False` or `Unknown`.

@@ -11,11 +11,14 @@
 //! - [`nodes`] polls each node's `/v1/node`;
 //! - [`leader`] keeps two replicas from reconciling at once (a Lease);
 //! - [`metrics`], [`telemetry`]: the operator's own metrics and logs;
-//! - [`health`]: what the pod's `/readyz` and `/healthz` judge (the watch, the Lease).
+//! - [`health`]: what the pod's `/readyz` and `/healthz` judge (the watch, the Lease);
+//! - [`backups`] decides scheduled backups (pure), on [`schedule`]'s cron schedules.
 //!
-//! The operator never deletes a PersistentVolumeClaim: no code path here can (there is no
-//! delete of any kind), and the StatefulSet retains its claims on scale-down and deletion.
+//! The operator never deletes a PersistentVolumeClaim: no code path here can (its only
+//! deletes are of the optional objects a spec stops asking for), and the StatefulSet
+//! retains its claims on scale-down and deletion.
 
+pub mod backups;
 pub mod controller;
 pub mod health;
 pub mod leader;
@@ -24,5 +27,6 @@ pub mod nodes;
 pub mod planner;
 pub mod rbac;
 pub mod resources;
+pub mod schedule;
 pub mod status;
 pub mod telemetry;

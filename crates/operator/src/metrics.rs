@@ -11,6 +11,12 @@
 //!   `Relay`'s upgrade cursor (`Idle` without one), 0 for the others.
 //! - `ankusa_operator_last_backup_timestamp_seconds{namespace,relay}` — when the last
 //!   node backup of an upgrade finished (`time() - …` is its age).
+//! - `ankusa_operator_scheduled_backup_success_timestamp_seconds{namespace,relay,pod}` —
+//!   when each node's last scheduled backup succeeded (when the schedule was first seen,
+//!   until its first success).
+//! - `ankusa_operator_scheduled_backup_interval_seconds{namespace,relay}` — the schedule's
+//!   interval; absent without a schedule. The `AnkusaBackupStale` alert fires when a
+//!   node's last success is older than twice it.
 
 use std::sync::atomic::AtomicI64;
 use std::sync::Arc;
@@ -39,6 +45,13 @@ pub struct RelayLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PodLabels {
+    pub namespace: String,
+    pub relay: String,
+    pub pod: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct PhaseLabels {
     pub namespace: String,
     pub relay: String,
@@ -61,6 +74,8 @@ pub struct Metrics {
     pub leader: Gauge<i64, AtomicI64>,
     pub upgrade_phase: Family<PhaseLabels, Gauge<i64, AtomicI64>>,
     pub last_backup: Family<RelayLabels, Gauge<i64, AtomicI64>>,
+    pub scheduled_success: Family<PodLabels, Gauge<i64, AtomicI64>>,
+    pub scheduled_interval: Family<RelayLabels, Gauge<i64, AtomicI64>>,
 }
 
 /// Every upgrade phase, for the phase gauge.
@@ -118,9 +133,23 @@ impl Default for Metrics {
             "When the last node backup of an upgrade finished",
             last_backup.clone(),
         );
+        let scheduled_success = Family::<PodLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "scheduled_backup_success_timestamp_seconds",
+            "When each node's last scheduled backup succeeded (the schedule's start until its first)",
+            scheduled_success.clone(),
+        );
+        let scheduled_interval = Family::<RelayLabels, Gauge<i64, AtomicI64>>::default();
+        registry.register(
+            "scheduled_backup_interval_seconds",
+            "Seconds between runs of each Relay's backup schedule",
+            scheduled_interval.clone(),
+        );
         Metrics {
             upgrade_phase,
             last_backup,
+            scheduled_success,
+            scheduled_interval,
             registry,
             reconciles,
             failures,
@@ -183,10 +212,37 @@ impl Metrics {
         if let Some(at) = at {
             self.last_backup
                 .get_or_create(&RelayLabels {
-                    namespace,
-                    relay: name,
+                    namespace: namespace.clone(),
+                    relay: name.clone(),
                 })
                 .set(at.as_second());
+        }
+        let relay_labels = RelayLabels {
+            namespace: namespace.clone(),
+            relay: name.clone(),
+        };
+        let Some(b) = &status.scheduled_backups else {
+            self.scheduled_interval.remove(&relay_labels);
+            return;
+        };
+        self.scheduled_interval
+            .get_or_create(&relay_labels)
+            .set(b.interval_seconds);
+        for n in &b.nodes {
+            let at = n
+                .last_success
+                .as_deref()
+                .unwrap_or(&b.since)
+                .parse::<k8s_openapi::jiff::Timestamp>();
+            if let Ok(at) = at {
+                self.scheduled_success
+                    .get_or_create(&PodLabels {
+                        namespace: namespace.clone(),
+                        relay: name.clone(),
+                        pod: n.name.clone(),
+                    })
+                    .set(at.as_second());
+            }
         }
     }
 

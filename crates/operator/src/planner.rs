@@ -172,6 +172,10 @@ pub struct Observed {
     pub digests: BTreeMap<String, String>,
     /// Backup Jobs of the current upgrade step, by ordinal.
     pub backups: BTreeMap<i32, JobObs>,
+    /// Backup Jobs of the scheduled run under way (`status.scheduledBackups.run`), by
+    /// ordinal.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub scheduled: BTreeMap<i32, JobObs>,
     /// Ordinals of the nodes' volume claims (`data-<name>-<ordinal>`) that exist.
     pub claims: Vec<i32>,
     /// `spec.backup.destination`'s claim, as read (`None`: not read, nothing is checked).
@@ -813,9 +817,11 @@ fn step(
             // One backup Job at a time: they all mount the backup claim, which a
             // ReadWriteOnce volume attaches to one host at a time (a second Job elsewhere
             // would wait on Multi-Attach until its deadline).
+            // A scheduled backup running now goes first.
             let running = wanted
                 .iter()
-                .any(|(i, _)| o.backups.get(i) == Some(&JobObs::Running));
+                .any(|(i, _)| o.backups.get(i) == Some(&JobObs::Running))
+                || o.scheduled.values().any(|j| *j == JobObs::Running);
             jobs.truncate(usize::from(!running));
             if !jobs.is_empty() {
                 if let Some(problem) = backup_claim_problem(relay, o) {
@@ -861,12 +867,12 @@ fn step(
 /// or it is smaller than the stores it will hold — one archive of each node (at most its
 /// size on disk) and room to unpack the largest beside it, which the check of a backup
 /// does. Stores whose size their node does not report (older releases) are not counted.
-fn backup_claim_problem(relay: &Relay, o: &Observed) -> Option<String> {
+pub(crate) fn backup_claim_problem(relay: &Relay, o: &Observed) -> Option<String> {
     let claim = relay.spec.backup.as_ref()?.destination.claim_name.as_str();
     let ns = relay.metadata.namespace.as_deref().unwrap_or("default");
     match o.backup_claim.as_ref()? {
         BackupClaimObs::Missing => Some(format!(
-            "the backup claim {claim} does not exist in namespace {ns}: create it (see docs/deployment.md, \"Backup volumes\"); the upgrade waits for it, nothing moves"
+            "the backup claim {claim} does not exist in namespace {ns}: create it (see docs/deployment.md, \"Backup volumes\"); backups wait for it, and an upgrade moves nothing"
         )),
         BackupClaimObs::Present { capacity_bytes, .. } => {
             let capacity = (*capacity_bytes)?;
@@ -882,7 +888,7 @@ fn backup_claim_problem(relay: &Relay, o: &Observed) -> Option<String> {
             let needed = sizes.iter().sum::<u64>() + sizes.iter().max().copied().unwrap_or(0);
             (capacity < needed).then(|| {
                 format!(
-                    "the backup claim {claim} holds {} MiB; the nodes' stores take {} MiB on disk, plus the largest again to check its archive: {} MiB at least; grow the claim (the upgrade waits, nothing moves)",
+                    "the backup claim {claim} holds {} MiB; the nodes' stores take {} MiB on disk, plus the largest again to check its archive: {} MiB at least; grow the claim (backups wait, and an upgrade moves nothing)",
                     capacity >> 20,
                     sizes.iter().sum::<u64>().div_ceil(1 << 20),
                     needed.div_ceil(1 << 20)

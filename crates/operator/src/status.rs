@@ -28,6 +28,7 @@ pub fn status(
     o: &Observed,
     r: &Rollout,
     monitor: &MonitorDecision,
+    scheduled: &crate::backups::Decision,
 ) -> RelayStatus {
     let generation = relay.metadata.generation.unwrap_or(0);
     let replicas = relay.spec.replicas.max(0);
@@ -224,6 +225,7 @@ pub fn status(
     } else if let Some(h) = r.hold.as_ref().filter(|h| h.reason == "BackupFailed") {
         conds.set("BackupSucceeded", false, "BackupFailed", h.message.clone());
     }
+    scheduled_condition(&mut conds, scheduled, &o.now);
     let mut faults: Vec<(&'static str, String)> = Vec::new();
     if let Some(e) = &o.config_error {
         faults.push(("ConfigInvalid", e.clone()));
@@ -233,6 +235,9 @@ pub fn status(
     }
     if let Some(e) = &o.storage_change {
         faults.push(("StorageChangePending", e.clone()));
+    }
+    if let Some((reason, message)) = &scheduled.fault {
+        faults.push((reason, message.clone()));
     }
     if relay.spec.ingest.http_route.is_some() && !o.http_route_api {
         faults.push((
@@ -319,6 +324,50 @@ pub fn status(
             prev.last_backup.clone()
         },
         current_image: r.current_image.clone(),
+        scheduled_backups: scheduled.status.clone(),
+    }
+}
+
+/// `ScheduledBackups`: True while every node's last scheduled backup is younger than twice
+/// the schedule's interval (a node that never succeeded counts from when the schedule was
+/// first seen), False naming the nodes that are not.
+fn scheduled_condition(conds: &mut Conditions<'_>, d: &crate::backups::Decision, now: &str) {
+    let Some(st) = &d.status else {
+        let (reason, message) = match &d.fault {
+            Some((reason, m)) => (*reason, m.clone()),
+            None => ("NotScheduled", "spec.backup.schedule is not set".to_owned()),
+        };
+        conds.set("ScheduledBackups", false, reason, message);
+        return;
+    };
+    let limit = 2 * st.interval_seconds.max(60);
+    let stale: Vec<String> = st
+        .nodes
+        .iter()
+        .filter_map(|n| {
+            let since = n.last_success.as_deref().unwrap_or(&st.since);
+            let age = crate::planner::elapsed_s(since, now)?;
+            (age > limit).then(|| match &n.last_failure {
+                Some(f) => format!("{}: no backup for {age} s ({f})", n.name),
+                None => format!("{}: no backup for {age} s", n.name),
+            })
+        })
+        .collect();
+    if !stale.is_empty() {
+        conds.set("ScheduledBackups", false, "Stale", stale.join("; "));
+    } else if let Some((reason, m)) = &d.fault {
+        conds.set("ScheduledBackups", false, reason, m.clone());
+    } else {
+        conds.set(
+            "ScheduledBackups",
+            true,
+            "Current",
+            format!(
+                "every node backed up within {limit} s (twice the schedule {:?}); next run {}",
+                st.schedule,
+                st.next_run.clone().unwrap_or_default()
+            ),
+        );
     }
 }
 

@@ -97,8 +97,9 @@ pub(super) async fn write_status(
     o: &Observed,
     rollout: &planner::Rollout,
     monitor: &planner::MonitorDecision,
+    scheduled: &crate::backups::Decision,
 ) -> Result<RelayStatus, Error> {
-    let next = status::status(relay, prev, o, rollout, monitor);
+    let next = status::status(relay, prev, o, rollout, monitor, scheduled);
     if relay.status.as_ref() == Some(&next) {
         return Ok(next);
     }

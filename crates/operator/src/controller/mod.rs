@@ -328,6 +328,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
     observe(relay, ctx, &names, &token, &mut o).await?;
     let rollout = planner::rollout(relay, &prev, &o);
     let monitor = planner::monitor_decision(relay, &o);
+    let scheduled = crate::backups::decide(relay, &prev, &o);
 
     if o.config_error.is_none() {
         let mut effective = relay.clone();
@@ -364,14 +365,14 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                             .join("; "),
                     );
                 }
-                for job in &rollout.jobs {
+                for job in rollout.jobs.iter().chain(&scheduled.jobs) {
                     create_job(relay, ctx, &names, job).await?;
                 }
             }
             Err(e) => o.config_error = Some(e.to_string()),
         }
     }
-    let next = write_status(relay, ctx, &prev, &o, &rollout, &monitor).await?;
+    let next = write_status(relay, ctx, &prev, &o, &rollout, &monitor, &scheduled).await?;
     for e in planner::upgrade_events(
         relay,
         prev.upgrade.as_ref(),
@@ -387,7 +388,18 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
             ctx.settings.poll_interval.min(Duration::from_secs(10)),
         ));
     }
-    Ok(Action::requeue(ctx.settings.poll_interval))
+    // A scheduled run starts at its time, not up to a poll interval later.
+    let until_run = next
+        .scheduled_backups
+        .as_ref()
+        .and_then(|b| b.next_run.as_deref())
+        .and_then(|t| planner::elapsed_s(&o.now, t))
+        .map(|s| Duration::from_secs(s.max(0) as u64 + 1));
+    Ok(Action::requeue(
+        until_run.map_or(ctx.settings.poll_interval, |d| {
+            d.min(ctx.settings.poll_interval)
+        }),
+    ))
 }
 
 /// The operator's admin token for this `Relay`, read from its Secret; the Secret (with the

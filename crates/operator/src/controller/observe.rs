@@ -261,6 +261,20 @@ pub(super) async fn observe_jobs(
     if let Some(p) = probe {
         o.probes.insert(image, p);
     }
+    // Backup Jobs of the scheduled run under way, by the ordinal they back up.
+    if let Some(run) = relay
+        .status
+        .as_ref()
+        .and_then(|s| s.scheduled_backups.as_ref())
+        .filter(|b| b.running)
+        .and_then(|b| b.run.as_deref())
+    {
+        for i in 0..relay.spec.replicas.max(0) {
+            if let Some(job) = by_name.get(&crate::backups::job_name(relay, i, run)) {
+                o.scheduled.insert(i, job_obs(job));
+            }
+        }
+    }
     // Backup Jobs of the upgrade step under way (their names carry the target and the
     // attempt), by the ordinal they back up.
     if let Some(u) = relay.status.as_ref().and_then(|s| s.upgrade.as_ref()) {

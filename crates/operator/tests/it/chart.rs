@@ -271,6 +271,22 @@ fn chart_ships_the_alerts_and_the_dashboard_when_asked() {
     )
     .unwrap();
     assert_eq!(rule["spec"]["groups"], file["groups"]);
+    // Every operator series an alert queries is one the operator exports.
+    let exposition = ankusa_operator::metrics::Metrics::default().encode();
+    let alerts = std::fs::read_to_string(root().join("charts/ankusa/files/alerts.yaml")).unwrap();
+    let mut queried = 0;
+    for (i, _) in alerts.match_indices("ankusa_operator_") {
+        let name: String = alerts[i..]
+            .chars()
+            .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+            .collect();
+        assert!(
+            exposition.contains(&format!("# TYPE {name} ")),
+            "{name} is queried but the operator does not export it"
+        );
+        queried += 1;
+    }
+    assert!(queried >= 2, "{queried}");
     // The dashboard, byte for byte, labelled for Grafana's sidecar.
     let cm: ConfigMap = parse(find(&docs, "ConfigMap"));
     let labels = cm.metadata.labels.unwrap();

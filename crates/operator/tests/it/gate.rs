@@ -302,7 +302,8 @@ impl World {
                 .or_insert((j.clone(), JobObs::Running));
         }
         let monitor = planner::monitor_decision(&self.relay, o);
-        let next = status::status(&self.relay, prev, o, r, &monitor);
+        let scheduled = ankusa_operator::backups::decide(&self.relay, prev, o);
+        let next = status::status(&self.relay, prev, o, r, &monitor, &scheduled);
         self.status_json = serde_json::to_string(&next).unwrap();
     }
 

@@ -109,7 +109,8 @@ fn run(file: &str) {
     effective.spec.replicas = r.replicas;
     let desired = DesiredSet::build_with(&effective, user.as_ref(), r.partition, &around).unwrap();
     let changes = planner::changes(&desired, &o.objects);
-    let st = status::status(&relay, &prev, &o, &r, &monitor);
+    let scheduled = ankusa_operator::backups::decide(&relay, &prev, &o);
+    let st = status::status(&relay, &prev, &o, &r, &monitor, &scheduled);
 
     let conditions: serde_json::Map<String, Value> = st
         .conditions

@@ -782,7 +782,12 @@ fn the_alerts_and_the_dashboard_query_only_metrics_the_node_exports() {
     }
     let queried: Vec<String> = re(&alerts).into_iter().chain(re(&exprs)).collect();
     assert!(queried.len() > 20, "{queried:?}");
-    let unknown: Vec<&String> = queried.iter().filter(|m| !exported.contains(*m)).collect();
+    // The operator's own series (`ankusa_operator_*`) are checked against the operator's
+    // registry by its chart tests.
+    let unknown: Vec<&String> = queried
+        .iter()
+        .filter(|m| !m.starts_with("ankusa_operator_") && !exported.contains(*m))
+        .collect();
     assert!(unknown.is_empty(), "queried but not exported: {unknown:?}");
 }
 
