@@ -507,24 +507,25 @@ for i in 0 1; do
   e2e_fixture_moved "$answer" || fail "old-$i after the upgrade: $answer"
 done
 # Scheduled backups: every minute, each node in turn onto the same claim, two kept per node.
-say "scheduled backups of relay/old: every minute, one node at a time, retention 2"
-kubectl patch relay old --type merge -p '{"spec":{"backup":{"schedule":"* * * * *"}}}' >/dev/null
+say "scheduled backups of relay/old: every minute, one node at a time, retention 3"
+kubectl patch relay old --type merge -p '{"spec":{"backup":{"schedule":"* * * * *","retention":3}}}' >/dev/null
 both_backed_up() {
   [ "$(kubectl get relay old -o jsonpath='{range .status.scheduledBackups.nodes[*]}{.lastSuccess}{" "}{end}' | wc -w)" = 2 ]
 }
 e2e_until 240 both_backed_up ||
   fail "no scheduled backup of each node: $(kubectl get relay old -o jsonpath='{.status.scheduledBackups}')"
+# One run is enough: the upgrade's format-2 backups stay for the rollback below.
+kubectl patch relay old --type merge -p '{"spec":{"backup":{"schedule":null}}}' >/dev/null
 kubectl get relay old -o jsonpath='{.status.scheduledBackups}' | python3 -m json.tool
 [ "$(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="ScheduledBackups")].status}')" = True ] ||
   fail "ScheduledBackups is not True: $(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="ScheduledBackups")]}')"
 for i in 0 1; do
   kept=$(ls "$backups/old/old-$i/" | grep -cE '^b[0-9]+\.tar\.zst$')
-  [ "$kept" -le 2 ] || fail "old-$i keeps $kept archives, retention is 2"
+  [ "$kept" -le 3 ] || fail "old-$i keeps $kept archives, retention is 3"
   newest=$(ls "$backups/old/old-$i/" | grep -E '^b[0-9]+\.tar\.zst$' | sort | tail -n1)
   "$relay_bin" restore --from "$backups/old/old-$i/$newest" --data "$work/scheduled-$i" |
     grep -q "store format 3" || fail "the scheduled backup of old-$i is not its format-3 store"
 done
-kubectl patch relay old --type merge -p '{"spec":{"backup":{"schedule":null}}}' >/dev/null
 # The stores, closed: counters equal a fold of the families.
 dirs=("$(host_path data-old-0)/data" "$(host_path data-old-1)/data")
 kubectl delete relay old --wait=true >/dev/null
@@ -532,6 +533,79 @@ e2e_until 90 gone old || fail "old's pods did not go"
 for d in "${dirs[@]}"; do
   "$relay_bin" store verify --data "$d" >/dev/null || fail "the counters of $d do not fold"
 done
+
+# --- disaster recovery: the Relay and its volumes lost, made again from its backups --------
+say "bootstrap: relay/old and its data claims deleted, made again from the backups on old-backups"
+kubectl delete pvc data-old-0 data-old-1 --wait=true >/dev/null
+relay_old() { # relay/old on release $1, with the spec lines $2 added
+  kubectl apply -f - >/dev/null <<EOF
+apiVersion: ankusa.dev/v1alpha1
+kind: Relay
+metadata: { name: old }
+spec:
+  replicas: 2
+  image: $1
+  storage: { size: 1Gi, storageClassName: $ANKUSA_TESTENV_STORAGE_CLASS }
+  resources: { requests: { cpu: 50m, memory: 64Mi } }
+  backup: { destination: { claimName: old-backups }, retention: 3 }
+$2
+$demo_config
+EOF
+}
+relay_old "$new" "  bootstrap: { fromBackup: { claimName: old-backups } }"
+restored() { [ "$(kubectl get relay old -o jsonpath='{.status.restore.phase}')" = Completed ]; }
+e2e_until 240 restored || fail "the bootstrap did not complete: $(kubectl get relay old -o jsonpath='{.status.restore}')"
+kubectl wait --for=condition=Ready relay/old --timeout=3m >/dev/null ||
+  fail "relay/old made from its backups is not Ready: $(kubectl get relay old -o jsonpath='{.status.conditions}')"
+kubectl get relay old -o jsonpath='{.status.restore}' | python3 -m json.tool
+node_answer() { # /v1/node of pod $1 ($2 names the port-forward's log)
+  local port
+  port=$(python3 scripts/free_ports.py)
+  kubectl port-forward "pod/$1" "$port:9090" >"$work/pf-$1-$2.log" 2>&1 &
+  pids+=($!)
+  e2e_until 30 curl -fsS "http://127.0.0.1:$port/healthz" -o /dev/null || fail "port-forward to $1 did not come up"
+  curl -fsS -H "Authorization: Bearer $(kubectl get secret old-operator-token -o jsonpath='{.data.token}' | base64 -d)" \
+    "http://127.0.0.1:$port/v1/node"
+}
+# Each node serves what it held at its newest (scheduled, format-3) backup: every hook the
+# previous release acked.
+for i in 0 1; do
+  answer=$(node_answer "old-$i" bootstrap)
+  e2e_fixture_moved "$answer" || fail "old-$i made from its backup: $answer"
+done
+
+# --- rollback by restore: back to the format-2 release -----------------------------------------
+say "rollback: spec.image back to $old; held without rollbackTo; with it every node stops, is restored from its format-2 backup and starts on $old"
+kubectl patch relay old --type merge -p "{\"spec\":{\"image\":\"$old\"}}" >/dev/null
+held() { [ "$(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}')" = FormatTooOld ]; }
+e2e_until 120 held || fail "a lower release without rollbackTo was not held: $(kubectl get relay old -o jsonpath='{.status.conditions}')"
+[ "$(kubectl get relay old -o jsonpath='{.status.restore.reason}')" = Bootstrap ] || fail "a rollback began without rollbackTo"
+kubectl patch relay old --type merge -p "{\"spec\":{\"upgrade\":{\"rollbackTo\":{\"image\":\"$old\",\"acknowledgeDataLoss\":true}}}}" >/dev/null
+rolled_back() {
+  [ "$(kubectl get relay old -o jsonpath='{.status.restore.reason}/{.status.restore.phase}')" = Rollback/Completed ]
+}
+e2e_until 300 rolled_back || fail "the rollback did not complete: $(kubectl get relay old -o jsonpath='{.status.restore}')"
+kubectl wait --for=condition=Ready relay/old --timeout=3m >/dev/null ||
+  fail "relay/old is not Ready after the rollback: $(kubectl get relay old -o jsonpath='{.status.conditions}')"
+kubectl get relay old -o wide
+[ "$(kubectl get relay old -o jsonpath='{.status.storeFormat}')" = 2 ] || fail "relay/old is not at format 2 after the rollback"
+for i in 0 1; do
+  image=$(kubectl get pod "old-$i" -o jsonpath='{.spec.containers[0].image}')
+  case "$image" in "$old"*) ;; *) fail "old-$i runs $image after the rollback, not $old" ;; esac
+  answer=$(node_answer "old-$i" rollback)
+  python3 - "$answer" <<'PY' || fail "old-$i after the rollback: $answer"
+import json, sys
+n = json.loads(sys.argv[1])
+c = n["counters"]
+assert n["store_format"] == 2, n
+assert 13 <= c["pending"] + c["inflight"] + c["dead"] <= 16, n
+PY
+  # The format-3 store it had is on its volume, moved aside, not deleted.
+  ls -d "$(host_path "data-old-$i")"/data.replaced-* >/dev/null 2>&1 ||
+    fail "old-$i's format-3 store was not kept beside the restored one"
+done
+kubectl delete relay old --wait=true >/dev/null
+e2e_until 90 gone old || fail "old's pods did not go"
 
 # --- a slow start, continued: deleted while its store opens ---
 wait "$slow_watch" || fail "$(cat "$work/slow-watch.out")"

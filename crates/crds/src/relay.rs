@@ -47,6 +47,8 @@ pub const TOP_TENANTS_MAX: usize = 10;
     // `controller-revision-hash` label, 11 more) must stay within 63.
     validation = Rule::new("self.metadata.name.size() <= 40").message("a Relay name is at most 40 characters: the names of its StatefulSet, Services and Jobs are built from it"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a Relay name must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): it names the relay's Services"),
+    validation = Rule::new("!has(self.spec.upgrade) || !has(self.spec.upgrade.rollbackTo) || self.spec.upgrade.rollbackTo.image == self.spec.image").message("spec.upgrade.rollbackTo.image must be spec.image: set both to the release to return to"),
+    validation = Rule::new("!has(self.spec.bootstrap) || has(self.spec.bootstrap.fromBackup.claimName) || has(self.spec.backup)").message("bootstrap.fromBackup needs a claimName, or spec.backup.destination to read the backups from"),
     doc = "A set of Ankusa relay nodes: durable multi-tenant webhook relay on embedded stores",
     printcolumn(
         name = "Ready",
@@ -98,6 +100,9 @@ pub struct RelaySpec {
     pub config: ConfigSpec,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup: Option<BackupSpec>,
+    /// How a new Relay's nodes start: empty (the default), or from a backup set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bootstrap: Option<BootstrapSpec>,
     #[serde(default)]
     pub upgrade: UpgradeSpec,
     #[serde(default)]
@@ -370,6 +375,36 @@ pub enum BackupPolicy {
     Never,
 }
 
+/// How a new Relay's nodes start.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BootstrapSpec {
+    /// Restore every node from its newest backup on a backup claim before its first start
+    /// (disaster recovery: the volumes or the cluster were lost). Applies only to a Relay
+    /// whose nodes have no volume yet; it never replaces a store that exists.
+    pub from_backup: FromBackup,
+}
+
+/// A backup set: the archives of each node of a Relay on a backup claim
+/// (`<relay>/<relay>-<ordinal>/b<ms>.tar.zst`, what backup Jobs write).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct FromBackup {
+    /// The claim holding the backups, in this namespace (default:
+    /// `spec.backup.destination.claimName`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub claim_name: Option<String>,
+    /// The Relay the backups were taken of (default: this one's name): node `i` is restored
+    /// from `<relay>/<relay>-<i>/`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 40),
+        regex(pattern = r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+    )]
+    pub relay: Option<String>,
+}
+
 /// Controls of the backup-gated format upgrade.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq, Default)]
 #[serde(rename_all = "camelCase")]
@@ -384,6 +419,24 @@ pub struct UpgradeSpec {
     /// How long each step of a gated upgrade may take before the upgrade is `Failed`.
     #[serde(default)]
     pub timeouts: UpgradeTimeouts,
+    /// Roll back to an older release by restoring every node from its newest backup at
+    /// that release's store format: the nodes stop, each store is replaced (the one it
+    /// had is moved aside on its volume, not deleted), and they start on `image`. What
+    /// the nodes acked after those backups is lost, which `acknowledgeDataLoss` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rollback_to: Option<RollbackTo>,
+}
+
+/// An explicit rollback by restore (`spec.upgrade.rollbackTo`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("self.acknowledgeDataLoss == true").message("rollbackTo restores the nodes from backups: what they acked since is lost; set acknowledgeDataLoss: true to say so"))]
+pub struct RollbackTo {
+    /// The release to return to: `spec.image` must name it too.
+    #[schemars(length(min = 1, max = 1024))]
+    pub image: String,
+    #[serde(default)]
+    pub acknowledge_data_loss: bool,
 }
 
 /// Deadlines of the gated upgrade's steps, in seconds.
@@ -704,6 +757,9 @@ pub struct RelayStatus {
     /// When the last node backup of an upgrade finished (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_backup: Option<String>,
+    /// A restore of the nodes from backups: a bootstrap, or a rollback.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<RestoreStatus>,
     /// Scheduled backups (`spec.backup.schedule`): the run under way or the last one, and
     /// each node's last success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -712,6 +768,38 @@ pub struct RelayStatus {
     /// went missing is recreated with, so no pod starts a new release ungated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_image: Option<String>,
+}
+
+/// A restore of the nodes from a backup set, the cursor a restarted operator resumes from.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreStatus {
+    /// `Bootstrap` (a new Relay from backups) or `Rollback` (`spec.upgrade.rollbackTo`).
+    pub reason: String,
+    /// `Stopping` (a rollback waits for the nodes to stop), `Restoring`, `Completed` or
+    /// `Failed`.
+    pub phase: String,
+    /// `<claim>/<relay>`: where the archives come from.
+    pub source: String,
+    /// The image the nodes start on once restored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The highest store format an archive may have (a rollback's release's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<i64>")]
+    pub format: Option<u32>,
+    /// The nodes it restores.
+    pub replicas: i32,
+    /// Nodes restored so far (ordinals below it).
+    #[serde(default)]
+    pub restored: i32,
+    /// When it began (RFC 3339): its Jobs' names carry it.
+    pub started: String,
+    /// The `spec.upgrade.retry` value this restore has acted on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_seen: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Where scheduled backups stand.

@@ -135,7 +135,11 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
             None => st.running = false,
             Some(None) => {}
             Some(Some((ordinal, name))) => {
-                let upgrading = prev.upgrade.as_ref().is_some_and(in_progress);
+                let upgrading = prev.upgrade.as_ref().is_some_and(in_progress)
+                    || prev
+                        .restore
+                        .as_ref()
+                        .is_some_and(crate::restore::in_progress);
                 let gate_running = o.backups.values().any(|j| *j == JobObs::Running);
                 if let Some(problem) = crate::planner::backup_claim_problem(relay, o) {
                     out.fault = Some(("BackupClaimNotReady", problem));

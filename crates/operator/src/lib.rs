@@ -12,7 +12,8 @@
 //! - [`leader`] keeps two replicas from reconciling at once (a Lease);
 //! - [`metrics`], [`telemetry`]: the operator's own metrics and logs;
 //! - [`health`]: what the pod's `/readyz` and `/healthz` judge (the watch, the Lease);
-//! - [`backups`] decides scheduled backups (pure), on [`schedule`]'s cron schedules.
+//! - [`backups`] decides scheduled backups (pure), on [`schedule`]'s cron schedules;
+//! - [`restore`] decides restores from backups (pure): a bootstrap, a rollback.
 //!
 //! The operator never deletes a PersistentVolumeClaim: no code path here can (its only
 //! deletes are of the optional objects a spec stops asking for), and the StatefulSet
@@ -27,6 +28,7 @@ pub mod nodes;
 pub mod planner;
 pub mod rbac;
 pub mod resources;
+pub mod restore;
 pub mod schedule;
 pub mod status;
 pub mod telemetry;

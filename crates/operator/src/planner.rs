@@ -44,7 +44,9 @@
 use std::collections::BTreeMap;
 
 use ankusa_crds::node::NodeStatus;
-use ankusa_crds::relay::{BackupPolicy, Relay, RelayStatus, UpgradePhase, UpgradeStatus};
+use ankusa_crds::relay::{
+    BackupPolicy, Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus,
+};
 use serde_json::Value;
 
 use crate::resources::DesiredSet;
@@ -172,6 +174,12 @@ pub struct Observed {
     pub digests: BTreeMap<String, String>,
     /// Backup Jobs of the current upgrade step, by ordinal.
     pub backups: BTreeMap<i32, JobObs>,
+    /// Restore Jobs of the restore under way (`status.restore`), by ordinal.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub restores: BTreeMap<i32, JobObs>,
+    /// The claim a restore reads exists (`None`: not read).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore_claim: Option<bool>,
     /// Backup Jobs of the scheduled run under way (`status.scheduledBackups.run`), by
     /// ordinal.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -216,6 +224,14 @@ pub enum JobAction {
         target: String,
         name: String,
     },
+    /// Restore node `ordinal`'s data claim from its newest backup (at most `format`),
+    /// running `image`.
+    Restore {
+        ordinal: i32,
+        name: String,
+        image: String,
+        format: Option<u32>,
+    },
 }
 
 impl JobAction {
@@ -223,7 +239,9 @@ impl JobAction {
     pub fn name(&self, relay: &Relay) -> String {
         match self {
             JobAction::Probe { image } => probe_job_name(relay, image),
-            JobAction::Backup { name, .. } | JobAction::OfflineBackup { name, .. } => name.clone(),
+            JobAction::Backup { name, .. }
+            | JobAction::OfflineBackup { name, .. }
+            | JobAction::Restore { name, .. } => name.clone(),
         }
     }
 }
@@ -248,6 +266,12 @@ pub struct Rollout {
     pub backups_succeeded_now: bool,
     /// The image every node runs with no upgrade under way (`status.currentImage`).
     pub current_image: Option<String>,
+    /// The restore cursor to write (`None`: no restore in this decision).
+    pub restore: Option<RestoreStatus>,
+    /// Node data claims to create before their restore (a bootstrap).
+    pub claims: Vec<i32>,
+    /// The StatefulSet is not created yet (a bootstrap restores its claims first).
+    pub hold_statefulset: bool,
 }
 
 /// Why the rollout is not moving.
@@ -259,7 +283,7 @@ pub struct Hold {
     pub fault: bool,
 }
 
-fn hold(reason: &'static str, message: impl Into<String>, fault: bool) -> Option<Hold> {
+pub(crate) fn hold(reason: &'static str, message: impl Into<String>, fault: bool) -> Option<Hold> {
     Some(Hold {
         reason,
         message: message.into(),
@@ -338,6 +362,16 @@ fn holding_partition(template: &str, pods: &[PodObs], replicas: i32) -> i32 {
 pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     let spec = &relay.spec;
     let replicas = spec.replicas.max(0);
+    // A restore under way, or one to begin, decides everything.
+    if let Some(r) = prev.restore.clone().filter(crate::restore::in_progress) {
+        return crate::restore::step(relay, prev, r, o);
+    }
+    if let Some(r) = crate::restore::begin_bootstrap(relay, prev, o) {
+        return crate::restore::step(relay, prev, r, o);
+    }
+    if let Some(r) = rollback_to_begin(relay, prev, o) {
+        return crate::restore::step(relay, prev, r, o);
+    }
     let cursor = prev.upgrade.clone().unwrap_or_default();
     if in_progress(&cursor) {
         return continue_upgrade(relay, prev, cursor, o);
@@ -352,6 +386,9 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         hold: None,
         backups_succeeded_now: false,
         current_image: prev.current_image.clone(),
+        restore: None,
+        claims: Vec::new(),
+        hold_statefulset: false,
     };
     // A store exists once a node has answered; before that there is nothing to protect,
     // and a first install that never came up follows the spec's image (a corrected
@@ -395,6 +432,9 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         hold: h,
         backups_succeeded_now: false,
         current_image: prev.current_image.clone(),
+        restore: None,
+        claims: Vec::new(),
+        hold_statefulset: false,
     };
     if spec.upgrade.paused {
         return hold_old(
@@ -425,12 +465,20 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         );
     };
     if format < store {
+        let why = match crate::restore::begin_rollback(relay, o, format, store) {
+            Err(m) if spec.upgrade.rollback_to.is_some() => m,
+            _ => format!(
+                "{target} supports store format {format}, the stores are at {store}; a store is never moved back: to return to it, restore the nodes from their backups with spec.upgrade.rollbackTo (docs/operator.md, \"Rollback\")"
+            ),
+        };
         return hold_old(
             hold(
-                "FormatTooOld",
-                format!(
-                    "{target} supports store format {format}, the stores are at {store}; a store is never moved back (restore from a backup instead)"
-                ),
+                if spec.upgrade.rollback_to.is_some() {
+                    "RollbackRefused"
+                } else {
+                    "FormatTooOld"
+                },
+                why,
                 true,
             ),
             Vec::new(),
@@ -482,6 +530,31 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     let mut prev_with_format = prev.clone();
     prev_with_format.target_format = Some(format);
     continue_upgrade(relay, &prev_with_format, cursor, o)
+}
+
+/// A rollback to begin: `spec.upgrade.rollbackTo` names `spec.image`, whose probed store
+/// format is below the stores', and no rollback to it has completed. (Before the probe
+/// answers, the ordinary path probes the image.)
+fn rollback_to_begin(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Option<RestoreStatus> {
+    relay.spec.upgrade.rollback_to.as_ref()?;
+    let done = prev.restore.as_ref().is_some_and(|r| {
+        r.reason == crate::restore::ROLLBACK
+            && r.phase == crate::restore::COMPLETED
+            && r.image
+                .as_deref()
+                .is_some_and(|i| names_image(&relay.spec.image, i))
+    });
+    if done {
+        return None;
+    }
+    let Some(ProbeObs::Format(format)) = o.probes.get(&relay.spec.image) else {
+        return None;
+    };
+    let store = lowest_format(relay, prev, o)?;
+    if *format >= store {
+        return None;
+    }
+    crate::restore::begin_rollback(relay, o, *format, store).ok()
 }
 
 /// The store format of `image` from its probe, or the hold (and the probe Job to start)
@@ -554,6 +627,9 @@ fn continue_upgrade(
         hold: None,
         backups_succeeded_now: false,
         current_image: prev.current_image.clone(),
+        restore: None,
+        claims: Vec::new(),
+        hold_statefulset: false,
     };
     let step_age = cursor
         .step_started
@@ -1154,6 +1230,21 @@ pub fn upgrade_events(
             | JobAction::OfflineBackup { ordinal, name, .. } => out.push(ev(
                 "BackupStarted",
                 format!("Job {name} backs up node {ordinal}"),
+                false,
+            )),
+            JobAction::Restore {
+                ordinal,
+                name,
+                format,
+                ..
+            } => out.push(ev(
+                "RestoreStarted",
+                match format {
+                    Some(f) => format!(
+                        "Job {name} restores node {ordinal} from its newest backup at store format {f} or lower"
+                    ),
+                    None => format!("Job {name} restores node {ordinal} from its newest backup"),
+                },
                 false,
             )),
         }

@@ -36,8 +36,9 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     // termination message).
     ("", "pods", &["list"]),
     // controller::observe: the nodes' volume claims (those that outlived a scale-down are
-    // backed up before an upgrade).
-    ("", "persistentvolumeclaims", &["list"]),
+    // backed up before an upgrade); controller::apply::create_claims: a bootstrap's data
+    // claims, made before the StatefulSet so they can be restored into.
+    ("", "persistentvolumeclaims", &["list", "create"]),
     // controller::observe::observe_jobs + apply::create_job: image probe and backup Jobs.
     ("batch", "jobs", &["list", "watch", "create", "patch"]),
     // The deletes: an optional object no longer asked for (a ServiceMonitor whose

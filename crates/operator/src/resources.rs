@@ -216,6 +216,49 @@ fn typed<T: DeserializeOwned + serde::Serialize>(
     Ok(t)
 }
 
+/// A storage or memory quantity (`10Gi`, `500M`, `1073741824`) in bytes; `None` for a form a claim's
+/// capacity or a memory request never takes (fractions, milli-units).
+pub fn quantity_bytes(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
+    let (n, unit) = q.split_at(split);
+    let n: u64 = n.parse().ok()?;
+    let mult: u64 = match unit {
+        "" => 1,
+        "k" => 1_000,
+        "M" => 1_000_000,
+        "G" => 1_000_000_000,
+        "T" => 1_000_000_000_000,
+        "P" => 1_000_000_000_000_000,
+        "Ki" => 1 << 10,
+        "Mi" => 1 << 20,
+        "Gi" => 1 << 30,
+        "Ti" => 1 << 40,
+        "Pi" => 1 << 50,
+        _ => return None,
+    };
+    n.checked_mul(mult)
+}
+
+/// The store's memory budget when the relay container has no memory limit: a quarter of
+/// its memory request ([`ankusa_crds::relay::DEFAULT_MEMORY_REQUEST`] when `resources` is
+/// unset); `None` with a limit (the node reads it from its cgroup).
+pub fn store_budget_from_request(relay: &Relay) -> Option<u64> {
+    let resources = relay.spec.resources.as_ref();
+    let has_limit = resources
+        .and_then(|r| r.limits.as_ref())
+        .is_some_and(|l| l.contains_key("memory"));
+    if has_limit {
+        return None;
+    }
+    let request = match resources {
+        Some(r) => r.requests.as_ref()?.get("memory")?.0.clone(),
+        None => ankusa_crds::relay::DEFAULT_MEMORY_REQUEST.to_owned(),
+    };
+    // At least the 64 MiB the store's budget is useful with.
+    quantity_bytes(&request).map(|b| (b / 4).max(64 << 20))
+}
+
 /// How one node reaches another's listeners: templates of `{pod}`, `{service}` (the
 /// headless Service) and `{namespace}`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,6 +337,16 @@ pub fn relay_config_with(
     }));
     let tenants = entry_object(root, "tenants")?;
     tenants.insert("max".into(), json!(relay.spec.tenants.max));
+    // With a memory limit the node sizes its store from its cgroup (a quarter of the
+    // limit). Without one it would take 512 MiB whatever the pod was given: a quarter of
+    // the memory request instead, what the scheduler reserved for it, unless the
+    // configuration says otherwise.
+    if let Some(request) = store_budget_from_request(relay) {
+        let store = entry_object(root, "store")?;
+        store
+            .entry("memory_bytes")
+            .or_insert_with(|| json!(request));
+    }
     let cluster = entry_object(root, "cluster")?;
     cluster.remove("name");
     cluster.insert(
@@ -752,13 +805,7 @@ pub fn statefulset(
             "memory": ankusa_crds::relay::DEFAULT_MEMORY_REQUEST,
         } }),
     };
-    let mut claim_spec = json!({
-        "accessModes": ["ReadWriteOnce"],
-        "resources": { "requests": { "storage": spec.storage.size } },
-    });
-    if let Some(class) = &spec.storage.storage_class_name {
-        claim_spec["storageClassName"] = json!(class);
-    }
+    let claim_spec = claim_spec(relay);
     let mut set = json!({
             "apiVersion": "apps/v1",
             "kind": "StatefulSet",
@@ -1203,6 +1250,95 @@ pub fn probe_job(
                 "terminationMessagePath": "/dev/termination-log",
                 "securityContext": container_security(),
             }],
+        }),
+    )
+}
+
+/// A node's volume claim spec (`spec.storage`): the StatefulSet's claim template, and the
+/// claims a bootstrap makes before the StatefulSet exists.
+fn claim_spec(relay: &Relay) -> Value {
+    let storage = &relay.spec.storage;
+    let mut claim_spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": { "requests": { "storage": storage.size } },
+    });
+    if let Some(class) = &storage.storage_class_name {
+        claim_spec["storageClassName"] = json!(class);
+    }
+    claim_spec
+}
+
+/// Node `ordinal`'s data claim as the StatefulSet would make it from its template (its
+/// name, labels and spec), made ahead of the StatefulSet by a bootstrap, which restores
+/// into it: the StatefulSet's pod then takes the claim of its name. Like the StatefulSet's
+/// own claims it has no owner: deleting the Relay leaves the store.
+pub fn data_claim(
+    relay: &Relay,
+    ordinal: i32,
+) -> Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "PersistentVolumeClaim",
+        json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": names.claim(ordinal),
+                "namespace": names.namespace,
+                "labels": selector_labels(&names.relay),
+            },
+            "spec": claim_spec(relay),
+        }),
+    )
+}
+
+/// Node `ordinal`'s restore Job: `ankusa-relay restore --replace` of the newest archive in
+/// `<relay>/<relay>-<ordinal>/` on the restore's backup claim (at most `format`) into the
+/// node's data claim, which no pod uses meanwhile. The backup claim is mounted read-only.
+pub fn restore_job(
+    relay: &Relay,
+    name: &str,
+    ordinal: i32,
+    image: &str,
+    format: Option<u32>,
+) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
+    let names = Names::of(relay)?;
+    let (claim, from) = crate::restore::source(relay).ok_or(ResourceError::Config(
+        "a restore needs spec.bootstrap.fromBackup.claimName or spec.backup.destination".into(),
+    ))?;
+    let mut args = vec![
+        "restore".to_owned(),
+        "--from".to_owned(),
+        format!("{BACKUP_MOUNT}/{from}/{from}-{ordinal}"),
+        "--data".to_owned(),
+        format!("{DATA_MOUNT}/data"),
+        "--replace".to_owned(),
+    ];
+    if let Some(f) = format {
+        args.extend(["--format-at-most".to_owned(), f.to_string()]);
+    }
+    let container = json!({
+        "name": "restore",
+        "image": image,
+        "args": args,
+        "volumeMounts": [
+            { "name": "backups", "mountPath": BACKUP_MOUNT, "readOnly": true },
+            { "name": "data", "mountPath": DATA_MOUNT },
+        ],
+        "securityContext": container_security(),
+    });
+    job(
+        relay,
+        name,
+        "restore",
+        &[("ankusa.dev/ordinal", ordinal.to_string())],
+        relay.spec.upgrade.timeouts.backup_seconds,
+        json!({
+            "containers": [container],
+            "volumes": [
+                { "name": "backups", "persistentVolumeClaim": { "claimName": claim, "readOnly": true } },
+                { "name": "data", "persistentVolumeClaim": { "claimName": names.claim(ordinal) } },
+            ],
         }),
     )
 }

@@ -122,8 +122,19 @@ pub fn status(
         && o.pods
             .iter()
             .all(|p| matches!(o.nodes.get(&p.name), Some(Ok(_))));
+    // A restore at a lower format (a rollback) resets what the stores are at: every store
+    // was replaced.
+    let restored_format = r
+        .restore
+        .as_ref()
+        .filter(|x| x.phase == crate::restore::COMPLETED)
+        .and_then(|x| x.format);
     let store_format = if everyone {
         reported
+    } else if let Some(f) = restored_format.filter(|_| {
+        prev.restore.as_ref().map(|x| x.phase.as_str()) != Some(crate::restore::COMPLETED)
+    }) {
+        Some(f)
     } else {
         reported.into_iter().chain(prev.store_format).min()
     };
@@ -325,6 +336,7 @@ pub fn status(
         },
         current_image: r.current_image.clone(),
         scheduled_backups: scheduled.status.clone(),
+        restore: r.restore.clone().or_else(|| prev.restore.clone()),
     }
 }
 

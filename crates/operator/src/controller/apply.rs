@@ -51,6 +51,7 @@ pub(super) async fn apply_desired(
     names: &Names,
     desired: &DesiredSet,
     o: &mut Observed,
+    hold_statefulset: bool,
 ) -> Vec<(String, Error)> {
     let mut refused = Vec::new();
     let mut dry_refused = Vec::new();
@@ -72,6 +73,10 @@ pub(super) async fn apply_desired(
     }
     for (kind, change) in planner::changes(desired, &o.objects) {
         if dry_refused.contains(&kind) {
+            continue;
+        }
+        // A bootstrap restores the nodes' claims before any pod may start on them.
+        if hold_statefulset && kind == Owned::StatefulSet && change == Change::Create {
             continue;
         }
         if let Err(e) = apply_owned(relay, ctx, names, desired, kind, change).await {
@@ -149,6 +154,12 @@ pub(super) async fn create_job(
                 resources::BackupSource::Node(&url),
             )?
         }
+        JobAction::Restore {
+            ordinal,
+            image,
+            format,
+            ..
+        } => resources::restore_job(relay, &name, *ordinal, image, *format)?,
         JobAction::OfflineBackup {
             ordinal, target, ..
         } => resources::backup_job(
@@ -162,6 +173,37 @@ pub(super) async fn create_job(
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
     ssa(&api, &name, &obj, DryRun::No).await?;
     ctx.metrics.applied("Job", "create");
+    Ok(())
+}
+
+/// A bootstrap's data claims, made before the StatefulSet (one that exists is left as it
+/// is).
+pub(super) async fn create_claims(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    ordinals: &[i32],
+) -> Result<(), Error> {
+    let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
+        Api::namespaced(ctx.client.clone(), &names.namespace);
+    for &i in ordinals {
+        let claim = resources::data_claim(relay, i)?;
+        match api.create(&kube::api::PostParams::default(), &claim).await {
+            Ok(_) => {
+                ctx.metrics.applied("PersistentVolumeClaim", "create");
+                record(
+                    ctx,
+                    relay,
+                    "PersistentVolumeClaim",
+                    &names.claim(i),
+                    Change::Create,
+                )
+                .await;
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(())
 }
 

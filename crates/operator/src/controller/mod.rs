@@ -46,7 +46,10 @@ pub mod apply;
 pub mod events;
 pub mod observe;
 
-use apply::{apply, apply_desired, create_job, keep_claim_templates, now_rfc3339, write_status};
+use apply::{
+    apply, apply_desired, create_claims, create_job, keep_claim_templates, now_rfc3339,
+    write_status,
+};
 use events::event_with;
 use observe::{observe, user_config};
 
@@ -355,7 +358,15 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                 // A refused object (a ServiceMonitor the Prometheus Operator rejects, say)
                 // is a condition; the rest of the reconcile, the gate's Jobs included,
                 // goes on.
-                let refused = apply_desired(relay, ctx, &names, &desired, &mut o).await;
+                let refused = apply_desired(
+                    relay,
+                    ctx,
+                    &names,
+                    &desired,
+                    &mut o,
+                    rollout.hold_statefulset,
+                )
+                .await;
                 if !refused.is_empty() {
                     o.apply_error = Some(
                         refused
@@ -365,6 +376,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                             .join("; "),
                     );
                 }
+                create_claims(relay, ctx, &names, &rollout.claims).await?;
                 for job in rollout.jobs.iter().chain(&scheduled.jobs) {
                     create_job(relay, ctx, &names, job).await?;
                 }

@@ -181,9 +181,25 @@ pub(super) async fn observe(
                     .as_ref()
                     .and_then(|s| s.capacity.as_ref())
                     .and_then(|c| c.get("storage"))
-                    .and_then(|q| quantity_bytes(&q.0)),
+                    .and_then(|q| resources::quantity_bytes(&q.0)),
             },
         });
+    }
+
+    // The claim a restore reads (a bootstrap's may be another than the backup
+    // destination).
+    let restoring = relay.spec.bootstrap.is_some()
+        || relay
+            .status
+            .as_ref()
+            .and_then(|s| s.restore.as_ref())
+            .is_some_and(crate::restore::in_progress)
+        || relay.spec.upgrade.rollback_to.is_some();
+    if let Some((claim, _)) = crate::restore::source(relay).filter(|_| restoring) {
+        let found = claims
+            .list(&ListParams::default().fields(&format!("metadata.name={claim}")))
+            .await?;
+        o.restore_claim = Some(!found.items.is_empty());
     }
 
     // Poll every ready pod, concurrently.
@@ -260,6 +276,19 @@ pub(super) async fn observe_jobs(
     };
     if let Some(p) = probe {
         o.probes.insert(image, p);
+    }
+    // Restore Jobs of the restore under way, by the ordinal they restore.
+    if let Some(r) = relay
+        .status
+        .as_ref()
+        .and_then(|s| s.restore.as_ref())
+        .filter(|r| crate::restore::in_progress(r))
+    {
+        for i in 0..r.replicas {
+            if let Some(job) = by_name.get(&crate::restore::job_name(relay, i, r)) {
+                o.restores.insert(i, job_obs(job));
+            }
+        }
     }
     // Backup Jobs of the scheduled run under way, by the ordinal they back up.
     if let Some(run) = relay
@@ -496,35 +525,11 @@ pub(super) fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
     })
 }
 
-/// A storage quantity (`10Gi`, `500M`, `1073741824`) in bytes; `None` for a form a claim's
-/// capacity never takes (fractions, milli-units).
-pub(crate) fn quantity_bytes(q: &str) -> Option<u64> {
-    let q = q.trim();
-    let split = q.find(|c: char| !c.is_ascii_digit()).unwrap_or(q.len());
-    let (n, unit) = q.split_at(split);
-    let n: u64 = n.parse().ok()?;
-    let mult: u64 = match unit {
-        "" => 1,
-        "k" => 1_000,
-        "M" => 1_000_000,
-        "G" => 1_000_000_000,
-        "T" => 1_000_000_000_000,
-        "P" => 1_000_000_000_000_000,
-        "Ki" => 1 << 10,
-        "Mi" => 1 << 20,
-        "Gi" => 1 << 30,
-        "Ti" => 1 << 40,
-        "Pi" => 1 << 50,
-        _ => return None,
-    };
-    n.checked_mul(mult)
-}
-
 #[cfg(test)]
 mod tests {
     #[test]
     fn storage_quantities_read_as_bytes() {
-        use super::quantity_bytes as q;
+        use crate::resources::quantity_bytes as q;
         assert_eq!(q("10Gi"), Some(10 << 30));
         assert_eq!(q("500M"), Some(500_000_000));
         assert_eq!(q("1073741824"), Some(1 << 30));

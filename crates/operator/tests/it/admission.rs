@@ -242,6 +242,21 @@ async fn every_cel_rule_refuses_its_bad_case_with_its_message() {
             "spec.ingest.httpRoute.hostnames[0]",
         ),
         (
+            "ok",
+            json!({ "image": "x:1", "upgrade": { "rollbackTo": { "image": "x:0", "acknowledgeDataLoss": true } } }),
+            "spec.upgrade.rollbackTo.image must be spec.image",
+        ),
+        (
+            "ok",
+            json!({ "image": "x:0", "upgrade": { "rollbackTo": { "image": "x:0" } } }),
+            "set acknowledgeDataLoss: true to say so",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "bootstrap": { "fromBackup": { "relay": "old" } } }),
+            "bootstrap.fromBackup needs a claimName",
+        ),
+        (
             "a-relay-name-that-is-longer-than-forty-chars",
             good.clone(),
             "a Relay name is at most 40 characters",

@@ -325,7 +325,7 @@ impl World {
                 JobAction::OfflineBackup { ordinal, .. } => {
                     (*ordinal, !self.pods.contains_key(ordinal))
                 }
-                JobAction::Probe { .. } => continue,
+                JobAction::Probe { .. } | JobAction::Restore { .. } => continue,
             };
             let done = if backup_fails || !ok {
                 JobObs::Failed("BackoffLimitExceeded".into())

@@ -4,19 +4,146 @@
 use super::store::open_existing;
 use super::*;
 
+/// Where a restore records the archive it restored: beside the data directory, so that a
+/// restore run again (a retried Job) finds its own work done.
+fn restored_marker(data: &Path) -> PathBuf {
+    let name = data
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    data.with_file_name(format!(".{name}.restored-from"))
+}
+
 /// Unpacks a backup into `data` and checks the result opens (the format guard included).
-pub(super) fn restore(from: &Path, data: &Path) -> anyhow::Result<ExitCode> {
-    ankusa_store::tarball::unpack(from, data)
-        .with_context(|| format!("restoring {} into {}", from.display(), data.display()))?;
+/// `from` is an archive, or a node's backup directory: its newest archive (at most
+/// `format_at_most`). With `replace`, a store at `data` is moved aside first.
+pub(super) fn restore(
+    from: &Path,
+    data: &Path,
+    format_at_most: Option<u32>,
+    replace: bool,
+) -> anyhow::Result<ExitCode> {
+    let (archive, staged) = if from.is_dir() {
+        pick_archive(from, data, format_at_most)?
+    } else {
+        anyhow::ensure!(
+            format_at_most.is_none(),
+            "--format-at-most chooses among the archives of a directory; {} is one archive",
+            from.display()
+        );
+        (from.to_path_buf(), None)
+    };
+    let marker = restored_marker(data);
+    let name = archive.display().to_string();
+    if replace && std::fs::read_to_string(&marker).ok().as_deref() == Some(name.as_str()) {
+        if let Some(s) = &staged {
+            let _ = std::fs::remove_dir_all(s);
+        }
+        let store = Store::open(data, &OpenOptions::inspect())
+            .with_context(|| format!("checking the restored store at {}", data.display()))?;
+        println!(
+            "{} holds {name} already (store format {}): nothing to do",
+            data.display(),
+            store.format()?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    let occupied = std::fs::read_dir(data).is_ok_and(|mut d| d.next().is_some());
+    if occupied && replace {
+        let aside = data.with_file_name(format!(
+            "{}.replaced-{}",
+            data.file_name().unwrap_or_default().to_string_lossy(),
+            ankusa_keyspace::now_ms()
+        ));
+        std::fs::rename(data, &aside)
+            .with_context(|| format!("moving {} aside to {}", data.display(), aside.display()))?;
+        println!(
+            "moved the store at {} aside to {}",
+            data.display(),
+            aside.display()
+        );
+    }
+    match staged {
+        // Already unpacked (and opened) while choosing: moved into place.
+        Some(s) => {
+            if let Some(parent) = data.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            if data.is_dir() && !occupied {
+                std::fs::remove_dir(data)?;
+            }
+            std::fs::rename(&s, data)
+                .with_context(|| format!("moving the unpacked {name} to {}", data.display()))?;
+        }
+        None => ankusa_store::tarball::unpack(&archive, data)
+            .with_context(|| format!("restoring {name} into {}", data.display()))?,
+    }
     let store = Store::open(data, &OpenOptions::inspect())
         .with_context(|| format!("checking the restored store at {}", data.display()))?;
+    let format = store.format()?;
+    drop(store);
+    std::fs::write(&marker, &name)
+        .with_context(|| format!("recording the restore in {}", marker.display()))?;
     println!(
-        "restored {} into {} (store format {})",
-        from.display(),
-        data.display(),
-        store.format()?
+        "restored {name} into {} (store format {format})",
+        data.display()
     );
     Ok(ExitCode::SUCCESS)
+}
+
+/// The archive of backup directory `dir` to restore: the newest, or with `format_at_most`
+/// the newest whose store is at most that format — found by unpacking each, newest first,
+/// beside `data` (the one chosen stays unpacked there: the staged directory returned).
+fn pick_archive(
+    dir: &Path,
+    data: &Path,
+    format_at_most: Option<u32>,
+) -> anyhow::Result<(PathBuf, Option<PathBuf>)> {
+    let mut archives: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .with_context(|| format!("reading {}", dir.display()))?
+        .filter_map(Result::ok)
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let id = name.strip_suffix(".tar.zst")?;
+            crate::admin::backups::is_backup_id(id)
+                .then(|| id[1..].parse().ok().map(|ms| (ms, e.path())))?
+        })
+        .collect();
+    archives.sort();
+    anyhow::ensure!(
+        !archives.is_empty(),
+        "no backup archive (b<ms>.tar.zst) in {}",
+        dir.display()
+    );
+    let Some(max) = format_at_most else {
+        return Ok((archives.pop().map(|(_, p)| p).unwrap_or_default(), None));
+    };
+    let staged = data.with_file_name(format!(
+        ".{}.staged",
+        data.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    let mut seen = Vec::new();
+    for (_, archive) in archives.iter().rev() {
+        let _ = std::fs::remove_dir_all(&staged);
+        ankusa_store::tarball::unpack(archive, &staged)
+            .with_context(|| format!("unpacking {}", archive.display()))?;
+        let format = Store::open(&staged, &OpenOptions::inspect())
+            .with_context(|| format!("opening {}", archive.display()))?
+            .format()?;
+        if format <= max {
+            return Ok((archive.clone(), Some(staged)));
+        }
+        seen.push(format!(
+            "{} (format {format})",
+            archive.file_name().unwrap_or_default().to_string_lossy()
+        ));
+    }
+    let _ = std::fs::remove_dir_all(&staged);
+    anyhow::bail!(
+        "no archive in {} is at store format {max} or lower: {}",
+        dir.display(),
+        seen.join(", ")
+    )
 }
 
 /// Streams a backup from the node (`POST /v1/backups/stream`; a node without it, an older

@@ -90,12 +90,23 @@ pub enum Command {
     },
     /// Unpack a backup archive into an empty data directory.
     Restore {
-        /// The .tar.zst a backup produced.
+        /// The .tar.zst a backup produced, or a node's backup directory (`<relay>/<pod>/`
+        /// on the backup volume): then its newest archive, or the newest at
+        /// `--format-at-most`.
         #[arg(long)]
         from: PathBuf,
-        /// The data directory to create (must not exist, or be empty).
+        /// The data directory to create (must not exist, or be empty, unless `--replace`).
         #[arg(long)]
         data: PathBuf,
+        /// With a directory: the newest archive whose store is at most this format (the
+        /// backups a release that reads only that format can run on).
+        #[arg(long)]
+        format_at_most: Option<u32>,
+        /// A store already at `--data` is moved aside (to `<data>.replaced-<ms>`, never
+        /// deleted) and the archive restored in its place. Run again after the same
+        /// restore, it changes nothing.
+        #[arg(long)]
+        replace: bool,
     },
     /// Print the OpenAPI 3.1 document of the ingest and admin APIs (docs/openapi.json).
     Openapi,
@@ -350,7 +361,12 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Backup {
             command: BackupCommand::Offline { data, to, keep },
         } => backup::backup_offline(&data, &to, keep),
-        Command::Restore { from, data } => backup::restore(&from, &data),
+        Command::Restore {
+            from,
+            data,
+            format_at_most,
+            replace,
+        } => backup::restore(&from, &data, format_at_most, replace),
         Command::Version { json, write } => {
             let text = if json {
                 serde_json::json!({

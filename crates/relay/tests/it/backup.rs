@@ -311,3 +311,117 @@ async fn an_offline_backup_packs_a_closed_store_and_refuses_what_is_not_one() {
     assert!(!bad.status.success());
     assert!(!elsewhere.exists());
 }
+
+/// `restore --from <a node's backup directory>`: its newest archive; with
+/// `--format-at-most`, the newest at that format (a rollback's); with `--replace`, the
+/// store there is moved aside, never deleted, and the same restore run again changes
+/// nothing.
+#[test]
+fn a_backup_directory_restores_its_newest_archive_at_a_format_and_replace_keeps_the_old_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("backups/hooks/hooks-0");
+    std::fs::create_dir_all(&node).unwrap();
+    // The format-2 backup taken before an upgrade, then a format-3 one after it.
+    std::fs::copy(
+        repo().join("crates/relay/tests/fixtures/store-v2.tar.zst"),
+        node.join("b1000.tar.zst"),
+    )
+    .unwrap();
+    let live = dir.path().join("live");
+    store_with_hooks(&live, 30);
+    let packed = run(&[
+        "backup",
+        "offline",
+        "--data",
+        live.to_str().unwrap(),
+        "--to",
+        node.to_str().unwrap(),
+    ]);
+    assert!(packed.status.success(), "{}", text(&packed.stderr));
+    let from = node.to_str().unwrap();
+    let data = dir.path().join("volume/data");
+
+    let newest = run(&["restore", "--from", from, "--data", data.to_str().unwrap()]);
+    assert!(newest.status.success(), "{}", text(&newest.stderr));
+    assert!(
+        text(&newest.stdout).contains("store format 3"),
+        "{}",
+        text(&newest.stdout)
+    );
+
+    // Back to format 2 over it: the format-3 store is moved aside.
+    let back = [
+        "restore",
+        "--from",
+        from,
+        "--data",
+        data.to_str().unwrap(),
+        "--replace",
+        "--format-at-most",
+        "2",
+    ];
+    let out = run(&back);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("b1000.tar.zst") && said.contains("store format 2"),
+        "{said}"
+    );
+    let aside: Vec<_> = std::fs::read_dir(dir.path().join("volume"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with("data.replaced-"))
+        .collect();
+    assert_eq!(aside.len(), 1, "{aside:?}");
+    let kept = dir.path().join("volume").join(&aside[0]);
+    assert_eq!(
+        Store::open(&kept, &OpenOptions::inspect())
+            .unwrap()
+            .format()
+            .unwrap(),
+        3
+    );
+    // Nothing staged is left behind.
+    let names: Vec<String> = std::fs::read_dir(dir.path().join("volume"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert!(!names.iter().any(|n| n.contains("staged")), "{names:?}");
+
+    // A retried Job: the same restore again finds its work done and moves nothing.
+    let again = run(&back);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert!(
+        text(&again.stdout).contains("nothing to do"),
+        "{}",
+        text(&again.stdout)
+    );
+    let aside_after = std::fs::read_dir(dir.path().join("volume"))
+        .unwrap()
+        .filter(|e| {
+            e.as_ref()
+                .unwrap()
+                .file_name()
+                .to_string_lossy()
+                .starts_with("data.replaced-")
+        })
+        .count();
+    assert_eq!(aside_after, 1);
+
+    // No archive at format 1: refused, naming what is there.
+    let none = run(&[
+        "restore",
+        "--from",
+        from,
+        "--data",
+        dir.path().join("other").to_str().unwrap(),
+        "--format-at-most",
+        "1",
+    ]);
+    assert!(!none.status.success());
+    let err = text(&none.stderr);
+    assert!(
+        err.contains("no archive in") && err.contains("(format 3)") && err.contains("(format 2)"),
+        "{err}"
+    );
+}

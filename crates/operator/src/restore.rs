@@ -1,0 +1,300 @@
+//! Restores of the nodes from backups — pure, like the planner, whose [`rollout`] asks
+//! this module first. Two ways in, one cursor (`status.restore`):
+//!
+//! - **Bootstrap** (`spec.bootstrap.fromBackup`): a Relay whose nodes have no volume yet
+//!   (no StatefulSet, no data claim, no store ever seen) starts from a backup set. The
+//!   operator makes each node's data claim itself (`data-<name>-<i>`, the claim template's
+//!   spec: the StatefulSet takes them as its own), restores node `i` from the newest
+//!   archive in `<relay>/<relay>-<i>/` of the backup claim, one Job at a time, and creates
+//!   the StatefulSet only once every node is restored.
+//! - **Rollback** (`spec.upgrade.rollbackTo`, with `spec.image` naming the same release,
+//!   and `acknowledgeDataLoss`): the release's store format (its probe) is below the
+//!   stores'. The StatefulSet goes to 0 replicas (`Stopping`); once no relay pod is left,
+//!   each node's store is replaced by its newest backup at that format or lower — the
+//!   store it had is moved aside on its volume, never deleted — and the nodes start on
+//!   the older release (pinned to its probed digest). Nothing else rolls a store back: a
+//!   lower release without `rollbackTo` stays `FormatTooOld`.
+//!
+//! A restore Job that fails stops the restore (`Failed`, `Degraded` `RestoreFailed`, the
+//! Job named); a new `spec.upgrade.retry` resumes it at the node that failed. The restore
+//! command is idempotent (a retried Job finds its own work done), so a node is never
+//! restored twice from two archives.
+//!
+//! [`rollout`]: crate::planner::rollout
+
+use ankusa_crds::relay::{Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus};
+
+use crate::planner::{hold, pinned, JobAction, JobObs, Observed, Rollout};
+
+pub const BOOTSTRAP: &str = "Bootstrap";
+pub const ROLLBACK: &str = "Rollback";
+pub const STOPPING: &str = "Stopping";
+pub const RESTORING: &str = "Restoring";
+pub const COMPLETED: &str = "Completed";
+pub const FAILED: &str = "Failed";
+
+/// A restore under way (or failed, waiting for a retry).
+pub fn in_progress(r: &RestoreStatus) -> bool {
+    matches!(r.phase.as_str(), STOPPING | RESTORING | FAILED)
+}
+
+/// Node `ordinal`'s restore Job of the restore that began at `started`.
+pub fn job_name(relay: &Relay, ordinal: i32, r: &RestoreStatus) -> String {
+    let name = relay.metadata.name.clone().unwrap_or_default();
+    let mut h = crate::resources::config_hash(&format!(
+        "restore\n{}\n{}\n{}",
+        r.started,
+        r.retry_seen.as_deref().unwrap_or(""),
+        r.reason
+    ));
+    h.truncate(8);
+    format!("{name}-restore-{ordinal}-{h}")
+}
+
+/// The claim and the Relay directory a restore reads: (claim, relay).
+pub fn source(relay: &Relay) -> Option<(String, String)> {
+    let own = relay.metadata.name.clone().unwrap_or_default();
+    let destination = relay
+        .spec
+        .backup
+        .as_ref()
+        .map(|b| b.destination.claim_name.clone());
+    match &relay.spec.bootstrap {
+        Some(b) => Some((
+            b.from_backup.claim_name.clone().or(destination)?,
+            b.from_backup.relay.clone().unwrap_or(own),
+        )),
+        None => Some((destination?, own)),
+    }
+}
+
+/// A new bootstrap cursor, when `spec.bootstrap` asks for one and nothing of the nodes
+/// exists yet.
+pub fn begin_bootstrap(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Option<RestoreStatus> {
+    relay.spec.bootstrap.as_ref()?;
+    let untouched = prev.restore.is_none()
+        && prev.store_format.is_none()
+        && o.statefulset.is_none()
+        && o.claims.is_empty()
+        && o.nodes.values().all(Result::is_err);
+    if !untouched {
+        return None;
+    }
+    let (claim, from) = source(relay)?;
+    Some(RestoreStatus {
+        reason: BOOTSTRAP.into(),
+        phase: RESTORING.into(),
+        source: format!("{claim}/{from}"),
+        image: Some(relay.spec.image.clone()),
+        format: None,
+        replicas: relay.spec.replicas.max(0),
+        restored: 0,
+        started: o.now.clone(),
+        retry_seen: relay.spec.upgrade.retry.clone(),
+        message: None,
+    })
+}
+
+/// A new rollback cursor: `spec.upgrade.rollbackTo` names `spec.image`, whose store
+/// `format` is below the stores' `store`.
+pub fn begin_rollback(
+    relay: &Relay,
+    o: &Observed,
+    format: u32,
+    store: u32,
+) -> Result<RestoreStatus, String> {
+    let r = relay
+        .spec
+        .upgrade
+        .rollback_to
+        .as_ref()
+        .ok_or("no rollbackTo")?;
+    if !crate::planner::names_image(&r.image, &relay.spec.image) || !r.acknowledge_data_loss {
+        return Err(format!(
+            "spec.upgrade.rollbackTo must name spec.image ({}) with acknowledgeDataLoss: true",
+            relay.spec.image
+        ));
+    }
+    let (claim, from) = source(relay).ok_or_else(|| {
+        format!(
+            "a rollback from store format {store} to {format} restores backups: set spec.backup.destination"
+        )
+    })?;
+    Ok(RestoreStatus {
+        reason: ROLLBACK.into(),
+        phase: STOPPING.into(),
+        source: format!("{claim}/{from}"),
+        image: Some(pinned(&relay.spec.image, o)),
+        format: Some(format),
+        replicas: relay.spec.replicas.max(0),
+        restored: 0,
+        started: o.now.clone(),
+        retry_seen: relay.spec.upgrade.retry.clone(),
+        message: None,
+    })
+}
+
+/// The rollout while restore `r` runs.
+pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observed) -> Rollout {
+    let spec = &relay.spec;
+    let running_image = o
+        .statefulset
+        .as_ref()
+        .map(|s| s.image.clone())
+        .or_else(|| prev.current_image.clone())
+        .unwrap_or_else(|| spec.image.clone());
+    let rollback = r.reason == ROLLBACK;
+    let mut out = Rollout {
+        image: if rollback {
+            running_image
+        } else {
+            r.image.clone().unwrap_or_else(|| spec.image.clone())
+        },
+        partition: 0,
+        // A rollback stops every node before any store is touched.
+        replicas: if rollback { 0 } else { r.replicas },
+        jobs: Vec::new(),
+        upgrade: prev.upgrade.clone(),
+        target_format: prev.target_format,
+        hold: None,
+        backups_succeeded_now: false,
+        current_image: prev.current_image.clone(),
+        restore: None,
+        claims: Vec::new(),
+        hold_statefulset: !rollback,
+    };
+    if r.phase == FAILED {
+        if spec.upgrade.retry == r.retry_seen {
+            out.hold = hold(
+                "RestoreFailed",
+                format!(
+                    "{}; change spec.upgrade.retry to try again",
+                    r.message.clone().unwrap_or_default()
+                ),
+                true,
+            );
+            out.restore = Some(r);
+            return out;
+        }
+        r.retry_seen = spec.upgrade.retry.clone();
+        r.phase = RESTORING.into();
+        r.message = None;
+        // The failed attempt's Jobs are not this one's.
+        let mut fresh = o.clone();
+        fresh.restores.clear();
+        return step(relay, prev, r, &fresh);
+    }
+    if r.phase == STOPPING {
+        let left: Vec<&str> = o.pods.iter().map(|p| p.name.as_str()).collect();
+        if !left.is_empty() {
+            out.hold = hold(
+                "RollingBack",
+                format!(
+                    "stopping every node before its store is restored (left: {})",
+                    left.join(", ")
+                ),
+                false,
+            );
+            out.restore = Some(r);
+            return out;
+        }
+        r.phase = RESTORING.into();
+    }
+    // Restoring: the data claims first (a bootstrap makes them), then node by node.
+    let names = crate::resources::Names::of(relay).ok();
+    if !rollback {
+        out.claims = (0..r.replicas).filter(|i| !o.claims.contains(i)).collect();
+    }
+    while r.restored < r.replicas {
+        let i = r.restored;
+        let name = job_name(relay, i, &r);
+        match o.restores.get(&i) {
+            Some(JobObs::Succeeded) => r.restored += 1,
+            Some(JobObs::Running) => {
+                out.hold = hold("Restoring", restoring_message(&r, names.as_ref()), false);
+                out.restore = Some(r);
+                return out;
+            }
+            Some(JobObs::Failed(m)) => {
+                let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
+                r.phase = FAILED.into();
+                r.message = Some(format!("restore Job {name} of {pod} failed: {m}"));
+                out.hold = hold(
+                    "RestoreFailed",
+                    format!(
+                        "{}; change spec.upgrade.retry to try again",
+                        r.message.clone().unwrap_or_default()
+                    ),
+                    true,
+                );
+                out.restore = Some(r);
+                return out;
+            }
+            None => {
+                if let Some(problem) = restore_claim_problem(&r, o) {
+                    out.hold = hold("BackupClaimNotReady", problem, true);
+                } else {
+                    out.jobs.push(JobAction::Restore {
+                        ordinal: i,
+                        name,
+                        // A rollback restores with the release the nodes ran (it knows
+                        // every older format; the older release may lack the command).
+                        image: if rollback {
+                            out.image.clone()
+                        } else {
+                            r.image.clone().unwrap_or_else(|| spec.image.clone())
+                        },
+                        format: r.format,
+                    });
+                    out.hold = hold("Restoring", restoring_message(&r, names.as_ref()), false);
+                }
+                out.restore = Some(r);
+                return out;
+            }
+        }
+    }
+    // Every node restored: they start on the release the restore was for.
+    r.phase = COMPLETED.into();
+    r.message = None;
+    let image = r.image.clone().unwrap_or_else(|| spec.image.clone());
+    out.image = image.clone();
+    out.replicas = r.replicas;
+    out.hold_statefulset = false;
+    if rollback {
+        out.current_image = Some(image.clone());
+        out.target_format = r.format;
+        // The upgrade the rollback undid is over.
+        out.upgrade = Some(UpgradeStatus {
+            phase: UpgradePhase::Idle,
+            ..UpgradeStatus::default()
+        });
+    }
+    out.restore = Some(r);
+    out
+}
+
+fn restoring_message(r: &RestoreStatus, names: Option<&crate::resources::Names>) -> String {
+    let pod = names.map(|n| n.pod(r.restored)).unwrap_or_default();
+    format!(
+        "{} restoring {pod} from {} ({} of {} nodes restored){}",
+        r.reason.to_lowercase(),
+        r.source,
+        r.restored,
+        r.replicas,
+        r.format
+            .map(|f| format!(", from its newest backup at store format {f} or lower"))
+            .unwrap_or_default()
+    )
+}
+
+/// The restore's claim is missing: it waits (a claim of this Relay's own backups, read by
+/// the backup claim's observation).
+fn restore_claim_problem(r: &RestoreStatus, o: &Observed) -> Option<String> {
+    let claim = r.source.split('/').next().unwrap_or_default();
+    match o.restore_claim {
+        Some(false) => Some(format!(
+            "the backup claim {claim} holding the backups to restore does not exist: create it (or bind the volume with the backups to it); nothing starts until then"
+        )),
+        _ => None,
+    }
+}
