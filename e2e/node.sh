@@ -514,11 +514,11 @@ both_backed_up() {
 }
 e2e_until 240 both_backed_up ||
   fail "no scheduled backup of each node: $(kubectl get relay old -o jsonpath='{.status.scheduledBackups}')"
-# One run is enough: the upgrade's format-2 backups stay for the rollback below.
-kubectl patch relay old --type merge -p '{"spec":{"backup":{"schedule":null}}}' >/dev/null
 kubectl get relay old -o jsonpath='{.status.scheduledBackups}' | python3 -m json.tool
 [ "$(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="ScheduledBackups")].status}')" = True ] ||
   fail "ScheduledBackups is not True: $(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="ScheduledBackups")]}')"
+# One run is enough: the upgrade's format-2 backups stay for the rollback below.
+kubectl patch relay old --type merge -p '{"spec":{"backup":{"schedule":null}}}' >/dev/null
 for i in 0 1; do
   kept=$(ls "$backups/old/old-$i/" | grep -cE '^b[0-9]+\.tar\.zst$')
   [ "$kept" -le 3 ] || fail "old-$i keeps $kept archives, retention is 3"
