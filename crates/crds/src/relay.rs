@@ -351,14 +351,47 @@ fn default_retention() -> i32 {
     3
 }
 
-/// A volume claim that is not any node's own volume: a backup on the node's disk does not
-/// count.
+/// Where the backups go: one claim for every node's backups (`claimName`), or a claim
+/// per node the operator makes from a template (`claimTemplate`). Never a node's own
+/// volume: a backup on the node's disk does not count.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.claimName) != has(self.claimTemplate)").message("set backup.destination.claimName (one claim for every node) or backup.destination.claimTemplate (a claim per node), not both"))]
 pub struct BackupDestination {
+    /// One claim, made by you, holding every node's backups (`<relay>/<pod>/`). The
+    /// operator runs one backup Job at a time on it, so a ReadWriteOnce volume attaches
+    /// to one host at a time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(min = 1, max = 253))]
     #[x_kube(validation = Rule::new("!self.startsWith('data-')").message("the backup claim must not be a node's own volume (data-*)"))]
-    pub claim_name: String,
+    pub claim_name: Option<String>,
+    /// A claim per node, `<name>-backups-<ordinal>`, made by the operator from this
+    /// template and kept like the nodes' own claims: each node's backups on a volume of
+    /// their own, in the zone of the node's first backup Job (which prefers the node's
+    /// zone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_template: Option<BackupClaimTemplate>,
+}
+
+/// The per-node backup claims' spec.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupClaimTemplate {
+    /// Requested size, a Kubernetes quantity: `retention` archives of the node's store plus
+    /// one more store (checking an archive unpacks it beside itself).
+    #[schemars(length(min = 1, max = 64))]
+    pub size: String,
+    /// The StorageClass; the cluster's default when unset.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
+    pub storage_class_name: Option<String>,
+}
+
+impl BackupDestination {
+    /// One claim for every node (`None`: a claim per node).
+    pub fn shared(&self) -> Option<&str> {
+        self.claim_name.as_deref()
+    }
 }
 
 /// When a backup runs before pods move.

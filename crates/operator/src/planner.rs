@@ -177,9 +177,14 @@ pub struct Observed {
     /// Restore Jobs of the restore under way (`status.restore`), by ordinal.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub restores: BTreeMap<i32, JobObs>,
-    /// The claim a restore reads exists (`None`: not read).
+    /// The claim a restore reads for its next node, and whether it exists (`None`: not
+    /// read).
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub restore_claim: Option<bool>,
+    pub restore_claim: Option<(String, bool)>,
+    /// With a backup claim per node: each node's, as read, by ordinal (the operator makes
+    /// the missing ones).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_backup_claims: BTreeMap<i32, BackupClaimObs>,
     /// Backup Jobs of the scheduled run under way (`status.scheduledBackups.run`), by
     /// ordinal.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
@@ -944,20 +949,54 @@ fn step(
 /// size on disk) and room to unpack the largest beside it, which the check of a backup
 /// does. Stores whose size their node does not report (older releases) are not counted.
 pub(crate) fn backup_claim_problem(relay: &Relay, o: &Observed) -> Option<String> {
-    let claim = relay.spec.backup.as_ref()?.destination.claim_name.as_str();
+    let destination = &relay.spec.backup.as_ref()?.destination;
     let ns = relay.metadata.namespace.as_deref().unwrap_or("default");
+    let sizes = || -> BTreeMap<String, u64> {
+        o.nodes
+            .iter()
+            .filter_map(|(pod, r)| Some((pod.clone(), r.as_ref().ok()?.status.store_bytes?)))
+            .collect()
+    };
+    let Some(claim) = destination.shared() else {
+        // A claim per node, made by the operator: each must hold its node's store twice.
+        let names = crate::resources::Names::of(relay).ok()?;
+        let sizes = sizes();
+        let short: Vec<String> = o
+            .node_backup_claims
+            .iter()
+            .filter_map(|(&i, c)| {
+                let BackupClaimObs::Present {
+                    capacity_bytes: Some(capacity),
+                } = c
+                else {
+                    return None;
+                };
+                let needed = 2 * sizes.get(&names.pod(i)).copied()?;
+                (*capacity < needed).then(|| {
+                    format!(
+                        "{} holds {} MiB, {} needs {} MiB (its store and room to check its archive)",
+                        names.backup_claim(i),
+                        capacity >> 20,
+                        names.pod(i),
+                        needed.div_ceil(1 << 20)
+                    )
+                })
+            })
+            .collect();
+        return (!short.is_empty()).then(|| {
+            format!(
+                "{}; grow the claims (backups wait, and an upgrade moves nothing)",
+                short.join("; ")
+            )
+        });
+    };
     match o.backup_claim.as_ref()? {
         BackupClaimObs::Missing => Some(format!(
             "the backup claim {claim} does not exist in namespace {ns}: create it (see docs/deployment.md, \"Backup volumes\"); backups wait for it, and an upgrade moves nothing"
         )),
         BackupClaimObs::Present { capacity_bytes, .. } => {
             let capacity = (*capacity_bytes)?;
-            let sizes: Vec<u64> = o
-                .nodes
-                .values()
-                .filter_map(|r| r.as_ref().ok())
-                .filter_map(|r| r.status.store_bytes)
-                .collect();
+            let sizes: Vec<u64> = sizes().into_values().collect();
             if sizes.is_empty() {
                 return None;
             }

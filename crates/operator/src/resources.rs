@@ -152,6 +152,11 @@ impl Names {
         format!("data-{}-{i}", self.statefulset)
     }
 
+    /// Node `i`'s own backup claim (`spec.backup.destination.claimTemplate`).
+    pub fn backup_claim(&self, i: i32) -> String {
+        format!("{}-backups-{i}", self.relay)
+    }
+
     /// The ordinal of a node volume claim's name, if it is one of this Relay's.
     pub fn claim_ordinal(&self, claim: &str) -> Option<i32> {
         claim
@@ -1292,6 +1297,65 @@ pub fn data_claim(
     )
 }
 
+/// The claim node `ordinal`'s backups go to: the one claim of every node, or its own
+/// (`<name>-backups-<ordinal>`).
+pub fn backup_claim(relay: &Relay, ordinal: i32) -> Result<String, ResourceError> {
+    let backup = relay.spec.backup.as_ref().ok_or(ResourceError::Config(
+        "spec.backup.destination is not set".into(),
+    ))?;
+    Ok(match backup.destination.shared() {
+        Some(c) => c.to_owned(),
+        None => Names::of(relay)?.backup_claim(ordinal),
+    })
+}
+
+/// Label of the per-node backup claims the operator makes.
+pub const BACKUP_CLAIM_APP_NAME: &str = "ankusa-relay-backup";
+
+/// Node `ordinal`'s own backup claim from `spec.backup.destination.claimTemplate` (`None`
+/// with one claim for every node). Like the data claims it has no owner: deleting the
+/// Relay leaves the backups.
+pub fn backup_claim_object(
+    relay: &Relay,
+    ordinal: i32,
+) -> Result<Option<k8s_openapi::api::core::v1::PersistentVolumeClaim>, ResourceError> {
+    let Some(template) = relay
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.destination.claim_template.as_ref())
+    else {
+        return Ok(None);
+    };
+    let names = Names::of(relay)?;
+    let mut labels = selector_labels(&names.relay);
+    labels.insert(
+        "app.kubernetes.io/name".into(),
+        BACKUP_CLAIM_APP_NAME.into(),
+    );
+    let mut spec = json!({
+        "accessModes": ["ReadWriteOnce"],
+        "resources": { "requests": { "storage": template.size } },
+    });
+    if let Some(class) = &template.storage_class_name {
+        spec["storageClassName"] = json!(class);
+    }
+    typed(
+        "PersistentVolumeClaim",
+        json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {
+                "name": names.backup_claim(ordinal),
+                "namespace": names.namespace,
+                "labels": labels,
+            },
+            "spec": spec,
+        }),
+    )
+    .map(Some)
+}
+
 /// Node `ordinal`'s restore Job: `ankusa-relay restore --replace` of the newest archive in
 /// `<relay>/<relay>-<ordinal>/` on the restore's backup claim (at most `format`) into the
 /// node's data claim, which no pod uses meanwhile. The backup claim is mounted read-only.
@@ -1303,9 +1367,10 @@ pub fn restore_job(
     format: Option<u32>,
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
-    let (claim, from) = crate::restore::source(relay).ok_or(ResourceError::Config(
+    let source = crate::restore::source(relay).ok_or(ResourceError::Config(
         "a restore needs spec.bootstrap.fromBackup.claimName or spec.backup.destination".into(),
     ))?;
+    let (claim, from) = (source.claim(ordinal), source.relay);
     let mut args = vec![
         "restore".to_owned(),
         "--from".to_owned(),
@@ -1380,10 +1445,26 @@ pub fn backup_job(
     });
     let mut volumes = vec![json!({
         "name": "backups",
-        "persistentVolumeClaim": { "claimName": backup.destination.claim_name },
+        "persistentVolumeClaim": { "claimName": backup_claim(relay, ordinal)? },
     })];
+    let mut pod = json!({});
     match source {
         BackupSource::Node(url) => {
+            if backup.destination.shared().is_none() {
+                // Its own backup claim binds where its first Job runs: in the node's zone,
+                // where an offline backup of the node's data claim can mount both.
+                pod["affinity"] = json!({ "podAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [{
+                        "weight": 100,
+                        "podAffinityTerm": {
+                            "labelSelector": { "matchLabels": {
+                                "statefulset.kubernetes.io/pod-name": names.pod(ordinal),
+                            } },
+                            "topologyKey": "topology.kubernetes.io/zone",
+                        },
+                    }],
+                } });
+            }
             container["args"] =
                 json!(["backup", "pull", "--from", url, "--to", to, "--keep", keep]);
             container["env"] = json!([{
@@ -1405,12 +1486,14 @@ pub fn backup_job(
             }));
         }
     }
+    pod["containers"] = json!([container]);
+    pod["volumes"] = json!(volumes);
     job(
         relay,
         name,
         "backup",
         &[("ankusa.dev/ordinal", ordinal.to_string())],
         relay.spec.upgrade.timeouts.backup_seconds,
-        json!({ "containers": [container], "volumes": volumes }),
+        pod,
     )
 }

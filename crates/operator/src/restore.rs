@@ -51,20 +51,51 @@ pub fn job_name(relay: &Relay, ordinal: i32, r: &RestoreStatus) -> String {
     format!("{name}-restore-{ordinal}-{h}")
 }
 
-/// The claim and the Relay directory a restore reads: (claim, relay).
-pub fn source(relay: &Relay) -> Option<(String, String)> {
+/// Where a restore reads: the claim of each node and the Relay directory on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Source {
+    /// One claim for every node, or `None`: each node's own `<relay>-backups-<ordinal>`.
+    pub shared: Option<String>,
+    /// The Relay the backups were taken of: node `i` reads `<relay>/<relay>-<i>/`.
+    pub relay: String,
+}
+
+impl Source {
+    /// Node `ordinal`'s claim.
+    pub fn claim(&self, ordinal: i32) -> String {
+        match &self.shared {
+            Some(c) => c.clone(),
+            None => format!("{}-backups-{ordinal}", self.relay),
+        }
+    }
+
+    /// `<claim>/<relay>` for the status (`<relay>-backups-*` for claims per node).
+    pub fn describe(&self) -> String {
+        match &self.shared {
+            Some(c) => format!("{c}/{}", self.relay),
+            None => format!("{}-backups-*/{}", self.relay, self.relay),
+        }
+    }
+}
+
+/// Where a restore of `relay` reads: `spec.bootstrap.fromBackup`'s claim and Relay, or
+/// the backup destination's (its one claim, or the claims per node).
+pub fn source(relay: &Relay) -> Option<Source> {
     let own = relay.metadata.name.clone().unwrap_or_default();
-    let destination = relay
-        .spec
-        .backup
-        .as_ref()
-        .map(|b| b.destination.claim_name.clone());
+    let destination = relay.spec.backup.as_ref().map(|b| &b.destination);
+    let shared = |explicit: Option<&String>| match explicit {
+        Some(c) => Some(Some(c.clone())),
+        None => destination.map(|d| d.shared().map(str::to_owned)),
+    };
     match &relay.spec.bootstrap {
-        Some(b) => Some((
-            b.from_backup.claim_name.clone().or(destination)?,
-            b.from_backup.relay.clone().unwrap_or(own),
-        )),
-        None => Some((destination?, own)),
+        Some(b) => Some(Source {
+            shared: shared(b.from_backup.claim_name.as_ref())?,
+            relay: b.from_backup.relay.clone().unwrap_or(own),
+        }),
+        None => Some(Source {
+            shared: shared(None)?,
+            relay: own,
+        }),
     }
 }
 
@@ -80,11 +111,11 @@ pub fn begin_bootstrap(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Optio
     if !untouched {
         return None;
     }
-    let (claim, from) = source(relay)?;
+    let source = source(relay)?;
     Some(RestoreStatus {
         reason: BOOTSTRAP.into(),
         phase: RESTORING.into(),
-        source: format!("{claim}/{from}"),
+        source: source.describe(),
         image: Some(relay.spec.image.clone()),
         format: None,
         replicas: relay.spec.replicas.max(0),
@@ -115,7 +146,7 @@ pub fn begin_rollback(
             relay.spec.image
         ));
     }
-    let (claim, from) = source(relay).ok_or_else(|| {
+    let source = source(relay).ok_or_else(|| {
         format!(
             "a rollback from store format {store} to {format} restores backups: set spec.backup.destination"
         )
@@ -123,7 +154,7 @@ pub fn begin_rollback(
     Ok(RestoreStatus {
         reason: ROLLBACK.into(),
         phase: STOPPING.into(),
-        source: format!("{claim}/{from}"),
+        source: source.describe(),
         image: Some(pinned(&relay.spec.image, o)),
         format: Some(format),
         replicas: relay.spec.replicas.max(0),
@@ -165,14 +196,7 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
     };
     if r.phase == FAILED {
         if spec.upgrade.retry == r.retry_seen {
-            out.hold = hold(
-                "RestoreFailed",
-                format!(
-                    "{}; change spec.upgrade.retry to try again",
-                    r.message.clone().unwrap_or_default()
-                ),
-                true,
-            );
+            out.hold = failed_hold(&r);
             out.restore = Some(r);
             return out;
         }
@@ -219,14 +243,7 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
                 let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
                 r.phase = FAILED.into();
                 r.message = Some(format!("restore Job {name} of {pod} failed: {m}"));
-                out.hold = hold(
-                    "RestoreFailed",
-                    format!(
-                        "{}; change spec.upgrade.retry to try again",
-                        r.message.clone().unwrap_or_default()
-                    ),
-                    true,
-                );
+                out.hold = failed_hold(&r);
                 out.restore = Some(r);
                 return out;
             }
@@ -273,6 +290,18 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
     out
 }
 
+/// The hold of a failed restore: what failed, and how to go on.
+fn failed_hold(r: &RestoreStatus) -> Option<crate::planner::Hold> {
+    hold(
+        "RestoreFailed",
+        format!(
+            "{}; change spec.upgrade.retry to try again",
+            r.message.clone().unwrap_or_default()
+        ),
+        true,
+    )
+}
+
 fn restoring_message(r: &RestoreStatus, names: Option<&crate::resources::Names>) -> String {
     let pod = names.map(|n| n.pod(r.restored)).unwrap_or_default();
     format!(
@@ -287,13 +316,13 @@ fn restoring_message(r: &RestoreStatus, names: Option<&crate::resources::Names>)
     )
 }
 
-/// The restore's claim is missing: it waits (a claim of this Relay's own backups, read by
-/// the backup claim's observation).
+/// The restore's claim for its next node is missing: it waits (the claim of every node,
+/// or that node's own).
 fn restore_claim_problem(r: &RestoreStatus, o: &Observed) -> Option<String> {
-    let claim = r.source.split('/').next().unwrap_or_default();
-    match o.restore_claim {
-        Some(false) => Some(format!(
-            "the backup claim {claim} holding the backups to restore does not exist: create it (or bind the volume with the backups to it); nothing starts until then"
+    match &o.restore_claim {
+        Some((claim, false)) => Some(format!(
+            "the backup claim {claim} holding the backups of node {} does not exist: create it (or bind the volume with the backups to it); the restore waits",
+            r.restored
         )),
         _ => None,
     }

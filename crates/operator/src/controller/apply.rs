@@ -176,29 +176,23 @@ pub(super) async fn create_job(
     Ok(())
 }
 
-/// A bootstrap's data claims, made before the StatefulSet (one that exists is left as it
+/// Claims the operator makes itself — a bootstrap's data claims, made before the
+/// StatefulSet; the backup claims per node — each once (one that exists is left as it
 /// is).
 pub(super) async fn create_claims(
     relay: &Relay,
     ctx: &Context,
     names: &Names,
-    ordinals: &[i32],
+    claims: Vec<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
 ) -> Result<(), Error> {
     let api: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(ctx.client.clone(), &names.namespace);
-    for &i in ordinals {
-        let claim = resources::data_claim(relay, i)?;
+    for claim in claims {
+        let name = claim.name_any();
         match api.create(&kube::api::PostParams::default(), &claim).await {
             Ok(_) => {
                 ctx.metrics.applied("PersistentVolumeClaim", "create");
-                record(
-                    ctx,
-                    relay,
-                    "PersistentVolumeClaim",
-                    &names.claim(i),
-                    Change::Create,
-                )
-                .await;
+                record(ctx, relay, "PersistentVolumeClaim", &name, Change::Create).await;
             }
             Err(kube::Error::Api(e)) if e.code == 409 => {}
             Err(e) => return Err(e.into()),

@@ -376,7 +376,20 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                             .join("; "),
                     );
                 }
-                create_claims(relay, ctx, &names, &rollout.claims).await?;
+                // A bootstrap's data claims, and the backup claims per node missing (of
+                // the nodes, and of the claims that outlived a scale-down).
+                let mut claims = rollout
+                    .claims
+                    .iter()
+                    .map(|&i| resources::data_claim(relay, i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                let backed_up = (0..relay.spec.replicas.max(0)).chain(o.claims.iter().copied());
+                for i in backed_up.collect::<std::collections::BTreeSet<_>>() {
+                    if !o.node_backup_claims.contains_key(&i) {
+                        claims.extend(resources::backup_claim_object(relay, i)?);
+                    }
+                }
+                create_claims(relay, ctx, &names, claims).await?;
                 for job in rollout.jobs.iter().chain(&scheduled.jobs) {
                     create_job(relay, ctx, &names, job).await?;
                 }

@@ -167,23 +167,52 @@ pub(super) async fn observe(
         .filter_map(|c| names.claim_ordinal(&c.name_any()))
         .collect();
     o.claims.sort_unstable();
-    // The backup destination: a list by name (the operator may list claims, not get them).
+    // The backup destination: a list by name (the operator may list claims, not get them),
+    // or the claims per node by their label.
+    let capacity = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage"))
+            .and_then(|q| resources::quantity_bytes(&q.0))
+    };
     if let Some(backup) = &relay.spec.backup {
-        let name = &backup.destination.claim_name;
-        let found = claims
-            .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-            .await?;
-        o.backup_claim = Some(match found.items.first() {
-            None => planner::BackupClaimObs::Missing,
-            Some(c) => planner::BackupClaimObs::Present {
-                capacity_bytes: c
-                    .status
-                    .as_ref()
-                    .and_then(|s| s.capacity.as_ref())
-                    .and_then(|c| c.get("storage"))
-                    .and_then(|q| resources::quantity_bytes(&q.0)),
-            },
-        });
+        match backup.destination.shared() {
+            Some(name) => {
+                let found = claims
+                    .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+                    .await?;
+                o.backup_claim = Some(match found.items.first() {
+                    None => planner::BackupClaimObs::Missing,
+                    Some(c) => planner::BackupClaimObs::Present {
+                        capacity_bytes: capacity(c),
+                    },
+                });
+            }
+            None => {
+                let found = claims
+                    .list(&ListParams::default().labels(&format!(
+                        "app.kubernetes.io/name={},app.kubernetes.io/instance={}",
+                        resources::BACKUP_CLAIM_APP_NAME,
+                        names.relay
+                    )))
+                    .await?;
+                for c in &found.items {
+                    let ordinal = c
+                        .name_any()
+                        .strip_prefix(&format!("{}-backups-", names.relay))
+                        .and_then(|i| i.parse::<i32>().ok());
+                    if let Some(i) = ordinal {
+                        o.node_backup_claims.insert(
+                            i,
+                            planner::BackupClaimObs::Present {
+                                capacity_bytes: capacity(c),
+                            },
+                        );
+                    }
+                }
+            }
+        }
     }
 
     // The claim a restore reads (a bootstrap's may be another than the backup
@@ -195,11 +224,18 @@ pub(super) async fn observe(
             .and_then(|s| s.restore.as_ref())
             .is_some_and(crate::restore::in_progress)
         || relay.spec.upgrade.rollback_to.is_some();
-    if let Some((claim, _)) = crate::restore::source(relay).filter(|_| restoring) {
+    if let Some(source) = crate::restore::source(relay).filter(|_| restoring) {
+        let next = relay
+            .status
+            .as_ref()
+            .and_then(|s| s.restore.as_ref())
+            .filter(|r| crate::restore::in_progress(r))
+            .map_or(0, |r| r.restored);
+        let claim = source.claim(next);
         let found = claims
             .list(&ListParams::default().fields(&format!("metadata.name={claim}")))
             .await?;
-        o.restore_claim = Some(!found.items.is_empty());
+        o.restore_claim = Some((claim, !found.items.is_empty()));
     }
 
     // Poll every ready pod, concurrently.

@@ -243,6 +243,16 @@ async fn every_cel_rule_refuses_its_bad_case_with_its_message() {
         ),
         (
             "ok",
+            json!({ "image": "x", "backup": { "destination": { "claimName": "b", "claimTemplate": { "size": "1Gi" } } } }),
+            "set backup.destination.claimName (one claim for every node) or backup.destination.claimTemplate",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "backup": { "destination": {} } }),
+            "set backup.destination.claimName (one claim for every node) or backup.destination.claimTemplate",
+        ),
+        (
+            "ok",
             json!({ "image": "x:1", "upgrade": { "rollbackTo": { "image": "x:0", "acknowledgeDataLoss": true } } }),
             "spec.upgrade.rollbackTo.image must be spec.image",
         ),

@@ -327,3 +327,97 @@ fn no_selector_of_the_relay_matches_a_job_pod() {
         }
     }
 }
+
+/// With `backup.destination.claimTemplate`, each node's backup Jobs (online and offline)
+/// and its restore mount its own claim, `<name>-backups-<ordinal>`, made from the
+/// template; an online backup Job prefers the node's zone, where the claim then binds.
+#[test]
+fn a_claim_template_gives_each_node_its_own_backup_claim() {
+    let mut r = relay("full");
+    let backup = r.spec.backup.as_mut().unwrap();
+    backup.destination = serde_json::from_value(serde_json::json!({
+        "claimTemplate": { "size": "50Gi", "storageClassName": "zonal-ssd" }
+    }))
+    .unwrap();
+    assert_eq!(resources::backup_claim(&r, 2).unwrap(), "hooks-backups-2");
+    let claim =
+        serde_json::to_value(resources::backup_claim_object(&r, 2).unwrap().unwrap()).unwrap();
+    assert_eq!(claim["metadata"]["name"], "hooks-backups-2");
+    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "50Gi");
+    assert_eq!(claim["spec"]["storageClassName"], "zonal-ssd");
+    assert_eq!(
+        claim["metadata"]["labels"]["app.kubernetes.io/name"],
+        resources::BACKUP_CLAIM_APP_NAME
+    );
+    // Not one of the nodes' data claims (their selector does not take it).
+    assert!(Names::of(&r)
+        .unwrap()
+        .claim_ordinal("hooks-backups-2")
+        .is_none());
+    let volume = |job: &k8s_openapi::api::batch::v1::Job| {
+        let v = serde_json::to_value(job).unwrap();
+        v["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "backups")
+            .unwrap()["persistentVolumeClaim"]["claimName"]
+            .clone()
+    };
+    let online = resources::backup_job(
+        &r,
+        "hooks-backup-2-x",
+        2,
+        "img",
+        resources::BackupSource::Node("http://hooks-2:9090"),
+    )
+    .unwrap();
+    assert_eq!(volume(&online), "hooks-backups-2");
+    let affinity =
+        serde_json::to_value(&online).unwrap()["spec"]["template"]["spec"]["affinity"].clone();
+    let term = &affinity["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"][0]
+        ["podAffinityTerm"];
+    assert_eq!(term["topologyKey"], "topology.kubernetes.io/zone");
+    assert_eq!(
+        term["labelSelector"]["matchLabels"]["statefulset.kubernetes.io/pod-name"],
+        "hooks-2"
+    );
+    let offline = resources::backup_job(
+        &r,
+        "hooks-backup-4-x",
+        4,
+        "img",
+        resources::BackupSource::Claim,
+    )
+    .unwrap();
+    assert_eq!(volume(&offline), "hooks-backups-4");
+    let restore = resources::restore_job(&r, "hooks-restore-1-x", 1, "img", None).unwrap();
+    assert_eq!(volume(&restore), "hooks-backups-1");
+    // One claim for every node: that claim, and no affinity.
+    let shared = relay("full");
+    let job = resources::backup_job(
+        &shared,
+        "hooks-backup-2-x",
+        2,
+        "img",
+        resources::BackupSource::Node("http://hooks-2:9090"),
+    )
+    .unwrap();
+    assert_eq!(
+        volume(&job),
+        shared
+            .spec
+            .backup
+            .as_ref()
+            .unwrap()
+            .destination
+            .claim_name
+            .clone()
+            .unwrap()
+    );
+    assert!(
+        serde_json::to_value(&job).unwrap()["spec"]["template"]["spec"]
+            .get("affinity")
+            .is_none()
+    );
+}

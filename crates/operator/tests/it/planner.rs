@@ -203,6 +203,7 @@ scenarios!(
     a_bootstrap_restores_each_node_before_the_statefulset,
     a_bootstrap_restores_the_next_node_and_then_starts_them,
     a_bootstrap_never_replaces_a_store_that_exists,
+    a_bootstrap_waits_for_the_claim_of_its_backups,
     a_failed_restore_stops_until_a_retry,
     a_rollback_stops_every_node_first,
     a_rollback_restores_at_the_release_format_then_starts_it,

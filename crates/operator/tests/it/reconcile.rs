@@ -992,3 +992,38 @@ async fn the_watch_loop_reconciles_and_repairs() {
         .unwrap()
         .unwrap();
 }
+
+/// `backup.destination.claimTemplate`: the operator (as its ServiceAccount) makes a
+/// backup claim per node, with no owner (deleting the Relay leaves the backups), and
+/// leaves one that exists alone.
+#[tokio::test]
+async fn a_claim_template_makes_a_backup_claim_per_node() {
+    let (admin, ns, ctx) = set_up(
+        "bkclaims",
+        "minimal",
+        json!({ "spec": { "replicas": 2, "backup": { "destination": {
+            "claimTemplate": { "size": "3Gi", "storageClassName": "nowhere" } } } } }),
+    )
+    .await;
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns);
+    for i in 0..2 {
+        let c = claims.get(&format!("relay-backups-{i}")).await.unwrap();
+        let spec = c.spec.unwrap();
+        assert_eq!(spec.storage_class_name.as_deref(), Some("nowhere"));
+        assert_eq!(
+            spec.resources.unwrap().requests.unwrap()["storage"].0,
+            "3Gi"
+        );
+        assert!(c.metadata.owner_references.unwrap_or_default().is_empty());
+    }
+    // A second reconcile makes nothing more.
+    let audit = Audit::mark();
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    let created: Vec<_> = audit
+        .writes(OPERATOR_USER, &ns)
+        .into_iter()
+        .filter(|w| w.resource == "persistentvolumeclaims")
+        .collect();
+    assert!(created.is_empty(), "{created:#?}");
+}
