@@ -243,3 +243,63 @@ impl Allocator {
         }
     }
 }
+
+/// Paused tenants: `m:paused:<<ord::32>>` in meta → `<<at::64>>` (when it was paused).
+/// While one is there, dispatch makes no attempt for the tenant: its rows stay due and
+/// counted, and its active markers are taken out as dispatch meets them (so a paused
+/// backlog never fills a tick's marker budget); a resume puts one back for every second
+/// its due rows are in ([`crate::deliveries::restore_tenant_markers`]) before the key goes.
+const PAUSED_PREFIX: &[u8] = b"m:paused:";
+
+/// The key that marks tenant `ord` paused.
+pub fn paused_key(ord: TenantOrd) -> Vec<u8> {
+    let mut k = PAUSED_PREFIX.to_vec();
+    k.extend_from_slice(&ord.0.to_be_bytes());
+    k
+}
+
+/// The op that pauses tenant `ord` at `at`.
+pub fn pause_op(ord: TenantOrd, at: ankusa_keyspace::AtMs) -> Op {
+    Op::put(Cf::Default, paused_key(ord), at.0.to_be_bytes().to_vec())
+}
+
+/// The op that ends tenant `ord`'s pause.
+pub fn resume_op(ord: TenantOrd) -> Op {
+    Op::delete(Cf::Default, paused_key(ord))
+}
+
+/// Every paused tenant, with when it was paused.
+pub fn paused(store: &Store) -> Result<Vec<(TenantOrd, ankusa_keyspace::AtMs)>, QueueError> {
+    let mut to = PAUSED_PREFIX.to_vec();
+    to.push(0xFF);
+    let mut out = Vec::new();
+    for kv in store.scan(
+        ankusa_keyspace::Family::Meta,
+        PAUSED_PREFIX,
+        &to,
+        ankusa_store::Dir::Forward,
+    )? {
+        let (k, v) = kv?;
+        let ord = k
+            .strip_prefix(PAUSED_PREFIX)
+            .and_then(decode_u32)
+            .ok_or_else(|| {
+                QueueError::corrupt_at(
+                    ankusa_keyspace::Family::Meta,
+                    &k,
+                    "a pause key that does not decode",
+                )
+            })?;
+        let at = <[u8; 8]>::try_from(v.as_slice())
+            .map(u64::from_be_bytes)
+            .map_err(|_| {
+                QueueError::corrupt_at(
+                    ankusa_keyspace::Family::Meta,
+                    &k,
+                    "a pause time that does not decode",
+                )
+            })?;
+        out.push((TenantOrd(ord), ankusa_keyspace::AtMs(at)));
+    }
+    Ok(out)
+}

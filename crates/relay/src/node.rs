@@ -774,7 +774,12 @@ impl Node {
             config.quarantine.max_bytes,
         )?);
         let hints = Arc::new(DueHints::default());
+        // Filled from the store once its format is current (the boot below).
+        let paused = Arc::new(crate::dispatch::paused::Paused::counted(
+            metrics.tenants_paused.clone(),
+        ));
         let api = Arc::new(Api {
+            paused: paused.clone(),
             cluster: cluster.clone(),
             hints: hints.clone(),
             store: store.clone(),
@@ -804,6 +809,7 @@ impl Node {
         let max_tenants = config.tenants.max;
         let backup_dir = config.backup_dir();
         let boot_progress = progress.clone();
+        let boot_paused = paused.clone();
         let archived: Vec<String> = config
             .sources
             .iter()
@@ -842,7 +848,11 @@ impl Node {
                 tracing::warn!(stale, "removed checkpoints and half-packed archives of backups a stop cut short");
             }
             let recovered = deliveries::recover_inflight(&boot_store, AtMs(ankusa_keyspace::now_ms()), config.hook_log.enabled)?;
-            let markers = deliveries::repair_markers(&boot_store)?;
+            let paused_now = boot_paused.load(&boot_store)?;
+            if paused_now > 0 {
+                tracing::info!(tenants = paused_now, "paused tenants: their deliveries are held");
+            }
+            let markers = deliveries::repair_markers_except(&boot_store, |o| boot_paused.holds(o))?;
             if markers > 0 {
                 tracing::warn!(markers, "restored active markers a crash had lost");
             }
@@ -854,7 +864,7 @@ impl Node {
         .await
         .map_err(NodeError::task("boot: migrations and recovery"))??;
         // Fresh deliveries start at their ingest commit while dispatch has caught up.
-        let starter = Arc::new(pipeline::runner::Starter::default());
+        let starter = Arc::new(pipeline::runner::Starter::with_paused(paused.clone()));
         let (writer, writer_thread) = writer::spawn(
             store.clone(),
             assembler,

@@ -47,6 +47,8 @@ impl Modify for Security {
         crate::admin::tenants::tenant,
         crate::admin::tenants::purge,
         crate::admin::tenants::retry,
+        crate::admin::tenants::pause,
+        crate::admin::tenants::resume,
         crate::admin::quarantine::quarantine_list,
         crate::admin::quarantine::quarantine_delete,
         crate::admin::audit::audit_list,

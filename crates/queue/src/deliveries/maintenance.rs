@@ -176,6 +176,15 @@ pub fn compact_obligations(store: &Store, through: Option<Seq>) {
 /// the due family before the pipeline starts (O(due rows), with one point read per
 /// distinct tenant-second) puts back what is missing, synced. Returns the markers restored.
 pub fn repair_markers(store: &Store) -> Result<u64, QueueError> {
+    repair_markers_except(store, |_| false)
+}
+
+/// [`repair_markers`], but not for the tenants `paused` names: a paused tenant has no
+/// markers, and gets them back when it is resumed ([`restore_tenant_markers`]).
+pub fn repair_markers_except(
+    store: &Store,
+    paused: impl Fn(TenantOrd) -> bool,
+) -> Result<u64, QueueError> {
     let mut last: Option<(Bucket, TenantOrd)> = None;
     let mut ops = Vec::new();
     let mut restored = 0;
@@ -187,6 +196,9 @@ pub fn repair_markers(store: &Store) -> Result<u64, QueueError> {
             continue;
         }
         last = Some(here);
+        if paused(here.1) {
+            continue;
+        }
         let marker = ankusa_keyspace::active(here.0, here.1);
         if store.get(Cf::Index, &marker)?.is_none() {
             ops.push(Op::put(Cf::Index, marker, Vec::new()));
@@ -200,4 +212,50 @@ pub fn repair_markers(store: &Store) -> Result<u64, QueueError> {
         store.write(ops, true)?;
     }
     Ok(restored)
+}
+
+/// A resumed tenant's markers: one for every second its due rows are in (a paused
+/// tenant's markers were taken out as dispatch met them), written synced in chunks before
+/// the pause ends. Returns the markers written.
+pub fn restore_tenant_markers(store: &Store, ord: TenantOrd) -> Result<u64, QueueError> {
+    let (from, to) = ankusa_keyspace::due_tenant_range(ord);
+    let mut last: Option<Bucket> = None;
+    let mut ops = Vec::new();
+    let mut written = 0;
+    for kv in store.scan(Family::Due, &from, &to, Dir::Forward)? {
+        let (k, v) = kv?;
+        let row = DueRow::decode(&k, &v)?;
+        let bucket = row.key.at.bucket();
+        if last == Some(bucket) {
+            continue;
+        }
+        last = Some(bucket);
+        ops.push(Op::put(
+            Cf::Index,
+            ankusa_keyspace::active(bucket, ord),
+            Vec::new(),
+        ));
+        written += 1;
+        if ops.len() >= CHUNK_ROWS {
+            store.write(std::mem::take(&mut ops), true)?;
+        }
+    }
+    if !ops.is_empty() {
+        store.write(ops, true)?;
+    }
+    Ok(written)
+}
+
+/// Takes a paused tenant's markers of `buckets` out (not synced: one that comes back is
+/// taken out again when dispatch meets it).
+pub fn drop_markers(store: &Store, ord: TenantOrd, buckets: &[Bucket]) -> Result<(), QueueError> {
+    if buckets.is_empty() {
+        return Ok(());
+    }
+    let ops = buckets
+        .iter()
+        .map(|b| Op::delete(Cf::Index, ankusa_keyspace::active(*b, ord)))
+        .collect();
+    store.write(ops, false)?;
+    Ok(())
 }

@@ -1177,6 +1177,46 @@ fn boot_repair_restores_the_markers_a_crash_lost() {
     assert_eq!(active.len(), 2);
 }
 
+/// A paused tenant's markers, taken out as dispatch meets them, come back one per second
+/// of its due rows when it is resumed; the boot repair leaves a paused tenant's alone.
+#[test]
+fn a_resumed_tenant_gets_a_marker_for_every_second_of_its_due_rows() {
+    let mut h = Harness::new();
+    let now = 1_000_000u64;
+    for at in [now - 5_000, now - 5_000, now - 3_000, now - 1_000] {
+        h.ingest(Some("a"), 1, at, false);
+    }
+    h.ingest(Some("b"), 1, now - 5_000, false);
+    let a = h.ord("a");
+    let mine: Vec<Bucket> = h
+        .markers()
+        .into_iter()
+        .filter(|(_, o)| *o == a)
+        .map(|(b, _)| b)
+        .collect();
+    assert_eq!(mine.len(), 3);
+    // Paused: dispatch took them out, and the boot repair does not put them back.
+    drop_markers(&h.store, a, &mine).unwrap();
+    assert_eq!(repair_markers_except(&h.store, |o| o == a).unwrap(), 0);
+    assert!(h.markers().iter().all(|(_, o)| *o != a));
+    // Resumed: every second of its rows has its marker again, and only those.
+    assert_eq!(restore_tenant_markers(&h.store, a).unwrap(), 3);
+    h.assert_every_due_row_has_its_marker();
+    assert_eq!(h.markers().len(), 4);
+    let active = active_tenants(&h.store, AtMs(now), 4096).unwrap();
+    assert_eq!(active.len(), 2);
+    // The pause's key reads back.
+    let at = AtMs(now - 2_000);
+    h.store
+        .write(vec![crate::tenants::pause_op(a, at)], true)
+        .unwrap();
+    assert_eq!(crate::tenants::paused(&h.store).unwrap(), vec![(a, at)]);
+    h.store
+        .write(vec![crate::tenants::resume_op(a)], true)
+        .unwrap();
+    assert!(crate::tenants::paused(&h.store).unwrap().is_empty());
+}
+
 /// An operation a task of the node makes on the queue, as the model-based concurrent test
 /// issues it: each reads the rows as they are when it runs, then commits.
 #[derive(Debug, Clone)]

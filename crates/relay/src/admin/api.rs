@@ -44,6 +44,8 @@ pub struct Api {
     /// The ingest writer, once it runs (after the boot migration): archive replays commit
     /// through it.
     pub writer: std::sync::OnceLock<ankusa_queue::writer::WriterHandle>,
+    /// The paused tenants, which dispatch holds.
+    pub paused: Arc<crate::dispatch::paused::Paused>,
 }
 
 /// An API error: one JSON shape, a stable code.

@@ -216,7 +216,8 @@ pub fn merge_nodes(urls: &[String], answers: Vec<Value>) -> Value {
 /// Tenants from every node's `/v1/tenants?top=N`, one row per tenant with its counters
 /// summed, most pending first, `top` of them.
 pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
-    let mut by: BTreeMap<String, (BTreeMap<String, i64>, Vec<usize>)> = BTreeMap::new();
+    type Merged = (BTreeMap<String, i64>, Vec<usize>, Option<u64>);
+    let mut by: BTreeMap<String, Merged> = BTreeMap::new();
     for (i, a) in answers.iter().enumerate() {
         for t in a["tenants"].as_array().into_iter().flatten() {
             let name = t["tenant"].as_str().unwrap_or_default().to_owned();
@@ -225,11 +226,18 @@ pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
             for (k, v) in t["counters"].as_object().into_iter().flatten() {
                 *e.0.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
             }
+            e.2 = earliest(e.2, &t["paused_since_ms"]);
         }
     }
     let mut rows: Vec<Value> = by
         .into_iter()
-        .map(|(t, (c, nodes))| json!({ "tenant": t, "counters": c, "nodes": nodes }))
+        .map(|(t, (c, nodes, paused))| {
+            let mut row = json!({ "tenant": t, "counters": c, "nodes": nodes });
+            if let Some(p) = paused {
+                row["paused_since_ms"] = json!(p);
+            }
+            row
+        })
         .collect();
     // As each node orders them: the most pending, then scheduled, then dead.
     let key = |v: &Value| {
@@ -265,14 +273,30 @@ pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
 pub fn merge_tenant(tenant: &str, answers: Vec<Option<Value>>) -> Option<Value> {
     let mut total = BTreeMap::<String, i64>::new();
     let mut nodes = Vec::new();
+    let mut paused = None;
     for (i, a) in answers.into_iter().enumerate() {
         let Some(a) = a else { continue };
         nodes.push(i);
         for (k, v) in a["counters"].as_object().into_iter().flatten() {
             *total.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
         }
+        paused = earliest(paused, &a["paused_since_ms"]);
     }
-    (!nodes.is_empty()).then(|| json!({ "tenant": tenant, "counters": total, "nodes": nodes }))
+    (!nodes.is_empty()).then(|| {
+        let mut v = json!({ "tenant": tenant, "counters": total, "nodes": nodes });
+        if let Some(p) = paused {
+            v["paused_since_ms"] = json!(p);
+        }
+        v
+    })
+}
+
+/// The earlier of `a` and the time `b` names (a tenant paused on several nodes).
+fn earliest(a: Option<u64>, b: &Value) -> Option<u64> {
+    match (a, b.as_u64()) {
+        (Some(x), Some(y)) => Some(x.min(y)),
+        (x, y) => x.or(y),
+    }
 }
 
 /// Items from every node's page, each with its node and a merged id, newest first (by

@@ -197,6 +197,8 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
         .route("/v1/tenants/{t}", get(tenants::tenant))
         .route("/v1/tenants/{t}/queue", delete(tenants::purge))
         .route("/v1/tenants/{t}/retry", post(tenants::retry))
+        .route("/v1/tenants/{t}/pause", post(tenants::pause))
+        .route("/v1/tenants/{t}/resume", post(tenants::resume))
         .route(
             "/v1/quarantine",
             get(quarantine::quarantine_list).delete(quarantine::quarantine_delete),

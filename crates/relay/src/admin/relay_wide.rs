@@ -126,6 +126,10 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         }
         (Method::POST, "/v1/dlq/replay") => Some(Merge::Sum(&["revived"])),
         (Method::POST, p) if p.ends_with("/retry") => Some(Merge::Sum(&["retried", "more"])),
+        // Held on every node that holds the tenant's rows: its owner and former owners.
+        (Method::POST, p) if p.ends_with("/pause") || p.ends_with("/resume") => {
+            Some(Merge::Sum(&["changed", "markers"]))
+        }
         (Method::GET, p) if p.starts_with("/v1/sources/") => Some(Merge::Backlog),
         _ => None,
     };

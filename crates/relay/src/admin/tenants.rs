@@ -1,5 +1,6 @@
 //! Tenants: `GET /v1/tenants/{t}` (its counters), `GET /v1/tenants?top=N` (the tenants
-//! with the most pending work) and `DELETE /v1/tenants/{t}/queue` (purge).
+//! with the most pending work), `DELETE /v1/tenants/{t}/queue` (purge), `…/retry`, and
+//! `…/pause` and `…/resume` (deliveries held, [`crate::dispatch::paused`]).
 
 use std::sync::Arc;
 
@@ -24,6 +25,9 @@ pub struct TenantView {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ord: Option<u32>,
     pub counters: Counters,
+    /// Paused since (ms since the epoch): its deliveries are held (`…/resume` ends it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_since_ms: Option<u64>,
     /// A Relay of several nodes: the nodes that gave no answer (their rows are not counted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<String>,
@@ -97,6 +101,7 @@ pub async fn tenant(
             tenant: t,
             ord: Some(ord.0),
             counters,
+            paused_since_ms: paused_since(&a, ord),
             unavailable: Vec::new(),
         })
         .into_response())
@@ -157,8 +162,10 @@ pub async fn tenants_top(
                 )?;
                 let dead =
                     deliveries::tenants_with_dead(store, crate::metrics::gauges::ACTIVE_SAMPLE)?;
+                // And the paused ones: dispatch took their markers out.
+                let paused = a.paused.ords(crate::metrics::gauges::ACTIVE_SAMPLE);
                 let mut seen = std::collections::HashSet::new();
-                let ords = active.into_iter().map(|t| t.ord).chain(dead);
+                let ords = active.into_iter().map(|t| t.ord).chain(dead).chain(paused);
                 for ord in ords.filter(|o| seen.insert(*o)) {
                     let counters = counters::read(store, ord)?;
                     // A marker the dispatcher has not cleaned yet can name a tenant with
@@ -173,6 +180,7 @@ pub async fn tenants_top(
                         tenant: name,
                         ord: Some(ord.0),
                         counters,
+                        paused_since_ms: paused_since(&a, ord),
                         unavailable: Vec::new(),
                     });
                 }
@@ -184,6 +192,7 @@ pub async fn tenants_top(
                             tenant: t.clone(),
                             ord: Some(ord.0),
                             counters: counters::read(store, ord)?,
+                            paused_since_ms: paused_since(&a, ord),
                             unavailable: Vec::new(),
                         });
                     }
@@ -400,6 +409,148 @@ pub async fn retry(
             unavailable: Vec::new(),
         })
         .into_response())
+    })
+    .await
+}
+
+/// `POST /v1/tenants/{t}/pause` and `…/resume`: the tenant's state after the call.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PauseState {
+    pub tenant: String,
+    pub paused: bool,
+    /// Nodes whose state the call changed (0: it was so already; relay-wide, summed).
+    pub changed: u64,
+    /// A resume: the active markers put back, one per second its due rows are in.
+    pub markers: u64,
+    /// A Relay of several nodes: the nodes that gave no answer (their rows are not held).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+/// When tenant `ord` was paused on this node, if it is.
+pub(crate) fn paused_since(api: &Api, ord: ankusa_keyspace::TenantOrd) -> Option<u64> {
+    match api.paused.hold(ord) {
+        Some(crate::dispatch::paused::Hold::Paused(at)) => Some(at.0),
+        _ => None,
+    }
+}
+
+/// `POST /v1/tenants/{t}/pause`: no delivery of the tenant is attempted until it is
+/// resumed. Its rows stay due and counted (its oldest-due age grows); deliveries in flight
+/// finish. Persisted with its audit row in one synced write; pausing a paused tenant
+/// changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{t}/pause",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id")),
+    responses(
+        (status = 200, description = "The tenant is paused", body = PauseState),
+        crate::http::AuthErrors,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn pause(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let a = api.clone();
+    blocking(move || {
+        let ord = visible_ord(&a.store, &c.scope, &t)?;
+        let _one = a.paused.changing();
+        let mut changed = 0;
+        if a.paused.hold(ord).is_none() {
+            let at = AtMs(ankusa_keyspace::now_ms());
+            let audit = a
+                .audit
+                .op(&c.name, "tenant.pause", Some(&t), serde_json::json!({}));
+            a.store
+                .write(vec![tenants::pause_op(ord, at), audit], true)?;
+            a.paused
+                .set(ord, Some(crate::dispatch::paused::Hold::Paused(at)));
+            changed = 1;
+        }
+        Ok(Json(PauseState {
+            tenant: t,
+            paused: true,
+            changed,
+            markers: 0,
+            unavailable: Vec::new(),
+        })
+        .into_response())
+    })
+    .await
+}
+
+/// `POST /v1/tenants/{t}/resume`: the tenant's deliveries go on. Its due rows get their
+/// active markers back (synced, in chunks) before the pause ends in the store, with its
+/// audit row; resuming a tenant that is not paused changes nothing.
+#[utoipa::path(
+    post,
+    path = "/v1/tenants/{t}/resume",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id")),
+    responses(
+        (status = 200, description = "The tenant's deliveries go on", body = PauseState),
+        crate::http::AuthErrors,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn resume(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+) -> ApiResult {
+    use crate::dispatch::paused::Hold;
+    let c = caller(&api, &headers)?;
+    let a = api.clone();
+    blocking(move || {
+        let ord = visible_ord(&a.store, &c.scope, &t)?;
+        let _one = a.paused.changing();
+        let Some(hold) = a.paused.hold(ord) else {
+            return Ok(Json(PauseState {
+                tenant: t,
+                paused: false,
+                changed: 0,
+                markers: 0,
+                unavailable: Vec::new(),
+            })
+            .into_response());
+        };
+        // Skipped by the ticks meanwhile, its markers left alone while they come back.
+        a.paused.set(ord, Some(Hold::Resuming));
+        let resumed = deliveries::restore_tenant_markers(&a.store, ord).and_then(|markers| {
+            let audit = a.audit.op(
+                &c.name,
+                "tenant.resume",
+                Some(&t),
+                serde_json::json!({ "markers": markers }),
+            );
+            a.store.write(vec![tenants::resume_op(ord), audit], true)?;
+            Ok(markers)
+        });
+        match resumed {
+            Ok(markers) => {
+                a.paused.set(ord, None);
+                Ok(Json(PauseState {
+                    tenant: t,
+                    paused: false,
+                    changed: 1,
+                    markers,
+                    unavailable: Vec::new(),
+                })
+                .into_response())
+            }
+            Err(e) => {
+                // Still paused (its key is there): as it was.
+                a.paused.set(ord, Some(hold));
+                Err(e.into())
+            }
+        }
     })
     .await
 }

@@ -113,6 +113,17 @@ pub(super) fn admin(
                 sum["tenant"] = serde_json::json!(tenant);
                 sum
             }
+            AdminCommand::Pause { tenant } | AdminCommand::Resume { tenant } => {
+                let verb = match &command {
+                    AdminCommand::Pause { .. } => "pause",
+                    _ => "resume",
+                };
+                let path = format!("/v1/tenants/{}/{verb}", c::q(tenant));
+                let answers = knowing(&nodes, Method::POST, &path, None).await?;
+                let mut sum = c::sum_reports(&answers);
+                sum["tenant"] = serde_json::json!(tenant);
+                sum
+            }
             AdminCommand::Quarantine {
                 command: QuarantineCommand::List { limit },
             } => c::merge_items(
@@ -200,12 +211,17 @@ pub(super) fn admin(
                     let mut r = vec![cell(&t["tenant"])];
                     r.extend(counters.iter().map(|k| cell(&t["counters"][*k])));
                     r.push(cell(&t["nodes"]));
+                    r.push(match t["paused_since_ms"].as_u64() {
+                        Some(ms) => c::when(ms, ankusa_keyspace::now_ms()),
+                        None => String::new(),
+                    });
                     r
                 })
                 .collect();
             let mut h = vec!["tenant"];
             h.extend(counters);
             h.push("nodes");
+            h.push("paused");
             table(&h, &rows)
         }
         AdminCommand::Dlq {

@@ -155,6 +155,11 @@ pub enum AdminCommand {
         #[arg(long)]
         hook: Option<String>,
     },
+    /// Hold a tenant's deliveries on every node: its rows stay due and counted, no
+    /// attempt is made until `resume`.
+    Pause { tenant: String },
+    /// End a tenant's pause on every node: its deliveries go on.
+    Resume { tenant: String },
     /// Requests that failed verification.
     Quarantine {
         #[command(subcommand)]

@@ -213,6 +213,8 @@ pub struct Metrics {
     pub tenants: Gauge,
     /// `tenants.max`, so a dashboard or an alert can divide by it.
     pub tenants_max: Gauge,
+    /// Tenants whose deliveries are held (`POST /v1/tenants/{t}/pause`).
+    pub tenants_paused: Gauge,
     /// 1 while the store's writes fail.
     pub store_write_failing: Gauge,
     pub store_memory_bytes: Gauge,
@@ -532,6 +534,12 @@ impl Metrics {
             "The node's tenants.max: a new tenant past it is refused",
             tenants_max.clone(),
         );
+        let tenants_paused = Gauge::default();
+        registry.register(
+            "ankusa_tenants_paused",
+            "Tenants whose deliveries this node holds (paused)",
+            tenants_paused.clone(),
+        );
         Metrics {
             queue_state,
             oldest_due_age,
@@ -539,6 +547,7 @@ impl Metrics {
             tenant_inflight,
             tenants,
             tenants_max,
+            tenants_paused,
             store_write_failing,
             store_memory_bytes,
             store_memory_budget_bytes,

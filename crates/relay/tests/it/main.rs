@@ -16,6 +16,7 @@ mod image;
 mod ingest;
 mod logs;
 mod memory;
+mod pause;
 mod reload;
 mod seed;
 mod support;

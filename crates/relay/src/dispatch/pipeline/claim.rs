@@ -78,6 +78,15 @@ pub(super) fn claim_tick(
     } else {
         plan_hinted(store, now, &read, &cursors)?
     };
+    // Paused tenants: the markers the read met go, and so do their hints (a resume puts
+    // the markers back, and the ticks find them there).
+    for (ord, buckets) in &plan.paused {
+        deliveries::drop_markers(store, *ord, buckets)?;
+    }
+    if !cursors.paused.is_empty() {
+        let paused = cursors.paused.clone();
+        cursors.hinted.tenants.retain(|o, _| !paused.holds(*o));
+    }
     // Hinted tenants the budget did not reach keep their hints: the next tick's hinted
     // read goes on with them, with no full read of the active index.
     // Per tenant, the rows of both reads, oldest first, once each.

@@ -160,7 +160,11 @@ pub fn spawn(
             done_tx: done_tx.clone(),
             max_retry_after,
         });
-        let mut cursors = Cursors::default();
+        let paused = starter.paused.clone();
+        let mut cursors = Cursors {
+            paused: paused.clone(),
+            ..Cursors::default()
+        };
         // The delivery tasks, so a stop can cut those still running at its deadline (the
         // writer's starts run here too).
         let in_flight: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>> = Arc::default();
@@ -220,7 +224,10 @@ pub fn spawn(
                     }
                     Err(e) => {
                         tracing::error!(error = %e, "dispatch tick failed");
-                        cursors = Cursors::default();
+                        cursors = Cursors {
+                            paused: paused.clone(),
+                            ..Cursors::default()
+                        };
                     }
                 }
             }

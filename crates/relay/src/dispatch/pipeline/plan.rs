@@ -58,6 +58,8 @@ pub struct TickPlan {
     pub oldest: Option<Bucket>,
     /// The row or byte budget ran out: more may be due than the tick took.
     pub exhausted: bool,
+    /// Paused tenants the read met, with the markers it saw (to take out).
+    pub paused: Vec<(TenantOrd, Vec<Bucket>)>,
 }
 
 /// The pipeline's in-memory read positions: per-tenant scan floors, the hinted tenants
@@ -86,6 +88,8 @@ pub struct Cursors {
     pub(super) blocked: bool,
     /// The active tenants the last read of the active index found, visited across ticks.
     pub(super) cycle: Cycle,
+    /// The paused tenants, which no tick visits.
+    pub paused: std::sync::Arc<crate::dispatch::paused::Paused>,
 }
 
 /// The active tenants one read of the active index found, and the next one's turn. A full
@@ -290,6 +294,16 @@ pub(super) fn visit(
 ) -> Result<(), QueueError> {
     let mut budget = Budget::new(limits);
     while let Some(t) = tenants.pop_front() {
+        // A paused tenant costs the round robin nothing; its markers go (a resume puts
+        // them back), a resuming one's stay.
+        match cursors.paused.hold(t.ord) {
+            Some(crate::dispatch::paused::Hold::Paused(_)) => {
+                plan.paused.push((t.ord, t.buckets));
+                continue;
+            }
+            Some(crate::dispatch::paused::Hold::Resuming) => continue,
+            None => {}
+        }
         if budget.spent() {
             tenants.push_front(t);
             plan.exhausted = true;
@@ -327,6 +341,9 @@ pub fn plan_hinted(
     let mut plan = TickPlan::default();
     let mut budget = Budget::new(limits);
     for (ord, hint) in tenants {
+        if cursors.paused.holds(ord) {
+            continue;
+        }
         if budget.spent() {
             plan.exhausted = true;
             break;

@@ -133,6 +133,8 @@ pub struct Starter {
     /// given (a tick opens the gate only if the count did not move while it ran).
     pub(super) gate: std::sync::atomic::AtomicU64,
     pub(super) stopping: std::sync::atomic::AtomicBool,
+    /// The paused tenants: none of their deliveries starts at commit.
+    pub paused: Arc<crate::dispatch::paused::Paused>,
 }
 
 impl std::fmt::Debug for Starter {
@@ -164,6 +166,14 @@ pub(super) struct StartSlots {
 }
 
 impl Starter {
+    /// A starter that starts nothing for the tenants `paused` holds.
+    pub fn with_paused(paused: Arc<crate::dispatch::paused::Paused>) -> Starter {
+        Starter {
+            paused,
+            ..Starter::default()
+        }
+    }
+
     pub(super) fn attach(&self, parts: StartParts) {
         // A pipeline is spawned once per starter; a second would only start nothing.
         let _ = self.parts.set(parts);
@@ -211,6 +221,11 @@ impl Starter {
 impl ankusa_queue::writer::Starts for Starter {
     fn try_start(&self, ord: TenantOrd, sink: &str) -> Option<ankusa_queue::writer::StartSlot> {
         let p = self.parts.get()?;
+        // A paused tenant's row is written due and waits; no tick takes it either, so
+        // the gate (which only guards the ticks' order) stays as it is.
+        if self.paused.holds(ord) {
+            return None;
+        }
         // A row refused while the gate is closed counts too: a tick that began before it
         // has not seen it, and must not open the gate behind it.
         let slots = self.is_open().then(|| {

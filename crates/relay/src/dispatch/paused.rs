@@ -1,0 +1,121 @@
+//! Paused tenants (`POST /v1/tenants/{t}/pause` and `…/resume`): held here for dispatch,
+//! persisted as `m:paused:<ord>` (`ankusa_queue::tenants::paused`).
+//!
+//! While a tenant is paused, its rows stay due and counted and no attempt is made:
+//! - a tick skips it without spending the round robin's budget, and takes out the active
+//!   markers it meets (a paused backlog would otherwise fill the tick's marker budget
+//!   in front of every other tenant's);
+//! - the pipeline starts none of its fresh deliveries at commit (they are written due,
+//!   and wait).
+//!
+//! A resume first marks the tenant resuming (skipped, its markers left alone), puts back a
+//! marker for every second its due rows are in, then ends the pause in the store and here.
+//! A crash on the way leaves it paused (its key still there); the boot's marker repair
+//! and the next resume make it whole.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::RwLock;
+
+use ankusa_keyspace::{AtMs, TenantOrd};
+
+/// A tenant's hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// Paused at this time: skipped, its markers taken out.
+    Paused(AtMs),
+    /// Being resumed: skipped, its markers being put back.
+    Resuming,
+}
+
+/// The paused tenants of this node.
+#[derive(Debug, Default)]
+pub struct Paused {
+    holds: RwLock<HashMap<TenantOrd, Hold>>,
+    /// `holds.len()`, read without the lock: no tenant is paused on most nodes.
+    count: AtomicUsize,
+    /// Held by a pause or a resume while it writes: one change at a time.
+    changes: std::sync::Mutex<()>,
+    /// `ankusa_tenants_paused`.
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+impl Paused {
+    /// No tenant paused yet, counted in `gauge`.
+    pub fn counted(gauge: prometheus_client::metrics::gauge::Gauge) -> Paused {
+        Paused {
+            gauge,
+            ..Paused::default()
+        }
+    }
+
+    /// The store's paused tenants (after the boot migration: a format-2 store has none).
+    pub fn load(&self, store: &ankusa_store::Store) -> Result<usize, ankusa_queue::QueueError> {
+        let found = ankusa_queue::tenants::paused(store)?;
+        let mut holds = self.write();
+        holds.clear();
+        holds.extend(found.into_iter().map(|(o, at)| (o, Hold::Paused(at))));
+        self.count.store(holds.len(), Ordering::Release);
+        self.gauge.set(holds.len() as i64);
+        Ok(holds.len())
+    }
+
+    /// Tenant `ord`'s hold, if it has one.
+    pub fn hold(&self, ord: TenantOrd) -> Option<Hold> {
+        if self.count.load(Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.holds
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&ord)
+            .copied()
+    }
+
+    /// Tenant `ord` is held (paused or resuming): dispatch skips it.
+    pub fn holds(&self, ord: TenantOrd) -> bool {
+        self.hold(ord).is_some()
+    }
+
+    /// Paused tenants (resuming ones included).
+    pub fn len(&self) -> usize {
+        self.count.load(Ordering::Acquire)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// At most `limit` of the held tenants.
+    pub fn ords(&self, limit: usize) -> Vec<TenantOrd> {
+        if self.is_empty() {
+            return Vec::new();
+        }
+        let holds = self.holds.read().unwrap_or_else(|p| p.into_inner());
+        holds.keys().take(limit).copied().collect()
+    }
+
+    /// Sets (or, with `None`, ends) tenant `ord`'s hold.
+    pub fn set(&self, ord: TenantOrd, hold: Option<Hold>) {
+        let mut holds = self.write();
+        match hold {
+            Some(h) => {
+                holds.insert(ord, h);
+            }
+            None => {
+                holds.remove(&ord);
+            }
+        }
+        self.count.store(holds.len(), Ordering::Release);
+        self.gauge.set(holds.len() as i64);
+    }
+
+    /// One pause or resume at a time (held across its store writes).
+    pub fn changing(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.changes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<TenantOrd, Hold>> {
+        self.holds.write().unwrap_or_else(|p| p.into_inner())
+    }
+}
