@@ -204,6 +204,19 @@ fn metadata(relay: &Relay, name: &str) -> Result<Value, ResourceError> {
     }))
 }
 
+/// [`metadata`] with the user's `annotations` (none: no annotations key).
+fn annotated(
+    relay: &Relay,
+    name: &str,
+    annotations: &BTreeMap<String, String>,
+) -> Result<Value, ResourceError> {
+    let mut meta = metadata(relay, name)?;
+    if !annotations.is_empty() {
+        meta["annotations"] = json!(annotations);
+    }
+    Ok(meta)
+}
+
 /// `v` as a typed object. A field the type does not know would be dropped silently by
 /// the conversion; it is refused instead, so a misspelt field is an error, not a no-op.
 fn typed<T: DeserializeOwned + serde::Serialize>(
@@ -529,11 +542,8 @@ pub fn ingest_service(relay: &Relay) -> Result<Service, ResourceError> {
     if let Some(c) = &want.load_balancer_class {
         spec["loadBalancerClass"] = json!(c);
     }
-    let mut meta = metadata(relay, &names.ingest)?;
+    let mut meta = annotated(relay, &names.ingest, &want.annotations)?;
     meta["labels"][SERVICE_LABEL] = json!("ingest");
-    if !want.annotations.is_empty() {
-        meta["annotations"] = json!(want.annotations);
-    }
     typed(
         "Service",
         json!({ "apiVersion": "v1", "kind": "Service", "metadata": meta, "spec": spec }),
@@ -550,10 +560,7 @@ pub fn ingress(relay: &Relay) -> Result<Option<Ingress>, ResourceError> {
         return Ok(None);
     };
     let names = Names::of(relay)?;
-    let mut meta = metadata(relay, &names.ingest)?;
-    if !want.annotations.is_empty() {
-        meta["annotations"] = json!(want.annotations);
-    }
+    let meta = annotated(relay, &names.ingest, &want.annotations)?;
     let mut spec = json!({
         "rules": [{
             "host": want.host,
@@ -597,10 +604,7 @@ pub fn http_route(relay: &Relay) -> Result<Option<DynamicObject>, ResourceError>
         return Ok(None);
     };
     let names = Names::of(relay)?;
-    let mut meta = metadata(relay, &names.ingest)?;
-    if !want.annotations.is_empty() {
-        meta["annotations"] = json!(want.annotations);
-    }
+    let meta = annotated(relay, &names.ingest, &want.annotations)?;
     let parents: Vec<Value> = want
         .parent_refs
         .iter()

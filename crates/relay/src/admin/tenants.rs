@@ -427,6 +427,22 @@ pub struct PauseState {
     pub unavailable: Vec<String>,
 }
 
+fn pause_state(
+    tenant: String,
+    paused: bool,
+    changed: u64,
+    markers: u64,
+) -> axum::response::Response {
+    Json(PauseState {
+        tenant,
+        paused,
+        changed,
+        markers,
+        unavailable: Vec::new(),
+    })
+    .into_response()
+}
+
 /// When tenant `ord` was paused on this node, if it is.
 pub(crate) fn paused_since(api: &Api, ord: ankusa_keyspace::TenantOrd) -> Option<u64> {
     match api.paused.hold(ord) {
@@ -473,14 +489,7 @@ pub async fn pause(
                 .set(ord, Some(crate::dispatch::paused::Hold::Paused(at)));
             changed = 1;
         }
-        Ok(Json(PauseState {
-            tenant: t,
-            paused: true,
-            changed,
-            markers: 0,
-            unavailable: Vec::new(),
-        })
-        .into_response())
+        Ok(pause_state(t, true, changed, 0))
     })
     .await
 }
@@ -512,14 +521,7 @@ pub async fn resume(
         let ord = visible_ord(&a.store, &c.scope, &t)?;
         let _one = a.paused.changing();
         let Some(hold) = a.paused.hold(ord) else {
-            return Ok(Json(PauseState {
-                tenant: t,
-                paused: false,
-                changed: 0,
-                markers: 0,
-                unavailable: Vec::new(),
-            })
-            .into_response());
+            return Ok(pause_state(t, false, 0, 0));
         };
         // Skipped by the ticks meanwhile, its markers left alone while they come back.
         a.paused.set(ord, Some(Hold::Resuming));
@@ -536,14 +538,7 @@ pub async fn resume(
         match resumed {
             Ok(markers) => {
                 a.paused.set(ord, None);
-                Ok(Json(PauseState {
-                    tenant: t,
-                    paused: false,
-                    changed: 1,
-                    markers,
-                    unavailable: Vec::new(),
-                })
-                .into_response())
+                Ok(pause_state(t, false, 1, markers))
             }
             Err(e) => {
                 // Still paused (its key is there): as it was.
