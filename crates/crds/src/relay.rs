@@ -809,8 +809,8 @@ pub struct RelayStatus {
 pub struct RestoreStatus {
     /// `Bootstrap` (a new Relay from backups) or `Rollback` (`spec.upgrade.rollbackTo`).
     pub reason: String,
-    /// `Stopping` (a rollback waits for the nodes to stop), `Restoring`, `Completed` or
-    /// `Failed`.
+    /// `Stopping` (a rollback waits for the nodes to stop), `Restoring`, `Completed`,
+    /// `Failed`, or `Cancelled` (its spec field was removed).
     pub phase: String,
     /// `<claim>/<relay>`: where the archives come from.
     pub source: String,

@@ -16,7 +16,9 @@
 //!   lower release without `rollbackTo` stays `FormatTooOld`.
 //!
 //! A restore Job that fails stops the restore (`Failed`, `Degraded` `RestoreFailed`, the
-//! Job named); a new `spec.upgrade.retry` resumes it at the node that failed. The restore
+//! Job named); a new `spec.upgrade.retry` resumes it at the node that failed. Taking
+//! `rollbackTo` (or `bootstrap`) out of the spec cancels it: the nodes start again on
+//! what they have (`Cancelled`). The restore
 //! command is idempotent (a retried Job finds its own work done), so a node is never
 //! restored twice from two archives.
 //!
@@ -32,6 +34,7 @@ pub const STOPPING: &str = "Stopping";
 pub const RESTORING: &str = "Restoring";
 pub const COMPLETED: &str = "Completed";
 pub const FAILED: &str = "Failed";
+pub const CANCELLED: &str = "Cancelled";
 
 /// A restore under way (or failed, waiting for a retry).
 pub fn in_progress(r: &RestoreStatus) -> bool {
@@ -194,6 +197,31 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
         claims: Vec::new(),
         hold_statefulset: !rollback,
     };
+    // Taken out of the spec (a restore that cannot finish: no archive at the format, a
+    // claim that never comes): the nodes start again on what they have. Stores restored so
+    // far stay restored; a rollback's replaced stores are beside them on their volumes.
+    let asked = if rollback {
+        spec.upgrade.rollback_to.is_some()
+    } else {
+        spec.bootstrap.is_some()
+    };
+    if !asked {
+        r.phase = CANCELLED.into();
+        r.message = Some(format!(
+            "cancelled after {} of {} nodes: spec.{} was removed",
+            r.restored,
+            r.replicas,
+            if rollback {
+                "upgrade.rollbackTo"
+            } else {
+                "bootstrap"
+            }
+        ));
+        out.replicas = r.replicas;
+        out.hold_statefulset = false;
+        out.restore = Some(r);
+        return out;
+    }
     if r.phase == FAILED {
         if spec.upgrade.retry == r.retry_seen {
             out.hold = failed_hold(&r);

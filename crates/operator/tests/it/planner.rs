@@ -208,6 +208,7 @@ scenarios!(
     a_rollback_stops_every_node_first,
     a_rollback_restores_at_the_release_format_then_starts_it,
     a_rollback_completes_on_the_older_release,
+    a_rollback_taken_out_of_the_spec_is_cancelled,
     a_backup_claim_too_small_holds_the_upgrade,
     a_backup_claim_with_room_lets_the_backups_start,
 );
