@@ -1267,14 +1267,39 @@ pub fn probe_job(
 /// claims a bootstrap makes before the StatefulSet exists.
 fn claim_spec(relay: &Relay) -> Value {
     let storage = &relay.spec.storage;
-    let mut claim_spec = json!({
+    claim_spec_of(&storage.size, storage.storage_class_name.as_deref())
+}
+
+/// A ReadWriteOnce claim spec of `size` in `class` (the cluster's default when `None`).
+fn claim_spec_of(size: &str, class: Option<&str>) -> Value {
+    let mut spec = json!({
         "accessModes": ["ReadWriteOnce"],
-        "resources": { "requests": { "storage": storage.size } },
+        "resources": { "requests": { "storage": size } },
     });
-    if let Some(class) = &storage.storage_class_name {
-        claim_spec["storageClassName"] = json!(class);
+    if let Some(class) = class {
+        spec["storageClassName"] = json!(class);
     }
-    claim_spec
+    spec
+}
+
+/// A claim the operator makes itself: `name` in the Relay's namespace with `labels` and
+/// `spec`, and no owner (deleting the Relay leaves it, like the StatefulSet's claims).
+fn claim_object(
+    relay: &Relay,
+    name: &str,
+    labels: BTreeMap<String, String>,
+    spec: Value,
+) -> Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, ResourceError> {
+    let names = Names::of(relay)?;
+    typed(
+        "PersistentVolumeClaim",
+        json!({
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": { "name": name, "namespace": names.namespace, "labels": labels },
+            "spec": spec,
+        }),
+    )
 }
 
 /// Node `ordinal`'s data claim as the StatefulSet would make it from its template (its
@@ -1286,18 +1311,11 @@ pub fn data_claim(
     ordinal: i32,
 ) -> Result<k8s_openapi::api::core::v1::PersistentVolumeClaim, ResourceError> {
     let names = Names::of(relay)?;
-    typed(
-        "PersistentVolumeClaim",
-        json!({
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {
-                "name": names.claim(ordinal),
-                "namespace": names.namespace,
-                "labels": selector_labels(&names.relay),
-            },
-            "spec": claim_spec(relay),
-        }),
+    claim_object(
+        relay,
+        &names.claim(ordinal),
+        selector_labels(&names.relay),
+        claim_spec(relay),
     )
 }
 
@@ -1337,25 +1355,11 @@ pub fn backup_claim_object(
         "app.kubernetes.io/name".into(),
         BACKUP_CLAIM_APP_NAME.into(),
     );
-    let mut spec = json!({
-        "accessModes": ["ReadWriteOnce"],
-        "resources": { "requests": { "storage": template.size } },
-    });
-    if let Some(class) = &template.storage_class_name {
-        spec["storageClassName"] = json!(class);
-    }
-    typed(
-        "PersistentVolumeClaim",
-        json!({
-            "apiVersion": "v1",
-            "kind": "PersistentVolumeClaim",
-            "metadata": {
-                "name": names.backup_claim(ordinal),
-                "namespace": names.namespace,
-                "labels": labels,
-            },
-            "spec": spec,
-        }),
+    claim_object(
+        relay,
+        &names.backup_claim(ordinal),
+        labels,
+        claim_spec_of(&template.size, template.storage_class_name.as_deref()),
     )
     .map(Some)
 }

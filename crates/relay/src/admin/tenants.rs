@@ -452,7 +452,7 @@ pub(crate) fn paused_since(api: &Api, ord: ankusa_keyspace::TenantOrd) -> Option
 }
 
 /// `POST /v1/tenants/{t}/pause`: no delivery of the tenant is attempted until it is
-/// resumed. Its rows stay due and counted (its oldest-due age grows); deliveries in flight
+/// resumed. Its rows stay due and counted, with their due times; deliveries in flight
 /// finish. Persisted with its audit row in one synced write; pausing a paused tenant
 /// changes nothing.
 #[utoipa::path(
