@@ -427,22 +427,6 @@ pub struct PauseState {
     pub unavailable: Vec<String>,
 }
 
-fn pause_state(
-    tenant: String,
-    paused: bool,
-    changed: u64,
-    markers: u64,
-) -> axum::response::Response {
-    Json(PauseState {
-        tenant,
-        paused,
-        changed,
-        markers,
-        unavailable: Vec::new(),
-    })
-    .into_response()
-}
-
 /// When tenant `ord` was paused on this node, if it is.
 pub(crate) fn paused_since(api: &Api, ord: ankusa_keyspace::TenantOrd) -> Option<u64> {
     match api.paused.hold(ord) {
@@ -472,26 +456,7 @@ pub async fn pause(
     headers: HeaderMap,
     Path(t): Path<String>,
 ) -> ApiResult {
-    let c = caller(&api, &headers)?;
-    let a = api.clone();
-    blocking(move || {
-        let ord = visible_ord(&a.store, &c.scope, &t)?;
-        let _one = a.paused.changing();
-        let mut changed = 0;
-        if a.paused.hold(ord).is_none() {
-            let at = AtMs(ankusa_keyspace::now_ms());
-            let audit = a
-                .audit
-                .op(&c.name, "tenant.pause", Some(&t), serde_json::json!({}));
-            a.store
-                .write(vec![tenants::pause_op(ord, at), audit], true)?;
-            a.paused
-                .set(ord, Some(crate::dispatch::paused::Hold::Paused(at)));
-            changed = 1;
-        }
-        Ok(pause_state(t, true, changed, 0))
-    })
-    .await
+    pause_call(api, headers, t, true).await
 }
 
 /// `POST /v1/tenants/{t}/resume`: the tenant's deliveries go on. Its due rows get their
@@ -514,38 +479,38 @@ pub async fn resume(
     headers: HeaderMap,
     Path(t): Path<String>,
 ) -> ApiResult {
-    use crate::dispatch::paused::Hold;
+    pause_call(api, headers, t, false).await
+}
+
+/// A pause (`pause`) or a resume of tenant `t`, in the caller's scope, audited.
+async fn pause_call(api: Arc<Api>, headers: HeaderMap, t: String, pause: bool) -> ApiResult {
     let c = caller(&api, &headers)?;
     let a = api.clone();
     blocking(move || {
         let ord = visible_ord(&a.store, &c.scope, &t)?;
-        let _one = a.paused.changing();
-        let Some(hold) = a.paused.hold(ord) else {
-            return Ok(pause_state(t, false, 0, 0));
+        let audit = |action, detail| a.audit.op(&c.name, action, Some(&t), detail);
+        let (changed, markers) = if pause {
+            let at = AtMs(ankusa_keyspace::now_ms());
+            let paused = a.paused.pause(&a.store, ord, at, || {
+                audit("tenant.pause", serde_json::json!({}))
+            })?;
+            (u64::from(paused), 0)
+        } else {
+            match a.paused.resume(&a.store, ord, |markers| {
+                audit("tenant.resume", serde_json::json!({ "markers": markers }))
+            })? {
+                Some(markers) => (1, markers),
+                None => (0, 0),
+            }
         };
-        // Skipped by the ticks meanwhile, its markers left alone while they come back.
-        a.paused.set(ord, Some(Hold::Resuming));
-        let resumed = deliveries::restore_tenant_markers(&a.store, ord).and_then(|markers| {
-            let audit = a.audit.op(
-                &c.name,
-                "tenant.resume",
-                Some(&t),
-                serde_json::json!({ "markers": markers }),
-            );
-            a.store.write(vec![tenants::resume_op(ord), audit], true)?;
-            Ok(markers)
-        });
-        match resumed {
-            Ok(markers) => {
-                a.paused.set(ord, None);
-                Ok(pause_state(t, false, 1, markers))
-            }
-            Err(e) => {
-                // Still paused (its key is there): as it was.
-                a.paused.set(ord, Some(hold));
-                Err(e.into())
-            }
-        }
+        Ok(Json(PauseState {
+            tenant: t,
+            paused: pause,
+            changed,
+            markers,
+            unavailable: Vec::new(),
+        })
+        .into_response())
     })
     .await
 }

@@ -96,7 +96,7 @@ impl Paused {
     }
 
     /// Sets (or, with `None`, ends) tenant `ord`'s hold.
-    pub fn set(&self, ord: TenantOrd, hold: Option<Hold>) {
+    fn set(&self, ord: TenantOrd, hold: Option<Hold>) {
         let mut holds = self.write();
         match hold {
             Some(h) => {
@@ -110,8 +110,55 @@ impl Paused {
         self.gauge.set(holds.len() as i64);
     }
 
+    /// Pauses tenant `ord` at `at`: its key and the audit row `audit()` makes in one synced
+    /// write. `false`: it was paused already (nothing written).
+    pub fn pause(
+        &self,
+        store: &ankusa_store::Store,
+        ord: TenantOrd,
+        at: AtMs,
+        audit: impl FnOnce() -> ankusa_store::Op,
+    ) -> Result<bool, ankusa_queue::QueueError> {
+        let _one = self.changing();
+        if self.holds(ord) {
+            return Ok(false);
+        }
+        store.write(
+            vec![ankusa_queue::tenants::pause_op(ord, at), audit()],
+            true,
+        )?;
+        self.set(ord, Some(Hold::Paused(at)));
+        Ok(true)
+    }
+
+    /// Resumes tenant `ord`: resuming (skipped, its markers left alone), its markers put
+    /// back, then its key deleted with the audit row `audit(markers)` makes. `None`: it
+    /// was not paused. On an error it is paused as it was (its key is still there).
+    pub fn resume(
+        &self,
+        store: &ankusa_store::Store,
+        ord: TenantOrd,
+        audit: impl FnOnce(u64) -> ankusa_store::Op,
+    ) -> Result<Option<u64>, ankusa_queue::QueueError> {
+        let _one = self.changing();
+        let Some(hold) = self.hold(ord) else {
+            return Ok(None);
+        };
+        self.set(ord, Some(Hold::Resuming));
+        let resumed =
+            ankusa_queue::deliveries::restore_tenant_markers(store, ord).and_then(|markers| {
+                store.write(
+                    vec![ankusa_queue::tenants::resume_op(ord), audit(markers)],
+                    true,
+                )?;
+                Ok(markers)
+            });
+        self.set(ord, if resumed.is_ok() { None } else { Some(hold) });
+        resumed.map(Some)
+    }
+
     /// One pause or resume at a time (held across its store writes).
-    pub fn changing(&self) -> std::sync::MutexGuard<'_, ()> {
+    fn changing(&self) -> std::sync::MutexGuard<'_, ()> {
         self.changes.lock().unwrap_or_else(|p| p.into_inner())
     }
 

@@ -126,7 +126,7 @@ async fn a_paused_tenant_is_held_across_a_restart_and_a_resume_sends_its_hooks()
         ),
         (Some(since), Some(20))
     );
-    let metrics = reqwest_text(&node, "/metrics").await;
+    let (_, metrics) = get_text(&client(), &format!("http://{}/metrics", node.admin_addr)).await;
     assert!(metrics.contains("ankusa_tenants_paused 1"), "{metrics}");
     node.shutdown().await.unwrap();
 
@@ -211,21 +211,4 @@ fn is(r: &ankusa_relay::testkit::Received, tenant: &str) -> bool {
 
 fn delivered_b(sink: &TestSink) -> usize {
     sink.on("/in").iter().filter(|r| is(r, "b")).count()
-}
-
-async fn reqwest_text(node: &Node, path: &str) -> String {
-    let url = format!("http://{}{path}", node.admin_addr);
-    let auth = format!("Bearer {ADMIN_TOKEN}");
-    let c = client();
-    let req = hyper::Request::builder()
-        .uri(url)
-        .header("authorization", auth)
-        .body(http_body_util::Full::new(bytes::Bytes::new()))
-        .unwrap();
-    let resp = c.request(req).await.unwrap();
-    let b = http_body_util::BodyExt::collect(resp.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    String::from_utf8_lossy(&b).into_owned()
 }
