@@ -103,7 +103,8 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
     let mut out = Decision::default();
     if st.running {
         let run = st.run.clone().unwrap_or_default();
-        let mut next = None;
+        // The first node whose backup has not settled: its Job running, or to start.
+        let mut unsettled: Option<(i32, String, bool)> = None;
         for (i, node) in st.nodes.iter_mut().enumerate() {
             let i = i as i32;
             let name = job_name(relay, i, &run);
@@ -121,20 +122,20 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
                     node.last_job = Some(name);
                 }
                 Some(JobObs::Running) => {
-                    next = Some(None);
+                    unsettled = Some((i, name, true));
                     break;
                 }
                 None => {
-                    next = Some(Some((i, name)));
+                    unsettled = Some((i, name, false));
                     break;
                 }
             }
         }
-        match next {
+        match unsettled {
             // Every node of the run is settled.
             None => st.running = false,
-            Some(None) => {}
-            Some(Some((ordinal, name))) => {
+            Some((_, _, true)) => {}
+            Some((ordinal, name, false)) => {
                 let upgrading = prev.upgrade.as_ref().is_some_and(in_progress)
                     || prev
                         .restore

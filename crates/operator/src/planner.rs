@@ -470,25 +470,25 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         );
     };
     if format < store {
-        let why = match crate::restore::begin_rollback(relay, o, format, store) {
-            Err(m) if spec.upgrade.rollback_to.is_some() => m,
-            _ => format!(
-                "{target} supports store format {format}, the stores are at {store}; a store is never moved back: to return to it, restore the nodes from their backups with spec.upgrade.rollbackTo (docs/operator.md, \"Rollback\")"
-            ),
-        };
-        return hold_old(
-            hold(
-                if spec.upgrade.rollback_to.is_some() {
-                    "RollbackRefused"
-                } else {
-                    "FormatTooOld"
-                },
-                why,
+        // Only a rollback by restore goes below the stores' format; one that could begin
+        // began above, so with `rollbackTo` this says why it could not.
+        let h = match &spec.upgrade.rollback_to {
+            Some(_) => hold(
+                "RollbackRefused",
+                crate::restore::begin_rollback(relay, o, format, store)
+                    .err()
+                    .unwrap_or_else(|| format!("a rollback to {target} has completed already")),
                 true,
             ),
-            Vec::new(),
-            Some(format),
-        );
+            None => hold(
+                "FormatTooOld",
+                format!(
+                    "{target} supports store format {format}, the stores are at {store}; a store is never moved back: to return to it, restore the nodes from their backups with spec.upgrade.rollbackTo (docs/operator.md, \"Restores: bootstrap and rollback\")"
+                ),
+                true,
+            ),
+        };
+        return hold_old(h, Vec::new(), Some(format));
     }
     let gated = match spec.backup.as_ref().map(|b| b.policy) {
         Some(BackupPolicy::Always) => true,

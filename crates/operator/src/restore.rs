@@ -84,22 +84,23 @@ impl Source {
 /// Where a restore of `relay` reads: `spec.bootstrap.fromBackup`'s claim and Relay, or
 /// the backup destination's (its one claim, or the claims per node).
 pub fn source(relay: &Relay) -> Option<Source> {
-    let own = relay.metadata.name.clone().unwrap_or_default();
-    let destination = relay.spec.backup.as_ref().map(|b| &b.destination);
-    let shared = |explicit: Option<&String>| match explicit {
-        Some(c) => Some(Some(c.clone())),
-        None => destination.map(|d| d.shared().map(str::to_owned)),
+    let from = relay.spec.bootstrap.as_ref().map(|b| &b.from_backup);
+    let shared = match from.and_then(|f| f.claim_name.clone()) {
+        Some(claim) => Some(claim),
+        None => relay
+            .spec
+            .backup
+            .as_ref()?
+            .destination
+            .shared()
+            .map(str::to_owned),
     };
-    match &relay.spec.bootstrap {
-        Some(b) => Some(Source {
-            shared: shared(b.from_backup.claim_name.as_ref())?,
-            relay: b.from_backup.relay.clone().unwrap_or(own),
-        }),
-        None => Some(Source {
-            shared: shared(None)?,
-            relay: own,
-        }),
-    }
+    Some(Source {
+        shared,
+        relay: from
+            .and_then(|f| f.relay.clone())
+            .unwrap_or_else(|| relay.metadata.name.clone().unwrap_or_default()),
+    })
 }
 
 /// A new bootstrap cursor, when `spec.bootstrap` asks for one and nothing of the nodes

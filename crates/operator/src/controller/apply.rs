@@ -313,35 +313,17 @@ pub(super) async fn apply_owned(
     let name = names.of_kind(kind);
     if change == Change::Delete {
         // Only an optional kind is ever deleted (no longer asked for).
-        let (client, ns) = (ctx.client.clone(), names.namespace.as_str());
-        let params = kube::api::DeleteParams::default();
-        let deleted = match kind {
-            Owned::ServiceMonitor => Api::<DynamicObject>::namespaced_with(
-                client,
-                ns,
-                &resources::service_monitor_resource(),
-            )
-            .delete(name, &params)
-            .await
-            .map(drop),
-            Owned::HttpRoute => {
-                Api::<DynamicObject>::namespaced_with(client, ns, &resources::http_route_resource())
-                    .delete(name, &params)
-                    .await
-                    .map(drop)
-            }
-            Owned::Ingress => Api::<Ingress>::namespaced(client, ns)
-                .delete(name, &params)
-                .await
-                .map(drop),
-            Owned::NetworkPolicy => Api::<NetworkPolicy>::namespaced(client, ns)
-                .delete(name, &params)
-                .await
-                .map(drop),
+        let resource = match kind {
+            Owned::ServiceMonitor => resources::service_monitor_resource(),
+            Owned::HttpRoute => resources::http_route_resource(),
+            Owned::Ingress => kube::api::ApiResource::erase::<Ingress>(&()),
+            Owned::NetworkPolicy => kube::api::ApiResource::erase::<NetworkPolicy>(&()),
             _ => return Ok(()),
         };
-        match deleted {
-            Ok(()) => {}
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(ctx.client.clone(), &names.namespace, &resource);
+        match api.delete(name, &Default::default()).await {
+            Ok(_) => {}
             Err(kube::Error::Api(e)) if e.code == 404 => return Ok(()),
             Err(e) => return Err(e.into()),
         }

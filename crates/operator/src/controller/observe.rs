@@ -217,13 +217,13 @@ pub(super) async fn observe(
 
     // The claim a restore reads (a bootstrap's may be another than the backup
     // destination).
-    let restoring = relay.spec.bootstrap.is_some()
-        || relay
-            .status
-            .as_ref()
-            .and_then(|s| s.restore.as_ref())
-            .is_some_and(crate::restore::in_progress)
-        || relay.spec.upgrade.rollback_to.is_some();
+    // Read while a restore runs or may begin: not for ever after a bootstrap or a
+    // rollback that completed.
+    let last = relay.status.as_ref().and_then(|s| s.restore.as_ref());
+    let restoring = last.is_some_and(crate::restore::in_progress)
+        || relay.spec.bootstrap.is_some() && last.is_none()
+        || relay.spec.upgrade.rollback_to.is_some()
+            && last.is_none_or(|r| r.reason != crate::restore::ROLLBACK);
     if let Some(source) = crate::restore::source(relay).filter(|_| restoring) {
         let next = relay
             .status
