@@ -497,13 +497,17 @@ back() { # old-0 again: a new pod, ready
 e2e_until 120 back || fail "old-0 did not come back after its eviction"
 kubectl wait --for=condition=Ready relay/old --timeout=2m >/dev/null || fail "relay/old is not Ready after the eviction"
 # Every hook the previous release acked is on both nodes, and counted.
-token=$(kubectl get secret old-operator-token -o jsonpath='{.data.token}' | base64 -d)
-for i in 0 1; do
-  aport=$(python3 scripts/free_ports.py)
-  kubectl port-forward "pod/old-$i" "$aport:9090" >"$work/pf-old-$i.log" 2>&1 &
+node_answer() { # sets answer to /v1/node of pod $1 ($2 names the port-forward's log)
+  local port
+  port=$(python3 scripts/free_ports.py)
+  kubectl port-forward "pod/$1" "$port:9090" >"$work/pf-$1-$2.log" 2>&1 &
   pids+=($!)
-  e2e_until 30 curl -fsS "http://127.0.0.1:$aport/healthz" -o /dev/null || fail "port-forward to old-$i did not come up"
-  answer=$(curl -fsS -H "Authorization: Bearer $token" "http://127.0.0.1:$aport/v1/node")
+  e2e_until 30 curl -fs "http://127.0.0.1:$port/healthz" -o /dev/null || fail "port-forward to $1 did not come up"
+  answer=$(curl -fsS -H "Authorization: Bearer $(kubectl get secret old-operator-token -o jsonpath='{.data.token}' | base64 -d)" \
+    "http://127.0.0.1:$port/v1/node")
+}
+for i in 0 1; do
+  node_answer "old-$i" upgrade
   e2e_fixture_moved "$answer" || fail "old-$i after the upgrade: $answer"
 done
 # Scheduled backups: every minute, each node in turn onto the same claim, two kept per node.
@@ -558,19 +562,10 @@ e2e_until 240 restored || fail "the bootstrap did not complete: $(kubectl get re
 kubectl wait --for=condition=Ready relay/old --timeout=3m >/dev/null ||
   fail "relay/old made from its backups is not Ready: $(kubectl get relay old -o jsonpath='{.status.conditions}')"
 kubectl get relay old -o jsonpath='{.status.restore}' | python3 -m json.tool
-node_answer() { # /v1/node of pod $1 ($2 names the port-forward's log)
-  local port
-  port=$(python3 scripts/free_ports.py)
-  kubectl port-forward "pod/$1" "$port:9090" >"$work/pf-$1-$2.log" 2>&1 &
-  pids+=($!)
-  e2e_until 30 curl -fsS "http://127.0.0.1:$port/healthz" -o /dev/null || fail "port-forward to $1 did not come up"
-  curl -fsS -H "Authorization: Bearer $(kubectl get secret old-operator-token -o jsonpath='{.data.token}' | base64 -d)" \
-    "http://127.0.0.1:$port/v1/node"
-}
 # Each node serves what it held at its newest (scheduled, format-3) backup: every hook the
 # previous release acked.
 for i in 0 1; do
-  answer=$(node_answer "old-$i" bootstrap)
+  node_answer "old-$i" bootstrap
   e2e_fixture_moved "$answer" || fail "old-$i made from its backup: $answer"
 done
 
@@ -592,7 +587,7 @@ kubectl get relay old -o wide
 for i in 0 1; do
   image=$(kubectl get pod "old-$i" -o jsonpath='{.spec.containers[0].image}')
   case "$image" in "$old"*) ;; *) fail "old-$i runs $image after the rollback, not $old" ;; esac
-  answer=$(node_answer "old-$i" rollback)
+  node_answer "old-$i" rollback
   python3 - "$answer" <<'PY' || fail "old-$i after the rollback: $answer"
 import json, sys
 n = json.loads(sys.argv[1])
