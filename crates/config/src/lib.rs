@@ -56,7 +56,10 @@ pub use sources::{
     RESERVED_HEADERS,
 };
 pub use store::{StoreConfig, STORE_MEMORY_MIN};
-pub use tenants::{tenant_id_problem, TenantsConfig, MAX_TENANT_LEN, TENANTS_MAX_RANGE};
+pub use tenants::{
+    tenant_id_problem, TenantLimits, TenantsConfig, INGEST_RATE_RANGE, MAX_TENANT_LEN,
+    TENANTS_MAX_RANGE,
+};
 pub use tls::{CaBundle, MAX_BUNDLE_CERTS};
 pub use writer::WriterConfig;
 
@@ -313,6 +316,9 @@ impl Config {
     /// (where they live — a file, a variable — exists only where the node runs).
     pub fn validate_with(&self, secrets: Secrets) -> Result<(), ConfigError> {
         in_range("tenants.max", self.tenants.max, TENANTS_MAX_RANGE)?;
+        if let Some((key, why)) = self.tenants.limits.problem() {
+            return Err(invalid(&format!("tenants.limits.{key}"), why));
+        }
         if self.data_dir.as_os_str().is_empty() {
             return Err(invalid("data_dir", "must not be empty"));
         }
@@ -476,7 +482,7 @@ routes: [{ id: r, sinks: [ci, Billing] }]
         );
         assert_eq!(
             err("tenants:\n  maxx: 3\n", &[]),
-            "invalid config: tenants.maxx: unknown field `maxx`, expected `max` (line 2, column 9)"
+            "invalid config: tenants.maxx: unknown field `maxx`, expected `max` or `limits` (line 2, column 9)"
         );
         assert_eq!(
             err("sinks:\n  - id: a\n", &[]),
@@ -496,7 +502,7 @@ routes: [{ id: r, sinks: [ci, Billing] }]
         // What a variable set is its error: the variable is named, not a line.
         assert_eq!(
             err("", &[("ANKUSA_TENANTS__MAXX", "3")]),
-            "invalid config: tenants.maxx: unknown field `maxx`, expected `max` (from ANKUSA_TENANTS__MAXX)"
+            "invalid config: tenants.maxx: unknown field `maxx`, expected `max` or `limits` (from ANKUSA_TENANTS__MAXX)"
         );
         let fixed = sinks.replace("5s", "5000");
         assert_eq!(

@@ -4,12 +4,13 @@
 //! nodes through their ConfigMap volume without a restart.
 
 /// The keys a running node reloads, as dotted paths.
-pub const RELOADABLE: [&str; 5] = [
+pub const RELOADABLE: [&str; 6] = [
     "sources",
     "sinks",
     "routes",
     "admin.tokens",
     "ingest.body_limit_bytes",
+    "tenants.limits",
 ];
 
 /// Sets reloadable `key` of `into` to `from`'s: the one place each key of [`RELOADABLE`]
@@ -21,6 +22,7 @@ fn copy_key(into: &mut crate::Config, from: &crate::Config, key: &str) {
         "routes" => into.routes = from.routes.clone(),
         "admin.tokens" => into.admin.tokens = from.admin.tokens.clone(),
         "ingest.body_limit_bytes" => into.ingest.body_limit_bytes = from.ingest.body_limit_bytes,
+        "tenants.limits" => into.tenants.limits = from.tenants.limits,
         other => unreachable!("{other} is not in RELOADABLE"),
     }
 }
@@ -102,7 +104,8 @@ mod tests {
              admin: { tokens: [{ name: t, secret: { value: 0123456789abcdef }, scope: admin }] }\n\
              sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\n\
              routes: [{ id: r, sinks: [s] }]\n\
-             sources: [{ id: a, verify: { scheme: none }, route: r }]\n",
+             sources: [{ id: a, verify: { scheme: none }, route: r }]\n\
+             tenants: { limits: { queued_bytes: 1048576 } }\n",
         );
         assert_eq!(with_reloadables_of(&a, &b), b);
         assert_eq!(changed(&a, &b), RELOADABLE);

@@ -66,6 +66,13 @@ pub struct NodeStatus {
     /// refused. Absent from older releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub config: Option<ConfigStatus>,
+    /// Tenants whose deliveries this node holds (paused). Absent from older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants_paused: Option<u64>,
+    /// Tenants a quota refused a hook of on this node within the last 5 minutes. Absent
+    /// from older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenants_over_quota: Option<u64>,
 }
 
 /// The configuration a node runs (`ankusa-relay run --config FILE`, reloaded on SIGHUP or
@@ -158,6 +165,8 @@ mod tests {
                     at_ms: 10,
                 }),
             }),
+            tenants_paused: Some(1),
+            tenants_over_quota: Some(2),
         };
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<NodeStatus>(&text).unwrap(), s);

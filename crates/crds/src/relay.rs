@@ -28,7 +28,7 @@ use kube::{CustomResource, KubeSchema};
 use serde::{Deserialize, Serialize};
 
 /// The most entries `status.topTenants` holds.
-pub const TOP_TENANTS_MAX: usize = 10;
+pub const TOP_TENANTS_MAX: usize = 20;
 
 /// A set of relay nodes: a StatefulSet, its Services, configuration and monitoring.
 #[derive(CustomResource, KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
@@ -72,6 +72,9 @@ pub const TOP_TENANTS_MAX: usize = 10;
         json_path = ".status.tenants.pending"
     ),
     printcolumn(name = "Dead", type_ = "integer", json_path = ".status.tenants.dead"),
+    // Tenants held or refused: `kubectl get relays -o wide`.
+    printcolumn(name = "Paused", type_ = "integer", json_path = ".status.tenants.paused", priority = "1"),
+    printcolumn(name = "OverQuota", type_ = "integer", json_path = ".status.tenants.overQuota", priority = "1"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
         name = "Age",
@@ -784,7 +787,7 @@ pub struct RelayStatus {
     pub nodes: Vec<NodeReport>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<TenantTotals>,
-    /// The tenants with the most pending deliveries (at most 10).
+    /// The tenants with the most pending deliveries (at most 20).
     #[serde(default)]
     pub top_tenants: Vec<TopTenant>,
     /// When the last node backup of an upgrade finished (RFC 3339).
@@ -1017,14 +1020,34 @@ pub struct TenantTotals {
     pub inflight: i64,
     pub dead: i64,
     pub bytes: i64,
+    /// Tenants whose deliveries are held (`POST /v1/tenants/{t}/pause`), summed over the
+    /// nodes that hold them.
+    #[serde(default)]
+    pub paused: i64,
+    /// Tenants a quota (`…/limits`) refused a hook of within the last 5 minutes.
+    #[serde(default)]
+    pub over_quota: i64,
 }
 
-/// A tenant with its pending count, summed over nodes.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, schemars::JsonSchema)]
+/// A tenant with its backlog, summed over nodes.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct TopTenant {
     pub tenant: String,
     pub pending: i64,
     #[serde(default)]
     pub dead: i64,
+    /// When its oldest due row became due (RFC 3339): its backlog's age is now minus this.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_due_at: Option<String>,
+    /// Its deliveries are held (`POST /v1/tenants/{t}/pause`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused: bool,
+    /// Hooks its quotas refused since the nodes started.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub quota_refusals: i64,
+}
+
+fn is_zero(n: &i64) -> bool {
+    *n == 0
 }

@@ -63,6 +63,12 @@ struct TopAnswer {
 struct TopEntry {
     tenant: String,
     counters: ankusa_crds::node::Counters,
+    #[serde(default)]
+    oldest_due_at_ms: Option<u64>,
+    #[serde(default)]
+    paused_since_ms: Option<u64>,
+    #[serde(default)]
+    quota_refusals: u64,
 }
 
 impl NodeClient {
@@ -96,7 +102,14 @@ impl NodeClient {
             top: top
                 .tenants
                 .into_iter()
-                .map(|t| (t.tenant, t.counters.pending, t.counters.dead))
+                .map(|t| crate::planner::TenantReading {
+                    tenant: t.tenant,
+                    pending: t.counters.pending,
+                    dead: t.counters.dead,
+                    oldest_due_at_ms: t.oldest_due_at_ms,
+                    paused: t.paused_since_ms.is_some(),
+                    quota_refusals: t.quota_refusals,
+                })
                 .collect(),
         })
     }

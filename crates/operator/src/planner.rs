@@ -86,8 +86,21 @@ pub struct PodObs {
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct NodeReading {
     pub status: NodeStatus,
-    /// Its tenants with the most pending work: (tenant, pending, dead).
-    pub top: Vec<(String, i64, i64)>,
+    /// Its tenants with the most pending work.
+    pub top: Vec<TenantReading>,
+}
+
+/// One tenant as a node reports it (`GET /v1/tenants?top=`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct TenantReading {
+    pub tenant: String,
+    pub pending: i64,
+    pub dead: i64,
+    /// When its oldest due row became due (ms since the epoch).
+    pub oldest_due_at_ms: Option<u64>,
+    pub paused: bool,
+    pub quota_refusals: u64,
 }
 
 /// A Job the planner asked for, as the cluster reports it.

@@ -39,7 +39,7 @@ pub fn status(
         max: relay.spec.tenants.max,
         ..TenantTotals::default()
     };
-    let mut top: BTreeMap<String, (i64, i64)> = BTreeMap::new();
+    let mut top: BTreeMap<String, crate::planner::TenantReading> = BTreeMap::new();
     let mut answered = 0;
     // The Relay's tenant registry (its first node) counts each tenant once; the sum of the
     // nodes' ordinals counts a tenant again on a node it moved away from.
@@ -87,10 +87,18 @@ pub fn status(
                 totals.inflight += s.counters.inflight;
                 totals.dead += s.counters.dead;
                 totals.bytes += s.counters.bytes;
-                for (t, pending, dead) in &n.top {
-                    let e = top.entry(t.clone()).or_default();
-                    e.0 += pending;
-                    e.1 += dead;
+                totals.paused += s.tenants_paused.unwrap_or(0) as i64;
+                totals.over_quota += s.tenants_over_quota.unwrap_or(0) as i64;
+                for t in &n.top {
+                    let e = top.entry(t.tenant.clone()).or_default();
+                    e.pending += t.pending;
+                    e.dead += t.dead;
+                    e.oldest_due_at_ms = match (e.oldest_due_at_ms, t.oldest_due_at_ms) {
+                        (Some(a), Some(b)) => Some(a.min(b)),
+                        (a, b) => a.or(b),
+                    };
+                    e.paused |= t.paused;
+                    e.quota_refusals += t.quota_refusals;
                 }
             }
         }
@@ -101,10 +109,17 @@ pub fn status(
     }
     let mut top: Vec<TopTenant> = top
         .into_iter()
-        .map(|(tenant, (pending, dead))| TopTenant {
+        .map(|(tenant, t)| TopTenant {
             tenant,
-            pending,
-            dead,
+            pending: t.pending,
+            dead: t.dead,
+            oldest_due_at: t.oldest_due_at_ms.and_then(|ms| {
+                k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64)
+                    .ok()
+                    .map(|ts| ts.to_string())
+            }),
+            paused: t.paused,
+            quota_refusals: t.quota_refusals as i64,
         })
         .collect();
     top.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.tenant.cmp(&b.tenant)));

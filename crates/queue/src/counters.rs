@@ -108,6 +108,19 @@ pub fn read(store: &Store, ord: TenantOrd) -> Result<Counters, QueueError> {
     Ok(c)
 }
 
+/// One counter of one ordinal: one point read.
+pub fn read_field(store: &Store, ord: TenantOrd, field: CounterField) -> Result<i64, QueueError> {
+    match store.get(Cf::Counters, &ankusa_keyspace::counter(ord, field))? {
+        None => Ok(0),
+        Some(v) => merge::decode(&v).ok_or_else(|| {
+            QueueError::corrupt(
+                ankusa_keyspace::Family::Counters,
+                format!("undecodable value for ord {} {}", ord.0, field.name()),
+            )
+        }),
+    }
+}
+
 /// The node aggregate (ord 0).
 pub fn node(store: &Store) -> Result<Counters, QueueError> {
     read(store, TenantOrd::AGGREGATE)

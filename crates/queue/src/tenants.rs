@@ -250,6 +250,8 @@ impl Allocator {
 /// backlog never fills a tick's marker budget); a resume puts one back for every second
 /// its due rows are in ([`crate::deliveries::restore_tenant_markers`]) before the key goes.
 const PAUSED_PREFIX: &[u8] = b"m:paused:";
+/// The end of [`PAUSED_PREFIX`]'s range (`:` + 1).
+const PAUSED_END: &[u8] = b"m:paused;";
 
 /// The key that marks tenant `ord` paused.
 pub fn paused_key(ord: TenantOrd) -> Vec<u8> {
@@ -270,16 +272,8 @@ pub fn resume_op(ord: TenantOrd) -> Op {
 
 /// Every paused tenant, with when it was paused.
 pub fn paused(store: &Store) -> Result<Vec<(TenantOrd, ankusa_keyspace::AtMs)>, QueueError> {
-    let mut to = PAUSED_PREFIX.to_vec();
-    to.push(0xFF);
     let mut out = Vec::new();
-    for kv in store.scan(
-        ankusa_keyspace::Family::Meta,
-        PAUSED_PREFIX,
-        &to,
-        ankusa_store::Dir::Forward,
-    )? {
-        let (k, v) = kv?;
+    for (k, v) in meta_range(store, PAUSED_PREFIX, PAUSED_END)? {
         let ord = k
             .strip_prefix(PAUSED_PREFIX)
             .and_then(decode_u32)
@@ -302,4 +296,75 @@ pub fn paused(store: &Store) -> Result<Vec<(TenantOrd, ankusa_keyspace::AtMs)>, 
         out.push((TenantOrd(ord), ankusa_keyspace::AtMs(at)));
     }
     Ok(out)
+}
+
+/// A key and its value.
+type Kv = (Vec<u8>, Vec<u8>);
+
+/// Every meta key from `prefix` up to `end` (the prefix's end), with its value.
+fn meta_range(store: &Store, prefix: &[u8], end: &[u8]) -> Result<Vec<Kv>, QueueError> {
+    store
+        .scan(
+            ankusa_keyspace::Family::Meta,
+            prefix,
+            end,
+            ankusa_store::Dir::Forward,
+        )?
+        .map(|kv| kv.map_err(QueueError::from))
+        .collect()
+}
+
+/// Tenant quotas set for one tenant (`PUT /v1/tenants/{t}/limits`): `m:limits:<tenant id>`
+/// in meta → the overrides as JSON ([`ankusa_config::TenantLimits`] with `null` for "no
+/// limit"; an absent key keeps the default). Keyed by the tenant's id, not its ordinal: a
+/// limit can be set before the tenant's first hook, on every node of a Relay, whichever
+/// owns it later.
+const LIMITS_PREFIX: &[u8] = b"m:limits:";
+/// The end of [`LIMITS_PREFIX`]'s range.
+const LIMITS_END: &[u8] = b"m:limits;";
+
+/// The key of tenant `tenant`'s quotas.
+pub fn limits_key(tenant: &str) -> Vec<u8> {
+    let mut k = LIMITS_PREFIX.to_vec();
+    k.extend_from_slice(tenant.as_bytes());
+    k
+}
+
+/// The op that sets tenant `tenant`'s quotas to `json` (or, with `None`, removes them).
+pub fn limits_op(tenant: &str, json: Option<Vec<u8>>) -> Op {
+    match json {
+        Some(v) => Op::put(Cf::Default, limits_key(tenant), v),
+        None => Op::delete(Cf::Default, limits_key(tenant)),
+    }
+}
+
+/// Every tenant's quotas as stored: `(tenant id, JSON)`.
+pub fn limits(store: &Store) -> Result<Vec<(String, Vec<u8>)>, QueueError> {
+    let mut out = Vec::new();
+    for (k, v) in meta_range(store, LIMITS_PREFIX, LIMITS_END)? {
+        let tenant = k
+            .strip_prefix(LIMITS_PREFIX)
+            .and_then(|t| std::str::from_utf8(t).ok())
+            .ok_or_else(|| {
+                QueueError::corrupt_at(
+                    ankusa_keyspace::Family::Meta,
+                    &k,
+                    "a limits key whose tenant is not UTF-8",
+                )
+            })?;
+        out.push((tenant.to_owned(), v));
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod range_tests {
+    use super::*;
+
+    #[test]
+    fn each_meta_range_ends_where_its_prefix_does() {
+        for (p, e) in [(PAUSED_PREFIX, PAUSED_END), (LIMITS_PREFIX, LIMITS_END)] {
+            assert_eq!(ankusa_keyspace::prefix_end(p).as_deref(), Some(e));
+        }
+    }
 }

@@ -342,12 +342,15 @@ fn spawn_gauges(
     store: Arc<Store>,
     config: &Config,
     metrics: Arc<Metrics>,
+    quotas: Arc<crate::ingest::quota::Quotas>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let interval = std::time::Duration::from_millis(config.admin.gauge_interval_ms);
     tokio::spawn(async move {
         loop {
             let (s, m) = (store.clone(), metrics.clone());
+            m.tenants_over_quota
+                .set(quotas.over_quota(ankusa_keyspace::now_ms()) as i64);
             let tick = tokio::task::spawn_blocking(move || -> Result<(), QueueError> {
                 let g = crate::metrics::gauges::read(&s, AtMs(ankusa_keyspace::now_ms()))?;
                 let mut names = std::collections::HashMap::new();
@@ -778,8 +781,13 @@ impl Node {
         let paused = Arc::new(crate::dispatch::paused::Paused::counted(
             metrics.tenants_paused.clone(),
         ));
+        let quotas = Arc::new(crate::ingest::quota::Quotas::new(
+            config.tenants.limits,
+            metrics.tenant_limit_overrides.clone(),
+        ));
         let api = Arc::new(Api {
             paused: paused.clone(),
+            quotas: quotas.clone(),
             cluster: cluster.clone(),
             hints: hints.clone(),
             store: store.clone(),
@@ -810,6 +818,7 @@ impl Node {
         let backup_dir = config.backup_dir();
         let boot_progress = progress.clone();
         let boot_paused = paused.clone();
+        let boot_quotas = quotas.clone();
         let archived: Vec<String> = config
             .sources
             .iter()
@@ -852,6 +861,10 @@ impl Node {
             if paused_now > 0 {
                 tracing::info!(tenants = paused_now, "paused tenants: their deliveries are held");
             }
+            let limited = boot_quotas.load(&boot_store)?;
+            if limited > 0 {
+                tracing::info!(tenants = limited, "tenants with their own limits");
+            }
             let markers = deliveries::repair_markers_except(&boot_store, |o| boot_paused.holds(o))?;
             if markers > 0 {
                 tracing::warn!(markers, "restored active markers a crash had lost");
@@ -891,6 +904,7 @@ impl Node {
             metrics.clone(),
             ready.clone(),
             cluster,
+            quotas.clone(),
         ));
         // The reloader holds the parts it swaps, never the states that hold the writer (a
         // stop waits for the writer's last handle to go).
@@ -902,6 +916,7 @@ impl Node {
                 tokens: api.tokens.clone(),
                 config: api.config.clone(),
                 status: api.config_status.clone(),
+                quotas,
             },
             metrics.clone(),
         ));
@@ -923,7 +938,13 @@ impl Node {
             spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_hook_log_prune(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_archiver(store.clone(), &config, metrics.clone(), stop.clone()),
-            spawn_gauges(store.clone(), &config, metrics.clone(), stop.clone()),
+            spawn_gauges(
+                store.clone(),
+                &config,
+                metrics.clone(),
+                api.quotas.clone(),
+                stop.clone(),
+            ),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
             spawn_write_probe(
                 store.clone(),

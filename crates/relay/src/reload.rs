@@ -61,6 +61,8 @@ pub struct Parts {
     pub config: Arc<ArcSwap<Config>>,
     /// What `/v1/node` shows of the configuration.
     pub status: Arc<Mutex<ankusa_crds::node::ConfigStatus>>,
+    /// Every tenant's default quotas (`tenants.limits`).
+    pub quotas: Arc<crate::ingest::quota::Quotas>,
 }
 
 /// The parts a reload swaps, and the configuration they run.
@@ -172,6 +174,7 @@ impl Reloader {
         p.tokens.store(Arc::new(tokens));
         p.config.store(Arc::new(next.clone()));
         p.sources.store(Arc::new(sources));
+        p.quotas.set_defaults(next.tenants.limits);
         *running = next;
         Ok(if changed.is_empty() {
             Reloaded::Unchanged

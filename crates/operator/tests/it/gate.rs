@@ -118,6 +118,8 @@ fn node_status(p: &SimPod, v: &Volume) -> NodeStatus {
         cluster: None,
         store_bytes: None,
         config: None,
+        tenants_paused: None,
+        tenants_over_quota: None,
     }
 }
 

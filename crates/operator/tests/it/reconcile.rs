@@ -687,6 +687,8 @@ async fn node_server(token: Arc<std::sync::Mutex<String>>) -> String {
                         cluster: None,
                         store_bytes: None,
                         config: None,
+                        tenants_paused: None,
+                        tenants_over_quota: None,
                     };
                     (StatusCode::OK, serde_json::to_string(&s).unwrap())
                 }

@@ -46,6 +46,8 @@ pub struct Api {
     pub writer: std::sync::OnceLock<ankusa_queue::writer::WriterHandle>,
     /// The paused tenants, which dispatch holds.
     pub paused: Arc<crate::dispatch::paused::Paused>,
+    /// Tenant quotas, which ingest enforces.
+    pub quotas: Arc<crate::ingest::quota::Quotas>,
 }
 
 /// An API error: one JSON shape, a stable code.
@@ -57,6 +59,11 @@ pub enum ApiError {
     BadRequest(String),
     /// An operation that failed for a reason the caller can act on (a full volume).
     Failed {
+        code: &'static str,
+        message: String,
+    },
+    /// 409: the call cannot be done in the state the node is in (a ceiling reached).
+    Conflict {
         code: &'static str,
         message: String,
     },
@@ -98,6 +105,7 @@ impl IntoResponse for ApiError {
             ApiError::Failed { code, message } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, code, message)
             }
+            ApiError::Conflict { code, message } => (StatusCode::CONFLICT, code, message),
             ApiError::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "internal",

@@ -216,29 +216,14 @@ pub fn merge_nodes(urls: &[String], answers: Vec<Value>) -> Value {
 /// Tenants from every node's `/v1/tenants?top=N`, one row per tenant with its counters
 /// summed, most pending first, `top` of them.
 pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
-    type Merged = (BTreeMap<String, i64>, Vec<usize>, Option<u64>);
     let mut by: BTreeMap<String, Merged> = BTreeMap::new();
     for (i, a) in answers.iter().enumerate() {
         for t in a["tenants"].as_array().into_iter().flatten() {
             let name = t["tenant"].as_str().unwrap_or_default().to_owned();
-            let e = by.entry(name).or_default();
-            e.1.push(i);
-            for (k, v) in t["counters"].as_object().into_iter().flatten() {
-                *e.0.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
-            }
-            e.2 = earliest(e.2, &t["paused_since_ms"]);
+            by.entry(name).or_default().add(i, t);
         }
     }
-    let mut rows: Vec<Value> = by
-        .into_iter()
-        .map(|(t, (c, nodes, paused))| {
-            let mut row = json!({ "tenant": t, "counters": c, "nodes": nodes });
-            if let Some(p) = paused {
-                row["paused_since_ms"] = json!(p);
-            }
-            row
-        })
-        .collect();
+    let mut rows: Vec<Value> = by.into_iter().map(|(t, m)| m.row(&t)).collect();
     // As each node orders them: the most pending, then scheduled, then dead.
     let key = |v: &Value| {
         ["pending", "scheduled", "dead"].map(|k| v["counters"][k].as_i64().unwrap_or(0))
@@ -271,24 +256,91 @@ pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
 
 /// One tenant's counters over the nodes that know it (`None`: a node that does not).
 pub fn merge_tenant(tenant: &str, answers: Vec<Option<Value>>) -> Option<Value> {
-    let mut total = BTreeMap::<String, i64>::new();
-    let mut nodes = Vec::new();
-    let mut paused = None;
+    let mut m = Merged::default();
     for (i, a) in answers.into_iter().enumerate() {
-        let Some(a) = a else { continue };
-        nodes.push(i);
-        for (k, v) in a["counters"].as_object().into_iter().flatten() {
-            *total.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
+        if let Some(a) = a {
+            m.add(i, &a);
         }
-        paused = earliest(paused, &a["paused_since_ms"]);
     }
-    (!nodes.is_empty()).then(|| {
-        let mut v = json!({ "tenant": tenant, "counters": total, "nodes": nodes });
-        if let Some(p) = paused {
-            v["paused_since_ms"] = json!(p);
+    (!m.nodes.is_empty()).then(|| m.row(tenant))
+}
+
+/// One tenant's views from several nodes, added up.
+#[derive(Default)]
+struct Merged {
+    counters: BTreeMap<String, i64>,
+    nodes: Vec<usize>,
+    paused: Option<u64>,
+    oldest_due: Option<u64>,
+    refusals: u64,
+}
+
+impl Merged {
+    /// Node `i`'s view `t`: counters and refusals summed, the earliest pause and oldest
+    /// due row.
+    fn add(&mut self, i: usize, t: &Value) {
+        self.nodes.push(i);
+        for (k, v) in t["counters"].as_object().into_iter().flatten() {
+            *self.counters.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
         }
-        v
-    })
+        self.paused = earliest(self.paused, &t["paused_since_ms"]);
+        self.oldest_due = earliest(self.oldest_due, &t["oldest_due_at_ms"]);
+        self.refusals += t["quota_refusals"].as_u64().unwrap_or(0);
+    }
+
+    fn row(self, tenant: &str) -> Value {
+        let mut row = json!({ "tenant": tenant, "counters": self.counters, "nodes": self.nodes });
+        if let Some(p) = self.paused {
+            row["paused_since_ms"] = json!(p);
+        }
+        if let Some(o) = self.oldest_due {
+            row["oldest_due_at_ms"] = json!(o);
+        }
+        if self.refusals > 0 {
+            row["quota_refusals"] = json!(self.refusals);
+        }
+        row
+    }
+}
+
+/// The body of `PUT /v1/tenants/{t}/limits` from `KEY=VALUE` pairs (`none`: `null`).
+pub fn limits_body(pairs: &[String]) -> anyhow::Result<Value> {
+    let mut body = serde_json::Map::new();
+    for p in pairs {
+        let (k, v) = p
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--set {p:?}: expected KEY=VALUE"))?;
+        let value = if v == "none" {
+            Value::Null
+        } else {
+            let n: f64 = v
+                .parse()
+                .map_err(|_| anyhow::anyhow!("--set {p:?}: {v:?} is not a number or none"))?;
+            serde_json::Number::from_f64(n)
+                .map(|n| match n.as_f64() {
+                    Some(f) if f.fract() == 0.0 && f >= 0.0 => json!(f as u64),
+                    _ => Value::Number(n),
+                })
+                .ok_or_else(|| anyhow::anyhow!("--set {p:?}: not a finite number"))?
+        };
+        body.insert(k.to_owned(), value);
+    }
+    Ok(Value::Object(body))
+}
+
+/// One tenant's limits from every node: the first node's, with `changed` and `refused`
+/// summed.
+pub fn merge_limits(answers: Vec<Value>) -> Value {
+    let mut out = answers.first().cloned().unwrap_or(Value::Null);
+    for f in ["changed", "refused"] {
+        if out.get(f).is_some() {
+            out[f] = json!(answers
+                .iter()
+                .map(|a| a[f].as_u64().unwrap_or(0))
+                .sum::<u64>());
+        }
+    }
+    out
 }
 
 /// The earlier of `a` and the time `b` names (a tenant paused on several nodes).

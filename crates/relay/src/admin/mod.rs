@@ -25,6 +25,7 @@ pub mod backups;
 pub mod client;
 pub mod dlq;
 pub mod hooks;
+pub mod limits;
 pub mod node;
 pub mod quarantine;
 pub mod relay_wide;
@@ -99,6 +100,8 @@ pub fn node_status(
         cluster: None,
         store_bytes: Some(store.disk_bytes()),
         config: None,
+        tenants_paused: None,
+        tenants_over_quota: None,
     })
 }
 
@@ -199,6 +202,10 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
         .route("/v1/tenants/{t}/retry", post(tenants::retry))
         .route("/v1/tenants/{t}/pause", post(tenants::pause))
         .route("/v1/tenants/{t}/resume", post(tenants::resume))
+        .route(
+            "/v1/tenants/{t}/limits",
+            get(limits::get).put(limits::put).delete(limits::delete),
+        )
         .route(
             "/v1/quarantine",
             get(quarantine::quarantine_list).delete(quarantine::quarantine_delete),

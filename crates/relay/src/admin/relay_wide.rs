@@ -38,9 +38,7 @@ use super::dlq::{DlqItem, DlqPage, Revived};
 use super::tenants::{NodeTenants, TenantView, TenantsTop};
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::{error, with_retry_after};
-use ankusa_crds::node::Counters;
 use ankusa_keyspace::CounterField;
-use ankusa_queue::counters::CountsExt;
 use ankusa_queue::registry::Admission;
 
 /// The largest replay body read to find its tenant.
@@ -118,6 +116,12 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
     // What a former owner still holds counts too: a tenant's view, purge and replay ask
     // every node and add their answers up.
     let merge = match (req.method().clone(), path.as_str()) {
+        // A tenant's limits are the same on every node; its owner enforces them and
+        // answers with its refusals.
+        (Method::GET, p) if p.ends_with("/limits") => None,
+        (Method::PUT | Method::DELETE, p) if p.ends_with("/limits") => {
+            Some(Merge::Sum(&["changed", "refused"]))
+        }
         (Method::GET, p) if p.starts_with("/v1/tenants/") && !p.ends_with("/queue") => {
             Some(Merge::View)
         }
@@ -515,7 +519,20 @@ async fn merged(
     };
     for v in &found[1..] {
         match merge {
-            Merge::View => add_value_counters(&mut out, v),
+            Merge::View => {
+                // Read as views and added up as one: counters, refusals, the earliest
+                // pause and oldest due row.
+                match (
+                    serde_json::from_value::<TenantView>(out.clone()),
+                    serde_json::from_value::<TenantView>(v.clone()),
+                ) {
+                    (Ok(mut a), Ok(b)) => {
+                        a.absorb(&b);
+                        out = serde_json::to_value(a).unwrap_or(out);
+                    }
+                    _ => add_value_counters(&mut out, v),
+                }
+            }
             Merge::Sum(fields) => add_fields(&mut out, v, fields),
             Merge::Backlog => {
                 let fields = ["pending", "scheduled", "inflight", "bytes", "rows_read"];
@@ -707,7 +724,7 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
                     let t = TenantView { ord: None, ..t };
                     merged.insert(t.tenant.clone(), t);
                 }
-                Some(m) => add_counters(&mut m.counters, &t.counters),
+                Some(m) => m.absorb(&t),
             }
         }
     }
@@ -723,13 +740,6 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
         unavailable: Some(unavailable),
     })
     .into_response()
-}
-
-/// Adds `from`'s counters to `into`'s.
-fn add_counters(into: &mut Counters, from: &Counters) {
-    for f in CounterField::ALL {
-        into.add(f, from.get(f));
-    }
 }
 
 /// A query parameter, decoded.

@@ -28,9 +28,56 @@ pub struct TenantView {
     /// Paused since (ms since the epoch): its deliveries are held (`…/resume` ends it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_since_ms: Option<u64>,
+    /// When its oldest due row became due (ms since the epoch): how long its backlog has
+    /// waited. A paused tenant's grows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub oldest_due_at_ms: Option<u64>,
+    /// Hooks its quotas refused since the node started (`…/limits`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub quota_refusals: u64,
     /// A Relay of several nodes: the nodes that gave no answer (their rows are not counted).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+impl TenantView {
+    /// Tenant `tenant` (ordinal `ord`) on this node: its counters, oldest due row (one
+    /// seek), pause and refusals.
+    pub(crate) fn read(
+        api: &Api,
+        tenant: String,
+        ord: ankusa_keyspace::TenantOrd,
+    ) -> Result<TenantView, ankusa_queue::QueueError> {
+        Ok(TenantView {
+            counters: counters::read(&api.store, ord)?,
+            oldest_due_at_ms: deliveries::first_due(&api.store, ord)?.map(|r| r.key.at.0),
+            ord: Some(ord.0),
+            paused_since_ms: paused_since(api, ord),
+            quota_refusals: api.quotas.refused(&tenant).map_or(0, |r| r.count),
+            unavailable: Vec::new(),
+            tenant,
+        })
+    }
+
+    /// Adds another node's view of the same tenant: counters and refusals summed, the
+    /// earliest pause and oldest due row.
+    pub(crate) fn absorb(&mut self, other: &TenantView) {
+        use ankusa_queue::counters::CountsExt;
+        for f in ankusa_keyspace::CounterField::ALL {
+            self.counters.add(f, other.counters.get(f));
+        }
+        let earliest = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (Some(x), Some(y)) => Some(x.min(y)),
+            (x, y) => x.or(y),
+        };
+        self.paused_since_ms = earliest(self.paused_since_ms, other.paused_since_ms);
+        self.oldest_due_at_ms = earliest(self.oldest_due_at_ms, other.oldest_due_at_ms);
+        self.quota_refusals += other.quota_refusals;
+    }
 }
 
 /// `GET /v1/tenants`: the tenants with the most pending work.
@@ -96,15 +143,7 @@ pub async fn tenant(
     let a = api.clone();
     blocking(move || {
         let ord = visible_ord(&a.store, &c.scope, &t)?;
-        let counters = counters::read(&a.store, ord)?;
-        Ok(Json(TenantView {
-            tenant: t,
-            ord: Some(ord.0),
-            counters,
-            paused_since_ms: paused_since(&a, ord),
-            unavailable: Vec::new(),
-        })
-        .into_response())
+        Ok(Json(TenantView::read(&a, t, ord)?).into_response())
     })
     .await
 }
@@ -176,36 +215,24 @@ pub async fn tenants_top(
                         continue;
                     }
                     let name = tenants::name(store, ord)?.unwrap_or_default();
-                    views.push(TenantView {
-                        tenant: name,
-                        ord: Some(ord.0),
-                        counters,
-                        paused_since_ms: paused_since(&a, ord),
-                        unavailable: Vec::new(),
-                    });
+                    views.push((name, ord, counters));
                 }
             }
             Scope::Tenants(ts) => {
                 for t in ts {
                     if let Some(ord) = tenants::ord(store, t)? {
-                        views.push(TenantView {
-                            tenant: t.clone(),
-                            ord: Some(ord.0),
-                            counters: counters::read(store, ord)?,
-                            paused_since_ms: paused_since(&a, ord),
-                            unavailable: Vec::new(),
-                        });
+                        views.push((t.clone(), ord, counters::read(store, ord)?));
                     }
                 }
             }
         }
-        views.sort_by(|x, y| {
-            work_order(&y.counters)
-                .cmp(&work_order(&x.counters))
-                .then(x.ord.cmp(&y.ord))
-        });
-
+        // The page first (ordered by the counters), then each of its tenants read whole.
+        views.sort_by(|x, y| work_order(&y.2).cmp(&work_order(&x.2)).then(x.1.cmp(&y.1)));
         views.truncate(n);
+        let views = views
+            .into_iter()
+            .map(|(name, ord, _)| TenantView::read(&a, name, ord))
+            .collect::<Result<Vec<_>, _>>()?;
         let multi = a.cluster.is_multi();
         Ok(Json(TenantsTop {
             tenants: views,

@@ -124,6 +124,18 @@ pub(super) fn admin(
                 sum["tenant"] = serde_json::json!(tenant);
                 sum
             }
+            AdminCommand::Limits { tenant, set, clear } => {
+                let path = format!("/v1/tenants/{}/limits", c::q(tenant));
+                let answers = if *clear {
+                    nodes.all(Method::DELETE, &path, None).await?
+                } else if !set.is_empty() {
+                    let body = c::limits_body(set)?;
+                    nodes.all(Method::PUT, &path, Some(&body)).await?
+                } else {
+                    nodes.all(Method::GET, &path, None).await?
+                };
+                c::merge_limits(answers)
+            }
             AdminCommand::Quarantine {
                 command: QuarantineCommand::List { limit },
             } => c::merge_items(

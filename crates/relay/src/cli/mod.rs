@@ -160,6 +160,17 @@ pub enum AdminCommand {
     Pause { tenant: String },
     /// End a tenant's pause on every node: its deliveries go on.
     Resume { tenant: String },
+    /// A tenant's quotas. With `--set` (admin): its own limits on every node, replacing
+    /// any it had; with `--clear`: back to the defaults.
+    Limits {
+        tenant: String,
+        /// `ingest_per_second=N`, `ingest_burst=N` or `queued_bytes=N`; `KEY=none` lifts
+        /// the default. Repeat for several.
+        #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "clear")]
+        set: Vec<String>,
+        #[arg(long)]
+        clear: bool,
+    },
     /// Requests that failed verification.
     Quarantine {
         #[command(subcommand)]

@@ -20,6 +20,7 @@
 //! `ankusa_ingest_requests_total{source,outcome}` with its latency.
 
 pub mod quarantine;
+pub mod quota;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -163,6 +164,8 @@ pub struct IngestState {
     pub ready: Arc<AtomicBool>,
     /// The Relay's nodes: who owns which tenant.
     pub cluster: Arc<Cluster>,
+    /// Tenant quotas, enforced here on the tenant's owner.
+    pub quotas: Arc<quota::Quotas>,
     next_id: AtomicU64,
     id_prefix: String,
     /// Lines about requests that failed verification: a sender can cause them at any rate.
@@ -178,8 +181,10 @@ impl IngestState {
         metrics: Arc<Metrics>,
         ready: Arc<AtomicBool>,
         cluster: Arc<Cluster>,
+        quotas: Arc<quota::Quotas>,
     ) -> Self {
         IngestState {
+            quotas,
             sources: Arc::new(arc_swap::ArcSwap::from_pointee(sources)),
             store,
             writer,
@@ -247,10 +252,14 @@ pub enum Outcome {
     Unavailable,
     /// 503: the tenant's owner did not answer.
     OwnerUnavailable,
+    /// 429: the tenant sends faster than its `ingest_per_second`.
+    TenantRateLimited,
+    /// 503: the tenant's queued bytes are at its `queued_bytes`.
+    TenantBacklogFull,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 8] = [
+    pub const ALL: [Outcome; 10] = [
         Outcome::Accepted,
         Outcome::Duplicate,
         Outcome::Forwarded,
@@ -259,6 +268,8 @@ impl Outcome {
         Outcome::TenantLimit,
         Outcome::Unavailable,
         Outcome::OwnerUnavailable,
+        Outcome::TenantRateLimited,
+        Outcome::TenantBacklogFull,
     ];
 
     /// The metric label.
@@ -272,6 +283,8 @@ impl Outcome {
             Outcome::TenantLimit => "tenant_limit",
             Outcome::Unavailable => "unavailable",
             Outcome::OwnerUnavailable => "owner_unavailable",
+            Outcome::TenantRateLimited => "tenant_rate_limited",
+            Outcome::TenantBacklogFull => "tenant_backlog_full",
         }
     }
 }
@@ -510,6 +523,42 @@ async fn handle<'a>(
                 format!("the Relay's tenant registry did not answer ({e})"),
             );
             return (label, Outcome::Unavailable, with_retry_after(r, 5));
+        }
+    }
+    // Quotas, on the owner: after admission (a refused tenant has no ordinal to read).
+    match s
+        .quotas
+        .admit(store, owned_as, || tenants::ord(store, owned_as), now_ms)
+    {
+        Ok(None) => {}
+        Ok(Some(quota::Refusal::Rate { retry_after_s })) => {
+            let r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                "tenant_rate_limited",
+                "this tenant sends faster than its ingest_per_second",
+            );
+            return (
+                label,
+                Outcome::TenantRateLimited,
+                with_retry_after(r, retry_after_s),
+            );
+        }
+        Ok(Some(quota::Refusal::Backlog { queued, limit })) => {
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "tenant_backlog_full",
+                format!("this tenant's queued deliveries hold {queued} bytes, its queued_bytes is {limit}"),
+            );
+            return (label, Outcome::TenantBacklogFull, with_retry_after(r, 30));
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "reading a tenant's queued bytes");
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the store could not be read",
+            );
+            return (label, Outcome::Unavailable, with_retry_after(r, 1));
         }
     }
     let idempotency = idempotency_of(&src.idempotency, &headers, &mut json);

@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// The fixed set of ingest outcomes.
-pub const OUTCOMES: [&str; 8] = [
+pub const OUTCOMES: [&str; 10] = [
     "accepted",
     "duplicate",
     "rejected",
@@ -24,6 +24,8 @@ pub const OUTCOMES: [&str; 8] = [
     "unavailable",
     "forwarded",
     "owner_unavailable",
+    "tenant_rate_limited",
+    "tenant_backlog_full",
 ];
 
 /// The `source` label of requests naming no configured source.
@@ -215,6 +217,10 @@ pub struct Metrics {
     pub tenants_max: Gauge,
     /// Tenants whose deliveries are held (`POST /v1/tenants/{t}/pause`).
     pub tenants_paused: Gauge,
+    /// Tenants with their own limits (`PUT /v1/tenants/{t}/limits`).
+    pub tenant_limit_overrides: Gauge,
+    /// Tenants a quota refused a hook of within the last 5 minutes.
+    pub tenants_over_quota: Gauge,
     /// 1 while the store's writes fail.
     pub store_write_failing: Gauge,
     pub store_memory_bytes: Gauge,
@@ -540,6 +546,18 @@ impl Metrics {
             "Tenants whose deliveries this node holds (paused)",
             tenants_paused.clone(),
         );
+        let tenant_limit_overrides = Gauge::default();
+        registry.register(
+            "ankusa_tenant_limit_overrides",
+            "Tenants with their own limits on this node (PUT /v1/tenants/{t}/limits)",
+            tenant_limit_overrides.clone(),
+        );
+        let tenants_over_quota = Gauge::default();
+        registry.register(
+            "ankusa_tenants_over_quota",
+            "Tenants a quota (ingest rate, queued bytes) refused a hook of within the last 5 minutes",
+            tenants_over_quota.clone(),
+        );
         Metrics {
             queue_state,
             oldest_due_age,
@@ -548,6 +566,8 @@ impl Metrics {
             tenants,
             tenants_max,
             tenants_paused,
+            tenant_limit_overrides,
+            tenants_over_quota,
             store_write_failing,
             store_memory_bytes,
             store_memory_budget_bytes,

@@ -731,3 +731,52 @@ fn with_the_registry_node_down_only_new_tenants_wait() {
     let (_, all) = r.admin_get(2, "/v1/tenants");
     assert_eq!(all["total"], 2, "{all}");
 }
+
+/// A tenant's limits set through a node that does not own it are made on every node and
+/// enforced by the owner, whichever node a hook reaches; reading them anywhere gives the
+/// owner's refusals.
+#[test]
+fn a_tenants_limits_set_at_any_node_are_enforced_by_its_owner() {
+    let mut r = Relay::new(2, "");
+    r.start_all();
+    let t = tenants_per_owner(&r, 1)[1][0].clone();
+    let path = format!("/v1/tenants/{t}/limits");
+    let body = r#"{"ingest_per_second": 0.01, "ingest_burst": 2}"#;
+    let (s, v) = http_admin(r.specs[0].admin, "PUT", &path, body, Duration::from_secs(5)).unwrap();
+    assert_eq!(s, 200, "{v}");
+    let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+    assert_eq!(v["changed"], 2, "made on both nodes: {v}");
+    // Each node holds them (its own answer).
+    for i in 0..2 {
+        let (_, own) = http_raw(
+            r.specs[i].admin,
+            "GET",
+            &path,
+            &[
+                format!("Authorization: Bearer {ADMIN}"),
+                "ankusa-cluster-local: 1".to_owned(),
+            ],
+            "",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        let own: serde_json::Value = serde_json::from_str(&own).unwrap();
+        assert_eq!(own["effective"]["ingest_burst"], 2, "node {i}: {own}");
+    }
+    let c = client();
+    let statuses: Vec<u16> = r.rt.block_on(async {
+        let mut out = Vec::new();
+        for (k, node) in [0, 1, 0, 1].into_iter().enumerate() {
+            out.push(r.send(&c, node, &t, &format!("d-limit-{k}")).await.status);
+        }
+        out
+    });
+    assert_eq!(statuses, [202, 202, 429, 429], "one bucket, on the owner");
+    let (_, v) = r.admin_get(0, &path);
+    assert_eq!(
+        v["refused"], 2,
+        "the owner's refusals, asked at node 0: {v}"
+    );
+    let (_, node) = r.admin_get(1, "/v1/node");
+    assert_eq!(node["tenants_over_quota"], 1, "{node}");
+}

@@ -66,6 +66,7 @@ sinks:
       ca_bundle: { pem: PEM } }
 dispatch: { ca_bundle: { pem: PEM } }
 store: { memory_bytes: 67108864 }
+tenants: { limits: { ingest_per_second: 10, ingest_burst: 20, queued_bytes: 1048576 } }
 routes: [{ id: r, sinks: [s] }]
 sources:
   - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },
@@ -439,7 +440,10 @@ fn api_md_gives_each_error_code_and_the_retry_after_the_code_sends() {
                 continue;
             }
             let args = text[at..].split(')').next().unwrap();
-            let n: u64 = args.rsplit(',').next().unwrap().trim().parse().unwrap();
+            // A computed value (a rate limit's refill time) has no one value to give.
+            let Ok(n) = args.rsplit(',').next().unwrap().trim().parse::<u64>() else {
+                continue;
+            };
             // The code answered just before it, within the same few lines.
             let code = codes.iter().rev().find(|(c, _)| *c < at && at - *c < 400);
             let (_, code) = code.unwrap_or_else(|| panic!("no code before {}", &text[at..at + 40]));

@@ -17,6 +17,7 @@ mod ingest;
 mod logs;
 mod memory;
 mod pause;
+mod quota;
 mod reload;
 mod seed;
 mod support;

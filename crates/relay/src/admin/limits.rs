@@ -1,0 +1,182 @@
+//! A tenant's quotas: `GET`, `PUT` and `DELETE /v1/tenants/{t}/limits`
+//! ([`crate::ingest::quota`] enforces them).
+//!
+//! A tenant token reads its own tenants' limits; only an admin changes them. A change is
+//! persisted with its audit row in one synced write and made on every node of a Relay (the
+//! owner enforces; a node that owns the tenant later has them already). The tenant need
+//! not exist yet: limits set before its first hook apply to it.
+
+use std::sync::Arc;
+
+use axum::extract::{Path, State};
+use axum::http::HeaderMap;
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::Serialize;
+
+use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
+use crate::ingest::quota::{Overrides, SetError};
+use ankusa_config::TenantLimits;
+
+/// A tenant's limits.
+#[derive(Debug, Serialize, utoipa::ToSchema)]
+pub struct LimitsView {
+    pub tenant: String,
+    /// What the tenant runs under: its own limits over the defaults. A key absent: no
+    /// limit.
+    #[schema(value_type = Object)]
+    pub effective: TenantLimits,
+    /// Every tenant's (`tenants.limits`).
+    #[schema(value_type = Object)]
+    pub defaults: TenantLimits,
+    /// Its own, over the defaults: a key absent keeps the default, `null` lifts it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub overrides: Option<Overrides>,
+    /// Hooks a quota refused on this node since it started.
+    pub refused: u64,
+    /// When the last was refused (ms since the epoch).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub last_refused_ms: Option<u64>,
+    /// A change: the nodes it changed (0: they were so already; relay-wide, summed).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub changed: Option<u64>,
+    /// A Relay of several nodes: the nodes that gave no answer (their limits are as they
+    /// were).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+fn view(api: &Api, tenant: String, changed: Option<u64>) -> LimitsView {
+    let q = &api.quotas;
+    let refused = q.refused(&tenant).unwrap_or_default();
+    LimitsView {
+        effective: q.effective(&tenant),
+        defaults: q.defaults(),
+        overrides: q.overrides(&tenant),
+        refused: refused.count,
+        last_refused_ms: (refused.count > 0).then_some(refused.last_ms),
+        changed,
+        unavailable: Vec::new(),
+        tenant,
+    }
+}
+
+/// A tenant id the caller may name (a valid one, in its scope), or 400 / 404.
+fn named(scope: &super::auth::Scope, t: &str) -> Result<(), ApiError> {
+    if let Some(why) = ankusa_config::tenant_id_problem(t) {
+        return Err(ApiError::BadRequest(format!("tenant id {why}")));
+    }
+    if !scope.sees(t) {
+        return Err(ApiError::NotFound("tenant"));
+    }
+    Ok(())
+}
+
+/// `GET /v1/tenants/{t}/limits`
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{t}/limits",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id")),
+    responses(
+        (status = 200, description = "The tenant's limits: effective, defaults, its own, and its refusals", body = LimitsView),
+        crate::http::AuthErrors,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn get(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    named(&c.scope, &t)?;
+    Ok(Json(view(&api, t, None)).into_response())
+}
+
+/// `PUT /v1/tenants/{t}/limits`: the tenant's own limits, replacing any it had (admin
+/// scope). `{}` is the same as `DELETE`.
+#[utoipa::path(
+    put,
+    path = "/v1/tenants/{t}/limits",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id")),
+    request_body(content = Overrides, description = "Its own limits: a key absent keeps the default, null lifts it"),
+    responses(
+        (status = 200, description = "The tenant's limits after the change", body = LimitsView),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+        (status = 409, description = "`too_many_overrides`: 100 000 tenants have their own limits already"),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn put(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult {
+    let o: Overrides =
+        serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("limits: {e}")))?;
+    change(api, headers, t, Some(o)).await
+}
+
+/// `DELETE /v1/tenants/{t}/limits`: the tenant runs on the defaults again (admin scope).
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{t}/limits",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id")),
+    responses(
+        (status = 200, description = "The tenant's limits after the change", body = LimitsView),
+        crate::http::AuthErrors,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn delete(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+) -> ApiResult {
+    change(api, headers, t, None).await
+}
+
+async fn change(
+    api: Arc<Api>,
+    headers: HeaderMap,
+    t: String,
+    next: Option<Overrides>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    named(&c.scope, &t)?;
+    admin_only(&c)?;
+    let a = api.clone();
+    blocking(move || {
+        let detail = serde_json::json!({ "limits": next });
+        let action = if next.is_some_and(|o| !o.is_empty()) {
+            "tenant.limits.set"
+        } else {
+            "tenant.limits.clear"
+        };
+        let changed = match a.quotas.set(&a.store, &t, next, || {
+            a.audit.op(&c.name, action, Some(&t), detail)
+        })? {
+            Ok(changed) => changed,
+            Err(SetError::Invalid(why)) => return Err(ApiError::BadRequest(why)),
+            Err(SetError::TooMany) => {
+                return Err(ApiError::Conflict {
+                    code: "too_many_overrides",
+                    message: format!(
+                        "{} tenants have their own limits already",
+                        crate::ingest::quota::MAX_OVERRIDES
+                    ),
+                })
+            }
+        };
+        Ok(Json(view(&a, t, Some(u64::from(changed)))).into_response())
+    })
+    .await
+}
