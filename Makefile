@@ -111,3 +111,4 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench fairness
 	$(CARGO) bench -p ankusa-relay --bench forward
 	$(CARGO) bench -p ankusa-relay --bench archive
+	$(CARGO) bench -p ankusa-relay --bench tenant_quota

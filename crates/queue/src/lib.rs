@@ -27,6 +27,7 @@ pub mod archive;
 pub mod audit;
 pub mod counters;
 pub mod deliveries;
+pub mod erase;
 pub mod fold;
 pub mod hints;
 pub mod hooklog;
@@ -60,6 +61,8 @@ pub enum QueueError {
     TenantLimit { max: u32 },
     #[error("invalid tenant id: {0}")]
     InvalidTenant(&'static str),
+    #[error("the tenant is being erased")]
+    TenantErasing,
 }
 
 impl QueueError {

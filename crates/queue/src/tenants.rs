@@ -232,6 +232,11 @@ impl Allocator {
         self.next = None;
     }
 
+    /// Forgets every cached ordinal (a tenant was erased: its id has none any more).
+    pub fn forget(&mut self) {
+        self.cache = TenantCache::new(CACHE_CAPACITY);
+    }
+
     /// Records a resolution whose batch committed: caches its ordinals and moves past the
     /// ones it allocated. A batch that failed is not recorded ([`Allocator::reload`]).
     pub fn committed(&mut self, res: &Resolution) {
@@ -363,8 +368,112 @@ mod range_tests {
 
     #[test]
     fn each_meta_range_ends_where_its_prefix_does() {
-        for (p, e) in [(PAUSED_PREFIX, PAUSED_END), (LIMITS_PREFIX, LIMITS_END)] {
+        for (p, e) in [
+            (PAUSED_PREFIX, PAUSED_END),
+            (LIMITS_PREFIX, LIMITS_END),
+            (ERASING_PREFIX, ERASING_END),
+        ] {
             assert_eq!(ankusa_keyspace::prefix_end(p).as_deref(), Some(e));
         }
+    }
+}
+
+/// Tenants being erased: `m:erasing:<<ord::32>>` in meta → `<<at::64>>` (when the erase
+/// began). While one is there the writer refuses the tenant's hooks and dispatch makes no
+/// attempt for it; [`crate::erase`] removes its rows, and its last write deletes the key.
+const ERASING_PREFIX: &[u8] = b"m:erasing:";
+/// The end of [`ERASING_PREFIX`]'s range.
+const ERASING_END: &[u8] = b"m:erasing;";
+
+fn erasing_key(ord: TenantOrd) -> Vec<u8> {
+    let mut k = ERASING_PREFIX.to_vec();
+    k.extend_from_slice(&ord.0.to_be_bytes());
+    k
+}
+
+/// The op that marks tenant `ord` erasing since `at`.
+pub fn erase_begin_op(ord: TenantOrd, at: ankusa_keyspace::AtMs) -> Op {
+    Op::put(Cf::Default, erasing_key(ord), at.0.to_be_bytes().to_vec())
+}
+
+/// The op that ends tenant `ord`'s erase (in its last write).
+pub fn erase_end_op(ord: TenantOrd) -> Op {
+    Op::delete(Cf::Default, erasing_key(ord))
+}
+
+/// Every tenant being erased, with when its erase began.
+pub fn erasing(store: &Store) -> Result<Vec<(TenantOrd, ankusa_keyspace::AtMs)>, QueueError> {
+    let mut out = Vec::new();
+    for (k, v) in meta_range(store, ERASING_PREFIX, ERASING_END)? {
+        let ord = k.strip_prefix(ERASING_PREFIX).and_then(decode_u32);
+        let at = <[u8; 8]>::try_from(v.as_slice())
+            .ok()
+            .map(u64::from_be_bytes);
+        match (ord, at) {
+            (Some(o), Some(a)) => out.push((TenantOrd(o), ankusa_keyspace::AtMs(a))),
+            _ => {
+                return Err(QueueError::corrupt_at(
+                    ankusa_keyspace::Family::Meta,
+                    &k,
+                    "an erase marker that does not decode",
+                ))
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The tenants being erased on this node, shared by the writer (which refuses their hooks)
+/// and the erase tasks. When an erase ends the writer forgets every ordinal it cached, so a
+/// later hook of the same id makes a new one.
+#[derive(Debug, Default)]
+pub struct Erasing {
+    names: std::sync::RwLock<std::collections::HashSet<String>>,
+    /// `names.len()`, read without the lock: no tenant is erasing on most nodes.
+    count: std::sync::atomic::AtomicUsize,
+    /// Erases ended: the writer drops its ordinal cache when it moves.
+    ended: std::sync::atomic::AtomicU64,
+}
+
+impl Erasing {
+    /// Tenant `tenant`'s hooks are refused from now on.
+    pub fn begin(&self, tenant: &str) {
+        let mut names = self.names.write().unwrap_or_else(|p| p.into_inner());
+        names.insert(tenant.to_owned());
+        self.count
+            .store(names.len(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Tenant `tenant`'s erase ended (its last write committed): the writer forgets its
+    /// cached ordinals, then the tenant's hooks are taken again, as a new tenant.
+    pub fn end(&self, tenant: &str) {
+        self.ended.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let mut names = self.names.write().unwrap_or_else(|p| p.into_inner());
+        names.remove(tenant);
+        self.count
+            .store(names.len(), std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Whether tenant `tenant` is being erased.
+    pub fn contains(&self, tenant: &str) -> bool {
+        self.count.load(std::sync::atomic::Ordering::SeqCst) > 0
+            && self
+                .names
+                .read()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(tenant)
+    }
+
+    /// How many erases have ended (the writer compares it with the last it saw).
+    pub fn ended(&self) -> u64 {
+        self.ended.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn len(&self) -> usize {
+        self.count.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

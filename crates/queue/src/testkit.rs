@@ -224,3 +224,44 @@ pub fn assert_corrupt<T: std::fmt::Debug>(r: Result<T, QueueError>, family: Fami
         other => panic!("expected corruption of {family:?}, got {other:?}"),
     }
 }
+
+/// Every key of the store that belongs to tenant `tenant` (ordinal `ord`), described: one
+/// whose key or value holds the tenant id (every family but the audit trail, which keeps
+/// who erased it), one keyed by its ordinal, and one whose value names its ordinal (delivery
+/// and dead rows, archive obligations and expiry keys). Its `?t` row may stay, empty (the
+/// tombstone). A whole scan of every family: for tests.
+pub fn keys_of_tenant(store: &Store, ord: TenantOrd, tenant: &str) -> Vec<String> {
+    let name = tenant.as_bytes();
+    let holds = |b: &[u8]| b.windows(name.len()).any(|w| w == name);
+    let ord_at = |b: &[u8], at: usize| b.get(at..at + 4) == Some(&ord.0.to_be_bytes()[..]);
+    let mut found = Vec::new();
+    for family in Family::FORMAT3 {
+        if family == Family::Audit {
+            continue;
+        }
+        for kv in store.scan_family(family).unwrap() {
+            let (k, v) = kv.unwrap();
+            let mine = match family {
+                Family::TenantNames => ord_at(&k, 1) && !v.is_empty(),
+                Family::Due | Family::Inflight | Family::DeadByTenant => ord_at(&k, 1),
+                Family::Active => ord_at(&k, 9),
+                Family::ArchivedHooks => ord_at(&k, 1),
+                Family::Counters => ord_at(&k, 0),
+                Family::Deliveries => ord_at(&v, 1),
+                Family::Dead => ord_at(&v, 1),
+                Family::Archive => ord_at(&v, 4),
+                Family::ArchiveExpiry => ord_at(&v, 0),
+                _ => false,
+            };
+            if mine || holds(&k) || holds(&v) {
+                found.push(format!(
+                    "{}: {} = {}",
+                    family.name(),
+                    ankusa_keyspace::hex(&k),
+                    ankusa_keyspace::hex(&v[..v.len().min(64)])
+                ));
+            }
+        }
+    }
+    found
+}

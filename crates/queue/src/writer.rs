@@ -81,6 +81,10 @@ pub struct Assembler {
     log: bool,
     /// The sources whose hooks get an archive obligation.
     archived: std::collections::HashSet<String>,
+    /// Tenants being erased: their hooks are refused.
+    erasing: Option<std::sync::Arc<crate::tenants::Erasing>>,
+    /// Erases ended when the ordinal cache was last trusted.
+    erasures_seen: u64,
 }
 
 impl Assembled {
@@ -101,7 +105,17 @@ impl Assembler {
             stale: false,
             log: false,
             archived: Default::default(),
+            erasing: None,
+            erasures_seen: 0,
         })
+    }
+
+    /// Refuses the hooks of the tenants `erasing` holds, and forgets its cached ordinals
+    /// when an erase ends.
+    pub fn erasing(mut self, erasing: std::sync::Arc<crate::tenants::Erasing>) -> Self {
+        self.erasures_seen = erasing.ended();
+        self.erasing = Some(erasing);
+        self
     }
 
     /// Gives the hooks of these sources an archive obligation (`sources[].archive`,
@@ -144,9 +158,32 @@ impl Assembler {
             self.alloc.reload();
             self.stale = false;
         }
-        let resolution = self
-            .alloc
-            .resolve(store, hooks.iter().map(|e| e.borrow().tenant_or_default()))?;
+        // The erasing tenants first, then the erases that ended: an erase ends its write,
+        // counts itself ended, then lets its tenant go, so a hook not refused here sees the
+        // count moved and is resolved afresh (a new ordinal), never to the erased one.
+        let refused: Vec<bool> = match &self.erasing {
+            Some(e) if !e.is_empty() => hooks
+                .iter()
+                .map(|h| e.contains(h.borrow().tenant_or_default()))
+                .collect(),
+            _ => Vec::new(),
+        };
+        if let Some(e) = &self.erasing {
+            let ended = e.ended();
+            if ended != self.erasures_seen {
+                self.alloc.forget();
+                self.erasures_seen = ended;
+            }
+        }
+        let is_refused = |i: usize| refused.get(i).copied().unwrap_or(false);
+        let resolution = self.alloc.resolve(
+            store,
+            hooks
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| !is_refused(*i))
+                .map(|(_, e)| e.borrow().tenant_or_default()),
+        )?;
         let mut tx = Tx::new();
         for op in &resolution.ops {
             tx.push_op(op.clone());
@@ -158,6 +195,10 @@ impl Assembler {
         let mut starting: Vec<bool> = Vec::new();
         for (i, env) in hooks.iter().enumerate() {
             let env = env.borrow();
+            if is_refused(i) {
+                outcomes.push(Err(QueueError::TenantErasing));
+                continue;
+            }
             let ord = match resolution.ords.get(env.tenant_or_default()) {
                 Some(Ok(ord)) => *ord,
                 Some(Err(QueueError::TenantLimit { max })) => {
@@ -220,6 +261,12 @@ impl Assembler {
             due,
             started,
         })
+    }
+
+    /// Forgets every cached ordinal: the next batch looks its tenants up in the store (a
+    /// tenant was erased, and its id has no ordinal any more).
+    pub fn forget_ordinals(&mut self) {
+        self.alloc.forget();
     }
 
     /// The store may hold more than this assembler handed out (a WAL sync failed after
@@ -299,6 +346,8 @@ pub enum Reply {
     TenantLimit,
     /// The tenant id is not acceptable.
     InvalidTenant(&'static str),
+    /// The tenant is being erased.
+    TenantErasing,
     /// The store failed the commit.
     Unavailable,
 }
@@ -808,6 +857,7 @@ impl Writer {
                 },
                 Err(QueueError::TenantLimit { .. }) => Reply::TenantLimit,
                 Err(QueueError::InvalidTenant(why)) => Reply::InvalidTenant(why),
+                Err(QueueError::TenantErasing) => Reply::TenantErasing,
                 Err(_) => Reply::Unavailable,
             });
         }

@@ -785,9 +785,11 @@ impl Node {
             config.tenants.limits,
             metrics.tenant_limit_overrides.clone(),
         ));
+        let eraser = Arc::new(admin::erase::Eraser::default());
         let api = Arc::new(Api {
             paused: paused.clone(),
             quotas: quotas.clone(),
+            eraser: eraser.clone(),
             cluster: cluster.clone(),
             hints: hints.clone(),
             store: store.clone(),
@@ -819,6 +821,7 @@ impl Node {
         let boot_progress = progress.clone();
         let boot_paused = paused.clone();
         let boot_quotas = quotas.clone();
+        let boot_eraser = eraser.clone();
         let archived: Vec<String> = config
             .sources
             .iter()
@@ -861,6 +864,11 @@ impl Node {
             if paused_now > 0 {
                 tracing::info!(tenants = paused_now, "paused tenants: their deliveries are held");
             }
+            // After the pauses: an erase's hold wins over a pause.
+            let erasing = boot_eraser.load(&boot_store, &boot_paused)?;
+            if erasing > 0 {
+                tracing::info!(tenants = erasing, "tenants being erased: their erase goes on");
+            }
             let limited = boot_quotas.load(&boot_store)?;
             if limited > 0 {
                 tracing::info!(tenants = limited, "tenants with their own limits");
@@ -870,6 +878,7 @@ impl Node {
                 tracing::warn!(markers, "restored active markers a crash had lost");
             }
             let assembler = Assembler::open(&boot_store, config.tenants.max)?
+                .erasing(boot_eraser.erasing.clone())
                 .logging(config.hook_log.enabled)
                 .archiving(archived);
             Ok((recovered, assembler))
@@ -946,6 +955,7 @@ impl Node {
                 stop.clone(),
             ),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
+            admin::erase::spawn(api.clone(), stop.clone()),
             spawn_write_probe(
                 store.clone(),
                 config.writer.exit_when_stuck_ms,

@@ -49,6 +49,7 @@ impl Modify for Security {
         crate::admin::tenants::retry,
         crate::admin::tenants::pause,
         crate::admin::tenants::resume,
+        crate::admin::erase::erase,
         crate::admin::limits::get,
         crate::admin::limits::put,
         crate::admin::limits::delete,

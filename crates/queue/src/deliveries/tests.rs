@@ -62,6 +62,9 @@ enum Transition {
     },
     Reclaim,
     Cleanup(u64),
+    /// The tenant erased: its erase steps run to the end (deliveries in flight recovered
+    /// when it waits on them, as a stop would), then its last write.
+    Erase(usize),
 }
 
 fn transition() -> impl Strategy<Value = Transition> {
@@ -90,6 +93,7 @@ fn transition() -> impl Strategy<Value = Transition> {
             .prop_map(|(n, off, now)| Transition::Archiver { n, off, now }),
         1 => Just(Transition::Reclaim),
         2 => (0u64..40_000).prop_map(Transition::Cleanup),
+        1 => (0..TENANTS.len()).prop_map(Transition::Erase),
     ]
 }
 
@@ -245,6 +249,26 @@ fn apply(h: &mut Harness, t: &Transition) {
             let now = AtMs(*now);
             for t in active_tenants(&h.store, now, 4096).unwrap() {
                 cleanup_markers(&h.store, t.ord, &t.buckets, now).unwrap();
+            }
+        }
+        Transition::Erase(tenant) => {
+            let name = TENANTS[*tenant].unwrap_or(DEFAULT_TENANT);
+            if let Some(ord) = crate::tenants::ord(&h.store, name).unwrap() {
+                let mut cursor = crate::erase::Cursor::default();
+                loop {
+                    match crate::erase::step(&h.store, ord, name, &mut cursor).unwrap() {
+                        crate::erase::Step::Worked { .. } => {}
+                        crate::erase::Step::Waiting { .. } => {
+                            recover_inflight(&h.store, AtMs(700), false).unwrap();
+                        }
+                        crate::erase::Step::Clean => break,
+                    }
+                }
+                let ops = crate::erase::finish_ops(&h.store, ord, name).unwrap();
+                h.store.write(ops, true).unwrap();
+                h.asm.forget_ordinals();
+                let left = crate::testkit::keys_of_tenant(&h.store, ord, name);
+                assert!(left.is_empty(), "{left:?}");
             }
         }
     }

@@ -48,6 +48,8 @@ pub struct Api {
     pub paused: Arc<crate::dispatch::paused::Paused>,
     /// Tenant quotas, which ingest enforces.
     pub quotas: Arc<crate::ingest::quota::Quotas>,
+    /// Tenants being erased, and the erases' progress.
+    pub eraser: Arc<super::erase::Eraser>,
 }
 
 /// An API error: one JSON shape, a stable code.

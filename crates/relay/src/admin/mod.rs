@@ -24,6 +24,7 @@ pub mod auth;
 pub mod backups;
 pub mod client;
 pub mod dlq;
+pub mod erase;
 pub mod hooks;
 pub mod limits;
 pub mod node;
@@ -197,7 +198,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
         .route("/v1/dlq", get(dlq::dlq))
         .route("/v1/dlq/replay", post(dlq::replay))
         .route("/v1/tenants", get(tenants::tenants_top))
-        .route("/v1/tenants/{t}", get(tenants::tenant))
+        .route("/v1/tenants/{t}", get(tenants::tenant).delete(erase::erase))
         .route("/v1/tenants/{t}/queue", delete(tenants::purge))
         .route("/v1/tenants/{t}/retry", post(tenants::retry))
         .route("/v1/tenants/{t}/pause", post(tenants::pause))

@@ -48,7 +48,7 @@ pub async fn node(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult 
     blocking(move || {
         let mut s = super::node_status(&a.store, a.progress.get())?;
         s.cluster = a.cluster.status();
-        s.tenants_paused = Some(a.paused.len() as u64);
+        s.tenants_paused = Some(a.paused.paused_len() as u64);
         s.tenants_over_quota = Some(a.quotas.over_quota(ankusa_keyspace::now_ms()) as u64);
         s.config = Some(
             a.config_status

@@ -125,6 +125,13 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         (Method::GET, p) if p.starts_with("/v1/tenants/") && !p.ends_with("/queue") => {
             Some(Merge::View)
         }
+        // An erase runs on every node that holds the tenant's rows.
+        (Method::DELETE, p)
+            if p.strip_prefix("/v1/tenants/")
+                .is_some_and(|t| !t.contains('/')) =>
+        {
+            Some(Merge::Sum(&["changed"]))
+        }
         (Method::DELETE, p) if p.ends_with("/queue") => {
             Some(Merge::Sum(&["due", "dead", "batches"]))
         }

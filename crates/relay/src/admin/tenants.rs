@@ -28,6 +28,10 @@ pub struct TenantView {
     /// Paused since (ms since the epoch): its deliveries are held (`…/resume` ends it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paused_since_ms: Option<u64>,
+    /// Being erased since (ms since the epoch): its hooks are refused, its rows going
+    /// (`DELETE /v1/tenants/{t}`); the tenant is 404 once the erase ended.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub erasing_since_ms: Option<u64>,
     /// When its oldest due row became due (ms since the epoch): how long its backlog has
     /// waited. A paused tenant's grows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -57,6 +61,7 @@ impl TenantView {
             oldest_due_at_ms: deliveries::first_due(&api.store, ord)?.map(|r| r.key.at.0),
             ord: Some(ord.0),
             paused_since_ms: paused_since(api, ord),
+            erasing_since_ms: api.eraser.since(ord).map(|a| a.0),
             quota_refusals: api.quotas.refused(&tenant).map_or(0, |r| r.count),
             unavailable: Vec::new(),
             tenant,
@@ -75,6 +80,7 @@ impl TenantView {
             (x, y) => x.or(y),
         };
         self.paused_since_ms = earliest(self.paused_since_ms, other.paused_since_ms);
+        self.erasing_since_ms = earliest(self.erasing_since_ms, other.erasing_since_ms);
         self.oldest_due_at_ms = earliest(self.oldest_due_at_ms, other.oldest_due_at_ms);
         self.quota_refusals += other.quota_refusals;
     }

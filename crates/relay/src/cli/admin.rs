@@ -36,7 +36,28 @@ pub(super) fn admin(
                     .await?,
                 *top,
             ),
-            AdminCommand::Tenant { tenant } => {
+            AdminCommand::Tenant {
+                command: Some(TenantCommand::Erase { tenant, confirm }),
+                ..
+            } => {
+                anyhow::ensure!(
+                    confirm == tenant,
+                    "--confirm {confirm:?} is not {tenant:?}: an erase cannot be undone"
+                );
+                let path = format!("/v1/tenants/{}?confirm={}", c::q(tenant), c::q(confirm));
+                let answers = knowing(&nodes, Method::DELETE, &path, None).await?;
+                let mut sum = c::sum_reports(&answers);
+                sum["tenant"] = serde_json::json!(tenant);
+                sum
+            }
+            AdminCommand::Tenant {
+                tenant: None,
+                command: None,
+            } => anyhow::bail!("name a tenant: `admin tenant T`, or `admin tenant erase T --confirm T`"),
+            AdminCommand::Tenant {
+                tenant: Some(tenant),
+                ..
+            } => {
                 let path = format!("/v1/tenants/{}", c::q(tenant));
                 let mut answers = Vec::new();
                 for i in 0..nodes.urls.len() {
@@ -212,7 +233,11 @@ pub(super) fn admin(
             h.extend(counters);
             table(&h, &rows)
         }
-        AdminCommand::Tenants { .. } | AdminCommand::Tenant { .. } => {
+        AdminCommand::Tenants { .. }
+        | AdminCommand::Tenant {
+            command: None,
+            tenant: Some(_),
+        } => {
             let list = match &command {
                 AdminCommand::Tenant { .. } => vec![out.clone()],
                 _ => out["tenants"].as_array().cloned().unwrap_or_default(),

@@ -130,8 +130,14 @@ pub enum AdminCommand {
         #[arg(long, default_value_t = 20)]
         top: usize,
     },
-    /// One tenant's counters summed over the nodes that hold it.
-    Tenant { tenant: String },
+    /// One tenant's counters summed over the nodes that hold it (`tenant T`), or
+    /// `tenant erase T --confirm T`.
+    #[command(args_conflicts_with_subcommands = true)]
+    Tenant {
+        #[command(subcommand)]
+        command: Option<TenantCommand>,
+        tenant: Option<String>,
+    },
     /// The dead-letter queue.
     Dlq {
         #[command(subcommand)]
@@ -187,6 +193,18 @@ pub enum AdminCommand {
         to: PathBuf,
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         keep: Option<u64>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Erase a tenant for good on every node: every key of it goes, its ordinal stays as a
+    /// tombstone. Cannot be undone.
+    Erase {
+        tenant: String,
+        /// The tenant id again.
+        #[arg(long)]
+        confirm: String,
     },
 }
 

@@ -26,6 +26,9 @@ pub enum Hold {
     Paused(AtMs),
     /// Being resumed: skipped, its markers being put back.
     Resuming,
+    /// Being erased since this time (`DELETE /v1/tenants/{t}`): skipped, its markers taken
+    /// out; neither a pause nor a resume changes it.
+    Erasing(AtMs),
 }
 
 /// The paused tenants of this node.
@@ -55,8 +58,7 @@ impl Paused {
         let mut holds = self.write();
         holds.clear();
         holds.extend(found.into_iter().map(|(o, at)| (o, Hold::Paused(at))));
-        self.count.store(holds.len(), Ordering::Release);
-        self.gauge.set(holds.len() as i64);
+        self.publish(&holds);
         Ok(holds.len())
     }
 
@@ -72,12 +74,12 @@ impl Paused {
             .copied()
     }
 
-    /// Tenant `ord` is held (paused or resuming): dispatch skips it.
+    /// Tenant `ord` is held (paused, resuming or erasing): dispatch skips it.
     pub fn holds(&self, ord: TenantOrd) -> bool {
         self.hold(ord).is_some()
     }
 
-    /// Paused tenants (resuming ones included).
+    /// Held tenants (paused, resuming or erasing).
     pub fn len(&self) -> usize {
         self.count.load(Ordering::Acquire)
     }
@@ -106,8 +108,42 @@ impl Paused {
                 holds.remove(&ord);
             }
         }
+        self.publish(&holds);
+    }
+
+    /// Publishes how many holds there are; the gauge counts the paused (and resuming) ones.
+    fn publish(&self, holds: &HashMap<TenantOrd, Hold>) {
         self.count.store(holds.len(), Ordering::Release);
-        self.gauge.set(holds.len() as i64);
+        let paused = holds
+            .values()
+            .filter(|h| !matches!(h, Hold::Erasing(_)))
+            .count();
+        self.gauge.set(paused as i64);
+    }
+
+    /// Holds tenant `ord` for its erase (from `at`), whatever hold it had.
+    pub fn hold_for_erase(&self, ord: TenantOrd, at: AtMs) {
+        let _one = self.changing();
+        self.set(ord, Some(Hold::Erasing(at)));
+    }
+
+    /// Tenant `ord`'s erase ended: it has no hold (its pause went with its rows).
+    pub fn erased(&self, ord: TenantOrd) {
+        let _one = self.changing();
+        self.set(ord, None);
+    }
+
+    /// Paused tenants (resuming ones included; not those being erased).
+    pub fn paused_len(&self) -> usize {
+        if self.is_empty() {
+            return 0;
+        }
+        self.holds
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|h| !matches!(h, Hold::Erasing(_)))
+            .count()
     }
 
     /// Pauses tenant `ord` at `at`: its key and the audit row `audit()` makes in one synced
@@ -141,7 +177,7 @@ impl Paused {
         audit: impl FnOnce(u64) -> ankusa_store::Op,
     ) -> Result<Option<u64>, ankusa_queue::QueueError> {
         let _one = self.changing();
-        let Some(hold) = self.hold(ord) else {
+        let Some(hold) = self.hold(ord).filter(|h| !matches!(h, Hold::Erasing(_))) else {
             return Ok(None);
         };
         self.set(ord, Some(Hold::Resuming));

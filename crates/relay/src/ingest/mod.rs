@@ -256,10 +256,12 @@ pub enum Outcome {
     TenantRateLimited,
     /// 503: the tenant's queued bytes are at its `queued_bytes`.
     TenantBacklogFull,
+    /// 410: the tenant is being erased.
+    TenantErasing,
 }
 
 impl Outcome {
-    pub const ALL: [Outcome; 10] = [
+    pub const ALL: [Outcome; 11] = [
         Outcome::Accepted,
         Outcome::Duplicate,
         Outcome::Forwarded,
@@ -270,6 +272,7 @@ impl Outcome {
         Outcome::OwnerUnavailable,
         Outcome::TenantRateLimited,
         Outcome::TenantBacklogFull,
+        Outcome::TenantErasing,
     ];
 
     /// The metric label.
@@ -285,6 +288,7 @@ impl Outcome {
             Outcome::OwnerUnavailable => "owner_unavailable",
             Outcome::TenantRateLimited => "tenant_rate_limited",
             Outcome::TenantBacklogFull => "tenant_backlog_full",
+            Outcome::TenantErasing => "tenant_erasing",
         }
     }
 }
@@ -622,6 +626,15 @@ async fn handle<'a>(
         ),
         Ok(Reply::TenantLimit) => tenant_limit(label, "this node holds tenants.max tenants"),
         Ok(Reply::InvalidTenant(why)) => rejected(StatusCode::BAD_REQUEST, "bad_tenant", why),
+        Ok(Reply::TenantErasing) => (
+            label,
+            Outcome::TenantErasing,
+            error(
+                StatusCode::GONE,
+                "tenant_erasing",
+                "this tenant is being erased: its hooks are refused until the erase ends",
+            ),
+        ),
         Ok(Reply::Unavailable) | Err(_) => unavailable("the store could not commit the hook"),
     }
 }

@@ -241,6 +241,24 @@ impl Quotas {
         Ok(Ok(true))
     }
 
+    /// Tenant `tenant` was erased: its own limits (deleted with its last write), bucket and
+    /// refusals go.
+    pub fn forget(&self, tenant: &str) {
+        let _one = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        let mut map = self.overrides.write().unwrap_or_else(|p| p.into_inner());
+        map.remove(tenant);
+        self.overrides_gauge.set(map.len() as i64);
+        drop(map);
+        self.buckets
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(tenant);
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(tenant);
+    }
+
     /// Whether tenant `tenant` (ordinal `ord`, if it has one yet) may send a hook now: takes
     /// a token, and reads its queued bytes when it has a limit on them.
     pub fn admit(

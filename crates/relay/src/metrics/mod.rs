@@ -15,7 +15,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 /// The fixed set of ingest outcomes.
-pub const OUTCOMES: [&str; 10] = [
+pub const OUTCOMES: [&str; 11] = [
     "accepted",
     "duplicate",
     "rejected",
@@ -26,6 +26,7 @@ pub const OUTCOMES: [&str; 10] = [
     "owner_unavailable",
     "tenant_rate_limited",
     "tenant_backlog_full",
+    "tenant_erasing",
 ];
 
 /// The `source` label of requests naming no configured source.

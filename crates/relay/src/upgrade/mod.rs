@@ -26,7 +26,9 @@ pub(crate) fn step_error(e: ankusa_queue::QueueError) -> ankusa_store::StoreErro
     match e {
         QueueError::Corrupt { family, detail } => StoreError::Corruption { family, detail },
         QueueError::Store(e) => e,
-        e @ (QueueError::TenantLimit { .. } | QueueError::InvalidTenant(_)) => StoreError::Io {
+        e @ (QueueError::TenantLimit { .. }
+        | QueueError::InvalidTenant(_)
+        | QueueError::TenantErasing) => StoreError::Io {
             context: "migration step".into(),
             source: std::io::Error::other(e.to_string()),
         },

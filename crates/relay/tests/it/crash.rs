@@ -654,3 +654,43 @@ fn a_cut_restore_leaves_a_directory_no_command_opens() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert!(!names_in(&whole).contains(&ankusa_tarball::RESTORING_MARKER.to_owned()));
 }
+
+#[test]
+fn kill_9_during_an_erase_resumes_it_at_the_next_boot_and_leaves_no_key_behind() {
+    const ROWS: i64 = 100_000;
+    let s = DeadStore::new(ROWS as u64, 2);
+    let mut node = s.start();
+    s.kill_during(
+        &mut node,
+        "DELETE",
+        "/v1/tenants/tenant-0?confirm=tenant-0".into(),
+        "",
+        5_000,
+    );
+    s.assert_counters_equal_a_fold();
+    let node = s.start();
+    // The erase goes on by itself: the tenant is refused until it ends, then gone.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let (status, body) = http_get_admin(s.admin, "/v1/tenants/tenant-0").unwrap();
+        if status == 404 {
+            break;
+        }
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert!(v["erasing_since_ms"].is_u64(), "{v}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the erase never ended: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let c = s.counters();
+    assert_eq!(queued_rows(&c), ROWS / 2, "tenant-1's rows stay: {c}");
+    drop(node);
+    s.assert_counters_equal_a_fold();
+    let store = ankusa_store::Store::open(&s.data, &ankusa_store::OpenOptions::default()).unwrap();
+    let ord = ankusa_keyspace::TenantOrd(1);
+    assert_eq!(ankusa_queue::tenants::name(&store, ord).unwrap(), None);
+    let left = ankusa_queue::testkit::keys_of_tenant(&store, ord, "tenant-0");
+    assert!(left.is_empty(), "{}", left[..left.len().min(20)].join("\n"));
+}

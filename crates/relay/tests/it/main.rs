@@ -11,6 +11,7 @@ mod contract;
 mod crash;
 mod dispatch;
 mod docs;
+mod erase;
 mod faults;
 mod image;
 mod ingest;

@@ -297,7 +297,10 @@ pub(super) fn visit(
         // A paused tenant costs the round robin nothing; its markers go (a resume puts
         // them back), a resuming one's stay.
         match cursors.paused.hold(t.ord) {
-            Some(crate::dispatch::paused::Hold::Paused(_)) => {
+            Some(
+                crate::dispatch::paused::Hold::Paused(_)
+                | crate::dispatch::paused::Hold::Erasing(_),
+            ) => {
                 plan.paused.push((t.ord, t.buckets));
                 continue;
             }

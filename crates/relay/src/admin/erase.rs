@@ -1,0 +1,292 @@
+//! Erasing a tenant for good: `DELETE /v1/tenants/{t}?confirm={t}` (admin scope).
+//!
+//! The call marks the tenant erasing (`m:erasing:<ord>` with its `tenant.erase` audit row,
+//! one synced write) and answers 202; the node's eraser task then removes every key of it
+//! in synced chunks ([`ankusa_queue::erase`]) and ends with one write that leaves its
+//! ordinal as a tombstone, with a `tenant.erased` audit row. While it runs the tenant's
+//! hooks are refused (410 `tenant_erasing`) and no delivery of it is attempted; a restart
+//! resumes it from the store. Once it ends, the tenant id is new: a later hook makes it
+//! again, with a new ordinal.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde::{Deserialize, Serialize};
+
+use super::api::{admin_only, blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use ankusa_keyspace::{AtMs, TenantOrd};
+use ankusa_queue::erase::{self, Cursor, Step};
+use ankusa_queue::tenants::Erasing;
+use ankusa_store::Store;
+
+/// One tenant's erase on this node.
+#[derive(Debug, Clone)]
+struct Erase {
+    tenant: String,
+    since: AtMs,
+    cursor: Cursor,
+    /// Keys removed so far by this process.
+    removed: u64,
+    /// The part it works on.
+    part: &'static str,
+}
+
+/// The node's erases, and the set the writer refuses hooks from.
+#[derive(Debug, Default)]
+pub struct Eraser {
+    pub erasing: Arc<Erasing>,
+    erases: Mutex<BTreeMap<TenantOrd, Erase>>,
+    wake: tokio::sync::Notify,
+    /// Held by a call that begins an erase while it writes: one at a time.
+    begins: Mutex<()>,
+}
+
+impl Eraser {
+    /// The erases the store holds (at boot, before the writer takes hooks): each tenant
+    /// held, its hooks refused. Returns how many.
+    pub fn load(
+        &self,
+        store: &Store,
+        paused: &crate::dispatch::paused::Paused,
+    ) -> Result<usize, ankusa_queue::QueueError> {
+        let found = ankusa_queue::tenants::erasing(store)?;
+        for (ord, since) in &found {
+            let tenant = ankusa_queue::tenants::name(store, *ord)?.unwrap_or_default();
+            self.track(*ord, tenant, *since, paused);
+        }
+        Ok(found.len())
+    }
+
+    fn track(
+        &self,
+        ord: TenantOrd,
+        tenant: String,
+        since: AtMs,
+        paused: &crate::dispatch::paused::Paused,
+    ) {
+        self.erasing.begin(&tenant);
+        paused.hold_for_erase(ord, since);
+        self.lock().insert(
+            ord,
+            Erase {
+                tenant,
+                since,
+                cursor: Cursor::default(),
+                removed: 0,
+                part: "rows",
+            },
+        );
+        self.wake.notify_one();
+    }
+
+    /// When tenant `ord`'s erase began, if one runs.
+    pub fn since(&self, ord: TenantOrd) -> Option<AtMs> {
+        self.lock().get(&ord).map(|e| e.since)
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<TenantOrd, Erase>> {
+        self.erases.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Runs the node's erases until `stop`: a chunk of each in turn, resting while every one
+/// waits on deliveries in flight or none runs.
+pub fn spawn(
+    api: Arc<Api>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let ords: Vec<TenantOrd> = api.eraser.lock().keys().copied().collect();
+            let mut busy = false;
+            for ord in ords {
+                let a = api.clone();
+                match tokio::task::spawn_blocking(move || advance(&a, ord)).await {
+                    Ok(Ok(worked)) => busy |= worked,
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, ord = ord.0, "erasing a tenant failed; trying again")
+                    }
+                    Err(_) => tracing::error!(ord = ord.0, "an erase step panicked"),
+                }
+                if *stop.borrow() {
+                    return;
+                }
+            }
+            if busy {
+                continue;
+            }
+            tokio::select! {
+                _ = api.eraser.wake.notified() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+                _ = stop.wait_for(|s| *s) => return,
+            }
+        }
+    })
+}
+
+/// One step of tenant `ord`'s erase, and its last write once nothing is left. `true` if it
+/// did something (step again at once).
+fn advance(api: &Api, ord: TenantOrd) -> Result<bool, ankusa_queue::QueueError> {
+    let Some(mut e) = api.eraser.lock().get(&ord).cloned() else {
+        return Ok(false);
+    };
+    let step = erase::step(&api.store, ord, &e.tenant, &mut e.cursor)?;
+    let worked = match step {
+        Step::Worked { part, removed } => {
+            e.part = part;
+            e.removed += removed;
+            true
+        }
+        Step::Waiting { .. } => {
+            e.part = "deliveries in flight";
+            false
+        }
+        Step::Clean => {
+            forget_quarantined(api, &e.tenant)?;
+            let mut ops = erase::finish_ops(&api.store, ord, &e.tenant)?;
+            ops.push(api.audit.op(
+                "eraser",
+                "tenant.erased",
+                Some(&e.tenant),
+                serde_json::json!({ "ord": ord.0, "since_ms": e.since.0, "removed": e.removed }),
+            ));
+            api.store.write(ops, true)?;
+            // Counted ended before the tenant goes from the set: a hook the writer does not
+            // refuse finds its ordinal cache forgotten ([`Erasing`]).
+            api.eraser.erasing.end(&e.tenant);
+            api.paused.erased(ord);
+            api.quotas.forget(&e.tenant);
+            api.eraser.lock().remove(&ord);
+            tracing::info!(tenant = %e.tenant, ord = ord.0, removed = e.removed, "tenant erased");
+            return Ok(true);
+        }
+    };
+    api.eraser.lock().insert(ord, e);
+    Ok(worked)
+}
+
+/// The quarantined requests of the sources whose tenant is fixed to `tenant` (they carry
+/// no ordinal): deleted with the erase's last steps, so one quarantined while it ran goes
+/// too.
+fn forget_quarantined(api: &Api, tenant: &str) -> Result<(), ankusa_queue::QueueError> {
+    let config = api.config.load();
+    let fixed: Vec<String> = config
+        .sources
+        .iter()
+        .filter(|s| super::sources::source_tenant(&config, &s.id).as_deref() == Some(tenant))
+        .map(|s| s.id.clone())
+        .collect();
+    if fixed.is_empty() {
+        return Ok(());
+    }
+    let audit = api.audit.op(
+        "eraser",
+        "quarantine.delete",
+        Some(tenant),
+        serde_json::json!({ "erase": true, "sources": fixed }),
+    );
+    crate::ingest::quarantine::delete(
+        &api.store,
+        api.quarantine.as_deref(),
+        |e| fixed.contains(&e.source),
+        audit,
+    )?;
+    Ok(())
+}
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct EraseQuery {
+    /// The tenant id again: an erase cannot be undone.
+    confirm: Option<String>,
+}
+
+/// `DELETE /v1/tenants/{t}?confirm={t}`: the erase under way.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct EraseState {
+    pub tenant: String,
+    pub erasing: bool,
+    /// When the erase began (ms since the epoch).
+    pub since_ms: u64,
+    /// Nodes this call began an erase on (0: it ran already; relay-wide, summed).
+    pub changed: u64,
+    /// A Relay of several nodes: the nodes that gave no answer (the tenant's rows there
+    /// stay: call again).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+/// `DELETE /v1/tenants/{t}?confirm={t}`: erase the tenant for good (admin scope). Every
+/// key of it goes — due, inflight (once their attempts end), dead, its hooks, hook log,
+/// archive, dedupe keys, quarantined requests of sources fixed to it, counters — in synced
+/// chunks; its ordinal stays as a tombstone. 202 while it runs; the tenant is 404 once it
+/// ended.
+#[utoipa::path(
+    delete,
+    path = "/v1/tenants/{t}",
+    tag = "admin",
+    params(("t" = String, Path, description = "A tenant id"), EraseQuery),
+    responses(
+        (status = 202, description = "The erase runs (or ran already: changed 0)", body = EraseState),
+        (status = 400, description = "`confirm` is not the tenant id", body = crate::http::ErrorBody),
+        crate::http::AuthErrors,
+        crate::http::Forbidden,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn erase(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path(t): Path<String>,
+    Query(q): Query<EraseQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    admin_only(&c)?;
+    if q.confirm.as_deref() != Some(t.as_str()) {
+        return Err(ApiError::BadRequest(
+            "an erase cannot be undone: pass the tenant id again as ?confirm=".into(),
+        ));
+    }
+    let a = api.clone();
+    blocking(move || {
+        let ord = visible_ord(&a.store, &c.scope, &t)?;
+        let _one = a.eraser.begins.lock().unwrap_or_else(|p| p.into_inner());
+        let (since, changed) = match a.eraser.since(ord) {
+            Some(since) => (since, 0),
+            None => {
+                let since = AtMs(ankusa_keyspace::now_ms());
+                a.store.write(
+                    vec![
+                        ankusa_queue::tenants::erase_begin_op(ord, since),
+                        a.audit.op(
+                            &c.name,
+                            "tenant.erase",
+                            Some(&t),
+                            serde_json::json!({ "ord": ord.0 }),
+                        ),
+                    ],
+                    true,
+                )?;
+                a.eraser.track(ord, t.clone(), since, &a.paused);
+                (since, 1)
+            }
+        };
+        Ok((
+            StatusCode::ACCEPTED,
+            Json(EraseState {
+                tenant: t,
+                erasing: true,
+                since_ms: since.0,
+                changed,
+                unavailable: Vec::new(),
+            }),
+        )
+            .into_response())
+    })
+    .await
+}
