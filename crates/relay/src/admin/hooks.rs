@@ -82,6 +82,10 @@ pub struct HookOut {
     headers: std::collections::BTreeMap<String, String>,
     /// The hook is still stored: its body can be read (`?body=true`).
     stored: bool,
+    /// Its tenant is paused on this node since then (ms since the epoch): its queued
+    /// deliveries wait for `…/resume`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    tenant_paused_since_ms: Option<u64>,
     sinks: Vec<SinkOut>,
     /// The body as text, when it is UTF-8.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -116,6 +120,7 @@ fn render(v: HookView) -> HookOut {
             .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
             .collect(),
         stored: v.stored,
+        tenant_paused_since_ms: None,
         sinks: v
             .sinks
             .into_iter()
@@ -161,10 +166,15 @@ pub async fn get(
         let Some(view) = hooklog::lookup(&a.store, &id, q.body)? else {
             return Err(ApiError::NotFound("hook"));
         };
-        if !c.scope.sees(view.record.envelope.tenant_or_default()) {
+        let tenant = view.record.envelope.tenant_or_default();
+        if !c.scope.sees(tenant) {
             return Err(ApiError::NotFound("hook"));
         }
-        Ok(Json(render(view)).into_response())
+        let paused = ankusa_queue::tenants::ord(&a.store, tenant)?
+            .and_then(|o| super::tenants::paused_since(&a, o));
+        let mut out = render(view);
+        out.tenant_paused_since_ms = paused;
+        Ok(Json(out).into_response())
     })
     .await
 }

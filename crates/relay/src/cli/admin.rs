@@ -344,7 +344,11 @@ pub(super) fn hook_text(h: &serde_json::Value) -> String {
         "size",
         "content_type",
         "stored",
+        "tenant_paused_since_ms",
     ] {
+        if h[k].is_null() {
+            continue;
+        }
         let name = time_header(k);
         out.push_str(&format!("{name:<13} {}\n", cell_of(k, &h[k], now)));
     }

@@ -128,6 +128,18 @@ async fn a_paused_tenant_is_held_across_a_restart_and_a_resume_sends_its_hooks()
     );
     let (_, metrics) = get_text(&client(), &format!("http://{}/metrics", node.admin_addr)).await;
     assert!(metrics.contains("ankusa_tenants_paused 1"), "{metrics}");
+    // And in the hook log: a held hook says its tenant is paused.
+    let r = post(
+        &client(),
+        &format!("http://{}/ingest/shared", node.ingest_addr),
+        &[("x-tenant", "a".to_owned())],
+        b"{}".to_vec(),
+    )
+    .await;
+    let id = r.json()["id"].as_str().unwrap().to_owned();
+    let (_, v) = call(&node, "GET", &format!("/v1/hooks/{id}"), ADMIN_TOKEN).await;
+    assert_eq!(v["tenant_paused_since_ms"].as_u64(), Some(since), "{v}");
+    assert_eq!(v["sinks"][0]["state"], "pending", "{v}");
     node.shutdown().await.unwrap();
 
     // A restart keeps the pause.
@@ -172,7 +184,7 @@ async fn a_paused_tenant_is_held_across_a_restart_and_a_resume_sends_its_hooks()
         "a marker per second of its rows: {v}"
     );
     eventually(10, "a's held hooks delivered", || {
-        sink.on("/in").iter().filter(|r| is(r, "a")).count() == 22
+        sink.on("/in").iter().filter(|r| is(r, "a")).count() == 23
     })
     .await;
     // The sink has answered the last ones; their acks commit a moment later.
