@@ -17,7 +17,7 @@ use axum::response::IntoResponse;
 use axum::Json;
 use serde::{Deserialize, Serialize};
 
-use super::api::{admin_only, blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
 use ankusa_keyspace::{AtMs, TenantOrd};
 use ankusa_queue::erase::{self, Cursor, Step};
 use ankusa_queue::tenants::Erasing;
@@ -254,7 +254,23 @@ pub async fn erase(
     }
     let a = api.clone();
     blocking(move || {
-        let ord = visible_ord(&a.store, &c.scope, &t)?;
+        let Some(ord) = ankusa_queue::tenants::ord(&a.store, &t)? else {
+            // A node that never held the tenant may still hold limits set for its id on
+            // every node of the Relay: they go, and the tenant is not here.
+            if a.quotas.overrides(&t).is_some() {
+                // A clear is never refused (no ceiling, nothing to check).
+                let _cleared = a.quotas.set(&a.store, &t, None, || {
+                    a.audit.op(
+                        &c.name,
+                        "tenant.limits.clear",
+                        Some(&t),
+                        serde_json::json!({ "erase": true }),
+                    )
+                })?;
+                a.quotas.forget(&t);
+            }
+            return Err(ApiError::NotFound("tenant"));
+        };
         let _one = a.eraser.begins.lock().unwrap_or_else(|p| p.into_inner());
         let (since, changed) = match a.eraser.since(ord) {
             Some(since) => (since, 0),

@@ -490,6 +490,8 @@ async fn merged(
     let mut owner_answer = None;
     let mut found: Vec<Value> = Vec::new();
     let mut unavailable = Vec::new();
+    // A call that starts work answers 202 (an erase): the merged answer keeps it.
+    let mut success = StatusCode::OK;
     for (name, r) in read_all(answers).await {
         let is_owner = name == owner.name;
         let (status, bytes) = match r {
@@ -501,12 +503,13 @@ async fn merged(
             }
         };
         if is_owner {
-            if status != StatusCode::OK && status != StatusCode::NOT_FOUND {
+            if !status.is_success() && status != StatusCode::NOT_FOUND {
                 return raw(status, bytes);
             }
             owner_answer = Some((status, bytes.clone()));
         }
-        if status == StatusCode::OK {
+        if status.is_success() {
+            success = status;
             let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
             // The owner's answer first: its `ord` and shape are the view's.
             if is_owner {
@@ -553,7 +556,7 @@ async fn merged(
     if !unavailable.is_empty() {
         out["unavailable"] = unavailable.into();
     }
-    Json(out).into_response()
+    (success, Json(out)).into_response()
 }
 
 /// Adds the counters of one node's tenant view `from` to `into`'s.

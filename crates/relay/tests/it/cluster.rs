@@ -780,3 +780,56 @@ fn a_tenants_limits_set_at_any_node_are_enforced_by_its_owner() {
     let (_, node) = r.admin_get(1, "/v1/node");
     assert_eq!(node["tenants_over_quota"], 1, "{node}");
 }
+
+/// An erase asked of a node that does not own the tenant reaches its owner (202, changed
+/// 1), takes the limits set for its id on every node with it, and the tenant is then gone
+/// whichever node is asked.
+#[test]
+fn an_erase_asked_at_any_node_erases_the_tenant_on_its_owner() {
+    let mut r = Relay::new(2, "");
+    r.start_all();
+    let t = tenants_per_owner(&r, 1)[1][0].clone();
+    let c = client();
+    r.rt.block_on(async {
+        for k in 0..3 {
+            assert_eq!(r.send(&c, 0, &t, &format!("d-erase-{k}")).await.status, 202);
+        }
+    });
+    let limits = format!("/v1/tenants/{t}/limits");
+    let wait = Duration::from_secs(5);
+    let (s, _) = http_admin(
+        r.specs[0].admin,
+        "PUT",
+        &limits,
+        r#"{"queued_bytes": 1000000}"#,
+        wait,
+    )
+    .unwrap();
+    assert_eq!(s, 200);
+    let erase = format!("/v1/tenants/{t}?confirm={t}");
+    let (s, v) = http_admin(r.specs[0].admin, "DELETE", &erase, "", wait).unwrap();
+    let v: serde_json::Value = serde_json::from_str(&v).unwrap();
+    assert_eq!((s, v["changed"].as_u64()), (202, Some(1)), "{v}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.admin_get(0, &format!("/v1/tenants/{t}")).0 != 404 {
+        assert!(Instant::now() < deadline, "the erase never ended");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Its limits are gone on both nodes.
+    for i in 0..2 {
+        let (_, own) = http_raw(
+            r.specs[i].admin,
+            "GET",
+            &limits,
+            &[
+                format!("Authorization: Bearer {ADMIN}"),
+                "ankusa-cluster-local: 1".to_owned(),
+            ],
+            "",
+            wait,
+        )
+        .unwrap();
+        let own: serde_json::Value = serde_json::from_str(&own).unwrap();
+        assert!(own.get("overrides").is_none(), "node {i}: {own}");
+    }
+}
