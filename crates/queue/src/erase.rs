@@ -105,15 +105,17 @@ pub fn step(
     if inflight > 0 {
         return Ok(Step::Waiting { inflight });
     }
-    if let Sweep::From(after) = &cursor.markers {
-        let (read, last) = deliveries::sweep_tenant_markers(store, ord, after.clone(), SWEEP)?;
-        cursor.markers = match last {
-            Some(k) if read == SWEEP => Sweep::From(Some(k)),
-            _ => Sweep::Done,
-        };
+    if matches!(cursor.markers, Sweep::From(_)) {
+        let removed = sweep_chunk(store, Family::Active, &mut cursor.markers, |k, _| {
+            Ok(if ankusa_keyspace::decode_active(k)?.1 == ord {
+                vec![Op::delete(Cf::Index, k.to_vec())]
+            } else {
+                Vec::new()
+            })
+        })?;
         return Ok(Step::Worked {
             part: "active markers",
-            removed: 0,
+            removed,
         });
     }
     if !cursor.reclaimed {
@@ -150,49 +152,28 @@ pub fn step(
             removed,
         });
     }
-    if let Sweep::From(from) = &cursor.hook_log {
-        let (lo, end) = Family::HookLog.bounds();
-        let from = from.clone().unwrap_or(lo);
-        let mut ops = Vec::new();
-        let mut last = None;
-        let mut read = 0;
-        for kv in store
-            .scan(Family::HookLog, &from, &end, Dir::Forward)?
-            .take(SWEEP)
-        {
-            let (k, v) = kv?;
-            read += 1;
-            let record = ankusa_records::LogRecord::decode(&v)
-                .map_err(|e| QueueError::corrupt_at(Family::HookLog, &k, e))?;
-            if record.envelope.tenant_or_default() == tenant {
-                let seq = ankusa_keyspace::decode_hook_log(&k)?;
-                if let Some(id) = ankusa_keyspace::hook_id(&record.envelope.id) {
-                    ops.push(Op::delete(Cf::Audit, id));
-                }
-                let (a, b) = ankusa_keyspace::hook_events_of_seqs(seq, Seq(seq.0 + 1));
-                ops.push(Op::DeleteRange {
+    if matches!(cursor.hook_log, Sweep::From(_)) {
+        let removed = sweep_chunk(store, Family::HookLog, &mut cursor.hook_log, |k, v| {
+            let record = ankusa_records::LogRecord::decode(v)
+                .map_err(|e| QueueError::corrupt_at(Family::HookLog, k, e))?;
+            if record.envelope.tenant_or_default() != tenant {
+                return Ok(Vec::new());
+            }
+            let seq = ankusa_keyspace::decode_hook_log(k)?;
+            let (a, b) = ankusa_keyspace::hook_events_of_seqs(seq, Seq(seq.0 + 1));
+            let mut ops = vec![
+                Op::DeleteRange {
                     cf: Cf::Audit,
                     from: a,
                     to: b,
-                });
-                ops.push(Op::delete(Cf::Audit, k.clone()));
-            }
-            last = Some(k);
-        }
-        let removed = ops
-            .iter()
-            .filter(|o| matches!(o, Op::DeleteRange { .. }))
-            .count() as u64;
-        if !ops.is_empty() {
-            store.write(ops, true)?;
-        }
-        cursor.hook_log = match last {
-            Some(mut k) if read == SWEEP => {
-                k.push(0);
-                Sweep::From(Some(k))
-            }
-            _ => Sweep::Done,
-        };
+                },
+                Op::delete(Cf::Audit, k.to_vec()),
+            ];
+            ops.extend(
+                ankusa_keyspace::hook_id(&record.envelope.id).map(|id| Op::delete(Cf::Audit, id)),
+            );
+            Ok(ops)
+        })?;
         return Ok(Step::Worked {
             part: "hook log",
             removed,
@@ -215,43 +196,70 @@ pub fn step(
             removed,
         });
     }
-    if let Sweep::From(from) = &cursor.dedupe_expiry {
-        let (lo, end) = Family::DedupeExpiry.bounds();
-        let from = from.clone().unwrap_or(lo);
+    if matches!(cursor.dedupe_expiry, Sweep::From(_)) {
         let mut tail = tenant.as_bytes().to_vec();
         tail.push(0);
-        let mut ops = Vec::new();
-        let mut last = None;
-        let mut read = 0;
-        for kv in store
-            .scan(Family::DedupeExpiry, &from, &end, Dir::Forward)?
-            .take(SWEEP)
-        {
-            let (k, _) = kv?;
-            read += 1;
-            // `?e`, the expiry, then the `?u` key's tail: `tenant\0idempotency key`.
-            if k.get(9..).is_some_and(|t| t.starts_with(&tail)) {
-                ops.push(Op::delete(Cf::Index, k.clone()));
-            }
-            last = Some(k);
-        }
-        let removed = ops.len() as u64;
-        if !ops.is_empty() {
-            store.write(ops, true)?;
-        }
-        cursor.dedupe_expiry = match last {
-            Some(mut k) if read == SWEEP => {
-                k.push(0);
-                Sweep::From(Some(k))
-            }
-            _ => Sweep::Done,
-        };
+        let removed = sweep_chunk(
+            store,
+            Family::DedupeExpiry,
+            &mut cursor.dedupe_expiry,
+            |k, _| {
+                // `?e`, the expiry, then the `?u` key's tail: `tenant\0idempotency key`.
+                Ok(if k.get(9..).is_some_and(|t| t.starts_with(&tail)) {
+                    vec![Op::delete(Cf::Index, k.to_vec())]
+                } else {
+                    Vec::new()
+                })
+            },
+        )?;
         return Ok(Step::Worked {
             part: "dedupe expiry",
             removed,
         });
     }
     Ok(Step::Clean)
+}
+
+/// One chunk of a sweep over the whole of `family` ([`SWEEP`] keys from where `sweep`
+/// stands): `pick(key, value)` gives the ops that remove what belongs to the tenant (none:
+/// not its). Written synced; `sweep` moves on, `Done` once a chunk read the family's end.
+/// Returns the keys picked.
+fn sweep_chunk(
+    store: &Store,
+    family: Family,
+    sweep: &mut Sweep<Vec<u8>>,
+    mut pick: impl FnMut(&[u8], &[u8]) -> Result<Vec<Op>, QueueError>,
+) -> Result<u64, QueueError> {
+    let Sweep::From(from) = sweep else {
+        return Ok(0);
+    };
+    let (lo, end) = family.bounds();
+    let from = from.clone().unwrap_or(lo);
+    let mut ops = Vec::new();
+    let mut picked = 0;
+    let mut read = 0;
+    let mut last = None;
+    for kv in store.scan(family, &from, &end, Dir::Forward)?.take(SWEEP) {
+        let (k, v) = kv?;
+        read += 1;
+        let mine = pick(&k, &v)?;
+        if !mine.is_empty() {
+            picked += 1;
+            ops.extend(mine);
+        }
+        last = Some(k);
+    }
+    if !ops.is_empty() {
+        store.write(ops, true)?;
+    }
+    *sweep = match last {
+        Some(mut k) if read == SWEEP => {
+            k.push(0);
+            Sweep::From(Some(k))
+        }
+        _ => Sweep::Done,
+    };
+    Ok(picked)
 }
 
 /// The last write of tenant `tenant`'s erase, once [`step`] answered [`Step::Clean`]: its

@@ -277,28 +277,33 @@ pub fn resume_op(ord: TenantOrd) -> Op {
 
 /// Every paused tenant, with when it was paused.
 pub fn paused(store: &Store) -> Result<Vec<(TenantOrd, ankusa_keyspace::AtMs)>, QueueError> {
+    ord_times(store, PAUSED_PREFIX, PAUSED_END, "a pause key")
+}
+
+/// The `<prefix><<ord::32>>` → `<<at::64>>` keys of meta up to `end`; `what` names them in
+/// the corruption one that does not decode is.
+fn ord_times(
+    store: &Store,
+    prefix: &[u8],
+    end: &[u8],
+    what: &str,
+) -> Result<Vec<(TenantOrd, ankusa_keyspace::AtMs)>, QueueError> {
     let mut out = Vec::new();
-    for (k, v) in meta_range(store, PAUSED_PREFIX, PAUSED_END)? {
-        let ord = k
-            .strip_prefix(PAUSED_PREFIX)
-            .and_then(decode_u32)
-            .ok_or_else(|| {
-                QueueError::corrupt_at(
-                    ankusa_keyspace::Family::Meta,
-                    &k,
-                    "a pause key that does not decode",
-                )
-            })?;
+    for (k, v) in meta_range(store, prefix, end)? {
+        let ord = k.strip_prefix(prefix).and_then(decode_u32);
         let at = <[u8; 8]>::try_from(v.as_slice())
-            .map(u64::from_be_bytes)
-            .map_err(|_| {
-                QueueError::corrupt_at(
+            .ok()
+            .map(u64::from_be_bytes);
+        match (ord, at) {
+            (Some(o), Some(a)) => out.push((TenantOrd(o), ankusa_keyspace::AtMs(a))),
+            _ => {
+                return Err(QueueError::corrupt_at(
                     ankusa_keyspace::Family::Meta,
                     &k,
-                    "a pause time that does not decode",
-                )
-            })?;
-        out.push((TenantOrd(ord), ankusa_keyspace::AtMs(at)));
+                    format!("{what} that does not decode"),
+                ))
+            }
+        }
     }
     Ok(out)
 }
@@ -403,24 +408,7 @@ pub fn erase_end_op(ord: TenantOrd) -> Op {
 
 /// Every tenant being erased, with when its erase began.
 pub fn erasing(store: &Store) -> Result<Vec<(TenantOrd, ankusa_keyspace::AtMs)>, QueueError> {
-    let mut out = Vec::new();
-    for (k, v) in meta_range(store, ERASING_PREFIX, ERASING_END)? {
-        let ord = k.strip_prefix(ERASING_PREFIX).and_then(decode_u32);
-        let at = <[u8; 8]>::try_from(v.as_slice())
-            .ok()
-            .map(u64::from_be_bytes);
-        match (ord, at) {
-            (Some(o), Some(a)) => out.push((TenantOrd(o), ankusa_keyspace::AtMs(a))),
-            _ => {
-                return Err(QueueError::corrupt_at(
-                    ankusa_keyspace::Family::Meta,
-                    &k,
-                    "an erase marker that does not decode",
-                ))
-            }
-        }
-    }
-    Ok(out)
+    ord_times(store, ERASING_PREFIX, ERASING_END, "an erase marker")
 }
 
 /// The tenants being erased on this node, shared by the writer (which refuses their hooks)

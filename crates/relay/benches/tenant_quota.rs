@@ -19,9 +19,7 @@
 #![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
-
-use http_body_util::{BodyExt, Full};
+use std::time::Duration;
 
 mod load;
 
@@ -36,29 +34,10 @@ const ROUNDS: usize = 3;
 
 /// Open-loop ingest as [`load::open_loop`], keeping each answer's status and ack latency.
 async fn send(url: Arc<str>, rate: u64, tenant: impl Fn(u64) -> String) -> Vec<(u16, Duration)> {
-    let client = load::client(256);
-    let period = Duration::from_nanos(1_000_000_000 / rate);
-    let start = Instant::now();
-    let mut tasks = Vec::new();
-    for n in 0..rate * SECS {
-        tokio::time::sleep_until((start + period * n as u32).into()).await;
-        let (client, url) = (client.clone(), url.clone());
-        let b = load::body(n, n, BODY);
-        let req = hyper::Request::post(&*url)
-            .header("x-tenant", tenant(n))
-            .header("x-signature", load::sign(&b))
-            .header("content-type", "application/json")
-            .body(Full::new(bytes::Bytes::from(b)))
-            .expect("request");
-        tasks.push(tokio::spawn(async move {
-            let t = Instant::now();
-            let resp = client.request(req).await.expect("response");
-            let status = resp.status().as_u16();
-            resp.into_body().collect().await.expect("body");
-            vec![(status, t.elapsed())]
-        }));
-    }
-    load::gather(tasks).await
+    load::open_loop_with(url, rate, SECS, BODY, tenant, |status, _, sent| {
+        (status, sent.elapsed())
+    })
+    .await
 }
 
 struct Round {

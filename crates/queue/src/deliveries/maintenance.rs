@@ -246,40 +246,6 @@ pub fn restore_tenant_markers(store: &Store, ord: TenantOrd) -> Result<u64, Queu
     Ok(written)
 }
 
-/// One chunk of a sweep over the active markers after `after` (a marker key; `None`: from
-/// the first): tenant `ord`'s are deleted (synced). Returns how many markers it read and
-/// the last one's key, where the next chunk starts.
-pub fn sweep_tenant_markers(
-    store: &Store,
-    ord: TenantOrd,
-    after: Option<Vec<u8>>,
-    limit: usize,
-) -> Result<(usize, Option<Vec<u8>>), QueueError> {
-    let (lo, end) = Family::Active.bounds();
-    let from = after.map_or(lo, |mut k| {
-        k.push(0);
-        k
-    });
-    let mut ops = Vec::new();
-    let mut read = 0;
-    let mut last = None;
-    for kv in store
-        .scan(Family::Active, &from, &end, Dir::Forward)?
-        .take(limit)
-    {
-        let (k, _) = kv?;
-        read += 1;
-        if ankusa_keyspace::decode_active(&k)?.1 == ord {
-            ops.push(Op::delete(Cf::Index, k.clone()));
-        }
-        last = Some(k);
-    }
-    if !ops.is_empty() {
-        store.write(ops, true)?;
-    }
-    Ok((read, last))
-}
-
 /// Takes a paused tenant's markers of `buckets` out (not synced: one that comes back is
 /// taken out again when dispatch meets it).
 pub fn drop_markers(store: &Store, ord: TenantOrd, buckets: &[Bucket]) -> Result<(), QueueError> {

@@ -292,6 +292,27 @@ pub async fn open_loop(
     size: usize,
     tenant: impl Fn(u64) -> String,
 ) -> Vec<Sent> {
+    open_loop_with(url, rate, secs, size, tenant, |status, b, sent| {
+        assert_eq!(status, 202, "{}", String::from_utf8_lossy(b));
+        let v: serde_json::Value = serde_json::from_slice(b).expect("json");
+        Sent {
+            id: v["id"].as_str().expect("id").to_owned(),
+            sent,
+            acked: Instant::now(),
+        }
+    })
+    .await
+}
+
+/// [`open_loop`], each answer read by `answer(status, body, when its request left)`.
+pub async fn open_loop_with<T: Send + 'static>(
+    url: std::sync::Arc<str>,
+    rate: u64,
+    secs: u64,
+    size: usize,
+    tenant: impl Fn(u64) -> String,
+    answer: fn(u16, &[u8], Instant) -> T,
+) -> Vec<T> {
     let client = client(256);
     let period = Duration::from_nanos(1_000_000_000 / rate);
     let start = Instant::now();
@@ -309,15 +330,9 @@ pub async fn open_loop(
         tasks.push(tokio::spawn(async move {
             let t = Instant::now();
             let resp = client.request(req).await.expect("response");
-            let status = resp.status();
+            let status = resp.status().as_u16();
             let b = resp.into_body().collect().await.expect("body").to_bytes();
-            assert_eq!(status, 202, "{}", String::from_utf8_lossy(&b));
-            let v: serde_json::Value = serde_json::from_slice(&b).expect("json");
-            vec![Sent {
-                id: v["id"].as_str().expect("id").to_owned(),
-                sent: t,
-                acked: Instant::now(),
-            }]
+            vec![answer(status, &b, t)]
         }));
     }
     gather(tasks).await

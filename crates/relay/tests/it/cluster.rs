@@ -327,11 +327,16 @@ fn the_same_github_delivery_sent_to_each_node_is_one_hook_delivered_once() {
 
 /// A GET answered by the node it reaches (`ankusa-cluster-local`): its status.
 fn local_get(r: &Relay, i: usize, path: &str) -> u16 {
+    local_answer(r, i, path).0
+}
+
+/// A GET answered by the node it reaches: its status and JSON.
+fn local_answer(r: &Relay, i: usize, path: &str) -> (u16, serde_json::Value) {
     let headers = [
         format!("Authorization: Bearer {ADMIN}"),
         "ankusa-cluster-local: 1".to_owned(),
     ];
-    http_raw(
+    let (s, body) = http_raw(
         r.specs[i].admin,
         "GET",
         path,
@@ -339,8 +344,8 @@ fn local_get(r: &Relay, i: usize, path: &str) -> u16 {
         "",
         Duration::from_secs(5),
     )
-    .unwrap()
-    .0
+    .unwrap();
+    (s, serde_json::from_str(&body).unwrap_or_default())
 }
 
 #[test]
@@ -748,19 +753,7 @@ fn a_tenants_limits_set_at_any_node_are_enforced_by_its_owner() {
     assert_eq!(v["changed"], 2, "made on both nodes: {v}");
     // Each node holds them (its own answer).
     for i in 0..2 {
-        let (_, own) = http_raw(
-            r.specs[i].admin,
-            "GET",
-            &path,
-            &[
-                format!("Authorization: Bearer {ADMIN}"),
-                "ankusa-cluster-local: 1".to_owned(),
-            ],
-            "",
-            Duration::from_secs(5),
-        )
-        .unwrap();
-        let own: serde_json::Value = serde_json::from_str(&own).unwrap();
+        let (_, own) = local_answer(&r, i, &path);
         assert_eq!(own["effective"]["ingest_burst"], 2, "node {i}: {own}");
     }
     let c = client();
@@ -817,19 +810,7 @@ fn an_erase_asked_at_any_node_erases_the_tenant_on_its_owner() {
     }
     // Its limits are gone on both nodes.
     for i in 0..2 {
-        let (_, own) = http_raw(
-            r.specs[i].admin,
-            "GET",
-            &limits,
-            &[
-                format!("Authorization: Bearer {ADMIN}"),
-                "ankusa-cluster-local: 1".to_owned(),
-            ],
-            "",
-            wait,
-        )
-        .unwrap();
-        let own: serde_json::Value = serde_json::from_str(&own).unwrap();
+        let (_, own) = local_answer(&r, i, &limits);
         assert!(own.get("overrides").is_none(), "node {i}: {own}");
     }
 }

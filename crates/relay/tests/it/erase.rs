@@ -36,17 +36,7 @@ fn builder(ok: &TestSink, bad: &TestSink) -> NodeBuilder {
 }
 
 async fn call(node: &Node, method: &str, path: &str, token: &str) -> (u16, serde_json::Value) {
-    let url = format!("http://{}{path}", node.admin_addr);
-    let auth = format!("Bearer {token}");
-    let (s, _, v) = raw(
-        &client(),
-        method,
-        &url,
-        &[("authorization", auth.as_str())],
-        "",
-    )
-    .await;
-    (s, v)
+    admin_call(node.admin_addr, method, path, token, "").await
 }
 
 async fn send(node: &Node, tenant: &str, idem: &str) -> Resp {

@@ -28,20 +28,7 @@ async fn call(
     token: &str,
     body: &str,
 ) -> (u16, serde_json::Value) {
-    let url = format!("http://{}{path}", node.admin_addr);
-    let auth = format!("Bearer {token}");
-    let (s, _, v) = raw(
-        &client(),
-        method,
-        &url,
-        &[
-            ("authorization", auth.as_str()),
-            ("content-type", "application/json"),
-        ],
-        body,
-    )
-    .await;
-    (s, v)
+    admin_call(node.admin_addr, method, path, token, body).await
 }
 
 async fn send(node: &Node, tenant: &str) -> Resp {

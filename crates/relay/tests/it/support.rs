@@ -255,6 +255,25 @@ pub async fn raw(
     )
 }
 
+/// An admin API call to the listener at `addr` with `token` and a JSON `body` (may be
+/// empty): its status and JSON.
+pub async fn admin_call(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    token: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let url = format!("http://{addr}{path}");
+    let auth = format!("Bearer {token}");
+    let headers = [
+        ("authorization", auth.as_str()),
+        ("content-type", "application/json"),
+    ];
+    let (s, _, v) = raw(&client(), method, &url, &headers, body).await;
+    (s, v)
+}
+
 /// GETs a URL's body as text.
 pub async fn get_text(c: &Client, url: &str) -> (u16, String) {
     use http_body_util::BodyExt;
