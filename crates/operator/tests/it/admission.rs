@@ -379,7 +379,7 @@ async fn kubectl_get_relays_prints_every_column() {
                 "apiVersion": "ankusa.dev/v1alpha1", "kind": "Relay",
                 "status": { "storeFormat": 2, "targetFormat": 3,
                     "upgrade": { "phase": "Verifying", "targetImage": "ghcr.io/ankusa/relay:0.1.0", "currentPod": "hooks-0", "podsMigrated": 0 },
-                    "tenants": { "count": 2, "max": 10, "pending": 1, "scheduled": 0, "inflight": 0, "dead": 0, "bytes": 5 } },
+                    "tenants": { "count": 2, "max": 10, "pending": 1, "scheduled": 0, "inflight": 0, "dead": 0, "bytes": 5, "paused": 1, "overQuota": 0 } },
             })),
         )
         .await
@@ -417,22 +417,35 @@ async fn kubectl_get_relays_prints_every_column() {
     assert!(!row.contains(&"<none>"), "{text}");
     assert_eq!(row[0], "hooks");
     assert_eq!(&row[3..8], ["2", "3", "2", "1", "0"], "{text}");
-    // `-o wide` adds where an upgrade is (empty while none runs).
+    // `-o wide` adds where an upgrade is (empty while none runs), and the tenants paused
+    // and over quota.
     let text = get(true);
     let lines: Vec<&str> = text.lines().collect();
     let header: Vec<&str> = lines[0].split_whitespace().collect();
     assert_eq!(
         header,
         [
-            "NAME", "READY", "NODES", "FORMAT", "TARGET", "UPGRADE", "MOVING", "TENANTS",
-            "PENDING", "DEAD", "PHASE", "AGE"
+            "NAME",
+            "READY",
+            "NODES",
+            "FORMAT",
+            "TARGET",
+            "UPGRADE",
+            "MOVING",
+            "TENANTS",
+            "PENDING",
+            "DEAD",
+            "PAUSED",
+            "OVERQUOTA",
+            "PHASE",
+            "AGE"
         ]
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();
     assert_eq!(row.len(), header.len(), "{text}");
     assert_eq!(
-        &row[3..10],
-        ["2", "3", "Verifying", "hooks-0", "2", "1", "0"],
+        &row[3..12],
+        ["2", "3", "Verifying", "hooks-0", "2", "1", "0", "1", "0"],
         "{text}"
     );
 }

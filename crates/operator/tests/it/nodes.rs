@@ -24,6 +24,20 @@ async fn post(url: &str, tenant: &str, body: &str) -> u16 {
     client.request(req).await.unwrap().status().as_u16()
 }
 
+/// An admin call with the operator's token: its status.
+async fn admin(method: &str, url: &str, body: &str) -> u16 {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let req = hyper::Request::builder()
+        .method(method)
+        .uri(url)
+        .header("authorization", format!("Bearer {TOKEN}"))
+        .header("content-type", "application/json")
+        .body(Full::new(Bytes::from(body.to_owned())))
+        .unwrap();
+    client.request(req).await.unwrap().status().as_u16()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_polls_a_real_node() {
     let dir = tempfile::tempdir().unwrap();
@@ -97,6 +111,42 @@ async fn operator_polls_a_real_node() {
             reading.top
         );
     }
+
+    // A paused tenant and one its quota refused: counted in the node's status, and each
+    // marked in its row.
+    let limits = format!("{base}/v1/tenants/initech/limits");
+    let one = r#"{"ingest_per_second": 0.01, "ingest_burst": 1}"#;
+    assert_eq!(admin("PUT", &limits, one).await, 200);
+    assert_eq!(post(&ingest, "initech", "{}").await, 202);
+    assert_eq!(post(&ingest, "initech", "{}").await, 429);
+    assert_eq!(
+        admin("POST", &format!("{base}/v1/tenants/globex/pause"), "").await,
+        200
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ankusa_queue::counters::node(&node.store).unwrap().dead < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "initech's hook never settled"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let reading = client.poll(&base, TOKEN).await.unwrap();
+    assert_eq!(
+        (
+            reading.status.tenants_paused,
+            reading.status.tenants_over_quota
+        ),
+        (Some(1), Some(1))
+    );
+    let row = |name: &str| reading.top.iter().find(|t| t.tenant == name).cloned();
+    let globex = row("globex").expect("globex is listed");
+    assert!(globex.paused && globex.quota_refusals == 0, "{globex:?}");
+    let initech = row("initech").expect("initech is listed");
+    assert!(
+        !initech.paused && initech.quota_refusals == 1,
+        "{initech:?}"
+    );
 
     // A wrong token is an answer the status reports, not a panic or a hang.
     let err = client
