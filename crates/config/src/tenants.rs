@@ -37,6 +37,11 @@ pub struct TenantLimits {
     /// which its hooks are refused: 503 `tenant_backlog_full`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub queued_bytes: Option<u64>,
+    /// The tenant's archived copies, in bytes as stored, at which its next hooks are not
+    /// archived (still delivered): the archive keeps what it holds until retention frees
+    /// room.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub archive_bytes: Option<u64>,
 }
 
 /// The range of a rate limit, hooks a second.
@@ -68,6 +73,9 @@ impl TenantLimits {
         }
         if self.queued_bytes == Some(0) {
             return Some(("queued_bytes", "must be at least 1".into()));
+        }
+        if self.archive_bytes == Some(0) {
+            return Some(("archive_bytes", "must be at least 1".into()));
         }
         None
     }

@@ -311,10 +311,14 @@ fn spawn_archiver(
     store: Arc<Store>,
     config: &Config,
     metrics: Arc<Metrics>,
+    quotas: Arc<crate::ingest::quota::Quotas>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let (settle_batch, prune_batch) = (config.archive.settle_batch, config.archive.prune_batch);
-    let policy = config.clone();
+    let policy = crate::ingest::quota::ArchivePolicy {
+        config: config.clone(),
+        quotas,
+    };
     periodic(
         "archiver",
         std::time::Duration::from_millis(config.archive.settle_interval_ms),
@@ -331,6 +335,10 @@ fn spawn_archiver(
                 .archive_settled
                 .get_or_create(&label("dropped"))
                 .inc_by(settled.dropped);
+            metrics
+                .archive_settled
+                .get_or_create(&label("over_quota"))
+                .inc_by(settled.over_quota);
             metrics.archive_expired.inc_by(pruned.expired);
             Ok(settled.seen as usize >= settle_batch || pruned.expired as usize >= prune_batch)
         },
@@ -946,7 +954,13 @@ impl Node {
             ),
             spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_hook_log_prune(store.clone(), &config, metrics.clone(), stop.clone()),
-            spawn_archiver(store.clone(), &config, metrics.clone(), stop.clone()),
+            spawn_archiver(
+                store.clone(),
+                &config,
+                metrics.clone(),
+                api.quotas.clone(),
+                stop.clone(),
+            ),
             spawn_gauges(
                 store.clone(),
                 &config,

@@ -33,6 +33,12 @@ use crate::QueueError;
 pub trait Policy {
     /// The retention to archive with, or `None` to drop the obligation.
     fn retention_ms(&self, source: &str) -> Option<u64>;
+
+    /// The most bytes tenant `tenant`'s archived copies may hold, as stored (`None`: no
+    /// limit). A hook that would take it past is not archived.
+    fn archive_limit(&self, _tenant: &str) -> Option<u64> {
+        None
+    }
 }
 
 impl<F: Fn(&str) -> Option<u64>> Policy for F {
@@ -94,6 +100,8 @@ pub struct SettleReport {
     pub seen: u64,
     pub archived: u64,
     pub dropped: u64,
+    /// Not archived: its tenant's archive holds its `archive_bytes`.
+    pub over_quota: u64,
 }
 
 /// What a prune pass did.
@@ -115,6 +123,20 @@ pub struct Archiver {
     settled_since_compaction: u64,
     /// The last expiry key pruned.
     pruned_to: Option<Vec<u8>>,
+    /// The bytes of archived copies of each tenant with an archive limit (as stored): read
+    /// with one scan of its `?h` range the first time it is needed (bounded by the limit
+    /// it is compared with), then kept by the settles and prunes. At most
+    /// [`MAX_TALLIED`] tenants; past that it starts again.
+    tally: std::collections::HashMap<TenantOrd, u64>,
+}
+
+/// The most tenants whose archive bytes an [`Archiver`] keeps.
+pub const MAX_TALLIED: usize = 65_536;
+
+/// The bytes an archived copy of an envelope of `envelope_bytes` takes as stored: its
+/// version, its expiry, the envelope's length and the envelope ([`encode`]).
+fn stored_len(envelope_bytes: &[u8]) -> u64 {
+    1 + 8 + 4 + envelope_bytes.len() as u64
 }
 
 impl Archiver {
@@ -141,7 +163,9 @@ impl Archiver {
             seen: obs.len() as u64,
             ..SettleReport::default()
         };
-        for ((ob, raw), key) in obs.iter().zip(hooks).zip(&hook_keys) {
+        // (unit, tenant, bytes) of each copy counted in a tally before its commit.
+        let mut added: Vec<(usize, TenantOrd, u64)> = Vec::new();
+        for (units, ((ob, raw), key)) in obs.iter().zip(hooks).zip(&hook_keys).enumerate() {
             // A hook that is gone cannot be archived. Nor can one that does not decode: that
             // is corruption, counted and logged with its key, and the obligation is dropped
             // through the counted path like a gone hook's (the other hooks still settle).
@@ -156,6 +180,17 @@ impl Archiver {
             };
             match env.and_then(|(e, v)| policy.retention_ms(&e.source).map(|r| (e, v, r))) {
                 Some((env, bytes, retention)) => {
+                    if let Some(limit) = policy.archive_limit(env.tenant_or_default()) {
+                        let size = stored_len(bytes);
+                        let used = self.used(store, ob.ord)?;
+                        if used.saturating_add(size) > limit {
+                            deliveries::archive_drop(&mut tx, ob);
+                            report.over_quota += 1;
+                            continue;
+                        }
+                        self.tally.insert(ob.ord, used + size);
+                        added.push((units, ob.ord, size));
+                    }
                     archive_one(&mut tx, ob, &env, bytes, retention);
                     report.archived += 1;
                 }
@@ -167,7 +202,14 @@ impl Archiver {
         }
         // Each settle is a unit that consumes its obligation: one already settled (there is
         // one archiver, but be exact) writes nothing, archived copy included.
-        tx.commit(store, false)?;
+        let committed = tx.commit(store, false)?;
+        for (unit, ord, size) in added {
+            if !committed.moved.get(unit).copied().unwrap_or(false) {
+                if let Some(t) = self.tally.get_mut(&ord) {
+                    *t = t.saturating_sub(size);
+                }
+            }
+        }
         self.settled_to = Some(last);
         self.settled_since_compaction += report.seen;
         if self.settled_since_compaction >= COMPACT_AFTER {
@@ -175,6 +217,23 @@ impl Archiver {
             self.settled_since_compaction = 0;
         }
         Ok(report)
+    }
+
+    /// The bytes of tenant `ord`'s archived copies, from its tally or one scan of its range.
+    fn used(&mut self, store: &Store, ord: TenantOrd) -> Result<u64, QueueError> {
+        if let Some(n) = self.tally.get(&ord) {
+            return Ok(*n);
+        }
+        if self.tally.len() >= MAX_TALLIED {
+            self.tally.clear();
+        }
+        let (lo, hi) = ankusa_keyspace::archived_range(ord, AtMs(0), AtMs(u64::MAX));
+        let mut n = 0u64;
+        for kv in store.scan(Family::ArchivedHooks, &lo, &hi, Dir::Forward)? {
+            n += kv?.1.len() as u64;
+        }
+        self.tally.insert(ord, n);
+        Ok(n)
     }
 
     /// Removes up to `limit` hooks whose retention ended by `now`.
@@ -195,6 +254,7 @@ impl Archiver {
         }
         let mut ops = Vec::new();
         let mut last = None;
+        let mut tallied: Vec<(TenantOrd, Vec<u8>)> = Vec::new();
         for kv in store
             .scan(Family::ArchiveExpiry, &from, &until, Dir::Forward)?
             .take(limit)
@@ -213,11 +273,19 @@ impl Archiver {
                     ))
                 }
             };
-            ops.push(Op::delete(
-                Cf::Archive,
-                ankusa_keyspace::archived_hook(&ArchivedKey { ord, received, seq }),
-            ));
+            let hook = ankusa_keyspace::archived_hook(&ArchivedKey { ord, received, seq });
+            if self.tally.contains_key(&ord) {
+                tallied.push((ord, hook.clone()));
+            }
+            ops.push(Op::delete(Cf::Archive, hook));
             last = Some(k);
+        }
+        // The copies of tallied tenants leave their tally with their size.
+        let keys: Vec<Vec<u8>> = tallied.iter().map(|(_, k)| k.clone()).collect();
+        for ((ord, _), v) in tallied.iter().zip(store.multi_get(Cf::Archive, &keys)?) {
+            if let (Some(t), Some(v)) = (self.tally.get_mut(ord), v) {
+                *t = t.saturating_sub(v.len() as u64);
+            }
         }
         let Some(mut last) = last else {
             return Ok(PruneReport::default());

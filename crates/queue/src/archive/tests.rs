@@ -145,3 +145,109 @@ fn pages_run_newest_first_over_a_time_range() {
     }
     assert_eq!(seen, (1_005..1_020).rev().collect::<Vec<_>>());
 }
+
+/// A policy keeping every source 10 s and limiting tenant `t1`'s archive to `limit` bytes.
+struct Limited {
+    limit: u64,
+}
+
+impl Policy for Limited {
+    fn retention_ms(&self, _source: &str) -> Option<u64> {
+        Some(10_000)
+    }
+    fn archive_limit(&self, tenant: &str) -> Option<u64> {
+        (tenant == "t1").then_some(self.limit)
+    }
+}
+
+/// The bytes of a tenant's archived copies, by a scan.
+fn archived_bytes(h: &Harness, ord: TenantOrd) -> u64 {
+    let (lo, hi) = ankusa_keyspace::archived_range(ord, AtMs(0), AtMs(u64::MAX));
+    h.store
+        .scan(Family::ArchivedHooks, &lo, &hi, Dir::Forward)
+        .unwrap()
+        .map(|kv| kv.unwrap().1.len() as u64)
+        .sum()
+}
+
+/// The sizes as stored of the archived copies the hooks with seqs `seqs` would make.
+fn sizes(h: &Harness, seqs: &[Seq]) -> Vec<u64> {
+    seqs.iter()
+        .map(|s| {
+            let env = h
+                .store
+                .get(Cf::Hooks, &ankusa_keyspace::hook(*s))
+                .unwrap()
+                .unwrap();
+            assert_eq!(stored_len(&env), encode(AtMs(0), &env).len() as u64);
+            stored_len(&env)
+        })
+        .collect()
+}
+
+/// What settling copies of `sizes`, in order, onto an archive holding `used` under `limit`
+/// archives and refuses: (archived, over quota).
+fn greedy(sizes: &[u64], mut used: u64, limit: u64) -> (u64, u64) {
+    let (mut archived, mut over) = (0, 0);
+    for s in sizes {
+        if used + s > limit {
+            over += 1;
+        } else {
+            used += s;
+            archived += 1;
+        }
+    }
+    (archived, over)
+}
+
+/// A tenant's archive stops at its limit (the hooks past it are settled, not archived, and
+/// counted); another tenant's is not limited; expiry makes room again; a new archiver (a
+/// restart) reads what the archive holds before it compares.
+#[test]
+fn a_tenants_archive_stops_at_its_limit_and_expiry_makes_room() {
+    let mut h = Harness::new();
+    let mut t1_seqs = Vec::new();
+    for i in 0..20u64 {
+        let t = if i % 2 == 0 { "t1" } else { "t2" };
+        let seq = h.ingest(Some(t), 0, 1_000 + i, true);
+        if t == "t1" {
+            t1_seqs.push(seq);
+        }
+    }
+    let (t1, t2) = (h.ord("t1"), h.ord("t2"));
+    let t1_sizes = sizes(&h, &t1_seqs);
+    let policy = Limited {
+        limit: t1_sizes[..3].iter().sum::<u64>() + 1,
+    };
+    let (archived, over) = greedy(&t1_sizes, 0, policy.limit);
+    assert!(archived >= 3 && over > 0);
+    let mut a = Archiver::default();
+    let r = a.settle(&h.store, &policy, 100).unwrap();
+    assert_eq!((r.archived, r.over_quota), (archived + 10, over), "{r:?}");
+    assert!(archived_bytes(&h, t1) <= policy.limit);
+    let listed = |ord| {
+        page(&h.store, ord, AtMs(0), AtMs(u64::MAX), None, 100)
+            .unwrap()
+            .items
+            .len() as u64
+    };
+    assert_eq!((listed(t1), listed(t2)), (archived, 10));
+    assert_eq!(archive_pending(&h), 0);
+    h.assert_counters_equal_fold();
+    // Every copy expires: room again.
+    a.prune(&h.store, AtMs(u64::MAX - 1), 100).unwrap();
+    assert_eq!(archived_bytes(&h, t1), 0);
+    let seqs: Vec<Seq> = (0..4u64)
+        .map(|i| h.ingest(Some("t1"), 0, 20_000 + i, true))
+        .collect();
+    let want = greedy(&sizes(&h, &seqs), 0, policy.limit);
+    let r = a.settle(&h.store, &policy, 100).unwrap();
+    assert_eq!((r.archived, r.over_quota), want, "{r:?}");
+    // A fresh archiver reads the archive's size before it compares.
+    let seq = h.ingest(Some("t1"), 0, 30_000, true);
+    let want = greedy(&sizes(&h, &[seq]), archived_bytes(&h, t1), policy.limit);
+    let r = Archiver::default().settle(&h.store, &policy, 100).unwrap();
+    assert_eq!((r.archived, r.over_quota), want, "{r:?}");
+    assert!(archived_bytes(&h, t1) <= policy.limit);
+    h.assert_counters_equal_fold();
+}

@@ -8,6 +8,10 @@
 //!   already past the check may still commit: the overshoot is bounded by the requests in
 //!   flight, not by the flood.
 //!
+//! - **Archive bytes**: enforced by the archiver, not here: a hook that would take the
+//!   tenant's archived copies past `archive_bytes` is delivered but not archived
+//!   ([`ankusa_queue::archive::Policy::archive_limit`], [`ArchivePolicy`]).
+//!
 //! The defaults are `tenants.limits` (reloadable); a tenant's own are set at run time with
 //! `PUT /v1/tenants/{t}/limits`, persisted as `m:limits:<tenant>` and loaded at boot. A
 //! tenant with no limit costs one map lookup per hook.
@@ -62,6 +66,13 @@ pub struct Overrides {
     )]
     #[schema(value_type = Option<u64>)]
     pub queued_bytes: Option<Option<u64>>,
+    #[serde(
+        default,
+        deserialize_with = "present",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schema(value_type = Option<u64>)]
+    pub archive_bytes: Option<Option<u64>>,
 }
 
 /// A key that is there, `null` included (`Some(None)`); an absent key is the field's
@@ -86,6 +97,7 @@ impl Overrides {
                 None => defaults.ingest_burst,
             }),
             queued_bytes: self.queued_bytes.unwrap_or(defaults.queued_bytes),
+            archive_bytes: self.archive_bytes.unwrap_or(defaults.archive_bytes),
         }
     }
 
@@ -364,6 +376,24 @@ impl Quotas {
     }
 }
 
+/// What the archiver archives: the configuration's retention by source, and each tenant's
+/// `archive_bytes` from its limits.
+#[derive(Debug)]
+pub struct ArchivePolicy {
+    pub config: ankusa_config::Config,
+    pub quotas: std::sync::Arc<Quotas>,
+}
+
+impl ankusa_queue::archive::Policy for ArchivePolicy {
+    fn retention_ms(&self, source: &str) -> Option<u64> {
+        self.config.retention_ms(source)
+    }
+
+    fn archive_limit(&self, tenant: &str) -> Option<u64> {
+        self.quotas.effective(tenant).archive_bytes
+    }
+}
+
 /// Why a change of a tenant's limits was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SetError {
@@ -415,6 +445,7 @@ mod tests {
             ingest_per_second: Some(10.0),
             ingest_burst: Some(50),
             queued_bytes: Some(1 << 20),
+            archive_bytes: None,
         };
         let o: Overrides = serde_json::from_str(r#"{"queued_bytes": null}"#).unwrap();
         assert_eq!(

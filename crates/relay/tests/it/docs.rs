@@ -66,7 +66,7 @@ sinks:
       ca_bundle: { pem: PEM } }
 dispatch: { ca_bundle: { pem: PEM } }
 store: { memory_bytes: 67108864 }
-tenants: { limits: { ingest_per_second: 10, ingest_burst: 20, queued_bytes: 1048576 } }
+tenants: { limits: { ingest_per_second: 10, ingest_burst: 20, queued_bytes: 1048576, archive_bytes: 1048576 } }
 routes: [{ id: r, sinks: [s] }]
 sources:
   - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },

@@ -251,3 +251,63 @@ async fn quotas_refuse_a_tenant_over_its_rate_or_backlog_and_no_other() {
     assert_eq!(actions.len(), 3, "set a, clear a, set newcomer: {audit}");
     node.shutdown().await.unwrap();
 }
+
+/// A tenant's `archive_bytes`: its hooks past it are delivered but not archived, counted;
+/// another tenant's archive is whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tenants_archive_stops_at_its_archive_bytes_and_its_hooks_are_still_delivered() {
+    let sink = TestSink::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(
+        NodeBuilder::default()
+            .admin_token("ops", ADMIN_TOKEN)
+            .section("dispatch: { tick_interval_ms: 10 }")
+            .section("archive: { settle_interval_ms: 20 }")
+            .sink("s", &sink.url("/in"))
+            .route_yaml("{ id: kept, sinks: [s], archive: { enabled: true } }")
+            .open_source("shared", "kept")
+            .config_at(dir.path()),
+    )
+    .await
+    .unwrap();
+    // Room for two copies of these hooks (each a 1 KiB body and its envelope), not three.
+    let (s, v) = call(
+        &node,
+        "PUT",
+        "/v1/tenants/a/limits",
+        ADMIN_TOKEN,
+        r#"{"archive_bytes": 2600}"#,
+    )
+    .await;
+    assert_eq!(
+        (s, v["effective"]["archive_bytes"].as_u64()),
+        (200, Some(2600)),
+        "{v}"
+    );
+    let body = format!(r#"{{"pad":"{}"}}"#, "x".repeat(1_000));
+    for t in ["a", "b"] {
+        for _ in 0..5 {
+            let r = post(
+                &client(),
+                &format!("http://{}/ingest/shared", node.ingest_addr),
+                &[("x-tenant", t.to_owned())],
+                body.clone().into_bytes(),
+            )
+            .await;
+            assert_eq!(r.status, 202);
+        }
+    }
+    ankusa_relay::testkit::eventually(20, "delivered and settled", || {
+        let n = counters::node(&node.store).unwrap();
+        sink.on("/in").len() == 10 && n.archive_pending == 0 && n.pending + n.inflight == 0
+    })
+    .await;
+    let listed = |v: &serde_json::Value| v["items"].as_array().map(Vec::len);
+    let (_, a) = call(&node, "GET", "/v1/archive?tenant=a", ADMIN_TOKEN, "").await;
+    let (_, b) = call(&node, "GET", "/v1/archive?tenant=b", ADMIN_TOKEN, "").await;
+    assert_eq!((listed(&a), listed(&b)), (Some(2), Some(5)), "{a}\n{b}");
+    let (_, metrics) = get_text(&client(), &format!("http://{}/metrics", node.admin_addr)).await;
+    let line = r#"ankusa_archive_settled_total{outcome="over_quota"} 3"#;
+    assert!(metrics.contains(line), "{line}\n{metrics}");
+    node.shutdown().await.unwrap();
+}
