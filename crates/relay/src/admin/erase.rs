@@ -102,26 +102,33 @@ pub fn spawn(
     tokio::spawn(async move {
         loop {
             let ords: Vec<TenantOrd> = api.eraser.lock().keys().copied().collect();
-            let mut busy = false;
+            let (mut busy, mut failed) = (false, false);
             for ord in ords {
                 let a = api.clone();
                 match tokio::task::spawn_blocking(move || advance(&a, ord)).await {
                     Ok(Ok(worked)) => busy |= worked,
                     Ok(Err(e)) => {
-                        tracing::error!(error = %e, ord = ord.0, "erasing a tenant failed; trying again")
+                        failed = true;
+                        tracing::error!(error = %e, ord = ord.0, "erasing a tenant failed; trying again in 5 s")
                     }
-                    Err(_) => tracing::error!(ord = ord.0, "an erase step panicked"),
+                    Err(_) => {
+                        failed = true;
+                        tracing::error!(ord = ord.0, "an erase step panicked; trying again in 5 s")
+                    }
                 }
                 if *stop.borrow() {
                     return;
                 }
             }
-            if busy {
+            if busy && !failed {
                 continue;
             }
+            // Resting while deliveries in flight end; longer after a failure (a store that
+            // fails its writes, a counter that does not add up), so it is not retried hot.
+            let rest = if failed { 5_000 } else { 200 };
             tokio::select! {
-                _ = api.eraser.wake.notified() => {}
-                _ = tokio::time::sleep(std::time::Duration::from_millis(200)) => {}
+                _ = api.eraser.wake.notified(), if !failed => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(rest)) => {}
                 _ = stop.wait_for(|s| *s) => return,
             }
         }
@@ -146,8 +153,9 @@ fn advance(api: &Api, ord: TenantOrd) -> Result<bool, ankusa_queue::QueueError> 
             false
         }
         Step::Clean => {
-            forget_quarantined(api, &e.tenant)?;
+            // The counters are checked first: an erase that cannot end writes nothing.
             let mut ops = erase::finish_ops(&api.store, ord, &e.tenant)?;
+            forget_quarantined(api, &e.tenant)?;
             ops.push(api.audit.op(
                 "eraser",
                 "tenant.erased",
