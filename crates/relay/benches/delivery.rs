@@ -25,10 +25,12 @@
 //! the rule judges the median of the rounds' ratios (one pair measured minutes apart swung
 //! from 58% to 109% with the same code).
 //!
-//! PASS only if the median round has the node at 80% or more of the transitions twin's rate: the
-//! pipeline's machinery (ticks, hints, slots, request lines, fairness, metrics, the hook
-//! log) costs at most a quarter over the least a relay making the same durable moves and
-//! the same signed POSTs can cost. The rule, 80% of the bare client, is printed for
+//! PASS only if, in the median round (by the ratio), the node's CPU per delivery is at
+//! most 1.1× the transitions twin's: the pipeline's machinery (ticks, hints, slots, request
+//! lines, fairness, metrics, the hook log) costs at most a tenth over the least a relay
+//! making the same durable moves and the same signed POSTs can cost. The rate ratio (the
+//! rule before, >= 80%) is printed, not judged: on two shared cores it swings with what
+//! else runs, the CPU each delivery costs is what grows with cores. The rule, 80% of the bare client, is printed for
 //! reference: no relay making the ADR's moves can reach it on these cores (the ceiling the
 //! bench prints, 56–71% in every run measured; the twin itself reaches 31–52%), see
 //! docs/performance.md.
@@ -341,7 +343,7 @@ fn main() -> std::process::ExitCode {
     // The round whose relay / twin ratio is the median: its figures are the ones shown
     // below the table.
     let mut order: Vec<usize> = (0..rounds.len()).collect();
-    let of_twin_in = |i: usize| rounds[i].0 .0.rate / rounds[i].1.rate;
+    let of_twin_in = |i: usize| rounds[i].0 .0.cpu_us / rounds[i].1.cpu_us;
     order.sort_by(|a, b| of_twin_in(*a).total_cmp(&of_twin_in(*b)));
     let median = order[order.len() / 2];
     let ((relay, ticks, tick_s), twin) = rounds[median];
@@ -400,14 +402,21 @@ fn main() -> std::process::ExitCode {
         "ingest-to-delivery at a steady {STEADY_RATE} hooks/s for {STEADY_SECS}s: p50 {p50:.1} ms, p99 {p99:.1} ms ({n} hooks)"
     );
     let each: Vec<String> = (0..rounds.len())
-        .map(|i| format!("{:.0}%", of_twin_in(i) * 100.0))
+        .map(|i| {
+            format!(
+                "{:.2}× ({:.0}% of its rate)",
+                of_twin_in(i),
+                rounds[i].0 .0.rate / rounds[i].1.rate * 100.0
+            )
+        })
         .collect();
+    let cpu_ratio = relay.cpu_us / twin.cpu_us;
     println!(
-        "relay / transitions twin by round: {}; the median round {:.0}% (pass: >= 80%)",
+        "relay / transitions twin, CPU per delivery by round: {}; the median round {cpu_ratio:.2}× (pass: <= 1.1×); its rate {:.0}% of the twin's (the rule before, >= 80%: printed, not judged)",
         each.join(", "),
         of_twin * 100.0
     );
-    if of_twin >= 0.8 {
+    if cpu_ratio <= 1.1 {
         println!("delivery: PASS");
         std::process::ExitCode::SUCCESS
     } else {
