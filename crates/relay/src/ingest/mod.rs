@@ -530,10 +530,7 @@ async fn handle<'a>(
         }
     }
     // Quotas, on the owner: after admission (a refused tenant has no ordinal to read).
-    match s
-        .quotas
-        .admit(store, owned_as, || tenants::ord(store, owned_as), now_ms)
-    {
+    match s.quotas.admit(store, owned_as, now_ms) {
         Ok(None) => {}
         Ok(Some(quota::Refusal::Rate { retry_after_s })) => {
             let r = error(

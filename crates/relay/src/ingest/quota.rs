@@ -133,6 +133,9 @@ pub struct Refused {
 pub struct Quotas {
     defaults: ArcSwap<TenantLimits>,
     overrides: std::sync::RwLock<HashMap<String, Overrides>>,
+    /// `overrides.len()`, read without the lock: most nodes have none, and a hook of a
+    /// tenant with no limit then costs no lock and no hash.
+    overridden: std::sync::atomic::AtomicUsize,
     buckets: Mutex<HashMap<String, Bucket>>,
     refused: Mutex<HashMap<String, Refused>>,
     /// Held by a change of overrides while it writes: one at a time.
@@ -149,6 +152,7 @@ impl Quotas {
         Quotas {
             defaults: ArcSwap::from_pointee(defaults),
             overrides: Default::default(),
+            overridden: Default::default(),
             buckets: Default::default(),
             refused: Default::default(),
             changes: Default::default(),
@@ -172,8 +176,9 @@ impl Quotas {
             }
         }
         let n = map.len();
-        self.overrides_gauge.set(n as i64);
-        *self.overrides.write().unwrap_or_else(|p| p.into_inner()) = map;
+        let mut held = self.overrides.write().unwrap_or_else(|p| p.into_inner());
+        *held = map;
+        self.counted(&held);
         Ok(n)
     }
 
@@ -188,6 +193,9 @@ impl Quotas {
 
     /// Tenant `tenant`'s own limits, if it has any.
     pub fn overrides(&self, tenant: &str) -> Option<Overrides> {
+        if self.overridden.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return None;
+        }
         self.overrides
             .read()
             .unwrap_or_else(|p| p.into_inner())
@@ -235,6 +243,24 @@ impl Quotas {
         }
         let json = next.map(|o| serde_json::json!(o).to_string().into_bytes());
         store.write(vec![tenants::limits_op(tenant, json), audit()], true)?;
+        self.replace(tenant, next);
+        Ok(Ok(true))
+    }
+
+    /// Tenant `tenant` was erased: its own limits (deleted with its last write), bucket and
+    /// refusals go.
+    pub fn forget(&self, tenant: &str) {
+        let _one = self.changes.lock().unwrap_or_else(|p| p.into_inner());
+        self.replace(tenant, None);
+        self.refused
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(tenant);
+    }
+
+    /// Tenant `tenant`'s own limits in memory are `next` from now; its next hook starts
+    /// from a full bucket of the new size.
+    fn replace(&self, tenant: &str, next: Option<Overrides>) {
         let mut map = self.overrides.write().unwrap_or_else(|p| p.into_inner());
         match next {
             Some(o) => {
@@ -244,40 +270,28 @@ impl Quotas {
                 map.remove(tenant);
             }
         }
-        self.overrides_gauge.set(map.len() as i64);
-        // The next hook starts from a full bucket of the new size.
-        self.buckets
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(tenant);
-        Ok(Ok(true))
-    }
-
-    /// Tenant `tenant` was erased: its own limits (deleted with its last write), bucket and
-    /// refusals go.
-    pub fn forget(&self, tenant: &str) {
-        let _one = self.changes.lock().unwrap_or_else(|p| p.into_inner());
-        let mut map = self.overrides.write().unwrap_or_else(|p| p.into_inner());
-        map.remove(tenant);
-        self.overrides_gauge.set(map.len() as i64);
+        self.counted(&map);
         drop(map);
         self.buckets
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .remove(tenant);
-        self.refused
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(tenant);
     }
 
-    /// Whether tenant `tenant` (ordinal `ord`, if it has one yet) may send a hook now: takes
-    /// a token, and reads its queued bytes when it has a limit on them.
+    /// Publishes how many tenants have their own limits.
+    fn counted(&self, map: &HashMap<String, Overrides>) {
+        self.overridden
+            .store(map.len(), std::sync::atomic::Ordering::Release);
+        self.overrides_gauge.set(map.len() as i64);
+    }
+
+    /// Whether tenant `tenant` may send a hook now: takes a token, and reads its queued
+    /// bytes (its ordinal, then one counter) when it has a limit on them. A tenant with no
+    /// limit costs an atomic load and a copy of the defaults.
     pub fn admit(
         &self,
         store: &Store,
         tenant: &str,
-        ord: impl FnOnce() -> Result<Option<ankusa_keyspace::TenantOrd>, QueueError>,
         now_ms: u64,
     ) -> Result<Option<Refusal>, QueueError> {
         let limits = self.effective(tenant);
@@ -290,7 +304,7 @@ impl Quotas {
             }
         }
         if let Some(limit) = limits.queued_bytes {
-            if let Some(ord) = ord()? {
+            if let Some(ord) = tenants::ord(store, tenant)? {
                 let queued = ankusa_queue::counters::read_field(store, ord, CounterField::Bytes)?;
                 if queued >= 0 && queued as u64 >= limit {
                     self.record(tenant, now_ms);
