@@ -168,12 +168,10 @@ impl Assembler {
                 .collect(),
             _ => Vec::new(),
         };
-        if let Some(e) = &self.erasing {
-            let ended = e.ended();
-            if ended != self.erasures_seen {
-                self.alloc.forget();
-                self.erasures_seen = ended;
-            }
+        let ended = self.erasing.as_ref().map(|e| e.ended());
+        if let Some(ended) = ended.filter(|n| *n != self.erasures_seen) {
+            self.forget_ordinals();
+            self.erasures_seen = ended;
         }
         let is_refused = |i: usize| refused.get(i).copied().unwrap_or(false);
         let resolution = self.alloc.resolve(

@@ -31,8 +31,6 @@ struct Erase {
     cursor: Cursor,
     /// Keys removed so far by this process.
     removed: u64,
-    /// The part it works on.
-    part: &'static str,
 }
 
 /// The node's erases, and the set the writer refuses hooks from.
@@ -77,7 +75,6 @@ impl Eraser {
                 since,
                 cursor: Cursor::default(),
                 removed: 0,
-                part: "rows",
             },
         );
         self.wake.notify_one();
@@ -144,14 +141,11 @@ fn advance(api: &Api, ord: TenantOrd) -> Result<bool, ankusa_queue::QueueError> 
     let step = erase::step(&api.store, ord, &e.tenant, &mut e.cursor)?;
     let worked = match step {
         Step::Worked { part, removed } => {
-            e.part = part;
+            tracing::debug!(tenant = %e.tenant, part, removed, "erase step");
             e.removed += removed;
             true
         }
-        Step::Waiting { .. } => {
-            e.part = "deliveries in flight";
-            false
-        }
+        Step::Waiting { .. } => false,
         Step::Clean => {
             // The counters are checked first: an erase that cannot end writes nothing.
             let mut ops = erase::finish_ops(&api.store, ord, &e.tenant)?;
