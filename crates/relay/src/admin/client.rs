@@ -20,6 +20,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
 
+use super::tenants::TenantView;
+
 /// The nodes a command talks to, and how.
 pub struct Nodes {
     /// Base URLs, one per node, in a stable order (as given, each host's addresses sorted).
@@ -213,8 +215,9 @@ pub fn merge_nodes(urls: &[String], answers: Vec<Value>) -> Value {
     json!({ "nodes": nodes, "counters": total })
 }
 
-/// Tenants from every node's `/v1/tenants?top=N`, one row per tenant with its counters
-/// summed, most pending first, `top` of them.
+/// Tenants from every node's `/v1/tenants?top=N`, one row per tenant with its views added
+/// up ([`TenantView::absorb`]) and the nodes that hold it, most pending first, `top` of
+/// them.
 pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
     let mut by: BTreeMap<String, Merged> = BTreeMap::new();
     for (i, a) in answers.iter().enumerate() {
@@ -223,8 +226,7 @@ pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
             by.entry(name).or_default().add(i, t);
         }
     }
-    let mut rows: Vec<Value> = by.into_iter().map(|(t, m)| m.row(&t)).collect();
-    // As each node orders them: the most pending, then scheduled, then dead.
+    let mut rows: Vec<Value> = by.into_iter().map(|(t, m)| m.row(&t)).collect(); // As each node orders them: the most pending, then scheduled, then dead.
     let key = |v: &Value| {
         ["pending", "scheduled", "dead"].map(|k| v["counters"][k].as_i64().unwrap_or(0))
     };
@@ -254,7 +256,8 @@ pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
     json!({ "tenants": rows, "total": total })
 }
 
-/// One tenant's counters over the nodes that know it (`None`: a node that does not).
+/// One tenant's views over the nodes that know it (`None`: a node that does not), added
+/// up.
 pub fn merge_tenant(tenant: &str, answers: Vec<Option<Value>>) -> Option<Value> {
     let mut m = Merged::default();
     for (i, a) in answers.into_iter().enumerate() {
@@ -265,40 +268,34 @@ pub fn merge_tenant(tenant: &str, answers: Vec<Option<Value>>) -> Option<Value> 
     (!m.nodes.is_empty()).then(|| m.row(tenant))
 }
 
-/// One tenant's views from several nodes, added up.
+/// One tenant's views from several nodes ([`TenantView::absorb`]), and which nodes.
 #[derive(Default)]
 struct Merged {
-    counters: BTreeMap<String, i64>,
+    view: Option<TenantView>,
     nodes: Vec<usize>,
-    paused: Option<u64>,
-    oldest_due: Option<u64>,
-    refusals: u64,
 }
 
 impl Merged {
-    /// Node `i`'s view `t`: counters and refusals summed, the earliest pause and oldest
-    /// due row.
+    /// Node `i`'s view `t` (a view that does not read as one adds nothing but the node).
     fn add(&mut self, i: usize, t: &Value) {
         self.nodes.push(i);
-        for (k, v) in t["counters"].as_object().into_iter().flatten() {
-            *self.counters.entry(k.clone()).or_default() += v.as_i64().unwrap_or(0);
+        if let Ok(v) = serde_json::from_value::<TenantView>(t.clone()) {
+            match &mut self.view {
+                Some(m) => m.absorb(&v),
+                None => self.view = Some(v),
+            }
         }
-        self.paused = earliest(self.paused, &t["paused_since_ms"]);
-        self.oldest_due = earliest(self.oldest_due, &t["oldest_due_at_ms"]);
-        self.refusals += t["quota_refusals"].as_u64().unwrap_or(0);
     }
 
     fn row(self, tenant: &str) -> Value {
-        let mut row = json!({ "tenant": tenant, "counters": self.counters, "nodes": self.nodes });
-        if let Some(p) = self.paused {
-            row["paused_since_ms"] = json!(p);
-        }
-        if let Some(o) = self.oldest_due {
-            row["oldest_due_at_ms"] = json!(o);
-        }
-        if self.refusals > 0 {
-            row["quota_refusals"] = json!(self.refusals);
-        }
+        let view = TenantView {
+            tenant: tenant.to_owned(),
+            // An ordinal is one node's: a merged view has none.
+            ord: None,
+            ..self.view.unwrap_or_default()
+        };
+        let mut row = serde_json::to_value(view).unwrap_or_default();
+        row["nodes"] = json!(self.nodes);
         row
     }
 }
@@ -341,14 +338,6 @@ pub fn merge_limits(answers: Vec<Value>) -> Value {
         }
     }
     out
-}
-
-/// The earlier of `a` and the time `b` names (a tenant paused on several nodes).
-fn earliest(a: Option<u64>, b: &Value) -> Option<u64> {
-    match (a, b.as_u64()) {
-        (Some(x), Some(y)) => Some(x.min(y)),
-        (x, y) => x.or(y),
-    }
 }
 
 /// Items from every node's page, each with its node and a merged id, newest first (by
@@ -524,11 +513,10 @@ mod tests {
     #[test]
     fn merged_listings_sum_and_order_across_nodes() {
         let a = json!({ "tenants": [
-            { "tenant": "acme", "counters": { "pending": 5, "dead": 1 } },
-            { "tenant": "globex", "counters": { "pending": 1, "dead": 0 } },
+            { "tenant": "acme", "counters": { "pending": 5, "scheduled": 0, "inflight": 0, "dead": 1, "bytes": 0, "archive_pending": 0 } },
+            { "tenant": "globex", "counters": { "pending": 1, "scheduled": 0, "inflight": 0, "dead": 0, "bytes": 0, "archive_pending": 0 } },
         ]});
-        let b =
-            json!({ "tenants": [{ "tenant": "acme", "counters": { "pending": 2, "dead": 3 } }] });
+        let b = json!({ "tenants": [{ "tenant": "acme", "counters": { "pending": 2, "scheduled": 0, "inflight": 0, "dead": 3, "bytes": 0, "archive_pending": 0 } }] });
         let m = merge_tenants(vec![a, b], 10);
         assert_eq!(m["tenants"][0]["tenant"], "acme");
         assert_eq!(m["tenants"][0]["counters"]["pending"], 7);
@@ -546,8 +534,8 @@ mod tests {
         assert!(merge_tenants(vec![other], 10)["total"].is_null());
         // Scheduled and dead work orders tenants with the same pending count.
         let c = json!({ "tenants": [
-            { "tenant": "a", "counters": { "pending": 0, "scheduled": 0, "dead": 2 } },
-            { "tenant": "b", "counters": { "pending": 0, "scheduled": 1, "dead": 0 } },
+            { "tenant": "a", "counters": { "pending": 0, "scheduled": 0, "inflight": 0, "dead": 2, "bytes": 0, "archive_pending": 0 } },
+            { "tenant": "b", "counters": { "pending": 0, "scheduled": 1, "inflight": 0, "dead": 0, "bytes": 0, "archive_pending": 0 } },
         ]});
         let m = merge_tenants(vec![c], 10);
         assert_eq!(m["tenants"][0]["tenant"], "b");

@@ -38,7 +38,6 @@ use super::dlq::{DlqItem, DlqPage, Revived};
 use super::tenants::{NodeTenants, TenantView, TenantsTop};
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::{error, with_retry_after};
-use ankusa_keyspace::CounterField;
 use ankusa_queue::registry::Admission;
 
 /// The largest replay body read to find its tenant.
@@ -529,18 +528,15 @@ async fn merged(
     };
     for v in &found[1..] {
         match merge {
+            // Read as views and added up as one ([`TenantView::absorb`]); an answer that
+            // does not read as a view adds nothing.
             Merge::View => {
-                // Read as views and added up as one: counters, refusals, the earliest
-                // pause and oldest due row.
-                match (
+                if let (Ok(mut a), Ok(b)) = (
                     serde_json::from_value::<TenantView>(out.clone()),
                     serde_json::from_value::<TenantView>(v.clone()),
                 ) {
-                    (Ok(mut a), Ok(b)) => {
-                        a.absorb(&b);
-                        out = serde_json::to_value(a).unwrap_or(out);
-                    }
-                    _ => add_value_counters(&mut out, v),
+                    a.absorb(&b);
+                    out = serde_json::to_value(a).unwrap_or(out);
                 }
             }
             Merge::Sum(fields) => add_fields(&mut out, v, fields),
@@ -557,15 +553,6 @@ async fn merged(
         out["unavailable"] = unavailable.into();
     }
     (success, Json(out)).into_response()
-}
-
-/// Adds the counters of one node's tenant view `from` to `into`'s.
-fn add_value_counters(into: &mut Value, from: &Value) {
-    add_fields(
-        &mut into["counters"],
-        &from["counters"],
-        &CounterField::ALL.map(|f| f.name()),
-    );
 }
 
 /// Numbers summed; flags (`more`) true if any node's is.
