@@ -14,7 +14,8 @@
 //!
 //! The defaults are `tenants.limits` (reloadable); a tenant's own are set at run time with
 //! `PUT /v1/tenants/{t}/limits`, persisted as `m:limits:<tenant>` and loaded at boot. A
-//! tenant with no limit costs one map lookup per hook.
+//! tenant with no limit costs one atomic load per hook while no tenant has its own limits,
+//! one map lookup otherwise.
 //!
 //! Bounds: at most [`MAX_OVERRIDES`] tenants with their own limits (more is refused);
 //! buckets and refusal records are kept for at most [`MAX_TRACKED`] tenants each — a full
