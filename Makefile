@@ -65,8 +65,11 @@ nextest:
 # (or any the environment of `scripts/k8s-testenv.sh start DIR` points at).
 # e2e/node.sh runs the images on the real node, built from the debug binaries the other
 # e2e scripts use (a release build would compile RocksDB once more).
+# Each binary is built alone, as `make run` builds the relay: built together, their shared
+# dependencies take other features and every later build would compile them again.
 e2e:
-	$(CARGO) build -p ankusa-relay --bin ankusa-relay -p ankusa-operator --bin ankusa-operator
+	$(CARGO) build -p ankusa-relay --bin ankusa-relay
+	$(CARGO) build -p ankusa-operator --bin ankusa-operator
 	@bash e2e/quickstart.sh
 	@bash e2e/run.sh
 	@bash e2e/upgrade.sh
@@ -85,7 +88,8 @@ IMAGE_DIR = target/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
 image: deps image-archives
 
 image-archives:
-	$(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-relay --bin ankusa-relay -p ankusa-operator --bin ankusa-operator
+	$(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-relay --bin ankusa-relay
+	$(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-operator --bin ankusa-operator
 	python3 scripts/image.py --binary $(IMAGE_DIR)/ankusa-relay --ref $(IMAGE_REGISTRY)/relay:$(IMAGE_TAG) --out target/images/relay.oci.tar
 	python3 scripts/image.py --binary $(IMAGE_DIR)/ankusa-operator --ref $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) --out target/images/operator.oci.tar
 
