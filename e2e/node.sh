@@ -638,15 +638,26 @@ op_selector=app.kubernetes.io/name=ankusa-operator
 op_ready() { kubectl -n ankusa-system get pods -l "$op_selector" -o jsonpath='{range .items[*]}{.status.containerStatuses[0].ready}{"\n"}{end}'; }
 # The pods reach the API server at the kubernetes Service's address (the bridge's, where
 # the node forwards to it): a reset for every packet they send there.
-for ip in $(kubectl -n ankusa-system get pods -l "$op_selector" -o jsonpath='{.items[*].status.podIP}'); do
+op_ips=$(kubectl -n ankusa-system get pods -l "$op_selector" -o jsonpath='{.items[*].status.podIP}')
+for ip in $op_ips; do
   rule=(INPUT -s "$ip" -d "$ANKUSA_TESTENV_NODE_IP" -p tcp --dport 443 -j REJECT --reject-with tcp-reset)
   iptables -I "${rule[@]}"
   cut_rules+=("${rule[*]}")
 done
-none_ready() { ! op_ready | grep -q true; }
+# Every cut pod answered for, and none Ready. Read whole, then searched: in `! op_ready |
+# grep -q true` under pipefail, a grep that found `true` and quit before kubectl had
+# written everything made kubectl's SIGPIPE the pipe's status, which `!` turned into "none
+# Ready" (the check passed at once with a Ready pod, then failed 15 s later). An empty
+# answer proves nothing either.
+op_count=$(wc -w <<<"$op_ips")
+none_ready() {
+  local r
+  r=$(op_ready) || return 1
+  [ "$(grep -c . <<<"$r")" -eq "$op_count" ] && ! grep -q true <<<"$r"
+}
 e2e_until 150 none_ready || fail "an operator pod cut off from the API server stayed Ready: $(op_ready | tr '\n' ' ')"
 sleep 15
-none_ready || fail "an operator pod cut off from the API server became Ready again"
+none_ready || fail "an operator pod cut off from the API server became Ready again: $(op_ready | tr '\n' ' ')"
 say "  no operator pod Ready while cut off; $(kubectl -n ankusa-system get pods -l "$op_selector" -o jsonpath='{range .items[*]}{.metadata.name} restarts={.status.containerStatuses[0].restartCount} {end}')"
 for r in "${cut_rules[@]}"; do read -ra rule <<<"$r"; iptables -D "${rule[@]}"; done
 cut_rules=()
