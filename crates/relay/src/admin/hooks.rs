@@ -95,7 +95,7 @@ pub struct HookOut {
     body_base64: Option<String>,
 }
 
-fn render(v: HookView) -> HookOut {
+fn render(v: HookView, tenant_paused_since_ms: Option<u64>) -> HookOut {
     let env = v.record.envelope;
     let (body, body_base64) = match v.body {
         None => (None, None),
@@ -120,7 +120,7 @@ fn render(v: HookView) -> HookOut {
             .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
             .collect(),
         stored: v.stored,
-        tenant_paused_since_ms: None,
+        tenant_paused_since_ms,
         sinks: v
             .sinks
             .into_iter()
@@ -172,9 +172,7 @@ pub async fn get(
         }
         let paused = ankusa_queue::tenants::ord(&a.store, tenant)?
             .and_then(|o| super::tenants::paused_since(&a, o));
-        let mut out = render(view);
-        out.tenant_paused_since_ms = paused;
-        Ok(Json(out).into_response())
+        Ok(Json(render(view, paused)).into_response())
     })
     .await
 }
