@@ -83,14 +83,7 @@ async fn operator_polls_a_real_node() {
 
     // Fresh hooks are claimed at once (the writer wakes dispatch): wait for the four
     // attempts to fail and settle.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while ankusa_queue::counters::node(&node.store).unwrap().dead < 4 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the hooks never settled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_dead(&node, 4, "the hooks never settled").await;
     let client = NodeClient::new("http://{pod}", Duration::from_secs(2));
     let base = format!("http://{}", node.admin_addr);
     let reading = client.poll(&base, TOKEN).await.unwrap();
@@ -123,14 +116,7 @@ async fn operator_polls_a_real_node() {
         admin("POST", &format!("{base}/v1/tenants/globex/pause"), "").await,
         200
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while ankusa_queue::counters::node(&node.store).unwrap().dead < 5 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "initech's hook never settled"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_dead(&node, 5, "initech's hook never settled").await;
     let reading = client.poll(&base, TOKEN).await.unwrap();
     assert_eq!(
         (
@@ -162,4 +148,13 @@ async fn operator_polls_a_real_node() {
     let err = client.poll("http://127.0.0.1:9", TOKEN).await.unwrap_err();
     assert!(started.elapsed() < Duration::from_secs(3), "{err}");
     node.shutdown().await.unwrap();
+}
+
+/// Waits (10 s at most, else `why`) until `node` counts `n` dead rows.
+async fn until_dead(node: &ankusa_relay::node::Node, n: i64, why: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while ankusa_queue::counters::node(&node.store).unwrap().dead < n {
+        assert!(std::time::Instant::now() < deadline, "{why}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
