@@ -21,6 +21,7 @@ mod hook_log;
 mod ingest;
 pub mod listen;
 mod log;
+mod pull;
 mod quarantine;
 mod reclaim;
 mod retry;
@@ -42,6 +43,7 @@ pub use dispatch::DispatchConfig;
 pub use hook_log::HookLogConfig;
 pub use ingest::IngestConfig;
 pub use log::{LogConfig, LogFormat};
+pub use pull::{ConsumerConfig, PullConfig, MAX_LEASE_MS};
 pub use quarantine::QuarantineConfig;
 pub use reclaim::ReclaimConfig;
 pub use retry::{Jitter, RetryConfig};
@@ -50,7 +52,7 @@ pub mod reload;
 pub use routes::RouteConfig;
 pub use secrets::{SecretSource, Secrets, REDACTED};
 pub use shutdown::ShutdownConfig;
-pub use sinks::SinkConfig;
+pub use sinks::{SinkConfig, SinkKind, MAX_PULL_SINK_ID};
 pub use sources::{
     IdempotencyConfig, SigEncoding, SourceConfig, TenantFrom, VerifyConfig, MAX_FORWARD_HEADERS,
     RESERVED_HEADERS,
@@ -198,6 +200,8 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
     pub cluster: ClusterConfig,
+    /// The claim gateway of pull sinks.
+    pub pull: PullConfig,
     pub sources: Vec<SourceConfig>,
     pub sinks: Vec<SinkConfig>,
     pub routes: Vec<RouteConfig>,
@@ -222,6 +226,7 @@ impl Default for Config {
             shutdown: ShutdownConfig::default(),
             log: LogConfig::default(),
             cluster: ClusterConfig::default(),
+            pull: PullConfig::default(),
             sources: Vec::new(),
             sinks: Vec::new(),
             routes: Vec::new(),
@@ -344,6 +349,13 @@ impl Config {
             }
             s.validate(&key, secrets)?;
         }
+        let pull_sinks = self
+            .sinks
+            .iter()
+            .filter(|s| s.kind == SinkKind::Pull)
+            .map(|s| s.id.as_str())
+            .collect();
+        self.pull.validate(&pull_sinks, secrets)?;
         let mut routes = std::collections::BTreeSet::new();
         for (i, r) in self.routes.iter().enumerate() {
             let key = format!("routes[{i}]");
@@ -485,8 +497,13 @@ routes: [{ id: r, sinks: [ci, Billing] }]
             "invalid config: tenants.maxx: unknown field `maxx`, expected `max` or `limits` (line 2, column 9)"
         );
         assert_eq!(
+            err("routes:\n  - sinks: [a]\n", &[]),
+            "invalid config: routes[0]: missing field `id` (line 2, column 10)"
+        );
+        // An HTTP sink without its URL names the key and the kind that needs it.
+        assert_eq!(
             err("sinks:\n  - id: a\n", &[]),
-            "invalid config: sinks[0]: missing field `url` (line 2, column 7)"
+            "invalid config: sinks[0].url: an HTTP sink (kind: http, the default) needs an http:// or https:// URL"
         );
         let e = err(
             "sources:\n  - id: s\n    route: r\n    verify: { scheme: hmac }\n",

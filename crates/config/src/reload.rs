@@ -4,11 +4,12 @@
 //! nodes through their ConfigMap volume without a restart.
 
 /// The keys a running node reloads, as dotted paths.
-pub const RELOADABLE: [&str; 6] = [
+pub const RELOADABLE: [&str; 7] = [
     "sources",
     "sinks",
     "routes",
     "admin.tokens",
+    "pull",
     "ingest.body_limit_bytes",
     "tenants.limits",
 ];
@@ -21,6 +22,7 @@ fn copy_key(into: &mut crate::Config, from: &crate::Config, key: &str) {
         "sinks" => into.sinks = from.sinks.clone(),
         "routes" => into.routes = from.routes.clone(),
         "admin.tokens" => into.admin.tokens = from.admin.tokens.clone(),
+        "pull" => into.pull = from.pull.clone(),
         "ingest.body_limit_bytes" => into.ingest.body_limit_bytes = from.ingest.body_limit_bytes,
         "tenants.limits" => into.tenants.limits = from.tenants.limits,
         other => unreachable!("{other} is not in RELOADABLE"),

@@ -208,8 +208,11 @@ pub enum Family {
     Archive,
     /// `index`: `<<?A, bucket::64, ord::32>>` → empty.
     Active,
-    /// `index`: `<<?k, seq::64, sink::16>>` → claim ref (pull gateway).
+    /// `index`: `<<?k, seq::64, sink::16>>` → a pull sink's lease of an inflight delivery.
     Claim,
+    /// `index`: `<<?P, ord::32, sink id length::8, sink id, at::64, seq::64, sink::16>>` →
+    /// `<<size::32, kind::8>>`: a due delivery to a pull sink, waiting for a consumer.
+    Pulled,
     /// `index`: `<<?c, seq::64>>` → empty: a delivery of this hook was settled; reclaim looks.
     Cleared,
     /// `index`: `<<?u, tenant, 0, idempotency key>>` → first hook's seq and expiry.
@@ -247,7 +250,7 @@ pub enum Family {
 
 impl Family {
     /// Every family of format 3, in column-family order.
-    pub const FORMAT3: [Family; 24] = [
+    pub const FORMAT3: [Family; 25] = [
         Family::Meta,
         Family::Hooks,
         Family::Deliveries,
@@ -272,7 +275,12 @@ impl Family {
         Family::HookEvents,
         Family::ArchivedHooks,
         Family::ArchiveExpiry,
+        Family::Pulled,
     ];
+
+    /// The pull gateway's waiting rows (in `index`), created like the hook log's: once,
+    /// marked by [`META_PULL`].
+    pub const PULL: [Family; 1] = [Family::Pulled];
 
     /// The hook log's families: in every format 3 store, created by the release that
     /// brought them (marked by [`META_HOOK_LOG`]) — in the `audit` column family, so no
@@ -316,8 +324,8 @@ impl Family {
             Meta => Cf::Default,
             Hooks => Cf::Hooks,
             Deliveries => Cf::Deliveries,
-            Due | Inflight | Dead | DeadByTenant | Archive | Active | Claim | Cleared | Dedupe
-            | DedupeExpiry | DueV2 | InflightV2 => Cf::Index,
+            Due | Inflight | Dead | DeadByTenant | Archive | Active | Claim | Pulled | Cleared
+            | Dedupe | DedupeExpiry | DueV2 | InflightV2 => Cf::Index,
             TenantNames | TenantOrds => Cf::Tenants,
             Counters => Cf::Counters,
             Audit | HookLog | HookIds | HookEvents => Cf::Audit,
@@ -339,6 +347,7 @@ impl Family {
             Archive => "archive_pending",
             Active => "active",
             Claim => "claim",
+            Pulled => "pulled",
             Cleared => "cleared",
             Dedupe => "dedupe",
             DedupeExpiry => "dedupe_expiry",
@@ -371,6 +380,7 @@ impl Family {
             Archive => b"a",
             Active => b"A",
             Claim => b"k",
+            Pulled => b"P",
             Cleared => b"c",
             Dedupe => b"u",
             DedupeExpiry => b"e",
@@ -416,7 +426,7 @@ impl Family {
             ArchiveExpiry => Some(16),
             // Text after the prefix: UTF-8 never holds 0xFF, so `prefix ++ [0xFF]` is above
             // every real key (meta keys are ASCII).
-            Meta | Dedupe | DedupeExpiry | TenantOrds | HookIds => None,
+            Meta | Dedupe | DedupeExpiry | TenantOrds | HookIds | Pulled => None,
         }
     }
 
@@ -438,6 +448,8 @@ impl Family {
             Some(n) => k.extend(std::iter::repeat_n(0xFF, n + 1)),
             // `<<at::64>>` then text: above every `at`, then above every text byte.
             None if self == Family::DedupeExpiry => k.extend([0xFF; 9]),
+            // `<<ord::32>>` first: no real ordinal is `u32::MAX`.
+            None if self == Family::Pulled => k.extend([0xFF; 5]),
             None => k.push(0xFF),
         }
         k
@@ -465,6 +477,8 @@ pub const META_FORMAT: &[u8] = b"m:format";
 pub const META_PROBE: &[u8] = b"m:probe";
 /// Present once the hook log's families ([`Family::HOOK_LOG`]) exist, with their sentinels.
 pub const META_HOOK_LOG: &[u8] = b"m:hook_log";
+/// Present once the pull gateway's families ([`Family::PULL`]) exist, with their sentinels.
+pub const META_PULL: &[u8] = b"m:pull";
 /// Present once the archive's families ([`Family::ARCHIVE`]) exist, with their sentinels.
 pub const META_ARCHIVE: &[u8] = b"m:archive";
 /// The next tenant ordinal to allocate: `<<next::32>>`.
@@ -766,6 +780,72 @@ pub fn decode_claim(key: &[u8]) -> Result<(Seq, SinkIdx), KeyError> {
     Ok((Seq(rd_u64(key, 1)), SinkIdx(rd_u16(key, 9))))
 }
 
+/// A waiting pull row's key fields: the due row's, and the pull sink's id.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct PulledKey {
+    pub ord: TenantOrd,
+    pub sink_id: String,
+    pub at: AtMs,
+    pub seq: Seq,
+    pub sink: SinkIdx,
+}
+
+/// The id part of a pull row's key (`<<length::8, id>>`); ids are at most 255 bytes.
+fn pulled_sink_prefix(ord: TenantOrd, sink_id: &str) -> KeyBuf {
+    let id = &sink_id.as_bytes()[..sink_id.len().min(255)];
+    let mut b = KeyBuf::new(b"P", 5 + id.len() + 18).u32(ord.0);
+    b.0.push(id.len() as u8);
+    b.bytes(id)
+}
+
+pub fn pulled(k: &PulledKey) -> Vec<u8> {
+    pulled_sink_prefix(k.ord, &k.sink_id)
+        .u64(k.at.0)
+        .u64(k.seq.0)
+        .u16(k.sink.0)
+        .0
+}
+
+pub fn decode_pulled(key: &[u8]) -> Result<PulledKey, KeyError> {
+    check(Family::Pulled, key)?;
+    let bad = || bad(Family::Pulled.name(), key);
+    let n = *key.get(5).ok_or_else(bad)? as usize;
+    if key.len() != 6 + n + 18 {
+        return Err(bad());
+    }
+    let sink_id = std::str::from_utf8(&key[6..6 + n]).map_err(|_| bad())?;
+    let t = 6 + n;
+    Ok(PulledKey {
+        ord: TenantOrd(rd_u32(key, 1)),
+        sink_id: sink_id.to_owned(),
+        at: AtMs(rd_u64(key, t)),
+        seq: Seq(rd_u64(key, t + 8)),
+        sink: SinkIdx(rd_u16(key, t + 16)),
+    })
+}
+
+/// Every waiting pull row of one tenant for one pull sink, oldest first.
+pub fn pulled_sink_range(ord: TenantOrd, sink_id: &str) -> (Vec<u8>, Vec<u8>) {
+    let lo = pulled_sink_prefix(ord, sink_id).0;
+    #[allow(clippy::expect_used, reason = "the prefix starts with b'P'")]
+    let hi = prefix_end(&lo).expect("a pull prefix is never all 0xFF");
+    (lo, hi)
+}
+
+/// Every waiting pull row of tenants `from` and above (the next tenant with one is the
+/// first key at or after the range's start).
+pub fn pulled_from(from: TenantOrd) -> (Vec<u8>, Vec<u8>) {
+    (
+        KeyBuf::new(b"P", 4).u32(from.0).0,
+        KeyBuf::new(b"P", 4).u32(u32::MAX).0,
+    )
+}
+
+/// Every waiting pull row of one tenant.
+pub fn pulled_tenant_range(ord: TenantOrd) -> (Vec<u8>, Vec<u8>) {
+    tenant_range(b'P', ord)
+}
+
 pub fn cleared(seq: Seq) -> Vec<u8> {
     KeyBuf::new(b"c", 8).u64(seq.0).0
 }
@@ -953,6 +1033,14 @@ pub enum EventKind {
     Attempt = 1,
     Replayed = 2,
     Recovered = 3,
+    /// A pull consumer leased the delivery (its attempt starts).
+    Claimed = 4,
+    /// The consumer acknowledged it: delivered (an attempt's outcome).
+    Acked = 5,
+    /// The consumer gave it back (an attempt's outcome: retried or dead-lettered).
+    Nacked = 6,
+    /// Its lease ran out (an attempt's outcome: retried or dead-lettered).
+    Expired = 7,
 }
 
 impl EventKind {
@@ -961,8 +1049,21 @@ impl EventKind {
             1 => Some(EventKind::Attempt),
             2 => Some(EventKind::Replayed),
             3 => Some(EventKind::Recovered),
+            4 => Some(EventKind::Claimed),
+            5 => Some(EventKind::Acked),
+            6 => Some(EventKind::Nacked),
+            7 => Some(EventKind::Expired),
             _ => None,
         }
+    }
+
+    /// An attempt's outcome (a push attempt, or a pull lease's end): counted in the
+    /// delivery's attempts and in what the hook log keeps of them.
+    pub fn is_attempt(self) -> bool {
+        matches!(
+            self,
+            EventKind::Attempt | EventKind::Acked | EventKind::Nacked | EventKind::Expired
+        )
     }
 
     pub fn name(self) -> &'static str {
@@ -970,6 +1071,10 @@ impl EventKind {
             EventKind::Attempt => "attempt",
             EventKind::Replayed => "replayed",
             EventKind::Recovered => "recovered",
+            EventKind::Claimed => "claimed",
+            EventKind::Acked => "acked",
+            EventKind::Nacked => "nacked",
+            EventKind::Expired => "expired",
         }
     }
 }

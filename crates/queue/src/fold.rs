@@ -1,13 +1,13 @@
 //! The counters recomputed the slow way: a fold over the families they summarise.
 //!
 //! This is the oracle of the property and crash tests ("counters equal a fold of the
-//! families") and of `ankusa-relay store verify`. It reads every due, inflight, dead and
-//! archive row, so it never runs on a request path or a gauge tick.
+//! families") and of `ankusa-relay store verify`. It reads every due, waiting pull, inflight,
+//! dead and archive row, so it never runs on a request path or a gauge tick.
 
 use std::collections::BTreeMap;
 
 use super::counters::{self, CountsExt};
-use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind};
+use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind, PulledRow};
 use ankusa_crds::node::Counters;
 use ankusa_keyspace::{CounterField, Family, TenantOrd};
 use ankusa_store::{merge, Store};
@@ -24,6 +24,16 @@ pub fn fold(store: &Store) -> Result<BTreeMap<TenantOrd, Counters>, QueueError> 
     for kv in store.scan_family(Family::Due)? {
         let (k, v) = kv?;
         let r = DueRow::decode(&k, &v)?;
+        let f = match r.kind {
+            Kind::First => CounterField::Pending,
+            Kind::Retry => CounterField::Scheduled,
+        };
+        add(r.key.ord, f, 1);
+        add(r.key.ord, CounterField::Bytes, r.size as i64);
+    }
+    for kv in store.scan_family(Family::Pulled)? {
+        let (k, v) = kv?;
+        let r = PulledRow::decode(&k, &v)?;
         let f = match r.kind {
             Kind::First => CounterField::Pending,
             Kind::Retry => CounterField::Scheduled,

@@ -350,6 +350,10 @@ pub enum ErrorClass {
     Request,
     /// The hook's sink is no longer in the configuration.
     Unconfigured,
+    /// A pull consumer gave the delivery back (`nack`).
+    Nacked,
+    /// A pull consumer's lease ran out before an ack.
+    LeaseExpired,
 }
 
 impl ErrorClass {
@@ -361,6 +365,8 @@ impl ErrorClass {
             ErrorClass::Status => "status",
             ErrorClass::Request => "request",
             ErrorClass::Unconfigured => "unconfigured",
+            ErrorClass::Nacked => "nacked",
+            ErrorClass::LeaseExpired => "lease_expired",
         }
     }
 
@@ -372,6 +378,8 @@ impl ErrorClass {
             Some(ErrorClass::Status) => 3,
             Some(ErrorClass::Request) => 4,
             Some(ErrorClass::Unconfigured) => 5,
+            Some(ErrorClass::Nacked) => 6,
+            Some(ErrorClass::LeaseExpired) => 7,
         }
     }
     pub fn of(b: u8) -> Result<Option<ErrorClass>, DecodeError> {
@@ -382,6 +390,8 @@ impl ErrorClass {
             3 => Some(ErrorClass::Status),
             4 => Some(ErrorClass::Request),
             5 => Some(ErrorClass::Unconfigured),
+            6 => Some(ErrorClass::Nacked),
+            7 => Some(ErrorClass::LeaseExpired),
             _ => return Err(bad("error class")),
         })
     }

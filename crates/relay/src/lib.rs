@@ -25,6 +25,7 @@ pub mod ingest;
 pub mod metrics;
 pub mod node;
 pub mod openapi;
+pub mod pull;
 pub mod reload;
 pub mod telemetry;
 #[cfg(any(test, feature = "test-support"))]

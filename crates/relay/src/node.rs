@@ -913,6 +913,28 @@ impl Node {
         )
         .map_err(NodeError::io("starting the writer thread"))?;
         let _ = api.writer.set(writer.clone());
+        let gateway = crate::pull::Gateway::new(
+            &config,
+            crate::pull::Parts {
+                store: store.clone(),
+                deliverer: deliverer.clone(),
+                paused: paused.clone(),
+                hints: hints.clone(),
+                metrics: metrics.clone(),
+            },
+        )?;
+        let leases = {
+            let g = gateway.clone();
+            tokio::task::spawn_blocking(move || g.load())
+                .await
+                .map_err(NodeError::task("boot: reading the pull leases"))??
+        };
+        if leases > 0 {
+            tracing::info!(
+                leases,
+                "pull leases held across the restart: each ends with its ack or at its deadline"
+            );
+        }
         let ingest_state = Arc::new(IngestState::new(
             sources,
             store.clone(),
@@ -934,12 +956,17 @@ impl Node {
                 config: api.config.clone(),
                 status: api.config_status.clone(),
                 quotas,
+                pull: gateway.clone(),
             },
             metrics.clone(),
         ));
         servers.push(
             ingest
-                .serve(crate::ingest::router(ingest_state), stop.clone())
+                .serve(
+                    crate::ingest::router(ingest_state)
+                        .merge(crate::pull::http::router(gateway.clone())),
+                    stop.clone(),
+                )
                 .await?,
         );
         let background = vec![
@@ -953,6 +980,7 @@ impl Node {
                 stop.clone(),
             ),
             spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),
+            crate::pull::spawn_expiry(gateway, stop.clone()),
             spawn_hook_log_prune(store.clone(), &config, metrics.clone(), stop.clone()),
             spawn_archiver(
                 store.clone(),

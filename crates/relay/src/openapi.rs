@@ -31,7 +31,7 @@ impl Modify for Security {
 #[openapi(
     info(
         title = "Ankusa relay node",
-        description = "The ingest listener (`ingest.listen`, default :8080: `/ingest/*`, `/healthz`, `/readyz`) and the admin listener (`admin.listen`, default :9090: `/v1/*`, `/cluster/v1/*`, `/metrics`, `/healthz`, `/readyz`) of one node. Every error is `ErrorBody`. See docs/api.md."
+        description = "The ingest listener (`ingest.listen`, default :8080: `/ingest/*`, `/pull/*`, `/healthz`, `/readyz`) and the admin listener (`admin.listen`, default :9090: `/v1/*`, `/cluster/v1/*`, `/metrics`, `/healthz`, `/readyz`) of one node. Every error is `ErrorBody`. See docs/api.md."
     ),
     paths(
         crate::ingest::ingest,
@@ -64,11 +64,16 @@ impl Modify for Security {
         crate::admin::backups::stream,
         crate::admin::backups::archive,
         crate::admin::relay_wide::admit,
+        crate::pull::http::claim,
+        crate::pull::http::ack,
+        crate::pull::http::nack,
+        crate::pull::http::extend,
         document,
     ),
     modifiers(&Security),
     tags(
         (name = "ingest", description = "The ingest listener: providers post hooks here."),
+        (name = "pull", description = "The ingest listener: consumers of pull sinks lease hooks here (docs/pull.md)."),
         (name = "admin", description = "The admin listener: operators and the operator."),
         (name = "cluster", description = "Between the nodes of one Relay."),
     )

@@ -63,6 +63,8 @@ pub struct Parts {
     pub status: Arc<Mutex<ankusa_crds::node::ConfigStatus>>,
     /// Every tenant's default quotas (`tenants.limits`).
     pub quotas: Arc<crate::ingest::quota::Quotas>,
+    /// The claim gateway's consumers and bounds.
+    pub pull: Arc<crate::pull::Gateway>,
 }
 
 /// The parts a reload swaps, and the configuration they run.
@@ -170,7 +172,10 @@ impl Reloader {
         let sinks = p.deliverer.prepare(&next)?;
         let sources = crate::ingest::sources(&next)?;
         let tokens = Tokens::from_config(&next)?;
+        let consumers = crate::pull::consumers(&next)?;
         p.deliverer.install(sinks);
+        p.pull
+            .install(consumers, crate::pull::Settings::from_config(&next));
         p.tokens.store(Arc::new(tokens));
         p.config.store(Arc::new(next.clone()));
         p.sources.store(Arc::new(sources));

@@ -1247,9 +1247,10 @@ impl Store {
 
 /// Families added to format 3 stores after format 3, inside existing column families, and
 /// the meta key that marks each set created ([`Store::ensure_added_families`]).
-pub const ADDED_FAMILIES: [(&[u8], &[Family]); 2] = [
+pub const ADDED_FAMILIES: [(&[u8], &[Family]); 3] = [
     (ankusa_keyspace::META_HOOK_LOG, &Family::HOOK_LOG),
     (ankusa_keyspace::META_ARCHIVE, &Family::ARCHIVE),
+    (ankusa_keyspace::META_PULL, &Family::PULL),
 ];
 
 /// The two sentinel puts of a family.

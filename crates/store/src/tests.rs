@@ -48,7 +48,7 @@ fn a_new_store_is_stamped_and_has_every_sentinel() {
         );
         // A new store holds only its format stamp, next ordinal and the markers of the
         // families added since format 3.
-        let expect = if fam == Family::Meta { 4 } else { 0 };
+        let expect = if fam == Family::Meta { 5 } else { 0 };
         assert_eq!(store.scan_family(fam).unwrap().count(), expect, "{fam:?}");
     }
     for fam in [Family::DueV2, Family::InflightV2] {

@@ -54,6 +54,12 @@ pub(super) fn purge_chunk(
             purge_due(&mut tx, &row);
             due += 1;
         }
+        if due < CHUNK_ROWS {
+            for row in waiting_pulls_of_tenant(store, ord, CHUNK_ROWS - due)? {
+                purge_pulled(&mut tx, &row);
+                due += 1;
+            }
+        }
     }
     if kinds.dead && due == 0 {
         let page = dead_page_for_tenant(store, ord, None, CHUNK_ROWS)?;
@@ -108,7 +114,8 @@ pub fn purge_tenant_with(
 }
 
 /// Boot recovery: every inflight row (left by a crash) back to due at `now`, kind 0, in
-/// synced chunks. Returns the rows recovered.
+/// synced chunks — but a pull delivery's under a lease (`?k`), which the lease keeps.
+/// Returns the rows recovered.
 pub fn recover_inflight(store: &Store, now: AtMs, log: bool) -> Result<u64, QueueError> {
     let (lo, end) = Family::Inflight.bounds();
     let mut from = lo;
@@ -124,8 +131,20 @@ pub fn recover_inflight(store: &Store, now: AtMs, log: bool) -> Result<u64, Queu
         };
         from = ankusa_keyspace::inflight(&last.key);
         from.push(0);
+        // A pull delivery under a lease stays inflight: its consumer may still ack it,
+        // and the gateway ends the lease at its deadline as it would have.
+        let leased = read_leases(
+            store,
+            &rows
+                .iter()
+                .map(|r| (r.key.seq, r.key.sink))
+                .collect::<Vec<_>>(),
+        )?;
         let mut tx = Tx::new();
-        for row in &rows {
+        for (row, lease) in rows.iter().zip(leased) {
+            if lease.is_some() {
+                continue;
+            }
             recover(&mut tx, row, now);
             if log {
                 let ev =
@@ -133,8 +152,7 @@ pub fn recover_inflight(store: &Store, now: AtMs, log: bool) -> Result<u64, Queu
                 crate::hooklog::record(&mut tx, store, row.key.seq, row.key.sink, &ev)?;
             }
         }
-        total += rows.len() as u64;
-        tx.commit(store, true)?;
+        total += tx.commit(store, true)?.count();
     }
 }
 

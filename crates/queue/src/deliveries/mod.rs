@@ -1,5 +1,5 @@
 //! Delivery rows and every transition between their states — the only module that builds
-//! `?D ?F ?X ?A` keys (ADR "structural guard").
+//! `?D ?F ?X ?A ?P ?k` keys (ADR "structural guard").
 //!
 //! A delivery is one (hook, sink) pair. Its state is which index key it has:
 //!
@@ -23,6 +23,7 @@
 //! | `transitions` | every op builder: ingest, claim, outcomes, revive, recover, purge, archive, imports |
 //! | `reads` | index reads (active tenants, due rows, dead pages, where a hook stands) and marker cleanup |
 //! | `maintenance` | whole-tenant purge, boot recovery, archive obligations, marker repair |
+//! | `pull` | pull sinks: a due row parked for consumers (`?P`), its lease (`?k`) |
 //!
 //! Only these modules (and the keyspace crate) may call the constructors of the index keys:
 //! `clippy.toml` disallows them everywhere else.
@@ -36,12 +37,14 @@ pub const CHUNK_ROWS: usize = 500;
 pub const OLDEST_DUE_MAX_SKIPS: usize = 32;
 
 mod maintenance;
+mod pull;
 mod reads;
 mod rows;
 mod transitions;
 mod tx;
 
 pub use maintenance::*;
+pub use pull::*;
 pub use reads::*;
 pub use rows::*;
 pub use transitions::*;

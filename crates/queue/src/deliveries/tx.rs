@@ -33,6 +33,9 @@ pub struct Tx {
 struct Unit {
     consumes: Vec<u8>,
     expects: Option<Vec<u8>>,
+    /// Further `Index` rows the unit consumes with its own (a pull delivery's lease with
+    /// its inflight row): all must be there, as read, or the unit is left out.
+    also: Vec<(Vec<u8>, Option<Vec<u8>>)>,
     ops: Vec<Op>,
     deltas: Vec<Delta>,
 }
@@ -106,6 +109,17 @@ impl Tx {
         let _serialised = store.transition_lock();
         let wanted: Vec<Vec<u8>> = self.units.iter().map(|u| u.consumes.clone()).collect();
         let present = store.multi_get(Cf::Index, &wanted)?;
+        let also_keys: Vec<Vec<u8>> = self
+            .units
+            .iter()
+            .flat_map(|u| u.also.iter().map(|(k, _)| k.clone()))
+            .collect();
+        let mut also_present = if also_keys.is_empty() {
+            Vec::new()
+        } else {
+            store.multi_get(Cf::Index, &also_keys)?
+        }
+        .into_iter();
         let mut ops = self.ops;
         let mut deltas = self.deltas;
         // Rows this batch itself writes before a unit consumes them (a claim and its
@@ -117,16 +131,28 @@ impl Tx {
         // The row is there, and as it was read: the same key written again since with
         // another value (a due row that became a retry under the same key) is not the
         // row this unit's deltas describe.
-        let as_read = |have: Option<&[u8]>, u: &Unit| match (have, &u.expects) {
+        let as_read = |have: Option<&[u8]>, expects: &Option<Vec<u8>>| match (have, expects) {
             (None, _) => false,
             (Some(_), None) => true,
             (Some(v), Some(e)) => v == e.as_slice(),
         };
         for (u, p) in self.units.into_iter().zip(present) {
-            let ok = match created.remove(&u.consumes) {
-                Some(v) => as_read(Some(&v), &u),
-                None => as_read(p.as_deref(), &u) && consumed.insert(u.consumes.clone()),
-            };
+            let also: Vec<Option<Vec<u8>>> = (&mut also_present).take(u.also.len()).collect();
+            let also_ok = u
+                .also
+                .iter()
+                .zip(&also)
+                .all(|((k, e), have)| !consumed.contains(k) && as_read(have.as_deref(), e));
+            let ok = also_ok
+                && match created.remove(&u.consumes) {
+                    Some(v) => as_read(Some(&v), &u.expects),
+                    None => {
+                        as_read(p.as_deref(), &u.expects) && consumed.insert(u.consumes.clone())
+                    }
+                };
+            if ok {
+                consumed.extend(u.also.iter().map(|(k, _)| k.clone()));
+            }
             if ok {
                 created.extend(u.ops.iter().filter_map(index_put));
                 ops.extend(u.ops);
@@ -147,9 +173,18 @@ impl Tx {
         self.units.push(Unit {
             consumes: key,
             expects,
+            also: Vec::new(),
             ops: Vec::new(),
             deltas: Vec::new(),
         });
+    }
+
+    /// The unit just added also consumes `key` (an `Index` row), which must be there (and,
+    /// with `expects`, hold that value) for the unit to commit.
+    pub(super) fn consume_also(&mut self, key: Vec<u8>, expects: Option<Vec<u8>>) {
+        if let Some(u) = self.units.last_mut() {
+            u.also.push((key, expects));
+        }
     }
 
     /// An op that rides with the transition just added: it commits only if that

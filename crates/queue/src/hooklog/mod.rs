@@ -64,13 +64,13 @@ pub fn record(
         at: ev.at,
         kind: ev.kind,
     };
-    if ev.kind == EventKind::Attempt && ev.attempt as usize > MAX_ATTEMPTS_KEPT {
+    if ev.kind.is_attempt() && ev.attempt as usize > MAX_ATTEMPTS_KEPT {
         let (lo, hi) = ankusa_keyspace::hook_events_of_delivery(seq, sink);
         let mut attempts = Vec::new();
         for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
             let (k, _) = kv?;
             let ek = ankusa_keyspace::decode_hook_event(&k)?;
-            attempts.push((ek.kind == EventKind::Attempt, k));
+            attempts.push((ek.kind.is_attempt(), k));
         }
         // Keep the newest MAX - 1 attempts (and what came after the oldest of them); the
         // new one makes MAX.
@@ -230,7 +230,7 @@ fn sink_view(
     }
     let attempts_logged = events
         .iter()
-        .filter(|e| e.kind == EventKind::Attempt)
+        .filter(|e| e.kind.is_attempt())
         .map(|e| e.attempt)
         .max()
         .unwrap_or(0);
@@ -277,7 +277,26 @@ fn sink_view(
                     }
                 }
                 Located::Dead => DeliveryState::Dead,
-                Located::Elsewhere => DeliveryState::Queued,
+                Located::Elsewhere => {
+                    // Parked for a pull sink's consumers, at the same due time.
+                    let name = record.envelope.sinks.get(sink.0 as usize);
+                    let parked = match (name, due_at) {
+                        (Some(name), Some(at)) => {
+                            deliveries::pulled_at(store, row.ord, name, at, seq, sink)?
+                        }
+                        _ => None,
+                    };
+                    match parked {
+                        Some(kind) => {
+                            view.next_attempt_at = due_at;
+                            match kind {
+                                Kind::First => DeliveryState::Pending,
+                                Kind::Retry => DeliveryState::Scheduled,
+                            }
+                        }
+                        None => DeliveryState::Queued,
+                    }
+                }
             };
         }
     }

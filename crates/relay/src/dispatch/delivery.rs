@@ -171,8 +171,14 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
     let pool = config.dispatch.per_sink_inflight;
     let shared = delivery_client(&node_cas, pool, "dispatch.ca_bundle")?;
     let mut sinks = HashMap::new();
+    let mut pull = std::collections::HashSet::new();
     for (i, s) in config.sinks.iter().enumerate() {
         let key = format!("sinks[{i}]");
+        // A pull sink has no request to send: its rows wait for consumers (crate::pull).
+        if s.kind == ankusa_config::SinkKind::Pull {
+            pull.insert(s.id.clone());
+            continue;
+        }
         let uri: Uri = s.url.parse().map_err(|e| ConfigError::Invalid {
             key: format!("{key}.url"),
             message: format!("{e}"),
@@ -249,6 +255,7 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
     Ok(Sinks {
         generation: 0,
         by_id: sinks,
+        pull,
     })
 }
 
@@ -295,6 +302,8 @@ pub struct Sinks {
     /// Counts the sets installed: the pipeline's per-sink series follow it.
     pub generation: u64,
     pub by_id: HashMap<String, Arc<Sink>>,
+    /// The pull sinks' ids: their due rows are parked for consumers, never sent.
+    pub pull: std::collections::HashSet<String>,
 }
 
 /// The delivery client: pooled connections and every configured sink. A configuration
@@ -303,6 +312,37 @@ pub struct Sinks {
 #[derive(Debug, Clone)]
 pub struct Deliverer {
     sinks: Arc<arc_swap::ArcSwap<Sinks>>,
+    /// Wakes the consumers waiting on a pull sink when the tick parks rows for it.
+    pub pull_wake: Arc<PullWake>,
+}
+
+/// One [`tokio::sync::Notify`] per pull sink id: a claim that found nothing waits on its
+/// sink's until a tick parks rows (or its `wait_ms` ends).
+#[derive(Debug, Default)]
+pub struct PullWake {
+    by_sink: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
+}
+
+impl PullWake {
+    /// The most sinks with a waker (pull sink ids are configured; the rest are refused
+    /// before they get here).
+    const CAPACITY: usize = 4_096;
+
+    pub fn of(&self, sink: &str) -> Arc<tokio::sync::Notify> {
+        let mut m = self.by_sink.lock().unwrap_or_else(|p| p.into_inner());
+        if m.len() >= Self::CAPACITY && !m.contains_key(sink) {
+            m.clear();
+        }
+        m.entry(sink.to_owned()).or_default().clone()
+    }
+
+    /// Rows were parked for `sink`.
+    pub fn parked(&self, sink: &str) {
+        let m = self.by_sink.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = m.get(sink) {
+            n.notify_waiters();
+        }
+    }
 }
 
 impl Deliverer {
@@ -310,6 +350,7 @@ impl Deliverer {
         let sinks = build_sinks(config, None)?;
         Ok(Deliverer {
             sinks: Arc::new(arc_swap::ArcSwap::from_pointee(sinks)),
+            pull_wake: Arc::default(),
         })
     }
 
@@ -330,6 +371,11 @@ impl Deliverer {
 
     pub fn sink(&self, id: &str) -> Option<Arc<Sink>> {
         self.sinks.load().by_id.get(id).cloned()
+    }
+
+    /// Whether `id` is a pull sink now.
+    pub fn is_pull(&self, id: &str) -> bool {
+        self.sinks.load().pull.contains(id)
     }
 
     /// The generation of the sinks installed now.

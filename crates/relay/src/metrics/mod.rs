@@ -29,6 +29,88 @@ pub const OUTCOMES: [&str; 11] = [
     "tenant_erasing",
 ];
 
+/// The claim gateway's metrics, by pull sink (sinks come from the configuration).
+#[derive(Debug)]
+pub struct PullMetrics {
+    claimed: Family<SinkLabel, Counter>,
+    acked: Family<SinkLabel, Counter>,
+    nacked: Family<SinkLabel, Counter>,
+    expired: Family<SinkLabel, Counter>,
+    leases: Family<SinkLabel, Gauge>,
+    held: Family<SinkLabel, Histogram>,
+}
+
+/// One pull sink's series.
+#[derive(Debug, Clone)]
+pub struct PullSinkMeters {
+    pub claimed: Counter,
+    pub acked: Counter,
+    pub nacked: Counter,
+    pub expired: Counter,
+    pub leases: Gauge,
+    pub held: Histogram,
+}
+
+impl PullMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = PullMetrics {
+            claimed: Family::default(),
+            acked: Family::default(),
+            nacked: Family::default(),
+            expired: Family::default(),
+            leases: Family::default(),
+            held: Family::new_with_constructor(|| {
+                Histogram::new(exponential_buckets(0.001, 2.0, 20))
+            }),
+        };
+        registry.register(
+            "ankusa_pull_claimed",
+            "Hooks consumers leased, by pull sink",
+            m.claimed.clone(),
+        );
+        registry.register(
+            "ankusa_pull_acked",
+            "Leases acked (delivered), by pull sink",
+            m.acked.clone(),
+        );
+        registry.register(
+            "ankusa_pull_nacked",
+            "Leases nacked (retried on the schedule, or dead-lettered), by pull sink",
+            m.nacked.clone(),
+        );
+        registry.register(
+            "ankusa_pull_expired",
+            "Leases that ran out before an ack (the attempt counts), by pull sink",
+            m.expired.clone(),
+        );
+        registry.register(
+            "ankusa_pull_leases",
+            "Leases out on this node, by pull sink",
+            m.leases.clone(),
+        );
+        registry.register(
+            "ankusa_pull_lease_seconds",
+            "How long a lease was held, from its claim to its ack, nack or expiry, by pull sink",
+            m.held.clone(),
+        );
+        m
+    }
+
+    pub fn sink(&self, sink: &str) -> PullSinkMeters {
+        let l = SinkLabel {
+            sink: sink.to_owned(),
+        };
+        PullSinkMeters {
+            claimed: self.claimed.get_or_create(&l).clone(),
+            acked: self.acked.get_or_create(&l).clone(),
+            nacked: self.nacked.get_or_create(&l).clone(),
+            expired: self.expired.get_or_create(&l).clone(),
+            leases: self.leases.get_or_create(&l).clone(),
+            held: self.held.get_or_create(&l).clone(),
+        }
+    }
+}
+
 /// The `source` label of requests naming no configured source.
 pub const UNKNOWN_SOURCE: &str = "_unknown";
 
@@ -161,6 +243,8 @@ pub struct VerifyLabels {
 #[derive(Debug)]
 pub struct Metrics {
     pub registry: Registry,
+    /// The claim gateway's, per pull sink.
+    pub pull: PullMetrics,
     pub ingest_requests: Family<IngestLabels, Counter>,
     pub ingest_latency: Histogram,
     /// Configuration reloads, by outcome (applied, unchanged, refused).
@@ -559,7 +643,9 @@ impl Metrics {
             "Tenants a quota (ingest rate, queued bytes) refused a hook of within the last 5 minutes",
             tenants_over_quota.clone(),
         );
+        let pull = PullMetrics::register(&mut registry);
         Metrics {
+            pull,
             queue_state,
             oldest_due_age,
             tenant_pending,

@@ -14,6 +14,7 @@ use ankusa_relay::testkit::{eventually, TestNode, TestSink};
 use crate::support::*;
 
 const ADMIN: &str = "contract-admin-token-0123";
+const CONSUMER: &str = "contract-consumer-token-0123";
 
 fn repo(path: &str) -> std::path::PathBuf {
     crate::support::repo().join(path)
@@ -100,6 +101,7 @@ fn the_document_names_every_route_the_routers_serve_and_api_md_documents_each() 
     let doc = operations(&generated());
     let mut served = routes_in("crates/relay/src/admin/mod.rs");
     served.extend(routes_in("crates/relay/src/ingest/mod.rs"));
+    served.extend(routes_in("crates/relay/src/pull/http.rs"));
     // The document's own route, which the node mounts on the admin router.
     served.extend(routes_in("crates/relay/src/openapi.rs"));
     assert!(served.len() > 20, "{served:?}");
@@ -139,7 +141,11 @@ async fn start_node(sink: &TestSink) -> TestNode {
         .section("dispatch: { tick_interval_ms: 20 }")
         .section("archive: { settle_interval_ms: 50 }")
         .sink("s", &sink.url("/hooks"))
-        .route_yaml("{ id: r, sinks: [s], archive: { enabled: true } }")
+        .sink_yaml("{ id: q, kind: pull }")
+        .section(&format!(
+            r#"pull: {{ consumers: [{{ name: c, secret: {{ value: "{CONSUMER}" }}, sinks: [q] }}] }}"#
+        ))
+        .route_yaml("{ id: r, sinks: [s, q], archive: { enabled: true } }")
         .open_source("shared", "r")
         .source_yaml("{ id: fixed, tenant: { fixed: acme }, verify: { scheme: none }, route: r }")
         .start()
@@ -148,7 +154,7 @@ async fn start_node(sink: &TestSink) -> TestNode {
 
 /// Runs schemathesis on `docs/openapi.json` against `url` for the operations `tag_args`
 /// select; its output on failure.
-fn schemathesis(dir: &Path, url: &str, tag_args: &[&str]) -> Result<(), String> {
+fn schemathesis(dir: &Path, url: &str, token: &str, tag_args: &[&str]) -> Result<(), String> {
     let mut args = vec![
         "--config-file".to_owned(),
         dir.join("schemathesis.toml").display().to_string(),
@@ -157,7 +163,7 @@ fn schemathesis(dir: &Path, url: &str, tag_args: &[&str]) -> Result<(), String> 
         "--url".to_owned(),
         url.to_owned(),
         "-H".to_owned(),
-        format!("Authorization: Bearer {ADMIN}"),
+        format!("Authorization: Bearer {token}"),
         "--checks".to_owned(),
         "not_a_server_error,response_schema_conformance".to_owned(),
         "--max-examples".to_owned(),
@@ -220,6 +226,7 @@ async fn schemathesis_finds_no_server_error_and_no_answer_off_the_schema() {
             r#"[parameters]
 "path.t" = "acme"
 "path.source" = "shared"
+"path.sink" = "q"
 "query.tenant" = "acme"
 
 [[operations]]
@@ -240,11 +247,20 @@ parameters = {{ "path.id" = "shared" }}
         [
             (
                 "admin",
-                schemathesis(&d, &admin, &["--exclude-tag", "ingest"]),
+                schemathesis(
+                    &d,
+                    &admin,
+                    ADMIN,
+                    &["--exclude-tag", "ingest", "--exclude-tag", "pull"],
+                ),
             ),
             (
                 "ingest",
-                schemathesis(&d, &ingest, &["--include-tag", "ingest"]),
+                schemathesis(&d, &ingest, ADMIN, &["--include-tag", "ingest"]),
+            ),
+            (
+                "pull",
+                schemathesis(&d, &ingest, CONSUMER, &["--include-tag", "pull"]),
             ),
         ]
     })

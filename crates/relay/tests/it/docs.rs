@@ -41,7 +41,9 @@ fn leaves(prefix: &str, v: &serde_json::Value, out: &mut BTreeSet<String>) {
             }
         }
         serde_json::Value::Array(a) if a.first().is_some_and(|x| x.is_object()) => {
-            leaves(&format!("{prefix}[]"), &a[0], out);
+            for x in a {
+                leaves(&format!("{prefix}[]"), x, out);
+            }
         }
         _ => {
             out.insert(prefix.to_owned());
@@ -64,6 +66,9 @@ sinks:
   - { id: s, url: "http://127.0.0.1:9/", secret: { value: "whsec_c2luaw==" }, timeout_ms: 5,
       headers: {}, dead_letter_on_4xx: true, max_inflight: 4, breaker_failures: 3, breaker_cooldown_ms: 10,
       ca_bundle: { pem: PEM } }
+  - { id: q, kind: pull, lease_ms: 5000, max_inflight: 10 }
+pull:
+  consumers: [{ name: c, secret: { value: "0123456789abcdef0123" }, sinks: [q], tenants: [t] }]
 dispatch: { ca_bundle: { pem: PEM } }
 store: { memory_bytes: 67108864 }
 tenants: { limits: { ingest_per_second: 10, ingest_burst: 20, queued_bytes: 1048576, archive_bytes: 1048576 } }
@@ -686,7 +691,7 @@ fn range_of(cell: &str) -> Option<(u64, Option<u64>)> {
 #[test]
 fn every_documented_numeric_bound_is_enforced() {
     let base = "data_dir: ./never-opened\n\
-        sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\n\
+        sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }, { id: p, kind: pull }]\n\
         routes: [{ id: r, sinks: [s] }]\n\
         sources: [{ id: a, verify: { scheme: none }, route: r }]\n";
     let md = doc("configuration.md");
@@ -697,16 +702,22 @@ fn every_documented_numeric_bound_is_enforced() {
         let Some((lo, hi)) = cells.get(2).and_then(|c| range_of(c)) else {
             continue;
         };
-        // The variable that sets the key: a list's first entry (the base has one of each).
+        // The variable that sets the key: a list's first entry (the base has one of each),
+        // or for a pull sink's own key the base's second sink, its pull sink.
+        let entry = if cells.get(3).is_some_and(|m| m.starts_with("A pull sink's")) {
+            ".1"
+        } else {
+            ".0"
+        };
         let var = format!(
             "ANKUSA_{}",
-            key.replace("[]", ".0").replace('.', "__").to_uppercase()
+            key.replace("[]", entry).replace('.', "__").to_uppercase()
         );
         let load = |v: u64| Config::from_yaml(base, [(var.clone(), v.to_string())]);
         let refused = |v: u64| match load(v) {
             Ok(_) => panic!("{key} = {v} is outside {lo}..={hi:?} but was taken"),
             Err(e) => {
-                let shown = key.replace("[]", "[0]");
+                let shown = key.replace("[]", &format!("[{}]", &entry[1..]));
                 assert!(e.to_string().contains(&shown), "{key} = {v}: {e}");
             }
         };

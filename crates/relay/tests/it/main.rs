@@ -18,6 +18,7 @@ mod ingest;
 mod logs;
 mod memory;
 mod pause;
+mod pull;
 mod quota;
 mod reload;
 mod seed;

@@ -394,8 +394,8 @@ fn an_empty_format_2_store_migrates_in_one_step() {
             .collect::<Result<Vec<_>, StoreError>>()
             .unwrap()
             .len();
-        // The format stamp and the hook log's and archive's markers.
-        assert_eq!(n, if fam == Family::Meta { 3 } else { 0 }, "{fam:?}");
+        // The format stamp and the hook log's, archive's and pull gateway's markers.
+        assert_eq!(n, if fam == Family::Meta { 4 } else { 0 }, "{fam:?}");
     }
 }
 

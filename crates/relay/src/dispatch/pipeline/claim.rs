@@ -142,6 +142,9 @@ pub(super) fn claim_tick(
             (*ord, rows)
         })
         .collect();
+    // Rows of pull sinks are parked for their consumers (`crate::pull`), all of them, with
+    // no slot: they leave the due rows, and no later tick reads them again.
+    let (work, parked) = park_pulls(store, &ctx.deliverer, work)?;
     let start = cursors.rotation;
     cursors.rotation = cursors.rotation.wrapping_add(1);
     let weight_of = ctx.weights.resolve(store)?;
@@ -163,7 +166,9 @@ pub(super) fn claim_tick(
     // One unit per claim, in order: a row another writer moved first (purged, say) is
     // not ours to deliver.
     let committed = tx.commit(store, false)?;
-    let mut claimed_keys = std::collections::HashSet::new();
+    // A tick that parked rows made progress, whatever it claimed.
+    let parked_any = !parked.is_empty();
+    let mut claimed_keys: std::collections::HashSet<_> = parked.into_iter().collect();
     let mut jobs_in = Vec::new();
     for ((p, row), moved) in picked.into_iter().zip(claims).zip(committed.moved) {
         if moved {
@@ -232,7 +237,7 @@ pub(super) fn claim_tick(
     // Work left where only a full read finds it again calls for one; work a hint still
     // points at is the hinted read's.
     cursors.backlog |= left_any;
-    cursors.blocked = (left_any || left_hinted) && jobs_in.is_empty();
+    cursors.blocked = (left_any || left_hinted) && jobs_in.is_empty() && !parked_any;
     let state_keys: Vec<Vec<u8>> = jobs_in
         .iter()
         .map(|(_, r)| ankusa_keyspace::delivery(r.key.seq, r.key.sink))
@@ -283,6 +288,61 @@ pub(super) fn claim_tick(
         plan.tenants_visited + hinted.tenants_visited,
         full,
     ))
+}
+
+/// A tick's candidates, by tenant.
+type Work = Vec<(TenantOrd, Vec<Candidate>)>;
+
+/// Parks the candidates whose sink is a pull sink (one batch) and wakes their consumers;
+/// the rest, and the keys of the rows that left the due rows.
+fn park_pulls(
+    store: &Store,
+    deliverer: &Deliverer,
+    work: Work,
+) -> Result<(Work, Vec<ankusa_keyspace::DueKey>), DispatchError> {
+    let pull_sink = |c: &Candidate| {
+        c.envelope
+            .as_deref()
+            .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
+            .filter(|id| deliverer.is_pull(id))
+            .cloned()
+    };
+    if !work
+        .iter()
+        .flat_map(|(_, cs)| cs)
+        .any(|c| pull_sink(c).is_some())
+    {
+        return Ok((work, Vec::new()));
+    }
+    let mut tx = Tx::new();
+    let mut parking = Vec::new();
+    let mut rest = Vec::with_capacity(work.len());
+    for (ord, cands) in work {
+        let mut keep = Vec::with_capacity(cands.len());
+        for c in cands {
+            match pull_sink(&c) {
+                Some(id) => {
+                    deliveries::park(&mut tx, &c.row, &id);
+                    parking.push((c.row.key, id));
+                }
+                None => keep.push(c),
+            }
+        }
+        rest.push((ord, keep));
+    }
+    let committed = tx.commit(store, false)?;
+    let mut sinks = std::collections::BTreeSet::new();
+    let mut parked = Vec::new();
+    for ((key, id), moved) in parking.into_iter().zip(committed.moved) {
+        if moved {
+            parked.push(key);
+            sinks.insert(id);
+        }
+    }
+    for id in sinks {
+        deliverer.pull_wake.parked(&id);
+    }
+    Ok((rest, parked))
 }
 
 /// A candidate the round robin gave a slot: `work[tenant].1[row]`.

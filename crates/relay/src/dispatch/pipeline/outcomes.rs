@@ -51,7 +51,8 @@ pub(super) async fn commit_outcomes(
                 let takes_hook = last_needs(&store, &b)?;
                 let log = log.then_some(&*store);
                 for (i, (d, last)) in b.iter().zip(&takes_hook).enumerate() {
-                    let s = outcome_ops(&mut tx, log, d, *last, &retry, max_retry_after, now)?;
+                    let f = d.finished();
+                    let s = outcome_ops(&mut tx, log, &f, *last, &retry, max_retry_after, now)?;
                     retries.extend(s.due_again);
                     failed.extend(s.failed.map(|f| (i, f)));
                 }
@@ -113,7 +114,7 @@ pub(super) fn last_needs(store: &Store, batch: &[Done]) -> Result<Vec<bool>, Que
 }
 
 /// A failed attempt whose outcome was committed: retried, or dead-lettered.
-pub(super) struct Failed {
+pub(crate) struct Failed {
     outcome: AttemptOutcome,
     /// The attempt's number (1 = first).
     attempt: u32,
@@ -123,7 +124,7 @@ pub(super) struct Failed {
 
 /// What one outcome came to: a retry's tenant and due time, and a failure to log.
 #[derive(Default)]
-pub(super) struct Settled {
+pub(crate) struct Settled {
     pub due_again: Option<(TenantOrd, AtMs)>,
     pub failed: Option<Failed>,
 }
@@ -162,27 +163,53 @@ fn log_failed(d: &Done, f: &Failed) {
     }
 }
 
+/// One finished attempt, as its outcome is committed: a push delivery's ([`Done`]) or a
+/// pull lease's end (`crate::pull`).
+pub(crate) struct Finished<'a> {
+    pub(crate) row: &'a InflightRow,
+    /// The delivery row as read when the attempt began (attempts so far).
+    pub(crate) state: &'a ankusa_records::DeliveryRow,
+    pub(crate) envelope: Option<&'a ankusa_records::Envelope>,
+    pub(crate) corrupt: Option<&'a Arc<str>>,
+    pub(crate) attempt: Option<&'a crate::dispatch::delivery::Attempt>,
+    /// The hook log event it writes: an attempt, or a pull lease's ack, nack or expiry.
+    pub(crate) kind: EventKind,
+}
+
+impl Done {
+    fn finished(&self) -> Finished<'_> {
+        Finished {
+            row: &self.job.row,
+            state: &self.job.state,
+            envelope: self.job.envelope.as_deref(),
+            corrupt: self.job.corrupt.as_ref(),
+            attempt: self.attempt.as_ref(),
+            kind: EventKind::Attempt,
+        }
+    }
+}
+
 /// Adds one finished attempt's outcome as one unit (and, with `log`, its hook log event);
 /// a retry's tenant and due time. A delivered row that was its hook's last need (`last`)
 /// takes the hook with it, in the same unit (no marker for reclaim to come back to).
-pub(super) fn outcome_ops(
+pub(crate) fn outcome_ops(
     tx: &mut Tx,
     log: Option<&Store>,
-    d: &Done,
+    d: &Finished<'_>,
     last: bool,
     retry: &RetryConfig,
     max_retry_after: Duration,
     now: u64,
 ) -> Result<Settled, QueueError> {
-    let row = &d.job.row;
-    if let Some(error) = &d.job.corrupt {
+    let row = d.row;
+    if let Some(error) = d.corrupt {
         // Corruption: the row goes to the DLQ with the error, where it shows and counts,
         // and a replay sends it once the store is whole again.
-        let mut state = d.job.state.clone();
+        let mut state = d.state.clone();
         state.last_attempt_at = now;
         state.last_error = error.to_string();
         // Without a readable hook the sink has no name here; the DLQ shows its index.
-        let env = d.job.envelope.as_deref();
+        let env = d.envelope;
         let sink = env
             .and_then(|e| e.sinks.get(row.key.sink.0 as usize).cloned())
             .unwrap_or_else(|| format!("#{}", row.key.sink.0));
@@ -190,12 +217,12 @@ pub(super) fn outcome_ops(
         deliveries::dead_letter(tx, row, AtMs(now), source, id, &sink, Some(&state));
         return Ok(Settled::default());
     }
-    let (Some(env), Some(a)) = (d.job.envelope.as_deref(), d.attempt.as_ref()) else {
+    let (Some(env), Some(a)) = (d.envelope, d.attempt) else {
         // The hook is gone: an orphan, dropped through the counted path.
         deliveries::orphan_drop(tx, row);
         return Ok(Settled::default());
     };
-    let mut state = d.job.state.clone();
+    let mut state = d.state.clone();
     state.attempts += 1;
     state.last_attempt_at = now;
     state.last_status = a.status;
@@ -223,7 +250,7 @@ pub(super) fn outcome_ops(
     };
     if let Some(store) = log {
         let ev = ankusa_records::Event {
-            kind: EventKind::Attempt,
+            kind: d.kind,
             at: AtMs(now),
             attempt: state.attempts,
             outcome: Some(outcome),

@@ -1,0 +1,490 @@
+//! The claim gateway's calls, on the ingest listener (`/pull/{sink}/…`): consumers reach
+//! out to the node as providers do, through the listener that already faces them; the
+//! admin listener stays the operators'. Each call takes a consumer's token
+//! (`Authorization: Bearer …`, `pull.consumers`).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::post;
+use axum::{Json, Router};
+use base64::Engine;
+
+use super::{Ask, Claimed, Conflict, Consumer, Gateway, Settle};
+use crate::http::error;
+
+/// A claim: how many hooks, how many body bytes, how long to wait for the first, and how
+/// long to lease them. Each key is optional.
+#[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimRequest {
+    /// The most hooks (default and ceiling: `pull.max_claim`).
+    pub max: Option<usize>,
+    /// The most body bytes (default and ceiling: `pull.max_claim_bytes`); a first hook
+    /// larger than this still comes, alone.
+    pub max_bytes: Option<u64>,
+    /// How long to wait when nothing is waiting (default 0, ceiling `pull.max_wait_ms`).
+    pub wait_ms: Option<u64>,
+    /// The lease (default: the sink's `lease_ms`; 1 000 ms to 12 h).
+    pub lease_ms: Option<u64>,
+}
+
+/// The hooks a claim leased.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ClaimAnswer {
+    pub hooks: Vec<ClaimedHook>,
+}
+
+/// One leased hook.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ClaimedHook {
+    /// What `ack`, `nack` and `extend` take.
+    pub lease: String,
+    /// When the lease runs out (ms since the epoch): after it the hook is due again.
+    pub lease_deadline_ms: u64,
+    /// This is the delivery's `attempt`-th attempt (1 = first).
+    pub attempt: u32,
+    pub id: String,
+    pub tenant: String,
+    pub source: String,
+    pub sink: String,
+    pub received_at_ms: u64,
+    pub content_type: String,
+    /// The provider's headers its source forwards (`sources[].forward_headers`).
+    pub headers: Vec<ForwardedHeader>,
+    /// The body, when it is UTF-8 text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body: Option<String>,
+    /// The body in standard base64, when it is not UTF-8.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub body_base64: Option<String>,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ForwardedHeader {
+    pub name: String,
+    /// The value as received (lossy UTF-8).
+    pub value: String,
+}
+
+/// Leases to settle.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AckRequest {
+    pub leases: Vec<String>,
+}
+
+/// Leases to give back.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NackRequest {
+    pub leases: Vec<String>,
+    /// Wait at least this long before the next attempt (the retry schedule's step when
+    /// longer; at most `retry.max_retry_after_ms`).
+    pub retry_after_ms: Option<u64>,
+}
+
+/// Leases to extend.
+#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExtendRequest {
+    pub leases: Vec<String>,
+    /// The new lease, from now (1 000 ms to 12 h; default: the sink's `lease_ms`).
+    pub lease_ms: Option<u64>,
+}
+
+/// What a settle or an extension did: 200 when every lease was held, 409 when one or
+/// more were not (the others were still settled or extended).
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct SettleAnswer {
+    /// Leases settled (or extended) by this call.
+    pub settled: usize,
+    /// The new deadline, for an extension.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lease_deadline_ms: Option<u64>,
+    /// Leases not held: `expired` (past its deadline; the hook is due again) or `unknown`
+    /// (settled already, claimed again since, malformed, or not this consumer's).
+    pub conflicts: Vec<LeaseConflict>,
+}
+
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct LeaseConflict {
+    pub lease: String,
+    pub reason: String,
+}
+
+/// A 409's body: the code `lease_conflict`, and the answer.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct ConflictBody {
+    pub error: String,
+    pub message: String,
+    pub settled: usize,
+    pub conflicts: Vec<LeaseConflict>,
+}
+
+/// The calls, for the ingest listener's router.
+pub fn router(gateway: Arc<Gateway>) -> Router {
+    Router::new()
+        .route("/pull/{sink}/claim", post(claim))
+        .route("/pull/{sink}/ack", post(ack))
+        .route("/pull/{sink}/nack", post(nack))
+        .route("/pull/{sink}/extend", post(extend))
+        .with_state(gateway)
+        .layer(axum::middleware::map_response(crate::http::json_errors))
+}
+
+/// A call refused before it reached the store: its status, code and message.
+struct Refused(StatusCode, &'static str, String);
+
+impl IntoResponse for Refused {
+    fn into_response(self) -> Response {
+        error(self.0, self.1, self.2)
+    }
+}
+
+/// The consumer a request's token names, allowed on `sink`: 401 without one, 404 for a
+/// sink it may not claim from (or that is no pull sink), so a token learns nothing of
+/// the sinks it does not hold.
+fn consumer(g: &Gateway, headers: &HeaderMap, sink: &str) -> Result<Arc<Consumer>, Refused> {
+    let token = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(crate::admin::auth::bearer);
+    let Some(c) = token.and_then(|t| g.consumer(t.as_bytes())) else {
+        return Err(Refused(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "a consumer token is required (Authorization: Bearer …, pull.consumers)".into(),
+        ));
+    };
+    if !c.may_claim_from(sink) || !g.settings().sinks.contains_key(sink) {
+        return Err(Refused(
+            StatusCode::NOT_FOUND,
+            "unknown_sink",
+            format!("no pull sink {sink:?} for this consumer"),
+        ));
+    }
+    Ok(c)
+}
+
+fn bad_request(message: String) -> Refused {
+    Refused(StatusCode::BAD_REQUEST, "bad_request", message)
+}
+
+fn in_range(key: &str, v: u64, lo: u64, hi: u64) -> Result<u64, Refused> {
+    if (lo..=hi).contains(&v) {
+        Ok(v)
+    } else {
+        Err(bad_request(format!("{key}: {v} is outside {lo}..={hi}")))
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> Response {
+    tracing::error!(error = %e, "pull: a store operation failed");
+    crate::http::with_retry_after(
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            format!("the store did not answer: {e}"),
+        ),
+        1,
+    )
+}
+
+/// `POST /pull/{sink}/claim`: lease up to `max` waiting hooks; long-polls up to `wait_ms`
+/// when none is waiting, woken when the dispatch tick parks hooks for the sink.
+#[utoipa::path(
+    post,
+    path = "/pull/{sink}/claim",
+    tag = "pull",
+    params(("sink" = String, Path, description = "A pull sink's id")),
+    request_body = ClaimRequest,
+    responses(
+        (status = 200, description = "The hooks leased (none when nothing came within wait_ms)", body = ClaimAnswer),
+        (status = 400, description = "A bound out of range", body = crate::http::ErrorBody),
+        (status = 401, description = "No consumer token", body = crate::http::ErrorBody),
+        (status = 404, description = "No pull sink of that id for this consumer", body = crate::http::ErrorBody),
+        (status = 503, description = "The store did not answer", body = crate::http::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn claim(
+    State(g): State<Arc<Gateway>>,
+    Path(sink): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<ClaimRequest>,
+) -> Response {
+    let c = match consumer(&g, &headers, &sink) {
+        Ok(c) => c,
+        Err(r) => return r.into_response(),
+    };
+    let s = g.settings();
+    let sink_lease = s.sinks.get(&sink).map_or(s.lease_ms, |k| k.lease_ms);
+    let ask = (|| {
+        Ok::<_, Refused>(Ask {
+            max: in_range(
+                "max",
+                req.max.unwrap_or(s.max_claim) as u64,
+                1,
+                s.max_claim as u64,
+            )? as usize,
+            max_bytes: in_range(
+                "max_bytes",
+                req.max_bytes.unwrap_or(s.max_claim_bytes),
+                1,
+                s.max_claim_bytes,
+            )?,
+            lease_ms: in_range(
+                "lease_ms",
+                req.lease_ms.unwrap_or(sink_lease),
+                1_000,
+                ankusa_config::MAX_LEASE_MS,
+            )?,
+        })
+    })();
+    let ask = match ask {
+        Ok(a) => a,
+        Err(r) => return r.into_response(),
+    };
+    let wait = match in_range("wait_ms", req.wait_ms.unwrap_or(0), 0, s.max_wait_ms) {
+        Ok(w) => Duration::from_millis(w),
+        Err(r) => return r.into_response(),
+    };
+    let until = Instant::now() + wait;
+    let wake = g.deliverer.pull_wake.of(&sink);
+    loop {
+        // Registered before the read: a park between the read and the wait still wakes it.
+        let parked = wake.notified();
+        tokio::pin!(parked);
+        parked.as_mut().enable();
+        let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
+        let claimed = tokio::task::spawn_blocking(move || g2.claim(&sink2, &c2, ask)).await;
+        let claimed = match claimed {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => return internal(e),
+            Err(e) => return internal(e),
+        };
+        let now = Instant::now();
+        if !claimed.is_empty() || now >= until {
+            let hooks = claimed.into_iter().map(render).collect();
+            return Json(ClaimAnswer { hooks }).into_response();
+        }
+        tokio::select! {
+            _ = parked => {}
+            _ = tokio::time::sleep_until((until).into()) => {}
+        }
+    }
+}
+
+fn render(c: Claimed) -> ClaimedHook {
+    let env = &c.envelope;
+    let (body, body_base64) = match std::str::from_utf8(&env.body) {
+        Ok(s) => (Some(s.to_owned()), None),
+        Err(_) => (
+            None,
+            Some(base64::engine::general_purpose::STANDARD.encode(&env.body)),
+        ),
+    };
+    ClaimedHook {
+        lease: c.lease,
+        lease_deadline_ms: c.deadline.0,
+        attempt: c.attempt,
+        id: env.id.clone(),
+        tenant: env.tenant_or_default().to_owned(),
+        source: env.source.clone(),
+        sink: c.sink,
+        received_at_ms: env.received_at.0,
+        content_type: env.content_type.clone(),
+        headers: env
+            .headers
+            .iter()
+            .map(|(n, v)| ForwardedHeader {
+                name: n.clone(),
+                value: String::from_utf8_lossy(v).into_owned(),
+            })
+            .collect(),
+        body,
+        body_base64,
+    }
+}
+
+/// The leases of one call: 1 to `pull.max_claim` of them.
+fn leases_in(g: &Gateway, leases: &[String]) -> Result<(), Refused> {
+    let max = g.settings().max_claim;
+    if leases.is_empty() || leases.len() > max {
+        return Err(bad_request(format!(
+            "leases: {} given; 1 to {max} (pull.max_claim)",
+            leases.len()
+        )));
+    }
+    Ok(())
+}
+
+fn settled(leases: &[String], result: Vec<Option<Conflict>>, deadline: Option<u64>) -> Response {
+    let conflicts: Vec<LeaseConflict> = leases
+        .iter()
+        .zip(&result)
+        .filter_map(|(l, c)| {
+            c.map(|c| LeaseConflict {
+                lease: l.clone(),
+                reason: c.name().to_owned(),
+            })
+        })
+        .collect();
+    let settled = result.iter().filter(|c| c.is_none()).count();
+    if conflicts.is_empty() {
+        return Json(SettleAnswer {
+            settled,
+            lease_deadline_ms: deadline,
+            conflicts,
+        })
+        .into_response();
+    }
+    let expired = conflicts.iter().filter(|c| c.reason == "expired").count();
+    (
+        StatusCode::CONFLICT,
+        Json(ConflictBody {
+            error: "lease_conflict".into(),
+            message: format!(
+                "{} of {} leases were not held ({expired} expired); the others were settled",
+                conflicts.len(),
+                leases.len()
+            ),
+            settled,
+            conflicts,
+        }),
+    )
+        .into_response()
+}
+
+async fn run_settle(
+    g: Arc<Gateway>,
+    sink: String,
+    headers: HeaderMap,
+    leases: Vec<String>,
+    how: Settle,
+) -> Response {
+    let c = match consumer(&g, &headers, &sink) {
+        Ok(c) => c,
+        Err(r) => return r.into_response(),
+    };
+    if let Err(r) = leases_in(&g, &leases) {
+        return r.into_response();
+    }
+    let l2 = leases.clone();
+    let r = tokio::task::spawn_blocking(move || g.settle(&sink, &c, &l2, how)).await;
+    match r {
+        Ok(Ok(r)) => settled(&leases, r, None),
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
+}
+
+/// `POST /pull/{sink}/ack`: the hooks were delivered. Synced before it answers: an acked
+/// hook is never handed out again.
+#[utoipa::path(
+    post,
+    path = "/pull/{sink}/ack",
+    tag = "pull",
+    params(("sink" = String, Path, description = "A pull sink's id")),
+    request_body = AckRequest,
+    responses(
+        (status = 200, description = "Every lease settled", body = SettleAnswer),
+        (status = 400, description = "No leases, or too many", body = crate::http::ErrorBody),
+        (status = 401, description = "No consumer token", body = crate::http::ErrorBody),
+        (status = 404, description = "No pull sink of that id for this consumer", body = crate::http::ErrorBody),
+        (status = 409, description = "Some leases were not held (expired or unknown); the others were settled", body = ConflictBody),
+        (status = 503, description = "The store did not answer", body = crate::http::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn ack(
+    State(g): State<Arc<Gateway>>,
+    Path(sink): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<AckRequest>,
+) -> Response {
+    run_settle(g, sink, headers, req.leases, Settle::Ack).await
+}
+
+/// `POST /pull/{sink}/nack`: the hooks were not delivered: each is retried on the retry
+/// schedule (no sooner than `retry_after_ms`), or dead-lettered past `retry.max_attempts`.
+#[utoipa::path(
+    post,
+    path = "/pull/{sink}/nack",
+    tag = "pull",
+    params(("sink" = String, Path, description = "A pull sink's id")),
+    request_body = NackRequest,
+    responses(
+        (status = 200, description = "Every lease given back", body = SettleAnswer),
+        (status = 400, description = "No leases, or too many", body = crate::http::ErrorBody),
+        (status = 401, description = "No consumer token", body = crate::http::ErrorBody),
+        (status = 404, description = "No pull sink of that id for this consumer", body = crate::http::ErrorBody),
+        (status = 409, description = "Some leases were not held (expired or unknown); the others were given back", body = ConflictBody),
+        (status = 503, description = "The store did not answer", body = crate::http::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn nack(
+    State(g): State<Arc<Gateway>>,
+    Path(sink): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<NackRequest>,
+) -> Response {
+    let retry_after = req.retry_after_ms.map(Duration::from_millis);
+    run_settle(g, sink, headers, req.leases, Settle::Nack { retry_after }).await
+}
+
+/// `POST /pull/{sink}/extend`: the leases run `lease_ms` from now.
+#[utoipa::path(
+    post,
+    path = "/pull/{sink}/extend",
+    tag = "pull",
+    params(("sink" = String, Path, description = "A pull sink's id")),
+    request_body = ExtendRequest,
+    responses(
+        (status = 200, description = "Every lease extended", body = SettleAnswer),
+        (status = 400, description = "No leases, too many, or a lease out of range", body = crate::http::ErrorBody),
+        (status = 401, description = "No consumer token", body = crate::http::ErrorBody),
+        (status = 404, description = "No pull sink of that id for this consumer", body = crate::http::ErrorBody),
+        (status = 409, description = "Some leases were not held (expired or unknown); the others were extended", body = ConflictBody),
+        (status = 503, description = "The store did not answer", body = crate::http::ErrorBody),
+    ),
+    security(("bearer" = []))
+)]
+pub async fn extend(
+    State(g): State<Arc<Gateway>>,
+    Path(sink): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<ExtendRequest>,
+) -> Response {
+    let c = match consumer(&g, &headers, &sink) {
+        Ok(c) => c,
+        Err(r) => return r.into_response(),
+    };
+    if let Err(r) = leases_in(&g, &req.leases) {
+        return r.into_response();
+    }
+    let s = g.settings();
+    let sink_lease = s.sinks.get(&sink).map_or(s.lease_ms, |k| k.lease_ms);
+    let lease_ms = match in_range(
+        "lease_ms",
+        req.lease_ms.unwrap_or(sink_lease),
+        1_000,
+        ankusa_config::MAX_LEASE_MS,
+    ) {
+        Ok(l) => l,
+        Err(r) => return r.into_response(),
+    };
+    let leases = req.leases;
+    let l2 = leases.clone();
+    let r = tokio::task::spawn_blocking(move || g.extend(&sink, &c, &l2, lease_ms)).await;
+    match r {
+        Ok(Ok((r, deadline))) => settled(&leases, r, Some(deadline.0)),
+        Ok(Err(e)) => internal(e),
+        Err(e) => internal(e),
+    }
+}

@@ -1,0 +1,903 @@
+//! The claim gateway: consumers lease the hooks of pull sinks over HTTP.
+//!
+//! A pull sink's deliveries are due rows like any other; the dispatch tick parks them for
+//! consumers (`queue::deliveries::park`) instead of sending them. A consumer's claim
+//! ([`Gateway::claim`]) takes waiting rows round robin across the tenants in its scope and
+//! moves each to inflight with its lease in one unit; an ack, a nack or the lease's expiry
+//! is the attempt's outcome, committed through the same outcome path as a push delivery's
+//! (retry schedule, dead-letter past `retry.max_attempts`, counters, hook log), together
+//! with the lease it consumes. See docs/pull.md.
+//!
+//! | part | where |
+//! |---|---|
+//! | consumers, scopes, bounds | [`Gateway`], [`Consumer`] |
+//! | claim, settle, extend | here, on blocking threads |
+//! | the lease book: leases out per sink, expiry order | [`book`] |
+//! | the HTTP calls on the ingest listener | [`http`] |
+
+pub mod book;
+pub mod http;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use ankusa_config::{Config, ConfigError, RetryConfig};
+use ankusa_keyspace::{AtMs, Cf, EventKind, Seq, SinkIdx, TenantOrd};
+use ankusa_queue::deliveries::{self, InflightRow, Lease, PulledRow, Tx};
+use ankusa_queue::hints::DueHints;
+use ankusa_queue::hooklog;
+use ankusa_queue::QueueError;
+use ankusa_records::{DeliveryRow, Envelope, ErrorClass};
+use ankusa_store::Store;
+use subtle::ConstantTimeEq;
+
+use crate::dispatch::delivery::{Attempt, Deliverer, Verdict};
+use crate::dispatch::paused::Paused;
+use crate::dispatch::pipeline::outcomes::{outcome_ops, Finished};
+use crate::metrics::Metrics;
+use book::Book;
+
+/// A consumer, as its token resolved.
+#[derive(Debug)]
+pub struct Consumer {
+    pub name: String,
+    secret: Vec<u8>,
+    sinks: HashSet<String>,
+    /// `None`: every tenant.
+    tenants: Option<HashSet<String>>,
+}
+
+impl Consumer {
+    pub fn may_claim_from(&self, sink: &str) -> bool {
+        self.sinks.contains(sink)
+    }
+
+    fn sees(&self, tenant: &str) -> bool {
+        self.tenants.as_ref().is_none_or(|t| t.contains(tenant))
+    }
+}
+
+/// The gateway's settings, from `pull` and the pull sinks.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub lease_ms: u64,
+    pub max_claim: usize,
+    pub max_claim_bytes: u64,
+    pub max_wait_ms: u64,
+    /// Per pull sink: its lease when the claim names none, and the most leases out.
+    pub sinks: HashMap<String, SinkSettings>,
+}
+
+#[derive(Debug, Clone, Copy)]
+pub struct SinkSettings {
+    pub lease_ms: u64,
+    pub max_leases: usize,
+}
+
+impl Settings {
+    pub fn from_config(c: &Config) -> Self {
+        let sinks = c
+            .sinks
+            .iter()
+            .filter(|s| s.kind == ankusa_config::SinkKind::Pull)
+            .map(|s| {
+                (
+                    s.id.clone(),
+                    SinkSettings {
+                        lease_ms: s.lease_ms.unwrap_or(c.pull.lease_ms),
+                        max_leases: s.max_inflight.unwrap_or(c.pull.max_leases),
+                    },
+                )
+            })
+            .collect();
+        Settings {
+            lease_ms: c.pull.lease_ms,
+            max_claim: c.pull.max_claim,
+            max_claim_bytes: c.pull.max_claim_bytes,
+            max_wait_ms: c.pull.max_wait_ms,
+            sinks,
+        }
+    }
+}
+
+/// What a claim asks for, within the settings' bounds (checked by the caller).
+#[derive(Debug, Clone, Copy)]
+pub struct Ask {
+    pub max: usize,
+    pub max_bytes: u64,
+    pub lease_ms: u64,
+}
+
+/// A hook handed to a consumer under a lease.
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    pub lease: String,
+    pub deadline: AtMs,
+    pub attempt: u32,
+    pub envelope: Arc<Envelope>,
+    pub sink: String,
+}
+
+/// Why a lease was not settled (or extended).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Conflict {
+    /// Its deadline passed: the delivery is (or is about to be) due again.
+    Expired,
+    /// Not a lease this consumer holds on this sink: settled already, replaced by a later
+    /// claim, malformed, or another tenant's.
+    Unknown,
+}
+
+impl Conflict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Conflict::Expired => "expired",
+            Conflict::Unknown => "unknown",
+        }
+    }
+}
+
+/// How a consumer settles leases.
+#[derive(Debug, Clone, Copy)]
+pub enum Settle {
+    Ack,
+    Nack { retry_after: Option<Duration> },
+}
+
+/// The claim gateway of one node.
+pub struct Gateway {
+    store: Arc<Store>,
+    deliverer: Deliverer,
+    consumers: arc_swap::ArcSwap<Vec<Arc<Consumer>>>,
+    settings: arc_swap::ArcSwap<Settings>,
+    paused: Arc<Paused>,
+    retry: RetryConfig,
+    log: bool,
+    hints: Arc<DueHints>,
+    metrics: Arc<Metrics>,
+    book: Mutex<Book>,
+    /// Per sink: the tenant the next claim of every tenant starts at (round robin).
+    cursors: Mutex<HashMap<String, TenantOrd>>,
+    /// Wakes the expiry task when a lease with an earlier deadline is made.
+    expiry_wake: tokio::sync::Notify,
+}
+
+impl std::fmt::Debug for Gateway {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Gateway").finish_non_exhaustive()
+    }
+}
+
+/// Resolves the consumers' tokens.
+pub fn consumers(c: &Config) -> Result<Vec<Arc<Consumer>>, ConfigError> {
+    c.pull
+        .consumers
+        .iter()
+        .enumerate()
+        .map(|(i, k)| {
+            Ok(Arc::new(Consumer {
+                name: k.name.clone(),
+                secret: k.secret.resolve(&format!("pull.consumers[{i}].secret"))?,
+                sinks: k.sinks.iter().cloned().collect(),
+                tenants: k.tenants.as_ref().map(|t| t.iter().cloned().collect()),
+            }))
+        })
+        .collect()
+}
+
+/// The parts a gateway works with.
+pub struct Parts {
+    pub store: Arc<Store>,
+    pub deliverer: Deliverer,
+    pub paused: Arc<Paused>,
+    pub hints: Arc<DueHints>,
+    pub metrics: Arc<Metrics>,
+}
+
+/// Most tenants one claim seeks through for rows (each costs a seek, rows or not).
+const MAX_TENANT_SEEKS: usize = 256;
+
+impl Gateway {
+    pub fn new(config: &Config, parts: Parts) -> Result<Arc<Gateway>, ConfigError> {
+        Ok(Arc::new(Gateway {
+            store: parts.store,
+            deliverer: parts.deliverer,
+            consumers: arc_swap::ArcSwap::from_pointee(consumers(config)?),
+            settings: arc_swap::ArcSwap::from_pointee(Settings::from_config(config)),
+            paused: parts.paused,
+            retry: config.retry.clone(),
+            log: config.hook_log.enabled,
+            hints: parts.hints,
+            metrics: parts.metrics,
+            book: Mutex::new(Book::default()),
+            cursors: Mutex::new(HashMap::new()),
+            expiry_wake: tokio::sync::Notify::new(),
+        }))
+    }
+
+    /// Reads the leases a stop or a crash left (boot recovery keeps them) into the book:
+    /// each ends at its deadline, or with its consumer's ack. Returns how many.
+    pub fn load(&self) -> Result<usize, QueueError> {
+        let leases = deliveries::leases(&self.store)?;
+        let envs = envelopes(&self.store, leases.iter().map(|(seq, ..)| *seq))?;
+        let mut book = self.book();
+        for ((seq, idx, lease), env) in leases.iter().zip(envs) {
+            // A hook that is gone or unreadable is settled at the deadline all the same.
+            let sink = env
+                .ok()
+                .and_then(|e| e.sinks.get(idx.0 as usize).cloned())
+                .unwrap_or_default();
+            book.insert(&sink, *seq, *idx, lease);
+        }
+        let counts = book.counts();
+        drop(book);
+        for (sink, n) in counts {
+            self.metrics.pull.sink(&sink).leases.set(n as i64);
+        }
+        Ok(leases.len())
+    }
+
+    /// A reload: new consumers and bounds (leases out keep their deadlines).
+    pub fn install(&self, consumers: Vec<Arc<Consumer>>, settings: Settings) {
+        self.consumers.store(Arc::new(consumers));
+        self.settings.store(Arc::new(settings));
+    }
+
+    pub fn settings(&self) -> Arc<Settings> {
+        self.settings.load_full()
+    }
+
+    /// The consumer whose token this is.
+    pub fn consumer(&self, token: &[u8]) -> Option<Arc<Consumer>> {
+        self.consumers
+            .load()
+            .iter()
+            .find(|c| bool::from(c.secret.as_slice().ct_eq(token)))
+            .cloned()
+    }
+
+    fn book(&self) -> std::sync::MutexGuard<'_, Book> {
+        self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Leases out now, per sink.
+    pub fn leases_out(&self) -> BTreeMap<String, usize> {
+        self.book().counts()
+    }
+
+    /// Claims up to `ask.max` waiting hooks of `sink` for `consumer`, leased for
+    /// `ask.lease_ms`: round robin across the tenants it sees, one row per tenant a turn,
+    /// oldest first within a tenant. Nothing waiting: empty (the caller long-polls).
+    pub fn claim(
+        &self,
+        sink: &str,
+        consumer: &Consumer,
+        ask: Ask,
+    ) -> Result<Vec<Claimed>, QueueError> {
+        let settings = self.settings();
+        let Some(sink_settings) = settings.sinks.get(sink).copied() else {
+            return Ok(Vec::new());
+        };
+        let room = sink_settings
+            .max_leases
+            .saturating_sub(self.book().count(sink));
+        let want = ask.max.min(room);
+        if want == 0 {
+            return Ok(Vec::new());
+        }
+        let store = &*self.store;
+        let by_tenant = self.gather(sink, consumer, want)?;
+        // Round robin: one row per tenant a turn, until `want` rows or the bytes (the
+        // first row always goes, whatever its size).
+        let mut picked: Vec<&PulledRow> = Vec::new();
+        let mut bytes = 0u64;
+        let mut turn = 0;
+        'turns: loop {
+            let mut any = false;
+            for (_, rows) in &by_tenant {
+                let Some(row) = rows.get(turn) else { continue };
+                any = true;
+                let size = u64::from(row.size);
+                if !picked.is_empty() && bytes + size > ask.max_bytes {
+                    break 'turns;
+                }
+                bytes += size;
+                picked.push(row);
+                if picked.len() >= want {
+                    break 'turns;
+                }
+            }
+            if !any {
+                break;
+            }
+            turn += 1;
+        }
+        if picked.is_empty() {
+            return Ok(Vec::new());
+        }
+        let states = delivery_rows(
+            store,
+            &picked
+                .iter()
+                .map(|r| (r.key.seq, r.key.sink))
+                .collect::<Vec<_>>(),
+        )?;
+        let now = ankusa_keyspace::now_ms();
+        let deadline = AtMs(now + ask.lease_ms);
+        let mut tx = Tx::new();
+        let mut leases = Vec::with_capacity(picked.len());
+        for (row, state) in picked.iter().zip(&states) {
+            let attempt = state.as_ref().map_or(0, |s| s.attempts) + 1;
+            let lease = Lease {
+                nonce: rand::random::<u64>(),
+                deadline,
+                claimed_at: AtMs(now),
+                attempt,
+            };
+            deliveries::lease(&mut tx, row, &lease);
+            if self.log {
+                let ev = hooklog::requeued(EventKind::Claimed, AtMs(now), attempt, deadline);
+                hooklog::record(&mut tx, store, row.key.seq, row.key.sink, &ev)?;
+            }
+            leases.push(lease);
+        }
+        let committed = tx.commit(store, false)?;
+        let moved: Vec<(&PulledRow, Lease)> = picked
+            .into_iter()
+            .zip(leases)
+            .zip(committed.moved)
+            .filter_map(|(rl, m)| m.then_some(rl))
+            .collect();
+        let envelopes = envelopes(store, moved.iter().map(|(r, _)| r.key.seq))?;
+        let mut out = Vec::with_capacity(moved.len());
+        let mut unsendable = Vec::new();
+        {
+            let mut book = self.book();
+            for ((row, lease), env) in moved.iter().zip(envelopes) {
+                book.insert(sink, row.key.seq, row.key.sink, lease);
+                match env {
+                    Ok(env) => out.push(Claimed {
+                        lease: lease_id(row.key.seq, row.key.sink, lease.nonce),
+                        deadline: lease.deadline,
+                        attempt: lease.attempt,
+                        envelope: Arc::new(env),
+                        sink: sink.to_owned(),
+                    }),
+                    Err(e) => unsendable.push((row.key.seq, row.key.sink, *lease, e)),
+                }
+            }
+        }
+        self.expiry_wake.notify_one();
+        // A hook that is gone is dropped as an orphan; one that does not decode goes to
+        // the DLQ with the error — as the push path does, never handed out.
+        for (seq, sink_idx, lease, why) in unsendable {
+            self.settle_one(sink, seq, sink_idx, lease, Outcome::Unsendable(why))?;
+        }
+        let meters = self.metrics.pull.sink(sink);
+        meters.claimed.inc_by(out.len() as u64);
+        meters.leases.set(self.book().count(sink) as i64);
+        Ok(out)
+    }
+
+    /// The tenants a claim of `sink` looks at and up to `want` of each one's waiting rows:
+    /// every tenant the consumer sees, from the sink's round-robin cursor (at most
+    /// [`MAX_TENANT_SEEKS`] seeks), or the consumer's own tenants.
+    fn gather(
+        &self,
+        sink: &str,
+        consumer: &Consumer,
+        want: usize,
+    ) -> Result<Vec<(TenantOrd, Vec<PulledRow>)>, QueueError> {
+        let store = &*self.store;
+        let mut out = Vec::new();
+        let take = |ord: TenantOrd, out: &mut Vec<(TenantOrd, Vec<PulledRow>)>| {
+            if self.paused.holds(ord) {
+                return Ok::<_, QueueError>(());
+            }
+            let rows = deliveries::waiting_pulls(store, ord, sink, want)?;
+            if !rows.is_empty() {
+                out.push((ord, rows));
+            }
+            Ok(())
+        };
+        if let Some(tenants) = &consumer.tenants {
+            let mut names: Vec<&String> = tenants.iter().collect();
+            names.sort();
+            for name in names {
+                if let Some(ord) = ankusa_queue::tenants::ord(store, name)? {
+                    take(ord, &mut out)?;
+                }
+            }
+            return Ok(out);
+        }
+        let start = self
+            .cursors
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(sink)
+            .copied()
+            .unwrap_or(TenantOrd(1));
+        let mut from = start;
+        let mut wrapped = false;
+        let mut last = None;
+        for _ in 0..MAX_TENANT_SEEKS {
+            let next = deliveries::next_pull_tenant(store, from)?;
+            let ord = match next {
+                Some(o) if !(wrapped && o >= start) => o,
+                _ if !wrapped && start.0 > 1 => {
+                    wrapped = true;
+                    from = TenantOrd(1);
+                    continue;
+                }
+                _ => break,
+            };
+            take(ord, &mut out)?;
+            last = Some(ord);
+            if out.len() >= want || ord.0 >= TenantOrd::MAX_REAL {
+                break;
+            }
+            from = TenantOrd(ord.0 + 1);
+        }
+        if let Some(last) = last {
+            self.cursors
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .insert(sink.to_owned(), TenantOrd(last.0.saturating_add(1)));
+        }
+        Ok(out)
+    }
+
+    /// Settles leases of `sink` for `consumer`: each is acked (delivered) or nacked
+    /// (retried on the schedule, dead-lettered past the attempts), if it is still the
+    /// lease the consumer holds. Synced before it returns.
+    pub fn settle(
+        &self,
+        sink: &str,
+        consumer: &Consumer,
+        leases: &[String],
+        how: Settle,
+    ) -> Result<Vec<Option<Conflict>>, QueueError> {
+        let now = ankusa_keyspace::now_ms();
+        let held = self.held(sink, consumer, leases, now)?;
+        let store = &*self.store;
+        let rows: Vec<(InflightRow, usize)> = held
+            .iter()
+            .flatten()
+            .filter(|_| matches!(how, Settle::Ack))
+            .map(|h| (h.row, h.envelope.sinks.len()))
+            .collect();
+        let mut last = deliveries::last_needs(store, &rows)?.into_iter();
+        let mut tx = Tx::new();
+        let mut retries = Vec::new();
+        let mut units = Vec::new();
+        for (i, h) in held.iter().enumerate() {
+            let Some(h) = h else { continue };
+            let attempt = match how {
+                Settle::Ack => Attempt {
+                    verdict: Verdict::Delivered,
+                    status: 0,
+                    class: None,
+                    error: String::new(),
+                    latency: Duration::from_millis(now.saturating_sub(h.lease.claimed_at.0)),
+                },
+                Settle::Nack { retry_after } => Attempt {
+                    verdict: Verdict::Retry { retry_after },
+                    status: 0,
+                    class: Some(ErrorClass::Nacked),
+                    error: format!("nacked by consumer {}", consumer.name),
+                    latency: Duration::from_millis(now.saturating_sub(h.lease.claimed_at.0)),
+                },
+            };
+            let kind = match how {
+                Settle::Ack => EventKind::Acked,
+                Settle::Nack { .. } => EventKind::Nacked,
+            };
+            let takes_hook = matches!(how, Settle::Ack) && last.next().unwrap_or(false);
+            let s = self.outcome(&mut tx, h, &attempt, kind, takes_hook, now)?;
+            retries.extend(s);
+            units.push(i);
+        }
+        let committed = tx.commit(store, true)?;
+        let mut out = Vec::with_capacity(held.len());
+        for (i, h) in held.iter().enumerate() {
+            out.push(match h {
+                Some(_) => None,
+                None => Some(self.why_not(&leases[i], now)?),
+            });
+        }
+        let meters = self.metrics.pull.sink(sink);
+        let mut settled = 0u64;
+        {
+            let mut book = self.book();
+            for (i, moved) in units.into_iter().zip(committed.moved) {
+                let Some(h) = &held[i] else { continue };
+                if moved {
+                    book.remove(h.row.key.seq, h.row.key.sink, h.lease.nonce);
+                    meters.held.observe(held_for(&h.lease, now));
+                    settled += 1;
+                } else {
+                    out[i] = Some(Conflict::Unknown);
+                }
+            }
+        }
+        self.hints.add_later(retries);
+        match how {
+            Settle::Ack => meters.acked.inc_by(settled),
+            Settle::Nack { .. } => meters.nacked.inc_by(settled),
+        };
+        meters.leases.set(self.book().count(sink) as i64);
+        Ok(out)
+    }
+
+    /// Extends leases of `sink` to `lease_ms` from now.
+    pub fn extend(
+        &self,
+        sink: &str,
+        consumer: &Consumer,
+        leases: &[String],
+        lease_ms: u64,
+    ) -> Result<(Vec<Option<Conflict>>, AtMs), QueueError> {
+        let now = ankusa_keyspace::now_ms();
+        let held = self.held(sink, consumer, leases, now)?;
+        let deadline = AtMs(now + lease_ms);
+        let mut tx = Tx::new();
+        let mut units = Vec::new();
+        for (i, h) in held.iter().enumerate() {
+            let Some(h) = h else { continue };
+            let new = Lease {
+                deadline,
+                ..h.lease
+            };
+            deliveries::extend_lease(&mut tx, h.row.key.seq, h.row.key.sink, &h.lease, &new);
+            units.push((i, new));
+        }
+        let committed = tx.commit(&self.store, false)?;
+        let mut out = Vec::with_capacity(held.len());
+        for (i, h) in held.iter().enumerate() {
+            out.push(match h {
+                Some(_) => None,
+                None => Some(self.why_not(&leases[i], now)?),
+            });
+        }
+        let mut book = self.book();
+        for ((i, new), moved) in units.into_iter().zip(committed.moved) {
+            let Some(h) = &held[i] else { continue };
+            if moved {
+                book.insert(sink, h.row.key.seq, h.row.key.sink, &new);
+            } else {
+                out[i] = Some(Conflict::Unknown);
+            }
+        }
+        Ok((out, deadline))
+    }
+
+    /// For each lease id: the lease, its inflight row and its hook, if the consumer holds
+    /// it on this sink and it has not expired.
+    fn held(
+        &self,
+        sink: &str,
+        consumer: &Consumer,
+        leases: &[String],
+        now: u64,
+    ) -> Result<Vec<Option<Held>>, QueueError> {
+        let store = &*self.store;
+        let ids: Vec<Option<(Seq, SinkIdx, u64)>> =
+            leases.iter().map(|l| parse_lease_id(l)).collect();
+        let keys: Vec<(Seq, SinkIdx)> = ids.iter().flatten().map(|(s, k, _)| (*s, *k)).collect();
+        let found = deliveries::read_leases(store, &keys)?;
+        let states = delivery_rows(store, &keys)?;
+        let envs = envelopes(store, keys.iter().map(|(s, _)| *s))?;
+        let mut found = found.into_iter().zip(states).zip(envs);
+        let mut out = Vec::with_capacity(ids.len());
+        for id in &ids {
+            let Some((seq, idx, nonce)) = *id else {
+                out.push(None);
+                continue;
+            };
+            let Some(((lease, state), env)) = found.next() else {
+                out.push(None);
+                continue;
+            };
+            let held = match (lease, state, env) {
+                (Some(lease), Some(state), Ok(env))
+                    if lease.nonce == nonce
+                        && lease.deadline.0 > now
+                        && env.sinks.get(idx.0 as usize).is_some_and(|s| s == sink)
+                        && consumer.sees(env.tenant_or_default()) =>
+                {
+                    Some(Held {
+                        row: InflightRow {
+                            key: ankusa_keyspace::InflightKey {
+                                ord: state.ord,
+                                seq,
+                                sink: idx,
+                            },
+                            size: state.size,
+                        },
+                        state,
+                        lease,
+                        envelope: env,
+                    })
+                }
+                _ => None,
+            };
+            out.push(held);
+        }
+        Ok(out)
+    }
+
+    /// Why a lease the consumer named is not held: expired if its lease is still there
+    /// with this nonce past its deadline, unknown otherwise.
+    fn why_not(&self, lease: &str, now: u64) -> Result<Conflict, QueueError> {
+        let Some((seq, idx, nonce)) = parse_lease_id(lease) else {
+            return Ok(Conflict::Unknown);
+        };
+        Ok(match deliveries::read_lease(&self.store, seq, idx)? {
+            Some(l) if l.nonce == nonce && l.deadline.0 <= now => Conflict::Expired,
+            _ if self.book().expired_lately(seq, idx, nonce) => Conflict::Expired,
+            _ => Conflict::Unknown,
+        })
+    }
+
+    /// Adds one lease's outcome (it consumes the inflight row and the lease); a retry's
+    /// tenant and due time.
+    fn outcome(
+        &self,
+        tx: &mut Tx,
+        h: &Held,
+        attempt: &Attempt,
+        kind: EventKind,
+        takes_hook: bool,
+        now: u64,
+    ) -> Result<Option<(TenantOrd, AtMs)>, QueueError> {
+        let f = Finished {
+            row: &h.row,
+            state: &h.state,
+            envelope: Some(&h.envelope),
+            corrupt: None,
+            attempt: Some(attempt),
+            kind,
+        };
+        let max_retry_after = Duration::from_millis(self.retry.max_retry_after_ms);
+        let log = self.log.then_some(&*self.store);
+        let s = outcome_ops(tx, log, &f, takes_hook, &self.retry, max_retry_after, now)?;
+        deliveries::settle_lease(tx, &h.row, &h.lease);
+        Ok(s.due_again)
+    }
+
+    /// Settles one lease the gateway itself ends: an expiry, or a hook it could not hand
+    /// out (gone: dropped as an orphan; undecodable: dead-lettered with the error).
+    fn settle_one(
+        &self,
+        sink: &str,
+        seq: Seq,
+        idx: SinkIdx,
+        lease: Lease,
+        why: Outcome,
+    ) -> Result<bool, QueueError> {
+        let store = &*self.store;
+        let key = [(seq, idx)];
+        let Some(state) = delivery_rows(store, &key)?.pop().flatten() else {
+            // No delivery row: nothing to settle but the book's entry.
+            self.book().remove(seq, idx, lease.nonce);
+            return Ok(false);
+        };
+        let row = InflightRow {
+            key: ankusa_keyspace::InflightKey {
+                ord: state.ord,
+                seq,
+                sink: idx,
+            },
+            size: state.size,
+        };
+        let env = envelopes(store, [seq])?.pop();
+        let now = ankusa_keyspace::now_ms();
+        let mut tx = Tx::new();
+        let mut due_again = None;
+        match (&why, env) {
+            (Outcome::Expired, Some(Ok(env))) => {
+                let attempt = Attempt {
+                    verdict: Verdict::Retry { retry_after: None },
+                    status: 0,
+                    class: Some(ErrorClass::LeaseExpired),
+                    error: "the lease ran out before an ack".into(),
+                    latency: Duration::from_millis(now.saturating_sub(lease.claimed_at.0)),
+                };
+                let h = Held {
+                    row,
+                    state,
+                    lease,
+                    envelope: env,
+                };
+                due_again = self.outcome(&mut tx, &h, &attempt, EventKind::Expired, false, now)?;
+            }
+            (_, env) => {
+                let corrupt: Option<Arc<str>> = match (&why, &env) {
+                    (Outcome::Unsendable(e), _) if e.is_some() => e.clone(),
+                    (_, Some(Err(Some(e)))) => Some(e.clone()),
+                    _ => None,
+                };
+                let f = Finished {
+                    row: &row,
+                    state: &state,
+                    envelope: None,
+                    corrupt: corrupt.as_ref(),
+                    attempt: None,
+                    kind: EventKind::Attempt,
+                };
+                let max_retry_after = Duration::from_millis(self.retry.max_retry_after_ms);
+                outcome_ops(&mut tx, None, &f, false, &self.retry, max_retry_after, now)?;
+                deliveries::settle_lease(&mut tx, &row, &lease);
+            }
+        }
+        let moved = tx.commit(store, false)?.count() > 0;
+        {
+            let mut book = self.book();
+            book.remove(seq, idx, lease.nonce);
+            if moved && matches!(why, Outcome::Expired) {
+                book.expired(seq, idx, lease.nonce);
+            }
+        }
+        self.hints.add_later(due_again);
+        if moved && matches!(why, Outcome::Expired) {
+            let meters = self.metrics.pull.sink(sink);
+            meters.expired.inc();
+            meters.held.observe(held_for(&lease, now));
+        }
+        self.metrics
+            .pull
+            .sink(sink)
+            .leases
+            .set(self.book().count(sink) as i64);
+        Ok(moved)
+    }
+
+    /// Ends the leases whose deadline passed (at most `limit`); the soonest deadline left.
+    pub fn expire_due(&self, limit: usize) -> Result<Option<AtMs>, QueueError> {
+        let now = ankusa_keyspace::now_ms();
+        let due = self.book().due(AtMs(now), limit);
+        for e in due {
+            // The lease as stored decides: extended, settled or replaced since, it is not
+            // this one (an extension is back in the book with its new deadline).
+            match deliveries::read_lease(&self.store, e.seq, e.sink)? {
+                Some(l) if l.nonce == e.nonce && l.deadline.0 <= now => {
+                    self.settle_one(&e.sink_id, e.seq, e.sink, l, Outcome::Expired)?;
+                }
+                Some(l) if l.nonce == e.nonce => {
+                    self.book().insert(&e.sink_id, e.seq, e.sink, &l);
+                }
+                _ => {
+                    self.book().remove(e.seq, e.sink, e.nonce);
+                }
+            }
+        }
+        Ok(self.book().next_deadline())
+    }
+}
+
+/// A lease the consumer holds, with what settling it needs.
+struct Held {
+    row: InflightRow,
+    state: DeliveryRow,
+    lease: Lease,
+    envelope: Envelope,
+}
+
+/// Why the gateway itself settles a lease.
+enum Outcome {
+    Expired,
+    /// The hook is gone (`None`) or does not decode (the error).
+    Unsendable(Option<Arc<str>>),
+}
+
+/// The delivery rows of `keys`, decoded (`None`: no row, or one that does not decode — it
+/// is then not settled here; boot recovery and the dispatch path own corruption).
+fn delivery_rows(
+    store: &Store,
+    keys: &[(Seq, SinkIdx)],
+) -> Result<Vec<Option<DeliveryRow>>, QueueError> {
+    let raw: Vec<Vec<u8>> = keys
+        .iter()
+        .map(|(s, k)| ankusa_keyspace::delivery(*s, *k))
+        .collect();
+    Ok(store
+        .multi_get(Cf::Deliveries, &raw)?
+        .into_iter()
+        .map(|v| v.and_then(|v| DeliveryRow::decode(&v).ok()))
+        .collect())
+}
+
+/// A hook as read: its envelope, or why there is none to send.
+type Readable = Result<Envelope, Option<Arc<str>>>;
+
+/// The envelopes of `seqs`: `Err(None)` for a hook that is gone, `Err(Some(why))` for one
+/// that does not decode.
+fn envelopes(
+    store: &Store,
+    seqs: impl IntoIterator<Item = Seq>,
+) -> Result<Vec<Readable>, QueueError> {
+    let keys: Vec<Vec<u8>> = seqs.into_iter().map(ankusa_keyspace::hook).collect();
+    Ok(store
+        .multi_get(Cf::Hooks, &keys)?
+        .into_iter()
+        .map(|v| match v {
+            None => Err(None),
+            Some(v) => Envelope::decode(&v).map_err(|e| Some(Arc::from(e.to_string()))),
+        })
+        .collect())
+}
+
+/// Seconds from a lease's claim to `now`.
+fn held_for(lease: &Lease, now: u64) -> f64 {
+    now.saturating_sub(lease.claimed_at.0) as f64 / 1_000.0
+}
+
+/// A lease's id as consumers see it: `<seq>.<sink index>.<nonce>` (hex).
+pub fn lease_id(seq: Seq, sink: SinkIdx, nonce: u64) -> String {
+    format!("{:x}.{:x}.{:016x}", seq.0, sink.0, nonce)
+}
+
+/// Parses a lease id (`None`: not one).
+pub fn parse_lease_id(id: &str) -> Option<(Seq, SinkIdx, u64)> {
+    let mut parts = id.split('.');
+    let seq = u64::from_str_radix(parts.next()?, 16).ok()?;
+    let sink = u16::from_str_radix(parts.next()?, 16).ok()?;
+    let nonce = u64::from_str_radix(parts.next()?, 16).ok()?;
+    if parts.next().is_some() {
+        return None;
+    }
+    Some((Seq(seq), SinkIdx(sink), nonce))
+}
+
+/// Runs the expiry of leases until `stop`: wakes at the soonest deadline (at least every
+/// second, and when a claim makes a lease).
+pub fn spawn_expiry(
+    gateway: Arc<Gateway>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let g = gateway.clone();
+            let next = tokio::task::spawn_blocking(move || g.expire_due(1_024)).await;
+            let nap = match next {
+                Ok(Ok(Some(at))) => Duration::from_millis(
+                    at.0.saturating_sub(ankusa_keyspace::now_ms())
+                        .clamp(1, 1_000),
+                ),
+                Ok(Ok(None)) => Duration::from_secs(1),
+                Ok(Err(e)) => {
+                    tracing::warn!(error = %e, "pull: expiring leases, again in 1 s");
+                    Duration::from_secs(1)
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "pull: the expiry task");
+                    Duration::from_secs(1)
+                }
+            };
+            tokio::select! {
+                _ = tokio::time::sleep(nap) => {}
+                _ = gateway.expiry_wake.notified() => {}
+                _ = stop.changed() => return,
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_round_trip_and_reject_what_is_not_one() {
+        let id = lease_id(Seq(0x1234), SinkIdx(2), 0xdead_beef);
+        assert_eq!(id, "1234.2.00000000deadbeef");
+        assert_eq!(
+            parse_lease_id(&id),
+            Some((Seq(0x1234), SinkIdx(2), 0xdead_beef))
+        );
+        for bad in ["", "1.2", "1.2.3.4", "x.2.3", "1.10000.3", "1.2.zz"] {
+            assert_eq!(parse_lease_id(bad), None, "{bad}");
+        }
+    }
+}
