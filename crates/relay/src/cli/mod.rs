@@ -6,6 +6,7 @@
 
 mod admin;
 mod backup;
+mod pull;
 mod run;
 mod sink;
 mod store;
@@ -82,6 +83,39 @@ pub enum Command {
         /// The sink's Standard Webhooks secret (`whsec_...`), to verify signatures.
         #[arg(long, env = "ANKUSA_SINK_SECRET")]
         secret: Option<String>,
+    },
+    /// Consume a pull sink: claim its hooks, print each as a JSON line (or pipe its body to
+    /// `--exec`), and ack it (nack it when the command fails).
+    Pull {
+        /// The node's ingest URL, e.g. http://127.0.0.1:8080.
+        #[arg(long, env = "ANKUSA_PULL_URL")]
+        url: String,
+        /// A consumer token from the node's pull.consumers.
+        #[arg(long, env = "ANKUSA_PULL_TOKEN", hide_env_values = true)]
+        token: String,
+        /// The pull sink's id.
+        #[arg(long)]
+        sink: String,
+        /// Hooks per claim.
+        #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u64).range(1..=10_000))]
+        max: u64,
+        /// How long a claim waits for hooks, in milliseconds.
+        #[arg(long, default_value_t = 20_000)]
+        wait_ms: u64,
+        /// The lease, in milliseconds (default: the sink's).
+        #[arg(long)]
+        lease_ms: Option<u64>,
+        /// A command run through `sh -c` for each hook: its body on stdin, its id, tenant,
+        /// source, sink, attempt, content type, receipt time and lease in ANKUSA_*
+        /// variables. Exit 0 acks the hook; anything else nacks it.
+        #[arg(long)]
+        exec: Option<String>,
+        /// Stop once this many hooks were acked or nacked.
+        #[arg(long)]
+        limit: Option<u64>,
+        /// Claim once, settle what came, and stop.
+        #[arg(long)]
+        once: bool,
     },
     /// Backups taken over the admin API (the operator's backup Job runs this).
     Backup {
@@ -372,6 +406,27 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             command,
         ),
         Command::Sink { listen, secret } => sink::sink(listen, secret),
+        Command::Pull {
+            url,
+            token,
+            sink,
+            max,
+            wait_ms,
+            lease_ms,
+            exec,
+            limit,
+            once,
+        } => pull::pull(pull::PullArgs {
+            url,
+            token,
+            sink,
+            max: max as usize,
+            wait_ms,
+            lease_ms,
+            exec,
+            limit,
+            once,
+        }),
         Command::Openapi => {
             print!("{}", crate::openapi::json());
             Ok(ExitCode::SUCCESS)

@@ -15,9 +15,12 @@ pub const ACME: &str = "pull-consumer-acme-only-0123456";
 
 /// A node with the pull sink `q` (and a push-free route to it), two consumers.
 pub fn builder() -> NodeBuilder {
-    NodeBuilder::default()
-        .admin_token("ops", ADMIN_TOKEN)
-        .section("dispatch: { tick_interval_ms: 10 }")
+    with_pull_sink(NodeBuilder::default().admin_token("ops", ADMIN_TOKEN))
+}
+
+/// `b` with the pull sink `q`, its route and source, two consumers.
+pub fn with_pull_sink(b: NodeBuilder) -> NodeBuilder {
+    b.section("dispatch: { tick_interval_ms: 10 }")
         .section("retry: { schedule_ms: [100], jitter: none, max_attempts: 3 }")
         .section(&format!(
             r#"pull:
@@ -441,4 +444,512 @@ async fn tenants_share_a_pull_sink_round_robin_and_bounds_hold() {
     .await;
     assert_eq!((s, v["hooks"].as_array().map(Vec::len)), (200, Some(1)));
     assert_fold(&node);
+}
+
+/// The command line's consumer, in a process group of its own (its `--exec` commands die
+/// with it).
+fn consumer(node: &TestNode, extra: &[&str]) -> std::process::Command {
+    use std::os::unix::process::CommandExt;
+    let mut c = bin();
+    c.args([
+        "pull",
+        "--url",
+        &format!("http://{}", node.ingest_addr),
+        "--token",
+        ALL,
+        "--sink",
+        "q",
+    ])
+    .args(extra)
+    .process_group(0);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_that_dies_mid_batch_gets_its_hooks_again_after_the_lease() {
+    let node = builder().start().await;
+    let at = node.ingest_addr;
+    let mut ids = Vec::new();
+    for i in 0..10 {
+        ids.push(send(at, &format!("t{}", i % 3), &format!(r#"{{"i":{i}}}"#)).await);
+    }
+    // The first consumer takes a batch of 4 and hangs on the first hook's command.
+    let mut first = consumer(
+        &node,
+        &[
+            "--max",
+            "4",
+            "--wait-ms",
+            "3000",
+            "--lease-ms",
+            "1000",
+            "--exec",
+            "sleep 60",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let store = node.store.clone();
+    eventually(15, "a batch of 4 leased", || {
+        ankusa_queue::counters::node(&store).unwrap().inflight == 4
+    })
+    .await;
+    // Its connection is gone mid-batch: the process and its command, killed.
+    let group = format!("-{}", first.id());
+    let killed = std::process::Command::new("kill")
+        .args(["-KILL", "--", &group])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    first.wait().unwrap();
+
+    // It comes back: every hook is handled, the leased four on their second attempt.
+    let out = node.dir().join("handled");
+    let cmd = format!(
+        "printf '%s %s %s\\n' \"$ANKUSA_HOOK_ID\" \"$ANKUSA_ATTEMPT\" \"$(cat)\" >> {}",
+        out.display()
+    );
+    let again = consumer(
+        &node,
+        &[
+            "--max",
+            "4",
+            "--wait-ms",
+            "3000",
+            "--limit",
+            "10",
+            "--exec",
+            &cmd,
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(again.status.success(), "{again:?}");
+    let text = std::fs::read_to_string(&out).unwrap();
+    let mut seen: Vec<(&str, &str)> = text
+        .lines()
+        .map(|l| {
+            let mut w = l.split(' ');
+            (w.next().unwrap(), w.next().unwrap())
+        })
+        .collect();
+    assert_eq!(seen.len(), 10, "{text}");
+    let seconds = seen.iter().filter(|(_, a)| *a == "2").count();
+    assert_eq!(
+        seconds, 4,
+        "the first batch came again as attempt 2: {text}"
+    );
+    seen.sort();
+    seen.dedup_by_key(|(id, _)| *id);
+    let mut want: Vec<&str> = ids.iter().map(String::as_str).collect();
+    want.sort();
+    assert_eq!(seen.iter().map(|(id, _)| *id).collect::<Vec<_>>(), want);
+    assert!(text.contains(r#"{"i":9}"#), "the body on stdin: {text}");
+    let c = ankusa_queue::counters::node(&node.store).unwrap();
+    assert_eq!((c.inflight, c.pending, c.scheduled, c.bytes), (0, 0, 0, 0));
+    assert_fold(&node);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_python_example_consumer_handles_and_acks_every_hook() {
+    let node = builder().start().await;
+    for i in 0..5 {
+        send(node.ingest_addr, "acme", &format!(r#"{{"i":{i}}}"#)).await;
+    }
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let url = format!("http://{}", node.ingest_addr);
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(root.join("examples/pull_consumer.py"))
+            .args([
+                "--url",
+                &url,
+                "--sink",
+                "q",
+                "--max",
+                "10",
+                "--wait-ms",
+                "2000",
+                "--limit",
+                "5",
+            ])
+            .env("ANKUSA_PULL_TOKEN", ALL)
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let lines: Vec<Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    assert!(lines
+        .iter()
+        .all(|l| l["tenant"] == "acme" && l["bytes"] == 7));
+    let c = ankusa_queue::counters::node(&node.store).unwrap();
+    assert_eq!((c.inflight, c.pending, c.bytes), (0, 0, 0));
+    // A bad token is a refusal, said once, not retried forever.
+    let url = format!("http://{}", node.ingest_addr);
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let out = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(root.join("examples/pull_consumer.py"))
+            .args(["--url", &url, "--sink", "q"])
+            .env("ANKUSA_PULL_TOKEN", "wrong-token-wrong-token")
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("401 unauthorized"),
+        "{out:?}"
+    );
+}
+
+/// Claims until `n` hooks came from the node at `at`.
+async fn claim_at(at: std::net::SocketAddr, n: usize, lease_ms: u64) -> Vec<Value> {
+    let mut got = Vec::new();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while got.len() < n {
+        assert!(
+            std::time::Instant::now() < until,
+            "only {} of {n} came",
+            got.len()
+        );
+        let (s, v) = call(
+            at,
+            "/pull/q/claim",
+            ALL,
+            json!({ "max": n - got.len(), "wait_ms": 1000, "lease_ms": lease_ms }),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+        got.extend(v["hooks"].as_array().unwrap().iter().cloned());
+    }
+    got
+}
+
+fn ids(hooks: &[Value]) -> std::collections::BTreeSet<String> {
+    hooks
+        .iter()
+        .map(|h| h["id"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_9_with_leases_out_keeps_every_ack_and_every_lease() {
+    let dir = tempfile::tempdir().unwrap();
+    let spec = with_pull_sink(proc_node());
+    let ingest = spec.ingest_port().unwrap();
+    let at: std::net::SocketAddr = ([127, 0, 0, 1], ingest).into();
+    let start = |dir: std::path::PathBuf, spec: NodeBuilder| {
+        tokio::task::block_in_place(|| Proc::start(&dir, &spec))
+    };
+    let mut node = start(dir.path().to_owned(), spec.clone());
+    let mut sent = std::collections::BTreeSet::new();
+    for i in 0..20 {
+        sent.insert(send(at, &format!("t{}", i % 4), &format!(r#"{{"i":{i}}}"#)).await);
+    }
+    // 12 leased; 6 of them acked before the kill.
+    let leased = claim_at(at, 12, 12_000).await;
+    let (acked_before, held) = leased.split_at(6);
+    let (s, _) = call(
+        at,
+        "/pull/q/ack",
+        ALL,
+        json!({ "leases": leases(acked_before) }),
+    )
+    .await;
+    assert_eq!(s, 200);
+    node.kill9();
+
+    let mut node = start(dir.path().to_owned(), spec.clone());
+    // The leases outlived the kill: 3 of the held ones are acked after it.
+    let (acked_after, unacked) = held.split_at(3);
+    let (s, v) = call(
+        at,
+        "/pull/q/ack",
+        ALL,
+        json!({ "leases": leases(acked_after) }),
+    )
+    .await;
+    assert_eq!((s, v["settled"].as_u64()), (200, Some(3)), "{v}");
+    // The 8 never claimed come; nothing leased comes before its deadline.
+    let fresh = claim_at(at, 8, 60_000).await;
+    let never: std::collections::BTreeSet<String> =
+        sent.difference(&ids(&leased)).cloned().collect();
+    assert_eq!(ids(&fresh), never);
+    let (s, v) = call(at, "/pull/q/claim", ALL, json!({ "wait_ms": 300 })).await;
+    assert_eq!(
+        (s, v["hooks"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{v}"
+    );
+    let (s, _) = call(at, "/pull/q/ack", ALL, json!({ "leases": leases(&fresh) })).await;
+    assert_eq!(s, 200);
+    // After their lease, the 3 unacked come again, as second attempts; nothing acked does.
+    let back = claim_at(at, 3, 60_000).await;
+    assert_eq!(ids(&back), ids(unacked));
+    assert!(back.iter().all(|h| h["attempt"] == 2), "{back:?}");
+    let (s, _) = call(at, "/pull/q/ack", ALL, json!({ "leases": leases(&back) })).await;
+    assert_eq!(s, 200);
+    let (s, v) = call(at, "/pull/q/claim", ALL, json!({ "wait_ms": 500 })).await;
+    assert_eq!(
+        (s, v["hooks"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{v}"
+    );
+    node.kill9();
+
+    // The store: nothing owed, and the counters equal the fold.
+    let store = ankusa_store::Store::open(
+        dir.path().join("db"),
+        &ankusa_store::OpenOptions::default(),
+    )
+    .unwrap();
+    assert_eq!(fold::verify(&store).unwrap(), Vec::new());
+    let c = ankusa_queue::counters::node(&store).unwrap();
+    assert_eq!(
+        (c.pending, c.scheduled, c.inflight, c.dead, c.bytes),
+        (0, 0, 0, 0, 0)
+    );
+}
+
+// ---------------------------------------------------------------------------------------
+// The model: claimers, ackers, nackers, extensions, expiries, replays and purges at once.
+
+/// What the concurrent actors did that the model checks.
+#[derive(Default)]
+struct Seen {
+    /// Seqs whose ack settled a lease (at most once each: a delivered row never returns).
+    acked: std::collections::HashMap<u64, u32>,
+    /// Lease ids a call settled (ack or nack): each at most once.
+    settled: std::collections::HashMap<String, u32>,
+    claims: u64,
+}
+
+#[test]
+fn claims_acks_nacks_expiries_replays_and_purges_at_once_settle_each_lease_once() {
+    use ankusa_queue::deliveries::{self, PurgeKinds, Tx};
+    use ankusa_queue::testkit::Harness;
+    use ankusa_relay::pull::{Ask, Gateway, Parts, Settle};
+    use rand::{Rng, SeedableRng};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    for seed in [1u64, 2] {
+        let mut h = Harness::new();
+        let tenants: Vec<String> = (0..6).map(|t| format!("t{t}")).collect();
+        let now = ankusa_keyspace::now_ms();
+        let mut seqs = Vec::new();
+        for i in 0..300 {
+            seqs.push(h.ingest(Some(&tenants[i % 6]), 1, now, false).0);
+        }
+        let config = ankusa_config::Config::from_yaml(
+            r#"
+sinks: [{ id: sink0, kind: pull }]
+retry: { schedule_ms: [1], jitter: none, max_attempts: 3 }
+pull:
+  consumers:
+    - { name: all, secret: { value: "model-consumer-all-0123" }, sinks: [sink0] }
+"#,
+            Vec::new(),
+        )
+        .unwrap();
+        let metrics = Arc::new(ankusa_relay::metrics::Metrics::new());
+        let gateway = Gateway::new(
+            &config,
+            Parts {
+                store: h.store.clone(),
+                deliverer: ankusa_relay::dispatch::delivery::Deliverer::from_config(&config)
+                    .unwrap(),
+                paused: Arc::new(ankusa_relay::dispatch::paused::Paused::counted(
+                    metrics.tenants_paused.clone(),
+                )),
+                hints: Arc::default(),
+                metrics,
+            },
+        )
+        .unwrap();
+        let consumer = gateway.consumer(b"model-consumer-all-0123").unwrap();
+        let store = h.store.clone();
+        let stop = Arc::new(AtomicBool::new(false));
+        let seen = Arc::new(Mutex::new(Seen::default()));
+        let mut threads = Vec::new();
+        // The tick's part: park every due row whose time came.
+        {
+            let (store, stop) = (store.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    let now = ankusa_keyspace::now_ms();
+                    let mut tx = Tx::new();
+                    for row in deliveries::due_rows(&store).unwrap() {
+                        if row.key.at.0 <= now {
+                            deliveries::park(&mut tx, &row, "sink0");
+                        }
+                    }
+                    tx.commit(&store, false).unwrap();
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }));
+        }
+        // Consumers: claim, then ack, nack, extend, or let the lease run out.
+        for c in 0..3u64 {
+            let (g, consumer, stop, seen) = (
+                gateway.clone(),
+                consumer.clone(),
+                stop.clone(),
+                seen.clone(),
+            );
+            threads.push(std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed * 100 + c);
+                while !stop.load(Ordering::Relaxed) {
+                    let ask = Ask {
+                        max: rng.random_range(1..20),
+                        max_bytes: 1 << 20,
+                        lease_ms: rng.random_range(20..120),
+                    };
+                    let hooks = g.claim("sink0", &consumer, ask).unwrap();
+                    seen.lock().unwrap().claims += hooks.len() as u64;
+                    for hook in hooks {
+                        let leases = [hook.lease.clone()];
+                        let roll = rng.random_range(0..10);
+                        let r = match roll {
+                            0..5 => g.settle("sink0", &consumer, &leases, Settle::Ack),
+                            5..7 => g.settle(
+                                "sink0",
+                                &consumer,
+                                &leases,
+                                Settle::Nack { retry_after: None },
+                            ),
+                            7 => g.extend("sink0", &consumer, &leases, 50).map(|(r, _)| {
+                                r.into_iter()
+                                    .map(|_| Some(ankusa_relay::pull::Conflict::Unknown))
+                                    .collect()
+                            }),
+                            _ => Ok(vec![Some(ankusa_relay::pull::Conflict::Unknown)]),
+                        }
+                        .unwrap();
+                        if r[0].is_none() {
+                            let mut s = seen.lock().unwrap();
+                            *s.settled.entry(hook.lease.clone()).or_default() += 1;
+                            if roll < 5 {
+                                let (seq, ..) =
+                                    ankusa_relay::pull::parse_lease_id(&hook.lease).unwrap();
+                                *s.acked.entry(seq.0).or_default() += 1;
+                            }
+                        }
+                        // A second settle of the same lease never succeeds.
+                        if rng.random_range(0..4) == 0 {
+                            let again = g.settle("sink0", &consumer, &leases, Settle::Ack).unwrap();
+                            assert!(
+                                r[0].is_some() || again[0].is_some(),
+                                "a lease settled twice: {}",
+                                hook.lease
+                            );
+                            if again[0].is_none() {
+                                let mut s = seen.lock().unwrap();
+                                *s.settled.entry(hook.lease.clone()).or_default() += 1;
+                                let (seq, ..) =
+                                    ankusa_relay::pull::parse_lease_id(&hook.lease).unwrap();
+                                *s.acked.entry(seq.0).or_default() += 1;
+                            }
+                        }
+                    }
+                }
+            }));
+        }
+        // Expiries.
+        {
+            let (g, stop) = (gateway.clone(), stop.clone());
+            threads.push(std::thread::spawn(move || {
+                while !stop.load(Ordering::Relaxed) {
+                    g.expire_due(1_000).unwrap();
+                    std::thread::sleep(Duration::from_millis(3));
+                }
+            }));
+        }
+        // Replays of dead rows, and purges of a tenant's queue.
+        {
+            let (store, stop) = (store.clone(), stop.clone());
+            let ords: Vec<_> = tenants.iter().map(|t| h.ord(t)).collect();
+            threads.push(std::thread::spawn(move || {
+                let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+                while !stop.load(Ordering::Relaxed) {
+                    if rng.random_range(0..3) == 0 {
+                        let ord = ords[rng.random_range(0..ords.len())];
+                        let kinds = PurgeKinds {
+                            pending: true,
+                            dead: rng.random_bool(0.5),
+                        };
+                        deliveries::purge_tenant_chunk(&store, ord, kinds).unwrap();
+                    } else {
+                        let mut tx = Tx::new();
+                        let now = ankusa_keyspace::AtMs(ankusa_keyspace::now_ms());
+                        for row in ankusa_queue::testkit::dead_rows(&store).iter().take(20) {
+                            deliveries::revive(&mut tx, row, now);
+                        }
+                        tx.commit(&store, true).unwrap();
+                    }
+                    std::thread::sleep(Duration::from_millis(rng.random_range(20..80)));
+                }
+            }));
+        }
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+        for t in threads {
+            t.join().unwrap();
+        }
+        // Drain: every lease out ends at its deadline.
+        std::thread::sleep(Duration::from_millis(200));
+        gateway.expire_due(100_000).unwrap();
+        let s = seen.lock().unwrap();
+        assert!(s.claims > 100, "seed {seed}: only {} claims", s.claims);
+        assert!(
+            s.acked.values().all(|n| *n == 1),
+            "seed {seed}: a delivery acked twice"
+        );
+        assert!(
+            s.settled.values().all(|n| *n == 1),
+            "seed {seed}: a lease settled twice"
+        );
+        // Nothing acked is still owed anywhere; no lease is left; counters equal the fold.
+        let owed: std::collections::BTreeSet<u64> = deliveries::pulled_rows(&store)
+            .unwrap()
+            .iter()
+            .map(|r| r.key.seq.0)
+            .chain(
+                deliveries::due_rows(&store)
+                    .unwrap()
+                    .iter()
+                    .map(|r| r.key.seq.0),
+            )
+            .chain(
+                ankusa_queue::testkit::dead_rows(&store)
+                    .iter()
+                    .map(|r| r.key.seq.0),
+            )
+            .chain(
+                ankusa_queue::testkit::inflight_rows(&store)
+                    .iter()
+                    .map(|r| r.key.seq.0),
+            )
+            .collect();
+        assert!(
+            s.acked.keys().all(|seq| !owed.contains(seq)),
+            "seed {seed}: an acked delivery is still owed"
+        );
+        assert_eq!(
+            deliveries::leases(&store).unwrap(),
+            Vec::new(),
+            "seed {seed}"
+        );
+        assert_eq!(ankusa_queue::testkit::inflight_rows(&store), Vec::new());
+        assert_eq!(fold::verify(&store).unwrap(), Vec::new(), "seed {seed}");
+        assert!(gateway.leases_out().values().all(|n| *n == 0));
+    }
 }
