@@ -340,6 +340,26 @@ impl Cluster {
             .await
     }
 
+    /// Sends a pull gateway call (`/pull/…`) to another node's ingest listener, to be
+    /// answered there for what that node holds.
+    pub async fn forward_pull(
+        &self,
+        to: &Member,
+        path: &str,
+        headers: &HeaderMap,
+        body: Bytes,
+    ) -> Result<Response, Unreachable> {
+        let mut h = headers.clone();
+        h.insert(LOCAL_HEADER, HeaderValue::from_static("1"));
+        self.send("pull", to, &to.ingest, Method::POST, path, &h, body)
+            .await
+    }
+
+    /// Whether a call is one another node of the Relay sent to be answered here.
+    pub fn is_local_call(&self, headers: &HeaderMap) -> bool {
+        headers.contains_key(LOCAL_HEADER) && self.authentic(headers)
+    }
+
     /// [`Cluster::forward_admin`] to the node named `name`.
     pub async fn forward_admin_named(
         &self,

@@ -917,6 +917,7 @@ impl Node {
             &config,
             crate::pull::Parts {
                 store: store.clone(),
+                cluster: cluster.clone(),
                 deliverer: deliverer.clone(),
                 paused: paused.clone(),
                 hints: hints.clone(),

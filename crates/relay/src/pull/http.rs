@@ -105,8 +105,10 @@ pub struct SettleAnswer {
     /// The new deadline, for an extension.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_deadline_ms: Option<u64>,
-    /// Leases not held: `expired` (past its deadline; the hook is due again) or `unknown`
-    /// (settled already, claimed again since, malformed, or not this consumer's).
+    /// Leases not held: `expired` (past its deadline; the hook is due again), `unknown`
+    /// (settled already, claimed again since, malformed, or not this consumer's), or
+    /// `unavailable` (in a Relay of several nodes, the node holding it did not answer: try
+    /// again).
     pub conflicts: Vec<LeaseConflict>,
 }
 
@@ -255,28 +257,110 @@ pub async fn claim(
     };
     let until = Instant::now() + wait;
     let wake = g.deliverer.pull_wake.of(&sink);
+    // In a Relay of several nodes a claim gathers from every node holding tenants the
+    // consumer sees (its own first); a node asked by another answers for itself.
+    let others: Vec<crate::cluster::Member> =
+        if g.cluster.is_multi() && !g.cluster.is_local_call(&headers) {
+            let me = g.cluster.me().unwrap_or_default();
+            g.cluster
+                .members()
+                .iter()
+                .filter(|m| m.name != me)
+                .filter(|m| match c.tenants() {
+                    None => true,
+                    Some(ts) => ts.iter().any(|t| g.cluster.owner_of(t).name == m.name),
+                })
+                .cloned()
+                .collect()
+        } else {
+            Vec::new()
+        };
+    let mine = !g.cluster.is_multi()
+        || g.cluster.is_local_call(&headers)
+        || c.tenants()
+            .is_none_or(|ts| ts.iter().any(|t| g.cluster.other_owner(t).is_none()));
     loop {
         // Registered before the read: a park between the read and the wait still wakes it.
         let parked = wake.notified();
         tokio::pin!(parked);
         parked.as_mut().enable();
-        let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
-        let claimed = tokio::task::spawn_blocking(move || g2.claim(&sink2, &c2, ask)).await;
-        let claimed = match claimed {
-            Ok(Ok(h)) => h,
-            Ok(Err(e)) => return internal(e),
-            Err(e) => return internal(e),
-        };
-        let now = Instant::now();
-        if !claimed.is_empty() || now >= until {
-            let hooks = claimed.into_iter().map(render).collect();
-            return Json(ClaimAnswer { hooks }).into_response();
+        let mut hooks: Vec<serde_json::Value> = Vec::new();
+        let mut bytes = 0u64;
+        if mine {
+            let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
+            let claimed = tokio::task::spawn_blocking(move || g2.claim(&sink2, &c2, ask)).await;
+            let claimed = match claimed {
+                Ok(Ok(h)) => h,
+                Ok(Err(e)) => return internal(e),
+                Err(e) => return internal(e),
+            };
+            for h in claimed {
+                bytes += h.envelope.body.len() as u64;
+                hooks.push(serde_json::to_value(render(h)).unwrap_or_default());
+            }
         }
+        for m in &others {
+            if hooks.len() >= ask.max {
+                break;
+            }
+            let body = serde_json::json!({
+                "max": ask.max - hooks.len(),
+                "max_bytes": ask.max_bytes.saturating_sub(bytes).max(1),
+                "wait_ms": 0,
+                "lease_ms": ask.lease_ms,
+            });
+            let path = format!("/pull/{sink}/claim");
+            let answer = forward_json(&g, m, &path, &headers, &body).await;
+            if let Some(v) = answer.filter(|(s, _)| *s == 200).map(|(_, v)| v) {
+                for h in v["hooks"].as_array().into_iter().flatten() {
+                    bytes += h["body"].as_str().map_or(0, |b| b.len() as u64);
+                    hooks.push(h.clone());
+                }
+            }
+        }
+        let now = Instant::now();
+        if !hooks.is_empty() || now >= until {
+            return Json(serde_json::json!({ "hooks": hooks })).into_response();
+        }
+        // Another node's parks do not wake this one: look again at least every 100 ms.
+        let nap = if others.is_empty() {
+            until
+        } else {
+            (now + Duration::from_millis(100)).min(until)
+        };
         tokio::select! {
             _ = parked => {}
-            _ = tokio::time::sleep_until((until).into()) => {}
+            _ = tokio::time::sleep_until(nap.into()) => {}
         }
     }
+}
+
+/// A call to another node's pull gateway: its status and JSON, or `None` when it did not
+/// answer.
+async fn forward_json(
+    g: &Gateway,
+    to: &crate::cluster::Member,
+    path: &str,
+    headers: &HeaderMap,
+    body: &serde_json::Value,
+) -> Option<(u16, serde_json::Value)> {
+    use http_body_util::BodyExt;
+    let mut h = HeaderMap::new();
+    if let Some(a) = headers.get(axum::http::header::AUTHORIZATION) {
+        h.insert(axum::http::header::AUTHORIZATION, a.clone());
+    }
+    h.insert(
+        axum::http::header::CONTENT_TYPE,
+        axum::http::HeaderValue::from_static("application/json"),
+    );
+    let resp = g
+        .cluster
+        .forward_pull(to, path, &h, bytes::Bytes::from(body.to_string()))
+        .await
+        .ok()?;
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.ok()?.to_bytes();
+    Some((status, serde_json::from_slice(&bytes).unwrap_or_default()))
 }
 
 fn render(c: Claimed) -> ClaimedHook {
@@ -323,14 +407,14 @@ fn leases_in(g: &Gateway, leases: &[String]) -> Result<(), Refused> {
     Ok(())
 }
 
-fn settled(leases: &[String], result: Vec<Option<Conflict>>, deadline: Option<u64>) -> Response {
+fn settled(leases: &[String], result: Vec<Option<&str>>, deadline: Option<u64>) -> Response {
     let conflicts: Vec<LeaseConflict> = leases
         .iter()
         .zip(&result)
         .filter_map(|(l, c)| {
             c.map(|c| LeaseConflict {
                 lease: l.clone(),
-                reason: c.name().to_owned(),
+                reason: c.to_owned(),
             })
         })
         .collect();
@@ -360,12 +444,20 @@ fn settled(leases: &[String], result: Vec<Option<Conflict>>, deadline: Option<u6
         .into_response()
 }
 
+/// What a settle or an extension does on this node.
+#[derive(Debug, Clone, Copy)]
+enum Op {
+    Settle(Settle),
+    Extend(u64),
+}
+
 async fn run_settle(
     g: Arc<Gateway>,
     sink: String,
     headers: HeaderMap,
     leases: Vec<String>,
-    how: Settle,
+    op: Op,
+    body: serde_json::Value,
 ) -> Response {
     let c = match consumer(&g, &headers, &sink) {
         Ok(c) => c,
@@ -374,12 +466,90 @@ async fn run_settle(
     if let Err(r) = leases_in(&g, &leases) {
         return r.into_response();
     }
-    let l2 = leases.clone();
-    let r = tokio::task::spawn_blocking(move || g.settle(&sink, &c, &l2, how)).await;
-    match r {
-        Ok(Ok(r)) => settled(&leases, r, None),
-        Ok(Err(e)) => internal(e),
-        Err(e) => internal(e),
+    // Each lease is settled by the node that holds it: this node's here, the others'
+    // sent on (a node asked by another answers for itself).
+    let me = g.node().map(str::to_owned);
+    let mut by_node: std::collections::BTreeMap<Option<String>, Vec<usize>> = Default::default();
+    for (i, l) in leases.iter().enumerate() {
+        let node = super::parse_lease_id(l)
+            .and_then(|p| p.node)
+            .map(str::to_owned);
+        let node = match node {
+            Some(n) if Some(&n) != me.as_ref() && !g.cluster.is_local_call(&headers) => Some(n),
+            _ => None,
+        };
+        by_node.entry(node).or_default().push(i);
+    }
+    let mut result: Vec<Option<&'static str>> = vec![None; leases.len()];
+    let mut deadline = None;
+    for (node, idx) in by_node {
+        let mine: Vec<String> = idx.iter().map(|i| leases[*i].clone()).collect();
+        match node {
+            None => {
+                let (g2, sink2, c2, l2) = (g.clone(), sink.clone(), c.clone(), mine.clone());
+                let r = tokio::task::spawn_blocking(move || match op {
+                    Op::Settle(how) => g2.settle(&sink2, &c2, &l2, how).map(|r| (r, None)),
+                    Op::Extend(ms) => g2.extend(&sink2, &c2, &l2, ms).map(|(r, d)| (r, Some(d.0))),
+                })
+                .await;
+                let (r, d) = match r {
+                    Ok(Ok(r)) => r,
+                    Ok(Err(e)) => return internal(e),
+                    Err(e) => return internal(e),
+                };
+                deadline = deadline.or(d);
+                for (i, c) in idx.iter().zip(r) {
+                    result[*i] = c.map(Conflict::name);
+                }
+            }
+            Some(name) => {
+                let member = g.cluster.members().iter().find(|m| m.name == name).cloned();
+                let mut b = body.clone();
+                b["leases"] = serde_json::json!(mine);
+                let path = format!("/pull/{sink}/{}", op.path());
+                let answer = match &member {
+                    Some(m) => forward_json(&g, m, &path, &headers, &b).await,
+                    None => None,
+                };
+                match answer {
+                    Some((200 | 409, v)) => {
+                        deadline = deadline.or(v["lease_deadline_ms"].as_u64());
+                        let conflicts: std::collections::HashMap<String, String> = v["conflicts"]
+                            .as_array()
+                            .into_iter()
+                            .flatten()
+                            .filter_map(|c| {
+                                Some((
+                                    c["lease"].as_str()?.to_owned(),
+                                    c["reason"].as_str()?.to_owned(),
+                                ))
+                            })
+                            .collect();
+                        for i in &idx {
+                            result[*i] = conflicts.get(&leases[*i]).map(|r| match r.as_str() {
+                                "expired" => "expired",
+                                _ => "unknown",
+                            });
+                        }
+                    }
+                    // Not in the node list (a lease of a node that left): unknown; a node
+                    // that did not answer: try again later.
+                    _ if member.is_none() => idx.iter().for_each(|i| result[*i] = Some("unknown")),
+                    _ => idx.iter().for_each(|i| result[*i] = Some("unavailable")),
+                }
+            }
+        }
+    }
+    settled(&leases, result, deadline)
+}
+
+impl Op {
+    fn path(self) -> &'static str {
+        match self {
+            Op::Settle(Settle::Ack) => "ack",
+            Op::Settle(Settle::Nack { .. }) => "nack",
+            Op::Extend(_) => "extend",
+        }
     }
 }
 
@@ -407,7 +577,8 @@ pub async fn ack(
     headers: HeaderMap,
     Json(req): Json<AckRequest>,
 ) -> Response {
-    run_settle(g, sink, headers, req.leases, Settle::Ack).await
+    let body = serde_json::json!({});
+    run_settle(g, sink, headers, req.leases, Op::Settle(Settle::Ack), body).await
 }
 
 /// `POST /pull/{sink}/nack`: the hooks were not delivered: each is retried on the retry
@@ -435,7 +606,9 @@ pub async fn nack(
     Json(req): Json<NackRequest>,
 ) -> Response {
     let retry_after = req.retry_after_ms.map(Duration::from_millis);
-    run_settle(g, sink, headers, req.leases, Settle::Nack { retry_after }).await
+    let body = serde_json::json!({ "retry_after_ms": req.retry_after_ms });
+    let op = Op::Settle(Settle::Nack { retry_after });
+    run_settle(g, sink, headers, req.leases, op, body).await
 }
 
 /// `POST /pull/{sink}/extend`: the leases run `lease_ms` from now.
@@ -461,13 +634,6 @@ pub async fn extend(
     headers: HeaderMap,
     Json(req): Json<ExtendRequest>,
 ) -> Response {
-    let c = match consumer(&g, &headers, &sink) {
-        Ok(c) => c,
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = leases_in(&g, &req.leases) {
-        return r.into_response();
-    }
     let s = g.settings();
     let sink_lease = s.sinks.get(&sink).map_or(s.lease_ms, |k| k.lease_ms);
     let lease_ms = match in_range(
@@ -479,12 +645,6 @@ pub async fn extend(
         Ok(l) => l,
         Err(r) => return r.into_response(),
     };
-    let leases = req.leases;
-    let l2 = leases.clone();
-    let r = tokio::task::spawn_blocking(move || g.extend(&sink, &c, &l2, lease_ms)).await;
-    match r {
-        Ok(Ok((r, deadline))) => settled(&leases, r, Some(deadline.0)),
-        Ok(Err(e)) => internal(e),
-        Err(e) => internal(e),
-    }
+    let body = serde_json::json!({ "lease_ms": lease_ms });
+    run_settle(g, sink, headers, req.leases, Op::Extend(lease_ms), body).await
 }

@@ -53,6 +53,11 @@ impl Consumer {
         self.sinks.contains(sink)
     }
 
+    /// The tenants it sees (`None`: every tenant).
+    pub fn tenants(&self) -> Option<&HashSet<String>> {
+        self.tenants.as_ref()
+    }
+
     fn sees(&self, tenant: &str) -> bool {
         self.tenants.as_ref().is_none_or(|t| t.contains(tenant))
     }
@@ -148,6 +153,7 @@ pub enum Settle {
 /// The claim gateway of one node.
 pub struct Gateway {
     store: Arc<Store>,
+    pub cluster: Arc<crate::cluster::Cluster>,
     deliverer: Deliverer,
     consumers: arc_swap::ArcSwap<Vec<Arc<Consumer>>>,
     settings: arc_swap::ArcSwap<Settings>,
@@ -189,6 +195,8 @@ pub fn consumers(c: &Config) -> Result<Vec<Arc<Consumer>>, ConfigError> {
 /// The parts a gateway works with.
 pub struct Parts {
     pub store: Arc<Store>,
+    /// The Relay's nodes: a lease id names the node that holds it.
+    pub cluster: Arc<crate::cluster::Cluster>,
     pub deliverer: Deliverer,
     pub paused: Arc<Paused>,
     pub hints: Arc<DueHints>,
@@ -202,6 +210,7 @@ impl Gateway {
     pub fn new(config: &Config, parts: Parts) -> Result<Arc<Gateway>, ConfigError> {
         Ok(Arc::new(Gateway {
             store: parts.store,
+            cluster: parts.cluster,
             deliverer: parts.deliverer,
             consumers: arc_swap::ArcSwap::from_pointee(consumers(config)?),
             settings: arc_swap::ArcSwap::from_pointee(Settings::from_config(config)),
@@ -259,6 +268,11 @@ impl Gateway {
 
     fn book(&self) -> std::sync::MutexGuard<'_, Book> {
         self.book.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// This node's name in a Relay of several nodes (the lease ids it makes carry it).
+    pub fn node(&self) -> Option<&str> {
+        self.cluster.is_multi().then(|| self.cluster.me()).flatten()
     }
 
     /// Leases out now, per sink.
@@ -358,7 +372,7 @@ impl Gateway {
                 book.insert(sink, row.key.seq, row.key.sink, lease);
                 match env {
                     Ok(env) => out.push(Claimed {
-                        lease: lease_id(row.key.seq, row.key.sink, lease.nonce),
+                        lease: lease_id(self.node(), row.key.seq, row.key.sink, lease.nonce),
                         deadline: lease.deadline,
                         attempt: lease.attempt,
                         envelope: Arc::new(env),
@@ -582,8 +596,14 @@ impl Gateway {
         now: u64,
     ) -> Result<Vec<Option<Held>>, QueueError> {
         let store = &*self.store;
-        let ids: Vec<Option<(Seq, SinkIdx, u64)>> =
-            leases.iter().map(|l| parse_lease_id(l)).collect();
+        let ids: Vec<Option<(Seq, SinkIdx, u64)>> = leases
+            .iter()
+            .map(|l| {
+                parse_lease_id(l)
+                    .filter(|p| p.node == self.node())
+                    .map(|p| p.key())
+            })
+            .collect();
         let keys: Vec<(Seq, SinkIdx)> = ids.iter().flatten().map(|(s, k, _)| (*s, *k)).collect();
         let found = deliveries::read_leases(store, &keys)?;
         let states = delivery_rows(store, &keys)?;
@@ -630,7 +650,10 @@ impl Gateway {
     /// Why a lease the consumer named is not held: expired if its lease is still there
     /// with this nonce past its deadline, unknown otherwise.
     fn why_not(&self, lease: &str, now: u64) -> Result<Conflict, QueueError> {
-        let Some((seq, idx, nonce)) = parse_lease_id(lease) else {
+        let Some((seq, idx, nonce)) = parse_lease_id(lease)
+            .filter(|p| p.node == self.node())
+            .map(|p| p.key())
+        else {
             return Ok(Conflict::Unknown);
         };
         Ok(match deliveries::read_lease(&self.store, seq, idx)? {
@@ -833,21 +856,52 @@ fn held_for(lease: &Lease, now: u64) -> f64 {
     now.saturating_sub(lease.claimed_at.0) as f64 / 1_000.0
 }
 
-/// A lease's id as consumers see it: `<seq>.<sink index>.<nonce>` (hex).
-pub fn lease_id(seq: Seq, sink: SinkIdx, nonce: u64) -> String {
-    format!("{:x}.{:x}.{:016x}", seq.0, sink.0, nonce)
+/// A lease's id as consumers see it: `<seq>.<sink index>.<nonce>` (hex), after
+/// `<node>~` in a Relay of several nodes.
+pub fn lease_id(node: Option<&str>, seq: Seq, sink: SinkIdx, nonce: u64) -> String {
+    let id = format!("{:x}.{:x}.{:016x}", seq.0, sink.0, nonce);
+    match node {
+        Some(n) => format!("{n}~{id}"),
+        None => id,
+    }
+}
+
+/// A lease id, parsed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LeaseRef<'a> {
+    /// The node that holds it (`None`: a single node's).
+    pub node: Option<&'a str>,
+    pub seq: Seq,
+    pub sink: SinkIdx,
+    pub nonce: u64,
+}
+
+impl LeaseRef<'_> {
+    fn key(&self) -> (Seq, SinkIdx, u64) {
+        (self.seq, self.sink, self.nonce)
+    }
 }
 
 /// Parses a lease id (`None`: not one).
-pub fn parse_lease_id(id: &str) -> Option<(Seq, SinkIdx, u64)> {
-    let mut parts = id.split('.');
+pub fn parse_lease_id(id: &str) -> Option<LeaseRef<'_>> {
+    let (node, rest) = match id.rsplit_once('~') {
+        Some((n, r)) if !n.is_empty() => (Some(n), r),
+        Some(_) => return None,
+        None => (None, id),
+    };
+    let mut parts = rest.split('.');
     let seq = u64::from_str_radix(parts.next()?, 16).ok()?;
     let sink = u16::from_str_radix(parts.next()?, 16).ok()?;
     let nonce = u64::from_str_radix(parts.next()?, 16).ok()?;
     if parts.next().is_some() {
         return None;
     }
-    Some((Seq(seq), SinkIdx(sink), nonce))
+    Some(LeaseRef {
+        node,
+        seq: Seq(seq),
+        sink: SinkIdx(sink),
+        nonce,
+    })
 }
 
 /// Runs the expiry of leases until `stop`: wakes at the soonest deadline (at least every
@@ -890,13 +944,29 @@ mod tests {
 
     #[test]
     fn lease_ids_round_trip_and_reject_what_is_not_one() {
-        let id = lease_id(Seq(0x1234), SinkIdx(2), 0xdead_beef);
+        let id = lease_id(None, Seq(0x1234), SinkIdx(2), 0xdead_beef);
         assert_eq!(id, "1234.2.00000000deadbeef");
+        let p = parse_lease_id(&id).unwrap();
         assert_eq!(
-            parse_lease_id(&id),
-            Some((Seq(0x1234), SinkIdx(2), 0xdead_beef))
+            (p.node, p.key()),
+            (None, (Seq(0x1234), SinkIdx(2), 0xdead_beef))
         );
-        for bad in ["", "1.2", "1.2.3.4", "x.2.3", "1.10000.3", "1.2.zz"] {
+        let id = lease_id(Some("relay-1.nodes"), Seq(1), SinkIdx(0), 7);
+        assert_eq!(id, "relay-1.nodes~1.0.0000000000000007");
+        let p = parse_lease_id(&id).unwrap();
+        assert_eq!(
+            (p.node, p.key()),
+            (Some("relay-1.nodes"), (Seq(1), SinkIdx(0), 7))
+        );
+        for bad in [
+            "",
+            "1.2",
+            "1.2.3.4",
+            "x.2.3",
+            "1.10000.3",
+            "1.2.zz",
+            "~1.2.3",
+        ] {
             assert_eq!(parse_lease_id(bad), None, "{bad}");
         }
     }

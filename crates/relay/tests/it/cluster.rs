@@ -34,6 +34,8 @@ struct Relay {
     specs: Vec<Spec>,
     procs: Vec<Option<Proc>>,
     extra: String,
+    /// The route also goes to the pull sink `q`.
+    pull: bool,
 }
 
 impl Relay {
@@ -53,6 +55,7 @@ impl Relay {
             specs: Vec::new(),
             procs: Vec::new(),
             extra: extra.to_owned(),
+            pull: false,
         };
         for _ in 0..nodes {
             r.add_spec();
@@ -104,7 +107,8 @@ impl Relay {
                 r#"{{ id: s, url: "{}", timeout_ms: 5000 }}"#,
                 self.sink.url("/s")
             ))
-            .route("r", &["s"])
+            .sink_yaml("{ id: q, kind: pull }")
+            .route("r", if self.pull { &["s", "q"] } else { &["s"] })
             .source_yaml(&format!(
                 r#"{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: r }}"#
             ))
@@ -813,4 +817,146 @@ fn an_erase_asked_at_any_node_erases_the_tenant_on_its_owner() {
         let (_, own) = local_answer(&r, i, &limits);
         assert!(own.get("overrides").is_none(), "node {i}: {own}");
     }
+}
+
+const CONSUMER: &str = "cluster-pull-consumer-0123456";
+const SCOPED: &str = "cluster-pull-scoped-0123456789";
+
+/// A pull call to node `i`'s ingest listener: status and JSON.
+fn pull_call(
+    r: &Relay,
+    i: usize,
+    path: &str,
+    token: &str,
+    body: serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], r.specs[i].ingest).into();
+    r.rt.block_on(admin_call(addr, "POST", path, token, &body.to_string()))
+}
+
+/// Claims at node `i` until `n` hooks came.
+fn pull_n(r: &Relay, i: usize, token: &str, n: usize) -> Vec<serde_json::Value> {
+    let mut got = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while got.len() < n {
+        assert!(
+            Instant::now() < deadline,
+            "{} of {n} hooks came\n{}",
+            got.len(),
+            r.logs()
+        );
+        let (s, v) = pull_call(
+            r,
+            i,
+            "/pull/q/claim",
+            token,
+            serde_json::json!({ "max": n - got.len(), "wait_ms": 1000 }),
+        );
+        assert_eq!(s, 200, "{v}");
+        got.extend(v["hooks"].as_array().unwrap().iter().cloned());
+    }
+    got
+}
+
+fn lease_ids(hooks: &[serde_json::Value]) -> Vec<String> {
+    hooks
+        .iter()
+        .map(|h| h["lease"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+#[test]
+fn a_claim_at_any_node_gathers_from_every_owner_and_acks_reach_the_node_that_leased() {
+    let mut r = Relay::new(
+        3,
+        &format!(
+            r#"pull:
+  consumers:
+    - {{ name: all, secret: {{ value: "{CONSUMER}" }}, sinks: [q] }}
+    - {{ name: one, secret: {{ value: "{SCOPED}" }}, sinks: [q], tenants: [TENANT] }}"#
+        ),
+    );
+    r.pull = true;
+    let owned = tenants_per_owner(&r, 2);
+    // The scoped consumer's tenant is one node 0 owns.
+    r.extra = r.extra.replace("TENANT", &owned[0][0]);
+    r.start_all();
+    let c = client();
+    for (o, tenants) in owned.iter().enumerate() {
+        for t in tenants {
+            let resp = r.rt.block_on(r.send(&c, (o + 1) % 3, t, &format!("d-{t}")));
+            assert_eq!(resp.status, 202);
+        }
+    }
+    // A claim at node 1 gathers the six hooks from their three owners.
+    let hooks = pull_n(&r, 1, CONSUMER, 6);
+    let mut tenants: Vec<&str> = hooks
+        .iter()
+        .map(|h| h["tenant"].as_str().unwrap())
+        .collect();
+    tenants.sort();
+    let mut want: Vec<&str> = owned.iter().flatten().map(String::as_str).collect();
+    want.sort();
+    assert_eq!(tenants, want);
+    for h in &hooks {
+        let owner = r.owner(h["tenant"].as_str().unwrap());
+        let lease = h["lease"].as_str().unwrap();
+        assert!(lease.starts_with(&format!("relay-{owner}~")), "{lease}");
+    }
+    // Acked at node 2: each lease settles on its node.
+    let (s, v) = pull_call(
+        &r,
+        2,
+        "/pull/q/ack",
+        CONSUMER,
+        serde_json::json!({ "leases": lease_ids(&hooks) }),
+    );
+    assert_eq!((s, v["settled"].as_u64()), (200, Some(6)), "{v}");
+    let (s, v) = pull_call(
+        &r,
+        0,
+        "/pull/q/claim",
+        CONSUMER,
+        serde_json::json!({ "wait_ms": 300 }),
+    );
+    assert_eq!(
+        (s, v["hooks"].as_array().map(Vec::len)),
+        (200, Some(0)),
+        "{v}"
+    );
+    for i in 0..3 {
+        let (_, node) = r.admin_get(i, "/v1/node");
+        assert_eq!(node["counters"]["inflight"], 0, "node {i}: {node}");
+    }
+
+    // A tenant's consumer, at a node that does not own its tenant, gets its hooks.
+    let t = owned[0][0].clone();
+    let resp = r.rt.block_on(r.send(&c, 2, &t, "d-scoped"));
+    assert_eq!(resp.status, 202);
+    let mine = pull_n(&r, 2, SCOPED, 1);
+    assert_eq!(mine[0]["tenant"].as_str(), Some(t.as_str()));
+    // Its owner down, the lease cannot be settled elsewhere: 409, unavailable.
+    r.kill9(0);
+    let (s, v) = pull_call(
+        &r,
+        1,
+        "/pull/q/ack",
+        SCOPED,
+        serde_json::json!({ "leases": lease_ids(&mine) }),
+    );
+    assert_eq!(
+        (s, v["conflicts"][0]["reason"].as_str()),
+        (409, Some("unavailable")),
+        "{v}"
+    );
+    // Back up, the lease outlived the kill: the ack settles.
+    r.start(0);
+    let (s, v) = pull_call(
+        &r,
+        1,
+        "/pull/q/ack",
+        SCOPED,
+        serde_json::json!({ "leases": lease_ids(&mine) }),
+    );
+    assert_eq!((s, v["settled"].as_u64()), (200, Some(1)), "{v}");
 }

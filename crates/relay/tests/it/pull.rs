@@ -706,11 +706,9 @@ async fn kill_9_with_leases_out_keeps_every_ack_and_every_lease() {
     node.kill9();
 
     // The store: nothing owed, and the counters equal the fold.
-    let store = ankusa_store::Store::open(
-        dir.path().join("db"),
-        &ankusa_store::OpenOptions::default(),
-    )
-    .unwrap();
+    let store =
+        ankusa_store::Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default())
+            .unwrap();
     assert_eq!(fold::verify(&store).unwrap(), Vec::new());
     let c = ankusa_queue::counters::node(&store).unwrap();
     assert_eq!(
@@ -765,6 +763,10 @@ pull:
             &config,
             Parts {
                 store: h.store.clone(),
+                cluster: Arc::new(
+                    ankusa_relay::cluster::Cluster::new(&config, &h.store, metrics.clone())
+                        .unwrap(),
+                ),
                 deliverer: ankusa_relay::dispatch::delivery::Deliverer::from_config(&config)
                     .unwrap(),
                 paused: Arc::new(ankusa_relay::dispatch::paused::Paused::counted(
@@ -838,8 +840,9 @@ pull:
                             let mut s = seen.lock().unwrap();
                             *s.settled.entry(hook.lease.clone()).or_default() += 1;
                             if roll < 5 {
-                                let (seq, ..) =
-                                    ankusa_relay::pull::parse_lease_id(&hook.lease).unwrap();
+                                let seq = ankusa_relay::pull::parse_lease_id(&hook.lease)
+                                    .map(|p| p.seq)
+                                    .unwrap();
                                 *s.acked.entry(seq.0).or_default() += 1;
                             }
                         }
@@ -854,8 +857,9 @@ pull:
                             if again[0].is_none() {
                                 let mut s = seen.lock().unwrap();
                                 *s.settled.entry(hook.lease.clone()).or_default() += 1;
-                                let (seq, ..) =
-                                    ankusa_relay::pull::parse_lease_id(&hook.lease).unwrap();
+                                let seq = ankusa_relay::pull::parse_lease_id(&hook.lease)
+                                    .map(|p| p.seq)
+                                    .unwrap();
                                 *s.acked.entry(seq.0).or_default() += 1;
                             }
                         }
