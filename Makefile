@@ -107,6 +107,7 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench dispatch_tick
 	$(CARGO) bench -p ankusa-relay --bench ingest
 	$(CARGO) bench -p ankusa-relay --bench delivery
+	$(CARGO) bench -p ankusa-relay --bench pull
 	$(CARGO) bench -p ankusa-relay --bench migration
 	$(CARGO) bench -p ankusa-relay --bench replay
 	$(CARGO) bench -p ankusa-relay --bench sustain

@@ -92,7 +92,7 @@ MODULE_RANK = {
     "main": 9, "cli": 8,
     "testkit": 7, "node": 6,
     "openapi": 5, "reload": 5,
-    "admin": 4,
+    "admin": 4, "pull": 4,
     "ingest": 3, "dispatch": 3,
     "cluster": 2,
     "metrics": 1, "http": 1, "upgrade": 1, "telemetry": 1,

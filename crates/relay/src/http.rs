@@ -55,6 +55,15 @@ pub fn https(
         .wrap_connector(http))
 }
 
+/// The token of an `Authorization` value of the `Bearer` scheme, whose name is
+/// case-insensitive (RFC 7235 §2.1): `bearer t`, `BEARER t` and `Bearer  t` all give `t`.
+/// The admin API's tokens and the pull gateway's consumers both use it.
+pub fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim_start().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
 /// The one error body shape: `{"error": code, "message": ...}` ([`ErrorBody`]).
 pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
     answer(status, code, message.into(), None)

@@ -83,18 +83,25 @@ pub struct Lease {
     pub claimed_at: AtMs,
     /// The attempt this lease is (1 = first).
     pub attempt: u32,
+    /// The sinks the hook names (an ack's last-need check reads no hook).
+    pub sinks: u16,
+    /// A hash of the pull sink's id: a lease settles only through its own sink.
+    pub sink_hash: u64,
 }
 
 impl Lease {
     const V1: u8 = 1;
+    const LEN: usize = 39;
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut v = Vec::with_capacity(29);
+        let mut v = Vec::with_capacity(Self::LEN);
         v.push(Self::V1);
         v.extend_from_slice(&self.nonce.to_be_bytes());
         v.extend_from_slice(&self.deadline.0.to_be_bytes());
         v.extend_from_slice(&self.claimed_at.0.to_be_bytes());
         v.extend_from_slice(&self.attempt.to_be_bytes());
+        v.extend_from_slice(&self.sinks.to_be_bytes());
+        v.extend_from_slice(&self.sink_hash.to_be_bytes());
         v
     }
 
@@ -106,7 +113,7 @@ impl Lease {
                 format!("bad value {}", ankusa_keyspace::hex(v)),
             )
         };
-        if v.len() != 29 || v[0] != Self::V1 {
+        if v.len() != Self::LEN || v[0] != Self::V1 {
             return Err(bad());
         }
         let u64_at = |i: usize| -> Result<u64, QueueError> {
@@ -119,8 +126,18 @@ impl Lease {
             deadline: AtMs(u64_at(9)?),
             claimed_at: AtMs(u64_at(17)?),
             attempt: u32::from_be_bytes(v[25..29].try_into().map_err(|_| bad())?),
+            sinks: u16::from_be_bytes(v[29..31].try_into().map_err(|_| bad())?),
+            sink_hash: u64_at(31)?,
         })
     }
+}
+
+/// The hash a lease keeps of its pull sink's id (FNV-1a, 64 bits: it tells configured
+/// sinks apart, nothing more).
+pub fn sink_hash(sink_id: &str) -> u64 {
+    sink_id.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }
 
 /// Park: a due row of a pull sink (`sink_id`) waits for a consumer in `?P`; its kind, and
@@ -234,6 +251,33 @@ pub fn waiting_pulls(
     limit: usize,
 ) -> Result<Vec<PulledRow>, QueueError> {
     let (lo, hi) = ankusa_keyspace::pulled_sink_range(ord, sink_id);
+    collect(
+        store.scan(Family::Pulled, &lo, &hi, Dir::Forward)?,
+        limit,
+        PulledRow::decode,
+    )
+}
+
+/// Up to `limit` of tenant `ord`'s rows waiting for pull sink `sink_id` at or after the
+/// row key fields `from` (`None`: from its first), oldest first.
+pub fn waiting_pulls_from(
+    store: &Store,
+    ord: TenantOrd,
+    sink_id: &str,
+    from: Option<(AtMs, Seq, SinkIdx)>,
+    limit: usize,
+) -> Result<Vec<PulledRow>, QueueError> {
+    let (lo, hi) = ankusa_keyspace::pulled_sink_range(ord, sink_id);
+    let lo = match from {
+        None => lo,
+        Some((at, seq, sink)) => ankusa_keyspace::pulled(&PulledKey {
+            ord,
+            sink_id: sink_id.to_owned(),
+            at,
+            seq,
+            sink,
+        }),
+    };
     collect(
         store.scan(Family::Pulled, &lo, &hi, Dir::Forward)?,
         limit,

@@ -107,13 +107,7 @@ impl Tokens {
     }
 }
 
-/// The token of an `Authorization` value of the `Bearer` scheme, whose name is
-/// case-insensitive (RFC 7235 §2.1): `bearer t`, `BEARER t` and `Bearer  t` all give `t`.
-pub fn bearer(value: &str) -> Option<&str> {
-    let (scheme, token) = value.trim_start().split_once(' ')?;
-    let token = token.trim();
-    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
-}
+pub use crate::http::bearer;
 
 #[cfg(test)]
 mod tests {

@@ -174,7 +174,7 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
     let mut pull = std::collections::HashSet::new();
     for (i, s) in config.sinks.iter().enumerate() {
         let key = format!("sinks[{i}]");
-        // A pull sink has no request to send: its rows wait for consumers (crate::pull).
+        // A pull sink has no request to send: its rows wait for consumers (the pull gateway).
         if s.kind == ankusa_config::SinkKind::Pull {
             pull.insert(s.id.clone());
             continue;
@@ -316,34 +316,7 @@ pub struct Deliverer {
     pub pull_wake: Arc<PullWake>,
 }
 
-/// One [`tokio::sync::Notify`] per pull sink id: a claim that found nothing waits on its
-/// sink's until a tick parks rows (or its `wait_ms` ends).
-#[derive(Debug, Default)]
-pub struct PullWake {
-    by_sink: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Notify>>>,
-}
-
-impl PullWake {
-    /// The most sinks with a waker (pull sink ids are configured; the rest are refused
-    /// before they get here).
-    const CAPACITY: usize = 4_096;
-
-    pub fn of(&self, sink: &str) -> Arc<tokio::sync::Notify> {
-        let mut m = self.by_sink.lock().unwrap_or_else(|p| p.into_inner());
-        if m.len() >= Self::CAPACITY && !m.contains_key(sink) {
-            m.clear();
-        }
-        m.entry(sink.to_owned()).or_default().clone()
-    }
-
-    /// Rows were parked for `sink`.
-    pub fn parked(&self, sink: &str) {
-        let m = self.by_sink.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(n) = m.get(sink) {
-            n.notify_waiters();
-        }
-    }
-}
+pub use super::parked::PullWake;
 
 impl Deliverer {
     pub fn from_config(config: &Config) -> Result<Self, ConfigError> {

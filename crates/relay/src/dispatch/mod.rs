@@ -9,6 +9,7 @@
 pub mod control;
 pub mod delivery;
 pub mod line;
+pub mod parked;
 pub mod paused;
 pub mod pipeline;
 pub mod replayer;

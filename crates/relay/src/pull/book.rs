@@ -158,6 +158,8 @@ mod tests {
             deadline: AtMs(deadline),
             claimed_at: AtMs(0),
             attempt: 1,
+            sinks: 1,
+            sink_hash: 0,
         }
     }
 

@@ -154,7 +154,7 @@ fn consumer(g: &Gateway, headers: &HeaderMap, sink: &str) -> Result<Arc<Consumer
     let token = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(crate::admin::auth::bearer);
+        .and_then(crate::http::bearer);
     let Some(c) = token.and_then(|t| g.consumer(t.as_bytes())) else {
         return Err(Refused(
             StatusCode::UNAUTHORIZED,
@@ -284,7 +284,7 @@ pub async fn claim(
         let parked = wake.notified();
         tokio::pin!(parked);
         parked.as_mut().enable();
-        let mut hooks: Vec<serde_json::Value> = Vec::new();
+        let mut hooks: Vec<Gathered> = Vec::new();
         let mut bytes = 0u64;
         if mine {
             let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
@@ -296,7 +296,7 @@ pub async fn claim(
             };
             for h in claimed {
                 bytes += h.envelope.body.len() as u64;
-                hooks.push(serde_json::to_value(render(h)).unwrap_or_default());
+                hooks.push(Gathered::Here(Box::new(render(h))));
             }
         }
         for m in &others {
@@ -314,13 +314,13 @@ pub async fn claim(
             if let Some(v) = answer.filter(|(s, _)| *s == 200).map(|(_, v)| v) {
                 for h in v["hooks"].as_array().into_iter().flatten() {
                     bytes += h["body"].as_str().map_or(0, |b| b.len() as u64);
-                    hooks.push(h.clone());
+                    hooks.push(Gathered::There(h.clone()));
                 }
             }
         }
         let now = Instant::now();
         if !hooks.is_empty() || now >= until {
-            return Json(serde_json::json!({ "hooks": hooks })).into_response();
+            return Json(GatheredAnswer { hooks }).into_response();
         }
         // Another node's parks do not wake this one: look again at least every 100 ms.
         let nap = if others.is_empty() {
@@ -333,6 +333,19 @@ pub async fn claim(
             _ = tokio::time::sleep_until(nap.into()) => {}
         }
     }
+}
+
+/// A claim's answer: this node's hooks, and those other nodes answered (as they sent them).
+#[derive(serde::Serialize)]
+struct GatheredAnswer {
+    hooks: Vec<Gathered>,
+}
+
+#[derive(serde::Serialize)]
+#[serde(untagged)]
+enum Gathered {
+    Here(Box<ClaimedHook>),
+    There(serde_json::Value),
 }
 
 /// A call to another node's pull gateway: its status and JSON, or `None` when it did not

@@ -32,7 +32,8 @@ use ankusa_records::{DeliveryRow, Envelope, ErrorClass};
 use ankusa_store::Store;
 use subtle::ConstantTimeEq;
 
-use crate::dispatch::delivery::{Attempt, Deliverer, Verdict};
+use crate::dispatch::delivery::{Attempt, Deliverer, PullWake, Verdict};
+use crate::dispatch::parked::Visit;
 use crate::dispatch::paused::Paused;
 use crate::dispatch::pipeline::outcomes::{outcome_ops, Finished};
 use crate::metrics::Metrics;
@@ -57,10 +58,6 @@ impl Consumer {
     pub fn tenants(&self) -> Option<&HashSet<String>> {
         self.tenants.as_ref()
     }
-
-    fn sees(&self, tenant: &str) -> bool {
-        self.tenants.as_ref().is_none_or(|t| t.contains(tenant))
-    }
 }
 
 /// The gateway's settings, from `pull` and the pull sinks.
@@ -72,6 +69,8 @@ pub struct Settings {
     pub max_wait_ms: u64,
     /// Per pull sink: its lease when the claim names none, and the most leases out.
     pub sinks: HashMap<String, SinkSettings>,
+    /// Rows per round-robin turn, by tenant id (`dispatch.tenant_weights`).
+    pub weights: std::collections::BTreeMap<String, u32>,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -102,6 +101,7 @@ impl Settings {
             max_claim_bytes: c.pull.max_claim_bytes,
             max_wait_ms: c.pull.max_wait_ms,
             sinks,
+            weights: c.dispatch.tenant_weights.clone(),
         }
     }
 }
@@ -228,6 +228,7 @@ impl Gateway {
     /// Reads the leases a stop or a crash left (boot recovery keeps them) into the book:
     /// each ends at its deadline, or with its consumer's ack. Returns how many.
     pub fn load(&self) -> Result<usize, QueueError> {
+        self.rescan()?;
         let leases = deliveries::leases(&self.store)?;
         let envs = envelopes(&self.store, leases.iter().map(|(seq, ..)| *seq))?;
         let mut book = self.book();
@@ -302,30 +303,54 @@ impl Gateway {
         }
         let store = &*self.store;
         let by_tenant = self.gather(sink, consumer, want)?;
-        // Round robin: one row per tenant a turn, until `want` rows or the bytes (the
-        // first row always goes, whatever its size).
+        // A tenant's weight (`dispatch.tenant_weights`): its rows a turn, as in push.
+        let weights: Vec<usize> = if settings.weights.is_empty() {
+            vec![1; by_tenant.len()]
+        } else {
+            by_tenant
+                .iter()
+                .map(|(v, _)| {
+                    let name = ankusa_queue::tenants::name(store, v.ord)?;
+                    Ok(name
+                        .and_then(|n| settings.weights.get(&n).copied())
+                        .unwrap_or(1)
+                        .max(1) as usize)
+                })
+                .collect::<Result<_, QueueError>>()?
+        };
+        // Round robin: a tenant's weight in rows a turn (one by default), until `want` rows
+        // or the bytes (the first row always goes, whatever its size).
         let mut picked: Vec<&PulledRow> = Vec::new();
         let mut bytes = 0u64;
-        let mut turn = 0;
+        let mut taken = vec![0usize; by_tenant.len()];
         'turns: loop {
             let mut any = false;
-            for (_, rows) in &by_tenant {
-                let Some(row) = rows.get(turn) else { continue };
-                any = true;
-                let size = u64::from(row.size);
-                if !picked.is_empty() && bytes + size > ask.max_bytes {
-                    break 'turns;
-                }
-                bytes += size;
-                picked.push(row);
-                if picked.len() >= want {
-                    break 'turns;
+            for (i, (_, rows)) in by_tenant.iter().enumerate() {
+                for _ in 0..weights[i] {
+                    let Some(row) = rows.get(taken[i]) else { break };
+                    any = true;
+                    let size = u64::from(row.size);
+                    if !picked.is_empty() && bytes + size > ask.max_bytes {
+                        break 'turns;
+                    }
+                    bytes += size;
+                    picked.push(row);
+                    taken[i] += 1;
+                    if picked.len() >= want {
+                        break 'turns;
+                    }
                 }
             }
             if !any {
                 break;
             }
-            turn += 1;
+        }
+        // Each tenant's floor moves up to the last row this claim takes there.
+        for ((v, rows), n) in by_tenant.iter().zip(&taken) {
+            if let Some(r) = n.checked_sub(1).and_then(|i| rows.get(i)) {
+                let key = (r.key.at, r.key.seq, r.key.sink);
+                self.deliverer.pull_wake.claimed(sink, *v, Some(key));
+            }
         }
         if picked.is_empty() {
             return Ok(Vec::new());
@@ -337,17 +362,21 @@ impl Gateway {
                 .map(|r| (r.key.seq, r.key.sink))
                 .collect::<Vec<_>>(),
         )?;
+        let envs = envelopes(store, picked.iter().map(|r| r.key.seq))?;
         let now = ankusa_keyspace::now_ms();
         let deadline = AtMs(now + ask.lease_ms);
+        let hash = deliveries::sink_hash(sink);
         let mut tx = Tx::new();
         let mut leases = Vec::with_capacity(picked.len());
-        for (row, state) in picked.iter().zip(&states) {
+        for ((row, state), env) in picked.iter().zip(&states).zip(&envs) {
             let attempt = state.as_ref().map_or(0, |s| s.attempts) + 1;
             let lease = Lease {
                 nonce: rand::random::<u64>(),
                 deadline,
                 claimed_at: AtMs(now),
                 attempt,
+                sinks: env.as_ref().map_or(0, |e| e.sinks.len() as u16),
+                sink_hash: hash,
             };
             deliveries::lease(&mut tx, row, &lease);
             if self.log {
@@ -357,19 +386,17 @@ impl Gateway {
             leases.push(lease);
         }
         let committed = tx.commit(store, false)?;
-        let moved: Vec<(&PulledRow, Lease)> = picked
-            .into_iter()
-            .zip(leases)
-            .zip(committed.moved)
-            .filter_map(|(rl, m)| m.then_some(rl))
-            .collect();
-        let envelopes = envelopes(store, moved.iter().map(|(r, _)| r.key.seq))?;
-        let mut out = Vec::with_capacity(moved.len());
+        let mut out = Vec::with_capacity(picked.len());
         let mut unsendable = Vec::new();
         {
             let mut book = self.book();
-            for ((row, lease), env) in moved.iter().zip(envelopes) {
-                book.insert(sink, row.key.seq, row.key.sink, lease);
+            for (((row, lease), env), moved) in
+                picked.iter().zip(leases).zip(envs).zip(committed.moved)
+            {
+                if !moved {
+                    continue;
+                }
+                book.insert(sink, row.key.seq, row.key.sink, &lease);
                 match env {
                     Ok(env) => out.push(Claimed {
                         lease: lease_id(self.node(), row.key.seq, row.key.sink, lease.nonce),
@@ -378,7 +405,7 @@ impl Gateway {
                         envelope: Arc::new(env),
                         sink: sink.to_owned(),
                     }),
-                    Err(e) => unsendable.push((row.key.seq, row.key.sink, *lease, e)),
+                    Err(e) => unsendable.push((row.key.seq, row.key.sink, lease, e)),
                 }
             }
         }
@@ -394,37 +421,32 @@ impl Gateway {
         Ok(out)
     }
 
-    /// The tenants a claim of `sink` looks at and up to `want` of each one's waiting rows:
-    /// every tenant the consumer sees, from the sink's round-robin cursor (at most
-    /// [`MAX_TENANT_SEEKS`] seeks), or the consumer's own tenants.
+    /// The tenants a claim of `sink` looks at and their oldest waiting rows: the tenants
+    /// the tick's index lists for the sink ([`crate::dispatch::parked`]), from the sink's
+    /// round-robin cursor (at most [`MAX_TENANT_SEEKS`]), or the consumer's own tenants;
+    /// each read from its floor. One row each, then as many more as the round robin can
+    /// take when fewer than `want` tenants have rows.
     fn gather(
         &self,
         sink: &str,
         consumer: &Consumer,
         want: usize,
-    ) -> Result<Vec<(TenantOrd, Vec<PulledRow>)>, QueueError> {
+    ) -> Result<Vec<(Visit, Vec<PulledRow>)>, QueueError> {
         let store = &*self.store;
-        let mut out = Vec::new();
-        let take = |ord: TenantOrd, out: &mut Vec<(TenantOrd, Vec<PulledRow>)>| {
-            if self.paused.holds(ord) {
-                return Ok::<_, QueueError>(());
-            }
-            let rows = deliveries::waiting_pulls(store, ord, sink, want)?;
-            if !rows.is_empty() {
-                out.push((ord, rows));
-            }
-            Ok(())
-        };
-        if let Some(tenants) = &consumer.tenants {
-            let mut names: Vec<&String> = tenants.iter().collect();
-            names.sort();
-            for name in names {
-                if let Some(ord) = ankusa_queue::tenants::ord(store, name)? {
-                    take(ord, &mut out)?;
+        let index = &self.deliverer.pull_wake;
+        let only: Option<Vec<TenantOrd>> = match &consumer.tenants {
+            None => None,
+            Some(names) => {
+                let mut ords = Vec::with_capacity(names.len());
+                for name in names {
+                    if let Some(ord) = ankusa_queue::tenants::ord(store, name)? {
+                        ords.push(ord);
+                    }
                 }
+                ords.sort();
+                Some(ords)
             }
-            return Ok(out);
-        }
+        };
         let start = self
             .cursors
             .lock()
@@ -432,34 +454,69 @@ impl Gateway {
             .get(sink)
             .copied()
             .unwrap_or(TenantOrd(1));
-        let mut from = start;
-        let mut wrapped = false;
+        let mut out = Vec::new();
         let mut last = None;
-        for _ in 0..MAX_TENANT_SEEKS {
-            let next = deliveries::next_pull_tenant(store, from)?;
-            let ord = match next {
-                Some(o) if !(wrapped && o >= start) => o,
-                _ if !wrapped && start.0 > 1 => {
-                    wrapped = true;
-                    from = TenantOrd(1);
-                    continue;
-                }
-                _ => break,
-            };
-            take(ord, &mut out)?;
-            last = Some(ord);
-            if out.len() >= want || ord.0 >= TenantOrd::MAX_REAL {
+        for v in index.tenants(sink, start, MAX_TENANT_SEEKS, only.as_deref()) {
+            if out.len() >= want {
                 break;
             }
-            from = TenantOrd(ord.0 + 1);
+            last = Some(v.ord);
+            if self.paused.holds(v.ord) {
+                continue;
+            }
+            let rows = deliveries::waiting_pulls_from(store, v.ord, sink, v.floor, 1)?;
+            if rows.is_empty() {
+                index.claimed(sink, v, None);
+            } else {
+                out.push((v, rows));
+            }
         }
-        if let Some(last) = last {
+        if let (Some(last), None) = (last, &only) {
             self.cursors
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .insert(sink.to_owned(), TenantOrd(last.0.saturating_add(1)));
         }
+        // Fewer tenants than rows wanted: read more of each, a fair share at a time, and
+        // again for those that had more while others ran short (a few passes at most).
+        let mut limit = vec![1usize; out.len()];
+        for _ in 0..4 {
+            let have: usize = out.iter().map(|(_, r)| r.len()).sum();
+            let more: Vec<usize> = (0..out.len())
+                .filter(|i| out[*i].1.len() >= limit[*i])
+                .collect();
+            if have >= want || more.is_empty() {
+                break;
+            }
+            let extra = (want - have).div_ceil(more.len());
+            for i in more {
+                limit[i] += extra;
+                let (v, rows) = &mut out[i];
+                *rows = deliveries::waiting_pulls_from(store, v.ord, sink, v.floor, limit[i])?;
+            }
+        }
         Ok(out)
+    }
+
+    /// Lists, in the tick's index of every pull sink, each tenant with waiting rows that
+    /// the index does not list (a boot; and every [`PullWake::RESCAN`], for anything a lost
+    /// hint hid). One seek per tenant with waiting rows.
+    pub fn rescan(&self) -> Result<usize, QueueError> {
+        let mut tenants = Vec::new();
+        let mut from = TenantOrd(1);
+        while let Some(ord) = deliveries::next_pull_tenant(&self.store, from)? {
+            tenants.push(ord);
+            if ord.0 >= TenantOrd::MAX_REAL {
+                break;
+            }
+            from = TenantOrd(ord.0 + 1);
+        }
+        for sink in self.settings().sinks.keys() {
+            self.deliverer
+                .pull_wake
+                .listed(sink, tenants.iter().copied());
+        }
+        Ok(tenants.len())
     }
 
     /// Settles leases of `sink` for `consumer`: each is acked (delivered) or nacked
@@ -473,13 +530,14 @@ impl Gateway {
         how: Settle,
     ) -> Result<Vec<Option<Conflict>>, QueueError> {
         let now = ankusa_keyspace::now_ms();
-        let held = self.held(sink, consumer, leases, now)?;
+        let with_hook = matches!(how, Settle::Nack { .. });
+        let held = self.held(sink, consumer, leases, now, with_hook)?;
         let store = &*self.store;
         let rows: Vec<(InflightRow, usize)> = held
             .iter()
             .flatten()
             .filter(|_| matches!(how, Settle::Ack))
-            .map(|h| (h.row, h.envelope.sinks.len()))
+            .map(|h| (h.row, usize::from(h.lease.sinks)))
             .collect();
         let mut last = deliveries::last_needs(store, &rows)?.into_iter();
         let mut tx = Tx::new();
@@ -553,7 +611,7 @@ impl Gateway {
         lease_ms: u64,
     ) -> Result<(Vec<Option<Conflict>>, AtMs), QueueError> {
         let now = ankusa_keyspace::now_ms();
-        let held = self.held(sink, consumer, leases, now)?;
+        let held = self.held(sink, consumer, leases, now, false)?;
         let deadline = AtMs(now + lease_ms);
         let mut tx = Tx::new();
         let mut units = Vec::new();
@@ -586,14 +644,15 @@ impl Gateway {
         Ok((out, deadline))
     }
 
-    /// For each lease id: the lease, its inflight row and its hook, if the consumer holds
-    /// it on this sink and it has not expired.
+    /// For each lease id: the lease and its inflight row (and, `with_hook`, its hook), if
+    /// the consumer holds it on this sink and it has not expired.
     fn held(
         &self,
         sink: &str,
         consumer: &Consumer,
         leases: &[String],
         now: u64,
+        with_hook: bool,
     ) -> Result<Vec<Option<Held>>, QueueError> {
         let store = &*self.store;
         let ids: Vec<Option<(Seq, SinkIdx, u64)>> = leases
@@ -607,24 +666,52 @@ impl Gateway {
         let keys: Vec<(Seq, SinkIdx)> = ids.iter().flatten().map(|(s, k, _)| (*s, *k)).collect();
         let found = deliveries::read_leases(store, &keys)?;
         let states = delivery_rows(store, &keys)?;
-        let envs = envelopes(store, keys.iter().map(|(s, _)| *s))?;
-        let mut found = found.into_iter().zip(states).zip(envs);
+        let mut envs = if with_hook {
+            envelopes(store, keys.iter().map(|(s, _)| *s))?
+        } else {
+            Vec::new()
+        }
+        .into_iter();
+        // A tenant's consumer holds only its tenants' leases.
+        let sees: Option<HashSet<TenantOrd>> = match &consumer.tenants {
+            None => None,
+            Some(names) => {
+                let mut ords = HashSet::new();
+                for n in names {
+                    ords.extend(ankusa_queue::tenants::ord(store, n)?);
+                }
+                Some(ords)
+            }
+        };
+        let hash = deliveries::sink_hash(sink);
+        let mut found = found.into_iter().zip(states);
         let mut out = Vec::with_capacity(ids.len());
         for id in &ids {
             let Some((seq, idx, nonce)) = *id else {
                 out.push(None);
                 continue;
             };
-            let Some(((lease, state), env)) = found.next() else {
+            let Some((lease, state)) = found.next() else {
                 out.push(None);
                 continue;
             };
-            let held = match (lease, state, env) {
-                (Some(lease), Some(state), Ok(env))
+            let envelope = if with_hook {
+                match envs.next() {
+                    Some(Ok(env)) => Some(env),
+                    _ => {
+                        out.push(None);
+                        continue;
+                    }
+                }
+            } else {
+                None
+            };
+            let held = match (lease, state) {
+                (Some(lease), Some(state))
                     if lease.nonce == nonce
                         && lease.deadline.0 > now
-                        && env.sinks.get(idx.0 as usize).is_some_and(|s| s == sink)
-                        && consumer.sees(env.tenant_or_default()) =>
+                        && lease.sink_hash == hash
+                        && sees.as_ref().is_none_or(|t| t.contains(&state.ord)) =>
                 {
                     Some(Held {
                         row: InflightRow {
@@ -637,7 +724,7 @@ impl Gateway {
                         },
                         state,
                         lease,
-                        envelope: env,
+                        envelope,
                     })
                 }
                 _ => None,
@@ -677,7 +764,7 @@ impl Gateway {
         let f = Finished {
             row: &h.row,
             state: &h.state,
-            envelope: Some(&h.envelope),
+            envelope: h.envelope.as_ref(),
             corrupt: None,
             attempt: Some(attempt),
             kind,
@@ -731,7 +818,7 @@ impl Gateway {
                     row,
                     state,
                     lease,
-                    envelope: env,
+                    envelope: Some(env),
                 };
                 due_again = self.outcome(&mut tx, &h, &attempt, EventKind::Expired, false, now)?;
             }
@@ -804,7 +891,8 @@ struct Held {
     row: InflightRow,
     state: DeliveryRow,
     lease: Lease,
-    envelope: Envelope,
+    /// Read for a nack (a dead-letter names the hook's source and id), not for an ack.
+    envelope: Option<Envelope>,
 }
 
 /// Why the gateway itself settles a lease.
@@ -905,13 +993,22 @@ pub fn parse_lease_id(id: &str) -> Option<LeaseRef<'_>> {
 }
 
 /// Runs the expiry of leases until `stop`: wakes at the soonest deadline (at least every
-/// second, and when a claim makes a lease).
+/// second, and when a claim makes a lease); and every [`PullWake::RESCAN`] the rescan of
+/// the parked tenants.
 pub fn spawn_expiry(
     gateway: Arc<Gateway>,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        let mut rescanned = std::time::Instant::now();
         loop {
+            if rescanned.elapsed() >= PullWake::RESCAN {
+                rescanned = std::time::Instant::now();
+                let g = gateway.clone();
+                if let Ok(Err(e)) = tokio::task::spawn_blocking(move || g.rescan()).await {
+                    tracing::warn!(error = %e, "pull: reading the parked tenants");
+                }
+            }
             let g = gateway.clone();
             let next = tokio::task::spawn_blocking(move || g.expire_due(1_024)).await;
             let nap = match next {

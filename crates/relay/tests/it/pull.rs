@@ -127,6 +127,25 @@ async fn every_call_of_the_claim_gateway_and_every_error() {
     assert!((400..500).contains(&s), "an unknown key: {s} {v}");
     assert!(v["error"].is_string(), "{v}");
     for path in ["/pull/q/ack", "/pull/q/nack", "/pull/q/extend"] {
+        let (s, v) = call(
+            at,
+            path,
+            "not-a-consumer-token-at-all",
+            json!({ "leases": ["1.0.0"] }),
+        )
+        .await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (401, Some("unauthorized")),
+            "{path}"
+        );
+        let other = path.replace("/q/", "/other/");
+        let (s, v) = call(at, &other, ALL, json!({ "leases": ["1.0.0"] })).await;
+        assert_eq!(
+            (s, v["error"].as_str()),
+            (404, Some("unknown_sink")),
+            "{other}"
+        );
         let (s, v) = call(at, path, ALL, json!({ "leases": [] })).await;
         assert_eq!(
             (s, v["error"].as_str()),
@@ -136,6 +155,21 @@ async fn every_call_of_the_claim_gateway_and_every_error() {
         let many: Vec<String> = (0..51).map(|i| format!("{i}.0.0")).collect();
         let (s, _) = call(at, path, ALL, json!({ "leases": many })).await;
         assert_eq!(s, 400, "{path}");
+    }
+
+    for ms in [999u64, 43_200_001] {
+        let (s, v) = call(
+            at,
+            "/pull/q/extend",
+            ALL,
+            json!({ "leases": ["1.0.0"], "lease_ms": ms }),
+        )
+        .await;
+        assert_eq!(s, 400, "{v}");
+        assert!(
+            v["message"].as_str().unwrap().starts_with("lease_ms"),
+            "{v}"
+        );
     }
 
     // Nothing waiting: an empty answer after the wait.
@@ -759,6 +793,7 @@ pull:
         )
         .unwrap();
         let metrics = Arc::new(ankusa_relay::metrics::Metrics::new());
+        let deliverer = ankusa_relay::dispatch::delivery::Deliverer::from_config(&config).unwrap();
         let gateway = Gateway::new(
             &config,
             Parts {
@@ -767,8 +802,7 @@ pull:
                     ankusa_relay::cluster::Cluster::new(&config, &h.store, metrics.clone())
                         .unwrap(),
                 ),
-                deliverer: ankusa_relay::dispatch::delivery::Deliverer::from_config(&config)
-                    .unwrap(),
+                deliverer: deliverer.clone(),
                 paused: Arc::new(ankusa_relay::dispatch::paused::Paused::counted(
                     metrics.tenants_paused.clone(),
                 )),
@@ -784,17 +818,26 @@ pull:
         let mut threads = Vec::new();
         // The tick's part: park every due row whose time came.
         {
-            let (store, stop) = (store.clone(), stop.clone());
+            let (store, stop, wake) = (store.clone(), stop.clone(), deliverer.pull_wake.clone());
             threads.push(std::thread::spawn(move || {
                 while !stop.load(Ordering::Relaxed) {
                     let now = ankusa_keyspace::now_ms();
                     let mut tx = Tx::new();
+                    let mut keys = Vec::new();
                     for row in deliveries::due_rows(&store).unwrap() {
                         if row.key.at.0 <= now {
                             deliveries::park(&mut tx, &row, "sink0");
+                            keys.push(row.key);
                         }
                     }
-                    tx.commit(&store, false).unwrap();
+                    let moved = tx.commit(&store, false).unwrap().moved;
+                    let keys: Vec<_> = keys
+                        .into_iter()
+                        .zip(moved)
+                        .filter(|(_, m)| *m)
+                        .map(|(k, _)| k)
+                        .collect();
+                    wake.parked("sink0", &keys);
                     std::thread::sleep(Duration::from_millis(2));
                 }
             }));

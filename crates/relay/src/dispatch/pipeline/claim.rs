@@ -142,7 +142,7 @@ pub(super) fn claim_tick(
             (*ord, rows)
         })
         .collect();
-    // Rows of pull sinks are parked for their consumers (`crate::pull`), all of them, with
+    // Rows of pull sinks are parked for their consumers (the pull gateway), all of them, with
     // no slot: they leave the due rows, and no later tick reads them again.
     let (work, parked) = park_pulls(store, &ctx.deliverer, work)?;
     let start = cursors.rotation;
@@ -331,16 +331,16 @@ fn park_pulls(
         rest.push((ord, keep));
     }
     let committed = tx.commit(store, false)?;
-    let mut sinks = std::collections::BTreeSet::new();
+    let mut by_sink: HashMap<String, Vec<ankusa_keyspace::DueKey>> = HashMap::new();
     let mut parked = Vec::new();
     for ((key, id), moved) in parking.into_iter().zip(committed.moved) {
         if moved {
             parked.push(key);
-            sinks.insert(id);
+            by_sink.entry(id).or_default().push(key);
         }
     }
-    for id in sinks {
-        deliverer.pull_wake.parked(&id);
+    for (id, keys) in by_sink {
+        deliverer.pull_wake.parked(&id, &keys);
     }
     Ok((rest, parked))
 }

@@ -164,7 +164,7 @@ fn log_failed(d: &Done, f: &Failed) {
 }
 
 /// One finished attempt, as its outcome is committed: a push delivery's ([`Done`]) or a
-/// pull lease's end (`crate::pull`).
+/// pull lease's end (the pull gateway).
 pub(crate) struct Finished<'a> {
     pub(crate) row: &'a InflightRow,
     /// The delivery row as read when the attempt began (attempts so far).
@@ -217,9 +217,17 @@ pub(crate) fn outcome_ops(
         deliveries::dead_letter(tx, row, AtMs(now), source, id, &sink, Some(&state));
         return Ok(Settled::default());
     }
-    let (Some(env), Some(a)) = (d.envelope, d.attempt) else {
-        // The hook is gone: an orphan, dropped through the counted path.
-        deliveries::orphan_drop(tx, row);
+    // The hook is gone: an orphan, dropped through the counted path. A pull consumer's ack
+    // settles without reading it (a delivered row needs nothing of the hook's).
+    let env = match (d.envelope, d.attempt) {
+        (Some(env), Some(_)) => Some(env),
+        (None, Some(a)) if d.kind == EventKind::Acked && a.verdict == Verdict::Delivered => None,
+        _ => {
+            deliveries::orphan_drop(tx, row);
+            return Ok(Settled::default());
+        }
+    };
+    let Some(a) = d.attempt else {
         return Ok(Settled::default());
     };
     let mut state = d.state.clone();
@@ -240,11 +248,14 @@ pub(crate) fn outcome_ops(
             (AttemptOutcome::Retry, Some(at), Some((row.key.ord, at)))
         }
         Verdict::Retry { .. } | Verdict::Dead => {
-            let sink = env
-                .sinks
-                .get(row.key.sink.0 as usize)
-                .map_or("", String::as_str);
-            deliveries::dead_letter(tx, row, AtMs(now), &env.source, &env.id, sink, Some(&state));
+            let (source, id, sink) = env.map_or(("", "", ""), |env| {
+                let sink = env
+                    .sinks
+                    .get(row.key.sink.0 as usize)
+                    .map_or("", String::as_str);
+                (env.source.as_str(), env.id.as_str(), sink)
+            });
+            deliveries::dead_letter(tx, row, AtMs(now), source, id, sink, Some(&state));
             (AttemptOutcome::Dead, Some(AtMs(now)), None)
         }
     };
