@@ -566,8 +566,8 @@ impl Op {
     }
 }
 
-/// `POST /pull/{sink}/ack`: the hooks were delivered. Synced before it answers: an acked
-/// hook is never handed out again.
+/// `POST /pull/{sink}/ack`: the hooks were delivered. Committed before it answers: an
+/// acked hook is never handed out again (docs/pull.md says what a power cut can undo).
 #[utoipa::path(
     post,
     path = "/pull/{sink}/ack",

@@ -521,7 +521,8 @@ impl Gateway {
 
     /// Settles leases of `sink` for `consumer`: each is acked (delivered) or nacked
     /// (retried on the schedule, dead-lettered past the attempts), if it is still the
-    /// lease the consumer holds. Synced before it returns.
+    /// lease the consumer holds. Committed (not synced, as a push outcome) before it
+    /// returns.
     pub fn settle(
         &self,
         sink: &str,
@@ -570,7 +571,7 @@ impl Gateway {
             retries.extend(s);
             units.push(i);
         }
-        let committed = tx.commit(store, true)?;
+        let committed = tx.commit(store, false)?;
         let mut out = Vec::with_capacity(held.len());
         for (i, h) in held.iter().enumerate() {
             out.push(match h {
