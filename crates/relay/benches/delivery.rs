@@ -42,7 +42,6 @@ use std::time::{Duration, Instant};
 
 use ankusa_config::Config;
 use ankusa_keyspace::AtMs;
-use ankusa_queue::writer::Assembler;
 use ankusa_records::Envelope;
 use ankusa_relay::node::Node;
 use ankusa_relay::testkit::TestNode;
@@ -63,10 +62,7 @@ const STEADY_SECS: u64 = 5;
 const ROUNDS: usize = 3;
 
 fn body(n: u64) -> Vec<u8> {
-    let mut b = format!(r#"{{"n":{n},"pad":""#).into_bytes();
-    b.resize(BODY - 2, b'x');
-    b.extend_from_slice(b"\"}");
-    b
+    load::backlog_body(n, BODY)
 }
 
 /// The node the bench drains through: one signed sink on `port`, its store at `data`.
@@ -117,25 +113,7 @@ async fn relay_drain(port: u16, sink: &load::ArrivalSink) -> (Drain, f64, f64) {
 
 /// The backlog both drains start from, written to a store at `data`.
 fn write_backlog(data: &std::path::Path) {
-    let store = Store::open(data, &OpenOptions::default()).expect("store");
-    let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
-    let now = ankusa_keyspace::now_ms();
-    for chunk in 0..BACKLOG / 1_000 {
-        let envs: Vec<Envelope> = (0..1_000)
-            .map(|i| {
-                let n = chunk * 1_000 + i;
-                Envelope::builder(format!("backlog-{n}"), "in")
-                    .tenant(Some(&format!("tenant-{}", n % TENANTS)))
-                    .received_at(AtMs(now - 60_000 + n / 100))
-                    .sinks(["s"])
-                    .body(body(n))
-                    .build()
-            })
-            .collect();
-        let b = asm.assemble(&store, &envs, false).expect("assemble");
-        asm.commit(&store, b, false).expect("commit");
-    }
-    store.flush().expect("flush");
+    load::write_backlog(data, "s", BACKLOG, TENANTS, BODY);
 }
 
 /// A drain's deliveries per second and the CPU time this process spent per delivery (the

@@ -22,12 +22,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ankusa_config::Config;
-use ankusa_keyspace::AtMs;
-use ankusa_queue::writer::Assembler;
-use ankusa_records::Envelope;
 use ankusa_relay::node::Node;
 use ankusa_relay::testkit::TestNode;
-use ankusa_store::{OpenOptions, Store};
 use http_body_util::{BodyExt, Full};
 
 mod load;
@@ -41,13 +37,6 @@ const ROUNDS: usize = 3;
 const STEADY_RATE: u64 = 1_000;
 const STEADY_SECS: u64 = 5;
 const TOKEN: &str = "bench-pull-consumer-token-0123";
-
-fn body(n: u64) -> Vec<u8> {
-    let mut b = format!(r#"{{"n":{n},"pad":""#).into_bytes();
-    b.resize(BODY - 2, b'x');
-    b.extend_from_slice(b"\"}");
-    b
-}
 
 /// A node with the push sink `s` (to the local sink on `port`) and the pull sink `q`;
 /// the source `in` routes to `sink`.
@@ -71,25 +60,7 @@ fn config(data: &std::path::Path, port: u16, sink: &str) -> Config {
 
 /// The backlog, each hook for `sink`, written to a store at `data`.
 fn write_backlog(data: &std::path::Path, sink: &str) {
-    let store = Store::open(data, &OpenOptions::default()).expect("store");
-    let mut asm = Assembler::open(&store, 1_000_000).expect("assembler");
-    let now = ankusa_keyspace::now_ms();
-    for chunk in 0..BACKLOG / 1_000 {
-        let envs: Vec<Envelope> = (0..1_000)
-            .map(|i| {
-                let n = chunk * 1_000 + i;
-                Envelope::builder(format!("backlog-{n}"), "in")
-                    .tenant(Some(&format!("tenant-{}", n % TENANTS)))
-                    .received_at(AtMs(now - 60_000 + n / 100))
-                    .sinks([sink])
-                    .body(body(n))
-                    .build()
-            })
-            .collect();
-        let b = asm.assemble(&store, &envs, false).expect("assemble");
-        asm.commit(&store, b, false).expect("commit");
-    }
-    store.flush().expect("flush");
+    load::write_backlog(data, sink, BACKLOG, TENANTS, BODY);
 }
 
 /// A drain's hooks per second and the process's CPU per hook.
@@ -148,11 +119,29 @@ async fn call(
     (status, serde_json::from_slice(&b).expect("json"))
 }
 
-fn leases(hooks: &[serde_json::Value]) -> Vec<String> {
+/// One claim (`claim` is its body) and, if it brought hooks, their ack: the hooks.
+async fn claim_and_ack(
+    client: &load::HttpClient,
+    base: &str,
+    claim: serde_json::Value,
+) -> Vec<serde_json::Value> {
+    let (s, v) = call(client, &format!("{base}/claim"), claim).await;
+    assert_eq!(s, 200, "{v}");
+    let hooks = v["hooks"].as_array().cloned().unwrap_or_default();
+    if !hooks.is_empty() {
+        let leases: Vec<&str> = hooks
+            .iter()
+            .map(|h| h["lease"].as_str().expect("lease"))
+            .collect();
+        let (s, v) = call(
+            client,
+            &format!("{base}/ack"),
+            serde_json::json!({ "leases": leases }),
+        )
+        .await;
+        assert_eq!(s, 200, "{v}");
+    }
     hooks
-        .iter()
-        .map(|h| h["lease"].as_str().expect("lease").to_owned())
-        .collect()
 }
 
 async fn pull_drain(port: u16) -> Drain {
@@ -171,24 +160,8 @@ async fn pull_drain(port: u16) -> Drain {
                 let (client, base, acked) = (client.clone(), base.clone(), acked.clone());
                 tokio::spawn(async move {
                     while acked.load(Ordering::Relaxed) < BACKLOG {
-                        let (s, v) = call(
-                            &client,
-                            &format!("{base}/claim"),
-                            serde_json::json!({ "max": CLAIM, "wait_ms": 200 }),
-                        )
-                        .await;
-                        assert_eq!(s, 200, "{v}");
-                        let hooks = v["hooks"].as_array().cloned().unwrap_or_default();
-                        if hooks.is_empty() {
-                            continue;
-                        }
-                        let (s, v) = call(
-                            &client,
-                            &format!("{base}/ack"),
-                            serde_json::json!({ "leases": leases(&hooks) }),
-                        )
-                        .await;
-                        assert_eq!(s, 200, "{v}");
+                        let claim = serde_json::json!({ "max": CLAIM, "wait_ms": 200 });
+                        let hooks = claim_and_ack(&client, &base, claim).await;
                         acked.fetch_add(hooks.len() as u64, Ordering::Relaxed);
                     }
                 })
@@ -222,14 +195,7 @@ async fn steady(port: u16) -> (Vec<Duration>, Vec<Duration>) {
             let mut idle_since: Option<Instant> = None;
             loop {
                 let t = Instant::now();
-                let (s, v) = call(
-                    &client,
-                    &format!("{base}/claim"),
-                    serde_json::json!({ "max": 1000 }),
-                )
-                .await;
-                assert_eq!(s, 200, "{v}");
-                let hooks = v["hooks"].as_array().cloned().unwrap_or_default();
+                let hooks = claim_and_ack(&client, &base, serde_json::json!({ "max": 1000 })).await;
                 if hooks.is_empty() {
                     // The load is over and nothing came for a second: done.
                     if done.load(Ordering::Relaxed) {
@@ -242,13 +208,6 @@ async fn steady(port: u16) -> (Vec<Duration>, Vec<Duration>) {
                     continue;
                 }
                 idle_since = None;
-                let (s, v) = call(
-                    &client,
-                    &format!("{base}/ack"),
-                    serde_json::json!({ "leases": leases(&hooks) }),
-                )
-                .await;
-                assert_eq!(s, 200, "{v}");
                 let now = Instant::now();
                 trips.push(now - t);
                 for h in &hooks {

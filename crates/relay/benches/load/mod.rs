@@ -408,3 +408,39 @@ pub async fn closed_loop(
     lat.sort();
     (secs, lat)
 }
+
+/// The body of backlog hook `n`: `size` bytes of JSON.
+pub fn backlog_body(n: u64, size: usize) -> Vec<u8> {
+    let mut b = format!(r#"{{"n":{n},"pad":""#).into_bytes();
+    b.resize(size - 2, b'x');
+    b.extend_from_slice(b"\"}");
+    b
+}
+
+/// A backlog of `hooks` hooks of `size` bytes over `tenants` tenants, each to `sink`,
+/// received over the last minute, written to a store at `data` through the writer's
+/// assembler (the `delivery` and `pull` benches drain it).
+pub fn write_backlog(data: &std::path::Path, sink: &str, hooks: u64, tenants: u64, size: usize) {
+    use ankusa_keyspace::AtMs;
+    use ankusa_records::Envelope;
+    let store =
+        ankusa_store::Store::open(data, &ankusa_store::OpenOptions::default()).expect("store");
+    let mut asm = ankusa_queue::writer::Assembler::open(&store, 1_000_000).expect("assembler");
+    let now = ankusa_keyspace::now_ms();
+    for chunk in 0..hooks / 1_000 {
+        let envs: Vec<Envelope> = (0..1_000)
+            .map(|i| {
+                let n = chunk * 1_000 + i;
+                Envelope::builder(format!("backlog-{n}"), "in")
+                    .tenant(Some(&format!("tenant-{}", n % tenants)))
+                    .received_at(AtMs(now - 60_000 + n / 100))
+                    .sinks([sink])
+                    .body(backlog_body(n, size))
+                    .build()
+            })
+            .collect();
+        let b = asm.assemble(&store, &envs, false).expect("assemble");
+        asm.commit(&store, b, false).expect("commit");
+    }
+    store.flush().expect("flush");
+}

@@ -58,6 +58,11 @@ pub async fn call(
 
 /// Claims until `n` hooks came (each claim long-polls), with `token`.
 pub async fn claim_n(node: &TestNode, token: &str, n: usize, lease_ms: u64) -> Vec<Value> {
+    claim_at(node.ingest_addr, token, n, lease_ms).await
+}
+
+/// Claims at the node whose ingest listener is `at` until `n` hooks came.
+async fn claim_at(at: std::net::SocketAddr, token: &str, n: usize, lease_ms: u64) -> Vec<Value> {
     let mut got = Vec::new();
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while got.len() < n {
@@ -66,10 +71,10 @@ pub async fn claim_n(node: &TestNode, token: &str, n: usize, lease_ms: u64) -> V
             "only {got:?} of {n} came"
         );
         let (s, v) = call(
-            node.ingest_addr,
+            at,
             "/pull/q/claim",
             token,
-            json!({ "max": n - got.len(), "wait_ms": 2000, "lease_ms": lease_ms }),
+            json!({ "max": n - got.len(), "wait_ms": 1000, "lease_ms": lease_ms }),
         )
         .await;
         assert_eq!(s, 200, "{v}");
@@ -644,29 +649,6 @@ async fn the_python_example_consumer_handles_and_acks_every_hook() {
     );
 }
 
-/// Claims until `n` hooks came from the node at `at`.
-async fn claim_at(at: std::net::SocketAddr, n: usize, lease_ms: u64) -> Vec<Value> {
-    let mut got = Vec::new();
-    let until = std::time::Instant::now() + Duration::from_secs(20);
-    while got.len() < n {
-        assert!(
-            std::time::Instant::now() < until,
-            "only {} of {n} came",
-            got.len()
-        );
-        let (s, v) = call(
-            at,
-            "/pull/q/claim",
-            ALL,
-            json!({ "max": n - got.len(), "wait_ms": 1000, "lease_ms": lease_ms }),
-        )
-        .await;
-        assert_eq!(s, 200, "{v}");
-        got.extend(v["hooks"].as_array().unwrap().iter().cloned());
-    }
-    got
-}
-
 fn ids(hooks: &[Value]) -> std::collections::BTreeSet<String> {
     hooks
         .iter()
@@ -689,7 +671,7 @@ async fn kill_9_with_leases_out_keeps_every_ack_and_every_lease() {
         sent.insert(send(at, &format!("t{}", i % 4), &format!(r#"{{"i":{i}}}"#)).await);
     }
     // 12 leased; 6 of them acked before the kill.
-    let leased = claim_at(at, 12, 12_000).await;
+    let leased = claim_at(at, ALL, 12, 12_000).await;
     let (acked_before, held) = leased.split_at(6);
     let (s, _) = call(
         at,
@@ -713,7 +695,7 @@ async fn kill_9_with_leases_out_keeps_every_ack_and_every_lease() {
     .await;
     assert_eq!((s, v["settled"].as_u64()), (200, Some(3)), "{v}");
     // The 8 never claimed come; nothing leased comes before its deadline.
-    let fresh = claim_at(at, 8, 60_000).await;
+    let fresh = claim_at(at, ALL, 8, 60_000).await;
     let never: std::collections::BTreeSet<String> =
         sent.difference(&ids(&leased)).cloned().collect();
     assert_eq!(ids(&fresh), never);
@@ -726,7 +708,7 @@ async fn kill_9_with_leases_out_keeps_every_ack_and_every_lease() {
     let (s, _) = call(at, "/pull/q/ack", ALL, json!({ "leases": leases(&fresh) })).await;
     assert_eq!(s, 200);
     // After their lease, the 3 unacked come again, as second attempts; nothing acked does.
-    let back = claim_at(at, 3, 60_000).await;
+    let back = claim_at(at, ALL, 3, 60_000).await;
     assert_eq!(ids(&back), ids(unacked));
     assert!(back.iter().all(|h| h["attempt"] == 2), "{back:?}");
     let (s, _) = call(at, "/pull/q/ack", ALL, json!({ "leases": leases(&back) })).await;
