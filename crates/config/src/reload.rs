@@ -107,7 +107,8 @@ mod tests {
              sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\n\
              routes: [{ id: r, sinks: [s] }]\n\
              sources: [{ id: a, verify: { scheme: none }, route: r }]\n\
-             tenants: { limits: { queued_bytes: 1048576 } }\n",
+             tenants: { limits: { queued_bytes: 1048576 } }\n\
+             pull: { max_claim: 10 }\n",
         );
         assert_eq!(with_reloadables_of(&a, &b), b);
         assert_eq!(changed(&a, &b), RELOADABLE);
