@@ -671,7 +671,8 @@ async fn kill_9_with_leases_out_keeps_every_ack_and_every_lease() {
         sent.insert(send(at, &format!("t{}", i % 4), &format!(r#"{{"i":{i}}}"#)).await);
     }
     // 12 leased; 6 of them acked before the kill.
-    let leased = claim_at(at, ALL, 12, 12_000).await;
+    // A lease long enough for the kill and the restart on a loaded machine.
+    let leased = claim_at(at, ALL, 12, 20_000).await;
     let (acked_before, held) = leased.split_at(6);
     let (s, _) = call(
         at,
