@@ -127,6 +127,30 @@ pub struct ConflictBody {
     pub conflicts: Vec<LeaseConflict>,
 }
 
+/// The error answers every pull call shares, for the OpenAPI document (the handlers
+/// answer through [`Refused`] and `internal`, whose body is `ErrorBody`).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum PullErrors {
+    #[response(
+        status = 400,
+        description = "A bound out of range (its message names the key), or no leases or too many"
+    )]
+    BadRequest(crate::http::ErrorBody),
+    #[response(status = 401, description = "No consumer token")]
+    Unauthorized(crate::http::ErrorBody),
+    #[response(
+        status = 404,
+        description = "No pull sink of that id for this consumer"
+    )]
+    UnknownSink(crate::http::ErrorBody),
+    #[response(
+        status = 503,
+        description = "The store did not answer (Retry-After: 1)"
+    )]
+    Unavailable(crate::http::ErrorBody),
+}
+
 /// The calls, for the ingest listener's router.
 pub fn router(gateway: Arc<Gateway>) -> Router {
     Router::new()
@@ -206,10 +230,8 @@ fn internal(e: impl std::fmt::Display) -> Response {
     request_body = ClaimRequest,
     responses(
         (status = 200, description = "The hooks leased (none when nothing came within wait_ms)", body = ClaimAnswer),
-        (status = 400, description = "A bound out of range", body = crate::http::ErrorBody),
-        (status = 401, description = "No consumer token", body = crate::http::ErrorBody),
-        (status = 404, description = "No pull sink of that id for this consumer", body = crate::http::ErrorBody),
-        (status = 503, description = "The store did not answer", body = crate::http::ErrorBody),
+        PullErrors,
+        crate::http::JsonBodyErrors,
     ),
     security(("bearer" = []))
 )]
@@ -576,11 +598,9 @@ impl Op {
     request_body = AckRequest,
     responses(
         (status = 200, description = "Every lease settled", body = SettleAnswer),
-        (status = 400, description = "No leases, or too many", body = crate::http::ErrorBody),
-        (status = 401, description = "No consumer token", body = crate::http::ErrorBody),
-        (status = 404, description = "No pull sink of that id for this consumer", body = crate::http::ErrorBody),
+        PullErrors,
+        crate::http::JsonBodyErrors,
         (status = 409, description = "Some leases were not held (expired or unknown); the others were settled", body = ConflictBody),
-        (status = 503, description = "The store did not answer", body = crate::http::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -604,11 +624,9 @@ pub async fn ack(
     request_body = NackRequest,
     responses(
         (status = 200, description = "Every lease given back", body = SettleAnswer),
-        (status = 400, description = "No leases, or too many", body = crate::http::ErrorBody),
-        (status = 401, description = "No consumer token", body = crate::http::ErrorBody),
-        (status = 404, description = "No pull sink of that id for this consumer", body = crate::http::ErrorBody),
+        PullErrors,
+        crate::http::JsonBodyErrors,
         (status = 409, description = "Some leases were not held (expired or unknown); the others were given back", body = ConflictBody),
-        (status = 503, description = "The store did not answer", body = crate::http::ErrorBody),
     ),
     security(("bearer" = []))
 )]
@@ -633,11 +651,9 @@ pub async fn nack(
     request_body = ExtendRequest,
     responses(
         (status = 200, description = "Every lease extended", body = SettleAnswer),
-        (status = 400, description = "No leases, too many, or a lease out of range", body = crate::http::ErrorBody),
-        (status = 401, description = "No consumer token", body = crate::http::ErrorBody),
-        (status = 404, description = "No pull sink of that id for this consumer", body = crate::http::ErrorBody),
+        PullErrors,
+        crate::http::JsonBodyErrors,
         (status = 409, description = "Some leases were not held (expired or unknown); the others were extended", body = ConflictBody),
-        (status = 503, description = "The store did not answer", body = crate::http::ErrorBody),
     ),
     security(("bearer" = []))
 )]
