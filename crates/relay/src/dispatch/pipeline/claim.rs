@@ -300,11 +300,16 @@ fn park_pulls(
     deliverer: &Deliverer,
     work: Work,
 ) -> Result<(Work, Vec<ankusa_keyspace::DueKey>), DispatchError> {
+    // One load of the installed sinks for the whole tick; with no pull sink, nothing to do.
+    let sinks = deliverer.current();
+    if sinks.pull.is_empty() {
+        return Ok((work, Vec::new()));
+    }
     let pull_sink = |c: &Candidate| {
         c.envelope
             .as_deref()
             .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
-            .filter(|id| deliverer.is_pull(id))
+            .filter(|id| sinks.pull.contains(id.as_str()))
             .cloned()
     };
     if !work

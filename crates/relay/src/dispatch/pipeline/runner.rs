@@ -226,15 +226,16 @@ impl ankusa_queue::writer::Starts for Starter {
         if self.paused.holds(ord) {
             return None;
         }
-        // A pull sink's row is written due for the tick to park: nothing to start, and
-        // nothing the gate guards (no push row waits behind it).
-        if p.deliverer.is_pull(sink) {
+        let target = p.deliverer.sink(sink);
+        // A pull sink's row (no HTTP sink of that id) is written due for the tick to park:
+        // nothing to start, and nothing the gate guards (no push row waits behind it).
+        if target.is_none() && p.deliverer.is_pull(sink) {
             return None;
         }
         // A row refused while the gate is closed counts too: a tick that began before it
         // has not seen it, and must not open the gate behind it.
         let slots = self.is_open().then(|| {
-            let sink = p.deliverer.sink(sink)?;
+            let sink = target?;
             let permit = p.permits.clone().try_acquire_owned().ok()?;
             let sink = sink.try_claim(ord)?;
             let tenant = p.tenants.try_take(ord)?;
