@@ -854,11 +854,11 @@ pull:
                                 &leases,
                                 Settle::Nack { retry_after: None },
                             ),
-                            7 => g.extend("sink0", &consumer, &leases, 50).map(|(r, _)| {
-                                r.into_iter()
-                                    .map(|_| Some(ankusa_relay::pull::Conflict::Unknown))
-                                    .collect()
-                            }),
+                            // An extension settles nothing: the lease runs on (or out),
+                            // and whatever the call answers, it is not counted as settled.
+                            7 => g
+                                .extend("sink0", &consumer, &leases, 50)
+                                .map(|_| vec![Some(ankusa_relay::pull::Conflict::Unknown)]),
                             _ => Ok(vec![Some(ankusa_relay::pull::Conflict::Unknown)]),
                         }
                         .unwrap();
