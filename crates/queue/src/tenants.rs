@@ -50,6 +50,47 @@ pub fn name(store: &Store, ord: TenantOrd) -> Result<Option<String>, QueueError>
         .map(|v| String::from_utf8_lossy(&v).into_owned()))
 }
 
+/// Tenants whose id starts with `prefix`, in id order, after `after`: one seek and at most
+/// `limit` rows of the `?n` index (never a scan of every tenant).
+pub fn list(
+    store: &Store,
+    prefix: &str,
+    after: Option<&str>,
+    limit: usize,
+) -> Result<Vec<(String, TenantOrd)>, QueueError> {
+    let mut from = ankusa_keyspace::tenant_ord(prefix);
+    if let Some(a) = after.filter(|a| a.as_bytes() >= prefix.as_bytes()) {
+        from = ankusa_keyspace::tenant_ord(a);
+        // Strictly after: the smallest key above `a`'s.
+        from.push(0);
+    }
+    // Every key that starts with the prefix sorts below the prefix followed by 0xFF bytes
+    // (ids are UTF-8, which never holds 0xFF).
+    let mut to = ankusa_keyspace::tenant_ord(prefix);
+    to.extend([0xFF; 4]);
+    let mut out = Vec::new();
+    for kv in store.scan(
+        ankusa_keyspace::Family::TenantOrds,
+        &from,
+        &to,
+        ankusa_store::Dir::Forward,
+    )? {
+        let (k, v) = kv?;
+        if out.len() >= limit {
+            break;
+        }
+        let name = ankusa_keyspace::decode_tenant_ord(&k)?;
+        let ord = decode_u32(&v).ok_or_else(|| {
+            QueueError::corrupt(
+                ankusa_keyspace::Family::TenantOrds,
+                format!("bad ordinal for {name:?}"),
+            )
+        })?;
+        out.push((name, TenantOrd(ord)));
+    }
+    Ok(out)
+}
+
 /// The next ordinal to allocate (`m:next_ord`; 1 on a store that has none yet).
 pub fn next_ord(store: &Store) -> Result<u32, QueueError> {
     Ok(store

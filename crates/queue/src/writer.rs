@@ -981,6 +981,24 @@ fn reply_all(batch: Vec<Submission>, r: Reply) {
 }
 
 /// Deletes up to `limit` dedupe keys that expired before `now`; returns how many.
+/// The first hook a tenant's idempotency key (the provider's delivery id) was taken as,
+/// while its dedupe entry lives (`dedupe.window_ms`): one point read.
+pub fn first_hook_of(
+    store: &Store,
+    tenant: &str,
+    key: &[u8],
+) -> Result<Option<String>, QueueError> {
+    let Some(k) = ankusa_keyspace::dedupe(tenant, key) else {
+        return Ok(None);
+    };
+    let now = ankusa_keyspace::now_ms();
+    Ok(store
+        .get(ankusa_keyspace::Cf::Index, &k)?
+        .and_then(|v| read_dedupe_value(&k, &v))
+        .filter(|(expires, _)| *expires > now)
+        .map(|(_, id)| id))
+}
+
 pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64, QueueError> {
     let (lo, to) = ankusa_keyspace::dedupe_expired_before(ankusa_keyspace::AtMs(now));
     let mut ops = Vec::new();

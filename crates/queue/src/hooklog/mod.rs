@@ -153,6 +153,38 @@ pub struct HookView {
     pub sinks: Vec<SinkView>,
 }
 
+/// The newest hooks of the log, newest first: of `tenant` only when given, at most `limit`,
+/// reading at most `scan` records (the log has no tenant index: a quiet tenant among busy
+/// ones may have none in the span read). Returns the records and whether the span ran out
+/// before the log did.
+pub fn recent(
+    store: &Store,
+    tenant: Option<&str>,
+    limit: usize,
+    scan: usize,
+) -> Result<(Vec<LogRecord>, bool), QueueError> {
+    let (lo, end) = Family::HookLog.bounds();
+    let mut out = Vec::new();
+    for (read, kv) in store
+        .scan(Family::HookLog, &lo, &end, Dir::Reverse)?
+        .enumerate()
+    {
+        if out.len() >= limit {
+            return Ok((out, false));
+        }
+        if read >= scan {
+            return Ok((out, true));
+        }
+        let (k, v) = kv?;
+        let record =
+            LogRecord::decode(&v).map_err(|e| QueueError::corrupt_at(Family::HookLog, &k, e))?;
+        if tenant.is_none_or(|t| record.envelope.tenant_or_default() == t) {
+            out.push(record);
+        }
+    }
+    Ok((out, false))
+}
+
 /// The log's seq of a hook id, if the log keeps it.
 pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, QueueError> {
     let Some(k) = ankusa_keyspace::hook_id(id) else {

@@ -72,6 +72,9 @@ pub struct DlqPage {
 pub struct Revived {
     /// Rows this call moved from the DLQ to due.
     pub revived: u64,
+    /// Rows the call's selection matched (with `dry_run`: what a replay would move).
+    #[serde(default)]
+    pub matched: u64,
     /// A Relay of several nodes: the nodes that gave no answer.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unavailable: Vec<String>,
@@ -155,12 +158,29 @@ fn dead_rows(
     }
 }
 
-/// `GET /v1/dlq`
+/// The most dead rows one filtered page reads before it answers with what it found and a
+/// cursor to go on from (a filter that matches few rows never scans the whole DLQ).
+pub const MAX_FILTER_SCAN: usize = 10_000;
+
+/// `GET /v1/dlq`'s filters.
+#[derive(Debug, Default, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct DlqFilter {
+    /// Only rows of hooks that came in through this source.
+    source: Option<String>,
+    /// Only rows dead-lettered at or after this time (ms since the epoch).
+    from_ms: Option<u64>,
+    /// Only rows dead-lettered before this time (ms since the epoch).
+    to_ms: Option<u64>,
+}
+
+/// `GET /v1/dlq`: a page of dead rows, newest first; with filters, the rows that match
+/// among at most [`MAX_FILTER_SCAN`] read (`next` goes on after the last row read).
 #[utoipa::path(
     get,
     path = "/v1/dlq",
     tag = "admin",
-    params(PageQuery),
+    params(PageQuery, DlqFilter),
     responses(
         (status = 200, description = "Dead rows, newest first", body = DlqPage),
         crate::http::AuthErrors,
@@ -173,20 +193,68 @@ pub async fn dlq(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Query(q): Query<PageQuery>,
+    Query(f): Query<DlqFilter>,
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
-    let before = match &q.before {
+    let mut before = match &q.before {
         Some(s) => Some(parse_row_id(s).ok_or_else(|| ApiError::BadRequest("bad cursor".into()))?),
         None => None,
     };
+    if let (None, Some(t)) = (before, f.to_ms) {
+        before = Some(DeadKey {
+            at: AtMs(t),
+            seq: Seq(0),
+            sink: SinkIdx(0),
+        });
+    }
     let n = limit(&api, q.limit);
     let a = api.clone();
     blocking(move || {
-        let page = dead_rows(&a.store, &c.scope, q.tenant.as_deref(), before, n)?;
-        let items = items(&a.store, &page.rows)?;
+        let filtered = f.source.is_some() || f.from_ms.is_some();
+        if !filtered {
+            let page = dead_rows(&a.store, &c.scope, q.tenant.as_deref(), before, n)?;
+            let items = items(&a.store, &page.rows)?;
+            return Ok(Json(DlqPage {
+                items,
+                next: page.next.map(|k| row_id(&k)),
+                unavailable: Vec::new(),
+            })
+            .into_response());
+        }
+        let from = f.from_ms.unwrap_or(0);
+        let (mut rows, mut read) = (Vec::new(), 0usize);
+        let mut next: Option<DeadKey>;
+        'pages: loop {
+            let page = dead_rows(&a.store, &c.scope, q.tenant.as_deref(), before, 500)?;
+            for r in page.rows {
+                if r.key.at.0 < from {
+                    next = None;
+                    break 'pages;
+                }
+                read += 1;
+                next = Some(r.key);
+                if f.source.as_ref().is_none_or(|s| *s == r.value.source) {
+                    rows.push(r);
+                    if rows.len() >= n {
+                        break 'pages;
+                    }
+                }
+                if read >= MAX_FILTER_SCAN {
+                    break 'pages;
+                }
+            }
+            match page.next {
+                Some(k) => before = Some(k),
+                None => {
+                    next = None;
+                    break;
+                }
+            }
+        }
+        let items = items(&a.store, &rows)?;
         Ok(Json(DlqPage {
             items,
-            next: page.next.map(|k| row_id(&k)),
+            next: next.map(|k| row_id(&k)),
             unavailable: Vec::new(),
         })
         .into_response())
@@ -204,6 +272,9 @@ pub struct ReplayRequest {
     from_ms: Option<u64>,
     to_ms: Option<u64>,
     limit: Option<usize>,
+    /// Count the rows the selection matches and move none (what a confirmation shows).
+    #[serde(default)]
+    dry_run: bool,
 }
 
 /// The most rows one replay call revives.
@@ -277,6 +348,14 @@ pub async fn replay(
         }
         let now = AtMs(ankusa_keyspace::now_ms());
         let total = rows.len();
+        if req.dry_run {
+            return Ok(Json(Revived {
+                revived: 0,
+                matched: total as u64,
+                unavailable: Vec::new(),
+            })
+            .into_response());
+        }
         let audit = a.audit.op(
             &c.name,
             "dlq.replay",
@@ -293,6 +372,7 @@ pub async fn replay(
         )?;
         Ok(Json(Revived {
             revived,
+            matched: total as u64,
             unavailable: Vec::new(),
         })
         .into_response())

@@ -1,5 +1,6 @@
 //! `GET /v1/hooks/{id}`: what happened to one hook, from the hook log
-//! ([`ankusa_queue::hooklog`]) and the queue.
+//! ([`ankusa_queue::hooklog`]) and the queue; `GET /v1/tenants/{t}/deliveries/{id}`: the
+//! same, found by the provider's delivery id; `GET /v1/hooks`: the newest hooks.
 
 use std::sync::Arc;
 
@@ -10,7 +11,7 @@ use axum::Json;
 use base64::Engine;
 use serde::{Deserialize, Serialize};
 
-use super::api::{blocking, caller, Api, ApiError, ApiResult};
+use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
 use ankusa_queue::hooklog::{self, DeliveryState, HookView};
 use ankusa_records::{AttemptOutcome, ErrorClass, Event};
 
@@ -171,6 +172,134 @@ pub async fn get(
             return Err(ApiError::NotFound("hook"));
         }
         let paused = ankusa_queue::tenants::ord(&a.store, tenant)?
+            .and_then(|o| super::tenants::paused_since(&a, o));
+        Ok(Json(render(view, paused)).into_response())
+    })
+    .await
+}
+
+/// The most hook-log records `GET /v1/hooks` reads for one page.
+pub const MAX_RECENT_SCAN: usize = 5_000;
+
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+#[serde(deny_unknown_fields)]
+pub struct RecentQuery {
+    /// Only this tenant's hooks.
+    tenant: Option<String>,
+    /// The most hooks listed (default 20, at most `admin.max_page`).
+    limit: Option<usize>,
+}
+
+/// One hook of a listing.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct HookSummary {
+    pub id: String,
+    pub tenant: String,
+    pub source: String,
+    pub received_ms: u64,
+    pub size: u32,
+    pub sinks: Vec<String>,
+}
+
+/// `GET /v1/hooks`: the newest hooks.
+#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct RecentHooks {
+    pub items: Vec<HookSummary>,
+    /// The span read ran out before the log did: older hooks of the tenant may exist.
+    pub truncated: bool,
+}
+
+/// `GET /v1/hooks?tenant=t&limit=n`: the newest hooks of the node's hook log, newest first,
+/// reading at most [`MAX_RECENT_SCAN`] records (the log is in arrival order, with no
+/// tenant index).
+#[utoipa::path(
+    get,
+    path = "/v1/hooks",
+    tag = "admin",
+    params(RecentQuery),
+    responses(
+        (status = 200, description = "The newest hooks the log keeps", body = RecentHooks),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn recent(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Query(q): Query<RecentQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let n = q
+        .limit
+        .unwrap_or(20)
+        .clamp(1, api.config.load().admin.max_page);
+    let a = api.clone();
+    blocking(move || {
+        if let Some(t) = &q.tenant {
+            visible_ord(&a.store, &c.scope, t)?;
+        } else if !c.scope.is_admin() {
+            // A tenant scope lists its tenants' hooks only: name one.
+            return Err(ApiError::BadRequest("name a tenant".into()));
+        }
+        let (records, truncated) =
+            hooklog::recent(&a.store, q.tenant.as_deref(), n, MAX_RECENT_SCAN)?;
+        let items = records
+            .into_iter()
+            .map(|r| HookSummary {
+                tenant: r.envelope.tenant_or_default().to_owned(),
+                id: r.envelope.id,
+                source: r.envelope.source,
+                received_ms: r.envelope.received_at.0,
+                size: r.body_len,
+                sinks: r.envelope.sinks,
+            })
+            .collect();
+        Ok(Json(RecentHooks { items, truncated }).into_response())
+    })
+    .await
+}
+
+/// `GET /v1/tenants/{t}/deliveries/{delivery_id}`: the hook a provider's delivery id
+/// (`X-GitHub-Delivery`, `webhook-id`, a Stripe event id: the source's `idempotency` key)
+/// was taken as, while its dedupe entry lives (`dedupe.window_ms`).
+#[utoipa::path(
+    get,
+    path = "/v1/tenants/{t}/deliveries/{delivery_id}",
+    tag = "admin",
+    params(
+        ("t" = String, Path, description = "A tenant id"),
+        ("delivery_id" = String, Path, description = "The provider's delivery id"),
+        HookQuery,
+    ),
+    responses(
+        (status = 200, description = "The hook from the hook log", body = HookOut),
+        crate::http::AuthErrors,
+        crate::http::BadRequest,
+        crate::http::NotFound,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn by_delivery(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Path((t, delivery)): Path<(String, String)>,
+    Query(q): Query<HookQuery>,
+) -> ApiResult {
+    let c = caller(&api, &headers)?;
+    let a = api.clone();
+    blocking(move || {
+        visible_ord(&a.store, &c.scope, &t)?;
+        let Some(id) = ankusa_queue::writer::first_hook_of(&a.store, &t, delivery.as_bytes())?
+        else {
+            return Err(ApiError::NotFound("delivery"));
+        };
+        let Some(view) = hooklog::lookup(&a.store, &id, q.body)? else {
+            return Err(ApiError::NotFound("hook"));
+        };
+        let paused = ankusa_queue::tenants::ord(&a.store, &t)?
             .and_then(|o| super::tenants::paused_since(&a, o));
         Ok(Json(render(view, paused)).into_response())
     })

@@ -12,7 +12,9 @@
 //!   answer in `nodes` (`unavailable` names the nodes that gave none).
 //! - `GET /v1/hooks/{id}`: the node reached looks in its hook log, then asks the others.
 //! - `GET /v1/sources/{id}`: every node is asked, the source's backlogs added up.
-//! - `GET /v1/archive?tenant=t` and `POST /v1/archive/replay` go to the tenant's owner.
+//! - `GET /v1/archive?tenant=t`, `GET /v1/hooks?tenant=t`,
+//!   `GET /v1/tenants/{t}/deliveries/{id}` and `POST /v1/archive/replay` go to the tenant's
+//!   owner.
 //! - A call carrying `ankusa-cluster-local: 1` is answered by the node it reaches (what a
 //!   node sends another, and what `ankusa-relay admin` sends when it merges nodes itself).
 //!   Calls that name no tenant (the DLQ of every tenant, replay by ids, quarantine, audit,
@@ -65,7 +67,7 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
             return merged_dlq(&api, req, next, &t, &query).await;
         }
         (req, None)
-    } else if path == "/v1/archive" && req.method() == Method::GET {
+    } else if (path == "/v1/archive" || path == "/v1/hooks") && req.method() == Method::GET {
         // A tenant's archive is on its owner (what a former owner archived stays there:
         // ask it with `ankusa-cluster-local: 1`).
         let t = query_param(&query, "tenant");
@@ -121,6 +123,8 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         (Method::PUT | Method::DELETE, p) if p.ends_with("/limits") => {
             Some(Merge::Sum(&["changed", "refused"]))
         }
+        // The dedupe entry of a delivery id is on the tenant's owner.
+        (Method::GET, p) if p.contains("/deliveries/") => None,
         (Method::GET, p) if p.starts_with("/v1/tenants/") && !p.ends_with("/queue") => {
             Some(Merge::View)
         }
@@ -134,7 +138,7 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         (Method::DELETE, p) if p.ends_with("/queue") => {
             Some(Merge::Sum(&["due", "dead", "batches"]))
         }
-        (Method::POST, "/v1/dlq/replay") => Some(Merge::Sum(&["revived"])),
+        (Method::POST, "/v1/dlq/replay") => Some(Merge::Sum(&["revived", "matched"])),
         (Method::POST, p) if p.ends_with("/retry") => Some(Merge::Sum(&["retried", "more"])),
         // Held on every node that holds the tenant's rows: its owner and former owners.
         (Method::POST, p) if p.ends_with("/pause") || p.ends_with("/resume") => {
@@ -429,7 +433,7 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
         }
     });
     let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
-    let mut revived = 0u64;
+    let (mut revived, mut matched) = (0u64, 0u64);
     let mut unavailable = Vec::new();
     let mut answers: Vec<(String, Result<Response, Unreachable>)> = Vec::new();
     if let Some(l) = local {
@@ -447,9 +451,11 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
         }
         let answer: Revived = serde_json::from_slice(&bytes).unwrap_or_default();
         revived += answer.revived;
+        matched += answer.matched;
     }
     Json(Revived {
         revived,
+        matched,
         unavailable,
     })
     .into_response()
@@ -685,6 +691,9 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
         .and_then(|t| t.parse::<usize>().ok())
         .unwrap_or(100)
         .clamp(1, api.config.load().admin.max_page);
+    // A listing by prefix is in id order, paged by id.
+    let query = req.uri().query().unwrap_or("");
+    let listing = query_param(query, "prefix").is_some() || query_param(query, "after").is_some();
     let me = cluster.me().unwrap_or_default().to_owned();
     let (local, remote) = tokio::join!(next.run(req), get_from_others(api, &pq, &headers));
     let mut answers = vec![(me, Ok(local))];
@@ -726,13 +735,19 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
         }
     }
     let mut tenants: Vec<TenantView> = merged.into_values().collect();
-    tenants.sort_by_key(|t| std::cmp::Reverse(super::tenants::work_order(&t.counters)));
+    if !listing {
+        tenants.sort_by_key(|t| std::cmp::Reverse(super::tenants::work_order(&t.counters)));
+    }
     tenants.truncate(top);
+    let next = (listing && tenants.len() >= top)
+        .then(|| tenants.last().map(|t| t.tenant.clone()))
+        .flatten();
     Json(TenantsTop {
         tenants,
         total: registered.unwrap_or(summed_total),
         owned: None,
         registered: None,
+        next,
         nodes: Some(nodes),
         unavailable: Some(unavailable),
     })

@@ -98,6 +98,9 @@ pub struct TenantsTop {
     /// The registry node: tenants the registry holds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered: Option<u64>,
+    /// A listing by `prefix`: the `after` of its next page (absent on the last).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
     /// Relay-wide (always there): each node's own `total` and `owned`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nodes: Option<Vec<NodeTenants>>,
@@ -164,11 +167,16 @@ pub(crate) fn work_order(c: &Counters) -> (i64, i64, i64) {
 #[into_params(parameter_in = Query)]
 pub struct TopQuery {
     top: Option<usize>,
+    /// List every tenant whose id starts with this, in id order (with or without work).
+    prefix: Option<String>,
+    /// With `prefix` (or alone): the page after this tenant id (the last page's `next`).
+    after: Option<String>,
 }
 
 /// `GET /v1/tenants?top=N`: the tenants with work — pending, scheduled or dead — the most
 /// pending first, from the active index, a skip scan of the dead rows' tenant index and the
-/// counters (never a scan of all tenants).
+/// counters (never a scan of all tenants). `?prefix=P[&after=T]`: every tenant whose id
+/// starts with `P`, in id order, a page of `top` from one seek of the tenant index.
 #[utoipa::path(
     get,
     path = "/v1/tenants",
@@ -192,6 +200,51 @@ pub async fn tenants_top(
         .unwrap_or(100)
         .clamp(1, api.config.load().admin.max_page);
     let a = api.clone();
+    if q.prefix.is_some() || q.after.is_some() {
+        let prefix = q.prefix.unwrap_or_default();
+        return blocking(move || {
+            let listed = match &c.scope {
+                Scope::Admin => tenants::list(&a.store, &prefix, q.after.as_deref(), n)?,
+                Scope::Tenants(ts) => {
+                    let mut out = Vec::new();
+                    let after = q.after.as_deref().unwrap_or("");
+                    for t in ts
+                        .iter()
+                        .filter(|t| t.starts_with(&prefix) && t.as_str() > after)
+                    {
+                        if out.len() >= n {
+                            break;
+                        }
+                        if let Some(ord) = tenants::ord(&a.store, t)? {
+                            out.push((t.clone(), ord));
+                        }
+                    }
+                    out
+                }
+            };
+            let next = (listed.len() >= n)
+                .then(|| listed.last().map(|(t, _)| t.clone()))
+                .flatten();
+            let views = listed
+                .into_iter()
+                .map(|(name, ord)| TenantView::read(&a, name, ord))
+                .collect::<Result<Vec<_>, _>>()?;
+            let multi = a.cluster.is_multi();
+            Ok(Json(TenantsTop {
+                tenants: views,
+                total: u64::from(tenants::count(&a.store)?),
+                owned: multi.then(|| a.cluster.owned() as u64),
+                registered: multi
+                    .then(|| a.cluster.registry().map(|r| r.len() as u64))
+                    .flatten(),
+                next,
+                nodes: None,
+                unavailable: None,
+            })
+            .into_response())
+        })
+        .await;
+    }
     blocking(move || {
         let store = &a.store;
         let mut views = Vec::new();
@@ -247,6 +300,7 @@ pub async fn tenants_top(
             registered: multi
                 .then(|| a.cluster.registry().map(|r| r.len() as u64))
                 .flatten(),
+            next: None,
             nodes: None,
             unavailable: None,
         })
