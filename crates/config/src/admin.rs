@@ -18,6 +18,7 @@ impl AdminConfig {
         )?;
         in_range("admin.backup_keep", self.backup_keep, 1..=100)?;
         in_range("admin.max_page", self.max_page, 1..=100_000)?;
+        self.console.validate(secrets)?;
         let mut names = std::collections::BTreeSet::new();
         for (i, t) in self.tokens.iter().enumerate() {
             let key = format!("admin.tokens[{i}]");
@@ -51,6 +52,8 @@ pub struct AdminConfig {
     pub backup_dir: Option<PathBuf>,
     /// Backup archives kept in `backup_dir`; older ones are deleted.
     pub backup_keep: usize,
+    /// The web console at `/ui/` (docs/console.md).
+    pub console: ConsoleConfig,
 }
 
 impl Default for AdminConfig {
@@ -63,7 +66,84 @@ impl Default for AdminConfig {
             max_page: 1_000,
             backup_dir: None,
             backup_keep: 2,
+            console: ConsoleConfig::default(),
         }
+    }
+}
+
+/// The web console the admin listener serves at `/ui/`.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConsoleConfig {
+    /// Serve it (on by default).
+    pub enabled: bool,
+    /// How long a sign-in lasts without use, in milliseconds.
+    pub session_ttl_ms: u64,
+    /// The most sessions a node holds; a sign-in past it is refused.
+    pub max_sessions: usize,
+    /// The key tenant-portal links are signed with. Without it no link can be made. Give
+    /// every node of a Relay the same one: a link then opens at any of them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub portal_secret: Option<SecretSource>,
+    /// The longest a portal link may live, in milliseconds.
+    pub portal_max_ttl_ms: u64,
+    /// Origins that may frame the tenant portal (CSP `frame-ancestors`); empty: none may.
+    pub frame_ancestors: Vec<String>,
+}
+
+impl Default for ConsoleConfig {
+    fn default() -> Self {
+        ConsoleConfig {
+            enabled: true,
+            session_ttl_ms: 3_600_000,
+            max_sessions: 1_000,
+            portal_secret: None,
+            portal_max_ttl_ms: 30 * 86_400_000,
+            frame_ancestors: Vec::new(),
+        }
+    }
+}
+
+impl ConsoleConfig {
+    fn validate(&self, secrets: Secrets) -> Result<(), ConfigError> {
+        in_range(
+            "admin.console.session_ttl_ms",
+            self.session_ttl_ms,
+            60_000..=7 * 86_400_000,
+        )?;
+        in_range(
+            "admin.console.max_sessions",
+            self.max_sessions as u64,
+            1..=1_000_000,
+        )?;
+        in_range(
+            "admin.console.portal_max_ttl_ms",
+            self.portal_max_ttl_ms,
+            60_000..=366 * 86_400_000,
+        )?;
+        if let Some(s) = &self.portal_secret {
+            if secrets
+                .len(s, "admin.console.portal_secret")?
+                .is_some_and(|n| n < 32)
+            {
+                return Err(invalid(
+                    "admin.console.portal_secret",
+                    "must be at least 32 bytes",
+                ));
+            }
+        }
+        for (i, o) in self.frame_ancestors.iter().enumerate() {
+            let ok = (o.starts_with("https://") || o.starts_with("http://"))
+                && !o.contains([' ', ';', ',', '\'', '"'])
+                && o.len() > 8;
+            if !ok {
+                return Err(invalid(
+                    &format!("admin.console.frame_ancestors[{i}]"),
+                    format!("{o:?} is not an origin (https://host[:port])"),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 

@@ -35,7 +35,7 @@ mod tenants;
 mod tls;
 mod writer;
 
-pub use admin::{AdminConfig, ScopeConfig, TokenConfig};
+pub use admin::{AdminConfig, ConsoleConfig, ScopeConfig, TokenConfig};
 pub use archive::{ArchiveConfig, ArchivePolicy, ArchiveSetting};
 pub use cluster::{ClusterConfig, ClusterNode};
 pub use dedupe::DedupeConfig;

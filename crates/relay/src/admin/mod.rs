@@ -28,6 +28,7 @@ pub mod erase;
 pub mod hooks;
 pub mod limits;
 pub mod node;
+pub mod portal;
 pub mod quarantine;
 pub mod relay_wide;
 pub mod sources;
@@ -212,7 +213,13 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
             get(quarantine::quarantine_list).delete(quarantine::quarantine_delete),
         )
         .route("/v1/audit", get(audit::audit_list))
+        .route("/v1/hooks", get(hooks::recent))
         .route("/v1/hooks/{id}", get(hooks::get))
+        .route(
+            "/v1/tenants/{t}/deliveries/{delivery_id}",
+            get(hooks::by_delivery),
+        )
+        .route("/v1/portal-links", post(portal::create))
         .route("/v1/sources/{id}", get(sources::get))
         .route("/v1/archive", get(archive::list))
         .route("/v1/archive/replay", post(archive::replay))
