@@ -91,7 +91,7 @@ for pid in meta["workspace_members"]:
 MODULE_RANK = {
     "main": 9, "cli": 8,
     "testkit": 7, "node": 6,
-    "openapi": 5, "reload": 5,
+    "openapi": 5, "reload": 5, "console": 5,
     "admin": 4, "pull": 4,
     "ingest": 3, "dispatch": 3,
     "cluster": 2,

@@ -19,6 +19,7 @@
 pub mod admin;
 pub mod cli;
 pub mod cluster;
+pub mod console;
 pub mod dispatch;
 pub mod http;
 pub mod ingest;

@@ -305,6 +305,28 @@ fn spawn_hook_log_prune(
     )
 }
 
+/// The console's samples for its charts, every 10 s (only when the console is on).
+fn spawn_console_history(
+    store: Arc<Store>,
+    api: Arc<Api>,
+    metrics: Arc<Metrics>,
+    history: Arc<crate::console::history::History>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    if !api.config.load().admin.console.enabled {
+        return tokio::spawn(async {});
+    }
+    periodic(
+        "console history",
+        std::time::Duration::from_millis(crate::console::history::INTERVAL_MS),
+        stop,
+        move |_: &mut ()| {
+            history.sample(&store, &metrics, &api.config.load())?;
+            Ok(false)
+        },
+    )
+}
+
 /// Settles archive obligations and removes archived hooks past their retention every
 /// `archive.settle_interval_ms`.
 fn spawn_archiver(
@@ -814,14 +836,23 @@ impl Node {
             progress: progress.clone(),
             writer: std::sync::OnceLock::new(),
         });
-        let mut servers = vec![
-            admin_l
-                .serve(
-                    admin::router(admin_state, api.clone(), crate::openapi::routes()),
-                    stop.clone(),
-                )
-                .await?,
-        ];
+        let history = Arc::new(crate::console::history::History::new(
+            metrics.console_history_tenants.clone(),
+        ));
+        let admin_app = admin::router(admin_state, api.clone(), crate::openapi::routes());
+        // The console calls the API in-process through the admin router it is nested in.
+        let admin_app = if config.admin.console.enabled {
+            let console = Arc::new(crate::console::Console::new(
+                api.clone(),
+                admin_app.clone(),
+                metrics.clone(),
+                history.clone(),
+            ));
+            admin_app.nest_service("/ui", crate::console::router(console))
+        } else {
+            admin_app
+        };
+        let mut servers = vec![admin_l.serve(admin_app, stop.clone()).await?];
 
         let boot_store = store.clone();
         let max_tenants = config.tenants.max;
@@ -998,6 +1029,13 @@ impl Node {
                 stop.clone(),
             ),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
+            spawn_console_history(
+                store.clone(),
+                api.clone(),
+                metrics.clone(),
+                history,
+                stop.clone(),
+            ),
             admin::erase::spawn(api.clone(), stop.clone()),
             spawn_write_probe(
                 store.clone(),

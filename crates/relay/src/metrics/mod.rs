@@ -7,6 +7,8 @@
 
 pub mod gauges;
 
+use std::sync::Arc;
+
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
@@ -169,6 +171,78 @@ pub struct SinkMeters {
     pub breaker: Gauge,
     pub requests: Gauge,
     pub queued: Gauge,
+    /// The attempts' latencies in fine buckets the console reads (not exported).
+    pub recent: Arc<LatencyLog>,
+}
+
+/// Attempt latencies in log-linear buckets (four per power of two of microseconds), as
+/// counters: two readings apart give the quantiles of what happened between them.
+#[derive(Debug)]
+pub struct LatencyLog([std::sync::atomic::AtomicU64; LatencyLog::BUCKETS]);
+
+impl Default for LatencyLog {
+    fn default() -> Self {
+        LatencyLog(std::array::from_fn(|_| {
+            std::sync::atomic::AtomicU64::new(0)
+        }))
+    }
+}
+
+impl LatencyLog {
+    pub const BUCKETS: usize = 160;
+
+    pub fn bucket_of(us: u64) -> usize {
+        if us < 4 {
+            return us as usize;
+        }
+        let log = 63 - us.leading_zeros() as usize;
+        let sub = ((us >> (log - 2)) & 3) as usize;
+        ((log - 1) * 4 + sub).min(Self::BUCKETS - 1)
+    }
+
+    /// The smallest latency (µs) of bucket `i`.
+    pub fn lower_us(i: usize) -> u64 {
+        if i < 4 {
+            return i as u64;
+        }
+        let (log, sub) = (i / 4 + 1, (i % 4) as u64);
+        (4 + sub) << (log - 2)
+    }
+
+    pub fn observe(&self, d: std::time::Duration) {
+        let us = u64::try_from(d.as_micros()).unwrap_or(u64::MAX);
+        self.0[Self::bucket_of(us)].fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn read(&self) -> Vec<u64> {
+        self.0
+            .iter()
+            .map(|c| c.load(std::sync::atomic::Ordering::Relaxed))
+            .collect()
+    }
+
+    /// The `q` quantile (0..=1) in ms of the counts `later − earlier`, at its bucket's
+    /// upper end (at most 25 % above); `None` with no attempts between them.
+    pub fn quantile_ms(earlier: &[u64], later: &[u64], q: f64) -> Option<f64> {
+        let d: Vec<u64> = later
+            .iter()
+            .zip(earlier.iter().chain(std::iter::repeat(&0)))
+            .map(|(l, e)| l.saturating_sub(*e))
+            .collect();
+        let total: u64 = d.iter().sum();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((total as f64) * q).ceil().max(1.0) as u64;
+        let mut seen = 0;
+        for (i, n) in d.iter().enumerate() {
+            seen += n;
+            if seen >= rank {
+                return Some(Self::lower_us(i + 1) as f64 / 1000.0);
+            }
+        }
+        None
+    }
 }
 
 impl SinkMeters {
@@ -260,6 +334,17 @@ pub struct Metrics {
     pub quarantine_dropped: Counter,
     pub dedupe_swept: Counter,
     pub delivery_attempts: Family<SinkOutcome, Counter>,
+    /// Each sink's fine latency buckets (for the console; not exported).
+    sink_recent: std::sync::Mutex<std::collections::HashMap<String, Arc<LatencyLog>>>,
+    /// Hooks accepted (202) since the start, for the console's charts (the exported series
+    /// is `ankusa_ingest_requests_total{outcome="accepted"}`, by source).
+    pub accepted: Arc<std::sync::atomic::AtomicU64>,
+    /// The console's sign-ins held.
+    pub console_sessions: Gauge,
+    /// Console sign-ins by outcome (ok, refused, full).
+    pub console_sign_ins: Family<OutcomeLabel, Counter>,
+    /// Tenants whose backlog history the console keeps.
+    pub console_history_tenants: Gauge,
     pub delivery_latency: Family<SinkLabel, Histogram>,
     /// Each sink's adaptive concurrency limit, after its last attempt.
     pub sink_limit: Family<SinkLabel, Gauge>,
@@ -625,6 +710,24 @@ impl Metrics {
             "The node's tenants.max: a new tenant past it is refused",
             tenants_max.clone(),
         );
+        let console_sessions = Gauge::default();
+        registry.register(
+            "ankusa_console_sessions",
+            "Console sign-ins this node holds (at most admin.console.max_sessions)",
+            console_sessions.clone(),
+        );
+        let console_sign_ins = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "ankusa_console_sign_ins",
+            "Console sign-ins by outcome: ok, refused (a token that is not valid), full (admin.console.max_sessions reached)",
+            console_sign_ins.clone(),
+        );
+        let console_history_tenants = Gauge::default();
+        registry.register(
+            "ankusa_console_history_tenants",
+            "Tenants whose backlog history the console keeps for its sparklines (at most 10 000)",
+            console_history_tenants.clone(),
+        );
         let tenants_paused = Gauge::default();
         registry.register(
             "ankusa_tenants_paused",
@@ -698,6 +801,11 @@ impl Metrics {
             writer_unsynced_hooks,
             quarantine_dropped,
             dedupe_swept,
+            sink_recent: Default::default(),
+            accepted: Default::default(),
+            console_sessions,
+            console_sign_ins,
+            console_history_tenants,
         }
     }
 
@@ -722,7 +830,23 @@ impl Metrics {
             breaker: self.sink_breaker.get_or_create(&label).clone(),
             requests: self.sink_requests.get_or_create(&label).clone(),
             queued: self.sink_queued.get_or_create(&label).clone(),
+            recent: self
+                .sink_recent
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .entry(sink.to_owned())
+                .or_default()
+                .clone(),
         }
+    }
+
+    /// One console sign-in, by its outcome.
+    pub fn console_sign_in(&self, outcome: &str) {
+        self.console_sign_ins
+            .get_or_create(&OutcomeLabel {
+                outcome: outcome.to_owned(),
+            })
+            .inc();
     }
 
     /// One configuration reload, by its outcome.
@@ -745,6 +869,10 @@ impl Metrics {
     }
 
     pub fn ingest(&self, source: &str, outcome: &str) {
+        if outcome == "accepted" {
+            self.accepted
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         self.ingest_requests
             .get_or_create(&IngestLabels {
                 source: source.to_owned(),

@@ -92,6 +92,7 @@ impl Runner {
                         m.queued.set(queued as i64);
                         m.attempt(a.label()).inc();
                         m.latency.observe(a.latency.as_secs_f64());
+                        m.recent.observe(a.latency);
                         a
                     }
                 },

@@ -1,0 +1,1394 @@
+//! The console's pages. Each reads the admin API in-process ([`Console::call`]) as its
+//! viewer and renders HTML; lists are the API's pages (bounded, with a cursor), never a
+//! scan of everything.
+
+use std::fmt::Write;
+use std::sync::Arc;
+
+use axum::http::{header, HeaderValue, Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+
+use super::html::{self, age, csrf_field, enc, esc, num, table, time_el};
+use super::{field, redirect, CallError, Console, Form, Viewer};
+
+const CSS: &str = include_str!("assets/console.css");
+const JS: &str = include_str!("assets/console.js");
+
+/// How often a live page refreshes itself, in ms.
+pub const LIVE_MS: u64 = 5_000;
+
+/// A static asset (no sign-in needed; cached for an hour).
+pub fn asset(name: &str) -> Response {
+    let (ctype, body) = match name {
+        "console.css" => ("text/css; charset=utf-8", CSS),
+        "console.js" => ("text/javascript; charset=utf-8", JS),
+        _ => return message(StatusCode::NOT_FOUND, "Not found", "No such file."),
+    };
+    (
+        [
+            (header::CONTENT_TYPE, ctype),
+            (header::CACHE_CONTROL, "public, max-age=3600"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+fn head(title: &str) -> String {
+    format!(
+        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
+<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\
+<title>{} · Ankusa</title><link rel=\"stylesheet\" href=\"/ui/assets/console.css\">\
+<script src=\"/ui/assets/console.js\" defer></script></head>",
+        esc(title)
+    )
+}
+
+/// A page without navigation (sign-in, errors before sign-in).
+pub fn message(status: StatusCode, title: &str, text: &str) -> Response {
+    let body = format!(
+        "{}<body><main id=\"main\" class=\"narrow\"><h1>{}</h1><p>{}</p>\
+<p><a href=\"/ui/\">Back to the console</a></p></main></body></html>",
+        head(title),
+        esc(title),
+        esc(text)
+    );
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+/// The sign-in form.
+pub fn login(problem: Option<&str>, status: StatusCode) -> Response {
+    let alert = problem
+        .map(|p| format!("<p class=\"alert\" role=\"alert\">{}</p>", esc(p)))
+        .unwrap_or_default();
+    let body = format!(
+        "{}<body><main id=\"main\" class=\"narrow\"><h1>Ankusa console</h1>{alert}\
+<form method=\"post\" action=\"/ui/login\" class=\"stack\">\
+<label for=\"token\">Admin token</label>\
+<input id=\"token\" name=\"token\" type=\"password\" autocomplete=\"current-password\" required autofocus>\
+<button type=\"submit\">Sign in</button></form>\
+<p class=\"muted\">A token of <code>admin.tokens</code>: a tenant-scoped token sees only its tenants.</p>\
+</main></body></html>",
+        head("Sign in")
+    );
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
+/// `POST /ui/login`: a session for a valid token.
+pub async fn sign_in(c: &Arc<Console>, form: &Form, secure: bool) -> Response {
+    let token = field(form, "token").unwrap_or("").trim().to_owned();
+    let mut h = axum::http::HeaderMap::new();
+    let caller = HeaderValue::from_str(&format!("Bearer {token}"))
+        .ok()
+        .and_then(|v| {
+            h.insert(header::AUTHORIZATION, v);
+            c.api.tokens.load().authenticate(&h)
+        })
+        .filter(|caller| !caller.backup_only && !token.starts_with("p1."));
+    let Some(caller) = caller else {
+        c.metrics.console_sign_in("refused");
+        return login(
+            Some("That token is not valid here."),
+            StatusCode::UNAUTHORIZED,
+        );
+    };
+    let admin = caller.scope.is_admin();
+    match c.sessions.create(token, caller.name, admin) {
+        Ok(sid) => {
+            c.metrics.console_sign_in("ok");
+            let ttl =
+                std::time::Duration::from_millis(c.api.config.load().admin.console.session_ttl_ms);
+            let mut r = redirect("/ui/");
+            if let Ok(v) =
+                HeaderValue::from_str(&super::session::set_cookie(Some(&sid), ttl, secure))
+            {
+                r.headers_mut().insert(header::SET_COOKIE, v);
+            }
+            r
+        }
+        Err(super::session::Full) => {
+            c.metrics.console_sign_in("full");
+            login(
+                Some("The node holds as many sessions as admin.console.max_sessions allows; try again later."),
+                StatusCode::SERVICE_UNAVAILABLE,
+            )
+        }
+    }
+}
+
+/// A page of the console: its frame, or (a live refresh) only its content.
+fn page(
+    v: &Viewer,
+    title: &str,
+    active: &str,
+    body: String,
+    fragment: bool,
+    live: bool,
+) -> Response {
+    page_with(v, title, active, body, fragment, live, StatusCode::OK)
+}
+
+fn page_with(
+    v: &Viewer,
+    title: &str,
+    active: &str,
+    body: String,
+    fragment: bool,
+    live: bool,
+    status: StatusCode,
+) -> Response {
+    let html_type = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
+    if fragment {
+        return (status, html_type, body).into_response();
+    }
+    let mut nav = String::new();
+    let mut links: Vec<(&str, String)> = Vec::new();
+    match &v.portal {
+        Some(t) => {
+            links.push(("Tenant", format!("{}/tenants/{}", v.base, enc(t))));
+            links.push(("Find a hook", format!("{}/hooks", v.base)));
+            links.push(("Dead letters", format!("{}/dlq?tenant={}", v.base, enc(t))));
+            links.push(("Archive", format!("{}/archive?tenant={}", v.base, enc(t))));
+        }
+        None => {
+            if v.admin {
+                links.push(("Overview", format!("{}/", v.base)));
+            }
+            links.push(("Tenants", format!("{}/tenants", v.base)));
+            links.push(("Find a hook", format!("{}/hooks", v.base)));
+            links.push(("Dead letters", format!("{}/dlq", v.base)));
+            if v.admin {
+                links.push(("Sinks", format!("{}/sinks", v.base)));
+            }
+            links.push(("Archive", format!("{}/archive", v.base)));
+            links.push(("Audit", format!("{}/audit", v.base)));
+            if v.admin {
+                links.push(("Quarantine", format!("{}/quarantine", v.base)));
+            }
+        }
+    }
+    for (name, href) in links {
+        let current = if name == active {
+            " aria-current=\"page\""
+        } else {
+            ""
+        };
+        let _ = write!(
+            nav,
+            "<li><a href=\"{}\"{current}>{}</a></li>",
+            esc(&href),
+            esc(name)
+        );
+    }
+    let who = match &v.portal {
+        Some(t) => format!("<span class=\"who\">Portal of {}</span>", esc(t)),
+        None => format!(
+            "<span class=\"who\">{}</span><form method=\"post\" action=\"/ui/logout\" class=\"inline\">{}<button type=\"submit\" class=\"link\">Sign out</button></form>",
+            esc(&v.name),
+            csrf_field(&v.csrf)
+        ),
+    };
+    let live_attr = if live {
+        format!(" data-live=\"{LIVE_MS}\"")
+    } else {
+        String::new()
+    };
+    let out = format!(
+        "{}<body><a class=\"skip\" href=\"#main\">Skip to content</a>\
+<header><nav aria-label=\"Main\"><a class=\"brand\" href=\"{}/\">Ankusa</a><ul>{nav}</ul><div class=\"session\">{who}</div></nav></header>\
+<main id=\"main\" tabindex=\"-1\"{live_attr}>{body}</main></body></html>",
+        head(title),
+        esc(&v.base)
+    );
+    (status, html_type, out).into_response()
+}
+
+fn error_page(v: &Viewer, e: CallError, fragment: bool) -> Response {
+    let (title, text) = match e.status {
+        StatusCode::NOT_FOUND => ("Not found", e.message.clone()),
+        StatusCode::FORBIDDEN => ("Not allowed", "This needs an admin token.".to_owned()),
+        _ => (
+            "Something went wrong",
+            format!("{} ({})", e.message, e.code),
+        ),
+    };
+    let body = format!(
+        "<h1>{}</h1><p class=\"alert\" role=\"alert\">{}</p>",
+        esc(title),
+        esc(&text)
+    );
+    page_with(v, title, "", body, fragment, false, e.status)
+}
+
+/// Routes a console request (its path below `/ui` or below the portal's prefix).
+pub async fn dispatch(
+    c: &Arc<Console>,
+    v: &Viewer,
+    method: &Method,
+    path: &str,
+    q: &Form,
+    form: &Form,
+    fragment: bool,
+) -> Response {
+    let segs: Vec<String> = path
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .map(super::form_decode_path)
+        .collect();
+    let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
+    let r = match (method.clone(), segs.as_slice()) {
+        (Method::GET, []) => match (&v.portal, v.admin) {
+            (Some(t), _) => tenant(c, v, &t.clone(), fragment).await,
+            (None, true) => overview(c, v, fragment).await,
+            (None, false) => tenants(c, v, q, fragment).await,
+        },
+        (Method::GET, ["tenants"]) => tenants(c, v, q, fragment).await,
+        (Method::GET, ["tenants", t]) => tenant(c, v, t, fragment).await,
+        (Method::POST, ["tenants", t, "purge"]) => purge(c, v, t, form).await,
+        (Method::POST, ["tenants", t, action @ ("pause" | "resume")]) => {
+            let r = c
+                .call(
+                    v,
+                    Method::POST,
+                    &format!("/v1/tenants/{}/{action}", enc(t)),
+                    None,
+                )
+                .await;
+            done(v, r.map(|_| format!("{}/tenants/{}", v.base, enc(t))))
+        }
+        (Method::POST, ["tenants", t, "portal-link"]) => portal_link(c, v, t, form).await,
+        (Method::GET, ["hooks"]) => find_hook(c, v, q, fragment).await,
+        (Method::GET, ["hooks", id]) => hook(c, v, id, q, fragment).await,
+        (Method::GET, ["dlq"]) => dlq(c, v, q, fragment).await,
+        (Method::POST, ["dlq", "replay"]) => dlq_replay(c, v, form).await,
+        (Method::GET, ["sinks"]) if v.admin => sinks(c, v, fragment),
+        (Method::GET, ["archive"]) => archive(c, v, q, fragment).await,
+        (Method::POST, ["archive", "replay"]) => archive_replay(c, v, form).await,
+        (Method::GET, ["audit"]) => audit(c, v, q, fragment).await,
+        (Method::GET, ["quarantine"]) if v.admin => quarantine(c, v, q, fragment).await,
+        _ => Err(CallError {
+            status: StatusCode::NOT_FOUND,
+            code: "not_found".into(),
+            message: "There is no such page.".into(),
+        }),
+    };
+    r.unwrap_or_else(|e| error_page(v, e, fragment))
+}
+
+type Page = Result<Response, CallError>;
+
+/// After an action: back to `to` (303), or its error.
+fn done(_v: &Viewer, r: Result<String, CallError>) -> Page {
+    r.map(|to| redirect(&to))
+}
+
+fn s<'a>(v: &'a Value, k: &str) -> &'a str {
+    v[k].as_str().unwrap_or("")
+}
+
+fn n(v: &Value, k: &str) -> i64 {
+    v[k].as_i64().unwrap_or(0)
+}
+
+fn count_cell(v: i64) -> String {
+    format!("<span class=\"num\">{v}</span>")
+}
+
+// ----- Overview -----------------------------------------------------------------------------
+
+async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
+    let me = c.call(v, Method::GET, "/v1/node", None).await?;
+    let mut nodes = vec![(
+        c.api.cluster.me().unwrap_or("this node").to_owned(),
+        Ok(me.clone()),
+    )];
+    if c.api.cluster.is_multi() {
+        let mut h = axum::http::HeaderMap::new();
+        if let Ok(b) = HeaderValue::from_str(&format!("Bearer {}", v.credential)) {
+            h.insert(header::AUTHORIZATION, b);
+        }
+        let others = c
+            .api
+            .cluster
+            .members()
+            .iter()
+            .filter(|m| Some(m.name.as_str()) != c.api.cluster.me())
+            .map(|m| {
+                let h = h.clone();
+                async move {
+                    let r = c
+                        .api
+                        .cluster
+                        .forward_admin(m, Method::GET, "/v1/node", &h, bytes::Bytes::new())
+                        .await;
+                    let v = match r {
+                        Ok(resp) if resp.status().is_success() => {
+                            use http_body_util::BodyExt;
+                            match resp.into_body().collect().await {
+                                Ok(b) => serde_json::from_slice::<Value>(&b.to_bytes())
+                                    .map_err(|e| e.to_string()),
+                                Err(e) => Err(e.to_string()),
+                            }
+                        }
+                        Ok(resp) => Err(format!("answered {}", resp.status())),
+                        Err(e) => Err(e.reason),
+                    };
+                    (m.name.clone(), v)
+                }
+            });
+        nodes.extend(futures_util::future::join_all(others).await);
+    }
+    let owned_total: i64 = nodes
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .map(|n| n["cluster"]["tenants_owned"].as_i64().unwrap_or(0))
+        .sum();
+    let rows: Vec<Vec<String>> = nodes
+        .iter()
+        .map(|(name, r)| match r {
+            Ok(n) => {
+                let owned = n["cluster"]["tenants_owned"].as_i64();
+                let share = match owned {
+                    Some(o) if owned_total > 0 => {
+                        format!("{:.0} %", o as f64 * 100.0 / owned_total as f64)
+                    }
+                    _ => "100 %".into(),
+                };
+                let state = if n["write_error"].is_object() {
+                    "<span class=\"bad\">writes failing</span>".to_owned()
+                } else if n["migrating_to"].is_u64() {
+                    format!("migrating to format {}", n["migrating_to"])
+                } else {
+                    "<span class=\"good\">serving</span>".to_owned()
+                };
+                vec![
+                    esc(name),
+                    esc(s(n, "version")),
+                    format!("{} (supports {})", n["store_format"], n["supported_format"]),
+                    count_cell(n["tenants"].as_i64().unwrap_or(0)),
+                    share,
+                    state,
+                ]
+            }
+            Err(e) => vec![
+                esc(name),
+                "—".into(),
+                "—".into(),
+                "—".into(),
+                "—".into(),
+                format!("<span class=\"bad\">unavailable: {}</span>", esc(e)),
+            ],
+        })
+        .collect();
+    let counters = &me["counters"];
+    let samples = c.history.node();
+    let span = (super::history::NODE_SAMPLES as u64 * super::history::INTERVAL_MS) / 1000;
+    let ingest = super::history::rates(&samples, |s| s.accepted);
+    let delivery = super::history::rates(&samples, |s| s.delivered);
+    let backlog: Vec<f64> = samples.iter().map(|s| s.backlog as f64).collect();
+    let oldest = me["oldest_due_at_ms"]
+        .as_u64()
+        .map(|t| age(ankusa_keyspace::now_ms().saturating_sub(t)))
+        .unwrap_or_else(|| "—".into());
+    let body = format!(
+        "<h1>Overview</h1>\
+<section aria-labelledby=\"h-nodes\"><h2 id=\"h-nodes\">Nodes</h2>{}</section>\
+<section aria-labelledby=\"h-now\"><h2 id=\"h-now\">This node now</h2><dl class=\"facts\">\
+<div><dt>Pending</dt><dd>{}</dd></div><div><dt>Scheduled</dt><dd>{}</dd></div>\
+<div><dt>In flight</dt><dd>{}</dd></div><div><dt>Dead</dt><dd>{}</dd></div>\
+<div><dt>Oldest due</dt><dd>{oldest}</dd></div><div><dt>Store</dt><dd>{} MiB</dd></div></dl></section>\
+<section aria-labelledby=\"h-charts\"><h2 id=\"h-charts\">The last hour on this node</h2><div class=\"charts\">{}{}{}</div>\
+<p class=\"muted\">A sample every {} s since the node started ({} so far).</p></section>",
+        table("Nodes of this Relay", &["Node", "Version", "Store format", "Tenants", "Ownership share", "State"], &rows),
+        n(counters, "pending"),
+        n(counters, "scheduled"),
+        n(counters, "inflight"),
+        n(counters, "dead"),
+        me["store_bytes"].as_u64().unwrap_or(0) >> 20,
+        html::chart("Ingest", " hooks/s", &ingest, span),
+        html::chart("Delivery", " hooks/s", &delivery, span),
+        html::chart("Backlog", " rows", &backlog, span),
+        super::history::INTERVAL_MS / 1000,
+        samples.len(),
+    );
+    Ok(page(v, "Overview", "Overview", body, fragment, true))
+}
+
+// ----- Tenants -----------------------------------------------------------------------------
+
+/// The tenants with the most work, as `GET /v1/tenants?top=50` answers: an admin's from the
+/// ranking the history keeps (a minute old at most; each row's counters read now), so the
+/// page reads 50 tenants, not the 10⁴ the ranking reads. A tenant scope, and the first
+/// seconds of a node, ask the API itself.
+async fn busiest(c: &Arc<Console>, v: &Viewer) -> Result<Value, CallError> {
+    let ranked = if v.admin { c.history.top() } else { None };
+    let Some(ranked) = ranked else {
+        return c
+            .call(
+                v,
+                Method::GET,
+                &format!("/v1/tenants?top={TENANT_PAGE}"),
+                None,
+            )
+            .await;
+    };
+    let total = c
+        .call(v, Method::GET, "/v1/tenants?prefix=&top=1", None)
+        .await?;
+    let mut tenants = Vec::new();
+    for t in ranked.iter().take(TENANT_PAGE) {
+        match c
+            .call(v, Method::GET, &format!("/v1/tenants/{}", enc(t)), None)
+            .await
+        {
+            Ok(view) => tenants.push(view),
+            // Erased since the ranking.
+            Err(e) if e.status == StatusCode::NOT_FOUND => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(json!({ "tenants": tenants, "total": total["total"] }))
+}
+
+/// A page of the tenants list.
+pub const TENANT_PAGE: usize = 50;
+
+async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
+    if let Some(t) = &v.portal {
+        return Ok(redirect(&format!("{}/tenants/{}", v.base, enc(t))));
+    }
+    let search = field(q, "q").unwrap_or("").trim().to_owned();
+    let after = field(q, "after");
+    let listing = !search.is_empty() || after.is_some();
+    let r = if listing {
+        let path = format!(
+            "/v1/tenants?prefix={}&top={TENANT_PAGE}{}",
+            enc(&search),
+            after
+                .map(|a| format!("&after={}", enc(a)))
+                .unwrap_or_default()
+        );
+        c.call(v, Method::GET, &path, None).await?
+    } else {
+        busiest(c, v).await?
+    };
+    let now = ankusa_keyspace::now_ms();
+    let rows: Vec<Vec<String>> = r["tenants"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|t| {
+            let name = s(t, "tenant");
+            let ctr = &t["counters"];
+            let oldest = t["oldest_due_at_ms"]
+                .as_u64()
+                .map(|a| age(now.saturating_sub(a)))
+                .unwrap_or_else(|| "—".into());
+            let state = if t["paused_since_ms"].is_u64() {
+                "paused"
+            } else if t["erasing_since_ms"].is_u64() {
+                "erasing"
+            } else {
+                ""
+            };
+            vec![
+                format!(
+                    "<a href=\"{}/tenants/{}\">{}</a>",
+                    esc(&v.base),
+                    enc(name),
+                    esc(name)
+                ),
+                count_cell(n(ctr, "pending")),
+                count_cell(n(ctr, "scheduled")),
+                count_cell(n(ctr, "inflight")),
+                count_cell(n(ctr, "dead")),
+                oldest,
+                html::sparkline(
+                    &format!("Backlog of {name} over the last hour"),
+                    &c.history.tenant(name),
+                ),
+                state.into(),
+            ]
+        })
+        .collect();
+    let next = r["next"].as_str().map(|n| {
+        format!(
+            "<p><a rel=\"next\" href=\"{}/tenants?q={}&amp;after={}\">Next page</a></p>",
+            esc(&v.base),
+            enc(&search),
+            enc(n)
+        )
+    });
+    let what = if listing {
+        format!("Tenants whose id starts with “{}”", esc(&search))
+    } else {
+        "Tenants with work, the most pending first (ranked each minute; counters now)".to_owned()
+    };
+    let body = format!(
+        "<h1>Tenants</h1><p>{} in all.</p>\
+<form method=\"get\" action=\"{}/tenants\" role=\"search\" class=\"row\">\
+<label for=\"q\">Search tenants by id prefix</label><input id=\"q\" name=\"q\" value=\"{}\" type=\"search\">\
+<button type=\"submit\">Search</button></form>{}{}",
+        r["total"].as_u64().unwrap_or(0),
+        esc(&v.base),
+        esc(&search),
+        table(&what, &["Tenant", "Pending", "Scheduled", "In flight", "Dead", "Oldest due", "Backlog, 1 h", "State"], &rows),
+        next.unwrap_or_default()
+    );
+    Ok(page(v, "Tenants", "Tenants", body, fragment, true))
+}
+
+fn hook_rows(v: &Viewer, items: &[Value]) -> Vec<Vec<String>> {
+    items
+        .iter()
+        .map(|h| {
+            vec![
+                format!(
+                    "<a href=\"{}/hooks/{}\"><code>{}</code></a>",
+                    esc(&v.base),
+                    enc(s(h, "id")),
+                    esc(s(h, "id"))
+                ),
+                esc(s(h, "source")),
+                time_el(h["received_ms"].as_u64().unwrap_or(0)),
+                format!("{} B", h["size"].as_u64().unwrap_or(0)),
+                esc(&h["sinks"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(Value::as_str)
+                    .collect::<Vec<_>>()
+                    .join(", ")),
+            ]
+        })
+        .collect()
+}
+
+fn dead_rows(v: &Viewer, items: &[Value], with_tenant: bool) -> Vec<Vec<String>> {
+    items
+        .iter()
+        .map(|d| {
+            let id = s(d, "id");
+            let mut row = vec![time_el(d["at_ms"].as_u64().unwrap_or(0))];
+            if with_tenant {
+                row.push(format!(
+                    "<a href=\"{}/tenants/{}\">{}</a>",
+                    esc(&v.base),
+                    enc(s(d, "tenant")),
+                    esc(s(d, "tenant"))
+                ));
+            }
+            row.extend([
+                format!("<a href=\"{}/hooks/{}\"><code>{}</code></a>", esc(&v.base), enc(s(d, "hook_id")), esc(s(d, "hook_id"))),
+                esc(s(d, "source")),
+                esc(s(d, "sink")),
+                count_cell(n(d, "attempts")),
+                format!("{} {}", n(d, "last_status"), esc(s(d, "last_error"))),
+                format!(
+                    "<form method=\"post\" action=\"{}/dlq/replay\" class=\"inline\">{}<input type=\"hidden\" name=\"ids\" value=\"{}\"><input type=\"hidden\" name=\"tenant\" value=\"{}\"><button type=\"submit\" aria-label=\"Replay the dead delivery of {} to {}\">Replay</button></form>",
+                    esc(&v.base),
+                    csrf_field(&v.csrf),
+                    esc(id),
+                    esc(s(d, "tenant")),
+                    esc(s(d, "hook_id")),
+                    esc(s(d, "sink"))
+                ),
+            ]);
+            row
+        })
+        .collect()
+}
+
+const DEAD_HEADERS: [&str; 7] = [
+    "Dead since",
+    "Hook",
+    "Source",
+    "Sink",
+    "Attempts",
+    "Last answer",
+    "Action",
+];
+
+async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
+    let te = enc(t);
+    let view = c
+        .call(v, Method::GET, &format!("/v1/tenants/{te}"), None)
+        .await?;
+    let dead = c
+        .call(
+            v,
+            Method::GET,
+            &format!("/v1/dlq?tenant={te}&limit=20"),
+            None,
+        )
+        .await?;
+    let recent = c
+        .call(
+            v,
+            Method::GET,
+            &format!("/v1/hooks?tenant={te}&limit=20"),
+            None,
+        )
+        .await?;
+    let ctr = &view["counters"];
+    let now = ankusa_keyspace::now_ms();
+    let cfg = c.api.config.load();
+    let sources: Vec<Vec<String>> = cfg
+        .sources
+        .iter()
+        .filter(|src| {
+            super::super::admin::sources::source_tenant(&cfg, &src.id)
+                .is_none_or(|fixed| fixed == t)
+        })
+        .map(|src| {
+            let shared = super::super::admin::sources::source_tenant(&cfg, &src.id).is_none();
+            vec![
+                format!("<code>{}</code>", esc(&src.id)),
+                if shared {
+                    "shared (tenant from the request)".into()
+                } else {
+                    "this tenant's own".into()
+                },
+                esc(&src.route),
+            ]
+        })
+        .collect();
+    let paused = view["paused_since_ms"].as_u64();
+    let base = esc(&v.base);
+    let csrf = csrf_field(&v.csrf);
+    let pause_form = format!(
+        "<form method=\"post\" action=\"{base}/tenants/{te}/{}\" class=\"inline\">{csrf}<button type=\"submit\">{}</button></form>",
+        if paused.is_some() { "resume" } else { "pause" },
+        if paused.is_some() { "Resume delivery" } else { "Pause delivery" },
+    );
+    let dead_n = n(ctr, "dead");
+    let replay_form = if dead_n > 0 {
+        format!(
+            "<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{csrf}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><button type=\"submit\">Replay all dead rows…</button></form>\
+<form method=\"post\" action=\"{base}/tenants/{te}/purge\" class=\"inline\">{csrf}<button type=\"submit\" class=\"danger\">Purge dead rows…</button></form>",
+            esc(t)
+        )
+    } else {
+        String::new()
+    };
+    let portal_form = if v.admin {
+        format!(
+            "<details><summary>Share a portal link</summary><form method=\"post\" action=\"{base}/tenants/{te}/portal-link\" class=\"row\">{csrf}\
+<label for=\"ttl\">Valid for (hours)</label><input id=\"ttl\" name=\"hours\" type=\"number\" min=\"1\" value=\"24\"><button type=\"submit\">Create link</button></form></details>"
+        )
+    } else {
+        String::new()
+    };
+    let oldest = view["oldest_due_at_ms"]
+        .as_u64()
+        .map(|a| age(now.saturating_sub(a)))
+        .unwrap_or_else(|| "—".into());
+    let dead_items = dead["items"].as_array().cloned().unwrap_or_default();
+    let recent_items = recent["items"].as_array().cloned().unwrap_or_default();
+    let body = format!(
+        "<h1>Tenant <span class=\"id\">{}</span></h1>{}\
+<dl class=\"facts\"><div><dt>Pending</dt><dd>{}</dd></div><div><dt>Scheduled</dt><dd>{}</dd></div>\
+<div><dt>In flight</dt><dd>{}</dd></div><div><dt>Dead</dt><dd>{dead_n}</dd></div><div><dt>Queued bytes</dt><dd>{}</dd></div>\
+<div><dt>Oldest due</dt><dd>{oldest}</dd></div></dl>\
+<figure class=\"chart small\"><figcaption>Backlog, a sample a minute</figcaption>{}</figure>\
+<div class=\"actions\">{pause_form}{replay_form}</div>{portal_form}\
+<form method=\"get\" action=\"{base}/hooks\" class=\"row\" role=\"search\"><input type=\"hidden\" name=\"tenant\" value=\"{}\">\
+<label for=\"delivery\">Find by the provider's delivery id</label><input id=\"delivery\" name=\"delivery\"><button type=\"submit\">Find</button></form>\
+<section aria-labelledby=\"h-src\"><h2 id=\"h-src\">Sources</h2>{}</section>\
+<section aria-labelledby=\"h-dead\"><h2 id=\"h-dead\">Dead letters</h2>{}<p><a href=\"{base}/dlq?tenant={te}\">All dead letters of this tenant</a></p></section>\
+<section aria-labelledby=\"h-recent\"><h2 id=\"h-recent\">Recent hooks</h2>{}{}</section>",
+        esc(t),
+        paused
+            .map(|p| format!("<p class=\"alert\">Delivery paused since {}.</p>", time_el(p)))
+            .unwrap_or_default(),
+        n(ctr, "pending"),
+        n(ctr, "scheduled"),
+        n(ctr, "inflight"),
+        n(ctr, "bytes"),
+        html::sparkline(&format!("Backlog of {t} over the last hour"), &c.history.tenant(t)),
+        esc(t),
+        table("Sources this tenant's hooks can come in through", &["Source", "Tenant", "Route"], &sources),
+        table("The newest dead letters", &DEAD_HEADERS, &dead_rows(v, &dead_items, false)),
+        table("The newest hooks the node's log keeps", &["Hook", "Source", "Received", "Size", "Sinks"], &hook_rows(v, &recent_items)),
+        if recent["truncated"].as_bool() == Some(true) {
+            format!("<p class=\"muted\">Read among the node's newest {} hooks.</p>", crate::admin::hooks::MAX_RECENT_SCAN)
+        } else {
+            String::new()
+        },
+    );
+    Ok(page(
+        v,
+        &format!("Tenant {t}"),
+        "Tenant",
+        body,
+        fragment,
+        true,
+    ))
+}
+
+async fn purge(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page {
+    let te = enc(t);
+    if field(form, "confirm") != Some("yes") {
+        let view = c
+            .call(v, Method::GET, &format!("/v1/tenants/{te}"), None)
+            .await?;
+        let dead = n(&view["counters"], "dead");
+        let body = format!(
+            "<h1>Purge the dead rows of {}?</h1><p class=\"alert\" role=\"alert\">This deletes <strong>{dead}</strong> dead rows for good. It cannot be undone.</p>\
+<form method=\"post\" action=\"{}/tenants/{te}/purge\" class=\"inline\">{}<input type=\"hidden\" name=\"confirm\" value=\"yes\"><button type=\"submit\" class=\"danger\" autofocus>Delete {dead} rows</button></form> <a href=\"{}/tenants/{te}\">Cancel</a>",
+            esc(t),
+            esc(&v.base),
+            csrf_field(&v.csrf),
+            esc(&v.base),
+        );
+        return Ok(page(v, "Confirm purge", "Tenant", body, false, false));
+    }
+    let r = c
+        .call(
+            v,
+            Method::DELETE,
+            &format!("/v1/tenants/{te}/queue?kinds=dead"),
+            None,
+        )
+        .await?;
+    let body = format!(
+        "<h1>Purged</h1><p role=\"status\">{} dead rows of {} deleted.</p><p><a href=\"{}/tenants/{te}\">Back to the tenant</a></p>",
+        n(&r, "dead"),
+        esc(t),
+        esc(&v.base)
+    );
+    Ok(page(v, "Purged", "Tenant", body, false, false))
+}
+
+async fn portal_link(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page {
+    let hours: u64 = field(form, "hours")
+        .and_then(|h| h.parse().ok())
+        .unwrap_or(24);
+    let r = c
+        .call(
+            v,
+            Method::POST,
+            "/v1/portal-links",
+            Some(json!({ "tenant": t, "ttl_ms": hours.saturating_mul(3_600_000) })),
+        )
+        .await?;
+    let body = format!(
+        "<h1>Portal link for {}</h1><p>Valid until {}. Anyone with it sees this tenant, and only it, in the console.</p>\
+<label for=\"link\">Link (a path on this listener; any node with the same portal secret opens it)</label>\
+<input id=\"link\" readonly value=\"{}\" class=\"wide\"><p><a href=\"{}\">Open it</a></p>",
+        esc(t),
+        time_el(r["expires_ms"].as_u64().unwrap_or(0)),
+        esc(s(&r, "path")),
+        esc(s(&r, "path")),
+    );
+    Ok(page(v, "Portal link", "Tenants", body, false, false))
+}
+
+// ----- Hooks ---------------------------------------------------------------------------------
+
+async fn find_hook(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
+    if let Some(id) = field(q, "id") {
+        return Ok(redirect(&format!("{}/hooks/{}", v.base, enc(id.trim()))));
+    }
+    let tenant_default = v.portal.clone().unwrap_or_default();
+    let tenant = field(q, "tenant")
+        .map(str::to_owned)
+        .unwrap_or(tenant_default);
+    if let (Some(d), false) = (field(q, "delivery"), tenant.is_empty()) {
+        let h = c
+            .call(
+                v,
+                Method::GET,
+                &format!("/v1/tenants/{}/deliveries/{}", enc(&tenant), enc(d.trim())),
+                None,
+            )
+            .await?;
+        return Ok(page(
+            v,
+            "Hook",
+            "Find a hook",
+            render_hook(v, &h, false),
+            fragment,
+            true,
+        ));
+    }
+    let base = esc(&v.base);
+    let tenant_input = if v.portal.is_some() {
+        format!(
+            "<input type=\"hidden\" name=\"tenant\" value=\"{}\">",
+            esc(&tenant)
+        )
+    } else {
+        format!("<label for=\"tenant\">Tenant</label><input id=\"tenant\" name=\"tenant\" value=\"{}\" required>", esc(&tenant))
+    };
+    let body = format!(
+        "<h1>Find a hook</h1>\
+<form method=\"get\" action=\"{base}/hooks\" class=\"stack\" role=\"search\"><h2>By hook id</h2>\
+<label for=\"id\">Hook id</label><input id=\"id\" name=\"id\" required placeholder=\"hk_…\"><button type=\"submit\">Find by id</button></form>\
+<form method=\"get\" action=\"{base}/hooks\" class=\"stack\" role=\"search\"><h2>By the provider's delivery id</h2>\
+<p class=\"muted\">X-GitHub-Delivery, a Stripe event id, webhook-id: the source's idempotency key, while its dedupe window lasts.</p>\
+{tenant_input}<label for=\"delivery\">Delivery id</label><input id=\"delivery\" name=\"delivery\" required><button type=\"submit\">Find by delivery id</button></form>"
+    );
+    Ok(page(v, "Find a hook", "Find a hook", body, fragment, false))
+}
+
+async fn hook(c: &Arc<Console>, v: &Viewer, id: &str, q: &Form, fragment: bool) -> Page {
+    let with_body = field(q, "body") == Some("1");
+    let h = c
+        .call(
+            v,
+            Method::GET,
+            &format!(
+                "/v1/hooks/{}{}",
+                enc(id),
+                if with_body { "?body=true" } else { "" }
+            ),
+            None,
+        )
+        .await?;
+    Ok(page(
+        v,
+        &format!("Hook {id}"),
+        "Find a hook",
+        render_hook(v, &h, with_body),
+        fragment,
+        !with_body,
+    ))
+}
+
+fn render_hook(v: &Viewer, h: &Value, with_body: bool) -> String {
+    let base = esc(&v.base);
+    let id = s(h, "id");
+    let mut out = format!(
+        "<h1>Hook <code class=\"id\">{}</code></h1><dl class=\"facts\">\
+<div><dt>Tenant</dt><dd><a href=\"{base}/tenants/{}\">{}</a></dd></div><div><dt>Source</dt><dd>{}</dd></div>\
+<div><dt>Received</dt><dd>{}</dd></div><div><dt>Size</dt><dd>{} B</dd></div><div><dt>Content type</dt><dd>{}</dd></div></dl>",
+        esc(id),
+        enc(s(h, "tenant")),
+        esc(s(h, "tenant")),
+        esc(s(h, "source")),
+        time_el(h["received_ms"].as_u64().unwrap_or(0)),
+        h["size"].as_u64().unwrap_or(0),
+        esc(s(h, "content_type")),
+    );
+    if let Some(hs) = h["headers"].as_object().filter(|m| !m.is_empty()) {
+        let rows: Vec<Vec<String>> = hs
+            .iter()
+            .map(|(k, val)| {
+                vec![
+                    format!("<code>{}</code>", esc(k)),
+                    esc(val.as_str().unwrap_or("")),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            "Provider headers forwarded to sinks",
+            &["Header", "Value"],
+            &rows,
+        ));
+    }
+    for sink in h["sinks"].as_array().into_iter().flatten() {
+        let name = s(sink, "sink");
+        let state = s(sink, "state");
+        let _ = write!(
+            out,
+            "<section class=\"sink\" aria-label=\"Delivery to {}\"><h2>To <code>{}</code> <span class=\"state state-{}\">{}</span></h2><p>{} attempts{}</p>",
+            esc(name),
+            esc(name),
+            esc(state),
+            esc(state),
+            sink["attempts"].as_u64().unwrap_or(0),
+            sink["next_attempt_ms"]
+                .as_u64()
+                .map(|t| format!("; next attempt {}", time_el(t)))
+                .unwrap_or_default(),
+        );
+        let rows: Vec<Vec<String>> = sink["events"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|e| {
+                vec![
+                    time_el(e["at_ms"].as_u64().unwrap_or(0)),
+                    esc(s(e, "kind")),
+                    e["attempt"]
+                        .as_u64()
+                        .filter(|a| *a > 0)
+                        .map(|a| a.to_string())
+                        .unwrap_or_default(),
+                    e["status"]
+                        .as_u64()
+                        .map(|s| s.to_string())
+                        .unwrap_or_default(),
+                    e["latency_ms"]
+                        .as_f64()
+                        .map(|l| format!("{} ms", num(l)))
+                        .unwrap_or_default(),
+                    esc(e["error_class"].as_str().unwrap_or("")),
+                    esc(s(e, "error")),
+                    e["next_at_ms"].as_u64().map(time_el).unwrap_or_default(),
+                ]
+            })
+            .collect();
+        out.push_str(&table(
+            &format!("Timeline of the delivery to {name}"),
+            &[
+                "At",
+                "Event",
+                "Attempt",
+                "Status",
+                "Latency",
+                "Error class",
+                "Error",
+                "Next attempt",
+            ],
+            &rows,
+        ));
+        out.push_str("</section>");
+    }
+    if with_body {
+        let body = h["body"]
+            .as_str()
+            .map(esc)
+            .or_else(|| {
+                h["body_base64"]
+                    .as_str()
+                    .map(|b| format!("(base64) {}", esc(b)))
+            })
+            .unwrap_or_else(|| "The body is no longer stored.".into());
+        let _ = write!(out, "<section aria-labelledby=\"h-body\"><h2 id=\"h-body\">Body</h2><pre class=\"body\">{body}</pre></section>");
+    } else if h["stored"].as_bool() == Some(true) {
+        let _ = write!(
+            out,
+            "<p><a href=\"{base}/hooks/{}?body=1\">Show the body</a></p>",
+            enc(id)
+        );
+    } else {
+        out.push_str(
+            "<p class=\"muted\">The body is no longer stored (delivered and reclaimed).</p>",
+        );
+    }
+    out
+}
+
+// ----- Dead letters --------------------------------------------------------------------------
+
+async fn dlq(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
+    let tenant = field(q, "tenant")
+        .map(str::to_owned)
+        .or_else(|| v.portal.clone());
+    let source = field(q, "source");
+    let from = field(q, "from");
+    let to = field(q, "to");
+    let mut path = "/v1/dlq?limit=50".to_owned();
+    let mut carry = String::new();
+    for (k, val) in [("tenant", tenant.as_deref()), ("source", source)] {
+        if let Some(x) = val {
+            let _ = write!(path, "&{k}={}", enc(x));
+            let _ = write!(carry, "&amp;{k}={}", enc(x));
+        }
+    }
+    for (k, val) in [("from", from), ("to", to)] {
+        if let Some(x) = val {
+            let ms = html::parse_time(x).ok_or_else(|| CallError {
+                status: StatusCode::BAD_REQUEST,
+                code: "bad_request".into(),
+                message: format!("{k}: {x:?} is not a time (YYYY-MM-DD HH:MM, UTC)"),
+            })?;
+            let _ = write!(path, "&{k}_ms={ms}");
+            let _ = write!(carry, "&amp;{k}={}", enc(x));
+        }
+    }
+    if let Some(b) = field(q, "before") {
+        let _ = write!(path, "&before={}", enc(b));
+    }
+    let r = c.call(v, Method::GET, &path, None).await?;
+    let items = r["items"].as_array().cloned().unwrap_or_default();
+    let mut headers = DEAD_HEADERS.to_vec();
+    headers.insert(1, "Tenant");
+    let base = esc(&v.base);
+    let csrf = csrf_field(&v.csrf);
+    let next = r["next"].as_str().map(|n| {
+        format!(
+            "<p><a rel=\"next\" href=\"{base}/dlq?before={}{carry}\">Older</a></p>",
+            enc(n)
+        )
+    });
+    let hidden = |k: &str, val: Option<&str>| {
+        val.map(|x| format!("<input type=\"hidden\" name=\"{k}\" value=\"{}\">", esc(x)))
+            .unwrap_or_default()
+    };
+    let selection = [
+        hidden("tenant", tenant.as_deref()),
+        hidden("source", source),
+        hidden("from", from),
+        hidden("to", to),
+    ]
+    .concat();
+    let bulk = if tenant.is_some() || source.is_some() || from.is_some() || to.is_some() {
+        format!(
+            "<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{csrf}{selection}<button type=\"submit\">Replay every row that matches…</button></form>"
+        )
+    } else {
+        "<p class=\"muted\">Filter by tenant, source or time to replay rows in bulk.</p>".to_owned()
+    };
+    let purge = match (&tenant, source, from, to) {
+        (Some(t), None, None, None) => format!(
+            "<form method=\"post\" action=\"{base}/tenants/{}/purge\" class=\"inline\">{csrf}<button type=\"submit\" class=\"danger\">Purge this tenant's dead rows…</button></form>",
+            enc(t)
+        ),
+        _ => String::new(),
+    };
+    let tenant_input = if v.portal.is_some() {
+        String::new()
+    } else {
+        format!(
+            "<div><label for=\"f-tenant\">Tenant</label><input id=\"f-tenant\" name=\"tenant\" value=\"{}\"></div>",
+            esc(tenant.as_deref().unwrap_or(""))
+        )
+    };
+    let body = format!(
+        "<h1>Dead letters</h1>\
+<form method=\"get\" action=\"{base}/dlq\" class=\"filters\" aria-label=\"Filter dead letters\">{tenant_input}\
+<div><label for=\"f-source\">Source</label><input id=\"f-source\" name=\"source\" value=\"{}\"></div>\
+<div><label for=\"f-from\">From (UTC)</label><input id=\"f-from\" name=\"from\" placeholder=\"YYYY-MM-DD HH:MM\" value=\"{}\"></div>\
+<div><label for=\"f-to\">To (UTC)</label><input id=\"f-to\" name=\"to\" placeholder=\"YYYY-MM-DD HH:MM\" value=\"{}\"></div>\
+<button type=\"submit\">Filter</button></form><div class=\"actions\">{bulk}{purge}</div>{}{}",
+        esc(source.unwrap_or("")),
+        esc(from.unwrap_or("")),
+        esc(to.unwrap_or("")),
+        table("Dead deliveries, newest first", &headers, &dead_rows(v, &items, true)),
+        next.unwrap_or_default()
+    );
+    Ok(page(
+        v,
+        "Dead letters",
+        "Dead letters",
+        body,
+        fragment,
+        true,
+    ))
+}
+
+async fn dlq_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
+    let mut req = json!({});
+    let tenant = field(form, "tenant")
+        .map(str::to_owned)
+        .or_else(|| v.portal.clone());
+    if let Some(t) = &tenant {
+        req["tenant"] = json!(t);
+    }
+    if let Some(ids) = field(form, "ids") {
+        req["ids"] = json!(ids.split(',').map(str::trim).collect::<Vec<_>>());
+    }
+    if let Some(s) = field(form, "source") {
+        req["source"] = json!(s);
+    }
+    for k in ["from", "to"] {
+        if let Some(x) = field(form, k) {
+            let ms = html::parse_time(x).ok_or_else(|| CallError {
+                status: StatusCode::BAD_REQUEST,
+                code: "bad_request".into(),
+                message: format!("{k}: {x:?} is not a time"),
+            })?;
+            req[format!("{k}_ms")] = json!(ms);
+        }
+    }
+    let base = esc(&v.base);
+    if field(form, "confirm") != Some("yes") {
+        let mut dry = req.clone();
+        dry["dry_run"] = json!(true);
+        let r = c.call(v, Method::POST, "/v1/dlq/replay", Some(dry)).await?;
+        let matched = n(&r, "matched");
+        let hidden: String = form
+            .iter()
+            .filter(|(k, _)| k != "csrf" && k != "confirm")
+            .map(|(k, val)| {
+                format!(
+                    "<input type=\"hidden\" name=\"{}\" value=\"{}\">",
+                    esc(k),
+                    esc(val)
+                )
+            })
+            .collect();
+        let body = format!(
+            "<h1>Replay dead letters?</h1><p role=\"status\"><strong>{matched}</strong> dead {} will move back to the queue and be delivered again.</p>\
+<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{}{hidden}<input type=\"hidden\" name=\"confirm\" value=\"yes\"><button type=\"submit\" autofocus>Replay {matched} {}</button></form> <a href=\"{base}/dlq{}\">Cancel</a>",
+            if matched == 1 { "row" } else { "rows" },
+            csrf_field(&v.csrf),
+            if matched == 1 { "row" } else { "rows" },
+            tenant.as_deref().map(|t| format!("?tenant={}", enc(t))).unwrap_or_default(),
+        );
+        return Ok(page(
+            v,
+            "Confirm replay",
+            "Dead letters",
+            body,
+            false,
+            false,
+        ));
+    }
+    let r = c.call(v, Method::POST, "/v1/dlq/replay", Some(req)).await?;
+    let body = format!(
+        "<h1>Replayed</h1><p role=\"status\">{} dead {} moved back to the queue.</p><p><a href=\"{base}/dlq{}\">Back to the dead letters</a></p>",
+        n(&r, "revived"),
+        if n(&r, "revived") == 1 { "row" } else { "rows" },
+        tenant.as_deref().map(|t| format!("?tenant={}", enc(t))).unwrap_or_default(),
+    );
+    Ok(page(v, "Replayed", "Dead letters", body, false, false))
+}
+
+// ----- Sinks ---------------------------------------------------------------------------------
+
+fn sinks(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
+    let cfg = c.api.config.load();
+    let rows: Vec<Vec<String>> = cfg
+        .sinks
+        .iter()
+        .map(|s| {
+            let pull = s.kind == ankusa_config::SinkKind::Pull;
+            let stats = c.history.sink(&s.id).unwrap_or_default();
+            let ms = |x: Option<f64>| {
+                x.map(|v| format!("{} ms", num(v)))
+                    .unwrap_or_else(|| "—".into())
+            };
+            if pull {
+                let m = c.metrics.pull.sink(&s.id);
+                return vec![
+                    format!("<code>{}</code>", esc(&s.id)),
+                    "pull".into(),
+                    "—".into(),
+                    format!("{} leases", m.leases.get()),
+                    "—".into(),
+                    "—".into(),
+                    "—".into(),
+                    "—".into(),
+                    "—".into(),
+                ];
+            }
+            let m = c.metrics.sink_meters(&s.id);
+            let breaker = match m.breaker.get() {
+                0 => "<span class=\"good\">closed</span>",
+                1 => "<span class=\"bad\">open</span>",
+                _ => "<span class=\"warn\">half-open</span>",
+            };
+            vec![
+                format!("<code>{}</code>", esc(&s.id)),
+                esc(&host_of(&s.url)),
+                count_cell(m.limit.get()),
+                count_cell(m.requests.get()),
+                breaker.into(),
+                format!("{}/s", num(stats.attempts_per_s)),
+                stats
+                    .error_rate
+                    .map(|e| format!("{:.1} %", e * 100.0))
+                    .unwrap_or_else(|| "—".into()),
+                ms(stats.p50_ms),
+                ms(stats.p99_ms),
+            ]
+        })
+        .collect();
+    let body = format!(
+        "<h1>Sinks</h1><p class=\"muted\">Limits, requests in flight and breakers as of each sink's last attempt; rates, errors and latency over the last five minutes on this node.</p>{}",
+        table(
+            "Sinks of this node",
+            &["Sink", "Host", "Adaptive limit", "In flight", "Breaker", "Attempts", "Error rate", "Latency p50", "Latency p99"],
+            &rows
+        )
+    );
+    Ok(page(v, "Sinks", "Sinks", body, fragment, true))
+}
+
+/// A sink URL's scheme and host (its path and query can hold secrets).
+fn host_of(url: &str) -> String {
+    match url.split_once("://") {
+        Some((scheme, rest)) => {
+            let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+            let host = host.rsplit_once('@').map_or(host, |(_, h)| h);
+            format!("{scheme}://{host}")
+        }
+        None => String::new(),
+    }
+}
+
+// ----- Archive, audit, quarantine ------------------------------------------------------------
+
+async fn archive(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
+    let tenant = field(q, "tenant")
+        .map(str::to_owned)
+        .or_else(|| v.portal.clone());
+    let base = esc(&v.base);
+    let form = format!(
+        "<form method=\"get\" action=\"{base}/archive\" class=\"row\"><label for=\"a-tenant\">Tenant</label><input id=\"a-tenant\" name=\"tenant\" value=\"{}\" required><button type=\"submit\">Browse</button></form>",
+        esc(tenant.as_deref().unwrap_or(""))
+    );
+    let Some(t) = tenant else {
+        let body = format!("<h1>Archive</h1><p>A tenant's archived hooks, newest first.</p>{form}");
+        return Ok(page(v, "Archive", "Archive", body, fragment, false));
+    };
+    let mut path = format!("/v1/archive?tenant={}&limit=50", enc(&t));
+    if let Some(b) = field(q, "before") {
+        let _ = write!(path, "&before={}", enc(b));
+    }
+    let r = c.call(v, Method::GET, &path, None).await?;
+    let csrf = csrf_field(&v.csrf);
+    let rows: Vec<Vec<String>> = r["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            vec![
+                format!("<code>{}</code>", esc(s(a, "id"))),
+                esc(s(a, "source")),
+                time_el(a["received_ms"].as_u64().unwrap_or(0)),
+                time_el(a["expires_ms"].as_u64().unwrap_or(0)),
+                format!("{} B", a["size"].as_u64().unwrap_or(0)),
+                format!(
+                    "<form method=\"post\" action=\"{base}/archive/replay\" class=\"inline\">{csrf}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><input type=\"hidden\" name=\"ids\" value=\"{}\"><button type=\"submit\" aria-label=\"Replay archived hook {}\">Replay</button></form>",
+                    esc(&t),
+                    esc(s(a, "id")),
+                    esc(s(a, "id"))
+                ),
+            ]
+        })
+        .collect();
+    let next = r["next"].as_str().map(|n| {
+        format!(
+            "<p><a rel=\"next\" href=\"{base}/archive?tenant={}&amp;before={}\">Older</a></p>",
+            enc(&t),
+            enc(n)
+        )
+    });
+    let body = format!(
+        "<h1>Archive of {}</h1>{form}{}{}",
+        esc(&t),
+        table(
+            "Archived hooks, newest first",
+            &["Hook", "Source", "Received", "Kept until", "Size", "Action"],
+            &rows
+        ),
+        next.unwrap_or_default()
+    );
+    Ok(page(v, "Archive", "Archive", body, fragment, true))
+}
+
+async fn archive_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
+    let tenant = field(form, "tenant")
+        .map(str::to_owned)
+        .or_else(|| v.portal.clone())
+        .unwrap_or_default();
+    let ids: Vec<&str> = field(form, "ids")
+        .map(|i| i.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    let base = esc(&v.base);
+    if field(form, "confirm") != Some("yes") {
+        let body = format!(
+            "<h1>Replay from the archive?</h1><p role=\"status\"><strong>{}</strong> archived {} of {} will be committed again as new hooks and delivered.</p>\
+<form method=\"post\" action=\"{base}/archive/replay\" class=\"inline\">{}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><input type=\"hidden\" name=\"ids\" value=\"{}\"><input type=\"hidden\" name=\"confirm\" value=\"yes\"><button type=\"submit\" autofocus>Replay</button></form> <a href=\"{base}/archive?tenant={}\">Cancel</a>",
+            ids.len(),
+            if ids.len() == 1 { "hook" } else { "hooks" },
+            esc(&tenant),
+            csrf_field(&v.csrf),
+            esc(&tenant),
+            esc(&ids.join(",")),
+            enc(&tenant),
+        );
+        return Ok(page(v, "Confirm replay", "Archive", body, false, false));
+    }
+    let r = c
+        .call(
+            v,
+            Method::POST,
+            "/v1/archive/replay",
+            Some(json!({ "tenant": tenant, "ids": ids })),
+        )
+        .await?;
+    let body = format!(
+        "<h1>Replayed</h1><p role=\"status\">{} archived hooks committed again.</p><p><a href=\"{base}/archive?tenant={}\">Back to the archive</a></p>",
+        n(&r, "replayed"),
+        enc(&tenant)
+    );
+    Ok(page(v, "Replayed", "Archive", body, false, false))
+}
+
+async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
+    let mut path = "/v1/audit?limit=50".to_owned();
+    if let Some(b) = field(q, "before") {
+        let _ = write!(path, "&before={}", enc(b));
+    }
+    let r = c.call(v, Method::GET, &path, None).await?;
+    let rows: Vec<Vec<String>> = r["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|a| {
+            vec![
+                time_el(a["at_ms"].as_u64().unwrap_or(0)),
+                esc(s(a, "who")),
+                format!("<code>{}</code>", esc(s(a, "action"))),
+                esc(s(a, "tenant")),
+                format!("<code>{}</code>", esc(&a["detail"].to_string())),
+            ]
+        })
+        .collect();
+    let next = r["next"].as_u64().map(|n| {
+        format!(
+            "<p><a rel=\"next\" href=\"{}/audit?before={n}\">Older</a></p>",
+            esc(&v.base)
+        )
+    });
+    let body = format!(
+        "<h1>Audit trail</h1>{}{}",
+        table(
+            "Admin actions on this node, newest first",
+            &["At", "Who", "Action", "Tenant", "Detail"],
+            &rows
+        ),
+        next.unwrap_or_default()
+    );
+    Ok(page(v, "Audit", "Audit", body, fragment, true))
+}
+
+async fn quarantine(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
+    let mut path = "/v1/quarantine?limit=50".to_owned();
+    if let Some(b) = field(q, "before") {
+        let _ = write!(path, "&before={}", enc(b));
+    }
+    let r = c.call(v, Method::GET, &path, None).await?;
+    let rows: Vec<Vec<String>> = r["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|e| {
+            vec![
+                time_el(e["at_ms"].as_u64().unwrap_or(0)),
+                format!("<code>{}</code>", esc(s(e, "source"))),
+                esc(s(e, "reason")),
+                format!("<code>{}</code>", esc(&e["headers"].to_string())),
+            ]
+        })
+        .collect();
+    let next = r["next"].as_u64().map(|n| {
+        format!(
+            "<p><a rel=\"next\" href=\"{}/quarantine?before={n}\">Older</a></p>",
+            esc(&v.base)
+        )
+    });
+    let body = format!(
+        "<h1>Quarantine</h1><p class=\"muted\">Requests that failed verification, kept for inspection.</p>{}{}",
+        table("Quarantined requests, newest first", &["At", "Source", "Reason", "Headers"], &rows),
+        next.unwrap_or_default()
+    );
+    Ok(page(v, "Quarantine", "Quarantine", body, fragment, true))
+}

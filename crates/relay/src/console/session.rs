@@ -1,0 +1,214 @@
+//! Console sign-ins: a session per sign-in, held by the node, named by a random cookie.
+//!
+//! - The cookie (`ankusa_console`) carries only the session's id (32 random bytes):
+//!   `HttpOnly`, `SameSite=Strict`, `Path=/ui`, and `Secure` when the request came over TLS
+//!   (a proxy in front says so with `X-Forwarded-Proto: https`).
+//! - The session holds the token signed in with; the console's calls to the API carry it,
+//!   so a session sees exactly what its token sees. It ends `session_ttl_ms` after its last
+//!   use, at sign-out, or when the token no longer authenticates (a reload removed it).
+//! - Each session has a CSRF token that every form that changes anything carries.
+//! - At most `max_sessions`: a sign-in past it is refused (expired sessions are dropped
+//!   first); `ankusa_console_sessions` counts them.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use base64::Engine;
+use rand::RngCore;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+/// The session cookie's name.
+pub const COOKIE: &str = "ankusa_console";
+
+/// One sign-in.
+#[derive(Clone, Debug)]
+pub struct Session {
+    /// The bearer token the console's API calls carry.
+    pub credential: String,
+    /// The token's name (shown, and in the audit trail through the API).
+    pub name: String,
+    pub admin: bool,
+    pub csrf: String,
+    last_used: Instant,
+}
+
+/// The node's sessions, by the SHA-256 of their id.
+#[derive(Debug)]
+pub struct Sessions {
+    map: Mutex<HashMap<[u8; 32], Session>>,
+    ttl: Duration,
+    max: usize,
+    gauge: prometheus_client::metrics::gauge::Gauge,
+}
+
+/// The sessions are at their ceiling.
+#[derive(Debug)]
+pub struct Full;
+
+pub fn random_token() -> String {
+    let mut b = [0u8; 32];
+    rand::rng().fill_bytes(&mut b);
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
+}
+
+fn digest(id: &str) -> [u8; 32] {
+    Sha256::digest(id.as_bytes()).into()
+}
+
+impl Sessions {
+    pub fn new(ttl: Duration, max: usize, gauge: prometheus_client::metrics::gauge::Gauge) -> Self {
+        Sessions {
+            map: Mutex::new(HashMap::new()),
+            ttl,
+            max,
+            gauge,
+        }
+    }
+
+    /// A new session for `credential`; its id (the cookie's value).
+    pub fn create(&self, credential: String, name: String, admin: bool) -> Result<String, Full> {
+        let now = Instant::now();
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        if m.len() >= self.max {
+            m.retain(|_, s| now.duration_since(s.last_used) < self.ttl);
+        }
+        if m.len() >= self.max {
+            self.gauge.set(m.len() as i64);
+            return Err(Full);
+        }
+        let id = random_token();
+        m.insert(
+            digest(&id),
+            Session {
+                credential,
+                name,
+                admin,
+                csrf: random_token(),
+                last_used: now,
+            },
+        );
+        self.gauge.set(m.len() as i64);
+        Ok(id)
+    }
+
+    /// The live session `id` names (its last use now), if any.
+    pub fn get(&self, id: &str) -> Option<Session> {
+        let now = Instant::now();
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let key = digest(id);
+        let live = match m.get_mut(&key) {
+            Some(s) if now.duration_since(s.last_used) < self.ttl => {
+                s.last_used = now;
+                return Some(s.clone());
+            }
+            Some(_) => false,
+            None => return None,
+        };
+        if !live {
+            m.remove(&key);
+            self.gauge.set(m.len() as i64);
+        }
+        None
+    }
+
+    /// Ends session `id`.
+    pub fn remove(&self, id: &str) {
+        let mut m = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        m.remove(&digest(id));
+        self.gauge.set(m.len() as i64);
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Whether a form's CSRF token is the expected one (constant time).
+pub fn csrf_ok(expected: &str, given: &str) -> bool {
+    bool::from(digest(expected).ct_eq(&digest(given)))
+}
+
+/// The CSRF token of a portal page: bound to its credential (the portal keeps no session).
+pub fn portal_csrf(credential: &str) -> String {
+    let d = Sha256::digest(format!("ankusa-console-csrf\0{credential}").as_bytes());
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(d)
+}
+
+/// The session cookie's value in a request's `Cookie` headers.
+pub fn cookie_of(headers: &axum::http::HeaderMap) -> Option<String> {
+    headers
+        .get_all(axum::http::header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .find_map(|kv| {
+            let (k, v) = kv.trim().split_once('=')?;
+            (k == COOKIE).then(|| v.to_owned())
+        })
+}
+
+/// The `Set-Cookie` value of a new session (or, with `None`, one that ends it).
+pub fn set_cookie(id: Option<&str>, ttl: Duration, secure: bool) -> String {
+    let secure = if secure { "; Secure" } else { "" };
+    match id {
+        Some(id) => format!(
+            "{COOKIE}={id}; Path=/ui; HttpOnly; SameSite=Strict; Max-Age={}{secure}",
+            ttl.as_secs()
+        ),
+        None => format!("{COOKIE}=; Path=/ui; HttpOnly; SameSite=Strict; Max-Age=0{secure}"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sessions_are_bounded_expire_and_end() {
+        let g = prometheus_client::metrics::gauge::Gauge::default();
+        let s = Sessions::new(Duration::from_millis(50), 2, g.clone());
+        let a = s.create("t".into(), "ops".into(), true).unwrap();
+        let b = s.create("t".into(), "ops".into(), true).unwrap();
+        assert!(
+            s.create("t".into(), "ops".into(), true).is_err(),
+            "the ceiling refuses"
+        );
+        assert_eq!(g.get(), 2);
+        assert_eq!(s.get(&a).unwrap().name, "ops");
+        assert!(s.get("not-a-session").is_none());
+        s.remove(&a);
+        assert!(s.get(&a).is_none());
+        std::thread::sleep(Duration::from_millis(60));
+        // Expired sessions make room: `b` goes when the ceiling is met.
+        let c = s.create("t".into(), "ops".into(), false).unwrap();
+        let d = s.create("t".into(), "ops".into(), false).unwrap();
+        assert!(!s.get(&c).unwrap().admin && s.get(&d).is_some());
+        assert!(s.get(&b).is_none());
+        assert_eq!(s.len(), 2);
+    }
+
+    #[test]
+    fn the_cookie_is_http_only_same_site_strict_and_secure_over_tls() {
+        let c = set_cookie(Some("abc"), Duration::from_secs(60), true);
+        for part in [
+            "ankusa_console=abc",
+            "HttpOnly",
+            "SameSite=Strict",
+            "Secure",
+            "Path=/ui",
+        ] {
+            assert!(c.contains(part), "{c}");
+        }
+        assert!(!set_cookie(Some("abc"), Duration::from_secs(60), false).contains("Secure"));
+        let mut h = axum::http::HeaderMap::new();
+        h.insert("cookie", "x=1; ankusa_console=abc; y=2".parse().unwrap());
+        assert_eq!(cookie_of(&h).as_deref(), Some("abc"));
+        assert!(csrf_ok("tok", "tok") && !csrf_ok("tok", "tok2"));
+    }
+}
