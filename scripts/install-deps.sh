@@ -42,6 +42,9 @@ if [ "$mode" = test ]; then
   command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
   command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
   python3 -c 'import yaml' >/dev/null 2>&1 || need_apt+=(python3-yaml)
+  # The console's browser test drives a real headless Chromium over WebDriver.
+  [ -x /usr/bin/chromium ] || need_apt+=(chromium)
+  [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then

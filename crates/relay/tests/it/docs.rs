@@ -62,6 +62,7 @@ fn configuration_md_lists_every_key_the_code_reads_and_no_other() {
     let yaml = r#"
 admin:
   tokens: [{ name: ops, secret: { value: "0123456789abcdef0123" }, scope: admin }]
+  console: { portal_secret: { value: "0123456789abcdef0123456789abcdef" } }
 sinks:
   - { id: s, url: "http://127.0.0.1:9/", secret: { value: "whsec_c2luaw==" }, timeout_ms: 5,
       headers: {}, dead_letter_on_4xx: true, max_inflight: 4, breaker_failures: 3, breaker_cooldown_ms: 10,

@@ -7,6 +7,7 @@ mod backup;
 mod boot;
 mod cli;
 mod cluster;
+mod console;
 mod contract;
 mod crash;
 mod dispatch;
