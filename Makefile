@@ -117,3 +117,4 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench forward
 	$(CARGO) bench -p ankusa-relay --bench archive
 	$(CARGO) bench -p ankusa-relay --bench tenant_quota
+	$(CARGO) bench -p ankusa-relay --bench console
