@@ -163,19 +163,21 @@ pub async fn get(
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
     let a = api.clone();
-    blocking(move || {
-        let Some(view) = hooklog::lookup(&a.store, &id, q.body)? else {
-            return Err(ApiError::NotFound("hook"));
-        };
-        let tenant = view.record.envelope.tenant_or_default();
-        if !c.scope.sees(tenant) {
-            return Err(ApiError::NotFound("hook"));
-        }
-        let paused = ankusa_queue::tenants::ord(&a.store, tenant)?
-            .and_then(|o| super::tenants::paused_since(&a, o));
-        Ok(Json(render(view, paused)).into_response())
-    })
-    .await
+    blocking(move || answer(&a, &c.scope, &id, q.body)).await
+}
+
+/// Hook `id` from the log, if `scope` sees its tenant (404 as for an unknown id if not).
+fn answer(a: &Api, scope: &super::auth::Scope, id: &str, body: bool) -> ApiResult {
+    let Some(view) = hooklog::lookup(&a.store, id, body)? else {
+        return Err(ApiError::NotFound("hook"));
+    };
+    let tenant = view.record.envelope.tenant_or_default();
+    if !scope.sees(tenant) {
+        return Err(ApiError::NotFound("hook"));
+    }
+    let paused = ankusa_queue::tenants::ord(&a.store, tenant)?
+        .and_then(|o| super::tenants::paused_since(a, o));
+    Ok(Json(render(view, paused)).into_response())
 }
 
 /// The most hook-log records `GET /v1/hooks` reads for one page.
@@ -296,12 +298,7 @@ pub async fn by_delivery(
         else {
             return Err(ApiError::NotFound("delivery"));
         };
-        let Some(view) = hooklog::lookup(&a.store, &id, q.body)? else {
-            return Err(ApiError::NotFound("hook"));
-        };
-        let paused = ankusa_queue::tenants::ord(&a.store, &t)?
-            .and_then(|o| super::tenants::paused_since(&a, o));
-        Ok(Json(render(view, paused)).into_response())
+        answer(&a, &c.scope, &id, q.body)
     })
     .await
 }

@@ -157,6 +157,35 @@ pub async fn tenant(
     .await
 }
 
+/// Every tenant with work — due rows now or later (every bucket of the active index), dead
+/// rows (a skip scan of their index, one key per tenant), and `more` (paused tenants, whose
+/// markers dispatch took out) — each with its counters, bounded as the gauges' read is.
+pub(crate) fn with_work(
+    store: &ankusa_store::Store,
+    more: impl IntoIterator<Item = ankusa_keyspace::TenantOrd>,
+) -> Result<Vec<(String, ankusa_keyspace::TenantOrd, Counters)>, ankusa_queue::QueueError> {
+    let active = deliveries::active_tenants_distinct(
+        store,
+        AtMs(u64::MAX),
+        crate::metrics::gauges::ACTIVE_SAMPLE,
+        crate::metrics::gauges::ACTIVE_SAMPLE_MARKERS,
+    )?;
+    let dead = deliveries::tenants_with_dead(store, crate::metrics::gauges::ACTIVE_SAMPLE)?;
+    let mut seen = std::collections::HashSet::new();
+    let ords = active.into_iter().map(|t| t.ord).chain(dead).chain(more);
+    let mut out = Vec::new();
+    for ord in ords.filter(|o| seen.insert(*o)) {
+        let counters = counters::read(store, ord)?;
+        // A marker the dispatcher has not cleaned yet can name a tenant with nothing left.
+        if counters.pending + counters.scheduled + counters.inflight + counters.dead == 0 {
+            continue;
+        }
+        let name = tenants::name(store, ord)?.unwrap_or_default();
+        out.push((name, ord, counters));
+    }
+    Ok(out)
+}
+
 /// How `/v1/tenants` orders tenants, greatest first: the most pending, then the most
 /// scheduled, then the most dead.
 pub(crate) fn work_order(c: &Counters) -> (i64, i64, i64) {
@@ -250,32 +279,9 @@ pub async fn tenants_top(
         let mut views = Vec::new();
         match &c.scope {
             Scope::Admin => {
-                // Tenants with due rows, now or later (every bucket of the active index),
-                // then those with dead rows (a skip scan, one key per tenant): both bounded.
-                let active = deliveries::active_tenants_distinct(
-                    store,
-                    AtMs(u64::MAX),
-                    crate::metrics::gauges::ACTIVE_SAMPLE,
-                    crate::metrics::gauges::ACTIVE_SAMPLE_MARKERS,
-                )?;
-                let dead =
-                    deliveries::tenants_with_dead(store, crate::metrics::gauges::ACTIVE_SAMPLE)?;
                 // And the paused ones: dispatch took their markers out.
                 let paused = a.paused.ords(crate::metrics::gauges::ACTIVE_SAMPLE);
-                let mut seen = std::collections::HashSet::new();
-                let ords = active.into_iter().map(|t| t.ord).chain(dead).chain(paused);
-                for ord in ords.filter(|o| seen.insert(*o)) {
-                    let counters = counters::read(store, ord)?;
-                    // A marker the dispatcher has not cleaned yet can name a tenant with
-                    // nothing left.
-                    if counters.pending + counters.scheduled + counters.inflight + counters.dead
-                        == 0
-                    {
-                        continue;
-                    }
-                    let name = tenants::name(store, ord)?.unwrap_or_default();
-                    views.push((name, ord, counters));
-                }
+                views = with_work(store, paused)?;
             }
             Scope::Tenants(ts) => {
                 for t in ts {

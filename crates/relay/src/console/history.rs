@@ -16,8 +16,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use ankusa_config::{Config, SinkKind};
-use ankusa_keyspace::AtMs;
-use ankusa_queue::{counters, deliveries, tenants, QueueError};
+use ankusa_queue::{counters, QueueError};
 use ankusa_store::Store;
 
 use crate::metrics::{AttemptLabel, LatencyLog, Metrics};
@@ -215,35 +214,23 @@ impl History {
 type TenantRead = (HashMap<String, u64>, Vec<String>);
 
 fn tenant_backlogs(store: &Store) -> Result<TenantRead, QueueError> {
-    let active = deliveries::active_tenants_distinct(
-        store,
-        AtMs(u64::MAX),
-        crate::metrics::gauges::ACTIVE_SAMPLE,
-        crate::metrics::gauges::ACTIVE_SAMPLE_MARKERS,
-    )?;
-    let dead = deliveries::tenants_with_dead(store, crate::metrics::gauges::ACTIVE_SAMPLE)?;
-    let mut seen = std::collections::HashSet::new();
-    let mut backlogs = HashMap::new();
-    let mut ranked = Vec::new();
-    for ord in active.iter().map(|t| t.ord).chain(dead) {
-        if !seen.insert(ord) {
-            continue;
-        }
-        let c = counters::read(store, ord)?;
-        let backlog = (c.pending + c.scheduled + c.inflight).max(0) as u64;
-        if backlog + c.dead.max(0) as u64 == 0 {
-            continue;
-        }
-        if let Some(name) = tenants::name(store, ord)? {
-            if backlog > 0 {
-                backlogs.insert(name.clone(), backlog);
-            }
-            ranked.push(((c.pending, c.scheduled, c.dead), ord, name));
-        }
-    }
-    ranked.sort_by(|a, b| b.0.cmp(&a.0).then(a.1.cmp(&b.1)));
+    let mut ranked = crate::admin::tenants::with_work(store, [])?;
+    let backlogs = ranked
+        .iter()
+        .map(|(name, _, c)| {
+            (
+                name.clone(),
+                (c.pending + c.scheduled + c.inflight).max(0) as u64,
+            )
+        })
+        .filter(|(_, b)| *b > 0)
+        .collect();
+    ranked.sort_by(|x, y| {
+        let order = crate::admin::tenants::work_order;
+        order(&y.2).cmp(&order(&x.2)).then(x.1.cmp(&y.1))
+    });
     ranked.truncate(TOP);
-    Ok((backlogs, ranked.into_iter().map(|(_, _, n)| n).collect()))
+    Ok((backlogs, ranked.into_iter().map(|(n, _, _)| n).collect()))
 }
 
 /// Rates per second between consecutive samples of `f`.

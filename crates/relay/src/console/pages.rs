@@ -393,7 +393,11 @@ async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
         .collect();
     let counters = &me["counters"];
     let samples = c.history.node();
-    let span = (super::history::NODE_SAMPLES as u64 * super::history::INTERVAL_MS) / 1000;
+    // The charts span the samples taken (an hour once the node has run that long).
+    let span = match (samples.first(), samples.last()) {
+        (Some(a), Some(b)) => (b.at_ms.saturating_sub(a.at_ms) / 1000).max(1),
+        _ => super::history::INTERVAL_MS / 1000,
+    };
     let ingest = super::history::rates(&samples, |s| s.accepted);
     let delivery = super::history::rates(&samples, |s| s.delivered);
     let backlog: Vec<f64> = samples.iter().map(|s| s.backlog as f64).collect();
@@ -1322,8 +1326,23 @@ async fn archive_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
     Ok(page(v, "Replayed", "Archive", body, false, false))
 }
 
-async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
-    let mut path = "/v1/audit?limit=50".to_owned();
+/// A listing the API pages by a numeric `before` (audit, quarantine): 50 rows, the cells
+/// `cells` makes of each, and an "Older" link.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a listing named by its parts; two callers"
+)]
+async fn cursor_list(
+    c: &Arc<Console>,
+    v: &Viewer,
+    q: &Form,
+    fragment: bool,
+    (api, page_path, name): (&str, &str, &str),
+    (title, intro, caption): (&str, &str, &str),
+    headers: &[&str],
+    cells: impl Fn(&Value) -> Vec<String>,
+) -> Page {
+    let mut path = format!("{api}?limit=50");
     if let Some(b) = field(q, "before") {
         let _ = write!(path, "&before={}", enc(b));
     }
@@ -1332,7 +1351,37 @@ async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
         .as_array()
         .into_iter()
         .flatten()
-        .map(|a| {
+        .map(cells)
+        .collect();
+    let next = r["next"].as_u64().map(|n| {
+        format!(
+            "<p><a rel=\"next\" href=\"{}{page_path}?before={n}\">Older</a></p>",
+            esc(&v.base)
+        )
+    });
+    let body = format!(
+        "<h1>{}</h1>{intro}{}{}",
+        esc(title),
+        table(caption, headers, &rows),
+        next.unwrap_or_default()
+    );
+    Ok(page(v, name, name, body, fragment, true))
+}
+
+async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
+    cursor_list(
+        c,
+        v,
+        q,
+        fragment,
+        ("/v1/audit", "/audit", "Audit"),
+        (
+            "Audit trail",
+            "",
+            "Admin actions on this node, newest first",
+        ),
+        &["At", "Who", "Action", "Tenant", "Detail"],
+        |a| {
             vec![
                 time_el(a["at_ms"].as_u64().unwrap_or(0)),
                 esc(s(a, "who")),
@@ -1340,55 +1389,32 @@ async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
                 esc(s(a, "tenant")),
                 format!("<code>{}</code>", esc(&a["detail"].to_string())),
             ]
-        })
-        .collect();
-    let next = r["next"].as_u64().map(|n| {
-        format!(
-            "<p><a rel=\"next\" href=\"{}/audit?before={n}\">Older</a></p>",
-            esc(&v.base)
-        )
-    });
-    let body = format!(
-        "<h1>Audit trail</h1>{}{}",
-        table(
-            "Admin actions on this node, newest first",
-            &["At", "Who", "Action", "Tenant", "Detail"],
-            &rows
-        ),
-        next.unwrap_or_default()
-    );
-    Ok(page(v, "Audit", "Audit", body, fragment, true))
+        },
+    )
+    .await
 }
 
 async fn quarantine(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
-    let mut path = "/v1/quarantine?limit=50".to_owned();
-    if let Some(b) = field(q, "before") {
-        let _ = write!(path, "&before={}", enc(b));
-    }
-    let r = c.call(v, Method::GET, &path, None).await?;
-    let rows: Vec<Vec<String>> = r["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|e| {
+    cursor_list(
+        c,
+        v,
+        q,
+        fragment,
+        ("/v1/quarantine", "/quarantine", "Quarantine"),
+        (
+            "Quarantine",
+            "<p class=\"muted\">Requests that failed verification, kept for inspection.</p>",
+            "Quarantined requests, newest first",
+        ),
+        &["At", "Source", "Reason", "Headers"],
+        |e| {
             vec![
                 time_el(e["at_ms"].as_u64().unwrap_or(0)),
                 format!("<code>{}</code>", esc(s(e, "source"))),
                 esc(s(e, "reason")),
                 format!("<code>{}</code>", esc(&e["headers"].to_string())),
             ]
-        })
-        .collect();
-    let next = r["next"].as_u64().map(|n| {
-        format!(
-            "<p><a rel=\"next\" href=\"{}/quarantine?before={n}\">Older</a></p>",
-            esc(&v.base)
-        )
-    });
-    let body = format!(
-        "<h1>Quarantine</h1><p class=\"muted\">Requests that failed verification, kept for inspection.</p>{}{}",
-        table("Quarantined requests, newest first", &["At", "Source", "Reason", "Headers"], &rows),
-        next.unwrap_or_default()
-    );
-    Ok(page(v, "Quarantine", "Quarantine", body, fragment, true))
+        },
+    )
+    .await
 }
