@@ -907,12 +907,15 @@ fn render_hook(v: &Viewer, h: &Value, with_body: bool) -> String {
         let state = s(sink, "state");
         let _ = write!(
             out,
-            "<section class=\"sink\" aria-label=\"Delivery to {}\"><h2>To <code>{}</code> <span class=\"state state-{}\">{}</span></h2><p>{} attempts{}</p>",
+            "<section class=\"sink\" aria-label=\"Delivery to {}\"><h2>To <code>{}</code> <span class=\"state state-{}\">{}</span></h2><p>{}{}</p>",
             esc(name),
             esc(name),
             esc(state),
             esc(state),
-            sink["attempts"].as_u64().unwrap_or(0),
+            match sink["attempts"].as_u64().unwrap_or(0) {
+                1 => "1 attempt".to_owned(),
+                n => format!("{n} attempts"),
+            },
             sink["next_attempt_ms"]
                 .as_u64()
                 .map(|t| format!("; next attempt {}", time_el(t)))
