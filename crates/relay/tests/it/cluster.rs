@@ -960,3 +960,121 @@ fn a_claim_at_any_node_gathers_from_every_owner_and_acks_reach_the_node_that_lea
     );
     assert_eq!((s, v["settled"].as_u64()), (200, Some(1)), "{v}");
 }
+
+/// A console request to node `port`'s admin listener: status, response head, body.
+fn console_request(
+    port: u16,
+    method: &str,
+    path: &str,
+    cookie: &str,
+    form: &str,
+) -> (u16, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let mut head =
+        format!("{method} {path} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: close\r\n");
+    if !cookie.is_empty() {
+        head.push_str(&format!("Cookie: {cookie}\r\n"));
+    }
+    if method == "POST" {
+        head.push_str(&format!(
+            "Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n",
+            form.len()
+        ));
+    }
+    write!(s, "{head}\r\n{form}").unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    let (h, b) = resp.split_once("\r\n\r\n").unwrap_or((&resp, ""));
+    let status = h
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, h.to_owned(), b.to_owned())
+}
+
+#[test]
+fn the_console_at_any_node_shows_the_whole_relay_and_replays_a_tenant_another_node_owns() {
+    let mut r = Relay::new(3, "");
+    r.sink.default_status.store(400, Ordering::Relaxed);
+    r.start_all();
+    let t = tenants_per_owner(&r, 1)[2][0].clone();
+    let c = client();
+    // Sent to node 0, stored and dead-lettered by its owner, node 2.
+    let id = r.rt.block_on(async {
+        let a = r.send(&c, 0, &t, "d-console").await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+        a.json()["id"].as_str().unwrap().to_owned()
+    });
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.admin_get(2, &format!("/v1/tenants/{t}")).1["counters"]["dead"] != 1 {
+        assert!(Instant::now() < deadline, "{}", r.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let port = r.specs[0].admin;
+    let (s, head, _) = console_request(
+        port,
+        "POST",
+        "/ui/login",
+        "",
+        &format!("token={ADMIN_TOKEN}"),
+    );
+    assert_eq!(s, 303, "{head}");
+    let cookie = head
+        .lines()
+        .find_map(|l| l.strip_prefix("set-cookie: "))
+        .and_then(|v| v.split(';').next())
+        .unwrap()
+        .to_owned();
+    // The overview names every node, each serving.
+    let (s, _, overview) = console_request(port, "GET", "/ui/", &cookie, "");
+    assert_eq!(s, 200);
+    for n in ["relay-0", "relay-1", "relay-2"] {
+        assert!(overview.contains(&format!("<td>{n}</td>")), "{overview}");
+    }
+    assert_eq!(overview.matches(">serving<").count(), 3, "{overview}");
+    // The tenant another node owns: its counters, its dead letter, its hook.
+    let (s, _, page) = console_request(port, "GET", &format!("/ui/tenants/{t}"), &cookie, "");
+    assert_eq!(s, 200, "{page}");
+    assert!(page.contains("<dt>Dead</dt><dd>1</dd>"), "{page}");
+    assert!(
+        page.contains(&id),
+        "its dead letter and its recent hook: {page}"
+    );
+    let (s, _, hook) = console_request(port, "GET", &format!("/ui/hooks/{id}"), &cookie, "");
+    assert_eq!(s, 200, "{hook}");
+    assert!(hook.contains("dead"), "{hook}");
+    // Replayed from node 0: the owner revives it and delivers it.
+    let at = page.find("name=\"csrf\" value=\"").unwrap() + 19;
+    let csrf = page[at..].split('"').next().unwrap().to_owned();
+    r.sink.default_status.store(200, Ordering::Relaxed);
+    let (s, _, done) = console_request(
+        port,
+        "POST",
+        "/ui/dlq/replay",
+        &cookie,
+        &format!("tenant={t}&confirm=yes&csrf={csrf}"),
+    );
+    assert_eq!(s, 200, "{done}");
+    assert!(done.contains("1 dead row moved back"), "{done}");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while r.admin_get(2, &format!("/v1/tenants/{t}")).1["counters"]["dead"] != 0
+        || r.delivered().get("d-console") != Some(&2)
+    {
+        assert!(
+            Instant::now() < deadline,
+            "{:?}\n{}",
+            r.delivered(),
+            r.logs()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A node down: the overview says so and still answers.
+    r.kill9(1);
+    let (s, _, overview) = console_request(port, "GET", "/ui/", &cookie, "");
+    assert_eq!(s, 200);
+    assert!(overview.contains("unavailable"), "{overview}");
+    assert_eq!(overview.matches(">serving<").count(), 2, "{overview}");
+}
