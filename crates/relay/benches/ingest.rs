@@ -17,7 +17,10 @@
 //!   syncs); the relay and the forwarding twin with twice the clients (128: the cores
 //!   busy throughout, so the rate is what the CPU per hook allows rather than what a
 //!   closed loop waiting on each sync leaves); and with a batch limit of 1 (one fsync per
-//!   hook).
+//!   hook);
+//! - for reference, in each round: the **store floor** ([`store_floor`]), the relay's own
+//!   store work per hook in plain loops; the twin plus it is the least a relay with the same
+//!   HTTP exchanges and the ADR's moves can cost.
 //!
 //! The no-op handler, the forwarding twin and the relay alternate over two rounds, so a
 //! change in the shared host's load falls on each of them; so do the relay and the twin
@@ -237,8 +240,112 @@ async fn run(into: &mut Run, k: Knobs) {
     node.shutdown().await.expect("shutdown");
 }
 
+/// Hooks the store floor commits each round.
+const FLOOR_HOOKS: usize = 40_000;
+/// The floor's hooks per WAL sync: what the relay's group commit reaches here (≈ 26).
+const FLOOR_BATCH: usize = 26;
+
+/// The store's work alone, CPU per hook: (ingest, delivery) in µs.
+#[derive(Default)]
+struct Floor {
+    ingest: Duration,
+    delivery: Duration,
+    hooks: usize,
+}
+
+impl Floor {
+    fn per_hook(&self) -> (f64, f64) {
+        let per = |d: Duration| d.as_secs_f64() * 1e6 / self.hooks.max(1) as f64;
+        (per(self.ingest), per(self.delivery))
+    }
+}
+
+/// Every delivery written inflight at commit, as the pipeline's start at commit does.
+struct StartAll;
+
+impl ankusa_queue::writer::Starts for StartAll {
+    fn try_start(
+        &self,
+        _: ankusa_keyspace::TenantOrd,
+        _: &str,
+    ) -> Option<ankusa_queue::writer::StartSlot> {
+        Some(ankusa_queue::writer::StartSlot(Box::new(())))
+    }
+    fn waiting(&self) {}
+    fn started(&self, _: Vec<ankusa_queue::writer::Started>) {}
+}
+
+/// **The store floor** (reference): the least store work any relay keeping the ADR's
+/// invariants does per acked and delivered hook, in plain loops with nothing else running —
+/// the relay's ingest ops (body, delivery row, inflight row, counters, hook log, `m:next_seq`)
+/// committed in batches of [`FLOOR_BATCH`] with one WAL sync each, every delivery started at
+/// commit (no due row, no tick, no claim), then its delivered outcome (inflight row and
+/// delivery row deleted, counters, the attempt's hook-log event) in one unsynced batch per
+/// ingest batch, and reclaim. The forwarding twin's HTTP work plus this is what a relay
+/// with the same HTTP exchanges cannot go under.
+fn store_floor(into: &mut Floor) {
+    use ankusa_keyspace::AtMs;
+    use ankusa_queue::deliveries::{self, Tx};
+    use ankusa_records::{AttemptOutcome, Envelope, Event};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store =
+        ankusa_store::Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default())
+            .expect("store");
+    store.ensure_added_families().expect("families");
+    let mut asm = ankusa_queue::writer::Assembler::open(&store, 1_000_000)
+        .expect("assembler")
+        .logging(true);
+    let now = ankusa_keyspace::now_ms();
+    let envs: Vec<Envelope> = (0..FLOOR_HOOKS)
+        .map(|n| {
+            Envelope::builder(format!("floor-{n}"), "bench")
+                .tenant(Some(&format!("tenant-{}", n % TENANTS)))
+                .received_at(AtMs(now))
+                .sinks(["s"])
+                .body(load::backlog_body(n as u64, BODY))
+                .build()
+        })
+        .collect();
+    for chunk in envs.chunks(FLOOR_BATCH) {
+        let cpu = load::cpu_time();
+        let b = asm
+            .assemble_except(&store, chunk, false, &[], Some(&StartAll))
+            .expect("assemble");
+        let rows: Vec<deliveries::InflightRow> = b.started.iter().map(|(_, r, _)| *r).collect();
+        asm.commit(&store, b, false).expect("commit");
+        store.sync_wal().expect("sync");
+        let mid = load::cpu_time();
+        into.ingest += mid - cpu;
+        let mut tx = Tx::new();
+        let needs: Vec<_> = rows.iter().map(|r| (*r, 1)).collect();
+        let last = deliveries::last_needs(&store, &needs).expect("last needs");
+        let at = AtMs(ankusa_keyspace::now_ms());
+        for (r, last) in rows.iter().zip(last) {
+            deliveries::delivered_last(&mut tx, r, last);
+            let ev = Event {
+                kind: ankusa_keyspace::EventKind::Attempt,
+                at,
+                attempt: 1,
+                outcome: Some(AttemptOutcome::Delivered),
+                status: 204,
+                class: None,
+                error: String::new(),
+                latency_us: 300,
+                next_at: None,
+            };
+            ankusa_queue::hooklog::record(&mut tx, &store, r.key.seq, r.key.sink, &ev)
+                .expect("event");
+        }
+        tx.commit(&store, false).expect("outcomes");
+        ankusa_queue::reclaim::reclaim_pass(&store, 1_000).expect("reclaim");
+        into.delivery += load::cpu_time() - mid;
+    }
+    into.hooks += FLOOR_HOOKS;
+}
+
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
+    let mut floor = Floor::default();
     let mut ceiling = Run::new("no-op handler (HTTP ceiling)");
     let mut forwarding = Run::new("forwarding twin (HTTP of a relay)");
     let mut group = Run::new("relay, group commit (default)");
@@ -254,6 +361,7 @@ fn main() -> std::process::ExitCode {
         rt.block_on(twin(&mut ceiling, false, CLIENTS));
         rt.block_on(twin(&mut forwarding, true, CLIENTS));
         rt.block_on(run(&mut group, DEFAULTS));
+        store_floor(&mut floor);
         rt.block_on(twin(&mut twin_doubled, true, twice.clients));
         rt.block_on(run(&mut doubled, twice));
     }
@@ -388,6 +496,15 @@ fn main() -> std::process::ExitCode {
         forwarding.cpu().0,
         of_forwarding * 100.0,
         SHARE * 100.0
+    );
+    // What no relay making the ADR's durable moves can go under (reference, no rule): the
+    // twin's HTTP work plus the store's own, measured in the same rounds.
+    let (floor_ingest, floor_delivery) = floor.per_hook();
+    let least = forwarding.cpu().0 + floor_ingest + floor_delivery;
+    println!(
+        "the store floor: ingest commits {floor_ingest:.1} µs + the delivered outcome and reclaim {floor_delivery:.1} µs per hook (plain loops, {FLOOR_BATCH} hooks per sync, started at commit); forwarding twin + floor = {least:.1} µs = {:.2}× the twin: the least any relay with the same HTTP exchanges and the ADR's moves can reach; relay / (twin + floor) = {:.2}× (reference, no rule)",
+        least / forwarding.cpu().0,
+        group.cpu().0 / least
     );
     println!(
         "pass: CPU per acked hook <= {CPU_RATIO}× the forwarding twin's per request, relay p99 < 10 ms, hooks per fsync >= 20"

@@ -257,7 +257,7 @@ async fn sessions_are_scoped_csrf_checked_bounded_and_the_portal_framed_as_confi
         assert_eq!(s, 403, "{form} {origin:?}");
     }
     assert_eq!(counters::node(&store).unwrap().dead, 2);
-    // With it: the confirmation counts the rows, then the replay moves them.
+    // With it: the confirmation counts the rows and moves none.
     let (s, _, body) = ui(
         &node,
         "POST",
