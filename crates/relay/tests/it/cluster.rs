@@ -21,6 +21,8 @@ const ADMIN: &str = "it-admin-token-0123456789";
 struct Spec {
     name: String,
     ingest: u16,
+    /// The ingest port the other nodes are told (a proxy in front of `ingest`, or it).
+    advertised_ingest: u16,
     admin: u16,
     dir: PathBuf,
 }
@@ -67,9 +69,11 @@ impl Relay {
         let i = self.specs.len();
         let dir = self.root.join(format!("relay-{i}"));
         std::fs::create_dir_all(&dir).unwrap();
+        let ingest = free_port();
         self.specs.push(Spec {
             name: format!("relay-{i}"),
-            ingest: free_port(),
+            ingest,
+            advertised_ingest: ingest,
             admin: free_port(),
             dir,
         });
@@ -85,7 +89,7 @@ impl Relay {
             .map(|n| {
                 format!(
                     r#"{{ name: {}, ingest: "http://127.0.0.1:{}", admin: "http://127.0.0.1:{}" }}"#,
-                    n.name, n.ingest, n.admin
+                    n.name, n.advertised_ingest, n.admin
                 )
             })
             .collect();
@@ -1077,4 +1081,104 @@ fn the_console_at_any_node_shows_the_whole_relay_and_replays_a_tenant_another_no
     assert_eq!(s, 200);
     assert!(overview.contains("unavailable"), "{overview}");
     assert_eq!(overview.matches(">serving<").count(), 2, "{overview}");
+}
+
+/// A TCP proxy on 127.0.0.1 in front of `upstream` that passes every byte, except that
+/// while `cut` is above zero it swallows the next answer from upstream (decrementing
+/// `cut`) and closes the connection: the request reached the server, its answer never
+/// came back.
+fn answer_cutting_proxy(
+    rt: &tokio::runtime::Runtime,
+    upstream: u16,
+    cut: Arc<std::sync::atomic::AtomicUsize>,
+) -> u16 {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    rt.spawn(async move {
+        while let Ok((client, _)) = listener.accept().await {
+            let cut = cut.clone();
+            tokio::spawn(async move {
+                let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
+                else {
+                    return;
+                };
+                let (mut cr, mut cw) = client.into_split();
+                let (mut sr, mut sw) = server.into_split();
+                let up = tokio::spawn(async move {
+                    let _ = tokio::io::copy(&mut cr, &mut sw).await;
+                    let _ = sw.shutdown().await;
+                });
+                let mut buf = vec![0u8; 64 << 10];
+                loop {
+                    let n = match sr.read(&mut buf).await {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => n,
+                    };
+                    let swallow = cut
+                        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
+                        .is_ok();
+                    if swallow {
+                        break;
+                    }
+                    if cw.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+                // Closing both halves: the client sees its connection end with no answer.
+                up.abort();
+                drop(cw);
+            });
+        }
+    });
+    port
+}
+
+#[test]
+fn a_forward_whose_answer_was_cut_after_the_owner_committed_is_one_hook_when_the_provider_retries()
+{
+    let mut r = Relay::new(2, "");
+    let cut = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    // Node 0 reaches node 1's ingest listener only through the proxy.
+    let proxy = answer_cutting_proxy(&r.rt, r.specs[1].ingest, cut.clone());
+    r.specs[1].advertised_ingest = proxy;
+    r.start_all();
+    let t = tenants_per_owner(&r, 1)[1][0].clone();
+    let c = client();
+    r.rt.block_on(async {
+        // A first hook through the proxy, answered: the link works.
+        assert_eq!(r.send(&c, 0, &t, "d-before").await.status, 202);
+        // The owner commits the next one; its answer to node 0 is cut.
+        cut.store(1, Ordering::SeqCst);
+        let a = r.send(&c, 0, &t, "d-cut").await;
+        assert_eq!(a.status, 503, "{:?}", a.json());
+        assert_eq!(a.json()["error"], "owner_unavailable", "{:?}", a.json());
+        assert!(a.headers.contains_key("retry-after"), "{:?}", a.headers);
+        assert_eq!(cut.load(Ordering::SeqCst), 0, "the proxy cut one answer");
+        // The provider retries, same delivery id, through another node and the first.
+        let direct = r.send(&c, 1, &t, "d-cut").await;
+        assert_eq!(
+            direct.status,
+            200,
+            "a duplicate of what the owner committed: {:?}",
+            direct.json()
+        );
+        let again = r.send(&c, 0, &t, "d-cut").await;
+        assert_eq!(again.status, 200, "{:?}", again.json());
+        assert_eq!(direct.json()["id"], again.json()["id"]);
+    });
+    let ids: HashSet<String> = ["d-before", "d-cut"].map(str::to_owned).into();
+    let got = r.await_delivered(&ids, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(got, r.delivered());
+    assert!(
+        got.values().all(|n| *n == 1),
+        "delivered more than once: {got:?}"
+    );
+    assert_eq!(
+        r.admin_get(1, &format!("/v1/tenants/{t}")).1["counters"]["dead"],
+        0
+    );
 }
