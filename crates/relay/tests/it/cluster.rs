@@ -1182,3 +1182,92 @@ fn a_forward_whose_answer_was_cut_after_the_owner_committed_is_one_hook_when_the
         0
     );
 }
+
+#[test]
+fn a_paused_owner_makes_its_tenants_wait_and_after_it_resumes_every_retried_delivery_is_one_hook() {
+    let mut r = Relay::new(3, "");
+    r.start_all();
+    let owned = tenants_per_owner(&r, 1);
+    let victim = 2;
+    let t = owned[victim][0].clone();
+    let c = client();
+    let mut acked = HashSet::new();
+    r.rt.block_on(async {
+        for n in 0..9 {
+            let d = format!("before-{n}");
+            assert_eq!(r.send(&c, n % 3, &t, &d).await.status, 202);
+            acked.insert(d);
+        }
+    });
+    let pid = r.procs[victim].as_ref().unwrap().child.id().to_string();
+    // A signal to the node process this test started, by its PID.
+    let signal = |sig: &str| {
+        let ok = std::process::Command::new("kill")
+            .args([sig, &pid])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig} {pid}");
+    };
+    signal("-STOP");
+    let mut during = Vec::new();
+    r.rt.block_on(async {
+        for i in 0..2 {
+            let d = format!("during-{i}");
+            let started = Instant::now();
+            let a = r.send(&c, i, &t, &d).await;
+            // Its request waits in the stopped node's socket: the forward times out.
+            assert_eq!(a.status, 503, "{:?}", a.json());
+            assert_eq!(a.json()["error"], "owner_unavailable");
+            assert!(a.headers.contains_key("retry-after"));
+            assert!(
+                started.elapsed() < Duration::from_secs(5),
+                "within forward_timeout_ms"
+            );
+            during.push(d);
+            // Other tenants are unaffected.
+            for ts in &owned[..2] {
+                let d = format!("other-{i}-{}", ts[0]);
+                assert_eq!(r.send(&c, i, &ts[0], &d).await.status, 202);
+                acked.insert(d);
+            }
+        }
+    });
+    signal("-CONT");
+    // The provider retries each refused delivery with its id: the owner may have taken the
+    // request that waited in its socket (then the retry is its duplicate) or not.
+    r.rt.block_on(async {
+        for (i, d) in during.iter().enumerate() {
+            let deadline = Instant::now() + Duration::from_secs(20);
+            loop {
+                let a = r.send(&c, i, &t, d).await;
+                if a.status == 202 || a.status == 200 {
+                    acked.insert(d.clone());
+                    break;
+                }
+                assert!(Instant::now() < deadline, "{:?}", a.json());
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    });
+    let got = r.await_delivered(&acked, Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(got, r.delivered());
+    assert!(
+        got.values().all(|n| *n == 1),
+        "delivered more than once: {got:?}"
+    );
+    // Healed: every node ready, nothing left in flight or waiting.
+    for i in 0..3 {
+        assert_eq!(http_get(r.specs[i].admin, "/readyz").unwrap().0, 200);
+    }
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, v) = r.admin_get(victim, &format!("/v1/tenants/{t}"));
+        let c = &v["counters"];
+        if c["inflight"] == 0 && c["pending"] == 0 && c["scheduled"] == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{v}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
