@@ -156,6 +156,16 @@ pub(crate) fn admin_only(c: &Caller) -> Result<(), ApiError> {
     }
 }
 
+/// 403 for a tenant-portal credential: deleting rows and holding delivery stay with the
+/// tokens of `admin.tokens`.
+pub(crate) fn not_portal(c: &Caller) -> Result<(), ApiError> {
+    if c.portal {
+        Err(ApiError::Forbidden)
+    } else {
+        Ok(())
+    }
+}
+
 /// Runs store work off the async threads.
 pub(crate) async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ApiError> + Send + 'static,

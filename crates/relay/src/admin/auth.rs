@@ -46,6 +46,9 @@ pub struct Caller {
     /// A backup-scope token: only the backup endpoints accept it (its `scope` sees no
     /// tenant either way).
     pub backup_only: bool,
+    /// A tenant-portal credential: it reads and replays, and neither deletes rows nor
+    /// holds delivery (purge, pause, resume, quarantine deletes answer 403).
+    pub portal: bool,
 }
 
 #[derive(Clone)]
@@ -146,6 +149,7 @@ impl Tokens {
             name: format!("portal:{tenant}"),
             scope: Scope::Tenants(BTreeSet::from([tenant])),
             backup_only: false,
+            portal: true,
         })
     }
 
@@ -170,6 +174,7 @@ impl Tokens {
                     name: t.name.clone(),
                     scope: t.scope.clone(),
                     backup_only: t.backup_only,
+                    portal: false,
                 });
             }
         }
@@ -193,7 +198,7 @@ mod tests {
         let cred = tokens.portal_credential("acme", 2_000).unwrap();
         let caller = tokens.portal_caller(&cred, 1_000).unwrap();
         assert!(caller.scope.sees("acme") && !caller.scope.sees("globex"));
-        assert!(!caller.scope.is_admin());
+        assert!(!caller.scope.is_admin() && caller.portal);
         assert_eq!(tokens.portal_caller(&cred, 2_000), None, "expired");
         // Another tenant, another expiry or another key: refused.
         let other = tokens.portal_credential("globex", 2_000).unwrap();

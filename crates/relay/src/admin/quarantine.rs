@@ -112,6 +112,7 @@ pub async fn quarantine_delete(
     Query(q): Query<QuarantineQuery>,
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
+    super::api::not_portal(&c)?;
     let a = api.clone();
     blocking(move || {
         let audit = a.audit.op(

@@ -342,6 +342,7 @@ pub async fn purge(
     Query(q): Query<PurgeQuery>,
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
+    super::api::not_portal(&c)?;
     let mut kinds = PurgeKinds::default();
     for k in q.kinds.split(',').map(str::trim) {
         match k {
@@ -578,6 +579,7 @@ pub async fn resume(
 /// A pause (`pause`) or a resume of tenant `t`, in the caller's scope, audited.
 async fn pause_call(api: Arc<Api>, headers: HeaderMap, t: String, pause: bool) -> ApiResult {
     let c = caller(&api, &headers)?;
+    super::api::not_portal(&c)?;
     let a = api.clone();
     blocking(move || {
         let ord = visible_ord(&a.store, &c.scope, &t)?;

@@ -255,8 +255,9 @@ pub async fn dispatch(
         },
         (Method::GET, ["tenants"]) => tenants(c, v, q, fragment).await,
         (Method::GET, ["tenants", t]) => tenant(c, v, t, fragment).await,
-        (Method::POST, ["tenants", t, "purge"]) => purge(c, v, t, form).await,
-        (Method::POST, ["tenants", t, action @ ("pause" | "resume")]) => {
+        // The tenant portal replays; deleting rows and holding delivery are the operators'.
+        (Method::POST, ["tenants", t, "purge"]) if v.portal.is_none() => purge(c, v, t, form).await,
+        (Method::POST, ["tenants", t, action @ ("pause" | "resume")]) if v.portal.is_none() => {
             let r = c
                 .call(
                     v,
@@ -671,21 +672,30 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
     let paused = view["paused_since_ms"].as_u64();
     let base = esc(&v.base);
     let csrf = csrf_field(&v.csrf);
-    let pause_form = format!(
-        "<form method=\"post\" action=\"{base}/tenants/{te}/{}\" class=\"inline\">{csrf}<button type=\"submit\">{}</button></form>",
-        if paused.is_some() { "resume" } else { "pause" },
-        if paused.is_some() { "Resume delivery" } else { "Pause delivery" },
-    );
-    let dead_n = n(ctr, "dead");
-    let replay_form = if dead_n > 0 {
+    let operator = v.portal.is_none();
+    let pause_form = if operator {
         format!(
-            "<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{csrf}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><button type=\"submit\">Replay all dead rows…</button></form>\
-<form method=\"post\" action=\"{base}/tenants/{te}/purge\" class=\"inline\">{csrf}<button type=\"submit\" class=\"danger\">Purge dead rows…</button></form>",
-            esc(t)
+            "<form method=\"post\" action=\"{base}/tenants/{te}/{}\" class=\"inline\">{csrf}<button type=\"submit\">{}</button></form>",
+            if paused.is_some() { "resume" } else { "pause" },
+            if paused.is_some() { "Resume delivery" } else { "Pause delivery" },
         )
     } else {
         String::new()
     };
+    let dead_n = n(ctr, "dead");
+    let mut replay_form = String::new();
+    if dead_n > 0 {
+        replay_form = format!(
+            "<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{csrf}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><button type=\"submit\">Replay all dead rows…</button></form>",
+            esc(t)
+        );
+        if operator {
+            let _ = write!(
+                replay_form,
+                "<form method=\"post\" action=\"{base}/tenants/{te}/purge\" class=\"inline\">{csrf}<button type=\"submit\" class=\"danger\">Purge dead rows…</button></form>"
+            );
+        }
+    }
     let portal_form = if v.admin {
         format!(
             "<details><summary>Share a portal link</summary><form method=\"post\" action=\"{base}/tenants/{te}/portal-link\" class=\"row\">{csrf}\
@@ -1051,7 +1061,7 @@ async fn dlq(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
         "<p class=\"muted\">Filter by tenant, source or time to replay rows in bulk.</p>".to_owned()
     };
     let purge = match (&tenant, source, from, to) {
-        (Some(t), None, None, None) => format!(
+        (Some(t), None, None, None) if v.portal.is_none() => format!(
             "<form method=\"post\" action=\"{base}/tenants/{}/purge\" class=\"inline\">{csrf}<button type=\"submit\" class=\"danger\">Purge this tenant's dead rows…</button></form>",
             enc(t)
         ),

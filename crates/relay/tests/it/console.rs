@@ -352,6 +352,30 @@ async fn sessions_are_scoped_csrf_checked_bounded_and_the_portal_framed_as_confi
     )
     .await;
     assert_eq!(s, 403, "a portal makes no links");
+    // It replays, and neither deletes rows nor holds delivery: not in the API, not in its pages.
+    for (method, path) in [
+        ("DELETE", "/v1/tenants/acme/queue?kinds=dead"),
+        ("POST", "/v1/tenants/acme/pause"),
+        ("DELETE", "/v1/quarantine"),
+    ] {
+        let (s, _) = admin_call(node.admin_addr, method, path, cred, "").await;
+        assert_eq!(s, 403, "{method} {path}");
+    }
+    assert!(
+        !body.contains("Purge") && !body.contains("Pause delivery"),
+        "{body}"
+    );
+    let pcsrf = csrf_of(&body);
+    let (s, _, _) = ui(
+        &node,
+        "POST",
+        &format!("{path}tenants/acme/purge"),
+        &[],
+        &format!("confirm=yes&csrf={pcsrf}"),
+    )
+    .await;
+    assert_eq!(s, 404);
+    assert_eq!(counters::node(&store).unwrap().dead, 2);
     // A tenant token cannot make links; a link past the ceiling is refused.
     let (s, _) = admin_call(
         node.admin_addr,
