@@ -1083,15 +1083,19 @@ fn the_console_at_any_node_shows_the_whole_relay_and_replays_a_tenant_another_no
     assert_eq!(overview.matches(">serving<").count(), 2, "{overview}");
 }
 
-/// A TCP proxy on 127.0.0.1 in front of `upstream` that passes every byte, except that
-/// while `cut` is above zero it swallows the next answer from upstream (decrementing
-/// `cut`) and closes the connection: the request reached the server, its answer never
-/// came back.
-fn answer_cutting_proxy(
-    rt: &tokio::runtime::Runtime,
-    upstream: u16,
-    cut: Arc<std::sync::atomic::AtomicUsize>,
-) -> u16 {
+/// The faults a [`faulty_link`] injects, changed while it runs.
+#[derive(Default)]
+struct Faults {
+    /// Answers still to swallow: the request reached the server, its answer never comes.
+    cut: std::sync::atomic::AtomicUsize,
+    /// Held before each answer is passed on, in ms (a slow link).
+    delay_ms: std::sync::atomic::AtomicU64,
+    /// New connections are closed at once (this side cannot reach the server).
+    refuse: AtomicBool,
+}
+
+/// A TCP proxy on 127.0.0.1 in front of `upstream`, injecting `faults`; its port.
+fn faulty_link(rt: &tokio::runtime::Runtime, upstream: u16, faults: Arc<Faults>) -> u16 {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = rt
         .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
@@ -1099,7 +1103,11 @@ fn answer_cutting_proxy(
     let port = listener.local_addr().unwrap().port();
     rt.spawn(async move {
         while let Ok((client, _)) = listener.accept().await {
-            let cut = cut.clone();
+            if faults.refuse.load(Ordering::SeqCst) {
+                drop(client);
+                continue;
+            }
+            let faults = faults.clone();
             tokio::spawn(async move {
                 let Ok(server) = tokio::net::TcpStream::connect(("127.0.0.1", upstream)).await
                 else {
@@ -1117,17 +1125,22 @@ fn answer_cutting_proxy(
                         Ok(0) | Err(_) => break,
                         Ok(n) => n,
                     };
-                    let swallow = cut
+                    let swallow = faults
+                        .cut
                         .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| c.checked_sub(1))
                         .is_ok();
                     if swallow {
                         break;
                     }
+                    let delay = faults.delay_ms.load(Ordering::SeqCst);
+                    if delay > 0 {
+                        tokio::time::sleep(Duration::from_millis(delay)).await;
+                    }
                     if cw.write_all(&buf[..n]).await.is_err() {
                         break;
                     }
                 }
-                // Closing both halves: the client sees its connection end with no answer.
+                // Closing both halves: the client sees its connection end.
                 up.abort();
                 drop(cw);
             });
@@ -1137,12 +1150,12 @@ fn answer_cutting_proxy(
 }
 
 #[test]
-fn a_forward_whose_answer_was_cut_after_the_owner_committed_is_one_hook_when_the_provider_retries()
-{
+fn a_forward_whose_answer_was_cut_or_late_after_the_owner_committed_is_one_hook_when_the_provider_retries(
+) {
     let mut r = Relay::new(2, "");
-    let cut = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let faults = Arc::new(Faults::default());
     // Node 0 reaches node 1's ingest listener only through the proxy.
-    let proxy = answer_cutting_proxy(&r.rt, r.specs[1].ingest, cut.clone());
+    let proxy = faulty_link(&r.rt, r.specs[1].ingest, faults.clone());
     r.specs[1].advertised_ingest = proxy;
     r.start_all();
     let t = tenants_per_owner(&r, 1)[1][0].clone();
@@ -1151,12 +1164,16 @@ fn a_forward_whose_answer_was_cut_after_the_owner_committed_is_one_hook_when_the
         // A first hook through the proxy, answered: the link works.
         assert_eq!(r.send(&c, 0, &t, "d-before").await.status, 202);
         // The owner commits the next one; its answer to node 0 is cut.
-        cut.store(1, Ordering::SeqCst);
+        faults.cut.store(1, Ordering::SeqCst);
         let a = r.send(&c, 0, &t, "d-cut").await;
         assert_eq!(a.status, 503, "{:?}", a.json());
         assert_eq!(a.json()["error"], "owner_unavailable", "{:?}", a.json());
         assert!(a.headers.contains_key("retry-after"), "{:?}", a.headers);
-        assert_eq!(cut.load(Ordering::SeqCst), 0, "the proxy cut one answer");
+        assert_eq!(
+            faults.cut.load(Ordering::SeqCst),
+            0,
+            "the proxy cut one answer"
+        );
         // The provider retries, same delivery id, through another node and the first.
         let direct = r.send(&c, 1, &t, "d-cut").await;
         assert_eq!(
@@ -1168,8 +1185,24 @@ fn a_forward_whose_answer_was_cut_after_the_owner_committed_is_one_hook_when_the
         let again = r.send(&c, 0, &t, "d-cut").await;
         assert_eq!(again.status, 200, "{:?}", again.json());
         assert_eq!(direct.json()["id"], again.json()["id"]);
+        // A link slow enough to outlast forward_timeout_ms (2 s) on one call, not the next.
+        faults.delay_ms.store(2_500, Ordering::SeqCst);
+        let slow = r.send(&c, 0, &t, "d-slow").await;
+        assert_eq!(slow.status, 503, "{:?}", slow.json());
+        assert_eq!(slow.json()["error"], "owner_unavailable");
+        assert!(slow.headers.contains_key("retry-after"));
+        faults.delay_ms.store(0, Ordering::SeqCst);
+        let retried = r.send(&c, 0, &t, "d-slow").await;
+        assert!(
+            retried.status == 200 || retried.status == 202,
+            "{:?}",
+            retried.json()
+        );
+        let once_more = r.send(&c, 1, &t, "d-slow").await;
+        assert_eq!(once_more.status, 200, "{:?}", once_more.json());
+        assert_eq!(once_more.json()["id"], retried.json()["id"]);
     });
-    let ids: HashSet<String> = ["d-before", "d-cut"].map(str::to_owned).into();
+    let ids: HashSet<String> = ["d-before", "d-cut", "d-slow"].map(str::to_owned).into();
     let got = r.await_delivered(&ids, Duration::from_secs(20));
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(got, r.delivered());
@@ -1270,4 +1303,61 @@ fn a_paused_owner_makes_its_tenants_wait_and_after_it_resumes_every_retried_deli
         assert!(Instant::now() < deadline, "{v}");
         std::thread::sleep(Duration::from_millis(50));
     }
+}
+
+#[test]
+fn an_owner_cut_off_from_one_node_is_reached_through_another_and_nothing_is_lost() {
+    let mut r = Relay::new(3, "");
+    let faults = Arc::new(Faults::default());
+    // Node 0 reaches node 2 only through the link; nodes 1 and 2 reach each other directly.
+    let link = faulty_link(&r.rt, r.specs[2].ingest, faults.clone());
+    r.start(1);
+    r.start(2);
+    r.specs[2].advertised_ingest = link;
+    r.start(0);
+    let t = tenants_per_owner(&r, 1)[2][0].clone();
+    let c = client();
+    faults.refuse.store(true, Ordering::SeqCst);
+    let mut acked = HashSet::new();
+    r.rt.block_on(async {
+        for n in 0..6 {
+            let d = format!("d-part-{n}");
+            // A provider's client: a node at random, the next on a refusal, with a backoff.
+            let mut node = n % 3;
+            let mut refusals = 0;
+            loop {
+                let a = r.send(&c, node, &t, &d).await;
+                if a.status == 202 || a.status == 200 {
+                    break;
+                }
+                assert_eq!(node, 0, "only node 0 is cut off: {:?}", a.json());
+                assert_eq!(a.json()["error"], "owner_unavailable");
+                assert!(a.headers.contains_key("retry-after"));
+                refusals += 1;
+                assert!(refusals < 5);
+                node = (node + 1) % 3;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            acked.insert(d);
+        }
+    });
+    // Healed: node 0 forwards again.
+    faults.refuse.store(false, Ordering::SeqCst);
+    r.rt.block_on(async {
+        let a = r.send(&c, 0, &t, "d-healed").await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+        acked.insert("d-healed".to_owned());
+    });
+    let got = r.await_delivered(&acked, Duration::from_secs(20));
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(got, r.delivered());
+    assert!(
+        got.values().all(|n| *n == 1),
+        "delivered more than once: {got:?}"
+    );
+    let (_, m) = http_get(r.specs[0].admin, "/metrics").unwrap();
+    assert!(
+        m.contains(r#"ankusa_cluster_forwards_total{kind="ingest",outcome="unavailable"} 2"#),
+        "node 0's two refused forwards: {m}"
+    );
 }
