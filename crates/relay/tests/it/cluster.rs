@@ -38,6 +38,8 @@ struct Relay {
     extra: String,
     /// The route also goes to the pull sink `q`.
     pull: bool,
+    /// Node lists that differ from node to node: node `i` lists only these nodes.
+    lists: HashMap<usize, Vec<usize>>,
 }
 
 impl Relay {
@@ -58,6 +60,7 @@ impl Relay {
             procs: Vec::new(),
             extra: extra.to_owned(),
             pull: false,
+            lists: HashMap::new(),
         };
         for _ in 0..nodes {
             r.add_spec();
@@ -86,7 +89,9 @@ impl Relay {
         let nodes: Vec<String> = self
             .specs
             .iter()
-            .map(|n| {
+            .enumerate()
+            .filter(|(j, _)| self.lists.get(&i).is_none_or(|l| l.contains(j)))
+            .map(|(_, n)| {
                 format!(
                     r#"{{ name: {}, ingest: "http://127.0.0.1:{}", admin: "http://127.0.0.1:{}" }}"#,
                     n.name, n.advertised_ingest, n.admin
@@ -1359,5 +1364,44 @@ fn an_owner_cut_off_from_one_node_is_reached_through_another_and_nothing_is_lost
     assert!(
         m.contains(r#"ankusa_cluster_forwards_total{kind="ingest",outcome="unavailable"} 2"#),
         "node 0's two refused forwards: {m}"
+    );
+}
+
+#[test]
+fn a_forward_never_loops_even_when_two_nodes_disagree_on_the_owner() {
+    // Node 0 lists nodes 0 and 1; node 1 also lists node 2 (a list being rolled out), which
+    // never started: some tenants node 0 sends to node 1, node 1 thinks are node 2's.
+    let mut r = Relay::new(3, "");
+    r.lists.insert(0, vec![0, 1]);
+    let two = |t: &str| ankusa_relay::cluster::owner_index(["relay-0", "relay-1"].into_iter(), t);
+    let t = (0..)
+        .map(|n| format!("tenant-{n}"))
+        .find(|t| two(t) == 1 && r.owner(t) == 2)
+        .unwrap();
+    r.start(0);
+    r.start(1);
+    let c = client();
+    r.rt.block_on(async {
+        // Registry: node 0. Sent to node 0, forwarded to node 1, taken there.
+        let a = r.send(&c, 0, &t, "d-loop").await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+        // Sent to node 1 itself, it goes to node 2, which does not answer.
+        let b = r.send(&c, 1, &t, "d-direct").await;
+        assert_eq!(b.status, 503, "{:?}", b.json());
+    });
+    let ids: HashSet<String> = ["d-loop"].map(str::to_owned).into();
+    let got = r.await_delivered(&ids, Duration::from_secs(20));
+    assert_eq!(got.get("d-loop"), Some(&1));
+    // Node 1 took the forwarded hook and sent nothing on to node 2 for it.
+    let (_, m) = http_get(r.specs[1].admin, "/metrics").unwrap();
+    assert!(
+        m.contains(r#"ankusa_cluster_forwards_total{kind="ingest",outcome="unavailable"} 1"#),
+        "only the direct hook went for node 2: {m}"
+    );
+    assert!(!m.contains(r#"kind="ingest",outcome="answered""#), "{m}");
+    let (_, m0) = http_get(r.specs[0].admin, "/metrics").unwrap();
+    assert!(
+        m0.contains(r#"ankusa_cluster_forwards_total{kind="ingest",outcome="answered"} 1"#),
+        "{m0}"
     );
 }
