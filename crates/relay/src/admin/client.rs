@@ -165,18 +165,8 @@ impl Nodes {
     }
 }
 
-/// Query-string escaping of one value.
-pub fn q(v: &str) -> String {
-    let mut out = String::new();
-    for b in v.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
+/// Query-string and path escaping of one value.
+pub use crate::http::percent_encode as q;
 
 /// A merged id `<node>/<id>`: the node's index and the node's own id.
 pub fn split_id(id: &str, nodes: usize) -> anyhow::Result<(usize, String)> {

@@ -39,7 +39,7 @@ use super::api::Api;
 use super::dlq::{DlqItem, DlqPage, Revived};
 use super::tenants::{NodeTenants, TenantView, TenantsTop};
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
-use crate::http::{error, with_retry_after};
+use crate::http::{error, percent_decode as decode, percent_encode as encode, with_retry_after};
 use ankusa_queue::registry::Admission;
 
 /// The largest replay body read to find its tenant.
@@ -461,19 +461,6 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
     .into_response()
 }
 
-/// Percent-encodes a query value.
-fn encode(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.' | b'~') {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("%{b:02X}"));
-        }
-    }
-    out
-}
-
 /// How the nodes' answers to one call about a tenant add up.
 #[derive(Debug, Clone, Copy)]
 enum Merge {
@@ -762,32 +749,6 @@ fn query_param(query: &str, name: &str) -> Option<String> {
     })
 }
 
-/// Percent-decoding (and `+` as a space in a query).
-fn decode(s: &str, plus_is_space: bool) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(c) => {
-                        out.push(c);
-                        i += 3;
-                        continue;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            b'+' if plus_is_space => out.push(b' '),
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
-}
-
 /// `POST /cluster/v1/tenants/admit`: the tenant is in the registry.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct Admitted {
@@ -875,6 +836,6 @@ mod tests {
             Some("acme/us east")
         );
         assert_eq!(super::query_param("a=1", "tenant"), None);
-        assert_eq!(super::decode("a%20b%zz%4", false), "a b%zz%4");
+        assert_eq!(crate::http::percent_decode("a%20b%zz%4", false), "a b%zz%4");
     }
 }

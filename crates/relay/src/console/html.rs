@@ -19,19 +19,6 @@ pub fn esc(s: &str) -> String {
     out
 }
 
-/// A path segment or query value, percent-encoded.
-pub fn enc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for b in s.bytes() {
-        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
-            out.push(b as char);
-        } else {
-            let _ = write!(out, "%{b:02X}");
-        }
-    }
-    out
-}
-
 /// A time in ms since the epoch as `YYYY-MM-DD HH:MM:SS` UTC (0: "—").
 pub fn time(ms: u64) -> String {
     if ms == 0 {
@@ -224,7 +211,7 @@ mod tests {
             super::esc("<a href=\"x\">'&'</a>"),
             "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;"
         );
-        assert_eq!(super::enc("a b/ü"), "a%20b%2F%C3%BC");
+        assert_eq!(crate::http::percent_encode("a b/ü"), "a%20b%2F%C3%BC");
     }
 
     #[test]

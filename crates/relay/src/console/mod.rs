@@ -208,36 +208,7 @@ fn parse_form(body: &[u8]) -> Form {
 }
 
 fn form_decode(s: &str) -> String {
-    percent_decode(s, true)
-}
-
-/// A path segment, percent-decoded.
-pub fn form_decode_path(s: &str) -> String {
-    percent_decode(s, false)
-}
-
-fn percent_decode(s: &str, plus_is_space: bool) -> String {
-    let b = s.as_bytes();
-    let mut out = Vec::with_capacity(b.len());
-    let mut i = 0;
-    while i < b.len() {
-        match b[i] {
-            b'+' if plus_is_space => out.push(b' '),
-            b'%' if i + 2 < b.len() => {
-                let hex = std::str::from_utf8(&b[i + 1..i + 3]).ok();
-                match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                    Some(c) => {
-                        out.push(c);
-                        i += 2;
-                    }
-                    None => out.push(b'%'),
-                }
-            }
-            c => out.push(c),
-        }
-        i += 1;
-    }
-    String::from_utf8_lossy(&out).into_owned()
+    crate::http::percent_decode(s, true)
 }
 
 /// The query string's parameters.

@@ -9,8 +9,9 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::html::{self, age, csrf_field, enc, esc, num, table, time_el};
+use super::html::{self, age, csrf_field, esc, num, table, time_el};
 use super::{field, redirect, CallError, Console, Form, Viewer};
+use crate::http::percent_encode as enc;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
@@ -244,7 +245,7 @@ pub async fn dispatch(
     let segs: Vec<String> = path
         .split('/')
         .filter(|s| !s.is_empty())
-        .map(super::form_decode_path)
+        .map(|s| crate::http::percent_decode(s, false))
         .collect();
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
     let r = match (method.clone(), segs.as_slice()) {
