@@ -162,6 +162,11 @@ impl Tokens {
                 .to_str()
                 .ok()?,
         )?;
+        self.caller_of(given)
+    }
+
+    /// The caller a bearer token (or a portal credential) is, if any.
+    pub fn caller_of(&self, given: &str) -> Option<Caller> {
         if given.starts_with(PORTAL_PREFIX) {
             return self.portal_caller(given, ankusa_keyspace::now_ms());
         }

@@ -222,24 +222,19 @@ async fn entry(State(c): State<Arc<Console>>, req: Request) -> Response {
     let portal = req.uri().path().starts_with("/portal/");
     let mut resp = route(&c, req).await;
     let h = resp.headers_mut();
-    let frame = if portal {
-        let cfg = c.api.config.load();
-        if cfg.admin.console.frame_ancestors.is_empty() {
-            "'none'".to_owned()
-        } else {
-            cfg.admin.console.frame_ancestors.join(" ")
-        }
+    // Only the portal may be framed, and only by the origins the configuration names.
+    let ancestors = c.api.config.load().admin.console.frame_ancestors.join(" ");
+    let frame = if portal && !ancestors.is_empty() {
+        ancestors.as_str()
     } else {
-        "'none'".to_owned()
+        h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+        "'none'"
     };
     let csp = format!(
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors {frame}"
     );
     if let Ok(v) = HeaderValue::from_str(&csp) {
         h.insert(header::CONTENT_SECURITY_POLICY, v);
-    }
-    if !portal || c.api.config.load().admin.console.frame_ancestors.is_empty() {
-        h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     }
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
@@ -338,11 +333,7 @@ async fn route(c: &Arc<Console>, req: Request) -> Response {
             return pages::message(StatusCode::FORBIDDEN, "Signed out", "Sign in again.");
         };
         // A token a reload removed ends its sessions.
-        let mut h = HeaderMap::new();
-        if let Ok(v) = HeaderValue::from_str(&format!("Bearer {}", s.credential)) {
-            h.insert(header::AUTHORIZATION, v);
-        }
-        if c.api.tokens.load().authenticate(&h).is_none() {
+        if c.api.tokens.load().caller_of(&s.credential).is_none() {
             c.sessions.remove(&sid);
             return redirect("/ui/login");
         }

@@ -89,14 +89,12 @@ pub fn login(problem: Option<&str>, status: StatusCode) -> Response {
 /// `POST /ui/login`: a session for a valid token.
 pub async fn sign_in(c: &Arc<Console>, form: &Form, secure: bool) -> Response {
     let token = field(form, "token").unwrap_or("").trim().to_owned();
-    let mut h = axum::http::HeaderMap::new();
-    let caller = HeaderValue::from_str(&format!("Bearer {token}"))
-        .ok()
-        .and_then(|v| {
-            h.insert(header::AUTHORIZATION, v);
-            c.api.tokens.load().authenticate(&h)
-        })
-        .filter(|caller| !caller.backup_only && !token.starts_with("p1."));
+    let caller = c
+        .api
+        .tokens
+        .load()
+        .caller_of(&token)
+        .filter(|caller| !caller.backup_only && !caller.portal);
     let Some(caller) = caller else {
         c.metrics.console_sign_in("refused");
         return login(
