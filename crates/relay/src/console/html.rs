@@ -195,12 +195,28 @@ pub fn num(v: f64) -> String {
     }
 }
 
+/// A hidden field of a form.
+pub fn hidden(name: &str, value: &str) -> String {
+    format!(
+        "<input type=\"hidden\" name=\"{}\" value=\"{}\">",
+        esc(name),
+        esc(value)
+    )
+}
+
 /// A hidden CSRF field for a form.
 pub fn csrf_field(token: &str) -> String {
-    format!(
-        "<input type=\"hidden\" name=\"csrf\" value=\"{}\">",
-        esc(token)
-    )
+    hidden("csrf", token)
+}
+
+/// `n` and `one` (or its plural, with an `s`).
+pub fn plural(n: impl Into<i64>, one: &str) -> String {
+    let n = n.into();
+    if n == 1 {
+        format!("1 {one}")
+    } else {
+        format!("{n} {one}s")
+    }
 }
 
 #[cfg(test)]

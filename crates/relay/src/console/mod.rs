@@ -78,6 +78,16 @@ pub struct CallError {
     pub message: String,
 }
 
+impl CallError {
+    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+        CallError {
+            status,
+            code: code.to_owned(),
+            message: message.into(),
+        }
+    }
+}
+
 impl Console {
     pub fn new(api: Arc<Api>, app: Router, metrics: Arc<Metrics>, history: Arc<History>) -> Self {
         let c = api.config.load().admin.console.clone();
@@ -115,16 +125,8 @@ impl Console {
         }
         let req = req
             .body(Body::from(body.map(|b| b.to_string()).unwrap_or_default()))
-            .map_err(|e| CallError {
-                status: StatusCode::BAD_REQUEST,
-                code: "bad_request".into(),
-                message: e.to_string(),
-            })?;
-        let internal = |m: String| CallError {
-            status: StatusCode::INTERNAL_SERVER_ERROR,
-            code: "internal".into(),
-            message: m,
-        };
+            .map_err(|e| CallError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
+        let internal = |m: String| CallError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", m);
         let resp = self
             .app
             .clone()

@@ -9,7 +9,7 @@ use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use serde_json::{json, Value};
 
-use super::html::{self, age, csrf_field, esc, num, table, time_el};
+use super::html::{self, age, csrf_field, esc, hidden, num, plural, table, time_el};
 use super::{field, redirect, CallError, Console, Form, Viewer};
 use crate::http::percent_encode as enc;
 
@@ -46,6 +46,16 @@ fn head(title: &str) -> String {
     )
 }
 
+/// An HTML answer.
+fn html_answer(status: StatusCode, body: String) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
+        body,
+    )
+        .into_response()
+}
+
 /// A page without navigation (sign-in, errors before sign-in).
 pub fn message(status: StatusCode, title: &str, text: &str) -> Response {
     let body = format!(
@@ -55,12 +65,7 @@ pub fn message(status: StatusCode, title: &str, text: &str) -> Response {
         esc(title),
         esc(text)
     );
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        body,
-    )
-        .into_response()
+    html_answer(status, body)
 }
 
 /// The sign-in form.
@@ -78,12 +83,7 @@ pub fn login(problem: Option<&str>, status: StatusCode) -> Response {
 </main></body></html>",
         head("Sign in")
     );
-    (
-        status,
-        [(header::CONTENT_TYPE, "text/html; charset=utf-8")],
-        body,
-    )
-        .into_response()
+    html_answer(status, body)
 }
 
 /// `POST /ui/login`: a session for a valid token.
@@ -147,9 +147,8 @@ fn page_with(
     live: bool,
     status: StatusCode,
 ) -> Response {
-    let html_type = [(header::CONTENT_TYPE, "text/html; charset=utf-8")];
     if fragment {
-        return (status, html_type, body).into_response();
+        return html_answer(status, body);
     }
     let mut nav = String::new();
     let mut links: Vec<(&str, String)> = Vec::new();
@@ -210,7 +209,7 @@ fn page_with(
         head(title),
         esc(&v.base)
     );
-    (status, html_type, out).into_response()
+    html_answer(status, out)
 }
 
 fn error_page(v: &Viewer, e: CallError, fragment: bool) -> Response {
@@ -265,7 +264,7 @@ pub async fn dispatch(
                     None,
                 )
                 .await;
-            done(v, r.map(|_| format!("{}/tenants/{}", v.base, enc(t))))
+            r.map(|_| redirect(&format!("{}/tenants/{}", v.base, enc(t))))
         }
         (Method::POST, ["tenants", t, "portal-link"]) => portal_link(c, v, t, form).await,
         (Method::GET, ["hooks"]) => find_hook(c, v, q, fragment).await,
@@ -277,21 +276,16 @@ pub async fn dispatch(
         (Method::POST, ["archive", "replay"]) => archive_replay(c, v, form).await,
         (Method::GET, ["audit"]) => audit(c, v, q, fragment).await,
         (Method::GET, ["quarantine"]) if v.admin => quarantine(c, v, q, fragment).await,
-        _ => Err(CallError {
-            status: StatusCode::NOT_FOUND,
-            code: "not_found".into(),
-            message: "There is no such page.".into(),
-        }),
+        _ => Err(CallError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "There is no such page.",
+        )),
     };
     r.unwrap_or_else(|e| error_page(v, e, fragment))
 }
 
 type Page = Result<Response, CallError>;
-
-/// After an action: back to `to` (303), or its error.
-fn done(_v: &Viewer, r: Result<String, CallError>) -> Page {
-    r.map(|to| redirect(&to))
-}
 
 fn s<'a>(v: &'a Value, k: &str) -> &'a str {
     v[k].as_str().unwrap_or("")
@@ -303,6 +297,43 @@ fn n(v: &Value, k: &str) -> i64 {
 
 fn count_cell(v: i64) -> String {
     format!("<span class=\"num\">{v}</span>")
+}
+
+/// How long ago `oldest_due_at_ms` of a tenant's or a node's view was, or a dash.
+fn oldest_due(view: &Value) -> String {
+    view["oldest_due_at_ms"]
+        .as_u64()
+        .map(|t| age(ankusa_keyspace::now_ms().saturating_sub(t)))
+        .unwrap_or_else(|| "—".into())
+}
+
+fn tenant_link(v: &Viewer, t: &str) -> String {
+    format!(
+        "<a href=\"{}/tenants/{}\">{}</a>",
+        esc(&v.base),
+        enc(t),
+        esc(t)
+    )
+}
+
+fn hook_link(v: &Viewer, id: &str) -> String {
+    format!(
+        "<a href=\"{}/hooks/{}\"><code>{}</code></a>",
+        esc(&v.base),
+        enc(id),
+        esc(id)
+    )
+}
+
+/// A time the form gives (`YYYY-MM-DD HH:MM`, UTC) in ms, or 400 naming the field.
+fn time_param(field: &str, value: &str) -> Result<u64, CallError> {
+    html::parse_time(value).ok_or_else(|| {
+        CallError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("{field}: {value:?} is not a time (YYYY-MM-DD HH:MM, UTC)"),
+        )
+    })
 }
 
 // ----- Overview -----------------------------------------------------------------------------
@@ -401,10 +432,7 @@ async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
     let ingest = super::history::rates(&samples, |s| s.accepted);
     let delivery = super::history::rates(&samples, |s| s.delivered);
     let backlog: Vec<f64> = samples.iter().map(|s| s.backlog as f64).collect();
-    let oldest = me["oldest_due_at_ms"]
-        .as_u64()
-        .map(|t| age(ankusa_keyspace::now_ms().saturating_sub(t)))
-        .unwrap_or_else(|| "—".into());
+    let oldest = oldest_due(&me);
     let body = format!(
         "<h1>Overview</h1>\
 <section aria-labelledby=\"h-nodes\"><h2 id=\"h-nodes\">Nodes</h2>{}</section>\
@@ -447,15 +475,19 @@ async fn busiest(c: &Arc<Console>, v: &Viewer) -> Result<Value, CallError> {
             )
             .await;
     };
-    let total = c
-        .call(v, Method::GET, "/v1/tenants?prefix=&top=1", None)
-        .await?;
+    let paths: Vec<String> = ranked
+        .iter()
+        .take(TENANT_PAGE)
+        .map(|t| format!("/v1/tenants/{}", enc(t)))
+        .collect();
+    let (total, views) = tokio::join!(
+        c.call(v, Method::GET, "/v1/tenants?prefix=&top=1", None),
+        futures_util::future::join_all(paths.iter().map(|p| c.call(v, Method::GET, p, None))),
+    );
+    let total = total?;
     let mut tenants = Vec::new();
-    for t in ranked.iter().take(TENANT_PAGE) {
-        match c
-            .call(v, Method::GET, &format!("/v1/tenants/{}", enc(t)), None)
-            .await
-        {
+    for view in views {
+        match view {
             Ok(view) => tenants.push(view),
             // Erased since the ranking.
             Err(e) if e.status == StatusCode::NOT_FOUND => {}
@@ -487,7 +519,6 @@ async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
     } else {
         busiest(c, v).await?
     };
-    let now = ankusa_keyspace::now_ms();
     let rows: Vec<Vec<String>> = r["tenants"]
         .as_array()
         .into_iter()
@@ -495,10 +526,6 @@ async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
         .map(|t| {
             let name = s(t, "tenant");
             let ctr = &t["counters"];
-            let oldest = t["oldest_due_at_ms"]
-                .as_u64()
-                .map(|a| age(now.saturating_sub(a)))
-                .unwrap_or_else(|| "—".into());
             let state = if t["paused_since_ms"].is_u64() {
                 "paused"
             } else if t["erasing_since_ms"].is_u64() {
@@ -507,17 +534,12 @@ async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
                 ""
             };
             vec![
-                format!(
-                    "<a href=\"{}/tenants/{}\">{}</a>",
-                    esc(&v.base),
-                    enc(name),
-                    esc(name)
-                ),
+                tenant_link(v, name),
                 count_cell(n(ctr, "pending")),
                 count_cell(n(ctr, "scheduled")),
                 count_cell(n(ctr, "inflight")),
                 count_cell(n(ctr, "dead")),
-                oldest,
+                oldest_due(t),
                 html::sparkline(
                     &format!("Backlog of {name} over the last hour"),
                     &c.history.tenant(name),
@@ -558,12 +580,7 @@ fn hook_rows(v: &Viewer, items: &[Value]) -> Vec<Vec<String>> {
         .iter()
         .map(|h| {
             vec![
-                format!(
-                    "<a href=\"{}/hooks/{}\"><code>{}</code></a>",
-                    esc(&v.base),
-                    enc(s(h, "id")),
-                    esc(s(h, "id"))
-                ),
+                hook_link(v, s(h, "id")),
                 esc(s(h, "source")),
                 time_el(h["received_ms"].as_u64().unwrap_or(0)),
                 format!("{} B", h["size"].as_u64().unwrap_or(0)),
@@ -586,25 +603,20 @@ fn dead_rows(v: &Viewer, items: &[Value], with_tenant: bool) -> Vec<Vec<String>>
             let id = s(d, "id");
             let mut row = vec![time_el(d["at_ms"].as_u64().unwrap_or(0))];
             if with_tenant {
-                row.push(format!(
-                    "<a href=\"{}/tenants/{}\">{}</a>",
-                    esc(&v.base),
-                    enc(s(d, "tenant")),
-                    esc(s(d, "tenant"))
-                ));
+                row.push(tenant_link(v, s(d, "tenant")));
             }
             row.extend([
-                format!("<a href=\"{}/hooks/{}\"><code>{}</code></a>", esc(&v.base), enc(s(d, "hook_id")), esc(s(d, "hook_id"))),
+                hook_link(v, s(d, "hook_id")),
                 esc(s(d, "source")),
                 esc(s(d, "sink")),
                 count_cell(n(d, "attempts")),
                 format!("{} {}", n(d, "last_status"), esc(s(d, "last_error"))),
                 format!(
-                    "<form method=\"post\" action=\"{}/dlq/replay\" class=\"inline\">{}<input type=\"hidden\" name=\"ids\" value=\"{}\"><input type=\"hidden\" name=\"tenant\" value=\"{}\"><button type=\"submit\" aria-label=\"Replay the dead delivery of {} to {}\">Replay</button></form>",
+                    "<form method=\"post\" action=\"{}/dlq/replay\" class=\"inline\">{}{}{}<button type=\"submit\" aria-label=\"Replay the dead delivery of {} to {}\">Replay</button></form>",
                     esc(&v.base),
                     csrf_field(&v.csrf),
-                    esc(id),
-                    esc(s(d, "tenant")),
+                    hidden("ids", id),
+                    hidden("tenant", s(d, "tenant")),
                     esc(s(d, "hook_id")),
                     esc(s(d, "sink"))
                 ),
@@ -626,46 +638,33 @@ const DEAD_HEADERS: [&str; 7] = [
 
 async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
     let te = enc(t);
-    let view = c
-        .call(v, Method::GET, &format!("/v1/tenants/{te}"), None)
-        .await?;
-    let dead = c
-        .call(
-            v,
-            Method::GET,
-            &format!("/v1/dlq?tenant={te}&limit=20"),
-            None,
-        )
-        .await?;
-    let recent = c
-        .call(
-            v,
-            Method::GET,
-            &format!("/v1/hooks?tenant={te}&limit=20"),
-            None,
-        )
-        .await?;
+    let paths = [
+        format!("/v1/tenants/{te}"),
+        format!("/v1/dlq?tenant={te}&limit=20"),
+        format!("/v1/hooks?tenant={te}&limit=20"),
+    ];
+    let (view, dead, recent) = tokio::join!(
+        c.call(v, Method::GET, &paths[0], None),
+        c.call(v, Method::GET, &paths[1], None),
+        c.call(v, Method::GET, &paths[2], None),
+    );
+    let (view, dead, recent) = (view?, dead?, recent?);
     let ctr = &view["counters"];
-    let now = ankusa_keyspace::now_ms();
     let cfg = c.api.config.load();
     let sources: Vec<Vec<String>> = cfg
         .sources
         .iter()
-        .filter(|src| {
-            super::super::admin::sources::source_tenant(&cfg, &src.id)
-                .is_none_or(|fixed| fixed == t)
-        })
-        .map(|src| {
-            let shared = super::super::admin::sources::source_tenant(&cfg, &src.id).is_none();
-            vec![
+        .filter_map(|src| {
+            let own = match crate::admin::sources::source_tenant(&cfg, &src.id) {
+                Some(fixed) if fixed != t => return None,
+                Some(_) => "this tenant's own",
+                None => "shared (tenant from the request)",
+            };
+            Some(vec![
                 format!("<code>{}</code>", esc(&src.id)),
-                if shared {
-                    "shared (tenant from the request)".into()
-                } else {
-                    "this tenant's own".into()
-                },
+                own.to_owned(),
                 esc(&src.route),
-            ]
+            ])
         })
         .collect();
     let paused = view["paused_since_ms"].as_u64();
@@ -685,8 +684,8 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
     let mut replay_form = String::new();
     if dead_n > 0 {
         replay_form = format!(
-            "<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{csrf}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><button type=\"submit\">Replay all dead rows…</button></form>",
-            esc(t)
+            "<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{csrf}{}<button type=\"submit\">Replay all dead rows…</button></form>",
+            hidden("tenant", t)
         );
         if operator {
             let _ = write!(
@@ -703,10 +702,7 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
     } else {
         String::new()
     };
-    let oldest = view["oldest_due_at_ms"]
-        .as_u64()
-        .map(|a| age(now.saturating_sub(a)))
-        .unwrap_or_else(|| "—".into());
+    let oldest = oldest_due(&view);
     let dead_items = dead["items"].as_array().cloned().unwrap_or_default();
     let recent_items = recent["items"].as_array().cloned().unwrap_or_default();
     let body = format!(
@@ -716,7 +712,7 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
 <div><dt>Oldest due</dt><dd>{oldest}</dd></div></dl>\
 <figure class=\"chart small\"><figcaption>Backlog, a sample a minute</figcaption>{}</figure>\
 <div class=\"actions\">{pause_form}{replay_form}</div>{portal_form}\
-<form method=\"get\" action=\"{base}/hooks\" class=\"row\" role=\"search\"><input type=\"hidden\" name=\"tenant\" value=\"{}\">\
+<form method=\"get\" action=\"{base}/hooks\" class=\"row\" role=\"search\">{}\
 <label for=\"delivery\">Find by the provider's delivery id</label><input id=\"delivery\" name=\"delivery\"><button type=\"submit\">Find</button></form>\
 <section aria-labelledby=\"h-src\"><h2 id=\"h-src\">Sources</h2>{}</section>\
 <section aria-labelledby=\"h-dead\"><h2 id=\"h-dead\">Dead letters</h2>{}<p><a href=\"{base}/dlq?tenant={te}\">All dead letters of this tenant</a></p></section>\
@@ -730,7 +726,7 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
         n(ctr, "inflight"),
         n(ctr, "bytes"),
         html::sparkline(&format!("Backlog of {t} over the last hour"), &c.history.tenant(t)),
-        esc(t),
+        hidden("tenant", t),
         table("Sources this tenant's hooks can come in through", &["Source", "Tenant", "Route"], &sources),
         table("The newest dead letters", &DEAD_HEADERS, &dead_rows(v, &dead_items, false)),
         table("The newest hooks the node's log keeps", &["Hook", "Source", "Received", "Size", "Sinks"], &hook_rows(v, &recent_items)),
@@ -758,10 +754,12 @@ async fn purge(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page {
             .await?;
         let dead = n(&view["counters"], "dead");
         let body = format!(
-            "<h1>Purge the dead rows of {}?</h1><p class=\"alert\" role=\"alert\">This deletes <strong>{dead}</strong> dead rows for good. It cannot be undone.</p>\
-<form method=\"post\" action=\"{}/tenants/{te}/purge\" class=\"inline\">{}<input type=\"hidden\" name=\"confirm\" value=\"yes\"><button type=\"submit\" class=\"danger\" autofocus>Delete {dead} rows</button></form> <a href=\"{}/tenants/{te}\">Cancel</a>",
+            "<h1>Purge the dead rows of {}?</h1><p class=\"alert\" role=\"alert\">This deletes <strong>{}</strong> for good. It cannot be undone.</p>\
+<form method=\"post\" action=\"{}/tenants/{te}/purge\" class=\"inline\">{}<input type=\"hidden\" name=\"confirm\" value=\"yes\"><button type=\"submit\" class=\"danger\" autofocus>Delete {}</button></form> <a href=\"{}/tenants/{te}\">Cancel</a>",
             esc(t),
+            plural(dead, "dead row"),
             esc(&v.base),
+            plural(dead, "row"),
             csrf_field(&v.csrf),
             esc(&v.base),
         );
@@ -776,8 +774,8 @@ async fn purge(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page {
         )
         .await?;
     let body = format!(
-        "<h1>Purged</h1><p role=\"status\">{} dead rows of {} deleted.</p><p><a href=\"{}/tenants/{te}\">Back to the tenant</a></p>",
-        n(&r, "dead"),
+        "<h1>Purged</h1><p role=\"status\">{} of {} deleted.</p><p><a href=\"{}/tenants/{te}\">Back to the tenant</a></p>",
+        plural(n(&r, "dead"), "dead row"),
         esc(t),
         esc(&v.base)
     );
@@ -838,10 +836,7 @@ async fn find_hook(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Pa
     }
     let base = esc(&v.base);
     let tenant_input = if v.portal.is_some() {
-        format!(
-            "<input type=\"hidden\" name=\"tenant\" value=\"{}\">",
-            esc(&tenant)
-        )
+        hidden("tenant", &tenant)
     } else {
         format!("<label for=\"tenant\">Tenant</label><input id=\"tenant\" name=\"tenant\" value=\"{}\" required>", esc(&tenant))
     };
@@ -885,11 +880,10 @@ fn render_hook(v: &Viewer, h: &Value, with_body: bool) -> String {
     let id = s(h, "id");
     let mut out = format!(
         "<h1>Hook <code class=\"id\">{}</code></h1><dl class=\"facts\">\
-<div><dt>Tenant</dt><dd><a href=\"{base}/tenants/{}\">{}</a></dd></div><div><dt>Source</dt><dd>{}</dd></div>\
+<div><dt>Tenant</dt><dd>{}</dd></div><div><dt>Source</dt><dd>{}</dd></div>\
 <div><dt>Received</dt><dd>{}</dd></div><div><dt>Size</dt><dd>{} B</dd></div><div><dt>Content type</dt><dd>{}</dd></div></dl>",
         esc(id),
-        enc(s(h, "tenant")),
-        esc(s(h, "tenant")),
+        tenant_link(v, s(h, "tenant")),
         esc(s(h, "source")),
         time_el(h["received_ms"].as_u64().unwrap_or(0)),
         h["size"].as_u64().unwrap_or(0),
@@ -921,10 +915,7 @@ fn render_hook(v: &Viewer, h: &Value, with_body: bool) -> String {
             esc(name),
             esc(state),
             esc(state),
-            match sink["attempts"].as_u64().unwrap_or(0) {
-                1 => "1 attempt".to_owned(),
-                n => format!("{n} attempts"),
-            },
+            plural(n(sink, "attempts"), "attempt"),
             sink["next_attempt_ms"]
                 .as_u64()
                 .map(|t| format!("; next attempt {}", time_el(t)))
@@ -1017,12 +1008,7 @@ async fn dlq(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
     }
     for (k, val) in [("from", from), ("to", to)] {
         if let Some(x) = val {
-            let ms = html::parse_time(x).ok_or_else(|| CallError {
-                status: StatusCode::BAD_REQUEST,
-                code: "bad_request".into(),
-                message: format!("{k}: {x:?} is not a time (YYYY-MM-DD HH:MM, UTC)"),
-            })?;
-            let _ = write!(path, "&{k}_ms={ms}");
+            let _ = write!(path, "&{k}_ms={}", time_param(k, x)?);
             let _ = write!(carry, "&amp;{k}={}", enc(x));
         }
     }
@@ -1041,17 +1027,15 @@ async fn dlq(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
             enc(n)
         )
     });
-    let hidden = |k: &str, val: Option<&str>| {
-        val.map(|x| format!("<input type=\"hidden\" name=\"{k}\" value=\"{}\">", esc(x)))
-            .unwrap_or_default()
-    };
-    let selection = [
-        hidden("tenant", tenant.as_deref()),
-        hidden("source", source),
-        hidden("from", from),
-        hidden("to", to),
+    let selection: String = [
+        ("tenant", tenant.as_deref()),
+        ("source", source),
+        ("from", from),
+        ("to", to),
     ]
-    .concat();
+    .into_iter()
+    .filter_map(|(k, val)| val.map(|x| hidden(k, x)))
+    .collect();
     let bulk = if tenant.is_some() || source.is_some() || from.is_some() || to.is_some() {
         format!(
             "<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{csrf}{selection}<button type=\"submit\">Replay every row that matches…</button></form>"
@@ -1113,12 +1097,7 @@ async fn dlq_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
     }
     for k in ["from", "to"] {
         if let Some(x) = field(form, k) {
-            let ms = html::parse_time(x).ok_or_else(|| CallError {
-                status: StatusCode::BAD_REQUEST,
-                code: "bad_request".into(),
-                message: format!("{k}: {x:?} is not a time"),
-            })?;
-            req[format!("{k}_ms")] = json!(ms);
+            req[format!("{k}_ms")] = json!(time_param(k, x)?);
         }
     }
     let base = esc(&v.base);
@@ -1127,23 +1106,18 @@ async fn dlq_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
         dry["dry_run"] = json!(true);
         let r = c.call(v, Method::POST, "/v1/dlq/replay", Some(dry)).await?;
         let matched = n(&r, "matched");
-        let hidden: String = form
+        let selection: String = form
             .iter()
             .filter(|(k, _)| k != "csrf" && k != "confirm")
-            .map(|(k, val)| {
-                format!(
-                    "<input type=\"hidden\" name=\"{}\" value=\"{}\">",
-                    esc(k),
-                    esc(val)
-                )
-            })
+            .map(|(k, val)| hidden(k, val))
             .collect();
         let body = format!(
             "<h1>Replay dead letters?</h1><p role=\"status\"><strong>{matched}</strong> dead {} will move back to the queue and be delivered again.</p>\
-<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{}{hidden}<input type=\"hidden\" name=\"confirm\" value=\"yes\"><button type=\"submit\" autofocus>Replay {matched} {}</button></form> <a href=\"{base}/dlq{}\">Cancel</a>",
+<form method=\"post\" action=\"{base}/dlq/replay\" class=\"inline\">{}{selection}{}<button type=\"submit\" autofocus>Replay {}</button></form> <a href=\"{base}/dlq{}\">Cancel</a>",
             if matched == 1 { "row" } else { "rows" },
             csrf_field(&v.csrf),
-            if matched == 1 { "row" } else { "rows" },
+            hidden("confirm", "yes"),
+            plural(matched, "row"),
             tenant.as_deref().map(|t| format!("?tenant={}", enc(t))).unwrap_or_default(),
         );
         return Ok(page(
@@ -1157,9 +1131,8 @@ async fn dlq_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
     }
     let r = c.call(v, Method::POST, "/v1/dlq/replay", Some(req)).await?;
     let body = format!(
-        "<h1>Replayed</h1><p role=\"status\">{} dead {} moved back to the queue.</p><p><a href=\"{base}/dlq{}\">Back to the dead letters</a></p>",
-        n(&r, "revived"),
-        if n(&r, "revived") == 1 { "row" } else { "rows" },
+        "<h1>Replayed</h1><p role=\"status\">{} moved back to the queue.</p><p><a href=\"{base}/dlq{}\">Back to the dead letters</a></p>",
+        plural(n(&r, "revived"), "dead row"),
         tenant.as_deref().map(|t| format!("?tenant={}", enc(t))).unwrap_or_default(),
     );
     Ok(page(v, "Replayed", "Dead letters", body, false, false))
@@ -1271,9 +1244,9 @@ async fn archive(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
                 time_el(a["expires_ms"].as_u64().unwrap_or(0)),
                 format!("{} B", a["size"].as_u64().unwrap_or(0)),
                 format!(
-                    "<form method=\"post\" action=\"{base}/archive/replay\" class=\"inline\">{csrf}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><input type=\"hidden\" name=\"ids\" value=\"{}\"><button type=\"submit\" aria-label=\"Replay archived hook {}\">Replay</button></form>",
-                    esc(&t),
-                    esc(s(a, "id")),
+                    "<form method=\"post\" action=\"{base}/archive/replay\" class=\"inline\">{csrf}{}{}<button type=\"submit\" aria-label=\"Replay archived hook {}\">Replay</button></form>",
+                    hidden("tenant", &t),
+                    hidden("ids", s(a, "id")),
                     esc(s(a, "id"))
                 ),
             ]
@@ -1310,14 +1283,14 @@ async fn archive_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
     let base = esc(&v.base);
     if field(form, "confirm") != Some("yes") {
         let body = format!(
-            "<h1>Replay from the archive?</h1><p role=\"status\"><strong>{}</strong> archived {} of {} will be committed again as new hooks and delivered.</p>\
-<form method=\"post\" action=\"{base}/archive/replay\" class=\"inline\">{}<input type=\"hidden\" name=\"tenant\" value=\"{}\"><input type=\"hidden\" name=\"ids\" value=\"{}\"><input type=\"hidden\" name=\"confirm\" value=\"yes\"><button type=\"submit\" autofocus>Replay</button></form> <a href=\"{base}/archive?tenant={}\">Cancel</a>",
-            ids.len(),
-            if ids.len() == 1 { "hook" } else { "hooks" },
+            "<h1>Replay from the archive?</h1><p role=\"status\">{} of {} will be committed again as new hooks and delivered.</p>\
+<form method=\"post\" action=\"{base}/archive/replay\" class=\"inline\">{}{}{}{}<button type=\"submit\" autofocus>Replay</button></form> <a href=\"{base}/archive?tenant={}\">Cancel</a>",
+            plural(ids.len() as i64, "archived hook"),
             esc(&tenant),
             csrf_field(&v.csrf),
-            esc(&tenant),
-            esc(&ids.join(",")),
+            hidden("tenant", &tenant),
+            hidden("ids", &ids.join(",")),
+            hidden("confirm", "yes"),
             enc(&tenant),
         );
         return Ok(page(v, "Confirm replay", "Archive", body, false, false));
