@@ -159,7 +159,8 @@ pub async fn tenant(
 
 /// Every tenant with work — due rows now or later (every bucket of the active index), dead
 /// rows (a skip scan of their index, one key per tenant), and `more` (paused tenants, whose
-/// markers dispatch took out) — each with its counters, bounded as the gauges' read is.
+/// markers dispatch took out) — each with its counters, bounded as the gauges' read is;
+/// the most work first ([`work_order`], then the oldest ordinal).
 pub(crate) fn with_work(
     store: &ankusa_store::Store,
     more: impl IntoIterator<Item = ankusa_keyspace::TenantOrd>,
@@ -183,7 +184,13 @@ pub(crate) fn with_work(
         let name = tenants::name(store, ord)?.unwrap_or_default();
         out.push((name, ord, counters));
     }
+    by_work(&mut out);
     Ok(out)
+}
+
+/// Most work first ([`work_order`]), then the oldest ordinal.
+fn by_work(tenants: &mut [(String, ankusa_keyspace::TenantOrd, Counters)]) {
+    tenants.sort_by(|x, y| work_order(&y.2).cmp(&work_order(&x.2)).then(x.1.cmp(&y.1)));
 }
 
 /// How `/v1/tenants` orders tenants, greatest first: the most pending, then the most
@@ -229,11 +236,14 @@ pub async fn tenants_top(
         .unwrap_or(100)
         .clamp(1, api.config.load().admin.max_page);
     let a = api.clone();
-    if q.prefix.is_some() || q.after.is_some() {
-        let prefix = q.prefix.unwrap_or_default();
-        return blocking(move || {
+    let listing = q.prefix.is_some() || q.after.is_some();
+    blocking(move || {
+        let store = &a.store;
+        // The page's tenants, then each read whole.
+        let (page, next) = if listing {
+            let prefix = q.prefix.unwrap_or_default();
             let listed = match &c.scope {
-                Scope::Admin => tenants::list(&a.store, &prefix, q.after.as_deref(), n)?,
+                Scope::Admin => tenants::list(store, &prefix, q.after.as_deref(), n)?,
                 Scope::Tenants(ts) => {
                     let mut out = Vec::new();
                     let after = q.after.as_deref().unwrap_or("");
@@ -244,7 +254,7 @@ pub async fn tenants_top(
                         if out.len() >= n {
                             break;
                         }
-                        if let Some(ord) = tenants::ord(&a.store, t)? {
+                        if let Some(ord) = tenants::ord(store, t)? {
                             out.push((t.clone(), ord));
                         }
                     }
@@ -254,49 +264,34 @@ pub async fn tenants_top(
             let next = (listed.len() >= n)
                 .then(|| listed.last().map(|(t, _)| t.clone()))
                 .flatten();
-            let views = listed
-                .into_iter()
-                .map(|(name, ord)| TenantView::read(&a, name, ord))
-                .collect::<Result<Vec<_>, _>>()?;
-            let multi = a.cluster.is_multi();
-            Ok(Json(TenantsTop {
-                tenants: views,
-                total: u64::from(tenants::count(&a.store)?),
-                owned: multi.then(|| a.cluster.owned() as u64),
-                registered: multi
-                    .then(|| a.cluster.registry().map(|r| r.len() as u64))
-                    .flatten(),
-                next,
-                nodes: None,
-                unavailable: None,
-            })
-            .into_response())
-        })
-        .await;
-    }
-    blocking(move || {
-        let store = &a.store;
-        let mut views = Vec::new();
-        match &c.scope {
-            Scope::Admin => {
+            (listed, next)
+        } else {
+            let mut ranked = match &c.scope {
                 // And the paused ones: dispatch took their markers out.
-                let paused = a.paused.ords(crate::metrics::gauges::ACTIVE_SAMPLE);
-                views = with_work(store, paused)?;
-            }
-            Scope::Tenants(ts) => {
-                for t in ts {
-                    if let Some(ord) = tenants::ord(store, t)? {
-                        views.push((t.clone(), ord, counters::read(store, ord)?));
-                    }
+                Scope::Admin => {
+                    with_work(store, a.paused.ords(crate::metrics::gauges::ACTIVE_SAMPLE))?
                 }
-            }
-        }
-        // The page first (ordered by the counters), then each of its tenants read whole.
-        views.sort_by(|x, y| work_order(&y.2).cmp(&work_order(&x.2)).then(x.1.cmp(&y.1)));
-        views.truncate(n);
-        let views = views
+                Scope::Tenants(ts) => {
+                    let mut out = Vec::new();
+                    for t in ts {
+                        if let Some(ord) = tenants::ord(store, t)? {
+                            out.push((t.clone(), ord, counters::read(store, ord)?));
+                        }
+                    }
+                    by_work(&mut out);
+                    out
+                }
+            };
+            ranked.truncate(n);
+            let page = ranked
+                .into_iter()
+                .map(|(name, ord, _)| (name, ord))
+                .collect();
+            (page, None)
+        };
+        let views = page
             .into_iter()
-            .map(|(name, ord, _)| TenantView::read(&a, name, ord))
+            .map(|(name, ord)| TenantView::read(&a, name, ord))
             .collect::<Result<Vec<_>, _>>()?;
         let multi = a.cluster.is_multi();
         Ok(Json(TenantsTop {
@@ -306,7 +301,7 @@ pub async fn tenants_top(
             registered: multi
                 .then(|| a.cluster.registry().map(|r| r.len() as u64))
                 .flatten(),
-            next: None,
+            next,
             nodes: None,
             unavailable: None,
         })

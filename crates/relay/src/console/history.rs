@@ -225,10 +225,6 @@ fn tenant_backlogs(store: &Store) -> Result<TenantRead, QueueError> {
         })
         .filter(|(_, b)| *b > 0)
         .collect();
-    ranked.sort_by(|x, y| {
-        let order = crate::admin::tenants::work_order;
-        order(&y.2).cmp(&order(&x.2)).then(x.1.cmp(&y.1))
-    });
     ranked.truncate(TOP);
     Ok((backlogs, ranked.into_iter().map(|(n, _, _)| n).collect()))
 }
