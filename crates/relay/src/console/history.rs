@@ -128,7 +128,7 @@ impl History {
         let c = counters::node(store)?;
         let node = NodeSample {
             at_ms: now,
-            accepted: metrics.accepted.load(std::sync::atomic::Ordering::Relaxed),
+            accepted: metrics.accepted(config.sources.iter().map(|s| s.id.as_str())),
             delivered,
             backlog: c.pending + c.scheduled + c.inflight,
             dead: c.dead,

@@ -336,9 +336,6 @@ pub struct Metrics {
     pub delivery_attempts: Family<SinkOutcome, Counter>,
     /// Each sink's fine latency buckets (for the console; not exported).
     sink_recent: std::sync::Mutex<std::collections::HashMap<String, Arc<LatencyLog>>>,
-    /// Hooks accepted (202) since the start, for the console's charts (the exported series
-    /// is `ankusa_ingest_requests_total{outcome="accepted"}`, by source).
-    pub accepted: Arc<std::sync::atomic::AtomicU64>,
     /// The console's sign-ins held.
     pub console_sessions: Gauge,
     /// Console sign-ins by outcome (ok, refused, full).
@@ -802,7 +799,6 @@ impl Metrics {
             quarantine_dropped,
             dedupe_swept,
             sink_recent: Default::default(),
-            accepted: Default::default(),
             console_sessions,
             console_sign_ins,
             console_history_tenants,
@@ -868,11 +864,22 @@ impl Metrics {
             .inc();
     }
 
+    /// Hooks `sources` accepted (202) since the start: their
+    /// `ankusa_ingest_requests_total{outcome="accepted"}` series, summed.
+    pub fn accepted<'a>(&self, sources: impl Iterator<Item = &'a str>) -> u64 {
+        sources
+            .map(|source| {
+                self.ingest_requests
+                    .get_or_create(&IngestLabels {
+                        source: source.to_owned(),
+                        outcome: "accepted".to_owned(),
+                    })
+                    .get()
+            })
+            .sum()
+    }
+
     pub fn ingest(&self, source: &str, outcome: &str) {
-        if outcome == "accepted" {
-            self.accepted
-                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
         self.ingest_requests
             .get_or_create(&IngestLabels {
                 source: source.to_owned(),
@@ -961,6 +968,21 @@ mod tests {
             super::to_prometheus_text(om),
             "# HELP a_requests_total Requests.\n# TYPE a_requests_total counter\na_requests_total{x=\"1\"} 2\n# HELP g A gauge.\n# TYPE g gauge\ng 1\n"
         );
+    }
+
+    #[test]
+    fn accepted_hooks_are_the_sum_of_the_sources_accepted_series() {
+        let m = super::Metrics::new();
+        for (source, outcome) in [
+            ("a", "accepted"),
+            ("a", "accepted"),
+            ("b", "accepted"),
+            ("b", "rejected"),
+        ] {
+            m.ingest(source, outcome);
+        }
+        assert_eq!(m.accepted(["a", "b"].into_iter()), 3);
+        assert_eq!(m.accepted(["b", "c"].into_iter()), 1);
     }
 
     #[test]
