@@ -161,6 +161,26 @@ impl Relay {
         }
     }
 
+    /// Sends `n` deliveries `<prefix>-<i>` of `tenant` to the nodes in turn, each acked
+    /// (202); adds their ids to `acked`.
+    fn send_acked(
+        &self,
+        c: &Client,
+        tenant: &str,
+        prefix: &str,
+        n: usize,
+        acked: &mut HashSet<String>,
+    ) {
+        self.rt.block_on(async {
+            for i in 0..n {
+                let d = format!("{prefix}-{i}");
+                let a = self.send(c, i % self.specs.len(), tenant, &d).await;
+                assert_eq!(a.status, 202, "{d}: {:?}", a.json());
+                acked.insert(d);
+            }
+        });
+    }
+
     /// The tail of every node's log.
     fn logs(&self) -> String {
         self.specs
@@ -398,14 +418,7 @@ fn a_killed_owner_makes_only_its_tenants_wait_and_loses_no_acked_hook() {
     let t = owned[victim][0].clone();
     let c = client();
     let mut acked = HashSet::new();
-    r.rt.block_on(async {
-        for n in 0..20 {
-            let d = format!("before-{n}");
-            let a = r.send(&c, n % 3, &t, &d).await;
-            assert_eq!(a.status, 202);
-            acked.insert(d);
-        }
-    });
+    r.send_acked(&c, &t, "before", 20, &mut acked);
     r.kill9(victim);
     r.rt.block_on(async {
         for i in 0..3 {
@@ -433,14 +446,7 @@ fn a_killed_owner_makes_only_its_tenants_wait_and_loses_no_acked_hook() {
         assert_eq!(v.1["error"], "owner_unavailable");
     });
     r.start(victim);
-    r.rt.block_on(async {
-        for n in 0..10 {
-            let d = format!("after-{n}");
-            let a = r.send(&c, n % 3, &t, &d).await;
-            assert_eq!(a.status, 202, "{:?}", a.json());
-            acked.insert(d);
-        }
-    });
+    r.send_acked(&c, &t, "after", 10, &mut acked);
     let got = r.await_delivered(&acked, Duration::from_secs(60));
     // At least once: a delivery the kill cut short is sent again after the restart; no
     // other hook is delivered twice.
@@ -1230,13 +1236,7 @@ fn a_paused_owner_makes_its_tenants_wait_and_after_it_resumes_every_retried_deli
     let t = owned[victim][0].clone();
     let c = client();
     let mut acked = HashSet::new();
-    r.rt.block_on(async {
-        for n in 0..9 {
-            let d = format!("before-{n}");
-            assert_eq!(r.send(&c, n % 3, &t, &d).await.status, 202);
-            acked.insert(d);
-        }
-    });
+    r.send_acked(&c, &t, "before", 9, &mut acked);
     let pid = r.procs[victim].as_ref().unwrap().child.id().to_string();
     // A signal to the node process this test started, by its PID.
     let signal = |sig: &str| {
