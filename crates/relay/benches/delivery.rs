@@ -203,18 +203,9 @@ async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Dr
             // Commit the outcomes, then reclaim what they freed.
             let s = store.clone();
             let n = claimed.len() as u64;
-            tokio::task::spawn_blocking(move || {
-                let mut tx = Tx::new();
-                let rows: Vec<_> = claimed.iter().map(|r| (*r, 1)).collect();
-                let last = deliveries::last_needs(&s, &rows).expect("last needs");
-                for (r, last) in claimed.iter().zip(last) {
-                    deliveries::delivered_last(&mut tx, r, last);
-                }
-                tx.commit(&s, false).expect("outcomes");
-                ankusa_queue::reclaim::reclaim_pass(&s, 1_000).expect("reclaim");
-            })
-            .await
-            .expect("commit");
+            tokio::task::spawn_blocking(move || load::settle_delivered(&s, &claimed, false))
+                .await
+                .expect("commit");
             delivered += n;
         }
     })

@@ -285,8 +285,8 @@ impl ankusa_queue::writer::Starts for StartAll {
 /// with the same HTTP exchanges cannot go under.
 fn store_floor(into: &mut Floor) {
     use ankusa_keyspace::AtMs;
-    use ankusa_queue::deliveries::{self, Tx};
-    use ankusa_records::{AttemptOutcome, Envelope, Event};
+    use ankusa_queue::deliveries;
+    use ankusa_records::Envelope;
     let dir = tempfile::tempdir().expect("tempdir");
     let store =
         ankusa_store::Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default())
@@ -316,28 +316,7 @@ fn store_floor(into: &mut Floor) {
         store.sync_wal().expect("sync");
         let mid = load::cpu_time();
         into.ingest += mid - cpu;
-        let mut tx = Tx::new();
-        let needs: Vec<_> = rows.iter().map(|r| (*r, 1)).collect();
-        let last = deliveries::last_needs(&store, &needs).expect("last needs");
-        let at = AtMs(ankusa_keyspace::now_ms());
-        for (r, last) in rows.iter().zip(last) {
-            deliveries::delivered_last(&mut tx, r, last);
-            let ev = Event {
-                kind: ankusa_keyspace::EventKind::Attempt,
-                at,
-                attempt: 1,
-                outcome: Some(AttemptOutcome::Delivered),
-                status: 204,
-                class: None,
-                error: String::new(),
-                latency_us: 300,
-                next_at: None,
-            };
-            ankusa_queue::hooklog::record(&mut tx, &store, r.key.seq, r.key.sink, &ev)
-                .expect("event");
-        }
-        tx.commit(&store, false).expect("outcomes");
-        ankusa_queue::reclaim::reclaim_pass(&store, 1_000).expect("reclaim");
+        load::settle_delivered(&store, &rows, true);
         into.delivery += load::cpu_time() - mid;
     }
     into.hooks += FLOOR_HOOKS;
