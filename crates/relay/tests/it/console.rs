@@ -306,7 +306,7 @@ async fn sessions_are_scoped_csrf_checked_bounded_and_the_portal_framed_as_confi
     sign_in(&node, ADMIN, &[]).await;
     let (s, _, _) = ui(&node, "POST", "/ui/login", &[], &format!("token={ADMIN}")).await;
     assert_eq!(s, 503, "the fourth session is refused");
-    let m = reqwest_metrics(&node).await;
+    let m = metrics_text(&node).await;
     assert!(m.contains("ankusa_console_sessions 3"), "{m}");
     assert!(
         m.contains("ankusa_console_sign_ins_total{outcome=\"full\"} 1"),
@@ -409,7 +409,7 @@ async fn sessions_are_scoped_csrf_checked_bounded_and_the_portal_framed_as_confi
     node.stop().await;
 }
 
-async fn reqwest_metrics(node: &TestNode) -> String {
+async fn metrics_text(node: &TestNode) -> String {
     super::support::get_text(&client(), &format!("http://{}/metrics", node.admin_addr))
         .await
         .1
