@@ -305,7 +305,7 @@ fn spawn_hook_log_prune(
     )
 }
 
-/// The console's samples for its charts, every 10 s (only when the console is on).
+/// The console's samples for its charts, every 10 s.
 fn spawn_console_history(
     store: Arc<Store>,
     api: Arc<Api>,
@@ -313,9 +313,6 @@ fn spawn_console_history(
     history: Arc<crate::console::history::History>,
     stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
-    if !api.config.load().admin.console.enabled {
-        return tokio::spawn(async {});
-    }
     periodic(
         "console history",
         std::time::Duration::from_millis(crate::console::history::INTERVAL_MS),
@@ -1001,7 +998,17 @@ impl Node {
                 )
                 .await?,
         );
-        let background = vec![
+        // The console's samples, when it is on.
+        let console_history = config.admin.console.enabled.then(|| {
+            spawn_console_history(
+                store.clone(),
+                api.clone(),
+                metrics.clone(),
+                history,
+                stop.clone(),
+            )
+        });
+        let mut background = vec![
             pipeline::spawn(
                 store.clone(),
                 deliverer,
@@ -1029,13 +1036,6 @@ impl Node {
                 stop.clone(),
             ),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
-            spawn_console_history(
-                store.clone(),
-                api.clone(),
-                metrics.clone(),
-                history,
-                stop.clone(),
-            ),
             admin::erase::spawn(api.clone(), stop.clone()),
             spawn_write_probe(
                 store.clone(),
@@ -1044,6 +1044,7 @@ impl Node {
                 stop,
             ),
         ];
+        background.extend(console_history);
         ready.store(true, Ordering::Release);
         tracing::info!(recovered_inflight = recovered, "relay node ready");
         Ok(Booted {
