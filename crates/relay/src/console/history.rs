@@ -2,7 +2,7 @@
 //! in memory (a restart starts them again).
 //!
 //! - The node: hooks accepted and delivered (counters, as rates between samples), its
-//!   backlog and dead rows (the counters' point reads): 360 samples.
+//!   backlog (the counters' point reads): 360 samples.
 //! - Each sink: its attempts by outcome and its latency buckets, 31 samples — rates, error
 //!   rate and quantiles over the last five minutes.
 //! - Tenants with work: their backlog every minute, 60 samples, for at most
@@ -40,7 +40,6 @@ pub struct NodeSample {
     pub accepted: u64,
     pub delivered: u64,
     pub backlog: i64,
-    pub dead: i64,
 }
 
 #[derive(Debug, Clone, Default)]
@@ -58,8 +57,6 @@ pub struct SinkStats {
     pub error_rate: Option<f64>,
     pub p50_ms: Option<f64>,
     pub p99_ms: Option<f64>,
-    /// The span the figures cover.
-    pub span_ms: u64,
 }
 
 #[derive(Debug, Default)]
@@ -131,7 +128,6 @@ impl History {
             accepted: metrics.accepted(config.sources.iter().map(|s| s.id.as_str())),
             delivered,
             backlog: c.pending + c.scheduled + c.inflight,
-            dead: c.dead,
         };
         let minute = self.lock().samples % (60_000 / INTERVAL_MS) == 0;
         let tenant_backlogs = if minute {
@@ -203,7 +199,6 @@ impl History {
                 .then(|| 1.0 - d[AttemptLabel::Delivered as usize] as f64 / total as f64),
             p50_ms: LatencyLog::quantile_ms(&first.buckets, &last.buckets, 0.50),
             p99_ms: LatencyLog::quantile_ms(&first.buckets, &last.buckets, 0.99),
-            span_ms,
         })
     }
 }

@@ -247,7 +247,7 @@ pub async fn dispatch(
     let segs: Vec<&str> = segs.iter().map(String::as_str).collect();
     let r = match (method.clone(), segs.as_slice()) {
         (Method::GET, []) => match (&v.portal, v.admin) {
-            (Some(t), _) => tenant(c, v, &t.clone(), fragment).await,
+            (Some(t), _) => tenant(c, v, t, fragment).await,
             (None, true) => overview(c, v, fragment).await,
             (None, false) => tenants(c, v, q, fragment).await,
         },
