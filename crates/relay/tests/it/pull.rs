@@ -347,6 +347,7 @@ async fn every_call_of_the_claim_gateway_and_every_error() {
     ] {
         assert!(m.contains(line), "{line} in\n{m}");
     }
+    node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -444,6 +445,7 @@ async fn a_lease_that_runs_out_is_an_attempt_and_a_late_ack_changes_nothing() {
     .await;
     assert_eq!(s, 200);
     assert_fold(&node);
+    node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -483,6 +485,7 @@ async fn tenants_share_a_pull_sink_round_robin_and_bounds_hold() {
     .await;
     assert_eq!((s, v["hooks"].as_array().map(Vec::len)), (200, Some(1)));
     assert_fold(&node);
+    node.stop().await;
 }
 
 /// The command line's consumer, in a process group of its own (its `--exec` commands die
@@ -587,6 +590,7 @@ async fn a_consumer_that_dies_mid_batch_gets_its_hooks_again_after_the_lease() {
     let c = ankusa_queue::counters::node(&node.store).unwrap();
     assert_eq!((c.inflight, c.pending, c.scheduled, c.bytes), (0, 0, 0, 0));
     assert_fold(&node);
+    node.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -647,6 +651,7 @@ async fn the_python_example_consumer_handles_and_acks_every_hook() {
         String::from_utf8_lossy(&out.stderr).contains("401 unauthorized"),
         "{out:?}"
     );
+    node.stop().await;
 }
 
 fn ids(hooks: &[Value]) -> std::collections::BTreeSet<String> {
