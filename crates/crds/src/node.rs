@@ -109,9 +109,13 @@ pub struct ClusterStatus {
     pub nodes: u32,
     /// Tenants it has taken hooks for as their owner since it started.
     pub tenants_owned: u64,
-    /// On the registry node (the first): tenants the Relay holds, each counted once.
+    /// Tenants it admitted as their owner; the Relay holds the sum over its nodes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants_registered: Option<u64>,
+    /// Its tenant slots: its share of `tenants.max`, plus what other nodes lent it, less
+    /// what it lent them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_slots: Option<u64>,
 }
 
 /// Why and since when the store's writes fail.
@@ -155,6 +159,7 @@ mod tests {
                 nodes: 3,
                 tenants_owned: 4,
                 tenants_registered: Some(10),
+                tenant_slots: Some(12),
             }),
             store_bytes: Some(1 << 30),
             config: Some(ConfigStatus {

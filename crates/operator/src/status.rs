@@ -79,7 +79,7 @@ pub fn status(
                 report.dead = s.counters.dead;
                 report.tenants_owned = s.cluster.as_ref().map(|c| c.tenants_owned as i64);
                 if let Some(n) = s.cluster.as_ref().and_then(|c| c.tenants_registered) {
-                    registered = Some(n as i64);
+                    *registered.get_or_insert(0) += n as i64;
                 }
                 totals.count += i64::from(s.tenants);
                 totals.pending += s.counters.pending;

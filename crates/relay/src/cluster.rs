@@ -10,11 +10,14 @@
 //!   answer, so an ack still means "committed on the node that will deliver it". The owner
 //!   takes a forwarded hook itself, whatever its own view of the node list (no request
 //!   goes round twice). Owner unreachable: 503 `owner_unavailable` with `Retry-After`.
-//! - **The tenant registry**: the first node of `cluster.nodes` keeps every tenant id the
-//!   Relay holds (`m:cluster_tenant:<id>` in its store, synced), so `tenants.max` counts
-//!   tenants relay-wide. An owner asks it once per tenant and process
-//!   (`POST /cluster/v1/tenants/admit`); a tenant the owner already stores is registered
-//!   past the limit (it exists), a new one only below it.
+//! - **The tenant registry** has no single point: `tenants.max` is split into slots among
+//!   the nodes (`ankusa_queue::registry`, an escrow of slots). An owner admits a new tenant
+//!   against its own slots (once per tenant and process, in memory); out of slots,
+//!   it borrows some from another node (`POST /cluster/v1/slots/lend`). A tenant the
+//!   owner already stores is registered whatever its slots (it exists). The Relay's
+//!   tenant count is the sum of the nodes' registered tenants, never above `tenants.max`.
+//!   At start a node reads every other node's ledger (`GET /cluster/v1/slots`) and keeps
+//!   the larger totals: a lost answer's slots, or a lost store's loans, come back.
 //! - **Admin calls** that name a tenant go to its owner (`ankusa-cluster-local` marks a
 //!   call a node sent, answered where it lands); `GET /v1/tenants` asks every node and
 //!   merges.
@@ -35,7 +38,7 @@ use subtle::ConstantTimeEq;
 
 use crate::metrics::{ForwardLabels, KindLabel, Metrics};
 use ankusa_config::Config;
-use ankusa_queue::registry::{Admission, Registry};
+use ankusa_queue::registry::{Admission, Ledger, Registry, Shares};
 use ankusa_queue::QueueError;
 use ankusa_store::{Store, StoreError};
 
@@ -75,8 +78,12 @@ pub struct Cluster {
     metrics: Arc<Metrics>,
     /// Tenants the registry admitted (bounded by `tenants.max` and a ceiling).
     admitted: Mutex<HashSet<String>>,
-    /// On the first node: the registry.
-    registry: Option<Registry>,
+    /// With two nodes or more: this node's part of the tenant registry, and its share.
+    registry: Option<(Registry, Shares)>,
+    /// One loan asked at a time (the others wait and find its slots).
+    borrowing: tokio::sync::Mutex<()>,
+    /// Loans asked, to turn the first node asked.
+    loans: std::sync::atomic::AtomicUsize,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -94,7 +101,7 @@ pub enum ClusterError {
     #[error(transparent)]
     Config(#[from] ankusa_config::ConfigError),
     #[error("opening the tenant registry: {0}")]
-    Registry(#[from] StoreError),
+    Registry(#[from] QueueError),
     #[error("TLS setup for the cluster's client: {0}")]
     Tls(#[from] rustls::Error),
 }
@@ -137,10 +144,13 @@ impl Cluster {
         };
         let multi = members.len() > 1;
         metrics.cluster_nodes.set(members.len().max(1) as i64);
-        let registry = if multi && me == 0 {
-            let r = Registry::open(store.clone(), config.tenants.max)?;
+        let registry = if multi {
+            let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
+            let shares = Shares::of(config.tenants.max, &names, names[me]);
+            let r = Registry::open(store.clone())?;
             metrics.cluster_tenants_registered.set(r.len() as i64);
-            Some(r)
+            metrics.cluster_tenant_slots.set(r.slots(&shares));
+            Some((r, shares))
         } else {
             None
         };
@@ -153,6 +163,8 @@ impl Cluster {
             metrics,
             admitted: Mutex::new(HashSet::new()),
             registry,
+            borrowing: tokio::sync::Mutex::new(()),
+            loans: Default::default(),
         })
     }
 
@@ -185,9 +197,9 @@ impl Cluster {
         &self.members[owner_index(self.members.iter().map(|m| m.name.as_str()), tenant)]
     }
 
-    /// The registry, when this node keeps it.
+    /// This node's part of the tenant registry (two nodes or more).
     pub fn registry(&self) -> Option<&Registry> {
-        self.registry.as_ref()
+        self.registry.as_ref().map(|(r, _)| r)
     }
 
     /// This node's place in the Relay, for `/v1/node` (`None` alone).
@@ -196,13 +208,20 @@ impl Cluster {
             name: self.me().unwrap_or_default().to_owned(),
             nodes: self.members.len() as u32,
             tenants_owned: self.owned() as u64,
-            tenants_registered: self.registry.as_ref().map(|r| r.len() as u64),
+            tenants_registered: self.registry().map(|r| r.len() as u64),
+            tenant_slots: self
+                .registry
+                .as_ref()
+                .map(|(r, s)| r.slots(s).max(0) as u64),
         })
     }
 
-    /// Publishes the registry's size.
-    pub fn set_registered(&self, n: usize) {
-        self.metrics.cluster_tenants_registered.set(n as i64);
+    /// Publishes the registry's size and slots.
+    fn publish(&self) {
+        if let Some((r, s)) = &self.registry {
+            self.metrics.cluster_tenants_registered.set(r.len() as i64);
+            self.metrics.cluster_tenant_slots.set(r.slots(s));
+        }
     }
 
     /// Tenants this node has taken hooks for as their owner since it started.
@@ -222,41 +241,142 @@ impl Cluster {
     }
 
     /// Makes sure the registry holds `tenant` before this node, its owner, stores a hook
-    /// of it: once per tenant and process. `exists`: whether the store already holds it.
-    /// A tenant the store holds is taken at once — it exists, and its hooks must not wait
-    /// for the registry node — and registered in the background (a registry that does not
-    /// answer then misses it until the next try); a new one waits for the registry's word.
+    /// of it: once per tenant and process. `exists`: whether the store already holds it —
+    /// then it is registered whatever this node's slots. A new tenant takes a free slot;
+    /// with none, this node borrows from the others: `Limit` when every other node
+    /// answered that it has none, [`AdmitError::Unreachable`] when one that did not answer
+    /// might have some.
     pub async fn admit(
         self: &Arc<Self>,
         tenant: &str,
         exists: impl FnOnce() -> Result<bool, QueueError>,
     ) -> Result<Admission, AdmitError> {
-        if !self.is_multi() || self.is_admitted(tenant) {
+        let Some((registry, shares)) = &self.registry else {
+            return Ok(Admission::Admitted);
+        };
+        if self.is_admitted(tenant) {
             return Ok(Admission::Admitted);
         }
         let exists = exists()?;
-        if exists && self.registry.is_none() {
-            self.remember(tenant);
-            let (me, t) = (self.clone(), tenant.to_owned());
-            tokio::spawn(async move {
-                if let Err(e) = me.admit_remote(&t, true).await {
-                    tracing::debug!(tenant = %t, error = %e, "registering an existing tenant failed; the next start tries again");
-                }
-            });
-            return Ok(Admission::Admitted);
-        }
-        let answer = match &self.registry {
-            Some(r) => {
-                let a = r.admit(tenant, exists)?;
-                self.metrics.cluster_tenants_registered.set(r.len() as i64);
-                a
+        let mut unreachable = None;
+        loop {
+            let answer = registry.admit(tenant, exists, shares);
+            self.publish();
+            if answer == Admission::Admitted {
+                self.remember(tenant);
+                return Ok(answer);
             }
-            None => self.admit_remote(tenant, exists).await?,
-        };
-        if answer == Admission::Admitted {
-            self.remember(tenant);
+            if let Some(e) = unreachable {
+                return Err(AdmitError::Unreachable(e));
+            }
+            // One loan at a time: a tenant that waited finds the slots it brought.
+            let _one = self.borrowing.lock().await;
+            if registry.admit(tenant, exists, shares) == Admission::Admitted {
+                self.remember(tenant);
+                self.publish();
+                return Ok(Admission::Admitted);
+            }
+            match self.borrow(registry, shares).await {
+                Loan::Got => {}
+                Loan::NoneFree => return Ok(Admission::Limit),
+                Loan::Unanswered(e) => unreachable = Some(e),
+            }
         }
+    }
+
+    /// Asks the other nodes, one after another from a place that turns, to lend slots.
+    async fn borrow(&self, registry: &Registry, shares: &Shares) -> Loan {
+        let want = (shares.share / 4).max(1);
+        let me = self.me().unwrap_or_default();
+        let body = Bytes::from(serde_json::json!({ "to": me, "want": want }).to_string());
+        let n = shares.peers.len();
+        let start = self
+            .loans
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            % n.max(1);
+        let mut unanswered = None;
+        for peer in shares.peers.iter().cycle().skip(start).take(n) {
+            let answer = self
+                .cluster_call(peer, Method::POST, "/cluster/v1/slots/lend", body.clone())
+                .await
+                .and_then(|v| {
+                    let total = v["lent_total"].as_u64();
+                    let given = v["given"].as_u64();
+                    total.zip(given).ok_or_else(|| Unreachable {
+                        node: peer.clone(),
+                        reason: format!("an answer with no loan: {v}"),
+                    })
+                });
+            match answer {
+                Ok((total, given)) => {
+                    if let Err(e) = registry.learn(peer, total, 0) {
+                        tracing::error!(error = %e, "recording a loan");
+                        continue;
+                    }
+                    self.publish();
+                    if given > 0 {
+                        tracing::info!(node = %peer, slots = given, "borrowed tenant slots");
+                        return Loan::Got;
+                    }
+                }
+                Err(e) => unanswered = Some(e),
+            }
+        }
+        match unanswered {
+            Some(e) => Loan::Unanswered(e),
+            None => Loan::NoneFree,
+        }
+    }
+
+    /// Lends `to` up to `want` slots (`POST /cluster/v1/slots/lend`): the slots moved and
+    /// the running total lent to `to`.
+    pub fn lend(&self, to: &str, want: u64) -> Result<(u64, u64), QueueError> {
+        let Some((registry, shares)) = &self.registry else {
+            return Ok((0, 0));
+        };
+        let answer = registry.lend(to, want, shares)?;
+        self.publish();
         Ok(answer)
+    }
+
+    /// Reads every other node's ledger once (retrying one that does not answer every few
+    /// seconds) and keeps the larger totals of the loans between it and this node.
+    pub async fn learn_loans(self: Arc<Self>) {
+        let Some((registry, shares)) = &self.registry else {
+            return;
+        };
+        let me = self.me().unwrap_or_default().to_owned();
+        let mut left: Vec<&String> = shares.peers.iter().collect();
+        while !left.is_empty() {
+            let mut still = Vec::new();
+            for peer in left {
+                match self
+                    .cluster_call(peer, Method::GET, "/cluster/v1/slots", Bytes::new())
+                    .await
+                {
+                    Ok(v) => {
+                        let of = |k: &str| v[k][me.as_str()].as_u64().unwrap_or(0);
+                        if let Err(e) = registry.learn(peer, of("lent"), of("heard")) {
+                            tracing::error!(error = %e, "recording another node's loans");
+                            still.push(peer);
+                        }
+                    }
+                    Err(_) => still.push(peer),
+                }
+            }
+            self.publish();
+            left = still;
+            if !left.is_empty() {
+                tokio::time::sleep(Duration::from_secs(3)).await;
+            }
+        }
+    }
+
+    /// This node's ledger, for `GET /cluster/v1/slots`.
+    pub fn ledger(&self) -> Option<(Ledger, i64)> {
+        self.registry
+            .as_ref()
+            .map(|(r, s)| (r.ledger(), r.slots(s)))
     }
 
     fn remember(&self, tenant: &str) {
@@ -275,30 +395,42 @@ impl Cluster {
             .contains(tenant)
     }
 
-    async fn admit_remote(&self, tenant: &str, exists: bool) -> Result<Admission, Unreachable> {
-        let first = &self.members[0];
-        let body = serde_json::json!({ "tenant": tenant, "exists": exists }).to_string();
+    /// A JSON call to another node's `/cluster/v1/…` (status 200 expected).
+    async fn cluster_call(
+        &self,
+        name: &str,
+        method: Method,
+        path: &str,
+        body: Bytes,
+    ) -> Result<serde_json::Value, Unreachable> {
+        let unreachable = |reason: String| Unreachable {
+            node: name.to_owned(),
+            reason,
+        };
+        let to = self
+            .members
+            .iter()
+            .find(|m| m.name == name)
+            .ok_or_else(|| unreachable("not in the node list".into()))?;
         let mut headers = HeaderMap::new();
         headers.insert("content-type", HeaderValue::from_static("application/json"));
         let r = self
-            .send(
-                "admit",
-                first,
-                &first.admin,
-                Method::POST,
-                "/cluster/v1/tenants/admit",
-                &headers,
-                Bytes::from(body),
-            )
+            .send("slots", to, &to.admin, method, path, &headers, body)
             .await?;
-        match r.status() {
-            StatusCode::OK => Ok(Admission::Admitted),
-            StatusCode::CONFLICT => Ok(Admission::Limit),
-            s => Err(Unreachable {
-                node: first.name.clone(),
-                reason: format!("the registry answered {s}"),
-            }),
+        let status = r.status();
+        let bytes = r
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| unreachable(e.to_string()))?
+            .to_bytes();
+        if status != StatusCode::OK {
+            return Err(unreachable(format!(
+                "{path} answered {status}: {}",
+                String::from_utf8_lossy(&bytes)
+            )));
         }
+        serde_json::from_slice(&bytes).map_err(|e| unreachable(format!("{path}: {e}")))
     }
 
     /// Sends a hook as it came to its owner's ingest listener; the owner's answer.
@@ -483,6 +615,15 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
             | "proxy-connection"
             | TOKEN_HEADER
     )
+}
+
+/// What asking the other nodes for slots came to.
+enum Loan {
+    Got,
+    /// Every other node answered: none free.
+    NoneFree,
+    /// None lent, and one did not answer.
+    Unanswered(Unreachable),
 }
 
 /// Why a tenant could not be admitted.

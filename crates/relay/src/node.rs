@@ -661,6 +661,19 @@ fn set_store_memory(store: &Store, metrics: &Metrics) {
 }
 
 /// Prunes audit rows past `admin.audit_retention_ms`, a bounded batch a minute.
+/// Reads the other nodes' ledgers of tenant slots once (a Relay of several nodes).
+fn spawn_learn_loans(
+    cluster: Arc<Cluster>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = cluster.learn_loans() => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+    })
+}
+
 fn spawn_audit_prune(
     store: Arc<Store>,
     config: &Config,
@@ -1037,6 +1050,7 @@ impl Node {
             ),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
             admin::erase::spawn(api.clone(), stop.clone()),
+            spawn_learn_loans(api.cluster.clone(), stop.clone()),
             spawn_write_probe(
                 store.clone(),
                 config.writer.exit_when_stuck_ms,

@@ -226,11 +226,14 @@ pub fn merge_tenants(answers: Vec<Value>, top: usize) -> Value {
             .then_with(|| a["tenant"].as_str().cmp(&b["tenant"].as_str()))
     });
     rows.truncate(top);
-    // A Relay's tenant count is its registry's (the node that keeps it reports it);
-    // nodes that are not one Relay (no `owned`) each count their own.
-    let total = answers
+    // A Relay's tenant count is the sum of its nodes' registries; nodes that are not one
+    // Relay (no `owned`) each count their own.
+    let registered: Vec<u64> = answers
         .iter()
-        .find_map(|a| a["registered"].as_u64())
+        .filter_map(|a| a["registered"].as_u64())
+        .collect();
+    let total = (!registered.is_empty())
+        .then(|| registered.iter().sum::<u64>())
         .or_else(|| {
             answers
                 .iter()
@@ -514,13 +517,14 @@ mod tests {
         assert_eq!(m["tenants"][0]["nodes"], json!([0, 1]));
         assert_eq!(m["tenants"].as_array().unwrap().len(), 2);
         assert!(m["total"].is_null(), "no node said how many tenants it has");
-        // Nodes that are not one Relay each count their own; a Relay's registry counts
-        // its tenants; a Relay whose registry did not answer has no count.
+        // Nodes that are not one Relay each count their own; a Relay's nodes' registries
+        // add up; a Relay whose registries gave no count has none.
         let lone = json!({ "tenants": [], "total": 4 });
         assert_eq!(merge_tenants(vec![lone.clone(), lone], 10)["total"], 8);
         let reg = json!({ "tenants": [], "total": 3, "owned": 3, "registered": 5 });
+        let reg2 = json!({ "tenants": [], "total": 2, "owned": 2, "registered": 2 });
+        assert_eq!(merge_tenants(vec![reg2, reg], 10)["total"], 7);
         let other = json!({ "tenants": [], "total": 2, "owned": 2 });
-        assert_eq!(merge_tenants(vec![other.clone(), reg], 10)["total"], 5);
         assert!(merge_tenants(vec![other], 10)["total"].is_null());
         // Scheduled and dead work orders tenants with the same pending count.
         let c = json!({ "tenants": [

@@ -226,7 +226,8 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
         .route("/v1/backups", post(backups::create))
         .route("/v1/backups/stream", post(backups::stream))
         .route("/v1/backups/{id}/archive", get(backups::archive))
-        .route("/cluster/v1/tenants/admit", post(relay_wide::admit))
+        .route("/cluster/v1/slots/lend", post(relay_wide::lend))
+        .route("/cluster/v1/slots", get(relay_wide::slots))
         .merge(more)
         .route_layer(axum::middleware::from_fn_with_state(
             api.clone(),

@@ -8,7 +8,7 @@
 //!   merged newest first, ids `<node>/<id>`, which a replay by ids routes back). Owner
 //!   unreachable: 503 `owner_unavailable`.
 //! - `GET /v1/tenants` asks every node and merges: a tenant's counters summed over the nodes
-//!   that hold rows of it, `total` from the Relay's tenant registry, and each node's
+//!   that hold rows of it, `total` the sum of the nodes' registered tenants, and each node's
 //!   answer in `nodes` (`unavailable` names the nodes that gave none).
 //! - `GET /v1/hooks/{id}`: the node reached looks in its hook log, then asks the others.
 //! - `GET /v1/sources/{id}`: every node is asked, the source's backlogs added up.
@@ -20,7 +20,8 @@
 //!   Calls that name no tenant (the DLQ of every tenant, replay by ids, quarantine, audit,
 //!   backups, node status) answer for the node they reach.
 //!
-//! `POST /cluster/v1/tenants/admit` (cluster token) is the registry's door, on the first node.
+//! `POST /cluster/v1/slots/lend` and `GET /cluster/v1/slots` (cluster token) are the
+//! tenant registry's doors between nodes (`crate::cluster`).
 
 use std::sync::Arc;
 
@@ -40,7 +41,6 @@ use super::dlq::{DlqItem, DlqPage, Revived};
 use super::tenants::{NodeTenants, TenantView, TenantsTop};
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::{error, percent_decode as decode, percent_encode as encode, with_retry_after};
-use ankusa_queue::registry::Admission;
 
 /// The largest replay body read to find its tenant.
 const MAX_ROUTED_BODY: usize = 1 << 20;
@@ -687,7 +687,7 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
     answers.extend(remote);
     let mut merged: std::collections::BTreeMap<String, TenantView> = Default::default();
     let (mut nodes, mut unavailable) = (Vec::new(), Vec::new());
-    let (mut registered, mut summed_total) = (None, 0u64);
+    let (mut registered, mut summed_total) = (None::<u64>, 0u64);
     for (name, r) in read_all(answers).await {
         let Ok((status, body)) = r else {
             unavailable.push(name);
@@ -701,8 +701,8 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
             unavailable.push(name);
             continue;
         };
-        if answer.registered.is_some() {
-            registered = answer.registered;
+        if let Some(n) = answer.registered {
+            *registered.get_or_insert(0) += n;
         }
         summed_total += answer.total;
         nodes.push(NodeTenants {
@@ -749,81 +749,117 @@ fn query_param(query: &str, name: &str) -> Option<String> {
     })
 }
 
-/// `POST /cluster/v1/tenants/admit`: the tenant is in the registry.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct Admitted {
-    pub admitted: bool,
-}
-
+/// `POST /cluster/v1/slots/lend`: a node out of tenant slots asks for some.
 #[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct AdmitRequest {
-    tenant: String,
-    #[serde(default)]
-    exists: bool,
+pub struct LendRequest {
+    /// The node that asks (its name in `cluster.nodes`).
+    to: String,
+    /// The most slots it wants.
+    want: u64,
 }
 
-/// `POST /cluster/v1/tenants/admit` on the registry node: 200 admitted, 409
-/// `tenant_limit`.
+/// What a node lent.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Lent {
+    /// Slots lent now (0: none free, or the asker is not in this node's list).
+    pub given: u64,
+    /// Every slot this node has lent the asker, this loan included: the asker keeps the
+    /// largest total it heard, so the slots of a lost answer arrive with the next one.
+    pub lent_total: u64,
+}
+
+/// `GET /cluster/v1/slots`: this node's part of the tenant registry.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct SlotLedger {
+    /// Tenants this node admitted as their owner.
+    pub registered: u64,
+    /// Its slots now: its share of `tenants.max`, plus loans in, less loans out.
+    pub slots: i64,
+    /// Running totals this node lent, by node.
+    pub lent: std::collections::HashMap<String, u64>,
+    /// The largest running totals other nodes said they lent it, by node.
+    pub heard: std::collections::HashMap<String, u64>,
+}
+
+/// The refusal of a cluster call: a single node, 404; no cluster token, 401.
+fn cluster_door(api: &Api, headers: &HeaderMap) -> Option<Response> {
+    if !api.cluster.is_multi() {
+        return Some(error(
+            StatusCode::NOT_FOUND,
+            "not_a_relay_node",
+            "this node is not part of a Relay of several nodes",
+        ));
+    }
+    (!api.cluster.authentic(headers)).then(|| {
+        error(
+            StatusCode::UNAUTHORIZED,
+            "unauthorized",
+            "the cluster token is required",
+        )
+    })
+}
+
+/// `POST /cluster/v1/slots/lend`: lends the asking node up to `want` tenant slots, at most
+/// half of this node's free ones, recorded (synced) before the answer.
 #[utoipa::path(
     post,
-    path = "/cluster/v1/tenants/admit",
+    path = "/cluster/v1/slots/lend",
     tag = "cluster",
-    request_body = AdmitRequest,
+    request_body = LendRequest,
     responses(
-        (status = 200, description = "The tenant is in the registry", body = Admitted),
+        (status = 200, description = "The slots lent (maybe none) and the running total", body = Lent),
         (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
-        (status = 404, description = "This node keeps no registry (not_registry)", body = crate::http::ErrorBody),
-        (status = 409, description = "The Relay holds tenants.max tenants (tenant_limit)", body = crate::http::ErrorBody),
-        (status = 503, description = "The registry could not record it", body = crate::http::ErrorBody),
+        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = crate::http::ErrorBody),
+        (status = 503, description = "The loan could not be recorded", body = crate::http::ErrorBody),
         crate::http::JsonBodyErrors,
     ),
     security(("cluster" = []))
 )]
-pub async fn admit(
+pub async fn lend(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
-    Json(req): Json<AdmitRequest>,
+    Json(req): Json<LendRequest>,
 ) -> Response {
+    if let Some(r) = cluster_door(&api, &headers) {
+        return r;
+    }
     let cluster = api.cluster.clone();
-    if !cluster.authentic(&headers) {
-        return error(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
-            "the cluster token is required",
-        );
-    }
-    if cluster.registry().is_none() {
-        return error(
-            StatusCode::NOT_FOUND,
-            "not_registry",
-            "this node does not keep the Relay's tenant registry (the first node does)",
-        );
-    }
-    let answer = tokio::task::spawn_blocking(move || {
-        let r = cluster
-            .registry()
-            .map(|r| (r.admit(&req.tenant, req.exists), r.len()));
-        (cluster, r)
-    })
-    .await;
-    match answer {
-        Ok((cluster, Some((Ok(a), n)))) => {
-            cluster.set_registered(n);
-            match a {
-                Admission::Admitted => Json(Admitted { admitted: true }).into_response(),
-                Admission::Limit => error(
-                    StatusCode::CONFLICT,
-                    "tenant_limit",
-                    "the Relay holds tenants.max tenants",
-                ),
-            }
-        }
+    match tokio::task::spawn_blocking(move || cluster.lend(&req.to, req.want)).await {
+        Ok(Ok((given, lent_total))) => Json(Lent { given, lent_total }).into_response(),
         _ => error(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
-            "the registry could not record the tenant",
+            "the loan could not be recorded",
         ),
+    }
+}
+
+/// `GET /cluster/v1/slots`: this node's tenants, slots and loans, for the other nodes.
+#[utoipa::path(
+    get,
+    path = "/cluster/v1/slots",
+    tag = "cluster",
+    responses(
+        (status = 200, description = "This node's part of the tenant registry", body = SlotLedger),
+        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
+        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = crate::http::ErrorBody),
+    ),
+    security(("cluster" = []))
+)]
+pub async fn slots(State(api): State<Arc<Api>>, headers: HeaderMap) -> Response {
+    if let Some(r) = cluster_door(&api, &headers) {
+        return r;
+    }
+    match api.cluster.ledger() {
+        Some((l, slots)) => Json(SlotLedger {
+            registered: l.registered,
+            slots,
+            lent: l.lent,
+            heard: l.heard,
+        })
+        .into_response(),
+        None => error(StatusCode::NOT_FOUND, "not_a_relay_node", "no registry"),
     }
 }
 

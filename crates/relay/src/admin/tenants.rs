@@ -90,12 +90,13 @@ impl TenantView {
 #[derive(Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct TenantsTop {
     pub tenants: Vec<TenantView>,
-    /// Tenants this node holds (in a Relay of several nodes: the registry's count).
+    /// Tenants this node holds (relay-wide: the sum of the nodes' `registered`).
     pub total: u64,
     /// A Relay of several nodes: tenants this node owns.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub owned: Option<u64>,
-    /// The registry node: tenants the registry holds.
+    /// A Relay of several nodes: tenants this node's registry counts (those its store
+    /// holds and those it admitted since it started).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub registered: Option<u64>,
     /// A listing by `prefix`: the `after` of its next page (absent on the last).

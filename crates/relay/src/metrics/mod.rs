@@ -402,8 +402,10 @@ pub struct Metrics {
     pub cluster_nodes: Gauge,
     /// Tenants this node has taken hooks for as their owner since it started.
     pub cluster_tenants_owned: Gauge,
-    /// On the registry node: tenants the Relay holds.
+    /// Tenants this node admitted as their owner (the Relay's count is the sum).
     pub cluster_tenants_registered: Gauge,
+    /// This node's tenant slots: its share of `tenants.max` and its loans.
+    pub cluster_tenant_slots: Gauge,
 }
 
 impl Default for Metrics {
@@ -698,8 +700,14 @@ impl Metrics {
         let cluster_tenants_registered = Gauge::default();
         registry.register(
             "ankusa_cluster_tenants_registered",
-            "On the Relay's registry node (its first): tenants the Relay holds",
+            "Tenants this node admitted as their owner (the Relay's count is the sum over its nodes)",
             cluster_tenants_registered.clone(),
+        );
+        let cluster_tenant_slots = Gauge::default();
+        registry.register(
+            "ankusa_cluster_tenant_slots",
+            "This node's tenant slots: its share of tenants.max, plus what other nodes lent it, less what it lent them",
+            cluster_tenant_slots.clone(),
         );
         let tenants_max = Gauge::default();
         registry.register(
@@ -765,6 +773,7 @@ impl Metrics {
             cluster_nodes,
             cluster_tenants_owned,
             cluster_tenants_registered,
+            cluster_tenant_slots,
             delivery_attempts,
             delivery_latency,
             sink_limit,

@@ -24,6 +24,8 @@ struct Spec {
     /// The ingest port the other nodes are told (a proxy in front of `ingest`, or it).
     advertised_ingest: u16,
     admin: u16,
+    /// The admin port the other nodes are told (a proxy in front of `admin`, or it).
+    advertised_admin: u16,
     dir: PathBuf,
 }
 
@@ -72,12 +74,13 @@ impl Relay {
         let i = self.specs.len();
         let dir = self.root.join(format!("relay-{i}"));
         std::fs::create_dir_all(&dir).unwrap();
-        let ingest = free_port();
+        let (ingest, admin) = (free_port(), free_port());
         self.specs.push(Spec {
             name: format!("relay-{i}"),
             ingest,
             advertised_ingest: ingest,
-            admin: free_port(),
+            admin,
+            advertised_admin: admin,
             dir,
         });
         self.procs.push(None);
@@ -94,7 +97,7 @@ impl Relay {
             .map(|(_, n)| {
                 format!(
                     r#"{{ name: {}, ingest: "http://127.0.0.1:{}", admin: "http://127.0.0.1:{}" }}"#,
-                    n.name, n.advertised_ingest, n.admin
+                    n.name, n.advertised_ingest, n.advertised_admin
                 )
             })
             .collect();
@@ -589,18 +592,21 @@ fn a_forwarded_hook_without_the_cluster_token_is_refused() {
         )
         .await;
         assert_eq!(a.status, 401, "{:?}", a.json());
-        // The registry's door wants the token too.
+        // The tenant registry's doors want the token too.
         let a = post(
             &c,
             &format!(
-                "http://127.0.0.1:{}/cluster/v1/tenants/admit",
+                "http://127.0.0.1:{}/cluster/v1/slots/lend",
                 r.specs[0].admin
             ),
             &[("content-type", "application/json".to_owned())],
-            r#"{"tenant":"x"}"#,
+            r#"{"to":"relay-1","want":1000}"#,
         )
         .await;
         assert_eq!(a.status, 401, "{:?}", a.json());
+        let (status, _) =
+            http_get_auth_token(r.specs[0].admin, "/cluster/v1/slots", ADMIN).unwrap();
+        assert_eq!(status, 401, "an admin token is not the cluster token");
     });
 }
 
@@ -723,37 +729,170 @@ fn a_tenants_view_dlq_replay_and_purge_add_up_what_a_former_owner_still_holds() 
     assert_eq!(v["counters"]["dead"], 0, "{v}");
 }
 
+/// The tenants of node `i`'s registry and its slots, from its `/v1/node`.
+fn slots_of(r: &Relay, i: usize) -> (u64, u64) {
+    let (_, v) = r.admin_get(i, "/v1/node");
+    let c = &v["cluster"];
+    (
+        c["tenants_registered"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{v}")),
+        c["tenant_slots"].as_u64().unwrap_or_else(|| panic!("{v}")),
+    )
+}
+
+/// Fresh tenant ids owned by one of `owners`, in turn, starting at `tenant-<from>`.
+fn new_tenants(r: &Relay, owners: &[usize], from: usize, n: usize) -> Vec<String> {
+    (from..)
+        .map(|t| format!("tenant-{t}"))
+        .filter(|t| owners.contains(&r.owner(t)))
+        .take(n)
+        .collect()
+}
+
 #[test]
-fn with_the_registry_node_down_only_new_tenants_wait() {
-    let mut r = Relay::new(3, "");
+fn with_any_node_down_the_others_admit_new_tenants_and_never_past_tenants_max() {
+    let mut r = Relay::new(3, "tenants: { max: 9 }");
     r.start_all();
-    let owned = tenants_per_owner(&r, 2);
-    let (known, new) = (owned[1][0].clone(), owned[1][1].clone());
+    for i in 0..3 {
+        assert_eq!(slots_of(&r, i), (0, 3), "node {i}: a third of tenants.max");
+    }
+    let known = new_tenants(&r, &[1], 0, 1).remove(0);
     let c = client();
     r.rt.block_on(async {
         assert_eq!(r.send(&c, 1, &known, "k-1").await.status, 202);
     });
-    // The registry (the first node) goes down, and node 1 restarts: it has forgotten
-    // which tenants the registry admitted, but its store holds `known`.
+    // The first node goes down, and node 1 restarts: its store still holds `known`.
     r.kill9(0);
     r.kill9(1);
     r.start(1);
+    assert_eq!(slots_of(&r, 1), (1, 3), "counted from its store");
+    let fresh = new_tenants(&r, &[1, 2], 1_000, 6);
     r.rt.block_on(async {
         let a = r.send(&c, 2, &known, "k-2").await;
         assert_eq!(a.status, 202, "a tenant the owner stores: {:?}", a.json());
-        let a = r.send(&c, 1, &new, "n-1").await;
+        // Nodes 1 and 2 hold six slots, one taken: five new tenants get in, lending to
+        // each other as one runs out, through either node.
+        for (k, t) in fresh[..5].iter().enumerate() {
+            let a = r.send(&c, k % 2 + 1, t, &format!("n-{k}")).await;
+            assert_eq!(a.status, 202, "{t}: {:?}", a.json());
+        }
+        // The sixth: none free on nodes 1 and 2, and node 0, which may have some, does
+        // not answer.
+        let a = r.send(&c, 1, &fresh[5], "n-5").await;
         assert_eq!(a.status, 503, "{:?}", a.json());
         assert_eq!(a.json()["error"], "registry_unavailable");
-        assert!(a.headers.contains_key("retry-after"));
+        assert_eq!(a.headers["retry-after"], "5");
     });
-    // The registry back: the new tenant is admitted, and counted once.
+    let held = |r: &Relay, nodes: &[usize]| -> (u64, u64) {
+        nodes
+            .iter()
+            .map(|&i| slots_of(r, i))
+            .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1))
+    };
+    assert_eq!(held(&r, &[1, 2]), (6, 6), "{}", r.logs());
+    // Node 0 back: it lends, and the sixth gets in; then the Relay fills to nine.
     r.start(0);
+    let more = new_tenants(&r, &[0, 1, 2], 2_000, 3);
     r.rt.block_on(async {
-        let a = r.send(&c, 1, &new, "n-2").await;
+        let a = r.send(&c, 2, &fresh[5], "n-5").await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+        for (k, t) in more[..2].iter().enumerate() {
+            let a = r.send(&c, k % 3, t, &format!("m-{k}")).await;
+            assert_eq!(a.status, 202, "{t}: {:?}", a.json());
+        }
+        // The tenth is refused on every node, whichever node owns it.
+        for (k, t) in new_tenants(&r, &[0, 1, 2], 3_000, 3).iter().enumerate() {
+            for i in 0..3 {
+                let a = r.send(&c, i, t, &format!("x-{k}-{i}")).await;
+                assert_eq!(a.status, 503, "{t} at node {i}: {:?}", a.json());
+                assert_eq!(a.json()["error"], "tenant_limit");
+            }
+        }
+    });
+    assert_eq!(held(&r, &[0, 1, 2]), (9, 9));
+    let (_, all) = r.admin_get(2, "/v1/tenants");
+    assert_eq!(all["total"], 9, "{all}");
+}
+
+#[test]
+fn a_loan_whose_answer_was_cut_arrives_with_the_next_and_no_slot_is_in_two_places() {
+    let mut r = Relay::new(2, "tenants: { max: 4 }");
+    let faults = Arc::new(Faults::default());
+    // Node 1 reaches node 0's admin listener only through the proxy.
+    let proxy = faulty_link(&r.rt, r.specs[0].admin, faults.clone());
+    r.specs[0].advertised_admin = proxy;
+    r.start_all();
+    let ones = new_tenants(&r, &[1], 0, 3);
+    let zeros = new_tenants(&r, &[0], 0, 2);
+    let c = client();
+    r.rt.block_on(async {
+        for (k, t) in ones[..2].iter().enumerate() {
+            assert_eq!(r.send(&c, 1, t, &format!("a-{k}")).await.status, 202);
+        }
+        // Node 1 is out of slots; node 0 lends one, and the answer is cut.
+        faults.cut.store(1, Ordering::SeqCst);
+        let a = r.send(&c, 1, &ones[2], "a-2").await;
+        assert_eq!(a.status, 503, "{:?}", a.json());
+        assert_eq!(a.json()["error"], "registry_unavailable");
+        assert_eq!(faults.cut.load(Ordering::SeqCst), 0, "one answer was cut");
+    });
+    // The slot is with neither node: lent by 0, not heard by 1.
+    assert_eq!(slots_of(&r, 0), (0, 1));
+    assert_eq!(slots_of(&r, 1), (2, 2));
+    r.rt.block_on(async {
+        // The provider retries: the next loan's total carries the lost one too.
+        let a = r.send(&c, 0, &ones[2], "a-2").await;
         assert_eq!(a.status, 202, "{:?}", a.json());
     });
-    let (_, all) = r.admin_get(2, "/v1/tenants");
-    assert_eq!(all["total"], 2, "{all}");
+    assert_eq!(slots_of(&r, 0), (0, 0));
+    assert_eq!(slots_of(&r, 1), (3, 4), "one slot free");
+    r.rt.block_on(async {
+        // Node 0 borrows the last slot back, and the Relay is full.
+        let a = r.send(&c, 1, &zeros[0], "z-0").await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+        for i in 0..2 {
+            let a = r.send(&c, i, &zeros[1], &format!("z-1-{i}")).await;
+            assert_eq!(a.status, 503, "{:?}", a.json());
+            assert_eq!(a.json()["error"], "tenant_limit");
+        }
+    });
+    let (_, all) = r.admin_get(0, "/v1/tenants");
+    assert_eq!(all["total"], 4, "{all}");
+}
+
+#[test]
+fn a_node_whose_volume_is_lost_learns_what_it_lent_and_the_relay_stays_within_tenants_max() {
+    let mut r = Relay::new(2, "tenants: { max: 4 }");
+    r.start_all();
+    let ones = new_tenants(&r, &[1], 0, 4);
+    let zero = new_tenants(&r, &[0], 0, 1).remove(0);
+    let c = client();
+    r.rt.block_on(async {
+        // Node 1 takes all four slots: its two and two lent by node 0.
+        for (k, t) in ones.iter().enumerate() {
+            let a = r.send(&c, 0, t, &format!("o-{k}")).await;
+            assert_eq!(a.status, 202, "{t}: {:?}", a.json());
+        }
+    });
+    assert_eq!(slots_of(&r, 0), (0, 0));
+    // Node 0's volume is lost; it starts on an empty one.
+    r.kill9(0);
+    std::fs::remove_dir_all(r.specs[0].dir.join("db")).unwrap();
+    r.start(0);
+    // It learns from node 1 what it lent (at start, in the background).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while slots_of(&r, 0) != (0, 0) {
+        assert!(Instant::now() < deadline, "{}", r.logs());
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    r.rt.block_on(async {
+        let a = r.send(&c, 0, &zero, "z").await;
+        assert_eq!(a.status, 503, "{:?}", a.json());
+        assert_eq!(a.json()["error"], "tenant_limit", "{:?}", a.json());
+    });
+    let (_, all) = r.admin_get(1, "/v1/tenants");
+    assert_eq!(all["total"], 4, "{all}");
 }
 
 /// A tenant's limits set through a node that does not own it are made on every node and
