@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps deps-run run test fmt lint check-layers nextest e2e testenv crds bench fuzz fuzz-smoke image image-archives
+.PHONY: deps deps-run run test fmt lint check-layers nextest e2e testenv crds bench fuzz fuzz-smoke image image-archives otelcol toxiproxy chaos
 
 # Everything `make test` needs (build tools, test runners, the real node's packages, a
 # nightly toolchain for the fuzz smoke).
@@ -27,7 +27,7 @@ run: deps-run
 ## Every check and every test, from a clean clone. The tests run against a real
 ## Kubernetes control plane that scripts/k8s-testenv.sh builds (once, from the Go modules
 ## pinned in e2e/testenv/go.mod) and starts on 127.0.0.1, and stops when they end.
-test: deps fmt lint check-layers fuzz-smoke otelcol
+test: deps fmt lint check-layers fuzz-smoke otelcol toxiproxy
 	bash scripts/k8s-testenv.sh run -- $(MAKE) --no-print-directory nextest e2e
 
 ## Every fuzz target (fuzz/, cargo fuzz on nightly) for FUZZ_SECONDS each (default 10 min).
@@ -54,6 +54,17 @@ check-layers:
 # The test OpenTelemetry Collector (built once from its Go modules, then cached).
 otelcol:
 	@bash scripts/otelcol.sh >/dev/null
+
+# Toxiproxy's server, for the partition suite (built once from its Go module, then cached).
+toxiproxy:
+	@bash scripts/toxiproxy.sh >/dev/null
+
+## Random schedules of network faults against a Relay of three nodes in network namespaces
+## (CHAOS_SCHEDULES, default 20; CHAOS_SEED, default the clock). Needs root, as `make test`.
+CHAOS_SCHEDULES ?= 20
+chaos: deps toxiproxy
+	ANKUSA_CHAOS_SCHEDULES=$(CHAOS_SCHEDULES) ANKUSA_CHAOS_SEED=$(CHAOS_SEED) \
+	  $(CARGO) nextest run -p ankusa-relay --run-ignored only -E 'test(=partition::chaos)' --no-capture
 
 # Unit, property and integration tests. The benches are compiled by `lint` (clippy
 # --all-targets) but not run here: they are programs with their own pass rules (`make bench`).

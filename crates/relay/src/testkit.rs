@@ -307,7 +307,8 @@ pub struct Received {
 /// A scripted answer: status and an optional `Retry-After` in seconds.
 pub type Answer = (u16, Option<u64>);
 
-/// A local webhook receiver on 127.0.0.1: answers each path from a script (default 200),
+/// A local webhook receiver on 127.0.0.1 (or an address of the test's own network
+/// namespace): answers each path from a script (default 200),
 /// records every request with the status it chose for it on arrival.
 #[derive(Clone, Default)]
 pub struct TestSink {
@@ -321,12 +322,22 @@ pub struct TestSink {
     pub open: Arc<AtomicU64>,
     pub most_open: Arc<AtomicU64>,
     pub port: u16,
+    /// The address it listens on (`None`: 127.0.0.1).
+    host: Option<std::net::IpAddr>,
 }
 
 impl TestSink {
     pub async fn start() -> TestSink {
-        let mut sink = TestSink::default();
-        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        Self::start_on(std::net::Ipv4Addr::LOCALHOST.into()).await
+    }
+
+    /// A sink on `host` (an address of a network namespace the test created).
+    pub async fn start_on(host: std::net::IpAddr) -> TestSink {
+        let mut sink = TestSink {
+            host: Some(host),
+            ..TestSink::default()
+        };
+        let l = tokio::net::TcpListener::bind((host, 0))
             .await
             .expect("bind the test sink");
         sink.port = l.local_addr().expect("the sink's address").port();
@@ -391,7 +402,8 @@ impl TestSink {
     }
 
     pub fn url(&self, path: &str) -> String {
-        format!("http://127.0.0.1:{}{path}", self.port)
+        let host = self.host.unwrap_or(std::net::Ipv4Addr::LOCALHOST.into());
+        format!("http://{host}:{}{path}", self.port)
     }
 
     /// The requests received on `path`, in arrival order.

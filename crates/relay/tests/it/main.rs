@@ -18,6 +18,7 @@ mod image;
 mod ingest;
 mod logs;
 mod memory;
+mod partition;
 mod pause;
 mod pull;
 mod quota;
