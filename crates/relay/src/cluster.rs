@@ -16,8 +16,9 @@
 //!   it borrows some from another node (`POST /cluster/v1/slots/lend`). A tenant the
 //!   owner already stores is registered whatever its slots (it exists). The Relay's
 //!   tenant count is the sum of the nodes' registered tenants, never above `tenants.max`.
-//!   At start a node reads every other node's ledger (`GET /cluster/v1/slots`) and keeps
-//!   the larger totals: a lost answer's slots, or a lost store's loans, come back.
+//!   At start and every 30 s a node reads every other node's ledger
+//!   (`GET /cluster/v1/slots`) and keeps the larger totals: a lost answer's slots, or a
+//!   lost store's loans, come back.
 //! - **Admin calls** that name a tenant go to its owner (`ankusa-cluster-local` marks a
 //!   call a node sent, answered where it lands); `GET /v1/tenants` asks every node and
 //!   merges.
@@ -339,14 +340,23 @@ impl Cluster {
         Ok(answer)
     }
 
-    /// Reads every other node's ledger once (retrying one that does not answer every few
-    /// seconds) and keeps the larger totals of the loans between it and this node.
+    /// Reads every other node's ledger (retrying one that does not answer every 3 s until
+    /// each answered), then again every 30 s, and keeps the larger totals of the loans
+    /// between it and this node: a store lost here learns what it lent, and slots a lost
+    /// answer parked arrive without waiting for another loan.
     pub async fn learn_loans(self: Arc<Self>) {
         let Some((registry, shares)) = &self.registry else {
             return;
         };
         let me = self.me().unwrap_or_default().to_owned();
-        let mut left: Vec<&String> = shares.peers.iter().collect();
+        loop {
+            self.read_ledgers(registry, &shares.peers, &me).await;
+            tokio::time::sleep(Duration::from_secs(30)).await;
+        }
+    }
+
+    async fn read_ledgers(&self, registry: &Registry, peers: &[String], me: &str) {
+        let mut left: Vec<&String> = peers.iter().collect();
         while !left.is_empty() {
             let mut still = Vec::new();
             for peer in left {
@@ -355,7 +365,7 @@ impl Cluster {
                     .await
                 {
                     Ok(v) => {
-                        let of = |k: &str| v[k][me.as_str()].as_u64().unwrap_or(0);
+                        let of = |k: &str| v[k][me].as_u64().unwrap_or(0);
                         if let Err(e) = registry.learn(peer, of("lent"), of("heard")) {
                             tracing::error!(error = %e, "recording another node's loans");
                             still.push(peer);

@@ -22,8 +22,8 @@
 //! delivered, each once (duplicates counted and printed with their cause); nothing left
 //! pending or inflight; no forward loop (forwards ≤ the clients' requests); every
 //! `owner_unavailable` and `registry_unavailable` with `Retry-After`; never more tenants
-//! than `tenants.max`. At the end, `store verify` on every node's store: counters equal a
-//! fold. `make test` runs fixed seeds; `make chaos` runs random schedules
+//! than `tenants.max`; then every node stopped, `store verify` on its store (counters equal
+//! a fold), and started again. `make test` runs fixed seeds; `make chaos` runs random schedules
 //! (`ANKUSA_CHAOS_SCHEDULES`, `ANKUSA_CHAOS_SEED`).
 
 use std::collections::{HashMap, HashSet};
@@ -235,7 +235,7 @@ struct Relay {
     tag: String,
     root: PathBuf,
     toxiproxy: PathBuf,
-    nodes: Vec<Option<Child>>,
+    nodes: Mutex<Vec<Option<Child>>>,
     proxies: Vec<Child>,
     sink: TestSink,
     http: Client,
@@ -243,12 +243,8 @@ struct Relay {
 
 impl Drop for Relay {
     fn drop(&mut self) {
-        for c in self
-            .nodes
-            .iter_mut()
-            .flatten()
-            .chain(self.proxies.iter_mut())
-        {
+        let nodes = self.nodes.get_mut().unwrap_or_else(|e| e.into_inner());
+        for c in nodes.iter_mut().flatten().chain(self.proxies.iter_mut()) {
             let _ = Command::new("kill")
                 .args(["-CONT", &c.id().to_string()])
                 .status();
@@ -318,7 +314,7 @@ impl Relay {
             .unwrap()
     }
 
-    fn start_node(&mut self, i: usize) {
+    fn start_node(&self, i: usize) {
         let dir = self.node_dir(i);
         std::fs::create_dir_all(&dir).unwrap();
         let cfg = dir.join("relay.yaml");
@@ -332,7 +328,30 @@ impl Relay {
         .stderr(self.log(i))
         .spawn()
         .unwrap();
-        self.nodes[i] = Some(child);
+        self.nodes.lock().unwrap()[i] = Some(child);
+    }
+
+    /// Stops every node (SIGTERM), checks its store (`store verify`: counters equal a
+    /// fold) and starts it again.
+    fn verify_and_restart(&self) {
+        for i in 0..NODES {
+            let mut c = self.nodes.lock().unwrap()[i].take().unwrap();
+            sh(Command::new("kill").args(["-TERM", &c.id().to_string()]));
+            assert!(
+                c.wait().unwrap().success(),
+                "{}",
+                log_tail(&self.node_dir(i), 30)
+            );
+            let out = run(&[
+                "store",
+                "verify",
+                "--data",
+                self.node_dir(i).join("db").to_str().unwrap(),
+            ]);
+            assert!(out.status.success(), "node {i}: {}", text(&out.stderr));
+            assert!(text(&out.stdout).contains("counters equal a fold"));
+            self.start_node(i);
+        }
     }
 
     fn start_proxy(&mut self, i: usize) {
@@ -435,7 +454,11 @@ impl Relay {
     }
 
     fn signal(&self, i: usize, sig: &str) {
-        let pid = self.nodes[i].as_ref().unwrap().id().to_string();
+        let pid = self.nodes.lock().unwrap()[i]
+            .as_ref()
+            .unwrap()
+            .id()
+            .to_string();
         sh(Command::new("kill").args([sig, &pid]));
     }
 
@@ -586,7 +609,8 @@ struct Seen {
 }
 
 /// One client: sends deliveries until `until`, each retried until acked or refused for
-/// good, like a provider: same delivery id, a random node, backoff from 100 ms to 1 s.
+/// good, like a provider: same delivery id, another node each time, backoff from 100 ms
+/// to 1 s.
 async fn client_loop(
     relay: Arc<Relay>,
     id: String,
@@ -618,8 +642,8 @@ async fn client_loop(
         ];
         let mut backoff = 100;
         let given_up = Instant::now() + Duration::from_secs(120);
+        let mut node = rng.below(NODES as u64) as usize;
         loop {
-            let node = rng.below(NODES as u64) as usize;
             let url = format!("http://{}:8080/ingest/gh", node_ip(node));
             let send = post_result(&relay.http, &url, &headers, body.clone());
             let answer = tokio::time::timeout(Duration::from_secs(5), send)
@@ -683,6 +707,8 @@ async fn client_loop(
             }
             tokio::time::sleep(Duration::from_millis(backoff + rng.below(backoff))).await;
             backoff = (backoff * 2).min(1_000);
+            // A retry goes to another node.
+            node = (node + 1 + rng.below(NODES as u64 - 1) as usize) % NODES;
         }
         tokio::time::sleep(Duration::from_millis(rng.below(40))).await;
     }
@@ -702,6 +728,7 @@ async fn run_schedules(relay: Arc<Relay>, schedules: &[(u64, Vec<(Fault, u64)>)]
     let mut previously = HashMap::new();
     for (seed, phases) in schedules {
         println!("schedule {seed}: {phases:?}");
+        let started = Instant::now();
         let seen = Arc::new(Mutex::new(Seen::default()));
         let forwards_before = forwards(&relay).await;
         let total: u64 = phases.iter().map(|(_, ms)| ms).sum::<u64>() + 1_000;
@@ -807,6 +834,13 @@ async fn run_schedules(relay: Arc<Relay>, schedules: &[(u64, Vec<(Fault, u64)>)]
         );
         assert!(registered <= TENANTS_MAX, "{registered} tenants registered");
         assert!(previously.len() as u64 <= TENANTS_MAX);
+        // Counters equal a fold on every node: stopped, verified, started again.
+        tokio::task::block_in_place(|| relay.verify_and_restart());
+        relay.all_ready(Duration::from_secs(60)).await;
+        println!(
+            "  every store verified and every node back; the schedule took {:?}",
+            started.elapsed()
+        );
     }
 }
 
@@ -820,8 +854,7 @@ async fn forwards(relay: &Relay) -> f64 {
     sum
 }
 
-/// Inside the test's namespace: starts the Relay, runs the schedules, stops the nodes and
-/// verifies their stores.
+/// Inside the test's namespace: starts the Relay and runs the schedules.
 fn inside(tag: &str, schedules: &[(u64, Vec<(Fault, u64)>)]) {
     let toxiproxy = Command::new("bash")
         .arg(repo().join("scripts/toxiproxy.sh"))
@@ -839,7 +872,7 @@ fn inside(tag: &str, schedules: &[(u64, Vec<(Fault, u64)>)]) {
         tag: tag.to_owned(),
         root: root.path().to_owned(),
         toxiproxy: PathBuf::from(text(&toxiproxy.stdout).trim()),
-        nodes: (0..NODES).map(|_| None).collect(),
+        nodes: Mutex::new((0..NODES).map(|_| None).collect()),
         proxies: Vec::new(),
         sink,
         http: client(),
@@ -855,24 +888,6 @@ fn inside(tag: &str, schedules: &[(u64, Vec<(Fault, u64)>)]) {
         relay.proxies().await;
         run_schedules(relay.clone(), schedules).await;
     });
-    let mut relay = Arc::into_inner(relay).expect("the clients are done");
-    for i in 0..NODES {
-        let mut c = relay.nodes[i].take().unwrap();
-        sh(Command::new("kill").args(["-TERM", &c.id().to_string()]));
-        assert!(
-            c.wait().unwrap().success(),
-            "{}",
-            log_tail(&relay.node_dir(i), 30)
-        );
-        let out = run(&[
-            "store",
-            "verify",
-            "--data",
-            relay.node_dir(i).join("db").to_str().unwrap(),
-        ]);
-        assert!(out.status.success(), "node {i}: {}", text(&out.stderr));
-        assert!(text(&out.stdout).contains("counters equal a fold"));
-    }
 }
 
 /// Runs `name` (this module's test) again inside a fresh set of namespaces, or, inside
