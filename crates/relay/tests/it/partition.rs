@@ -577,17 +577,7 @@ impl Relay {
 
     /// The sink's deliveries, by `x-github-delivery`.
     fn delivered(&self) -> HashMap<String, usize> {
-        let mut out = HashMap::new();
-        for r in self.sink.on("/s") {
-            let d = r
-                .headers
-                .get("x-github-delivery")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned();
-            *out.entry(d).or_insert(0) += 1;
-        }
-        out
+        deliveries_by_id(&self.sink, "/s")
     }
 }
 

@@ -502,3 +502,21 @@ pub fn queued_rows(counters: &serde_json::Value) -> i64 {
 pub fn metric(text: &str, name: &str) -> f64 {
     ankusa_relay::testkit::metric(text, name).unwrap_or_else(|| panic!("no {name} in {text}"))
 }
+
+/// The requests `sink` received on `path`, counted by their `x-github-delivery`.
+pub fn deliveries_by_id(
+    sink: &ankusa_relay::testkit::TestSink,
+    path: &str,
+) -> std::collections::HashMap<String, usize> {
+    let mut out = std::collections::HashMap::new();
+    for r in sink.on(path) {
+        let d = r
+            .headers
+            .get("x-github-delivery")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_owned();
+        *out.entry(d).or_insert(0) += 1;
+    }
+    out
+}
