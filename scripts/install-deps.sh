@@ -15,6 +15,7 @@
 # - the real Kubernetes node of the tests (scripts/k8s-node.sh): containerd, runc, the CNI
 #   plugins, iptables and nftables (to put the host's tables back); skopeo to push the
 #   images `make image` builds
+# - iproute2 and iptables for the partition suite's network namespaces and drops
 set -euo pipefail
 mode=${1:-test}
 case "$mode" in
@@ -38,6 +39,7 @@ if [ "$mode" = test ]; then
   command -v runc >/dev/null 2>&1 || need_apt+=(runc)
   [ -x /usr/lib/cni/bridge ] || need_apt+=(containernetworking-plugins)
   command -v iptables-save >/dev/null 2>&1 || need_apt+=(iptables)
+  command -v ip >/dev/null 2>&1 || need_apt+=(iproute2)
   command -v nft >/dev/null 2>&1 || need_apt+=(nftables)
   command -v skopeo >/dev/null 2>&1 || need_apt+=(skopeo)
   command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)

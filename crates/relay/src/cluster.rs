@@ -259,7 +259,7 @@ impl Cluster {
             return Ok(Admission::Admitted);
         }
         let exists = exists()?;
-        let mut unreachable = None;
+        let (mut unreachable, mut one_loan) = (None, None);
         loop {
             let answer = registry.admit(tenant, exists, shares);
             self.publish();
@@ -270,12 +270,11 @@ impl Cluster {
             if let Some(e) = unreachable {
                 return Err(AdmitError::Unreachable(e));
             }
-            // One loan at a time: a tenant that waited finds the slots it brought.
-            let _one = self.borrowing.lock().await;
-            if registry.admit(tenant, exists, shares) == Admission::Admitted {
-                self.remember(tenant);
-                self.publish();
-                return Ok(Admission::Admitted);
+            if one_loan.is_none() {
+                // One loan at a time: after the one under way, look again (it may have
+                // brought the slot this tenant needs).
+                one_loan = Some(self.borrowing.lock().await);
+                continue;
             }
             match self.borrow(registry, shares).await {
                 Loan::Got => {}
