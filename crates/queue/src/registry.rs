@@ -7,8 +7,8 @@
 //!   name, `max / N` each and one more for the first `max % N` — computed alike by every
 //!   node from the node list, with no exchange. The shares add up to `tenants.max`.
 //! - **What a node holds.** Its *slots* are its share, plus what other nodes lent it, less
-//!   what it lent them. Its *registered* tenants are those its store holds (read at open)
-//!   and those it admitted since. It admits a new tenant, as its owner, only while its
+//!   what it lent them. Its *registered* tenants are those its store holds and it owns
+//!   (read at open) and those it admitted since. It admits a new tenant, as its owner, only while its
 //!   registered tenants are fewer than its slots. Nothing is written for an admission: a
 //!   tenant whose first hook never committed is not in the store, and after a restart
 //!   not counted.
@@ -131,13 +131,16 @@ fn key(prefix: &[u8], name: &str) -> Vec<u8> {
 }
 
 impl Registry {
-    /// Loads the registry from `store`: the tenants it holds and the loans. Removes the
-    /// list of every tenant id the first node kept before, in one synced batch.
-    pub fn open(store: Arc<Store>) -> Result<Registry, QueueError> {
+    /// Loads the registry from `store`: the tenants it holds that this node `owns` (under
+    /// the current node list: a tenant that moved away counts at its new owner) and the
+    /// loans. Removes the list of every tenant id the first node kept before, in one
+    /// synced batch.
+    pub fn open(store: Arc<Store>, owns: impl Fn(&str) -> bool) -> Result<Registry, QueueError> {
         let mut state = State {
             names: crate::tenants::list(&store, "", None, usize::MAX)?
                 .into_iter()
                 .map(|(name, _)| name)
+                .filter(|name| owns(name))
                 .collect(),
             ..State::default()
         };
@@ -312,7 +315,7 @@ mod tests {
             )
             .unwrap();
         let s = shares(7, "b"); // 2 slots
-        let r = Registry::open(store.clone()).unwrap();
+        let r = Registry::open(store.clone(), |_| true).unwrap();
         assert!(r.is_empty());
         assert_eq!(r.admit("t1", false, &s), Admission::Admitted);
         assert_eq!(r.admit("t2", false, &s), Admission::Admitted);
@@ -328,13 +331,20 @@ mod tests {
         h.ingest(Some("t1"), 1, 0, false);
         h.ingest(Some("t4"), 1, 0, false);
         drop(r);
-        let again = Registry::open(store.clone()).unwrap();
+        let again = Registry::open(store.clone(), |_| true).unwrap();
         assert_eq!(again.len(), 2, "what the store holds");
         assert_eq!(again.admit("t3", false, &s), Admission::Limit);
         assert!(store
             .get(Cf::Default, b"m:cluster_tenant:t9")
             .unwrap()
             .is_none());
+        drop(again);
+        let owning_one = Registry::open(store.clone(), |t| t == "t1").unwrap();
+        assert_eq!(
+            owning_one.len(),
+            1,
+            "a tenant that moved away counts at its new owner"
+        );
     }
 
     #[test]
@@ -343,8 +353,8 @@ mod tests {
             crate::testkit::Harness::new(),
             crate::testkit::Harness::new(),
         );
-        let a = Registry::open(ha.store.clone()).unwrap();
-        let b = Registry::open(hb.store.clone()).unwrap();
+        let a = Registry::open(ha.store.clone(), |_| true).unwrap();
+        let b = Registry::open(hb.store.clone(), |_| true).unwrap();
         let (sa, sb) = (shares(8, "a"), shares(8, "b")); // 3 and 3 (c holds 2)
         let total = |a: &Registry, b: &Registry| a.slots(&sa) + b.slots(&sb);
         assert_eq!(total(&a, &b), 6);
@@ -371,7 +381,7 @@ mod tests {
         assert_eq!(b.slots(&sb), 6);
         // Across opens.
         drop(b);
-        let b = Registry::open(hb.store.clone()).unwrap();
+        let b = Registry::open(hb.store.clone(), |_| true).unwrap();
         assert_eq!(b.slots(&sb), 6);
         assert_eq!(b.ledger().heard["a"], 3);
     }
@@ -382,15 +392,15 @@ mod tests {
             crate::testkit::Harness::new(),
             crate::testkit::Harness::new(),
         );
-        let a = Registry::open(ha.store.clone()).unwrap();
-        let b = Registry::open(hb.store.clone()).unwrap();
+        let a = Registry::open(ha.store.clone(), |_| true).unwrap();
+        let b = Registry::open(hb.store.clone(), |_| true).unwrap();
         let (sa, sb) = (shares(6, "a"), shares(6, "b"));
         let (_, lent) = a.lend("b", 1, &sa).unwrap();
         b.learn("a", lent, 0).unwrap();
         assert_eq!(a.slots(&sa) + b.slots(&sb), 4);
         // a's store is lost: a fresh one believes it lent nothing, until b answers.
         let fresh = crate::testkit::Harness::new();
-        let a = Registry::open(fresh.store.clone()).unwrap();
+        let a = Registry::open(fresh.store.clone(), |_| true).unwrap();
         assert_eq!(
             a.slots(&sa) + b.slots(&sb),
             5,
@@ -445,7 +455,7 @@ mod tests {
                 (0..3).map(|_| crate::testkit::Harness::new()).collect();
             let mut regs: Vec<Registry> = stores
                 .iter()
-                .map(|h| Registry::open(h.store.clone()).unwrap())
+                .map(|h| Registry::open(h.store.clone(), |_| true).unwrap())
                 .collect();
             let mut tenant = 0;
             let learn = |regs: &[Registry], at: usize, of: usize| {
@@ -477,7 +487,7 @@ mod tests {
                     Step::Learn { .. } => {}
                     Step::LoseStore { at } => {
                         stores[at] = crate::testkit::Harness::new();
-                        regs[at] = Registry::open(stores[at].store.clone()).unwrap();
+                        regs[at] = Registry::open(stores[at].store.clone(), |_| true).unwrap();
                         for of in (0..3).filter(|o| *o != at) {
                             learn(&regs, at, of);
                         }

@@ -148,7 +148,9 @@ impl Cluster {
         let registry = if multi {
             let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
             let shares = Shares::of(config.tenants.max, &names, names[me]);
-            let r = Registry::open(store.clone())?;
+            let r = Registry::open(store.clone(), |t| {
+                owner_index(names.iter().copied(), t) == me
+            })?;
             metrics.cluster_tenants_registered.set(r.len() as i64);
             metrics.cluster_tenant_slots.set(r.slots(&shares));
             Some((r, shares))
@@ -258,8 +260,8 @@ impl Cluster {
         if self.is_admitted(tenant) {
             return Ok(Admission::Admitted);
         }
-        let exists = exists()?;
-        let (mut unreachable, mut one_loan) = (None, None);
+        let mut exists = exists()?;
+        let (mut unreachable, mut one_loan, mut asked) = (None, None, false);
         loop {
             let answer = registry.admit(tenant, exists, shares);
             self.publish();
@@ -276,7 +278,17 @@ impl Cluster {
                 one_loan = Some(self.borrowing.lock().await);
                 continue;
             }
-            match self.borrow(registry, shares).await {
+            if !asked {
+                // A tenant another node stores exists: one that moved here when the node
+                // list changed is never refused, whatever the slots.
+                asked = true;
+                exists = self.stored_elsewhere(&shares.peers, tenant).await;
+                continue;
+            }
+            match self
+                .borrow(registry, shares, (shares.share / 4).max(1))
+                .await
+            {
                 Loan::Got => {}
                 Loan::NoneFree => return Ok(Admission::Limit),
                 Loan::Unanswered(e) => unreachable = Some(e),
@@ -284,9 +296,45 @@ impl Cluster {
         }
     }
 
-    /// Asks the other nodes, one after another from a place that turns, to lend slots.
-    async fn borrow(&self, registry: &Registry, shares: &Shares) -> Loan {
-        let want = (shares.share / 4).max(1);
+    /// Whether one of `peers` stores `tenant` (`GET /cluster/v1/stored`, all at once; a
+    /// node that does not answer counts as no).
+    async fn stored_elsewhere(&self, peers: &[String], tenant: &str) -> bool {
+        let path = format!(
+            "/cluster/v1/stored?tenant={}",
+            crate::http::percent_encode(tenant)
+        );
+        let asks = peers
+            .iter()
+            .map(|p| self.cluster_call(p, Method::GET, &path, Bytes::new()));
+        futures_util::future::join_all(asks)
+            .await
+            .into_iter()
+            .any(|a| a.is_ok_and(|v| v["stored"] == true))
+    }
+
+    /// Borrows what this node holds past its slots (tenants registered because they
+    /// existed: a share that shrank when a node joined, a store from before slots), so
+    /// that the Relay's tenants stay within `tenants.max`. Until it is covered, the Relay
+    /// may hold that many too many.
+    async fn cover_deficit(&self, registry: &Registry, shares: &Shares) {
+        let _one = self.borrowing.lock().await;
+        loop {
+            let deficit = registry.len() as i64 - registry.slots(shares);
+            if deficit <= 0 {
+                return;
+            }
+            if !matches!(
+                self.borrow(registry, shares, deficit as u64).await,
+                Loan::Got
+            ) {
+                return;
+            }
+        }
+    }
+
+    /// Asks the other nodes, one after another from a place that turns, to lend up to
+    /// `want` slots.
+    async fn borrow(&self, registry: &Registry, shares: &Shares, want: u64) -> Loan {
         let me = self.me().unwrap_or_default();
         let body = Bytes::from(serde_json::json!({ "to": me, "want": want }).to_string());
         let n = shares.peers.len();
@@ -342,7 +390,8 @@ impl Cluster {
     /// Reads every other node's ledger (retrying one that does not answer every 3 s until
     /// each answered), then again every 30 s, and keeps the larger totals of the loans
     /// between it and this node: a store lost here learns what it lent, and slots a lost
-    /// answer parked arrive without waiting for another loan.
+    /// answer parked arrive without waiting for another loan. After each read, borrows
+    /// what it holds past its slots ([`Cluster::cover_deficit`]).
     pub async fn learn_loans(self: Arc<Self>) {
         let Some((registry, shares)) = &self.registry else {
             return;
@@ -350,6 +399,7 @@ impl Cluster {
         let me = self.me().unwrap_or_default().to_owned();
         loop {
             self.read_ledgers(registry, &shares.peers, &me).await;
+            self.cover_deficit(registry, shares).await;
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
     }

@@ -68,6 +68,7 @@ impl Modify for Security {
         crate::admin::backups::archive,
         crate::admin::relay_wide::lend,
         crate::admin::relay_wide::slots,
+        crate::admin::relay_wide::stored,
         crate::pull::http::claim,
         crate::pull::http::ack,
         crate::pull::http::nack,

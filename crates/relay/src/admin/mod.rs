@@ -228,6 +228,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
         .route("/v1/backups/{id}/archive", get(backups::archive))
         .route("/cluster/v1/slots/lend", post(relay_wide::lend))
         .route("/cluster/v1/slots", get(relay_wide::slots))
+        .route("/cluster/v1/stored", get(relay_wide::stored))
         .merge(more)
         .route_layer(axum::middleware::from_fn_with_state(
             api.clone(),

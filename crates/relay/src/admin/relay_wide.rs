@@ -20,8 +20,8 @@
 //!   Calls that name no tenant (the DLQ of every tenant, replay by ids, quarantine, audit,
 //!   backups, node status) answer for the node they reach.
 //!
-//! `POST /cluster/v1/slots/lend` and `GET /cluster/v1/slots` (cluster token) are the
-//! tenant registry's doors between nodes (`crate::cluster`).
+//! `POST /cluster/v1/slots/lend`, `GET /cluster/v1/slots` and `GET /cluster/v1/stored`
+//! (cluster token) are the tenant registry's doors between nodes (`crate::cluster`).
 
 use std::sync::Arc;
 
@@ -769,6 +769,12 @@ pub struct Lent {
     pub lent_total: u64,
 }
 
+/// `GET /cluster/v1/stored`: whether this node stores the tenant.
+#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
+pub struct Stored {
+    pub stored: bool,
+}
+
 /// `GET /cluster/v1/slots`: this node's part of the tenant registry.
 #[derive(Debug, serde::Serialize, utoipa::ToSchema)]
 pub struct SlotLedger {
@@ -831,6 +837,43 @@ pub async fn lend(
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             "the loan could not be recorded",
+        ),
+    }
+}
+
+/// `GET /cluster/v1/stored?tenant=t`: whether this node's store holds the tenant (asked by
+/// its owner, out of slots, before it refuses a tenant that may have moved to it).
+#[utoipa::path(
+    get,
+    path = "/cluster/v1/stored",
+    tag = "cluster",
+    params(("tenant" = String, Query, description = "The tenant id")),
+    responses(
+        (status = 200, description = "Whether this node stores the tenant", body = Stored),
+        (status = 400, description = "No tenant given (bad_request)", body = crate::http::ErrorBody),
+        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
+        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = crate::http::ErrorBody),
+        (status = 503, description = "The store could not be read", body = crate::http::ErrorBody),
+    ),
+    security(("cluster" = []))
+)]
+pub async fn stored(State(api): State<Arc<Api>>, req: Request) -> Response {
+    if let Some(r) = cluster_door(&api, req.headers()) {
+        return r;
+    }
+    let Some(tenant) = query_param(req.uri().query().unwrap_or(""), "tenant") else {
+        return error(StatusCode::BAD_REQUEST, "bad_request", "tenant is required");
+    };
+    let store = api.store.clone();
+    match tokio::task::spawn_blocking(move || ankusa_queue::tenants::ord(&store, &tenant)).await {
+        Ok(Ok(ord)) => Json(Stored {
+            stored: ord.is_some(),
+        })
+        .into_response(),
+        _ => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the store could not be read",
         ),
     }
 }

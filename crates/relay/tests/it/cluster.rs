@@ -820,12 +820,13 @@ fn a_loan_whose_answer_was_cut_arrives_with_the_next_and_no_slot_is_in_two_place
         for (k, t) in ones[..2].iter().enumerate() {
             assert_eq!(r.send(&c, 1, t, &format!("a-{k}")).await.status, 202);
         }
-        // Node 1 is out of slots; node 0 lends one, and the answer is cut.
-        faults.cut.store(1, Ordering::SeqCst);
+        // Node 1 is out of slots: it asks node 0 whether it stores the tenant, then for a
+        // loan; node 0 lends one, and both answers are cut.
+        faults.cut.store(2, Ordering::SeqCst);
         let a = r.send(&c, 1, &ones[2], "a-2").await;
         assert_eq!(a.status, 503, "{:?}", a.json());
         assert_eq!(a.json()["error"], "registry_unavailable");
-        assert_eq!(faults.cut.load(Ordering::SeqCst), 0, "one answer was cut");
+        assert_eq!(faults.cut.load(Ordering::SeqCst), 0, "two answers were cut");
     });
     // The slot is with neither node: lent by 0, not heard by 1.
     assert_eq!(slots_of(&r, 0), (0, 1));
@@ -883,6 +884,77 @@ fn a_node_whose_volume_is_lost_learns_what_it_lent_and_the_relay_stays_within_te
     });
     let (_, all) = r.admin_get(1, "/v1/tenants");
     assert_eq!(all["total"], 4, "{all}");
+}
+
+#[test]
+fn after_a_node_joins_a_full_relay_moved_tenants_are_never_refused_and_the_relay_stays_within_its_bound(
+) {
+    let mut r = Relay::new(2, "tenants: { max: 4 }");
+    r.start_all();
+    // Two tenants that move to the third node when it joins, two that stay.
+    let three = ["relay-0", "relay-1", "relay-2"];
+    let owner3 = |t: &str| ankusa_relay::cluster::owner_index(three.into_iter(), t);
+    let (mut moving, mut staying) = (Vec::new(), Vec::new());
+    for t in (0..).map(|k| format!("tenant-{k}")) {
+        match owner3(&t) {
+            2 if moving.len() < 2 => moving.push(t),
+            0 | 1 if staying.len() < 2 => staying.push(t),
+            _ => {}
+        }
+        if moving.len() == 2 && staying.len() == 2 {
+            break;
+        }
+    }
+    let newcomers: Vec<String> = (0..)
+        .map(|k| format!("newcomer-{k}"))
+        .filter(|t| owner3(t) == 2)
+        .take(2)
+        .collect();
+    let c = client();
+    r.rt.block_on(async {
+        for (k, t) in moving.iter().chain(&staying).enumerate() {
+            let a = r.send(&c, k % 2, t, &format!("a-{k}")).await;
+            assert_eq!(a.status, 202, "{t}: {:?}", a.json());
+        }
+    });
+    // The third node joins; the first two restart on the new list (shares 2 + 1 + 1).
+    // Each counts the tenants it stores and still owns: the two that moved count at the
+    // newcomer once they send again.
+    r.add_spec();
+    r.start(2);
+    for i in [1, 0] {
+        r.kill9(i);
+        r.start(i);
+    }
+    let registered = |r: &Relay| (0..3).map(|i| slots_of(r, i).0).sum::<u64>();
+    assert_eq!(registered(&r), 2);
+    r.rt.block_on(async {
+        // While the moved tenants are silent, their slots are free: a new tenant takes one
+        // (the stated bound: at most the tenants that moved and have not sent since).
+        let a = r.send(&c, 0, &newcomers[0], "n-0").await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+        // The moved tenants send again: the first takes the last free slot, the second —
+        // none free anywhere — is taken all the same: another node stores it.
+        for (k, t) in moving.iter().enumerate() {
+            let a = r.send(&c, k % 3, t, &format!("b-{k}")).await;
+            assert_eq!(a.status, 202, "{t}: {:?}", a.json());
+        }
+        for (k, t) in staying.iter().enumerate() {
+            let a = r.send(&c, k % 3, t, &format!("c-{k}")).await;
+            assert_eq!(a.status, 202, "{t}: {:?}", a.json());
+        }
+        // Full, and one past: no other new tenant, wherever it lands.
+        for i in 0..3 {
+            let a = r.send(&c, i, &newcomers[1], &format!("n-1-{i}")).await;
+            assert_eq!(a.status, 503, "{:?}", a.json());
+            assert_eq!(a.json()["error"], "tenant_limit");
+        }
+    });
+    assert_eq!(
+        registered(&r),
+        5,
+        "tenants.max and the one moved tenant it took back"
+    );
 }
 
 /// A tenant's limits set through a node that does not own it are made on every node and
