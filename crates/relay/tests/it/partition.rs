@@ -214,6 +214,18 @@ enum Fault {
 }
 
 impl Fault {
+    /// A Toxiproxy fault's toxic: its type, the stream it acts on, its attributes.
+    fn toxic(&self) -> (&'static str, &'static str, serde_json::Value) {
+        use serde_json::json;
+        match *self {
+            Fault::Latency(_, _, ms) => ("latency", "downstream", json!({ "latency": ms })),
+            Fault::Trickle(..) => ("bandwidth", "downstream", json!({ "rate": 1 })),
+            Fault::Reset(..) => ("reset_peer", "upstream", json!({ "timeout": 0 })),
+            Fault::HalfOpen(..) => ("timeout", "downstream", json!({ "timeout": 0 })),
+            _ => unreachable!("not a Toxiproxy fault: {self:?}"),
+        }
+    }
+
     fn random(rng: &mut Rng) -> Fault {
         let (a, b) = rng.pair();
         match rng.below(9) {
@@ -540,51 +552,18 @@ impl Relay {
                     &["-A", "OUTPUT", "-d", "10.77.0.0/24", "-j", "DROP"],
                 ],
             ),
-            Fault::Latency(a, b, ms) => {
-                self.toxic(
-                    a,
-                    b,
-                    "latency",
-                    "downstream",
-                    serde_json::json!({ "latency": ms }),
-                )
-                .await
-            }
-            Fault::Trickle(a, b) => {
-                self.toxic(
-                    a,
-                    b,
-                    "bandwidth",
-                    "downstream",
-                    serde_json::json!({ "rate": 1 }),
-                )
-                .await
-            }
-            Fault::Reset(a, b) => {
-                self.toxic(
-                    a,
-                    b,
-                    "reset_peer",
-                    "upstream",
-                    serde_json::json!({ "timeout": 0 }),
-                )
-                .await
-            }
-            Fault::HalfOpen(a, b) => {
-                self.toxic(
-                    a,
-                    b,
-                    "timeout",
-                    "downstream",
-                    serde_json::json!({ "timeout": 0 }),
-                )
-                .await
+            Fault::Latency(a, b, _)
+            | Fault::Trickle(a, b)
+            | Fault::Reset(a, b)
+            | Fault::HalfOpen(a, b) => {
+                let (kind, stream, attrs) = f.toxic();
+                self.toxic(a, b, kind, stream, attrs).await
             }
             Fault::Pause(n) => self.signal(n, "-STOP"),
             Fault::Shrink(n) => {
-                *self.members.lock().unwrap() = (0..NODES).filter(|j| *j != n).collect();
-                tokio::task::block_in_place(|| self.stop_node(n));
                 let rest: Vec<usize> = (0..NODES).filter(|j| *j != n).collect();
+                *self.members.lock().unwrap() = rest.clone();
+                tokio::task::block_in_place(|| self.stop_node(n));
                 self.roll(&rest).await;
             }
         }
@@ -754,7 +733,7 @@ async fn client_loop(
 /// The sum of a labelled counter's series whose labels contain `filter`.
 fn metric_sum(text: &str, name: &str, filter: &str) -> f64 {
     text.lines()
-        .filter(|l| l.starts_with(name) && l.contains(filter))
+        .filter(|l| l.starts_with(&format!("{name}{{")) && l.contains(filter))
         .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
         .sum()
 }
@@ -1001,9 +980,13 @@ fn a_relay_in_network_namespaces_loses_no_acked_hook_under_partitions_resets_and
 }
 
 /// `make chaos`: `ANKUSA_CHAOS_SCHEDULES` random schedules (default 20) from
-/// `ANKUSA_CHAOS_SEED` (default: the clock), six phases each.
+/// `ANKUSA_CHAOS_SEED` (default: the clock), six phases each. Ignored by `make test`
+/// because twenty random schedules take about seven minutes; `make test` runs the same
+/// harness and checks on fixed schedules in
+/// `a_relay_in_network_namespaces_loses_no_acked_hook_under_partitions_resets_and_stalls`,
+/// and `make chaos` runs this one (`--run-ignored only`).
 #[test]
-#[ignore = "long: `make chaos` runs it"]
+#[ignore = "random schedules for minutes: `make chaos` runs it; `make test` runs the fixed ones (a_relay_in_network_namespaces_…)"]
 fn chaos() {
     let n: u64 = std::env::var("ANKUSA_CHAOS_SCHEDULES")
         .ok()
