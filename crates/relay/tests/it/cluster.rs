@@ -386,8 +386,7 @@ fn tenants_max_counts_tenants_relay_wide_whichever_node_a_hook_reaches() {
         }
         for i in 0..3 {
             let a = r.send(&c, i, "t-eleventh", &format!("x{i}")).await;
-            assert_eq!(a.status, 503, "node {i}: {:?}", a.json());
-            assert_eq!(a.json()["error"], "tenant_limit");
+            refused(&a, "tenant_limit", &format!("node {i}"));
             assert_eq!(a.headers["retry-after"], "300");
         }
         // The ten keep flowing, through any node.
@@ -719,6 +718,17 @@ fn a_tenants_view_dlq_replay_and_purge_add_up_what_a_former_owner_still_holds() 
     assert_eq!(v["counters"]["dead"], 0, "{v}");
 }
 
+/// `a` is a 503 with the error `code` and a `Retry-After` (`whom` names the request).
+fn refused(a: &Resp, code: &str, whom: &str) {
+    assert_eq!(a.status, 503, "{whom}: {:?}", a.json());
+    assert_eq!(a.json()["error"], code, "{whom}: {:?}", a.json());
+    assert!(
+        a.headers.contains_key("retry-after"),
+        "{whom}: {:?}",
+        a.headers
+    );
+}
+
 /// The tenants of node `i`'s registry and its slots, from its `/v1/node`.
 fn slots_of(r: &Relay, i: usize) -> (u64, u64) {
     let (_, v) = r.admin_get(i, "/v1/node");
@@ -770,8 +780,7 @@ fn with_any_node_down_the_others_admit_new_tenants_and_never_past_tenants_max() 
         // The sixth: none free on nodes 1 and 2, and node 0, which may have some, does
         // not answer.
         let a = r.send(&c, 1, &fresh[5], "n-5").await;
-        assert_eq!(a.status, 503, "{:?}", a.json());
-        assert_eq!(a.json()["error"], "registry_unavailable");
+        refused(&a, "registry_unavailable", "a new tenant");
         assert_eq!(a.headers["retry-after"], "5");
     });
     let held = |r: &Relay, nodes: &[usize]| -> (u64, u64) {
@@ -795,8 +804,7 @@ fn with_any_node_down_the_others_admit_new_tenants_and_never_past_tenants_max() 
         for (k, t) in new_tenants(&r, &[0, 1, 2], 3_000, 3).iter().enumerate() {
             for i in 0..3 {
                 let a = r.send(&c, i, t, &format!("x-{k}-{i}")).await;
-                assert_eq!(a.status, 503, "{t} at node {i}: {:?}", a.json());
-                assert_eq!(a.json()["error"], "tenant_limit");
+                refused(&a, "tenant_limit", &format!("{t} at node {i}"));
             }
         }
     });
@@ -824,8 +832,7 @@ fn a_loan_whose_answer_was_cut_arrives_with_the_next_and_no_slot_is_in_two_place
         // loan; node 0 lends one, and both answers are cut.
         faults.cut.store(2, Ordering::SeqCst);
         let a = r.send(&c, 1, &ones[2], "a-2").await;
-        assert_eq!(a.status, 503, "{:?}", a.json());
-        assert_eq!(a.json()["error"], "registry_unavailable");
+        refused(&a, "registry_unavailable", "a new tenant");
         assert_eq!(faults.cut.load(Ordering::SeqCst), 0, "two answers were cut");
     });
     // The slot is with neither node: lent by 0, not heard by 1.
@@ -844,8 +851,7 @@ fn a_loan_whose_answer_was_cut_arrives_with_the_next_and_no_slot_is_in_two_place
         assert_eq!(a.status, 202, "{:?}", a.json());
         for i in 0..2 {
             let a = r.send(&c, i, &zeros[1], &format!("z-1-{i}")).await;
-            assert_eq!(a.status, 503, "{:?}", a.json());
-            assert_eq!(a.json()["error"], "tenant_limit");
+            refused(&a, "tenant_limit", "a new tenant");
         }
     });
     let (_, all) = r.admin_get(0, "/v1/tenants");
@@ -879,8 +885,7 @@ fn a_node_whose_volume_is_lost_learns_what_it_lent_and_the_relay_stays_within_te
     }
     r.rt.block_on(async {
         let a = r.send(&c, 0, &zero, "z").await;
-        assert_eq!(a.status, 503, "{:?}", a.json());
-        assert_eq!(a.json()["error"], "tenant_limit", "{:?}", a.json());
+        refused(&a, "tenant_limit", "a new tenant");
     });
     let (_, all) = r.admin_get(1, "/v1/tenants");
     assert_eq!(all["total"], 4, "{all}");
@@ -946,8 +951,7 @@ fn after_a_node_joins_a_full_relay_moved_tenants_are_never_refused_and_the_relay
         // Full, and one past: no other new tenant, wherever it lands.
         for i in 0..3 {
             let a = r.send(&c, i, &newcomers[1], &format!("n-1-{i}")).await;
-            assert_eq!(a.status, 503, "{:?}", a.json());
-            assert_eq!(a.json()["error"], "tenant_limit");
+            refused(&a, "tenant_limit", "a new tenant");
         }
     });
     assert_eq!(
