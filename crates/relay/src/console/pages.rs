@@ -307,22 +307,21 @@ fn oldest_due(view: &Value) -> String {
         .unwrap_or_else(|| "—".into())
 }
 
-fn tenant_link(v: &Viewer, t: &str) -> String {
+/// A link to the console's page of `id` under `section`, around `inner` (HTML).
+fn link(v: &Viewer, section: &str, id: &str, inner: &str) -> String {
     format!(
-        "<a href=\"{}/tenants/{}\">{}</a>",
+        "<a href=\"{}/{section}/{}\">{inner}</a>",
         esc(&v.base),
-        enc(t),
-        esc(t)
+        enc(id)
     )
 }
 
+fn tenant_link(v: &Viewer, t: &str) -> String {
+    link(v, "tenants", t, &esc(t))
+}
+
 fn hook_link(v: &Viewer, id: &str) -> String {
-    format!(
-        "<a href=\"{}/hooks/{}\"><code>{}</code></a>",
-        esc(&v.base),
-        enc(id),
-        esc(id)
-    )
+    link(v, "hooks", id, &format!("<code>{}</code>", esc(id)))
 }
 
 /// A time the form gives (`YYYY-MM-DD HH:MM`, UTC) in ms, or 400 naming the field.
