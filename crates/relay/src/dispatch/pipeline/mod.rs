@@ -39,7 +39,7 @@ use ankusa_queue::hints::DueHints;
 use ankusa_records::{DeliveryRow, Envelope};
 use ankusa_store::Store;
 use claim::{claim_tick, ClaimCtx};
-use outcomes::commit_outcomes;
+use outcomes::{spawn_committer, Committer};
 use plan::{after_tick, Cursors, TickLimits};
 use runner::{Runner, StartParts, Starter};
 use slots::{TenantSlot, TenantSlots, Weights};
@@ -138,16 +138,24 @@ pub fn spawn(
         let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_inflight));
         let tenants = TenantSlots::new(settings.tenant_max_inflight);
         let weights = Weights::new(settings.tenant_weights.clone());
-        let (done_tx, done_rx) = tokio::sync::mpsc::channel::<Done>(settings.max_inflight);
-        let committer = tokio::spawn(commit_outcomes(
-            store.clone(),
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<Done>();
+        let committer = match spawn_committer(
+            Committer {
+                store: store.clone(),
+                retry: settings.retry.clone(),
+                log: settings.hook_log,
+                hints: hints.clone(),
+                reclaimed: metrics.reclaimed_hooks.clone(),
+                stop: stop.clone(),
+            },
             done_rx,
-            settings.retry.clone(),
-            settings.hook_log,
-            hints.clone(),
-            metrics.reclaimed_hooks.clone(),
-            stop.clone(),
-        ));
+        ) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "dispatch: the outcome committer's thread did not start; nothing is delivered");
+                return;
+            }
+        };
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
         // Each sink with its series, resolved once per set of sinks: a delivery finds both
         // in one lookup.
@@ -272,7 +280,8 @@ pub fn spawn(
         while in_flight.join_next().await.is_some() {}
         drop(run);
         drop(done_tx);
-        let _ = committer.await;
+        // The committer ends once every outcome sent is committed.
+        let _ = tokio::task::spawn_blocking(move || committer.join()).await;
         // What is still in flight in the store now is what the deadline cut: due again.
         let (s, log) = (store.clone(), settings.hook_log);
         let stopped = tokio::task::spawn_blocking(move || {

@@ -15,82 +15,92 @@ use ankusa_queue::QueueError;
 use ankusa_records::{AttemptOutcome, ErrorClass};
 use ankusa_store::Store;
 
-/// Commits finished attempts in batches: delivered, retry (with backoff), dead-letter, or
-/// orphan drop. Outcomes are not synced: a lost outcome only means a redelivery.
-pub(super) async fn commit_outcomes(
-    store: Arc<Store>,
-    mut rx: tokio::sync::mpsc::Receiver<Done>,
-    retry: RetryConfig,
-    log: bool,
-    hints: Arc<DueHints>,
-    reclaimed: prometheus_client::metrics::counter::Counter,
-    stop: tokio::sync::watch::Receiver<bool>,
-) {
-    let max_retry_after = Duration::from_millis(retry.max_retry_after_ms);
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        while batch.len() < 1024 {
-            match rx.try_recv() {
-                Ok(d) => batch.push(d),
-                Err(_) => break,
+/// What the outcome committer needs besides its channel.
+pub(super) struct Committer {
+    pub(super) store: Arc<Store>,
+    pub(super) retry: RetryConfig,
+    pub(super) log: bool,
+    pub(super) hints: Arc<DueHints>,
+    pub(super) reclaimed: prometheus_client::metrics::counter::Counter,
+    pub(super) stop: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Starts the outcome committer on a thread of its own (`ankusa-outcomes`): it commits
+/// finished attempts in batches — delivered, retry (with backoff), dead-letter, or orphan
+/// drop — taking every outcome that waits at once, and ends when every sender is gone.
+/// Outcomes are not synced: a lost outcome only means a redelivery.
+///
+/// A thread rather than a task handing each batch to the blocking pool: a batch then
+/// costs at most one wake-up (the thread's, when it waited), where the pool cost three
+/// hand-offs (the task's, the pool thread's and the task's again) — per batch of a few
+/// outcomes under a steady ingest, a share of each hook's CPU (docs/performance.md). The
+/// channel needs no bound of its own: every outcome in it holds one of the pipeline's
+/// `max_inflight` permits.
+pub(super) fn spawn_committer(
+    c: Committer,
+    rx: std::sync::mpsc::Receiver<Done>,
+) -> std::io::Result<std::thread::JoinHandle<()>> {
+    std::thread::Builder::new()
+        .name("ankusa-outcomes".into())
+        .spawn(move || {
+            while let Ok(first) = rx.recv() {
+                let mut batch = vec![first];
+                batch.extend(rx.try_iter().take(1023));
+                commit_batch(&c, &batch);
+                // The batch's permits go back as it drops, its outcomes committed.
+            }
+        })
+}
+
+/// Commits one batch of outcomes. A batch whose commit fails (a full disk, a failed WAL
+/// sync) is committed again once a second until it succeeds: nothing was written, and its
+/// rows must not stay inflight until the next boot. Its slots stay held meanwhile, so the
+/// pipeline claims nothing new. Only a stop gives up; boot recovery then makes the rows due
+/// again (a redelivery, never a loss).
+fn commit_batch(c: &Committer, batch: &[Done]) {
+    let max_retry_after = Duration::from_millis(c.retry.max_retry_after_ms);
+    loop {
+        let result = (|| {
+            let now = ankusa_keyspace::now_ms();
+            let mut tx = Tx::new();
+            let mut retries: Vec<(TenantOrd, AtMs)> = Vec::new();
+            let mut failed: Vec<(usize, Failed)> = Vec::new();
+            let takes_hook = last_needs(&c.store, batch)?;
+            let log = c.log.then_some(&*c.store);
+            for (i, (d, last)) in batch.iter().zip(&takes_hook).enumerate() {
+                let f = d.finished();
+                let s = outcome_ops(&mut tx, log, &f, *last, &c.retry, max_retry_after, now)?;
+                retries.extend(s.due_again);
+                failed.extend(s.failed.map(|f| (i, f)));
+            }
+            // One unit per outcome: a hook went only with a row that moved.
+            let committed = tx.commit(&c.store, false)?;
+            let removed = takes_hook
+                .iter()
+                .zip(&committed.moved)
+                .filter(|(t, m)| **t && **m)
+                .count() as u64;
+            Ok::<_, QueueError>((retries, removed, failed))
+        })();
+        match result {
+            // Each retry is claimed when it comes due, not at the next full scan.
+            Ok((retries, removed, failed)) => {
+                c.hints.add_later(retries);
+                c.reclaimed.inc_by(removed);
+                for (i, f) in failed {
+                    log_failed(&batch[i], &f);
+                }
+                return;
+            }
+            Err(e) if !*c.stop.borrow() => {
+                tracing::debug!(error = %e, outcomes = batch.len(), "dispatch: committing outcomes, again in 1 s");
+                std::thread::sleep(Duration::from_secs(1));
+            }
+            Err(e) => {
+                tracing::error!(error = %e, outcomes = batch.len(), "dispatch: outcomes not committed at stop; their rows are due again after the next boot");
+                return;
             }
         }
-        // A batch whose commit fails (a full disk, a failed WAL sync) is committed again
-        // once a second until it succeeds: nothing was written, and its rows must not
-        // stay inflight until the next boot. Its slots stay held meanwhile, so the
-        // pipeline claims nothing new. Only a stop gives up; boot recovery then makes the
-        // rows due again (a redelivery, never a loss).
-        let batch = Arc::new(batch);
-        loop {
-            let (store, retry, b) = (store.clone(), retry.clone(), batch.clone());
-            let result = tokio::task::spawn_blocking(move || {
-                let now = ankusa_keyspace::now_ms();
-                let mut tx = Tx::new();
-                let mut retries: Vec<(TenantOrd, AtMs)> = Vec::new();
-                let mut failed: Vec<(usize, Failed)> = Vec::new();
-                let takes_hook = last_needs(&store, &b)?;
-                let log = log.then_some(&*store);
-                for (i, (d, last)) in b.iter().zip(&takes_hook).enumerate() {
-                    let f = d.finished();
-                    let s = outcome_ops(&mut tx, log, &f, *last, &retry, max_retry_after, now)?;
-                    retries.extend(s.due_again);
-                    failed.extend(s.failed.map(|f| (i, f)));
-                }
-                // One unit per outcome: a hook went only with a row that moved.
-                let committed = tx.commit(&store, false)?;
-                let removed = takes_hook
-                    .iter()
-                    .zip(&committed.moved)
-                    .filter(|(t, m)| **t && **m)
-                    .count() as u64;
-                Ok::<_, QueueError>((retries, removed, failed))
-            })
-            .await;
-            match result {
-                // Each retry is claimed when it comes due, not at the next full scan.
-                Ok(Ok((retries, removed, failed))) => {
-                    hints.add_later(retries);
-                    reclaimed.inc_by(removed);
-                    for (i, f) in failed {
-                        log_failed(&batch[i], &f);
-                    }
-                    break;
-                }
-                Ok(Err(e)) if !*stop.borrow() => {
-                    tracing::debug!(error = %e, outcomes = batch.len(), "dispatch: committing outcomes, again in 1 s");
-                    tokio::time::sleep(Duration::from_secs(1)).await;
-                }
-                Ok(Err(e)) => {
-                    tracing::error!(error = %e, outcomes = batch.len(), "dispatch: outcomes not committed at stop; their rows are due again after the next boot");
-                    break;
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "dispatch: outcome task");
-                    break;
-                }
-            }
-        }
-        // The batch's permits go back as it drops, its outcomes committed.
     }
 }
 

@@ -17,7 +17,8 @@ pub(super) struct Runner {
     pub(super) metrics: Arc<crate::metrics::Metrics>,
     /// The sinks and their series, rebuilt when a reload installs other sinks.
     pub(super) meters: arc_swap::ArcSwap<SinkSeries>,
-    pub(super) done_tx: tokio::sync::mpsc::Sender<Done>,
+    /// To the outcome committer's thread.
+    pub(super) done_tx: std::sync::mpsc::Sender<Done>,
     pub(super) max_retry_after: Duration,
 }
 
@@ -102,14 +103,12 @@ impl Runner {
         if job.sink_slot.take().is_some() {
             job.tenant_slot.slots.notify_freed();
         }
-        let _ = self
-            .done_tx
-            .send(Done {
-                job,
-                attempt,
-                _permit: permit,
-            })
-            .await;
+        // Only a stopped committer refuses it: the row stays inflight for boot recovery.
+        let _ = self.done_tx.send(Done {
+            job,
+            attempt,
+            _permit: permit,
+        });
     }
 }
 
