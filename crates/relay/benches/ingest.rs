@@ -20,17 +20,11 @@
 //!   hook);
 //! - for reference, in each round: the **store floor** ([`store_floor`]), the relay's own
 //!   store work per hook in plain loops; the twin plus it is the least a relay with the same
-//!   HTTP exchanges and the ADR's moves can cost.
-//!
-//! The no-op handler, the forwarding twin and the relay alternate over two rounds, so a
-//! change in the shared host's load falls on each of them; so do the relay and the twin
-//! at twice the clients, whose share is the rule proposed in docs/performance.md (printed,
-//! not judged). The other references run once.
-//!
+//!   HTTP exchanges and the ADR's moves can cost;
 //! - the **durable twin** ([`durable_ingest`]): the least relay — the forwarding twin plus
 //!   only what any relay keeping the ADR's invariants must add (the signature checked, a
-//!   group commit of the relay's own ingest ops with one WAL sync per batch before the 202,
-//!   the outcome settled), in plain code.
+//!   group commit of the relay's own ingest ops gathered as the relay's writer gathers,
+//!   with one WAL sync per batch before the 202, the outcome settled), in plain code.
 //!
 //! The no-op handler, the forwarding twin, the relay and the durable twin alternate over
 //! two rounds, so a change in the shared host's load falls on each of them; so do the
@@ -198,8 +192,9 @@ type Commit = (
 /// **The durable twin** (the rule's reference, docs/performance.md): the least relay —
 /// the forwarding twin's listener and client plus only what any relay keeping the ADR's
 /// invariants must add: the signature checked, each hook committed by a group commit (one
-/// plain thread taking every hook that waits, the relay's own assembler with every
-/// delivery written inflight at commit, one WAL sync per batch) before its 202, the body
+/// plain thread gathering hooks as the relay's writer does by default, the relay's own
+/// assembler with every delivery written inflight at commit, one WAL sync per batch)
+/// before its 202, the body
 /// then posted on to the sink by a task of its own, and its delivered outcome settled by a
 /// second plain thread in batches (the store floor's moves, hook log on). None of the
 /// relay's machinery: no tenant resolution beyond the header, no quotas, no metrics or
@@ -229,6 +224,11 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
     let (commit_tx, commits) = std::sync::mpsc::sync_channel::<Commit>(4_096);
     let (settle_tx, settles) = std::sync::mpsc::channel::<InflightRow>();
     let wait = Duration::from_millis(50);
+    let writer = ankusa_config::WriterConfig::default();
+    let (gap, delay) = (
+        Duration::from_micros(writer.max_batch_gap_us),
+        Duration::from_micros(writer.max_batch_delay_us),
+    );
     let committer = {
         let (store, stop, syncs) = (store.clone(), stop.clone(), syncs.clone());
         std::thread::spawn(move || {
@@ -239,7 +239,15 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
                 let Ok(first) = commits.recv_timeout(wait) else {
                     continue;
                 };
-                let batch: Vec<Commit> = std::iter::once(first).chain(commits.try_iter()).collect();
+                // Gathered as the relay's writer gathers by default: until no hook has
+                // come for the gap, at most for the delay.
+                let mut batch = vec![first];
+                let deadline = std::time::Instant::now() + delay;
+                while let Ok(next) = commits.recv_timeout(
+                    gap.min(deadline.saturating_duration_since(std::time::Instant::now())),
+                ) {
+                    batch.push(next);
+                }
                 let envs: Vec<&ankusa_records::Envelope> = batch.iter().map(|(e, _)| e).collect();
                 let b = asm
                     .assemble_except(&store, &envs, false, &[], Some(&StartAll))
