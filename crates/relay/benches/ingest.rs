@@ -202,8 +202,8 @@ type Commit = (
 struct Durable {
     addr: std::net::SocketAddr,
     stop: Arc<std::sync::atomic::AtomicBool>,
-    /// WAL syncs and the hooks they acked.
-    syncs: Arc<(AtomicU64, AtomicU64)>,
+    /// WAL syncs, the hooks they acked, and the hooks whose delivered outcome is settled.
+    syncs: Arc<(AtomicU64, AtomicU64, AtomicU64)>,
     threads: Vec<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
 }
@@ -220,7 +220,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
     );
     store.ensure_added_families().expect("families");
     let stop = Arc::new(AtomicBool::new(false));
-    let syncs = Arc::new((AtomicU64::new(0), AtomicU64::new(0)));
+    let syncs = Arc::new((AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)));
     let (commit_tx, commits) = std::sync::mpsc::sync_channel::<Commit>(4_096);
     let (settle_tx, settles) = std::sync::mpsc::channel::<InflightRow>();
     let wait = Duration::from_millis(50);
@@ -267,7 +267,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
         })
     };
     let settler = {
-        let (store, stop) = (store.clone(), stop.clone());
+        let (store, stop, syncs) = (store.clone(), stop.clone(), syncs.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let Ok(first) = settles.recv_timeout(wait) else {
@@ -276,6 +276,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
                 let rows: Vec<InflightRow> =
                     std::iter::once(first).chain(settles.try_iter()).collect();
                 load::settle_delivered(&store, &rows, true);
+                syncs.2.fetch_add(rows.len() as u64, Ordering::Relaxed);
             }
         })
     };
@@ -359,12 +360,8 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
 /// One run of the durable twin into `into`; its threads end (and its store closes) after.
 async fn durable(into: &mut Run, clients: usize) {
     let twin = durable_ingest(load::noop_sink().await, clients).await;
-    load(
-        into,
-        format!("http://{}/ingest/bench", twin.addr).into(),
-        clients,
-    )
-    .await;
+    let url = format!("http://{}/ingest/bench", twin.addr).into();
+    load(into, url, clients, Some(&twin.syncs.2)).await;
     twin.stop.store(true, Ordering::Relaxed);
     into.batch.0 += twin.syncs.1.load(Ordering::Relaxed) as f64;
     into.batch.1 += twin.syncs.0.load(Ordering::Relaxed) as f64;
@@ -379,10 +376,29 @@ async fn durable(into: &mut Run, clients: usize) {
 }
 
 /// One run of the load against `url` into `into`: its acks, seconds and this process's
-/// CPU time.
-async fn load(into: &mut Run, url: Arc<str>, clients: usize) {
+/// CPU time until the sink has had every acked hook (`delivered`; none: the 202 came after
+/// the delivery) — a relay that acks before it delivers is charged its deliveries too.
+async fn load(
+    into: &mut Run,
+    url: Arc<str>,
+    clients: usize,
+    delivered: Option<&std::sync::atomic::AtomicU64>,
+) {
     let cpu = load::cpu_time();
     let (secs, lat) = load::closed_loop(url, clients, RUN, TENANTS as u64, BODY).await;
+    if let Some(seen) = delivered {
+        let acked = lat.len() as u64;
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while seen.load(Ordering::Relaxed) < acked {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{}: {} of {acked} acked hooks delivered after 30 s",
+                into.label,
+                seen.load(Ordering::Relaxed)
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
     into.add(secs, lat, load::cpu_time() - cpu);
 }
 
@@ -394,7 +410,13 @@ async fn twin(into: &mut Run, forwarding: bool, clients: usize) {
     } else {
         noop_ingest().await
     };
-    load(into, format!("http://{addr}/ingest/bench").into(), clients).await;
+    load(
+        into,
+        format!("http://{addr}/ingest/bench").into(),
+        clients,
+        None,
+    )
+    .await;
 }
 
 /// Knobs of a relay run.
@@ -422,7 +444,7 @@ const DEFAULTS: Knobs = Knobs {
 /// before it.)
 async fn run(into: &mut Run, k: Knobs) {
     eprintln!("ingest: {}", into.label);
-    let sink = load::noop_sink().await;
+    let (sink, delivered) = load::counting_sink().await;
     let dir = tempfile::tempdir().expect("tempdir");
     let gap = k
         .gap_us
@@ -437,7 +459,7 @@ async fn run(into: &mut Run, k: Knobs) {
     )
     .await;
     let url: Arc<str> = format!("http://{}/ingest/bench", node.ingest_addr).into();
-    load(into, url, k.clients).await;
+    load(into, url, k.clients, Some(&delivered)).await;
     let m = node.metrics.encode();
     into.batch.0 += load::metric(&m, "ankusa_writer_batch_hooks_sum");
     into.batch.1 += load::metric(&m, "ankusa_writer_batch_hooks_count");

@@ -89,6 +89,28 @@ pub async fn noop_sink() -> std::net::SocketAddr {
     addr
 }
 
+/// [`noop_sink`], counting the requests it answered.
+pub async fn counting_sink() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicU64>,
+) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = l.local_addr().expect("addr");
+    let seen = std::sync::Arc::new(AtomicU64::new(0));
+    let count = seen.clone();
+    let app = axum::Router::new().fallback(move || {
+        count.fetch_add(1, Ordering::Relaxed);
+        async { axum::http::StatusCode::OK }
+    });
+    tokio::spawn(async move {
+        let _ = axum::serve(l, app).await;
+    });
+    (addr, seen)
+}
+
 /// A relay node on a store under `dir`: source `bench` (tenant from `x-tenant`,
 /// hmac-sha256 with [`SECRET`]) routed to one sink at `sink`; `extra` adds top-level keys.
 pub async fn relay(
