@@ -15,6 +15,11 @@ use ankusa_queue::QueueError;
 use ankusa_records::{AttemptOutcome, ErrorClass};
 use ankusa_store::Store;
 
+/// How long the outcome committer lets outcomes gather after the first of a batch: a
+/// delivered hook's slot and permit are held this much longer, and under a steady load a
+/// batch commits several outcomes for one wake-up of the thread.
+const GATHER: Duration = Duration::from_micros(200);
+
 /// What the outcome committer needs besides its channel.
 pub(super) struct Committer {
     pub(super) store: Arc<Store>,
@@ -44,6 +49,9 @@ pub(super) fn spawn_committer(
         .name("ankusa-outcomes".into())
         .spawn(move || {
             while let Ok(first) = rx.recv() {
+                // Outcomes sent while it sleeps wake nobody: one wake-up per batch, not one
+                // per outcome.
+                std::thread::sleep(GATHER);
                 let mut batch = vec![first];
                 batch.extend(rx.try_iter().take(1023));
                 commit_batch(&c, &batch);
