@@ -157,6 +157,10 @@ async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Dr
     sink.count.store(0, Ordering::Relaxed);
     let started = Instant::now();
     let mut delivered = 0u64;
+    eprintln!(
+        "delivery: the transitions twin drains its backlog (pid {})",
+        std::process::id()
+    );
     drain(BACKLOG, async {
         while delivered < BACKLOG {
             assert!(

@@ -18,7 +18,7 @@ use ankusa_store::Store;
 /// How long the outcome committer lets outcomes gather after the first of a batch: a
 /// delivered hook's slot and permit are held this much longer, and under a steady load a
 /// batch commits several outcomes for one wake-up of the thread.
-const GATHER: Duration = Duration::from_micros(200);
+const GATHER: Duration = Duration::from_micros(1_000);
 
 /// What the outcome committer needs besides its channel.
 pub(super) struct Committer {
