@@ -103,12 +103,19 @@ impl Runner {
         if job.sink_slot.take().is_some() {
             job.tenant_slot.slots.notify_freed();
         }
-        // Only a stopped committer refuses it: the row stays inflight for boot recovery.
-        let _ = self.done_tx.send(Done {
-            job,
-            attempt,
-            _permit: permit,
-        });
+        // The committer ends only once every sender is gone, so a refusal means its
+        // thread died: the row stays inflight, made due again at the next boot.
+        if self
+            .done_tx
+            .send(Done {
+                job,
+                attempt,
+                _permit: permit,
+            })
+            .is_err()
+        {
+            tracing::error!("dispatch: the outcome committer is gone; this delivery's row is due again after the next boot");
+        }
     }
 }
 
