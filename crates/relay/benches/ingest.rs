@@ -287,7 +287,15 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
     let addr = l.local_addr().expect("addr");
     let target: Arc<str> = format!("http://{sink}/").into();
     let ids = Arc::new(AtomicU64::new(0));
+    // The relay's own check of the bench source's signature.
+    let verifier = Arc::new(ankusa_verify::Verifier::HmacSha256 {
+        secret: load::SECRET.as_bytes().to_vec(),
+        header: "x-signature".into(),
+        prefix: "sha256=".into(),
+        encoding: ankusa_config::SigEncoding::Hex,
+    });
     type St = (
+        Arc<ankusa_verify::Verifier>,
         load::HttpClient,
         Arc<str>,
         std::sync::mpsc::SyncSender<Commit>,
@@ -298,21 +306,19 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
         .route(
             "/ingest/{source}",
             axum::routing::post(
-                |State((client, target, commits, settles, ids)): State<St>, req: Request| async move {
+                |State((verifier, client, target, commits, settles, ids)): State<St>,
+                 req: Request| async move {
                     use axum::http::StatusCode;
                     let (parts, body) = req.into_parts();
                     let Ok(body) = Limited::new(body, 1 << 20).collect().await else {
                         return StatusCode::PAYLOAD_TOO_LARGE;
                     };
                     let body = body.to_bytes();
-                    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
-                    let mac = ankusa_verify::hmac_sha256(load::SECRET.as_bytes(), &[&body]);
-                    let signed = header("x-signature")
-                        .and_then(|v| v.strip_prefix("sha256="))
-                        .is_some_and(|v| v == ankusa_verify::hex(&mac));
-                    if !signed {
+                    let now_s = ankusa_keyspace::now_ms() / 1000;
+                    if verifier.verify(&parts.headers, &body, now_s).is_err() {
                         return StatusCode::UNAUTHORIZED;
                     }
+                    let header = |name: &str| parts.headers.get(name).and_then(|v| v.to_str().ok());
                     let n = ids.fetch_add(1, Ordering::Relaxed);
                     let env = ankusa_records::Envelope::builder(format!("durable-{n}"), "bench")
                         .tenant(header("x-tenant"))
@@ -344,7 +350,14 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
                 },
             ),
         )
-        .with_state((load::client(clients), target, commit_tx, settle_tx, ids));
+        .with_state((
+            verifier,
+            load::client(clients),
+            target,
+            commit_tx,
+            settle_tx,
+            ids,
+        ));
     tokio::spawn(async move {
         let _ = axum::serve(l, app).await;
     });
