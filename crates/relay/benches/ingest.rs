@@ -202,10 +202,20 @@ type Commit = (
 struct Durable {
     addr: std::net::SocketAddr,
     stop: Arc<std::sync::atomic::AtomicBool>,
-    /// WAL syncs, the hooks they acked, and the hooks whose delivered outcome is settled.
-    syncs: Arc<(AtomicU64, AtomicU64, AtomicU64)>,
+    counts: Arc<DurableCounts>,
     threads: Vec<std::thread::JoinHandle<()>>,
     _dir: tempfile::TempDir,
+}
+
+/// What the durable twin's threads count.
+#[derive(Default)]
+struct DurableCounts {
+    /// WAL syncs.
+    syncs: AtomicU64,
+    /// Hooks those syncs acked.
+    synced: AtomicU64,
+    /// Hooks whose delivered outcome is settled.
+    settled: AtomicU64,
 }
 
 async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
@@ -220,7 +230,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
     );
     store.ensure_added_families().expect("families");
     let stop = Arc::new(AtomicBool::new(false));
-    let syncs = Arc::new((AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)));
+    let counts = Arc::new(DurableCounts::default());
     let (commit_tx, commits) = std::sync::mpsc::sync_channel::<Commit>(4_096);
     let (settle_tx, settles) = std::sync::mpsc::channel::<InflightRow>();
     let wait = Duration::from_millis(50);
@@ -230,7 +240,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
         Duration::from_micros(writer.max_batch_delay_us),
     );
     let committer = {
-        let (store, stop, syncs) = (store.clone(), stop.clone(), syncs.clone());
+        let (store, stop, counts) = (store.clone(), stop.clone(), counts.clone());
         std::thread::spawn(move || {
             let mut asm = ankusa_queue::writer::Assembler::open(&store, 1_000_000)
                 .expect("assembler")
@@ -258,8 +268,10 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
                 }
                 asm.commit(&store, b, false).expect("commit");
                 store.sync_wal().expect("sync");
-                syncs.0.fetch_add(1, Ordering::Relaxed);
-                syncs.1.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                counts.syncs.fetch_add(1, Ordering::Relaxed);
+                counts
+                    .synced
+                    .fetch_add(batch.len() as u64, Ordering::Relaxed);
                 for ((_, reply), row) in batch.into_iter().zip(rows) {
                     let _ = reply.send(row);
                 }
@@ -267,7 +279,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
         })
     };
     let settler = {
-        let (store, stop, syncs) = (store.clone(), stop.clone(), syncs.clone());
+        let (store, stop, counts) = (store.clone(), stop.clone(), counts.clone());
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 let Ok(first) = settles.recv_timeout(wait) else {
@@ -276,7 +288,9 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
                 let rows: Vec<InflightRow> =
                     std::iter::once(first).chain(settles.try_iter()).collect();
                 load::settle_delivered(&store, &rows, true);
-                syncs.2.fetch_add(rows.len() as u64, Ordering::Relaxed);
+                counts
+                    .settled
+                    .fetch_add(rows.len() as u64, Ordering::Relaxed);
             }
         })
     };
@@ -364,7 +378,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
     Durable {
         addr,
         stop,
-        syncs,
+        counts,
         threads: vec![committer, settler],
         _dir: dir,
     }
@@ -374,10 +388,10 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
 async fn durable(into: &mut Run, clients: usize) {
     let twin = durable_ingest(load::noop_sink().await, clients).await;
     let url = format!("http://{}/ingest/bench", twin.addr).into();
-    load(into, url, clients, Some(&twin.syncs.2)).await;
+    load(into, url, clients, Some(&twin.counts.settled)).await;
     twin.stop.store(true, Ordering::Relaxed);
-    into.batch.0 += twin.syncs.1.load(Ordering::Relaxed) as f64;
-    into.batch.1 += twin.syncs.0.load(Ordering::Relaxed) as f64;
+    into.batch.0 += twin.counts.synced.load(Ordering::Relaxed) as f64;
+    into.batch.1 += twin.counts.syncs.load(Ordering::Relaxed) as f64;
     let threads = twin.threads;
     tokio::task::spawn_blocking(move || {
         for t in threads {
