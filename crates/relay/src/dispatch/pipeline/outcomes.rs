@@ -32,15 +32,15 @@ pub(super) struct Committer {
 
 /// Starts the outcome committer on a thread of its own (`ankusa-outcomes`): it commits
 /// finished attempts in batches — delivered, retry (with backoff), dead-letter, or orphan
-/// drop — taking every outcome that waits at once, and ends when every sender is gone.
-/// Outcomes are not synced: a lost outcome only means a redelivery.
+/// drop — each batch every outcome that came within [`GATHER`] of its first (at most
+/// 1 024), and ends when every sender is gone. Outcomes are not synced: a lost outcome
+/// only means a redelivery.
 ///
-/// A thread rather than a task handing each batch to the blocking pool: a batch then
-/// costs at most one wake-up (the thread's, when it waited), where the pool cost three
-/// hand-offs (the task's, the pool thread's and the task's again) — per batch of a few
-/// outcomes under a steady ingest, a share of each hook's CPU (docs/performance.md). The
-/// channel needs no bound of its own: every outcome in it holds one of the pipeline's
-/// `max_inflight` permits.
+/// A thread rather than a task handing each batch to the blocking pool: a batch costs the
+/// thread's wake-up and its timer's, where the pool cost three hand-offs (the task's, the
+/// pool thread's and the task's again) per batch of a few outcomes — a share of each
+/// hook's CPU (docs/performance.md). The channel needs no bound of its own: every outcome
+/// in it holds one of the pipeline's `max_inflight` permits.
 pub(super) fn spawn_committer(
     c: Committer,
     rx: std::sync::mpsc::Receiver<Done>,
@@ -66,33 +66,14 @@ pub(super) fn spawn_committer(
 /// pipeline claims nothing new. Only a stop gives up; boot recovery then makes the rows due
 /// again (a redelivery, never a loss).
 fn commit_batch(c: &Committer, batch: &[Done]) {
-    let max_retry_after = Duration::from_millis(c.retry.max_retry_after_ms);
     loop {
-        let result = (|| {
-            let now = ankusa_keyspace::now_ms();
-            let mut tx = Tx::new();
-            let mut retries: Vec<(TenantOrd, AtMs)> = Vec::new();
-            let mut failed: Vec<(usize, Failed)> = Vec::new();
-            let takes_hook = last_needs(&c.store, batch)?;
-            let log = c.log.then_some(&*c.store);
-            for (i, (d, last)) in batch.iter().zip(&takes_hook).enumerate() {
-                let f = d.finished();
-                let s = outcome_ops(&mut tx, log, &f, *last, &c.retry, max_retry_after, now)?;
-                retries.extend(s.due_again);
-                failed.extend(s.failed.map(|f| (i, f)));
-            }
-            // One unit per outcome: a hook went only with a row that moved.
-            let committed = tx.commit(&c.store, false)?;
-            let removed = takes_hook
-                .iter()
-                .zip(&committed.moved)
-                .filter(|(t, m)| **t && **m)
-                .count() as u64;
-            Ok::<_, QueueError>((retries, removed, failed))
-        })();
-        match result {
+        match commit_once(c, batch) {
             // Each retry is claimed when it comes due, not at the next full scan.
-            Ok((retries, removed, failed)) => {
+            Ok(Committed {
+                retries,
+                removed,
+                failed,
+            }) => {
                 c.hints.add_later(retries);
                 c.reclaimed.inc_by(removed);
                 for (i, f) in failed {
@@ -110,6 +91,52 @@ fn commit_batch(c: &Committer, batch: &[Done]) {
             }
         }
     }
+}
+
+/// What a committed batch of outcomes leaves to do.
+struct Committed {
+    /// The retries' tenants and due times, to hint.
+    retries: Vec<(TenantOrd, AtMs)>,
+    /// Hooks taken along by their last delivery.
+    removed: u64,
+    /// The failed attempts (by their place in the batch), to log.
+    failed: Vec<(usize, Failed)>,
+}
+
+/// One try at committing a batch: one unit per outcome, in one write.
+fn commit_once(c: &Committer, batch: &[Done]) -> Result<Committed, QueueError> {
+    let max_retry_after = Duration::from_millis(c.retry.max_retry_after_ms);
+    let now = ankusa_keyspace::now_ms();
+    let mut tx = Tx::new();
+    let mut retries = Vec::new();
+    let mut failed = Vec::new();
+    let takes_hook = last_needs(&c.store, batch)?;
+    let log = c.log.then_some(&*c.store);
+    for (i, (d, last)) in batch.iter().zip(&takes_hook).enumerate() {
+        let s = outcome_ops(
+            &mut tx,
+            log,
+            &d.finished(),
+            *last,
+            &c.retry,
+            max_retry_after,
+            now,
+        )?;
+        retries.extend(s.due_again);
+        failed.extend(s.failed.map(|f| (i, f)));
+    }
+    // One unit per outcome: a hook went only with a row that moved.
+    let committed = tx.commit(&c.store, false)?;
+    let removed = takes_hook
+        .iter()
+        .zip(&committed.moved)
+        .filter(|(t, m)| **t && **m)
+        .count() as u64;
+    Ok(Committed {
+        retries,
+        removed,
+        failed,
+    })
 }
 
 /// For each finished attempt, whether it is a delivery that takes its hook along: the

@@ -11,6 +11,10 @@ use crate::dispatch::delivery::{Attempt, ClaimSlot, Deliverer, Verdict};
 use ankusa_keyspace::TenantOrd;
 use ankusa_records::DeliveryRow;
 
+/// Lines about outcomes the committer refused: once it is gone, every delivery would
+/// write one.
+static COMMITTER_GONE_LOG: crate::telemetry::LogLimit = crate::telemetry::LogLimit::new(1);
+
 /// What a running delivery needs: its sink (with its series), and where its outcome goes.
 pub(super) struct Runner {
     pub(super) deliverer: Arc<Deliverer>,
@@ -114,7 +118,9 @@ impl Runner {
             })
             .is_err()
         {
-            tracing::error!("dispatch: the outcome committer is gone; this delivery's row is due again after the next boot");
+            if let Some(left_out) = COMMITTER_GONE_LOG.admit(ankusa_keyspace::now_ms() / 1000) {
+                tracing::error!(left_out, "dispatch: the outcome committer is gone; this delivery's row is due again after the next boot");
+            }
         }
     }
 }
