@@ -83,7 +83,8 @@ wait_installed() { # the previous release up on every node
 if only up; then
 echo "e2e: up: three nodes on the previous release (format 2)"
 install up 3
-( while sleep 1; do kubectl -n "$ns" get relay up -o wide --no-headers 2>/dev/null; done ) >"$work/up-columns.log" &
+# A watch, not a poll: a phase shorter than a poll's second (a quick Verifying) is seen too.
+kubectl -n "$ns" get relay up -o wide --no-headers --watch >"$work/up-columns.log" 2>/dev/null &
 pids+=($!)
 echo "e2e: up: moving to $NEW"
 # The runner holds these steps until the test has acted in them.
