@@ -630,7 +630,7 @@ impl Syncer {
 /// channel (it queued during the last commit) is taken without waiting. A steady stream
 /// makes large batches (one fsync for many hooks); a lone hook waits at most the gap, not
 /// the whole delay, before its commit.
-fn gather<T>(
+pub fn gather<T>(
     rx: &std::sync::mpsc::Receiver<T>,
     first: T,
     settings: &WriterSettings,

@@ -234,11 +234,8 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
     let (commit_tx, commits) = std::sync::mpsc::sync_channel::<Commit>(4_096);
     let (settle_tx, settles) = std::sync::mpsc::channel::<InflightRow>();
     let wait = Duration::from_millis(50);
-    let writer = ankusa_config::WriterConfig::default();
-    let (gap, delay) = (
-        Duration::from_micros(writer.max_batch_gap_us),
-        Duration::from_micros(writer.max_batch_delay_us),
-    );
+    let settings =
+        ankusa_queue::writer::WriterSettings::from_config(&ankusa_config::Config::default());
     let committer = {
         let (store, stop, counts) = (store.clone(), stop.clone(), counts.clone());
         std::thread::spawn(move || {
@@ -249,15 +246,9 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
                 let Ok(first) = commits.recv_timeout(wait) else {
                     continue;
                 };
-                // Gathered as the relay's writer gathers by default: until no hook has
-                // come for the gap, at most for the delay.
-                let mut batch = vec![first];
-                let deadline = std::time::Instant::now() + delay;
-                while let Ok(next) = commits.recv_timeout(
-                    gap.min(deadline.saturating_duration_since(std::time::Instant::now())),
-                ) {
-                    batch.push(next);
-                }
+                // Gathered by the relay's writer's own rule, with its default settings.
+                let batch =
+                    ankusa_queue::writer::gather(&commits, first, &settings, |(e, _)| e.body.len());
                 let envs: Vec<&ankusa_records::Envelope> = batch.iter().map(|(e, _)| e).collect();
                 let b = asm
                     .assemble_except(&store, &envs, false, &[], Some(&StartAll))
