@@ -140,6 +140,26 @@ impl Controller {
         }
     }
 
+    /// How many more rows [`Controller::admit`] would take now with `claimed` rows claimed:
+    /// the room left in the line, or once the line is full the newcomers' reserve (only
+    /// rows of tenants with none claimed get it). A tick reads no more rows than its sinks
+    /// admit: a row read and then refused costs its hook's read for nothing.
+    pub fn admissible(&self, claimed: usize, now: Instant) -> usize {
+        let s = self.lock();
+        match s.breaker {
+            Breaker::Open if now < s.open_until => 0,
+            Breaker::Open | Breaker::HalfOpen => usize::from(!s.probing && claimed == 0),
+            Breaker::Closed => {
+                let limit = (s.limit as usize).clamp(1, self.max);
+                let line = Self::line(limit);
+                match line.checked_sub(claimed) {
+                    Some(room) if room > 0 => room,
+                    _ => (line + Self::reserve(limit)).saturating_sub(claimed),
+                }
+            }
+        }
+    }
+
     /// An attempt's outcome.
     pub fn record(&self, signal: Signal, now: Instant) {
         let mut s = self.lock();
@@ -210,6 +230,12 @@ mod tests {
         assert!(c.admit(31, false, t0));
         assert!(!c.admit(32, false, t0));
         assert!(c.admit(35, true, t0));
+        // What a tick may read: the line's room, then the reserve.
+        assert_eq!(c.admissible(0, t0), 32);
+        assert_eq!(c.admissible(31, t0), 1);
+        assert_eq!(c.admissible(32, t0), 4);
+        assert_eq!(c.admissible(35, t0), 1);
+        assert_eq!(c.admissible(36, t0), 0);
         assert!(!c.admit(36, true, t0));
         assert_eq!(Controller::claim_capacity(16), 36);
         // A refusal for good is not overload.
@@ -229,11 +255,14 @@ mod tests {
         c.record(Signal::Overloaded { retry_after: None }, t0);
         assert_eq!(c.breaker(t0), Breaker::Open);
         assert!(!c.admit(0, true, t0 + 100 * MS), "open: no claims");
+        assert_eq!(c.admissible(0, t0 + 100 * MS), 0);
         // After the cooldown: one probe, no second.
         let later = t0 + 600 * MS;
         assert_eq!(c.breaker(later), Breaker::HalfOpen);
+        assert_eq!(c.admissible(0, later), 1);
         assert!(c.admit(0, true, later));
         assert!(!c.admit(0, true, later), "one probe at a time");
+        assert_eq!(c.admissible(0, later), 0);
         // The probe fails: open again for a cooldown.
         c.record(Signal::Overloaded { retry_after: None }, later);
         assert_eq!(c.breaker(later + 100 * MS), Breaker::Open);

@@ -88,9 +88,12 @@ impl Sink {
         })
     }
 
-    /// Free claim slots.
+    /// Claim slots a tick may fill now: free ones, within what the controller admits (its
+    /// limit's line, the newcomers' reserve, the breaker).
     pub fn free_claims(&self) -> usize {
-        self.claims.available_permits()
+        let free = self.claims.available_permits();
+        let claimed = self.claim_capacity.saturating_sub(free);
+        free.min(self.control.admissible(claimed, Instant::now()))
     }
 }
 
