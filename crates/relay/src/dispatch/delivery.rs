@@ -88,6 +88,14 @@ impl Sink {
         })
     }
 
+    /// Whether a quarter of the sink's line (its claims at its limit, [`Controller::line`])
+    /// is free: a tick waiting for this sink's slots claims a batch of rows, not the one or
+    /// two freed since the last.
+    pub fn batch_free(&self) -> bool {
+        let line = Controller::line(self.control.limit());
+        self.free_claims() * 4 >= line
+    }
+
     /// Claim slots a tick may fill now: free ones, within what the controller admits (its
     /// limit's line, the newcomers' reserve, the breaker).
     pub fn free_claims(&self) -> usize {
@@ -372,6 +380,13 @@ impl Deliverer {
             .values()
             .map(|s| s.free_claims())
             .sum()
+    }
+
+    /// Whether some sink has a quarter of its line free (see [`Sink::batch_free`]): worth a
+    /// tick that waited for slots.
+    pub fn batch_free(&self) -> bool {
+        let sinks = self.sinks.load();
+        sinks.by_id.is_empty() || sinks.by_id.values().any(|s| s.batch_free())
     }
 
     /// POSTs the hook to the sink once.

@@ -53,8 +53,7 @@ pub mod slots;
 /// Tenants named in `ankusa_tenant_inflight` (those holding the most).
 pub const TOP_INFLIGHT: usize = 20;
 
-/// How long a tick waiting for slots lets them come back after the first, so one tick
-/// claims for several.
+/// How often a tick waiting for slots looks whether a batch of them came back.
 const SLOT_BATCH: Duration = Duration::from_millis(1);
 // ---------------------------------------------------------------------------------------
 // The running pipeline.
@@ -250,15 +249,21 @@ pub fn spawn(
                 tokio::select! {
                     _ = tokio::time::sleep(nap) => {}
                     _ = tenants.freed() => {
-                        // Let a few more slots come back: one tick for several rows, a
-                        // full read again (its rotation reaches every waiting tenant).
-                        tokio::time::sleep(SLOT_BATCH).await;
+                        // A full read again (its rotation reaches every waiting tenant),
+                        // once a batch of slots is back.
+                        wait_for_batch(&deliverer, &hints, &mut stop, nap).await;
                         cursors.blocked = false;
                     }
                     _ = hints.arrived() => {}
                     _ = stop.changed() => {}
                 }
-            } else if !busy {
+            } else if busy {
+                // Work is left and the sinks hold most of their lines: the next tick waits
+                // for a batch of slots rather than claiming the few freed meanwhile.
+                if !deliverer.batch_free() {
+                    wait_for_batch(&deliverer, &hints, &mut stop, nap).await;
+                }
+            } else {
                 tokio::select! {
                     _ = tokio::time::sleep(nap) => {}
                     _ = hints.arrived() => {}
@@ -304,6 +309,30 @@ pub fn spawn(
             Err(e) => tracing::error!(error = %e, "dispatch: stop task"),
         }
     })
+}
+
+/// Lets the sinks' slots come back until a quarter of some sink's line is free
+/// ([`Deliverer::batch_free`]), fresh rows are announced, a stop begins or `nap` is over:
+/// one tick then claims a batch of rows, not the one or two freed since the last (a tick's
+/// reads and claim commit cost about the same for a few rows as for a hundred).
+async fn wait_for_batch(
+    deliverer: &Deliverer,
+    hints: &DueHints,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    nap: Duration,
+) {
+    let until = tokio::time::Instant::now() + nap;
+    let mut fresh = std::pin::pin!(hints.arrived());
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(SLOT_BATCH) => {}
+            _ = &mut fresh => return,
+            _ = stop.changed() => return,
+        }
+        if deliverer.batch_free() || tokio::time::Instant::now() >= until {
+            return;
+        }
+    }
 }
 
 /// A configured sink and its series.
