@@ -31,6 +31,12 @@ pub enum DispatchError {
     /// The delivery permits were closed: the node is stopping.
     #[error("the delivery permits are closed: the node is stopping")]
     Stopping,
+    /// Work on a thread of the pipeline's own that panicked.
+    #[error("{what} panicked: {message}")]
+    Panicked { what: &'static str, message: String },
+    /// A thread of the pipeline's own is gone (it ends only when the pipeline does).
+    #[error("{0}: its thread is gone")]
+    Gone(&'static str),
 }
 
 impl From<StoreError> for DispatchError {
@@ -43,5 +49,15 @@ impl DispatchError {
     /// Wraps a failed `spawn_blocking` join for `what`.
     pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {
         move |source| DispatchError::Task { what, source }
+    }
+
+    /// `what` panicked with the payload `p`.
+    pub fn panicked(what: &'static str, p: &(dyn std::any::Any + Send)) -> Self {
+        let message = p
+            .downcast_ref::<&str>()
+            .map(|m| (*m).to_owned())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "(no message)".to_owned());
+        DispatchError::Panicked { what, message }
     }
 }

@@ -25,6 +25,88 @@ pub(super) struct ClaimCtx {
     pub(super) free: usize,
 }
 
+/// What [`claim_tick`] answers: the cursors after it, the claimed jobs, the tenants it
+/// visited, and whether it was a full tick.
+pub(super) type Claimed = (Cursors, Vec<Job>, usize, bool);
+
+/// One tick's blocking half, asked of the [`Ticker`].
+struct TickRequest {
+    limits: TickLimits,
+    cursors: Cursors,
+    interval_ms: u64,
+    ctx: ClaimCtx,
+    reply: tokio::sync::oneshot::Sender<Result<Claimed, DispatchError>>,
+}
+
+/// The thread every tick's blocking half runs on (`ankusa-ticks`), one tick at a time, as
+/// the pipeline asks for them.
+///
+/// A thread of its own rather than the blocking pool: each tick ran on whichever pool
+/// thread was idle, its reads and decoding on cold caches and another thread's allocator
+/// heap; on one thread the claim side of a delivery cost about a tenth less in the
+/// `delivery` bench (docs/performance.md). A tick that panics answers an error and the
+/// thread goes on with the next; it ends once the pipeline drops the ticker.
+pub(super) struct Ticker {
+    tx: std::sync::mpsc::Sender<TickRequest>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl Ticker {
+    pub(super) fn spawn(store: Arc<Store>) -> std::io::Result<Ticker> {
+        let (tx, rx) = std::sync::mpsc::channel::<TickRequest>();
+        let thread = std::thread::Builder::new()
+            .name("ankusa-ticks".into())
+            .spawn(move || {
+                for r in rx {
+                    let TickRequest {
+                        limits,
+                        cursors,
+                        interval_ms,
+                        ctx,
+                        reply,
+                    } = r;
+                    let out = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        claim_tick(&store, limits, cursors, interval_ms, &ctx)
+                    }))
+                    .unwrap_or_else(|p| Err(DispatchError::panicked("dispatch tick", &p)));
+                    // A pipeline that stopped waiting (a stop) no longer wants the answer.
+                    let _ = reply.send(out);
+                }
+            })?;
+        Ok(Ticker { tx, thread })
+    }
+
+    /// Runs one tick's blocking half on the thread.
+    pub(super) async fn tick(
+        &self,
+        limits: TickLimits,
+        cursors: Cursors,
+        interval_ms: u64,
+        ctx: ClaimCtx,
+    ) -> Result<Claimed, DispatchError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let asked = TickRequest {
+            limits,
+            cursors,
+            interval_ms,
+            ctx,
+            reply,
+        };
+        if self.tx.send(asked).is_err() {
+            return Err(DispatchError::Gone("dispatch tick"));
+        }
+        answer
+            .await
+            .unwrap_or(Err(DispatchError::Gone("dispatch tick")))
+    }
+
+    /// Ends the thread (after the tick it runs, if any) and waits for it.
+    pub(super) fn join(self) {
+        drop(self.tx);
+        let _ = self.thread.join();
+    }
+}
+
 /// A row the tick read, with its hook (if the hook is still there and decodes).
 pub(super) struct Candidate {
     pub(super) row: DueRow,
@@ -52,7 +134,7 @@ pub(super) fn claim_tick(
     mut cursors: Cursors,
     interval_ms: u64,
     ctx: &ClaimCtx,
-) -> Result<(Cursors, Vec<Job>, usize, bool), DispatchError> {
+) -> Result<Claimed, DispatchError> {
     let now = AtMs(ankusa_keyspace::now_ms());
     let full = cursors.full_due(now, interval_ms);
     // No tenant reads more rows than the tick can claim.

@@ -38,7 +38,7 @@ use ankusa_queue::deliveries::{self, InflightRow};
 use ankusa_queue::hints::DueHints;
 use ankusa_records::{DeliveryRow, Envelope};
 use ankusa_store::Store;
-use claim::{claim_tick, ClaimCtx};
+use claim::{ClaimCtx, Ticker};
 use outcomes::{spawn_committer, Committer};
 use plan::{after_tick, Cursors, TickLimits};
 use runner::{Runner, StartParts, Starter};
@@ -155,6 +155,15 @@ pub fn spawn(
                 return;
             }
         };
+        let ticker = match Ticker::spawn(store.clone()) {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::error!(error = %e, "dispatch: the tick thread did not start; nothing is delivered");
+                drop(done_tx);
+                let _ = tokio::task::spawn_blocking(move || committer.join()).await;
+                return;
+            }
+        };
         let max_retry_after = Duration::from_millis(settings.retry.max_retry_after_ms);
         // Each sink with its series, resolved once per set of sinks: a delivery finds both
         // in one lookup.
@@ -208,10 +217,10 @@ pub fn spawn(
                     ..settings.limits
                 };
                 let mut ctx = TickCtx {
+                    ticker: &ticker,
                     tasks: &in_flight,
                     tenants: &tenants,
                     weights: &weights,
-                    store: &store,
                     hints: &hints,
                     interval_ms: settings.tick_interval.as_millis() as u64,
                     deliverer: &deliverer,
@@ -285,6 +294,7 @@ pub fn spawn(
         while in_flight.join_next().await.is_some() {}
         drop(run);
         drop(done_tx);
+        let _ = tokio::task::spawn_blocking(move || ticker.join()).await;
         // The committer ends once every outcome sent is committed.
         let _ = tokio::task::spawn_blocking(move || committer.join()).await;
         // What is still in flight in the store now is what the deadline cut: due again.
@@ -376,10 +386,10 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// What a tick works with.
 struct TickCtx<'a> {
+    ticker: &'a Ticker,
     tasks: &'a std::sync::Mutex<tokio::task::JoinSet<()>>,
     tenants: &'a TenantSlots,
     weights: &'a Weights,
-    store: &'a Arc<Store>,
     hints: &'a DueHints,
     interval_ms: u64,
     deliverer: &'a Arc<Deliverer>,
@@ -395,10 +405,10 @@ async fn tick(
     mut cursors: Cursors,
 ) -> Result<(Cursors, usize), DispatchError> {
     let TickCtx {
+        ticker,
         tasks,
         tenants,
         weights,
-        store,
         hints,
         interval_ms,
         deliverer,
@@ -411,7 +421,6 @@ async fn tick(
         metrics.dispatch_hint_overflows.inc();
     }
     cursors.hinted.merge(taken, DueHints::CAPACITY);
-    let s = (*store).clone();
     let interval_ms = *interval_ms;
     let started = std::time::Instant::now();
     // No more candidates than free slots: the node's, and the sinks' together (a row
@@ -427,11 +436,8 @@ async fn tick(
         weights: (*weights).clone(),
         free,
     };
-    let (cursors, jobs, visited, full) = tokio::task::spawn_blocking(move || {
-        claim_tick(&s, limits, cursors, interval_ms, &claim_ctx)
-    })
-    .await
-    .map_err(DispatchError::task("dispatch tick"))??;
+    let (cursors, jobs, visited, full) =
+        ticker.tick(limits, cursors, interval_ms, claim_ctx).await?;
     metrics
         .dispatch_tick_seconds
         .observe(started.elapsed().as_secs_f64());
