@@ -273,13 +273,13 @@ pub(super) fn claim_tick(
             // the tenant's next turn is at the cycle's end.
             (Some(at), _) => {
                 cursors.advance(w.ord, at);
-                cursors.requeue(w);
+                cursors.requeue(w, at);
                 left_any = true;
             }
             // A full share: more may wait from here on.
             (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
                 cursors.advance(w.ord, last.key.at);
-                cursors.requeue(w);
+                cursors.requeue(w, last.key.at);
                 left_any = true;
             }
             // Drained up to now (hinted rows included): the next read starts at its

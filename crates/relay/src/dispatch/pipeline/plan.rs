@@ -218,14 +218,22 @@ impl Cursors {
         };
     }
 
-    /// A tenant the full tick left work of takes its next turn at the cycle's end (a
-    /// bounded cycle: past [`Cursors::CYCLE_CAPACITY`], a fresh read finds it).
-    pub(super) fn requeue(&mut self, w: &TenantWork) {
+    /// A tenant the full tick left work of from `at` on takes its next turn at the cycle's
+    /// end (a bounded cycle: past [`Cursors::CYCLE_CAPACITY`], a fresh read finds it).
+    pub(super) fn requeue(&mut self, w: &TenantWork, at: AtMs) {
         if self.cycle.tenants.len() < Self::CYCLE_CAPACITY {
-            // Its floor says where its rows go on; its markers were just cleaned.
+            // Its floor says where its rows go on. The markers the cleanup kept (those of
+            // buckets from its first row left on) go with it: the turn that drains it
+            // cleans them, rather than a visit of the next read of the index that finds
+            // nothing but them.
             self.cycle.tenants.push_back(deliveries::ActiveTenant {
                 ord: w.ord,
-                buckets: Vec::new(),
+                buckets: w
+                    .buckets
+                    .iter()
+                    .copied()
+                    .filter(|b| *b >= at.bucket())
+                    .collect(),
             });
         } else {
             self.cycle.stale = true;
@@ -506,6 +514,43 @@ mod tests {
         for w in &plan.work {
             cleanup_markers(&h.store, w.ord, &w.buckets, now).unwrap();
         }
+    }
+
+    #[test]
+    fn the_turn_that_drains_a_requeued_tenant_cleans_its_markers() {
+        let mut h = Harness::new();
+        for i in 0..10 {
+            h.ingest(Some("a"), 1, 1_000 + i, false);
+        }
+        let now = AtMs(5_000);
+        let limits = TickLimits {
+            rows_per_tick: 6,
+            rows_per_tenant: 6,
+            ..TickLimits::default()
+        };
+        let mut cursors = Cursors::default();
+        cursors
+            .read_cycle(&h.store, now, limits.max_markers)
+            .unwrap();
+        // A full share: six rows claimed, four left in the same second.
+        let plan = plan_cycle(&h.store, now, &limits, &mut cursors).unwrap();
+        assert_eq!(plan.work[0].rows.len(), 6);
+        claim_all(&h, &plan, now);
+        let w = &plan.work[0];
+        let last = w.rows.last().unwrap().key.at;
+        cursors.advance(w.ord, last);
+        cursors.requeue(w, last);
+        // Its next turn carries the marker the cleanup kept, and drains it.
+        let plan = plan_cycle(&h.store, now, &limits, &mut cursors).unwrap();
+        assert_eq!(plan.work[0].rows.len(), 4);
+        assert_eq!(plan.work[0].buckets, vec![Bucket(1)]);
+        claim_all(&h, &plan, now);
+        let active =
+            deliveries::active_tenants_from(&h.store, Bucket(0), now, usize::MAX, 4096).unwrap();
+        assert!(
+            active.is_empty(),
+            "the drained tenant's marker is cleaned by its own turn: {active:?}"
+        );
     }
 
     /// Tombstones a closure's reads stepped over.
