@@ -467,27 +467,38 @@ pub fn write_backlog(data: &std::path::Path, sink: &str, hooks: u64, tenants: u6
     store.flush().expect("flush");
 }
 
-/// The delivered outcome of `rows` in one unsynced unit — inflight rows deleted, the last
-/// need of each hook dropped, counters, and with `log` each attempt's hook-log event —
-/// then a reclaim pass: what the `delivery` bench's transitions twin and the `ingest`
-/// bench's store floor commit for a delivery.
+/// The delivered outcome of `rows` (first attempts) in one unsynced unit: see
+/// [`settle_attempts`].
 pub fn settle_delivered(
     store: &ankusa_store::Store,
     rows: &[ankusa_queue::deliveries::InflightRow],
     log: bool,
 ) {
+    let rows: Vec<_> = rows.iter().map(|r| (*r, 1)).collect();
+    settle_attempts(store, &rows, log);
+}
+
+/// The delivered outcome of `rows`, each with its attempt's number, in one unsynced unit —
+/// inflight rows deleted, the last need of each hook dropped, counters, and with `log`
+/// each attempt's hook-log event — then a reclaim pass: what the `delivery` bench's twins
+/// and the `ingest` bench's store floor commit for a delivery.
+pub fn settle_attempts(
+    store: &ankusa_store::Store,
+    rows: &[(ankusa_queue::deliveries::InflightRow, u32)],
+    log: bool,
+) {
     use ankusa_queue::deliveries::{self, Tx};
     let mut tx = Tx::new();
-    let needs: Vec<_> = rows.iter().map(|r| (*r, 1)).collect();
+    let needs: Vec<_> = rows.iter().map(|(r, _)| (*r, 1)).collect();
     let last = deliveries::last_needs(store, &needs).expect("last needs");
     let at = ankusa_keyspace::AtMs(ankusa_keyspace::now_ms());
-    for (r, last) in rows.iter().zip(last) {
+    for ((r, attempt), last) in rows.iter().zip(last) {
         deliveries::delivered_last(&mut tx, r, last);
         if log {
             let ev = ankusa_records::Event {
                 kind: ankusa_keyspace::EventKind::Attempt,
                 at,
-                attempt: 1,
+                attempt: *attempt,
                 outcome: Some(ankusa_records::AttemptOutcome::Delivered),
                 status: 204,
                 class: None,
