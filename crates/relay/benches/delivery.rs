@@ -186,28 +186,8 @@ async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Dr
                 for w in &plan.work {
                     deliveries::cleanup_markers(&s, w.ord, &w.buckets, now).expect("cleanup");
                 }
-                let hooks = s
-                    .multi_get(
-                        ankusa_keyspace::Cf::Hooks,
-                        &claimed
-                            .iter()
-                            .map(|r| ankusa_keyspace::hook(r.key.seq))
-                            .collect::<Vec<_>>(),
-                    )
-                    .expect("hooks");
-                let envs: Vec<Envelope> = hooks
-                    .into_iter()
-                    .map(|v| Envelope::decode(&v.expect("hook")).expect("envelope"))
-                    .collect();
-                // Each delivery row: the attempt's number, for its hook-log event (and, for
-                // a failed attempt, its backoff or dead letter).
-                let pairs: Vec<_> = claimed.iter().map(|r| (r.key.seq, r.key.sink)).collect();
-                let states = deliveries::delivery_rows(&s, &pairs).expect("delivery rows");
-                let claimed: Vec<_> = claimed
-                    .into_iter()
-                    .zip(states)
-                    .map(|(r, st)| (r, st.map_or(0, |st| st.attempts) + 1))
-                    .collect();
+                let (envs, attempts) = read_claimed(&s, &claimed);
+                let claimed: Vec<_> = claimed.into_iter().zip(attempts).collect();
                 (claimed, envs)
             })
             .await
@@ -389,27 +369,41 @@ fn twin_claimer(
         for t in &drained {
             deliveries::cleanup_markers(store, t.ord, &t.buckets, now).expect("cleanup");
         }
-        let hooks = store
-            .multi_get(
-                ankusa_keyspace::Cf::Hooks,
-                &claimed
-                    .iter()
-                    .map(|r| ankusa_keyspace::hook(r.key.seq))
-                    .collect::<Vec<_>>(),
-            )
-            .expect("hooks");
-        let pairs: Vec<_> = claimed.iter().map(|r| (r.key.seq, r.key.sink)).collect();
-        let states = deliveries::delivery_rows(store, &pairs).expect("delivery rows");
+        let (envs, attempts) = read_claimed(store, &claimed);
         *line.held.lock().expect("line") += claimed.len();
         claimed_all += claimed.len() as u64;
-        for ((row, hook), state) in claimed.into_iter().zip(hooks).zip(states) {
-            let env = Envelope::decode(&hook.expect("hook")).expect("envelope");
-            let attempt = state.map_or(0, |s| s.attempts) + 1;
+        for ((row, env), attempt) in claimed.into_iter().zip(envs).zip(attempts) {
             if jobs.send(Posting { row, attempt, env }).is_err() {
                 return;
             }
         }
     }
+}
+
+/// What both twins read of the rows they claimed: each row's hook, and the number of its
+/// attempt (its delivery row's attempts so far, plus one) for its hook-log event — and,
+/// were it to fail, its backoff or dead letter.
+fn read_claimed(
+    store: &Store,
+    claimed: &[ankusa_queue::deliveries::InflightRow],
+) -> (Vec<Envelope>, Vec<u32>) {
+    let keys: Vec<_> = claimed
+        .iter()
+        .map(|r| ankusa_keyspace::hook(r.key.seq))
+        .collect();
+    let envs = store
+        .multi_get(ankusa_keyspace::Cf::Hooks, &keys)
+        .expect("hooks")
+        .into_iter()
+        .map(|v| Envelope::decode(&v.expect("hook")).expect("envelope"))
+        .collect();
+    let pairs: Vec<_> = claimed.iter().map(|r| (r.key.seq, r.key.sink)).collect();
+    let attempts = ankusa_queue::deliveries::delivery_rows(store, &pairs)
+        .expect("delivery rows")
+        .into_iter()
+        .map(|st| st.map_or(0, |st| st.attempts) + 1)
+        .collect();
+    (envs, attempts)
 }
 
 /// What both twins start from: the backlog in a store of their own, and the node's client
