@@ -22,12 +22,6 @@ use ankusa_store::StoreError;
 pub enum DispatchError {
     #[error(transparent)]
     Queue(#[from] QueueError),
-    /// A blocking store task that panicked or was cancelled.
-    #[error("{what}: the blocking task did not finish: {source}")]
-    Task {
-        what: &'static str,
-        source: tokio::task::JoinError,
-    },
     /// The delivery permits were closed: the node is stopping.
     #[error("the delivery permits are closed: the node is stopping")]
     Stopping,
@@ -46,11 +40,6 @@ impl From<StoreError> for DispatchError {
 }
 
 impl DispatchError {
-    /// Wraps a failed `spawn_blocking` join for `what`.
-    pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> Self {
-        move |source| DispatchError::Task { what, source }
-    }
-
     /// `what` panicked with the payload `p`.
     pub fn panicked(what: &'static str, p: &(dyn std::any::Any + Send)) -> Self {
         let message = p

@@ -25,9 +25,17 @@ pub(super) struct ClaimCtx {
     pub(super) free: usize,
 }
 
-/// What [`claim_tick`] answers: the cursors after it, the claimed jobs, the tenants it
-/// visited, and whether it was a full tick.
-pub(super) type Claimed = (Cursors, Vec<Job>, usize, bool);
+/// What [`claim_tick`] answers.
+pub(super) struct Claimed {
+    /// The cursors after the tick.
+    pub(super) cursors: Cursors,
+    /// The rows it claimed, to deliver.
+    pub(super) jobs: Vec<Job>,
+    /// The tenants it visited (`ankusa_dispatch_active_tenants`).
+    pub(super) visited: usize,
+    /// It was a full tick (not only the hinted tenants).
+    pub(super) full: bool,
+}
 
 /// One tick's blocking half, asked of the [`Ticker`].
 struct TickRequest {
@@ -127,7 +135,7 @@ pub(super) fn corrupt_row(family: Family, key: &[u8], e: impl std::fmt::Display)
 /// candidates' hooks (a row's sink is named by its hook), assign rows round robin across
 /// tenants — each row only with a free slot of its sink and of its tenant — claim the
 /// assigned rows (one batch), clean the markers of the tenants read, and read the claimed
-/// rows' delivery rows. Also says whether the tick was a full one.
+/// rows' delivery rows.
 pub(super) fn claim_tick(
     store: &Store,
     limits: TickLimits,
@@ -364,12 +372,12 @@ pub(super) fn claim_tick(
         }
         cursors.top_inflight = Some(top);
     }
-    Ok((
+    Ok(Claimed {
         cursors,
         jobs,
-        plan.tenants_visited + hinted.tenants_visited,
+        visited: plan.tenants_visited + hinted.tenants_visited,
         full,
-    ))
+    })
 }
 
 /// A tick's candidates, by tenant.

@@ -436,8 +436,12 @@ async fn tick(
         weights: (*weights).clone(),
         free,
     };
-    let (cursors, jobs, visited, full) =
-        ticker.tick(limits, cursors, interval_ms, claim_ctx).await?;
+    let claim::Claimed {
+        cursors,
+        jobs,
+        visited,
+        full,
+    } = ticker.tick(limits, cursors, interval_ms, claim_ctx).await?;
     metrics
         .dispatch_tick_seconds
         .observe(started.elapsed().as_secs_f64());
