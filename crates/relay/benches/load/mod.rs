@@ -78,18 +78,10 @@ pub fn signed_hook(
 
 /// A local sink answering 200 at once.
 pub async fn noop_sink() -> std::net::SocketAddr {
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let app = axum::Router::new().fallback(|| async { axum::http::StatusCode::OK });
-    tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
-    addr
+    counting_sink().await.0
 }
 
-/// [`noop_sink`], counting the requests it answered.
+/// A local sink answering 200 at once, and the count of the requests it answered.
 pub async fn counting_sink() -> (
     std::net::SocketAddr,
     std::sync::Arc<std::sync::atomic::AtomicU64>,
