@@ -18,7 +18,8 @@
 //!    of twice the concurrency is free, the posting tasks post, one plain thread commits
 //!    the outcomes, gathering 1 ms as the relay's committer does). It says whether the
 //!    lock-step twin's quiet phases make it a floor no pipelined relay could reach: it costs
-//!    the same within the host's noise (0.87–1.27× the transitions twin, round by round).
+//!    a few percent more (0.99–1.21× the transitions twin by run, median 1.08× over 17
+//!    runs), and the relay sits as near its rule against either (docs/performance.md).
 //! 6. For reference too: **the store's moves alone**, the twin's loop without its POSTs.
 //!
 //! Every run reports the process's CPU time per delivery (the node or client, the sink and
@@ -54,7 +55,7 @@ use ankusa_keyspace::AtMs;
 use ankusa_records::Envelope;
 use ankusa_relay::node::Node;
 use ankusa_relay::testkit::TestNode;
-use ankusa_store::{OpenOptions, Store};
+use ankusa_store::Store;
 
 mod load;
 use http_body_util::{BodyExt, Full};
@@ -424,7 +425,7 @@ impl TwinParts {
         let config = config(&data, port);
         let deliverer = Deliverer::from_config(&config).expect("deliverer");
         let target = deliverer.sink("s").expect("sink");
-        let store = Arc::new(Store::open(&data, &OpenOptions::default()).expect("store"));
+        let store = Arc::new(load::node_store(&data));
         TwinParts {
             _dir: dir,
             store,

@@ -224,10 +224,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
     use http_body_util::Limited;
     use std::sync::atomic::AtomicBool;
     let dir = tempfile::tempdir().expect("tempdir");
-    let store = Arc::new(
-        ankusa_store::Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default())
-            .expect("store"),
-    );
+    let store = Arc::new(load::node_store(&dir.path().join("db")));
     store.ensure_added_families().expect("families");
     let stop = Arc::new(AtomicBool::new(false));
     let counts = Arc::new(DurableCounts::default());
@@ -535,9 +532,7 @@ fn store_floor(into: &mut Floor) {
     use ankusa_queue::deliveries;
     use ankusa_records::Envelope;
     let dir = tempfile::tempdir().expect("tempdir");
-    let store =
-        ankusa_store::Store::open(dir.path().join("db"), &ankusa_store::OpenOptions::default())
-            .expect("store");
+    let store = load::node_store(&dir.path().join("db"));
     store.ensure_added_families().expect("families");
     let mut asm = ankusa_queue::writer::Assembler::open(&store, 1_000_000)
         .expect("assembler")

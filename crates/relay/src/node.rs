@@ -560,6 +560,18 @@ pub fn cgroup_memory_limit_in(own: &str, root: &std::path::Path) -> Option<u64> 
     None
 }
 
+/// The options a node opens its store with: at most half of this process's open-file
+/// limit in table files ([`ankusa_store::max_open_files_for`]) and one memory budget
+/// ([`store_memory_budget`], from `store.memory_bytes` or the cgroup's limit). Whatever
+/// else opens the same store to do a node's work (the benches' twins) opens it so too.
+pub fn store_options(config: &Config) -> OpenOptions {
+    OpenOptions {
+        max_open_files: ankusa_store::max_open_files_for(open_files_limit()),
+        memory: Some(store_memory_budget(config, cgroup_memory_limit())),
+        ..OpenOptions::default()
+    }
+}
+
 /// The store's memory budget: `store.memory_bytes`, else a quarter of the cgroup's memory
 /// `limit` (the rest is the node's own: requests in flight, writer batches, delivery
 /// buffers), else 512 MiB.
@@ -774,20 +786,15 @@ impl Node {
         let sources = crate::ingest::sources(&config)?;
         let deliverer = Deliverer::from_config(&config)?;
         let data_dir = config.data_dir.clone();
-        let limit = open_files_limit();
-        let memory_limit = cgroup_memory_limit();
-        let memory = store_memory_budget(&config, memory_limit);
-        let opts = OpenOptions {
-            max_open_files: ankusa_store::max_open_files_for(limit),
-            memory: Some(memory),
-            ..OpenOptions::default()
-        };
+        let opts = store_options(&config);
         tracing::info!(
-            open_files_limit = limit.map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+            open_files_limit =
+                open_files_limit().map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
             store_max_open_files = opts.max_open_files,
-            memory_limit = memory_limit.map_or_else(|| "none".to_owned(), |n| n.to_string()),
-            store_block_cache_bytes = memory.block_cache_bytes,
-            store_write_buffer_bytes = memory.write_buffer_bytes,
+            memory_limit =
+                cgroup_memory_limit().map_or_else(|| "none".to_owned(), |n| n.to_string()),
+            store_block_cache_bytes = opts.memory.map_or(0, |m| m.block_cache_bytes),
+            store_write_buffer_bytes = opts.memory.map_or(0, |m| m.write_buffer_bytes),
             "opening the store"
         );
         let store = tokio::task::spawn_blocking(move || Store::open(&data_dir, &opts))

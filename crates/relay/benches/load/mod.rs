@@ -431,14 +431,21 @@ pub fn backlog_body(n: u64, size: usize) -> Vec<u8> {
     b
 }
 
+/// The store at `data`, opened as the benches' nodes open theirs
+/// ([`ankusa_relay::node::store_options`]: its memory budget, its table-file bound): a twin
+/// doing a node's work does it on the same store, not on RocksDB's defaults.
+pub fn node_store(data: &std::path::Path) -> ankusa_store::Store {
+    let options = ankusa_relay::node::store_options(&ankusa_config::Config::default());
+    ankusa_store::Store::open(data, &options).expect("store")
+}
+
 /// A backlog of `hooks` hooks of `size` bytes over `tenants` tenants, each to `sink`,
 /// received over the last minute, written to a store at `data` through the writer's
 /// assembler (the `delivery` and `pull` benches drain it).
 pub fn write_backlog(data: &std::path::Path, sink: &str, hooks: u64, tenants: u64, size: usize) {
     use ankusa_keyspace::AtMs;
     use ankusa_records::Envelope;
-    let store =
-        ankusa_store::Store::open(data, &ankusa_store::OpenOptions::default()).expect("store");
+    let store = node_store(data);
     let mut asm = ankusa_queue::writer::Assembler::open(&store, 1_000_000).expect("assembler");
     let now = ankusa_keyspace::now_ms();
     for chunk in 0..hooks / 1_000 {
