@@ -15,7 +15,8 @@
 //! adaptive controller ([`super::control`]): [`Line::set_limit`] after each attempt. The
 //! last [`Line::reserve`] slots of the limit go only to tenants with no request in flight
 //! at the sink: a flood's requests, all started and ended together, would otherwise make a
-//! quiet tenant wait for the next of them to end (up to a whole request's time). A slot is
+//! quiet tenant wait for the next of them to end (up to a whole request's time). A row that
+//! finds nobody waiting and a slot it may take takes it at once; otherwise a slot is
 //! handed from the request that ends straight to the next in line (a wake-up, no tick in
 //! between). A waiter that gives up (its task cut at shutdown) loses nothing: a slot
 //! handed to it goes on to the next.
@@ -49,7 +50,7 @@ impl State {
     /// The next tenant to serve, taken out of its turn: the first of the fresh ones, then
     /// of the turns, that may have a slot now.
     fn next_turn(&mut self) -> Option<TenantOrd> {
-        let open_to_all = self.in_flight + Line::reserve(self.limit) < self.limit;
+        let open_to_all = self.open_to_all();
         let by_tenant = &self.by_tenant;
         let may = |t: &TenantOrd| open_to_all || !by_tenant.contains_key(t);
         if let Some(i) = self.fresh.iter().position(may) {
@@ -57,6 +58,17 @@ impl State {
         }
         let i = self.turns.iter().position(may)?;
         self.turns.remove(i)
+    }
+
+    /// Whether a slot may go to a tenant with a request in flight (the newcomers' reserve
+    /// is not reached).
+    fn open_to_all(&self) -> bool {
+        self.in_flight + Line::reserve(self.limit) < self.limit
+    }
+
+    /// Whether a free slot may go to `tenant`: below the reserve, or it has none in flight.
+    fn may_start(&self, tenant: TenantOrd) -> bool {
+        self.open_to_all() || !self.by_tenant.contains_key(&tenant)
     }
 
     fn ended(&mut self, tenant: TenantOrd) {
@@ -113,6 +125,11 @@ impl Line {
     pub async fn acquire(self: &Arc<Self>, tenant: TenantOrd) -> Slot {
         let rx = {
             let mut s = self.lock();
+            // Nobody waiting and a slot free for this tenant: the turn is its own at once
+            // (what `fill` would hand it), with no hand-off and no wake-up.
+            if s.queued == 0 && s.in_flight < s.limit && s.may_start(tenant) {
+                return self.start(&mut s, tenant);
+            }
             let (tx, rx) = oneshot::channel();
             let q = s.waiting.entry(tenant).or_default();
             q.push_back(tx);
@@ -145,6 +162,17 @@ impl Line {
         self.fill(&mut s);
     }
 
+    /// A slot out to `tenant`: counted in flight until it is dropped.
+    fn start(self: &Arc<Self>, s: &mut State, tenant: TenantOrd) -> Slot {
+        s.in_flight += 1;
+        *s.by_tenant.entry(tenant).or_default() += 1;
+        Slot {
+            line: self.clone(),
+            tenant,
+            armed: true,
+        }
+    }
+
     /// Hands slots to waiters, in turn, while the limit allows.
     fn fill(self: &Arc<Self>, s: &mut State) {
         while s.queued > 0 && s.in_flight < s.limit {
@@ -164,13 +192,7 @@ impl Line {
             } else {
                 s.turns.push_back(tenant);
             }
-            s.in_flight += 1;
-            *s.by_tenant.entry(tenant).or_default() += 1;
-            let slot = Slot {
-                line: self.clone(),
-                tenant,
-                armed: true,
-            };
+            let slot = self.start(s, tenant);
             if let Err(mut slot) = tx.send(slot) {
                 // The waiter gave up: the slot goes on to the next.
                 slot.armed = false;
@@ -306,6 +328,34 @@ mod tests {
             .unwrap();
         assert_eq!(line.usage(), (3, 0));
         drop((fourth, flood));
+        assert_eq!(line.usage(), (0, 0));
+    }
+
+    #[test]
+    fn a_free_slot_is_taken_at_once_within_the_reserve() {
+        use futures_util::FutureExt;
+        let line = Line::new(4);
+        // Nobody waits and slots are free: each acquire is served in its first poll.
+        let flood: Vec<Slot> = (0..3)
+            .map(|_| {
+                line.acquire(TenantOrd(1))
+                    .now_or_never()
+                    .expect("a free slot, at once")
+            })
+            .collect();
+        assert_eq!(line.usage(), (3, 0));
+        // The last slot is the newcomers': the flood's fourth row is not served at once
+        // (this waiter gives up; the line counts it until a slot passes it by).
+        assert!(line.acquire(TenantOrd(1)).now_or_never().is_none());
+        assert_eq!(line.usage(), (3, 1));
+        // A tenant with nothing in flight takes the last slot at once.
+        let quiet = line
+            .acquire(TenantOrd(2))
+            .now_or_never()
+            .expect("the reserve, at once");
+        assert_eq!(line.usage(), (4, 1));
+        drop(quiet);
+        drop(flood);
         assert_eq!(line.usage(), (0, 0));
     }
 
