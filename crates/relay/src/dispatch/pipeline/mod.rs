@@ -17,9 +17,10 @@
 //! tenants (fewest deliveries in flight first), each only with a claim slot of its sink
 //! (within its adaptive limit and past its breaker, [`super::control`]) and of its tenant,
 //! and claimed in one batch. The markers of the tenants the full read met are cleaned.
-//! Deliveries run with those slots held, each request in its tenant's turn in the sink's
-//! request line ([`super::line`]); one task commits the outcomes in batches (not synced: a
-//! lost outcome means a redelivery after boot recovery, never a loss).
+//! Deliveries run with those slots held, on a set of delivery tasks that take them from one
+//! queue ([`crew`]), each request in its tenant's turn in the sink's request line
+//! ([`super::line`]); one thread commits the outcomes in batches (not synced: a lost
+//! outcome means a redelivery after boot recovery, never a loss).
 //!
 //! A graceful stop: claiming stops; deliveries in flight get up to `shutdown.grace_ms` to
 //! finish and have their outcomes committed; those still running then are cut, their rows
@@ -39,12 +40,14 @@ use ankusa_queue::hints::DueHints;
 use ankusa_records::{DeliveryRow, Envelope};
 use ankusa_store::Store;
 use claim::{ClaimCtx, Ticker};
+use crew::Crew;
 use outcomes::{spawn_committer, Committer};
 use plan::{after_tick, Cursors, TickLimits};
 use runner::{Runner, StartParts, Starter};
 use slots::{TenantSlot, TenantSlots, Weights};
 
 pub mod claim;
+pub mod crew;
 pub mod outcomes;
 pub mod plan;
 pub mod runner;
@@ -181,16 +184,16 @@ pub fn spawn(
             paused: paused.clone(),
             ..Cursors::default()
         };
-        // The delivery tasks, so a stop can cut those still running at its deadline (the
-        // writer's starts run here too).
-        let in_flight: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>> = Arc::default();
+        // The delivery tasks, for the ticks' claims and the writer's starts; a stop cuts
+        // those still running at its deadline (and a pipeline task that ends any other way
+        // closes them too).
+        let crew = Crew::new(run, tokio::runtime::Handle::current());
+        let _closes = CloseOnDrop(crew.clone());
         starter.attach(StartParts {
             permits: permits.clone(),
             tenants: tenants.clone(),
             deliverer: deliverer.clone(),
-            run: Arc::downgrade(&run),
-            tasks: in_flight.clone(),
-            handle: tokio::runtime::Handle::current(),
+            crew: crew.clone(),
             started: metrics.dispatch_started.clone(),
         });
         // A tick is worth its fixed cost once a quarter of the permits are free.
@@ -199,7 +202,6 @@ pub fn spawn(
             if *stop.borrow() {
                 break;
             }
-            while lock(&in_flight).try_join_next().is_some() {}
             if permits.available_permits() < refill as usize {
                 tokio::select! {
                     _ = permits.acquire_many(refill) => {}
@@ -218,13 +220,12 @@ pub fn spawn(
                 };
                 let mut ctx = TickCtx {
                     ticker: &ticker,
-                    tasks: &in_flight,
+                    crew: &crew,
                     tenants: &tenants,
                     weights: &weights,
                     hints: &hints,
                     interval_ms: settings.tick_interval.as_millis() as u64,
                     deliverer: &deliverer,
-                    run: &run,
                     permits: &permits,
                     metrics: &metrics,
                 };
@@ -287,12 +288,11 @@ pub fn spawn(
         let finished = tokio::time::timeout(settings.grace, permits.acquire_many(all))
             .await
             .is_ok();
-        let mut in_flight = std::mem::take(&mut *lock(&in_flight));
+        let mut members = crew.close();
         if !finished {
-            in_flight.abort_all();
+            members.abort_all();
         }
-        while in_flight.join_next().await.is_some() {}
-        drop(run);
+        while members.join_next().await.is_some() {}
         drop(done_tx);
         let _ = tokio::task::spawn_blocking(move || ticker.join()).await;
         // The committer ends once every outcome sent is committed.
@@ -380,20 +380,25 @@ impl SinkSeries {
     }
 }
 
-fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
+/// Closes the delivery tasks when the pipeline's task ends, however it ends.
+struct CloseOnDrop(Arc<Crew<Runner>>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        // Dropping the tasks' set aborts those still running.
+        drop(self.0.close());
+    }
 }
 
 /// What a tick works with.
 struct TickCtx<'a> {
     ticker: &'a Ticker,
-    tasks: &'a std::sync::Mutex<tokio::task::JoinSet<()>>,
+    crew: &'a Arc<Crew<Runner>>,
     tenants: &'a TenantSlots,
     weights: &'a Weights,
     hints: &'a DueHints,
     interval_ms: u64,
     deliverer: &'a Arc<Deliverer>,
-    run: &'a Arc<Runner>,
     permits: &'a Arc<tokio::sync::Semaphore>,
     metrics: &'a Arc<Metrics>,
 }
@@ -406,13 +411,12 @@ async fn tick(
 ) -> Result<(Cursors, usize), DispatchError> {
     let TickCtx {
         ticker,
-        tasks,
+        crew,
         tenants,
         weights,
         hints,
         interval_ms,
         deliverer,
-        run,
         permits,
         metrics,
     } = ctx;
@@ -472,17 +476,23 @@ async fn tick(
     metrics.dispatch_tenant_inflight_max.set(most as i64);
     metrics.dispatch_claimed.inc_by(jobs.len() as u64);
     let claimed = jobs.len();
+    let mut given = Vec::with_capacity(claimed);
     for job in jobs {
         let permit = match permits.clone().try_acquire_owned() {
             Ok(p) => p,
             // Sized to the free permits; a start at a commit since (or a stop) took one.
-            Err(_) => permits
-                .clone()
-                .acquire_owned()
-                .await
-                .map_err(|_| DispatchError::Stopping)?,
+            Err(_) => {
+                // What is already held runs meanwhile (its outcomes give permits back).
+                crew.give(std::mem::take(&mut given));
+                permits
+                    .clone()
+                    .acquire_owned()
+                    .await
+                    .map_err(|_| DispatchError::Stopping)?
+            }
         };
-        lock(*tasks).spawn((*run).clone().deliver(job, permit));
+        given.push((job, permit));
     }
+    crew.give(given);
     Ok((cursors, claimed))
 }

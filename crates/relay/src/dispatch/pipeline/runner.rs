@@ -5,8 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 use tracing::Instrument;
 
+use super::crew::{Crew, Work};
 use super::slots::{TenantSlot, TenantSlots};
-use super::{lock, Done, Job, Metered, SinkSeries};
+use super::{Done, Job, Metered, SinkSeries};
 use crate::dispatch::delivery::{Attempt, ClaimSlot, Deliverer, Verdict};
 use ankusa_keyspace::TenantOrd;
 use ankusa_records::DeliveryRow;
@@ -40,11 +41,7 @@ impl Runner {
 
     /// One claimed (or started) delivery: its attempt, in its tenant's turn in the sink's
     /// line, then its outcome to the committer (which gives the permit back).
-    pub(super) async fn deliver(
-        self: Arc<Self>,
-        mut job: Job,
-        permit: tokio::sync::OwnedSemaphorePermit,
-    ) {
+    async fn deliver(&self, mut job: Job, permit: tokio::sync::OwnedSemaphorePermit) {
         let sinks = self.sinks();
         // A corrupt row is not attempted: its outcome is the dead letter.
         let attempt = match job.envelope.as_deref().filter(|_| job.corrupt.is_none()) {
@@ -125,6 +122,14 @@ impl Runner {
     }
 }
 
+/// The delivery tasks run each job with the permit it holds ([`Crew`]).
+impl Work for Runner {
+    type Job = (Job, tokio::sync::OwnedSemaphorePermit);
+    fn run(&self, (job, permit): Self::Job) -> impl std::future::Future<Output = ()> + Send + '_ {
+        self.deliver(job, permit)
+    }
+}
+
 /// The pipeline's side of starting a fresh delivery at its ingest commit
 /// ([`ankusa_queue::writer::Starts`]). The writer offers each delivery of each hook it
 /// assembles; a start is given only while the pipeline has *caught up* — its last tick
@@ -164,10 +169,8 @@ pub(super) struct StartParts {
     pub(super) permits: Arc<tokio::sync::Semaphore>,
     pub(super) tenants: TenantSlots,
     pub(super) deliverer: Arc<Deliverer>,
-    /// Weak: the outcome channel closes when the stopping pipeline drops its runner.
-    pub(super) run: std::sync::Weak<Runner>,
-    pub(super) tasks: Arc<std::sync::Mutex<tokio::task::JoinSet<()>>>,
-    pub(super) handle: tokio::runtime::Handle,
+    /// The delivery tasks: closed once the pipeline stops.
+    pub(super) crew: Arc<Crew<Runner>>,
     pub(super) started: prometheus_client::metrics::counter::Counter,
 }
 
@@ -273,13 +276,7 @@ impl ankusa_queue::writer::Starts for Starter {
 
     fn started(&self, rows: Vec<ankusa_queue::writer::Started>) {
         let Some(p) = self.parts.get() else { return };
-        // A pipeline that stopped runs nothing more: the rows stay inflight for the stop's
-        // (or the next boot's) recovery to make due.
-        let Some(run) = p.run.upgrade() else { return };
-        let mut tasks = lock(&p.tasks);
-        // The finished ones go first: between ticks (a second or a minute apart, when every
-        // delivery starts at its commit) the set holds only what runs.
-        while tasks.try_join_next().is_some() {}
+        let mut jobs = Vec::with_capacity(rows.len());
         for ankusa_queue::writer::Started {
             row,
             envelope,
@@ -300,7 +297,6 @@ impl ankusa_queue::writer::Starts for Starter {
                 sink,
                 tenant,
             } = *slots;
-            p.started.inc();
             let job = Job {
                 row,
                 state: DeliveryRow {
@@ -313,7 +309,13 @@ impl ankusa_queue::writer::Starts for Starter {
                 sink_slot: Some(sink),
                 tenant_slot: tenant,
             };
-            tasks.spawn_on(run.clone().deliver(job, permit), &p.handle);
+            jobs.push((job, permit));
+        }
+        // A pipeline that stopped runs nothing more: the rows stay inflight for the stop's
+        // (or the next boot's) recovery to make due.
+        let n = jobs.len() as u64;
+        if p.crew.give(jobs) {
+            p.started.inc_by(n);
         }
     }
 }
