@@ -104,16 +104,16 @@ impl Controller {
 
     /// The current limit (1..=max_inflight).
     pub fn limit(&self) -> usize {
-        (self.lock().limit as usize).clamp(1, self.max)
+        self.limit_of(&self.lock())
+    }
+
+    fn limit_of(&self, s: &State) -> usize {
+        (s.limit as usize).clamp(1, self.max)
     }
 
     /// The breaker's state at `now` (an open breaker past its time is half-open).
     pub fn breaker(&self, now: Instant) -> Breaker {
-        let s = self.lock();
-        match s.breaker {
-            Breaker::Open if now >= s.open_until => Breaker::HalfOpen,
-            b => b,
-        }
+        breaker_at(&self.lock(), now)
     }
 
     /// Whether a row may be claimed for the sink now, with `claimed` of its rows already
@@ -133,7 +133,7 @@ impl Controller {
                 }
             }
             Breaker::Closed => {
-                let limit = (s.limit as usize).clamp(1, self.max);
+                let limit = self.limit_of(&s);
                 claimed < Self::line(limit)
                     || (newcomer && claimed < Self::line(limit) + Self::reserve(limit))
             }
@@ -150,7 +150,7 @@ impl Controller {
             Breaker::Open if now < s.open_until => 0,
             Breaker::Open | Breaker::HalfOpen => usize::from(!s.probing && claimed == 0),
             Breaker::Closed => {
-                let limit = (s.limit as usize).clamp(1, self.max);
+                let limit = self.limit_of(&s);
                 let line = Self::line(limit);
                 match line.checked_sub(claimed) {
                     Some(room) if room > 0 => room,
@@ -160,8 +160,9 @@ impl Controller {
         }
     }
 
-    /// An attempt's outcome.
-    pub fn record(&self, signal: Signal, now: Instant) {
+    /// An attempt's outcome. Answers the limit and the breaker's state after it (what
+    /// [`Controller::limit`] and [`Controller::breaker`] would, in the same lock).
+    pub fn record(&self, signal: Signal, now: Instant) -> (usize, Breaker) {
         let mut s = self.lock();
         match signal {
             Signal::Success | Signal::Rejected => {
@@ -196,6 +197,15 @@ impl Controller {
                 }
             }
         }
+        (self.limit_of(&s), breaker_at(&s, now))
+    }
+}
+
+/// The breaker's state in `s` at `now`.
+fn breaker_at(s: &State, now: Instant) -> Breaker {
+    match s.breaker {
+        Breaker::Open if now >= s.open_until => Breaker::HalfOpen,
+        b => b,
     }
 }
 

@@ -155,11 +155,13 @@ impl Line {
     }
 
     /// Sets the most requests in flight (the sink's adaptive limit). A raise lets waiters
-    /// in at once; a cut takes effect as requests end.
-    pub fn set_limit(self: &Arc<Self>, limit: usize) {
+    /// in at once; a cut takes effect as requests end. Answers the [`Line::usage`] after it
+    /// (one lock for both, after each attempt).
+    pub fn set_limit(self: &Arc<Self>, limit: usize) -> (usize, usize) {
         let mut s = self.lock();
         s.limit = limit.max(1);
         self.fill(&mut s);
+        (s.in_flight, s.queued)
     }
 
     /// A slot out to `tenant`: counted in flight until it is dropped.

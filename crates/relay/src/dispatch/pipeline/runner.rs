@@ -84,12 +84,10 @@ impl Runner {
                         span.record("status", a.status);
                         span.record("outcome", a.label().label());
                         let now = std::time::Instant::now();
-                        sink.control.record(a.signal(), now);
-                        let limit = sink.control.limit();
-                        sink.line.set_limit(limit);
+                        let (limit, breaker) = sink.control.record(a.signal(), now);
+                        let (requests, queued) = sink.line.set_limit(limit);
                         m.limit.set(limit as i64);
-                        m.breaker.set(sink.control.breaker(now) as i64);
-                        let (requests, queued) = sink.line.usage();
+                        m.breaker.set(breaker as i64);
                         m.requests.set(requests as i64);
                         m.queued.set(queued as i64);
                         m.attempt(a.label()).inc();
