@@ -6,11 +6,15 @@
 //! does (docs/performance.md). The set grows to the jobs given and not yet finished — never
 //! more tasks than the node's delivery permits, which bound those jobs — so a job never
 //! waits behind another's attempt: a task is spawned whenever every task is busy.
-//! Finished tasks stay, idle, until the crew closes.
+//! A task idle for [`IDLE`] ends, so a burst's tasks do not outlive it (each holds a
+//! delivery's state, a few KiB, and `dispatch.max_inflight` goes up to 100 000).
 
 use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::Arc;
+
+/// How long a task waits for a job before it ends (the node's crews).
+pub(super) const IDLE: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// What a crew's tasks do with a job.
 pub(super) trait Work: Send + Sync + 'static {
@@ -24,6 +28,8 @@ pub(super) struct Crew<W: Work> {
     /// An idle task is woken for each job given (and by a task that leaves work queued).
     ready: tokio::sync::Notify,
     handle: tokio::runtime::Handle,
+    /// How long a task waits for a job before it ends ([`IDLE`]).
+    idle: std::time::Duration,
 }
 
 struct State<W: Work> {
@@ -38,8 +44,13 @@ struct State<W: Work> {
 }
 
 impl<W: Work> Crew<W> {
-    /// A crew running `work` on `handle`'s runtime; its tasks are spawned as jobs come.
-    pub(super) fn new(work: Arc<W>, handle: tokio::runtime::Handle) -> Arc<Crew<W>> {
+    /// A crew running `work` on `handle`'s runtime; its tasks are spawned as jobs come and
+    /// end once `idle` passes with no job for them.
+    pub(super) fn new(
+        work: Arc<W>,
+        idle: std::time::Duration,
+        handle: tokio::runtime::Handle,
+    ) -> Arc<Crew<W>> {
         Arc::new(Crew {
             state: std::sync::Mutex::new(State {
                 queue: VecDeque::new(),
@@ -50,6 +61,7 @@ impl<W: Work> Crew<W> {
             }),
             ready: tokio::sync::Notify::new(),
             handle,
+            idle,
         })
     }
 
@@ -64,13 +76,15 @@ impl<W: Work> Crew<W> {
         let mut s = self.lock();
         let Some(work) = s.work.clone() else {
             drop(s);
-            drop(jobs.into_iter().collect::<Vec<_>>());
+            drop(jobs);
             return false;
         };
         for job in jobs {
             s.queue.push_back(job);
             s.outstanding += 1;
             if s.outstanding > s.members {
+                // Tasks that ended (idle, or on a panic) leave the set first.
+                while s.tasks.try_join_next().is_some() {}
                 s.members += 1;
                 let member = member(self.clone(), work.clone());
                 s.tasks.spawn_on(member, &self.handle);
@@ -99,13 +113,19 @@ impl<W: Work> Crew<W> {
     }
 
     /// The next job, whether more are queued behind it, and whether the crew is closed.
-    fn next(&self) -> Taken<W::Job> {
+    /// With `retire`, a task that finds no job leaves the crew in the same lock (counted
+    /// out before a job given next could count on it).
+    fn next(&self, retire: bool) -> Taken<W::Job> {
         let mut s = self.lock();
         if s.work.is_none() {
             return Taken::Closed;
         }
         match s.queue.pop_front() {
             Some(job) => Taken::Job(job, !s.queue.is_empty()),
+            None if retire => {
+                s.members = s.members.saturating_sub(1);
+                Taken::Retired
+            }
             None => Taken::Empty,
         }
     }
@@ -115,61 +135,79 @@ enum Taken<J> {
     Job(J, bool),
     Empty,
     Closed,
+    /// No job, and the task is counted out.
+    Retired,
 }
 
 /// One task of the crew: jobs from the queue, one after the other, until it closes.
 async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
-    // Counted out however the task ends (closed, aborted, a job that panicked).
-    let _member = Counted {
+    // Counted out however the task ends (closed, aborted, a job that panicked), unless
+    // it retired (counted out then).
+    let mut member = Member {
         crew: &crew,
-        field: |s| &mut s.members,
+        counted: true,
     };
+    let mut idle = false;
     loop {
-        let job = match crew.next() {
+        let job = match crew.next(idle) {
             Taken::Job(job, more) => Some((job, more)),
             Taken::Closed => return,
+            Taken::Retired => {
+                member.counted = false;
+                return;
+            }
             Taken::Empty => {
                 // Registered before looking again: a job given or a close from here on
                 // wakes this task.
                 let notified = crew.ready.notified();
                 let mut notified = std::pin::pin!(notified);
                 notified.as_mut().enable();
-                match crew.next() {
+                match crew.next(false) {
                     Taken::Job(job, more) => Some((job, more)),
                     Taken::Closed => return,
-                    Taken::Empty => {
-                        notified.await;
+                    Taken::Empty | Taken::Retired => {
+                        // Woken or not, it looks again; idle that long, it may retire.
+                        idle = tokio::time::timeout(crew.idle, notified).await.is_err();
                         None
                     }
                 }
             }
         };
         if let Some((job, more)) = job {
+            idle = false;
             // A wake-up given for one job may have gone to a task that was about to look
             // anyway: the task that takes a job wakes another for the rest.
             if more {
                 crew.ready.notify_one();
             }
-            let _finished = Counted {
-                crew: &crew,
-                field: |s| &mut s.outstanding,
-            };
+            let _finished = Finished(&crew);
             work.run(job).await;
         }
     }
 }
 
-/// Takes one off a count of the crew's state when dropped.
-struct Counted<'a, W: Work> {
+/// A task's place in the crew's count, given up when the task ends.
+struct Member<'a, W: Work> {
     crew: &'a Crew<W>,
-    field: fn(&mut State<W>) -> &mut usize,
+    counted: bool,
 }
 
-impl<W: Work> Drop for Counted<'_, W> {
+impl<W: Work> Drop for Member<'_, W> {
     fn drop(&mut self) {
-        let mut s = self.crew.lock();
-        let n = (self.field)(&mut s);
-        *n = n.saturating_sub(1);
+        if self.counted {
+            let mut s = self.crew.lock();
+            s.members = s.members.saturating_sub(1);
+        }
+    }
+}
+
+/// A job's count in `outstanding`, taken off however the job ends.
+struct Finished<'a, W: Work>(&'a Crew<W>);
+
+impl<W: Work> Drop for Finished<'_, W> {
+    fn drop(&mut self) {
+        let mut s = self.0.lock();
+        s.outstanding = s.outstanding.saturating_sub(1);
     }
 }
 
@@ -221,7 +259,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn every_job_runs_and_the_tasks_stay_as_many_as_were_needed_at_once() {
         let work = Arc::new(Gated::default());
-        let crew = Crew::new(work.clone(), tokio::runtime::Handle::current());
+        let crew = Crew::new(work.clone(), IDLE, tokio::runtime::Handle::current());
         for round in 1..=50 {
             assert!(crew.give((0..20).map(|_| free())));
             until(|| work.done.load(Ordering::SeqCst) == round * 20).await;
@@ -237,7 +275,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_never_waits_behind_one_that_is_held_up() {
         let work = Arc::new(Gated::default());
-        let crew = Crew::new(work.clone(), tokio::runtime::Handle::current());
+        let crew = Crew::new(work.clone(), IDLE, tokio::runtime::Handle::current());
         // Three jobs held at their gates, given one at a time and all at once.
         let (tx1, rx1) = tokio::sync::oneshot::channel();
         let (tx2, rx2) = tokio::sync::oneshot::channel();
@@ -263,7 +301,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_job_that_panics_takes_only_its_own_task() {
         let work = Arc::new(Gated::default());
-        let crew = Crew::new(work.clone(), tokio::runtime::Handle::current());
+        let crew = Crew::new(work.clone(), IDLE, tokio::runtime::Handle::current());
         crew.give([GatedJob {
             gate: None,
             panics: true,
@@ -279,7 +317,7 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_closed_crew_drops_what_it_holds_and_takes_nothing_more() {
         let work = Arc::new(Gated::default());
-        let crew = Crew::new(work.clone(), tokio::runtime::Handle::current());
+        let crew = Crew::new(work.clone(), IDLE, tokio::runtime::Handle::current());
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
         crew.give([GatedJob {
             gate: Some(rx),
@@ -295,5 +333,44 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(20)).await;
         assert_eq!(work.done.load(Ordering::SeqCst), 0);
         assert_eq!(crew.lock().members, 0);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn idle_tasks_end_and_a_later_job_still_finds_one() {
+        let work = Arc::new(Gated::default());
+        let idle = Duration::from_millis(50);
+        let crew = Crew::new(work.clone(), idle, tokio::runtime::Handle::current());
+        // A burst of held jobs: one task each.
+        let gates: Vec<_> = (0..8).map(|_| tokio::sync::oneshot::channel()).collect();
+        let (txs, rxs): (Vec<_>, Vec<_>) = gates.into_iter().unzip();
+        crew.give(rxs.into_iter().map(|rx| GatedJob {
+            gate: Some(rx),
+            panics: false,
+        }));
+        until(|| crew.lock().queue.is_empty()).await;
+        assert_eq!(crew.lock().members, 8);
+        for tx in txs {
+            tx.send(()).expect("held");
+        }
+        // Idle past their time, they end; none is left holding a burst's state.
+        until(|| crew.lock().members == 0).await;
+        assert_eq!(work.done.load(Ordering::SeqCst), 8);
+        // Jobs given while tasks retire still run (the count never promises a task that
+        // is gone).
+        for round in 1..=20 {
+            crew.give((0..3).map(|_| free()));
+            tokio::time::sleep(idle / 2 + Duration::from_millis(round % 7 * 5)).await;
+        }
+        until(|| work.done.load(Ordering::SeqCst) == 8 + 60).await;
+        let (members, held) = {
+            let s = crew.lock();
+            (s.members, s.tasks.len())
+        };
+        assert!(
+            held <= members + 8,
+            "ended tasks are reaped: {held} held, {members} alive"
+        );
+        let mut tasks = crew.close();
+        while tasks.join_next().await.is_some() {}
     }
 }

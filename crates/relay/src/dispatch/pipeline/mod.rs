@@ -187,7 +187,7 @@ pub fn spawn(
         // The delivery tasks, for the ticks' claims and the writer's starts; a stop cuts
         // those still running at its deadline (and a pipeline task that ends any other way
         // closes them too).
-        let crew = Crew::new(run, tokio::runtime::Handle::current());
+        let crew = Crew::new(run, crew::IDLE, tokio::runtime::Handle::current());
         let _closes = CloseOnDrop(crew.clone());
         starter.attach(StartParts {
             permits: permits.clone(),
