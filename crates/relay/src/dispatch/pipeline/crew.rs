@@ -3,9 +3,10 @@
 //!
 //! A task spawned per delivery cost an allocation, a place in a task set and its reaping;
 //! a fixed set of tasks taking jobs from a queue does what a plain loop posting requests
-//! does (docs/performance.md). The set grows to the jobs given and not yet finished — never
-//! more tasks than the node's delivery permits, which bound those jobs — so a job never
-//! waits behind another's attempt: a task is spawned whenever every task is busy.
+//! does (docs/performance.md). The set grows to the jobs given and not yet finished — as
+//! many tasks as the node's delivery permits at most, which bound those jobs (give or take
+//! a task whose job just ended and which has not looked at the queue again) — so a job
+//! never waits behind another's attempt: a task is spawned whenever every task is busy.
 //! A task idle for [`IDLE`] ends, so a burst's tasks do not outlive it (each holds a
 //! delivery's state, a few KiB, and `dispatch.max_inflight` goes up to 100 000).
 
@@ -113,10 +114,14 @@ impl<W: Work> Crew<W> {
     }
 
     /// The next job, whether more are queued behind it, and whether the crew is closed.
-    /// With `retire`, a task that finds no job leaves the crew in the same lock (counted
-    /// out before a job given next could count on it).
-    fn next(&self, retire: bool) -> Taken<W::Job> {
+    /// `finished`: the task's last job is over, counted out here, in the lock that takes the
+    /// next (one lock a delivery, not two). With `retire`, a task that finds no job leaves
+    /// the crew in the same lock (counted out before a job given next could count on it).
+    fn next(&self, finished: bool, retire: bool) -> Taken<W::Job> {
         let mut s = self.lock();
+        if finished {
+            s.outstanding = s.outstanding.saturating_sub(1);
+        }
         if s.work.is_none() {
             return Taken::Closed;
         }
@@ -143,17 +148,18 @@ enum Taken<J> {
 async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
     // Counted out however the task ends (closed, aborted, a job that panicked), unless
     // it retired (counted out then).
-    let mut member = Member {
+    let mut member = Counted {
         crew: &crew,
-        counted: true,
+        of: |s| &mut s.members,
+        armed: true,
     };
-    let mut idle = false;
+    let (mut idle, mut finished) = (false, false);
     loop {
-        let job = match crew.next(idle) {
+        let job = match crew.next(std::mem::take(&mut finished), idle) {
             Taken::Job(job, more) => Some((job, more)),
             Taken::Closed => return,
             Taken::Retired => {
-                member.counted = false;
+                member.armed = false;
                 return;
             }
             Taken::Empty => {
@@ -162,7 +168,7 @@ async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
                 let notified = crew.ready.notified();
                 let mut notified = std::pin::pin!(notified);
                 notified.as_mut().enable();
-                match crew.next(false) {
+                match crew.next(false, false) {
                     Taken::Job(job, more) => Some((job, more)),
                     Taken::Closed => return,
                     Taken::Empty | Taken::Retired => {
@@ -180,34 +186,36 @@ async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
             if more {
                 crew.ready.notify_one();
             }
-            let _finished = Finished(&crew);
+            // Counted out at the next look at the queue, or here if the job panics or the
+            // task is cut.
+            let mut job_count = Counted {
+                crew: &crew,
+                of: |s| &mut s.outstanding,
+                armed: true,
+            };
             work.run(job).await;
+            job_count.armed = false;
+            finished = true;
         }
     }
 }
 
-/// A task's place in the crew's count, given up when the task ends.
-struct Member<'a, W: Work> {
+/// One of a count in the crew's state (a task, a job), taken off when dropped armed: the
+/// way out of a task that ends or a job cut short; the usual way out is in a lock already
+/// taken ([`Crew::next`]).
+struct Counted<'a, W: Work> {
     crew: &'a Crew<W>,
-    counted: bool,
+    of: fn(&mut State<W>) -> &mut usize,
+    armed: bool,
 }
 
-impl<W: Work> Drop for Member<'_, W> {
+impl<W: Work> Drop for Counted<'_, W> {
     fn drop(&mut self) {
-        if self.counted {
+        if self.armed {
             let mut s = self.crew.lock();
-            s.members = s.members.saturating_sub(1);
+            let n = (self.of)(&mut s);
+            *n = n.saturating_sub(1);
         }
-    }
-}
-
-/// A job's count in `outstanding`, taken off however the job ends.
-struct Finished<'a, W: Work>(&'a Crew<W>);
-
-impl<W: Work> Drop for Finished<'_, W> {
-    fn drop(&mut self) {
-        let mut s = self.0.lock();
-        s.outstanding = s.outstanding.saturating_sub(1);
     }
 }
 
