@@ -254,6 +254,12 @@ mod tests {
         }
     }
 
+    /// Closes the crew and waits for its tasks to end.
+    async fn closed(crew: &Crew<Gated>) {
+        let mut tasks = crew.close();
+        while tasks.join_next().await.is_some() {}
+    }
+
     async fn until(what: impl Fn() -> bool) {
         tokio::time::timeout(Duration::from_secs(10), async {
             while !what() {
@@ -275,8 +281,7 @@ mod tests {
         let members = crew.lock().members;
         assert!((1..=20).contains(&members), "{members} tasks");
         assert_eq!(crew.lock().outstanding, 0);
-        let mut tasks = crew.close();
-        while tasks.join_next().await.is_some() {}
+        closed(&crew).await;
         assert_eq!(crew.lock().members, 0, "idle tasks end at the close");
     }
 
@@ -302,8 +307,7 @@ mod tests {
         }
         until(|| work.done.load(Ordering::SeqCst) == 4).await;
         assert!(crew.lock().members >= 4);
-        let mut tasks = crew.close();
-        while tasks.join_next().await.is_some() {}
+        closed(&crew).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -318,8 +322,7 @@ mod tests {
         assert_eq!(crew.lock().outstanding, 0);
         crew.give((0..5).map(|_| free()));
         until(|| work.done.load(Ordering::SeqCst) == 5).await;
-        let mut tasks = crew.close();
-        while tasks.join_next().await.is_some() {}
+        closed(&crew).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -378,7 +381,6 @@ mod tests {
             held <= members + 8,
             "ended tasks are reaped: {held} held, {members} alive"
         );
-        let mut tasks = crew.close();
-        while tasks.join_next().await.is_some() {}
+        closed(&crew).await;
     }
 }
