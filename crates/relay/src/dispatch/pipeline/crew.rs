@@ -8,7 +8,11 @@
 //! a task whose job just ended and which has not looked at the queue again) — so a job
 //! never waits behind another's attempt: a task is spawned whenever every task is busy.
 //! A task idle for [`IDLE`] ends, so a burst's tasks do not outlive it (each holds a
-//! delivery's state, a few KiB, and `dispatch.max_inflight` goes up to 100 000).
+//! delivery's state, a few KiB, and `dispatch.max_inflight` goes up to 100 000). A task
+//! that waits arms no timer of its own: one per delivery cost the timer wheel an insert
+//! and a removal each (docs/performance.md); instead the crew's one sweep wakes the waiting
+//! tasks every [`IDLE`], and those idle that long by then end — between one and two
+//! [`IDLE`]s after their last job.
 
 use std::collections::VecDeque;
 use std::future::Future;
@@ -52,7 +56,7 @@ impl<W: Work> Crew<W> {
         idle: std::time::Duration,
         handle: tokio::runtime::Handle,
     ) -> Arc<Crew<W>> {
-        Arc::new(Crew {
+        let crew = Arc::new(Crew {
             state: std::sync::Mutex::new(State {
                 queue: VecDeque::new(),
                 outstanding: 0,
@@ -63,7 +67,9 @@ impl<W: Work> Crew<W> {
             ready: tokio::sync::Notify::new(),
             handle,
             idle,
-        })
+        });
+        crew.handle.spawn(sweep(Arc::downgrade(&crew), idle));
+        crew
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State<W>> {
@@ -154,6 +160,8 @@ async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
         armed: true,
     };
     let (mut idle, mut finished) = (false, false);
+    // When the task last found the queue empty after a job (none while it runs jobs).
+    let mut waiting_since: Option<tokio::time::Instant> = None;
     loop {
         let job = match crew.next(std::mem::take(&mut finished), idle) {
             Taken::Job(job, more) => Some((job, more)),
@@ -172,15 +180,18 @@ async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
                     Taken::Job(job, more) => Some((job, more)),
                     Taken::Closed => return,
                     Taken::Empty | Taken::Retired => {
-                        // Woken or not, it looks again; idle that long, it may retire.
-                        idle = tokio::time::timeout(crew.idle, notified).await.is_err();
+                        // Woken by a job given, a close or the sweep, it looks again;
+                        // idle long enough by then, it may retire.
+                        let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
+                        notified.await;
+                        idle = since.elapsed() >= crew.idle;
                         None
                     }
                 }
             }
         };
         if let Some((job, more)) = job {
-            idle = false;
+            (idle, waiting_since) = (false, None);
             // A wake-up given for one job may have gone to a task that was about to look
             // anyway: the task that takes a job wakes another for the rest.
             if more {
@@ -197,6 +208,19 @@ async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
             job_count.armed = false;
             finished = true;
         }
+    }
+}
+
+/// Wakes the crew's waiting tasks every `idle`, so those idle that long end (see the
+/// module doc); ends once the crew is closed or gone.
+async fn sweep<W: Work>(crew: std::sync::Weak<Crew<W>>, idle: std::time::Duration) {
+    loop {
+        tokio::time::sleep(idle).await;
+        let Some(crew) = crew.upgrade() else { return };
+        if crew.lock().work.is_none() {
+            return;
+        }
+        crew.ready.notify_waiters();
     }
 }
 
