@@ -4,6 +4,7 @@
 // Each bench uses its own part of this module.
 #![allow(dead_code)]
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use http_body_util::{BodyExt, Full};
@@ -174,12 +175,55 @@ pub fn pct(lat: &[Duration], p: f64) -> f64 {
 /// This process's CPU time so far (user + system), from `/proc/self/stat`.
 pub fn cpu_time() -> Duration {
     let stat = std::fs::read_to_string("/proc/self/stat").expect("/proc/self/stat");
+    stat_cpu(&stat).1
+}
+
+/// The command (a thread's name) and the CPU time (user + system) of a `stat` file.
+fn stat_cpu(stat: &str) -> (&str, Duration) {
+    let (open, close) = (
+        stat.find('(').expect("stat"),
+        stat.rfind(')').expect("stat"),
+    );
     // Fields after the command's closing parenthesis; utime and stime are 14th and 15th.
-    let rest = &stat[stat.rfind(')').expect("stat") + 2..];
-    let f: Vec<&str> = rest.split(' ').collect();
+    let f: Vec<&str> = stat[close + 2..].split(' ').collect();
     let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
     // USER_HZ is 100 on Linux.
-    Duration::from_millis(ticks * 10)
+    (&stat[open + 1..close], Duration::from_millis(ticks * 10))
+}
+
+/// The CPU time so far of each of this process's threads alive now, by thread id, with its
+/// name (`/proc/self/task/*/stat`).
+pub fn thread_cpu() -> HashMap<String, (String, Duration)> {
+    let mut out = HashMap::new();
+    for task in std::fs::read_dir("/proc/self/task")
+        .expect("/proc/self/task")
+        .flatten()
+    {
+        // A thread that ended since the listing has no stat to read.
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue;
+        };
+        let (name, cpu) = stat_cpu(&stat);
+        out.insert(
+            task.file_name().to_string_lossy().into_owned(),
+            (name.to_owned(), cpu),
+        );
+    }
+    out
+}
+
+/// The CPU time spent between two [`thread_cpu`] readings, by thread name. A thread that
+/// ended before `after` is not counted (its time is only in [`cpu_time`]).
+pub fn cpu_by_thread(
+    before: &HashMap<String, (String, Duration)>,
+    after: &HashMap<String, (String, Duration)>,
+) -> Vec<(String, Duration)> {
+    let mut by: std::collections::BTreeMap<String, Duration> = Default::default();
+    for (tid, (name, cpu)) in after {
+        let was = before.get(tid).map_or(Duration::ZERO, |(_, c)| *c);
+        *by.entry(name.clone()).or_default() += cpu.saturating_sub(was);
+    }
+    by.into_iter().collect()
 }
 
 /// The host's CPU time so far, from the first line of `/proc/stat`: (stolen by the
