@@ -159,10 +159,12 @@ async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
         of: |s| &mut s.members,
         armed: true,
     };
-    let (mut idle, mut finished) = (false, false);
+    let mut finished = false;
     // When the task last found the queue empty after a job (none while it runs jobs).
     let mut waiting_since: Option<tokio::time::Instant> = None;
     loop {
+        // Idle that long (woken by a job given, a close or the sweep), it may retire.
+        let idle = waiting_since.is_some_and(|since| since.elapsed() >= crew.idle);
         let job = match crew.next(std::mem::take(&mut finished), idle) {
             Taken::Job(job, more) => Some((job, more)),
             Taken::Closed => return,
@@ -180,18 +182,15 @@ async fn member<W: Work>(crew: Arc<Crew<W>>, work: Arc<W>) {
                     Taken::Job(job, more) => Some((job, more)),
                     Taken::Closed => return,
                     Taken::Empty | Taken::Retired => {
-                        // Woken by a job given, a close or the sweep, it looks again;
-                        // idle long enough by then, it may retire.
-                        let since = *waiting_since.get_or_insert_with(tokio::time::Instant::now);
+                        waiting_since.get_or_insert_with(tokio::time::Instant::now);
                         notified.await;
-                        idle = since.elapsed() >= crew.idle;
                         None
                     }
                 }
             }
         };
         if let Some((job, more)) = job {
-            (idle, waiting_since) = (false, None);
+            waiting_since = None;
             // A wake-up given for one job may have gone to a task that was about to look
             // anyway: the task that takes a job wakes another for the rest.
             if more {
