@@ -148,15 +148,17 @@ impl Line {
         }
     }
 
-    /// Requests in flight and rows waiting.
-    pub fn usage(&self) -> (usize, usize) {
+    /// Requests in flight and rows waiting (the tests' view; an attempt reads them from
+    /// [`Line::set_limit`]).
+    #[cfg(test)]
+    fn usage(&self) -> (usize, usize) {
         let s = self.lock();
         (s.in_flight, s.queued)
     }
 
     /// Sets the most requests in flight (the sink's adaptive limit). A raise lets waiters
-    /// in at once; a cut takes effect as requests end. Answers the [`Line::usage`] after it
-    /// (one lock for both, after each attempt).
+    /// in at once; a cut takes effect as requests end. Answers the requests in flight and the
+    /// rows waiting after it (one lock for both, after each attempt).
     pub fn set_limit(self: &Arc<Self>, limit: usize) -> (usize, usize) {
         let mut s = self.lock();
         s.limit = limit.max(1);
