@@ -92,7 +92,7 @@ fn config(data: &std::path::Path, port: u16) -> Config {
         .config_at(data)
 }
 
-/// The relay's drain, and its dispatch ticks meanwhile: how many, and their time (s).
+/// The relay's drain from a node booted on the backlog ([`RelayDrain`]).
 async fn relay_drain(port: u16, sink: &load::ArrivalSink) -> RelayDrain {
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("db");
