@@ -103,22 +103,35 @@ pub fn due_for_tenant(
     limit: usize,
     byte_budget: u64,
 ) -> Result<Vec<DueRow>, QueueError> {
+    Ok(due_page_for_tenant(store, ord, now, floor, limit, byte_budget)?.0)
+}
+
+/// [`due_for_tenant`], and whether the read stopped at `limit` or `byte_budget` (more rows
+/// may be due) rather than at the tenant's last row due by `now`.
+pub fn due_page_for_tenant(
+    store: &Store,
+    ord: TenantOrd,
+    now: AtMs,
+    floor: AtMs,
+    limit: usize,
+    byte_budget: u64,
+) -> Result<(Vec<DueRow>, bool), QueueError> {
     let (from, to) = ankusa_keyspace::due_range(ord, floor, AtMs(now.0.saturating_add(1)));
     let mut out = Vec::new();
     let mut bytes = 0u64;
     for kv in store.scan(Family::Due, &from, &to, Dir::Forward)? {
         if out.len() >= limit {
-            break;
+            return Ok((out, true));
         }
         let (k, v) = kv?;
         let row = DueRow::decode(&k, &v)?;
         bytes += row.size as u64;
         if bytes > byte_budget && !out.is_empty() {
-            break;
+            return Ok((out, true));
         }
         out.push(row);
     }
-    Ok(out)
+    Ok((out, false))
 }
 
 /// A tenant's due rows that wait for a time after `now` (a retry's backoff), earliest

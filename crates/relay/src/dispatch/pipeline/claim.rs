@@ -275,24 +275,32 @@ pub(super) fn claim_tick(
     };
     let mut left_any = false;
     for w in &plan.work {
-        deliveries::cleanup_markers(store, w.ord, &w.buckets, now)?;
-        match (left(w), w.rows.last()) {
-            // Rows left for want of a slot: the next read starts at the first of them, and
-            // the tenant's next turn is at the cycle's end.
-            (Some(at), _) => {
+        let left_at = left(w);
+        // Where the tenant's rows go on, if any are left: its first row left for want of
+        // a slot, or after a read its share or the budget cut, its last row read.
+        let goes_on = left_at.or(w.rows.last().filter(|_| w.more).map(|r| r.key.at));
+        // Rows are still due from there on. With every marker the read met from that
+        // second on, the cleanup is put off to the tenant's next turn, which carries
+        // those markers (`requeue`), and its read — a seek over the tombstones of the
+        // rows claimed so far — is skipped. None of them is stale when the row left for
+        // want of a slot is itself still due; after a cut read, the last row's second is
+        // stale if the rest are due in later seconds, and the next turn's cleanup
+        // deletes it.
+        let put_off = goes_on.is_some_and(|at| w.buckets.iter().all(|b| *b >= at.bucket()));
+        if !put_off {
+            deliveries::cleanup_markers(store, w.ord, &w.buckets, now)?;
+        }
+        match goes_on {
+            // Rows left for want of a slot, or a full share (more may wait): the next
+            // read starts there, and the tenant's next turn is at the cycle's end.
+            Some(at) => {
                 cursors.advance(w.ord, at);
                 cursors.requeue(w, at);
                 left_any = true;
             }
-            // A full share: more may wait from here on.
-            (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
-                cursors.advance(w.ord, last.key.at);
-                cursors.requeue(w, last.key.at);
-                left_any = true;
-            }
             // Drained up to now (hinted rows included): the next read starts at its
             // oldest marker.
-            _ => {
+            None => {
                 cursors.evict(w.ord);
                 cursors.hinted.tenants.remove(&w.ord);
             }
@@ -303,7 +311,7 @@ pub(super) fn claim_tick(
         match (left(w), w.rows.last()) {
             // Rows no slot could take, all of them read: the hint stays at the first, so
             // the next tick offers them again (a quiet tenant keeps its turn).
-            (Some(at), _) if w.rows.len() < read.rows_per_tenant => {
+            (Some(at), _) if !w.more => {
                 cursors.hinted.tenants.insert(w.ord, at);
                 left_hinted = true;
             }
@@ -315,7 +323,9 @@ pub(super) fn claim_tick(
                 cursors.cycle.stale = true;
                 left_any = true;
             }
-            (None, Some(last)) if w.rows.len() >= read.rows_per_tenant => {
+            // Every row read was claimed, and the share or the budget cut the read: the
+            // hint goes on from the last.
+            (None, Some(last)) if w.more => {
                 cursors.hinted.tenants.insert(w.ord, last.key.at);
                 left_hinted = true;
             }
@@ -654,5 +664,136 @@ mod tests {
         drop(picked);
         assert_eq!(tenants.usage(), (0, 0), "dropped slots are given back");
         assert_eq!(sinks["fast"].available_permits(), 100);
+    }
+
+    /// A claim context over one sink, `sink0` (the harness's hooks name it), with
+    /// `free` slots.
+    fn claim_ctx(free: usize) -> ClaimCtx {
+        let config = ankusa_config::Config::from_yaml(
+            "sinks:\n  - { id: sink0, url: \"http://127.0.0.1:9/\" }\n",
+            Vec::new(),
+        )
+        .unwrap();
+        ClaimCtx {
+            deliverer: Arc::new(Deliverer::from_config(&config).unwrap()),
+            tenants: TenantSlots::new(1_000),
+            weights: Weights::new(Default::default()),
+            free,
+        }
+    }
+
+    /// A tenant whose read the tick's budget cut (behind another tenant's rows) goes on
+    /// from its cursor at its next turn, and the cleanup of its markers waits for the turn
+    /// that can find one stale: draining one second's 2 000 rows 16 a tick steps over the
+    /// tombstones of the rows already claimed a bounded number of times, not once a tick
+    /// (4 266 here; with a cleanup every tick, 129 266).
+    #[test]
+    fn a_tenant_the_budget_cut_goes_on_from_its_cursor_over_no_claimed_row() {
+        const ROWS: u64 = 2_000;
+        const FREE: usize = 16;
+        let mut h = ankusa_queue::testkit::Harness::new();
+        for i in 0..FREE as u64 / 2 {
+            h.ingest(Some("a"), 1, 1_000 + i, false);
+        }
+        for i in 0..ROWS {
+            h.ingest(Some("b"), 1, 1_000 + i % 1_000, false);
+        }
+        let ctx = claim_ctx(FREE);
+        let limits = TickLimits {
+            rows_per_tick: FREE,
+            ..TickLimits::default()
+        };
+        let b = h.ord("b");
+        let mut cursors = Some(Cursors::default());
+        let (ticks, walked) = ankusa_store::tombstones_walked(|| {
+            let (mut claimed, mut ticks) = (0, 0);
+            let all = ROWS + FREE as u64 / 2;
+            while claimed < all {
+                let out =
+                    claim_tick(&h.store, limits, cursors.take().unwrap(), 1_000, &ctx).unwrap();
+                // Each tick fills its budget, never held back by a slot (the jobs, and
+                // their slots, go at once); the first reads all of a, then half a share
+                // of b.
+                assert_eq!(out.jobs.len() as u64, (FREE as u64).min(all - claimed));
+                claimed += out.jobs.len() as u64;
+                ticks += 1;
+                if claimed < all {
+                    assert_ne!(
+                        out.cursors.floor(b),
+                        AtMs(0),
+                        "tick {ticks}: the read of b was cut, and b keeps its cursor"
+                    );
+                }
+                cursors = Some(out.cursors);
+            }
+            ticks
+        });
+        assert_eq!(ticks, (ROWS + FREE as u64 / 2).div_ceil(FREE as u64));
+        assert!(
+            walked <= 3 * ROWS,
+            "{ticks} ticks stepped over {walked} tombstones"
+        );
+        // The turns that drained the tenants cleaned their markers.
+        let active = deliveries::active_tenants_from(
+            &h.store,
+            ankusa_keyspace::Bucket(0),
+            AtMs(ankusa_keyspace::now_ms()),
+            usize::MAX,
+            4096,
+        )
+        .unwrap();
+        assert!(active.is_empty(), "a marker is left: {active:?}");
+    }
+
+    /// A hinted tenant whose read the tick's budget cut keeps its hint, at the last row
+    /// read: the next tick goes on with its fresh rows (dropped, they waited for a full
+    /// read of the active index).
+    #[test]
+    fn a_hinted_tenant_the_budget_cut_keeps_its_hint() {
+        const FREE: usize = 16;
+        let mut h = ankusa_queue::testkit::Harness::new();
+        for i in 0..FREE as u64 / 2 {
+            h.ingest(Some("a"), 1, 1_000 + i, false);
+        }
+        for i in 0..40 {
+            h.ingest(Some("b"), 1, 1_100 + i, false);
+        }
+        let (a, b) = (h.ord("a"), h.ord("b"));
+        let ctx = claim_ctx(FREE);
+        let limits = TickLimits {
+            rows_per_tick: FREE,
+            ..TickLimits::default()
+        };
+        let mut cursors = Cursors {
+            // A full read is not due: only the hinted tenants are read.
+            full_at: AtMs(ankusa_keyspace::now_ms()),
+            ..Cursors::default()
+        };
+        for ord in [a, b] {
+            cursors
+                .hinted
+                .add(ord, AtMs(1_000), ankusa_queue::hints::DueHints::CAPACITY);
+        }
+        let out = claim_tick(&h.store, limits, cursors, 60_000, &ctx).unwrap();
+        assert!(!out.full);
+        assert_eq!(out.jobs.len(), FREE);
+        let hinted = &out.cursors.hinted.tenants;
+        assert!(!hinted.contains_key(&a), "a drained: {hinted:?}");
+        assert_eq!(
+            hinted.get(&b),
+            Some(&AtMs(1_100 + FREE as u64 / 2 - 1)),
+            "b goes on from the last row read"
+        );
+        // The next ticks take the rest of b from its hint.
+        let mut cursors = out.cursors;
+        let mut claimed = 0;
+        for _ in 0..4 {
+            let out = claim_tick(&h.store, limits, cursors, 60_000, &ctx).unwrap();
+            assert!(!out.full);
+            claimed += out.jobs.len();
+            cursors = out.cursors;
+        }
+        assert_eq!(claimed, 40 - FREE / 2);
+        assert!(cursors.hinted.tenants.is_empty());
     }
 }

@@ -46,6 +46,9 @@ pub struct TenantWork {
     pub buckets: Vec<Bucket>,
     /// Rows to claim, oldest first.
     pub rows: Vec<DueRow>,
+    /// The read stopped at the tenant's share or the tick's budget with more rows due
+    /// after `rows`; otherwise it read every row due now from its floor.
+    pub more: bool,
 }
 
 /// What a tick will do.
@@ -323,11 +326,12 @@ pub(super) fn visit(
         plan.tenants_visited += 1;
         let oldest = t.buckets.first().map_or(AtMs(0), |b| b.start());
         let floor = cursors.floor(t.ord).max(oldest);
-        let rows = budget.take(store, t.ord, now, floor, limits)?;
+        let (rows, more) = budget.take(store, t.ord, now, floor, limits)?;
         plan.work.push(TenantWork {
             ord: t.ord,
             buckets: t.buckets,
             rows,
+            more,
         });
     }
     plan.exhausted |= budget.spent();
@@ -363,11 +367,12 @@ pub fn plan_hinted(
         // From the hint, not the tenant's cursor: fresh rows are read even when an older
         // backlog (say, for a full sink) holds the cursor back.
         let floor = hint;
-        let rows = budget.take(store, ord, now, floor, limits)?;
+        let (rows, more) = budget.take(store, ord, now, floor, limits)?;
         plan.work.push(TenantWork {
             ord,
             buckets: Vec::new(),
             rows,
+            more,
         });
     }
     plan.exhausted |= budget.spent();
@@ -392,7 +397,8 @@ impl Budget {
     pub(super) fn spent(&self) -> bool {
         self.rows == 0 || self.bytes == 0 || self.tenants == 0
     }
-    /// One tenant's share, oldest first from `floor`.
+    /// One tenant's share, oldest first from `floor`, and whether more rows are due after
+    /// it (the share or the budget cut the read).
     pub(super) fn take(
         &mut self,
         store: &Store,
@@ -400,8 +406,8 @@ impl Budget {
         now: AtMs,
         floor: AtMs,
         limits: &TickLimits,
-    ) -> Result<Vec<DueRow>, QueueError> {
-        let rows = deliveries::due_for_tenant(
+    ) -> Result<(Vec<DueRow>, bool), QueueError> {
+        let (rows, more) = deliveries::due_page_for_tenant(
             store,
             ord,
             now,
@@ -414,7 +420,7 @@ impl Budget {
         self.bytes = self
             .bytes
             .saturating_sub(rows.iter().map(|r| u64::from(r.size)).sum::<u64>());
-        Ok(rows)
+        Ok((rows, more))
     }
 }
 
