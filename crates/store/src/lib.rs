@@ -200,6 +200,13 @@ fn cf_options(cf: Cf, memory: Option<&SharedMemory>) -> Options {
             o.set_compression_type(DBCompressionType::None);
         }
     }
+    if matches!(cf, Cf::Hooks | Cf::Deliveries | Cf::Index) {
+        // A filter over the memtables' whole keys (2% of the write buffer, allocated in
+        // it): a point read of a key the memtable does not hold — a claimed hook, a
+        // delivery row, a dedupe key — skips the skiplist search.
+        o.set_memtable_prefix_bloom_ratio(0.02);
+        o.set_memtable_whole_key_filtering(true);
+    }
     let mut b = BlockBasedOptions::default();
     if matches!(cf, Cf::Index | Cf::Tenants) {
         b.set_bloom_filter(10.0, false);

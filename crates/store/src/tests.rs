@@ -588,6 +588,49 @@ fn memtables_keep_an_insert_hint_per_stream() {
     }
 }
 
+/// The families read by point — hooks, delivery rows, the index's dedupe keys — keep a
+/// filter over their memtables' keys: a read of a key the memtable does not hold is
+/// answered by the filter, not a search of the memtable's skiplist.
+#[test]
+fn point_reads_of_keys_a_memtable_does_not_hold_are_answered_by_its_filter() {
+    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
+    let (_dir, store) = fresh();
+    let key = |cf: Cf, i: u64| match cf {
+        Cf::Hooks => ankusa_keyspace::hook(Seq(i)),
+        Cf::Deliveries => ankusa_keyspace::delivery(Seq(i), ankusa_keyspace::SinkIdx(0)),
+        _ => format!("?u-test-{i:08}").into_bytes(),
+    };
+    for cf in [Cf::Hooks, Cf::Deliveries, Cf::Index] {
+        let held: Vec<Vec<u8>> = (1..=100).map(|i| key(cf, i)).collect();
+        let absent: Vec<Vec<u8>> = (1_001..=1_100).map(|i| key(cf, i)).collect();
+        store
+            .write(
+                held.iter()
+                    .map(|k| Op::put(cf, k.clone(), b"v".to_vec()))
+                    .collect(),
+                false,
+            )
+            .unwrap();
+        set_perf_stats(PerfStatsLevel::EnableCount);
+        let mut ctx = PerfContext::default();
+        ctx.reset();
+        let found = store.multi_get(cf, &absent).unwrap();
+        let filtered = ctx.metric(PerfMetric::BloomMemtableMissCount);
+        ctx.reset();
+        let read = store.multi_get(cf, &held).unwrap();
+        let passed = ctx.metric(PerfMetric::BloomMemtableHitCount);
+        set_perf_stats(PerfStatsLevel::Disable);
+        assert!(found.iter().all(Option::is_none), "{cf:?}");
+        assert!(read.iter().all(Option::is_some), "{cf:?}");
+        // A filter of this size lets through about one absent key in a hundred.
+        assert!(
+            filtered >= 95,
+            "{cf:?}: the filter answered {filtered} of 100 absent keys"
+        );
+        assert_eq!(passed, 100, "{cf:?}: every key held passes the filter");
+    }
+}
+
 #[test]
 fn a_store_held_by_a_process_is_refused_with_its_holder() {
     let (dir, _held) = fresh();
