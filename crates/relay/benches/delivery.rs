@@ -373,7 +373,8 @@ fn twin_claimer(
                 .unwrap_or(AtMs(0));
             let want = room - rows.len();
             let got = deliveries::due_for_tenant(store, t.ord, now, floor, want, u64::MAX)
-                .expect("due rows");
+                .expect("due rows")
+                .rows;
             if got.len() < want {
                 let t = tenants.pop_front().expect("a tenant");
                 floors.remove(&t.ord);

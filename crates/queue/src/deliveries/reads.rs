@@ -102,36 +102,33 @@ pub fn due_for_tenant(
     floor: AtMs,
     limit: usize,
     byte_budget: u64,
-) -> Result<Vec<DueRow>, QueueError> {
-    Ok(due_page_for_tenant(store, ord, now, floor, limit, byte_budget)?.0)
-}
-
-/// [`due_for_tenant`], and whether the read stopped at `limit` or `byte_budget` (more rows
-/// may be due) rather than at the tenant's last row due by `now`.
-pub fn due_page_for_tenant(
-    store: &Store,
-    ord: TenantOrd,
-    now: AtMs,
-    floor: AtMs,
-    limit: usize,
-    byte_budget: u64,
-) -> Result<(Vec<DueRow>, bool), QueueError> {
+) -> Result<DuePage, QueueError> {
     let (from, to) = ankusa_keyspace::due_range(ord, floor, AtMs(now.0.saturating_add(1)));
-    let mut out = Vec::new();
+    let mut rows = Vec::new();
     let mut bytes = 0u64;
     for kv in store.scan(Family::Due, &from, &to, Dir::Forward)? {
-        if out.len() >= limit {
-            return Ok((out, true));
+        if rows.len() >= limit {
+            return Ok(DuePage { rows, more: true });
         }
         let (k, v) = kv?;
         let row = DueRow::decode(&k, &v)?;
         bytes += row.size as u64;
-        if bytes > byte_budget && !out.is_empty() {
-            return Ok((out, true));
+        if bytes > byte_budget && !rows.is_empty() {
+            return Ok(DuePage { rows, more: true });
         }
-        out.push(row);
+        rows.push(row);
     }
-    Ok((out, false))
+    Ok(DuePage { rows, more: false })
+}
+
+/// What [`due_for_tenant`] read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DuePage {
+    /// The rows, oldest first.
+    pub rows: Vec<DueRow>,
+    /// The read stopped at its `limit` or `byte_budget` with more rows due after `rows`;
+    /// otherwise it read every row due by `now` from its floor.
+    pub more: bool,
 }
 
 /// A tenant's due rows that wait for a time after `now` (a retry's backoff), earliest

@@ -551,7 +551,9 @@ fn active_tenants_returns_only_tenants_with_due_rows() {
             buckets: vec![Bucket(now / 1000 - 5)]
         }]
     );
-    let due = due_for_tenant(&h.store, h.ord("due-now"), AtMs(now), AtMs(0), 10, u64::MAX).unwrap();
+    let due = due_for_tenant(&h.store, h.ord("due-now"), AtMs(now), AtMs(0), 10, u64::MAX)
+        .unwrap()
+        .rows;
     assert_eq!(due.len(), 2);
     assert!(due_for_tenant(
         &h.store,
@@ -562,6 +564,7 @@ fn active_tenants_returns_only_tenants_with_due_rows() {
         u64::MAX
     )
     .unwrap()
+    .rows
     .is_empty());
     // Once its second comes, the later tenant is active too.
     let later = active_tenants(&h.store, AtMs(now + 3_600_000), 4096).unwrap();
@@ -574,26 +577,33 @@ fn active_tenants_returns_only_tenants_with_due_rows() {
 }
 
 #[test]
-fn due_for_tenant_respects_floor_limit_and_byte_budget() {
+fn due_for_tenant_respects_floor_limit_and_byte_budget_and_says_if_more_is_due() {
     let mut h = Harness::new();
     for at in [1_000, 2_000, 3_000, 4_000, 5_000] {
         h.ingest(Some("t"), 1, at, false);
     }
     let ord = h.ord("t");
-    let all = due_for_tenant(&h.store, ord, AtMs(4_000), AtMs(0), 10, u64::MAX).unwrap();
+    let all = due_for_tenant(&h.store, ord, AtMs(4_000), AtMs(0), 10, u64::MAX)
+        .unwrap()
+        .rows;
     assert_eq!(
         all.iter().map(|r| r.key.at.0).collect::<Vec<_>>(),
         vec![1_000, 2_000, 3_000, 4_000]
     );
-    let floor = due_for_tenant(&h.store, ord, AtMs(4_000), AtMs(2_500), 10, u64::MAX).unwrap();
+    let floor = due_for_tenant(&h.store, ord, AtMs(4_000), AtMs(2_500), 10, u64::MAX)
+        .unwrap()
+        .rows;
     assert_eq!(floor.len(), 2);
     assert_eq!(
         due_for_tenant(&h.store, ord, AtMs(9_000), AtMs(0), 2, u64::MAX)
             .unwrap()
+            .rows
             .len(),
         2
     );
-    let one = due_for_tenant(&h.store, ord, AtMs(9_000), AtMs(0), 10, 1).unwrap();
+    let one = due_for_tenant(&h.store, ord, AtMs(9_000), AtMs(0), 10, 1)
+        .unwrap()
+        .rows;
     assert_eq!(one.len(), 1, "the first row always fits, however large");
     let size = all[0].size as u64;
     let two = due_for_tenant(
@@ -604,8 +614,20 @@ fn due_for_tenant_respects_floor_limit_and_byte_budget() {
         10,
         size + all[1].size as u64,
     )
-    .unwrap();
+    .unwrap()
+    .rows;
     assert_eq!(two.len(), 2);
+    // Whether the read stopped with rows still due: a limit or a budget cut it, not the
+    // tenant's last row due by `now` (five rows are due at 9 000, four at 4 000).
+    let more = |now: u64, limit: usize, budget: u64| {
+        due_for_tenant(&h.store, ord, AtMs(now), AtMs(0), limit, budget)
+            .unwrap()
+            .more
+    };
+    assert!(!more(4_000, 10, u64::MAX), "every row due by now was read");
+    assert!(!more(4_000, 4, u64::MAX), "the limit met the last row due");
+    assert!(more(9_000, 2, u64::MAX), "the limit cut the read");
+    assert!(more(9_000, 10, 1), "the byte budget cut the read");
 }
 
 #[test]
@@ -617,7 +639,10 @@ fn pending_for_tenant_dead_for_tenant_and_purge_tenant_touch_one_tenant() {
     }
     for name in ["a", "b"] {
         let ord = h.ord(name);
-        for r in due_for_tenant(&h.store, ord, AtMs(u64::MAX - 1), AtMs(0), 10, u64::MAX).unwrap() {
+        for r in due_for_tenant(&h.store, ord, AtMs(u64::MAX - 1), AtMs(0), 10, u64::MAX)
+            .unwrap()
+            .rows
+        {
             let mut tx = Tx::new();
             let inflight = claim(&mut tx, &r);
             dead_letter(
@@ -1719,6 +1744,7 @@ fn retry_now_makes_a_scheduled_row_due_once_and_keeps_its_counter() {
     assert!(
         due_for_tenant(&h.store, a, AtMs(2_000), AtMs(0), 10, u64::MAX)
             .unwrap()
+            .rows
             .is_empty()
     );
     let waiting = scheduled_for_tenant(&h.store, a, AtMs(2_000), 10).unwrap();
@@ -1730,7 +1756,9 @@ fn retry_now_makes_a_scheduled_row_due_once_and_keeps_its_counter() {
     let before = crate::counters::read(&h.store, a).unwrap();
     assert_eq!(before.scheduled, 1);
     h.commit(|tx| hasten(tx, &waiting[0], AtMs(2_000)));
-    let due = due_for_tenant(&h.store, a, AtMs(2_000), AtMs(0), 10, u64::MAX).unwrap();
+    let due = due_for_tenant(&h.store, a, AtMs(2_000), AtMs(0), 10, u64::MAX)
+        .unwrap()
+        .rows;
     assert_eq!(due.len(), 1);
     assert_eq!((due[0].key.at, due[0].kind), (AtMs(2_000), Kind::Retry));
     assert_eq!(crate::counters::read(&h.store, a).unwrap(), before);

@@ -407,7 +407,7 @@ impl Budget {
         floor: AtMs,
         limits: &TickLimits,
     ) -> Result<(Vec<DueRow>, bool), QueueError> {
-        let (rows, more) = deliveries::due_page_for_tenant(
+        let deliveries::DuePage { rows, more } = deliveries::due_for_tenant(
             store,
             ord,
             now,
