@@ -27,6 +27,7 @@ ALLOWED = {
     "ankusa-keyspace": set(),
     "ankusa-tarball": set(),
     "ankusa-crds": set(),
+    "ankusa-api": set(),
     "ankusa-config": {"ankusa-keyspace"},
     "ankusa-records": {"ankusa-keyspace"},
     "ankusa-verify": {"ankusa-config", "ankusa-keyspace"},
@@ -35,7 +36,7 @@ ALLOWED = {
                      "ankusa-crds"},
     "ankusa-operator": {"ankusa-crds", "ankusa-config", "ankusa-keyspace"},
     "ankusa-relay": {"ankusa-queue", "ankusa-store", "ankusa-keyspace", "ankusa-tarball", "ankusa-crds",
-                     "ankusa-config", "ankusa-records", "ankusa-verify"},
+                     "ankusa-config", "ankusa-records", "ankusa-verify", "ankusa-api"},
 }
 ROCKSDB = {"rocksdb", "librocksdb-sys"}
 # Depends on the rocksdb crate itself.

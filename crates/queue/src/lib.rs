@@ -29,6 +29,7 @@ pub mod counters;
 pub mod deliveries;
 pub mod erase;
 pub mod fold;
+pub mod handoff;
 pub mod hints;
 pub mod hooklog;
 pub mod quarantine;
@@ -63,6 +64,9 @@ pub enum QueueError {
     InvalidTenant(&'static str),
     #[error("the tenant is being erased")]
     TenantErasing,
+    /// A handoff batch for this receiver is staged and not confirmed: send it first.
+    #[error("a handoff batch for {receiver} waits for its answer")]
+    HandoffStaged { receiver: String },
 }
 
 impl QueueError {

@@ -261,6 +261,138 @@ impl Assembler {
         })
     }
 
+    /// Builds the write that imports another node's batch ([`crate::handoff`]): each hook
+    /// gets this node's next seq and its tenant's ordinal here (allocated if new), each
+    /// dedupe key is kept unless this node holds a live one of its own, and the batch's
+    /// number is recorded. `None` with the answer when nothing is to be written: the batch
+    /// was imported before, or a tenant would be past `tenants.max`.
+    pub fn assemble_import(
+        &mut self,
+        store: &Store,
+        imp: &Import,
+    ) -> Result<(Option<Assembled>, ImportReply), QueueError> {
+        use ankusa_records::moved::Moved;
+        if self.stale {
+            self.next_seq = next_seq(store)?;
+            self.alloc.reload();
+            self.stale = false;
+        }
+        if crate::handoff::last_imported(store, &imp.from)? >= imp.batch {
+            return Ok((None, ImportReply::Already));
+        }
+        let mut envelopes = Vec::new();
+        let mut tenants: Vec<&str> = Vec::new();
+        for item in &imp.items {
+            match item {
+                Moved::Hook(h) => {
+                    let env = Envelope::decode(&h.envelope).map_err(|e| {
+                        QueueError::corrupt(Family::Hooks, format!("a moved hook: {e}"))
+                    })?;
+                    envelopes.push(env);
+                }
+                Moved::Dedupe { tenant, .. } => tenants.push(tenant),
+            }
+        }
+        tenants.extend(envelopes.iter().map(Envelope::tenant_or_default));
+        let resolution = self.alloc.resolve(store, tenants.iter().copied())?;
+        let mut ords = std::collections::HashMap::new();
+        for t in &tenants {
+            match resolution.ords.get(*t) {
+                Some(Ok(ord)) => {
+                    ords.insert(t.to_string(), *ord);
+                }
+                Some(Err(QueueError::TenantLimit { .. })) => {
+                    return Ok((None, ImportReply::TenantLimit))
+                }
+                _ => return Ok((None, ImportReply::Unavailable)),
+            }
+        }
+        let mut tx = Tx::new();
+        for op in &resolution.ops {
+            tx.push_op(op.clone());
+        }
+        let mut next_seq = self.next_seq;
+        let mut due = Vec::new();
+        let (mut hooks, mut dedupes) = (0u64, 0u64);
+        let mut envs = envelopes.iter();
+        let now = ankusa_keyspace::now_ms();
+        let dedupe_keys: Vec<Option<Vec<u8>>> = imp
+            .items
+            .iter()
+            .map(|item| match item {
+                Moved::Dedupe { tenant, key, .. } => ankusa_keyspace::dedupe(tenant, key),
+                Moved::Hook(_) => None,
+            })
+            .collect();
+        let wanted: Vec<Vec<u8>> = dedupe_keys.iter().flatten().cloned().collect();
+        let mut held = store
+            .multi_get(ankusa_keyspace::Cf::Index, &wanted)?
+            .into_iter();
+        for (item, dkey) in imp.items.iter().zip(&dedupe_keys) {
+            match item {
+                Moved::Hook(h) => {
+                    let Some(env) = envs.next() else { break };
+                    let Some(ord) = ords.get(env.tenant_or_default()).copied() else {
+                        continue;
+                    };
+                    let seq = Seq(next_seq);
+                    next_seq += 1;
+                    deliveries::import_hook(&mut tx, ord, seq, h, env);
+                    for d in &h.deliveries {
+                        if let ankusa_records::moved::MovedState::Due { at, .. } = d.state {
+                            due.push((ord, AtMs(at)));
+                        }
+                    }
+                    hooks += 1;
+                }
+                Moved::Dedupe { expires, id, .. } => {
+                    let Some(k) = dkey else { continue };
+                    let live_here = held
+                        .next()
+                        .flatten()
+                        .and_then(|v| decode_dedupe_value(&v))
+                        .is_some_and(|(e, _)| e > now);
+                    if live_here || *expires <= now {
+                        continue;
+                    }
+                    tx.push_op(ankusa_store::Op::put(
+                        ankusa_keyspace::Cf::Index,
+                        ankusa_keyspace::dedupe_expiry(AtMs(*expires), k),
+                        Vec::new(),
+                    ));
+                    tx.push_op(ankusa_store::Op::put(
+                        ankusa_keyspace::Cf::Index,
+                        k.clone(),
+                        dedupe_value(*expires, id),
+                    ));
+                    dedupes += 1;
+                }
+            }
+        }
+        if next_seq != self.next_seq {
+            tx.push_op(ankusa_store::Op::put(
+                ankusa_keyspace::Cf::Default,
+                ankusa_keyspace::META_NEXT_SEQ.to_vec(),
+                next_seq.to_be_bytes(),
+            ));
+        }
+        tx.push_op(crate::handoff::imported_op(&imp.from, imp.batch));
+        Ok((
+            Some(Assembled {
+                tx,
+                resolution,
+                next_seq,
+                outcomes: Vec::new(),
+                due,
+                started: Vec::new(),
+            }),
+            ImportReply::Imported {
+                hooks,
+                dedupe: dedupes,
+            },
+        ))
+    }
+
     /// Forgets every cached ordinal: the next batch looks its tenants up in the store (a
     /// tenant was erased, and its id has no ordinal any more).
     pub fn forget_ordinals(&mut self) {
@@ -388,7 +520,39 @@ impl WriterSettings {
 /// The request side of the writer: hands hooks over without blocking.
 #[derive(Debug, Clone)]
 pub struct WriterHandle {
-    tx: std::sync::mpsc::SyncSender<Submission>,
+    tx: std::sync::mpsc::SyncSender<Work>,
+}
+
+/// What the writer takes: a hook, or a batch of another node's rows to import.
+#[derive(Debug)]
+pub enum Work {
+    Hook(Submission),
+    Import(Import),
+}
+
+/// A batch of stored rows another node of the Relay hands this one, their tenants' owner
+/// ([`crate::handoff`]): imported in one synced write with the batch's number, once.
+#[derive(Debug)]
+pub struct Import {
+    /// The sending node's name.
+    pub from: String,
+    /// The batch's number among those `from` sent this node.
+    pub batch: u64,
+    pub items: Vec<ankusa_records::moved::Moved>,
+    pub reply: tokio::sync::oneshot::Sender<ImportReply>,
+}
+
+/// The writer's answer to an [`Import`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImportReply {
+    /// Committed by a synced write: this many hooks and dedupe keys.
+    Imported { hooks: u64, dedupe: u64 },
+    /// This batch (or a later one) of the sender was imported before: nothing written.
+    Already,
+    /// A tenant of the batch would be past `tenants.max` on this node: nothing written.
+    TenantLimit,
+    /// The store failed, or an item does not decode: nothing written.
+    Unavailable,
 }
 
 /// The writer's queue is full (or the writer has stopped): answer `unavailable`.
@@ -399,7 +563,7 @@ pub struct WriterBusy;
 impl WriterHandle {
     /// Queues a submission, or refuses at once if the bounded queue is full.
     pub fn try_submit(&self, s: Submission) -> Result<(), WriterBusy> {
-        self.tx.try_send(s).map_err(|_| WriterBusy)
+        self.tx.try_send(Work::Hook(s)).map_err(|_| WriterBusy)
     }
 
     /// Queues a submission, or gives it back: `Full` (try again later) or `Disconnected`
@@ -408,7 +572,20 @@ impl WriterHandle {
         &self,
         s: Submission,
     ) -> Result<(), Box<std::sync::mpsc::TrySendError<Submission>>> {
-        self.tx.try_send(s).map_err(Box::new)
+        use std::sync::mpsc::TrySendError;
+        match self.tx.try_send(Work::Hook(s)) {
+            Err(TrySendError::Full(Work::Hook(s))) => Err(Box::new(TrySendError::Full(s))),
+            Err(TrySendError::Disconnected(Work::Hook(s))) => {
+                Err(Box::new(TrySendError::Disconnected(s)))
+            }
+            // The channel gives back what was sent: a hook.
+            _ => Ok(()),
+        }
+    }
+
+    /// Queues an import, or refuses at once if the bounded queue is full.
+    pub fn try_import(&self, i: Import) -> Result<(), WriterBusy> {
+        self.tx.try_send(Work::Import(i)).map_err(|_| WriterBusy)
     }
 }
 
@@ -660,13 +837,13 @@ pub fn gather<T>(
 }
 
 /// `?u` value: `<<expires_at::64>>` then the first hook's id.
-fn dedupe_value(expires: u64, id: &str) -> Vec<u8> {
+pub(crate) fn dedupe_value(expires: u64, id: &str) -> Vec<u8> {
     let mut v = expires.to_be_bytes().to_vec();
     v.extend_from_slice(id.as_bytes());
     v
 }
 
-fn decode_dedupe_value(v: &[u8]) -> Option<(u64, String)> {
+pub(crate) fn decode_dedupe_value(v: &[u8]) -> Option<(u64, String)> {
     let (e, id) = v.split_at_checked(8)?;
     Some((
         u64::from_be_bytes(e.try_into().ok()?),
@@ -692,7 +869,7 @@ fn read_dedupe_value(key: &[u8], v: &[u8]) -> Option<(u64, String)> {
 }
 
 impl Writer {
-    fn run(&mut self, rx: std::sync::mpsc::Receiver<Submission>) {
+    fn run(&mut self, rx: std::sync::mpsc::Receiver<Work>) {
         use std::sync::mpsc::RecvTimeoutError;
         // The dedupe sweep runs every `sweep_interval` whatever the traffic: between two
         // batches once the interval has passed (steady traffic never leaves the queue
@@ -715,8 +892,24 @@ impl Writer {
                 Err(RecvTimeoutError::Timeout) => continue,
                 Err(RecvTimeoutError::Disconnected) => return,
             };
-            let batch = gather(&rx, first, &self.settings, |s| s.envelope.body.len());
-            self.commit_batch(batch);
+            let batch = gather(&rx, first, &self.settings, |w| match w {
+                Work::Hook(s) => s.envelope.body.len(),
+                Work::Import(_) => 0,
+            });
+            let mut hooks = Vec::with_capacity(batch.len());
+            let mut imports = Vec::new();
+            for w in batch {
+                match w {
+                    Work::Hook(s) => hooks.push(s),
+                    Work::Import(i) => imports.push(i),
+                }
+            }
+            if !hooks.is_empty() {
+                self.commit_batch(hooks);
+            }
+            for i in imports {
+                self.import(i);
+            }
         }
     }
 
@@ -956,6 +1149,42 @@ impl Writer {
             }
         }
         tx.commit(&self.store, false)
+    }
+
+    /// Imports a batch another node handed this one ([`crate::handoff`]): one synced write
+    /// with the batch's number, or nothing (an earlier import had it, a tenant past the
+    /// limit, a failure). Between two hook batches, so the seqs and ordinals it takes are
+    /// the writer's own.
+    fn import(&mut self, imp: Import) {
+        let _ = self.requeue_unstarted();
+        if self
+            .after
+            .stale
+            .swap(false, std::sync::atomic::Ordering::AcqRel)
+        {
+            self.asm.mark_stale();
+        }
+        let reply = match self.asm.assemble_import(&self.store, &imp) {
+            Ok((Some(assembled), reply)) => {
+                let due = assembled.due.clone();
+                match self.asm.commit(&self.store, assembled, true) {
+                    Ok(_) => {
+                        self.hints.add(due);
+                        reply
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, from = %imp.from, "writer: an import's commit failed");
+                        ImportReply::Unavailable
+                    }
+                }
+            }
+            Ok((None, reply)) => reply,
+            Err(e) => {
+                tracing::warn!(error = %e, from = %imp.from, "writer: assembling an import");
+                ImportReply::Unavailable
+            }
+        };
+        let _ = imp.reply.send(reply);
     }
 
     /// Removes up to `sweep_batch` expired dedupe keys. Runs on the writer thread, the

@@ -4,6 +4,7 @@
 //! bytes it does not understand, never a panic (fuzzed: `fuzz/fuzz_targets/values.rs`).
 
 pub mod codec;
+pub mod moved;
 
 use ankusa_keyspace::{AtMs, EventKey, EventKind, TenantOrd};
 use codec::{Dec, DecodeError, Enc};

@@ -24,6 +24,7 @@
 //! | `reads` | index reads (active tenants, due rows, dead pages, where a hook stands) and marker cleanup |
 //! | `maintenance` | whole-tenant purge, boot recovery, archive obligations, marker repair |
 //! | `pull` | pull sinks: a due row parked for consumers (`?P`), its lease (`?k`) |
+//! | `handoff` | a hook's rows leaving this node's queue for its tenant's new owner, and entering the owner's ([`crate::handoff`]) |
 //!
 //! Only these modules (and the keyspace crate) may call the constructors of the index keys:
 //! `clippy.toml` disallows them everywhere else.
@@ -36,6 +37,7 @@ pub const CHUNK_ROWS: usize = 500;
 /// How many stale markers the oldest-due-age read skips before it settles for a bucket.
 pub const OLDEST_DUE_MAX_SKIPS: usize = 32;
 
+mod handoff;
 mod maintenance;
 mod pull;
 mod reads;
@@ -43,6 +45,7 @@ mod rows;
 mod transitions;
 mod tx;
 
+pub use handoff::*;
 pub use maintenance::*;
 pub use pull::*;
 pub use reads::*;

@@ -1,0 +1,241 @@
+//! Handoff: a tenant's stored rows move to its owner when the node list changes.
+//!
+//! A tenant belongs to one node (rendezvous hashing over the node list). When the list
+//! changes — a scale-down takes a node out, a scale-up brings one in — some tenants get a
+//! new owner while their queued rows (due, scheduled, parked, dead), archive obligations,
+//! hook log and dedupe keys sit on the node that stored them. The *sender* (that node)
+//! hands them to the *receiver* (the new owner) in batches, each of which moves once:
+//!
+//! 1. **Stage** ([`stage`], one synced write on the sender): the batch's hooks and dedupe
+//!    keys leave the sender's queue — every index row, delivery row, envelope, obligation,
+//!    log record and event, with their counter deltas — and enter its outbox
+//!    (`m:handoff_out:<receiver>\0<batch><item>`), numbered by `m:handoff_sent:<receiver>`.
+//!    Each hook is a unit that commits only if every row it was read with is still there
+//!    as read, so a claim, a replay, a purge or a park that came first keeps its row and
+//!    the hook is read again later. Deliveries in flight are never staged: their hook
+//!    waits until the attempt ends.
+//! 2. **Import** (on the receiver, by its writer, one synced write): the items get the
+//!    receiver's seqs and ordinals and enter its queue with their counter deltas, and
+//!    `m:handoff_in:<sender>` records the batch's number in the same write. A batch whose
+//!    number is not above that record was imported already: it is answered as such and
+//!    writes nothing.
+//! 3. **Confirm** ([`confirm`], on the sender, once the receiver answered): the outbox
+//!    entries of that batch go.
+//!
+//! A kill anywhere leaves every row in exactly one queue: before the stage's write, in the
+//! sender's; after it, in the sender's outbox (in no queue: not counted, not delivered)
+//! until the receiver's write, then in the receiver's. An outbox left by a kill is sent
+//! again at the next start ([`outbox`]); the receiver's record makes that a no-op if it had
+//! the batch. A sender stages a receiver's next batch only once the last one is confirmed,
+//! so the numbers a receiver sees from one sender only grow. The counters equal the fold on
+//! each node after every write, since every write carries its own deltas.
+
+use ankusa_keyspace::{Cf, Family, TenantOrd};
+use ankusa_records::moved::Moved;
+use ankusa_store::{Dir, Op, Store};
+
+use crate::deliveries::{self, Tx};
+use crate::QueueError;
+
+/// Hooks staged in one batch, at most.
+pub const BATCH_HOOKS: usize = 256;
+/// Bytes staged in one batch, about (bodies, records and events).
+pub const BATCH_BYTES: usize = 4 << 20;
+
+/// `m:handoff_out:<receiver>\0<batch::64><item::32>` → a [`Moved`] item.
+const OUT_PREFIX: &[u8] = b"m:handoff_out:";
+/// `m:handoff_sent:<receiver>` → the number of the last batch staged for it.
+const SENT_PREFIX: &[u8] = b"m:handoff_sent:";
+/// `m:handoff_in:<sender>` → the number of the last batch imported from it.
+const IN_PREFIX: &[u8] = b"m:handoff_in:";
+
+fn named(prefix: &[u8], name: &str) -> Vec<u8> {
+    let mut k = prefix.to_vec();
+    k.extend_from_slice(name.as_bytes());
+    k
+}
+
+fn out_key(receiver: &str, batch: u64, item: u32) -> Vec<u8> {
+    let mut k = named(OUT_PREFIX, receiver);
+    k.push(0);
+    k.extend_from_slice(&batch.to_be_bytes());
+    k.extend_from_slice(&item.to_be_bytes());
+    k
+}
+
+/// The keys of `receiver`'s outbox (every batch), as a range.
+fn out_range(receiver: &str) -> (Vec<u8>, Vec<u8>) {
+    let mut lo = named(OUT_PREFIX, receiver);
+    let mut hi = lo.clone();
+    lo.push(0);
+    hi.push(1);
+    (lo, hi)
+}
+
+fn read_u64(store: &Store, key: &[u8]) -> Result<u64, QueueError> {
+    match store.get(Cf::Default, key)? {
+        None => Ok(0),
+        Some(v) => Ok(u64::from_be_bytes(v.as_slice().try_into().map_err(
+            |_| QueueError::corrupt_at(Family::Meta, key, "not 8 bytes"),
+        )?)),
+    }
+}
+
+/// A staged batch waiting for its receiver's answer.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outbox {
+    pub receiver: String,
+    pub batch: u64,
+    pub items: Vec<Moved>,
+}
+
+impl Outbox {
+    /// Hooks in the batch.
+    pub fn hooks(&self) -> usize {
+        self.items
+            .iter()
+            .filter(|m| matches!(m, Moved::Hook(_)))
+            .count()
+    }
+}
+
+/// The staged batches that wait for an answer, one per receiver at most, in receiver order.
+pub fn outbox(store: &Store) -> Result<Vec<Outbox>, QueueError> {
+    let lo = OUT_PREFIX.to_vec();
+    let mut hi = lo.clone();
+    hi.push(0xFF);
+    let mut out: Vec<Outbox> = Vec::new();
+    for kv in store.scan(Family::Meta, &lo, &hi, Dir::Forward)? {
+        let (k, v) = kv?;
+        let rest = &k[OUT_PREFIX.len()..];
+        let Some(zero) = rest.iter().position(|b| *b == 0) else {
+            return Err(QueueError::corrupt_at(Family::Meta, &k, "outbox key"));
+        };
+        let receiver = String::from_utf8_lossy(&rest[..zero]).into_owned();
+        let batch = rest
+            .get(zero + 1..zero + 9)
+            .and_then(|b| b.try_into().ok())
+            .map(u64::from_be_bytes)
+            .ok_or_else(|| QueueError::corrupt_at(Family::Meta, &k, "outbox key"))?;
+        let item = Moved::decode(&v).map_err(|e| QueueError::corrupt_at(Family::Meta, &k, e))?;
+        match out.last_mut() {
+            Some(o) if o.receiver == receiver && o.batch == batch => o.items.push(item),
+            _ => out.push(Outbox {
+                receiver,
+                batch,
+                items: vec![item],
+            }),
+        }
+    }
+    Ok(out)
+}
+
+/// Items in every outbox (a gauge: what was staged and is not confirmed yet).
+pub fn outbox_len(store: &Store) -> Result<u64, QueueError> {
+    let lo = OUT_PREFIX.to_vec();
+    let mut hi = lo.clone();
+    hi.push(0xFF);
+    let mut n = 0;
+    for kv in store.scan(Family::Meta, &lo, &hi, Dir::Forward)? {
+        kv?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Stages the next batch of tenant `tenant`'s (ordinal `ord`) rows for `receiver`: up to
+/// [`BATCH_HOOKS`] hooks that owe deliveries and none in flight, then, in the room left,
+/// its dedupe keys still inside their window. One synced write. `None` when nothing of the
+/// tenant could be staged (nothing left, or everything in flight or moving meanwhile).
+/// Refused while an earlier batch for `receiver` waits for its answer: send that first.
+pub fn stage(
+    store: &Store,
+    receiver: &str,
+    ord: TenantOrd,
+    tenant: &str,
+    now_ms: u64,
+) -> Result<Option<Outbox>, QueueError> {
+    let (lo, hi) = out_range(receiver);
+    if store.first(Family::Meta, &lo, &hi, Dir::Forward)?.is_some() {
+        return Err(QueueError::HandoffStaged {
+            receiver: receiver.to_owned(),
+        });
+    }
+    let hooks = deliveries::movable_hooks(store, ord, BATCH_HOOKS, BATCH_BYTES)?;
+    let mut items: Vec<Moved> = hooks.into_iter().map(Moved::Hook).collect();
+    let mut dedupe_keys = Vec::new();
+    let room = BATCH_HOOKS.saturating_sub(items.len());
+    if room > 0 {
+        let (dlo, dhi) = ankusa_keyspace::dedupe_tenant_range(tenant);
+        for kv in store
+            .scan(Family::Dedupe, &dlo, &dhi, Dir::Forward)?
+            .take(room)
+        {
+            let (k, v) = kv?;
+            let Some((expires, id)) = crate::writer::decode_dedupe_value(&v) else {
+                continue;
+            };
+            if expires <= now_ms {
+                continue;
+            }
+            items.push(Moved::Dedupe {
+                tenant: tenant.to_owned(),
+                key: k[dlo.len()..].to_vec(),
+                expires,
+                id,
+            });
+            dedupe_keys.push((k, v));
+        }
+    }
+    if items.is_empty() {
+        return Ok(None);
+    }
+    let sent_key = named(SENT_PREFIX, receiver);
+    let batch = read_u64(store, &sent_key)? + 1;
+    let mut tx = Tx::new();
+    let mut dedupe = dedupe_keys.iter();
+    for (i, item) in items.iter().enumerate() {
+        let outbox = (out_key(receiver, batch, i as u32), item.encode());
+        match item {
+            Moved::Hook(h) => deliveries::stage_hook(&mut tx, ord, h, outbox),
+            Moved::Dedupe { expires, .. } => {
+                if let Some((k, v)) = dedupe.next() {
+                    deliveries::stage_dedupe(&mut tx, k, v, *expires, outbox);
+                }
+            }
+        }
+    }
+    tx.push_op(Op::put(Cf::Default, sent_key, batch.to_be_bytes()));
+    tx.commit(store, true)?;
+    Ok(outbox(store)?
+        .into_iter()
+        .find(|o| o.receiver == receiver && o.batch == batch))
+}
+
+/// The receiver answered batch `batch`: its outbox entries go.
+pub fn confirm(store: &Store, receiver: &str, batch: u64) -> Result<(), QueueError> {
+    let lo = out_key(receiver, batch, 0);
+    let hi = out_key(receiver, batch + 1, 0);
+    let mut ops = Vec::new();
+    for kv in store.scan(Family::Meta, &lo, &hi, Dir::Forward)? {
+        let (k, _) = kv?;
+        ops.push(Op::delete(Cf::Default, k));
+    }
+    if !ops.is_empty() {
+        store.write(ops, true)?;
+    }
+    Ok(())
+}
+
+/// The number of the last batch imported from `sender` (0: none).
+pub fn last_imported(store: &Store, sender: &str) -> Result<u64, QueueError> {
+    read_u64(store, &named(IN_PREFIX, sender))
+}
+
+/// The op recording batch `batch` of `sender` as imported (in the import's own write).
+pub fn imported_op(sender: &str, batch: u64) -> Op {
+    Op::put(Cf::Default, named(IN_PREFIX, sender), batch.to_be_bytes())
+}
+
+#[cfg(test)]
+mod tests;

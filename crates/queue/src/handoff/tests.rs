@@ -1,0 +1,460 @@
+//! Handoff between two stores: every delivery in exactly one queue at every step, the
+//! counters equal to the fold on both, whatever order the steps, restarts and lost answers
+//! come in.
+
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+use crate::deliveries;
+use crate::testkit::Harness;
+use crate::writer::{Assembler, Import, ImportReply};
+use ankusa_keyspace::{AtMs, Seq};
+use ankusa_records::moved::MovedState;
+
+const TENANT: &str = "moving";
+const SENDER: &str = "hooks-2";
+const RECEIVER: &str = "hooks-0";
+
+/// Where a delivery stands, as the test compares it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum At {
+    Due,
+    Scheduled,
+    Inflight,
+    Dead,
+}
+
+type Places = BTreeMap<(String, u16), At>;
+
+/// Every delivery of the moving tenant in `store`'s queue: (hook id, sink) → where; a
+/// delivery found twice in one queue fails the test.
+fn queue_of(store: &Store) -> Places {
+    let mut out = Places::new();
+    let id = |seq: Seq| {
+        let env = deliveries::envelope(store, seq)
+            .unwrap()
+            .expect("a row without its hook");
+        (env.tenant_or_default() == TENANT).then_some(env.id)
+    };
+    let mut put = |k: Option<String>, sink: u16, at: At| {
+        if let Some(k) = k {
+            assert!(out.insert((k, sink), at).is_none(), "twice in one queue");
+        }
+    };
+    for r in crate::testkit::due_rows(store) {
+        let at = if r.kind == deliveries::Kind::Retry {
+            At::Scheduled
+        } else {
+            At::Due
+        };
+        put(id(r.key.seq), r.key.sink.0, at);
+    }
+    for r in crate::testkit::inflight_rows(store) {
+        put(id(r.key.seq), r.key.sink.0, At::Inflight);
+    }
+    for r in crate::testkit::dead_rows(store) {
+        put(id(r.key.seq), r.key.sink.0, At::Dead);
+    }
+    out
+}
+
+/// The deliveries of the sender's staged batches that the receiver has not imported: in
+/// no queue, on their way.
+fn in_transit(sender: &Store, receiver: &Store) -> Places {
+    let imported = last_imported(receiver, SENDER).unwrap();
+    let mut out = Places::new();
+    for o in outbox(sender).unwrap() {
+        assert_eq!(o.receiver, RECEIVER);
+        if o.batch <= imported {
+            continue;
+        }
+        for item in o.items {
+            let Moved::Hook(h) = item else { continue };
+            let id = ankusa_records::Envelope::decode(&h.envelope).unwrap().id;
+            for d in h.deliveries {
+                let at = match d.state {
+                    MovedState::Due { retry: true, .. } => At::Scheduled,
+                    MovedState::Due { .. } | MovedState::Parked { .. } => At::Due,
+                    MovedState::Dead { .. } => At::Dead,
+                };
+                assert!(out.insert((id.clone(), d.sink), at).is_none());
+            }
+        }
+    }
+    out
+}
+
+#[derive(Debug, Clone)]
+enum Step {
+    /// The sender stages a batch (refused while one waits).
+    Stage,
+    /// The receiver imports the sender's waiting batch (again, if it had it: a resend after
+    /// a lost answer or a restart of the sender).
+    Import,
+    /// The sender hears the answer and forgets the batch.
+    Confirm,
+    /// The receiver's process restarts: its writer reads its state from the store again.
+    RestartReceiver,
+    /// The sender claims its `n`th due row (a delivery starts there).
+    Claim(usize),
+    /// The sender's `n`th delivery in flight ends: delivered (0), retried (1), dead (2).
+    End(usize, u8),
+    /// The receiver delivers its `n`th due row.
+    DeliverAtReceiver(usize),
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        3 => Just(Step::Stage),
+        3 => Just(Step::Import),
+        3 => Just(Step::Confirm),
+        1 => Just(Step::RestartReceiver),
+        2 => (0usize..64).prop_map(Step::Claim),
+        2 => (0usize..64, 0u8..3).prop_map(|(n, k)| Step::End(n, k)),
+        1 => (0usize..64).prop_map(Step::DeliverAtReceiver),
+    ]
+}
+
+struct Pair {
+    sender: Harness,
+    receiver: Harness,
+    /// Every delivery not delivered yet, and where it stands.
+    alive: Places,
+}
+
+impl Pair {
+    fn new(hooks: usize) -> Pair {
+        let mut sender = Harness::new();
+        let mut receiver = Harness::new();
+        // With the hook log on, a moved hook's record, id and events move with it.
+        sender.asm = Assembler::open(&sender.store, 1_000_000)
+            .unwrap()
+            .logging(true);
+        receiver.asm = Assembler::open(&receiver.store, 1_000_000)
+            .unwrap()
+            .logging(true);
+        let mut alive = Places::new();
+        for i in 0..hooks {
+            let sinks = 1 + i % 3;
+            let seq = sender.ingest(Some(TENANT), sinks, 1_000 + i as u64, i % 4 == 0);
+            let id = deliveries::envelope(&sender.store, seq)
+                .unwrap()
+                .unwrap()
+                .id;
+            for s in 0..sinks {
+                alive.insert((id.clone(), s as u16), At::Due);
+            }
+            // The receiver has a tenant of its own, and a hook of the moving tenant that
+            // came to it after the node list changed.
+            receiver.ingest(Some("resident"), 1, 500, false);
+        }
+        let seq = receiver.ingest(Some(TENANT), 1, 900, false);
+        let id = deliveries::envelope(&receiver.store, seq)
+            .unwrap()
+            .unwrap()
+            .id;
+        alive.insert((id, 0), At::Due);
+        // Both harnesses name hooks hk_1, hk_2, …: the test looks at the moving tenant's
+        // hooks only, whose ids differ.
+        Pair {
+            sender,
+            receiver,
+            alive,
+        }
+    }
+
+    /// The moving tenant's deliveries in a queue.
+    fn moving(&self, store: &Store) -> Places {
+        queue_of(store)
+    }
+
+    /// Every alive delivery of the moving tenant is in exactly one of: the sender's queue,
+    /// the receiver's, the sender's batch the receiver has not imported; where it stood;
+    /// and the counters equal the fold on both stores.
+    fn check(&self) {
+        let a = self.moving(&self.sender.store);
+        let b = self.moving(&self.receiver.store);
+        let t = in_transit(&self.sender.store, &self.receiver.store);
+        let mut all = Places::new();
+        for part in [&a, &b, &t] {
+            for (k, at) in part {
+                assert!(
+                    all.insert(k.clone(), *at).is_none(),
+                    "{k:?} is in two places: sender {:?}, receiver {:?}, in transit {:?}",
+                    a.get(k),
+                    b.get(k),
+                    t.get(k)
+                );
+            }
+        }
+        assert_eq!(all, self.alive, "every alive delivery once, where it stood");
+        self.sender.assert_counters_equal_fold();
+        self.receiver.assert_counters_equal_fold();
+        self.sender.assert_every_need_has_its_hook();
+        self.receiver.assert_every_need_has_its_hook();
+        self.receiver.assert_every_due_row_has_its_marker();
+    }
+
+    fn stage(&self) {
+        let ord = self.sender.ord(TENANT);
+        match stage(&self.sender.store, RECEIVER, ord, TENANT, 0) {
+            Ok(_) | Err(QueueError::HandoffStaged { .. }) => {}
+            Err(e) => panic!("{e}"),
+        }
+    }
+
+    fn import(&mut self) -> Option<ImportReply> {
+        let o = outbox(&self.sender.store).unwrap().into_iter().next()?;
+        let (reply, _) = tokio::sync::oneshot::channel();
+        let imp = Import {
+            from: SENDER.into(),
+            batch: o.batch,
+            items: o.items,
+            reply,
+        };
+        let (assembled, answer) = self
+            .receiver
+            .asm
+            .assemble_import(&self.receiver.store, &imp)
+            .unwrap();
+        if let Some(a) = assembled {
+            self.receiver
+                .asm
+                .commit(&self.receiver.store, a, true)
+                .unwrap();
+        }
+        Some(answer)
+    }
+
+    fn confirm(&self) {
+        if let Some(o) = outbox(&self.sender.store).unwrap().into_iter().next() {
+            // Only an answered batch is confirmed.
+            if last_imported(&self.receiver.store, SENDER).unwrap() >= o.batch {
+                confirm(&self.sender.store, &o.receiver, o.batch).unwrap();
+            }
+        }
+    }
+
+    fn id_of(store: &Store, seq: Seq) -> String {
+        deliveries::envelope(store, seq).unwrap().unwrap().id
+    }
+
+    fn run(&mut self, s: &Step) {
+        match s {
+            Step::Stage => self.stage(),
+            Step::Import => {
+                self.import();
+            }
+            Step::Confirm => self.confirm(),
+            Step::RestartReceiver => {
+                self.receiver.asm = Assembler::open(&self.receiver.store, 1_000_000)
+                    .unwrap()
+                    .logging(true);
+            }
+            Step::Claim(n) => {
+                let ord = self.sender.ord(TENANT);
+                let due: Vec<_> = self
+                    .sender
+                    .due_rows()
+                    .into_iter()
+                    .filter(|r| r.key.ord == ord)
+                    .collect();
+                if let Some(row) = due.get(n % due.len().max(1)) {
+                    self.sender.commit(|tx| {
+                        deliveries::claim(tx, row);
+                    });
+                    let k = (Self::id_of(&self.sender.store, row.key.seq), row.key.sink.0);
+                    self.alive.insert(k, At::Inflight);
+                }
+            }
+            Step::End(n, how) => {
+                let rows = self.sender.inflight_rows();
+                let Some(row) = rows.get(n % rows.len().max(1)) else {
+                    return;
+                };
+                let k = (Self::id_of(&self.sender.store, row.key.seq), row.key.sink.0);
+                match how {
+                    0 => {
+                        self.sender.commit(|tx| deliveries::delivered(tx, row));
+                        self.alive.remove(&k);
+                    }
+                    1 => {
+                        let mut updated = deliveries::delivery_rows(
+                            &self.sender.store,
+                            &[(row.key.seq, row.key.sink)],
+                        )
+                        .unwrap()
+                        .remove(0)
+                        .unwrap();
+                        updated.attempts += 1;
+                        self.sender.commit(|tx| {
+                            deliveries::retry(tx, row, AtMs(5_000), &updated);
+                        });
+                        self.alive.insert(k, At::Scheduled);
+                    }
+                    _ => {
+                        self.sender.commit(|tx| {
+                            deliveries::dead_letter(
+                                tx,
+                                row,
+                                AtMs(6_000),
+                                "src",
+                                &k.0,
+                                "sink0",
+                                None,
+                            );
+                        });
+                        self.alive.insert(k, At::Dead);
+                    }
+                }
+            }
+            Step::DeliverAtReceiver(n) => {
+                let Some(ord) = crate::tenants::ord(&self.receiver.store, TENANT).unwrap() else {
+                    return;
+                };
+                let due: Vec<_> = self
+                    .receiver
+                    .due_rows()
+                    .into_iter()
+                    .filter(|r| r.key.ord == ord)
+                    .collect();
+                if let Some(row) = due.get(n % due.len().max(1)) {
+                    let k = (
+                        Self::id_of(&self.receiver.store, row.key.seq),
+                        row.key.sink.0,
+                    );
+                    self.receiver.commit(|tx| {
+                        let inflight = deliveries::claim(tx, row);
+                        deliveries::delivered(tx, &inflight);
+                    });
+                    self.alive.remove(&k);
+                }
+            }
+        }
+    }
+
+    /// Ends every delivery in flight at the sender (a retry) and moves everything: the
+    /// sender holds nothing of the tenant after.
+    fn finish(&mut self) {
+        for row in self.sender.inflight_rows() {
+            self.run(&Step::End(0, 1));
+            let _ = row;
+        }
+        for _ in 0..100 {
+            self.stage();
+            if outbox(&self.sender.store).unwrap().is_empty() {
+                break;
+            }
+            self.import();
+            self.confirm();
+            self.check();
+        }
+        assert!(outbox(&self.sender.store).unwrap().is_empty());
+        assert!(self.moving(&self.sender.store).is_empty());
+        let ord = self.sender.ord(TENANT);
+        let c = crate::counters::read(&self.sender.store, ord).unwrap();
+        assert_eq!(
+            (
+                c.pending,
+                c.scheduled,
+                c.inflight,
+                c.dead,
+                c.archive_pending
+            ),
+            (0, 0, 0, 0, 0)
+        );
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, .. ProptestConfig::default() })]
+
+    /// Any sequence of stages, imports (repeated), confirms, receiver restarts and the
+    /// sender's own deliveries meanwhile: every delivery is in exactly one queue (or on its
+    /// way in a batch not imported yet) after every step, where it stood, and the counters
+    /// equal the fold on both stores; at the end the sender holds nothing of the tenant.
+    #[test]
+    fn handoff_keeps_every_row_in_exactly_one_queue(
+        hooks in 1usize..40,
+        steps in proptest::collection::vec(step(), 1..40),
+    ) {
+        let mut pair = Pair::new(hooks);
+        pair.check();
+        for s in &steps {
+            pair.run(s);
+            pair.check();
+        }
+        pair.finish();
+        pair.check();
+    }
+}
+
+#[test]
+fn a_batch_imported_twice_is_written_once_and_dedupe_keys_move() {
+    let mut pair = Pair::new(3);
+    let ord = pair.sender.ord(TENANT);
+    // A live dedupe key of the moving tenant.
+    let key = ankusa_keyspace::dedupe(TENANT, b"delivery-1").unwrap();
+    let far = ankusa_keyspace::now_ms() + 60_000;
+    pair.sender.commit(|tx| {
+        tx.push_op(Op::put(
+            Cf::Index,
+            key.clone(),
+            crate::writer::dedupe_value(far, "hk_1"),
+        ))
+    });
+    let staged = stage(&pair.sender.store, RECEIVER, ord, TENANT, 0)
+        .unwrap()
+        .unwrap();
+    assert_eq!(staged.hooks(), 3);
+    assert_eq!(staged.items.len(), 4);
+    assert!(matches!(
+        stage(&pair.sender.store, RECEIVER, ord, TENANT, 0),
+        Err(QueueError::HandoffStaged { .. })
+    ));
+    assert_eq!(
+        pair.import(),
+        Some(ImportReply::Imported {
+            hooks: 3,
+            dedupe: 1
+        })
+    );
+    pair.check();
+    // The answer was lost; the sender sends the batch again.
+    assert_eq!(pair.import(), Some(ImportReply::Already));
+    pair.check();
+    pair.confirm();
+    assert!(outbox(&pair.sender.store).unwrap().is_empty());
+    assert_eq!(
+        crate::writer::first_hook_of(&pair.receiver.store, TENANT, b"delivery-1").unwrap(),
+        Some("hk_1".into())
+    );
+    assert_eq!(
+        crate::writer::first_hook_of(&pair.sender.store, TENANT, b"delivery-1").unwrap(),
+        None
+    );
+    pair.check();
+}
+
+#[test]
+fn a_hook_with_a_delivery_in_flight_waits_for_its_attempt() {
+    let mut pair = Pair::new(2);
+    pair.run(&Step::Claim(0));
+    let ord = pair.sender.ord(TENANT);
+    let staged = stage(&pair.sender.store, RECEIVER, ord, TENANT, 0)
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        staged.hooks(),
+        1,
+        "only the hook with nothing in flight moves"
+    );
+    pair.import();
+    pair.confirm();
+    pair.check();
+    pair.run(&Step::End(0, 2));
+    pair.finish();
+    pair.check();
+}
