@@ -21,6 +21,10 @@ pub struct ClusterConfig {
     pub token: Option<SecretSource>,
     /// How long a node waits for another's answer (a forwarded hook, an admin call).
     pub forward_timeout_ms: u64,
+    /// How often the node hands the rows it stores of tenants other nodes own to their
+    /// owners (a pass; at once after one that moved something). 0: never — a former owner
+    /// then delivers what it stored itself, and a leaving node never drains.
+    pub handoff_interval_ms: u64,
 }
 
 impl Default for ClusterConfig {
@@ -30,6 +34,7 @@ impl Default for ClusterConfig {
             nodes: Vec::new(),
             token: None,
             forward_timeout_ms: 10_000,
+            handoff_interval_ms: 2_000,
         }
     }
 }
@@ -44,6 +49,11 @@ pub struct ClusterNode {
     pub ingest: String,
     /// Its admin listener, `http://host:port`.
     pub admin: String,
+    /// The node is leaving the Relay (a scale-down): it owns no tenant, hands every row it
+    /// stores to the tenants' owners (docs/architecture.md, handoff), and forwards the hooks
+    /// it receives. Ownership is computed over the nodes that are not leaving.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
 }
 
 impl ClusterConfig {
@@ -57,6 +67,15 @@ impl ClusterConfig {
             return Err(invalid(
                 "cluster.forward_timeout_ms",
                 format!("{} is outside 100..=120000", self.forward_timeout_ms),
+            ));
+        }
+        if self.handoff_interval_ms != 0 && !(100..=600_000).contains(&self.handoff_interval_ms) {
+            return Err(invalid(
+                "cluster.handoff_interval_ms",
+                format!(
+                    "{} is neither 0 (off) nor within 100..=600000",
+                    self.handoff_interval_ms
+                ),
             ));
         }
         let mut names = std::collections::BTreeSet::new();
@@ -96,6 +115,12 @@ impl ClusterConfig {
         }
         if self.nodes.is_empty() {
             return Ok(());
+        }
+        if self.nodes.iter().all(|n| n.leaving) {
+            return Err(invalid(
+                "cluster.nodes",
+                "every node is leaving: at least one must stay to own the tenants",
+            ));
         }
         match &self.name {
             Some(me) if names.contains(me.as_str()) => {}

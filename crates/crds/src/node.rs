@@ -116,6 +116,37 @@ pub struct ClusterStatus {
     /// what it lent them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_slots: Option<u64>,
+    /// The node is marked `leaving` in its list: it owns no tenant and drains.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
+    /// The rows this node holds of tenants another node owns, on their way there
+    /// (docs/architecture.md, handoff). Absent from older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub handoff: Option<HandoffStatus>,
+}
+
+/// What a node holds of tenants it does not own, as of its last handoff pass: a node
+/// leaving the Relay may go once `drained`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct HandoffStatus {
+    /// Tenants stored here that another node owns and that still have rows here.
+    pub tenants_leaving: u64,
+    /// Their deliveries still here (pending, scheduled, in flight, dead).
+    pub rows_leaving: u64,
+    /// Items taken out of this node's queue and sent, not yet confirmed by their receiver.
+    pub staged: u64,
+    /// Hooks handed to their owners since this node started.
+    pub hooks_moved: u64,
+    /// Hooks taken from other nodes since this node started.
+    pub hooks_received: u64,
+    /// The last pass found nothing of another node's tenants here, and nothing staged.
+    pub drained: bool,
+    /// Why the handoff does not move, while it does not: the receiver and its answer.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stalled: Option<String>,
+    /// When the last pass ended (ms since the epoch; 0: none yet).
+    pub pass_at_ms: u64,
 }
 
 /// Why and since when the store's writes fail.
@@ -160,6 +191,17 @@ mod tests {
                 tenants_owned: 4,
                 tenants_registered: Some(10),
                 tenant_slots: Some(12),
+                leaving: true,
+                handoff: Some(HandoffStatus {
+                    tenants_leaving: 2,
+                    rows_leaving: 30,
+                    staged: 5,
+                    hooks_moved: 100,
+                    hooks_received: 0,
+                    drained: false,
+                    stalled: Some("hooks-1: timed out".into()),
+                    pass_at_ms: 9,
+                }),
             }),
             store_bytes: Some(1 << 30),
             config: Some(ConfigStatus {

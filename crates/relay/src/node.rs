@@ -686,6 +686,26 @@ fn spawn_learn_loans(
     })
 }
 
+/// Hands the rows this node stores of tenants other nodes own to their owners (a Relay of
+/// several nodes; `cluster::handoff`).
+fn spawn_handoff(
+    store: Arc<Store>,
+    cluster: Arc<Cluster>,
+    interval_ms: u64,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let interval = std::time::Duration::from_millis(interval_ms);
+    let sender = Arc::new(crate::cluster::handoff::Sender::new(
+        store, cluster, interval,
+    ));
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = sender.run() => {}
+            _ = stop.wait_for(|s| *s) => {}
+        }
+    })
+}
+
 fn spawn_audit_prune(
     store: Arc<Store>,
     config: &Config,
@@ -1058,6 +1078,12 @@ impl Node {
             spawn_audit_prune(store.clone(), &config, stop.clone()),
             admin::erase::spawn(api.clone(), stop.clone()),
             spawn_learn_loans(api.cluster.clone(), stop.clone()),
+            spawn_handoff(
+                store.clone(),
+                api.cluster.clone(),
+                config.cluster.handoff_interval_ms,
+                stop.clone(),
+            ),
             spawn_write_probe(
                 store.clone(),
                 config.writer.exit_when_stuck_ms,

@@ -69,6 +69,7 @@ impl Modify for Security {
         crate::admin::relay_wide::lend,
         crate::admin::relay_wide::slots,
         crate::admin::relay_wide::stored,
+        crate::admin::relay_wide::handoff,
         crate::pull::http::claim,
         crate::pull::http::ack,
         crate::pull::http::nack,

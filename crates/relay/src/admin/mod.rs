@@ -229,6 +229,11 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
         .route("/cluster/v1/slots/lend", post(relay_wide::lend))
         .route("/cluster/v1/slots", get(relay_wide::slots))
         .route("/cluster/v1/stored", get(relay_wide::stored))
+        // A batch carries up to 4 MiB of hooks, base64 in JSON.
+        .route(
+            "/cluster/v1/handoff",
+            post(relay_wide::handoff).layer(axum::extract::DefaultBodyLimit::max(32 << 20)),
+        )
         .merge(more)
         .route_layer(axum::middleware::from_fn_with_state(
             api.clone(),

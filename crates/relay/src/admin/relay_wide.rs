@@ -33,7 +33,6 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use serde::Deserialize;
 use serde_json::Value;
 
 use super::api::Api;
@@ -749,44 +748,7 @@ fn query_param(query: &str, name: &str) -> Option<String> {
     })
 }
 
-/// `POST /cluster/v1/slots/lend`: a node out of tenant slots asks for some.
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct LendRequest {
-    /// The node that asks (its name in `cluster.nodes`).
-    to: String,
-    /// The most slots it wants.
-    want: u64,
-}
-
-/// What a node lent.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct Lent {
-    /// Slots lent now (0: none free, or the asker is not in this node's list).
-    pub given: u64,
-    /// Every slot this node has lent the asker, this loan included: the asker keeps the
-    /// largest total it heard, so the slots of a lost answer arrive with the next one.
-    pub lent_total: u64,
-}
-
-/// `GET /cluster/v1/stored`: whether this node stores the tenant.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct Stored {
-    pub stored: bool,
-}
-
-/// `GET /cluster/v1/slots`: this node's part of the tenant registry.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct SlotLedger {
-    /// Tenants this node admitted as their owner.
-    pub registered: u64,
-    /// Its slots now: its share of `tenants.max`, plus loans in, less loans out.
-    pub slots: i64,
-    /// Running totals this node lent, by node.
-    pub lent: std::collections::HashMap<String, u64>,
-    /// The largest running totals other nodes said they lent it, by node.
-    pub heard: std::collections::HashMap<String, u64>,
-}
+use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, LendRequest, Lent, SlotLedger, Stored};
 
 /// The refusal of a cluster call: a single node, 404; no cluster token, 401.
 fn cluster_door(api: &Api, headers: &HeaderMap) -> Option<Response> {
@@ -874,6 +836,58 @@ pub async fn stored(State(api): State<Arc<Api>>, req: Request) -> Response {
             StatusCode::SERVICE_UNAVAILABLE,
             "unavailable",
             "the store could not be read",
+        ),
+    }
+}
+
+/// `POST /cluster/v1/handoff`: a batch of stored rows whose tenants this node owns, from
+/// the node that stored them (docs/architecture.md, handoff). Imported once, in one synced
+/// write that records the batch's number; a batch sent again is answered `already`.
+#[utoipa::path(
+    post,
+    path = "/cluster/v1/handoff",
+    tag = "cluster",
+    request_body = HandoffBatch,
+    responses(
+        (status = 200, description = "Imported now, or before (`already`): the sender may forget the batch", body = HandoffAnswer),
+        (status = 400, description = "An unknown sender, too many items, an item that does not decode (bad_request)", body = crate::http::ErrorBody),
+        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
+        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = crate::http::ErrorBody),
+        (status = 409, description = "A tenant of the batch is not this node's (not_owner): the node lists disagree", body = crate::http::ErrorBody),
+        (status = 503, description = "Not imported now (tenant_limit, unavailable): nothing written", body = crate::http::ErrorBody),
+        crate::http::JsonBodyErrors,
+    ),
+    security(("cluster" = []))
+)]
+pub async fn handoff(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+    Json(batch): Json<HandoffBatch>,
+) -> Response {
+    use crate::cluster::handoff::Refusal;
+    if let Some(r) = cluster_door(&api, &headers) {
+        return r;
+    }
+    let Some(writer) = api.writer.get() else {
+        return error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            "the node is starting",
+        );
+    };
+    match crate::cluster::handoff::receive(&api.cluster, writer, batch).await {
+        Ok(answer) => Json(answer).into_response(),
+        Err(e @ Refusal::Bad(_)) => error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
+        Err(e @ Refusal::NotOwner(_)) => error(StatusCode::CONFLICT, "not_owner", e.to_string()),
+        Err(e @ Refusal::TenantLimit) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "tenant_limit",
+            e.to_string(),
+        ),
+        Err(e @ Refusal::Unavailable) => error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "unavailable",
+            e.to_string(),
         ),
     }
 }

@@ -406,6 +406,18 @@ pub struct Metrics {
     pub cluster_tenants_registered: Gauge,
     /// This node's tenant slots: its share of `tenants.max` and its loans.
     pub cluster_tenant_slots: Gauge,
+    /// Deliveries this node holds of tenants another node owns (the handoff's backlog).
+    pub handoff_rows_leaving: Gauge,
+    /// Items this node took out of its queue and sent, not yet confirmed.
+    pub handoff_staged: Gauge,
+    /// Hooks handed over, by direction (`sent`, `received`).
+    pub handoff_hooks: Family<DirectionLabel, Counter>,
+}
+
+/// The direction of a handoff (`sent` to a tenant's owner, `received` from another node).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DirectionLabel {
+    pub direction: String,
 }
 
 impl Default for Metrics {
@@ -703,6 +715,24 @@ impl Metrics {
             "Tenants this node admitted as their owner (the Relay's count is the sum over its nodes)",
             cluster_tenants_registered.clone(),
         );
+        let handoff_rows_leaving = Gauge::default();
+        registry.register(
+            "ankusa_handoff_rows_leaving",
+            "Deliveries this node holds of tenants another node owns, as of the last handoff pass",
+            handoff_rows_leaving.clone(),
+        );
+        let handoff_staged = Gauge::default();
+        registry.register(
+            "ankusa_handoff_staged",
+            "Items this node took out of its queue for another node and has not had confirmed",
+            handoff_staged.clone(),
+        );
+        let handoff_hooks = Family::<DirectionLabel, Counter>::default();
+        registry.register(
+            "ankusa_handoff_hooks",
+            "Hooks handed over between the nodes of the Relay, by direction (sent, received)",
+            handoff_hooks.clone(),
+        );
         let cluster_tenant_slots = Gauge::default();
         registry.register(
             "ankusa_cluster_tenant_slots",
@@ -774,6 +804,9 @@ impl Metrics {
             cluster_tenants_owned,
             cluster_tenants_registered,
             cluster_tenant_slots,
+            handoff_rows_leaving,
+            handoff_staged,
+            handoff_hooks,
             delivery_attempts,
             delivery_latency,
             sink_limit,

@@ -28,7 +28,8 @@ pub(crate) fn step_error(e: ankusa_queue::QueueError) -> ankusa_store::StoreErro
         QueueError::Store(e) => e,
         e @ (QueueError::TenantLimit { .. }
         | QueueError::InvalidTenant(_)
-        | QueueError::TenantErasing) => StoreError::Io {
+        | QueueError::TenantErasing
+        | QueueError::HandoffStaged { .. }) => StoreError::Io {
             context: "migration step".into(),
             source: std::io::Error::other(e.to_string()),
         },

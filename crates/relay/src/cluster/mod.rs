@@ -38,6 +38,7 @@ use sha2::Digest;
 use subtle::ConstantTimeEq;
 
 use crate::metrics::{ForwardLabels, KindLabel, Metrics};
+use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, LendRequest, Lent, SlotLedger, Stored};
 use ankusa_config::Config;
 use ankusa_queue::registry::{Admission, Ledger, Registry, Shares};
 use ankusa_queue::QueueError;
@@ -59,6 +60,8 @@ pub struct Member {
     /// Base URLs, no trailing slash.
     pub ingest: String,
     pub admin: String,
+    /// Leaving the Relay: it owns no tenant and hands what it stores to the owners.
+    pub leaving: bool,
 }
 
 /// Why another node gave no answer.
@@ -72,6 +75,8 @@ pub struct Unreachable {
 /// This node's view of its Relay.
 pub struct Cluster {
     members: Vec<Member>,
+    /// The places in `members` of the nodes that own tenants (those not leaving).
+    owners: Vec<usize>,
     me: usize,
     token: HeaderValue,
     client: crate::http::Client,
@@ -85,6 +90,8 @@ pub struct Cluster {
     borrowing: tokio::sync::Mutex<()>,
     /// Loans asked, to turn the first node asked.
     loans: std::sync::atomic::AtomicUsize,
+    /// The last handoff pass's account (`handoff::Handoff` writes it).
+    handoff: Mutex<Option<ankusa_crds::node::HandoffStatus>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -107,6 +114,8 @@ pub enum ClusterError {
     Tls(#[from] rustls::Error),
 }
 
+pub mod handoff;
+
 /// The most admitted tenants remembered; past it the set is cleared (a miss costs one
 /// registry call).
 const ADMITTED_CEILING: usize = 1 << 20;
@@ -127,6 +136,7 @@ impl Cluster {
                 name: n.name.clone(),
                 ingest: n.ingest.trim_end_matches('/').to_owned(),
                 admin: n.admin.trim_end_matches('/').to_owned(),
+                leaving: n.leaving,
             })
             .collect();
         let me = c
@@ -145,11 +155,17 @@ impl Cluster {
         };
         let multi = members.len() > 1;
         metrics.cluster_nodes.set(members.len().max(1) as i64);
-        let registry = if multi {
-            let names: Vec<&str> = members.iter().map(|m| m.name.as_str()).collect();
-            let shares = Shares::of(config.tenants.max, &names, names[me]);
+        // A leaving node owns nothing, so it admits nothing: no part of the registry.
+        let registry = if multi && !members[me].leaving {
+            let names: Vec<&str> = members
+                .iter()
+                .filter(|m| !m.leaving)
+                .map(|m| m.name.as_str())
+                .collect();
+            let my_name = members[me].name.clone();
+            let shares = Shares::of(config.tenants.max, &names, &my_name);
             let r = Registry::open(store.clone(), |t| {
-                owner_index(names.iter().copied(), t) == me
+                names[owner_index(names.iter().copied(), t)] == my_name
             })?;
             metrics.cluster_tenants_registered.set(r.len() as i64);
             metrics.cluster_tenant_slots.set(r.slots(&shares));
@@ -157,8 +173,12 @@ impl Cluster {
         } else {
             None
         };
+        let owners = (0..members.len())
+            .filter(|i| !members[*i].leaving)
+            .collect();
         Ok(Cluster {
             members,
+            owners,
             me,
             token,
             client: crate::http::client(Duration::from_secs(2))?,
@@ -168,6 +188,7 @@ impl Cluster {
             registry,
             borrowing: tokio::sync::Mutex::new(()),
             loans: Default::default(),
+            handoff: Mutex::new(None),
         })
     }
 
@@ -191,13 +212,28 @@ impl Cluster {
         if !self.is_multi() {
             return None;
         }
-        let owner = owner_index(self.members.iter().map(|m| m.name.as_str()), tenant);
+        let owner = self.owner_position(tenant);
         (owner != self.me).then(|| &self.members[owner])
     }
 
     /// The owner of `tenant` (with two nodes or more).
     pub fn owner_of(&self, tenant: &str) -> &Member {
-        &self.members[owner_index(self.members.iter().map(|m| m.name.as_str()), tenant)]
+        &self.members[self.owner_position(tenant)]
+    }
+
+    /// The place in `members` of `tenant`'s owner: rendezvous over the nodes that are not
+    /// leaving.
+    fn owner_position(&self, tenant: &str) -> usize {
+        let owners = &self.owners;
+        owners[owner_index(
+            owners.iter().map(|i| self.members[*i].name.as_str()),
+            tenant,
+        )]
+    }
+
+    /// Whether this node is leaving the Relay (it owns no tenant).
+    pub fn leaving(&self) -> bool {
+        self.members.get(self.me).is_some_and(|m| m.leaving)
     }
 
     /// This node's part of the tenant registry (two nodes or more).
@@ -216,7 +252,36 @@ impl Cluster {
                 .registry
                 .as_ref()
                 .map(|(r, s)| r.slots(s).max(0) as u64),
+            leaving: self.leaving(),
+            handoff: self.handoff_status(),
         })
+    }
+
+    /// The last handoff pass's account, if one ran.
+    pub fn handoff_status(&self) -> Option<ankusa_crds::node::HandoffStatus> {
+        self.handoff
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    fn set_handoff_status(&self, status: ankusa_crds::node::HandoffStatus) {
+        *self.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
+    }
+
+    /// Sends a handoff batch to `to` (`POST /cluster/v1/handoff`): its answer, or why
+    /// there is none (unreachable, or a refusal with its status and body).
+    pub async fn send_handoff(
+        &self,
+        to: &str,
+        batch: &HandoffBatch,
+    ) -> Result<HandoffAnswer, Unreachable> {
+        let body = serde_json::to_vec(batch).map_err(|e| Unreachable {
+            node: to.to_owned(),
+            reason: e.to_string(),
+        })?;
+        self.cluster_call(to, Method::POST, "/cluster/v1/handoff", Bytes::from(body))
+            .await
     }
 
     /// Publishes the registry's size and slots.
@@ -309,7 +374,7 @@ impl Cluster {
         futures_util::future::join_all(asks)
             .await
             .into_iter()
-            .any(|a| a.is_ok_and(|v| v["stored"] == true))
+            .any(|a: Result<Stored, _>| a.is_ok_and(|v| v.stored))
     }
 
     /// Borrows what this node holds past its slots (tenants registered because they
@@ -336,7 +401,13 @@ impl Cluster {
     /// `want` slots.
     async fn borrow(&self, registry: &Registry, shares: &Shares, want: u64) -> Loan {
         let me = self.me().unwrap_or_default();
-        let body = Bytes::from(serde_json::json!({ "to": me, "want": want }).to_string());
+        let body = Bytes::from(
+            serde_json::to_vec(&LendRequest {
+                to: me.to_owned(),
+                want,
+            })
+            .unwrap_or_default(),
+        );
         let n = shares.peers.len();
         let start = self
             .loans
@@ -345,16 +416,9 @@ impl Cluster {
         let mut unanswered = None;
         for peer in shares.peers.iter().cycle().skip(start).take(n) {
             let answer = self
-                .cluster_call(peer, Method::POST, "/cluster/v1/slots/lend", body.clone())
+                .cluster_call::<Lent>(peer, Method::POST, "/cluster/v1/slots/lend", body.clone())
                 .await
-                .and_then(|v| {
-                    let total = v["lent_total"].as_u64();
-                    let given = v["given"].as_u64();
-                    total.zip(given).ok_or_else(|| Unreachable {
-                        node: peer.clone(),
-                        reason: format!("an answer with no loan: {v}"),
-                    })
-                });
+                .map(|v| (v.lent_total, v.given));
             match answer {
                 Ok((total, given)) => {
                     if let Err(e) = registry.learn(peer, total, 0) {
@@ -410,12 +474,18 @@ impl Cluster {
             let mut still = Vec::new();
             for peer in left {
                 match self
-                    .cluster_call(peer, Method::GET, "/cluster/v1/slots", Bytes::new())
+                    .cluster_call::<SlotLedger>(
+                        peer,
+                        Method::GET,
+                        "/cluster/v1/slots",
+                        Bytes::new(),
+                    )
                     .await
                 {
                     Ok(v) => {
-                        let of = |k: &str| v[k][me].as_u64().unwrap_or(0);
-                        if let Err(e) = registry.learn(peer, of("lent"), of("heard")) {
+                        let lent = v.lent.get(me).copied().unwrap_or(0);
+                        let heard = v.heard.get(me).copied().unwrap_or(0);
+                        if let Err(e) = registry.learn(peer, lent, heard) {
                             tracing::error!(error = %e, "recording another node's loans");
                             still.push(peer);
                         }
@@ -454,14 +524,15 @@ impl Cluster {
             .contains(tenant)
     }
 
-    /// A JSON call to another node's `/cluster/v1/…` (status 200 expected).
-    async fn cluster_call(
+    /// A JSON call to another node's `/cluster/v1/…` (status 200 expected), its answer
+    /// read as `T` (`ankusa_api::cluster`).
+    async fn cluster_call<T: serde::de::DeserializeOwned>(
         &self,
         name: &str,
         method: Method,
         path: &str,
         body: Bytes,
-    ) -> Result<serde_json::Value, Unreachable> {
+    ) -> Result<T, Unreachable> {
         let unreachable = |reason: String| Unreachable {
             node: name.to_owned(),
             reason,

@@ -1,0 +1,345 @@
+//! Handoff, the node's side: the rows this node stores of tenants another node owns go to
+//! that owner ([`Sender`]), and the rows another node hands this one come in through its
+//! writer ([`receive`]). The protocol — stage, import, confirm — and why a row is never in
+//! two queues or none is `ankusa_queue::handoff`'s (and docs/architecture.md's).
+//!
+//! A node's tenants change owner when the node list does: a node marked `leaving` owns
+//! none (a scale-down drains it), a node that joins takes about 1/N of them (a scale-up
+//! moves their rows to it). The sender runs one pass every `cluster.handoff_interval_ms` (at once
+//! after a pass that moved something): the outbox a kill left first, then every tenant
+//! it stores whose owner is another node, a batch at a time, until each has nothing left
+//! but deliveries in flight. The pass's account is the node's `cluster.handoff` status
+//! (`GET /v1/node`): what is left to move, and why it does not move while it does not.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use base64::Engine;
+
+use super::Cluster;
+use crate::metrics::{DirectionLabel, Metrics};
+use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, HandoffOutcome, HANDOFF_MAX_ITEMS};
+use ankusa_crds::node::HandoffStatus;
+use ankusa_queue::handoff::{self, Outbox};
+use ankusa_queue::writer::{Import, ImportReply, WriterHandle};
+use ankusa_queue::QueueError;
+use ankusa_records::moved::Moved;
+use ankusa_store::Store;
+
+/// Tenants read from the store per page of a pass.
+const TENANT_PAGE: usize = 1_000;
+/// The most tenants remembered as having nothing left here; past it the set is cleared (a
+/// tenant forgotten is looked at again: a few reads).
+const DONE_CEILING: usize = 1 << 20;
+/// How long a receiver waits for its writer to import a batch.
+const IMPORT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The sending side: passes over the tenants this node stores and does not own.
+pub struct Sender {
+    /// Between passes that moved nothing (`cluster.handoff_interval_ms`; zero: none run).
+    interval: Duration,
+    store: Arc<Store>,
+    cluster: Arc<Cluster>,
+    metrics: Arc<Metrics>,
+    /// Tenants found with nothing left here (the node list is fixed for the process, so
+    /// a tenant that moved away does not come back to this node).
+    done: Mutex<HashSet<String>>,
+    moved: AtomicU64,
+}
+
+impl Sender {
+    pub fn new(store: Arc<Store>, cluster: Arc<Cluster>, interval: Duration) -> Self {
+        Sender {
+            interval,
+            store,
+            metrics: cluster.metrics.clone(),
+            cluster,
+            done: Mutex::new(HashSet::new()),
+            moved: AtomicU64::new(0),
+        }
+    }
+
+    /// Runs passes until dropped: at once after a pass that moved something, else every
+    /// `interval`. A single node has nothing to hand anyone; with no interval, none run.
+    pub async fn run(self: Arc<Self>) {
+        if !self.cluster.is_multi() || self.interval.is_zero() {
+            return;
+        }
+        loop {
+            let moved = self.pass().await;
+            if moved == 0 {
+                tokio::time::sleep(self.interval).await;
+            }
+        }
+    }
+
+    /// One pass; the hooks it handed over.
+    pub async fn pass(&self) -> u64 {
+        let mut moved = 0;
+        let mut stalled: Option<String> = None;
+        // Receivers that did not take a batch this pass: their tenants wait for the next.
+        let mut refused: HashSet<String> = HashSet::new();
+        match self.blocking(|s| handoff::outbox(s)).await {
+            Ok(outbox) => {
+                for o in outbox {
+                    let receiver = o.receiver.clone();
+                    match self.send(o).await {
+                        Ok(n) => moved += n,
+                        Err(e) => {
+                            stalled = Some(e);
+                            refused.insert(receiver);
+                        }
+                    }
+                }
+            }
+            Err(e) => stalled = Some(format!("reading the outbox: {e}")),
+        }
+        let (mut tenants_leaving, mut rows_leaving) = (0u64, 0u64);
+        let mut after: Option<String> = None;
+        loop {
+            let from = after.clone();
+            let page = match self
+                .blocking(move |s| ankusa_queue::tenants::list(s, "", from.as_deref(), TENANT_PAGE))
+                .await
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    stalled = Some(format!("reading the tenants: {e}"));
+                    break;
+                }
+            };
+            let Some((last, _)) = page.last() else { break };
+            after = Some(last.clone());
+            for (tenant, ord) in page {
+                let Some(owner) = self.cluster.other_owner(&tenant).map(|m| m.name.clone()) else {
+                    continue;
+                };
+                if self.is_done(&tenant) {
+                    continue;
+                }
+                let mut nothing_staged = false;
+                while !refused.contains(&owner) {
+                    let (o, t) = (owner.clone(), tenant.clone());
+                    let now = ankusa_keyspace::now_ms();
+                    match self
+                        .blocking(move |s| handoff::stage(s, &o, ord, &t, now))
+                        .await
+                    {
+                        Ok(Some(batch)) => match self.send(batch).await {
+                            Ok(n) => moved += n,
+                            Err(e) => {
+                                stalled = Some(e);
+                                refused.insert(owner.clone());
+                            }
+                        },
+                        Ok(None) => {
+                            nothing_staged = true;
+                            break;
+                        }
+                        Err(e) => {
+                            stalled = Some(format!("staging {tenant:?} for {owner}: {e}"));
+                            refused.insert(owner.clone());
+                        }
+                    }
+                }
+                let left = match self
+                    .blocking(move |s| ankusa_queue::counters::read(s, ord))
+                    .await
+                {
+                    Ok(c) => (c.pending + c.scheduled + c.inflight + c.dead).max(0) as u64,
+                    Err(_) => 1,
+                };
+                if left == 0 && nothing_staged {
+                    self.mark_done(&tenant);
+                } else if left > 0 {
+                    tenants_leaving += 1;
+                    rows_leaving += left;
+                }
+            }
+        }
+        let staged = self.blocking(|s| handoff::outbox_len(s)).await.unwrap_or(0);
+        self.metrics.handoff_rows_leaving.set(rows_leaving as i64);
+        self.metrics.handoff_staged.set(staged as i64);
+        let received = self
+            .metrics
+            .handoff_hooks
+            .get_or_create(&DirectionLabel {
+                direction: "received".into(),
+            })
+            .get();
+        self.cluster.set_handoff_status(HandoffStatus {
+            tenants_leaving,
+            rows_leaving,
+            staged,
+            hooks_moved: self.moved.load(Ordering::Relaxed),
+            hooks_received: received,
+            drained: rows_leaving == 0 && staged == 0 && stalled.is_none(),
+            stalled,
+            pass_at_ms: ankusa_keyspace::now_ms(),
+        });
+        moved
+    }
+
+    /// Sends a staged batch and, once its receiver answered, forgets it: the hooks it held.
+    async fn send(&self, o: Outbox) -> Result<u64, String> {
+        let hooks = o.hooks() as u64;
+        let body = HandoffBatch {
+            from: self.cluster.me().unwrap_or_default().to_owned(),
+            batch: o.batch,
+            items: o
+                .items
+                .iter()
+                .map(|m| base64::engine::general_purpose::STANDARD.encode(m.encode()))
+                .collect(),
+        };
+        let answer = self
+            .cluster
+            .send_handoff(&o.receiver, &body)
+            .await
+            .map_err(|e| e.to_string())?;
+        if answer.batch != o.batch {
+            return Err(format!(
+                "{} answered batch {} for batch {}",
+                o.receiver, answer.batch, o.batch
+            ));
+        }
+        let (receiver, batch) = (o.receiver.clone(), o.batch);
+        self.blocking(move |s| handoff::confirm(s, &receiver, batch))
+            .await
+            .map_err(|e| format!("confirming batch {} of {}: {e}", o.batch, o.receiver))?;
+        self.moved.fetch_add(hooks, Ordering::Relaxed);
+        self.metrics
+            .handoff_hooks
+            .get_or_create(&DirectionLabel {
+                direction: "sent".into(),
+            })
+            .inc_by(hooks);
+        tracing::info!(receiver = %o.receiver, batch = o.batch, hooks, items = o.items.len(), "handoff: a batch moved to its owner");
+        Ok(hooks)
+    }
+
+    fn is_done(&self, tenant: &str) -> bool {
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains(tenant)
+    }
+
+    fn mark_done(&self, tenant: &str) {
+        let mut done = self.done.lock().unwrap_or_else(|e| e.into_inner());
+        if done.len() >= DONE_CEILING {
+            done.clear();
+        }
+        done.insert(tenant.to_owned());
+    }
+
+    async fn blocking<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Store) -> Result<T, QueueError> + Send + 'static,
+    ) -> Result<T, String> {
+        let store = self.store.clone();
+        match tokio::task::spawn_blocking(move || f(&store)).await {
+            Ok(r) => r.map_err(|e| e.to_string()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}
+
+/// Why a receiver did not take a batch.
+#[derive(Debug, thiserror::Error)]
+pub enum Refusal {
+    /// A malformed batch: an unknown sender, too many items, an item that does not decode.
+    #[error("{0}")]
+    Bad(String),
+    /// A tenant of the batch is not this node's (the two nodes' lists disagree, a roll in
+    /// progress): the sender keeps the batch and tries again.
+    #[error("this node does not own tenant {0:?}")]
+    NotOwner(String),
+    /// A tenant would be past `tenants.max` here.
+    #[error("a tenant of the batch would be past tenants.max on this node")]
+    TenantLimit,
+    /// The writer is busy or the store failed: nothing written, try again.
+    #[error("the batch could not be imported now")]
+    Unavailable,
+}
+
+/// Imports a batch another node handed this one, through the writer (one synced write,
+/// once per batch number): the receiver's answer.
+pub async fn receive(
+    cluster: &Cluster,
+    writer: &WriterHandle,
+    batch: HandoffBatch,
+) -> Result<HandoffAnswer, Refusal> {
+    let metrics = &cluster.metrics;
+    if !cluster.members().iter().any(|m| m.name == batch.from) || cluster.me() == Some(&batch.from)
+    {
+        return Err(Refusal::Bad(format!(
+            "{:?} is not another node of this Relay",
+            batch.from
+        )));
+    }
+    if batch.items.len() > HANDOFF_MAX_ITEMS {
+        return Err(Refusal::Bad(format!(
+            "{} items; at most {HANDOFF_MAX_ITEMS}",
+            batch.items.len()
+        )));
+    }
+    let mut items = Vec::with_capacity(batch.items.len());
+    for (i, text) in batch.items.iter().enumerate() {
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(text)
+            .map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?;
+        let item = Moved::decode(&bytes).map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?;
+        let tenant = match &item {
+            Moved::Hook(h) => ankusa_records::Envelope::decode(&h.envelope)
+                .map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?
+                .tenant_or_default()
+                .to_owned(),
+            Moved::Dedupe { tenant, .. } => tenant.clone(),
+        };
+        if cluster.other_owner(&tenant).is_some() || cluster.leaving() {
+            return Err(Refusal::NotOwner(tenant));
+        }
+        items.push(item);
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    writer
+        .try_import(Import {
+            from: batch.from.clone(),
+            batch: batch.batch,
+            items,
+            reply: tx,
+        })
+        .map_err(|_| Refusal::Unavailable)?;
+    let reply = tokio::time::timeout(IMPORT_TIMEOUT, rx)
+        .await
+        .map_err(|_| Refusal::Unavailable)?
+        .map_err(|_| Refusal::Unavailable)?;
+    match reply {
+        ImportReply::Imported { hooks, dedupe } => {
+            metrics
+                .handoff_hooks
+                .get_or_create(&DirectionLabel {
+                    direction: "received".into(),
+                })
+                .inc_by(hooks);
+            tracing::info!(from = %batch.from, batch = batch.batch, hooks, dedupe, "handoff: a batch imported");
+            Ok(HandoffAnswer {
+                batch: batch.batch,
+                outcome: HandoffOutcome::Imported,
+                hooks,
+                dedupe,
+            })
+        }
+        ImportReply::Already => Ok(HandoffAnswer {
+            batch: batch.batch,
+            outcome: HandoffOutcome::Already,
+            hooks: 0,
+            dedupe: 0,
+        }),
+        ImportReply::TenantLimit => Err(Refusal::TenantLimit),
+        ImportReply::Unavailable => Err(Refusal::Unavailable),
+    }
+}
