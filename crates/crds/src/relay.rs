@@ -76,6 +76,8 @@ pub const TOP_TENANTS_MAX: usize = 20;
     printcolumn(name = "Paused", type_ = "integer", json_path = ".status.tenants.paused", priority = "1"),
     printcolumn(name = "OverQuota", type_ = "integer", json_path = ".status.tenants.overQuota", priority = "1"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    // Rows the nodes a scale-down takes out still hold, until they are handed over.
+    printcolumn(name = "Draining", type_ = "integer", json_path = ".status.draining"),
     printcolumn(
         name = "Age",
         type_ = "date",
@@ -267,6 +269,40 @@ pub struct StorageSpec {
     /// The StorageClass; the cluster's default when unset.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub storage_class_name: Option<String>,
+    /// What becomes of a node's claim when a scale-down takes the node out, once it has
+    /// handed every row to the other nodes (the StatefulSet's
+    /// `persistentVolumeClaimRetentionPolicy.whenScaled`): `Retain` (the default) keeps
+    /// it, `Delete` deletes it. Claims are never deleted with the Relay.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when_scaled: Option<ClaimRetention>,
+}
+
+/// The annotation that pauses the operator's work on one Relay: with the value `paused`,
+/// the operator changes nothing of it (no apply, no Job, no scale, no claim) and says so in
+/// the `Reconciling` condition, so that a person can do manual work on its objects (a
+/// restore of one node's volume) without the operator undoing it. Remove it (or set any
+/// other value) to resume.
+pub const RECONCILE_ANNOTATION: &str = "ankusa.dev/reconcile";
+
+impl Relay {
+    /// The operator's work on this Relay is paused ([`RECONCILE_ANNOTATION`]).
+    pub fn reconcile_paused(&self) -> bool {
+        self.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(RECONCILE_ANNOTATION))
+            .is_some_and(|v| v == "paused")
+    }
+}
+
+/// Whether a claim outlives its node.
+#[derive(
+    schemars::JsonSchema, Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Default,
+)]
+pub enum ClaimRetention {
+    #[default]
+    Retain,
+    Delete,
 }
 
 impl Default for StorageSpec {
@@ -274,6 +310,7 @@ impl Default for StorageSpec {
         StorageSpec {
             size: default_storage_size(),
             storage_class_name: None,
+            when_scaled: None,
         }
     }
 }
@@ -785,6 +822,11 @@ pub struct RelayStatus {
     pub upgrade: Option<UpgradeStatus>,
     #[serde(default)]
     pub nodes: Vec<NodeReport>,
+    /// While a scale-down drains: the deliveries the leaving nodes still hold (in flight
+    /// included) and their staged batches, summed; absent otherwise. The StatefulSet
+    /// shrinks once every leaving node reports itself drained.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub draining: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<TenantTotals>,
     /// The tenants with the most pending deliveries (at most 20).
@@ -1004,6 +1046,13 @@ pub struct NodeReport {
     /// Why the node is not reported ready (not scheduled, not Ready, did not answer).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A scale-down takes the node out: it hands its rows to the other nodes first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub leaving: bool,
+    /// Rows of tenants other nodes own that the node still holds (its last handoff pass),
+    /// and the batches it staged and has not had confirmed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rows_leaving: Option<i64>,
 }
 
 /// Tenant counts and queue totals summed over the nodes that answered.

@@ -194,6 +194,7 @@ mod tests {
                 partition: 0,
                 ready_replicas: 2,
                 updated_replicas: 2,
+                replicas: 2,
             }),
             ..Observed::default()
         }

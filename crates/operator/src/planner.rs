@@ -60,6 +60,9 @@ pub struct StsObs {
     pub partition: i32,
     pub ready_replicas: i32,
     pub updated_replicas: i32,
+    /// Its replicas as the live object says (0: not read).
+    #[serde(default)]
+    pub replicas: i32,
 }
 
 /// A pod of the `Relay`.
@@ -376,8 +379,92 @@ fn holding_partition(template: &str, pods: &[PodObs], replicas: i32) -> i32 {
         .clamp(0, replicas)
 }
 
-/// Decide the StatefulSet's image, replicas and partition, the Jobs to run and the cursor.
+/// Decide the StatefulSet's image, replicas and partition, the Jobs to run and the cursor;
+/// a scale-down keeps the nodes it takes out until they are drained ([`drain`]).
 pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
+    let r = rollout_steps(relay, prev, o);
+    if r.restore.is_some() {
+        return r;
+    }
+    drain(relay, o, r)
+}
+
+/// The leaving nodes of a scale-down, each with what it still holds: the nodes the
+/// StatefulSet runs at or past `spec.replicas`. A node that does not answer, or answers
+/// without being marked leaving yet (it has not restarted onto the new node list), holds
+/// an unknown amount (`None`).
+pub fn leaving_nodes(relay: &Relay, o: &Observed) -> Vec<(String, Option<i64>, Option<String>)> {
+    let Some(sts) = &o.statefulset else {
+        return Vec::new();
+    };
+    let names = crate::resources::Names::of(relay).ok();
+    (relay.spec.replicas.max(0)..sts.replicas)
+        .map(|i| {
+            let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
+            let cluster = match o.nodes.get(&pod) {
+                Some(Ok(n)) => n.status.cluster.clone(),
+                _ => None,
+            };
+            match cluster {
+                Some(c) if c.leaving => match c.handoff {
+                    Some(h) if h.drained => (pod, Some(0), None),
+                    Some(h) => (
+                        pod,
+                        Some((h.rows_leaving + h.staged) as i64),
+                        h.stalled.clone(),
+                    ),
+                    None => (pod, None, Some("no handoff pass yet".into())),
+                },
+                Some(_) => (pod, None, Some("not on the new node list yet".into())),
+                None => (pod, None, Some("not answering".into())),
+            }
+        })
+        .collect()
+}
+
+/// A scale-down drains before it shrinks: while a node at or past `spec.replicas` still
+/// holds rows (or cannot say), the StatefulSet keeps it — the node list marks it `leaving`,
+/// so it owns no tenant and hands what it stores to the owners — and the hold names what
+/// it holds and, when its handoff does not move, why. The StatefulSet never shrinks over
+/// rows. Scaling back up mid-drain takes the node back as an owner.
+fn drain(relay: &Relay, o: &Observed, mut r: Rollout) -> Rollout {
+    let Some(sts) = &o.statefulset else {
+        return r;
+    };
+    if sts.replicas <= r.replicas {
+        return r;
+    }
+    let leaving = leaving_nodes(relay, o);
+    let waiting: Vec<String> = leaving
+        .iter()
+        .filter(|(_, rows, _)| *rows != Some(0))
+        .map(|(pod, rows, why)| {
+            let rows = rows.map_or("rows unknown".to_owned(), |n| format!("{n} rows left"));
+            match why {
+                Some(w) => format!("{pod}: {rows} ({w})"),
+                None => format!("{pod}: {rows}"),
+            }
+        })
+        .collect();
+    if waiting.is_empty() {
+        return r;
+    }
+    r.replicas = sts.replicas;
+    if r.hold.is_none() {
+        let stalled = leaving.iter().any(|(_, _, why)| why.is_some());
+        r.hold = Some(Hold {
+            reason: if stalled { "DrainStalled" } else { "Draining" },
+            message: format!(
+                "the nodes a scale-down takes out hand their rows over first: {}",
+                waiting.join("; ")
+            ),
+            fault: false,
+        });
+    }
+    r
+}
+
+fn rollout_steps(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     let spec = &relay.spec;
     let replicas = spec.replicas.max(0);
     // A restore under way, or one to begin, decides everything.

@@ -307,17 +307,21 @@ impl NodeUrls {
 /// ConfigMap; `None` for none) with the operator's keys set, nodes reached at their
 /// headless-Service DNS names.
 pub fn relay_config(relay: &Relay, user: Option<&Value>) -> Result<Value, ResourceError> {
-    relay_config_with(relay, user, &NodeUrls::default())
+    relay_config_with(relay, user, &NodeUrls::default(), None)
 }
 
 /// [`relay_config`], nodes reached at `urls`. The node list (`cluster.nodes`) is every
-/// ordinal of `spec.replicas`, the first one keeping the Relay's tenant registry; each
-/// node learns its own name from its pod's (`ANKUSA_CLUSTER__NAME`).
+/// ordinal of `spec.replicas` (the StatefulSet's, a scale-down's leaving nodes included);
+/// the nodes from ordinal `owners` on are marked `leaving`: they own no tenant and hand
+/// what they store to the others. Each node learns its own name from its pod's
+/// (`ANKUSA_CLUSTER__NAME`).
 pub fn relay_config_with(
     relay: &Relay,
     user: Option<&Value>,
     urls: &NodeUrls,
+    owners: Option<i32>,
 ) -> Result<Value, ResourceError> {
+    let owners = owners.unwrap_or(relay.spec.replicas).max(1);
     let names = Names::of(relay)?;
     let mut cfg = match user {
         None | Some(Value::Null) => json!({}),
@@ -372,11 +376,15 @@ pub fn relay_config_with(
         json!((0..relay.spec.replicas.max(1))
             .map(|i| {
                 let pod = names.pod(i);
-                json!({
+                let mut node = json!({
                     "name": pod,
                     "ingest": NodeUrls::fill(&urls.ingest, &pod, &names),
                     "admin": NodeUrls::fill(&urls.admin, &pod, &names),
-                })
+                });
+                if i >= owners {
+                    node["leaving"] = json!(true);
+                }
+                node
             })
             .collect::<Vec<_>>()),
     );
@@ -825,15 +833,20 @@ pub fn statefulset(
                 // Nodes are independent stores: start them together; the upgrade gate,
                 // not the pod management policy, orders a format change.
                 "podManagementPolicy": "Parallel",
+                // A scale-down shrinks only once the nodes it takes out are drained (the
+                // planner's `drain`), so deleting their claims then loses nothing; a
+                // deleted Relay keeps every claim.
+                "persistentVolumeClaimRetentionPolicy": {
+                    "whenScaled": match spec.storage.when_scaled.unwrap_or_default() {
+                        ankusa_crds::relay::ClaimRetention::Retain => "Retain",
+                        ankusa_crds::relay::ClaimRetention::Delete => "Delete",
+                    },
+                    "whenDeleted": "Retain",
+                },
                 "selector": { "matchLabels": selector_labels(&names.relay) },
                 "updateStrategy": {
                     "type": "RollingUpdate",
                     "rollingUpdate": { "partition": partition },
-                },
-                // A store is never deleted by scaling down or deleting the Relay.
-                "persistentVolumeClaimRetentionPolicy": {
-                    "whenDeleted": "Retain",
-                    "whenScaled": "Retain",
                 },
                 "template": {
                     "metadata": {
@@ -1019,6 +1032,9 @@ pub struct Surroundings {
     pub http_route_api: bool,
     pub urls: NodeUrls,
     pub operator: OperatorPeer,
+    /// The nodes that own tenants (`spec.replicas`) when the StatefulSet runs more: those
+    /// past it are leaving (a scale-down drains them first). `None`: every node owns.
+    pub owners: Option<i32>,
 }
 
 /// Every desired object of a `Relay` (the optional ones only when they will be applied).
@@ -1064,7 +1080,7 @@ impl DesiredSet {
         partition: i32,
         around: &Surroundings,
     ) -> Result<DesiredSet, ResourceError> {
-        let cfg = relay_config_with(relay, user_config, &around.urls)?;
+        let cfg = relay_config_with(relay, user_config, &around.urls, around.owners)?;
         let yaml = relay_yaml(&cfg)?;
         check_relay_yaml(relay, &yaml)?;
         Ok(DesiredSet {

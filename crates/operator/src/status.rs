@@ -47,11 +47,20 @@ pub fn status(
     // Nodes that answer and run `spec.image`: Ready waits for every one of them, so that
     // after an image change `kubectl wait --for=condition=Ready` does not return at once.
     let mut current = 0;
-    for i in 0..replicas {
+    // The nodes a scale-down takes out stay in the report (and their rows in the totals)
+    // until the StatefulSet lets them go: they still hold rows while they drain.
+    let leaving: BTreeMap<String, Option<i64>> = crate::planner::leaving_nodes(relay, o)
+        .into_iter()
+        .map(|(pod, rows, _)| (pod, rows))
+        .collect();
+    let present = replicas.max(o.statefulset.as_ref().map_or(0, |s| s.replicas));
+    for i in 0..present {
         let name = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
         let pod = o.pods.iter().find(|p| p.ordinal == i);
         let mut report = NodeReport {
             name: name.clone(),
+            leaving: i >= replicas,
+            rows_leaving: leaving.get(&name).copied().flatten(),
             ..NodeReport::default()
         };
         match (pod, o.nodes.get(&name)) {
@@ -66,9 +75,11 @@ pub fn status(
             (Some(_), None) => report.message = Some("not polled yet".into()),
             (Some(_), Some(Err(e))) => report.message = Some(format!("/v1/node: {e}")),
             (Some(p), Some(Ok(n))) => {
-                answered += 1;
-                if crate::planner::names_image(&relay.spec.image, &p.image) {
-                    current += 1;
+                if i < replicas {
+                    answered += 1;
+                    if crate::planner::names_image(&relay.spec.image, &p.image) {
+                        current += 1;
+                    }
                 }
                 let s = &n.status;
                 report.ready = true;
@@ -342,6 +353,10 @@ pub fn status(
         }),
         upgrade: r.upgrade.clone(),
         nodes,
+        // A node that cannot say what it holds counts as one row: the drain is not over.
+        draining: (!leaving.is_empty())
+            .then(|| leaving.values().map(|rows| rows.unwrap_or(1)).sum::<i64>())
+            .filter(|rows| *rows > 0),
         tenants: Some(totals),
         top_tenants: top,
         last_backup: if r.backups_succeeded_now {
@@ -399,6 +414,28 @@ fn scheduled_condition(conds: &mut Conditions<'_>, d: &crate::backups::Decision,
 }
 
 /// Conditions with their transition time kept while their status does not change.
+/// The conditions of a Relay whose reconciliation is paused
+/// (`ankusa.dev/reconcile: paused`): the last ones the operator wrote, with `Reconciling`
+/// False, reason `Paused`.
+pub fn paused_conditions(relay: &Relay, prev: &RelayStatus, now: &str) -> Vec<Condition> {
+    let generation = relay.metadata.generation.unwrap_or(0);
+    let mut c = Conditions::new(prev, generation, now);
+    c.set(
+        "Reconciling",
+        false,
+        "Paused",
+        "ankusa.dev/reconcile: paused: the operator changes nothing of this Relay until the annotation is removed",
+    );
+    let mut out: Vec<Condition> = prev
+        .conditions
+        .iter()
+        .filter(|c| c.type_ != "Reconciling")
+        .cloned()
+        .collect();
+    out.extend(c.into_vec());
+    out
+}
+
 struct Conditions<'a> {
     prev: &'a RelayStatus,
     generation: i64,

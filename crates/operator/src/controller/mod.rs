@@ -314,6 +314,9 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
     let ns = names.namespace.as_str();
     let client = &ctx.client;
     let prev = relay.status.clone().unwrap_or_default();
+    if relay.reconcile_paused() {
+        return paused(relay, ctx, &prev).await;
+    }
     let mut o = Observed {
         now: now_rfc3339(),
         ..Observed::default()
@@ -349,6 +352,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                     ingest: ctx.settings.node_ingest_url_template.clone(),
                 },
                 operator: ctx.settings.operator.clone(),
+                owners: Some(relay.spec.replicas),
             },
         );
         match desired {
@@ -425,6 +429,37 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
             d.min(ctx.settings.poll_interval)
         }),
     ))
+}
+
+/// A Relay whose reconciliation is paused (`ankusa.dev/reconcile: paused`): nothing of it
+/// is changed; its status says so (`Reconciling` False, `Paused`, with an Event once).
+async fn paused(relay: &Relay, ctx: &Context, prev: &RelayStatus) -> Result<Action, Error> {
+    let conditions = status::paused_conditions(relay, prev, &now_rfc3339());
+    let was = prev
+        .conditions
+        .iter()
+        .any(|c| c.type_ == "Reconciling" && c.reason == "Paused");
+    if !was {
+        let api: Api<Relay> =
+            Api::namespaced(ctx.client.clone(), &relay.namespace().unwrap_or_default());
+        api.patch_status(
+            &relay.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&json!({ "status": { "conditions": conditions } })),
+        )
+        .await?;
+        event_with(
+            ctx,
+            relay,
+            &planner::StepEvent {
+                warning: false,
+                reason: "ReconcilePaused",
+                message: "ankusa.dev/reconcile: paused: nothing of this Relay is changed until the annotation is removed".into(),
+            },
+        )
+        .await;
+    }
+    Ok(Action::requeue(ctx.settings.poll_interval))
 }
 
 /// The operator's admin token for this `Relay`, read from its Secret; the Secret (with the

@@ -486,6 +486,7 @@ pub(super) fn sts_obs(s: &StatefulSet) -> StsObs {
             .unwrap_or(0),
         ready_replicas: status.ready_replicas.unwrap_or(0),
         updated_replicas: status.updated_replicas.unwrap_or(0),
+        replicas: spec.replicas.unwrap_or(1),
     }
 }
 

@@ -194,6 +194,9 @@ impl World {
                 ready_replicas: self.pods.values().filter(|p| p.ready).count() as i32,
                 updated_replicas: self.pods.values().filter(|p| p.image == s.template).count()
                     as i32,
+                // Unread: the simulated nodes report no handoff, and the gate's properties
+                // do not depend on a scale-down's drain (planner::tests covers it).
+                replicas: 0,
             }),
             now: format!("2026-11-30T{:02}:{:02}:00Z", n / 60, n % 60),
             claims: self.volumes.keys().copied().collect(),

@@ -86,6 +86,7 @@ fn run(file: &str) {
     let around = Surroundings {
         service_monitor: monitor == planner::MonitorDecision::Applied,
         http_route_api: o.http_route_api,
+        owners: Some(relay.spec.replicas),
         ..Surroundings::default()
     };
     let user = relay.spec.config.inline.clone();
@@ -211,6 +212,9 @@ scenarios!(
     a_rollback_taken_out_of_the_spec_is_cancelled,
     a_backup_claim_too_small_holds_the_upgrade,
     a_backup_claim_with_room_lets_the_backups_start,
+    a_scale_down_keeps_the_leaving_node_until_it_is_drained,
+    a_drained_leaving_node_lets_the_statefulset_shrink,
+    a_leaving_node_that_does_not_answer_holds_the_scale_down,
 );
 
 /// A reference names an image by its tag or pinned to a digest; only a repository digest
