@@ -822,9 +822,9 @@ pub struct RelayStatus {
     pub upgrade: Option<UpgradeStatus>,
     #[serde(default)]
     pub nodes: Vec<NodeReport>,
-    /// While a scale-down drains: the deliveries the leaving nodes still hold (in flight
-    /// included) and their staged batches, summed; absent otherwise. The StatefulSet
-    /// shrinks once every leaving node reports itself drained.
+    /// The deliveries the nodes a scale-down takes out still hold (in flight included) and
+    /// their staged batches, summed: 0 when no node is leaving. The StatefulSet shrinks
+    /// once every leaving node reports itself drained.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub draining: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]

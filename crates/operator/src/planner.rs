@@ -394,7 +394,7 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
 /// without being marked leaving yet (it has not restarted onto the new node list), holds
 /// an unknown amount (`None`).
 pub fn leaving_nodes(relay: &Relay, o: &Observed) -> Vec<(String, Option<i64>, Option<String>)> {
-    let Some(sts) = &o.statefulset else {
+    let Some(sts) = o.statefulset.as_ref().filter(|_| handoff_capable(o)) else {
         return Vec::new();
     };
     let names = crate::resources::Names::of(relay).ok();
@@ -422,6 +422,21 @@ pub fn leaving_nodes(relay: &Relay, o: &Observed) -> Vec<(String, Option<i64>, O
         .collect()
 }
 
+/// Whether the nodes can hand their rows over: at least one answers, and every node that
+/// answers reports its handoff (a release that knows `leaving`; an older one would refuse a
+/// node list that marks it). Without it a scale-down shrinks at once, as older operators
+/// did, and its claims keep the rows.
+pub fn handoff_capable(o: &Observed) -> bool {
+    let mut answered = o.nodes.values().filter_map(|n| n.as_ref().ok()).peekable();
+    answered.peek().is_some()
+        && answered.all(|n| {
+            n.status
+                .cluster
+                .as_ref()
+                .is_some_and(|c| c.handoff.is_some())
+        })
+}
+
 /// A scale-down drains before it shrinks: while a node at or past `spec.replicas` still
 /// holds rows (or cannot say), the StatefulSet keeps it — the node list marks it `leaving`,
 /// so it owns no tenant and hands what it stores to the owners — and the hold names what
@@ -431,7 +446,7 @@ fn drain(relay: &Relay, o: &Observed, mut r: Rollout) -> Rollout {
     let Some(sts) = &o.statefulset else {
         return r;
     };
-    if sts.replicas <= r.replicas {
+    if sts.replicas <= r.replicas || !handoff_capable(o) {
         return r;
     }
     let leaving = leaving_nodes(relay, o);

@@ -354,9 +354,7 @@ pub fn status(
         upgrade: r.upgrade.clone(),
         nodes,
         // A node that cannot say what it holds counts as one row: the drain is not over.
-        draining: (!leaving.is_empty())
-            .then(|| leaving.values().map(|rows| rows.unwrap_or(1)).sum::<i64>())
-            .filter(|rows| *rows > 0),
+        draining: Some(leaving.values().map(|rows| rows.unwrap_or(1)).sum::<i64>()),
         tenants: Some(totals),
         top_tenants: top,
         last_backup: if r.backups_succeeded_now {

@@ -352,7 +352,9 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                     ingest: ctx.settings.node_ingest_url_template.clone(),
                 },
                 operator: ctx.settings.operator.clone(),
-                owners: Some(relay.spec.replicas),
+                // Only nodes that know `leaving` are told who leaves (an older release
+                // refuses a node list that marks one).
+                owners: planner::handoff_capable(&o).then_some(relay.spec.replicas),
             },
         );
         match desired {

@@ -409,7 +409,7 @@ async fn kubectl_get_relays_prints_every_column() {
         header,
         [
             "NAME", "READY", "NODES", "FORMAT", "TARGET", "TENANTS", "PENDING", "DEAD", "PHASE",
-            "AGE"
+            "DRAINING", "AGE"
         ]
     );
     let row: Vec<&str> = lines[1].split_whitespace().collect();

@@ -86,7 +86,7 @@ fn run(file: &str) {
     let around = Surroundings {
         service_monitor: monitor == planner::MonitorDecision::Applied,
         http_route_api: o.http_route_api,
-        owners: Some(relay.spec.replicas),
+        owners: planner::handoff_capable(&o).then_some(relay.spec.replicas),
         ..Surroundings::default()
     };
     let user = relay.spec.config.inline.clone();
@@ -215,6 +215,7 @@ scenarios!(
     a_scale_down_keeps_the_leaving_node_until_it_is_drained,
     a_drained_leaving_node_lets_the_statefulset_shrink,
     a_leaving_node_that_does_not_answer_holds_the_scale_down,
+    a_scale_down_of_nodes_that_cannot_hand_over_shrinks_at_once,
 );
 
 /// A reference names an image by its tag or pinned to a digest; only a repository digest

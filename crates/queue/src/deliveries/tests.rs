@@ -959,6 +959,7 @@ fn only_deliveries_builds_queue_index_keys() {
         root.join("src/deliveries/transitions.rs"),
         root.join("src/deliveries/reads.rs"),
         root.join("src/deliveries/maintenance.rs"),
+        root.join("src/deliveries/handoff.rs"),
         root.join("src/deliveries/tests.rs"),
         // Writes format-2 stores only (fixtures and upgrade tests): `?x` and `?a` keys are
         // the same bytes in both formats, with format-2 values.

@@ -81,7 +81,7 @@ impl Sender {
         let mut stalled: Option<String> = None;
         // Receivers that did not take a batch this pass: their tenants wait for the next.
         let mut refused: HashSet<String> = HashSet::new();
-        match self.blocking(|s| handoff::outbox(s)).await {
+        match self.blocking(handoff::outbox).await {
             Ok(outbox) => {
                 for o in outbox {
                     let receiver = o.receiver.clone();
@@ -159,7 +159,7 @@ impl Sender {
                 }
             }
         }
-        let staged = self.blocking(|s| handoff::outbox_len(s)).await.unwrap_or(0);
+        let staged = self.blocking(handoff::outbox_len).await.unwrap_or(0);
         self.metrics.handoff_rows_leaving.set(rows_leaving as i64);
         self.metrics.handoff_staged.set(staged as i64);
         let received = self

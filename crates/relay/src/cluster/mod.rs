@@ -188,7 +188,9 @@ impl Cluster {
             registry,
             borrowing: tokio::sync::Mutex::new(()),
             loans: Default::default(),
-            handoff: Mutex::new(None),
+            // There from the start: the operator reads its presence as "this release can
+            // hand its rows over"; the first pass fills it in.
+            handoff: Mutex::new(multi.then(ankusa_crds::node::HandoffStatus::default)),
         })
     }
 
