@@ -21,8 +21,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::Full;
-
 mod load;
 
 const HOOKS: u64 = 100_000;
@@ -69,17 +67,6 @@ async fn node(
     ankusa_relay::node::Node::start(config).await.expect("node")
 }
 
-/// A signed hook for `tenant`.
-fn hook(url: &str, tenant: &str, worker: u64, n: u64) -> hyper::Request<Full<bytes::Bytes>> {
-    let body = load::body(worker, n, BODY);
-    hyper::Request::post(url)
-        .header("x-tenant", tenant)
-        .header("x-signature", load::sign(&body))
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from(body)))
-        .expect("request")
-}
-
 /// `CLIENTS` clients posting to `url` for `run`: hooks acked per second.
 async fn closed_loop(url: Arc<str>, run: Duration) -> f64 {
     let client = load::client(CLIENTS);
@@ -93,7 +80,10 @@ async fn closed_loop(url: Arc<str>, run: Duration) -> f64 {
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     let t = format!("live-{}", (w * 31 + n) % TENANTS);
-                    lat.push(load::post_acked(&client, hook(&url, &t, w, n)).await);
+                    lat.push(
+                        load::post_acked(&client, load::signed_hook_for(&url, &t, w, n, BODY))
+                            .await,
+                    );
                     n += 1;
                 }
                 lat

@@ -19,8 +19,6 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use http_body_util::Full;
-
 mod load;
 
 const CLIENTS: usize = 64;
@@ -61,17 +59,6 @@ async fn node(
     ankusa_relay::node::Node::start(config).await.expect("node")
 }
 
-/// A signed hook for `tenant`.
-fn hook(url: &str, tenant: &str, worker: u64, n: u64) -> hyper::Request<Full<bytes::Bytes>> {
-    let body = load::body(worker, n, BODY);
-    hyper::Request::post(url)
-        .header("x-tenant", tenant)
-        .header("x-signature", load::sign(&body))
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from(body)))
-        .expect("request")
-}
-
 /// `CLIENTS` clients posting to `url` for `run`: (seconds, latencies).
 async fn load(
     url: Arc<str>,
@@ -90,7 +77,13 @@ async fn load(
                 let mut n = 0u64;
                 while Instant::now() < deadline {
                     let t = &tenants[((w * 31 + n) as usize) % tenants.len()];
-                    lat.push(load::post_acked(&client, hook(&url, t, w + seed, n)).await);
+                    lat.push(
+                        load::post_acked(
+                            &client,
+                            load::signed_hook_for(&url, t, w + seed, n, BODY),
+                        )
+                        .await,
+                    );
                     n += 1;
                 }
                 lat

@@ -65,12 +65,21 @@ pub fn signed_hook(
     tenants: u64,
     size: usize,
 ) -> hyper::Request<Full<bytes::Bytes>> {
+    let tenant = format!("tenant-{}", (worker * 31 + n) % tenants);
+    signed_hook_for(url, &tenant, worker, n, size)
+}
+
+/// Request `n` of client `worker`: a signed `size`-byte hook for `tenant`.
+pub fn signed_hook_for(
+    url: &str,
+    tenant: &str,
+    worker: u64,
+    n: u64,
+    size: usize,
+) -> hyper::Request<Full<bytes::Bytes>> {
     let body = body(worker, n, size);
     hyper::Request::post(url)
-        .header(
-            "x-tenant",
-            format!("tenant-{}", (worker * 31 + n) % tenants),
-        )
+        .header("x-tenant", tenant)
         .header("x-signature", sign(&body))
         .header("content-type", "application/json")
         .body(Full::new(bytes::Bytes::from(body)))

@@ -1727,19 +1727,7 @@ fn a_leaving_node_hands_every_stored_row_to_the_owners_and_each_acked_hook_is_de
         assert_eq!(a.status, 200, "{:?}", a.json());
     }
     // Delivered: answered 2xx (the sink also recorded the attempts it answered 503).
-    let accepted = || {
-        let mut out: HashMap<String, usize> = HashMap::new();
-        for q in r.sink.on("/s").into_iter().filter(|q| q.status < 300) {
-            let d = q
-                .headers
-                .get("x-github-delivery")
-                .and_then(|v| v.to_str().ok())
-                .unwrap_or_default()
-                .to_owned();
-            *out.entry(d).or_insert(0) += 1;
-        }
-        out
-    };
+    let accepted = || accepted_by_id(&r.sink, "/s");
     let deadline = Instant::now() + Duration::from_secs(60);
     while !acked.iter().all(|d| accepted().contains_key(d)) {
         assert!(

@@ -508,8 +508,25 @@ pub fn deliveries_by_id(
     sink: &ankusa_relay::testkit::TestSink,
     path: &str,
 ) -> std::collections::HashMap<String, usize> {
+    counted_by_id(sink, path, |_| true)
+}
+
+/// The requests `sink` received on `path` and answered 2xx (delivered), counted by their
+/// `x-github-delivery`.
+pub fn accepted_by_id(
+    sink: &ankusa_relay::testkit::TestSink,
+    path: &str,
+) -> std::collections::HashMap<String, usize> {
+    counted_by_id(sink, path, |status| (200..300).contains(&status))
+}
+
+fn counted_by_id(
+    sink: &ankusa_relay::testkit::TestSink,
+    path: &str,
+    keep: impl Fn(u16) -> bool,
+) -> std::collections::HashMap<String, usize> {
     let mut out = std::collections::HashMap::new();
-    for r in sink.on(path) {
+    for r in sink.on(path).into_iter().filter(|r| keep(r.status)) {
         let d = r
             .headers
             .get("x-github-delivery")
