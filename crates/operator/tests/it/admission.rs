@@ -438,6 +438,7 @@ async fn kubectl_get_relays_prints_every_column() {
             "PAUSED",
             "OVERQUOTA",
             "PHASE",
+            "DRAINING",
             "AGE"
         ]
     );
