@@ -1,9 +1,11 @@
 //! Every value codec of the store and queue on any bytes (the hook envelope, the delivery
-//! row, the dead row's value, the hook log's record and events): a value or a
+//! row, the dead row's value, the hook log's record and events, a moved item — which also
+//! arrives from another node in a handoff batch): a value or a
 //! `DecodeError`, never a panic; and what decodes, encoded again, decodes to the same value.
 #![no_main]
 
 use ankusa_keyspace::{AtMs, EventKey, EventKind, Seq, SinkIdx};
+use ankusa_records::moved::Moved;
 use ankusa_records::{DeadValue, DeliveryRow, Envelope, Event, LogRecord};
 use libfuzzer_sys::fuzz_target;
 
@@ -18,6 +20,9 @@ fuzz_target!(|v: &[u8]| {
     }
     if let Ok(d) = DeadValue::decode(v) {
         assert_eq!(DeadValue::decode(&d.encode()).unwrap(), d);
+    }
+    if let Ok(m) = Moved::decode(v) {
+        assert_eq!(Moved::decode(&m.encode()).unwrap(), m);
     }
     if let Ok(r) = LogRecord::decode(v) {
         assert!(r.envelope.body.is_empty() || v.len() > r.envelope.body.len());
