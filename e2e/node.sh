@@ -506,9 +506,19 @@ node_answer() { # sets answer to /v1/node of pod $1 ($2 names the port-forward's
   answer=$(curl -fsS -H "Authorization: Bearer $(kubectl get secret old-operator-token -o jsonpath='{.data.token}' | base64 -d)" \
     "http://127.0.0.1:$port/v1/node")
 }
-for i in 0 1; do
-  node_answer "old-$i" upgrade
-  e2e_fixture_moved "$answer" || fail "old-$i after the upgrade: $answer"
+old_nodes() { # $1 names the port-forwards' logs
+  old_answers=()
+  for i in 0 1; do
+    node_answer "old-$i" "$1"
+    old_answers+=("$answer")
+  done
+  e2e_fixture_moved_all "${old_answers[@]}" 2>/dev/null
+}
+tries=0
+until old_nodes "upgrade-$tries"; do
+  tries=$((tries + 1))
+  [ "$tries" -lt 20 ] || { e2e_fixture_moved_all "${old_answers[@]}"; fail "after the upgrade: ${old_answers[*]}"; }
+  sleep 3
 done
 # Scheduled backups: every minute, each node in turn onto the same claim, two kept per node.
 say "scheduled backups of relay/old: every minute, one node at a time, retention 3"
@@ -564,9 +574,11 @@ kubectl wait --for=condition=Ready relay/old --timeout=3m >/dev/null ||
 kubectl get relay old -o jsonpath='{.status.restore}' | python3 -m json.tool
 # Each node serves what it held at its newest (scheduled, format-3) backup: every hook the
 # previous release acked.
-for i in 0 1; do
-  node_answer "old-$i" bootstrap
-  e2e_fixture_moved "$answer" || fail "old-$i made from its backup: $answer"
+tries=0
+until old_nodes "bootstrap-$tries"; do
+  tries=$((tries + 1))
+  [ "$tries" -lt 20 ] || { e2e_fixture_moved_all "${old_answers[@]}"; fail "made from their backups: ${old_answers[*]}"; }
+  sleep 3
 done
 
 # --- rollback by restore: back to the format-2 release -----------------------------------------

@@ -129,12 +129,16 @@ for i in 2 1 0; do
   case "$later" in *"started up-$i release=previous"*) fail "up-$i went back to the previous release" ;; esac
   prev_start=$started
 done
-# Every hook the previous release acked is on every node, and counted.
+# Every hook the previous release acked is on a node of the Relay, and counted.
 token=$(kubectl -n "$ns" get secret up-operator-token -o jsonpath='{.data.token}' | base64 -d)
-for i in 0 1 2; do
-  node=$(curl -fsS -H "Authorization: Bearer $token" "http://127.0.0.1:${proxy}/admin/$ns/up-$i/v1/node")
-  e2e_fixture_moved "$node" || fail "up-$i after the upgrade: $node"
-done
+up_nodes() {
+  up_answers=()
+  for i in 0 1 2; do
+    up_answers+=("$(curl -fsS -H "Authorization: Bearer $token" "http://127.0.0.1:${proxy}/admin/$ns/up-$i/v1/node")") || return 1
+  done
+  e2e_fixture_moved_all "${up_answers[@]}" 2>/dev/null
+}
+e2e_until 60 up_nodes || { e2e_fixture_moved_all "${up_answers[@]}"; fail "after the upgrade: ${up_answers[*]}"; }
 grep -q "Verifying.*up-2" "$work/up-columns.log" && grep -q "Verifying.*up-0" "$work/up-columns.log" &&
   grep -q "Completed" "$work/up-columns.log" || fail "kubectl get relays did not show the cursor moving"
 for reason in UpgradeStarted BackupStarted BackupSucceeded PartitionLowered NodeVerified UpgradeCompleted; do

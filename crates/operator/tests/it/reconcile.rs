@@ -1029,3 +1029,65 @@ async fn a_claim_template_makes_a_backup_claim_per_node() {
         .collect();
     assert!(created.is_empty(), "{created:#?}");
 }
+
+/// `ankusa.dev/reconcile: paused` stops every change to that Relay: a reconcile writes only
+/// its status (`Reconciling` False, `Paused`) and one Event, creates nothing, and a second
+/// writes nothing at all; the annotation removed, the next reconcile creates its objects.
+#[tokio::test]
+async fn a_paused_relay_is_left_as_it_is_until_the_annotation_goes() {
+    let (admin, ns, ctx) = set_up(
+        "paused",
+        "minimal",
+        json!({ "metadata": { "annotations": { "ankusa.dev/reconcile": "paused" } } }),
+    )
+    .await;
+    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
+    let audit = Audit::mark();
+    controller::reconcile(Arc::new(relays.get("relay").await.unwrap()), ctx.clone())
+        .await
+        .unwrap();
+    let writes = audit.writes(OPERATOR_USER, &ns);
+    let mut resources: Vec<&str> = writes.iter().map(|w| w.resource.as_str()).collect();
+    resources.sort();
+    assert_eq!(resources, ["events", "relays"], "{writes:#?}");
+    assert!(get_json::<StatefulSet>(&admin, &ns, "relay")
+        .await
+        .is_none());
+    let r = relays.get("relay").await.unwrap();
+    let c = r
+        .status
+        .as_ref()
+        .and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Reconciling")
+                .cloned()
+        })
+        .expect("a Reconciling condition");
+    assert_eq!((c.status.as_str(), c.reason.as_str()), ("False", "Paused"));
+    let audit = Audit::mark();
+    controller::reconcile(Arc::new(r), ctx.clone())
+        .await
+        .unwrap();
+    assert!(
+        audit.writes(OPERATOR_USER, &ns).is_empty(),
+        "a paused Relay again: nothing"
+    );
+    // Resumed.
+    relays
+        .patch(
+            "relay",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(
+                json!({ "metadata": { "annotations": { "ankusa.dev/reconcile": null } } }),
+            ),
+        )
+        .await
+        .unwrap();
+    controller::reconcile(Arc::new(relays.get("relay").await.unwrap()), ctx)
+        .await
+        .unwrap();
+    assert!(get_json::<StatefulSet>(&admin, &ns, "relay")
+        .await
+        .is_some());
+}

@@ -6,7 +6,8 @@
 //! A node's tenants change owner when the node list does: a node marked `leaving` owns
 //! none (a scale-down drains it), a node that joins takes about 1/N of them (a scale-up
 //! moves their rows to it). The sender runs one pass every `cluster.handoff_interval_ms` (at once
-//! after a pass that moved something): the outbox a kill left first, then every tenant
+//! after a pass that moved something, and less often — up to every 5 min — while passes find
+//! nothing to move): the outbox a kill left first, then every tenant
 //! it stores whose owner is another node, a batch at a time, until each has nothing left
 //! but deliveries in flight. The pass's account is the node's `cluster.handoff` status
 //! (`GET /v1/node`): what is left to move, and why it does not move while it does not.
@@ -35,6 +36,18 @@ const TENANT_PAGE: usize = 1_000;
 const DONE_CEILING: usize = 1 << 20;
 /// How long a receiver waits for its writer to import a batch.
 const IMPORT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The longest wait between passes once they find nothing to move.
+const SETTLED_MAX: Duration = Duration::from_secs(300);
+
+/// What one pass did.
+#[derive(Debug, Clone, Copy)]
+pub struct Pass {
+    /// Hooks handed over.
+    pub moved: u64,
+    /// Nothing of another node's tenants was found here, and nothing staged.
+    pub settled: bool,
+}
 
 /// The sending side: passes over the tenants this node stores and does not own.
 pub struct Sender {
@@ -67,16 +80,27 @@ impl Sender {
         if !self.cluster.is_multi() || self.interval.is_zero() {
             return;
         }
+        let mut wait = self.interval;
         loop {
-            let moved = self.pass().await;
-            if moved == 0 {
-                tokio::time::sleep(self.interval).await;
+            let pass = self.pass().await;
+            if pass.moved > 0 {
+                wait = self.interval;
+                continue;
             }
+            // A pass reads every tenant's name: once one finds nothing here of another
+            // node's tenants, the next come less often (the node list is fixed for the
+            // process; only a hook another node forwarded here during a roll adds any).
+            wait = if pass.settled {
+                (wait * 2).min(SETTLED_MAX)
+            } else {
+                self.interval
+            };
+            tokio::time::sleep(wait).await;
         }
     }
 
-    /// One pass; the hooks it handed over.
-    pub async fn pass(&self) -> u64 {
+    /// One pass: the hooks it handed over, and whether it found nothing left to move.
+    pub async fn pass(&self) -> Pass {
         let mut moved = 0;
         let mut stalled: Option<String> = None;
         // Receivers that did not take a batch this pass: their tenants wait for the next.
@@ -179,7 +203,10 @@ impl Sender {
             stalled,
             pass_at_ms: ankusa_keyspace::now_ms(),
         });
-        moved
+        Pass {
+            moved,
+            settled: rows_leaving == 0 && staged == 0 && tenants_leaving == 0,
+        }
     }
 
     /// Sends a staged batch and, once its receiver answered, forgets it: the hooks it held.
