@@ -424,8 +424,8 @@ impl Assembler {
     }
 }
 
-/// The next seq to hand out: `m:next_seq`, or after the highest `seq` in `hooks` and in
-/// the hook log (a store written before `m:next_seq`), whichever is higher.
+/// The next seq to hand out: `m:next_seq`, or after the highest `seq` in `hooks`, the hook
+/// log, the delivery rows and the archive obligations, whichever is higher.
 fn next_seq(store: &Store) -> Result<u64, QueueError> {
     let mut next = match store.get(ankusa_keyspace::Cf::Default, ankusa_keyspace::META_NEXT_SEQ)? {
         Some(v) => u64::from_be_bytes(
@@ -435,11 +435,21 @@ fn next_seq(store: &Store) -> Result<u64, QueueError> {
         ),
         None => 1,
     };
-    for family in [Family::Hooks, Family::HookLog] {
+    // Rows keyed by a seq whose hook is gone (a format-2 store's orphans, an archive
+    // obligation kept past its hook) count too: a new hook must never take their seq, or
+    // its rows would overwrite theirs and the counters drift from the fold.
+    for family in [
+        Family::Hooks,
+        Family::HookLog,
+        Family::Deliveries,
+        Family::Archive,
+    ] {
         let (lo, end) = family.bounds();
         if let Some((k, _)) = store.first(family, &lo, &end, Dir::Reverse)? {
             let seq = match family {
                 Family::Hooks => ankusa_keyspace::decode_hook(&k)?,
+                Family::Deliveries => ankusa_keyspace::decode_delivery(&k)?.0,
+                Family::Archive => ankusa_keyspace::decode_archive(&k)?,
                 _ => ankusa_keyspace::decode_hook_log(&k)?,
             };
             next = next.max(seq.0 + 1);

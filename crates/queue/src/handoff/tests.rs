@@ -458,3 +458,42 @@ fn a_hook_with_a_delivery_in_flight_waits_for_its_attempt() {
     pair.finish();
     pair.check();
 }
+
+/// A store holding rows whose hook is gone at seqs past every hook (a format-2 store's
+/// orphans): a hook imported (or ingested) after a restart never takes their seq, so its
+/// rows never overwrite theirs and the counters keep equal to the fold.
+#[test]
+fn an_import_never_takes_the_seq_of_an_orphan_row() {
+    let mut pair = Pair::new(4);
+    // An orphan on the receiver, newest of its rows: a hook of its own tenant, archived,
+    // whose envelope and log record are gone (as a format-2 store's lost hooks), in a store
+    // with no `m:next_seq` (written before it).
+    let orphan = pair.receiver.ingest(Some("resident"), 1, 500, true);
+    let resident = pair.receiver.ord("resident");
+    pair.receiver.commit(|tx| {
+        tx.push_op(Op::delete(Cf::Hooks, ankusa_keyspace::hook(orphan)));
+        tx.push_op(Op::delete(Cf::Audit, ankusa_keyspace::hook_log(orphan)));
+        tx.push_op(Op::delete(
+            Cf::Default,
+            ankusa_keyspace::META_NEXT_SEQ.to_vec(),
+        ));
+    });
+    pair.receiver.asm = Assembler::open(&pair.receiver.store, 1_000_000)
+        .unwrap()
+        .logging(true);
+    let ord = pair.sender.ord(TENANT);
+    stage(&pair.sender.store, RECEIVER, ord, TENANT, 0).unwrap();
+    pair.import();
+    // No imported hook took the orphan's seq: its rows are as they were.
+    assert!(deliveries::envelope(&pair.receiver.store, orphan)
+        .unwrap()
+        .is_none());
+    let rows = deliveries::delivery_rows(
+        &pair.receiver.store,
+        &[(orphan, ankusa_keyspace::SinkIdx(0))],
+    )
+    .unwrap();
+    assert_eq!(rows[0].as_ref().map(|r| r.ord), Some(resident));
+    assert!(deliveries::has_archive_obligation(&pair.receiver.store, orphan).unwrap());
+    pair.receiver.assert_counters_equal_fold();
+}
