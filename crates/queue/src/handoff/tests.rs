@@ -355,16 +355,9 @@ impl Pair {
         assert!(self.moving(&self.sender.store).is_empty());
         let ord = self.sender.ord(TENANT);
         let c = crate::counters::read(&self.sender.store, ord).unwrap();
-        assert_eq!(
-            (
-                c.pending,
-                c.scheduled,
-                c.inflight,
-                c.dead,
-                c.archive_pending
-            ),
-            (0, 0, 0, 0, 0)
-        );
+        // Every delivery moved. An archive obligation of a hook delivered here before it
+        // could move stays, for this node's archiver to settle.
+        assert_eq!((c.pending, c.scheduled, c.inflight, c.dead), (0, 0, 0, 0));
     }
 }
 
