@@ -153,19 +153,9 @@ pub fn movable_hooks(
 /// The index key a moved delivery has on the sender (tenant `ord`, hook `seq`), and the
 /// value it was read with.
 fn index_row(ord: TenantOrd, seq: Seq, d: &MovedDelivery) -> (Vec<u8>, Vec<u8>) {
-    let sink = SinkIdx(d.sink);
     match &d.state {
         MovedState::Due { at, retry } => {
-            let row = DueRow {
-                key: DueKey {
-                    ord,
-                    at: AtMs(*at),
-                    seq,
-                    sink,
-                },
-                size: d.row.size,
-                kind: kind(*retry),
-            };
+            let row = due_row(ord, seq, d, *at, *retry);
             (ankusa_keyspace::due(&row.key), due_value(&row))
         }
         MovedState::Parked { at, retry, sink_id } => {
@@ -174,20 +164,39 @@ fn index_row(ord: TenantOrd, seq: Seq, d: &MovedDelivery) -> (Vec<u8>, Vec<u8>) 
                 sink_id: sink_id.clone(),
                 at: AtMs(*at),
                 seq,
-                sink,
+                sink: SinkIdx(d.sink),
             };
             let mut v = d.row.size.to_be_bytes().to_vec();
             v.push(kind(*retry) as u8);
             (ankusa_keyspace::pulled(&key), v)
         }
         MovedState::Dead { at, value } => (
-            ankusa_keyspace::dead(&DeadKey {
-                at: AtMs(*at),
-                seq,
-                sink,
-            }),
+            ankusa_keyspace::dead(&dead_key(seq, d, *at)),
             value.encode(),
         ),
+    }
+}
+
+/// Moved delivery `d`'s due row as tenant `ord`'s hook `seq`'s.
+fn due_row(ord: TenantOrd, seq: Seq, d: &MovedDelivery, at: u64, retry: bool) -> DueRow {
+    DueRow {
+        key: DueKey {
+            ord,
+            at: AtMs(at),
+            seq,
+            sink: SinkIdx(d.sink),
+        },
+        size: d.row.size,
+        kind: kind(retry),
+    }
+}
+
+/// Moved delivery `d`'s dead key as hook `seq`'s, dead-lettered at `at`.
+fn dead_key(seq: Seq, d: &MovedDelivery, at: u64) -> DeadKey {
+    DeadKey {
+        at: AtMs(at),
+        seq,
+        sink: SinkIdx(d.sink),
     }
 }
 
@@ -226,11 +235,7 @@ pub fn stage_hook(tx: &mut Tx, ord: TenantOrd, h: &MovedHook, outbox: (Vec<u8>, 
         }
         tx.op(Op::delete(Cf::Index, key));
         if let MovedState::Dead { at, .. } = &d.state {
-            let dk = DeadKey {
-                at: AtMs(*at),
-                seq,
-                sink: SinkIdx(d.sink),
-            };
+            let dk = dead_key(seq, d, *at);
             let by_tenant = ankusa_keyspace::dead_by_tenant(ord, &dk);
             tx.consume_also(by_tenant.clone(), None);
             tx.op(Op::delete(Cf::Index, by_tenant));
@@ -292,40 +297,29 @@ pub fn import_hook(tx: &mut Tx, ord: TenantOrd, seq: Seq, h: &MovedHook, env: &E
         ));
         tx.delta(ord, CounterField::Bytes, d.row.size as i64);
         match &d.state {
-            MovedState::Due { at, retry } => tx.enqueue(&DueRow {
-                key: DueKey {
-                    ord,
-                    at: AtMs(*at),
-                    seq,
-                    sink,
-                },
-                size: d.row.size,
-                kind: kind(*retry),
-            }),
-            MovedState::Parked { .. } | MovedState::Dead { .. } => {
-                let moved = MovedDelivery { row, ..d.clone() };
-                let (key, value) = match &moved.state {
-                    MovedState::Dead { at, value } => {
-                        let value = ankusa_records::DeadValue {
-                            ord,
-                            ..value.clone()
-                        };
-                        let dk = DeadKey {
-                            at: AtMs(*at),
-                            seq,
-                            sink,
-                        };
-                        tx.push_op(Op::put(
-                            Cf::Index,
-                            ankusa_keyspace::dead_by_tenant(ord, &dk),
-                            Vec::new(),
-                        ));
-                        (ankusa_keyspace::dead(&dk), value.encode())
-                    }
-                    _ => index_row(ord, seq, &moved),
-                };
+            MovedState::Due { at, retry } => tx.enqueue(&due_row(ord, seq, d, *at, *retry)),
+            MovedState::Parked { .. } => {
+                let (key, value) = index_row(ord, seq, d);
                 tx.push_op(Op::put(Cf::Index, key, value));
                 tx.delta(ord, field(&d.state), 1);
+            }
+            MovedState::Dead { at, value } => {
+                let dk = dead_key(seq, d, *at);
+                let value = ankusa_records::DeadValue {
+                    ord,
+                    ..value.clone()
+                };
+                tx.push_op(Op::put(
+                    Cf::Index,
+                    ankusa_keyspace::dead_by_tenant(ord, &dk),
+                    Vec::new(),
+                ));
+                tx.push_op(Op::put(
+                    Cf::Index,
+                    ankusa_keyspace::dead(&dk),
+                    value.encode(),
+                ));
+                tx.delta(ord, CounterField::Dead, 1);
             }
         }
     }

@@ -86,6 +86,14 @@ fn in_transit(sender: &Store, receiver: &Store) -> Places {
     out
 }
 
+/// Tenant `ord`'s due rows in `store`.
+fn due_of(store: &Store, ord: TenantOrd) -> Vec<deliveries::DueRow> {
+    crate::testkit::due_rows(store)
+        .into_iter()
+        .filter(|r| r.key.ord == ord)
+        .collect()
+}
+
 #[derive(Debug, Clone)]
 enum Step {
     /// The sender stages a batch (refused while one waits).
@@ -254,13 +262,7 @@ impl Pair {
                     .logging(true);
             }
             Step::Claim(n) => {
-                let ord = self.sender.ord(TENANT);
-                let due: Vec<_> = self
-                    .sender
-                    .due_rows()
-                    .into_iter()
-                    .filter(|r| r.key.ord == ord)
-                    .collect();
+                let due = due_of(&self.sender.store, self.sender.ord(TENANT));
                 if let Some(row) = due.get(n % due.len().max(1)) {
                     self.sender.commit(|tx| {
                         deliveries::claim(tx, row);
@@ -314,12 +316,7 @@ impl Pair {
                 let Some(ord) = crate::tenants::ord(&self.receiver.store, TENANT).unwrap() else {
                     return;
                 };
-                let due: Vec<_> = self
-                    .receiver
-                    .due_rows()
-                    .into_iter()
-                    .filter(|r| r.key.ord == ord)
-                    .collect();
+                let due = due_of(&self.receiver.store, ord);
                 if let Some(row) = due.get(n % due.len().max(1)) {
                     let k = (
                         Self::id_of(&self.receiver.store, row.key.seq),
