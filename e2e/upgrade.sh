@@ -16,6 +16,9 @@
 # 4. `scale`: a claim left by a scale-down, and a scale back up requested mid-upgrade: the
 #    claim's old store is backed up (offline) before a pod of the new release opens it.
 #
+# 5. `again`: a Relay deleted and applied again with a newer release over the claims it
+#    left: the image is probed and each claim backed up offline before any node opens it.
+#
 # In 1, the pods run the new release pinned to the digest its probe resolved; the tag
 # pushed again later does not change what a recreated pod runs.
 #
@@ -30,7 +33,7 @@ source "$(dirname "$0")/lib.sh"
 e2e_start
 
 fail() { echo "e2e: $*" >&2; exit 1; }
-# ANKUSA_E2E_ONLY=name runs one scenario (up, nobk, crash, scale).
+# ANKUSA_E2E_ONLY=name runs one scenario (up, nobk, crash, scale, again).
 only() { [ -z "${ANKUSA_E2E_ONLY:-}" ] || [ "$ANKUSA_E2E_ONLY" = "$1" ]; }
 field() { kubectl -n "$ns" get relay "$1" -o jsonpath="$2"; }
 phase_is() { [ "$(field "$1" '{.status.upgrade.phase}')" = "$2" ]; }
@@ -56,7 +59,7 @@ kind: Relay
 metadata: { name: $1 }
 spec:
   replicas: $2
-  image: $OLD
+  image: ${RELAY_IMAGE:-$OLD}
   storage: { size: 1Gi }
   backup: { destination: { claimName: $3 }, retention: 2 }
   config:
@@ -250,5 +253,35 @@ taken=${archive#b}; taken=${taken%.tar.zst}
 e2e_until 120 bash -c "[ \"\$(kubectl -n $ns get relay scale -o jsonpath='{.status.nodesReady}')\" = 3/3 ]" ||
   fail "scale is not at 3/3"
 echo "e2e: scale: scale-2's old store backed up (offline) before it opened on $NEW"
+fi
+
+# --- 5. a Relay re-created over its retained claims with a newer release: the gate first ---
+if only again; then
+echo "e2e: again: two nodes on the previous release, the Relay deleted (its claims stay)"
+install again 2
+kubectl -n "$ns" delete relay again --wait=true >/dev/null
+e2e_until 60 bash -c "[ -z \"\$(kubectl -n $ns get pods -l app.kubernetes.io/instance=again,app.kubernetes.io/component=relay -o name)\" ]" ||
+  fail "again's pods did not go"
+e2e_until 60 bash -c "! kubectl -n $ns get statefulset again >/dev/null 2>&1" || fail "again's StatefulSet did not go"
+before=$(grep -c "started again-" "$work/runner.log")
+echo "e2e: again: applied again with $NEW over data-again-0 and data-again-1"
+RELAY_IMAGE=$NEW relay again 2 again-backups
+e2e_until 300 phase_is again Completed || fail "the re-created Relay did not go through the gate: $(field again '{.status.upgrade}') $(field again '{.status.conditions}')"
+[ "$(field again '{.status.upgrade.adopting}')" = true ] || fail "the cursor is not an adoption: $(field again '{.status.upgrade}')"
+e2e_until 120 bash -c "[ \"\$(kubectl -n $ns get relay again -o jsonpath='{.status.nodesReady}')\" = 2/2 ]" ||
+  fail "again is not at 2/2"
+tail -n +"$((before + 1))" <(grep "started again-" "$work/runner.log") | grep -qv "release=current" &&
+  fail "a node of the re-created Relay started another release: $(grep "started again-" "$work/runner.log")"
+for i in 0 1; do
+  started=$(runner_ms "started again-$i release=current")
+  [ -n "$started" ] || fail "again-$i never started $NEW"
+  archive=$(ls "$(claim_dir again-backups)/again/again-$i/" | grep -E '^b[0-9]+\.tar\.zst$' | sort | tail -n1)
+  [ -n "$archive" ] || fail "the retained claim of again-$i was never backed up"
+  taken=${archive#b}; taken=${taken%.tar.zst}
+  [ "$taken" -lt "$started" ] || fail "again-$i opened its store on $NEW ($started) before its backup ($taken)"
+  "$relay_bin" restore --from "$(claim_dir again-backups)/again/again-$i/$archive" --data "$work/again-$i-restored" |
+    grep -q "store format 2" || fail "the backup of again-$i is not its format-2 store"
+done
+echo "e2e: again: each retained store backed up (offline, at format 2) before a node opened it on $NEW"
 fi
 echo "e2e: upgrade: passed"

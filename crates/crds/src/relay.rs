@@ -1003,6 +1003,11 @@ pub struct UpgradeStatus {
     /// The phase a `Failed` upgrade stopped in (where a retry resumes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_in: Option<UpgradePhase>,
+    /// The Relay was created over data claims an earlier one left, whose stores no node of
+    /// it has opened: each is backed up offline (`retainedClaims`, `replicas: 0`) before
+    /// the StatefulSet exists, since the image could migrate a store of an older format.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub adopting: bool,
 }
 
 #[derive(

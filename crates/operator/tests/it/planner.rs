@@ -168,6 +168,10 @@ macro_rules! scenarios {
 
 scenarios!(
     creates_everything_for_a_new_relay,
+    a_relay_created_over_retained_claims_probes_its_image_first,
+    a_relay_created_over_retained_claims_backs_them_up_before_its_statefulset,
+    a_relay_created_over_retained_claims_starts_once_they_are_backed_up,
+    a_relay_created_over_retained_claims_with_no_backup_destination_holds,
     nothing_to_do_when_everything_matches,
     updates_a_drifted_statefulset,
     scales_up,
