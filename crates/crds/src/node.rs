@@ -228,3 +228,27 @@ mod tests {
             .is_none());
     }
 }
+
+/// What `ankusa-relay restore --replace --report <file>` found: the archive it restored, and the
+/// replaced store against it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "resource", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct NodeRestoreReport {
+    /// The archive restored (`b<ms>.tar.zst`).
+    pub archive: String,
+    /// The restored store's next hook seq.
+    pub backup_seq: u64,
+    /// The replaced store's next hook seq, when it could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced_seq: Option<u64>,
+    /// The hooks only the replaced store held: acked after the backup (a seq past
+    /// `backupSeq`) and not delivered and reclaimed before the restore. The restored store
+    /// lacks them. (`replacedSeq - backupSeq` counts every hook acked after the backup,
+    /// delivered or not.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lost_hooks: Option<u64>,
+    /// Why the replaced store could not be read (or that there was none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replaced_unreadable: Option<String>,
+}

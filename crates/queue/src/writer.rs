@@ -425,8 +425,10 @@ impl Assembler {
 }
 
 /// The next seq to hand out: `m:next_seq`, or after the highest `seq` in `hooks`, the hook
-/// log, the delivery rows and the archive obligations, whichever is higher.
-fn next_seq(store: &Store) -> Result<u64, QueueError> {
+/// log, the delivery rows and the archive obligations, whichever is higher. One more than
+/// the seqs the store has handed out: the hooks it acked, counted (`restore --report`
+/// compares a replaced store's with its backup's).
+pub fn next_seq(store: &Store) -> Result<u64, QueueError> {
     let mut next = match store.get(ankusa_keyspace::Cf::Default, ankusa_keyspace::META_NEXT_SEQ)? {
         Some(v) => u64::from_be_bytes(
             v.as_slice()

@@ -14,14 +14,77 @@ fn restored_marker(data: &Path) -> PathBuf {
     data.with_file_name(format!(".{name}.restored-from"))
 }
 
+/// Where a restore keeps its report beside the data directory, for a run again to give.
+fn report_beside(data: &Path) -> PathBuf {
+    let marker = restored_marker(data);
+    marker.with_file_name(format!(
+        "{}.report.json",
+        marker.file_name().unwrap_or_default().to_string_lossy()
+    ))
+}
+
+/// The next hook seq of the store at `data`, opened to inspect (read-only).
+fn store_next_seq(data: &Path) -> anyhow::Result<u64> {
+    let store = Store::open(data, &OpenOptions::inspect())
+        .with_context(|| format!("opening {}", data.display()))?;
+    Ok(ankusa_queue::writer::next_seq(&store)?)
+}
+
+/// The hooks the store at `data` holds from seq `from` on.
+fn hooks_from(data: &Path, from: u64) -> anyhow::Result<u64> {
+    let store = Store::open(data, &OpenOptions::inspect())
+        .with_context(|| format!("opening {}", data.display()))?;
+    let (_, end) = Family::Hooks.bounds();
+    let start = ankusa_keyspace::hook(ankusa_keyspace::Seq(from));
+    let mut n = 0;
+    for row in store.scan(Family::Hooks, &start, &end, ankusa_store::Dir::Forward)? {
+        row?;
+        n += 1;
+    }
+    Ok(n)
+}
+
+/// Writes `report` to `to` (and beside `data`, for a run again), and says it.
+fn write_report(
+    report: &ankusa_crds::node::NodeRestoreReport,
+    data: &Path,
+    to: Option<&Path>,
+) -> anyhow::Result<()> {
+    match (report.lost_hooks, &report.replaced_unreadable) {
+        (Some(n), _) => println!(
+            "the replaced store held {n} hooks acked after {} that the restored store lacks (it had handed out seqs up to {}, the backup up to {})",
+            report.archive,
+            report.replaced_seq.unwrap_or_default(),
+            report.backup_seq
+        ),
+        (None, Some(why)) => println!(
+            "the hooks acked after {} cannot be counted: {why}",
+            report.archive
+        ),
+        (None, None) => {}
+    }
+    let text = serde_json::to_string(report)?;
+    std::fs::write(report_beside(data), &text)?;
+    if let Some(to) = to {
+        std::fs::write(to, &text).with_context(|| format!("writing {}", to.display()))?;
+    }
+    Ok(())
+}
+
 /// Unpacks a backup into `data` and checks the result opens (the format guard included).
 /// `from` is an archive, or a node's backup directory: its newest archive (at most
-/// `format_at_most`). With `replace`, a store at `data` is moved aside first.
+/// `format_at_most`). With `replace`, a store at `data` is moved aside first; with
+/// `report`, what was found is written there as JSON (the hooks the replaced store had
+/// acked after the backup, when it can be read). The restore is recorded beside `data`
+/// (the archive, and `once` when given): a run again that would record the same finds its
+/// work done.
 pub(super) fn restore(
     from: &Path,
     data: &Path,
     format_at_most: Option<u32>,
     replace: bool,
+    report: Option<&Path>,
+    once: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
     let (archive, staged) = if from.is_dir() {
         pick_archive(from, data, format_at_most)?
@@ -35,7 +98,11 @@ pub(super) fn restore(
     };
     let marker = restored_marker(data);
     let name = archive.display().to_string();
-    if replace && std::fs::read_to_string(&marker).ok().as_deref() == Some(name.as_str()) {
+    let record = match once {
+        Some(token) => format!("{name}\n{token}"),
+        None => name.clone(),
+    };
+    if replace && std::fs::read_to_string(&marker).ok().as_deref() == Some(record.as_str()) {
         if let Some(s) = &staged {
             let _ = std::fs::remove_dir_all(s);
         }
@@ -46,9 +113,19 @@ pub(super) fn restore(
             data.display(),
             store.format()?
         );
+        if let (Some(to), Ok(text)) = (report, std::fs::read_to_string(report_beside(data))) {
+            std::fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
+        }
         return Ok(ExitCode::SUCCESS);
     }
     let occupied = std::fs::read_dir(data).is_ok_and(|mut d| d.next().is_some());
+    // The replaced store's seq, before it moves: what it acked, against the backup's.
+    let replaced = match (report.is_some(), occupied) {
+        (false, _) => None,
+        (true, false) => Some(Err("no store was at the data directory".to_owned())),
+        (true, true) => Some(store_next_seq(data).map_err(|e| format!("{e:#}"))),
+    };
+    let mut moved_to = None;
     if occupied && replace {
         let aside = data.with_file_name(format!(
             "{}.replaced-{}",
@@ -62,6 +139,7 @@ pub(super) fn restore(
             data.display(),
             aside.display()
         );
+        moved_to = Some(aside);
     }
     match staged {
         // Already unpacked (and opened) while choosing: moved into place.
@@ -81,13 +159,49 @@ pub(super) fn restore(
     let store = Store::open(data, &OpenOptions::inspect())
         .with_context(|| format!("checking the restored store at {}", data.display()))?;
     let format = store.format()?;
+    let backup_seq = match &replaced {
+        Some(_) => ankusa_queue::writer::next_seq(&store)
+            .with_context(|| format!("reading the restored store's seq (store format {format})"))?,
+        None => 0,
+    };
     drop(store);
-    std::fs::write(&marker, &name)
+    std::fs::write(&marker, &record)
         .with_context(|| format!("recording the restore in {}", marker.display()))?;
     println!(
         "restored {name} into {} (store format {format})",
         data.display()
     );
+    if let Some(replaced) = replaced {
+        let archive = archive
+            .file_name()
+            .unwrap_or_default()
+            .to_string_lossy()
+            .into_owned();
+        // The hooks only the replaced store had: those past the backup's seq it still
+        // held (acked after the backup, not yet delivered and reclaimed).
+        let held = |seq| match &moved_to {
+            Some(aside) => hooks_from(aside, backup_seq)
+                .map(|n| (seq, n))
+                .map_err(|e| format!("{e:#}")),
+            None => Err("the store was not replaced (no --replace)".to_owned()),
+        };
+        let r = match replaced.and_then(held) {
+            Ok((seq, held)) => ankusa_crds::node::NodeRestoreReport {
+                archive,
+                backup_seq,
+                replaced_seq: Some(seq),
+                lost_hooks: Some(held),
+                replaced_unreadable: None,
+            },
+            Err(why) => ankusa_crds::node::NodeRestoreReport {
+                archive,
+                backup_seq,
+                replaced_unreadable: Some(why),
+                ..Default::default()
+            },
+        };
+        write_report(&r, data, report)?;
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -141,6 +141,17 @@ pub enum Command {
         /// restore, it changes nothing.
         #[arg(long)]
         replace: bool,
+        /// Write what the restore found, as JSON, to this file (the operator's restore Job:
+        /// `/dev/termination-log`): the archive, and the hooks the replaced store had
+        /// acked after it, when that store can be read.
+        #[arg(long)]
+        report: Option<PathBuf>,
+        /// With `--replace`: this restore's name (the operator's Job's). A run again with
+        /// the same name finds its work done; another name restores again, even from the
+        /// same archive (without it, a run after a restore of the same archive changes
+        /// nothing).
+        #[arg(long)]
+        once: Option<String>,
     },
     /// Print the OpenAPI 3.1 document of the ingest and admin APIs (docs/openapi.json).
     Openapi,
@@ -455,7 +466,16 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             data,
             format_at_most,
             replace,
-        } => backup::restore(&from, &data, format_at_most, replace),
+            report,
+            once,
+        } => backup::restore(
+            &from,
+            &data,
+            format_at_most,
+            replace,
+            report.as_deref(),
+            once.as_deref(),
+        ),
         Command::Version { json, write } => {
             let text = if json {
                 serde_json::json!({

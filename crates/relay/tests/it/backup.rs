@@ -425,3 +425,103 @@ fn a_backup_directory_restores_its_newest_archive_at_a_format_and_replace_keeps_
         "{err}"
     );
 }
+
+/// `restore --replace --report`: the hooks the replaced store had acked after the backup
+/// (its seq against the backup's), and, over a store that cannot be opened, why they
+/// cannot be counted; a retried run gives the same report.
+#[test]
+fn a_restore_over_a_store_reports_the_hooks_it_acked_after_the_backup() {
+    let dir = tempfile::tempdir().unwrap();
+    let node = dir.path().join("backups/hooks/hooks-1");
+    let data = dir.path().join("volume/data");
+    store_with_hooks(&data, 30);
+    let packed = run(&[
+        "backup",
+        "offline",
+        "--data",
+        data.to_str().unwrap(),
+        "--to",
+        node.to_str().unwrap(),
+    ]);
+    assert!(packed.status.success(), "{}", text(&packed.stderr));
+    // Seven hooks acked after the backup.
+    store_with_hooks(&data, 7);
+    let report = dir.path().join("report.json");
+    let args = [
+        "restore",
+        "--from",
+        node.to_str().unwrap(),
+        "--data",
+        data.to_str().unwrap(),
+        "--replace",
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    let out = run(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("held 7 hooks acked after"),
+        "{}",
+        text(&out.stdout)
+    );
+    let read = |p: &std::path::Path| -> ankusa_crds::node::NodeRestoreReport {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let r = read(&report);
+    assert_eq!(r.lost_hooks, Some(7), "{r:?}");
+    assert_eq!(r.replaced_seq, Some(r.backup_seq + 7));
+    assert!(
+        r.archive.starts_with('b') && r.archive.ends_with(".tar.zst"),
+        "{r:?}"
+    );
+    // The same restore again (a retried Job): nothing moves, the same report.
+    std::fs::remove_file(&report).unwrap();
+    let again = run(&args);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    assert_eq!(read(&report), r);
+    // Another restore of the same archive (`--once` names it): it restores again, over a
+    // store that has acked since.
+    store_with_hooks(&data, 2);
+    let mut another = args.to_vec();
+    another.extend(["--once", "hooks-restore-1-second"]);
+    let out = run(&another);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        !text(&out.stdout).contains("nothing to do"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(read(&report).lost_hooks, Some(2));
+    let again = run(&another);
+    assert!(
+        text(&again.stdout).contains("nothing to do"),
+        "{}",
+        text(&again.stdout)
+    );
+
+    // A store that does not open (its CURRENT file garbled): restored over, and the
+    // report says why the hooks after the backup cannot be counted.
+    let other = dir.path().join("volume2/data");
+    store_with_hooks(&other, 3);
+    std::fs::write(other.join("CURRENT"), b"MANIFEST-999999\n").unwrap();
+    let args = [
+        "restore",
+        "--from",
+        node.to_str().unwrap(),
+        "--data",
+        other.to_str().unwrap(),
+        "--replace",
+        "--report",
+        report.to_str().unwrap(),
+    ];
+    let out = run(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let r = read(&report);
+    assert_eq!(r.lost_hooks, None, "{r:?}");
+    assert!(r.replaced_unreadable.is_some(), "{r:?}");
+    assert!(
+        text(&out.stdout).contains("cannot be counted"),
+        "{}",
+        text(&out.stdout)
+    );
+}
