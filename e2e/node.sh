@@ -540,6 +540,96 @@ for i in 0 1; do
   "$relay_bin" restore --from "$backups/old/old-$i/$newest" --data "$work/scheduled-$i" |
     grep -q "store format 3" || fail "the scheduled backup of old-$i is not its format-3 store"
 done
+# --- one node restored alone while the other serves ------------------------------------------
+say "restoreNode: old-1 restored alone from its newest backup while old-0 serves its tenants; the hooks it lost are counted"
+old_token=$(kubectl get secret old-operator-token -o jsonpath='{.data.token}' | base64 -d)
+ip0=$(kubectl get pod old-0 -o jsonpath='{.status.podIP}')
+ip1=$(kubectl get pod old-1 -o jsonpath='{.status.podIP}')
+uid0=$(kubectl get pod old-0 -o jsonpath='{.metadata.uid}')
+no_backup_running() { [ -z "$(kubectl get pods -l ankusa.dev/job=backup,app.kubernetes.io/instance=old --field-selector=status.phase=Running -o name)" ]; }
+e2e_until 120 no_backup_running || fail "a scheduled backup of old is still running"
+# Twenty tenants, one hook each through old-0 (forwarded to its owner): which old-1 stores
+# is asked of old-1 alone. All after old-1's newest backup.
+on1=() on0=()
+for t in $(seq 0 19); do
+  code=$(curl -sS -o /dev/null -w '%{http_code}' -X POST "http://$ip0:8080/ingest/demo" -H "x-tenant: rn-$t" -d '{"n":0}')
+  [ "$code" = 202 ] || fail "hook for rn-$t: $code"
+  code=$(curl -sS -o /dev/null -w '%{http_code}' -H "Authorization: Bearer $old_token" -H 'ankusa-cluster-local: 1' \
+    "http://$ip1:9090/v1/tenants/rn-$t")
+  case "$code" in 200) on1+=("rn-$t") ;; 404) on0+=("rn-$t") ;; *) fail "GET /v1/tenants/rn-$t on old-1: $code" ;; esac
+done
+[ ${#on1[@]} -gt 0 ] && [ ${#on0[@]} -gt 0 ] || fail "the tenants did not spread over both nodes: old-1 has ${on1[*]:-none}"
+# Five more for each of old-1's: its store acks ${#on1[@]} + 5 × ${#on1[@]} hooks after the backup.
+for t in "${on1[@]}"; do
+  for k in 1 2 3 4 5; do
+    code=$(curl -sS -o /dev/null -w '%{http_code}' -X POST "http://$ip1:8080/ingest/demo" -H "x-tenant: $t" -d "{\"n\":$k}")
+    [ "$code" = 202 ] || fail "hook $k for $t: $code"
+  done
+done
+lost=$((${#on1[@]} * 6))
+# old-0's tenants keep sending throughout; every answer is recorded.
+(
+  while [ ! -e "$work/restore-stream-stop" ]; do
+    for t in "${on0[@]}"; do
+      curl -sS -o /dev/null -w '%{http_code}\n' --max-time 5 -X POST "http://$ip0:8080/ingest/demo" -H "x-tenant: $t" -d '{"stream":1}' \
+        >>"$work/restore-stream.codes" 2>>"$work/restore-stream.err" || echo error >>"$work/restore-stream.codes"
+    done
+    sleep 0.2
+  done
+) &
+stream_pid=$!
+pids+=("$stream_pid")
+restored() { # the restore of request $1 completed, old-1 back and Ready
+  [ "$(kubectl get relay old -o jsonpath='{.status.restore.request}/{.status.restore.phase}')" = "$1/Completed" ] &&
+    [ "$(kubectl get relay old -o jsonpath='{.status.nodesReady}')" = 2/2 ] &&
+    kubectl get statefulset old >/dev/null 2>&1
+}
+rows_on_1() { # the rows old-1's store holds (one a hook: one sink, which nothing answers)
+  curl -fsS -H "Authorization: Bearer $old_token" "http://$(kubectl get pod old-1 -o jsonpath='{.status.podIP}'):9090/v1/node" |
+    python3 -c 'import json, sys; c = json.load(sys.stdin)["counters"]; print(c["pending"] + c["scheduled"] + c["inflight"] + c["dead"])'
+}
+before_rows=$(rows_on_1)
+kubectl patch relay old --type merge -p '{"spec":{"restoreNode":{"ordinal":1,"request":"readable"}}}' >/dev/null
+e2e_until 240 restored readable || fail "old-1 was not restored: $(kubectl get relay old -o jsonpath='{.status.restore} {.status.conditions}')"
+after_rows=$(rows_on_1)
+report=$(kubectl get relay old -o jsonpath='{.status.restore.report}')
+# The report against what the node itself counted before and after: the rows it lost.
+python3 - "$report" "$lost" "$before_rows" "$after_rows" <<'PY' || fail "the restore's report: $report (this test acked $lost hooks on old-1 after the backup; old-1 held $before_rows rows before, $after_rows after)"
+import json, sys
+r = json.loads(sys.argv[1])
+sent, before, after = (int(v) for v in sys.argv[2:])
+assert r["lostHooks"] == before - after, r
+assert r["lostHooks"] >= sent, r
+assert r["replacedSeq"] - r["backupSeq"] >= r["lostHooks"], r
+PY
+say "  restored: $(kubectl get relay old -o jsonpath='{.status.restore.message}')"
+# A volume that no longer opens: its files garbled under the running node, which is then
+# SIGKILLed (no close to write them again): the kubelet's restarts fail to open the store.
+d1="$(host_path data-old-1)/data"
+restarts=$(kubectl get pod old-1 -o jsonpath='{.status.containerStatuses[0].restartCount}')
+pid=$(container_pid old-1)
+echo garbage >"$d1/CURRENT"
+rm -f "$d1"/MANIFEST-* "$d1"/OPTIONS-*
+kill -KILL "$pid"
+broken() { [ "$(kubectl get pod old-1 -o jsonpath='{.status.containerStatuses[0].restartCount}')" -gt "$((restarts + 1))" ]; }
+e2e_until 120 broken || fail "old-1 did not fail to start on its garbled store: $(kubectl get pod old-1 -o jsonpath='{.status.containerStatuses[0]}')"
+say "  old-1's store garbled and its process killed: it fails to start ($(kubectl get pod old-1 -o jsonpath='{.status.containerStatuses[0].restartCount}') restarts)"
+kubectl patch relay old --type merge -p '{"spec":{"restoreNode":{"ordinal":1,"request":"corrupt"}}}' >/dev/null
+e2e_until 240 restored corrupt || fail "old-1's corrupt store was not restored: $(kubectl get relay old -o jsonpath='{.status.restore} {.status.conditions}')"
+case "$(kubectl get relay old -o jsonpath='{.status.restore.report.replacedUnreadable}')" in
+  "") fail "the report of the corrupt store's restore does not say it could not be read: $(kubectl get relay old -o jsonpath='{.status.restore.report}')" ;;
+esac
+say "  restored over a corrupt store: $(kubectl get relay old -o jsonpath='{.status.restore.message}')"
+touch "$work/restore-stream-stop"
+wait "$stream_pid" || true
+sent=$(wc -l <"$work/restore-stream.codes")
+refused=$(grep -vc '^202$' "$work/restore-stream.codes" || true)
+[ "$sent" -gt 20 ] || fail "old-0's tenants sent only $sent hooks during the restores"
+[ "$refused" = 0 ] || fail "old-0's tenants saw $refused of $sent answers other than 202 during the restores: $(sort "$work/restore-stream.codes" | uniq -c | tr '\n' ' ') $(tail -n3 "$work/restore-stream.err")"
+[ "$(kubectl get pod old-0 -o jsonpath='{.metadata.uid}')" = "$uid0" ] || fail "old-0 was restarted by the restores of old-1"
+kubectl patch relay old --type json -p '[{"op":"remove","path":"/spec/restoreNode"}]' >/dev/null
+say "  old-0 answered all $sent of its tenants' hooks 202 during both restores, on the same pod"
+
 # The stores, closed: counters equal a fold of the families.
 dirs=("$(host_path data-old-0)/data" "$(host_path data-old-1)/data")
 kubectl delete relay old --wait=true >/dev/null

@@ -108,6 +108,9 @@ pub struct RelaySpec {
     /// How a new Relay's nodes start: empty (the default), or from a backup set.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub bootstrap: Option<BootstrapSpec>,
+    /// Restore one node from a backup while the others serve (a corrupt or lost volume).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore_node: Option<RestoreNodeSpec>,
     #[serde(default)]
     pub upgrade: UpgradeSpec,
     #[serde(default)]
@@ -456,6 +459,24 @@ pub struct BootstrapSpec {
     /// (disaster recovery: the volumes or the cluster were lost). Applies only to a Relay
     /// whose nodes have no volume yet; it never replaces a store that exists.
     pub from_backup: FromBackup,
+}
+
+/// One node restored from its backups while the others serve: that node stops, its store
+/// is replaced by the archive (the store it had is moved aside on its volume, never
+/// deleted), and it starts again. Runs once per `request`.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreNodeSpec {
+    /// The node's ordinal (`<name>-<ordinal>`).
+    #[x_kube(validation = Rule::new("self >= 0 && self <= 98").message("restoreNode.ordinal must be between 0 and 98"))]
+    pub ordinal: i32,
+    /// An archive of the node's backup directory (`b<ms>.tar.zst`); unset: its newest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64), regex(pattern = r"^b[0-9]+\.tar\.zst$"))]
+    pub backup: Option<String>,
+    /// Any value: the restore runs once for it; a new value asks for another.
+    #[schemars(length(min = 1, max = 63))]
+    pub request: String,
 }
 
 /// A backup set: the archives of each node of a Relay on a backup claim
@@ -878,6 +899,17 @@ pub struct RestoreStatus {
     pub retry_seen: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// A `Node` restore's node (`spec.restoreNode.ordinal`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<i32>,
+    /// The `spec.restoreNode.request` it carried out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request: Option<String>,
+    /// What a `Node` restore's Job reported: the archive restored and, when the replaced
+    /// store could be read, the hooks it had acked after that backup (which the restored
+    /// store lacks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub report: Option<crate::node::NodeRestoreReport>,
 }
 
 /// Where scheduled backups stand.

@@ -193,6 +193,9 @@ pub struct Observed {
     /// Restore Jobs of the restore under way (`status.restore`), by ordinal.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
     pub restores: BTreeMap<i32, JobObs>,
+    /// What a node restore's Job reported in its termination message, once it succeeded.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub restore_report: Option<ankusa_crds::node::NodeRestoreReport>,
     /// The claim a restore reads for its next node, and whether it exists (`None`: not
     /// read).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -252,6 +255,14 @@ pub enum JobAction {
         name: String,
         image: String,
         format: Option<u32>,
+        /// One archive of the node's backup directory (`spec.restoreNode.backup`); `None`:
+        /// its newest.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        archive: Option<String>,
+        /// The Job writes what it found (`restore --report`) to its termination message
+        /// (a node restore's: the release the node runs has the flag).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        report: bool,
     },
 }
 
@@ -293,6 +304,11 @@ pub struct Rollout {
     pub claims: Vec<i32>,
     /// The StatefulSet is not created yet (a bootstrap restores its claims first).
     pub hold_statefulset: bool,
+    /// A node restore stops this pod alone: the StatefulSet is deleted with its pods
+    /// orphaned (the others keep serving), then this pod; `hold_statefulset` keeps it
+    /// from being made again until the restore ends.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stop_pod: Option<String>,
 }
 
 /// Why the rollout is not moving.
@@ -382,9 +398,13 @@ fn holding_partition(template: &str, pods: &[PodObs], replicas: i32) -> i32 {
 /// Decide the StatefulSet's image, replicas and partition, the Jobs to run and the cursor;
 /// a scale-down keeps the nodes it takes out until they are drained ([`drain`]).
 pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
-    let r = rollout_steps(relay, prev, o);
+    let mut r = rollout_steps(relay, prev, o);
     if r.restore.is_some() {
         return r;
+    }
+    // A node restore that cannot begin says why, unless something else holds the nodes.
+    if let Err(h) = crate::restore::begin_node(relay, prev, o) {
+        r.hold = r.hold.or(Some(h));
     }
     drain(relay, o, r)
 }
@@ -489,6 +509,9 @@ fn rollout_steps(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     if let Some(r) = crate::restore::begin_bootstrap(relay, prev, o) {
         return crate::restore::step(relay, prev, r, o);
     }
+    if let Ok(Some(r)) = crate::restore::begin_node(relay, prev, o) {
+        return crate::restore::step(relay, prev, r, o);
+    }
     if let Some(r) = rollback_to_begin(relay, prev, o) {
         return crate::restore::step(relay, prev, r, o);
     }
@@ -509,6 +532,7 @@ fn rollout_steps(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         restore: None,
         claims: Vec::new(),
         hold_statefulset: false,
+        stop_pod: None,
     };
     // A store exists once a node has answered; before that there is nothing to protect,
     // and a first install that never came up follows the spec's image (a corrected
@@ -558,6 +582,7 @@ fn rollout_steps(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
         restore: None,
         claims: Vec::new(),
         hold_statefulset: false,
+        stop_pod: None,
     };
     if spec.upgrade.paused {
         return hold_old(
@@ -746,6 +771,7 @@ fn adopt(relay: &Relay, prev: &RelayStatus, o: &Observed, store_known: bool) -> 
         restore: None,
         claims: Vec::new(),
         hold_statefulset: true,
+        stop_pod: None,
     };
     let format = match probe_of(&spec.image, o) {
         Ok(f) => f,
@@ -889,6 +915,7 @@ fn upgrade_decision(
         restore: None,
         claims: Vec::new(),
         hold_statefulset: false,
+        stop_pod: None,
     };
     let step_age = cursor
         .step_started

@@ -13,10 +13,12 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("ankusa.dev", "relays/finalizers", &["update"]),
     // controller::observe + apply::apply_owned + the owned-object watches. Server-side apply that
     // creates an object is authorised as `create`.
+    // ...and apply::stop_one_pod: a node restore deletes the StatefulSet with its pods
+    // orphaned, then the one pod it restores.
     (
         "apps",
         "statefulsets",
-        &["get", "list", "watch", "create", "patch"],
+        &["get", "list", "watch", "create", "patch", "delete"],
     ),
     ("", "services", &["get", "list", "watch", "create", "patch"]),
     // Owned ConfigMaps, and the user's configMapRef.
@@ -34,7 +36,7 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "secrets", &["get", "create", "patch"]),
     // controller::observe: the Relay's pods; probe_format: the probe Job's pod (its
     // termination message).
-    ("", "pods", &["list"]),
+    ("", "pods", &["list", "delete"]),
     // controller::observe: the nodes' volume claims (those that outlived a scale-down are
     // backed up before an upgrade); controller::apply::create_claims: a bootstrap's data
     // claims, made before the StatefulSet so they can be restored into.

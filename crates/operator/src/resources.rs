@@ -1381,30 +1381,45 @@ pub fn backup_claim_object(
 }
 
 /// Node `ordinal`'s restore Job: `ankusa-relay restore --replace` of the newest archive in
-/// `<relay>/<relay>-<ordinal>/` on the restore's backup claim (at most `format`) into the
-/// node's data claim, which no pod uses meanwhile. The backup claim is mounted read-only.
+/// `<relay>/<relay>-<ordinal>/` on the restore's backup claim (at most `format`; or the
+/// named `archive` there) into the node's data claim, which no pod uses meanwhile. The
+/// backup claim is mounted read-only. With `report`, what it found goes to the container's
+/// termination message.
 pub fn restore_job(
     relay: &Relay,
     name: &str,
     ordinal: i32,
     image: &str,
     format: Option<u32>,
+    archive: Option<&str>,
+    report: bool,
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
     let source = crate::restore::source(relay).ok_or(ResourceError::Config(
         "a restore needs spec.bootstrap.fromBackup.claimName or spec.backup.destination".into(),
     ))?;
     let (claim, from) = (source.claim(ordinal), source.relay);
+    let dir = format!("{BACKUP_MOUNT}/{from}/{from}-{ordinal}");
     let mut args = vec![
         "restore".to_owned(),
         "--from".to_owned(),
-        format!("{BACKUP_MOUNT}/{from}/{from}-{ordinal}"),
+        archive.map_or(dir.clone(), |a| format!("{dir}/{a}")),
         "--data".to_owned(),
         format!("{DATA_MOUNT}/data"),
         "--replace".to_owned(),
     ];
     if let Some(f) = format {
         args.extend(["--format-at-most".to_owned(), f.to_string()]);
+    }
+    if report {
+        // A node restore may restore the same archive as one before it: the Job's name
+        // tells its own retried run (work done) from a new restore.
+        args.extend([
+            "--report".to_owned(),
+            "/dev/termination-log".to_owned(),
+            "--once".to_owned(),
+            name.to_owned(),
+        ]);
     }
     let container = json!({
         "name": "restore",

@@ -29,6 +29,7 @@ use ankusa_crds::relay::{Relay, RelayStatus, RestoreStatus, UpgradePhase, Upgrad
 use crate::planner::{hold, pinned, JobAction, JobObs, Observed, Rollout};
 
 pub const BOOTSTRAP: &str = "Bootstrap";
+pub const NODE: &str = "Node";
 pub const ROLLBACK: &str = "Rollback";
 pub const STOPPING: &str = "Stopping";
 pub const RESTORING: &str = "Restoring";
@@ -127,6 +128,9 @@ pub fn begin_bootstrap(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Optio
         started: o.now.clone(),
         retry_seen: relay.spec.upgrade.retry.clone(),
         message: None,
+        node: None,
+        request: None,
+        report: None,
     })
 }
 
@@ -166,7 +170,205 @@ pub fn begin_rollback(
         started: o.now.clone(),
         retry_seen: relay.spec.upgrade.retry.clone(),
         message: None,
+        node: None,
+        request: None,
+        report: None,
     })
+}
+
+/// A node restore to begin: `spec.restoreNode` with a request no restore has taken up yet.
+/// `Err`: it cannot begin now, and why (the hold to show); `Ok(None)`: none is asked for,
+/// or this request's restore has run (or runs).
+pub fn begin_node(
+    relay: &Relay,
+    prev: &RelayStatus,
+    o: &Observed,
+) -> Result<Option<RestoreStatus>, crate::planner::Hold> {
+    let Some(rn) = relay.spec.restore_node.as_ref() else {
+        return Ok(None);
+    };
+    if let Some(r) = &prev.restore {
+        if r.reason == NODE && r.request.as_deref() == Some(rn.request.as_str()) {
+            return Ok(None);
+        }
+        if in_progress(r) {
+            return Err(wait_hold(format!(
+                "restoreNode (request {}) waits for the {} restore under way",
+                rn.request,
+                r.reason.to_lowercase()
+            )));
+        }
+    }
+    let refuse = |m: String| crate::planner::Hold {
+        reason: "RestoreRefused",
+        message: m,
+        fault: true,
+    };
+    if rn.ordinal >= relay.spec.replicas {
+        return Err(refuse(format!(
+            "restoreNode.ordinal {} names no node: the Relay has {} (ordinals 0 to {})",
+            rn.ordinal,
+            relay.spec.replicas,
+            relay.spec.replicas - 1
+        )));
+    }
+    if prev
+        .upgrade
+        .as_ref()
+        .is_some_and(crate::planner::in_progress)
+    {
+        return Err(wait_hold(format!(
+            "restoreNode (request {}) waits for the upgrade under way",
+            rn.request
+        )));
+    }
+    let Some(source) = relay.spec.backup.as_ref().and(source(relay)) else {
+        return Err(refuse(
+            "restoreNode restores from spec.backup.destination: set it".to_owned(),
+        ));
+    };
+    let image = o
+        .statefulset
+        .as_ref()
+        .map(|s| s.image.clone())
+        .or_else(|| prev.current_image.clone())
+        .unwrap_or_else(|| relay.spec.image.clone());
+    Ok(Some(RestoreStatus {
+        reason: NODE.into(),
+        phase: STOPPING.into(),
+        source: source.describe(),
+        image: Some(image),
+        format: None,
+        replicas: relay.spec.replicas,
+        restored: 0,
+        started: o.now.clone(),
+        retry_seen: relay.spec.upgrade.retry.clone(),
+        message: None,
+        node: Some(rn.ordinal),
+        request: Some(rn.request.clone()),
+        report: None,
+    }))
+}
+
+fn wait_hold(message: String) -> crate::planner::Hold {
+    crate::planner::Hold {
+        reason: "RestoreWaiting",
+        message,
+        fault: false,
+    }
+}
+
+/// The rollout while node restore `r` runs: the StatefulSet goes with its pods orphaned
+/// (the other nodes keep serving), then the node's pod; once it is gone its store is
+/// restored by one Job, and the StatefulSet is made again (it adopts the running pods
+/// and starts the restored node).
+fn step_node(relay: &Relay, mut r: RestoreStatus, o: &Observed, mut out: Rollout) -> Rollout {
+    let i = r.node.unwrap_or_default();
+    let names = crate::resources::Names::of(relay).ok();
+    let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
+    let asked = relay
+        .spec
+        .restore_node
+        .as_ref()
+        .is_some_and(|rn| Some(rn.request.as_str()) == r.request.as_deref());
+    if !asked {
+        r.phase = CANCELLED.into();
+        r.message = Some(format!(
+            "cancelled: spec.restoreNode (request {}) was removed or changed before {pod} was restored",
+            r.request.clone().unwrap_or_default()
+        ));
+        out.hold_statefulset = false;
+        out.restore = Some(r);
+        return out;
+    }
+    out.hold_statefulset = true;
+    if r.phase == STOPPING {
+        if o.statefulset.is_some() || o.pods.iter().any(|p| p.name == pod) {
+            out.stop_pod = Some(pod.clone());
+            out.hold = hold(
+                "RestoringNode",
+                format!("stopping {pod} alone (the StatefulSet deleted with its pods orphaned: the other nodes serve on)"),
+                false,
+            );
+            out.restore = Some(r);
+            return out;
+        }
+        r.phase = RESTORING.into();
+    }
+    // A volume lost with its claim: the claim is made again for the restore (the
+    // StatefulSet takes it by name).
+    if !o.claims.contains(&i) {
+        out.claims = vec![i];
+    }
+    let name = job_name(relay, i, &r);
+    match o.restores.get(&i) {
+        Some(JobObs::Succeeded) => {
+            r.phase = COMPLETED.into();
+            r.restored = 1;
+            r.report = o.restore_report.clone();
+            r.message = Some(node_restored_message(&pod, r.report.as_ref()));
+            out.hold_statefulset = false;
+        }
+        Some(JobObs::Running) => {
+            out.hold = hold(
+                "RestoringNode",
+                format!("restoring {pod} from {} (Job {name})", r.source),
+                false,
+            );
+        }
+        Some(JobObs::Failed(m)) => {
+            r.phase = FAILED.into();
+            r.message = Some(format!("restore Job {name} of {pod} failed: {m}"));
+            out.hold = failed_hold(&r);
+        }
+        None => {
+            if let Some(problem) = restore_claim_problem(&r, o) {
+                out.hold = hold("BackupClaimNotReady", problem, true);
+            } else {
+                out.jobs.push(JobAction::Restore {
+                    ordinal: i,
+                    name: name.clone(),
+                    image: out.image.clone(),
+                    format: None,
+                    archive: relay
+                        .spec
+                        .restore_node
+                        .as_ref()
+                        .and_then(|rn| rn.backup.clone()),
+                    report: true,
+                });
+                out.hold = hold(
+                    "RestoringNode",
+                    format!("restoring {pod} from {} (Job {name})", r.source),
+                    false,
+                );
+            }
+        }
+    }
+    out.restore = Some(r);
+    out
+}
+
+/// What a completed node restore says: the archive, and the hooks lost with the replaced
+/// store (or why they cannot be counted).
+fn node_restored_message(
+    pod: &str,
+    report: Option<&ankusa_crds::node::NodeRestoreReport>,
+) -> String {
+    match report {
+        Some(rep) => match (rep.lost_hooks, &rep.replaced_unreadable) {
+            (Some(n), _) => format!(
+                "{pod} restored from {}; the store it replaced held {n} hooks acked after that backup, which the restored store lacks",
+                rep.archive
+            ),
+            (None, why) => format!(
+                "{pod} restored from {}; the hooks acked after that backup cannot be counted: {}",
+                rep.archive,
+                why.clone().unwrap_or_default()
+            ),
+        },
+        None => format!("{pod} restored; its Job left no report"),
+    }
 }
 
 /// The rollout while restore `r` runs.
@@ -197,7 +399,27 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
         restore: None,
         claims: Vec::new(),
         hold_statefulset: !rollback,
+        stop_pod: None,
     };
+    if r.reason == NODE {
+        out.image = r.image.clone().unwrap_or(out.image);
+        out.replicas = r.replicas;
+        if r.phase == FAILED {
+            if spec.upgrade.retry == r.retry_seen {
+                out.hold_statefulset = true;
+                out.hold = failed_hold(&r);
+                out.restore = Some(r);
+                return out;
+            }
+            r.retry_seen = spec.upgrade.retry.clone();
+            r.phase = STOPPING.into();
+            r.message = None;
+            let mut fresh = o.clone();
+            fresh.restores.clear();
+            return step_node(relay, r, &fresh, out);
+        }
+        return step_node(relay, r, o, out);
+    }
     // Taken out of the spec (a restore that cannot finish: no archive at the format, a
     // claim that never comes): the nodes start again on what they have. Stores restored so
     // far stay restored; a rollback's replaced stores are beside them on their volumes.
@@ -291,6 +513,8 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
                             r.image.clone().unwrap_or_else(|| spec.image.clone())
                         },
                         format: r.format,
+                        archive: None,
+                        report: false,
                     });
                     out.hold = hold("Restoring", restoring_message(&r, names.as_ref()), false);
                 }
@@ -351,7 +575,7 @@ fn restore_claim_problem(r: &RestoreStatus, o: &Observed) -> Option<String> {
     match &o.restore_claim {
         Some((claim, false)) => Some(format!(
             "the backup claim {claim} holding the backups of node {} does not exist: create it (or bind the volume with the backups to it); the restore waits",
-            r.restored
+            r.node.unwrap_or(r.restored)
         )),
         _ => None,
     }

@@ -52,6 +52,7 @@ pub(super) async fn apply_desired(
     desired: &DesiredSet,
     o: &mut Observed,
     hold_statefulset: bool,
+    leave_statefulset: bool,
 ) -> Vec<(String, Error)> {
     let mut refused = Vec::new();
     let mut dry_refused = Vec::new();
@@ -76,7 +77,9 @@ pub(super) async fn apply_desired(
             continue;
         }
         // A bootstrap restores the nodes' claims before any pod may start on them.
-        if hold_statefulset && kind == Owned::StatefulSet && change == Change::Create {
+        if kind == Owned::StatefulSet
+            && (leave_statefulset || hold_statefulset && change == Change::Create)
+        {
             continue;
         }
         if let Err(e) = apply_owned(relay, ctx, names, desired, kind, change).await {
@@ -158,8 +161,18 @@ pub(super) async fn create_job(
             ordinal,
             image,
             format,
+            archive,
+            report,
             ..
-        } => resources::restore_job(relay, &name, *ordinal, image, *format)?,
+        } => resources::restore_job(
+            relay,
+            &name,
+            *ordinal,
+            image,
+            *format,
+            archive.as_deref(),
+            *report,
+        )?,
         JobAction::OfflineBackup {
             ordinal, target, ..
         } => resources::backup_job(
@@ -353,5 +366,50 @@ where
 {
     ssa(api, name, obj, DryRun::No).await?;
     record(ctx, relay, kind, name, change).await;
+    Ok(())
+}
+
+/// A node restore stops one pod while the others serve: the StatefulSet is deleted with
+/// its pods orphaned (they keep running; the StatefulSet made again at the restore's end
+/// adopts them), and once it is gone, the pod (nothing makes it again meanwhile).
+pub(super) async fn stop_one_pod(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    o: &Observed,
+    pod: &str,
+) -> Result<(), Error> {
+    use kube::api::{DeleteParams, PropagationPolicy};
+    let ns = &names.namespace;
+    if o.statefulset.is_some() {
+        let api: Api<StatefulSet> = Api::namespaced(ctx.client.clone(), ns);
+        let orphan = DeleteParams {
+            propagation_policy: Some(PropagationPolicy::Orphan),
+            ..DeleteParams::default()
+        };
+        match api.delete(&names.statefulset, &orphan).await {
+            Ok(_) => {
+                record(
+                    ctx,
+                    relay,
+                    "StatefulSet",
+                    &names.statefulset,
+                    Change::Delete,
+                )
+                .await
+            }
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(());
+    }
+    if o.pods.iter().any(|p| p.name == pod) {
+        let api: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
+        match api.delete(pod, &DeleteParams::default()).await {
+            Ok(_) => record(ctx, relay, "Pod", pod, Change::Delete).await,
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
     Ok(())
 }

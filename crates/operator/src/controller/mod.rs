@@ -364,6 +364,9 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                 // A refused object (a ServiceMonitor the Prometheus Operator rejects, say)
                 // is a condition; the rest of the reconcile, the gate's Jobs included,
                 // goes on.
+                if let Some(pod) = &rollout.stop_pod {
+                    apply::stop_one_pod(relay, ctx, &names, &o, pod).await?;
+                }
                 let refused = apply_desired(
                     relay,
                     ctx,
@@ -371,6 +374,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                     &desired,
                     &mut o,
                     rollout.hold_statefulset,
+                    rollout.stop_pod.is_some(),
                 )
                 .await;
                 if !refused.is_empty() {
@@ -426,6 +430,11 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         .and_then(|b| b.next_run.as_deref())
         .and_then(|t| planner::elapsed_s(&o.now, t))
         .map(|s| Duration::from_secs(s.max(0) as u64 + 1));
+    // A node restore stopping its pod looks again soon: the pod's end is not watched.
+    let until_run = match rollout.stop_pod {
+        Some(_) => Some(Duration::from_secs(2)),
+        None => until_run,
+    };
     Ok(Action::requeue(
         until_run.map_or(ctx.settings.poll_interval, |d| {
             d.min(ctx.settings.poll_interval)

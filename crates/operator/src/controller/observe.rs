@@ -223,14 +223,17 @@ pub(super) async fn observe(
     let restoring = last.is_some_and(crate::restore::in_progress)
         || relay.spec.bootstrap.is_some() && last.is_none()
         || relay.spec.upgrade.rollback_to.is_some()
-            && last.is_none_or(|r| r.reason != crate::restore::ROLLBACK);
+            && last.is_none_or(|r| r.reason != crate::restore::ROLLBACK)
+        || relay.spec.restore_node.as_ref().is_some_and(|rn| {
+            last.is_none_or(|r| r.request.as_deref() != Some(rn.request.as_str()))
+        });
     if let Some(source) = crate::restore::source(relay).filter(|_| restoring) {
         let next = relay
             .status
             .as_ref()
             .and_then(|s| s.restore.as_ref())
             .filter(|r| crate::restore::in_progress(r))
-            .map_or(0, |r| r.restored);
+            .map_or(0, |r| r.node.unwrap_or(r.restored));
         let claim = source.claim(next);
         let found = claims
             .list(&ListParams::default().fields(&format!("metadata.name={claim}")))
@@ -325,6 +328,18 @@ pub(super) async fn observe_jobs(
                 o.restores.insert(i, job_obs(job));
             }
         }
+        // A node restore's Job reports what it found in its termination message.
+        if let Some(i) = r.node.filter(|_| r.reason == crate::restore::NODE) {
+            if o.restores.get(&i) == Some(&JobObs::Succeeded) {
+                let job = crate::restore::job_name(relay, i, r);
+                match finished_container(ctx, &names.namespace, &job, "restore").await {
+                    Ok((message, _)) => {
+                        o.restore_report = serde_json::from_str(message.trim()).ok()
+                    }
+                    Err(e) => tracing::debug!(job, error = %e, "the restore Job's report"),
+                }
+            }
+        }
     }
     // Backup Jobs of the scheduled run under way, by the ordinal they back up.
     if let Some(run) = relay
@@ -366,6 +381,21 @@ pub(super) async fn observe_jobs(
 /// (`ankusa-relay version --json --write /dev/termination-log`) and the digest its image
 /// resolved to (the container's image ID, when it names a repository digest).
 pub(super) async fn probe_result(ctx: &Context, ns: &str, job: &str) -> Result<Probed, ProbeError> {
+    let (message, image_id) = finished_container(ctx, ns, job, "probe").await?;
+    Ok(Probed {
+        format: parse_version_json(&message)?,
+        digest: repository_digest(&image_id),
+    })
+}
+
+/// Container `container` of a Succeeded pod of Job `job`: its termination message and its
+/// image ID.
+async fn finished_container(
+    ctx: &Context,
+    ns: &str,
+    job: &str,
+    container: &str,
+) -> Result<(String, String), ProbeError> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), ns);
     let list = pods
         .list(&ListParams::default().labels(&format!("job-name={job}")))
@@ -379,7 +409,7 @@ pub(super) async fn probe_result(ctx: &Context, ns: &str, job: &str) -> Result<P
                 .iter()
                 .flat_map(|s| s.container_statuses.iter().flatten())
         })
-        .find(|c| c.name == "probe")
+        .find(|c| c.name == container)
         .ok_or(ProbeError::PodGone)?;
     let message = container
         .state
@@ -387,10 +417,7 @@ pub(super) async fn probe_result(ctx: &Context, ns: &str, job: &str) -> Result<P
         .and_then(|s| s.terminated.as_ref())
         .and_then(|t| t.message.clone())
         .ok_or(ProbeError::NoMessage)?;
-    Ok(Probed {
-        format: parse_version_json(&message)?,
-        digest: repository_digest(&container.image_id),
-    })
+    Ok((message, container.image_id.clone()))
 }
 
 /// The `sha256:…` of a container's image ID when it names a repository digest

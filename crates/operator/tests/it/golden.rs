@@ -391,8 +391,32 @@ fn a_claim_template_gives_each_node_its_own_backup_claim() {
     )
     .unwrap();
     assert_eq!(volume(&offline), "hooks-backups-4");
-    let restore = resources::restore_job(&r, "hooks-restore-1-x", 1, "img", None).unwrap();
+    let restore =
+        resources::restore_job(&r, "hooks-restore-1-x", 1, "img", None, None, false).unwrap();
     assert_eq!(volume(&restore), "hooks-backups-1");
+    // A node restore's Job: the archive named, and its report in the termination message.
+    let node = resources::restore_job(
+        &r,
+        "hooks-restore-1-y",
+        1,
+        "img",
+        None,
+        Some("b42.tar.zst"),
+        true,
+    )
+    .unwrap();
+    let args = serde_json::to_value(&node).unwrap()["spec"]["template"]["spec"]["containers"][0]
+        ["args"]
+        .clone();
+    let args: Vec<String> = serde_json::from_value(args).unwrap();
+    assert!(
+        args.windows(2)
+            .any(|w| w[0] == "--from" && w[1].ends_with("/hooks/hooks-1/b42.tar.zst"))
+            && args
+                .windows(2)
+                .any(|w| w == ["--report", "/dev/termination-log"]),
+        "{args:?}"
+    );
     // One claim for every node: that claim, and no affinity.
     let shared = relay("full");
     let job = resources::backup_job(

@@ -126,6 +126,7 @@ fn run(file: &str) {
         "upgrade": r.upgrade,
         "hold": r.hold.as_ref().map(|h| h.reason),
         "holdStatefulset": r.hold_statefulset,
+        "stopPod": r.stop_pod,
         "claims": r.claims,
         "changes": changes,
         "statefulset": serde_json::to_value(&desired.statefulset).unwrap(),
@@ -168,6 +169,11 @@ macro_rules! scenarios {
 
 scenarios!(
     creates_everything_for_a_new_relay,
+    a_node_restore_stops_that_node_alone,
+    a_node_restore_runs_its_job_once_the_pod_is_gone,
+    a_node_restore_completes_and_starts_the_node_again,
+    a_node_restore_of_a_node_that_does_not_exist_is_refused,
+    a_node_restore_waits_for_the_upgrade_under_way,
     a_relay_created_over_retained_claims_probes_its_image_first,
     a_relay_created_over_retained_claims_backs_them_up_before_its_statefulset,
     a_relay_created_over_retained_claims_starts_once_they_are_backed_up,
