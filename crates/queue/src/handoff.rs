@@ -14,13 +14,16 @@
 //!    as read, so a claim, a replay, a purge or a park that came first keeps its row and
 //!    the hook is read again later. Deliveries in flight are never staged: their hook
 //!    waits until the attempt ends.
-//! 2. **Import** (on the receiver, by its writer, one synced write): the items get the
+//! 2. **Import** (on the receiver, by its writer, one write made durable by the WAL sync of
+//!    the hook batch it goes with, before its answer): the items get the
 //!    receiver's seqs and ordinals and enter its queue with their counter deltas, and
 //!    `m:handoff_in:<sender>` records the batch's number in the same write. A batch whose
 //!    number is not above that record was imported already: it is answered as such and
 //!    writes nothing.
 //! 3. **Confirm** ([`confirm`], on the sender, once the receiver answered): the outbox
-//!    entries of that batch go.
+//!    entries of that batch go, in a write that is not synced (a kill that loses it leaves
+//!    the batch to be sent again and answered as imported before; the next stage's synced
+//!    write makes it durable).
 //!
 //! A kill anywhere leaves every row in exactly one queue: before the stage's write, in the
 //! sender's; after it, in the sender's outbox (in no queue: not counted, not delivered)
@@ -222,7 +225,9 @@ pub fn confirm(store: &Store, receiver: &str, batch: u64) -> Result<(), QueueErr
         ops.push(Op::delete(Cf::Default, k));
     }
     if !ops.is_empty() {
-        store.write(ops, true)?;
+        // Not synced: a kill that loses it leaves the outbox to be sent again, which the
+        // receiver answers as imported before; the next stage's synced write covers it.
+        store.write(ops, false)?;
     }
     Ok(())
 }

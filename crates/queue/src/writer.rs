@@ -665,6 +665,7 @@ pub fn spawn(
         after,
         sync,
         batches: 0,
+        imported: Vec::new(),
     };
     let join = std::thread::Builder::new()
         .name("ankusa-writer".into())
@@ -695,6 +696,9 @@ struct Writer {
     /// Batches taken so far: each one's number in the `writer.batch` span and in its
     /// requests' spans (`batch`).
     batches: u64,
+    /// Imports written (unsynced) whose answers wait for the WAL sync of the batch they
+    /// go with: one sync for the hooks and the imports of a batch.
+    imported: Vec<(tokio::sync::oneshot::Sender<ImportReply>, ImportReply)>,
 }
 
 /// How the writer's batches are synced (`writer.pipeline`).
@@ -731,6 +735,9 @@ struct Written {
     replies: Vec<(tokio::sync::oneshot::Sender<Reply>, Reply, bool)>,
     /// Deliveries written inflight, to start once durable.
     started: Vec<Started>,
+    /// Imports written with the batch: each answer, `unavailable` if the sync fails (an
+    /// import that wrote nothing is answered as it is).
+    imports: Vec<(tokio::sync::oneshot::Sender<ImportReply>, ImportReply)>,
 }
 
 impl Written {
@@ -796,6 +803,14 @@ impl Syncer {
             for (reply, r, wrote) in w.replies {
                 // A requester that went away does not care.
                 let _ = reply.send(if ok || !wrote { r } else { Reply::Unavailable });
+            }
+            for (reply, r) in w.imports {
+                let wrote = matches!(r, ImportReply::Imported { .. });
+                let _ = reply.send(if ok || !wrote {
+                    r
+                } else {
+                    ImportReply::Unavailable
+                });
             }
             if w.started.is_empty() {
                 continue;
@@ -916,11 +931,21 @@ impl Writer {
                     Work::Import(i) => imports.push(i),
                 }
             }
+            // Imports first, unsynced: the batch's one WAL sync makes them durable with
+            // its hooks (a hook waits for no sync of an import's own).
+            for i in imports {
+                self.import(i);
+            }
             if !hooks.is_empty() {
                 self.commit_batch(hooks);
             }
-            for i in imports {
-                self.import(i);
+            if !self.imported.is_empty() {
+                let imports = std::mem::take(&mut self.imported);
+                self.hand_to_syncer(Written {
+                    replies: Vec::new(),
+                    started: Vec::new(),
+                    imports,
+                });
             }
         }
     }
@@ -1097,7 +1122,14 @@ impl Writer {
         let written = Written {
             replies: answers,
             started,
+            imports: std::mem::take(&mut self.imported),
         };
+        self.hand_to_syncer(written);
+    }
+
+    /// Hands a written batch to be synced and answered: by the syncer thread with the
+    /// pipeline, here without.
+    fn hand_to_syncer(&mut self, written: Written) {
         self.metrics.unsynced_hooks.inc_by(written.hooks() as i64);
         match &self.sync {
             Syncing::Inline(syncer) => syncer.finish(vec![written], syncer.sync()),
@@ -1109,6 +1141,9 @@ impl Writer {
                     self.metrics.unsynced_hooks.dec_by(w.hooks() as i64);
                     for (reply, _, _) in w.replies {
                         let _ = reply.send(Reply::Unavailable);
+                    }
+                    for (reply, _) in w.imports {
+                        let _ = reply.send(ImportReply::Unavailable);
                     }
                 }
             }
@@ -1163,10 +1198,10 @@ impl Writer {
         tx.commit(&self.store, false)
     }
 
-    /// Imports a batch another node handed this one ([`crate::handoff`]): one synced write
-    /// with the batch's number, or nothing (an earlier import had it, a tenant past the
-    /// limit, a failure). Between two hook batches, so the seqs and ordinals it takes are
-    /// the writer's own.
+    /// Imports a batch another node handed this one ([`crate::handoff`]): one write with
+    /// the batch's number, or nothing (an earlier import had it, a tenant past the limit, a
+    /// failure). Written unsynced before the batch's hooks, so the seqs and ordinals it
+    /// takes are the writer's own; answered once the batch's sync made it durable.
     fn import(&mut self, imp: Import) {
         let _ = self.requeue_unstarted();
         if self
@@ -1179,10 +1214,11 @@ impl Writer {
         let reply = match self.asm.assemble_import(&self.store, &imp) {
             Ok((Some(assembled), reply)) => {
                 let due = assembled.due.clone();
-                match self.asm.commit(&self.store, assembled, true) {
+                match self.asm.commit(&self.store, assembled, false) {
                     Ok(_) => {
                         self.hints.add(due);
-                        reply
+                        self.imported.push((imp.reply, reply));
+                        return;
                     }
                     Err(e) => {
                         tracing::warn!(error = %e, from = %imp.from, "writer: an import's commit failed");
