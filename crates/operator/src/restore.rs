@@ -405,18 +405,13 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
         out.image = r.image.clone().unwrap_or(out.image);
         out.replicas = r.replicas;
         if r.phase == FAILED {
-            if spec.upgrade.retry == r.retry_seen {
+            if !retried(spec, &mut r, STOPPING) {
                 out.hold_statefulset = true;
                 out.hold = failed_hold(&r);
                 out.restore = Some(r);
                 return out;
             }
-            r.retry_seen = spec.upgrade.retry.clone();
-            r.phase = STOPPING.into();
-            r.message = None;
-            let mut fresh = o.clone();
-            fresh.restores.clear();
-            return step_node(relay, r, &fresh, out);
+            return step_node(relay, r, &without_restore_jobs(o), out);
         }
         return step_node(relay, r, o, out);
     }
@@ -446,18 +441,12 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
         return out;
     }
     if r.phase == FAILED {
-        if spec.upgrade.retry == r.retry_seen {
+        if !retried(spec, &mut r, RESTORING) {
             out.hold = failed_hold(&r);
             out.restore = Some(r);
             return out;
         }
-        r.retry_seen = spec.upgrade.retry.clone();
-        r.phase = RESTORING.into();
-        r.message = None;
-        // The failed attempt's Jobs are not this one's.
-        let mut fresh = o.clone();
-        fresh.restores.clear();
-        return step(relay, prev, r, &fresh);
+        return step(relay, prev, r, &without_restore_jobs(o));
     }
     if r.phase == STOPPING {
         let left: Vec<&str> = o.pods.iter().map(|p| p.name.as_str()).collect();
@@ -541,6 +530,26 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
     }
     out.restore = Some(r);
     out
+}
+
+/// A failed restore whose `spec.upgrade.retry` changed: the cursor goes back to `phase` as
+/// a new attempt (new Job names). False while the retry token is the one it failed with.
+fn retried(spec: &ankusa_crds::relay::RelaySpec, r: &mut RestoreStatus, phase: &str) -> bool {
+    if spec.upgrade.retry == r.retry_seen {
+        return false;
+    }
+    r.retry_seen = spec.upgrade.retry.clone();
+    r.phase = phase.into();
+    r.message = None;
+    true
+}
+
+/// What was observed, without the restore Jobs: after a retry they are the failed
+/// attempt's, not this one's.
+fn without_restore_jobs(o: &Observed) -> Observed {
+    let mut fresh = o.clone();
+    fresh.restores.clear();
+    fresh
 }
 
 /// The hold of a failed restore: what failed, and how to go on.

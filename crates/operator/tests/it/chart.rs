@@ -166,13 +166,16 @@ fn chart_rbac_is_exactly_what_the_code_uses() {
     let role: Role = parse(find(&docs, "Role"));
     assert_eq!(grants(&role.rules.unwrap()), expected(LEADER_RULES));
     // The deletes are of the optional objects a spec can stop asking for (a
-    // ServiceMonitor, an Ingress, an HTTPRoute, a NetworkPolicy): no store, Service,
-    // StatefulSet or claim can be deleted by the operator.
+    // ServiceMonitor, an Ingress, an HTTPRoute, a NetworkPolicy), and a node restore's:
+    // the StatefulSet (deleted with its pods orphaned) and the one pod it restores. No
+    // store, Service, Secret or claim can be deleted by the operator.
     let optional = [
         ("monitoring.coreos.com", "servicemonitors"),
         ("networking.k8s.io", "ingresses"),
         ("networking.k8s.io", "networkpolicies"),
         ("gateway.networking.k8s.io", "httproutes"),
+        ("apps", "statefulsets"),
+        ("", "pods"),
     ];
     for (group, resource, verbs) in granted {
         assert!(!verbs.contains("deletecollection"), "{group}/{resource}");
