@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps deps-run run test fmt lint check-layers nextest e2e testenv crds bench fuzz fuzz-smoke image image-archives otelcol toxiproxy chaos
+.PHONY: deps deps-run run test fmt lint check-layers nextest e2e testenv crds bench bench-check fuzz fuzz-smoke image image-archives otelcol toxiproxy chaos
 
 # Everything `make test` needs (build tools, test runners, the real node's packages, a
 # nightly toolchain for the fuzz smoke).
@@ -112,8 +112,15 @@ testenv:
 crds:
 	$(CARGO) run -p ankusa-crds --bin crdgen
 
+## The judged benches against the ledger of their last figures (docs/bench-ledger.tsv):
+## fails when a figure is more than 10% worse (docs/performance.md, "The ledger").
+bench-check: deps
+	@bash scripts/install-deps.sh bench
+	python3 scripts/bench-check.py
+
 ## The self-asserting benches (not part of `make test`; see docs/testing.md).
 bench: deps
+	@bash scripts/install-deps.sh bench
 	$(CARGO) bench -p ankusa-relay --bench gauges
 	$(CARGO) bench -p ankusa-relay --bench dispatch_tick
 	$(CARGO) bench -p ankusa-relay --bench ingest

@@ -5,6 +5,8 @@
 #                                  libclang (bindgen, for the RocksDB bindings, Debian's
 #                                  libclang-dev), a C++ compiler for RocksDB, a C one (zstd)
 #                                  and make. Nothing else: a first hook waits only on the build.
+#   scripts/install-deps.sh bench  what `make bench` adds: wrk, the outside load generator
+#                                  `ingest` drives the relay process with.
 #   scripts/install-deps.sh        that, and what `make test` needs:
 # - cargo-nextest, the test runner `make test` uses
 # - a nightly Rust toolchain (minimal profile), for the fuzz smoke's cargo-fuzz (libFuzzer)
@@ -18,9 +20,19 @@
 # - iproute2 and iptables for the partition suite's network namespaces and drops
 set -euo pipefail
 mode=${1:-test}
+apt_install() { # Debian packages, as root or through sudo
+  echo "install-deps: installing $* with apt-get"
+  local sudo_cmd=()
+  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+  "${sudo_cmd[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$@"
+}
 case "$mode" in
   run | test) ;;
-  *) echo "usage: $0 [run|test]" >&2; exit 2 ;;
+  bench)
+    command -v wrk >/dev/null 2>&1 || apt_install wrk
+    exit 0 ;;
+  *) echo "usage: $0 [run|test|bench]" >&2; exit 2 ;;
 esac
 
 need_apt=()
@@ -50,11 +62,7 @@ if [ "$mode" = test ]; then
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
-  echo "install-deps: installing ${need_apt[*]} with apt-get"
-  sudo_cmd=()
-  [ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
-  "${sudo_cmd[@]}" apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${need_apt[@]}"
+  apt_install "${need_apt[@]}"
 fi
 
 [ "$mode" = test ] || exit 0

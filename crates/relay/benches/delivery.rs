@@ -669,6 +669,7 @@ fn main() -> std::process::ExitCode {
         "relay / pipelined twin, CPU per delivery by round: {} (reference, no rule)",
         piped.join(", ")
     );
+    load::ledger("delivery.cpu_over_transitions_twin", cpu_ratio, "x");
     if cpu_ratio <= 1.1 {
         println!("delivery: PASS");
         std::process::ExitCode::SUCCESS

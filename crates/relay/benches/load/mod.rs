@@ -4,6 +4,8 @@
 // Each bench uses its own part of this module.
 #![allow(dead_code)]
 
+pub mod outside;
+
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
@@ -169,6 +171,13 @@ pub fn bench_node(
         .source_yaml(&format!(
             r#"{{ id: bench, tenant: {{ header: x-tenant }}, verify: {{ scheme: hmac-sha256, secret: {{ value: "{SECRET}" }}, header: x-signature, prefix: "sha256=" }}, route: r }}"#
         ))
+}
+
+/// A figure for the ledger (`make bench-check`, `scripts/bench-check.py`): one line
+/// `ledger <name> <value> <unit>`, lower is better. Ratios within one run, not absolute
+/// times, so a busier host does not move them.
+pub fn ledger(name: &str, value: f64, unit: &str) {
+    println!("ledger {name} {value:.3} {unit}");
 }
 
 /// The value of an unlabelled sample `name` in a metrics text (0 if absent).
