@@ -185,10 +185,17 @@ fn relay_process(dir: &std::path::Path, sink: std::net::SocketAddr) -> (Child, S
         ankusa_relay::testkit::free_port(),
         ankusa_relay::testkit::free_port(),
     );
+    let extra = super::bench_extra();
+    // `ANKUSA_BENCH_EXTRA` may set the tenants section itself (quotas, say).
+    let tenants = if extra.contains("tenants:") {
+        ""
+    } else {
+        "tenants: { max: 1000000 }"
+    };
     let yaml = super::bench_node(sink, "", "")
         .ports(admin, ingest)
-        .section("tenants: { max: 1000000 }")
-        .section(&super::bench_extra())
+        .section(tenants)
+        .section(&extra)
         .yaml_at(dir);
     let config = dir.join("relay.yaml");
     std::fs::write(&config, yaml).expect("write the config");
