@@ -398,12 +398,13 @@ fn holding_partition(template: &str, pods: &[PodObs], replicas: i32) -> i32 {
 /// Decide the StatefulSet's image, replicas and partition, the Jobs to run and the cursor;
 /// a scale-down keeps the nodes it takes out until they are drained ([`drain`]).
 pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
-    let mut r = rollout_steps(relay, prev, o);
+    let node_restore = crate::restore::begin_node(relay, prev, o);
+    let mut r = rollout_steps(relay, prev, o, node_restore.clone().ok().flatten());
     if r.restore.is_some() {
         return r;
     }
     // A node restore that cannot begin says why, unless something else holds the nodes.
-    if let Err(h) = crate::restore::begin_node(relay, prev, o) {
+    if let Err(h) = node_restore {
         r.hold = r.hold.or(Some(h));
     }
     drain(relay, o, r)
@@ -499,7 +500,13 @@ fn drain(relay: &Relay, o: &Observed, mut r: Rollout) -> Rollout {
     r
 }
 
-fn rollout_steps(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
+/// [`rollout`] before the drain; `node_restore`: a node restore to begin now.
+fn rollout_steps(
+    relay: &Relay,
+    prev: &RelayStatus,
+    o: &Observed,
+    node_restore: Option<RestoreStatus>,
+) -> Rollout {
     let spec = &relay.spec;
     let replicas = spec.replicas.max(0);
     // A restore under way, or one to begin, decides everything.
@@ -509,7 +516,7 @@ fn rollout_steps(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     if let Some(r) = crate::restore::begin_bootstrap(relay, prev, o) {
         return crate::restore::step(relay, prev, r, o);
     }
-    if let Ok(Some(r)) = crate::restore::begin_node(relay, prev, o) {
+    if let Some(r) = node_restore {
         return crate::restore::step(relay, prev, r, o);
     }
     if let Some(r) = rollback_to_begin(relay, prev, o) {
@@ -739,7 +746,6 @@ fn probe_of(image: &str, o: &Observed) -> Result<u32, (Option<Hold>, Vec<JobActi
     }
 }
 
-/// A gated upgrade, from its cursor.
 /// A Relay created over data claims an earlier one left: no StatefulSet, no store any node
 /// of it has opened, no upgrade recorded. A store on those claims may be of an older format
 /// that `spec.image` would migrate forward the moment a node opens it, so, as an upgrade's
@@ -852,6 +858,7 @@ fn adopted(relay: &Relay, o: &Observed, mut out: Rollout) -> Rollout {
     out
 }
 
+/// A gated upgrade, from its cursor (an adoption's too).
 fn continue_upgrade(
     relay: &Relay,
     prev: &RelayStatus,

@@ -128,9 +128,7 @@ pub fn begin_bootstrap(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Optio
         started: o.now.clone(),
         retry_seen: relay.spec.upgrade.retry.clone(),
         message: None,
-        node: None,
-        request: None,
-        report: None,
+        ..RestoreStatus::default()
     })
 }
 
@@ -170,9 +168,7 @@ pub fn begin_rollback(
         started: o.now.clone(),
         retry_seen: relay.spec.upgrade.retry.clone(),
         message: None,
-        node: None,
-        request: None,
-        report: None,
+        ..RestoreStatus::default()
     })
 }
 
@@ -301,6 +297,11 @@ fn step_node(relay: &Relay, mut r: RestoreStatus, o: &Observed, mut out: Rollout
         out.claims = vec![i];
     }
     let name = job_name(relay, i, &r);
+    let restoring = hold(
+        "RestoringNode",
+        format!("restoring {pod} from {} (Job {name})", r.source),
+        false,
+    );
     match o.restores.get(&i) {
         Some(JobObs::Succeeded) => {
             r.phase = COMPLETED.into();
@@ -309,18 +310,8 @@ fn step_node(relay: &Relay, mut r: RestoreStatus, o: &Observed, mut out: Rollout
             r.message = Some(node_restored_message(&pod, r.report.as_ref()));
             out.hold_statefulset = false;
         }
-        Some(JobObs::Running) => {
-            out.hold = hold(
-                "RestoringNode",
-                format!("restoring {pod} from {} (Job {name})", r.source),
-                false,
-            );
-        }
-        Some(JobObs::Failed(m)) => {
-            r.phase = FAILED.into();
-            r.message = Some(format!("restore Job {name} of {pod} failed: {m}"));
-            out.hold = failed_hold(&r);
-        }
+        Some(JobObs::Running) => out.hold = restoring,
+        Some(JobObs::Failed(m)) => out.hold = job_failed(&mut r, &name, &pod, m),
         None => {
             if let Some(problem) = restore_claim_problem(&r, o) {
                 out.hold = hold("BackupClaimNotReady", problem, true);
@@ -337,11 +328,7 @@ fn step_node(relay: &Relay, mut r: RestoreStatus, o: &Observed, mut out: Rollout
                         .and_then(|rn| rn.backup.clone()),
                     report: true,
                 });
-                out.hold = hold(
-                    "RestoringNode",
-                    format!("restoring {pod} from {} (Job {name})", r.source),
-                    false,
-                );
+                out.hold = restoring;
             }
         }
     }
@@ -481,9 +468,7 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
             }
             Some(JobObs::Failed(m)) => {
                 let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
-                r.phase = FAILED.into();
-                r.message = Some(format!("restore Job {name} of {pod} failed: {m}"));
-                out.hold = failed_hold(&r);
+                out.hold = job_failed(&mut r, &name, &pod, m);
                 out.restore = Some(r);
                 return out;
             }
@@ -550,6 +535,18 @@ fn without_restore_jobs(o: &Observed) -> Observed {
     let mut fresh = o.clone();
     fresh.restores.clear();
     fresh
+}
+
+/// Restore Job `name` of `pod` failed: the restore stops there, and says so.
+fn job_failed(
+    r: &mut RestoreStatus,
+    name: &str,
+    pod: &str,
+    why: &str,
+) -> Option<crate::planner::Hold> {
+    r.phase = FAILED.into();
+    r.message = Some(format!("restore Job {name} of {pod} failed: {why}"));
+    failed_hold(r)
 }
 
 /// The hold of a failed restore: what failed, and how to go on.

@@ -23,25 +23,19 @@ fn report_beside(data: &Path) -> PathBuf {
     ))
 }
 
-/// The next hook seq of the store at `data`, opened to inspect (read-only).
-fn store_next_seq(data: &Path) -> anyhow::Result<u64> {
-    let store = Store::open(data, &OpenOptions::inspect())
-        .with_context(|| format!("opening {}", data.display()))?;
-    Ok(ankusa_queue::writer::next_seq(&store)?)
-}
-
-/// The hooks the store at `data` holds from seq `from` on.
-fn hooks_from(data: &Path, from: u64) -> anyhow::Result<u64> {
+/// The replaced store at `data`, opened to inspect (read-only): its next hook seq, and the
+/// hooks it holds from seq `from` on (those a backup up to `from` lacks).
+fn replaced_counts(data: &Path, from: u64) -> anyhow::Result<(u64, u64)> {
     let store = Store::open(data, &OpenOptions::inspect())
         .with_context(|| format!("opening {}", data.display()))?;
     let (_, end) = Family::Hooks.bounds();
     let start = ankusa_keyspace::hook(ankusa_keyspace::Seq(from));
-    let mut n = 0;
+    let mut held = 0;
     for row in store.scan(Family::Hooks, &start, &end, ankusa_store::Dir::Forward)? {
         row?;
-        n += 1;
+        held += 1;
     }
-    Ok(n)
+    Ok((ankusa_queue::writer::next_seq(&store)?, held))
 }
 
 /// Writes `report` to `to` (and beside `data`, for a run again), and says it.
@@ -119,12 +113,6 @@ pub(super) fn restore(
         return Ok(ExitCode::SUCCESS);
     }
     let occupied = std::fs::read_dir(data).is_ok_and(|mut d| d.next().is_some());
-    // The replaced store's seq, before it moves: what it acked, against the backup's.
-    let replaced = match (report.is_some(), occupied) {
-        (false, _) => None,
-        (true, false) => Some(Err("no store was at the data directory".to_owned())),
-        (true, true) => Some(store_next_seq(data).map_err(|e| format!("{e:#}"))),
-    };
     let mut moved_to = None;
     if occupied && replace {
         let aside = data.with_file_name(format!(
@@ -159,7 +147,7 @@ pub(super) fn restore(
     let store = Store::open(data, &OpenOptions::inspect())
         .with_context(|| format!("checking the restored store at {}", data.display()))?;
     let format = store.format()?;
-    let backup_seq = match &replaced {
+    let backup_seq = match report {
         Some(_) => ankusa_queue::writer::next_seq(&store)
             .with_context(|| format!("reading the restored store's seq (store format {format})"))?,
         None => 0,
@@ -171,7 +159,7 @@ pub(super) fn restore(
         "restored {name} into {} (store format {format})",
         data.display()
     );
-    if let Some(replaced) = replaced {
+    if report.is_some() {
         let archive = archive
             .file_name()
             .unwrap_or_default()
@@ -179,13 +167,11 @@ pub(super) fn restore(
             .into_owned();
         // The hooks only the replaced store had: those past the backup's seq it still
         // held (acked after the backup, not yet delivered and reclaimed).
-        let held = |seq| match &moved_to {
-            Some(aside) => hooks_from(aside, backup_seq)
-                .map(|n| (seq, n))
-                .map_err(|e| format!("{e:#}")),
-            None => Err("the store was not replaced (no --replace)".to_owned()),
+        let replaced = match &moved_to {
+            Some(aside) => replaced_counts(aside, backup_seq).map_err(|e| format!("{e:#}")),
+            None => Err("no store was at the data directory".to_owned()),
         };
-        let r = match replaced.and_then(held) {
+        let r = match replaced {
             Ok((seq, held)) => ankusa_crds::node::NodeRestoreReport {
                 archive,
                 backup_seq,
