@@ -29,69 +29,24 @@ const BODY: usize = 1_024;
 const CLIENTS: usize = 64;
 const RATE: u64 = 1_000;
 const WINDOW: u64 = 10;
-const TOKEN: &str = "bench-cluster-token-0123456789";
-
-struct Ports {
-    ingest: u16,
-    admin: u16,
-}
-
 /// Node `name` of the Relay `[s (leaving), r]`.
 async fn node(
     name: &str,
-    ports: &[(&str, &Ports); 2],
+    all: &[(&str, &load::Ports); 2],
     dir: &std::path::Path,
     sink: std::net::SocketAddr,
 ) -> ankusa_relay::node::Node {
-    let nodes: Vec<String> = ports
-        .iter()
-        .map(|(n, p)| {
-            format!(
-                r#"{{ name: {n}, ingest: "http://127.0.0.1:{}", admin: "http://127.0.0.1:{}", leaving: {} }}"#,
-                p.ingest,
-                p.admin,
-                *n == "s"
-            )
-        })
-        .collect();
-    let me = ports.iter().find(|(n, _)| *n == name).expect("a node").1;
-    let config = load::bench_node(sink, "", "")
-        .sink_yaml("{ id: q, kind: pull }")
-        .data_dir(dir.join(name))
-        .ports(me.admin, me.ingest)
-        .section(&format!(
-            r#"cluster: {{ name: {name}, token: {{ value: "{TOKEN}" }}, handoff_interval_ms: 200, nodes: [{}] }}"#,
-            nodes.join(", ")
-        ))
-        .config_at(dir);
+    let node = load::bench_node(sink, "", "").sink_yaml("{ id: q, kind: pull }");
+    let config = load::relay_member(name, all, &["s"], "handoff_interval_ms: 200, ", node, dir);
     ankusa_relay::node::Node::start(config).await.expect("node")
 }
 
-/// `CLIENTS` clients posting to `url` for `run`: hooks acked per second.
+/// `CLIENTS` clients posting to `url` for `run` (for live tenants, none of the backlog's):
+/// hooks acked per second.
 async fn closed_loop(url: Arc<str>, run: Duration) -> f64 {
-    let client = load::client(CLIENTS);
-    let started = Instant::now();
-    let deadline = started + run;
-    let tasks: Vec<_> = (0..CLIENTS as u64)
-        .map(|w| {
-            let (client, url) = (client.clone(), url.clone());
-            tokio::spawn(async move {
-                let mut lat = Vec::new();
-                let mut n = 0u64;
-                while Instant::now() < deadline {
-                    let t = format!("live-{}", (w * 31 + n) % TENANTS);
-                    lat.push(
-                        load::post_acked(&client, load::signed_hook_for(&url, &t, w, n, BODY))
-                            .await,
-                    );
-                    n += 1;
-                }
-                lat
-            })
-        })
-        .collect();
-    let acked = load::gather(tasks).await.len();
-    acked as f64 / started.elapsed().as_secs_f64()
+    let tenant = |w: u64, n: u64| format!("live-{}", (w * 31 + n) % TENANTS);
+    let (secs, lat) = load::closed_loop_with(url, CLIENTS, run, BODY, Arc::new(tenant)).await;
+    lat.len() as f64 / secs
 }
 
 /// The open-loop "normal ingest" on `url`: ack latencies, sorted.
@@ -124,14 +79,7 @@ fn main() -> std::process::ExitCode {
     );
     let (rate, base, during, moved, drain_secs, left) = rt.block_on(async {
         let sink = load::noop_sink().await;
-        let ps = Ports {
-            ingest: ankusa_relay::testkit::free_port(),
-            admin: ankusa_relay::testkit::free_port(),
-        };
-        let pr = Ports {
-            ingest: ankusa_relay::testkit::free_port(),
-            admin: ankusa_relay::testkit::free_port(),
-        };
+        let (ps, pr) = (load::Ports::free(), load::Ports::free());
         let ports = [("s", &ps), ("r", &pr)];
         let r = node("r", &ports, dir.path(), sink).await;
         let to_r: Arc<str> = format!("http://127.0.0.1:{}/ingest/bench", pr.ingest).into();

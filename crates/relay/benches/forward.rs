@@ -17,7 +17,7 @@
 #![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 mod load;
 
@@ -25,73 +25,22 @@ const CLIENTS: usize = 64;
 const TENANTS: usize = 1_000;
 const BODY: usize = 1_024;
 const RUN: Duration = Duration::from_secs(5);
-const TOKEN: &str = "bench-cluster-token-0123456789";
-
-struct Ports {
-    ingest: u16,
-    admin: u16,
-}
-
+/// Node `name` of the Relay `all`.
 async fn node(
     name: &str,
-    me: &Ports,
-    all: &[(&str, &Ports)],
+    all: &[(&str, &load::Ports)],
     dir: &std::path::Path,
     sink: std::net::SocketAddr,
 ) -> ankusa_relay::node::Node {
-    let nodes: Vec<String> = all
-        .iter()
-        .map(|(n, p)| {
-            format!(
-                r#"{{ name: {n}, ingest: "http://127.0.0.1:{}", admin: "http://127.0.0.1:{}" }}"#,
-                p.ingest, p.admin
-            )
-        })
-        .collect();
-    let config = load::bench_node(sink, "", "")
-        .data_dir(dir.join(name))
-        .ports(me.admin, me.ingest)
-        .section(&format!(
-            r#"cluster: {{ name: {name}, token: {{ value: "{TOKEN}" }}, nodes: [{}] }}"#,
-            nodes.join(", ")
-        ))
-        .config_at(dir);
+    let config = load::relay_member(name, all, &[], "", load::bench_node(sink, "", ""), dir);
     ankusa_relay::node::Node::start(config).await.expect("node")
 }
 
-/// `CLIENTS` clients posting to `url` for `run`: (seconds, latencies).
-async fn load(
-    url: Arc<str>,
-    tenants: Arc<Vec<String>>,
-    run: Duration,
-    seed: u64,
-) -> (f64, Vec<Duration>) {
-    let client = load::client(CLIENTS);
-    let started = Instant::now();
-    let deadline = started + run;
-    let tasks: Vec<_> = (0..CLIENTS as u64)
-        .map(|w| {
-            let (client, url, tenants) = (client.clone(), url.clone(), tenants.clone());
-            tokio::spawn(async move {
-                let mut lat = Vec::new();
-                let mut n = 0u64;
-                while Instant::now() < deadline {
-                    let t = &tenants[((w * 31 + n) as usize) % tenants.len()];
-                    lat.push(
-                        load::post_acked(
-                            &client,
-                            load::signed_hook_for(&url, t, w + seed, n, BODY),
-                        )
-                        .await,
-                    );
-                    n += 1;
-                }
-                lat
-            })
-        })
-        .collect();
-    let lat = load::gather(tasks).await;
-    (started.elapsed().as_secs_f64(), lat)
+/// `CLIENTS` clients posting to `url` for `run`, each request for one of `tenants`:
+/// (seconds, latencies).
+async fn load(url: Arc<str>, tenants: Arc<Vec<String>>, run: Duration) -> (f64, Vec<Duration>) {
+    let tenant = move |w: u64, n: u64| tenants[((w * 31 + n) as usize) % tenants.len()].clone();
+    load::closed_loop_with(url, CLIENTS, run, BODY, Arc::new(tenant)).await
 }
 
 #[derive(Default)]
@@ -111,17 +60,10 @@ fn main() -> std::process::ExitCode {
     let (direct, forwarded, forward_p99) = rt.block_on(async {
         let sink = load::noop_sink().await;
         let dir = tempfile::tempdir().expect("tempdir");
-        let pa = Ports {
-            ingest: ankusa_relay::testkit::free_port(),
-            admin: ankusa_relay::testkit::free_port(),
-        };
-        let pb = Ports {
-            ingest: ankusa_relay::testkit::free_port(),
-            admin: ankusa_relay::testkit::free_port(),
-        };
+        let (pa, pb) = (load::Ports::free(), load::Ports::free());
         let all = [("a", &pa), ("b", &pb)];
-        let a = node("a", &pa, &all, dir.path(), sink).await;
-        let b = node("b", &pb, &all, dir.path(), sink).await;
+        let a = node("a", &all, dir.path(), sink).await;
+        let b = node("b", &all, dir.path(), sink).await;
         let names = ["a", "b"];
         let tenants: Arc<Vec<String>> = Arc::new(
             (0..)
@@ -133,13 +75,13 @@ fn main() -> std::process::ExitCode {
         let to_b: Arc<str> = format!("http://127.0.0.1:{}/ingest/bench", pb.ingest).into();
         let to_a: Arc<str> = format!("http://127.0.0.1:{}/ingest/bench", pa.ingest).into();
         // Warm-up: every tenant admitted by the registry (on `a`) and known to `b`.
-        load(to_b.clone(), tenants.clone(), Duration::from_secs(2), 1_000).await;
+        load(to_b.clone(), tenants.clone(), Duration::from_secs(2)).await;
         let (mut direct, mut forwarded) = (Mode::default(), Mode::default());
-        for round in 0..2u64 {
-            let (s, l) = load(to_b.clone(), tenants.clone(), RUN, 2_000 + round * 100).await;
+        for _ in 0..2 {
+            let (s, l) = load(to_b.clone(), tenants.clone(), RUN).await;
             direct.secs += s;
             direct.lat.extend(l);
-            let (s, l) = load(to_a.clone(), tenants.clone(), RUN, 3_000 + round * 100).await;
+            let (s, l) = load(to_a.clone(), tenants.clone(), RUN).await;
             forwarded.secs += s;
             forwarded.lat.extend(l);
         }

@@ -461,17 +461,29 @@ pub async fn closed_loop(
     tenants: u64,
     body: usize,
 ) -> (f64, Vec<Duration>) {
+    let tenant = move |w: u64, n: u64| format!("tenant-{}", (w * 31 + n) % tenants);
+    closed_loop_with(url, clients, run, body, std::sync::Arc::new(tenant)).await
+}
+
+/// [`closed_loop`] with request `n` of client `w` for `tenant(w, n)`.
+pub async fn closed_loop_with(
+    url: std::sync::Arc<str>,
+    clients: usize,
+    run: Duration,
+    body: usize,
+    tenant: std::sync::Arc<dyn Fn(u64, u64) -> String + Send + Sync>,
+) -> (f64, Vec<Duration>) {
     let client = client(clients);
     let deadline = std::time::Instant::now() + run;
     let started = std::time::Instant::now();
     let tasks: Vec<_> = (0..clients as u64)
         .map(|w| {
-            let (client, url) = (client.clone(), url.clone());
+            let (client, url, tenant) = (client.clone(), url.clone(), tenant.clone());
             tokio::spawn(async move {
                 let mut lat = Vec::new();
                 let mut n = 0u64;
                 while std::time::Instant::now() < deadline {
-                    let req = signed_hook(&url, w, n, tenants, body);
+                    let req = signed_hook_for(&url, &tenant(w, n), w, n, body);
                     lat.push(post_acked(&client, req).await);
                     n += 1;
                 }
@@ -483,6 +495,57 @@ pub async fn closed_loop(
     let secs = started.elapsed().as_secs_f64();
     lat.sort();
     (secs, lat)
+}
+
+/// A bench node's ports.
+pub struct Ports {
+    pub ingest: u16,
+    pub admin: u16,
+}
+
+impl Ports {
+    /// Two loopback ports free now.
+    pub fn free() -> Ports {
+        Ports {
+            ingest: ankusa_relay::testkit::free_port(),
+            admin: ankusa_relay::testkit::free_port(),
+        }
+    }
+}
+
+/// The cluster token of the benches' Relays.
+pub const CLUSTER_TOKEN: &str = "bench-cluster-token-0123456789";
+
+/// Node `name` of a Relay of the nodes `all` on loopback (those in `leaving` marked so),
+/// from `node` (a [`bench_node`]), with `cluster_keys` (e.g. `"handoff_interval_ms: 200, "`)
+/// added to its cluster section; its store under `dir/<name>`.
+pub fn relay_member(
+    name: &str,
+    all: &[(&str, &Ports)],
+    leaving: &[&str],
+    cluster_keys: &str,
+    node: ankusa_relay::testkit::NodeBuilder,
+    dir: &std::path::Path,
+) -> ankusa_config::Config {
+    let nodes: Vec<String> = all
+        .iter()
+        .map(|(n, p)| {
+            format!(
+                r#"{{ name: {n}, ingest: "http://127.0.0.1:{}", admin: "http://127.0.0.1:{}", leaving: {} }}"#,
+                p.ingest,
+                p.admin,
+                leaving.contains(n)
+            )
+        })
+        .collect();
+    let me = all.iter().find(|(n, _)| *n == name).expect("a node").1;
+    node.data_dir(dir.join(name))
+        .ports(me.admin, me.ingest)
+        .section(&format!(
+            r#"cluster: {{ name: {name}, token: {{ value: "{CLUSTER_TOKEN}" }}, {cluster_keys}nodes: [{}] }}"#,
+            nodes.join(", ")
+        ))
+        .config_at(dir)
 }
 
 /// The body of backlog hook `n`: `size` bytes of JSON.
