@@ -49,6 +49,7 @@ use ankusa_crds::relay::{
 };
 use serde_json::Value;
 
+pub use crate::drain::{handoff_capable, leaving_nodes};
 use crate::resources::DesiredSet;
 
 /// What a StatefulSet reports.
@@ -396,7 +397,7 @@ fn holding_partition(template: &str, pods: &[PodObs], replicas: i32) -> i32 {
 }
 
 /// Decide the StatefulSet's image, replicas and partition, the Jobs to run and the cursor;
-/// a scale-down keeps the nodes it takes out until they are drained ([`drain`]).
+/// a scale-down keeps the nodes it takes out until they are drained ([`drain`](crate::drain)).
 pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     let node_restore = crate::restore::begin_node(relay, prev, o);
     let mut r = rollout_steps(relay, prev, o, node_restore.clone().ok().flatten());
@@ -407,97 +408,7 @@ pub fn rollout(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Rollout {
     if let Err(h) = node_restore {
         r.hold = r.hold.or(Some(h));
     }
-    drain(relay, o, r)
-}
-
-/// The leaving nodes of a scale-down, each with what it still holds: the nodes the
-/// StatefulSet runs at or past `spec.replicas`. A node that does not answer, or answers
-/// without being marked leaving yet (it has not restarted onto the new node list), holds
-/// an unknown amount (`None`).
-pub fn leaving_nodes(relay: &Relay, o: &Observed) -> Vec<(String, Option<i64>, Option<String>)> {
-    let Some(sts) = o.statefulset.as_ref().filter(|_| handoff_capable(o)) else {
-        return Vec::new();
-    };
-    let names = crate::resources::Names::of(relay).ok();
-    (relay.spec.replicas.max(0)..sts.replicas)
-        .map(|i| {
-            let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
-            let cluster = match o.nodes.get(&pod) {
-                Some(Ok(n)) => n.status.cluster.clone(),
-                _ => None,
-            };
-            match cluster {
-                Some(c) if c.leaving => match c.handoff {
-                    Some(h) if h.drained => (pod, Some(0), None),
-                    Some(h) => (
-                        pod,
-                        Some((h.rows_leaving + h.staged) as i64),
-                        h.stalled.clone(),
-                    ),
-                    None => (pod, None, Some("no handoff pass yet".into())),
-                },
-                Some(_) => (pod, None, Some("not on the new node list yet".into())),
-                None => (pod, None, Some("not answering".into())),
-            }
-        })
-        .collect()
-}
-
-/// Whether the nodes can hand their rows over: at least one answers, and every node that
-/// answers reports its handoff (a release that knows `leaving`; an older one would refuse a
-/// node list that marks it). Without it a scale-down shrinks at once, as older operators
-/// did, and its claims keep the rows.
-pub fn handoff_capable(o: &Observed) -> bool {
-    let mut answered = o.nodes.values().filter_map(|n| n.as_ref().ok()).peekable();
-    answered.peek().is_some()
-        && answered.all(|n| {
-            n.status
-                .cluster
-                .as_ref()
-                .is_some_and(|c| c.handoff.is_some())
-        })
-}
-
-/// A scale-down drains before it shrinks: while a node at or past `spec.replicas` still
-/// holds rows (or cannot say), the StatefulSet keeps it — the node list marks it `leaving`,
-/// so it owns no tenant and hands what it stores to the owners — and the hold names what
-/// it holds and, when its handoff does not move, why. The StatefulSet never shrinks over
-/// rows. Scaling back up mid-drain takes the node back as an owner.
-fn drain(relay: &Relay, o: &Observed, mut r: Rollout) -> Rollout {
-    let Some(sts) = &o.statefulset else {
-        return r;
-    };
-    if sts.replicas <= r.replicas || !handoff_capable(o) {
-        return r;
-    }
-    let leaving = leaving_nodes(relay, o);
-    let waiting: Vec<String> = leaving
-        .iter()
-        .filter(|(_, rows, _)| *rows != Some(0))
-        .map(|(pod, rows, why)| {
-            let rows = rows.map_or("rows unknown".to_owned(), |n| format!("{n} rows left"));
-            match why {
-                Some(w) => format!("{pod}: {rows} ({w})"),
-                None => format!("{pod}: {rows}"),
-            }
-        })
-        .collect();
-    if waiting.is_empty() {
-        return r;
-    }
-    r.replicas = sts.replicas;
-    if r.hold.is_none() {
-        let stalled = leaving.iter().any(|(_, _, why)| why.is_some());
-        r.hold = Some(Hold {
-            reason: if stalled { "DrainStalled" } else { "Draining" },
-            message: format!(
-                "the nodes a scale-down takes out hand their rows over first: {}",
-                waiting.join("; ")
-            ),
-            fault: false,
-        });
-    }
-    r
+    crate::drain::drain(relay, o, r)
 }
 
 /// [`rollout`] before the drain; `node_restore`: a node restore to begin now.
@@ -546,7 +457,7 @@ fn rollout_steps(
     // image replaces one that never started).
     let store_known = prev.store_format.is_some() || o.nodes.values().any(Result::is_ok);
     let Some(sts) = &o.statefulset else {
-        if let Some(adoption) = adopt(relay, prev, o, store_known) {
+        if let Some(adoption) = crate::adopt::adopt(relay, prev, o, store_known) {
             return adoption;
         }
         // A missing StatefulSet over existing stores comes back on the release they ran;
@@ -714,7 +625,7 @@ fn rollback_to_begin(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Option<
 
 /// The store format of `image` from its probe, or the hold (and the probe Job to start)
 /// while it is not known.
-fn probe_of(image: &str, o: &Observed) -> Result<u32, (Option<Hold>, Vec<JobAction>)> {
+pub(crate) fn probe_of(image: &str, o: &Observed) -> Result<u32, (Option<Hold>, Vec<JobAction>)> {
     match o.probes.get(image) {
         None => Err((
             hold(
@@ -746,120 +657,8 @@ fn probe_of(image: &str, o: &Observed) -> Result<u32, (Option<Hold>, Vec<JobActi
     }
 }
 
-/// A Relay created over data claims an earlier one left: no StatefulSet, no store any node
-/// of it has opened, no upgrade recorded. A store on those claims may be of an older format
-/// that `spec.image` would migrate forward the moment a node opens it, so, as an upgrade's
-/// first step does for the claims a scale-down left, the image is probed and every claim
-/// backed up offline before the StatefulSet exists (an `adopting` cursor covering no
-/// running node). Their format is not known before a node opens them, so they are backed
-/// up whatever the image's format (`policy: Never` starts at once); with no backup
-/// destination nothing starts (`NoBackupDestination`).
-fn adopt(relay: &Relay, prev: &RelayStatus, o: &Observed, store_known: bool) -> Option<Rollout> {
-    let spec = &relay.spec;
-    if o.claims.is_empty()
-        || store_known
-        || prev.current_image.is_some()
-        || prev.upgrade.is_some()
-        || spec.backup.as_ref().map(|b| b.policy) == Some(BackupPolicy::Never)
-    {
-        return None;
-    }
-    let held = |h: Option<Hold>, jobs, target_format| Rollout {
-        image: spec.image.clone(),
-        partition: 0,
-        replicas: 0,
-        jobs,
-        upgrade: None,
-        target_format,
-        hold: h,
-        backups_succeeded_now: false,
-        current_image: None,
-        restore: None,
-        claims: Vec::new(),
-        hold_statefulset: true,
-        stop_pod: None,
-    };
-    let format = match probe_of(&spec.image, o) {
-        Ok(f) => f,
-        Err((h, jobs)) => return Some(held(h, jobs, None)),
-    };
-    let names = crate::resources::Names::of(relay).ok();
-    let claims = retained_claim_names(names.as_ref(), &o.claims);
-    if spec.backup.is_none() {
-        return Some(held(
-            hold(
-                "NoBackupDestination",
-                format!(
-                    "the data claims {claims} of an earlier Relay hold stores no node of this one has opened; {} (store format {format}) would migrate an older one forward with no backup: set spec.backup.destination to back them up first (or spec.backup.policy: Never, or delete the claims to start empty)",
-                    spec.image
-                ),
-                true,
-            ),
-            Vec::new(),
-            Some(format),
-        ));
-    }
-    let cursor = UpgradeStatus {
-        phase: UpgradePhase::BackingUp,
-        target_image: Some(pinned(&spec.image, o)),
-        partition: Some(0),
-        replicas: Some(0),
-        retained_claims: o.claims.clone(),
-        step_started: Some(o.now.clone()),
-        started: Some(o.now.clone()),
-        retry_seen: spec.upgrade.retry.clone(),
-        adopting: true,
-        ..UpgradeStatus::default()
-    };
-    let mut prev_with_format = prev.clone();
-    prev_with_format.target_format = Some(format);
-    Some(continue_upgrade(relay, &prev_with_format, cursor, o))
-}
-
-/// `data-<name>-<i>, …` for the status.
-fn retained_claim_names(names: Option<&crate::resources::Names>, ordinals: &[i32]) -> String {
-    ordinals
-        .iter()
-        .map(|&i| names.map(|n| n.claim(i)).unwrap_or_else(|| i.to_string()))
-        .collect::<Vec<_>>()
-        .join(", ")
-}
-
-/// The decision of an adopting cursor: no StatefulSet until every claim is backed up, then
-/// one on the probed image with the spec's replicas.
-fn adopted(relay: &Relay, o: &Observed, mut out: Rollout) -> Rollout {
-    let done = out
-        .upgrade
-        .as_ref()
-        .is_some_and(|u| u.phase == UpgradePhase::Completed);
-    if done {
-        out.replicas = relay.spec.replicas.max(0);
-        out.partition = 0;
-        out.current_image = Some(out.image.clone());
-        out.hold_statefulset = false;
-        return out;
-    }
-    out.hold_statefulset = true;
-    out.replicas = 0;
-    if let Some(h) = out.hold.as_mut().filter(|h| h.reason == "BackingUp") {
-        let names = crate::resources::Names::of(relay).ok();
-        let done = o
-            .backups
-            .values()
-            .filter(|j| **j == JobObs::Succeeded)
-            .count();
-        h.message = format!(
-            "the data claims {} of an earlier Relay are backed up before any node opens them with {} ({done}/{} done)",
-            retained_claim_names(names.as_ref(), &o.claims),
-            out.image,
-            o.claims.len()
-        );
-    }
-    out
-}
-
 /// A gated upgrade, from its cursor (an adoption's too).
-fn continue_upgrade(
+pub(crate) fn continue_upgrade(
     relay: &Relay,
     prev: &RelayStatus,
     cursor: UpgradeStatus,
@@ -875,12 +674,12 @@ fn continue_upgrade(
         // Another image before the claims were backed up: probed, and backed up for it.
         let mut fresh = prev.clone();
         fresh.upgrade = None;
-        if let Some(again) = adopt(relay, &fresh, o, false) {
+        if let Some(again) = crate::adopt::adopt(relay, &fresh, o, false) {
             return again;
         }
     }
     let out = upgrade_decision(relay, prev, cursor, o);
-    adopted(relay, o, out)
+    crate::adopt::adopted(relay, o, out)
 }
 
 /// The decision of a gated upgrade under way (its cursor).
