@@ -54,6 +54,12 @@ pub fn handoff_capable(o: &Observed) -> bool {
         })
 }
 
+/// Whether a hold is a drain's (`Draining`, `DrainStalled`): the controller looks at the
+/// nodes again sooner than its poll while one lasts.
+pub fn is_drain_hold(h: &Hold) -> bool {
+    matches!(h.reason, "Draining" | "DrainStalled")
+}
+
 /// A scale-down drains before it shrinks: while a node at or past `spec.replicas` still
 /// holds rows (or cannot say), the StatefulSet keeps it — the node list marks it `leaving`,
 /// so it owns no tenant and hands what it stores to the owners — and the hold names what

@@ -82,6 +82,9 @@ impl Error {
     }
 }
 
+/// How soon a Relay whose scale-down drains is looked at again (the poll, if shorter).
+const DRAIN_POLL: Duration = Duration::from_secs(5);
+
 /// Settings of the controller.
 #[derive(Debug, Clone)]
 pub struct Settings {
@@ -430,10 +433,15 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         .and_then(|b| b.next_run.as_deref())
         .and_then(|t| planner::elapsed_s(&o.now, t))
         .map(|s| Duration::from_secs(s.max(0) as u64 + 1));
-    // A node restore stopping its pod looks again soon: the pod's end is not watched.
-    let until_run = match rollout.stop_pod {
-        Some(_) => Some(Duration::from_secs(2)),
-        None => until_run,
+    // A node restore stopping its pod looks again soon: the pod's end is not watched. A
+    // drain's progress is only in the nodes' answers: a scale-down shrinks (and `Draining`
+    // counts down) within seconds of the leaving nodes emptying, not a poll later.
+    let until_run = match (&rollout.stop_pod, &rollout.hold) {
+        (Some(_), _) => Some(Duration::from_secs(2)),
+        (None, Some(h)) if crate::drain::is_drain_hold(h) => {
+            Some(until_run.map_or(DRAIN_POLL, |d| d.min(DRAIN_POLL)))
+        }
+        _ => until_run,
     };
     Ok(Action::requeue(
         until_run.map_or(ctx.settings.poll_interval, |d| {
