@@ -61,7 +61,8 @@ pub struct HandoffBatch {
     /// last, or the last again (a batch sent again after a lost answer or a restart).
     pub batch: u64,
     /// The items, each a hook with every delivery it still owes (due, scheduled, parked,
-    /// dead), its archive obligation and hook log, or a dedupe key inside its window: in the
+    /// dead), its archive obligation and hook log, an archived copy still in its retention,
+    /// a hook log record of a hook no longer stored, or a dedupe key inside its window: in the
     /// store's encoding of a moved item (version 1), base64 (standard, padded). At most
     /// [`HANDOFF_MAX_ITEMS`].
     pub items: Vec<String>,
@@ -86,6 +87,12 @@ pub struct HandoffAnswer {
     pub hooks: u64,
     /// Dedupe keys imported now (a key the receiver holds alive already is kept as is).
     pub dedupe: u64,
+    /// Archived copies imported now (one that expired on its way is not kept).
+    #[serde(default)]
+    pub archived: u64,
+    /// Hook log records imported now (a leaving node's, of hooks it no longer stores).
+    #[serde(default)]
+    pub records: u64,
 }
 
 #[cfg(test)]
@@ -106,10 +113,17 @@ mod tests {
             outcome: HandoffOutcome::Already,
             hooks: 0,
             dedupe: 0,
+            archived: 0,
+            records: 0,
         };
         assert_eq!(
             serde_json::to_string(&a).unwrap(),
-            r#"{"batch":3,"outcome":"already","hooks":0,"dedupe":0}"#
+            r#"{"batch":3,"outcome":"already","hooks":0,"dedupe":0,"archived":0,"records":0}"#
         );
+        // An answer of a release before archived copies moved.
+        let old: HandoffAnswer =
+            serde_json::from_str(r#"{"batch":3,"outcome":"imported","hooks":2,"dedupe":1}"#)
+                .unwrap();
+        assert_eq!(old.archived, 0);
     }
 }

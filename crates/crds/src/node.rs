@@ -132,7 +132,8 @@ pub struct ClusterStatus {
 pub struct HandoffStatus {
     /// Tenants stored here that another node owns and that still have rows here.
     pub tenants_leaving: u64,
-    /// Their deliveries still here (pending, scheduled, in flight, dead).
+    /// Their deliveries still here (pending, scheduled, in flight, dead), and their archive
+    /// obligations (a delivered hook's copy is made here, then moves).
     pub rows_leaving: u64,
     /// Items taken out of this node's queue and sent, not yet confirmed by their receiver.
     pub staged: u64,
@@ -140,7 +141,8 @@ pub struct HandoffStatus {
     pub hooks_moved: u64,
     /// Hooks taken from other nodes since this node started.
     pub hooks_received: u64,
-    /// The last pass found nothing of another node's tenants here, and nothing staged.
+    /// The last pass found nothing of another node's tenants here, and nothing staged (and,
+    /// on a leaving node, no hook log record left to hand on).
     pub drained: bool,
     /// Why the handoff does not move, while it does not: the receiver and its answer.
     #[serde(default, skip_serializing_if = "Option::is_none")]

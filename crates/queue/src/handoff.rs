@@ -148,8 +148,11 @@ pub fn outbox_len(store: &Store) -> Result<u64, QueueError> {
 
 /// Stages the next batch of tenant `tenant`'s (ordinal `ord`) rows for `receiver`: up to
 /// [`BATCH_HOOKS`] hooks that owe deliveries and none in flight, then, in the room left,
-/// its dedupe keys still inside their window. One synced write. `None` when nothing of the
-/// tenant could be staged (nothing left, or everything in flight or moving meanwhile).
+/// its archived copies still inside their retention, then its dedupe keys still inside
+/// their window. One synced write, which also drops the
+/// tenant's orphans (rows whose hook the store lost: undeliverable anywhere; logged).
+/// `None` when nothing of the tenant could be staged (nothing left, or everything in flight
+/// or moving meanwhile).
 /// Refused while an earlier batch for `receiver` waits for its answer: send that first.
 pub fn stage(
     store: &Store,
@@ -164,8 +167,20 @@ pub fn stage(
             receiver: receiver.to_owned(),
         });
     }
-    let hooks = deliveries::movable_hooks(store, ord, BATCH_HOOKS, BATCH_BYTES)?;
-    let mut items: Vec<Moved> = hooks.into_iter().map(Moved::Hook).collect();
+    let movable = deliveries::movable_hooks(store, ord, BATCH_HOOKS, BATCH_BYTES)?;
+    let mut items: Vec<Moved> = movable.hooks.into_iter().map(Moved::Hook).collect();
+    // Then, in the room left, the tenant's archived copies still in their retention.
+    let used: usize = items.iter().map(Moved::weight).sum();
+    let room = BATCH_HOOKS.saturating_sub(items.len());
+    if room > 0 && used < BATCH_BYTES {
+        items.extend(crate::archive::movable_copies(
+            store,
+            ord,
+            now_ms,
+            room,
+            BATCH_BYTES - used,
+        )?);
+    }
     let mut dedupe_keys = Vec::new();
     let room = BATCH_HOOKS.saturating_sub(items.len());
     if room > 0 {
@@ -190,12 +205,18 @@ pub fn stage(
             dedupe_keys.push((k, v));
         }
     }
+    let mut tx = Tx::new();
+    for o in &movable.orphans {
+        deliveries::drop_orphan(&mut tx, ord, o);
+    }
     if items.is_empty() {
+        if !movable.orphans.is_empty() {
+            orphans_dropped(tenant, &tx.commit(store, true)?.moved);
+        }
         return Ok(None);
     }
     let sent_key = named(SENT_PREFIX, receiver);
     let batch = read_u64(store, &sent_key)? + 1;
-    let mut tx = Tx::new();
     let mut dedupe = dedupe_keys.iter();
     for (i, item) in items.iter().enumerate() {
         let outbox = (out_key(receiver, batch, i as u32), item.encode());
@@ -206,13 +227,73 @@ pub fn stage(
                     deliveries::stage_dedupe(&mut tx, k, v, *expires, outbox);
                 }
             }
+            Moved::Archived { .. } => {
+                crate::archive::stage_copy(&mut tx, ord, item);
+                tx.push_op(Op::put(Cf::Default, outbox.0, outbox.1));
+            }
+            // Records move in batches of their own (stage_records).
+            Moved::Logged { .. } => {}
         }
+    }
+    tx.push_op(Op::put(Cf::Default, sent_key, batch.to_be_bytes()));
+    let committed = tx.commit(store, true)?;
+    if !movable.orphans.is_empty() {
+        // The orphans' units come first in the batch.
+        let n = movable.orphans.len().min(committed.moved.len());
+        orphans_dropped(tenant, &committed.moved[..n]);
+    }
+    Ok(outbox(store)?
+        .into_iter()
+        .find(|o| o.receiver == receiver && o.batch == batch))
+}
+
+/// Stages a batch of hook log records (from [`crate::hooklog::movable_records`], each of a
+/// tenant `receiver` owns) for `receiver`: their records, ids and events leave this node's
+/// log and enter its outbox, in one synced write, under the next batch number. What a
+/// leaving node does once its tenants' rows have moved. Refused while an earlier batch for
+/// `receiver` waits for its answer.
+pub fn stage_records(
+    store: &Store,
+    receiver: &str,
+    records: &[crate::hooklog::MovableRecord],
+) -> Result<Option<Outbox>, QueueError> {
+    let (lo, hi) = out_range(receiver);
+    if store.first(Family::Meta, &lo, &hi, Dir::Forward)?.is_some() {
+        return Err(QueueError::HandoffStaged {
+            receiver: receiver.to_owned(),
+        });
+    }
+    if records.is_empty() {
+        return Ok(None);
+    }
+    let sent_key = named(SENT_PREFIX, receiver);
+    let batch = read_u64(store, &sent_key)? + 1;
+    let mut tx = Tx::new();
+    for (i, r) in records.iter().enumerate() {
+        crate::hooklog::stage_record(&mut tx, r);
+        tx.push_op(Op::put(
+            Cf::Default,
+            out_key(receiver, batch, i as u32),
+            r.item.encode(),
+        ));
     }
     tx.push_op(Op::put(Cf::Default, sent_key, batch.to_be_bytes()));
     tx.commit(store, true)?;
     Ok(outbox(store)?
         .into_iter()
         .find(|o| o.receiver == receiver && o.batch == batch))
+}
+
+/// Logs the orphans of `tenant` a stage dropped (`moved`: their units' outcomes).
+fn orphans_dropped(tenant: &str, moved: &[bool]) {
+    let dropped = moved.iter().filter(|m| **m).count();
+    if dropped > 0 {
+        tracing::warn!(
+            tenant,
+            dropped,
+            "handoff: dropped rows whose hook this store had lost (undeliverable anywhere)"
+        );
+    }
 }
 
 /// The receiver answered batch `batch`: its outbox entries go.

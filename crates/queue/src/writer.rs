@@ -280,17 +280,28 @@ impl Assembler {
         if crate::handoff::last_imported(store, &imp.from)? >= imp.batch {
             return Ok((None, ImportReply::Already));
         }
+        // The envelopes of the moved hooks and archived copies, and the ids of the moved
+        // log records, in the items' order.
         let mut envelopes = Vec::new();
+        let mut record_ids = Vec::new();
         let mut tenants: Vec<&str> = Vec::new();
         for item in &imp.items {
             match item {
-                Moved::Hook(h) => {
-                    let env = Envelope::decode(&h.envelope).map_err(|e| {
+                Moved::Hook(ankusa_records::moved::MovedHook { envelope, .. })
+                | Moved::Archived { envelope, .. } => {
+                    let env = Envelope::decode(envelope).map_err(|e| {
                         QueueError::corrupt(Family::Hooks, format!("a moved hook: {e}"))
                     })?;
                     envelopes.push(env);
                 }
                 Moved::Dedupe { tenant, .. } => tenants.push(tenant),
+                // A log record needs no ordinal: only its id, to index it by.
+                Moved::Logged { record, .. } => {
+                    let r = ankusa_records::LogRecord::decode(record).map_err(|e| {
+                        QueueError::corrupt(Family::HookLog, format!("a moved record: {e}"))
+                    })?;
+                    record_ids.push(r.envelope.id);
+                }
             }
         }
         tenants.extend(envelopes.iter().map(Envelope::tenant_or_default));
@@ -313,7 +324,8 @@ impl Assembler {
         }
         let mut next_seq = self.next_seq;
         let mut due = Vec::new();
-        let (mut hooks, mut dedupes) = (0u64, 0u64);
+        let (mut hooks, mut dedupes, mut archived, mut records) = (0u64, 0u64, 0u64, 0u64);
+        let mut ids = record_ids.iter();
         let mut envs = envelopes.iter();
         let now = ankusa_keyspace::now_ms();
         let dedupe_keys: Vec<Option<Vec<u8>>> = imp
@@ -321,7 +333,7 @@ impl Assembler {
             .iter()
             .map(|item| match item {
                 Moved::Dedupe { tenant, key, .. } => ankusa_keyspace::dedupe(tenant, key),
-                Moved::Hook(_) => None,
+                Moved::Hook(_) | Moved::Archived { .. } | Moved::Logged { .. } => None,
             })
             .collect();
         let wanted: Vec<Vec<u8>> = dedupe_keys.iter().flatten().cloned().collect();
@@ -344,6 +356,38 @@ impl Assembler {
                         }
                     }
                     hooks += 1;
+                }
+                Moved::Archived {
+                    received,
+                    expires,
+                    envelope,
+                    ..
+                } => {
+                    let Some(env) = envs.next() else { break };
+                    let Some(ord) = ords.get(env.tenant_or_default()).copied() else {
+                        continue;
+                    };
+                    if *expires <= now {
+                        continue;
+                    }
+                    let seq = Seq(next_seq);
+                    next_seq += 1;
+                    crate::archive::import_copy(
+                        &mut tx,
+                        ord,
+                        seq,
+                        AtMs(*received),
+                        AtMs(*expires),
+                        envelope,
+                    );
+                    archived += 1;
+                }
+                Moved::Logged { record, events, .. } => {
+                    let Some(id) = ids.next() else { break };
+                    let seq = Seq(next_seq);
+                    next_seq += 1;
+                    crate::hooklog::import_record(&mut tx, seq, id, record, events);
+                    records += 1;
                 }
                 Moved::Dedupe { expires, id, .. } => {
                     let Some(k) = dkey else { continue };
@@ -389,6 +433,8 @@ impl Assembler {
             ImportReply::Imported {
                 hooks,
                 dedupe: dedupes,
+                archived,
+                records,
             },
         ))
     }
@@ -557,8 +603,14 @@ pub struct Import {
 /// The writer's answer to an [`Import`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ImportReply {
-    /// Committed by a synced write: this many hooks and dedupe keys.
-    Imported { hooks: u64, dedupe: u64 },
+    /// Committed by a synced write: this many hooks, dedupe keys, archived copies and
+    /// hook log records.
+    Imported {
+        hooks: u64,
+        dedupe: u64,
+        archived: u64,
+        records: u64,
+    },
     /// This batch (or a later one) of the sender was imported before: nothing written.
     Already,
     /// A tenant of the batch would be past `tenants.max` on this node: nothing written.

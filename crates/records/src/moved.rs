@@ -61,11 +61,32 @@ pub struct MovedHook {
     pub events: Vec<MovedEvent>,
 }
 
-/// What moves: a hook, or a dedupe key still inside its window (so a provider's retry
-/// after the move is still a duplicate at the new owner).
+/// What moves: a hook, an archived copy of a delivered hook, or a dedupe key still inside
+/// its window (so a provider's retry after the move is still a duplicate at the new owner).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Moved {
     Hook(MovedHook),
+    /// An archived copy (`?h`) still inside its retention: the receiver keeps it, under a
+    /// seq of its own, until `expires` (ms), and lists and replays it as its own.
+    Archived {
+        /// The sender's seq (its keys: the receiver assigns its own).
+        seq: u64,
+        /// When the hook was received (ms): the copy's place in the tenant's archive.
+        received: u64,
+        expires: u64,
+        /// The envelope as archived (body and headers included).
+        envelope: Vec<u8>,
+    },
+    /// The hook log's record of a hook no longer stored (delivered, or gone), with its
+    /// events: what a leaving node hands on so that `GET /v1/hooks/{id}` still explains
+    /// the hook once the node is gone. The receiver keeps it under a seq of its own.
+    Logged {
+        /// The sender's seq (its keys).
+        seq: u64,
+        /// The record as stored (the envelope without its body, and the body's size).
+        record: Vec<u8>,
+        events: Vec<MovedEvent>,
+    },
     Dedupe {
         tenant: String,
         key: Vec<u8>,
@@ -78,6 +99,8 @@ pub enum Moved {
 const VERSION: u8 = 1;
 const HOOK: u8 = 1;
 const DEDUPE: u8 = 2;
+const ARCHIVED: u8 = 3;
+const LOGGED: u8 = 4;
 const DUE: u8 = 1;
 const PARKED: u8 = 2;
 const DEAD: u8 = 3;
@@ -108,10 +131,7 @@ impl Moved {
                     Some(r) => e.u8(1).bytes(r),
                     None => e.u8(0),
                 };
-                e.u32(h.events.len() as u32);
-                for ev in &h.events {
-                    e.u16(ev.sink).u64(ev.at).u8(ev.kind).bytes(&ev.value);
-                }
+                encode_events(&mut e, &h.events);
             }
             Moved::Dedupe {
                 tenant,
@@ -120,6 +140,26 @@ impl Moved {
                 id,
             } => {
                 e.u8(DEDUPE).str(tenant).bytes(key).u64(*expires).str(id);
+            }
+            Moved::Archived {
+                seq,
+                received,
+                expires,
+                envelope,
+            } => {
+                e.u8(ARCHIVED)
+                    .u64(*seq)
+                    .u64(*received)
+                    .u64(*expires)
+                    .bytes(envelope);
+            }
+            Moved::Logged {
+                seq,
+                record,
+                events,
+            } => {
+                e.u8(LOGGED).u64(*seq).bytes(record);
+                encode_events(&mut e, events);
             }
         }
         e.finish()
@@ -166,16 +206,7 @@ impl Moved {
                     1 => Some(d.bytes()?.to_vec()),
                     _ => return Err(bad("bad flag")),
                 };
-                let n = d.u32()? as usize;
-                let mut events = Vec::with_capacity(n.min(v.len() / 15));
-                for _ in 0..n {
-                    events.push(MovedEvent {
-                        sink: d.u16()?,
-                        at: d.u64()?,
-                        kind: d.u8()?,
-                        value: d.bytes()?.to_vec(),
-                    });
-                }
+                let events = decode_events(&mut d, v.len())?;
                 Moved::Hook(MovedHook {
                     seq,
                     envelope,
@@ -190,6 +221,17 @@ impl Moved {
                 key: d.bytes()?.to_vec(),
                 expires: d.u64()?,
                 id: d.string()?,
+            },
+            ARCHIVED => Moved::Archived {
+                seq: d.u64()?,
+                received: d.u64()?,
+                expires: d.u64()?,
+                envelope: d.bytes()?.to_vec(),
+            },
+            LOGGED => Moved::Logged {
+                seq: d.u64()?,
+                record: d.bytes()?.to_vec(),
+                events: decode_events(&mut d, v.len())?,
             },
             _ => return Err(bad("unknown kind")),
         };
@@ -207,8 +249,35 @@ impl Moved {
                     + h.deliveries.len() * 64
             }
             Moved::Dedupe { key, id, .. } => key.len() + id.len() + 16,
+            Moved::Archived { envelope, .. } => envelope.len() + 24,
+            Moved::Logged { record, events, .. } => {
+                record.len() + events.iter().map(|e| e.value.len() + 16).sum::<usize>()
+            }
         }
     }
+}
+
+fn encode_events(e: &mut Enc, events: &[MovedEvent]) {
+    e.u32(events.len() as u32);
+    for ev in events {
+        e.u16(ev.sink).u64(ev.at).u8(ev.kind).bytes(&ev.value);
+    }
+}
+
+/// `total`: the item's length, which bounds a count read from damaged bytes.
+fn decode_events(d: &mut Dec<'_>, total: usize) -> Result<Vec<MovedEvent>, DecodeError> {
+    let n = d.u32()? as usize;
+    // Each event takes at least 15 bytes: a count past what is left is damage.
+    let mut events = Vec::with_capacity(n.min(total / 15));
+    for _ in 0..n {
+        events.push(MovedEvent {
+            sink: d.u16()?,
+            at: d.u64()?,
+            kind: d.u8()?,
+            value: d.bytes()?.to_vec(),
+        });
+    }
+    Ok(events)
 }
 
 fn flag(b: u8) -> Option<bool> {
@@ -287,7 +356,23 @@ mod tests {
             expires: 9_000,
             id: "hk_1".into(),
         };
-        for m in [hook(), dedupe] {
+        let archived = Moved::Archived {
+            seq: 9,
+            received: 1_000,
+            expires: 86_401_000,
+            envelope: b"archived envelope".to_vec(),
+        };
+        let logged = Moved::Logged {
+            seq: 11,
+            record: b"record".to_vec(),
+            events: vec![MovedEvent {
+                sink: 1,
+                at: 5_000,
+                kind: 2,
+                value: b"delivered".to_vec(),
+            }],
+        };
+        for m in [hook(), dedupe, archived, logged] {
             let bytes = m.encode();
             assert_eq!(Moved::decode(&bytes).unwrap(), m);
             for cut in 0..bytes.len() {

@@ -23,6 +23,7 @@ use super::deliveries::{self, ArchiveObligation, Tx};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{ArchivedKey, AtMs, Family, Seq, TenantOrd};
 use ankusa_records::codec::{Dec, DecodeError, Enc};
+use ankusa_records::moved::Moved;
 use ankusa_records::Envelope;
 use ankusa_store::{Dir, Op, Store};
 
@@ -330,6 +331,100 @@ fn archive_one(
     tx.unit_op(Op::put(
         Cf::Archive,
         ankusa_keyspace::archive_expiry(expires, ob.seq),
+        v,
+    ));
+}
+
+/// Up to `max_items` archived copies of tenant `ord` (about `max_bytes` of them) still
+/// inside their retention at `now_ms`, oldest first: what a handoff moves to the tenant's
+/// new owner. Expired copies stay for the pruner.
+pub fn movable_copies(
+    store: &Store,
+    ord: TenantOrd,
+    now_ms: u64,
+    max_items: usize,
+    max_bytes: usize,
+) -> Result<Vec<Moved>, QueueError> {
+    let (lo, hi) = ankusa_keyspace::archived_range(ord, AtMs(0), AtMs(u64::MAX));
+    let mut out = Vec::new();
+    let mut bytes = 0usize;
+    for kv in store.scan(Family::ArchivedHooks, &lo, &hi, Dir::Forward)? {
+        if out.len() >= max_items || bytes >= max_bytes {
+            break;
+        }
+        let (k, v) = kv?;
+        let key = ankusa_keyspace::decode_archived_hook(&k)?;
+        let corrupt = |e: DecodeError| QueueError::corrupt_at(Family::ArchivedHooks, &k, e);
+        let mut d = Dec::new(&v, "archived hook");
+        d.version(VERSION).map_err(corrupt)?;
+        let expires = d.u64().map_err(corrupt)?;
+        let envelope = d.bytes().map_err(corrupt)?.to_vec();
+        if expires <= now_ms {
+            continue;
+        }
+        let m = Moved::Archived {
+            seq: key.seq.0,
+            received: key.received.0,
+            expires,
+            envelope,
+        };
+        bytes += m.weight();
+        out.push(m);
+    }
+    Ok(out)
+}
+
+/// The sender's side of a moved copy (`m`, from [`movable_copies`] of tenant `ord`): its
+/// `?h` row and expiry key go in the stage's write. (Not a unit: no counter counts
+/// archived copies, and the pruner, the one other writer, deletes only expired copies,
+/// which never move.)
+pub fn stage_copy(tx: &mut Tx, ord: TenantOrd, m: &Moved) {
+    let Moved::Archived {
+        seq,
+        received,
+        expires,
+        ..
+    } = m
+    else {
+        return;
+    };
+    let key = ArchivedKey {
+        ord,
+        received: AtMs(*received),
+        seq: Seq(*seq),
+    };
+    tx.push_op(Op::delete(
+        Cf::Archive,
+        ankusa_keyspace::archived_hook(&key),
+    ));
+    tx.push_op(Op::delete(
+        Cf::Archive,
+        ankusa_keyspace::archive_expiry(AtMs(*expires), Seq(*seq)),
+    ));
+}
+
+/// The receiver's side: a moved copy enters tenant `ord`'s archive as hook `seq`'s, kept
+/// until `expires` (the sender's). The caller skips a copy that expired on its way: its
+/// expiry key would sort behind the pruner's cursor and never be read.
+pub fn import_copy(
+    tx: &mut Tx,
+    ord: TenantOrd,
+    seq: Seq,
+    received: AtMs,
+    expires: AtMs,
+    envelope_bytes: &[u8],
+) {
+    let key = ArchivedKey { ord, received, seq };
+    tx.push_op(Op::put(
+        Cf::Archive,
+        ankusa_keyspace::archived_hook(&key),
+        encode(expires, envelope_bytes),
+    ));
+    let mut v = ord.0.to_be_bytes().to_vec();
+    v.extend_from_slice(&received.0.to_be_bytes());
+    tx.push_op(Op::put(
+        Cf::Archive,
+        ankusa_keyspace::archive_expiry(expires, seq),
         v,
     ));
 }

@@ -9,8 +9,7 @@ use std::collections::{BTreeMap, HashSet};
 
 use super::*;
 use ankusa_keyspace::{
-    AtMs, Cf, CounterField, DeadKey, DueKey, EventKey, EventKind, Family, PulledKey, Seq, SinkIdx,
-    TenantOrd,
+    AtMs, Cf, CounterField, DeadKey, DueKey, Family, PulledKey, Seq, SinkIdx, TenantOrd,
 };
 use ankusa_records::moved::{MovedDelivery, MovedEvent, MovedHook, MovedState};
 use ankusa_store::{Dir, Op, Store};
@@ -20,16 +19,29 @@ use crate::QueueError;
 /// Rows of each index family read for one [`movable_hooks`] call, per hook asked for.
 const READ_PER_HOOK: usize = 4;
 
+/// What [`movable_hooks`] found of a tenant.
+#[derive(Debug, Default)]
+pub struct Movable {
+    /// The hooks that move, each with every delivery it still owes.
+    pub hooks: Vec<MovedHook>,
+    /// Rows whose hook is gone (a store that lost hooks before): undeliverable, so they do
+    /// not move; [`drop_orphan`] takes them out, counted. Each as a hook with no envelope,
+    /// log or events. Without this a dead orphan — which no dispatcher ever meets
+    /// — would keep its tenant on a leaving node, and the drain from ending, for good.
+    pub orphans: Vec<MovedHook>,
+}
+
 /// Up to `max_hooks` hooks of tenant `ord` (and about `max_bytes`), oldest seq first, each
 /// with every delivery it still owes: due, scheduled, parked for a pull sink, dead. A hook
 /// with a delivery in flight is left for a later call (it moves once its attempt ends), and
 /// so is one whose rows this read did not all meet (a row that moved between two scans).
+/// Up to `max_hooks` orphans besides.
 pub fn movable_hooks(
     store: &Store,
     ord: TenantOrd,
     max_hooks: usize,
     max_bytes: usize,
-) -> Result<Vec<MovedHook>, QueueError> {
+) -> Result<Movable, QueueError> {
     let cap = max_hooks.saturating_mul(READ_PER_HOOK).max(16);
     // Read first, so that a row claimed between this scan and the ones below is either
     // seen in flight here or missing there (and its hook is left).
@@ -39,7 +51,9 @@ pub fn movable_hooks(
         let (k, _) = kv?;
         inflight.insert(ankusa_keyspace::decode_inflight(&k)?.seq);
     }
-    let mut found: BTreeMap<Seq, Vec<(SinkIdx, MovedState)>> = BTreeMap::new();
+    // Each delivery's sink, state and size (the index row's: an orphan may have lost its
+    // delivery row too).
+    let mut found: BTreeMap<Seq, Vec<(SinkIdx, MovedState, u32)>> = BTreeMap::new();
     let (lo, end) = ankusa_keyspace::due_tenant_range(ord);
     for kv in store.scan(Family::Due, &lo, &end, Dir::Forward)?.take(cap) {
         let (k, v) = kv?;
@@ -50,6 +64,7 @@ pub fn movable_hooks(
                 at: row.key.at.0,
                 retry: row.kind == Kind::Retry,
             },
+            row.size,
         ));
     }
     let (lo, end) = ankusa_keyspace::pulled_tenant_range(ord);
@@ -66,19 +81,23 @@ pub fn movable_hooks(
                 retry: row.kind == Kind::Retry,
                 sink_id: row.key.sink_id,
             },
+            row.size,
         ));
     }
     let page = dead_page_for_tenant(store, ord, None, cap)?;
     for row in page.rows {
+        let size = row.value.size;
         found.entry(row.key.seq).or_default().push((
             row.key.sink,
             MovedState::Dead {
                 at: row.key.at.0,
                 value: row.value,
             },
+            size,
         ));
     }
     let mut out = Vec::new();
+    let mut orphans = Vec::new();
     let mut bytes = 0usize;
     for (seq, mut states) in found {
         if out.len() >= max_hooks || (bytes >= max_bytes && !out.is_empty()) {
@@ -88,7 +107,9 @@ pub fn movable_hooks(
             continue;
         }
         let Some(envelope) = store.get(Cf::Hooks, &ankusa_keyspace::hook(seq))? else {
-            // Rows without their hook are the dispatcher's to drop (orphans), not to move.
+            if orphans.len() < max_hooks {
+                orphans.push(orphan(store, seq, states)?);
+            }
             continue;
         };
         let env = Envelope::decode(&envelope)
@@ -98,20 +119,20 @@ pub fn movable_hooks(
             .collect();
         let rows = delivery_rows(store, &pairs)?;
         let live = rows.iter().filter(|r| r.is_some()).count();
-        states.sort_by_key(|(s, _)| *s);
-        states.dedup_by_key(|(s, _)| *s);
+        states.sort_by_key(|(s, _, _)| *s);
+        states.dedup_by_key(|(s, _, _)| *s);
         // Every delivery the hook owes must be here, once: else a row moved meanwhile, or
         // lies past this read, and the hook waits for a later call.
         if states.len() != live
             || states
                 .iter()
-                .any(|(s, _)| rows.get(s.0 as usize).is_none_or(|r| r.is_none()))
+                .any(|(s, _, _)| rows.get(s.0 as usize).is_none_or(|r| r.is_none()))
         {
             continue;
         }
         let deliveries = states
             .into_iter()
-            .filter_map(|(sink, state)| {
+            .filter_map(|(sink, state, _)| {
                 let row = rows.get(sink.0 as usize)?.clone()?;
                 Some(MovedDelivery {
                     sink: sink.0,
@@ -147,7 +168,47 @@ pub fn movable_hooks(
         bytes += ankusa_records::moved::Moved::Hook(hook.clone()).weight();
         out.push(hook);
     }
-    Ok(out)
+    Ok(Movable {
+        hooks: out,
+        orphans,
+    })
+}
+
+/// Hook `seq`'s rows, read without its envelope: an orphan, its deliveries as their index
+/// rows say (the delivery row's attempts where it is still there).
+fn orphan(
+    store: &Store,
+    seq: Seq,
+    mut states: Vec<(SinkIdx, MovedState, u32)>,
+) -> Result<MovedHook, QueueError> {
+    states.sort_by_key(|(s, _, _)| *s);
+    states.dedup_by_key(|(s, _, _)| *s);
+    let pairs: Vec<(Seq, SinkIdx)> = states.iter().map(|(s, _, _)| (seq, *s)).collect();
+    let rows = delivery_rows(store, &pairs)?;
+    let deliveries = states
+        .into_iter()
+        .zip(rows)
+        .map(|((sink, state, size), row)| MovedDelivery {
+            sink: sink.0,
+            // The counters count the index row's size: that is what goes.
+            row: DeliveryRow {
+                size,
+                ..row.unwrap_or_default()
+            },
+            state,
+        })
+        .collect();
+    Ok(MovedHook {
+        seq: seq.0,
+        envelope: Vec::new(),
+        deliveries,
+        // An obligation no archiver can meet without the body: it goes with the rows.
+        archive: store
+            .get(Cf::Index, &ankusa_keyspace::archive(seq))?
+            .is_some(),
+        log: None,
+        events: Vec::new(),
+    })
 }
 
 /// The index key a moved delivery has on the sender (tenant `ord`, hook `seq`), and the
@@ -216,13 +277,10 @@ fn field(state: &MovedState) -> CounterField {
     }
 }
 
-/// The sender's side: hook `h` of tenant `ord` leaves this node's queue for the outbox
-/// (`outbox`: its key and value there), in one unit that commits only if every index row it
-/// was read with is still there as read (so a claim, a replay, a purge or a park that came
-/// first wins, and the hook is read again later). Every row, the envelope, its archive
-/// obligation, its log record, id and events go, with their counter deltas; the outbox
-/// entry comes.
-pub fn stage_hook(tx: &mut Tx, ord: TenantOrd, h: &MovedHook, outbox: (Vec<u8>, Vec<u8>)) {
+/// Hook `h`'s delivery rows leave tenant `ord`'s queue as one unit (every index row as it
+/// was read, or none), each delivery row with them, with their counter deltas. False when
+/// it owes nothing.
+fn take_rows(tx: &mut Tx, ord: TenantOrd, h: &MovedHook) -> bool {
     let seq = Seq(h.seq);
     let mut first = true;
     for d in &h.deliveries {
@@ -247,16 +305,41 @@ pub fn stage_hook(tx: &mut Tx, ord: TenantOrd, h: &MovedHook, outbox: (Vec<u8>, 
         tx.delta(ord, field(&d.state), -1);
         tx.delta(ord, CounterField::Bytes, -(d.row.size as i64));
     }
-    if first {
-        // A hook that owes nothing does not move (movable_hooks never gives one).
-        return;
+    !first
+}
+
+/// Orphan `h` (from [`Movable::orphans`]) of tenant `ord` goes: its rows, counted, as one
+/// unit that commits only if they are still there as read. Nothing moves anywhere: with no
+/// hook there is nothing any node could deliver.
+pub fn drop_orphan(tx: &mut Tx, ord: TenantOrd, h: &MovedHook) {
+    if take_rows(tx, ord, h) {
+        take_archive(tx, ord, h);
     }
+}
+
+/// Hook `h`'s archive obligation, if it has one, leaves with the unit [`take_rows`] began.
+fn take_archive(tx: &mut Tx, ord: TenantOrd, h: &MovedHook) {
     if h.archive {
-        let key = ankusa_keyspace::archive(seq);
+        let key = ankusa_keyspace::archive(Seq(h.seq));
         tx.consume_also(key.clone(), None);
         tx.op(Op::delete(Cf::Index, key));
         tx.delta(ord, CounterField::ArchivePending, -1);
     }
+}
+
+/// The sender's side: hook `h` of tenant `ord` leaves this node's queue for the outbox
+/// (`outbox`: its key and value there), in one unit that commits only if every index row it
+/// was read with is still there as read (so a claim, a replay, a purge or a park that came
+/// first wins, and the hook is read again later). Every row, the envelope, its archive
+/// obligation, its log record, id and events go, with their counter deltas; the outbox
+/// entry comes.
+pub fn stage_hook(tx: &mut Tx, ord: TenantOrd, h: &MovedHook, outbox: (Vec<u8>, Vec<u8>)) {
+    let seq = Seq(h.seq);
+    if !take_rows(tx, ord, h) {
+        // A hook that owes nothing does not move (movable_hooks never gives one).
+        return;
+    }
+    take_archive(tx, ord, h);
     tx.op(Op::delete(Cf::Hooks, ankusa_keyspace::hook(seq)));
     tx.op(Op::delete(Cf::Index, ankusa_keyspace::cleared(seq)));
     if h.log.is_some() {
@@ -268,7 +351,7 @@ pub fn stage_hook(tx: &mut Tx, ord: TenantOrd, h: &MovedHook, outbox: (Vec<u8>, 
             tx.op(Op::delete(Cf::Audit, k));
         }
     }
-    for (k, _) in event_keys(seq, h) {
+    for (k, _) in crate::hooklog::event_keys(seq, &h.events) {
         tx.op(Op::delete(Cf::Audit, k));
     }
     tx.op(Op::put(Cf::Default, outbox.0, outbox.1));
@@ -339,24 +422,9 @@ pub fn import_hook(tx: &mut Tx, ord: TenantOrd, seq: Seq, h: &MovedHook, env: &E
             tx.push_op(Op::put(Cf::Audit, k, seq.0.to_be_bytes()));
         }
     }
-    for (k, ev) in event_keys(seq, h) {
+    for (k, ev) in crate::hooklog::event_keys(seq, &h.events) {
         tx.push_op(Op::put(Cf::Audit, k, ev.value.clone()));
     }
-}
-
-/// Hook `h`'s events with their keys as hook `seq`'s (an event of a kind this release does
-/// not know is left out: `movable_hooks` only reads known ones).
-fn event_keys(seq: Seq, h: &MovedHook) -> impl Iterator<Item = (Vec<u8>, &MovedEvent)> + '_ {
-    h.events.iter().filter_map(move |ev| {
-        let kind = EventKind::from_byte(ev.kind)?;
-        let key = ankusa_keyspace::hook_event(&EventKey {
-            seq,
-            sink: SinkIdx(ev.sink),
-            at: AtMs(ev.at),
-            kind,
-        });
-        Some((key, ev))
-    })
 }
 
 /// The sender's side of a dedupe key that moves: deleted with its expiry key, in a unit

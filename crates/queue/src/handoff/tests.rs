@@ -408,7 +408,9 @@ fn a_batch_imported_twice_is_written_once_and_dedupe_keys_move() {
         pair.import(),
         Some(ImportReply::Imported {
             hooks: 3,
-            dedupe: 1
+            dedupe: 1,
+            archived: 0,
+            records: 0
         })
     );
     pair.check();
@@ -486,4 +488,260 @@ fn an_import_never_takes_the_seq_of_an_orphan_row() {
     assert_eq!(rows[0].as_ref().map(|r| r.ord), Some(resident));
     assert!(deliveries::has_archive_obligation(&pair.receiver.store, orphan).unwrap());
     pair.receiver.assert_counters_equal_fold();
+}
+
+/// Rows whose hook the sender lost (a dead letter, a retry due hours later, a first
+/// attempt) are undeliverable anywhere: a stage drops them, counted, instead of leaving
+/// them to hold the tenant on a leaving node for good (no dispatcher ever meets a dead
+/// row). The hooks that are whole move as before, in the same write.
+#[test]
+fn a_stage_drops_the_rows_whose_hook_is_gone_and_the_tenant_drains() {
+    let mut pair = Pair::new(6);
+    let ord = pair.sender.ord(TENANT);
+    let store = &pair.sender.store;
+    let due = due_of(store, ord);
+    // Three hooks of one sink each (i % 3 == 0: hooks 0 and 3; hook 1 has two sinks).
+    let one_sink: Vec<_> = due
+        .iter()
+        .filter(|r| r.key.sink.0 == 0)
+        .take(3)
+        .cloned()
+        .collect();
+    let (dead, later, first) = (&one_sink[0], &one_sink[1], &one_sink[2]);
+    pair.sender.commit(|tx| {
+        let inflight = deliveries::claim(tx, dead);
+        deliveries::dead_letter(tx, &inflight, AtMs(6_000), "src", "gone", "sink0", None);
+    });
+    pair.sender.commit(|tx| {
+        let inflight = deliveries::claim(tx, later);
+        let updated = ankusa_records::DeliveryRow {
+            ord,
+            size: later.size,
+            attempts: 3,
+            ..Default::default()
+        };
+        deliveries::retry(tx, &inflight, AtMs(7_200_000), &updated);
+    });
+    let mut orphans = Vec::new();
+    for seq in [dead.key.seq, later.key.seq, first.key.seq] {
+        let env = deliveries::envelope(&pair.sender.store, seq)
+            .unwrap()
+            .unwrap();
+        for s in 0..env.sinks.len() as u16 {
+            pair.alive.remove(&(env.id.clone(), s));
+        }
+        orphans.push(seq);
+        pair.sender.commit(|tx| {
+            tx.push_op(Op::delete(Cf::Hooks, ankusa_keyspace::hook(seq)));
+        });
+    }
+    let before = crate::counters::read(&pair.sender.store, ord).unwrap();
+    assert!(before.dead == 1 && before.scheduled >= 1, "{before:?}");
+    // Until nothing is staged: the orphans went in the first write; every whole hook moved.
+    while stage(&pair.sender.store, RECEIVER, ord, TENANT, 0)
+        .unwrap()
+        .is_some()
+    {
+        pair.import();
+        pair.confirm();
+        pair.check();
+    }
+    let left = crate::counters::read(&pair.sender.store, ord).unwrap();
+    assert_eq!(
+        (
+            left.pending,
+            left.scheduled,
+            left.inflight,
+            left.dead,
+            left.bytes
+        ),
+        (0, 0, 0, 0, 0),
+        "the sender holds nothing of the tenant: {left:?}"
+    );
+    for seq in orphans {
+        let rows =
+            deliveries::delivery_rows(&pair.sender.store, &[(seq, ankusa_keyspace::SinkIdx(0))])
+                .unwrap();
+        assert!(
+            rows[0].is_none(),
+            "the orphan {seq:?}'s delivery row is gone"
+        );
+    }
+    pair.check();
+}
+
+/// Archived copies of delivered hooks still inside their retention move with the tenant
+/// (the receiver lists them as its own, under its own seqs, and prunes them when they
+/// expire); a copy already past its retention stays for the sender's pruner.
+#[test]
+fn archived_copies_in_their_retention_move_and_expired_ones_stay() {
+    let mut pair = Pair::new(0);
+    for i in 0..3 {
+        pair.sender.ingest(Some(TENANT), 1, 2_000 + i, true);
+    }
+    let ord = pair.sender.ord(TENANT);
+    for r in due_of(&pair.sender.store, ord) {
+        pair.sender.commit(|tx| {
+            let f = deliveries::claim(tx, &r);
+            deliveries::delivered(tx, &f);
+        });
+    }
+    let far = ankusa_keyspace::now_ms() + 86_400_000;
+    let mut archiver = crate::archive::Archiver::default();
+    // The first hook archived for 1 ms (long expired), the others for a day.
+    let short = |_: &str| Some(1u64);
+    let long = |_: &str| Some(far);
+    assert_eq!(
+        archiver
+            .settle(&pair.sender.store, &short, 1)
+            .unwrap()
+            .archived,
+        1
+    );
+    assert_eq!(
+        archiver
+            .settle(&pair.sender.store, &long, 10)
+            .unwrap()
+            .archived,
+        2
+    );
+    let ids = |store: &Store, ord: TenantOrd| -> Vec<String> {
+        let mut v: Vec<String> =
+            crate::archive::page(store, ord, AtMs(0), AtMs(u64::MAX), None, 100)
+                .unwrap()
+                .items
+                .into_iter()
+                .map(|a| a.envelope.id)
+                .collect();
+        v.sort();
+        v
+    };
+    let before = ids(&pair.sender.store, ord);
+    assert_eq!(before.len(), 3);
+
+    let now = ankusa_keyspace::now_ms();
+    let batch = stage(&pair.sender.store, RECEIVER, ord, TENANT, now)
+        .unwrap()
+        .expect("the copies in their retention are staged");
+    assert_eq!(batch.items.len(), 2, "{batch:?}");
+    assert!(batch
+        .items
+        .iter()
+        .all(|m| matches!(m, Moved::Archived { .. })));
+    assert_eq!(
+        ids(&pair.sender.store, ord),
+        before[..1],
+        "the expired copy stays"
+    );
+    let answer = pair.import();
+    assert!(
+        matches!(answer, Some(ImportReply::Imported { archived: 2, .. })),
+        "{answer:?}"
+    );
+    pair.confirm();
+    pair.check();
+    assert!(stage(&pair.sender.store, RECEIVER, ord, TENANT, now)
+        .unwrap()
+        .is_none());
+    let at_receiver = crate::tenants::ord(&pair.receiver.store, TENANT)
+        .unwrap()
+        .unwrap();
+    assert_eq!(ids(&pair.receiver.store, at_receiver), before[1..]);
+    // They expire at the receiver as they would have at the sender.
+    let mut pruner = crate::archive::Archiver::default();
+    let pruned = pruner
+        .prune(&pair.receiver.store, AtMs(u64::MAX / 2), 100)
+        .unwrap();
+    assert_eq!(pruned.expired, 2);
+    assert!(ids(&pair.receiver.store, at_receiver).is_empty());
+}
+
+/// A leaving node's hook log: the records of hooks it no longer stores move (with their
+/// ids and events), so the receiver explains them by id; the record of a hook still
+/// stored stays (it moves with its rows).
+#[test]
+fn log_records_of_delivered_hooks_move_and_the_receiver_explains_them() {
+    let mut pair = Pair::new(2);
+    let ord = pair.sender.ord(TENANT);
+    // One hook delivered (its hook reclaimed: one with no archive obligation), one still
+    // queued.
+    let row = due_of(&pair.sender.store, ord)
+        .into_iter()
+        .find(|r| !deliveries::has_archive_obligation(&pair.sender.store, r.key.seq).unwrap())
+        .unwrap();
+    let id = Pair::id_of(&pair.sender.store, row.key.seq);
+    pair.sender.commit(|tx| {
+        let f = deliveries::claim(tx, &row);
+        deliveries::delivered(tx, &f);
+    });
+    let delivered_seq = row.key.seq;
+    let env = deliveries::envelope(&pair.sender.store, delivered_seq)
+        .unwrap()
+        .unwrap();
+    if env.sinks.len() > 1 {
+        // Its other deliveries too.
+        for r in due_of(&pair.sender.store, ord)
+            .into_iter()
+            .filter(|r| r.key.seq == delivered_seq)
+        {
+            pair.sender.commit(|tx| {
+                let f = deliveries::claim(tx, &r);
+                deliveries::delivered(tx, &f);
+            });
+        }
+    }
+    for s in 0..env.sinks.len() as u16 {
+        pair.alive.remove(&(id.clone(), s));
+    }
+    pair.sender.commit(|tx| {
+        tx.push_op(Op::delete(Cf::Hooks, ankusa_keyspace::hook(delivered_seq)));
+    });
+    let before = crate::hooklog::lookup(&pair.sender.store, &id, false)
+        .unwrap()
+        .expect("the sender's log explains it");
+
+    let page = crate::hooklog::movable_records(&pair.sender.store, None, 100, 1 << 20).unwrap();
+    assert_eq!(page.records.len(), 1, "{page:?}");
+    assert_eq!(page.records[0].id, id);
+    assert_eq!(page.records[0].tenant, TENANT);
+    assert_eq!(
+        page.stored, 1,
+        "the queued hook's record waits for its rows"
+    );
+    assert_eq!(page.next, None);
+    let batch = stage_records(&pair.sender.store, RECEIVER, &page.records)
+        .unwrap()
+        .unwrap();
+    assert!(crate::hooklog::lookup(&pair.sender.store, &id, false)
+        .unwrap()
+        .is_none());
+    let answer = pair.import();
+    assert!(
+        matches!(answer, Some(ImportReply::Imported { records: 1, .. })),
+        "{answer:?}"
+    );
+    confirm(&pair.sender.store, RECEIVER, batch.batch).unwrap();
+    let after = crate::hooklog::lookup(&pair.receiver.store, &id, false)
+        .unwrap()
+        .expect("the receiver's log explains it");
+    assert_eq!(after.record, before.record);
+    assert_eq!(
+        after
+            .sinks
+            .iter()
+            .map(|s| (s.state, s.events.len()))
+            .collect::<Vec<_>>(),
+        before
+            .sinks
+            .iter()
+            .map(|s| (s.state, s.events.len()))
+            .collect::<Vec<_>>()
+    );
+    assert!(
+        crate::hooklog::movable_records(&pair.sender.store, None, 100, 1 << 20)
+            .unwrap()
+            .records
+            .is_empty()
+    );
+    pair.check();
 }

@@ -185,6 +185,141 @@ pub fn recent(
     Ok((out, false))
 }
 
+/// A record [`movable_records`] found: whose it is, and the item that moves it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MovableRecord {
+    pub tenant: String,
+    pub id: String,
+    pub item: ankusa_records::moved::Moved,
+}
+
+/// What [`movable_records`] read.
+#[derive(Debug, Default)]
+pub struct MovableRecords {
+    pub records: Vec<MovableRecord>,
+    /// The last seq read: the next call starts after it (`None`: the log ran out).
+    pub next: Option<Seq>,
+    /// Records left where they are because their hook is still stored (it moves with
+    /// its rows, or reclaim removes it within a second): a later pass reads them again.
+    pub stored: u64,
+}
+
+/// Up to `max` records of the hook log after seq `after` (about `max_bytes`), oldest
+/// first, of hooks this node no longer stores (delivered, or gone), each with its events:
+/// what a leaving node hands on. The log has no tenant index, so this walks it in seq
+/// order; a record that does not decode is corruption.
+pub fn movable_records(
+    store: &Store,
+    after: Option<Seq>,
+    max: usize,
+    max_bytes: usize,
+) -> Result<MovableRecords, QueueError> {
+    use ankusa_records::moved::{Moved, MovedEvent};
+    let (mut lo, end) = Family::HookLog.bounds();
+    if let Some(a) = after {
+        lo = ankusa_keyspace::hook_log(Seq(a.0.saturating_add(1)));
+    }
+    let mut out = MovableRecords::default();
+    let mut bytes = 0usize;
+    for kv in store.scan(Family::HookLog, &lo, &end, Dir::Forward)? {
+        if out.records.len() >= max || bytes >= max_bytes {
+            return Ok(out);
+        }
+        let (k, v) = kv?;
+        let seq = ankusa_keyspace::decode_hook_log(&k)?;
+        out.next = Some(seq);
+        if store.get(Cf::Hooks, &ankusa_keyspace::hook(seq))?.is_some() {
+            out.stored += 1;
+            continue;
+        }
+        let record =
+            LogRecord::decode(&v).map_err(|e| QueueError::corrupt_at(Family::HookLog, &k, e))?;
+        let mut events = Vec::new();
+        let (elo, ehi) = ankusa_keyspace::hook_events_of_seqs(seq, Seq(seq.0 + 1));
+        for kv in store.scan(Family::HookEvents, &elo, &ehi, Dir::Forward)? {
+            let (ek, ev) = kv?;
+            let key = ankusa_keyspace::decode_hook_event(&ek)?;
+            events.push(MovedEvent {
+                sink: key.sink.0,
+                at: key.at.0,
+                kind: key.kind as u8,
+                value: ev,
+            });
+        }
+        let item = Moved::Logged {
+            seq: seq.0,
+            record: v,
+            events,
+        };
+        bytes += item.weight();
+        out.records.push(MovableRecord {
+            tenant: record.envelope.tenant_or_default().to_owned(),
+            id: record.envelope.id,
+            item,
+        });
+    }
+    out.next = None;
+    Ok(out)
+}
+
+/// The sender's side of a moved record: its record, id and events go (in the stage's
+/// write; the pruner, the log's one other writer, only deletes).
+pub fn stage_record(tx: &mut Tx, r: &MovableRecord) {
+    let ankusa_records::moved::Moved::Logged { seq, events, .. } = &r.item else {
+        return;
+    };
+    let seq = Seq(*seq);
+    tx.push_op(Op::delete(Cf::Audit, ankusa_keyspace::hook_log(seq)));
+    if let Some(k) = ankusa_keyspace::hook_id(&r.id) {
+        tx.push_op(Op::delete(Cf::Audit, k));
+    }
+    // Point deletes of the events read (a range tombstone a record would slow the log's
+    // reads until compaction).
+    for (k, _) in event_keys(seq, events) {
+        tx.push_op(Op::delete(Cf::Audit, k));
+    }
+}
+
+/// Moved `events` with their keys as hook `seq`'s (an event of a kind this release does
+/// not know is left out).
+pub(crate) fn event_keys(
+    seq: Seq,
+    events: &[ankusa_records::moved::MovedEvent],
+) -> impl Iterator<Item = (Vec<u8>, &ankusa_records::moved::MovedEvent)> + '_ {
+    events.iter().filter_map(move |ev| {
+        let kind = EventKind::from_byte(ev.kind)?;
+        let key = ankusa_keyspace::hook_event(&EventKey {
+            seq,
+            sink: SinkIdx(ev.sink),
+            at: AtMs(ev.at),
+            kind,
+        });
+        Some((key, ev))
+    })
+}
+
+/// The receiver's side: a moved record enters this node's log as hook `seq`'s, with its
+/// id and events (an event of a kind this release does not know is left out).
+pub fn import_record(
+    tx: &mut Tx,
+    seq: Seq,
+    id: &str,
+    record: &[u8],
+    events: &[ankusa_records::moved::MovedEvent],
+) {
+    tx.push_op(Op::put(
+        Cf::Audit,
+        ankusa_keyspace::hook_log(seq),
+        record.to_vec(),
+    ));
+    if let Some(k) = ankusa_keyspace::hook_id(id) {
+        tx.push_op(Op::put(Cf::Audit, k, seq.0.to_be_bytes()));
+    }
+    for (k, ev) in event_keys(seq, events) {
+        tx.push_op(Op::put(Cf::Audit, k, ev.value.clone()));
+    }
+}
+
 /// The log's seq of a hook id, if the log keeps it.
 pub fn seq_of(store: &Store, id: &str) -> Result<Option<Seq>, QueueError> {
     let Some(k) = ankusa_keyspace::hook_id(id) else {

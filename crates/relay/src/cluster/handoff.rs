@@ -140,8 +140,18 @@ impl Sender {
                 let Some(owner) = self.cluster.other_owner(&tenant).map(|m| m.name.clone()) else {
                     continue;
                 };
+                // A tenant found with nothing left here gains rows again when a hook of it
+                // is stored here after all (a node forwarded it during a roll, its owner
+                // unreachable): one counter read says so, and it is handed over again.
+                // (Without this look a leaving node reported itself drained over them.)
                 if self.is_done(&tenant) {
-                    continue;
+                    match self
+                        .blocking(move |s| ankusa_queue::counters::read(s, ord))
+                        .await
+                    {
+                        Ok(c) if held(&c) == 0 => continue,
+                        _ => self.unmark_done(&tenant),
+                    }
                 }
                 let mut nothing_staged = false;
                 while !refused.contains(&owner) {
@@ -172,7 +182,7 @@ impl Sender {
                     .blocking(move |s| ankusa_queue::counters::read(s, ord))
                     .await
                 {
-                    Ok(c) => (c.pending + c.scheduled + c.inflight + c.dead).max(0) as u64,
+                    Ok(c) => held(&c),
                     Err(_) => 1,
                 };
                 if left == 0 && nothing_staged {
@@ -180,6 +190,21 @@ impl Sender {
                 } else if left > 0 {
                     tenants_leaving += 1;
                     rows_leaving += left;
+                }
+            }
+        }
+        // A leaving node hands on its hook log too, once its tenants' rows have moved, so
+        // that `GET /v1/hooks/{id}` still explains their hooks after it is gone.
+        let mut records_left = false;
+        if self.cluster.leaving() && rows_leaving == 0 && stalled.is_none() {
+            match self.move_records(&refused).await {
+                Ok((n, left)) => {
+                    moved += n;
+                    records_left = left;
+                }
+                Err(e) => {
+                    stalled = Some(e);
+                    records_left = true;
                 }
             }
         }
@@ -199,13 +224,13 @@ impl Sender {
             staged,
             hooks_moved: self.moved.load(Ordering::Relaxed),
             hooks_received: received,
-            drained: rows_leaving == 0 && staged == 0 && stalled.is_none(),
+            drained: rows_leaving == 0 && staged == 0 && stalled.is_none() && !records_left,
             stalled,
             pass_at_ms: ankusa_keyspace::now_ms(),
         });
         Pass {
             moved,
-            settled: rows_leaving == 0 && staged == 0 && tenants_leaving == 0,
+            settled: rows_leaving == 0 && staged == 0 && tenants_leaving == 0 && !records_left,
         }
     }
 
@@ -247,11 +272,63 @@ impl Sender {
         Ok(hooks)
     }
 
+    /// Moves the hook log's records of hooks this node no longer stores to their tenants'
+    /// owners, a batch per owner at a time, walking the log once: the records moved, and
+    /// whether some are left (a hook still stored here, a record of a tenant no other node
+    /// owns). An owner in `refused` (it did not take a batch this pass) waits.
+    async fn move_records(&self, refused: &HashSet<String>) -> Result<(u64, bool), String> {
+        use ankusa_queue::hooklog::{self, MovableRecord};
+        let (mut after, mut moved, mut left) = (None, 0u64, false);
+        loop {
+            let from = after;
+            let page = self
+                .blocking(move |s| {
+                    hooklog::movable_records(s, from, handoff::BATCH_HOOKS, handoff::BATCH_BYTES)
+                })
+                .await
+                .map_err(|e| format!("reading the hook log: {e}"))?;
+            left |= page.stored > 0;
+            let mut by_owner: std::collections::BTreeMap<String, Vec<MovableRecord>> =
+                Default::default();
+            for r in page.records {
+                match self.cluster.other_owner(&r.tenant) {
+                    Some(m) if !refused.contains(&m.name) => {
+                        by_owner.entry(m.name.clone()).or_default().push(r)
+                    }
+                    _ => left = true,
+                }
+            }
+            for (owner, records) in by_owner {
+                let n = records.len() as u64;
+                let to = owner.clone();
+                let staged = self
+                    .blocking(move |s| handoff::stage_records(s, &to, &records))
+                    .await
+                    .map_err(|e| format!("staging hook log records for {owner}: {e}"))?;
+                if let Some(batch) = staged {
+                    self.send(batch).await?;
+                    moved += n;
+                }
+            }
+            match page.next {
+                Some(seq) => after = Some(seq),
+                None => return Ok((moved, left)),
+            }
+        }
+    }
+
     fn is_done(&self, tenant: &str) -> bool {
         self.done
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .contains(tenant)
+    }
+
+    fn unmark_done(&self, tenant: &str) {
+        self.done
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(tenant);
     }
 
     fn mark_done(&self, tenant: &str) {
@@ -272,6 +349,13 @@ impl Sender {
             Err(e) => Err(e.to_string()),
         }
     }
+}
+
+/// What a tenant's counters say this node still holds of it: its deliveries, and its
+/// archive obligations (a delivered hook's copy is made here first, by this node's
+/// archiver within a second, then moves as a copy).
+fn held(c: &ankusa_crds::node::Counters) -> u64 {
+    (c.pending + c.scheduled + c.inflight + c.dead + c.archive_pending).max(0) as u64
 }
 
 /// Why a receiver did not take a batch.
@@ -320,11 +404,17 @@ pub async fn receive(
             .map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?;
         let item = Moved::decode(&bytes).map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?;
         let tenant = match &item {
-            Moved::Hook(h) => ankusa_records::Envelope::decode(&h.envelope)
+            Moved::Hook(ankusa_records::moved::MovedHook { envelope, .. })
+            | Moved::Archived { envelope, .. } => ankusa_records::Envelope::decode(envelope)
                 .map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?
                 .tenant_or_default()
                 .to_owned(),
             Moved::Dedupe { tenant, .. } => tenant.clone(),
+            Moved::Logged { record, .. } => ankusa_records::LogRecord::decode(record)
+                .map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?
+                .envelope
+                .tenant_or_default()
+                .to_owned(),
         };
         if cluster.other_owner(&tenant).is_some() || cluster.leaving() {
             return Err(Refusal::NotOwner(tenant));
@@ -345,19 +435,26 @@ pub async fn receive(
         .map_err(|_| Refusal::Unavailable)?
         .map_err(|_| Refusal::Unavailable)?;
     match reply {
-        ImportReply::Imported { hooks, dedupe } => {
+        ImportReply::Imported {
+            hooks,
+            dedupe,
+            archived,
+            records,
+        } => {
             metrics
                 .handoff_hooks
                 .get_or_create(&DirectionLabel {
                     direction: "received".into(),
                 })
                 .inc_by(hooks);
-            tracing::info!(from = %batch.from, batch = batch.batch, hooks, dedupe, "handoff: a batch imported");
+            tracing::info!(from = %batch.from, batch = batch.batch, hooks, dedupe, archived, records, "handoff: a batch imported");
             Ok(HandoffAnswer {
                 batch: batch.batch,
                 outcome: HandoffOutcome::Imported,
                 hooks,
                 dedupe,
+                archived,
+                records,
             })
         }
         ImportReply::Already => Ok(HandoffAnswer {
@@ -365,6 +462,8 @@ pub async fn receive(
             outcome: HandoffOutcome::Already,
             hooks: 0,
             dedupe: 0,
+            archived: 0,
+            records: 0,
         }),
         ImportReply::TenantLimit => Err(Refusal::TenantLimit),
         ImportReply::Unavailable => Err(Refusal::Unavailable),

@@ -417,7 +417,10 @@ async fn handle<'a>(
         return (label, Outcome::Unavailable, with_retry_after(r, 5));
     }
     // A hook another node of the Relay forwarded is taken here, whatever this node's view
-    // of the node list: it never goes round twice. Only a node may say so.
+    // of the node list: it never goes round twice. Only a node may say so. A leaving node
+    // (a node on the old list during a roll still sends it its former tenants' hooks) sends
+    // them on to their owner under its new list instead, which takes them: it stores no
+    // new hook, so its drain cannot end over one that came after its last pass.
     let forwarded_in = headers.contains_key(cluster::FORWARDED_BY);
     if forwarded_in && !s.cluster.authentic(&headers) {
         return rejected(
@@ -492,7 +495,7 @@ async fn handle<'a>(
     };
     let owned_as = tenant.as_deref().unwrap_or(tenants::DEFAULT_TENANT);
     tracing::Span::current().record("tenant", owned_as);
-    if !forwarded_in {
+    if !forwarded_in || s.cluster.leaving() {
         if let Some(owner) = s.cluster.other_owner(owned_as) {
             let pq = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
             return match s

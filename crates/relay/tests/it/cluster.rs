@@ -1624,6 +1624,45 @@ fn a_forward_never_loops_even_when_two_nodes_disagree_on_the_owner() {
     );
 }
 
+#[test]
+fn a_leaving_node_sends_a_forwarded_hook_on_to_its_owner_and_stores_none() {
+    // Nodes 0 and 1 run the old list; node 2 already runs the new one, which marks it
+    // leaving (a roll in progress). Node 0 sends node 2 its former tenants' hooks.
+    let mut r = Relay::new(3, "");
+    let new_owner =
+        |t: &str| ankusa_relay::cluster::owner_index(["relay-0", "relay-1"].into_iter(), t);
+    let t = (0..)
+        .map(|n| format!("tenant-{n}"))
+        .find(|t| r.owner(t) == 2 && new_owner(t) == 1)
+        .unwrap();
+    r.start(0);
+    r.start(1);
+    r.leaving.insert(2);
+    r.start(2);
+    let c = client();
+    r.rt.block_on(async {
+        let a = r.send(&c, 0, &t, "d-on").await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+    });
+    let ids: HashSet<String> = ["d-on"].map(str::to_owned).into();
+    let got = r.await_delivered(&ids, Duration::from_secs(20));
+    assert_eq!(got.get("d-on"), Some(&1));
+    // Node 2 sent it on (one forward, answered) and took nothing; node 1 took it.
+    let (_, m2) = http_get(r.specs[2].admin, "/metrics").unwrap();
+    assert!(
+        m2.contains(r#"ankusa_cluster_forwards_total{kind="ingest",outcome="answered"} 1"#),
+        "{m2}"
+    );
+    let (_, v) = local_answer(&r, 2, &format!("/v1/tenants/{t}"));
+    assert_ne!(
+        v["error"],
+        serde_json::Value::Null,
+        "node 2 stores {t}: {v}"
+    );
+    let (_, v) = local_answer(&r, 1, &format!("/v1/tenants/{t}"));
+    assert_eq!(v["tenant"], t.as_str(), "node 1 stores {t}: {v}");
+}
+
 /// `/v1/node`'s handoff account of node `i` (`null` before its first pass).
 fn handoff_of(r: &Relay, i: usize) -> serde_json::Value {
     let (_, v) = local_answer(r, i, "/v1/node");
