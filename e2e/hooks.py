@@ -8,6 +8,8 @@
         URL, as a provider does: each is retried until the
         relay acks it (202, or 200 for a duplicate) or S seconds pass. Appends each acked
         hook's id (the relay's hk_...) to OUT and prints how many were acked and retried.
+        URL `@FILE` reads the URLs from FILE (one a line) at every attempt, and takes them
+        in turn: a load balancer over the pods the test writes there as they come and go.
     e2e/hooks.py check ACKED SINK_LOG [--allow-duplicates]
         Every acked id is in the sink's log (`received hk_... (...)` lines, signature ok);
         exits 1 naming what is missing. Prints the deliveries and the duplicates; a
@@ -41,14 +43,22 @@ def send(a):
             doc["pad"] = "x" * max(0, a.size - len(json.dumps(doc)) - 10)
         body = json.dumps(doc).encode()
         sig = base64.b64encode(hmac.new(a.secret.encode(), body, hashlib.sha256).digest()).decode()
-        req = urllib.request.Request(a.url, data=body, method="POST", headers={
+        req = urllib.request.Request("http://127.0.0.1:9/" if a.url.startswith("@") else a.url, data=body, method="POST", headers={
             "content-type": "application/json",
             "x-shopify-hmac-sha256": sig,
             "x-shopify-shop-domain": shop,
             "x-shopify-topic": "orders/create",
             "x-shopify-webhook-id": f"{a.prefix}-{i}",
         })
+        tries = 0
         while True:
+            if a.url.startswith("@"):
+                try:
+                    urls = [u.strip() for u in open(a.url[1:]) if u.strip()]
+                except OSError:
+                    urls = []
+                req.full_url = urls[(i + tries) % len(urls)] if urls else "http://127.0.0.1:9/"
+            tries += 1
             try:
                 with urllib.request.urlopen(req, timeout=10) as r:
                     answer = json.loads(r.read() or b"{}")

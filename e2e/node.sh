@@ -154,7 +154,9 @@ spec:
   clusterIP: None
   selector: { app: webhook-consumer }
   ports: [{ name: http, port: 8080 }]
----
+EOF
+sink_pod() { # the sink's pod (again, after the drain's outage: a new log)
+kubectl -n apps apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
 metadata: { name: webhook-consumer, labels: { app: webhook-consumer } }
@@ -172,6 +174,8 @@ spec:
       readOnlyRootFilesystem: true
       capabilities: { drop: [ALL] }
 EOF
+}
+sink_pod
 
 say "kubectl apply -f examples/relay.yaml (storage class, CPU requests; no backup section)"
 python3 - "$ANKUSA_TESTENV_STORAGE_CLASS" >"$work/relay.yaml" <<'PY'
@@ -733,6 +737,145 @@ kubectl delete pv "$slow_pv" --wait=true >/dev/null
 kill -TERM "$slowfs_pid"
 wait "$slowfs_pid" 2>/dev/null || true
 mounted && fail "slowfs is still mounted"
+
+# --- a scale-down that drains ----------------------------------------------------------------
+say "scale-down 3 → 2 with the sink down while 30 tenants keep sending: hooks-2 hands every row over before it goes, SIGKILLed and hooks-1 deleted mid-drain; every acked hook delivered once after"
+hooks_token=$(kubectl get secret hooks-operator-token -o jsonpath='{.data.token}' | base64 -d)
+node_of() { # /v1/node of pod $1
+  curl -fsS --max-time 5 -H "Authorization: Bearer $hooks_token" \
+    "http://$(kubectl get pod "$1" -o jsonpath='{.status.podIP}'):9090/v1/node"
+}
+rows_of() { # the rows pod $1 holds, by its own counters
+  node_of "$1" | python3 -c 'import json, sys; c = json.load(sys.stdin)["counters"]; print(c["pending"] + c["scheduled"] + c["inflight"] + c["dead"])'
+}
+relay_pods=app.kubernetes.io/instance=hooks,app.kubernetes.io/component=relay
+kubectl -n apps delete pod webhook-consumer --wait=true >/dev/null
+base=0
+for p in 0 1 2; do base=$((base + $(rows_of "hooks-$p"))); done
+# The provider's load balancer: the ready relay pods' addresses, kept current while pods
+# roll and die (hooks.py reads the file at every attempt).
+(
+  while [ ! -e "$work/drain-stop" ]; do
+    kubectl get pods -l "$relay_pods" -o jsonpath='{range .items[?(@.status.containerStatuses[0].ready==true)]}http://{.status.podIP}:8080/ingest/shopify{"\n"}{end}' \
+      >"$work/lb.tmp" 2>/dev/null && mv "$work/lb.tmp" "$work/lb"
+    sleep 1
+  done
+) &
+pids+=($!)
+# The Relay's status as the operator writes it, with the hooks acked by then.
+(
+  while [ ! -e "$work/drain-stop" ]; do
+    st=$(kubectl get relay hooks -o jsonpath='{.status.tenants}|{.status.nodes}|{.status.draining}' 2>/dev/null) &&
+      echo "$(sort -u "$work/drain-acked" 2>/dev/null | wc -l)|$st"
+    sleep 2
+  done
+) >"$work/drain-samples" &
+pids+=($!)
+e2e_until 10 test -s "$work/lb" || fail "no relay pod is ready"
+python3 e2e/hooks.py send "@$work/lb" "$shopify_secret" "$work/drain-acked" --count 600 --tenants 30 --rate 15 \
+  --seconds 400 --prefix drain >"$work/drain-send.log" 2>&1 &
+drain_sender=$!
+pids+=("$drain_sender")
+holds_rows() { [ "$(rows_of hooks-2)" -ge 40 ]; }
+e2e_until 60 holds_rows ||
+  fail "hooks-2 does not hold the rows of its tenants: $(node_of hooks-2)"
+say "  hooks-2 holds $(rows_of hooks-2) rows (the sink is down); spec.replicas: 2"
+kubectl patch relay hooks --type merge -p '{"spec":{"replicas":2}}' >/dev/null
+leaving_rows() { # hooks-2 leaving: prints the rows it still holds
+  node_of hooks-2 2>/dev/null | python3 -c '
+import json, sys
+n = json.load(sys.stdin); c = n.get("cluster") or {}
+assert c.get("leaving"), "not leaving"
+h = c.get("handoff") or {}
+print(h.get("rows_leaving", 0) + h.get("staged", 0))' 2>/dev/null
+}
+e2e_until 240 leaving_rows >/dev/null || fail "hooks-2 never learned it is leaving: $(node_of hooks-2)"
+at_kill=$(leaving_rows)
+kill -KILL "$(container_pid hooks-2)"
+say "  hooks-2 on the new node list, holding $at_kill rows: its PID 1 SIGKILLed"
+# hooks-1 once it runs the new list (the StatefulSet's revision): deleted, the receiver gone
+# for as long as the StatefulSet takes to make it again.
+sts_rolled() {
+  local want
+  want=$(kubectl get statefulset hooks -o jsonpath='{.status.updateRevision}')
+  [ "$(kubectl get pod "$1" -o jsonpath='{.metadata.labels.controller-revision-hash}/{.status.containerStatuses[0].ready}')" = "$want/true" ]
+}
+e2e_until 240 sts_rolled hooks-1 || fail "hooks-1 never rolled onto the new node list"
+at_delete=$(leaving_rows || echo unknown)
+uid1=$(kubectl get pod hooks-1 -o jsonpath='{.metadata.uid}')
+kubectl delete pod hooks-1 --wait=false >/dev/null
+say "  hooks-1 (a receiver) deleted while hooks-2 held $at_delete rows"
+shrunk() {
+  [ "$(kubectl get statefulset hooks -o jsonpath='{.spec.replicas}')" = 2 ] &&
+    ! kubectl get pod hooks-2 >/dev/null 2>&1
+}
+e2e_until 300 shrunk ||
+  fail "the scale-down did not end: $(kubectl get relay hooks -o jsonpath='{.status.draining} {.status.conditions[?(@.type=="Progressing")]}')"
+[ "$(kubectl get pod hooks-1 -o jsonpath='{.metadata.uid}')" != "$uid1" ] || fail "hooks-1 was not deleted"
+wait "$drain_sender" || { cat "$work/drain-send.log" >&2; fail "the hooks sent through the scale-down were not acked"; }
+cat "$work/drain-send.log"
+acked=$(sort -u "$work/drain-acked" | wc -l)
+# Once the status reads both nodes again: exactly the rows held before and every hook acked
+# since (the sink is still down: nothing was delivered).
+exact() {
+  [ "$(kubectl get relay hooks -o jsonpath='{.status.nodesReady}/{.status.draining}')" = 2/2/0 ] &&
+    [ "$(kubectl get relay hooks -o jsonpath='{.status.tenants.pending} {.status.tenants.scheduled} {.status.tenants.inflight} {.status.tenants.dead}' |
+      awk '{ print $1 + $2 + $3 + $4 }')" = "$((base + acked))" ]
+}
+# Which acked hooks a node's hook log no longer shows waiting (for a failure's message).
+not_waiting() {
+  local ip0 id answer
+  ip0=$(kubectl get pod hooks-0 -o jsonpath='{.status.podIP}')
+  for id in $(sort -u "$work/drain-acked"); do
+    answer=$(curl -sS --max-time 5 -H "Authorization: Bearer $hooks_token" "http://$ip0:9090/v1/hooks/$id")
+    grep -Eq '"state": ?"(pending|scheduled|inflight|dead|queued)"' <<<"$answer" || echo "$id: $answer"
+  done | head -n 5
+  for p in 0 1; do kubectl logs "hooks-$p" | grep -E "dropped rows|handoff" | tail -n 5; done
+}
+e2e_until 120 exact || fail "after the drain the Relay counts $(kubectl get relay hooks -o jsonpath='{.status.tenants}') for $base + $acked rows; $(not_waiting)"
+touch "$work/drain-stop"
+# Every reading while each node answered: never more rows than hooks acked by then (a row
+# on two nodes would be counted twice); some reading saw the drain.
+python3 - "$work/drain-samples" "$base" <<'PY' || fail "the Relay's status during the drain: $(tail -n 5 "$work/drain-samples")"
+import json, sys
+base = int(sys.argv[2])
+read = drained = 0
+for line in open(sys.argv[1]):
+    acked, tenants, nodes, draining = line.rstrip("\n").split("|")
+    if not tenants or not nodes:
+        continue
+    t, ns = json.loads(tenants), json.loads(nodes)
+    if draining and int(draining) > 0:
+        drained += 1
+    if not all(n.get("ready") for n in ns):
+        continue
+    total = sum(t.get(k, 0) for k in ("pending", "scheduled", "inflight", "dead"))
+    # One hook at a time is on its way: committed, its answer not read yet.
+    assert total <= base + int(acked) + 1, (total, base, acked, line)
+    read += 1
+assert read >= 3 and drained >= 1, (read, drained)
+print(f"e2e-node:   {read} readings with every node answering, none over the hooks acked; {drained} showed the drain")
+PY
+d2="$(host_path data-hooks-2)/data"
+kubectl get pvc data-hooks-2 -o jsonpath='{.status.phase}' | grep -qx Bound || fail "data-hooks-2 was not retained"
+"$relay_bin" store inspect --data "$d2" >"$work/inspect-2.txt" || fail "store inspect of data-hooks-2: $(cat "$work/inspect-2.txt")"
+grep -q "node counters: pending=0 scheduled=0 inflight=0 dead=0 bytes=0" "$work/inspect-2.txt" ||
+  fail "the retained claim of the drained hooks-2 holds rows: $(cat "$work/inspect-2.txt")"
+say "  store inspect of data-hooks-2 (retained): $(grep 'node counters' "$work/inspect-2.txt")"
+say "  the sink back; each tenant's waiting rows retried at once (POST /v1/tenants/{t}/retry, relay-wide)"
+sink_pod
+kubectl -n apps wait --for=condition=Ready pod/webhook-consumer --timeout=2m >/dev/null || fail "the sink did not come back"
+ip0=$(kubectl get pod hooks-0 -o jsonpath='{.status.podIP}')
+for t in $(seq 0 29); do
+  curl -fsS -o /dev/null -X POST -H "Authorization: Bearer $hooks_token" "http://$ip0:9090/v1/tenants/shop-$t.example/retry" ||
+    fail "retry of shop-$t.example"
+done
+drain_delivered() {
+  kubectl -n apps logs webhook-consumer >"$work/sink-drain.log" 2>/dev/null
+  python3 e2e/hooks.py check "$work/drain-acked" "$work/sink-drain.log" >/dev/null 2>&1
+}
+e2e_until 120 drain_delivered || { python3 e2e/hooks.py check "$work/drain-acked" "$work/sink-drain.log" || true; fail "hooks acked through the scale-down were not delivered once each"; }
+python3 e2e/hooks.py check "$work/drain-acked" "$work/sink-drain.log"
 
 # --- the operator cut off from the API server ----------------------------------------------
 say "the operator's pods cut off from the API server: none stays Ready; reachable again, they are Ready and reconcile"
