@@ -50,6 +50,8 @@ use http_body_util::{BodyExt, Full};
 
 mod load;
 
+use load::outside::{ANCHOR_RATIO, ANCHOR_RATIO_ISSUE};
+
 const CLIENTS: usize = 64;
 const TENANTS: usize = 1_000;
 const BODY: usize = 1_024;
@@ -115,30 +117,6 @@ impl Run {
     fn p(&self, q: f64) -> f64 {
         load::pct(&self.lat, q)
     }
-}
-
-/// The no-op twin of the ingest listener: the same route, the body read under the same
-/// limit, 202.
-async fn noop_ingest() -> std::net::SocketAddr {
-    use axum::extract::Request;
-    use http_body_util::Limited;
-    let l = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let addr = l.local_addr().expect("addr");
-    let app = axum::Router::new().route(
-        "/ingest/{source}",
-        axum::routing::post(|req: Request| async move {
-            match Limited::new(req.into_body(), 1 << 20).collect().await {
-                Ok(_) => axum::http::StatusCode::ACCEPTED,
-                Err(_) => axum::http::StatusCode::PAYLOAD_TOO_LARGE,
-            }
-        }),
-    );
-    tokio::spawn(async move {
-        let _ = axum::serve(l, app).await;
-    });
-    addr
 }
 
 /// The forwarding twin: the same listener, and each body posted on to the local sink with
@@ -423,7 +401,7 @@ async fn twin(into: &mut Run, forwarding: bool, clients: usize) {
     let addr = if forwarding {
         forwarding_ingest(load::noop_sink().await, clients).await
     } else {
-        noop_ingest().await
+        load::outside::noop_handler().await
     };
     load(
         into,
@@ -568,15 +546,6 @@ fn store_floor(into: &mut Floor) {
 const OUTSIDE_ROUNDS: usize = 3;
 /// Each outside run's seconds.
 const OUTSIDE_SECS: u64 = 10;
-/// The most a relay's CPU per acked hook may be over the no-op handler's per request, both
-/// under wrk in the same run: the anchor that does not move with the code. The issue's
-/// 6.5× was set against a no-op measured at 13–14 µs a request on a busy host; on a quiet
-/// one it costs 6.2–6.7 µs and every build since 7060395 measures 8.9–9.6× (56–62 µs a
-/// hook): the rule that holds and still catches the issue's 20 µs (≈ 12×) is 10×
-/// (docs/performance.md, "Anchors").
-const ANCHOR_RATIO: f64 = 10.0;
-/// The issue's anchor rule, printed.
-const ANCHOR_RATIO_ISSUE: f64 = 6.5;
 /// The issue's ceiling of CPU per acked hook on this machine, µs (printed: an absolute
 /// figure moves with the host).
 const OUTSIDE_CPU_US: f64 = 70.0;
@@ -627,13 +596,8 @@ fn outside(rt: &tokio::runtime::Runtime) -> std::process::ExitCode {
 
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    if std::env::var_os(load::outside::NOOP_ROLE).is_some() {
-        // The outside load's anchor: this executable again, serving only the no-op handler.
-        rt.block_on(async {
-            println!("{}", noop_ingest().await);
-            std::future::pending::<()>().await
-        });
-    }
+    // The outside load's anchor: this executable again, serving only the no-op handler.
+    load::outside::serve_noop_if_asked(&rt);
     let outside_only = std::env::var("ANKUSA_BENCH_INGEST").as_deref() == Ok("outside");
     if outside_only {
         return outside(&rt);

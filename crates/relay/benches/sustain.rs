@@ -8,9 +8,17 @@
 //! backlog gauge; every idle second, the process's CPU (the load generator and the sink
 //! are idle by then, so it is the node's).
 //!
+//! Then the same from outside, against the anchor that does not move with the code
+//! ([`load::outside`]): `wrk -t2 -c64` for 60 s at a no-op axum handler process, then at a
+//! relay process (its sink in this one), each process's CPU from `/proc`; the relay's CPU
+//! per acked hook over its whole life (ingest, delivery, reclaim) against the no-op's per
+//! request.
+//!
 //! PASS only if the hooks awaiting reclaim at the end of the load (hooks in the family
-//! that no delivery, dead row or obligation needs) are under 2 s worth of ingest, and the
-//! idle CPU falls under 5% of one core within 10 s of the load stopping.
+//! that no delivery, dead row or obligation needs) are under 2 s worth of ingest, the
+//! idle CPU falls under 5% of one core within 10 s of the load stopping, and from outside
+//! the relay's CPU per acked hook is at most [`load::outside::ANCHOR_RATIO`]× the no-op's
+//! per request with wrk's p99 under 10 ms (`wrk` missing: FAIL; `make bench` installs it).
 #![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
 use std::sync::Arc;
@@ -29,6 +37,8 @@ const BODY: usize = 1_024;
 const CALIBRATE: Duration = Duration::from_secs(4);
 const LOAD: Duration = Duration::from_secs(60);
 const IDLE: Duration = Duration::from_secs(30);
+/// Each process's time under wrk in the outside phase.
+const OUTSIDE: Duration = Duration::from_secs(60);
 
 /// Posts hooks until `until`, each client at most every `gap` (no gap: closed loop).
 /// Returns the hooks acked.
@@ -99,8 +109,46 @@ async fn sample(node: &Node, at_s: u64, phase: &'static str, cpu: Option<f64>) -
     }
 }
 
+/// The outside phase: its table, and whether its rules hold.
+fn outside_judged(rt: &tokio::runtime::Runtime) -> bool {
+    use load::outside::{self, ANCHOR_RATIO, ANCHOR_RATIO_ISSUE};
+    if !outside::available() {
+        println!("\nsustain (outside): wrk is not installed (make bench installs it): FAIL");
+        return false;
+    }
+    let (noop, relay) = outside::alternate(
+        rt,
+        1,
+        OUTSIDE.as_secs(),
+        CLIENTS as usize,
+        TENANTS as usize,
+        BODY,
+    );
+    println!(
+        "\nsustain (outside) — wrk -t{} -c{CLIENTS} for {}s at each process, {BODY} B hmac-signed hooks over {TENANTS} tenants; relay: {}",
+        outside::THREADS,
+        OUTSIDE.as_secs(),
+        outside::relay_bin()
+    );
+    println!("{}", outside::HEADER);
+    println!("{}\n{}", noop.row(), relay.row());
+    let ratio = relay.cpu_per() / noop.cpu_per();
+    let p99_ms = relay.p99_us as f64 / 1e3;
+    println!(
+        "relay CPU per acked hook over its whole life {:.1} µs = {ratio:.2}× the no-op handler's {:.1} µs per request (rule <= {ANCHOR_RATIO}×; the issue's {ANCHOR_RATIO_ISSUE}×: {}); wrk's p99 {p99_ms:.2} ms (rule < 10 ms); failed requests {}",
+        relay.cpu_per(),
+        noop.cpu_per(),
+        if ratio <= ANCHOR_RATIO_ISSUE { "holds" } else { "fails" },
+        relay.failed + noop.failed
+    );
+    load::ledger("sustain.outside.cpu_over_noop", ratio, "x");
+    ratio <= ANCHOR_RATIO && p99_ms < 10.0 && relay.failed == 0
+}
+
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
+    // The outside phase's anchor: this executable again, serving only the no-op handler.
+    load::outside::serve_noop_if_asked(&rt);
     let dir = tempfile::tempdir().expect("tempdir");
     let (rate, target, samples, idle_cpu, life) = rt.block_on(async {
         let sink = load::noop_sink().await;
@@ -171,7 +219,7 @@ fn main() -> std::process::ExitCode {
         .collect();
     println!("idle CPU by second: {}", idle.join(" "));
     println!(
-        "CPU per hook over its whole life — ingested, delivered, reclaimed, and the idle time after: {life:.1} µs (this process: the load generator and the sink included; reference, no rule)"
+        "CPU per hook over its whole life — ingested, delivered, reclaimed, and the idle time after: {life:.1} µs (this process: the load generator and the sink included; reference, no rule: the outside phase below judges the relay alone)"
     );
     let end = samples
         .iter()
@@ -184,7 +232,9 @@ fn main() -> std::process::ExitCode {
         2.0 * target,
         quiet_after.map_or("never".into(), |s| format!("{s} s"))
     );
-    if (awaiting as f64) < 2.0 * target && quiet_after.is_some_and(|s| s <= 10) {
+    let inside = (awaiting as f64) < 2.0 * target && quiet_after.is_some_and(|s| s <= 10);
+    let outside = outside_judged(&rt);
+    if inside && outside {
         println!("sustain: PASS");
         std::process::ExitCode::SUCCESS
     } else {
