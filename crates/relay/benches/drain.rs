@@ -106,51 +106,24 @@ fn spans(slow: &[(Duration, Duration)]) -> String {
         .join("; ")
 }
 
-/// The node's WAL syncs (the writer's commits) that took over 51.2 ms, from its histogram.
+/// The node's WAL syncs (the writer's commits) that took over 51.2 ms, of all, from its
+/// histogram.
 fn slow_syncs(node: &ankusa_relay::node::Node) -> String {
-    let m = node.metrics.encode();
-    let bucket = |le: &str| {
-        m.lines()
-            .find(|l| {
-                l.starts_with("ankusa_writer_commit_seconds_bucket")
-                    && l.contains(&format!("le=\"{le}\""))
-            })
-            .and_then(|l| l.rsplit(' ').next())
-            .and_then(|v| v.parse::<f64>().ok())
-    };
-    let total = m
-        .lines()
-        .find(|l| l.starts_with("ankusa_writer_commit_seconds_count"))
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse::<f64>().ok())
-        .unwrap_or(0.0);
-    match bucket("0.0512") {
-        Some(b) => format!("{:.0} of {total:.0}", total - b),
+    let b = load::histogram_buckets(&node.metrics.encode(), "ankusa_writer_commit_seconds");
+    let total = b.last().map_or(0.0, |x| x.1);
+    match b.iter().find(|(le, _)| (*le - 0.0512).abs() < 1e-9) {
+        Some((_, under)) => format!("{:.0} of {total:.0}", total - under),
         None => format!("? of {total:.0}"),
     }
-}
-
-/// The cumulative buckets of histogram `name` in a node's metrics text: (le, count).
-fn buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
-    let prefix = format!("{name}_bucket{{le=\"");
-    text.lines()
-        .filter_map(|l| {
-            let rest = l.strip_prefix(&prefix)?;
-            let (le, count) = rest.split_once("\"} ")?;
-            let le = if le == "+Inf" {
-                f64::INFINITY
-            } else {
-                le.parse().ok()?
-            };
-            Some((le, count.parse().ok()?))
-        })
-        .collect()
 }
 
 /// The upper bound of the bucket holding quantile `q` of what histogram `name` observed
 /// between two readings of a node's metrics.
 fn window_quantile(before: &str, after: &str, name: &str, q: f64) -> f64 {
-    let (b, a) = (buckets(before, name), buckets(after, name));
+    let (b, a) = (
+        load::histogram_buckets(before, name),
+        load::histogram_buckets(after, name),
+    );
     let total = a.last().map_or(0.0, |x| x.1) - b.last().map_or(0.0, |x| x.1);
     for ((le, ca), (_, cb)) in a.iter().zip(b.iter()) {
         if ca - cb >= q * total {

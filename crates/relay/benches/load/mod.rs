@@ -277,12 +277,10 @@ pub fn rss_mib() -> f64 {
         .map_or(0.0, |kb| kb / 1024.0)
 }
 
-/// The `q` quantile of histogram `name` in a metrics text, as the upper bound of the bucket
-/// it falls in (seconds; 0 if the histogram is empty).
-pub fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
+/// The cumulative buckets of histogram `name` in a metrics text: (upper bound, count).
+pub fn histogram_buckets(text: &str, name: &str) -> Vec<(f64, f64)> {
     let prefix = format!("{name}_bucket{{le=\"");
-    let buckets: Vec<(f64, f64)> = text
-        .lines()
+    text.lines()
         .filter_map(|l| {
             let rest = l.strip_prefix(&prefix)?;
             let (le, count) = rest.split_once("\"} ")?;
@@ -293,7 +291,13 @@ pub fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
             };
             Some((le, count.trim().parse().ok()?))
         })
-        .collect();
+        .collect()
+}
+
+/// The `q` quantile of histogram `name` in a metrics text, as the upper bound of the bucket
+/// it falls in (seconds; 0 if the histogram is empty).
+pub fn histogram_quantile(text: &str, name: &str, q: f64) -> f64 {
+    let buckets = histogram_buckets(text, name);
     let total = buckets.last().map_or(0.0, |b| b.1);
     buckets
         .iter()
