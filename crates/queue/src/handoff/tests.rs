@@ -130,6 +130,38 @@ struct Pair {
     receiver: Harness,
     /// Every delivery not delivered yet, and where it stands.
     alive: Places,
+    /// The ids of the moving tenant's archived copies, each of which is on one node.
+    copies: Vec<String>,
+}
+
+/// The ids of `tenant`'s archived copies in `store`.
+fn archived_ids(store: &Store, tenant: &str) -> Vec<String> {
+    let Some(ord) = crate::tenants::ord(store, tenant).unwrap() else {
+        return Vec::new();
+    };
+    crate::archive::page(store, ord, AtMs(0), AtMs(u64::MAX), None, 10_000)
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|a| a.envelope.id)
+        .collect()
+}
+
+/// The ids of the archived copies in the sender's batches the receiver has not imported.
+fn copies_in_transit(sender: &Store, receiver: &Store) -> Vec<String> {
+    let imported = last_imported(receiver, SENDER).unwrap();
+    outbox(sender)
+        .unwrap()
+        .into_iter()
+        .filter(|o| o.batch > imported)
+        .flat_map(|o| o.items)
+        .filter_map(|m| match m {
+            Moved::Archived { envelope, .. } => {
+                Some(ankusa_records::Envelope::decode(&envelope).unwrap().id)
+            }
+            _ => None,
+        })
+        .collect()
 }
 
 impl Pair {
@@ -170,7 +202,33 @@ impl Pair {
             sender,
             receiver,
             alive,
+            copies: Vec::new(),
         }
+    }
+
+    /// Hooks of the moving tenant delivered on the sender with an archived copy each; and
+    /// the queued hooks' obligations (every fourth) settled into copies too.
+    fn add_copies(&mut self) {
+        let sender = &mut self.sender;
+        for i in 0..3 {
+            let seq = sender.ingest(Some(TENANT), 1, 5_000 + i, true);
+            let ord = sender.ord(TENANT);
+            for r in due_of(&sender.store, ord)
+                .into_iter()
+                .filter(|r| r.key.seq == seq)
+            {
+                sender.commit(|tx| {
+                    let f = deliveries::claim(tx, &r);
+                    deliveries::delivered(tx, &f);
+                });
+            }
+        }
+        let far = ankusa_keyspace::now_ms() + 86_400_000;
+        crate::archive::Archiver::default()
+            .settle(&sender.store, &|_: &str| Some(far), 10_000)
+            .unwrap();
+        self.copies = archived_ids(&self.sender.store, TENANT);
+        self.copies.sort();
     }
 
     /// The moving tenant's deliveries in a queue.
@@ -198,6 +256,11 @@ impl Pair {
             }
         }
         assert_eq!(all, self.alive, "every alive delivery once, where it stood");
+        let mut copies = archived_ids(&self.sender.store, TENANT);
+        copies.extend(archived_ids(&self.receiver.store, TENANT));
+        copies.extend(copies_in_transit(&self.sender.store, &self.receiver.store));
+        copies.sort();
+        assert_eq!(copies, self.copies, "every archived copy on one node, once");
         self.sender.assert_counters_equal_fold();
         self.receiver.assert_counters_equal_fold();
         self.sender.assert_every_need_has_its_hook();
@@ -350,6 +413,7 @@ impl Pair {
         }
         assert!(outbox(&self.sender.store).unwrap().is_empty());
         assert!(self.moving(&self.sender.store).is_empty());
+        assert!(archived_ids(&self.sender.store, TENANT).is_empty());
         let ord = self.sender.ord(TENANT);
         let c = crate::counters::read(&self.sender.store, ord).unwrap();
         // Every delivery moved. An archive obligation of a hook delivered here before it
@@ -363,14 +427,16 @@ proptest! {
 
     /// Any sequence of stages, imports (repeated), confirms, receiver restarts and the
     /// sender's own deliveries meanwhile: every delivery is in exactly one queue (or on its
-    /// way in a batch not imported yet) after every step, where it stood, and the counters
-    /// equal the fold on both stores; at the end the sender holds nothing of the tenant.
+    /// way in a batch not imported yet) after every step, where it stood, every archived
+    /// copy on exactly one node (or on its way), and the counters equal the fold on both
+    /// stores; at the end the sender holds nothing of the tenant.
     #[test]
     fn handoff_keeps_every_row_in_exactly_one_queue(
         hooks in 1usize..40,
         steps in proptest::collection::vec(step(), 1..40),
     ) {
         let mut pair = Pair::new(hooks);
+        pair.add_copies();
         pair.check();
         for s in &steps {
             pair.run(s);
@@ -605,6 +671,8 @@ fn archived_copies_in_their_retention_move_and_expired_ones_stay() {
             .archived,
         2
     );
+    pair.copies = archived_ids(&pair.sender.store, TENANT);
+    pair.copies.sort();
     let ids = |store: &Store, ord: TenantOrd| -> Vec<String> {
         let mut v: Vec<String> =
             crate::archive::page(store, ord, AtMs(0), AtMs(u64::MAX), None, 100)
