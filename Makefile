@@ -4,7 +4,7 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps deps-run run test fmt lint check-layers nextest e2e testenv crds bench bench-check fuzz fuzz-smoke image image-archives otelcol toxiproxy chaos
+.PHONY: deps deps-run run test fmt lint check-layers nextest e2e testenv crds bench bench-check fuzz fuzz-smoke image image-archives otelcol toxiproxy seaweedfs chaos
 
 # Everything `make test` needs (build tools, test runners, the real node's packages, a
 # nightly toolchain for the fuzz smoke).
@@ -27,7 +27,7 @@ run: deps-run
 ## Every check and every test, from a clean clone. The tests run against a real
 ## Kubernetes control plane that scripts/k8s-testenv.sh builds (once, from the Go modules
 ## pinned in e2e/testenv/go.mod) and starts on 127.0.0.1, and stops when they end.
-test: deps fmt lint check-layers fuzz-smoke otelcol toxiproxy
+test: deps fmt lint check-layers fuzz-smoke otelcol toxiproxy seaweedfs
 	bash scripts/k8s-testenv.sh run -- $(MAKE) --no-print-directory nextest e2e
 
 ## Every fuzz target (fuzz/, cargo fuzz on nightly) for FUZZ_SECONDS each (default 10 min).
@@ -58,6 +58,11 @@ otelcol:
 # Toxiproxy's server, for the partition suite (built once from its Go module, then cached).
 toxiproxy:
 	@bash scripts/toxiproxy.sh >/dev/null
+
+# SeaweedFS (its S3 gateway), for the object-storage backup tests (built once from its Go
+# module, then cached).
+seaweedfs:
+	@bash scripts/seaweedfs.sh >/dev/null
 
 ## Random schedules of network faults against a Relay of three nodes in network namespaces
 ## (CHAOS_SCHEDULES, default 20; CHAOS_SEED, default the clock). Needs root, as `make test`.

@@ -4,6 +4,9 @@
 A `[dependencies]` entry must be named (`name::`, `use name`, `name as`, `extern crate`)
 in the crate's `src/` or `build.rs`; one named only by its tests or benches belongs in
 `[dev-dependencies]`; a `[dev-dependencies]` entry must be named somewhere in the crate.
+A crate may list, in `[package.metadata.check-deps] features-only`, dependencies it
+declares only to choose their features for another dependency (reqwest's TLS backend
+for object_store's client, say), each with a comment in the manifest saying why.
 """
 import os
 import re
@@ -36,8 +39,13 @@ for member in workspace["workspace"]["members"]:
     rest = []
     for d in ("tests", "benches", "examples"):
         rest += rust_files(os.path.join(crate, d))
+    features_only = (
+        manifest["package"].get("metadata", {}).get("check-deps", {}).get("features-only", [])
+    )
     for kind in ("dependencies", "dev-dependencies", "build-dependencies"):
         for dep in manifest.get(kind, {}):
+            if kind == "dependencies" and dep in features_only:
+                continue
             ident = dep.replace("-", "_")
             if ident == manifest["package"]["name"].replace("-", "_"):
                 continue  # the crate itself, as a dev-dependency with a feature

@@ -90,6 +90,7 @@ pub fn init(log: &LogConfig) -> Result<Telemetry, TelemetryError> {
         None => None,
         Some(base) => {
             use opentelemetry_otlp::WithExportConfig;
+            crate::http::install_rustls_provider();
             let endpoint = format!("{}/v1/traces", base.trim_end_matches('/'));
             let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()

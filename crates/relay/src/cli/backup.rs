@@ -72,6 +72,31 @@ fn write_report(
 /// acked after the backup, when it can be read). The restore is recorded beside `data`
 /// (the archive, and `once` when given): a run again that would record the same finds its
 /// work done.
+/// `restore --from s3://…` into `data`, which must not exist or be empty; the restored
+/// store is opened (and gets its identity) before it counts as restored.
+pub(super) fn restore_from_bucket(
+    from: &str,
+    bucket: &super::objstore::Bucket,
+    data: &Path,
+    format_at_most: Option<u32>,
+) -> anyhow::Result<ExitCode> {
+    anyhow::ensure!(
+        std::fs::read_dir(data).map_or(true, |mut d| d.next().is_none()),
+        "{} is not empty",
+        data.display()
+    );
+    let m = super::objstore::restore(from, bucket, data, format_at_most)?;
+    super::objstore::renew_lineage(data)?;
+    let format = open_existing(data, false)?.format()?;
+    println!(
+        "restored backup {} ({} files, store format {format}) from {from} into {}",
+        m.id,
+        m.files.len(),
+        data.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
 pub(super) fn restore(
     from: &Path,
     data: &Path,
@@ -143,6 +168,11 @@ pub(super) fn restore(
         }
         None => ankusa_store::tarball::unpack(&archive, data)
             .with_context(|| format!("restoring {name} into {}", data.display()))?,
+    }
+    // A copy writes files of its own from here on: its object-storage backups are not its
+    // origin's (an archive of a store that had pushed carries its lineage).
+    if data.join(super::objstore::LINEAGE).exists() {
+        super::objstore::renew_lineage(data)?;
     }
     let store = Store::open(data, &OpenOptions::inspect())
         .with_context(|| format!("checking the restored store at {}", data.display()))?;

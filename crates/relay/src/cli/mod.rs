@@ -6,6 +6,7 @@
 
 mod admin;
 mod backup;
+mod objstore;
 mod pull;
 mod run;
 mod sink;
@@ -122,13 +123,17 @@ pub enum Command {
         #[command(subcommand)]
         command: BackupCommand,
     },
-    /// Unpack a backup archive into an empty data directory.
+    /// Unpack a backup archive into an empty data directory, or download a backup from
+    /// object storage into one.
     Restore {
         /// The .tar.zst a backup produced, or a node's backup directory (`<relay>/<pod>/`
         /// on the backup volume): then its newest archive, or the newest at
-        /// `--format-at-most`.
+        /// `--format-at-most`; or `s3://bucket/prefix` (`backup push`'s): the newest
+        /// backup there (at `--format-at-most`), every file's checksum checked.
         #[arg(long)]
         from: PathBuf,
+        #[command(flatten)]
+        bucket: objstore::Bucket,
         /// The data directory to create (must not exist, or be empty, unless `--replace`).
         #[arg(long)]
         data: PathBuf,
@@ -319,6 +324,19 @@ pub enum ConfigCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum BackupCommand {
+    /// Upload a store no node has open to S3-compatible object storage: its table and
+    /// blob files once each (a later push uploads only the files written since), then a
+    /// manifest naming every file with its checksum.
+    Push {
+        /// The store's data directory.
+        #[arg(long)]
+        data: PathBuf,
+        /// `s3://bucket/prefix`.
+        #[arg(long)]
+        to: String,
+        #[command(flatten)]
+        bucket: objstore::Bucket,
+    },
     /// Ask a node for a backup and copy its archive to `--to`, checking it opens.
     Pull {
         /// The node's admin URL, e.g. http://relay-0.relay:9090
@@ -461,8 +479,27 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Backup {
             command: BackupCommand::Offline { data, to, keep },
         } => backup::backup_offline(&data, &to, keep),
+        Command::Backup {
+            command: BackupCommand::Push { data, to, bucket },
+        } => objstore::push(&data, &to, &bucket),
         Command::Restore {
             from,
+            bucket,
+            data,
+            format_at_most,
+            replace,
+            report,
+            once,
+        } if from.to_string_lossy().starts_with("s3://") => {
+            anyhow::ensure!(
+                !replace && report.is_none() && once.is_none(),
+                "--replace, --report and --once restore archives; from object storage, restore into an empty directory"
+            );
+            backup::restore_from_bucket(&from.to_string_lossy(), &bucket, &data, format_at_most)
+        }
+        Command::Restore {
+            from,
+            bucket: _,
             data,
             format_at_most,
             replace,

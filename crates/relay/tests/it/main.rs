@@ -18,6 +18,7 @@ mod image;
 mod ingest;
 mod logs;
 mod memory;
+mod objstore;
 mod partition;
 mod pause;
 mod pull;

@@ -1,0 +1,358 @@
+//! Backups in object storage (`backup push`, `restore --from s3://…`) against a real
+//! S3-compatible server: SeaweedFS's S3 gateway, built from its Go module
+//! (scripts/seaweedfs.sh, cached once per machine) and started on 127.0.0.1 by the test,
+//! its telemetry off and every port its own.
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::support::*;
+
+/// A SeaweedFS server (master, volume, filer and S3 gateway in one process) on loopback.
+struct Weed {
+    child: Child,
+    s3: u16,
+    ports: Vec<u16>,
+    _dir: tempfile::TempDir,
+}
+
+impl Weed {
+    fn start() -> Weed {
+        let built = Command::new("bash")
+            .arg(repo().join("scripts/seaweedfs.sh"))
+            .output()
+            .expect("run scripts/seaweedfs.sh");
+        assert!(built.status.success(), "{}", text(&built.stderr));
+        let bin = text(&built.stdout).trim().to_owned();
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<u16> = (0..8).map(|_| ankusa_relay::testkit::free_port()).collect();
+        let flag = |name: &str, i: usize| format!("-{name}={}", ports[i]);
+        // Its logs and sockets in the test's directory, not /tmp.
+        let child = Command::new(&bin)
+            .current_dir(dir.path())
+            .env("TMPDIR", dir.path())
+            .arg(format!("-logdir={}", dir.path().display()))
+            .arg("server")
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-metricsPort=0"])
+            .arg(format!("-dir={}", dir.path().display()))
+            .args([
+                flag("master.port", 0),
+                flag("master.port.grpc", 1),
+                flag("volume.port", 2),
+                flag("volume.port.grpc", 3),
+                flag("filer.port", 4),
+                flag("filer.port.grpc", 5),
+                flag("s3.port", 6),
+                flag("s3.port.grpc", 7),
+            ])
+            // No statistics to anywhere, no catalog servers on fixed ports.
+            .args([
+                "-master.telemetry=false",
+                "-s3",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+            ])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("weed.log")).unwrap())
+            .spawn()
+            .expect("start weed");
+        let weed = Weed {
+            child,
+            s3: ports[6],
+            ports,
+            _dir: dir,
+        };
+        // Up once a bucket can be made (the gateway answers before its filer is ready).
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok((200, _)) =
+                http_raw(weed.s3, "PUT", "/backups", &[], "", Duration::from_secs(5))
+            {
+                return weed;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "SeaweedFS's S3 gateway never made a bucket"
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.s3)
+    }
+
+    /// An object's bytes put as they are (anonymous: the server has no identities).
+    fn put(&self, key: &str, body: &str) {
+        let (status, answer) = http_raw(
+            self.s3,
+            "PUT",
+            &format!("/backups/{key}"),
+            &[],
+            body,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(status, 200, "{answer}");
+    }
+
+    fn delete(&self, key: &str) {
+        let (status, answer) = http_raw(
+            self.s3,
+            "DELETE",
+            &format!("/backups/{key}"),
+            &[],
+            "",
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        assert_eq!(status, 204, "{answer}");
+    }
+}
+
+impl Drop for Weed {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The unix sockets it makes beside its ports, should it put them in /tmp anyway.
+        for p in &self.ports {
+            for kind in ["master", "volume", "filer", "s3"] {
+                let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-grpc-{p}.sock"));
+                let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-{p}.sock"));
+            }
+        }
+    }
+}
+
+/// `ankusa-relay ARGS --endpoint … --allow-http`, with credentials in the environment.
+fn relay_s3(weed: &Weed, args: &[&str]) -> std::process::Output {
+    bin()
+        .args(args)
+        .args(["--endpoint", &weed.endpoint(), "--allow-http"])
+        .env("AWS_ACCESS_KEY_ID", "it")
+        .env("AWS_SECRET_ACCESS_KEY", "it-secret")
+        .output()
+        .expect("run ankusa-relay")
+}
+
+fn ok(out: &std::process::Output) -> String {
+    assert!(
+        out.status.success(),
+        "{}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}
+
+/// The figures of `backup push`'s line: (files, uploaded files).
+fn pushed(line: &str) -> (u64, u64) {
+    let n = |after: &str| -> u64 {
+        let rest = &line[line.find(after).unwrap() + after.len()..];
+        rest.split_whitespace()
+            .next()
+            .unwrap()
+            .trim_end_matches(',')
+            .parse()
+            .unwrap()
+    };
+    (n(": "), n("uploaded "))
+}
+
+#[test]
+fn a_store_pushed_twice_uploads_its_files_once_and_restores_from_the_bucket_checked() {
+    let weed = Weed::start();
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    store_with_hooks(&data, 50);
+    let d = data.to_str().unwrap();
+
+    let first = ok(&relay_s3(
+        &weed,
+        &[
+            "backup",
+            "push",
+            "--data",
+            d,
+            "--to",
+            "s3://backups/relay-0",
+        ],
+    ));
+    let (files, uploaded) = pushed(&first);
+    assert!(files > 3 && uploaded == files, "{first}");
+    // Unchanged: the table and blob files are in the bucket already.
+    let second = ok(&relay_s3(
+        &weed,
+        &[
+            "backup",
+            "push",
+            "--data",
+            d,
+            "--to",
+            "s3://backups/relay-0",
+        ],
+    ));
+    let (files2, uploaded2) = pushed(&second);
+    let tables = std::fs::read_dir(&data)
+        .unwrap()
+        .filter_map(Result::ok)
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.ends_with(".sst") || n.ends_with(".blob")
+        })
+        .count() as u64;
+    assert!(tables > 0, "the store has table files");
+    assert_eq!(files2, files, "{second}");
+    assert!(
+        uploaded2 <= files2 - tables,
+        "only the small files again: {second}"
+    );
+
+    // Restored into another directory: the same store, checked, a lineage of its own.
+    let restored = root.path().join("restored");
+    let r = restored.to_str().unwrap();
+    let out = ok(&relay_s3(
+        &weed,
+        &["restore", "--from", "s3://backups/relay-0", "--data", r],
+    ));
+    assert!(out.contains("store format 3"), "{out}");
+    ok(&run(&["store", "verify", "--data", r]));
+    let counters = |dir: &str| {
+        ok(&run(&["store", "inspect", "--data", dir]))
+            .lines()
+            .find(|l| l.starts_with("node counters"))
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(counters(r), counters(d));
+    let lineage =
+        |dir: &std::path::Path| std::fs::read_to_string(dir.join(".backup-lineage")).unwrap();
+    assert_ne!(lineage(&restored), lineage(&data));
+}
+
+#[test]
+fn a_restore_refuses_a_missing_file_a_bad_checksum_and_an_unreachable_bucket() {
+    let weed = Weed::start();
+    let root = tempfile::tempdir().unwrap();
+    let data = root.path().join("data");
+    store_with_hooks(&data, 20);
+    let d = data.to_str().unwrap();
+    ok(&relay_s3(
+        &weed,
+        &[
+            "backup",
+            "push",
+            "--data",
+            d,
+            "--to",
+            "s3://backups/relay-1",
+        ],
+    ));
+    let lineage = std::fs::read_to_string(data.join(".backup-lineage")).unwrap();
+    let table = std::fs::read_dir(&data)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n.ends_with(".sst"))
+        .unwrap();
+    let key = format!("relay-1/files/{}/{table}", lineage.trim());
+
+    // A file changed in the bucket: the restore names it and its checksum.
+    weed.put(&key, "not the table file");
+    let into = root.path().join("a");
+    let out = relay_s3(
+        &weed,
+        &[
+            "restore",
+            "--from",
+            "s3://backups/relay-1",
+            "--data",
+            into.to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains(&key), "{}", text(&out.stderr));
+
+    // Gone: refused before anything is written, naming it.
+    weed.delete(&key);
+    let into = root.path().join("b");
+    let out = relay_s3(
+        &weed,
+        &[
+            "restore",
+            "--from",
+            "s3://backups/relay-1",
+            "--data",
+            into.to_str().unwrap(),
+        ],
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(err.contains("does not hold") && err.contains(&key), "{err}");
+    assert!(!into.exists(), "nothing written for a refused backup");
+
+    // A manifest that names a path, not a file of the store: refused, nothing written.
+    weed.put(
+        "relay-1/backups/b9999999999999/manifest.json",
+        r#"{"version":1,"id":"b9999999999999","created_ms":9999999999999,"lineage":"x","store_format":3,
+            "files":[{"name":"../escaped","key":"relay-1/x","size":1,"sha256":"00"}]}"#,
+    );
+    let out = relay_s3(
+        &weed,
+        &[
+            "restore",
+            "--from",
+            "s3://backups/relay-1",
+            "--data",
+            into.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        text(&out.stderr).contains("not a store file's name"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!into.exists() && !root.path().join("escaped").exists());
+
+    // Nothing under another prefix; and a server that is not there.
+    let out = relay_s3(
+        &weed,
+        &[
+            "restore",
+            "--from",
+            "s3://backups/none",
+            "--data",
+            into.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        text(&out.stderr).contains("no backup in s3://backups/none"),
+        "{}",
+        text(&out.stderr)
+    );
+    let port = ankusa_relay::testkit::free_port();
+    let out = bin()
+        .args([
+            "backup",
+            "push",
+            "--data",
+            d,
+            "--to",
+            "s3://backups/relay-1",
+        ])
+        .args([
+            "--endpoint",
+            &format!("http://127.0.0.1:{port}"),
+            "--allow-http",
+        ])
+        .env("AWS_ACCESS_KEY_ID", "it")
+        .env("AWS_SECRET_ACCESS_KEY", "it-secret")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("Connection refused"),
+        "{}",
+        text(&out.stderr)
+    );
+}
