@@ -135,6 +135,19 @@ fn relay_s3(weed: &Weed, args: &[&str]) -> std::process::Output {
         .expect("run ankusa-relay")
 }
 
+/// `backup push --data DATA --to TO` to the test's server.
+fn push_s3(weed: &Weed, data: &str, to: &str) -> std::process::Output {
+    relay_s3(weed, &["backup", "push", "--data", data, "--to", to])
+}
+
+/// `restore --from FROM --data INTO` from the test's server.
+fn restore_s3(weed: &Weed, from: &str, into: &std::path::Path) -> std::process::Output {
+    relay_s3(
+        weed,
+        &["restore", "--from", from, "--data", into.to_str().unwrap()],
+    )
+}
+
 fn ok(out: &std::process::Output) -> String {
     assert!(
         out.status.success(),
@@ -167,31 +180,11 @@ fn a_store_pushed_twice_uploads_its_files_once_and_restores_from_the_bucket_chec
     store_with_hooks(&data, 50);
     let d = data.to_str().unwrap();
 
-    let first = ok(&relay_s3(
-        &weed,
-        &[
-            "backup",
-            "push",
-            "--data",
-            d,
-            "--to",
-            "s3://backups/relay-0",
-        ],
-    ));
+    let first = ok(&push_s3(&weed, d, "s3://backups/relay-0"));
     let (files, uploaded) = pushed(&first);
     assert!(files > 3 && uploaded == files, "{first}");
     // Unchanged: the table and blob files are in the bucket already.
-    let second = ok(&relay_s3(
-        &weed,
-        &[
-            "backup",
-            "push",
-            "--data",
-            d,
-            "--to",
-            "s3://backups/relay-0",
-        ],
-    ));
+    let second = ok(&push_s3(&weed, d, "s3://backups/relay-0"));
     let (files2, uploaded2) = pushed(&second);
     let tables = std::fs::read_dir(&data)
         .unwrap()
@@ -211,10 +204,7 @@ fn a_store_pushed_twice_uploads_its_files_once_and_restores_from_the_bucket_chec
     // Restored into another directory: the same store, checked, a lineage of its own.
     let restored = root.path().join("restored");
     let r = restored.to_str().unwrap();
-    let out = ok(&relay_s3(
-        &weed,
-        &["restore", "--from", "s3://backups/relay-0", "--data", r],
-    ));
+    let out = ok(&restore_s3(&weed, "s3://backups/relay-0", &restored));
     assert!(out.contains("store format 3"), "{out}");
     ok(&run(&["store", "verify", "--data", r]));
     let counters = |dir: &str| {
@@ -237,17 +227,7 @@ fn a_restore_refuses_a_missing_file_a_bad_checksum_and_an_unreachable_bucket() {
     let data = root.path().join("data");
     store_with_hooks(&data, 20);
     let d = data.to_str().unwrap();
-    ok(&relay_s3(
-        &weed,
-        &[
-            "backup",
-            "push",
-            "--data",
-            d,
-            "--to",
-            "s3://backups/relay-1",
-        ],
-    ));
+    ok(&push_s3(&weed, d, "s3://backups/relay-1"));
     let lineage = std::fs::read_to_string(data.join(".backup-lineage")).unwrap();
     let table = std::fs::read_dir(&data)
         .unwrap()
@@ -260,32 +240,14 @@ fn a_restore_refuses_a_missing_file_a_bad_checksum_and_an_unreachable_bucket() {
     // A file changed in the bucket: the restore names it and its checksum.
     weed.put(&key, "not the table file");
     let into = root.path().join("a");
-    let out = relay_s3(
-        &weed,
-        &[
-            "restore",
-            "--from",
-            "s3://backups/relay-1",
-            "--data",
-            into.to_str().unwrap(),
-        ],
-    );
+    let out = restore_s3(&weed, "s3://backups/relay-1", &into);
     assert!(!out.status.success());
     assert!(text(&out.stderr).contains(&key), "{}", text(&out.stderr));
 
     // Gone: refused before anything is written, naming it.
     weed.delete(&key);
     let into = root.path().join("b");
-    let out = relay_s3(
-        &weed,
-        &[
-            "restore",
-            "--from",
-            "s3://backups/relay-1",
-            "--data",
-            into.to_str().unwrap(),
-        ],
-    );
+    let out = restore_s3(&weed, "s3://backups/relay-1", &into);
     assert!(!out.status.success());
     let err = text(&out.stderr);
     assert!(err.contains("does not hold") && err.contains(&key), "{err}");
@@ -297,16 +259,7 @@ fn a_restore_refuses_a_missing_file_a_bad_checksum_and_an_unreachable_bucket() {
         r#"{"version":1,"id":"b9999999999999","created_ms":9999999999999,"lineage":"x","store_format":3,
             "files":[{"name":"../escaped","key":"relay-1/x","size":1,"sha256":"00"}]}"#,
     );
-    let out = relay_s3(
-        &weed,
-        &[
-            "restore",
-            "--from",
-            "s3://backups/relay-1",
-            "--data",
-            into.to_str().unwrap(),
-        ],
-    );
+    let out = restore_s3(&weed, "s3://backups/relay-1", &into);
     assert!(
         text(&out.stderr).contains("not a store file's name"),
         "{}",
@@ -315,16 +268,7 @@ fn a_restore_refuses_a_missing_file_a_bad_checksum_and_an_unreachable_bucket() {
     assert!(!into.exists() && !root.path().join("escaped").exists());
 
     // Nothing under another prefix; and a server that is not there.
-    let out = relay_s3(
-        &weed,
-        &[
-            "restore",
-            "--from",
-            "s3://backups/none",
-            "--data",
-            into.to_str().unwrap(),
-        ],
-    );
+    let out = restore_s3(&weed, "s3://backups/none", &into);
     assert!(
         text(&out.stderr).contains("no backup in s3://backups/none"),
         "{}",
