@@ -336,6 +336,10 @@ pub enum BackupCommand {
         to: String,
         #[command(flatten)]
         bucket: objstore::Bucket,
+        /// After the push, keep only the newest N backups under the prefix, and the files
+        /// they name (one writer per prefix).
+        #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
+        keep: Option<u64>,
     },
     /// Ask a node for a backup and copy its archive to `--to`, checking it opens.
     Pull {
@@ -480,8 +484,14 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             command: BackupCommand::Offline { data, to, keep },
         } => backup::backup_offline(&data, &to, keep),
         Command::Backup {
-            command: BackupCommand::Push { data, to, bucket },
-        } => objstore::push(&data, &to, &bucket),
+            command:
+                BackupCommand::Push {
+                    data,
+                    to,
+                    bucket,
+                    keep,
+                },
+        } => objstore::push(&data, &to, &bucket, keep),
         Command::Restore {
             from,
             bucket,

@@ -164,6 +164,14 @@ impl Remote {
         Ok(out)
     }
 
+    /// Deletes `key` (one already gone is fine: a prune run again).
+    async fn delete(&self, key: &str) -> anyhow::Result<()> {
+        match self.store.delete(&Key::from(key)).await {
+            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
+            Err(e) => Err(e).with_context(|| format!("deleting {key}")),
+        }
+    }
+
     /// The manifests under the prefix, oldest first.
     async fn manifests(&self) -> anyhow::Result<Vec<Manifest>> {
         let mut out = Vec::new();
@@ -249,7 +257,12 @@ fn immutable(name: &str) -> bool {
 
 /// `backup push`: a checkpoint of the closed store at `data`, uploaded to `to`, only the
 /// table and blob files the bucket does not hold yet.
-pub(super) fn push(data: &Path, to: &str, bucket: &Bucket) -> anyhow::Result<ExitCode> {
+pub(super) fn push(
+    data: &Path,
+    to: &str,
+    bucket: &Bucket,
+    keep: Option<u64>,
+) -> anyhow::Result<ExitCode> {
     let remote = Remote::open(to, bucket)?;
     // Opened first: a directory that is not a store is refused before anything is written.
     drop(open_existing(data, true)?);
@@ -279,7 +292,56 @@ pub(super) fn push(data: &Path, to: &str, bucket: &Bucket) -> anyhow::Result<Exi
         m.files.len(),
         remote.url()
     );
+    if let Some(keep) = keep {
+        let p = rt.block_on(prune(&remote, keep as usize))?;
+        println!(
+            "kept the newest {keep} backups: deleted {} backups and {} files no kept backup names",
+            p.backups, p.files
+        );
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// What [`prune`] deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct Pruned {
+    pub backups: usize,
+    pub files: usize,
+}
+
+/// Keeps the newest `keep` backups under the prefix. The older ones go manifest first (a
+/// backup stops existing before any of its files goes), then their own small files; then
+/// every table or blob file no remaining manifest names (the older backups', and those a
+/// push that ended before its manifest left). So no manifest in the bucket ever names a
+/// deleted file, whatever step a kill stops it at (a run again finishes the job). One
+/// writer per prefix: a push under way elsewhere could have its files taken.
+async fn prune(remote: &Remote, keep: usize) -> anyhow::Result<Pruned> {
+    let manifests = remote.manifests().await?;
+    let (old, kept) = manifests.split_at(manifests.len().saturating_sub(keep.max(1)));
+    let mut p = Pruned::default();
+    for m in old {
+        let own = remote.key(&format!("backups/{}/", m.id)).to_string();
+        remote
+            .store
+            .delete(&remote.key(&format!("backups/{}/manifest.json", m.id)))
+            .await
+            .with_context(|| format!("deleting backup {}'s manifest", m.id))?;
+        for f in m.files.iter().filter(|f| f.key.starts_with(&own)) {
+            remote.delete(&f.key).await?;
+        }
+        p.backups += 1;
+    }
+    let named: std::collections::BTreeSet<&str> = kept
+        .iter()
+        .flat_map(|m| m.files.iter().map(|f| f.key.as_str()))
+        .collect();
+    for key in remote.list("files").await?.into_keys() {
+        if !named.contains(key.as_str()) {
+            remote.delete(&key).await?;
+            p.files += 1;
+        }
+    }
+    Ok(p)
 }
 
 async fn push_checkpoint(
@@ -362,7 +424,16 @@ pub(super) fn restore(
 ) -> anyhow::Result<Manifest> {
     let remote = Remote::open(from, bucket)?;
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(async {
+    rt.block_on(restore_from(&remote, data, format_at_most))
+}
+
+async fn restore_from(
+    remote: &Remote,
+    data: &Path,
+    format_at_most: Option<u32>,
+) -> anyhow::Result<Manifest> {
+    let from = remote.url();
+    {
         let manifests = remote.manifests().await?;
         let m = manifests
             .into_iter()
@@ -391,7 +462,9 @@ pub(super) fn restore(
         for f in &m.files {
             match remote.store.head(&Key::from(f.key.as_str())).await {
                 Ok(meta) if meta.size == f.size => {}
-                Ok(meta) => missing.push(format!("{} ({} bytes, not {})", f.key, meta.size, f.size)),
+                Ok(meta) => {
+                    missing.push(format!("{} ({} bytes, not {})", f.key, meta.size, f.size))
+                }
                 Err(object_store::Error::NotFound { .. }) => missing.push(f.key.clone()),
                 Err(e) => return Err(anyhow::anyhow!("{}: {e}", f.key)),
             }
@@ -440,7 +513,7 @@ pub(super) fn restore(
         std::fs::remove_file(&marker)?;
         sync_dir(data)?;
         Ok(m)
-    })
+    }
 }
 
 fn sync_dir(dir: &Path) -> anyhow::Result<()> {
@@ -452,6 +525,165 @@ fn sync_dir(dir: &Path) -> anyhow::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+
+    /// What a store's directory does between backups, for the retention property.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// `n` new table files (a flush).
+        Write(u8),
+        /// The oldest `n` table files replaced by one (a compaction).
+        Compact(u8),
+        Push,
+        /// A push that uploads its new files and dies before its manifest.
+        DeadPush,
+        Prune(u8),
+        /// The newest backup restored into an empty directory, every file checked.
+        Restore,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            3 => (1u8..4).prop_map(Step::Write),
+            2 => (1u8..4).prop_map(Step::Compact),
+            3 => Just(Step::Push),
+            1 => Just(Step::DeadPush),
+            2 => (1u8..4).prop_map(Step::Prune),
+            1 => Just(Step::Restore),
+        ]
+    }
+
+    /// Every manifest in the bucket names only files the bucket holds, at their size.
+    async fn every_manifest_whole(remote: &Remote) -> Result<(), TestCaseError> {
+        let held = remote.list("").await.unwrap();
+        for m in remote.manifests().await.unwrap() {
+            for f in &m.files {
+                prop_assert_eq!(
+                    held.get(&f.key),
+                    Some(&f.size),
+                    "backup {} names {}, which the bucket does not hold",
+                    &m.id,
+                    &f.key
+                );
+            }
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
+
+        /// Any sequence of backups (some killed before their manifest), prunes and
+        /// restores: no manifest in the bucket ever names a deleted file, a prune keeps
+        /// the newest backups it is asked to, and a restore gives back the newest backup's
+        /// files byte for byte.
+        #[test]
+        fn retention_never_deletes_a_file_a_kept_manifest_names(
+            steps in proptest::collection::vec(step(), 1..30),
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+            let remote = Remote {
+                store: Box::new(object_store::memory::InMemory::new()),
+                bucket: "it".into(),
+                prefix: "relay-0".into(),
+            };
+            let dir = tempfile::tempdir().unwrap();
+            let store = dir.path().join("store");
+            std::fs::create_dir_all(&store).unwrap();
+            let mut next_file = 0u32;
+            let mut next_id = 0u64;
+            let mut write = |store: &Path, n: u8| {
+                for _ in 0..n {
+                    next_file += 1;
+                    std::fs::write(
+                        store.join(format!("{next_file:06}.sst")),
+                        format!("table {next_file}").repeat(next_file as usize % 7 + 1),
+                    )
+                    .unwrap();
+                }
+            };
+            std::fs::write(store.join("CURRENT"), "MANIFEST-000001\n").unwrap();
+            // What each backup's store held: its files and their bytes.
+            let mut pushed: BTreeMap<String, BTreeMap<String, Vec<u8>>> = BTreeMap::new();
+            for s in &steps {
+                match s {
+                    Step::Write(n) => write(&store, *n),
+                    Step::Compact(n) => {
+                        let mut tables: Vec<_> = std::fs::read_dir(&store)
+                            .unwrap()
+                            .filter_map(Result::ok)
+                            .map(|e| e.path())
+                            .filter(|p| p.extension().is_some_and(|e| e == "sst"))
+                            .collect();
+                        tables.sort();
+                        for t in tables.iter().take(*n as usize) {
+                            std::fs::remove_file(t).unwrap();
+                        }
+                        write(&store, 1);
+                    }
+                    Step::Push | Step::DeadPush => {
+                        next_id += 1;
+                        let id = format!("b{next_id:06}");
+                        std::fs::write(store.join("MANIFEST-000001"), &id).unwrap();
+                        if matches!(s, Step::Push) {
+                            rt.block_on(push_checkpoint(&remote, &store, "lineage", &id, 3)).unwrap();
+                            let files = std::fs::read_dir(&store)
+                                .unwrap()
+                                .filter_map(Result::ok)
+                                .map(|e| {
+                                    (
+                                        e.file_name().to_string_lossy().into_owned(),
+                                        std::fs::read(e.path()).unwrap(),
+                                    )
+                                })
+                                .collect();
+                            pushed.insert(id, files);
+                        } else {
+                            // Its table files uploaded, then the push dies.
+                            for e in std::fs::read_dir(&store).unwrap().filter_map(Result::ok) {
+                                let name = e.file_name().to_string_lossy().into_owned();
+                                if immutable(&name) {
+                                    let key = remote.key(&format!("files/lineage/{name}"));
+                                    rt.block_on(remote.upload(&e.path(), &key)).unwrap();
+                                }
+                            }
+                        }
+                    }
+                    Step::Prune(keep) => {
+                        let before = rt.block_on(remote.manifests()).unwrap();
+                        rt.block_on(prune(&remote, *keep as usize)).unwrap();
+                        let after = rt.block_on(remote.manifests()).unwrap();
+                        let want: Vec<&String> = before
+                            .iter()
+                            .rev()
+                            .take(*keep as usize)
+                            .map(|m| &m.id)
+                            .collect();
+                        let got: Vec<&String> = after.iter().rev().map(|m| &m.id).collect();
+                        prop_assert_eq!(got, want);
+                    }
+                    Step::Restore => {
+                        let newest = rt.block_on(remote.manifests()).unwrap().pop();
+                        let into = dir.path().join(format!("restored-{next_id}-{}", pushed.len()));
+                        match newest {
+                            None => {
+                                prop_assert!(rt.block_on(restore_from(&remote, &into, None)).is_err())
+                            }
+                            Some(m) => {
+                                let got = rt.block_on(restore_from(&remote, &into, None)).unwrap();
+                                prop_assert_eq!(&got.id, &m.id);
+                                for (name, bytes) in &pushed[&m.id] {
+                                    prop_assert_eq!(&std::fs::read(into.join(name)).unwrap(), bytes);
+                                }
+                                std::fs::remove_dir_all(&into).unwrap();
+                            }
+                        }
+                    }
+                }
+                rt.block_on(every_manifest_whole(&remote))?;
+            }
+        }
+    }
 
     #[test]
     fn a_location_is_a_bucket_and_a_prefix() {

@@ -218,6 +218,25 @@ fn a_store_pushed_twice_uploads_its_files_once_and_restores_from_the_bucket_chec
     let lineage =
         |dir: &std::path::Path| std::fs::read_to_string(dir.join(".backup-lineage")).unwrap();
     assert_ne!(lineage(&restored), lineage(&data));
+
+    // A third push keeping one backup: the two before go, and what is kept restores.
+    let third = ok(&relay_s3(
+        &weed,
+        &[
+            "backup",
+            "push",
+            "--data",
+            d,
+            "--to",
+            "s3://backups/relay-0",
+            "--keep",
+            "1",
+        ],
+    ));
+    assert!(third.contains("deleted 2 backups and 0 files"), "{third}");
+    let again = root.path().join("again");
+    ok(&restore_s3(&weed, "s3://backups/relay-0", &again));
+    assert_eq!(counters(again.to_str().unwrap()), counters(d));
 }
 
 #[test]
