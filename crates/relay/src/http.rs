@@ -341,11 +341,3 @@ pub async fn json_errors(resp: Response) -> Response {
 pub async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, "not_found", "no such path")
 }
-
-/// Chooses ring as rustls's crypto provider for this process, once (later calls do
-/// nothing): reqwest's rustls comes without one of its own, and both of its users here —
-/// the OpenTelemetry exporter and the object-store client — need it before they build a
-/// client.
-pub fn install_rustls_provider() {
-    let _ = rustls::crypto::ring::default_provider().install_default();
-}

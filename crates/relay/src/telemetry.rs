@@ -90,7 +90,7 @@ pub fn init(log: &LogConfig) -> Result<Telemetry, TelemetryError> {
         None => None,
         Some(base) => {
             use opentelemetry_otlp::WithExportConfig;
-            crate::http::install_rustls_provider();
+            install_rustls_provider();
             let endpoint = format!("{}/v1/traces", base.trim_end_matches('/'));
             let exporter = opentelemetry_otlp::SpanExporter::builder()
                 .with_http()
@@ -206,6 +206,14 @@ impl LogLimit {
             None
         }
     }
+}
+
+/// Chooses ring as rustls's crypto provider for this process, once (later calls do
+/// nothing): reqwest's rustls comes without one of its own, and both of its users here —
+/// the OpenTelemetry exporter and the object-store client of `backup push` / `restore` —
+/// need it before they build a client.
+pub fn install_rustls_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 #[cfg(test)]
