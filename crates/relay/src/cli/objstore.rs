@@ -7,8 +7,9 @@
 //! files written since. The lineage is an id of the store's own, in `.backup-lineage` in
 //! its directory (made by its first push; not RocksDB's identity, which a copy keeps): a
 //! restored store gets a new one, since from its backup on it writes files of its own
-//! under the same numbers as files its origin may have written (and pushed) after it. The rest of a checkpoint (`MANIFEST-*`, `CURRENT`,
-//! `OPTIONS-*`: small) goes under `<prefix>/backups/<id>/`, and last the backup's manifest,
+//! under the same numbers as files its origin may have written (and pushed) after it.
+//! The rest of a checkpoint (`MANIFEST-*`, `CURRENT`, `OPTIONS-*`: small) goes under
+//! `<prefix>/backups/<id>/`, and last the backup's manifest,
 //! `<prefix>/backups/<id>/manifest.json`, which names every file of the backup with its
 //! size and SHA-256: a backup exists once its manifest does. A restore downloads the files
 //! a manifest names, streaming, checks each one's size and checksum, and refuses a
@@ -43,22 +44,17 @@ fn lineage(data: &Path) -> anyhow::Result<String> {
             return Ok(id.to_owned());
         }
     }
-    let id = new_lineage();
+    renew_lineage(data)
+}
+
+/// Gives the store at `data` a new lineage (128 random bits, hex): a store just restored
+/// (from an archive or a bucket), or one pushed for the first time. The lineage.
+pub fn renew_lineage(data: &Path) -> anyhow::Result<String> {
+    let id = ankusa_keyspace::hex(&rand::random::<[u8; 16]>());
+    let path = data.join(LINEAGE);
     std::fs::write(&path, format!("{id}\n"))
         .with_context(|| format!("writing {}", path.display()))?;
     Ok(id)
-}
-
-/// A fresh lineage id: 128 random bits, hex.
-fn new_lineage() -> String {
-    hex(&rand::random::<[u8; 16]>())
-}
-
-/// Gives a store just restored (from an archive or a bucket) a lineage of its own.
-pub fn renew_lineage(data: &Path) -> anyhow::Result<()> {
-    let path = data.join(LINEAGE);
-    std::fs::write(&path, format!("{}\n", new_lineage()))
-        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// Files up to this size go in one request; larger ones in parts of this size (the memory
@@ -122,7 +118,7 @@ struct Remote {
 impl Remote {
     fn open(url: &str, b: &Bucket) -> anyhow::Result<Remote> {
         let (bucket, prefix) = parse_location(url)?;
-        crate::http::install_rustls_provider();
+        crate::telemetry::install_rustls_provider();
         let mut builder = AmazonS3Builder::from_env()
             .with_bucket_name(&bucket)
             .with_region(&b.region)
@@ -147,6 +143,11 @@ impl Remote {
         } else {
             Key::from(format!("{}/{rest}", self.prefix))
         }
+    }
+
+    /// Backup `id`'s manifest: the backup exists once it does.
+    fn manifest_key(&self, id: &str) -> Key {
+        self.key(&format!("backups/{id}/manifest.json"))
     }
 
     fn url(&self) -> String {
@@ -229,12 +230,8 @@ impl Remote {
                 .await
                 .with_context(|| format!("uploading {key}"))?;
         }
-        Ok(hex(&hash.finalize()))
+        Ok(ankusa_keyspace::hex(&hash.finalize()))
     }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 fn file_sha256(path: &Path) -> anyhow::Result<String> {
@@ -244,7 +241,7 @@ fn file_sha256(path: &Path) -> anyhow::Result<String> {
     loop {
         let n = f.read(&mut buf)?;
         if n == 0 {
-            return Ok(hex(&hash.finalize()));
+            return Ok(ankusa_keyspace::hex(&hash.finalize()));
         }
         hash.update(&buf[..n]);
     }
@@ -322,10 +319,12 @@ async fn prune(remote: &Remote, keep: usize) -> anyhow::Result<Pruned> {
     for m in old {
         let own = remote.key(&format!("backups/{}/", m.id)).to_string();
         remote
-            .store
-            .delete(&remote.key(&format!("backups/{}/manifest.json", m.id)))
-            .await
-            .with_context(|| format!("deleting backup {}'s manifest", m.id))?;
+            .delete(
+                remote
+                    .key(&format!("backups/{}/manifest.json", m.id))
+                    .as_ref(),
+            )
+            .await?;
         for f in m.files.iter().filter(|f| f.key.starts_with(&own)) {
             remote.delete(&f.key).await?;
         }
@@ -406,7 +405,7 @@ async fn push_checkpoint(
     remote
         .store
         .put(
-            &remote.key(&format!("backups/{id}/manifest.json")),
+            &remote.manifest_key(id),
             PutPayload::from(serde_json::to_vec_pretty(&m)?),
         )
         .await
@@ -433,87 +432,83 @@ async fn restore_from(
     format_at_most: Option<u32>,
 ) -> anyhow::Result<Manifest> {
     let from = remote.url();
-    {
-        let manifests = remote.manifests().await?;
-        let m = manifests
-            .into_iter()
-            .rev()
-            .find(|m| format_at_most.is_none_or(|f| m.store_format <= f))
-            .ok_or_else(|| match format_at_most {
-                Some(f) => anyhow::anyhow!("no backup at store format {f} or lower in {from}"),
-                None => anyhow::anyhow!("no backup in {from}"),
-            })?;
-        // A manifest names plain files of one directory: anything else (a path, the
-        // restore's own marker) is refused before anything is written.
-        for f in &m.files {
-            anyhow::ensure!(
-                !f.name.is_empty()
-                    && !f.name.contains(['/', '\\'])
-                    && f.name != "."
-                    && f.name != ".."
-                    && f.name != ankusa_store::tarball::RESTORING_MARKER,
-                "backup {} names a file {:?} that is not a store file's name",
-                m.id,
-                f.name
-            );
-        }
-        // Every file first: a manifest whose files are not all there is refused whole.
-        let mut missing = Vec::new();
-        for f in &m.files {
-            match remote.store.head(&Key::from(f.key.as_str())).await {
-                Ok(meta) if meta.size == f.size => {}
-                Ok(meta) => {
-                    missing.push(format!("{} ({} bytes, not {})", f.key, meta.size, f.size))
-                }
-                Err(object_store::Error::NotFound { .. }) => missing.push(f.key.clone()),
-                Err(e) => return Err(anyhow::anyhow!("{}: {e}", f.key)),
-            }
-        }
+    let manifests = remote.manifests().await?;
+    let m = manifests
+        .into_iter()
+        .rev()
+        .find(|m| format_at_most.is_none_or(|f| m.store_format <= f))
+        .ok_or_else(|| match format_at_most {
+            Some(f) => anyhow::anyhow!("no backup at store format {f} or lower in {from}"),
+            None => anyhow::anyhow!("no backup in {from}"),
+        })?;
+    // A manifest names plain files of one directory: anything else (a path, the
+    // restore's own marker) is refused before anything is written.
+    for f in &m.files {
         anyhow::ensure!(
-            missing.is_empty(),
-            "backup {} names files the bucket does not hold as named: {}",
+            !f.name.is_empty()
+                && !f.name.contains(['/', '\\'])
+                && f.name != "."
+                && f.name != ".."
+                && f.name != ankusa_store::tarball::RESTORING_MARKER,
+            "backup {} names a file {:?} that is not a store file's name",
             m.id,
-            missing.join(", ")
+            f.name
         );
-        // Until the last file is in and synced, the marker says so: a restore killed half
-        // way leaves a directory every command refuses (as an archive's restore does).
-        std::fs::create_dir_all(data)?;
-        let marker = data.join(ankusa_store::tarball::RESTORING_MARKER);
-        std::fs::File::create(&marker)?.sync_all()?;
-        sync_dir(data)?;
-        for f in &m.files {
-            let path = data.join(&f.name);
-            let mut out = std::fs::File::create(&path)?;
-            let mut hash = sha2::Sha256::new();
-            let mut size = 0u64;
-            let mut stream = remote
-                .store
-                .get(&Key::from(f.key.as_str()))
-                .await
-                .with_context(|| format!("downloading {}", f.key))?
-                .into_stream();
-            while let Some(chunk) = stream.next().await {
-                let chunk = chunk.with_context(|| format!("downloading {}", f.key))?;
-                hash.update(&chunk);
-                size += chunk.len() as u64;
-                out.write_all(&chunk)?;
-            }
-            out.sync_all()?;
-            let got = hex(&hash.finalize());
-            anyhow::ensure!(
-                size == f.size && got == f.sha256,
-                "{} does not match backup {}'s manifest ({size} bytes, sha256 {got}; the manifest says {} bytes, {})",
-                f.key,
-                m.id,
-                f.size,
-                f.sha256
-            );
-        }
-        sync_dir(data)?;
-        std::fs::remove_file(&marker)?;
-        sync_dir(data)?;
-        Ok(m)
     }
+    // Every file first: a manifest whose files are not all there is refused whole.
+    let mut missing = Vec::new();
+    for f in &m.files {
+        match remote.store.head(&Key::from(f.key.as_str())).await {
+            Ok(meta) if meta.size == f.size => {}
+            Ok(meta) => missing.push(format!("{} ({} bytes, not {})", f.key, meta.size, f.size)),
+            Err(object_store::Error::NotFound { .. }) => missing.push(f.key.clone()),
+            Err(e) => return Err(anyhow::anyhow!("{}: {e}", f.key)),
+        }
+    }
+    anyhow::ensure!(
+        missing.is_empty(),
+        "backup {} names files the bucket does not hold as named: {}",
+        m.id,
+        missing.join(", ")
+    );
+    // Until the last file is in and synced, the marker says so: a restore killed half
+    // way leaves a directory every command refuses (as an archive's restore does).
+    std::fs::create_dir_all(data)?;
+    let marker = data.join(ankusa_store::tarball::RESTORING_MARKER);
+    std::fs::File::create(&marker)?.sync_all()?;
+    sync_dir(data)?;
+    for f in &m.files {
+        let path = data.join(&f.name);
+        let mut out = std::fs::File::create(&path)?;
+        let mut hash = sha2::Sha256::new();
+        let mut size = 0u64;
+        let mut stream = remote
+            .store
+            .get(&Key::from(f.key.as_str()))
+            .await
+            .with_context(|| format!("downloading {}", f.key))?
+            .into_stream();
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.with_context(|| format!("downloading {}", f.key))?;
+            hash.update(&chunk);
+            size += chunk.len() as u64;
+            out.write_all(&chunk)?;
+        }
+        out.sync_all()?;
+        let got = ankusa_keyspace::hex(&hash.finalize());
+        anyhow::ensure!(
+            size == f.size && got == f.sha256,
+            "{} does not match backup {}'s manifest ({size} bytes, sha256 {got}; the manifest says {} bytes, {})",
+            f.key,
+            m.id,
+            f.size,
+            f.sha256
+        );
+    }
+    sync_dir(data)?;
+    std::fs::remove_file(&marker)?;
+    sync_dir(data)?;
+    Ok(m)
 }
 
 fn sync_dir(dir: &Path) -> anyhow::Result<()> {
