@@ -11,7 +11,7 @@ use super::*;
 use ankusa_keyspace::{
     AtMs, Cf, CounterField, DeadKey, DueKey, Family, PulledKey, Seq, SinkIdx, TenantOrd,
 };
-use ankusa_records::moved::{MovedDelivery, MovedEvent, MovedHook, MovedState};
+use ankusa_records::moved::{MovedDelivery, MovedHook, MovedState};
 use ankusa_store::{Dir, Op, Store};
 
 use crate::QueueError;
@@ -145,18 +145,7 @@ pub fn movable_hooks(
             .get(Cf::Index, &ankusa_keyspace::archive(seq))?
             .is_some();
         let log = store.get(Cf::Audit, &ankusa_keyspace::hook_log(seq))?;
-        let mut events = Vec::new();
-        let (lo, hi) = ankusa_keyspace::hook_events_of_seqs(seq, Seq(seq.0 + 1));
-        for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
-            let (k, v) = kv?;
-            let ek = ankusa_keyspace::decode_hook_event(&k)?;
-            events.push(MovedEvent {
-                sink: ek.sink.0,
-                at: ek.at.0,
-                kind: ek.kind as u8,
-                value: v,
-            });
-        }
+        let events = crate::hooklog::moved_events(store, seq)?;
         let hook = MovedHook {
             seq: seq.0,
             envelope,

@@ -214,7 +214,7 @@ pub fn movable_records(
     max: usize,
     max_bytes: usize,
 ) -> Result<MovableRecords, QueueError> {
-    use ankusa_records::moved::{Moved, MovedEvent};
+    use ankusa_records::moved::Moved;
     let (mut lo, end) = Family::HookLog.bounds();
     if let Some(a) = after {
         lo = ankusa_keyspace::hook_log(Seq(a.0.saturating_add(1)));
@@ -234,22 +234,10 @@ pub fn movable_records(
         }
         let record =
             LogRecord::decode(&v).map_err(|e| QueueError::corrupt_at(Family::HookLog, &k, e))?;
-        let mut events = Vec::new();
-        let (elo, ehi) = ankusa_keyspace::hook_events_of_seqs(seq, Seq(seq.0 + 1));
-        for kv in store.scan(Family::HookEvents, &elo, &ehi, Dir::Forward)? {
-            let (ek, ev) = kv?;
-            let key = ankusa_keyspace::decode_hook_event(&ek)?;
-            events.push(MovedEvent {
-                sink: key.sink.0,
-                at: key.at.0,
-                kind: key.kind as u8,
-                value: ev,
-            });
-        }
         let item = Moved::Logged {
             seq: seq.0,
             record: v,
-            events,
+            events: moved_events(store, seq)?,
         };
         bytes += item.weight();
         out.records.push(MovableRecord {
@@ -260,6 +248,26 @@ pub fn movable_records(
     }
     out.next = None;
     Ok(out)
+}
+
+/// Hook `seq`'s events as stored (their keys' fields and values): what moves with it.
+pub(crate) fn moved_events(
+    store: &Store,
+    seq: Seq,
+) -> Result<Vec<ankusa_records::moved::MovedEvent>, QueueError> {
+    let mut events = Vec::new();
+    let (lo, hi) = ankusa_keyspace::hook_events_of_seqs(seq, Seq(seq.0 + 1));
+    for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
+        let (k, value) = kv?;
+        let key = ankusa_keyspace::decode_hook_event(&k)?;
+        events.push(ankusa_records::moved::MovedEvent {
+            sink: key.sink.0,
+            at: key.at.0,
+            kind: key.kind as u8,
+            value,
+        });
+    }
+    Ok(events)
 }
 
 /// The sender's side of a moved record: its record, id and events go (in the stage's
