@@ -50,7 +50,7 @@ use http_body_util::{BodyExt, Full};
 
 mod load;
 
-use load::outside::{ANCHOR_RATIO, ANCHOR_RATIO_ISSUE};
+use load::outside::ANCHOR_RATIO;
 
 const CLIENTS: usize = 64;
 const TENANTS: usize = 1_000;
@@ -566,21 +566,12 @@ fn outside_judged(rt: &tokio::runtime::Runtime) -> bool {
         load::outside::THREADS,
         load::outside::relay_bin()
     );
-    println!("{}", load::outside::HEADER);
-    println!("{}\n{}", noop.row(), relay.row());
-    let ratio = relay.cpu_per() / noop.cpu_per();
-    let p99_ms = relay.p99_us as f64 / 1e3;
-    println!(
-        "relay CPU per acked hook {:.1} µs = {ratio:.2}× the no-op handler's {:.1} µs per request (rule <= {ANCHOR_RATIO}×; the issue's {ANCHOR_RATIO_ISSUE}× and {OUTSIDE_CPU_US} µs printed: {} and {}); wrk's p99 {p99_ms:.2} ms (rule < 10 ms); {:.0} acked hooks/s (the issue's {OUTSIDE_RATE:.0}: printed, not judged); failed requests {}",
-        relay.cpu_per(),
-        noop.cpu_per(),
-        if ratio <= ANCHOR_RATIO_ISSUE { "holds" } else { "fails" },
+    let also = format!(
+        "; the issue's {OUTSIDE_CPU_US} µs: {}; {:.0} acked hooks/s (the issue's {OUTSIDE_RATE:.0}: printed, not judged)",
         if relay.cpu_per() <= OUTSIDE_CPU_US { "holds" } else { "fails" },
-        relay.rate(),
-        relay.failed + noop.failed
+        relay.rate()
     );
-    load::ledger("ingest.outside.cpu_over_noop", ratio, "x");
-    ratio <= ANCHOR_RATIO && p99_ms < 10.0 && relay.failed == 0
+    load::outside::verdict("ingest", &noop, &relay, &also)
 }
 
 /// `ANKUSA_BENCH_INGEST=outside`: the outside load alone (with `ANKUSA_RELAY_BIN`, any build's).

@@ -111,7 +111,7 @@ async fn sample(node: &Node, at_s: u64, phase: &'static str, cpu: Option<f64>) -
 
 /// The outside phase: its table, and whether its rules hold.
 fn outside_judged(rt: &tokio::runtime::Runtime) -> bool {
-    use load::outside::{self, ANCHOR_RATIO, ANCHOR_RATIO_ISSUE};
+    use load::outside;
     if !outside::available() {
         println!("\nsustain (outside): wrk is not installed (make bench installs it): FAIL");
         return false;
@@ -130,19 +130,7 @@ fn outside_judged(rt: &tokio::runtime::Runtime) -> bool {
         OUTSIDE.as_secs(),
         outside::relay_bin()
     );
-    println!("{}", outside::HEADER);
-    println!("{}\n{}", noop.row(), relay.row());
-    let ratio = relay.cpu_per() / noop.cpu_per();
-    let p99_ms = relay.p99_us as f64 / 1e3;
-    println!(
-        "relay CPU per acked hook over its whole life {:.1} µs = {ratio:.2}× the no-op handler's {:.1} µs per request (rule <= {ANCHOR_RATIO}×; the issue's {ANCHOR_RATIO_ISSUE}×: {}); wrk's p99 {p99_ms:.2} ms (rule < 10 ms); failed requests {}",
-        relay.cpu_per(),
-        noop.cpu_per(),
-        if ratio <= ANCHOR_RATIO_ISSUE { "holds" } else { "fails" },
-        relay.failed + noop.failed
-    );
-    load::ledger("sustain.outside.cpu_over_noop", ratio, "x");
-    ratio <= ANCHOR_RATIO && p99_ms < 10.0 && relay.failed == 0
+    outside::verdict("sustain", &noop, &relay, "")
 }
 
 fn main() -> std::process::ExitCode {

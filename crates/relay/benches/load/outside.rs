@@ -90,6 +90,26 @@ impl Outside {
     }
 }
 
+/// The table of a judged outside run, its verdict line (`also`: what the bench prints
+/// beside the rule) and its ledger figure (`<bench>.outside.cpu_over_noop`): whether the
+/// rule holds — the relay's CPU per acked hook at most [`ANCHOR_RATIO`]× the no-op's per
+/// request, wrk's p99 under 10 ms, no failed request.
+pub fn verdict(bench: &str, noop: &Outside, relay: &Outside, also: &str) -> bool {
+    println!("{HEADER}");
+    println!("{}\n{}", noop.row(), relay.row());
+    let ratio = relay.cpu_per() / noop.cpu_per();
+    let p99_ms = relay.p99_us as f64 / 1e3;
+    println!(
+        "relay CPU per acked hook {:.1} µs = {ratio:.2}× the no-op handler's {:.1} µs per request (rule <= {ANCHOR_RATIO}×; the issue's {ANCHOR_RATIO_ISSUE}×: {}); wrk's p99 {p99_ms:.2} ms (rule < 10 ms); failed requests {}{also}",
+        relay.cpu_per(),
+        noop.cpu_per(),
+        if ratio <= ANCHOR_RATIO_ISSUE { "holds" } else { "fails" },
+        relay.failed + noop.failed
+    );
+    super::ledger(&format!("{bench}.outside.cpu_over_noop"), ratio, "x");
+    ratio <= ANCHOR_RATIO && p99_ms < 10.0 && relay.failed == 0
+}
+
 /// The table's header for [`Outside::row`].
 pub const HEADER: &str = "| process under wrk | acked | acked/s | p50 (ms) | p99 (ms) | CPU per acked request (µs) | failed |\n|---|---:|---:|---:|---:|---:|---:|";
 
