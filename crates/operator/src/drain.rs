@@ -54,10 +54,15 @@ pub fn handoff_capable(o: &Observed) -> bool {
         })
 }
 
+/// The hold (and `Progressing` reason) of a scale-down whose leaving nodes still hold rows.
+const DRAINING: &str = "Draining";
+/// The same, while a leaving node's handoff does not move (or it does not answer).
+const DRAIN_STALLED: &str = "DrainStalled";
+
 /// Whether a hold is a drain's (`Draining`, `DrainStalled`): the controller looks at the
 /// nodes again sooner than its poll while one lasts.
 pub fn is_drain_hold(h: &Hold) -> bool {
-    matches!(h.reason, "Draining" | "DrainStalled")
+    h.reason == DRAINING || h.reason == DRAIN_STALLED
 }
 
 /// A scale-down drains before it shrinks: while a node at or past `spec.replicas` still
@@ -91,7 +96,7 @@ pub(crate) fn drain(relay: &Relay, o: &Observed, mut r: Rollout) -> Rollout {
     if r.hold.is_none() {
         let stalled = leaving.iter().any(|(_, _, why)| why.is_some());
         r.hold = Some(Hold {
-            reason: if stalled { "DrainStalled" } else { "Draining" },
+            reason: if stalled { DRAIN_STALLED } else { DRAINING },
             message: format!(
                 "the nodes a scale-down takes out hand their rows over first: {}",
                 waiting.join("; ")
