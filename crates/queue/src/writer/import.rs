@@ -1,0 +1,184 @@
+//! The write that imports another node's handoff batch ([`crate::handoff`]), assembled by
+//! the writer like a batch of hooks: the seqs and ordinals it takes are the writer's own.
+
+use super::*;
+
+impl Assembler {
+    /// Builds the write that imports another node's batch ([`crate::handoff`]): each hook
+    /// gets this node's next seq and its tenant's ordinal here (allocated if new), each
+    /// dedupe key is kept unless this node holds a live one of its own, and the batch's
+    /// number is recorded. `None` with the answer when nothing is to be written: the batch
+    /// was imported before, or a tenant would be past `tenants.max`.
+    pub fn assemble_import(
+        &mut self,
+        store: &Store,
+        imp: &Import,
+    ) -> Result<(Option<Assembled>, ImportReply), QueueError> {
+        use ankusa_records::moved::Moved;
+        if self.stale {
+            self.next_seq = next_seq(store)?;
+            self.alloc.reload();
+            self.stale = false;
+        }
+        if crate::handoff::last_imported(store, &imp.from)? >= imp.batch {
+            return Ok((None, ImportReply::Already));
+        }
+        // The envelopes of the moved hooks and archived copies, and the ids of the moved
+        // log records, in the items' order.
+        let mut envelopes = Vec::new();
+        let mut record_ids = Vec::new();
+        let mut tenants: Vec<&str> = Vec::new();
+        for item in &imp.items {
+            match item {
+                Moved::Hook(ankusa_records::moved::MovedHook { envelope, .. })
+                | Moved::Archived { envelope, .. } => {
+                    let env = Envelope::decode(envelope).map_err(|e| {
+                        QueueError::corrupt(Family::Hooks, format!("a moved hook: {e}"))
+                    })?;
+                    envelopes.push(env);
+                }
+                Moved::Dedupe { tenant, .. } => tenants.push(tenant),
+                // A log record needs no ordinal: only its id, to index it by.
+                Moved::Logged { record, .. } => {
+                    let r = ankusa_records::LogRecord::decode(record).map_err(|e| {
+                        QueueError::corrupt(Family::HookLog, format!("a moved record: {e}"))
+                    })?;
+                    record_ids.push(r.envelope.id);
+                }
+            }
+        }
+        tenants.extend(envelopes.iter().map(Envelope::tenant_or_default));
+        let resolution = self.alloc.resolve(store, tenants.iter().copied())?;
+        let mut ords = std::collections::HashMap::new();
+        for t in &tenants {
+            match resolution.ords.get(*t) {
+                Some(Ok(ord)) => {
+                    ords.insert(t.to_string(), *ord);
+                }
+                Some(Err(QueueError::TenantLimit { .. })) => {
+                    return Ok((None, ImportReply::TenantLimit))
+                }
+                _ => return Ok((None, ImportReply::Unavailable)),
+            }
+        }
+        let mut tx = Tx::new();
+        for op in &resolution.ops {
+            tx.push_op(op.clone());
+        }
+        let mut next_seq = self.next_seq;
+        let mut due = Vec::new();
+        let (mut hooks, mut dedupes, mut archived, mut records) = (0u64, 0u64, 0u64, 0u64);
+        let mut ids = record_ids.iter();
+        let mut envs = envelopes.iter();
+        let now = ankusa_keyspace::now_ms();
+        let dedupe_keys: Vec<Option<Vec<u8>>> = imp
+            .items
+            .iter()
+            .map(|item| match item {
+                Moved::Dedupe { tenant, key, .. } => ankusa_keyspace::dedupe(tenant, key),
+                Moved::Hook(_) | Moved::Archived { .. } | Moved::Logged { .. } => None,
+            })
+            .collect();
+        let wanted: Vec<Vec<u8>> = dedupe_keys.iter().flatten().cloned().collect();
+        let mut held = store
+            .multi_get(ankusa_keyspace::Cf::Index, &wanted)?
+            .into_iter();
+        for (item, dkey) in imp.items.iter().zip(&dedupe_keys) {
+            match item {
+                Moved::Hook(h) => {
+                    let Some(env) = envs.next() else { break };
+                    let Some(ord) = ords.get(env.tenant_or_default()).copied() else {
+                        continue;
+                    };
+                    let seq = Seq(next_seq);
+                    next_seq += 1;
+                    deliveries::import_hook(&mut tx, ord, seq, h, env);
+                    for d in &h.deliveries {
+                        if let ankusa_records::moved::MovedState::Due { at, .. } = d.state {
+                            due.push((ord, AtMs(at)));
+                        }
+                    }
+                    hooks += 1;
+                }
+                Moved::Archived {
+                    received,
+                    expires,
+                    envelope,
+                    ..
+                } => {
+                    let Some(env) = envs.next() else { break };
+                    let Some(ord) = ords.get(env.tenant_or_default()).copied() else {
+                        continue;
+                    };
+                    if *expires <= now {
+                        continue;
+                    }
+                    let seq = Seq(next_seq);
+                    next_seq += 1;
+                    crate::archive::import_copy(
+                        &mut tx,
+                        ord,
+                        seq,
+                        AtMs(*received),
+                        AtMs(*expires),
+                        envelope,
+                    );
+                    archived += 1;
+                }
+                Moved::Logged { record, events, .. } => {
+                    let Some(id) = ids.next() else { break };
+                    let seq = Seq(next_seq);
+                    next_seq += 1;
+                    crate::hooklog::import_record(&mut tx, seq, id, record, events);
+                    records += 1;
+                }
+                Moved::Dedupe { expires, id, .. } => {
+                    let Some(k) = dkey else { continue };
+                    let live_here = held
+                        .next()
+                        .flatten()
+                        .and_then(|v| decode_dedupe_value(&v))
+                        .is_some_and(|(e, _)| e > now);
+                    if live_here || *expires <= now {
+                        continue;
+                    }
+                    tx.push_op(ankusa_store::Op::put(
+                        ankusa_keyspace::Cf::Index,
+                        ankusa_keyspace::dedupe_expiry(AtMs(*expires), k),
+                        Vec::new(),
+                    ));
+                    tx.push_op(ankusa_store::Op::put(
+                        ankusa_keyspace::Cf::Index,
+                        k.clone(),
+                        dedupe_value(*expires, id),
+                    ));
+                    dedupes += 1;
+                }
+            }
+        }
+        if next_seq != self.next_seq {
+            tx.push_op(ankusa_store::Op::put(
+                ankusa_keyspace::Cf::Default,
+                ankusa_keyspace::META_NEXT_SEQ.to_vec(),
+                next_seq.to_be_bytes(),
+            ));
+        }
+        tx.push_op(crate::handoff::imported_op(&imp.from, imp.batch));
+        Ok((
+            Some(Assembled {
+                tx,
+                resolution,
+                next_seq,
+                outcomes: Vec::new(),
+                due,
+                started: Vec::new(),
+            }),
+            ImportReply::Imported {
+                hooks,
+                dedupe: dedupes,
+                archived,
+                records,
+            },
+        ))
+    }
+}
