@@ -95,7 +95,7 @@ MODULE_RANK = {
     "openapi": 5, "reload": 5, "console": 5,
     "admin": 4, "pull": 4,
     "ingest": 3, "dispatch": 3,
-    "cluster": 2,
+    "cluster": 2, "objstore": 2,
     "metrics": 1, "http": 1, "upgrade": 1, "telemetry": 1,
 }
 # Upward edges not removed yet: (from, to) -> what removes them. None is left.

@@ -13,6 +13,7 @@
 
 mod admin;
 mod archive;
+mod backup;
 mod cluster;
 mod dedupe;
 mod dispatch;
@@ -37,6 +38,7 @@ mod writer;
 
 pub use admin::{AdminConfig, ConsoleConfig, ScopeConfig, TokenConfig};
 pub use archive::{ArchiveConfig, ArchivePolicy, ArchiveSetting};
+pub use backup::{BackupConfig, ObjectStoreConfig};
 pub use cluster::{ClusterConfig, ClusterNode};
 pub use dedupe::DedupeConfig;
 pub use dispatch::DispatchConfig;
@@ -197,6 +199,8 @@ pub struct Config {
     pub reclaim: ReclaimConfig,
     pub hook_log: HookLogConfig,
     pub archive: ArchiveConfig,
+    /// Backups the node pushes to an object store.
+    pub backup: BackupConfig,
     pub shutdown: ShutdownConfig,
     pub log: LogConfig,
     pub cluster: ClusterConfig,
@@ -223,6 +227,7 @@ impl Default for Config {
             reclaim: ReclaimConfig::default(),
             hook_log: HookLogConfig::default(),
             archive: ArchiveConfig::default(),
+            backup: BackupConfig::default(),
             shutdown: ShutdownConfig::default(),
             log: LogConfig::default(),
             cluster: ClusterConfig::default(),
@@ -337,6 +342,7 @@ impl Config {
         self.reclaim.validate()?;
         self.hook_log.validate()?;
         self.archive.validate()?;
+        self.backup.validate()?;
         self.shutdown.validate()?;
         self.log.validate()?;
         self.cluster.validate(secrets)?;
@@ -636,6 +642,18 @@ routes: [{ id: r, sinks: [ci, Billing] }]
                 "retry.max_attempts: 0 is outside 1..=1000",
             ),
             ("reclaim: { batch: 0 }", "reclaim.batch: must be positive"),
+            (
+                "backup: { object_store: { url: \"hooks/prod\" } }",
+                "backup.object_store.url: \"hooks/prod\" is not an s3://bucket/prefix location",
+            ),
+            (
+                "backup: { object_store: { url: \"s3://hooks\", interval_ms: 999 } }",
+                "backup.object_store.interval_ms: 999 is outside 1000..=86400000",
+            ),
+            (
+                "backup: { object_store: { url: \"s3://hooks\", endpoint: \"seaweed:8333\" } }",
+                "backup.object_store.endpoint: \"seaweed:8333\" is not an http:// or https:// URL",
+            ),
             (
                 "hook_log: { prune_batch: 0 }",
                 "hook_log.prune_batch: must be positive",

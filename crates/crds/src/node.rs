@@ -73,6 +73,50 @@ pub struct NodeStatus {
     /// from older releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants_over_quota: Option<u64>,
+    /// The node's pushes to an object store (`backup.object_store`). Absent when it has
+    /// none, and from older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_backups: Option<ObjectBackups>,
+}
+
+/// A node's backups to an object store: the last that completed, and the failures since.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ObjectBackups {
+    /// Where they go: `s3://bucket/prefix/<node>`.
+    pub url: String,
+    /// The last backup that completed (its manifest written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last: Option<ObjectBackup>,
+    /// Pushes that failed since the last one that completed.
+    pub failures: u64,
+    /// Why the last push failed, while pushes fail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// When the last push failed (ms since the epoch; 0: none).
+    pub last_error_at_ms: u64,
+    /// Pushes that completed since the node started.
+    pub pushes: u64,
+}
+
+/// One backup in the bucket.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ObjectBackup {
+    /// Its id (`b<ms>`).
+    pub id: String,
+    /// When its checkpoint was taken (ms since the epoch): every hook acked before it is
+    /// in the bucket, the recovery point.
+    pub at_ms: u64,
+    /// The store format of the backup.
+    pub store_format: u32,
+    pub files: u64,
+    /// The store's size in it.
+    pub bytes: u64,
+    /// What this push uploaded (the files the bucket did not hold yet, and its own).
+    pub uploaded_bytes: u64,
+    /// How long the push took, checkpoint to manifest.
+    pub duration_ms: u64,
 }
 
 /// The configuration a node runs (`ankusa-relay run --config FILE`, reloaded on SIGHUP or

@@ -14,6 +14,7 @@
 //! - [`admin`]: the admin listener (health, readiness, node status).
 //! - [`config`]: the YAML configuration and its validation (crate `config/`).
 //! - [`cluster`]: the nodes of one Relay: tenant ownership, forwarding, the tenant registry.
+//! - [`objstore`]: backups in S3-compatible object storage, and the node's push schedule.
 //! - [`cli`]: the `ankusa-relay` command line.
 
 pub mod admin;
@@ -25,6 +26,7 @@ pub mod http;
 pub mod ingest;
 pub mod metrics;
 pub mod node;
+pub mod objstore;
 pub mod openapi;
 pub mod pull;
 pub mod reload;

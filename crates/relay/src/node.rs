@@ -872,6 +872,7 @@ impl Node {
             quarantine: Some(quarantine.clone()),
             progress: progress.clone(),
             writer: std::sync::OnceLock::new(),
+            backups: std::sync::OnceLock::new(),
         });
         let history = Arc::new(crate::console::history::History::new(
             metrics.console_history_tenants.clone(),
@@ -1088,10 +1089,24 @@ impl Node {
                 store.clone(),
                 config.writer.exit_when_stuck_ms,
                 metrics.clone(),
-                stop,
+                stop.clone(),
             ),
         ];
         background.extend(console_history);
+        let stop_backups = stop;
+        if let Some(o) = &config.backup.object_store {
+            let node = config.cluster.name.as_deref().unwrap_or("node");
+            let (backups, task) = crate::objstore::schedule::spawn(
+                store.clone(),
+                config.data_dir.clone(),
+                o.clone(),
+                node,
+                metrics.clone(),
+                stop_backups,
+            );
+            let _ = api.backups.set(backups);
+            background.push(task);
+        }
         ready.store(true, Ordering::Release);
         tracing::info!(recovered_inflight = recovered, "relay node ready");
         Ok(Booted {

@@ -50,6 +50,8 @@ pub struct Api {
     pub quotas: Arc<crate::ingest::quota::Quotas>,
     /// Tenants being erased, and the erases' progress.
     pub eraser: Arc<super::erase::Eraser>,
+    /// The node's pushes to an object store, once they run (`backup.object_store`).
+    pub backups: std::sync::OnceLock<Arc<crate::objstore::schedule::Backups>>,
 }
 
 /// An API error: one JSON shape, a stable code.

@@ -104,6 +104,7 @@ pub fn node_status(
         config: None,
         tenants_paused: None,
         tenants_over_quota: None,
+        object_backups: None,
     })
 }
 

@@ -50,6 +50,7 @@ pub async fn node(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult 
         s.cluster = a.cluster.status();
         s.tenants_paused = Some(a.paused.paused_len() as u64);
         s.tenants_over_quota = Some(a.quotas.over_quota(ankusa_keyspace::now_ms()) as u64);
+        s.object_backups = a.backups.get().map(|b| b.status());
         s.config = Some(
             a.config_status
                 .lock()

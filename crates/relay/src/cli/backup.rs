@@ -73,21 +73,47 @@ fn write_report(
 /// (the archive, and `once` when given): a run again that would record the same finds its
 /// work done.
 /// `restore --from s3://…` into `data`, which must not exist or be empty; the restored
-/// store is opened (and gets its identity) before it counts as restored.
+/// store is opened (and gets its lineage) before it counts as restored. A directory a
+/// restore was killed in (the restoring marker in it) is emptied and restored again. With
+/// `once`, the restore is recorded beside `data`: a run again with the same `once` (a
+/// retried Job) finds its work done, and a directory holding a store it did not restore is
+/// still refused.
 pub(super) fn restore_from_bucket(
     from: &str,
     bucket: &super::objstore::Bucket,
     data: &Path,
     format_at_most: Option<u32>,
+    once: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
+    let marker = restored_marker(data);
+    let record = once.map(|token| format!("{from}\n{token}"));
+    if let Some(r) = &record {
+        if std::fs::read_to_string(&marker).ok().as_deref() == Some(r.as_str()) {
+            let format = open_existing(data, true)?.format()?;
+            println!(
+                "{} was restored from {from} by this restore before (store format {format})",
+                data.display()
+            );
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
+    if data.join(ankusa_store::tarball::RESTORING_MARKER).exists() {
+        // A restore killed half way: nothing in it is a store.
+        std::fs::remove_dir_all(data)
+            .with_context(|| format!("clearing the unfinished restore at {}", data.display()))?;
+    }
     anyhow::ensure!(
         std::fs::read_dir(data).map_or(true, |mut d| d.next().is_none()),
         "{} is not empty",
         data.display()
     );
     let m = super::objstore::restore(from, bucket, data, format_at_most)?;
-    super::objstore::renew_lineage(data)?;
+    crate::objstore::renew_lineage(data)?;
     let format = open_existing(data, false)?.format()?;
+    if let Some(r) = &record {
+        std::fs::write(&marker, r)
+            .with_context(|| format!("recording the restore in {}", marker.display()))?;
+    }
     println!(
         "restored backup {} ({} files, store format {format}) from {from} into {}",
         m.id,
@@ -171,8 +197,8 @@ pub(super) fn restore(
     }
     // A copy writes files of its own from here on: its object-storage backups are not its
     // origin's (an archive of a store that had pushed carries its lineage).
-    if data.join(super::objstore::LINEAGE).exists() {
-        super::objstore::renew_lineage(data)?;
+    if data.join(crate::objstore::LINEAGE).exists() {
+        crate::objstore::renew_lineage(data)?;
     }
     let store = Store::open(data, &OpenOptions::inspect())
         .with_context(|| format!("checking the restored store at {}", data.display()))?;

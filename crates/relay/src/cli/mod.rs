@@ -502,10 +502,16 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             once,
         } if from.to_string_lossy().starts_with("s3://") => {
             anyhow::ensure!(
-                !replace && report.is_none() && once.is_none(),
-                "--replace, --report and --once restore archives; from object storage, restore into an empty directory"
+                !replace && report.is_none(),
+                "--replace and --report restore archives; from object storage, restore into an empty directory"
             );
-            backup::restore_from_bucket(&from.to_string_lossy(), &bucket, &data, format_at_most)
+            backup::restore_from_bucket(
+                &from.to_string_lossy(),
+                &bucket,
+                &data,
+                format_at_most,
+                once.as_deref(),
+            )
         }
         Command::Restore {
             from,

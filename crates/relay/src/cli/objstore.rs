@@ -1,65 +1,10 @@
-//! Backups in S3-compatible object storage: `backup push --data DIR --to s3://bucket/prefix`
-//! and `restore --from s3://bucket/prefix`.
-//!
-//! A store's table and blob files (`*.sst`, `*.blob`) never change once written, and their
-//! names are unique within a store (RocksDB's file numbers): each is uploaded once, under
-//! `<prefix>/files/<lineage>/<name>`, and a later backup of the same store uploads only the
-//! files written since. The lineage is an id of the store's own, in `.backup-lineage` in
-//! its directory (made by its first push; not RocksDB's identity, which a copy keeps): a
-//! restored store gets a new one, since from its backup on it writes files of its own
-//! under the same numbers as files its origin may have written (and pushed) after it.
-//! The rest of a checkpoint (`MANIFEST-*`, `CURRENT`, `OPTIONS-*`: small) goes under
-//! `<prefix>/backups/<id>/`, and last the backup's manifest,
-//! `<prefix>/backups/<id>/manifest.json`, which names every file of the backup with its
-//! size and SHA-256: a backup exists once its manifest does. A restore downloads the files
-//! a manifest names, streaming, checks each one's size and checksum, and refuses a
-//! manifest whose files the bucket does not hold (naming them).
-//!
-//! Credentials come from the environment (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`,
-//! `AWS_SESSION_TOKEN`); the endpoint and region from `--endpoint` / `--region` (or
-//! `AWS_ENDPOINT_URL`, `AWS_REGION`). Requests are path-style (`<endpoint>/<bucket>/…`),
-//! which every S3-compatible server takes.
+//! `backup push --to s3://…` and `restore --from s3://…`: the command line's side of
+//! [`crate::objstore`].
 
-use std::collections::BTreeMap;
-use std::io::{Read, Write};
-
-use futures_util::StreamExt;
-use object_store::aws::AmazonS3Builder;
-use object_store::path::Path as Key;
-use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
-use sha2::Digest;
+use crate::objstore::{Manifest, Remote, Target};
 
 use super::store::open_existing;
 use super::*;
-
-/// The file in a store's directory naming its backup lineage (see the module's docs).
-pub const LINEAGE: &str = ".backup-lineage";
-
-/// The lineage of the store at `data`, made now if it has none.
-fn lineage(data: &Path) -> anyhow::Result<String> {
-    let path = data.join(LINEAGE);
-    if let Ok(text) = std::fs::read_to_string(&path) {
-        let id = text.trim();
-        if !id.is_empty() {
-            return Ok(id.to_owned());
-        }
-    }
-    renew_lineage(data)
-}
-
-/// Gives the store at `data` a new lineage (128 random bits, hex): a store just restored
-/// (from an archive or a bucket), or one pushed for the first time. The lineage.
-pub fn renew_lineage(data: &Path) -> anyhow::Result<String> {
-    let id = ankusa_keyspace::hex(&rand::random::<[u8; 16]>());
-    let path = data.join(LINEAGE);
-    std::fs::write(&path, format!("{id}\n"))
-        .with_context(|| format!("writing {}", path.display()))?;
-    Ok(id)
-}
-
-/// Files up to this size go in one request; larger ones in parts of this size (the memory
-/// a push or a restore holds, whatever the store's size).
-const PART: usize = 8 << 20;
 
 /// Where backups go: an S3-compatible bucket.
 #[derive(Debug, Clone, clap::Args)]
@@ -73,183 +18,26 @@ pub struct Bucket {
     /// Allow an `http://` endpoint (a server on a private network, a test's).
     #[arg(long)]
     pub allow_http: bool,
+    /// PEM certificates to trust besides the system's (an https endpoint signed by a
+    /// private authority).
+    #[arg(long)]
+    pub ca_file: Option<PathBuf>,
+    /// Without credentials in the environment, ask the cloud's instance metadata service
+    /// for them (otherwise requests go unsigned).
+    #[arg(long)]
+    pub instance_metadata: bool,
 }
 
-/// `s3://bucket/prefix` split: the bucket and the prefix (no slashes at its ends).
-pub fn parse_location(url: &str) -> anyhow::Result<(String, String)> {
-    let rest = url
-        .strip_prefix("s3://")
-        .ok_or_else(|| anyhow::anyhow!("{url:?} is not an s3://bucket/prefix location"))?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    anyhow::ensure!(!bucket.is_empty(), "{url:?} names no bucket");
-    Ok((bucket.to_owned(), prefix.trim_matches('/').to_owned()))
-}
-
-/// One file of a backup.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct FileEntry {
-    /// Its name in the store's directory.
-    pub name: String,
-    /// Its key in the bucket.
-    pub key: String,
-    pub size: u64,
-    /// SHA-256 of its bytes, hex.
-    pub sha256: String,
-}
-
-/// A backup's manifest (`<prefix>/backups/<id>/manifest.json`).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Manifest {
-    pub version: u32,
-    pub id: String,
-    pub created_ms: u64,
-    /// The store's backup lineage: its files' names are unique within it.
-    pub lineage: String,
-    pub store_format: u32,
-    pub files: Vec<FileEntry>,
-}
-
-struct Remote {
-    store: Box<dyn ObjectStore>,
-    bucket: String,
-    prefix: String,
-}
-
-impl Remote {
-    fn open(url: &str, b: &Bucket) -> anyhow::Result<Remote> {
-        let (bucket, prefix) = parse_location(url)?;
-        crate::telemetry::install_rustls_provider();
-        let mut builder = AmazonS3Builder::from_env()
-            .with_bucket_name(&bucket)
-            .with_region(&b.region)
-            .with_virtual_hosted_style_request(false)
-            .with_allow_http(b.allow_http);
-        if let Some(e) = &b.endpoint {
-            builder = builder.with_endpoint(e);
-        }
-        let store = builder
-            .build()
-            .with_context(|| format!("the object store for {url}"))?;
-        Ok(Remote {
-            store: Box::new(store),
-            bucket,
-            prefix,
-        })
-    }
-
-    fn key(&self, rest: &str) -> Key {
-        if self.prefix.is_empty() {
-            Key::from(rest)
-        } else {
-            Key::from(format!("{}/{rest}", self.prefix))
+impl Bucket {
+    fn target(&self) -> Target {
+        Target {
+            endpoint: self.endpoint.clone(),
+            region: self.region.clone(),
+            allow_http: self.allow_http,
+            ca_file: self.ca_file.clone(),
+            instance_metadata: self.instance_metadata,
         }
     }
-
-    /// Backup `id`'s manifest: the backup exists once it does.
-    fn manifest_key(&self, id: &str) -> Key {
-        self.key(&format!("backups/{id}/manifest.json"))
-    }
-
-    fn url(&self) -> String {
-        format!("s3://{}/{}", self.bucket, self.prefix)
-    }
-
-    /// Every key under `rest` with its size.
-    async fn list(&self, rest: &str) -> anyhow::Result<BTreeMap<String, u64>> {
-        let mut out = BTreeMap::new();
-        let mut s = self.store.list(Some(&self.key(rest)));
-        while let Some(m) = s.next().await {
-            let m = m.with_context(|| format!("listing {}/{rest}", self.url()))?;
-            out.insert(m.location.to_string(), m.size);
-        }
-        Ok(out)
-    }
-
-    /// Deletes `key` (one already gone is fine: a prune run again).
-    async fn delete(&self, key: &str) -> anyhow::Result<()> {
-        match self.store.delete(&Key::from(key)).await {
-            Ok(()) | Err(object_store::Error::NotFound { .. }) => Ok(()),
-            Err(e) => Err(e).with_context(|| format!("deleting {key}")),
-        }
-    }
-
-    /// The manifests under the prefix, oldest first.
-    async fn manifests(&self) -> anyhow::Result<Vec<Manifest>> {
-        let mut out = Vec::new();
-        for key in self.list("backups").await?.into_keys() {
-            if !key.ends_with("/manifest.json") {
-                continue;
-            }
-            let bytes = self
-                .store
-                .get(&Key::from(key.as_str()))
-                .await
-                .with_context(|| format!("reading {key}"))?
-                .bytes()
-                .await?;
-            let m: Manifest = serde_json::from_slice(&bytes)
-                .with_context(|| format!("{key} is not a backup manifest"))?;
-            out.push(m);
-        }
-        out.sort_by_key(|m| (m.created_ms, m.id.clone()));
-        Ok(out)
-    }
-
-    /// Uploads `path` as `key`, streaming, and returns its SHA-256.
-    async fn upload(&self, path: &Path, key: &Key) -> anyhow::Result<String> {
-        let mut f = std::fs::File::open(path)?;
-        let size = f.metadata()?.len() as usize;
-        let mut hash = sha2::Sha256::new();
-        if size <= PART {
-            let mut buf = Vec::with_capacity(size);
-            f.read_to_end(&mut buf)?;
-            hash.update(&buf);
-            self.store
-                .put(key, PutPayload::from(buf))
-                .await
-                .with_context(|| format!("uploading {key}"))?;
-        } else {
-            let upload = self
-                .store
-                .put_multipart(key)
-                .await
-                .with_context(|| format!("uploading {key}"))?;
-            let mut w = WriteMultipart::new_with_chunk_size(upload, PART);
-            let mut buf = vec![0u8; PART];
-            loop {
-                let n = f.read(&mut buf)?;
-                if n == 0 {
-                    break;
-                }
-                hash.update(&buf[..n]);
-                // At most two parts in flight: memory stays bounded.
-                w.wait_for_capacity(2).await?;
-                w.write(&buf[..n]);
-            }
-            w.finish()
-                .await
-                .with_context(|| format!("uploading {key}"))?;
-        }
-        Ok(ankusa_keyspace::hex(&hash.finalize()))
-    }
-}
-
-fn file_sha256(path: &Path) -> anyhow::Result<String> {
-    let mut f = std::fs::File::open(path)?;
-    let mut hash = sha2::Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            return Ok(ankusa_keyspace::hex(&hash.finalize()));
-        }
-        hash.update(&buf[..n]);
-    }
-}
-
-/// Whether a store file never changes once written (a table or blob file).
-fn immutable(name: &str) -> bool {
-    name.ends_with(".sst") || name.ends_with(".blob")
 }
 
 /// `backup push`: a checkpoint of the closed store at `data`, uploaded to `to`, only the
@@ -260,157 +48,34 @@ pub(super) fn push(
     bucket: &Bucket,
     keep: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
-    let remote = Remote::open(to, bucket)?;
+    let remote = Remote::open(to, &bucket.target())?;
     // Opened first: a directory that is not a store is refused before anything is written.
     drop(open_existing(data, true)?);
-    let identity = lineage(data)?;
-    let id = format!("b{}", ankusa_keyspace::now_ms());
-    // A checkpoint (hard links beside the store): the files of one consistent state, which
-    // the store's own compactions cannot delete while they upload.
-    let cp = data.with_file_name(format!(
-        ".{}.push-{id}",
-        data.file_name().unwrap_or_default().to_string_lossy()
-    ));
-    let format = {
-        let store = open_existing(data, false)?;
-        store
-            .checkpoint(&cp)
-            .with_context(|| format!("checkpointing {}", data.display()))?;
-        store.format()?
-    };
+    let store = std::sync::Arc::new(open_existing(data, false)?);
     let rt = tokio::runtime::Runtime::new()?;
-    let result = rt.block_on(push_checkpoint(&remote, &cp, &identity, &id, format));
-    let _ = std::fs::remove_dir_all(&cp);
-    let (m, uploaded, bytes) = result?;
-    let total: u64 = m.files.iter().map(|f| f.size).sum();
+    let p = rt.block_on(crate::objstore::push_store(
+        store,
+        data,
+        &remote,
+        keep.map(|k| k as usize),
+    ))?;
     println!(
-        "backup {}: {} files, {total} bytes, store format {format}; uploaded {uploaded} files, {bytes} bytes, to {}",
-        m.id,
-        m.files.len(),
+        "backup {}: {} files, {} bytes, store format {}; uploaded {} files, {} bytes, to {}",
+        p.manifest.id,
+        p.manifest.files.len(),
+        p.bytes(),
+        p.manifest.store_format,
+        p.uploaded_files,
+        p.uploaded_bytes,
         remote.url()
     );
     if let Some(keep) = keep {
-        let p = rt.block_on(prune(&remote, keep as usize))?;
         println!(
             "kept the newest {keep} backups: deleted {} backups and {} files no kept backup names",
-            p.backups, p.files
+            p.pruned.backups, p.pruned.files
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// What [`prune`] deleted.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub struct Pruned {
-    pub backups: usize,
-    pub files: usize,
-}
-
-/// Keeps the newest `keep` backups under the prefix. The older ones go manifest first (a
-/// backup stops existing before any of its files goes), then their own small files; then
-/// every table or blob file no remaining manifest names (the older backups', and those a
-/// push that ended before its manifest left). So no manifest in the bucket ever names a
-/// deleted file, whatever step a kill stops it at (a run again finishes the job). One
-/// writer per prefix: a push under way elsewhere could have its files taken.
-async fn prune(remote: &Remote, keep: usize) -> anyhow::Result<Pruned> {
-    let manifests = remote.manifests().await?;
-    let (old, kept) = manifests.split_at(manifests.len().saturating_sub(keep.max(1)));
-    let mut p = Pruned::default();
-    for m in old {
-        let own = remote.key(&format!("backups/{}/", m.id)).to_string();
-        remote
-            .delete(
-                remote
-                    .key(&format!("backups/{}/manifest.json", m.id))
-                    .as_ref(),
-            )
-            .await?;
-        for f in m.files.iter().filter(|f| f.key.starts_with(&own)) {
-            remote.delete(&f.key).await?;
-        }
-        p.backups += 1;
-    }
-    let named: std::collections::BTreeSet<&str> = kept
-        .iter()
-        .flat_map(|m| m.files.iter().map(|f| f.key.as_str()))
-        .collect();
-    for key in remote.list("files").await?.into_keys() {
-        if !named.contains(key.as_str()) {
-            remote.delete(&key).await?;
-            p.files += 1;
-        }
-    }
-    Ok(p)
-}
-
-async fn push_checkpoint(
-    remote: &Remote,
-    cp: &Path,
-    identity: &str,
-    id: &str,
-    format: u32,
-) -> anyhow::Result<(Manifest, u64, u64)> {
-    let held = remote.list(&format!("files/{identity}")).await?;
-    // The checksums of files uploaded before, from the manifests that name them.
-    let mut known: BTreeMap<String, String> = BTreeMap::new();
-    for m in remote.manifests().await? {
-        for f in m.files {
-            known.insert(f.key, f.sha256);
-        }
-    }
-    let mut names: Vec<String> = std::fs::read_dir(cp)?
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_file()))
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .collect();
-    names.sort();
-    let (mut files, mut uploaded, mut bytes) = (Vec::new(), 0u64, 0u64);
-    for name in names {
-        let path = cp.join(&name);
-        let size = std::fs::metadata(&path)?.len();
-        let key = if immutable(&name) {
-            remote.key(&format!("files/{identity}/{name}"))
-        } else {
-            remote.key(&format!("backups/{id}/{name}"))
-        };
-        let sha256 = match (immutable(&name), held.get(key.as_ref())) {
-            (true, Some(s)) if *s == size => match known.get(key.as_ref()) {
-                Some(h) => h.clone(),
-                // Uploaded by a push that ended before its manifest: the same bytes (the
-                // name is unique to them in this store); checksummed here.
-                None => file_sha256(&path)?,
-            },
-            _ => {
-                let h = remote.upload(&path, &key).await?;
-                uploaded += 1;
-                bytes += size;
-                h
-            }
-        };
-        files.push(FileEntry {
-            name,
-            key: key.to_string(),
-            size,
-            sha256,
-        });
-    }
-    let m = Manifest {
-        version: 1,
-        id: id.to_owned(),
-        created_ms: ankusa_keyspace::now_ms(),
-        lineage: identity.to_owned(),
-        store_format: format,
-        files,
-    };
-    remote
-        .store
-        .put(
-            &remote.manifest_key(id),
-            PutPayload::from(serde_json::to_vec_pretty(&m)?),
-        )
-        .await
-        .context("writing the backup's manifest")?;
-    Ok((m, uploaded, bytes))
 }
 
 /// `restore --from s3://…`: the newest backup under the prefix (at most `format_at_most`),
@@ -421,276 +86,7 @@ pub(super) fn restore(
     data: &Path,
     format_at_most: Option<u32>,
 ) -> anyhow::Result<Manifest> {
-    let remote = Remote::open(from, bucket)?;
+    let remote = Remote::open(from, &bucket.target())?;
     let rt = tokio::runtime::Runtime::new()?;
-    rt.block_on(restore_from(&remote, data, format_at_most))
-}
-
-async fn restore_from(
-    remote: &Remote,
-    data: &Path,
-    format_at_most: Option<u32>,
-) -> anyhow::Result<Manifest> {
-    let from = remote.url();
-    let manifests = remote.manifests().await?;
-    let m = manifests
-        .into_iter()
-        .rev()
-        .find(|m| format_at_most.is_none_or(|f| m.store_format <= f))
-        .ok_or_else(|| match format_at_most {
-            Some(f) => anyhow::anyhow!("no backup at store format {f} or lower in {from}"),
-            None => anyhow::anyhow!("no backup in {from}"),
-        })?;
-    // A manifest names plain files of one directory: anything else (a path, the
-    // restore's own marker) is refused before anything is written.
-    for f in &m.files {
-        anyhow::ensure!(
-            !f.name.is_empty()
-                && !f.name.contains(['/', '\\'])
-                && f.name != "."
-                && f.name != ".."
-                && f.name != ankusa_store::tarball::RESTORING_MARKER,
-            "backup {} names a file {:?} that is not a store file's name",
-            m.id,
-            f.name
-        );
-    }
-    // Every file first: a manifest whose files are not all there is refused whole.
-    let mut missing = Vec::new();
-    for f in &m.files {
-        match remote.store.head(&Key::from(f.key.as_str())).await {
-            Ok(meta) if meta.size == f.size => {}
-            Ok(meta) => missing.push(format!("{} ({} bytes, not {})", f.key, meta.size, f.size)),
-            Err(object_store::Error::NotFound { .. }) => missing.push(f.key.clone()),
-            Err(e) => return Err(anyhow::anyhow!("{}: {e}", f.key)),
-        }
-    }
-    anyhow::ensure!(
-        missing.is_empty(),
-        "backup {} names files the bucket does not hold as named: {}",
-        m.id,
-        missing.join(", ")
-    );
-    // Until the last file is in and synced, the marker says so: a restore killed half
-    // way leaves a directory every command refuses (as an archive's restore does).
-    std::fs::create_dir_all(data)?;
-    let marker = data.join(ankusa_store::tarball::RESTORING_MARKER);
-    std::fs::File::create(&marker)?.sync_all()?;
-    sync_dir(data)?;
-    for f in &m.files {
-        let path = data.join(&f.name);
-        let mut out = std::fs::File::create(&path)?;
-        let mut hash = sha2::Sha256::new();
-        let mut size = 0u64;
-        let mut stream = remote
-            .store
-            .get(&Key::from(f.key.as_str()))
-            .await
-            .with_context(|| format!("downloading {}", f.key))?
-            .into_stream();
-        while let Some(chunk) = stream.next().await {
-            let chunk = chunk.with_context(|| format!("downloading {}", f.key))?;
-            hash.update(&chunk);
-            size += chunk.len() as u64;
-            out.write_all(&chunk)?;
-        }
-        out.sync_all()?;
-        let got = ankusa_keyspace::hex(&hash.finalize());
-        anyhow::ensure!(
-            size == f.size && got == f.sha256,
-            "{} does not match backup {}'s manifest ({size} bytes, sha256 {got}; the manifest says {} bytes, {})",
-            f.key,
-            m.id,
-            f.size,
-            f.sha256
-        );
-    }
-    sync_dir(data)?;
-    std::fs::remove_file(&marker)?;
-    sync_dir(data)?;
-    Ok(m)
-}
-
-fn sync_dir(dir: &Path) -> anyhow::Result<()> {
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("syncing {}", dir.display()))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use proptest::prelude::*;
-
-    /// What a store's directory does between backups, for the retention property.
-    #[derive(Debug, Clone)]
-    enum Step {
-        /// `n` new table files (a flush).
-        Write(u8),
-        /// The oldest `n` table files replaced by one (a compaction).
-        Compact(u8),
-        Push,
-        /// A push that uploads its new files and dies before its manifest.
-        DeadPush,
-        Prune(u8),
-        /// The newest backup restored into an empty directory, every file checked.
-        Restore,
-    }
-
-    fn step() -> impl Strategy<Value = Step> {
-        prop_oneof![
-            3 => (1u8..4).prop_map(Step::Write),
-            2 => (1u8..4).prop_map(Step::Compact),
-            3 => Just(Step::Push),
-            1 => Just(Step::DeadPush),
-            2 => (1u8..4).prop_map(Step::Prune),
-            1 => Just(Step::Restore),
-        ]
-    }
-
-    /// Every manifest in the bucket names only files the bucket holds, at their size.
-    async fn every_manifest_whole(remote: &Remote) -> Result<(), TestCaseError> {
-        let held = remote.list("").await.unwrap();
-        for m in remote.manifests().await.unwrap() {
-            for f in &m.files {
-                prop_assert_eq!(
-                    held.get(&f.key),
-                    Some(&f.size),
-                    "backup {} names {}, which the bucket does not hold",
-                    &m.id,
-                    &f.key
-                );
-            }
-        }
-        Ok(())
-    }
-
-    proptest! {
-        #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
-
-        /// Any sequence of backups (some killed before their manifest), prunes and
-        /// restores: no manifest in the bucket ever names a deleted file, a prune keeps
-        /// the newest backups it is asked to, and a restore gives back the newest backup's
-        /// files byte for byte.
-        #[test]
-        fn retention_never_deletes_a_file_a_kept_manifest_names(
-            steps in proptest::collection::vec(step(), 1..30),
-        ) {
-            let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-            let remote = Remote {
-                store: Box::new(object_store::memory::InMemory::new()),
-                bucket: "it".into(),
-                prefix: "relay-0".into(),
-            };
-            let dir = tempfile::tempdir().unwrap();
-            let store = dir.path().join("store");
-            std::fs::create_dir_all(&store).unwrap();
-            let mut next_file = 0u32;
-            let mut next_id = 0u64;
-            let mut write = |store: &Path, n: u8| {
-                for _ in 0..n {
-                    next_file += 1;
-                    std::fs::write(
-                        store.join(format!("{next_file:06}.sst")),
-                        format!("table {next_file}").repeat(next_file as usize % 7 + 1),
-                    )
-                    .unwrap();
-                }
-            };
-            std::fs::write(store.join("CURRENT"), "MANIFEST-000001\n").unwrap();
-            // What each backup's store held: its files and their bytes.
-            let mut pushed: BTreeMap<String, BTreeMap<String, Vec<u8>>> = BTreeMap::new();
-            for s in &steps {
-                match s {
-                    Step::Write(n) => write(&store, *n),
-                    Step::Compact(n) => {
-                        let mut tables: Vec<_> = std::fs::read_dir(&store)
-                            .unwrap()
-                            .filter_map(Result::ok)
-                            .map(|e| e.path())
-                            .filter(|p| p.extension().is_some_and(|e| e == "sst"))
-                            .collect();
-                        tables.sort();
-                        for t in tables.iter().take(*n as usize) {
-                            std::fs::remove_file(t).unwrap();
-                        }
-                        write(&store, 1);
-                    }
-                    Step::Push | Step::DeadPush => {
-                        next_id += 1;
-                        let id = format!("b{next_id:06}");
-                        std::fs::write(store.join("MANIFEST-000001"), &id).unwrap();
-                        if matches!(s, Step::Push) {
-                            rt.block_on(push_checkpoint(&remote, &store, "lineage", &id, 3)).unwrap();
-                            let files = std::fs::read_dir(&store)
-                                .unwrap()
-                                .filter_map(Result::ok)
-                                .map(|e| {
-                                    (
-                                        e.file_name().to_string_lossy().into_owned(),
-                                        std::fs::read(e.path()).unwrap(),
-                                    )
-                                })
-                                .collect();
-                            pushed.insert(id, files);
-                        } else {
-                            // Its table files uploaded, then the push dies.
-                            for e in std::fs::read_dir(&store).unwrap().filter_map(Result::ok) {
-                                let name = e.file_name().to_string_lossy().into_owned();
-                                if immutable(&name) {
-                                    let key = remote.key(&format!("files/lineage/{name}"));
-                                    rt.block_on(remote.upload(&e.path(), &key)).unwrap();
-                                }
-                            }
-                        }
-                    }
-                    Step::Prune(keep) => {
-                        let before = rt.block_on(remote.manifests()).unwrap();
-                        rt.block_on(prune(&remote, *keep as usize)).unwrap();
-                        let after = rt.block_on(remote.manifests()).unwrap();
-                        let want: Vec<&String> = before
-                            .iter()
-                            .rev()
-                            .take(*keep as usize)
-                            .map(|m| &m.id)
-                            .collect();
-                        let got: Vec<&String> = after.iter().rev().map(|m| &m.id).collect();
-                        prop_assert_eq!(got, want);
-                    }
-                    Step::Restore => {
-                        let newest = rt.block_on(remote.manifests()).unwrap().pop();
-                        let into = dir.path().join(format!("restored-{next_id}-{}", pushed.len()));
-                        match newest {
-                            None => {
-                                prop_assert!(rt.block_on(restore_from(&remote, &into, None)).is_err())
-                            }
-                            Some(m) => {
-                                let got = rt.block_on(restore_from(&remote, &into, None)).unwrap();
-                                prop_assert_eq!(&got.id, &m.id);
-                                for (name, bytes) in &pushed[&m.id] {
-                                    prop_assert_eq!(&std::fs::read(into.join(name)).unwrap(), bytes);
-                                }
-                                std::fs::remove_dir_all(&into).unwrap();
-                            }
-                        }
-                    }
-                }
-                rt.block_on(every_manifest_whole(&remote))?;
-            }
-        }
-    }
-
-    #[test]
-    fn a_location_is_a_bucket_and_a_prefix() {
-        assert_eq!(
-            parse_location("s3://hooks/prod/relay-0/").unwrap(),
-            ("hooks".into(), "prod/relay-0".into())
-        );
-        assert_eq!(
-            parse_location("s3://hooks").unwrap(),
-            ("hooks".into(), String::new())
-        );
-        assert!(parse_location("hooks/prod").is_err());
-        assert!(parse_location("s3:///prod").is_err());
-    }
+    rt.block_on(crate::objstore::restore_from(&remote, data, format_at_most))
 }

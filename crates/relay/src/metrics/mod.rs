@@ -412,6 +412,15 @@ pub struct Metrics {
     pub handoff_staged: Gauge,
     /// Hooks handed over, by direction (`sent`, `received`).
     pub handoff_hooks: Family<DirectionLabel, Counter>,
+    /// Pushes to the object store, by outcome (`completed`, `failed`).
+    pub backup_pushes: Family<OutcomeLabel, Counter>,
+    /// Bytes pushes uploaded (new table and blob files, and each backup's own).
+    pub backup_uploaded_bytes: Counter,
+    /// When the checkpoint of the last completed push was taken (s since the epoch): the
+    /// recovery point.
+    pub backup_last_success: Gauge,
+    /// How long pushes take, checkpoint to manifest.
+    pub backup_push_seconds: Histogram,
 }
 
 /// The direction of a handoff (`sent` to a tenant's owner, `received` from another node).
@@ -733,6 +742,30 @@ impl Metrics {
             "Hooks handed over between the nodes of the Relay, by direction (sent, received)",
             handoff_hooks.clone(),
         );
+        let backup_pushes = Family::<OutcomeLabel, Counter>::default();
+        registry.register(
+            "ankusa_backup_pushes",
+            "Backups pushed to the object store, by outcome (completed, failed)",
+            backup_pushes.clone(),
+        );
+        let backup_uploaded_bytes = Counter::default();
+        registry.register(
+            "ankusa_backup_uploaded_bytes",
+            "Bytes backups uploaded to the object store (files the bucket did not hold yet)",
+            backup_uploaded_bytes.clone(),
+        );
+        let backup_last_success = Gauge::default();
+        registry.register(
+            "ankusa_backup_last_success_timestamp_seconds",
+            "When the checkpoint of the last backup pushed to the object store was taken: every hook acked before it is in the bucket",
+            backup_last_success.clone(),
+        );
+        let backup_push_seconds = Histogram::new(exponential_buckets(0.05, 2.0, 14));
+        registry.register(
+            "ankusa_backup_push_seconds",
+            "How long a push to the object store took, checkpoint to manifest",
+            backup_push_seconds.clone(),
+        );
         let cluster_tenant_slots = Gauge::default();
         registry.register(
             "ankusa_cluster_tenant_slots",
@@ -807,6 +840,10 @@ impl Metrics {
             handoff_rows_leaving,
             handoff_staged,
             handoff_hooks,
+            backup_pushes,
+            backup_uploaded_bytes,
+            backup_last_success,
+            backup_push_seconds,
             delivery_attempts,
             delivery_latency,
             sink_limit,

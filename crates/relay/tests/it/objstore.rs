@@ -319,3 +319,191 @@ fn a_restore_refuses_a_missing_file_a_bad_checksum_and_an_unreachable_bucket() {
         text(&out.stderr)
     );
 }
+
+/// The rows a store holds (`store inspect`'s node counters: pending, scheduled, in flight
+/// and dead).
+fn rows_in(dir: &std::path::Path) -> u64 {
+    let out = ok(&run(&["store", "inspect", "--data", dir.to_str().unwrap()]));
+    let line = out
+        .lines()
+        .find(|l| l.starts_with("node counters"))
+        .unwrap()
+        .to_owned();
+    ["pending=", "scheduled=", "inflight=", "dead="]
+        .iter()
+        .map(|k| {
+            let rest = &line[line.find(k).unwrap() + k.len()..];
+            rest.split_whitespace()
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap()
+        })
+        .sum()
+}
+
+/// A process node whose one sink never answers (every hook stays queued), pushing to
+/// `endpoint` every second.
+fn pushing_node(endpoint: &str, keep: usize) -> ankusa_relay::testkit::NodeBuilder {
+    proc_node()
+        .sink("s", "http://127.0.0.1:9/never")
+        .route("r", &["s"])
+        .section("retry: { schedule_ms: [3600000] }")
+        .open_source("in", "r")
+        .section(&format!(
+            "backup: {{ object_store: {{ url: \"s3://backups/nodes\", endpoint: \"{endpoint}\", interval_ms: 1000, keep: {keep} }} }}"
+        ))
+}
+
+/// The node's `object_backups` in `GET /v1/node`.
+fn object_backups(admin: u16) -> serde_json::Value {
+    let (status, body) = http_get_admin(admin, "/v1/node").unwrap();
+    assert_eq!(status, 200, "{body}");
+    serde_json::from_str::<serde_json::Value>(&body).unwrap()["object_backups"].clone()
+}
+
+fn wait_for(what: &str, dir: &std::path::Path, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !f() {
+        assert!(Instant::now() < deadline, "{what}:\n{}", log_tail(dir, 30));
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn a_running_node_pushes_on_its_schedule_and_its_last_backup_restores_after_a_sigkill() {
+    let weed = Weed::start();
+    let root = tempfile::tempdir().unwrap();
+    let dir = root.path().join("node");
+    std::fs::create_dir_all(&dir).unwrap();
+    let spec = pushing_node(&weed.endpoint(), 2);
+    let creds = [
+        ("AWS_ACCESS_KEY_ID", std::path::Path::new("it")),
+        ("AWS_SECRET_ACCESS_KEY", std::path::Path::new("it-secret")),
+    ];
+    let mut node = Proc::start_with_env(&dir, &spec, &creds);
+    let (admin, ingest) = (spec.admin_port().unwrap(), spec.ingest_port().unwrap());
+    let send = |from: u32, n: u32| {
+        for i in from..from + n {
+            let (status, body) = http_raw(
+                ingest,
+                "POST",
+                "/ingest/in",
+                &[format!("x-tenant: t{}", i % 5)],
+                &format!("{{\"i\":{i}}}"),
+                Duration::from_secs(10),
+            )
+            .unwrap();
+            assert_eq!(status, 202, "{body}");
+        }
+    };
+    send(0, 60);
+    let acked_at = ankusa_keyspace::now_ms();
+    // A backup whose checkpoint came after the 60 acks; then two more (retention at 2).
+    wait_for("no backup after the acks", &dir, || {
+        object_backups(admin)["last"]["at_ms"].as_u64() > Some(acked_at)
+    });
+    let first = object_backups(admin)["pushes"].as_u64().unwrap();
+    send(60, 30);
+    let all_acked_at = ankusa_keyspace::now_ms();
+    wait_for("no more pushes", &dir, || {
+        let b = object_backups(admin);
+        b["pushes"].as_u64().unwrap() >= first + 3
+            && b["last"]["at_ms"].as_u64() > Some(all_acked_at)
+    });
+    let b = object_backups(admin);
+    assert_eq!(b["url"], "s3://backups/nodes/node");
+    assert_eq!(b["failures"], 0, "{b}");
+    assert!(b["last"]["files"].as_u64().unwrap() > 3, "{b}");
+    // An unchanged store uploads only its small files (its tables are in the bucket).
+    assert!(
+        b["last"]["uploaded_bytes"].as_u64().unwrap() < b["last"]["bytes"].as_u64().unwrap(),
+        "{b}"
+    );
+    let (_, metrics) = http_get(admin, "/metrics").unwrap();
+    assert!(
+        metrics.contains("ankusa_backup_pushes_total{outcome=\"completed\"}"),
+        "{metrics}"
+    );
+    node.kill9();
+
+    // Restored from the bucket: every hook acked before the last backup is there; a run
+    // again of the same restore (a retried Job) finds its work done.
+    let into = root.path().join("restored");
+    let restore = |once: &str| {
+        relay_s3(
+            &weed,
+            &[
+                "restore",
+                "--from",
+                "s3://backups/nodes/node",
+                "--data",
+                into.to_str().unwrap(),
+                "--once",
+                once,
+            ],
+        )
+    };
+    ok(&restore("job-1"));
+    assert_eq!(rows_in(&into), 90);
+    let again = ok(&restore("job-1"));
+    assert!(again.contains("by this restore before"), "{again}");
+    // Another restore into the restored store is refused: it is not empty.
+    let other = restore("job-2");
+    assert!(!other.status.success());
+    assert!(
+        text(&other.stderr).contains("is not empty"),
+        "{}",
+        text(&other.stderr)
+    );
+    // Retention kept two backups under the node's prefix.
+    let (status, listing) = http_raw(
+        weed.s3,
+        "GET",
+        "/backups?list-type=2&prefix=nodes/node/backups/",
+        &[],
+        "",
+        Duration::from_secs(5),
+    )
+    .unwrap();
+    assert_eq!(status, 200, "{listing}");
+    assert_eq!(
+        listing.matches("manifest.json</Key>").count(),
+        2,
+        "{listing}"
+    );
+}
+
+#[test]
+fn a_node_whose_bucket_is_unreachable_says_so_and_keeps_serving() {
+    let root = tempfile::tempdir().unwrap();
+    let port = ankusa_relay::testkit::free_port();
+    let spec = pushing_node(&format!("http://127.0.0.1:{port}"), 2);
+    let _node = Proc::start(root.path(), &spec);
+    let admin = spec.admin_port().unwrap();
+    wait_for("no failure reported", root.path(), || {
+        object_backups(admin)["failures"].as_u64() >= Some(1)
+    });
+    let b = object_backups(admin);
+    assert!(b["last"].is_null(), "{b}");
+    let err = b["last_error"].as_str().unwrap();
+    assert!(
+        err.contains("Connection refused") || err.contains("error sending request"),
+        "{err}"
+    );
+    let (_, metrics) = http_get(admin, "/metrics").unwrap();
+    assert!(
+        metrics.contains("ankusa_backup_pushes_total{outcome=\"failed\"}"),
+        "{metrics}"
+    );
+    // No checkpoint is left beside the store by the failed pushes.
+    let left: Vec<_> = std::fs::read_dir(root.path())
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".push-"))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let (status, _) = http_get(admin, "/readyz").unwrap();
+    assert_eq!(status, 200);
+}
