@@ -260,6 +260,20 @@ mod tests {
             }),
             tenants_paused: Some(1),
             tenants_over_quota: Some(2),
+            object_backups: Some(ObjectBackups {
+                url: "s3://dr/hooks/hooks-0".into(),
+                last: Some(ObjectBackup {
+                    id: "b1".into(),
+                    at_ms: 1,
+                    store_format: 3,
+                    files: 9,
+                    bytes: 100,
+                    uploaded_bytes: 10,
+                    duration_ms: 5,
+                }),
+                pushes: 1,
+                ..ObjectBackups::default()
+            }),
         };
         let text = serde_json::to_string(&s).unwrap();
         assert_eq!(serde_json::from_str::<NodeStatus>(&text).unwrap(), s);

@@ -48,7 +48,7 @@ pub const TOP_TENANTS_MAX: usize = 20;
     validation = Rule::new("self.metadata.name.size() <= 40").message("a Relay name is at most 40 characters: the names of its StatefulSet, Services and Jobs are built from it"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a Relay name must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): it names the relay's Services"),
     validation = Rule::new("!has(self.spec.upgrade) || !has(self.spec.upgrade.rollbackTo) || self.spec.upgrade.rollbackTo.image == self.spec.image").message("spec.upgrade.rollbackTo.image must be spec.image: set both to the release to return to"),
-    validation = Rule::new("!has(self.spec.bootstrap) || has(self.spec.bootstrap.fromBackup.claimName) || has(self.spec.backup)").message("bootstrap.fromBackup needs a claimName, or spec.backup.destination to read the backups from"),
+    validation = Rule::new("!has(self.spec.bootstrap) || has(self.spec.bootstrap.fromBackup.claimName) || has(self.spec.bootstrap.fromBackup.objectStore) || has(self.spec.backup)").message("bootstrap.fromBackup needs a claimName or an objectStore, or spec.backup (its destination or its objectStore) to read the backups from"),
     doc = "A set of Ankusa relay nodes: durable multi-tenant webhook relay on embedded stores",
     printcolumn(
         name = "Ready",
@@ -287,6 +287,14 @@ pub struct StorageSpec {
 /// other value) to resume.
 pub const RECONCILE_ANNOTATION: &str = "ankusa.dev/reconcile";
 
+impl RelaySpec {
+    /// The backups the operator's Jobs take to a claim: `spec.backup` with a destination.
+    pub fn claim_backup(&self) -> Option<(&BackupSpec, &BackupDestination)> {
+        let b = self.backup.as_ref()?;
+        Some((b, b.destination.as_ref()?))
+    }
+}
+
 impl Relay {
     /// The operator's work on this Relay is paused ([`RECONCILE_ANNOTATION`]).
     pub fn reconcile_paused(&self) -> bool {
@@ -369,11 +377,22 @@ pub struct SecretEnv {
     pub secret_key_ref: SecretKeySelector,
 }
 
-/// When and where the operator backs the nodes' stores up.
+/// When and where the nodes' stores are backed up: archives on a claim by the operator's
+/// Jobs (`destination`), pushes to an object store by the nodes themselves
+/// (`objectStore`), or both.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.destination) || has(self.objectStore)").message("set backup.destination (a claim), backup.objectStore (a bucket), or both"))]
 pub struct BackupSpec {
-    pub destination: BackupDestination,
+    /// Archives on a claim, taken by the operator's Jobs (before upgrades, and on
+    /// `schedule`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub destination: Option<BackupDestination>,
+    /// Incremental backups each node pushes to an S3-compatible bucket, under
+    /// `<prefix>/<pod>/`, every `intervalSeconds`: they outlive the namespace and the
+    /// cluster, and `bootstrap.fromBackup.objectStore` recreates a Relay from them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<ObjectStoreSpec>,
     /// Backups kept per node on the destination.
     #[serde(default = "default_retention")]
     #[x_kube(validation = Rule::new("self >= 1").message("retention must be at least 1"))]
@@ -392,6 +411,70 @@ pub struct BackupSpec {
 
 fn default_retention() -> i32 {
     3
+}
+
+/// An S3-compatible bucket (AWS S3, or a server of your own: requests are path-style).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ObjectStoreSpec {
+    /// `s3://bucket/prefix`: node `<pod>`'s backups go under `<prefix>/<pod>/`.
+    #[schemars(length(min = 6, max = 512))]
+    #[x_kube(validation = Rule::new("self.matches('^s3://[a-z0-9][a-z0-9.-]{1,61}[a-z0-9](/.*)?$')").message("url is s3://bucket/prefix, the bucket a valid S3 bucket name"))]
+    pub url: String,
+    /// The server's URL (`https://…`, or `http://…` for a server on a private network);
+    /// unset: AWS S3 in `region`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 8, max = 512))]
+    #[x_kube(validation = Rule::new("self.startsWith('http://') || self.startsWith('https://')").message("endpoint is an http:// or https:// URL"))]
+    pub endpoint: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 64))]
+    pub region: Option<String>,
+    /// A Secret in the Relay's namespace with the access key (`AWS_ACCESS_KEY_ID`) and the
+    /// secret key (`AWS_SECRET_ACCESS_KEY`). Unset: the pods' own (a web identity, the
+    /// instance metadata service with `instanceMetadata`), or unsigned requests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub credentials_secret: Option<String>,
+    /// PEM certificates to trust besides the system's: a Secret's or a ConfigMap's key.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle: Option<CaBundle>,
+    /// Without a credentials Secret, ask the cloud's instance metadata service.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub instance_metadata: bool,
+    /// Time between two pushes of a node: the most traffic a lost volume loses, plus a
+    /// push's own duration (docs/deployment.md, recovery point).
+    #[serde(default = "default_interval_seconds")]
+    #[x_kube(validation = Rule::new("self >= 10 && self <= 86400").message("intervalSeconds must be between 10 and 86400"))]
+    pub interval_seconds: i64,
+    /// Backups kept per node; a file goes once no kept backup names it.
+    #[serde(default = "default_object_retention")]
+    #[x_kube(validation = Rule::new("self >= 1 && self <= 10000").message("objectStore.retention must be between 1 and 10000"))]
+    pub retention: i32,
+}
+
+fn default_interval_seconds() -> i64 {
+    300
+}
+
+fn default_object_retention() -> i32 {
+    24
+}
+
+/// PEM certificates in a Secret or a ConfigMap of the Relay's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.secretName) != has(self.configMapName)").message("set caBundle.secretName or caBundle.configMapName, not both"))]
+pub struct CaBundle {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub config_map_name: Option<String>,
+    /// The key holding the certificates.
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
 }
 
 /// Where the backups go: one claim for every node's backups (`claimName`), or a claim
@@ -480,10 +563,18 @@ pub struct RestoreNodeSpec {
 }
 
 /// A backup set: the archives of each node of a Relay on a backup claim
-/// (`<relay>/<relay>-<ordinal>/b<ms>.tar.zst`, what backup Jobs write).
+/// (`<relay>/<relay>-<ordinal>/b<ms>.tar.zst`, what backup Jobs write), or the backups its
+/// nodes pushed to an object store (`<prefix>/<relay>-<ordinal>/`).
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
 #[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!(has(self.claimName) && has(self.objectStore))").message("bootstrap.fromBackup reads a claimName or an objectStore, not both"))]
 pub struct FromBackup {
+    /// The bucket the Relay's nodes pushed to (`spec.backup.objectStore` of the Relay that
+    /// was lost): each node restores the newest backup under `<prefix>/<relay>-<i>/`, every
+    /// file checked. Needs no claim: the Relay can be recreated in another namespace or
+    /// cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object_store: Option<ObjectStoreSpec>,
     /// The claim holding the backups, in this namespace (default:
     /// `spec.backup.destination.claimName`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1090,6 +1181,10 @@ pub struct NodeReport {
     /// and the batches it staged and has not had confirmed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rows_leaving: Option<i64>,
+    /// The node's last backup in the object store (`spec.backup.objectStore`): its id and
+    /// when its checkpoint was taken, every hook acked before it in the bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_object_backup: Option<String>,
 }
 
 /// Tenant counts and queue totals summed over the nodes that answered.

@@ -49,7 +49,7 @@ pub(crate) fn adopt(
     };
     let names = crate::resources::Names::of(relay).ok();
     let claims = retained_claim_names(names.as_ref(), &o.claims);
-    if spec.backup.is_none() {
+    if spec.claim_backup().is_none() {
         return Some(held(
             hold(
                 "NoBackupDestination",

@@ -40,7 +40,7 @@ pub fn job_name(relay: &Relay, ordinal: i32, run: &str) -> String {
 
 /// The scheduled backups' next step.
 pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
-    let Some(backup) = relay.spec.backup.as_ref() else {
+    let Some((backup, _)) = relay.spec.claim_backup() else {
         return Decision::default();
     };
     let Some(schedule) = backup.schedule.as_deref() else {

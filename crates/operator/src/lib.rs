@@ -27,6 +27,7 @@ pub mod health;
 pub mod leader;
 pub mod metrics;
 pub mod nodes;
+pub mod objstore;
 pub mod planner;
 pub mod rbac;
 pub mod resources;

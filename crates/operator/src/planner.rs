@@ -551,27 +551,27 @@ fn rollout_steps(
         };
         return hold_old(h, Vec::new(), Some(format));
     }
-    let gated = match spec.backup.as_ref().map(|b| b.policy) {
-        Some(BackupPolicy::Always) => true,
-        Some(BackupPolicy::FormatChange) => format > store,
-        Some(BackupPolicy::Never) => false,
-        // No backup destination: a format change cannot be backed up, so it does not move.
-        None => {
-            if format > store {
+    let gated = match (spec.backup.as_ref().map(|b| b.policy), spec.claim_backup()) {
+        (Some(BackupPolicy::Never), _) => false,
+        (Some(BackupPolicy::Always), Some(_)) => true,
+        (Some(BackupPolicy::FormatChange), Some(_)) => format > store,
+        // No claim to back up to: a format change moves over every node's fresh backup in
+        // the object store, or not at all.
+        _ if format > store => match crate::objstore::gate_problem(relay, o, store) {
+            None => false,
+            Some((reason, why, terminal)) => {
                 return hold_old(
                     hold(
-                        "NoBackupDestination",
-                        format!(
-                            "{target} moves the stores from format {store} to {format}; set spec.backup.destination (or spec.backup.policy: Never) to let it roll"
-                        ),
-                        true,
+                        reason,
+                        format!("{target} moves the stores from format {store} to {format}; {why}"),
+                        terminal,
                     ),
                     Vec::new(),
                     Some(format),
                 );
             }
-            false
-        }
+        },
+        _ => false,
     };
     if !gated {
         return steady_out(&target, Some(format));
@@ -1036,7 +1036,7 @@ fn step(
 /// size on disk) and room to unpack the largest beside it, which the check of a backup
 /// does. Stores whose size their node does not report (older releases) are not counted.
 pub(crate) fn backup_claim_problem(relay: &Relay, o: &Observed) -> Option<String> {
-    let destination = &relay.spec.backup.as_ref()?.destination;
+    let (_, destination) = relay.spec.claim_backup()?;
     let ns = relay.metadata.namespace.as_deref().unwrap_or("default");
     let sizes = || -> BTreeMap<String, u64> {
         o.nodes

@@ -369,6 +369,23 @@ pub fn relay_config_with(
             .entry("memory_bytes")
             .or_insert_with(|| json!(request));
     }
+    // The nodes' own pushes to the bucket (spec.backup.objectStore), or none.
+    match relay
+        .spec
+        .backup
+        .as_ref()
+        .and_then(|b| b.object_store.as_ref())
+    {
+        Some(s) => {
+            entry_object(root, "backup")?
+                .insert("object_store".into(), crate::objstore::node_section(s));
+        }
+        None => {
+            if let Some(Value::Object(b)) = root.get_mut("backup") {
+                b.remove("object_store");
+            }
+        }
+    }
     let cluster = entry_object(root, "cluster")?;
     cluster.remove("name");
     cluster.insert(
@@ -877,6 +894,9 @@ pub fn statefulset(
             },
     });
     let pod = &mut set["spec"]["template"]["spec"];
+    if let Some(s) = spec.backup.as_ref().and_then(|b| b.object_store.as_ref()) {
+        crate::objstore::add_to_pod(pod, s);
+    }
     scheduling(relay, pod);
     let own = json!({ "matchLabels": selector_labels(&names.relay) });
     pod["affinity"] = match &spec.affinity {
@@ -1338,10 +1358,10 @@ pub fn data_claim(
 /// The claim node `ordinal`'s backups go to: the one claim of every node, or its own
 /// (`<name>-backups-<ordinal>`).
 pub fn backup_claim(relay: &Relay, ordinal: i32) -> Result<String, ResourceError> {
-    let backup = relay.spec.backup.as_ref().ok_or(ResourceError::Config(
+    let (_, destination) = relay.spec.claim_backup().ok_or(ResourceError::Config(
         "spec.backup.destination is not set".into(),
     ))?;
-    Ok(match backup.destination.shared() {
+    Ok(match destination.shared() {
         Some(c) => c.to_owned(),
         None => Names::of(relay)?.backup_claim(ordinal),
     })
@@ -1361,7 +1381,7 @@ pub fn backup_claim_object(
         .spec
         .backup
         .as_ref()
-        .and_then(|b| b.destination.claim_template.as_ref())
+        .and_then(|b| b.destination.as_ref()?.claim_template.as_ref())
     else {
         return Ok(None);
     };
@@ -1382,8 +1402,10 @@ pub fn backup_claim_object(
 
 /// Node `ordinal`'s restore Job: `ankusa-relay restore --replace` of the newest archive in
 /// `<relay>/<relay>-<ordinal>/` on the restore's backup claim (at most `format`; or the
-/// named `archive` there) into the node's data claim, which no pod uses meanwhile. The
-/// backup claim is mounted read-only. With `report`, what it found goes to the container's
+/// named `archive` there), or of the newest backup under `<prefix>/<relay>-<ordinal>/` in
+/// its bucket, into the node's data claim, which no pod uses meanwhile. The backup claim is
+/// mounted read-only; from a bucket the Job mounts only the data claim, so it runs wherever
+/// that claim can be attached. With `report`, what it found goes to the container's
 /// termination message.
 pub fn restore_job(
     relay: &Relay,
@@ -1396,14 +1418,36 @@ pub fn restore_job(
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
     let source = crate::restore::source(relay).ok_or(ResourceError::Config(
-        "a restore needs spec.bootstrap.fromBackup.claimName or spec.backup.destination".into(),
+        "a restore needs spec.bootstrap.fromBackup (a claimName or an objectStore), spec.backup.destination or spec.backup.objectStore".into(),
     ))?;
-    let (claim, from) = (source.claim(ordinal), source.relay);
-    let dir = format!("{BACKUP_MOUNT}/{from}/{from}-{ordinal}");
+    let from = &source.relay;
+    let node = format!("{from}-{ordinal}");
+    let (location, backups) = match (&source.bucket, source.claim(ordinal)) {
+        (Some(bucket), _) => {
+            if archive.is_some() {
+                return Err(ResourceError::Config(
+                    "restoreNode.backup names an archive on a claim; from a bucket the newest backup is restored".into(),
+                ));
+            }
+            (crate::objstore::node_url(bucket, &node), None)
+        }
+        (None, Some(claim)) => {
+            let dir = format!("{BACKUP_MOUNT}/{from}/{node}");
+            (
+                archive.map_or(dir.clone(), |a| format!("{dir}/{a}")),
+                Some(claim),
+            )
+        }
+        (None, None) => {
+            return Err(ResourceError::Config(
+                "the restore's source has no claim".into(),
+            ))
+        }
+    };
     let mut args = vec![
         "restore".to_owned(),
         "--from".to_owned(),
-        archive.map_or(dir.clone(), |a| format!("{dir}/{a}")),
+        location,
         "--data".to_owned(),
         format!("{DATA_MOUNT}/data"),
         "--replace".to_owned(),
@@ -1412,38 +1456,50 @@ pub fn restore_job(
         args.extend(["--format-at-most".to_owned(), f.to_string()]);
     }
     if report {
-        // A node restore may restore the same archive as one before it: the Job's name
-        // tells its own retried run (work done) from a new restore.
-        args.extend([
-            "--report".to_owned(),
-            "/dev/termination-log".to_owned(),
-            "--once".to_owned(),
-            name.to_owned(),
-        ]);
+        args.extend(["--report".to_owned(), "/dev/termination-log".to_owned()]);
+    }
+    // A node restore may restore the same backup as one before it: the Job's name tells
+    // its own retried run (work done) from a new restore. From a bucket, every restore
+    // is named so.
+    if report || source.bucket.is_some() {
+        args.extend(["--once".to_owned(), name.to_owned()]);
+    }
+    if let Some(bucket) = &source.bucket {
+        args.extend(crate::objstore::restore_args(bucket));
+    }
+    let mut mounts = vec![json!({ "name": "data", "mountPath": DATA_MOUNT })];
+    let mut volumes = vec![json!({
+        "name": "data",
+        "persistentVolumeClaim": { "claimName": names.claim(ordinal) },
+    })];
+    if let Some(claim) = backups {
+        mounts.insert(
+            0,
+            json!({ "name": "backups", "mountPath": BACKUP_MOUNT, "readOnly": true }),
+        );
+        volumes.insert(
+            0,
+            json!({ "name": "backups", "persistentVolumeClaim": { "claimName": claim, "readOnly": true } }),
+        );
     }
     let container = json!({
         "name": "restore",
         "image": image,
         "args": args,
-        "volumeMounts": [
-            { "name": "backups", "mountPath": BACKUP_MOUNT, "readOnly": true },
-            { "name": "data", "mountPath": DATA_MOUNT },
-        ],
+        "volumeMounts": mounts,
         "securityContext": container_security(),
     });
+    let mut pod = json!({ "containers": [container], "volumes": volumes });
+    if let Some(bucket) = &source.bucket {
+        crate::objstore::add_to_pod(&mut pod, bucket);
+    }
     job(
         relay,
         name,
         "restore",
         &[("ankusa.dev/ordinal", ordinal.to_string())],
         relay.spec.upgrade.timeouts.backup_seconds,
-        json!({
-            "containers": [container],
-            "volumes": [
-                { "name": "backups", "persistentVolumeClaim": { "claimName": claim, "readOnly": true } },
-                { "name": "data", "persistentVolumeClaim": { "claimName": names.claim(ordinal) } },
-            ],
-        }),
+        pod,
     )
 }
 
@@ -1470,7 +1526,7 @@ pub fn backup_job(
     source: BackupSource<'_>,
 ) -> Result<k8s_openapi::api::batch::v1::Job, ResourceError> {
     let names = Names::of(relay)?;
-    let backup = relay.spec.backup.as_ref().ok_or(ResourceError::Config(
+    let (backup, destination) = relay.spec.claim_backup().ok_or(ResourceError::Config(
         "spec.backup.destination is not set".into(),
     ))?;
     let to = format!("{BACKUP_MOUNT}/{}/{}", names.relay, names.pod(ordinal));
@@ -1489,7 +1545,7 @@ pub fn backup_job(
     let mut pod = json!({});
     match source {
         BackupSource::Node(url) => {
-            if backup.destination.shared().is_none() {
+            if destination.shared().is_none() {
                 // Its own backup claim binds where its first Job runs: in the node's zone,
                 // where an offline backup of the node's data claim can mount both.
                 pod["affinity"] = json!({ "podAffinity": {

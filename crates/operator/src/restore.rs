@@ -24,7 +24,9 @@
 //!
 //! [`rollout`]: crate::planner::rollout
 
-use ankusa_crds::relay::{Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus};
+use ankusa_crds::relay::{
+    ObjectStoreSpec, Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus,
+};
 
 use crate::planner::{hold, pinned, JobAction, JobObs, Observed, Rollout};
 
@@ -55,26 +57,37 @@ pub fn job_name(relay: &Relay, ordinal: i32, r: &RestoreStatus) -> String {
     format!("{name}-restore-{ordinal}-{h}")
 }
 
-/// Where a restore reads: the claim of each node and the Relay directory on it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// Where a restore reads: the claim of each node and the Relay directory on it, or the
+/// bucket the nodes pushed to.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Source {
     /// One claim for every node, or `None`: each node's own `<relay>-backups-<ordinal>`.
     pub shared: Option<String>,
-    /// The Relay the backups were taken of: node `i` reads `<relay>/<relay>-<i>/`.
+    /// The Relay the backups were taken of: node `i` reads `<relay>/<relay>-<i>/` (in a
+    /// bucket, `<prefix>/<relay>-<i>/`).
     pub relay: String,
+    /// The bucket the nodes pushed to: no claim is read.
+    pub bucket: Option<ObjectStoreSpec>,
 }
 
 impl Source {
-    /// Node `ordinal`'s claim.
-    pub fn claim(&self, ordinal: i32) -> String {
-        match &self.shared {
+    /// Node `ordinal`'s claim (`None` from a bucket).
+    pub fn claim(&self, ordinal: i32) -> Option<String> {
+        if self.bucket.is_some() {
+            return None;
+        }
+        Some(match &self.shared {
             Some(c) => c.clone(),
             None => format!("{}-backups-{ordinal}", self.relay),
-        }
+        })
     }
 
-    /// `<claim>/<relay>` for the status (`<relay>-backups-*` for claims per node).
+    /// `<claim>/<relay>` for the status (`<relay>-backups-*` for claims per node), or the
+    /// bucket's `s3://bucket/prefix/<relay>-*`.
     pub fn describe(&self) -> String {
+        if let Some(b) = &self.bucket {
+            return format!("{}/{}-*", b.url.trim_end_matches('/'), self.relay);
+        }
         match &self.shared {
             Some(c) => format!("{c}/{}", self.relay),
             None => format!("{}-backups-*/{}", self.relay, self.relay),
@@ -82,25 +95,35 @@ impl Source {
     }
 }
 
-/// Where a restore of `relay` reads: `spec.bootstrap.fromBackup`'s claim and Relay, or
-/// the backup destination's (its one claim, or the claims per node).
+/// Where a restore of `relay` reads: `spec.bootstrap.fromBackup`'s bucket or claim and
+/// Relay; else the backup destination's claims; else the Relay's own bucket
+/// (`spec.backup.objectStore`).
 pub fn source(relay: &Relay) -> Option<Source> {
     let from = relay.spec.bootstrap.as_ref().map(|b| &b.from_backup);
-    let shared = match from.and_then(|f| f.claim_name.clone()) {
-        Some(claim) => Some(claim),
-        None => relay
+    let name = from
+        .and_then(|f| f.relay.clone())
+        .unwrap_or_else(|| relay.metadata.name.clone().unwrap_or_default());
+    let own_bucket = || {
+        relay
             .spec
             .backup
-            .as_ref()?
-            .destination
-            .shared()
-            .map(str::to_owned),
+            .as_ref()
+            .and_then(|b| b.object_store.clone())
+    };
+    let (shared, bucket) = match (
+        from.and_then(|f| f.object_store.clone()),
+        from.and_then(|f| f.claim_name.clone()),
+        relay.spec.claim_backup(),
+    ) {
+        (Some(b), _, _) => (None, Some(b)),
+        (None, Some(claim), _) => (Some(claim), None),
+        (None, None, Some((_, d))) => (d.shared().map(str::to_owned), None),
+        (None, None, None) => (None, Some(own_bucket()?)),
     };
     Some(Source {
         shared,
-        relay: from
-            .and_then(|f| f.relay.clone())
-            .unwrap_or_else(|| relay.metadata.name.clone().unwrap_or_default()),
+        relay: name,
+        bucket,
     })
 }
 
@@ -154,7 +177,7 @@ pub fn begin_rollback(
     }
     let source = source(relay).ok_or_else(|| {
         format!(
-            "a rollback from store format {store} to {format} restores backups: set spec.backup.destination"
+            "a rollback from store format {store} to {format} restores backups: set spec.backup.destination or spec.backup.objectStore"
         )
     })?;
     Ok(RestoreStatus {
@@ -218,9 +241,10 @@ pub fn begin_node(
             rn.request
         )));
     }
-    let Some(source) = relay.spec.backup.as_ref().and(source(relay)) else {
+    let Some(source) = source(relay) else {
         return Err(refuse(
-            "restoreNode restores from spec.backup.destination: set it".to_owned(),
+            "restoreNode restores from spec.backup.destination or spec.backup.objectStore: set one"
+                .to_owned(),
         ));
     };
     let image = o

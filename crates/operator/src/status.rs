@@ -10,7 +10,8 @@
 //! answers), `Progressing`,
 //! `Upgrading`, `BackupSucceeded` (once a backup ran), `Degraded` (configuration, apply,
 //! upgrade or node faults — a node that does not answer is reported here, not an error of
-//! the reconcile), `ServiceMonitor`.
+//! the reconcile), `ServiceMonitor`, `ScheduledBackups` and `ObjectStoreBackups` (every
+//! node pushed to the bucket within twice `spec.backup.objectStore.intervalSeconds`).
 
 use std::collections::BTreeMap;
 
@@ -61,6 +62,7 @@ pub fn status(
             name: name.clone(),
             leaving: i >= replicas,
             rows_leaving: leaving.get(&name).copied().flatten(),
+            last_object_backup: crate::objstore::last_backup(o, &name),
             ..NodeReport::default()
         };
         match (pod, o.nodes.get(&name)) {
@@ -263,6 +265,8 @@ pub fn status(
         conds.set("BackupSucceeded", false, "BackupFailed", h.message.clone());
     }
     scheduled_condition(&mut conds, scheduled, &o.now);
+    let (ok, reason, message) = crate::objstore::condition(relay, o);
+    conds.set("ObjectStoreBackups", ok, reason, message);
     let mut faults: Vec<(&'static str, String)> = Vec::new();
     if let Some(e) = &o.config_error {
         faults.push(("ConfigInvalid", e.clone()));

@@ -176,8 +176,8 @@ pub(super) async fn observe(
             .and_then(|c| c.get("storage"))
             .and_then(|q| resources::quantity_bytes(&q.0))
     };
-    if let Some(backup) = &relay.spec.backup {
-        match backup.destination.shared() {
+    if let Some((_, destination)) = relay.spec.claim_backup() {
+        match destination.shared() {
             Some(name) => {
                 let found = claims
                     .list(&ListParams::default().fields(&format!("metadata.name={name}")))
@@ -234,11 +234,13 @@ pub(super) async fn observe(
             .and_then(|s| s.restore.as_ref())
             .filter(|r| crate::restore::in_progress(r))
             .map_or(0, |r| r.node.unwrap_or(r.restored));
-        let claim = source.claim(next);
-        let found = claims
-            .list(&ListParams::default().fields(&format!("metadata.name={claim}")))
-            .await?;
-        o.restore_claim = Some((claim, !found.items.is_empty()));
+        // From a bucket no claim is read.
+        if let Some(claim) = source.claim(next) {
+            let found = claims
+                .list(&ListParams::default().fields(&format!("metadata.name={claim}")))
+                .await?;
+            o.restore_claim = Some((claim, !found.items.is_empty()));
+        }
     }
 
     // Poll every ready pod, concurrently.

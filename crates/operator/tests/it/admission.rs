@@ -146,6 +146,38 @@ async fn every_cel_rule_refuses_its_bad_case_with_its_message() {
         ),
         (
             "ok",
+            json!({ "image": "x", "backup": { "policy": "Always" } }),
+            "set backup.destination (a claim), backup.objectStore (a bucket), or both",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "backup": { "objectStore": { "url": "hooks/prod" } } }),
+            "url is s3://bucket/prefix",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "backup": { "objectStore": { "url": "s3://dr/hooks", "endpoint": "seaweed:8333" } } }),
+            "endpoint is an http:// or https:// URL",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "backup": { "objectStore": { "url": "s3://dr/hooks", "intervalSeconds": 5 } } }),
+            "intervalSeconds must be between 10 and 86400",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "backup": { "objectStore": { "url": "s3://dr/hooks",
+                "caBundle": { "secretName": "a", "configMapName": "b", "key": "ca.crt" } } } }),
+            "set caBundle.secretName or caBundle.configMapName, not both",
+        ),
+        (
+            "ok",
+            json!({ "image": "x", "bootstrap": { "fromBackup": { "claimName": "b",
+                "objectStore": { "url": "s3://dr/hooks" } } } }),
+            "bootstrap.fromBackup reads a claimName or an objectStore, not both",
+        ),
+        (
+            "ok",
             json!({ "image": "x", "monitoring": { "serviceMonitor": { "interval": "soon" } } }),
             "interval must be a duration such as 30s",
         ),

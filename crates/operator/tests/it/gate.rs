@@ -120,6 +120,7 @@ fn node_status(p: &SimPod, v: &Volume) -> NodeStatus {
         config: None,
         tenants_paused: None,
         tenants_over_quota: None,
+        object_backups: None,
     }
 }
 

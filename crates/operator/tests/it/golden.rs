@@ -435,6 +435,8 @@ fn a_claim_template_gives_each_node_its_own_backup_claim() {
             .as_ref()
             .unwrap()
             .destination
+            .as_ref()
+            .unwrap()
             .claim_name
             .clone()
             .unwrap()

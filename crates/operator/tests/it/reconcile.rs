@@ -689,6 +689,7 @@ async fn node_server(token: Arc<std::sync::Mutex<String>>) -> String {
                         config: None,
                         tenants_paused: None,
                         tenants_over_quota: None,
+        object_backups: None,
                     };
                     (StatusCode::OK, serde_json::to_string(&s).unwrap())
                 }

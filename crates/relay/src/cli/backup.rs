@@ -72,55 +72,71 @@ fn write_report(
 /// acked after the backup, when it can be read). The restore is recorded beside `data`
 /// (the archive, and `once` when given): a run again that would record the same finds its
 /// work done.
-/// `restore --from s3://…` into `data`, which must not exist or be empty; the restored
-/// store is opened (and gets its lineage) before it counts as restored. A directory a
-/// restore was killed in (the restoring marker in it) is emptied and restored again. With
-/// `once`, the restore is recorded beside `data`: a run again with the same `once` (a
-/// retried Job) finds its work done, and a directory holding a store it did not restore is
-/// still refused.
+/// `restore --from s3://…`: the newest backup under the prefix (at most
+/// `format_at_most`) downloaded beside `data`, every file checked, opened (and given a
+/// lineage of its own), then put at `data` as an archive's restore would be: `data` must
+/// be empty unless `replace` moves its store aside, and `report` says what that store held
+/// that the backup lacks. The restore is recorded beside `data` (the location, and `once`
+/// when given): a run again that would record the same (a retried Job) finds its work
+/// done. A download killed half way is started again.
 pub(super) fn restore_from_bucket(
     from: &str,
     bucket: &super::objstore::Bucket,
     data: &Path,
     format_at_most: Option<u32>,
+    replace: bool,
+    report: Option<&Path>,
     once: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
     let marker = restored_marker(data);
-    let record = once.map(|token| format!("{from}\n{token}"));
-    if let Some(r) = &record {
-        if std::fs::read_to_string(&marker).ok().as_deref() == Some(r.as_str()) {
-            let format = open_existing(data, true)?.format()?;
-            println!(
-                "{} was restored from {from} by this restore before (store format {format})",
-                data.display()
-            );
-            return Ok(ExitCode::SUCCESS);
+    let record = match once {
+        Some(token) => format!("{from}\n{token}"),
+        None => from.to_owned(),
+    };
+    if (replace || once.is_some())
+        && std::fs::read_to_string(&marker).ok().as_deref() == Some(record.as_str())
+    {
+        let format = open_existing(data, true)?.format()?;
+        println!(
+            "{} was restored from {from} by this restore before (store format {format}): nothing to do",
+            data.display()
+        );
+        if let (Some(to), Ok(text)) = (report, std::fs::read_to_string(report_beside(data))) {
+            std::fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
         }
-    }
-    if data.join(ankusa_store::tarball::RESTORING_MARKER).exists() {
-        // A restore killed half way: nothing in it is a store.
-        std::fs::remove_dir_all(data)
-            .with_context(|| format!("clearing the unfinished restore at {}", data.display()))?;
+        return Ok(ExitCode::SUCCESS);
     }
     anyhow::ensure!(
-        std::fs::read_dir(data).map_or(true, |mut d| d.next().is_none()),
+        replace || std::fs::read_dir(data).map_or(true, |mut d| d.next().is_none()),
         "{} is not empty",
         data.display()
     );
-    let m = super::objstore::restore(from, bucket, data, format_at_most)?;
-    crate::objstore::renew_lineage(data)?;
-    let format = open_existing(data, false)?.format()?;
-    if let Some(r) = &record {
-        std::fs::write(&marker, r)
-            .with_context(|| format!("recording the restore in {}", marker.display()))?;
+    let staged = data.with_file_name(format!(
+        ".{}.from-bucket",
+        data.file_name().unwrap_or_default().to_string_lossy()
+    ));
+    if staged.exists() {
+        // A download killed half way.
+        std::fs::remove_dir_all(&staged)
+            .with_context(|| format!("clearing {}", staged.display()))?;
     }
+    let m = super::objstore::restore(from, bucket, &staged, format_at_most)?;
+    crate::objstore::renew_lineage(&staged)?;
+    let format = open_existing(&staged, false)?.format()?;
     println!(
-        "restored backup {} ({} files, store format {format}) from {from} into {}",
+        "downloaded backup {} ({} files, store format {format}) from {from}",
         m.id,
         m.files.len(),
-        data.display()
     );
-    Ok(ExitCode::SUCCESS)
+    install(
+        data,
+        from,
+        m.id.clone(),
+        &record,
+        Unpack::Staged(staged),
+        replace,
+        report,
+    )
 }
 
 pub(super) fn restore(
@@ -163,6 +179,39 @@ pub(super) fn restore(
         }
         return Ok(ExitCode::SUCCESS);
     }
+    let label = archive
+        .file_name()
+        .unwrap_or_default()
+        .to_string_lossy()
+        .into_owned();
+    let unpack = match staged {
+        Some(s) => Unpack::Staged(s),
+        None => Unpack::Archive(&archive),
+    };
+    install(data, &name, label, &record, unpack, replace, report)
+}
+
+/// What a restore puts at the data directory: a store unpacked (and opened) beside it, or
+/// an archive to unpack there.
+enum Unpack<'a> {
+    Staged(PathBuf),
+    Archive(&'a Path),
+}
+
+/// The end of a restore: the store at `data` moved aside (with `replace`), the backup put
+/// in its place and opened, the restore recorded (`record`) and, with `report`, what the
+/// replaced store held that the backup lacks. `name` says where the backup came from;
+/// `label` is the backup's own name in the report.
+fn install(
+    data: &Path,
+    name: &str,
+    label: String,
+    record: &str,
+    unpack: Unpack<'_>,
+    replace: bool,
+    report: Option<&Path>,
+) -> anyhow::Result<ExitCode> {
+    let marker = restored_marker(data);
     let occupied = std::fs::read_dir(data).is_ok_and(|mut d| d.next().is_some());
     let mut moved_to = None;
     if occupied && replace {
@@ -180,9 +229,9 @@ pub(super) fn restore(
         );
         moved_to = Some(aside);
     }
-    match staged {
+    match unpack {
         // Already unpacked (and opened) while choosing: moved into place.
-        Some(s) => {
+        Unpack::Staged(s) => {
             if let Some(parent) = data.parent() {
                 std::fs::create_dir_all(parent)?;
             }
@@ -192,7 +241,7 @@ pub(super) fn restore(
             std::fs::rename(&s, data)
                 .with_context(|| format!("moving the unpacked {name} to {}", data.display()))?;
         }
-        None => ankusa_store::tarball::unpack(&archive, data)
+        Unpack::Archive(archive) => ankusa_store::tarball::unpack(archive, data)
             .with_context(|| format!("restoring {name} into {}", data.display()))?,
     }
     // A copy writes files of its own from here on: its object-storage backups are not its
@@ -209,18 +258,14 @@ pub(super) fn restore(
         None => 0,
     };
     drop(store);
-    std::fs::write(&marker, &record)
+    std::fs::write(&marker, record)
         .with_context(|| format!("recording the restore in {}", marker.display()))?;
     println!(
         "restored {name} into {} (store format {format})",
         data.display()
     );
     if report.is_some() {
-        let archive = archive
-            .file_name()
-            .unwrap_or_default()
-            .to_string_lossy()
-            .into_owned();
+        let archive = label;
         // The hooks only the replaced store had: those past the backup's seq it still
         // held (acked after the backup, not yet delivered and reclaimed).
         let replaced = match &moved_to {

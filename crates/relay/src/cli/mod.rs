@@ -137,23 +137,23 @@ pub enum Command {
         /// The data directory to create (must not exist, or be empty, unless `--replace`).
         #[arg(long)]
         data: PathBuf,
-        /// With a directory: the newest archive whose store is at most this format (the
-        /// backups a release that reads only that format can run on).
+        /// With a directory or a bucket: the newest backup whose store is at most this
+        /// format (the backups a release that reads only that format can run on).
         #[arg(long)]
         format_at_most: Option<u32>,
         /// A store already at `--data` is moved aside (to `<data>.replaced-<ms>`, never
-        /// deleted) and the archive restored in its place. Run again after the same
+        /// deleted) and the backup restored in its place. Run again after the same
         /// restore, it changes nothing.
         #[arg(long)]
         replace: bool,
         /// Write what the restore found, as JSON, to this file (the operator's restore Job:
-        /// `/dev/termination-log`): the archive, and the hooks the replaced store had
-        /// acked after it, when that store can be read.
+        /// `/dev/termination-log`): the archive (a bucket's backup id), and the hooks the
+        /// replaced store had acked after it, when that store can be read.
         #[arg(long)]
         report: Option<PathBuf>,
-        /// With `--replace`: this restore's name (the operator's Job's). A run again with
-        /// the same name finds its work done; another name restores again, even from the
-        /// same archive (without it, a run after a restore of the same archive changes
+        /// This restore's name (the operator's Job's). A run again with the same name finds
+        /// its work done; another name restores again, even from the same archive
+        /// (without it, a run with `--replace` after a restore of the same archive changes
         /// nothing).
         #[arg(long)]
         once: Option<String>,
@@ -500,19 +500,15 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             replace,
             report,
             once,
-        } if from.to_string_lossy().starts_with("s3://") => {
-            anyhow::ensure!(
-                !replace && report.is_none(),
-                "--replace and --report restore archives; from object storage, restore into an empty directory"
-            );
-            backup::restore_from_bucket(
-                &from.to_string_lossy(),
-                &bucket,
-                &data,
-                format_at_most,
-                once.as_deref(),
-            )
-        }
+        } if from.to_string_lossy().starts_with("s3://") => backup::restore_from_bucket(
+            &from.to_string_lossy(),
+            &bucket,
+            &data,
+            format_at_most,
+            replace,
+            report.as_deref(),
+            once.as_deref(),
+        ),
         Command::Restore {
             from,
             bucket: _,

@@ -456,6 +456,32 @@ fn a_running_node_pushes_on_its_schedule_and_its_last_backup_restores_after_a_si
         "{}",
         text(&other.stderr)
     );
+    // The node's own store replaced from the bucket (one node's restore): the store it
+    // had moved aside, and what it held beyond the backup reported (nothing: no hook came
+    // after the last push).
+    let db = dir.join("db");
+    let report = root.path().join("report.json");
+    let replaced = ok(&relay_s3(
+        &weed,
+        &[
+            "restore",
+            "--from",
+            "s3://backups/nodes/node",
+            "--data",
+            db.to_str().unwrap(),
+            "--replace",
+            "--report",
+            report.to_str().unwrap(),
+            "--once",
+            "job-3",
+        ],
+    ));
+    assert!(replaced.contains("moved the store at"), "{replaced}");
+    let r: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&report).unwrap()).unwrap();
+    assert!(r["archive"].as_str().unwrap().starts_with('b'), "{r}");
+    assert_eq!(r["lostHooks"], 0, "{r}");
+    assert_eq!(rows_in(&db), 90);
     // Retention kept two backups under the node's prefix.
     let (status, listing) = http_raw(
         weed.s3,
