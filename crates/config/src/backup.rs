@@ -42,6 +42,11 @@ pub struct ObjectStoreConfig {
     /// Backups kept under the node's prefix; a file goes when no kept backup names it.
     #[serde(default = "default_keep")]
     pub keep: usize,
+    /// Also keep the newest backup of each store format older than the newest backup's:
+    /// what a rollback to an older release restores (off: once the format upgrade is
+    /// settled, they age out like the others).
+    #[serde(default = "crate::default_true")]
+    pub keep_older_formats: bool,
 }
 
 fn default_region() -> String {

@@ -451,6 +451,15 @@ pub struct ObjectStoreSpec {
     #[serde(default = "default_object_retention")]
     #[x_kube(validation = Rule::new("self >= 1 && self <= 10000").message("objectStore.retention must be between 1 and 10000"))]
     pub retention: i32,
+    /// Keep, beyond `retention`, each node's newest backup of every store format older than
+    /// its newest backup's: what `upgrade.rollbackTo` restores after a format upgrade.
+    /// Set it to false once the upgrade is settled to let them age out.
+    #[serde(default = "default_true")]
+    pub keep_older_formats: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 fn default_interval_seconds() -> i64 {

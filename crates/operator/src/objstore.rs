@@ -31,6 +31,7 @@ pub fn node_section(s: &ObjectStoreSpec) -> Value {
         "interval_ms": s.interval_seconds.max(1) * 1000,
         "keep": s.retention.max(1),
         "instance_metadata": s.instance_metadata,
+        "keep_older_formats": s.keep_older_formats,
     });
     if let Some(e) = &s.endpoint {
         v["endpoint"] = json!(e);
@@ -344,7 +345,7 @@ mod tests {
             node_section(s),
             json!({
                 "url": "s3://dr/hooks", "region": "us-east-1", "interval_ms": 60000, "keep": 24,
-                "instance_metadata": false, "endpoint": "http://10.0.0.1:8333",
+                "instance_metadata": false, "keep_older_formats": true, "endpoint": "http://10.0.0.1:8333",
                 "ca_file": "/etc/ankusa/objstore-ca/ca.pem",
             })
         );

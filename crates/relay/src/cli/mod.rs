@@ -337,9 +337,14 @@ pub enum BackupCommand {
         #[command(flatten)]
         bucket: objstore::Bucket,
         /// After the push, keep only the newest N backups under the prefix, and the files
-        /// they name (one writer per prefix).
+        /// they name (one writer per prefix); and the newest backup of each store format
+        /// older than the newest backup's (a rollback's), unless
+        /// `--release-older-formats`.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         keep: Option<u64>,
+        /// With `--keep`: backups at older store formats are kept only as the newest N.
+        #[arg(long, requires = "keep")]
+        release_older_formats: bool,
     },
     /// Ask a node for a backup and copy its archive to `--to`, checking it opens.
     Pull {
@@ -490,8 +495,9 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
                     to,
                     bucket,
                     keep,
+                    release_older_formats,
                 },
-        } => objstore::push(&data, &to, &bucket, keep),
+        } => objstore::push(&data, &to, &bucket, keep, release_older_formats),
         Command::Restore {
             from,
             bucket,

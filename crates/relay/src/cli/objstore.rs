@@ -47,6 +47,7 @@ pub(super) fn push(
     to: &str,
     bucket: &Bucket,
     keep: Option<u64>,
+    release_older_formats: bool,
 ) -> anyhow::Result<ExitCode> {
     let remote = Remote::open(to, &bucket.target())?;
     // Opened first: a directory that is not a store is refused before anything is written.
@@ -57,7 +58,10 @@ pub(super) fn push(
         store,
         data,
         &remote,
-        keep.map(|k| k as usize),
+        keep.map(|k| crate::objstore::Retention {
+            keep: k as usize,
+            older_formats: !release_older_formats,
+        }),
     ))?;
     println!(
         "backup {}: {} files, {} bytes, store format {}; uploaded {} files, {} bytes, to {}",

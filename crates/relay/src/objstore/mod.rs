@@ -323,13 +323,13 @@ impl Pushed {
 /// A backup of `store` (open, at `data`) to `remote`: a checkpoint (hard links beside the
 /// store: the files of one consistent state, which the store's own compactions cannot
 /// delete while they upload), its table and blob files the bucket does not hold yet, its
-/// small files, its manifest; then the newest `keep` backups kept. The checkpoint is taken
+/// small files, its manifest; then what `retention` keeps is kept. The checkpoint is taken
 /// on a blocking thread, and removed whatever the outcome.
 pub async fn push_store(
     store: std::sync::Arc<Store>,
     data: &Path,
     remote: &Remote,
-    keep: Option<usize>,
+    retention: Option<Retention>,
 ) -> anyhow::Result<Pushed> {
     let identity = lineage(data)?;
     let at_ms = ankusa_keyspace::now_ms();
@@ -347,8 +347,8 @@ pub async fn push_store(
     let result = push_checkpoint(remote, &cp, &identity, &id, format).await;
     let _ = std::fs::remove_dir_all(&cp);
     let (manifest, uploaded_files, uploaded_bytes) = result?;
-    let pruned = match keep {
-        Some(k) => prune(remote, k).await?,
+    let pruned = match retention {
+        Some(r) => prune(remote, r).await?,
         None => Pruned::default(),
     };
     Ok(Pushed {
@@ -397,15 +397,52 @@ pub struct Pruned {
     pub files: usize,
 }
 
-/// Keeps the newest `keep` backups under the prefix. The older ones go manifest first (a
+/// What retention keeps: the newest `keep` backups, and with `older_formats` the newest
+/// backup of each store format older than the newest backup's (what a rollback to an
+/// older release restores: a migration must not leave it to age out).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    pub keep: usize,
+    pub older_formats: bool,
+}
+
+impl Retention {
+    /// The backups of `manifests` (oldest first) retention keeps, by index.
+    fn kept(&self, manifests: &[Manifest]) -> std::collections::BTreeSet<usize> {
+        let n = manifests.len();
+        let mut kept: std::collections::BTreeSet<usize> =
+            (n.saturating_sub(self.keep.max(1))..n).collect();
+        if self.older_formats {
+            if let Some(newest) = manifests.last().map(|m| m.store_format) {
+                let mut seen = std::collections::BTreeSet::new();
+                for (i, m) in manifests.iter().enumerate().rev() {
+                    if m.store_format < newest && seen.insert(m.store_format) {
+                        kept.insert(i);
+                    }
+                }
+            }
+        }
+        kept
+    }
+}
+
+/// Keeps what `retention` keeps of the backups under the prefix. The others go manifest first (a
 /// backup stops existing before any of its files goes), then their own small files; then
 /// every table or blob file no remaining manifest names (the older backups', and those a
 /// push that ended before its manifest left). So no manifest in the bucket ever names a
 /// deleted file, whatever step a kill stops it at (a run again finishes the job). One
 /// writer per prefix: a push under way elsewhere could have its files taken.
-pub async fn prune(remote: &Remote, keep: usize) -> anyhow::Result<Pruned> {
+pub async fn prune(remote: &Remote, retention: Retention) -> anyhow::Result<Pruned> {
     let manifests = remote.manifests().await?;
-    let (old, kept) = manifests.split_at(manifests.len().saturating_sub(keep.max(1)));
+    let keep = retention.kept(&manifests);
+    let (mut kept, mut old) = (Vec::new(), Vec::new());
+    for (i, m) in manifests.iter().enumerate() {
+        if keep.contains(&i) {
+            kept.push(m);
+        } else {
+            old.push(m);
+        }
+    }
     let mut p = Pruned::default();
     for m in old {
         let own = remote.key(&format!("backups/{}/", m.id)).to_string();
@@ -615,6 +652,8 @@ mod tests {
         Prune(u8),
         /// The newest backup restored into an empty directory, every file checked.
         Restore,
+        /// The store migrated to the next format: later backups are at it.
+        Migrate,
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -625,6 +664,7 @@ mod tests {
             1 => Just(Step::DeadPush),
             2 => (1u8..4).prop_map(Step::Prune),
             1 => Just(Step::Restore),
+            1 => Just(Step::Migrate),
         ]
     }
 
@@ -648,13 +688,15 @@ mod tests {
     proptest! {
         #![proptest_config(ProptestConfig { cases: 64, .. ProptestConfig::default() })]
 
-        /// Any sequence of backups (some killed before their manifest), prunes and
-        /// restores: no manifest in the bucket ever names a deleted file, a prune keeps
-        /// the newest backups it is asked to, and a restore gives back the newest backup's
-        /// files byte for byte.
+        /// Any sequence of backups (some killed before their manifest), prunes,
+        /// migrations and restores: no manifest in the bucket ever names a deleted file, a
+        /// prune keeps the newest backups it is asked to and (unless released) the newest
+        /// of every older store format, and a restore gives back the newest backup's files
+        /// byte for byte.
         #[test]
         fn retention_never_deletes_a_file_a_kept_manifest_names(
             steps in proptest::collection::vec(step(), 1..30),
+            older_formats in any::<bool>(),
         ) {
             let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
             let remote = Remote {
@@ -667,6 +709,7 @@ mod tests {
             std::fs::create_dir_all(&store).unwrap();
             let mut next_file = 0u32;
             let mut next_id = 0u64;
+            let mut format = 2u32;
             let mut write = |store: &Path, n: u8| {
                 for _ in 0..n {
                     next_file += 1;
@@ -701,7 +744,7 @@ mod tests {
                         let id = format!("b{next_id:06}");
                         std::fs::write(store.join("MANIFEST-000001"), &id).unwrap();
                         if matches!(s, Step::Push) {
-                            rt.block_on(push_checkpoint(&remote, &store, "lineage", &id, 3)).unwrap();
+                            rt.block_on(push_checkpoint(&remote, &store, "lineage", &id, format)).unwrap();
                             let files = std::fs::read_dir(&store)
                                 .unwrap()
                                 .filter_map(Result::ok)
@@ -724,17 +767,28 @@ mod tests {
                             }
                         }
                     }
+                    Step::Migrate => format += 1,
                     Step::Prune(keep) => {
                         let before = rt.block_on(remote.manifests()).unwrap();
-                        rt.block_on(prune(&remote, *keep as usize)).unwrap();
+                        let retention = Retention { keep: *keep as usize, older_formats };
+                        rt.block_on(prune(&remote, retention)).unwrap();
                         let after = rt.block_on(remote.manifests()).unwrap();
+                        // The newest `keep`, and the newest of each older format.
+                        let newest = before.last().map(|m| m.store_format);
                         let want: Vec<&String> = before
                             .iter()
-                            .rev()
-                            .take(*keep as usize)
-                            .map(|m| &m.id)
+                            .enumerate()
+                            .filter(|(i, m)| {
+                                *i + (*keep as usize) >= before.len()
+                                    || older_formats
+                                        && Some(m.store_format) < newest
+                                        && !before[i + 1..]
+                                            .iter()
+                                            .any(|n| n.store_format == m.store_format)
+                            })
+                            .map(|(_, m)| &m.id)
                             .collect();
-                        let got: Vec<&String> = after.iter().rev().map(|m| &m.id).collect();
+                        let got: Vec<&String> = after.iter().map(|m| &m.id).collect();
                         prop_assert_eq!(got, want);
                     }
                     Step::Restore => {

@@ -92,7 +92,11 @@ pub fn spawn(
                     remote = Some(Remote::open(&url, &target)?);
                 }
                 let r = remote.as_ref().expect("opened above");
-                super::push_store(store.clone(), &data, r, Some(config.keep)).await
+                let retention = super::Retention {
+                    keep: config.keep,
+                    older_formats: config.keep_older_formats,
+                };
+                super::push_store(store.clone(), &data, r, Some(retention)).await
             };
             let outcome = tokio::select! {
                 o = push => o,
