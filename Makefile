@@ -142,3 +142,4 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench archive
 	$(CARGO) bench -p ankusa-relay --bench tenant_quota
 	$(CARGO) bench -p ankusa-relay --bench console
+	$(CARGO) bench -p ankusa-relay --bench backup

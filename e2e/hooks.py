@@ -10,9 +10,11 @@
         hook's id (the relay's hk_...) to OUT and prints how many were acked and retried.
         URL `@FILE` reads the URLs from FILE (one a line) at every attempt, and takes them
         in turn: a load balancer over the pods the test writes there as they come and go.
-    e2e/hooks.py check ACKED SINK_LOG [--allow-duplicates]
+        --times appends each id with the time its ack came (ms since the epoch).
+    e2e/hooks.py check ACKED SINK_LOG [--allow-duplicates] [--acked-before MS]
         Every acked id is in the sink's log (`received hk_... (...)` lines, signature ok);
-        exits 1 naming what is missing. Prints the deliveries and the duplicates; a
+        exits 1 naming what is missing. With --acked-before, only the ids whose ack came
+        before MS (ms since the epoch; ACKED written with --times) must be there. Prints the deliveries and the duplicates; a
         duplicate fails unless --allow-duplicates (a crash may redeliver; a graceful stop
         must not).
 """
@@ -64,7 +66,8 @@ def send(a):
                     answer = json.loads(r.read() or b"{}")
                     if r.status in (200, 202) and "id" in answer:
                         with lock:
-                            out.write(answer["id"] + "\n")
+                            stamp = f" {int(time.time() * 1000)}" if a.times else ""
+                            out.write(answer["id"] + stamp + "\n")
                             out.flush()
                             totals["acked"] += 1
                         return True
@@ -96,7 +99,14 @@ def send(a):
 
 
 def check(a):
-    acked = [l.strip() for l in open(a.acked) if l.strip()]
+    acked = []
+    for l in open(a.acked):
+        parts = l.split()
+        if not parts:
+            continue
+        if a.acked_before is not None and (len(parts) < 2 or int(parts[1]) >= a.acked_before):
+            continue
+        acked.append(parts[0])
     seen = {}
     bad = 0
     for line in open(a.sink_log, errors="replace"):
@@ -132,10 +142,12 @@ def main():
     s.add_argument("--prefix", default="wh")
     s.add_argument("--size", type=int, default=0, help="pad each body to about this many bytes")
     s.add_argument("--parallel", type=int, default=1, help="senders at once (--rate is each one's)")
+    s.add_argument("--times", action="store_true", help="write each ack's time beside its id")
     c = sub.add_parser("check")
     c.add_argument("acked")
     c.add_argument("sink_log")
     c.add_argument("--allow-duplicates", action="store_true")
+    c.add_argument("--acked-before", type=int, help="only ids acked before this time (ms since the epoch)")
     a = p.parse_args()
     send(a) if a.cmd == "send" else check(a)
 

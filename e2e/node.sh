@@ -76,7 +76,7 @@ cleanup() {
   fi
   if [ "${ANKUSA_E2E_KEEP:-}" != 1 ]; then
     helm uninstall ankusa --namespace ankusa-system >/dev/null 2>&1 || true
-    kubectl delete namespace "$ns" apps ankusa-system --wait=false >/dev/null 2>&1 || true
+    kubectl delete namespace "$ns" apps ankusa-system ${dra:-} ${drb:-} --wait=false >/dev/null 2>&1 || true
   fi
   kubectl taint nodes -l type=kwok ankusa.dev/real-node-test- >/dev/null 2>&1 || true
   kubectl taint nodes "$node" ankusa.dev/real-node=true:NoSchedule --overwrite >/dev/null 2>&1 || true
@@ -914,6 +914,191 @@ reconciled() {
     kubectl get configmap hooks-config -o jsonpath='{.data.relay\.yaml}' | grep -q 'max: 100001'
 }
 e2e_until 120 reconciled || fail "the operator did not reconcile a change once reachable again"
+
+# --- backups that outlive the namespace ---------------------------------------------------
+say "backups in a bucket: pushes every 15 s under load, kubectl delete namespace, the Relay recreated in another namespace from the bucket; every hook acked before the last completed backup delivered once"
+# SeaweedFS's S3 gateway on the pod bridge's own address (the pods reach the host there;
+# the test made that bridge), every port its own, its files and logs in $work.
+weed=$(bash scripts/seaweedfs.sh)
+mapfile -t weed_ports < <(python3 scripts/free_ports.py 8)
+mkdir -p "$work/weed"
+(cd "$work/weed" && TMPDIR="$work/weed" exec "$weed" -logdir="$work/weed" server \
+  -ip="$ANKUSA_TESTENV_NODE_IP" -ip.bind="$ANKUSA_TESTENV_NODE_IP" -metricsPort=0 -dir="$work/weed" \
+  -master.port="${weed_ports[0]}" -master.port.grpc="${weed_ports[1]}" \
+  -volume.port="${weed_ports[2]}" -volume.port.grpc="${weed_ports[3]}" \
+  -filer.port="${weed_ports[4]}" -filer.port.grpc="${weed_ports[5]}" \
+  -s3.port="${weed_ports[6]}" -s3.port.grpc="${weed_ports[7]}" \
+  -master.telemetry=false -s3 -s3.port.iceberg=0 -s3.port.lance=0 >"$work/weed/weed.out" 2>&1) &
+pids+=($!)
+s3="http://$ANKUSA_TESTENV_NODE_IP:${weed_ports[6]}"
+e2e_until 90 curl -fsS -X PUT "$s3/hooks-dr" -o /dev/null || fail "SeaweedFS's S3 gateway never made the bucket: $(tail -5 "$work/weed/weed.out")"
+dra=dr-a-$(openssl rand -hex 3)
+drb=dr-b-$(openssl rand -hex 3)
+for n in "$dra" "$drb"; do
+  kubectl create namespace "$n" >/dev/null
+  kubectl label namespace "$n" pod-security.kubernetes.io/enforce=restricted \
+    pod-security.kubernetes.io/enforce-version=latest --overwrite >/dev/null
+  kubectl -n "$n" create secret generic webhook-secrets \
+    --from-literal=shopify="$shopify_secret" --from-literal=sink="$sink_secret" >/dev/null
+  kubectl -n "$n" create secret generic s3-keys \
+    --from-literal=AWS_ACCESS_KEY_ID=e2e --from-literal=AWS_SECRET_ACCESS_KEY=e2e-secret-key >/dev/null
+done
+# The Relay of both lives: its sink (dr-sink.apps) does not exist in the first, so nothing
+# is delivered before the namespace goes; $1: the spec's backup and bootstrap.
+dr_relay() {
+cat <<EOF
+apiVersion: ankusa.dev/v1alpha1
+kind: Relay
+metadata: { name: hooks }
+spec:
+  replicas: 2
+  image: ghcr.io/ankusa/relay:0.1.0
+  imagePullPolicy: Never
+  storage: { size: 1Gi, storageClassName: $ANKUSA_TESTENV_STORAGE_CLASS }
+  resources: { requests: { cpu: 100m, memory: 128Mi } }
+  config:
+    inline:
+      sinks: [{ id: internal, url: "http://dr-sink.apps.svc:8080/hooks", secret: { env: SINK_SECRET }, timeout_ms: 2000 }]
+      routes: [{ id: r, sinks: [internal] }]
+      retry: { schedule_ms: [3000], max_attempts: 1000 }
+      sources:
+        - id: shopify
+          tenant: { header: X-Shopify-Shop-Domain }
+          verify: { scheme: hmac-sha256, secret: { env: SHOPIFY_WEBHOOK_SECRET }, header: X-Shopify-Hmac-Sha256, encoding: base64 }
+          idempotency: { headers: [X-Shopify-Webhook-Id] }
+          route: r
+    secretEnv:
+      - { name: SHOPIFY_WEBHOOK_SECRET, secretKeyRef: { name: webhook-secrets, key: shopify } }
+      - { name: SINK_SECRET, secretKeyRef: { name: webhook-secrets, key: sink } }
+$1
+EOF
+}
+dr_relay "  backup:
+    objectStore: { url: s3://hooks-dr/a, endpoint: \"$s3\", credentialsSecret: s3-keys, intervalSeconds: 15 }" |
+  kubectl -n "$dra" apply -f - >/dev/null
+dr_ready() { kubectl -n "$1" get relay hooks -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
+dr_condition() { kubectl -n "$1" get relay hooks -o jsonpath="{.status.conditions[?(@.type==\"$2\")].$3}"; }
+e2e_until 300 dr_ready "$dra" || fail "the first Relay did not become Ready"
+dr_port=$(python3 scripts/free_ports.py)
+kubectl -n "$dra" port-forward pod/hooks-0 "$dr_port:8080" >"$work/dr-pf.log" 2>&1 &
+dr_pf=$!
+pids+=("$dr_pf")
+e2e_until 30 curl -fsS "http://127.0.0.1:$dr_port/healthz" -o /dev/null || fail "port-forward to $dra/hooks-0 did not come up"
+# Load for longer than five pushes; the namespace goes while it runs.
+python3 e2e/hooks.py send "http://127.0.0.1:$dr_port/ingest/shopify" "$shopify_secret" "$work/dr-acked" \
+  --count 100000 --tenants 12 --rate 10 --parallel 2 --seconds 400 --times --prefix dr >"$work/dr-send.log" 2>&1 &
+dr_send=$!
+pids+=("$dr_send")
+# A prefix's keys in the bucket: how many manifests, their total size, the newest manifest.
+pushed() {
+  python3 - "$s3" "$@" <<'PY'
+import re, sys, urllib.parse, urllib.request
+base, prefix = sys.argv[1], sys.argv[2]
+keys, token = {}, None
+while True:
+    q = f"{base}/hooks-dr?list-type=2&prefix={urllib.parse.quote(prefix)}"
+    if token:
+        q += f"&continuation-token={urllib.parse.quote(token)}"
+    x = urllib.request.urlopen(q).read().decode()
+    for k, n in re.findall(r"<Key>([^<]+)</Key>.*?<Size>(\d+)</Size>", x, re.S):
+        keys[k] = int(n)
+    m = re.search(r"<NextContinuationToken>([^<]+)</NextContinuationToken>", x)
+    if not m:
+        break
+    token = m.group(1)
+manifests = sorted(k for k in keys if k.endswith("/manifest.json"))
+if len(sys.argv) > 3:
+    # The bucket against what one full copy per backup would hold, and the newest backup.
+    import json
+    sizes = [sum(f["size"] for f in json.load(urllib.request.urlopen(f"{base}/hooks-dr/{m}"))["files"]) for m in manifests]
+    print(len(manifests), sum(keys.values()), sum(sizes), sizes[-1] if sizes else 0)
+    small = sum(n for k, n in keys.items() if "/backups/" in k)
+    print(f"table and blob files {sum(keys.values()) - small} bytes in {len(keys) - sum(1 for k in keys if '/backups/' in k)} files; each backup's own files and manifest {small} bytes", file=sys.stderr)
+else:
+    print(len(manifests), sum(keys.values()), manifests[-1] if manifests else "-")
+PY
+}
+five_each() {
+  local p n
+  for p in 0 1; do
+    read -r n _ _ < <(pushed "a/hooks-$p/backups/") || return 1
+    [ "$n" -ge 5 ] || return 1
+  done
+}
+e2e_until 240 five_each || fail "the nodes did not push five backups each: $(pushed a/hooks-0/backups/) / $(pushed a/hooks-1/backups/); $(dr_condition "$dra" ObjectStoreBackups message)"
+kill -0 "$dr_send" 2>/dev/null || fail "the load stopped early: $(cat "$work/dr-send.log")"
+[ "$(dr_condition "$dra" ObjectStoreBackups status)" = True ] ||
+  fail "ObjectStoreBackups is not True: $(dr_condition "$dra" ObjectStoreBackups message)"
+# The recovery point: the older of the two nodes' last completed backups, as the status
+# reports them ("b<ms> at <time>": the checkpoint's time).
+cut=$(kubectl -n "$dra" get relay hooks -o jsonpath='{range .status.nodes[*]}{.lastObjectBackup}{"\n"}{end}' |
+  python3 -c 'import re,sys; v=[int(m) for m in re.findall(r"^b(\d+) at ", sys.stdin.read(), re.M)]; print(min(v) if len(v) == 2 else "")')
+[ -n "$cut" ] || fail "the status names no last backup of each node: $(kubectl -n "$dra" get relay hooks -o jsonpath='{.status.nodes}')"
+say "  five pushes each; the older last backup's checkpoint: $cut; kubectl delete namespace $dra (load still running)"
+kubectl delete namespace "$dra" --wait=true --timeout=3m >/dev/null || fail "namespace $dra was not deleted"
+kill "$dr_send" "$dr_pf" 2>/dev/null || true
+wait "$dr_send" 2>/dev/null || true
+before=$(awk -v c="$cut" '$2 < c' "$work/dr-acked" | wc -l)
+after=$(awk -v c="$cut" '$2 >= c' "$work/dr-acked" | wc -l)
+say "  $before hooks acked before it, $after after"
+[ "$before" -gt 100 ] || fail "too few hooks acked before the last backup ($before)"
+# The bucket after the pushes holds each file once: less than a full copy per backup would.
+# (Not "less than 1.5x one full backup", which a store this small cannot meet: every
+# compaction of its one level rewrites it whole; docs/testing.md, "Object storage".)
+for p in 0 1; do
+  read -r n total copies full < <(pushed "a/hooks-$p/" sizes)
+  say "  hooks-$p: $n backups hold $total bytes in the bucket ($(python3 -c "print(f'{$total / $full:.2f}')")x the newest, $full bytes; one full copy each would be $copies)"
+  [ "$total" -lt "$copies" ] || fail "hooks-$p: $total bytes in the bucket after $n backups, not less than a full copy of each ($copies)"
+done
+
+say "  the Relay recreated in $drb from the bucket (bootstrap.fromBackup.objectStore), its sink up"
+kubectl -n apps apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Service
+metadata: { name: dr-sink }
+spec:
+  clusterIP: None
+  selector: { app: dr-sink }
+  ports: [{ name: http, port: 8080 }]
+---
+apiVersion: v1
+kind: Pod
+metadata: { name: dr-sink, labels: { app: dr-sink } }
+spec:
+  securityContext: { runAsNonRoot: true, runAsUser: 10001, seccompProfile: { type: RuntimeDefault } }
+  containers:
+  - name: sink
+    image: ghcr.io/ankusa/relay:0.1.0
+    imagePullPolicy: Never
+    args: [sink, --listen, "[::]:8080", --secret, "$sink_secret"]
+    ports: [{ containerPort: 8080 }]
+    resources: { requests: { cpu: 50m, memory: 32Mi } }
+    securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: [ALL] } }
+EOF
+dr_relay "  bootstrap:
+    fromBackup:
+      objectStore: { url: s3://hooks-dr/a, endpoint: \"$s3\", credentialsSecret: s3-keys }
+  backup:
+    objectStore: { url: s3://hooks-dr/b, endpoint: \"$s3\", credentialsSecret: s3-keys, intervalSeconds: 15 }" |
+  kubectl -n "$drb" apply -f - >/dev/null
+restored() { [ "$(kubectl -n "$drb" get relay hooks -o jsonpath='{.status.restore.phase}')" = Completed ]; }
+e2e_until 300 restored || fail "the restore from the bucket did not complete: $(kubectl -n "$drb" get relay hooks -o jsonpath='{.status.restore}')"
+# The restore Jobs read the bucket and mount only their node's data claim.
+for j in $(kubectl -n "$drb" get jobs -o name | grep -- -restore-); do
+  vols=$(kubectl -n "$drb" get "$j" -o jsonpath='{range .spec.template.spec.volumes[*]}{.name}{" "}{end}')
+  [ "$vols" = "data " ] || fail "$j mounts $vols"
+done
+e2e_until 300 dr_ready "$drb" || fail "the recreated Relay did not become Ready"
+dr_delivered() {
+  kubectl -n apps logs dr-sink >"$work/dr-sink.log" 2>/dev/null
+  python3 e2e/hooks.py check "$work/dr-acked" "$work/dr-sink.log" --acked-before "$cut" >/dev/null 2>&1
+}
+e2e_until 180 dr_delivered || { python3 e2e/hooks.py check "$work/dr-acked" "$work/dr-sink.log" --acked-before "$cut" || true; fail "hooks acked before the last backup were not delivered once each"; }
+python3 e2e/hooks.py check "$work/dr-acked" "$work/dr-sink.log" --acked-before "$cut"
+b_pushed() { read -r n _ _ < <(pushed b/hooks-1/backups/) && [ "$n" -ge 1 ]; }
+e2e_until 120 b_pushed || fail "the recreated Relay's nodes do not push to their own prefix"
+kubectl delete namespace "$drb" --wait=false >/dev/null
+kubectl -n apps delete pod/dr-sink service/dr-sink --wait=false >/dev/null
 
 kubectl get relays
 say "ok"

@@ -429,6 +429,122 @@ pub async fn eventually(secs: u64, what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
+/// A SeaweedFS server (master, volume, filer and S3 gateway in one process) on loopback:
+/// the S3-compatible object store of the backup tests and the `backup` bench, built from
+/// its Go module by `scripts/seaweedfs.sh` (cached once per machine). Its telemetry and
+/// catalog servers are off, every port is its own, its logs and sockets are in its own
+/// directory. Killed when dropped.
+pub struct SeaweedFs {
+    child: std::process::Child,
+    /// The S3 gateway's port.
+    pub s3: u16,
+    ports: Vec<u16>,
+    dir: tempfile::TempDir,
+}
+
+impl SeaweedFs {
+    /// Starts it and waits until `bucket` can be made (the gateway answers before its filer
+    /// is ready).
+    pub fn start(bucket: &str) -> SeaweedFs {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let built = std::process::Command::new("bash")
+            .arg(repo.join("scripts/seaweedfs.sh"))
+            .output()
+            .expect("run scripts/seaweedfs.sh");
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let bin = String::from_utf8_lossy(&built.stdout).trim().to_owned();
+        let dir = tempfile::tempdir().expect("a directory for SeaweedFS");
+        let ports: Vec<u16> = (0..8).map(|_| free_port()).collect();
+        let flag = |name: &str, i: usize| format!("-{name}={}", ports[i]);
+        let log = std::fs::File::create(dir.path().join("weed.log")).expect("weed.log");
+        let child = std::process::Command::new(&bin)
+            .current_dir(dir.path())
+            .env("TMPDIR", dir.path())
+            .arg(format!("-logdir={}", dir.path().display()))
+            .arg("server")
+            .args(["-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-metricsPort=0"])
+            .arg(format!("-dir={}", dir.path().display()))
+            .args([
+                flag("master.port", 0),
+                flag("master.port.grpc", 1),
+                flag("volume.port", 2),
+                flag("volume.port.grpc", 3),
+                flag("filer.port", 4),
+                flag("filer.port.grpc", 5),
+                flag("s3.port", 6),
+                flag("s3.port.grpc", 7),
+            ])
+            .args([
+                "-master.telemetry=false",
+                "-s3",
+                "-s3.port.iceberg=0",
+                "-s3.port.lance=0",
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start weed");
+        let weed = SeaweedFs {
+            child,
+            s3: ports[6],
+            ports,
+            dir,
+        };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        while !weed.make_bucket(bucket) {
+            assert!(
+                Instant::now() < deadline,
+                "SeaweedFS's S3 gateway never made a bucket: {}",
+                std::fs::read_to_string(weed.dir.path().join("weed.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        weed
+    }
+
+    /// `PUT /<bucket>` answered 200 (anonymous: the server has no identities).
+    fn make_bucket(&self, bucket: &str) -> bool {
+        use std::io::{Read, Write};
+        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.s3)) else {
+            return false;
+        };
+        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+        if write!(
+            s,
+            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .is_err()
+        {
+            return false;
+        }
+        let mut answer = String::new();
+        let _ = s.read_to_string(&mut answer);
+        answer.starts_with("HTTP/1.1 200")
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.s3)
+    }
+}
+
+impl Drop for SeaweedFs {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        // The unix sockets it makes beside its ports, should it put them in /tmp anyway.
+        for p in &self.ports {
+            for kind in ["master", "volume", "filer", "s3"] {
+                let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-grpc-{p}.sock"));
+                let _ = std::fs::remove_file(format!("/tmp/seaweedfs-{kind}-{p}.sock"));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

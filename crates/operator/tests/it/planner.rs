@@ -226,6 +226,9 @@ scenarios!(
     a_drained_leaving_node_lets_the_statefulset_shrink,
     a_leaving_node_that_does_not_answer_holds_the_scale_down,
     a_scale_down_of_nodes_that_cannot_hand_over_shrinks_at_once,
+    a_format_change_with_only_an_object_store_waits_for_fresh_backups,
+    a_format_change_moves_over_fresh_backups_in_the_object_store,
+    a_bootstrap_from_a_bucket_restores_each_node_without_a_claim,
 );
 
 /// A reference names an image by its tag or pinned to a digest; only a repository digest

@@ -9,8 +9,9 @@
 //! its directory (made by its first push; not RocksDB's identity, which a copy keeps): a
 //! restored store gets a new one, since from its backup on it writes files of its own
 //! under the same numbers as files its origin may have written (and pushed) after it.
-//! The rest of a checkpoint (`MANIFEST-*`, `CURRENT`, `OPTIONS-*`: small) goes under
-//! `<prefix>/backups/<id>/`, and last the backup's manifest,
+//! The rest of a checkpoint (`MANIFEST-*`, `CURRENT`, `OPTIONS-*`: small) goes by its
+//! content, `<prefix>/files/sha256/<hex>` (backups whose options did not change share one
+//! copy), and last the backup's manifest,
 //! `<prefix>/backups/<id>/manifest.json`, which names every file of the backup with its
 //! size and SHA-256: a backup exists once its manifest does. A restore downloads the files
 //! a manifest names, streaming, checks each one's size and checksum, and refuses a
@@ -426,10 +427,11 @@ impl Retention {
     }
 }
 
-/// Keeps what `retention` keeps of the backups under the prefix. The others go manifest first (a
-/// backup stops existing before any of its files goes), then their own small files; then
-/// every table or blob file no remaining manifest names (the older backups', and those a
-/// push that ended before its manifest left). So no manifest in the bucket ever names a
+/// Keeps what `retention` keeps of the backups under the prefix. The others go manifest
+/// first (a backup stops existing before any of its files goes), then any file of theirs
+/// under their own `backups/<id>/` (older releases put the small files there); then every
+/// file under `files/` no remaining manifest names (the older backups', and those a push
+/// that ended before its manifest left). So no manifest in the bucket ever names a
 /// deleted file, whatever step a kill stops it at (a run again finishes the job). One
 /// writer per prefix: a push under way elsewhere could have its files taken.
 pub async fn prune(remote: &Remote, retention: Retention) -> anyhow::Result<Pruned> {
@@ -478,7 +480,7 @@ pub(crate) async fn push_checkpoint(
     id: &str,
     format: u32,
 ) -> anyhow::Result<(Manifest, u64, u64)> {
-    let held = remote.list(&format!("files/{identity}")).await?;
+    let held = remote.list("files").await?;
     // The checksums of files uploaded before, from the manifests that name them.
     let mut known: BTreeMap<String, String> = BTreeMap::new();
     for m in remote.manifests().await? {
@@ -496,13 +498,18 @@ pub(crate) async fn push_checkpoint(
     for name in names {
         let path = cp.join(&name);
         let size = std::fs::metadata(&path)?.len();
-        let key = if immutable(&name) {
-            remote.key(&format!("files/{identity}/{name}"))
+        // A table or blob file by its name in the lineage; a small file (CURRENT,
+        // MANIFEST-*, OPTIONS-*) by its content, so that the backups whose OPTIONS are the
+        // same share one copy.
+        let (key, content) = if immutable(&name) {
+            (remote.key(&format!("files/{identity}/{name}")), None)
         } else {
-            remote.key(&format!("backups/{id}/{name}"))
+            let h = file_sha256(&path)?;
+            (remote.key(&format!("files/sha256/{h}")), Some(h))
         };
-        let sha256 = match (immutable(&name), held.get(key.as_ref())) {
-            (true, Some(s)) if *s == size => match known.get(key.as_ref()) {
+        let sha256 = match (held.get(key.as_ref()), content) {
+            (Some(s), Some(h)) if *s == size => h,
+            (Some(s), None) if *s == size => match known.get(key.as_ref()) {
                 Some(h) => h.clone(),
                 // Uploaded by a push that ended before its manifest: the same bytes (the
                 // name is unique to them in this store); checksummed here.

@@ -39,7 +39,10 @@ pub struct Backups {
 
 impl Backups {
     pub fn status(&self) -> ObjectBackups {
-        self.status.lock().expect("backups status").clone()
+        self.status
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 }
 
@@ -88,10 +91,10 @@ pub fn spawn(
             }
             let started = tokio::time::Instant::now();
             let push = async {
-                if remote.is_none() {
-                    remote = Some(Remote::open(&url, &target)?);
-                }
-                let r = remote.as_ref().expect("opened above");
+                let r = match remote.take() {
+                    Some(r) => remote.insert(r),
+                    None => remote.insert(Remote::open(&url, &target)?),
+                };
                 let retention = super::Retention {
                     keep: config.keep,
                     older_formats: config.keep_older_formats,
@@ -104,7 +107,7 @@ pub fn spawn(
             };
             let took = started.elapsed();
             let failures = {
-                let mut st = shared.status.lock().expect("backups status");
+                let mut st = shared.status.lock().unwrap_or_else(|p| p.into_inner());
                 match outcome {
                     Ok(p) => {
                         st.pushes += 1;

@@ -77,6 +77,8 @@ routes: [{ id: r, sinks: [s] }]
 sources:
   - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },
       route: r, body_limit_bytes: 1024, forward_headers: [x-f] }
+backup:
+  object_store: { url: "s3://bucket/prefix", endpoint: "https://s3.example", ca_file: /etc/ca.pem }
 "#
     .replace("PEM", &pem);
     let c = Config::from_yaml(&yaml, Vec::new()).unwrap();
@@ -694,7 +696,8 @@ fn every_documented_numeric_bound_is_enforced() {
     let base = "data_dir: ./never-opened\n\
         sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }, { id: p, kind: pull }]\n\
         routes: [{ id: r, sinks: [s] }]\n\
-        sources: [{ id: a, verify: { scheme: none }, route: r }]\n";
+        sources: [{ id: a, verify: { scheme: none }, route: r }]\n\
+        backup: { object_store: { url: \"s3://bucket/prefix\" } }\n";
     let md = doc("configuration.md");
     let mut checked = Vec::new();
     for row in md.lines().filter(|l| l.starts_with("| `")) {
