@@ -5,13 +5,14 @@
 //! first, is backed up by a Job that pulls its checkpoint to the backup claim and keeps
 //! `spec.backup.retention` archives of that node. One Job at a time — they share the
 //! backup claim, which a ReadWriteOnce volume attaches to one host at a time — and none
-//! while an upgrade runs (the gate takes its own backups; the run goes on after it). A
+//! while an upgrade runs (the gate takes its own backups; the run goes on after it), but
+//! while one is failed, when backups matter most. A
 //! node whose Job fails is recorded (`lastFailure`) and the run moves to the next node.
 //! A time of the schedule that passes while a run is still going is skipped, as a
 //! CronJob with `concurrencyPolicy: Forbid` skips it. The first run is at the first time
 //! of the schedule after the operator first saw it.
 
-use ankusa_crds::relay::{NodeBackup, Relay, RelayStatus, ScheduledBackups};
+use ankusa_crds::relay::{NodeBackup, Relay, RelayStatus, ScheduledBackups, UpgradePhase};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::planner::{in_progress, JobAction, JobObs, Observed};
@@ -136,7 +137,12 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
             None => st.running = false,
             Some((_, _, true)) => {}
             Some((ordinal, name, false)) => {
-                let upgrading = prev.upgrade.as_ref().is_some_and(in_progress)
+                // A failed upgrade runs no Job of its own: its nodes are backed up as
+                // scheduled (what a human deciding on a retry or a rollback needs).
+                let upgrading = prev
+                    .upgrade
+                    .as_ref()
+                    .is_some_and(|u| in_progress(u) && u.phase != UpgradePhase::Failed)
                     || prev
                         .restore
                         .as_ref()
@@ -167,7 +173,7 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
 mod tests {
     use super::*;
     use crate::planner::{BackupClaimObs, StsObs};
-    use ankusa_crds::relay::{UpgradePhase, UpgradeStatus};
+    use ankusa_crds::relay::UpgradeStatus;
 
     fn relay(schedule: &str) -> Relay {
         serde_json::from_value(serde_json::json!({
@@ -296,6 +302,10 @@ mod tests {
             d.status.unwrap().running,
             "the run waits, it is not dropped"
         );
+        // Failed, the upgrade takes no backup of its own: the run goes on.
+        prev.upgrade.as_mut().unwrap().phase = UpgradePhase::Failed;
+        let mut failed = prev.clone();
+        assert_eq!(job(&step(&r, &mut failed, &o)).unwrap().0, 0);
         prev.upgrade = None;
         let mut o = observed("2027-01-01T00:06:00Z");
         o.backups.insert(2, JobObs::Running);

@@ -579,6 +579,31 @@ pub async fn restore_from(
             f.name
         );
     }
+    // Its table and blob files are its own store's (its lineage's, under this prefix), and
+    // its other files this prefix's: a manifest naming another store's files — copied from
+    // elsewhere, or edited — is refused, naming them.
+    let own = remote.key(&format!("files/{}/", m.lineage)).to_string();
+    let shared = remote.key("files/sha256/").to_string();
+    let legacy = remote.key(&format!("backups/{}/", m.id)).to_string();
+    let foreign: Vec<&str> = m
+        .files
+        .iter()
+        .filter(|f| {
+            if immutable(&f.name) {
+                !f.key.starts_with(&own)
+            } else {
+                !(f.key.starts_with(&shared) || f.key.starts_with(&legacy))
+            }
+        })
+        .map(|f| f.key.as_str())
+        .collect();
+    anyhow::ensure!(
+        foreign.is_empty() && !m.lineage.is_empty() && !m.lineage.contains('/'),
+        "backup {} (store lineage {:?}) names files that are not its store's under {from}: {}",
+        m.id,
+        m.lineage,
+        foreign.join(", ")
+    );
     // Every file first: a manifest whose files are not all there is refused whole.
     let mut missing = Vec::new();
     for f in &m.files {

@@ -213,6 +213,26 @@ fn a_restore_refuses_a_missing_file_a_bad_checksum_and_an_unreachable_bucket() {
     );
     assert!(!into.exists() && !root.path().join("escaped").exists());
 
+    // A manifest naming another store's table file (another lineage's, another prefix's):
+    // refused whole, naming it, nothing written.
+    let other = format!("relay-2/files/{}/{table}", lineage.trim());
+    weed.put(&other, "a table of another store");
+    weed.put(
+        "relay-1/backups/b9999999999999/manifest.json",
+        &format!(
+            r#"{{"version":1,"id":"b9999999999999","created_ms":9999999999999,"lineage":"{}","store_format":3,
+            "files":[{{"name":"{table}","key":"{other}","size":24,"sha256":"00"}}]}}"#,
+            lineage.trim()
+        ),
+    );
+    let out = restore_s3(&weed, "s3://backups/relay-1", &into);
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("names files that are not its store's") && err.contains(&other),
+        "{err}"
+    );
+    assert!(!into.exists());
+
     // Nothing under another prefix; and a server that is not there.
     let out = restore_s3(&weed, "s3://backups/none", &into);
     assert!(
