@@ -456,6 +456,11 @@ pub struct ObjectStoreSpec {
     /// Set it to false once the upgrade is settled to let them age out.
     #[serde(default = "default_true")]
     pub keep_older_formats: bool,
+    /// The most a node's push uploads per second (unset: 32 MiB/s; 0: as fast as it goes),
+    /// what it may take of the node while ingest goes on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("self == 0 || self >= 1048576").message("maxBytesPerSecond is 0 (no limit) or at least 1048576"))]
+    pub max_bytes_per_second: Option<i64>,
 }
 
 fn default_true() -> bool {

@@ -36,6 +36,9 @@ pub fn node_section(s: &ObjectStoreSpec) -> Value {
     if let Some(e) = &s.endpoint {
         v["endpoint"] = json!(e);
     }
+    if let Some(b) = s.max_bytes_per_second {
+        v["max_bytes_per_second"] = json!(b.max(0));
+    }
     if s.ca_bundle.is_some() {
         v["ca_file"] = json!(format!("{CA_MOUNT}/{CA_FILE}"));
     }

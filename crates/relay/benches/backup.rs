@@ -3,10 +3,12 @@
 //!
 //! One node as in `sustain` (1 000 tenants, 1 KiB hmac-signed hooks, delivery on to a local
 //! no-op sink) and a real S3-compatible server on loopback (SeaweedFS,
-//! [`ankusa_relay::testkit::SeaweedFs`]). 4 s of closed-loop load measure what the node
+//! [`ankusa_relay::testkit::SeaweedFs`], its files on /dev/shm: a bucket is not on the
+//! node's disk). 4 s of closed-loop load measure what the node
 //! takes in this run; a full backup is pushed; then open-loop load at 80% of that rate for
 //! 60 s, and the incremental push the node's schedule would run then (the same
-//! `objstore::push_store`), the load going on through it and 10 s more.
+//! `objstore::Pusher`: a thread and a runtime of its own), the load going on through it
+//! and 10 s more.
 //!
 //! What the store wrote in between is its table and blob files that were not in the full
 //! backup, each at the largest size seen (the data directory is listed every 50 ms from the
@@ -26,7 +28,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ankusa_relay::objstore::{Remote, Retention, Target};
+use ankusa_relay::objstore::{Pusher, Remote, Retention, Target};
 
 mod load;
 
@@ -40,6 +42,35 @@ const INTERVAL: Duration = Duration::from_secs(60);
 const TAIL: Duration = Duration::from_secs(10);
 /// The ingest p99 without a push is over the load from here on (the first seconds warm up).
 const WARM: Duration = Duration::from_secs(5);
+
+/// Posts hooks until `until`, `CLIENTS` keep-alive clients each at most every `gap` (the
+/// sustain bench's open loop): when each request left, and its ack latency.
+async fn post_until(url: Arc<str>, until: Instant, gap: Duration) -> Vec<(Instant, Duration)> {
+    let client = load::client(CLIENTS);
+    let tasks: Vec<_> = (0..CLIENTS as u64)
+        .map(|w| {
+            let (client, url) = (client.clone(), url.clone());
+            tokio::spawn(async move {
+                // Clients start spread over one gap, so the load is even.
+                let start = Instant::now() + gap * w as u32 / CLIENTS as u32;
+                let mut out = Vec::new();
+                for n in 0u64.. {
+                    let at = start + gap * n as u32;
+                    // A client that fell behind does not catch up after the end.
+                    if at >= until || Instant::now() >= until {
+                        break;
+                    }
+                    tokio::time::sleep_until(at.into()).await;
+                    let req = load::signed_hook(&url, w, (1 << 32) + n, TENANTS, BODY);
+                    let sent = Instant::now();
+                    out.push((sent, load::post_acked(&client, req).await));
+                }
+                out
+            })
+        })
+        .collect();
+    load::gather(tasks).await
+}
 
 /// The table and blob files of the store at `data`, each at the largest size seen,
 /// listed every 50 ms until `stop`.
@@ -77,7 +108,14 @@ fn list_into(data: &std::path::Path, into: &mut BTreeMap<String, u64>) {
 
 fn main() -> std::process::ExitCode {
     let rt = tokio::runtime::Runtime::new().expect("runtime");
-    let weed = ankusa_relay::testkit::SeaweedFs::start("bench");
+    // The bucket on a file system of its own (an object store is elsewhere; here only its
+    // CPU shares the node's cores), as the drain bench keeps its sender off the owner's.
+    let shm = std::path::Path::new("/dev/shm");
+    let weed = if shm.is_dir() {
+        ankusa_relay::testkit::SeaweedFs::start_in("bench", shm)
+    } else {
+        ankusa_relay::testkit::SeaweedFs::start("bench")
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let data = dir.path().join("db");
     let target_of = Target {
@@ -86,8 +124,15 @@ fn main() -> std::process::ExitCode {
         allow_http: true,
         ca_file: None,
         instance_metadata: false,
+        // The node's default; ANKUSA_BENCH_BACKUP_LIMIT sets another (0: none), to
+        // compare in one sitting.
+        max_bytes_per_second: match std::env::var("ANKUSA_BENCH_BACKUP_LIMIT") {
+            Ok(v) => v.parse().ok().filter(|l| *l > 0),
+            Err(_) => Some(ankusa_config::DEFAULT_BACKUP_BYTES_PER_SECOND),
+        },
     };
-    let remote = Remote::open("s3://bench/relay-0", &target_of).expect("the bucket");
+    let remote = Arc::new(Remote::open("s3://bench/relay-0", &target_of).expect("the bucket"));
+    let pusher = Pusher::new().expect("the backup thread");
     let retention = Some(Retention {
         keep: 24,
         older_formats: true,
@@ -100,26 +145,24 @@ fn main() -> std::process::ExitCode {
         let rate = lat.len() as f64 / secs;
         let target = (rate * 0.8).max(1.0) as u64;
 
-        let full =
-            ankusa_relay::objstore::push_store(node.store.clone(), &data, &remote, retention)
-                .await
-                .expect("the full backup");
+        let full = pusher
+            .push(node.store.clone(), data.clone(), remote.clone(), retention)
+            .await
+            .expect("the full backup");
         let in_full: std::collections::BTreeSet<String> =
             full.manifest.files.iter().map(|f| f.name.clone()).collect();
         let stop = Arc::new(AtomicBool::new(false));
         let (files, watcher) = watch_files(data.clone(), stop.clone());
 
         let started = Instant::now();
-        let total = (INTERVAL + TAIL).as_secs();
-        let loader = tokio::spawn(load::open_loop(url, target, total, BODY, |n| {
-            format!("tenant-{}", n % TENANTS)
-        }));
+        let gap = Duration::from_secs_f64(CLIENTS as f64 / target as f64);
+        let loader = tokio::spawn(post_until(url, started + INTERVAL + TAIL, gap));
         tokio::time::sleep_until((started + INTERVAL).into()).await;
         let push_start = Instant::now();
-        let push =
-            ankusa_relay::objstore::push_store(node.store.clone(), &data, &remote, retention)
-                .await
-                .expect("the incremental backup");
+        let push = pusher
+            .push(node.store.clone(), data.clone(), remote.clone(), retention)
+            .await
+            .expect("the incremental backup");
         let push_end = Instant::now();
         stop.store(true, Ordering::Relaxed);
         watcher.join().expect("the file watcher");
@@ -134,14 +177,16 @@ fn main() -> std::process::ExitCode {
         let lat_of = |from: Instant, to: Instant| {
             let mut v: Vec<Duration> = sent
                 .iter()
-                .filter(|s| s.sent >= from && s.sent < to)
-                .map(|s| s.acked - s.sent)
+                .filter(|(at, _)| *at >= from && *at < to)
+                .map(|(_, lat)| *lat)
                 .collect();
             v.sort();
             v
         };
         let without = lat_of(started + WARM, started + INTERVAL);
         let during = lat_of(push_start, push_end);
+        let cut = push_start + Duration::from_millis(push.checkpoint_ms);
+        let parts = (lat_of(push_start, cut), lat_of(cut, push_end));
         node.shutdown().await.expect("shutdown");
         (
             rate,
@@ -152,10 +197,11 @@ fn main() -> std::process::ExitCode {
             written,
             without,
             during,
+            parts,
             sent.len(),
         )
     });
-    let (rate, target, full, push, took, written, without, during, sent) = report;
+    let (rate, target, full, push, took, written, without, during, parts, sent) = report;
     let (p99_without, p99_during) = (load::pct(&without, 0.99), load::pct(&during, 0.99));
     let upload_ratio = push.uploaded_bytes as f64 / written.max(1) as f64;
     let p99_ratio = p99_during / p99_without.max(1e-3);
@@ -164,23 +210,25 @@ fn main() -> std::process::ExitCode {
         "\nbackup — {TENANTS} tenants, {BODY} B hmac-signed hooks, delivery on to a local sink; calibrated at {rate:.0} hooks/s, load at 80% = {target} hooks/s ({sent} hooks in {} s); SeaweedFS on loopback",
         INTERVAL.as_secs() + TAIL.as_secs()
     );
-    println!("| push | files | store bytes | uploaded files | uploaded bytes | took (ms) |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| push | files | store bytes | uploaded files | uploaded bytes | took (ms) | checkpoint (ms) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|");
     println!(
-        "| full, before the load | {} | {} | {} | {} | - |",
+        "| full, before the load | {} | {} | {} | {} | - | {} |",
         full.manifest.files.len(),
         full.bytes(),
         full.uploaded_files,
-        full.uploaded_bytes
+        full.uploaded_bytes,
+        full.checkpoint_ms
     );
     println!(
-        "| incremental, after {} s of load | {} | {} | {} | {} | {} |",
+        "| incremental, after {} s of load | {} | {} | {} | {} | {} | {} |",
         INTERVAL.as_secs(),
         push.manifest.files.len(),
         push.bytes(),
         push.uploaded_files,
         push.uploaded_bytes,
-        took.as_millis()
+        took.as_millis(),
+        push.checkpoint_ms
     );
     println!(
         "\ntable and blob bytes the store wrote since the full backup: {written}; the incremental push uploaded {} = {upload_ratio:.2}x (pass: <= 1.2x)",
@@ -190,6 +238,20 @@ fn main() -> std::process::ExitCode {
         "ingest p99 without a push {p99_without:.2} ms ({} requests), during it {p99_during:.2} ms ({} requests) = {p99_ratio:.2}x (pass: < 2x)",
         without.len(),
         during.len()
+    );
+    let p99_of = |v: &[Duration]| {
+        if v.is_empty() {
+            "-".to_owned()
+        } else {
+            format!("{:.2} ms", load::pct(v, 0.99))
+        }
+    };
+    println!(
+        "  (reference: p99 while it checkpoints {} ({} requests), while it uploads {} ({} requests))",
+        p99_of(&parts.0),
+        parts.0.len(),
+        p99_of(&parts.1),
+        parts.1.len()
     );
     println!(
         "recovery point with a push every {} s: {rp_s:.1} s of traffic at the worst moment = {:.0} hooks at this load (the interval plus one push; no WAL shipped between pushes)",

@@ -446,6 +446,12 @@ impl SeaweedFs {
     /// Starts it and waits until `bucket` can be made (the gateway answers before its filer
     /// is ready).
     pub fn start(bucket: &str) -> SeaweedFs {
+        SeaweedFs::start_in(bucket, &std::env::temp_dir())
+    }
+
+    /// [`SeaweedFs::start`] with its files in a new directory under `parent` (a file system
+    /// of its own: an object store is not on the node's disk).
+    pub fn start_in(bucket: &str, parent: &Path) -> SeaweedFs {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let built = std::process::Command::new("bash")
             .arg(repo.join("scripts/seaweedfs.sh"))
@@ -457,7 +463,7 @@ impl SeaweedFs {
             String::from_utf8_lossy(&built.stderr)
         );
         let bin = String::from_utf8_lossy(&built.stdout).trim().to_owned();
-        let dir = tempfile::tempdir().expect("a directory for SeaweedFS");
+        let dir = tempfile::tempdir_in(parent).expect("a directory for SeaweedFS");
         let ports: Vec<u16> = (0..8).map(|_| free_port()).collect();
         let flag = |name: &str, i: usize| format!("-{name}={}", ports[i]);
         let log = std::fs::File::create(dir.path().join("weed.log")).expect("weed.log");

@@ -26,6 +26,9 @@ pub struct Bucket {
     /// for them (otherwise requests go unsigned).
     #[arg(long)]
     pub instance_metadata: bool,
+    /// The most a push uploads per second.
+    #[arg(long)]
+    pub max_bytes_per_second: Option<u64>,
 }
 
 impl Bucket {
@@ -36,6 +39,7 @@ impl Bucket {
             allow_http: self.allow_http,
             ca_file: self.ca_file.clone(),
             instance_metadata: self.instance_metadata,
+            max_bytes_per_second: self.max_bytes_per_second,
         }
     }
 }

@@ -82,6 +82,8 @@ pub struct Target {
     /// Without credentials in the environment, ask the cloud's instance metadata service
     /// for them; otherwise requests go unsigned (anonymous).
     pub instance_metadata: bool,
+    /// The most a push uploads per second (`None`: as fast as it goes).
+    pub max_bytes_per_second: Option<u64>,
 }
 
 impl Target {
@@ -93,6 +95,7 @@ impl Target {
             allow_http: c.allow_http(),
             ca_file: c.ca_file.clone(),
             instance_metadata: c.instance_metadata,
+            max_bytes_per_second: Some(c.max_bytes_per_second).filter(|b| *b > 0),
         }
     }
 }
@@ -136,6 +139,9 @@ pub struct Remote {
     store: Box<dyn ObjectStore>,
     bucket: String,
     prefix: String,
+    /// `max_bytes_per_second`, and since when and how much this push has uploaded.
+    limit: Option<u64>,
+    paced: std::sync::Mutex<(std::time::Instant, u64)>,
 }
 
 impl Remote {
@@ -184,7 +190,26 @@ impl Remote {
             store: Box::new(store),
             bucket,
             prefix,
+            limit: t.max_bytes_per_second.filter(|l| *l > 0),
+            paced: std::sync::Mutex::new((std::time::Instant::now(), 0)),
         })
+    }
+
+    /// A push begins: its pace counts from now.
+    fn start_pacing(&self) {
+        *self.paced.lock().unwrap_or_else(|p| p.into_inner()) = (std::time::Instant::now(), 0);
+    }
+
+    /// Waits until `n` more bytes keep this push within `max_bytes_per_second`.
+    async fn pace(&self, n: usize) {
+        let Some(limit) = self.limit else { return };
+        let due = {
+            let mut g = self.paced.lock().unwrap_or_else(|p| p.into_inner());
+            let due = g.0 + std::time::Duration::from_secs_f64(g.1 as f64 / limit as f64);
+            g.1 += n as u64;
+            due
+        };
+        tokio::time::sleep_until(due.into()).await;
     }
 
     fn key(&self, rest: &str) -> Key {
@@ -254,6 +279,7 @@ impl Remote {
             let mut buf = Vec::with_capacity(size);
             f.read_to_end(&mut buf)?;
             hash.update(&buf);
+            self.pace(buf.len()).await;
             self.store
                 .put(key, PutPayload::from(buf))
                 .await
@@ -274,6 +300,7 @@ impl Remote {
                 hash.update(&buf[..n]);
                 // At most two parts in flight: memory stays bounded.
                 w.wait_for_capacity(2).await?;
+                self.pace(n).await;
                 w.write(&buf[..n]);
             }
             w.finish()
@@ -308,6 +335,8 @@ pub struct Pushed {
     pub manifest: Manifest,
     /// When its checkpoint was taken (ms since the epoch).
     pub at_ms: u64,
+    /// How long the checkpoint took (a flush of the memtables, then hard links).
+    pub checkpoint_ms: u64,
     pub uploaded_files: u64,
     pub uploaded_bytes: u64,
     /// What the retention that followed deleted.
@@ -337,6 +366,7 @@ pub async fn push_store(
     let id = format!("b{at_ms}");
     let cp = checkpoint_dir(data, &id);
     let taken = cp.clone();
+    let began = std::time::Instant::now();
     let format = tokio::task::spawn_blocking(move || -> anyhow::Result<u32> {
         let _ = std::fs::remove_dir_all(&taken);
         store
@@ -345,6 +375,7 @@ pub async fn push_store(
         Ok(store.format()?)
     })
     .await??;
+    let checkpoint_ms = began.elapsed().as_millis() as u64;
     let result = push_checkpoint(remote, &cp, &identity, &id, format).await;
     let _ = std::fs::remove_dir_all(&cp);
     let (manifest, uploaded_files, uploaded_bytes) = result?;
@@ -355,10 +386,53 @@ pub async fn push_store(
     Ok(Pushed {
         manifest,
         at_ms,
+        checkpoint_ms,
         uploaded_files,
         uploaded_bytes,
         pruned,
     })
+}
+
+/// A thread of its own running a runtime of its own, where pushes run: their hashing,
+/// reading, TLS and HTTP never take a turn on the workers that serve ingest and delivery.
+/// Dropped, it stops at once (a push under way is cut: no manifest, no backup).
+pub struct Pusher {
+    rt: Option<tokio::runtime::Runtime>,
+}
+
+impl Pusher {
+    pub fn new() -> anyhow::Result<Pusher> {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .max_blocking_threads(2)
+            .thread_name("backup-push")
+            .enable_all()
+            .build()
+            .context("starting the backup thread")?;
+        Ok(Pusher { rt: Some(rt) })
+    }
+
+    /// [`push_store`], run there.
+    pub async fn push(
+        &self,
+        store: std::sync::Arc<Store>,
+        data: std::path::PathBuf,
+        remote: std::sync::Arc<Remote>,
+        retention: Option<Retention>,
+    ) -> anyhow::Result<Pushed> {
+        let rt = self.rt.as_ref().context("the backup thread stopped")?;
+        rt.spawn(async move { push_store(store, &data, &remote, retention).await })
+            .await
+            .context("the backup thread")?
+    }
+}
+
+impl Drop for Pusher {
+    fn drop(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+    }
 }
 
 /// Where a push's checkpoint of the store at `data` goes: beside it (hard links need the
@@ -480,6 +554,7 @@ pub(crate) async fn push_checkpoint(
     id: &str,
     format: u32,
 ) -> anyhow::Result<(Manifest, u64, u64)> {
+    remote.start_pacing();
     let held = remote.list("files").await?;
     // The checksums of files uploaded before, from the manifests that name them.
     let mut known: BTreeMap<String, String> = BTreeMap::new();
@@ -735,6 +810,8 @@ mod tests {
                 store: Box::new(object_store::memory::InMemory::new()),
                 bucket: "it".into(),
                 prefix: "relay-0".into(),
+                limit: None,
+                paced: std::sync::Mutex::new((std::time::Instant::now(), 0)),
             };
             let dir = tempfile::tempdir().unwrap();
             let store = dir.path().join("store");

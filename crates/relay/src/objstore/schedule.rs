@@ -10,8 +10,10 @@
 //! `ankusa_backup_pushes{outcome="failed"}` counter. A failed push deletes nothing: the
 //! files it uploaded without a manifest go with the next retention that completes.
 //!
-//! A push holds a checkpoint of the store (hard links) only while it uploads; one left by
-//! a killed process is removed when the node starts.
+//! A push runs on a thread of its own ([`super::Pusher`]): its hashing and uploads never
+//! take a turn on the workers that serve ingest. It holds a checkpoint of the store (hard
+//! links) only while it uploads; one left by a killed process is removed when the node
+//! starts.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -82,7 +84,14 @@ pub fn spawn(
     let interval = Duration::from_millis(config.interval_ms);
     let target = Target::of(&config);
     let task = tokio::spawn(async move {
-        let mut remote: Option<Remote> = None;
+        let pusher = match super::Pusher::new() {
+            Ok(p) => p,
+            Err(e) => {
+                tracing::error!(error = %format!("{e:#}"), "no backups: the backup thread did not start");
+                return;
+            }
+        };
+        let mut remote: Option<std::sync::Arc<Remote>> = None;
         let mut wait = FIRST_PUSH.min(interval);
         loop {
             tokio::select! {
@@ -93,13 +102,15 @@ pub fn spawn(
             let push = async {
                 let r = match remote.take() {
                     Some(r) => remote.insert(r),
-                    None => remote.insert(Remote::open(&url, &target)?),
+                    None => remote.insert(std::sync::Arc::new(Remote::open(&url, &target)?)),
                 };
                 let retention = super::Retention {
                     keep: config.keep,
                     older_formats: config.keep_older_formats,
                 };
-                super::push_store(store.clone(), &data, r, Some(retention)).await
+                pusher
+                    .push(store.clone(), data.clone(), r.clone(), Some(retention))
+                    .await
             };
             let outcome = tokio::select! {
                 o = push => o,
