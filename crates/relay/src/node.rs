@@ -364,6 +364,43 @@ fn spawn_archiver(
     )
 }
 
+/// Removes the stores restores moved aside beside `data` (`<name>.replaced-<ms>`), all but
+/// the newest.
+fn remove_replaced_stores(data: &std::path::Path) {
+    let (Some(parent), Some(name)) = (data.parent(), data.file_name()) else {
+        return;
+    };
+    let lead = format!("{}.replaced-", name.to_string_lossy());
+    let Ok(entries) = std::fs::read_dir(if parent.as_os_str().is_empty() {
+        std::path::Path::new(".")
+    } else {
+        parent
+    }) else {
+        return;
+    };
+    let mut replaced: Vec<(u64, std::path::PathBuf)> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            let ms = n.strip_prefix(&lead)?.parse::<u64>().ok()?;
+            Some((ms, e.path()))
+        })
+        .collect();
+    replaced.sort();
+    replaced.pop();
+    for (_, path) in replaced {
+        match std::fs::remove_dir_all(&path) {
+            Ok(()) => {
+                tracing::info!(store = %path.display(), "removed an older store a restore replaced")
+            }
+            Err(err) => {
+                tracing::warn!(store = %path.display(), error = %err, "could not remove a store a restore replaced")
+            }
+        }
+    }
+}
+
 /// Reads the queue gauges every `admin.gauge_interval_ms` (and once at start).
 fn spawn_gauges(
     store: Arc<Store>,
@@ -1109,6 +1146,14 @@ impl Node {
         }
         ready.store(true, Ordering::Release);
         tracing::info!(recovered_inflight = recovered, "relay node ready");
+        // The stores restores replaced (`<data>.replaced-<ms>`) but the newest go once the
+        // restored one runs: each holds a store's worth of the volume, and one is enough to
+        // look into what only it held (or to go forward again after a rollback). In the
+        // background: they may be large.
+        let data_dir = config.data_dir.clone();
+        drop(tokio::task::spawn_blocking(move || {
+            remove_replaced_stores(&data_dir)
+        }));
         Ok(Booted {
             store,
             metrics,

@@ -141,9 +141,9 @@ pub enum Command {
         /// format (the backups a release that reads only that format can run on).
         #[arg(long)]
         format_at_most: Option<u32>,
-        /// A store already at `--data` is moved aside (to `<data>.replaced-<ms>`, never
-        /// deleted) and the backup restored in its place. Run again after the same
-        /// restore, it changes nothing.
+        /// A store already at `--data` is moved aside (to `<data>.replaced-<ms>`; a node
+        /// that runs keeps the newest of those) and the backup restored in its place. Run
+        /// again after the same restore, it changes nothing.
         #[arg(long)]
         replace: bool,
         /// Write what the restore found, as JSON, to this file (the operator's restore Job:

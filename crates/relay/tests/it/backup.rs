@@ -525,3 +525,32 @@ fn a_restore_over_a_store_reports_the_hooks_it_acked_after_the_backup() {
         text(&out.stdout)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_that_runs_keeps_only_the_newest_store_a_restore_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    for ms in ["1000", "3000", "2000"] {
+        let aside = dir.path().join(format!("db.replaced-{ms}"));
+        std::fs::create_dir_all(&aside).unwrap();
+        std::fs::write(aside.join("000001.sst"), "a store moved aside").unwrap();
+    }
+    // Not a replaced store: left alone.
+    std::fs::create_dir_all(dir.path().join("db.replaced-notes")).unwrap();
+    let node = start(parked(), dir.path()).await;
+    let left = || {
+        let mut v: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.starts_with("db.replaced-"))
+            .collect();
+        v.sort();
+        v
+    };
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while left().len() > 2 {
+        assert!(std::time::Instant::now() < deadline, "{:?}", left());
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(left(), ["db.replaced-3000", "db.replaced-notes"]);
+    node.shutdown().await.unwrap();
+}
