@@ -97,6 +97,20 @@ pub struct ObjectBackups {
     pub last_error_at_ms: u64,
     /// Pushes that completed since the node started.
     pub pushes: u64,
+    /// The newest backup in the bucket at each store format it holds, as of the last push
+    /// (what a rollback to that format or above can restore). Absent from older releases.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub formats: Vec<FormatBackup>,
+}
+
+/// The newest backup at one store format.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct FormatBackup {
+    pub store_format: u32,
+    pub id: String,
+    /// When its checkpoint was taken (ms since the epoch).
+    pub at_ms: u64,
 }
 
 /// One backup in the bucket.

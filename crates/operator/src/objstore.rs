@@ -266,6 +266,32 @@ pub fn condition(relay: &Relay, o: &Observed) -> (bool, &'static str, String) {
     )
 }
 
+/// The nodes of `spec.replicas` that do not report a backup at store format `format` or
+/// below in the bucket, each with why.
+pub fn without_backup_at(relay: &Relay, o: &Observed, format: u32) -> Vec<String> {
+    let Ok(names) = crate::resources::Names::of(relay) else {
+        return vec!["the Relay has no valid name".into()];
+    };
+    (0..relay.spec.replicas.max(0))
+        .filter_map(|i| {
+            let pod = names.pod(i);
+            match reported(o, &pod) {
+                None => Some(format!("{pod} does not report its backups")),
+                Some(b) if b.formats.iter().any(|f| f.store_format <= format) => None,
+                Some(b) => Some(format!(
+                    "{pod} has none in {} (its backups are at store format {})",
+                    b.url,
+                    b.formats
+                        .iter()
+                        .map(|f| f.store_format.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                )),
+            }
+        })
+        .collect()
+}
+
 /// A node's last backup as the status shows it: its id and when its checkpoint was
 /// taken (RFC 3339).
 pub fn last_backup(o: &Observed, pod: &str) -> Option<String> {
@@ -319,6 +345,11 @@ mod tests {
                     }),
                     failures: u64::from(error.is_some()),
                     last_error: error.map(str::to_owned),
+                    formats: vec![ankusa_crds::node::FormatBackup {
+                        store_format: format,
+                        id: format!("b{at_ms}"),
+                        at_ms,
+                    }],
                     ..ObjectBackups::default()
                 }),
                 ..status
@@ -395,5 +426,16 @@ mod tests {
         assert_eq!(condition(&r, &o).1, "Current");
         o.nodes.insert("hooks-0".into(), node(ago(121), 2, None));
         assert_eq!(condition(&r, &o).1, "Stale");
+        // A rollback to format 1 finds no backup at it or below; to 2 it does.
+        let lacking = without_backup_at(&r, &o, 1);
+        assert_eq!(lacking.len(), 2, "{lacking:?}");
+        assert!(lacking[0]
+            .contains("hooks-0 has none in s3://dr/hooks/x (its backups are at store format 2)"));
+        assert!(without_backup_at(&r, &o, 2).is_empty());
+        o.nodes.remove("hooks-1");
+        assert_eq!(
+            without_backup_at(&r, &o, 2),
+            ["hooks-1 does not report its backups"]
+        );
     }
 }

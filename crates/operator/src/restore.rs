@@ -180,6 +180,16 @@ pub fn begin_rollback(
             "a rollback from store format {store} to {format} restores backups: set spec.backup.destination or spec.backup.objectStore"
         )
     })?;
+    if source.bucket.is_some() {
+        // Before any node stops: each has a backup at the format or below in the bucket.
+        let lacking = crate::objstore::without_backup_at(relay, o, format);
+        if !lacking.is_empty() {
+            return Err(format!(
+                "a rollback to store format {format} restores each node's newest backup at that format or below, and {} (nothing was stopped)",
+                lacking.join("; ")
+            ));
+        }
+    }
     Ok(RestoreStatus {
         reason: ROLLBACK.into(),
         phase: STOPPING.into(),

@@ -229,6 +229,7 @@ scenarios!(
     a_format_change_with_only_an_object_store_waits_for_fresh_backups,
     a_format_change_moves_over_fresh_backups_in_the_object_store,
     a_bootstrap_from_a_bucket_restores_each_node_without_a_claim,
+    a_rollback_from_a_bucket_without_a_backup_at_the_format_stops_nothing,
 );
 
 /// A reference names an image by its tag or pinned to a digest; only a repository digest

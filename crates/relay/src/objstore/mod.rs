@@ -341,6 +341,8 @@ pub struct Pushed {
     pub uploaded_bytes: u64,
     /// What the retention that followed deleted.
     pub pruned: Pruned,
+    /// The newest backup under the prefix at each store format, after the retention.
+    pub formats: Vec<ankusa_crds::node::FormatBackup>,
 }
 
 impl Pushed {
@@ -383,6 +385,18 @@ pub async fn push_store(
         Some(r) => prune(remote, r).await?,
         None => Pruned::default(),
     };
+    let mut newest: BTreeMap<u32, ankusa_crds::node::FormatBackup> = BTreeMap::new();
+    for m in remote.manifests().await? {
+        // Oldest first: each format's last one stays.
+        newest.insert(
+            m.store_format,
+            ankusa_crds::node::FormatBackup {
+                store_format: m.store_format,
+                at_ms: m.id.trim_start_matches('b').parse().unwrap_or(m.created_ms),
+                id: m.id,
+            },
+        );
+    }
     Ok(Pushed {
         manifest,
         at_ms,
@@ -390,6 +404,7 @@ pub async fn push_store(
         uploaded_files,
         uploaded_bytes,
         pruned,
+        formats: newest.into_values().collect(),
     })
 }
 

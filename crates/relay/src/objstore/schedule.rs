@@ -123,6 +123,7 @@ pub fn spawn(
                     Ok(p) => {
                         st.pushes += 1;
                         st.failures = 0;
+                        st.formats = p.formats.clone();
                         st.last_error = None;
                         st.last = Some(ObjectBackup {
                             id: p.manifest.id.clone(),
