@@ -293,6 +293,11 @@ impl RelaySpec {
         let b = self.backup.as_ref()?;
         Some((b, b.destination.as_ref()?))
     }
+
+    /// The bucket the nodes push to: `spec.backup.objectStore`.
+    pub fn object_store(&self) -> Option<&ObjectStoreSpec> {
+        self.backup.as_ref()?.object_store.as_ref()
+    }
 }
 
 impl Relay {

@@ -160,12 +160,7 @@ pub fn gate_problem(
     o: &Observed,
     store: u32,
 ) -> Option<(&'static str, String, bool)> {
-    let Some(s) = relay
-        .spec
-        .backup
-        .as_ref()
-        .and_then(|b| b.object_store.as_ref())
-    else {
+    let Some(s) = relay.spec.object_store() else {
         return Some((
             "NoBackupDestination",
             "set spec.backup.destination or spec.backup.objectStore (or spec.backup.policy: Never) to let it roll".to_owned(),
@@ -220,12 +215,7 @@ pub fn gate_problem(
 /// of `spec.replicas` reports a backup younger than twice the interval; False naming the
 /// nodes that do not (and why their pushes fail).
 pub fn condition(relay: &Relay, o: &Observed) -> (bool, &'static str, String) {
-    let Some(s) = relay
-        .spec
-        .backup
-        .as_ref()
-        .and_then(|b| b.object_store.as_ref())
-    else {
+    let Some(s) = relay.spec.object_store() else {
         return (
             false,
             "NotConfigured",

@@ -370,12 +370,7 @@ pub fn relay_config_with(
             .or_insert_with(|| json!(request));
     }
     // The nodes' own pushes to the bucket (spec.backup.objectStore), or none.
-    match relay
-        .spec
-        .backup
-        .as_ref()
-        .and_then(|b| b.object_store.as_ref())
-    {
+    match relay.spec.object_store() {
         Some(s) => {
             entry_object(root, "backup")?
                 .insert("object_store".into(), crate::objstore::node_section(s));
@@ -894,7 +889,7 @@ pub fn statefulset(
             },
     });
     let pod = &mut set["spec"]["template"]["spec"];
-    if let Some(s) = spec.backup.as_ref().and_then(|b| b.object_store.as_ref()) {
+    if let Some(s) = spec.object_store() {
         crate::objstore::add_to_pod(pod, s);
     }
     scheduling(relay, pod);

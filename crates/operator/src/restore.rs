@@ -103,13 +103,6 @@ pub fn source(relay: &Relay) -> Option<Source> {
     let name = from
         .and_then(|f| f.relay.clone())
         .unwrap_or_else(|| relay.metadata.name.clone().unwrap_or_default());
-    let own_bucket = || {
-        relay
-            .spec
-            .backup
-            .as_ref()
-            .and_then(|b| b.object_store.clone())
-    };
     let (shared, bucket) = match (
         from.and_then(|f| f.object_store.clone()),
         from.and_then(|f| f.claim_name.clone()),
@@ -118,7 +111,7 @@ pub fn source(relay: &Relay) -> Option<Source> {
         (Some(b), _, _) => (None, Some(b)),
         (None, Some(claim), _) => (Some(claim), None),
         (None, None, Some((_, d))) => (d.shared().map(str::to_owned), None),
-        (None, None, None) => (None, Some(own_bucket()?)),
+        (None, None, None) => (None, Some(relay.spec.object_store()?.clone())),
     };
     Some(Source {
         shared,
