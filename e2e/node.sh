@@ -146,20 +146,24 @@ kubectl create secret generic webhook-secrets \
   --from-literal=shopify="$shopify_secret" --from-literal=sink="$sink_secret" >/dev/null
 
 say "the example's sink: ankusa-relay sink as webhook-consumer.apps.svc:8080"
+sink_service() { # the headless Service of sink pod $1 in apps
 kubectl -n apps apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Service
-metadata: { name: webhook-consumer }
+metadata: { name: $1 }
 spec:
   clusterIP: None
-  selector: { app: webhook-consumer }
+  selector: { app: $1 }
   ports: [{ name: http, port: 8080 }]
 EOF
-sink_pod() { # the sink's pod (again, after the drain's outage: a new log)
+}
+sink_service webhook-consumer
+sink_pod() { # a sink's pod, $1 or the example's (again, after the drain's outage: a new log)
+local name=${1:-webhook-consumer}
 kubectl -n apps apply -f - >/dev/null <<EOF
 apiVersion: v1
 kind: Pod
-metadata: { name: webhook-consumer, labels: { app: webhook-consumer } }
+metadata: { name: $name, labels: { app: $name } }
 spec:
   securityContext: { runAsNonRoot: true, runAsUser: 10001, seccompProfile: { type: RuntimeDefault } }
   containers:
@@ -1052,29 +1056,8 @@ for p in 0 1; do
 done
 
 say "  the Relay recreated in $drb from the bucket (bootstrap.fromBackup.objectStore), its sink up"
-kubectl -n apps apply -f - >/dev/null <<EOF
-apiVersion: v1
-kind: Service
-metadata: { name: dr-sink }
-spec:
-  clusterIP: None
-  selector: { app: dr-sink }
-  ports: [{ name: http, port: 8080 }]
----
-apiVersion: v1
-kind: Pod
-metadata: { name: dr-sink, labels: { app: dr-sink } }
-spec:
-  securityContext: { runAsNonRoot: true, runAsUser: 10001, seccompProfile: { type: RuntimeDefault } }
-  containers:
-  - name: sink
-    image: ghcr.io/ankusa/relay:0.1.0
-    imagePullPolicy: Never
-    args: [sink, --listen, "[::]:8080", --secret, "$sink_secret"]
-    ports: [{ containerPort: 8080 }]
-    resources: { requests: { cpu: 50m, memory: 32Mi } }
-    securityContext: { allowPrivilegeEscalation: false, readOnlyRootFilesystem: true, capabilities: { drop: [ALL] } }
-EOF
+sink_service dr-sink
+sink_pod dr-sink
 dr_relay "  bootstrap:
     fromBackup:
       objectStore: { url: s3://hooks-dr/a, endpoint: \"$s3\", credentialsSecret: s3-keys }

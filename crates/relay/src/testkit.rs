@@ -438,6 +438,8 @@ pub struct SeaweedFs {
     child: std::process::Child,
     /// The S3 gateway's port.
     pub s3: u16,
+    /// Its HTTPS port, when started with a certificate.
+    pub https: Option<u16>,
     ports: Vec<u16>,
     dir: tempfile::TempDir,
 }
@@ -452,6 +454,12 @@ impl SeaweedFs {
     /// [`SeaweedFs::start`] with its files in a new directory under `parent` (a file system
     /// of its own: an object store is not on the node's disk).
     pub fn start_in(bucket: &str, parent: &Path) -> SeaweedFs {
+        SeaweedFs::start_with(bucket, parent, None)
+    }
+
+    /// [`SeaweedFs::start_in`], the gateway also serving HTTPS with `tls` (the server's
+    /// certificate chain and key, PEM files) on [`SeaweedFs::https`].
+    pub fn start_with(bucket: &str, parent: &Path, tls: Option<(&Path, &Path)>) -> SeaweedFs {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let built = std::process::Command::new("bash")
             .arg(repo.join("scripts/seaweedfs.sh"))
@@ -464,11 +472,11 @@ impl SeaweedFs {
         );
         let bin = String::from_utf8_lossy(&built.stdout).trim().to_owned();
         let dir = tempfile::tempdir_in(parent).expect("a directory for SeaweedFS");
-        let ports: Vec<u16> = (0..8).map(|_| free_port()).collect();
+        let ports: Vec<u16> = (0..9).map(|_| free_port()).collect();
         let flag = |name: &str, i: usize| format!("-{name}={}", ports[i]);
         let log = std::fs::File::create(dir.path().join("weed.log")).expect("weed.log");
-        let child = std::process::Command::new(&bin)
-            .current_dir(dir.path())
+        let mut cmd = std::process::Command::new(&bin);
+        cmd.current_dir(dir.path())
             .env("TMPDIR", dir.path())
             .arg(format!("-logdir={}", dir.path().display()))
             .arg("server")
@@ -489,7 +497,13 @@ impl SeaweedFs {
                 "-s3",
                 "-s3.port.iceberg=0",
                 "-s3.port.lance=0",
-            ])
+            ]);
+        if let Some((cert, key)) = tls {
+            cmd.arg(format!("-s3.port.https={}", ports[8]))
+                .arg(format!("-s3.cert.file={}", cert.display()))
+                .arg(format!("-s3.key.file={}", key.display()));
+        }
+        let child = cmd
             .stdout(std::process::Stdio::null())
             .stderr(log)
             .spawn()
@@ -497,6 +511,7 @@ impl SeaweedFs {
         let weed = SeaweedFs {
             child,
             s3: ports[6],
+            https: tls.map(|_| ports[8]),
             ports,
             dir,
         };

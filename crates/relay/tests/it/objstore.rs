@@ -480,3 +480,74 @@ fn a_node_whose_bucket_is_unreachable_says_so_and_keeps_serving() {
     let (status, _) = http_get(admin, "/readyz").unwrap();
     assert_eq!(status, 200);
 }
+
+#[test]
+fn a_bucket_behind_a_private_ca_is_reached_with_its_bundle_and_refused_without() {
+    let root = tempfile::tempdir().unwrap();
+    // A CA, and a certificate for 127.0.0.1 it signed.
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "ankusa test CA");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    let (ca_file, cert, key_file) = (
+        root.path().join("ca.pem"),
+        root.path().join("server.pem"),
+        root.path().join("server.key"),
+    );
+    std::fs::write(&ca_file, ca.pem()).unwrap();
+    std::fs::write(&cert, server.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let weed = ankusa_relay::testkit::SeaweedFs::start_with(
+        "backups",
+        root.path(),
+        Some((&cert, &key_file)),
+    );
+    let endpoint = format!("https://127.0.0.1:{}", weed.https.unwrap());
+    let data = root.path().join("data");
+    store_with_hooks(&data, 20);
+    let s3 = |args: &[&str], ca: bool| {
+        let mut c = bin();
+        c.args(args).args(["--endpoint", &endpoint]);
+        if ca {
+            c.args(["--ca-file", ca_file.to_str().unwrap()]);
+        }
+        c.env("AWS_ACCESS_KEY_ID", "it")
+            .env("AWS_SECRET_ACCESS_KEY", "it-secret")
+            .output()
+            .unwrap()
+    };
+    let push = [
+        "backup",
+        "push",
+        "--data",
+        data.to_str().unwrap(),
+        "--to",
+        "s3://backups/tls",
+    ];
+    // Without the bundle the server's certificate is not trusted: nothing is uploaded.
+    let refused = s3(&push, false);
+    assert!(!refused.status.success());
+    let err = text(&refused.stderr);
+    assert!(err.to_lowercase().contains("certificate"), "{err}");
+    // With it, over HTTPS (no --allow-http): pushed, and restored checked.
+    ok(&s3(&push, true));
+    let into = root.path().join("restored");
+    ok(&s3(
+        &[
+            "restore",
+            "--from",
+            "s3://backups/tls",
+            "--data",
+            into.to_str().unwrap(),
+        ],
+        true,
+    ));
+    assert_eq!(rows_in(&into), rows_in(&data));
+}
