@@ -62,6 +62,10 @@ pub struct NodeStatus {
     /// checks the backup claim's room against. Absent from older releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub store_bytes: Option<u64>,
+    /// The free space of the volume the store is on: what a restore over it may fill (the
+    /// store it replaces stays beside it). Absent from older releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_free_bytes: Option<u64>,
     /// The configuration the node runs: when it was loaded, and the last reload it
     /// refused. Absent from older releases.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -111,6 +115,9 @@ pub struct FormatBackup {
     pub id: String,
     /// When its checkpoint was taken (ms since the epoch).
     pub at_ms: u64,
+    /// The store's size in it (what its restore writes).
+    #[serde(default)]
+    pub bytes: u64,
 }
 
 /// One backup in the bucket.
@@ -264,6 +271,7 @@ mod tests {
                 }),
             }),
             store_bytes: Some(1 << 30),
+            volume_free_bytes: None,
             config: Some(ConfigStatus {
                 loaded_at_ms: 9,
                 reloads: 2,

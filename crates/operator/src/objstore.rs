@@ -256,27 +256,41 @@ pub fn condition(relay: &Relay, o: &Observed) -> (bool, &'static str, String) {
     )
 }
 
-/// The nodes of `spec.replicas` that do not report a backup at store format `format` or
-/// below in the bucket, each with why.
-pub fn without_backup_at(relay: &Relay, o: &Observed, format: u32) -> Vec<String> {
+/// What stops a rollback from the bucket to store format `format`, node by node: a node
+/// of `spec.replicas` that reports no backup at that format or below there, or whose data
+/// volume has less free space than that backup's store (its restore downloads it beside
+/// the store it replaces).
+pub fn rollback_problems(relay: &Relay, o: &Observed, format: u32) -> Vec<String> {
     let Ok(names) = crate::resources::Names::of(relay) else {
         return vec!["the Relay has no valid name".into()];
     };
     (0..relay.spec.replicas.max(0))
         .filter_map(|i| {
             let pod = names.pod(i);
+            let free = o
+                .nodes
+                .get(&pod)
+                .and_then(|n| n.as_ref().ok()?.status.volume_free_bytes);
             match reported(o, &pod) {
                 None => Some(format!("{pod} does not report its backups")),
-                Some(b) if b.formats.iter().any(|f| f.store_format <= format) => None,
-                Some(b) => Some(format!(
-                    "{pod} has none in {} (its backups are at store format {})",
-                    b.url,
-                    b.formats
-                        .iter()
-                        .map(|f| f.store_format.to_string())
-                        .collect::<Vec<_>>()
-                        .join(", ")
-                )),
+                Some(b) => match b.formats.iter().rfind(|f| f.store_format <= format) {
+                    Some(f) if free.is_some_and(|free| free < f.bytes) => Some(format!(
+                        "{pod}'s volume has {} bytes free, less than backup {} ({} bytes)",
+                        free.unwrap_or_default(),
+                        f.id,
+                        f.bytes
+                    )),
+                    Some(_) => None,
+                    None => Some(format!(
+                        "{pod} has none in {} (its backups are at store format {})",
+                        b.url,
+                        b.formats
+                            .iter()
+                            .map(|f| f.store_format.to_string())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    )),
+                },
             }
         })
         .collect()
@@ -339,6 +353,7 @@ mod tests {
                         store_format: format,
                         id: format!("b{at_ms}"),
                         at_ms,
+                        bytes: 100,
                     }],
                     ..ObjectBackups::default()
                 }),
@@ -417,15 +432,26 @@ mod tests {
         o.nodes.insert("hooks-0".into(), node(ago(121), 2, None));
         assert_eq!(condition(&r, &o).1, "Stale");
         // A rollback to format 1 finds no backup at it or below; to 2 it does.
-        let lacking = without_backup_at(&r, &o, 1);
+        let lacking = rollback_problems(&r, &o, 1);
         assert_eq!(lacking.len(), 2, "{lacking:?}");
         assert!(lacking[0]
             .contains("hooks-0 has none in s3://dr/hooks/x (its backups are at store format 2)"));
-        assert!(without_backup_at(&r, &o, 2).is_empty());
+        assert!(rollback_problems(&r, &o, 2).is_empty());
+        // A volume with less room than the backup: refused, naming it.
+        if let Some(Ok(n)) = o.nodes.get_mut("hooks-0") {
+            n.status.volume_free_bytes = Some(99);
+        }
+        assert_eq!(
+            rollback_problems(&r, &o, 2),
+            [format!(
+                "hooks-0's volume has 99 bytes free, less than backup b{} (100 bytes)",
+                ago(121)
+            )]
+        );
         o.nodes.remove("hooks-1");
         assert_eq!(
-            without_backup_at(&r, &o, 2),
-            ["hooks-1 does not report its backups"]
+            rollback_problems(&r, &o, 2).last().unwrap(),
+            "hooks-1 does not report its backups"
         );
     }
 }

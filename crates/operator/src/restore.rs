@@ -174,8 +174,9 @@ pub fn begin_rollback(
         )
     })?;
     if source.bucket.is_some() {
-        // Before any node stops: each has a backup at the format or below in the bucket.
-        let lacking = crate::objstore::without_backup_at(relay, o, format);
+        // Before any node stops: each has a backup at the format or below in the bucket,
+        // and room on its volume for it.
+        let lacking = crate::objstore::rollback_problems(relay, o, format);
         if !lacking.is_empty() {
             return Err(format!(
                 "a rollback to store format {format} restores each node's newest backup at that format or below, and {} (nothing was stopped)",

@@ -1210,6 +1210,13 @@ impl Store {
         Ok(())
     }
 
+    /// The free space of the volume the store is on, for an unprivileged writer (`None`:
+    /// the file system does not say).
+    pub fn volume_free_bytes(&self) -> Option<u64> {
+        let s = rustix::fs::statvfs(&self.path).ok()?;
+        Some(s.f_bavail.saturating_mul(s.f_frsize))
+    }
+
     /// The store's size on disk: every family's table and blob files (RocksDB's own
     /// in-memory accounting, no directory walk) and the write-ahead log. What a backup of it
     /// needs, before compression.

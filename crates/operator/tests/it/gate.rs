@@ -117,6 +117,7 @@ fn node_status(p: &SimPod, v: &Volume) -> NodeStatus {
         write_error: None,
         cluster: None,
         store_bytes: None,
+        volume_free_bytes: None,
         config: None,
         tenants_paused: None,
         tenants_over_quota: None,

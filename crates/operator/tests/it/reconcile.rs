@@ -686,6 +686,7 @@ async fn node_server(token: Arc<std::sync::Mutex<String>>) -> String {
                         write_error: None,
                         cluster: None,
                         store_bytes: None,
+                        volume_free_bytes: None,
                         config: None,
                         tenants_paused: None,
                         tenants_over_quota: None,

@@ -101,6 +101,7 @@ pub fn node_status(
             .map(|(message, since_ms)| ankusa_crds::node::WriteError { message, since_ms }),
         cluster: None,
         store_bytes: Some(store.disk_bytes()),
+        volume_free_bytes: store.volume_free_bytes(),
         config: None,
         tenants_paused: None,
         tenants_over_quota: None,

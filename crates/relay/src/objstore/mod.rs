@@ -393,6 +393,7 @@ pub async fn push_store(
             ankusa_crds::node::FormatBackup {
                 store_format: m.store_format,
                 at_ms: m.id.trim_start_matches('b').parse().unwrap_or(m.created_ms),
+                bytes: m.files.iter().map(|f| f.size).sum(),
                 id: m.id,
             },
         );

@@ -479,6 +479,10 @@ fn a_node_whose_bucket_is_unreachable_says_so_and_keeps_serving() {
     assert!(left.is_empty(), "{left:?}");
     let (status, _) = http_get(admin, "/readyz").unwrap();
     assert_eq!(status, 200);
+    // The free space of its volume, for a rollback's room check.
+    let (_, body) = http_get_admin(admin, "/v1/node").unwrap();
+    let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert!(v["volume_free_bytes"].as_u64().unwrap() > 0, "{v}");
 }
 
 #[test]
