@@ -489,17 +489,7 @@ fn a_node_whose_bucket_is_unreachable_says_so_and_keeps_serving() {
 fn a_bucket_behind_a_private_ca_is_reached_with_its_bundle_and_refused_without() {
     let root = tempfile::tempdir().unwrap();
     // A CA, and a certificate for 127.0.0.1 it signed.
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "ankusa test CA");
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
+    let (ca, server, key) = private_ca();
     let (ca_file, cert, key_file) = (
         root.path().join("ca.pem"),
         root.path().join("server.pem"),

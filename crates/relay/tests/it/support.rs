@@ -537,3 +537,20 @@ fn counted_by_id(
     }
     out
 }
+
+/// A test CA, and a certificate for 127.0.0.1 it signed with its key: (the CA's
+/// certificate, the server's, the server's key).
+pub fn private_ca() -> (rcgen::Certificate, rcgen::Certificate, rcgen::KeyPair) {
+    let ca_key = rcgen::KeyPair::generate().unwrap();
+    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "ankusa test CA");
+    let ca = ca.self_signed(&ca_key).unwrap();
+    let key = rcgen::KeyPair::generate().unwrap();
+    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
+        .unwrap()
+        .signed_by(&key, &ca, &ca_key)
+        .unwrap();
+    (ca, server, key)
+}

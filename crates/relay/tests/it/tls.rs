@@ -15,17 +15,7 @@ use crate::support::{client, get_text, post};
 /// A CA, and a server certificate for 127.0.0.1 it signed: (the CA's PEM, the server's
 /// chain and key).
 fn private_ca() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "ankusa test CA");
-    let ca = ca.self_signed(&ca_key).unwrap();
-    let key = rcgen::KeyPair::generate().unwrap();
-    let server = rcgen::CertificateParams::new(vec!["127.0.0.1".to_owned()])
-        .unwrap()
-        .signed_by(&key, &ca, &ca_key)
-        .unwrap();
+    let (ca, server, key) = crate::support::private_ca();
     (
         ca.pem(),
         vec![server.der().clone()],
