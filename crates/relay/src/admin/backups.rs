@@ -71,8 +71,27 @@ pub fn take(store: &Store, dir: &Path, keep: usize) -> Result<(String, u64), Sto
     Ok((id, size))
 }
 
-/// Deletes the oldest backup archives (`b<ms>.tar.zst`) in `dir` beyond the newest `keep`;
-/// other files are left alone (a backup volume may be shared). Returns how many went.
+/// Records beside archive `<id>.tar.zst` in `dir` the store format it holds
+/// (`<id>.format`), for [`prune`] to keep the newest archive of each older format.
+pub fn record_format(dir: &Path, id: &str, format: u32) -> Result<(), StoreError> {
+    let path = dir.join(format!("{id}.format"));
+    std::fs::write(&path, format.to_string()).map_err(io(format!("writing {}", path.display())))
+}
+
+/// The store format recorded beside archive `id` in `dir`, if any.
+fn recorded_format(dir: &Path, id: &str) -> Option<u32> {
+    std::fs::read_to_string(dir.join(format!("{id}.format")))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
+/// Deletes the oldest backup archives (`b<ms>.tar.zst`) in `dir` beyond the newest `keep`,
+/// but the newest archive of each store format older than the newest archive's, where
+/// their formats are recorded ([`record_format`]): what a rollback to an older release
+/// restores does not age out with the schedule. Other files are left alone (a backup
+/// volume may be shared). Returns how many went.
 pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
     let mut archives: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
         .map_err(io(format!("reading {}", dir.display())))?
@@ -86,11 +105,23 @@ pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
         })
         .collect();
     archives.sort();
+    let format_of = |n: u64| recorded_format(dir, &format!("b{n}"));
+    let newest = archives.last().and_then(|(n, _)| format_of(*n));
+    let mut older_kept = std::collections::BTreeSet::new();
     let excess = archives.len().saturating_sub(keep);
-    for (_, old) in archives.drain(..excess) {
+    let mut removed = 0;
+    // Newest first among the excess: the first of each older format stays.
+    for (n, old) in archives.drain(..excess).rev() {
+        if let (Some(f), Some(top)) = (format_of(n), newest) {
+            if f < top && older_kept.insert(f) {
+                continue;
+            }
+        }
         std::fs::remove_file(&old).map_err(io(format!("removing {}", old.display())))?;
+        let _ = std::fs::remove_file(dir.join(format!("b{n}.format")));
+        removed += 1;
     }
-    Ok(excess)
+    Ok(removed)
 }
 
 /// Removes what backups a stop (a SIGKILL, a crash) cut short left in `dir`: checkpoints
@@ -374,5 +405,46 @@ mod tests {
             ["b1000.tar.zst", "b1001.tar.zst", "b12.txt", "other.tar.zst"]
         );
         assert_eq!(prune(dir.path(), 5).unwrap(), 0);
+    }
+
+    #[test]
+    fn prune_keeps_the_newest_archive_of_each_older_store_format() {
+        let dir = tempfile::tempdir().unwrap();
+        // Format 1, then 2 (an upgrade), then 3 (another); b5 has no format recorded.
+        for (n, format) in [
+            (1, Some(1)),
+            (2, Some(1)),
+            (3, Some(2)),
+            (4, Some(2)),
+            (5, None),
+        ]
+        .into_iter()
+        .chain((6..=9).map(|n| (n, Some(3))))
+        {
+            std::fs::write(dir.path().join(format!("b{n}.tar.zst")), "x").unwrap();
+            if let Some(f) = format {
+                record_format(dir.path(), &format!("b{n}"), f).unwrap();
+            }
+        }
+        assert_eq!(prune(dir.path(), 2).unwrap(), 5);
+        let mut left: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        // The two newest, and format 1's and 2's newest, each with its record.
+        assert_eq!(
+            left,
+            [
+                "b2.format",
+                "b2.tar.zst",
+                "b4.format",
+                "b4.tar.zst",
+                "b8.format",
+                "b8.tar.zst",
+                "b9.format",
+                "b9.tar.zst"
+            ]
+        );
     }
 }

@@ -475,6 +475,7 @@ pub(super) fn backup_pull(
         };
         let format = check_archive(&tmp, to, &id)?;
         std::fs::rename(&tmp, &out)?;
+        crate::admin::backups::record_format(to, &id, format)?;
         println!(
             "backup {id}: {bytes} bytes, store format {format}, written to {}",
             out.display()
@@ -527,8 +528,9 @@ pub(super) fn backup_offline(
     let tmp = to.join(format!("{id}.tar.zst.part"));
     ankusa_store::tarball::pack(data, &tmp)
         .with_context(|| format!("packing {}", data.display()))?;
-    check_archive(&tmp, to, &id)?;
+    let checked = check_archive(&tmp, to, &id)?;
     std::fs::rename(&tmp, &out)?;
+    crate::admin::backups::record_format(to, &id, checked)?;
     let bytes = std::fs::metadata(&out)?.len();
     println!(
         "backup {id}: {bytes} bytes, store format {format}, written to {}",

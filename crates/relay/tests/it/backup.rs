@@ -284,11 +284,15 @@ async fn an_offline_backup_packs_a_closed_store_and_refuses_what_is_not_one() {
         to.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
-    let archives: Vec<_> = std::fs::read_dir(&to)
+    let mut archives: Vec<_> = std::fs::read_dir(&to)
         .unwrap()
-        .map(|e| e.unwrap().path())
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
-    assert_eq!(archives.len(), 1, "{archives:?}");
+    archives.sort();
+    // The archive, and the store format it holds recorded beside it (for retention).
+    assert_eq!(archives.len(), 2, "{archives:?}");
+    assert!(archives[0].ends_with(".format") && archives[1].ends_with(".tar.zst"));
+    assert_eq!(std::fs::read_to_string(to.join(&archives[0])).unwrap(), "3");
     let restored = dir.path().join("restored");
     let (_, r) = restore_archive_in(&to, &restored);
     assert!(r.status.success(), "{}", text(&r.stderr));
