@@ -80,19 +80,18 @@ impl ObjectStoreConfig {
             .as_deref()
             .is_some_and(|e| e.starts_with("http://"))
     }
+}
 
-    /// The bucket and the prefix of `url`.
-    pub fn location(&self) -> Result<(String, String), String> {
-        let rest = self
-            .url
-            .strip_prefix("s3://")
-            .ok_or_else(|| format!("{:?} is not an s3://bucket/prefix location", self.url))?;
-        let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-        if bucket.is_empty() {
-            return Err(format!("{:?} names no bucket", self.url));
-        }
-        Ok((bucket.to_owned(), prefix.trim_matches('/').to_owned()))
+/// `s3://bucket/prefix` split: the bucket and the prefix (no slashes at its ends).
+pub fn s3_location(url: &str) -> Result<(String, String), String> {
+    let rest = url
+        .strip_prefix("s3://")
+        .ok_or_else(|| format!("{url:?} is not an s3://bucket/prefix location"))?;
+    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
+    if bucket.is_empty() {
+        return Err(format!("{url:?} names no bucket"));
     }
+    Ok((bucket.to_owned(), prefix.trim_matches('/').to_owned()))
 }
 
 impl BackupConfig {
@@ -100,8 +99,7 @@ impl BackupConfig {
         let Some(o) = &self.object_store else {
             return Ok(());
         };
-        o.location()
-            .map_err(|e| invalid("backup.object_store.url", e))?;
+        s3_location(&o.url).map_err(|e| invalid("backup.object_store.url", e))?;
         if let Some(e) = &o.endpoint {
             if !(e.starts_with("http://") || e.starts_with("https://")) {
                 return Err(invalid(

@@ -367,26 +367,11 @@ fn spawn_archiver(
 /// Removes the stores restores moved aside beside `data` (`<name>.replaced-<ms>`), all but
 /// the newest.
 fn remove_replaced_stores(data: &std::path::Path) {
-    let (Some(parent), Some(name)) = (data.parent(), data.file_name()) else {
-        return;
-    };
-    let lead = format!("{}.replaced-", name.to_string_lossy());
-    let Ok(entries) = std::fs::read_dir(if parent.as_os_str().is_empty() {
-        std::path::Path::new(".")
-    } else {
-        parent
-    }) else {
-        return;
-    };
-    let mut replaced: Vec<(u64, std::path::PathBuf)> = entries
-        .filter_map(Result::ok)
-        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
-        .filter_map(|e| {
-            let n = e.file_name().to_string_lossy().into_owned();
-            let ms = n.strip_prefix(&lead)?.parse::<u64>().ok()?;
-            Some((ms, e.path()))
-        })
-        .collect();
+    let mut replaced: Vec<(u64, std::path::PathBuf)> =
+        crate::objstore::beside(data, "", ".replaced-")
+            .into_iter()
+            .filter_map(|(ms, path)| Some((ms.parse().ok()?, path)))
+            .collect();
     replaced.sort();
     replaced.pop();
     for (_, path) in replaced {

@@ -72,6 +72,42 @@ fn write_report(
 /// acked after the backup, when it can be read). The restore is recorded beside `data`
 /// (the archive, and `once` when given): a run again that would record the same finds its
 /// work done.
+/// What a restore of `name` records beside the data directory (with `once`, its name too).
+fn restore_record(name: &str, once: Option<&str>) -> String {
+    match once {
+        Some(token) => format!("{name}\n{token}"),
+        None => name.to_owned(),
+    }
+}
+
+/// Whether the restore recorded as `record` already ran into `data` (a retried Job): then
+/// says so, and gives the report it kept to `report`.
+fn done_before(
+    data: &Path,
+    name: &str,
+    record: &str,
+    report: Option<&Path>,
+) -> anyhow::Result<bool> {
+    if std::fs::read_to_string(restored_marker(data))
+        .ok()
+        .as_deref()
+        != Some(record)
+    {
+        return Ok(false);
+    }
+    let store = Store::open(data, &OpenOptions::inspect())
+        .with_context(|| format!("checking the restored store at {}", data.display()))?;
+    println!(
+        "{} holds {name} already, restored by this restore before (store format {}): nothing to do",
+        data.display(),
+        store.format()?
+    );
+    if let (Some(to), Ok(text)) = (report, std::fs::read_to_string(report_beside(data))) {
+        std::fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
+    }
+    Ok(true)
+}
+
 /// `restore --from s3://…`: the newest backup under the prefix (at most
 /// `format_at_most`) downloaded beside `data`, every file checked, opened (and given a
 /// lineage of its own), then put at `data` as an archive's restore would be: `data` must
@@ -88,22 +124,8 @@ pub(super) fn restore_from_bucket(
     report: Option<&Path>,
     once: Option<&str>,
 ) -> anyhow::Result<ExitCode> {
-    let marker = restored_marker(data);
-    let record = match once {
-        Some(token) => format!("{from}\n{token}"),
-        None => from.to_owned(),
-    };
-    if (replace || once.is_some())
-        && std::fs::read_to_string(&marker).ok().as_deref() == Some(record.as_str())
-    {
-        let format = open_existing(data, true)?.format()?;
-        println!(
-            "{} was restored from {from} by this restore before (store format {format}): nothing to do",
-            data.display()
-        );
-        if let (Some(to), Ok(text)) = (report, std::fs::read_to_string(report_beside(data))) {
-            std::fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
-        }
+    let record = restore_record(from, once);
+    if (replace || once.is_some()) && done_before(data, from, &record, report)? {
         return Ok(ExitCode::SUCCESS);
     }
     anyhow::ensure!(
@@ -157,25 +179,11 @@ pub(super) fn restore(
         );
         (from.to_path_buf(), None)
     };
-    let marker = restored_marker(data);
     let name = archive.display().to_string();
-    let record = match once {
-        Some(token) => format!("{name}\n{token}"),
-        None => name.clone(),
-    };
-    if replace && std::fs::read_to_string(&marker).ok().as_deref() == Some(record.as_str()) {
+    let record = restore_record(&name, once);
+    if replace && done_before(data, &name, &record, report)? {
         if let Some(s) = &staged {
             let _ = std::fs::remove_dir_all(s);
-        }
-        let store = Store::open(data, &OpenOptions::inspect())
-            .with_context(|| format!("checking the restored store at {}", data.display()))?;
-        println!(
-            "{} holds {name} already (store format {}): nothing to do",
-            data.display(),
-            store.format()?
-        );
-        if let (Some(to), Ok(text)) = (report, std::fs::read_to_string(report_beside(data))) {
-            std::fs::write(to, text).with_context(|| format!("writing {}", to.display()))?;
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -102,12 +102,7 @@ impl Target {
 
 /// `s3://bucket/prefix` split: the bucket and the prefix (no slashes at its ends).
 pub fn parse_location(url: &str) -> anyhow::Result<(String, String)> {
-    let rest = url
-        .strip_prefix("s3://")
-        .ok_or_else(|| anyhow::anyhow!("{url:?} is not an s3://bucket/prefix location"))?;
-    let (bucket, prefix) = rest.split_once('/').unwrap_or((rest, ""));
-    anyhow::ensure!(!bucket.is_empty(), "{url:?} names no bucket");
-    Ok((bucket.to_owned(), prefix.trim_matches('/').to_owned()))
+    ankusa_config::s3_location(url).map_err(anyhow::Error::msg)
 }
 
 /// One file of a backup.
@@ -463,22 +458,38 @@ fn checkpoint_dir(data: &Path, id: &str) -> std::path::PathBuf {
 /// Removes the checkpoints pushes of the store at `data` left behind (a process killed
 /// mid-push): each holds hard links to files the store has since deleted.
 pub fn remove_stale_checkpoints(data: &Path) {
+    for (_, path) in beside(data, ".", ".push-") {
+        let _ = std::fs::remove_dir_all(path);
+    }
+}
+
+/// The directories beside the data directory `data` named `<before><its name><after>…`,
+/// each with the rest of its name.
+pub fn beside(data: &Path, before: &str, after: &str) -> Vec<(String, std::path::PathBuf)> {
     let (Some(parent), Some(name)) = (data.parent(), data.file_name()) else {
-        return;
+        return Vec::new();
     };
-    let lead = format!(".{}.push-", name.to_string_lossy());
-    let Ok(entries) = std::fs::read_dir(if parent.as_os_str().is_empty() {
+    let lead = format!("{before}{}{after}", name.to_string_lossy());
+    let parent = if parent.as_os_str().is_empty() {
         Path::new(".")
     } else {
         parent
-    }) else {
-        return;
     };
-    for e in entries.filter_map(Result::ok) {
-        if e.file_name().to_string_lossy().starts_with(&lead) {
-            let _ = std::fs::remove_dir_all(e.path());
-        }
-    }
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
+        .filter_map(|e| {
+            let rest = e
+                .file_name()
+                .to_string_lossy()
+                .strip_prefix(&lead)?
+                .to_owned();
+            Some((rest, e.path()))
+        })
+        .collect()
 }
 
 /// What [`prune`] deleted.
