@@ -82,6 +82,12 @@ impl ObjectStoreConfig {
     }
 }
 
+/// Where node `node` of a Relay whose bucket is `url` pushes: `<url>/<node>` (what the
+/// operator's restores read).
+pub fn s3_node_url(url: &str, node: &str) -> String {
+    format!("{}/{node}", url.trim_end_matches('/'))
+}
+
 /// `s3://bucket/prefix` split: the bucket and the prefix (no slashes at its ends).
 pub fn s3_location(url: &str) -> Result<(String, String), String> {
     let rest = url

@@ -38,7 +38,9 @@ mod writer;
 
 pub use admin::{AdminConfig, ConsoleConfig, ScopeConfig, TokenConfig};
 pub use archive::{ArchiveConfig, ArchivePolicy, ArchiveSetting};
-pub use backup::{s3_location, BackupConfig, ObjectStoreConfig, DEFAULT_BACKUP_BYTES_PER_SECOND};
+pub use backup::{
+    s3_location, s3_node_url, BackupConfig, ObjectStoreConfig, DEFAULT_BACKUP_BYTES_PER_SECOND,
+};
 pub use cluster::{ClusterConfig, ClusterNode};
 pub use dedupe::DedupeConfig;
 pub use dispatch::DispatchConfig;

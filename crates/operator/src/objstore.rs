@@ -126,7 +126,7 @@ pub fn restore_args(s: &ObjectStoreSpec) -> Vec<String> {
 
 /// Node `pod`'s backups in the bucket of `s`: `<url>/<pod>`.
 pub fn node_url(s: &ObjectStoreSpec, pod: &str) -> String {
-    format!("{}/{pod}", s.url.trim_end_matches('/'))
+    ankusa_config::s3_node_url(&s.url, pod)
 }
 
 /// What node `pod` reports of its pushes, if it answered and pushes.

@@ -50,7 +50,7 @@ impl Backups {
 
 /// Where node `node`'s pushes go: `<url>/<node>`.
 pub fn node_url(config: &ObjectStoreConfig, node: &str) -> String {
-    format!("{}/{node}", config.url.trim_end_matches('/'))
+    ankusa_config::s3_node_url(&config.url, node)
 }
 
 /// When the push after `failures` failures in a row starts, counted from the end of the
