@@ -932,7 +932,7 @@ mkdir -p "$work/weed"
   -volume.port="${weed_ports[2]}" -volume.port.grpc="${weed_ports[3]}" \
   -filer.port="${weed_ports[4]}" -filer.port.grpc="${weed_ports[5]}" \
   -s3.port="${weed_ports[6]}" -s3.port.grpc="${weed_ports[7]}" \
-  -master.telemetry=false -s3 -s3.port.iceberg=0 -s3.port.lance=0 >"$work/weed/weed.out" 2>&1) &
+  -master.telemetry=false -volume.minFreeSpace=64MiB -s3 -s3.port.iceberg=0 -s3.port.lance=0 >"$work/weed/weed.out" 2>&1) &
 pids+=($!)
 s3="http://$ANKUSA_TESTENV_NODE_IP:${weed_ports[6]}"
 e2e_until 90 curl -fsS -X PUT "$s3/hooks-dr" -o /dev/null || fail "SeaweedFS's S3 gateway never made the bucket: $(tail -5 "$work/weed/weed.out")"

@@ -494,6 +494,10 @@ impl SeaweedFs {
             ])
             .args([
                 "-master.telemetry=false",
+                // By default every volume turns read-only (uploads hang until the client
+                // gives up) once the disk has less than 1 % free, which a shared machine
+                // building a clean clone can fall to; the tests write megabytes.
+                "-volume.minFreeSpace=64MiB",
                 "-s3",
                 "-s3.port.iceberg=0",
                 "-s3.port.lance=0",

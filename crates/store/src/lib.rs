@@ -522,6 +522,36 @@ pub struct Store {
     health: WriteHealth,
     /// The shared cache of a [`MemoryBudget`], and the budget.
     memory: Option<(Cache, MemoryBudget)>,
+    /// Where a read-only open keeps RocksDB's info LOG; removed after `db` closes (fields
+    /// drop in order).
+    _ro_log: Option<RoLogDir>,
+}
+
+/// A directory of its own for the info LOG RocksDB writes even when it opens a store
+/// read-only (a read-only open writes nothing into the store); removed when dropped, so
+/// every process that peeks leaves nothing behind.
+struct RoLogDir(PathBuf);
+
+impl RoLogDir {
+    fn new() -> RoLogDir {
+        static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("ankusa-ro-log-{}-{n}", std::process::id()));
+        let _ = std::fs::create_dir_all(&dir);
+        RoLogDir(dir)
+    }
+
+    fn options(&self) -> Options {
+        let mut o = db_options();
+        o.set_db_log_dir(&self.0);
+        o
+    }
+}
+
+impl Drop for RoLogDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// The store's write health: the error of the last write if it failed (a full disk, a
@@ -755,8 +785,9 @@ impl Store {
             }
         }
         if opts.read_only {
+            let log = RoLogDir::new();
             let db = DB::open_cf_descriptors_read_only(
-                &Self::log_elsewhere(db_options()),
+                &log.options(),
                 &path,
                 existing
                     .iter()
@@ -772,6 +803,7 @@ impl Store {
                 transitions: std::sync::Mutex::new(()),
                 health: WriteHealth::default(),
                 memory: None,
+                _ro_log: Some(log),
             };
             ro.checked_format(opts.supported_format)?;
             return Ok(ro);
@@ -832,18 +864,12 @@ impl Store {
         write_format_file(&self.path, format)
     }
 
-    fn log_elsewhere(mut o: Options) -> Options {
-        // RocksDB writes an info LOG even when opened read-only; keep it out of the store.
-        let dir = std::env::temp_dir().join(format!("ankusa-ro-log-{}", std::process::id()));
-        let _ = std::fs::create_dir_all(&dir);
-        o.set_db_log_dir(dir);
-        o
-    }
-
     /// Reads `m:format` through a read-only open (writes nothing to the store).
     fn peek_format(path: &Path, existing: &[String]) -> Result<u32, StoreError> {
+        // Declared first, dropped after `db`.
+        let log = RoLogDir::new();
         let db = DB::open_cf_descriptors_read_only(
-            &Self::log_elsewhere(db_options()),
+            &log.options(),
             path,
             existing
                 .iter()
@@ -897,6 +923,7 @@ impl Store {
             transitions: std::sync::Mutex::new(()),
             health: WriteHealth::default(),
             memory: memory.map(|(m, budget)| (m.cache, budget)),
+            _ro_log: None,
         })
     }
 

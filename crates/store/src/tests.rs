@@ -396,6 +396,29 @@ fn a_read_only_store_refuses_writes() {
     assert!(matches!(ro.write(vec![], true), Err(StoreError::ReadOnly)));
 }
 
+/// The info LOG RocksDB writes on a read-only open (the format peek of every open
+/// included) goes to a directory of its own that is gone once the store is closed: a
+/// process that inspects stores leaves nothing in the temporary directory.
+#[test]
+fn a_read_only_open_leaves_no_log_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("db");
+    let ours = || {
+        let prefix = format!("ankusa-ro-log-{}-", std::process::id());
+        std::fs::read_dir(std::env::temp_dir())
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+            .count()
+    };
+    drop(Store::open(&path, &OpenOptions::default()).unwrap());
+    std::fs::remove_file(path.join(FORMAT_FILE)).unwrap();
+    let ro = Store::open(&path, &OpenOptions::inspect()).unwrap();
+    assert_eq!(ours(), 1, "the open store's LOG directory");
+    drop(ro);
+    assert_eq!(ours(), 0);
+}
+
 /// A test migration 3 -> 4: upper-cases every hook value, three rows a step, and counts
 /// every row it moves with a merge, so a re-applied step would show as a double count.
 struct Upcase;

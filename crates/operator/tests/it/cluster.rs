@@ -108,11 +108,11 @@ where
 }
 
 /// A client with the operator's ServiceAccount token on the server `admin` talks to,
-/// and its kubeconfig (for an operator process).
+/// and its kubeconfig (for an operator process; removed when dropped).
 pub async fn operator_identity(
     admin: &Client,
     admin_kubeconfig: &std::path::Path,
-) -> (Client, PathBuf) {
+) -> (Client, tempfile::TempPath) {
     let sa_api: Api<ServiceAccount> = Api::namespaced(admin.clone(), OPERATOR_NS);
     put(
         Api::<Namespace>::all(admin.clone()),
@@ -189,9 +189,7 @@ pub async fn operator_identity(
         .prefix("operator-kubeconfig-")
         .tempfile()
         .unwrap()
-        .into_temp_path()
-        .keep()
-        .unwrap();
+        .into_temp_path();
     std::fs::write(&file, serde_yaml::to_string(&kc).unwrap()).unwrap();
     // RBAC is applied asynchronously in the authorizer's cache: wait until it allows.
     let client = client_from(&file).await;
@@ -209,7 +207,7 @@ pub async fn operator_identity(
 }
 
 /// The operator's identity on the full control plane.
-pub async fn operator_client() -> (Client, PathBuf) {
+pub async fn operator_client() -> (Client, tempfile::TempPath) {
     operator_identity(&admin().await, &path("KUBECONFIG")).await
 }
 

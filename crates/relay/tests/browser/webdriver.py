@@ -3,6 +3,7 @@ chromedriver: the console's browser test drives a real headless Chromium with it
 import base64
 import json
 import os
+import shutil
 import socket
 import subprocess
 import tempfile
@@ -144,3 +145,4 @@ class Browser:
         except subprocess.TimeoutExpired:
             self.driver.kill()
             self.driver.wait()
+        shutil.rmtree(self.profile, ignore_errors=True)
