@@ -537,6 +537,15 @@ both_backed_up() {
 e2e_until 240 both_backed_up ||
   fail "no scheduled backup of each node: $(kubectl get relay old -o jsonpath='{.status.scheduledBackups}')"
 kubectl get relay old -o jsonpath='{.status.scheduledBackups}' | python3 -m json.tool
+# The claim's room, as the last backup Job reported it: what the next room check reads.
+claim_room() {
+  kubectl get relay old -o json | python3 -c '
+import json, sys
+rooms = json.load(sys.stdin)["status"].get("backupClaims", [])
+assert len(rooms) == 1 and rooms[0]["freeBytes"] > 0 and rooms[0]["job"].startswith("old-backup-"), rooms
+'
+}
+e2e_until 60 claim_room || fail "no room of the backup claim in the status: $(kubectl get relay old -o jsonpath='{.status.backupClaims}')"
 [ "$(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="ScheduledBackups")].status}')" = True ] ||
   fail "ScheduledBackups is not True: $(kubectl get relay old -o jsonpath='{.status.conditions[?(@.type=="ScheduledBackups")]}')"
 # One run is enough: the upgrade's format-2 backups stay for the rollback below.

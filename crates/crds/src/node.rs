@@ -311,6 +311,49 @@ mod tests {
     }
 }
 
+/// What `ankusa-relay backup pull` / `backup offline` wrote, with `--report <file>` (or
+/// `ANKUSA_BACKUP_REPORT`): the archive, and the destination volume's room once older
+/// archives were pruned — what the operator's room check for the next backup on that
+/// volume reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "resource", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct BackupRunReport {
+    /// The archive written (`b<ms>.tar.zst`).
+    pub archive: String,
+    /// Its size.
+    pub bytes: u64,
+    /// Its store's format.
+    pub store_format: u32,
+    /// The destination volume's free space after the prune (`None`: the file system does
+    /// not say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_free_bytes: Option<u64>,
+    /// The destination volume's size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume_bytes: Option<u64>,
+    /// The newest archive of each store format the destination holds after the prune,
+    /// oldest format first: what a rollback to each format would restore.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub formats: Vec<ArchiveAtFormat>,
+}
+
+/// An archive in a backup directory, and what restoring it takes.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "resource", derive(schemars::JsonSchema))]
+#[serde(rename_all = "camelCase")]
+pub struct ArchiveAtFormat {
+    pub store_format: u32,
+    /// `b<ms>.tar.zst`.
+    pub archive: String,
+    /// Its size.
+    pub bytes: u64,
+    /// The store it unpacks to, as its check measured it (`None`: an archive written
+    /// before that was recorded).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub store_bytes: Option<u64>,
+}
+
 /// What `ankusa-relay restore --replace --report <file>` found: the archive it restored, and the
 /// replaced store against it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]

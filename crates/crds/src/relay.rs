@@ -973,6 +973,15 @@ pub struct RelayStatus {
     /// each node's last success.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub scheduled_backups: Option<ScheduledBackups>,
+    /// Each backup claim's room as its last backup Job reported it (free space after that
+    /// Job pruned): the room check before a backup on it reads this, not the claim's
+    /// capacity, which older archives share.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub backup_claims: Vec<BackupClaimRoom>,
+    /// Each node's archives on its backup claim, the newest of each store format, as its
+    /// last backup Job reported them: what a rollback checks before it stops any node.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub claim_archives: Vec<NodeArchives>,
     /// The image every node ran when no upgrade was under way: what a StatefulSet that
     /// went missing is recreated with, so no pod starts a new release ungated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -1046,6 +1055,41 @@ pub struct ScheduledBackups {
     /// One entry per node.
     #[serde(default)]
     pub nodes: Vec<NodeBackup>,
+}
+
+/// A backup claim's room, as the last backup Job that wrote to it reported.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupClaimRoom {
+    /// The claim.
+    pub name: String,
+    /// Its volume's free space after the Job's archive was written and older ones pruned.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub free_bytes: Option<u64>,
+    /// Its volume's size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub size_bytes: Option<u64>,
+    /// The Job that reported it.
+    pub job: String,
+    /// When that Job finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
+}
+
+/// A node's archives on its backup claim.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeArchives {
+    /// The pod.
+    pub name: String,
+    /// The newest archive of each store format, oldest format first.
+    #[serde(default)]
+    pub formats: Vec<crate::node::ArchiveAtFormat>,
+    /// The Job that reported them.
+    pub job: String,
+    /// When that Job finished (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub at: Option<String>,
 }
 
 /// One node's scheduled backups.

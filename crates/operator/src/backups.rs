@@ -148,7 +148,7 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
                         .as_ref()
                         .is_some_and(crate::restore::in_progress);
                 let gate_running = o.backups.values().any(|j| *j == JobObs::Running);
-                if let Some(problem) = crate::planner::backup_claim_problem(relay, o) {
+                if let Some(problem) = crate::planner::backup_claim_problem(relay, o, ordinal) {
                     out.fault = Some(("BackupClaimNotReady", problem));
                 } else if !upgrading && !gate_running {
                     let image = o

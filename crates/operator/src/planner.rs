@@ -214,6 +214,14 @@ pub struct Observed {
     /// `spec.backup.destination`'s claim, as read (`None`: not read, nothing is checked).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub backup_claim: Option<BackupClaimObs>,
+    /// Each backup claim's room as its last backup Job reported it, by claim: what
+    /// `status.backupClaims` held, with the reports of Jobs finished since.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub backup_claim_rooms: BTreeMap<String, ankusa_crds::relay::BackupClaimRoom>,
+    /// Each node's archives on its backup claim as its last backup Job reported them, by
+    /// pod: what `status.claimArchives` held, with the reports of Jobs finished since.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub claim_archives: BTreeMap<String, ankusa_crds::relay::NodeArchives>,
     pub objects: ObservedObjects,
     /// `monitoring.coreos.com/v1` `servicemonitors` is served.
     pub service_monitor_api: bool,
@@ -268,6 +276,16 @@ pub enum JobAction {
 }
 
 impl JobAction {
+    /// The node it is for (a probe's: none, -1).
+    pub fn ordinal(&self) -> i32 {
+        match self {
+            JobAction::Probe { .. } => -1,
+            JobAction::Backup { ordinal, .. }
+            | JobAction::OfflineBackup { ordinal, .. }
+            | JobAction::Restore { ordinal, .. } => *ordinal,
+        }
+    }
+
     /// The Job's name.
     pub fn name(&self, relay: &Relay) -> String {
         match self {
@@ -991,8 +1009,8 @@ fn step(
                 .any(|(i, _)| o.backups.get(i) == Some(&JobObs::Running))
                 || o.scheduled.values().any(|j| *j == JobObs::Running);
             jobs.truncate(usize::from(!running));
-            if !jobs.is_empty() {
-                if let Some(problem) = backup_claim_problem(relay, o) {
+            if let Some(next) = jobs.first().map(JobAction::ordinal) {
+                if let Some(problem) = backup_claim_problem(relay, o, next) {
                     out.hold = out.hold.or(hold("BackupClaimNotReady", problem, true));
                     out.upgrade = Some(cursor);
                     return out;
@@ -1031,73 +1049,73 @@ fn step(
     }
 }
 
-/// Why the backup claim cannot take this step's backups, if it cannot: it does not exist,
-/// or it is smaller than the stores it will hold — one archive of each node (at most its
-/// size on disk) and room to unpack the largest beside it, which the check of a backup
-/// does. Stores whose size their node does not report (older releases) are not counted.
-pub(crate) fn backup_claim_problem(relay: &Relay, o: &Observed) -> Option<String> {
+/// Why the backup claim cannot take the next backup Job's archive — node `next`'s — if it
+/// cannot: it does not exist, or it lacks the room for the archive (at most the store's
+/// size on disk) and as much again to unpack it for its check, which the Job does before it
+/// prunes older archives. The room is the claim's free space as the last backup Job on it
+/// reported (`status.backupClaims`), older archives counted; before any report, its
+/// capacity, which a first run on a shared claim fills with every node's archive. A store
+/// whose size its node does not report (an older release) is not counted.
+pub(crate) fn backup_claim_problem(relay: &Relay, o: &Observed, next: i32) -> Option<String> {
     let (_, destination) = relay.spec.claim_backup()?;
     let ns = relay.metadata.namespace.as_deref().unwrap_or("default");
-    let sizes = || -> BTreeMap<String, u64> {
-        o.nodes
-            .iter()
-            .filter_map(|(pod, r)| Some((pod.clone(), r.as_ref().ok()?.status.store_bytes?)))
-            .collect()
+    let names = crate::resources::Names::of(relay).ok()?;
+    let size = |pod: &str| o.nodes.get(pod)?.as_ref().ok()?.status.store_bytes;
+    let pod = names.pod(next);
+    let (claim, obs) = match destination.shared() {
+        Some(claim) => (claim.to_owned(), o.backup_claim.as_ref()?),
+        // The operator makes a missing claim of a node's own.
+        None => (names.backup_claim(next), o.node_backup_claims.get(&next)?),
     };
-    let Some(claim) = destination.shared() else {
-        // A claim per node, made by the operator: each must hold its node's store twice.
-        let names = crate::resources::Names::of(relay).ok()?;
-        let sizes = sizes();
-        let short: Vec<String> = o
-            .node_backup_claims
-            .iter()
-            .filter_map(|(&i, c)| {
-                let BackupClaimObs::Present {
-                    capacity_bytes: Some(capacity),
-                } = c
-                else {
-                    return None;
-                };
-                let needed = 2 * sizes.get(&names.pod(i)).copied()?;
-                (*capacity < needed).then(|| {
-                    format!(
-                        "{} holds {} MiB, {} needs {} MiB (its store and room to check its archive)",
-                        names.backup_claim(i),
-                        capacity >> 20,
-                        names.pod(i),
-                        needed.div_ceil(1 << 20)
-                    )
-                })
-            })
-            .collect();
-        return (!short.is_empty()).then(|| {
-            format!(
-                "{}; grow the claims (backups wait, and an upgrade moves nothing)",
-                short.join("; ")
-            )
-        });
+    let capacity = match obs {
+        BackupClaimObs::Missing if destination.shared().is_some() => {
+            return Some(format!(
+                "the backup claim {claim} does not exist in namespace {ns}: create it (see docs/deployment.md, \"Backup volumes\"); backups wait for it, and an upgrade moves nothing"
+            ))
+        }
+        BackupClaimObs::Missing => return None,
+        BackupClaimObs::Present { capacity_bytes } => *capacity_bytes,
     };
-    match o.backup_claim.as_ref()? {
-        BackupClaimObs::Missing => Some(format!(
-            "the backup claim {claim} does not exist in namespace {ns}: create it (see docs/deployment.md, \"Backup volumes\"); backups wait for it, and an upgrade moves nothing"
-        )),
-        BackupClaimObs::Present { capacity_bytes, .. } => {
-            let capacity = (*capacity_bytes)?;
-            let sizes: Vec<u64> = sizes().into_values().collect();
-            if sizes.is_empty() {
-                return None;
-            }
-            let needed = sizes.iter().sum::<u64>() + sizes.iter().max().copied().unwrap_or(0);
-            (capacity < needed).then(|| {
+    let store = size(&pod)?;
+    let needed = 2 * store;
+    let mib = |b: u64| b.div_ceil(1 << 20);
+    if let Some(room) = o.backup_claim_rooms.get(&claim) {
+        if let Some(free) = room.free_bytes {
+            return (free < needed).then(|| {
                 format!(
-                    "the backup claim {claim} holds {} MiB; the nodes' stores take {} MiB on disk, plus the largest again to check its archive: {} MiB at least; grow the claim (backups wait, and an upgrade moves nothing)",
-                    capacity >> 20,
-                    sizes.iter().sum::<u64>().div_ceil(1 << 20),
-                    needed.div_ceil(1 << 20)
+                    "the backup claim {claim} has {} MiB free after its last backup (Job {}); {pod} needs {} MiB (an archive of its {} MiB store and as much again to check it); grow the claim or lower spec.backup.retention (backups wait, and an upgrade moves nothing)",
+                    free >> 20,
+                    room.job,
+                    mib(needed),
+                    mib(store)
                 )
-            })
+            });
         }
     }
+    let capacity = capacity?;
+    if destination.shared().is_none() {
+        return (capacity < needed).then(|| {
+            format!(
+                "the backup claim {claim} holds {} MiB, {pod} needs {} MiB (its store and room to check its archive); grow the claim (backups wait, and an upgrade moves nothing)",
+                capacity >> 20,
+                mib(needed)
+            )
+        });
+    }
+    // Nothing reported on a shared claim yet: its first run writes every node's archive.
+    let sizes: Vec<u64> = (0..relay.spec.replicas.max(next + 1))
+        .filter_map(|i| size(&names.pod(i)))
+        .collect();
+    let total = sizes.iter().sum::<u64>();
+    let needed = total + sizes.iter().max().copied().unwrap_or(0);
+    (capacity < needed).then(|| {
+        format!(
+            "the backup claim {claim} holds {} MiB; the nodes' stores take {} MiB on disk, plus the largest again to check its archive: {} MiB at least; grow the claim (backups wait, and an upgrade moves nothing)",
+            capacity >> 20,
+            mib(total),
+            mib(needed)
+        )
+    })
 }
 
 /// The highest node at or above `p` (below `n`) not verified on `target`: its ordinal,

@@ -1169,6 +1169,9 @@ fn to_value<T: serde::Serialize>(t: &T) -> Result<Value, ResourceError> {
 
 /// Label on the operator's Jobs: `probe` or `backup`.
 pub const JOB_LABEL: &str = "ankusa.dev/job";
+/// [`JOB_LABEL`]'s value on backup Jobs (the gate's and the schedule's), and their
+/// container's name.
+pub const BACKUP_JOB: &str = "backup";
 /// Where the backup volume is mounted in a backup Job.
 pub const BACKUP_MOUNT: &str = "/backups";
 
@@ -1528,7 +1531,7 @@ pub fn backup_job(
     // spec.backup.retention: the newest N archives of this node stay.
     let keep = backup.retention.max(1).to_string();
     let mut container = json!({
-        "name": "backup",
+        "name": BACKUP_JOB,
         "image": image,
         "volumeMounts": [{ "name": "backups", "mountPath": BACKUP_MOUNT }],
         "securityContext": container_security(),
@@ -1576,12 +1579,19 @@ pub fn backup_job(
             }));
         }
     }
+    // What it wrote and the room left on the claim, for the operator's next room check.
+    // An environment variable, not a flag: a release without it ignores it.
+    let report = json!({ "name": "ANKUSA_BACKUP_REPORT", "value": "/dev/termination-log" });
+    match container["env"].as_array_mut() {
+        Some(env) => env.push(report),
+        None => container["env"] = json!([report]),
+    }
     pod["containers"] = json!([container]);
     pod["volumes"] = json!(volumes);
     job(
         relay,
         name,
-        "backup",
+        BACKUP_JOB,
         &[("ankusa.dev/ordinal", ordinal.to_string())],
         relay.spec.upgrade.timeouts.backup_seconds,
         pod,

@@ -173,16 +173,18 @@ pub fn begin_rollback(
             "a rollback from store format {store} to {format} restores backups: set spec.backup.destination or spec.backup.objectStore"
         )
     })?;
-    if source.bucket.is_some() {
-        // Before any node stops: each has a backup at the format or below in the bucket,
-        // and room on its volume for it.
-        let lacking = crate::objstore::rollback_problems(relay, o, format);
-        if !lacking.is_empty() {
-            return Err(format!(
-                "a rollback to store format {format} restores each node's newest backup at that format or below, and {} (nothing was stopped)",
-                lacking.join("; ")
-            ));
-        }
+    // Before any node stops: each has a backup at the format or below, and room on its
+    // volume for it.
+    let lacking = if source.bucket.is_some() {
+        crate::objstore::rollback_problems(relay, o, format)
+    } else {
+        claim_rollback_problems(relay, o, format, &source)
+    };
+    if !lacking.is_empty() {
+        return Err(format!(
+            "a rollback to store format {format} restores each node's newest backup at that format or below, and {} (nothing was stopped)",
+            lacking.join("; ")
+        ));
     }
     Ok(RestoreStatus {
         reason: ROLLBACK.into(),
@@ -197,6 +199,73 @@ pub fn begin_rollback(
         message: None,
         ..RestoreStatus::default()
     })
+}
+
+/// What stops a rollback from backup claims to store format `format`, node by node, as the
+/// nodes' last backup Jobs reported their archives (`status.claimArchives`): a node of
+/// `spec.replicas` with no archive at that format or below, or less free space on its data
+/// volume than the store that archive unpacks to (the restore unpacks it beside the store
+/// it replaces). A node whose archives no backup Job reported since the Relay was made,
+/// and archives of another Relay's backups (a bootstrap's source), are not checked here:
+/// the restore Job finds what is there.
+fn claim_rollback_problems(
+    relay: &Relay,
+    o: &Observed,
+    format: u32,
+    source: &Source,
+) -> Vec<String> {
+    let Ok(names) = crate::resources::Names::of(relay) else {
+        return vec!["the Relay has no valid name".into()];
+    };
+    if source.relay != names.relay {
+        return Vec::new();
+    }
+    (0..relay.spec.replicas.max(0))
+        .filter_map(|i| {
+            let pod = names.pod(i);
+            // None reported since the Relay was made (a bootstrap, a release whose Jobs
+            // report nothing): its restore Job is the check.
+            let reported = o.claim_archives.get(&pod)?;
+            // The restore takes the newest archive at the format or below.
+            let pick = reported
+                .formats
+                .iter()
+                .filter(|a| a.store_format <= format)
+                .max_by_key(|a| archive_number(&a.archive));
+            let Some(a) = pick else {
+                return Some(format!(
+                    "{pod} has no archive at store format {format} or below on {} (its archives are at store format {})",
+                    source.claim(i).unwrap_or_default(),
+                    reported
+                        .formats
+                        .iter()
+                        .map(|f| f.store_format.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ));
+            };
+            let free = o
+                .nodes
+                .get(&pod)
+                .and_then(|n| n.as_ref().ok()?.status.volume_free_bytes)?;
+            let needed = a.store_bytes.unwrap_or(a.bytes);
+            (free < needed).then(|| {
+                format!(
+                    "{pod}'s volume has {free} bytes free, less than the {needed} bytes archive {} unpacks to",
+                    a.archive
+                )
+            })
+        })
+        .collect()
+}
+
+/// The number of archive `b<ms>.tar.zst` (0 for another name).
+fn archive_number(archive: &str) -> u64 {
+    archive
+        .strip_prefix('b')
+        .and_then(|a| a.strip_suffix(".tar.zst"))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
 
 /// A node restore to begin: `spec.restoreNode` with a request no restore has taken up yet.

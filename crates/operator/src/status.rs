@@ -368,6 +368,8 @@ pub fn status(
         },
         current_image: r.current_image.clone(),
         scheduled_backups: scheduled.status.clone(),
+        backup_claims: o.backup_claim_rooms.values().cloned().collect(),
+        claim_archives: o.claim_archives.values().cloned().collect(),
         restore: r.restore.clone().or_else(|| prev.restore.clone()),
     }
 }

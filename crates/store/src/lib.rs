@@ -527,6 +527,22 @@ pub struct Store {
     _ro_log: Option<RoLogDir>,
 }
 
+/// A volume's room: what an unprivileged writer may still write, and its size.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VolumeSpace {
+    pub free: u64,
+    pub total: u64,
+}
+
+/// The room on the volume `path` is on (`None`: the file system does not say).
+pub fn volume_space(path: &Path) -> Option<VolumeSpace> {
+    let s = rustix::fs::statvfs(path).ok()?;
+    Some(VolumeSpace {
+        free: s.f_bavail.saturating_mul(s.f_frsize),
+        total: s.f_blocks.saturating_mul(s.f_frsize),
+    })
+}
+
 /// A directory of its own for the info LOG RocksDB writes even when it opens a store
 /// read-only (a read-only open writes nothing into the store); removed when dropped, so
 /// every process that peeks leaves nothing behind.
@@ -1240,8 +1256,7 @@ impl Store {
     /// The free space of the volume the store is on, for an unprivileged writer (`None`:
     /// the file system does not say).
     pub fn volume_free_bytes(&self) -> Option<u64> {
-        let s = rustix::fs::statvfs(&self.path).ok()?;
-        Some(s.f_bavail.saturating_mul(s.f_frsize))
+        volume_space(&self.path).map(|v| v.free)
     }
 
     /// The store's size on disk: every family's table and blob files (RocksDB's own

@@ -376,7 +376,132 @@ pub(super) async fn observe_jobs(
             }
         }
     }
+    observe_claim_rooms(relay, ctx, &names.namespace, &jobs.items, o).await;
     Ok(())
+}
+
+/// Each backup claim's room and each node's archives there: what `status.backupClaims`
+/// and `status.claimArchives` recorded, and for a node whose newest succeeded backup Job
+/// finished since, what that Job reported (its termination message; read once: a Job of a
+/// release that writes none is recorded without a room or archives, and the claim's
+/// capacity is checked instead). Nodes and claims no backup of the spec writes any more
+/// are dropped.
+async fn observe_claim_rooms(
+    relay: &Relay,
+    ctx: &Context,
+    ns: &str,
+    jobs: &[Job],
+    o: &mut Observed,
+) {
+    use ankusa_crds::relay::{BackupClaimRoom, NodeArchives};
+    let Ok(names) = Names::of(relay) else { return };
+    let ordinals: std::collections::BTreeSet<i32> = (0..relay.spec.replicas.max(0))
+        .chain(o.claims.iter().copied())
+        .collect();
+    let claim_of = |i: i32| resources::backup_claim(relay, i).ok();
+    let in_use: std::collections::BTreeSet<String> =
+        ordinals.iter().filter_map(|&i| claim_of(i)).collect();
+    let status = relay.status.clone().unwrap_or_default();
+    o.backup_claim_rooms = status
+        .backup_claims
+        .into_iter()
+        .filter(|r| in_use.contains(&r.name))
+        .map(|r| (r.name.clone(), r))
+        .collect();
+    o.claim_archives = status
+        .claim_archives
+        .into_iter()
+        .filter(|a| ordinals.iter().any(|&i| names.pod(i) == a.name))
+        .map(|a| (a.name.clone(), a))
+        .collect();
+    // The newest succeeded backup Job of each node.
+    let mut newest: BTreeMap<i32, (&Job, String)> = BTreeMap::new();
+    for job in jobs {
+        let label = |k: &str| job.labels().get(k).cloned();
+        let is_backup = label(resources::JOB_LABEL).as_deref() == Some(resources::BACKUP_JOB);
+        let ordinal = label("ankusa.dev/ordinal").and_then(|v| v.parse::<i32>().ok());
+        let finished = job
+            .status
+            .as_ref()
+            .and_then(|s| s.completion_time.as_ref())
+            .map(|t| t.0.to_string());
+        let (true, Some(i), Some(finished), JobObs::Succeeded) =
+            (is_backup, ordinal, finished, job_obs(job))
+        else {
+            continue;
+        };
+        if !ordinals.contains(&i) {
+            continue;
+        }
+        if newest.get(&i).is_none_or(|(_, at)| *at < finished) {
+            newest.insert(i, (job, finished));
+        }
+    }
+    for (i, (job, finished)) in newest {
+        let name = job.name_any();
+        let pod = names.pod(i);
+        let seen = o.claim_archives.get(&pod).is_some_and(|a| {
+            a.job == name || a.at.as_deref().is_some_and(|at| at >= finished.as_str())
+        });
+        if seen {
+            continue;
+        }
+        let report: Option<ankusa_crds::node::BackupRunReport> =
+            match finished_container(ctx, ns, &name, resources::BACKUP_JOB).await {
+                Ok((message, _)) => serde_json::from_str(message.trim()).ok(),
+                Err(e) => {
+                    tracing::debug!(job = %name, error = %e, "the backup Job's report");
+                    None
+                }
+            };
+        let report = report.unwrap_or_default();
+        o.claim_archives.insert(
+            pod.clone(),
+            NodeArchives {
+                name: pod,
+                formats: report.formats,
+                job: name.clone(),
+                at: Some(finished.clone()),
+            },
+        );
+        // The claim's room is what its newest Job left.
+        let claim = backup_claim_of(job).or_else(|| claim_of(i));
+        let Some(claim) = claim.filter(|c| in_use.contains(c)) else {
+            continue;
+        };
+        let newer = o
+            .backup_claim_rooms
+            .get(&claim)
+            .is_none_or(|r| r.at.as_deref().is_none_or(|at| at < finished.as_str()));
+        if newer {
+            o.backup_claim_rooms.insert(
+                claim.clone(),
+                BackupClaimRoom {
+                    name: claim,
+                    free_bytes: report.volume_free_bytes,
+                    size_bytes: report.volume_bytes,
+                    job: name,
+                    at: Some(finished),
+                },
+            );
+        }
+    }
+}
+
+/// The claim a backup Job writes to: its `backups` volume's.
+fn backup_claim_of(job: &Job) -> Option<String> {
+    job.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "backups")?
+        .persistent_volume_claim
+        .as_ref()
+        .map(|c| c.claim_name.clone())
 }
 
 /// What the probe Job's pod learned: the store format it wrote to its termination message

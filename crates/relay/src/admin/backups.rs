@@ -78,6 +78,62 @@ pub fn record_format(dir: &Path, id: &str, format: u32) -> Result<(), StoreError
     std::fs::write(&path, format.to_string()).map_err(io(format!("writing {}", path.display())))
 }
 
+/// [`record_format`], and the size of the store the archive unpacks to (`<id>.store-bytes`),
+/// what a restore of it needs free on the data volume.
+pub fn record_archive(
+    dir: &Path,
+    id: &str,
+    format: u32,
+    store_bytes: u64,
+) -> Result<(), StoreError> {
+    record_format(dir, id, format)?;
+    let path = dir.join(format!("{id}.store-bytes"));
+    std::fs::write(&path, store_bytes.to_string())
+        .map_err(io(format!("writing {}", path.display())))
+}
+
+/// The archives in `dir` (`b<ms>.tar.zst`), oldest first, by the id's number.
+fn archives_in(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
+    let mut archives: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .map_err(io(format!("reading {}", dir.display())))?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter_map(|p| {
+            let name = p.file_name()?.to_str()?;
+            let id = name.strip_suffix(".tar.zst")?;
+            // Ordered by the id's number: names of different lengths do not sort as text.
+            is_backup_id(id).then(|| id[1..].parse().ok().map(|n: u64| (n, p.clone())))?
+        })
+        .collect();
+    archives.sort();
+    Ok(archives)
+}
+
+/// The newest archive of each store format recorded in `dir`, oldest format first.
+pub fn newest_by_format(dir: &Path) -> Result<Vec<ankusa_crds::node::ArchiveAtFormat>, StoreError> {
+    let mut by_format = std::collections::BTreeMap::new();
+    for (n, path) in archives_in(dir)? {
+        let id = format!("b{n}");
+        let Some(f) = recorded_format(dir, &id) else {
+            continue;
+        };
+        let bytes = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+        let store_bytes = std::fs::read_to_string(dir.join(format!("{id}.store-bytes")))
+            .ok()
+            .and_then(|t| t.trim().parse().ok());
+        by_format.insert(
+            f,
+            ankusa_crds::node::ArchiveAtFormat {
+                store_format: f,
+                archive: format!("{id}.tar.zst"),
+                bytes,
+                store_bytes,
+            },
+        );
+    }
+    Ok(by_format.into_values().collect())
+}
+
 /// The store format recorded beside archive `id` in `dir`, if any.
 fn recorded_format(dir: &Path, id: &str) -> Option<u32> {
     std::fs::read_to_string(dir.join(format!("{id}.format")))
@@ -93,18 +149,7 @@ fn recorded_format(dir: &Path, id: &str) -> Option<u32> {
 /// restores does not age out with the schedule. Other files are left alone (a backup
 /// volume may be shared). Returns how many went.
 pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
-    let mut archives: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
-        .map_err(io(format!("reading {}", dir.display())))?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter_map(|p| {
-            let name = p.file_name()?.to_str()?;
-            let id = name.strip_suffix(".tar.zst")?;
-            // Ordered by the id's number: names of different lengths do not sort as text.
-            is_backup_id(id).then(|| id[1..].parse().ok().map(|n: u64| (n, p.clone())))?
-        })
-        .collect();
-    archives.sort();
+    let mut archives = archives_in(dir)?;
     let format_of = |n: u64| recorded_format(dir, &format!("b{n}"));
     let newest = archives.last().and_then(|(n, _)| format_of(*n));
     let mut older_kept = std::collections::BTreeSet::new();
@@ -119,6 +164,7 @@ pub fn prune(dir: &Path, keep: usize) -> Result<usize, StoreError> {
         }
         std::fs::remove_file(&old).map_err(io(format!("removing {}", old.display())))?;
         let _ = std::fs::remove_file(dir.join(format!("b{n}.format")));
+        let _ = std::fs::remove_file(dir.join(format!("b{n}.store-bytes")));
         removed += 1;
     }
     Ok(removed)
@@ -423,7 +469,7 @@ mod tests {
         {
             std::fs::write(dir.path().join(format!("b{n}.tar.zst")), "x").unwrap();
             if let Some(f) = format {
-                record_format(dir.path(), &format!("b{n}"), f).unwrap();
+                record_archive(dir.path(), &format!("b{n}"), f, 100 + n).unwrap();
             }
         }
         assert_eq!(prune(dir.path(), 2).unwrap(), 5);
@@ -437,13 +483,31 @@ mod tests {
             left,
             [
                 "b2.format",
+                "b2.store-bytes",
                 "b2.tar.zst",
                 "b4.format",
+                "b4.store-bytes",
                 "b4.tar.zst",
                 "b8.format",
+                "b8.store-bytes",
                 "b8.tar.zst",
                 "b9.format",
+                "b9.store-bytes",
                 "b9.tar.zst"
+            ]
+        );
+        // What a rollback to each format would restore.
+        let newest: Vec<(u32, String, Option<u64>)> = newest_by_format(dir.path())
+            .unwrap()
+            .into_iter()
+            .map(|a| (a.store_format, a.archive, a.store_bytes))
+            .collect();
+        assert_eq!(
+            newest,
+            [
+                (1, "b2.tar.zst".to_owned(), Some(102)),
+                (2, "b4.tar.zst".to_owned(), Some(104)),
+                (3, "b9.tar.zst".to_owned(), Some(109))
             ]
         );
     }

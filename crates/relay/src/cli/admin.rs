@@ -21,7 +21,7 @@ pub(super) fn admin(
         for url in &nodes.urls {
             let (_, rest) = url.split_once("://").unwrap_or(("", url));
             let dir = to.join(rest.replace([':', '/'], "_"));
-            backup_pull(url, token, &dir, *keep, timeout)?;
+            backup_pull(url, token, &dir, *keep, timeout, None)?;
         }
         return Ok(ExitCode::SUCCESS);
     }

@@ -364,6 +364,7 @@ pub(super) fn backup_pull(
     to: &Path,
     keep: Option<u64>,
     idle: std::time::Duration,
+    report: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     use http_body_util::BodyExt;
     let rt = tokio::runtime::Runtime::new()?;
@@ -481,32 +482,62 @@ pub(super) fn backup_pull(
                 return Err(e);
             }
         };
-        let format = check_archive(&tmp, to, &id)?;
+        let Checked {
+            format,
+            store_bytes,
+        } = check_archive(&tmp, to, &id)?;
         std::fs::rename(&tmp, &out)?;
-        crate::admin::backups::record_format(to, &id, format)?;
+        crate::admin::backups::record_archive(to, &id, format, store_bytes)?;
         println!(
             "backup {id}: {bytes} bytes, store format {format}, written to {}",
             out.display()
         );
         prune_to(to, keep)?;
-        anyhow::Ok(())
+        report_run(report, to, &id, bytes, format)
     })?;
     Ok(ExitCode::SUCCESS)
 }
 
+/// What the check of an archive found: its store's format and size unpacked.
+pub(super) struct Checked {
+    pub format: u32,
+    pub store_bytes: u64,
+}
+
 /// Unpacks `archive` beside it and opens the result (the format guard included): a cut or
-/// corrupt archive is refused before it is called a backup. Returns the store's format.
-pub(super) fn check_archive(archive: &Path, dir: &Path, id: &str) -> anyhow::Result<u32> {
+/// corrupt archive is refused before it is called a backup.
+pub(super) fn check_archive(archive: &Path, dir: &Path, id: &str) -> anyhow::Result<Checked> {
     let check = dir.join(format!("{id}.check"));
     let _ = std::fs::remove_dir_all(&check);
     let opened = ankusa_store::tarball::unpack(archive, &check)
         .map_err(anyhow::Error::from)
-        .and_then(|()| Ok(Store::open(&check, &OpenOptions::inspect())?.format()?));
+        .and_then(|()| {
+            let store_bytes = tree_bytes(&check);
+            let format = Store::open(&check, &OpenOptions::inspect())?.format()?;
+            Ok(Checked {
+                format,
+                store_bytes,
+            })
+        });
     let _ = std::fs::remove_dir_all(&check);
     if opened.is_err() {
         let _ = std::fs::remove_file(archive);
     }
     opened.context("the archive is not a whole store")
+}
+
+/// The bytes of every file under `dir`.
+fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
+            _ => e.metadata().map(|m| m.len()).unwrap_or(0),
+        })
+        .sum()
 }
 
 /// `--keep`: only the newest N archives stay in `to`.
@@ -526,6 +557,7 @@ pub(super) fn backup_offline(
     data: &Path,
     to: &Path,
     keep: Option<u64>,
+    report: Option<&Path>,
 ) -> anyhow::Result<ExitCode> {
     // Opening it read-only first: a directory that is not a store (or is open elsewhere
     // and mid-write) is refused before anything is written.
@@ -538,12 +570,35 @@ pub(super) fn backup_offline(
         .with_context(|| format!("packing {}", data.display()))?;
     let checked = check_archive(&tmp, to, &id)?;
     std::fs::rename(&tmp, &out)?;
-    crate::admin::backups::record_format(to, &id, checked)?;
+    crate::admin::backups::record_archive(to, &id, checked.format, checked.store_bytes)?;
     let bytes = std::fs::metadata(&out)?.len();
     println!(
         "backup {id}: {bytes} bytes, store format {format}, written to {}",
         out.display()
     );
     prune_to(to, keep)?;
+    report_run(report, to, &id, bytes, checked.format)?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `--report`: the archive written and the room left on `to`'s volume after the prune.
+fn report_run(
+    report: Option<&Path>,
+    to: &Path,
+    id: &str,
+    bytes: u64,
+    store_format: u32,
+) -> anyhow::Result<()> {
+    let Some(file) = report else { return Ok(()) };
+    let space = ankusa_store::volume_space(to);
+    let r = ankusa_crds::node::BackupRunReport {
+        archive: format!("{id}.tar.zst"),
+        bytes,
+        store_format,
+        volume_free_bytes: space.map(|v| v.free),
+        volume_bytes: space.map(|v| v.total),
+        formats: crate::admin::backups::newest_by_format(to)?,
+    };
+    std::fs::write(file, serde_json::to_string(&r)?)
+        .with_context(|| format!("writing the report to {}", file.display()))
 }

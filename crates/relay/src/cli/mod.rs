@@ -364,6 +364,11 @@ pub enum BackupCommand {
         /// Give up when the node sends nothing for this long (connecting included).
         #[arg(long, default_value_t = 120, value_parser = clap::value_parser!(u64).range(1..=86400))]
         idle_timeout_s: u64,
+        /// Write what was done as JSON to this file: the archive, its size and store
+        /// format, and the room left on `--to`'s volume after the prune (the operator's
+        /// backup Jobs give it in their termination message).
+        #[arg(long, env = "ANKUSA_BACKUP_REPORT")]
+        report: Option<PathBuf>,
     },
     /// Pack a store no node has open (a volume claim that outlived a scale-down) into
     /// `--to`, checking it opens.
@@ -376,6 +381,9 @@ pub enum BackupCommand {
         to: PathBuf,
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         keep: Option<u64>,
+        /// As `backup pull --report`.
+        #[arg(long, env = "ANKUSA_BACKUP_REPORT")]
+        report: Option<PathBuf>,
     },
 }
 
@@ -477,6 +485,7 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
                     to,
                     keep,
                     idle_timeout_s,
+                    report,
                 },
         } => backup::backup_pull(
             &from,
@@ -484,10 +493,17 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             &to,
             keep,
             std::time::Duration::from_secs(idle_timeout_s),
+            report.as_deref(),
         ),
         Command::Backup {
-            command: BackupCommand::Offline { data, to, keep },
-        } => backup::backup_offline(&data, &to, keep),
+            command:
+                BackupCommand::Offline {
+                    data,
+                    to,
+                    keep,
+                    report,
+                },
+        } => backup::backup_offline(&data, &to, keep, report.as_deref()),
         Command::Backup {
             command:
                 BackupCommand::Push {

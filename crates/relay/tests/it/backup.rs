@@ -85,19 +85,26 @@ async fn a_pulled_backup_restores_to_the_same_store() {
     std::fs::write(out_dir.join("notes.txt"), "not a backup").unwrap();
     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     let (a, o) = (admin.clone(), out_dir.clone());
+    let report = dir.path().join("pull-report.json");
+    let r = report.clone();
+    // The report's file from the environment, as the operator's backup Jobs give it.
     let kept = tokio::task::spawn_blocking(move || {
-        run(&[
-            "backup",
-            "pull",
-            "--from",
-            &a,
-            "--token",
-            ADMIN_TOKEN,
-            "--to",
-            o.to_str().unwrap(),
-            "--keep",
-            "1",
-        ])
+        bin()
+            .args([
+                "backup",
+                "pull",
+                "--from",
+                &a,
+                "--token",
+                ADMIN_TOKEN,
+                "--to",
+                o.to_str().unwrap(),
+                "--keep",
+                "1",
+            ])
+            .env("ANKUSA_BACKUP_REPORT", &r)
+            .output()
+            .unwrap()
     })
     .await
     .unwrap();
@@ -106,6 +113,7 @@ async fn a_pulled_backup_restores_to_the_same_store() {
     assert_eq!(second.len(), 1, "{second:?}");
     assert_ne!(second, first);
     assert!(out_dir.join("notes.txt").exists());
+    assert_reports(&report, &second[0]);
     let expect = counters::node(&node.store).unwrap();
     node.shutdown().await.unwrap();
 
@@ -275,6 +283,7 @@ async fn an_offline_backup_packs_a_closed_store_and_refuses_what_is_not_one() {
     }
     node.shutdown().await.unwrap();
     let to = dir.path().join("backups");
+    let report = dir.path().join("offline-report.json");
     let out = run(&[
         "backup",
         "offline",
@@ -282,6 +291,8 @@ async fn an_offline_backup_packs_a_closed_store_and_refuses_what_is_not_one() {
         db.to_str().unwrap(),
         "--to",
         to.to_str().unwrap(),
+        "--report",
+        report.to_str().unwrap(),
     ]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let mut archives: Vec<_> = std::fs::read_dir(&to)
@@ -289,10 +300,13 @@ async fn an_offline_backup_packs_a_closed_store_and_refuses_what_is_not_one() {
         .map(|e| e.unwrap().file_name().into_string().unwrap())
         .collect();
     archives.sort();
-    // The archive, and the store format it holds recorded beside it (for retention).
-    assert_eq!(archives.len(), 2, "{archives:?}");
-    assert!(archives[0].ends_with(".format") && archives[1].ends_with(".tar.zst"));
+    // The archive, and recorded beside it the store format it holds (for retention) and
+    // the size it unpacks to (for a restore's room check).
+    assert_eq!(archives.len(), 3, "{archives:?}");
+    assert!(archives[0].ends_with(".format") && archives[2].ends_with(".tar.zst"));
+    assert!(archives[1].ends_with(".store-bytes"));
     assert_eq!(std::fs::read_to_string(to.join(&archives[0])).unwrap(), "3");
+    assert_reports(&report, &to.join(&archives[2]));
     let restored = dir.path().join("restored");
     let (_, r) = restore_archive_in(&to, &restored);
     assert!(r.status.success(), "{}", text(&r.stderr));
@@ -557,4 +571,28 @@ async fn a_node_that_runs_keeps_only_the_newest_store_a_restore_replaced() {
     }
     assert_eq!(left(), ["db.replaced-3000", "db.replaced-notes"]);
     node.shutdown().await.unwrap();
+}
+
+/// A backup's `--report` names `archive`, its size and format, and the room left on its
+/// volume, as the file system gives it.
+fn assert_reports(report: &std::path::Path, archive: &std::path::Path) {
+    let r: ankusa_crds::node::BackupRunReport =
+        serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
+    let name = archive.file_name().unwrap().to_string_lossy();
+    assert_eq!(r.archive, name);
+    assert_eq!(r.bytes, std::fs::metadata(archive).unwrap().len());
+    assert_eq!(r.store_format, 3);
+    let space = ankusa_store::volume_space(archive.parent().unwrap()).unwrap();
+    let (free, total) = (r.volume_free_bytes.unwrap(), r.volume_bytes.unwrap());
+    assert_eq!(total, space.total);
+    assert!(free > 0 && free <= total, "{r:?}");
+    // The newest archive of each format there: this one, and the store it unpacks to.
+    let [f] = r.formats.as_slice() else {
+        panic!("{r:?}")
+    };
+    assert_eq!(
+        (f.store_format, &f.archive, f.bytes),
+        (3, &r.archive, r.bytes)
+    );
+    assert!(f.store_bytes.is_some_and(|b| b > 0), "{r:?}");
 }
