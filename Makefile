@@ -138,6 +138,7 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench latency
 	$(CARGO) bench -p ankusa-relay --bench fairness
 	$(CARGO) bench -p ankusa-relay --bench forward
+	$(CARGO) bench -p ankusa-relay --bench slow_clients
 	$(CARGO) bench -p ankusa-relay --bench drain
 	$(CARGO) bench -p ankusa-relay --bench archive
 	$(CARGO) bench -p ankusa-relay --bench tenant_quota

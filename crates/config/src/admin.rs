@@ -18,6 +18,7 @@ impl AdminConfig {
         )?;
         in_range("admin.backup_keep", self.backup_keep, 1..=100)?;
         in_range("admin.max_page", self.max_page, 1..=100_000)?;
+        self.connections.validate("admin")?;
         self.console.validate(secrets)?;
         let mut names = std::collections::BTreeSet::new();
         for (i, t) in self.tokens.iter().enumerate() {
@@ -54,6 +55,9 @@ pub struct AdminConfig {
     pub backup_keep: usize,
     /// The web console at `/ui/` (docs/console.md).
     pub console: ConsoleConfig,
+    /// Connections, and how long a client may take to send a request (the other nodes'
+    /// forwarded hooks and the backup Jobs' pulls come here too).
+    pub connections: crate::listen::ConnectionLimits,
 }
 
 impl Default for AdminConfig {
@@ -67,6 +71,7 @@ impl Default for AdminConfig {
             backup_dir: None,
             backup_keep: 2,
             console: ConsoleConfig::default(),
+            connections: crate::listen::ConnectionLimits::default(),
         }
     }
 }

@@ -12,7 +12,8 @@ impl IngestConfig {
             "ingest.body_limit_bytes",
             self.body_limit_bytes,
             1..=256 << 20,
-        )
+        )?;
+        self.connections.validate("ingest")
     }
 }
 
@@ -23,6 +24,8 @@ pub struct IngestConfig {
     pub listen: SocketAddr,
     /// Largest accepted body, unless a source sets its own.
     pub body_limit_bytes: usize,
+    /// Connections, and how long a client may take to send a request.
+    pub connections: crate::listen::ConnectionLimits,
 }
 
 impl Default for IngestConfig {
@@ -30,6 +33,7 @@ impl Default for IngestConfig {
         IngestConfig {
             listen: SocketAddr::from((std::net::Ipv6Addr::UNSPECIFIED, 8080)),
             body_limit_bytes: 1 << 20,
+            connections: crate::listen::ConnectionLimits::default(),
         }
     }
 }

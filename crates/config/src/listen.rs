@@ -7,6 +7,52 @@
 
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 
+use serde::{Deserialize, Serialize};
+
+use crate::{in_range, ConfigError};
+
+/// What one client may hold of a listener (`ingest.connections`, `admin.connections`): a
+/// few hundred connections that send nothing, or a byte a second, must not take a node
+/// off the air. Read when the listener starts.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct ConnectionLimits {
+    /// Connections open at once; one more is closed as it is accepted.
+    pub max: usize,
+    /// From a connection's start, or from the end of its last response, until a request's
+    /// headers are whole: a connection that sends them slower, or sits idle, is closed.
+    pub header_read_timeout_ms: u64,
+    /// From a request's headers until its body is whole: a body that takes longer is cut
+    /// and the request fails (408 where it can still be answered).
+    pub body_read_timeout_ms: u64,
+}
+
+impl Default for ConnectionLimits {
+    fn default() -> Self {
+        ConnectionLimits {
+            max: 4_096,
+            header_read_timeout_ms: 10_000,
+            body_read_timeout_ms: 60_000,
+        }
+    }
+}
+
+impl ConnectionLimits {
+    pub(crate) fn validate(&self, section: &str) -> Result<(), ConfigError> {
+        in_range(&format!("{section}.connections.max"), self.max, 1..=1_000_000)?;
+        in_range(
+            &format!("{section}.connections.header_read_timeout_ms"),
+            self.header_read_timeout_ms,
+            100..=600_000,
+        )?;
+        in_range(
+            &format!("{section}.connections.body_read_timeout_ms"),
+            self.body_read_timeout_ms,
+            100..=3_600_000,
+        )
+    }
+}
+
 /// Binds `addr` (non-blocking, for an async runtime), falling back from `[::]` to
 /// `0.0.0.0` on the same port when the kernel refuses IPv6.
 pub fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {

@@ -3,6 +3,8 @@
 //! readiness answer, and what a listener answers before the store is open. And the one
 //! HTTP(S) client the node's outgoing calls to other nodes and the admin CLI use.
 
+pub mod serve;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::http::StatusCode;

@@ -96,6 +96,8 @@ impl Listener {
     fn bind(
         key: &str,
         addr: SocketAddr,
+        limits: ankusa_config::listen::ConnectionLimits,
+        meters: crate::metrics::ListenerMeters,
         stop: &tokio::sync::watch::Receiver<bool>,
     ) -> Result<(Listener, tokio::task::JoinHandle<std::io::Result<()>>), NodeError> {
         let context = format!("binding {key} {addr}");
@@ -107,15 +109,22 @@ impl Listener {
         let (booted, mut done) = tokio::sync::watch::channel(false);
         let (end, ended) = tokio::sync::oneshot::channel();
         let mut stop = stop.clone();
+        // The booting server ends when the full router takes over or the node stops; its
+        // connections within the same limits (a client holding one open must not keep the
+        // full router from serving).
+        let (over, over_rx) = tokio::sync::watch::channel(false);
         let task = tokio::spawn(async move {
-            let served = axum::serve(early, crate::http::booting())
-                .with_graceful_shutdown(async move {
-                    tokio::select! {
-                        _ = done.wait_for(|d| *d) => {}
-                        _ = stop.wait_for(|s| *s) => {}
-                    }
-                })
-                .await;
+            let ending = tokio::spawn(async move {
+                tokio::select! {
+                    _ = done.wait_for(|d| *d) => {}
+                    _ = stop.wait_for(|s| *s) => {}
+                }
+                let _ = over.send(true);
+            });
+            let served =
+                crate::http::serve::serve(early, crate::http::booting(), limits, meters, over_rx)
+                    .await;
+            ending.abort();
             drop(end);
             served
         });
@@ -136,17 +145,22 @@ impl Listener {
     }
 
     /// Ends the booting server, waits until it has (so that no request is answered by it
-    /// once the full router serves), and serves `app` on the socket until the node stops.
+    /// once the full router serves), and serves `app` on the socket within `limits` until
+    /// the node stops.
     async fn serve(
         self,
         app: axum::Router,
+        limits: ankusa_config::listen::ConnectionLimits,
+        meters: crate::metrics::ListenerMeters,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, NodeError> {
         let _ = self.booted.send(true);
         let _ = self.ended.await;
         let listener = tokio::net::TcpListener::from_std(self.socket)
             .map_err(NodeError::io("serving a listener"))?;
-        Ok(serve(listener, app, stop))
+        Ok(tokio::spawn(crate::http::serve::serve(
+            listener, app, limits, meters, stop,
+        )))
     }
 }
 
@@ -185,20 +199,6 @@ impl std::fmt::Debug for Node {
             .field("admin_addr", &self.admin_addr)
             .finish()
     }
-}
-
-fn serve(
-    listener: tokio::net::TcpListener,
-    app: axum::Router,
-    mut stop: tokio::sync::watch::Receiver<bool>,
-) -> tokio::task::JoinHandle<std::io::Result<()>> {
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move {
-                let _ = stop.wait_for(|s| *s).await;
-            })
-            .await
-    })
 }
 
 /// Every `interval` until stopped, runs `pass` on a blocking thread with its state (a
@@ -770,20 +770,32 @@ impl Node {
         // once, and `/healthz` answers (`/readyz` 503 `store_opening`) while the store
         // opens and replays its WAL.
         let (shutdown, stop) = tokio::sync::watch::channel(false);
-        let (ingest, early_ingest) = Listener::bind("ingest.listen", config.ingest.listen, &stop)?;
+        let metrics = Arc::new(Metrics::new());
+        let (ingest, early_ingest) = Listener::bind(
+            "ingest.listen",
+            config.ingest.listen,
+            config.ingest.connections,
+            metrics.listeners.listener("ingest"),
+            &stop,
+        )?;
         let mut early = vec![early_ingest];
-        let (admin_l, early_admin) =
-            match Listener::bind("admin.listen", config.admin.listen, &stop) {
-                Ok(l) => l,
-                Err(e) => return Err(Self::failed(&shutdown, early, e).await),
-            };
+        let (admin_l, early_admin) = match Listener::bind(
+            "admin.listen",
+            config.admin.listen,
+            config.admin.connections,
+            metrics.listeners.listener("admin"),
+            &stop,
+        ) {
+            Ok(l) => l,
+            Err(e) => return Err(Self::failed(&shutdown, early, e).await),
+        };
         early.push(early_admin);
         let (ingest_addr, admin_addr) = match (ingest.local_addr(), admin_l.local_addr()) {
             (Ok(i), Ok(a)) => (i, a),
             (Err(e), _) | (_, Err(e)) => return Err(Self::failed(&shutdown, early, e).await),
         };
         tracing::info!(%ingest_addr, %admin_addr, "listening; opening the store");
-        match Self::boot(config, admin_l, ingest, stop).await {
+        match Self::boot(config, metrics, admin_l, ingest, stop).await {
             Ok(parts) => Ok(Node {
                 ingest_addr,
                 admin_addr,
@@ -821,6 +833,7 @@ impl Node {
     /// ingest router, starts the pipeline and the periodic tasks.
     async fn boot(
         config: Config,
+        metrics: Arc<Metrics>,
         admin_l: Listener,
         ingest: Listener,
         stop: tokio::sync::watch::Receiver<bool>,
@@ -847,7 +860,6 @@ impl Node {
                 source,
             })?;
         let store = Arc::new(store);
-        let metrics = Arc::new(Metrics::new());
         metrics.tenants_max.set(i64::from(config.tenants.max));
         // From the first scrape (the write probe keeps them current every second).
         set_store_memory(&store, &metrics);
@@ -912,7 +924,20 @@ impl Node {
         } else {
             admin_app
         };
-        let mut servers = vec![admin_l.serve(admin_app, stop.clone()).await?];
+        let edge_cluster = cluster.clone();
+        let admin_app = admin_app.layer(axum::middleware::from_fn(move |req, next| {
+            crate::cluster::edge(edge_cluster.clone(), true, req, next)
+        }));
+        let mut servers = vec![
+            admin_l
+                .serve(
+                    admin_app,
+                    config.admin.connections,
+                    metrics.listeners.listener("admin"),
+                    stop.clone(),
+                )
+                .await?,
+        ];
 
         let boot_store = store.clone();
         let max_tenants = config.tenants.max;
@@ -1055,8 +1080,16 @@ impl Node {
         servers.push(
             ingest
                 .serve(
-                    crate::ingest::router(ingest_state)
-                        .merge(crate::pull::http::router(gateway.clone())),
+                    {
+                        let edge_cluster = cluster.clone();
+                        crate::ingest::router(ingest_state)
+                            .merge(crate::pull::http::router(gateway.clone()))
+                            .layer(axum::middleware::from_fn(move |req, next| {
+                                crate::cluster::edge(edge_cluster.clone(), false, req, next)
+                            }))
+                    },
+                    config.ingest.connections,
+                    metrics.listeners.listener("ingest"),
                     stop.clone(),
                 )
                 .await?,

@@ -22,7 +22,7 @@ impl Modify for Security {
         );
         c.add_security_scheme(
             "cluster",
-            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("ankusa-cluster-token"))),
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("ankusa-node-auth"))),
         );
     }
 }

@@ -85,6 +85,21 @@ impl std::fmt::Debug for Verifier {
     }
 }
 
+impl Verifier {
+    /// The request headers this verifier reads (lower case).
+    pub fn header_names(&self) -> Vec<&str> {
+        match self {
+            Verifier::None => Vec::new(),
+            Verifier::HmacSha256 { header, .. } => vec![header.as_str()],
+            Verifier::StandardWebhooks { .. } => {
+                vec!["webhook-id", "webhook-timestamp", "webhook-signature"]
+            }
+            Verifier::Github { .. } => vec!["x-hub-signature-256"],
+            Verifier::Stripe { .. } => vec!["stripe-signature"],
+        }
+    }
+}
+
 /// Headers as the verifier sees them (lower-case names).
 pub trait Headers {
     fn get(&self, name: &str) -> Option<&str>;

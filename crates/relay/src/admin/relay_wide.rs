@@ -148,12 +148,27 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
     };
     let owner = cluster.owner_of(&tenant).clone();
     let (parts, body) = req.into_parts();
-    let Ok(body) = body.collect().await.map(|c| c.to_bytes()) else {
-        return error(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
-            "the body could not be read",
-        );
+    // Read before the owner (or this node's handler) checks the token's scope: bounded,
+    // as every admin body the handlers read is far below it.
+    let body = match http_body_util::Limited::new(body, MAX_ROUTED_BODY)
+        .collect()
+        .await
+    {
+        Ok(c) => c.to_bytes(),
+        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+            return error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "an admin request about a tenant carries at most 1 MiB",
+            );
+        }
+        Err(_) => {
+            return error(
+                StatusCode::BAD_REQUEST,
+                "bad_request",
+                "the body could not be read",
+            );
+        }
     };
     let pq = parts
         .uri

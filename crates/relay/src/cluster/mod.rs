@@ -35,7 +35,6 @@ use axum::response::Response;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use sha2::Digest;
-use subtle::ConstantTimeEq;
 
 use crate::metrics::{ForwardLabels, KindLabel, Metrics};
 use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, LendRequest, Lent, SlotLedger, Stored};
@@ -44,8 +43,12 @@ use ankusa_queue::registry::{Admission, Ledger, Registry, Shares};
 use ankusa_queue::QueueError;
 use ankusa_store::{Store, StoreError};
 
-/// The cluster token a node shows another.
-pub const TOKEN_HEADER: &str = "ankusa-cluster-token";
+pub mod auth;
+
+/// On a request the listener's edge found signed by a node of the Relay ([`auth`]): that
+/// node's name. The edge removes every `ankusa-*` header of any other request, so only
+/// the edge sets it.
+pub const VERIFIED_HEADER: &str = "ankusa-node-verified";
 /// On a forwarded hook: the node that forwarded it.
 pub const FORWARDED_BY: &str = "ankusa-forwarded-by";
 /// On an admin call one node sends another: answer it here, do not route it again.
@@ -78,7 +81,8 @@ pub struct Cluster {
     /// The places in `members` of the nodes that own tenants (those not leaving).
     owners: Vec<usize>,
     me: usize,
-    token: HeaderValue,
+    /// Signs this node's requests and checks the others' (with two nodes or more).
+    auth: Option<auth::NodeAuth>,
     client: crate::http::Client,
     timeout: Duration,
     metrics: Arc<Metrics>,
@@ -144,16 +148,14 @@ impl Cluster {
             .as_ref()
             .and_then(|n| members.iter().position(|m| &m.name == n))
             .unwrap_or(0);
-        let token = match &c.token {
-            Some(t) => HeaderValue::from_bytes(&t.resolve("cluster.token")?).map_err(|_| {
-                ankusa_config::ConfigError::Invalid {
-                    key: "cluster.token".into(),
-                    message: "must be printable ASCII (it travels in a header)".into(),
-                }
-            })?,
-            None => HeaderValue::from_static(""),
-        };
         let multi = members.len() > 1;
+        let auth = match &c.token {
+            Some(t) if multi => Some(auth::NodeAuth::new(
+                &t.resolve("cluster.token")?,
+                members.get(me).map_or("", |m| m.name.as_str()),
+            )),
+            _ => None,
+        };
         metrics.cluster_nodes.set(members.len().max(1) as i64);
         // A leaving node owns nothing, so it admits nothing: no part of the registry.
         let registry = if multi && !members[me].leaving {
@@ -180,7 +182,7 @@ impl Cluster {
             members,
             owners,
             me,
-            token,
+            auth,
             client: crate::http::client(Duration::from_secs(2))?,
             timeout: Duration::from_millis(c.forward_timeout_ms),
             metrics,
@@ -302,12 +304,15 @@ impl Cluster {
             .len()
     }
 
-    /// Whether `headers` carry the cluster token (constant time).
+    /// Whether a request came from a node of the Relay: the listener's edge checked its
+    /// signature ([`edge`]).
     pub fn authentic(&self, headers: &HeaderMap) -> bool {
-        self.is_multi()
-            && headers
-                .get(TOKEN_HEADER)
-                .is_some_and(|v| bool::from(v.as_bytes().ct_eq(self.token.as_bytes())))
+        self.is_multi() && headers.contains_key(VERIFIED_HEADER)
+    }
+
+    /// The signer and checker of node requests (`None`: a single node).
+    pub fn auth(&self) -> Option<&auth::NodeAuth> {
+        self.auth.as_ref()
     }
 
     /// Makes sure the registry holds `tenant` before this node, its owner, stores a hook
@@ -700,18 +705,26 @@ impl Cluster {
         headers: &HeaderMap,
         body: Bytes,
     ) -> Result<Response, String> {
-        let mut req = hyper::Request::builder()
-            .method(method)
-            .uri(format!("{base}{path_and_query}"));
+        let uri: hyper::Uri = format!("{base}{path_and_query}")
+            .parse()
+            .map_err(|e: hyper::http::uri::InvalidUri| e.to_string())?;
+        // Signed as the receiver sees it (a base URL with a path of its own included).
+        let signed_path = uri
+            .path_and_query()
+            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+        let mut req = hyper::Request::builder().method(method.clone()).uri(uri);
         for (k, v) in headers {
             if !is_hop_by_hop(k) {
                 req = req.header(k, v);
             }
         }
-        let req = req
-            .header(TOKEN_HEADER, self.token.clone())
-            .body(Full::new(body))
-            .map_err(|e| e.to_string())?;
+        if let Some(auth) = &self.auth {
+            req = req.header(
+                auth::AUTH_HEADER,
+                auth.sign(&method, &signed_path, &body, ankusa_keyspace::now_ms()),
+            );
+        }
+        let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
         let resp = self.client.request(req).await.map_err(|e| e.to_string())?;
         let (parts, body) = resp.into_parts();
         let bytes = Limited::new(body, MAX_ANSWER)
@@ -730,6 +743,100 @@ impl Cluster {
     }
 }
 
+/// The most bytes of a node's signed request read at the edge (a forwarded hook of the
+/// largest source limit, or a handoff batch).
+const MAX_NODE_BODY: usize = (256 << 20) + (1 << 20);
+
+/// Every listener's edge: a request signed as a node's ([`auth::AUTH_HEADER`]) is checked —
+/// its head before its body is read, then its body — and refused with 401
+/// `node_unauthorized` (503 while the replay window is full) unless it is whole; a checked
+/// one goes on with [`VERIFIED_HEADER`] naming its node. Any other request loses every
+/// `ankusa-*` header on the way in (only nodes send them), but `ankusa-cluster-local` on
+/// the admin listener (`admin`), which asks a node to answer a call itself and carries no
+/// authority of its own: the bearer token still decides.
+pub async fn edge(
+    cluster: Arc<Cluster>,
+    admin: bool,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> Response {
+    let (mut parts, body) = req.into_parts();
+    if !parts.headers.contains_key(auth::AUTH_HEADER) {
+        let internal: Vec<HeaderName> = parts
+            .headers
+            .keys()
+            .filter(|k| k.as_str().starts_with("ankusa-") && !(admin && *k == LOCAL_HEADER))
+            .cloned()
+            .collect();
+        for k in internal {
+            parts.headers.remove(k);
+        }
+        return next.run(axum::extract::Request::from_parts(parts, body)).await;
+    }
+    let refuse = |e: auth::Refused| {
+        cluster
+            .metrics
+            .cluster_auth_refused
+            .get_or_create(&KindLabel {
+                kind: e.kind().to_owned(),
+            })
+            .inc();
+        tracing::warn!(error = %e, "a request signed as a node's was refused");
+        if e == auth::Refused::Full {
+            return crate::http::with_retry_after(
+                crate::http::error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()),
+                1,
+            );
+        }
+        crate::http::error(StatusCode::UNAUTHORIZED, "node_unauthorized", e.to_string())
+    };
+    let Some(auth) = cluster.auth() else {
+        cluster
+            .metrics
+            .cluster_auth_refused
+            .get_or_create(&KindLabel {
+                kind: "not_a_relay".to_owned(),
+            })
+            .inc();
+        return crate::http::error(
+            StatusCode::UNAUTHORIZED,
+            "node_unauthorized",
+            "this node is not part of a Relay of several nodes",
+        );
+    };
+    let pq = parts
+        .uri
+        .path_and_query()
+        .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+    let signed = match auth.verify(&parts.method, &pq, &parts.headers, ankusa_keyspace::now_ms()) {
+        Ok(s) => s,
+        Err(e) => return refuse(e),
+    };
+    cluster
+        .metrics
+        .cluster_auth_nonces
+        .set(auth.remembered() as i64);
+    let bytes = match Limited::new(body, MAX_NODE_BODY).collect().await {
+        Ok(c) => c.to_bytes(),
+        Err(_) => {
+            return crate::http::error(
+                StatusCode::BAD_REQUEST,
+                "bad_body",
+                "the body could not be read whole",
+            )
+        }
+    };
+    if let Err(e) = signed.check_body(&bytes) {
+        return refuse(e);
+    }
+    parts.headers.remove(auth::AUTH_HEADER);
+    if let Ok(v) = HeaderValue::from_str(&signed.node) {
+        parts.headers.insert(VERIFIED_HEADER, v);
+    }
+    next.run(axum::extract::Request::from_parts(parts, Body::from(bytes)))
+        .await
+}
+
 /// Headers that describe one connection, and the cluster's own (never passed on as they
 /// came).
 fn is_hop_by_hop(name: &HeaderName) -> bool {
@@ -745,7 +852,8 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
             | "upgrade"
             | "proxy-authorization"
             | "proxy-connection"
-            | TOKEN_HEADER
+            | auth::AUTH_HEADER
+            | VERIFIED_HEADER
     )
 }
 

@@ -33,6 +33,10 @@ use ankusa_verify::{standard_webhooks_key, standard_webhooks_sign};
 
 use crate::http::Https;
 
+/// The most of a sink's answer body read (and dropped) after its status: enough for the
+/// connection of a usual answer to be reused, never the memory of one without end.
+pub const RESPONSE_DRAIN_BYTES: usize = 64 << 10;
+
 /// A sink, ready to deliver to.
 #[derive(Debug)]
 pub struct Sink {
@@ -413,8 +417,17 @@ impl Deliverer {
                 .and_then(|v| v.to_str().ok())
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
-            // Drain the body so the connection goes back to the pool.
-            let _ = resp.into_body().collect().await;
+            // Drain a short body so the connection goes back to the pool; a longer one (a
+            // sink that streams without end, say) is dropped with its connection. Nothing
+            // of it is kept: the status is the answer.
+            let mut body = resp.into_body();
+            let mut drained = 0usize;
+            while drained <= RESPONSE_DRAIN_BYTES {
+                match body.frame().await {
+                    Some(Ok(frame)) => drained += frame.data_ref().map_or(0, |d| d.len()),
+                    _ => break,
+                }
+            }
             Ok::<_, hyper_util::client::legacy::Error>((status, retry_after))
         })
         .await;

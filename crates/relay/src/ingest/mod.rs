@@ -62,6 +62,30 @@ pub struct Source {
 use ankusa_verify::request::{forwarded, idempotency_of, tenant_of, JsonBody};
 pub use ankusa_verify::request::{MAX_FORWARD_BYTES, MAX_FORWARD_VALUE};
 
+impl Source {
+    /// What the quarantine keeps of a request's headers: its content type and user agent,
+    /// the headers its verifier reads, the one naming its tenant, and those the source
+    /// forwards (its provider's event headers) — never credentials, cookies or anything
+    /// else a client sent.
+    pub fn kept(&self, headers: &HeaderMap) -> HeaderMap {
+        let tenant = match &self.tenant {
+            Some(TenantFrom::Header(h)) => Some(h.to_ascii_lowercase()),
+            _ => None,
+        };
+        headers
+            .iter()
+            .filter(|(k, _)| {
+                let k = k.as_str();
+                matches!(k, "content-type" | "content-length" | "user-agent")
+                    || self.verifier.header_names().contains(&k)
+                    || tenant.as_deref() == Some(k)
+                    || self.forward.iter().any(|f| f.as_str() == k)
+            })
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect()
+    }
+}
+
 /// Builds the sources of a validated configuration (resolving their secrets).
 pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> {
     let mut out = HashMap::new();
@@ -468,8 +492,13 @@ async fn handle<'a>(
                 "a request failed verification (401); kept in the quarantine"
             );
         }
-        s.quarantine
-            .keep(src.id.clone(), why.to_string(), &headers, &bytes);
+        // A forwarded hook was verified by the node that forwarded it: failing here means
+        // the two nodes hold different secrets (a rotation half read), not a bad request.
+        // It is kept once, there, never again here.
+        if !forwarded_in {
+            s.quarantine
+                .keep(src.id.clone(), why.to_string(), &src.kept(&headers), &bytes);
+        }
         let r = crate::http::error_why(
             StatusCode::UNAUTHORIZED,
             "unauthorized",

@@ -2,8 +2,11 @@
 //!
 //! Bounded by entry count and bytes (`quarantine.max_entries`, `quarantine.max_bytes`);
 //! past either, a failing request is still refused with 401 but not kept, and
-//! `ankusa_quarantine_dropped_total` counts it. Credentials (`authorization`, `cookie`)
-//! are not kept. Quarantine rows never create a tenant ordinal. The rows themselves are the
+//! `ankusa_quarantine_dropped_total` counts it. Of a request's headers only what its
+//! source allows is kept (`ingest::Source::kept`: the content type and user agent, the
+//! verifier's, tenant and forwarded headers); credentials (`authorization`, `cookie`) never
+//! are, whatever a source names. A hook another node forwarded is never kept here: the
+//! node it reached first kept it. Quarantine rows never create a tenant ordinal. The rows themselves are the
 //! queue crate's (`queue::quarantine`).
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -113,6 +113,82 @@ impl PullMetrics {
     }
 }
 
+/// The listeners' connections (`ingest`, `admin`): what a client holds of them.
+#[derive(Debug)]
+pub struct ListenerMetrics {
+    open: Family<ListenerLabel, Gauge>,
+    refused: Family<ListenerLabel, Counter>,
+    timeouts: Family<TimeoutLabels, Counter>,
+}
+
+/// A listener (`ingest` or `admin`).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabel {
+    pub listener: &'static str,
+}
+
+/// A listener, and what a client was too slow to send (`headers`: a request's headers, or
+/// any request on an idle connection; `body`: a request's body).
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TimeoutLabels {
+    pub listener: &'static str,
+    pub phase: &'static str,
+}
+
+/// One listener's series.
+#[derive(Debug, Clone)]
+pub struct ListenerMeters {
+    /// Connections open.
+    pub open: Gauge,
+    /// Connections closed as they were accepted: the listener held its `connections.max`.
+    pub refused: Counter,
+    pub header_timeouts: Counter,
+    pub body_timeouts: Counter,
+}
+
+impl ListenerMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let m = ListenerMetrics {
+            open: Family::default(),
+            refused: Family::default(),
+            timeouts: Family::default(),
+        };
+        registry.register(
+            "ankusa_http_connections",
+            "Connections open, by listener",
+            m.open.clone(),
+        );
+        registry.register(
+            "ankusa_http_connections_refused",
+            "Connections closed as they were accepted because the listener held its connections.max, by listener",
+            m.refused.clone(),
+        );
+        registry.register(
+            "ankusa_http_timeouts",
+            "Connections and requests cut because the client was too slow: phase headers (a request's headers, or an idle connection) or body, by listener",
+            m.timeouts.clone(),
+        );
+        m
+    }
+
+    pub fn listener(&self, listener: &'static str) -> ListenerMeters {
+        let timeouts = |phase| {
+            self.timeouts
+                .get_or_create(&TimeoutLabels { listener, phase })
+                .clone()
+        };
+        ListenerMeters {
+            open: self.open.get_or_create(&ListenerLabel { listener }).clone(),
+            refused: self
+                .refused
+                .get_or_create(&ListenerLabel { listener })
+                .clone(),
+            header_timeouts: timeouts("headers"),
+            body_timeouts: timeouts("body"),
+        }
+    }
+}
+
 /// The `source` label of requests naming no configured source.
 pub const UNKNOWN_SOURCE: &str = "_unknown";
 
@@ -319,6 +395,8 @@ pub struct Metrics {
     pub registry: Registry,
     /// The claim gateway's, per pull sink.
     pub pull: PullMetrics,
+    /// The listeners' connections.
+    pub listeners: ListenerMetrics,
     pub ingest_requests: Family<IngestLabels, Counter>,
     pub ingest_latency: Histogram,
     /// Configuration reloads, by outcome (applied, unchanged, refused).
@@ -398,6 +476,10 @@ pub struct Metrics {
     pub cluster_forwards: Family<ForwardLabels, Counter>,
     /// Time from sending a request to another node to its answer.
     pub cluster_forward_seconds: Family<KindLabel, Histogram>,
+    /// Requests signed as a node's that the edge refused, by reason.
+    pub cluster_auth_refused: Family<KindLabel, Counter>,
+    /// Nonces of node requests remembered (the replay window).
+    pub cluster_auth_nonces: Gauge,
     /// Nodes in the Relay's node list (1 when there is none).
     pub cluster_nodes: Gauge,
     /// Tenants this node has taken hooks for as their owner since it started.
@@ -706,6 +788,18 @@ impl Metrics {
             "Time from sending a request to another node of the Relay to its answer",
             cluster_forward_seconds.clone(),
         );
+        let cluster_auth_refused = Family::<KindLabel, Counter>::default();
+        registry.register(
+            "ankusa_cluster_auth_refused",
+            "Requests signed as another node's that this node refused, by reason: malformed, bad_signature, stale, replayed, full, body_mismatch, not_a_relay",
+            cluster_auth_refused.clone(),
+        );
+        let cluster_auth_nonces = Gauge::default();
+        registry.register(
+            "ankusa_cluster_auth_nonces",
+            "Nonces of the other nodes' requests remembered to refuse a replay (at most 1048576)",
+            cluster_auth_nonces.clone(),
+        );
         let cluster_nodes = Gauge::default();
         registry.register(
             "ankusa_cluster_nodes",
@@ -815,8 +909,10 @@ impl Metrics {
             tenants_over_quota.clone(),
         );
         let pull = PullMetrics::register(&mut registry);
+        let listeners = ListenerMetrics::register(&mut registry);
         Metrics {
             pull,
+            listeners,
             queue_state,
             oldest_due_age,
             tenant_pending,
@@ -833,6 +929,8 @@ impl Metrics {
             store_corruption,
             cluster_forwards,
             cluster_forward_seconds,
+            cluster_auth_refused,
+            cluster_auth_nonces,
             cluster_nodes,
             cluster_tenants_owned,
             cluster_tenants_registered,

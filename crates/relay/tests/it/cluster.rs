@@ -565,8 +565,29 @@ fn scaling_from_three_to_four_nodes_moves_a_quarter_of_the_tenants_and_loses_not
     assert_eq!(owned3 as usize, moved.len(), "{all}");
 }
 
+/// `ankusa-node-auth` for a request node `node` sends to `path` with `body`, signed with
+/// `secret` at `t_ms`.
+fn node_signed(secret: &str, node: &str, path: &str, body: &str, t_ms: u64) -> (&'static str, String) {
+    let v = ankusa_relay::cluster::auth::NodeAuth::new(secret.as_bytes(), node).sign(
+        &hyper::Method::POST,
+        path,
+        body.as_bytes(),
+        t_ms,
+    );
+    (
+        ankusa_relay::cluster::auth::AUTH_HEADER,
+        v.to_str().unwrap().to_owned(),
+    )
+}
+
+/// Node identity through the real listeners: a request signed with another secret, a
+/// signed one sent again (a replay), one signed too long ago and one whose body is not the
+/// signed one are refused (401 `node_unauthorized`, nothing kept); the static header of
+/// older releases is nothing, and a provider's request that says it was forwarded loses
+/// the mark at the edge and is routed like any other; the tenant registry's doors want a
+/// node's signature, which no admin token stands for.
 #[test]
-fn a_forwarded_hook_without_the_cluster_token_is_refused() {
+fn a_request_not_signed_by_a_node_of_the_relay_is_refused_and_a_replay_too() {
     let mut r = Relay::new(2, "");
     r.start_all();
     let c = client();
@@ -576,23 +597,58 @@ fn a_forwarded_hook_without_the_cluster_token_is_refused() {
             "sha256={}",
             hex(&hmac_sha256(GH_SECRET.as_bytes(), &[body.as_bytes()]))
         );
-        let a = post(
-            &c,
-            &r.ingest_url(0),
-            &[
-                ("x-hub-signature-256", sig),
+        let hook = |extra: Vec<(&'static str, String)>| {
+            let mut h = vec![
+                ("x-hub-signature-256", sig.clone()),
                 ("x-tenant", "t".to_owned()),
                 ("ankusa-forwarded-by", "relay-1".to_owned()),
-                (
-                    "ankusa-cluster-token",
-                    "not-the-token-0123456789".to_owned(),
-                ),
-            ],
+            ];
+            h.extend(extra);
+            h
+        };
+        let now = ankusa_keyspace::now_ms();
+        let refused = |a: &Resp, why: &str| {
+            assert_eq!(a.status, 401, "{:?}", a.json());
+            assert_eq!(a.json()["error"], "node_unauthorized", "{:?}", a.json());
+            assert!(
+                a.json()["message"].as_str().unwrap().contains(why),
+                "{:?}",
+                a.json()
+            );
+        };
+        let other_secret = node_signed("another-secret-0123456789", "relay-1", "/ingest/gh", body, now);
+        refused(&post(&c, &r.ingest_url(0), &hook(vec![other_secret]), body).await, "does not match");
+        let stale = node_signed(CLUSTER_TOKEN, "relay-1", "/ingest/gh", body, now - 120_000);
+        refused(&post(&c, &r.ingest_url(0), &hook(vec![stale]), body).await, "from this node's clock");
+        let other_body = node_signed(CLUSTER_TOKEN, "relay-1", "/ingest/gh", r#"{"x":1}"#, now);
+        refused(&post(&c, &r.ingest_url(0), &hook(vec![other_body]), body).await, "digest");
+        // A node's request, taken once; the same bytes again are a replay.
+        let good = node_signed(CLUSTER_TOKEN, "relay-1", "/ingest/gh", body, now);
+        let a = post(&c, &r.ingest_url(0), &hook(vec![good.clone()]), body).await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+        refused(&post(&c, &r.ingest_url(0), &hook(vec![good]), body).await, "seen before");
+        // The older releases' static header proves nothing: the mark is dropped at the
+        // edge and the hook is routed to its owner like a provider's.
+        let forwards = |i: usize| {
+            let (_, m) = http_get(r.specs[i].admin, "/metrics").unwrap();
+            ankusa_relay::testkit::metric(
+                &m,
+                r#"ankusa_cluster_forwards_total{kind="ingest",outcome="answered"}"#,
+            )
+            .unwrap_or(0.0)
+        };
+        let owner = r.owner("t");
+        let before = forwards(1 - owner);
+        let a = post(
+            &c,
+            &r.ingest_url(1 - owner),
+            &hook(vec![("ankusa-cluster-token", CLUSTER_TOKEN.to_owned())]),
             body,
         )
         .await;
-        assert_eq!(a.status, 401, "{:?}", a.json());
-        // The tenant registry's doors want the token too.
+        assert_eq!(a.status, 202, "{:?}", a.json());
+        assert_eq!(forwards(1 - owner), before + 1.0, "the hook was not sent to its owner");
+        // The tenant registry's doors want a node's signature.
         let a = post(
             &c,
             &format!(
@@ -606,7 +662,12 @@ fn a_forwarded_hook_without_the_cluster_token_is_refused() {
         assert_eq!(a.status, 401, "{:?}", a.json());
         let (status, _) =
             http_get_auth_token(r.specs[0].admin, "/cluster/v1/slots", ADMIN).unwrap();
-        assert_eq!(status, 401, "an admin token is not the cluster token");
+        assert_eq!(status, 401, "an admin token is not a node's signature");
+        // Nothing of these requests is in either quarantine.
+        for i in 0..2 {
+            let (_, q) = r.admin_get(i, "/v1/quarantine");
+            assert_eq!(q["items"].as_array().map_or(0, Vec::len), 0, "{q}");
+        }
     });
 }
 
@@ -638,7 +699,13 @@ fn a_tenants_view_dlq_replay_and_purge_add_up_what_a_former_owner_still_holds() 
                 ("x-github-delivery", "d-former".to_owned()),
                 ("x-tenant", t.clone()),
                 ("ankusa-forwarded-by", "relay-1".to_owned()),
-                ("ankusa-cluster-token", CLUSTER_TOKEN.to_owned()),
+                node_signed(
+                    CLUSTER_TOKEN,
+                    "relay-1",
+                    "/ingest/gh",
+                    body,
+                    ankusa_keyspace::now_ms(),
+                ),
             ],
             body,
         )

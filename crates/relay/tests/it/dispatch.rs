@@ -944,3 +944,63 @@ async fn many_tenants_are_all_delivered() {
     assert_eq!(ids.len(), 200);
     h.node.stop().await;
 }
+
+/// A sink that answers 200 and then streams its body without end (a tenant's endpoint
+/// can): the hook is delivered on the status, at once, the node reads at most
+/// `RESPONSE_DRAIN_BYTES` of the body and drops the connection, and it does not wait for
+/// the sink's timeout or hold the stream in memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sink_that_streams_an_endless_answer_is_delivered_on_its_status() {
+    use std::sync::atomic::AtomicU64;
+    let sent = std::sync::Arc::new(AtomicU64::new(0));
+    let streamed = sent.clone();
+    let app = axum::Router::new().route(
+        "/endless",
+        axum::routing::post(move || {
+            let sent = streamed.clone();
+            async move {
+                let chunk = bytes::Bytes::from(vec![b'x'; 16 << 10]);
+                let stream = futures_util::stream::repeat_with(move || {
+                    sent.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    Ok::<_, std::convert::Infallible>(chunk.clone())
+                });
+                axum::body::Body::from_stream(stream)
+            }
+        }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = l.local_addr().unwrap().port();
+    tokio::spawn(async move { axum::serve(l, app).await });
+    let node = TestNode::builder()
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("retry: { schedule_ms: [600000], max_attempts: 3, jitter: none }")
+        .sink_yaml(&format!(
+            "{{ id: s, url: \"http://127.0.0.1:{port}/endless\", timeout_ms: 60000 }}"
+        ))
+        .route("r", &["s"])
+        .open_source("in", "r")
+        .start()
+        .await;
+    let started = Instant::now();
+    let r = post(&client(), &node.ingest_url("in"), &[], b"{}".to_vec()).await;
+    assert_eq!(r.status, 202);
+    eventually(10, "the hook delivered", || {
+        node.metrics
+            .encode()
+            .contains(r#"ankusa_delivery_attempts_total{sink="s",outcome="delivered"} 1"#)
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(10),
+        "{:?}",
+        started.elapsed()
+    );
+    // What the sink wrote before the node let go: its drain cap, plus what the sockets'
+    // buffers took — never the stream.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let streamed = sent.load(Ordering::Relaxed);
+    assert!(streamed < 64 << 20, "{streamed} bytes streamed");
+    let c = counters::node(&node.store).unwrap();
+    assert_eq!((c.pending, c.scheduled, c.inflight, c.dead), (0, 0, 0, 0));
+    node.stop().await;
+}

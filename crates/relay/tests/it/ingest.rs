@@ -135,10 +135,19 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
     assert_eq!(r.status, 202);
     assert!(r.json()["id"].as_str().unwrap().starts_with("hk_"));
     let bad = format!("sha256={}", hex(&hmac_sha256(b"wrong", &[body])));
+    // With what a client may add: credentials, a header of its own, the static header of
+    // older releases' nodes. The quarantine keeps none of them.
     let r = t
         .post(
             "shared",
-            &[("x-signature", bad), ("x-tenant", "t1".into())],
+            &[
+                ("x-signature", bad),
+                ("x-tenant", "t1".into()),
+                ("authorization", "Bearer caller-secret-0123".into()),
+                ("cookie", "session=caller-cookie".into()),
+                ("x-internal-secret", "caller-internal-secret".into()),
+                ("ankusa-cluster-token", "caller-cluster-token".into()),
+            ],
             body,
         )
         .await;
@@ -258,6 +267,19 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
         .iter()
         .any(|e| e["reason"] == "timestamp outside the tolerance"));
     assert!(q.iter().any(|e| e["reason"] == "signature mismatch"));
+    // Kept by an allow list: the source's verification and tenant headers, the content
+    // type; nothing else the client sent.
+    for e in &q {
+        let h = e["headers"].to_string();
+        for never in ["authorization", "cookie", "x-internal-secret", "ankusa-", "caller-"] {
+            assert!(!h.contains(never), "{never} kept: {h}");
+        }
+    }
+    let shared = q
+        .iter()
+        .find(|e| e["source"] == "shared" && e["headers"].to_string().contains("x-signature"))
+        .expect("the shared source's bad signature");
+    assert!(shared["headers"].to_string().contains("x-tenant"), "{shared}");
     let m = t.metrics().await;
     assert!(
         m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="quarantined"} 3"#),

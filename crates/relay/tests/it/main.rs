@@ -16,6 +16,7 @@ mod erase;
 mod faults;
 mod image;
 mod ingest;
+mod listeners;
 mod logs;
 mod memory;
 mod objstore;
