@@ -58,6 +58,8 @@ pub struct AdminConfig {
     /// Connections, and how long a client may take to send a request (the other nodes'
     /// forwarded hooks and the backup Jobs' pulls come here too).
     pub connections: crate::listen::ConnectionLimits,
+    /// Who may read `/metrics`, and whether it names tenants.
+    pub metrics: MetricsAccess,
 }
 
 impl Default for AdminConfig {
@@ -72,6 +74,7 @@ impl Default for AdminConfig {
             backup_keep: 2,
             console: ConsoleConfig::default(),
             connections: crate::listen::ConnectionLimits::default(),
+            metrics: MetricsAccess::default(),
         }
     }
 }
@@ -173,6 +176,28 @@ pub enum ScopeConfig {
     /// Taking and fetching backups (`/v1/backups*`), nothing else: the token the
     /// operator's backup Jobs hold.
     Backup,
+    /// Reading `/metrics`, nothing else: a scraper's token.
+    Metrics,
+}
+
+/// Who may read `/metrics`, and what it names (`admin.metrics`). Read at start.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, default)]
+pub struct MetricsAccess {
+    /// `/metrics` answers only a bearer token of admin or metrics scope (401 without one,
+    /// 403 for another scope).
+    pub token_required: bool,
+    /// Series labelled with a tenant id (`tenant="…"`) are exported; `false` drops them.
+    pub tenant_labels: bool,
+}
+
+impl Default for MetricsAccess {
+    fn default() -> Self {
+        MetricsAccess {
+            token_required: false,
+            tenant_labels: true,
+        }
+    }
 }
 
 impl TokenConfig {

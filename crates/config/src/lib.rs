@@ -36,7 +36,7 @@ mod tenants;
 mod tls;
 mod writer;
 
-pub use admin::{AdminConfig, ConsoleConfig, ScopeConfig, TokenConfig};
+pub use admin::{AdminConfig, ConsoleConfig, MetricsAccess, ScopeConfig, TokenConfig};
 pub use archive::{ArchiveConfig, ArchivePolicy, ArchiveSetting};
 pub use backup::{
     s3_location, s3_node_url, BackupConfig, ObjectStoreConfig, DEFAULT_BACKUP_BYTES_PER_SECOND,

@@ -39,7 +39,11 @@ impl Default for ConnectionLimits {
 
 impl ConnectionLimits {
     pub(crate) fn validate(&self, section: &str) -> Result<(), ConfigError> {
-        in_range(&format!("{section}.connections.max"), self.max, 1..=1_000_000)?;
+        in_range(
+            &format!("{section}.connections.max"),
+            self.max,
+            1..=1_000_000,
+        )?;
         in_range(
             &format!("{section}.connections.header_read_timeout_ms"),
             self.header_read_timeout_ms,

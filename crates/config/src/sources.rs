@@ -35,6 +35,13 @@ pub enum VerifyConfig {
         prefix: String,
         #[serde(default)]
         encoding: SigEncoding,
+        /// A header with the request's Unix time in seconds: the signature then covers
+        /// `<timestamp>.<body>`, and a request more than `tolerance_s` from the node's
+        /// clock is refused (a captured request cannot be replayed later).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        timestamp_header: Option<String>,
+        #[serde(default = "default_tolerance")]
+        tolerance_s: u64,
     },
     /// `webhook-id`, `webhook-timestamp`, `webhook-signature` (Standard Webhooks).
     StandardWebhooks {

@@ -273,6 +273,7 @@ async fn durable_ingest(sink: std::net::SocketAddr, clients: usize) -> Durable {
         header: "x-signature".into(),
         prefix: "sha256=".into(),
         encoding: ankusa_config::SigEncoding::Hex,
+        timestamp: None,
     });
     type St = (
         Arc<ankusa_verify::Verifier>,

@@ -864,11 +864,17 @@ impl Node {
         // From the first scrape (the write probe keeps them current every second).
         set_store_memory(&store, &metrics);
         let cluster = Arc::new(Cluster::new(&config, &store, metrics.clone())?);
+        let ingest_edge = cluster.clone();
         let ready = Arc::new(AtomicBool::new(false));
+        let tokens = Arc::new(arc_swap::ArcSwap::from_pointee(Tokens::from_config(
+            &config,
+        )?));
         let admin_state = Arc::new(AdminState {
             store: store.clone(),
             ready: ready.clone(),
             metrics: metrics.clone(),
+            tokens: tokens.clone(),
+            metrics_access: config.admin.metrics,
         });
         let progress = Arc::new(admin::Progress::default());
         let quarantine = Arc::new(Quarantine::open(
@@ -894,9 +900,7 @@ impl Node {
             cluster: cluster.clone(),
             hints: hints.clone(),
             store: store.clone(),
-            tokens: Arc::new(arc_swap::ArcSwap::from_pointee(Tokens::from_config(
-                &config,
-            )?)),
+            tokens,
             audit: Audit::open(&store)?,
             config: Arc::new(arc_swap::ArcSwap::from_pointee(config.clone())),
             config_status: Arc::new(std::sync::Mutex::new(ankusa_crds::node::ConfigStatus {
@@ -1080,14 +1084,11 @@ impl Node {
         servers.push(
             ingest
                 .serve(
-                    {
-                        let edge_cluster = cluster.clone();
-                        crate::ingest::router(ingest_state)
-                            .merge(crate::pull::http::router(gateway.clone()))
-                            .layer(axum::middleware::from_fn(move |req, next| {
-                                crate::cluster::edge(edge_cluster.clone(), false, req, next)
-                            }))
-                    },
+                    crate::ingest::router(ingest_state)
+                        .merge(crate::pull::http::router(gateway.clone()))
+                        .layer(axum::middleware::from_fn(move |req, next| {
+                            crate::cluster::edge(ingest_edge.clone(), false, req, next)
+                        })),
                     config.ingest.connections,
                     metrics.listeners.listener("ingest"),
                     stop.clone(),

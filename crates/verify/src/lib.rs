@@ -59,6 +59,9 @@ pub enum Verifier {
         header: String,
         prefix: String,
         encoding: SigEncoding,
+        /// The header with the request's Unix time (lower case) and the tolerance in
+        /// seconds: the signature covers `<timestamp>.<body>`.
+        timestamp: Option<(String, u64)>,
     },
     StandardWebhooks {
         key: Vec<u8>,
@@ -90,7 +93,11 @@ impl Verifier {
     pub fn header_names(&self) -> Vec<&str> {
         match self {
             Verifier::None => Vec::new(),
-            Verifier::HmacSha256 { header, .. } => vec![header.as_str()],
+            Verifier::HmacSha256 {
+                header, timestamp, ..
+            } => std::iter::once(header.as_str())
+                .chain(timestamp.as_ref().map(|(t, _)| t.as_str()))
+                .collect(),
             Verifier::StandardWebhooks { .. } => {
                 vec!["webhook-id", "webhook-timestamp", "webhook-signature"]
             }
@@ -171,7 +178,24 @@ impl Verifier {
                 header,
                 prefix,
                 encoding,
+                timestamp,
             } => {
+                let stamped = match timestamp {
+                    None => None,
+                    Some((name, tolerance_s)) => {
+                        let v = h
+                            .get(name)
+                            .ok_or_else(|| VerifyError::MissingHeader(name.clone().into()))?;
+                        let ts: u64 = v
+                            .trim()
+                            .parse()
+                            .map_err(|_| VerifyError::Malformed(name.clone().into()))?;
+                        if !within(ts, now_s, *tolerance_s) {
+                            return Err(VerifyError::StaleTimestamp);
+                        }
+                        Some(v.trim())
+                    }
+                };
                 let v = h
                     .get(header)
                     .ok_or_else(|| VerifyError::MissingHeader(header.clone().into()))?;
@@ -184,7 +208,11 @@ impl Verifier {
                     SigEncoding::Base64 => b64().decode(v).ok(),
                 }
                 .ok_or_else(|| VerifyError::Malformed(header.clone().into()))?;
-                if eq(&given, &hmac_sha256(secret, &[body])) {
+                let expected = match stamped {
+                    Some(ts) => hmac_sha256(secret, &[ts.as_bytes(), b".", body]),
+                    None => hmac_sha256(secret, &[body]),
+                };
+                if eq(&given, &expected) {
                     Ok(())
                 } else {
                     Err(VerifyError::Mismatch)
@@ -332,6 +360,60 @@ mod tests {
         );
     }
 
+    /// With `timestamp_header`, an hmac-sha256 source signs `<timestamp>.<body>` and
+    /// refuses a request outside its tolerance: a captured request is worth nothing later,
+    /// and one whose timestamp was changed does not verify.
+    #[test]
+    fn hmac_sha256_with_a_timestamp_covers_it_and_refuses_a_stale_one() {
+        let secret = b"partner-secret".to_vec();
+        let v = Verifier::HmacSha256 {
+            secret: secret.clone(),
+            header: "x-signature".into(),
+            prefix: "sha256=".into(),
+            encoding: SigEncoding::Hex,
+            timestamp: Some(("x-timestamp".into(), 300)),
+        };
+        let body = br#"{"n":1}"#;
+        let now = 1_800_000_000;
+        let signed = |ts: u64| {
+            format!(
+                "sha256={}",
+                hex(&hmac_sha256(
+                    &secret,
+                    &[ts.to_string().as_bytes(), b".", body]
+                ))
+            )
+        };
+        let ts = now.to_string();
+        let good = h(&[("x-signature", &signed(now)), ("x-timestamp", &ts)]);
+        assert_eq!(v.verify(&good, body, now + 299), Ok(()));
+        assert_eq!(
+            v.verify(&good, body, now + 301),
+            Err(VerifyError::StaleTimestamp)
+        );
+        // The timestamp moved forward to pass the tolerance: the signature no longer holds.
+        let later = (now + 1_000).to_string();
+        let moved = h(&[("x-signature", &signed(now)), ("x-timestamp", &later)]);
+        assert_eq!(
+            v.verify(&moved, body, now + 1_000),
+            Err(VerifyError::Mismatch)
+        );
+        // The body alone signed (no timestamp in it): refused.
+        let bare = format!("sha256={}", hex(&hmac_sha256(&secret, &[body])));
+        let bare = h(&[("x-signature", &bare), ("x-timestamp", &ts)]);
+        assert_eq!(v.verify(&bare, body, now), Err(VerifyError::Mismatch));
+        assert_eq!(
+            v.verify(&h(&[("x-signature", &signed(now))]), body, now),
+            Err(VerifyError::MissingHeader(Cow::Borrowed("x-timestamp")))
+        );
+        let garbled = h(&[("x-signature", &signed(now)), ("x-timestamp", "soon")]);
+        assert_eq!(
+            v.verify(&garbled, body, now),
+            Err(VerifyError::Malformed(Cow::Borrowed("x-timestamp")))
+        );
+        assert_eq!(v.header_names(), ["x-signature", "x-timestamp"]);
+    }
+
     #[test]
     fn standard_webhooks_specification_example() {
         // The example of the Standard Webhooks specification's signature section.
@@ -399,6 +481,7 @@ mod tests {
             header: "x-sig".into(),
             prefix: "sha256=".into(),
             encoding: SigEncoding::Hex,
+            timestamp: None,
         };
         let good = format!("sha256={}", hex(&sig));
         assert_eq!(hexv.verify(&h(&[("x-sig", &good)]), b"payload", 0), Ok(()));
@@ -424,6 +507,7 @@ mod tests {
             header: "x-sig".into(),
             prefix: String::new(),
             encoding: SigEncoding::Base64,
+            timestamp: None,
         };
         assert_eq!(
             b64v.verify(&h(&[("x-sig", &b64().encode(sig))]), b"payload", 0),

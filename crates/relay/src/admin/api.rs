@@ -129,7 +129,7 @@ pub(crate) fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError>
         .load()
         .authenticate(headers)
         .ok_or(ApiError::Unauthorized)?;
-    if c.backup_only {
+    if c.backup_only || c.metrics_only {
         return Err(ApiError::Forbidden);
     }
     Ok(c)

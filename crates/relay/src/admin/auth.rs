@@ -46,6 +46,8 @@ pub struct Caller {
     /// A backup-scope token: only the backup endpoints accept it (its `scope` sees no
     /// tenant either way).
     pub backup_only: bool,
+    /// A metrics-scope token: only `/metrics` accepts it.
+    pub metrics_only: bool,
     /// A tenant-portal credential: it reads and replays, and neither deletes rows nor
     /// holds delivery (purge, pause, resume, quarantine deletes answer 403).
     pub portal: bool,
@@ -57,6 +59,7 @@ struct Token {
     digest: [u8; 32],
     scope: Scope,
     backup_only: bool,
+    metrics_only: bool,
 }
 
 /// The configured tokens, and the key of portal links.
@@ -102,9 +105,10 @@ impl Tokens {
                 scope: match &t.scope {
                     ScopeConfig::Admin => Scope::Admin,
                     ScopeConfig::Tenants(ts) => Scope::Tenants(ts.iter().cloned().collect()),
-                    ScopeConfig::Backup => Scope::Tenants(BTreeSet::new()),
+                    ScopeConfig::Backup | ScopeConfig::Metrics => Scope::Tenants(BTreeSet::new()),
                 },
                 backup_only: t.scope == ScopeConfig::Backup,
+                metrics_only: t.scope == ScopeConfig::Metrics,
             });
         }
         let portal = match &c.admin.console.portal_secret {
@@ -149,6 +153,7 @@ impl Tokens {
             name: format!("portal:{tenant}"),
             scope: Scope::Tenants(BTreeSet::from([tenant])),
             backup_only: false,
+            metrics_only: false,
             portal: true,
         })
     }
@@ -179,6 +184,7 @@ impl Tokens {
                     name: t.name.clone(),
                     scope: t.scope.clone(),
                     backup_only: t.backup_only,
+                    metrics_only: t.metrics_only,
                     portal: false,
                 });
             }

@@ -46,6 +46,9 @@ pub struct AdminState {
     pub store: Arc<Store>,
     pub ready: Arc<AtomicBool>,
     pub metrics: Arc<crate::metrics::Metrics>,
+    /// The admin tokens (the API's), for `/metrics` when it wants one.
+    pub tokens: Arc<arc_swap::ArcSwap<auth::Tokens>>,
+    pub metrics_access: ankusa_config::MetricsAccess,
 }
 
 pub use ankusa_crds::node::{Counters, MigrationProgress, NodeStatus};
@@ -147,6 +150,32 @@ pub(crate) async fn metrics(
     State(s): State<Arc<AdminState>>,
     headers: axum::http::HeaderMap,
 ) -> Response {
+    if s.metrics_access.token_required {
+        match s.tokens.load().authenticate(&headers) {
+            Some(c) if c.metrics_only || c.scope.is_admin() => {}
+            Some(_) => {
+                return crate::http::error(
+                    axum::http::StatusCode::FORBIDDEN,
+                    "forbidden",
+                    "/metrics takes an admin or metrics-scope token",
+                )
+            }
+            None => {
+                return crate::http::error(
+                    axum::http::StatusCode::UNAUTHORIZED,
+                    "unauthorized",
+                    "/metrics takes a bearer token (admin.metrics.token_required)",
+                )
+            }
+        }
+    }
+    let named = |text: String| {
+        if s.metrics_access.tenant_labels {
+            text
+        } else {
+            without_tenant_series(&text)
+        }
+    };
     let wants_om = headers
         .get(axum::http::header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -157,16 +186,31 @@ pub(crate) async fn metrics(
                 CONTENT_TYPE,
                 "application/openmetrics-text; version=1.0.0; charset=utf-8",
             )],
-            s.metrics.encode(),
+            named(s.metrics.encode()),
         )
             .into_response()
     } else {
         (
             [(CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")],
-            s.metrics.encode_prometheus(),
+            named(s.metrics.encode_prometheus()),
         )
             .into_response()
     }
+}
+
+/// The exposition without any series labelled with a tenant id (their families' HELP
+/// and TYPE lines stay: a family with no series).
+fn without_tenant_series(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for line in text.lines() {
+        let sample = !line.starts_with('#');
+        if sample && (line.contains("{tenant=\"") || line.contains(",tenant=\"")) {
+            continue;
+        }
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
 }
 
 /// Until the node is ready (store migrated, inflight rows recovered, pipeline started),

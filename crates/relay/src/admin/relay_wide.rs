@@ -155,7 +155,10 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         .await
     {
         Ok(c) => c.to_bytes(),
-        Err(e) if e.downcast_ref::<http_body_util::LengthLimitError>().is_some() => {
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
             return error(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "body_too_large",

@@ -111,11 +111,21 @@ impl NodeAuth {
 
     /// Nonces remembered now.
     pub fn remembered(&self) -> usize {
-        self.seen.lock().unwrap_or_else(|e| e.into_inner()).set.len()
+        self.seen
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .set
+            .len()
     }
 
     /// The header for this node's request.
-    pub fn sign(&self, method: &Method, path_and_query: &str, body: &[u8], now_ms: u64) -> HeaderValue {
+    pub fn sign(
+        &self,
+        method: &Method,
+        path_and_query: &str,
+        body: &[u8],
+        now_ms: u64,
+    ) -> HeaderValue {
         let nonce: [u8; 16] = rand::random();
         let digest: [u8; 32] = Sha256::digest(body).into();
         let sig = self.mac(method, path_and_query, &self.me, now_ms, &nonce, &digest);
@@ -282,7 +292,12 @@ mod tests {
                 .unwrap_err(),
             Refused::Missing
         );
-        for bad in ["v2 node=a", "v1 node=a t=1", "v1 node=a b=c", "v1 node=a t=x nonce=00 body=00 sig=00"] {
+        for bad in [
+            "v2 node=a",
+            "v1 node=a t=1",
+            "v1 node=a b=c",
+            "v1 node=a t=x nonce=00 body=00 sig=00",
+        ] {
             assert!(matches!(
                 b.verify(&m, "/", &headers(HeaderValue::from_static(bad)), now),
                 Err(Refused::Malformed(_))

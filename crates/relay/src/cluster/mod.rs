@@ -771,7 +771,9 @@ pub async fn edge(
         for k in internal {
             parts.headers.remove(k);
         }
-        return next.run(axum::extract::Request::from_parts(parts, body)).await;
+        return next
+            .run(axum::extract::Request::from_parts(parts, body))
+            .await;
     }
     let refuse = |e: auth::Refused| {
         cluster
@@ -784,7 +786,11 @@ pub async fn edge(
         tracing::warn!(error = %e, "a request signed as a node's was refused");
         if e == auth::Refused::Full {
             return crate::http::with_retry_after(
-                crate::http::error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", e.to_string()),
+                crate::http::error(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    e.to_string(),
+                ),
                 1,
             );
         }
@@ -808,7 +814,12 @@ pub async fn edge(
         .uri
         .path_and_query()
         .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-    let signed = match auth.verify(&parts.method, &pq, &parts.headers, ankusa_keyspace::now_ms()) {
+    let signed = match auth.verify(
+        &parts.method,
+        &pq,
+        &parts.headers,
+        ankusa_keyspace::now_ms(),
+    ) {
         Ok(s) => s,
         Err(e) => return refuse(e),
     };

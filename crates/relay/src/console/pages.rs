@@ -94,7 +94,7 @@ pub async fn sign_in(c: &Arc<Console>, form: &Form, secure: bool) -> Response {
         .tokens
         .load()
         .caller_of(&token)
-        .filter(|caller| !caller.backup_only && !caller.portal);
+        .filter(|caller| !caller.backup_only && !caller.metrics_only && !caller.portal);
     let Some(caller) = caller else {
         c.metrics.console_sign_in("refused");
         return login(

@@ -43,8 +43,11 @@ pub async fn serve(
     ));
     let mut connections = tokio::task::JoinSet::new();
     loop {
+        let stopping = async {
+            let _ = stop.wait_for(|s| *s).await;
+        };
         let accepted = tokio::select! {
-            _ = stop.wait_for(|s| *s) => break,
+            () = stopping => break,
             a = listener.accept() => a,
         };
         let stream = match accepted {
@@ -78,9 +81,12 @@ pub async fn serve(
                 .keep_alive(true);
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::pin!(conn);
+            let stopped = async move {
+                let _ = stop.wait_for(|s| *s).await;
+            };
             let ended = tokio::select! {
                 r = conn.as_mut() => r,
-                _ = stop.wait_for(|s| *s) => {
+                () = stopped => {
                     conn.as_mut().graceful_shutdown();
                     conn.await
                 }

@@ -98,12 +98,17 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
                 header,
                 prefix,
                 encoding,
+                timestamp_header,
+                tolerance_s,
             } => (
                 Verifier::HmacSha256 {
                     secret: secret.resolve(&key)?,
                     header: header.to_ascii_lowercase(),
                     prefix: prefix.clone(),
                     encoding: *encoding,
+                    timestamp: timestamp_header
+                        .as_ref()
+                        .map(|t| (t.to_ascii_lowercase(), *tolerance_s)),
                 },
                 IdempotencyConfig::default(),
             ),

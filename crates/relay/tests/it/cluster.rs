@@ -567,7 +567,13 @@ fn scaling_from_three_to_four_nodes_moves_a_quarter_of_the_tenants_and_loses_not
 
 /// `ankusa-node-auth` for a request node `node` sends to `path` with `body`, signed with
 /// `secret` at `t_ms`.
-fn node_signed(secret: &str, node: &str, path: &str, body: &str, t_ms: u64) -> (&'static str, String) {
+fn node_signed(
+    secret: &str,
+    node: &str,
+    path: &str,
+    body: &str,
+    t_ms: u64,
+) -> (&'static str, String) {
     let v = ankusa_relay::cluster::auth::NodeAuth::new(secret.as_bytes(), node).sign(
         &hyper::Method::POST,
         path,
@@ -616,17 +622,35 @@ fn a_request_not_signed_by_a_node_of_the_relay_is_refused_and_a_replay_too() {
                 a.json()
             );
         };
-        let other_secret = node_signed("another-secret-0123456789", "relay-1", "/ingest/gh", body, now);
-        refused(&post(&c, &r.ingest_url(0), &hook(vec![other_secret]), body).await, "does not match");
+        let other_secret = node_signed(
+            "another-secret-0123456789",
+            "relay-1",
+            "/ingest/gh",
+            body,
+            now,
+        );
+        refused(
+            &post(&c, &r.ingest_url(0), &hook(vec![other_secret]), body).await,
+            "does not match",
+        );
         let stale = node_signed(CLUSTER_TOKEN, "relay-1", "/ingest/gh", body, now - 120_000);
-        refused(&post(&c, &r.ingest_url(0), &hook(vec![stale]), body).await, "from this node's clock");
+        refused(
+            &post(&c, &r.ingest_url(0), &hook(vec![stale]), body).await,
+            "from this node's clock",
+        );
         let other_body = node_signed(CLUSTER_TOKEN, "relay-1", "/ingest/gh", r#"{"x":1}"#, now);
-        refused(&post(&c, &r.ingest_url(0), &hook(vec![other_body]), body).await, "digest");
+        refused(
+            &post(&c, &r.ingest_url(0), &hook(vec![other_body]), body).await,
+            "digest",
+        );
         // A node's request, taken once; the same bytes again are a replay.
         let good = node_signed(CLUSTER_TOKEN, "relay-1", "/ingest/gh", body, now);
         let a = post(&c, &r.ingest_url(0), &hook(vec![good.clone()]), body).await;
         assert_eq!(a.status, 202, "{:?}", a.json());
-        refused(&post(&c, &r.ingest_url(0), &hook(vec![good]), body).await, "seen before");
+        refused(
+            &post(&c, &r.ingest_url(0), &hook(vec![good]), body).await,
+            "seen before",
+        );
         // The older releases' static header proves nothing: the mark is dropped at the
         // edge and the hook is routed to its owner like a provider's.
         let forwards = |i: usize| {
@@ -647,7 +671,11 @@ fn a_request_not_signed_by_a_node_of_the_relay_is_refused_and_a_replay_too() {
         )
         .await;
         assert_eq!(a.status, 202, "{:?}", a.json());
-        assert_eq!(forwards(1 - owner), before + 1.0, "the hook was not sent to its owner");
+        assert_eq!(
+            forwards(1 - owner),
+            before + 1.0,
+            "the hook was not sent to its owner"
+        );
         // The tenant registry's doors want a node's signature.
         let a = post(
             &c,

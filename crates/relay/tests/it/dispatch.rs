@@ -982,7 +982,13 @@ async fn a_sink_that_streams_an_endless_answer_is_delivered_on_its_status() {
         .start()
         .await;
     let started = Instant::now();
-    let r = post(&client(), &node.ingest_url("in"), &[], b"{}".to_vec()).await;
+    let r = post(
+        &client(),
+        &node.ingest_url("in"),
+        &[("x-tenant", "t".to_owned())],
+        b"{}".to_vec(),
+    )
+    .await;
     assert_eq!(r.status, 202);
     eventually(10, "the hook delivered", || {
         node.metrics

@@ -271,7 +271,13 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
     // type; nothing else the client sent.
     for e in &q {
         let h = e["headers"].to_string();
-        for never in ["authorization", "cookie", "x-internal-secret", "ankusa-", "caller-"] {
+        for never in [
+            "authorization",
+            "cookie",
+            "x-internal-secret",
+            "ankusa-",
+            "caller-",
+        ] {
             assert!(!h.contains(never), "{never} kept: {h}");
         }
     }
@@ -279,7 +285,10 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
         .iter()
         .find(|e| e["source"] == "shared" && e["headers"].to_string().contains("x-signature"))
         .expect("the shared source's bad signature");
-    assert!(shared["headers"].to_string().contains("x-tenant"), "{shared}");
+    assert!(
+        shared["headers"].to_string().contains("x-tenant"),
+        "{shared}"
+    );
     let m = t.metrics().await;
     assert!(
         m.contains(r#"ankusa_ingest_requests_total{source="sw",outcome="quarantined"} 3"#),

@@ -67,7 +67,10 @@ async fn a_connection_that_sends_its_headers_too_slowly_or_sits_idle_is_closed()
     }
     let answer = until_closed(&mut trickle, Duration::from_secs(5)).await;
     assert!(
-        closed || answer.as_ref().is_some_and(|a| !a.starts_with(b"HTTP/1.1 202")),
+        closed
+            || answer
+                .as_ref()
+                .is_some_and(|a| !a.starts_with(b"HTTP/1.1 202")),
         "a request trickled over {} ms was taken: {answer:?}",
         request.len() * 100
     );
@@ -87,7 +90,13 @@ async fn a_connection_that_sends_its_headers_too_slowly_or_sits_idle_is_closed()
     assert!(idle.elapsed() >= Duration::from_millis(500));
 
     // A provider that sends promptly is served meanwhile, and each cut is counted.
-    let r = post(&client(), &node.ingest_url("in"), &[], b"{}".to_vec()).await;
+    let r = post(
+        &client(),
+        &node.ingest_url("in"),
+        &[("x-tenant", "t".to_owned())],
+        b"{}".to_vec(),
+    )
+    .await;
     assert_eq!(r.status, 202);
     let m = metrics_of(&node).await;
     let cut = metric(
@@ -128,7 +137,13 @@ async fn a_body_that_arrives_too_slowly_is_answered_408_and_nothing_is_taken() {
         started.elapsed()
     );
     // Only the hook sent whole afterwards is taken.
-    let r = post(&client(), &node.ingest_url("in"), &[], b"{}".to_vec()).await;
+    let r = post(
+        &client(),
+        &node.ingest_url("in"),
+        &[("x-tenant", "t".to_owned())],
+        b"{}".to_vec(),
+    )
+    .await;
     assert_eq!(r.status, 202);
     let m = metrics_of(&node).await;
     assert_eq!(
@@ -174,7 +189,9 @@ async fn connections_past_the_cap_are_closed_as_accepted_and_the_held_ones_keep_
         let req = if path == "/healthz" {
             "GET /healthz HTTP/1.1\r\nhost: x\r\n\r\n".to_owned()
         } else {
-            format!("POST {path} HTTP/1.1\r\nhost: x\r\ncontent-length: 2\r\n\r\n{{}}")
+            format!(
+                "POST {path} HTTP/1.1\r\nhost: x\r\nx-tenant: t\r\ncontent-length: 2\r\n\r\n{{}}"
+            )
         };
         s.write_all(req.as_bytes()).await.unwrap();
         let mut buf = [0u8; 1024];
@@ -189,11 +206,20 @@ async fn connections_past_the_cap_are_closed_as_accepted_and_the_held_ones_keep_
     drop(held);
     let deadline = Instant::now() + Duration::from_secs(10);
     let m = loop {
-        let (status, m) = get_text(&client(), &node.admin_url("/metrics")).await;
-        if status == 200 && open(&m, "ingest") == 0.0 {
-            break m;
+        // A scrape refused while the node has not yet seen the held ones close fails.
+        let port = node.admin_addr.port();
+        let got = tokio::task::spawn_blocking(move || http_get(port, "/metrics"))
+            .await
+            .unwrap();
+        if let Ok((200, m)) = got {
+            if open(&m, "ingest") == 0.0 {
+                break m;
+            }
         }
-        assert!(Instant::now() < deadline, "the closed connections stay counted: {m}");
+        assert!(
+            Instant::now() < deadline,
+            "the closed connections stay counted"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     };
     for l in ["ingest", "admin"] {
@@ -205,7 +231,100 @@ async fn connections_past_the_cap_are_closed_as_accepted_and_the_held_ones_keep_
         // the held ones close.
         assert!(refused.is_some_and(|r| r >= 1.0), "{l}: {refused:?}");
     }
-    let r = post(&client(), &node.ingest_url("in"), &[], b"{}".to_vec()).await;
+    let r = post(
+        &client(),
+        &node.ingest_url("in"),
+        &[("x-tenant", "t".to_owned())],
+        b"{}".to_vec(),
+    )
+    .await;
     assert_eq!(r.status, 202);
     node.stop().await;
+}
+
+/// `admin.metrics`: with `token_required`, `/metrics` answers only an admin or a
+/// metrics-scope token (which opens nothing else), and with `tenant_labels: false` it
+/// names no tenant; by default it answers anyone and names the tenants with work due.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_can_require_a_token_and_leave_tenants_out() {
+    const ADMIN: &str = "admin-token-0123456789";
+    const SCRAPER: &str = "scraper-token-0123456789";
+    const TENANT: &str = "tenant-token-0123456789";
+    // A sink that takes the connection and never answers: the hook stays in flight, its
+    // tenant in the in-flight gauge.
+    let hold = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let sink = format!("http://{}/hooks", hold.local_addr().unwrap());
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((s, _)) = hold.accept().await {
+            held.push(s);
+        }
+    });
+    let start = |metrics: &'static str| {
+        TestNode::builder()
+            .admin_key("gauge_interval_ms: 100")
+            .admin_key(metrics)
+            // The held delivery is not waited for at the stop.
+            .section("shutdown: { grace_ms: 200 }")
+            .admin_token("ops", ADMIN)
+            .token_yaml(&format!(
+                r#"{{ name: scraper, secret: {{ value: "{SCRAPER}" }}, scope: metrics }}"#
+            ))
+            .tenant_token("team", TENANT, &["acme"])
+            .sink("s", &sink)
+            .route("r", &["s"])
+            .open_source("in", "r")
+            .start()
+    };
+    let scrape = |port: u16, token: Option<&'static str>| {
+        tokio::task::spawn_blocking(move || match token {
+            Some(t) => http_get_auth_token(port, "/metrics", t).unwrap(),
+            None => http_get(port, "/metrics").unwrap(),
+        })
+    };
+    for (metrics, guarded) in [
+        (
+            "metrics: { token_required: true, tenant_labels: false }",
+            true,
+        ),
+        ("metrics: {}", false),
+    ] {
+        let node = start(metrics).await;
+        let r = post(
+            &client(),
+            &node.ingest_url("in"),
+            &[("x-tenant", "acme".to_owned())],
+            b"{}".to_vec(),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !node.metrics.encode().contains(r#"tenant="acme""#) {
+            assert!(Instant::now() < deadline, "no series names the tenant");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let port = node.admin_addr.port();
+        let (status, _) = scrape(port, None).await.unwrap();
+        assert_eq!(status, if guarded { 401 } else { 200 });
+        let (status, _) = scrape(port, Some(TENANT)).await.unwrap();
+        assert_eq!(status, if guarded { 403 } else { 200 });
+        for token in [SCRAPER, ADMIN] {
+            let (status, text) = scrape(port, Some(token)).await.unwrap();
+            assert_eq!(status, 200);
+            assert!(text.contains("ankusa_ingest_requests_total"), "{text}");
+            assert_eq!(
+                text.contains(r#"tenant="acme""#),
+                !guarded,
+                "tenant labels with {metrics}"
+            );
+        }
+        // The scraper's token opens nothing else.
+        let (status, _) = tokio::task::spawn_blocking(move || {
+            http_get_auth_token(port, "/v1/node", SCRAPER).unwrap()
+        })
+        .await
+        .unwrap();
+        assert_eq!(status, 403);
+        node.stop().await;
+    }
 }
