@@ -78,8 +78,9 @@ fuzz_target!(|i: Input| {
         let mut h = http::HeaderMap::new();
         let named = http::HeaderName::from_bytes(header.as_bytes()).ok();
         if let (Some(n), Ok(val)) = (named, value.parse::<http::HeaderValue>()) {
-            // A prefix with spaces at its ends cannot survive the value's trim.
-            if prefix.trim() == prefix.as_str() {
+            // A prefix with spaces at its ends cannot survive the value's trim, nor one
+            // outside ASCII a header's text.
+            if prefix.trim() == prefix.as_str() && prefix.is_ascii() {
                 let stamped = match timestamp {
                     None => true,
                     Some((t, _)) => match http::HeaderName::from_bytes(t.as_bytes()) {

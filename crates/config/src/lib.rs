@@ -420,6 +420,14 @@ routes: [{ id: r, sinks: [s] }]
                 "sources[0].forward_headers",
             ),
             (
+                "sources: [{ id: a, verify: { scheme: hmac-sha256, secret: { value: k }, header: x-sig, prefix: \"s\u{00e9}=\" }, route: r }]",
+                "sources[0].verify.prefix",
+            ),
+            (
+                "sources: [{ id: a, verify: { scheme: hmac-sha256, secret: { value: k }, header: x-sig, timestamp_header: \"x ts\" }, route: r }]",
+                "sources[0].verify.timestamp_header",
+            ),
+            (
                 "cluster: { name: a, token: { value: \"sixteen bytes or more\" }, nodes: [{ name: a, ingest: \"http://a:1\", admin: \"http://a:2\" }, { name: b, ingest: \"http://b:1\", admin: \"http://b:2\" }] }",
                 "cluster.token",
             ),

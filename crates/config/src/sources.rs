@@ -196,6 +196,31 @@ impl SourceConfig {
                 ));
             }
         }
+        if let VerifyConfig::HmacSha256 {
+            header,
+            prefix,
+            timestamp_header,
+            ..
+        } = &self.verify
+        {
+            for (what, name) in std::iter::once(("header", header))
+                .chain(timestamp_header.as_ref().map(|t| ("timestamp_header", t)))
+            {
+                if http::HeaderName::from_bytes(name.as_bytes()).is_err() {
+                    return Err(invalid(
+                        &format!("{key}.verify.{what}"),
+                        format!("{name:?} is not a header name"),
+                    ));
+                }
+            }
+            // A header's text is ASCII: a prefix with anything else would never match.
+            if !prefix.bytes().all(|b| b == b' ' || b.is_ascii_graphic()) {
+                return Err(invalid(
+                    &format!("{key}.verify.prefix"),
+                    "must be printable ASCII",
+                ));
+            }
+        }
         if let Some(TenantFrom::Fixed(t)) = &self.tenant {
             if tenant_id_problem(t).is_some() {
                 return Err(invalid(
