@@ -37,6 +37,18 @@ async fn until_closed(s: &mut TcpStream, within: Duration) -> Option<Vec<u8>> {
     }
 }
 
+/// A hook sent whole to source `in`, answered 202.
+async fn accepted(node: &TestNode) {
+    let r = post(
+        &client(),
+        &node.ingest_url("in"),
+        &[("x-tenant", "t".to_owned())],
+        b"{}".to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 202, "{:?}", r.json());
+}
+
 async fn metrics_of(node: &TestNode) -> String {
     get_text(&client(), &node.admin_url("/metrics")).await.1
 }
@@ -90,14 +102,7 @@ async fn a_connection_that_sends_its_headers_too_slowly_or_sits_idle_is_closed()
     assert!(idle.elapsed() >= Duration::from_millis(500));
 
     // A provider that sends promptly is served meanwhile, and each cut is counted.
-    let r = post(
-        &client(),
-        &node.ingest_url("in"),
-        &[("x-tenant", "t".to_owned())],
-        b"{}".to_vec(),
-    )
-    .await;
-    assert_eq!(r.status, 202);
+    accepted(&node).await;
     let m = metrics_of(&node).await;
     let cut = metric(
         &m,
@@ -137,14 +142,7 @@ async fn a_body_that_arrives_too_slowly_is_answered_408_and_nothing_is_taken() {
         started.elapsed()
     );
     // Only the hook sent whole afterwards is taken.
-    let r = post(
-        &client(),
-        &node.ingest_url("in"),
-        &[("x-tenant", "t".to_owned())],
-        b"{}".to_vec(),
-    )
-    .await;
-    assert_eq!(r.status, 202);
+    accepted(&node).await;
     let m = metrics_of(&node).await;
     assert_eq!(
         metric(
@@ -231,14 +229,7 @@ async fn connections_past_the_cap_are_closed_as_accepted_and_the_held_ones_keep_
         // the held ones close.
         assert!(refused.is_some_and(|r| r >= 1.0), "{l}: {refused:?}");
     }
-    let r = post(
-        &client(),
-        &node.ingest_url("in"),
-        &[("x-tenant", "t".to_owned())],
-        b"{}".to_vec(),
-    )
-    .await;
-    assert_eq!(r.status, 202);
+    accepted(&node).await;
     node.stop().await;
 }
 
