@@ -334,15 +334,23 @@ async fn route(c: &Arc<Console>, req: Request) -> Response {
             }
             return pages::message(StatusCode::FORBIDDEN, "Signed out", "Sign in again.");
         };
-        // A token a reload removed ends its sessions.
-        if c.api.tokens.load().caller_of(&s.credential).is_none() {
+        // A token a reload removed (or narrowed to backups or metrics) ends its sessions;
+        // one it narrowed to tenants keeps them with that scope: what the session may do
+        // is the token's now, never what it was at the sign-in.
+        let caller = c
+            .api
+            .tokens
+            .load()
+            .caller_of(&s.credential)
+            .filter(|caller| !caller.backup_only && !caller.metrics_only);
+        let Some(caller) = caller else {
             c.sessions.remove(&sid);
             return redirect("/ui/login");
-        }
+        };
         let v = Viewer {
             credential: s.credential,
             name: s.name,
-            admin: s.admin,
+            admin: caller.scope.is_admin(),
             portal: None,
             base: "/ui".into(),
             csrf: s.csrf,

@@ -4,8 +4,9 @@
 //!   `HttpOnly`, `SameSite=Strict`, `Path=/ui`, and `Secure` when the request came over TLS
 //!   (a proxy in front says so with `X-Forwarded-Proto: https`).
 //! - The session holds the token signed in with; the console's calls to the API carry it,
-//!   so a session sees exactly what its token sees. It ends `session_ttl_ms` after its last
-//!   use, at sign-out, or when the token no longer authenticates (a reload removed it).
+//!   so a session sees exactly what its token sees now (its scope is read again at every
+//!   request). It ends `session_ttl_ms` after its last use, at sign-out, or when the token
+//!   no longer authenticates (a reload removed it, or made it a backup or metrics token).
 //! - Each session has a CSRF token that every form that changes anything carries.
 //! - At most `max_sessions`: a sign-in past it is refused (expired sessions are dropped
 //!   first); `ankusa_console_sessions` counts them.

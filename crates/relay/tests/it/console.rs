@@ -426,3 +426,40 @@ async fn a_node_with_the_console_off_serves_no_ui() {
     assert_eq!(s, 404);
     node.stop().await;
 }
+
+/// A session has what its token has now: a reload that narrows the token to one tenant
+/// takes the admin pages from a session signed in before it, and one that makes it a
+/// backup token ends the session.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_has_what_its_token_has_now_after_a_reload_narrows_it() {
+    let with = |scope: &str| {
+        TestNode::builder()
+            .token_yaml(&format!(
+                r#"{{ name: ops, secret: {{ value: "{ADMIN}" }}, scope: {scope} }}"#
+            ))
+            .sink("s", "http://127.0.0.1:9/hooks")
+            .route("r", &["s"])
+            .open_source("in", "r")
+    };
+    let node = with("admin").start().await;
+    let (cookie, _) = sign_in(&node, ADMIN, &[]).await;
+    let page = |cookie: String| {
+        let node = &node;
+        async move { ui(node, "GET", "/ui/sinks", &[("cookie", &cookie)], "").await }
+    };
+    assert_eq!(page(cookie.clone()).await.0, 200, "an admin sees the sinks");
+    node.reloader
+        .reload(&with("{ tenants: [acme] }").yaml_at(node.dir()), Vec::new())
+        .unwrap();
+    let (s, _, body) = page(cookie.clone()).await;
+    assert_ne!(
+        s, 200,
+        "a session kept its admin pages after its token narrowed: {body}"
+    );
+    node.reloader
+        .reload(&with("backup").yaml_at(node.dir()), Vec::new())
+        .unwrap();
+    let (s, h, _) = page(cookie).await;
+    assert_eq!((s, h["location"].to_str().unwrap()), (303, "/ui/login"));
+    node.stop().await;
+}
