@@ -97,7 +97,7 @@ impl Listener {
         key: &str,
         addr: SocketAddr,
         limits: ankusa_config::listen::ConnectionLimits,
-        meters: crate::metrics::ListenerMeters,
+        meters: crate::http::serve::Meters,
         stop: &tokio::sync::watch::Receiver<bool>,
     ) -> Result<(Listener, tokio::task::JoinHandle<std::io::Result<()>>), NodeError> {
         let context = format!("binding {key} {addr}");
@@ -151,7 +151,7 @@ impl Listener {
         self,
         app: axum::Router,
         limits: ankusa_config::listen::ConnectionLimits,
-        meters: crate::metrics::ListenerMeters,
+        meters: crate::http::serve::Meters,
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<tokio::task::JoinHandle<std::io::Result<()>>, NodeError> {
         let _ = self.booted.send(true);
@@ -161,6 +161,17 @@ impl Listener {
         Ok(tokio::spawn(crate::http::serve::serve(
             listener, app, limits, meters, stop,
         )))
+    }
+}
+
+/// A listener's series in the node's registry, for its server.
+fn listener_meters(metrics: &Metrics, listener: &'static str) -> crate::http::serve::Meters {
+    let l = &metrics.listeners;
+    crate::http::serve::Meters {
+        open: l.open(listener),
+        refused: l.refused(listener),
+        header_timeouts: l.timeouts(listener, "headers"),
+        body_timeouts: l.timeouts(listener, "body"),
     }
 }
 
@@ -775,7 +786,7 @@ impl Node {
             "ingest.listen",
             config.ingest.listen,
             config.ingest.connections,
-            metrics.listeners.listener("ingest"),
+            listener_meters(&metrics, "ingest"),
             &stop,
         )?;
         let mut early = vec![early_ingest];
@@ -783,7 +794,7 @@ impl Node {
             "admin.listen",
             config.admin.listen,
             config.admin.connections,
-            metrics.listeners.listener("admin"),
+            listener_meters(&metrics, "admin"),
             &stop,
         ) {
             Ok(l) => l,
@@ -937,7 +948,7 @@ impl Node {
                 .serve(
                     admin_app,
                     config.admin.connections,
-                    metrics.listeners.listener("admin"),
+                    listener_meters(&metrics, "admin"),
                     stop.clone(),
                 )
                 .await?,
@@ -1090,7 +1101,7 @@ impl Node {
                             crate::cluster::edge(ingest_edge.clone(), false, req, next)
                         })),
                     config.ingest.connections,
-                    metrics.listeners.listener("ingest"),
+                    listener_meters(&metrics, "ingest"),
                     stop.clone(),
                 )
                 .await?,

@@ -21,7 +21,19 @@ use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
-use crate::metrics::ListenerMeters;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::gauge::Gauge;
+
+/// One listener's series (the node registers them: `ankusa_http_*{listener}`).
+#[derive(Debug, Clone, Default)]
+pub struct Meters {
+    /// Connections open.
+    pub open: Gauge,
+    /// Connections closed as they were accepted: the listener held its `connections.max`.
+    pub refused: Counter,
+    pub header_timeouts: Counter,
+    pub body_timeouts: Counter,
+}
 
 /// Serves `app` on `listener` within `limits` until `stop` turns true; then stops
 /// accepting, lets each open connection finish its request in hand, and returns once every
@@ -30,7 +42,7 @@ pub async fn serve(
     listener: tokio::net::TcpListener,
     app: axum::Router,
     limits: ConnectionLimits,
-    meters: ListenerMeters,
+    meters: Meters,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> std::io::Result<()> {
     let header_timeout = Duration::from_millis(limits.header_read_timeout_ms);
@@ -105,10 +117,10 @@ pub async fn serve(
 }
 
 /// One open connection on its listener's gauge, for as long as it lives.
-struct OpenConnection(ListenerMeters);
+struct OpenConnection(Meters);
 
 impl OpenConnection {
-    fn new(meters: &ListenerMeters) -> OpenConnection {
+    fn new(meters: &Meters) -> OpenConnection {
         meters.open.inc();
         OpenConnection(meters.clone())
     }
@@ -126,7 +138,7 @@ async fn body_deadline(
     req: Request<Body>,
     next: axum::middleware::Next,
     timeout: Duration,
-    cut_bodies: prometheus_client::metrics::counter::Counter,
+    cut_bodies: Counter,
 ) -> Response {
     let cut = Arc::new(AtomicBool::new(false));
     let (parts, body) = req.into_parts();

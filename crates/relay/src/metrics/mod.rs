@@ -135,17 +135,6 @@ pub struct TimeoutLabels {
     pub phase: &'static str,
 }
 
-/// One listener's series.
-#[derive(Debug, Clone)]
-pub struct ListenerMeters {
-    /// Connections open.
-    pub open: Gauge,
-    /// Connections closed as they were accepted: the listener held its `connections.max`.
-    pub refused: Counter,
-    pub header_timeouts: Counter,
-    pub body_timeouts: Counter,
-}
-
 impl ListenerMetrics {
     fn register(registry: &mut Registry) -> Self {
         let m = ListenerMetrics {
@@ -171,21 +160,23 @@ impl ListenerMetrics {
         m
     }
 
-    pub fn listener(&self, listener: &'static str) -> ListenerMeters {
-        let timeouts = |phase| {
-            self.timeouts
-                .get_or_create(&TimeoutLabels { listener, phase })
-                .clone()
-        };
-        ListenerMeters {
-            open: self.open.get_or_create(&ListenerLabel { listener }).clone(),
-            refused: self
-                .refused
-                .get_or_create(&ListenerLabel { listener })
-                .clone(),
-            header_timeouts: timeouts("headers"),
-            body_timeouts: timeouts("body"),
-        }
+    /// `listener`'s open connections.
+    pub fn open(&self, listener: &'static str) -> Gauge {
+        self.open.get_or_create(&ListenerLabel { listener }).clone()
+    }
+
+    /// `listener`'s connections refused at its ceiling.
+    pub fn refused(&self, listener: &'static str) -> Counter {
+        self.refused
+            .get_or_create(&ListenerLabel { listener })
+            .clone()
+    }
+
+    /// `listener`'s cuts in `phase` (`headers` or `body`).
+    pub fn timeouts(&self, listener: &'static str, phase: &'static str) -> Counter {
+        self.timeouts
+            .get_or_create(&TimeoutLabels { listener, phase })
+            .clone()
     }
 }
 
