@@ -3,7 +3,8 @@
 //!
 //! `ankusa-node-auth: v1 node=<name> t=<unix ms> nonce=<32 hex> body=<sha256 hex> sig=<hex>`,
 //! where `sig` is HMAC-SHA256, keyed by the cluster secret (`cluster.token`), over
-//! `ankusa-node-v1`, the method, the path and query as sent, the node's name, `t`, the
+//! `ankusa-node-v1`, the method, the path and query the node asks for (not a path of the
+//! other node's base URL: a proxy's, taken off on the way), the node's name, `t`, the
 //! nonce and the body's digest, one per line. The receiver checks the signature from the
 //! head alone (constant time), `t` within [`TOLERANCE_MS`] of its clock, and that it has not
 //! seen the nonce within that window (a bounded set: past [`REPLAY_CEILING`] nonces a call

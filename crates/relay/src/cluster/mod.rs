@@ -708,10 +708,8 @@ impl Cluster {
         let uri: hyper::Uri = format!("{base}{path_and_query}")
             .parse()
             .map_err(|e: hyper::http::uri::InvalidUri| e.to_string())?;
-        // Signed as the receiver sees it (a base URL with a path of its own included).
-        let signed_path = uri
-            .path_and_query()
-            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
+        // Signed as the node's own path: a base URL's path is a proxy's, which takes it
+        // off on the way (the receiver sees `path_and_query`).
         let mut req = hyper::Request::builder().method(method.clone()).uri(uri);
         for (k, v) in headers {
             if !is_hop_by_hop(k) {
@@ -721,7 +719,7 @@ impl Cluster {
         if let Some(auth) = &self.auth {
             req = req.header(
                 auth::AUTH_HEADER,
-                auth.sign(&method, &signed_path, &body, ankusa_keyspace::now_ms()),
+                auth.sign(&method, path_and_query, &body, ankusa_keyspace::now_ms()),
             );
         }
         let req = req.body(Full::new(body)).map_err(|e| e.to_string())?;
