@@ -9,7 +9,8 @@
 //!   no longer authenticates (a reload removed it, or made it a backup or metrics token).
 //! - Each session has a CSRF token that every form that changes anything carries.
 //! - At most `max_sessions`: a sign-in past it is refused (expired sessions are dropped
-//!   first); `ankusa_console_sessions` counts them.
+//!   first), and tenant-scoped tokens hold at most nine tenths of them (the rest stays for
+//!   admin tokens); `ankusa_console_sessions` counts them.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -75,7 +76,15 @@ impl Sessions {
         if m.len() >= self.max {
             m.retain(|_, s| now.duration_since(s.last_used) < self.ttl);
         }
-        if m.len() >= self.max {
+        // A tenth of the sessions (at least one, of two or more) stays for admin tokens:
+        // tenant tokens signing in again and again cannot keep the operators out.
+        let reserve = if self.max >= 2 {
+            (self.max / 10).max(1)
+        } else {
+            0
+        };
+        let tenants = m.values().filter(|s| !s.admin).count();
+        if m.len() >= self.max || (!admin && tenants >= self.max - reserve) {
             self.gauge.set(m.len() as i64);
             return Err(Full);
         }
@@ -179,10 +188,37 @@ mod tests {
         std::thread::sleep(Duration::from_millis(60));
         // Expired sessions make room: `b` goes when the ceiling is met.
         let c = s.create("t".into(), "ops".into(), false).unwrap();
-        let d = s.create("t".into(), "ops".into(), false).unwrap();
+        let d = s.create("t".into(), "ops".into(), true).unwrap();
         assert!(!s.get(&c).unwrap().admin && s.get(&d).is_some());
         assert!(s.get(&b).is_none());
         assert_eq!(g.get(), 2);
+    }
+
+    /// Tenant tokens cannot fill the sessions: the last tenth (at least one) stays for
+    /// admin tokens.
+    #[test]
+    fn tenant_sessions_leave_room_for_admins() {
+        let g = prometheus_client::metrics::gauge::Gauge::default();
+        let s = Sessions::new(Duration::from_secs(60), 3, g);
+        s.create("a".into(), "team".into(), false).unwrap();
+        s.create("a".into(), "team".into(), false).unwrap();
+        assert!(
+            s.create("a".into(), "team".into(), false).is_err(),
+            "a third tenant session"
+        );
+        s.create("o".into(), "ops".into(), true).unwrap();
+        assert!(s.create("o".into(), "ops".into(), true).is_err(), "full");
+        // Ten slots: nine for tenants, the tenth for an admin.
+        let s = Sessions::new(
+            Duration::from_secs(60),
+            10,
+            prometheus_client::metrics::gauge::Gauge::default(),
+        );
+        for _ in 0..9 {
+            s.create("a".into(), "team".into(), false).unwrap();
+        }
+        assert!(s.create("a".into(), "team".into(), false).is_err());
+        s.create("o".into(), "ops".into(), true).unwrap();
     }
 
     #[test]
