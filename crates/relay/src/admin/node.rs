@@ -24,10 +24,67 @@ use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
 )]
 pub async fn config(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult {
     admin_only(&caller(&api, &headers)?)?;
-    Ok(
-        Json(serde_json::to_value(&**api.config.load()).map_err(|_| ApiError::Internal)?)
-            .into_response(),
-    )
+    let mut v = serde_json::to_value(&**api.config.load()).map_err(|_| ApiError::Internal)?;
+    redact_sinks(&mut v);
+    Ok(Json(v).into_response())
+}
+
+/// What a sink's configuration carries that is as good as a secret: its headers' values
+/// (an API key, a bearer token) and its URL's user information and query.
+fn redact_sinks(config: &mut serde_json::Value) {
+    let redacted = || serde_json::Value::from(ankusa_config::REDACTED);
+    let sinks = config
+        .get_mut("sinks")
+        .and_then(serde_json::Value::as_array_mut);
+    for sink in sinks.into_iter().flatten() {
+        if let Some(h) = sink
+            .get_mut("headers")
+            .and_then(serde_json::Value::as_object_mut)
+        {
+            h.values_mut().for_each(|v| *v = redacted());
+        }
+        if let Some(url) = sink.get_mut("url") {
+            if let Some(u) = url.as_str() {
+                *url = redact_url(u).into();
+            }
+        }
+    }
+}
+
+/// `url` without its user information and its query's values.
+fn redact_url(url: &str) -> String {
+    let r = ankusa_config::REDACTED;
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{r}@{host}"),
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, _)) => format!("{path}?{r}"),
+        None => tail.to_owned(),
+    };
+    if scheme.is_empty() {
+        format!("{authority}{tail}")
+    } else {
+        format!("{scheme}://{authority}{tail}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_url_loses_its_user_information_and_its_query() {
+        assert_eq!(
+            super::redact_url("https://user:pw@hooks.example.com:8443/in?token=t#x"),
+            "https://<redacted>@hooks.example.com:8443/in?<redacted>"
+        );
+        assert_eq!(
+            super::redact_url("http://127.0.0.1:9/hooks"),
+            "http://127.0.0.1:9/hooks"
+        );
+    }
 }
 
 /// `GET /v1/node`: the node's status (the operator polls it). Admin only.

@@ -1278,3 +1278,38 @@ async fn retry_now_sends_waiting_rows_at_once() {
         .any(|r| r["who"] == "team-b" && r["tenant"] == "b"));
     node.stop().await;
 }
+
+/// `GET /v1/config` shows a sink's header names and its host, never its headers' values
+/// or its URL's user information and query: each can be a credential.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_shows_no_sink_credential() {
+    let node = TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .sink_yaml(
+            r#"{ id: keyed, url: "http://hook-user:url-password-0123@127.0.0.1:9/in?token=url-query-token-0123", headers: { x-api-key: header-value-secret-0123 } }"#,
+        )
+        .route("r", &["keyed"])
+        .open_source("in", "r")
+        .start()
+        .await;
+    let port = node.admin_addr.port();
+    let (status, text) = tokio::task::spawn_blocking(move || {
+        http_get_auth_token(port, "/v1/config", ADMIN).unwrap()
+    })
+    .await
+    .unwrap();
+    assert_eq!(status, 200);
+    for secret in [
+        "hook-user",
+        "url-password-0123",
+        "url-query-token-0123",
+        "header-value-secret-0123",
+    ] {
+        assert!(!text.contains(secret), "{secret} in {text}");
+    }
+    assert!(
+        text.contains("x-api-key") && text.contains("127.0.0.1:9/in"),
+        "{text}"
+    );
+    node.stop().await;
+}
