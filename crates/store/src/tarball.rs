@@ -18,8 +18,16 @@ fn store_error(dir: &Path) -> impl FnOnce(TarballError) -> StoreError + '_ {
             reason,
         },
         e @ TarballError::NotEmpty(_) => StoreError::NotEmpty(e),
+        e @ TarballError::NoRoom { .. } => StoreError::Io {
+            context: format!("unpacking into {}", dir.display()),
+            source: std::io::Error::new(std::io::ErrorKind::StorageFull, e.to_string()),
+        },
     }
 }
+
+/// What an unpack leaves free on its volume: a restore that would fill it is stopped
+/// before, the node and its WAL keep room.
+pub const UNPACK_MARGIN_BYTES: u64 = 64 << 20;
 
 /// Packs the files of `dir` (not its `LOG*` info logs) into `out` as tar + zstd.
 pub fn pack(dir: &Path, out: &Path) -> Result<(), StoreError> {
@@ -32,7 +40,15 @@ pub fn pack_to<W: std::io::Write>(dir: &Path, w: W) -> Result<W, StoreError> {
 }
 
 /// Unpacks `file` into `dir`, which must not exist or be empty; refuses an archive that is
-/// not a store's (see `ankusa_tarball`).
+/// not a store's (see `ankusa_tarball`), and one that declares more bytes than `dir`'s
+/// volume has free less [`UNPACK_MARGIN_BYTES`] (a hostile or mistaken archive cannot fill
+/// the volume).
 pub fn unpack(file: &Path, dir: &Path) -> Result<(), StoreError> {
-    ankusa_tarball::unpack(file, dir).map_err(store_error(dir))
+    // The volume of `dir`, which may not exist yet: its nearest existing ancestor's.
+    let room = dir
+        .ancestors()
+        .find(|a| a.exists())
+        .and_then(crate::volume_space)
+        .map_or(u64::MAX, |v| v.free.saturating_sub(UNPACK_MARGIN_BYTES));
+    ankusa_tarball::unpack_within(file, dir, room).map_err(store_error(dir))
 }

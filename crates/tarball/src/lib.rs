@@ -33,6 +33,12 @@ pub enum TarballError {
     /// The archive is not acceptable.
     #[error("{0}")]
     Refused(String),
+    /// The archive unpacks to more than the room it was given (the destination volume's
+    /// free space, less a margin): stopped before the volume filled.
+    #[error(
+        "the archive unpacks to more than {room} bytes, the room its destination has: {detail}"
+    )]
+    NoRoom { room: u64, detail: String },
     /// The destination holds files (a live store, or anything else): nothing was written.
     #[error(
         "{} is not empty: restore into a new directory, or stop the node that uses it and move its store aside first",
@@ -92,8 +98,20 @@ pub fn unpack(file: &Path, dir: &Path) -> Result<(), TarballError> {
     unpack_from(f, dir)
 }
 
+/// [`unpack`], writing at most `room` bytes: an archive whose entries declare more is
+/// refused ([`TarballError::NoRoom`]) before the entry that would pass it is written.
+pub fn unpack_within(file: &Path, dir: &Path, room: u64) -> Result<(), TarballError> {
+    let f = std::fs::File::open(file).map_err(io(format!("opening {}", file.display())))?;
+    unpack_from_within(f, dir, room)
+}
+
 /// Unpacks a `.tar.zst` read from `r` into `dir`, which must not exist or be empty.
 pub fn unpack_from<R: Read>(r: R, dir: &Path) -> Result<(), TarballError> {
+    unpack_from_within(r, dir, u64::MAX)
+}
+
+/// [`unpack_from`], writing at most `room` bytes.
+pub fn unpack_from_within<R: Read>(r: R, dir: &Path, room: u64) -> Result<(), TarballError> {
     if dir.exists()
         && std::fs::read_dir(dir)
             .map_err(io(format!("reading {}", dir.display())))?
@@ -113,6 +131,7 @@ pub fn unpack_from<R: Read>(r: R, dir: &Path) -> Result<(), TarballError> {
         .map_err(io("zstd decoder".into()))?;
     let mut ar = tar::Archive::new(dec);
     let mut n = 0usize;
+    let mut written = 0u64;
     for entry in ar.entries().map_err(io("reading tar".into()))? {
         let mut entry = entry.map_err(io("reading tar entry".into()))?;
         n += 1;
@@ -141,6 +160,22 @@ pub fn unpack_from<R: Read>(r: R, dir: &Path) -> Result<(), TarballError> {
                 "the archive's entry {} is not a regular file",
                 path.display()
             )));
+        }
+        let size = entry
+            .header()
+            .size()
+            .map_err(io("reading a tar entry's size".into()))?;
+        written = written.saturating_add(size);
+        if written > room {
+            return Err(TarballError::NoRoom {
+                room,
+                detail: format!(
+                    "{} files so far declare {written} bytes, {} of them its entry {}",
+                    n,
+                    size,
+                    path.display()
+                ),
+            });
         }
         let target = dir.join(&name);
         let mut out = std::fs::OpenOptions::new()
@@ -182,6 +217,35 @@ mod tests {
         h.as_gnu_mut().unwrap().name[..name.len()].copy_from_slice(name.as_bytes());
         h.set_cksum();
         b.append(&h, data).unwrap();
+    }
+
+    /// An archive that declares more than the room given stops before the entry that
+    /// would pass it: what was written stays within the room.
+    #[test]
+    fn an_archive_larger_than_its_room_is_refused_before_it_fills_it() {
+        let d = tempfile::tempdir().unwrap();
+        let archive = d.path().join("a.tar.zst");
+        std::fs::write(
+            &archive,
+            tar_zst(|b| {
+                file(b, "000001.sst", &vec![1u8; 100_000]);
+                file(b, "000002.sst", &vec![2u8; 100_000]);
+            }),
+        )
+        .unwrap();
+        let out = d.path().join("small");
+        let e = unpack_within(&archive, &out, 150_000).unwrap_err();
+        assert!(
+            matches!(e, TarballError::NoRoom { room: 150_000, .. }),
+            "{e}"
+        );
+        assert!(!out.join("000002.sst").exists());
+        let out = d.path().join("roomy");
+        unpack_within(&archive, &out, 200_000).unwrap();
+        assert_eq!(
+            std::fs::read(out.join("000002.sst")).unwrap().len(),
+            100_000
+        );
     }
 
     #[test]

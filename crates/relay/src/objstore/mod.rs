@@ -722,6 +722,25 @@ pub async fn restore_from(
         m.id,
         missing.join(", ")
     );
+    // Room for it all first, the margin an unpack keeps left over.
+    let total: u64 = m.files.iter().map(|f| f.size).sum();
+    let room = data
+        .ancestors()
+        .find(|a| a.exists())
+        .and_then(ankusa_store::volume_space)
+        .map(|v| {
+            v.free
+                .saturating_sub(ankusa_store::tarball::UNPACK_MARGIN_BYTES)
+        });
+    if let Some(room) = room {
+        anyhow::ensure!(
+            total <= room,
+            "backup {} is {total} bytes; {} has room for {room} (its free space less {} bytes kept free): nothing was written",
+            m.id,
+            data.display(),
+            ankusa_store::tarball::UNPACK_MARGIN_BYTES
+        );
+    }
     // Until the last file is in and synced, the marker says so: a restore killed half
     // way leaves a directory every command refuses (as an archive's restore does).
     std::fs::create_dir_all(data)?;
@@ -743,6 +762,14 @@ pub async fn restore_from(
             let chunk = chunk.with_context(|| format!("downloading {}", f.key))?;
             hash.update(&chunk);
             size += chunk.len() as u64;
+            // A server that sends more than the manifest says is cut off at once.
+            anyhow::ensure!(
+                size <= f.size,
+                "{} sent more than the {} bytes backup {}'s manifest says",
+                f.key,
+                f.size,
+                m.id
+            );
             out.write_all(&chunk)?;
         }
         out.sync_all()?;
