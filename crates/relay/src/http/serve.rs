@@ -144,7 +144,8 @@ async fn body_deadline(
     let (parts, body) = req.into_parts();
     let body = Body::new(DeadlineBody {
         inner: body,
-        deadline: Box::pin(tokio::time::sleep(timeout)),
+        until: tokio::time::Instant::now() + timeout,
+        deadline: None,
         cut: cut.clone(),
     });
     let resp = next.run(Request::from_parts(parts, body)).await;
@@ -162,10 +163,13 @@ async fn body_deadline(
     resp
 }
 
-/// A request body that fails once its deadline passes.
+/// A request body that fails once its deadline passes. Its timer is made only when the
+/// body first has to wait: a webhook's body that came with its headers (most of them)
+/// costs the request path no timer.
 struct DeadlineBody {
     inner: Body,
-    deadline: Pin<Box<tokio::time::Sleep>>,
+    until: tokio::time::Instant,
+    deadline: Option<Pin<Box<tokio::time::Sleep>>>,
     cut: Arc<AtomicBool>,
 }
 
@@ -186,7 +190,11 @@ impl hyper::body::Body for DeadlineBody {
         if let Poll::Ready(frame) = hyper::body::Body::poll_frame(Pin::new(&mut this.inner), cx) {
             return Poll::Ready(frame);
         }
-        if this.deadline.as_mut().poll(cx).is_ready() {
+        let until = this.until;
+        let deadline = this
+            .deadline
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(until)));
+        if deadline.as_mut().poll(cx).is_ready() {
             this.cut.store(true, Ordering::Release);
             return Poll::Ready(Some(Err(axum::Error::new(BodyTimedOut))));
         }
