@@ -44,11 +44,16 @@ pub fn pack_to<W: std::io::Write>(dir: &Path, w: W) -> Result<W, StoreError> {
 /// volume has free less [`UNPACK_MARGIN_BYTES`] (a hostile or mistaken archive cannot fill
 /// the volume).
 pub fn unpack(file: &Path, dir: &Path) -> Result<(), StoreError> {
-    // The volume of `dir`, which may not exist yet: its nearest existing ancestor's.
-    let room = dir
-        .ancestors()
+    let room = room_to_unpack(dir).unwrap_or(u64::MAX);
+    ankusa_tarball::unpack_within(file, dir, room).map_err(store_error(dir))
+}
+
+/// What a restore may write into `dir` (which may not exist yet: its nearest existing
+/// ancestor's volume): the volume's free space less [`UNPACK_MARGIN_BYTES`] (`None`: the
+/// file system does not say).
+pub fn room_to_unpack(dir: &Path) -> Option<u64> {
+    dir.ancestors()
         .find(|a| a.exists())
         .and_then(crate::volume_space)
-        .map_or(u64::MAX, |v| v.free.saturating_sub(UNPACK_MARGIN_BYTES));
-    ankusa_tarball::unpack_within(file, dir, room).map_err(store_error(dir))
+        .map(|v| v.free.saturating_sub(UNPACK_MARGIN_BYTES))
 }

@@ -724,15 +724,7 @@ pub async fn restore_from(
     );
     // Room for it all first, the margin an unpack keeps left over.
     let total: u64 = m.files.iter().map(|f| f.size).sum();
-    let room = data
-        .ancestors()
-        .find(|a| a.exists())
-        .and_then(ankusa_store::volume_space)
-        .map(|v| {
-            v.free
-                .saturating_sub(ankusa_store::tarball::UNPACK_MARGIN_BYTES)
-        });
-    if let Some(room) = room {
+    if let Some(room) = ankusa_store::tarball::room_to_unpack(data) {
         anyhow::ensure!(
             total <= room,
             "backup {} is {total} bytes; {} has room for {room} (its free space less {} bytes kept free): nothing was written",
