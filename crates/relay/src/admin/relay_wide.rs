@@ -41,8 +41,34 @@ use super::tenants::{NodeTenants, TenantView, TenantsTop};
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::{error, percent_decode as decode, percent_encode as encode, with_retry_after};
 
-/// The largest replay body read to find its tenant.
+/// The largest admin body read before it is routed (a replay's, to find its tenant).
 const MAX_ROUTED_BODY: usize = 1 << 20;
+
+/// An admin request's body, read whole before it is routed: at most [`MAX_ROUTED_BODY`]
+/// (413 `body_too_large` past it), whatever the caller's scope.
+async fn routed_body(body: Body) -> Result<bytes::Bytes, Response> {
+    match http_body_util::Limited::new(body, MAX_ROUTED_BODY)
+        .collect()
+        .await
+    {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e)
+            if e.downcast_ref::<http_body_util::LengthLimitError>()
+                .is_some() =>
+        {
+            Err(error(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "body_too_large",
+                "an admin request about a tenant carries at most 1 MiB",
+            ))
+        }
+        Err(_) => Err(error(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            "the body could not be read",
+        )),
+    }
+}
 
 /// Sends admin calls about another node's tenant to that node; merges `GET /v1/tenants`.
 pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> Response {
@@ -75,16 +101,9 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         && req.method() == Method::POST
     {
         let (parts, body) = req.into_parts();
-        let Ok(bytes) = http_body_util::Limited::new(body, MAX_ROUTED_BODY)
-            .collect()
-            .await
-            .map(|c| c.to_bytes())
-        else {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "bad_request",
-                "the replay request is over 1 MiB",
-            );
+        let bytes = match routed_body(body).await {
+            Ok(b) => b,
+            Err(refused) => return refused,
         };
         let v = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
         if path == "/v1/dlq/replay"
@@ -150,28 +169,9 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
     let (parts, body) = req.into_parts();
     // Read before the owner (or this node's handler) checks the token's scope: bounded,
     // as every admin body the handlers read is far below it.
-    let body = match http_body_util::Limited::new(body, MAX_ROUTED_BODY)
-        .collect()
-        .await
-    {
-        Ok(c) => c.to_bytes(),
-        Err(e)
-            if e.downcast_ref::<http_body_util::LengthLimitError>()
-                .is_some() =>
-        {
-            return error(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
-                "an admin request about a tenant carries at most 1 MiB",
-            );
-        }
-        Err(_) => {
-            return error(
-                StatusCode::BAD_REQUEST,
-                "bad_request",
-                "the body could not be read",
-            );
-        }
+    let body = match routed_body(body).await {
+        Ok(b) => b,
+        Err(refused) => return refused,
     };
     let pq = parts
         .uri
