@@ -427,6 +427,16 @@ pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
 mod tests {
     use super::*;
 
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        v.sort();
+        v
+    }
+
     #[test]
     fn prune_keeps_the_newest_by_number_and_only_touches_backups() {
         let dir = tempfile::tempdir().unwrap();
@@ -440,11 +450,7 @@ mod tests {
             std::fs::write(dir.path().join(name), "x").unwrap();
         }
         assert_eq!(prune(dir.path(), 2).unwrap(), 1);
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        left.sort();
+        let left = names(dir.path());
         // b999 is the oldest although it sorts last as text.
         assert_eq!(
             left,
@@ -473,11 +479,7 @@ mod tests {
             }
         }
         assert_eq!(prune(dir.path(), 2).unwrap(), 5);
-        let mut left: Vec<String> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        left.sort();
+        let left = names(dir.path());
         // The two newest, and format 1's and 2's newest, each with its record.
         assert_eq!(
             left,
