@@ -978,6 +978,7 @@ spec:
         - id: shopify
           tenant: { header: X-Shopify-Shop-Domain }
           verify: { scheme: hmac-sha256, secret: { env: SHOPIFY_WEBHOOK_SECRET }, header: X-Shopify-Hmac-Sha256, encoding: base64 }
+          tenant_binding: shared-secret
           idempotency: { headers: [X-Shopify-Webhook-Id] }
           route: r
     secretEnv:

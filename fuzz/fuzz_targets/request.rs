@@ -1,14 +1,18 @@
 //! What ingest reads from a verified request before the writer, with structured inputs:
 //! the tenant (fixed, a header, a JSON pointer into the body, the URL), the idempotency
-//! key and the forwarded headers. An answer or a refusal, never a panic, and every answer
-//! within its bounds.
+//! key and the forwarded headers; and the per-tenant secret lookup (`tenant_secrets`): a
+//! request verifies only under the secret of the tenant it names. An answer or a refusal,
+//! never a panic, and every answer within its bounds.
 #![no_main]
 
-use ankusa_config::{tenant_id_problem, IdempotencyConfig, TenantFrom};
+use std::collections::BTreeMap;
+
+use ankusa_config::{tenant_id_problem, IdempotencyConfig, SigEncoding, TenantFrom, VerifyConfig};
 use ankusa_verify::request::{
     forwarded, idempotency_of, tenant_of, JsonBody, MAX_FORWARD_BYTES, MAX_FORWARD_VALUE,
     MAX_IDEMPOTENCY_KEY,
 };
+use ankusa_verify::{hex, hmac_sha256, Keys};
 use libfuzzer_sys::fuzz_target;
 
 #[derive(Debug, arbitrary::Arbitrary)]
@@ -23,6 +27,9 @@ struct Input {
     json_body: bool,
     body: Vec<u8>,
     pointer_value: String,
+    /// Tenants with a secret of their own, and the secret the request is signed with.
+    tenant_secrets: Vec<(String, Vec<u8>)>,
+    signing_secret: Vec<u8>,
 }
 
 fuzz_target!(|i: Input| {
@@ -54,8 +61,46 @@ fuzz_target!(|i: Input| {
         i.body.clone()
     };
     let mut json = JsonBody::new(&body);
-    if let Ok(Some(t)) = tenant_of(from.as_ref(), i.in_path.as_deref(), &map, &mut json) {
-        assert!(tenant_id_problem(&t).is_none(), "an invalid tenant {t:?} passed");
+    let named = tenant_of(from.as_ref(), i.in_path.as_deref(), &map, &mut json);
+    if let Ok(Some(t)) = &named {
+        assert!(
+            tenant_id_problem(t).is_none(),
+            "an invalid tenant {t:?} passed"
+        );
+    }
+    // The per-tenant lookup: signed with `signing_secret` in `x-sig`, the request passes
+    // only when the tenant it names holds exactly that secret.
+    let secrets: BTreeMap<String, Vec<u8>> = i
+        .tenant_secrets
+        .iter()
+        .take(8)
+        .filter(|(_, s)| !s.is_empty())
+        .cloned()
+        .collect();
+    let scheme = VerifyConfig::HmacSha256 {
+        secret: None,
+        header: "x-sig".into(),
+        prefix: String::new(),
+        encoding: SigEncoding::Hex,
+        timestamp_header: None,
+        tolerance_s: 300,
+    };
+    let keys = Keys::new(&scheme, None, Some(secrets.clone()), &[0x5a; 32]);
+    let mut signed = map.clone();
+    let sig = hex(&hmac_sha256(&i.signing_secret, &[&body]));
+    if let Ok(v) = http::HeaderValue::from_str(&sig) {
+        signed.insert("x-sig", v);
+    }
+    let claimed = named.as_ref().ok().and_then(|t| t.as_deref());
+    if keys.verify(claimed, &signed, &body, 0).is_ok() {
+        // (Two secrets can key the same HMAC — `k` and `k\0` — so the signature is what
+        // is compared.)
+        let signs = |k: &[u8]| hex(&hmac_sha256(k, &[&body])) == sig;
+        let held = claimed.and_then(|t| secrets.get(t));
+        assert!(
+            held.is_some_and(|h| signs(h)) || (held.is_none() && signs(&[0x5a; 32])),
+            "a request passed under a secret its tenant {claimed:?} does not hold"
+        );
     }
     let idem = IdempotencyConfig {
         headers: i

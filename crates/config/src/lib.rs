@@ -58,7 +58,8 @@ pub use secrets::{SecretSource, Secrets, REDACTED};
 pub use shutdown::ShutdownConfig;
 pub use sinks::{SinkConfig, SinkKind, MAX_PULL_SINK_ID};
 pub use sources::{
-    IdempotencyConfig, SigEncoding, SourceConfig, TenantFrom, VerifyConfig, MAX_FORWARD_HEADERS,
+    IdempotencyConfig, SigEncoding, SourceConfig, TenantBinding, TenantFrom, TenantSecrets,
+    VerifyConfig, MAX_FORWARD_HEADERS, MAX_TENANT_SECRETS, MAX_TENANT_SECRET_BYTES,
     RESERVED_HEADERS,
 };
 pub use store::{StoreConfig, STORE_MEMORY_MIN};
@@ -324,6 +325,16 @@ impl Config {
         self.validate_with(Secrets::Resolve)
     }
 
+    /// What `config check` and a starting node say about a valid configuration that is
+    /// likely not what its author wants, one line each.
+    pub fn warnings(&self) -> Vec<String> {
+        self.sources
+            .iter()
+            .enumerate()
+            .flat_map(|(i, s)| s.warnings(&format!("sources[{i}]")))
+            .collect()
+    }
+
     /// Every check of [`Config::validate`]; with [`Secrets::Skip`], secrets are not read
     /// (where they live — a file, a variable — exists only where the node runs).
     pub fn validate_with(&self, secrets: Secrets) -> Result<(), ConfigError> {
@@ -426,6 +437,42 @@ routes: [{ id: r, sinks: [s] }]
             (
                 "sources: [{ id: a, verify: { scheme: hmac-sha256, secret: { value: k }, header: x-sig, timestamp_header: \"x ts\" }, route: r }]",
                 "sources[0].verify.timestamp_header",
+            ),
+            (
+                "sources: [{ id: a, tenant: path, verify: { scheme: github, secret: { value: k } }, route: r }]",
+                "sources[0].tenant_binding",
+            ),
+            (
+                "sources: [{ id: a, tenant: { fixed: t }, verify: { scheme: github }, tenant_secrets: { map: { t: { value: k } } }, route: r }]",
+                "sources[0].tenant_secrets",
+            ),
+            (
+                "sources: [{ id: a, tenant: path, verify: { scheme: github, secret: { value: k } }, tenant_secrets: { map: { t: { value: k } } }, route: r }]",
+                "sources[0].verify.secret",
+            ),
+            (
+                "sources: [{ id: a, tenant: path, verify: { scheme: github }, route: r }]",
+                "sources[0].verify.secret",
+            ),
+            (
+                "sources: [{ id: a, tenant: path, verify: { scheme: github }, tenant_secrets: { map: { t: { value: \"\" } } }, route: r }]",
+                "sources[0].tenant_secrets",
+            ),
+            (
+                "sources: [{ id: a, tenant: path, verify: { scheme: github }, tenant_secrets: { map: { t: { value: k } } }, tenant_binding: shared-secret, route: r }]",
+                "sources[0].tenant_binding",
+            ),
+            (
+                "sources: [{ id: a, tenant: { json_pointer: /t }, verify: { scheme: github, secret: { value: k } }, tenant_binding: shared-secret, route: r }]",
+                "sources[0].tenant_binding",
+            ),
+            (
+                "sources: [{ id: a, tenant: path, verify: { scheme: none }, tenant_secrets: { map: { t: { value: k } } }, route: r }]",
+                "sources[0].tenant_secrets",
+            ),
+            (
+                "sources: [{ id: a, tenant: path, verify: { scheme: github }, tenant_secrets: { dir: /nonexistent/ankusa-keys }, route: r }]",
+                "sources[0].tenant_secrets.dir",
             ),
             (
                 "cluster: { name: a, token: { value: \"sixteen bytes or more\" }, nodes: [{ name: a, ingest: \"http://a:1\", admin: \"http://a:2\" }, { name: b, ingest: \"http://b:1\", admin: \"http://b:2\" }] }",

@@ -1,6 +1,7 @@
 //! Sources: where hooks come in, how they are verified and whose they are (`sources`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
@@ -29,7 +30,9 @@ pub enum VerifyConfig {
     /// HMAC-SHA256 of the body in a header, hex or base64, with an optional prefix.
     #[serde(rename = "hmac-sha256")]
     HmacSha256 {
-        secret: SecretSource,
+        /// The source's one secret; absent when the source has `tenant_secrets`.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret: Option<SecretSource>,
         header: String,
         #[serde(default)]
         prefix: String,
@@ -45,23 +48,37 @@ pub enum VerifyConfig {
     },
     /// `webhook-id`, `webhook-timestamp`, `webhook-signature` (Standard Webhooks).
     StandardWebhooks {
-        secret: SecretSource,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret: Option<SecretSource>,
         #[serde(default = "default_tolerance")]
         tolerance_s: u64,
     },
     /// `X-Hub-Signature-256: sha256=<hex>`.
     Github {
-        secret: SecretSource,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret: Option<SecretSource>,
     },
     /// `Stripe-Signature: t=<ts>,v1=<hex>`.
     Stripe {
-        secret: SecretSource,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        secret: Option<SecretSource>,
         #[serde(default = "default_tolerance")]
         tolerance_s: u64,
     },
 }
 
 impl VerifyConfig {
+    /// The source-wide secret, if the scheme has one and it is given.
+    pub fn secret(&self) -> Option<&SecretSource> {
+        match self {
+            VerifyConfig::None => None,
+            VerifyConfig::HmacSha256 { secret, .. }
+            | VerifyConfig::StandardWebhooks { secret, .. }
+            | VerifyConfig::Github { secret }
+            | VerifyConfig::Stripe { secret, .. } => secret.as_ref(),
+        }
+    }
+
     /// The headers a source of this scheme forwards unless it lists its own: what a
     /// receiver needs to tell one kind of hook from another when the body does not say.
     /// GitHub names the event only in `X-GitHub-Event`; Stripe's and Standard Webhooks'
@@ -105,6 +122,98 @@ pub struct IdempotencyConfig {
     pub json_pointer: Option<String>,
 }
 
+/// The secrets of a source whose tenant comes from the request, one per tenant: a
+/// tenant's requests verify only with its own, so one tenant cannot post as another.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum TenantSecrets {
+    /// A directory with one file per tenant, named by the tenant's id, holding its secret
+    /// (a Kubernetes Secret mounted as a volume, one key per tenant). Names starting with
+    /// `.` are skipped (the volume's own `..data` links).
+    Dir(PathBuf),
+    /// The secrets by tenant id.
+    Map(BTreeMap<String, SecretSource>),
+}
+
+/// The most tenants one source's `tenant_secrets` may name.
+pub const MAX_TENANT_SECRETS: usize = 100_000;
+/// The longest one tenant's secret file.
+pub const MAX_TENANT_SECRET_BYTES: u64 = 4096;
+
+impl TenantSecrets {
+    /// Every tenant's secret, read (`key` is `sources[i].tenant_secrets`).
+    pub fn resolve(&self, key: &str) -> Result<BTreeMap<String, Vec<u8>>, ConfigError> {
+        let mut out = BTreeMap::new();
+        match self {
+            TenantSecrets::Map(m) => {
+                for (tenant, secret) in m {
+                    let k = format!("{key}.map.{tenant}");
+                    out.insert(tenant.clone(), secret.resolve(&k)?);
+                }
+            }
+            TenantSecrets::Dir(dir) => {
+                let key = format!("{key}.dir");
+                let read_err = |e: std::io::Error| {
+                    invalid(&key, format!("cannot read {}: {e}", dir.display()))
+                };
+                for entry in std::fs::read_dir(dir).map_err(read_err)? {
+                    let entry = entry.map_err(read_err)?;
+                    let name = entry.file_name();
+                    let Some(tenant) = name.to_str() else {
+                        return Err(invalid(&key, format!("{name:?} is not a UTF-8 tenant id")));
+                    };
+                    if tenant.starts_with('.') {
+                        continue;
+                    }
+                    let path = entry.path();
+                    // Followed: a mounted Secret's keys are links into its `..data`.
+                    let meta = std::fs::metadata(&path).map_err(read_err)?;
+                    if !meta.is_file() {
+                        continue;
+                    }
+                    if meta.len() > MAX_TENANT_SECRET_BYTES {
+                        return Err(invalid(
+                            &key,
+                            format!("{tenant}: a secret file is at most {MAX_TENANT_SECRET_BYTES} bytes"),
+                        ));
+                    }
+                    if out.len() == MAX_TENANT_SECRETS {
+                        return Err(invalid(
+                            &key,
+                            format!("at most {MAX_TENANT_SECRETS} tenants"),
+                        ));
+                    }
+                    let secret = SecretSource::File(path).resolve(&key)?;
+                    out.insert(tenant.to_owned(), secret);
+                }
+            }
+        }
+        for (tenant, secret) in &out {
+            if let Some(why) = tenant_id_problem(tenant) {
+                return Err(invalid(
+                    key,
+                    format!("{tenant:?} is not a tenant id: {why}"),
+                ));
+            }
+            if secret.is_empty() {
+                return Err(invalid(key, format!("the secret of {tenant:?} is empty")));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// What a source whose tenant comes from the request says about the tenant's binding to
+/// its signature.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "kebab-case")]
+pub enum TenantBinding {
+    /// One secret for the whole source, and every tenant takes the risk: whoever holds it
+    /// can post as any tenant. Right where no tenant holds it (the provider signs with an
+    /// app's secret of yours); `config check` warns.
+    SharedSecret,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
 pub struct SourceConfig {
@@ -128,6 +237,14 @@ pub struct SourceConfig {
     /// Archive this source's hooks (overrides its route's setting).
     #[serde(default)]
     pub archive: Option<ArchiveSetting>,
+    /// One secret per tenant, in place of `verify.secret`, for a source whose tenant comes
+    /// from the URL, a header or the body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_secrets: Option<TenantSecrets>,
+    /// `shared-secret`: a source whose tenant comes from the URL or a header, verified
+    /// with one secret for every tenant, says so (refused otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant_binding: Option<TenantBinding>,
 }
 
 /// The most header names a source may forward.
@@ -264,18 +381,94 @@ impl SourceConfig {
                 ));
             }
         }
-        let secret = match &self.verify {
-            VerifyConfig::None => None,
-            VerifyConfig::HmacSha256 { secret, .. }
-            | VerifyConfig::StandardWebhooks { secret, .. }
-            | VerifyConfig::Github { secret }
-            | VerifyConfig::Stripe { secret, .. } => Some(secret),
-        };
-        if let Some(secret) = secret {
+        if let Some(secret) = self.verify.secret() {
             if secrets.len(secret, &format!("{key}.verify.secret"))? == Some(0) {
                 return Err(invalid(&format!("{key}.verify.secret"), "is empty"));
             }
         }
+        self.validate_binding(key, secrets)
+    }
+
+    /// Whether the tenant a request names is bound to what it signed: a tenant from the URL
+    /// or a header, verified with one secret for every tenant, is refused unless
+    /// `tenant_binding: shared-secret` says so; `tenant_secrets` replace `verify.secret`.
+    fn validate_binding(&self, key: &str, secrets: Secrets) -> Result<(), ConfigError> {
+        let verified = self.verify != VerifyConfig::None;
+        let from_request = matches!(
+            self.tenant,
+            Some(TenantFrom::Path | TenantFrom::Header(_) | TenantFrom::JsonPointer(_))
+        );
+        match (&self.tenant_secrets, self.verify.secret()) {
+            (Some(_), _) if !verified => {
+                return Err(invalid(
+                    &format!("{key}.tenant_secrets"),
+                    "a source with verify scheme none has no secret",
+                ))
+            }
+            (Some(_), _) if !from_request => {
+                return Err(invalid(
+                    &format!("{key}.tenant_secrets"),
+                    "only for a source whose tenant comes from the URL, a header or the body",
+                ))
+            }
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    &format!("{key}.verify.secret"),
+                    "a source with tenant_secrets has no source-wide secret",
+                ))
+            }
+            (Some(t), None) => {
+                if self.tenant_binding.is_some() {
+                    return Err(invalid(
+                        &format!("{key}.tenant_binding"),
+                        "shared-secret contradicts tenant_secrets",
+                    ));
+                }
+                if secrets == Secrets::Resolve {
+                    t.resolve(&format!("{key}.tenant_secrets"))?;
+                }
+                return Ok(());
+            }
+            (None, None) if verified => {
+                return Err(invalid(
+                    &format!("{key}.verify.secret"),
+                    "is required (or tenant_secrets)",
+                ))
+            }
+            (None, _) => {}
+        }
+        let unbound =
+            verified && matches!(self.tenant, Some(TenantFrom::Path | TenantFrom::Header(_)));
+        if unbound && self.tenant_binding.is_none() {
+            return Err(invalid(
+                &format!("{key}.tenant_binding"),
+                "the tenant comes from the request but is not signed, and one secret verifies every tenant: \
+                 whoever holds it can post as any tenant. Give each tenant its secret \
+                 (tenant_secrets), or say tenant_binding: shared-secret where no tenant holds the secret",
+            ));
+        }
+        if !unbound && self.tenant_binding.is_some() {
+            return Err(invalid(
+                &format!("{key}.tenant_binding"),
+                "only for a verified source whose tenant comes from the URL or a header",
+            ));
+        }
         Ok(())
+    }
+
+    /// What `config check` says of this source without refusing it.
+    pub fn warnings(&self, key: &str) -> Vec<String> {
+        let mut out = Vec::new();
+        if self.tenant_binding == Some(TenantBinding::SharedSecret) {
+            out.push(format!(
+                "{key}: tenant_binding shared-secret: whoever holds the source's secret can post as any tenant"
+            ));
+        }
+        if self.verify == VerifyConfig::None {
+            out.push(format!(
+                "{key}: verify scheme none: whoever reaches the ingest listener can post to this source"
+            ));
+        }
+        out
     }
 }

@@ -355,7 +355,26 @@ pub struct ConfigSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64))]
     pub secret_env: Vec<SecretEnv>,
+    /// Secrets mounted read-only as directories, one file per key, at
+    /// `/etc/ankusa-secrets/<name>`: for a source's `tenant_secrets: { dir: ... }` (a
+    /// secret per tenant). A key added to the Secret reaches the nodes without a restart.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub secret_dirs: Vec<SecretDir>,
 }
+
+/// A Secret mounted as a directory (`config.secretDirs`).
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretDir {
+    /// The Secret's name, in the Relay's namespace.
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("must be a Secret's name"))]
+    pub name: String,
+}
+
+/// Where `config.secretDirs` are mounted, each under its Secret's name.
+pub const SECRET_DIRS_MOUNT: &str = "/etc/ankusa-secrets";
 
 /// A key of a ConfigMap.
 #[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]

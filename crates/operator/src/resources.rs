@@ -824,6 +824,23 @@ pub fn statefulset(
         })
     }));
     container["env"] = json!(env);
+    let mut volumes = vec![
+        json!({ "name": "config", "configMap": { "name": names.config_map } }),
+        json!({ "name": "operator-token", "secret": { "secretName": names.token_secret } }),
+    ];
+    // A source's `tenant_secrets: { dir }`: each Secret a directory, a file per key, which
+    // the kubelet updates in place (the node's reload watch sees its `..data` swap).
+    for (i, dir) in spec.config.secret_dirs.iter().enumerate() {
+        let volume = format!("secret-dir-{i}");
+        volumes.push(json!({ "name": volume, "secret": { "secretName": dir.name } }));
+        if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+            mounts.push(json!({
+                "name": volume,
+                "mountPath": format!("{}/{}", ankusa_crds::relay::SECRET_DIRS_MOUNT, dir.name),
+                "readOnly": true,
+            }));
+        }
+    }
     if let Some(policy) = &spec.image_pull_policy {
         container["imagePullPolicy"] = json!(policy);
     }
@@ -875,10 +892,7 @@ pub fn statefulset(
                         "enableServiceLinks": false,
                         "securityContext": pod_security(),
                         "containers": [container],
-                        "volumes": [
-                            { "name": "config", "configMap": { "name": names.config_map } },
-                            { "name": "operator-token", "secret": { "secretName": names.token_secret } },
-                        ],
+                        "volumes": volumes,
                         "automountServiceAccountToken": false,
                     },
                 },

@@ -777,6 +777,9 @@ impl Node {
     /// Starts a node from a validated configuration.
     pub async fn start(config: Config) -> Result<Node, NodeError> {
         check(&config)?;
+        for warning in config.warnings() {
+            tracing::warn!(%warning, "the configuration is valid but likely not meant");
+        }
         // Both listeners first, before anything slow: a port clash fails the start at
         // once, and `/healthz` answers (`/readyz` 503 `store_opening`) while the store
         // opens and replays its WAL.

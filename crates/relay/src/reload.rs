@@ -132,6 +132,26 @@ impl Reloader {
         result
     }
 
+    /// What changes when a running source's `tenant_secrets` directory does, cheaply (the
+    /// watcher asks every [`POLL`]): each directory's modification time, which an added or
+    /// removed tenant moves, and the target of its `..data` link, which a mounted
+    /// Kubernetes Secret's update swaps. A secret rewritten in place in a plain directory
+    /// needs a SIGHUP.
+    pub fn secret_dirs_stamp(&self) -> Vec<u8> {
+        let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut out = Vec::new();
+        for s in &running.sources {
+            if let Some(ankusa_config::TenantSecrets::Dir(dir)) = &s.tenant_secrets {
+                let modified = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
+                out.extend_from_slice(format!("{}\0{modified:?}\0", dir.display()).as_bytes());
+                if let Ok(target) = std::fs::read_link(dir.join("..data")) {
+                    out.extend_from_slice(target.as_os_str().as_encoded_bytes());
+                }
+            }
+        }
+        out
+    }
+
     /// [`Reloader::reload`] of the file at `path`; a file that cannot be read is refused.
     pub fn reload_file(&self, path: &std::path::Path) -> Result<Reloaded, ReloadError> {
         match std::fs::read_to_string(path) {
@@ -200,9 +220,11 @@ pub async fn watch(
 ) {
     let digest = |p: &std::path::Path| -> Option<[u8; 32]> {
         use sha2::Digest;
-        std::fs::read(p)
-            .ok()
-            .map(|b| sha2::Sha256::digest(&b).into())
+        let file = std::fs::read(p).ok()?;
+        let mut d = sha2::Sha256::new();
+        d.update(&file);
+        d.update(reloader.secret_dirs_stamp());
+        Some(d.finalize().into())
     };
     let mut seen = digest(&path);
     let mut tick = tokio::time::interval(every);

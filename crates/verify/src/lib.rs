@@ -3,6 +3,7 @@
 //! Every comparison of a signature is constant-time (`subtle`); secrets are never logged.
 //! A timestamp outside the scheme's tolerance is refused like a bad signature.
 
+pub mod node;
 pub mod request;
 
 use std::borrow::Cow;
@@ -12,7 +13,7 @@ use hmac::{Hmac, Mac};
 use sha2::Sha256;
 use subtle::ConstantTimeEq;
 
-use ankusa_config::SigEncoding;
+use ankusa_config::{SigEncoding, VerifyConfig};
 
 type HmacSha256 = Hmac<Sha256>;
 
@@ -104,6 +105,121 @@ impl Verifier {
             Verifier::Github { .. } => vec!["x-hub-signature-256"],
             Verifier::Stripe { .. } => vec!["stripe-signature"],
         }
+    }
+}
+
+impl Verifier {
+    /// The verifier of a source's scheme keyed by `secret` (its own, or one tenant's).
+    pub fn from_config(v: &VerifyConfig, secret: &[u8]) -> Verifier {
+        match v {
+            VerifyConfig::None => Verifier::None,
+            VerifyConfig::HmacSha256 {
+                header,
+                prefix,
+                encoding,
+                timestamp_header,
+                tolerance_s,
+                ..
+            } => Verifier::HmacSha256 {
+                secret: secret.to_vec(),
+                header: header.to_ascii_lowercase(),
+                prefix: prefix.clone(),
+                encoding: *encoding,
+                timestamp: timestamp_header
+                    .as_ref()
+                    .map(|t| (t.to_ascii_lowercase(), *tolerance_s)),
+            },
+            VerifyConfig::StandardWebhooks { tolerance_s, .. } => Verifier::StandardWebhooks {
+                key: standard_webhooks_key(secret),
+                tolerance_s: *tolerance_s,
+            },
+            VerifyConfig::Github { .. } => Verifier::Github {
+                secret: secret.to_vec(),
+            },
+            VerifyConfig::Stripe { tolerance_s, .. } => Verifier::Stripe {
+                secret: secret.to_vec(),
+                tolerance_s: *tolerance_s,
+            },
+        }
+    }
+}
+
+/// A source's keys: one verifier for every tenant, or one per tenant (`tenant_secrets`),
+/// so a tenant's requests verify only with its own secret.
+#[derive(Clone)]
+pub enum Keys {
+    Source(Verifier),
+    PerTenant {
+        by_tenant: std::collections::HashMap<String, Verifier>,
+        /// The verifier of a tenant without a secret: the scheme under a key nobody
+        /// holds, so such a request costs and answers what a bad signature does (the
+        /// answer does not tell which tenants have a secret).
+        absent: Verifier,
+    },
+}
+
+impl std::fmt::Debug for Keys {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Keys::Source(v) => write!(f, "{v:?}"),
+            Keys::PerTenant { by_tenant, absent } => {
+                write!(f, "{absent:?} ({} tenant secrets)", by_tenant.len())
+            }
+        }
+    }
+}
+
+impl Keys {
+    /// The keys of a source's scheme: `tenant_secrets` (tenant → secret) when the source
+    /// has them, its one `secret` otherwise; `unheld` keys the verifier of a tenant
+    /// without a secret (random bytes, at least 32).
+    pub fn new(
+        v: &VerifyConfig,
+        secret: Option<&[u8]>,
+        tenant_secrets: Option<std::collections::BTreeMap<String, Vec<u8>>>,
+        unheld: &[u8],
+    ) -> Keys {
+        match tenant_secrets {
+            None => Keys::Source(Verifier::from_config(v, secret.unwrap_or_default())),
+            Some(m) => Keys::PerTenant {
+                by_tenant: m
+                    .into_iter()
+                    .map(|(t, s)| (t, Verifier::from_config(v, &s)))
+                    .collect(),
+                absent: Verifier::from_config(v, unheld),
+            },
+        }
+    }
+
+    /// Whether the verifier depends on the request's tenant (it is read first).
+    pub fn per_tenant(&self) -> bool {
+        matches!(self, Keys::PerTenant { .. })
+    }
+
+    /// The verifier of `tenant`'s requests.
+    pub fn of(&self, tenant: Option<&str>) -> &Verifier {
+        match self {
+            Keys::Source(v) => v,
+            Keys::PerTenant { by_tenant, absent } => {
+                tenant.and_then(|t| by_tenant.get(t)).unwrap_or(absent)
+            }
+        }
+    }
+
+    /// Checks a request that names `tenant` (ignored with one secret for the source).
+    pub fn verify(
+        &self,
+        tenant: Option<&str>,
+        h: &dyn Headers,
+        body: &[u8],
+        now_s: u64,
+    ) -> Result<(), VerifyError> {
+        self.of(tenant).verify(h, body, now_s)
+    }
+
+    /// The request headers the verifiers read (lower case).
+    pub fn header_names(&self) -> Vec<&str> {
+        self.of(None).header_names()
     }
 }
 

@@ -169,7 +169,7 @@ pub fn bench_node(
         .sink_yaml(&format!(r#"{{ id: s, url: "http://{sink}/"{sink_keys} }}"#))
         .route_yaml(&format!("{{ id: r, sinks: [s]{route_keys} }}"))
         .source_yaml(&format!(
-            r#"{{ id: bench, tenant: {{ header: x-tenant }}, verify: {{ scheme: hmac-sha256, secret: {{ value: "{SECRET}" }}, header: x-signature, prefix: "sha256=" }}, route: r }}"#
+            r#"{{ id: bench, tenant: {{ header: x-tenant }}, verify: {{ scheme: hmac-sha256, secret: {{ value: "{SECRET}" }}, header: x-signature, prefix: "sha256=" }}, tenant_binding: shared-secret, idempotency: {{ headers: [] }}, route: r }}"#
         ))
 }
 

@@ -8,6 +8,9 @@ pub(super) fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
     let config = Config::load(path, std::env::vars())?;
     crate::node::check(&config)?;
     crate::telemetry::check(&config.log)?;
+    for w in config.warnings() {
+        eprintln!("warning: {w}");
+    }
     println!(
         "{}: ok ({} sources, {} routes, {} sinks, {} admin tokens)",
         path.display(),

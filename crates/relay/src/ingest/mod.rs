@@ -44,14 +44,15 @@ use ankusa_queue::registry::Admission;
 use ankusa_queue::tenants;
 use ankusa_queue::writer::{Reply, Submission, WriterHandle};
 use ankusa_records::Envelope;
-use ankusa_verify::Verifier;
+use ankusa_verify::Keys;
 
 /// A source, ready to serve.
 #[derive(Debug, Clone)]
 pub struct Source {
     pub id: String,
     pub tenant: Option<TenantFrom>,
-    pub verifier: Verifier,
+    /// The source's verifier, or one per tenant.
+    pub keys: Keys,
     pub idempotency: IdempotencyConfig,
     pub sinks: Vec<String>,
     pub body_limit: usize,
@@ -77,7 +78,7 @@ impl Source {
             .filter(|(k, _)| {
                 let k = k.as_str();
                 matches!(k, "content-type" | "content-length" | "user-agent")
-                    || self.verifier.header_names().contains(&k)
+                    || self.keys.header_names().contains(&k)
                     || tenant.as_deref() == Some(k)
                     || self.forward.iter().any(|f| f.as_str() == k)
             })
@@ -89,64 +90,41 @@ impl Source {
 /// Builds the sources of a validated configuration (resolving their secrets).
 pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> {
     let mut out = HashMap::new();
+    // The key of a tenant without a secret: nobody holds it.
+    let unheld: [u8; 32] = rand::random();
     for (i, s) in config.sources.iter().enumerate() {
-        let key = format!("sources[{i}].verify.secret");
-        let (verifier, default_idem) = match &s.verify {
-            VerifyConfig::None => (Verifier::None, IdempotencyConfig::default()),
-            VerifyConfig::HmacSha256 {
-                secret,
-                header,
-                prefix,
-                encoding,
-                timestamp_header,
-                tolerance_s,
-            } => (
-                Verifier::HmacSha256 {
-                    secret: secret.resolve(&key)?,
-                    header: header.to_ascii_lowercase(),
-                    prefix: prefix.clone(),
-                    encoding: *encoding,
-                    timestamp: timestamp_header
-                        .as_ref()
-                        .map(|t| (t.to_ascii_lowercase(), *tolerance_s)),
-                },
-                IdempotencyConfig::default(),
-            ),
-            VerifyConfig::StandardWebhooks {
-                secret,
-                tolerance_s,
-            } => (
-                Verifier::StandardWebhooks {
-                    key: ankusa_verify::standard_webhooks_key(&secret.resolve(&key)?),
-                    tolerance_s: *tolerance_s,
-                },
-                IdempotencyConfig {
-                    headers: vec!["webhook-id".into()],
-                    json_pointer: None,
-                },
-            ),
-            VerifyConfig::Github { secret } => (
-                Verifier::Github {
-                    secret: secret.resolve(&key)?,
-                },
-                IdempotencyConfig {
-                    headers: vec!["x-github-delivery".into()],
-                    json_pointer: None,
-                },
-            ),
-            VerifyConfig::Stripe {
-                secret,
-                tolerance_s,
-            } => (
-                Verifier::Stripe {
-                    secret: secret.resolve(&key)?,
-                    tolerance_s: *tolerance_s,
-                },
-                IdempotencyConfig {
-                    headers: Vec::new(),
-                    json_pointer: Some("/id".into()),
-                },
-            ),
+        let secret = s
+            .verify
+            .secret()
+            .map(|x| x.resolve(&format!("sources[{i}].verify.secret")))
+            .transpose()?;
+        let tenant_secrets = s
+            .tenant_secrets
+            .as_ref()
+            .map(|t| t.resolve(&format!("sources[{i}].tenant_secrets")))
+            .transpose()?;
+        let keys = Keys::new(&s.verify, secret.as_deref(), tenant_secrets, &unheld);
+        let default_idem = match &s.verify {
+            VerifyConfig::None => IdempotencyConfig::default(),
+            // No id of the provider's: the signature is the key, so a captured request
+            // sent again within the dedupe window is a duplicate (a stamped one is
+            // refused past its tolerance besides).
+            VerifyConfig::HmacSha256 { header, .. } => IdempotencyConfig {
+                headers: vec![header.to_ascii_lowercase()],
+                json_pointer: None,
+            },
+            VerifyConfig::StandardWebhooks { .. } => IdempotencyConfig {
+                headers: vec!["webhook-id".into()],
+                json_pointer: None,
+            },
+            VerifyConfig::Github { .. } => IdempotencyConfig {
+                headers: vec!["x-github-delivery".into()],
+                json_pointer: None,
+            },
+            VerifyConfig::Stripe { .. } => IdempotencyConfig {
+                headers: Vec::new(),
+                json_pointer: Some("/id".into()),
+            },
         };
         let sinks = config
             .routes
@@ -159,7 +137,7 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
             Source {
                 id: s.id.clone(),
                 tenant: s.tenant.clone(),
-                verifier,
+                keys,
                 idempotency: s.idempotency.clone().unwrap_or(default_idem),
                 sinks,
                 body_limit: s.body_limit_bytes.unwrap_or(config.ingest.body_limit_bytes),
@@ -476,21 +454,32 @@ async fn handle<'a>(
         }
     };
     let now_ms = ankusa_keyspace::now_ms();
-    if let Err(why) = src.verifier.verify(&headers, &bytes, now_ms / 1000) {
+    let mut json = JsonBody::new(&bytes);
+    // With a secret per tenant the tenant is read first: it picks the key. Otherwise a
+    // request is verified before anything of it is read.
+    let mut named = None;
+    if src.keys.per_tenant() {
+        match tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json) {
+            Ok(t) => named = Some(t),
+            Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
+        }
+    }
+    let claimed = named.as_ref().and_then(|t| t.as_deref());
+    if let Err(why) = src.keys.verify(claimed, &headers, &bytes, now_ms / 1000) {
         let reason = why.reason();
         s.metrics.verification_failed(label, reason);
         if let Some(left_out) = s.verify_log.admit(now_ms / 1000) {
             // The tenant the request names, if it names a valid one: unverified, so only
             // a hint for whoever reads the log.
-            let named = tenant_of(
-                src.tenant.as_ref(),
-                in_path,
-                &headers,
-                &mut JsonBody::new(&bytes),
-            );
+            let named = match named {
+                Some(t) => t,
+                None => tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json)
+                    .ok()
+                    .flatten(),
+            };
             tracing::warn!(
                 source = %src.id,
-                tenant = named.ok().flatten().as_deref().unwrap_or("-"),
+                tenant = named.as_deref().unwrap_or("-"),
                 reason,
                 detail = %why,
                 left_out,
@@ -512,10 +501,12 @@ async fn handle<'a>(
         );
         return (label, Outcome::Quarantined, r);
     }
-    let mut json = JsonBody::new(&bytes);
-    let tenant = match tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json) {
-        Ok(t) => t,
-        Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
+    let tenant = match named {
+        Some(t) => t,
+        None => match tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json) {
+            Ok(t) => t,
+            Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
+        },
     };
     let forwarded = match forwarded(&src.forward, &headers) {
         Ok(f) => f,

@@ -133,7 +133,7 @@ impl Relay {
             .sink_yaml("{ id: q, kind: pull }")
             .route("r", if self.pull { &["s", "q"] } else { &["s"] })
             .source_yaml(&format!(
-                r#"{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: r }}"#
+                r#"{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, tenant_binding: shared-secret, route: r }}"#
             ))
     }
 

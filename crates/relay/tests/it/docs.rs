@@ -77,6 +77,8 @@ routes: [{ id: r, sinks: [s] }]
 sources:
   - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },
       route: r, body_limit_bytes: 1024, forward_headers: [x-f] }
+  - { id: b, tenant: path, verify: { scheme: github }, tenant_secrets: { map: { t: { value: k } } }, route: r }
+  - { id: c, tenant: { header: x-t }, verify: { scheme: github, secret: { value: k } }, tenant_binding: shared-secret, route: r }
 backup:
   object_store: { url: "s3://bucket/prefix", endpoint: "https://s3.example", ca_file: /etc/ca.pem }
 "#
@@ -226,6 +228,11 @@ fn the_provider_examples_pass_config_check() {
         "data_dir: ./never-opened\nsinks: [{{ id: internal, url: \"http://127.0.0.1:9/\" }}]\nroutes: [{{ id: to-internal, sinks: [internal] }}]\n{sources}"
     );
     let dir = tempfile::tempdir().unwrap();
+    // The per-tenant recipe's directory, as a mounted Secret would give it.
+    let keys = dir.path().join("partner-keys");
+    std::fs::create_dir(&keys).unwrap();
+    std::fs::write(keys.join("acme"), "acme-secret").unwrap();
+    let yaml = yaml.replace("/etc/ankusa-secrets/partner-keys", keys.to_str().unwrap());
     let file = dir.path().join("providers.yaml");
     std::fs::write(&file, &yaml).unwrap();
     let out = crate::support::bin()
@@ -237,7 +244,6 @@ fn the_provider_examples_pass_config_check() {
             ("STRIPE_WEBHOOK_SECRET", "s"),
             ("SHOPIFY_WEBHOOK_SECRET", "h"),
             ("ACME_WHSEC", "whsec_c2VjcmV0"),
-            ("PARTNER_SECRET", "p"),
         ])
         .output()
         .unwrap();

@@ -33,7 +33,7 @@ async fn edge_node(sections: &str) -> TestNode {
             "{ header: x-tenant }",
             "X-Signature",
             r#", prefix: "sha256=""#,
-            "",
+            ", tenant_binding: shared-secret",
         ))
         .source_yaml(&hmac(
             "byjson",
@@ -46,7 +46,7 @@ async fn edge_node(sections: &str) -> TestNode {
             r#"{{ id: gh, tenant: {{ fixed: acme }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: main }}"#
         ))
         .source_yaml(&format!(
-            r#"{{ id: sw, tenant: {{ header: x-tenant }}, verify: {{ scheme: standard-webhooks, secret: {{ value: "{SW_SECRET}" }} }}, route: main }}"#
+            r#"{{ id: sw, tenant: {{ header: x-tenant }}, verify: {{ scheme: standard-webhooks, secret: {{ value: "{SW_SECRET}" }} }}, tenant_binding: shared-secret, route: main }}"#
         ))
         .source_yaml(&format!(
             r#"{{ id: stripe, tenant: {{ fixed: billing }}, verify: {{ scheme: stripe, secret: {{ value: "{STRIPE_SECRET}" }} }}, route: main }}"#
@@ -543,4 +543,111 @@ async fn many_hooks_per_fsync(sections: &str) {
     );
     assert_eq!(metric(&m, "ankusa_writer_unsynced_hooks"), 0.0);
     t.node.stop().await;
+}
+
+/// A source whose tenant is in its URL, with a secret per tenant (a directory with a
+/// file per tenant, as a mounted Secret is): a request verifies only with the secret of the
+/// tenant it names. Customer A, who holds A's secret, cannot post into B's queue by
+/// registering B's URL; a tenant without a secret is refused like a bad signature; a
+/// tenant's file added and a reload, and it is taken.
+#[tokio::test]
+async fn a_tenant_from_the_url_verifies_only_with_its_own_secret() {
+    let keys = tempfile::tempdir().unwrap();
+    std::fs::write(keys.path().join("acme"), "acme-secret\n").unwrap();
+    std::fs::write(keys.path().join("globex"), "globex-secret").unwrap();
+    // A mounted Secret's own entries are not tenants.
+    std::fs::create_dir(keys.path().join("..2026_12_06")).unwrap();
+    let builder = TestNode::builder()
+        .sink("local", "http://127.0.0.1:9/hooks")
+        .route("main", &["local"])
+        .source_yaml(&format!(
+            r#"{{ id: partner, tenant: path, verify: {{ scheme: hmac-sha256, header: x-signature, prefix: "sha256=" }}, tenant_secrets: {{ dir: "{}" }}, route: main }}"#,
+            keys.path().display()
+        ));
+    let node = builder.clone().start().await;
+    let c = client();
+    let send = |tenant: &'static str, secret: &'static str, body: &'static [u8]| {
+        let (c, url) = (c.clone(), node.ingest_url(&format!("partner/{tenant}")));
+        async move {
+            let sig = format!("sha256={}", hex(&hmac_sha256(secret.as_bytes(), &[body])));
+            post(&c, &url, &[("x-signature", sig)], body.to_vec()).await
+        }
+    };
+    assert_eq!(send("acme", "acme-secret", b"a-1").await.status, 202);
+    assert_eq!(send("globex", "globex-secret", b"g-1").await.status, 202);
+    // A's secret on B's URL: refused and quarantined, nothing in B's queue.
+    let r = send("globex", "acme-secret", b"a-posing-as-g").await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["reason"], "bad_signature");
+    // A tenant with no secret answers as a bad signature does: the answer does not tell
+    // which tenants have one.
+    let r = send("initech", "acme-secret", b"i-1").await;
+    assert_eq!(r.status, 401);
+    assert_eq!(r.json()["reason"], "bad_signature");
+    let hooks: Vec<(String, Vec<u8>)> = node
+        .store
+        .scan_family(Family::Hooks)
+        .unwrap()
+        .map(|kv| Envelope::decode(&kv.unwrap().1).unwrap())
+        .map(|e| (e.tenant_or_default().to_owned(), e.body))
+        .collect();
+    assert_eq!(
+        hooks,
+        vec![
+            ("acme".to_owned(), b"a-1".to_vec()),
+            ("globex".to_owned(), b"g-1".to_vec())
+        ]
+    );
+    // The same signed request again within the dedupe window is a duplicate: the
+    // signature is an hmac-sha256 source's default key.
+    let again = send("acme", "acme-secret", b"a-1").await;
+    assert_eq!(
+        (again.status, again.json()["duplicate"].clone()),
+        (200, serde_json::json!(true))
+    );
+    // Onboarding a tenant: its file, then a reload (the running node's watch does it when
+    // a mounted Secret changes).
+    std::fs::write(keys.path().join("initech"), "initech-secret").unwrap();
+    node.reloader
+        .reload(&builder.yaml_at(node.dir()), Vec::new())
+        .unwrap();
+    assert_eq!(send("initech", "initech-secret", b"i-2").await.status, 202);
+    assert_eq!(send("acme", "initech-secret", b"i-3").await.status, 401);
+    node.stop().await;
+}
+
+/// A tenant from the URL or a header, verified with one secret for every tenant, is
+/// refused unless the configuration says every tenant shares the risk; `config check`
+/// then warns.
+#[test]
+fn a_shared_secret_for_tenants_from_the_request_must_be_said() {
+    let dir = tempfile::tempdir().unwrap();
+    let source = |binding: &str| {
+        TestNode::builder()
+            .sink("local", "http://127.0.0.1:9/hooks")
+            .route("main", &["local"])
+            .source_yaml(&format!(
+                r#"{{ id: shared, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "s" }} }}, route: main{binding} }}"#
+            ))
+            .yaml_at(dir.path())
+    };
+    let e = ankusa_config::Config::from_yaml(&source(""), Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("sources[0].tenant_binding"), "{e}");
+    let ok =
+        ankusa_config::Config::from_yaml(&source(", tenant_binding: shared-secret"), Vec::new())
+            .unwrap();
+    let file = dir.path().join("relay.yaml");
+    std::fs::write(&file, source(", tenant_binding: shared-secret")).unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ankusa-relay"))
+        .args(["config", "check"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("warning: sources[0]: tenant_binding shared-secret"),
+        "{stderr}"
+    );
+    assert_eq!(ok.warnings().len(), 1);
 }

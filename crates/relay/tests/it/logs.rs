@@ -364,7 +364,7 @@ fn verification_failures_are_logged_with_their_reason_within_a_budget() {
         .sink("s", "http://127.0.0.1:9/s")
         .route("r", &["s"])
         .source_yaml(&format!(
-            "{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: {secret} }} }}, route: r }}"
+            "{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: {secret} }} }}, tenant_binding: shared-secret, route: r }}"
         ));
     let ingest = spec.ingest_port().unwrap();
     let mut node = Proc::start(dir.path(), &spec);

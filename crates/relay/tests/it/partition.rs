@@ -324,7 +324,7 @@ impl Relay {
             ))
             .route("r", &["s"])
             .source_yaml(&format!(
-                r#"{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, route: r }}"#
+                r#"{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, tenant_binding: shared-secret, route: r }}"#
             ));
         b.yaml_at(&self.node_dir(i))
             .replace("listen: \"127.0.0.1:", "listen: \"0.0.0.0:")
