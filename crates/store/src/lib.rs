@@ -51,6 +51,11 @@ pub const SUPPORTED_FORMAT: u32 = 3;
 use ankusa_keyspace::now_ms;
 use ankusa_tarball::RESTORING_MARKER;
 
+/// The hooks family's blob garbage collection: the oldest quarter of the blob files is
+/// rewritten by the compactions that reach it (RocksDB's default, written out because
+/// [`Store::scrub`] sets it back after taking every file).
+const BLOB_GC_AGE_CUTOFF: &str = "0.25";
+
 /// The store's format beside its files (`3\n`), so that an open reads the WAL once: the
 /// format guard reads this file instead of opening the store a first time, read-only, for
 /// `m:format`. [`Store::record_format`] writes it (synced, then renamed into place) before
@@ -190,6 +195,7 @@ fn cf_options(cf: Cf, memory: Option<&SharedMemory>) -> Options {
             o.set_blob_file_size(64 << 20);
             o.set_blob_compression_type(DBCompressionType::Zstd);
             o.set_enable_blob_gc(true);
+            o.set_blob_gc_age_cutoff(0.25);
         }
         Cf::Archive | Cf::Quarantine => {
             o.set_write_buffer_size(64 << 20);
@@ -1241,6 +1247,45 @@ impl Store {
             o.set_exclusive_manual_compaction(false);
             self.db.compact_range_cf_opt(h, Some(from), Some(to), &o);
         }
+    }
+
+    /// Rewrites every file of the store without what was deleted: every memtable flushed
+    /// (the write-ahead logs that held deleted values become obsolete and RocksDB deletes
+    /// them), then every family compacted whole down to its last level, blob files
+    /// included (their garbage collection takes every blob file for the while: live blobs
+    /// are rewritten, the rest go with the old files). What an erase calls before it says
+    /// it is done, so the erased tenant's bytes are in no file of the store. Blocking, and
+    /// it costs a rewrite of the store; for background tasks. A checkpoint taken before
+    /// (a backup, a push's) keeps its own links to the old files.
+    pub fn scrub(&self) -> Result<(), StoreError> {
+        if self.read_only {
+            return Ok(());
+        }
+        self.flush()?;
+        for cf in Cf::ALL {
+            let Some(h) = self.db.cf_handle(cf.name()) else {
+                continue;
+            };
+            let blobs = cf == Cf::Hooks;
+            if blobs {
+                self.db
+                    .set_options_cf(h, &[("blob_garbage_collection_age_cutoff", "1.0")])?;
+            }
+            let mut o = rocksdb::CompactOptions::default();
+            o.set_bottommost_level_compaction(rocksdb::BottommostLevelCompaction::Force);
+            o.set_exclusive_manual_compaction(false);
+            self.db
+                .compact_range_cf_opt(h, None::<&[u8]>, None::<&[u8]>, &o);
+            if blobs {
+                self.db.set_options_cf(
+                    h,
+                    &[("blob_garbage_collection_age_cutoff", BLOB_GC_AGE_CUTOFF)],
+                )?;
+            }
+        }
+        // What the compactions left obsolete goes now, not at the next flush.
+        self.db.flush_wal(true)?;
+        Ok(())
     }
 
     /// Flushes every memtable to disk (tests and tools).
