@@ -127,3 +127,19 @@ mod tests {
         assert_eq!(old.archived, 0);
     }
 }
+
+/// `POST /pull/{sink}/wait` (ingest listener): a node where a consumer's claim waits asks
+/// another whether it has hooks of the sink for that consumer (whose token the call
+/// carries), waiting up to `wait_ms` for some.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PullWait {
+    /// The longest to wait (at most the answering node's `pull.max_wait_ms`).
+    pub wait_ms: u64,
+}
+
+/// Whether hooks wait there now: `false` when the wait ran out first.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PullReady {
+    pub ready: bool,
+}

@@ -23,6 +23,13 @@ pub struct PullConfig {
     pub max_wait_ms: u64,
     /// The most leases out per pull sink when the sink sets no `max_inflight`.
     pub max_leases: usize,
+    /// The most leases of one tenant's hooks out per pull sink (absent: the sink's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant_max_leases: Option<usize>,
+    /// The longest a lease lives from its claim, extensions included.
+    pub max_lease_lifetime_ms: u64,
+    /// The most claims one consumer may have waiting (`wait_ms`) at once on a node.
+    pub max_waiting_claims: usize,
 }
 
 impl Default for PullConfig {
@@ -34,6 +41,9 @@ impl Default for PullConfig {
             max_claim_bytes: 16 << 20,
             max_wait_ms: 30_000,
             max_leases: 10_000,
+            tenant_max_leases: None,
+            max_lease_lifetime_ms: MAX_LEASE_MS,
+            max_waiting_claims: 64,
         }
     }
 }
@@ -50,6 +60,10 @@ pub struct ConsumerConfig {
     /// Only these tenants' hooks (absent: every tenant's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenants: Option<Vec<String>>,
+    /// The most leases it may hold per pull sink (absent: the sink's leases shared
+    /// equally among the consumers that may claim from it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_leases: Option<usize>,
 }
 
 impl PullConfig {
@@ -65,6 +79,19 @@ impl PullConfig {
         in_range("pull.max_claim_bytes", self.max_claim_bytes, 1..=1 << 30)?;
         in_range("pull.max_wait_ms", self.max_wait_ms, 0..=300_000)?;
         in_range("pull.max_leases", self.max_leases, 1..=1_000_000)?;
+        if let Some(n) = self.tenant_max_leases {
+            in_range("pull.tenant_max_leases", n, 1..=1_000_000)?;
+        }
+        in_range(
+            "pull.max_lease_lifetime_ms",
+            self.max_lease_lifetime_ms,
+            1_000..=MAX_LEASE_MS,
+        )?;
+        in_range(
+            "pull.max_waiting_claims",
+            self.max_waiting_claims,
+            1..=100_000,
+        )?;
         let mut names = std::collections::BTreeSet::new();
         for (i, c) in self.consumers.iter().enumerate() {
             let key = format!("pull.consumers[{i}]");
@@ -91,6 +118,9 @@ impl PullConfig {
                     &format!("{key}.sinks"),
                     format!("{s:?} is not a sink of kind pull"),
                 ));
+            }
+            if let Some(n) = c.max_leases {
+                in_range(&format!("{key}.max_leases"), n, 1..=1_000_000)?;
             }
             if c.tenants.as_ref().is_some_and(|t| t.is_empty()) {
                 return Err(invalid(

@@ -74,6 +74,7 @@ impl Modify for Security {
         crate::pull::http::ack,
         crate::pull::http::nack,
         crate::pull::http::extend,
+        crate::pull::http::wait,
         document,
     ),
     modifiers(&Security),

@@ -624,6 +624,11 @@ impl Cluster {
             .await
     }
 
+    /// How long a call to another node may take (`cluster.forward_timeout_ms`).
+    pub fn call_timeout(&self) -> Duration {
+        self.timeout
+    }
+
     /// Whether a call is one another node of the Relay sent to be answered here.
     pub fn is_local_call(&self, headers: &HeaderMap) -> bool {
         headers.contains_key(LOCAL_HEADER) && self.authentic(headers)

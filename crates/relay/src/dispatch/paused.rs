@@ -41,6 +41,8 @@ pub struct Paused {
     changes: std::sync::Mutex<()>,
     /// `ankusa_tenants_paused`.
     gauge: prometheus_client::metrics::gauge::Gauge,
+    /// Told when a tenant is held (paused or erasing): the pull gateway revokes its leases.
+    pub changed: tokio::sync::Notify,
 }
 
 impl Paused {
@@ -103,6 +105,7 @@ impl Paused {
         match hold {
             Some(h) => {
                 holds.insert(ord, h);
+                self.changed.notify_one();
             }
             None => {
                 holds.remove(&ord);

@@ -40,6 +40,16 @@ pub struct PullMetrics {
     expired: Family<SinkLabel, Counter>,
     leases: Family<SinkLabel, Gauge>,
     held: Family<SinkLabel, Histogram>,
+    refused: Family<PullRefusalLabels, Counter>,
+    /// Claims waiting for hooks (`wait_ms`) on this node.
+    pub waiting: Gauge,
+}
+
+/// A claim the gateway refused or cut short, and why.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PullRefusalLabels {
+    pub sink: String,
+    pub reason: &'static str,
 }
 
 /// One pull sink's series.
@@ -64,7 +74,19 @@ impl PullMetrics {
             held: Family::new_with_constructor(|| {
                 Histogram::new(exponential_buckets(0.001, 2.0, 20))
             }),
+            refused: Family::default(),
+            waiting: Gauge::default(),
         };
+        registry.register(
+            "ankusa_pull_refused",
+            "Claims refused or answered short by a bound, by pull sink and reason (consumer_quota, waiting_claims)",
+            m.refused.clone(),
+        );
+        registry.register(
+            "ankusa_pull_waiting_claims",
+            "Claims waiting for hooks (wait_ms) on this node",
+            m.waiting.clone(),
+        );
         registry.register(
             "ankusa_pull_claimed",
             "Hooks consumers leased, by pull sink",
@@ -96,6 +118,16 @@ impl PullMetrics {
             m.held.clone(),
         );
         m
+    }
+
+    /// A claim refused or answered short by a bound.
+    pub fn refused(&self, sink: &str, reason: &'static str) {
+        self.refused
+            .get_or_create(&PullRefusalLabels {
+                sink: sink.to_owned(),
+                reason,
+            })
+            .inc();
     }
 
     pub fn sink(&self, sink: &str) -> PullSinkMeters {

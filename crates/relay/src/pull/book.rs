@@ -5,7 +5,9 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, HashMap};
 
-use ankusa_keyspace::{AtMs, Seq, SinkIdx};
+use std::sync::Arc;
+
+use ankusa_keyspace::{AtMs, Seq, SinkIdx, TenantOrd};
 use ankusa_queue::deliveries::Lease;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -13,6 +15,16 @@ struct Entry {
     sink_id: String,
     nonce: u64,
     deadline: AtMs,
+    /// Who claimed it (`None`: a lease a boot found, whose consumer is not stored).
+    consumer: Option<Arc<str>>,
+    ord: TenantOrd,
+}
+
+/// Who holds a lease: the consumer that claimed it, and the tenant whose hook it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub consumer: Option<Arc<str>>,
+    pub ord: TenantOrd,
 }
 
 /// A lease whose deadline came.
@@ -22,6 +34,7 @@ pub struct Due {
     pub seq: Seq,
     pub sink: SinkIdx,
     pub nonce: u64,
+    pub ord: TenantOrd,
 }
 
 #[derive(Debug, Default)]
@@ -31,6 +44,9 @@ pub struct Book {
     /// skipped when it comes up.
     order: BinaryHeap<Reverse<(AtMs, Seq, SinkIdx, u64)>>,
     counts: HashMap<String, usize>,
+    /// Leases out per sink and consumer, and per sink and tenant.
+    by_consumer: HashMap<(String, Arc<str>), usize>,
+    by_tenant: HashMap<(String, TenantOrd), usize>,
     /// The last [`Book::EXPIRED_KEPT`] leases that expired, so a late ack is told
     /// "expired" rather than "unknown".
     expired: std::collections::HashSet<(Seq, SinkIdx, u64)>,
@@ -38,24 +54,42 @@ pub struct Book {
 }
 
 impl Book {
-    /// A lease made or extended.
-    pub fn insert(&mut self, sink_id: &str, seq: Seq, sink: SinkIdx, lease: &Lease) {
-        let entry = Entry {
-            sink_id: sink_id.to_owned(),
-            nonce: lease.nonce,
-            deadline: lease.deadline,
-        };
-        match self.leases.insert((seq, sink), entry) {
-            Some(old) if old.sink_id == sink_id => {}
-            Some(old) => {
-                self.uncount(&old.sink_id);
-                *self.counts.entry(sink_id.to_owned()).or_default() += 1;
+    /// A lease made (by `holder`), or extended (its holder stays).
+    pub fn insert(
+        &mut self,
+        sink_id: &str,
+        seq: Seq,
+        sink: SinkIdx,
+        lease: &Lease,
+        holder: Holder,
+    ) {
+        match self.leases.get_mut(&(seq, sink)) {
+            Some(e) if e.sink_id == sink_id => {
+                e.nonce = lease.nonce;
+                e.deadline = lease.deadline;
             }
-            None => *self.counts.entry(sink_id.to_owned()).or_default() += 1,
+            _ => {
+                let entry = Entry {
+                    sink_id: sink_id.to_owned(),
+                    nonce: lease.nonce,
+                    deadline: lease.deadline,
+                    consumer: holder.consumer,
+                    ord: holder.ord,
+                };
+                self.tally(&entry, true);
+                if let Some(old) = self.leases.insert((seq, sink), entry) {
+                    self.tally(&old, false);
+                }
+            }
         }
         self.order
             .push(Reverse((lease.deadline, seq, sink, lease.nonce)));
-        // Extensions leave stale entries behind: rebuild once they outnumber the leases.
+        self.compact_order();
+    }
+
+    /// Extensions and revocations leave stale entries behind: rebuilt once they outnumber
+    /// the leases.
+    fn compact_order(&mut self) {
         if self.order.len() > 4 * self.leases.len() + 1_024 {
             self.order = self
                 .leases
@@ -65,13 +99,54 @@ impl Book {
         }
     }
 
-    fn uncount(&mut self, sink_id: &str) {
-        if let Some(n) = self.counts.get_mut(sink_id) {
-            *n -= 1;
-            if *n == 0 {
-                self.counts.remove(sink_id);
+    /// Counts `e` in (`up`) or out of its sink's, its consumer's and its tenant's leases.
+    fn tally(&mut self, e: &Entry, up: bool) {
+        fn add<K: std::hash::Hash + Eq>(m: &mut HashMap<K, usize>, k: K, up: bool) {
+            if up {
+                *m.entry(k).or_default() += 1;
+            } else if let Some(n) = m.get_mut(&k) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&k);
+                }
             }
         }
+        add(&mut self.counts, e.sink_id.clone(), up);
+        if let Some(c) = &e.consumer {
+            add(&mut self.by_consumer, (e.sink_id.clone(), c.clone()), up);
+        }
+        add(&mut self.by_tenant, (e.sink_id.clone(), e.ord), up);
+    }
+
+    /// Leases out on `sink_id` claimed by `consumer`.
+    pub fn consumer_count(&self, sink_id: &str, consumer: &Arc<str>) -> usize {
+        self.by_consumer
+            .get(&(sink_id.to_owned(), consumer.clone()))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Leases out on `sink_id` of tenant `ord`'s hooks.
+    pub fn tenant_count(&self, sink_id: &str, ord: TenantOrd) -> usize {
+        self.by_tenant
+            .get(&(sink_id.to_owned(), ord))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Makes every lease of the tenants `held` says are held due now (a pause, an erase):
+    /// the expiry takes them back. How many.
+    pub fn revoke(&mut self, now: AtMs, held: impl Fn(TenantOrd) -> bool) -> usize {
+        let mut n = 0;
+        for ((seq, sink), e) in &mut self.leases {
+            if e.deadline > now && held(e.ord) {
+                e.deadline = now;
+                self.order.push(Reverse((now, *seq, *sink, e.nonce)));
+                n += 1;
+            }
+        }
+        self.compact_order();
+        n
     }
 
     /// A lease ended (settled, expired, or found gone).
@@ -82,7 +157,7 @@ impl Book {
             .is_some_and(|e| e.nonce == nonce)
         {
             if let Some(e) = self.leases.remove(&(seq, sink)) {
-                self.uncount(&e.sink_id);
+                self.tally(&e, false);
             }
         }
     }
@@ -134,6 +209,7 @@ impl Book {
                     seq,
                     sink,
                     nonce,
+                    ord: e.ord,
                 }),
                 // Extended (a later entry stands for it), or ended.
                 _ => {}
@@ -163,15 +239,57 @@ mod tests {
         }
     }
 
+    fn holder(consumer: &str, ord: u32) -> Holder {
+        Holder {
+            consumer: Some(Arc::from(consumer)),
+            ord: TenantOrd(ord),
+        }
+    }
+
+    #[test]
+    fn leases_are_counted_by_consumer_and_tenant_and_a_held_tenants_are_revoked() {
+        let mut b = Book::default();
+        let (c, d) = (Arc::<str>::from("c"), Arc::<str>::from("d"));
+        b.insert("s", Seq(1), SinkIdx(0), &lease(1, 1_000), holder("c", 1));
+        b.insert("s", Seq(2), SinkIdx(0), &lease(2, 1_000), holder("c", 2));
+        b.insert("s", Seq(3), SinkIdx(0), &lease(3, 1_000), holder("d", 2));
+        b.insert("t", Seq(4), SinkIdx(1), &lease(4, 1_000), holder("c", 2));
+        // An extension keeps its holder, whoever extends it.
+        b.insert("s", Seq(2), SinkIdx(0), &lease(2, 2_000), holder("d", 9));
+        assert_eq!(
+            (b.consumer_count("s", &c), b.consumer_count("s", &d)),
+            (2, 1)
+        );
+        assert_eq!(
+            (
+                b.tenant_count("s", TenantOrd(2)),
+                b.tenant_count("t", TenantOrd(2))
+            ),
+            (2, 1)
+        );
+        // Tenant 2 paused: its three leases come due now; tenant 1's stays.
+        assert_eq!(b.revoke(AtMs(500), |o| o == TenantOrd(2)), 3);
+        let due: Vec<(Seq, TenantOrd)> = b
+            .due(AtMs(500), 10)
+            .iter()
+            .map(|d| (d.seq, d.ord))
+            .collect();
+        assert_eq!(due.len(), 3);
+        assert!(due.iter().all(|(_, o)| *o == TenantOrd(2)), "{due:?}");
+        b.remove(Seq(3), SinkIdx(0), 3);
+        assert_eq!(b.consumer_count("s", &d), 0);
+        assert_eq!(b.tenant_count("s", TenantOrd(2)), 1);
+    }
+
     #[test]
     fn leases_come_due_in_deadline_order_and_an_extension_replaces_its_entry() {
         let mut b = Book::default();
-        b.insert("s", Seq(1), SinkIdx(0), &lease(10, 300));
-        b.insert("s", Seq(2), SinkIdx(0), &lease(20, 100));
-        b.insert("t", Seq(3), SinkIdx(1), &lease(30, 200));
+        b.insert("s", Seq(1), SinkIdx(0), &lease(10, 300), holder("c", 1));
+        b.insert("s", Seq(2), SinkIdx(0), &lease(20, 100), holder("c", 1));
+        b.insert("t", Seq(3), SinkIdx(1), &lease(30, 200), holder("c", 1));
         assert_eq!((b.count("s"), b.count("t")), (2, 1));
         // Seq 2 is extended past the others.
-        b.insert("s", Seq(2), SinkIdx(0), &lease(20, 1_000));
+        b.insert("s", Seq(2), SinkIdx(0), &lease(20, 1_000), holder("c", 1));
         assert_eq!(b.count("s"), 2);
         let due: Vec<Seq> = b.due(AtMs(500), 10).into_iter().map(|d| d.seq).collect();
         assert_eq!(due, vec![Seq(3), Seq(1)]);
@@ -189,9 +307,9 @@ mod tests {
     #[test]
     fn stale_entries_of_extensions_are_bounded() {
         let mut b = Book::default();
-        b.insert("s", Seq(1), SinkIdx(0), &lease(1, 10));
+        b.insert("s", Seq(1), SinkIdx(0), &lease(1, 10), holder("c", 1));
         for d in 0..10_000 {
-            b.insert("s", Seq(1), SinkIdx(0), &lease(1, 20 + d));
+            b.insert("s", Seq(1), SinkIdx(0), &lease(1, 20 + d), holder("c", 1));
         }
         assert!(b.order.len() <= 4 + 1_024 + 1, "{}", b.order.len());
         assert_eq!(b.count("s"), 1);

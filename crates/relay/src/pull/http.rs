@@ -105,8 +105,10 @@ pub struct SettleAnswer {
     /// The new deadline, for an extension.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lease_deadline_ms: Option<u64>,
-    /// Leases not held: `expired` (past its deadline; the hook is due again), `unknown`
-    /// (settled already, claimed again since, malformed, or not this consumer's), or
+    /// Leases not held: `expired` (past its deadline; the hook is due again), `lifetime`
+    /// (an extension past `pull.max_lease_lifetime_ms` from the claim: not extended),
+    /// `unknown` (settled already, claimed again since, revoked by a pause or an erase of
+    /// its tenant, malformed, or not this consumer's), or
     /// `unavailable` (in a Relay of several nodes, the node holding it did not answer: try
     /// again).
     pub conflicts: Vec<LeaseConflict>,
@@ -158,6 +160,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
         .route("/pull/{sink}/ack", post(ack))
         .route("/pull/{sink}/nack", post(nack))
         .route("/pull/{sink}/extend", post(extend))
+        .route("/pull/{sink}/wait", post(wait))
         .with_state(gateway)
         .layer(axum::middleware::map_response(crate::http::json_errors))
 }
@@ -230,6 +233,7 @@ fn internal(e: impl std::fmt::Display) -> Response {
     request_body = ClaimRequest,
     responses(
         (status = 200, description = "The hooks leased (none when nothing came within wait_ms)", body = ClaimAnswer),
+        (status = 429, description = "The consumer has pull.max_waiting_claims claims waiting on this node (Retry-After: 1)", body = crate::http::ErrorBody),
         PullErrors,
         crate::http::JsonBodyErrors,
     ),
@@ -265,7 +269,7 @@ pub async fn claim(
                 "lease_ms",
                 req.lease_ms.unwrap_or(sink_lease),
                 1_000,
-                ankusa_config::MAX_LEASE_MS,
+                s.max_lease_lifetime_ms,
             )?,
         })
     })();
@@ -278,6 +282,26 @@ pub async fn claim(
         Err(r) => return r.into_response(),
     };
     let until = Instant::now() + wait;
+    // A waiting claim holds one of its consumer's `pull.max_waiting_claims`.
+    let _waiting = if wait.is_zero() {
+        None
+    } else {
+        match g.begin_wait(&c) {
+            Some(w) => Some(w),
+            None => {
+                g.metrics.pull.refused(&sink, "waiting_claims");
+                let r = error(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    "too_many_waiting_claims",
+                    format!(
+                        "this consumer has {} claims waiting on this node (pull.max_waiting_claims)",
+                        s.max_waiting_claims
+                    ),
+                );
+                return crate::http::with_retry_after(r, 1);
+            }
+        }
+    };
     let wake = g.deliverer.pull_wake.of(&sink);
     // In a Relay of several nodes a claim gathers from every node holding tenants the
     // consumer sees (its own first); a node asked by another answers for itself.
@@ -301,11 +325,20 @@ pub async fn claim(
         || g.cluster.is_local_call(&headers)
         || c.tenants()
             .is_none_or(|ts| ts.iter().any(|t| g.cluster.other_owner(t).is_none()));
+    // The other nodes' waits: each a long call that answers when that node has hooks for
+    // this consumer (or its own wait ran out), re-armed when it ends — no polling.
+    let mut remote: tokio::task::JoinSet<(usize, bool)> = tokio::task::JoinSet::new();
+    let mut rearm_at: Vec<Instant> = vec![Instant::now(); others.len()];
+    let mut armed = vec![false; others.len()];
+    let mut c = c;
     loop {
         // Registered before the read: a park between the read and the wait still wakes it.
         let parked = wake.notified();
         tokio::pin!(parked);
         parked.as_mut().enable();
+        let reloaded = g.reloaded.notified();
+        tokio::pin!(reloaded);
+        reloaded.as_mut().enable();
         let mut hooks: Vec<Gathered> = Vec::new();
         let mut bytes = 0u64;
         if mine {
@@ -344,15 +377,104 @@ pub async fn claim(
         if !hooks.is_empty() || now >= until {
             return Json(GatheredAnswer { hooks }).into_response();
         }
-        // Another node's parks do not wake this one: look again at least every 100 ms.
-        let nap = if others.is_empty() {
-            until
-        } else {
-            (now + Duration::from_millis(100)).min(until)
-        };
+        for (i, m) in others.iter().enumerate() {
+            if !armed[i] && now >= rearm_at[i] {
+                armed[i] = true;
+                // Within the call's own timeout, so an answer comes before it.
+                let cap = g
+                    .cluster
+                    .call_timeout()
+                    .saturating_sub(Duration::from_secs(1));
+                let ms = (until - now).min(cap).as_millis() as u64;
+                let (g2, m2, h2, sink2) = (g.clone(), m.clone(), headers.clone(), sink.clone());
+                remote.spawn(async move {
+                    let body = serde_json::json!(ankusa_api::cluster::PullWait { wait_ms: ms });
+                    let path = format!("/pull/{sink2}/wait");
+                    let ready = forward_json(&g2, &m2, &path, &h2, &body)
+                        .await
+                        .filter(|(s, _)| *s == 200)
+                        .and_then(|(_, v)| {
+                            serde_json::from_value::<ankusa_api::cluster::PullReady>(v).ok()
+                        })
+                        .is_some_and(|r| r.ready);
+                    (i, ready)
+                });
+            }
+        }
+        // A node that could not be asked is asked again in a second, not at once.
+        let next_rearm = (0..others.len())
+            .filter(|i| !armed[*i])
+            .map(|i| rearm_at[i])
+            .min()
+            .unwrap_or(until)
+            .min(until);
         tokio::select! {
             _ = parked => {}
-            _ = tokio::time::sleep_until(nap.into()) => {}
+            Some(done) = remote.join_next(), if !remote.is_empty() => {
+                if let Ok((i, ready)) = done {
+                    armed[i] = false;
+                    if !ready {
+                        rearm_at[i] = Instant::now() + Duration::from_secs(1);
+                    }
+                }
+            }
+            _ = tokio::time::sleep_until(next_rearm.into()) => {}
+            _ = reloaded => {}
+        }
+        // A reload may have revoked the consumer, or taken the sink from it.
+        c = match consumer(&g, &headers, &sink) {
+            Ok(again) => again,
+            Err(r) => return r.into_response(),
+        };
+    }
+}
+
+/// `POST /pull/{sink}/wait` (between the nodes of a Relay only, signed; 404 to anyone
+/// else): answers `{"ready": true}` as soon as this node has hooks of the sink waiting for
+/// the consumer whose token the call carries, `false` when `wait_ms` ran out first.
+#[utoipa::path(
+    post,
+    path = "/pull/{sink}/wait",
+    tag = "cluster",
+    params(("sink" = String, Path, description = "A pull sink's id")),
+    request_body = ankusa_api::cluster::PullWait,
+    responses(
+        (status = 200, description = "Whether hooks wait for the consumer here", body = ankusa_api::cluster::PullReady),
+        PullErrors,
+    ),
+    security(("bearer" = []))
+)]
+pub async fn wait(
+    State(g): State<Arc<Gateway>>,
+    Path(sink): Path<String>,
+    headers: HeaderMap,
+    Json(req): Json<ankusa_api::cluster::PullWait>,
+) -> Response {
+    if !g.cluster.is_local_call(&headers) {
+        return crate::http::not_found().await.into_response();
+    }
+    let c = match consumer(&g, &headers, &sink) {
+        Ok(c) => c,
+        Err(r) => return r.into_response(),
+    };
+    let until = Instant::now() + Duration::from_millis(req.wait_ms.min(g.settings().max_wait_ms));
+    let wake = g.deliverer.pull_wake.of(&sink);
+    loop {
+        let parked = wake.notified();
+        tokio::pin!(parked);
+        parked.as_mut().enable();
+        let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
+        let ready = match tokio::task::spawn_blocking(move || g2.has_waiting(&sink2, &c2)).await {
+            Ok(Ok(r)) => r,
+            Ok(Err(e)) => return internal(e),
+            Err(e) => return internal(e),
+        };
+        if ready || Instant::now() >= until {
+            return Json(ankusa_api::cluster::PullReady { ready }).into_response();
+        }
+        tokio::select! {
+            _ = parked => {}
+            _ = tokio::time::sleep_until(until.into()) => {}
         }
     }
 }

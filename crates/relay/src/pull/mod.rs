@@ -43,10 +43,14 @@ use book::Book;
 #[derive(Debug)]
 pub struct Consumer {
     pub name: String,
+    /// Its name, as the lease book counts its leases.
+    key: Arc<str>,
     secret: Vec<u8>,
     sinks: HashSet<String>,
     /// `None`: every tenant.
     tenants: Option<HashSet<String>>,
+    /// Its own lease quota per sink (`None`: its share of the sink's).
+    max_leases: Option<usize>,
 }
 
 impl Consumer {
@@ -71,12 +75,21 @@ pub struct Settings {
     pub sinks: HashMap<String, SinkSettings>,
     /// Rows per round-robin turn, by tenant id (`dispatch.tenant_weights`).
     pub weights: std::collections::BTreeMap<String, u32>,
+    /// The longest a lease lives from its claim, extensions included.
+    pub max_lease_lifetime_ms: u64,
+    /// Claims one consumer may have waiting at once.
+    pub max_waiting_claims: usize,
 }
 
 #[derive(Debug, Clone, Copy)]
 pub struct SinkSettings {
     pub lease_ms: u64,
     pub max_leases: usize,
+    /// A consumer's quota on the sink when it sets none: the sink's leases shared
+    /// equally among the consumers that may claim from it.
+    pub consumer_share: usize,
+    /// The most leases of one tenant's hooks.
+    pub tenant_max_leases: usize,
 }
 
 impl Settings {
@@ -86,11 +99,21 @@ impl Settings {
             .iter()
             .filter(|s| s.kind == ankusa_config::SinkKind::Pull)
             .map(|s| {
+                let max_leases = s.max_inflight.unwrap_or(c.pull.max_leases);
+                let consumers = c
+                    .pull
+                    .consumers
+                    .iter()
+                    .filter(|k| k.sinks.contains(&s.id))
+                    .count()
+                    .max(1);
                 (
                     s.id.clone(),
                     SinkSettings {
                         lease_ms: s.lease_ms.unwrap_or(c.pull.lease_ms),
-                        max_leases: s.max_inflight.unwrap_or(c.pull.max_leases),
+                        max_leases,
+                        consumer_share: (max_leases / consumers).max(1),
+                        tenant_max_leases: c.pull.tenant_max_leases.unwrap_or(max_leases),
                     },
                 )
             })
@@ -102,6 +125,8 @@ impl Settings {
             max_wait_ms: c.pull.max_wait_ms,
             sinks,
             weights: c.dispatch.tenant_weights.clone(),
+            max_lease_lifetime_ms: c.pull.max_lease_lifetime_ms,
+            max_waiting_claims: c.pull.max_waiting_claims,
         }
     }
 }
@@ -130,8 +155,11 @@ pub enum Conflict {
     /// Its deadline passed: the delivery is (or is about to be) due again.
     Expired,
     /// Not a lease this consumer holds on this sink: settled already, replaced by a later
-    /// claim, malformed, or another tenant's.
+    /// claim, malformed, another tenant's, or revoked (its tenant paused or erased).
     Unknown,
+    /// An extension past `pull.max_lease_lifetime_ms` from the claim: not extended (the
+    /// lease keeps its deadline; ack or nack it before).
+    Lifetime,
 }
 
 impl Conflict {
@@ -139,6 +167,7 @@ impl Conflict {
         match self {
             Conflict::Expired => "expired",
             Conflict::Unknown => "unknown",
+            Conflict::Lifetime => "lifetime",
         }
     }
 }
@@ -167,6 +196,33 @@ pub struct Gateway {
     cursors: Mutex<HashMap<String, TenantOrd>>,
     /// Wakes the expiry task when a lease with an earlier deadline is made.
     expiry_wake: tokio::sync::Notify,
+    /// Wakes waiting claims when a reload installs new consumers (theirs may be gone).
+    reloaded: tokio::sync::Notify,
+    /// Claims waiting per consumer.
+    waiting: Mutex<HashMap<Arc<str>, usize>>,
+}
+
+/// A waiting claim, counted in its consumer's `pull.max_waiting_claims` until dropped.
+pub struct Waiting<'a> {
+    gateway: &'a Gateway,
+    consumer: Arc<str>,
+}
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        let mut w = self
+            .gateway
+            .waiting
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        if let Some(n) = w.get_mut(&self.consumer) {
+            *n -= 1;
+            if *n == 0 {
+                w.remove(&self.consumer);
+            }
+        }
+        self.gateway.metrics.pull.waiting.dec();
+    }
 }
 
 impl std::fmt::Debug for Gateway {
@@ -184,6 +240,8 @@ pub fn consumers(c: &Config) -> Result<Vec<Arc<Consumer>>, ConfigError> {
         .map(|(i, k)| {
             Ok(Arc::new(Consumer {
                 name: k.name.clone(),
+                key: Arc::from(k.name.as_str()),
+                max_leases: k.max_leases,
                 secret: k.secret.resolve(&format!("pull.consumers[{i}].secret"))?,
                 sinks: k.sinks.iter().cloned().collect(),
                 tenants: k.tenants.as_ref().map(|t| t.iter().cloned().collect()),
@@ -222,6 +280,8 @@ impl Gateway {
             book: Mutex::new(Book::default()),
             cursors: Mutex::new(HashMap::new()),
             expiry_wake: tokio::sync::Notify::new(),
+            reloaded: tokio::sync::Notify::new(),
+            waiting: Mutex::new(HashMap::new()),
         }))
     }
 
@@ -231,14 +291,21 @@ impl Gateway {
         self.rescan()?;
         let leases = deliveries::leases(&self.store)?;
         let envs = envelopes(&self.store, leases.iter().map(|(seq, ..)| *seq))?;
+        let keys: Vec<(Seq, SinkIdx)> = leases.iter().map(|(s, i, _)| (*s, *i)).collect();
+        let states = delivery_rows(&self.store, &keys)?;
         let mut book = self.book();
-        for ((seq, idx, lease), env) in leases.iter().zip(envs) {
+        for (((seq, idx, lease), env), state) in leases.iter().zip(envs).zip(states) {
             // A hook that is gone or unreadable is settled at the deadline all the same.
             let sink = env
                 .ok()
                 .and_then(|e| e.sinks.get(idx.0 as usize).cloned())
                 .unwrap_or_default();
-            book.insert(&sink, *seq, *idx, lease);
+            // Its consumer is not stored: it counts in no consumer's quota.
+            let holder = book::Holder {
+                consumer: None,
+                ord: state.map_or(TenantOrd(0), |s| s.ord),
+            };
+            book.insert(&sink, *seq, *idx, lease, holder);
         }
         let counts = book.counts();
         drop(book);
@@ -252,6 +319,29 @@ impl Gateway {
     pub fn install(&self, consumers: Vec<Arc<Consumer>>, settings: Settings) {
         self.consumers.store(Arc::new(consumers));
         self.settings.store(Arc::new(settings));
+        self.reloaded.notify_waiters();
+    }
+
+    /// One more waiting claim of `consumer`, or `None` at its `pull.max_waiting_claims`.
+    pub fn begin_wait(&self, consumer: &Consumer) -> Option<Waiting<'_>> {
+        let max = self.settings().max_waiting_claims;
+        let mut w = self.waiting.lock().unwrap_or_else(|p| p.into_inner());
+        let n = w.entry(consumer.key.clone()).or_default();
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        self.metrics.pull.waiting.inc();
+        Some(Waiting {
+            gateway: self,
+            consumer: consumer.key.clone(),
+        })
+    }
+
+    /// Whether hooks of `sink` wait here for `consumer` (what another node's waiting claim
+    /// asks).
+    pub fn has_waiting(&self, sink: &str, consumer: &Consumer) -> Result<bool, QueueError> {
+        Ok(!self.gather(sink, consumer, 1)?.is_empty())
     }
 
     pub fn settings(&self) -> Arc<Settings> {
@@ -294,15 +384,37 @@ impl Gateway {
         let Some(sink_settings) = settings.sinks.get(sink).copied() else {
             return Ok(Vec::new());
         };
-        let room = sink_settings
-            .max_leases
-            .saturating_sub(self.book().count(sink));
-        let want = ask.max.min(room);
+        // The sink's room, and the consumer's within its quota: no consumer holds another's
+        // share.
+        let (room, mine) = {
+            let book = self.book();
+            let quota = consumer.max_leases.unwrap_or(sink_settings.consumer_share);
+            (
+                sink_settings.max_leases.saturating_sub(book.count(sink)),
+                quota.saturating_sub(book.consumer_count(sink, &consumer.key)),
+            )
+        };
+        let want = ask.max.min(room).min(mine);
         if want == 0 {
+            if mine == 0 {
+                self.metrics.pull.refused(sink, "consumer_quota");
+            }
             return Ok(Vec::new());
         }
         let store = &*self.store;
         let by_tenant = self.gather(sink, consumer, want)?;
+        // Each tenant's room under `pull.tenant_max_leases`.
+        let tenant_room: Vec<usize> = {
+            let book = self.book();
+            by_tenant
+                .iter()
+                .map(|(v, _)| {
+                    sink_settings
+                        .tenant_max_leases
+                        .saturating_sub(book.tenant_count(sink, v.ord))
+                })
+                .collect()
+        };
         // A tenant's weight (`dispatch.tenant_weights`): its rows a turn, as in push.
         let weights: Vec<usize> = if settings.weights.is_empty() {
             vec![1; by_tenant.len()]
@@ -327,6 +439,9 @@ impl Gateway {
             let mut any = false;
             for (i, (_, rows)) in by_tenant.iter().enumerate() {
                 for _ in 0..weights[i] {
+                    if taken[i] >= tenant_room[i] {
+                        break;
+                    }
                     let Some(row) = rows.get(taken[i]) else { break };
                     any = true;
                     let size = u64::from(row.size);
@@ -396,7 +511,11 @@ impl Gateway {
                 if !moved {
                     continue;
                 }
-                book.insert(sink, row.key.seq, row.key.sink, &lease);
+                let holder = book::Holder {
+                    consumer: Some(consumer.key.clone()),
+                    ord: row.key.ord,
+                };
+                book.insert(sink, row.key.seq, row.key.sink, &lease, holder);
                 match env {
                     Ok(env) => out.push(Claimed {
                         lease: lease_id(self.node(), row.key.seq, row.key.sink, lease.nonce),
@@ -614,10 +733,18 @@ impl Gateway {
         let now = ankusa_keyspace::now_ms();
         let held = self.held(sink, consumer, leases, now, false)?;
         let deadline = AtMs(now + lease_ms);
+        let lifetime = self.settings().max_lease_lifetime_ms;
         let mut tx = Tx::new();
         let mut units = Vec::new();
+        let mut past_lifetime = HashSet::new();
         for (i, h) in held.iter().enumerate() {
             let Some(h) = h else { continue };
+            // A lease lives at most `pull.max_lease_lifetime_ms` from its claim: a consumer
+            // cannot keep a hook (or an erase waiting) forever by extending it.
+            if deadline.0 > h.lease.claimed_at.0.saturating_add(lifetime) {
+                past_lifetime.insert(i);
+                continue;
+            }
             let new = Lease {
                 deadline,
                 ..h.lease
@@ -629,6 +756,7 @@ impl Gateway {
         let mut out = Vec::with_capacity(held.len());
         for (i, h) in held.iter().enumerate() {
             out.push(match h {
+                Some(_) if past_lifetime.contains(&i) => Some(Conflict::Lifetime),
                 Some(_) => None,
                 None => Some(self.why_not(&leases[i], now)?),
             });
@@ -637,7 +765,11 @@ impl Gateway {
         for ((i, new), moved) in units.into_iter().zip(committed.moved) {
             let Some(h) = &held[i] else { continue };
             if moved {
-                book.insert(sink, h.row.key.seq, h.row.key.sink, &new);
+                let holder = book::Holder {
+                    consumer: Some(consumer.key.clone()),
+                    ord: h.row.key.ord,
+                };
+                book.insert(sink, h.row.key.seq, h.row.key.sink, &new, holder);
             } else {
                 out[i] = Some(Conflict::Unknown);
             }
@@ -712,7 +844,9 @@ impl Gateway {
                     if lease.nonce == nonce
                         && lease.deadline.0 > now
                         && lease.sink_hash == hash
-                        && sees.as_ref().is_none_or(|t| t.contains(&state.ord)) =>
+                        && sees.as_ref().is_none_or(|t| t.contains(&state.ord))
+                        // A pause or an erase revoked its tenant's leases.
+                        && !self.paused.holds(state.ord) =>
                 {
                     Some(Held {
                         row: InflightRow {
@@ -807,12 +941,18 @@ impl Gateway {
         let mut tx = Tx::new();
         let mut due_again = None;
         match (&why, env) {
-            (Outcome::Expired, Some(Ok(env))) => {
+            (Outcome::Expired | Outcome::Revoked, Some(Ok(env))) => {
+                let error = match why {
+                    Outcome::Revoked => {
+                        "the lease was revoked: its tenant was paused or is being erased"
+                    }
+                    _ => "the lease ran out before an ack",
+                };
                 let attempt = Attempt {
                     verdict: Verdict::Retry { retry_after: None },
                     status: 0,
                     class: Some(ErrorClass::LeaseExpired),
-                    error: "the lease ran out before an ack".into(),
+                    error: error.into(),
                     latency: Duration::from_millis(now.saturating_sub(lease.claimed_at.0)),
                 };
                 let h = Held {
@@ -851,7 +991,7 @@ impl Gateway {
             }
         }
         self.hints.add_later(due_again);
-        if moved && matches!(why, Outcome::Expired) {
+        if moved && matches!(why, Outcome::Expired | Outcome::Revoked) {
             let meters = self.metrics.pull.sink(sink);
             meters.expired.inc();
             meters.held.observe(held_for(&lease, now));
@@ -875,8 +1015,15 @@ impl Gateway {
                 Some(l) if l.nonce == e.nonce && l.deadline.0 <= now => {
                     self.settle_one(&e.sink_id, e.seq, e.sink, l, Outcome::Expired)?;
                 }
+                Some(l) if l.nonce == e.nonce && self.paused.holds(e.ord) => {
+                    self.settle_one(&e.sink_id, e.seq, e.sink, l, Outcome::Revoked)?;
+                }
                 Some(l) if l.nonce == e.nonce => {
-                    self.book().insert(&e.sink_id, e.seq, e.sink, &l);
+                    let holder = book::Holder {
+                        consumer: None,
+                        ord: e.ord,
+                    };
+                    self.book().insert(&e.sink_id, e.seq, e.sink, &l, holder);
                 }
                 _ => {
                     self.book().remove(e.seq, e.sink, e.nonce);
@@ -884,6 +1031,17 @@ impl Gateway {
             }
         }
         Ok(self.book().next_deadline())
+    }
+
+    /// Makes the leases of paused and erasing tenants due now (the expiry then takes them
+    /// back; a later ack or extension of one is `unknown`). How many.
+    pub fn revoke_held(&self) -> usize {
+        let now = AtMs(ankusa_keyspace::now_ms());
+        let n = self.book().revoke(now, |ord| self.paused.holds(ord));
+        if n > 0 {
+            self.expiry_wake.notify_one();
+        }
+        n
     }
 }
 
@@ -899,6 +1057,9 @@ struct Held {
 /// Why the gateway itself settles a lease.
 enum Outcome {
     Expired,
+    /// Its tenant was paused or is being erased: taken back as an expiry is (the attempt
+    /// counts), but a late ack or extension is `unknown`, not `expired`.
+    Revoked,
     /// The hook is gone (`None`) or does not decode (the error).
     Unsendable(Option<Arc<str>>),
 }
@@ -1030,6 +1191,9 @@ pub fn spawn_expiry(
             tokio::select! {
                 _ = tokio::time::sleep(nap) => {}
                 _ = gateway.expiry_wake.notified() => {}
+                _ = gateway.paused.changed.notified() => {
+                    gateway.revoke_held();
+                }
                 _ = stop.changed() => return,
             }
         }

@@ -1906,3 +1906,61 @@ fn a_leaving_node_hands_every_stored_row_to_the_owners_and_each_acked_hook_is_de
         "{text}"
     );
 }
+
+/// This node's count of pull calls it sent other nodes (`ankusa_cluster_forwards_total`).
+fn pull_calls_sent(r: &Relay, i: usize) -> u64 {
+    let (_, text) = http_get_auth_token(r.specs[i].admin, "/metrics", ADMIN).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("ankusa_cluster_forwards_total{") && l.contains(r#"kind="pull""#))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+        .sum()
+}
+
+/// A claim waiting at one node is woken by a hook another node parks, without asking that
+/// node again and again while nothing comes: one long call waits there.
+#[test]
+fn a_waiting_claim_is_woken_by_another_nodes_hook_without_polling_it() {
+    let mut r = Relay::new(
+        2,
+        &format!(
+            r#"pull:
+  max_wait_ms: 8000
+  consumers:
+    - {{ name: all, secret: {{ value: "{CONSUMER}" }}, sinks: [q] }}"#
+        ),
+    );
+    r.pull = true;
+    let owned = tenants_per_owner(&r, 1);
+    r.start_all();
+    let before = pull_calls_sent(&r, 0);
+    let addr: std::net::SocketAddr = ([127, 0, 0, 1], r.specs[0].ingest).into();
+    let waiting = r.rt.spawn(async move {
+        let started = Instant::now();
+        let got = admin_call(
+            addr,
+            "POST",
+            "/pull/q/claim",
+            CONSUMER,
+            &serde_json::json!({ "wait_ms": 8000 }).to_string(),
+        )
+        .await;
+        (got, started.elapsed())
+    });
+    // Two seconds of nothing, then a hook of a tenant node 1 owns.
+    std::thread::sleep(Duration::from_secs(2));
+    let c = client();
+    let t = &owned[1][0];
+    assert_eq!(r.rt.block_on(r.send(&c, 1, t, "d-woken")).status, 202);
+    let ((s, v), took) = r.rt.block_on(waiting).unwrap();
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["hooks"][0]["tenant"], t.as_str(), "{v}");
+    assert!(took < Duration::from_secs(5), "woken after {took:?}");
+    // A claim round, one wait, and the round the wake started: a handful of calls, not
+    // one every 100 ms of the two seconds.
+    let calls = pull_calls_sent(&r, 0) - before;
+    assert!(
+        calls <= 6,
+        "{calls} pull calls to the other node\n{}",
+        r.logs()
+    );
+}

@@ -69,7 +69,8 @@ sinks:
       ca_bundle: { pem: PEM } }
   - { id: q, kind: pull, lease_ms: 5000, max_inflight: 10 }
 pull:
-  consumers: [{ name: c, secret: { value: "0123456789abcdef0123" }, sinks: [q], tenants: [t] }]
+  tenant_max_leases: 5
+  consumers: [{ name: c, secret: { value: "0123456789abcdef0123" }, sinks: [q], tenants: [t], max_leases: 5 }]
 dispatch: { ca_bundle: { pem: PEM } }
 store: { memory_bytes: 67108864 }
 tenants: { limits: { ingest_per_second: 10, ingest_burst: 20, queued_bytes: 1048576, archive_bytes: 1048576 } }
@@ -703,7 +704,8 @@ fn every_documented_numeric_bound_is_enforced() {
         sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }, { id: p, kind: pull }]\n\
         routes: [{ id: r, sinks: [s] }]\n\
         sources: [{ id: a, verify: { scheme: none }, route: r }]\n\
-        backup: { object_store: { url: \"s3://bucket/prefix\" } }\n";
+        backup: { object_store: { url: \"s3://bucket/prefix\" } }\n\
+        pull: { consumers: [{ name: c, secret: { value: \"0123456789abcdef0123\" }, sinks: [p] }] }\n";
     let md = doc("configuration.md");
     let mut checked = Vec::new();
     for row in md.lines().filter(|l| l.starts_with("| `")) {

@@ -23,6 +23,7 @@ mod objstore;
 mod partition;
 mod pause;
 mod pull;
+mod pull_bounds;
 mod quota;
 mod reload;
 mod seed;
