@@ -925,6 +925,7 @@ impl Node {
             progress: progress.clone(),
             writer: std::sync::OnceLock::new(),
             backups: std::sync::OnceLock::new(),
+            replays: admin::replay::Replays::new(config.writer.queue_capacity),
         });
         let history = Arc::new(crate::console::history::History::new(
             metrics.console_history_tenants.clone(),

@@ -474,5 +474,51 @@ pub fn page(
     Ok(Page { items, next })
 }
 
+/// A tenant's archived hooks received in `[from, to)`, oldest first, after `after`
+/// (`(received, seq)` of the last one taken), until `limit` hooks or, past the first,
+/// `max_bytes` of bodies: what a replay reads a page at a time. The key of the last one
+/// read is the next call's `after`; `None` when the range is done.
+pub fn page_forward(
+    store: &Store,
+    ord: TenantOrd,
+    from: AtMs,
+    to: AtMs,
+    after: Option<(AtMs, Seq)>,
+    limit: usize,
+    max_bytes: usize,
+) -> Result<Page, QueueError> {
+    let (mut lo, hi) = ankusa_keyspace::archived_range(ord, from, to);
+    if let Some((received, seq)) = after {
+        // Just past the key itself.
+        let mut a = ankusa_keyspace::archived_hook(&ArchivedKey { ord, received, seq });
+        a.push(0);
+        if a > lo {
+            lo = a;
+        }
+    }
+    if lo >= hi {
+        return Ok(Page::default());
+    }
+    let mut items: Vec<Archived> = Vec::new();
+    let mut bytes = 0usize;
+    let mut more = false;
+    for kv in store.scan(Family::ArchivedHooks, &lo, &hi, Dir::Forward)? {
+        if items.len() >= limit || (!items.is_empty() && bytes >= max_bytes) {
+            more = true;
+            break;
+        }
+        let (k, v) = kv?;
+        let a = Archived::decode(&k, &v)?;
+        bytes += a.envelope.body.len();
+        items.push(a);
+    }
+    let next = if more {
+        items.last().map(|a| (a.key.received, a.key.seq))
+    } else {
+        None
+    };
+    Ok(Page { items, next })
+}
+
 #[cfg(test)]
 mod tests;

@@ -52,6 +52,8 @@ pub struct Api {
     pub eraser: Arc<super::erase::Eraser>,
     /// The node's pushes to an object store, once they run (`backup.object_store`).
     pub backups: std::sync::OnceLock<Arc<crate::objstore::schedule::Backups>>,
+    /// Replays running, and their lane of the writer's queue.
+    pub replays: super::replay::Replays,
 }
 
 /// An API error: one JSON shape, a stable code.

@@ -18,8 +18,11 @@ use ankusa_records::Envelope;
 
 /// The most hooks one replay sends again.
 const MAX_REPLAY: usize = 100_000;
-/// Submissions awaited together by a replay.
-const REPLAY_WINDOW: usize = 256;
+/// Hooks one replay reads at a time (and awaits together).
+const REPLAY_PAGE: usize = 64;
+/// Body bytes one replay holds at a time (a page stops past it; its first hook always
+/// goes).
+const REPLAY_PAGE_BYTES: usize = 8 << 20;
 
 /// One archived hook.
 #[derive(Debug, Serialize, utoipa::ToSchema)]
@@ -53,6 +56,16 @@ pub struct ArchivePage {
 #[derive(Debug, Serialize, utoipa::ToSchema)]
 pub struct Replayed {
     pub replayed: u64,
+    /// Why the replay stopped before the end of what it matched: `tenant_rate_limited`
+    /// (the tenant's `ingest_per_second`: go on after `retry_after_s`) or
+    /// `tenant_backlog_full` (its `queued_bytes`). Absent: it went to the end (or `limit`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub stopped: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub retry_after_s: Option<u32>,
+    /// With `stopped`: pass as `after` to go on where it stopped.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub next: Option<String>,
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -166,19 +179,27 @@ pub struct ArchiveReplayRequest {
     #[serde(default)]
     ids: Vec<String>,
     limit: Option<usize>,
+    /// `<received_ms>.<seq>` (a stopped replay's `next`): only the hooks after it.
+    after: Option<String>,
 }
 
-/// `POST /v1/archive/replay {tenant, from_ms, to_ms, ids, limit}`: each archived hook that
-/// matches is committed again as a new hook — same id, body, headers and fan-out, received
-/// now — through the writer (a synced commit, then delivery as a first attempt). The
-/// archive keeps its copy. Answers `{"replayed": n}`; audited.
+/// `POST /v1/archive/replay {tenant, from_ms, to_ms, ids, limit, after}`: each archived
+/// hook that matches is committed again as a new hook — same id, body, headers and
+/// fan-out, received now — through the writer (a synced commit, then delivery as a first
+/// attempt), oldest first. The archive keeps its copy. Read and sent a page at a time
+/// (64 hooks, 8 MiB of bodies), one replay per tenant at a time (409 `replay_running`),
+/// through a lane of the writer's queue that leaves the rest to live ingest; each hook is
+/// charged to the tenant's quotas as an ingested one is, and the replay stops at the first
+/// refusal with `stopped`, `retry_after_s` and `next` (pass it as `after` to go on).
+/// Answers `{"replayed": n}`; audited.
 #[utoipa::path(
     post,
     path = "/v1/archive/replay",
     tag = "admin",
     request_body = ArchiveReplayRequest,
     responses(
-        (status = 200, description = "Hooks committed again", body = Replayed),
+        (status = 200, description = "Hooks committed again (stopped, with next, at a quota)", body = Replayed),
+        (status = 409, description = "A replay of the tenant runs on this node (replay_running)", body = crate::http::ErrorBody),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -200,85 +221,154 @@ pub async fn replay(
         });
     };
     let limit = req.limit.unwrap_or(MAX_REPLAY).clamp(1, MAX_REPLAY);
-    let a = api.clone();
-    let tenant = req.tenant.clone();
+    let mut after = match req.after.as_deref().map(parse_cursor) {
+        None => None,
+        Some(Some(a)) => Some(a),
+        Some(None) => {
+            return Err(ApiError::BadRequest(
+                "after: expected <received_ms>.<seq>".into(),
+            ))
+        }
+    };
     let (from, to) = (
         AtMs(req.from_ms.unwrap_or(0)),
         AtMs(req.to_ms.unwrap_or(u64::MAX)),
     );
-    let ids: std::collections::HashSet<String> = req.ids.iter().cloned().collect();
-    let envelopes: Vec<Envelope> = blocking(move || {
-        let ord = visible_ord(&a.store, &c.scope, &tenant)?;
-        let mut out = Vec::new();
-        let mut before = None;
-        loop {
-            let page = archive::page(&a.store, ord, from, to, before, 1_000)?;
-            out.extend(
-                page.items
-                    .into_iter()
-                    .filter(|i| ids.is_empty() || ids.contains(&i.envelope.id))
-                    .map(|i| i.envelope),
-            );
-            match page.next {
-                Some(n) if out.len() < limit => before = Some(n),
-                _ => break,
-            }
-        }
-        out.truncate(limit);
-        // Oldest first, as they came.
-        out.reverse();
-        Ok(out)
-    })
-    .await?;
-    let now = AtMs(ankusa_keyspace::now_ms());
+    let ids: Arc<std::collections::HashSet<String>> = Arc::new(req.ids.iter().cloned().collect());
+    let (a, tenant) = (api.clone(), req.tenant.clone());
+    let ord = blocking(move || visible_ord(&a.store, &c.scope, &tenant)).await?;
+    let _running = api.replays.begin(format!("archive:{}", req.tenant))?;
     let mut replayed = 0u64;
-    for window in envelopes.chunks(REPLAY_WINDOW) {
-        let mut replies = Vec::with_capacity(window.len());
-        for env in window {
-            let (tx, rx) = tokio::sync::oneshot::channel();
-            let mut sub = Submission {
-                envelope: Envelope {
-                    received_at: now,
-                    ..env.clone()
-                },
-                idempotency: None,
-                from_archive: true,
-                reply: tx,
-                span: tracing::Span::current(),
-            };
-            // The writer's queue is bounded: wait for room rather than refuse a replay.
-            loop {
-                match writer.try_submit_or_return(sub).map_err(|e| *e) {
-                    Ok(()) => break,
-                    Err(std::sync::mpsc::TrySendError::Full(back)) => {
-                        sub = back;
-                        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-                    }
-                    Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
-                        return Err(ApiError::Failed {
-                            code: "unavailable",
-                            message: format!(
-                                "the node is stopping; {replayed} hooks were replayed"
-                            ),
-                        })
-                    }
-                }
+    let mut stop: Option<(String, Option<u32>)> = None;
+    'pages: while (replayed as usize) < limit {
+        let (a, ids2) = (api.clone(), ids.clone());
+        let page = blocking(move || {
+            Ok(archive::page_forward(
+                &a.store,
+                ord,
+                from,
+                to,
+                after,
+                REPLAY_PAGE,
+                REPLAY_PAGE_BYTES,
+            )?)
+        })
+        .await?;
+        let end = page.next.is_none();
+        let mut window = Vec::new();
+        for item in page.items {
+            if (replayed as usize) + window.len() >= limit {
+                break;
             }
-            replies.push(rx);
+            if !ids2.is_empty() && !ids2.contains(&item.envelope.id) {
+                after = Some((item.key.received, item.key.seq));
+                continue;
+            }
+            // Charged as an ingested hook is: the tenant's rate and backlog.
+            let now = ankusa_keyspace::now_ms();
+            // (A point read at most, as ingest does it.)
+            if let Some(r) = api.quotas.admit(&api.store, &req.tenant, now)? {
+                stop = Some(match r {
+                    crate::ingest::quota::Refusal::Rate { retry_after_s } => {
+                        ("tenant_rate_limited".to_owned(), Some(retry_after_s))
+                    }
+                    crate::ingest::quota::Refusal::Backlog { .. } => {
+                        ("tenant_backlog_full".to_owned(), None)
+                    }
+                });
+                replayed += submit(&api, &writer, window).await?;
+                break 'pages;
+            }
+            after = Some((item.key.received, item.key.seq));
+            window.push(item.envelope);
         }
-        for rx in replies {
-            if let Ok(Reply::Accepted { .. }) = rx.await {
-                replayed += 1;
-            }
+        replayed += submit(&api, &writer, window).await?;
+        if end {
+            break;
         }
     }
+    let next = stop
+        .as_ref()
+        .and(after)
+        .map(|(r, s)| format!("{}.{}", r.0, s.0));
     let audit = api.audit.op(
         &caller_name,
         "archive.replay",
         Some(&req.tenant),
-        serde_json::json!({ "replayed": replayed, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len() }),
+        serde_json::json!({ "replayed": replayed, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len(), "stopped": stop.as_ref().map(|s| &s.0) }),
     );
     let a = api.clone();
     blocking(move || Ok(a.store.write(vec![audit], true)?)).await?;
-    Ok(Json(Replayed { replayed }).into_response())
+    Ok(Json(Replayed {
+        replayed,
+        retry_after_s: stop.as_ref().and_then(|s| s.1),
+        stopped: stop.map(|s| s.0),
+        next,
+    })
+    .into_response())
+}
+
+/// `<received_ms>.<seq>`.
+fn parse_cursor(s: &str) -> Option<(AtMs, Seq)> {
+    let (r, q) = s.split_once('.')?;
+    Some((AtMs(r.parse().ok()?), Seq(q.parse().ok()?)))
+}
+
+/// Commits `window` again through the writer's replay lane (each hook received now), and
+/// awaits them: how many were accepted.
+async fn submit(
+    api: &Api,
+    writer: &ankusa_queue::writer::WriterHandle,
+    window: Vec<Envelope>,
+) -> Result<u64, ApiError> {
+    if window.is_empty() {
+        return Ok(0);
+    }
+    let now = AtMs(ankusa_keyspace::now_ms());
+    let mut replies = Vec::with_capacity(window.len());
+    for env in window {
+        // A permit per hook in the writer's queue: live ingest keeps the rest of it.
+        let permit = api
+            .replays
+            .lane
+            .acquire()
+            .await
+            .map_err(|_| ApiError::Internal)?;
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let mut sub = Submission {
+            envelope: Envelope {
+                received_at: now,
+                ..env
+            },
+            idempotency: None,
+            from_archive: true,
+            reply: tx,
+            span: tracing::Span::current(),
+        };
+        // Ingest may have filled the queue all the same: wait for room rather than refuse.
+        loop {
+            match writer.try_submit_or_return(sub).map_err(|e| *e) {
+                Ok(()) => break,
+                Err(std::sync::mpsc::TrySendError::Full(back)) => {
+                    sub = back;
+                    tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                }
+                Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
+                    return Err(ApiError::Failed {
+                        code: "unavailable",
+                        message: "the node is stopping".into(),
+                    })
+                }
+            }
+        }
+        replies.push((rx, permit));
+    }
+    let mut accepted = 0;
+    for (rx, permit) in replies {
+        if let Ok(Reply::Accepted { .. }) = rx.await {
+            accepted += 1;
+        }
+        drop(permit);
+    }
+    Ok(accepted)
 }

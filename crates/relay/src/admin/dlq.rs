@@ -279,6 +279,8 @@ pub struct ReplayRequest {
 
 /// The most rows one replay call revives.
 pub const MAX_REPLAY: usize = 100_000;
+/// Rows a replay reads and revives at a time (one synced batch).
+const REVIVE_PAGE: usize = 500;
 
 /// `POST /v1/dlq/replay`: revive dead rows by ids, tenant, source or time range, in synced
 /// batches of 500 through the queue's revive op builder.
@@ -303,76 +305,92 @@ pub async fn replay(
 ) -> ApiResult {
     let c = caller(&api, &headers)?;
     let cap = req.limit.unwrap_or(MAX_REPLAY).clamp(1, MAX_REPLAY);
+    if req.ids.is_empty()
+        && req.tenant.is_none()
+        && req.source.is_none()
+        && req.from_ms.is_none()
+        && req.to_ms.is_none()
+    {
+        return Err(ApiError::BadRequest(
+            "name ids, a tenant, a source or a time range".into(),
+        ));
+    }
+    // One replay of a tenant at a time, and one of the whole DLQ.
+    let _running = api
+        .replays
+        .begin(format!("dlq:{}", req.tenant.as_deref().unwrap_or("*")))?;
     let a = api.clone();
     blocking(move || {
         let store = &a.store;
-        let mut rows: Vec<DeadRow> = Vec::new();
+        let now = AtMs(ankusa_keyspace::now_ms());
+        let log = a.config.load().hook_log.enabled;
+        let (mut matched, mut revived) = (0u64, 0u64);
+        // Revived a page at a time, as read: no more than a page of rows is held.
+        let mut take = |page: Vec<DeadRow>| -> Result<(), ApiError> {
+            matched += page.len() as u64;
+            if !req.dry_run && !page.is_empty() {
+                revived +=
+                    crate::dispatch::replayer::revive(store, &a.hints, &page, now, log, None)?;
+            }
+            Ok(())
+        };
         if !req.ids.is_empty() {
             let keys: Vec<DeadKey> = req
                 .ids
                 .iter()
                 .map(|s| parse_row_id(s).ok_or_else(|| ApiError::BadRequest(format!("bad id {s:?}"))))
                 .collect::<Result<_, _>>()?;
-            for k in keys.into_iter().take(cap) {
-                // One row at a time through the tenant-aware page: invisible rows are absent.
-                let next = DeadKey { at: k.at, seq: k.seq, sink: SinkIdx(k.sink.0.saturating_add(1)) };
-                let page = dead_rows(store, &c.scope, req.tenant.as_deref(), Some(next), 1)?;
-                if let Some(r) = page.rows.into_iter().find(|r| r.key == k) {
-                    rows.push(r);
+            for chunk in keys.chunks(REVIVE_PAGE).take(cap.div_ceil(REVIVE_PAGE)) {
+                let mut rows = Vec::with_capacity(chunk.len());
+                for k in chunk {
+                    // One row at a time through the tenant-aware page: invisible rows are absent.
+                    let next = DeadKey { at: k.at, seq: k.seq, sink: SinkIdx(k.sink.0.saturating_add(1)) };
+                    let page = dead_rows(store, &c.scope, req.tenant.as_deref(), Some(next), 1)?;
+                    rows.extend(page.rows.into_iter().find(|r| r.key == *k));
                 }
+                take(rows)?;
             }
         } else {
-            if req.tenant.is_none() && req.source.is_none() && req.from_ms.is_none() && req.to_ms.is_none() {
-                return Err(ApiError::BadRequest("name ids, a tenant, a source or a time range".into()));
-            }
             let from = req.from_ms.unwrap_or(0);
             let mut before = req.to_ms.map(|t| DeadKey { at: AtMs(t), seq: Seq(0), sink: SinkIdx(0) });
+            let mut left = cap;
             'pages: loop {
-                let page = dead_rows(store, &c.scope, req.tenant.as_deref(), before, 500)?;
+                let page = dead_rows(store, &c.scope, req.tenant.as_deref(), before, REVIVE_PAGE)?;
+                let mut rows = Vec::new();
+                let mut done = false;
                 for r in page.rows {
                     if r.key.at.0 < from {
-                        break 'pages;
+                        done = true;
+                        break;
                     }
                     if req.source.as_ref().is_none_or(|s| *s == r.value.source) {
                         rows.push(r);
-                        if rows.len() >= cap {
-                            break 'pages;
+                        left -= 1;
+                        if left == 0 {
+                            done = true;
+                            break;
                         }
                     }
                 }
+                take(rows)?;
                 match page.next {
-                    Some(n) => before = Some(n),
-                    None => break,
+                    Some(n) if !done => before = Some(n),
+                    _ => break 'pages,
                 }
             }
         }
-        let now = AtMs(ankusa_keyspace::now_ms());
-        let total = rows.len();
-        if req.dry_run {
-            return Ok(Json(Revived {
-                revived: 0,
-                matched: total as u64,
-                unavailable: Vec::new(),
-            })
-            .into_response());
+        if !req.dry_run {
+            let audit = a.audit.op(
+                &c.name,
+                "dlq.replay",
+                req.tenant.as_deref(),
+                serde_json::json!({ "rows": matched, "revived": revived, "source": req.source, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len() }),
+            );
+            store.write(vec![audit], true)?;
         }
-        let audit = a.audit.op(
-            &c.name,
-            "dlq.replay",
-            req.tenant.as_deref(),
-            serde_json::json!({ "rows": total, "source": req.source, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len() }),
-        );
-        let revived = crate::dispatch::replayer::revive(
-            store,
-            &a.hints,
-            &rows,
-            now,
-            a.config.load().hook_log.enabled,
-            Some(audit),
-        )?;
         Ok(Json(Revived {
             revived,
-            matched: total as u64,
+            matched,
             unavailable: Vec::new(),
         })
         .into_response())

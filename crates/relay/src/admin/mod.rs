@@ -31,6 +31,7 @@ pub mod node;
 pub mod portal;
 pub mod quarantine;
 pub mod relay_wide;
+pub mod replay;
 pub mod sources;
 pub mod tenants;
 

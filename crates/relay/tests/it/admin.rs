@@ -524,17 +524,19 @@ async fn concurrent_replays_and_purges_during_dispatch_move_each_row_once() {
     sink.default_status
         .store(200, std::sync::atomic::Ordering::Relaxed);
     let h = H { node, sink, c };
-    let replay = || h.call("POST", "/v1/dlq/replay", Some(ADMIN), r#"{"from_ms":0}"#);
+    // One replay per tenant at a time (and one of the whole DLQ): the whole DLQ and three
+    // tenants' at once, over the same rows.
+    let replay = |body: &'static str| h.call("POST", "/v1/dlq/replay", Some(ADMIN), body);
     let hr = &h;
     let purge = |t: &'static str| {
         let path = format!("/v1/tenants/{t}/queue?kinds=pending,dead");
         async move { hr.call("DELETE", &path, Some(ADMIN), "").await }
     };
     let (r1, r2, r3, r4, p1, p2, p3) = tokio::join!(
-        replay(),
-        replay(),
-        replay(),
-        replay(),
+        replay(r#"{"from_ms":0}"#),
+        replay(r#"{"tenant":"t0"}"#),
+        replay(r#"{"tenant":"t1"}"#),
+        replay(r#"{"tenant":"t3"}"#),
         purge("t0"),
         purge("t0"),
         purge("t3")

@@ -201,3 +201,100 @@ async fn archived_hooks_are_listed_replayed_and_gone_after_their_retention() {
     assert!(fold::verify(&store).unwrap().is_empty());
     node.stop().await;
 }
+
+/// A replay is charged to the tenant's quotas as ingest is: with a rate of 1 a second and
+/// a burst of 2 it replays two hooks and stops, saying why, when to go on and where; the
+/// calls with `after` go on from there, and together they replay each hook once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_charged_to_the_tenants_quotas_and_goes_on_where_it_stopped() {
+    let sink = TestSink::start().await;
+    let node = start_node(&sink).await;
+    let c = client();
+    for i in 0..5 {
+        let r = post(
+            &c,
+            &format!("http://{}/ingest/shared", node.ingest_addr),
+            &[("x-tenant", "a".to_owned())],
+            format!(r#"{{"n":{i}}}"#),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+    }
+    let store = node.store.clone();
+    eventually(15, "every hook delivered and archived", || {
+        let n = counters::node(&store).unwrap();
+        n.pending == 0 && n.inflight == 0 && n.archive_pending == 0
+    })
+    .await;
+    let (s, v) = admin_call(
+        node.admin_addr,
+        "PUT",
+        "/v1/tenants/a/limits",
+        ADMIN,
+        r#"{"ingest_per_second": 1, "ingest_burst": 2}"#,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    let before = sink.on("/hooks").len();
+    let (s, v) = admin_call(
+        node.admin_addr,
+        "POST",
+        "/v1/archive/replay",
+        ADMIN,
+        r#"{"tenant": "a"}"#,
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["replayed"], 2, "{v}");
+    assert_eq!(v["stopped"], "tenant_rate_limited", "{v}");
+    assert!(v["retry_after_s"].as_u64().is_some_and(|s| s >= 1), "{v}");
+    let next = v["next"].as_str().unwrap().to_owned();
+    // Three seconds refill the bucket's two tokens and more: the rest goes.
+    tokio::time::sleep(std::time::Duration::from_millis(3_100)).await;
+    let (s, v) = admin_call(
+        node.admin_addr,
+        "POST",
+        "/v1/archive/replay",
+        ADMIN,
+        &format!(r#"{{"tenant": "a", "after": "{next}"}}"#),
+    )
+    .await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["replayed"], 2, "{v}");
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    let (s, v) = admin_call(
+        node.admin_addr,
+        "POST",
+        "/v1/archive/replay",
+        ADMIN,
+        &format!(
+            r#"{{"tenant": "a", "after": "{}"}}"#,
+            v["next"].as_str().unwrap()
+        ),
+    )
+    .await;
+    assert_eq!((s, v["replayed"].as_u64()), (200, Some(1)), "{v}");
+    assert!(v.get("stopped").is_none(), "{v}");
+    eventually(15, "the replays delivered", || {
+        sink.on("/hooks").len() == before + 5
+    })
+    .await;
+    // Each hook once (delivered concurrently, so in any order).
+    let mut bodies: Vec<String> = sink.on("/hooks")[before..]
+        .iter()
+        .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+        .collect();
+    bodies.sort();
+    let want: Vec<String> = (0..5).map(|i| format!(r#"{{"n":{i}}}"#)).collect();
+    assert_eq!(bodies, want);
+    let (s, v) = admin_call(
+        node.admin_addr,
+        "POST",
+        "/v1/archive/replay",
+        ADMIN,
+        r#"{"tenant": "a", "after": "nonsense"}"#,
+    )
+    .await;
+    assert_eq!(s, 400, "{v}");
+    node.stop().await;
+}
