@@ -97,6 +97,8 @@ pub struct ConsoleConfig {
     pub portal_max_ttl_ms: u64,
     /// Origins that may frame the tenant portal (CSP `frame-ancestors`); empty: none may.
     pub frame_ancestors: Vec<String>,
+    /// The longest a console session lives from its sign-in, used or not.
+    pub session_max_ms: u64,
 }
 
 impl Default for ConsoleConfig {
@@ -108,6 +110,7 @@ impl Default for ConsoleConfig {
             portal_secret: None,
             portal_max_ttl_ms: 30 * 86_400_000,
             frame_ancestors: Vec::new(),
+            session_max_ms: 12 * 3_600_000,
         }
     }
 }
@@ -140,19 +143,52 @@ impl ConsoleConfig {
                 ));
             }
         }
+        in_range(
+            "admin.console.session_max_ms",
+            self.session_max_ms,
+            60_000..=30 * 86_400_000,
+        )?;
         for (i, o) in self.frame_ancestors.iter().enumerate() {
-            let ok = (o.starts_with("https://") || o.starts_with("http://"))
-                && !o.contains([' ', ';', ',', '\'', '"'])
-                && o.len() > 8;
-            if !ok {
+            if !is_https_origin(o) {
                 return Err(invalid(
                     &format!("admin.console.frame_ancestors[{i}]"),
-                    format!("{o:?} is not an origin (https://host[:port])"),
+                    format!(
+                        "{o:?} is not an HTTPS origin (https://host[:port], a host of letters, digits, dots and dashes, or *.host)"
+                    ),
                 ));
             }
         }
         Ok(())
     }
+}
+
+/// `https://host[:port]`: a host of DNS labels (its first may be `*`, for every
+/// subdomain), an optional port, nothing else — never `*` alone, `http://`, a path, or a
+/// character a header or a CSP source list would read otherwise.
+pub(crate) fn is_https_origin(o: &str) -> bool {
+    let Some(rest) = o.strip_prefix("https://") else {
+        return false;
+    };
+    let (host, port) = match rest.rsplit_once(':') {
+        Some((h, p)) => (h, Some(p)),
+        None => (rest, None),
+    };
+    let port_ok = port.is_none_or(|p| {
+        !p.is_empty()
+            && p.len() <= 5
+            && p.bytes().all(|b| b.is_ascii_digit())
+            && p.parse::<u32>().is_ok_and(|n| (1..=65_535).contains(&n))
+    });
+    let labels: Vec<&str> = host.split('.').collect();
+    let label_ok = |(i, l): (usize, &&str)| {
+        (i == 0 && *l == "*" && labels.len() > 2)
+            || (!l.is_empty()
+                && l.len() <= 63
+                && !l.starts_with('-')
+                && !l.ends_with('-')
+                && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'))
+    };
+    port_ok && host.len() <= 253 && labels.iter().enumerate().all(label_ok)
 }
 
 /// An admin API token.

@@ -439,6 +439,26 @@ routes: [{ id: r, sinks: [s] }]
                 "sources[0].verify.timestamp_header",
             ),
             (
+                "admin: { console: { frame_ancestors: [\"*\"] } }",
+                "admin.console.frame_ancestors[0]",
+            ),
+            (
+                "admin: { console: { frame_ancestors: [\"http://app.example.com\"] } }",
+                "admin.console.frame_ancestors[0]",
+            ),
+            (
+                "admin: { console: { frame_ancestors: [\"https://app.example.com/path\"] } }",
+                "admin.console.frame_ancestors[0]",
+            ),
+            (
+                "admin: { console: { frame_ancestors: [\"https://app.example.com\\tx\"] } }",
+                "admin.console.frame_ancestors[0]",
+            ),
+            (
+                "admin: { console: { frame_ancestors: [\"https://*\"] } }",
+                "admin.console.frame_ancestors[0]",
+            ),
+            (
                 "sources: [{ id: a, tenant: path, verify: { scheme: github, secret: { value: k } }, route: r }]",
                 "sources[0].tenant_binding",
             ),
@@ -484,6 +504,33 @@ routes: [{ id: r, sinks: [s] }]
                 .expect_err(extra)
                 .to_string();
             assert!(e.contains(key), "{extra}: {e}");
+        }
+    }
+
+    #[test]
+    fn https_origins_of_host_names_frame_the_portal() {
+        for ok in [
+            "https://app.example.com",
+            "https://app.example.com:8443",
+            "https://*.example.com",
+            "https://localhost",
+        ] {
+            assert!(admin::is_https_origin(ok), "{ok}");
+        }
+        for bad in [
+            "*",
+            "https://*",
+            "https://*.com",
+            "http://app.example.com",
+            "https://app.example.com/",
+            "https://app.example.com:0",
+            "https://app.example.com:99999",
+            "https://a b.example.com",
+            "https://app.example.com;script-src *",
+            "https://-app.example.com",
+            "https://",
+        ] {
+            assert!(!admin::is_https_origin(bad), "{bad}");
         }
     }
 

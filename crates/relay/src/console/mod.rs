@@ -96,7 +96,8 @@ impl Console {
                 Duration::from_millis(c.session_ttl_ms),
                 c.max_sessions,
                 metrics.console_sessions.clone(),
-            ),
+            )
+            .with_max_age(Duration::from_millis(c.session_max_ms)),
             api,
             app,
             history,
@@ -235,9 +236,15 @@ async fn entry(State(c): State<Arc<Console>>, req: Request) -> Response {
     let csp = format!(
         "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors {frame}"
     );
-    if let Ok(v) = HeaderValue::from_str(&csp) {
-        h.insert(header::CONTENT_SECURITY_POLICY, v);
-    }
+    // Never without a policy: one that does not make a header (which validation keeps
+    // from happening) falls back to framing by none.
+    let v = HeaderValue::from_str(&csp).unwrap_or_else(|_| {
+        h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+        HeaderValue::from_static(
+            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors 'none'",
+        )
+    });
+    h.insert(header::CONTENT_SECURITY_POLICY, v);
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),

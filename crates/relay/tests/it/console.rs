@@ -220,12 +220,17 @@ async fn sessions_are_scoped_csrf_checked_bounded_and_the_portal_framed_as_confi
         "nothing from another origin: {body}"
     );
 
-    // The cookie: HttpOnly, SameSite=Strict; Secure behind TLS.
-    let (_, h) = sign_in(&node, ADMIN, &[("x-forwarded-proto", "https")]).await;
+    // The cookie: HttpOnly, SameSite=Strict; behind TLS the `__Host-` one (Secure, Path=/,
+    // no Domain), and that cookie signs the next request in.
+    let (tls, h) = sign_in(&node, ADMIN, &[("x-forwarded-proto", "https")]).await;
     let set = h["set-cookie"].to_str().unwrap();
-    for part in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/ui"] {
+    assert!(set.starts_with("__Host-ankusa_console="), "{set}");
+    for part in ["HttpOnly", "SameSite=Strict", "Secure", "Path=/;"] {
         assert!(set.contains(part), "{set}");
     }
+    assert!(!set.contains("Domain"), "{set}");
+    let (s, _, _) = ui(&node, "GET", "/ui/sinks", &[("cookie", tls.as_str())], "").await;
+    assert_eq!(s, 200);
 
     // A tenant-scoped token sees its tenant and not another.
     let (acme, _) = sign_in(&node, ACME, &[]).await;
