@@ -315,6 +315,11 @@ mod tests {
 /// `ANKUSA_BACKUP_REPORT`): the archive, and the destination volume's room once older
 /// archives were pruned — what the operator's room check for the next backup on that
 /// volume reads.
+/// The room a restore leaves on its volume: it writes at most the free space less this
+/// (`ankusa_store::tarball::UNPACK_MARGIN_BYTES`; a test keeps the two equal), and the
+/// operator counts it before it plans one.
+pub const UNPACK_MARGIN_BYTES: u64 = 64 << 20;
+
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "resource", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]

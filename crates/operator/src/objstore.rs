@@ -274,12 +274,20 @@ pub fn rollback_problems(relay: &Relay, o: &Observed, format: u32) -> Vec<String
             match reported(o, &pod) {
                 None => Some(format!("{pod} does not report its backups")),
                 Some(b) => match b.formats.iter().rfind(|f| f.store_format <= format) {
-                    Some(f) if free.is_some_and(|free| free < f.bytes) => Some(format!(
-                        "{pod}'s volume has {} bytes free, less than backup {} ({} bytes)",
-                        free.unwrap_or_default(),
-                        f.id,
-                        f.bytes
-                    )),
+                    // The restore writes at most the free space less its margin.
+                    Some(f)
+                        if free.is_some_and(|free| {
+                            free < f.bytes.saturating_add(ankusa_crds::node::UNPACK_MARGIN_BYTES)
+                        }) =>
+                    {
+                        Some(format!(
+                            "{pod}'s volume has {} bytes free, less than backup {} ({} bytes) and the restore's margin of {} MiB",
+                            free.unwrap_or_default(),
+                            f.id,
+                            f.bytes,
+                            ankusa_crds::node::UNPACK_MARGIN_BYTES >> 20
+                        ))
+                    }
                     Some(_) => None,
                     None => Some(format!(
                         "{pod} has none in {} (its backups are at store format {})",
@@ -444,7 +452,7 @@ mod tests {
         assert_eq!(
             rollback_problems(&r, &o, 2),
             [format!(
-                "hooks-0's volume has 99 bytes free, less than backup b{} (100 bytes)",
+                "hooks-0's volume has 99 bytes free, less than backup b{} (100 bytes) and the restore's margin of 64 MiB",
                 ago(121)
             )]
         );

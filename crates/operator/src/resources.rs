@@ -65,6 +65,11 @@ pub const CLUSTER_TOKEN_KEY: &str = "cluster-token";
 pub const DEFAULT_INGEST_URL_TEMPLATE: &str = "http://{pod}.{service}.{namespace}.svc:8080";
 /// The backup token's name in the relay's audit trail.
 pub const BACKUP_TOKEN_NAME: &str = "ankusa-backup";
+/// The key of the metrics-scope token in the operator's Secret: what the ServiceMonitor's
+/// scrapes carry, so `admin.metrics.token_required` keeps them working.
+pub const METRICS_TOKEN_KEY: &str = "metrics-token";
+/// The metrics token's name.
+pub const METRICS_TOKEN_NAME: &str = "ankusa-metrics";
 /// Pod template annotation with the hash of `relay.yaml`: a configuration change rolls
 /// the nodes (the relay reads its configuration at start).
 pub const CONFIG_HASH_ANNOTATION: &str = "ankusa.dev/config-hash";
@@ -346,6 +351,7 @@ pub fn relay_config_with(
     tokens.retain(|t| {
         t.get("name") != Some(&json!(TOKEN_NAME))
             && t.get("name") != Some(&json!(BACKUP_TOKEN_NAME))
+            && t.get("name") != Some(&json!(METRICS_TOKEN_NAME))
     });
     tokens.push(json!({
         "name": TOKEN_NAME,
@@ -356,6 +362,11 @@ pub fn relay_config_with(
         "name": BACKUP_TOKEN_NAME,
         "secret": { "file": format!("{TOKEN_MOUNT}/{BACKUP_TOKEN_KEY}") },
         "scope": "backup",
+    }));
+    tokens.push(json!({
+        "name": METRICS_TOKEN_NAME,
+        "secret": { "file": format!("{TOKEN_MOUNT}/{METRICS_TOKEN_KEY}") },
+        "scope": "metrics",
     }));
     let tenants = entry_object(root, "tenants")?;
     tenants.insert("max".into(), json!(relay.spec.tenants.max));
@@ -460,12 +471,13 @@ pub fn config_map(relay: &Relay, yaml: &str) -> Result<ConfigMap, ResourceError>
     )
 }
 
-/// The operator's token Secret: the admin token and the backup token. Existing values are
-/// passed back in, so re-applying it changes nothing.
+/// The operator's token Secret: the admin, backup, metrics and cluster tokens. Existing
+/// values are passed back in, so re-applying it changes nothing.
 pub fn token_secret(
     relay: &Relay,
     token: &str,
     backup_token: &str,
+    metrics_token: &str,
     cluster_token: &str,
 ) -> Result<Secret, ResourceError> {
     let names = Names::of(relay)?;
@@ -479,6 +491,7 @@ pub fn token_secret(
             "stringData": {
                 TOKEN_KEY: token,
                 BACKUP_TOKEN_KEY: backup_token,
+                METRICS_TOKEN_KEY: metrics_token,
                 CLUSTER_TOKEN_KEY: cluster_token,
             },
         }),
@@ -1025,10 +1038,16 @@ pub fn service_monitor(relay: &Relay) -> Result<DynamicObject, ResourceError> {
     for (k, v) in &sm.labels {
         meta["labels"][k] = json!(v);
     }
+    // The scrapes carry the metrics-scope token from the operator's Secret: they keep
+    // working when the configuration says `admin.metrics.token_required`.
     let mut endpoint = json!({
         "port": "admin",
         "path": "/metrics",
         "interval": sm.interval,
+        "authorization": {
+            "type": "Bearer",
+            "credentials": { "name": names.token_secret, "key": METRICS_TOKEN_KEY },
+        },
     });
     if !sm.relabelings.is_empty() {
         endpoint["relabelings"] = json!(sm.relabelings);

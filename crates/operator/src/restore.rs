@@ -248,11 +248,16 @@ fn claim_rollback_problems(
                 .nodes
                 .get(&pod)
                 .and_then(|n| n.as_ref().ok()?.status.volume_free_bytes)?;
-            let needed = a.store_bytes.unwrap_or(a.bytes);
+            // A restore writes at most the free space less its margin.
+            let needed = a
+                .store_bytes
+                .unwrap_or(a.bytes)
+                .saturating_add(ankusa_crds::node::UNPACK_MARGIN_BYTES);
             (free < needed).then(|| {
                 format!(
-                    "{pod}'s volume has {free} bytes free, less than the {needed} bytes archive {} unpacks to",
-                    a.archive
+                    "{pod}'s volume has {free} bytes free, less than the {needed} bytes archive {} unpacks to with the restore's margin of {} MiB",
+                    a.archive,
+                    ankusa_crds::node::UNPACK_MARGIN_BYTES >> 20
                 )
             })
         })

@@ -494,12 +494,13 @@ async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<Str
             .and_then(|d| d.get(k))
             .map(|t| String::from_utf8_lossy(&t.0).into_owned())
     };
-    let (token, backup, cluster) = (
+    let (token, backup, metrics, cluster) = (
         key(resources::TOKEN_KEY),
         key(resources::BACKUP_TOKEN_KEY),
+        key(resources::METRICS_TOKEN_KEY),
         key(resources::CLUSTER_TOKEN_KEY),
     );
-    if let (Some(token), Some(_), Some(_)) = (&token, &backup, &cluster) {
+    if let (Some(token), Some(_), Some(_), Some(_)) = (&token, &backup, &metrics, &cluster) {
         return Ok(token.clone());
     }
     let change = if existing.is_some() {
@@ -512,6 +513,7 @@ async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<Str
         relay,
         &token,
         &backup.unwrap_or_else(new_token),
+        &metrics.unwrap_or_else(new_token),
         &cluster.unwrap_or_else(new_token),
     )?;
     apply(

@@ -23,6 +23,7 @@ fn rendered(fixture: &str) -> String {
         &r,
         "0123456789abcdef",
         "fedcba9876543210",
+        "8899aabbccddeeff",
         "0011223344556677",
     )
     .unwrap();
@@ -109,6 +110,8 @@ fn generated_relay_yaml_is_accepted_by_the_relay() {
         std::fs::write(&backup, "a-backup-token-of-32-bytes-at-least").unwrap();
         let cluster = dir.path().join("cluster-token");
         std::fs::write(&cluster, "a-cluster-token-of-32-bytes-at-least").unwrap();
+        let metrics = dir.path().join("metrics-token");
+        std::fs::write(&metrics, "a-metrics-token-of-32-bytes-at-least").unwrap();
         let yaml = yaml
             .replace("/etc/ankusa-operator/token", token.to_str().unwrap())
             .replace(
@@ -118,6 +121,10 @@ fn generated_relay_yaml_is_accepted_by_the_relay() {
             .replace(
                 "/etc/ankusa-operator/cluster-token",
                 cluster.to_str().unwrap(),
+            )
+            .replace(
+                "/etc/ankusa-operator/metrics-token",
+                metrics.to_str().unwrap(),
             );
         for e in &r.spec.config.secret_env {
             std::env::set_var(&e.name, "a-secret-from-a-secret");
@@ -160,12 +167,14 @@ fn operator_keys_override_the_users() {
     assert_eq!(cfg["admin"]["listen"], "[::]:9090");
     assert_eq!(cfg["tenants"]["max"], 1_000_000);
     let tokens = cfg["admin"]["tokens"].as_array().unwrap();
-    assert_eq!(tokens.len(), 3);
+    assert_eq!(tokens.len(), 4);
     assert_eq!(tokens[0]["name"], "ops");
     assert_eq!(tokens[1]["secret"]["file"], "/etc/ankusa-operator/token");
     // The backup Jobs' token: backup scope, nothing else.
     assert_eq!(tokens[2]["name"], resources::BACKUP_TOKEN_NAME);
     assert_eq!(tokens[2]["scope"], "backup");
+    assert_eq!(tokens[3]["name"], resources::METRICS_TOKEN_NAME);
+    assert_eq!(tokens[3]["scope"], "metrics");
     // Not a mapping: a clear error, nothing built.
     let err = resources::relay_config(&r, Some(&serde_json::json!(["a"]))).unwrap_err();
     assert!(err.to_string().contains("mapping"), "{err}");

@@ -63,6 +63,9 @@ async fn operator_polls_a_real_node() {
     let backup_file = dir.path().join("backup-token");
     std::fs::write(&backup_file, "a-backup-token-of-the-operator-0123").unwrap();
     cfg["admin"]["tokens"][1]["secret"]["file"] = json!(backup_file);
+    let metrics_file = dir.path().join("metrics-token");
+    std::fs::write(&metrics_file, "a-metrics-token-of-the-operator-01").unwrap();
+    cfg["admin"]["tokens"][2]["secret"]["file"] = json!(metrics_file);
     let cluster_file = dir.path().join("cluster-token");
     std::fs::write(&cluster_file, "a-cluster-token-of-the-nodes-0123456").unwrap();
     cfg["cluster"]["token"]["file"] = json!(cluster_file);

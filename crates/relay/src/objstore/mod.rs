@@ -792,6 +792,15 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    /// The operator plans restores with the margin the node keeps.
+    #[test]
+    fn the_operator_counts_the_restores_margin() {
+        assert_eq!(
+            ankusa_store::tarball::UNPACK_MARGIN_BYTES,
+            ankusa_crds::node::UNPACK_MARGIN_BYTES
+        );
+    }
+
     /// What a store's directory does between backups, for the retention property.
     #[derive(Debug, Clone)]
     enum Step {
