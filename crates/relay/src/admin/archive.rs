@@ -325,15 +325,37 @@ async fn submit(
         return Ok(0);
     }
     let now = AtMs(ankusa_keyspace::now_ms());
-    let mut replies = Vec::with_capacity(window.len());
+    let mut replies = std::collections::VecDeque::with_capacity(window.len());
+    let mut accepted = 0;
+    // The oldest hook in the lane, awaited: its reply, and its place given back.
+    async fn settle(
+        front: Option<(tokio::sync::oneshot::Receiver<Reply>, tokio::sync::SemaphorePermit<'_>)>,
+    ) -> u64 {
+        match front {
+            Some((rx, _permit)) => u64::from(matches!(rx.await, Ok(Reply::Accepted { .. }))),
+            None => 0,
+        }
+    }
     for env in window {
-        // A permit per hook in the writer's queue: live ingest keeps the rest of it.
-        let permit = api
-            .replays
-            .lane
-            .acquire()
-            .await
-            .map_err(|_| ApiError::Internal)?;
+        // A place per hook in the writer's queue: live ingest keeps the rest of it. The
+        // lane may be narrower than a page (a small `writer.queue_capacity`): with none
+        // free, this replay's own oldest hook is awaited first, never a place it holds.
+        let permit = loop {
+            match api.replays.lane.try_acquire() {
+                Ok(p) => break p,
+                Err(tokio::sync::TryAcquireError::NoPermits) if !replies.is_empty() => {
+                    accepted += settle(replies.pop_front()).await;
+                }
+                Err(_) => {
+                    break api
+                        .replays
+                        .lane
+                        .acquire()
+                        .await
+                        .map_err(|_| ApiError::Internal)?
+                }
+            }
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         let mut sub = Submission {
             envelope: Envelope {
@@ -361,14 +383,10 @@ async fn submit(
                 }
             }
         }
-        replies.push((rx, permit));
+        replies.push_back((rx, permit));
     }
-    let mut accepted = 0;
-    for (rx, permit) in replies {
-        if let Ok(Reply::Accepted { .. }) = rx.await {
-            accepted += 1;
-        }
-        drop(permit);
+    while !replies.is_empty() {
+        accepted += settle(replies.pop_front()).await;
     }
     Ok(accepted)
 }

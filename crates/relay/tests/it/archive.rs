@@ -298,3 +298,50 @@ async fn a_replay_is_charged_to_the_tenants_quotas_and_goes_on_where_it_stopped(
     assert_eq!(s, 400, "{v}");
     node.stop().await;
 }
+
+/// A lane narrower than a page (a small `writer.queue_capacity`: a lane of 2) still
+/// replays every hook: the replay awaits its own oldest hook for a place, never waits on
+/// one it holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_through_a_narrow_lane_sends_every_hook() {
+    let sink = TestSink::start().await;
+    let node = TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .section("writer: { queue_capacity: 8 }")
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("archive: { retention_ms: 600000, settle_interval_ms: 50 }")
+        .sink("s", &sink.url("/hooks"))
+        .route_yaml("{ id: kept, sinks: [s], archive: { enabled: true } }")
+        .open_source("shared", "kept")
+        .start()
+        .await;
+    let c = client();
+    for i in 0..20 {
+        let r = post(
+            &c,
+            &format!("http://{}/ingest/shared", node.ingest_addr),
+            &[("x-tenant", "a".to_owned())],
+            format!(r#"{{"n":{i}}}"#),
+        )
+        .await;
+        assert_eq!(r.status, 202);
+    }
+    let store = node.store.clone();
+    eventually(15, "every hook delivered and archived", || {
+        let n = counters::node(&store).unwrap();
+        n.pending == 0 && n.inflight == 0 && n.archive_pending == 0
+    })
+    .await;
+    let replay = admin_call(
+        node.admin_addr,
+        "POST",
+        "/v1/archive/replay",
+        ADMIN,
+        r#"{"tenant": "a"}"#,
+    );
+    let (s, v) = tokio::time::timeout(std::time::Duration::from_secs(20), replay)
+        .await
+        .expect("the replay ended");
+    assert_eq!((s, v["replayed"].as_u64()), (200, Some(20)), "{v}");
+    node.stop().await;
+}
