@@ -728,6 +728,10 @@ impl Gateway {
             Settle::Ack => meters.acked.inc_by(settled),
             Settle::Nack { .. } => meters.nacked.inc_by(settled),
         };
+        if settled > 0 {
+            // Leases gave their places back: a claim waiting at a quota may take rows now.
+            self.deliverer.pull_wake.of(sink).notify_waiters();
+        }
         meters.leases.set(self.book().count(sink) as i64);
         Ok(out)
     }
@@ -1001,6 +1005,10 @@ impl Gateway {
             }
         }
         self.hints.add_later(due_again);
+        if moved {
+            // A place given back: a claim waiting at a quota may take rows now.
+            self.deliverer.pull_wake.of(sink).notify_waiters();
+        }
         if moved && matches!(why, Outcome::Expired | Outcome::Revoked) {
             let meters = self.metrics.pull.sink(sink);
             meters.expired.inc();

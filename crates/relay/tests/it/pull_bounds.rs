@@ -299,3 +299,30 @@ async fn waiting_claims_are_capped_per_consumer_and_a_revoked_consumer_stops_wai
     drop(b);
     node.stop().await;
 }
+
+/// A claim waiting while its consumer is at its quota takes rows as soon as the consumer's
+/// acks give places back, not at the end of its wait.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_waiting_at_its_quota_is_woken_by_its_acks() {
+    let node = builder("").start().await;
+    let at = node.ingest_addr;
+    for i in 0..8 {
+        send(at, "t", &format!(r#"{{"i":{i}}}"#)).await;
+    }
+    parked(&node, 8).await;
+    let (s, v) = call(at, "/pull/q/claim", A, json!({ "max": 50 })).await;
+    assert_eq!((s, hooks(&v).len()), (200, 5), "{v}");
+    let leases: Vec<Value> = hooks(&v).iter().map(|h| h["lease"].clone()).collect();
+    let waiting = tokio::spawn(async move {
+        let started = Instant::now();
+        let r = call(at, "/pull/q/claim", A, json!({ "max": 50, "wait_ms": 5000 })).await;
+        (r, started.elapsed())
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, _) = call(at, "/pull/q/ack", A, json!({ "leases": leases })).await;
+    assert_eq!(s, 200);
+    let ((s, v), took) = waiting.await.unwrap();
+    assert_eq!((s, hooks(&v).len()), (200, 3), "{v}");
+    assert!(took < Duration::from_secs(3), "woken after {took:?}");
+    node.stop().await;
+}
