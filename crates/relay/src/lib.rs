@@ -1,21 +1,37 @@
 //! Ankusa relay node: receives webhooks for many tenants, commits each durably to an
 //! embedded RocksDB store before acknowledging it, and delivers it to its sinks.
 //!
-//! Layers (one folder each, each owning its own state):
-//! - [`store`]: RocksDB, key layouts, the format guard and the migration runner (crate
-//!   `ankusa-store`, the only one that depends on `rocksdb`).
-//! - [`upgrade`]: the format migrations, the older layouts they read, and fixtures.
-//! - [`queue`] (crate `ankusa-queue`): tenant ordinals, per-tenant counters, the active index and every
-//!   delivery transition as an op builder.
-//! - [`ingest`]: the ingest listener: verification, tenants, dedupe keys, quarantine.
-//! - [`node`]: boot order and the listeners of a running node.
-//! - [`dispatch`]: the pipeline's tick over the active index.
-//! - [`metrics`]: the queue gauges, read from counters and the active index.
-//! - [`admin`]: the admin listener (health, readiness, node status).
-//! - [`config`]: the YAML configuration and its validation (crate `config/`).
-//! - [`cluster`]: the nodes of one Relay: tenant ownership, forwarding, the tenant registry.
-//! - [`objstore`]: backups in S3-compatible object storage, and the node's push schedule.
-//! - [`cli`]: the `ankusa-relay` command line.
+//! **Where to start**: [`node::Node::start`] puts a node together — the listeners, the
+//! store's open and migration, the writer, the pipeline, the gateway — and
+//! `docs/architecture.md` draws the same picture.
+//!
+//! The modules of this crate (the node and its command line):
+//! - [`node`]: boot order, the listeners, what a running node holds, its stop.
+//! - [`http`]: the listeners themselves (connection caps and read timeouts), JSON errors.
+//! - [`ingest`]: `POST /ingest/…`: verification, tenants, quotas, quarantine, the hand-off
+//!   to the writer.
+//! - [`dispatch`]: the pipeline: ticks over the active index, the request line, deliveries
+//!   to HTTP sinks and their outcomes, pauses, replays.
+//! - [`pull`]: the claim gateway of pull sinks (`/pull/…`): leases, quotas, long polls.
+//! - [`admin`]: the admin API (`/v1/…`): tenants, DLQ, archive, hooks, erase, backups,
+//!   audit, the node's status, and the calls between the nodes of a Relay.
+//! - [`console`]: the web console and the tenant portal (`/ui/…`).
+//! - [`cluster`]: the nodes of one Relay: ownership, forwarding, signed node calls, the
+//!   tenant registry, the handoff of stored rows.
+//! - [`objstore`]: backups in S3-compatible object storage and the node's push schedule.
+//! - [`upgrade`]: the store-format migrations and the older layouts they read.
+//! - [`metrics`], [`telemetry`]: Prometheus metrics; logs, spans and traces.
+//! - [`reload`]: configuration reload without a restart.
+//! - [`openapi`]: the OpenAPI document of both listeners.
+//! - [`cli`]: the `ankusa-relay` command line (`run`, `config check`, `admin`, `backup`, …).
+//!
+//! The crates beneath it (`scripts/check-layers.py` keeps the order): `ankusa-keyspace`
+//! (key layouts), `ankusa-records` (stored values), `ankusa-config` (the YAML and its
+//! validation), `ankusa-verify` (signatures, node request auth), `ankusa-tarball`
+//! (archives), `ankusa-api` (bodies between nodes), `ankusa-crds` (the `Relay` resource and
+//! the node status the operator reads), `ankusa-store` (RocksDB: the only crate that
+//! depends on it) and `ankusa-queue` (tenants, counters and every delivery transition as
+//! an op builder).
 
 pub mod admin;
 pub mod cli;
