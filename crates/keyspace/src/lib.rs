@@ -9,7 +9,7 @@
 //!
 //! The constructors of the queue's index keys (`?D ?F ?X ?A`) are `pub` for the queue's
 //! own op builders only: `queue::deliveries` is the one caller, and a test scans the
-//! crate's sources to keep it so (the ADR's structural guard).
+//! crate's sources to keep it so (the structural guard: `scripts/check-layers.py` and `queue::deliveries`'s test).
 // Defines (and tests) the queue's index keys that clippy.toml keeps to the queue.
 #![allow(clippy::disallowed_methods)]
 
@@ -117,7 +117,7 @@ impl Bucket {
     }
 }
 
-/// The six per-tenant counters (ADR section 4). The discriminant is the key byte.
+/// The six per-tenant counters (docs/storage.md, "Counters and the merge operator"). The discriminant is the key byte.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[repr(u8)]
 pub enum CounterField {

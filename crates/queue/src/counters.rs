@@ -1,4 +1,4 @@
-//! The six per-tenant counters as blind merge operands (ADR section 4).
+//! The six per-tenant counters as blind merge operands (docs/storage.md, "Counters and the merge operator").
 //!
 //! | field | + | − |
 //! |---|---|---|

@@ -1,5 +1,5 @@
 //! Erasing a tenant (`DELETE /v1/tenants/{t}`): every key of it goes, in synced chunks,
-//! and its ordinal stays as a tombstone (ADR section 3).
+//! and its ordinal stays as a tombstone (docs/storage.md, "Erasing a tenant").
 //!
 //! While a tenant is erasing (`m:erasing:<ord>`, and [`crate::tenants::Erasing`] in
 //! memory) the writer refuses its hooks and dispatch makes no attempt for it. [`step`]

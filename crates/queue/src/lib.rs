@@ -1,4 +1,4 @@
-//! The queue model (ADR TEN-1, sections 2–6): tenant ordinals, per-tenant counters, the
+//! The queue model (docs/storage.md): tenant ordinals, per-tenant counters, the
 //! active-tenant index and every delivery transition.
 //!
 //! # Invariants
@@ -107,7 +107,7 @@ impl From<ankusa_keyspace::KeyError> for QueueError {
     }
 }
 
-/// A tenant's waiting work, from four counter reads (ADR `pending_for_tenant`).
+/// A tenant's waiting work, from four counter reads.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Backlog {
     pub pending: i64,

@@ -1,4 +1,4 @@
-//! Tenant ordinals (ADR section 3): dense u32s from 1 in first-sight order, never reused.
+//! Tenant ordinals (docs/storage.md, "Tenant ordinals"): dense u32s from 1 in first-sight order, never reused.
 //!
 //! - `?n tenant → ord` and `?t ord → tenant` in the `tenants` family; `m:next_ord` in meta.
 //! - Only the writer allocates, through its [`Allocator`]: the `?t`, `?n` and `m:next_ord`

@@ -43,7 +43,7 @@
 //! default and as `ingest`'s store floor counts it) and the same signed POSTs can cost. The rate ratio (the
 //! rule before, >= 80%) is printed, not judged: on two shared cores it swings with what
 //! else runs, the CPU each delivery costs is what grows with cores. The rule, 80% of the bare client, is printed for
-//! reference: no relay making the ADR's moves can reach it on these cores (the ceiling the
+//! reference: no relay making the store's moves can reach it on these cores (the ceiling the
 //! bench prints, 56–71% in every run measured; the twin itself reaches 31–52%), see
 //! docs/performance.md.
 #![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
@@ -169,7 +169,7 @@ async fn drain<F: std::future::Future<Output = ()>>(n: u64, f: F) -> Drain {
 }
 
 /// The transitions twin (see the module doc). With `post` false, the **store's moves
-/// alone**: the same loop without the POSTs, what the ADR's transitions of a delivery cost
+/// alone**: the same loop without the POSTs, what the store's transitions of a delivery cost
 /// when nothing else runs, batched as cheaply as they can be.
 async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Drain {
     use ankusa_queue::deliveries::{self, Tx};
@@ -616,7 +616,7 @@ fn main() -> std::process::ExitCode {
         ratio * 100.0
     );
     // Where the gap goes, per delivery in CPU time (reference, no rule): the most a relay
-    // making the ADR's moves could reach on these cores is the bare client's CPU over that
+    // making the store's moves could reach on these cores is the bare client's CPU over that
     // plus the moves'; the twin adds the node's own signed POST, the relay its machinery.
     let ceiling = bare.cpu_us / (bare.cpu_us + moves.cpu_us);
     println!(

@@ -20,9 +20,9 @@
 //!   hook);
 //! - for reference, in each round: the **store floor** ([`store_floor`]), the relay's own
 //!   store work per hook in plain loops; the twin plus it is the least a relay with the same
-//!   HTTP exchanges and the ADR's moves can cost;
+//!   HTTP exchanges and the store's moves can cost;
 //! - the **durable twin** ([`durable_ingest`]): the least relay — the forwarding twin plus
-//!   only what any relay keeping the ADR's invariants must add (the signature checked, a
+//!   only what any relay keeping the store's invariants must add (the signature checked, a
 //!   group commit of the relay's own ingest ops gathered as the relay's writer gathers,
 //!   with one WAL sync per batch before the 202, the outcome settled), in plain code.
 //!
@@ -36,7 +36,7 @@
 //! pipeline to its transitions twin), the relay's p99 ack is under 10 ms, and its writer
 //! averages at least 20 hooks per fsync. Printed, not judged: the CPU per hook over the
 //! forwarding twin's, the first rule (≤ 1.5×), which the durable twin itself
-//! measures above — no relay making the ADR's durable moves can meet it here
+//! measures above — no relay making the store's durable moves (docs/storage.md) can meet it here
 //! (docs/performance.md); and the rate shares (relay / twin, relay / no-op): on two shared
 //! cores the gap is a closed loop waiting for the durable sync, which only an ack before
 //! the sync could close.
@@ -168,7 +168,7 @@ type Commit = (
 );
 
 /// **The durable twin** (the rule's reference, docs/performance.md): the least relay —
-/// the forwarding twin's listener and client plus only what any relay keeping the ADR's
+/// the forwarding twin's listener and client plus only what any relay keeping the store's
 /// invariants must add: the signature checked, each hook committed by a group commit (one
 /// plain thread gathering hooks as the relay's writer does by default, the relay's own
 /// assembler with every delivery written inflight at commit, one WAL sync per batch)
@@ -498,7 +498,7 @@ impl ankusa_queue::writer::Starts for StartAll {
     fn started(&self, _: Vec<ankusa_queue::writer::Started>) {}
 }
 
-/// **The store floor** (reference): the least store work any relay keeping the ADR's
+/// **The store floor** (reference): the least store work any relay keeping the store's
 /// invariants does per acked and delivered hook, in plain loops with nothing else running —
 /// the relay's ingest ops (body, delivery row, inflight row, counters, hook log, `m:next_seq`)
 /// committed in batches of [`FLOOR_BATCH`] with one WAL sync each, every delivery started at
@@ -753,12 +753,12 @@ fn main() -> std::process::ExitCode {
         of_forwarding * 100.0,
         SHARE * 100.0
     );
-    // What no relay making the ADR's durable moves can go under (reference, no rule): the
+    // What no relay making the store's durable moves (docs/storage.md) can go under (reference, no rule): the
     // twin's HTTP work plus the store's own, measured in the same rounds.
     let (floor_ingest, floor_delivery) = floor.per_hook();
     let least = forwarding.cpu().0 + floor_ingest + floor_delivery;
     println!(
-        "the store floor: ingest commits {floor_ingest:.1} µs + the delivered outcome and reclaim {floor_delivery:.1} µs per hook (plain loops, {FLOOR_BATCH} hooks per sync, started at commit); forwarding twin + floor = {least:.1} µs = {:.2}× the twin: the least any relay with the same HTTP exchanges and the ADR's moves can reach; relay / (twin + floor) = {:.2}× (reference, no rule)",
+        "the store floor: ingest commits {floor_ingest:.1} µs + the delivered outcome and reclaim {floor_delivery:.1} µs per hook (plain loops, {FLOOR_BATCH} hooks per sync, started at commit); forwarding twin + floor = {least:.1} µs = {:.2}× the twin: the least any relay with the same HTTP exchanges and the store's moves can reach; relay / (twin + floor) = {:.2}× (reference, no rule)",
         least / forwarding.cpu().0,
         group.cpu().0 / least
     );

@@ -1,5 +1,5 @@
 //! Delivery rows and every transition between their states — the only module that builds
-//! `?D ?F ?X ?A ?P ?k` keys (ADR "structural guard").
+//! `?D ?F ?X ?A ?P ?k` keys (the structural guard: `scripts/check-layers.py`).
 //!
 //! A delivery is one (hook, sink) pair. Its state is which index key it has:
 //!

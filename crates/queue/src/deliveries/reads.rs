@@ -182,7 +182,7 @@ pub(super) fn has_due_in(
         .is_some())
 }
 
-/// Cleanup step 1 (ADR section 5): which scanned markers are stale.
+/// Cleanup step 1 (docs/storage.md, "The active index"): which scanned markers are stale.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use = "a cleanup plan must be carried out"]
 pub struct CleanupPlan {
@@ -539,7 +539,7 @@ pub struct SourceBacklog {
     pub exact: bool,
 }
 
-/// ADR `pending_for_source`: the due and inflight rows whose hook came through `source`.
+/// The due and inflight rows whose hook came through `source`.
 /// Rows do not name their source, so each row's hook is read (one `multi_get` per 512
 /// rows, each hook once). With the source's fixed tenant (`ord`) only that tenant's two
 /// ranges are read; a shared source's count is a fold of every due and inflight row —

@@ -1,4 +1,4 @@
-//! The queue's proofs (ADR "Counters and transitions").
+//! The queue's proofs (docs/storage.md, "Counters and the merge operator"; docs/testing.md lists them).
 // The transitions' own tests read the rows they wrote by key.
 #![allow(clippy::disallowed_methods)]
 
@@ -932,7 +932,7 @@ fn an_envelope_keeps_its_forwarded_headers_and_a_version_1_envelope_still_decode
     assert!(Envelope::decode(&cut).is_err());
 }
 
-/// The ADR's structural guard: only `queue::deliveries` (the `ankusa-keyspace` crate defines
+/// The structural guard: only `queue::deliveries` (the `ankusa-keyspace` crate defines
 /// them) may call the constructors of the queue's index keys.
 #[test]
 fn only_deliveries_builds_queue_index_keys() {

@@ -209,7 +209,7 @@ impl Tx {
         }
     }
 
-    /// Puts a due row and its active marker (ADR `due_ops`): the only way a due row is
+    /// Puts a due row and its active marker: the only way a due row is
     /// written. Counts it as pending (kind 0) or scheduled (kind 1).
     pub(super) fn enqueue(&mut self, row: &DueRow) {
         self.op(Op::put(

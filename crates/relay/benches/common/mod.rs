@@ -1,4 +1,4 @@
-//! Shared harness of the tick benches (ADR TEN-1 "Benches"): builds stores along two axes,
+//! Shared harness of the tick benches (docs/performance.md, `dispatch_tick` and `gauges`): builds stores along two axes,
 //! runs 3 000 merging batches per second against the store while it measures, and applies
 //! the pass rule.
 //!

@@ -1,5 +1,4 @@
-//! `GET /v1/sources/{id}`: a source as configured, and its waiting work (ADR
-//! `pending_for_source`).
+//! `GET /v1/sources/{id}`: a source as configured, and its waiting work.
 
 use std::sync::Arc;
 

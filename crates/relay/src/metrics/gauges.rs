@@ -1,4 +1,4 @@
-//! The queue gauges of one tick (ADR section 4 and 5).
+//! The queue gauges of one tick (docs/storage.md, "Counters and the merge operator" and "The active index").
 //!
 //! | gauge | source |
 //! |---|---|

@@ -1035,7 +1035,7 @@ async fn a_hooks_attempts_and_state_are_in_the_hook_log() {
     h.node.stop().await;
 }
 
-/// `GET /v1/sources/{id}` (ADR `pending_for_source`): a source's configuration and the
+/// `GET /v1/sources/{id}`: a source's configuration and the
 /// rows its hooks still owe; a tenant token sees only the sources fixed to its tenants.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sources_backlog_counts_the_rows_its_hooks_still_owe() {

@@ -1,4 +1,4 @@
-//! Store format 2 → 3 (ADR TEN-1 "Upgrade and layout").
+//! Store format 2 → 3 (docs/storage.md, "Format 2 → 3").
 
 use std::collections::BTreeMap;
 use std::io::BufRead;

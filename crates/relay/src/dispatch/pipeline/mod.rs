@@ -1,4 +1,4 @@
-//! The dispatch pipeline: the tick's plan (ADR section 5) and the task that runs it.
+//! The dispatch pipeline: the tick's plan (docs/storage.md, "The active index") and the task that runs it.
 //!
 //! Every tick reads candidates two ways. A *full* read (at least every
 //! `dispatch.tick_interval_ms`, and at once again while a tick that claimed something left

@@ -12,7 +12,7 @@ use ankusa_store::Store;
 /// A tick's budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TickLimits {
-    /// Active markers read per tick (ADR: 4 096).
+    /// Active markers read per tick (4 096 by default).
     pub max_markers: usize,
     /// Rows claimed per tick across all tenants.
     pub rows_per_tick: usize,

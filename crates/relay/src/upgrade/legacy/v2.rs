@@ -1,4 +1,4 @@
-//! Format 2: the tenant-less layout (ADR TEN-1, "Today").
+//! Format 2: the tenant-less layout (docs/storage.md, "Format 2 → 3").
 //!
 //! | family | cf | key | value |
 //! |---|---|---|---|

@@ -1,4 +1,4 @@
-//! Format 2 → 3 (ADR TEN-1): re-key due, inflight and dead rows by tenant ordinal, add the
+//! Format 2 → 3 (docs/storage.md, "Format 2 → 3"): re-key due, inflight and dead rows by tenant ordinal, add the
 //! ord to the dead and archive values, and seed the per-tenant counters.
 //!
 //! | phase | reads | writes, per row |
@@ -21,7 +21,7 @@
 //! from the store by the next step, so each is allocated once. Past `tenants.max` the
 //! migration goes on (the cap refuses new tenants at ingest; it never strands rows).
 //!
-//! Bytes: the ADR's phase 2 lists only `inflight +1`; this migration also adds the row's
+//! Bytes: the design's phase 2 lists only `inflight +1`; this migration also adds the row's
 //! size to `bytes`, because `bytes` counts every existing delivery row (due, inflight and
 //! dead) and the counters must equal a fold of the families.
 
