@@ -49,7 +49,7 @@ use ankusa_crds::relay::{
 };
 use serde_json::Value;
 
-pub use crate::drain::{handoff_capable, leaving_nodes};
+use crate::drain::{handoff_capable, leaving_nodes};
 use crate::resources::DesiredSet;
 
 /// What a StatefulSet reports.

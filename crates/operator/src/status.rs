@@ -50,7 +50,7 @@ pub fn status(
     let mut current = 0;
     // The nodes a scale-down takes out stay in the report (and their rows in the totals)
     // until the StatefulSet lets them go: they still hold rows while they drain.
-    let leaving: BTreeMap<String, Option<i64>> = crate::planner::leaving_nodes(relay, o)
+    let leaving: BTreeMap<String, Option<i64>> = crate::drain::leaving_nodes(relay, o)
         .into_iter()
         .map(|(pod, rows, _)| (pod, rows))
         .collect();

@@ -980,7 +980,7 @@ impl Node {
                     rows = p.rows,
                     "migration step"
                 );
-                boot_progress.set((!p.finished).then_some(admin::MigrationProgress {
+                boot_progress.set((!p.finished).then_some(ankusa_crds::node::MigrationProgress {
                     from: p.from,
                     to: p.to,
                     steps: p.steps,

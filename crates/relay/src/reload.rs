@@ -29,7 +29,7 @@ use crate::dispatch::delivery::Deliverer;
 use crate::ingest::Source;
 use crate::metrics::Metrics;
 
-pub use ankusa_config::reload::RELOADABLE;
+use ankusa_config::reload::RELOADABLE;
 
 /// How often `run` reads its configuration file for a change.
 pub const POLL: std::time::Duration = std::time::Duration::from_secs(2);

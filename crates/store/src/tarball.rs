@@ -8,7 +8,6 @@ use ankusa_tarball::TarballError;
 
 /// The file a restore keeps in a data directory until its last file is in and synced (a
 /// store with it is refused: "a restore into it did not finish").
-pub use ankusa_tarball::RESTORING_MARKER;
 
 fn store_error(dir: &Path) -> impl FnOnce(TarballError) -> StoreError + '_ {
     move |e| match e {

@@ -357,7 +357,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                 operator: ctx.settings.operator.clone(),
                 // Only nodes that know `leaving` are told who leaves (an older release
                 // refuses a node list that marks one).
-                owners: planner::handoff_capable(&o).then_some(relay.spec.replicas),
+                owners: crate::drain::handoff_capable(&o).then_some(relay.spec.replicas),
             },
         );
         match desired {

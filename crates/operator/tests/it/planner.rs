@@ -86,7 +86,7 @@ fn run(file: &str) {
     let around = Surroundings {
         service_monitor: monitor == planner::MonitorDecision::Applied,
         http_route_api: o.http_route_api,
-        owners: planner::handoff_capable(&o).then_some(relay.spec.replicas),
+        owners: ankusa_operator::drain::handoff_capable(&o).then_some(relay.spec.replicas),
         ..Surroundings::default()
     };
     let user = relay.spec.config.inline.clone();

@@ -7,7 +7,8 @@ use std::collections::BTreeSet;
 use proptest::prelude::*;
 
 use super::*;
-use crate::tenants::{Allocator, DEFAULT_TENANT};
+use crate::tenants::Allocator;
+use ankusa_records::DEFAULT_TENANT;
 use crate::testkit::Harness;
 use crate::writer::Assembler;
 use crate::{counters, dead_for_tenant, fold, pending_for_tenant, QueueError};

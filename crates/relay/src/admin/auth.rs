@@ -193,7 +193,7 @@ impl Tokens {
     }
 }
 
-pub use crate::http::bearer;
+use crate::http::bearer;
 
 #[cfg(test)]
 mod tests {

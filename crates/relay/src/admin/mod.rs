@@ -52,7 +52,7 @@ pub struct AdminState {
     pub metrics_access: ankusa_config::MetricsAccess,
 }
 
-pub use ankusa_crds::node::{Counters, MigrationProgress, NodeStatus};
+use ankusa_crds::node::{Counters, MigrationProgress, NodeStatus};
 
 /// The boot migration's progress, shared with `/v1/node`.
 #[derive(Debug, Default)]

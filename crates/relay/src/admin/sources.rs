@@ -136,7 +136,7 @@ pub(crate) fn source_tenant(config: &Config, source: &str) -> Option<String> {
         .find(|s| s.id == source)
         .and_then(|s| match &s.tenant {
             Some(TenantFrom::Fixed(t)) => Some(t.clone()),
-            None => Some(tenants::DEFAULT_TENANT.to_owned()),
+            None => Some(ankusa_records::DEFAULT_TENANT.to_owned()),
             _ => None,
         })
 }

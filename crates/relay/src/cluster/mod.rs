@@ -43,7 +43,6 @@ use ankusa_queue::registry::{Admission, Ledger, Registry, Shares};
 use ankusa_queue::QueueError;
 use ankusa_store::{Store, StoreError};
 
-pub mod auth;
 
 /// On a request the listener's edge found signed by a node of the Relay ([`auth`]): that
 /// node's name. The edge removes every `ankusa-*` header of any other request, so only
@@ -82,7 +81,7 @@ pub struct Cluster {
     owners: Vec<usize>,
     me: usize,
     /// Signs this node's requests and checks the others' (with two nodes or more).
-    auth: Option<auth::NodeAuth>,
+    auth: Option<ankusa_verify::node::NodeAuth>,
     client: crate::http::Client,
     timeout: Duration,
     metrics: Arc<Metrics>,
@@ -150,7 +149,7 @@ impl Cluster {
             .unwrap_or(0);
         let multi = members.len() > 1;
         let auth = match &c.token {
-            Some(t) if multi => Some(auth::NodeAuth::new(
+            Some(t) if multi => Some(ankusa_verify::node::NodeAuth::new(
                 &t.resolve("cluster.token")?,
                 members.get(me).map_or("", |m| m.name.as_str()),
             )),
@@ -311,7 +310,7 @@ impl Cluster {
     }
 
     /// The signer and checker of node requests (`None`: a single node).
-    pub fn auth(&self) -> Option<&auth::NodeAuth> {
+    pub fn auth(&self) -> Option<&ankusa_verify::node::NodeAuth> {
         self.auth.as_ref()
     }
 
@@ -723,7 +722,7 @@ impl Cluster {
         }
         if let Some(auth) = &self.auth {
             req = req.header(
-                auth::AUTH_HEADER,
+                ankusa_verify::node::AUTH_HEADER,
                 auth.sign(&method, path_and_query, &body, ankusa_keyspace::now_ms()),
             );
         }
@@ -750,7 +749,7 @@ impl Cluster {
 /// largest source limit, or a handoff batch).
 const MAX_NODE_BODY: usize = (256 << 20) + (1 << 20);
 
-/// Every listener's edge: a request signed as a node's ([`auth::AUTH_HEADER`]) is checked —
+/// Every listener's edge: a request signed as a node's ([`ankusa_verify::node::AUTH_HEADER`]) is checked —
 /// its head before its body is read, then its body — and refused with 401
 /// `node_unauthorized` (503 while the replay window is full) unless it is whole; a checked
 /// one goes on with [`VERIFIED_HEADER`] naming its node. Any other request loses every
@@ -764,7 +763,7 @@ pub async fn edge(
     next: axum::middleware::Next,
 ) -> Response {
     let (mut parts, body) = req.into_parts();
-    if !parts.headers.contains_key(auth::AUTH_HEADER) {
+    if !parts.headers.contains_key(ankusa_verify::node::AUTH_HEADER) {
         let internal: Vec<HeaderName> = parts
             .headers
             .keys()
@@ -778,7 +777,7 @@ pub async fn edge(
             .run(axum::extract::Request::from_parts(parts, body))
             .await;
     }
-    let refuse = |e: auth::Refused| {
+    let refuse = |e: ankusa_verify::node::Refused| {
         cluster
             .metrics
             .cluster_auth_refused
@@ -787,7 +786,7 @@ pub async fn edge(
             })
             .inc();
         tracing::warn!(error = %e, "a request signed as a node's was refused");
-        if e == auth::Refused::Full {
+        if e == ankusa_verify::node::Refused::Full {
             return crate::http::with_retry_after(
                 crate::http::error(
                     StatusCode::SERVICE_UNAVAILABLE,
@@ -843,7 +842,7 @@ pub async fn edge(
     if let Err(e) = signed.check_body(&bytes) {
         return refuse(e);
     }
-    parts.headers.remove(auth::AUTH_HEADER);
+    parts.headers.remove(ankusa_verify::node::AUTH_HEADER);
     if let Ok(v) = HeaderValue::from_str(&signed.node) {
         parts.headers.insert(VERIFIED_HEADER, v);
     }
@@ -866,7 +865,7 @@ fn is_hop_by_hop(name: &HeaderName) -> bool {
             | "upgrade"
             | "proxy-authorization"
             | "proxy-connection"
-            | auth::AUTH_HEADER
+            | ankusa_verify::node::AUTH_HEADER
             | VERIFIED_HEADER
     )
 }

@@ -61,7 +61,6 @@ pub struct Source {
 }
 
 use ankusa_verify::request::{forwarded, idempotency_of, tenant_of, JsonBody};
-pub use ankusa_verify::request::{MAX_FORWARD_BYTES, MAX_FORWARD_VALUE};
 
 impl Source {
     /// What the quarantine keeps of a request's headers: its content type and user agent,
@@ -235,7 +234,7 @@ async fn readyz(State(s): State<Arc<IngestState>>) -> Response {
     crate::http::readiness(&s.ready, &s.store)
 }
 
-pub use crate::http::error;
+use crate::http::error;
 use crate::http::with_retry_after;
 
 /// 503 `tenant_limit`, `Retry-After: 300`.
@@ -518,7 +517,7 @@ async fn handle<'a>(
             )
         }
     };
-    let owned_as = tenant.as_deref().unwrap_or(tenants::DEFAULT_TENANT);
+    let owned_as = tenant.as_deref().unwrap_or(ankusa_records::DEFAULT_TENANT);
     tracing::Span::current().record("tenant", owned_as);
     if !forwarded_in || s.cluster.leaving() {
         if let Some(owner) = s.cluster.other_owner(owned_as) {

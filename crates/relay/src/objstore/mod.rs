@@ -675,7 +675,7 @@ pub async fn restore_from(
                 && !f.name.contains(['/', '\\'])
                 && f.name != "."
                 && f.name != ".."
-                && f.name != ankusa_store::tarball::RESTORING_MARKER,
+                && f.name != ankusa_tarball::RESTORING_MARKER,
             "backup {} names a file {:?} that is not a store file's name",
             m.id,
             f.name
@@ -736,7 +736,7 @@ pub async fn restore_from(
     // Until the last file is in and synced, the marker says so: a restore killed half
     // way leaves a directory every command refuses (as an archive's restore does).
     std::fs::create_dir_all(data)?;
-    let marker = data.join(ankusa_store::tarball::RESTORING_MARKER);
+    let marker = data.join(ankusa_tarball::RESTORING_MARKER);
     std::fs::File::create(&marker)?.sync_all()?;
     sync_dir(data)?;
     for f in &m.files {

@@ -574,14 +574,14 @@ fn node_signed(
     body: &str,
     t_ms: u64,
 ) -> (&'static str, String) {
-    let v = ankusa_relay::cluster::auth::NodeAuth::new(secret.as_bytes(), node).sign(
+    let v = ankusa_verify::node::NodeAuth::new(secret.as_bytes(), node).sign(
         &hyper::Method::POST,
         path,
         body.as_bytes(),
         t_ms,
     );
     (
-        ankusa_relay::cluster::auth::AUTH_HEADER,
+        ankusa_verify::node::AUTH_HEADER,
         v.to_str().unwrap().to_owned(),
     )
 }

@@ -110,7 +110,7 @@ fn v2_fixture_upgrades_to_v3_with_counters_equal_to_a_fold() {
         (0, 0, 0, 3)
     );
     assert_eq!(deadonly.archive_pending, 1);
-    let default = tenant_counts(&store, tenants::DEFAULT_TENANT);
+    let default = tenant_counts(&store, ankusa_records::DEFAULT_TENANT);
     // Hook 6 (due), hook 7 (inflight), the undecodable hook 20 and the missing hook 21.
     assert_eq!((default.pending, default.inflight), (3, 2));
     assert_eq!(counters::node(&store).unwrap().dead, 5);
@@ -165,7 +165,7 @@ fn a_hook_with_no_tenant_or_no_envelope_files_under_default() {
     let store = Store::open(&data, &OpenOptions::default()).unwrap();
     migrate_all(&store);
     assert_eq!(tenants::count(&store).unwrap(), 1);
-    let c = tenant_counts(&store, tenants::DEFAULT_TENANT);
+    let c = tenant_counts(&store, ankusa_records::DEFAULT_TENANT);
     assert_eq!(
         (c.pending, c.inflight, c.dead, c.archive_pending),
         (1, 1, 1, 1)
@@ -496,7 +496,7 @@ fn the_v3_fixture_task_writes_a_store_that_boots() {
             (0, 0, 0)
         );
         assert!(deadonly.dead > 0);
-        assert!(tenants::ord(&store, tenants::DEFAULT_TENANT)
+        assert!(tenants::ord(&store, ankusa_records::DEFAULT_TENANT)
             .unwrap()
             .is_some());
         assert!(fold::verify(&store).unwrap().is_empty());
