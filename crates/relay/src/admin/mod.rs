@@ -1,8 +1,13 @@
-//! The admin listener (default `:9090`): liveness, readiness and the node's status.
+//! The admin listener (default `:9090`) and the admin API behind it (`/v1/…`,
+//! docs/api.md): every operator and tenant call on a node, and the calls between the nodes
+//! of a Relay (`/cluster/v1/…`).
 //!
-//! The admin API: a file per resource ([`dlq`], [`tenants`], [`quarantine`], [`audit`],
-//! [`node`], [`hooks`], [`sources`], [`archive`], [`backups`]), what they share in [`api`],
-//! authenticated by [`auth`]; relay-wide answers in [`relay_wide`].
+//! Where to start: [`router`] lists every route. A file per resource ([`dlq`],
+//! [`tenants`], [`limits`], [`quarantine`], [`audit`], [`node`], [`hooks`], [`sources`],
+//! [`archive`], [`backups`], [`erase`], [`portal`]); what they share in [`api`] (the `Api`
+//! they read, errors, the caller); tokens and portal credentials in [`auth`]; one replay per
+//! tenant at a time in [`replay`]; calls answered for the whole Relay in [`relay_wide`];
+//! the CLI's merging client in [`client`].
 //! `/metrics` serves the node's Prometheus metrics. `/healthz` answers as soon as the process serves; `/readyz` only once the store is open
 //! and every pending migration has run; `/v1/node` reports the version, store formats,
 //! tenant count and the node's aggregate counters (six point reads, never a fold).
