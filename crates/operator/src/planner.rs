@@ -49,7 +49,6 @@ use ankusa_crds::relay::{
 };
 use serde_json::Value;
 
-use crate::drain::{handoff_capable, leaving_nodes};
 use crate::resources::DesiredSet;
 
 /// What a StatefulSet reports.

@@ -18,8 +18,6 @@ use ankusa_keyspace::Cf;
 use ankusa_keyspace::TenantOrd;
 use ankusa_store::{decode_u32, Op, Store};
 
-/// The tenant of hooks that name none.
-use ankusa_records::DEFAULT_TENANT;
 /// The longest tenant id accepted, in bytes.
 pub const MAX_TENANT_LEN: usize = ankusa_config::MAX_TENANT_LEN;
 /// The writer's cache size (entries).

@@ -1,7 +1,7 @@
 //! Configuration reload without a restart: SIGHUP, or a change to the file (`ankusa-relay
 //! run` watches it), reads the file again and applies what can change under a running node.
 //!
-//! **What reloads** ([`RELOADABLE`], from the configuration crate, which the operator
+//! **What reloads** ([`ankusa_config::reload::RELOADABLE`], from the configuration crate, which the operator
 //! reads too): `sources`, `sinks`, `routes`, `admin.tokens` and `ingest.body_limit_bytes`. Everything else needs a restart: a reload that changes any
 //! other key — or the archive setting of any source, which the writer and the archiver
 //! read at start — is refused, naming the keys.
@@ -28,8 +28,6 @@ use crate::admin::auth::Tokens;
 use crate::dispatch::delivery::Deliverer;
 use crate::ingest::Source;
 use crate::metrics::Metrics;
-
-use ankusa_config::reload::RELOADABLE;
 
 /// How often `run` reads its configuration file for a change.
 pub const POLL: std::time::Duration = std::time::Duration::from_secs(2);
@@ -252,7 +250,7 @@ pub async fn watch(
     }
 }
 
-/// The keys `next` changes that a running node cannot: every key outside [`RELOADABLE`],
+/// The keys `next` changes that a running node cannot: every key outside [`ankusa_config::reload::RELOADABLE`],
 /// by its path, and the archive setting of any source (the writer and the archiver read
 /// it at start).
 fn needs_restart(running: &Config, next: &Config) -> Vec<String> {

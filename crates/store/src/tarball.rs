@@ -6,9 +6,6 @@ use std::path::Path;
 use super::StoreError;
 use ankusa_tarball::TarballError;
 
-/// The file a restore keeps in a data directory until its last file is in and synced (a
-/// store with it is refused: "a restore into it did not finish").
-
 fn store_error(dir: &Path) -> impl FnOnce(TarballError) -> StoreError + '_ {
     move |e| match e {
         TarballError::Io { context, source } => StoreError::Io { context, source },

@@ -329,7 +329,10 @@ async fn submit(
     let mut accepted = 0;
     // The oldest hook in the lane, awaited: its reply, and its place given back.
     async fn settle(
-        front: Option<(tokio::sync::oneshot::Receiver<Reply>, tokio::sync::SemaphorePermit<'_>)>,
+        front: Option<(
+            tokio::sync::oneshot::Receiver<Reply>,
+            tokio::sync::SemaphorePermit<'_>,
+        )>,
     ) -> u64 {
         match front {
             Some((rx, _permit)) => u64::from(matches!(rx.await, Ok(Reply::Accepted { .. }))),

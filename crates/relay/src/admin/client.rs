@@ -166,7 +166,7 @@ impl Nodes {
 }
 
 /// Query-string and path escaping of one value.
-use crate::http::percent_encode as q;
+pub use crate::http::percent_encode as q;
 
 /// A merged id `<node>/<id>`: the node's index and the node's own id.
 pub fn split_id(id: &str, nodes: usize) -> anyhow::Result<(usize, String)> {

@@ -43,8 +43,7 @@ use ankusa_queue::registry::{Admission, Ledger, Registry, Shares};
 use ankusa_queue::QueueError;
 use ankusa_store::{Store, StoreError};
 
-
-/// On a request the listener's edge found signed by a node of the Relay ([`auth`]): that
+/// On a request the listener's edge found signed by a node of the Relay ([`ankusa_verify::node`]): that
 /// node's name. The edge removes every `ankusa-*` header of any other request, so only
 /// the edge sets it.
 pub const VERIFIED_HEADER: &str = "ankusa-node-verified";

@@ -315,7 +315,13 @@ async fn a_claim_waiting_at_its_quota_is_woken_by_its_acks() {
     let leases: Vec<Value> = hooks(&v).iter().map(|h| h["lease"].clone()).collect();
     let waiting = tokio::spawn(async move {
         let started = Instant::now();
-        let r = call(at, "/pull/q/claim", A, json!({ "max": 50, "wait_ms": 5000 })).await;
+        let r = call(
+            at,
+            "/pull/q/claim",
+            A,
+            json!({ "max": 50, "wait_ms": 5000 }),
+        )
+        .await;
         (r, started.elapsed())
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
