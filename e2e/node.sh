@@ -776,10 +776,13 @@ for p in 0 1 2; do base=$((base + $(rows_of "hooks-$p"))); done
 ) &
 pids+=($!)
 # The Relay's status as the operator writes it, with the hooks acked by then.
+# And the leaving node's log while it lasts (the pod goes when it has drained): what a
+# failure below shows of the hooks it held.
 (
   while [ ! -e "$work/drain-stop" ]; do
     st=$(kubectl get relay hooks -o jsonpath='{.status.tenants}|{.status.nodes}|{.status.draining}' 2>/dev/null) &&
       echo "$(sort -u "$work/drain-acked" 2>/dev/null | wc -l)|$st"
+    kubectl logs hooks-2 >"$work/hooks-2.log.tmp" 2>/dev/null && mv "$work/hooks-2.log.tmp" "$work/hooks-2.log"
     sleep 2
   done
 ) >"$work/drain-samples" &
@@ -835,15 +838,23 @@ exact() {
     [ "$(kubectl get relay hooks -o jsonpath='{.status.tenants.pending} {.status.tenants.scheduled} {.status.tenants.inflight} {.status.tenants.dead}' |
       awk '{ print $1 + $2 + $3 + $4 }')" = "$((base + acked))" ]
 }
-# Which acked hooks a node's hook log no longer shows waiting (for a failure's message).
+# Which acked hooks a node's hook log no longer shows waiting (for a failure's message),
+# and what every node's log, the leaving one's included, says of them.
 not_waiting() {
-  local ip0 id answer
+  local ip0 id answer missing
   ip0=$(kubectl get pod hooks-0 -o jsonpath='{.status.podIP}')
-  for id in $(sort -u "$work/drain-acked"); do
+  missing=$(for id in $(sort -u "$work/drain-acked"); do
     answer=$(curl -sS --max-time 5 -H "Authorization: Bearer $hooks_token" "http://$ip0:9090/v1/hooks/$id")
     grep -Eq '"state": ?"(pending|scheduled|inflight|dead|queued)"' <<<"$answer" || echo "$id: $answer"
-  done | head -n 5
+  done | head -n 5)
+  echo "$missing"
   for p in 0 1; do kubectl logs "hooks-$p" | grep -E "dropped rows|handoff" | tail -n 5; done
+  for id in $(cut -d: -f1 <<<"$missing"); do
+    for p in 0 1; do kubectl logs "hooks-$p" | grep -F "$id" | sed "s/^/hooks-$p: /" | tail -n 5; done
+    grep -F "$id" "$work/hooks-2.log" 2>/dev/null | sed 's/^/hooks-2: /' | tail -n 5
+  done
+  echo "the leaving node's last lines:"; tail -n 20 "$work/hooks-2.log" 2>/dev/null
+  echo "the status through the drain:"; tail -n 10 "$work/drain-samples"
 }
 e2e_until 120 exact || fail "after the drain the Relay counts $(kubectl get relay hooks -o jsonpath='{.status.tenants}') for $base + $acked rows; $(not_waiting)"
 touch "$work/drain-stop"

@@ -202,15 +202,11 @@ async fn archived_hooks_are_listed_replayed_and_gone_after_their_retention() {
     node.stop().await;
 }
 
-/// A replay is charged to the tenant's quotas as ingest is: with a rate of 1 a second and
-/// a burst of 2 it replays two hooks and stops, saying why, when to go on and where; the
-/// calls with `after` go on from there, and together they replay each hook once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replay_is_charged_to_the_tenants_quotas_and_goes_on_where_it_stopped() {
-    let sink = TestSink::start().await;
-    let node = start_node(&sink).await;
+/// Sends `n` hooks of tenant `a` (`{"n":i}`) through the archived route and waits until
+/// each is delivered and archived.
+async fn archive_n(node: &TestNode, n: usize) {
     let c = client();
-    for i in 0..5 {
+    for i in 0..n {
         let r = post(
             &c,
             &format!("http://{}/ingest/shared", node.ingest_addr),
@@ -226,6 +222,16 @@ async fn a_replay_is_charged_to_the_tenants_quotas_and_goes_on_where_it_stopped(
         n.pending == 0 && n.inflight == 0 && n.archive_pending == 0
     })
     .await;
+}
+
+/// A replay is charged to the tenant's quotas as ingest is: with a rate of 1 a second and
+/// a burst of 2 it replays two hooks and stops, saying why, when to go on and where; the
+/// calls with `after` go on from there, and together they replay each hook once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_is_charged_to_the_tenants_quotas_and_goes_on_where_it_stopped() {
+    let sink = TestSink::start().await;
+    let node = start_node(&sink).await;
+    archive_n(&node, 5).await;
     let (s, v) = admin_call(
         node.admin_addr,
         "PUT",
@@ -315,23 +321,7 @@ async fn a_replay_through_a_narrow_lane_sends_every_hook() {
         .open_source("shared", "kept")
         .start()
         .await;
-    let c = client();
-    for i in 0..20 {
-        let r = post(
-            &c,
-            &format!("http://{}/ingest/shared", node.ingest_addr),
-            &[("x-tenant", "a".to_owned())],
-            format!(r#"{{"n":{i}}}"#),
-        )
-        .await;
-        assert_eq!(r.status, 202);
-    }
-    let store = node.store.clone();
-    eventually(15, "every hook delivered and archived", || {
-        let n = counters::node(&store).unwrap();
-        n.pending == 0 && n.inflight == 0 && n.archive_pending == 0
-    })
-    .await;
+    archive_n(&node, 20).await;
     let replay = admin_call(
         node.admin_addr,
         "POST",

@@ -295,29 +295,30 @@ async fn an_erase_that_ends_leaves_none_of_the_tenants_bytes_in_the_stores_files
             assert_eq!(r.status, 202);
         }
     };
-    // Small bodies (inline in the tables) and large ones (blob files), flushed to files;
-    // then more that stay in the write-ahead log and the memtables.
-    for i in 0..20 {
-        let size = if i % 2 == 0 { 100 } else { 4096 };
-        send(A, mark_a.clone(), i, size).await;
-        send(B, mark_b.clone(), i, size).await;
-    }
-    eventually(20, "every hook settled", || {
-        let n = counters::node(&node.store).unwrap();
-        n.dead == 40 && n.pending + n.scheduled + n.inflight == 0 && n.archive_pending == 0
-    })
-    .await;
+    // Small bodies (inline in the tables) and large ones (blob files) of both tenants,
+    // until every one is settled (delivered, dead, archived).
+    let send_both = |range: std::ops::Range<usize>| {
+        let (mark_a, mark_b, send, node) = (&mark_a, &mark_b, &send, &node);
+        async move {
+            for i in range.clone() {
+                let size = if i % 2 == 0 { 100 } else { 4096 };
+                send(A, mark_a.clone(), i, size).await;
+                send(B, mark_b.clone(), i, size).await;
+            }
+            let dead = 2 * range.end as i64;
+            eventually(20, "every hook settled", || {
+                let n = counters::node(&node.store).unwrap();
+                n.dead == dead
+                    && n.pending + n.scheduled + n.inflight == 0
+                    && n.archive_pending == 0
+            })
+            .await;
+        }
+    };
+    // Flushed to files; then more that stay in the write-ahead log and the memtables.
+    send_both(0..20).await;
     node.store.flush().unwrap();
-    for i in 20..30 {
-        let size = if i % 2 == 0 { 100 } else { 4096 };
-        send(A, mark_a.clone(), i, size).await;
-        send(B, mark_b.clone(), i, size).await;
-    }
-    eventually(20, "the later hooks settled", || {
-        let n = counters::node(&node.store).unwrap();
-        n.dead == 60 && n.pending + n.scheduled + n.inflight == 0 && n.archive_pending == 0
-    })
-    .await;
+    send_both(20..30).await;
     let data = dir.path().join("db");
     assert!(occurrences(&data, &mark_a) > 0, "A's bytes stored");
     let path = format!("/v1/tenants/{A}?confirm={A}");

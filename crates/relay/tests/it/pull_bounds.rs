@@ -19,16 +19,22 @@ const B: &str = "pull-bounds-consumer-b-0123456";
 /// A node with the pull sink `q` (10 leases), two consumers of every tenant (a share of 5
 /// each) and `pull` keys `extra`.
 fn builder(extra: &str) -> NodeBuilder {
+    with_consumers(extra, &[("a", A), ("b", B)])
+}
+
+/// [`builder`] with these consumers (name, token) of `q`.
+fn with_consumers(extra: &str, consumers: &[(&str, &str)]) -> NodeBuilder {
+    let consumers: String = consumers
+        .iter()
+        .map(|(name, token)| {
+            format!("\n    - {{ name: {name}, secret: {{ value: \"{token}\" }}, sinks: [q] }}")
+        })
+        .collect();
     NodeBuilder::default()
         .admin_token("ops", ADMIN_TOKEN)
         .section("dispatch: { tick_interval_ms: 10 }")
         .section(&format!(
-            r#"pull:
-  max_wait_ms: 5000
-  {extra}
-  consumers:
-    - {{ name: a, secret: {{ value: "{A}" }}, sinks: [q] }}
-    - {{ name: b, secret: {{ value: "{B}" }}, sinks: [q] }}"#
+            "pull:\n  max_wait_ms: 5000\n  {extra}\n  consumers:{consumers}"
         ))
         .sink_yaml("{ id: q, kind: pull, max_inflight: 10 }")
         .route("r", &["q"])
@@ -247,8 +253,7 @@ async fn a_pause_or_an_erase_revokes_the_tenants_leases() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiting_claims_are_capped_per_consumer_and_a_revoked_consumer_stops_waiting() {
-    let b = builder("max_waiting_claims: 2");
-    let node = b.clone().start().await;
+    let node = builder("max_waiting_claims: 2").start().await;
     let at = node.ingest_addr;
     let wait = |token: &'static str| {
         tokio::spawn(async move {
@@ -269,19 +274,7 @@ async fn waiting_claims_are_capped_per_consumer_and_a_revoked_consumer_stops_wai
     let (s, _) = call(at, "/pull/q/claim", A, json!({})).await;
     assert_eq!(s, 200);
     // A reload without `a`: its waiting claims end at once, refused.
-    let without_a = NodeBuilder::default()
-        .admin_token("ops", ADMIN_TOKEN)
-        .section("dispatch: { tick_interval_ms: 10 }")
-        .section(&format!(
-            r#"pull:
-  max_wait_ms: 5000
-  max_waiting_claims: 2
-  consumers:
-    - {{ name: b, secret: {{ value: "{B}" }}, sinks: [q] }}"#
-        ))
-        .sink_yaml("{ id: q, kind: pull, max_inflight: 10 }")
-        .route("r", &["q"])
-        .open_source("shared", "r");
+    let without_a = with_consumers("max_waiting_claims: 2", &[("b", B)]);
     node.reloader
         .reload(&without_a.yaml_at(node.dir()), Vec::new())
         .unwrap();
@@ -296,7 +289,6 @@ async fn waiting_claims_are_capped_per_consumer_and_a_revoked_consumer_stops_wai
         m.contains(r#"ankusa_pull_refused_total{sink="q",reason="waiting_claims"} 1"#),
         "{m}"
     );
-    drop(b);
     node.stop().await;
 }
 
