@@ -1,8 +1,11 @@
 //! `admin …`: the admin API of one node, or of every node of a Relay merged
 //! (`admin::client`).
 
+use std::process::ExitCode;
+
+use super::{AdminCommand, DlqCommand, HooksCommand, QuarantineCommand, TenantCommand};
+
 use super::backup::backup_pull;
-use super::*;
 
 /// `admin …`: one call per node, merged.
 pub(super) fn admin(

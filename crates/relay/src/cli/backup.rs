@@ -1,8 +1,14 @@
 //! `backup pull | offline` and `restore`: store archives, taken from a node or a closed
 //! store, and unpacked into an empty data directory.
 
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use ankusa_keyspace::Family;
+use ankusa_store::{OpenOptions, Store};
+use anyhow::Context;
+
 use super::store::open_existing;
-use super::*;
 
 /// Where a restore records the archive it restored: beside the data directory, so that a
 /// restore run again (a retried Job) finds its own work done.

@@ -12,18 +12,13 @@ mod run;
 mod sink;
 mod store;
 
-use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use crate::node::StopSignals;
-use ankusa_config::Config;
-use ankusa_keyspace::Family;
-use ankusa_queue::{counters, fold, tenants};
-use ankusa_store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
+use ankusa_store::SUPPORTED_FORMAT;
 
 #[derive(Debug, Parser)]
 #[command(name = "ankusa-relay", version, about = "Ankusa relay node")]

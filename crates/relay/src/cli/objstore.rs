@@ -1,10 +1,12 @@
 //! `backup push --to s3://…` and `restore --from s3://…`: the command line's side of
 //! [`crate::objstore`].
 
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
 use crate::objstore::{Manifest, Remote, Target};
 
 use super::store::open_existing;
-use super::*;
 
 /// Where backups go: an S3-compatible bucket.
 #[derive(Debug, Clone, clap::Args)]

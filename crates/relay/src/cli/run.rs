@@ -1,7 +1,12 @@
 //! `run` and `config check`: a node started on its configuration, or the configuration
 //! checked as `run` would.
 
-use super::*;
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::node::StopSignals;
+use ankusa_config::Config;
+use ankusa_store::SUPPORTED_FORMAT;
 
 /// `config check`: what `run` would say about the file, without a store.
 pub(super) fn config_check(path: &Path) -> anyhow::Result<ExitCode> {

@@ -1,6 +1,10 @@
 //! `sink`: a local sink that prints each delivery and checks its signature.
 
-use super::*;
+use std::process::ExitCode;
+
+use anyhow::Context;
+
+use crate::node::StopSignals;
 
 /// Serves `POST /*` on `listen`, printing each hook and whether its signature verifies.
 pub(super) fn sink(

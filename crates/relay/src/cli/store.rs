@@ -1,6 +1,13 @@
 //! `store inspect | migrate | verify | fixture`: a closed store, from the command line.
 
-use super::*;
+use std::ops::ControlFlow;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use ankusa_keyspace::Family;
+use ankusa_queue::{counters, fold, tenants};
+use ankusa_store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
+use anyhow::Context;
 
 pub(super) fn open_existing(data: &Path, read_only: bool) -> anyhow::Result<Store> {
     let opts = OpenOptions {
