@@ -7,11 +7,12 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use super::*;
+use super::{dead_page_for_tenant, delivery_rows, due_value, DueRow, Kind, PulledRow, Tx};
 use ankusa_keyspace::{
     AtMs, Cf, CounterField, DeadKey, DueKey, Family, PulledKey, Seq, SinkIdx, TenantOrd,
 };
 use ankusa_records::moved::{MovedDelivery, MovedHook, MovedState};
+use ankusa_records::{DeliveryRow, Envelope};
 use ankusa_store::{Dir, Op, Store};
 
 use crate::QueueError;

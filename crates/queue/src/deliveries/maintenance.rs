@@ -3,7 +3,10 @@
 // Builds the queue's index keys: this module is part of `deliveries` (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
-use super::*;
+use super::{
+    collect, dead_page_for_tenant, purge_dead, purge_due, purge_pulled, read_leases, recover,
+    waiting_pulls_of_tenant, ArchiveObligation, DueRow, InflightRow, Tx, CHUNK_ROWS,
+};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, Bucket, Family, Seq, TenantOrd};
 use ankusa_store::{Dir, Op, Store};

@@ -29,9 +29,6 @@
 //! Only these modules (and the keyspace crate) may call the constructors of the index keys:
 //! `clippy.toml` disallows them everywhere else.
 
-/// The values rows and hooks hold (crate `ankusa-records`).
-use ankusa_records::{DeadValue, DeliveryRow, Envelope};
-
 /// The most rows one purge or recovery batch touches.
 pub const CHUNK_ROWS: usize = 500;
 /// How many stale markers the oldest-due-age read skips before it settles for a bucket.

@@ -23,7 +23,7 @@
 // Builds the queue's index keys: this module is part of `deliveries` (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
-use super::*;
+use super::{collect, DueRow, InflightRow, Kind, Tx};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{self, AtMs, Family, InflightKey, PulledKey, Seq, SinkIdx, TenantOrd};
 use ankusa_store::{Dir, Op, Store};

@@ -5,11 +5,12 @@
 
 use std::collections::BTreeSet;
 
-use super::*;
+use super::{DeadRow, DueRow, InflightRow, Kind, OLDEST_DUE_MAX_SKIPS};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{
     self, AtMs, Bucket, DeadKey, DueKey, Family, InflightKey, Seq, SinkIdx, TenantOrd,
 };
+use ankusa_records::{DeliveryRow, Envelope};
 use ankusa_store::{Dir, Op, Store};
 
 use crate::QueueError;

@@ -1,8 +1,8 @@
 //! The rows of the queue's index and what their values hold: due, inflight and dead
 //! rows, and a due row's kind.
 
-use super::*;
 use ankusa_keyspace::{AtMs, CounterField, DeadKey, DueKey, InflightKey};
+use ankusa_records::DeadValue;
 
 use crate::QueueError;
 

@@ -13,7 +13,7 @@ use crate::writer::Assembler;
 use crate::{counters, dead_for_tenant, fold, pending_for_tenant, QueueError};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, Bucket, Family, Seq, SinkIdx, TenantOrd};
-use ankusa_records::DEFAULT_TENANT;
+use ankusa_records::{DeadValue, DeliveryRow, Envelope, DEFAULT_TENANT};
 use ankusa_store::{Op, Store};
 
 const TENANTS: [Option<&str>; 4] = [None, Some("acme"), Some("globex"), Some("initech")];

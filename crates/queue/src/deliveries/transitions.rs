@@ -2,11 +2,12 @@
 // Builds the queue's index keys: this module is part of `deliveries` (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
-use super::*;
+use super::{DeadRow, DueRow, InflightRow, Kind, Tx};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{
     self, AtMs, CounterField, DeadKey, DueKey, InflightKey, Seq, SinkIdx, TenantOrd,
 };
+use ankusa_records::{DeadValue, DeliveryRow, Envelope};
 use ankusa_store::{Op, Store};
 
 use crate::QueueError;

@@ -2,7 +2,7 @@
 // Builds the queue's index keys: this module is part of `deliveries` (clippy.toml).
 #![allow(clippy::disallowed_methods)]
 
-use super::*;
+use super::{due_value, DueRow, InflightRow};
 use crate::counters::{self, Delta};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{CounterField, Seq, SinkIdx, TenantOrd};
