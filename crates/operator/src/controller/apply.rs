@@ -2,8 +2,22 @@
 //! [`super::FIELD_MANAGER`] (drift measured by a dry run), the Jobs it asks for, and the
 //! status patch.
 
+use ankusa_crds::relay::{Relay, RelayStatus};
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::ResourceExt;
+use serde_json::{json, Value};
+
+use super::{Context, Error, FIELD_MANAGER};
+use crate::planner::{self, Change, JobAction, Observed, Owned};
+use crate::resources::{self, DesiredSet, Names};
+use crate::status;
+
 use super::events::record;
-use super::*;
 
 /// The StatefulSet's claim templates cannot change in place: the desired object keeps the
 /// live ones, and a different size asked for is reported (`Some(message)`) for the user to

@@ -1,8 +1,14 @@
 //! The Events a reconcile records on its `Relay`: an object created or changed, a step of
 //! the upgrade (a repeat is a patch of the Event's series).
 
+use ankusa_crds::relay::Relay;
+use kube::runtime::events::{Event, EventType};
+use kube::{Resource, ResourceExt};
+
+use super::{truncate, Context};
+use crate::planner::{self, Change};
+
 use super::apply::change_word;
-use super::*;
 
 /// The Event, metric and log line of a change the operator made.
 pub(super) async fn record(ctx: &Context, relay: &Relay, kind: &str, name: &str, change: Change) {

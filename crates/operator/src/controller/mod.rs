@@ -26,19 +26,18 @@ use ankusa_crds::relay::{Relay, RelayStatus};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Pod, Secret, Service};
-use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::api::{Api, DynamicObject, ListParams, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 use kube::runtime::{predicates, reflector, watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
-use serde_json::{json, Value};
+use serde_json::json;
 
 use crate::metrics::Metrics;
 use crate::nodes::NodeClient;
-use crate::planner::{self, Change, JobAction, JobObs, Observed, Owned, PodObs, ProbeObs, StsObs};
+use crate::planner::{self, Change, Observed};
 use crate::resources::{self, DesiredSet, Names, ResourceError};
 use crate::status;
 

@@ -2,8 +2,23 @@
 //! their answers, whether the ServiceMonitor and HTTPRoute APIs are served, and the user's
 //! configuration.
 
+use std::collections::BTreeMap;
+
+use ankusa_crds::relay::Relay;
+use k8s_openapi::api::apps::v1::StatefulSet;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};
+use k8s_openapi::api::networking::v1::{Ingress, NetworkPolicy};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, DynamicObject, ListParams};
+use kube::{Client, Resource, ResourceExt};
+use serde_json::Value;
+
+use super::{truncate, Context, Error, Probed, PROBED_MAX};
+use crate::planner::{self, JobObs, Observed, PodObs, ProbeObs, StsObs};
+use crate::resources::{self, Names};
+
 use super::apply::to_json;
-use super::*;
 
 /// Why the user's relay configuration could not be read: a message for the `Degraded`
 /// condition, not a failed reconcile.
