@@ -1,7 +1,15 @@
 //! The write that imports another node's handoff batch ([`crate::handoff`]), assembled by
 //! the writer like a batch of hooks: the seqs and ordinals it takes are the writer's own.
 
-use super::*;
+use ankusa_keyspace::{AtMs, Family, Seq};
+use ankusa_records::Envelope;
+use ankusa_store::Store;
+
+use super::{
+    decode_dedupe_value, dedupe_value, next_seq, Assembled, Assembler, Import, ImportReply,
+};
+use crate::deliveries::{self, Tx};
+use crate::QueueError;
 
 impl Assembler {
     /// Builds the write that imports another node's batch ([`crate::handoff`]): each hook
