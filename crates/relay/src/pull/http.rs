@@ -327,10 +327,14 @@ pub async fn claim(
             .is_none_or(|ts| ts.iter().any(|t| g.cluster.other_owner(t).is_none()));
     // The other nodes' waits: each a long call that answers when that node has hooks for
     // this consumer (or its own wait ran out), re-armed when it ends — no polling.
-    let mut remote: tokio::task::JoinSet<(usize, bool)> = tokio::task::JoinSet::new();
+    let mut remote: tokio::task::JoinSet<(usize, Option<bool>)> = tokio::task::JoinSet::new();
     let mut rearm_at: Vec<Instant> = vec![Instant::now(); others.len()];
     let mut armed = vec![false; others.len()];
     let mut c = c;
+    // Whether something may have hooks for it: at first, and after a wake-up that says so
+    // (a park here, another node's "ready", a reload); not after another node's wait ran
+    // out, which is only re-armed.
+    let mut round = true;
     loop {
         // Registered before the read: a park between the read and the wait still wakes it.
         let parked = wake.notified();
@@ -341,7 +345,7 @@ pub async fn claim(
         reloaded.as_mut().enable();
         let mut hooks: Vec<Gathered> = Vec::new();
         let mut bytes = 0u64;
-        if mine {
+        if round && mine {
             let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
             let claimed = tokio::task::spawn_blocking(move || g2.claim(&sink2, &c2, ask)).await;
             let claimed = match claimed {
@@ -354,7 +358,7 @@ pub async fn claim(
                 hooks.push(Gathered::Here(Box::new(render(h))));
             }
         }
-        for m in &others {
+        for m in others.iter().filter(|_| round) {
             if hooks.len() >= ask.max {
                 break;
             }
@@ -388,6 +392,7 @@ pub async fn claim(
                 let ms = (until - now).min(cap).as_millis() as u64;
                 let (g2, m2, h2, sink2) = (g.clone(), m.clone(), headers.clone(), sink.clone());
                 remote.spawn(async move {
+                    let asked = Instant::now();
                     let body = serde_json::json!(ankusa_api::cluster::PullWait { wait_ms: ms });
                     let path = format!("/pull/{sink2}/wait");
                     let ready = forward_json(&g2, &m2, &path, &h2, &body)
@@ -396,31 +401,37 @@ pub async fn claim(
                         .and_then(|(_, v)| {
                             serde_json::from_value::<ankusa_api::cluster::PullReady>(v).ok()
                         })
-                        .is_some_and(|r| r.ready);
+                        .map(|r| r.ready)
+                        // "Nothing" long before the wait asked for (a node whose own
+                        // `max_wait_ms` is shorter) counts as no answer: no asking at once.
+                        .filter(|ready| *ready || asked.elapsed().as_millis() as u64 >= ms / 2);
                     (i, ready)
                 });
             }
         }
-        // A node that could not be asked is asked again in a second, not at once.
+        // A node that gave no answer is asked again in a second, not at once; one whose wait
+        // ran out, or that has hooks (claimed above), at once.
         let next_rearm = (0..others.len())
             .filter(|i| !armed[*i])
             .map(|i| rearm_at[i])
             .min()
             .unwrap_or(until)
             .min(until);
-        tokio::select! {
-            _ = parked => {}
-            Some(done) = remote.join_next(), if !remote.is_empty() => {
-                if let Ok((i, ready)) = done {
+        round = tokio::select! {
+            _ = parked => true,
+            Some(done) = remote.join_next(), if !remote.is_empty() => match done {
+                Ok((i, answer)) => {
                     armed[i] = false;
-                    if !ready {
+                    if answer.is_none() {
                         rearm_at[i] = Instant::now() + Duration::from_secs(1);
                     }
+                    answer == Some(true)
                 }
-            }
-            _ = tokio::time::sleep_until(next_rearm.into()) => {}
-            _ = reloaded => {}
-        }
+                Err(_) => false,
+            },
+            _ = tokio::time::sleep_until(next_rearm.into()) => false,
+            _ = reloaded => true,
+        };
         // A reload may have revoked the consumer, or taken the sink from it.
         c = match consumer(&g, &headers, &sink) {
             Ok(again) => again,

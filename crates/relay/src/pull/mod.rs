@@ -346,7 +346,8 @@ impl Gateway {
     /// Whether hooks of `sink` wait here for `consumer` (what another node's waiting claim
     /// asks).
     pub fn has_waiting(&self, sink: &str, consumer: &Consumer) -> Result<bool, QueueError> {
-        Ok(!self.gather(sink, consumer, 1)?.is_empty())
+        // A look, not a claim: the round robin's cursor stays where the last claim left it.
+        Ok(!self.gather(sink, consumer, 1, false)?.is_empty())
     }
 
     pub fn settings(&self) -> Arc<Settings> {
@@ -412,7 +413,7 @@ impl Gateway {
             return Ok(Vec::new());
         }
         let store = &*self.store;
-        let by_tenant = self.gather(sink, consumer, want)?;
+        let by_tenant = self.gather(sink, consumer, want, true)?;
         // Each tenant's room under `pull.tenant_max_leases`.
         let tenant_room: Vec<usize> = {
             let book = self.book();
@@ -554,12 +555,14 @@ impl Gateway {
     /// the tick's index lists for the sink ([`crate::dispatch::parked`]), from the sink's
     /// round-robin cursor (at most [`MAX_TENANT_SEEKS`]), or the consumer's own tenants;
     /// each read from its floor. One row each, then as many more as the round robin can
-    /// take when fewer than `want` tenants have rows.
+    /// take when fewer than `want` tenants have rows. `advance`: a claim's read, which moves
+    /// the cursor past the last tenant it looked at (a look that claims nothing does not).
     fn gather(
         &self,
         sink: &str,
         consumer: &Consumer,
         want: usize,
+        advance: bool,
     ) -> Result<Vec<(Visit, Vec<PulledRow>)>, QueueError> {
         let store = &*self.store;
         let index = &self.deliverer.pull_wake;
@@ -600,7 +603,7 @@ impl Gateway {
                 out.push((v, rows));
             }
         }
-        if let (Some(last), None) = (last, &only) {
+        if let (true, Some(last), None) = (advance, last, &only) {
             self.cursors
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
