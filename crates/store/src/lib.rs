@@ -54,7 +54,7 @@ use ankusa_tarball::RESTORING_MARKER;
 /// The hooks family's blob garbage collection: the oldest quarter of the blob files is
 /// rewritten by the compactions that reach it (RocksDB's default, written out because
 /// [`Store::scrub`] sets it back after taking every file).
-const BLOB_GC_AGE_CUTOFF: &str = "0.25";
+const BLOB_GC_AGE_CUTOFF: f64 = 0.25;
 
 /// The store's format beside its files (`3\n`), so that an open reads the WAL once: the
 /// format guard reads this file instead of opening the store a first time, read-only, for
@@ -195,7 +195,7 @@ fn cf_options(cf: Cf, memory: Option<&SharedMemory>) -> Options {
             o.set_blob_file_size(64 << 20);
             o.set_blob_compression_type(DBCompressionType::Zstd);
             o.set_enable_blob_gc(true);
-            o.set_blob_gc_age_cutoff(0.25);
+            o.set_blob_gc_age_cutoff(BLOB_GC_AGE_CUTOFF);
         }
         Cf::Archive | Cf::Quarantine => {
             o.set_write_buffer_size(64 << 20);
@@ -1279,7 +1279,10 @@ impl Store {
             if blobs {
                 self.db.set_options_cf(
                     h,
-                    &[("blob_garbage_collection_age_cutoff", BLOB_GC_AGE_CUTOFF)],
+                    &[(
+                        "blob_garbage_collection_age_cutoff",
+                        BLOB_GC_AGE_CUTOFF.to_string().as_str(),
+                    )],
                 )?;
             }
         }

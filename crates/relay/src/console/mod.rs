@@ -219,6 +219,13 @@ pub fn query(req_query: Option<&str>) -> Form {
     parse_form(req_query.unwrap_or("").as_bytes())
 }
 
+/// The console's Content-Security-Policy up to its `frame-ancestors` sources.
+macro_rules! csp {
+    () => {
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors"
+    };
+}
+
 /// Every console request: assets, sign-in, the portal and the signed-in pages; the
 /// security headers on every answer.
 async fn entry(State(c): State<Arc<Console>>, req: Request) -> Response {
@@ -233,16 +240,11 @@ async fn entry(State(c): State<Arc<Console>>, req: Request) -> Response {
         h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
         "'none'"
     };
-    let csp = format!(
-        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors {frame}"
-    );
     // Never without a policy: one that does not make a header (which validation keeps
     // from happening) falls back to framing by none.
-    let v = HeaderValue::from_str(&csp).unwrap_or_else(|_| {
+    let v = HeaderValue::from_str(&format!("{} {frame}", csp!())).unwrap_or_else(|_| {
         h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
-        HeaderValue::from_static(
-            "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; base-uri 'none'; object-src 'none'; frame-ancestors 'none'",
-        )
+        HeaderValue::from_static(concat!(csp!(), " 'none'"))
     });
     h.insert(header::CONTENT_SECURITY_POLICY, v);
     h.insert(
