@@ -35,6 +35,19 @@ fn builder(ok: &TestSink, bad: &TestSink) -> NodeBuilder {
         ))
 }
 
+/// The erase tests' node: `ok` takes every delivery, `bad` answers 400 (dead-lettered);
+/// its store under `dir`.
+async fn start() -> (TestSink, TestSink, tempfile::TempDir, Node) {
+    let (ok, bad) = (TestSink::start().await, TestSink::start().await);
+    bad.default_status
+        .store(400, std::sync::atomic::Ordering::Relaxed);
+    let dir = tempfile::tempdir().unwrap();
+    let node = Node::start(builder(&ok, &bad).config_at(dir.path()))
+        .await
+        .unwrap();
+    (ok, bad, dir, node)
+}
+
 async fn call(node: &Node, method: &str, path: &str, token: &str) -> (u16, serde_json::Value) {
     admin_call(node.admin_addr, method, path, token, "").await
 }
@@ -51,13 +64,7 @@ async fn send(node: &Node, tenant: &str, idem: &str) -> Resp {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_erased_tenant_leaves_no_key_behind_and_its_id_starts_afresh() {
-    let (ok, bad) = (TestSink::start().await, TestSink::start().await);
-    bad.default_status
-        .store(400, std::sync::atomic::Ordering::Relaxed);
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(builder(&ok, &bad).config_at(dir.path()))
-        .await
-        .unwrap();
+    let (ok, bad, dir, node) = start().await;
     let mut sent_a = Vec::new();
     for i in 0..10 {
         for t in [A, B] {
@@ -262,16 +269,10 @@ fn occurrences(dir: &std::path::Path, needle: &[u8]) -> usize {
 /// stored the same ways, is still found (the search can see what it looks for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_erase_that_ends_leaves_none_of_the_tenants_bytes_in_the_stores_files() {
-    let (ok, bad) = (TestSink::start().await, TestSink::start().await);
-    bad.default_status
-        .store(400, std::sync::atomic::Ordering::Relaxed);
-    let dir = tempfile::tempdir().unwrap();
-    let node = Node::start(builder(&ok, &bad).config_at(dir.path()))
-        .await
-        .unwrap();
+    let (_ok, _bad, dir, node) = start().await;
     // Random bytes, which no compression shrinks: a marker stored is a marker found.
-    let marker = |_: &str| -> Vec<u8> { (0..48).map(|_| rand::random::<u8>()).collect() };
-    let (mark_a, mark_b) = (marker(A), marker(B));
+    let marker = || -> Vec<u8> { (0..48).map(|_| rand::random::<u8>()).collect() };
+    let (mark_a, mark_b) = (marker(), marker());
     let c = client();
     let send = |tenant: &'static str, mark: Vec<u8>, i: usize, size: usize| {
         let (c, url) = (

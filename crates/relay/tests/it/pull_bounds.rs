@@ -271,6 +271,8 @@ async fn waiting_claims_are_capped_per_consumer_and_a_revoked_consumer_stops_wai
         "{v}"
     );
     // Another consumer is not held by `a`'s cap; a claim that does not wait is not either.
+    let (s, _) = call(at, "/pull/q/claim", B, json!({ "wait_ms": 100 })).await;
+    assert_eq!(s, 200);
     let (s, _) = call(at, "/pull/q/claim", A, json!({})).await;
     assert_eq!(s, 200);
     // A reload without `a`: its waiting claims end at once, refused.
