@@ -340,7 +340,7 @@ pub async fn replay(
                 .iter()
                 .map(|s| parse_row_id(s).ok_or_else(|| ApiError::BadRequest(format!("bad id {s:?}"))))
                 .collect::<Result<_, _>>()?;
-            for chunk in keys.chunks(REVIVE_PAGE).take(cap.div_ceil(REVIVE_PAGE)) {
+            for chunk in keys[..keys.len().min(cap)].chunks(REVIVE_PAGE) {
                 let mut rows = Vec::with_capacity(chunk.len());
                 for k in chunk {
                     // One row at a time through the tenant-aware page: invisible rows are absent.

@@ -308,6 +308,19 @@ async fn tenant_scoped_replay() {
         .default_status
         .store(200, std::sync::atomic::Ordering::Relaxed);
     let received_before = h.sink.on("/hooks").len();
+    // By ids, `limit` holds: two of b's rows named, one matched.
+    let (_, dlq) = h.call("GET", "/v1/dlq?tenant=b", Some(TOKEN_B), "").await;
+    let ids: Vec<&str> = dlq["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["id"].as_str())
+        .take(2)
+        .collect();
+    assert_eq!(ids.len(), 2, "{dlq}");
+    let body = serde_json::json!({ "ids": ids, "limit": 1, "dry_run": true }).to_string();
+    let (s, v) = h.call("POST", "/v1/dlq/replay", Some(TOKEN_B), &body).await;
+    assert_eq!((s, v["matched"].as_u64()), (200, Some(1)), "{v}");
     let (s, v) = h
         .call("POST", "/v1/dlq/replay", Some(TOKEN_A), r#"{"tenant":"a"}"#)
         .await;
