@@ -1,19 +1,14 @@
-//! Types the relay node and the operator share.
+//! The `Relay` custom resource the operator reconciles.
 //!
-//! - [`node::NodeStatus`]: what a relay node serves at `GET /v1/node` and the operator
-//!   polls to fill the `Relay` resource's status. Always built; it needs only serde, so the
-//!   relay node does not compile a Kubernetes client.
-//! - [`relay::Relay`] (feature `resource`, on by default): the custom resource the
-//!   operator reconciles, and [`manifest`], the CRD as YAML. `crates/crds/manifests/relay.yaml`
+//! - [`relay::Relay`]: the resource, its spec and its status (which keeps the reports of
+//!   the operator's backup and restore Jobs, `ankusa_api::node`'s types).
+//! - [`manifest`]: the CRD as YAML. `crates/crds/manifests/relay.yaml`
 //!   and the chart's CRD template are generated from it by the `crdgen` binary; a test
 //!   fails when either differs from what the types generate.
 
-pub mod node;
-#[cfg(feature = "resource")]
 pub mod relay;
 
 /// The generated CRD manifests.
-#[cfg(feature = "resource")]
 pub mod manifest {
     use kube::CustomResourceExt;
 

@@ -1047,7 +1047,7 @@ pub struct RestoreStatus {
     /// store could be read, the hooks it had acked after that backup (which the restored
     /// store lacks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub report: Option<crate::node::NodeRestoreReport>,
+    pub report: Option<ankusa_api::node::NodeRestoreReport>,
 }
 
 /// Where scheduled backups stand.
@@ -1103,7 +1103,7 @@ pub struct NodeArchives {
     pub name: String,
     /// The newest archive of each store format, oldest format first.
     #[serde(default)]
-    pub formats: Vec<crate::node::ArchiveAtFormat>,
+    pub formats: Vec<ankusa_api::node::ArchiveAtFormat>,
     /// The Job that reported them.
     pub job: String,
     /// When that Job finished (RFC 3339).

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use ankusa_crds::node::NodeStatus;
+use ankusa_api::node::NodeStatus;
 use ankusa_crds::relay::TOP_TENANTS_MAX;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -62,7 +62,7 @@ struct TopAnswer {
 #[derive(Deserialize)]
 struct TopEntry {
     tenant: String,
-    counters: ankusa_crds::node::Counters,
+    counters: ankusa_api::node::Counters,
     #[serde(default)]
     oldest_due_at_ms: Option<u64>,
     #[serde(default)]

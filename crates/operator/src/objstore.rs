@@ -6,7 +6,7 @@
 //! failed: that is when a backup matters most); the operator only reads what they report
 //! in `GET /v1/node`.
 
-use ankusa_crds::node::ObjectBackups;
+use ankusa_api::node::ObjectBackups;
 use ankusa_crds::relay::{ObjectStoreSpec, Relay};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
@@ -277,7 +277,7 @@ pub fn rollback_problems(relay: &Relay, o: &Observed, format: u32) -> Vec<String
                     // The restore writes at most the free space less its margin.
                     Some(f)
                         if free.is_some_and(|free| {
-                            free < f.bytes.saturating_add(ankusa_crds::node::UNPACK_MARGIN_BYTES)
+                            free < f.bytes.saturating_add(ankusa_api::node::UNPACK_MARGIN_BYTES)
                         }) =>
                     {
                         Some(format!(
@@ -285,7 +285,7 @@ pub fn rollback_problems(relay: &Relay, o: &Observed, format: u32) -> Vec<String
                             free.unwrap_or_default(),
                             f.id,
                             f.bytes,
-                            ankusa_crds::node::UNPACK_MARGIN_BYTES >> 20
+                            ankusa_api::node::UNPACK_MARGIN_BYTES >> 20
                         ))
                     }
                     Some(_) => None,
@@ -316,7 +316,7 @@ pub fn last_backup(o: &Observed, pod: &str) -> Option<String> {
 mod tests {
     use super::*;
     use crate::planner::NodeReading;
-    use ankusa_crds::node::{NodeStatus, ObjectBackup};
+    use ankusa_api::node::{NodeStatus, ObjectBackup};
 
     fn relay() -> Relay {
         serde_json::from_value(json!({
@@ -357,7 +357,7 @@ mod tests {
                     }),
                     failures: u64::from(error.is_some()),
                     last_error: error.map(str::to_owned),
-                    formats: vec![ankusa_crds::node::FormatBackup {
+                    formats: vec![ankusa_api::node::FormatBackup {
                         store_format: format,
                         id: format!("b{at_ms}"),
                         at_ms,

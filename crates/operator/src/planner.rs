@@ -43,7 +43,7 @@
 
 use std::collections::BTreeMap;
 
-use ankusa_crds::node::NodeStatus;
+use ankusa_api::node::NodeStatus;
 use ankusa_crds::relay::{
     BackupPolicy, Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus,
 };
@@ -195,7 +195,7 @@ pub struct Observed {
     pub restores: BTreeMap<i32, JobObs>,
     /// What a node restore's Job reported in its termination message, once it succeeded.
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub restore_report: Option<ankusa_crds::node::NodeRestoreReport>,
+    pub restore_report: Option<ankusa_api::node::NodeRestoreReport>,
     /// The claim a restore reads for its next node, and whether it exists (`None`: not
     /// read).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -252,12 +252,12 @@ fn claim_rollback_problems(
             let needed = a
                 .store_bytes
                 .unwrap_or(a.bytes)
-                .saturating_add(ankusa_crds::node::UNPACK_MARGIN_BYTES);
+                .saturating_add(ankusa_api::node::UNPACK_MARGIN_BYTES);
             (free < needed).then(|| {
                 format!(
                     "{pod}'s volume has {free} bytes free, less than the {needed} bytes archive {} unpacks to with the restore's margin of {} MiB",
                     a.archive,
-                    ankusa_crds::node::UNPACK_MARGIN_BYTES >> 20
+                    ankusa_api::node::UNPACK_MARGIN_BYTES >> 20
                 )
             })
         })
@@ -442,7 +442,7 @@ fn step_node(relay: &Relay, mut r: RestoreStatus, o: &Observed, mut out: Rollout
 /// store (or why they cannot be counted).
 fn node_restored_message(
     pod: &str,
-    report: Option<&ankusa_crds::node::NodeRestoreReport>,
+    report: Option<&ankusa_api::node::NodeRestoreReport>,
 ) -> String {
     match report {
         Some(rep) => match (rep.lost_hooks, &rep.replaced_unreadable) {

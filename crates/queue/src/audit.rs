@@ -14,7 +14,7 @@ use ankusa_store::{Dir, Op, Store};
 use crate::QueueError;
 
 /// One audit row.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct Record {
     pub seq: u64,
     pub at_ms: u64,

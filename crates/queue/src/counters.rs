@@ -12,7 +12,6 @@
 //! [`ops`] coalesces a batch's deltas per `(ord, field)` and mirrors each into ord 0, the
 //! node aggregate, so the aggregate is exactly the sum of the tenants.
 
-use ankusa_crds::node::Counters;
 use std::collections::BTreeMap;
 
 use ankusa_keyspace::Cf;
@@ -55,14 +54,25 @@ pub fn ops(deltas: &[Delta]) -> Vec<Op> {
         .collect()
 }
 
-/// Access to [`Counters`] by [`CounterField`].
-pub trait CountsExt {
-    fn get(&self, f: CounterField) -> i64;
-    fn add(&mut self, f: CounterField, d: i64);
+/// The six queue counters of a tenant, or of a node (every tenant's summed into ord 0),
+/// as the queue keeps them. What the node's API serves is its own wire type
+/// (`ankusa_api::node::Counters`), made from this one.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// First-attempt rows waiting.
+    pub pending: i64,
+    /// Retry rows waiting.
+    pub scheduled: i64,
+    pub inflight: i64,
+    pub dead: i64,
+    /// Σ size of every existing delivery row.
+    pub bytes: i64,
+    pub archive_pending: i64,
 }
 
-impl CountsExt for Counters {
-    fn get(&self, f: CounterField) -> i64 {
+impl Counters {
+    /// One counter by its field.
+    pub fn get(&self, f: CounterField) -> i64 {
         match f {
             CounterField::Pending => self.pending,
             CounterField::Scheduled => self.scheduled,
@@ -73,7 +83,8 @@ impl CountsExt for Counters {
         }
     }
 
-    fn add(&mut self, f: CounterField, d: i64) {
+    /// Adds `d` to one counter.
+    pub fn add(&mut self, f: CounterField, d: i64) {
         let slot = match f {
             CounterField::Pending => &mut self.pending,
             CounterField::Scheduled => &mut self.scheduled,

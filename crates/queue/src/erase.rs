@@ -268,7 +268,7 @@ fn sweep_chunk(
 /// erase marker. An error if a counter is not zero (a row is still there).
 pub fn finish_ops(store: &Store, ord: TenantOrd, tenant: &str) -> Result<Vec<Op>, QueueError> {
     let c = crate::counters::read(store, ord)?;
-    if c != ankusa_crds::node::Counters::default() {
+    if c != crate::counters::Counters::default() {
         return Err(QueueError::corrupt(
             Family::Counters,
             format!(

@@ -6,9 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use super::counters::{self, CountsExt};
+use super::counters::{self, Counters};
 use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind, PulledRow};
-use ankusa_crds::node::Counters;
 use ankusa_keyspace::{CounterField, Family, TenantOrd};
 use ankusa_store::{merge, Store};
 

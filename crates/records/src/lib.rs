@@ -328,7 +328,6 @@ impl LogRecord {
 
 /// How an attempt ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AttemptOutcome {
     Delivered,
@@ -338,7 +337,6 @@ pub enum AttemptOutcome {
 
 /// Why an attempt failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorClass {
     /// No response within the sink's timeout.

@@ -24,9 +24,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ankusa_crds::node::Counters;
 use ankusa_keyspace::Family;
 use ankusa_queue::counters;
+use ankusa_queue::counters::Counters;
 use ankusa_relay::node::Node;
 
 mod load;

@@ -7,6 +7,7 @@ pub mod serve;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use ankusa_api::error::{ErrorBody, ErrorCode};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -108,40 +109,32 @@ pub fn bearer(value: &str) -> Option<&str> {
 }
 
 /// The one error body shape: `{"error": code, "message": ...}` ([`ErrorBody`]).
-pub fn error(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
+pub fn error(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Response {
     answer(status, code, message.into(), None)
 }
 
 /// [`error`] with the reason of a code that has several causes.
 pub fn error_why(
     status: StatusCode,
-    code: &str,
+    code: ErrorCode,
     message: impl Into<String>,
     reason: &str,
 ) -> Response {
     answer(status, code, message.into(), Some(reason.to_owned()))
 }
 
-fn answer(status: StatusCode, code: &str, message: String, reason: Option<String>) -> Response {
+fn answer(
+    status: StatusCode,
+    code: ErrorCode,
+    message: String,
+    reason: Option<String>,
+) -> Response {
     let body = ErrorBody {
-        error: code.to_owned(),
+        error: code,
         message,
         reason,
     };
     (status, Json(body)).into_response()
-}
-
-/// Every error of both listeners: a stable code and a message for people.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    /// A stable code: `unauthorized`, `not_found`, `bad_request`, `tenant_limit`, …
-    pub error: String,
-    pub message: String,
-    /// Why, where one code has several causes: a 401 of ingest carries the verification
-    /// failure's reason (`missing_header`, `malformed_header`, `stale_timestamp`,
-    /// `bad_signature`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
 }
 
 // The error answers that many operations share, written once for the OpenAPI document:
@@ -239,14 +232,14 @@ pub fn readiness(ready: &AtomicBool, store: &ankusa_store::Store) -> Response {
     if !ready.load(Ordering::Acquire) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
+            ErrorCode::NotReady,
             "the node is starting: the store is opening or migrating",
         );
     }
     match store.health().error() {
         Some((e, _)) if store.health().failing() => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "store_unavailable",
+            ErrorCode::StoreUnavailable,
             format!("the store refuses writes: {e}"),
         ),
         _ => (StatusCode::OK, "ready\n").into_response(),
@@ -264,7 +257,7 @@ pub fn booting() -> axum::Router {
             get(|| async {
                 error(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "store_opening",
+                    ErrorCode::StoreOpening,
                     "the node is starting: the store is opening",
                 )
             }),
@@ -272,7 +265,7 @@ pub fn booting() -> axum::Router {
         .fallback(|| async {
             let mut r = error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "not_ready",
+                ErrorCode::NotReady,
                 "the node is starting: the store is opening",
             );
             r.headers_mut().insert(
@@ -284,18 +277,18 @@ pub fn booting() -> axum::Router {
 }
 
 /// The stable code of an error status the framework answered by itself.
-fn code_of(status: StatusCode) -> &'static str {
+fn code_of(status: StatusCode) -> ErrorCode {
     match status {
-        StatusCode::BAD_REQUEST => "bad_request",
-        StatusCode::UNAUTHORIZED => "unauthorized",
-        StatusCode::FORBIDDEN => "forbidden",
-        StatusCode::NOT_FOUND => "not_found",
-        StatusCode::METHOD_NOT_ALLOWED => "method_not_allowed",
-        StatusCode::PAYLOAD_TOO_LARGE => "body_too_large",
-        StatusCode::UNSUPPORTED_MEDIA_TYPE => "unsupported_media_type",
-        StatusCode::UNPROCESSABLE_ENTITY => "bad_request",
-        s if s.is_server_error() => "internal",
-        _ => "bad_request",
+        StatusCode::BAD_REQUEST => ErrorCode::BadRequest,
+        StatusCode::UNAUTHORIZED => ErrorCode::Unauthorized,
+        StatusCode::FORBIDDEN => ErrorCode::Forbidden,
+        StatusCode::NOT_FOUND => ErrorCode::NotFound,
+        StatusCode::METHOD_NOT_ALLOWED => ErrorCode::MethodNotAllowed,
+        StatusCode::PAYLOAD_TOO_LARGE => ErrorCode::BodyTooLarge,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ErrorCode::UnsupportedMediaType,
+        StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::BadRequest,
+        s if s.is_server_error() => ErrorCode::Internal,
+        _ => ErrorCode::BadRequest,
     }
 }
 
@@ -341,5 +334,5 @@ pub async fn json_errors(resp: Response) -> Response {
 
 /// The answer to a path no route serves.
 pub async fn not_found() -> Response {
-    error(StatusCode::NOT_FOUND, "not_found", "no such path")
+    error(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such path")
 }

@@ -23,13 +23,15 @@
 //! - [`metrics`], [`telemetry`]: Prometheus metrics; logs, spans and traces.
 //! - [`reload`]: configuration reload without a restart.
 //! - [`openapi`]: the OpenAPI document of both listeners.
+//! - [`wire`]: the node's own types (counters, backlogs, states, limits) as the wire
+//!   types of `ankusa-api` show them.
 //! - [`cli`]: the `ankusa-relay` command line (`run`, `config check`, `admin`, `backup`, …).
 //!
 //! The crates beneath it (`scripts/check-layers.py` keeps the order): `ankusa-keyspace`
 //! (key layouts), `ankusa-records` (stored values), `ankusa-config` (the YAML and its
 //! validation), `ankusa-verify` (signatures, node request auth), `ankusa-tarball`
-//! (archives), `ankusa-api` (bodies between nodes), `ankusa-crds` (the `Relay` resource and
-//! the node status the operator reads), `ankusa-store` (RocksDB: the only crate that
+//! (archives), `ankusa-api` (every body the node answers or sends, and the error codes),
+//! `ankusa-store` (RocksDB: the only crate that
 //! depends on it) and `ankusa-queue` (tenants, counters and every delivery transition as
 //! an op builder).
 
@@ -50,6 +52,7 @@ pub mod telemetry;
 #[cfg(any(test, feature = "test-support"))]
 pub mod testkit;
 pub mod upgrade;
+pub mod wire;
 
 /// The allocator of every program built on the relay (the node, its tests and benches):
 /// the ingest and dispatch paths allocate per hook from many threads, where glibc's

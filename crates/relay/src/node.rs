@@ -917,7 +917,7 @@ impl Node {
             tokens,
             audit: Audit::open(&store)?,
             config: Arc::new(arc_swap::ArcSwap::from_pointee(config.clone())),
-            config_status: Arc::new(std::sync::Mutex::new(ankusa_crds::node::ConfigStatus {
+            config_status: Arc::new(std::sync::Mutex::new(ankusa_api::node::ConfigStatus {
                 loaded_at_ms: ankusa_keyspace::now_ms(),
                 ..Default::default()
             })),
@@ -980,7 +980,7 @@ impl Node {
                     rows = p.rows,
                     "migration step"
                 );
-                boot_progress.set((!p.finished).then_some(ankusa_crds::node::MigrationProgress {
+                boot_progress.set((!p.finished).then_some(ankusa_api::node::MigrationProgress {
                     from: p.from,
                     to: p.to,
                     steps: p.steps,

@@ -3,9 +3,10 @@
 //! as `docs/openapi.json` (a test keeps the two equal, another compares the routers' routes
 //! and `docs/api.md` with it; `schemathesis` checks a live node's answers against it).
 //!
-//! Every body's schema comes from the type its handler serializes, declared beside the
-//! handler (`DlqPage` in `admin::dlq`, `IngestAnswer` in `ingest`, `ErrorBody` in `http`,
-//! …): there are no schema-only mirrors here. This module only gathers the paths.
+//! Every body's schema comes from the type its handler serializes, declared in the
+//! wire-types crate (`ankusa_api::admin::DlqPage`, `ankusa_api::ingest::IngestAnswer`,
+//! `ankusa_api::error::ErrorBody`, …): there are no schema-only mirrors here. This module
+//! only gathers the paths.
 
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
@@ -107,7 +108,7 @@ pub fn json() -> String {
     tag = "admin",
     responses(
         (status = 200, description = "The OpenAPI 3.1 document of both listeners", content_type = "application/json", body = Object),
-        (status = 401, body = crate::http::ErrorBody),
+        (status = 401, body = ankusa_api::error::ErrorBody),
     ),
     security(("bearer" = []))
 )]

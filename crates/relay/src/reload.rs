@@ -58,7 +58,7 @@ pub struct Parts {
     pub tokens: Arc<ArcSwap<Tokens>>,
     pub config: Arc<ArcSwap<Config>>,
     /// What `/v1/node` shows of the configuration.
-    pub status: Arc<Mutex<ankusa_crds::node::ConfigStatus>>,
+    pub status: Arc<Mutex<ankusa_api::node::ConfigStatus>>,
     /// Every tenant's default quotas (`tenants.limits`).
     pub quotas: Arc<crate::ingest::quota::Quotas>,
     /// The claim gateway's consumers and bounds.
@@ -116,7 +116,7 @@ impl Reloader {
                 self.metrics.config_reloaded("unchanged");
             }
             Err(e) => {
-                status.refused = Some(ankusa_crds::node::ReloadRefusal {
+                status.refused = Some(ankusa_api::node::ReloadRefusal {
                     message: e.to_string(),
                     at_ms: now,
                 });

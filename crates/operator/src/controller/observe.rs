@@ -461,7 +461,7 @@ async fn observe_claim_rooms(
         if seen {
             continue;
         }
-        let report: Option<ankusa_crds::node::BackupRunReport> =
+        let report: Option<ankusa_api::node::BackupRunReport> =
             match finished_container(ctx, ns, &name, resources::BACKUP_JOB).await {
                 Ok((message, _)) => serde_json::from_str(message.trim()).ok(),
                 Err(e) => {

@@ -21,7 +21,7 @@
 
 use std::collections::BTreeMap;
 
-use ankusa_crds::node::{Counters, NodeStatus};
+use ankusa_api::node::{Counters, NodeStatus};
 use ankusa_crds::relay::{Relay, RelayStatus, UpgradePhase};
 use ankusa_operator::planner::{
     self, JobAction, JobObs, NodeReading, Observed, PodObs, ProbeObs, StsObs,

@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use ankusa_crds::node::{Counters, NodeStatus};
+use ankusa_api::node::{Counters, NodeStatus};
 use ankusa_crds::relay::Relay;
 use ankusa_operator::controller::{self, Context, Settings, FIELD_MANAGER};
 use ankusa_operator::metrics::Metrics;

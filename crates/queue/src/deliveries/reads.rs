@@ -528,7 +528,7 @@ pub fn inflight_for_tenant(
 }
 
 /// A source's waiting work ([`pending_for_source`]).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SourceBacklog {
     pub pending: i64,
     pub scheduled: i64,

@@ -113,8 +113,7 @@ pub fn requeued(kind: EventKind, now: AtMs, attempts: u32, due: AtMs) -> Event {
 // Reading.
 
 /// Where a delivery is now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryState {
     /// Waiting for its first attempt (or for the one after a replay or a recovery).
     Pending,

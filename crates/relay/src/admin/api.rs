@@ -17,6 +17,7 @@ use serde::Deserialize;
 
 use super::auth::{Caller, Scope, Tokens};
 use crate::ingest::quarantine::Quarantine;
+use ankusa_api::error::ErrorCode;
 use ankusa_config::Config;
 use ankusa_keyspace::TenantOrd;
 use ankusa_queue::audit::Audit;
@@ -33,7 +34,7 @@ pub struct Api {
     pub audit: Audit,
     pub config: Arc<arc_swap::ArcSwap<Config>>,
     /// When the configuration was loaded, and the last reload refused (`/v1/node`).
-    pub config_status: Arc<std::sync::Mutex<ankusa_crds::node::ConfigStatus>>,
+    pub config_status: Arc<std::sync::Mutex<ankusa_api::node::ConfigStatus>>,
     pub quarantine: Option<Arc<Quarantine>>,
     /// The boot migration's progress.
     pub progress: Arc<super::Progress>,
@@ -65,12 +66,12 @@ pub enum ApiError {
     BadRequest(String),
     /// An operation that failed for a reason the caller can act on (a full volume).
     Failed {
-        code: &'static str,
+        code: ErrorCode,
         message: String,
     },
     /// 409: the call cannot be done in the state the node is in (a ceiling reached).
     Conflict {
-        code: &'static str,
+        code: ErrorCode,
         message: String,
     },
     Internal,
@@ -94,27 +95,27 @@ impl IntoResponse for ApiError {
         let (status, code, msg) = match self {
             ApiError::Unauthorized => (
                 StatusCode::UNAUTHORIZED,
-                "unauthorized",
+                ErrorCode::Unauthorized,
                 "a valid bearer token is required".to_owned(),
             ),
             ApiError::Forbidden => (
                 StatusCode::FORBIDDEN,
-                "forbidden",
+                ErrorCode::Forbidden,
                 "this endpoint needs an admin token".to_owned(),
             ),
             ApiError::NotFound(what) => (
                 StatusCode::NOT_FOUND,
-                "not_found",
+                ErrorCode::NotFound,
                 format!("no such {what}"),
             ),
-            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, "bad_request", m),
+            ApiError::BadRequest(m) => (StatusCode::BAD_REQUEST, ErrorCode::BadRequest, m),
             ApiError::Failed { code, message } => {
                 (StatusCode::INTERNAL_SERVER_ERROR, code, message)
             }
             ApiError::Conflict { code, message } => (StatusCode::CONFLICT, code, message),
             ApiError::Internal => (
                 StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
+                ErrorCode::Internal,
                 "internal error".to_owned(),
             ),
         };

@@ -8,9 +8,11 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use ankusa_api::admin::{ArchivePage, ArchiveReplayRequest, ArchivedItem, Replayed};
+use ankusa_api::error::ErrorCode;
 use ankusa_keyspace::{AtMs, Seq};
 use ankusa_queue::archive::{self, Archived};
 use ankusa_queue::writer::{Reply, Submission};
@@ -23,50 +25,6 @@ const REPLAY_PAGE: usize = 64;
 /// Body bytes one replay holds at a time (a page stops past it; its first hook always
 /// goes).
 const REPLAY_PAGE_BYTES: usize = 8 << 20;
-
-/// One archived hook.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ArchivedItem {
-    pub id: String,
-    pub tenant: String,
-    pub source: String,
-    pub received_ms: u64,
-    pub expires_ms: u64,
-    pub size: u64,
-    pub content_type: String,
-    pub sinks: Vec<String>,
-    pub headers: std::collections::BTreeMap<String, String>,
-    /// With `body=true`, a UTF-8 body.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub body: Option<String>,
-    /// With `body=true`, a body that is not UTF-8.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub body_base64: Option<String>,
-}
-
-/// `GET /v1/archive`: a page of archived hooks.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct ArchivePage {
-    pub items: Vec<ArchivedItem>,
-    /// `<received_ms>.<seq>`: pass as `before` for the next page.
-    pub next: Option<String>,
-}
-
-/// `POST /v1/archive/replay`: hooks committed again.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Replayed {
-    pub replayed: u64,
-    /// Why the replay stopped before the end of what it matched: `tenant_rate_limited`
-    /// (the tenant's `ingest_per_second`: go on after `retry_after_s`) or
-    /// `tenant_backlog_full` (its `queued_bytes`). Absent: it went to the end (or `limit`).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stopped: Option<String>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub retry_after_s: Option<u32>,
-    /// With `stopped`: pass as `after` to go on where it stopped.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub next: Option<String>,
-}
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -169,20 +127,6 @@ pub async fn list(
     .await
 }
 
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ArchiveReplayRequest {
-    tenant: String,
-    from_ms: Option<u64>,
-    to_ms: Option<u64>,
-    /// Only these hook ids.
-    #[serde(default)]
-    ids: Vec<String>,
-    limit: Option<usize>,
-    /// `<received_ms>.<seq>` (a stopped replay's `next`): only the hooks after it.
-    after: Option<String>,
-}
-
 /// `POST /v1/archive/replay {tenant, from_ms, to_ms, ids, limit, after}`: each archived
 /// hook that matches is committed again as a new hook — same id, body, headers and
 /// fan-out, received now — through the writer (a synced commit, then delivery as a first
@@ -199,7 +143,7 @@ pub struct ArchiveReplayRequest {
     request_body = ArchiveReplayRequest,
     responses(
         (status = 200, description = "Hooks committed again (stopped, with next, at a quota)", body = Replayed),
-        (status = 409, description = "A replay of the tenant runs on this node (replay_running)", body = crate::http::ErrorBody),
+        (status = 409, description = "A replay of the tenant runs on this node (replay_running)", body = ankusa_api::error::ErrorBody),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -216,7 +160,7 @@ pub async fn replay(
     let caller_name = c.name.clone();
     let Some(writer) = api.writer.get().cloned() else {
         return Err(ApiError::Failed {
-            code: "not_ready",
+            code: ErrorCode::NotReady,
             message: "the node's writer is not running".into(),
         });
     };
@@ -380,7 +324,7 @@ async fn submit(
                 }
                 Err(std::sync::mpsc::TrySendError::Disconnected(_)) => {
                     return Err(ApiError::Failed {
-                        code: "unavailable",
+                        code: ErrorCode::Unavailable,
                         message: "the node is stopping".into(),
                     })
                 }

@@ -6,18 +6,11 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::api::{blocking, caller, limit, Api, ApiResult};
-use ankusa_queue::audit::{self, Record};
-
-/// `GET /v1/audit`: a page of audit rows.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct AuditPage {
-    pub items: Vec<Record>,
-    /// Pass as `before` for the next page.
-    pub next: Option<u64>,
-}
+use ankusa_api::admin::AuditPage;
+use ankusa_queue::audit::{self};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -54,7 +47,8 @@ pub async fn audit_list(
         let next = (rows.len() == n)
             .then(|| rows.last().map(|r| r.seq))
             .flatten();
-        Ok(Json(AuditPage { items: rows, next }).into_response())
+        let items = rows.into_iter().map(crate::wire::audit).collect();
+        Ok(Json(AuditPage { items, next }).into_response())
     })
     .await
 }

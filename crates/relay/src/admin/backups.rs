@@ -27,6 +27,8 @@ use http_body_util::StreamBody;
 use hyper::body::Frame;
 
 use super::api::{backup_caller, Api, ApiError};
+use ankusa_api::admin::BackupCreated;
+use ankusa_api::error::ErrorCode;
 use ankusa_store::{tarball, Store, StoreError};
 
 /// A backup id: `b` and the Unix milliseconds it was taken.
@@ -110,7 +112,7 @@ fn archives_in(dir: &Path) -> Result<Vec<(u64, PathBuf)>, StoreError> {
 }
 
 /// The newest archive of each store format recorded in `dir`, oldest format first.
-pub fn newest_by_format(dir: &Path) -> Result<Vec<ankusa_crds::node::ArchiveAtFormat>, StoreError> {
+pub fn newest_by_format(dir: &Path) -> Result<Vec<ankusa_api::node::ArchiveAtFormat>, StoreError> {
     let mut by_format = std::collections::BTreeMap::new();
     for (n, path) in archives_in(dir)? {
         let id = format!("b{n}");
@@ -123,7 +125,7 @@ pub fn newest_by_format(dir: &Path) -> Result<Vec<ankusa_crds::node::ArchiveAtFo
             .and_then(|t| t.trim().parse().ok());
         by_format.insert(
             f,
-            ankusa_crds::node::ArchiveAtFormat {
+            ankusa_api::node::ArchiveAtFormat {
                 store_format: f,
                 archive: format!("{id}.tar.zst"),
                 bytes,
@@ -202,16 +204,6 @@ pub fn remove_cut_backups(dir: &Path) -> Result<usize, StoreError> {
     Ok(n)
 }
 
-/// `POST /v1/backups`: the backup taken.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct BackupCreated {
-    pub id: String,
-    /// The archive's size.
-    pub bytes: u64,
-    /// The store format the backup holds.
-    pub store_format: u32,
-}
-
 /// `POST /v1/backups` (admin or backup scope).
 #[utoipa::path(
     post,
@@ -219,7 +211,7 @@ pub struct BackupCreated {
     tag = "admin",
     responses(
         (status = 200, description = "The backup's archive was written to admin.backup_dir", body = BackupCreated),
-        (status = 500, description = "The backup failed (backup_failed); nothing of it was kept", body = crate::http::ErrorBody),
+        (status = 500, description = "The backup failed (backup_failed); nothing of it was kept", body = ankusa_api::error::ErrorBody),
         crate::http::AuthErrors,
         crate::http::Forbidden,
     ),
@@ -237,7 +229,7 @@ pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
         .map_err(|e| {
             tracing::error!(error = %e, "backup failed");
             ApiError::Failed {
-                code: "backup_failed",
+                code: ErrorCode::BackupFailed,
                 message: format!("the backup failed and nothing of it was kept: {e}"),
             }
         })?;
@@ -354,7 +346,7 @@ impl std::io::Write for FrameWriter {
     tag = "admin",
     responses(
         (status = 200, description = "A RocksDB checkpoint as .tar.zst, streamed while it is packed", content_type = "application/zstd", body = Vec<u8>),
-        (status = 500, description = "The checkpoint could not be taken", body = crate::http::ErrorBody),
+        (status = 500, description = "The checkpoint could not be taken", body = ankusa_api::error::ErrorBody),
         crate::http::AuthErrors,
         crate::http::Forbidden,
     ),
@@ -372,7 +364,7 @@ pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
         let failed = |e: StoreError| {
             tracing::error!(error = %e, "backup stream failed");
             ApiError::Failed {
-                code: "backup_failed",
+                code: ErrorCode::BackupFailed,
                 message: format!("the backup failed and nothing of it was kept: {e}"),
             }
         };

@@ -15,12 +15,12 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use ankusa_api::admin::TenantView;
+use ankusa_api::merge::Merge;
 use anyhow::{anyhow, bail, Context};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use serde_json::{json, Value};
-
-use super::tenants::TenantView;
 
 /// The nodes a command talks to, and how.
 pub struct Nodes {
@@ -274,7 +274,7 @@ impl Merged {
         self.nodes.push(i);
         if let Ok(v) = serde_json::from_value::<TenantView>(t.clone()) {
             match &mut self.view {
-                Some(m) => m.absorb(&v),
+                Some(m) => m.merge(&v),
                 None => self.view = Some(v),
             }
         }

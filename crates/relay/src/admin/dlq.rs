@@ -8,10 +8,11 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::api::{blocking, caller, limit, visible_ord, Api, ApiError, ApiResult, PageQuery};
 use super::auth::Scope;
+use ankusa_api::admin::{DlqItem, DlqPage, ReplayRequest, Revived};
 use ankusa_keyspace::{AtMs, DeadKey, Seq, SinkIdx, TenantOrd};
 use ankusa_queue::deliveries::{self, DeadPage, DeadRow};
 use ankusa_queue::{tenants, QueueError};
@@ -30,54 +31,6 @@ fn parse_row_id(s: &str) -> Option<DeadKey> {
         sink: SinkIdx(it.next()?.parse().ok()?),
     };
     it.next().is_none().then_some(k)
-}
-
-/// One dead row.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct DlqItem {
-    /// `<at_ms>.<seq>.<sink_index>`; relay-wide, `<node>/<id>`.
-    pub id: String,
-    pub tenant: String,
-    pub at_ms: u64,
-    pub hook_id: String,
-    pub source: String,
-    /// The sink's id.
-    pub sink: String,
-    /// Its position in the hook's fan-out list.
-    pub sink_index: u16,
-    pub size: u32,
-    pub attempts: u32,
-    pub last_attempt_ms: u64,
-    /// HTTP status of the last attempt (0: no response).
-    pub last_status: u16,
-    pub last_error: String,
-    /// A Relay of several nodes: the node that holds the row.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub node: Option<String>,
-}
-
-/// `GET /v1/dlq`: a page of dead rows.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct DlqPage {
-    pub items: Vec<DlqItem>,
-    /// Pass as `before` for the next page.
-    pub next: Option<String>,
-    /// A Relay of several nodes: the nodes that gave no answer (their rows are missing).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
-}
-
-/// `POST /v1/dlq/replay`: how many rows were revived.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct Revived {
-    /// Rows this call moved from the DLQ to due.
-    pub revived: u64,
-    /// Rows the call's selection matched (with `dry_run`: what a replay would move).
-    #[serde(default)]
-    pub matched: u64,
-    /// A Relay of several nodes: the nodes that gave no answer.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
 }
 
 fn names(store: &Store, rows: &[DeadRow]) -> Result<BTreeMap<TenantOrd, String>, QueueError> {
@@ -260,21 +213,6 @@ pub async fn dlq(
         .into_response())
     })
     .await
-}
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ReplayRequest {
-    #[serde(default)]
-    ids: Vec<String>,
-    tenant: Option<String>,
-    source: Option<String>,
-    from_ms: Option<u64>,
-    to_ms: Option<u64>,
-    limit: Option<usize>,
-    /// Count the rows the selection matches and move none (what a confirmation shows).
-    #[serde(default)]
-    dry_run: bool,
 }
 
 /// The most rows one replay call revives.

@@ -15,9 +15,10 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
+use ankusa_api::admin::EraseState;
 use ankusa_keyspace::{AtMs, TenantOrd};
 use ankusa_queue::erase::{self, Cursor, Step};
 use ankusa_queue::tenants::Erasing;
@@ -213,21 +214,6 @@ pub struct EraseQuery {
     confirm: Option<String>,
 }
 
-/// `DELETE /v1/tenants/{t}?confirm={t}`: the erase under way.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct EraseState {
-    pub tenant: String,
-    pub erasing: bool,
-    /// When the erase began (ms since the epoch).
-    pub since_ms: u64,
-    /// Nodes this call began an erase on (0: it ran already; relay-wide, summed).
-    pub changed: u64,
-    /// A Relay of several nodes: the nodes that gave no answer (the tenant's rows there
-    /// stay: call again).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
-}
-
 /// `DELETE /v1/tenants/{t}?confirm={t}`: erase the tenant for good (admin scope). Every
 /// key of it goes — due, inflight (once their attempts end), dead, its hooks, hook log,
 /// archive, dedupe keys, quarantined requests of sources fixed to it, counters — in synced
@@ -240,7 +226,7 @@ pub struct EraseState {
     params(("t" = String, Path, description = "A tenant id"), EraseQuery),
     responses(
         (status = 202, description = "The erase runs (or ran already: changed 0)", body = EraseState),
-        (status = 400, description = "`confirm` is not the tenant id", body = crate::http::ErrorBody),
+        (status = 400, description = "`confirm` is not the tenant id", body = ankusa_api::error::ErrorBody),
         crate::http::AuthErrors,
         crate::http::Forbidden,
         crate::http::NotFound,

@@ -9,11 +9,12 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
-use ankusa_queue::hooklog::{self, DeliveryState, HookView};
-use ankusa_records::{AttemptOutcome, ErrorClass, Event};
+use ankusa_api::admin::{EventOut, HookOut, HookSummary, RecentHooks, SinkOut};
+use ankusa_queue::hooklog::{self, HookView};
+use ankusa_records::Event;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -24,76 +25,20 @@ pub struct HookQuery {
     body: bool,
 }
 
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct EventOut {
-    kind: &'static str,
-    at_ms: u64,
-    attempt: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    outcome: Option<AttemptOutcome>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    status: Option<u16>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    error_class: Option<ErrorClass>,
-    #[serde(skip_serializing_if = "String::is_empty")]
-    error: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    latency_ms: Option<f64>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next_at_ms: Option<u64>,
-}
-
-impl From<&Event> for EventOut {
-    fn from(e: &Event) -> Self {
-        let attempt = e.kind == ankusa_keyspace::EventKind::Attempt;
-        EventOut {
-            kind: e.kind.name(),
-            at_ms: e.at.0,
-            attempt: e.attempt,
-            outcome: e.outcome,
-            status: (e.status != 0).then_some(e.status),
-            error_class: e.class,
-            error: e.error.clone(),
-            latency_ms: attempt.then_some(e.latency_us as f64 / 1000.0),
-            next_at_ms: e.next_at.map(|a| a.0),
-        }
+/// One hook-log event as the API shows it.
+fn event(e: &Event) -> EventOut {
+    let attempt = e.kind == ankusa_keyspace::EventKind::Attempt;
+    EventOut {
+        kind: crate::wire::event_kind(e.kind),
+        at_ms: e.at.0,
+        attempt: e.attempt,
+        outcome: e.outcome.map(crate::wire::outcome),
+        status: (e.status != 0).then_some(e.status),
+        error_class: e.class.map(crate::wire::error_class),
+        error: e.error.clone(),
+        latency_ms: attempt.then_some(e.latency_us as f64 / 1000.0),
+        next_at_ms: e.next_at.map(|a| a.0),
     }
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct SinkOut {
-    sink: String,
-    index: u16,
-    state: DeliveryState,
-    attempts: u32,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    next_attempt_ms: Option<u64>,
-    events: Vec<EventOut>,
-}
-
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct HookOut {
-    id: String,
-    tenant: String,
-    source: String,
-    received_ms: u64,
-    size: u32,
-    content_type: String,
-    /// The provider's headers its source forwards to sinks.
-    headers: std::collections::BTreeMap<String, String>,
-    /// The hook is still stored: its body can be read (`?body=true`).
-    stored: bool,
-    /// Its tenant is paused on this node since then (ms since the epoch): its queued
-    /// deliveries wait for `…/resume`.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    tenant_paused_since_ms: Option<u64>,
-    sinks: Vec<SinkOut>,
-    /// The body as text, when it is UTF-8.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    body: Option<String>,
-    /// The body in base64, when it is not UTF-8.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    body_base64: Option<String>,
 }
 
 fn render(v: HookView, tenant_paused_since_ms: Option<u64>) -> HookOut {
@@ -128,10 +73,10 @@ fn render(v: HookView, tenant_paused_since_ms: Option<u64>) -> HookOut {
             .map(|s| SinkOut {
                 sink: s.sink,
                 index: s.index.0,
-                state: s.state,
+                state: crate::wire::state(s.state),
                 attempts: s.attempts,
                 next_attempt_ms: s.next_attempt_at.map(|a| a.0),
-                events: s.events.iter().map(EventOut::from).collect(),
+                events: s.events.iter().map(event).collect(),
             })
             .collect(),
         body,
@@ -191,25 +136,6 @@ pub struct RecentQuery {
     tenant: Option<String>,
     /// The most hooks listed (default 20, at most `admin.max_page`).
     limit: Option<usize>,
-}
-
-/// One hook of a listing.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct HookSummary {
-    pub id: String,
-    pub tenant: String,
-    pub source: String,
-    pub received_ms: u64,
-    pub size: u32,
-    pub sinks: Vec<String>,
-}
-
-/// `GET /v1/hooks`: the newest hooks.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct RecentHooks {
-    pub items: Vec<HookSummary>,
-    /// The span read ran out before the log did: older hooks of the tenant may exist.
-    pub truncated: bool,
 }
 
 /// `GET /v1/hooks?tenant=t&limit=n`: the newest hooks of the node's hook log, newest first,

@@ -12,46 +12,18 @@ use axum::extract::{Path, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::Serialize;
 
 use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
-use crate::ingest::quota::{Overrides, SetError};
-use ankusa_config::TenantLimits;
-
-/// A tenant's limits.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct LimitsView {
-    pub tenant: String,
-    /// What the tenant runs under: its own limits over the defaults. A key absent: no
-    /// limit.
-    #[schema(value_type = Object)]
-    pub effective: TenantLimits,
-    /// Every tenant's (`tenants.limits`).
-    #[schema(value_type = Object)]
-    pub defaults: TenantLimits,
-    /// Its own, over the defaults: a key absent keeps the default, `null` lifts it.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub overrides: Option<Overrides>,
-    /// Hooks a quota refused on this node since it started.
-    pub refused: u64,
-    /// When the last was refused (ms since the epoch).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub last_refused_ms: Option<u64>,
-    /// A change: the nodes it changed (0: they were so already; relay-wide, summed).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub changed: Option<u64>,
-    /// A Relay of several nodes: the nodes that gave no answer (their limits are as they
-    /// were).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
-}
+use crate::ingest::quota::SetError;
+use ankusa_api::admin::{LimitsView, Overrides};
+use ankusa_api::error::ErrorCode;
 
 fn view(api: &Api, tenant: String, changed: Option<u64>) -> LimitsView {
     let q = &api.quotas;
     let refused = q.refused(&tenant).unwrap_or_default();
     LimitsView {
-        effective: q.effective(&tenant),
-        defaults: q.defaults(),
+        effective: crate::wire::limits(&q.effective(&tenant)),
+        defaults: crate::wire::limits(&q.defaults()),
         overrides: q.overrides(&tenant),
         refused: refused.count,
         last_refused_ms: (refused.count > 0).then_some(refused.last_ms),
@@ -168,7 +140,7 @@ async fn change(
             Err(SetError::Invalid(why)) => return Err(ApiError::BadRequest(why)),
             Err(SetError::TooMany) => {
                 return Err(ApiError::Conflict {
-                    code: "too_many_overrides",
+                    code: ErrorCode::TooManyOverrides,
                     message: format!(
                         "{} tenants have their own limits already",
                         crate::ingest::quota::MAX_OVERRIDES

@@ -42,6 +42,7 @@ pub mod tenants;
 
 use axum::routing::{delete, post};
 
+use ankusa_api::error::ErrorCode;
 use ankusa_queue::counters;
 use ankusa_queue::QueueError;
 use ankusa_store::{migrate, Store, SUPPORTED_FORMAT};
@@ -57,7 +58,7 @@ pub struct AdminState {
     pub metrics_access: ankusa_config::MetricsAccess,
 }
 
-use ankusa_crds::node::{Counters, MigrationProgress, NodeStatus};
+use ankusa_api::node::{MigrationProgress, NodeStatus};
 
 /// The boot migration's progress, shared with `/v1/node`.
 #[derive(Debug, Default)]
@@ -88,11 +89,11 @@ pub fn node_status(
     let (tenants, counters, oldest_due_at_ms) = if current {
         (
             ankusa_queue::tenants::count(store)?,
-            counters::node(store)?,
+            crate::wire::counters(counters::node(store)?),
             ankusa_queue::deliveries::oldest_due_at(store)?.map(|a| a.0),
         )
     } else {
-        (0, Counters::default(), None)
+        (0, ankusa_api::node::Counters::default(), None)
     };
     Ok(NodeStatus {
         version: env!("CARGO_PKG_VERSION").to_owned(),
@@ -107,7 +108,7 @@ pub fn node_status(
             .health()
             .error()
             .filter(|_| store.health().failing())
-            .map(|(message, since_ms)| ankusa_crds::node::WriteError { message, since_ms }),
+            .map(|(message, since_ms)| ankusa_api::node::WriteError { message, since_ms }),
         cluster: None,
         store_bytes: Some(store.disk_bytes()),
         volume_free_bytes: store.volume_free_bytes(),
@@ -136,7 +137,7 @@ pub(crate) async fn healthz() -> &'static str {
     tag = "admin",
     responses(
         (status = 200, description = "Ready (both listeners)", content_type = "text/plain", body = String),
-        (status = 503, description = "Not ready: the store is opening (store_opening), starting or migrating (not_ready), stopping, or the store's writes fail (store_unavailable)", body = crate::http::ErrorBody),
+        (status = 503, description = "Not ready: the store is opening (store_opening), starting or migrating (not_ready), stopping, or the store's writes fail (store_unavailable)", body = ankusa_api::error::ErrorBody),
     )
 )]
 pub(crate) async fn readyz(State(s): State<Arc<AdminState>>) -> Response {
@@ -162,14 +163,14 @@ pub(crate) async fn metrics(
             Some(_) => {
                 return crate::http::error(
                     axum::http::StatusCode::FORBIDDEN,
-                    "forbidden",
+                    ErrorCode::Forbidden,
                     "/metrics takes an admin or metrics-scope token",
                 )
             }
             None => {
                 return crate::http::error(
                     axum::http::StatusCode::UNAUTHORIZED,
-                    "unauthorized",
+                    ErrorCode::Unauthorized,
                     "/metrics takes a bearer token (admin.metrics.token_required)",
                 )
             }
@@ -232,7 +233,7 @@ async fn require_ready(
     } else {
         crate::http::error(
             axum::http::StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
+            ErrorCode::NotReady,
             "the node is starting: the store is opening, migrating or recovering",
         )
     }

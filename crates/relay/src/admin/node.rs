@@ -93,8 +93,8 @@ mod tests {
     path = "/v1/node",
     tag = "admin",
     responses(
-        (status = 200, description = "The node's status (served during a boot migration too)", body = ankusa_crds::node::NodeStatus),
-        (status = 401, description = "No valid token", body = crate::http::ErrorBody),
+        (status = 200, description = "The node's status (served during a boot migration too)", body = ankusa_api::node::NodeStatus),
+        (status = 401, description = "No valid token", body = ankusa_api::error::ErrorBody),
         crate::http::Forbidden,
     ),
     security(("bearer" = []))

@@ -7,35 +7,13 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::{Deserialize, Serialize};
 
 use super::api::{admin_only, blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use ankusa_api::admin::{PortalLink, PortalRequest};
+use ankusa_api::error::ErrorCode;
 
 /// A portal link's lifetime when the request names none (24 hours).
 pub const DEFAULT_TTL_MS: u64 = 86_400_000;
-
-#[derive(Debug, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct PortalRequest {
-    /// The tenant the link shows (it must exist).
-    pub tenant: String,
-    /// How long the link lives, in milliseconds (default 24 h, at most
-    /// `admin.console.portal_max_ttl_ms`).
-    pub ttl_ms: Option<u64>,
-}
-
-/// A portal link.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct PortalLink {
-    pub tenant: String,
-    /// The console's path for it, on any node's admin listener with the same
-    /// `portal_secret`: `/ui/portal/<credential>/`.
-    pub path: String,
-    /// The credential itself: also a bearer token of the admin API with the tenant's
-    /// scope, until it expires.
-    pub credential: String,
-    pub expires_ms: u64,
-}
 
 /// `POST /v1/portal-links`: admin tokens only; 409 `portal_disabled` without
 /// `admin.console.portal_secret`. Written to the audit trail.
@@ -49,7 +27,7 @@ pub struct PortalLink {
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
-        (status = 409, description = "No portal_secret is configured (portal_disabled)", body = crate::http::ErrorBody),
+        (status = 409, description = "No portal_secret is configured (portal_disabled)", body = ankusa_api::error::ErrorBody),
         crate::http::JsonBodyErrors,
     ),
     security(("bearer" = []))
@@ -74,7 +52,7 @@ pub async fn create(
         let expires_ms = ankusa_keyspace::now_ms().saturating_add(ttl);
         let Some(credential) = a.tokens.load().portal_credential(&req.tenant, expires_ms) else {
             return Err(ApiError::Conflict {
-                code: "portal_disabled",
+                code: ErrorCode::PortalDisabled,
                 message: "set admin.console.portal_secret to make portal links".into(),
             });
         };

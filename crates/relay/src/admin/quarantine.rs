@@ -7,38 +7,11 @@ use axum::extract::{Query, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::api::{blocking, caller, limit, Api, ApiError, ApiResult};
 use super::sources::quarantine_visible;
-
-/// One quarantined request.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct QuarantineItem {
-    pub id: u64,
-    pub source: String,
-    pub at_ms: u64,
-    /// Why verification failed.
-    pub reason: String,
-    /// `[name, value]` pairs as received.
-    pub headers: Vec<(String, String)>,
-    /// The first 1 024 characters of the body's base64.
-    pub body_base64_preview: String,
-}
-
-/// `GET /v1/quarantine`: a page of quarantined requests.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct QuarantinePage {
-    pub items: Vec<QuarantineItem>,
-    /// Pass as `before` for the next page.
-    pub next: Option<u64>,
-}
-
-/// `DELETE /v1/quarantine`: how many entries went.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Deleted {
-    pub deleted: u64,
-}
+use ankusa_api::admin::{Deleted, QuarantineItem, QuarantinePage};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]

@@ -36,10 +36,13 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 use super::api::Api;
-use super::dlq::{DlqItem, DlqPage, Revived};
-use super::tenants::{NodeTenants, TenantView, TenantsTop};
+
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::{error, percent_decode as decode, percent_encode as encode, with_retry_after};
+use ankusa_api::admin::{DlqItem, DlqPage, NodeTenants, Revived, TenantView, TenantsTop};
+use ankusa_api::admin::{EraseState, LimitsView, PauseState, PurgeReport, Retried, SourceView};
+use ankusa_api::error::ErrorCode;
+use ankusa_api::merge::Merge;
 
 /// The largest admin body read before it is routed (a replay's, to find its tenant).
 const MAX_ROUTED_BODY: usize = 1 << 20;
@@ -58,13 +61,13 @@ async fn routed_body(body: Body) -> Result<bytes::Bytes, Response> {
         {
             Err(error(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ErrorCode::BodyTooLarge,
                 "an admin request about a tenant carries at most 1 MiB",
             ))
         }
         Err(_) => Err(error(
             StatusCode::BAD_REQUEST,
-            "bad_request",
+            ErrorCode::BadRequest,
             "the body could not be read",
         )),
     }
@@ -139,30 +142,28 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
         // answers with its refusals.
         (Method::GET, p) if p.ends_with("/limits") => None,
         (Method::PUT | Method::DELETE, p) if p.ends_with("/limits") => {
-            Some(Merge::Sum(&["changed", "refused"]))
+            Some::<Merger>(merge_as::<LimitsView>)
         }
         // The dedupe entry of a delivery id is on the tenant's owner.
         (Method::GET, p) if p.contains("/deliveries/") => None,
         (Method::GET, p) if p.starts_with("/v1/tenants/") && !p.ends_with("/queue") => {
-            Some(Merge::View)
+            Some::<Merger>(merge_as::<TenantView>)
         }
         // An erase runs on every node that holds the tenant's rows.
         (Method::DELETE, p)
             if p.strip_prefix("/v1/tenants/")
                 .is_some_and(|t| !t.contains('/')) =>
         {
-            Some(Merge::Sum(&["changed"]))
+            Some::<Merger>(merge_as::<EraseState>)
         }
-        (Method::DELETE, p) if p.ends_with("/queue") => {
-            Some(Merge::Sum(&["due", "dead", "batches"]))
-        }
-        (Method::POST, "/v1/dlq/replay") => Some(Merge::Sum(&["revived", "matched"])),
-        (Method::POST, p) if p.ends_with("/retry") => Some(Merge::Sum(&["retried", "more"])),
+        (Method::DELETE, p) if p.ends_with("/queue") => Some::<Merger>(merge_as::<PurgeReport>),
+        (Method::POST, "/v1/dlq/replay") => Some::<Merger>(merge_as::<Revived>),
+        (Method::POST, p) if p.ends_with("/retry") => Some::<Merger>(merge_as::<Retried>),
         // Held on every node that holds the tenant's rows: its owner and former owners.
         (Method::POST, p) if p.ends_with("/pause") || p.ends_with("/resume") => {
-            Some(Merge::Sum(&["changed", "markers"]))
+            Some::<Merger>(merge_as::<PauseState>)
         }
-        (Method::GET, p) if p.starts_with("/v1/sources/") => Some(Merge::Backlog),
+        (Method::GET, p) if p.starts_with("/v1/sources/") => Some::<Merger>(merge_as::<SourceView>),
         _ => None,
     };
     let owner = cluster.owner_of(&tenant).clone();
@@ -226,10 +227,10 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
         Some(c) => {
             for part in c.split(',').filter(|p| !p.is_empty()) {
                 let Some((node, cur)) = part.split_once(':') else {
-                    return error(StatusCode::BAD_REQUEST, "bad_request", "bad cursor");
+                    return error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, "bad cursor");
                 };
                 if !cluster.members().iter().any(|m| m.name == node) {
-                    return error(StatusCode::BAD_REQUEST, "bad_request", "bad cursor");
+                    return error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, "bad cursor");
                 }
                 from.push((node.to_owned(), (!cur.is_empty()).then(|| cur.to_owned())));
             }
@@ -413,13 +414,17 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
     let mut groups: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
     for id in body["ids"].as_array().into_iter().flatten() {
         let Some(id) = id.as_str() else {
-            return error(StatusCode::BAD_REQUEST, "bad_request", "ids are strings");
+            return error(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::BadRequest,
+                "ids are strings",
+            );
         };
         let (node, id) = id.split_once('/').unwrap_or((me.as_str(), id));
         if !cluster.members().iter().any(|m| m.name == node) {
             return error(
                 StatusCode::BAD_REQUEST,
-                "bad_request",
+                ErrorCode::BadRequest,
                 format!("no node {node:?} in the Relay"),
             );
         }
@@ -478,15 +483,27 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
     .into_response()
 }
 
-/// How the nodes' answers to one call about a tenant add up.
-#[derive(Debug, Clone, Copy)]
-enum Merge {
-    /// `{tenant, ord, counters}`: the counters summed (the owner's `ord`).
-    View,
-    /// These numeric fields summed.
-    Sum(&'static [&'static str]),
-    /// A source's `backlog`: its counts summed, `exact` only if every node's is.
-    Backlog,
+/// How the nodes' answers to one call about a tenant add up: read as the call's body
+/// type and folded by its [`Merge`]; `None` when the first does not read as it.
+type Merger = fn(&[Bytes], Vec<String>) -> Option<Response>;
+
+/// [`Merger`] of the body type `T`: the first answer (the owner's) with every other
+/// answer that reads as a `T` merged in.
+fn merge_as<T: Merge + serde::Serialize + serde::de::DeserializeOwned>(
+    found: &[Bytes],
+    unavailable: Vec<String>,
+) -> Option<Response> {
+    let (first, rest) = found.split_first()?;
+    let mut out: T = serde_json::from_slice(first).ok()?;
+    for b in rest {
+        if let Ok(v) = serde_json::from_slice::<T>(b) {
+            out.merge(&v);
+        }
+    }
+    if !unavailable.is_empty() {
+        out.set_unavailable(unavailable);
+    }
+    Some(Json(out).into_response())
 }
 
 /// The owner's answer with every other node's 200 added in; the owner's own answer as it
@@ -494,10 +511,10 @@ enum Merge {
 async fn merged(
     owner: &Member,
     answers: Vec<(String, Result<Response, Unreachable>)>,
-    merge: Merge,
+    merge: Merger,
 ) -> Response {
     let mut owner_answer = None;
-    let mut found: Vec<Value> = Vec::new();
+    let mut found: Vec<Bytes> = Vec::new();
     let mut unavailable = Vec::new();
     // A call that starts work answers 202 (an erase): the merged answer keeps it.
     let mut success = StatusCode::OK;
@@ -519,61 +536,29 @@ async fn merged(
         }
         if status.is_success() {
             success = status;
-            let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-            // The owner's answer first: its `ord` and shape are the view's.
+            // The owner's answer first: its shape is the merged answer's.
             if is_owner {
-                found.insert(0, v);
+                found.insert(0, bytes);
             } else {
-                found.push(v);
+                found.push(bytes);
             }
         } else if status != StatusCode::NOT_FOUND && !is_owner {
             unavailable.push(name);
         }
     }
-    let Some(mut out) = found.first().cloned() else {
+    if found.is_empty() {
         return match owner_answer {
             Some((status, bytes)) => raw(status, bytes),
-            None => error(StatusCode::NOT_FOUND, "not_found", "no such tenant"),
+            None => error(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such tenant"),
         };
-    };
-    for v in &found[1..] {
-        match merge {
-            // Read as views and added up as one ([`TenantView::absorb`]); an answer that
-            // does not read as a view adds nothing.
-            Merge::View => {
-                if let (Ok(mut a), Ok(b)) = (
-                    serde_json::from_value::<TenantView>(out.clone()),
-                    serde_json::from_value::<TenantView>(v.clone()),
-                ) {
-                    a.absorb(&b);
-                    out = serde_json::to_value(a).unwrap_or(out);
-                }
-            }
-            Merge::Sum(fields) => add_fields(&mut out, v, fields),
-            Merge::Backlog => {
-                let fields = ["pending", "scheduled", "inflight", "bytes", "rows_read"];
-                add_fields(&mut out["backlog"], &v["backlog"], &fields);
-                let exact = out["backlog"]["exact"].as_bool() == Some(true)
-                    && v["backlog"]["exact"].as_bool() == Some(true);
-                out["backlog"]["exact"] = exact.into();
-            }
-        }
     }
-    if !unavailable.is_empty() {
-        out["unavailable"] = unavailable.into();
-    }
-    (success, Json(out)).into_response()
-}
-
-/// Numbers summed; flags (`more`) true if any node's is.
-fn add_fields(out: &mut Value, v: &Value, fields: &[&str]) {
-    for f in fields {
-        if let (Some(a), Some(b)) = (out[*f].as_bool(), v[*f].as_bool()) {
-            out[*f] = (a || b).into();
-            continue;
+    match merge(&found, unavailable) {
+        Some(mut r) => {
+            *r.status_mut() = success;
+            r
         }
-        let sum = out[*f].as_i64().unwrap_or(0) + v[*f].as_i64().unwrap_or(0);
-        out[*f] = sum.into();
+        // The owner's answer is not the call's body: as it came.
+        None => raw(success, found.swap_remove(0)),
     }
 }
 
@@ -616,7 +601,7 @@ fn answer_of(owner: &Member, r: Result<Response, Unreachable>) -> Response {
     r.unwrap_or_else(|e| {
         let r = error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "owner_unavailable",
+            ErrorCode::OwnerUnavailable,
             format!(
                 "{} owns this tenant and did not answer: {}",
                 owner.name, e.reason
@@ -674,7 +659,7 @@ async fn hook_anywhere(api: &Api, req: Request, next: Next) -> Response {
     }
     let r = error(
         StatusCode::SERVICE_UNAVAILABLE,
-        "owner_unavailable",
+        ErrorCode::OwnerUnavailable,
         format!(
             "no node that answered has this hook, and these did not answer: {}",
             silent.join(", ")
@@ -734,13 +719,13 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
                     let t = TenantView { ord: None, ..t };
                     merged.insert(t.tenant.clone(), t);
                 }
-                Some(m) => m.absorb(&t),
+                Some(m) => m.merge(&t),
             }
         }
     }
     let mut tenants: Vec<TenantView> = merged.into_values().collect();
     if !listing {
-        tenants.sort_by_key(|t| std::cmp::Reverse(super::tenants::work_order(&t.counters)));
+        tenants.sort_by_key(|t| std::cmp::Reverse(t.counters.work_order()));
     }
     tenants.truncate(top);
     let next = (listing && tenants.len() >= top)
@@ -773,14 +758,14 @@ fn cluster_door(api: &Api, headers: &HeaderMap) -> Option<Response> {
     if !api.cluster.is_multi() {
         return Some(error(
             StatusCode::NOT_FOUND,
-            "not_a_relay_node",
+            ErrorCode::NotARelayNode,
             "this node is not part of a Relay of several nodes",
         ));
     }
     (!api.cluster.authentic(headers)).then(|| {
         error(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "the cluster token is required",
         )
     })
@@ -795,9 +780,9 @@ fn cluster_door(api: &Api, headers: &HeaderMap) -> Option<Response> {
     request_body = LendRequest,
     responses(
         (status = 200, description = "The slots lent (maybe none) and the running total", body = Lent),
-        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
-        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = crate::http::ErrorBody),
-        (status = 503, description = "The loan could not be recorded", body = crate::http::ErrorBody),
+        (status = 401, description = "No valid cluster token", body = ankusa_api::error::ErrorBody),
+        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = ankusa_api::error::ErrorBody),
+        (status = 503, description = "The loan could not be recorded", body = ankusa_api::error::ErrorBody),
         crate::http::JsonBodyErrors,
     ),
     security(("cluster" = []))
@@ -815,7 +800,7 @@ pub async fn lend(
         Ok(Ok((given, lent_total))) => Json(Lent { given, lent_total }).into_response(),
         _ => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unavailable,
             "the loan could not be recorded",
         ),
     }
@@ -830,10 +815,10 @@ pub async fn lend(
     params(("tenant" = String, Query, description = "The tenant id")),
     responses(
         (status = 200, description = "Whether this node stores the tenant", body = Stored),
-        (status = 400, description = "No tenant given (bad_request)", body = crate::http::ErrorBody),
-        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
-        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = crate::http::ErrorBody),
-        (status = 503, description = "The store could not be read", body = crate::http::ErrorBody),
+        (status = 400, description = "No tenant given (bad_request)", body = ankusa_api::error::ErrorBody),
+        (status = 401, description = "No valid cluster token", body = ankusa_api::error::ErrorBody),
+        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = ankusa_api::error::ErrorBody),
+        (status = 503, description = "The store could not be read", body = ankusa_api::error::ErrorBody),
     ),
     security(("cluster" = []))
 )]
@@ -842,7 +827,11 @@ pub async fn stored(State(api): State<Arc<Api>>, req: Request) -> Response {
         return r;
     }
     let Some(tenant) = query_param(req.uri().query().unwrap_or(""), "tenant") else {
-        return error(StatusCode::BAD_REQUEST, "bad_request", "tenant is required");
+        return error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            "tenant is required",
+        );
     };
     let store = api.store.clone();
     match tokio::task::spawn_blocking(move || ankusa_queue::tenants::ord(&store, &tenant)).await {
@@ -852,7 +841,7 @@ pub async fn stored(State(api): State<Arc<Api>>, req: Request) -> Response {
         .into_response(),
         _ => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unavailable,
             "the store could not be read",
         ),
     }
@@ -868,11 +857,11 @@ pub async fn stored(State(api): State<Arc<Api>>, req: Request) -> Response {
     request_body = HandoffBatch,
     responses(
         (status = 200, description = "Imported now, or before (`already`): the sender may forget the batch", body = HandoffAnswer),
-        (status = 400, description = "An unknown sender, too many items, an item that does not decode (bad_request)", body = crate::http::ErrorBody),
-        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
-        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = crate::http::ErrorBody),
-        (status = 409, description = "A tenant of the batch is not this node's (not_owner): the node lists disagree", body = crate::http::ErrorBody),
-        (status = 503, description = "Not imported now (tenant_limit, unavailable): nothing written", body = crate::http::ErrorBody),
+        (status = 400, description = "An unknown sender, too many items, an item that does not decode (bad_request)", body = ankusa_api::error::ErrorBody),
+        (status = 401, description = "No valid cluster token", body = ankusa_api::error::ErrorBody),
+        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = ankusa_api::error::ErrorBody),
+        (status = 409, description = "A tenant of the batch is not this node's (not_owner): the node lists disagree", body = ankusa_api::error::ErrorBody),
+        (status = 503, description = "Not imported now (tenant_limit, unavailable): nothing written", body = ankusa_api::error::ErrorBody),
         crate::http::JsonBodyErrors,
     ),
     security(("cluster" = []))
@@ -889,22 +878,28 @@ pub async fn handoff(
     let Some(writer) = api.writer.get() else {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unavailable,
             "the node is starting",
         );
     };
     match crate::cluster::handoff::receive(&api.cluster, writer, batch).await {
         Ok(answer) => Json(answer).into_response(),
-        Err(e @ Refusal::Bad(_)) => error(StatusCode::BAD_REQUEST, "bad_request", e.to_string()),
-        Err(e @ Refusal::NotOwner(_)) => error(StatusCode::CONFLICT, "not_owner", e.to_string()),
+        Err(e @ Refusal::Bad(_)) => error(
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadRequest,
+            e.to_string(),
+        ),
+        Err(e @ Refusal::NotOwner(_)) => {
+            error(StatusCode::CONFLICT, ErrorCode::NotOwner, e.to_string())
+        }
         Err(e @ Refusal::TenantLimit) => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "tenant_limit",
+            ErrorCode::TenantLimit,
             e.to_string(),
         ),
         Err(e @ Refusal::Unavailable) => error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unavailable,
             e.to_string(),
         ),
     }
@@ -917,8 +912,8 @@ pub async fn handoff(
     tag = "cluster",
     responses(
         (status = 200, description = "This node's part of the tenant registry", body = SlotLedger),
-        (status = 401, description = "No valid cluster token", body = crate::http::ErrorBody),
-        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = crate::http::ErrorBody),
+        (status = 401, description = "No valid cluster token", body = ankusa_api::error::ErrorBody),
+        (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = ankusa_api::error::ErrorBody),
     ),
     security(("cluster" = []))
 )]
@@ -934,7 +929,11 @@ pub async fn slots(State(api): State<Arc<Api>>, headers: HeaderMap) -> Response 
             heard: l.heard,
         })
         .into_response(),
-        None => error(StatusCode::NOT_FOUND, "not_a_relay_node", "no registry"),
+        None => error(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotARelayNode,
+            "no registry",
+        ),
     }
 }
 

@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use super::api::ApiError;
+use ankusa_api::error::ErrorCode;
 
 /// The most replayed hooks in the writer's queue at once, node-wide: at most a quarter of
 /// `writer.queue_capacity`, so a replay never fills the queue live ingest shares.
@@ -34,7 +35,7 @@ impl Replays {
         let mut r = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if !r.insert(key.clone()) {
             return Err(ApiError::Conflict {
-                code: "replay_running",
+                code: ErrorCode::ReplayRunning,
                 message: format!(
                     "a replay of {} runs on this node; one at a time",
                     key.split_once(':').map_or("it", |(_, t)| t)
@@ -72,7 +73,7 @@ mod tests {
         assert!(matches!(
             r.begin("archive:a".into()),
             Err(ApiError::Conflict {
-                code: "replay_running",
+                code: ErrorCode::ReplayRunning,
                 ..
             })
         ));

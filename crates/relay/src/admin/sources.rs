@@ -6,10 +6,11 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::api::{blocking, caller, Api, ApiError, ApiResult};
 use super::auth::Scope;
+use ankusa_api::admin::SourceView;
 use ankusa_config::{Config, TenantFrom};
 use ankusa_queue::deliveries::{self, SourceBacklog};
 use ankusa_queue::tenants;
@@ -17,23 +18,6 @@ use ankusa_queue::tenants;
 /// Rows read by default, and at most.
 const DEFAULT_ROWS: usize = 100_000;
 const MAX_ROWS: usize = 1_000_000;
-
-/// `GET /v1/sources/{id}`: a source's settings and its backlog.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct SourceView {
-    pub id: String,
-    /// The tenant the source pins (`default` without a tenant setting); null: shared.
-    pub tenant: Option<String>,
-    /// The verification scheme.
-    pub verify: Option<String>,
-    pub route: String,
-    pub sinks: Vec<String>,
-    pub forward_headers: Vec<String>,
-    pub backlog: SourceBacklog,
-    /// A Relay of several nodes: the nodes that gave no answer (their rows are not counted).
-    #[serde(skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
-}
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -122,7 +106,7 @@ pub async fn get(
         route: src.route.clone(),
         sinks,
         forward_headers: forward,
-        backlog,
+        backlog: crate::wire::backlog(backlog),
         unavailable: Vec::new(),
     })
     .into_response())

@@ -8,127 +8,33 @@ use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
 use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
 use super::auth::Scope;
-use ankusa_crds::node::Counters;
+use ankusa_api::admin::{PauseState, PurgeReport, Retried, RetryRequest, TenantView, TenantsTop};
+use ankusa_api::node::Counters;
 use ankusa_keyspace::AtMs;
 use ankusa_queue::deliveries::{self, PurgeKinds};
 use ankusa_queue::{counters, tenants};
 
-/// `GET /v1/tenants/{t}`: a tenant's counters.
-#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct TenantView {
-    pub tenant: String,
-    /// Its ordinal on the node that answered (absent from a relay-wide merge).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub ord: Option<u32>,
-    pub counters: Counters,
-    /// Paused since (ms since the epoch): its deliveries are held (`…/resume` ends it).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub paused_since_ms: Option<u64>,
-    /// Being erased since (ms since the epoch): its hooks are refused, its rows going
-    /// (`DELETE /v1/tenants/{t}`); the tenant is 404 once the erase ended.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub erasing_since_ms: Option<u64>,
-    /// When its oldest due row became due (ms since the epoch): how long its backlog has
-    /// waited. A paused tenant's grows.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub oldest_due_at_ms: Option<u64>,
-    /// Hooks its quotas refused since the node started (`…/limits`).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub quota_refusals: u64,
-    /// A Relay of several nodes: the nodes that gave no answer (their rows are not counted).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
-}
-
-fn is_zero(n: &u64) -> bool {
-    *n == 0
-}
-
-impl TenantView {
-    /// Tenant `tenant` (ordinal `ord`) on this node: its counters, oldest due row (one
-    /// seek), pause and refusals.
-    pub(crate) fn read(
-        api: &Api,
-        tenant: String,
-        ord: ankusa_keyspace::TenantOrd,
-    ) -> Result<TenantView, ankusa_queue::QueueError> {
-        Ok(TenantView {
-            counters: counters::read(&api.store, ord)?,
-            oldest_due_at_ms: deliveries::first_due(&api.store, ord)?.map(|r| r.key.at.0),
-            ord: Some(ord.0),
-            paused_since_ms: paused_since(api, ord),
-            erasing_since_ms: api.eraser.since(ord).map(|a| a.0),
-            quota_refusals: api.quotas.refused(&tenant).map_or(0, |r| r.count),
-            unavailable: Vec::new(),
-            tenant,
-        })
-    }
-
-    /// Adds another node's view of the same tenant: counters and refusals summed, the
-    /// earliest pause and oldest due row.
-    pub(crate) fn absorb(&mut self, other: &TenantView) {
-        use ankusa_queue::counters::CountsExt;
-        for f in ankusa_keyspace::CounterField::ALL {
-            self.counters.add(f, other.counters.get(f));
-        }
-        let earliest = |a: Option<u64>, b: Option<u64>| match (a, b) {
-            (Some(x), Some(y)) => Some(x.min(y)),
-            (x, y) => x.or(y),
-        };
-        self.paused_since_ms = earliest(self.paused_since_ms, other.paused_since_ms);
-        self.erasing_since_ms = earliest(self.erasing_since_ms, other.erasing_since_ms);
-        self.oldest_due_at_ms = earliest(self.oldest_due_at_ms, other.oldest_due_at_ms);
-        self.quota_refusals += other.quota_refusals;
-    }
-}
-
-/// `GET /v1/tenants`: the tenants with the most pending work.
-#[derive(Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct TenantsTop {
-    pub tenants: Vec<TenantView>,
-    /// Tenants this node holds (relay-wide: the sum of the nodes' `registered`).
-    pub total: u64,
-    /// A Relay of several nodes: tenants this node owns.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub owned: Option<u64>,
-    /// A Relay of several nodes: tenants this node's registry counts (those its store
-    /// holds and those it admitted since it started).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub registered: Option<u64>,
-    /// A listing by `prefix`: the `after` of its next page (absent on the last).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next: Option<String>,
-    /// Relay-wide (always there): each node's own `total` and `owned`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub nodes: Option<Vec<NodeTenants>>,
-    /// Relay-wide (always there): the nodes that gave no answer.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub unavailable: Option<Vec<String>>,
-}
-
-/// One node's part of a relay-wide `GET /v1/tenants`.
-#[derive(Debug, Default, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct NodeTenants {
-    pub node: String,
-    pub total: Option<u64>,
-    pub owned: Option<u64>,
-}
-
-/// `DELETE /v1/tenants/{t}/queue`: the rows removed.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct PurgeReport {
-    pub tenant: String,
-    pub due: u64,
-    pub dead: u64,
-    /// Synced batches written.
-    pub batches: u64,
-    /// A Relay of several nodes: the nodes that gave no answer (their rows are left).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
+/// Tenant `tenant` (ordinal `ord`) on this node: its counters, oldest due row (one seek),
+/// pause and refusals.
+pub(crate) fn view(
+    api: &Api,
+    tenant: String,
+    ord: ankusa_keyspace::TenantOrd,
+) -> Result<TenantView, ankusa_queue::QueueError> {
+    Ok(TenantView {
+        counters: crate::wire::counters(counters::read(&api.store, ord)?),
+        oldest_due_at_ms: deliveries::first_due(&api.store, ord)?.map(|r| r.key.at.0),
+        ord: Some(ord.0),
+        paused_since_ms: paused_since(api, ord),
+        erasing_since_ms: api.eraser.since(ord).map(|a| a.0),
+        quota_refusals: api.quotas.refused(&tenant).map_or(0, |r| r.count),
+        unavailable: Vec::new(),
+        tenant,
+    })
 }
 
 /// `GET /v1/tenants/{t}`
@@ -153,7 +59,7 @@ pub async fn tenant(
     let a = api.clone();
     blocking(move || {
         let ord = visible_ord(&a.store, &c.scope, &t)?;
-        Ok(Json(TenantView::read(&a, t, ord)?).into_response())
+        Ok(Json(view(&a, t, ord)?).into_response())
     })
     .await
 }
@@ -161,7 +67,7 @@ pub async fn tenant(
 /// Every tenant with work — due rows now or later (every bucket of the active index), dead
 /// rows (a skip scan of their index, one key per tenant), and `more` (paused tenants, whose
 /// markers dispatch took out) — each with its counters, bounded as the gauges' read is;
-/// the most work first ([`work_order`], then the oldest ordinal).
+/// the most work first ([`Counters::work_order`], then the oldest ordinal).
 pub(crate) fn with_work(
     store: &ankusa_store::Store,
     more: impl IntoIterator<Item = ankusa_keyspace::TenantOrd>,
@@ -177,7 +83,7 @@ pub(crate) fn with_work(
     let ords = active.into_iter().map(|t| t.ord).chain(dead).chain(more);
     let mut out = Vec::new();
     for ord in ords.filter(|o| seen.insert(*o)) {
-        let counters = counters::read(store, ord)?;
+        let counters = crate::wire::counters(counters::read(store, ord)?);
         // A marker the dispatcher has not cleaned yet can name a tenant with nothing left.
         if counters.pending + counters.scheduled + counters.inflight + counters.dead == 0 {
             continue;
@@ -189,15 +95,9 @@ pub(crate) fn with_work(
     Ok(out)
 }
 
-/// Most work first ([`work_order`]), then the oldest ordinal.
+/// Most work first ([`Counters::work_order`]), then the oldest ordinal.
 fn by_work(tenants: &mut [(String, ankusa_keyspace::TenantOrd, Counters)]) {
-    tenants.sort_by(|x, y| work_order(&y.2).cmp(&work_order(&x.2)).then(x.1.cmp(&y.1)));
-}
-
-/// How `/v1/tenants` orders tenants, greatest first: the most pending, then the most
-/// scheduled, then the most dead.
-pub(crate) fn work_order(c: &Counters) -> (i64, i64, i64) {
-    (c.pending, c.scheduled, c.dead)
+    tenants.sort_by(|x, y| y.2.work_order().cmp(&x.2.work_order()).then(x.1.cmp(&y.1)));
 }
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -276,7 +176,11 @@ pub async fn tenants_top(
                     let mut out = Vec::new();
                     for t in ts {
                         if let Some(ord) = tenants::ord(store, t)? {
-                            out.push((t.clone(), ord, counters::read(store, ord)?));
+                            out.push((
+                                t.clone(),
+                                ord,
+                                crate::wire::counters(counters::read(store, ord)?),
+                            ));
                         }
                     }
                     by_work(&mut out);
@@ -292,7 +196,7 @@ pub async fn tenants_top(
         };
         let views = page
             .into_iter()
-            .map(|(name, ord)| TenantView::read(&a, name, ord))
+            .map(|(name, ord)| view(&a, name, ord))
             .collect::<Result<Vec<_>, _>>()?;
         let multi = a.cluster.is_multi();
         Ok(Json(TenantsTop {
@@ -371,31 +275,6 @@ pub async fn purge(
         .into_response())
     })
     .await
-}
-
-/// `POST /v1/tenants/{t}/retry`: which of the tenant's waiting rows to make due now.
-#[derive(Debug, Default, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RetryRequest {
-    /// Only deliveries to this sink (its id).
-    sink: Option<String>,
-    /// Only this hook's deliveries (found through the hook log).
-    hook_id: Option<String>,
-    /// At most this many rows (default and ceiling [`MAX_RETRY`]).
-    limit: Option<usize>,
-}
-
-/// The rows a retry now moved.
-#[derive(Debug, Serialize, utoipa::ToSchema)]
-pub struct Retried {
-    pub tenant: String,
-    /// Rows made due now.
-    pub retried: u64,
-    /// More rows matched than one call moves: call again.
-    pub more: bool,
-    /// A Relay of several nodes: the nodes that gave no answer (their rows still wait).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
 }
 
 /// The most rows one retry now moves, and the most waiting rows it reads to find them.
@@ -501,20 +380,6 @@ pub async fn retry(
         .into_response())
     })
     .await
-}
-
-/// `POST /v1/tenants/{t}/pause` and `…/resume`: the tenant's state after the call.
-#[derive(Debug, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct PauseState {
-    pub tenant: String,
-    pub paused: bool,
-    /// Nodes whose state the call changed (0: it was so already; relay-wide, summed).
-    pub changed: u64,
-    /// A resume: the active markers put back, one per second its due rows are in.
-    pub markers: u64,
-    /// A Relay of several nodes: the nodes that gave no answer (their rows are not held).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub unavailable: Vec<String>,
 }
 
 /// When tenant `ord` was paused on this node, if it is.

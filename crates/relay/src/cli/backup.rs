@@ -46,7 +46,7 @@ fn replaced_counts(data: &Path, from: u64) -> anyhow::Result<(u64, u64)> {
 
 /// Writes `report` to `to` (and beside `data`, for a run again), and says it.
 fn write_report(
-    report: &ankusa_crds::node::NodeRestoreReport,
+    report: &ankusa_api::node::NodeRestoreReport,
     data: &Path,
     to: Option<&Path>,
 ) -> anyhow::Result<()> {
@@ -287,14 +287,14 @@ fn install(
             None => Err("no store was at the data directory".to_owned()),
         };
         let r = match replaced {
-            Ok((seq, held)) => ankusa_crds::node::NodeRestoreReport {
+            Ok((seq, held)) => ankusa_api::node::NodeRestoreReport {
                 archive,
                 backup_seq,
                 replaced_seq: Some(seq),
                 lost_hooks: Some(held),
                 replaced_unreadable: None,
             },
-            Err(why) => ankusa_crds::node::NodeRestoreReport {
+            Err(why) => ankusa_api::node::NodeRestoreReport {
                 archive,
                 backup_seq,
                 replaced_unreadable: Some(why),
@@ -597,7 +597,7 @@ fn report_run(
 ) -> anyhow::Result<()> {
     let Some(file) = report else { return Ok(()) };
     let space = ankusa_store::volume_space(to);
-    let r = ankusa_crds::node::BackupRunReport {
+    let r = ankusa_api::node::BackupRunReport {
         archive: format!("{id}.tar.zst"),
         bytes,
         store_format,

@@ -22,7 +22,7 @@ use base64::Engine;
 use super::Cluster;
 use crate::metrics::{DirectionLabel, Metrics};
 use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, HandoffOutcome, HANDOFF_MAX_ITEMS};
-use ankusa_crds::node::HandoffStatus;
+use ankusa_api::node::HandoffStatus;
 use ankusa_queue::handoff::{self, Outbox};
 use ankusa_queue::writer::{Import, ImportReply, WriterHandle};
 use ankusa_queue::QueueError;
@@ -354,7 +354,7 @@ impl Sender {
 /// What a tenant's counters say this node still holds of it: its deliveries, and its
 /// archive obligations (a delivered hook's copy is made here first, by this node's
 /// archiver within a second, then moves as a copy).
-fn held(c: &ankusa_crds::node::Counters) -> u64 {
+fn held(c: &ankusa_queue::counters::Counters) -> u64 {
     (c.pending + c.scheduled + c.inflight + c.dead + c.archive_pending).max(0) as u64
 }
 

@@ -38,6 +38,7 @@ use sha2::Digest;
 
 use crate::metrics::{ForwardLabels, KindLabel, Metrics};
 use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, LendRequest, Lent, SlotLedger, Stored};
+use ankusa_api::error::ErrorCode;
 use ankusa_config::Config;
 use ankusa_queue::registry::{Admission, Ledger, Registry, Shares};
 use ankusa_queue::QueueError;
@@ -93,7 +94,7 @@ pub struct Cluster {
     /// Loans asked, to turn the first node asked.
     loans: std::sync::atomic::AtomicUsize,
     /// The last handoff pass's account (`handoff::Handoff` writes it).
-    handoff: Mutex<Option<ankusa_crds::node::HandoffStatus>>,
+    handoff: Mutex<Option<ankusa_api::node::HandoffStatus>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -190,7 +191,7 @@ impl Cluster {
             loans: Default::default(),
             // There from the start: the operator reads its presence as "this release can
             // hand its rows over"; the first pass fills it in.
-            handoff: Mutex::new(multi.then(ankusa_crds::node::HandoffStatus::default)),
+            handoff: Mutex::new(multi.then(ankusa_api::node::HandoffStatus::default)),
         })
     }
 
@@ -244,8 +245,8 @@ impl Cluster {
     }
 
     /// This node's place in the Relay, for `/v1/node` (`None` alone).
-    pub fn status(&self) -> Option<ankusa_crds::node::ClusterStatus> {
-        self.is_multi().then(|| ankusa_crds::node::ClusterStatus {
+    pub fn status(&self) -> Option<ankusa_api::node::ClusterStatus> {
+        self.is_multi().then(|| ankusa_api::node::ClusterStatus {
             name: self.me().unwrap_or_default().to_owned(),
             nodes: self.members.len() as u32,
             tenants_owned: self.owned() as u64,
@@ -260,14 +261,14 @@ impl Cluster {
     }
 
     /// The last handoff pass's account, if one ran.
-    pub fn handoff_status(&self) -> Option<ankusa_crds::node::HandoffStatus> {
+    pub fn handoff_status(&self) -> Option<ankusa_api::node::HandoffStatus> {
         self.handoff
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
     }
 
-    fn set_handoff_status(&self, status: ankusa_crds::node::HandoffStatus) {
+    fn set_handoff_status(&self, status: ankusa_api::node::HandoffStatus) {
         *self.handoff.lock().unwrap_or_else(|e| e.into_inner()) = Some(status);
     }
 
@@ -789,13 +790,17 @@ pub async fn edge(
             return crate::http::with_retry_after(
                 crate::http::error(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "unavailable",
+                    ErrorCode::Unavailable,
                     e.to_string(),
                 ),
                 1,
             );
         }
-        crate::http::error(StatusCode::UNAUTHORIZED, "node_unauthorized", e.to_string())
+        crate::http::error(
+            StatusCode::UNAUTHORIZED,
+            ErrorCode::NodeUnauthorized,
+            e.to_string(),
+        )
     };
     let Some(auth) = cluster.auth() else {
         cluster
@@ -807,7 +812,7 @@ pub async fn edge(
             .inc();
         return crate::http::error(
             StatusCode::UNAUTHORIZED,
-            "node_unauthorized",
+            ErrorCode::NodeUnauthorized,
             "this node is not part of a Relay of several nodes",
         );
     };
@@ -833,7 +838,7 @@ pub async fn edge(
         Err(_) => {
             return crate::http::error(
                 StatusCode::BAD_REQUEST,
-                "bad_body",
+                ErrorCode::BadBody,
                 "the body could not be read whole",
             )
         }

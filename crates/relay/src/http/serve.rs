@@ -21,6 +21,7 @@ use bytes::Bytes;
 use hyper::body::{Frame, SizeHint};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
+use ankusa_api::error::ErrorCode;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::gauge::Gauge;
 
@@ -153,7 +154,7 @@ async fn body_deadline(
         cut_bodies.inc();
         return crate::http::error(
             StatusCode::REQUEST_TIMEOUT,
-            "body_timeout",
+            ErrorCode::BodyTimeout,
             format!(
                 "the request's body did not arrive within {} ms of its headers",
                 timeout.as_millis()

@@ -38,6 +38,8 @@ use http_body_util::{BodyExt, LengthLimitError, Limited};
 
 use crate::cluster::{self, Cluster};
 use crate::metrics::{Metrics, UNKNOWN_SOURCE};
+use ankusa_api::error::ErrorCode;
+use ankusa_api::ingest::IngestAnswer;
 use ankusa_config::{Config, ConfigError, IdempotencyConfig, TenantFrom, VerifyConfig};
 use ankusa_keyspace::AtMs;
 use ankusa_queue::registry::Admission;
@@ -300,21 +302,16 @@ impl Outcome {
 }
 
 fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Response) {
-    let r = error(StatusCode::SERVICE_UNAVAILABLE, "tenant_limit", message);
+    let r = error(
+        StatusCode::SERVICE_UNAVAILABLE,
+        ErrorCode::TenantLimit,
+        message,
+    );
     (label, Outcome::TenantLimit, with_retry_after(r, 300))
 }
 
 /// Lines a second about requests that failed verification.
 const VERIFY_LOG_PER_SECOND: u32 = 5;
-
-/// `202` (committed by a synced write) or `200` with `duplicate` (seen within the dedupe
-/// window: the first hook's id).
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct IngestAnswer {
-    pub id: String,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub duplicate: Option<bool>,
-}
 
 #[utoipa::path(
     post,
@@ -408,16 +405,20 @@ async fn handle<'a>(
         return (
             UNKNOWN_SOURCE,
             Outcome::Rejected,
-            error(StatusCode::NOT_FOUND, "unknown_source", "no such source"),
+            error(
+                StatusCode::NOT_FOUND,
+                ErrorCode::UnknownSource,
+                "no such source",
+            ),
         );
     };
     let label = src.id.as_str();
     let rejected =
-        |status, code: &str, msg: &str| (label, Outcome::Rejected, error(status, code, msg));
+        |status, code: ErrorCode, msg: &str| (label, Outcome::Rejected, error(status, code, msg));
     if !s.ready.load(Ordering::Acquire) {
         let r = error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "not_ready",
+            ErrorCode::NotReady,
             "the node is starting",
         );
         return (label, Outcome::Unavailable, with_retry_after(r, 5));
@@ -431,7 +432,7 @@ async fn handle<'a>(
     if forwarded_in && !s.cluster.authentic(&headers) {
         return rejected(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "a forwarded hook must carry the cluster token",
         );
     }
@@ -440,14 +441,14 @@ async fn handle<'a>(
         Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
             return rejected(
                 StatusCode::PAYLOAD_TOO_LARGE,
-                "body_too_large",
+                ErrorCode::BodyTooLarge,
                 "the body is larger than the source's limit",
             )
         }
         Err(_) => {
             return rejected(
                 StatusCode::BAD_REQUEST,
-                "bad_body",
+                ErrorCode::BadBody,
                 "the body could not be read",
             )
         }
@@ -460,7 +461,7 @@ async fn handle<'a>(
     if src.keys.per_tenant() {
         match tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json) {
             Ok(t) => named = Some(t),
-            Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
+            Err(msg) => return rejected(StatusCode::BAD_REQUEST, ErrorCode::BadTenant, msg),
         }
     }
     let claimed = named.as_ref().and_then(|t| t.as_deref());
@@ -494,7 +495,7 @@ async fn handle<'a>(
         }
         let r = crate::http::error_why(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             format!("the request failed verification: {why}"),
             reason,
         );
@@ -504,7 +505,7 @@ async fn handle<'a>(
         Some(t) => t,
         None => match tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json) {
             Ok(t) => t,
-            Err(msg) => return rejected(StatusCode::BAD_REQUEST, "bad_tenant", msg),
+            Err(msg) => return rejected(StatusCode::BAD_REQUEST, ErrorCode::BadTenant, msg),
         },
     };
     let forwarded = match forwarded(&src.forward, &headers) {
@@ -512,7 +513,7 @@ async fn handle<'a>(
         Err(msg) => {
             return rejected(
                 StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-                "headers_too_large",
+                ErrorCode::HeadersTooLarge,
                 msg,
             )
         }
@@ -531,7 +532,7 @@ async fn handle<'a>(
                 Err(e) => {
                     let r = error(
                         StatusCode::SERVICE_UNAVAILABLE,
-                        "owner_unavailable",
+                        ErrorCode::OwnerUnavailable,
                         format!("the node that owns this tenant did not answer ({e})"),
                     );
                     (label, Outcome::OwnerUnavailable, with_retry_after(r, 5))
@@ -550,7 +551,7 @@ async fn handle<'a>(
         Err(e) => {
             let r = error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "registry_unavailable",
+                ErrorCode::RegistryUnavailable,
                 format!("the Relay's tenant registry did not answer ({e})"),
             );
             return (label, Outcome::Unavailable, with_retry_after(r, 5));
@@ -562,7 +563,7 @@ async fn handle<'a>(
         Ok(Some(quota::Refusal::Rate { retry_after_s })) => {
             let r = error(
                 StatusCode::TOO_MANY_REQUESTS,
-                "tenant_rate_limited",
+                ErrorCode::TenantRateLimited,
                 "this tenant sends faster than its ingest_per_second",
             );
             return (
@@ -574,7 +575,7 @@ async fn handle<'a>(
         Ok(Some(quota::Refusal::Backlog { queued, limit })) => {
             let r = error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "tenant_backlog_full",
+                ErrorCode::TenantBacklogFull,
                 format!("this tenant's queued deliveries hold {queued} bytes, its queued_bytes is {limit}"),
             );
             return (label, Outcome::TenantBacklogFull, with_retry_after(r, 30));
@@ -583,7 +584,7 @@ async fn handle<'a>(
             tracing::error!(error = %e, "reading a tenant's queued bytes");
             let r = error(
                 StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
+                ErrorCode::Unavailable,
                 "the store could not be read",
             );
             return (label, Outcome::Unavailable, with_retry_after(r, 1));
@@ -617,7 +618,7 @@ async fn handle<'a>(
         span,
     };
     let unavailable = |msg: &str| {
-        let r = error(StatusCode::SERVICE_UNAVAILABLE, "unavailable", msg);
+        let r = error(StatusCode::SERVICE_UNAVAILABLE, ErrorCode::Unavailable, msg);
         (label, Outcome::Unavailable, with_retry_after(r, 1))
     };
     if s.writer.try_submit(sub).is_err() {
@@ -649,13 +650,15 @@ async fn handle<'a>(
                 .into_response(),
         ),
         Ok(Reply::TenantLimit) => tenant_limit(label, "this node holds tenants.max tenants"),
-        Ok(Reply::InvalidTenant(why)) => rejected(StatusCode::BAD_REQUEST, "bad_tenant", why),
+        Ok(Reply::InvalidTenant(why)) => {
+            rejected(StatusCode::BAD_REQUEST, ErrorCode::BadTenant, why)
+        }
         Ok(Reply::TenantErasing) => (
             label,
             Outcome::TenantErasing,
             error(
                 StatusCode::GONE,
-                "tenant_erasing",
+                ErrorCode::TenantErasing,
                 "this tenant is being erased: its hooks are refused until the erase ends",
             ),
         ),

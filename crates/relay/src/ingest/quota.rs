@@ -27,8 +27,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use serde::{Deserialize, Serialize};
 
+use ankusa_api::admin::Overrides;
 use ankusa_config::TenantLimits;
 use ankusa_keyspace::CounterField;
 use ankusa_queue::{tenants, QueueError};
@@ -41,69 +41,18 @@ pub const MAX_TRACKED: usize = 65_536;
 /// A tenant refused by a quota within this window counts as over quota.
 pub const OVER_QUOTA_WINDOW_MS: u64 = 5 * 60 * 1000;
 
-/// One tenant's own limits, over the defaults: a key absent keeps the default, `null`
-/// lifts it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Overrides {
-    #[serde(
-        default,
-        deserialize_with = "present",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schema(value_type = Option<f64>)]
-    pub ingest_per_second: Option<Option<f64>>,
-    #[serde(
-        default,
-        deserialize_with = "present",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schema(value_type = Option<u32>)]
-    pub ingest_burst: Option<Option<u32>>,
-    #[serde(
-        default,
-        deserialize_with = "present",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schema(value_type = Option<u64>)]
-    pub queued_bytes: Option<Option<u64>>,
-    #[serde(
-        default,
-        deserialize_with = "present",
-        skip_serializing_if = "Option::is_none"
-    )]
-    #[schema(value_type = Option<u64>)]
-    pub archive_bytes: Option<Option<u64>>,
-}
-
-/// A key that is there, `null` included (`Some(None)`); an absent key is the field's
-/// default (`None`).
-fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    Option::<T>::deserialize(d).map(Some)
-}
-
-impl Overrides {
-    /// `defaults` with these over them.
-    pub fn over(&self, defaults: &TenantLimits) -> TenantLimits {
-        TenantLimits {
-            ingest_per_second: self.ingest_per_second.unwrap_or(defaults.ingest_per_second),
-            // A burst follows its own rate: a tenant given a rate and no burst gets that
-            // rate's default burst, not the default rate's burst.
-            ingest_burst: self.ingest_burst.unwrap_or(match self.ingest_per_second {
-                Some(_) => None,
-                None => defaults.ingest_burst,
-            }),
-            queued_bytes: self.queued_bytes.unwrap_or(defaults.queued_bytes),
-            archive_bytes: self.archive_bytes.unwrap_or(defaults.archive_bytes),
-        }
-    }
-
-    pub fn is_empty(&self) -> bool {
-        *self == Overrides::default()
+/// `defaults` with a tenant's own limits over them.
+pub fn over(o: &Overrides, defaults: &TenantLimits) -> TenantLimits {
+    TenantLimits {
+        ingest_per_second: o.ingest_per_second.unwrap_or(defaults.ingest_per_second),
+        // A burst follows its own rate: a tenant given a rate and no burst gets that
+        // rate's default burst, not the default rate's burst.
+        ingest_burst: o.ingest_burst.unwrap_or(match o.ingest_per_second {
+            Some(_) => None,
+            None => defaults.ingest_burst,
+        }),
+        queued_bytes: o.queued_bytes.unwrap_or(defaults.queued_bytes),
+        archive_bytes: o.archive_bytes.unwrap_or(defaults.archive_bytes),
     }
 }
 
@@ -208,7 +157,7 @@ impl Quotas {
     pub fn effective(&self, tenant: &str) -> TenantLimits {
         let d = self.defaults();
         match self.overrides(tenant) {
-            Some(o) => o.over(&d),
+            Some(o) => over(&o, &d),
             None => d,
         }
     }
@@ -238,7 +187,7 @@ impl Quotas {
             if before.is_none() && len >= MAX_OVERRIDES {
                 return Ok(Err(SetError::TooMany));
             }
-            if let Some((key, why)) = o.over(&self.defaults()).problem() {
+            if let Some((key, why)) = over(o, &self.defaults()).problem() {
                 return Ok(Err(SetError::Invalid(format!("{key}: {why}"))));
             }
         }
@@ -464,14 +413,14 @@ mod tests {
         };
         let o: Overrides = serde_json::from_str(r#"{"queued_bytes": null}"#).unwrap();
         assert_eq!(
-            o.over(&d),
+            over(&o, &d),
             TenantLimits {
                 queued_bytes: None,
                 ..d
             }
         );
         let o: Overrides = serde_json::from_str(r#"{"ingest_per_second": 2}"#).unwrap();
-        let e = o.over(&d);
+        let e = over(&o, &d);
         assert_eq!(
             (e.ingest_per_second, e.ingest_burst, e.burst()),
             (Some(2.0), None, Some(2.0))

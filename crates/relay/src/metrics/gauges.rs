@@ -10,9 +10,9 @@
 //! A tenant with pending work has a marker at or before the current second, so the
 //! per-tenant gauge never needs a scan of the counters family.
 
-use ankusa_crds::node::Counters;
 use ankusa_keyspace::{AtMs, TenantOrd};
 use ankusa_queue::counters;
+use ankusa_queue::counters::Counters;
 use ankusa_queue::QueueError;
 use ankusa_queue::{deliveries, tenants};
 use ankusa_store::Store;

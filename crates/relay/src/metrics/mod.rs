@@ -1094,7 +1094,6 @@ impl Metrics {
         g: &gauges::GaugeReading,
         name: impl Fn(ankusa_keyspace::TenantOrd) -> String,
     ) {
-        use ankusa_queue::counters::CountsExt;
         for f in ankusa_keyspace::CounterField::ALL {
             self.queue_state
                 .get_or_create(&FieldLabel {

@@ -337,7 +337,7 @@ pub struct Pushed {
     /// What the retention that followed deleted.
     pub pruned: Pruned,
     /// The newest backup under the prefix at each store format, after the retention.
-    pub formats: Vec<ankusa_crds::node::FormatBackup>,
+    pub formats: Vec<ankusa_api::node::FormatBackup>,
 }
 
 impl Pushed {
@@ -380,12 +380,12 @@ pub async fn push_store(
         Some(r) => prune(remote, r).await?,
         None => Pruned::default(),
     };
-    let mut newest: BTreeMap<u32, ankusa_crds::node::FormatBackup> = BTreeMap::new();
+    let mut newest: BTreeMap<u32, ankusa_api::node::FormatBackup> = BTreeMap::new();
     for m in remote.manifests().await? {
         // Oldest first: each format's last one stays.
         newest.insert(
             m.store_format,
-            ankusa_crds::node::FormatBackup {
+            ankusa_api::node::FormatBackup {
                 store_format: m.store_format,
                 at_ms: m.id.trim_start_matches('b').parse().unwrap_or(m.created_ms),
                 bytes: m.files.iter().map(|f| f.size).sum(),
@@ -797,7 +797,7 @@ mod tests {
     fn the_operator_counts_the_restores_margin() {
         assert_eq!(
             ankusa_store::tarball::UNPACK_MARGIN_BYTES,
-            ankusa_crds::node::UNPACK_MARGIN_BYTES
+            ankusa_api::node::UNPACK_MARGIN_BYTES
         );
     }
 

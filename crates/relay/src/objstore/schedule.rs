@@ -19,8 +19,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use ankusa_api::node::{ObjectBackup, ObjectBackups};
 use ankusa_config::ObjectStoreConfig;
-use ankusa_crds::node::{ObjectBackup, ObjectBackups};
 use ankusa_store::Store;
 
 use super::{Remote, Target};

@@ -15,119 +15,12 @@ use base64::Engine;
 
 use super::{Ask, Claimed, Conflict, Consumer, Gateway, Settle};
 use crate::http::error;
-
-/// A claim: how many hooks, how many body bytes, how long to wait for the first, and how
-/// long to lease them. Each key is optional.
-#[derive(Debug, Default, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ClaimRequest {
-    /// The most hooks (default and ceiling: `pull.max_claim`).
-    pub max: Option<usize>,
-    /// The most body bytes (default and ceiling: `pull.max_claim_bytes`); a first hook
-    /// larger than this still comes, alone.
-    pub max_bytes: Option<u64>,
-    /// How long to wait when nothing is waiting (default 0, ceiling `pull.max_wait_ms`).
-    pub wait_ms: Option<u64>,
-    /// The lease (default: the sink's `lease_ms`; 1 000 ms to 12 h).
-    pub lease_ms: Option<u64>,
-}
-
-/// The hooks a claim leased.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct ClaimAnswer {
-    pub hooks: Vec<ClaimedHook>,
-}
-
-/// One leased hook.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct ClaimedHook {
-    /// What `ack`, `nack` and `extend` take.
-    pub lease: String,
-    /// When the lease runs out (ms since the epoch): after it the hook is due again.
-    pub lease_deadline_ms: u64,
-    /// This is the delivery's `attempt`-th attempt (1 = first).
-    pub attempt: u32,
-    pub id: String,
-    pub tenant: String,
-    pub source: String,
-    pub sink: String,
-    pub received_at_ms: u64,
-    pub content_type: String,
-    /// The provider's headers its source forwards (`sources[].forward_headers`).
-    pub headers: Vec<ForwardedHeader>,
-    /// The body, when it is UTF-8 text.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub body: Option<String>,
-    /// The body in standard base64, when it is not UTF-8.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub body_base64: Option<String>,
-}
-
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct ForwardedHeader {
-    pub name: String,
-    /// The value as received (lossy UTF-8).
-    pub value: String,
-}
-
-/// Leases to settle.
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct AckRequest {
-    pub leases: Vec<String>,
-}
-
-/// Leases to give back.
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NackRequest {
-    pub leases: Vec<String>,
-    /// Wait at least this long before the next attempt (the retry schedule's step when
-    /// longer; at most `retry.max_retry_after_ms`).
-    pub retry_after_ms: Option<u64>,
-}
-
-/// Leases to extend.
-#[derive(Debug, serde::Deserialize, utoipa::ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ExtendRequest {
-    pub leases: Vec<String>,
-    /// The new lease, from now (1 000 ms to 12 h; default: the sink's `lease_ms`).
-    pub lease_ms: Option<u64>,
-}
-
-/// What a settle or an extension did: 200 when every lease was held, 409 when one or
-/// more were not (the others were still settled or extended).
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct SettleAnswer {
-    /// Leases settled (or extended) by this call.
-    pub settled: usize,
-    /// The new deadline, for an extension.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub lease_deadline_ms: Option<u64>,
-    /// Leases not held: `expired` (past its deadline; the hook is due again), `lifetime`
-    /// (an extension past `pull.max_lease_lifetime_ms` from the claim: not extended),
-    /// `unknown` (settled already, claimed again since, revoked by a pause or an erase of
-    /// its tenant, malformed, or not this consumer's), or
-    /// `unavailable` (in a Relay of several nodes, the node holding it did not answer: try
-    /// again).
-    pub conflicts: Vec<LeaseConflict>,
-}
-
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct LeaseConflict {
-    pub lease: String,
-    pub reason: String,
-}
-
-/// A 409's body: the code `lease_conflict`, and the answer.
-#[derive(Debug, serde::Serialize, utoipa::ToSchema)]
-pub struct ConflictBody {
-    pub error: String,
-    pub message: String,
-    pub settled: usize,
-    pub conflicts: Vec<LeaseConflict>,
-}
+use ankusa_api::error::ErrorCode;
+use ankusa_api::pull::ConflictReason;
+use ankusa_api::pull::{
+    AckRequest, ClaimAnswer, ClaimRequest, ClaimedHook, ConflictBody, ExtendRequest,
+    ForwardedHeader, LeaseConflict, NackRequest, SettleAnswer,
+};
 
 /// The error answers every pull call shares, for the OpenAPI document (the handlers
 /// answer through [`Refused`] and `internal`, whose body is `ErrorBody`).
@@ -138,19 +31,19 @@ pub enum PullErrors {
         status = 400,
         description = "A bound out of range (its message names the key), or no leases or too many"
     )]
-    BadRequest(crate::http::ErrorBody),
+    BadRequest(ankusa_api::error::ErrorBody),
     #[response(status = 401, description = "No consumer token")]
-    Unauthorized(crate::http::ErrorBody),
+    Unauthorized(ankusa_api::error::ErrorBody),
     #[response(
         status = 404,
         description = "No pull sink of that id for this consumer"
     )]
-    UnknownSink(crate::http::ErrorBody),
+    UnknownSink(ankusa_api::error::ErrorBody),
     #[response(
         status = 503,
         description = "The store did not answer (Retry-After: 1)"
     )]
-    Unavailable(crate::http::ErrorBody),
+    Unavailable(ankusa_api::error::ErrorBody),
 }
 
 /// The calls, for the ingest listener's router.
@@ -166,7 +59,7 @@ pub fn router(gateway: Arc<Gateway>) -> Router {
 }
 
 /// A call refused before it reached the store: its status, code and message.
-struct Refused(StatusCode, &'static str, String);
+struct Refused(StatusCode, ErrorCode, String);
 
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
@@ -185,14 +78,14 @@ fn consumer(g: &Gateway, headers: &HeaderMap, sink: &str) -> Result<Arc<Consumer
     let Some(c) = token.and_then(|t| g.consumer(t.as_bytes())) else {
         return Err(Refused(
             StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "a consumer token is required (Authorization: Bearer …, pull.consumers)".into(),
         ));
     };
     if !c.may_claim_from(sink) || !g.settings().sinks.contains_key(sink) {
         return Err(Refused(
             StatusCode::NOT_FOUND,
-            "unknown_sink",
+            ErrorCode::UnknownSink,
             format!("no pull sink {sink:?} for this consumer"),
         ));
     }
@@ -200,7 +93,7 @@ fn consumer(g: &Gateway, headers: &HeaderMap, sink: &str) -> Result<Arc<Consumer
 }
 
 fn bad_request(message: String) -> Refused {
-    Refused(StatusCode::BAD_REQUEST, "bad_request", message)
+    Refused(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, message)
 }
 
 fn in_range(key: &str, v: u64, lo: u64, hi: u64) -> Result<u64, Refused> {
@@ -216,7 +109,7 @@ fn internal(e: impl std::fmt::Display) -> Response {
     crate::http::with_retry_after(
         error(
             StatusCode::SERVICE_UNAVAILABLE,
-            "unavailable",
+            ErrorCode::Unavailable,
             format!("the store did not answer: {e}"),
         ),
         1,
@@ -233,7 +126,7 @@ fn internal(e: impl std::fmt::Display) -> Response {
     request_body = ClaimRequest,
     responses(
         (status = 200, description = "The hooks leased (none when nothing came within wait_ms)", body = ClaimAnswer),
-        (status = 429, description = "The consumer has pull.max_waiting_claims claims waiting on this node (Retry-After: 1)", body = crate::http::ErrorBody),
+        (status = 429, description = "The consumer has pull.max_waiting_claims claims waiting on this node (Retry-After: 1)", body = ankusa_api::error::ErrorBody),
         PullErrors,
         crate::http::JsonBodyErrors,
     ),
@@ -292,7 +185,7 @@ pub async fn claim(
                 g.metrics.pull.refused(&sink, "waiting_claims");
                 let r = error(
                     StatusCode::TOO_MANY_REQUESTS,
-                    "too_many_waiting_claims",
+                    ErrorCode::TooManyWaitingClaims,
                     format!(
                         "this consumer has {} claims waiting on this node (pull.max_waiting_claims)",
                         s.max_waiting_claims
@@ -575,14 +468,18 @@ fn leases_in(g: &Gateway, leases: &[String]) -> Result<(), Refused> {
     Ok(())
 }
 
-fn settled(leases: &[String], result: Vec<Option<&str>>, deadline: Option<u64>) -> Response {
+fn settled(
+    leases: &[String],
+    result: Vec<Option<ConflictReason>>,
+    deadline: Option<u64>,
+) -> Response {
     let conflicts: Vec<LeaseConflict> = leases
         .iter()
         .zip(&result)
         .filter_map(|(l, c)| {
             c.map(|c| LeaseConflict {
                 lease: l.clone(),
-                reason: c.to_owned(),
+                reason: c,
             })
         })
         .collect();
@@ -595,11 +492,14 @@ fn settled(leases: &[String], result: Vec<Option<&str>>, deadline: Option<u64>) 
         })
         .into_response();
     }
-    let expired = conflicts.iter().filter(|c| c.reason == "expired").count();
+    let expired = conflicts
+        .iter()
+        .filter(|c| c.reason == ConflictReason::Expired)
+        .count();
     (
         StatusCode::CONFLICT,
         Json(ConflictBody {
-            error: "lease_conflict".into(),
+            error: ErrorCode::LeaseConflict,
             message: format!(
                 "{} of {} leases were not held ({expired} expired); the others were settled",
                 conflicts.len(),
@@ -648,7 +548,7 @@ async fn run_settle(
         };
         by_node.entry(node).or_default().push(i);
     }
-    let mut result: Vec<Option<&'static str>> = vec![None; leases.len()];
+    let mut result: Vec<Option<ConflictReason>> = vec![None; leases.len()];
     let mut deadline = None;
     for (node, idx) in by_node {
         let mine: Vec<String> = idx.iter().map(|i| leases[*i].clone()).collect();
@@ -667,7 +567,7 @@ async fn run_settle(
                 };
                 deadline = deadline.or(d);
                 for (i, c) in idx.iter().zip(r) {
-                    result[*i] = c.map(Conflict::name);
+                    result[*i] = c.map(Conflict::reason);
                 }
             }
             Some(name) => {
@@ -695,15 +595,19 @@ async fn run_settle(
                             .collect();
                         for i in &idx {
                             result[*i] = conflicts.get(&leases[*i]).map(|r| match r.as_str() {
-                                "expired" => "expired",
-                                _ => "unknown",
+                                "expired" => ConflictReason::Expired,
+                                _ => ConflictReason::Unknown,
                             });
                         }
                     }
                     // Not in the node list (a lease of a node that left): unknown; a node
                     // that did not answer: try again later.
-                    _ if member.is_none() => idx.iter().for_each(|i| result[*i] = Some("unknown")),
-                    _ => idx.iter().for_each(|i| result[*i] = Some("unavailable")),
+                    _ if member.is_none() => idx
+                        .iter()
+                        .for_each(|i| result[*i] = Some(ConflictReason::Unknown)),
+                    _ => idx
+                        .iter()
+                        .for_each(|i| result[*i] = Some(ConflictReason::Unavailable)),
                 }
             }
         }

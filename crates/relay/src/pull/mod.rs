@@ -37,6 +37,7 @@ use crate::dispatch::parked::Visit;
 use crate::dispatch::paused::Paused;
 use crate::dispatch::pipeline::outcomes::{outcome_ops, Finished};
 use crate::metrics::Metrics;
+use ankusa_api::pull::ConflictReason;
 use book::Book;
 
 /// A consumer, as its token resolved.
@@ -164,11 +165,12 @@ pub enum Conflict {
 }
 
 impl Conflict {
-    pub fn name(self) -> &'static str {
+    /// The reason a settle's answer gives.
+    pub fn reason(self) -> ConflictReason {
         match self {
-            Conflict::Expired => "expired",
-            Conflict::Unknown => "unknown",
-            Conflict::Lifetime => "lifetime",
+            Conflict::Expired => ConflictReason::Expired,
+            Conflict::Unknown => ConflictReason::Unknown,
+            Conflict::Lifetime => ConflictReason::Lifetime,
         }
     }
 }

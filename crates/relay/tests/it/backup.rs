@@ -140,7 +140,7 @@ async fn a_pulled_backup_restores_to_the_same_store() {
     // The pipeline kept moving rows (due -> scheduled) around the checkpoint, so compare
     // what the checkpoint cannot split: every row is somewhere, with all its bytes.
     let got = counters::node(&store).unwrap();
-    let rows = |c: &ankusa_crds::node::Counters| c.pending + c.scheduled + c.inflight + c.dead;
+    let rows = |c: &ankusa_queue::counters::Counters| c.pending + c.scheduled + c.inflight + c.dead;
     assert_eq!(rows(&got), 40);
     assert_eq!(rows(&expect), 40);
     assert_eq!(got.bytes, expect.bytes);
@@ -259,7 +259,7 @@ async fn a_backup_token_streams_a_backup_and_can_do_nothing_else() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let store = Store::open(&restored, &OpenOptions::default()).unwrap();
     let got = counters::node(&store).unwrap();
-    let rows = |c: &ankusa_crds::node::Counters| c.pending + c.scheduled + c.inflight + c.dead;
+    let rows = |c: &ankusa_queue::counters::Counters| c.pending + c.scheduled + c.inflight + c.dead;
     assert_eq!(rows(&got), 30);
     assert_eq!(got.bytes, expect.bytes);
     assert!(fold::verify(&store).unwrap().is_empty());
@@ -482,7 +482,7 @@ fn a_restore_over_a_store_reports_the_hooks_it_acked_after_the_backup() {
         "{}",
         text(&out.stdout)
     );
-    let read = |p: &std::path::Path| -> ankusa_crds::node::NodeRestoreReport {
+    let read = |p: &std::path::Path| -> ankusa_api::node::NodeRestoreReport {
         serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
     };
     let r = read(&report);
@@ -576,7 +576,7 @@ async fn a_node_that_runs_keeps_only_the_newest_store_a_restore_replaced() {
 /// A backup's `--report` names `archive`, its size and format, and the room left on its
 /// volume, as the file system gives it.
 fn assert_reports(report: &std::path::Path, archive: &std::path::Path) {
-    let r: ankusa_crds::node::BackupRunReport =
+    let r: ankusa_api::node::BackupRunReport =
         serde_json::from_str(&std::fs::read_to_string(report).unwrap()).unwrap();
     let name = archive.file_name().unwrap().to_string_lossy();
     assert_eq!(r.archive, name);

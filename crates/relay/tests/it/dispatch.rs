@@ -4,9 +4,9 @@
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use ankusa_crds::node::Counters;
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::Family;
+use ankusa_queue::counters::Counters;
 use ankusa_queue::deliveries::{self, PurgeKinds};
 use ankusa_queue::{counters, fold, tenants};
 use ankusa_relay::node::Node;

@@ -425,17 +425,16 @@ fn sources(dir: &std::path::Path, out: &mut Vec<(std::path::PathBuf, String)>) {
 /// The stable code each `error(StatusCode::…, "code", …)` of `text` answers, in order.
 fn error_codes(text: &str) -> Vec<(usize, String)> {
     let mut out = Vec::new();
-    for (at, _) in text.match_indices("StatusCode::") {
-        let after = &text[at..];
-        let Some(comma) = after.find(',') else {
-            continue;
-        };
-        let rest = after[comma + 1..].trim_start();
-        let Some(code) = rest.strip_prefix('"').and_then(|r| r.split('"').next()) else {
-            continue;
-        };
-        if !code.is_empty() && code.chars().all(|c| c.is_ascii_lowercase() || c == '_') {
-            out.push((at, code.to_owned()));
+    for (at, _) in text.match_indices("ErrorCode::") {
+        let name: String = text[at + "ErrorCode::".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        let code = ankusa_api::error::ErrorCode::ALL
+            .iter()
+            .find(|c| format!("{c:?}") == name);
+        if let Some(code) = code {
+            out.push((at, code.as_str().to_owned()));
         }
     }
     out
@@ -496,6 +495,13 @@ fn api_md_gives_each_error_code_and_the_retry_after_the_code_sends() {
         assert!(
             api.contains(&format!("`{code}`")),
             "api.md never names `{code}`"
+        );
+    }
+    // And every code a node answers, wherever it answers it.
+    for code in ankusa_api::error::ErrorCode::ALL {
+        assert!(
+            api.contains(&format!("`{code}`")),
+            "api.md never names `{code}`, a code of ankusa_api::error::ErrorCode"
         );
     }
 }

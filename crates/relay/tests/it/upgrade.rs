@@ -5,9 +5,9 @@ use std::io::BufRead;
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
-use ankusa_crds::node::Counters;
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, Family, Seq, SinkIdx, TenantOrd};
+use ankusa_queue::counters::Counters;
 use ankusa_queue::{counters, deliveries, fold, tenants};
 use ankusa_records::Envelope;
 use ankusa_relay::upgrade::legacy::v2::{State, Writer};

@@ -5,8 +5,7 @@ use serde::{Deserialize, Serialize};
 /// The six queue counters of a tenant, or of a node (every tenant's summed into ord 0):
 /// the one definition, shared by the queue (which keeps them), the relay's API (which
 /// serves them) and the operator (which reads them from `/v1/node`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Counters {
     /// First-attempt rows waiting.
     pub pending: i64,
@@ -20,8 +19,7 @@ pub struct Counters {
 }
 
 /// A store-format migration under way.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MigrationProgress {
     pub from: u32,
     pub to: u32,
@@ -32,8 +30,7 @@ pub struct MigrationProgress {
 }
 
 /// `GET /v1/node`.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct NodeStatus {
     /// The relay release.
     pub version: String,
@@ -84,8 +81,7 @@ pub struct NodeStatus {
 }
 
 /// A node's backups to an object store: the last that completed, and the failures since.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ObjectBackups {
     /// Where they go: `s3://bucket/prefix/<node>`.
     pub url: String,
@@ -108,8 +104,7 @@ pub struct ObjectBackups {
 }
 
 /// The newest backup at one store format.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct FormatBackup {
     pub store_format: u32,
     pub id: String,
@@ -121,8 +116,7 @@ pub struct FormatBackup {
 }
 
 /// One backup in the bucket.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ObjectBackup {
     /// Its id (`b<ms>`).
     pub id: String,
@@ -142,8 +136,7 @@ pub struct ObjectBackup {
 
 /// The configuration a node runs (`ankusa-relay run --config FILE`, reloaded on SIGHUP or
 /// when the file changes).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ConfigStatus {
     /// When the running configuration was loaded: at start, or by the last reload that
     /// changed something (ms since the epoch).
@@ -157,16 +150,14 @@ pub struct ConfigStatus {
 }
 
 /// A reload the node refused, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ReloadRefusal {
     pub message: String,
     pub at_ms: u64,
 }
 
 /// A node of a Relay of several nodes.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ClusterStatus {
     /// Its name in `cluster.nodes`.
     pub name: String,
@@ -192,8 +183,7 @@ pub struct ClusterStatus {
 
 /// What a node holds of tenants it does not own, as of its last handoff pass: a node
 /// leaving the Relay may go once `drained`.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct HandoffStatus {
     /// Tenants stored here that another node owns and that still have rows here.
     pub tenants_leaving: u64,
@@ -217,8 +207,7 @@ pub struct HandoffStatus {
 }
 
 /// Why and since when the store's writes fail.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct WriteError {
     pub message: String,
     /// When the failure began (ms since the epoch).
@@ -321,7 +310,7 @@ mod tests {
 pub const UNPACK_MARGIN_BYTES: u64 = 64 << 20;
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "resource", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct BackupRunReport {
     /// The archive written (`b<ms>.tar.zst`).
@@ -345,7 +334,7 @@ pub struct BackupRunReport {
 
 /// An archive in a backup directory, and what restoring it takes.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "resource", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct ArchiveAtFormat {
     pub store_format: u32,
@@ -362,7 +351,7 @@ pub struct ArchiveAtFormat {
 /// What `ankusa-relay restore --replace --report <file>` found: the archive it restored, and the
 /// replaced store against it.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "resource", derive(schemars::JsonSchema))]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "camelCase")]
 pub struct NodeRestoreReport {
     /// The archive restored (`b<ms>.tar.zst`).
