@@ -73,8 +73,11 @@ chaos: deps toxiproxy
 
 # Unit, property and integration tests. The benches are compiled by `lint` (clippy
 # --all-targets) but not run here: they are programs with their own pass rules (`make bench`).
+# nextest runs no doctests: the `#[answers]` macro's compile-fail examples (a handler's
+# OpenAPI body that differs from its return type does not compile) run as one.
 nextest:
 	$(CARGO) nextest run --workspace --no-fail-fast
+	$(CARGO) test -q -p ankusa-api-macros --doc
 
 # The newcomer's path (`make run` and the README's quickstart block, e2e/quickstart.sh);
 # the operator, the chart and real relay nodes on the control plane `make test` started

@@ -27,6 +27,7 @@ ALLOWED = {
     "ankusa-keyspace": set(),
     "ankusa-tarball": set(),
     "ankusa-api": set(),
+    "ankusa-api-macros": set(),
     "ankusa-crds": {"ankusa-api"},
     "ankusa-config": {"ankusa-keyspace"},
     "ankusa-records": {"ankusa-keyspace"},
@@ -35,7 +36,8 @@ ALLOWED = {
     "ankusa-queue": {"ankusa-store", "ankusa-keyspace", "ankusa-records", "ankusa-config"},
     "ankusa-operator": {"ankusa-crds", "ankusa-api", "ankusa-config", "ankusa-keyspace"},
     "ankusa-relay": {"ankusa-queue", "ankusa-store", "ankusa-keyspace", "ankusa-tarball",
-                     "ankusa-config", "ankusa-records", "ankusa-verify", "ankusa-api"},
+                     "ankusa-config", "ankusa-records", "ankusa-verify", "ankusa-api",
+                     "ankusa-api-macros"},
 }
 ROCKSDB = {"rocksdb", "librocksdb-sys"}
 # Depends on the rocksdb crate itself.

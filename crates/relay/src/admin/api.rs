@@ -123,8 +123,6 @@ impl IntoResponse for ApiError {
     }
 }
 
-pub(crate) type ApiResult = Result<Response, ApiError>;
-
 /// The authenticated caller, or 401.
 pub(crate) fn caller(api: &Api, headers: &HeaderMap) -> Result<Caller, ApiError> {
     let c = api

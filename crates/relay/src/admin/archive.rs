@@ -5,14 +5,14 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine;
 use serde::Deserialize;
 
-use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use super::api::{blocking, caller, visible_ord, Api, ApiError};
 use ankusa_api::admin::{ArchivePage, ArchiveReplayRequest, ArchivedItem, Replayed};
 use ankusa_api::error::ErrorCode;
+use ankusa_api_macros::answers;
 use ankusa_keyspace::{AtMs, Seq};
 use ankusa_queue::archive::{self, Archived};
 use ankusa_queue::writer::{Reply, Submission};
@@ -75,13 +75,14 @@ fn item(a: &Archived, body: bool) -> ArchivedItem {
 
 /// `GET /v1/archive?tenant=&from_ms=&to_ms=&before=&limit=&body=`: the tenant's archived
 /// hooks received in `[from_ms, to_ms)`, newest first, one bounded scan of its range.
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/archive",
     tag = "admin",
     params(ArchiveQuery),
     responses(
-        (status = 200, description = "The tenant's archived hooks, newest first", body = ArchivePage),
+        (status = 200, description = "The tenant's archived hooks, newest first"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -92,7 +93,7 @@ pub async fn list(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Query(q): Query<ArchiveQuery>,
-) -> ApiResult {
+) -> Result<Json<ArchivePage>, ApiError> {
     let c = caller(&api, &headers)?;
     let Some(tenant) = q.tenant.clone() else {
         return Err(ApiError::BadRequest("tenant is required".into()));
@@ -121,8 +122,7 @@ pub async fn list(
         Ok(Json(ArchivePage {
             items: page.items.iter().map(|i| item(i, q.body)).collect(),
             next: page.next.map(|(r, s)| format!("{}.{}", r.0, s.0)),
-        })
-        .into_response())
+        }))
     })
     .await
 }
@@ -136,13 +136,14 @@ pub async fn list(
 /// charged to the tenant's quotas as an ingested one is, and the replay stops at the first
 /// refusal with `stopped`, `retry_after_s` and `next` (pass it as `after` to go on).
 /// Answers `{"replayed": n}`; audited.
+#[answers]
 #[utoipa::path(
     post,
     path = "/v1/archive/replay",
     tag = "admin",
     request_body = ArchiveReplayRequest,
     responses(
-        (status = 200, description = "Hooks committed again (stopped, with next, at a quota)", body = Replayed),
+        (status = 200, description = "Hooks committed again (stopped, with next, at a quota)"),
         (status = 409, description = "A replay of the tenant runs on this node (replay_running)", body = ankusa_api::error::ErrorBody),
         crate::http::AuthErrors,
         crate::http::BadRequest,
@@ -155,7 +156,7 @@ pub async fn replay(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Json(req): Json<ArchiveReplayRequest>,
-) -> ApiResult {
+) -> Result<Json<Replayed>, ApiError> {
     let c = caller(&api, &headers)?;
     let caller_name = c.name.clone();
     let Some(writer) = api.writer.get().cloned() else {
@@ -248,8 +249,7 @@ pub async fn replay(
         retry_after_s: stop.as_ref().and_then(|s| s.1),
         stopped: stop.map(|s| s.0),
         next,
-    })
-    .into_response())
+    }))
 }
 
 /// `<received_ms>.<seq>`.

@@ -4,12 +4,12 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{blocking, caller, limit, Api, ApiResult};
+use super::api::{blocking, caller, limit, Api, ApiError};
 use ankusa_api::admin::AuditPage;
+use ankusa_api_macros::answers;
 use ankusa_queue::audit::{self};
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
@@ -20,13 +20,14 @@ pub struct AuditQuery {
 }
 
 /// `GET /v1/audit`: newest first; a tenant scope sees rows of its tenants.
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/audit",
     tag = "admin",
     params(AuditQuery),
     responses(
-        (status = 200, description = "Audit rows, newest first", body = AuditPage),
+        (status = 200, description = "Audit rows, newest first"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
     ),
@@ -36,7 +37,7 @@ pub async fn audit_list(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Query(q): Query<AuditQuery>,
-) -> ApiResult {
+) -> Result<Json<AuditPage>, ApiError> {
     let c = caller(&api, &headers)?;
     let n = limit(&api, q.limit);
     let a = api.clone();
@@ -48,7 +49,7 @@ pub async fn audit_list(
             .then(|| rows.last().map(|r| r.seq))
             .flatten();
         let items = rows.into_iter().map(crate::wire::audit).collect();
-        Ok(Json(AuditPage { items, next }).into_response())
+        Ok(Json(AuditPage { items, next }))
     })
     .await
 }

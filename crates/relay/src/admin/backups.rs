@@ -29,6 +29,7 @@ use hyper::body::Frame;
 use super::api::{backup_caller, Api, ApiError};
 use ankusa_api::admin::BackupCreated;
 use ankusa_api::error::ErrorCode;
+use ankusa_api_macros::answers;
 use ankusa_store::{tarball, Store, StoreError};
 
 /// A backup id: `b` and the Unix milliseconds it was taken.
@@ -205,19 +206,23 @@ pub fn remove_cut_backups(dir: &Path) -> Result<usize, StoreError> {
 }
 
 /// `POST /v1/backups` (admin or backup scope).
+#[answers]
 #[utoipa::path(
     post,
     path = "/v1/backups",
     tag = "admin",
     responses(
-        (status = 200, description = "The backup's archive was written to admin.backup_dir", body = BackupCreated),
+        (status = 200, description = "The backup's archive was written to admin.backup_dir"),
         (status = 500, description = "The backup failed (backup_failed); nothing of it was kept", body = ankusa_api::error::ErrorBody),
         crate::http::AuthErrors,
         crate::http::Forbidden,
     ),
     security(("bearer" = []))
 )]
-pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<Response, ApiError> {
+pub async fn create(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+) -> Result<Json<BackupCreated>, ApiError> {
     let c = backup_caller(&api, &headers)?;
     let a = api.clone();
     tokio::task::spawn_blocking(move || {
@@ -245,8 +250,7 @@ pub async fn create(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
             id,
             bytes,
             store_format: format,
-        })
-        .into_response())
+        }))
     })
     .await
     .map_err(|_| ApiError::Internal)?

@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{blocking, caller, limit, visible_ord, Api, ApiError, ApiResult, PageQuery};
+use super::api::{blocking, caller, limit, visible_ord, Api, ApiError, PageQuery};
 use super::auth::Scope;
 use ankusa_api::admin::{DlqItem, DlqPage, ReplayRequest, Revived};
+use ankusa_api_macros::answers;
 use ankusa_keyspace::{AtMs, DeadKey, Seq, SinkIdx, TenantOrd};
 use ankusa_queue::deliveries::{self, DeadPage, DeadRow};
 use ankusa_queue::{tenants, QueueError};
@@ -129,13 +129,14 @@ pub struct DlqFilter {
 
 /// `GET /v1/dlq`: a page of dead rows, newest first; with filters, the rows that match
 /// among at most [`MAX_FILTER_SCAN`] read (`next` goes on after the last row read).
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/dlq",
     tag = "admin",
     params(PageQuery, DlqFilter),
     responses(
-        (status = 200, description = "Dead rows, newest first", body = DlqPage),
+        (status = 200, description = "Dead rows, newest first"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -147,7 +148,7 @@ pub async fn dlq(
     headers: HeaderMap,
     Query(q): Query<PageQuery>,
     Query(f): Query<DlqFilter>,
-) -> ApiResult {
+) -> Result<Json<DlqPage>, ApiError> {
     let c = caller(&api, &headers)?;
     let mut before = match &q.before {
         Some(s) => Some(parse_row_id(s).ok_or_else(|| ApiError::BadRequest("bad cursor".into()))?),
@@ -171,8 +172,7 @@ pub async fn dlq(
                 items,
                 next: page.next.map(|k| row_id(&k)),
                 unavailable: Vec::new(),
-            })
-            .into_response());
+            }));
         }
         let from = f.from_ms.unwrap_or(0);
         let (mut rows, mut read) = (Vec::new(), 0usize);
@@ -209,8 +209,7 @@ pub async fn dlq(
             items,
             next: next.map(|k| row_id(&k)),
             unavailable: Vec::new(),
-        })
-        .into_response())
+        }))
     })
     .await
 }
@@ -222,13 +221,14 @@ const REVIVE_PAGE: usize = 500;
 
 /// `POST /v1/dlq/replay`: revive dead rows by ids, tenant, source or time range, in synced
 /// batches of 500 through the queue's revive op builder.
+#[answers]
 #[utoipa::path(
     post,
     path = "/v1/dlq/replay",
     tag = "admin",
     request_body = ReplayRequest,
     responses(
-        (status = 200, description = "Rows revived by this call", body = Revived),
+        (status = 200, description = "Rows revived by this call"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -240,7 +240,7 @@ pub async fn replay(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Json(req): Json<ReplayRequest>,
-) -> ApiResult {
+) -> Result<Json<Revived>, ApiError> {
     let c = caller(&api, &headers)?;
     let cap = req.limit.unwrap_or(MAX_REPLAY).clamp(1, MAX_REPLAY);
     if req.ids.is_empty()
@@ -330,8 +330,7 @@ pub async fn replay(
             revived,
             matched,
             unavailable: Vec::new(),
-        })
-        .into_response())
+        }))
     })
     .await
 }

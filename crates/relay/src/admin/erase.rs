@@ -13,12 +13,12 @@ use std::sync::{Arc, Mutex};
 
 use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, StatusCode};
-use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
+use super::api::{admin_only, blocking, caller, Api, ApiError};
 use ankusa_api::admin::EraseState;
+use ankusa_api_macros::answers;
 use ankusa_keyspace::{AtMs, TenantOrd};
 use ankusa_queue::erase::{self, Cursor, Step};
 use ankusa_queue::tenants::Erasing;
@@ -219,13 +219,14 @@ pub struct EraseQuery {
 /// archive, dedupe keys, quarantined requests of sources fixed to it, counters — in synced
 /// chunks; its ordinal stays as a tombstone. 202 while it runs; the tenant is 404 once it
 /// ended.
+#[answers]
 #[utoipa::path(
     delete,
     path = "/v1/tenants/{t}",
     tag = "admin",
     params(("t" = String, Path, description = "A tenant id"), EraseQuery),
     responses(
-        (status = 202, description = "The erase runs (or ran already: changed 0)", body = EraseState),
+        (status = 202, description = "The erase runs (or ran already: changed 0)"),
         (status = 400, description = "`confirm` is not the tenant id", body = ankusa_api::error::ErrorBody),
         crate::http::AuthErrors,
         crate::http::Forbidden,
@@ -238,7 +239,7 @@ pub async fn erase(
     headers: HeaderMap,
     Path(t): Path<String>,
     Query(q): Query<EraseQuery>,
-) -> ApiResult {
+) -> Result<(StatusCode, Json<EraseState>), ApiError> {
     let c = caller(&api, &headers)?;
     admin_only(&c)?;
     if q.confirm.as_deref() != Some(t.as_str()) {
@@ -295,8 +296,7 @@ pub async fn erase(
                 changed,
                 unavailable: Vec::new(),
             }),
-        )
-            .into_response())
+        ))
     })
     .await
 }

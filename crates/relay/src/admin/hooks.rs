@@ -6,13 +6,13 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 use base64::Engine;
 use serde::Deserialize;
 
-use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use super::api::{blocking, caller, visible_ord, Api, ApiError};
 use ankusa_api::admin::{EventOut, HookOut, HookSummary, RecentHooks, SinkOut};
+use ankusa_api_macros::answers;
 use ankusa_queue::hooklog::{self, HookView};
 use ankusa_records::Event;
 
@@ -87,13 +87,14 @@ fn render(v: HookView, tenant_paused_since_ms: Option<u64>) -> HookOut {
 /// `GET /v1/hooks/{id}[?body=true]`: the hook's tenant, source, receipt, size, forwarded
 /// headers and, per sink, its state, attempts and next attempt. A tenant-scoped token sees
 /// only its tenants' hooks (404 for the others, as for an unknown id).
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/hooks/{id}",
     tag = "admin",
     params(("id" = String, Path, description = "A hook id"), HookQuery),
     responses(
-        (status = 200, description = "The hook from the hook log", body = HookOut),
+        (status = 200, description = "The hook from the hook log"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -105,14 +106,19 @@ pub async fn get(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<HookQuery>,
-) -> ApiResult {
+) -> Result<Json<HookOut>, ApiError> {
     let c = caller(&api, &headers)?;
     let a = api.clone();
     blocking(move || answer(&a, &c.scope, &id, q.body)).await
 }
 
 /// Hook `id` from the log, if `scope` sees its tenant (404 as for an unknown id if not).
-fn answer(a: &Api, scope: &super::auth::Scope, id: &str, body: bool) -> ApiResult {
+fn answer(
+    a: &Api,
+    scope: &super::auth::Scope,
+    id: &str,
+    body: bool,
+) -> Result<Json<HookOut>, ApiError> {
     let Some(view) = hooklog::lookup(&a.store, id, body)? else {
         return Err(ApiError::NotFound("hook"));
     };
@@ -122,7 +128,7 @@ fn answer(a: &Api, scope: &super::auth::Scope, id: &str, body: bool) -> ApiResul
     }
     let paused = ankusa_queue::tenants::ord(&a.store, tenant)?
         .and_then(|o| super::tenants::paused_since(a, o));
-    Ok(Json(render(view, paused)).into_response())
+    Ok(Json(render(view, paused)))
 }
 
 /// The most hook-log records `GET /v1/hooks` reads for one page.
@@ -141,13 +147,14 @@ pub struct RecentQuery {
 /// `GET /v1/hooks?tenant=t&limit=n`: the newest hooks of the node's hook log, newest first,
 /// reading at most [`MAX_RECENT_SCAN`] records (the log is in arrival order, with no
 /// tenant index).
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/hooks",
     tag = "admin",
     params(RecentQuery),
     responses(
-        (status = 200, description = "The newest hooks the log keeps", body = RecentHooks),
+        (status = 200, description = "The newest hooks the log keeps"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -158,7 +165,7 @@ pub async fn recent(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Query(q): Query<RecentQuery>,
-) -> ApiResult {
+) -> Result<Json<RecentHooks>, ApiError> {
     let c = caller(&api, &headers)?;
     let n = q
         .limit
@@ -185,7 +192,7 @@ pub async fn recent(
                 sinks: r.envelope.sinks,
             })
             .collect();
-        Ok(Json(RecentHooks { items, truncated }).into_response())
+        Ok(Json(RecentHooks { items, truncated }))
     })
     .await
 }
@@ -193,6 +200,7 @@ pub async fn recent(
 /// `GET /v1/tenants/{t}/deliveries/{delivery_id}`: the hook a provider's delivery id
 /// (`X-GitHub-Delivery`, `webhook-id`, a Stripe event id: the source's `idempotency` key)
 /// was taken as, while its dedupe entry lives (`dedupe.window_ms`).
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/tenants/{t}/deliveries/{delivery_id}",
@@ -203,7 +211,7 @@ pub async fn recent(
         HookQuery,
     ),
     responses(
-        (status = 200, description = "The hook from the hook log", body = HookOut),
+        (status = 200, description = "The hook from the hook log"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -215,7 +223,7 @@ pub async fn by_delivery(
     headers: HeaderMap,
     Path((t, delivery)): Path<(String, String)>,
     Query(q): Query<HookQuery>,
-) -> ApiResult {
+) -> Result<Json<HookOut>, ApiError> {
     let c = caller(&api, &headers)?;
     let a = api.clone();
     blocking(move || {

@@ -10,13 +10,13 @@ use std::sync::Arc;
 
 use axum::extract::{Path, State};
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 
-use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
+use super::api::{admin_only, blocking, caller, Api, ApiError};
 use crate::ingest::quota::SetError;
 use ankusa_api::admin::{LimitsView, Overrides};
 use ankusa_api::error::ErrorCode;
+use ankusa_api_macros::answers;
 
 fn view(api: &Api, tenant: String, changed: Option<u64>) -> LimitsView {
     let q = &api.quotas;
@@ -45,13 +45,14 @@ fn named(scope: &super::auth::Scope, t: &str) -> Result<(), ApiError> {
 }
 
 /// `GET /v1/tenants/{t}/limits`
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/tenants/{t}/limits",
     tag = "admin",
     params(("t" = String, Path, description = "A tenant id")),
     responses(
-        (status = 200, description = "The tenant's limits: effective, defaults, its own, and its refusals", body = LimitsView),
+        (status = 200, description = "The tenant's limits: effective, defaults, its own, and its refusals"),
         crate::http::AuthErrors,
         crate::http::NotFound,
     ),
@@ -61,14 +62,15 @@ pub async fn get(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Path(t): Path<String>,
-) -> ApiResult {
+) -> Result<Json<LimitsView>, ApiError> {
     let c = caller(&api, &headers)?;
     named(&c.scope, &t)?;
-    Ok(Json(view(&api, t, None)).into_response())
+    Ok(Json(view(&api, t, None)))
 }
 
 /// `PUT /v1/tenants/{t}/limits`: the tenant's own limits, replacing any it had (admin
 /// scope). `{}` is the same as `DELETE`.
+#[answers]
 #[utoipa::path(
     put,
     path = "/v1/tenants/{t}/limits",
@@ -76,7 +78,7 @@ pub async fn get(
     params(("t" = String, Path, description = "A tenant id")),
     request_body(content = Overrides, description = "Its own limits: a key absent keeps the default, null lifts it"),
     responses(
-        (status = 200, description = "The tenant's limits after the change", body = LimitsView),
+        (status = 200, description = "The tenant's limits after the change"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -89,20 +91,21 @@ pub async fn put(
     headers: HeaderMap,
     Path(t): Path<String>,
     body: axum::body::Bytes,
-) -> ApiResult {
+) -> Result<Json<LimitsView>, ApiError> {
     let o: Overrides =
         serde_json::from_slice(&body).map_err(|e| ApiError::BadRequest(format!("limits: {e}")))?;
     change(api, headers, t, Some(o)).await
 }
 
 /// `DELETE /v1/tenants/{t}/limits`: the tenant runs on the defaults again (admin scope).
+#[answers]
 #[utoipa::path(
     delete,
     path = "/v1/tenants/{t}/limits",
     tag = "admin",
     params(("t" = String, Path, description = "A tenant id")),
     responses(
-        (status = 200, description = "The tenant's limits after the change", body = LimitsView),
+        (status = 200, description = "The tenant's limits after the change"),
         crate::http::AuthErrors,
         crate::http::NotFound,
     ),
@@ -112,7 +115,7 @@ pub async fn delete(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Path(t): Path<String>,
-) -> ApiResult {
+) -> Result<Json<LimitsView>, ApiError> {
     change(api, headers, t, None).await
 }
 
@@ -121,7 +124,7 @@ async fn change(
     headers: HeaderMap,
     t: String,
     next: Option<Overrides>,
-) -> ApiResult {
+) -> Result<Json<LimitsView>, ApiError> {
     let c = caller(&api, &headers)?;
     named(&c.scope, &t)?;
     admin_only(&c)?;
@@ -148,7 +151,7 @@ async fn change(
                 })
             }
         };
-        Ok(Json(view(&a, t, Some(u64::from(changed)))).into_response())
+        Ok(Json(view(&a, t, Some(u64::from(changed)))))
     })
     .await
 }

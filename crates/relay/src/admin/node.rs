@@ -8,7 +8,8 @@ use axum::http::HeaderMap;
 use axum::response::IntoResponse;
 use axum::Json;
 
-use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
+use super::api::{admin_only, blocking, caller, Api, ApiError};
+use ankusa_api_macros::answers;
 
 /// `GET /v1/config`: the effective configuration, every secret `<redacted>`. Admin only.
 #[utoipa::path(
@@ -22,7 +23,10 @@ use super::api::{admin_only, blocking, caller, Api, ApiError, ApiResult};
     ),
     security(("bearer" = []))
 )]
-pub async fn config(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult {
+pub async fn config(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+) -> Result<axum::response::Response, ApiError> {
     admin_only(&caller(&api, &headers)?)?;
     let mut v = serde_json::to_value(&**api.config.load()).map_err(|_| ApiError::Internal)?;
     redact_sinks(&mut v);
@@ -88,18 +92,22 @@ mod tests {
 }
 
 /// `GET /v1/node`: the node's status (the operator polls it). Admin only.
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/node",
     tag = "admin",
     responses(
-        (status = 200, description = "The node's status (served during a boot migration too)", body = ankusa_api::node::NodeStatus),
+        (status = 200, description = "The node's status (served during a boot migration too)"),
         (status = 401, description = "No valid token", body = ankusa_api::error::ErrorBody),
         crate::http::Forbidden,
     ),
     security(("bearer" = []))
 )]
-pub async fn node(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult {
+pub async fn node(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+) -> Result<Json<ankusa_api::node::NodeStatus>, ApiError> {
     admin_only(&caller(&api, &headers)?)?;
     let a = api.clone();
     blocking(move || {
@@ -114,7 +122,7 @@ pub async fn node(State(api): State<Arc<Api>>, headers: HeaderMap) -> ApiResult 
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
         );
-        Ok(Json(s).into_response())
+        Ok(Json(s))
     })
     .await
 }

@@ -5,25 +5,26 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 
-use super::api::{admin_only, blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use super::api::{admin_only, blocking, caller, visible_ord, Api, ApiError};
 use ankusa_api::admin::{PortalLink, PortalRequest};
 use ankusa_api::error::ErrorCode;
+use ankusa_api_macros::answers;
 
 /// A portal link's lifetime when the request names none (24 hours).
 pub const DEFAULT_TTL_MS: u64 = 86_400_000;
 
 /// `POST /v1/portal-links`: admin tokens only; 409 `portal_disabled` without
 /// `admin.console.portal_secret`. Written to the audit trail.
+#[answers]
 #[utoipa::path(
     post,
     path = "/v1/portal-links",
     tag = "admin",
     request_body = PortalRequest,
     responses(
-        (status = 200, description = "The link", body = PortalLink),
+        (status = 200, description = "The link"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -36,7 +37,7 @@ pub async fn create(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Json(req): Json<PortalRequest>,
-) -> ApiResult {
+) -> Result<Json<PortalLink>, ApiError> {
     let c = caller(&api, &headers)?;
     admin_only(&c)?;
     let max = api.config.load().admin.console.portal_max_ttl_ms;
@@ -68,8 +69,7 @@ pub async fn create(
             tenant: req.tenant,
             credential,
             expires_ms,
-        })
-        .into_response())
+        }))
     })
     .await
 }

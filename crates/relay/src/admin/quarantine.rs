@@ -5,13 +5,13 @@ use std::sync::Arc;
 
 use axum::extract::{Query, State};
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{blocking, caller, limit, Api, ApiError, ApiResult};
+use super::api::{blocking, caller, limit, Api, ApiError};
 use super::sources::quarantine_visible;
 use ankusa_api::admin::{Deleted, QuarantineItem, QuarantinePage};
+use ankusa_api_macros::answers;
 
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
@@ -22,13 +22,14 @@ pub struct QuarantineQuery {
 }
 
 /// `GET /v1/quarantine`: newest first, with headers and a body preview.
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/quarantine",
     tag = "admin",
     params(QuarantineQuery),
     responses(
-        (status = 200, description = "Quarantined requests, newest first", body = QuarantinePage),
+        (status = 200, description = "Quarantined requests, newest first"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
     ),
@@ -38,7 +39,7 @@ pub async fn quarantine_list(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Query(q): Query<QuarantineQuery>,
-) -> ApiResult {
+) -> Result<Json<QuarantinePage>, ApiError> {
     let c = caller(&api, &headers)?;
     let n = limit(&api, q.limit);
     let a = api.clone();
@@ -60,19 +61,20 @@ pub async fn quarantine_list(
                 headers: e.headers,
             })
             .collect();
-        Ok(Json(QuarantinePage { items, next }).into_response())
+        Ok(Json(QuarantinePage { items, next }))
     })
     .await
 }
 
 /// `DELETE /v1/quarantine?id=N` (one) or without `id` (everything within scope).
+#[answers]
 #[utoipa::path(
     delete,
     path = "/v1/quarantine",
     tag = "admin",
     params(QuarantineQuery),
     responses(
-        (status = 200, description = "Entries deleted", body = Deleted),
+        (status = 200, description = "Entries deleted"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -83,7 +85,7 @@ pub async fn quarantine_delete(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Query(q): Query<QuarantineQuery>,
-) -> ApiResult {
+) -> Result<Json<Deleted>, ApiError> {
     let c = caller(&api, &headers)?;
     super::api::not_portal(&c)?;
     let a = api.clone();
@@ -105,8 +107,7 @@ pub async fn quarantine_delete(
         }
         Ok(Json(Deleted {
             deleted: removed as u64,
-        })
-        .into_response())
+        }))
     })
     .await
 }

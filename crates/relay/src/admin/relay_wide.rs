@@ -36,6 +36,7 @@ use http_body_util::BodyExt;
 use serde_json::Value;
 
 use super::api::Api;
+use ankusa_api_macros::answers;
 
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::{error, percent_decode as decode, percent_encode as encode, with_retry_after};
@@ -773,13 +774,14 @@ fn cluster_door(api: &Api, headers: &HeaderMap) -> Option<Response> {
 
 /// `POST /cluster/v1/slots/lend`: lends the asking node up to `want` tenant slots, at most
 /// half of this node's free ones, recorded (synced) before the answer.
+#[answers]
 #[utoipa::path(
     post,
     path = "/cluster/v1/slots/lend",
     tag = "cluster",
     request_body = LendRequest,
     responses(
-        (status = 200, description = "The slots lent (maybe none) and the running total", body = Lent),
+        (status = 200, description = "The slots lent (maybe none) and the running total"),
         (status = 401, description = "No valid cluster token", body = ankusa_api::error::ErrorBody),
         (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = ankusa_api::error::ErrorBody),
         (status = 503, description = "The loan could not be recorded", body = ankusa_api::error::ErrorBody),
@@ -791,30 +793,31 @@ pub async fn lend(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Json(req): Json<LendRequest>,
-) -> Response {
+) -> Result<Json<Lent>, Response> {
     if let Some(r) = cluster_door(&api, &headers) {
-        return r;
+        return Err(r);
     }
     let cluster = api.cluster.clone();
     match tokio::task::spawn_blocking(move || cluster.lend(&req.to, req.want)).await {
-        Ok(Ok((given, lent_total))) => Json(Lent { given, lent_total }).into_response(),
-        _ => error(
+        Ok(Ok((given, lent_total))) => Ok(Json(Lent { given, lent_total })),
+        _ => Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Unavailable,
             "the loan could not be recorded",
-        ),
+        )),
     }
 }
 
 /// `GET /cluster/v1/stored?tenant=t`: whether this node's store holds the tenant (asked by
 /// its owner, out of slots, before it refuses a tenant that may have moved to it).
+#[answers]
 #[utoipa::path(
     get,
     path = "/cluster/v1/stored",
     tag = "cluster",
     params(("tenant" = String, Query, description = "The tenant id")),
     responses(
-        (status = 200, description = "Whether this node stores the tenant", body = Stored),
+        (status = 200, description = "Whether this node stores the tenant"),
         (status = 400, description = "No tenant given (bad_request)", body = ankusa_api::error::ErrorBody),
         (status = 401, description = "No valid cluster token", body = ankusa_api::error::ErrorBody),
         (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = ankusa_api::error::ErrorBody),
@@ -822,41 +825,41 @@ pub async fn lend(
     ),
     security(("cluster" = []))
 )]
-pub async fn stored(State(api): State<Arc<Api>>, req: Request) -> Response {
+pub async fn stored(State(api): State<Arc<Api>>, req: Request) -> Result<Json<Stored>, Response> {
     if let Some(r) = cluster_door(&api, req.headers()) {
-        return r;
+        return Err(r);
     }
     let Some(tenant) = query_param(req.uri().query().unwrap_or(""), "tenant") else {
-        return error(
+        return Err(error(
             StatusCode::BAD_REQUEST,
             ErrorCode::BadRequest,
             "tenant is required",
-        );
+        ));
     };
     let store = api.store.clone();
     match tokio::task::spawn_blocking(move || ankusa_queue::tenants::ord(&store, &tenant)).await {
-        Ok(Ok(ord)) => Json(Stored {
+        Ok(Ok(ord)) => Ok(Json(Stored {
             stored: ord.is_some(),
-        })
-        .into_response(),
-        _ => error(
+        })),
+        _ => Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Unavailable,
             "the store could not be read",
-        ),
+        )),
     }
 }
 
 /// `POST /cluster/v1/handoff`: a batch of stored rows whose tenants this node owns, from
 /// the node that stored them (docs/architecture.md, handoff). Imported once, in one synced
 /// write that records the batch's number; a batch sent again is answered `already`.
+#[answers]
 #[utoipa::path(
     post,
     path = "/cluster/v1/handoff",
     tag = "cluster",
     request_body = HandoffBatch,
     responses(
-        (status = 200, description = "Imported now, or before (`already`): the sender may forget the batch", body = HandoffAnswer),
+        (status = 200, description = "Imported now, or before (`already`): the sender may forget the batch"),
         (status = 400, description = "An unknown sender, too many items, an item that does not decode (bad_request)", body = ankusa_api::error::ErrorBody),
         (status = 401, description = "No valid cluster token", body = ankusa_api::error::ErrorBody),
         (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = ankusa_api::error::ErrorBody),
@@ -870,20 +873,20 @@ pub async fn handoff(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Json(batch): Json<HandoffBatch>,
-) -> Response {
+) -> Result<Json<HandoffAnswer>, Response> {
     use crate::cluster::handoff::Refusal;
     if let Some(r) = cluster_door(&api, &headers) {
-        return r;
+        return Err(r);
     }
     let Some(writer) = api.writer.get() else {
-        return error(
+        return Err(error(
             StatusCode::SERVICE_UNAVAILABLE,
             ErrorCode::Unavailable,
             "the node is starting",
-        );
+        ));
     };
-    match crate::cluster::handoff::receive(&api.cluster, writer, batch).await {
-        Ok(answer) => Json(answer).into_response(),
+    let refused = match crate::cluster::handoff::receive(&api.cluster, writer, batch).await {
+        Ok(answer) => return Ok(Json(answer)),
         Err(e @ Refusal::Bad(_)) => error(
             StatusCode::BAD_REQUEST,
             ErrorCode::BadRequest,
@@ -902,38 +905,42 @@ pub async fn handoff(
             ErrorCode::Unavailable,
             e.to_string(),
         ),
-    }
+    };
+    Err(refused)
 }
 
 /// `GET /cluster/v1/slots`: this node's tenants, slots and loans, for the other nodes.
+#[answers]
 #[utoipa::path(
     get,
     path = "/cluster/v1/slots",
     tag = "cluster",
     responses(
-        (status = 200, description = "This node's part of the tenant registry", body = SlotLedger),
+        (status = 200, description = "This node's part of the tenant registry"),
         (status = 401, description = "No valid cluster token", body = ankusa_api::error::ErrorBody),
         (status = 404, description = "Not a Relay of several nodes (not_a_relay_node)", body = ankusa_api::error::ErrorBody),
     ),
     security(("cluster" = []))
 )]
-pub async fn slots(State(api): State<Arc<Api>>, headers: HeaderMap) -> Response {
+pub async fn slots(
+    State(api): State<Arc<Api>>,
+    headers: HeaderMap,
+) -> Result<Json<SlotLedger>, Response> {
     if let Some(r) = cluster_door(&api, &headers) {
-        return r;
+        return Err(r);
     }
     match api.cluster.ledger() {
-        Some((l, slots)) => Json(SlotLedger {
+        Some((l, slots)) => Ok(Json(SlotLedger {
             registered: l.registered,
             slots,
             lent: l.lent,
             heard: l.heard,
-        })
-        .into_response(),
-        None => error(
+        })),
+        None => Err(error(
             StatusCode::NOT_FOUND,
             ErrorCode::NotARelayNode,
             "no registry",
-        ),
+        )),
     }
 }
 

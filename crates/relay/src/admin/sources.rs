@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{blocking, caller, Api, ApiError, ApiResult};
+use super::api::{blocking, caller, Api, ApiError};
 use super::auth::Scope;
 use ankusa_api::admin::SourceView;
+use ankusa_api_macros::answers;
 use ankusa_config::{Config, TenantFrom};
 use ankusa_queue::deliveries::{self, SourceBacklog};
 use ankusa_queue::tenants;
@@ -32,13 +32,14 @@ pub struct SourceQuery {
 /// fixed tenant reads only that tenant's rows; a shared one folds every due and inflight
 /// row, up to `limit` (then `exact` is false). A tenant token sees only the sources fixed
 /// to its tenants (as for quarantine).
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/sources/{id}",
     tag = "admin",
     params(("id" = String, Path, description = "A source id"), SourceQuery),
     responses(
-        (status = 200, description = "The source and its backlog", body = SourceView),
+        (status = 200, description = "The source and its backlog"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -50,7 +51,7 @@ pub async fn get(
     headers: HeaderMap,
     Path(id): Path<String>,
     Query(q): Query<SourceQuery>,
-) -> ApiResult {
+) -> Result<Json<SourceView>, ApiError> {
     let c = caller(&api, &headers)?;
     let config = api.config.load_full();
     let config = &*config;
@@ -108,8 +109,7 @@ pub async fn get(
         forward_headers: forward,
         backlog: crate::wire::backlog(backlog),
         unavailable: Vec::new(),
-    })
-    .into_response())
+    }))
 }
 
 /// The tenant a source pins (`tenant: {fixed: …}`, or none: `default`), if it pins one.

@@ -6,14 +6,14 @@ use std::sync::Arc;
 
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
-use axum::response::IntoResponse;
 use axum::Json;
 use serde::Deserialize;
 
-use super::api::{blocking, caller, visible_ord, Api, ApiError, ApiResult};
+use super::api::{blocking, caller, visible_ord, Api, ApiError};
 use super::auth::Scope;
 use ankusa_api::admin::{PauseState, PurgeReport, Retried, RetryRequest, TenantView, TenantsTop};
 use ankusa_api::node::Counters;
+use ankusa_api_macros::answers;
 use ankusa_keyspace::AtMs;
 use ankusa_queue::deliveries::{self, PurgeKinds};
 use ankusa_queue::{counters, tenants};
@@ -38,13 +38,14 @@ pub(crate) fn view(
 }
 
 /// `GET /v1/tenants/{t}`
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/tenants/{t}",
     tag = "admin",
     params(("t" = String, Path, description = "A tenant id")),
     responses(
-        (status = 200, description = "The tenant's counters", body = TenantView),
+        (status = 200, description = "The tenant's counters"),
         crate::http::AuthErrors,
         crate::http::NotFound,
     ),
@@ -54,12 +55,12 @@ pub async fn tenant(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Path(t): Path<String>,
-) -> ApiResult {
+) -> Result<Json<TenantView>, ApiError> {
     let c = caller(&api, &headers)?;
     let a = api.clone();
     blocking(move || {
         let ord = visible_ord(&a.store, &c.scope, &t)?;
-        Ok(Json(view(&a, t, ord)?).into_response())
+        Ok(Json(view(&a, t, ord)?))
     })
     .await
 }
@@ -114,13 +115,14 @@ pub struct TopQuery {
 /// pending first, from the active index, a skip scan of the dead rows' tenant index and the
 /// counters (never a scan of all tenants). `?prefix=P[&after=T]`: every tenant whose id
 /// starts with `P`, in id order, a page of `top` from one seek of the tenant index.
+#[answers]
 #[utoipa::path(
     get,
     path = "/v1/tenants",
     tag = "admin",
     params(TopQuery),
     responses(
-        (status = 200, description = "The tenants with pending, scheduled or dead rows, the most pending first", body = TenantsTop),
+        (status = 200, description = "The tenants with pending, scheduled or dead rows, the most pending first"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
     ),
@@ -130,7 +132,7 @@ pub async fn tenants_top(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Query(q): Query<TopQuery>,
-) -> ApiResult {
+) -> Result<Json<TenantsTop>, ApiError> {
     let c = caller(&api, &headers)?;
     let n = q
         .top
@@ -209,8 +211,7 @@ pub async fn tenants_top(
             next,
             nodes: None,
             unavailable: None,
-        })
-        .into_response())
+        }))
     })
     .await
 }
@@ -222,13 +223,14 @@ pub struct PurgeQuery {
 }
 
 /// `DELETE /v1/tenants/{t}/queue?kinds=pending,dead`
+#[answers]
 #[utoipa::path(
     delete,
     path = "/v1/tenants/{t}/queue",
     tag = "admin",
     params(("t" = String, Path, description = "A tenant id"), PurgeQuery),
     responses(
-        (status = 200, description = "Rows removed", body = PurgeReport),
+        (status = 200, description = "Rows removed"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -240,7 +242,7 @@ pub async fn purge(
     headers: HeaderMap,
     Path(t): Path<String>,
     Query(q): Query<PurgeQuery>,
-) -> ApiResult {
+) -> Result<Json<PurgeReport>, ApiError> {
     let c = caller(&api, &headers)?;
     super::api::not_portal(&c)?;
     let mut kinds = PurgeKinds::default();
@@ -271,8 +273,7 @@ pub async fn purge(
             dead: report.dead,
             batches: report.batches,
             unavailable: Vec::new(),
-        })
-        .into_response())
+        }))
     })
     .await
 }
@@ -285,6 +286,7 @@ pub const MAX_RETRY_SCAN: usize = 100_000;
 /// later for another reason) are due now — all of them, one sink's, or one hook's. Rows
 /// move in synced batches with the audit row; a row that moved meanwhile (claimed,
 /// purged) is not counted.
+#[answers]
 #[utoipa::path(
     post,
     path = "/v1/tenants/{t}/retry",
@@ -292,7 +294,7 @@ pub const MAX_RETRY_SCAN: usize = 100_000;
     params(("t" = String, Path, description = "A tenant id")),
     request_body = RetryRequest,
     responses(
-        (status = 200, description = "Rows made due now", body = Retried),
+        (status = 200, description = "Rows made due now"),
         crate::http::AuthErrors,
         crate::http::BadRequest,
         crate::http::NotFound,
@@ -304,7 +306,7 @@ pub async fn retry(
     headers: HeaderMap,
     Path(t): Path<String>,
     body: bytes::Bytes,
-) -> ApiResult {
+) -> Result<Json<Retried>, ApiError> {
     let c = caller(&api, &headers)?;
     // No body (or an empty one) is every waiting row of the tenant.
     let req: RetryRequest = if body.iter().all(u8::is_ascii_whitespace) {
@@ -376,8 +378,7 @@ pub async fn retry(
             retried,
             more,
             unavailable: Vec::new(),
-        })
-        .into_response())
+        }))
     })
     .await
 }
@@ -394,13 +395,14 @@ pub(crate) fn paused_since(api: &Api, ord: ankusa_keyspace::TenantOrd) -> Option
 /// resumed. Its rows stay due and counted, with their due times; deliveries in flight
 /// finish. Persisted with its audit row in one synced write; pausing a paused tenant
 /// changes nothing.
+#[answers]
 #[utoipa::path(
     post,
     path = "/v1/tenants/{t}/pause",
     tag = "admin",
     params(("t" = String, Path, description = "A tenant id")),
     responses(
-        (status = 200, description = "The tenant is paused", body = PauseState),
+        (status = 200, description = "The tenant is paused"),
         crate::http::AuthErrors,
         crate::http::NotFound,
     ),
@@ -410,20 +412,21 @@ pub async fn pause(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Path(t): Path<String>,
-) -> ApiResult {
+) -> Result<Json<PauseState>, ApiError> {
     pause_call(api, headers, t, true).await
 }
 
 /// `POST /v1/tenants/{t}/resume`: the tenant's deliveries go on. Its due rows get their
 /// active markers back (synced, in chunks) before the pause ends in the store, with its
 /// audit row; resuming a tenant that is not paused changes nothing.
+#[answers]
 #[utoipa::path(
     post,
     path = "/v1/tenants/{t}/resume",
     tag = "admin",
     params(("t" = String, Path, description = "A tenant id")),
     responses(
-        (status = 200, description = "The tenant's deliveries go on", body = PauseState),
+        (status = 200, description = "The tenant's deliveries go on"),
         crate::http::AuthErrors,
         crate::http::NotFound,
     ),
@@ -433,12 +436,17 @@ pub async fn resume(
     State(api): State<Arc<Api>>,
     headers: HeaderMap,
     Path(t): Path<String>,
-) -> ApiResult {
+) -> Result<Json<PauseState>, ApiError> {
     pause_call(api, headers, t, false).await
 }
 
 /// A pause (`pause`) or a resume of tenant `t`, in the caller's scope, audited.
-async fn pause_call(api: Arc<Api>, headers: HeaderMap, t: String, pause: bool) -> ApiResult {
+async fn pause_call(
+    api: Arc<Api>,
+    headers: HeaderMap,
+    t: String,
+    pause: bool,
+) -> Result<Json<PauseState>, ApiError> {
     let c = caller(&api, &headers)?;
     super::api::not_portal(&c)?;
     let a = api.clone();
@@ -465,8 +473,7 @@ async fn pause_call(api: Arc<Api>, headers: HeaderMap, t: String, pause: bool) -
             changed,
             markers,
             unavailable: Vec::new(),
-        })
-        .into_response())
+        }))
     })
     .await
 }

@@ -15,12 +15,14 @@ use base64::Engine;
 
 use super::{Ask, Claimed, Conflict, Consumer, Gateway, Settle};
 use crate::http::error;
+use ankusa_api::cluster::{PullReady, PullWait};
 use ankusa_api::error::ErrorCode;
 use ankusa_api::pull::ConflictReason;
 use ankusa_api::pull::{
     AckRequest, ClaimAnswer, ClaimRequest, ClaimedHook, ConflictBody, ExtendRequest,
     ForwardedHeader, LeaseConflict, NackRequest, SettleAnswer,
 };
+use ankusa_api_macros::answers;
 
 /// The error answers every pull call shares, for the OpenAPI document (the handlers
 /// answer through [`Refused`] and `internal`, whose body is `ErrorBody`).
@@ -64,6 +66,12 @@ struct Refused(StatusCode, ErrorCode, String);
 impl IntoResponse for Refused {
     fn into_response(self) -> Response {
         error(self.0, self.1, self.2)
+    }
+}
+
+impl From<Refused> for Response {
+    fn from(r: Refused) -> Response {
+        r.into_response()
     }
 }
 
@@ -118,6 +126,7 @@ fn internal(e: impl std::fmt::Display) -> Response {
 
 /// `POST /pull/{sink}/claim`: lease up to `max` waiting hooks; long-polls up to `wait_ms`
 /// when none is waiting, woken when the dispatch tick parks hooks for the sink.
+#[answers]
 #[utoipa::path(
     post,
     path = "/pull/{sink}/claim",
@@ -125,7 +134,7 @@ fn internal(e: impl std::fmt::Display) -> Response {
     params(("sink" = String, Path, description = "A pull sink's id")),
     request_body = ClaimRequest,
     responses(
-        (status = 200, description = "The hooks leased (none when nothing came within wait_ms)", body = ClaimAnswer),
+        (status = 200, description = "The hooks leased (none when nothing came within wait_ms)"),
         (status = 429, description = "The consumer has pull.max_waiting_claims claims waiting on this node (Retry-After: 1)", body = ankusa_api::error::ErrorBody),
         PullErrors,
         crate::http::JsonBodyErrors,
@@ -137,11 +146,8 @@ pub async fn claim(
     Path(sink): Path<String>,
     headers: HeaderMap,
     Json(req): Json<ClaimRequest>,
-) -> Response {
-    let c = match consumer(&g, &headers, &sink) {
-        Ok(c) => c,
-        Err(r) => return r.into_response(),
-    };
+) -> Result<Json<ClaimAnswer>, Response> {
+    let c = consumer(&g, &headers, &sink)?;
     let s = g.settings();
     let sink_lease = s.sinks.get(&sink).map_or(s.lease_ms, |k| k.lease_ms);
     let ask = (|| {
@@ -166,14 +172,13 @@ pub async fn claim(
             )?,
         })
     })();
-    let ask = match ask {
-        Ok(a) => a,
-        Err(r) => return r.into_response(),
-    };
-    let wait = match in_range("wait_ms", req.wait_ms.unwrap_or(0), 0, s.max_wait_ms) {
-        Ok(w) => Duration::from_millis(w),
-        Err(r) => return r.into_response(),
-    };
+    let ask = ask?;
+    let wait = Duration::from_millis(in_range(
+        "wait_ms",
+        req.wait_ms.unwrap_or(0),
+        0,
+        s.max_wait_ms,
+    )?);
     let until = Instant::now() + wait;
     // A waiting claim holds one of its consumer's `pull.max_waiting_claims`.
     let _waiting = if wait.is_zero() {
@@ -191,7 +196,7 @@ pub async fn claim(
                         s.max_waiting_claims
                     ),
                 );
-                return crate::http::with_retry_after(r, 1);
+                return Err(crate::http::with_retry_after(r, 1));
             }
         }
     };
@@ -236,43 +241,43 @@ pub async fn claim(
         let reloaded = g.reloaded.notified();
         tokio::pin!(reloaded);
         reloaded.as_mut().enable();
-        let mut hooks: Vec<Gathered> = Vec::new();
+        let mut hooks: Vec<ClaimedHook> = Vec::new();
         let mut bytes = 0u64;
         if round && mine {
             let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
             let claimed = tokio::task::spawn_blocking(move || g2.claim(&sink2, &c2, ask)).await;
             let claimed = match claimed {
                 Ok(Ok(h)) => h,
-                Ok(Err(e)) => return internal(e),
-                Err(e) => return internal(e),
+                Ok(Err(e)) => return Err(internal(e)),
+                Err(e) => return Err(internal(e)),
             };
             for h in claimed {
                 bytes += h.envelope.body.len() as u64;
-                hooks.push(Gathered::Here(Box::new(render(h))));
+                hooks.push(render(h));
             }
         }
         for m in others.iter().filter(|_| round) {
             if hooks.len() >= ask.max {
                 break;
             }
-            let body = serde_json::json!({
-                "max": ask.max - hooks.len(),
-                "max_bytes": ask.max_bytes.saturating_sub(bytes).max(1),
-                "wait_ms": 0,
-                "lease_ms": ask.lease_ms,
-            });
+            let body = ClaimRequest {
+                max: Some(ask.max - hooks.len()),
+                max_bytes: Some(ask.max_bytes.saturating_sub(bytes).max(1)),
+                wait_ms: Some(0),
+                lease_ms: Some(ask.lease_ms),
+            };
             let path = format!("/pull/{sink}/claim");
-            let answer = forward_json(&g, m, &path, &headers, &body).await;
-            if let Some(v) = answer.filter(|(s, _)| *s == 200).map(|(_, v)| v) {
-                for h in v["hooks"].as_array().into_iter().flatten() {
-                    bytes += h["body"].as_str().map_or(0, |b| b.len() as u64);
-                    hooks.push(Gathered::There(h.clone()));
+            let answer = forward_json::<_, ClaimAnswer>(&g, m, &path, &headers, &body).await;
+            if let Some((200, Some(theirs))) = answer {
+                for h in theirs.hooks {
+                    bytes += h.body.as_ref().map_or(0, |b| b.len() as u64);
+                    hooks.push(h);
                 }
             }
         }
         let now = Instant::now();
         if !hooks.is_empty() || now >= until {
-            return Json(GatheredAnswer { hooks }).into_response();
+            return Ok(Json(ClaimAnswer { hooks }));
         }
         for (i, m) in others.iter().enumerate() {
             if !armed[i] && now >= rearm_at[i] {
@@ -286,14 +291,11 @@ pub async fn claim(
                 let (g2, m2, h2, sink2) = (g.clone(), m.clone(), headers.clone(), sink.clone());
                 remote.spawn(async move {
                     let asked = Instant::now();
-                    let body = serde_json::json!(ankusa_api::cluster::PullWait { wait_ms: ms });
+                    let body = PullWait { wait_ms: ms };
                     let path = format!("/pull/{sink2}/wait");
-                    let ready = forward_json(&g2, &m2, &path, &h2, &body)
+                    let ready = forward_json::<_, PullReady>(&g2, &m2, &path, &h2, &body)
                         .await
-                        .filter(|(s, _)| *s == 200)
-                        .and_then(|(_, v)| {
-                            serde_json::from_value::<ankusa_api::cluster::PullReady>(v).ok()
-                        })
+                        .and_then(|(s, r)| r.filter(|_| s == 200))
                         .map(|r| r.ready)
                         // "Nothing" long before the wait asked for (a node whose own
                         // `max_wait_ms` is shorter) counts as no answer: no asking at once.
@@ -326,16 +328,14 @@ pub async fn claim(
             _ = reloaded => true,
         };
         // A reload may have revoked the consumer, or taken the sink from it.
-        c = match consumer(&g, &headers, &sink) {
-            Ok(again) => again,
-            Err(r) => return r.into_response(),
-        };
+        c = consumer(&g, &headers, &sink)?;
     }
 }
 
 /// `POST /pull/{sink}/wait` (between the nodes of a Relay only, signed; 404 to anyone
 /// else): answers `{"ready": true}` as soon as this node has hooks of the sink waiting for
 /// the consumer whose token the call carries, `false` when `wait_ms` ran out first.
+#[answers]
 #[utoipa::path(
     post,
     path = "/pull/{sink}/wait",
@@ -343,7 +343,7 @@ pub async fn claim(
     params(("sink" = String, Path, description = "A pull sink's id")),
     request_body = ankusa_api::cluster::PullWait,
     responses(
-        (status = 200, description = "Whether hooks wait for the consumer here", body = ankusa_api::cluster::PullReady),
+        (status = 200, description = "Whether hooks wait for the consumer here"),
         PullErrors,
     ),
     security(("bearer" = []))
@@ -352,15 +352,12 @@ pub async fn wait(
     State(g): State<Arc<Gateway>>,
     Path(sink): Path<String>,
     headers: HeaderMap,
-    Json(req): Json<ankusa_api::cluster::PullWait>,
-) -> Response {
+    Json(req): Json<PullWait>,
+) -> Result<Json<PullReady>, Response> {
     if !g.cluster.is_local_call(&headers) {
-        return crate::http::not_found().await.into_response();
+        return Err(crate::http::not_found().await);
     }
-    let c = match consumer(&g, &headers, &sink) {
-        Ok(c) => c,
-        Err(r) => return r.into_response(),
-    };
+    let c = consumer(&g, &headers, &sink)?;
     let until = Instant::now() + Duration::from_millis(req.wait_ms.min(g.settings().max_wait_ms));
     let wake = g.deliverer.pull_wake.of(&sink);
     loop {
@@ -370,11 +367,11 @@ pub async fn wait(
         let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
         let ready = match tokio::task::spawn_blocking(move || g2.has_waiting(&sink2, &c2)).await {
             Ok(Ok(r)) => r,
-            Ok(Err(e)) => return internal(e),
-            Err(e) => return internal(e),
+            Ok(Err(e)) => return Err(internal(e)),
+            Err(e) => return Err(internal(e)),
         };
         if ready || Instant::now() >= until {
-            return Json(ankusa_api::cluster::PullReady { ready }).into_response();
+            return Ok(Json(PullReady { ready }));
         }
         tokio::select! {
             _ = parked => {}
@@ -383,28 +380,15 @@ pub async fn wait(
     }
 }
 
-/// A claim's answer: this node's hooks, and those other nodes answered (as they sent them).
-#[derive(serde::Serialize)]
-struct GatheredAnswer {
-    hooks: Vec<Gathered>,
-}
-
-#[derive(serde::Serialize)]
-#[serde(untagged)]
-enum Gathered {
-    Here(Box<ClaimedHook>),
-    There(serde_json::Value),
-}
-
-/// A call to another node's pull gateway: its status and JSON, or `None` when it did not
-/// answer.
-async fn forward_json(
+/// A call to another node's pull gateway: its status and its answer read as an `A` (`None`
+/// for an answer that does not read as one), or `None` when it did not answer.
+async fn forward_json<B: serde::Serialize, A: serde::de::DeserializeOwned>(
     g: &Gateway,
     to: &crate::cluster::Member,
     path: &str,
     headers: &HeaderMap,
-    body: &serde_json::Value,
-) -> Option<(u16, serde_json::Value)> {
+    body: &B,
+) -> Option<(u16, Option<A>)> {
     use http_body_util::BodyExt;
     let mut h = HeaderMap::new();
     if let Some(a) = headers.get(axum::http::header::AUTHORIZATION) {
@@ -416,12 +400,17 @@ async fn forward_json(
     );
     let resp = g
         .cluster
-        .forward_pull(to, path, &h, bytes::Bytes::from(body.to_string()))
+        .forward_pull(
+            to,
+            path,
+            &h,
+            bytes::Bytes::from(serde_json::to_vec(body).ok()?),
+        )
         .await
         .ok()?;
     let status = resp.status().as_u16();
     let bytes = resp.into_body().collect().await.ok()?.to_bytes();
-    Some((status, serde_json::from_slice(&bytes).unwrap_or_default()))
+    Some((status, serde_json::from_slice(&bytes).ok()))
 }
 
 fn render(c: Claimed) -> ClaimedHook {
@@ -468,11 +457,17 @@ fn leases_in(g: &Gateway, leases: &[String]) -> Result<(), Refused> {
     Ok(())
 }
 
+/// The call's answer: 200 when every lease was held, 409 `lease_conflict` naming those
+/// that were not.
+#[allow(
+    clippy::result_large_err,
+    reason = "the 409 is the call's answer, built once, as the handlers' other refusals are"
+)]
 fn settled(
     leases: &[String],
     result: Vec<Option<ConflictReason>>,
     deadline: Option<u64>,
-) -> Response {
+) -> Result<Json<SettleAnswer>, Response> {
     let conflicts: Vec<LeaseConflict> = leases
         .iter()
         .zip(&result)
@@ -485,18 +480,17 @@ fn settled(
         .collect();
     let settled = result.iter().filter(|c| c.is_none()).count();
     if conflicts.is_empty() {
-        return Json(SettleAnswer {
+        return Ok(Json(SettleAnswer {
             settled,
             lease_deadline_ms: deadline,
             conflicts,
-        })
-        .into_response();
+        }));
     }
     let expired = conflicts
         .iter()
         .filter(|c| c.reason == ConflictReason::Expired)
         .count();
-    (
+    Err((
         StatusCode::CONFLICT,
         Json(ConflictBody {
             error: ErrorCode::LeaseConflict,
@@ -509,7 +503,7 @@ fn settled(
             conflicts,
         }),
     )
-        .into_response()
+        .into_response())
 }
 
 /// What a settle or an extension does on this node.
@@ -525,15 +519,9 @@ async fn run_settle(
     headers: HeaderMap,
     leases: Vec<String>,
     op: Op,
-    body: serde_json::Value,
-) -> Response {
-    let c = match consumer(&g, &headers, &sink) {
-        Ok(c) => c,
-        Err(r) => return r.into_response(),
-    };
-    if let Err(r) = leases_in(&g, &leases) {
-        return r.into_response();
-    }
+) -> Result<Json<SettleAnswer>, Response> {
+    let c = consumer(&g, &headers, &sink)?;
+    leases_in(&g, &leases)?;
     // Each lease is settled by the node that holds it: this node's here, the others'
     // sent on (a node asked by another answers for itself).
     let me = g.node().map(str::to_owned);
@@ -562,8 +550,8 @@ async fn run_settle(
                 .await;
                 let (r, d) = match r {
                     Ok(Ok(r)) => r,
-                    Ok(Err(e)) => return internal(e),
-                    Err(e) => return internal(e),
+                    Ok(Err(e)) => return Err(internal(e)),
+                    Err(e) => return Err(internal(e)),
                 };
                 deadline = deadline.or(d);
                 for (i, c) in idx.iter().zip(r) {
@@ -572,30 +560,23 @@ async fn run_settle(
             }
             Some(name) => {
                 let member = g.cluster.members().iter().find(|m| m.name == name).cloned();
-                let mut b = body.clone();
-                b["leases"] = serde_json::json!(mine);
                 let path = format!("/pull/{sink}/{}", op.path());
                 let answer = match &member {
-                    Some(m) => forward_json(&g, m, &path, &headers, &b).await,
+                    Some(m) => op.forward(&g, m, &path, &headers, mine).await,
                     None => None,
                 };
                 match answer {
-                    Some((200 | 409, v)) => {
-                        deadline = deadline.or(v["lease_deadline_ms"].as_u64());
-                        let conflicts: std::collections::HashMap<String, String> = v["conflicts"]
-                            .as_array()
+                    // A 409's body reads as a settle's answer too (and its conflicts).
+                    Some((200 | 409, Some(theirs))) => {
+                        deadline = deadline.or(theirs.lease_deadline_ms);
+                        let conflicts: std::collections::HashMap<String, ConflictReason> = theirs
+                            .conflicts
                             .into_iter()
-                            .flatten()
-                            .filter_map(|c| {
-                                Some((
-                                    c["lease"].as_str()?.to_owned(),
-                                    c["reason"].as_str()?.to_owned(),
-                                ))
-                            })
+                            .map(|c| (c.lease, c.reason))
                             .collect();
                         for i in &idx {
-                            result[*i] = conflicts.get(&leases[*i]).map(|r| match r.as_str() {
-                                "expired" => ConflictReason::Expired,
+                            result[*i] = conflicts.get(&leases[*i]).map(|r| match r {
+                                ConflictReason::Expired => ConflictReason::Expired,
                                 _ => ConflictReason::Unknown,
                             });
                         }
@@ -616,6 +597,37 @@ async fn run_settle(
 }
 
 impl Op {
+    /// Sends `leases` to the node holding them, as this call's own request.
+    async fn forward(
+        self,
+        g: &Gateway,
+        to: &crate::cluster::Member,
+        path: &str,
+        headers: &HeaderMap,
+        leases: Vec<String>,
+    ) -> Option<(u16, Option<SettleAnswer>)> {
+        match self {
+            Op::Settle(Settle::Ack) => {
+                forward_json(g, to, path, headers, &AckRequest { leases }).await
+            }
+            Op::Settle(Settle::Nack { retry_after }) => {
+                let retry_after_ms = retry_after.map(|d| d.as_millis() as u64);
+                let req = NackRequest {
+                    leases,
+                    retry_after_ms,
+                };
+                forward_json(g, to, path, headers, &req).await
+            }
+            Op::Extend(ms) => {
+                let req = ExtendRequest {
+                    leases,
+                    lease_ms: Some(ms),
+                };
+                forward_json(g, to, path, headers, &req).await
+            }
+        }
+    }
+
     fn path(self) -> &'static str {
         match self {
             Op::Settle(Settle::Ack) => "ack",
@@ -627,6 +639,7 @@ impl Op {
 
 /// `POST /pull/{sink}/ack`: the hooks were delivered. Committed before it answers: an
 /// acked hook is never handed out again (docs/pull.md says what a power cut can undo).
+#[answers]
 #[utoipa::path(
     post,
     path = "/pull/{sink}/ack",
@@ -634,7 +647,7 @@ impl Op {
     params(("sink" = String, Path, description = "A pull sink's id")),
     request_body = AckRequest,
     responses(
-        (status = 200, description = "Every lease settled", body = SettleAnswer),
+        (status = 200, description = "Every lease settled"),
         PullErrors,
         crate::http::JsonBodyErrors,
         (status = 409, description = "Some leases were not held (expired or unknown); the others were settled", body = ConflictBody),
@@ -646,13 +659,13 @@ pub async fn ack(
     Path(sink): Path<String>,
     headers: HeaderMap,
     Json(req): Json<AckRequest>,
-) -> Response {
-    let body = serde_json::json!({});
-    run_settle(g, sink, headers, req.leases, Op::Settle(Settle::Ack), body).await
+) -> Result<Json<SettleAnswer>, Response> {
+    run_settle(g, sink, headers, req.leases, Op::Settle(Settle::Ack)).await
 }
 
 /// `POST /pull/{sink}/nack`: the hooks were not delivered: each is retried on the retry
 /// schedule (no sooner than `retry_after_ms`), or dead-lettered past `retry.max_attempts`.
+#[answers]
 #[utoipa::path(
     post,
     path = "/pull/{sink}/nack",
@@ -660,7 +673,7 @@ pub async fn ack(
     params(("sink" = String, Path, description = "A pull sink's id")),
     request_body = NackRequest,
     responses(
-        (status = 200, description = "Every lease given back", body = SettleAnswer),
+        (status = 200, description = "Every lease given back"),
         PullErrors,
         crate::http::JsonBodyErrors,
         (status = 409, description = "Some leases were not held (expired or unknown); the others were given back", body = ConflictBody),
@@ -672,14 +685,14 @@ pub async fn nack(
     Path(sink): Path<String>,
     headers: HeaderMap,
     Json(req): Json<NackRequest>,
-) -> Response {
+) -> Result<Json<SettleAnswer>, Response> {
     let retry_after = req.retry_after_ms.map(Duration::from_millis);
-    let body = serde_json::json!({ "retry_after_ms": req.retry_after_ms });
     let op = Op::Settle(Settle::Nack { retry_after });
-    run_settle(g, sink, headers, req.leases, op, body).await
+    run_settle(g, sink, headers, req.leases, op).await
 }
 
 /// `POST /pull/{sink}/extend`: the leases run `lease_ms` from now.
+#[answers]
 #[utoipa::path(
     post,
     path = "/pull/{sink}/extend",
@@ -687,7 +700,7 @@ pub async fn nack(
     params(("sink" = String, Path, description = "A pull sink's id")),
     request_body = ExtendRequest,
     responses(
-        (status = 200, description = "Every lease extended", body = SettleAnswer),
+        (status = 200, description = "Every lease extended"),
         PullErrors,
         crate::http::JsonBodyErrors,
         (status = 409, description = "Some leases were not held (expired or unknown); the others were extended", body = ConflictBody),
@@ -699,18 +712,14 @@ pub async fn extend(
     Path(sink): Path<String>,
     headers: HeaderMap,
     Json(req): Json<ExtendRequest>,
-) -> Response {
+) -> Result<Json<SettleAnswer>, Response> {
     let s = g.settings();
     let sink_lease = s.sinks.get(&sink).map_or(s.lease_ms, |k| k.lease_ms);
-    let lease_ms = match in_range(
+    let lease_ms = in_range(
         "lease_ms",
         req.lease_ms.unwrap_or(sink_lease),
         1_000,
         ankusa_config::MAX_LEASE_MS,
-    ) {
-        Ok(l) => l,
-        Err(r) => return r.into_response(),
-    };
-    let body = serde_json::json!({ "lease_ms": lease_ms });
-    run_settle(g, sink, headers, req.leases, Op::Extend(lease_ms), body).await
+    )?;
+    run_settle(g, sink, headers, req.leases, Op::Extend(lease_ms)).await
 }
