@@ -8,8 +8,8 @@
 //! or "all" (`exact`). The nodes that gave no answer are the merged body's `unavailable`.
 
 use crate::admin::{
-    EraseState, LimitsView, PauseState, PurgeReport, Retried, Revived, SourceBacklog, SourceView,
-    TenantView,
+    Deleted, EraseState, LimitsView, PauseState, PurgeReport, Retried, Revived, SourceBacklog,
+    SourceView, TenantView, TenantsTop,
 };
 use crate::node::Counters;
 
@@ -59,6 +59,56 @@ impl Merge for TenantView {
     }
     fn set_unavailable(&mut self, nodes: Vec<String>) {
         self.unavailable = nodes;
+    }
+}
+
+impl Merge for TenantsTop {
+    /// One row per tenant, its views merged ([`TenantView`]'s merge); the nodes' counts of
+    /// tenants summed. Call [`TenantsTop::ranked`] once every answer is in.
+    fn merge(&mut self, o: &Self) {
+        for t in &o.tenants {
+            match self.tenants.iter_mut().find(|m| m.tenant == t.tenant) {
+                Some(m) => m.merge(t),
+                None => self.tenants.push(t.clone()),
+            }
+        }
+        self.total += o.total;
+        let sum = |a: Option<u64>, b: Option<u64>| match (a, b) {
+            (None, None) => None,
+            (a, b) => Some(a.unwrap_or(0) + b.unwrap_or(0)),
+        };
+        self.registered = sum(self.registered, o.registered);
+        self.owned = sum(self.owned, o.owned);
+        for t in &mut self.tenants {
+            t.ord = None;
+        }
+    }
+    fn set_unavailable(&mut self, nodes: Vec<String>) {
+        self.unavailable = Some(nodes);
+    }
+}
+
+impl TenantsTop {
+    /// A merged answer as one node's reads: the most work first (unless it is a listing by
+    /// name, which keeps the names' order), `top` of them; `total` the Relay's registered
+    /// tenants when its nodes keep a registry, else the sum of the nodes' own counts.
+    pub fn ranked(mut self, top: usize, by_work: bool) -> TenantsTop {
+        if by_work {
+            self.tenants.sort_by(|a, b| {
+                b.counters
+                    .work_order()
+                    .cmp(&a.counters.work_order())
+                    .then_with(|| a.tenant.cmp(&b.tenant))
+            });
+        } else {
+            self.tenants.sort_by(|a, b| a.tenant.cmp(&b.tenant));
+        }
+        self.tenants.truncate(top);
+        if let Some(r) = self.registered.take() {
+            self.total = r;
+        }
+        self.owned = None;
+        self
     }
 }
 
@@ -143,6 +193,13 @@ impl Merge for Retried {
     fn set_unavailable(&mut self, nodes: Vec<String>) {
         self.unavailable = nodes;
     }
+}
+
+impl Merge for Deleted {
+    fn merge(&mut self, o: &Self) {
+        self.deleted += o.deleted;
+    }
+    fn set_unavailable(&mut self, _: Vec<String>) {}
 }
 
 impl Merge for PauseState {

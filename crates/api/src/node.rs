@@ -18,6 +18,14 @@ pub struct Counters {
     pub archive_pending: i64,
 }
 
+/// `ankusa-relay version --json`: the release, and the newest store format it supports
+/// (what the operator's probe Job learns of an image before it rolls it out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Version {
+    pub version: String,
+    pub store_format: u32,
+}
+
 /// A store-format migration under way.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct MigrationProgress {

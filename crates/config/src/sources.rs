@@ -68,6 +68,17 @@ pub enum VerifyConfig {
 }
 
 impl VerifyConfig {
+    /// The scheme's name, as the configuration writes it (`scheme: github`).
+    pub fn scheme(&self) -> &'static str {
+        match self {
+            VerifyConfig::None => "none",
+            VerifyConfig::HmacSha256 { .. } => "hmac-sha256",
+            VerifyConfig::StandardWebhooks { .. } => "standard-webhooks",
+            VerifyConfig::Github { .. } => "github",
+            VerifyConfig::Stripe { .. } => "stripe",
+        }
+    }
+
     /// The source-wide secret, if the scheme has one and it is given.
     pub fn secret(&self) -> Option<&SecretSource> {
         match self {
@@ -470,5 +481,28 @@ impl SourceConfig {
             ));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VerifyConfig;
+
+    /// `scheme()` is the tag the configuration's YAML writes.
+    #[test]
+    fn a_schemes_name_is_its_tag() {
+        for yaml in [
+            "scheme: none",
+            "scheme: hmac-sha256\nheader: x-sig",
+            "scheme: standard-webhooks",
+            "scheme: github",
+            "scheme: stripe",
+        ] {
+            let v: VerifyConfig = serde_yaml::from_str(yaml).unwrap();
+            assert_eq!(
+                format!("scheme: {}", v.scheme()),
+                yaml.lines().next().unwrap()
+            );
+        }
     }
 }

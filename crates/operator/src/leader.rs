@@ -18,7 +18,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::MicroTime;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::{Client, ResourceExt};
-use serde_json::json;
 use tokio::time::Instant;
 
 #[derive(Debug, Clone)]
@@ -124,19 +123,21 @@ impl Elector {
         let now = MicroTime(Timestamp::now());
         let secs = i32::try_from(s.lease_duration.as_secs()).unwrap_or(i32::MAX);
         let Some(mut lease) = api.get_opt(&s.name).await? else {
-            let lease: Lease = serde_json::from_value(json!({
-                "apiVersion": "coordination.k8s.io/v1",
-                "kind": "Lease",
-                "metadata": { "name": s.name, "namespace": s.namespace },
-                "spec": {
-                    "holderIdentity": s.identity,
-                    "leaseDurationSeconds": secs,
-                    "acquireTime": now,
-                    "renewTime": now,
-                    "leaseTransitions": 0,
+            let lease = Lease {
+                metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                    name: Some(s.name.clone()),
+                    namespace: Some(s.namespace.clone()),
+                    ..Default::default()
                 },
-            }))
-            .map_err(kube::Error::SerdeError)?;
+                spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                    holder_identity: Some(s.identity.clone()),
+                    lease_duration_seconds: Some(secs),
+                    acquire_time: Some(now.clone()),
+                    renew_time: Some(now.clone()),
+                    lease_transitions: Some(0),
+                    ..Default::default()
+                }),
+            };
             return match api.create(&PostParams::default(), &lease).await {
                 Ok(_) => Ok(Outcome::Leading),
                 Err(kube::Error::Api(e)) if e.code == 409 => Ok(Outcome::Following(String::new())),

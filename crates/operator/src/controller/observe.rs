@@ -115,16 +115,19 @@ pub(super) async fn observe(
     // when it did is deleted. One of that name that this Relay does not own is not its
     // business.
     let uid = relay.metadata.uid.clone();
+    // Any object's metadata, read as the API's type.
+    #[derive(serde::Deserialize)]
+    struct Object {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    }
     let owned = |v: Value| {
-        let mine = v
-            .pointer("/metadata/ownerReferences")
-            .and_then(Value::as_array)
-            .is_some_and(|refs| {
-                refs.iter().any(|r| {
-                    r.get("controller") == Some(&Value::Bool(true))
-                        && r.get("uid").and_then(Value::as_str) == uid.as_deref()
-                })
-            });
+        let refs = serde_json::from_value::<Object>(v.clone())
+            .ok()
+            .and_then(|o| o.metadata.owner_references)
+            .unwrap_or_default();
+        let mine = refs
+            .iter()
+            .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref());
         mine.then_some(v)
     };
     o.service_monitor_api =
@@ -575,9 +578,8 @@ pub fn repository_digest(image_id: &str) -> Option<String> {
 pub fn parse_version_json(log: &str) -> Result<u32, ProbeError> {
     log.lines()
         .rev()
-        .find_map(|l| serde_json::from_str::<Value>(l.trim()).ok())
-        .and_then(|v| v.get("store_format").and_then(Value::as_u64))
-        .and_then(|f| u32::try_from(f).ok())
+        .find_map(|l| serde_json::from_str::<ankusa_api::node::Version>(l.trim()).ok())
+        .map(|v| v.store_format)
         .ok_or_else(|| ProbeError::NoFormat(truncate(log, 200)))
 }
 

@@ -6,8 +6,8 @@
 //! [`tenants`], [`limits`], [`quarantine`], [`audit`], [`node`], [`hooks`], [`sources`],
 //! [`archive`], [`backups`], [`erase`], [`portal`]); what they share in [`api`] (the `Api`
 //! they read, errors, the caller); tokens and portal credentials in [`auth`]; one replay per
-//! tenant at a time in [`replay`]; calls answered for the whole Relay in [`relay_wide`];
-//! the CLI's merging client in [`client`].
+//! tenant at a time in [`replay`]; calls answered for the whole Relay in [`relay_wide`].
+//! The bodies are `ankusa_api::admin`'s; the command line's client is `cli::client`.
 //! `/metrics` serves the node's Prometheus metrics. `/healthz` answers as soon as the process serves; `/readyz` only once the store is open
 //! and every pending migration has run; `/v1/node` reports the version, store formats,
 //! tenant count and the node's aggregate counters (six point reads, never a fold).
@@ -27,7 +27,6 @@ pub mod archive;
 pub mod audit;
 pub mod auth;
 pub mod backups;
-pub mod client;
 pub mod dlq;
 pub mod erase;
 pub mod hooks;

@@ -33,13 +33,13 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use serde_json::Value;
 
 use super::api::Api;
 use ankusa_api_macros::answers;
 
 use crate::cluster::{Member, Unreachable, LOCAL_HEADER};
 use crate::http::{error, percent_decode as decode, percent_encode as encode, with_retry_after};
+use ankusa_api::admin::{ArchiveReplayRequest, ReplayRequest};
 use ankusa_api::admin::{DlqItem, DlqPage, NodeTenants, Revived, TenantView, TenantsTop};
 use ankusa_api::admin::{EraseState, LimitsView, PauseState, PurgeReport, Retried, SourceView};
 use ankusa_api::error::ErrorCode;
@@ -109,16 +109,21 @@ pub async fn to_owner(State(api): State<Arc<Api>>, req: Request, next: Next) -> 
             Ok(b) => b,
             Err(refused) => return refused,
         };
-        let v = serde_json::from_slice::<Value>(&bytes).unwrap_or(Value::Null);
-        if path == "/v1/dlq/replay"
-            && v["ids"].as_array().is_some_and(|ids| {
-                ids.iter()
-                    .any(|i| i.as_str().is_some_and(|i| i.contains('/')))
-            })
-        {
-            return replay_by_ids(&api, Request::from_parts(parts, Body::empty()), next, v).await;
-        }
-        let t = v.get("tenant").and_then(Value::as_str).map(str::to_owned);
+        // A body that does not read as the call's is the handler's to refuse.
+        let t = if path == "/v1/dlq/replay" {
+            match serde_json::from_slice::<ReplayRequest>(&bytes) {
+                Ok(r) if r.ids.iter().any(|i| i.contains('/')) => {
+                    let req = Request::from_parts(parts, Body::empty());
+                    return replay_by_ids(&api, req, next, r).await;
+                }
+                Ok(r) => r.tenant,
+                Err(_) => None,
+            }
+        } else {
+            serde_json::from_slice::<ArchiveReplayRequest>(&bytes)
+                .ok()
+                .map(|r| r.tenant)
+        };
         (Request::from_parts(parts, Body::from(bytes)), t)
     } else if let Some(id) = path
         .strip_prefix("/v1/sources/")
@@ -409,18 +414,11 @@ impl NodePage {
 
 /// `POST /v1/dlq/replay` with ids of a relay-wide page (`<node>/<id>`): each node revives
 /// its own; `revived` summed. An id without a node is this node's.
-async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Response {
+async fn replay_by_ids(api: &Api, req: Request, next: Next, body: ReplayRequest) -> Response {
     let cluster = &api.cluster;
     let me = cluster.me().unwrap_or_default().to_owned();
-    let mut groups: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
-    for id in body["ids"].as_array().into_iter().flatten() {
-        let Some(id) = id.as_str() else {
-            return error(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::BadRequest,
-                "ids are strings",
-            );
-        };
+    let mut groups: std::collections::BTreeMap<String, Vec<String>> = Default::default();
+    for id in &body.ids {
         let (node, id) = id.split_once('/').unwrap_or((me.as_str(), id));
         if !cluster.members().iter().any(|m| m.name == node) {
             return error(
@@ -431,10 +429,12 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
         }
         groups.entry(node.to_owned()).or_default().push(id.into());
     }
-    let body_for = |ids: &Vec<Value>| {
-        let mut b = body.clone();
-        b["ids"] = ids.clone().into();
-        Bytes::from(b.to_string())
+    let body_for = |ids: &Vec<String>| {
+        let b = ReplayRequest {
+            ids: ids.clone(),
+            ..body.clone()
+        };
+        Bytes::from(serde_json::to_vec(&b).unwrap_or_default())
     };
     let (mut parts, _) = req.into_parts();
     parts.headers.remove("content-length");
@@ -456,7 +456,7 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
         }
     });
     let (local, remote) = tokio::join!(local, futures_util::future::join_all(others));
-    let (mut revived, mut matched) = (0u64, 0u64);
+    let mut out = Revived::default();
     let mut unavailable = Vec::new();
     let mut answers: Vec<(String, Result<Response, Unreachable>)> = Vec::new();
     if let Some(l) = local {
@@ -472,16 +472,10 @@ async fn replay_by_ids(api: &Api, req: Request, next: Next, body: Value) -> Resp
             // The caller's own error (a bad id, a bad token) is every node's.
             return raw(status, bytes);
         }
-        let answer: Revived = serde_json::from_slice(&bytes).unwrap_or_default();
-        revived += answer.revived;
-        matched += answer.matched;
+        out.merge(&serde_json::from_slice(&bytes).unwrap_or_default());
     }
-    Json(Revived {
-        revived,
-        matched,
-        unavailable,
-    })
-    .into_response()
+    out.set_unavailable(unavailable);
+    Json(out).into_response()
 }
 
 /// How the nodes' answers to one call about a tenant add up: read as the call's body
@@ -688,9 +682,8 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
     let (local, remote) = tokio::join!(next.run(req), get_from_others(api, &pq, &headers));
     let mut answers = vec![(me, Ok(local))];
     answers.extend(remote);
-    let mut merged: std::collections::BTreeMap<String, TenantView> = Default::default();
+    let mut merged = TenantsTop::default();
     let (mut nodes, mut unavailable) = (Vec::new(), Vec::new());
-    let (mut registered, mut summed_total) = (None::<u64>, 0u64);
     for (name, r) in read_all(answers).await {
         let Ok((status, body)) = r else {
             unavailable.push(name);
@@ -704,44 +697,20 @@ async fn merged_tenants(api: &Api, req: Request, next: Next) -> Response {
             unavailable.push(name);
             continue;
         };
-        if let Some(n) = answer.registered {
-            *registered.get_or_insert(0) += n;
-        }
-        summed_total += answer.total;
         nodes.push(NodeTenants {
             node: name,
             total: Some(answer.total),
             owned: answer.owned,
         });
-        for t in answer.tenants {
-            match merged.get_mut(&t.tenant) {
-                None => {
-                    // An ordinal is one node's: a merged view has none.
-                    let t = TenantView { ord: None, ..t };
-                    merged.insert(t.tenant.clone(), t);
-                }
-                Some(m) => m.merge(&t),
-            }
-        }
+        merged.merge(&answer);
     }
-    let mut tenants: Vec<TenantView> = merged.into_values().collect();
-    if !listing {
-        tenants.sort_by_key(|t| std::cmp::Reverse(t.counters.work_order()));
-    }
-    tenants.truncate(top);
-    let next = (listing && tenants.len() >= top)
-        .then(|| tenants.last().map(|t| t.tenant.clone()))
+    let mut out = merged.ranked(top, !listing);
+    out.next = (listing && out.tenants.len() >= top)
+        .then(|| out.tenants.last().map(|t| t.tenant.clone()))
         .flatten();
-    Json(TenantsTop {
-        tenants,
-        total: registered.unwrap_or(summed_total),
-        owned: None,
-        registered: None,
-        next,
-        nodes: Some(nodes),
-        unavailable: Some(unavailable),
-    })
-    .into_response()
+    out.nodes = Some(nodes);
+    out.set_unavailable(unavailable);
+    Json(out).into_response()
 }
 
 /// A query parameter, decoded.

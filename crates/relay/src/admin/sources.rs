@@ -69,9 +69,7 @@ pub async fn get(
         .find(|r| r.id == src.route)
         .map(|r| r.sinks.clone())
         .unwrap_or_default();
-    let verify = serde_json::to_value(&src.verify)
-        .ok()
-        .and_then(|v| v["scheme"].as_str().map(str::to_owned));
+    let verify = Some(src.verify.scheme().to_owned());
     let forward: Vec<String> = match &src.forward_headers {
         Some(h) => h.clone(),
         None => src

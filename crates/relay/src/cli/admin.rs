@@ -1,11 +1,38 @@
 //! `admin …`: the admin API of one node, or of every node of a Relay merged
-//! (`admin::client`).
+//! ([`super::client`]). Each command reads the API's typed bodies (`ankusa_api::admin`),
+//! merges them with their [`Merge`], and prints the result as JSON (`--json`) or a table.
 
 use std::process::ExitCode;
 
-use super::{AdminCommand, DlqCommand, HooksCommand, QuarantineCommand, TenantCommand};
+use hyper::Method;
+use serde::Serialize;
 
 use super::backup::backup_pull;
+use super::client::{
+    self as c, body, fold, is_code, json_cell, opt_cell, table, time_cell, Listing, Nodes,
+    NodesOut, QuarantineRow, TenantRow, TenantsOut,
+};
+use super::{AdminCommand, DlqCommand, HooksCommand, QuarantineCommand, TenantCommand};
+use ankusa_api::admin::{
+    Deleted, DlqItem, DlqPage, EraseState, HookOut, LimitsView, Overrides, PauseState, PurgeReport,
+    QuarantinePage, ReplayRequest, Retried, RetryRequest, Revived, TenantView, TenantsTop,
+};
+use ankusa_api::error::ErrorCode;
+use ankusa_api::merge::Merge;
+
+/// What a command prints.
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+enum Answer {
+    Nodes(NodesOut),
+    Tenants(TenantsOut),
+    Tenant(TenantRow),
+    Dlq(Listing<DlqItem>),
+    Quarantine(Listing<QuarantineRow>),
+    Hook(Box<HookOut>),
+    /// A report of what the call did (summed over the nodes): printed field by field.
+    Report(serde_json::Value),
+}
 
 /// `admin …`: one call per node, merged.
 pub(super) fn admin(
@@ -16,8 +43,6 @@ pub(super) fn admin(
     timeout: std::time::Duration,
     command: AdminCommand,
 ) -> anyhow::Result<ExitCode> {
-    use crate::admin::client::{self as c, cell, table, Nodes};
-    use hyper::Method;
     let rt = tokio::runtime::Runtime::new()?;
     let nodes = rt.block_on(Nodes::resolve(urls, all_addresses, token, timeout))?;
     if let AdminCommand::Backup { to, keep } = &command {
@@ -28,373 +53,446 @@ pub(super) fn admin(
         }
         return Ok(ExitCode::SUCCESS);
     }
-    let out: serde_json::Value = rt.block_on(async {
-        anyhow::Ok(match &command {
-            AdminCommand::Node => {
-                c::merge_nodes(&nodes.urls, nodes.all(Method::GET, "/v1/node", None).await?)
-            }
-            AdminCommand::Tenants { top } => c::merge_tenants(
-                nodes
-                    .all(Method::GET, &format!("/v1/tenants?top={top}"), None)
-                    .await?,
-                *top,
-            ),
-            AdminCommand::Tenant {
-                command: Some(TenantCommand::Erase { tenant, confirm }),
-                ..
-            } => {
-                anyhow::ensure!(
-                    confirm == tenant,
-                    "--confirm {confirm:?} is not {tenant:?}: an erase cannot be undone"
-                );
-                let path = format!("/v1/tenants/{}?confirm={}", c::q(tenant), c::q(confirm));
-                let answers = knowing(&nodes, Method::DELETE, &path, None).await?;
-                let mut sum = c::sum_reports(&answers);
-                sum["tenant"] = serde_json::json!(tenant);
-                sum
-            }
-            AdminCommand::Tenant {
-                tenant: None,
-                command: None,
-            } => anyhow::bail!("name a tenant: `admin tenant T`, or `admin tenant erase T --confirm T`"),
-            AdminCommand::Tenant {
-                tenant: Some(tenant),
-                ..
-            } => {
-                let path = format!("/v1/tenants/{}", c::q(tenant));
-                let mut answers = Vec::new();
-                for i in 0..nodes.urls.len() {
-                    // A node that never saw the tenant answers 404: not an error here.
-                    answers.push(match nodes.call(i, Method::GET, &path, None).await {
-                        Ok(v) => Some(v),
-                        Err(e) if e.to_string().contains(": 404 not_found") => None,
-                        Err(e) => return Err(e),
-                    });
-                }
-                c::merge_tenant(tenant, answers)
-                    .ok_or_else(|| anyhow::anyhow!("no node holds tenant {tenant:?}"))?
-            }
-            AdminCommand::Dlq {
-                command: DlqCommand::List { tenant, limit },
-            } => {
-                let mut path = format!("/v1/dlq?limit={limit}");
-                if let Some(t) = tenant {
-                    path.push_str(&format!("&tenant={}", c::q(t)));
-                }
-                c::merge_items(nodes.all(Method::GET, &path, None).await?, "at_ms", *limit)
-            }
-            AdminCommand::Dlq {
-                command:
-                    DlqCommand::Replay {
-                        ids,
-                        tenant,
-                        source,
-                        from_ms,
-                        to_ms,
-                        limit,
-                    },
-            } => {
-                let filter = serde_json::json!({
-                    "tenant": tenant, "source": source, "from_ms": from_ms, "to_ms": to_ms, "limit": limit,
-                });
-                let mut body: Vec<serde_json::Value> = vec![filter; nodes.urls.len()];
-                if !ids.is_empty() {
-                    let mut by_node: Vec<Vec<String>> = vec![Vec::new(); nodes.urls.len()];
-                    for id in ids {
-                        let (n, own) = c::split_id(id, nodes.urls.len())?;
-                        by_node[n].push(own);
-                    }
-                    for (b, own) in body.iter_mut().zip(by_node) {
-                        b["ids"] = serde_json::json!(own);
-                    }
-                }
-                let mut answers = Vec::new();
-                for (i, b) in body.iter().enumerate() {
-                    // A node given no ids of an id replay has nothing to do.
-                    if !ids.is_empty() && b["ids"].as_array().is_some_and(|a| a.is_empty()) {
-                        continue;
-                    }
-                    answers.push(nodes.call(i, Method::POST, "/v1/dlq/replay", Some(b)).await?);
-                }
-                c::sum_reports(&answers)
-            }
-            AdminCommand::Purge { tenant, kinds } => {
-                let path = format!("/v1/tenants/{}/queue?kinds={}", c::q(tenant), c::q(kinds));
-                let answers = knowing(&nodes, Method::DELETE, &path, None).await?;
-                let mut sum = c::sum_reports(&answers);
-                sum["tenant"] = serde_json::json!(tenant);
-                sum
-            }
-            AdminCommand::Retry {
-                tenant,
-                sink,
-                hook,
-            } => {
-                let path = format!("/v1/tenants/{}/retry", c::q(tenant));
-                let body = serde_json::json!({ "sink": sink, "hook_id": hook });
-                let answers = knowing(&nodes, Method::POST, &path, Some(&body)).await?;
-                let mut sum = c::sum_reports(&answers);
-                sum["tenant"] = serde_json::json!(tenant);
-                sum
-            }
-            AdminCommand::Pause { tenant } | AdminCommand::Resume { tenant } => {
-                let verb = match &command {
-                    AdminCommand::Pause { .. } => "pause",
-                    _ => "resume",
-                };
-                let path = format!("/v1/tenants/{}/{verb}", c::q(tenant));
-                let answers = knowing(&nodes, Method::POST, &path, None).await?;
-                let mut sum = c::sum_reports(&answers);
-                sum["tenant"] = serde_json::json!(tenant);
-                sum
-            }
-            AdminCommand::Limits { tenant, set, clear } => {
-                let path = format!("/v1/tenants/{}/limits", c::q(tenant));
-                let answers = if *clear {
-                    nodes.all(Method::DELETE, &path, None).await?
-                } else if !set.is_empty() {
-                    let body = c::limits_body(set)?;
-                    nodes.all(Method::PUT, &path, Some(&body)).await?
-                } else {
-                    nodes.all(Method::GET, &path, None).await?
-                };
-                c::merge_limits(answers)
-            }
-            AdminCommand::Quarantine {
-                command: QuarantineCommand::List { limit },
-            } => c::merge_items(
-                nodes
-                    .all(Method::GET, &format!("/v1/quarantine?limit={limit}"), None)
-                    .await?,
-                "at_ms",
-                *limit,
-            ),
-            AdminCommand::Quarantine {
-                command: QuarantineCommand::Delete { id },
-            } => match id {
-                Some(id) => {
-                    let (n, own) = c::split_id(id, nodes.urls.len())?;
-                    let path = format!("/v1/quarantine?id={}", c::q(&own));
-                    nodes.call(n, Method::DELETE, &path, None).await?
-                }
-                None => c::sum_reports(&nodes.all(Method::DELETE, "/v1/quarantine", None).await?),
-            },
-            AdminCommand::Hooks {
-                command: HooksCommand::Get { id, body },
-            } => {
-                let path = format!("/v1/hooks/{}?body={body}", c::q(id));
-                let mut found = None;
-                for i in 0..nodes.urls.len() {
-                    // A node whose log does not have the hook answers 404: ask the next.
-                    match nodes.call(i, Method::GET, &path, None).await {
-                        Ok(v) => {
-                            found = Some(v);
-                            break;
-                        }
-                        Err(e) if e.to_string().contains(": 404 not_found") => {}
-                        Err(e) => return Err(e),
-                    }
-                }
-                found.ok_or_else(|| anyhow::anyhow!("no node's hook log has hook {id:?}"))?
-            }
-            AdminCommand::Backup { .. } => unreachable!("handled above"),
-        })
-    })?;
+    let out = rt.block_on(answer(&nodes, &command))?;
     if json_out {
         println!("{}", serde_json::to_string_pretty(&out)?);
-        return Ok(ExitCode::SUCCESS);
+    } else {
+        print!("{}", text(&out, ankusa_keyspace::now_ms()));
     }
-    let counters = ["pending", "scheduled", "inflight", "dead", "bytes"];
-    let text = match &command {
-        AdminCommand::Node => {
-            let mut rows: Vec<Vec<String>> = out["nodes"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .map(|n| {
-                    let mut r = vec![
-                        cell(&n["node"]),
-                        cell(&n["url"]),
-                        cell(&n["version"]),
-                        cell(&n["store_format"]),
-                        cell(&n["tenants"]),
-                    ];
-                    r.extend(counters.iter().map(|k| cell(&n["counters"][*k])));
-                    r
-                })
-                .collect();
-            let mut total = vec![
-                "all".into(),
-                String::new(),
-                String::new(),
-                String::new(),
-                String::new(),
-            ];
-            total.extend(counters.iter().map(|k| cell(&out["counters"][*k])));
-            rows.push(total);
-            let mut h = vec!["node", "url", "version", "format", "tenants"];
-            h.extend(counters);
-            table(&h, &rows)
-        }
-        AdminCommand::Tenants { .. }
-        | AdminCommand::Tenant {
-            command: None,
-            tenant: Some(_),
-        } => {
-            let list = match &command {
-                AdminCommand::Tenant { .. } => vec![out.clone()],
-                _ => out["tenants"].as_array().cloned().unwrap_or_default(),
-            };
-            let rows: Vec<Vec<String>> = list
-                .iter()
-                .map(|t| {
-                    let mut r = vec![cell(&t["tenant"])];
-                    r.extend(counters.iter().map(|k| cell(&t["counters"][*k])));
-                    r.push(cell(&t["nodes"]));
-                    r.push(match t["paused_since_ms"].as_u64() {
-                        Some(ms) => c::when(ms, ankusa_keyspace::now_ms()),
-                        None => String::new(),
-                    });
-                    r
-                })
-                .collect();
-            let mut h = vec!["tenant"];
-            h.extend(counters);
-            h.push("nodes");
-            h.push("paused");
-            table(&h, &rows)
-        }
-        AdminCommand::Dlq {
-            command: DlqCommand::List { .. },
-        } => items_table(
-            &out,
-            &[
-                "id",
-                "tenant",
-                "at_ms",
-                "hook_id",
-                "source",
-                "sink",
-                "attempts",
-                "last_error",
-            ],
-        ),
-        AdminCommand::Quarantine {
-            command: QuarantineCommand::List { .. },
-        } => items_table(&out, &["id", "source", "at_ms", "reason"]),
-        AdminCommand::Hooks { .. } => hook_text(&out),
-        _ => {
-            let rows: Vec<Vec<String>> = out
-                .as_object()
-                .into_iter()
-                .flatten()
-                .map(|(k, v)| vec![k.clone(), cell(v)])
-                .collect();
-            table(&["field", "value"], &rows)
-        }
-    };
-    print!("{text}");
     Ok(ExitCode::SUCCESS)
 }
 
+/// A report for printing: what the nodes' answers add up to.
+fn report(folded: Option<impl Serialize>) -> anyhow::Result<Answer> {
+    Ok(Answer::Report(serde_json::to_value(folded)?))
+}
+
+/// The command's calls, and their answers merged.
+async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer> {
+    let n = nodes.urls.len();
+    Ok(match command {
+        AdminCommand::Node => {
+            let all = nodes.all(Method::GET, "/v1/node", None).await?;
+            Answer::Nodes(c::merge_nodes(&nodes.urls, all))
+        }
+        AdminCommand::Tenants { top } => {
+            let path = format!("/v1/tenants?top={top}");
+            let all: Vec<TenantsTop> = nodes.all(Method::GET, &path, None).await?;
+            Answer::Tenants(c::merge_tenants(all, *top))
+        }
+        AdminCommand::Tenant {
+            command: Some(TenantCommand::Erase { tenant, confirm }),
+            ..
+        } => {
+            anyhow::ensure!(
+                confirm == tenant,
+                "--confirm {confirm:?} is not {tenant:?}: an erase cannot be undone"
+            );
+            let path = format!("/v1/tenants/{}?confirm={}", c::q(tenant), c::q(confirm));
+            report(fold(
+                knowing::<EraseState>(nodes, Method::DELETE, &path, None).await?,
+            ))?
+        }
+        AdminCommand::Tenant {
+            tenant: None,
+            command: None,
+        } => {
+            anyhow::bail!("name a tenant: `admin tenant T`, or `admin tenant erase T --confirm T`")
+        }
+        AdminCommand::Tenant {
+            tenant: Some(tenant),
+            ..
+        } => {
+            let path = format!("/v1/tenants/{}", c::q(tenant));
+            let mut views = Vec::new();
+            for i in 0..n {
+                // A node that never saw the tenant answers 404: not an error here.
+                match nodes.call::<TenantView>(i, Method::GET, &path, None).await {
+                    Ok(v) => views.push((i, v)),
+                    Err(e) if is_code(&e, ErrorCode::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            let row = c::merge_tenant(views)
+                .ok_or_else(|| anyhow::anyhow!("no node holds tenant {tenant:?}"))?;
+            Answer::Tenant(row)
+        }
+        AdminCommand::Dlq {
+            command: DlqCommand::List { tenant, limit },
+        } => {
+            let mut path = format!("/v1/dlq?limit={limit}");
+            if let Some(t) = tenant {
+                path.push_str(&format!("&tenant={}", c::q(t)));
+            }
+            let pages: Vec<DlqPage> = nodes.all(Method::GET, &path, None).await?;
+            Answer::Dlq(c::merge_dlq(pages, *limit))
+        }
+        AdminCommand::Dlq {
+            command:
+                DlqCommand::Replay {
+                    ids,
+                    tenant,
+                    source,
+                    from_ms,
+                    to_ms,
+                    limit,
+                },
+        } => {
+            let mut by_node: Vec<Vec<String>> = vec![Vec::new(); n];
+            for id in ids {
+                let (node, own) = c::split_id(id, n)?;
+                by_node[node].push(own);
+            }
+            let mut answers = Vec::new();
+            for (i, ids_here) in by_node.into_iter().enumerate() {
+                // A node given no ids of an id replay has nothing to do.
+                if !ids.is_empty() && ids_here.is_empty() {
+                    continue;
+                }
+                let req = ReplayRequest {
+                    ids: ids_here,
+                    tenant: tenant.clone(),
+                    source: source.clone(),
+                    from_ms: *from_ms,
+                    to_ms: *to_ms,
+                    limit: *limit,
+                    dry_run: false,
+                };
+                let b = body(&req)?;
+                let r: Revived = nodes
+                    .call(i, Method::POST, "/v1/dlq/replay", Some(&b))
+                    .await?;
+                answers.push(r);
+            }
+            report(fold(answers))?
+        }
+        AdminCommand::Purge { tenant, kinds } => {
+            let path = format!("/v1/tenants/{}/queue?kinds={}", c::q(tenant), c::q(kinds));
+            report(fold(
+                knowing::<PurgeReport>(nodes, Method::DELETE, &path, None).await?,
+            ))?
+        }
+        AdminCommand::Retry { tenant, sink, hook } => {
+            let path = format!("/v1/tenants/{}/retry", c::q(tenant));
+            let req = RetryRequest {
+                sink: sink.clone(),
+                hook_id: hook.clone(),
+                limit: None,
+            };
+            let b = body(&req)?;
+            report(fold(
+                knowing::<Retried>(nodes, Method::POST, &path, Some(&b)).await?,
+            ))?
+        }
+        AdminCommand::Pause { tenant } | AdminCommand::Resume { tenant } => {
+            let verb = match command {
+                AdminCommand::Pause { .. } => "pause",
+                _ => "resume",
+            };
+            let path = format!("/v1/tenants/{}/{verb}", c::q(tenant));
+            report(fold(
+                knowing::<PauseState>(nodes, Method::POST, &path, None).await?,
+            ))?
+        }
+        AdminCommand::Limits { tenant, set, clear } => {
+            let path = format!("/v1/tenants/{}/limits", c::q(tenant));
+            let answers: Vec<LimitsView> = if *clear {
+                nodes.all(Method::DELETE, &path, None).await?
+            } else if !set.is_empty() {
+                let b = body(&overrides(set)?)?;
+                nodes.all(Method::PUT, &path, Some(&b)).await?
+            } else {
+                nodes.all(Method::GET, &path, None).await?
+            };
+            report(fold(answers))?
+        }
+        AdminCommand::Quarantine {
+            command: QuarantineCommand::List { limit },
+        } => {
+            let path = format!("/v1/quarantine?limit={limit}");
+            let pages: Vec<QuarantinePage> = nodes.all(Method::GET, &path, None).await?;
+            Answer::Quarantine(c::merge_quarantine(pages, *limit))
+        }
+        AdminCommand::Quarantine {
+            command: QuarantineCommand::Delete { id },
+        } => {
+            let deleted: Vec<Deleted> = match id {
+                Some(id) => {
+                    let (node, own) = c::split_id(id, n)?;
+                    let path = format!("/v1/quarantine?id={}", c::q(&own));
+                    vec![nodes.call(node, Method::DELETE, &path, None).await?]
+                }
+                None => nodes.all(Method::DELETE, "/v1/quarantine", None).await?,
+            };
+            report(fold(deleted))?
+        }
+        AdminCommand::Hooks {
+            command: HooksCommand::Get { id, body },
+        } => {
+            let path = format!("/v1/hooks/{}?body={body}", c::q(id));
+            for i in 0..n {
+                // A node whose log does not have the hook answers 404: ask the next.
+                match nodes.call::<HookOut>(i, Method::GET, &path, None).await {
+                    Ok(h) => return Ok(Answer::Hook(Box::new(h))),
+                    Err(e) if is_code(&e, ErrorCode::NotFound) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            anyhow::bail!("no node's hook log has hook {id:?}")
+        }
+        AdminCommand::Backup { .. } => anyhow::bail!("a backup is pulled, not merged"),
+    })
+}
+
 /// Every answer to one call from the nodes that know its tenant (a 404 is "not here").
-async fn knowing(
-    nodes: &crate::admin::client::Nodes,
-    method: hyper::Method,
+async fn knowing<T: serde::de::DeserializeOwned + Merge>(
+    nodes: &Nodes,
+    method: Method,
     path: &str,
-    body: Option<&serde_json::Value>,
-) -> anyhow::Result<Vec<serde_json::Value>> {
+    body: Option<&bytes::Bytes>,
+) -> anyhow::Result<Vec<T>> {
     let mut answers = Vec::new();
     for i in 0..nodes.urls.len() {
         match nodes.call(i, method.clone(), path, body).await {
             Ok(v) => answers.push(v),
-            Err(e) if e.to_string().contains(": 404 not_found") => {}
+            Err(e) if is_code(&e, ErrorCode::NotFound) => {}
             Err(e) => return Err(e),
         }
     }
     Ok(answers)
 }
 
-/// A table of `rows`' `columns`, times shown as times.
-fn json_table(rows: &[&serde_json::Value], columns: &[&str]) -> String {
-    use crate::admin::client::{cell_of, table, time_header};
-    let now = ankusa_keyspace::now_ms();
-    let rows: Vec<Vec<String>> = rows
-        .iter()
-        .map(|i| columns.iter().map(|k| cell_of(k, &i[*k], now)).collect())
-        .collect();
-    let headers: Vec<&str> = columns.iter().map(|c| time_header(c)).collect();
-    table(&headers, &rows)
+/// A tenant's own limits from `KEY=VALUE` pairs (`none`: lift the default).
+fn overrides(pairs: &[String]) -> anyhow::Result<Overrides> {
+    fn value<T: std::str::FromStr>(p: &str, v: &str) -> anyhow::Result<Option<T>> {
+        if v == "none" {
+            return Ok(None);
+        }
+        v.parse()
+            .map(Some)
+            .map_err(|_| anyhow::anyhow!("--set {p:?}: {v:?} is not a number or none"))
+    }
+    let mut o = Overrides::default();
+    for p in pairs {
+        let (k, v) = p
+            .split_once('=')
+            .ok_or_else(|| anyhow::anyhow!("--set {p:?}: expected KEY=VALUE"))?;
+        match k {
+            "ingest_per_second" => o.ingest_per_second = Some(value(p, v)?),
+            "ingest_burst" => o.ingest_burst = Some(value(p, v)?),
+            "queued_bytes" => o.queued_bytes = Some(value(p, v)?),
+            "archive_bytes" => o.archive_bytes = Some(value(p, v)?),
+            _ => anyhow::bail!(
+                "--set {p:?}: {k:?} is not a limit (ingest_per_second, ingest_burst, queued_bytes, archive_bytes)"
+            ),
+        }
+    }
+    Ok(o)
 }
 
-/// A listing's `items` as a table of `columns`.
-fn items_table(out: &serde_json::Value, columns: &[&str]) -> String {
-    let items: Vec<&serde_json::Value> = out["items"].as_array().into_iter().flatten().collect();
-    json_table(&items, columns)
+/// What a command prints without `--json`.
+fn text(out: &Answer, now: u64) -> String {
+    match out {
+        Answer::Nodes(n) => nodes_text(n),
+        Answer::Tenants(t) => tenants_text(&t.tenants.iter().collect::<Vec<_>>(), now),
+        Answer::Tenant(t) => tenants_text(&[t], now),
+        Answer::Dlq(l) => {
+            let rows: Vec<Vec<String>> = l
+                .items
+                .iter()
+                .map(|i| {
+                    vec![
+                        i.id.clone(),
+                        i.tenant.clone(),
+                        time_cell(Some(i.at_ms), now),
+                        i.hook_id.clone(),
+                        i.source.clone(),
+                        i.sink.clone(),
+                        i.attempts.to_string(),
+                        i.last_error.clone(),
+                    ]
+                })
+                .collect();
+            let h = [
+                "id",
+                "tenant",
+                "at",
+                "hook_id",
+                "source",
+                "sink",
+                "attempts",
+                "last_error",
+            ];
+            table(&h, &rows)
+        }
+        Answer::Quarantine(l) => {
+            let rows: Vec<Vec<String>> = l
+                .items
+                .iter()
+                .map(|q| {
+                    vec![
+                        q.id.clone(),
+                        q.source.clone(),
+                        time_cell(Some(q.at_ms), now),
+                        q.reason.clone(),
+                    ]
+                })
+                .collect();
+            table(&["id", "source", "at", "reason"], &rows)
+        }
+        Answer::Hook(h) => hook_text(h, now),
+        Answer::Report(v) => {
+            let rows: Vec<Vec<String>> = v
+                .as_object()
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| vec![k.clone(), json_cell(v)])
+                .collect();
+            table(&["field", "value"], &rows)
+        }
+    }
+}
+
+const COUNTERS: [&str; 5] = ["pending", "scheduled", "inflight", "dead", "bytes"];
+
+/// The five counters a table shows.
+fn counter_cells(c: &ankusa_api::node::Counters) -> [String; 5] {
+    [c.pending, c.scheduled, c.inflight, c.dead, c.bytes].map(|n| n.to_string())
+}
+
+fn nodes_text(out: &NodesOut) -> String {
+    let mut rows: Vec<Vec<String>> = out
+        .nodes
+        .iter()
+        .map(|n| {
+            let mut r = vec![
+                n.node.to_string(),
+                n.url.clone(),
+                n.status.version.clone(),
+                n.status.store_format.to_string(),
+                n.status.tenants.to_string(),
+            ];
+            r.extend(counter_cells(&n.status.counters));
+            r
+        })
+        .collect();
+    let mut total = vec![
+        "all".to_owned(),
+        String::new(),
+        String::new(),
+        String::new(),
+    ];
+    total.push(String::new());
+    total.extend(counter_cells(&out.counters));
+    rows.push(total);
+    let mut h = vec!["node", "url", "version", "format", "tenants"];
+    h.extend(COUNTERS);
+    table(&h, &rows)
+}
+
+fn tenants_text(list: &[&TenantRow], now: u64) -> String {
+    let rows: Vec<Vec<String>> = list
+        .iter()
+        .map(|t| {
+            let mut r = vec![t.view.tenant.clone()];
+            r.extend(counter_cells(&t.view.counters));
+            r.push(format!("{:?}", t.nodes));
+            r.push(match t.view.paused_since_ms {
+                Some(ms) => c::when(ms, now),
+                None => String::new(),
+            });
+            r
+        })
+        .collect();
+    let mut h = vec!["tenant"];
+    h.extend(COUNTERS);
+    h.push("nodes");
+    h.push("paused");
+    table(&h, &rows)
 }
 
 /// A hook from the hook log as text: its fields, a line per sink, a line per event, and
 /// the body if it was asked for.
-pub(super) fn hook_text(h: &serde_json::Value) -> String {
-    use crate::admin::client::{cell, cell_of, time_header};
-    let now = ankusa_keyspace::now_ms();
+fn hook_text(h: &HookOut, now: u64) -> String {
     let mut out = String::new();
-    for k in [
-        "id",
-        "tenant",
-        "source",
-        "received_ms",
-        "size",
-        "content_type",
-        "stored",
-        "tenant_paused_since_ms",
-    ] {
-        if h[k].is_null() {
-            continue;
-        }
-        let name = time_header(k);
-        out.push_str(&format!("{name:<13} {}\n", cell_of(k, &h[k], now)));
+    let mut field = |name: &str, value: String| out.push_str(&format!("{name:<13} {value}\n"));
+    field("id", h.id.clone());
+    field("tenant", h.tenant.clone());
+    field("source", h.source.clone());
+    field("received", time_cell(Some(h.received_ms), now));
+    field("size", h.size.to_string());
+    field("content_type", h.content_type.clone());
+    field("stored", h.stored.to_string());
+    if let Some(ms) = h.tenant_paused_since_ms {
+        field("tenant_paused_since", time_cell(Some(ms), now));
     }
-    for (name, value) in h["headers"].as_object().into_iter().flatten() {
-        out.push_str(&format!("header        {name}: {}\n", cell(value)));
+    for (name, value) in &h.headers {
+        out.push_str(&format!("header        {name}: {value}\n"));
     }
-    let sinks: Vec<&serde_json::Value> = h["sinks"].as_array().into_iter().flatten().collect();
     out.push('\n');
-    out.push_str(&json_table(
-        &sinks,
-        &["sink", "state", "attempts", "next_attempt_ms"],
-    ));
-    let cols = [
-        "sink",
-        "kind",
-        "at_ms",
-        "attempt",
-        "outcome",
-        "status",
-        "error",
-        "latency_ms",
-        "next_at_ms",
-    ];
-    // Each event with its sink's name, for one table of every sink's timeline.
-    let events: Vec<serde_json::Value> = sinks
+    let sinks: Vec<Vec<String>> = h
+        .sinks
         .iter()
-        .flat_map(|s| {
-            s["events"].as_array().into_iter().flatten().map(|e| {
-                let mut e = e.clone();
-                e["sink"] = s["sink"].clone();
-                e
-            })
+        .map(|s| {
+            vec![
+                s.sink.clone(),
+                wire_name(&s.state),
+                s.attempts.to_string(),
+                time_cell(s.next_attempt_ms, now),
+            ]
+        })
+        .collect();
+    out.push_str(&table(
+        &["sink", "state", "attempts", "next_attempt"],
+        &sinks,
+    ));
+    // Each event with its sink's name, for one table of every sink's timeline.
+    let events: Vec<Vec<String>> = h
+        .sinks
+        .iter()
+        .flat_map(|s| s.events.iter().map(move |e| (s, e)))
+        .map(|(s, e)| {
+            vec![
+                s.sink.clone(),
+                wire_name(&e.kind),
+                time_cell(Some(e.at_ms), now),
+                e.attempt.to_string(),
+                e.outcome.as_ref().map_or_else(|| "-".into(), wire_name),
+                opt_cell(e.status),
+                if e.error.is_empty() {
+                    "-".into()
+                } else {
+                    e.error.clone()
+                },
+                opt_cell(e.latency_ms),
+                time_cell(e.next_at_ms, now),
+            ]
         })
         .collect();
     if !events.is_empty() {
         out.push('\n');
-        out.push_str(&json_table(&events.iter().collect::<Vec<_>>(), &cols));
+        let h = [
+            "sink",
+            "kind",
+            "at",
+            "attempt",
+            "outcome",
+            "status",
+            "error",
+            "latency_ms",
+            "next_at",
+        ];
+        out.push_str(&table(&h, &events));
     }
-    if let Some(b) = h["body"].as_str().or(h["body_base64"].as_str()) {
-        out.push_str(&format!(
-            "\nbody{}:\n{b}\n",
-            if h["body"].is_null() { " (base64)" } else { "" }
-        ));
+    match (&h.body, &h.body_base64) {
+        (Some(b), _) => out.push_str(&format!("\nbody:\n{b}\n")),
+        (None, Some(b)) => out.push_str(&format!("\nbody (base64):\n{b}\n")),
+        (None, None) => {}
     }
     out
+}
+
+/// The wire name of an enum value of the API, as its JSON writes it (`dead`, `acked`).
+fn wire_name(v: &impl Serialize) -> String {
+    json_cell(&serde_json::to_value(v).unwrap_or_default())
 }

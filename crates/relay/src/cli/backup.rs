@@ -414,11 +414,9 @@ pub(super) fn backup_pull(
                 "POST /v1/backups answered {status}: {}",
                 String::from_utf8_lossy(&body)
             );
-            let v: serde_json::Value = serde_json::from_slice(&body)?;
-            let id = v["id"]
-                .as_str()
-                .context("no backup id in the answer")?
-                .to_owned();
+            let created: ankusa_api::admin::BackupCreated =
+                serde_json::from_slice(&body).context("the answer is not a backup's")?;
+            let id = created.id;
             anyhow::ensure!(
                 crate::admin::backups::is_backup_id(&id),
                 "bad backup id {id:?}"

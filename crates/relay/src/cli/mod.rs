@@ -6,6 +6,7 @@
 
 mod admin;
 mod backup;
+mod client;
 mod objstore;
 mod pull;
 mod run;
@@ -544,11 +545,10 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
         ),
         Command::Version { json, write } => {
             let text = if json {
-                serde_json::json!({
-                    "version": env!("CARGO_PKG_VERSION"),
-                    "store_format": SUPPORTED_FORMAT,
-                })
-                .to_string()
+                serde_json::to_string(&ankusa_api::node::Version {
+                    version: env!("CARGO_PKG_VERSION").to_owned(),
+                    store_format: SUPPORTED_FORMAT,
+                })?
             } else {
                 format!(
                     "ankusa-relay {} (store format {SUPPORTED_FORMAT})",

@@ -8,9 +8,11 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Context};
 use base64::Engine;
-use serde_json::{json, Value};
 
-use crate::admin::client::Nodes;
+use super::client::{body, is_status, Nodes};
+use ankusa_api::pull::{
+    AckRequest, ClaimAnswer, ClaimRequest, ClaimedHook, NackRequest, SettleAnswer,
+};
 
 /// What one run does.
 #[derive(Debug, Clone)]
@@ -41,11 +43,13 @@ async fn run(a: PullArgs) -> anyhow::Result<ExitCode> {
     let mut settled = 0u64;
     let mut backoff = Duration::from_millis(500);
     loop {
-        let mut ask = json!({ "max": a.max, "wait_ms": a.wait_ms });
-        if let Some(l) = a.lease_ms {
-            ask["lease_ms"] = json!(l);
-        }
-        let answer = match node
+        let ask = body(&ClaimRequest {
+            max: Some(a.max),
+            max_bytes: None,
+            wait_ms: Some(a.wait_ms),
+            lease_ms: a.lease_ms,
+        })?;
+        let answer: ClaimAnswer = match node
             .call(0, hyper::Method::POST, &format!("{base}/claim"), Some(&ask))
             .await
         {
@@ -61,21 +65,19 @@ async fn run(a: PullArgs) -> anyhow::Result<ExitCode> {
             }
             Err(e) => return Err(e),
         };
-        let hooks = answer["hooks"].as_array().cloned().unwrap_or_default();
         let (mut acks, mut nacks) = (Vec::new(), Vec::new());
-        for h in &hooks {
-            let lease = h["lease"].as_str().unwrap_or_default().to_owned();
+        for h in &answer.hooks {
             let ok = match &a.exec {
                 None => {
-                    println!("{h}");
+                    println!("{}", serde_json::to_string(h)?);
                     true
                 }
                 Some(cmd) => handle(cmd, h).await?,
             };
             if ok {
-                acks.push(lease);
+                acks.push(h.lease.clone());
             } else {
-                nacks.push(lease);
+                nacks.push(h.lease.clone());
             }
         }
         for (what, leases) in [("ack", acks), ("nack", nacks)] {
@@ -83,14 +85,17 @@ async fn run(a: PullArgs) -> anyhow::Result<ExitCode> {
                 continue;
             }
             let n = leases.len() as u64;
-            let body = json!({ "leases": leases });
+            let settle = if what == "ack" {
+                body(&AckRequest { leases })?
+            } else {
+                body(&NackRequest {
+                    leases,
+                    retry_after_ms: None,
+                })?
+            };
+            let path = format!("{base}/{what}");
             match node
-                .call(
-                    0,
-                    hyper::Method::POST,
-                    &format!("{base}/{what}"),
-                    Some(&body),
-                )
+                .call::<SettleAnswer>(0, hyper::Method::POST, &path, Some(&settle))
                 .await
             {
                 Ok(_) => settled += n,
@@ -106,37 +111,31 @@ async fn run(a: PullArgs) -> anyhow::Result<ExitCode> {
 
 /// A refusal that trying again cannot mend: a bad token, an unknown sink, a bad bound.
 fn is_refusal(e: &anyhow::Error) -> bool {
-    let s = e.to_string();
-    [": 400 ", ": 401 ", ": 404 "].iter().any(|c| s.contains(c))
+    is_status(e, &[400, 401, 404])
 }
 
 /// Runs `cmd` (through `sh -c`) with the hook's body on stdin and its metadata in
 /// `ANKUSA_*` variables; whether it exited 0.
-async fn handle(cmd: &str, h: &Value) -> anyhow::Result<bool> {
+async fn handle(cmd: &str, h: &ClaimedHook) -> anyhow::Result<bool> {
     use tokio::io::AsyncWriteExt;
-    let body = match (h["body"].as_str(), h["body_base64"].as_str()) {
+    let body = match (&h.body, &h.body_base64) {
         (Some(text), _) => text.as_bytes().to_vec(),
         (None, Some(b64)) => base64::engine::general_purpose::STANDARD
             .decode(b64)
             .map_err(|e| anyhow!("a hook's body_base64: {e}"))?,
         (None, None) => Vec::new(),
     };
-    let var = |k: &str| match &h[k] {
-        Value::String(s) => s.clone(),
-        Value::Null => String::new(),
-        v => v.to_string(),
-    };
     let mut child = tokio::process::Command::new("sh")
         .arg("-c")
         .arg(cmd)
-        .env("ANKUSA_HOOK_ID", var("id"))
-        .env("ANKUSA_TENANT", var("tenant"))
-        .env("ANKUSA_SOURCE", var("source"))
-        .env("ANKUSA_SINK", var("sink"))
-        .env("ANKUSA_ATTEMPT", var("attempt"))
-        .env("ANKUSA_CONTENT_TYPE", var("content_type"))
-        .env("ANKUSA_RECEIVED_AT_MS", var("received_at_ms"))
-        .env("ANKUSA_LEASE", var("lease"))
+        .env("ANKUSA_HOOK_ID", &h.id)
+        .env("ANKUSA_TENANT", &h.tenant)
+        .env("ANKUSA_SOURCE", &h.source)
+        .env("ANKUSA_SINK", &h.sink)
+        .env("ANKUSA_ATTEMPT", h.attempt.to_string())
+        .env("ANKUSA_CONTENT_TYPE", &h.content_type)
+        .env("ANKUSA_RECEIVED_AT_MS", h.received_at_ms.to_string())
+        .env("ANKUSA_LEASE", &h.lease)
         .stdin(std::process::Stdio::piped())
         .spawn()
         .with_context(|| format!("running {cmd:?}"))?;

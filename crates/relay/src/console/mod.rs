@@ -25,8 +25,11 @@ use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
+use bytes::Bytes;
 use http_body_util::BodyExt;
-use serde_json::Value;
+use serde::de::DeserializeOwned;
+
+use ankusa_api::error::{ErrorBody, ErrorCode};
 
 use crate::admin::api::Api;
 use crate::metrics::Metrics;
@@ -74,18 +77,23 @@ pub struct Viewer {
 #[derive(Debug)]
 pub struct CallError {
     pub status: StatusCode,
-    pub code: String,
+    pub code: ErrorCode,
     pub message: String,
 }
 
 impl CallError {
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+    pub fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
         CallError {
             status,
-            code: code.to_owned(),
+            code,
             message: message.into(),
         }
     }
+}
+
+/// A body for [`Console::call`].
+pub fn body(b: &impl serde::Serialize) -> Option<Bytes> {
+    serde_json::to_vec(b).ok().map(Bytes::from)
 }
 
 impl Console {
@@ -105,14 +113,14 @@ impl Console {
         }
     }
 
-    /// Calls the admin API in-process as `viewer`; the answer's JSON.
-    pub async fn call(
+    /// Calls the admin API in-process as `viewer`; its answer, read as the call's type.
+    pub async fn call<T: DeserializeOwned>(
         &self,
         viewer: &Viewer,
         method: Method,
         path_and_query: &str,
-        body: Option<Value>,
-    ) -> Result<Value, CallError> {
+        body: Option<Bytes>,
+    ) -> Result<T, CallError> {
         use tower::ServiceExt;
         let mut req = Request::builder()
             .method(method)
@@ -125,9 +133,16 @@ impl Console {
             req = req.header(header::CONTENT_TYPE, "application/json");
         }
         let req = req
-            .body(Body::from(body.map(|b| b.to_string()).unwrap_or_default()))
-            .map_err(|e| CallError::new(StatusCode::BAD_REQUEST, "bad_request", e.to_string()))?;
-        let internal = |m: String| CallError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", m);
+            .body(Body::from(body.unwrap_or_default()))
+            .map_err(|e| {
+                CallError::new(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::BadRequest,
+                    e.to_string(),
+                )
+            })?;
+        let internal =
+            |m: String| CallError::new(StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, m);
         let resp = self
             .app
             .clone()
@@ -140,19 +155,18 @@ impl Console {
             .await
             .map_err(|e| internal(e.to_string()))?
             .to_bytes();
-        let v: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
         if status.is_success() {
-            Ok(v)
-        } else {
-            Err(CallError {
-                status,
-                code: v["error"].as_str().unwrap_or("error").to_owned(),
-                message: v["message"]
-                    .as_str()
-                    .map(str::to_owned)
-                    .unwrap_or_else(|| String::from_utf8_lossy(&bytes).into_owned()),
-            })
+            return serde_json::from_slice(&bytes)
+                .map_err(|e| internal(format!("{path_and_query} answered another shape: {e}")));
         }
+        Err(match serde_json::from_slice::<ErrorBody>(&bytes) {
+            Ok(e) => CallError::new(status, e.error, e.message),
+            Err(_) => CallError::new(
+                status,
+                ErrorCode::Other,
+                String::from_utf8_lossy(&bytes).into_owned(),
+            ),
+        })
     }
 }
 

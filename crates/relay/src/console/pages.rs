@@ -5,13 +5,18 @@
 use std::fmt::Write;
 use std::sync::Arc;
 
+use super::html::{self, age, csrf_field, esc, hidden, num, plural, table, time_el};
+use super::{body, field, redirect, CallError, Console, Form, Viewer};
+use crate::http::percent_encode as enc;
+use ankusa_api::admin::{
+    ArchivePage, ArchiveReplayRequest, AuditPage, AuditRecord, DlqItem, DlqPage, HookOut,
+    HookSummary, PortalLink, PortalRequest, PurgeReport, QuarantineItem, QuarantinePage,
+    RecentHooks, ReplayRequest, Replayed, Revived, TenantView, TenantsTop,
+};
+use ankusa_api::error::ErrorCode;
+use ankusa_api::node::NodeStatus;
 use axum::http::{header, HeaderValue, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
-use serde_json::{json, Value};
-
-use super::html::{self, age, csrf_field, esc, hidden, num, plural, table, time_el};
-use super::{field, redirect, CallError, Console, Form, Viewer};
-use crate::http::percent_encode as enc;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");
@@ -257,7 +262,7 @@ pub async fn dispatch(
         (Method::POST, ["tenants", t, "purge"]) if v.portal.is_none() => purge(c, v, t, form).await,
         (Method::POST, ["tenants", t, action @ ("pause" | "resume")]) if v.portal.is_none() => {
             let r = c
-                .call(
+                .call::<ankusa_api::admin::PauseState>(
                     v,
                     Method::POST,
                     &format!("/v1/tenants/{}/{action}", enc(t)),
@@ -278,7 +283,7 @@ pub async fn dispatch(
         (Method::GET, ["quarantine"]) if v.admin => quarantine(c, v, q, fragment).await,
         _ => Err(CallError::new(
             StatusCode::NOT_FOUND,
-            "not_found",
+            ErrorCode::NotFound,
             "There is no such page.",
         )),
     };
@@ -287,22 +292,13 @@ pub async fn dispatch(
 
 type Page = Result<Response, CallError>;
 
-fn s<'a>(v: &'a Value, k: &str) -> &'a str {
-    v[k].as_str().unwrap_or("")
-}
-
-fn n(v: &Value, k: &str) -> i64 {
-    v[k].as_i64().unwrap_or(0)
-}
-
 fn count_cell(v: i64) -> String {
     format!("<span class=\"num\">{v}</span>")
 }
 
 /// How long ago `oldest_due_at_ms` of a tenant's or a node's view was, or a dash.
-fn oldest_due(view: &Value) -> String {
-    view["oldest_due_at_ms"]
-        .as_u64()
+fn oldest_due(oldest_due_at_ms: Option<u64>) -> String {
+    oldest_due_at_ms
         .map(|t| age(ankusa_keyspace::now_ms().saturating_sub(t)))
         .unwrap_or_else(|| "—".into())
 }
@@ -329,7 +325,7 @@ fn time_param(field: &str, value: &str) -> Result<u64, CallError> {
     html::parse_time(value).ok_or_else(|| {
         CallError::new(
             StatusCode::BAD_REQUEST,
-            "bad_request",
+            ErrorCode::BadRequest,
             format!("{field}: {value:?} is not a time (YYYY-MM-DD HH:MM, UTC)"),
         )
     })
@@ -338,7 +334,7 @@ fn time_param(field: &str, value: &str) -> Result<u64, CallError> {
 // ----- Overview -----------------------------------------------------------------------------
 
 async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
-    let me = c.call(v, Method::GET, "/v1/node", None).await?;
+    let me: NodeStatus = c.call(v, Method::GET, "/v1/node", None).await?;
     let mut nodes = vec![(
         c.api.cluster.me().unwrap_or("this node").to_owned(),
         Ok(me.clone()),
@@ -366,7 +362,7 @@ async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
                         Ok(resp) if resp.status().is_success() => {
                             use http_body_util::BodyExt;
                             match resp.into_body().collect().await {
-                                Ok(b) => serde_json::from_slice::<Value>(&b.to_bytes())
+                                Ok(b) => serde_json::from_slice::<NodeStatus>(&b.to_bytes())
                                     .map_err(|e| e.to_string()),
                                 Err(e) => Err(e.to_string()),
                             }
@@ -379,34 +375,34 @@ async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
             });
         nodes.extend(futures_util::future::join_all(others).await);
     }
-    let owned_total: i64 = nodes
+    let owned = |n: &NodeStatus| n.cluster.as_ref().map(|c| c.tenants_owned);
+    let owned_total: u64 = nodes
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())
-        .map(|n| n["cluster"]["tenants_owned"].as_i64().unwrap_or(0))
+        .filter_map(owned)
         .sum();
     let rows: Vec<Vec<String>> = nodes
         .iter()
         .map(|(name, r)| match r {
             Ok(n) => {
-                let owned = n["cluster"]["tenants_owned"].as_i64();
-                let share = match owned {
+                let share = match owned(n) {
                     Some(o) if owned_total > 0 => {
                         format!("{:.0} %", o as f64 * 100.0 / owned_total as f64)
                     }
                     _ => "100 %".into(),
                 };
-                let state = if n["write_error"].is_object() {
+                let state = if n.write_error.is_some() {
                     "<span class=\"bad\">writes failing</span>".to_owned()
-                } else if n["migrating_to"].is_u64() {
-                    format!("migrating to format {}", n["migrating_to"])
+                } else if let Some(to) = n.migrating_to {
+                    format!("migrating to format {to}")
                 } else {
                     "<span class=\"good\">serving</span>".to_owned()
                 };
                 vec![
                     esc(name),
-                    esc(s(n, "version")),
-                    format!("{} (supports {})", n["store_format"], n["supported_format"]),
-                    count_cell(n["tenants"].as_i64().unwrap_or(0)),
+                    esc(&n.version),
+                    format!("{} (supports {})", n.store_format, n.supported_format),
+                    count_cell(i64::from(n.tenants)),
                     share,
                     state,
                 ]
@@ -421,7 +417,7 @@ async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
             ],
         })
         .collect();
-    let counters = &me["counters"];
+    let counters = &me.counters;
     let samples = c.history.node();
     // The charts span the samples taken (an hour once the node has run that long).
     let span = match (samples.first(), samples.last()) {
@@ -431,7 +427,7 @@ async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
     let ingest = super::history::rates(&samples, |s| s.accepted);
     let delivery = super::history::rates(&samples, |s| s.delivered);
     let backlog: Vec<f64> = samples.iter().map(|s| s.backlog as f64).collect();
-    let oldest = oldest_due(&me);
+    let oldest = oldest_due(me.oldest_due_at_ms);
     let body = format!(
         "<h1>Overview</h1>\
 <section aria-labelledby=\"h-nodes\"><h2 id=\"h-nodes\">Nodes</h2>{}</section>\
@@ -442,11 +438,11 @@ async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
 <section aria-labelledby=\"h-charts\"><h2 id=\"h-charts\">The last hour on this node</h2><div class=\"charts\">{}{}{}</div>\
 <p class=\"muted\">A sample every {} s since the node started ({} so far).</p></section>",
         table("Nodes of this Relay", &["Node", "Version", "Store format", "Tenants", "Ownership share", "State"], &rows),
-        n(counters, "pending"),
-        n(counters, "scheduled"),
-        n(counters, "inflight"),
-        n(counters, "dead"),
-        me["store_bytes"].as_u64().unwrap_or(0) >> 20,
+        counters.pending,
+        counters.scheduled,
+        counters.inflight,
+        counters.dead,
+        me.store_bytes.unwrap_or(0) >> 20,
         html::chart("Ingest", " hooks/s", &ingest, span),
         html::chart("Delivery", " hooks/s", &delivery, span),
         html::chart("Backlog", " rows", &backlog, span),
@@ -462,7 +458,7 @@ async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
 /// ranking the history keeps (a minute old at most; each row's counters read now), so the
 /// page reads 50 tenants, not the 10⁴ the ranking reads. A tenant scope, and the first
 /// seconds of a node, ask the API itself.
-async fn busiest(c: &Arc<Console>, v: &Viewer) -> Result<Value, CallError> {
+async fn busiest(c: &Arc<Console>, v: &Viewer) -> Result<TenantsTop, CallError> {
     let ranked = if v.admin { c.history.top() } else { None };
     let Some(ranked) = ranked else {
         return c
@@ -480,10 +476,15 @@ async fn busiest(c: &Arc<Console>, v: &Viewer) -> Result<Value, CallError> {
         .map(|t| format!("/v1/tenants/{}", enc(t)))
         .collect();
     let (total, views) = tokio::join!(
-        c.call(v, Method::GET, "/v1/tenants?prefix=&top=1", None),
-        futures_util::future::join_all(paths.iter().map(|p| c.call(v, Method::GET, p, None))),
+        c.call::<TenantsTop>(v, Method::GET, "/v1/tenants?prefix=&top=1", None),
+        futures_util::future::join_all(paths.iter().map(|p| c.call::<TenantView>(
+            v,
+            Method::GET,
+            p,
+            None
+        ))),
     );
-    let total = total?;
+    let total = total?.total;
     let mut tenants = Vec::new();
     for view in views {
         match view {
@@ -493,7 +494,11 @@ async fn busiest(c: &Arc<Console>, v: &Viewer) -> Result<Value, CallError> {
             Err(e) => return Err(e),
         }
     }
-    Ok(json!({ "tenants": tenants, "total": total["total"] }))
+    Ok(TenantsTop {
+        tenants,
+        total,
+        ..TenantsTop::default()
+    })
 }
 
 /// A page of the tenants list.
@@ -514,31 +519,30 @@ async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
                 .map(|a| format!("&after={}", enc(a)))
                 .unwrap_or_default()
         );
-        c.call(v, Method::GET, &path, None).await?
+        c.call::<TenantsTop>(v, Method::GET, &path, None).await?
     } else {
         busiest(c, v).await?
     };
-    let rows: Vec<Vec<String>> = r["tenants"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let rows: Vec<Vec<String>> = r
+        .tenants
+        .iter()
         .map(|t| {
-            let name = s(t, "tenant");
-            let ctr = &t["counters"];
-            let state = if t["paused_since_ms"].is_u64() {
+            let name = t.tenant.as_str();
+            let ctr = &t.counters;
+            let state = if t.paused_since_ms.is_some() {
                 "paused"
-            } else if t["erasing_since_ms"].is_u64() {
+            } else if t.erasing_since_ms.is_some() {
                 "erasing"
             } else {
                 ""
             };
             vec![
                 tenant_link(v, name),
-                count_cell(n(ctr, "pending")),
-                count_cell(n(ctr, "scheduled")),
-                count_cell(n(ctr, "inflight")),
-                count_cell(n(ctr, "dead")),
-                oldest_due(t),
+                count_cell(ctr.pending),
+                count_cell(ctr.scheduled),
+                count_cell(ctr.inflight),
+                count_cell(ctr.dead),
+                oldest_due(t.oldest_due_at_ms),
                 html::sparkline(
                     &format!("Backlog of {name} over the last hour"),
                     &c.history.tenant(name),
@@ -547,7 +551,7 @@ async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
             ]
         })
         .collect();
-    let next = r["next"].as_str().map(|n| {
+    let next = r.next.as_deref().map(|n| {
         format!(
             "<p><a rel=\"next\" href=\"{}/tenants?q={}&amp;after={}\">Next page</a></p>",
             esc(&v.base),
@@ -565,7 +569,7 @@ async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
 <form method=\"get\" action=\"{}/tenants\" role=\"search\" class=\"row\">\
 <label for=\"q\">Search tenants by id prefix</label><input id=\"q\" name=\"q\" value=\"{}\" type=\"search\">\
 <button type=\"submit\">Search</button></form>{}{}",
-        r["total"].as_u64().unwrap_or(0),
+        r.total,
         esc(&v.base),
         esc(&search),
         table(&what, &["Tenant", "Pending", "Scheduled", "In flight", "Dead", "Oldest due", "Backlog, 1 h", "State"], &rows),
@@ -574,50 +578,44 @@ async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
     Ok(page(v, "Tenants", "Tenants", body, fragment, true))
 }
 
-fn hook_rows(v: &Viewer, items: &[Value]) -> Vec<Vec<String>> {
+fn hook_rows(v: &Viewer, items: &[HookSummary]) -> Vec<Vec<String>> {
     items
         .iter()
         .map(|h| {
             vec![
-                hook_link(v, s(h, "id")),
-                esc(s(h, "source")),
-                time_el(h["received_ms"].as_u64().unwrap_or(0)),
-                format!("{} B", h["size"].as_u64().unwrap_or(0)),
-                esc(&h["sinks"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(Value::as_str)
-                    .collect::<Vec<_>>()
-                    .join(", ")),
+                hook_link(v, &h.id),
+                esc(&h.source),
+                time_el(h.received_ms),
+                format!("{} B", h.size),
+                esc(&h.sinks.join(", ")),
             ]
         })
         .collect()
 }
 
-fn dead_rows(v: &Viewer, items: &[Value], with_tenant: bool) -> Vec<Vec<String>> {
+fn dead_rows(v: &Viewer, items: &[DlqItem], with_tenant: bool) -> Vec<Vec<String>> {
     items
         .iter()
         .map(|d| {
-            let id = s(d, "id");
-            let mut row = vec![time_el(d["at_ms"].as_u64().unwrap_or(0))];
+            let id = d.id.as_str();
+            let mut row = vec![time_el(d.at_ms)];
             if with_tenant {
-                row.push(tenant_link(v, s(d, "tenant")));
+                row.push(tenant_link(v, &d.tenant));
             }
             row.extend([
-                hook_link(v, s(d, "hook_id")),
-                esc(s(d, "source")),
-                esc(s(d, "sink")),
-                count_cell(n(d, "attempts")),
-                format!("{} {}", n(d, "last_status"), esc(s(d, "last_error"))),
+                hook_link(v, &d.hook_id),
+                esc(&d.source),
+                esc(&d.sink),
+                count_cell(i64::from(d.attempts)),
+                format!("{} {}", d.last_status, esc(&d.last_error)),
                 format!(
                     "<form method=\"post\" action=\"{}/dlq/replay\" class=\"inline\">{}{}{}<button type=\"submit\" aria-label=\"Replay the dead delivery of {} to {}\">Replay</button></form>",
                     esc(&v.base),
                     csrf_field(&v.csrf),
                     hidden("ids", id),
-                    hidden("tenant", s(d, "tenant")),
-                    esc(s(d, "hook_id")),
-                    esc(s(d, "sink"))
+                    hidden("tenant", &d.tenant),
+                    esc(&d.hook_id),
+                    esc(&d.sink)
                 ),
             ]);
             row
@@ -643,12 +641,12 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
         format!("/v1/hooks?tenant={te}&limit=20"),
     ];
     let (view, dead, recent) = tokio::join!(
-        c.call(v, Method::GET, &paths[0], None),
-        c.call(v, Method::GET, &paths[1], None),
-        c.call(v, Method::GET, &paths[2], None),
+        c.call::<TenantView>(v, Method::GET, &paths[0], None),
+        c.call::<DlqPage>(v, Method::GET, &paths[1], None),
+        c.call::<RecentHooks>(v, Method::GET, &paths[2], None),
     );
     let (view, dead, recent) = (view?, dead?, recent?);
-    let ctr = &view["counters"];
+    let ctr = &view.counters;
     let cfg = c.api.config.load();
     let sources: Vec<Vec<String>> = cfg
         .sources
@@ -666,7 +664,7 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
             ])
         })
         .collect();
-    let paused = view["paused_since_ms"].as_u64();
+    let paused = view.paused_since_ms;
     let base = esc(&v.base);
     let csrf = csrf_field(&v.csrf);
     let operator = v.portal.is_none();
@@ -679,7 +677,7 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
     } else {
         String::new()
     };
-    let dead_n = n(ctr, "dead");
+    let dead_n = ctr.dead;
     let mut replay_form = String::new();
     if dead_n > 0 {
         replay_form = format!(
@@ -701,9 +699,7 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
     } else {
         String::new()
     };
-    let oldest = oldest_due(&view);
-    let dead_items = dead["items"].as_array().cloned().unwrap_or_default();
-    let recent_items = recent["items"].as_array().cloned().unwrap_or_default();
+    let oldest = oldest_due(view.oldest_due_at_ms);
     let body = format!(
         "<h1>Tenant <span class=\"id\">{}</span></h1>{}\
 <dl class=\"facts\"><div><dt>Pending</dt><dd>{}</dd></div><div><dt>Scheduled</dt><dd>{}</dd></div>\
@@ -720,16 +716,16 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
         paused
             .map(|p| format!("<p class=\"alert\">Delivery paused since {}.</p>", time_el(p)))
             .unwrap_or_default(),
-        n(ctr, "pending"),
-        n(ctr, "scheduled"),
-        n(ctr, "inflight"),
-        n(ctr, "bytes"),
+        ctr.pending,
+        ctr.scheduled,
+        ctr.inflight,
+        ctr.bytes,
         html::sparkline(&format!("Backlog of {t} over the last hour"), &c.history.tenant(t)),
         hidden("tenant", t),
         table("Sources this tenant's hooks can come in through", &["Source", "Tenant", "Route"], &sources),
-        table("The newest dead letters", &DEAD_HEADERS, &dead_rows(v, &dead_items, false)),
-        table("The newest hooks the node's log keeps", &["Hook", "Source", "Received", "Size", "Sinks"], &hook_rows(v, &recent_items)),
-        if recent["truncated"].as_bool() == Some(true) {
+        table("The newest dead letters", &DEAD_HEADERS, &dead_rows(v, &dead.items, false)),
+        table("The newest hooks the node's log keeps", &["Hook", "Source", "Received", "Size", "Sinks"], &hook_rows(v, &recent.items)),
+        if recent.truncated {
             format!("<p class=\"muted\">Read among the node's newest {} hooks.</p>", crate::admin::hooks::MAX_RECENT_SCAN)
         } else {
             String::new()
@@ -748,10 +744,10 @@ async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool) -> Page {
 async fn purge(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page {
     let te = enc(t);
     if field(form, "confirm") != Some("yes") {
-        let view = c
+        let view: TenantView = c
             .call(v, Method::GET, &format!("/v1/tenants/{te}"), None)
             .await?;
-        let dead = n(&view["counters"], "dead");
+        let dead = view.counters.dead;
         let body = format!(
             "<h1>Purge the dead rows of {}?</h1><p class=\"alert\" role=\"alert\">This deletes <strong>{}</strong> for good. It cannot be undone.</p>\
 <form method=\"post\" action=\"{}/tenants/{te}/purge\" class=\"inline\">{}<input type=\"hidden\" name=\"confirm\" value=\"yes\"><button type=\"submit\" class=\"danger\" autofocus>Delete {}</button></form> <a href=\"{}/tenants/{te}\">Cancel</a>",
@@ -764,7 +760,7 @@ async fn purge(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page {
         );
         return Ok(page(v, "Confirm purge", "Tenant", body, false, false));
     }
-    let r = c
+    let r: PurgeReport = c
         .call(
             v,
             Method::DELETE,
@@ -774,7 +770,7 @@ async fn purge(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page {
         .await?;
     let body = format!(
         "<h1>Purged</h1><p role=\"status\">{} of {} deleted.</p><p><a href=\"{}/tenants/{te}\">Back to the tenant</a></p>",
-        plural(n(&r, "dead"), "dead row"),
+        plural(r.dead as i64, "dead row"),
         esc(t),
         esc(&v.base)
     );
@@ -785,22 +781,21 @@ async fn portal_link(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page
     let hours: u64 = field(form, "hours")
         .and_then(|h| h.parse().ok())
         .unwrap_or(24);
-    let r = c
-        .call(
-            v,
-            Method::POST,
-            "/v1/portal-links",
-            Some(json!({ "tenant": t, "ttl_ms": hours.saturating_mul(3_600_000) })),
-        )
+    let req = PortalRequest {
+        tenant: t.to_owned(),
+        ttl_ms: Some(hours.saturating_mul(3_600_000)),
+    };
+    let r: PortalLink = c
+        .call(v, Method::POST, "/v1/portal-links", body(&req))
         .await?;
     let body = format!(
         "<h1>Portal link for {}</h1><p>Valid until {}. Anyone with it sees this tenant, and only it, in the console.</p>\
 <label for=\"link\">Link (a path on this listener; any node with the same portal secret opens it)</label>\
 <input id=\"link\" readonly value=\"{}\" class=\"wide\"><p><a href=\"{}\">Open it</a></p>",
         esc(t),
-        time_el(r["expires_ms"].as_u64().unwrap_or(0)),
-        esc(s(&r, "path")),
-        esc(s(&r, "path")),
+        time_el(r.expires_ms),
+        esc(&r.path),
+        esc(&r.path),
     );
     Ok(page(v, "Portal link", "Tenants", body, false, false))
 }
@@ -816,7 +811,7 @@ async fn find_hook(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Pa
         .map(str::to_owned)
         .unwrap_or(tenant_default);
     if let (Some(d), false) = (field(q, "delivery"), tenant.is_empty()) {
-        let h = c
+        let h: HookOut = c
             .call(
                 v,
                 Method::GET,
@@ -852,7 +847,7 @@ async fn find_hook(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Pa
 
 async fn hook(c: &Arc<Console>, v: &Viewer, id: &str, q: &Form, fragment: bool) -> Page {
     let with_body = field(q, "body") == Some("1");
-    let h = c
+    let h: HookOut = c
         .call(
             v,
             Method::GET,
@@ -874,29 +869,25 @@ async fn hook(c: &Arc<Console>, v: &Viewer, id: &str, q: &Form, fragment: bool) 
     ))
 }
 
-fn render_hook(v: &Viewer, h: &Value, with_body: bool) -> String {
+fn render_hook(v: &Viewer, h: &HookOut, with_body: bool) -> String {
     let base = esc(&v.base);
-    let id = s(h, "id");
+    let id = h.id.as_str();
     let mut out = format!(
         "<h1>Hook <code class=\"id\">{}</code></h1><dl class=\"facts\">\
 <div><dt>Tenant</dt><dd>{}</dd></div><div><dt>Source</dt><dd>{}</dd></div>\
 <div><dt>Received</dt><dd>{}</dd></div><div><dt>Size</dt><dd>{} B</dd></div><div><dt>Content type</dt><dd>{}</dd></div></dl>",
         esc(id),
-        tenant_link(v, s(h, "tenant")),
-        esc(s(h, "source")),
-        time_el(h["received_ms"].as_u64().unwrap_or(0)),
-        h["size"].as_u64().unwrap_or(0),
-        esc(s(h, "content_type")),
+        tenant_link(v, &h.tenant),
+        esc(&h.source),
+        time_el(h.received_ms),
+        h.size,
+        esc(&h.content_type),
     );
-    if let Some(hs) = h["headers"].as_object().filter(|m| !m.is_empty()) {
-        let rows: Vec<Vec<String>> = hs
+    if !h.headers.is_empty() {
+        let rows: Vec<Vec<String>> = h
+            .headers
             .iter()
-            .map(|(k, val)| {
-                vec![
-                    format!("<code>{}</code>", esc(k)),
-                    esc(val.as_str().unwrap_or("")),
-                ]
-            })
+            .map(|(k, val)| vec![format!("<code>{}</code>", esc(k)), esc(val)])
             .collect();
         out.push_str(&table(
             "Provider headers forwarded to sinks",
@@ -904,46 +895,40 @@ fn render_hook(v: &Viewer, h: &Value, with_body: bool) -> String {
             &rows,
         ));
     }
-    for sink in h["sinks"].as_array().into_iter().flatten() {
-        let name = s(sink, "sink");
-        let state = s(sink, "state");
+    for sink in &h.sinks {
+        let name = sink.sink.as_str();
+        let state = wire_name(&sink.state);
         let _ = write!(
             out,
             "<section class=\"sink\" aria-label=\"Delivery to {}\"><h2>To <code>{}</code> <span class=\"state state-{}\">{}</span></h2><p>{}{}</p>",
             esc(name),
             esc(name),
-            esc(state),
-            esc(state),
-            plural(n(sink, "attempts"), "attempt"),
-            sink["next_attempt_ms"]
-                .as_u64()
+            esc(&state),
+            esc(&state),
+            plural(i64::from(sink.attempts), "attempt"),
+            sink.next_attempt_ms
                 .map(|t| format!("; next attempt {}", time_el(t)))
                 .unwrap_or_default(),
         );
-        let rows: Vec<Vec<String>> = sink["events"]
-            .as_array()
-            .into_iter()
-            .flatten()
+        let rows: Vec<Vec<String>> = sink
+            .events
+            .iter()
             .map(|e| {
                 vec![
-                    time_el(e["at_ms"].as_u64().unwrap_or(0)),
-                    esc(s(e, "kind")),
-                    e["attempt"]
-                        .as_u64()
-                        .filter(|a| *a > 0)
-                        .map(|a| a.to_string())
-                        .unwrap_or_default(),
-                    e["status"]
-                        .as_u64()
-                        .map(|s| s.to_string())
-                        .unwrap_or_default(),
-                    e["latency_ms"]
-                        .as_f64()
+                    time_el(e.at_ms),
+                    esc(&wire_name(&e.kind)),
+                    if e.attempt > 0 {
+                        e.attempt.to_string()
+                    } else {
+                        String::new()
+                    },
+                    e.status.map(|s| s.to_string()).unwrap_or_default(),
+                    e.latency_ms
                         .map(|l| format!("{} ms", num(l)))
                         .unwrap_or_default(),
-                    esc(e["error_class"].as_str().unwrap_or("")),
-                    esc(s(e, "error")),
-                    e["next_at_ms"].as_u64().map(time_el).unwrap_or_default(),
+                    esc(&e.error_class.map(|c| wire_name(&c)).unwrap_or_default()),
+                    esc(&e.error),
+                    e.next_at_ms.map(time_el).unwrap_or_default(),
                 ]
             })
             .collect();
@@ -964,17 +949,18 @@ fn render_hook(v: &Viewer, h: &Value, with_body: bool) -> String {
         out.push_str("</section>");
     }
     if with_body {
-        let body = h["body"]
-            .as_str()
+        let body = h
+            .body
+            .as_deref()
             .map(esc)
             .or_else(|| {
-                h["body_base64"]
-                    .as_str()
+                h.body_base64
+                    .as_deref()
                     .map(|b| format!("(base64) {}", esc(b)))
             })
             .unwrap_or_else(|| "The body is no longer stored.".into());
         let _ = write!(out, "<section aria-labelledby=\"h-body\"><h2 id=\"h-body\">Body</h2><pre class=\"body\">{body}</pre></section>");
-    } else if h["stored"].as_bool() == Some(true) {
+    } else if h.stored {
         let _ = write!(
             out,
             "<p><a href=\"{base}/hooks/{}?body=1\">Show the body</a></p>",
@@ -986,6 +972,14 @@ fn render_hook(v: &Viewer, h: &Value, with_body: bool) -> String {
         );
     }
     out
+}
+
+/// The wire name of an enum value of the API (`dead`, `acked`, `lease_expired`).
+fn wire_name(v: &impl serde::Serialize) -> String {
+    match serde_json::to_value(v) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
 }
 
 // ----- Dead letters --------------------------------------------------------------------------
@@ -1014,13 +1008,12 @@ async fn dlq(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
     if let Some(b) = field(q, "before") {
         let _ = write!(path, "&before={}", enc(b));
     }
-    let r = c.call(v, Method::GET, &path, None).await?;
-    let items = r["items"].as_array().cloned().unwrap_or_default();
+    let r: DlqPage = c.call(v, Method::GET, &path, None).await?;
     let mut headers = DEAD_HEADERS.to_vec();
     headers.insert(1, "Tenant");
     let base = esc(&v.base);
     let csrf = csrf_field(&v.csrf);
-    let next = r["next"].as_str().map(|n| {
+    let next = r.next.as_deref().map(|n| {
         format!(
             "<p><a rel=\"next\" href=\"{base}/dlq?before={}{carry}\">Older</a></p>",
             enc(n)
@@ -1067,7 +1060,7 @@ async fn dlq(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
         esc(source.unwrap_or("")),
         esc(from.unwrap_or("")),
         esc(to.unwrap_or("")),
-        table("Dead deliveries, newest first", &headers, &dead_rows(v, &items, true)),
+        table("Dead deliveries, newest first", &headers, &dead_rows(v, &r.items, true)),
         next.unwrap_or_default()
     );
     Ok(page(
@@ -1081,30 +1074,31 @@ async fn dlq(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
 }
 
 async fn dlq_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
-    let mut req = json!({});
     let tenant = field(form, "tenant")
         .map(str::to_owned)
         .or_else(|| v.portal.clone());
-    if let Some(t) = &tenant {
-        req["tenant"] = json!(t);
-    }
-    if let Some(ids) = field(form, "ids") {
-        req["ids"] = json!(ids.split(',').map(str::trim).collect::<Vec<_>>());
-    }
-    if let Some(s) = field(form, "source") {
-        req["source"] = json!(s);
-    }
-    for k in ["from", "to"] {
-        if let Some(x) = field(form, k) {
-            req[format!("{k}_ms")] = json!(time_param(k, x)?);
-        }
-    }
+    let time = |k: &str| field(form, k).map(|x| time_param(k, x)).transpose();
+    let req = ReplayRequest {
+        ids: field(form, "ids")
+            .map(|ids| ids.split(',').map(|i| i.trim().to_owned()).collect())
+            .unwrap_or_default(),
+        tenant: tenant.clone(),
+        source: field(form, "source").map(str::to_owned),
+        from_ms: time("from")?,
+        to_ms: time("to")?,
+        limit: None,
+        dry_run: false,
+    };
     let base = esc(&v.base);
     if field(form, "confirm") != Some("yes") {
-        let mut dry = req.clone();
-        dry["dry_run"] = json!(true);
-        let r = c.call(v, Method::POST, "/v1/dlq/replay", Some(dry)).await?;
-        let matched = n(&r, "matched");
+        let dry = ReplayRequest {
+            dry_run: true,
+            ..req.clone()
+        };
+        let r: Revived = c
+            .call(v, Method::POST, "/v1/dlq/replay", body(&dry))
+            .await?;
+        let matched = r.matched as i64;
         let selection: String = form
             .iter()
             .filter(|(k, _)| k != "csrf" && k != "confirm")
@@ -1128,10 +1122,12 @@ async fn dlq_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
             false,
         ));
     }
-    let r = c.call(v, Method::POST, "/v1/dlq/replay", Some(req)).await?;
+    let r: Revived = c
+        .call(v, Method::POST, "/v1/dlq/replay", body(&req))
+        .await?;
     let body = format!(
         "<h1>Replayed</h1><p role=\"status\">{} moved back to the queue.</p><p><a href=\"{base}/dlq{}\">Back to the dead letters</a></p>",
-        plural(n(&r, "revived"), "dead row"),
+        plural(r.revived as i64, "dead row"),
         tenant.as_deref().map(|t| format!("?tenant={}", enc(t))).unwrap_or_default(),
     );
     Ok(page(v, "Replayed", "Dead letters", body, false, false))
@@ -1229,29 +1225,28 @@ async fn archive(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page
     if let Some(b) = field(q, "before") {
         let _ = write!(path, "&before={}", enc(b));
     }
-    let r = c.call(v, Method::GET, &path, None).await?;
+    let r: ArchivePage = c.call(v, Method::GET, &path, None).await?;
     let csrf = csrf_field(&v.csrf);
-    let rows: Vec<Vec<String>> = r["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
+    let rows: Vec<Vec<String>> = r
+        .items
+        .iter()
         .map(|a| {
             vec![
-                format!("<code>{}</code>", esc(s(a, "id"))),
-                esc(s(a, "source")),
-                time_el(a["received_ms"].as_u64().unwrap_or(0)),
-                time_el(a["expires_ms"].as_u64().unwrap_or(0)),
-                format!("{} B", a["size"].as_u64().unwrap_or(0)),
+                format!("<code>{}</code>", esc(&a.id)),
+                esc(&a.source),
+                time_el(a.received_ms),
+                time_el(a.expires_ms),
+                format!("{} B", a.size),
                 format!(
                     "<form method=\"post\" action=\"{base}/archive/replay\" class=\"inline\">{csrf}{}{}<button type=\"submit\" aria-label=\"Replay archived hook {}\">Replay</button></form>",
                     hidden("tenant", &t),
-                    hidden("ids", s(a, "id")),
-                    esc(s(a, "id"))
+                    hidden("ids", &a.id),
+                    esc(&a.id)
                 ),
             ]
         })
         .collect();
-    let next = r["next"].as_str().map(|n| {
+    let next = r.next.as_deref().map(|n| {
         format!(
             "<p><a rel=\"next\" href=\"{base}/archive?tenant={}&amp;before={}\">Older</a></p>",
             enc(&t),
@@ -1294,17 +1289,20 @@ async fn archive_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
         );
         return Ok(page(v, "Confirm replay", "Archive", body, false, false));
     }
-    let r = c
-        .call(
-            v,
-            Method::POST,
-            "/v1/archive/replay",
-            Some(json!({ "tenant": tenant, "ids": ids })),
-        )
+    let req = ArchiveReplayRequest {
+        tenant: tenant.clone(),
+        from_ms: None,
+        to_ms: None,
+        ids: ids.iter().map(|i| (*i).to_owned()).collect(),
+        limit: None,
+        after: None,
+    };
+    let r: Replayed = c
+        .call(v, Method::POST, "/v1/archive/replay", body(&req))
         .await?;
     let body = format!(
         "<h1>Replayed</h1><p role=\"status\">{} archived hooks committed again.</p><p><a href=\"{base}/archive?tenant={}\">Back to the archive</a></p>",
-        n(&r, "replayed"),
+        r.replayed,
         enc(&tenant)
     );
     Ok(page(v, "Replayed", "Archive", body, false, false))
@@ -1316,7 +1314,7 @@ async fn archive_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
     clippy::too_many_arguments,
     reason = "a listing named by its parts; two callers"
 )]
-async fn cursor_list(
+async fn cursor_list<P: CursorPage>(
     c: &Arc<Console>,
     v: &Viewer,
     q: &Form,
@@ -1324,20 +1322,16 @@ async fn cursor_list(
     (api, page_path, name): (&str, &str, &str),
     (title, intro, caption): (&str, &str, &str),
     headers: &[&str],
-    cells: impl Fn(&Value) -> Vec<String>,
+    cells: impl Fn(&P::Item) -> Vec<String>,
 ) -> Page {
     let mut path = format!("{api}?limit=50");
     if let Some(b) = field(q, "before") {
         let _ = write!(path, "&before={}", enc(b));
     }
-    let r = c.call(v, Method::GET, &path, None).await?;
-    let rows: Vec<Vec<String>> = r["items"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(cells)
-        .collect();
-    let next = r["next"].as_u64().map(|n| {
+    let r: P = c.call(v, Method::GET, &path, None).await?;
+    let (items, next) = r.parts();
+    let rows: Vec<Vec<String>> = items.iter().map(cells).collect();
+    let next = next.map(|n| {
         format!(
             "<p><a rel=\"next\" href=\"{}{page_path}?before={n}\">Older</a></p>",
             esc(&v.base)
@@ -1352,8 +1346,28 @@ async fn cursor_list(
     Ok(page(v, name, name, body, fragment, true))
 }
 
+/// A page the API cursors by a number: its rows and the next cursor.
+trait CursorPage: serde::de::DeserializeOwned {
+    type Item;
+    fn parts(self) -> (Vec<Self::Item>, Option<u64>);
+}
+
+impl CursorPage for AuditPage {
+    type Item = AuditRecord;
+    fn parts(self) -> (Vec<AuditRecord>, Option<u64>) {
+        (self.items, self.next)
+    }
+}
+
+impl CursorPage for QuarantinePage {
+    type Item = QuarantineItem;
+    fn parts(self) -> (Vec<QuarantineItem>, Option<u64>) {
+        (self.items, self.next)
+    }
+}
+
 async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
-    cursor_list(
+    cursor_list::<AuditPage>(
         c,
         v,
         q,
@@ -1367,11 +1381,11 @@ async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
         &["At", "Who", "Action", "Tenant", "Detail"],
         |a| {
             vec![
-                time_el(a["at_ms"].as_u64().unwrap_or(0)),
-                esc(s(a, "who")),
-                format!("<code>{}</code>", esc(s(a, "action"))),
-                esc(s(a, "tenant")),
-                format!("<code>{}</code>", esc(&a["detail"].to_string())),
+                time_el(a.at_ms),
+                esc(&a.who),
+                format!("<code>{}</code>", esc(&a.action)),
+                esc(a.tenant.as_deref().unwrap_or("")),
+                format!("<code>{}</code>", esc(&a.detail.to_string())),
             ]
         },
     )
@@ -1379,7 +1393,7 @@ async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
 }
 
 async fn quarantine(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
-    cursor_list(
+    cursor_list::<QuarantinePage>(
         c,
         v,
         q,
@@ -1393,10 +1407,13 @@ async fn quarantine(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> P
         &["At", "Source", "Reason", "Headers"],
         |e| {
             vec![
-                time_el(e["at_ms"].as_u64().unwrap_or(0)),
-                format!("<code>{}</code>", esc(s(e, "source"))),
-                esc(s(e, "reason")),
-                format!("<code>{}</code>", esc(&e["headers"].to_string())),
+                time_el(e.at_ms),
+                format!("<code>{}</code>", esc(&e.source)),
+                esc(&e.reason),
+                format!(
+                    "<code>{}</code>",
+                    esc(&serde_json::to_string(&e.headers).unwrap_or_default())
+                ),
             ]
         },
     )

@@ -191,7 +191,7 @@ impl Quotas {
                 return Ok(Err(SetError::Invalid(format!("{key}: {why}"))));
             }
         }
-        let json = next.map(|o| serde_json::json!(o).to_string().into_bytes());
+        let json = next.and_then(|o| serde_json::to_vec(&o).ok());
         store.write(vec![tenants::limits_op(tenant, json), audit()], true)?;
         self.replace(tenant, next);
         Ok(Ok(true))
