@@ -6,7 +6,9 @@
 //! [`tenants`], [`limits`], [`quarantine`], [`audit`], [`node`], [`hooks`], [`sources`],
 //! [`archive`], [`backups`], [`erase`], [`portal`]); what they share in [`api`] (the `Api`
 //! they read, errors, the caller); tokens and portal credentials in [`auth`]; one replay per
-//! tenant at a time in [`replay`]; calls answered for the whole Relay in [`relay_wide`].
+//! tenant at a time in [`replay`]; where each route is answered in a Relay of several
+//! nodes, declared with the route, in [`routing`]; the fan-outs in [`relay_wide`]; the calls
+//! between nodes in [`cluster_api`].
 //! The bodies are `ankusa_api::admin`'s; the command line's client is `cli::client`.
 //! `/metrics` serves the node's Prometheus metrics. `/healthz` answers as soon as the process serves; `/readyz` only once the store is open
 //! and every pending migration has run; `/v1/node` reports the version, store formats,
@@ -27,6 +29,7 @@ pub mod archive;
 pub mod audit;
 pub mod auth;
 pub mod backups;
+pub mod cluster_api;
 pub mod dlq;
 pub mod erase;
 pub mod hooks;
@@ -36,10 +39,15 @@ pub mod portal;
 pub mod quarantine;
 pub mod relay_wide;
 pub mod replay;
+pub mod routing;
 pub mod sources;
 pub mod tenants;
 
-use axum::routing::{delete, post};
+use ankusa_api::admin::{
+    EraseState, LimitsView, PauseState, PurgeReport, Retried, SourceView, TenantView,
+};
+use axum::handler::Handler;
+use axum::routing::MethodFilter;
 
 use ankusa_api::error::ErrorCode;
 use ankusa_queue::counters;
@@ -239,58 +247,153 @@ async fn require_ready(
 }
 
 /// The admin router: health, readiness and metrics unauthenticated; `/v1/*` behind tokens,
-/// and all of it but `/v1/node` behind readiness. `more` adds the routes of the layers above
-/// (the OpenAPI document, which is read from these handlers), under the same checks.
+/// and all of it but `/v1/node` behind readiness; each `/v1` and `/cluster/v1` route added
+/// with where a Relay of several nodes answers it ([`routing::V1::at`]). `more` adds the
+/// routes of the layers above (the OpenAPI document, which is read from these handlers, and
+/// is answered by the node it reaches), under the same checks.
 pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::Api>>) -> Router {
     let gate = api.clone();
     let node = Router::new()
         .route("/v1/node", get(node::node))
         .with_state(api.clone());
-    let v1 = Router::new()
-        .route("/v1/config", get(node::config))
-        .route("/v1/dlq", get(dlq::dlq))
-        .route("/v1/dlq/replay", post(dlq::replay))
-        .route("/v1/tenants", get(tenants::tenants_top))
-        .route("/v1/tenants/{t}", get(tenants::tenant).delete(erase::erase))
-        .route("/v1/tenants/{t}/queue", delete(tenants::purge))
-        .route("/v1/tenants/{t}/retry", post(tenants::retry))
-        .route("/v1/tenants/{t}/pause", post(tenants::pause))
-        .route("/v1/tenants/{t}/resume", post(tenants::resume))
-        .route(
+    use routing::{Answered, TenantIn, V1};
+    use MethodFilter as M;
+    // Each route with where a Relay of several nodes answers it (`routing`).
+    let owner = Answered::Owner;
+    let here = Answered::Here;
+    let path = TenantIn::Path;
+    let archive_tenant: fn(&[u8]) -> Option<String> = |b| {
+        serde_json::from_slice::<ankusa_api::admin::ArchiveReplayRequest>(b)
+            .ok()
+            .map(|r| r.tenant)
+    };
+    let v1 = V1::new(api.clone())
+        .at(M::GET, "/v1/config", here, node::config)
+        .at(
+            M::GET,
+            "/v1/dlq",
+            Answered::FanOut(relay_wide::DLQ),
+            dlq::dlq,
+        )
+        .at(
+            M::POST,
+            "/v1/dlq/replay",
+            Answered::FanOut(relay_wide::DLQ_REPLAY),
+            dlq::replay,
+        )
+        .at(
+            M::GET,
+            "/v1/tenants",
+            Answered::FanOut(relay_wide::TENANTS),
+            tenants::tenants_top,
+        )
+        .at(
+            M::GET,
+            "/v1/tenants/{t}",
+            Answered::everywhere::<TenantView>(path),
+            tenants::tenant,
+        )
+        // An erase runs on every node that holds the tenant's rows.
+        .at(
+            M::DELETE,
+            "/v1/tenants/{t}",
+            Answered::everywhere::<EraseState>(path),
+            erase::erase,
+        )
+        .at(
+            M::DELETE,
+            "/v1/tenants/{t}/queue",
+            Answered::everywhere::<PurgeReport>(path),
+            tenants::purge,
+        )
+        .at(
+            M::POST,
+            "/v1/tenants/{t}/retry",
+            Answered::everywhere::<Retried>(path),
+            tenants::retry,
+        )
+        // Held on every node that holds the tenant's rows: its owner and former owners.
+        .at(
+            M::POST,
+            "/v1/tenants/{t}/pause",
+            Answered::everywhere::<PauseState>(path),
+            tenants::pause,
+        )
+        .at(
+            M::POST,
+            "/v1/tenants/{t}/resume",
+            Answered::everywhere::<PauseState>(path),
+            tenants::resume,
+        )
+        // A tenant's limits are the same on every node; its owner enforces them and
+        // answers with its refusals.
+        .at(M::GET, "/v1/tenants/{t}/limits", owner(path), limits::get)
+        .at(
+            M::PUT,
             "/v1/tenants/{t}/limits",
-            get(limits::get).put(limits::put).delete(limits::delete),
+            Answered::everywhere::<LimitsView>(path),
+            limits::put,
         )
-        .route(
+        .at(
+            M::DELETE,
+            "/v1/tenants/{t}/limits",
+            Answered::everywhere::<LimitsView>(path),
+            limits::delete,
+        )
+        .at(M::GET, "/v1/quarantine", here, quarantine::quarantine_list)
+        .at(
+            M::DELETE,
             "/v1/quarantine",
-            get(quarantine::quarantine_list).delete(quarantine::quarantine_delete),
+            here,
+            quarantine::quarantine_delete,
         )
-        .route("/v1/audit", get(audit::audit_list))
-        .route("/v1/hooks", get(hooks::recent))
-        .route("/v1/hooks/{id}", get(hooks::get))
-        .route(
+        .at(M::GET, "/v1/audit", here, audit::audit_list)
+        .at(M::GET, "/v1/hooks", owner(TenantIn::Query), hooks::recent)
+        .at(
+            M::GET,
+            "/v1/hooks/{id}",
+            Answered::FanOut(relay_wide::HOOK),
+            hooks::get,
+        )
+        // The dedupe entry of a delivery id is on the tenant's owner.
+        .at(
+            M::GET,
             "/v1/tenants/{t}/deliveries/{delivery_id}",
-            get(hooks::by_delivery),
+            owner(path),
+            hooks::by_delivery,
         )
-        .route("/v1/portal-links", post(portal::create))
-        .route("/v1/sources/{id}", get(sources::get))
-        .route("/v1/archive", get(archive::list))
-        .route("/v1/archive/replay", post(archive::replay))
-        .route("/v1/backups", post(backups::create))
-        .route("/v1/backups/stream", post(backups::stream))
-        .route("/v1/backups/{id}/archive", get(backups::archive))
-        .route("/cluster/v1/slots/lend", post(relay_wide::lend))
-        .route("/cluster/v1/slots", get(relay_wide::slots))
-        .route("/cluster/v1/stored", get(relay_wide::stored))
+        .at(M::POST, "/v1/portal-links", here, portal::create)
+        // A source's rows are on the owners of its tenants: every node adds its backlog.
+        .at(
+            M::GET,
+            "/v1/sources/{id}",
+            Answered::everywhere::<SourceView>(TenantIn::Source),
+            sources::get,
+        )
+        // A tenant's archive is on its owner (what a former owner archived stays there:
+        // ask it with `ankusa-cluster-local: 1`).
+        .at(M::GET, "/v1/archive", owner(TenantIn::Query), archive::list)
+        .at(
+            M::POST,
+            "/v1/archive/replay",
+            owner(TenantIn::Body(archive_tenant)),
+            archive::replay,
+        )
+        .at(M::POST, "/v1/backups", here, backups::create)
+        .at(M::POST, "/v1/backups/stream", here, backups::stream)
+        .at(M::GET, "/v1/backups/{id}/archive", here, backups::archive)
+        .at(M::POST, "/cluster/v1/slots/lend", here, cluster_api::lend)
+        .at(M::GET, "/cluster/v1/slots", here, cluster_api::slots)
+        .at(M::GET, "/cluster/v1/stored", here, cluster_api::stored)
         // A batch carries up to 4 MiB of hooks, base64 in JSON.
-        .route(
+        .at(
+            M::POST,
             "/cluster/v1/handoff",
-            post(relay_wide::handoff).layer(axum::extract::DefaultBodyLimit::max(32 << 20)),
+            here,
+            cluster_api::handoff.layer(axum::extract::DefaultBodyLimit::max(32 << 20)),
         )
+        .router()
         .merge(more)
-        .route_layer(axum::middleware::from_fn_with_state(
-            api.clone(),
-            relay_wide::to_owner,
-        ))
         .route_layer(axum::middleware::from_fn_with_state(
             state.clone(),
             require_ready,

@@ -58,7 +58,8 @@ fn the_committed_openapi_document_is_the_one_the_code_generates() {
 }
 
 /// (METHOD, path) of every `.route(…)` in a router's source: the path, and the method
-/// routers (`get(`, `post(`, `delete(`, …) before the next builder call.
+/// routers (`get(`, `post(`, `delete(`, …) before the next builder call; and of every
+/// route the admin API declares with where it is answered (`.at(M::GET, "/v1/…", …)`).
 fn routes_in(file: &str) -> BTreeSet<(String, String)> {
     let src = std::fs::read_to_string(repo(file)).unwrap();
     let mut out = BTreeSet::new();
@@ -92,6 +93,21 @@ fn routes_in(file: &str) -> BTreeSet<(String, String)> {
                 out.insert((method.to_uppercase(), path.to_owned()));
             }
         }
+    }
+    // And every `.at(M::METHOD, "path", …)` of the admin API's declared routes
+    // (`admin::routing::V1`).
+    for chunk in src.split(".at(M::").skip(1) {
+        let Some((method, rest)) = chunk.split_once(',') else {
+            continue;
+        };
+        let Some(path) = rest
+            .trim_start()
+            .strip_prefix('"')
+            .and_then(|r| r.split('"').next())
+        else {
+            continue;
+        };
+        out.insert((method.trim().to_owned(), path.to_owned()));
     }
     out
 }
