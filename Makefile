@@ -49,6 +49,7 @@ lint:
 
 # The crate graph of docs/architecture.md: no crate depends upward, only the node reaches RocksDB.
 check-layers:
+	python3 scripts/check-layers.py --self-test
 	python3 scripts/check-layers.py
 
 # The test OpenTelemetry Collector (built once from its Go modules, then cached).

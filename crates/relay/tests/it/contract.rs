@@ -96,8 +96,12 @@ fn routes_in(file: &str) -> BTreeSet<(String, String)> {
     }
     // And every `.at(M::METHOD, "path", …)` of the admin API's declared routes
     // (`admin::routing::V1`).
-    for chunk in src.split(".at(M::").skip(1) {
-        let Some((method, rest)) = chunk.split_once(',') else {
+    for chunk in src.split(".at(").skip(1) {
+        let Some((method, rest)) = chunk
+            .trim_start()
+            .strip_prefix("M::")
+            .and_then(|c| c.split_once(','))
+        else {
             continue;
         };
         let Some(path) = rest
