@@ -354,8 +354,22 @@ fn spawn_archiver(
         std::time::Duration::from_millis(config.archive.settle_interval_ms),
         stop,
         move |a: &mut archive::Archiver| {
+            // One pass of the archiver (with `log.spans` or OTLP).
+            let span = tracing::debug_span!(
+                target: crate::telemetry::TARGET,
+                "archive.settle",
+                archived = tracing::field::Empty,
+                dropped = tracing::field::Empty,
+                over_quota = tracing::field::Empty,
+                expired = tracing::field::Empty,
+            );
+            let _in = span.enter();
             let settled = a.settle(&store, &policy, settle_batch)?;
             let pruned = a.prune(&store, AtMs(ankusa_keyspace::now_ms()), prune_batch)?;
+            span.record("archived", settled.archived);
+            span.record("dropped", settled.dropped);
+            span.record("over_quota", settled.over_quota);
+            span.record("expired", pruned.expired);
             let label = |outcome| ArchiveLabel { outcome };
             metrics
                 .archive_settled

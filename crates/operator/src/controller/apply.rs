@@ -59,6 +59,11 @@ pub(super) fn keep_claim_templates(
 /// Measure drift against the API server's own answer (a dry-run apply of each existing
 /// object), then carry out the planner's changes. Returns what was refused (`StatefulSet
 /// update`, say, with the error); one refusal does not stop the other objects.
+#[tracing::instrument(
+    name = "apply",
+    skip_all,
+    fields(relay = %relay.name_any(), generation = relay.metadata.generation)
+)]
 pub(super) async fn apply_desired(
     relay: &Relay,
     ctx: &Context,
@@ -112,6 +117,11 @@ pub(super) fn change_word(c: Change) -> &'static str {
     }
 }
 
+#[tracing::instrument(
+    name = "status",
+    skip_all,
+    fields(relay = %relay.name_any(), generation = relay.metadata.generation)
+)]
 pub(super) async fn write_status(
     relay: &Relay,
     ctx: &Context,
@@ -148,6 +158,11 @@ pub(super) fn now_rfc3339() -> String {
         .unwrap_or_default()
 }
 
+#[tracing::instrument(
+    name = "job",
+    skip_all,
+    fields(relay = %relay.name_any(), generation = relay.metadata.generation, job = %job.name(relay))
+)]
 pub(super) async fn create_job(
     relay: &Relay,
     ctx: &Context,

@@ -293,7 +293,16 @@ pub fn backoff(n: u32) -> Duration {
     Duration::from_secs(secs.min(300))
 }
 
-/// One reconcile of one `Relay`.
+/// One reconcile of one `Relay`, in a `reconcile` span naming it and its generation.
+#[tracing::instrument(
+    name = "reconcile",
+    skip_all,
+    fields(
+        relay = %relay.name_any(),
+        namespace = %relay.namespace().unwrap_or_default(),
+        generation = relay.metadata.generation,
+    )
+)]
 pub async fn reconcile(relay: Arc<Relay>, ctx: Arc<Context>) -> Result<Action, Error> {
     let started = Instant::now();
     ctx.metrics.reconciles.inc();

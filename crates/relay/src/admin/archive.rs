@@ -304,6 +304,16 @@ async fn submit(
             }
         };
         let (tx, rx) = tokio::sync::oneshot::channel();
+        // The hook committed again, as a span of its trace (with `log.spans` or OTLP): the
+        // writer's batch follows from it as from an ingest request.
+        let span = tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            "archive.replay",
+            hook_id = env.id.as_str(),
+            tenant = env.tenant_or_default(),
+            source = env.source.as_str(),
+        );
+        crate::telemetry::in_hook_trace(&span, &env.id);
         let mut sub = Submission {
             envelope: Envelope {
                 received_at: now,
@@ -312,7 +322,7 @@ async fn submit(
             idempotency: None,
             from_archive: true,
             reply: tx,
-            span: tracing::Span::current(),
+            span,
         };
         // Ingest may have filled the queue all the same: wait for room rather than refuse.
         loop {

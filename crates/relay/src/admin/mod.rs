@@ -420,6 +420,7 @@ async fn traced(req: axum::extract::Request, next: axum::middleware::Next) -> Re
         "admin",
         method = %req.method(),
         path = req.uri().path(),
+        tenant = tracing::field::Empty,
         status = tracing::field::Empty,
     );
     let resp = next.run(req).instrument(span.clone()).await;

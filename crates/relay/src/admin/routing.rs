@@ -149,6 +149,16 @@ async fn route(
     req: Request,
     next: Next,
 ) -> Response {
+    // The call's `admin` span names the tenant it concerns (one the body names is known
+    // only once the body is read, in a Relay of several nodes).
+    let named = match answered {
+        Answered::Owner(t) | Answered::Everywhere(t, _) => tenant_named(&api, t, req.uri()),
+        Answered::FanOut(_) => tenant_named(&api, TenantIn::Query, req.uri()),
+        Answered::Here => None,
+    };
+    if let Some(tenant) = named {
+        tracing::Span::current().record("tenant", tenant.as_str());
+    }
     if !api.cluster.is_multi() || req.headers().contains_key(LOCAL_HEADER) {
         return next.run(req).await;
     }
@@ -165,18 +175,15 @@ async fn route(
         Ok(b) => b,
         Err(refused) => return refused,
     };
-    let path = parts.uri.path();
     let tenant = match tenant_in {
-        TenantIn::Path => path
-            .strip_prefix("/v1/tenants/")
-            .and_then(|rest| rest.split('/').next())
-            .map(|t| decode(t, false)),
-        TenantIn::Query => query_param(parts.uri.query().unwrap_or(""), "tenant"),
-        TenantIn::Body(read) => read(&body),
-        TenantIn::Source => path.strip_prefix("/v1/sources/").map(|id| {
-            let id = decode(id, false);
-            super::sources::source_tenant(&api.config.load(), &id).unwrap_or(id)
-        }),
+        TenantIn::Body(read) => {
+            let t = read(&body);
+            if let Some(t) = &t {
+                tracing::Span::current().record("tenant", t.as_str());
+            }
+            t
+        }
+        other => tenant_named(&api, other, &parts.uri),
     };
     let Some(tenant) = tenant else {
         return next.run(Request::from_parts(parts, Body::from(body))).await;
@@ -189,6 +196,23 @@ async fn route(
         merge,
     )
     .await
+}
+
+/// The tenant a call names in its path or query (`None` for one its body names).
+fn tenant_named(api: &Api, t: TenantIn, uri: &axum::http::Uri) -> Option<String> {
+    let path = uri.path();
+    match t {
+        TenantIn::Path => path
+            .strip_prefix("/v1/tenants/")
+            .and_then(|rest| rest.split('/').next())
+            .map(|t| decode(t, false)),
+        TenantIn::Query => query_param(uri.query().unwrap_or(""), "tenant"),
+        TenantIn::Body(_) => None,
+        TenantIn::Source => path.strip_prefix("/v1/sources/").map(|id| {
+            let id = decode(id, false);
+            super::sources::source_tenant(&api.config.load(), &id).unwrap_or(id)
+        }),
+    }
 }
 
 /// A call about `tenant` answered by its owner (`merge: None`), or by every node and merged.

@@ -23,7 +23,22 @@ pub fn revive(
     audit: Option<Op>,
 ) -> Result<u64, QueueError> {
     let revive = |tx: &mut Tx, r: &DeadRow| deliveries::revive(tx, r, now);
-    requeue(store, hints, rows, now, log, audit, revive)
+    let moved = requeue(store, hints, rows, now, "replay", log, audit, revive)?;
+    // Each revived delivery as a span of its hook's trace (with `log.spans` or OTLP).
+    if tracing::enabled!(target: crate::telemetry::TARGET, tracing::Level::DEBUG) {
+        for r in rows {
+            let span = tracing::debug_span!(
+                target: crate::telemetry::TARGET,
+                "replayed",
+                hook_id = r.value.hook_id.as_str(),
+                sink = r.value.sink.as_str(),
+                source = r.value.source.as_str(),
+            );
+            crate::telemetry::in_hook_trace(&span, &r.value.hook_id);
+            drop(span.enter());
+        }
+    }
+    Ok(moved)
 }
 
 /// Makes `rows` (due later: a retry's backoff) due at `now`, as [`revive`] does dead rows.
@@ -36,7 +51,7 @@ pub fn hasten(
     audit: Option<Op>,
 ) -> Result<u64, QueueError> {
     let hasten = |tx: &mut Tx, r: &DueRow| deliveries::hasten(tx, r, now);
-    requeue(store, hints, rows, now, log, audit, hasten)
+    requeue(store, hints, rows, now, "retry", log, audit, hasten)
 }
 
 /// A row a replay or a retry now moves: its tenant and its delivery.
@@ -57,12 +72,18 @@ impl Requeued for DueRow {
 }
 
 /// Moves `rows` with `op`, due at `now`, in synced batches, each delivery with a
-/// `replayed` event when `log`; wakes the pipeline for each batch's tenants.
+/// `replayed` event when `log`; wakes the pipeline for each batch's tenants. Each batch is
+/// a `requeue` span (`what`: replay or retry).
+#[allow(
+    clippy::too_many_arguments,
+    reason = "the two requeues' shared body, named by its parts"
+)]
 fn requeue<R: Requeued>(
     store: &Store,
     hints: &DueHints,
     rows: &[R],
     now: AtMs,
+    what: &'static str,
     log: bool,
     audit: Option<Op>,
     op: impl Fn(&mut Tx, &R),
@@ -70,6 +91,13 @@ fn requeue<R: Requeued>(
     let mut first = audit;
     let mut moved = 0u64;
     for chunk in rows.chunks(deliveries::CHUNK_ROWS) {
+        let span = tracing::debug_span!(
+            target: crate::telemetry::TARGET,
+            "requeue",
+            what,
+            rows = chunk.len(),
+        );
+        let _in = span.enter();
         let mut tx = Tx::new();
         if let Some(op) = first.take() {
             tx.push_op(op);

@@ -18,6 +18,7 @@ struct Entry {
     /// Who claimed it (`None`: a lease a boot found, whose consumer is not stored).
     consumer: Option<Arc<str>>,
     ord: TenantOrd,
+    hook: Option<Arc<HookName>>,
 }
 
 /// Who holds a lease: the consumer that claimed it, and the tenant whose hook it is.
@@ -25,6 +26,16 @@ struct Entry {
 pub struct Holder {
     pub consumer: Option<Arc<str>>,
     pub ord: TenantOrd,
+    /// The hook's id and tenant, as the claim read them (`None`: a lease a boot found, or
+    /// an extension, which keeps what the book has): what a settle's span names.
+    pub hook: Option<Arc<HookName>>,
+}
+
+/// A leased hook's id and tenant.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookName {
+    pub id: String,
+    pub tenant: String,
 }
 
 /// A lease whose deadline came.
@@ -75,6 +86,7 @@ impl Book {
                     deadline: lease.deadline,
                     consumer: holder.consumer,
                     ord: holder.ord,
+                    hook: holder.hook,
                 };
                 self.tally(&entry, true);
                 if let Some(old) = self.leases.insert((seq, sink), entry) {
@@ -116,6 +128,12 @@ impl Book {
             add(&mut self.by_consumer, (e.sink_id.clone(), c.clone()), up);
         }
         add(&mut self.by_tenant, (e.sink_id.clone(), e.ord), up);
+    }
+
+    /// The id and tenant of the hook leased as `(seq, sink)`, if the claim was this
+    /// process's.
+    pub fn hook(&self, seq: Seq, sink: SinkIdx) -> Option<Arc<HookName>> {
+        self.leases.get(&(seq, sink)).and_then(|e| e.hook.clone())
     }
 
     /// Leases out on `sink_id` claimed by `consumer`.
@@ -243,6 +261,7 @@ mod tests {
         Holder {
             consumer: Some(Arc::from(consumer)),
             ord: TenantOrd(ord),
+            hook: None,
         }
     }
 

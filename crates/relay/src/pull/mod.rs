@@ -303,14 +303,16 @@ impl Gateway {
         let mut book = self.book();
         for (((seq, idx, lease), env), state) in leases.iter().zip(envs).zip(states) {
             // A hook that is gone or unreadable is settled at the deadline all the same.
+            let env = env.ok();
             let sink = env
-                .ok()
+                .as_ref()
                 .and_then(|e| e.sinks.get(idx.0 as usize).cloned())
                 .unwrap_or_default();
             // Its consumer is not stored: it counts in no consumer's quota.
             let holder = book::Holder {
                 consumer: None,
                 ord: state.map_or(TenantOrd(0), |s| s.ord),
+                hook: env.as_ref().map(hook_name),
             };
             book.insert(&sink, *seq, *idx, lease, holder);
         }
@@ -527,6 +529,7 @@ impl Gateway {
                 let holder = book::Holder {
                     consumer: Some(consumer.key.clone()),
                     ord: row.key.ord,
+                    hook: env.as_ref().ok().map(hook_name),
                 };
                 book.insert(sink, row.key.seq, row.key.sink, &lease, holder);
                 match env {
@@ -546,6 +549,10 @@ impl Gateway {
         // the DLQ with the error — as the push path does, never handed out.
         for (seq, sink_idx, lease, why) in unsendable {
             self.settle_one(sink, seq, sink_idx, lease, Outcome::Unsendable(why))?;
+        }
+        for c in &out {
+            let name = || Some(hook_name(&c.envelope));
+            step_span("lease", &name, sink, c.attempt, &consumer.name);
         }
         let meters = self.metrics.pull.sink(sink);
         meters.claimed.inc_by(out.len() as u64);
@@ -701,7 +708,7 @@ impl Gateway {
                 Settle::Nack { .. } => EventKind::Nacked,
             };
             let takes_hook = matches!(how, Settle::Ack) && last.next().unwrap_or(false);
-            let s = self.outcome(&mut tx, h, &attempt, kind, takes_hook, now)?;
+            let s = self.outcome(&mut tx, sink, h, &attempt, kind, takes_hook, now)?;
             retries.extend(s);
             units.push(i);
         }
@@ -787,6 +794,7 @@ impl Gateway {
                 let holder = book::Holder {
                     consumer: Some(consumer.key.clone()),
                     ord: h.row.key.ord,
+                    hook: None,
                 };
                 book.insert(sink, h.row.key.seq, h.row.key.sink, &new, holder);
             } else {
@@ -836,6 +844,12 @@ impl Gateway {
             }
         };
         let hash = deliveries::sink_hash(sink);
+        // The hooks' ids and tenants, as this process's claims read them (a settle's span).
+        let names: Vec<Option<Arc<book::HookName>>> = {
+            let book = self.book();
+            keys.iter().map(|(s, i)| book.hook(*s, *i)).collect()
+        };
+        let mut names = names.into_iter();
         let mut found = found.into_iter().zip(states);
         let mut out = Vec::with_capacity(ids.len());
         for id in &ids {
@@ -847,6 +861,7 @@ impl Gateway {
                 out.push(None);
                 continue;
             };
+            let hook = names.next().flatten();
             let envelope = if with_hook {
                 match envs.next() {
                     Some(Ok(env)) => Some(env),
@@ -879,6 +894,7 @@ impl Gateway {
                         state,
                         lease,
                         envelope,
+                        hook,
                     })
                 }
                 _ => None,
@@ -906,15 +922,29 @@ impl Gateway {
 
     /// Adds one lease's outcome (it consumes the inflight row and the lease); a retry's
     /// tenant and due time.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "one lease's outcome, named by its parts; three callers"
+    )]
     fn outcome(
         &self,
         tx: &mut Tx,
+        sink: &str,
         h: &Held,
         attempt: &Attempt,
         kind: EventKind,
         takes_hook: bool,
         now: u64,
     ) -> Result<Option<(TenantOrd, AtMs)>, QueueError> {
+        let name = || match &h.envelope {
+            Some(env) => Some(hook_name(env)),
+            None => h.hook.clone(),
+        };
+        let by = match kind {
+            EventKind::Acked | EventKind::Nacked => "consumer",
+            _ => "gateway",
+        };
+        step_span(kind.name(), &name, sink, h.lease.attempt, by);
         let f = Finished {
             row: &h.row,
             state: &h.state,
@@ -979,8 +1009,10 @@ impl Gateway {
                     state,
                     lease,
                     envelope: Some(env),
+                    hook: None,
                 };
-                due_again = self.outcome(&mut tx, &h, &attempt, EventKind::Expired, false, now)?;
+                let kind = EventKind::Expired;
+                due_again = self.outcome(&mut tx, sink, &h, &attempt, kind, false, now)?;
             }
             (_, env) => {
                 let corrupt: Option<Arc<str>> = match (&why, &env) {
@@ -1045,6 +1077,7 @@ impl Gateway {
                     let holder = book::Holder {
                         consumer: None,
                         ord: e.ord,
+                        hook: None,
                     };
                     self.book().insert(&e.sink_id, e.seq, e.sink, &l, holder);
                 }
@@ -1075,6 +1108,48 @@ struct Held {
     lease: Lease,
     /// Read for a nack (a dead-letter names the hook's source and id), not for an ack.
     envelope: Option<Envelope>,
+    /// The hook's id and tenant from the book (an ack's span), if this process claimed it.
+    hook: Option<Arc<book::HookName>>,
+}
+
+/// A hook's id and tenant.
+fn hook_name(env: &Envelope) -> Arc<book::HookName> {
+    Arc::new(book::HookName {
+        id: env.id.clone(),
+        tenant: env.tenant_or_default().to_owned(),
+    })
+}
+
+/// One step of a leased hook's life on the gateway (`lease`, `acked`, `nacked`,
+/// `expired`), as a span in the hook's trace: built only with `log.spans` or an OTLP
+/// endpoint. `by`: the consumer that asked, or `gateway` (an expiry, a revocation).
+fn step_span(
+    step: &str,
+    hook: &dyn Fn() -> Option<Arc<book::HookName>>,
+    sink: &str,
+    attempt: u32,
+    by: &str,
+) {
+    if !tracing::enabled!(target: crate::telemetry::TARGET, tracing::Level::DEBUG) {
+        return;
+    }
+    let hook = hook();
+    let hook = hook.as_deref();
+    let id = hook.map_or("", |h| h.id.as_str());
+    let span = tracing::debug_span!(
+        target: crate::telemetry::TARGET,
+        "pull",
+        step,
+        hook_id = id,
+        tenant = hook.map_or("", |h| h.tenant.as_str()),
+        sink,
+        attempt,
+        by,
+    );
+    if !id.is_empty() {
+        crate::telemetry::in_hook_trace(&span, id);
+    }
+    drop(span.enter());
 }
 
 /// Why the gateway itself settles a lease.

@@ -66,7 +66,18 @@ pub(super) fn spawn_committer(
 /// pipeline claims nothing new. Only a stop gives up; boot recovery then makes the rows due
 /// again (a redelivery, never a loss).
 fn commit_batch(c: &Committer, batch: &[Done]) {
+    // Built only with `log.spans` (or an OTLP endpoint): the batch's one write.
+    let span = tracing::debug_span!(
+        target: crate::telemetry::TARGET,
+        "outcomes.commit",
+        outcomes = batch.len(),
+        tries = tracing::field::Empty,
+    );
+    let _in = span.enter();
+    let mut tries = 0u32;
     loop {
+        tries += 1;
+        span.record("tries", tries);
         match commit_once(c, batch) {
             // Each retry is claimed when it comes due, not at the next full scan.
             Ok(Committed {
