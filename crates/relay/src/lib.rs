@@ -13,6 +13,7 @@
 //! - [`dispatch`]: the pipeline: ticks over the active index, the request line, deliveries
 //!   to HTTP sinks and their outcomes, pauses, replays.
 //! - [`pull`]: the claim gateway of pull sinks (`/pull/…`): leases, quotas, long polls.
+//! - [`erase`]: erasing a tenant for good: the node's erases and the task that runs them.
 //! - [`admin`]: the admin API (`/v1/…`): tenants, DLQ, archive, hooks, erase, backups,
 //!   audit, the node's status, and the calls between the nodes of a Relay.
 //! - [`console`]: the web console and the tenant portal (`/ui/…`).
@@ -40,6 +41,7 @@ pub mod cli;
 pub mod cluster;
 pub mod console;
 pub mod dispatch;
+pub mod erase;
 pub mod http;
 pub mod ingest;
 pub mod metrics;

@@ -904,7 +904,7 @@ impl Node {
             tokens: tokens.clone(),
             metrics_access: config.admin.metrics,
         });
-        let progress = Arc::new(admin::Progress::default());
+        let progress = Arc::new(crate::upgrade::Progress::default());
         let quarantine = Arc::new(Quarantine::open(
             store.clone(),
             metrics.clone(),
@@ -920,7 +920,7 @@ impl Node {
             config.tenants.limits,
             metrics.tenant_limit_overrides.clone(),
         ));
-        let eraser = Arc::new(admin::erase::Eraser::default());
+        let eraser = Arc::new(crate::erase::Eraser::default());
         let api = Arc::new(Api {
             paused: paused.clone(),
             quotas: quotas.clone(),
@@ -929,7 +929,7 @@ impl Node {
             hints: hints.clone(),
             store: store.clone(),
             tokens,
-            audit: Audit::open(&store)?,
+            audit: Arc::new(Audit::open(&store)?),
             config: Arc::new(arc_swap::ArcSwap::from_pointee(config.clone())),
             config_status: Arc::new(std::sync::Mutex::new(ankusa_api::node::ConfigStatus {
                 loaded_at_ms: ankusa_keyspace::now_ms(),
@@ -939,7 +939,7 @@ impl Node {
             progress: progress.clone(),
             writer: std::sync::OnceLock::new(),
             backups: std::sync::OnceLock::new(),
-            replays: admin::replay::Replays::new(config.writer.queue_capacity),
+            replays: crate::dispatch::replays::Replays::new(config.writer.queue_capacity),
         });
         let history = Arc::new(crate::console::history::History::new(
             metrics.console_history_tenants.clone(),
@@ -1162,7 +1162,18 @@ impl Node {
                 stop.clone(),
             ),
             spawn_audit_prune(store.clone(), &config, stop.clone()),
-            admin::erase::spawn(api.clone(), stop.clone()),
+            crate::erase::spawn(
+                crate::erase::Deps {
+                    store: api.store.clone(),
+                    audit: api.audit.clone(),
+                    eraser: api.eraser.clone(),
+                    paused: api.paused.clone(),
+                    quotas: api.quotas.clone(),
+                    quarantine: api.quarantine.clone(),
+                    config: api.config.clone(),
+                },
+                stop.clone(),
+            ),
             spawn_learn_loans(api.cluster.clone(), stop.clone()),
             spawn_handoff(
                 store.clone(),

@@ -31,13 +31,13 @@ pub struct Api {
     /// The admin tokens and the configuration: a reload swaps them (with the sources and
     /// the sinks); the keys that need a restart never change under a running node.
     pub tokens: Arc<arc_swap::ArcSwap<Tokens>>,
-    pub audit: Audit,
+    pub audit: Arc<Audit>,
     pub config: Arc<arc_swap::ArcSwap<Config>>,
     /// When the configuration was loaded, and the last reload refused (`/v1/node`).
     pub config_status: Arc<std::sync::Mutex<ankusa_api::node::ConfigStatus>>,
     pub quarantine: Option<Arc<Quarantine>>,
     /// The boot migration's progress.
-    pub progress: Arc<super::Progress>,
+    pub progress: Arc<crate::upgrade::Progress>,
     /// Where revived rows are announced to the dispatch pipeline.
     pub hints: Arc<ankusa_queue::hints::DueHints>,
     /// The Relay's nodes: who owns which tenant.
@@ -50,11 +50,11 @@ pub struct Api {
     /// Tenant quotas, which ingest enforces.
     pub quotas: Arc<crate::ingest::quota::Quotas>,
     /// Tenants being erased, and the erases' progress.
-    pub eraser: Arc<super::erase::Eraser>,
+    pub eraser: Arc<crate::erase::Eraser>,
     /// The node's pushes to an object store, once they run (`backup.object_store`).
     pub backups: std::sync::OnceLock<Arc<crate::objstore::schedule::Backups>>,
     /// Replays running, and their lane of the writer's queue.
-    pub replays: super::replay::Replays,
+    pub replays: crate::dispatch::replays::Replays,
 }
 
 /// An API error: one JSON shape, a stable code.
@@ -81,6 +81,15 @@ impl From<QueueError> for ApiError {
     fn from(e: QueueError) -> Self {
         tracing::error!(error = %e, corruption = e.is_corruption(), "admin API store error");
         ApiError::Internal
+    }
+}
+
+impl From<crate::dispatch::replays::Busy> for ApiError {
+    fn from(b: crate::dispatch::replays::Busy) -> Self {
+        ApiError::Conflict {
+            code: ErrorCode::ReplayRunning,
+            message: b.to_string(),
+        }
     }
 }
 

@@ -5,8 +5,8 @@
 //! Where to start: [`router`] lists every route. A file per resource ([`dlq`],
 //! [`tenants`], [`limits`], [`quarantine`], [`audit`], [`node`], [`hooks`], [`sources`],
 //! [`archive`], [`backups`], [`erase`], [`portal`]); what they share in [`api`] (the `Api`
-//! they read, errors, the caller); tokens and portal credentials in [`auth`]; one replay per
-//! tenant at a time in [`replay`]; where each route is answered in a Relay of several
+//! they read, errors, the caller); tokens and portal credentials in [`auth`]; where each
+//! route is answered in a Relay of several
 //! nodes, declared with the route, in [`routing`]; the fan-outs in [`relay_wide`]; the calls
 //! between nodes in [`cluster_api`].
 //! The bodies are `ankusa_api::admin`'s; the command line's client is `cli::client`.
@@ -38,7 +38,7 @@ pub mod node;
 pub mod portal;
 pub mod quarantine;
 pub mod relay_wide;
-pub mod replay;
+
 pub mod routing;
 pub mod sources;
 pub mod tenants;
@@ -66,21 +66,6 @@ pub struct AdminState {
 }
 
 use ankusa_api::node::{MigrationProgress, NodeStatus};
-
-/// The boot migration's progress, shared with `/v1/node`.
-#[derive(Debug, Default)]
-pub struct Progress(std::sync::Mutex<Option<MigrationProgress>>);
-
-impl Progress {
-    pub fn set(&self, p: Option<MigrationProgress>) {
-        if let Ok(mut g) = self.0.lock() {
-            *g = p;
-        }
-    }
-    pub fn get(&self) -> Option<MigrationProgress> {
-        self.0.lock().ok().and_then(|g| g.clone())
-    }
-}
 
 /// Reads the node status from the store: point reads, one marker seek, RocksDB's own size
 /// properties and a listing of the store directory's WAL files (`store_bytes`).

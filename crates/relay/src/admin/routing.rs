@@ -210,7 +210,7 @@ fn tenant_named(api: &Api, t: TenantIn, uri: &axum::http::Uri) -> Option<String>
         TenantIn::Body(_) => None,
         TenantIn::Source => path.strip_prefix("/v1/sources/").map(|id| {
             let id = decode(id, false);
-            super::sources::source_tenant(&api.config.load(), &id).unwrap_or(id)
+            crate::ingest::source_tenant(&api.config.load(), &id).unwrap_or(id)
         }),
     }
 }

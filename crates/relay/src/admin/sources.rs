@@ -11,7 +11,7 @@ use super::api::{blocking, caller, Api, ApiError};
 use super::auth::Scope;
 use ankusa_api::admin::SourceView;
 use ankusa_api_macros::answers;
-use ankusa_config::{Config, TenantFrom};
+use ankusa_config::Config;
 use ankusa_queue::deliveries::{self, SourceBacklog};
 use ankusa_queue::tenants;
 
@@ -62,7 +62,7 @@ pub async fn get(
         return Err(ApiError::NotFound("source"));
     }
     let limit = q.limit.unwrap_or(DEFAULT_ROWS).clamp(1, MAX_ROWS);
-    let fixed = source_tenant(config, &id);
+    let fixed = crate::ingest::source_tenant(config, &id);
     let sinks: Vec<String> = config
         .routes
         .iter()
@@ -110,21 +110,8 @@ pub async fn get(
     }))
 }
 
-/// The tenant a source pins (`tenant: {fixed: …}`, or none: `default`), if it pins one.
-pub(crate) fn source_tenant(config: &Config, source: &str) -> Option<String> {
-    config
-        .sources
-        .iter()
-        .find(|s| s.id == source)
-        .and_then(|s| match &s.tenant {
-            Some(TenantFrom::Fixed(t)) => Some(t.clone()),
-            None => Some(ankusa_records::DEFAULT_TENANT.to_owned()),
-            _ => None,
-        })
-}
-
 /// Whether `scope` sees `source`'s quarantined requests and backlog.
 pub(crate) fn quarantine_visible(config: &Config, scope: &Scope, source: &str) -> bool {
     // A shared source's tenant is whatever the unverified request claimed: admin only.
-    scope.is_admin() || source_tenant(config, source).is_some_and(|t| scope.sees(&t))
+    scope.is_admin() || crate::ingest::source_tenant(config, source).is_some_and(|t| scope.sees(&t))
 }

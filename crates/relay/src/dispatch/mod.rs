@@ -5,6 +5,10 @@
 //! [`pipeline::plan::plan_tick`] is the read half of a tick: which tenants have work now and
 //! which of their rows to claim, at a cost that depends on the tenants with work due,
 //! never on the number of tenants or the size of the backlog.
+//!
+//! [`replayer`] moves dead rows back to due (a replay) and waiting ones to now (a retry);
+//! [`replays`] keeps replays from crowding out live traffic (one per tenant at a time, and
+//! a lane of the writer's queue).
 
 pub mod control;
 pub mod delivery;
@@ -13,6 +17,7 @@ pub mod parked;
 pub mod paused;
 pub mod pipeline;
 pub mod replayer;
+pub mod replays;
 
 use ankusa_queue::QueueError;
 use ankusa_store::StoreError;

@@ -220,6 +220,20 @@ impl IngestState {
     }
 }
 
+/// The tenant a source pins (`tenant: {fixed: …}`, or none: `default`), if it pins one
+/// (a source whose tenant comes from the request pins none).
+pub fn source_tenant(config: &Config, source: &str) -> Option<String> {
+    config
+        .sources
+        .iter()
+        .find(|s| s.id == source)
+        .and_then(|s| match &s.tenant {
+            Some(ankusa_config::TenantFrom::Fixed(t)) => Some(t.clone()),
+            None => Some(ankusa_records::DEFAULT_TENANT.to_owned()),
+            _ => None,
+        })
+}
+
 /// The ingest router.
 pub fn router(state: Arc<IngestState>) -> Router {
     Router::new()

@@ -2,7 +2,7 @@
 //! they read ([`legacy`]) and the fixture stores the tests and the `store fixture` command
 //! write ([`fixture`]). They use the queue's op builders and transitions, so they live in
 //! the node crate; the store crate only runs them ([`ankusa_store::migrate::run`]) from the
-//! [`builtin`] registry.
+//! [`builtin`] registry. [`Progress`]: the boot migration's, as `/v1/node` reports it.
 
 pub mod fixture;
 pub mod legacy;
@@ -10,7 +10,23 @@ pub mod migrations;
 
 use std::sync::Arc;
 
+use ankusa_api::node::MigrationProgress;
 use ankusa_store::migrate::Registry;
+
+/// The boot migration's progress, shared with `/v1/node`.
+#[derive(Debug, Default)]
+pub struct Progress(std::sync::Mutex<Option<MigrationProgress>>);
+
+impl Progress {
+    pub fn set(&self, p: Option<MigrationProgress>) {
+        if let Ok(mut g) = self.0.lock() {
+            *g = p;
+        }
+    }
+    pub fn get(&self) -> Option<MigrationProgress> {
+        self.0.lock().ok().and_then(|g| g.clone())
+    }
+}
 
 /// The migrations this build knows, in chain order.
 pub fn builtin() -> Registry {

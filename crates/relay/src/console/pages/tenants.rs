@@ -160,7 +160,7 @@ pub(super) async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool
         .sources
         .iter()
         .filter_map(|src| {
-            let own = match crate::admin::sources::source_tenant(&cfg, &src.id) {
+            let own = match crate::ingest::source_tenant(&cfg, &src.id) {
                 Some(fixed) if fixed != t => return None,
                 Some(_) => "this tenant's own",
                 None => "shared (tenant from the request)",

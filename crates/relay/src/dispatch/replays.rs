@@ -5,9 +5,6 @@
 use std::collections::HashSet;
 use std::sync::Mutex;
 
-use super::api::ApiError;
-use ankusa_api::error::ErrorCode;
-
 /// The most replayed hooks in the writer's queue at once, node-wide: at most a quarter of
 /// `writer.queue_capacity`, so a replay never fills the queue live ingest shares.
 pub const LANE: usize = 128;
@@ -30,19 +27,27 @@ impl Replays {
     }
 
     /// Starts the replay named `key` (`archive:<tenant>`, `dlq:<tenant>`, `dlq:*`), or
-    /// refuses it (409 `replay_running`) while one of that name runs.
-    pub fn begin(&self, key: String) -> Result<Running<'_>, ApiError> {
+    /// refuses it while one of that name runs (the API answers 409 `replay_running`).
+    pub fn begin(&self, key: String) -> Result<Running<'_>, Busy> {
         let mut r = self.running.lock().unwrap_or_else(|p| p.into_inner());
         if !r.insert(key.clone()) {
-            return Err(ApiError::Conflict {
-                code: ErrorCode::ReplayRunning,
-                message: format!(
-                    "a replay of {} runs on this node; one at a time",
-                    key.split_once(':').map_or("it", |(_, t)| t)
-                ),
-            });
+            return Err(Busy { key });
         }
         Ok(Running { replays: self, key })
+    }
+}
+
+/// A replay of the same name runs already.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Busy {
+    /// Its name: `archive:<tenant>`, `dlq:<tenant>`, `dlq:*`.
+    pub key: String,
+}
+
+impl std::fmt::Display for Busy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let what = self.key.split_once(':').map_or("it", |(_, t)| t);
+        write!(f, "a replay of {what} runs on this node; one at a time")
     }
 }
 
@@ -64,19 +69,19 @@ impl Drop for Running<'_> {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use super::{Busy, Replays, LANE};
 
     #[test]
     fn one_replay_of_a_name_at_a_time_and_the_lane_leaves_the_queue_room() {
         let r = Replays::new(100);
         let first = r.begin("archive:a".into()).unwrap();
-        assert!(matches!(
-            r.begin("archive:a".into()),
-            Err(ApiError::Conflict {
-                code: ErrorCode::ReplayRunning,
-                ..
+        let busy = r.begin("archive:a".into()).err();
+        assert_eq!(
+            busy,
+            Some(Busy {
+                key: "archive:a".into()
             })
-        ));
+        );
         let other = r.begin("archive:b".into()).unwrap();
         drop(first);
         let again = r.begin("archive:a".into()).unwrap();
