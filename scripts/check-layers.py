@@ -344,11 +344,74 @@ def self_test():
     for rel, text in ok:
         if violates(rel, text):
             failed.append(f"a false alarm on {text!r}")
+    # The operator's modules: an upward name is found; a part naming its folder's entrance
+    # (`planner::adopt` using `super::probe_of`) is not one.
+    if not operator_problems([("observed.rs", "use crate::planner::Rollout;")])[0]:
+        failed.append("an upward edge of the operator")
+    if not operator_problems([("names.rs", "fn f() { crate::resources::x(); }")])[0]:
+        failed.append("an upward path in the operator's code")
+    if operator_problems([("planner/adopt.rs", "use super::{continue_upgrade, probe_of};")])[0]:
+        failed.append("a false alarm on planner::adopt naming its entrance")
     if failed:
         print("check-layers --self-test: FAIL", *failed, sep="\n  ")
         sys.exit(1)
-    print(f"check-layers --self-test: ok ({len(cases)} injected violations found, "
-          f"{len(ok)} clean sources pass)")
+    print(f"check-layers --self-test: ok ({len(cases) + 2} injected violations found, "
+          f"{len(ok) + 1} clean sources pass)")
+
+
+# --- the operator's modules ------------------------------------------------------------------
+# The controller on top; the status and the backups' schedule it writes; the planner (and its
+# part `planner::adopt`) and the objects it wants; the restore and drain steps; the plan's
+# types, the object store's rules; names and observations at the bottom.
+OPERATOR_RANK = {
+    "controller": 8,
+    "status": 7,
+    "backups": 6,
+    "planner": 5,
+    "resources": 4,
+    "restore": 3, "drain": 3,
+    "plan": 2, "objstore": 2,
+    "names": 1, "nodes": 1, "metrics": 1, "leader": 1,
+    "observed": 0, "health": 0, "schedule": 0, "telemetry": 0, "rbac": 0,
+}
+OPERATOR_SRC = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "crates", "operator", "src")
+
+
+def operator_files():
+    files = []
+    for dirpath, _, filenames in os.walk(OPERATOR_SRC):
+        for fn in sorted(filenames):
+            if fn.endswith(".rs"):
+                path = os.path.join(dirpath, fn)
+                files.append((os.path.relpath(path, OPERATOR_SRC), open(path).read()))
+    return files
+
+
+def operator_problems(files):
+    """The operator's modules: ranked, so acyclic; each names only those below it."""
+    out, n_edges = [], 0
+    for rel, text in files:
+        if True:
+            here = module_of(rel)
+            if here[0] in ("lib", "main"):
+                continue
+            if here[0] not in OPERATOR_RANK:
+                out.append(f"crates/operator/src/{rel}: module {here[0]!r} has no rank in OPERATOR_RANK")
+                continue
+            code = without_comments(without_test_modules(text))
+            seen = set()
+            for to in named_modules(code, here):
+                if not to or to[0] == here[0] or to[0] in seen:
+                    continue
+                seen.add(to[0])
+                n_edges += 1
+                rt = OPERATOR_RANK.get(to[0])
+                if rt is None:
+                    out.append(f"crates/operator/src/{rel}: names crate::{to[0]}, which has no rank")
+                elif rt >= OPERATOR_RANK[here[0]]:
+                    out.append(f"crates/operator/src/{rel}: {here[0]} names {to[0]}, which is not "
+                               f"below it ({OPERATOR_RANK[here[0]]}, {rt})")
+    return out, n_edges
 
 
 if "--self-test" in sys.argv:
@@ -363,6 +426,8 @@ for dirpath, _, filenames in os.walk(SRC):
             files.append((os.path.relpath(path, SRC), open(path).read()))
 mod_problems, edges = layer_problems(files, KNOWN)
 problems += mod_problems
+op_problems, op_edges = operator_problems(operator_files())
+problems += op_problems
 
 if problems:
     print("check-layers: FAIL", *problems, sep="\n  ")
@@ -372,4 +437,5 @@ print(f"check-layers: ok ({len(members)} crates; RocksDB only in "
       f"{len({m for e in edges for m in e})} modules of ankusa-relay, {len(edges)} edges "
       f"(every use form, sub-modules of {', '.join(SUBMODULE_RANK)}), "
       f"{len(KNOWN)} known upward: {'; '.join(f'{a} -> {b}' for a, b in KNOWN)}; "
-      f"store ops only in {', '.join(sorted(MAY_WRITE))})")
+      f"store ops only in {', '.join(sorted(MAY_WRITE))}; "
+      f"{len(OPERATOR_RANK)} modules of ankusa-operator, {op_edges} edges, acyclic)")

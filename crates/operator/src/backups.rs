@@ -15,7 +15,8 @@
 use ankusa_crds::relay::{NodeBackup, Relay, RelayStatus, ScheduledBackups, UpgradePhase};
 use k8s_openapi::jiff::Timestamp;
 
-use crate::planner::{in_progress, JobAction, JobObs, Observed};
+use crate::observed::{in_progress, JobObs, Observed};
+use crate::plan::JobAction;
 use crate::schedule::Cron;
 
 /// What the schedule asks for now.
@@ -34,7 +35,7 @@ pub struct Decision {
 /// bounds those bounds these.
 pub fn job_name(relay: &Relay, ordinal: i32, run: &str) -> String {
     let name = relay.metadata.name.clone().unwrap_or_default();
-    let mut h = crate::resources::config_hash(&format!("scheduled\n{run}"));
+    let mut h = crate::names::config_hash(&format!("scheduled\n{run}"));
     h.truncate(8);
     format!("{name}-backup-{ordinal}-{h}")
 }
@@ -71,7 +72,7 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
             since: o.now.clone(),
             ..ScheduledBackups::default()
         });
-    let names = crate::resources::Names::of(relay).ok();
+    let names = crate::names::Names::of(relay).ok();
     let pod = |i: i32| names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
     let replicas = relay.spec.replicas.max(0);
     // One entry per node of the spec, in ordinal order; a node's history stays with it.
@@ -172,7 +173,7 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::{BackupClaimObs, StsObs};
+    use crate::observed::{BackupClaimObs, StsObs};
     use ankusa_crds::relay::UpgradeStatus;
 
     fn relay(schedule: &str) -> Relay {

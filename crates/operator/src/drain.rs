@@ -4,7 +4,8 @@
 
 use ankusa_crds::relay::Relay;
 
-use crate::planner::{Hold, Observed, Rollout};
+use crate::observed::{Hold, Observed};
+use crate::plan::Rollout;
 
 /// The leaving nodes of a scale-down, each with what it still holds: the nodes the
 /// StatefulSet runs at or past `spec.replicas`. A node that does not answer, or answers
@@ -14,7 +15,7 @@ pub fn leaving_nodes(relay: &Relay, o: &Observed) -> Vec<(String, Option<i64>, O
     let Some(sts) = o.statefulset.as_ref().filter(|_| handoff_capable(o)) else {
         return Vec::new();
     };
-    let names = crate::resources::Names::of(relay).ok();
+    let names = crate::names::Names::of(relay).ok();
     (relay.spec.replicas.max(0)..sts.replicas)
         .map(|i| {
             let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();

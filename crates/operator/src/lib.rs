@@ -19,15 +19,17 @@
 //! deletes are of the optional objects a spec stops asking for), and the StatefulSet
 //! retains its claims on scale-down and deletion.
 
-pub mod adopt;
 pub mod backups;
 pub mod controller;
 pub mod drain;
 pub mod health;
 pub mod leader;
 pub mod metrics;
+pub mod names;
 pub mod nodes;
 pub mod objstore;
+pub mod observed;
+pub mod plan;
 pub mod planner;
 pub mod rbac;
 pub mod resources;

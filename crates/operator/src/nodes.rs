@@ -15,7 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use serde::Deserialize;
 
-use crate::planner::NodeReading;
+use crate::observed::NodeReading;
 
 /// The default address of a node's admin API: its DNS name under the headless Service.
 pub const DEFAULT_URL_TEMPLATE: &str = "http://{pod}.{service}.{namespace}.svc:9090";
@@ -102,7 +102,7 @@ impl NodeClient {
             top: top
                 .tenants
                 .into_iter()
-                .map(|t| crate::planner::TenantReading {
+                .map(|t| crate::observed::TenantReading {
                     tenant: t.tenant,
                     pending: t.counters.pending,
                     dead: t.counters.dead,

@@ -11,7 +11,7 @@ use ankusa_crds::relay::{ObjectStoreSpec, Relay};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::{json, Value};
 
-use crate::planner::Observed;
+use crate::observed::Observed;
 
 /// Where a pod finds the CA bundle.
 pub const CA_MOUNT: &str = "/etc/ankusa/objstore-ca";
@@ -167,7 +167,7 @@ pub fn gate_problem(
             true,
         ));
     };
-    let names = crate::resources::Names::of(relay).ok()?;
+    let names = crate::names::Names::of(relay).ok()?;
     let limit = fresh_limit_s(s);
     let mut waiting = Vec::new();
     for i in 0..relay.spec.replicas.max(0) {
@@ -222,7 +222,7 @@ pub fn condition(relay: &Relay, o: &Observed) -> (bool, &'static str, String) {
             "spec.backup.objectStore is not set".to_owned(),
         );
     };
-    let Ok(names) = crate::resources::Names::of(relay) else {
+    let Ok(names) = crate::names::Names::of(relay) else {
         return (false, "NotConfigured", "the Relay has no valid name".into());
     };
     let limit = fresh_limit_s(s);
@@ -261,7 +261,7 @@ pub fn condition(relay: &Relay, o: &Observed) -> (bool, &'static str, String) {
 /// volume has less free space than that backup's store (its restore downloads it beside
 /// the store it replaces).
 pub fn rollback_problems(relay: &Relay, o: &Observed, format: u32) -> Vec<String> {
-    let Ok(names) = crate::resources::Names::of(relay) else {
+    let Ok(names) = crate::names::Names::of(relay) else {
         return vec!["the Relay has no valid name".into()];
     };
     (0..relay.spec.replicas.max(0))
@@ -315,7 +315,7 @@ pub fn last_backup(o: &Observed, pod: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::planner::NodeReading;
+    use crate::observed::NodeReading;
     use ankusa_api::node::{NodeStatus, ObjectBackup};
 
     fn relay() -> Relay {

@@ -37,7 +37,8 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::Resource;
 use serde::de::DeserializeOwned;
 use serde_json::{json, Value};
-use sha2::{Digest, Sha256};
+
+use crate::names::{config_hash, Names, ResourceError};
 
 /// The relay's ingest port (`POST /ingest/{source}`).
 pub const INGEST_PORT: u16 = 8080;
@@ -73,105 +74,6 @@ pub const METRICS_TOKEN_NAME: &str = "ankusa-metrics";
 /// Pod template annotation with the hash of `relay.yaml`: a configuration change rolls
 /// the nodes (the relay reads its configuration at start).
 pub const CONFIG_HASH_ANNOTATION: &str = "ankusa.dev/config-hash";
-
-/// Why a desired object could not be built.
-#[derive(Debug, thiserror::Error)]
-pub enum ResourceError {
-    #[error("the Relay has no {0}")]
-    MissingMeta(&'static str),
-    #[error("relay configuration: {0}")]
-    Config(String),
-    #[error("building {kind}: {source}")]
-    Build {
-        kind: &'static str,
-        source: serde_json::Error,
-    },
-}
-
-/// Names of the objects a `Relay` owns.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Names {
-    pub relay: String,
-    pub namespace: String,
-    pub statefulset: String,
-    pub headless: String,
-    pub client: String,
-    pub config_map: String,
-    pub token_secret: String,
-    pub pdb: String,
-    pub service_monitor: String,
-    /// The ingest Service, and the Ingress and HTTPRoute in front of it.
-    pub ingest: String,
-    pub network_policy: String,
-}
-
-impl Names {
-    pub fn of(relay: &Relay) -> Result<Names, ResourceError> {
-        let name = relay
-            .meta()
-            .name
-            .clone()
-            .ok_or(ResourceError::MissingMeta("name"))?;
-        let namespace = relay
-            .meta()
-            .namespace
-            .clone()
-            .ok_or(ResourceError::MissingMeta("namespace"))?;
-        Ok(Names {
-            statefulset: name.clone(),
-            headless: format!("{name}-nodes"),
-            client: name.clone(),
-            config_map: format!("{name}-config"),
-            token_secret: format!("{name}-operator-token"),
-            pdb: name.clone(),
-            service_monitor: name.clone(),
-            ingest: format!("{name}-ingest"),
-            network_policy: name.clone(),
-            namespace,
-            relay: name,
-        })
-    }
-
-    /// The name of the owned object of `kind`.
-    pub fn of_kind(&self, kind: crate::planner::Owned) -> &str {
-        use crate::planner::Owned;
-        match kind {
-            Owned::ConfigMap => &self.config_map,
-            Owned::HeadlessService => &self.headless,
-            Owned::ClientService => &self.client,
-            Owned::StatefulSet => &self.statefulset,
-            Owned::PodDisruptionBudget => &self.pdb,
-            Owned::ServiceMonitor => &self.service_monitor,
-            Owned::IngestService | Owned::Ingress | Owned::HttpRoute => &self.ingest,
-            Owned::NetworkPolicy => &self.network_policy,
-        }
-    }
-
-    /// The pod of ordinal `i`.
-    pub fn pod(&self, i: i32) -> String {
-        format!("{}-{i}", self.statefulset)
-    }
-
-    /// Node `i`'s volume claim (the StatefulSet's claim template is `data`).
-    pub fn claim(&self, i: i32) -> String {
-        format!("data-{}-{i}", self.statefulset)
-    }
-
-    /// Node `i`'s own backup claim (`spec.backup.destination.claimTemplate`).
-    pub fn backup_claim(&self, i: i32) -> String {
-        format!("{}-backups-{i}", self.relay)
-    }
-
-    /// The ordinal of a node volume claim's name, if it is one of this Relay's.
-    pub fn claim_ordinal(&self, claim: &str) -> Option<i32> {
-        claim
-            .strip_prefix("data-")?
-            .strip_prefix(self.statefulset.as_str())?
-            .strip_prefix('-')?
-            .parse()
-            .ok()
-    }
-}
 
 /// Labels on every object of a `Relay`.
 pub fn labels(relay_name: &str) -> BTreeMap<String, String> {
@@ -231,7 +133,7 @@ fn typed<T: DeserializeOwned + serde::Serialize>(
     let t: T = serde_json::from_value(v.clone())
         .map_err(|source| ResourceError::Build { kind, source })?;
     let back = serde_json::to_value(&t).map_err(|source| ResourceError::Build { kind, source })?;
-    if !crate::planner::contains(&back, &v) {
+    if !crate::observed::contains(&back, &v) {
         return Err(ResourceError::Config(format!(
             "{kind}: a field is not part of the {kind} schema"
         )));
@@ -450,12 +352,6 @@ pub fn check_relay_yaml(relay: &Relay, yaml: &str) -> Result<(), ResourceError> 
 /// `relay.yaml` as text, with a stable key order.
 pub fn relay_yaml(cfg: &Value) -> Result<String, ResourceError> {
     serde_yaml::to_string(cfg).map_err(|e| ResourceError::Config(e.to_string()))
-}
-
-/// A short hash of `relay.yaml` for the pod template annotation.
-pub fn config_hash(yaml: &str) -> String {
-    let digest = Sha256::digest(yaml.as_bytes());
-    ankusa_keyspace::hex(&digest[..8])
 }
 
 pub fn config_map(relay: &Relay, yaml: &str) -> Result<ConfigMap, ResourceError> {
@@ -1161,8 +1057,8 @@ impl DesiredSet {
     }
 
     /// The desired object of `kind` as JSON (`None`: no ServiceMonitor is wanted).
-    pub fn value(&self, kind: crate::planner::Owned) -> Option<Value> {
-        use crate::planner::Owned;
+    pub fn value(&self, kind: crate::observed::Owned) -> Option<Value> {
+        use crate::observed::Owned;
         match kind {
             Owned::ConfigMap => to_value(&self.config_map).ok(),
             Owned::HeadlessService => to_value(&self.headless).ok(),
@@ -1180,7 +1076,7 @@ impl DesiredSet {
     /// The objects as one YAML stream, in apply order (what the golden file holds).
     pub fn to_yaml(&self) -> Result<String, ResourceError> {
         let mut out = String::new();
-        for d in crate::planner::Owned::ALL
+        for d in crate::observed::Owned::ALL
             .into_iter()
             .filter_map(|kind| self.value(kind))
         {

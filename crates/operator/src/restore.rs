@@ -28,7 +28,8 @@ use ankusa_crds::relay::{
     ObjectStoreSpec, Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus,
 };
 
-use crate::planner::{hold, pinned, JobAction, JobObs, Observed, Rollout};
+use crate::observed::{hold, JobObs, Observed};
+use crate::plan::{pinned, JobAction, Rollout};
 
 pub const BOOTSTRAP: &str = "Bootstrap";
 pub const NODE: &str = "Node";
@@ -47,7 +48,7 @@ pub fn in_progress(r: &RestoreStatus) -> bool {
 /// Node `ordinal`'s restore Job of the restore that began at `started`.
 pub fn job_name(relay: &Relay, ordinal: i32, r: &RestoreStatus) -> String {
     let name = relay.metadata.name.clone().unwrap_or_default();
-    let mut h = crate::resources::config_hash(&format!(
+    let mut h = crate::names::config_hash(&format!(
         "restore\n{}\n{}\n{}",
         r.started,
         r.retry_seen.as_deref().unwrap_or(""),
@@ -162,7 +163,7 @@ pub fn begin_rollback(
         .rollback_to
         .as_ref()
         .ok_or("no rollbackTo")?;
-    if !crate::planner::names_image(&r.image, &relay.spec.image) || !r.acknowledge_data_loss {
+    if !crate::observed::names_image(&r.image, &relay.spec.image) || !r.acknowledge_data_loss {
         return Err(format!(
             "spec.upgrade.rollbackTo must name spec.image ({}) with acknowledgeDataLoss: true",
             relay.spec.image
@@ -214,7 +215,7 @@ fn claim_rollback_problems(
     format: u32,
     source: &Source,
 ) -> Vec<String> {
-    let Ok(names) = crate::resources::Names::of(relay) else {
+    let Ok(names) = crate::names::Names::of(relay) else {
         return vec!["the Relay has no valid name".into()];
     };
     if source.relay != names.relay {
@@ -280,7 +281,7 @@ pub fn begin_node(
     relay: &Relay,
     prev: &RelayStatus,
     o: &Observed,
-) -> Result<Option<RestoreStatus>, crate::planner::Hold> {
+) -> Result<Option<RestoreStatus>, crate::observed::Hold> {
     let Some(rn) = relay.spec.restore_node.as_ref() else {
         return Ok(None);
     };
@@ -296,7 +297,7 @@ pub fn begin_node(
             )));
         }
     }
-    let refuse = |m: String| crate::planner::Hold {
+    let refuse = |m: String| crate::observed::Hold {
         reason: "RestoreRefused",
         message: m,
         fault: true,
@@ -312,7 +313,7 @@ pub fn begin_node(
     if prev
         .upgrade
         .as_ref()
-        .is_some_and(crate::planner::in_progress)
+        .is_some_and(crate::observed::in_progress)
     {
         return Err(wait_hold(format!(
             "restoreNode (request {}) waits for the upgrade under way",
@@ -348,8 +349,8 @@ pub fn begin_node(
     }))
 }
 
-fn wait_hold(message: String) -> crate::planner::Hold {
-    crate::planner::Hold {
+fn wait_hold(message: String) -> crate::observed::Hold {
+    crate::observed::Hold {
         reason: "RestoreWaiting",
         message,
         fault: false,
@@ -362,7 +363,7 @@ fn wait_hold(message: String) -> crate::planner::Hold {
 /// and starts the restored node).
 fn step_node(relay: &Relay, mut r: RestoreStatus, o: &Observed, mut out: Rollout) -> Rollout {
     let i = r.node.unwrap_or_default();
-    let names = crate::resources::Names::of(relay).ok();
+    let names = crate::names::Names::of(relay).ok();
     let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
     let asked = relay
         .spec
@@ -554,7 +555,7 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
         r.phase = RESTORING.into();
     }
     // Restoring: the data claims first (a bootstrap makes them), then node by node.
-    let names = crate::resources::Names::of(relay).ok();
+    let names = crate::names::Names::of(relay).ok();
     if !rollback {
         out.claims = (0..r.replicas).filter(|i| !o.claims.contains(i)).collect();
     }
@@ -645,14 +646,14 @@ fn job_failed(
     name: &str,
     pod: &str,
     why: &str,
-) -> Option<crate::planner::Hold> {
+) -> Option<crate::observed::Hold> {
     r.phase = FAILED.into();
     r.message = Some(format!("restore Job {name} of {pod} failed: {why}"));
     failed_hold(r)
 }
 
 /// The hold of a failed restore: what failed, and how to go on.
-fn failed_hold(r: &RestoreStatus) -> Option<crate::planner::Hold> {
+fn failed_hold(r: &RestoreStatus) -> Option<crate::observed::Hold> {
     hold(
         "RestoreFailed",
         format!(
@@ -663,7 +664,7 @@ fn failed_hold(r: &RestoreStatus) -> Option<crate::planner::Hold> {
     )
 }
 
-fn restoring_message(r: &RestoreStatus, names: Option<&crate::resources::Names>) -> String {
+fn restoring_message(r: &RestoreStatus, names: Option<&crate::names::Names>) -> String {
     let pod = names.map(|n| n.pod(r.restored)).unwrap_or_default();
     format!(
         "{} restoring {pod} from {} ({} of {} nodes restored){}",

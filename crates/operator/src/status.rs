@@ -20,7 +20,9 @@ use ankusa_crds::relay::{
     TOP_TENANTS_MAX,
 };
 
-use crate::planner::{in_progress, MonitorDecision, Observed, Rollout};
+use crate::observed::{in_progress, Observed};
+use crate::plan::Rollout;
+use crate::planner::MonitorDecision;
 
 /// The `Relay`'s status.
 pub fn status(
@@ -33,14 +35,14 @@ pub fn status(
 ) -> RelayStatus {
     let generation = relay.metadata.generation.unwrap_or(0);
     let replicas = relay.spec.replicas.max(0);
-    let names = crate::resources::Names::of(relay).ok();
+    let names = crate::names::Names::of(relay).ok();
 
     let mut nodes = Vec::new();
     let mut totals = TenantTotals {
         max: relay.spec.tenants.max,
         ..TenantTotals::default()
     };
-    let mut top: BTreeMap<String, crate::planner::TenantReading> = BTreeMap::new();
+    let mut top: BTreeMap<String, crate::observed::TenantReading> = BTreeMap::new();
     let mut answered = 0;
     // The Relay's tenant registry (its first node) counts each tenant once; the sum of the
     // nodes' ordinals counts a tenant again on a node it moved away from.
@@ -79,7 +81,7 @@ pub fn status(
             (Some(p), Some(Ok(n))) => {
                 if i < replicas {
                     answered += 1;
-                    if crate::planner::names_image(&relay.spec.image, &p.image) {
+                    if crate::observed::names_image(&relay.spec.image, &p.image) {
                         current += 1;
                     }
                 }
@@ -392,7 +394,7 @@ fn scheduled_condition(conds: &mut Conditions<'_>, d: &crate::backups::Decision,
         .iter()
         .filter_map(|n| {
             let since = n.last_success.as_deref().unwrap_or(&st.since);
-            let age = crate::planner::elapsed_s(since, now)?;
+            let age = crate::observed::elapsed_s(since, now)?;
             (age > limit).then(|| match &n.last_failure {
                 Some(f) => format!("{}: no backup for {age} s ({f})", n.name),
                 None => format!("{}: no backup for {age} s", n.name),

@@ -13,8 +13,11 @@ use kube::ResourceExt;
 use serde_json::{json, Value};
 
 use super::{Context, Error, FIELD_MANAGER};
-use crate::planner::{self, Change, JobAction, Observed, Owned};
-use crate::resources::{self, DesiredSet, Names};
+use crate::names::Names;
+use crate::observed::{Observed, Owned};
+use crate::plan::JobAction;
+use crate::planner::{self, Change};
+use crate::resources::{self, DesiredSet};
 use crate::status;
 
 use super::events::record;
@@ -127,7 +130,7 @@ pub(super) async fn write_status(
     ctx: &Context,
     prev: &RelayStatus,
     o: &Observed,
-    rollout: &planner::Rollout,
+    rollout: &crate::plan::Rollout,
     monitor: &planner::MonitorDecision,
     scheduled: &crate::backups::Decision,
 ) -> Result<RelayStatus, Error> {

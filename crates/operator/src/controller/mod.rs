@@ -36,9 +36,11 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::json;
 
 use crate::metrics::Metrics;
+use crate::names::{Names, ResourceError};
 use crate::nodes::NodeClient;
-use crate::planner::{self, Change, Observed};
-use crate::resources::{self, DesiredSet, Names, ResourceError};
+use crate::observed::Observed;
+use crate::planner::{self, Change};
+use crate::resources::{self, DesiredSet};
 use crate::status;
 
 pub mod apply;
@@ -439,7 +441,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         .scheduled_backups
         .as_ref()
         .and_then(|b| b.next_run.as_deref())
-        .and_then(|t| planner::elapsed_s(&o.now, t))
+        .and_then(|t| crate::observed::elapsed_s(&o.now, t))
         .map(|s| Duration::from_secs(s.max(0) as u64 + 1));
     // A node restore stopping its pod looks again soon: the pod's end is not watched. A
     // drain's progress is only in the nodes' answers: a scale-down shrinks (and `Draining`

@@ -15,8 +15,9 @@ use kube::{Client, Resource, ResourceExt};
 use serde_json::Value;
 
 use super::{truncate, Context, Error, Probed, PROBED_MAX};
-use crate::planner::{self, JobObs, Observed, PodObs, ProbeObs, StsObs};
-use crate::resources::{self, Names};
+use crate::names::Names;
+use crate::observed::{JobObs, Observed, PodObs, ProbeObs, StsObs};
+use crate::resources;
 
 use super::apply::to_json;
 
@@ -201,8 +202,8 @@ pub(super) async fn observe(
                     .list(&ListParams::default().fields(&format!("metadata.name={name}")))
                     .await?;
                 o.backup_claim = Some(match found.items.first() {
-                    None => planner::BackupClaimObs::Missing,
-                    Some(c) => planner::BackupClaimObs::Present {
+                    None => crate::observed::BackupClaimObs::Missing,
+                    Some(c) => crate::observed::BackupClaimObs::Present {
                         capacity_bytes: capacity(c),
                     },
                 });
@@ -223,7 +224,7 @@ pub(super) async fn observe(
                     if let Some(i) = ordinal {
                         o.node_backup_claims.insert(
                             i,
-                            planner::BackupClaimObs::Present {
+                            crate::observed::BackupClaimObs::Present {
                                 capacity_bytes: capacity(c),
                             },
                         );
@@ -310,7 +311,7 @@ pub(super) async fn observe_jobs(
     }
     // The probe of the spec's image.
     let image = relay.spec.image.clone();
-    let name = planner::probe_job_name(relay, &image);
+    let name = crate::plan::probe_job_name(relay, &image);
     let probe = match by_name.get(&name) {
         Some(job) if !o.probes.contains_key(&image) => Some(match job_obs(job) {
             JobObs::Running => ProbeObs::Running,
@@ -387,7 +388,7 @@ pub(super) async fn observe_jobs(
                 .max()
                 .unwrap_or(0);
             for i in 0..=top {
-                let name = planner::backup_job_name(relay, i, u);
+                let name = crate::plan::backup_job_name(relay, i, u);
                 if let Some(job) = by_name.get(&name) {
                     o.backups.insert(i, job_obs(job));
                 }

@@ -6,7 +6,7 @@
 use std::collections::BTreeSet;
 use std::process::Command;
 
-use ankusa_operator::planner::contains;
+use ankusa_operator::observed::contains;
 use ankusa_operator::rbac::{CLUSTER_RULES, LEADER_RULES};
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};

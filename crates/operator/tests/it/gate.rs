@@ -23,9 +23,9 @@ use std::collections::BTreeMap;
 
 use ankusa_api::node::{Counters, NodeStatus};
 use ankusa_crds::relay::{Relay, RelayStatus, UpgradePhase};
-use ankusa_operator::planner::{
-    self, JobAction, JobObs, NodeReading, Observed, PodObs, ProbeObs, StsObs,
-};
+use ankusa_operator::observed::{JobObs, NodeReading, Observed, PodObs, ProbeObs, StsObs};
+use ankusa_operator::plan::JobAction;
+use ankusa_operator::planner;
 use ankusa_operator::status;
 use proptest::prelude::*;
 
@@ -236,7 +236,7 @@ impl World {
         }
         if let Some(u) = &prev.upgrade {
             for i in 0..6 {
-                let name = planner::backup_job_name(&self.relay, i, u);
+                let name = ankusa_operator::plan::backup_job_name(&self.relay, i, u);
                 if let Some((_, j)) = self.jobs.get(&name) {
                     o.backups.insert(i, j.clone());
                 }
@@ -287,7 +287,7 @@ impl World {
 
     /// The operator's decision carried out: the StatefulSet applied (its current revision
     /// moves only when a rollout completes, in `settle`), Jobs created, status written.
-    fn apply(&mut self, r: &planner::Rollout, prev: &RelayStatus, o: &Observed) {
+    fn apply(&mut self, r: &ankusa_operator::plan::Rollout, prev: &RelayStatus, o: &Observed) {
         match &mut self.sts {
             Some(s) => {
                 s.template = r.image.clone();
@@ -458,7 +458,7 @@ fn run(replicas: i32, moves: &[Move]) -> Result<(), TestCaseError> {
         let gated = r
             .upgrade
             .as_ref()
-            .map(planner::in_progress)
+            .map(ankusa_operator::observed::in_progress)
             .unwrap_or(false);
         if let (Some(s), true) = (&w.sts, gated) {
             if r.image == s.template && r.partition < s.partition {

@@ -2,8 +2,8 @@
 //! (`tests/golden/<fixture>.yaml`), so a reviewer sees every change to them as a diff.
 //! `UPDATE_GOLDEN=1 cargo nextest run -p ankusa-operator golden` rewrites the files.
 
-use ankusa_operator::planner;
-use ankusa_operator::resources::{self, DesiredSet, Names};
+use ankusa_operator::names::Names;
+use ankusa_operator::resources::{self, DesiredSet};
 
 use crate::support::{relay, test_path};
 
@@ -29,7 +29,7 @@ fn rendered(fixture: &str) -> String {
     .unwrap();
     out.push_str("---\n");
     out.push_str(&serde_yaml::to_string(&secret).unwrap());
-    let probe_name = planner::probe_job_name(&r, &r.spec.image);
+    let probe_name = ankusa_operator::plan::probe_job_name(&r, &r.spec.image);
     let probe = resources::probe_job(&r, &probe_name, &r.spec.image).unwrap();
     out.push_str("---\n");
     out.push_str(&serde_yaml::to_string(&probe).unwrap());
@@ -39,7 +39,7 @@ fn rendered(fixture: &str) -> String {
             started: Some("2026-11-30T00:00:00Z".into()),
             ..Default::default()
         };
-        let name = planner::backup_job_name(&r, 0, &cursor);
+        let name = ankusa_operator::plan::backup_job_name(&r, 0, &cursor);
         let url = format!(
             "http://{}.{}.{}.svc:9090",
             names.pod(0),
@@ -130,7 +130,7 @@ fn generated_relay_yaml_is_accepted_by_the_relay() {
             std::env::set_var(&e.name, "a-secret-from-a-secret");
         }
         // What the pod's `ANKUSA_CLUSTER__NAME` (its name) says.
-        let pod = resources::Names::of(&r).unwrap().pod(0);
+        let pod = ankusa_operator::names::Names::of(&r).unwrap().pod(0);
         let env = vec![("ANKUSA_CLUSTER__NAME".to_owned(), pod.clone())];
         let parsed = ankusa_config::Config::from_yaml(&yaml, env).unwrap_or_else(|e| {
             panic!("{fixture}: the relay refuses the generated config: {e}\n{yaml}")

@@ -71,7 +71,7 @@ async fn operator_polls_a_real_node() {
     cfg["cluster"]["token"]["file"] = json!(cluster_file);
     let yaml = resources::relay_yaml(&cfg).unwrap();
     // The pod's name, as its `ANKUSA_CLUSTER__NAME` gives it.
-    let pod = resources::Names::of(&r).unwrap().pod(0);
+    let pod = ankusa_operator::names::Names::of(&r).unwrap().pod(0);
     let config =
         ankusa_config::Config::from_yaml(&yaml, vec![("ANKUSA_CLUSTER__NAME".into(), pod)])
             .unwrap();

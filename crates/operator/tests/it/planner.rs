@@ -7,7 +7,8 @@
 //! exists) or `desired` (exactly what the spec asks for), with `drift` merged in.
 
 use ankusa_crds::relay::{Relay, RelayStatus};
-use ankusa_operator::planner::{self, Observed, ObservedObjects};
+use ankusa_operator::observed::{Observed, ObservedObjects};
+use ankusa_operator::planner;
 use ankusa_operator::resources::{DesiredSet, Surroundings};
 use ankusa_operator::status;
 use serde::Deserialize;
@@ -241,10 +242,16 @@ scenarios!(
 #[test]
 fn images_are_pinned_by_repository_digest_only() {
     let d = format!("sha256:{}", "ab".repeat(32));
-    assert!(planner::names_image("r/x:1", "r/x:1"));
-    assert!(planner::names_image("r/x:1", &format!("r/x:1@{d}")));
-    assert!(!planner::names_image("r/x:1", "r/x:10"));
-    assert!(!planner::names_image("r/x:1", &format!("r/x:10@{d}")));
+    assert!(ankusa_operator::observed::names_image("r/x:1", "r/x:1"));
+    assert!(ankusa_operator::observed::names_image(
+        "r/x:1",
+        &format!("r/x:1@{d}")
+    ));
+    assert!(!ankusa_operator::observed::names_image("r/x:1", "r/x:10"));
+    assert!(!ankusa_operator::observed::names_image(
+        "r/x:1",
+        &format!("r/x:10@{d}")
+    ));
     use ankusa_operator::controller::observe::repository_digest;
     assert_eq!(
         repository_digest(&format!("docker-pullable://r/x@{d}")),

@@ -32,7 +32,7 @@ pub fn relay(name: &str) -> Relay {
 #[track_caller]
 pub fn assert_contains(have: &Value, want: &Value, what: &str) {
     assert!(
-        ankusa_operator::planner::contains(have, want),
+        ankusa_operator::observed::contains(have, want),
         "{what}: expected to contain\n{}\nbut was\n{}",
         serde_yaml::to_string(want).unwrap(),
         serde_yaml::to_string(have).unwrap()

@@ -3,7 +3,9 @@
 
 use ankusa_crds::relay::{BackupPolicy, Relay, RelayStatus, UpgradePhase, UpgradeStatus};
 
-use crate::planner::{continue_upgrade, hold, pinned, probe_of, Hold, JobObs, Observed, Rollout};
+use super::{continue_upgrade, probe_of};
+use crate::observed::{hold, Hold, JobObs, Observed};
+use crate::plan::{pinned, Rollout};
 
 /// A Relay created over data claims an earlier one left: no StatefulSet, no store any node
 /// of it has opened, no upgrade recorded. A store on those claims may be of an older format
@@ -47,7 +49,7 @@ pub(crate) fn adopt(
         Ok(f) => f,
         Err((h, jobs)) => return Some(held(h, jobs, None)),
     };
-    let names = crate::resources::Names::of(relay).ok();
+    let names = crate::names::Names::of(relay).ok();
     let claims = retained_claim_names(names.as_ref(), &o.claims);
     if spec.claim_backup().is_none() {
         return Some(held(
@@ -81,7 +83,7 @@ pub(crate) fn adopt(
 }
 
 /// `data-<name>-<i>, …` for the status.
-fn retained_claim_names(names: Option<&crate::resources::Names>, ordinals: &[i32]) -> String {
+fn retained_claim_names(names: Option<&crate::names::Names>, ordinals: &[i32]) -> String {
     ordinals
         .iter()
         .map(|&i| names.map(|n| n.claim(i)).unwrap_or_else(|| i.to_string()))
@@ -106,7 +108,7 @@ pub(crate) fn adopted(relay: &Relay, o: &Observed, mut out: Rollout) -> Rollout 
     out.hold_statefulset = true;
     out.replicas = 0;
     if let Some(h) = out.hold.as_mut().filter(|h| h.reason == "BackingUp") {
-        let names = crate::resources::Names::of(relay).ok();
+        let names = crate::names::Names::of(relay).ok();
         let done = o
             .backups
             .values()

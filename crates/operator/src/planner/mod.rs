@@ -41,310 +41,18 @@
 //! A release with the same store format rolls the ordinary way: partition 0, and the
 //! StatefulSet controller replaces pods one at a time, waiting for readiness.
 
-use std::collections::BTreeMap;
+pub mod adopt;
 
-use ankusa_api::node::NodeStatus;
 use ankusa_crds::relay::{
     BackupPolicy, Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus,
 };
-use serde_json::Value;
 
+use crate::observed::{
+    comparable, contains, elapsed_s, hold, in_progress, names_image, BackupClaimObs, Hold, JobObs,
+    Observed, ObservedObjects, Owned, PodObs, ProbeObs,
+};
+use crate::plan::{backup_job_name, pinned, JobAction, Rollout};
 use crate::resources::DesiredSet;
-
-/// What a StatefulSet reports.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct StsObs {
-    /// The image of the pod template.
-    pub image: String,
-    /// The rolling-update partition in force.
-    pub partition: i32,
-    pub ready_replicas: i32,
-    pub updated_replicas: i32,
-    /// Its replicas as the live object says (0: not read).
-    #[serde(default)]
-    pub replicas: i32,
-}
-
-/// A pod of the `Relay`.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct PodObs {
-    pub name: String,
-    pub ordinal: i32,
-    /// The relay container's image.
-    pub image: String,
-    /// The pod's Ready condition.
-    pub ready: bool,
-    #[serde(default)]
-    /// The relay container cannot run (crash-looping, an image that cannot be pulled or
-    /// named, a container that cannot be created): on the upgrade's current pod, that
-    /// fails the upgrade.
-    pub failing: Option<String>,
-    /// Why a pod that is not failing is not Ready yet (unschedulable, creating): named
-    /// when its step runs out of time.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub waiting: Option<String>,
-}
-
-/// What a node answered at `/v1/node` (and `/v1/tenants?top=`).
-#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
-pub struct NodeReading {
-    pub status: NodeStatus,
-    /// Its tenants with the most pending work.
-    pub top: Vec<TenantReading>,
-}
-
-/// One tenant as a node reports it (`GET /v1/tenants?top=`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct TenantReading {
-    pub tenant: String,
-    pub pending: i64,
-    pub dead: i64,
-    /// When its oldest due row became due (ms since the epoch).
-    pub oldest_due_at_ms: Option<u64>,
-    pub paused: bool,
-    pub quota_refusals: u64,
-}
-
-/// A Job the planner asked for, as the cluster reports it.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum JobObs {
-    Running,
-    Succeeded,
-    Failed(String),
-}
-
-/// The backup destination's claim.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum BackupClaimObs {
-    /// No claim of that name in the namespace.
-    Missing,
-    /// The claim, with its capacity once bound (bytes).
-    Present { capacity_bytes: Option<u64> },
-}
-
-/// What the image probe learned of an image.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum ProbeObs {
-    Running,
-    /// The store format the image's `ankusa-relay version --json` reports.
-    Format(u32),
-    Failed(String),
-}
-
-/// The owned objects as they are in the cluster (JSON, as read), `None` when absent.
-#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct ObservedObjects {
-    pub config_map: Option<Value>,
-    pub headless: Option<Value>,
-    pub client: Option<Value>,
-    pub statefulset: Option<Value>,
-    pub pdb: Option<Value>,
-    pub service_monitor: Option<Value>,
-    pub ingest_service: Option<Value>,
-    /// The optional objects, each only when this Relay owns it.
-    pub ingress: Option<Value>,
-    pub http_route: Option<Value>,
-    pub network_policy: Option<Value>,
-    /// Each existing object as it would be after the operator's apply: the API server's
-    /// answer to a dry-run apply of the desired object, with its defaults, canonical
-    /// quantities, and the fields the operator no longer sets removed. Where present,
-    /// drift is "this differs from the live object"; where absent (the planner's YAML
-    /// scenarios), drift is a field of the desired object missing from the live one.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub applied: BTreeMap<Owned, Value>,
-}
-
-impl ObservedObjects {
-    /// The live object of `kind`.
-    pub fn get(&self, kind: Owned) -> Option<&Value> {
-        match kind {
-            Owned::ConfigMap => self.config_map.as_ref(),
-            Owned::HeadlessService => self.headless.as_ref(),
-            Owned::ClientService => self.client.as_ref(),
-            Owned::StatefulSet => self.statefulset.as_ref(),
-            Owned::PodDisruptionBudget => self.pdb.as_ref(),
-            Owned::ServiceMonitor => self.service_monitor.as_ref(),
-            Owned::IngestService => self.ingest_service.as_ref(),
-            Owned::Ingress => self.ingress.as_ref(),
-            Owned::HttpRoute => self.http_route.as_ref(),
-            Owned::NetworkPolicy => self.network_policy.as_ref(),
-        }
-    }
-}
-
-/// Everything the planner decides from.
-#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
-#[serde(default)]
-pub struct Observed {
-    pub statefulset: Option<StsObs>,
-    pub pods: Vec<PodObs>,
-    /// Poll results by pod name; a pod that is not Ready is not polled.
-    pub nodes: BTreeMap<String, Result<NodeReading, String>>,
-    /// Image probe results by image.
-    pub probes: BTreeMap<String, ProbeObs>,
-    /// The digest (`sha256:…`) each probed image resolved to: pods run `image@digest`, so
-    /// a tag pushed again later does not change what runs.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub digests: BTreeMap<String, String>,
-    /// Backup Jobs of the current upgrade step, by ordinal.
-    pub backups: BTreeMap<i32, JobObs>,
-    /// Restore Jobs of the restore under way (`status.restore`), by ordinal.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub restores: BTreeMap<i32, JobObs>,
-    /// What a node restore's Job reported in its termination message, once it succeeded.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub restore_report: Option<ankusa_api::node::NodeRestoreReport>,
-    /// The claim a restore reads for its next node, and whether it exists (`None`: not
-    /// read).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub restore_claim: Option<(String, bool)>,
-    /// With a backup claim per node: each node's, as read, by ordinal (the operator makes
-    /// the missing ones).
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub node_backup_claims: BTreeMap<i32, BackupClaimObs>,
-    /// Backup Jobs of the scheduled run under way (`status.scheduledBackups.run`), by
-    /// ordinal.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub scheduled: BTreeMap<i32, JobObs>,
-    /// Ordinals of the nodes' volume claims (`data-<name>-<ordinal>`) that exist.
-    pub claims: Vec<i32>,
-    /// `spec.backup.destination`'s claim, as read (`None`: not read, nothing is checked).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub backup_claim: Option<BackupClaimObs>,
-    /// Each backup claim's room as its last backup Job reported it, by claim: what
-    /// `status.backupClaims` held, with the reports of Jobs finished since.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub backup_claim_rooms: BTreeMap<String, ankusa_crds::relay::BackupClaimRoom>,
-    /// Each node's archives on its backup claim as its last backup Job reported them, by
-    /// pod: what `status.claimArchives` held, with the reports of Jobs finished since.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub claim_archives: BTreeMap<String, ankusa_crds::relay::NodeArchives>,
-    pub objects: ObservedObjects,
-    /// `monitoring.coreos.com/v1` `servicemonitors` is served.
-    pub service_monitor_api: bool,
-    /// `gateway.networking.k8s.io/v1` `httproutes` is served.
-    pub http_route_api: bool,
-    /// The user's configuration could not be read (a missing ConfigMap, bad YAML).
-    pub config_error: Option<String>,
-    /// An apply the controller tried and the API server refused.
-    pub apply_error: Option<String>,
-    /// `spec.storage` differs from the StatefulSet's claim templates (which cannot change
-    /// in place): what the user has to do.
-    pub storage_change: Option<String>,
-    /// RFC 3339, for condition transition times.
-    pub now: String,
-}
-
-/// A Job to create.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum JobAction {
-    /// Run `ankusa-relay version --json` from `image` to learn its store format.
-    Probe { image: String },
-    /// Pull node `ordinal`'s checkpoint to the backup volume for `target`.
-    /// `name` carries the attempt (the retry token), so a retried upgrade backs up anew.
-    Backup {
-        ordinal: i32,
-        target: String,
-        name: String,
-    },
-    /// Pack the store on claim `ordinal`, which no pod uses (it outlived a scale-down),
-    /// onto the backup volume for `target`.
-    OfflineBackup {
-        ordinal: i32,
-        target: String,
-        name: String,
-    },
-    /// Restore node `ordinal`'s data claim from its newest backup (at most `format`),
-    /// running `image`.
-    Restore {
-        ordinal: i32,
-        name: String,
-        image: String,
-        format: Option<u32>,
-        /// One archive of the node's backup directory (`spec.restoreNode.backup`); `None`:
-        /// its newest.
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        archive: Option<String>,
-        /// The Job writes what it found (`restore --report`) to its termination message
-        /// (a node restore's: the release the node runs has the flag).
-        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-        report: bool,
-    },
-}
-
-impl JobAction {
-    /// The node it is for (a probe's: none, -1).
-    pub fn ordinal(&self) -> i32 {
-        match self {
-            JobAction::Probe { .. } => -1,
-            JobAction::Backup { ordinal, .. }
-            | JobAction::OfflineBackup { ordinal, .. }
-            | JobAction::Restore { ordinal, .. } => *ordinal,
-        }
-    }
-
-    /// The Job's name.
-    pub fn name(&self, relay: &Relay) -> String {
-        match self {
-            JobAction::Probe { image } => probe_job_name(relay, image),
-            JobAction::Backup { name, .. }
-            | JobAction::OfflineBackup { name, .. }
-            | JobAction::Restore { name, .. } => name.clone(),
-        }
-    }
-}
-
-/// The rollout decision.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct Rollout {
-    /// The image the StatefulSet's template carries.
-    pub image: String,
-    /// Its rolling-update partition.
-    pub partition: i32,
-    /// Its replicas: `spec.replicas`, or the count a gated upgrade began with while it runs.
-    pub replicas: i32,
-    pub jobs: Vec<JobAction>,
-    /// The cursor to write (`None`: no gated upgrade has run).
-    pub upgrade: Option<UpgradeStatus>,
-    /// The target image's store format, when known.
-    pub target_format: Option<u32>,
-    /// Why pods are held, or what stopped the upgrade (for the conditions).
-    pub hold: Option<Hold>,
-    /// The backups of an upgrade step all succeeded in this decision.
-    pub backups_succeeded_now: bool,
-    /// The image every node runs with no upgrade under way (`status.currentImage`).
-    pub current_image: Option<String>,
-    /// The restore cursor to write (`None`: no restore in this decision).
-    pub restore: Option<RestoreStatus>,
-    /// Node data claims to create before their restore (a bootstrap).
-    pub claims: Vec<i32>,
-    /// The StatefulSet is not created yet (a bootstrap restores its claims first).
-    pub hold_statefulset: bool,
-    /// A node restore stops this pod alone: the StatefulSet is deleted with its pods
-    /// orphaned (the others keep serving), then this pod; `hold_statefulset` keeps it
-    /// from being made again until the restore ends.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub stop_pod: Option<String>,
-}
-
-/// Why the rollout is not moving.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct Hold {
-    pub reason: &'static str,
-    pub message: String,
-    /// The hold is a fault (Degraded), not a wait.
-    pub fault: bool,
-}
-
-pub(crate) fn hold(reason: &'static str, message: impl Into<String>, fault: bool) -> Option<Hold> {
-    Some(Hold {
-        reason,
-        message: message.into(),
-        fault,
-    })
-}
 
 /// The lowest store format of the nodes: over those that answered now and the lowest the
 /// last status recorded (a node down for a moment, such as the pod a rolling update is
@@ -360,45 +68,6 @@ pub fn lowest_format(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Option<
         return None;
     }
     answered.into_iter().chain(prev.store_format).min()
-}
-
-pub fn in_progress(u: &UpgradeStatus) -> bool {
-    matches!(
-        u.phase,
-        UpgradePhase::BackingUp
-            | UpgradePhase::Rolling
-            | UpgradePhase::Verifying
-            | UpgradePhase::Failed
-            | UpgradePhase::Blocked
-    ) && u.target_image.is_some()
-}
-
-/// `reference` names `image`: the same string, or `image` pinned to a digest
-/// (`image@sha256:…`).
-pub fn names_image(image: &str, reference: &str) -> bool {
-    reference == image
-        || reference
-            .strip_prefix(image)
-            .is_some_and(|rest| rest.starts_with("@sha256:"))
-}
-
-/// `image` pinned to the digest its probe resolved (`image@sha256:…`), or as it is when
-/// none is known (or it names a digest already).
-pub fn pinned(image: &str, o: &Observed) -> String {
-    match o.digests.get(image) {
-        Some(d) if !image.contains('@') => format!("{image}@{d}"),
-        _ => image.to_owned(),
-    }
-}
-
-/// Seconds from `since` to `now` (both RFC 3339); `None` when either does not parse.
-pub fn elapsed_s(since: &str, now: &str) -> Option<i64> {
-    use k8s_openapi::jiff::Timestamp;
-    let (a, b) = (
-        since.parse::<Timestamp>().ok()?,
-        now.parse::<Timestamp>().ok()?,
-    );
-    Some(b.as_second() - a.as_second())
 }
 
 /// The partition that holds every pod on the release it runs: just above the highest
@@ -474,7 +143,7 @@ fn rollout_steps(
     // image replaces one that never started).
     let store_known = prev.store_format.is_some() || o.nodes.values().any(Result::is_ok);
     let Some(sts) = &o.statefulset else {
-        if let Some(adoption) = crate::adopt::adopt(relay, prev, o, store_known) {
+        if let Some(adoption) = adopt::adopt(relay, prev, o, store_known) {
             return adoption;
         }
         // A missing StatefulSet over existing stores comes back on the release they ran;
@@ -691,12 +360,12 @@ pub(crate) fn continue_upgrade(
         // Another image before the claims were backed up: probed, and backed up for it.
         let mut fresh = prev.clone();
         fresh.upgrade = None;
-        if let Some(again) = crate::adopt::adopt(relay, &fresh, o, false) {
+        if let Some(again) = adopt::adopt(relay, &fresh, o, false) {
             return again;
         }
     }
     let out = upgrade_decision(relay, prev, cursor, o);
-    crate::adopt::adopted(relay, o, out)
+    adopt::adopted(relay, o, out)
 }
 
 /// The decision of a gated upgrade under way (its cursor).
@@ -707,7 +376,7 @@ fn upgrade_decision(
     o: &Observed,
 ) -> Rollout {
     let spec = &relay.spec;
-    let names = crate::resources::Names::of(relay).ok();
+    let names = crate::names::Names::of(relay).ok();
     let pod_name = |i: i32| names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
     let n = cursor.replicas.unwrap_or(spec.replicas).max(0);
     let observed = o.statefulset.as_ref().map(|s| s.partition.clamp(0, n));
@@ -891,7 +560,7 @@ fn step(
     step_age: Option<i64>,
 ) -> Rollout {
     let spec = &relay.spec;
-    let names = crate::resources::Names::of(relay).ok();
+    let names = crate::names::Names::of(relay).ok();
     let pod_name = |i: i32| names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
     let n = cursor.replicas.unwrap_or(spec.replicas).max(0);
     let p = cursor.partition.unwrap_or(n);
@@ -1058,7 +727,7 @@ fn step(
 pub(crate) fn backup_claim_problem(relay: &Relay, o: &Observed, next: i32) -> Option<String> {
     let (_, destination) = relay.spec.claim_backup()?;
     let ns = relay.metadata.namespace.as_deref().unwrap_or("default");
-    let names = crate::resources::Names::of(relay).ok()?;
+    let names = crate::names::Names::of(relay).ok()?;
     let size = |pod: &str| o.nodes.get(pod)?.as_ref().ok()?.status.store_bytes;
     let pod = names.pod(next);
     let (claim, obs) = match destination.shared() {
@@ -1162,89 +831,6 @@ fn unverified(
     None
 }
 
-/// The backup Job of node `ordinal` in the upgrade `cursor` stands for: its name carries the
-/// target, the attempt (the retry token) and when the upgrade began, so a retried upgrade,
-/// a fix forward or a later upgrade to the same target backs up anew.
-pub fn backup_job_name(relay: &Relay, ordinal: i32, cursor: &UpgradeStatus) -> String {
-    let name = relay.metadata.name.clone().unwrap_or_default();
-    let key = format!(
-        "{}\n{}\n{}",
-        cursor.target_image.as_deref().unwrap_or(""),
-        cursor.retry_seen.as_deref().unwrap_or(""),
-        cursor.started.as_deref().unwrap_or("")
-    );
-    format!("{name}-backup-{ordinal}-{}", job_hash(&key))
-}
-
-/// The image probe Job of `image`.
-pub fn probe_job_name(relay: &Relay, image: &str) -> String {
-    let name = relay.metadata.name.clone().unwrap_or_default();
-    format!("{name}-probe-{}", job_hash(image))
-}
-
-/// 8 hex digits of `key`'s hash: a Job name must stay a 63-character label (the CRD holds
-/// Relay names to 40 characters for it).
-fn job_hash(key: &str) -> String {
-    let mut h = crate::resources::config_hash(key);
-    h.truncate(8);
-    h
-}
-
-/// An owned object kind.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub enum Owned {
-    ConfigMap,
-    HeadlessService,
-    ClientService,
-    StatefulSet,
-    PodDisruptionBudget,
-    ServiceMonitor,
-    IngestService,
-    Ingress,
-    HttpRoute,
-    NetworkPolicy,
-}
-
-impl Owned {
-    /// Every kind, in apply order.
-    pub const ALL: [Owned; 10] = [
-        Owned::ConfigMap,
-        Owned::HeadlessService,
-        Owned::ClientService,
-        Owned::StatefulSet,
-        Owned::PodDisruptionBudget,
-        Owned::ServiceMonitor,
-        Owned::IngestService,
-        Owned::Ingress,
-        Owned::HttpRoute,
-        Owned::NetworkPolicy,
-    ];
-
-    /// A kind the Relay has only when its spec asks for it: one it owns that is no longer
-    /// wanted is deleted.
-    pub fn optional(self) -> bool {
-        matches!(
-            self,
-            Owned::ServiceMonitor | Owned::Ingress | Owned::HttpRoute | Owned::NetworkPolicy
-        )
-    }
-
-    pub fn kind(self) -> &'static str {
-        match self {
-            Owned::ConfigMap => "ConfigMap",
-            Owned::HeadlessService | Owned::ClientService | Owned::IngestService => "Service",
-            Owned::StatefulSet => "StatefulSet",
-            Owned::PodDisruptionBudget => "PodDisruptionBudget",
-            Owned::ServiceMonitor => "ServiceMonitor",
-            Owned::Ingress => "Ingress",
-            Owned::HttpRoute => "HTTPRoute",
-            Owned::NetworkPolicy => "NetworkPolicy",
-        }
-    }
-}
-
 /// Create a missing object, update a drifted one, or delete one no longer wanted (only an
 /// optional kind, [`Owned::optional`]: the operator deletes no store, Service or
 /// StatefulSet).
@@ -1284,41 +870,6 @@ pub fn changes(desired: &DesiredSet, observed: &ObservedObjects) -> Vec<(Owned, 
         }
     }
     out
-}
-
-/// An object without what changes under it on every write or is not the operator's to
-/// set: its resourceVersion, generation, managed fields and status.
-fn comparable(v: &Value) -> Value {
-    let mut v = v.clone();
-    if let Some(meta) = v.get_mut("metadata").and_then(Value::as_object_mut) {
-        for k in ["resourceVersion", "generation", "managedFields"] {
-            meta.remove(k);
-        }
-    }
-    if let Some(o) = v.as_object_mut() {
-        o.remove("status");
-    }
-    v
-}
-
-/// `have` holds every field of `want` with the same value. Objects are compared key by
-/// key (extra keys in `have` are the cluster's defaults); lists element by element.
-pub fn contains(have: &Value, want: &Value) -> bool {
-    match (have, want) {
-        (Value::Object(h), Value::Object(w)) => w.iter().all(|(k, wv)| match h.get(k) {
-            Some(hv) => contains(hv, wv),
-            None => wv.is_null() || wv == &Value::Object(Default::default()),
-        }),
-        (Value::Array(h), Value::Array(w)) => {
-            h.len() == w.len() && h.iter().zip(w).all(|(hv, wv)| contains(hv, wv))
-        }
-        // The API server prints integers in quantities and ports as it was given; a
-        // number against its string form (an IntOrString) is the same value.
-        (Value::String(h), Value::Number(w)) | (Value::Number(w), Value::String(h)) => {
-            h == &w.to_string()
-        }
-        (h, w) => h == w,
-    }
 }
 
 /// What the ServiceMonitor decision was.
