@@ -607,6 +607,333 @@ pub fn cgroup_memory_limit_in(own: &str, root: &std::path::Path) -> Option<u64> 
     None
 }
 
+/// Opens the store (off the async threads), logging the limits it opens under.
+async fn open_store(config: &Config, metrics: &Metrics) -> Result<Arc<Store>, NodeError> {
+    let data_dir = config.data_dir.clone();
+    let opts = store_options(config);
+    tracing::info!(
+        open_files_limit =
+            open_files_limit().map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
+        store_max_open_files = opts.max_open_files,
+        memory_limit = cgroup_memory_limit().map_or_else(|| "none".to_owned(), |n| n.to_string()),
+        store_block_cache_bytes = opts.memory.map_or(0, |m| m.block_cache_bytes),
+        store_write_buffer_bytes = opts.memory.map_or(0, |m| m.write_buffer_bytes),
+        "opening the store"
+    );
+    let store = tokio::task::spawn_blocking(move || Store::open(&data_dir, &opts))
+        .await
+        .map_err(NodeError::task("opening the store"))?
+        .map_err(|source| NodeError::Open {
+            path: config.data_dir.clone(),
+            source,
+        })?;
+    let store = Arc::new(store);
+    metrics.tenants_max.set(i64::from(config.tenants.max));
+    // From the first scrape (the write probe keeps them current every second).
+    set_store_memory(&store, metrics);
+    Ok(store)
+}
+
+/// What the admin API, the eraser, ingest and dispatch share: the pauses, quotas, erases,
+/// quarantine, due hints and audit trail (the pauses, quotas and erases are filled from
+/// the store once its format is current: [`recover`]).
+fn api_state(
+    config: &Config,
+    store: &Arc<Store>,
+    metrics: &Arc<Metrics>,
+    cluster: Arc<Cluster>,
+) -> Result<(Arc<Api>, Arc<Quarantine>), NodeError> {
+    let quarantine = Arc::new(Quarantine::open(
+        store.clone(),
+        metrics.clone(),
+        config.quarantine.max_entries,
+        config.quarantine.max_bytes,
+    )?);
+    let api = Arc::new(Api {
+        paused: Arc::new(crate::dispatch::paused::Paused::counted(
+            metrics.tenants_paused.clone(),
+        )),
+        quotas: Arc::new(crate::ingest::quota::Quotas::new(
+            config.tenants.limits,
+            metrics.tenant_limit_overrides.clone(),
+        )),
+        eraser: Arc::new(crate::erase::Eraser::default()),
+        cluster,
+        hints: Arc::new(DueHints::default()),
+        store: store.clone(),
+        tokens: Arc::new(arc_swap::ArcSwap::from_pointee(Tokens::from_config(
+            config,
+        )?)),
+        audit: Arc::new(Audit::open(store)?),
+        config: Arc::new(arc_swap::ArcSwap::from_pointee(config.clone())),
+        config_status: Arc::new(std::sync::Mutex::new(ankusa_api::node::ConfigStatus {
+            loaded_at_ms: ankusa_keyspace::now_ms(),
+            ..Default::default()
+        })),
+        quarantine: Some(quarantine.clone()),
+        progress: Arc::new(crate::upgrade::Progress::default()),
+        writer: std::sync::OnceLock::new(),
+        backups: std::sync::OnceLock::new(),
+        replays: crate::dispatch::replays::Replays::new(config.writer.queue_capacity),
+    });
+    Ok((api, quarantine))
+}
+
+/// The admin listener's router: the API, the console nested under `/ui` (when on), behind
+/// the node-identity edge.
+fn admin_app(
+    config: &Config,
+    api: &Arc<Api>,
+    metrics: &Arc<Metrics>,
+    ready: Arc<AtomicBool>,
+    history: Arc<crate::console::history::History>,
+) -> axum::Router {
+    let admin_state = Arc::new(AdminState {
+        store: api.store.clone(),
+        ready,
+        metrics: metrics.clone(),
+        tokens: api.tokens.clone(),
+        metrics_access: config.admin.metrics,
+    });
+    let app = admin::router(admin_state, api.clone(), crate::openapi::routes());
+    // The console calls the API in-process through the admin router it is nested in.
+    let app = if config.admin.console.enabled {
+        let console = Arc::new(crate::console::Console::new(
+            api.clone(),
+            app.clone(),
+            metrics.clone(),
+            history,
+        ));
+        app.nest_service("/ui", crate::console::router(console))
+    } else {
+        app
+    };
+    let edge_cluster = api.cluster.clone();
+    app.layer(axum::middleware::from_fn(move |req, next| {
+        crate::cluster::edge(edge_cluster.clone(), true, req, next)
+    }))
+}
+
+/// The boot's store work, off the async threads: the format migrations (their progress on
+/// `/v1/node`), then recovery — deliveries in flight made due again, pauses, erases and
+/// quotas loaded, lost markers restored — and the writer's assembler. The rows recovered.
+fn recover(config: &Config, api: &Api) -> Result<(u64, Assembler), NodeError> {
+    let store = &*api.store;
+    let progress = &api.progress;
+    let out = migrate::run(store, &crate::upgrade::builtin(), SUPPORTED_FORMAT, |p| {
+        tracing::info!(
+            from = p.from,
+            to = p.to,
+            steps = p.steps,
+            rows = p.rows,
+            "migration step"
+        );
+        progress.set(
+            (!p.finished).then_some(ankusa_api::node::MigrationProgress {
+                from: p.from,
+                to: p.to,
+                steps: p.steps,
+                rows: p.rows,
+            }),
+        );
+        ControlFlow::Continue(())
+    })?;
+    progress.set(None);
+    tracing::info!(?out, "store format current");
+    let (max_tenants, tenants) = (config.tenants.max, ankusa_queue::tenants::count(store)?);
+    if tenants > max_tenants {
+        tracing::warn!(
+            tenants,
+            tenants_max = max_tenants,
+            "the store holds more tenants than tenants.max: existing tenants are served, new ones are refused"
+        );
+    }
+    let stale = admin::backups::remove_cut_backups(&config.backup_dir())?;
+    if stale > 0 {
+        tracing::warn!(
+            stale,
+            "removed checkpoints and half-packed archives of backups a stop cut short"
+        );
+    }
+    let now = AtMs(ankusa_keyspace::now_ms());
+    let recovered = deliveries::recover_inflight(store, now, config.hook_log.enabled)?;
+    let paused_now = api.paused.load(store)?;
+    if paused_now > 0 {
+        tracing::info!(
+            tenants = paused_now,
+            "paused tenants: their deliveries are held"
+        );
+    }
+    // After the pauses: an erase's hold wins over a pause.
+    let erasing = api.eraser.load(store, &api.paused)?;
+    if erasing > 0 {
+        tracing::info!(
+            tenants = erasing,
+            "tenants being erased: their erase goes on"
+        );
+    }
+    let limited = api.quotas.load(store)?;
+    if limited > 0 {
+        tracing::info!(tenants = limited, "tenants with their own limits");
+    }
+    let markers = deliveries::repair_markers_except(store, |o| api.paused.holds(o))?;
+    if markers > 0 {
+        tracing::warn!(markers, "restored active markers a crash had lost");
+    }
+    let archived: Vec<String> = config
+        .sources
+        .iter()
+        .filter(|s| matches!(config.archive_policy(&s.id), ArchivePolicy::Archive { .. }))
+        .map(|s| s.id.clone())
+        .collect();
+    let assembler = Assembler::open(store, config.tenants.max)?
+        .erasing(api.eraser.erasing.clone())
+        .logging(config.hook_log.enabled)
+        .archiving(archived);
+    Ok((recovered, assembler))
+}
+
+/// The pull gateway, with the leases the store holds across a restart back in its book.
+async fn pull_gateway(
+    config: &Config,
+    api: &Api,
+    deliverer: &Deliverer,
+    metrics: &Arc<Metrics>,
+) -> Result<Arc<crate::pull::Gateway>, NodeError> {
+    let gateway = crate::pull::Gateway::new(
+        config,
+        crate::pull::Parts {
+            store: api.store.clone(),
+            cluster: api.cluster.clone(),
+            deliverer: deliverer.clone(),
+            paused: api.paused.clone(),
+            hints: api.hints.clone(),
+            metrics: metrics.clone(),
+        },
+    )?;
+    let g = gateway.clone();
+    let leases = tokio::task::spawn_blocking(move || g.load())
+        .await
+        .map_err(NodeError::task("boot: reading the pull leases"))??;
+    if leases > 0 {
+        tracing::info!(
+            leases,
+            "pull leases held across the restart: each ends with its ack or at its deadline"
+        );
+    }
+    Ok(gateway)
+}
+
+/// What the pipeline and the pull gateway's expiry run with.
+struct Pipeline {
+    deliverer: Deliverer,
+    hints: Arc<DueHints>,
+    starter: Arc<pipeline::runner::Starter>,
+    gateway: Arc<crate::pull::Gateway>,
+    history: Arc<crate::console::history::History>,
+}
+
+/// The node's tasks, each until `stop`: the pipeline, reclaim, the pull leases' expiry,
+/// the hook log's and the audit trail's pruning, the archiver, the gauges, the eraser, the
+/// tenant registry's loans, the handoff, the write probe, the console's samples (when it
+/// is on) and the pushes to an object store (when configured).
+fn background_tasks(
+    config: &Config,
+    store: &Arc<Store>,
+    metrics: &Arc<Metrics>,
+    api: &Arc<Api>,
+    p: Pipeline,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let Pipeline {
+        deliverer,
+        hints,
+        starter,
+        gateway,
+        history,
+    } = p;
+    // The console's samples, when it is on.
+    let console_history = config.admin.console.enabled.then(|| {
+        spawn_console_history(
+            store.clone(),
+            api.clone(),
+            metrics.clone(),
+            history,
+            stop.clone(),
+        )
+    });
+    let mut background = vec![
+        pipeline::spawn(
+            store.clone(),
+            deliverer,
+            PipelineSettings::from_config(config),
+            metrics.clone(),
+            hints,
+            starter,
+            stop.clone(),
+        ),
+        spawn_reclaim(store.clone(), config, metrics.clone(), stop.clone()),
+        crate::pull::spawn_expiry(gateway, stop.clone()),
+        spawn_hook_log_prune(store.clone(), config, metrics.clone(), stop.clone()),
+        spawn_archiver(
+            store.clone(),
+            config,
+            metrics.clone(),
+            api.quotas.clone(),
+            stop.clone(),
+        ),
+        spawn_gauges(
+            store.clone(),
+            config,
+            metrics.clone(),
+            api.quotas.clone(),
+            stop.clone(),
+        ),
+        spawn_audit_prune(store.clone(), config, stop.clone()),
+        crate::erase::spawn(
+            crate::erase::Deps {
+                store: api.store.clone(),
+                audit: api.audit.clone(),
+                eraser: api.eraser.clone(),
+                paused: api.paused.clone(),
+                quotas: api.quotas.clone(),
+                quarantine: api.quarantine.clone(),
+                config: api.config.clone(),
+            },
+            stop.clone(),
+        ),
+        spawn_learn_loans(api.cluster.clone(), stop.clone()),
+        spawn_handoff(
+            store.clone(),
+            api.cluster.clone(),
+            config.cluster.handoff_interval_ms,
+            stop.clone(),
+        ),
+        spawn_write_probe(
+            store.clone(),
+            config.writer.exit_when_stuck_ms,
+            metrics.clone(),
+            stop.clone(),
+        ),
+    ];
+    background.extend(console_history);
+    let stop_backups = stop;
+    if let Some(o) = &config.backup.object_store {
+        let node = config.cluster.name.as_deref().unwrap_or("node");
+        let (backups, task) = crate::objstore::schedule::spawn(
+            store.clone(),
+            config.data_dir.clone(),
+            o.clone(),
+            node,
+            metrics.clone(),
+            stop_backups,
+        );
+        let _ = api.backups.set(backups);
+        background.push(task);
+    }
+    background
+}
+
 /// The options a node opens its store with: at most half of this process's open-file
 /// limit in table files ([`ankusa_store::max_open_files_for`]) and one memory budget
 /// ([`store_memory_budget`], from `store.memory_bytes` or the cgroup's limit). Whatever
@@ -868,99 +1195,15 @@ impl Node {
     ) -> Result<Booted, NodeError> {
         let sources = crate::ingest::sources(&config)?;
         let deliverer = Deliverer::from_config(&config)?;
-        let data_dir = config.data_dir.clone();
-        let opts = store_options(&config);
-        tracing::info!(
-            open_files_limit =
-                open_files_limit().map_or_else(|| "unlimited".to_owned(), |n| n.to_string()),
-            store_max_open_files = opts.max_open_files,
-            memory_limit =
-                cgroup_memory_limit().map_or_else(|| "none".to_owned(), |n| n.to_string()),
-            store_block_cache_bytes = opts.memory.map_or(0, |m| m.block_cache_bytes),
-            store_write_buffer_bytes = opts.memory.map_or(0, |m| m.write_buffer_bytes),
-            "opening the store"
-        );
-        let store = tokio::task::spawn_blocking(move || Store::open(&data_dir, &opts))
-            .await
-            .map_err(NodeError::task("opening the store"))?
-            .map_err(|source| NodeError::Open {
-                path: config.data_dir.clone(),
-                source,
-            })?;
-        let store = Arc::new(store);
-        metrics.tenants_max.set(i64::from(config.tenants.max));
-        // From the first scrape (the write probe keeps them current every second).
-        set_store_memory(&store, &metrics);
+        let store = open_store(&config, &metrics).await?;
         let cluster = Arc::new(Cluster::new(&config, &store, metrics.clone())?);
         let ingest_edge = cluster.clone();
         let ready = Arc::new(AtomicBool::new(false));
-        let tokens = Arc::new(arc_swap::ArcSwap::from_pointee(Tokens::from_config(
-            &config,
-        )?));
-        let admin_state = Arc::new(AdminState {
-            store: store.clone(),
-            ready: ready.clone(),
-            metrics: metrics.clone(),
-            tokens: tokens.clone(),
-            metrics_access: config.admin.metrics,
-        });
-        let progress = Arc::new(crate::upgrade::Progress::default());
-        let quarantine = Arc::new(Quarantine::open(
-            store.clone(),
-            metrics.clone(),
-            config.quarantine.max_entries,
-            config.quarantine.max_bytes,
-        )?);
-        let hints = Arc::new(DueHints::default());
-        // Filled from the store once its format is current (the boot below).
-        let paused = Arc::new(crate::dispatch::paused::Paused::counted(
-            metrics.tenants_paused.clone(),
-        ));
-        let quotas = Arc::new(crate::ingest::quota::Quotas::new(
-            config.tenants.limits,
-            metrics.tenant_limit_overrides.clone(),
-        ));
-        let eraser = Arc::new(crate::erase::Eraser::default());
-        let api = Arc::new(Api {
-            paused: paused.clone(),
-            quotas: quotas.clone(),
-            eraser: eraser.clone(),
-            cluster: cluster.clone(),
-            hints: hints.clone(),
-            store: store.clone(),
-            tokens,
-            audit: Arc::new(Audit::open(&store)?),
-            config: Arc::new(arc_swap::ArcSwap::from_pointee(config.clone())),
-            config_status: Arc::new(std::sync::Mutex::new(ankusa_api::node::ConfigStatus {
-                loaded_at_ms: ankusa_keyspace::now_ms(),
-                ..Default::default()
-            })),
-            quarantine: Some(quarantine.clone()),
-            progress: progress.clone(),
-            writer: std::sync::OnceLock::new(),
-            backups: std::sync::OnceLock::new(),
-            replays: crate::dispatch::replays::Replays::new(config.writer.queue_capacity),
-        });
+        let (api, quarantine) = api_state(&config, &store, &metrics, cluster.clone())?;
         let history = Arc::new(crate::console::history::History::new(
             metrics.console_history_tenants.clone(),
         ));
-        let admin_app = admin::router(admin_state, api.clone(), crate::openapi::routes());
-        // The console calls the API in-process through the admin router it is nested in.
-        let admin_app = if config.admin.console.enabled {
-            let console = Arc::new(crate::console::Console::new(
-                api.clone(),
-                admin_app.clone(),
-                metrics.clone(),
-                history.clone(),
-            ));
-            admin_app.nest_service("/ui", crate::console::router(console))
-        } else {
-            admin_app
-        };
-        let edge_cluster = cluster.clone();
-        let admin_app = admin_app.layer(axum::middleware::from_fn(move |req, next| {
-            crate::cluster::edge(edge_cluster.clone(), true, req, next)
-        }));
+        let admin_app = admin_app(&config, &api, &metrics, ready.clone(), history.clone());
         let mut servers = vec![
             admin_l
                 .serve(
@@ -972,78 +1215,14 @@ impl Node {
                 .await?,
         ];
 
-        let boot_store = store.clone();
-        let max_tenants = config.tenants.max;
-        let backup_dir = config.backup_dir();
-        let boot_progress = progress.clone();
-        let boot_paused = paused.clone();
-        let boot_quotas = quotas.clone();
-        let boot_eraser = eraser.clone();
-        let archived: Vec<String> = config
-            .sources
-            .iter()
-            .filter(|s| matches!(config.archive_policy(&s.id), ArchivePolicy::Archive { .. }))
-            .map(|s| s.id.clone())
-            .collect();
-        let (recovered, assembler) = tokio::task::spawn_blocking(move || -> Result<_, NodeError> {
-            let out = migrate::run(&boot_store, &crate::upgrade::builtin(), SUPPORTED_FORMAT, |p| {
-                tracing::info!(
-                    from = p.from,
-                    to = p.to,
-                    steps = p.steps,
-                    rows = p.rows,
-                    "migration step"
-                );
-                boot_progress.set((!p.finished).then_some(ankusa_api::node::MigrationProgress {
-                    from: p.from,
-                    to: p.to,
-                    steps: p.steps,
-                    rows: p.rows,
-                }));
-                ControlFlow::Continue(())
-            })?;
-            boot_progress.set(None);
-            tracing::info!(?out, "store format current");
-            let tenants = ankusa_queue::tenants::count(&boot_store)?;
-            if tenants > max_tenants {
-                tracing::warn!(
-                    tenants,
-                    tenants_max = max_tenants,
-                    "the store holds more tenants than tenants.max: existing tenants are served, new ones are refused"
-                );
-            }
-            let stale = admin::backups::remove_cut_backups(&backup_dir)?;
-            if stale > 0 {
-                tracing::warn!(stale, "removed checkpoints and half-packed archives of backups a stop cut short");
-            }
-            let recovered = deliveries::recover_inflight(&boot_store, AtMs(ankusa_keyspace::now_ms()), config.hook_log.enabled)?;
-            let paused_now = boot_paused.load(&boot_store)?;
-            if paused_now > 0 {
-                tracing::info!(tenants = paused_now, "paused tenants: their deliveries are held");
-            }
-            // After the pauses: an erase's hold wins over a pause.
-            let erasing = boot_eraser.load(&boot_store, &boot_paused)?;
-            if erasing > 0 {
-                tracing::info!(tenants = erasing, "tenants being erased: their erase goes on");
-            }
-            let limited = boot_quotas.load(&boot_store)?;
-            if limited > 0 {
-                tracing::info!(tenants = limited, "tenants with their own limits");
-            }
-            let markers = deliveries::repair_markers_except(&boot_store, |o| boot_paused.holds(o))?;
-            if markers > 0 {
-                tracing::warn!(markers, "restored active markers a crash had lost");
-            }
-            let assembler = Assembler::open(&boot_store, config.tenants.max)?
-                .erasing(boot_eraser.erasing.clone())
-                .logging(config.hook_log.enabled)
-                .archiving(archived);
-            Ok((recovered, assembler))
-        })
-        .await
-        .map_err(NodeError::task("boot: migrations and recovery"))??;
+        let (recovered, assembler) = {
+            let (config, api) = (config.clone(), api.clone());
+            tokio::task::spawn_blocking(move || recover(&config, &api))
+                .await
+                .map_err(NodeError::task("boot: migrations and recovery"))??
+        };
         // Fresh deliveries start at their ingest commit while dispatch has caught up.
-        let starter = Arc::new(pipeline::runner::Starter::with_paused(paused.clone()));
+        let starter = Arc::new(pipeline::runner::Starter::with_paused(api.paused.clone()));
         let (writer, writer_thread) = writer::spawn(
             store.clone(),
             assembler,
@@ -1054,7 +1233,7 @@ impl Node {
                 dedupe_swept: metrics.dedupe_swept.clone(),
                 unsynced_hooks: metrics.writer_unsynced_hooks.clone(),
             },
-            hints.clone(),
+            api.hints.clone(),
             config
                 .dispatch
                 .start_at_commit
@@ -1062,29 +1241,7 @@ impl Node {
         )
         .map_err(NodeError::io("starting the writer thread"))?;
         let _ = api.writer.set(writer.clone());
-        let gateway = crate::pull::Gateway::new(
-            &config,
-            crate::pull::Parts {
-                store: store.clone(),
-                cluster: cluster.clone(),
-                deliverer: deliverer.clone(),
-                paused: paused.clone(),
-                hints: hints.clone(),
-                metrics: metrics.clone(),
-            },
-        )?;
-        let leases = {
-            let g = gateway.clone();
-            tokio::task::spawn_blocking(move || g.load())
-                .await
-                .map_err(NodeError::task("boot: reading the pull leases"))??
-        };
-        if leases > 0 {
-            tracing::info!(
-                leases,
-                "pull leases held across the restart: each ends with its ack or at its deadline"
-            );
-        }
+        let gateway = pull_gateway(&config, &api, &deliverer, &metrics).await?;
         let ingest_state = Arc::new(IngestState::new(
             sources,
             store.clone(),
@@ -1093,7 +1250,7 @@ impl Node {
             metrics.clone(),
             ready.clone(),
             cluster,
-            quotas.clone(),
+            api.quotas.clone(),
         ));
         // The reloader holds the parts it swaps, never the states that hold the writer (a
         // stop waits for the writer's last handle to go).
@@ -1105,7 +1262,7 @@ impl Node {
                 tokens: api.tokens.clone(),
                 config: api.config.clone(),
                 status: api.config_status.clone(),
-                quotas,
+                quotas: api.quotas.clone(),
                 pull: gateway.clone(),
             },
             metrics.clone(),
@@ -1124,85 +1281,20 @@ impl Node {
                 )
                 .await?,
         );
-        // The console's samples, when it is on.
-        let console_history = config.admin.console.enabled.then(|| {
-            spawn_console_history(
-                store.clone(),
-                api.clone(),
-                metrics.clone(),
-                history,
-                stop.clone(),
-            )
-        });
-        let mut background = vec![
-            pipeline::spawn(
-                store.clone(),
+        let background = background_tasks(
+            &config,
+            &store,
+            &metrics,
+            &api,
+            Pipeline {
                 deliverer,
-                PipelineSettings::from_config(&config),
-                metrics.clone(),
-                hints,
+                hints: api.hints.clone(),
                 starter,
-                stop.clone(),
-            ),
-            spawn_reclaim(store.clone(), &config, metrics.clone(), stop.clone()),
-            crate::pull::spawn_expiry(gateway, stop.clone()),
-            spawn_hook_log_prune(store.clone(), &config, metrics.clone(), stop.clone()),
-            spawn_archiver(
-                store.clone(),
-                &config,
-                metrics.clone(),
-                api.quotas.clone(),
-                stop.clone(),
-            ),
-            spawn_gauges(
-                store.clone(),
-                &config,
-                metrics.clone(),
-                api.quotas.clone(),
-                stop.clone(),
-            ),
-            spawn_audit_prune(store.clone(), &config, stop.clone()),
-            crate::erase::spawn(
-                crate::erase::Deps {
-                    store: api.store.clone(),
-                    audit: api.audit.clone(),
-                    eraser: api.eraser.clone(),
-                    paused: api.paused.clone(),
-                    quotas: api.quotas.clone(),
-                    quarantine: api.quarantine.clone(),
-                    config: api.config.clone(),
-                },
-                stop.clone(),
-            ),
-            spawn_learn_loans(api.cluster.clone(), stop.clone()),
-            spawn_handoff(
-                store.clone(),
-                api.cluster.clone(),
-                config.cluster.handoff_interval_ms,
-                stop.clone(),
-            ),
-            spawn_write_probe(
-                store.clone(),
-                config.writer.exit_when_stuck_ms,
-                metrics.clone(),
-                stop.clone(),
-            ),
-        ];
-        background.extend(console_history);
-        let stop_backups = stop;
-        if let Some(o) = &config.backup.object_store {
-            let node = config.cluster.name.as_deref().unwrap_or("node");
-            let (backups, task) = crate::objstore::schedule::spawn(
-                store.clone(),
-                config.data_dir.clone(),
-                o.clone(),
-                node,
-                metrics.clone(),
-                stop_backups,
-            );
-            let _ = api.backups.set(backups);
-            background.push(task);
-        }
+                gateway,
+                history,
+            },
+            stop,
+        );
         ready.store(true, Ordering::Release);
         tracing::info!(recovered_inflight = recovered, "relay node ready");
         // The stores restores replaced (`<data>.replaced-<ms>`) but the newest go once the

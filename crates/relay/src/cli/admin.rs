@@ -102,21 +102,7 @@ async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer>
         AdminCommand::Tenant {
             tenant: Some(tenant),
             ..
-        } => {
-            let path = format!("/v1/tenants/{}", c::q(tenant));
-            let mut views = Vec::new();
-            for i in 0..n {
-                // A node that never saw the tenant answers 404: not an error here.
-                match nodes.call::<TenantView>(i, Method::GET, &path, None).await {
-                    Ok(v) => views.push((i, v)),
-                    Err(e) if is_code(&e, ErrorCode::NotFound) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            let row = c::merge_tenant(views)
-                .ok_or_else(|| anyhow::anyhow!("no node holds tenant {tenant:?}"))?;
-            Answer::Tenant(row)
-        }
+        } => Answer::Tenant(tenant_row(nodes, tenant).await?),
         AdminCommand::Dlq {
             command: DlqCommand::List { tenant, limit },
         } => {
@@ -138,33 +124,16 @@ async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer>
                     limit,
                 },
         } => {
-            let mut by_node: Vec<Vec<String>> = vec![Vec::new(); n];
-            for id in ids {
-                let (node, own) = c::split_id(id, n)?;
-                by_node[node].push(own);
-            }
-            let mut answers = Vec::new();
-            for (i, ids_here) in by_node.into_iter().enumerate() {
-                // A node given no ids of an id replay has nothing to do.
-                if !ids.is_empty() && ids_here.is_empty() {
-                    continue;
-                }
-                let req = ReplayRequest {
-                    ids: ids_here,
-                    tenant: tenant.clone(),
-                    source: source.clone(),
-                    from_ms: *from_ms,
-                    to_ms: *to_ms,
-                    limit: *limit,
-                    dry_run: false,
-                };
-                let b = body(&req)?;
-                let r: Revived = nodes
-                    .call(i, Method::POST, "/v1/dlq/replay", Some(&b))
-                    .await?;
-                answers.push(r);
-            }
-            report(fold(answers))?
+            let filter = ReplayRequest {
+                ids: Vec::new(),
+                tenant: tenant.clone(),
+                source: source.clone(),
+                from_ms: *from_ms,
+                to_ms: *to_ms,
+                limit: *limit,
+                dry_run: false,
+            };
+            report(fold(replay(nodes, ids, filter).await?))?
         }
         AdminCommand::Purge { tenant, kinds } => {
             let path = format!("/v1/tenants/{}/queue?kinds={}", c::q(tenant), c::q(kinds));
@@ -228,20 +197,71 @@ async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer>
         }
         AdminCommand::Hooks {
             command: HooksCommand::Get { id, body },
-        } => {
-            let path = format!("/v1/hooks/{}?body={body}", c::q(id));
-            for i in 0..n {
-                // A node whose log does not have the hook answers 404: ask the next.
-                match nodes.call::<HookOut>(i, Method::GET, &path, None).await {
-                    Ok(h) => return Ok(Answer::Hook(Box::new(h))),
-                    Err(e) if is_code(&e, ErrorCode::NotFound) => {}
-                    Err(e) => return Err(e),
-                }
-            }
-            anyhow::bail!("no node's hook log has hook {id:?}")
-        }
+        } => Answer::Hook(Box::new(hook(nodes, id, *body).await?)),
         AdminCommand::Backup { .. } => anyhow::bail!("a backup is pulled, not merged"),
     })
+}
+
+/// One tenant's views over the nodes that hold it, added up.
+async fn tenant_row(nodes: &Nodes, tenant: &str) -> anyhow::Result<TenantRow> {
+    let path = format!("/v1/tenants/{}", c::q(tenant));
+    let mut views = Vec::new();
+    for i in 0..nodes.urls.len() {
+        // A node that never saw the tenant answers 404: not an error here.
+        match nodes.call::<TenantView>(i, Method::GET, &path, None).await {
+            Ok(v) => views.push((i, v)),
+            Err(e) if is_code(&e, ErrorCode::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    c::merge_tenant(views).ok_or_else(|| anyhow::anyhow!("no node holds tenant {tenant:?}"))
+}
+
+/// A DLQ replay on every node: by `ids` (`<node>/<id>`, each node given its own), or by
+/// `filter`'s selection.
+async fn replay(
+    nodes: &Nodes,
+    ids: &[String],
+    filter: ReplayRequest,
+) -> anyhow::Result<Vec<Revived>> {
+    let n = nodes.urls.len();
+    let mut by_node: Vec<Vec<String>> = vec![Vec::new(); n];
+    for id in ids {
+        let (node, own) = c::split_id(id, n)?;
+        by_node[node].push(own);
+    }
+    let mut answers = Vec::new();
+    for (i, ids_here) in by_node.into_iter().enumerate() {
+        // A node given no ids of an id replay has nothing to do.
+        if !ids.is_empty() && ids_here.is_empty() {
+            continue;
+        }
+        let req = ReplayRequest {
+            ids: ids_here,
+            ..filter.clone()
+        };
+        let b = body(&req)?;
+        answers.push(
+            nodes
+                .call(i, Method::POST, "/v1/dlq/replay", Some(&b))
+                .await?,
+        );
+    }
+    Ok(answers)
+}
+
+/// Hook `id` from whichever node's log has it.
+async fn hook(nodes: &Nodes, id: &str, with_body: bool) -> anyhow::Result<HookOut> {
+    let path = format!("/v1/hooks/{}?body={with_body}", c::q(id));
+    for i in 0..nodes.urls.len() {
+        // A node whose log does not have the hook answers 404: ask the next.
+        match nodes.call::<HookOut>(i, Method::GET, &path, None).await {
+            Ok(h) => return Ok(h),
+            Err(e) if is_code(&e, ErrorCode::NotFound) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    anyhow::bail!("no node's hook log has hook {id:?}")
 }
 
 /// Every answer to one call from the nodes that know its tenant (a 404 is "not here").
