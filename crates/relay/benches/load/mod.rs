@@ -561,10 +561,10 @@ pub fn backlog_body(n: u64, size: usize) -> Vec<u8> {
 }
 
 /// The store at `data`, opened as the benches' nodes open theirs
-/// ([`ankusa_relay::node::store_options`]: its memory budget, its table-file bound): a twin
+/// ([`ankusa_relay::node::limits::store_options`]: its memory budget, its table-file bound): a twin
 /// doing a node's work does it on the same store, not on RocksDB's defaults.
 pub fn node_store(data: &std::path::Path) -> ankusa_store::Store {
-    let options = ankusa_relay::node::store_options(&ankusa_config::Config::default());
+    let options = ankusa_relay::node::limits::store_options(&ankusa_config::Config::default());
     ankusa_store::Store::open(data, &options).expect("store")
 }
 

@@ -39,7 +39,7 @@ pub(super) fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
         let config = Config::load(config_path, std::env::vars())?;
         let telemetry =
             tokio::task::block_in_place(|| crate::telemetry::init(&config.log))?;
-        match crate::node::raise_open_files_limit() {
+        match crate::node::limits::raise_open_files_limit() {
             Ok((before, after)) if before != after => {
                 tracing::info!(from = ?before, to = ?after, "raised the soft open-file limit to the hard limit")
             }

@@ -178,7 +178,7 @@ async fn under_a_memory_limit_the_store_is_sized_from_it_and_rss_stays_below() {
 /// hierarchical limit), and "no limit" reads as none.
 #[test]
 fn the_cgroup_memory_limit_is_read_for_v1_and_v2() {
-    use ankusa_relay::node::cgroup_memory_limit_in;
+    use ankusa_relay::node::limits::cgroup_memory_limit_in;
     let root = tempfile::tempdir().unwrap();
     let r = root.path();
     // v2: a pod's limit one level up, none (max) on the container.
