@@ -298,7 +298,7 @@ pub(super) fn background_tasks(
             stop.clone(),
         ),
         spawn_reclaim(store.clone(), config, metrics.clone(), stop.clone()),
-        crate::pull::spawn_expiry(gateway, stop.clone()),
+        crate::pull::settle::spawn_expiry(gateway, stop.clone()),
         spawn_hook_log_prune(store.clone(), config, metrics.clone(), stop.clone()),
         spawn_archiver(
             store.clone(),

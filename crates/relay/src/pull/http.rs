@@ -527,7 +527,7 @@ async fn run_settle(
     let me = g.node().map(str::to_owned);
     let mut by_node: std::collections::BTreeMap<Option<String>, Vec<usize>> = Default::default();
     for (i, l) in leases.iter().enumerate() {
-        let node = super::parse_lease_id(l)
+        let node = super::lease::parse_lease_id(l)
             .and_then(|p| p.node)
             .map(str::to_owned);
         let node = match node {

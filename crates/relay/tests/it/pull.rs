@@ -871,7 +871,7 @@ pull:
                             let mut s = seen.lock().unwrap();
                             *s.settled.entry(hook.lease.clone()).or_default() += 1;
                             if roll < 5 {
-                                let seq = ankusa_relay::pull::parse_lease_id(&hook.lease)
+                                let seq = ankusa_relay::pull::lease::parse_lease_id(&hook.lease)
                                     .map(|p| p.seq)
                                     .unwrap();
                                 *s.acked.entry(seq.0).or_default() += 1;
@@ -888,7 +888,7 @@ pull:
                             if again[0].is_none() {
                                 let mut s = seen.lock().unwrap();
                                 *s.settled.entry(hook.lease.clone()).or_default() += 1;
-                                let seq = ankusa_relay::pull::parse_lease_id(&hook.lease)
+                                let seq = ankusa_relay::pull::lease::parse_lease_id(&hook.lease)
                                     .map(|p| p.seq)
                                     .unwrap();
                                 *s.acked.entry(seq.0).or_default() += 1;
