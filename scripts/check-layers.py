@@ -115,7 +115,7 @@ SUBMODULE_RANK = {
             "run": 3, "sink": 0},
     "console": {"html": 0, "history": 0, "session": 0, "pages": 1},
     "dispatch": {"parked": 0, "paused": 0, "replays": 0, "line": 1, "control": 2, "replayer": 1,
-                 "delivery": 3, "pipeline": 4},
+                 "delivery": 3, "outcome": 4, "pipeline": 5},
     "upgrade": {"legacy": 0, "migrations": 1, "fixture": 1},
 }
 # Upward edges not removed yet: (from, to) -> what removes them. The check fails on any

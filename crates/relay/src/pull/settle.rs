@@ -13,7 +13,7 @@ use ankusa_queue::QueueError;
 use ankusa_records::{DeliveryRow, Envelope, ErrorClass};
 
 use crate::dispatch::delivery::{Attempt, PullWake, Verdict};
-use crate::dispatch::pipeline::outcomes::{outcome_ops, Finished};
+use crate::dispatch::outcome::{outcome_ops, Finished};
 
 use super::book;
 use super::{delivery_rows, envelopes, lease::parse_lease_id, Conflict, Consumer, Gateway, Settle};
