@@ -63,10 +63,7 @@ pub const DLQ_REPLAY: FanOut = |api, req, next| {
             }
             Some(ReplayRequest {
                 tenant: Some(t), ..
-            }) => {
-                let req = Request::from_parts(parts, Body::from(bytes));
-                answered_by(&api, &t, req, next, Some(merge_as::<Revived>)).await
-            }
+            }) => answered_by(&api, &t, parts, bytes, next, Some(merge_as::<Revived>)).await,
             _ => {
                 next.run(Request::from_parts(parts, Body::from(bytes)))
                     .await

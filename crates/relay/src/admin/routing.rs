@@ -156,7 +156,7 @@ async fn route(
         Answered::FanOut(_) => tenant_named(&api, TenantIn::Query, req.uri()),
         Answered::Here => None,
     };
-    if let Some(tenant) = named {
+    if let Some(tenant) = &named {
         tracing::Span::current().record("tenant", tenant.as_str());
     }
     if !api.cluster.is_multi() || req.headers().contains_key(LOCAL_HEADER) {
@@ -183,19 +183,13 @@ async fn route(
             }
             t
         }
-        other => tenant_named(&api, other, &parts.uri),
+        // Named in the path or the query: read above.
+        _ => named,
     };
     let Some(tenant) = tenant else {
         return next.run(Request::from_parts(parts, Body::from(body))).await;
     };
-    answered_by(
-        &api,
-        &tenant,
-        Request::from_parts(parts, Body::from(body)),
-        next,
-        merge,
-    )
-    .await
+    answered_by(&api, &tenant, parts, body, next, merge).await
 }
 
 /// The tenant a call names in its path or query (`None` for one its body names).
@@ -216,20 +210,17 @@ fn tenant_named(api: &Api, t: TenantIn, uri: &axum::http::Uri) -> Option<String>
 }
 
 /// A call about `tenant` answered by its owner (`merge: None`), or by every node and merged.
+/// `body` is the call's, read whole already ([`routed_body`]).
 pub(super) async fn answered_by(
     api: &Api,
     tenant: &str,
-    req: Request,
+    parts: axum::http::request::Parts,
+    body: Bytes,
     next: Next,
     merge: Option<Merger>,
 ) -> Response {
     let cluster = &api.cluster;
     let owner = cluster.owner_of(tenant).clone();
-    let (parts, body) = req.into_parts();
-    let body = match routed_body(body).await {
-        Ok(b) => b,
-        Err(refused) => return refused,
-    };
     let pq = parts
         .uri
         .path_and_query()

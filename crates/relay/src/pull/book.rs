@@ -27,7 +27,8 @@ pub struct Holder {
     pub consumer: Option<Arc<str>>,
     pub ord: TenantOrd,
     /// The hook's id and tenant, as the claim read them (`None`: a lease a boot found, or
-    /// an extension, which keeps what the book has): what a settle's span names.
+    /// an extension, which keeps what the book has; always `None` when no spans are
+    /// built): what a settle's span names.
     pub hook: Option<Arc<HookName>>,
 }
 

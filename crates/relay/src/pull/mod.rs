@@ -21,7 +21,7 @@ pub mod lease;
 pub mod settle;
 
 use lease::lease_id;
-use settle::{hook_name, step_span, Outcome};
+use settle::{hook_name, spans_on, step_span, Outcome};
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -316,7 +316,7 @@ impl Gateway {
             let holder = book::Holder {
                 consumer: None,
                 ord: state.map_or(TenantOrd(0), |s| s.ord),
-                hook: env.as_ref().map(hook_name),
+                hook: env.as_ref().filter(|_| spans_on()).map(hook_name),
             };
             book.insert(&sink, *seq, *idx, lease, holder);
         }
@@ -533,7 +533,8 @@ impl Gateway {
                 let holder = book::Holder {
                     consumer: Some(consumer.key.clone()),
                     ord: row.key.ord,
-                    hook: env.as_ref().ok().map(hook_name),
+                    // Only for the spans: no allocation per claim without them.
+                    hook: env.as_ref().ok().filter(|_| spans_on()).map(hook_name),
                 };
                 book.insert(sink, row.key.seq, row.key.sink, &lease, holder);
                 match env {

@@ -481,6 +481,12 @@ pub(super) fn hook_name(env: &Envelope) -> Arc<book::HookName> {
 
 /// One step of a leased hook's life on the gateway (`lease`, `acked`, `nacked`,
 /// `expired`), as a span in the hook's trace: built only with `log.spans` or an OTLP
+/// Whether the gateway's spans are built (`log.spans` or an OTLP endpoint): without
+/// them a claim keeps no hook name in the lease book.
+pub(super) fn spans_on() -> bool {
+    tracing::enabled!(target: crate::telemetry::TARGET, tracing::Level::DEBUG)
+}
+
 /// endpoint. `by`: the consumer that asked, or `gateway` (an expiry, a revocation).
 pub(super) fn step_span(
     step: &str,
@@ -489,7 +495,7 @@ pub(super) fn step_span(
     attempt: u32,
     by: &str,
 ) {
-    if !tracing::enabled!(target: crate::telemetry::TARGET, tracing::Level::DEBUG) {
+    if !spans_on() {
         return;
     }
     let hook = hook();
