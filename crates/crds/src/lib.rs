@@ -7,6 +7,7 @@
 //!   fails when either differs from what the types generate.
 
 pub mod relay;
+pub mod status;
 
 /// The generated CRD manifests.
 pub mod manifest {

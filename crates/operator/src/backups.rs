@@ -12,7 +12,8 @@
 //! CronJob with `concurrencyPolicy: Forbid` skips it. The first run is at the first time
 //! of the schedule after the operator first saw it.
 
-use ankusa_crds::relay::{NodeBackup, Relay, RelayStatus, ScheduledBackups, UpgradePhase};
+use ankusa_crds::relay::Relay;
+use ankusa_crds::status::{NodeBackup, RelayStatus, ScheduledBackups, UpgradePhase};
 use k8s_openapi::jiff::Timestamp;
 
 use crate::observed::{in_progress, JobObs, Observed};
@@ -174,7 +175,7 @@ pub fn decide(relay: &Relay, prev: &RelayStatus, o: &Observed) -> Decision {
 mod tests {
     use super::*;
     use crate::observed::{BackupClaimObs, StsObs};
-    use ankusa_crds::relay::UpgradeStatus;
+    use ankusa_crds::status::UpgradeStatus;
 
     fn relay(schedule: &str) -> Relay {
         serde_json::from_value(serde_json::json!({

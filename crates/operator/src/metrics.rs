@@ -79,8 +79,8 @@ pub struct Metrics {
 }
 
 /// Every upgrade phase, for the phase gauge.
-const PHASES: [ankusa_crds::relay::UpgradePhase; 7] = {
-    use ankusa_crds::relay::UpgradePhase::*;
+const PHASES: [ankusa_crds::status::UpgradePhase; 7] = {
+    use ankusa_crds::status::UpgradePhase::*;
     [
         Idle, BackingUp, Rolling, Verifying, Completed, Blocked, Failed,
     ]
@@ -191,7 +191,7 @@ impl Metrics {
     pub fn upgrade(
         &self,
         relay: &ankusa_crds::relay::Relay,
-        status: &ankusa_crds::relay::RelayStatus,
+        status: &ankusa_crds::status::RelayStatus,
     ) {
         use kube::ResourceExt;
         let (namespace, name) = (relay.namespace().unwrap_or_default(), relay.name_any());

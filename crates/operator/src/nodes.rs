@@ -8,7 +8,7 @@
 use std::time::Duration;
 
 use ankusa_api::node::NodeStatus;
-use ankusa_crds::relay::TOP_TENANTS_MAX;
+use ankusa_crds::status::TOP_TENANTS_MAX;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::connect::HttpConnector;

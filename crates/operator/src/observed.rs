@@ -6,7 +6,7 @@
 use std::collections::BTreeMap;
 
 use ankusa_api::node::NodeStatus;
-use ankusa_crds::relay::{UpgradePhase, UpgradeStatus};
+use ankusa_crds::status::{UpgradePhase, UpgradeStatus};
 use serde_json::Value;
 
 /// What a StatefulSet reports.
@@ -174,11 +174,11 @@ pub struct Observed {
     /// Each backup claim's room as its last backup Job reported it, by claim: what
     /// `status.backupClaims` held, with the reports of Jobs finished since.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub backup_claim_rooms: BTreeMap<String, ankusa_crds::relay::BackupClaimRoom>,
+    pub backup_claim_rooms: BTreeMap<String, ankusa_crds::status::BackupClaimRoom>,
     /// Each node's archives on its backup claim as its last backup Job reported them, by
     /// pod: what `status.claimArchives` held, with the reports of Jobs finished since.
     #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub claim_archives: BTreeMap<String, ankusa_crds::relay::NodeArchives>,
+    pub claim_archives: BTreeMap<String, ankusa_crds::status::NodeArchives>,
     pub objects: ObservedObjects,
     /// `monitoring.coreos.com/v1` `servicemonitors` is served.
     pub service_monitor_api: bool,

@@ -2,7 +2,8 @@
 //! ([`JobAction`]) and their names, and an image as pods run it ([`pinned`]). The planner
 //! makes them; its parts (adoption, drain, restore) and the controller read them.
 
-use ankusa_crds::relay::{Relay, RestoreStatus, UpgradeStatus};
+use ankusa_crds::relay::Relay;
+use ankusa_crds::status::{RestoreStatus, UpgradeStatus};
 
 use crate::observed::{Hold, Observed};
 

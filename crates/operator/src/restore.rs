@@ -24,9 +24,8 @@
 //!
 //! [`rollout`]: crate::planner::rollout
 
-use ankusa_crds::relay::{
-    ObjectStoreSpec, Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus,
-};
+use ankusa_crds::relay::{ObjectStoreSpec, Relay};
+use ankusa_crds::status::{RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus};
 
 use crate::observed::{hold, JobObs, Observed};
 use crate::plan::{pinned, JobAction, Rollout};
@@ -555,50 +554,12 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
         r.phase = RESTORING.into();
     }
     // Restoring: the data claims first (a bootstrap makes them), then node by node.
-    let names = crate::names::Names::of(relay).ok();
     if !rollback {
         out.claims = (0..r.replicas).filter(|i| !o.claims.contains(i)).collect();
     }
-    while r.restored < r.replicas {
-        let i = r.restored;
-        let name = job_name(relay, i, &r);
-        match o.restores.get(&i) {
-            Some(JobObs::Succeeded) => r.restored += 1,
-            Some(JobObs::Running) => {
-                out.hold = hold("Restoring", restoring_message(&r, names.as_ref()), false);
-                out.restore = Some(r);
-                return out;
-            }
-            Some(JobObs::Failed(m)) => {
-                let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
-                out.hold = job_failed(&mut r, &name, &pod, m);
-                out.restore = Some(r);
-                return out;
-            }
-            None => {
-                if let Some(problem) = restore_claim_problem(&r, o) {
-                    out.hold = hold("BackupClaimNotReady", problem, true);
-                } else {
-                    out.jobs.push(JobAction::Restore {
-                        ordinal: i,
-                        name,
-                        // A rollback restores with the release the nodes ran (it knows
-                        // every older format; the older release may lack the command).
-                        image: if rollback {
-                            out.image.clone()
-                        } else {
-                            r.image.clone().unwrap_or_else(|| spec.image.clone())
-                        },
-                        format: r.format,
-                        archive: None,
-                        report: false,
-                    });
-                    out.hold = hold("Restoring", restoring_message(&r, names.as_ref()), false);
-                }
-                out.restore = Some(r);
-                return out;
-            }
-        }
+    if !restore_next(relay, o, &mut r, &mut out, rollback) {
+        out.restore = Some(r);
+        return out;
     }
     // Every node restored: they start on the release the restore was for.
     r.phase = COMPLETED.into();
@@ -618,6 +579,59 @@ pub fn step(relay: &Relay, prev: &RelayStatus, mut r: RestoreStatus, o: &Observe
     }
     out.restore = Some(r);
     out
+}
+
+/// Node by node, each node's restore Job: waited for, or started (unless its claim is
+/// not ready). `false` while one is under way or stopped (`out.hold` says which); `true`
+/// once every node is restored.
+fn restore_next(
+    relay: &Relay,
+    o: &Observed,
+    r: &mut RestoreStatus,
+    out: &mut Rollout,
+    rollback: bool,
+) -> bool {
+    let spec = &relay.spec;
+    let names = crate::names::Names::of(relay).ok();
+    while r.restored < r.replicas {
+        let i = r.restored;
+        let name = job_name(relay, i, r);
+        match o.restores.get(&i) {
+            Some(JobObs::Succeeded) => r.restored += 1,
+            Some(JobObs::Running) => {
+                out.hold = hold("Restoring", restoring_message(r, names.as_ref()), false);
+                return false;
+            }
+            Some(JobObs::Failed(m)) => {
+                let pod = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
+                out.hold = job_failed(r, &name, &pod, m);
+                return false;
+            }
+            None => {
+                if let Some(problem) = restore_claim_problem(r, o) {
+                    out.hold = hold("BackupClaimNotReady", problem, true);
+                } else {
+                    out.jobs.push(JobAction::Restore {
+                        ordinal: i,
+                        name,
+                        // A rollback restores with the release the nodes ran (it knows
+                        // every older format; the older release may lack the command).
+                        image: if rollback {
+                            out.image.clone()
+                        } else {
+                            r.image.clone().unwrap_or_else(|| spec.image.clone())
+                        },
+                        format: r.format,
+                        archive: None,
+                        report: false,
+                    });
+                    out.hold = hold("Restoring", restoring_message(r, names.as_ref()), false);
+                }
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// A failed restore whose `spec.upgrade.retry` changed: the cursor goes back to `phase` as

@@ -15,8 +15,9 @@
 
 use std::collections::BTreeMap;
 
-use ankusa_crds::relay::{
-    Condition, NodeReport, Phase, Relay, RelayStatus, TenantTotals, TopTenant, UpgradePhase,
+use ankusa_crds::relay::Relay;
+use ankusa_crds::status::{
+    Condition, NodeReport, Phase, RelayStatus, TenantTotals, TopTenant, UpgradePhase,
     TOP_TENANTS_MAX,
 };
 
@@ -35,114 +36,216 @@ pub fn status(
 ) -> RelayStatus {
     let generation = relay.metadata.generation.unwrap_or(0);
     let replicas = relay.spec.replicas.max(0);
-    let names = crate::names::Names::of(relay).ok();
-
-    let mut nodes = Vec::new();
-    let mut totals = TenantTotals {
-        max: relay.spec.tenants.max,
-        ..TenantTotals::default()
-    };
-    let mut top: BTreeMap<String, crate::observed::TenantReading> = BTreeMap::new();
-    let mut answered = 0;
-    // The Relay's tenant registry (its first node) counts each tenant once; the sum of the
-    // nodes' ordinals counts a tenant again on a node it moved away from.
-    let mut registered: Option<i64> = None;
-    // Nodes that answer and run `spec.image`: Ready waits for every one of them, so that
-    // after an image change `kubectl wait --for=condition=Ready` does not return at once.
-    let mut current = 0;
     // The nodes a scale-down takes out stay in the report (and their rows in the totals)
     // until the StatefulSet lets them go: they still hold rows while they drain.
     let leaving: BTreeMap<String, Option<i64>> = crate::drain::leaving_nodes(relay, o)
         .into_iter()
         .map(|(pod, rows, _)| (pod, rows))
         .collect();
-    let present = replicas.max(o.statefulset.as_ref().map_or(0, |s| s.replicas));
-    for i in 0..present {
-        let name = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
-        let pod = o.pods.iter().find(|p| p.ordinal == i);
-        let mut report = NodeReport {
-            name: name.clone(),
-            leaving: i >= replicas,
-            rows_leaving: leaving.get(&name).copied().flatten(),
-            last_object_backup: crate::objstore::last_backup(o, &name),
-            ..NodeReport::default()
+    let fleet = Fleet::of(relay, o, &leaving);
+    let store_format = store_format(prev, o, r);
+    let all_ready = o.statefulset.is_some() && fleet.current == replicas;
+    let upgrading = r.upgrade.as_ref().map(in_progress).unwrap_or(false);
+
+    let mut conds = Conditions::new(prev, generation, &o.now);
+    rollout_conditions(&mut conds, relay, o, r, &fleet, all_ready, upgrading);
+    scheduled_condition(&mut conds, scheduled, &o.now);
+    let (ok, reason, message) = crate::objstore::condition(relay, o);
+    conds.set("ObjectStoreBackups", ok, reason, message);
+    let faults = faults(relay, o, r, scheduled, &fleet.nodes);
+    match faults.first() {
+        Some((reason, _)) => conds.set(
+            "Degraded",
+            true,
+            reason,
+            faults
+                .iter()
+                .map(|(_, m)| m.as_str())
+                .collect::<Vec<_>>()
+                .join("; "),
+        ),
+        None => conds.set("Degraded", false, "Healthy", "nothing needs attention"),
+    }
+    match monitor {
+        MonitorDecision::Disabled => conds.set("ServiceMonitor", false, "Disabled", "spec.monitoring.serviceMonitor.enabled is false"),
+        MonitorDecision::Applied => conds.set("ServiceMonitor", true, "Applied", "the ServiceMonitor scrapes every node's /metrics"),
+        MonitorDecision::ApiMissing => conds.set(
+            "ServiceMonitor",
+            false,
+            "ApiNotServed",
+            "monitoring.coreos.com/v1 ServiceMonitor is not served by this cluster (is the Prometheus Operator installed?)",
+        ),
+    }
+
+    let phase = if !faults.is_empty() {
+        Phase::Degraded
+    } else if upgrading {
+        Phase::Upgrading
+    } else if all_ready {
+        Phase::Running
+    } else {
+        Phase::Pending
+    };
+    let answered = fleet.answered;
+    RelayStatus {
+        observed_generation: Some(generation),
+        conditions: conds.into_vec(),
+        phase: Some(phase),
+        nodes_ready: Some(format!("{answered}/{replicas}")),
+        store_format,
+        // Until a probe says otherwise, the target is what the running release supports.
+        target_format: r.target_format.or(prev.target_format).or_else(|| {
+            o.nodes
+                .values()
+                .filter_map(|n| n.as_ref().ok().map(|r| r.status.supported_format))
+                .min()
+        }),
+        upgrade: r.upgrade.clone(),
+        nodes: fleet.nodes,
+        // A node that cannot say what it holds counts as one row: the drain is not over.
+        draining: Some(leaving.values().map(|rows| rows.unwrap_or(1)).sum::<i64>()),
+        tenants: Some(fleet.totals),
+        top_tenants: fleet.top,
+        last_backup: if r.backups_succeeded_now {
+            Some(o.now.clone())
+        } else {
+            prev.last_backup.clone()
+        },
+        current_image: r.current_image.clone(),
+        scheduled_backups: scheduled.status.clone(),
+        backup_claims: o.backup_claim_rooms.values().cloned().collect(),
+        claim_archives: o.claim_archives.values().cloned().collect(),
+        restore: r.restore.clone().or_else(|| prev.restore.clone()),
+    }
+}
+
+/// What the nodes report, gathered: each node's report, the tenant totals, the top
+/// tenants, and how many of the wanted nodes answer and how many of those run
+/// `spec.image` (Ready waits for every one of them, so that after an image change
+/// `kubectl wait --for=condition=Ready` does not return at once).
+struct Fleet {
+    nodes: Vec<NodeReport>,
+    totals: TenantTotals,
+    top: Vec<TopTenant>,
+    answered: i32,
+    current: i32,
+}
+
+impl Fleet {
+    fn of(relay: &Relay, o: &Observed, leaving: &BTreeMap<String, Option<i64>>) -> Fleet {
+        let replicas = relay.spec.replicas.max(0);
+        let names = crate::names::Names::of(relay).ok();
+        let mut nodes = Vec::new();
+        let mut totals = TenantTotals {
+            max: relay.spec.tenants.max,
+            ..TenantTotals::default()
         };
-        match (pod, o.nodes.get(&name)) {
-            (None, _) => report.message = Some("no pod".into()),
-            (Some(p), _) if !p.ready => {
-                report.message = Some(
-                    p.failing
-                        .clone()
-                        .unwrap_or_else(|| "pod is not Ready".into()),
-                )
-            }
-            (Some(_), None) => report.message = Some("not polled yet".into()),
-            (Some(_), Some(Err(e))) => report.message = Some(format!("/v1/node: {e}")),
-            (Some(p), Some(Ok(n))) => {
-                if i < replicas {
-                    answered += 1;
-                    if crate::observed::names_image(&relay.spec.image, &p.image) {
-                        current += 1;
+        let mut top: BTreeMap<String, crate::observed::TenantReading> = BTreeMap::new();
+        let mut answered = 0;
+        // The Relay's tenant registry (its first node) counts each tenant once; the sum of the
+        // nodes' ordinals counts a tenant again on a node it moved away from.
+        let mut registered: Option<i64> = None;
+        // Nodes that answer and run `spec.image`: Ready waits for every one of them, so that
+        // after an image change `kubectl wait --for=condition=Ready` does not return at once.
+        let mut current = 0;
+        let present = replicas.max(o.statefulset.as_ref().map_or(0, |s| s.replicas));
+        for i in 0..present {
+            let name = names.as_ref().map(|n| n.pod(i)).unwrap_or_default();
+            let pod = o.pods.iter().find(|p| p.ordinal == i);
+            let mut report = NodeReport {
+                name: name.clone(),
+                leaving: i >= replicas,
+                rows_leaving: leaving.get(&name).copied().flatten(),
+                last_object_backup: crate::objstore::last_backup(o, &name),
+                ..NodeReport::default()
+            };
+            match (pod, o.nodes.get(&name)) {
+                (None, _) => report.message = Some("no pod".into()),
+                (Some(p), _) if !p.ready => {
+                    report.message = Some(
+                        p.failing
+                            .clone()
+                            .unwrap_or_else(|| "pod is not Ready".into()),
+                    )
+                }
+                (Some(_), None) => report.message = Some("not polled yet".into()),
+                (Some(_), Some(Err(e))) => report.message = Some(format!("/v1/node: {e}")),
+                (Some(p), Some(Ok(n))) => {
+                    if i < replicas {
+                        answered += 1;
+                        if crate::observed::names_image(&relay.spec.image, &p.image) {
+                            current += 1;
+                        }
+                    }
+                    let s = &n.status;
+                    report.ready = true;
+                    report.version = Some(s.version.clone());
+                    report.format = Some(s.store_format);
+                    report.migrating = s.migrating_to.is_some();
+                    report.pending = s.counters.pending;
+                    report.dead = s.counters.dead;
+                    report.tenants_owned = s.cluster.as_ref().map(|c| c.tenants_owned as i64);
+                    if let Some(n) = s.cluster.as_ref().and_then(|c| c.tenants_registered) {
+                        *registered.get_or_insert(0) += n as i64;
+                    }
+                    totals.count += i64::from(s.tenants);
+                    totals.pending += s.counters.pending;
+                    totals.scheduled += s.counters.scheduled;
+                    totals.inflight += s.counters.inflight;
+                    totals.dead += s.counters.dead;
+                    totals.bytes += s.counters.bytes;
+                    totals.paused += s.tenants_paused.unwrap_or(0) as i64;
+                    totals.over_quota += s.tenants_over_quota.unwrap_or(0) as i64;
+                    for t in &n.top {
+                        let e = top.entry(t.tenant.clone()).or_default();
+                        e.pending += t.pending;
+                        e.dead += t.dead;
+                        e.oldest_due_at_ms = match (e.oldest_due_at_ms, t.oldest_due_at_ms) {
+                            (Some(a), Some(b)) => Some(a.min(b)),
+                            (a, b) => a.or(b),
+                        };
+                        e.paused |= t.paused;
+                        e.quota_refusals += t.quota_refusals;
                     }
                 }
-                let s = &n.status;
-                report.ready = true;
-                report.version = Some(s.version.clone());
-                report.format = Some(s.store_format);
-                report.migrating = s.migrating_to.is_some();
-                report.pending = s.counters.pending;
-                report.dead = s.counters.dead;
-                report.tenants_owned = s.cluster.as_ref().map(|c| c.tenants_owned as i64);
-                if let Some(n) = s.cluster.as_ref().and_then(|c| c.tenants_registered) {
-                    *registered.get_or_insert(0) += n as i64;
-                }
-                totals.count += i64::from(s.tenants);
-                totals.pending += s.counters.pending;
-                totals.scheduled += s.counters.scheduled;
-                totals.inflight += s.counters.inflight;
-                totals.dead += s.counters.dead;
-                totals.bytes += s.counters.bytes;
-                totals.paused += s.tenants_paused.unwrap_or(0) as i64;
-                totals.over_quota += s.tenants_over_quota.unwrap_or(0) as i64;
-                for t in &n.top {
-                    let e = top.entry(t.tenant.clone()).or_default();
-                    e.pending += t.pending;
-                    e.dead += t.dead;
-                    e.oldest_due_at_ms = match (e.oldest_due_at_ms, t.oldest_due_at_ms) {
-                        (Some(a), Some(b)) => Some(a.min(b)),
-                        (a, b) => a.or(b),
-                    };
-                    e.paused |= t.paused;
-                    e.quota_refusals += t.quota_refusals;
-                }
             }
+            nodes.push(report);
         }
-        nodes.push(report);
-    }
-    if let Some(n) = registered {
-        totals.count = n;
-    }
-    let mut top: Vec<TopTenant> = top
-        .into_iter()
-        .map(|(tenant, t)| TopTenant {
-            tenant,
-            pending: t.pending,
-            dead: t.dead,
-            oldest_due_at: t.oldest_due_at_ms.and_then(|ms| {
-                k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64)
-                    .ok()
-                    .map(|ts| ts.to_string())
-            }),
-            paused: t.paused,
-            quota_refusals: t.quota_refusals as i64,
-        })
-        .collect();
-    top.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.tenant.cmp(&b.tenant)));
-    top.truncate(TOP_TENANTS_MAX);
+        if let Some(n) = registered {
+            totals.count = n;
+        }
+        let mut top: Vec<TopTenant> = top
+            .into_iter()
+            .map(|(tenant, t)| TopTenant {
+                tenant,
+                pending: t.pending,
+                dead: t.dead,
+                oldest_due_at: t.oldest_due_at_ms.and_then(|ms| {
+                    k8s_openapi::jiff::Timestamp::from_millisecond(ms as i64)
+                        .ok()
+                        .map(|ts| ts.to_string())
+                }),
+                paused: t.paused,
+                quota_refusals: t.quota_refusals as i64,
+            })
+            .collect();
+        top.sort_by(|a, b| b.pending.cmp(&a.pending).then(a.tenant.cmp(&b.tenant)));
+        top.truncate(TOP_TENANTS_MAX);
 
-    // The lowest store format of the nodes. It only rises when every node has reported:
-    // a node that is down keeps the format it had (the gate decides from this, and a
-    // first install is told apart from a fleet whose nodes are all down by it).
+        Fleet {
+            nodes,
+            totals,
+            top,
+            answered,
+            current,
+        }
+    }
+}
+
+/// The lowest store format of the nodes. It only rises when every node has reported: a
+/// node that is down keeps the format it had (the gate decides from this, and a first
+/// install is told apart from a fleet whose nodes are all down by it).
+fn store_format(prev: &RelayStatus, o: &Observed, r: &Rollout) -> Option<u32> {
     let reported = o
         .nodes
         .values()
@@ -159,7 +262,7 @@ pub fn status(
         .as_ref()
         .filter(|x| x.phase == crate::restore::COMPLETED)
         .and_then(|x| x.format);
-    let store_format = if everyone {
+    if everyone {
         reported
     } else if let Some(f) = restored_format.filter(|_| {
         prev.restore.as_ref().map(|x| x.phase.as_str()) != Some(crate::restore::COMPLETED)
@@ -167,11 +270,22 @@ pub fn status(
         Some(f)
     } else {
         reported.into_iter().chain(prev.store_format).min()
-    };
-    let all_ready = o.statefulset.is_some() && current == replicas;
-    let upgrading = r.upgrade.as_ref().map(in_progress).unwrap_or(false);
+    }
+}
 
-    let mut conds = Conditions::new(prev, generation, &o.now);
+/// `Ready`, `Progressing`, `Upgrading` and `BackupSucceeded`: where the nodes and the
+/// release stand.
+fn rollout_conditions(
+    conds: &mut Conditions<'_>,
+    relay: &Relay,
+    o: &Observed,
+    r: &Rollout,
+    fleet: &Fleet,
+    all_ready: bool,
+    upgrading: bool,
+) {
+    let replicas = relay.spec.replicas.max(0);
+    let (answered, current, nodes) = (fleet.answered, fleet.current, &fleet.nodes);
     if all_ready {
         conds.set(
             "Ready",
@@ -266,9 +380,16 @@ pub fn status(
     } else if let Some(h) = r.hold.as_ref().filter(|h| h.reason == "BackupFailed") {
         conds.set("BackupSucceeded", false, "BackupFailed", h.message.clone());
     }
-    scheduled_condition(&mut conds, scheduled, &o.now);
-    let (ok, reason, message) = crate::objstore::condition(relay, o);
-    conds.set("ObjectStoreBackups", ok, reason, message);
+}
+
+/// What needs attention, each with its reason (the first is `Degraded`'s).
+fn faults(
+    relay: &Relay,
+    o: &Observed,
+    r: &Rollout,
+    scheduled: &crate::backups::Decision,
+    nodes: &[NodeReport],
+) -> Vec<(&'static str, String)> {
     let mut faults: Vec<(&'static str, String)> = Vec::new();
     if let Some(e) = &o.config_error {
         faults.push(("ConfigInvalid", e.clone()));
@@ -311,69 +432,7 @@ pub fn status(
                 .join("; "),
         ));
     }
-    match faults.first() {
-        Some((reason, _)) => conds.set(
-            "Degraded",
-            true,
-            reason,
-            faults
-                .iter()
-                .map(|(_, m)| m.as_str())
-                .collect::<Vec<_>>()
-                .join("; "),
-        ),
-        None => conds.set("Degraded", false, "Healthy", "nothing needs attention"),
-    }
-    match monitor {
-        MonitorDecision::Disabled => conds.set("ServiceMonitor", false, "Disabled", "spec.monitoring.serviceMonitor.enabled is false"),
-        MonitorDecision::Applied => conds.set("ServiceMonitor", true, "Applied", "the ServiceMonitor scrapes every node's /metrics"),
-        MonitorDecision::ApiMissing => conds.set(
-            "ServiceMonitor",
-            false,
-            "ApiNotServed",
-            "monitoring.coreos.com/v1 ServiceMonitor is not served by this cluster (is the Prometheus Operator installed?)",
-        ),
-    }
-
-    let phase = if !faults.is_empty() {
-        Phase::Degraded
-    } else if upgrading {
-        Phase::Upgrading
-    } else if all_ready {
-        Phase::Running
-    } else {
-        Phase::Pending
-    };
-    RelayStatus {
-        observed_generation: Some(generation),
-        conditions: conds.into_vec(),
-        phase: Some(phase),
-        nodes_ready: Some(format!("{answered}/{replicas}")),
-        store_format,
-        // Until a probe says otherwise, the target is what the running release supports.
-        target_format: r.target_format.or(prev.target_format).or_else(|| {
-            o.nodes
-                .values()
-                .filter_map(|n| n.as_ref().ok().map(|r| r.status.supported_format))
-                .min()
-        }),
-        upgrade: r.upgrade.clone(),
-        nodes,
-        // A node that cannot say what it holds counts as one row: the drain is not over.
-        draining: Some(leaving.values().map(|rows| rows.unwrap_or(1)).sum::<i64>()),
-        tenants: Some(totals),
-        top_tenants: top,
-        last_backup: if r.backups_succeeded_now {
-            Some(o.now.clone())
-        } else {
-            prev.last_backup.clone()
-        },
-        current_image: r.current_image.clone(),
-        scheduled_backups: scheduled.status.clone(),
-        backup_claims: o.backup_claim_rooms.values().cloned().collect(),
-        claim_archives: o.claim_archives.values().cloned().collect(),
-        restore: r.restore.clone().or_else(|| prev.restore.clone()),
-    }
+    faults
 }
 
 /// `ScheduledBackups`: True while every node's last scheduled backup is younger than twice

@@ -2,7 +2,8 @@
 //! [`super::FIELD_MANAGER`] (drift measured by a dry run), the Jobs it asks for, and the
 //! status patch.
 
-use ankusa_crds::relay::{Relay, RelayStatus};
+use ankusa_crds::relay::Relay;
+use ankusa_crds::status::RelayStatus;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, Service};

@@ -22,7 +22,8 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use ankusa_crds::relay::{Relay, RelayStatus};
+use ankusa_crds::relay::Relay;
+use ankusa_crds::status::RelayStatus;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::batch::v1::Job;

@@ -112,50 +112,7 @@ pub(super) async fn observe(
 
     o.objects.ingest_service = get_json::<Service>(client, ns, &names.ingest).await?;
 
-    // The optional objects are read whether or not the spec asks for them: one left from
-    // when it did is deleted. One of that name that this Relay does not own is not its
-    // business.
-    let uid = relay.metadata.uid.clone();
-    // Any object's metadata, read as the API's type.
-    #[derive(serde::Deserialize)]
-    struct Object {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    }
-    let owned = |v: Value| {
-        let refs = serde_json::from_value::<Object>(v.clone())
-            .ok()
-            .and_then(|o| o.metadata.owner_references)
-            .unwrap_or_default();
-        let mine = refs
-            .iter()
-            .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref());
-        mine.then_some(v)
-    };
-    o.service_monitor_api =
-        api_served(client, "monitoring.coreos.com/v1", "servicemonitors").await?;
-    if o.service_monitor_api {
-        o.objects.service_monitor = get_dynamic(
-            client,
-            ns,
-            &resources::service_monitor_resource(),
-            &names.service_monitor,
-        )
-        .await?
-        .and_then(owned);
-    }
-    o.http_route_api = api_served(client, "gateway.networking.k8s.io/v1", "httproutes").await?;
-    if o.http_route_api {
-        o.objects.http_route =
-            get_dynamic(client, ns, &resources::http_route_resource(), &names.ingest)
-                .await?
-                .and_then(owned);
-    }
-    o.objects.ingress = get_json::<Ingress>(client, ns, &names.ingest)
-        .await?
-        .and_then(owned);
-    o.objects.network_policy = get_json::<NetworkPolicy>(client, ns, &names.network_policy)
-        .await?
-        .and_then(owned);
+    observe_optional(relay, client, ns, names, o).await?;
 
     let selector = resources::selector_labels(&names.relay)
         .iter()
@@ -186,53 +143,7 @@ pub(super) async fn observe(
         .filter_map(|c| names.claim_ordinal(&c.name_any()))
         .collect();
     o.claims.sort_unstable();
-    // The backup destination: a list by name (the operator may list claims, not get them),
-    // or the claims per node by their label.
-    let capacity = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
-        c.status
-            .as_ref()
-            .and_then(|s| s.capacity.as_ref())
-            .and_then(|c| c.get("storage"))
-            .and_then(|q| resources::quantity_bytes(&q.0))
-    };
-    if let Some((_, destination)) = relay.spec.claim_backup() {
-        match destination.shared() {
-            Some(name) => {
-                let found = claims
-                    .list(&ListParams::default().fields(&format!("metadata.name={name}")))
-                    .await?;
-                o.backup_claim = Some(match found.items.first() {
-                    None => crate::observed::BackupClaimObs::Missing,
-                    Some(c) => crate::observed::BackupClaimObs::Present {
-                        capacity_bytes: capacity(c),
-                    },
-                });
-            }
-            None => {
-                let found = claims
-                    .list(&ListParams::default().labels(&format!(
-                        "app.kubernetes.io/name={},app.kubernetes.io/instance={}",
-                        resources::BACKUP_CLAIM_APP_NAME,
-                        names.relay
-                    )))
-                    .await?;
-                for c in &found.items {
-                    let ordinal = c
-                        .name_any()
-                        .strip_prefix(&format!("{}-backups-", names.relay))
-                        .and_then(|i| i.parse::<i32>().ok());
-                    if let Some(i) = ordinal {
-                        o.node_backup_claims.insert(
-                            i,
-                            crate::observed::BackupClaimObs::Present {
-                                capacity_bytes: capacity(c),
-                            },
-                        );
-                    }
-                }
-            }
-        }
-    }
+    observe_backup_claims(relay, &claims, names, o).await?;
 
     // The claim a restore reads (a bootstrap's may be another than the backup
     // destination).
@@ -284,6 +195,115 @@ pub(super) async fn observe(
     }
 
     observe_jobs(relay, ctx, names, o).await?;
+    Ok(())
+}
+
+/// The optional objects, read whether or not the spec asks for them: one left from when it
+/// did is deleted. One of that name that this Relay does not own is not its business.
+async fn observe_optional(
+    relay: &Relay,
+    client: &kube::Client,
+    ns: &str,
+    names: &Names,
+    o: &mut Observed,
+) -> Result<(), Error> {
+    let uid = relay.metadata.uid.clone();
+    // Any object's metadata, read as the API's type.
+    #[derive(serde::Deserialize)]
+    struct Object {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    }
+    let owned = |v: Value| {
+        let refs = serde_json::from_value::<Object>(v.clone())
+            .ok()
+            .and_then(|o| o.metadata.owner_references)
+            .unwrap_or_default();
+        let mine = refs
+            .iter()
+            .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref());
+        mine.then_some(v)
+    };
+    o.service_monitor_api =
+        api_served(client, "monitoring.coreos.com/v1", "servicemonitors").await?;
+    if o.service_monitor_api {
+        o.objects.service_monitor = get_dynamic(
+            client,
+            ns,
+            &resources::service_monitor_resource(),
+            &names.service_monitor,
+        )
+        .await?
+        .and_then(owned);
+    }
+    o.http_route_api = api_served(client, "gateway.networking.k8s.io/v1", "httproutes").await?;
+    if o.http_route_api {
+        o.objects.http_route =
+            get_dynamic(client, ns, &resources::http_route_resource(), &names.ingest)
+                .await?
+                .and_then(owned);
+    }
+    o.objects.ingress = get_json::<Ingress>(client, ns, &names.ingest)
+        .await?
+        .and_then(owned);
+    o.objects.network_policy = get_json::<NetworkPolicy>(client, ns, &names.network_policy)
+        .await?
+        .and_then(owned);
+    Ok(())
+}
+
+/// The backup destination's claims: a list by name (the operator may list claims, not get
+/// them), or the claims per node by their label.
+async fn observe_backup_claims(
+    relay: &Relay,
+    claims: &Api<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    names: &Names,
+    o: &mut Observed,
+) -> Result<(), Error> {
+    let capacity = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
+        c.status
+            .as_ref()
+            .and_then(|s| s.capacity.as_ref())
+            .and_then(|c| c.get("storage"))
+            .and_then(|q| resources::quantity_bytes(&q.0))
+    };
+    if let Some((_, destination)) = relay.spec.claim_backup() {
+        match destination.shared() {
+            Some(name) => {
+                let found = claims
+                    .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+                    .await?;
+                o.backup_claim = Some(match found.items.first() {
+                    None => crate::observed::BackupClaimObs::Missing,
+                    Some(c) => crate::observed::BackupClaimObs::Present {
+                        capacity_bytes: capacity(c),
+                    },
+                });
+            }
+            None => {
+                let found = claims
+                    .list(&ListParams::default().labels(&format!(
+                        "app.kubernetes.io/name={},app.kubernetes.io/instance={}",
+                        resources::BACKUP_CLAIM_APP_NAME,
+                        names.relay
+                    )))
+                    .await?;
+                for c in &found.items {
+                    let ordinal = c
+                        .name_any()
+                        .strip_prefix(&format!("{}-backups-", names.relay))
+                        .and_then(|i| i.parse::<i32>().ok());
+                    if let Some(i) = ordinal {
+                        o.node_backup_claims.insert(
+                            i,
+                            crate::observed::BackupClaimObs::Present {
+                                capacity_bytes: capacity(c),
+                            },
+                        );
+                    }
+                }
+            }
+        }
+    }
     Ok(())
 }
 
@@ -412,7 +432,7 @@ async fn observe_claim_rooms(
     jobs: &[Job],
     o: &mut Observed,
 ) {
-    use ankusa_crds::relay::{BackupClaimRoom, NodeArchives};
+    use ankusa_crds::status::{BackupClaimRoom, NodeArchives};
     let Ok(names) = Names::of(relay) else { return };
     let ordinals: std::collections::BTreeSet<i32> = (0..relay.spec.replicas.max(0))
         .chain(o.claims.iter().copied())

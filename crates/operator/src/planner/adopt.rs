@@ -1,7 +1,8 @@
 //! A Relay created over data claims an earlier one left goes through the upgrade gate
 //! before any node opens them. Pure, like the planner, whose upgrade path calls it.
 
-use ankusa_crds::relay::{BackupPolicy, Relay, RelayStatus, UpgradePhase, UpgradeStatus};
+use ankusa_crds::relay::{BackupPolicy, Relay};
+use ankusa_crds::status::{RelayStatus, UpgradePhase, UpgradeStatus};
 
 use super::{continue_upgrade, probe_of};
 use crate::observed::{hold, Hold, JobObs, Observed};

@@ -42,17 +42,20 @@
 //! StatefulSet controller replaces pods one at a time, waiting for readiness.
 
 pub mod adopt;
+mod events;
+mod objects;
 
-use ankusa_crds::relay::{
-    BackupPolicy, Relay, RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus,
-};
+pub use events::{upgrade_events, StepEvent};
+pub use objects::{changes, monitor_decision, Change, MonitorDecision};
+
+use ankusa_crds::relay::{BackupPolicy, Relay};
+use ankusa_crds::status::{RelayStatus, RestoreStatus, UpgradePhase, UpgradeStatus};
 
 use crate::observed::{
-    comparable, contains, elapsed_s, hold, in_progress, names_image, BackupClaimObs, Hold, JobObs,
-    Observed, ObservedObjects, Owned, PodObs, ProbeObs,
+    elapsed_s, hold, in_progress, names_image, BackupClaimObs, Hold, JobObs, Observed, PodObs,
+    ProbeObs,
 };
 use crate::plan::{backup_job_name, pinned, JobAction, Rollout};
-use crate::resources::DesiredSet;
 
 /// The lowest store format of the nodes: over those that answered now and the lowest the
 /// last status recorded (a node down for a moment, such as the pod a rolling update is
@@ -216,48 +219,9 @@ fn rollout_steps(
             Some(format),
         );
     };
-    if format < store {
-        // Only a rollback by restore goes below the stores' format; one that could begin
-        // began above, so with `rollbackTo` this says why it could not.
-        let h = match &spec.upgrade.rollback_to {
-            Some(_) => hold(
-                "RollbackRefused",
-                crate::restore::begin_rollback(relay, o, format, store)
-                    .err()
-                    .unwrap_or_else(|| format!("a rollback to {target} has completed already")),
-                true,
-            ),
-            None => hold(
-                "FormatTooOld",
-                format!(
-                    "{target} supports store format {format}, the stores are at {store}; a store is never moved back: to return to it, restore the nodes from their backups with spec.upgrade.rollbackTo (docs/operator.md, \"Restores: bootstrap and rollback\")"
-                ),
-                true,
-            ),
-        };
-        return hold_old(h, Vec::new(), Some(format));
-    }
-    let gated = match (spec.backup.as_ref().map(|b| b.policy), spec.claim_backup()) {
-        (Some(BackupPolicy::Never), _) => false,
-        (Some(BackupPolicy::Always), Some(_)) => true,
-        (Some(BackupPolicy::FormatChange), Some(_)) => format > store,
-        // No claim to back up to: a format change moves over every node's fresh backup in
-        // the object store, or not at all.
-        _ if format > store => match crate::objstore::gate_problem(relay, o, store) {
-            None => false,
-            Some((reason, why, terminal)) => {
-                return hold_old(
-                    hold(
-                        reason,
-                        format!("{target} moves the stores from format {store} to {format}; {why}"),
-                        terminal,
-                    ),
-                    Vec::new(),
-                    Some(format),
-                );
-            }
-        },
-        _ => false,
+    let gated = match gated(relay, o, &target, format, store) {
+        Ok(g) => g,
+        Err(h) => return hold_old(h, Vec::new(), Some(format)),
     };
     if !gated {
         return steady_out(&target, Some(format));
@@ -282,6 +246,59 @@ fn rollout_steps(
     let mut prev_with_format = prev.clone();
     prev_with_format.target_format = Some(format);
     continue_upgrade(relay, &prev_with_format, cursor, o)
+}
+
+/// Whether the move to `target` (store format `format`, the stores at `store`) goes behind
+/// the backup gate, or what holds it: a format below the stores' (only a rollback by
+/// restore goes there), or a format change with no fresh backup to move over.
+fn gated(
+    relay: &Relay,
+    o: &Observed,
+    target: &str,
+    format: u32,
+    store: u32,
+) -> Result<bool, Option<Hold>> {
+    let spec = &relay.spec;
+    if format < store {
+        // Only a rollback by restore goes below the stores' format; one that could begin
+        // began before this, so with `rollbackTo` this says why it could not.
+        return Err(match &spec.upgrade.rollback_to {
+            Some(_) => hold(
+                "RollbackRefused",
+                crate::restore::begin_rollback(relay, o, format, store)
+                    .err()
+                    .unwrap_or_else(|| format!("a rollback to {target} has completed already")),
+                true,
+            ),
+            None => hold(
+                "FormatTooOld",
+                format!(
+                    "{target} supports store format {format}, the stores are at {store}; a store is never moved back: to return to it, restore the nodes from their backups with spec.upgrade.rollbackTo (docs/operator.md, \"Restores: bootstrap and rollback\")"
+                ),
+                true,
+            ),
+        });
+    }
+    Ok(
+        match (spec.backup.as_ref().map(|b| b.policy), spec.claim_backup()) {
+            (Some(BackupPolicy::Never), _) => false,
+            (Some(BackupPolicy::Always), Some(_)) => true,
+            (Some(BackupPolicy::FormatChange), Some(_)) => format > store,
+            // No claim to back up to: a format change moves over every node's fresh backup in
+            // the object store, or not at all.
+            _ if format > store => match crate::objstore::gate_problem(relay, o, store) {
+                None => false,
+                Some((reason, why, terminal)) => {
+                    return Err(hold(
+                        reason,
+                        format!("{target} moves the stores from format {store} to {format}; {why}"),
+                        terminal,
+                    ));
+                }
+            },
+            _ => false,
+        },
+    )
 }
 
 /// A rollback to begin: `spec.upgrade.rollbackTo` names `spec.image`, whose probed store
@@ -633,36 +650,10 @@ fn step(
             wanted.push((p - 1, false));
         }
         cursor.current_pod = (p > 0).then(|| pod_name(p - 1));
-        let mut jobs = Vec::new();
-        let mut done = 0;
-        for &(ordinal, offline) in &wanted {
-            let name = backup_job_name(relay, ordinal, &cursor);
-            match o.backups.get(&ordinal) {
-                None => jobs.push(if offline {
-                    JobAction::OfflineBackup {
-                        ordinal,
-                        target: target.clone(),
-                        name,
-                    }
-                } else {
-                    JobAction::Backup {
-                        ordinal,
-                        target: target.clone(),
-                        name,
-                    }
-                }),
-                Some(JobObs::Running) => {}
-                Some(JobObs::Succeeded) => done += 1,
-                Some(JobObs::Failed(m)) => {
-                    return fail(
-                        cursor,
-                        out,
-                        "BackupFailed",
-                        format!("backup Job {name} of {} failed: {m}", pod_name(ordinal)),
-                    );
-                }
-            }
-        }
+        let (mut jobs, done) = match backups_of_step(relay, o, &cursor, &wanted, &target) {
+            Ok(j) => j,
+            Err(message) => return fail(cursor, out, "BackupFailed", message),
+        };
         cursor.backup_jobs = wanted
             .iter()
             .map(|&(i, _)| backup_job_name(relay, i, &cursor))
@@ -715,6 +706,46 @@ fn step(
         out.upgrade = Some(cursor);
         out
     }
+}
+
+/// The backup Jobs a step of the gate still starts — one for each of the `wanted` nodes
+/// (`(ordinal, offline)`) that has none yet — and how many of them succeeded; a failed
+/// one's message.
+fn backups_of_step(
+    relay: &Relay,
+    o: &Observed,
+    cursor: &UpgradeStatus,
+    wanted: &[(i32, bool)],
+    target: &str,
+) -> Result<(Vec<JobAction>, usize), String> {
+    let names = crate::names::Names::of(relay).ok();
+    let mut jobs = Vec::new();
+    let mut done = 0;
+    for &(ordinal, offline) in wanted {
+        let name = backup_job_name(relay, ordinal, cursor);
+        match o.backups.get(&ordinal) {
+            None => jobs.push(if offline {
+                JobAction::OfflineBackup {
+                    ordinal,
+                    target: target.to_owned(),
+                    name,
+                }
+            } else {
+                JobAction::Backup {
+                    ordinal,
+                    target: target.to_owned(),
+                    name,
+                }
+            }),
+            Some(JobObs::Running) => {}
+            Some(JobObs::Succeeded) => done += 1,
+            Some(JobObs::Failed(m)) => {
+                let pod = names.as_ref().map(|n| n.pod(ordinal)).unwrap_or_default();
+                return Err(format!("backup Job {name} of {pod} failed: {m}"));
+            }
+        }
+    }
+    Ok((jobs, done))
 }
 
 /// Why the backup claim cannot take the next backup Job's archive — node `next`'s — if it
@@ -829,188 +860,4 @@ fn unverified(
         }
     }
     None
-}
-
-/// Create a missing object, update a drifted one, or delete one no longer wanted (only an
-/// optional kind, [`Owned::optional`]: the operator deletes no store, Service or
-/// StatefulSet).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum Change {
-    Create,
-    Update,
-    Delete,
-}
-
-/// Which owned objects to apply: those missing and those that differ from what the
-/// operator's apply would make of them (fields the cluster or others added are not drift);
-/// and an owned optional object that is no longer wanted, to delete.
-pub fn changes(desired: &DesiredSet, observed: &ObservedObjects) -> Vec<(Owned, Change)> {
-    let mut out = Vec::new();
-    for kind in Owned::ALL {
-        let have = observed.get(kind);
-        let Some(want) = desired.value(kind) else {
-            // Not wanted (a ServiceMonitor with monitoring turned off, an Ingress no longer
-            // asked for): an existing one, which the controller reports only when this
-            // Relay owns it, goes.
-            if have.is_some() && kind.optional() {
-                out.push((kind, Change::Delete));
-            }
-            continue;
-        };
-        let Some(have) = have else {
-            out.push((kind, Change::Create));
-            continue;
-        };
-        let drift = match observed.applied.get(&kind) {
-            Some(after) => comparable(after) != comparable(have),
-            None => !contains(have, &want),
-        };
-        if drift {
-            out.push((kind, Change::Update));
-        }
-    }
-    out
-}
-
-/// What the ServiceMonitor decision was.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub enum MonitorDecision {
-    Disabled,
-    Applied,
-    /// Asked for, but `monitoring.coreos.com/v1` is not served.
-    ApiMissing,
-}
-
-pub fn monitor_decision(relay: &Relay, o: &Observed) -> MonitorDecision {
-    if !relay.spec.monitoring.service_monitor.enabled {
-        MonitorDecision::Disabled
-    } else if o.service_monitor_api {
-        MonitorDecision::Applied
-    } else {
-        MonitorDecision::ApiMissing
-    }
-}
-
-/// An Event of a step of the upgrade gate.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
-pub struct StepEvent {
-    pub reason: &'static str,
-    pub message: String,
-    pub warning: bool,
-}
-
-/// The Events of one decision of the gate: what changed from the cursor `prev` to `next`,
-/// and the Jobs it starts.
-pub fn upgrade_events(
-    relay: &Relay,
-    prev: Option<&UpgradeStatus>,
-    next: Option<&UpgradeStatus>,
-    r: &Rollout,
-) -> Vec<StepEvent> {
-    let mut out = Vec::new();
-    let ev = |reason, message: String, warning| StepEvent {
-        reason,
-        message,
-        warning,
-    };
-    for job in &r.jobs {
-        match job {
-            JobAction::Probe { image } => out.push(ev(
-                "ProbeStarted",
-                format!("Job {} learns the store format of {image}", job.name(relay)),
-                false,
-            )),
-            JobAction::Backup { ordinal, name, .. }
-            | JobAction::OfflineBackup { ordinal, name, .. } => out.push(ev(
-                "BackupStarted",
-                format!("Job {name} backs up node {ordinal}"),
-                false,
-            )),
-            JobAction::Restore {
-                ordinal,
-                name,
-                format,
-                ..
-            } => out.push(ev(
-                "RestoreStarted",
-                match format {
-                    Some(f) => format!(
-                        "Job {name} restores node {ordinal} from its newest backup at store format {f} or lower"
-                    ),
-                    None => format!("Job {name} restores node {ordinal} from its newest backup"),
-                },
-                false,
-            )),
-        }
-    }
-    let Some(next) = next else {
-        return out;
-    };
-    let default = UpgradeStatus::default();
-    let prev = prev.unwrap_or(&default);
-    let target = next.target_image.clone().unwrap_or_default();
-    if r.backups_succeeded_now {
-        out.push(ev(
-            "BackupSucceeded",
-            format!("backed up: {}", next.backup_jobs.join(", ")),
-            false,
-        ));
-    }
-    if next.phase == UpgradePhase::BackingUp && prev.phase != UpgradePhase::BackingUp {
-        if let Some(from) = &next.from_image {
-            if !in_progress(prev) {
-                out.push(ev(
-                    "UpgradeStarted",
-                    format!("{from} → {target}: each node is backed up just before it moves, highest ordinal first"),
-                    false,
-                ));
-            }
-        }
-    }
-    if let (Some(a), Some(b)) = (prev.partition, next.partition) {
-        if b < a && in_progress(prev) {
-            out.push(ev(
-                "PartitionLowered",
-                format!(
-                    "partition {a} → {b}: {} moves to {target}",
-                    next.current_pod.clone().unwrap_or_default()
-                ),
-                false,
-            ));
-        }
-    }
-    if next.pods_migrated > prev.pods_migrated && in_progress(prev) {
-        let pod = prev.current_pod.clone().unwrap_or_default();
-        out.push(ev(
-            "NodeVerified",
-            format!("{pod} runs {target}, Ready, its store migrated"),
-            false,
-        ));
-    }
-    if next.phase == UpgradePhase::Completed && prev.phase != UpgradePhase::Completed {
-        out.push(ev(
-            "UpgradeCompleted",
-            format!("every node runs {target}"),
-            false,
-        ));
-    }
-    if next.phase == UpgradePhase::Failed && prev.phase != UpgradePhase::Failed {
-        let message = next.last_error.clone().unwrap_or_default();
-        if next.failed_in == Some(UpgradePhase::BackingUp) {
-            out.push(ev("BackupFailed", message.clone(), true));
-        }
-        out.push(ev("UpgradeFailed", message, true));
-    }
-    if prev.phase == UpgradePhase::Failed && next.phase != UpgradePhase::Failed && in_progress(next)
-    {
-        out.push(ev(
-            "UpgradeResumed",
-            format!(
-                "resuming at {} towards {target}",
-                next.current_pod.clone().unwrap_or_default()
-            ),
-            false,
-        ));
-    }
-    out
 }

@@ -22,7 +22,8 @@
 use std::collections::BTreeMap;
 
 use ankusa_api::node::{Counters, NodeStatus};
-use ankusa_crds::relay::{Relay, RelayStatus, UpgradePhase};
+use ankusa_crds::relay::Relay;
+use ankusa_crds::status::{RelayStatus, UpgradePhase};
 use ankusa_operator::observed::{JobObs, NodeReading, Observed, PodObs, ProbeObs, StsObs};
 use ankusa_operator::plan::JobAction;
 use ankusa_operator::planner;

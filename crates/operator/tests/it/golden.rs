@@ -34,7 +34,7 @@ fn rendered(fixture: &str) -> String {
     out.push_str("---\n");
     out.push_str(&serde_yaml::to_string(&probe).unwrap());
     if r.spec.backup.is_some() {
-        let cursor = ankusa_crds::relay::UpgradeStatus {
+        let cursor = ankusa_crds::status::UpgradeStatus {
             target_image: Some(r.spec.image.clone()),
             started: Some("2026-11-30T00:00:00Z".into()),
             ..Default::default()

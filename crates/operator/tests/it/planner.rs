@@ -6,7 +6,8 @@
 //! update, and a subset of the status. Owned objects are observed as `none` (nothing
 //! exists) or `desired` (exactly what the spec asks for), with `drift` merged in.
 
-use ankusa_crds::relay::{Relay, RelayStatus};
+use ankusa_crds::relay::Relay;
+use ankusa_crds::status::RelayStatus;
 use ankusa_operator::observed::{Observed, ObservedObjects};
 use ankusa_operator::planner;
 use ankusa_operator::resources::{DesiredSet, Surroundings};
