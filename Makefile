@@ -78,7 +78,7 @@ chaos: deps toxiproxy
 # OpenAPI body that differs from its return type does not compile) run as one.
 nextest:
 	$(CARGO) nextest run --workspace --no-fail-fast
-	$(CARGO) test -q -p ankusa-api-macros --doc
+	$(CARGO) test -q -p ankusa-api-macros -p ankusa-queue --doc
 
 # The newcomer's path (`make run` and the README's quickstart block, e2e/quickstart.sh);
 # the operator, the chart and real relay nodes on the control plane `make test` started

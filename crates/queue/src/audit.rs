@@ -1,7 +1,7 @@
 //! The audit trail: one row per mutating admin call, `<<?a, seq::64, at::64>>` in the
 //! `audit` family, written in the same batch as the call's effect where it has one.
 //! Rows are pruned by age (`admin.audit_retention_ms`) in bounded batches. The admin API
-//! (`ankusa-relay`'s `admin`) writes the ops built here and pages the rows.
+//! (`ankusa-relay`'s `admin`) commits the changes built here and pages the rows.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -9,9 +9,9 @@ use serde::{Deserialize, Serialize};
 
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, Family, Seq};
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
-use crate::QueueError;
+use crate::{Change, QueueError};
 
 /// One audit row.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -53,7 +53,7 @@ impl Audit {
         action: &str,
         tenant: Option<&str>,
         detail: serde_json::Value,
-    ) -> Op {
+    ) -> Change {
         let seq = self.next.fetch_add(1, Ordering::Relaxed);
         let at = ankusa_keyspace::now_ms();
         let r = Record {
@@ -64,11 +64,11 @@ impl Audit {
             tenant: tenant.map(str::to_owned),
             detail,
         };
-        Op::put(
+        Change(Op::put(
             Cf::Audit,
             ankusa_keyspace::audit(Seq(seq), AtMs(at)),
             serde_json::to_vec(&r).unwrap_or_default(),
-        )
+        ))
     }
 }
 
@@ -130,7 +130,7 @@ mod tests {
         let h = Harness::new();
         let audit = Audit::open(&h.store).unwrap();
         let op = audit.op("ops", "dlq.replay", None, serde_json::json!({}));
-        h.store.write(vec![op], true).unwrap();
+        crate::commit(&h.store, vec![op], true).unwrap();
         assert_eq!(page(&h.store, None, 10, |_| true).unwrap().len(), 1);
         let bad = Op::put(
             Cf::Audit,
@@ -148,10 +148,10 @@ mod tests {
         let ops = (0..3)
             .map(|i| audit.op("ops", "purge", Some("acme"), serde_json::json!({ "i": i })))
             .collect();
-        h.store.write(ops, true).unwrap();
+        crate::commit(&h.store, ops, true).unwrap();
         let again = Audit::open(&h.store).unwrap();
         let op = again.op("ops", "replay", None, serde_json::json!({}));
-        h.store.write(vec![op], true).unwrap();
+        crate::commit(&h.store, vec![op], true).unwrap();
         let seqs: Vec<u64> = page(&h.store, None, 10, |_| true)
             .unwrap()
             .iter()

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{CounterField, TenantOrd};
-use ankusa_store::{merge, Op, Store};
+use ankusa_store::{merge, Op, Rows, Store};
 
 use crate::QueueError;
 

@@ -23,10 +23,10 @@
 //! from a fresh [`Cursor`]; the sweeps start again from the beginning.
 
 use ankusa_keyspace::{Cf, CounterField, Family, Seq, TenantOrd};
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::deliveries::{self, PurgeKinds};
-use crate::QueueError;
+use crate::{Change, QueueError};
 
 /// Rows written (deleted) in one chunk.
 pub const CHUNK: usize = 500;
@@ -126,27 +126,8 @@ pub fn step(
             removed: r.hooks_removed,
         });
     }
-    let (lo, end) = ankusa_keyspace::archived_range(
-        ord,
-        ankusa_keyspace::AtMs(0),
-        ankusa_keyspace::AtMs(u64::MAX),
-    );
-    let mut ops = Vec::new();
-    for kv in store
-        .scan(Family::ArchivedHooks, &lo, &end, Dir::Forward)?
-        .take(CHUNK)
-    {
-        let (k, v) = kv?;
-        let a = crate::archive::Archived::decode(&k, &v)?;
-        ops.push(Op::delete(
-            Cf::Archive,
-            ankusa_keyspace::archive_expiry(a.expires, a.key.seq),
-        ));
-        ops.push(Op::delete(Cf::Archive, k));
-    }
-    if !ops.is_empty() {
-        let removed = ops.len() as u64 / 2;
-        store.write(ops, true)?;
+    let removed = archived_chunk(store, ord)?;
+    if removed > 0 {
         return Ok(Step::Worked {
             part: "archive",
             removed,
@@ -179,18 +160,8 @@ pub fn step(
             removed,
         });
     }
-    let (lo, end) = ankusa_keyspace::dedupe_tenant_range(tenant);
-    let keys: Vec<Vec<u8>> = store
-        .scan(Family::Dedupe, &lo, &end, Dir::Forward)?
-        .take(CHUNK)
-        .map(|kv| kv.map(|(k, _)| k))
-        .collect::<Result<_, _>>()?;
-    if !keys.is_empty() {
-        let removed = keys.len() as u64;
-        store.write(
-            keys.into_iter().map(|k| Op::delete(Cf::Index, k)).collect(),
-            true,
-        )?;
+    let removed = dedupe_chunk(store, tenant)?;
+    if removed > 0 {
         return Ok(Step::Worked {
             part: "dedupe keys",
             removed,
@@ -218,6 +189,53 @@ pub fn step(
         });
     }
     Ok(Step::Clean)
+}
+
+/// Up to [`CHUNK`] of tenant `ord`'s archived hooks removed, with their expiry entries
+/// (one synced write); how many.
+fn archived_chunk(store: &Store, ord: TenantOrd) -> Result<u64, QueueError> {
+    let (lo, end) = ankusa_keyspace::archived_range(
+        ord,
+        ankusa_keyspace::AtMs(0),
+        ankusa_keyspace::AtMs(u64::MAX),
+    );
+    let mut ops = Vec::new();
+    for kv in store
+        .scan(Family::ArchivedHooks, &lo, &end, Dir::Forward)?
+        .take(CHUNK)
+    {
+        let (k, v) = kv?;
+        let a = crate::archive::Archived::decode(&k, &v)?;
+        ops.push(Op::delete(
+            Cf::Archive,
+            ankusa_keyspace::archive_expiry(a.expires, a.key.seq),
+        ));
+        ops.push(Op::delete(Cf::Archive, k));
+    }
+    let removed = ops.len() as u64 / 2;
+    if !ops.is_empty() {
+        store.write(ops, true)?;
+    }
+    Ok(removed)
+}
+
+/// Up to [`CHUNK`] of tenant `tenant`'s idempotency keys removed (one synced write); how
+/// many. Their expiry entries go in their own sweep.
+fn dedupe_chunk(store: &Store, tenant: &str) -> Result<u64, QueueError> {
+    let (lo, end) = ankusa_keyspace::dedupe_tenant_range(tenant);
+    let keys: Vec<Vec<u8>> = store
+        .scan(Family::Dedupe, &lo, &end, Dir::Forward)?
+        .take(CHUNK)
+        .map(|kv| kv.map(|(k, _)| k))
+        .collect::<Result<_, _>>()?;
+    let removed = keys.len() as u64;
+    if !keys.is_empty() {
+        store.write(
+            keys.into_iter().map(|k| Op::delete(Cf::Index, k)).collect(),
+            true,
+        )?;
+    }
+    Ok(removed)
 }
 
 /// One chunk of a sweep over the whole of `family` ([`SWEEP`] keys from where `sweep`
@@ -266,7 +284,7 @@ fn sweep_chunk(
 /// counters (every one zero, so the node aggregate does not move), `?n`, its name in `?t`
 /// (left empty: the ordinal is never handed out again), its pause, its limits and the
 /// erase marker. An error if a counter is not zero (a row is still there).
-pub fn finish_ops(store: &Store, ord: TenantOrd, tenant: &str) -> Result<Vec<Op>, QueueError> {
+pub fn finish_ops(store: &Store, ord: TenantOrd, tenant: &str) -> Result<Vec<Change>, QueueError> {
     let c = crate::counters::read(store, ord)?;
     if c != crate::counters::Counters::default() {
         return Err(QueueError::corrupt(
@@ -277,16 +295,19 @@ pub fn finish_ops(store: &Store, ord: TenantOrd, tenant: &str) -> Result<Vec<Op>
             ),
         ));
     }
-    let mut ops: Vec<Op> = CounterField::ALL
+    let mut ops: Vec<Change> = CounterField::ALL
         .iter()
-        .map(|f| Op::delete(Cf::Counters, ankusa_keyspace::counter(ord, *f)))
+        .map(|f| Change(Op::delete(Cf::Counters, ankusa_keyspace::counter(ord, *f))))
         .collect();
-    ops.push(Op::delete(Cf::Tenants, ankusa_keyspace::tenant_ord(tenant)));
-    ops.push(Op::put(
+    ops.push(Change(Op::delete(
+        Cf::Tenants,
+        ankusa_keyspace::tenant_ord(tenant),
+    )));
+    ops.push(Change(Op::put(
         Cf::Tenants,
         ankusa_keyspace::tenant_name(ord),
         Vec::new(),
-    ));
+    )));
     ops.push(crate::tenants::resume_op(ord));
     ops.push(crate::tenants::limits_op(tenant, None));
     ops.push(crate::tenants::erase_end_op(ord));

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use super::counters::{self, Counters};
 use super::deliveries::{ArchiveObligation, DeadRow, DueRow, InflightRow, Kind, PulledRow};
 use ankusa_keyspace::{CounterField, Family, TenantOrd};
-use ankusa_store::{merge, Store};
+use ankusa_store::{merge, Rows, Store};
 
 use crate::QueueError;
 
@@ -97,6 +97,14 @@ pub struct Mismatch {
     pub ord: TenantOrd,
     pub stored: Counters,
     pub folded: Counters,
+}
+
+/// How many rows `family` holds (its sentinels left out): a scan of the whole family, for
+/// `store inspect`.
+pub fn rows_in(store: &Store, family: Family) -> Result<u64, QueueError> {
+    Ok(store
+        .scan_family(family)?
+        .try_fold(0u64, |n, kv| kv.map(|_| n + 1))?)
 }
 
 /// Compares the stored counters with the fold; empty when they agree everywhere (a tenant

@@ -35,7 +35,7 @@
 
 use ankusa_keyspace::{Cf, Family, TenantOrd};
 use ankusa_records::moved::Moved;
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::deliveries::{self, Tx};
 use crate::QueueError;
@@ -190,7 +190,7 @@ pub fn stage(
             .take(room)
         {
             let (k, v) = kv?;
-            let Some((expires, id)) = crate::writer::decode_dedupe_value(&v) else {
+            let Some((expires, id)) = crate::dedupe::decode_value(&v) else {
                 continue;
             };
             if expires <= now_ms {

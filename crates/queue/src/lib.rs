@@ -26,9 +26,12 @@
 pub mod archive;
 pub mod audit;
 pub mod counters;
+pub mod dedupe;
 pub mod deliveries;
+pub mod engine;
 pub mod erase;
 pub mod fold;
+pub mod formats;
 pub mod handoff;
 pub mod hints;
 pub mod hooklog;
@@ -43,9 +46,26 @@ pub mod writer;
 pub use counters::Delta;
 pub use deliveries::Tx;
 
-use ankusa_store::StoreError;
+use ankusa_store::{Op, Rows, Store, StoreError};
 
 use ankusa_keyspace::Family;
+
+/// A row change this crate built (an audit row, a tenant's pause or limits, a quarantine
+/// entry), for its caller to commit with others in one atomic batch ([`commit`], or a
+/// [`Tx`] through [`Tx::push`]). Only this crate builds one: outside it a change can be
+/// carried and committed, never made.
+///
+/// ```compile_fail,E0423
+/// // Outside the queue a change cannot be made from an op, however the op was built.
+/// let c = ankusa_queue::Change(ankusa_store::Op::delete(ankusa_keyspace::Cf::Hooks, vec![]));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Change(pub(crate) Op);
+
+/// Commits `changes` as one atomic batch; `sync` waits for the WAL to reach the disk.
+pub fn commit(store: &Store, changes: Vec<Change>, sync: bool) -> Result<(), QueueError> {
+    Ok(store.write(changes.into_iter().map(|c| c.0).collect(), sync)?)
+}
 
 /// Errors of the queue layer. Every queue function returns this type; the store's errors
 /// arrive through `From`, with a damaged family lifted into [`QueueError::Corrupt`] so that

@@ -8,9 +8,9 @@ use serde::{Deserialize, Serialize};
 
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::Family;
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
-use crate::QueueError;
+use crate::{Change, QueueError};
 
 /// A quarantined request.
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
@@ -36,12 +36,16 @@ pub fn totals(store: &Store) -> Result<(u64, u64, u64), QueueError> {
     Ok((entries, bytes, last))
 }
 
-/// The op that keeps `entry`, and its size in bytes; `None` if it does not encode.
-pub fn put(entry: &Entry) -> Option<(Op, u64)> {
+/// The change that keeps `entry`, and its size in bytes; `None` if it does not encode.
+pub fn put(entry: &Entry) -> Option<(Change, u64)> {
     let value = serde_json::to_vec(entry).ok()?;
     let size = value.len() as u64;
     Some((
-        Op::put(Cf::Quarantine, ankusa_keyspace::quarantine(entry.id), value),
+        Change(Op::put(
+            Cf::Quarantine,
+            ankusa_keyspace::quarantine(entry.id),
+            value,
+        )),
         size,
     ))
 }
@@ -84,7 +88,7 @@ pub fn page(
 pub fn delete(
     store: &Store,
     pick: impl Fn(&Entry) -> bool,
-    audit: Op,
+    audit: Change,
     mut released: impl FnMut(u64, u64),
 ) -> Result<u64, QueueError> {
     let mut victims: Vec<(Vec<u8>, u64)> = Vec::new();
@@ -94,7 +98,7 @@ pub fn delete(
             victims.push((k, v.len() as u64));
         }
     }
-    let mut first = Some(audit);
+    let mut first = Some(audit.0);
     for chunk in victims.chunks(500) {
         let mut ops: Vec<Op> = chunk
             .iter()
@@ -141,11 +145,11 @@ mod tests {
     #[test]
     fn rows_are_paged_newest_first_counted_and_deleted_with_their_room_given_back() {
         let h = Harness::new();
-        let ops: Vec<Op> = (1..=3)
+        let ops: Vec<Change> = (1..=3)
             .filter_map(|i| put(&entry(i)))
             .map(|(op, _)| op)
             .collect();
-        h.store.write(ops, true).unwrap();
+        crate::commit(&h.store, ops, true).unwrap();
         let (n, bytes, last) = totals(&h.store).unwrap();
         assert_eq!((n, last), (3, 3));
         let ids: Vec<u64> = page(&h.store, None, 10, |_| true)
@@ -155,11 +159,11 @@ mod tests {
             .collect();
         assert_eq!(ids, [3, 2, 1]);
         let mut given_back = (0, 0);
-        let audit = Op::put(
+        let audit = Change(Op::put(
             Cf::Audit,
             ankusa_keyspace::audit(ankusa_keyspace::Seq(1), ankusa_keyspace::AtMs(1)),
             b"{}".to_vec(),
-        );
+        ));
         let gone = delete(
             &h.store,
             |e| e.id != 2,

@@ -20,7 +20,7 @@ use super::deliveries;
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::Family;
 use ankusa_store::Dir;
-use ankusa_store::{Op, Store};
+use ankusa_store::{Op, Rows, Store};
 
 use crate::QueueError;
 

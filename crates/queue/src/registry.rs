@@ -32,7 +32,7 @@ use std::sync::{Arc, Mutex};
 
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::Family;
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::QueueError;
 

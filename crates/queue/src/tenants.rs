@@ -13,10 +13,10 @@
 
 use std::collections::HashMap;
 
-use super::QueueError;
+use super::{Change, QueueError};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::TenantOrd;
-use ankusa_store::{decode_u32, Op, Store};
+use ankusa_store::{decode_u32, Op, Rows, Store};
 
 /// The longest tenant id accepted, in bytes.
 pub const MAX_TENANT_LEN: usize = ankusa_config::MAX_TENANT_LEN;
@@ -304,14 +304,18 @@ pub fn paused_key(ord: TenantOrd) -> Vec<u8> {
     k
 }
 
-/// The op that pauses tenant `ord` at `at`.
-pub fn pause_op(ord: TenantOrd, at: ankusa_keyspace::AtMs) -> Op {
-    Op::put(Cf::Default, paused_key(ord), at.0.to_be_bytes().to_vec())
+/// The change that pauses tenant `ord` at `at`.
+pub fn pause_op(ord: TenantOrd, at: ankusa_keyspace::AtMs) -> Change {
+    Change(Op::put(
+        Cf::Default,
+        paused_key(ord),
+        at.0.to_be_bytes().to_vec(),
+    ))
 }
 
-/// The op that ends tenant `ord`'s pause.
-pub fn resume_op(ord: TenantOrd) -> Op {
-    Op::delete(Cf::Default, paused_key(ord))
+/// The change that ends tenant `ord`'s pause.
+pub fn resume_op(ord: TenantOrd) -> Change {
+    Change(Op::delete(Cf::Default, paused_key(ord)))
 }
 
 /// Every paused tenant, with when it was paused.
@@ -379,12 +383,12 @@ pub fn limits_key(tenant: &str) -> Vec<u8> {
     k
 }
 
-/// The op that sets tenant `tenant`'s quotas to `json` (or, with `None`, removes them).
-pub fn limits_op(tenant: &str, json: Option<Vec<u8>>) -> Op {
-    match json {
+/// The change that sets tenant `tenant`'s quotas to `json` (or, with `None`, removes them).
+pub fn limits_op(tenant: &str, json: Option<Vec<u8>>) -> Change {
+    Change(match json {
         Some(v) => Op::put(Cf::Default, limits_key(tenant), v),
         None => Op::delete(Cf::Default, limits_key(tenant)),
-    }
+    })
 }
 
 /// Every tenant's quotas as stored: `(tenant id, JSON)`.
@@ -435,14 +439,18 @@ fn erasing_key(ord: TenantOrd) -> Vec<u8> {
     k
 }
 
-/// The op that marks tenant `ord` erasing since `at`.
-pub fn erase_begin_op(ord: TenantOrd, at: ankusa_keyspace::AtMs) -> Op {
-    Op::put(Cf::Default, erasing_key(ord), at.0.to_be_bytes().to_vec())
+/// The change that marks tenant `ord` erasing since `at`.
+pub fn erase_begin_op(ord: TenantOrd, at: ankusa_keyspace::AtMs) -> Change {
+    Change(Op::put(
+        Cf::Default,
+        erasing_key(ord),
+        at.0.to_be_bytes().to_vec(),
+    ))
 }
 
-/// The op that ends tenant `ord`'s erase (in its last write).
-pub fn erase_end_op(ord: TenantOrd) -> Op {
-    Op::delete(Cf::Default, erasing_key(ord))
+/// The change that ends tenant `ord`'s erase (in its last write).
+pub fn erase_end_op(ord: TenantOrd) -> Change {
+    Change(Op::delete(Cf::Default, erasing_key(ord)))
 }
 
 /// Every tenant being erased, with when its erase began.

@@ -13,7 +13,7 @@ use super::{deliveries, fold, QueueError};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, Bucket, Family, Seq, TenantOrd};
 use ankusa_records::Envelope;
-use ankusa_store::{OpenOptions, Store};
+use ankusa_store::{OpenOptions, Rows, Store};
 
 /// A store and the writer's assembler.
 pub struct Harness {

@@ -12,9 +12,12 @@ use super::tenants::{Allocator, Resolution};
 use super::QueueError;
 use ankusa_keyspace::{AtMs, Family, InflightKey, Seq, SinkIdx, TenantOrd};
 use ankusa_records::Envelope;
-use ankusa_store::{Dir, Store};
+use ankusa_store::{Dir, Rows, Store};
 
 mod import;
+mod sync;
+
+use sync::{AfterSync, Syncer, Syncing, Written};
 
 /// A batch ready to commit, and what each hook of it will get.
 #[derive(Debug)]
@@ -91,7 +94,7 @@ pub struct Assembler {
 
 impl Assembled {
     /// Another op to commit with the batch (dedupe keys).
-    pub fn push_op(&mut self, op: ankusa_store::Op) {
+    pub(crate) fn push_op(&mut self, op: ankusa_store::Op) {
         self.tx.push_op(op);
     }
 }
@@ -328,6 +331,23 @@ pub fn next_seq(store: &Store) -> Result<u64, QueueError> {
         }
     }
     Ok(next)
+}
+
+/// How many hooks the store holds from seq `from` on (those a backup up to `from` lacks,
+/// for `restore --report`): a scan of that end of `hooks`.
+pub fn hooks_from(store: &Store, from: Seq) -> Result<u64, QueueError> {
+    let (_, end) = Family::Hooks.bounds();
+    let mut held = 0;
+    for row in store.scan(
+        Family::Hooks,
+        &ankusa_keyspace::hook(from),
+        &end,
+        Dir::Forward,
+    )? {
+        row?;
+        held += 1;
+    }
+    Ok(held)
 }
 
 // ---------------------------------------------------------------------------------------
@@ -577,133 +597,6 @@ struct Writer {
     imported: Vec<(tokio::sync::oneshot::Sender<ImportReply>, ImportReply)>,
 }
 
-/// How the writer's batches are synced (`writer.pipeline`).
-enum Syncing {
-    /// By the syncer thread, while the writer writes the next batch.
-    Pipelined(std::sync::mpsc::SyncSender<Written>),
-    /// By the writer itself, before it takes the next batch.
-    Inline(Syncer),
-}
-
-/// What a failed commit (the writer's write, or the syncer's WAL sync) leaves for the
-/// writer to do before its next batch.
-#[derive(Debug, Default)]
-struct AfterSync {
-    /// A WAL sync failed: the store holds batches whose requests were refused, so the
-    /// next batch reads its seq and ordinal state again ([`Assembler::mark_stale`]).
-    stale: std::sync::atomic::AtomicBool,
-    /// Rows a failed commit had written inflight to start, to make due (see
-    /// [`Writer::requeue_unstarted`]).
-    unstarted: std::sync::Mutex<Vec<InflightRow>>,
-}
-
-impl AfterSync {
-    fn unstarted(&self) -> std::sync::MutexGuard<'_, Vec<InflightRow>> {
-        self.unstarted.lock().unwrap_or_else(|p| p.into_inner())
-    }
-}
-
-/// A batch written (unsynced) and waiting for the WAL sync that makes it durable: what
-/// the syncer does once the sync returns.
-struct Written {
-    /// Each request's answer if the sync succeeds, and whether the batch wrote its hook
-    /// (a fresh hook's answer becomes `unavailable` if the sync fails).
-    replies: Vec<(tokio::sync::oneshot::Sender<Reply>, Reply, bool)>,
-    /// Deliveries written inflight, to start once durable.
-    started: Vec<Started>,
-    /// Imports written with the batch: each answer, `unavailable` if the sync fails (an
-    /// import that wrote nothing is answered as it is).
-    imports: Vec<(tokio::sync::oneshot::Sender<ImportReply>, ImportReply)>,
-}
-
-impl Written {
-    /// Hooks the batch wrote (its accepted answers).
-    fn hooks(&self) -> usize {
-        self.replies.iter().filter(|(_, _, wrote)| *wrote).count()
-    }
-}
-
-/// Syncs the WAL for the writer and answers the requests of every batch the sync made
-/// durable: on its own thread with the pipeline, on the writer's without.
-struct Syncer {
-    store: std::sync::Arc<Store>,
-    metrics: WriterMetrics,
-    starts: Option<std::sync::Arc<dyn Starts>>,
-    after: std::sync::Arc<AfterSync>,
-}
-
-impl Syncer {
-    fn run(&self, written: std::sync::mpsc::Receiver<Written>) {
-        while let Ok(first) = written.recv() {
-            // Every batch handed over so far was written before this sync begins.
-            let mut group = vec![first];
-            group.extend(written.try_iter());
-            let synced = self.sync();
-            self.finish(group, synced);
-        }
-    }
-
-    /// One WAL sync, timed (`ankusa_writer_commit_seconds`).
-    fn sync(&self) -> Result<(), ankusa_store::StoreError> {
-        let began = std::time::Instant::now();
-        let synced = self.store.sync_wal();
-        if synced.is_ok() {
-            self.metrics
-                .commit_seconds
-                .observe(began.elapsed().as_secs_f64());
-        }
-        synced
-    }
-
-    /// Answers a group of batches after their sync, in the order they were written.
-    fn finish(&self, group: Vec<Written>, synced: Result<(), ankusa_store::StoreError>) {
-        let hooks: usize = group.iter().map(Written::hooks).sum();
-        let ok = match &synced {
-            Ok(()) => {
-                self.metrics.batch_hooks.observe(hooks as f64);
-                true
-            }
-            Err(e) => {
-                // The store logs the failure that begins an outage; each sync refused
-                // during it is only a debug line.
-                tracing::debug!(error = %e, hooks, "writer: WAL sync failed");
-                self.after
-                    .stale
-                    .store(true, std::sync::atomic::Ordering::Release);
-                false
-            }
-        };
-        for w in group {
-            // Before the answers: a requester that has its ack sees its hook synced.
-            self.metrics.unsynced_hooks.dec_by(w.hooks() as i64);
-            for (reply, r, wrote) in w.replies {
-                // A requester that went away does not care.
-                let _ = reply.send(if ok || !wrote { r } else { Reply::Unavailable });
-            }
-            for (reply, r) in w.imports {
-                let wrote = matches!(r, ImportReply::Imported { .. });
-                let _ = reply.send(if ok || !wrote {
-                    r
-                } else {
-                    ImportReply::Unavailable
-                });
-            }
-            if w.started.is_empty() {
-                continue;
-            }
-            match (&self.starts, ok) {
-                (Some(starts), true) => starts.started(w.started),
-                // Their slots go back as they drop; the rows, which the store may hold,
-                // are made due by the writer before its next batch.
-                _ => self
-                    .after
-                    .unstarted()
-                    .extend(w.started.into_iter().map(|s| s.row)),
-            }
-        }
-    }
-}
-
 /// A batch: `first`, then what else comes while requests keep arriving — each within
 /// `max_batch_gap` of the one before, all within `max_batch_delay` of the first — up to
 /// `max_batch_hooks` hooks and `max_batch_bytes` body bytes. What already waits in the
@@ -737,38 +630,6 @@ pub fn gather<T>(
         batch.push(next);
     }
     batch
-}
-
-/// `?u` value: `<<expires_at::64>>` then the first hook's id.
-pub(crate) fn dedupe_value(expires: u64, id: &str) -> Vec<u8> {
-    let mut v = expires.to_be_bytes().to_vec();
-    v.extend_from_slice(id.as_bytes());
-    v
-}
-
-pub(crate) fn decode_dedupe_value(v: &[u8]) -> Option<(u64, String)> {
-    let (e, id) = v.split_at_checked(8)?;
-    Some((
-        u64::from_be_bytes(e.try_into().ok()?),
-        String::from_utf8(id.to_vec()).ok()?,
-    ))
-}
-
-/// The dedupe row at `key`: its expiry and hook id. A value that does not decode is
-/// corruption, reported (counted under `family="dedupe"` and logged with its key) and then
-/// treated as no entry: ingest takes the hook as new and its own entry replaces the damaged
-/// one, the sweep removes it. Refusing the key forever would lose every later hook of it.
-fn read_dedupe_value(key: &[u8], v: &[u8]) -> Option<(u64, String)> {
-    let d = decode_dedupe_value(v);
-    if d.is_none() {
-        let err = QueueError::corrupt_at(
-            Family::Dedupe,
-            key,
-            format!("bad value {}", ankusa_keyspace::hex(v)),
-        );
-        tracing::error!(error = %err, "a dedupe row does not decode");
-    }
-    d
 }
 
 impl Writer {
@@ -853,46 +714,13 @@ impl Writer {
             return reply_all(batch, Reply::Unavailable);
         }
         let now = ankusa_keyspace::now_ms();
-        let mut replies: Vec<Option<Reply>> = vec![None; batch.len()];
-        // Dedupe: the writer owns the `?u` keys, so one multi_get here is authoritative.
-        // (A key of a batch still waiting for its sync is read too: the duplicate's answer
-        // goes out after a later sync, which covers that batch.)
-        let ukeys: Vec<Option<Vec<u8>>> = batch
-            .iter()
-            .map(|s| {
-                s.idempotency
-                    .as_ref()
-                    .and_then(|k| ankusa_keyspace::dedupe(s.envelope.tenant_or_default(), k))
-            })
-            .collect();
-        let present: Vec<Vec<u8>> = ukeys.iter().flatten().cloned().collect();
-        let found = match self.store.multi_get(ankusa_keyspace::Cf::Index, &present) {
-            Ok(f) => f,
+        let (ukeys, fresh, mut replies) = match self.duplicates(&batch, now) {
+            Ok(d) => d,
             Err(e) => {
                 tracing::error!(error = %e, "writer: reading dedupe keys");
                 return reply_all(batch, Reply::Unavailable);
             }
         };
-        let mut seen: std::collections::HashMap<Vec<u8>, String> = present
-            .into_iter()
-            .zip(found)
-            .filter_map(|(k, v)| {
-                let (expires, id) = read_dedupe_value(&k, v.as_deref()?)?;
-                (expires > now).then_some((k, id))
-            })
-            .collect();
-        let mut fresh: Vec<usize> = Vec::with_capacity(batch.len());
-        for (i, s) in batch.iter().enumerate() {
-            match ukeys[i].as_ref().and_then(|k| seen.get(k)) {
-                Some(id) => replies[i] = Some(Reply::Duplicate { id: id.clone() }),
-                None => {
-                    if let Some(k) = &ukeys[i] {
-                        seen.insert(k.clone(), s.envelope.id.clone());
-                    }
-                    fresh.push(i);
-                }
-            }
-        }
         let envs: Vec<&Envelope> = fresh.iter().map(|i| &batch[*i].envelope).collect();
         let unarchived: Vec<bool> = fresh.iter().map(|i| batch[*i].from_archive).collect();
         let mut assembled = match self.asm.assemble_except(
@@ -912,16 +740,9 @@ impl Writer {
         for (j, i) in fresh.iter().enumerate() {
             if let (Some(k), Ok(_)) = (&ukeys[*i], &assembled.outcomes[j]) {
                 let id = &batch[*i].envelope.id;
-                assembled.push_op(ankusa_store::Op::put(
-                    ankusa_keyspace::Cf::Index,
-                    ankusa_keyspace::dedupe_expiry(ankusa_keyspace::AtMs(expires), k),
-                    Vec::new(),
-                ));
-                assembled.push_op(ankusa_store::Op::put(
-                    ankusa_keyspace::Cf::Index,
-                    k.clone(),
-                    dedupe_value(expires, id),
-                ));
+                for op in crate::dedupe::keep(k, expires, id) {
+                    assembled.push_op(op);
+                }
             }
         }
         let due = std::mem::take(&mut assembled.due);
@@ -965,42 +786,53 @@ impl Writer {
                 Err(_) => Reply::Unavailable,
             });
         }
-        // The hooks of the started rows go on to the pipeline after the sync.
-        let mut wanted = Vec::new();
-        if !to_start.is_empty() {
-            wanted.resize(batch.len(), false);
-            for (i, _, _) in &to_start {
-                wanted[*i] = true;
-            }
-        }
-        let mut envelopes: Vec<Option<std::sync::Arc<Envelope>>> = vec![None; wanted.len()];
-        let mut answers = Vec::with_capacity(batch.len());
-        for (i, (s, r)) in batch.into_iter().zip(replies).enumerate() {
-            // Only an accepted hook's answer depends on the sync (a duplicate or a
-            // refusal wrote nothing).
-            let wrote = matches!(r, Some(Reply::Accepted { .. }));
-            answers.push((s.reply, r.unwrap_or(Reply::Unavailable), wrote));
-            if wanted.get(i).copied().unwrap_or(false) {
-                envelopes[i] = Some(std::sync::Arc::new(s.envelope));
-            }
-        }
-        let started = to_start
-            .into_iter()
-            .filter_map(|(i, row, slot)| {
-                let envelope = envelopes[i].clone()?;
-                Some(Started {
-                    row,
-                    envelope,
-                    slot,
-                })
+        let written = written(batch, replies, to_start, std::mem::take(&mut self.imported));
+        self.hand_to_syncer(written);
+    }
+
+    /// The batch's idempotency keys, the requests that are not duplicates (by index), and
+    /// the duplicates' answers. The writer owns the `?u` keys, so one multi_get here is
+    /// authoritative. (A key of a batch still waiting for its sync is read too: the
+    /// duplicate's answer goes out after a later sync, which covers that batch.) A key
+    /// twice in the batch is a duplicate of its first.
+    #[allow(clippy::type_complexity)]
+    fn duplicates(
+        &self,
+        batch: &[Submission],
+        now: u64,
+    ) -> Result<(Vec<Option<Vec<u8>>>, Vec<usize>, Vec<Option<Reply>>), QueueError> {
+        let mut replies: Vec<Option<Reply>> = vec![None; batch.len()];
+        let ukeys: Vec<Option<Vec<u8>>> = batch
+            .iter()
+            .map(|s| {
+                s.idempotency
+                    .as_ref()
+                    .and_then(|k| ankusa_keyspace::dedupe(s.envelope.tenant_or_default(), k))
             })
             .collect();
-        let written = Written {
-            replies: answers,
-            started,
-            imports: std::mem::take(&mut self.imported),
-        };
-        self.hand_to_syncer(written);
+        let present: Vec<Vec<u8>> = ukeys.iter().flatten().cloned().collect();
+        let found = self.store.multi_get(ankusa_keyspace::Cf::Index, &present)?;
+        let mut seen: std::collections::HashMap<Vec<u8>, String> = present
+            .into_iter()
+            .zip(found)
+            .filter_map(|(k, v)| {
+                let (expires, id) = crate::dedupe::read_value(&k, v.as_deref()?)?;
+                (expires > now).then_some((k, id))
+            })
+            .collect();
+        let mut fresh: Vec<usize> = Vec::with_capacity(batch.len());
+        for (i, s) in batch.iter().enumerate() {
+            match ukeys[i].as_ref().and_then(|k| seen.get(k)) {
+                Some(id) => replies[i] = Some(Reply::Duplicate { id: id.clone() }),
+                None => {
+                    if let Some(k) = &ukeys[i] {
+                        seen.insert(k.clone(), s.envelope.id.clone());
+                    }
+                    fresh.push(i);
+                }
+            }
+        }
+        Ok((ukeys, fresh, replies))
     }
 
     /// Hands a written batch to be synced and answered: by the syncer thread with the
@@ -1114,7 +946,7 @@ impl Writer {
     /// Removes up to `sweep_batch` expired dedupe keys. Runs on the writer thread, the
     /// only writer of `?u`/`?e`, so it cannot race a new key for the same hook.
     fn sweep_dedupe(&mut self) {
-        match sweep_expired_dedupe(
+        match crate::dedupe::sweep_expired(
             &self.store,
             ankusa_keyspace::now_ms(),
             self.settings.sweep_batch,
@@ -1127,63 +959,55 @@ impl Writer {
     }
 }
 
+/// A committed batch as the syncer takes it: each request's answer (a request with none
+/// is `unavailable`), and the started rows with their hooks, which go on to the pipeline
+/// after the sync.
+fn written(
+    batch: Vec<Submission>,
+    replies: Vec<Option<Reply>>,
+    to_start: Vec<(usize, InflightRow, StartSlot)>,
+    imports: Vec<(tokio::sync::oneshot::Sender<ImportReply>, ImportReply)>,
+) -> Written {
+    let mut wanted = Vec::new();
+    if !to_start.is_empty() {
+        wanted.resize(batch.len(), false);
+        for (i, _, _) in &to_start {
+            wanted[*i] = true;
+        }
+    }
+    let mut envelopes: Vec<Option<std::sync::Arc<Envelope>>> = vec![None; wanted.len()];
+    let mut answers = Vec::with_capacity(batch.len());
+    for (i, (s, r)) in batch.into_iter().zip(replies).enumerate() {
+        // Only an accepted hook's answer depends on the sync (a duplicate or a refusal
+        // wrote nothing).
+        let wrote = matches!(r, Some(Reply::Accepted { .. }));
+        answers.push((s.reply, r.unwrap_or(Reply::Unavailable), wrote));
+        if wanted.get(i).copied().unwrap_or(false) {
+            envelopes[i] = Some(std::sync::Arc::new(s.envelope));
+        }
+    }
+    let started = to_start
+        .into_iter()
+        .filter_map(|(i, row, slot)| {
+            let envelope = envelopes[i].clone()?;
+            Some(Started {
+                row,
+                envelope,
+                slot,
+            })
+        })
+        .collect();
+    Written {
+        replies: answers,
+        started,
+        imports,
+    }
+}
+
 fn reply_all(batch: Vec<Submission>, r: Reply) {
     for s in batch {
         let _ = s.reply.send(r.clone());
     }
-}
-
-/// Deletes up to `limit` dedupe keys that expired before `now`; returns how many.
-/// The first hook a tenant's idempotency key (the provider's delivery id) was taken as,
-/// while its dedupe entry lives (`dedupe.window_ms`): one point read.
-pub fn first_hook_of(
-    store: &Store,
-    tenant: &str,
-    key: &[u8],
-) -> Result<Option<String>, QueueError> {
-    let Some(k) = ankusa_keyspace::dedupe(tenant, key) else {
-        return Ok(None);
-    };
-    let now = ankusa_keyspace::now_ms();
-    Ok(store
-        .get(ankusa_keyspace::Cf::Index, &k)?
-        .and_then(|v| read_dedupe_value(&k, &v))
-        .filter(|(expires, _)| *expires > now)
-        .map(|(_, id)| id))
-}
-
-pub fn sweep_expired_dedupe(store: &Store, now: u64, limit: usize) -> Result<u64, QueueError> {
-    let (lo, to) = ankusa_keyspace::dedupe_expired_before(ankusa_keyspace::AtMs(now));
-    let mut ops = Vec::new();
-    let mut n = 0;
-    let expired: Vec<(ankusa_keyspace::AtMs, Vec<u8>)> = store
-        .scan(Family::DedupeExpiry, &lo, &to, Dir::Forward)?
-        .take(limit)
-        .map(|kv| kv.and_then(|(k, _)| Ok(ankusa_keyspace::decode_dedupe_expiry(&k)?)))
-        .collect::<Result<_, _>>()?;
-    let values = store.multi_get(
-        ankusa_keyspace::Cf::Index,
-        &expired.iter().map(|(_, u)| u.clone()).collect::<Vec<_>>(),
-    )?;
-    for ((at, u), v) in expired.into_iter().zip(values) {
-        ops.push(ankusa_store::Op::delete(
-            ankusa_keyspace::Cf::Index,
-            ankusa_keyspace::dedupe_expiry(at, &u),
-        ));
-        // A newer hook may have renewed the key; only its own expiry removes it (and a
-        // damaged entry, reported, goes with the expiry that names it).
-        let remove = v
-            .as_deref()
-            .is_some_and(|v| read_dedupe_value(&u, v).is_none_or(|(e, _)| e == at.0));
-        if remove {
-            ops.push(ankusa_store::Op::delete(ankusa_keyspace::Cf::Index, u));
-        }
-        n += 1;
-    }
-    if !ops.is_empty() {
-        store.write(ops, false)?;
-    }
-    Ok(n)
 }
 
 #[cfg(test)]

@@ -57,7 +57,7 @@ use ankusa_keyspace::AtMs;
 use ankusa_records::Envelope;
 use ankusa_relay::node::Node;
 use ankusa_relay::testkit::TestNode;
-use ankusa_store::Store;
+use ankusa_store::{Rows, Store};
 
 mod load;
 use http_body_util::{BodyExt, Full};

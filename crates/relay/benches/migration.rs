@@ -8,8 +8,8 @@ use std::ops::ControlFlow;
 use std::time::Instant;
 
 use ankusa_keyspace::{AtMs, Seq, SinkIdx};
+use ankusa_queue::formats::legacy::v2::{State, Writer};
 use ankusa_records::Envelope;
-use ankusa_relay::upgrade::legacy::v2::{State, Writer};
 use ankusa_store::migrate::{self, Outcome};
 use ankusa_store::{OpenOptions, Store};
 
@@ -53,7 +53,7 @@ fn main() -> std::process::ExitCode {
         let built = t.elapsed();
         let store = Store::open(&path, &OpenOptions::default()).expect("open");
         let t = Instant::now();
-        let out = migrate::run(&store, &ankusa_relay::upgrade::builtin(), 3, |_| {
+        let out = migrate::run(&store, &ankusa_queue::formats::builtin(), 3, |_| {
             ControlFlow::Continue(())
         })
         .expect("migrate");

@@ -21,6 +21,7 @@
 //! per request with wrk's p99 under 10 ms (`wrk` missing: FAIL; `make bench` installs it).
 #![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
+use ankusa_store::Rows;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

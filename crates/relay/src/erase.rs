@@ -16,9 +16,10 @@ use arc_swap::ArcSwap;
 use ankusa_config::Config;
 use ankusa_keyspace::{AtMs, TenantOrd};
 use ankusa_queue::audit::Audit;
+use ankusa_queue::engine::Store;
 use ankusa_queue::erase::{self, Cursor, Step};
 use ankusa_queue::tenants::Erasing;
-use ankusa_store::{Op, Store};
+use ankusa_queue::Change;
 
 /// One tenant's erase on this node.
 #[derive(Debug, Clone)]
@@ -85,7 +86,7 @@ impl Eraser {
         store: &Store,
         ord: TenantOrd,
         tenant: &str,
-        audit: Op,
+        audit: Change,
         paused: &crate::dispatch::paused::Paused,
     ) -> Result<(AtMs, bool), ankusa_queue::QueueError> {
         let _one = self.begins.lock().unwrap_or_else(|p| p.into_inner());
@@ -93,7 +94,8 @@ impl Eraser {
             return Ok((since, false));
         }
         let since = AtMs(ankusa_keyspace::now_ms());
-        store.write(
+        ankusa_queue::commit(
+            store,
             vec![ankusa_queue::tenants::erase_begin_op(ord, since), audit],
             true,
         )?;
@@ -195,7 +197,7 @@ fn advance(d: &Deps, ord: TenantOrd) -> Result<bool, ankusa_queue::QueueError> {
                 Some(&e.tenant),
                 serde_json::json!({ "ord": ord.0, "since_ms": e.since.0, "removed": e.removed }),
             ));
-            d.store.write(ops, true)?;
+            ankusa_queue::commit(&d.store, ops, true)?;
             // Counted ended before the tenant goes from the set: a hook the writer does not
             // refuse finds its ordinal cache forgotten ([`Erasing`]).
             d.eraser.erasing.end(&e.tenant);

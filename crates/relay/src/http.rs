@@ -228,7 +228,7 @@ pub fn with_retry_after(mut r: Response, secs: u32) -> Response {
 /// `/readyz`: 200 once `ready` and while the store takes writes; 503 `not_ready` while the
 /// node starts, 503 `store_unavailable` while its writes fail (a full disk, a failed WAL
 /// sync: the node acks nothing then, so traffic should go to another node).
-pub fn readiness(ready: &AtomicBool, store: &ankusa_store::Store) -> Response {
+pub fn readiness(ready: &AtomicBool, store: &ankusa_queue::engine::Store) -> Response {
     if !ready.load(Ordering::Acquire) {
         return error(
             StatusCode::SERVICE_UNAVAILABLE,

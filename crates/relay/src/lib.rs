@@ -20,7 +20,7 @@
 //! - [`cluster`]: the nodes of one Relay: ownership, forwarding, signed node calls, the
 //!   tenant registry, the handoff of stored rows.
 //! - [`objstore`]: backups in S3-compatible object storage and the node's push schedule.
-//! - [`upgrade`]: the store-format migrations and the older layouts they read.
+//! - [`upgrade`]: the boot migration's progress (the migrations are `ankusa_queue::formats`).
 //! - [`metrics`], [`telemetry`]: Prometheus metrics; logs, spans and traces.
 //! - [`reload`]: configuration reload without a restart.
 //! - [`openapi`]: the OpenAPI document of both listeners.

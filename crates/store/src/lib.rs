@@ -1,16 +1,18 @@
 //! The embedded RocksDB store of a relay node: the only crate of the workspace that
 //! depends on `rocksdb` (`make check-layers` holds every other crate to it). It knows key
 //! bytes, families and formats, never queue semantics: the format migrations and the older
-//! layouts they read sit above the queue, in the node crate's `upgrade` module, and are
-//! handed to [`migrate::run`] as a [`migrate::Registry`].
+//! layouts they read sit above it, in the queue crate's `formats` module, and are handed to
+//! [`migrate::run`] as a [`migrate::Registry`]. Start at [`Store::open`] and [`Rows`].
 //!
 //! # What it owns
 //! - The column families ([`Cf`]) and their options: `counters` gets a 1 MiB write buffer,
 //!   no compression and the i64-add merge operator ([`merge`]); the other index families
 //!   (`index`, `tenants`) get 16 MiB buffers.
 //! - Every key layout (crate `ankusa-keyspace`); nothing outside it builds key bytes.
-//! - Atomic batches: [`Store::write`] applies a list of [`Op`]s as one write batch, synced
-//!   or not. An acked hook is only ever acked after a synced batch that holds it.
+//! - Atomic batches: [`Rows::write`] applies a list of [`Op`]s as one write batch, synced
+//!   or not. An acked hook is only ever acked after a synced batch that holds it. The row
+//!   API ([`Rows`]: writes, point reads, scans) is a trait the queue crate names and the
+//!   node cannot (it holds the store through `ankusa_queue::engine`).
 //! - Scans that cannot mistake corruption for a clean end, without walking past their
 //!   range: every scan's iterator is bounded to exactly `[from, to)` (so it never steps
 //!   over the tombstones between its range and the next live key), an iterator error is
@@ -31,19 +33,28 @@
 //! - Reads are instrumented ([`StoreStats`]): scans per family and point reads per column
 //!   family, so tests can prove which families a code path touches.
 
+mod error;
 pub mod merge;
 pub mod migrate;
+mod rows;
+mod stats;
 pub mod tarball;
+
+pub use error::{corruptions, StoreError};
+pub use rows::{sentinel_ops, tombstones_walked, Dir, KeyValue, Op, Rows, Scan};
+pub use stats::{StatsSnapshot, StoreStats};
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rocksdb::{
-    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Direction, IteratorMode,
-    Options, ReadOptions, WriteBatch, WriteBufferManager, WriteOptions, DB,
+    BlockBasedOptions, Cache, ColumnFamilyDescriptor, DBCompressionType, Options,
+    WriteBufferManager, DB,
 };
 
 use ankusa_keyspace::Family;
+
+use stats::{cf_slot, every_family, family_slot, N_FAMILIES};
 
 /// The newest store format this binary reads and writes.
 pub const SUPPORTED_FORMAT: u32 = 3;
@@ -229,158 +240,6 @@ fn cf_options(cf: Cf, memory: Option<&SharedMemory>) -> Options {
     o
 }
 
-/// One change in an atomic batch.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Op {
-    Put {
-        cf: Cf,
-        key: Vec<u8>,
-        value: Vec<u8>,
-    },
-    Delete {
-        cf: Cf,
-        key: Vec<u8>,
-    },
-    /// Deletes `[from, to)`.
-    DeleteRange {
-        cf: Cf,
-        from: Vec<u8>,
-        to: Vec<u8>,
-    },
-    /// A merge operand (only `counters` has a merge operator).
-    Merge {
-        cf: Cf,
-        key: Vec<u8>,
-        operand: Vec<u8>,
-    },
-}
-
-impl Op {
-    pub fn put(cf: Cf, key: Vec<u8>, value: impl Into<Vec<u8>>) -> Op {
-        Op::Put {
-            cf,
-            key,
-            value: value.into(),
-        }
-    }
-    pub fn delete(cf: Cf, key: Vec<u8>) -> Op {
-        Op::Delete { cf, key }
-    }
-    pub fn cf(&self) -> Cf {
-        match self {
-            Op::Put { cf, .. }
-            | Op::Delete { cf, .. }
-            | Op::DeleteRange { cf, .. }
-            | Op::Merge { cf, .. } => *cf,
-        }
-    }
-    /// The key the op writes (the start of the range for `DeleteRange`).
-    pub fn key(&self) -> &[u8] {
-        match self {
-            Op::Put { key, .. } | Op::Delete { key, .. } | Op::Merge { key, .. } => key,
-            Op::DeleteRange { from, .. } => from,
-        }
-    }
-}
-
-/// Errors of the store layer.
-#[derive(Debug, thiserror::Error)]
-pub enum StoreError {
-    #[error("data directory {0} does not exist")]
-    Missing(PathBuf),
-    #[error("{path} is not an Ankusa store: {reason}")]
-    NotAStore { path: PathBuf, reason: String },
-    #[error(
-        "store format {found} is newer than this binary supports (format {supported}); \
-         run a release that supports format {found}, or restore a backup taken before the upgrade"
-    )]
-    StoreFormatNewer { found: u32, supported: u32 },
-    #[error("store corruption in family {}: {detail}", family.name())]
-    Corruption { family: Family, detail: String },
-    #[error("store corruption: {0}")]
-    Key(#[from] ankusa_keyspace::KeyError),
-    #[error("the store is open read-only")]
-    ReadOnly,
-    #[error("no migration from store format {from} towards {to} in this build")]
-    NoMigrationPath { from: u32, to: u32 },
-    #[error("migration {from} -> {to} failed at step {step}: {detail}")]
-    Migration {
-        from: u32,
-        to: u32,
-        step: u64,
-        detail: String,
-    },
-    #[error("{context}: {source}")]
-    Io {
-        context: String,
-        source: std::io::Error,
-    },
-    #[error("rocksdb: {0}")]
-    Rocks(#[from] rocksdb::Error),
-    #[error(
-        "the store at {} is held by another process{}: stop that node first, or give this one its own data_dir",
-        path.display(),
-        holder.map(|pid| format!(" (pid {pid}?)")).unwrap_or_default()
-    )]
-    Locked { path: PathBuf, holder: Option<u32> },
-    /// The destination of a restore holds files.
-    #[error(transparent)]
-    NotEmpty(ankusa_tarball::TarballError),
-}
-
-impl StoreError {
-    /// Corruption found in `family`. Every corruption is built here, and counted: the node
-    /// exports the counts as `ankusa_store_corruption_errors_total{family}`
-    /// ([`corruptions`]).
-    pub fn corruption(family: Family, detail: impl Into<String>) -> Self {
-        CORRUPTIONS[family_slot(family)].fetch_add(1, Ordering::Relaxed);
-        StoreError::Corruption {
-            family,
-            detail: detail.into(),
-        }
-    }
-
-    /// Whether RocksDB refused for lack of space (the disk is full, or the store reached
-    /// its space limit): an error it resumes writing from by itself once space returns.
-    /// Any other write error that lasts is one it does not resume from (see
-    /// [`WriteHealth::stuck`]).
-    pub fn is_no_space(&self) -> bool {
-        // RocksDB's status text is its code, then its subcode's message.
-        const NO_SPACE: [&str; 2] = [
-            "IO error: No space left on device",
-            "IO error: Space limit reached",
-        ];
-        match self {
-            StoreError::Rocks(e) => {
-                let text = e.to_string();
-                NO_SPACE.iter().any(|p| text.starts_with(p))
-            }
-            _ => false,
-        }
-    }
-}
-
-/// Corruption found in this process so far, by family slot.
-static CORRUPTIONS: [AtomicU64; N_FAMILIES] = [const { AtomicU64::new(0) }; N_FAMILIES];
-
-/// Every family a store of any supported format has, in slot order of the statistics.
-fn every_family() -> impl Iterator<Item = Family> {
-    Family::FORMAT3
-        .iter()
-        .chain([Family::DueV2, Family::InflightV2].iter())
-        .copied()
-}
-
-/// How many times this process found each family corrupt (a scan cut short before its
-/// sentinel, a row that does not decode), since it started: families never found corrupt
-/// are left out.
-pub fn corruptions() -> Vec<(Family, u64)> {
-    every_family()
-        .map(|f| (f, CORRUPTIONS[family_slot(f)].load(Ordering::Relaxed)))
-        .filter(|(_, n)| *n > 0)
-        .collect()
-}
-
 /// How to open a store.
 #[derive(Debug, Clone)]
 pub struct OpenOptions {
@@ -433,87 +292,6 @@ impl OpenOptions {
             ..OpenOptions::default()
         }
     }
-}
-
-/// Every family: those of format 3 and the two format 2 ones only the migration reads
-/// (a family added to [`Family::FORMAT3`] gets its slot without an edit here).
-const N_FAMILIES: usize = Family::FORMAT3.len() + 2;
-
-/// Read counters, for tests and diagnostics: which families were scanned and how many
-/// point reads each column family served since open.
-#[derive(Debug, Default)]
-pub struct StoreStats {
-    scans: [AtomicU64; N_FAMILIES],
-    seeks: [AtomicU64; N_FAMILIES],
-    point_reads: [AtomicU64; 9],
-}
-
-/// A snapshot of [`StoreStats`].
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct StatsSnapshot {
-    pub scans: Vec<(Family, u64)>,
-    /// Single-row seeks ([`Store::first`]), counted apart from scans.
-    pub seeks: Vec<(Family, u64)>,
-    pub point_reads: Vec<(Cf, u64)>,
-}
-
-impl StatsSnapshot {
-    pub fn scans_of(&self, family: Family) -> u64 {
-        self.scans
-            .iter()
-            .find(|(f, _)| *f == family)
-            .map_or(0, |(_, n)| *n)
-    }
-    pub fn seeks_of(&self, family: Family) -> u64 {
-        self.seeks
-            .iter()
-            .find(|(f, _)| *f == family)
-            .map_or(0, |(_, n)| *n)
-    }
-    pub fn point_reads_of(&self, cf: Cf) -> u64 {
-        self.point_reads
-            .iter()
-            .find(|(c, _)| *c == cf)
-            .map_or(0, |(_, n)| *n)
-    }
-    /// What happened between `earlier` and `self`.
-    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
-        StatsSnapshot {
-            scans: self
-                .scans
-                .iter()
-                .map(|(f, n)| (*f, n - earlier.scans_of(*f)))
-                .collect(),
-            seeks: self
-                .seeks
-                .iter()
-                .map(|(f, n)| (*f, n - earlier.seeks_of(*f)))
-                .collect(),
-            point_reads: self
-                .point_reads
-                .iter()
-                .map(|(c, n)| (*c, n - earlier.point_reads_of(*c)))
-                .collect(),
-        }
-    }
-}
-
-fn family_slot(f: Family) -> usize {
-    f as usize
-}
-
-fn cf_slot(cf: Cf) -> usize {
-    cf as usize
-}
-
-/// A raw key and value.
-pub type KeyValue = (Vec<u8>, Vec<u8>);
-
-/// Scan direction.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Dir {
-    Forward,
-    Reverse,
 }
 
 /// An open store.
@@ -1010,44 +788,11 @@ impl Store {
             .ok_or_else(|| StoreError::corruption(Family::Meta, "format stamp missing"))
     }
 
-    /// Applies `ops` as one atomic batch; `sync` waits for the WAL to reach the disk.
-    ///
-    /// An error does not say the batch is absent: a write whose WAL sync failed stays
-    /// applied (and readable, and in the WAL a restart replays). A caller that hands out
-    /// keys from memory reads them from the store again after a failure (the ingest
-    /// writer's `Assembler`); a transition checks its rows under the lock anyway.
-    pub fn write(&self, ops: Vec<Op>, sync: bool) -> Result<(), StoreError> {
-        if self.read_only {
-            return Err(StoreError::ReadOnly);
-        }
-        let mut batch = WriteBatch::default();
-        for op in ops {
-            let cf = self.handle(op.cf())?;
-            match op {
-                Op::Put { key, value, .. } => batch.put_cf(cf, key, value),
-                Op::Delete { key, .. } => batch.delete_cf(cf, key),
-                Op::DeleteRange { from, to, .. } => batch.delete_range_cf(cf, from, to),
-                Op::Merge { key, operand, .. } => batch.merge_cf(cf, key, operand),
-            }
-        }
-        // A synced write is written, then the WAL synced apart from the write queue: the
-        // unsynced writes that arrive meanwhile (claims, outcomes) go on instead of
-        // queueing behind the fsync. The batch is visible before it is durable, so what a
-        // reader does with it before `write` returns may have to be done again after a
-        // crash (at-least-once, as for any unsynced write); its caller acks only after.
-        let written = self.db.write_opt(batch, &WriteOptions::default());
-        let written = match written {
-            Ok(()) if sync => self.db.flush_wal(true),
-            other => other,
-        };
-        self.health_of(written)
-    }
-
     /// Syncs the write-ahead log: every write that returned before this call began,
     /// synced or not, survives a power cut once it returns `Ok` (a graceful stop ends with
     /// it). The ingest writer's syncer calls it once for all the batches written since its
     /// last sync (see `queue::writer`); writes made while it runs go on. A failure leaves
-    /// those writes applied and readable, as for [`Store::write`].
+    /// those writes applied and readable, as for [`Rows::write`].
     pub fn sync_wal(&self) -> Result<(), StoreError> {
         if self.read_only {
             return Ok(());
@@ -1094,113 +839,6 @@ impl Store {
                 path: self.path.clone(),
                 reason: format!("column family {} is not open", cf.name()),
             })
-    }
-
-    /// One point read.
-    pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StoreError> {
-        self.stats.point_reads[cf_slot(cf)].fetch_add(1, Ordering::Relaxed);
-        Ok(self.db.get_cf(self.handle(cf)?, key)?)
-    }
-
-    /// Point reads of many keys of one column family in one call.
-    pub fn multi_get(&self, cf: Cf, keys: &[Vec<u8>]) -> Result<Vec<Option<Vec<u8>>>, StoreError> {
-        if keys.is_empty() {
-            return Ok(Vec::new());
-        }
-        self.stats.point_reads[cf_slot(cf)].fetch_add(keys.len() as u64, Ordering::Relaxed);
-        let h = self.handle(cf)?;
-        self.db
-            .batched_multi_get_cf(h, keys, false)
-            .into_iter()
-            .map(|r| r.map(|v| v.map(|p| p.to_vec())).map_err(StoreError::from))
-            .collect()
-    }
-
-    /// Scans `[from, to)` of `family` in `dir` order, skipping its sentinels.
-    ///
-    /// The iterator is bounded to exactly `[from, to)`; it ends cleanly when it runs out,
-    /// unless the range reaches the family's end in scan direction: then it must meet the
-    /// family's sentinel there, and running dry first is [`StoreError::Corruption`]. An
-    /// iterator error is an error. `from`/`to` are clamped to the family.
-    pub fn scan(
-        &self,
-        family: Family,
-        from: &[u8],
-        to: &[u8],
-        dir: Dir,
-    ) -> Result<Scan<'_>, StoreError> {
-        self.stats.scans[family_slot(family)].fetch_add(1, Ordering::Relaxed);
-        self.range(family, from, to, dir)
-    }
-
-    fn range(
-        &self,
-        family: Family,
-        from: &[u8],
-        to: &[u8],
-        dir: Dir,
-    ) -> Result<Scan<'_>, StoreError> {
-        let (lo, end) = family.bounds();
-        let from = if from < lo.as_slice() {
-            lo.clone()
-        } else {
-            from.to_vec()
-        };
-        let to = if to > end.as_slice() {
-            end.clone()
-        } else {
-            to.to_vec()
-        };
-        // A range that reaches the family's end in scan direction holds the sentinel
-        // there: a well-formed family yields it, a damaged one runs dry.
-        let to_sentinel = match dir {
-            Dir::Forward => to == end,
-            Dir::Reverse => from == lo,
-        };
-        let mut ro = ReadOptions::default();
-        // Exactly the range: nothing past it is read, tombstones included.
-        ro.set_iterate_lower_bound(from.clone());
-        ro.set_iterate_upper_bound(to.clone());
-        let mut it = self.db.raw_iterator_cf_opt(self.handle(family.cf())?, ro);
-        match dir {
-            Dir::Forward => it.seek(&from),
-            Dir::Reverse => {
-                it.seek_for_prev(&to);
-                if it.valid() && it.key().is_some_and(|k| k >= to.as_slice()) {
-                    it.prev();
-                }
-            }
-        }
-        Ok(Scan {
-            it,
-            family,
-            lo,
-            hi: family.hi(),
-            from,
-            to,
-            dir,
-            to_sentinel,
-            done: false,
-        })
-    }
-
-    /// The first row of `[from, to)` in `dir` order: one seek, counted as a seek rather
-    /// than a scan in [`StoreStats`].
-    pub fn first(
-        &self,
-        family: Family,
-        from: &[u8],
-        to: &[u8],
-        dir: Dir,
-    ) -> Result<Option<KeyValue>, StoreError> {
-        self.stats.seeks[family_slot(family)].fetch_add(1, Ordering::Relaxed);
-        self.range(family, from, to, dir)?.next().transpose()
-    }
-
-    /// Every key/value of a family (sentinels excluded), in order.
-    pub fn scan_family(&self, family: Family) -> Result<Scan<'_>, StoreError> {
-        let (lo, end) = family.bounds();
-        self.scan(family, &lo, &end, Dir::Forward)
     }
 
     /// What this store has been asked to read since it was opened.
@@ -1357,21 +995,6 @@ impl Store {
             .filter(|cf| self.db.cf_handle(cf.name()).is_some())
             .collect()
     }
-
-    /// Every raw key/value of a column family, sentinels included (inspection and tests
-    /// that compare whole stores).
-    pub fn dump_cf(&self, cf: Cf) -> Result<Vec<KeyValue>, StoreError> {
-        let h = self.handle(cf)?;
-        let mut out = Vec::new();
-        for kv in self
-            .db
-            .iterator_cf(h, IteratorMode::From(&[], Direction::Forward))
-        {
-            let (k, v) = kv?;
-            out.push((k.to_vec(), v.to_vec()));
-        }
-        Ok(out)
-    }
 }
 
 /// Families added to format 3 stores after format 3, inside existing column families, and
@@ -1382,107 +1005,9 @@ pub const ADDED_FAMILIES: [(&[u8], &[Family]); 3] = [
     (ankusa_keyspace::META_PULL, &Family::PULL),
 ];
 
-/// The two sentinel puts of a family.
-pub fn sentinel_ops(family: Family) -> [Op; 2] {
-    [
-        Op::put(family.cf(), family.lo(), Vec::new()),
-        Op::put(family.cf(), family.hi(), Vec::new()),
-    ]
-}
-
 /// Decodes a big-endian u32 value.
 pub fn decode_u32(b: &[u8]) -> Option<u32> {
     Some(u32::from_be_bytes(b.try_into().ok()?))
-}
-
-/// A range scan; see [`Store::scan`].
-pub struct Scan<'a> {
-    it: rocksdb::DBRawIterator<'a>,
-    family: Family,
-    lo: Vec<u8>,
-    hi: Vec<u8>,
-    from: Vec<u8>,
-    to: Vec<u8>,
-    dir: Dir,
-    /// The range reaches the family's end in scan direction: its sentinel must be met.
-    to_sentinel: bool,
-    done: bool,
-}
-
-impl Iterator for Scan<'_> {
-    type Item = Result<KeyValue, StoreError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.done {
-            return None;
-        }
-        loop {
-            if !self.it.valid() {
-                self.done = true;
-                if let Err(e) = self.it.status() {
-                    return Some(Err(e.into()));
-                }
-                if !self.to_sentinel {
-                    return None;
-                }
-                let which = match self.dir {
-                    Dir::Forward => "hi",
-                    Dir::Reverse => "lo",
-                };
-                return Some(Err(StoreError::corruption(
-                    self.family,
-                    format!("scan ended before the family's {which} sentinel"),
-                )));
-            }
-            let key = self.it.key().unwrap_or_default();
-            // The end of the range, or the sentinel at the end of the family in scan
-            // direction: a clean end. The sentinel behind us is skipped.
-            let (past, behind) = match self.dir {
-                Dir::Forward => (
-                    key >= self.to.as_slice() || key == self.hi.as_slice(),
-                    self.lo.as_slice(),
-                ),
-                Dir::Reverse => (
-                    key < self.from.as_slice() || key == self.lo.as_slice(),
-                    self.hi.as_slice(),
-                ),
-            };
-            if past {
-                self.done = true;
-                return None;
-            }
-            if key == behind {
-                self.advance();
-                continue;
-            }
-            let item = (key.to_vec(), self.it.value().unwrap_or_default().to_vec());
-            self.advance();
-            return Some(Ok(item));
-        }
-    }
-}
-
-impl Scan<'_> {
-    fn advance(&mut self) {
-        match self.dir {
-            Dir::Forward => self.it.next(),
-            Dir::Reverse => self.it.prev(),
-        }
-    }
-}
-
-/// Runs `f` and counts the deleted entries (tombstones) RocksDB's reads stepped over on
-/// this thread while it ran: what tests and benches use to show a read path does not walk
-/// what was deleted.
-pub fn tombstones_walked<T>(f: impl FnOnce() -> T) -> (T, u64) {
-    use rocksdb::perf::{set_perf_stats, PerfContext, PerfMetric, PerfStatsLevel};
-    set_perf_stats(PerfStatsLevel::EnableCount);
-    let mut ctx = PerfContext::default();
-    ctx.reset();
-    let out = f();
-    let walked = ctx.metric(PerfMetric::InternalDeleteSkippedCount);
-    set_perf_stats(PerfStatsLevel::Disable);
-    (out, walked)
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@
 use std::ops::ControlFlow;
 use std::sync::Arc;
 
-use super::{Cf, Op, Store, StoreError};
+use super::{Cf, Op, Rows, Store, StoreError};
 
 /// The most rows a step may move.
 pub const MAX_STEP_ROWS: usize = 500;

@@ -25,7 +25,7 @@ use ankusa_keyspace::{ArchivedKey, AtMs, Family, Seq, TenantOrd};
 use ankusa_records::codec::{Dec, DecodeError, Enc};
 use ankusa_records::moved::Moved;
 use ankusa_records::Envelope;
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::QueueError;
 

@@ -13,7 +13,7 @@ use ankusa_keyspace::{
 };
 use ankusa_records::moved::{MovedDelivery, MovedHook, MovedState};
 use ankusa_records::{DeliveryRow, Envelope};
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::QueueError;
 

@@ -9,9 +9,9 @@ use super::{
 };
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, Bucket, Family, Seq, TenantOrd};
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
-use crate::QueueError;
+use crate::{Change, QueueError};
 
 /// Which of a tenant's rows a purge removes (never inflight rows).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -101,10 +101,10 @@ pub fn purge_tenant_with(
     store: &Store,
     ord: TenantOrd,
     kinds: PurgeKinds,
-    first: Vec<Op>,
+    first: Vec<Change>,
 ) -> Result<PurgeReport, QueueError> {
     let mut total = PurgeReport::default();
-    let mut first = Some(first);
+    let mut first = Some(first.into_iter().map(|c| c.0).collect());
     loop {
         let r = purge_chunk(store, ord, kinds, first.take().unwrap_or_default())?;
         if r.batches == 0 {

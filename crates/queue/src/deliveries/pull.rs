@@ -26,7 +26,7 @@
 use super::{collect, DueRow, InflightRow, Kind, Tx};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{self, AtMs, Family, InflightKey, PulledKey, Seq, SinkIdx, TenantOrd};
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::QueueError;
 

@@ -11,7 +11,7 @@ use ankusa_keyspace::{
     self, AtMs, Bucket, DeadKey, DueKey, Family, InflightKey, Seq, SinkIdx, TenantOrd,
 };
 use ankusa_records::{DeliveryRow, Envelope};
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::QueueError;
 
@@ -349,6 +349,66 @@ pub fn delivery_rows(
             .transpose()
         })
         .collect()
+}
+
+/// A stored row that does not decode, found by a read that goes on past it: not yet
+/// counted as corruption; [`Undecodable::corruption`] counts it and names its key.
+#[derive(Debug)]
+pub struct Undecodable {
+    family: Family,
+    key: Vec<u8>,
+    error: ankusa_records::codec::DecodeError,
+}
+
+impl Undecodable {
+    /// The corruption, counted (`ankusa_store_corruption_errors_total{family}`).
+    pub fn corruption(self) -> QueueError {
+        QueueError::corrupt_at(self.family, &self.key, self.error)
+    }
+}
+
+/// What is wrong with the row, and where: the decode error and the key in hex.
+impl std::fmt::Display for Undecodable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {}", self.error, ankusa_keyspace::hex(&self.key))
+    }
+}
+
+/// One row of a batch read, on its own: `None` where there is none, `Err` where it does
+/// not decode, so that one bad row does not fail the others.
+pub type EachRow<T> = Option<Result<T, Undecodable>>;
+
+fn each<T>(
+    store: &Store,
+    family: Family,
+    keys: Vec<Vec<u8>>,
+    decode: impl Fn(&[u8]) -> Result<T, ankusa_records::codec::DecodeError>,
+) -> Result<Vec<EachRow<T>>, QueueError> {
+    let values = store.multi_get(family.cf(), &keys)?;
+    Ok(values
+        .into_iter()
+        .zip(keys)
+        .map(|(v, key)| v.map(|v| decode(&v).map_err(|error| Undecodable { family, key, error })))
+        .collect())
+}
+
+/// The envelopes of `seqs`, in order, each on its own (`None`: the hook is gone): one
+/// `multi_get`.
+pub fn envelopes_each(store: &Store, seqs: &[Seq]) -> Result<Vec<EachRow<Envelope>>, QueueError> {
+    let keys = seqs.iter().map(|s| ankusa_keyspace::hook(*s)).collect();
+    each(store, Family::Hooks, keys, Envelope::decode)
+}
+
+/// The delivery rows of `(hook, sink)` pairs, in order, each on its own: one `multi_get`.
+pub fn delivery_rows_each(
+    store: &Store,
+    pairs: &[(Seq, SinkIdx)],
+) -> Result<Vec<EachRow<DeliveryRow>>, QueueError> {
+    let keys = pairs
+        .iter()
+        .map(|(s, k)| ankusa_keyspace::delivery(*s, *k))
+        .collect();
+    each(store, Family::Deliveries, keys, DeliveryRow::decode)
 }
 
 /// The hook `seq`'s envelope, if the hook is still stored. An envelope that does not

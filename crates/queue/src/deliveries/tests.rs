@@ -14,6 +14,7 @@ use crate::{counters, dead_for_tenant, fold, pending_for_tenant, QueueError};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, Bucket, Family, Seq, SinkIdx, TenantOrd};
 use ankusa_records::{DeadValue, DeliveryRow, Envelope, DEFAULT_TENANT};
+use ankusa_store::Rows;
 use ankusa_store::{Op, Store};
 
 const TENANTS: [Option<&str>; 4] = [None, Some("acme"), Some("globex"), Some("initech")];
@@ -266,7 +267,7 @@ fn apply(h: &mut Harness, t: &Transition) {
                     }
                 }
                 let ops = crate::erase::finish_ops(&h.store, ord, name).unwrap();
-                h.store.write(ops, true).unwrap();
+                crate::commit(&h.store, ops, true).unwrap();
                 h.asm.forget_ordinals();
                 let left = crate::testkit::keys_of_tenant(&h.store, ord, name);
                 assert!(left.is_empty(), "{left:?}");
@@ -964,7 +965,7 @@ fn only_deliveries_builds_queue_index_keys() {
         root.join("src/deliveries/tests.rs"),
         // Writes format-2 stores only (fixtures and upgrade tests): `?x` and `?a` keys are
         // the same bytes in both formats, with format-2 values.
-        relay.join("src/upgrade/legacy/v2.rs"),
+        root.join("src/formats/legacy/v2.rs"),
     ];
     let mut offenders = Vec::new();
     let mut stack = vec![
@@ -1259,11 +1260,11 @@ fn a_resumed_tenant_gets_a_marker_for_every_second_of_its_due_rows() {
     // The pause's key reads back.
     let at = AtMs(now - 2_000);
     h.store
-        .write(vec![crate::tenants::pause_op(a, at)], true)
+        .write(vec![crate::tenants::pause_op(a, at).0], true)
         .unwrap();
     assert_eq!(crate::tenants::paused(&h.store).unwrap(), vec![(a, at)]);
     h.store
-        .write(vec![crate::tenants::resume_op(a)], true)
+        .write(vec![crate::tenants::resume_op(a).0], true)
         .unwrap();
     assert!(crate::tenants::paused(&h.store).unwrap().is_empty());
 }

@@ -8,7 +8,7 @@ use ankusa_keyspace::{
     self, AtMs, CounterField, DeadKey, DueKey, InflightKey, Seq, SinkIdx, TenantOrd,
 };
 use ankusa_records::{DeadValue, DeliveryRow, Envelope};
-use ankusa_store::{Op, Store};
+use ankusa_store::{Op, Rows, Store};
 
 use crate::QueueError;
 

@@ -4,9 +4,10 @@
 
 use super::{due_value, DueRow, InflightRow};
 use crate::counters::{self, Delta};
+use crate::Change;
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{CounterField, Seq, SinkIdx, TenantOrd};
-use ankusa_store::{Op, Store};
+use ankusa_store::{Op, Rows, Store};
 
 use crate::QueueError;
 
@@ -73,8 +74,14 @@ impl Tx {
 
     /// An op outside the queue index (tenant allocation, dedupe keys, audit rows, a
     /// migration cursor) that must commit with this batch, whatever its units do.
-    pub fn push_op(&mut self, op: Op) {
+    pub(crate) fn push_op(&mut self, op: Op) {
         self.ops.push(op);
+    }
+
+    /// A change the queue built elsewhere (an audit row, a tenant's pause) that must
+    /// commit with this batch, whatever its units do.
+    pub fn push(&mut self, change: Change) {
+        self.ops.push(change.0);
     }
 
     pub fn is_empty(&self) -> bool {

@@ -458,7 +458,7 @@ fn a_batch_imported_twice_is_written_once_and_dedupe_keys_move() {
         tx.push_op(Op::put(
             Cf::Index,
             key.clone(),
-            crate::writer::dedupe_value(far, "hk_1"),
+            crate::dedupe::value(far, "hk_1"),
         ))
     });
     let staged = stage(&pair.sender.store, RECEIVER, ord, TENANT, 0)
@@ -486,11 +486,11 @@ fn a_batch_imported_twice_is_written_once_and_dedupe_keys_move() {
     pair.confirm();
     assert!(outbox(&pair.sender.store).unwrap().is_empty());
     assert_eq!(
-        crate::writer::first_hook_of(&pair.receiver.store, TENANT, b"delivery-1").unwrap(),
+        crate::dedupe::first_hook_of(&pair.receiver.store, TENANT, b"delivery-1").unwrap(),
         Some("hk_1".into())
     );
     assert_eq!(
-        crate::writer::first_hook_of(&pair.sender.store, TENANT, b"delivery-1").unwrap(),
+        crate::dedupe::first_hook_of(&pair.sender.store, TENANT, b"delivery-1").unwrap(),
         None
     );
     pair.check();

@@ -29,7 +29,7 @@ use ankusa_keyspace::{AtMs, EventKey, EventKind, Family, Seq, SinkIdx};
 /// The hook log's values (crate `ankusa-records`).
 use ankusa_records::{AttemptOutcome, Event, LogRecord};
 use ankusa_records::{DeliveryRow, Envelope};
-use ankusa_store::{Dir, Op, Store};
+use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::QueueError;
 

@@ -3,11 +3,10 @@
 
 use ankusa_keyspace::{AtMs, Family, Seq};
 use ankusa_records::Envelope;
-use ankusa_store::Store;
+use ankusa_store::{Rows, Store};
 
-use super::{
-    decode_dedupe_value, dedupe_value, next_seq, Assembled, Assembler, Import, ImportReply,
-};
+use super::{next_seq, Assembled, Assembler, Import, ImportReply};
+use crate::dedupe;
 use crate::deliveries::{self, Tx};
 use crate::QueueError;
 
@@ -31,30 +30,7 @@ impl Assembler {
         if crate::handoff::last_imported(store, &imp.from)? >= imp.batch {
             return Ok((None, ImportReply::Already));
         }
-        // The envelopes of the moved hooks and archived copies, and the ids of the moved
-        // log records, in the items' order.
-        let mut envelopes = Vec::new();
-        let mut record_ids = Vec::new();
-        let mut tenants: Vec<&str> = Vec::new();
-        for item in &imp.items {
-            match item {
-                Moved::Hook(ankusa_records::moved::MovedHook { envelope, .. })
-                | Moved::Archived { envelope, .. } => {
-                    let env = Envelope::decode(envelope).map_err(|e| {
-                        QueueError::corrupt(Family::Hooks, format!("a moved hook: {e}"))
-                    })?;
-                    envelopes.push(env);
-                }
-                Moved::Dedupe { tenant, .. } => tenants.push(tenant),
-                // A log record needs no ordinal: only its id, to index it by.
-                Moved::Logged { record, .. } => {
-                    let r = ankusa_records::LogRecord::decode(record).map_err(|e| {
-                        QueueError::corrupt(Family::HookLog, format!("a moved record: {e}"))
-                    })?;
-                    record_ids.push(r.envelope.id);
-                }
-            }
-        }
+        let (envelopes, record_ids, mut tenants) = decode_items(&imp.items)?;
         tenants.extend(envelopes.iter().map(Envelope::tenant_or_default));
         let resolution = self.alloc.resolve(store, tenants.iter().copied())?;
         let mut ords = std::collections::HashMap::new();
@@ -145,21 +121,14 @@ impl Assembler {
                     let live_here = held
                         .next()
                         .flatten()
-                        .and_then(|v| decode_dedupe_value(&v))
+                        .and_then(|v| dedupe::decode_value(&v))
                         .is_some_and(|(e, _)| e > now);
                     if live_here || *expires <= now {
                         continue;
                     }
-                    tx.push_op(ankusa_store::Op::put(
-                        ankusa_keyspace::Cf::Index,
-                        ankusa_keyspace::dedupe_expiry(AtMs(*expires), k),
-                        Vec::new(),
-                    ));
-                    tx.push_op(ankusa_store::Op::put(
-                        ankusa_keyspace::Cf::Index,
-                        k.clone(),
-                        dedupe_value(*expires, id),
-                    ));
+                    for op in dedupe::keep(k, *expires, id) {
+                        tx.push_op(op);
+                    }
                     dedupes += 1;
                 }
             }
@@ -189,4 +158,37 @@ impl Assembler {
             },
         ))
     }
+}
+
+/// The envelopes of a batch's moved hooks and archived copies and the ids of its moved log
+/// records, in the items' order, and the tenants of its dedupe keys. One that does not
+/// decode is corruption (of the sender's rows, carried here).
+#[allow(clippy::type_complexity)]
+fn decode_items(
+    items: &[ankusa_records::moved::Moved],
+) -> Result<(Vec<Envelope>, Vec<String>, Vec<&str>), QueueError> {
+    use ankusa_records::moved::Moved;
+    let mut envelopes = Vec::new();
+    let mut record_ids = Vec::new();
+    let mut tenants: Vec<&str> = Vec::new();
+    for item in items {
+        match item {
+            Moved::Hook(ankusa_records::moved::MovedHook { envelope, .. })
+            | Moved::Archived { envelope, .. } => {
+                let env = Envelope::decode(envelope).map_err(|e| {
+                    QueueError::corrupt(Family::Hooks, format!("a moved hook: {e}"))
+                })?;
+                envelopes.push(env);
+            }
+            Moved::Dedupe { tenant, .. } => tenants.push(tenant),
+            // A log record needs no ordinal: only its id, to index it by.
+            Moved::Logged { record, .. } => {
+                let r = ankusa_records::LogRecord::decode(record).map_err(|e| {
+                    QueueError::corrupt(Family::HookLog, format!("a moved record: {e}"))
+                })?;
+                record_ids.push(r.envelope.id);
+            }
+        }
+    }
+    Ok((envelopes, record_ids, tenants))
 }

@@ -17,7 +17,7 @@ use ankusa_queue::deliveries::{self, Tx};
 use ankusa_queue::writer::Assembler;
 use ankusa_queue::{counters, Delta};
 use ankusa_records::Envelope;
-use ankusa_store::{OpenOptions, Store};
+use ankusa_store::{OpenOptions, Rows, Store};
 
 pub const NOW: u64 = 1_800_000_000_000;
 pub const ACTIVE: u64 = 8;

@@ -21,8 +21,8 @@ use ankusa_api::error::ErrorCode;
 use ankusa_config::Config;
 use ankusa_keyspace::TenantOrd;
 use ankusa_queue::audit::Audit;
+use ankusa_queue::engine::{Store, StoreError};
 use ankusa_queue::{tenants, QueueError};
-use ankusa_store::{Store, StoreError};
 
 /// What the API handlers share.
 #[derive(Debug)]

@@ -243,7 +243,7 @@ pub async fn replay(
         serde_json::json!({ "replayed": replayed, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len(), "stopped": stop.as_ref().map(|s| &s.0) }),
     );
     let a = api.clone();
-    blocking(move || Ok(a.store.write(vec![audit], true)?)).await?;
+    blocking(move || Ok(ankusa_queue::commit(&a.store, vec![audit], true)?)).await?;
     Ok(Json(Replayed {
         replayed,
         retry_after_s: stop.as_ref().and_then(|s| s.1),

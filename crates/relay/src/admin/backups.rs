@@ -30,7 +30,7 @@ use super::api::{backup_caller, Api, ApiError};
 use ankusa_api::admin::BackupCreated;
 use ankusa_api::error::ErrorCode;
 use ankusa_api_macros::answers;
-use ankusa_store::{tarball, Store, StoreError};
+use ankusa_queue::engine::{tarball, Store, StoreError};
 
 /// A backup id: `b` and the Unix milliseconds it was taken.
 pub fn is_backup_id(id: &str) -> bool {
@@ -245,7 +245,7 @@ pub async fn create(
             None,
             serde_json::json!({ "id": id, "bytes": bytes }),
         );
-        a.store.write(vec![audit], true)?;
+        ankusa_queue::commit(&a.store, vec![audit], true)?;
         Ok(Json(BackupCreated {
             id,
             bytes,
@@ -391,7 +391,7 @@ pub async fn stream(State(api): State<Arc<Api>>, headers: HeaderMap) -> Result<R
             None,
             serde_json::json!({ "id": id2 }),
         );
-        a.store.write(vec![audit], true)?;
+        ankusa_queue::commit(&a.store, vec![audit], true)?;
         Ok(a.store.format()?)
     })
     .await

@@ -15,8 +15,8 @@ use ankusa_api::admin::{DlqItem, DlqPage, ReplayRequest, Revived};
 use ankusa_api_macros::answers;
 use ankusa_keyspace::{AtMs, DeadKey, Seq, SinkIdx, TenantOrd};
 use ankusa_queue::deliveries::{self, DeadPage, DeadRow};
+use ankusa_queue::engine::Store;
 use ankusa_queue::{tenants, QueueError};
-use ankusa_store::Store;
 
 /// A DLQ row id: `at.seq.sink`.
 fn row_id(k: &DeadKey) -> String {
@@ -324,7 +324,7 @@ pub async fn replay(
                 req.tenant.as_deref(),
                 serde_json::json!({ "rows": matched, "revived": revived, "source": req.source, "from_ms": req.from_ms, "to_ms": req.to_ms, "ids": req.ids.len() }),
             );
-            store.write(vec![audit], true)?;
+            ankusa_queue::commit(store, vec![audit], true)?;
         }
         Ok(Json(Revived {
             revived,

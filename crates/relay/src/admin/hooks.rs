@@ -228,7 +228,7 @@ pub async fn by_delivery(
     let a = api.clone();
     blocking(move || {
         visible_ord(&a.store, &c.scope, &t)?;
-        let Some(id) = ankusa_queue::writer::first_hook_of(&a.store, &t, delivery.as_bytes())?
+        let Some(id) = ankusa_queue::dedupe::first_hook_of(&a.store, &t, delivery.as_bytes())?
         else {
             return Err(ApiError::NotFound("delivery"));
         };

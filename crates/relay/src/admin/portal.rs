@@ -63,7 +63,7 @@ pub async fn create(
             Some(&req.tenant),
             serde_json::json!({ "expires_ms": expires_ms }),
         );
-        a.store.write(vec![audit], true)?;
+        ankusa_queue::commit(&a.store, vec![audit], true)?;
         Ok(Json(PortalLink {
             path: format!("/ui/portal/{credential}/"),
             tenant: req.tenant,

@@ -70,7 +70,7 @@ pub async fn tenant(
 /// markers dispatch took out) — each with its counters, bounded as the gauges' read is;
 /// the most work first ([`Counters::work_order`], then the oldest ordinal).
 pub(crate) fn with_work(
-    store: &ankusa_store::Store,
+    store: &ankusa_queue::engine::Store,
     more: impl IntoIterator<Item = ankusa_keyspace::TenantOrd>,
 ) -> Result<Vec<(String, ankusa_keyspace::TenantOrd, Counters)>, ankusa_queue::QueueError> {
     let active = deliveries::active_tenants_distinct(

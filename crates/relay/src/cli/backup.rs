@@ -4,8 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use ankusa_keyspace::Family;
-use ankusa_store::{OpenOptions, Store};
+use ankusa_queue::engine::{OpenOptions, Store};
 use anyhow::Context;
 
 use super::store::open_existing;
@@ -34,13 +33,7 @@ fn report_beside(data: &Path) -> PathBuf {
 fn replaced_counts(data: &Path, from: u64) -> anyhow::Result<(u64, u64)> {
     let store = Store::open(data, &OpenOptions::inspect())
         .with_context(|| format!("opening {}", data.display()))?;
-    let (_, end) = Family::Hooks.bounds();
-    let start = ankusa_keyspace::hook(ankusa_keyspace::Seq(from));
-    let mut held = 0;
-    for row in store.scan(Family::Hooks, &start, &end, ankusa_store::Dir::Forward)? {
-        row?;
-        held += 1;
-    }
+    let held = ankusa_queue::writer::hooks_from(&store, ankusa_keyspace::Seq(from))?;
     Ok((ankusa_queue::writer::next_seq(&store)?, held))
 }
 
@@ -255,7 +248,7 @@ fn install(
             std::fs::rename(&s, data)
                 .with_context(|| format!("moving the unpacked {name} to {}", data.display()))?;
         }
-        Unpack::Archive(archive) => ankusa_store::tarball::unpack(archive, data)
+        Unpack::Archive(archive) => ankusa_queue::engine::tarball::unpack(archive, data)
             .with_context(|| format!("restoring {name} into {}", data.display()))?,
     }
     // A copy writes files of its own from here on: its object-storage backups are not its
@@ -340,7 +333,7 @@ fn pick_archive(
     let mut seen = Vec::new();
     for (_, archive) in archives.iter().rev() {
         let _ = std::fs::remove_dir_all(&staged);
-        ankusa_store::tarball::unpack(archive, &staged)
+        ankusa_queue::engine::tarball::unpack(archive, &staged)
             .with_context(|| format!("unpacking {}", archive.display()))?;
         let format = Store::open(&staged, &OpenOptions::inspect())
             .with_context(|| format!("opening {}", archive.display()))?
@@ -513,7 +506,7 @@ pub(super) struct Checked {
 pub(super) fn check_archive(archive: &Path, dir: &Path, id: &str) -> anyhow::Result<Checked> {
     let check = dir.join(format!("{id}.check"));
     let _ = std::fs::remove_dir_all(&check);
-    let opened = ankusa_store::tarball::unpack(archive, &check)
+    let opened = ankusa_queue::engine::tarball::unpack(archive, &check)
         .map_err(anyhow::Error::from)
         .and_then(|()| {
             let store_bytes = tree_bytes(&check);
@@ -570,7 +563,7 @@ pub(super) fn backup_offline(
     let id = format!("b{}", ankusa_keyspace::now_ms());
     let out = to.join(format!("{id}.tar.zst"));
     let tmp = to.join(format!("{id}.tar.zst.part"));
-    ankusa_store::tarball::pack(data, &tmp)
+    ankusa_queue::engine::tarball::pack(data, &tmp)
         .with_context(|| format!("packing {}", data.display()))?;
     let checked = check_archive(&tmp, to, &id)?;
     std::fs::rename(&tmp, &out)?;
@@ -594,7 +587,7 @@ fn report_run(
     store_format: u32,
 ) -> anyhow::Result<()> {
     let Some(file) = report else { return Ok(()) };
-    let space = ankusa_store::volume_space(to);
+    let space = ankusa_queue::engine::volume_space(to);
     let r = ankusa_api::node::BackupRunReport {
         archive: format!("{id}.tar.zst"),
         bytes,

@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
-use ankusa_store::SUPPORTED_FORMAT;
+use ankusa_queue::engine::SUPPORTED_FORMAT;
 
 #[derive(Debug, Parser)]
 #[command(name = "ankusa-relay", version, about = "Ankusa relay node")]

@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 use crate::node::StopSignals;
 use ankusa_config::Config;
-use ankusa_store::SUPPORTED_FORMAT;
+use ankusa_queue::engine::SUPPORTED_FORMAT;
 
 /// `config check`: what `run` would say about the file, without a store.
 pub(super) fn config_check(path: &Path) -> anyhow::Result<ExitCode> {

@@ -5,8 +5,8 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use ankusa_keyspace::Family;
+use ankusa_queue::engine::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
 use ankusa_queue::{counters, fold, tenants};
-use ankusa_store::{migrate, OpenOptions, Store, SUPPORTED_FORMAT};
 use anyhow::Context;
 
 pub(super) fn open_existing(data: &Path, read_only: bool) -> anyhow::Result<Store> {
@@ -34,9 +34,7 @@ pub(super) fn inspect(data: &Path) -> anyhow::Result<ExitCode> {
     println!("column families: {}", cfs.join(", "));
     println!("{:<18} {:<11} {:>12}", "family", "cf", "keys");
     for fam in Family::of_format(format) {
-        let n = store
-            .scan_family(*fam)?
-            .try_fold(0u64, |n, kv| kv.map(|_| n + 1))?;
+        let n = fold::rows_in(&store, *fam)?;
         println!("{:<18} {:<11} {:>12}", fam.name(), fam.cf().name(), n);
     }
     if format >= 3 {
@@ -51,7 +49,7 @@ pub(super) fn inspect(data: &Path) -> anyhow::Result<ExitCode> {
 }
 
 pub(super) fn migrate_cmd(data: &Path, dry_run: bool) -> anyhow::Result<ExitCode> {
-    let registry = crate::upgrade::builtin();
+    let registry = ankusa_queue::formats::builtin();
     if dry_run {
         let store = open_existing(data, true)?;
         let pending = migrate::pending(&store, &registry, SUPPORTED_FORMAT)?;
@@ -109,10 +107,10 @@ pub(super) fn fixture(format: u32, out: &Path) -> anyhow::Result<ExitCode> {
     let dir = tempfile_dir()?;
     let data = dir.join("store");
     match format {
-        2 => crate::upgrade::fixture::write_v2(&data)?,
-        _ => crate::upgrade::fixture::write_v3(&data)?,
+        2 => ankusa_queue::formats::fixture::write_v2(&data)?,
+        _ => ankusa_queue::formats::fixture::write_v3(&data)?,
     }
-    ankusa_store::tarball::pack(&data, out)?;
+    ankusa_queue::engine::tarball::pack(&data, out)?;
     let _ = std::fs::remove_dir_all(&dir);
     println!("wrote a format {format} fixture store to {}", out.display());
     Ok(ExitCode::SUCCESS)

@@ -23,11 +23,11 @@ use super::Cluster;
 use crate::metrics::{DirectionLabel, Metrics};
 use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, HandoffOutcome, HANDOFF_MAX_ITEMS};
 use ankusa_api::node::HandoffStatus;
+use ankusa_queue::engine::Store;
 use ankusa_queue::handoff::{self, Outbox};
 use ankusa_queue::writer::{Import, ImportReply, WriterHandle};
 use ankusa_queue::QueueError;
 use ankusa_records::moved::Moved;
-use ankusa_store::Store;
 
 /// Tenants read from the store per page of a pass.
 const TENANT_PAGE: usize = 1_000;

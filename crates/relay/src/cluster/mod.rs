@@ -40,9 +40,9 @@ use crate::metrics::{ForwardLabels, KindLabel, Metrics};
 use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, LendRequest, Lent, SlotLedger, Stored};
 use ankusa_api::error::ErrorCode;
 use ankusa_config::Config;
+use ankusa_queue::engine::{Store, StoreError};
 use ankusa_queue::registry::{Admission, Ledger, Registry, Shares};
 use ankusa_queue::QueueError;
-use ankusa_store::{Store, StoreError};
 
 /// On a request the listener's edge found signed by a node of the Relay ([`ankusa_verify::node`]): that
 /// node's name. The edge removes every `ankusa-*` header of any other request, so only

@@ -16,8 +16,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
 use ankusa_config::{Config, SinkKind};
+use ankusa_queue::engine::Store;
 use ankusa_queue::{counters, QueueError};
-use ankusa_store::Store;
 
 use crate::metrics::{AttemptLabel, LatencyLog, Metrics};
 

@@ -20,8 +20,8 @@ pub mod pipeline;
 pub mod replayer;
 pub mod replays;
 
+use ankusa_queue::engine::StoreError;
 use ankusa_queue::QueueError;
-use ankusa_store::StoreError;
 
 /// Errors of the dispatch side: the queue's, and the runtime's own failures around them.
 #[derive(Debug, thiserror::Error)]

@@ -10,10 +10,10 @@ use crate::dispatch::delivery::{backoff, Attempt, Verdict};
 use ankusa_config::RetryConfig;
 use ankusa_keyspace::{AtMs, EventKind, TenantOrd};
 use ankusa_queue::deliveries::{self, InflightRow, Tx};
+use ankusa_queue::engine::Store;
 use ankusa_queue::hooklog;
 use ankusa_queue::QueueError;
 use ankusa_records::AttemptOutcome;
-use ankusa_store::Store;
 
 /// A failed attempt whose outcome was committed: retried, or dead-lettered.
 pub(crate) struct Failed {

@@ -55,7 +55,10 @@ impl Paused {
     }
 
     /// The store's paused tenants (after the boot migration: a format-2 store has none).
-    pub fn load(&self, store: &ankusa_store::Store) -> Result<usize, ankusa_queue::QueueError> {
+    pub fn load(
+        &self,
+        store: &ankusa_queue::engine::Store,
+    ) -> Result<usize, ankusa_queue::QueueError> {
         let found = ankusa_queue::tenants::paused(store)?;
         let mut holds = self.write();
         holds.clear();
@@ -153,16 +156,17 @@ impl Paused {
     /// write. `false`: it was paused already (nothing written).
     pub fn pause(
         &self,
-        store: &ankusa_store::Store,
+        store: &ankusa_queue::engine::Store,
         ord: TenantOrd,
         at: AtMs,
-        audit: impl FnOnce() -> ankusa_store::Op,
+        audit: impl FnOnce() -> ankusa_queue::Change,
     ) -> Result<bool, ankusa_queue::QueueError> {
         let _one = self.changing();
         if self.holds(ord) {
             return Ok(false);
         }
-        store.write(
+        ankusa_queue::commit(
+            store,
             vec![ankusa_queue::tenants::pause_op(ord, at), audit()],
             true,
         )?;
@@ -175,9 +179,9 @@ impl Paused {
     /// was not paused. On an error it is paused as it was (its key is still there).
     pub fn resume(
         &self,
-        store: &ankusa_store::Store,
+        store: &ankusa_queue::engine::Store,
         ord: TenantOrd,
-        audit: impl FnOnce(u64) -> ankusa_store::Op,
+        audit: impl FnOnce(u64) -> ankusa_queue::Change,
     ) -> Result<Option<u64>, ankusa_queue::QueueError> {
         let _one = self.changing();
         let Some(hold) = self.hold(ord).filter(|h| !matches!(h, Hold::Erasing(_))) else {
@@ -186,7 +190,8 @@ impl Paused {
         self.set(ord, Some(Hold::Resuming));
         let resumed =
             ankusa_queue::deliveries::restore_tenant_markers(store, ord).and_then(|markers| {
-                store.write(
+                ankusa_queue::commit(
+                    store,
                     vec![ankusa_queue::tenants::resume_op(ord), audit(markers)],
                     true,
                 )?;

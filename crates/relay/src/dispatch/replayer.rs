@@ -5,10 +5,11 @@
 
 use ankusa_keyspace::{AtMs, EventKind, Seq, SinkIdx, TenantOrd};
 use ankusa_queue::deliveries::{self, DeadRow, DueRow, Tx};
+use ankusa_queue::engine::Store;
 use ankusa_queue::hints::DueHints;
 use ankusa_queue::hooklog;
+use ankusa_queue::Change;
 use ankusa_queue::QueueError;
-use ankusa_store::{Op, Store};
 
 /// Revives `rows`, due at `now`; returns how many this call moved. A row a concurrent
 /// replay or purge moved first is not revived again (and not counted). `audit`, if any,
@@ -20,7 +21,7 @@ pub fn revive(
     rows: &[DeadRow],
     now: AtMs,
     log: bool,
-    audit: Option<Op>,
+    audit: Option<Change>,
 ) -> Result<u64, QueueError> {
     let revive = |tx: &mut Tx, r: &DeadRow| deliveries::revive(tx, r, now);
     let moved = requeue(store, hints, rows, now, "replay", log, audit, revive)?;
@@ -48,7 +49,7 @@ pub fn hasten(
     rows: &[DueRow],
     now: AtMs,
     log: bool,
-    audit: Option<Op>,
+    audit: Option<Change>,
 ) -> Result<u64, QueueError> {
     let hasten = |tx: &mut Tx, r: &DueRow| deliveries::hasten(tx, r, now);
     requeue(store, hints, rows, now, "retry", log, audit, hasten)
@@ -85,7 +86,7 @@ fn requeue<R: Requeued>(
     now: AtMs,
     what: &'static str,
     log: bool,
-    audit: Option<Op>,
+    audit: Option<Change>,
     op: impl Fn(&mut Tx, &R),
 ) -> Result<u64, QueueError> {
     let mut first = audit;
@@ -100,7 +101,7 @@ fn requeue<R: Requeued>(
         let _in = span.enter();
         let mut tx = Tx::new();
         if let Some(op) = first.take() {
-            tx.push_op(op);
+            tx.push(op);
         }
         for r in chunk {
             op(&mut tx, r);
@@ -115,7 +116,7 @@ fn requeue<R: Requeued>(
         hints.add(chunk.iter().map(|r| (r.at().0, now)));
     }
     if let Some(op) = first {
-        store.write(vec![op], true)?;
+        ankusa_queue::commit(store, vec![op], true)?;
     }
     Ok(moved)
 }

@@ -16,9 +16,10 @@ use axum::http::HeaderMap;
 use base64::Engine;
 
 use crate::metrics::Metrics;
+use ankusa_queue::engine::Store;
 use ankusa_queue::quarantine::{self, Entry};
+use ankusa_queue::Change;
 use ankusa_queue::QueueError;
-use ankusa_store::{Op, Store};
 
 /// Header names never kept.
 const DROPPED_HEADERS: [&str; 3] = ["authorization", "cookie", "proxy-authorization"];
@@ -97,7 +98,7 @@ impl Quarantine {
         }
         let store = self.store.clone();
         tokio::task::spawn_blocking(move || {
-            if let Err(e) = store.write(vec![op], false) {
+            if let Err(e) = ankusa_queue::commit(&store, vec![op], false) {
                 tracing::warn!(error = %e, "quarantine write failed");
             }
         });
@@ -118,7 +119,7 @@ pub fn delete(
     store: &Store,
     quarantine: Option<&Quarantine>,
     pick: impl Fn(&Entry) -> bool,
-    audit: Op,
+    audit: Change,
 ) -> Result<u64, QueueError> {
     quarantine::delete(store, pick, audit, |entries, bytes| {
         if let Some(q) = quarantine {

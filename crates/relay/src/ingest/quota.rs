@@ -31,8 +31,8 @@ use arc_swap::ArcSwap;
 use ankusa_api::admin::Overrides;
 use ankusa_config::TenantLimits;
 use ankusa_keyspace::CounterField;
+use ankusa_queue::engine::Store;
 use ankusa_queue::{tenants, QueueError};
-use ankusa_store::Store;
 
 /// The most tenants with their own limits on a node.
 pub const MAX_OVERRIDES: usize = 100_000;
@@ -170,7 +170,7 @@ impl Quotas {
         store: &Store,
         tenant: &str,
         next: Option<Overrides>,
-        audit: impl FnOnce() -> ankusa_store::Op,
+        audit: impl FnOnce() -> ankusa_queue::Change,
     ) -> Result<Result<bool, SetError>, QueueError> {
         let next = next.filter(|o| !o.is_empty());
         let _one = self.changes.lock().unwrap_or_else(|p| p.into_inner());
@@ -192,7 +192,7 @@ impl Quotas {
             }
         }
         let json = next.and_then(|o| serde_json::to_vec(&o).ok());
-        store.write(vec![tenants::limits_op(tenant, json), audit()], true)?;
+        ankusa_queue::commit(store, vec![tenants::limits_op(tenant, json), audit()], true)?;
         self.replace(tenant, next);
         Ok(Ok(true))
     }

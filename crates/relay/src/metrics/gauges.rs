@@ -13,9 +13,9 @@
 use ankusa_keyspace::{AtMs, TenantOrd};
 use ankusa_queue::counters;
 use ankusa_queue::counters::Counters;
+use ankusa_queue::engine::Store;
 use ankusa_queue::QueueError;
 use ankusa_queue::{deliveries, tenants};
-use ankusa_store::Store;
 
 /// How many tenants the per-tenant pending gauge reports.
 pub const TOP_TENANTS: usize = 100;

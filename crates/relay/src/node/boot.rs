@@ -18,9 +18,9 @@ use ankusa_config::{ArchivePolicy, Config};
 use ankusa_keyspace::AtMs;
 use ankusa_queue::audit::Audit;
 use ankusa_queue::deliveries;
+use ankusa_queue::engine::{migrate, Store, SUPPORTED_FORMAT};
 use ankusa_queue::hints::DueHints;
 use ankusa_queue::writer::Assembler;
-use ankusa_store::{migrate, Store, SUPPORTED_FORMAT};
 
 use super::limits::{cgroup_memory_limit, open_files_limit, store_options};
 use super::tasks::{
@@ -145,24 +145,29 @@ pub(super) fn admin_app(
 pub(super) fn recover(config: &Config, api: &Api) -> Result<(u64, Assembler), NodeError> {
     let store = &*api.store;
     let progress = &api.progress;
-    let out = migrate::run(store, &crate::upgrade::builtin(), SUPPORTED_FORMAT, |p| {
-        tracing::info!(
-            from = p.from,
-            to = p.to,
-            steps = p.steps,
-            rows = p.rows,
-            "migration step"
-        );
-        progress.set(
-            (!p.finished).then_some(ankusa_api::node::MigrationProgress {
-                from: p.from,
-                to: p.to,
-                steps: p.steps,
-                rows: p.rows,
-            }),
-        );
-        ControlFlow::Continue(())
-    })?;
+    let out = migrate::run(
+        store,
+        &ankusa_queue::formats::builtin(),
+        SUPPORTED_FORMAT,
+        |p| {
+            tracing::info!(
+                from = p.from,
+                to = p.to,
+                steps = p.steps,
+                rows = p.rows,
+                "migration step"
+            );
+            progress.set(
+                (!p.finished).then_some(ankusa_api::node::MigrationProgress {
+                    from: p.from,
+                    to: p.to,
+                    steps: p.steps,
+                    rows: p.rows,
+                }),
+            );
+            ControlFlow::Continue(())
+        },
+    )?;
     progress.set(None);
     tracing::info!(?out, "store format current");
     let (max_tenants, tenants) = (config.tenants.max, ankusa_queue::tenants::count(store)?);

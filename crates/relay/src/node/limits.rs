@@ -2,7 +2,7 @@
 //! the memory the cgroup allows, and the process's open-file limit.
 
 use ankusa_config::Config;
-use ankusa_store::OpenOptions;
+use ankusa_queue::engine::OpenOptions;
 
 /// This process's `RLIMIT_NOFILE`.
 #[allow(unsafe_code)]
@@ -87,12 +87,12 @@ pub fn cgroup_memory_limit_in(own: &str, root: &std::path::Path) -> Option<u64> 
 }
 
 /// The options a node opens its store with: at most half of this process's open-file
-/// limit in table files ([`ankusa_store::max_open_files_for`]) and one memory budget
+/// limit in table files ([`ankusa_queue::engine::max_open_files_for`]) and one memory budget
 /// ([`store_memory_budget`], from `store.memory_bytes` or the cgroup's limit). Whatever
 /// else opens the same store to do a node's work (the benches' twins) opens it so too.
 pub fn store_options(config: &Config) -> OpenOptions {
     OpenOptions {
-        max_open_files: ankusa_store::max_open_files_for(open_files_limit()),
+        max_open_files: ankusa_queue::engine::max_open_files_for(open_files_limit()),
         memory: Some(store_memory_budget(config, cgroup_memory_limit())),
         ..OpenOptions::default()
     }
@@ -101,13 +101,16 @@ pub fn store_options(config: &Config) -> OpenOptions {
 /// The store's memory budget: `store.memory_bytes`, else a quarter of the cgroup's memory
 /// `limit` (the rest is the node's own: requests in flight, writer batches, delivery
 /// buffers), else 512 MiB.
-pub fn store_memory_budget(config: &Config, limit: Option<u64>) -> ankusa_store::MemoryBudget {
+pub fn store_memory_budget(
+    config: &Config,
+    limit: Option<u64>,
+) -> ankusa_queue::engine::MemoryBudget {
     let total = config
         .store
         .memory_bytes
         .or(limit.map(|l| l / 4))
         .unwrap_or(512 << 20);
-    ankusa_store::MemoryBudget::of_total(total)
+    ankusa_queue::engine::MemoryBudget::of_total(total)
 }
 
 pub fn open_files_limit() -> Option<u64> {

@@ -23,9 +23,9 @@ use crate::dispatch::pipeline::{self};
 use crate::ingest::IngestState;
 use crate::metrics::Metrics;
 use ankusa_config::{Config, ConfigError};
+use ankusa_queue::engine::{Store, StoreError};
 use ankusa_queue::writer::{self, WriterSettings};
 use ankusa_queue::QueueError;
-use ankusa_store::{Store, StoreError};
 
 mod boot;
 pub mod limits;

@@ -9,8 +9,8 @@ use crate::cluster::Cluster;
 use crate::metrics::{ArchiveLabel, Metrics, StoreFamilyLabel};
 use ankusa_config::Config;
 use ankusa_keyspace::AtMs;
+use ankusa_queue::engine::Store;
 use ankusa_queue::{archive, hooklog, QueueError};
-use ankusa_store::Store;
 
 use super::{exit_at_once, EXIT_STORE_STUCK};
 
@@ -254,7 +254,7 @@ pub(super) fn spawn_gauges(
 /// While the store's writes fail (a full disk, a failed WAL sync), a small synced write
 /// every second, so the node becomes ready again as soon as the store takes writes, whether
 /// or not traffic arrives to find out. When they have failed for `writer.exit_when_stuck_ms`
-/// with an error RocksDB does not resume from ([`ankusa_store::WriteHealth::stuck`]), the
+/// with an error RocksDB does not resume from ([`ankusa_queue::engine::WriteHealth::stuck`]), the
 /// process exits with [`EXIT_STORE_STUCK`] at once, as a crash would: a graceful stop's
 /// writes would fail too, and the restart's open replays the WAL (what the crash tests
 /// prove). Keeps `ankusa_store_write_failing`, `ankusa_store_write_failures_total` and
@@ -298,7 +298,7 @@ pub(super) fn spawn_write_probe(
                 .store_write_failing
                 .set(i64::from(store.health().failing()));
             set_store_memory(&store, &metrics);
-            for (family, n) in ankusa_store::corruptions() {
+            for (family, n) in ankusa_queue::engine::corruptions() {
                 let c = metrics.store_corruption.get_or_create(&StoreFamilyLabel {
                     family: family.name().to_owned(),
                 });

@@ -34,7 +34,7 @@ use object_store::path::Path as Key;
 use object_store::{ObjectStore, ObjectStoreExt, PutPayload, WriteMultipart};
 use sha2::Digest;
 
-use ankusa_store::Store;
+use ankusa_queue::engine::Store;
 use anyhow::Context;
 use std::path::Path;
 
@@ -724,13 +724,13 @@ pub async fn restore_from(
     );
     // Room for it all first, the margin an unpack keeps left over.
     let total: u64 = m.files.iter().map(|f| f.size).sum();
-    if let Some(room) = ankusa_store::tarball::room_to_unpack(data) {
+    if let Some(room) = ankusa_queue::engine::tarball::room_to_unpack(data) {
         anyhow::ensure!(
             total <= room,
             "backup {} is {total} bytes; {} has room for {room} (its free space less {} bytes kept free): nothing was written",
             m.id,
             data.display(),
-            ankusa_store::tarball::UNPACK_MARGIN_BYTES
+            ankusa_queue::engine::tarball::UNPACK_MARGIN_BYTES
         );
     }
     // Until the last file is in and synced, the marker says so: a restore killed half
@@ -796,7 +796,7 @@ mod tests {
     #[test]
     fn the_operator_counts_the_restores_margin() {
         assert_eq!(
-            ankusa_store::tarball::UNPACK_MARGIN_BYTES,
+            ankusa_queue::engine::tarball::UNPACK_MARGIN_BYTES,
             ankusa_api::node::UNPACK_MARGIN_BYTES
         );
     }

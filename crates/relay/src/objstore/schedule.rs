@@ -21,7 +21,7 @@ use std::time::Duration;
 
 use ankusa_api::node::{ObjectBackup, ObjectBackups};
 use ankusa_config::ObjectStoreConfig;
-use ankusa_store::Store;
+use ankusa_queue::engine::Store;
 
 use super::{Remote, Target};
 use crate::metrics::{Metrics, OutcomeLabel};

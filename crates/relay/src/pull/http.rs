@@ -149,36 +149,7 @@ pub async fn claim(
 ) -> Result<Json<ClaimAnswer>, Response> {
     let c = consumer(&g, &headers, &sink)?;
     let s = g.settings();
-    let sink_lease = s.sinks.get(&sink).map_or(s.lease_ms, |k| k.lease_ms);
-    let ask = (|| {
-        Ok::<_, Refused>(Ask {
-            max: in_range(
-                "max",
-                req.max.unwrap_or(s.max_claim) as u64,
-                1,
-                s.max_claim as u64,
-            )? as usize,
-            max_bytes: in_range(
-                "max_bytes",
-                req.max_bytes.unwrap_or(s.max_claim_bytes),
-                1,
-                s.max_claim_bytes,
-            )?,
-            lease_ms: in_range(
-                "lease_ms",
-                req.lease_ms.unwrap_or(sink_lease),
-                1_000,
-                s.max_lease_lifetime_ms,
-            )?,
-        })
-    })();
-    let ask = ask?;
-    let wait = Duration::from_millis(in_range(
-        "wait_ms",
-        req.wait_ms.unwrap_or(0),
-        0,
-        s.max_wait_ms,
-    )?);
+    let (ask, wait) = ask_of(&req, &s, &sink)?;
     let until = Instant::now() + wait;
     // A waiting claim holds one of its consumer's `pull.max_waiting_claims`.
     let _waiting = if wait.is_zero() {
@@ -201,28 +172,7 @@ pub async fn claim(
         }
     };
     let wake = g.deliverer.pull_wake.of(&sink);
-    // In a Relay of several nodes a claim gathers from every node holding tenants the
-    // consumer sees (its own first); a node asked by another answers for itself.
-    let others: Vec<crate::cluster::Member> =
-        if g.cluster.is_multi() && !g.cluster.is_local_call(&headers) {
-            let me = g.cluster.me().unwrap_or_default();
-            g.cluster
-                .members()
-                .iter()
-                .filter(|m| m.name != me)
-                .filter(|m| match c.tenants() {
-                    None => true,
-                    Some(ts) => ts.iter().any(|t| g.cluster.owner_of(t).name == m.name),
-                })
-                .cloned()
-                .collect()
-        } else {
-            Vec::new()
-        };
-    let mine = !g.cluster.is_multi()
-        || g.cluster.is_local_call(&headers)
-        || c.tenants()
-            .is_none_or(|ts| ts.iter().any(|t| g.cluster.other_owner(t).is_none()));
+    let (others, mine) = peers(&g, &headers, &c);
     // The other nodes' waits: each a long call that answers when that node has hooks for
     // this consumer (or its own wait ran out), re-armed when it ends — no polling.
     let mut remote: tokio::task::JoinSet<(usize, Option<bool>)> = tokio::task::JoinSet::new();
@@ -241,40 +191,11 @@ pub async fn claim(
         let reloaded = g.reloaded.notified();
         tokio::pin!(reloaded);
         reloaded.as_mut().enable();
-        let mut hooks: Vec<ClaimedHook> = Vec::new();
-        let mut bytes = 0u64;
-        if round && mine {
-            let (g2, sink2, c2) = (g.clone(), sink.clone(), c.clone());
-            let claimed = tokio::task::spawn_blocking(move || g2.claim(&sink2, &c2, ask)).await;
-            let claimed = match claimed {
-                Ok(Ok(h)) => h,
-                Ok(Err(e)) => return Err(internal(e)),
-                Err(e) => return Err(internal(e)),
-            };
-            for h in claimed {
-                bytes += h.envelope.body.len() as u64;
-                hooks.push(render(h));
-            }
-        }
-        for m in others.iter().filter(|_| round) {
-            if hooks.len() >= ask.max {
-                break;
-            }
-            let body = ClaimRequest {
-                max: Some(ask.max - hooks.len()),
-                max_bytes: Some(ask.max_bytes.saturating_sub(bytes).max(1)),
-                wait_ms: Some(0),
-                lease_ms: Some(ask.lease_ms),
-            };
-            let path = format!("/pull/{sink}/claim");
-            let answer = forward_json::<_, ClaimAnswer>(&g, m, &path, &headers, &body).await;
-            if let Some((200, Some(theirs))) = answer {
-                for h in theirs.hooks {
-                    bytes += h.body.as_ref().map_or(0, |b| b.len() as u64);
-                    hooks.push(h);
-                }
-            }
-        }
+        let hooks = if round {
+            gather(&g, &sink, &c, ask, &headers, mine, &others).await?
+        } else {
+            Vec::new()
+        };
         let now = Instant::now();
         if !hooks.is_empty() || now >= until {
             return Ok(Json(ClaimAnswer { hooks }));
@@ -330,6 +251,112 @@ pub async fn claim(
         // A reload may have revoked the consumer, or taken the sink from it.
         c = consumer(&g, &headers, &sink)?;
     }
+}
+
+/// What a claim asks for, each value within the gateway's bounds, and how long it waits.
+fn ask_of(req: &ClaimRequest, s: &super::Settings, sink: &str) -> Result<(Ask, Duration), Refused> {
+    let sink_lease = s.sinks.get(sink).map_or(s.lease_ms, |k| k.lease_ms);
+    let ask = Ask {
+        max: in_range(
+            "max",
+            req.max.unwrap_or(s.max_claim) as u64,
+            1,
+            s.max_claim as u64,
+        )? as usize,
+        max_bytes: in_range(
+            "max_bytes",
+            req.max_bytes.unwrap_or(s.max_claim_bytes),
+            1,
+            s.max_claim_bytes,
+        )?,
+        lease_ms: in_range(
+            "lease_ms",
+            req.lease_ms.unwrap_or(sink_lease),
+            1_000,
+            s.max_lease_lifetime_ms,
+        )?,
+    };
+    let wait = Duration::from_millis(in_range(
+        "wait_ms",
+        req.wait_ms.unwrap_or(0),
+        0,
+        s.max_wait_ms,
+    )?);
+    Ok((ask, wait))
+}
+
+/// The other nodes a claim gathers from, and whether this one holds tenants the consumer
+/// sees. In a Relay of several nodes a claim gathers from every node holding tenants the
+/// consumer sees (its own first); a node asked by another answers for itself.
+fn peers(g: &Gateway, headers: &HeaderMap, c: &Consumer) -> (Vec<crate::cluster::Member>, bool) {
+    let others = if g.cluster.is_multi() && !g.cluster.is_local_call(headers) {
+        let me = g.cluster.me().unwrap_or_default();
+        g.cluster
+            .members()
+            .iter()
+            .filter(|m| m.name != me)
+            .filter(|m| match c.tenants() {
+                None => true,
+                Some(ts) => ts.iter().any(|t| g.cluster.owner_of(t).name == m.name),
+            })
+            .cloned()
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mine = !g.cluster.is_multi()
+        || g.cluster.is_local_call(headers)
+        || c.tenants()
+            .is_none_or(|ts| ts.iter().any(|t| g.cluster.other_owner(t).is_none()));
+    (others, mine)
+}
+
+/// One round of a claim: this node's hooks (when it holds the consumer's tenants), then
+/// each other node's, without waiting, until `ask` is filled.
+async fn gather(
+    g: &Arc<Gateway>,
+    sink: &str,
+    c: &Arc<Consumer>,
+    ask: Ask,
+    headers: &HeaderMap,
+    mine: bool,
+    others: &[crate::cluster::Member],
+) -> Result<Vec<ClaimedHook>, Response> {
+    let mut hooks: Vec<ClaimedHook> = Vec::new();
+    let mut bytes = 0u64;
+    if mine {
+        let (g2, sink2, c2) = (g.clone(), sink.to_owned(), c.clone());
+        let claimed = tokio::task::spawn_blocking(move || g2.claim(&sink2, &c2, ask)).await;
+        let claimed = match claimed {
+            Ok(Ok(h)) => h,
+            Ok(Err(e)) => return Err(internal(e)),
+            Err(e) => return Err(internal(e)),
+        };
+        for h in claimed {
+            bytes += h.envelope.body.len() as u64;
+            hooks.push(render(h));
+        }
+    }
+    for m in others {
+        if hooks.len() >= ask.max {
+            break;
+        }
+        let body = ClaimRequest {
+            max: Some(ask.max - hooks.len()),
+            max_bytes: Some(ask.max_bytes.saturating_sub(bytes).max(1)),
+            wait_ms: Some(0),
+            lease_ms: Some(ask.lease_ms),
+        };
+        let path = format!("/pull/{sink}/claim");
+        let answer = forward_json::<_, ClaimAnswer>(g, m, &path, headers, &body).await;
+        if let Some((200, Some(theirs))) = answer {
+            for h in theirs.hooks {
+                bytes += h.body.as_ref().map_or(0, |b| b.len() as u64);
+                hooks.push(h);
+            }
+        }
+    }
+    Ok(hooks)
 }
 
 /// `POST /pull/{sink}/wait` (between the nodes of a Relay only, signed; 404 to anyone

@@ -28,13 +28,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ankusa_config::{Config, ConfigError, RetryConfig};
-use ankusa_keyspace::{AtMs, Cf, EventKind, Seq, SinkIdx, TenantOrd};
+use ankusa_keyspace::{AtMs, EventKind, Seq, SinkIdx, TenantOrd};
 use ankusa_queue::deliveries::{self, Lease, PulledRow, Tx};
+use ankusa_queue::engine::Store;
 use ankusa_queue::hints::DueHints;
 use ankusa_queue::hooklog;
 use ankusa_queue::QueueError;
 use ankusa_records::{DeliveryRow, Envelope};
-use ankusa_store::Store;
 use subtle::ConstantTimeEq;
 
 use crate::dispatch::delivery::Deliverer;
@@ -435,50 +435,8 @@ impl Gateway {
                 .collect()
         };
         // A tenant's weight (`dispatch.tenant_weights`): its rows a turn, as in push.
-        let weights: Vec<usize> = if settings.weights.is_empty() {
-            vec![1; by_tenant.len()]
-        } else {
-            by_tenant
-                .iter()
-                .map(|(v, _)| {
-                    let name = ankusa_queue::tenants::name(store, v.ord)?;
-                    Ok(name
-                        .and_then(|n| settings.weights.get(&n).copied())
-                        .unwrap_or(1)
-                        .max(1) as usize)
-                })
-                .collect::<Result<_, QueueError>>()?
-        };
-        // Round robin: a tenant's weight in rows a turn (one by default), until `want` rows
-        // or the bytes (the first row always goes, whatever its size).
-        let mut picked: Vec<&PulledRow> = Vec::new();
-        let mut bytes = 0u64;
-        let mut taken = vec![0usize; by_tenant.len()];
-        'turns: loop {
-            let mut any = false;
-            for (i, (_, rows)) in by_tenant.iter().enumerate() {
-                for _ in 0..weights[i] {
-                    if taken[i] >= tenant_room[i] {
-                        break;
-                    }
-                    let Some(row) = rows.get(taken[i]) else { break };
-                    any = true;
-                    let size = u64::from(row.size);
-                    if !picked.is_empty() && bytes + size > ask.max_bytes {
-                        break 'turns;
-                    }
-                    bytes += size;
-                    picked.push(row);
-                    taken[i] += 1;
-                    if picked.len() >= want {
-                        break 'turns;
-                    }
-                }
-            }
-            if !any {
-                break;
-            }
-        }
+        let weights = weights_of(store, &settings, &by_tenant)?;
+        let (picked, taken) = pick(&by_tenant, &weights, &tenant_room, want, ask.max_bytes);
         // Each tenant's floor moves up to the last row this claim takes there.
         for ((v, rows), n) in by_tenant.iter().zip(&taken) {
             if let Some(r) = n.checked_sub(1).and_then(|i| rows.get(i)) {
@@ -666,20 +624,77 @@ impl Gateway {
     }
 }
 
+/// Each tenant's weight (`dispatch.tenant_weights`), by its name: its rows a turn.
+fn weights_of(
+    store: &Store,
+    settings: &Settings,
+    by_tenant: &[(Visit, Vec<PulledRow>)],
+) -> Result<Vec<usize>, QueueError> {
+    if settings.weights.is_empty() {
+        return Ok(vec![1; by_tenant.len()]);
+    }
+    by_tenant
+        .iter()
+        .map(|(v, _)| {
+            let name = ankusa_queue::tenants::name(store, v.ord)?;
+            Ok(name
+                .and_then(|n| settings.weights.get(&n).copied())
+                .unwrap_or(1)
+                .max(1) as usize)
+        })
+        .collect()
+}
+
+/// Round robin over the tenants: a tenant's weight in rows a turn (one by default), each
+/// within its room, until `want` rows or `max_bytes` (the first row always goes, whatever
+/// its size). The rows picked, and how many of each tenant's.
+fn pick<'a>(
+    by_tenant: &'a [(Visit, Vec<PulledRow>)],
+    weights: &[usize],
+    tenant_room: &[usize],
+    want: usize,
+    max_bytes: u64,
+) -> (Vec<&'a PulledRow>, Vec<usize>) {
+    let mut picked: Vec<&PulledRow> = Vec::new();
+    let mut bytes = 0u64;
+    let mut taken = vec![0usize; by_tenant.len()];
+    'turns: loop {
+        let mut any = false;
+        for (i, (_, rows)) in by_tenant.iter().enumerate() {
+            for _ in 0..weights[i] {
+                if taken[i] >= tenant_room[i] {
+                    break;
+                }
+                let Some(row) = rows.get(taken[i]) else { break };
+                any = true;
+                let size = u64::from(row.size);
+                if !picked.is_empty() && bytes + size > max_bytes {
+                    break 'turns;
+                }
+                bytes += size;
+                picked.push(row);
+                taken[i] += 1;
+                if picked.len() >= want {
+                    break 'turns;
+                }
+            }
+        }
+        if !any {
+            break;
+        }
+    }
+    (picked, taken)
+}
+
 /// The delivery rows of `keys`, decoded (`None`: no row, or one that does not decode — it
 /// is then not settled here; boot recovery and the dispatch path own corruption).
 fn delivery_rows(
     store: &Store,
     keys: &[(Seq, SinkIdx)],
 ) -> Result<Vec<Option<DeliveryRow>>, QueueError> {
-    let raw: Vec<Vec<u8>> = keys
-        .iter()
-        .map(|(s, k)| ankusa_keyspace::delivery(*s, *k))
-        .collect();
-    Ok(store
-        .multi_get(Cf::Deliveries, &raw)?
+    Ok(deliveries::delivery_rows_each(store, keys)?
         .into_iter()
-        .map(|v| v.and_then(|v| DeliveryRow::decode(&v).ok()))
+        .map(|r| r.and_then(Result::ok))
         .collect())
 }
 
@@ -692,13 +707,13 @@ fn envelopes(
     store: &Store,
     seqs: impl IntoIterator<Item = Seq>,
 ) -> Result<Vec<Readable>, QueueError> {
-    let keys: Vec<Vec<u8>> = seqs.into_iter().map(ankusa_keyspace::hook).collect();
-    Ok(store
-        .multi_get(Cf::Hooks, &keys)?
+    let seqs: Vec<Seq> = seqs.into_iter().collect();
+    Ok(deliveries::envelopes_each(store, &seqs)?
         .into_iter()
         .map(|v| match v {
             None => Err(None),
-            Some(v) => Envelope::decode(&v).map_err(|e| Some(Arc::from(e.to_string()))),
+            Some(Ok(env)) => Ok(env),
+            Some(Err(u)) => Err(Some(Arc::from(u.to_string()))),
         })
         .collect())
 }

@@ -1,6 +1,7 @@
 //! The admin API over real HTTP: scopes, DLQ and replay, purge, quarantine, audit, config
 //! redaction, metrics exposition.
 
+use ankusa_store::Rows;
 use std::time::Duration;
 
 use ankusa_keyspace::Cf;

@@ -5,6 +5,7 @@
 use ankusa_keyspace::Family;
 use ankusa_queue::{counters, fold};
 use ankusa_relay::testkit::{eventually, TestNode, TestSink};
+use ankusa_store::Rows;
 
 use crate::support::*;
 

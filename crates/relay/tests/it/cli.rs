@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::Family;
-use ankusa_store::{Op, OpenOptions, Store};
+use ankusa_store::{Op, OpenOptions, Rows, Store};
 
 use crate::support::*;
 

@@ -8,7 +8,7 @@ use ankusa_keyspace::Family;
 use ankusa_queue::deliveries::{self, DueRow, InflightRow};
 use ankusa_queue::{fold, tenants};
 use ankusa_records::Envelope;
-use ankusa_store::{OpenOptions, Store};
+use ankusa_store::{OpenOptions, Rows, Store};
 
 use ankusa_relay::testkit::NodeBuilder;
 

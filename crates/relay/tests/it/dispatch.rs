@@ -11,7 +11,7 @@ use ankusa_queue::deliveries::{self, PurgeKinds};
 use ankusa_queue::{counters, fold, tenants};
 use ankusa_relay::node::Node;
 use ankusa_relay::testkit::{eventually, NodeBuilder, TestNode, TestSink};
-use ankusa_store::Op;
+use ankusa_store::{Op, Rows};
 use ankusa_verify::{standard_webhooks_key, Verifier};
 
 use crate::support::*;

@@ -7,6 +7,7 @@
 use ankusa_queue::{counters, fold, tenants};
 use ankusa_relay::node::Node;
 use ankusa_relay::testkit::{eventually, NodeBuilder, TestSink};
+use ankusa_store::Rows;
 
 use crate::support::*;
 

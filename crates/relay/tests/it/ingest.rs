@@ -1,5 +1,6 @@
 //! Ingest over real HTTP on 127.0.0.1 against a node with a real store.
 
+use ankusa_store::Rows;
 use std::collections::BTreeSet;
 
 use ankusa_keyspace::Family;

@@ -7,7 +7,7 @@ use ankusa_keyspace::{AtMs, Family};
 use ankusa_queue::deliveries::{self, Tx};
 use ankusa_queue::writer::Assembler;
 use ankusa_records::Envelope;
-use ankusa_store::{OpenOptions, Store};
+use ankusa_store::{OpenOptions, Rows, Store};
 
 /// A format-3 store at `dir` holding `rows` dead rows (one sink, `s`, each) over `tenants`
 /// tenants (`tenant-0`, …) from `source`, bodies of `body` bytes, dead-lettered a minute

@@ -8,11 +8,11 @@ use std::path::{Path, PathBuf};
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, Family, Seq, SinkIdx, TenantOrd};
 use ankusa_queue::counters::Counters;
+use ankusa_queue::formats::legacy::v2::{State, Writer};
 use ankusa_queue::{counters, deliveries, fold, tenants};
 use ankusa_records::Envelope;
-use ankusa_relay::upgrade::legacy::v2::{State, Writer};
 use ankusa_store::migrate::{self, Outcome};
-use ankusa_store::{tarball, KeyValue, OpenOptions, Store, StoreError};
+use ankusa_store::{tarball, KeyValue, OpenOptions, Rows, Store, StoreError};
 
 use crate::support::*;
 
@@ -29,7 +29,7 @@ fn unpack(name: &str, dir: &Path) -> PathBuf {
 }
 
 fn migrate_all(store: &Store) -> Outcome {
-    migrate::run(store, &ankusa_relay::upgrade::builtin(), 3, |_| {
+    migrate::run(store, &ankusa_queue::formats::builtin(), 3, |_| {
         ControlFlow::Continue(())
     })
     .unwrap()
@@ -91,7 +91,7 @@ fn v2_fixture_upgrades_to_v3_with_counters_equal_to_a_fold() {
             .iter()
             .all(|(k, _)| !(k.as_slice() >= lo.as_slice() && k.as_slice() < end.as_slice())));
     }
-    // Per tenant, what the fixture put there (see upgrade::fixture).
+    // Per tenant, what the fixture put there (see ankusa_queue::formats::fixture).
     let acme = tenant_counts(&store, "acme");
     assert_eq!(
         (acme.pending, acme.scheduled, acme.inflight, acme.dead),
@@ -125,7 +125,7 @@ fn v2_fixture_upgrades_to_v3_with_counters_equal_to_a_fold() {
         let kind_is_retry = r.kind == deliveries::Kind::Retry;
         assert_eq!(
             kind_is_retry,
-            r.key.at.0 > ankusa_relay::upgrade::fixture::FUTURE - 1,
+            r.key.at.0 > ankusa_queue::formats::fixture::FUTURE - 1,
             "{r:?}"
         );
     }
@@ -246,7 +246,7 @@ fn resumes_interrupted_tenant_migration_without_double_counting() {
         big_v2(&data, HOOKS);
         {
             let store = Store::open(&data, &OpenOptions::default()).unwrap();
-            let out = migrate::run(&store, &ankusa_relay::upgrade::builtin(), 3, |p| {
+            let out = migrate::run(&store, &ankusa_queue::formats::builtin(), 3, |p| {
                 if p.steps == stop_after {
                     ControlFlow::Break(())
                 } else {

@@ -1,20 +1,18 @@
 //! The blocking half of a tick: the plan's candidates read, assigned round robin across
 //! tenants within the sinks' and tenants' slots, and claimed in one batch.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 
 use super::plan::{plan_cycle, plan_hinted, Cursors, TenantWork, TickLimits, TickPlan};
 use super::slots::{TenantSlot, TenantSlots, Weights};
 use super::{Job, TOP_INFLIGHT};
-use crate::dispatch::delivery::Deliverer;
+use crate::dispatch::delivery::{ClaimSlot, Deliverer};
 use crate::dispatch::DispatchError;
-use ankusa_keyspace::Cf;
-use ankusa_keyspace::{AtMs, Family, Seq, TenantOrd};
+use ankusa_keyspace::{AtMs, DueKey, Seq, SinkIdx, TenantOrd};
 use ankusa_queue::deliveries::{self, DueRow, InflightRow, Tx};
-use ankusa_queue::QueueError;
+use ankusa_queue::engine::Store;
 use ankusa_records::{DeliveryRow, Envelope};
-use ankusa_store::Store;
 
 /// What the claim half of a tick needs besides the store.
 pub(super) struct ClaimCtx {
@@ -123,10 +121,10 @@ pub(super) struct Candidate {
     pub(super) corrupt: Option<Arc<str>>,
 }
 
-/// Corruption the dispatch tick found in `family` at `key`: counted and logged, and the
-/// error's text for the dead row it becomes.
-pub(super) fn corrupt_row(family: Family, key: &[u8], e: impl std::fmt::Display) -> Arc<str> {
-    let err = QueueError::corrupt_at(family, key, e);
+/// A row the dispatch tick found that does not decode: counted as corruption and logged,
+/// and the error's text for the dead row it becomes.
+fn corrupt_row(u: deliveries::Undecodable) -> Arc<str> {
+    let err = u.corruption();
     tracing::error!(error = %err, "dispatch: a row does not decode; its delivery is dead-lettered");
     err.to_string().into()
 }
@@ -179,59 +177,7 @@ pub(super) fn claim_tick(
     }
     // Hinted tenants the budget did not reach keep their hints: the next tick's hinted
     // read goes on with them, with no full read of the active index.
-    // Per tenant, the rows of both reads, oldest first, once each.
-    let mut order: Vec<TenantOrd> = Vec::new();
-    let mut rows_of: HashMap<TenantOrd, Vec<DueRow>> = HashMap::new();
-    for w in plan.work.iter().chain(&hinted.work) {
-        let rows = rows_of.entry(w.ord).or_insert_with(|| {
-            order.push(w.ord);
-            Vec::new()
-        });
-        rows.extend(w.rows.iter().copied());
-    }
-    for rows in rows_of.values_mut() {
-        rows.sort();
-        rows.dedup_by_key(|r| r.key);
-    }
-    let mut seqs: Vec<Seq> = rows_of.values().flatten().map(|r| r.key.seq).collect();
-    seqs.sort();
-    seqs.dedup();
-    let hooks = store.multi_get(
-        Cf::Hooks,
-        &seqs
-            .iter()
-            .map(|s| ankusa_keyspace::hook(*s))
-            .collect::<Vec<_>>(),
-    )?;
-    // A hook that is gone is an orphan (its rows are dropped); one that does not decode is
-    // corruption, never read as gone: its rows are dead-lettered with the error.
-    let mut envs: HashMap<Seq, Arc<Envelope>> = HashMap::with_capacity(seqs.len());
-    let mut corrupt: HashMap<Seq, Arc<str>> = HashMap::new();
-    for (s, v) in seqs.into_iter().zip(hooks) {
-        let Some(v) = v else { continue };
-        match Envelope::decode(&v) {
-            Ok(env) => {
-                envs.insert(s, Arc::new(env));
-            }
-            Err(e) => {
-                corrupt.insert(s, corrupt_row(Family::Hooks, &ankusa_keyspace::hook(s), e));
-            }
-        }
-    }
-    let work: Vec<(TenantOrd, Vec<Candidate>)> = order
-        .iter()
-        .map(|ord| {
-            let rows = rows_of[ord]
-                .iter()
-                .map(|r| Candidate {
-                    row: *r,
-                    envelope: envs.get(&r.key.seq).cloned(),
-                    corrupt: corrupt.get(&r.key.seq).cloned(),
-                })
-                .collect();
-            (*ord, rows)
-        })
-        .collect();
+    let work = candidates(store, &plan, &hinted)?;
     // Rows of pull sinks are parked for their consumers (the pull gateway), all of them, with
     // no slot: they leave the due rows, and no later tick reads them again.
     let (work, parked) = park_pulls(store, &ctx.deliverer, work)?;
@@ -258,7 +204,7 @@ pub(super) fn claim_tick(
     let committed = tx.commit(store, false)?;
     // A tick that parked rows made progress, whatever it claimed.
     let parked_any = !parked.is_empty();
-    let mut claimed_keys: std::collections::HashSet<_> = parked.into_iter().collect();
+    let mut claimed_keys: HashSet<DueKey> = parked.into_iter().collect();
     let mut jobs_in = Vec::new();
     for ((p, row), moved) in picked.into_iter().zip(claims).zip(committed.moved) {
         if moved {
@@ -266,19 +212,99 @@ pub(super) fn claim_tick(
             jobs_in.push((p, row));
         }
     }
-    // Where each read stopped: the first row it left (for want of a slot), or none.
-    let left = |w: &TenantWork| {
-        w.rows
-            .iter()
-            .find(|r| !claimed_keys.contains(&r.key))
-            .map(|r| r.key.at)
-    };
+    let left_any = after_full_reads(store, &mut cursors, &plan.work, &claimed_keys, now)?;
+    let (left_hinted, cut_hinted) = after_hinted_reads(&mut cursors, &hinted.work, &claimed_keys);
+    let left_any = left_any || cut_hinted;
+    // Work left where only a full read finds it again calls for one; work a hint still
+    // points at is the hinted read's.
+    cursors.backlog |= left_any;
+    cursors.blocked = (left_any || left_hinted) && jobs_in.is_empty() && !parked_any;
+    let jobs = jobs_of(store, &work, jobs_in)?;
+    // Once a second: the tenants holding the most deliveries in flight, by name.
+    if now.0 >= cursors.named_at.0.saturating_add(1_000) {
+        cursors.named_at = now;
+        cursors.top_inflight = Some(top_inflight(store, &ctx.tenants)?);
+    }
+    Ok(Claimed {
+        cursors,
+        jobs,
+        visited: plan.tenants_visited + hinted.tenants_visited,
+        full,
+    })
+}
+
+/// Per tenant, the rows of both reads, oldest first, once each, with their hooks: one read
+/// of every hook. A hook that is gone is an orphan (its rows are dropped); one that does not
+/// decode is corruption, never read as gone: its rows are dead-lettered with the error.
+fn candidates(store: &Store, plan: &TickPlan, hinted: &TickPlan) -> Result<Work, DispatchError> {
+    let mut order: Vec<TenantOrd> = Vec::new();
+    let mut rows_of: HashMap<TenantOrd, Vec<DueRow>> = HashMap::new();
+    for w in plan.work.iter().chain(&hinted.work) {
+        let rows = rows_of.entry(w.ord).or_insert_with(|| {
+            order.push(w.ord);
+            Vec::new()
+        });
+        rows.extend(w.rows.iter().copied());
+    }
+    for rows in rows_of.values_mut() {
+        rows.sort();
+        rows.dedup_by_key(|r| r.key);
+    }
+    let mut seqs: Vec<Seq> = rows_of.values().flatten().map(|r| r.key.seq).collect();
+    seqs.sort();
+    seqs.dedup();
+    let hooks = deliveries::envelopes_each(store, &seqs)?;
+    let mut envs: HashMap<Seq, Arc<Envelope>> = HashMap::with_capacity(seqs.len());
+    let mut corrupt: HashMap<Seq, Arc<str>> = HashMap::new();
+    for (s, v) in seqs.into_iter().zip(hooks) {
+        match v {
+            None => {}
+            Some(Ok(env)) => {
+                envs.insert(s, Arc::new(env));
+            }
+            Some(Err(u)) => {
+                corrupt.insert(s, corrupt_row(u));
+            }
+        }
+    }
+    Ok(order
+        .iter()
+        .map(|ord| {
+            let rows = rows_of[ord]
+                .iter()
+                .map(|r| Candidate {
+                    row: *r,
+                    envelope: envs.get(&r.key.seq).cloned(),
+                    corrupt: corrupt.get(&r.key.seq).cloned(),
+                })
+                .collect();
+            (*ord, rows)
+        })
+        .collect())
+}
+
+/// Where a read stopped: the first row it left (for want of a slot), or none.
+fn left_at(w: &TenantWork, claimed: &HashSet<DueKey>) -> Option<AtMs> {
+    w.rows
+        .iter()
+        .find(|r| !claimed.contains(&r.key))
+        .map(|r| r.key.at)
+}
+
+/// After the full reads' claims: each tenant's markers cleaned (or the cleanup put off),
+/// and its cursor where its rows go on. Whether any tenant has rows left.
+fn after_full_reads(
+    store: &Store,
+    cursors: &mut Cursors,
+    work: &[TenantWork],
+    claimed: &HashSet<DueKey>,
+    now: AtMs,
+) -> Result<bool, DispatchError> {
     let mut left_any = false;
-    for w in &plan.work {
-        let left_at = left(w);
+    for w in work {
         // Where the tenant's rows go on, if any are left: its first row left for want of
         // a slot, or after a read its share or the budget cut, its last row read.
-        let goes_on = left_at.or(w.rows.last().filter(|_| w.more).map(|r| r.key.at));
+        let goes_on = left_at(w, claimed).or(w.rows.last().filter(|_| w.more).map(|r| r.key.at));
         // Rows are still due from there on. With every marker the read met from that
         // second on, the cleanup is put off to the tenant's next turn, which carries
         // those markers (`requeue`), and its read — a seek over the tombstones of the
@@ -306,9 +332,19 @@ pub(super) fn claim_tick(
             }
         }
     }
-    let mut left_hinted = false;
-    for w in &hinted.work {
-        match (left(w), w.rows.last()) {
+    Ok(left_any)
+}
+
+/// After the hinted reads' claims: each hint kept, moved or dropped. Whether a hint still
+/// points at rows left, and whether rows were left that only a full read finds again.
+fn after_hinted_reads(
+    cursors: &mut Cursors,
+    work: &[TenantWork],
+    claimed: &HashSet<DueKey>,
+) -> (bool, bool) {
+    let (mut left_hinted, mut left_any) = (false, false);
+    for w in work {
+        match (left_at(w, claimed), w.rows.last()) {
             // Rows no slot could take, all of them read: the hint stays at the first, so
             // the next tick offers them again (a quiet tenant keeps its turn).
             (Some(at), _) if !w.more => {
@@ -334,32 +370,36 @@ pub(super) fn claim_tick(
             }
         }
     }
-    // Work left where only a full read finds it again calls for one; work a hint still
-    // points at is the hinted read's.
-    cursors.backlog |= left_any;
-    cursors.blocked = (left_any || left_hinted) && jobs_in.is_empty() && !parked_any;
-    let state_keys: Vec<Vec<u8>> = jobs_in
+    (left_hinted, left_any)
+}
+
+/// The claimed rows as jobs, with their delivery rows (one read). A delivery row that does
+/// not decode is corruption: the row is dead-lettered with the error (and a fresh state),
+/// not sent on a made-up attempt count.
+fn jobs_of(
+    store: &Store,
+    work: &Work,
+    claimed: Vec<(Picked<ClaimSlot>, InflightRow)>,
+) -> Result<Vec<Job>, DispatchError> {
+    let pairs: Vec<(Seq, SinkIdx)> = claimed
         .iter()
-        .map(|(_, r)| ankusa_keyspace::delivery(r.key.seq, r.key.sink))
+        .map(|(_, r)| (r.key.seq, r.key.sink))
         .collect();
-    let states = store.multi_get(Cf::Deliveries, &state_keys)?;
-    let jobs = jobs_in
+    let states = deliveries::delivery_rows_each(store, &pairs)?;
+    Ok(claimed
         .into_iter()
         .zip(states)
-        .zip(&state_keys)
-        .map(|(((p, row), state), key)| {
+        .map(|((p, row), state)| {
             let candidate = &work[p.tenant].1[p.row];
             let fresh = DeliveryRow {
                 ord: row.key.ord,
                 size: row.size,
                 ..DeliveryRow::default()
             };
-            // A delivery row that does not decode is corruption: the row is dead-lettered
-            // with the error (and a fresh state), not sent on a made-up attempt count.
-            let (state, corrupt) = match state.map(|v| DeliveryRow::decode(&v)) {
+            let (state, corrupt) = match state {
                 None => (fresh, candidate.corrupt.clone()),
                 Some(Ok(s)) => (s, candidate.corrupt.clone()),
-                Some(Err(e)) => (fresh, Some(corrupt_row(Family::Deliveries, key, e))),
+                Some(Err(u)) => (fresh, Some(corrupt_row(u))),
             };
             Job {
                 state,
@@ -370,24 +410,21 @@ pub(super) fn claim_tick(
                 tenant_slot: p.tenant_slot,
             }
         })
-        .collect();
-    // Once a second: the tenants holding the most deliveries in flight, by name.
-    if now.0 >= cursors.named_at.0.saturating_add(1_000) {
-        cursors.named_at = now;
-        let mut top = Vec::new();
-        for (ord, n) in ctx.tenants.top(TOP_INFLIGHT) {
-            if let Some(name) = ankusa_queue::tenants::name(store, ord)? {
-                top.push((name, n));
-            }
+        .collect())
+}
+
+/// The tenants holding the most deliveries in flight, by name.
+fn top_inflight(
+    store: &Store,
+    tenants: &TenantSlots,
+) -> Result<Vec<(String, usize)>, DispatchError> {
+    let mut top = Vec::new();
+    for (ord, n) in tenants.top(TOP_INFLIGHT) {
+        if let Some(name) = ankusa_queue::tenants::name(store, ord)? {
+            top.push((name, n));
         }
-        cursors.top_inflight = Some(top);
     }
-    Ok(Claimed {
-        cursors,
-        jobs,
-        visited: plan.tenants_visited + hinted.tenants_visited,
-        full,
-    })
+    Ok(top)
 }
 
 /// A tick's candidates, by tenant.
@@ -705,7 +742,7 @@ mod tests {
         };
         let b = h.ord("b");
         let mut cursors = Some(Cursors::default());
-        let (ticks, walked) = ankusa_store::tombstones_walked(|| {
+        let (ticks, walked) = ankusa_queue::engine::tombstones_walked(|| {
             let (mut claimed, mut ticks) = (0, 0);
             let all = ROWS + FREE as u64 / 2;
             while claimed < all {

@@ -10,10 +10,10 @@ use crate::dispatch::outcome::{outcome_ops, Failed, Finished};
 use ankusa_config::RetryConfig;
 use ankusa_keyspace::{AtMs, EventKind, TenantOrd};
 use ankusa_queue::deliveries::{self, InflightRow, Tx};
+use ankusa_queue::engine::Store;
 use ankusa_queue::hints::DueHints;
 use ankusa_queue::QueueError;
 use ankusa_records::{AttemptOutcome, ErrorClass};
-use ankusa_store::Store;
 
 /// How long the outcome committer lets outcomes gather after the first of a batch: a
 /// delivered hook's slot and permit are held this much longer, and under a steady load a

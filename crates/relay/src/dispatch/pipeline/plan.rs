@@ -5,9 +5,9 @@ use std::collections::HashMap;
 
 use ankusa_keyspace::{AtMs, Bucket, TenantOrd};
 use ankusa_queue::deliveries::{self, DueRow};
+use ankusa_queue::engine::Store;
 use ankusa_queue::hints::Hinted;
 use ankusa_queue::QueueError;
-use ankusa_store::Store;
 
 /// A tick's budgets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -561,7 +561,7 @@ mod tests {
 
     /// Tombstones a closure's reads stepped over.
     fn tombstones_walked(f: impl FnOnce()) -> u64 {
-        ankusa_store::tombstones_walked(f).1
+        ankusa_queue::engine::tombstones_walked(f).1
     }
 
     #[test]

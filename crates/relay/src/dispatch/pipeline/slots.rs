@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use ankusa_keyspace::TenantOrd;
+use ankusa_queue::engine::Store;
 use ankusa_queue::QueueError;
-use ankusa_store::Store;
 
 /// The configured tenant weights (`dispatch.tenant_weights`), by ordinal once a tenant has
 /// one (its first hook is committed): names not yet known are looked up again each tick.

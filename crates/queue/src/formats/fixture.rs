@@ -9,10 +9,10 @@
 use std::path::Path;
 
 use super::legacy::v2::{State, Writer};
+use crate::deliveries::{self, Tx};
+use crate::writer::Assembler;
+use crate::QueueError;
 use ankusa_keyspace::{AtMs, Seq, SinkIdx};
-use ankusa_queue::deliveries::{self, Tx};
-use ankusa_queue::writer::Assembler;
-use ankusa_queue::QueueError;
 use ankusa_records::{DeliveryRow, Envelope};
 use ankusa_store::{OpenOptions, Store};
 

@@ -21,7 +21,7 @@ use ankusa_keyspace::Cf;
 use ankusa_keyspace::{AtMs, DeadKey, Seq, SinkIdx};
 use ankusa_records::codec::{Dec, DecodeError, Enc};
 use ankusa_records::{DeliveryRow, Envelope};
-use ankusa_store::{Op, OpenOptions, Store, StoreError};
+use ankusa_store::{Op, OpenOptions, Rows, Store, StoreError};
 
 /// The format this module writes.
 pub const FORMAT: u32 = 2;

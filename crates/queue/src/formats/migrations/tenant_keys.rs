@@ -27,15 +27,15 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use crate::upgrade::legacy::v2;
+use crate::deliveries::{self, ArchiveObligation, DeadRow, DueRow, InflightRow, Kind, Tx};
+use crate::formats::legacy::v2;
+use crate::tenants;
 use ankusa_keyspace::Cf;
 use ankusa_keyspace::{DeadKey, DueKey, Family, InflightKey, Seq, TenantOrd};
-use ankusa_queue::deliveries::{self, ArchiveObligation, DeadRow, DueRow, InflightRow, Kind, Tx};
-use ankusa_queue::tenants;
 use ankusa_records::DEFAULT_TENANT;
 use ankusa_records::{DeadValue, DeliveryRow, Envelope};
 use ankusa_store::migrate::{Migration, Step, MAX_STEP_ROWS};
-use ankusa_store::{sentinel_ops, Dir, KeyValue, Op, Store, StoreError};
+use ankusa_store::{sentinel_ops, Dir, KeyValue, Op, Rows, Store, StoreError};
 
 /// The 2 → 3 migration.
 #[derive(Debug, Default, Clone, Copy)]
