@@ -51,8 +51,8 @@ use axum::routing::MethodFilter;
 
 use ankusa_api::error::ErrorCode;
 use ankusa_queue::counters;
+use ankusa_queue::engine::{migrate, Store, SUPPORTED_FORMAT};
 use ankusa_queue::QueueError;
-use ankusa_store::{migrate, Store, SUPPORTED_FORMAT};
 
 /// Shared state of the admin handlers.
 #[derive(Debug)]
@@ -241,9 +241,34 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
     let node = Router::new()
         .route("/v1/node", get(node::node))
         .with_state(api.clone());
-    use routing::{Answered, TenantIn, V1};
+    use routing::V1;
+    let v1 = v1_routes(V1::new(api.clone()))
+        .router()
+        .merge(more)
+        .route_layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            require_ready,
+        ))
+        .with_state(api);
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/readyz", get(readyz))
+        .with_state(state)
+        .merge(node)
+        .merge(v1)
+        .fallback(crate::http::not_found)
+        .layer(axum::middleware::from_fn_with_state(gate, token_first))
+        .layer(axum::middleware::map_response(crate::http::json_errors))
+        .layer(axum::middleware::from_fn(traced))
+}
+
+/// The `/v1` and `/cluster/v1` routes, each with where a Relay of several nodes answers it
+/// (`routing`): here, on the tenant's owner, on every node merged, or by a fan-out of its
+/// own.
+fn v1_routes(v: routing::V1) -> routing::V1 {
+    use routing::{Answered, TenantIn};
     use MethodFilter as M;
-    // Each route with where a Relay of several nodes answers it (`routing`).
     let owner = Answered::Owner;
     let here = Answered::Here;
     let path = TenantIn::Path;
@@ -252,7 +277,7 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
             .ok()
             .map(|r| r.tenant)
     };
-    let v1 = V1::new(api.clone())
+    let v = v
         .at(M::GET, "/v1/config", here, node::config)
         .at(
             M::GET,
@@ -271,60 +296,8 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
             "/v1/tenants",
             Answered::FanOut(relay_wide::TENANTS),
             tenants::tenants_top,
-        )
-        .at(
-            M::GET,
-            "/v1/tenants/{t}",
-            Answered::everywhere::<TenantView>(path),
-            tenants::tenant,
-        )
-        // An erase runs on every node that holds the tenant's rows.
-        .at(
-            M::DELETE,
-            "/v1/tenants/{t}",
-            Answered::everywhere::<EraseState>(path),
-            erase::erase,
-        )
-        .at(
-            M::DELETE,
-            "/v1/tenants/{t}/queue",
-            Answered::everywhere::<PurgeReport>(path),
-            tenants::purge,
-        )
-        .at(
-            M::POST,
-            "/v1/tenants/{t}/retry",
-            Answered::everywhere::<Retried>(path),
-            tenants::retry,
-        )
-        // Held on every node that holds the tenant's rows: its owner and former owners.
-        .at(
-            M::POST,
-            "/v1/tenants/{t}/pause",
-            Answered::everywhere::<PauseState>(path),
-            tenants::pause,
-        )
-        .at(
-            M::POST,
-            "/v1/tenants/{t}/resume",
-            Answered::everywhere::<PauseState>(path),
-            tenants::resume,
-        )
-        // A tenant's limits are the same on every node; its owner enforces them and
-        // answers with its refusals.
-        .at(M::GET, "/v1/tenants/{t}/limits", owner(path), limits::get)
-        .at(
-            M::PUT,
-            "/v1/tenants/{t}/limits",
-            Answered::everywhere::<LimitsView>(path),
-            limits::put,
-        )
-        .at(
-            M::DELETE,
-            "/v1/tenants/{t}/limits",
-            Answered::everywhere::<LimitsView>(path),
-            limits::delete,
-        )
+        );
+    tenant_routes(v)
         .at(M::GET, "/v1/quarantine", here, quarantine::quarantine_list)
         .at(
             M::DELETE,
@@ -377,24 +350,72 @@ pub fn router(state: Arc<AdminState>, api: Arc<api::Api>, more: Router<Arc<api::
             here,
             cluster_api::handoff.layer(axum::extract::DefaultBodyLimit::max(32 << 20)),
         )
-        .router()
-        .merge(more)
-        .route_layer(axum::middleware::from_fn_with_state(
-            state.clone(),
-            require_ready,
-        ))
-        .with_state(api);
-    Router::new()
-        .route("/healthz", get(healthz))
-        .route("/metrics", get(metrics))
-        .route("/readyz", get(readyz))
-        .with_state(state)
-        .merge(node)
-        .merge(v1)
-        .fallback(crate::http::not_found)
-        .layer(axum::middleware::from_fn_with_state(gate, token_first))
-        .layer(axum::middleware::map_response(crate::http::json_errors))
-        .layer(axum::middleware::from_fn(traced))
+}
+
+/// The routes of one tenant (`/v1/tenants/{t}/…`): most are answered on every node that
+/// holds the tenant's rows, its limits' reads by its owner.
+fn tenant_routes(v: routing::V1) -> routing::V1 {
+    use routing::{Answered, TenantIn};
+    use MethodFilter as M;
+    let path = TenantIn::Path;
+    v.at(
+        M::GET,
+        "/v1/tenants/{t}",
+        Answered::everywhere::<TenantView>(path),
+        tenants::tenant,
+    )
+    // An erase runs on every node that holds the tenant's rows.
+    .at(
+        M::DELETE,
+        "/v1/tenants/{t}",
+        Answered::everywhere::<EraseState>(path),
+        erase::erase,
+    )
+    .at(
+        M::DELETE,
+        "/v1/tenants/{t}/queue",
+        Answered::everywhere::<PurgeReport>(path),
+        tenants::purge,
+    )
+    .at(
+        M::POST,
+        "/v1/tenants/{t}/retry",
+        Answered::everywhere::<Retried>(path),
+        tenants::retry,
+    )
+    // Held on every node that holds the tenant's rows: its owner and former owners.
+    .at(
+        M::POST,
+        "/v1/tenants/{t}/pause",
+        Answered::everywhere::<PauseState>(path),
+        tenants::pause,
+    )
+    .at(
+        M::POST,
+        "/v1/tenants/{t}/resume",
+        Answered::everywhere::<PauseState>(path),
+        tenants::resume,
+    )
+    // A tenant's limits are the same on every node; its owner enforces them and
+    // answers with its refusals.
+    .at(
+        M::GET,
+        "/v1/tenants/{t}/limits",
+        Answered::Owner(path),
+        limits::get,
+    )
+    .at(
+        M::PUT,
+        "/v1/tenants/{t}/limits",
+        Answered::everywhere::<LimitsView>(path),
+        limits::put,
+    )
+    .at(
+        M::DELETE,
+        "/v1/tenants/{t}/limits",
+        Answered::everywhere::<LimitsView>(path),
+        limits::delete,
+    )
 }
 
 /// Each admin call in an `admin` span (with `log.spans`): its method, path and status.

@@ -24,7 +24,7 @@ use super::routing::{
     answer_of, answered_by, get_from_others, merge_as, query_param, raw, read_all, routed_body,
     FanOut,
 };
-use crate::cluster::Unreachable;
+use crate::cluster::{Cluster, Unreachable};
 use crate::http::{error, percent_encode as encode, with_retry_after};
 use ankusa_api::admin::{DlqItem, DlqPage, NodeTenants, ReplayRequest, Revived, TenantsTop};
 use ankusa_api::error::ErrorCode;
@@ -85,23 +85,9 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
         .and_then(|l| l.parse::<usize>().ok())
         .unwrap_or(100)
         .clamp(1, api.config.load().admin.max_page);
-    // Each node's cursor: `None` from its newest row, `Some(c)` after row `c`; a node
-    // absent from a given cursor is done.
-    let mut from: Vec<(String, Option<String>)> = Vec::new();
-    match query_param(query, "before") {
-        None => from.extend(cluster.members().iter().map(|m| (m.name.clone(), None))),
-        Some(c) => {
-            for part in c.split(',').filter(|p| !p.is_empty()) {
-                let Some((node, cur)) = part.split_once(':') else {
-                    return error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, "bad cursor");
-                };
-                if !cluster.members().iter().any(|m| m.name == node) {
-                    return error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, "bad cursor");
-                }
-                from.push((node.to_owned(), (!cur.is_empty()).then(|| cur.to_owned())));
-            }
-        }
-    }
+    let Some(from) = dlq_cursors(cluster, query_param(query, "before").as_deref()) else {
+        return error(StatusCode::BAD_REQUEST, ErrorCode::BadRequest, "bad cursor");
+    };
     let pq_of = |before: &Option<String>| {
         let mut q = format!("/v1/dlq?tenant={}&limit={limit}", encode(tenant));
         if let Some(b) = before {
@@ -184,6 +170,36 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
     if let (false, Some(b), true) = (found, not_found, unavailable.is_empty()) {
         return raw(StatusCode::NOT_FOUND, b);
     }
+    Json(merge_dlq_pages(&pages, unavailable, limit)).into_response()
+}
+
+/// Each node's cursor of a relay-wide DLQ page, from the `before` the caller sent back:
+/// `None` from its newest row, `Some(c)` after row `c`; a node absent from a given cursor
+/// is done. No cursor: every node from its newest. `None`: a cursor this Relay did not give.
+fn dlq_cursors(cluster: &Cluster, before: Option<&str>) -> Option<Vec<(String, Option<String>)>> {
+    let Some(c) = before else {
+        return Some(
+            cluster
+                .members()
+                .iter()
+                .map(|m| (m.name.clone(), None))
+                .collect(),
+        );
+    };
+    let mut from = Vec::new();
+    for part in c.split(',').filter(|p| !p.is_empty()) {
+        let (node, cur) = part.split_once(':')?;
+        if !cluster.members().iter().any(|m| m.name == node) {
+            return None;
+        }
+        from.push((node.to_owned(), (!cur.is_empty()).then(|| cur.to_owned())));
+    }
+    Some(from)
+}
+
+/// The nodes' pages merged: newest first, at most `limit` rows, ids `<node>/<id>`, and the
+/// cursor that goes on where each node's rows were left.
+fn merge_dlq_pages(pages: &[NodePage], unavailable: Vec<String>, limit: usize) -> DlqPage {
     // Newest first across the nodes.
     let mut all: Vec<(usize, usize, u64)> = Vec::new();
     for (p, page) in pages.iter().enumerate() {
@@ -234,12 +250,11 @@ async fn merged_dlq(api: &Api, req: Request, next: Next, tenant: &str, query: &s
             cursors.push(format!("{node}:{c}"));
         }
     }
-    Json(DlqPage {
+    DlqPage {
         items,
         next: (!cursors.is_empty()).then(|| cursors.join(",")),
         unavailable,
-    })
-    .into_response()
+    }
 }
 
 /// One node's page of a relay-wide DLQ listing.

@@ -165,7 +165,7 @@ pub struct IngestState {
     /// the set it started with).
     pub sources: Arc<arc_swap::ArcSwap<HashMap<String, Source>>>,
     /// For readiness: the store's write health.
-    pub store: Arc<ankusa_store::Store>,
+    pub store: Arc<ankusa_queue::engine::Store>,
     pub writer: WriterHandle,
     pub quarantine: Arc<quarantine::Quarantine>,
     pub metrics: Arc<Metrics>,
@@ -183,7 +183,7 @@ pub struct IngestState {
 impl IngestState {
     pub fn new(
         sources: HashMap<String, Source>,
-        store: Arc<ankusa_store::Store>,
+        store: Arc<ankusa_queue::engine::Store>,
         writer: WriterHandle,
         quarantine: Arc<quarantine::Quarantine>,
         metrics: Arc<Metrics>,
@@ -315,13 +315,13 @@ impl Outcome {
     }
 }
 
-fn tenant_limit<'a>(label: &'a str, message: &str) -> (&'a str, Outcome, Response) {
+fn tenant_limit(message: &str) -> (Outcome, Response) {
     let r = error(
         StatusCode::SERVICE_UNAVAILABLE,
         ErrorCode::TenantLimit,
         message,
     );
-    (label, Outcome::TenantLimit, with_retry_after(r, 300))
+    (Outcome::TenantLimit, with_retry_after(r, 300))
 }
 
 /// Lines a second about requests that failed verification.
@@ -450,22 +450,9 @@ async fn handle<'a>(
             "a forwarded hook must carry the cluster token",
         );
     }
-    let bytes = match Limited::new(body, src.body_limit).collect().await {
-        Ok(c) => c.to_bytes(),
-        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => {
-            return rejected(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::BodyTooLarge,
-                "the body is larger than the source's limit",
-            )
-        }
-        Err(_) => {
-            return rejected(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::BadBody,
-                "the body could not be read",
-            )
-        }
+    let bytes = match read_body(body, src.body_limit).await {
+        Ok(b) => b,
+        Err((status, code, msg)) => return rejected(status, code, msg),
     };
     let now_ms = ankusa_keyspace::now_ms();
     let mut json = JsonBody::new(&bytes);
@@ -480,39 +467,15 @@ async fn handle<'a>(
     }
     let claimed = named.as_ref().and_then(|t| t.as_deref());
     if let Err(why) = src.keys.verify(claimed, &headers, &bytes, now_ms / 1000) {
-        let reason = why.reason();
-        s.metrics.verification_failed(label, reason);
-        if let Some(left_out) = s.verify_log.admit(now_ms / 1000) {
-            // The tenant the request names, if it names a valid one: unverified, so only
-            // a hint for whoever reads the log.
-            let named = match named {
-                Some(t) => t,
-                None => tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json)
-                    .ok()
-                    .flatten(),
-            };
-            tracing::warn!(
-                source = %src.id,
-                tenant = named.as_deref().unwrap_or("-"),
-                reason,
-                detail = %why,
-                left_out,
-                "a request failed verification (401); kept in the quarantine"
-            );
-        }
-        // A forwarded hook was verified by the node that forwarded it: failing here means
-        // the two nodes hold different secrets (a rotation half read), not a bad request.
-        // It is kept once, there, never again here.
-        if !forwarded_in {
-            s.quarantine
-                .keep(src.id.clone(), why.to_string(), &src.kept(&headers), &bytes);
-        }
-        let r = crate::http::error_why(
-            StatusCode::UNAUTHORIZED,
-            ErrorCode::Unauthorized,
-            format!("the request failed verification: {why}"),
-            reason,
-        );
+        // The tenant the request names, if it names a valid one (read only for a line of
+        // the log): unverified, so only a hint for whoever reads it.
+        let named = || match named {
+            Some(t) => t,
+            None => tenant_of(src.tenant.as_ref(), in_path, &headers, &mut json)
+                .ok()
+                .flatten(),
+        };
+        let r = failed_verification(s, src, &why, named, forwarded_in, &headers, &bytes, now_ms);
         return (label, Outcome::Quarantined, r);
     }
     let tenant = match named {
@@ -536,73 +499,17 @@ async fn handle<'a>(
     tracing::Span::current().record("tenant", owned_as);
     if !forwarded_in || s.cluster.leaving() {
         if let Some(owner) = s.cluster.other_owner(owned_as) {
-            let pq = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
-            return match s
-                .cluster
-                .forward_ingest(owner, pq, &headers, bytes.clone())
-                .await
-            {
-                Ok(r) => (label, Outcome::Forwarded, r),
-                Err(e) => {
-                    let r = error(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        ErrorCode::OwnerUnavailable,
-                        format!("the node that owns this tenant did not answer ({e})"),
-                    );
-                    (label, Outcome::OwnerUnavailable, with_retry_after(r, 5))
-                }
-            };
+            let (outcome, r) = forward_to(s, owner, uri, &headers, &bytes).await;
+            return (label, outcome, r);
         }
     }
     let store = &s.store;
-    match s
-        .cluster
-        .admit(owned_as, || Ok(tenants::ord(store, owned_as)?.is_some()))
-        .await
-    {
-        Ok(Admission::Admitted) => {}
-        Ok(Admission::Limit) => return tenant_limit(label, "this Relay holds tenants.max tenants"),
-        Err(e) => {
-            let r = error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::RegistryUnavailable,
-                format!("the Relay's tenant registry did not answer ({e})"),
-            );
-            return (label, Outcome::Unavailable, with_retry_after(r, 5));
-        }
+    if let Some((outcome, r)) = admission_refusal(s, owned_as).await {
+        return (label, outcome, r);
     }
     // Quotas, on the owner: after admission (a refused tenant has no ordinal to read).
-    match s.quotas.admit(store, owned_as, now_ms) {
-        Ok(None) => {}
-        Ok(Some(quota::Refusal::Rate { retry_after_s })) => {
-            let r = error(
-                StatusCode::TOO_MANY_REQUESTS,
-                ErrorCode::TenantRateLimited,
-                "this tenant sends faster than its ingest_per_second",
-            );
-            return (
-                label,
-                Outcome::TenantRateLimited,
-                with_retry_after(r, retry_after_s),
-            );
-        }
-        Ok(Some(quota::Refusal::Backlog { queued, limit })) => {
-            let r = error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::TenantBacklogFull,
-                format!("this tenant's queued deliveries hold {queued} bytes, its queued_bytes is {limit}"),
-            );
-            return (label, Outcome::TenantBacklogFull, with_retry_after(r, 30));
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "reading a tenant's queued bytes");
-            let r = error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                ErrorCode::Unavailable,
-                "the store could not be read",
-            );
-            return (label, Outcome::Unavailable, with_retry_after(r, 1));
-        }
+    if let Some((outcome, r)) = quota_refusal(s.quotas.admit(store, owned_as, now_ms)) {
+        return (label, outcome, r);
     }
     let idempotency = idempotency_of(&src.idempotency, &headers, &mut json);
     let content_type = headers
@@ -639,8 +546,165 @@ async fn handle<'a>(
         return unavailable("the node is at capacity");
     }
     match rx.await {
-        Ok(Reply::Accepted { id }) => (
-            label,
+        Ok(reply) => {
+            let (outcome, r) = answer(reply);
+            (label, outcome, r)
+        }
+        Err(_) => unavailable("the store could not commit the hook"),
+    }
+}
+
+/// A hook of a tenant another node owns, sent on to it: its answer, or `unavailable` when
+/// it does not answer.
+async fn forward_to(
+    s: &IngestState,
+    owner: &cluster::Member,
+    uri: &Uri,
+    headers: &HeaderMap,
+    bytes: &bytes::Bytes,
+) -> (Outcome, Response) {
+    let pq = uri.path_and_query().map_or(uri.path(), |p| p.as_str());
+    match s
+        .cluster
+        .forward_ingest(owner, pq, headers, bytes.clone())
+        .await
+    {
+        Ok(r) => (Outcome::Forwarded, r),
+        Err(e) => {
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::OwnerUnavailable,
+                format!("the node that owns this tenant did not answer ({e})"),
+            );
+            (Outcome::OwnerUnavailable, with_retry_after(r, 5))
+        }
+    }
+}
+
+/// Whether the Relay's tenant registry admits `tenant` on this node (its owner): nothing
+/// when it does, or the refusal (`tenants.max`, or a registry that does not answer).
+async fn admission_refusal(s: &IngestState, tenant: &str) -> Option<(Outcome, Response)> {
+    let store = &s.store;
+    match s
+        .cluster
+        .admit(tenant, || Ok(tenants::ord(store, tenant)?.is_some()))
+        .await
+    {
+        Ok(Admission::Admitted) => None,
+        Ok(Admission::Limit) => Some(tenant_limit("this Relay holds tenants.max tenants")),
+        Err(e) => {
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::RegistryUnavailable,
+                format!("the Relay's tenant registry did not answer ({e})"),
+            );
+            Some((Outcome::Unavailable, with_retry_after(r, 5)))
+        }
+    }
+}
+
+/// The body, up to the source's limit; what to answer when it is larger or unreadable.
+async fn read_body(
+    body: Body,
+    limit: usize,
+) -> Result<bytes::Bytes, (StatusCode, ErrorCode, &'static str)> {
+    match Limited::new(body, limit).collect().await {
+        Ok(c) => Ok(c.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err((
+            StatusCode::PAYLOAD_TOO_LARGE,
+            ErrorCode::BodyTooLarge,
+            "the body is larger than the source's limit",
+        )),
+        Err(_) => Err((
+            StatusCode::BAD_REQUEST,
+            ErrorCode::BadBody,
+            "the body could not be read",
+        )),
+    }
+}
+
+/// A request that failed verification: counted, logged (at most so many a second), kept in
+/// the quarantine unless another node forwarded it, and answered 401 with its reason code.
+#[allow(clippy::too_many_arguments)]
+fn failed_verification(
+    s: &IngestState,
+    src: &Source,
+    why: &ankusa_verify::VerifyError,
+    named: impl FnOnce() -> Option<String>,
+    forwarded_in: bool,
+    headers: &HeaderMap,
+    bytes: &[u8],
+    now_ms: u64,
+) -> Response {
+    let reason = why.reason();
+    s.metrics.verification_failed(&src.id, reason);
+    if let Some(left_out) = s.verify_log.admit(now_ms / 1000) {
+        let named = named();
+        tracing::warn!(
+            source = %src.id,
+            tenant = named.as_deref().unwrap_or("-"),
+            reason,
+            detail = %why,
+            left_out,
+            "a request failed verification (401); kept in the quarantine"
+        );
+    }
+    // A forwarded hook was verified by the node that forwarded it: failing here means the
+    // two nodes hold different secrets (a rotation half read), not a bad request. It is
+    // kept once, there, never again here.
+    if !forwarded_in {
+        s.quarantine
+            .keep(src.id.clone(), why.to_string(), &src.kept(headers), bytes);
+    }
+    crate::http::error_why(
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::Unauthorized,
+        format!("the request failed verification: {why}"),
+        reason,
+    )
+}
+
+/// What a tenant's quotas answer: nothing when it may send, or its refusal.
+fn quota_refusal(
+    admitted: Result<Option<quota::Refusal>, ankusa_queue::QueueError>,
+) -> Option<(Outcome, Response)> {
+    match admitted {
+        Ok(None) => None,
+        Ok(Some(quota::Refusal::Rate { retry_after_s })) => {
+            let r = error(
+                StatusCode::TOO_MANY_REQUESTS,
+                ErrorCode::TenantRateLimited,
+                "this tenant sends faster than its ingest_per_second",
+            );
+            Some((
+                Outcome::TenantRateLimited,
+                with_retry_after(r, retry_after_s),
+            ))
+        }
+        Ok(Some(quota::Refusal::Backlog { queued, limit })) => {
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::TenantBacklogFull,
+                format!("this tenant's queued deliveries hold {queued} bytes, its queued_bytes is {limit}"),
+            );
+            Some((Outcome::TenantBacklogFull, with_retry_after(r, 30)))
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "reading a tenant's queued bytes");
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                "the store could not be read",
+            );
+            Some((Outcome::Unavailable, with_retry_after(r, 1)))
+        }
+    }
+}
+
+/// The writer's reply, as the provider is answered.
+fn answer(reply: Reply) -> (Outcome, Response) {
+    match reply {
+        Reply::Accepted { id } => (
             Outcome::Accepted,
             (
                 StatusCode::ACCEPTED,
@@ -651,8 +715,7 @@ async fn handle<'a>(
             )
                 .into_response(),
         ),
-        Ok(Reply::Duplicate { id }) => (
-            label,
+        Reply::Duplicate { id } => (
             Outcome::Duplicate,
             (
                 StatusCode::OK,
@@ -663,12 +726,12 @@ async fn handle<'a>(
             )
                 .into_response(),
         ),
-        Ok(Reply::TenantLimit) => tenant_limit(label, "this node holds tenants.max tenants"),
-        Ok(Reply::InvalidTenant(why)) => {
-            rejected(StatusCode::BAD_REQUEST, ErrorCode::BadTenant, why)
-        }
-        Ok(Reply::TenantErasing) => (
-            label,
+        Reply::TenantLimit => tenant_limit("this node holds tenants.max tenants"),
+        Reply::InvalidTenant(why) => (
+            Outcome::Rejected,
+            error(StatusCode::BAD_REQUEST, ErrorCode::BadTenant, why),
+        ),
+        Reply::TenantErasing => (
             Outcome::TenantErasing,
             error(
                 StatusCode::GONE,
@@ -676,6 +739,13 @@ async fn handle<'a>(
                 "this tenant is being erased: its hooks are refused until the erase ends",
             ),
         ),
-        Ok(Reply::Unavailable) | Err(_) => unavailable("the store could not commit the hook"),
+        Reply::Unavailable => {
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                "the store could not commit the hook",
+            );
+            (Outcome::Unavailable, with_retry_after(r, 1))
+        }
     }
 }

@@ -412,120 +412,278 @@ pub struct VerifyLabels {
     pub reason: String,
 }
 
-/// Every metric of a node.
-#[derive(Debug)]
-pub struct Metrics {
-    pub registry: Registry,
-    /// The claim gateway's, per pull sink.
-    pub pull: PullMetrics,
-    /// The listeners' connections.
-    pub listeners: ListenerMetrics,
-    pub ingest_requests: Family<IngestLabels, Counter>,
-    pub ingest_latency: Histogram,
+/// The metrics of a node, each declared once: its field (and doc), its type and initial
+/// value, its exported name and help. The macro writes the [`Metrics`] struct and its
+/// constructor, which registers each in that order.
+macro_rules! node_metrics {
+    ($($(#[$doc:meta])* $field:ident: $ty:ty = $init:expr, $name:literal, $help:literal;)*) => {
+        /// Every metric of a node.
+        #[derive(Debug)]
+        pub struct Metrics {
+            pub registry: Registry,
+            /// The claim gateway's, per pull sink.
+            pub pull: PullMetrics,
+            /// The listeners' connections.
+            pub listeners: ListenerMetrics,
+            /// Each sink's fine latency buckets (for the console; not exported).
+            sink_recent: std::sync::Mutex<std::collections::HashMap<String, Arc<LatencyLog>>>,
+            $($(#[$doc])* pub $field: $ty,)*
+        }
+
+        impl Metrics {
+            pub fn new() -> Self {
+                let mut registry = Registry::default();
+                $(
+                    let $field: $ty = $init;
+                    registry.register($name, $help, $field.clone());
+                )*
+                let pull = PullMetrics::register(&mut registry);
+                let listeners = ListenerMetrics::register(&mut registry);
+                Metrics {
+                    registry,
+                    pull,
+                    listeners,
+                    sink_recent: Default::default(),
+                    $($field,)*
+                }
+            }
+        }
+    };
+}
+
+node_metrics! {
+    ingest_requests: Family<IngestLabels, Counter> = Default::default(),
+        "ankusa_ingest_requests",
+        "Ingest requests by source and outcome";
     /// Configuration reloads, by outcome (applied, unchanged, refused).
-    pub config_reloads: Family<OutcomeLabel, Counter>,
+    config_reloads: Family<OutcomeLabel, Counter> = Default::default(),
+        "ankusa_config_reloads",
+        "Configuration reloads (SIGHUP, or the file changed), by outcome: applied, unchanged, refused";
     /// 1 while the configuration file holds a reload the node refused.
-    pub config_reload_refused: Gauge,
+    config_reload_refused: Gauge = Default::default(),
+        "ankusa_config_reload_refused",
+        "1 while the configuration file holds a reload the node refused (the previous configuration runs)";
     /// Requests that failed verification, by source and reason code.
-    pub ingest_verification_failures: Family<VerifyLabels, Counter>,
-    pub writer_batch_hooks: Histogram,
-    pub writer_commit_seconds: Histogram,
+    ingest_verification_failures: Family<VerifyLabels, Counter> = Default::default(),
+        "ankusa_ingest_verification_failures",
+        "Requests that failed verification (401), by source and reason: missing_header, malformed_header, stale_timestamp, bad_signature";
+    ingest_latency: Histogram = Histogram::new(exponential_buckets(0.000_1, 2.0, 18)),
+        "ankusa_ingest_latency_seconds",
+        "Time from request to answer, including the synced commit for accepted hooks";
+    writer_batch_hooks: Histogram = Histogram::new(exponential_buckets(1.0, 2.0, 14)),
+        "ankusa_writer_batch_hooks",
+        "Hooks acked per WAL sync of the writer (one sync covers every batch written during the sync before it)";
+    writer_commit_seconds: Histogram = Histogram::new(exponential_buckets(0.000_05, 2.0, 18)),
+        "ankusa_writer_commit_seconds",
+        "Duration of each WAL sync that acks the writer's batches";
     /// Hooks written by the writer and waiting for the WAL sync that acks them.
-    pub writer_unsynced_hooks: Gauge,
-    pub quarantine_dropped: Counter,
-    pub dedupe_swept: Counter,
-    pub delivery_attempts: Family<SinkOutcome, Counter>,
-    /// Each sink's fine latency buckets (for the console; not exported).
-    sink_recent: std::sync::Mutex<std::collections::HashMap<String, Arc<LatencyLog>>>,
-    /// The console's sign-ins held.
-    pub console_sessions: Gauge,
-    /// Console sign-ins by outcome (ok, refused, full).
-    pub console_sign_ins: Family<OutcomeLabel, Counter>,
-    /// Tenants whose backlog history the console keeps.
-    pub console_history_tenants: Gauge,
-    pub delivery_latency: Family<SinkLabel, Histogram>,
+    writer_unsynced_hooks: Gauge = Default::default(),
+        "ankusa_writer_unsynced_hooks",
+        "Hooks written by the writer and waiting for the WAL sync that acks them";
+    quarantine_dropped: Counter = Default::default(),
+        "ankusa_quarantine_dropped",
+        "Requests that failed verification but were not kept: the quarantine was full";
+    dedupe_swept: Counter = Default::default(),
+        "ankusa_dedupe_swept",
+        "Expired idempotency keys removed";
+    delivery_attempts: Family<SinkOutcome, Counter> = Default::default(),
+        "ankusa_delivery_attempts",
+        "Delivery attempts by sink and outcome (delivered, retryable, rejected, error)";
+    delivery_latency: Family<SinkLabel, Histogram> = Family::<SinkLabel, Histogram>::new_with_constructor(|| { Histogram::new(exponential_buckets(0.000_5, 2.0, 16)) }),
+        "ankusa_delivery_latency_seconds",
+        "Duration of a delivery attempt, by sink";
     /// Each sink's adaptive concurrency limit, after its last attempt.
-    pub sink_limit: Family<SinkLabel, Gauge>,
+    sink_limit: Family<SinkLabel, Gauge> = Default::default(),
+        "ankusa_sink_limit",
+        "A sink's adaptive concurrency limit (1..=max_inflight), after its last attempt";
     /// Each sink's breaker after its last attempt: 0 closed, 1 open, 2 half-open.
-    pub sink_breaker: Family<SinkLabel, Gauge>,
+    sink_breaker: Family<SinkLabel, Gauge> = Default::default(),
+        "ankusa_sink_breaker",
+        "A sink's breaker after its last attempt: 0 closed, 1 open (its rows stay due), 2 half-open (one probe)";
     /// A sink's requests in flight, after its last attempt.
-    pub sink_requests: Family<SinkLabel, Gauge>,
+    sink_requests: Family<SinkLabel, Gauge> = Default::default(),
+        "ankusa_sink_requests",
+        "A sink's requests in flight (at most its limit), after its last attempt";
     /// A sink's claimed rows waiting in its request line, after its last attempt.
-    pub sink_queued: Family<SinkLabel, Gauge>,
-    pub dispatch_active_tenants: Gauge,
-    pub dispatch_claimed: Counter,
+    sink_queued: Family<SinkLabel, Gauge> = Default::default(),
+        "ankusa_sink_queued",
+        "Rows claimed for a sink waiting in its request line for a slot, after its last attempt";
+    dispatch_active_tenants: Gauge = Default::default(),
+        "ankusa_dispatch_active_tenants",
+        "Distinct tenants the last dispatch tick visited";
+    dispatch_claimed: Counter = Default::default(),
+        "ankusa_dispatch_claimed",
+        "Due rows claimed for delivery";
     /// Fresh deliveries the ingest commit wrote inflight and started, with no tick.
-    pub dispatch_started: Counter,
-    pub dispatch_ticks: Family<ScanLabel, Counter>,
+    dispatch_started: Counter = Default::default(),
+        "ankusa_dispatch_started_at_commit",
+        "Fresh deliveries the ingest commit wrote inflight and started at once, with no tick, read or claim (the pipeline had caught up and every slot they needed was free)";
+    dispatch_ticks: Family<ScanLabel, Counter> = Default::default(),
+        "ankusa_dispatch_ticks",
+        "Dispatch ticks, by the read they planned from (full: the active index; hinted: the tenants the writer announced)";
     /// The read-and-claim half of a tick (plan, claim, marker cleanup, envelope reads).
-    pub dispatch_tick_seconds: Histogram,
+    dispatch_tick_seconds: Histogram = Histogram::new(exponential_buckets(0.000_05, 2.0, 16)),
+        "ankusa_dispatch_tick_seconds",
+        "Duration of a dispatch tick's reads and claim (plan, claim, marker cleanup, envelope reads)";
     /// Hinted tenants waiting after the last tick.
-    pub dispatch_hinted_tenants: Gauge,
+    dispatch_hinted_tenants: Gauge = Default::default(),
+        "ankusa_dispatch_hinted_tenants",
+        "Tenants announced by the writer that the last dispatch tick left for the next";
     /// Tenants with deliveries in flight, and the most one of them holds.
-    pub dispatch_tenants_inflight: Gauge,
-    pub dispatch_tenant_inflight_max: Gauge,
+    dispatch_tenants_inflight: Gauge = Default::default(),
+        "ankusa_dispatch_tenants_inflight",
+        "Tenants with deliveries in flight";
+    dispatch_tenant_inflight_max: Gauge = Default::default(),
+        "ankusa_dispatch_tenant_inflight_max",
+        "Deliveries in flight of the tenant holding the most (at most dispatch.tenant_max_inflight)";
     /// Times the hint set was full (the next tick then scans the active index).
-    pub dispatch_hint_overflows: Counter,
+    dispatch_hint_overflows: Counter = Default::default(),
+        "ankusa_dispatch_hint_overflows",
+        "Times the writer's hints reached their ceiling of 65 536 tenants (the next tick scans the active index)";
     /// Rows still in flight when a graceful stop's grace ran out, made due again.
-    pub shutdown_requeued: Counter,
+    shutdown_requeued: Counter = Default::default(),
+        "ankusa_shutdown_requeued",
+        "Rows whose delivery was still in flight when a graceful stop's grace ran out, made due again";
     /// Cleared markers (hooks awaiting reclaim) the last reclaim sweep found.
-    pub reclaim_backlog: Gauge,
-    pub reclaimed_hooks: Counter,
-    pub hook_log_hooks: Gauge,
-    pub archive_settled: Family<ArchiveLabel, Counter>,
-    pub archive_expired: Counter,
-    pub hook_log_pruned: Counter,
-    pub queue_state: Family<FieldLabel, Gauge>,
-    pub oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64>,
-    pub tenant_pending: Family<TenantLabel, Gauge>,
+    reclaim_backlog: Gauge = Default::default(),
+        "ankusa_reclaim_backlog",
+        "Hooks awaiting reclaim (cleared markers) that the last reclaim sweep found";
+    reclaimed_hooks: Counter = Default::default(),
+        "ankusa_reclaimed_hooks",
+        "Hooks removed because no delivery, dead row or archive obligation needed them (by reclaim or by the outcome of their last delivery)";
+    archive_settled: Family<ArchiveLabel, Counter> = Default::default(),
+        "ankusa_archive_settled",
+        "Archive obligations settled: archived (kept for their retention) or dropped (hook gone, or the source's archive is off)";
+    archive_expired: Counter = Default::default(),
+        "ankusa_archive_expired",
+        "Archived hooks removed at the end of their retention";
+    hook_log_hooks: Gauge = Default::default(),
+        "ankusa_hook_log_hooks",
+        "Hooks the hook log keeps (newest seq - oldest seq + 1; ceiling hook_log.max_hooks)";
+    hook_log_pruned: Counter = Default::default(),
+        "ankusa_hook_log_pruned",
+        "Hooks removed from the hook log by age or by its ceiling";
+    queue_state: Family<FieldLabel, Gauge> = Default::default(),
+        "ankusa_queue_state",
+        "The node's six queue counters (pending, scheduled, inflight, dead, bytes, archive_pending)";
+    oldest_due_age: Gauge<f64, std::sync::atomic::AtomicU64> = Gauge::<f64, std::sync::atomic::AtomicU64>::default(),
+        "ankusa_queue_oldest_due_age_seconds",
+        "How long the oldest due row has been due (0 when nothing is due)";
     /// Deliveries in flight of the tenants holding the most (refreshed each second).
-    pub tenant_inflight: Family<TenantLabel, Gauge>,
-    pub tenants: Gauge,
-    /// `tenants.max`, so a dashboard or an alert can divide by it.
-    pub tenants_max: Gauge,
-    /// Tenants whose deliveries are held (`POST /v1/tenants/{t}/pause`).
-    pub tenants_paused: Gauge,
-    /// Tenants with their own limits (`PUT /v1/tenants/{t}/limits`).
-    pub tenant_limit_overrides: Gauge,
-    /// Tenants a quota refused a hook of within the last 5 minutes.
-    pub tenants_over_quota: Gauge,
+    tenant_inflight: Family<TenantLabel, Gauge> = Default::default(),
+        "ankusa_tenant_inflight",
+        "Deliveries in flight of the 20 tenants holding the most (refreshed each second)";
+    tenant_pending: Family<TenantLabel, Gauge> = Default::default(),
+        "ankusa_tenant_pending",
+        "Pending rows of the top 100 tenants among the first 10 000 with work due";
+    tenants: Gauge = Default::default(),
+        "ankusa_tenants",
+        "Tenant ordinals ever allocated";
     /// 1 while the store's writes fail.
-    pub store_write_failing: Gauge,
-    pub store_memory_bytes: Gauge,
-    pub store_memory_budget_bytes: Gauge,
-    pub store_write_failures: Counter,
-    pub store_corruption: Family<StoreFamilyLabel, Counter>,
+    store_write_failing: Gauge = Default::default(),
+        "ankusa_store_write_failing",
+        "1 while the store's writes fail (a full disk, a failed WAL sync): nothing is acked and the node is not ready";
+    store_memory_bytes: Gauge = Default::default(),
+        "ankusa_store_memory_bytes",
+        "Bytes in the store's shared cache: cached table blocks and the memtables charged to it (store.memory_bytes bounds it)";
+    store_memory_budget_bytes: Gauge = Default::default(),
+        "ankusa_store_memory_budget_bytes",
+        "The store's memory budget: store.memory_bytes, or a quarter of the cgroup's memory limit, or 512 MiB";
+    store_write_failures: Counter = Default::default(),
+        "ankusa_store_write_failures",
+        "Store writes that failed";
+    store_corruption: Family<StoreFamilyLabel, Counter> = Default::default(),
+        "ankusa_store_corruption_errors",
+        "Times a store family was found corrupt (a scan cut short before its sentinel, a row that does not decode); never read as empty";
     /// Requests this node sent to another of its Relay, by kind and outcome.
-    pub cluster_forwards: Family<ForwardLabels, Counter>,
+    cluster_forwards: Family<ForwardLabels, Counter> = Default::default(),
+        "ankusa_cluster_forwards",
+        "Requests sent to another node of the Relay, by kind (ingest, admin, admit) and outcome (answered, unavailable)";
     /// Time from sending a request to another node to its answer.
-    pub cluster_forward_seconds: Family<KindLabel, Histogram>,
+    cluster_forward_seconds: Family<KindLabel, Histogram> = Family::<KindLabel, Histogram>::new_with_constructor(|| { Histogram::new(exponential_buckets(0.000_1, 2.0, 18)) }),
+        "ankusa_cluster_forward_seconds",
+        "Time from sending a request to another node of the Relay to its answer";
     /// Requests signed as a node's that the edge refused, by reason.
-    pub cluster_auth_refused: Family<KindLabel, Counter>,
+    cluster_auth_refused: Family<KindLabel, Counter> = Default::default(),
+        "ankusa_cluster_auth_refused",
+        "Requests signed as another node's that this node refused, by reason: malformed, bad_signature, stale, replayed, full, body_mismatch, not_a_relay";
     /// Nonces of node requests remembered (the replay window).
-    pub cluster_auth_nonces: Gauge,
+    cluster_auth_nonces: Gauge = Default::default(),
+        "ankusa_cluster_auth_nonces",
+        "Nonces of the other nodes' requests remembered to refuse a replay (at most 1048576)";
     /// Nodes in the Relay's node list (1 when there is none).
-    pub cluster_nodes: Gauge,
+    cluster_nodes: Gauge = Default::default(),
+        "ankusa_cluster_nodes",
+        "Nodes in the Relay's node list";
     /// Tenants this node has taken hooks for as their owner since it started.
-    pub cluster_tenants_owned: Gauge,
+    cluster_tenants_owned: Gauge = Default::default(),
+        "ankusa_cluster_tenants_owned",
+        "Tenants this node has taken hooks for as their owner since it started";
     /// Tenants this node admitted as their owner (the Relay's count is the sum).
-    pub cluster_tenants_registered: Gauge,
-    /// This node's tenant slots: its share of `tenants.max` and its loans.
-    pub cluster_tenant_slots: Gauge,
+    cluster_tenants_registered: Gauge = Default::default(),
+        "ankusa_cluster_tenants_registered",
+        "Tenants this node admitted as their owner (the Relay's count is the sum over its nodes)";
     /// Deliveries this node holds of tenants another node owns (the handoff's backlog).
-    pub handoff_rows_leaving: Gauge,
+    handoff_rows_leaving: Gauge = Default::default(),
+        "ankusa_handoff_rows_leaving",
+        "Deliveries this node holds of tenants another node owns, as of the last handoff pass";
     /// Items this node took out of its queue and sent, not yet confirmed.
-    pub handoff_staged: Gauge,
+    handoff_staged: Gauge = Default::default(),
+        "ankusa_handoff_staged",
+        "Items this node took out of its queue for another node and has not had confirmed";
     /// Hooks handed over, by direction (`sent`, `received`).
-    pub handoff_hooks: Family<DirectionLabel, Counter>,
+    handoff_hooks: Family<DirectionLabel, Counter> = Default::default(),
+        "ankusa_handoff_hooks",
+        "Hooks handed over between the nodes of the Relay, by direction (sent, received)";
     /// Pushes to the object store, by outcome (`completed`, `failed`).
-    pub backup_pushes: Family<OutcomeLabel, Counter>,
+    backup_pushes: Family<OutcomeLabel, Counter> = Default::default(),
+        "ankusa_backup_pushes",
+        "Backups pushed to the object store, by outcome (completed, failed)";
     /// Bytes pushes uploaded (new table and blob files, and each backup's own).
-    pub backup_uploaded_bytes: Counter,
+    backup_uploaded_bytes: Counter = Default::default(),
+        "ankusa_backup_uploaded_bytes",
+        "Bytes backups uploaded to the object store (files the bucket did not hold yet)";
     /// When the checkpoint of the last completed push was taken (s since the epoch): the
     /// recovery point.
-    pub backup_last_success: Gauge,
+    backup_last_success: Gauge = Default::default(),
+        "ankusa_backup_last_success_timestamp_seconds",
+        "When the checkpoint of the last backup pushed to the object store was taken: every hook acked before it is in the bucket";
     /// How long pushes take, checkpoint to manifest.
-    pub backup_push_seconds: Histogram,
+    backup_push_seconds: Histogram = Histogram::new(exponential_buckets(0.05, 2.0, 14)),
+        "ankusa_backup_push_seconds",
+        "How long a push to the object store took, checkpoint to manifest";
+    /// This node's tenant slots: its share of `tenants.max` and its loans.
+    cluster_tenant_slots: Gauge = Default::default(),
+        "ankusa_cluster_tenant_slots",
+        "This node's tenant slots: its share of tenants.max, plus what other nodes lent it, less what it lent them";
+    /// `tenants.max`, so a dashboard or an alert can divide by it.
+    tenants_max: Gauge = Default::default(),
+        "ankusa_tenants_max",
+        "The node's tenants.max: a new tenant past it is refused";
+    /// The console's sign-ins held.
+    console_sessions: Gauge = Default::default(),
+        "ankusa_console_sessions",
+        "Console sign-ins this node holds (at most admin.console.max_sessions)";
+    /// Console sign-ins by outcome (ok, refused, full).
+    console_sign_ins: Family<OutcomeLabel, Counter> = Default::default(),
+        "ankusa_console_sign_ins",
+        "Console sign-ins by outcome: ok, refused (a token that is not valid), full (admin.console.max_sessions reached)";
+    /// Tenants whose backlog history the console keeps.
+    console_history_tenants: Gauge = Default::default(),
+        "ankusa_console_history_tenants",
+        "Tenants whose backlog history the console keeps for its sparklines (at most 10 000)";
+    /// Tenants whose deliveries are held (`POST /v1/tenants/{t}/pause`).
+    tenants_paused: Gauge = Default::default(),
+        "ankusa_tenants_paused",
+        "Tenants whose deliveries this node holds (paused)";
+    /// Tenants with their own limits (`PUT /v1/tenants/{t}/limits`).
+    tenant_limit_overrides: Gauge = Default::default(),
+        "ankusa_tenant_limit_overrides",
+        "Tenants with their own limits on this node (PUT /v1/tenants/{t}/limits)";
+    /// Tenants a quota refused a hook of within the last 5 minutes.
+    tenants_over_quota: Gauge = Default::default(),
+        "ankusa_tenants_over_quota",
+        "Tenants a quota (ingest rate, queued bytes) refused a hook of within the last 5 minutes";
 }
 
 /// The direction of a handoff (`sent` to a tenant's owner, `received` from another node).
@@ -541,470 +699,6 @@ impl Default for Metrics {
 }
 
 impl Metrics {
-    pub fn new() -> Self {
-        let mut registry = Registry::default();
-        let ingest_requests = Family::<IngestLabels, Counter>::default();
-        registry.register(
-            "ankusa_ingest_requests",
-            "Ingest requests by source and outcome",
-            ingest_requests.clone(),
-        );
-        let config_reloads = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "ankusa_config_reloads",
-            "Configuration reloads (SIGHUP, or the file changed), by outcome: applied, unchanged, refused",
-            config_reloads.clone(),
-        );
-        let config_reload_refused = Gauge::default();
-        registry.register(
-            "ankusa_config_reload_refused",
-            "1 while the configuration file holds a reload the node refused (the previous configuration runs)",
-            config_reload_refused.clone(),
-        );
-        let ingest_verification_failures = Family::<VerifyLabels, Counter>::default();
-        registry.register(
-            "ankusa_ingest_verification_failures",
-            "Requests that failed verification (401), by source and reason: missing_header, malformed_header, stale_timestamp, bad_signature",
-            ingest_verification_failures.clone(),
-        );
-        let ingest_latency = Histogram::new(exponential_buckets(0.000_1, 2.0, 18));
-        registry.register(
-            "ankusa_ingest_latency_seconds",
-            "Time from request to answer, including the synced commit for accepted hooks",
-            ingest_latency.clone(),
-        );
-        let writer_batch_hooks = Histogram::new(exponential_buckets(1.0, 2.0, 14));
-        registry.register(
-            "ankusa_writer_batch_hooks",
-            "Hooks acked per WAL sync of the writer (one sync covers every batch written during the sync before it)",
-            writer_batch_hooks.clone(),
-        );
-        let writer_commit_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 18));
-        registry.register(
-            "ankusa_writer_commit_seconds",
-            "Duration of each WAL sync that acks the writer's batches",
-            writer_commit_seconds.clone(),
-        );
-        let writer_unsynced_hooks = Gauge::default();
-        registry.register(
-            "ankusa_writer_unsynced_hooks",
-            "Hooks written by the writer and waiting for the WAL sync that acks them",
-            writer_unsynced_hooks.clone(),
-        );
-        let quarantine_dropped = Counter::default();
-        registry.register(
-            "ankusa_quarantine_dropped",
-            "Requests that failed verification but were not kept: the quarantine was full",
-            quarantine_dropped.clone(),
-        );
-        let dedupe_swept = Counter::default();
-        registry.register(
-            "ankusa_dedupe_swept",
-            "Expired idempotency keys removed",
-            dedupe_swept.clone(),
-        );
-        let delivery_attempts = Family::<SinkOutcome, Counter>::default();
-        registry.register(
-            "ankusa_delivery_attempts",
-            "Delivery attempts by sink and outcome (delivered, retryable, rejected, error)",
-            delivery_attempts.clone(),
-        );
-        let delivery_latency = Family::<SinkLabel, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.000_5, 2.0, 16))
-        });
-        registry.register(
-            "ankusa_delivery_latency_seconds",
-            "Duration of a delivery attempt, by sink",
-            delivery_latency.clone(),
-        );
-        let sink_limit = Family::<SinkLabel, Gauge>::default();
-        registry.register(
-            "ankusa_sink_limit",
-            "A sink's adaptive concurrency limit (1..=max_inflight), after its last attempt",
-            sink_limit.clone(),
-        );
-        let sink_breaker = Family::<SinkLabel, Gauge>::default();
-        registry.register(
-            "ankusa_sink_breaker",
-            "A sink's breaker after its last attempt: 0 closed, 1 open (its rows stay due), 2 half-open (one probe)",
-            sink_breaker.clone(),
-        );
-        let sink_requests = Family::<SinkLabel, Gauge>::default();
-        registry.register(
-            "ankusa_sink_requests",
-            "A sink's requests in flight (at most its limit), after its last attempt",
-            sink_requests.clone(),
-        );
-        let sink_queued = Family::<SinkLabel, Gauge>::default();
-        registry.register(
-            "ankusa_sink_queued",
-            "Rows claimed for a sink waiting in its request line for a slot, after its last attempt",
-            sink_queued.clone(),
-        );
-        let dispatch_active_tenants = Gauge::default();
-        registry.register(
-            "ankusa_dispatch_active_tenants",
-            "Distinct tenants the last dispatch tick visited",
-            dispatch_active_tenants.clone(),
-        );
-        let dispatch_claimed = Counter::default();
-        registry.register(
-            "ankusa_dispatch_claimed",
-            "Due rows claimed for delivery",
-            dispatch_claimed.clone(),
-        );
-        let dispatch_started = Counter::default();
-        registry.register(
-            "ankusa_dispatch_started_at_commit",
-            "Fresh deliveries the ingest commit wrote inflight and started at once, with no tick, read or claim (the pipeline had caught up and every slot they needed was free)",
-            dispatch_started.clone(),
-        );
-        let dispatch_ticks = Family::<ScanLabel, Counter>::default();
-        registry.register(
-            "ankusa_dispatch_ticks",
-            "Dispatch ticks, by the read they planned from (full: the active index; hinted: the tenants the writer announced)",
-            dispatch_ticks.clone(),
-        );
-        let dispatch_tick_seconds = Histogram::new(exponential_buckets(0.000_05, 2.0, 16));
-        registry.register(
-            "ankusa_dispatch_tick_seconds",
-            "Duration of a dispatch tick's reads and claim (plan, claim, marker cleanup, envelope reads)",
-            dispatch_tick_seconds.clone(),
-        );
-        let dispatch_hinted_tenants = Gauge::default();
-        registry.register(
-            "ankusa_dispatch_hinted_tenants",
-            "Tenants announced by the writer that the last dispatch tick left for the next",
-            dispatch_hinted_tenants.clone(),
-        );
-        let dispatch_tenants_inflight = Gauge::default();
-        registry.register(
-            "ankusa_dispatch_tenants_inflight",
-            "Tenants with deliveries in flight",
-            dispatch_tenants_inflight.clone(),
-        );
-        let dispatch_tenant_inflight_max = Gauge::default();
-        registry.register(
-            "ankusa_dispatch_tenant_inflight_max",
-            "Deliveries in flight of the tenant holding the most (at most dispatch.tenant_max_inflight)",
-            dispatch_tenant_inflight_max.clone(),
-        );
-        let dispatch_hint_overflows = Counter::default();
-        registry.register(
-            "ankusa_dispatch_hint_overflows",
-            "Times the writer's hints reached their ceiling of 65 536 tenants (the next tick scans the active index)",
-            dispatch_hint_overflows.clone(),
-        );
-        let shutdown_requeued = Counter::default();
-        registry.register(
-            "ankusa_shutdown_requeued",
-            "Rows whose delivery was still in flight when a graceful stop's grace ran out, made due again",
-            shutdown_requeued.clone(),
-        );
-        let reclaim_backlog = Gauge::default();
-        registry.register(
-            "ankusa_reclaim_backlog",
-            "Hooks awaiting reclaim (cleared markers) that the last reclaim sweep found",
-            reclaim_backlog.clone(),
-        );
-        let reclaimed_hooks = Counter::default();
-        registry.register(
-            "ankusa_reclaimed_hooks",
-            "Hooks removed because no delivery, dead row or archive obligation needed them (by reclaim or by the outcome of their last delivery)",
-            reclaimed_hooks.clone(),
-        );
-        let archive_settled = Family::<ArchiveLabel, Counter>::default();
-        registry.register(
-            "ankusa_archive_settled",
-            "Archive obligations settled: archived (kept for their retention) or dropped (hook gone, or the source's archive is off)",
-            archive_settled.clone(),
-        );
-        let archive_expired = Counter::default();
-        registry.register(
-            "ankusa_archive_expired",
-            "Archived hooks removed at the end of their retention",
-            archive_expired.clone(),
-        );
-        let hook_log_hooks = Gauge::default();
-        registry.register(
-            "ankusa_hook_log_hooks",
-            "Hooks the hook log keeps (newest seq - oldest seq + 1; ceiling hook_log.max_hooks)",
-            hook_log_hooks.clone(),
-        );
-        let hook_log_pruned = Counter::default();
-        registry.register(
-            "ankusa_hook_log_pruned",
-            "Hooks removed from the hook log by age or by its ceiling",
-            hook_log_pruned.clone(),
-        );
-        let queue_state = Family::<FieldLabel, Gauge>::default();
-        registry.register(
-            "ankusa_queue_state",
-            "The node's six queue counters (pending, scheduled, inflight, dead, bytes, archive_pending)",
-            queue_state.clone(),
-        );
-        let oldest_due_age = Gauge::<f64, std::sync::atomic::AtomicU64>::default();
-        registry.register(
-            "ankusa_queue_oldest_due_age_seconds",
-            "How long the oldest due row has been due (0 when nothing is due)",
-            oldest_due_age.clone(),
-        );
-        let tenant_inflight = Family::<TenantLabel, Gauge>::default();
-        registry.register(
-            "ankusa_tenant_inflight",
-            "Deliveries in flight of the 20 tenants holding the most (refreshed each second)",
-            tenant_inflight.clone(),
-        );
-        let tenant_pending = Family::<TenantLabel, Gauge>::default();
-        registry.register(
-            "ankusa_tenant_pending",
-            "Pending rows of the top 100 tenants among the first 10 000 with work due",
-            tenant_pending.clone(),
-        );
-        let tenants = Gauge::default();
-        registry.register(
-            "ankusa_tenants",
-            "Tenant ordinals ever allocated",
-            tenants.clone(),
-        );
-        let store_write_failing = Gauge::default();
-        registry.register(
-            "ankusa_store_write_failing",
-            "1 while the store's writes fail (a full disk, a failed WAL sync): nothing is acked and the node is not ready",
-            store_write_failing.clone(),
-        );
-        let store_memory_bytes = Gauge::default();
-        registry.register(
-            "ankusa_store_memory_bytes",
-            "Bytes in the store's shared cache: cached table blocks and the memtables charged to it (store.memory_bytes bounds it)",
-            store_memory_bytes.clone(),
-        );
-        let store_memory_budget_bytes = Gauge::default();
-        registry.register(
-            "ankusa_store_memory_budget_bytes",
-            "The store's memory budget: store.memory_bytes, or a quarter of the cgroup's memory limit, or 512 MiB",
-            store_memory_budget_bytes.clone(),
-        );
-        let store_write_failures = Counter::default();
-        registry.register(
-            "ankusa_store_write_failures",
-            "Store writes that failed",
-            store_write_failures.clone(),
-        );
-        let store_corruption = Family::<StoreFamilyLabel, Counter>::default();
-        registry.register(
-            "ankusa_store_corruption_errors",
-            "Times a store family was found corrupt (a scan cut short before its sentinel, a row that does not decode); never read as empty",
-            store_corruption.clone(),
-        );
-        let cluster_forwards = Family::<ForwardLabels, Counter>::default();
-        registry.register(
-            "ankusa_cluster_forwards",
-            "Requests sent to another node of the Relay, by kind (ingest, admin, admit) and outcome (answered, unavailable)",
-            cluster_forwards.clone(),
-        );
-        let cluster_forward_seconds = Family::<KindLabel, Histogram>::new_with_constructor(|| {
-            Histogram::new(exponential_buckets(0.000_1, 2.0, 18))
-        });
-        registry.register(
-            "ankusa_cluster_forward_seconds",
-            "Time from sending a request to another node of the Relay to its answer",
-            cluster_forward_seconds.clone(),
-        );
-        let cluster_auth_refused = Family::<KindLabel, Counter>::default();
-        registry.register(
-            "ankusa_cluster_auth_refused",
-            "Requests signed as another node's that this node refused, by reason: malformed, bad_signature, stale, replayed, full, body_mismatch, not_a_relay",
-            cluster_auth_refused.clone(),
-        );
-        let cluster_auth_nonces = Gauge::default();
-        registry.register(
-            "ankusa_cluster_auth_nonces",
-            "Nonces of the other nodes' requests remembered to refuse a replay (at most 1048576)",
-            cluster_auth_nonces.clone(),
-        );
-        let cluster_nodes = Gauge::default();
-        registry.register(
-            "ankusa_cluster_nodes",
-            "Nodes in the Relay's node list",
-            cluster_nodes.clone(),
-        );
-        let cluster_tenants_owned = Gauge::default();
-        registry.register(
-            "ankusa_cluster_tenants_owned",
-            "Tenants this node has taken hooks for as their owner since it started",
-            cluster_tenants_owned.clone(),
-        );
-        let cluster_tenants_registered = Gauge::default();
-        registry.register(
-            "ankusa_cluster_tenants_registered",
-            "Tenants this node admitted as their owner (the Relay's count is the sum over its nodes)",
-            cluster_tenants_registered.clone(),
-        );
-        let handoff_rows_leaving = Gauge::default();
-        registry.register(
-            "ankusa_handoff_rows_leaving",
-            "Deliveries this node holds of tenants another node owns, as of the last handoff pass",
-            handoff_rows_leaving.clone(),
-        );
-        let handoff_staged = Gauge::default();
-        registry.register(
-            "ankusa_handoff_staged",
-            "Items this node took out of its queue for another node and has not had confirmed",
-            handoff_staged.clone(),
-        );
-        let handoff_hooks = Family::<DirectionLabel, Counter>::default();
-        registry.register(
-            "ankusa_handoff_hooks",
-            "Hooks handed over between the nodes of the Relay, by direction (sent, received)",
-            handoff_hooks.clone(),
-        );
-        let backup_pushes = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "ankusa_backup_pushes",
-            "Backups pushed to the object store, by outcome (completed, failed)",
-            backup_pushes.clone(),
-        );
-        let backup_uploaded_bytes = Counter::default();
-        registry.register(
-            "ankusa_backup_uploaded_bytes",
-            "Bytes backups uploaded to the object store (files the bucket did not hold yet)",
-            backup_uploaded_bytes.clone(),
-        );
-        let backup_last_success = Gauge::default();
-        registry.register(
-            "ankusa_backup_last_success_timestamp_seconds",
-            "When the checkpoint of the last backup pushed to the object store was taken: every hook acked before it is in the bucket",
-            backup_last_success.clone(),
-        );
-        let backup_push_seconds = Histogram::new(exponential_buckets(0.05, 2.0, 14));
-        registry.register(
-            "ankusa_backup_push_seconds",
-            "How long a push to the object store took, checkpoint to manifest",
-            backup_push_seconds.clone(),
-        );
-        let cluster_tenant_slots = Gauge::default();
-        registry.register(
-            "ankusa_cluster_tenant_slots",
-            "This node's tenant slots: its share of tenants.max, plus what other nodes lent it, less what it lent them",
-            cluster_tenant_slots.clone(),
-        );
-        let tenants_max = Gauge::default();
-        registry.register(
-            "ankusa_tenants_max",
-            "The node's tenants.max: a new tenant past it is refused",
-            tenants_max.clone(),
-        );
-        let console_sessions = Gauge::default();
-        registry.register(
-            "ankusa_console_sessions",
-            "Console sign-ins this node holds (at most admin.console.max_sessions)",
-            console_sessions.clone(),
-        );
-        let console_sign_ins = Family::<OutcomeLabel, Counter>::default();
-        registry.register(
-            "ankusa_console_sign_ins",
-            "Console sign-ins by outcome: ok, refused (a token that is not valid), full (admin.console.max_sessions reached)",
-            console_sign_ins.clone(),
-        );
-        let console_history_tenants = Gauge::default();
-        registry.register(
-            "ankusa_console_history_tenants",
-            "Tenants whose backlog history the console keeps for its sparklines (at most 10 000)",
-            console_history_tenants.clone(),
-        );
-        let tenants_paused = Gauge::default();
-        registry.register(
-            "ankusa_tenants_paused",
-            "Tenants whose deliveries this node holds (paused)",
-            tenants_paused.clone(),
-        );
-        let tenant_limit_overrides = Gauge::default();
-        registry.register(
-            "ankusa_tenant_limit_overrides",
-            "Tenants with their own limits on this node (PUT /v1/tenants/{t}/limits)",
-            tenant_limit_overrides.clone(),
-        );
-        let tenants_over_quota = Gauge::default();
-        registry.register(
-            "ankusa_tenants_over_quota",
-            "Tenants a quota (ingest rate, queued bytes) refused a hook of within the last 5 minutes",
-            tenants_over_quota.clone(),
-        );
-        let pull = PullMetrics::register(&mut registry);
-        let listeners = ListenerMetrics::register(&mut registry);
-        Metrics {
-            pull,
-            listeners,
-            queue_state,
-            oldest_due_age,
-            tenant_pending,
-            tenant_inflight,
-            tenants,
-            tenants_max,
-            tenants_paused,
-            tenant_limit_overrides,
-            tenants_over_quota,
-            store_write_failing,
-            store_memory_bytes,
-            store_memory_budget_bytes,
-            store_write_failures,
-            store_corruption,
-            cluster_forwards,
-            cluster_forward_seconds,
-            cluster_auth_refused,
-            cluster_auth_nonces,
-            cluster_nodes,
-            cluster_tenants_owned,
-            cluster_tenants_registered,
-            cluster_tenant_slots,
-            handoff_rows_leaving,
-            handoff_staged,
-            handoff_hooks,
-            backup_pushes,
-            backup_uploaded_bytes,
-            backup_last_success,
-            backup_push_seconds,
-            delivery_attempts,
-            delivery_latency,
-            sink_limit,
-            sink_breaker,
-            sink_requests,
-            sink_queued,
-            dispatch_active_tenants,
-            dispatch_claimed,
-            dispatch_started,
-            dispatch_ticks,
-            dispatch_tick_seconds,
-            dispatch_hinted_tenants,
-            dispatch_hint_overflows,
-            dispatch_tenants_inflight,
-            dispatch_tenant_inflight_max,
-            shutdown_requeued,
-            reclaim_backlog,
-            reclaimed_hooks,
-            hook_log_hooks,
-            archive_settled,
-            archive_expired,
-            hook_log_pruned,
-            registry,
-            ingest_requests,
-            ingest_latency,
-            ingest_verification_failures,
-            config_reloads,
-            config_reload_refused,
-            writer_batch_hooks,
-            writer_commit_seconds,
-            writer_unsynced_hooks,
-            quarantine_dropped,
-            dedupe_swept,
-            sink_recent: Default::default(),
-            console_sessions,
-            console_sign_ins,
-            console_history_tenants,
-        }
-    }
-
     /// `sink`'s series, resolved once: a delivery then updates its atomics instead of
     /// looking up (and allocating) a labelled series in each family.
     pub fn sink_meters(&self, sink: &str) -> SinkMeters {

@@ -36,9 +36,9 @@ use crate::metrics::{Metrics, ScanLabel, SinkMeters, TenantLabel};
 use ankusa_config::{Config, RetryConfig};
 use ankusa_keyspace::AtMs;
 use ankusa_queue::deliveries::{self, InflightRow};
+use ankusa_queue::engine::Store;
 use ankusa_queue::hints::DueHints;
 use ankusa_records::{DeliveryRow, Envelope};
-use ankusa_store::Store;
 use claim::{ClaimCtx, Ticker};
 use crew::Crew;
 use outcomes::{spawn_committer, Committer};
@@ -248,77 +248,122 @@ pub fn spawn(
                     }
                 }
             }
-            // The timer: the interval, or sooner when a retry comes due before it.
-            let nap = hints.next_later().map_or(settings.tick_interval, |at| {
-                Duration::from_millis(at.0.saturating_sub(ankusa_keyspace::now_ms()))
-                    .min(settings.tick_interval)
-            });
-            if waiting {
-                // A freed slot, or fresh rows (read from their hints only: a blocked
-                // backlog is scanned again once a slot frees or the interval passes).
-                tokio::select! {
-                    _ = tokio::time::sleep(nap) => {}
-                    _ = tenants.freed() => {
-                        // A full read again (its rotation reaches every waiting tenant),
-                        // once a batch of slots is back.
-                        wait_for_batch(&deliverer, &hints, &mut stop, nap).await;
-                        cursors.blocked = false;
-                    }
-                    _ = hints.arrived() => {}
-                    _ = stop.changed() => {}
-                }
-            } else if busy {
-                // Work is left and the sinks hold most of their lines: the next tick waits
-                // for a batch of slots rather than claiming the few freed meanwhile.
-                if !deliverer.batch_free() {
-                    wait_for_batch(&deliverer, &hints, &mut stop, nap).await;
-                }
-            } else {
-                tokio::select! {
-                    _ = tokio::time::sleep(nap) => {}
-                    _ = hints.arrived() => {}
-                    _ = stop.changed() => {}
-                }
-            }
+            rest(
+                waiting,
+                busy,
+                settings.tick_interval,
+                &hints,
+                &tenants,
+                &deliverer,
+                &mut stop,
+                &mut cursors,
+            )
+            .await;
         }
-        // Stopping: nothing more is claimed or started. Every permit back means every
-        // delivery in flight finished and its outcome is committed.
-        starter.stop();
-        let all = u32::try_from(settings.max_inflight).unwrap_or(u32::MAX);
-        let finished = tokio::time::timeout(settings.grace, permits.acquire_many(all))
-            .await
-            .is_ok();
-        let mut members = crew.close();
-        if !finished {
-            members.abort_all();
-        }
-        while members.join_next().await.is_some() {}
-        drop(done_tx);
-        let _ = tokio::task::spawn_blocking(move || ticker.join()).await;
-        // The committer ends once every outcome sent is committed.
-        let _ = tokio::task::spawn_blocking(move || committer.join()).await;
-        // What is still in flight in the store now is what the deadline cut: due again.
-        let (s, log) = (store.clone(), settings.hook_log);
-        let stopped = tokio::task::spawn_blocking(move || {
-            let requeued = deliveries::recover_inflight(&s, AtMs(ankusa_keyspace::now_ms()), log)?;
-            s.sync_wal()?;
-            Ok::<_, DispatchError>(requeued)
-        })
+        wind_down(
+            &store, &settings, &metrics, &starter, &permits, &crew, done_tx, ticker, committer,
+        )
         .await;
-        match stopped {
-            Ok(Ok(0)) => tracing::info!("dispatch stopped: every delivery in flight finished"),
-            Ok(Ok(n)) => {
-                metrics.shutdown_requeued.inc_by(n);
-                tracing::warn!(
-                    requeued = n,
-                    grace_ms = settings.grace.as_millis() as u64,
-                    "dispatch stopped: deliveries still in flight at the end of the grace are due again (they may be delivered twice)"
-                );
-            }
-            Ok(Err(e)) => tracing::error!(error = %e, "dispatch: making cut deliveries due again"),
-            Err(e) => tracing::error!(error = %e, "dispatch: stop task"),
-        }
     })
+}
+
+/// What the pipeline waits for before its next tick: the timer (the interval, or sooner
+/// when a retry comes due before it), and — with work waiting for a slot — a freed slot or
+/// fresh rows; with the sinks busy, a batch of slots; idle, fresh rows. A stop ends it.
+#[allow(clippy::too_many_arguments)]
+async fn rest(
+    waiting: bool,
+    busy: bool,
+    interval: Duration,
+    hints: &DueHints,
+    tenants: &TenantSlots,
+    deliverer: &Deliverer,
+    stop: &mut tokio::sync::watch::Receiver<bool>,
+    cursors: &mut Cursors,
+) {
+    // The timer: the interval, or sooner when a retry comes due before it.
+    let nap = hints.next_later().map_or(interval, |at| {
+        Duration::from_millis(at.0.saturating_sub(ankusa_keyspace::now_ms())).min(interval)
+    });
+    if waiting {
+        // A freed slot, or fresh rows (read from their hints only: a blocked
+        // backlog is scanned again once a slot frees or the interval passes).
+        tokio::select! {
+            _ = tokio::time::sleep(nap) => {}
+            _ = tenants.freed() => {
+                // A full read again (its rotation reaches every waiting tenant),
+                // once a batch of slots is back.
+                wait_for_batch(deliverer, hints, stop, nap).await;
+                cursors.blocked = false;
+            }
+            _ = hints.arrived() => {}
+            _ = stop.changed() => {}
+        }
+    } else if busy {
+        // Work is left and the sinks hold most of their lines: the next tick waits
+        // for a batch of slots rather than claiming the few freed meanwhile.
+        if !deliverer.batch_free() {
+            wait_for_batch(deliverer, hints, stop, nap).await;
+        }
+    } else {
+        tokio::select! {
+            _ = tokio::time::sleep(nap) => {}
+            _ = hints.arrived() => {}
+            _ = stop.changed() => {}
+        }
+    }
+}
+
+/// Stopping: nothing more is claimed or started. Every permit back means every delivery
+/// in flight finished and its outcome is committed; at the grace's end the rest are cut,
+/// and what is still in flight in the store is made due again.
+#[allow(clippy::too_many_arguments)]
+async fn wind_down(
+    store: &Arc<Store>,
+    settings: &PipelineSettings,
+    metrics: &Metrics,
+    starter: &Starter,
+    permits: &tokio::sync::Semaphore,
+    crew: &Crew<Runner>,
+    done_tx: std::sync::mpsc::Sender<Done>,
+    ticker: Ticker,
+    committer: std::thread::JoinHandle<()>,
+) {
+    starter.stop();
+    let all = u32::try_from(settings.max_inflight).unwrap_or(u32::MAX);
+    let finished = tokio::time::timeout(settings.grace, permits.acquire_many(all))
+        .await
+        .is_ok();
+    let mut members = crew.close();
+    if !finished {
+        members.abort_all();
+    }
+    while members.join_next().await.is_some() {}
+    drop(done_tx);
+    let _ = tokio::task::spawn_blocking(move || ticker.join()).await;
+    // The committer ends once every outcome sent is committed.
+    let _ = tokio::task::spawn_blocking(move || committer.join()).await;
+    // What is still in flight in the store now is what the deadline cut: due again.
+    let (s, log) = (store.clone(), settings.hook_log);
+    let stopped = tokio::task::spawn_blocking(move || {
+        let requeued = deliveries::recover_inflight(&s, AtMs(ankusa_keyspace::now_ms()), log)?;
+        s.sync_wal()?;
+        Ok::<_, DispatchError>(requeued)
+    })
+    .await;
+    match stopped {
+        Ok(Ok(0)) => tracing::info!("dispatch stopped: every delivery in flight finished"),
+        Ok(Ok(n)) => {
+            metrics.shutdown_requeued.inc_by(n);
+            tracing::warn!(
+                requeued = n,
+                grace_ms = settings.grace.as_millis() as u64,
+                "dispatch stopped: deliveries still in flight at the end of the grace are due again (they may be delivered twice)"
+            );
+        }
+        Ok(Err(e)) => tracing::error!(error = %e, "dispatch: making cut deliveries due again"),
+        Err(e) => tracing::error!(error = %e, "dispatch: stop task"),
+    }
 }
 
 /// Lets the sinks' slots come back until a quarter of some sink's line is free
