@@ -4,12 +4,16 @@ SHELL := /bin/bash
 CARGO ?= cargo
 CONFIG ?= examples/quickstart.yaml
 
-.PHONY: deps deps-run run test fmt lint check-layers nextest e2e testenv crds bench bench-check fuzz fuzz-smoke image image-archives otelcol toxiproxy seaweedfs chaos
+.PHONY: deps deps-system deps-run run test fmt lint check-layers nextest e2e testenv crds bench bench-check fuzz fuzz-smoke image image-archives otelcol toxiproxy seaweedfs chaos
 
 # Everything `make test` needs (build tools, test runners, the real node's packages, a
 # nightly toolchain for the fuzz smoke).
 deps:
 	@bash scripts/install-deps.sh
+
+# The Debian packages `make test` needs, alone (what the Go tools' builds wait for).
+deps-system:
+	@bash scripts/install-deps.sh system
 
 # Only what building and starting a node needs: a first hook waits on nothing else.
 deps-run:
@@ -27,7 +31,13 @@ run: deps-run
 ## Every check and every test, from a clean clone. The tests run against a real
 ## Kubernetes control plane that scripts/k8s-testenv.sh builds (once, from the Go modules
 ## pinned in e2e/testenv/go.mod) and starts on 127.0.0.1, and stops when they end.
-test: deps fmt lint check-layers fuzz-smoke otelcol toxiproxy seaweedfs
+## The Go-built tools (the control plane, the collector, Toxiproxy, SeaweedFS) build in the
+## background, at a low priority, from the moment the system packages are in, and are
+## waited for before the control plane starts (scripts/test-tools.sh).
+test: deps-system
+	@bash scripts/test-tools.sh start
+	@$(MAKE) --no-print-directory deps fmt lint check-layers fuzz-smoke
+	@bash scripts/test-tools.sh wait
 	bash scripts/k8s-testenv.sh run -- $(MAKE) --no-print-directory nextest e2e
 
 ## Every fuzz target (fuzz/, cargo fuzz on nightly) for FUZZ_SECONDS each (default 10 min).

@@ -16,7 +16,8 @@ FUZZ_VERSION=0.13.2
 root="${ANKUSA_CACHE:-$HOME/.cache/ankusa}/cargo-fuzz-$FUZZ_VERSION"
 if [ ! -x "$root/bin/cargo-fuzz" ]; then
   echo "fuzz: installing cargo-fuzz $FUZZ_VERSION from crates.io into $root"
-  cargo install cargo-fuzz --version "$FUZZ_VERSION" --locked --root "$root" --quiet
+  # Unoptimised: it only drives cargo, and a fresh machine builds it in a fraction of the time.
+  cargo install cargo-fuzz --version "$FUZZ_VERSION" --locked --root "$root" --quiet --debug
 fi
 export PATH="$root/bin:$PATH"
 # libFuzzer's instrumentation needs a nightly compiler; this machine carries one.

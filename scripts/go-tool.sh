@@ -11,6 +11,6 @@ bin=${XDG_CACHE_HOME:-$HOME/.cache}/ankusa/$name-$hash
 if [ ! -x "$bin" ]; then
   mkdir -p "$(dirname "$bin")"
   echo "$name: building the test tool from its Go modules (a few minutes, once)" >&2
-  (cd "$src" && go build -trimpath -o "$bin.part" "$pkg") && mv "$bin.part" "$bin"
+  (cd "$src" && go build -trimpath -ldflags "-s -w" -o "$bin.part" "$pkg") && mv "$bin.part" "$bin"
 fi
 echo "$bin"

@@ -7,6 +7,8 @@
 #                                  and make. Nothing else: a first hook waits only on the build.
 #   scripts/install-deps.sh bench  what `make bench` adds: wrk, the outside load generator
 #                                  `ingest` drives the relay process with.
+#   scripts/install-deps.sh system the Debian packages of what `make test` needs, alone (what
+#                                  the Go tools' background builds wait for).
 #   scripts/install-deps.sh        that, and what `make test` needs:
 # - cargo-nextest, the test runner `make test` uses
 # - a nightly Rust toolchain (minimal profile), for the fuzz smoke's cargo-fuzz (libFuzzer)
@@ -28,7 +30,7 @@ apt_install() { # Debian packages, as root or through sudo
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$@"
 }
 case "$mode" in
-  run | test) ;;
+  run | test | system) ;;
   bench)
     command -v wrk >/dev/null 2>&1 || apt_install wrk
     exit 0 ;;
@@ -43,7 +45,9 @@ fi
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 command -v make >/dev/null 2>&1 || need_apt+=(make)
-if [ "$mode" = test ]; then
+if [ "$mode" != run ]; then
+  # The control plane's certificates (scripts/k8s-testenv.sh).
+  command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
   # promtool lints the /metrics exposition in the admin tests (Debian's prometheus package).
   command -v promtool >/dev/null 2>&1 || need_apt+=(prometheus)
   command -v curl >/dev/null 2>&1 || need_apt+=(curl)
@@ -64,12 +68,16 @@ fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt_install "${need_apt[@]}"
 fi
+[ "$mode" = system ] && exit 0
 
 [ "$mode" = test ] || exit 0
 
 if ! cargo nextest --version >/dev/null 2>&1; then
   echo "install-deps: installing cargo-nextest from crates.io"
-  cargo install cargo-nextest --locked
+  # Built unoptimised and without its self-update (which brings a TLS stack and aws-lc's C
+  # build): a fresh machine compiles it in a fraction of the release build's 5 min 41 s,
+  # and a test runner that only starts processes does not run slower for it.
+  cargo install cargo-nextest --locked --debug --no-default-features
 fi
 
 # The chart tests render and lint charts/ankusa with Helm's own engine; this package

@@ -97,7 +97,8 @@ build() {
   # against it).
   local minor=${K8S_VERSION#v1.}
   minor=${minor%%.*}
-  local ldflags=""
+  # Without the symbol table and DWARF (`-s -w`), which no test reads: less to link.
+  local ldflags="-s -w"
   local pkg
   for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ldflags+=" -X $pkg.gitVersion=${K8S_VERSION} -X $pkg.gitMajor=1 -X $pkg.gitMinor=${minor}"
@@ -109,17 +110,17 @@ build() {
       k8s.io/kubernetes/cmd/kube-scheduler \
       k8s.io/kubernetes/cmd/kubelet \
       k8s.io/kubernetes/cmd/kubectl)
-  (cd "$root/e2e/testenv" && go build -o "$cache/etcd" go.etcd.io/etcd/server/v3)
+  (cd "$root/e2e/testenv" && go build -ldflags "-s -w" -o "$cache/etcd" go.etcd.io/etcd/server/v3)
   # The real node's pod sandbox binary, and the cluster DNS (CoreDNS with the plugins the
   # Corefile below uses; its own module, e2e/testenv/coredns/go.mod).
-  (cd "$root/e2e/testenv" && go build -o "$cache/pause" ./pause)
+  (cd "$root/e2e/testenv" && go build -ldflags "-s -w" -o "$cache/pause" ./pause)
   log "building CoreDNS ${COREDNS_VERSION}"
-  (cd "$root/e2e/testenv/coredns" && go build -o "$cache/coredns" .)
+  (cd "$root/e2e/testenv/coredns" && go build -ldflags "-s -w" -o "$cache/coredns" .)
   # The Helm CLI, for `helm install` as the README runs it (e2e/testenv/helm/go.mod).
   log "building helm ${HELM_VERSION}"
-  (cd "$root/e2e/testenv/helm" && go build -o "$cache/helm" helm.sh/helm/v4/cmd/helm)
+  (cd "$root/e2e/testenv/helm" && go build -ldflags "-s -w" -o "$cache/helm" helm.sh/helm/v4/cmd/helm)
   log "building kwok ${KWOK_VERSION}"
-  (cd "$root/e2e/testenv" && GOBIN="$cache" go install "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}")
+  (cd "$root/e2e/testenv" && GOBIN="$cache" go install -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@${KWOK_VERSION}")
   # The Prometheus Operator's own ServiceMonitor CRD, from its module's files.
   local dir
   dir=$(module_dir "github.com/prometheus-operator/prometheus-operator@${PROMETHEUS_OPERATOR_VERSION}")
