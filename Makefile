@@ -95,15 +95,17 @@ nextest:
 # (or any the environment of `scripts/k8s-testenv.sh start DIR` points at).
 # e2e/node.sh runs the images on the real node, built from the debug binaries the other
 # e2e scripts use (a release build would compile RocksDB once more).
-# Each binary is built alone, as `make run` builds the relay: built together, their shared
-# dependencies take other features and every later build would compile them again.
+# The relay is built alone, as `make run` builds it (e2e/quickstart.sh runs `make run`); the
+# operator is the test build's own, which `cargo nextest run` has just built (a no-op here
+# then): built alone, its dependencies would take other features and compile a second time
+# (2 min 56 s measured on two cores).
 e2e:
+	$(CARGO) test --workspace --no-run -q
 	$(CARGO) build -p ankusa-relay --bin ankusa-relay
-	$(CARGO) build -p ankusa-operator --bin ankusa-operator
 	@bash e2e/quickstart.sh
 	@bash e2e/run.sh
 	@bash e2e/upgrade.sh
-	@$(MAKE) --no-print-directory image-archives IMAGE_PROFILE=dev
+	@$(MAKE) --no-print-directory image-archives IMAGE_PROFILE=dev IMAGE_BUILD=
 	@bash e2e/node.sh
 
 ## OCI image archives of the relay and the operator (target/images/{relay,operator}.oci.tar),
@@ -117,9 +119,11 @@ IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 IMAGE_DIR = target/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
 image: deps image-archives
 
-image-archives:
-	$(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-relay --bin ankusa-relay
+# How image-archives gets its binaries; `make e2e`, which has built them, passes none.
+IMAGE_BUILD ?= $(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-relay --bin ankusa-relay && \
 	$(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-operator --bin ankusa-operator
+image-archives:
+	$(IMAGE_BUILD)
 	python3 scripts/image.py --binary $(IMAGE_DIR)/ankusa-relay --ref $(IMAGE_REGISTRY)/relay:$(IMAGE_TAG) --out target/images/relay.oci.tar
 	python3 scripts/image.py --binary $(IMAGE_DIR)/ankusa-operator --ref $(IMAGE_REGISTRY)/operator:$(IMAGE_TAG) --out target/images/operator.oci.tar
 
