@@ -575,12 +575,32 @@ fn the_docs_say_what_make_test_and_make_bench_run() {
             .collect()
     };
     let test = recipe("test");
+    // Its prerequisites, and the targets its recipe makes (`$(MAKE) … fmt lint …`, and
+    // nextest and e2e under the control plane); the installers are not steps a reader runs.
     let mut named: Vec<String> = test[0]
         .split_whitespace()
-        .filter(|p| *p != "deps")
+        .chain(test[1..].iter().flat_map(|l| {
+            l.split("$(MAKE)")
+                .skip(1)
+                .flat_map(str::split_whitespace)
+                .filter(|t| !t.starts_with('-'))
+        }))
+        .filter(|p| !p.starts_with("deps"))
         .map(str::to_owned)
         .collect();
-    named.push("nextest".into());
+    for step in [
+        "fmt",
+        "lint",
+        "check-layers",
+        "fuzz-smoke",
+        "nextest",
+        "e2e",
+    ] {
+        assert!(
+            named.iter().any(|n| n == step),
+            "make test no longer makes {step}: {named:?}"
+        );
+    }
     named.extend(recipe("e2e").iter().filter_map(|l| {
         l.split("bash ")
             .nth(1)
