@@ -333,21 +333,9 @@ pub fn delivery_rows(
     store: &Store,
     pairs: &[(Seq, SinkIdx)],
 ) -> Result<Vec<Option<DeliveryRow>>, QueueError> {
-    let ks: Vec<Vec<u8>> = pairs
-        .iter()
-        .map(|(s, k)| ankusa_keyspace::delivery(*s, *k))
-        .collect();
-    store
-        .multi_get(Cf::Deliveries, &ks)?
+    delivery_rows_each(store, pairs)?
         .into_iter()
-        .zip(&ks)
-        .map(|(v, k)| {
-            v.map(|v| {
-                DeliveryRow::decode(&v)
-                    .map_err(|e| QueueError::corrupt_at(Family::Deliveries, k, e))
-            })
-            .transpose()
-        })
+        .map(|r| r.map(|r| r.map_err(Undecodable::corruption)).transpose())
         .collect()
 }
 
