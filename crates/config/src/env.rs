@@ -10,15 +10,35 @@ pub(crate) struct Override {
     pub path: Vec<Seg>,
 }
 
+/// What the environment did to a configuration: the overrides it applied, in the order
+/// applied, and the `ANKUSA_*` variables that are not configuration (`config check` lists
+/// both; a starting node logs them).
+#[derive(Debug, Default)]
+pub struct EnvReport {
+    /// Each override applied: its variable and the key it set (`tenants.max`, `sinks[1].url`).
+    pub applied: Vec<(String, String)>,
+    /// `ANKUSA_*` variables left alone: no double underscore and no top-level key for a
+    /// name (the command line's own, those Kubernetes injects for a Service).
+    pub ignored: Vec<String>,
+}
+
 /// Applies every `ANKUSA_*` variable of `env` whose first segment names a top-level key to
-/// the parsed document `doc`; returns what each set. An override that cannot apply is an
-/// error that names its variable.
+/// the parsed document `doc`; returns what each set and what was left alone. An override
+/// that cannot apply is an error that names its variable, and so is a variable with a
+/// double underscore whose first segment names no key (`ANKUSA_TENANT__MAX`): it can only
+/// be a misspelt override, while what Kubernetes injects and the command line reads have
+/// single underscores only.
 pub(crate) fn apply(
     doc: &mut serde_yaml::Value,
     env: impl IntoIterator<Item = (String, String)>,
-) -> Result<Vec<Override>, ConfigError> {
+) -> Result<(Vec<Override>, Vec<String>), ConfigError> {
     let sections = top_level_keys();
     let mut applied = Vec::new();
+    let mut ignored = Vec::new();
+    let mut env: Vec<(String, String)> = env.into_iter().collect();
+    // One order whatever the process's: the same environment always gives the same
+    // configuration and the same report (a later override of one key wins by name).
+    env.sort();
     for (k, v) in env {
         let Some(path) = k.strip_prefix("ANKUSA_") else {
             continue;
@@ -30,17 +50,57 @@ pub(crate) fn apply(
         // variables of its own. A misspelt key below a real section is still an error.
         let first = path.split("__").next().unwrap_or("").to_ascii_lowercase();
         if !sections.contains(&first) {
+            if path.contains("__") {
+                let hint = nearest(&first, &sections)
+                    .map(|s| format!(" (did you mean `{s}`?)"))
+                    .unwrap_or_default();
+                let e = invalid(
+                    &first,
+                    format!(
+                        "not a configuration key{hint}; the top-level keys are {}",
+                        sections.join(", ")
+                    ),
+                );
+                return Err(crate::from_variable(e, &k));
+            }
             tracing::debug!(variable = %k, "not a configuration override; ignored");
+            ignored.push(k);
             continue;
         }
         let path = apply_override(doc, path, &v).map_err(|e| crate::from_variable(e, &k))?;
         applied.push(Override { var: k, path });
     }
-    Ok(applied)
+    Ok((applied, ignored))
+}
+
+/// The key of `keys` nearest to a misspelt `name`, when it is near: at most two edits
+/// (`tenant` → `tenants`, `sink` → `sinks`, `hooklog` → `hook_log`).
+fn nearest<'a>(name: &str, keys: &'a [String]) -> Option<&'a str> {
+    keys.iter()
+        .map(|k| (edits(name, k), k))
+        .filter(|(d, _)| *d <= 2)
+        .min()
+        .map(|(_, k)| k.as_str())
+}
+
+/// Levenshtein distance of two short ASCII names.
+fn edits(a: &str, b: &str) -> usize {
+    let b = b.as_bytes();
+    let mut row: Vec<usize> = (0..=b.len()).collect();
+    for (i, ca) in a.bytes().enumerate() {
+        let mut prev = row[0];
+        row[0] = i + 1;
+        for (j, cb) in b.iter().enumerate() {
+            let cur = row[j + 1];
+            row[j + 1] = (prev + usize::from(ca != *cb)).min(row[j] + 1).min(cur + 1);
+            prev = cur;
+        }
+    }
+    row[b.len()]
 }
 
 /// The configuration's top-level keys, from its own serialisation.
-fn top_level_keys() -> Vec<String> {
+pub(crate) fn top_level_keys() -> Vec<String> {
     match serde_json::to_value(Config::default()) {
         Ok(serde_json::Value::Object(m)) => m.keys().cloned().collect(),
         _ => Vec::new(),

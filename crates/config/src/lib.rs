@@ -18,6 +18,7 @@ mod cluster;
 mod dedupe;
 mod dispatch;
 mod env;
+pub use env::EnvReport;
 mod hook_log;
 mod ingest;
 pub mod listen;
@@ -262,11 +263,20 @@ impl Config {
         path: &Path,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
+        Self::load_reported(path, env).map(|(cfg, _)| cfg)
+    }
+
+    /// [`Config::load`], with what the environment did: the overrides applied and the
+    /// `ANKUSA_*` variables left alone.
+    pub fn load_reported(
+        path: &Path,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(Config, EnvReport), ConfigError> {
         let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
             path: path.to_path_buf(),
             source,
         })?;
-        Self::from_yaml(&text, env)
+        Self::from_yaml_reported(&text, env)
     }
 
     /// Parses YAML text, applies overrides, validates. An error names the key's path and
@@ -275,28 +285,44 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let (cfg, overrides) = Self::parse(text, env)?;
-        cfg.validate().map_err(|e| placed(e, text, &overrides))?;
-        Ok(cfg)
+        Self::from_yaml_reported(text, env).map(|(cfg, _)| cfg)
     }
 
-    /// YAML text with the overrides applied, not validated; with what each override set.
+    /// [`Config::from_yaml`], with what the environment did.
+    pub fn from_yaml_reported(
+        text: &str,
+        env: impl IntoIterator<Item = (String, String)>,
+    ) -> Result<(Config, EnvReport), ConfigError> {
+        let (cfg, overrides, ignored) = Self::parse(text, env)?;
+        cfg.validate().map_err(|e| placed(e, text, &overrides))?;
+        let applied = overrides
+            .into_iter()
+            .map(|o| {
+                let key = locate::render(&o.path);
+                (o.var, key)
+            })
+            .collect();
+        Ok((cfg, EnvReport { applied, ignored }))
+    }
+
+    /// YAML text with the overrides applied, not validated; with what each override set
+    /// and the `ANKUSA_*` variables that are not overrides.
     fn parse(
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
-    ) -> Result<(Config, Vec<env::Override>), ConfigError> {
+    ) -> Result<(Config, Vec<env::Override>, Vec<String>), ConfigError> {
         let mut doc: serde_yaml::Value = if text.trim().is_empty() {
             serde_yaml::Value::Mapping(Default::default())
         } else {
             // serde_yaml's own message says where: "… at line 3 column 5".
             serde_yaml::from_str(text).map_err(|e| ConfigError::Parse(e.to_string()))?
         };
-        let overrides = env::apply(&mut doc, env)?;
+        let (overrides, ignored) = env::apply(&mut doc, env)?;
         // Through JSON: serde_yaml's `Value` reads enums only from YAML tags, while the
         // configuration writes them as one-key maps (`tenant: {header: x-tenant}`).
         let json = serde_json::to_value(&doc).map_err(|e| ConfigError::Parse(e.to_string()))?;
         match serde_path_to_error::deserialize(json) {
-            Ok(cfg) => Ok((cfg, overrides)),
+            Ok(cfg) => Ok((cfg, overrides, ignored)),
             Err(e) => {
                 let path = locate::of_error(e.path());
                 let error = ConfigError::Invalid {
@@ -314,7 +340,7 @@ impl Config {
         text: &str,
         env: impl IntoIterator<Item = (String, String)>,
     ) -> Result<Config, ConfigError> {
-        let (cfg, overrides) = Self::parse(text, env)?;
+        let (cfg, overrides, _) = Self::parse(text, env)?;
         cfg.validate_with(Secrets::Skip)
             .map_err(|e| placed(e, text, &overrides))?;
         Ok(cfg)
@@ -410,6 +436,44 @@ mod tests {
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect()
+    }
+
+    fn top_level() -> String {
+        env::top_level_keys().join(", ")
+    }
+
+    /// What `config check` lists: each override with the key it set, whatever the
+    /// environment's order, and the `ANKUSA_*` variables that are not configuration.
+    #[test]
+    fn the_report_names_each_override_and_what_was_left_alone() {
+        let text = "sinks:\n  - id: billing\n    url: http://127.0.0.1:9/\n";
+        let vars = [
+            ("ANKUSA_TENANTS__MAX", "12"),
+            ("ANKUSA_SINKS__BILLING__TIMEOUT_MS", "1234"),
+            ("ANKUSA_ADMIN_TOKEN", "t"),
+            ("ANKUSA_METRICS_SERVICE_HOST", "10.96.0.12"),
+            ("PATH", "/bin"),
+        ];
+        let (cfg, report) = Config::from_yaml_reported(text, env(&vars)).unwrap();
+        assert_eq!(cfg.tenants.max, 12);
+        assert_eq!(
+            report.applied,
+            vec![
+                (
+                    "ANKUSA_SINKS__BILLING__TIMEOUT_MS".to_string(),
+                    "sinks[0].timeout_ms".to_string()
+                ),
+                ("ANKUSA_TENANTS__MAX".to_string(), "tenants.max".to_string()),
+            ]
+        );
+        assert_eq!(
+            report.ignored,
+            vec!["ANKUSA_ADMIN_TOKEN", "ANKUSA_METRICS_SERVICE_HOST"]
+        );
+        let mut reversed = env(&vars);
+        reversed.reverse();
+        let (_, again) = Config::from_yaml_reported(text, reversed).unwrap();
+        assert_eq!(again.applied, report.applied);
     }
 
     /// Values the docs call out of range are refused, each naming its key.
@@ -665,6 +729,19 @@ routes: [{ id: r, sinks: [ci, Billing] }]
             e.is_ok(),
             "a variable naming no key is not an override: {e:?}"
         );
+        // A double underscore makes it an override, so a first segment that names no key is
+        // a misspelt one, said with the nearest key.
+        let err = |text: &str, vars: &[(&str, &str)]| {
+            Config::from_yaml(text, env(vars)).unwrap_err().to_string()
+        };
+        assert_eq!(
+            err("", &[("ANKUSA_TENANT__MAX", "5")]),
+            "invalid config: tenant: not a configuration key (did you mean `tenants`?); the top-level keys are "
+                .to_string()
+                + &top_level()
+                + " (from ANKUSA_TENANT__MAX)"
+        );
+        assert!(!err("", &[("ANKUSA_XYZZY__A", "5")]).contains("did you mean"));
         let e = Config::from_yaml("tenants:\n  max: 4294967295\n", env(&[])).unwrap_err();
         assert!(e.to_string().contains("tenants.max"), "{e}");
         // Forwarded headers: names, no repeats, none the delivery sets, a bounded list.

@@ -10,11 +10,17 @@ use ankusa_queue::engine::SUPPORTED_FORMAT;
 
 /// `config check`: what `run` would say about the file, without a store.
 pub(super) fn config_check(path: &Path) -> anyhow::Result<ExitCode> {
-    let config = Config::load(path, std::env::vars())?;
+    let (config, env) = Config::load_reported(path, std::env::vars())?;
     crate::node::check(&config)?;
     crate::telemetry::check(&config.log)?;
     for w in config.warnings() {
         eprintln!("warning: {w}");
+    }
+    for (var, key) in &env.applied {
+        println!("override: {key} from {var}");
+    }
+    for var in &env.ignored {
+        println!("not configuration, ignored: {var}");
     }
     println!(
         "{}: ok ({} sources, {} routes, {} sinks, {} admin tokens)",
@@ -36,9 +42,12 @@ pub(super) fn run(config_path: &Path) -> anyhow::Result<ExitCode> {
         let mut signals = StopSignals::install()?;
         // The logs are as the configuration says: it is read before anything logs (a bad
         // file is the command's error, on standard error).
-        let config = Config::load(config_path, std::env::vars())?;
+        let (config, env) = Config::load_reported(config_path, std::env::vars())?;
         let telemetry =
             tokio::task::block_in_place(|| crate::telemetry::init(&config.log))?;
+        for (variable, key) in &env.applied {
+            tracing::info!(%variable, %key, "configuration override from the environment");
+        }
         match crate::node::limits::raise_open_files_limit() {
             Ok((before, after)) if before != after => {
                 tracing::info!(from = ?before, to = ?after, "raised the soft open-file limit to the hard limit")
