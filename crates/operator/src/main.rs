@@ -57,6 +57,7 @@ struct RunArgs {
     /// Elect a leader through a Lease (turn off only with a single replica).
     #[arg(long, env = "ANKUSA_OPERATOR_LEADER_ELECTION", default_value_t = true, action = clap::ArgAction::Set)]
     leader_election: bool,
+    /// The leader election's Lease.
     #[arg(
         long,
         env = "ANKUSA_OPERATOR_LEASE_NAME",
@@ -83,6 +84,7 @@ struct RunArgs {
     /// This replica's identity (default: the pod name, from POD_NAME).
     #[arg(long, env = "POD_NAME", default_value = "ankusa-operator")]
     identity: String,
+    /// The logs' format on standard error: text lines or one JSON object a line.
     #[arg(
         long,
         env = "ANKUSA_OPERATOR_LOG_FORMAT",
