@@ -74,13 +74,7 @@ pub enum Command {
         command: StoreCommand,
     },
     /// A small webhook receiver: prints what it receives and checks its signature.
-    Sink {
-        #[arg(long, default_value = "127.0.0.1:9999")]
-        listen: std::net::SocketAddr,
-        /// The sink's Standard Webhooks secret (`whsec_...`), to verify signatures.
-        #[arg(long, env = "ANKUSA_SINK_SECRET")]
-        secret: Option<String>,
-    },
+    Sink(sink::SinkArgs),
     /// Consume a pull sink: claim its hooks, print each as a JSON line (or pipe its body to
     /// `--exec`), and ack it (nack it when the command fails).
     Pull {
@@ -447,7 +441,7 @@ pub fn main(cli: Cli) -> anyhow::Result<ExitCode> {
             std::time::Duration::from_secs(timeout_s),
             command,
         ),
-        Command::Sink { listen, secret } => sink::sink(listen, secret),
+        Command::Sink(args) => sink::sink(args),
         Command::Pull {
             url,
             token,

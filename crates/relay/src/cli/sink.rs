@@ -1,63 +1,87 @@
-//! `sink`: a local sink that prints each delivery and checks its signature.
+//! `sink`: a local sink that prints each delivery and checks its signature; it can answer
+//! with a status of your choosing, or fail a share of the deliveries, to watch retries and
+//! the dead-letter queue happen.
 
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 
 use anyhow::Context;
+use axum::http::{HeaderMap, StatusCode};
 
 use crate::node::StopSignals;
 
-/// Serves `POST /*` on `listen`, printing each hook and whether its signature verifies.
-pub(super) fn sink(
-    listen: std::net::SocketAddr,
-    secret: Option<String>,
-) -> anyhow::Result<ExitCode> {
+/// What `sink` does with a delivery.
+#[derive(Debug, Clone, clap::Args)]
+pub struct SinkArgs {
+    /// Where to listen.
+    #[arg(long, default_value = "127.0.0.1:9999")]
+    pub listen: std::net::SocketAddr,
+    /// The sink's Standard Webhooks secret (`whsec_...`), to verify signatures.
+    #[arg(long, env = "ANKUSA_SINK_SECRET", hide_env_values = true)]
+    pub secret: Option<String>,
+    /// The status each delivery is answered with (a 4xx or 5xx fails every one: watch the
+    /// retries and the dead-letter queue).
+    #[arg(long, default_value_t = 204)]
+    pub status: u16,
+    /// The share of deliveries (0 to 1) answered `--fail-status` instead, evenly spread:
+    /// 0.25 fails every 4th.
+    #[arg(long, default_value_t = 0.0)]
+    pub fail_rate: f64,
+    /// The status of a delivery `--fail-rate` fails.
+    #[arg(long, default_value_t = 503)]
+    pub fail_status: u16,
+    /// Print every header of each delivery under its line.
+    #[arg(long)]
+    pub print_headers: bool,
+}
+
+/// Which deliveries fail: the `n`th (from 1) when the running count of failures owed,
+/// `⌊n·rate⌋`, steps up at it. Exactly `⌊n·rate⌋` of the first `n` fail, evenly spread.
+fn fails(n: u64, rate: f64) -> bool {
+    let owed = |k: u64| (k as f64 * rate).floor() as u64;
+    owed(n) > owed(n - 1)
+}
+
+/// Serves `POST /*` on `listen`, printing each hook, whether its signature verifies, and
+/// the status it answered.
+pub(super) fn sink(args: SinkArgs) -> anyhow::Result<ExitCode> {
     use ankusa_verify::{standard_webhooks_key, Verifier};
-    let verifier = secret.map(|s| Verifier::StandardWebhooks {
+    let status = StatusCode::from_u16(args.status).context("--status")?;
+    let fail_status = StatusCode::from_u16(args.fail_status).context("--fail-status")?;
+    if !(0.0..=1.0).contains(&args.fail_rate) {
+        anyhow::bail!("--fail-rate {} is outside 0..=1", args.fail_rate);
+    }
+    let verifier = args.secret.as_ref().map(|s| Verifier::StandardWebhooks {
         key: standard_webhooks_key(s.as_bytes()),
         tolerance_s: 300,
     });
-    let verifier = std::sync::Arc::new(verifier);
+    let verifier = Arc::new(verifier);
+    let received = Arc::new(AtomicU64::new(0));
+    let (rate, print_headers) = (args.fail_rate, args.print_headers);
     let rt = tokio::runtime::Runtime::new()?;
     rt.block_on(async move {
-        let app = axum::Router::new().fallback(
-            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| {
+        let app =
+            axum::Router::new().fallback(move |headers: HeaderMap, body: axum::body::Bytes| {
                 let verifier = verifier.clone();
+                let n = received.fetch_add(1, Ordering::Relaxed) + 1;
                 async move {
-                    let get = |name: &str| {
-                        headers
-                            .get(name)
-                            .and_then(|v| v.to_str().ok())
-                            .unwrap_or("-")
-                            .to_owned()
-                    };
-                    let id = get("webhook-id");
-                    let from = format!(
-                        "tenant {}, source {}",
-                        get("ankusa-tenant"),
-                        get("ankusa-source")
-                    );
-                    let check = match verifier.as_ref() {
-                        None => "unchecked".to_owned(),
-                        Some(v) => {
-                            match v.verify(&headers, &body, ankusa_keyspace::now_ms() / 1000) {
-                                Ok(()) => "signature ok".to_owned(),
-                                Err(e) => format!("signature BAD ({e})"),
-                            }
-                        }
-                    };
-                    let preview: String =
-                        String::from_utf8_lossy(&body).chars().take(200).collect();
+                    let answer = if fails(n, rate) { fail_status } else { status };
                     println!(
-                        "received {id} ({from}, {} bytes, {check}): {preview}",
-                        body.len()
+                        "{}",
+                        line(&headers, &body, verifier.as_ref().as_ref(), answer)
                     );
-                    axum::http::StatusCode::NO_CONTENT
+                    if print_headers {
+                        for (name, value) in &headers {
+                            println!("  {name}: {}", String::from_utf8_lossy(value.as_bytes()));
+                        }
+                    }
+                    answer
                 }
-            },
-        );
-        let l = ankusa_config::listen::bind(listen)
+            });
+        let l = ankusa_config::listen::bind(args.listen)
             .and_then(tokio::net::TcpListener::from_std)
-            .with_context(|| format!("binding {listen}"))?;
+            .with_context(|| format!("binding {}", args.listen))?;
         println!("ankusa-relay sink: listening on http://{}", l.local_addr()?);
         // SIGTERM too: in a container the sink is PID 1, which ignores a signal it has no
         // handler for.
@@ -70,4 +94,51 @@ pub(super) fn sink(
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// `received <id> (tenant T, source S, N bytes, signature ok): <body> → 204`.
+fn line(
+    headers: &HeaderMap,
+    body: &[u8],
+    verifier: Option<&ankusa_verify::Verifier>,
+    answer: StatusCode,
+) -> String {
+    let get = |name: &str| {
+        headers
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_owned()
+    };
+    let check = match verifier {
+        None => "unchecked".to_owned(),
+        Some(v) => match v.verify(headers, body, ankusa_keyspace::now_ms() / 1000) {
+            Ok(()) => "signature ok".to_owned(),
+            Err(e) => format!("signature BAD ({e})"),
+        },
+    };
+    let preview: String = String::from_utf8_lossy(body).chars().take(200).collect();
+    format!(
+        "received {} (tenant {}, source {}, {} bytes, {check}): {preview} → {}",
+        get("webhook-id"),
+        get("ankusa-tenant"),
+        get("ankusa-source"),
+        body.len(),
+        answer.as_u16()
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fails;
+
+    #[test]
+    fn the_failed_share_is_exact_and_spread() {
+        let first = |rate: f64, n: u64| (1..=n).filter(|&i| fails(i, rate)).collect::<Vec<_>>();
+        assert_eq!(first(0.25, 12), vec![4, 8, 12]);
+        assert_eq!(first(0.5, 6), vec![2, 4, 6]);
+        assert!(first(0.0, 100).is_empty());
+        assert_eq!(first(1.0, 5), vec![1, 2, 3, 4, 5]);
+        assert_eq!(first(0.1, 1000).len(), 100);
+    }
 }
