@@ -141,9 +141,11 @@ say "helm install ankusa charts/ankusa --namespace ankusa-system --create-namesp
 helm install ankusa charts/ankusa --namespace ankusa-system --create-namespace >/dev/null
 sink_secret=whsec_ZTJlLXNpbmstc2VjcmV0LTAxMjM0NTY3ODk=
 shopify_secret=e2e-shopify-secret
+admin_token=$(openssl rand -hex 24)
 kubectl create secret generic webhook-secrets \
   --from-literal=github=e2e-github-secret --from-literal=stripe=whsec_e2e_stripe \
-  --from-literal=shopify="$shopify_secret" --from-literal=sink="$sink_secret" >/dev/null
+  --from-literal=shopify="$shopify_secret" --from-literal=sink="$sink_secret" \
+  --from-literal=admin="$admin_token" >/dev/null
 
 say "the example's sink: ankusa-relay sink as webhook-consumer.apps.svc:8080"
 sink_service() { # the headless Service of sink pod $1 in apps
@@ -225,6 +227,20 @@ for p in 0 1 2; do
 done
 kubectl get pod hooks-0 -o jsonpath='{.spec.securityContext.fsGroupChangePolicy} {.spec.containers[0].startupProbe.httpGet.path}' \
   | grep -qx "OnRootMismatch /healthz" || fail "the pod has no fsGroupChangePolicy or startupProbe"
+
+say "README: kubectl port-forward pod/hooks-0 9090, and the console takes the Secret's admin key"
+port=$(python3 scripts/free_ports.py)
+kubectl port-forward pod/hooks-0 "$port:9090" >"$work/pf-console.log" 2>&1 &
+pids+=($!)
+e2e_until 30 curl -fsS "http://127.0.0.1:$port/healthz" -o /dev/null || fail "port-forward to the admin port did not come up"
+signed=$(curl -sS -o /dev/null -D - -X POST "http://127.0.0.1:$port/ui/login" \
+  --data-urlencode "token=$(kubectl get secret webhook-secrets -o jsonpath='{.data.admin}' | base64 -d)")
+case "$signed" in
+  *" 303 "*[Ss]et-[Cc]ookie:*) ;;
+  *) fail "the console refused the example's ops token: $signed" ;;
+esac
+curl -fsS -o /dev/null -H "Authorization: Bearer $admin_token" "http://127.0.0.1:$port/v1/node" \
+  || fail "the admin API refused the example's ops token"
 
 say "hooks through kubectl port-forward to hooks-0 are delivered to the sink and counted"
 port=$(python3 scripts/free_ports.py)

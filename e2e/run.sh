@@ -16,7 +16,8 @@ kubectl -n "$ns" create secret generic webhook-secrets \
   --from-literal=github=e2e-github-secret-0123456789 \
   --from-literal=stripe=whsec_e2e_stripe_secret \
   --from-literal=shopify=e2e-shopify-secret \
-  --from-literal=sink=whsec_ZTJlLXNpbmstc2VjcmV0LTAxMjM0NTY3ODk= >/dev/null
+  --from-literal=sink=whsec_ZTJlLXNpbmstc2VjcmV0LTAxMjM0NTY3ODk= \
+  --from-literal=admin=e2e-admin-token-0123456789abcdef >/dev/null
 sed -e '/^  backup:/,/^    policy:/d' -e 's/replicas: 3/replicas: 2/' -e 's/size: 20Gi/size: 1Gi/' \
   examples/relay.yaml | kubectl -n "$ns" apply -f - >/dev/null
 

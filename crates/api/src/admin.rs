@@ -280,8 +280,21 @@ pub struct EventOut {
     pub error: String,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub latency_ms: Option<f64>,
+    /// The retry's due time, a replay's or a recovery's; for a `dead` outcome, when it
+    /// was dead-lettered.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub next_at_ms: Option<u64>,
+}
+
+impl EventOut {
+    /// When the event made the delivery due again: none for a dead-lettering, whose
+    /// `next_at_ms` is the time it went to the DLQ, not an attempt to come.
+    pub fn next_attempt_ms(&self) -> Option<u64> {
+        match self.outcome {
+            Some(AttemptOutcome::Dead) => None,
+            _ => self.next_at_ms,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]

@@ -51,7 +51,7 @@ fn example_relay_validates_against_the_crd_schema() {
     // And it is a Relay the operator can read.
     let relay: Relay = serde_json::from_value(doc).unwrap();
     assert_eq!(relay.spec.replicas, 3);
-    assert_eq!(relay.spec.config.secret_env.len(), 4);
+    assert_eq!(relay.spec.config.secret_env.len(), 5);
 }
 
 #[test]

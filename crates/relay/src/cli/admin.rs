@@ -314,7 +314,12 @@ fn overrides(pairs: &[String]) -> anyhow::Result<Overrides> {
 fn text(out: &Answer, now: u64) -> String {
     match out {
         Answer::Nodes(n) => nodes_text(n),
-        Answer::Tenants(t) => tenants_text(&t.tenants.iter().collect::<Vec<_>>(), now),
+        Answer::Tenants(t) => format!(
+            "{}{} tenants in all; these {} have work, the most pending first\n",
+            tenants_text(&t.tenants.iter().collect::<Vec<_>>(), now),
+            t.total,
+            t.tenants.len()
+        ),
         Answer::Tenant(t) => tenants_text(&[t], now),
         Answer::Dlq(l) => {
             let rows: Vec<Vec<String>> = l
@@ -485,7 +490,7 @@ fn hook_text(h: &HookOut, now: u64) -> String {
                     e.error.clone()
                 },
                 opt_cell(e.latency_ms),
-                time_cell(e.next_at_ms, now),
+                time_cell(e.next_attempt_ms(), now),
             ]
         })
         .collect();

@@ -270,6 +270,7 @@ fn config_check_answers_what_run_would_without_a_store() {
             ("STRIPE_WEBHOOK_SECRET", "s"),
             ("SHOPIFY_WEBHOOK_SECRET", "h"),
             ("SINK_SECRET", "whsec_c2luaw=="),
+            ("ADMIN_TOKEN", "0123456789abcdef0123456789abcdef"),
         ])
         .output()
         .unwrap();
@@ -322,6 +323,33 @@ fn config_check_answers_what_run_would_without_a_store() {
     assert!(
         err.contains("unknown field `maxx`") && err.contains("(from ANKUSA_TENANTS__MAXX)"),
         "{err}"
+    );
+    // A misspelt first segment is refused too, with the key it likely meant; what was
+    // applied and what was left alone is listed.
+    let out = bin()
+        .args(["config", "check", inline.to_str().unwrap()])
+        .env("ANKUSA_TENANT__MAX", "5")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("tenant: not a configuration key (did you mean `tenants`?)")
+            && err.contains("(from ANKUSA_TENANT__MAX)"),
+        "{err}"
+    );
+    let out = bin()
+        .args(["config", "check", quickstart.to_str().unwrap()])
+        .env("ANKUSA_TENANTS__MAX", "7")
+        .env("ANKUSA_ADMIN_TOKEN", "t")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("override: tenants.max from ANKUSA_TENANTS__MAX\n")
+            && said.contains("not configuration, ignored: ANKUSA_ADMIN_TOKEN\n"),
+        "{said}"
     );
 }
 
@@ -461,4 +489,63 @@ fn a_second_node_on_a_held_store_names_the_holder() {
         "RocksDB's own words: {err}"
     );
     drop(node);
+}
+
+/// `sink` answers what it is told: `--status` to every delivery, `--fail-status` to the
+/// share `--fail-rate` names (every other one at 0.5), and prints each answer and, with
+/// `--print-headers`, each header.
+#[test]
+fn the_sink_fails_on_purpose_and_prints_headers() {
+    use std::io::BufRead;
+    let mut sink = Proc {
+        child: bin()
+            .args(["sink", "--listen", "127.0.0.1:0", "--status", "202"])
+            .args([
+                "--fail-rate",
+                "0.5",
+                "--fail-status",
+                "500",
+                "--print-headers",
+            ])
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    };
+    let mut out = std::io::BufReader::new(sink.child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let port: u16 = first
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{first}"));
+    let statuses: Vec<u16> = (0..4)
+        .map(|i| {
+            let h = [
+                format!("x-probe: {i}"),
+                "content-type: application/json".into(),
+            ];
+            http_raw(port, "POST", "/hooks", &h, "{}", Duration::from_secs(5))
+                .unwrap()
+                .0
+        })
+        .collect();
+    assert_eq!(statuses, vec![202, 500, 202, 500]);
+    let mut said = String::new();
+    while !said.contains("x-probe: 3") {
+        let mut l = String::new();
+        assert!(out.read_line(&mut l).unwrap() > 0, "{said}");
+        said.push_str(&l);
+    }
+    assert!(said.contains("→ 202") && said.contains("→ 500"), "{said}");
+    assert!(said.contains("  x-probe: 0\n"), "{said}");
+    // Nonsense is refused before it listens.
+    let out = run(&["sink", "--listen", "127.0.0.1:0", "--fail-rate", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("--fail-rate 2 is outside 0..=1"),
+        "{}",
+        text(&out.stderr)
+    );
 }

@@ -137,6 +137,22 @@ backup:
         "rows of configuration.md the code does not read: {stale:?}"
     );
     assert!(code.len() > 50, "{code:?}");
+    // The paragraph on overrides names every top-level key and no other.
+    let md = doc("configuration.md");
+    let listed = md
+        .split("its first segment names a top-level key (")
+        .nth(1)
+        .and_then(|t| t.split(");").next())
+        .unwrap();
+    let listed: BTreeSet<String> = listed
+        .split(',')
+        .map(|k| k.trim().trim_matches('`').to_owned())
+        .collect();
+    let top: BTreeSet<String> = match serde_json::to_value(Config::default()).unwrap() {
+        serde_json::Value::Object(m) => m.keys().cloned().collect(),
+        _ => unreachable!(),
+    };
+    assert_eq!(listed, top, "configuration.md's list of top-level keys");
 }
 
 #[test]
@@ -542,11 +558,38 @@ fn the_printer_columns_the_docs_show_are_the_crds() {
         wide,
         "README: {comment}"
     );
+    // Every sample of operator.md is the plain table or the wide one (every column, in
+    // the CRD's order).
     let op = doc("operator.md");
-    let header = op.lines().find(|l| l.starts_with("NAME ")).unwrap();
-    let mut want = vec!["NAME".to_owned()];
-    want.extend(plain.iter().map(|c| c.to_uppercase()));
-    assert_eq!(header.split_whitespace().collect::<Vec<_>>(), want);
+    let upper = |cols: Vec<String>| -> Vec<String> {
+        std::iter::once("NAME".to_owned())
+            .chain(cols.iter().map(|c| c.to_uppercase()))
+            .collect()
+    };
+    let all: Vec<String> = columns
+        .iter()
+        .map(|c| c["name"].as_str().unwrap().to_owned())
+        .collect();
+    let (want_plain, want_wide) = (upper(plain.clone()), upper(all));
+    let headers: Vec<Vec<String>> = op
+        .lines()
+        .filter(|l| l.starts_with("NAME ") && l.contains("READY"))
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect();
+    assert!(
+        headers.contains(&want_plain),
+        "no plain sample: {headers:?}"
+    );
+    assert!(
+        headers.contains(&want_wide),
+        "no -o wide sample: {headers:?}"
+    );
+    for h in &headers {
+        assert!(
+            *h == want_plain || *h == want_wide,
+            "a sample that is neither `kubectl get relays` nor its -o wide: {h:?}"
+        );
+    }
     for c in &wide {
         assert!(
             op.contains(&format!("`{c}`")),
@@ -653,6 +696,65 @@ fn the_docs_say_what_make_test_and_make_bench_run() {
         .filter(|b| !b.starts_with('-'))
         .collect();
     assert_eq!(tabled, declared, "testing.md's bench table");
+}
+
+/// The shell commands of a text: continuation lines joined, comments and indentation gone.
+fn commands(text: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let (line, more) = match line.strip_suffix('\\') {
+            Some(l) => (l.trim_end(), true),
+            None => (line, false),
+        };
+        let line = line.split("   #").next().unwrap().trim_end();
+        if !cur.is_empty() {
+            cur.push(' ');
+        }
+        cur.push_str(line);
+        if !more {
+            if !cur.is_empty() {
+                out.push(std::mem::take(&mut cur));
+            }
+            cur.clear();
+        }
+    }
+    out
+}
+
+/// What the chart's NOTES.txt tells a person to run after `helm install` is what the
+/// README's Kubernetes steps run after it, in the same order, the Secret and the backup
+/// claim included.
+#[test]
+fn the_charts_notes_give_the_readmes_kubernetes_steps() {
+    let root = crate::support::repo();
+    let readme = std::fs::read_to_string(root.join("README.md")).unwrap();
+    let block = readme
+        .split("## On Kubernetes")
+        .nth(1)
+        .and_then(|t| t.split("```sh\n").nth(1))
+        .and_then(|t| t.split("```").next())
+        .unwrap();
+    let steps: Vec<String> = commands(block)
+        .into_iter()
+        .filter(|c| c.starts_with("kubectl "))
+        .collect();
+    assert!(steps.len() >= 5, "{steps:?}");
+    let notes = std::fs::read_to_string(root.join("charts/ankusa/templates/NOTES.txt")).unwrap();
+    let told: Vec<String> = commands(&notes)
+        .into_iter()
+        .filter(|c| c.starts_with("kubectl ") && !c.starts_with("kubectl port-forward"))
+        .collect();
+    assert_eq!(told, steps, "NOTES.txt against README.md");
+    // And the example's comment says the same Secret.
+    let example = std::fs::read_to_string(root.join("examples/relay.yaml")).unwrap();
+    let commented: String = example
+        .lines()
+        .filter_map(|l| l.strip_prefix("#   "))
+        .collect::<Vec<_>>()
+        .join("\n");
+    assert_eq!(commands(&commented), steps, "examples/relay.yaml's comment");
 }
 
 /// Every claim examples/relay.yaml names is created by a file the README's Kubernetes
@@ -780,4 +882,224 @@ fn every_documented_numeric_bound_is_enforced() {
         "{} bounds checked: {checked:?}",
         checked.len()
     );
+}
+
+/// One command of `ankusa-relay`'s tree, read from its `--help`.
+struct HelpNode {
+    subcommands: BTreeSet<String>,
+    /// Each long flag, and whether it takes a value.
+    flags: std::collections::BTreeMap<String, bool>,
+    /// Its usage ends in `<COMMAND>`: a word after it must be one of `subcommands`.
+    needs_subcommand: bool,
+}
+
+fn help_node(path: &[String]) -> HelpNode {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ankusa-relay"))
+        .args(path)
+        .arg("--help")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "ankusa-relay {path:?} --help");
+    let help = String::from_utf8(out.stdout).unwrap();
+    let mut node = HelpNode {
+        subcommands: BTreeSet::new(),
+        flags: Default::default(),
+        needs_subcommand: help
+            .lines()
+            .find(|l| l.starts_with("Usage:"))
+            .is_some_and(|u| u.trim_end().ends_with("<COMMAND>")),
+    };
+    let mut in_commands = false;
+    for line in help.lines() {
+        if line.starts_with("Commands:") {
+            in_commands = true;
+            continue;
+        }
+        if line.trim().is_empty() || !line.starts_with(' ') {
+            in_commands = false;
+        }
+        let t = line.trim_start();
+        if in_commands && line.starts_with("  ") && !line.starts_with("      ") {
+            let name = t.split_whitespace().next().unwrap().to_owned();
+            if name != "help" {
+                node.subcommands.insert(name);
+            }
+        } else if let Some(at) = t.find("--") {
+            if t.starts_with('-') {
+                let rest = &t[at + 2..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '-')
+                    .collect();
+                let takes = rest[name.len()..].starts_with(" <");
+                node.flags.insert(format!("--{name}"), takes);
+            }
+        }
+    }
+    node
+}
+
+/// The `ankusa-relay …` commands of the docs: each code block's lines (continuations
+/// joined) and each inline code span that names one, as words; the admin CLI's table in
+/// api.md, each row's command prefixed with `ankusa-relay admin`.
+fn documented_commands() -> Vec<(String, Vec<String>)> {
+    let root = crate::support::repo();
+    let mut pages = vec![(
+        root.join("README.md"),
+        std::fs::read_to_string(root.join("README.md")).unwrap(),
+    )];
+    pages.extend(pages_under(&root.join("docs")));
+    let mut found = Vec::new();
+    let mut keep = |page: &str, text: &str| {
+        // The binary, not the package of `cargo … -p ankusa-relay`.
+        let Some(at) = text
+            .match_indices("ankusa-relay ")
+            .map(|(i, _)| i)
+            .find(|&i| {
+                let word = text[..i].rsplit([' ', '`']).next().unwrap_or("");
+                !word.contains('=')
+                    && !text[..i].ends_with("-p ")
+                    && !text[..i].ends_with("package ")
+            })
+        else {
+            return;
+        };
+        let rest = &text[at + "ankusa-relay ".len()..];
+        let words: Vec<String> = rest
+            .split_whitespace()
+            .take_while(|w| !["#", "|", ">", "&&", ";", "2>&1", "\\"].contains(w))
+            .map(|w| w.trim_end_matches([',', '.', ')', ':']).to_owned())
+            .collect();
+        found.push((format!("{page}: ankusa-relay {rest}"), words));
+    };
+    for (path, text) in &pages {
+        let page = path.file_name().unwrap().to_string_lossy().into_owned();
+        let mut in_block = false;
+        for line in text.replace("\\\n", " ").lines() {
+            if line.starts_with("```") {
+                in_block = !in_block;
+                continue;
+            }
+            if in_block {
+                keep(&page, line);
+            } else {
+                for span in line.split('`').skip(1).step_by(2) {
+                    if span.starts_with("ankusa-relay ") {
+                        keep(&page, span);
+                    }
+                }
+            }
+        }
+        if page == "api.md" {
+            let table = text
+                .split("| command | what it merges |")
+                .nth(1)
+                .unwrap()
+                .split("\n\n")
+                .next()
+                .unwrap();
+            for row in table.lines().skip(2) {
+                for span in row
+                    .split(" | ")
+                    .next()
+                    .unwrap()
+                    .split('`')
+                    .skip(1)
+                    .step_by(2)
+                {
+                    keep(&page, &format!("ankusa-relay admin {span}"));
+                }
+            }
+        }
+    }
+    found
+}
+
+fn pages_under(dir: &std::path::Path) -> Vec<(std::path::PathBuf, String)> {
+    let mut out: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "md"))
+        .map(|p| {
+            let t = std::fs::read_to_string(&p).unwrap();
+            (p, t)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// Every `ankusa-relay` subcommand and flag README.md and docs/ name exists, at the place
+/// they name it: a misspelt flag or a command that moved fails here, not a reader.
+#[test]
+fn every_cli_subcommand_and_flag_the_docs_name_exists() {
+    type Nodes = std::collections::BTreeMap<Vec<String>, HelpNode>;
+    fn at<'a>(nodes: &'a mut Nodes, path: &[String]) -> &'a HelpNode {
+        nodes
+            .entry(path.to_vec())
+            .or_insert_with(|| help_node(path))
+    }
+    let mut nodes = Nodes::default();
+    let commands = documented_commands();
+    assert!(commands.len() > 40, "{}", commands.len());
+    let mut wrong = Vec::new();
+    for (where_, words) in &commands {
+        let mut path: Vec<String> = Vec::new();
+        let mut flags: std::collections::BTreeMap<String, bool> =
+            at(&mut nodes, &path).flags.clone();
+        let mut i = 0;
+        while i < words.len() {
+            let w = words[i]
+                .trim_start_matches('[')
+                .trim_end_matches([']', '…']);
+            let w = w.trim_end_matches("...");
+            i += 1;
+            if w.is_empty() {
+                continue;
+            }
+            if let Some(flag) = w
+                .strip_prefix("--")
+                .map(|f| format!("--{}", f.split('=').next().unwrap()))
+            {
+                match flags.get(&flag) {
+                    Some(true) if !w.contains('=') => i += 1,
+                    Some(_) => {}
+                    None => wrong.push(format!(
+                        "{where_}\n  no flag {flag} on `{}`",
+                        path.join(" ")
+                    )),
+                }
+                continue;
+            }
+            let node = at(&mut nodes, &path);
+            let (subcommands, needs_subcommand) = (node.subcommands.clone(), node.needs_subcommand);
+            if w.contains('|') {
+                // Alternatives: each one's first word is a subcommand here.
+                for alt in w.split('|').filter(|a| !a.is_empty()) {
+                    let first = alt.split_whitespace().next().unwrap();
+                    if !subcommands.is_empty()
+                        && first.chars().all(|c| c.is_ascii_lowercase() || c == '-')
+                        && !subcommands.contains(first)
+                    {
+                        wrong.push(format!(
+                            "{where_}\n  no subcommand {first} of `{}`",
+                            path.join(" ")
+                        ));
+                    }
+                }
+                break;
+            }
+            if subcommands.contains(w) {
+                path.push(w.to_owned());
+                flags.extend(at(&mut nodes, &path).flags.clone());
+            } else if needs_subcommand {
+                wrong.push(format!(
+                    "{where_}\n  no subcommand {w} of `{}`",
+                    path.join(" ")
+                ));
+                break;
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
 }

@@ -138,7 +138,7 @@ pub(super) fn render_hook(v: &Viewer, h: &HookOut, with_body: bool) -> String {
                         .unwrap_or_default(),
                     esc(&e.error_class.map(|c| wire_name(&c)).unwrap_or_default()),
                     esc(&e.error),
-                    e.next_at_ms.map(time_el).unwrap_or_default(),
+                    e.next_attempt_ms().map(time_el).unwrap_or_default(),
                 ]
             })
             .collect();
@@ -177,9 +177,24 @@ pub(super) fn render_hook(v: &Viewer, h: &HookOut, with_body: bool) -> String {
             enc(id)
         );
     } else {
-        out.push_str(
-            "<p class=\"muted\">The body is no longer stored (delivered and reclaimed).</p>",
+        let _ = write!(
+            out,
+            "<p class=\"muted\">The body is no longer stored ({}).</p>",
+            why_not_stored(h)
         );
     }
     out
+}
+
+/// Why a hook's body is gone, from its deliveries: each delivered, some purged (or dropped)
+/// before delivery, or reclaimed after its deliveries ended.
+fn why_not_stored(h: &HookOut) -> &'static str {
+    use ankusa_api::admin::DeliveryState as S;
+    if !h.sinks.is_empty() && h.sinks.iter().all(|s| s.state == S::Delivered) {
+        "delivered and reclaimed"
+    } else if h.sinks.iter().any(|s| s.state == S::Gone) {
+        "purged before it was delivered"
+    } else {
+        "reclaimed"
+    }
 }
