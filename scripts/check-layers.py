@@ -128,7 +128,7 @@ SUBMODULE_RANK = {
         "routing": 5, "relay_wide": 6, "cluster_api": 6,
     },
     "cli": {"client": 0, "store": 0, "objstore": 1, "backup": 2, "admin": 3, "pull": 1,
-            "run": 3, "sink": 0},
+            "run": 3, "sink": 0, "listing": 1, "times": 1},
     "console": {"html": 0, "history": 0, "session": 0, "pages": 1},
     "dispatch": {"parked": 0, "paused": 0, "replays": 0, "line": 1, "control": 2, "replayer": 1,
                  "delivery": 3, "outcome": 4, "pipeline": 5},

@@ -9,9 +9,11 @@ use serde::Serialize;
 
 use super::backup::backup_pull;
 use super::client::{
-    self as c, body, fold, is_code, json_cell, opt_cell, table, time_cell, Listing, Nodes,
-    NodesOut, QuarantineRow, TenantRow, TenantsOut,
+    self as c, body, fold, is_code, json_cell, opt_cell, table, time_cell, Nodes, NodesOut,
+    TenantRow, TenantsOut,
 };
+use super::listing::{self, Cursor, Listing, Position, QuarantineRow};
+use super::times;
 use super::{AdminCommand, DlqCommand, HooksCommand, QuarantineCommand, TenantCommand};
 use ankusa_api::admin::{
     Deleted, DlqItem, DlqPage, EraseState, HookOut, LimitsView, Overrides, PauseState, PurgeReport,
@@ -62,6 +64,119 @@ pub(super) fn admin(
     Ok(ExitCode::SUCCESS)
 }
 
+/// Each node's page of a listing (`None`: a node at its end, not asked), at once.
+async fn pages<T: serde::de::DeserializeOwned>(
+    nodes: &Nodes,
+    path: impl Fn(usize) -> Option<String>,
+) -> anyhow::Result<Vec<Option<T>>> {
+    let calls = (0..nodes.urls.len()).map(|i| {
+        let p = path(i);
+        async move {
+            match p {
+                Some(p) => nodes.call(i, Method::GET, &p, None).await.map(Some),
+                None => Ok(None),
+            }
+        }
+    });
+    futures_util::future::join_all(calls)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// `dlq list`: a page of every node's dead rows, merged, with the cursor of the next.
+async fn dlq_list(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Listing<DlqItem>> {
+    let AdminCommand::Dlq {
+        command:
+            DlqCommand::List {
+                tenant,
+                source,
+                from,
+                to,
+                limit,
+                before,
+            },
+    } = command
+    else {
+        unreachable!("dlq_list is called for dlq list");
+    };
+    let now = ankusa_keyspace::now_ms();
+    let mut query = format!("limit={limit}");
+    if let Some(t) = tenant {
+        query.push_str(&format!("&tenant={}", c::q(t)));
+    }
+    if let Some(s) = source {
+        query.push_str(&format!("&source={}", c::q(s)));
+    }
+    if let Some(f) = from {
+        query.push_str(&format!("&from_ms={}", times::parse(f, now)?));
+    }
+    // `to_ms` only starts a node's first page: its cursor goes on from there.
+    let to_ms = to.as_deref().map(|t| times::parse(t, now)).transpose()?;
+    let cursor = Cursor::parse(before.as_deref().unwrap_or(""), nodes.urls.len())?;
+    let path = |i: usize| match cursor.of(i) {
+        Position::End => None,
+        Position::Newest => Some(match to_ms {
+            Some(t) => format!("/v1/dlq?{query}&to_ms={t}"),
+            None => format!("/v1/dlq?{query}"),
+        }),
+        Position::Before(b) => Some(format!("/v1/dlq?{query}&before={}", c::q(b))),
+    };
+    let pages: Vec<Option<DlqPage>> = pages(nodes, path).await?;
+    Ok(listing::merge_dlq(pages, &cursor, *limit))
+}
+
+/// What `purge --dry-run` says a purge would remove: the due rows (pending and scheduled)
+/// and dead rows of the kinds named; rows in flight are never purged.
+#[derive(Debug, Serialize)]
+struct PurgePreview {
+    dry_run: bool,
+    due: i64,
+    dead: i64,
+    inflight_kept: i64,
+}
+
+/// `purge T --confirm T`: the purge on every node that holds the tenant; with `--dry-run`,
+/// what it would remove, from the tenant's counters summed over the nodes.
+async fn purge(
+    nodes: &Nodes,
+    tenant: &str,
+    kinds: &str,
+    confirm: Option<&str>,
+    dry_run: bool,
+) -> anyhow::Result<Answer> {
+    let (mut due, mut dead) = (false, false);
+    for k in kinds.split(',').map(str::trim) {
+        match k {
+            "pending" => due = true,
+            "dead" => dead = true,
+            _ => anyhow::bail!("--kinds {kinds:?}: the kinds are pending and dead"),
+        }
+    }
+    if dry_run {
+        let counters = tenant_row(nodes, tenant).await?.view.counters;
+        return report(Some(PurgePreview {
+            dry_run: true,
+            due: if due {
+                counters.pending + counters.scheduled
+            } else {
+                0
+            },
+            dead: if dead { counters.dead } else { 0 },
+            inflight_kept: counters.inflight,
+        }));
+    }
+    let confirm = confirm.unwrap_or_default();
+    anyhow::ensure!(
+        confirm == tenant,
+        "--confirm {confirm:?} is not {tenant:?}: a purge cannot be undone"
+    );
+    let path = format!("/v1/tenants/{}/queue?kinds={}", c::q(tenant), c::q(kinds));
+    report(fold(
+        knowing::<PurgeReport>(nodes, Method::DELETE, &path, None).await?,
+    ))
+}
+
 /// A report for printing: what the nodes' answers add up to.
 fn report(folded: Option<impl Serialize>) -> anyhow::Result<Answer> {
     Ok(Answer::Report(serde_json::to_value(folded)?))
@@ -104,43 +219,38 @@ async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer>
             ..
         } => Answer::Tenant(tenant_row(nodes, tenant).await?),
         AdminCommand::Dlq {
-            command: DlqCommand::List { tenant, limit },
-        } => {
-            let mut path = format!("/v1/dlq?limit={limit}");
-            if let Some(t) = tenant {
-                path.push_str(&format!("&tenant={}", c::q(t)));
-            }
-            let pages: Vec<DlqPage> = nodes.all(Method::GET, &path, None).await?;
-            Answer::Dlq(c::merge_dlq(pages, *limit))
-        }
+            command: DlqCommand::List { .. },
+        } => Answer::Dlq(dlq_list(nodes, command).await?),
         AdminCommand::Dlq {
             command:
                 DlqCommand::Replay {
                     ids,
                     tenant,
                     source,
-                    from_ms,
-                    to_ms,
+                    from,
+                    to,
                     limit,
+                    dry_run,
                 },
         } => {
+            let now = ankusa_keyspace::now_ms();
             let filter = ReplayRequest {
                 ids: Vec::new(),
                 tenant: tenant.clone(),
                 source: source.clone(),
-                from_ms: *from_ms,
-                to_ms: *to_ms,
+                from_ms: from.as_deref().map(|t| times::parse(t, now)).transpose()?,
+                to_ms: to.as_deref().map(|t| times::parse(t, now)).transpose()?,
                 limit: *limit,
-                dry_run: false,
+                dry_run: *dry_run,
             };
             report(fold(replay(nodes, ids, filter).await?))?
         }
-        AdminCommand::Purge { tenant, kinds } => {
-            let path = format!("/v1/tenants/{}/queue?kinds={}", c::q(tenant), c::q(kinds));
-            report(fold(
-                knowing::<PurgeReport>(nodes, Method::DELETE, &path, None).await?,
-            ))?
-        }
+        AdminCommand::Purge {
+            tenant,
+            kinds,
+            confirm,
+            dry_run,
+        } => purge(nodes, tenant, kinds, confirm.as_deref(), *dry_run).await?,
         AdminCommand::Retry { tenant, sink, hook } => {
             let path = format!("/v1/tenants/{}/retry", c::q(tenant));
             let req = RetryRequest {
@@ -176,11 +286,18 @@ async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer>
             report(fold(answers))?
         }
         AdminCommand::Quarantine {
-            command: QuarantineCommand::List { limit },
+            command: QuarantineCommand::List { limit, before },
         } => {
-            let path = format!("/v1/quarantine?limit={limit}");
-            let pages: Vec<QuarantinePage> = nodes.all(Method::GET, &path, None).await?;
-            Answer::Quarantine(c::merge_quarantine(pages, *limit))
+            let cursor = Cursor::parse(before.as_deref().unwrap_or(""), n)?;
+            let path = |i: usize| match cursor.of(i) {
+                Position::End => None,
+                Position::Newest => Some(format!("/v1/quarantine?limit={limit}")),
+                Position::Before(b) => {
+                    Some(format!("/v1/quarantine?limit={limit}&before={}", c::q(b)))
+                }
+            };
+            let pages: Vec<Option<QuarantinePage>> = pages(nodes, path).await?;
+            Answer::Quarantine(listing::merge_quarantine(pages, &cursor, *limit))
         }
         AdminCommand::Quarantine {
             command: QuarantineCommand::Delete { id },
@@ -310,6 +427,14 @@ fn overrides(pairs: &[String]) -> anyhow::Result<Overrides> {
     Ok(o)
 }
 
+/// The line under a listing that says how to read on, when there is more.
+fn next_page(next: Option<&str>) -> String {
+    match next {
+        Some(n) => format!("next page: --before {n}\n"),
+        None => String::new(),
+    }
+}
+
 /// What a command prints without `--json`.
 fn text(out: &Answer, now: u64) -> String {
     match out {
@@ -348,7 +473,7 @@ fn text(out: &Answer, now: u64) -> String {
                 "attempts",
                 "last_error",
             ];
-            table(&h, &rows)
+            table(&h, &rows) + &next_page(l.next.as_deref())
         }
         Answer::Quarantine(l) => {
             let rows: Vec<Vec<String>> = l
@@ -363,7 +488,7 @@ fn text(out: &Answer, now: u64) -> String {
                     ]
                 })
                 .collect();
-            table(&["id", "source", "at", "reason"], &rows)
+            table(&["id", "source", "at", "reason"], &rows) + &next_page(l.next.as_deref())
         }
         Answer::Hook(h) => hook_text(h, now),
         Answer::Report(v) => {

@@ -20,7 +20,7 @@ use http_body_util::{BodyExt, Full};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
-use ankusa_api::admin::{DlqItem, DlqPage, QuarantineItem, QuarantinePage, TenantView, TenantsTop};
+use ankusa_api::admin::{TenantView, TenantsTop};
 use ankusa_api::error::{ErrorBody, ErrorCode};
 use ankusa_api::merge::Merge;
 use ankusa_api::node::{Counters, NodeStatus};
@@ -313,62 +313,6 @@ pub fn merge_tenant(views: Vec<(usize, TenantView)>) -> Option<TenantRow> {
     Some(TenantRow { view, nodes })
 }
 
-/// A merged listing: each node's rows, ids as `<node>/<id>`, newest first.
-#[derive(Debug, Serialize)]
-pub struct Listing<T> {
-    pub items: Vec<T>,
-}
-
-/// Dead rows from every node's page, newest first, `limit` of them.
-pub fn merge_dlq(answers: Vec<DlqPage>, limit: usize) -> Listing<DlqItem> {
-    let mut items: Vec<DlqItem> = Vec::new();
-    for (i, page) in answers.into_iter().enumerate() {
-        items.extend(page.items.into_iter().map(|mut it| {
-            it.id = format!("{i}/{}", it.id);
-            it.node = Some(i.to_string());
-            it
-        }));
-    }
-    items.sort_by_key(|i| std::cmp::Reverse(i.at_ms));
-    items.truncate(limit);
-    Listing { items }
-}
-
-/// A quarantined request of a merged listing: its id is `<node>/<id>`.
-#[derive(Debug, Serialize)]
-pub struct QuarantineRow {
-    pub id: String,
-    pub node: usize,
-    pub source: String,
-    pub at_ms: u64,
-    pub reason: String,
-    pub headers: Vec<(String, String)>,
-    pub body_base64_preview: String,
-}
-
-/// Quarantined requests from every node's page, newest first, `limit` of them.
-pub fn merge_quarantine(answers: Vec<QuarantinePage>, limit: usize) -> Listing<QuarantineRow> {
-    let mut items: Vec<QuarantineRow> = Vec::new();
-    for (i, page) in answers.into_iter().enumerate() {
-        items.extend(
-            page.items
-                .into_iter()
-                .map(|q: QuarantineItem| QuarantineRow {
-                    id: format!("{i}/{}", q.id),
-                    node: i,
-                    source: q.source,
-                    at_ms: q.at_ms,
-                    reason: q.reason,
-                    headers: q.headers,
-                    body_base64_preview: q.body_base64_preview,
-                }),
-        );
-    }
-    items.sort_by_key(|i| std::cmp::Reverse(i.at_ms));
-    items.truncate(limit);
-    Listing { items }
-}
-
 /// Every node's answer to one call folded into the first ([`Merge`]); `None` when there
 /// is none.
 pub fn fold<T: Merge>(answers: Vec<T>) -> Option<T> {
@@ -551,24 +495,6 @@ mod tests {
         let c = top(vec![view("a", 0, 0, 2), view("b", 0, 1, 0)], 2, None, None);
         assert_eq!(merge_tenants(vec![c], 10).tenants[0].view.tenant, "b");
 
-        let row = |id: &str, at_ms: u64| DlqItem {
-            id: id.into(),
-            at_ms,
-            ..DlqItem::default()
-        };
-        let page = |items| DlqPage {
-            items,
-            ..DlqPage::default()
-        };
-        let d = merge_dlq(
-            vec![
-                page(vec![row("5.1.0", 5), row("2.1.0", 2)]),
-                page(vec![row("9.4.0", 9)]),
-            ],
-            2,
-        );
-        let ids: Vec<&str> = d.items.iter().map(|i| i.id.as_str()).collect();
-        assert_eq!(ids, ["1/9.4.0", "0/5.1.0"]);
         assert_eq!(split_id("1/9.4.0", 2).unwrap(), (1, "9.4.0".to_owned()));
         assert!(split_id("2/9.4.0", 2).is_err());
         assert!(split_id("9.4.0", 2).is_err());

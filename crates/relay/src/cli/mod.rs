@@ -7,11 +7,13 @@
 mod admin;
 mod backup;
 mod client;
+mod listing;
 mod objstore;
 mod pull;
 mod run;
 mod sink;
 mod store;
+mod times;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -152,6 +154,7 @@ pub enum Command {
     Openapi,
     /// Print the version and the store format this binary supports.
     Version {
+        /// Print JSON (`{version, supported_format}`), as the operator's probe reads it.
         #[arg(long)]
         json: bool,
         /// Also write the answer to this file (the operator's image probe passes its
@@ -167,6 +170,7 @@ pub enum AdminCommand {
     Node,
     /// The tenants with the most pending work, their counters summed over the nodes.
     Tenants {
+        /// How many tenants to list, the most pending first.
         #[arg(long, default_value_t = 20)]
         top: usize,
     },
@@ -176,6 +180,7 @@ pub enum AdminCommand {
     Tenant {
         #[command(subcommand)]
         command: Option<TenantCommand>,
+        /// The tenant's id.
         tenant: Option<String>,
     },
     /// The dead-letter queue.
@@ -184,15 +189,26 @@ pub enum AdminCommand {
         command: DlqCommand,
     },
     /// Remove a tenant's pending and/or dead rows on every node (never rows in flight).
+    /// Cannot be undone: give the tenant again with `--confirm`, or look first with
+    /// `--dry-run`.
     Purge {
+        /// The tenant whose rows go.
         tenant: String,
         /// Comma-separated: pending, dead.
         #[arg(long, default_value = "pending,dead")]
         kinds: String,
+        /// The tenant id again: the purge runs only when it matches.
+        #[arg(long, required_unless_present = "dry_run")]
+        confirm: Option<String>,
+        /// Print what a purge would remove (the tenant's counters summed over the nodes);
+        /// remove nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
     /// Make a tenant's deliveries that wait out a retry's backoff due now, on every node:
     /// all of them, one sink's, or one hook's.
     Retry {
+        /// The tenant whose deliveries are made due.
         tenant: String,
         /// Only deliveries to this sink (its id).
         #[arg(long)]
@@ -203,17 +219,25 @@ pub enum AdminCommand {
     },
     /// Hold a tenant's deliveries on every node: its rows stay due and counted, no
     /// attempt is made until `resume`.
-    Pause { tenant: String },
+    Pause {
+        /// The tenant to hold.
+        tenant: String,
+    },
     /// End a tenant's pause on every node: its deliveries go on.
-    Resume { tenant: String },
+    Resume {
+        /// The tenant to let go on.
+        tenant: String,
+    },
     /// A tenant's quotas. With `--set` (admin): its own limits on every node, replacing
     /// any it had; with `--clear`: back to the defaults.
     Limits {
+        /// The tenant whose limits are read or changed.
         tenant: String,
         /// `ingest_per_second=N`, `ingest_burst=N` or `queued_bytes=N`; `KEY=none` lifts
         /// the default. Repeat for several.
         #[arg(long = "set", value_name = "KEY=VALUE", conflicts_with = "clear")]
         set: Vec<String>,
+        /// Remove the tenant's own limits: the defaults apply again.
         #[arg(long)]
         clear: bool,
     },
@@ -229,8 +253,10 @@ pub enum AdminCommand {
     },
     /// Pull a backup of every node into DIR/<host>_<port>/.
     Backup {
+        /// The directory each node's backup goes under, as DIR/<host>_<port>/.
         #[arg(long)]
         to: PathBuf,
+        /// Keep the newest N backups in each node's directory, remove the older.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         keep: Option<u64>,
     },
@@ -241,6 +267,7 @@ pub enum TenantCommand {
     /// Erase a tenant for good on every node: every key of it goes, its ordinal stays as a
     /// tombstone. Cannot be undone.
     Erase {
+        /// The tenant to erase.
         tenant: String,
         /// The tenant id again.
         #[arg(long)]
@@ -250,28 +277,52 @@ pub enum TenantCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
-    /// Dead rows of every node, newest first, ids as <node>/<id>.
+    /// Dead rows of every node, newest first, ids as <node>/<id>; `next` pages on.
     List {
+        /// Only this tenant's rows.
         #[arg(long)]
         tenant: Option<String>,
+        /// Only rows of hooks from this source.
+        #[arg(long)]
+        source: Option<String>,
+        /// Only rows dead-lettered at or after this time: RFC 3339, a span before now
+        /// (-1h, -30m, -2d) or epoch milliseconds.
+        #[arg(long, alias = "from-ms", allow_hyphen_values = true)]
+        from: Option<String>,
+        /// Only rows dead-lettered before this time (as --from).
+        #[arg(long, alias = "to-ms", allow_hyphen_values = true)]
+        to: Option<String>,
+        /// Rows on this page.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// The page after the one whose `next` this is (printed under the table).
+        #[arg(long)]
+        before: Option<String>,
     },
     /// Revive dead rows: by id (<node>/<id>), or by tenant, source and time on every node.
     Replay {
+        /// A row's id as the listing prints it (<node>/<id>); repeat for several.
         #[arg(long = "id")]
         ids: Vec<String>,
+        /// Only this tenant's rows.
         #[arg(long)]
         tenant: Option<String>,
+        /// Only rows of hooks from this source.
         #[arg(long)]
         source: Option<String>,
-        #[arg(long)]
-        from_ms: Option<u64>,
-        #[arg(long)]
-        to_ms: Option<u64>,
+        /// Only rows dead-lettered at or after this time: RFC 3339, a span before now
+        /// (-1h, -30m, -2d) or epoch milliseconds.
+        #[arg(long, alias = "from-ms", allow_hyphen_values = true)]
+        from: Option<String>,
+        /// Only rows dead-lettered before this time (as --from).
+        #[arg(long, alias = "to-ms", allow_hyphen_values = true)]
+        to: Option<String>,
         /// The most rows each node revives.
         #[arg(long)]
         limit: Option<usize>,
+        /// Count what the replay would revive; revive nothing.
+        #[arg(long)]
+        dry_run: bool,
     },
 }
 
@@ -280,6 +331,7 @@ pub enum HooksCommand {
     /// One hook by id, from whichever node's log has it: its tenant, source, receipt and,
     /// per sink, its state and attempts.
     Get {
+        /// The hook's id (`hk_…`), as ingest answered it.
         id: String,
         /// Also print the body (while the hook is still stored).
         #[arg(long)]
@@ -289,13 +341,19 @@ pub enum HooksCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum QuarantineCommand {
-    /// Quarantined requests of every node, newest first, ids as <node>/<id>.
+    /// Quarantined requests of every node, newest first, ids as <node>/<id>; `next` pages
+    /// on.
     List {
+        /// Requests on this page.
         #[arg(long, default_value_t = 50)]
         limit: usize,
+        /// The page after the one whose `next` this is (printed under the table).
+        #[arg(long)]
+        before: Option<String>,
     },
     /// Delete one (<node>/<id>), or every one in the token's scope on every node.
     Delete {
+        /// The request's id as the listing prints it (<node>/<id>); none: every one.
         #[arg(long)]
         id: Option<String>,
     },
@@ -369,6 +427,7 @@ pub enum BackupCommand {
         /// The directory to write `<id>.tar.zst` into.
         #[arg(long)]
         to: PathBuf,
+        /// Keep the newest N backups in `--to`, remove the older.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         keep: Option<u64>,
         /// As `backup pull --report`.
@@ -381,23 +440,28 @@ pub enum BackupCommand {
 pub enum StoreCommand {
     /// Format, column families, key counts per family, migration in progress.
     Inspect {
+        /// The store's data directory.
         #[arg(long)]
         data: PathBuf,
     },
     /// Run (or, with --dry-run, list) the pending format migrations.
     Migrate {
+        /// The store's data directory.
         #[arg(long)]
         data: PathBuf,
+        /// List the pending migrations; run none.
         #[arg(long)]
         dry_run: bool,
     },
     /// Check that the counters equal a fold of the families they summarise.
     Verify {
+        /// The store's data directory.
         #[arg(long)]
         data: PathBuf,
     },
     /// Write a fixture store of format 2 or 3 as a .tar.zst (tests, upgrade drills).
     Fixture {
+        /// The store format of the fixture.
         #[arg(long, value_parser = clap::value_parser!(u32).range(2..=3))]
         format: u32,
         /// The .tar.zst to write.

@@ -15,6 +15,7 @@ pub struct Bucket {
     /// without it, AWS S3 in `--region`.
     #[arg(long, env = "AWS_ENDPOINT_URL")]
     pub endpoint: Option<String>,
+    /// The bucket's region (what the endpoint's signatures name).
     #[arg(long, env = "AWS_REGION", default_value = "us-east-1")]
     pub region: String,
     /// Allow an `http://` endpoint (a server on a private network, a test's).

@@ -1,7 +1,8 @@
 //! `ankusa-relay pull`: a consumer of a pull sink from a shell. Claims with a long poll;
 //! prints each hook as a JSON line and acks it, or pipes its body to a command and acks it
-//! when the command exits 0 (nacks it otherwise). A lost connection is retried with a
-//! backoff: the leases it held run out and their hooks come back.
+//! when the command exits 0 (nacks it otherwise, saying so on standard error; a run that
+//! stops — `--once`, `--limit` — after a nack exits 1). A lost connection is retried with
+//! a backoff: the leases it held run out and their hooks come back.
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -40,7 +41,7 @@ async fn run(a: PullArgs) -> anyhow::Result<ExitCode> {
     let timeout = Duration::from_millis(a.wait_ms) + Duration::from_secs(30);
     let node = Nodes::resolve(std::slice::from_ref(&a.url), false, &a.token, timeout).await?;
     let base = format!("/pull/{}", a.sink);
-    let mut settled = 0u64;
+    let (mut settled, mut nacked) = (0u64, 0u64);
     let mut backoff = Duration::from_millis(500);
     loop {
         let ask = body(&ClaimRequest {
@@ -72,7 +73,16 @@ async fn run(a: PullArgs) -> anyhow::Result<ExitCode> {
                     println!("{}", serde_json::to_string(h)?);
                     true
                 }
-                Some(cmd) => handle(cmd, h).await?,
+                Some(cmd) => {
+                    let status = handle(cmd, h).await?;
+                    if !status.success() {
+                        eprintln!(
+                            "pull: nacked {} (attempt {}): the command {status}",
+                            h.id, h.attempt
+                        );
+                    }
+                    status.success()
+                }
             };
             if ok {
                 acks.push(h.lease.clone());
@@ -98,12 +108,21 @@ async fn run(a: PullArgs) -> anyhow::Result<ExitCode> {
                 .call::<SettleAnswer>(0, hyper::Method::POST, &path, Some(&settle))
                 .await
             {
-                Ok(_) => settled += n,
+                Ok(_) => {
+                    settled += n;
+                    if what == "nack" {
+                        nacked += n;
+                    }
+                }
                 // A lease that ran out meanwhile: its hook comes back, to be handled again.
                 Err(e) => eprintln!("pull: {what}: {e:#}"),
             }
         }
         if a.once || a.limit.is_some_and(|l| settled >= l) {
+            if nacked > 0 {
+                eprintln!("pull: {nacked} of {settled} hooks nacked");
+                return Ok(ExitCode::FAILURE);
+            }
             return Ok(ExitCode::SUCCESS);
         }
     }
@@ -114,9 +133,24 @@ fn is_refusal(e: &anyhow::Error) -> bool {
     is_status(e, &[400, 401, 404])
 }
 
-/// Runs `cmd` (through `sh -c`) with the hook's body on stdin and its metadata in
-/// `ANKUSA_*` variables; whether it exited 0.
-async fn handle(cmd: &str, h: &ClaimedHook) -> anyhow::Result<bool> {
+/// The variable a forwarded header is passed in: `X-GitHub-Event` → `ANKUSA_HEADER_X_GITHUB_EVENT`.
+fn header_variable(name: &str) -> String {
+    let n: String = name
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_uppercase()
+            } else {
+                '_'
+            }
+        })
+        .collect();
+    format!("ANKUSA_HEADER_{n}")
+}
+
+/// Runs `cmd` (through `sh -c`) with the hook's body on stdin, its metadata in `ANKUSA_*`
+/// variables and each forwarded provider header in `ANKUSA_HEADER_<NAME>`; how it exited.
+async fn handle(cmd: &str, h: &ClaimedHook) -> anyhow::Result<std::process::ExitStatus> {
     use tokio::io::AsyncWriteExt;
     let body = match (&h.body, &h.body_base64) {
         (Some(text), _) => text.as_bytes().to_vec(),
@@ -136,6 +170,11 @@ async fn handle(cmd: &str, h: &ClaimedHook) -> anyhow::Result<bool> {
         .env("ANKUSA_CONTENT_TYPE", &h.content_type)
         .env("ANKUSA_RECEIVED_AT_MS", h.received_at_ms.to_string())
         .env("ANKUSA_LEASE", &h.lease)
+        .envs(
+            h.headers
+                .iter()
+                .map(|f| (header_variable(&f.name), &f.value)),
+        )
         .stdin(std::process::Stdio::piped())
         .spawn()
         .with_context(|| format!("running {cmd:?}"))?;
@@ -143,5 +182,20 @@ async fn handle(cmd: &str, h: &ClaimedHook) -> anyhow::Result<bool> {
         // A command that does not read its input still decides by its exit code.
         let _ = stdin.write_all(&body).await;
     }
-    Ok(child.wait().await?.success())
+    Ok(child.wait().await?)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_header_name_is_a_variable_name() {
+        assert_eq!(
+            super::header_variable("X-GitHub-Event"),
+            "ANKUSA_HEADER_X_GITHUB_EVENT"
+        );
+        assert_eq!(
+            super::header_variable("x-shopify-topic"),
+            "ANKUSA_HEADER_X_SHOPIFY_TOPIC"
+        );
+    }
 }

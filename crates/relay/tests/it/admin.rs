@@ -833,6 +833,11 @@ async fn the_admin_cli_merges_three_nodes() {
     };
     // Every node's six dead rows in one listing, newest first, ids naming their node.
     let list = json(&cli(&["dlq", "list", "--limit", "100", "--json"], ADMIN).await);
+    assert!(
+        list["next"].is_null(),
+        "one page holds them all: {}",
+        list["next"]
+    );
     let items = list["items"].as_array().unwrap();
     assert_eq!(items.len(), 18);
     for n in 0..3 {
@@ -849,6 +854,62 @@ async fn the_admin_cli_merges_three_nodes() {
     let text = text_of(&table.stdout);
     assert!(text.starts_with("ID"), "{text}");
     assert_eq!(text.lines().count(), 19, "{text}");
+    // Paged, 5 rows at a time through the merged cursor: every row once, newest first,
+    // and no `next` after the last page; the table prints how to go on.
+    let mut paged: Vec<String> = Vec::new();
+    let mut before: Option<String> = None;
+    for _ in 0..10 {
+        let mut args = vec!["dlq", "list", "--limit", "5", "--json"];
+        if let Some(b) = &before {
+            args.extend(["--before", b.as_str()]);
+        }
+        let page = json(&cli(&args, ADMIN).await);
+        paged.extend(
+            page["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["id"].as_str().unwrap().to_owned()),
+        );
+        match page["next"].as_str() {
+            Some(n) => before = Some(n.to_owned()),
+            None => break,
+        }
+    }
+    let all_ids: Vec<String> = items
+        .iter()
+        .map(|i| i["id"].as_str().unwrap().to_owned())
+        .collect();
+    let mut sorted_paged = paged.clone();
+    sorted_paged.sort();
+    let mut sorted_all = all_ids.clone();
+    sorted_all.sort();
+    assert_eq!(sorted_paged, sorted_all, "every row once: {paged:?}");
+    let table = text_of(&cli(&["dlq", "list", "--limit", "5"], ADMIN).await.stdout);
+    assert!(table.contains("next page: --before "), "{table}");
+    // Times as people type them: nothing is newer than now, all of it is from the last hour.
+    let none = json(&cli(&["dlq", "list", "--from", "now", "--json"], ADMIN).await);
+    assert_eq!(none["items"].as_array().unwrap().len(), 0, "{none}");
+    let hour = json(
+        &cli(
+            &["dlq", "list", "--from", "-1h", "--limit", "100", "--json"],
+            ADMIN,
+        )
+        .await,
+    );
+    assert_eq!(hour["items"].as_array().unwrap().len(), 18, "{hour}");
+    let dry = json(
+        &cli(
+            &["dlq", "replay", "--tenant", "a", "--dry-run", "--json"],
+            ADMIN,
+        )
+        .await,
+    );
+    assert_eq!(
+        (dry["revived"].as_i64(), dry["matched"].as_i64()),
+        (Some(0), Some(9)),
+        "{dry}"
+    );
     // A tenant's counters summed over the nodes that hold it; `tenants` lists the tenants
     // with only dead rows too, and keeps the count of tenants.
     let a = json(&cli(&["tenant", "a", "--json"], ADMIN).await);
@@ -923,8 +984,36 @@ async fn the_admin_cli_merges_three_nodes() {
     let r = json(&cli(&["dlq", "replay", "--tenant", "b", "--json"], ADMIN).await);
     // Tenant b's nine, less any of the two just revived by id (still on their way).
     assert!(r["revived"].as_i64().unwrap() >= 7, "{r}");
-    // A purge of tenant a on every node.
-    let p = json(&cli(&["purge", "a", "--kinds", "pending,dead", "--json"], ADMIN).await);
+    // A purge of tenant a on every node: looked at first, then confirmed.
+    let dry = json(&cli(&["purge", "a", "--dry-run", "--json"], ADMIN).await);
+    assert!(
+        dry["dead"].as_i64().unwrap() + dry["due"].as_i64().unwrap() >= 7,
+        "{dry}"
+    );
+    let unconfirmed = cli(&["purge", "a"], ADMIN).await;
+    assert!(!unconfirmed.status.success());
+    assert!(
+        text_of(&unconfirmed.stderr).contains("--confirm"),
+        "{}",
+        text_of(&unconfirmed.stderr)
+    );
+    let wrong = cli(&["purge", "a", "--confirm", "b"], ADMIN).await;
+    assert!(text_of(&wrong.stderr).contains("a purge cannot be undone"));
+    let p = json(
+        &cli(
+            &[
+                "purge",
+                "a",
+                "--kinds",
+                "pending,dead",
+                "--confirm",
+                "a",
+                "--json",
+            ],
+            ADMIN,
+        )
+        .await,
+    );
     assert_eq!(p["tenant"], "a");
     assert!(
         p["dead"].as_i64().unwrap() + p["due"].as_i64().unwrap() >= 7,

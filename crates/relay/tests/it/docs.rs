@@ -891,6 +891,8 @@ struct HelpNode {
     flags: std::collections::BTreeMap<String, bool>,
     /// Its usage ends in `<COMMAND>`: a word after it must be one of `subcommands`.
     needs_subcommand: bool,
+    /// Options and arguments its help gives no text for.
+    undescribed: Vec<String>,
 }
 
 fn help_node(path: &[String]) -> HelpNode {
@@ -908,7 +910,40 @@ fn help_node(path: &[String]) -> HelpNode {
             .lines()
             .find(|l| l.starts_with("Usage:"))
             .is_some_and(|u| u.trim_end().ends_with("<COMMAND>")),
+        undescribed: Vec::new(),
     };
+    let lines: Vec<&str> = help.lines().collect();
+    let mut section = "";
+    for (i, line) in lines.iter().enumerate() {
+        if !line.starts_with(' ') {
+            section = line.trim_end_matches(':');
+            continue;
+        }
+        let t = line.trim_start();
+        let entry = (section == "Options" && t.starts_with('-'))
+            || (section == "Arguments" && (t.starts_with('<') || t.starts_with('[')));
+        if entry && !t.starts_with("-h, --help") && !t.starts_with("-V, --version") {
+            // "  --flag <X>  What it is", or the text on the next, deeper line.
+            let spec_end = t.find("  ").unwrap_or(t.len());
+            let same_line = !t[spec_end..].trim().is_empty();
+            let indent = line.len() - t.len();
+            let next_line = lines.get(i + 1).is_some_and(|n| {
+                let nt = n.trim_start();
+                n.len() - nt.len() > indent && !nt.is_empty() && !nt.starts_with('-')
+            });
+            let text = if same_line {
+                t[spec_end..].trim()
+            } else {
+                lines.get(i + 1).map_or("", |n| n.trim())
+            };
+            if !(same_line || next_line)
+                || text.starts_with("[env:")
+                || text.starts_with("[default:")
+            {
+                node.undescribed.push(t[..spec_end].to_owned());
+            }
+        }
+    }
     let mut in_commands = false;
     for line in help.lines() {
         if line.starts_with("Commands:") {
@@ -1102,4 +1137,26 @@ fn every_cli_subcommand_and_flag_the_docs_name_exists() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+/// Every option and argument of every `ankusa-relay` command has help text.
+#[test]
+fn every_cli_option_has_help_text() {
+    let mut todo: Vec<Vec<String>> = vec![Vec::new()];
+    let mut missing = Vec::new();
+    let mut walked = 0;
+    while let Some(path) = todo.pop() {
+        let node = help_node(&path);
+        walked += 1;
+        for u in &node.undescribed {
+            missing.push(format!("ankusa-relay {} {u}", path.join(" ")));
+        }
+        for sub in &node.subcommands {
+            let mut p = path.clone();
+            p.push(sub.clone());
+            todo.push(p);
+        }
+    }
+    assert!(walked > 25, "{walked}");
+    assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
 }

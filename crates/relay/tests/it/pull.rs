@@ -988,3 +988,76 @@ pull:
         assert!(gateway.leases_out().values().all(|n| *n == 0));
     }
 }
+
+/// `pull --exec` passes the provider headers the source forwards (`ANKUSA_HEADER_<NAME>`),
+/// and a command that fails nacks its hook, says so, and makes the run exit 1.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exec_gets_the_forwarded_headers_and_a_nack_is_reported() {
+    let node = builder()
+        .source_yaml(
+            "{ id: fwd, tenant: { header: x-tenant }, verify: { scheme: none }, route: r, forward_headers: [X-GitHub-Event] }",
+        )
+        .start()
+        .await;
+    let r = post(
+        &client(),
+        &format!("http://{}/ingest/fwd", node.ingest_addr),
+        &[
+            ("x-tenant", "acme".to_owned()),
+            ("x-github-event", "push".to_owned()),
+        ],
+        br#"{"ok":1}"#.to_vec(),
+    )
+    .await;
+    assert_eq!(r.status, 202);
+    let out = node.dir().join("seen");
+    let cmd = format!(
+        "echo \"$ANKUSA_HEADER_X_GITHUB_EVENT\" >> {}; exit 3",
+        out.display()
+    );
+    let run = consumer(
+        &node,
+        &[
+            "--max",
+            "1",
+            "--wait-ms",
+            "3000",
+            "--limit",
+            "1",
+            "--exec",
+            &cmd,
+        ],
+    )
+    .output()
+    .unwrap();
+    assert_eq!(run.status.code(), Some(1), "{run:?}");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        err.contains("pull: nacked hk_")
+            && err.contains("exit status: 3")
+            && err.contains("1 of 1 hooks nacked"),
+        "{err}"
+    );
+    assert_eq!(std::fs::read_to_string(&out).unwrap(), "push\n");
+    // Nacked, it comes back; a command that succeeds acks it and the run exits 0.
+    let ok = consumer(
+        &node,
+        &[
+            "--max",
+            "1",
+            "--wait-ms",
+            "5000",
+            "--limit",
+            "1",
+            "--exec",
+            "cat >/dev/null",
+        ],
+    )
+    .output()
+    .unwrap();
+    assert!(ok.status.success(), "{ok:?}");
+    let c = ankusa_queue::counters::node(&node.store).unwrap();
+    assert_eq!((c.inflight, c.pending, c.scheduled), (0, 0, 0));
+    assert_fold(&node);
+    node.stop().await;
+}
