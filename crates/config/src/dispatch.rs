@@ -41,6 +41,11 @@ impl DispatchConfig {
             "dispatch.tenants_per_tick",
             self.tenants_per_tick,
             1..=100_000,
+        )?;
+        in_range(
+            "dispatch.response_body_bytes",
+            self.response_body_bytes,
+            0..=200,
         )
     }
 }
@@ -75,6 +80,9 @@ pub struct DispatchConfig {
     /// PKI (a private CA of the deployment).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub ca_bundle: Option<CaBundle>,
+    /// The first bytes of a failed attempt's response body kept with its status in the
+    /// hook log and the DLQ row (`HTTP 400: {"error":"bad field"}`); 0 keeps none.
+    pub response_body_bytes: usize,
 }
 
 impl Default for DispatchConfig {
@@ -90,6 +98,7 @@ impl Default for DispatchConfig {
             tenants_per_tick: 128,
             start_at_commit: true,
             ca_bundle: None,
+            response_body_bytes: 200,
         }
     }
 }

@@ -321,6 +321,8 @@ pub struct TestSink {
     /// Requests being answered now, and the most ever at once.
     pub open: Arc<AtomicU64>,
     pub most_open: Arc<AtomicU64>,
+    /// The body of every answer that is not a 2xx (none by default).
+    pub failure_body: Arc<Mutex<Vec<u8>>>,
     pub port: u16,
     /// The address it listens on (`None`: 127.0.0.1).
     host: Option<std::net::IpAddr>,
@@ -387,7 +389,12 @@ impl TestSink {
             tokio::time::sleep(Duration::from_millis(delay)).await;
         }
         self.open.fetch_sub(1, Ordering::SeqCst);
-        let mut resp = axum::response::Response::new(axum::body::Body::empty());
+        let body = if (200..300).contains(&status) {
+            Vec::new()
+        } else {
+            lock(&self.failure_body).clone()
+        };
+        let mut resp = axum::response::Response::new(axum::body::Body::from(body));
         *resp.status_mut() =
             StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         if let Some(ra) = retry_after {

@@ -46,6 +46,9 @@ pub struct Sink {
     pub timeout: Duration,
     headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
     pub dead_letter_on_4xx: bool,
+    /// The first bytes of a failed attempt's response body its error keeps
+    /// (`dispatch.response_body_bytes`).
+    response_body_bytes: usize,
     /// The request line: at most the adaptive limit of requests in flight, the next slot
     /// to the next tenant's turn.
     pub line: Arc<Line>,
@@ -230,7 +233,8 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
                 Some(cas)
             }
         };
-        let fingerprint = sink_fingerprint(s, secret.as_deref(), own_cas.as_ref());
+        let body_bytes = config.dispatch.response_body_bytes;
+        let fingerprint = sink_fingerprint(s, body_bytes, secret.as_deref(), own_cas.as_ref());
         if let Some(kept) = previous.and_then(|p| p.by_id.get(&s.id)) {
             if kept.fingerprint == fingerprint {
                 sinks.insert(s.id.clone(), kept.clone());
@@ -251,6 +255,7 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
                 timeout: Duration::from_millis(s.timeout_ms),
                 headers,
                 dead_letter_on_4xx: s.dead_letter_on_4xx,
+                response_body_bytes: body_bytes,
                 line: Line::new(permits),
                 claims: Arc::new(tokio::sync::Semaphore::new(Controller::claim_capacity(
                     permits,
@@ -274,16 +279,18 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
     })
 }
 
-/// What a sink is built from, hashed: its configuration, its secret as resolved, and its
-/// own certificate authorities as read.
+/// What a sink is built from, hashed: its configuration, the response bytes its errors
+/// keep, its secret as resolved, and its own certificate authorities as read.
 fn sink_fingerprint(
     s: &ankusa_config::SinkConfig,
+    body_bytes: usize,
     key: Option<&[u8]>,
     cas: Option<&Vec<rustls::pki_types::CertificateDer<'static>>>,
 ) -> [u8; 32] {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
     h.update(serde_json::to_vec(s).unwrap_or_default());
+    h.update((body_bytes as u64).to_be_bytes());
     h.update([u8::from(key.is_some())]);
     h.update(key.unwrap_or_default());
     for ca in cas.into_iter().flatten() {
@@ -418,17 +425,28 @@ impl Deliverer {
                 .and_then(|v| v.trim().parse::<u64>().ok())
                 .map(Duration::from_secs);
             // Drain a short body so the connection goes back to the pool; a longer one (a
-            // sink that streams without end, say) is dropped with its connection. Nothing
-            // of it is kept: the status is the answer.
+            // sink that streams without end, say) is dropped with its connection. The status
+            // is the answer; of a failure's body the first bytes are kept, to say why.
+            let keep = if status.is_success() {
+                0
+            } else {
+                sink.response_body_bytes
+            };
+            let mut head = Vec::with_capacity(keep);
             let mut body = resp.into_body();
             let mut drained = 0usize;
             while drained <= RESPONSE_DRAIN_BYTES {
                 match body.frame().await {
-                    Some(Ok(frame)) => drained += frame.data_ref().map_or(0, |d| d.len()),
+                    Some(Ok(frame)) => {
+                        let data = frame.data_ref().map_or(&[][..], |d| &d[..]);
+                        let room = keep - head.len();
+                        head.extend_from_slice(&data[..room.min(data.len())]);
+                        drained += data.len();
+                    }
                     _ => break,
                 }
             }
-            Ok::<_, hyper_util::client::legacy::Error>((status, retry_after))
+            Ok::<_, hyper_util::client::legacy::Error>((status, retry_after, head))
         })
         .await;
         let latency = started.elapsed();
@@ -447,7 +465,7 @@ impl Deliverer {
                 error: format!("connection: {e}"),
                 latency,
             },
-            Ok(Ok((status, retry_after))) => {
+            Ok(Ok((status, retry_after, head))) => {
                 let code = status.as_u16();
                 let verdict = if status.is_success() {
                     Verdict::Delivered
@@ -467,13 +485,34 @@ impl Deliverer {
                     error: if status.is_success() {
                         String::new()
                     } else {
-                        format!("HTTP {code}")
+                        status_error(code, &head)
                     },
                     latency,
                 }
             }
         }
     }
+}
+
+/// A failed attempt's error: its status and, when its body said something, the first bytes
+/// of it on one line (`HTTP 400: {"error":"bad field"}`), within what the hook log keeps.
+fn status_error(code: u16, head: &[u8]) -> String {
+    let said: String = String::from_utf8_lossy(head)
+        .chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .collect();
+    let said = said.trim();
+    let mut error = if said.is_empty() {
+        format!("HTTP {code}")
+    } else {
+        format!("HTTP {code}: {said}")
+    };
+    let mut end = error.len().min(ankusa_records::MAX_ERROR_BYTES);
+    while !error.is_char_boundary(end) {
+        end -= 1;
+    }
+    error.truncate(end);
+    error
 }
 
 /// The signed POST of `env` to `sink`: the standard headers by their static names, in

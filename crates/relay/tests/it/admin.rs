@@ -1418,3 +1418,72 @@ async fn config_shows_no_sink_credential() {
     );
     node.stop().await;
 }
+
+/// A failed attempt keeps the first bytes of what the sink answered (on one line, within
+/// `dispatch.response_body_bytes`), in the hook log and the DLQ row; 0 keeps none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_keeps_the_first_bytes_of_the_answer() {
+    let sink = TestSink::start().await;
+    sink.default_status
+        .store(400, std::sync::atomic::Ordering::Relaxed);
+    *sink.failure_body.lock().unwrap() =
+        b"{\"error\":\"bad field\",\n \"field\":\"amount\"}".to_vec();
+    let node = |bytes: usize| {
+        TestNode::builder()
+            .admin_token("ops", ADMIN)
+            .section(&format!(
+                "dispatch: {{ tick_interval_ms: 10, response_body_bytes: {bytes} }}"
+            ))
+            .sink_yaml(&format!(
+                "{{ id: s, url: \"{}\", dead_letter_on_4xx: true }}",
+                sink.url("/hooks")
+            ))
+            .route("r", &["s"])
+            .open_source("shared", "r")
+            .start()
+    };
+    for (bytes, want) in [
+        (
+            200,
+            "HTTP 400: {\"error\":\"bad field\",  \"field\":\"amount\"}",
+        ),
+        (12, "HTTP 400: {\"error\":\"ba"),
+        (0, "HTTP 400"),
+    ] {
+        let node = node(bytes).await;
+        let c = client();
+        let r = post(
+            &c,
+            &format!("http://{}/ingest/shared", node.ingest_addr),
+            &[("x-tenant", "a".to_owned())],
+            "{}",
+        )
+        .await;
+        assert_eq!(r.status, 202);
+        let id = r.json()["id"].as_str().unwrap().to_owned();
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        let hook = loop {
+            let (s, v) = admin_call(
+                node.admin_addr,
+                "GET",
+                &format!("/v1/hooks/{id}"),
+                ADMIN,
+                "",
+            )
+            .await;
+            assert_eq!(s, 200, "{v}");
+            if v["sinks"][0]["state"] == "dead" {
+                break v;
+            }
+            assert!(std::time::Instant::now() < deadline, "not dead: {v:#}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        assert_eq!(
+            hook["sinks"][0]["events"][0]["error"], want,
+            "{bytes}: {hook}"
+        );
+        let (_, dlq) = admin_call(node.admin_addr, "GET", "/v1/dlq", ADMIN, "").await;
+        assert_eq!(dlq["items"][0]["last_error"], want, "{bytes}: {dlq}");
+        node.stop().await;
+    }
+}
