@@ -206,6 +206,26 @@ impl LogLimit {
             None
         }
     }
+
+    /// [`LogLimit::admit`], telling a line left out whether it is the first since the
+    /// count was last said: `Err(true)` asks the caller to say the count soon
+    /// ([`LogLimit::take_left_out`] when this second is over), rather than with the next
+    /// line written, which may come much later or never.
+    pub fn admit_or_defer(&self, now_s: u64) -> Result<u64, bool> {
+        match self.admit(now_s) {
+            Some(left_out) => Ok(left_out),
+            None => {
+                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+                Err(st.2 == 1)
+            }
+        }
+    }
+
+    /// The lines left out and not said yet (none after this).
+    pub fn take_left_out(&self) -> u64 {
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        std::mem::take(&mut st.2)
+    }
 }
 
 /// Chooses ring as rustls's crypto provider for this process, once (later calls do
@@ -232,5 +252,17 @@ mod tests {
         assert_eq!(l.admit(11), Some(0));
         assert_eq!(l.admit(11), None);
         assert_eq!(l.admit(12), Some(1));
+    }
+
+    #[test]
+    fn the_first_line_left_out_asks_for_the_count_to_be_said() {
+        let l = LogLimit::new(1);
+        assert_eq!(l.admit_or_defer(10), Ok(0));
+        assert_eq!(l.admit_or_defer(10), Err(true));
+        assert_eq!(l.admit_or_defer(10), Err(false));
+        assert_eq!(l.take_left_out(), 2);
+        // Said: the next second's first line has nothing more to say.
+        assert_eq!(l.admit_or_defer(11), Ok(0));
+        assert_eq!(l.admit_or_defer(11), Err(true));
     }
 }

@@ -177,7 +177,7 @@ pub struct IngestState {
     next_id: AtomicU64,
     id_prefix: String,
     /// Lines about requests that failed verification: a sender can cause them at any rate.
-    verify_log: crate::telemetry::LogLimit,
+    verify_log: Arc<crate::telemetry::LogLimit>,
 }
 
 impl IngestState {
@@ -201,7 +201,7 @@ impl IngestState {
             ready,
             cluster,
             next_id: AtomicU64::new(0),
-            verify_log: crate::telemetry::LogLimit::new(VERIFY_LOG_PER_SECOND),
+            verify_log: Arc::new(crate::telemetry::LogLimit::new(VERIFY_LOG_PER_SECOND)),
             // Ids are unique across restarts: boot time and a random part, then a counter.
             id_prefix: format!(
                 "hk_{:x}{:06x}",
@@ -638,16 +638,36 @@ fn failed_verification(
 ) -> Response {
     let reason = why.reason();
     s.metrics.verification_failed(&src.id, reason);
-    if let Some(left_out) = s.verify_log.admit(now_ms / 1000) {
-        let named = named();
-        tracing::warn!(
-            source = %src.id,
-            tenant = named.as_deref().unwrap_or("-"),
-            reason,
-            detail = %why,
-            left_out,
-            "a request failed verification (401); kept in the quarantine"
-        );
+    match s.verify_log.admit_or_defer(now_ms / 1000) {
+        Ok(left_out) => {
+            let named = named();
+            tracing::warn!(
+                source = %src.id,
+                tenant = named.as_deref().unwrap_or("-"),
+                reason,
+                detail = %why,
+                left_out,
+                "a request failed verification (401); kept in the quarantine"
+            );
+        }
+        // The first left out of a burst: its count is said when this second ends, not with
+        // the next failure, which may come much later.
+        Err(true) => {
+            let log = s.verify_log.clone();
+            let wait = 1_000 - now_ms % 1_000 + 10;
+            tokio::spawn(async move {
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                let left_out = log.take_left_out();
+                if left_out > 0 {
+                    tracing::warn!(
+                        left_out,
+                        "more requests failed verification (401) than are logged one by one; \
+                         ankusa_ingest_verification_failures_total counts each"
+                    );
+                }
+            });
+        }
+        Err(false) => {}
     }
     // A forwarded hook was verified by the node that forwarded it: failing here means the
     // two nodes hold different secrets (a rotation half read), not a bad request. It is

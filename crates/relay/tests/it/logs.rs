@@ -395,6 +395,9 @@ fn verification_failures_are_logged_with_their_reason_within_a_budget() {
         assert_eq!(status, 401, "{answer}");
     }
     let seconds = now_s() - first_s + 1;
+    // The count of those left out is said when their second ends, not with the next
+    // failure: no more requests come, and it is in the log.
+    std::thread::sleep(Duration::from_millis(1_500));
     assert!(node.stop(Duration::from_secs(30)).success());
     let text = std::fs::read_to_string(dir.path().join("relay.log")).unwrap();
     assert!(
@@ -420,6 +423,17 @@ fn verification_failures_are_logged_with_their_reason_within_a_budget() {
     assert!(failures
         .iter()
         .any(|v| v["fields"]["reason"] == "missing_header"));
+    // Each of the 40 is a line of its own or in a `left_out` count, once.
+    let said: u64 = text
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter_map(|v| v["fields"]["left_out"].as_u64())
+        .sum();
+    assert_eq!(failures.len() as u64 + said, 40, "{text}");
+    assert!(
+        text.contains("more requests failed verification"),
+        "the count left out was not said:\n{text}"
+    );
 }
 
 /// A failed delivery is in the node's log once its outcome is committed: INFO with its
