@@ -361,8 +361,15 @@ pub struct QuarantineItem {
     pub id: u64,
     pub source: String,
     pub at_ms: u64,
-    /// Why verification failed.
+    /// Why verification failed, as the 401 and `ankusa_ingest_verification_failures_total`
+    /// say it: `missing_header`, `malformed_header`, `stale_timestamp`, `bad_signature`.
     pub reason: String,
+    /// The same in words (`missing header x-hub-signature-256`).
+    #[serde(default)]
+    pub detail: String,
+    /// The tenant the request named (unverified), when it named one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     /// `[name, value]` pairs as received.
     pub headers: Vec<(String, String)>,
     /// The first 1 024 characters of the body's base64.

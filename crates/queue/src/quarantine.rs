@@ -18,7 +18,15 @@ pub struct Entry {
     pub id: u64,
     pub source: String,
     pub at_ms: u64,
+    /// What failed, in words (`signature mismatch`, `missing header x-hub-signature-256`).
     pub reason: String,
+    /// What failed, as the stable code the 401 and the metric give (`bad_signature`);
+    /// empty in a row of a release before it.
+    #[serde(default)]
+    pub code: String,
+    /// The tenant the request named (unverified), when it named one.
+    #[serde(default)]
+    pub tenant: Option<String>,
     pub headers: Vec<(String, String)>,
     /// The body, base64.
     pub body: String,
@@ -125,6 +133,8 @@ mod tests {
             source: "s".into(),
             at_ms: id,
             reason: "bad signature".into(),
+            code: "bad_signature".into(),
+            tenant: None,
             headers: vec![],
             body: String::new(),
         }

@@ -39,6 +39,22 @@ impl VerifyError {
         "bad_signature",
     ];
 
+    /// The reason code of an error's words (its `Display`), for what a release before the
+    /// codes kept only in words: `None` for words no error says.
+    pub fn reason_of_words(words: &str) -> Option<&'static str> {
+        if words.starts_with("missing header ") {
+            Some(Self::REASONS[0])
+        } else if words.starts_with("malformed ") && words.ends_with(" header") {
+            Some(Self::REASONS[1])
+        } else if words == VerifyError::StaleTimestamp.to_string() {
+            Some(Self::REASONS[2])
+        } else if words == VerifyError::Mismatch.to_string() {
+            Some(Self::REASONS[3])
+        } else {
+            None
+        }
+    }
+
     /// The stable reason code a refused sender and the metrics see. It names what failed,
     /// never the secret or the expected signature.
     pub fn reason(&self) -> &'static str {
@@ -451,6 +467,23 @@ mod tests {
     }
     fn h(pairs: &[(&'static str, &str)]) -> H {
         H(pairs.iter().map(|(k, v)| (*k, v.to_string())).collect())
+    }
+
+    #[test]
+    fn every_errors_words_give_back_its_code() {
+        for e in [
+            VerifyError::MissingHeader("x-hub-signature-256".into()),
+            VerifyError::Malformed("webhook-signature".into()),
+            VerifyError::StaleTimestamp,
+            VerifyError::Mismatch,
+        ] {
+            assert_eq!(
+                VerifyError::reason_of_words(&e.to_string()),
+                Some(e.reason()),
+                "{e}"
+            );
+        }
+        assert_eq!(VerifyError::reason_of_words("something else"), None);
     }
 
     #[test]

@@ -57,7 +57,16 @@ pub async fn quarantine_list(
                 id: e.id,
                 source: e.source,
                 at_ms: e.at_ms,
-                reason: e.reason,
+                // A row kept before the codes has its words only.
+                reason: if e.code.is_empty() {
+                    ankusa_verify::VerifyError::reason_of_words(&e.reason)
+                        .unwrap_or("unknown")
+                        .to_owned()
+                } else {
+                    e.code
+                },
+                detail: e.reason,
+                tenant: e.tenant,
                 headers: e.headers,
             })
             .collect();

@@ -483,12 +483,15 @@ fn text(out: &Answer, now: u64) -> String {
                     vec![
                         q.id.clone(),
                         q.source.clone(),
+                        q.tenant.clone().unwrap_or_else(|| "-".into()),
                         time_cell(Some(q.at_ms), now),
                         q.reason.clone(),
+                        q.detail.clone(),
                     ]
                 })
                 .collect();
-            table(&["id", "source", "at", "reason"], &rows) + &next_page(l.next.as_deref())
+            let h = ["id", "source", "tenant", "at", "reason", "detail"];
+            table(&h, &rows) + &next_page(l.next.as_deref())
         }
         Answer::Hook(h) => hook_text(h, now),
         Answer::Report(v) => {

@@ -163,6 +163,9 @@ pub struct QuarantineRow {
     pub source: String,
     pub at_ms: u64,
     pub reason: String,
+    pub detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<String>,
     pub headers: Vec<(String, String)>,
     pub body_base64_preview: String,
 }
@@ -197,6 +200,8 @@ pub fn merge_quarantine(
             source: q.source,
             at_ms: q.at_ms,
             reason: q.reason,
+            detail: q.detail,
+            tenant: q.tenant,
             headers: q.headers,
             body_base64_preview: q.body_base64_preview,
         })

@@ -638,9 +638,10 @@ fn failed_verification(
 ) -> Response {
     let reason = why.reason();
     s.metrics.verification_failed(&src.id, reason);
+    // The tenant the request names (unverified), read once for the log and the quarantine.
+    let named = named();
     match s.verify_log.admit_or_defer(now_ms / 1000) {
         Ok(left_out) => {
-            let named = named();
             tracing::warn!(
                 source = %src.id,
                 tenant = named.as_deref().unwrap_or("-"),
@@ -674,7 +675,7 @@ fn failed_verification(
     // kept once, there, never again here.
     if !forwarded_in {
         s.quarantine
-            .keep(src.id.clone(), why.to_string(), &src.kept(headers), bytes);
+            .keep(src.id.clone(), why, named, &src.kept(headers), bytes);
     }
     crate::http::error_why(
         StatusCode::UNAUTHORIZED,

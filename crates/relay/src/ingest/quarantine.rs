@@ -65,13 +65,23 @@ impl Quarantine {
         self.len() == 0
     }
 
-    /// Keeps a failed request if there is room (off the request path's thread).
-    pub fn keep(&self, source: String, reason: String, headers: &HeaderMap, body: &[u8]) {
+    /// Keeps a failed request if there is room (off the request path's thread): its
+    /// source, why it failed (`why`'s words and stable code), the tenant it named.
+    pub fn keep(
+        &self,
+        source: String,
+        why: &ankusa_verify::VerifyError,
+        tenant: Option<String>,
+        headers: &HeaderMap,
+        body: &[u8],
+    ) {
         let entry = Entry {
             id: self.next_id.fetch_add(1, Ordering::Relaxed),
             source,
             at_ms: ankusa_keyspace::now_ms(),
-            reason,
+            reason: why.to_string(),
+            code: why.reason().to_owned(),
+            tenant,
             headers: headers
                 .iter()
                 .filter(|(k, _)| !DROPPED_HEADERS.contains(&k.as_str()))

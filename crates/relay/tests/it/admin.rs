@@ -263,6 +263,13 @@ async fn tenant_scoped_quarantine_purge() {
     assert_eq!(srcs, vec!["sa", "sa"]);
     let (_, all) = h.call("GET", "/v1/quarantine", Some(ADMIN), "").await;
     assert_eq!(all["items"].as_array().unwrap().len(), 4);
+    // The reason is the 401's code, the words beside it; the sources fix their tenant.
+    for e in all["items"].as_array().unwrap() {
+        assert_eq!(e["reason"], "bad_signature", "{e}");
+        assert_eq!(e["detail"], "signature mismatch", "{e}");
+        let fixed = if e["source"] == "sa" { "a" } else { "b" };
+        assert_eq!(e["tenant"], fixed, "{e}");
+    }
     let b_id = all["items"]
         .as_array()
         .unwrap()

@@ -268,6 +268,15 @@ async fn each_verification_scheme_accepts_a_signed_request_and_quarantines_a_wro
         .iter()
         .any(|e| e["reason"] == "timestamp outside the tolerance"));
     assert!(q.iter().any(|e| e["reason"] == "signature mismatch"));
+    // With the code the 401 gave, and the tenant the request named where it named one.
+    assert!(q.iter().any(
+        |e| e["code"] == "stale_timestamp" && e["reason"] == "timestamp outside the tolerance"
+    ));
+    assert!(q
+        .iter()
+        .all(|e| ankusa_verify::VerifyError::REASONS
+            .contains(&e["code"].as_str().unwrap_or_default())));
+    assert!(q.iter().any(|e| e["tenant"].is_string()), "{q:?}");
     // Kept by an allow list: the source's verification and tenant headers, the content
     // type; nothing else the client sent.
     for e in &q {

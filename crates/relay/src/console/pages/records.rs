@@ -210,16 +210,24 @@ pub(super) async fn quarantine(c: &Arc<Console>, v: &Viewer, q: &Form, fragment:
             "<p class=\"muted\">Requests that failed verification, kept for inspection.</p>",
             "Quarantined requests, newest first",
         ),
-        &["At", "Source", "Reason", "Headers"],
+        &["At", "Source", "Tenant", "Reason", "Headers"],
         |e| {
+            // One header a line, `name: value`, as a request shows them.
+            let headers: Vec<String> = e
+                .headers
+                .iter()
+                .map(|(k, v)| format!("{}: {}", esc(k), esc(v)))
+                .collect();
             vec![
                 time_el(e.at_ms),
                 format!("<code>{}</code>", esc(&e.source)),
-                esc(&e.reason),
+                e.tenant.as_deref().map(esc).unwrap_or_default(),
                 format!(
-                    "<code>{}</code>",
-                    esc(&serde_json::to_string(&e.headers).unwrap_or_default())
+                    "<code>{}</code><br><span class=\"muted\">{}</span>",
+                    esc(&e.reason),
+                    esc(&e.detail)
                 ),
+                format!("<pre class=\"headers\">{}</pre>", headers.join("\n")),
             ]
         },
     )
