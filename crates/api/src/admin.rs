@@ -390,6 +390,62 @@ pub struct Deleted {
     pub deleted: u64,
 }
 
+/// `POST /v1/quarantine/replay`: which quarantined requests to verify again (with the
+/// source's secrets of now) and ingest when they pass. Every field narrows; none at all
+/// picks every request in the token's scope.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(default, deny_unknown_fields)]
+pub struct QuarantineReplayRequest {
+    /// Only these ids (as `GET /v1/quarantine` gives them).
+    pub ids: Vec<u64>,
+    /// Only this source's requests.
+    pub source: Option<String>,
+    /// Only requests that failed for this reason code (`bad_signature`, …).
+    pub reason: Option<String>,
+    /// Only requests received at or after this time (ms since the epoch).
+    pub from_ms: Option<u64>,
+    /// Only requests received before this time.
+    pub to_ms: Option<u64>,
+    /// The most requests this call sends again (default and ceiling 1 000).
+    pub limit: Option<usize>,
+    /// Count what the selection matches; send nothing again.
+    pub dry_run: bool,
+}
+
+/// What a replay of the quarantine did.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct QuarantineReplayed {
+    /// Requests the selection matched.
+    pub matched: u64,
+    /// Verified and committed as new hooks: gone from the quarantine.
+    pub ingested: u64,
+    /// Verified, and seen within the dedupe window already: gone from the quarantine.
+    pub duplicates: u64,
+    /// Still failing verification: kept.
+    pub still_failing: u64,
+    /// Verified but not taken now (a quota, the node not ready, the source gone): kept.
+    pub refused: u64,
+    /// The first 100 requests sent again, with what each came to.
+    pub results: Vec<QuarantineReplayResult>,
+    /// A Relay of several nodes: the nodes that gave no answer.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unavailable: Vec<String>,
+}
+
+/// One quarantined request sent again.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct QuarantineReplayResult {
+    pub id: u64,
+    /// `ingested`, `duplicate`, `still_failing` or `refused`.
+    pub outcome: String,
+    /// The hook's id, when it was ingested.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook_id: Option<String>,
+    /// Why it still fails (a reason code), or why it was refused.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub why: String,
+}
+
 // ---------------------------------------------------------------------------------------
 // The audit log.
 

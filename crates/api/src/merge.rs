@@ -8,8 +8,8 @@
 //! or "all" (`exact`). The nodes that gave no answer are the merged body's `unavailable`.
 
 use crate::admin::{
-    Deleted, EraseState, LimitsView, PauseState, PurgeReport, Retried, Revived, SourceBacklog,
-    SourceView, TenantView, TenantsTop,
+    Deleted, EraseState, LimitsView, PauseState, PurgeReport, QuarantineReplayed, Retried, Revived,
+    SourceBacklog, SourceView, TenantView, TenantsTop,
 };
 use crate::node::Counters;
 
@@ -179,6 +179,21 @@ impl Merge for Revived {
     fn merge(&mut self, o: &Self) {
         self.revived += o.revived;
         self.matched += o.matched;
+    }
+    fn set_unavailable(&mut self, nodes: Vec<String>) {
+        self.unavailable = nodes;
+    }
+}
+
+impl Merge for QuarantineReplayed {
+    fn merge(&mut self, o: &Self) {
+        self.matched += o.matched;
+        self.ingested += o.ingested;
+        self.duplicates += o.duplicates;
+        self.still_failing += o.still_failing;
+        self.refused += o.refused;
+        let room = 100usize.saturating_sub(self.results.len());
+        self.results.extend(o.results.iter().take(room).cloned());
     }
     fn set_unavailable(&mut self, nodes: Vec<String>) {
         self.unavailable = nodes;

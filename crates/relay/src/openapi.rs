@@ -56,6 +56,7 @@ impl Modify for Security {
         crate::admin::limits::delete,
         crate::admin::quarantine::quarantine_list,
         crate::admin::quarantine::quarantine_delete,
+        crate::admin::quarantine::quarantine_replay,
         crate::admin::audit::audit_list,
         crate::admin::hooks::get,
         crate::admin::hooks::recent,

@@ -45,6 +45,9 @@ pub struct Api {
     /// The ingest writer, once it runs (after the boot migration): archive replays commit
     /// through it.
     pub writer: std::sync::OnceLock<ankusa_queue::writer::WriterHandle>,
+    /// Ingest, once it runs: quarantined requests are sent through it again. Weak: a stop
+    /// waits for the writer's last handle, which ingest holds.
+    pub ingest: std::sync::OnceLock<std::sync::Weak<crate::ingest::IngestState>>,
     /// The paused tenants, which dispatch holds.
     pub paused: Arc<crate::dispatch::paused::Paused>,
     /// Tenant quotas, which ingest enforces.

@@ -305,6 +305,12 @@ fn v1_routes(v: routing::V1) -> routing::V1 {
             here,
             quarantine::quarantine_delete,
         )
+        .at(
+            M::POST,
+            "/v1/quarantine/replay",
+            here,
+            quarantine::quarantine_replay,
+        )
         .at(M::GET, "/v1/audit", here, audit::audit_list)
         .at(M::GET, "/v1/hooks", owner(TenantIn::Query), hooks::recent)
         .at(

@@ -17,7 +17,8 @@ use super::times;
 use super::{AdminCommand, DlqCommand, HooksCommand, QuarantineCommand, TenantCommand};
 use ankusa_api::admin::{
     Deleted, DlqItem, DlqPage, EraseState, HookOut, LimitsView, Overrides, PauseState, PurgeReport,
-    QuarantinePage, ReplayRequest, Retried, RetryRequest, Revived, TenantView, TenantsTop,
+    QuarantinePage, QuarantineReplayRequest, QuarantineReplayed, ReplayRequest, Retried,
+    RetryRequest, Revived, TenantView, TenantsTop,
 };
 use ankusa_api::error::ErrorCode;
 use ankusa_api::merge::Merge;
@@ -300,6 +301,9 @@ async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer>
             Answer::Quarantine(listing::merge_quarantine(pages, &cursor, *limit))
         }
         AdminCommand::Quarantine {
+            command: QuarantineCommand::Replay { .. },
+        } => report(fold(quarantine_replay(nodes, command).await?))?,
+        AdminCommand::Quarantine {
             command: QuarantineCommand::Delete { id },
         } => {
             let deleted: Vec<Deleted> = match id {
@@ -361,6 +365,65 @@ async fn replay(
         answers.push(
             nodes
                 .call(i, Method::POST, "/v1/dlq/replay", Some(&b))
+                .await?,
+        );
+    }
+    Ok(answers)
+}
+
+/// A quarantine replay on every node: by ids (`<node>/<id>`, each node given its own), or
+/// by the command's selection.
+async fn quarantine_replay(
+    nodes: &Nodes,
+    command: &AdminCommand,
+) -> anyhow::Result<Vec<QuarantineReplayed>> {
+    let AdminCommand::Quarantine {
+        command:
+            QuarantineCommand::Replay {
+                ids,
+                source,
+                reason,
+                from,
+                to,
+                limit,
+                dry_run,
+            },
+    } = command
+    else {
+        unreachable!("quarantine_replay is called for quarantine replay");
+    };
+    let now = ankusa_keyspace::now_ms();
+    let filter = QuarantineReplayRequest {
+        ids: Vec::new(),
+        source: source.clone(),
+        reason: reason.clone(),
+        from_ms: from.as_deref().map(|t| times::parse(t, now)).transpose()?,
+        to_ms: to.as_deref().map(|t| times::parse(t, now)).transpose()?,
+        limit: *limit,
+        dry_run: *dry_run,
+    };
+    let n = nodes.urls.len();
+    let mut by_node: Vec<Vec<u64>> = vec![Vec::new(); n];
+    for id in ids {
+        let (node, own) = c::split_id(id, n)?;
+        let own: u64 = own.parse().map_err(|_| {
+            anyhow::anyhow!("{id:?}: a quarantined request's id is <node>/<number>")
+        })?;
+        by_node[node].push(own);
+    }
+    let mut answers = Vec::new();
+    for (i, ids_here) in by_node.into_iter().enumerate() {
+        if !ids.is_empty() && ids_here.is_empty() {
+            continue;
+        }
+        let req = QuarantineReplayRequest {
+            ids: ids_here,
+            ..filter.clone()
+        };
+        let b = body(&req)?;
+        answers.push(
+            nodes
+                .call(i, Method::POST, "/v1/quarantine/replay", Some(&b))
                 .await?,
         );
     }

@@ -351,6 +351,34 @@ pub enum QuarantineCommand {
         #[arg(long)]
         before: Option<String>,
     },
+    /// Verify requests again with their sources' secrets of now (after fixing a wrong
+    /// one) and ingest those that pass: by id (<node>/<id>), or by source, reason and time
+    /// on every node.
+    Replay {
+        /// A request's id as the listing prints it (<node>/<id>); repeat for several.
+        #[arg(long = "id")]
+        ids: Vec<String>,
+        /// Only this source's requests.
+        #[arg(long)]
+        source: Option<String>,
+        /// Only requests that failed for this reason (bad_signature, stale_timestamp,
+        /// missing_header, malformed_header).
+        #[arg(long)]
+        reason: Option<String>,
+        /// Only requests received at or after this time: RFC 3339, a span before now
+        /// (-1h) or epoch milliseconds.
+        #[arg(long, allow_hyphen_values = true)]
+        from: Option<String>,
+        /// Only requests received before this time (as --from).
+        #[arg(long, allow_hyphen_values = true)]
+        to: Option<String>,
+        /// The most requests each node sends again.
+        #[arg(long)]
+        limit: Option<usize>,
+        /// Count what would be sent again; send nothing.
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Delete one (<node>/<id>), or every one in the token's scope on every node.
     Delete {
         /// The request's id as the listing prints it (<node>/<id>); none: every one.

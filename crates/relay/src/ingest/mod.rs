@@ -21,6 +21,7 @@
 
 pub mod quarantine;
 pub mod quota;
+pub mod replay;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -394,7 +395,7 @@ async fn served(
         status = tracing::field::Empty,
     );
     let sources = s.sources.load_full();
-    let (label, outcome, resp) = handle(s, &sources, source, tenant, uri, headers, body)
+    let (label, outcome, resp) = handle(s, &sources, source, tenant, uri, headers, body, None)
         .instrument(span.clone())
         .await;
     span.record("outcome", outcome.label());
@@ -406,6 +407,10 @@ async fn served(
     resp
 }
 
+/// One request, from its source's lookup to the writer's answer. `replayed_from` is set
+/// for a quarantined request sent again ([`replay`]): it is verified at the time it was
+/// received, and a failure is only answered — not logged, counted or kept again.
+#[allow(clippy::too_many_arguments)]
 async fn handle<'a>(
     s: &IngestState,
     sources: &'a HashMap<String, Source>,
@@ -414,6 +419,7 @@ async fn handle<'a>(
     uri: &Uri,
     headers: HeaderMap,
     body: Body,
+    replayed_from: Option<u64>,
 ) -> (&'a str, Outcome, Response) {
     let Some(src) = sources.get(source) else {
         return (
@@ -466,7 +472,14 @@ async fn handle<'a>(
         }
     }
     let claimed = named.as_ref().and_then(|t| t.as_deref());
-    if let Err(why) = src.keys.verify(claimed, &headers, &bytes, now_ms / 1000) {
+    let verify_at_ms = replayed_from.unwrap_or(now_ms);
+    if let Err(why) = src
+        .keys
+        .verify(claimed, &headers, &bytes, verify_at_ms / 1000)
+    {
+        if replayed_from.is_some() {
+            return (label, Outcome::Quarantined, still_failing(&why));
+        }
         // The tenant the request names, if it names a valid one (read only for a line of
         // the log): unverified, so only a hint for whoever reads it.
         let named = || match named {
@@ -512,17 +525,12 @@ async fn handle<'a>(
         return (label, outcome, r);
     }
     let idempotency = idempotency_of(&src.idempotency, &headers, &mut json);
-    let content_type = headers
-        .get("content-type")
-        .and_then(|v| v.to_str().ok())
-        .unwrap_or("application/octet-stream")
-        .to_owned();
     let envelope = Envelope {
         id: s.new_id(),
         tenant,
         source: src.id.clone(),
         received_at: AtMs(now_ms),
-        content_type,
+        content_type: content_type(&headers),
         sinks: src.sinks.clone(),
         body: bytes.to_vec(),
         headers: forwarded,
@@ -621,6 +629,26 @@ async fn read_body(
             "the body could not be read",
         )),
     }
+}
+
+/// A replayed request that fails verification again: answered only (it is in the
+/// quarantine already, and was counted and logged when it came).
+fn still_failing(why: &ankusa_verify::VerifyError) -> Response {
+    crate::http::error_why(
+        StatusCode::UNAUTHORIZED,
+        ErrorCode::Unauthorized,
+        format!("the request still fails verification: {why}"),
+        why.reason(),
+    )
+}
+
+/// The request's content type, or `application/octet-stream`.
+fn content_type(headers: &HeaderMap) -> String {
+    headers
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("application/octet-stream")
+        .to_owned()
 }
 
 /// A request that failed verification: counted, logged (at most so many a second), kept in

@@ -98,6 +98,7 @@ pub(super) fn api_state(
         quarantine: Some(quarantine.clone()),
         progress: Arc::new(crate::upgrade::Progress::default()),
         writer: std::sync::OnceLock::new(),
+        ingest: std::sync::OnceLock::new(),
         backups: std::sync::OnceLock::new(),
         replays: crate::dispatch::replays::Replays::new(config.writer.queue_capacity),
     });

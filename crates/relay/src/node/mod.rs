@@ -437,6 +437,7 @@ impl Node {
             cluster,
             api.quotas.clone(),
         ));
+        let _ = api.ingest.set(Arc::downgrade(&ingest_state));
         // The reloader holds the parts it swaps, never the states that hold the writer (a
         // stop waits for the writer's last handle to go).
         let reloader = Arc::new(crate::reload::Reloader::new(

@@ -1494,3 +1494,148 @@ async fn a_failed_attempt_keeps_the_first_bytes_of_the_answer() {
         node.stop().await;
     }
 }
+
+/// The quarantine leads somewhere (issue 71): requests refused while a source had a wrong
+/// secret are verified again once it is fixed, and ingested — delivered, out of the
+/// quarantine — while one that is still bad stays; a dry run counts and sends nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quarantine_replay_ingests_what_passes_with_the_fixed_secret() {
+    let dir = tempfile::tempdir().unwrap();
+    let sink = TestSink::start().await;
+    let node = |secret: &'static str| {
+        TestNode::builder()
+            .data_dir(dir.path().join("db"))
+            .admin_token("ops", ADMIN)
+            .section("dispatch: { tick_interval_ms: 10 }")
+            .sink_yaml(&format!("{{ id: s, url: \"{}\" }}", sink.url("/hooks")))
+            .route("r", &["s"])
+            .source_yaml(&format!(
+                r#"{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: hmac-sha256, secret: {{ value: "{secret}" }}, header: x-sig }}, tenant_binding: shared-secret, route: r }}"#
+            ))
+            .start()
+    };
+    let right = "the-providers-secret";
+    let sign = |body: &str| {
+        ankusa_verify::hex(&ankusa_verify::hmac_sha256(
+            right.as_bytes(),
+            &[body.as_bytes()],
+        ))
+    };
+    let first = node("a-secret-typed-wrong").await;
+    let c = client();
+    let url = format!("http://{}/ingest/gh", first.ingest_addr);
+    for i in 0..3 {
+        let body = format!(r#"{{"i":{i}}}"#);
+        let r = post(
+            &c,
+            &url,
+            &[("x-tenant", "acme".into()), ("x-sig", sign(&body))],
+            body,
+        )
+        .await;
+        assert_eq!(r.status, 401);
+    }
+    let r = post(
+        &c,
+        &url,
+        &[("x-tenant", "acme".into()), ("x-sig", "00".repeat(32))],
+        "{}",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let store = first.store.clone();
+    eventually(5, "four quarantined", || {
+        store.scan_family(Family::Quarantine).unwrap().count() == 4
+    })
+    .await;
+    first.stop().await;
+    drop(store);
+    // The secret fixed: the node starts again on the same store.
+    let node = node(right).await;
+    let call = |body: &'static str| {
+        admin_call(
+            node.admin_addr,
+            "POST",
+            "/v1/quarantine/replay",
+            ADMIN,
+            body,
+        )
+    };
+    let (s, dry) = call(r#"{"dry_run": true}"#).await;
+    assert_eq!(
+        (s, dry["matched"].as_u64(), dry["ingested"].as_u64()),
+        (200, Some(4), Some(0)),
+        "{dry}"
+    );
+    let (s, v) = call(r#"{"reason": "bad_signature"}"#).await;
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(
+        (
+            v["matched"].as_u64(),
+            v["ingested"].as_u64(),
+            v["still_failing"].as_u64()
+        ),
+        (Some(4), Some(3), Some(1)),
+        "{v}"
+    );
+    let outcomes: Vec<&str> = v["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["outcome"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        outcomes,
+        ["ingested", "ingested", "ingested", "still_failing"],
+        "oldest first: {v}"
+    );
+    // Delivered, to the tenant the request named; out of the quarantine; audited.
+    let s2 = sink.clone();
+    eventually(10, "three delivered", || s2.on("/hooks").len() == 3).await;
+    assert!(sink
+        .on("/hooks")
+        .iter()
+        .all(|r| r.headers["ankusa-tenant"] == "acme"));
+    let (_, left) = admin_call(node.admin_addr, "GET", "/v1/quarantine", ADMIN, "").await;
+    let left = left["items"].as_array().unwrap().clone();
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["reason"], "bad_signature");
+    let (_, audit) = admin_call(node.admin_addr, "GET", "/v1/audit", ADMIN, "").await;
+    assert!(audit.to_string().contains("quarantine.replay"), "{audit}");
+    // Again: the one left still fails, nothing else matches.
+    let (_, again) = call("{}").await;
+    assert_eq!(
+        (again["matched"].as_u64(), again["still_failing"].as_u64()),
+        (Some(1), Some(1)),
+        "{again}"
+    );
+    // The command line says the same, for every node it is given.
+    let url = format!("http://{}", node.admin_addr);
+    let out = tokio::task::spawn_blocking(move || {
+        bin()
+            .args([
+                "admin",
+                "--url",
+                &url,
+                "--token",
+                ADMIN,
+                "quarantine",
+                "replay",
+            ])
+            .args(["--reason", "bad_signature", "--from", "-1h", "--json"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    assert!(out.status.success(), "{}", text_of(&out.stderr));
+    let cli: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        (cli["matched"].as_u64(), cli["still_failing"].as_u64()),
+        (Some(1), Some(1)),
+        "{cli}"
+    );
+    let c = counters::node(&node.store).unwrap();
+    assert_eq!((c.pending, c.inflight), (0, 0));
+    node.stop().await;
+}
