@@ -338,37 +338,45 @@ async fn tenant_row(nodes: &Nodes, tenant: &str) -> anyhow::Result<TenantRow> {
     c::merge_tenant(views).ok_or_else(|| anyhow::anyhow!("no node holds tenant {tenant:?}"))
 }
 
-/// A DLQ replay on every node: by `ids` (`<node>/<id>`, each node given its own), or by
-/// `filter`'s selection.
+/// A replay on every node (the DLQ's, the quarantine's): each id (`<node>/<id>`, the
+/// node's own read by `own`) goes to the node it names, and a node given none of an id
+/// replay has nothing to do; without ids, `request(vec![])` goes to every node.
+async fn per_node<I, Q: Serialize, A: serde::de::DeserializeOwned>(
+    nodes: &Nodes,
+    path: &str,
+    ids: &[String],
+    own: impl Fn(&str, String) -> anyhow::Result<I>,
+    request: impl Fn(Vec<I>) -> Q,
+) -> anyhow::Result<Vec<A>> {
+    let n = nodes.urls.len();
+    let mut by_node: Vec<Vec<I>> = (0..n).map(|_| Vec::new()).collect();
+    for id in ids {
+        let (node, o) = c::split_id(id, n)?;
+        by_node[node].push(own(id, o)?);
+    }
+    let mut answers = Vec::new();
+    for (i, ids_here) in by_node.into_iter().enumerate() {
+        if !ids.is_empty() && ids_here.is_empty() {
+            continue;
+        }
+        let b = body(&request(ids_here))?;
+        answers.push(nodes.call(i, Method::POST, path, Some(&b)).await?);
+    }
+    Ok(answers)
+}
+
+/// A DLQ replay on every node: by `ids` (`<node>/<id>`), or by `filter`'s selection.
 async fn replay(
     nodes: &Nodes,
     ids: &[String],
     filter: ReplayRequest,
 ) -> anyhow::Result<Vec<Revived>> {
-    let n = nodes.urls.len();
-    let mut by_node: Vec<Vec<String>> = vec![Vec::new(); n];
-    for id in ids {
-        let (node, own) = c::split_id(id, n)?;
-        by_node[node].push(own);
-    }
-    let mut answers = Vec::new();
-    for (i, ids_here) in by_node.into_iter().enumerate() {
-        // A node given no ids of an id replay has nothing to do.
-        if !ids.is_empty() && ids_here.is_empty() {
-            continue;
-        }
-        let req = ReplayRequest {
-            ids: ids_here,
-            ..filter.clone()
-        };
-        let b = body(&req)?;
-        answers.push(
-            nodes
-                .call(i, Method::POST, "/v1/dlq/replay", Some(&b))
-                .await?,
-        );
-    }
-    Ok(answers)
+    let own = |_: &str, o: String| Ok(o);
+    per_node(nodes, "/v1/dlq/replay", ids, own, |ids| ReplayRequest {
+        ids,
+        ..filter.clone()
+    })
+    .await
 }
 
 /// A quarantine replay on every node: by ids (`<node>/<id>`, each node given its own), or
@@ -402,32 +410,17 @@ async fn quarantine_replay(
         limit: *limit,
         dry_run: *dry_run,
     };
-    let n = nodes.urls.len();
-    let mut by_node: Vec<Vec<u64>> = vec![Vec::new(); n];
-    for id in ids {
-        let (node, own) = c::split_id(id, n)?;
-        let own: u64 = own.parse().map_err(|_| {
-            anyhow::anyhow!("{id:?}: a quarantined request's id is <node>/<number>")
-        })?;
-        by_node[node].push(own);
-    }
-    let mut answers = Vec::new();
-    for (i, ids_here) in by_node.into_iter().enumerate() {
-        if !ids.is_empty() && ids_here.is_empty() {
-            continue;
-        }
-        let req = QuarantineReplayRequest {
-            ids: ids_here,
+    let own = |id: &str, o: String| {
+        o.parse::<u64>()
+            .map_err(|_| anyhow::anyhow!("{id:?}: a quarantined request's id is <node>/<number>"))
+    };
+    per_node(nodes, "/v1/quarantine/replay", ids, own, |ids| {
+        QuarantineReplayRequest {
+            ids,
             ..filter.clone()
-        };
-        let b = body(&req)?;
-        answers.push(
-            nodes
-                .call(i, Method::POST, "/v1/quarantine/replay", Some(&b))
-                .await?,
-        );
-    }
-    Ok(answers)
+        }
+    })
+    .await
 }
 
 /// Hook `id` from whichever node's log has it.
