@@ -468,3 +468,65 @@ async fn a_session_has_what_its_token_has_now_after_a_reload_narrows_it() {
     assert_eq!((s, h["location"].to_str().unwrap()), (303, "/ui/login"));
     node.stop().await;
 }
+
+/// The quarantine page offers to verify a request again: a confirmation that counts it,
+/// then the replay's outcome (here it still fails: the secret was not changed), and the
+/// request is still there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_quarantine_page_verifies_a_request_again() {
+    let node = TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .sink("s", "http://127.0.0.1:9/s")
+        .route("r", &["s"])
+        .source_yaml(
+            r#"{ id: signed, tenant: { header: x-tenant }, verify: { scheme: hmac-sha256, secret: { value: "a-source-secret" }, header: x-sig }, tenant_binding: shared-secret, route: r }"#,
+        )
+        .start()
+        .await;
+    let r = post(
+        &client(),
+        &format!("http://{}/ingest/signed", node.ingest_addr),
+        &[("x-tenant", "acme".to_owned()), ("x-sig", "00".repeat(32))],
+        "{}",
+    )
+    .await;
+    assert_eq!(r.status, 401);
+    let (cookie, _) = sign_in(&node, ADMIN, &[]).await;
+    let cookie = [("cookie", cookie.as_str())];
+    let mut page = String::new();
+    for _ in 0..100 {
+        page = ui(&node, "GET", "/ui/quarantine", &cookie, "").await.2;
+        if page.contains("Verify again</button>") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    assert!(
+        page.contains("bad_signature") && page.contains("acme"),
+        "{page}"
+    );
+    let id = page
+        .split("name=\"ids\" value=\"")
+        .nth(1)
+        .and_then(|t| t.split('"').next())
+        .expect("a row's form")
+        .to_owned();
+    let csrf = csrf_of(&page);
+    let form = format!("ids={id}&csrf={csrf}");
+    let (s, _, confirm) = ui(&node, "POST", "/ui/quarantine/replay", &cookie, &form).await;
+    assert_eq!(s, 200, "{confirm}");
+    assert!(
+        confirm.contains("<strong>1</strong> quarantined request will be verified again"),
+        "{confirm}"
+    );
+    let form = format!("ids={id}&confirm=yes&csrf={csrf}");
+    let (s, _, done) = ui(&node, "POST", "/ui/quarantine/replay", &cookie, &form).await;
+    assert_eq!(s, 200, "{done}");
+    assert!(
+        done.contains("0 ingested, 0 already received (duplicates), 1 still failing"),
+        "{done}"
+    );
+    let (_, left) = admin_call(node.admin_addr, "GET", "/v1/quarantine", ADMIN, "").await;
+    assert_eq!(left["items"].as_array().map(Vec::len), Some(1), "{left}");
+    node.stop().await;
+}

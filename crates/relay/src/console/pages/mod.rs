@@ -289,6 +289,9 @@ pub async fn dispatch(
         (Method::POST, ["archive", "replay"]) => records::archive_replay(c, v, form).await,
         (Method::GET, ["audit"]) => records::audit(c, v, q, fragment).await,
         (Method::GET, ["quarantine"]) if v.admin => records::quarantine(c, v, q, fragment).await,
+        (Method::POST, ["quarantine", "replay"]) if v.admin => {
+            records::quarantine_replay(c, v, form).await
+        }
         _ => Err(CallError::new(
             StatusCode::NOT_FOUND,
             ErrorCode::NotFound,

@@ -1,4 +1,4 @@
-//! The archive (browse, replay), the audit trail and the quarantine.
+//! The archive (browse, replay), the audit trail and the quarantine (browse, verify again).
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use crate::console::{field, Console, Form, Viewer};
 use crate::http::percent_encode as enc;
 use ankusa_api::admin::{
     ArchivePage, ArchiveReplayRequest, AuditPage, AuditRecord, QuarantineItem, QuarantinePage,
-    Replayed,
+    QuarantineReplayRequest, QuarantineReplayed, Replayed,
 };
 
 pub(super) async fn archive(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
@@ -199,18 +199,20 @@ pub(super) async fn audit(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool
 }
 
 pub(super) async fn quarantine(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bool) -> Page {
+    let base = esc(&v.base);
+    let csrf = csrf_field(&v.csrf);
+    let intro = format!(
+        "<p class=\"muted\">Requests that failed verification, kept for inspection. Fixed a source's secret? Verify them again: those that pass are ingested and leave the quarantine.</p>\
+<form method=\"post\" action=\"{base}/quarantine/replay\" class=\"inline\">{csrf}<button type=\"submit\">Verify every request again…</button></form>"
+    );
     cursor_list::<QuarantinePage>(
         c,
         v,
         q,
         fragment,
         ("/v1/quarantine", "/quarantine", "Quarantine"),
-        (
-            "Quarantine",
-            "<p class=\"muted\">Requests that failed verification, kept for inspection.</p>",
-            "Quarantined requests, newest first",
-        ),
-        &["At", "Source", "Tenant", "Reason", "Headers"],
+        ("Quarantine", &intro, "Quarantined requests, newest first"),
+        &["At", "Source", "Tenant", "Reason", "Headers", ""],
         |e| {
             // One header a line, `name: value`, as a request shows them.
             let headers: Vec<String> = e
@@ -228,8 +230,52 @@ pub(super) async fn quarantine(c: &Arc<Console>, v: &Viewer, q: &Form, fragment:
                     esc(&e.detail)
                 ),
                 format!("<pre class=\"headers\">{}</pre>", headers.join("\n")),
+                format!(
+                    "<form method=\"post\" action=\"{base}/quarantine/replay\" class=\"inline\">{csrf}{}<button type=\"submit\" aria-label=\"Verify quarantined request {} again\">Verify again</button></form>",
+                    hidden("ids", &e.id.to_string()),
+                    e.id
+                ),
             ]
         },
     )
     .await
+}
+
+/// `POST /ui/quarantine/replay`: first a confirmation that counts what would be verified
+/// again (the API's dry run), then the replay and what it came to.
+pub(super) async fn quarantine_replay(c: &Arc<Console>, v: &Viewer, form: &Form) -> Page {
+    let ids: Vec<u64> = field(form, "ids")
+        .map(|i| i.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_default();
+    let base = esc(&v.base);
+    let mut req = QuarantineReplayRequest {
+        ids: ids.clone(),
+        dry_run: true,
+        ..Default::default()
+    };
+    if field(form, "confirm") != Some("yes") {
+        let r: QuarantineReplayed = c
+            .call(v, Method::POST, "/v1/quarantine/replay", body(&req))
+            .await?;
+        let ids_text: Vec<String> = ids.iter().map(u64::to_string).collect();
+        let body = format!(
+            "<h1>Verify again?</h1><p role=\"status\"><strong>{}</strong> {} will be verified again with the sources' secrets of now; those that pass are ingested and leave the quarantine.</p>\
+<form method=\"post\" action=\"{base}/quarantine/replay\" class=\"inline\">{}{}{}<button type=\"submit\" autofocus>Verify again</button></form> <a href=\"{base}/quarantine\">Cancel</a>",
+            r.matched,
+            if r.matched == 1 { "quarantined request" } else { "quarantined requests" },
+            csrf_field(&v.csrf),
+            hidden("ids", &ids_text.join(",")),
+            hidden("confirm", "yes"),
+        );
+        return Ok(page(v, "Verify again", "Quarantine", body, false, false));
+    }
+    req.dry_run = false;
+    let r: QuarantineReplayed = c
+        .call(v, Method::POST, "/v1/quarantine/replay", body(&req))
+        .await?;
+    let body = format!(
+        "<h1>Verified again</h1><p role=\"status\">{} ingested, {} already received (duplicates), {} still failing, {} refused for now.</p><p><a href=\"{base}/quarantine\">Back to the quarantine</a></p>",
+        r.ingested, r.duplicates, r.still_failing, r.refused
+    );
+    Ok(page(v, "Verified again", "Quarantine", body, false, false))
 }
