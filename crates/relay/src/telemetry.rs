@@ -212,12 +212,19 @@ impl LogLimit {
     /// ([`LogLimit::take_left_out`] when this second is over), rather than with the next
     /// line written, which may come much later or never.
     pub fn admit_or_defer(&self, now_s: u64) -> Result<u64, bool> {
-        match self.admit(now_s) {
-            Some(left_out) => Ok(left_out),
-            None => {
-                let st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-                Err(st.2 == 1)
-            }
+        // One lock for the decision and the count, so that of two lines left out at once
+        // exactly one is the first.
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        if st.0 != now_s {
+            st.0 = now_s;
+            st.1 = 0;
+        }
+        if st.1 < self.per_second {
+            st.1 += 1;
+            Ok(std::mem::take(&mut st.2))
+        } else {
+            st.2 += 1;
+            Err(st.2 == 1)
         }
     }
 

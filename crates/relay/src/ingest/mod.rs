@@ -666,9 +666,17 @@ fn failed_verification(
 ) -> Response {
     let reason = why.reason();
     s.metrics.verification_failed(&src.id, reason);
-    // The tenant the request names (unverified), read once for the log and the quarantine.
-    let named = named();
-    match s.verify_log.admit_or_defer(now_ms / 1000) {
+    // The tenant the request names (unverified), read only for a line of the log or an
+    // entry the quarantine has room for: a sender failing at any rate, with a body that
+    // names its tenant, costs no parse once both are spent.
+    let logged = s.verify_log.admit_or_defer(now_ms / 1000);
+    let kept = !forwarded_in && s.quarantine.has_room();
+    let named = if logged.is_ok() || kept {
+        named()
+    } else {
+        None
+    };
+    match logged {
         Ok(left_out) => {
             tracing::warn!(
                 source = %src.id,

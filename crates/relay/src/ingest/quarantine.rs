@@ -56,6 +56,12 @@ impl Quarantine {
         })
     }
 
+    /// Whether a request would be kept now: the count and the bytes below their ceilings.
+    pub fn has_room(&self) -> bool {
+        self.entries.load(Ordering::Relaxed) < self.max_entries
+            && self.bytes.load(Ordering::Relaxed) < self.max_bytes
+    }
+
     /// Entries currently kept.
     pub fn len(&self) -> u64 {
         self.entries.load(Ordering::Relaxed)
