@@ -188,7 +188,7 @@ pub async fn quarantine_replay(
             code: ankusa_api::error::ErrorCode::NotReady,
             message: "ingest is not running".into(),
         })?;
-    let mut gone = Vec::new();
+    let mut gone = std::collections::HashSet::new();
     for e in &picked {
         let body = base64::engine::general_purpose::STANDARD
             .decode(&e.body)
@@ -206,7 +206,7 @@ pub async fn quarantine_replay(
         .await;
         let (outcome, hook_id, why) = match replayed {
             Replayed::Ingested { id, duplicate } => {
-                gone.push(e.id);
+                gone.insert(e.id);
                 if duplicate {
                     out.duplicates += 1;
                     ("duplicate", Some(id), String::new())

@@ -13,7 +13,6 @@ use super::client::{
     TenantRow, TenantsOut,
 };
 use super::listing::{self, Cursor, Listing, Position, QuarantineRow};
-use super::times;
 use super::{AdminCommand, DlqCommand, HooksCommand, QuarantineCommand, TenantCommand};
 use ankusa_api::admin::{
     Deleted, DlqItem, DlqPage, EraseState, HookOut, LimitsView, Overrides, PauseState, PurgeReport,
@@ -92,8 +91,7 @@ async fn dlq_list(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Listi
             DlqCommand::List {
                 tenant,
                 source,
-                from,
-                to,
+                window,
                 limit,
                 before,
             },
@@ -101,7 +99,7 @@ async fn dlq_list(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Listi
     else {
         unreachable!("dlq_list is called for dlq list");
     };
-    let now = ankusa_keyspace::now_ms();
+    let (from_ms, to_ms) = window.ms(ankusa_keyspace::now_ms())?;
     let mut query = format!("limit={limit}");
     if let Some(t) = tenant {
         query.push_str(&format!("&tenant={}", c::q(t)));
@@ -109,11 +107,10 @@ async fn dlq_list(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Listi
     if let Some(s) = source {
         query.push_str(&format!("&source={}", c::q(s)));
     }
-    if let Some(f) = from {
-        query.push_str(&format!("&from_ms={}", times::parse(f, now)?));
+    if let Some(f) = from_ms {
+        query.push_str(&format!("&from_ms={f}"));
     }
     // `to_ms` only starts a node's first page: its cursor goes on from there.
-    let to_ms = to.as_deref().map(|t| times::parse(t, now)).transpose()?;
     let cursor = Cursor::parse(before.as_deref().unwrap_or(""), nodes.urls.len())?;
     let path = |i: usize| match cursor.of(i) {
         Position::End => None,
@@ -228,19 +225,18 @@ async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer>
                     ids,
                     tenant,
                     source,
-                    from,
-                    to,
+                    window,
                     limit,
                     dry_run,
                 },
         } => {
-            let now = ankusa_keyspace::now_ms();
+            let (from_ms, to_ms) = window.ms(ankusa_keyspace::now_ms())?;
             let filter = ReplayRequest {
                 ids: Vec::new(),
                 tenant: tenant.clone(),
                 source: source.clone(),
-                from_ms: from.as_deref().map(|t| times::parse(t, now)).transpose()?,
-                to_ms: to.as_deref().map(|t| times::parse(t, now)).transpose()?,
+                from_ms,
+                to_ms,
                 limit: *limit,
                 dry_run: *dry_run,
             };
@@ -391,8 +387,7 @@ async fn quarantine_replay(
                 ids,
                 source,
                 reason,
-                from,
-                to,
+                window,
                 limit,
                 dry_run,
             },
@@ -400,13 +395,13 @@ async fn quarantine_replay(
     else {
         unreachable!("quarantine_replay is called for quarantine replay");
     };
-    let now = ankusa_keyspace::now_ms();
+    let (from_ms, to_ms) = window.ms(ankusa_keyspace::now_ms())?;
     let filter = QuarantineReplayRequest {
         ids: Vec::new(),
         source: source.clone(),
         reason: reason.clone(),
-        from_ms: from.as_deref().map(|t| times::parse(t, now)).transpose()?,
-        to_ms: to.as_deref().map(|t| times::parse(t, now)).transpose()?,
+        from_ms,
+        to_ms,
         limit: *limit,
         dry_run: *dry_run,
     };

@@ -285,13 +285,8 @@ pub enum DlqCommand {
         /// Only rows of hooks from this source.
         #[arg(long)]
         source: Option<String>,
-        /// Only rows dead-lettered at or after this time: RFC 3339, a span before now
-        /// (-1h, -30m, -2d) or epoch milliseconds.
-        #[arg(long, alias = "from-ms", allow_hyphen_values = true)]
-        from: Option<String>,
-        /// Only rows dead-lettered before this time (as --from).
-        #[arg(long, alias = "to-ms", allow_hyphen_values = true)]
-        to: Option<String>,
+        #[command(flatten)]
+        window: times::Window,
         /// Rows on this page.
         #[arg(long, default_value_t = 50)]
         limit: usize,
@@ -310,13 +305,8 @@ pub enum DlqCommand {
         /// Only rows of hooks from this source.
         #[arg(long)]
         source: Option<String>,
-        /// Only rows dead-lettered at or after this time: RFC 3339, a span before now
-        /// (-1h, -30m, -2d) or epoch milliseconds.
-        #[arg(long, alias = "from-ms", allow_hyphen_values = true)]
-        from: Option<String>,
-        /// Only rows dead-lettered before this time (as --from).
-        #[arg(long, alias = "to-ms", allow_hyphen_values = true)]
-        to: Option<String>,
+        #[command(flatten)]
+        window: times::Window,
         /// The most rows each node revives.
         #[arg(long)]
         limit: Option<usize>,
@@ -365,13 +355,8 @@ pub enum QuarantineCommand {
         /// missing_header, malformed_header).
         #[arg(long)]
         reason: Option<String>,
-        /// Only requests received at or after this time: RFC 3339, a span before now
-        /// (-1h) or epoch milliseconds.
-        #[arg(long, allow_hyphen_values = true)]
-        from: Option<String>,
-        /// Only requests received before this time (as --from).
-        #[arg(long, allow_hyphen_values = true)]
-        to: Option<String>,
+        #[command(flatten)]
+        window: times::Window,
         /// The most requests each node sends again.
         #[arg(long)]
         limit: Option<usize>,

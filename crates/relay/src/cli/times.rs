@@ -3,6 +3,27 @@
 
 use anyhow::{anyhow, bail};
 
+/// `--from` and `--to` of a listing or a replay: when a DLQ row was dead-lettered, when a
+/// quarantined request was received.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct Window {
+    /// Only what happened at or after this time: RFC 3339, a span before now (-1h, -30m,
+    /// -2d), now, or epoch milliseconds.
+    #[arg(long, alias = "from-ms", allow_hyphen_values = true)]
+    pub from: Option<String>,
+    /// Only what happened before this time (as --from).
+    #[arg(long, alias = "to-ms", allow_hyphen_values = true)]
+    pub to: Option<String>,
+}
+
+impl Window {
+    /// The window in epoch milliseconds, each end read against `now_ms` ([`parse`]).
+    pub fn ms(&self, now_ms: u64) -> anyhow::Result<(Option<u64>, Option<u64>)> {
+        let at = |t: &Option<String>| t.as_deref().map(|t| parse(t, now_ms)).transpose();
+        Ok((at(&self.from)?, at(&self.to)?))
+    }
+}
+
 /// A time in milliseconds since the epoch from `text`: epoch milliseconds (`1764815400000`),
 /// RFC 3339 (`2026-12-04T02:30:00Z`, `2026-12-04T03:30:00.250+01:00`), `now`, or a span
 /// before now (`-90s`, `-15m`, `-1h`, `-2d`).
