@@ -437,7 +437,7 @@ impl Event {
             .u8(outcome)
             .u16(self.status)
             .u8(ErrorClass::byte(self.class))
-            .str(truncate(&self.error, MAX_ERROR_BYTES))
+            .str(error_head(&self.error))
             .u64(self.latency_us)
             .u64(self.next_at.map_or(u64::MAX, |a| a.0))
             .finish()
@@ -472,6 +472,12 @@ impl Event {
             next_at: (next != u64::MAX).then_some(AtMs(next)),
         })
     }
+}
+
+/// The part of an error message the hook log keeps: its first [`MAX_ERROR_BYTES`], cut at
+/// a character boundary (what a DLQ row's error is cut to as well).
+pub fn error_head(s: &str) -> &str {
+    truncate(s, MAX_ERROR_BYTES)
 }
 
 fn truncate(s: &str, max: usize) -> &str {

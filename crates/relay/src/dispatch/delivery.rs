@@ -502,17 +502,11 @@ fn status_error(code: u16, head: &[u8]) -> String {
         .map(|c| if c.is_control() { ' ' } else { c })
         .collect();
     let said = said.trim();
-    let mut error = if said.is_empty() {
+    if said.is_empty() {
         format!("HTTP {code}")
     } else {
-        format!("HTTP {code}: {said}")
-    };
-    let mut end = error.len().min(ankusa_records::MAX_ERROR_BYTES);
-    while !error.is_char_boundary(end) {
-        end -= 1;
+        ankusa_records::error_head(&format!("HTTP {code}: {said}")).to_owned()
     }
-    error.truncate(end);
-    error
 }
 
 /// The signed POST of `env` to `sink`: the standard headers by their static names, in
