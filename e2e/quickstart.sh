@@ -67,11 +67,23 @@ import json, sys
 n = json.load(sys.stdin)
 assert n["store_format"] == 3 and n["tenants"] == 1, n
 ' || fail "/v1/node: $node"
+delivered=
 for _ in $(seq 1 300); do
   if grep -q "$id.*signature ok" "$work/sink.log"; then
-    echo "quickstart: make run, then the README's block as written: hook $id accepted, delivered, signature ok ($(($(date +%s) - started)) s)"
-    exit 0
+    delivered=1
+    break
   fi
   sleep 0.1
 done
-fail "the sink never printed hook $id with its signature checked"
+[ -n "$delivered" ] || fail "the sink never printed hook $id with its signature checked"
+# The README's next step: the console, signed in with the quickstart's token, lists the hook
+# on its overview and `acme` on its Tenants page.
+token=$(grep -o "Bearer [a-z-]*" README.md | head -n 1 | cut -d' ' -f2)
+jar="$work/console.cookies"
+curl -fsS -o /dev/null -c "$jar" -X POST http://127.0.0.1:9090/ui/login --data-urlencode "token=$token" \
+  || fail "the console refused the README's token $token"
+overview=$(curl -fsS -b "$jar" http://127.0.0.1:9090/ui/)
+echo "$overview" | grep -q "$id" || fail "the console's overview does not list hook $id"
+curl -fsS -b "$jar" http://127.0.0.1:9090/ui/tenants | grep -q '>acme<' \
+  || fail "the console's Tenants page does not list acme"
+echo "quickstart: make run, then the README's block as written: hook $id accepted, delivered, signature ok, on the console ($(($(date +%s) - started)) s)"

@@ -33,6 +33,8 @@ pub enum EventKind {
     Nacked,
     /// Its lease ran out: retried or dead-lettered.
     Expired,
+    /// An operator's purge removed the delivery (`DELETE /v1/tenants/{t}/queue`).
+    Purged,
 }
 
 /// How an attempt ended.
@@ -78,7 +80,10 @@ pub enum DeliveryState {
     Dead,
     /// Owed, but its due time is not in the log (a row from before the log, or imported).
     Queued,
-    /// Nothing is owed and the last attempt did not deliver it: purged, or dropped.
+    /// An operator's purge removed it (the log's last event for it).
+    Purged,
+    /// Nothing is owed and the last attempt did not deliver it: dropped (its sink left the
+    /// configuration), or purged before the log recorded purges.
     Gone,
 }
 

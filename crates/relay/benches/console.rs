@@ -134,6 +134,7 @@ fn main() -> std::process::ExitCode {
         let pages = [
             "/ui/".to_owned(),
             "/ui/tenants".to_owned(),
+            "/ui/tenants?view=busiest".to_owned(),
             "/ui/tenants?q=tenant-5".to_owned(),
             "/ui/tenants?q=tenant-&after=tenant-50000".to_owned(),
             "/ui/tenants/tenant-123".to_owned(),

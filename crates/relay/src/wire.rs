@@ -39,6 +39,7 @@ pub fn state(s: ankusa_queue::hooklog::DeliveryState) -> wire::DeliveryState {
         S::Delivered => wire::DeliveryState::Delivered,
         S::Dead => wire::DeliveryState::Dead,
         S::Queued => wire::DeliveryState::Queued,
+        S::Purged => wire::DeliveryState::Purged,
         S::Gone => wire::DeliveryState::Gone,
     }
 }
@@ -54,6 +55,7 @@ pub fn event_kind(k: ankusa_keyspace::EventKind) -> wire::EventKind {
         K::Acked => wire::EventKind::Acked,
         K::Nacked => wire::EventKind::Nacked,
         K::Expired => wire::EventKind::Expired,
+        K::Purged => wire::EventKind::Purged,
     }
 }
 

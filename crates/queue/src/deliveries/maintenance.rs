@@ -8,7 +8,7 @@ use super::{
     waiting_pulls_of_tenant, ArchiveObligation, DueRow, InflightRow, Tx, CHUNK_ROWS,
 };
 use ankusa_keyspace::Cf;
-use ankusa_keyspace::{AtMs, Bucket, Family, Seq, TenantOrd};
+use ankusa_keyspace::{AtMs, Bucket, Family, Seq, SinkIdx, TenantOrd};
 use ankusa_store::{Dir, Op, Rows, Store};
 
 use crate::{Change, QueueError};
@@ -30,12 +30,13 @@ pub struct PurgeReport {
 
 /// One synced chunk of a purge: up to [`CHUNK_ROWS`] of the tenant's due rows (if asked),
 /// else up to [`CHUNK_ROWS`] dead rows. Returns the rows removed (0 when nothing is left).
+/// An erase's chunk: the hook log records no purge (the erase removes the tenant's log).
 pub fn purge_tenant_chunk(
     store: &Store,
     ord: TenantOrd,
     kinds: PurgeKinds,
 ) -> Result<PurgeReport, QueueError> {
-    purge_chunk(store, ord, kinds, Vec::new())
+    purge_chunk(store, ord, kinds, Vec::new(), None)
 }
 
 pub(super) fn purge_chunk(
@@ -43,10 +44,17 @@ pub(super) fn purge_chunk(
     ord: TenantOrd,
     kinds: PurgeKinds,
     extra: Vec<Op>,
+    log_at: Option<AtMs>,
 ) -> Result<PurgeReport, QueueError> {
     let mut tx = Tx::new();
     let mut report = PurgeReport::default();
     let mut due = 0usize;
+    // Each removed row's `purged` event in the hook log, inside its row's unit.
+    let mut kept = std::collections::HashMap::new();
+    let mut log = |tx: &mut Tx, seq: Seq, sink: SinkIdx| match log_at {
+        Some(now) => crate::hooklog::log_purge(tx, store, seq, sink, now, &mut kept),
+        None => Ok(()),
+    };
     if kinds.pending {
         let (lo, end) = ankusa_keyspace::due_tenant_range(ord);
         for row in collect(
@@ -55,11 +63,13 @@ pub(super) fn purge_chunk(
             DueRow::decode,
         )? {
             purge_due(&mut tx, &row);
+            log(&mut tx, row.key.seq, row.key.sink)?;
             due += 1;
         }
         if due < CHUNK_ROWS {
             for row in waiting_pulls_of_tenant(store, ord, CHUNK_ROWS - due)? {
                 purge_pulled(&mut tx, &row);
+                log(&mut tx, row.key.seq, row.key.sink)?;
                 due += 1;
             }
         }
@@ -68,6 +78,7 @@ pub(super) fn purge_chunk(
         let page = dead_page_for_tenant(store, ord, None, CHUNK_ROWS)?;
         for row in &page.rows {
             purge_dead(&mut tx, row);
+            log(&mut tx, row.key.seq, row.key.sink)?;
         }
     }
     let found = !tx.is_empty();
@@ -86,7 +97,8 @@ pub(super) fn purge_chunk(
     Ok(report)
 }
 
-/// Purges a tenant's pending (due) and/or dead rows in synced chunks of [`CHUNK_ROWS`].
+/// Purges a tenant's pending (due) and/or dead rows in synced chunks of [`CHUNK_ROWS`],
+/// each removed row's `purged` event in the hook log with it (for a hook the log keeps).
 /// Idempotent: an interrupted purge finishes by being called again.
 pub fn purge_tenant(
     store: &Store,
@@ -105,8 +117,15 @@ pub fn purge_tenant_with(
 ) -> Result<PurgeReport, QueueError> {
     let mut total = PurgeReport::default();
     let mut first = Some(first.into_iter().map(|c| c.0).collect());
+    let now = AtMs(ankusa_keyspace::now_ms());
     loop {
-        let r = purge_chunk(store, ord, kinds, first.take().unwrap_or_default())?;
+        let r = purge_chunk(
+            store,
+            ord,
+            kinds,
+            first.take().unwrap_or_default(),
+            Some(now),
+        )?;
         if r.batches == 0 {
             return Ok(total);
         }

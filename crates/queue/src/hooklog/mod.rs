@@ -109,6 +109,45 @@ pub fn requeued(kind: EventKind, now: AtMs, attempts: u32, due: AtMs) -> Event {
     }
 }
 
+/// A purge's event for delivery (`seq`, `sink`), added to the purge just added to `tx`
+/// (it commits only if that row moves) — if the log still keeps the hook: an event of a
+/// pruned hook would lie below the pruner's next range and stay. `kept` remembers the
+/// answers for the rest of one purge chunk (a hook's sinks share one read).
+pub fn log_purge(
+    tx: &mut Tx,
+    store: &Store,
+    seq: Seq,
+    sink: SinkIdx,
+    now: AtMs,
+    kept: &mut std::collections::HashMap<Seq, bool>,
+) -> Result<(), QueueError> {
+    let logged = match kept.get(&seq) {
+        Some(k) => *k,
+        None => {
+            let k = store
+                .get(Cf::Audit, &ankusa_keyspace::hook_log(seq))?
+                .is_some();
+            kept.insert(seq, k);
+            k
+        }
+    };
+    if !logged {
+        return Ok(());
+    }
+    let ev = Event {
+        kind: EventKind::Purged,
+        at: now,
+        attempt: 0,
+        outcome: None,
+        status: 0,
+        class: None,
+        error: String::new(),
+        latency_us: 0,
+        next_at: None,
+    };
+    record(tx, store, seq, sink, &ev)
+}
+
 // ---------------------------------------------------------------------------------------
 // Reading.
 
@@ -125,7 +164,10 @@ pub enum DeliveryState {
     Dead,
     /// Owed, but its due time is not in the log (a row from before the log, or imported).
     Queued,
-    /// Nothing is owed and the last attempt did not deliver it: purged, or dropped.
+    /// An operator's purge removed it (its last event).
+    Purged,
+    /// Nothing is owed and the last attempt did not deliver it: dropped, or purged before
+    /// the log recorded purges.
     Gone,
 }
 
@@ -249,7 +291,8 @@ pub fn movable_records(
     Ok(out)
 }
 
-/// Hook `seq`'s events as stored (their keys' fields and values): what moves with it.
+/// Hook `seq`'s events as stored (their keys' fields and values): what moves with it (an
+/// event of a kind this release does not know stays behind).
 pub(crate) fn moved_events(
     store: &Store,
     seq: Seq,
@@ -258,7 +301,9 @@ pub(crate) fn moved_events(
     let (lo, hi) = ankusa_keyspace::hook_events_of_seqs(seq, Seq(seq.0 + 1));
     for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
         let (k, value) = kv?;
-        let key = ankusa_keyspace::decode_hook_event(&k)?;
+        let Some(key) = ankusa_keyspace::decode_hook_event_known(&k)? else {
+            continue;
+        };
         events.push(ankusa_records::moved::MovedEvent {
             sink: key.sink.0,
             at: key.at.0,
@@ -396,7 +441,9 @@ fn sink_view(
     let mut events = Vec::new();
     for kv in store.scan(Family::HookEvents, &lo, &hi, Dir::Forward)? {
         let (k, v) = kv?;
-        let ek = ankusa_keyspace::decode_hook_event(&k)?;
+        let Some(ek) = ankusa_keyspace::decode_hook_event_known(&k)? else {
+            continue;
+        };
         events.push(
             Event::decode(&ek, &v)
                 .map_err(|e| QueueError::corrupt_at(Family::HookEvents, &k, e))?,
@@ -431,6 +478,8 @@ fn sink_view(
         None => {
             if last.is_some_and(|e| e.outcome == Some(AttemptOutcome::Delivered)) {
                 view.state = DeliveryState::Delivered;
+            } else if last.is_some_and(|e| e.kind == EventKind::Purged) {
+                view.state = DeliveryState::Purged;
             }
         }
         Some(row) => {

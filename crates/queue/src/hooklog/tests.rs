@@ -331,3 +331,72 @@ fn records_and_events_round_trip_and_bound_their_error() {
     assert!(Event::decode(&key, b"\x01").is_err());
     assert!(LogRecord::decode(b"").is_err());
 }
+
+#[test]
+fn a_purge_leaves_a_purged_event_but_not_under_a_pruned_hook_nor_in_an_erase() {
+    use crate::deliveries::{purge_tenant, purge_tenant_chunk, PurgeKinds};
+    let all = PurgeKinds {
+        pending: true,
+        dead: true,
+    };
+    let mut h = logging();
+    let a = h.ingest(Some("acme"), 2, 1_000, false); // hk_1: two pending deliveries
+    let b = h.ingest(Some("acme"), 1, 1_001, false); // hk_2: dead-lettered
+    let c = h.ingest(Some("acme"), 1, 1_002, false); // hk_3: pruned from the log
+    let rb = due_of(&h, b, 0);
+    let mut tx = Tx::new();
+    let fb = claim(&mut tx, &rb);
+    dead_letter(&mut tx, &fb, AtMs(2_000), "src", "hk_2", "sink0", None);
+    record(
+        &mut tx,
+        &h.store,
+        b,
+        SinkIdx(0),
+        &attempt(1, AttemptOutcome::Dead, 410, 2_000, Some(2_000)),
+    )
+    .unwrap();
+    tx.commit(&h.store, false).unwrap();
+    h.store
+        .write(
+            vec![Op::delete(Cf::Audit, ankusa_keyspace::hook_log(c))],
+            false,
+        )
+        .unwrap();
+    // An event of a kind a newer release writes: read past, not an error.
+    let mut future = ankusa_keyspace::hook_event(&EventKey {
+        seq: a,
+        sink: SinkIdx(0),
+        at: AtMs(1_500),
+        kind: EventKind::Replayed,
+    });
+    *future.last_mut().unwrap() = 0xEE;
+    h.store
+        .write(vec![Op::put(Cf::Audit, future, vec![1])], false)
+        .unwrap();
+
+    let report = purge_tenant(&h.store, h.ord("acme"), all).unwrap();
+    assert_eq!((report.due, report.dead), (3, 1));
+    assert_eq!(
+        states(&h, "hk_1"),
+        [(DeliveryState::Purged, None), (DeliveryState::Purged, None)]
+    );
+    assert_eq!(states(&h, "hk_2"), [(DeliveryState::Purged, None)]);
+    let v = lookup(&h.store, "hk_2", false).unwrap().unwrap();
+    let kinds: Vec<EventKind> = v.sinks[0].events.iter().map(|e| e.kind).collect();
+    assert_eq!(kinds, [EventKind::Attempt, EventKind::Purged]);
+    assert_eq!(v.sinks[0].attempts, 1, "a purge is not an attempt");
+    let (lo, hi) = ankusa_keyspace::hook_events_of_seqs(c, Seq(c.0 + 1));
+    let under_c = h.store.scan(Family::HookEvents, &lo, &hi, Dir::Forward);
+    assert_eq!(under_c.unwrap().count(), 0, "no event under a pruned hook");
+    h.assert_counters_equal_fold();
+
+    // An erase's chunk removes the rows and writes no event (the erase takes the log).
+    let mut h = logging();
+    let d = h.ingest(Some("gone"), 1, 1_000, false);
+    let r = purge_tenant_chunk(&h.store, h.ord("gone"), all).unwrap();
+    assert_eq!(r.due, 1);
+    let (lo, hi) = ankusa_keyspace::hook_events_of_seqs(d, Seq(d.0 + 1));
+    let events = h.store.scan(Family::HookEvents, &lo, &hi, Dir::Forward);
+    assert_eq!(events.unwrap().count(), 0);
+    assert_eq!(states(&h, "hk_1"), [(DeliveryState::Gone, None)]);
+}

@@ -65,6 +65,8 @@ def main():
         b.click(b.find("button[type=submit]"))
         b.wait_for("the overview", lambda: b.find("h1") and b.text(b.find("h1")) == "Overview")
         assert "Ingest" in b.page_text() and "Backlog" in b.page_text()
+        newest = b.run("return document.getElementById('h-newest').parentElement.textContent;")
+        assert FLAKY in newest and "acme" in newest, newest
         cookie = b.s("GET", "/cookie/ankusa_console")
         assert cookie["httpOnly"] and cookie["sameSite"] == "Strict", cookie
         shot(b, "overview")
@@ -94,7 +96,8 @@ def main():
 
         # Every other page renders, labelled, and gets its screenshot.
         for path, name, expect in [
-            ("/ui/tenants", "tenants", "Tenants"),
+            ("/ui/tenants", "tenants", "acme"),
+            ("/ui/tenants?view=busiest", "tenants-busiest", "the most pending first"),
             ("/ui/tenants?q=ac", "tenants-search", "acme"),
             ("/ui/tenants/acme", "tenant", "Tenant acme"),
             ("/ui/dlq?tenant=acme", "dlq", DEAD),

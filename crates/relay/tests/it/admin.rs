@@ -377,6 +377,26 @@ async fn purge_removes_one_tenants_rows_and_a_second_purge_is_a_no_op() {
     assert_eq!(a["counters"]["dead"], 0);
     let (_, b) = h.call("GET", "/v1/tenants/b", Some(ADMIN), "").await;
     assert_eq!(b["counters"]["dead"], 3);
+    // The hook log says who removed them: `purged`, not delivered.
+    let (_, recent) = h
+        .call("GET", "/v1/hooks?tenant=a&limit=10", Some(ADMIN), "")
+        .await;
+    let ids: Vec<&str> = recent["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| i["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(ids.len(), 3, "{recent}");
+    for id in ids {
+        let (_, hook) = h
+            .call("GET", &format!("/v1/hooks/{id}"), Some(ADMIN), "")
+            .await;
+        let sink = &hook["sinks"][0];
+        assert_eq!(sink["state"], "purged", "{hook}");
+        let last = sink["events"].as_array().unwrap().last().unwrap();
+        assert_eq!(last["kind"], "purged", "{hook}");
+    }
     let (s, v) = h
         .call(
             "DELETE",

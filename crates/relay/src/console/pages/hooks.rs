@@ -186,14 +186,17 @@ pub(super) fn render_hook(v: &Viewer, h: &HookOut, with_body: bool) -> String {
     out
 }
 
-/// Why a hook's body is gone, from its deliveries: each delivered, some purged (or dropped)
-/// before delivery, or reclaimed after its deliveries ended.
+/// Why a hook's body is gone, from its deliveries: each delivered, some purged by an
+/// operator (the log's `purged` event), some dropped or purged before the log recorded
+/// purges, or reclaimed after its deliveries ended.
 fn why_not_stored(h: &HookOut) -> &'static str {
     use ankusa_api::admin::DeliveryState as S;
     if !h.sinks.is_empty() && h.sinks.iter().all(|s| s.state == S::Delivered) {
         "delivered and reclaimed"
+    } else if h.sinks.iter().any(|s| s.state == S::Purged) {
+        "an operator purged its undelivered rows"
     } else if h.sinks.iter().any(|s| s.state == S::Gone) {
-        "purged before it was delivered"
+        "dropped or purged before it was delivered"
     } else {
         "reclaimed"
     }

@@ -342,20 +342,28 @@ fn time_param(field: &str, value: &str) -> Result<u64, CallError> {
     })
 }
 
-fn hook_rows(v: &Viewer, items: &[HookSummary]) -> Vec<Vec<String>> {
+/// The rows of a table of hooks: `HOOK_HEADERS`, with the tenant second if `with_tenant`.
+fn hook_rows(v: &Viewer, items: &[HookSummary], with_tenant: bool) -> Vec<Vec<String>> {
     items
         .iter()
         .map(|h| {
-            vec![
-                hook_link(v, &h.id),
+            let mut row = vec![hook_link(v, &h.id)];
+            if with_tenant {
+                row.push(tenant_link(v, &h.tenant));
+            }
+            row.extend([
                 esc(&h.source),
                 time_el(h.received_ms),
                 format!("{} B", h.size),
                 esc(&h.sinks.join(", ")),
-            ]
+            ]);
+            row
         })
         .collect()
 }
+
+/// The columns of [`hook_rows`] (without the tenant's).
+const HOOK_HEADERS: [&str; 5] = ["Hook", "Source", "Received", "Size", "Sinks"];
 
 fn dead_rows(v: &Viewer, items: &[DlqItem], with_tenant: bool) -> Vec<Vec<String>> {
     items

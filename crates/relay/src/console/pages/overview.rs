@@ -1,16 +1,26 @@
-//! The overview: the Relay's nodes, this node's counters now, and its last hour in charts.
+//! The overview: the Relay's nodes, this node's counters now, its last hour in charts and
+//! the newest hooks of its log.
 
 use std::sync::Arc;
 
 use axum::http::{header, HeaderValue, Method};
 
-use super::{count_cell, oldest_due, page, Page};
+use super::{count_cell, hook_rows, oldest_due, page, Page, HOOK_HEADERS};
 use crate::console::html::{self, esc, table};
 use crate::console::{Console, Viewer};
+use ankusa_api::admin::RecentHooks;
 use ankusa_api::node::NodeStatus;
 
+/// The newest hooks the overview lists.
+const NEWEST_HOOKS: usize = 10;
+
 pub(super) async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
-    let me: NodeStatus = c.call(v, Method::GET, "/v1/node", None).await?;
+    let newest_path = format!("/v1/hooks?limit={NEWEST_HOOKS}");
+    let (me, newest) = tokio::join!(
+        c.call::<NodeStatus>(v, Method::GET, "/v1/node", None),
+        c.call::<RecentHooks>(v, Method::GET, &newest_path, None),
+    );
+    let (me, newest) = (me?, newest?);
     let mut nodes = vec![(
         c.api.cluster.me().unwrap_or("this node").to_owned(),
         Ok(me.clone()),
@@ -112,7 +122,9 @@ pub(super) async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Pa
 <div><dt>In flight</dt><dd>{}</dd></div><div><dt>Dead</dt><dd>{}</dd></div>\
 <div><dt>Oldest due</dt><dd>{oldest}</dd></div><div><dt>Store</dt><dd>{} MiB</dd></div></dl></section>\
 <section aria-labelledby=\"h-charts\"><h2 id=\"h-charts\">The last hour on this node</h2><div class=\"charts\">{}{}{}</div>\
-<p class=\"muted\">A sample every {} s since the node started ({} so far).</p></section>",
+<p class=\"muted\">A sample every {} s since the node started ({} so far).</p></section>\
+<section aria-labelledby=\"h-newest\"><h2 id=\"h-newest\">Newest hooks on this node</h2>{}\
+<p><a href=\"{}/hooks\">Find a hook</a> · <a href=\"{}/tenants\">Every tenant</a></p></section>",
         table("Nodes of this Relay", &["Node", "Version", "Store format", "Tenants", "Ownership share", "State"], &rows),
         counters.pending,
         counters.scheduled,
@@ -124,6 +136,20 @@ pub(super) async fn overview(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Pa
         html::chart("Backlog", " rows", &backlog, span),
         crate::console::history::INTERVAL_MS / 1000,
         samples.len(),
+        table(
+            "The newest hooks this node's log keeps",
+            &newest_headers(),
+            &hook_rows(v, &newest.items, true)
+        ),
+        esc(&v.base),
+        esc(&v.base),
     );
     Ok(page(v, "Overview", "Overview", body, fragment, true))
+}
+
+/// [`HOOK_HEADERS`] with the tenant's column second.
+fn newest_headers() -> Vec<&'static str> {
+    let mut h = HOOK_HEADERS.to_vec();
+    h.insert(1, "Tenant");
+    h
 }

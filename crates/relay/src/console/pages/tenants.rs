@@ -1,4 +1,4 @@
-//! Tenants: the busiest or those whose id starts with a prefix, a tenant's page (its
+//! Tenants: every tenant by id (paged), those whose id starts with a prefix, or the busiest; a tenant's page (its
 //! counters, sources, dead letters and newest hooks), its purge and its portal link.
 
 use std::fmt::Write;
@@ -8,7 +8,7 @@ use axum::http::{Method, StatusCode};
 
 use super::{
     body, count_cell, dead_rows, hook_rows, oldest_due, page, redirect, tenant_link, Page,
-    DEAD_HEADERS,
+    DEAD_HEADERS, HOOK_HEADERS,
 };
 use crate::console::html::{self, csrf_field, esc, hidden, plural, table, time_el};
 use crate::console::{field, CallError, Console, Form, Viewer};
@@ -73,8 +73,11 @@ pub(super) async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bo
     }
     let search = field(q, "q").unwrap_or("").trim().to_owned();
     let after = field(q, "after");
-    let listing = !search.is_empty() || after.is_some();
-    let r = if listing {
+    // Every tenant by id (those without work too), unless the busiest are asked for.
+    let busiest_view = field(q, "view") == Some("busiest") && search.is_empty() && after.is_none();
+    let r = if busiest_view {
+        busiest(c, v).await?
+    } else {
         let path = format!(
             "/v1/tenants?prefix={}&top={TENANT_PAGE}{}",
             enc(&search),
@@ -83,8 +86,6 @@ pub(super) async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bo
                 .unwrap_or_default()
         );
         c.call::<TenantsTop>(v, Method::GET, &path, None).await?
-    } else {
-        busiest(c, v).await?
     };
     let rows: Vec<Vec<String>> = r
         .tenants
@@ -122,18 +123,29 @@ pub(super) async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bo
             enc(n)
         )
     });
-    let what = if listing {
-        format!("Tenants whose id starts with “{}”", esc(&search))
+    let base = esc(&v.base);
+    let (what, views) = if busiest_view {
+        (
+            "Tenants with work, the most pending first (ranked each minute; counters now)".to_owned(),
+            format!("<p class=\"views\"><a href=\"{base}/tenants\">Every tenant, by id</a> · the busiest first</p>"),
+        )
+    } else if search.is_empty() {
+        (
+            "Every tenant, by id".to_owned(),
+            format!("<p class=\"views\">Every tenant, by id · <a href=\"{base}/tenants?view=busiest\">the busiest first</a></p>"),
+        )
     } else {
-        "Tenants with work, the most pending first (ranked each minute; counters now)".to_owned()
+        (
+            format!("Tenants whose id starts with “{}”", esc(&search)),
+            format!("<p class=\"views\"><a href=\"{base}/tenants\">Every tenant, by id</a> · <a href=\"{base}/tenants?view=busiest\">the busiest first</a></p>"),
+        )
     };
     let body = format!(
-        "<h1>Tenants</h1><p>{} in all.</p>\
-<form method=\"get\" action=\"{}/tenants\" role=\"search\" class=\"row\">\
+        "<h1>Tenants</h1><p>{} in all.</p>{views}\
+<form method=\"get\" action=\"{base}/tenants\" role=\"search\" class=\"row\">\
 <label for=\"q\">Search tenants by id prefix</label><input id=\"q\" name=\"q\" value=\"{}\" type=\"search\">\
 <button type=\"submit\">Search</button></form>{}{}",
         r.total,
-        esc(&v.base),
         esc(&search),
         table(&what, &["Tenant", "Pending", "Scheduled", "In flight", "Dead", "Oldest due", "Backlog, 1 h", "State"], &rows),
         next.unwrap_or_default()
@@ -232,7 +244,7 @@ pub(super) async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool
         hidden("tenant", t),
         table("Sources this tenant's hooks can come in through", &["Source", "Tenant", "Route"], &sources),
         table("The newest dead letters", &DEAD_HEADERS, &dead_rows(v, &dead.items, false)),
-        table("The newest hooks the node's log keeps", &["Hook", "Source", "Received", "Size", "Sinks"], &hook_rows(v, &recent.items)),
+        table("The newest hooks the node's log keeps", &HOOK_HEADERS, &hook_rows(v, &recent.items, false)),
         if recent.truncated {
             format!("<p class=\"muted\">Read among the node's newest {} hooks.</p>", crate::admin::hooks::MAX_RECENT_SCAN)
         } else {
