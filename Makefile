@@ -113,20 +113,24 @@ e2e:
 	@$(MAKE) --no-print-directory image-archives IMAGE_PROFILE=dev IMAGE_BUILD=
 	@bash e2e/node.sh
 
-## OCI image archives of the relay and the operator (target/images/{relay,operator}.oci.tar),
-## built by scripts/image.py from Debian's packages and this repository's binaries, without
-## a registry or a container engine; the same inputs give the same digest. Push them with
-## `skopeo copy oci-archive:target/images/relay.oci.tar docker://REGISTRY/ankusa/relay:TAG`
-## (docs/deployment.md). IMAGE_PROFILE=dev builds them from the debug binaries.
+## The images of the relay and the operator; none is published (docs/deployment.md). On
+## Debian or Ubuntu: OCI archives (target/images/{relay,operator}.oci.tar) built by
+## scripts/image.py from Debian's packages and the release binaries, without a registry or
+## a container engine, installing only what the build uses; the same inputs give the same
+## digest. Elsewhere, or with IMAGE_ENGINE=podman|docker|buildah: the same files through
+## the Containerfile (scripts/image.sh). Push them with
+## `skopeo copy oci-archive:target/images/relay.oci.tar docker://REGISTRY/ankusa/relay:TAG`.
 IMAGE_PROFILE ?= release
 IMAGE_REGISTRY ?= ghcr.io/ankusa
 IMAGE_TAG ?= $(shell sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)
 IMAGE_DIR = target/$(if $(filter dev,$(IMAGE_PROFILE)),debug,$(IMAGE_PROFILE))
-image: deps image-archives
+image:
+	@IMAGE_REGISTRY=$(IMAGE_REGISTRY) IMAGE_TAG=$(IMAGE_TAG) bash scripts/image.sh
 
-# How image-archives gets its binaries; `make e2e`, which has built them, passes none.
-IMAGE_BUILD ?= $(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-relay --bin ankusa-relay && \
-	$(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-operator --bin ankusa-operator
+# The archives from binaries of IMAGE_PROFILE (`make e2e`: the debug ones it has built, so
+# it passes IMAGE_BUILD=).
+IMAGE_BUILD ?= $(CARGO) build --profile $(IMAGE_PROFILE) -p ankusa-relay --bin ankusa-relay \
+	-p ankusa-operator --bin ankusa-operator
 image-archives:
 	$(IMAGE_BUILD)
 	python3 scripts/image.py --binary $(IMAGE_DIR)/ankusa-relay --ref $(IMAGE_REGISTRY)/relay:$(IMAGE_TAG) --out target/images/relay.oci.tar

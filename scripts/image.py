@@ -25,6 +25,10 @@ those of the libraries it loads (e.g. an interpreter), `--package PKG` a package
 binary as entrypoint (e2e/node.sh builds the previous release's image this way).
 
 Prints the manifest's digest (sha256:...) on stdout.
+
+`--rootfs DIR` writes the image's files into DIR instead (both layers, the same entries,
+modes and owners), for the Containerfile's last stage to copy from its Debian build stage:
+the same image through docker, podman or buildah.
 """
 import argparse
 import datetime
@@ -256,8 +260,10 @@ def canonical(obj):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--binary", required=True)
-    ap.add_argument("--ref", required=True, help="the image's reference, e.g. ghcr.io/ankusa/relay:0.1.0")
-    ap.add_argument("--out", required=True, help="the .oci.tar to write")
+    ap.add_argument("--ref", help="the image's reference, e.g. ghcr.io/ankusa/relay:0.1.0")
+    out = ap.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", help="the .oci.tar to write (needs --ref)")
+    out.add_argument("--rootfs", help="a directory to write the image's files into")
     ap.add_argument("--program", action="append", default=[],
                     help="a program of this machine whose package (and libraries) the base holds")
     ap.add_argument("--package", action="append", default=[], help="a Debian package the base holds")
@@ -272,8 +278,10 @@ def main():
             raise SystemExit(f"image: --file {f}: expected SRC=/DEST")
         files.append((src, dest))
     exe = os.path.basename(a.binary)
-    repo, _, tag = a.ref.rpartition(":")
-    if not repo or "/" in tag:
+    if a.out and not a.ref:
+        raise SystemExit("image: --out needs --ref")
+    repo, _, tag = (a.ref or "").rpartition(":")
+    if a.out and (not repo or "/" in tag):
         raise SystemExit(f"image: --ref {a.ref}: expected REGISTRY/NAME:TAG")
     created = datetime.datetime.fromtimestamp(EPOCH, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with tempfile.TemporaryDirectory() as tmp:
@@ -281,6 +289,12 @@ def main():
         extra = set(a.package) | {owning_package(p) for p in programs}
         base, packages = base_layer([a.binary, *programs], extra, tmp)
         app = app_layer(a.binary, exe, files, tmp)
+        if a.rootfs:
+            for layer in (base, app):
+                with tarfile.open(fileobj=io.BytesIO(layer.tar())) as t:
+                    t.extractall(a.rootfs, numeric_owner=True)
+            log(f"{a.rootfs}: the files of /usr/local/bin/{exe}'s image (base: {' '.join(packages)})")
+            return
         entrypoint = json.loads(a.entrypoint) if a.entrypoint else [f"/usr/local/bin/{exe}"]
         layout = os.path.join(tmp, "layout")
         os.makedirs(os.path.join(layout, "blobs", "sha256"))

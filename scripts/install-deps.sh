@@ -5,6 +5,10 @@
 #                                  libclang (bindgen, for the RocksDB bindings, Debian's
 #                                  libclang-dev), a C++ compiler for RocksDB, a C one (zstd)
 #                                  and make. Nothing else: a first hook waits only on the build.
+#   scripts/install-deps.sh image  what `make image` uses on a Debian machine: the build's
+#                                  (libclang, C and C++ compilers), objcopy (binutils) and
+#                                  python3 for scripts/image.py, and apt's package lists for
+#                                  its `apt-get download` of the base's packages. No test tool.
 #   scripts/install-deps.sh bench  what `make bench` adds: wrk, the outside load generator
 #                                  `ingest` drives the relay process with.
 #   scripts/install-deps.sh system the Debian packages of what `make test` needs, alone (what
@@ -30,11 +34,11 @@ apt_install() { # Debian packages, as root or through sudo
   DEBIAN_FRONTEND=noninteractive "${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "$@"
 }
 case "$mode" in
-  run | test | system) ;;
+  run | test | system | image) ;;
   bench)
     command -v wrk >/dev/null 2>&1 || apt_install wrk
     exit 0 ;;
-  *) echo "usage: $0 [run|test|bench]" >&2; exit 2 ;;
+  *) echo "usage: $0 [run|test|system|image|bench]" >&2; exit 2 ;;
 esac
 
 need_apt=()
@@ -44,8 +48,12 @@ if ! dpkg -s libclang-dev >/dev/null 2>&1; then
 fi
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
-command -v make >/dev/null 2>&1 || need_apt+=(make)
-if [ "$mode" != run ]; then
+[ "$mode" = image ] || command -v make >/dev/null 2>&1 || need_apt+=(make)
+if [ "$mode" = image ]; then
+  command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
+  command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
+  [ -f /etc/ssl/certs/ca-certificates.crt ] || need_apt+=(ca-certificates)
+elif [ "$mode" != run ]; then
   # The control plane's certificates (scripts/k8s-testenv.sh).
   command -v openssl >/dev/null 2>&1 || need_apt+=(openssl)
   # promtool lints the /metrics exposition in the admin tests (Debian's prometheus package).
@@ -67,7 +75,11 @@ fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then
   apt_install "${need_apt[@]}"
+elif [ "$mode" = image ] && ! compgen -G '/var/lib/apt/lists/*_Packages*' >/dev/null; then
+  # scripts/image.py downloads the base's packages: apt needs its lists (an image's are gone).
+  $([ "$(id -u)" -eq 0 ] || echo sudo) apt-get update -qq
 fi
+[ "$mode" = image ] && exit 0
 [ "$mode" = system ] && exit 0
 
 [ "$mode" = test ] || exit 0
