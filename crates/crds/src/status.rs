@@ -77,7 +77,8 @@ pub struct RelayStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, Eq, Default, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RestoreStatus {
-    /// `Bootstrap` (a new Relay from backups) or `Rollback` (`spec.upgrade.rollbackTo`).
+    /// `Bootstrap` (a new Relay from backups), `Rollback` (`spec.upgrade.rollbackTo`) or `Node`
+    /// (`spec.restoreNode`: one node from its backups).
     pub reason: String,
     /// `Stopping` (a rollback waits for the nodes to stop), `Restoring`, `Completed`,
     /// `Failed`, or `Cancelled` (its spec field was removed).

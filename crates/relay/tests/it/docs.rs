@@ -323,6 +323,44 @@ fn operator_md_names_every_relay_field_and_status_field_of_the_crd() {
     .map(|f| f.trim_end_matches("[]").to_owned())
     .collect();
     assert_eq!(table, fields("status"), "operator.md's status table");
+    // Each nested status field's own table: one row per field (a row may name several).
+    for (field, intro) in [
+        ("nodes", "`nodes[]` holds"),
+        ("tenants", "`tenants`:"),
+        ("topTenants", "`topTenants[]`, summed"),
+        ("upgrade", "`upgrade`:"),
+        ("restore", "`restore` (the cursor"),
+    ] {
+        let after = status
+            .split(intro)
+            .nth(1)
+            .unwrap_or_else(|| panic!("operator.md has no table of status.{field}"));
+        let rows = after
+            .split("\n\n")
+            .find(|t| t.starts_with("| field |"))
+            .unwrap();
+        let named: BTreeSet<String> = rows
+            .lines()
+            .filter_map(|l| l.strip_prefix("| "))
+            .filter_map(|l| l.split_once(" |").map(|(cell, _)| cell.to_owned()))
+            .flat_map(|cell| {
+                cell.split(", ")
+                    .filter_map(|n| n.strip_prefix('`')?.strip_suffix('`').map(str::to_owned))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        let mut sub = &schema["status"]["properties"][field];
+        if sub["type"] == "array" {
+            sub = &sub["items"];
+        }
+        let crd_fields: BTreeSet<String> = sub["properties"]
+            .as_mapping()
+            .unwrap()
+            .keys()
+            .map(|k| k.as_str().unwrap().to_owned())
+            .collect();
+        assert_eq!(named, crd_fields, "operator.md's table of status.{field}");
+    }
 }
 
 /// The Markdown pages of the repository: README.md and docs/*.md, by path.
