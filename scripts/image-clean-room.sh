@@ -11,7 +11,7 @@
 # 2. `buildah bud --layers` of the targets relay and operator (its build stage installs what
 #    scripts/install-deps.sh image names, then runs scripts/image.sh), written as OCI
 #    archives to WORKDIR/{relay,operator}.oci.tar.
-# 3. Each image: its user, entrypoint and files; `version` run in it (buildah run); its
+# 3. Each image: its user, entrypoint and files; `--version` run in it (buildah run); its
 #    files the same as scripts/image.py --rootfs gives from this machine's packages and
 #    target/$PROFILE/ (debug by default: build it first).
 # Needs root, debootstrap and buildah (Debian packages); a release build (~20 min on two cores).
@@ -29,15 +29,21 @@ if [ ! -x "$work/rootfs/usr/local/rust/bin/cargo" ]; then
   mkdir -p "$work/rootfs/usr/local/rust"
   cp -a "$(rustc --print sysroot)/." "$work/rootfs/usr/local/rust/"
 fi
-if ! buildah images -q localhost/ankusa-builder:bookworm >/dev/null 2>&1; then
-  say "localhost/ankusa-builder:bookworm from the rootfs"
+# This machine's own certificate authorities (a proxy's, say) go in as local ones, as a
+# company's builder image would carry them: the build stage's ca-certificates takes them
+# into the bundle cargo reads. The images' bundles hold only the package's certificates.
+mkdir -p "$work/rootfs/usr/local/share/ca-certificates"
+cp /usr/local/share/ca-certificates/*.crt "$work/rootfs/usr/local/share/ca-certificates/" 2>/dev/null || true
+say "localhost/ankusa-builder:bookworm from the rootfs"
+buildah rmi -f localhost/ankusa-builder:bookworm >/dev/null 2>&1 || true
+{
   c=$(buildah from scratch)
   buildah copy "$c" "$work/rootfs/" / >/dev/null
   buildah config --env PATH=/usr/local/rust/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
     --env CARGO_HOME=/usr/local/cargo "$c"
   buildah commit -q "$c" localhost/ankusa-builder:bookworm >/dev/null
   buildah rm "$c" >/dev/null
-fi
+}
 
 cd "$repo"
 for image in relay operator; do
@@ -51,19 +57,20 @@ done
 
 for image in relay operator; do
   c=$(buildah from "localhost/ankusa/$image:clean-room")
-  cfg=$(buildah inspect --type container -f '{{.OCIv1.Config.User}} {{json .OCIv1.Config.Entrypoint}}' "$c")
-  [ "$cfg" = "10001:10001 [\"/usr/local/bin/ankusa-$image\"]" ] || { echo "clean-room: $image: user and entrypoint $cfg" >&2; exit 1; }
-  version=$(buildah run "$c" -- "/usr/local/bin/ankusa-$image" version)
+  cfg=$(buildah inspect --type container -f '{{.OCIv1.Config.User}} {{.OCIv1.Config.Entrypoint}}' "$c")
+  [ "$cfg" = "10001:10001 [/usr/local/bin/ankusa-$image]" ] || { echo "clean-room: $image: user and entrypoint $cfg" >&2; exit 1; }
+  # The files as the image has them (before a run adds the runtime's mount points).
   mnt=$(buildah mount "$c")
-  (cd "$mnt" && find . -not -path ./usr/local/bin/ankusa-$image -printf '%p %m %u\n' | sort) >"$work/$image.files"
+  (cd "$mnt" && find . -mindepth 1 -not -path ./usr/local/bin/ankusa-$image -printf '%p %m %u\n' | sort) >"$work/$image.files"
   [ ! -e "$mnt/bin/sh" ] && [ ! -e "$mnt/usr/bin/apt-get" ] || { echo "clean-room: $image has a shell or apt" >&2; exit 1; }
   buildah umount "$c" >/dev/null
+  version=$(buildah run "$c" -- "/usr/local/bin/ankusa-$image" --version)
   buildah rm "$c" >/dev/null
   # The same files as scripts/image.py --rootfs gives here, from this machine's packages
   # and its own build of the binary (the binary's bytes aside).
   here=$(mktemp -d)
   python3 scripts/image.py --binary "target/${PROFILE:-debug}/ankusa-$image" --rootfs "$here/fs" 2>/dev/null
-  (cd "$here/fs" && find . -not -path ./usr/local/bin/ankusa-$image -printf '%p %m %u\n' | sort) >"$work/$image.files.here"
+  (cd "$here/fs" && find . -mindepth 1 -not -path ./usr/local/bin/ankusa-$image -printf '%p %m %u\n' | sort) >"$work/$image.files.here"
   rm -rf "$here"
   diff -u "$work/$image.files.here" "$work/$image.files" >&2 || { echo "clean-room: $image's files differ from scripts/image.py's here" >&2; exit 1; }
   say "$image: $version; user 10001:10001, entrypoint /usr/local/bin/ankusa-$image, $(wc -l <"$work/$image.files") files, no shell; $(du -h "$work/$image.oci.tar" | cut -f1) archive"
