@@ -19,6 +19,10 @@ for b in "$relay_bin" "$operator_bin"; do
 done
 
 pids=()
+# A failure's reason: printed when it happens, and again last, after the logs cleanup shows
+# (the end of a long log names it).
+e2e_failure=
+fail() { e2e_failure="e2e: FAIL: $*"; echo "$e2e_failure" >&2; exit 1; }
 cleanup() {
   local rc=$?
   for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
@@ -38,6 +42,7 @@ cleanup() {
   else
     echo "e2e: kept namespace $ns and $work" >&2
   fi
+  [ $rc -eq 0 ] || [ -z "$e2e_failure" ] || echo "$e2e_failure" >&2
   exit $rc
 }
 free_port() { python3 scripts/free_ports.py; }

@@ -15,8 +15,11 @@
 #   claim's e2e is the upgrade gate's);
 # - the example's sink, http://webhook-consumer.apps.svc:8080/hooks, is `ankusa-relay sink`
 #   in a pod of namespace `apps`, behind a headless Service of that name.
-# The node's taint is lifted and kwok's nodes are tainted for the test, so every pod runs
-# on the real node; both are put back at the end. ANKUSA_E2E_KEEP=1 keeps the namespaces.
+# The test's namespaces give every pod of theirs a toleration of the real node's taint
+# (the API server's PodTolerationRestriction, the namespace's defaultTolerations) and kwok's
+# nodes are tainted for the test, so every pod of the test runs on the real node — and no
+# other: pods of earlier tests still waiting for a node stay off it (the node's own taint
+# stays). kwok's taint goes at the end. ANKUSA_E2E_KEEP=1 keeps the namespaces.
 set -euo pipefail
 # e2e_until, and the checks of the control plane's variables and the binaries.
 source "$(dirname "$0")/lib.sh"
@@ -35,7 +38,8 @@ ns=hooks-$(openssl rand -hex 3)
 pids=()
 cut_rules=() # iptables rules the test inserted, each as one string
 say() { echo "e2e-node: [$SECONDS s] $*"; }
-fail() { echo "e2e-node: FAIL: $*" >&2; exit 1; }
+failure=
+fail() { failure="e2e-node: FAIL: $*"; echo "$failure" >&2; exit 1; }
 # The PID of a pod's container (its PID 1), as the node's containerd sees it.
 container_pid() {
   local cid pid
@@ -79,16 +83,18 @@ cleanup() {
     kubectl delete namespace "$ns" apps ankusa-system ${dra:-} ${drb:-} --wait=false >/dev/null 2>&1 || true
   fi
   kubectl taint nodes -l type=kwok ankusa.dev/real-node-test- >/dev/null 2>&1 || true
-  kubectl taint nodes "$node" ankusa.dev/real-node=true:NoSchedule --overwrite >/dev/null 2>&1 || true
   kubectl delete pv "slow-$ns" --wait=false >/dev/null 2>&1 || true
   for r in "${cut_rules[@]}"; do read -ra rule <<<"$r"; iptables -D "${rule[@]}" 2>/dev/null || true; done
   # slowfs unmounts when it stops; a mount left behind (it was killed) goes before its files.
   for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
   ! grep -q " $work/slow-volume " /proc/mounts || umount -l "$work/slow-volume" || true
   rm -rf "$work"
+  # What failed, again, after the cluster's state: the end of a log shows it.
+  [ $rc -eq 0 ] || echo "${failure:-e2e-node: FAIL: exit $rc at line ${failed_line:-?}}" >&2
   exit $rc
 }
 trap cleanup EXIT
+trap 'failed_line=$LINENO' ERR
 
 
 say "loading the images of make image into the node's containerd"
@@ -113,15 +119,29 @@ python3 scripts/image.py --binary "$relay_bin" --ref "$old" --out "$work/previou
   >"$work/previous-image.log" 2>&1 &
 previous_image=$!
 pids+=("$previous_image")
+# The previous release's chart (e2e/previous-chart.rev: a commit whose Relay CRD lacks
+# spec.config.secretDirs), with this tree's operator binary under the tag `previous`: what
+# is tested is Helm's upgrade of the chart, the CRD and the Deployment, and the leader's
+# handover; the operator's code is the same on both sides.
+prev_rev=$(tr -d '[:space:]' <e2e/previous-chart.rev)
+mkdir -p "$work/previous-chart"
+git archive "$prev_rev" charts/ankusa | tar -x -C "$work/previous-chart"
+python3 scripts/image.py --binary "$operator_bin" --ref ghcr.io/ankusa/operator:previous \
+  --out "$work/operator-previous.oci.tar" >"$work/operator-previous.log" 2>&1 \
+  || fail "the previous operator image: $(cat "$work/operator-previous.log")"
+"${ctr[@]}" images import "$work/operator-previous.oci.tar" >/dev/null
 kubectl taint nodes -l type=kwok ankusa.dev/real-node-test=true:NoSchedule --overwrite >/dev/null
-kubectl taint nodes "$node" ankusa.dev/real-node- >/dev/null
 
-# ankusa-system may exist already (the operator's tests use it in make test).
-for n in ankusa-system "$ns" apps; do
-  kubectl create namespace "$n" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
-  kubectl label namespace "$n" pod-security.kubernetes.io/enforce=restricted \
+# A namespace of the test: Pod Security's `restricted` enforced, and its pods tolerate the
+# real node's taint. (ankusa-system may exist already: the operator's tests use it.)
+test_namespace() {
+  kubectl create namespace "$1" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+  kubectl label namespace "$1" pod-security.kubernetes.io/enforce=restricted \
     pod-security.kubernetes.io/enforce-version=latest --overwrite >/dev/null
-done
+  kubectl annotate namespace "$1" --overwrite \
+    'scheduler.alpha.kubernetes.io/defaultTolerations=[{"key": "ankusa.dev/real-node", "operator": "Exists", "effect": "NoSchedule"}]' >/dev/null
+}
+for n in ankusa-system "$ns" apps; do test_namespace "$n"; done
 # The CRD, made without Helm by the test cluster, is labelled for Helm to adopt. (The
 # chart's ClusterRole and binding are named with the release's namespace: another
 # install's, in another namespace, does not collide with them.)
@@ -255,6 +275,49 @@ delivered() {
 }
 e2e_until 60 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" || true; fail "not every acked hook was delivered"; }
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log"
+
+say "helm upgrade to the previous release's chart and back (CRD, RBAC, Deployment): the operator rolls twice, relay/hooks's pods untouched"
+relay_pods() {
+  kubectl get pods -l app.kubernetes.io/instance=hooks,app.kubernetes.io/name=ankusa-relay \
+    -o jsonpath='{range .items[*]}{.metadata.name}/{.metadata.uid}/{.status.containerStatuses[0].restartCount}{"\n"}{end}'
+}
+crd_has_secret_dirs() {
+  kubectl get crd relays.ankusa.dev -o jsonpath='{.spec.versions[0].schema.openAPIV3Schema.properties.spec.properties.config.properties}' \
+    | grep -q secretDirs
+}
+# Only the chart's operator pods of image $1 are left, every one Ready.
+operator_on() {
+  local pods
+  pods=$(kubectl -n ankusa-system get pods -l app.kubernetes.io/name=ankusa-operator \
+    -o jsonpath='{range .items[*]}{.spec.containers[0].image}/{.status.containerStatuses[0].ready}{"\n"}{end}')
+  [ -n "$pods" ] && [ -z "$(grep -vx "$1/true" <<<"$pods")" ]
+}
+pods_before=$(relay_pods)
+sts_generation=$(kubectl get statefulset hooks -o jsonpath='{.metadata.generation}')
+crd_has_secret_dirs || fail "this tree's CRD has no spec.config.secretDirs"
+helm upgrade ankusa "$work/previous-chart/charts/ankusa" --namespace ankusa-system --set image.tag=previous >/dev/null
+crd_has_secret_dirs && fail "the previous chart's CRD is not the one in the cluster after helm upgrade"
+e2e_until 180 operator_on ghcr.io/ankusa/operator:previous || fail "the operator did not roll to the previous chart's image"
+helm upgrade ankusa charts/ankusa --namespace ankusa-system >/dev/null
+crd_has_secret_dirs || fail "helm upgrade did not bring this tree's CRD back"
+e2e_until 180 operator_on ghcr.io/ankusa/operator:0.1.0 || fail "the operator did not roll to this tree's image"
+# The new leader reconciles: the PodDisruptionBudget, deleted, is made again.
+pdb_uid=$(kubectl get pdb hooks -o jsonpath='{.metadata.uid}')
+kubectl delete pdb hooks --wait=true >/dev/null
+remade() { local u; u=$(kubectl get pdb hooks -o jsonpath='{.metadata.uid}' 2>/dev/null) && [ -n "$u" ] && [ "$u" != "$pdb_uid" ]; }
+leader() { kubectl -n ankusa-system get lease ankusa-operator -o jsonpath='{.spec.holderIdentity}'; }
+new_leader() {
+  [ "$(kubectl -n ankusa-system get pod "$(leader)" -o jsonpath='{.spec.containers[0].image}' 2>/dev/null)" \
+    = ghcr.io/ankusa/operator:0.1.0 ]
+}
+e2e_until 60 new_leader || fail "no operator pod of this tree's image holds the Lease: $(leader)"
+e2e_until 90 remade || fail "the upgraded operator did not make relay/hooks's PodDisruptionBudget again"
+kubectl wait --for=condition=Ready relay/hooks --timeout=60s >/dev/null || fail "relay/hooks is not Ready after the upgrades"
+[ "$(relay_pods)" = "$pods_before" ] || fail "the chart's upgrades restarted relay pods: $pods_before -> $(relay_pods)"
+[ "$(kubectl get statefulset hooks -o jsonpath='{.metadata.generation}')" = "$sts_generation" ] \
+  || fail "the chart's upgrades changed relay/hooks's StatefulSet"
+python3 e2e/hooks.py send "$url" "$shopify_secret" "$work/acked" --count 12 --tenants 6 --prefix upgraded
+e2e_until 60 delivered || fail "hooks sent after the upgrades were not delivered"
 
 say "kubectl delete pod hooks-1 during a steady stream: drained within its grace, the same volume, nothing lost or redelivered"
 uid1=$(kubectl get pod hooks-1 -o jsonpath='{.metadata.uid}')
@@ -975,9 +1038,7 @@ e2e_until 90 curl -fsS -X PUT "$s3/hooks-dr" -o /dev/null || fail "SeaweedFS's S
 dra=dr-a-$(openssl rand -hex 3)
 drb=dr-b-$(openssl rand -hex 3)
 for n in "$dra" "$drb"; do
-  kubectl create namespace "$n" >/dev/null
-  kubectl label namespace "$n" pod-security.kubernetes.io/enforce=restricted \
-    pod-security.kubernetes.io/enforce-version=latest --overwrite >/dev/null
+  test_namespace "$n"
   kubectl -n "$n" create secret generic webhook-secrets \
     --from-literal=shopify="$shopify_secret" --from-literal=sink="$sink_secret" >/dev/null
   kubectl -n "$n" create secret generic s3-keys \

@@ -27,25 +27,25 @@ echo "e2e: waiting for relay/hooks to be Ready"
 all_ready() {
   [ "$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}/{.status.nodesReady}')" = "True/2/2" ]
 }
-e2e_until 300 all_ready || { echo "e2e: relay/hooks did not become Ready with 2/2 nodes" >&2; exit 1; }
+e2e_until 300 all_ready || fail "relay/hooks did not become Ready with 2/2 nodes"
 kubectl -n "$ns" get relays
 gen=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.metadata.generation}')
 observed=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.conditions[?(@.type=="Ready")].observedGeneration}')
-[ "$gen" = "$observed" ] || { echo "e2e: Ready describes generation $observed, not $gen" >&2; exit 1; }
+[ "$gen" = "$observed" ] || fail "Ready describes generation $observed, not $gen"
 version=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.nodes[0].version}')
 format=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.storeFormat}')
-[ -n "$version" ] && [ "$format" = 3 ] || { echo "e2e: nodes did not report (version '$version', format '$format')" >&2; exit 1; }
+[ -n "$version" ] && [ "$format" = 3 ] || fail "nodes did not report (version '$version', format '$format')"
 
 echo "e2e: a signed hook sent to hooks-0 is acked, and counted in the Relay's status"
 ingest="http://127.0.0.1:${proxy}/ingest/$ns/hooks-0/ingest/stripe"
 body='{"id":"evt_e2e","account":"acct_e2e","type":"ping"}'
 code=$(curl -s -o /dev/null -w '%{http_code}' -X POST "$ingest" -H 'content-type: application/json' -d "$body")
-[ "$code" = 401 ] || { echo "e2e: an unsigned Stripe hook was answered $code" >&2; exit 1; }
+[ "$code" = 401 ] || fail "an unsigned Stripe hook was answered $code"
 ts=$(date +%s)
 sig=$(printf '%s.%s' "$ts" "$body" | openssl dgst -sha256 -hmac whsec_e2e_stripe_secret -hex | awk '{print $NF}')
 code=$(curl -s -o "$work/ack.json" -w '%{http_code}' -X POST "$ingest" -H 'content-type: application/json' \
   -H "stripe-signature: t=${ts},v1=${sig}" -d "$body")
-[ "$code" = 202 ] || { echo "e2e: a signed hook was answered $code: $(cat "$work/ack.json")" >&2; exit 1; }
+[ "$code" = 202 ] || fail "a signed hook was answered $code: $(cat "$work/ack.json")"
 echo "e2e: the same event sent to hooks-1 reaches its tenant's owner, which answers it is a duplicate; the status counts the tenant once, owned by one node"
 # The operator wrote both nodes into each one's cluster.nodes: whichever node owns
 # acct_e2e dedupes the provider's retry, whichever node it reaches.
@@ -53,13 +53,13 @@ code=$(curl -s -o "$work/dup.json" -w '%{http_code}' -X POST "http://127.0.0.1:$
   -H 'content-type: application/json' -H "stripe-signature: t=${ts},v1=${sig}" -d "$body")
 first=$(sed -n 's/.*"id":"\([^"]*\)".*/\1/p' "$work/ack.json")
 [ "$code" = 200 ] && grep -q "\"id\":\"$first\"" "$work/dup.json" && grep -q '"duplicate":true' "$work/dup.json" \
-  || { echo "e2e: the retry sent to hooks-1 was answered $code: $(cat "$work/dup.json") (first: $first)" >&2; exit 1; }
+  || fail "the retry sent to hooks-1 was answered $code: $(cat "$work/dup.json") (first: $first)"
 for _ in $(seq 1 100); do
   tenants=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.tenants.count}')
   [ "$tenants" = 1 ] && break
   sleep 0.2
 done
-[ "$tenants" = 1 ] || { echo "e2e: the status counts $tenants tenants, not 1" >&2; exit 1; }
+[ "$tenants" = 1 ] || fail "the status counts $tenants tenants, not 1"
 # One node owns acct_e2e: its share is 1, the other's 0 (the status polls every 2 s).
 for _ in $(seq 1 100); do
   owned=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.nodes[*].tenantsOwned}')
@@ -67,7 +67,7 @@ for _ in $(seq 1 100); do
   sleep 0.2
 done
 [ "$(tr ' ' '\n' <<<"$owned" | sort | tr '\n' ' ')" = "0 1 " ] \
-  || { echo "e2e: the nodes' owned tenants are '$owned', not one node with 1" >&2; exit 1; }
+  || fail "the nodes' owned tenants are '$owned', not one node with 1"
 kubectl -n "$ns" get relays
 
 echo "e2e: hooks-0 deleted: its process stops, the StatefulSet's new pod gets one on the same store"
@@ -82,8 +82,8 @@ for _ in $(seq 1 100); do
   [ "$(grep -c "started hooks-0" "$work/runner.log")" -ge 2 ] && break
   sleep 0.2
 done
-grep -q "stopped hooks-0" "$work/runner.log" || { echo "e2e: the runner did not stop hooks-0's process" >&2; exit 1; }
-[ "$(grep -c "started hooks-0" "$work/runner.log")" -ge 2 ] || { echo "e2e: no process for the new hooks-0" >&2; exit 1; }
+grep -q "stopped hooks-0" "$work/runner.log" || fail "the runner did not stop hooks-0's process"
+[ "$(grep -c "started hooks-0" "$work/runner.log")" -ge 2 ] || fail "no process for the new hooks-0"
 # The new process opened the old store: the tenant of the hook acked before is there.
 token=$(kubectl -n "$ns" get secret hooks-operator-token -o jsonpath='{.data.token}' | base64 -d)
 for _ in $(seq 1 100); do
@@ -91,7 +91,7 @@ for _ in $(seq 1 100); do
   case "$node" in *'"tenants":1'*) break ;; esac
   sleep 0.2
 done
-case "$node" in *'"tenants":1'*) ;; *) echo "e2e: the restarted hooks-0 reports: $node" >&2; exit 1 ;; esac
+case "$node" in *'"tenants":1'*) ;; *) fail "the restarted hooks-0 reports: $node" ;; esac
 kubectl -n "$ns" wait --for=condition=Ready relay/hooks --timeout=2m >/dev/null
 
 echo "e2e: after an image change (same store format), Ready waits until every node runs it"
@@ -99,13 +99,13 @@ kubectl -n "$ns" patch relay hooks --type merge -p '{"spec":{"image":"ghcr.io/an
 gen=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.metadata.generation}')
 kubectl -n "$ns" wait --for=condition=Ready relay/hooks --timeout=2m >/dev/null
 observed=$(kubectl -n "$ns" get relay hooks -o jsonpath='{.status.conditions[?(@.type=="Ready")].observedGeneration}')
-[ "$observed" = "$gen" ] || { echo "e2e: Ready describes generation $observed, not $gen" >&2; exit 1; }
+[ "$observed" = "$gen" ] || fail "Ready describes generation $observed, not $gen"
 images=$(kubectl -n "$ns" get pods -l app.kubernetes.io/component=relay -o jsonpath='{.items[*].spec.containers[0].image}')
 for i in $images; do
   # The release as its probe resolved it: the tag pinned to a digest.
-  case "$i" in ghcr.io/ankusa/relay:0.1.1@sha256:*) ;; *) echo "e2e: Ready while a node runs $i" >&2; exit 1 ;; esac
+  case "$i" in ghcr.io/ankusa/relay:0.1.1@sha256:*) ;; *) fail "Ready while a node runs $i" ;; esac
 done
 # (kwok reports a replaced pod Ready at once; the runner starts its process within a round.)
 moved() { [ "$(grep -c 'started hooks-.*image=ghcr.io/ankusa/relay:0.1.1' "$work/runner.log")" -ge 2 ]; }
-e2e_until 30 moved || { echo "e2e: the nodes' processes did not move to 0.1.1" >&2; exit 1; }
+e2e_until 30 moved || fail "the nodes' processes did not move to 0.1.1"
 echo "e2e: passed"

@@ -32,7 +32,6 @@ export ANKUSA_E2E_RELEASES="{\"$OLD\":\"previous\",\"$NEW\":\"current\",\"$BROKE
 source "$(dirname "$0")/lib.sh"
 e2e_start
 
-fail() { echo "e2e: $*" >&2; exit 1; }
 # ANKUSA_E2E_ONLY=name runs one scenario (up, nobk, crash, scale, again).
 only() { [ -z "${ANKUSA_E2E_ONLY:-}" ] || [ "$ANKUSA_E2E_ONLY" = "$1" ]; }
 field() { kubectl -n "$ns" get relay "$1" -o jsonpath="$2"; }

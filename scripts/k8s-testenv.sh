@@ -283,7 +283,10 @@ EOF
       "$@"
   }
   # The real node's kubelet serves on 127.0.0.1 under the name `localhost`.
+  # PodTolerationRestriction: e2e/node.sh's namespaces tolerate the real node's taint for
+  # every pod of theirs (scheduler.alpha.kubernetes.io/defaultTolerations).
   apiserver kube-apiserver "$api_port" /registry \
+    --enable-admission-plugins PodTolerationRestriction \
     --audit-policy-file "$dir/audit-policy.yaml" --audit-log-path "$dir/audit.log" \
     --audit-log-mode blocking --kubelet-preferred-address-types Hostname \
     --kubelet-client-certificate "$dir/kubelet-client.crt" --kubelet-client-key "$dir/kubelet-client.key"
