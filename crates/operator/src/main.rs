@@ -108,7 +108,31 @@ fn main() -> anyhow::Result<()> {
     }
 }
 
+/// SIGTERM or Ctrl-C, from the moment it is called: set once either arrives. A pod's PID 1
+/// has no default action for SIGTERM, so without this a follower waiting for the Lease
+/// would make every rollout and drain wait out its grace period.
+fn stop_requested() -> anyhow::Result<tokio::sync::watch::Receiver<bool>> {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .context("installing the SIGTERM handler")?;
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    tokio::spawn(async move {
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {},
+            _ = term.recv() => {},
+        }
+        let _ = tx.send(true);
+    });
+    Ok(rx)
+}
+
+/// Resolves once [`stop_requested`]'s signal has come.
+async fn stopped(mut stop: tokio::sync::watch::Receiver<bool>) {
+    // An error means the sender is gone, which happens only after it sent.
+    let _ = stop.wait_for(|s| *s).await;
+}
+
 async fn run(args: RunArgs) -> anyhow::Result<()> {
+    let stop = stop_requested()?;
     let metrics = Arc::new(Metrics::default());
     let lease_duration = Duration::from_secs(args.lease_duration_s.max(2));
     let renew_deadline = Duration::from_secs(
@@ -139,7 +163,13 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
     };
     let mut elector = Elector::new(client.clone(), lease).with_health(health.clone());
     if args.leader_election {
-        elector.acquire().await;
+        tokio::select! {
+            _ = elector.acquire() => {},
+            _ = stopped(stop.clone()) => {
+                tracing::info!(lease = %args.lease_name, "stopped while following");
+                return Ok(());
+            }
+        }
     }
     metrics.leader.set(1);
     let settings = Settings {
@@ -181,16 +211,8 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
         }
     };
     let shutdown = async move {
-        let term = async {
-            if let Ok(mut s) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-            {
-                s.recv().await;
-            }
-        };
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {},
-            _ = term => {},
+            _ = stopped(stop) => {},
             _ = lost => {},
         }
     };

@@ -17,9 +17,15 @@
 //! - `ankusa_operator_scheduled_backup_interval_seconds{namespace,relay}` — the schedule's
 //!   interval; absent without a schedule. The `AnkusaBackupStale` alert fires when a
 //!   node's last success is older than twice it.
+//!
+//! A series names only what exists: a pod the schedule no longer lists (a scale-down) loses
+//! its success series at the next reconcile, and a deleted `Relay` every series of its own
+//! ([`Metrics::forget`], from the Relay watch's delete event). A stale series would keep
+//! `AnkusaBackupStale` firing for a node that is gone.
 
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::AtomicI64;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -76,6 +82,8 @@ pub struct Metrics {
     pub last_backup: Family<RelayLabels, Gauge<i64, AtomicI64>>,
     pub scheduled_success: Family<PodLabels, Gauge<i64, AtomicI64>>,
     pub scheduled_interval: Family<RelayLabels, Gauge<i64, AtomicI64>>,
+    /// The pods of each Relay that have a `scheduled_success` series (what to remove).
+    pods: Mutex<HashMap<RelayLabels, BTreeSet<String>>>,
 }
 
 /// Every upgrade phase, for the phase gauge.
@@ -157,6 +165,7 @@ impl Default for Metrics {
             node_polls,
             applies,
             leader,
+            pods: Mutex::default(),
         }
     }
 }
@@ -221,6 +230,12 @@ impl Metrics {
             namespace: namespace.clone(),
             relay: name.clone(),
         };
+        let listed: BTreeSet<String> = status
+            .scheduled_backups
+            .iter()
+            .flat_map(|b| b.nodes.iter().map(|n| n.name.clone()))
+            .collect();
+        self.keep_pods(&relay_labels, listed);
         let Some(b) = &status.scheduled_backups else {
             self.scheduled_interval.remove(&relay_labels);
             return;
@@ -243,6 +258,41 @@ impl Metrics {
                     })
                     .set(at.as_second());
             }
+        }
+    }
+
+    /// Removes the success series of the Relay's pods not in `listed`, and remembers
+    /// `listed` as those it has.
+    fn keep_pods(&self, relay: &RelayLabels, listed: BTreeSet<String>) {
+        let mut pods = self.pods.lock().unwrap_or_else(|p| p.into_inner());
+        let had = pods.remove(relay).unwrap_or_default();
+        for pod in had.difference(&listed) {
+            self.scheduled_success.remove(&PodLabels {
+                namespace: relay.namespace.clone(),
+                relay: relay.relay.clone(),
+                pod: pod.clone(),
+            });
+        }
+        if !listed.is_empty() {
+            pods.insert(relay.clone(), listed);
+        }
+    }
+
+    /// A deleted `Relay`: every series of its own goes.
+    pub fn forget(&self, namespace: &str, relay: &str) {
+        let labels = RelayLabels {
+            namespace: namespace.to_owned(),
+            relay: relay.to_owned(),
+        };
+        self.keep_pods(&labels, BTreeSet::new());
+        self.scheduled_interval.remove(&labels);
+        self.last_backup.remove(&labels);
+        for p in PHASES {
+            self.upgrade_phase.remove(&PhaseLabels {
+                namespace: namespace.to_owned(),
+                relay: relay.to_owned(),
+                phase: format!("{p:?}"),
+            });
         }
     }
 
@@ -285,4 +335,75 @@ pub fn router(metrics: Arc<Metrics>, health: Arc<crate::health::Health>) -> axum
         )
         .route("/healthz", get(move || async move { answer(live.live()) }))
         .route("/readyz", get(move || async move { answer(ready.ready()) }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ankusa_crds::status::{NodeBackup, RelayStatus, ScheduledBackups};
+
+    fn relay(name: &str) -> ankusa_crds::relay::Relay {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "ankusa.dev/v1alpha1",
+            "kind": "Relay",
+            "metadata": { "name": name, "namespace": "payments" },
+            "spec": { "image": "relay:1" },
+        }))
+        .unwrap()
+    }
+
+    fn scheduled(pods: &[&str]) -> RelayStatus {
+        RelayStatus {
+            last_backup: Some("2026-12-07T08:00:00Z".into()),
+            scheduled_backups: Some(ScheduledBackups {
+                schedule: "0 * * * *".into(),
+                since: "2026-12-07T07:00:00Z".into(),
+                interval_seconds: 3600,
+                nodes: pods
+                    .iter()
+                    .map(|p| NodeBackup {
+                        name: (*p).into(),
+                        last_success: Some("2026-12-07T08:00:00Z".into()),
+                        ..NodeBackup::default()
+                    })
+                    .collect(),
+                ..ScheduledBackups::default()
+            }),
+            ..RelayStatus::default()
+        }
+    }
+
+    fn series(m: &Metrics, relay: &str) -> Vec<String> {
+        m.encode()
+            .lines()
+            .filter(|l| !l.starts_with('#') && l.contains(&format!("relay=\"{relay}\"")))
+            .map(|l| l.split(' ').next().unwrap_or_default().to_owned())
+            .collect()
+    }
+
+    #[test]
+    fn series_of_gone_pods_and_deleted_relays_are_removed() {
+        let m = Metrics::default();
+        m.upgrade(
+            &relay("hooks"),
+            &scheduled(&["hooks-0", "hooks-1", "hooks-2"]),
+        );
+        m.upgrade(&relay("other"), &scheduled(&["other-0"]));
+        let pod = |p: &str| format!("pod=\"{p}\"");
+        let has = |r: &str, p: &str| series(&m, r).iter().any(|s| s.contains(&pod(p)));
+        assert!(has("hooks", "hooks-2"));
+        // A scale-down: hooks-2 leaves the schedule's nodes, and its series goes.
+        m.upgrade(&relay("hooks"), &scheduled(&["hooks-0", "hooks-1"]));
+        assert!(has("hooks", "hooks-1") && !has("hooks", "hooks-2"));
+        // The schedule taken off: no success series, no interval.
+        m.upgrade(&relay("hooks"), &RelayStatus::default());
+        assert!(!has("hooks", "hooks-0"));
+        assert!(!series(&m, "hooks").iter().any(|s| s.contains("interval")));
+        // A deleted Relay: nothing of it left; another Relay's series stay.
+        m.upgrade(&relay("hooks"), &scheduled(&["hooks-0"]));
+        m.forget("payments", "hooks");
+        assert_eq!(series(&m, "hooks"), Vec::<String>::new());
+        assert!(has("other", "other-0"));
+        assert!(series(&m, "other").len() > 3);
+    }
 }

@@ -205,8 +205,13 @@ pub async fn run(
     let writer = reflector::store::Writer::new(ar.clone());
     let reader = writer.as_reader();
     let health = ctx.settings.health.clone();
+    let metrics = ctx.metrics.clone();
     let relay_changes = watcher(relays, watcher::Config::default())
         .map(move |event| {
+            // A deleted Relay's series go (the controller does not reconcile it again).
+            if let Ok(watcher::Event::Delete(obj)) = &event {
+                metrics.forget(&obj.namespace().unwrap_or_default(), &obj.name_any());
+            }
             if let Some(h) = &health {
                 match &event {
                     Ok(watcher::Event::InitDone) => h.watch_event(true),

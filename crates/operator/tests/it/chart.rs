@@ -188,6 +188,42 @@ fn chart_rbac_is_exactly_what_the_code_uses() {
     }
 }
 
+/// With `watchNamespace` the operator's grant is a Role in that namespace, bound to the
+/// release's ServiceAccount: the same rules, and nothing cluster-wide (no Secret of another
+/// namespace). `e2e/run.sh` runs the operator with it against the real API server.
+#[test]
+fn one_watched_namespace_is_granted_a_role_not_a_cluster_role() {
+    let docs = render(json!({ "watchNamespace": "payments" }));
+    check_all(&docs);
+    let k = kinds(&docs);
+    assert!(!k.contains(&"ClusterRole".to_owned()), "{k:?}");
+    assert!(!k.contains(&"ClusterRoleBinding".to_owned()), "{k:?}");
+    let named = |kind: &str, name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == kind && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no {kind} {name}"))
+    };
+    let role: Role = parse(named("Role", "ankusa"));
+    assert_eq!(role.metadata.namespace.as_deref(), Some("payments"));
+    assert_eq!(grants(&role.rules.unwrap()), expected(CLUSTER_RULES));
+    let binding: RoleBinding = parse(named("RoleBinding", "ankusa"));
+    assert_eq!(binding.metadata.namespace.as_deref(), Some("payments"));
+    assert_eq!(
+        (
+            binding.role_ref.kind.as_str(),
+            binding.role_ref.name.as_str()
+        ),
+        ("Role", "ankusa")
+    );
+    let subject = &binding.subjects.unwrap()[0];
+    assert_eq!(
+        (subject.name.as_str(), subject.namespace.as_deref()),
+        ("ankusa", Some("ankusa-system"))
+    );
+    let leader: Role = parse(named("Role", "ankusa-leader"));
+    assert_eq!(leader.metadata.namespace.as_deref(), Some("ankusa-system"));
+}
+
 /// Two installs of one release name in two namespaces: their cluster-scoped objects have
 /// different names, and each binding grants its own role to its own ServiceAccount.
 #[test]
@@ -232,7 +268,10 @@ fn chart_options_change_what_renders() {
     check_all(&docs);
     let k = kinds(&docs);
     assert!(!k.contains(&"CustomResourceDefinition".to_owned()));
-    assert!(!k.contains(&"Role".to_owned()));
+    // No leader's Role: the one Role is the operator's grant in the watched namespace.
+    let roles: Vec<&Value> = docs.iter().filter(|d| d["kind"] == "Role").collect();
+    assert_eq!(roles.len(), 1);
+    assert_eq!(roles[0]["metadata"]["namespace"], "payments");
     let deploy: Deployment = parse(find(&docs, "Deployment"));
     let env = deploy.spec.unwrap().template.spec.unwrap().containers[0]
         .env

@@ -294,3 +294,38 @@ async fn a_stopped_leader_releases_the_lease() {
     // The follower looks every second; without the release it would wait out the 30 s.
     assert!(took <= Duration::from_secs(8), "takeover took {took:?}");
 }
+
+/// A follower waiting for the Lease stops at once on SIGTERM, with a clean exit: its
+/// handler is installed before it waits (as a pod's PID 1 it would otherwise ignore the
+/// signal and hold up every rollout for its grace period). The leader keeps the Lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_stops_at_once_on_sigterm() {
+    let admin = cluster::admin().await;
+    let (_, kubeconfig) = cluster::operator_client().await;
+    let ns = cluster::namespace(&admin, "follower").await;
+    let lease = format!("op-{:08x}", rand::random::<u32>());
+    let leases: Api<Lease> = Api::namespaced(admin.clone(), OPERATOR_NS);
+    let _first = operator_with_lease(&kubeconfig, &lease, "operator-a", &ns, 30);
+    cluster::eventually(Duration::from_secs(30), "operator-a leading", || async {
+        (holder(&leases, &lease).await.as_deref() == Some("operator-a")).then_some(())
+    })
+    .await;
+    let mut second = operator_with_lease(&kubeconfig, &lease, "operator-b", &ns, 30);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    // SIGTERM to the child this test started, by its PID.
+    let pid = i32::try_from(second.0.id()).unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let stopped = Instant::now();
+    let exit = second.0.wait().unwrap();
+    let took = stopped.elapsed();
+    assert!(exit.success(), "the follower's exit on SIGTERM: {exit:?}");
+    assert!(
+        took <= Duration::from_secs(3),
+        "the follower took {took:?} to stop"
+    );
+    assert_eq!(holder(&leases, &lease).await.as_deref(), Some("operator-a"));
+}
