@@ -142,8 +142,10 @@ test_namespace() {
     'scheduler.alpha.kubernetes.io/defaultTolerations=[{"key": "ankusa.dev/real-node", "operator": "Exists", "effect": "NoSchedule"}]' >/dev/null
 }
 for n in ankusa-system "$ns" apps; do test_namespace "$n"; done
-# The CRD, made without Helm by the test cluster, is labelled for Helm to adopt. (The
-# chart's ClusterRole and binding are named with the release's namespace: another
+# The CRD, made without Helm by the test cluster (kubectl's server-side apply), is labelled
+# for Helm to adopt. kubectl still owns its fields: the chart's upgrades below pass
+# --force-conflicts, as docs/operator.md says to for a CRD first applied by kubectl.
+# (The chart's ClusterRole and binding are named with the release's namespace: another
 # install's, in another namespace, does not collide with them.)
 for obj in crd/relays.ankusa.dev; do
   kubectl get "$obj" >/dev/null 2>&1 || continue
@@ -295,10 +297,12 @@ operator_on() {
 pods_before=$(relay_pods)
 sts_generation=$(kubectl get statefulset hooks -o jsonpath='{.metadata.generation}')
 crd_has_secret_dirs || fail "this tree's CRD has no spec.config.secretDirs"
-helm upgrade ankusa "$work/previous-chart/charts/ankusa" --namespace ankusa-system --set image.tag=previous >/dev/null
+helm upgrade ankusa "$work/previous-chart/charts/ankusa" --namespace ankusa-system --set image.tag=previous \
+  --force-conflicts >/dev/null
 crd_has_secret_dirs && fail "the previous chart's CRD is not the one in the cluster after helm upgrade"
 e2e_until 180 operator_on ghcr.io/ankusa/operator:previous || fail "the operator did not roll to the previous chart's image"
-helm upgrade ankusa charts/ankusa --namespace ankusa-system >/dev/null
+# --reset-values: without it Helm would keep the previous release's image.tag=previous.
+helm upgrade ankusa charts/ankusa --namespace ankusa-system --reset-values --force-conflicts >/dev/null
 crd_has_secret_dirs || fail "helm upgrade did not bring this tree's CRD back"
 e2e_until 180 operator_on ghcr.io/ankusa/operator:0.1.0 || fail "the operator did not roll to this tree's image"
 # The new leader reconciles: the PodDisruptionBudget, deleted, is made again.
@@ -932,6 +936,8 @@ not_waiting() {
     for p in 0 1; do kubectl logs "hooks-$p" | grep -F "$id" | sed "s/^/hooks-$p: /" | tail -n 5; done
     grep -F "$id" "$work/hooks-2.log" 2>/dev/null | sed 's/^/hooks-2: /' | tail -n 5
   done
+  echo "the leaving node's retained store:"
+  "$relay_bin" store inspect --data "$(host_path data-hooks-2)/data" 2>&1 | grep -E 'counters|tenant' | head -n 5
   echo "the leaving node's last lines:"; tail -n 20 "$work/hooks-2.log" 2>/dev/null
   echo "the status through the drain:"; tail -n 10 "$work/drain-samples"
 }
