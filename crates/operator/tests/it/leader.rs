@@ -162,6 +162,19 @@ fn operator_with_lease(
     Operator(child)
 }
 
+/// SIGTERM to an operator this test started, by its PID, and its exit: its status and
+/// when the signal went.
+fn terminate(op: &mut Operator) -> (std::process::ExitStatus, Instant) {
+    let pid = i32::try_from(op.0.id()).unwrap();
+    let status = Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let sent = Instant::now();
+    (op.0.wait().unwrap(), sent)
+}
+
 async fn holder(leases: &Api<Lease>, lease: &str) -> Option<String> {
     leases
         .get_opt(lease)
@@ -276,15 +289,7 @@ async fn a_stopped_leader_releases_the_lease() {
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(holder(&leases, &lease).await.as_deref(), Some("operator-a"));
 
-    let pid = i32::try_from(first.0.id()).unwrap();
-    // SIGTERM to the child this test started, by its PID.
-    let status = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let stopped = Instant::now();
-    let exit = first.0.wait().unwrap();
+    let (exit, stopped) = terminate(&mut first);
     assert!(exit.success(), "the leader's exit on SIGTERM: {exit:?}");
     cluster::eventually(Duration::from_secs(30), "operator-b leading", || async {
         (holder(&leases, &lease).await.as_deref() == Some("operator-b")).then_some(())
@@ -312,15 +317,7 @@ async fn a_follower_stops_at_once_on_sigterm() {
     .await;
     let mut second = operator_with_lease(&kubeconfig, &lease, "operator-b", &ns, 30);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    // SIGTERM to the child this test started, by its PID.
-    let pid = i32::try_from(second.0.id()).unwrap();
-    let status = Command::new("kill")
-        .args(["-TERM", &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let stopped = Instant::now();
-    let exit = second.0.wait().unwrap();
+    let (exit, stopped) = terminate(&mut second);
     let took = stopped.elapsed();
     assert!(exit.success(), "the follower's exit on SIGTERM: {exit:?}");
     assert!(
