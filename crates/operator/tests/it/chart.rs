@@ -344,3 +344,45 @@ fn chart_ships_the_alerts_and_the_dashboard_when_asked() {
     assert_eq!(shipped, file);
     assert_eq!(shipped["uid"], "ankusa-relay");
 }
+
+/// With the chart's alerts on, the operator's ServiceMonitor comes with them (the alerts
+/// read its series) unless it is turned off; and none without the alerts. The test
+/// cluster's own helm renders it, told that the Prometheus Operator's API is served (the
+/// offline renderer cannot say so).
+#[test]
+fn the_alerts_bring_the_operators_service_monitor() {
+    let bin = std::env::var("ANKUSA_TESTENV_BIN").expect(
+        "ANKUSA_TESTENV_BIN is not set: this test runs under scripts/k8s-testenv.sh (make test)",
+    );
+    let monitors = |set: &[&str]| -> usize {
+        let mut cmd = Command::new(std::path::Path::new(&bin).join("helm"));
+        cmd.args(["template", "ankusa"])
+            .arg(root().join("charts/ankusa"))
+            .args(["--api-versions", "monitoring.coreos.com/v1/ServiceMonitor"]);
+        for s in set {
+            cmd.args(["--set", s]);
+        }
+        let out = cmd.output().expect("helm runs");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let text = String::from_utf8(out.stdout).unwrap();
+        serde_yaml::Deserializer::from_str(&text)
+            .map(|d| Value::deserialize(d).unwrap())
+            .filter(|v| v["kind"] == "ServiceMonitor")
+            .count()
+    };
+    assert_eq!(monitors(&[]), 0, "no alerts, no ServiceMonitor");
+    assert_eq!(monitors(&["monitoring.prometheusRule.enabled=true"]), 1);
+    assert_eq!(
+        monitors(&[
+            "monitoring.prometheusRule.enabled=true",
+            "metrics.serviceMonitor.enabled=false"
+        ]),
+        0,
+        "turned off"
+    );
+    assert_eq!(monitors(&["metrics.serviceMonitor.enabled=true"]), 1);
+}
