@@ -193,18 +193,7 @@ impl LogLimit {
     /// `Some(left_out)` when a line may be written in second `now_s` (`left_out` lines
     /// were not since the last one that was), `None` when this second's budget is spent.
     pub fn admit(&self, now_s: u64) -> Option<u64> {
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if st.0 != now_s {
-            st.0 = now_s;
-            st.1 = 0;
-        }
-        if st.1 < self.per_second {
-            st.1 += 1;
-            Some(std::mem::take(&mut st.2))
-        } else {
-            st.2 += 1;
-            None
-        }
+        self.admit_or_defer(now_s).ok()
     }
 
     /// [`LogLimit::admit`], telling a line left out whether it is the first since the
