@@ -1,5 +1,6 @@
-//! Tenants: every tenant by id (paged), those whose id starts with a prefix, or the busiest; a tenant's page (its
-//! counters, sources, dead letters and newest hooks), its purge and its portal link.
+//! Tenants: every tenant by id (paged), those whose id starts with a prefix, or the
+//! busiest; a tenant's page (its counters, sources, dead letters and newest hooks), its
+//! purge and its portal link.
 
 use std::fmt::Write;
 use std::sync::Arc;
@@ -115,31 +116,38 @@ pub(super) async fn tenants(c: &Arc<Console>, v: &Viewer, q: &Form, fragment: bo
             ]
         })
         .collect();
+    let base = esc(&v.base);
     let next = r.next.as_deref().map(|n| {
         format!(
-            "<p><a rel=\"next\" href=\"{}/tenants?q={}&amp;after={}\">Next page</a></p>",
-            esc(&v.base),
+            "<p><a rel=\"next\" href=\"{base}/tenants?q={}&amp;after={}\">Next page</a></p>",
             enc(&search),
             enc(n)
         )
     });
-    let base = esc(&v.base);
-    let (what, views) = if busiest_view {
-        (
-            "Tenants with work, the most pending first (ranked each minute; counters now)".to_owned(),
-            format!("<p class=\"views\"><a href=\"{base}/tenants\">Every tenant, by id</a> · the busiest first</p>"),
-        )
+    let what = if busiest_view {
+        "Tenants with work, the most pending first (ranked each minute; counters now)".to_owned()
     } else if search.is_empty() {
-        (
-            "Every tenant, by id".to_owned(),
-            format!("<p class=\"views\">Every tenant, by id · <a href=\"{base}/tenants?view=busiest\">the busiest first</a></p>"),
-        )
+        "Every tenant, by id".to_owned()
     } else {
-        (
-            format!("Tenants whose id starts with “{}”", esc(&search)),
-            format!("<p class=\"views\"><a href=\"{base}/tenants\">Every tenant, by id</a> · <a href=\"{base}/tenants?view=busiest\">the busiest first</a></p>"),
-        )
+        format!("Tenants whose id starts with “{}”", esc(&search))
     };
+    // The two views, the one shown as text, the other as a link.
+    let view = |text: &str, href: &str, shown: bool| {
+        if shown {
+            text.to_owned()
+        } else {
+            format!("<a href=\"{base}{href}\">{text}</a>")
+        }
+    };
+    let views = format!(
+        "<p class=\"views\">{} · {}</p>",
+        view(
+            "Every tenant, by id",
+            "/tenants",
+            !busiest_view && search.is_empty()
+        ),
+        view("the busiest first", "/tenants?view=busiest", busiest_view),
+    );
     let body = format!(
         "<h1>Tenants</h1><p>{} in all.</p>{views}\
 <form method=\"get\" action=\"{base}/tenants\" role=\"search\" class=\"row\">\
