@@ -38,8 +38,13 @@ fn render_in(ns: &str, values: Value) -> Vec<Value> {
         "the chart does not lint or render:\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let text = String::from_utf8(out.stdout).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
+    documents(&out.stdout)
+}
+
+/// The documents of a rendered YAML stream (empty ones left out).
+fn documents(stream: &[u8]) -> Vec<Value> {
+    let text = std::str::from_utf8(stream).unwrap();
+    serde_yaml::Deserializer::from_str(text)
         .map(|d| Value::deserialize(d).unwrap())
         .filter(|v| !v.is_null())
         .collect()
@@ -368,9 +373,8 @@ fn the_alerts_bring_the_operators_service_monitor() {
             "{}",
             String::from_utf8_lossy(&out.stderr)
         );
-        let text = String::from_utf8(out.stdout).unwrap();
-        serde_yaml::Deserializer::from_str(&text)
-            .map(|d| Value::deserialize(d).unwrap())
+        documents(&out.stdout)
+            .iter()
             .filter(|v| v["kind"] == "ServiceMonitor")
             .count()
     };
