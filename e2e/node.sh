@@ -279,7 +279,8 @@ e2e_until 60 delivered || { python3 e2e/hooks.py check "$work/acked" "$work/sink
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log"
 
 say "helm upgrade to the previous release's chart and back (CRD, RBAC, Deployment): the operator rolls twice, relay/hooks's pods untouched"
-relay_pods() {
+# relay/hooks's pods, each as name/uid/restarts: the same string while none restarted.
+hooks_pods() {
   kubectl get pods -l app.kubernetes.io/instance=hooks,app.kubernetes.io/name=ankusa-relay \
     -o jsonpath='{range .items[*]}{.metadata.name}/{.metadata.uid}/{.status.containerStatuses[0].restartCount}{"\n"}{end}'
 }
@@ -294,7 +295,7 @@ operator_on() {
     -o jsonpath='{range .items[*]}{.spec.containers[0].image}/{.status.containerStatuses[0].ready}{"\n"}{end}')
   [ -n "$pods" ] && [ -z "$(grep -vx "$1/true" <<<"$pods")" ]
 }
-pods_before=$(relay_pods)
+pods_before=$(hooks_pods)
 sts_generation=$(kubectl get statefulset hooks -o jsonpath='{.metadata.generation}')
 crd_has_secret_dirs || fail "this tree's CRD has no spec.config.secretDirs"
 helm upgrade ankusa "$work/previous-chart/charts/ankusa" --namespace ankusa-system --set image.tag=previous \
@@ -317,7 +318,7 @@ new_leader() {
 e2e_until 60 new_leader || fail "no operator pod of this tree's image holds the Lease: $(leader)"
 e2e_until 90 remade || fail "the upgraded operator did not make relay/hooks's PodDisruptionBudget again"
 kubectl wait --for=condition=Ready relay/hooks --timeout=60s >/dev/null || fail "relay/hooks is not Ready after the upgrades"
-[ "$(relay_pods)" = "$pods_before" ] || fail "the chart's upgrades restarted relay pods: $pods_before -> $(relay_pods)"
+[ "$(hooks_pods)" = "$pods_before" ] || fail "the chart's upgrades restarted relay pods: $pods_before -> $(hooks_pods)"
 [ "$(kubectl get statefulset hooks -o jsonpath='{.metadata.generation}')" = "$sts_generation" ] \
   || fail "the chart's upgrades changed relay/hooks's StatefulSet"
 python3 e2e/hooks.py send "$url" "$shopify_secret" "$work/acked" --count 12 --tenants 6 --prefix upgraded
@@ -363,8 +364,7 @@ e2e_until 90 delivered --allow-duplicates || { python3 e2e/hooks.py check "$work
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
 
 say "a source added to the Relay's configuration reaches the running nodes through the ConfigMap: no pod restarted"
-pods_before=$(kubectl get pods -l app.kubernetes.io/instance=hooks,app.kubernetes.io/name=ankusa-relay \
-  -o jsonpath='{range .items[*]}{.metadata.name}/{.metadata.uid}/{.status.containerStatuses[0].restartCount}{"\n"}{end}')
+pods_before=$(hooks_pods)
 hash_before=$(kubectl get statefulset hooks -o jsonpath='{.spec.template.metadata.annotations.ankusa\.dev/config-hash}')
 kubectl patch relay hooks --type json -p '[{"op": "add", "path": "/spec/config/inline/sources/-",
   "value": {"id": "added", "tenant": {"header": "x-tenant"}, "verify": {"scheme": "none"}, "route": "to-internal"}}]' >/dev/null
@@ -379,8 +379,7 @@ kubectl logs hooks-0 | grep -q "configuration reloaded" || fail "hooks-0 logged 
 [ "$(kubectl get statefulset hooks -o jsonpath='{.spec.template.metadata.annotations.ankusa\.dev/config-hash}')" = "$hash_before" ] \
   || fail "adding a source changed the pods' config hash: the pods roll"
 sleep 5
-pods_after=$(kubectl get pods -l app.kubernetes.io/instance=hooks,app.kubernetes.io/name=ankusa-relay \
-  -o jsonpath='{range .items[*]}{.metadata.name}/{.metadata.uid}/{.status.containerStatuses[0].restartCount}{"\n"}{end}')
+pods_after=$(hooks_pods)
 [ "$pods_after" = "$pods_before" ] || fail "pods restarted on a reloadable change: $pods_before -> $pods_after"
 
 # --- a slow start ---------------------------------------------------------------------------
