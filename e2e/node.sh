@@ -843,6 +843,9 @@ node_of() { # /v1/node of pod $1
 rows_of() { # the rows pod $1 holds, by its own counters
   node_of "$1" | python3 -c 'import json, sys; c = json.load(sys.stdin)["counters"]; print(c["pending"] + c["scheduled"] + c["inflight"] + c["dead"])'
 }
+handoff_of() { # pod $1's handoff account (/v1/node's cluster.handoff)
+  node_of "$1" | python3 -c 'import json, sys; print(json.dumps((json.load(sys.stdin).get("cluster") or {}).get("handoff")))'
+}
 relay_pods=app.kubernetes.io/instance=hooks,app.kubernetes.io/component=relay
 kubectl -n apps delete pod webhook-consumer --wait=true >/dev/null
 base=0
@@ -914,11 +917,15 @@ wait "$drain_sender" || { cat "$work/drain-send.log" >&2; fail "the hooks sent t
 cat "$work/drain-send.log"
 acked=$(sort -u "$work/drain-acked" | wc -l)
 # Once the status reads both nodes again: exactly the rows held before and every hook acked
-# since (the sink is still down: nothing was delivered).
+# since (the sink is still down: nothing was delivered), and nothing staged on either node
+# (a batch staged for hooks-2 while a node ran the old list is taken back, not left there).
 exact() {
   [ "$(kubectl get relay hooks -o jsonpath='{.status.nodesReady}/{.status.draining}')" = 2/2/0 ] &&
     [ "$(kubectl get relay hooks -o jsonpath='{.status.tenants.pending} {.status.tenants.scheduled} {.status.tenants.inflight} {.status.tenants.dead}' |
-      awk '{ print $1 + $2 + $3 + $4 }')" = "$((base + acked))" ]
+      awk '{ print $1 + $2 + $3 + $4 }')" = "$((base + acked))" ] &&
+    for p in hooks-0 hooks-1; do
+      handoff_of "$p" | python3 -c 'import json, sys; h = json.load(sys.stdin); assert h and h["staged"] == 0' 2>/dev/null || return 1
+    done
 }
 # Which acked hooks a node's hook log no longer shows waiting (for a failure's message),
 # and what every node's log, the leaving one's included, says of them.
@@ -930,6 +937,7 @@ not_waiting() {
     grep -Eq '"state": ?"(pending|scheduled|inflight|dead|queued)"' <<<"$answer" || echo "$id: $answer"
   done | head -n 5)
   echo "$missing"
+  for p in 0 1; do echo "hooks-$p's handoff: $(handoff_of "hooks-$p" 2>&1)"; done
   for p in 0 1; do kubectl logs "hooks-$p" | grep -E "dropped rows|handoff" | tail -n 5; done
   for id in $(cut -d: -f1 <<<"$missing"); do
     for p in 0 1; do kubectl logs "hooks-$p" | grep -F "$id" | sed "s/^/hooks-$p: /" | tail -n 5; done

@@ -74,7 +74,10 @@ pub struct HandoffBatch {
 pub enum HandoffOutcome {
     /// Committed now, with a synced write.
     Imported,
-    /// This batch, or a later one, was imported before: nothing written.
+    /// This batch, or a later one, was imported before: nothing written. Answered before
+    /// anything else is looked at, whatever the receiver's node list says now: a sender
+    /// takes back a batch refused with `not_owner`, so that refusal must mean the batch is
+    /// not there.
     Already,
 }
 

@@ -25,6 +25,14 @@
 //!    the batch to be sent again and answered as imported before; the next stage's synced
 //!    write makes it durable).
 //!
+//! 4. **Take back** (instead of confirm): a batch its receiver will not import — it answers
+//!    that the tenants are not its (a roll: the two nodes' lists differ for a while), or it
+//!    has left the node list — comes back into the sender's own queue through the sender's
+//!    writer ([`take_back_ops`] in the import's write, which deletes the batch's outbox
+//!    entries); the next pass stages its rows again for the owner the sender's list names
+//!    then, or keeps them when that is itself. (Without it, a batch staged for a node that
+//!    then left waited in the outbox for ever: in no queue, counted nowhere.)
+//!
 //! A kill anywhere leaves every row in exactly one queue: before the stage's write, in the
 //! sender's; after it, in the sender's outbox (in no queue: not counted, not delivered)
 //! until the receiver's write, then in the receiver's. An outbox left by a kill is sent
@@ -296,8 +304,9 @@ fn orphans_dropped(tenant: &str, moved: &[bool]) {
     }
 }
 
-/// The receiver answered batch `batch`: its outbox entries go.
-pub fn confirm(store: &Store, receiver: &str, batch: u64) -> Result<(), QueueError> {
+/// The deletes of batch `batch`'s outbox entries for `receiver` (none: the batch is not
+/// in the outbox).
+fn batch_deletes(store: &Store, receiver: &str, batch: u64) -> Result<Vec<Op>, QueueError> {
     let lo = out_key(receiver, batch, 0);
     let hi = out_key(receiver, batch + 1, 0);
     let mut ops = Vec::new();
@@ -305,6 +314,25 @@ pub fn confirm(store: &Store, receiver: &str, batch: u64) -> Result<(), QueueErr
         let (k, _) = kv?;
         ops.push(Op::delete(Cf::Default, k));
     }
+    Ok(ops)
+}
+
+/// The ops that take batch `batch` back from `receiver`'s outbox (its entries deleted), for
+/// the write that imports its items into this node's own queue again
+/// ([`crate::writer::Origin::TakenBack`]); none when the batch is not in the outbox (taken
+/// back or confirmed already).
+///
+/// Only for a batch its receiver did not import and will not: it answered that the tenants
+/// are not its (a receiver answers a batch it imported as such first, whatever its list
+/// says now), or it is no longer in the node list. The batch's number stays used: the
+/// receiver's numbers from this node still only grow.
+pub fn take_back_ops(store: &Store, receiver: &str, batch: u64) -> Result<Vec<Op>, QueueError> {
+    batch_deletes(store, receiver, batch)
+}
+
+/// The receiver answered batch `batch`: its outbox entries go.
+pub fn confirm(store: &Store, receiver: &str, batch: u64) -> Result<(), QueueError> {
+    let ops = batch_deletes(store, receiver, batch)?;
     if !ops.is_empty() {
         // Not synced: a kill that loses it leaves the outbox to be sent again, which the
         // receiver answers as imported before; the next stage's synced write covers it.

@@ -433,15 +433,39 @@ pub enum Work {
 }
 
 /// A batch of stored rows another node of the Relay hands this one, their tenants' owner
-/// ([`crate::handoff`]): imported in one synced write with the batch's number, once.
+/// ([`crate::handoff`]): imported in one synced write with the batch's number, once. Or a
+/// batch this node staged for a receiver that refused it, taken back into its own queue.
 #[derive(Debug)]
 pub struct Import {
-    /// The sending node's name.
-    pub from: String,
-    /// The batch's number among those `from` sent this node.
+    /// Where the batch comes from.
+    pub from: Origin,
+    /// The batch's number among those its sender staged for its receiver.
     pub batch: u64,
     pub items: Vec<ankusa_records::moved::Moved>,
     pub reply: tokio::sync::oneshot::Sender<ImportReply>,
+}
+
+/// Where an [`Import`]'s batch comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Origin {
+    /// Another node (its name) handed it to this one: imported once, its number recorded
+    /// in the same write (`m:handoff_in:<sender>`).
+    Node(String),
+    /// This node's own outbox for that receiver (its name), which will not take it (its
+    /// node list says the tenants are not its, or it is gone): the rows come back into this
+    /// node's queue and the batch's outbox entries go, in the same write, so they are in
+    /// exactly one place at every moment. Once only: a batch no longer in the outbox is
+    /// answered [`ImportReply::Already`].
+    TakenBack(String),
+}
+
+impl std::fmt::Display for Origin {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Origin::Node(n) => write!(f, "{n}"),
+            Origin::TakenBack(n) => write!(f, "this node's outbox for {n}"),
+        }
+    }
 }
 
 /// The writer's answer to an [`Import`].
@@ -455,7 +479,8 @@ pub enum ImportReply {
         archived: u64,
         records: u64,
     },
-    /// This batch (or a later one) of the sender was imported before: nothing written.
+    /// This batch (or a later one) of the sender was imported before, or (taken back) is
+    /// no longer in the outbox: nothing written.
     Already,
     /// A tenant of the batch would be past `tenants.max` on this node: nothing written.
     TenantLimit,

@@ -9,7 +9,7 @@ use proptest::prelude::*;
 use super::*;
 use crate::deliveries;
 use crate::testkit::Harness;
-use crate::writer::{Assembler, Import, ImportReply};
+use crate::writer::{Assembler, Import, ImportReply, Origin};
 use ankusa_keyspace::{AtMs, Seq};
 use ankusa_records::moved::MovedState;
 
@@ -105,6 +105,12 @@ enum Step {
     Confirm,
     /// The receiver's process restarts: its writer reads its state from the store again.
     RestartReceiver,
+    /// The receiver refuses the waiting batch (its node list says the tenant is not its; it
+    /// answers a batch it imported as imported, so only one it has not): the sender takes
+    /// it back into its own queue.
+    TakeBack,
+    /// The sender's process restarts.
+    RestartSender,
     /// The sender claims its `n`th due row (a delivery starts there).
     Claim(usize),
     /// The sender's `n`th delivery in flight ends: delivered (0), retried (1), dead (2).
@@ -119,6 +125,8 @@ fn step() -> impl Strategy<Value = Step> {
         3 => Just(Step::Import),
         3 => Just(Step::Confirm),
         1 => Just(Step::RestartReceiver),
+        2 => Just(Step::TakeBack),
+        1 => Just(Step::RestartSender),
         2 => (0usize..64).prop_map(Step::Claim),
         2 => (0usize..64, 0u8..3).prop_map(|(n, k)| Step::End(n, k)),
         1 => (0usize..64).prop_map(Step::DeliverAtReceiver),
@@ -280,7 +288,7 @@ impl Pair {
         let o = outbox(&self.sender.store).unwrap().into_iter().next()?;
         let (reply, _) = tokio::sync::oneshot::channel();
         let imp = Import {
-            from: SENDER.into(),
+            from: Origin::Node(SENDER.into()),
             batch: o.batch,
             items: o.items,
             reply,
@@ -296,6 +304,35 @@ impl Pair {
                 .commit(&self.receiver.store, a, true)
                 .unwrap();
         }
+        Some(answer)
+    }
+
+    /// The sender takes its waiting batch back, through its own writer, if the receiver
+    /// has not imported it (it refuses only such a batch): the writer's answer.
+    fn take_back(&mut self) -> Option<ImportReply> {
+        let o = outbox(&self.sender.store).unwrap().into_iter().next()?;
+        if last_imported(&self.receiver.store, SENDER).unwrap() >= o.batch {
+            return None;
+        }
+        let (reply, _) = tokio::sync::oneshot::channel();
+        let imp = Import {
+            from: Origin::TakenBack(o.receiver.clone()),
+            batch: o.batch,
+            items: o.items,
+            reply,
+        };
+        let (assembled, answer) = self
+            .sender
+            .asm
+            .assemble_import(&self.sender.store, &imp)
+            .unwrap();
+        if let Some(a) = assembled {
+            self.sender.asm.commit(&self.sender.store, a, true).unwrap();
+        }
+        assert!(
+            outbox(&self.sender.store).unwrap().is_empty(),
+            "a batch taken back leaves the outbox"
+        );
         Some(answer)
     }
 
@@ -321,6 +358,16 @@ impl Pair {
             Step::Confirm => self.confirm(),
             Step::RestartReceiver => {
                 self.receiver.asm = Assembler::open(&self.receiver.store, 1_000_000)
+                    .unwrap()
+                    .logging(true);
+            }
+            Step::TakeBack => {
+                if let Some(answer) = self.take_back() {
+                    assert!(matches!(answer, ImportReply::Imported { .. }), "{answer:?}");
+                }
+            }
+            Step::RestartSender => {
+                self.sender.asm = Assembler::open(&self.sender.store, 1_000_000)
                     .unwrap()
                     .logging(true);
             }
@@ -494,6 +541,79 @@ fn a_batch_imported_twice_is_written_once_and_dedupe_keys_move() {
         None
     );
     pair.check();
+}
+
+/// A batch its receiver refuses (a roll: its list says the tenant is not its) comes back
+/// into the sender's queue, counted, with its dedupe keys, hook log records and dedupe
+/// window; taking it back twice writes once; the next batch for that receiver takes the
+/// next number, which the receiver imports.
+#[test]
+fn a_refused_batch_is_taken_back_counted_once_and_moves_again_later() {
+    let mut pair = Pair::new(6);
+    pair.add_copies();
+    let ord = pair.sender.ord(TENANT);
+    let key = ankusa_keyspace::dedupe(TENANT, b"delivery-1").unwrap();
+    let far = ankusa_keyspace::now_ms() + 60_000;
+    pair.sender.commit(|tx| {
+        tx.push_op(Op::put(
+            Cf::Index,
+            key.clone(),
+            crate::dedupe::value(far, "hk_1"),
+        ))
+    });
+    let before = crate::counters::read(&pair.sender.store, ord).unwrap();
+    let staged = stage(&pair.sender.store, RECEIVER, ord, TENANT, 0)
+        .unwrap()
+        .unwrap();
+    assert!(staged.hooks() > 0);
+    let during = crate::counters::read(&pair.sender.store, ord).unwrap();
+    assert!(
+        held_of(&during) < held_of(&before),
+        "staged rows leave the counts"
+    );
+    pair.check();
+    let answer = pair.take_back().unwrap();
+    assert!(
+        matches!(answer, ImportReply::Imported { hooks, .. } if hooks == staged.hooks() as u64)
+    );
+    pair.check();
+    let after = crate::counters::read(&pair.sender.store, ord).unwrap();
+    assert_eq!(held_of(&after), held_of(&before), "every row counted again");
+    assert_eq!(
+        crate::dedupe::first_hook_of(&pair.sender.store, TENANT, b"delivery-1").unwrap(),
+        Some("hk_1".into()),
+        "the dedupe key is back"
+    );
+    // A second take-back of the same batch (its answer lost) writes nothing.
+    let (reply, _) = tokio::sync::oneshot::channel();
+    let again = Import {
+        from: Origin::TakenBack(RECEIVER.into()),
+        batch: staged.batch,
+        items: staged.items.clone(),
+        reply,
+    };
+    let (assembled, answer) = pair
+        .sender
+        .asm
+        .assemble_import(&pair.sender.store, &again)
+        .unwrap();
+    assert!(assembled.is_none());
+    assert_eq!(answer, ImportReply::Already);
+    pair.check();
+    // Later (the lists agree again) the rows move under the next batch number.
+    let next = stage(&pair.sender.store, RECEIVER, ord, TENANT, 0)
+        .unwrap()
+        .unwrap();
+    assert_eq!(next.batch, staged.batch + 1);
+    assert!(matches!(pair.import(), Some(ImportReply::Imported { .. })));
+    pair.confirm();
+    pair.check();
+    pair.finish();
+    pair.check();
+}
+
+fn held_of(c: &crate::counters::Counters) -> i64 {
+    c.pending + c.scheduled + c.inflight + c.dead + c.archive_pending
 }
 
 #[test]

@@ -5,7 +5,7 @@ use ankusa_keyspace::{AtMs, Family, Seq};
 use ankusa_records::Envelope;
 use ankusa_store::{Rows, Store};
 
-use super::{next_seq, Assembled, Assembler, Import, ImportReply};
+use super::{next_seq, Assembled, Assembler, Import, ImportReply, Origin};
 use crate::dedupe;
 use crate::deliveries::{self, Tx};
 use crate::QueueError;
@@ -14,8 +14,9 @@ impl Assembler {
     /// Builds the write that imports another node's batch ([`crate::handoff`]): each hook
     /// gets this node's next seq and its tenant's ordinal here (allocated if new), each
     /// dedupe key is kept unless this node holds a live one of its own, and the batch's
-    /// number is recorded. `None` with the answer when nothing is to be written: the batch
-    /// was imported before, or a tenant would be past `tenants.max`.
+    /// number is recorded (or, taken back, its outbox entries deleted). `None` with the
+    /// answer when nothing is to be written: the batch was imported (or taken back) before,
+    /// or a tenant would be past `tenants.max`.
     pub fn assemble_import(
         &mut self,
         store: &Store,
@@ -27,9 +28,9 @@ impl Assembler {
             self.alloc.reload();
             self.stale = false;
         }
-        if crate::handoff::last_imported(store, &imp.from)? >= imp.batch {
+        let Some(done_ops) = done_ops(store, imp)? else {
             return Ok((None, ImportReply::Already));
-        }
+        };
         let (envelopes, record_ids, mut tenants) = decode_items(&imp.items)?;
         tenants.extend(envelopes.iter().map(Envelope::tenant_or_default));
         let resolution = self.alloc.resolve(store, tenants.iter().copied())?;
@@ -140,7 +141,9 @@ impl Assembler {
                 next_seq.to_be_bytes(),
             ));
         }
-        tx.push_op(crate::handoff::imported_op(&imp.from, imp.batch));
+        for op in done_ops {
+            tx.push_op(op);
+        }
         Ok((
             Some(Assembled {
                 tx,
@@ -158,6 +161,19 @@ impl Assembler {
             },
         ))
     }
+}
+
+/// The import's last ops: the batch's number recorded (from another node), or its outbox
+/// entries deleted (taken back). `None`: the batch was imported, or taken back, before.
+fn done_ops(store: &Store, imp: &Import) -> Result<Option<Vec<ankusa_store::Op>>, QueueError> {
+    Ok(match &imp.from {
+        Origin::Node(sender) => (crate::handoff::last_imported(store, sender)? < imp.batch)
+            .then(|| vec![crate::handoff::imported_op(sender, imp.batch)]),
+        Origin::TakenBack(receiver) => {
+            Some(crate::handoff::take_back_ops(store, receiver, imp.batch)?)
+                .filter(|ops| !ops.is_empty())
+        }
+    })
 }
 
 /// The envelopes of a batch's moved hooks and archived copies and the ids of its moved log

@@ -147,27 +147,28 @@ pub async fn handoff(
             "the node is starting",
         ));
     };
-    let refused = match crate::cluster::handoff::receive(&api.cluster, writer, batch).await {
-        Ok(answer) => return Ok(Json(answer)),
-        Err(e @ Refusal::Bad(_)) => error(
-            StatusCode::BAD_REQUEST,
-            ErrorCode::BadRequest,
-            e.to_string(),
-        ),
-        Err(e @ Refusal::NotOwner(_)) => {
-            error(StatusCode::CONFLICT, ErrorCode::NotOwner, e.to_string())
-        }
-        Err(e @ Refusal::TenantLimit) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::TenantLimit,
-            e.to_string(),
-        ),
-        Err(e @ Refusal::Unavailable) => error(
-            StatusCode::SERVICE_UNAVAILABLE,
-            ErrorCode::Unavailable,
-            e.to_string(),
-        ),
-    };
+    let refused =
+        match crate::cluster::handoff::receive(&api.cluster, &api.store, writer, batch).await {
+            Ok(answer) => return Ok(Json(answer)),
+            Err(e @ Refusal::Bad(_)) => error(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::BadRequest,
+                e.to_string(),
+            ),
+            Err(e @ Refusal::NotOwner(_)) => {
+                error(StatusCode::CONFLICT, ErrorCode::NotOwner, e.to_string())
+            }
+            Err(e @ Refusal::TenantLimit) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::TenantLimit,
+                e.to_string(),
+            ),
+            Err(e @ Refusal::Unavailable) => error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                e.to_string(),
+            ),
+        };
     Err(refused)
 }
 

@@ -350,6 +350,7 @@ pub(super) async fn read_all(
                     Err(e) => Err(Unreachable {
                         node: name.clone(),
                         reason: e.to_string(),
+                        code: None,
                     }),
                 }
             }

@@ -22,10 +22,11 @@ use base64::Engine;
 use super::Cluster;
 use crate::metrics::{DirectionLabel, Metrics};
 use ankusa_api::cluster::{HandoffAnswer, HandoffBatch, HandoffOutcome, HANDOFF_MAX_ITEMS};
+use ankusa_api::error::ErrorCode;
 use ankusa_api::node::HandoffStatus;
 use ankusa_queue::engine::Store;
 use ankusa_queue::handoff::{self, Outbox};
-use ankusa_queue::writer::{Import, ImportReply, WriterHandle};
+use ankusa_queue::writer::{Import, ImportReply, Origin, WriterHandle};
 use ankusa_queue::QueueError;
 use ankusa_records::moved::Moved;
 
@@ -54,6 +55,8 @@ pub struct Sender {
     /// Between passes that moved nothing (`cluster.handoff_interval_ms`; zero: none run).
     interval: Duration,
     store: Arc<Store>,
+    /// Takes a refused batch back into this node's queue (the seqs are the writer's).
+    writer: WriterHandle,
     cluster: Arc<Cluster>,
     metrics: Arc<Metrics>,
     /// Tenants found with nothing left here (the node list is fixed for the process, so
@@ -63,10 +66,16 @@ pub struct Sender {
 }
 
 impl Sender {
-    pub fn new(store: Arc<Store>, cluster: Arc<Cluster>, interval: Duration) -> Self {
+    pub fn new(
+        store: Arc<Store>,
+        writer: WriterHandle,
+        cluster: Arc<Cluster>,
+        interval: Duration,
+    ) -> Self {
         Sender {
             interval,
             store,
+            writer,
             metrics: cluster.metrics.clone(),
             cluster,
             done: Mutex::new(HashSet::new()),
@@ -109,7 +118,16 @@ impl Sender {
             Ok(outbox) => {
                 for o in outbox {
                     let receiver = o.receiver.clone();
-                    match self.send(o).await {
+                    // A receiver no longer in the node list will never answer: its batch
+                    // comes back here, for its tenants' owner now.
+                    let sent = if self.cluster.members().iter().any(|m| m.name == receiver) {
+                        self.send(o).await
+                    } else {
+                        self.take_back(o, "it is no longer in the node list")
+                            .await
+                            .map(|_| 0)
+                    };
+                    match sent {
                         Ok(n) => moved += n,
                         Err(e) => {
                             stalled = Some(e);
@@ -235,6 +253,9 @@ impl Sender {
     }
 
     /// Sends a staged batch and, once its receiver answered, forgets it: the hooks it held.
+    /// A receiver that answers that a tenant of the batch is not its (its node list differs
+    /// from this node's: a roll) gets it never — it answers a batch it imported as such,
+    /// whatever its list — so the batch is taken back at once (and the send fails).
     async fn send(&self, o: Outbox) -> Result<u64, String> {
         let hooks = o.hooks() as u64;
         let body = HandoffBatch {
@@ -246,11 +267,19 @@ impl Sender {
                 .map(|m| base64::engine::general_purpose::STANDARD.encode(m.encode()))
                 .collect(),
         };
-        let answer = self
-            .cluster
-            .send_handoff(&o.receiver, &body)
-            .await
-            .map_err(|e| e.to_string())?;
+        let answer = match self.cluster.send_handoff(&o.receiver, &body).await {
+            Ok(a) => a,
+            Err(e) if e.code == Some(ErrorCode::NotOwner) => {
+                let (receiver, batch) = (o.receiver.clone(), o.batch);
+                let why = format!("it answered: {}", e.reason);
+                let back = self.take_back(o, &why).await?;
+                return Err(format!(
+                    "{receiver} refused batch {batch} ({}): {back} hooks taken back, to move once the node lists agree",
+                    e.reason
+                ));
+            }
+            Err(e) => return Err(e.to_string()),
+        };
         if answer.batch != o.batch {
             return Err(format!(
                 "{} answered batch {} for batch {}",
@@ -270,6 +299,50 @@ impl Sender {
             .inc_by(hooks);
         tracing::info!(receiver = %o.receiver, batch = o.batch, hooks, items = o.items.len(), "handoff: a batch moved to its owner");
         Ok(hooks)
+    }
+
+    /// Takes a staged batch back into this node's own queue, through its writer (one write
+    /// that imports the items again and deletes the batch's outbox entries), because its
+    /// receiver will not take it (`why`): the hooks it held. The next pass stages them again
+    /// for their tenants' owner then — or keeps them, when that is this node.
+    async fn take_back(&self, o: Outbox, why: &str) -> Result<u64, String> {
+        let (receiver, batch) = (o.receiver.clone(), o.batch);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let failed = |e: &dyn std::fmt::Display| {
+            format!("taking batch {batch} for {receiver} back ({why}): {e}")
+        };
+        self.writer
+            .try_import(Import {
+                from: Origin::TakenBack(receiver.clone()),
+                batch,
+                items: o.items,
+                reply: tx,
+            })
+            .map_err(|e| failed(&e))?;
+        let reply = tokio::time::timeout(IMPORT_TIMEOUT, rx)
+            .await
+            .map_err(|_| failed(&"the writer did not answer"))?
+            .map_err(|_| failed(&"the writer stopped"))?;
+        match reply {
+            ImportReply::Imported {
+                hooks,
+                dedupe,
+                archived,
+                records,
+            } => {
+                self.metrics
+                    .handoff_hooks
+                    .get_or_create(&DirectionLabel {
+                        direction: "taken_back".into(),
+                    })
+                    .inc_by(hooks);
+                tracing::warn!(%receiver, batch, hooks, dedupe, archived, records, reason = why, "handoff: a staged batch taken back into this node's queue");
+                Ok(hooks)
+            }
+            ImportReply::Already => Ok(0),
+            ImportReply::TenantLimit => Err(failed(&"a tenant would be past tenants.max")),
+            ImportReply::Unavailable => Err(failed(&"the writer could not write it now")),
+        }
     }
 
     /// Moves the hook log's records of hooks this node no longer stores to their tenants'
@@ -380,6 +453,7 @@ pub enum Refusal {
 /// once per batch number): the receiver's answer.
 pub async fn receive(
     cluster: &Cluster,
+    store: &Store,
     writer: &WriterHandle,
     batch: HandoffBatch,
 ) -> Result<HandoffAnswer, Refusal> {
@@ -396,6 +470,16 @@ pub async fn receive(
             "{} items; at most {HANDOFF_MAX_ITEMS}",
             batch.items.len()
         )));
+    }
+    // A batch imported before is answered as such first, whatever this node's list says
+    // now: a sender takes back a batch refused as not this node's, so that refusal must
+    // mean it is not here.
+    let imported = handoff::last_imported(store, &batch.from).map_err(|e| {
+        tracing::warn!(error = %e, from = %batch.from, "handoff: reading the batches imported");
+        Refusal::Unavailable
+    })?;
+    if batch.batch <= imported {
+        return Ok(already(batch.batch));
     }
     let mut items = Vec::with_capacity(batch.items.len());
     for (i, text) in batch.items.iter().enumerate() {
@@ -424,7 +508,7 @@ pub async fn receive(
     let (tx, rx) = tokio::sync::oneshot::channel();
     writer
         .try_import(Import {
-            from: batch.from.clone(),
+            from: Origin::Node(batch.from.clone()),
             batch: batch.batch,
             items,
             reply: tx,
@@ -457,15 +541,20 @@ pub async fn receive(
                 records,
             })
         }
-        ImportReply::Already => Ok(HandoffAnswer {
-            batch: batch.batch,
-            outcome: HandoffOutcome::Already,
-            hooks: 0,
-            dedupe: 0,
-            archived: 0,
-            records: 0,
-        }),
+        ImportReply::Already => Ok(already(batch.batch)),
         ImportReply::TenantLimit => Err(Refusal::TenantLimit),
         ImportReply::Unavailable => Err(Refusal::Unavailable),
+    }
+}
+
+/// The answer to a batch imported before: nothing written now.
+fn already(batch: u64) -> HandoffAnswer {
+    HandoffAnswer {
+        batch,
+        outcome: HandoffOutcome::Already,
+        hooks: 0,
+        dedupe: 0,
+        archived: 0,
+        records: 0,
     }
 }

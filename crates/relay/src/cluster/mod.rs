@@ -72,6 +72,8 @@ pub struct Member {
 pub struct Unreachable {
     pub node: String,
     pub reason: String,
+    /// The error's code, when the node answered with one (a refusal, not silence).
+    pub code: Option<ErrorCode>,
 }
 
 /// This node's view of its Relay.
@@ -282,6 +284,7 @@ impl Cluster {
         let body = serde_json::to_vec(batch).map_err(|e| Unreachable {
             node: to.to_owned(),
             reason: e.to_string(),
+            code: None,
         })?;
         self.cluster_call(to, Method::POST, "/cluster/v1/handoff", Bytes::from(body))
             .await
@@ -542,6 +545,7 @@ impl Cluster {
         let unreachable = |reason: String| Unreachable {
             node: name.to_owned(),
             reason,
+            code: None,
         };
         let to = self
             .members
@@ -561,10 +565,15 @@ impl Cluster {
             .map_err(|e| unreachable(e.to_string()))?
             .to_bytes();
         if status != StatusCode::OK {
-            return Err(unreachable(format!(
-                "{path} answered {status}: {}",
-                String::from_utf8_lossy(&bytes)
-            )));
+            return Err(Unreachable {
+                code: serde_json::from_slice::<ankusa_api::error::ErrorBody>(&bytes)
+                    .ok()
+                    .map(|b| b.error),
+                ..unreachable(format!(
+                    "{path} answered {status}: {}",
+                    String::from_utf8_lossy(&bytes)
+                ))
+            });
         }
         serde_json::from_slice(&bytes).map_err(|e| unreachable(format!("{path}: {e}")))
     }
@@ -650,6 +659,7 @@ impl Cluster {
             None => Err(Unreachable {
                 node: name.to_owned(),
                 reason: "not in the node list".into(),
+                code: None,
             }),
         }
     }
@@ -697,6 +707,7 @@ impl Cluster {
             Unreachable {
                 node: to.name.clone(),
                 reason,
+                code: None,
             }
         })
     }

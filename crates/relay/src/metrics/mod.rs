@@ -631,10 +631,10 @@ node_metrics! {
     handoff_staged: Gauge = Default::default(),
         "ankusa_handoff_staged",
         "Items this node took out of its queue for another node and has not had confirmed";
-    /// Hooks handed over, by direction (`sent`, `received`).
+    /// Hooks handed over, by direction (`sent`, `received`, `taken_back`).
     handoff_hooks: Family<DirectionLabel, Counter> = Default::default(),
         "ankusa_handoff_hooks",
-        "Hooks handed over between the nodes of the Relay, by direction (sent, received)";
+        "Hooks handed over between the nodes of the Relay, by direction (sent, received, taken_back)";
     /// Pushes to the object store, by outcome (`completed`, `failed`).
     backup_pushes: Family<OutcomeLabel, Counter> = Default::default(),
         "ankusa_backup_pushes",

@@ -262,6 +262,8 @@ pub(super) struct Pipeline {
     pub(super) starter: Arc<pipeline::runner::Starter>,
     pub(super) gateway: Arc<crate::pull::Gateway>,
     pub(super) history: Arc<crate::console::history::History>,
+    /// The handoff takes a batch its receiver refused back through it.
+    pub(super) writer: ankusa_queue::writer::WriterHandle,
 }
 
 /// The node's tasks, each until `stop`: the pipeline, reclaim, the pull leases' expiry,
@@ -282,6 +284,7 @@ pub(super) fn background_tasks(
         starter,
         gateway,
         history,
+        writer,
     } = p;
     // The console's samples, when it is on.
     let console_history = config.admin.console.enabled.then(|| {
@@ -336,6 +339,7 @@ pub(super) fn background_tasks(
         spawn_learn_loans(api.cluster.clone(), stop.clone()),
         spawn_handoff(
             store.clone(),
+            writer,
             api.cluster.clone(),
             config.cluster.handoff_interval_ms,
             stop.clone(),

@@ -426,6 +426,7 @@ impl Node {
         )
         .map_err(NodeError::io("starting the writer thread"))?;
         let _ = api.writer.set(writer.clone());
+        let handoff_writer = writer.clone();
         let gateway = pull_gateway(&config, &api, &deliverer, &metrics).await?;
         let ingest_state = Arc::new(IngestState::new(
             sources,
@@ -478,6 +479,7 @@ impl Node {
                 starter,
                 gateway,
                 history,
+                writer: handoff_writer,
             },
             stop,
         );

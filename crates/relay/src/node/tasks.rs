@@ -335,13 +335,14 @@ pub(super) fn spawn_learn_loans(
 /// several nodes; `cluster::handoff`).
 pub(super) fn spawn_handoff(
     store: Arc<Store>,
+    writer: ankusa_queue::writer::WriterHandle,
     cluster: Arc<Cluster>,
     interval_ms: u64,
     mut stop: tokio::sync::watch::Receiver<bool>,
 ) -> tokio::task::JoinHandle<()> {
     let interval = std::time::Duration::from_millis(interval_ms);
     let sender = Arc::new(crate::cluster::handoff::Sender::new(
-        store, cluster, interval,
+        store, writer, cluster, interval,
     ));
     tokio::spawn(async move {
         tokio::select! {

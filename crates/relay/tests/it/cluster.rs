@@ -9,6 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ankusa_relay::testkit::NodeBuilder;
+use base64::Engine;
 
 use crate::support::*;
 use ankusa_relay::testkit::TestSink;
@@ -1756,6 +1757,147 @@ fn a_leaving_node_sends_a_forwarded_hook_on_to_its_owner_and_stores_none() {
     );
     let (_, v) = local_answer(&r, 1, &format!("/v1/tenants/{t}"));
     assert_eq!(v["tenant"], t.as_str(), "node 1 stores {t}: {v}");
+}
+
+#[test]
+fn a_hook_a_roll_stored_on_a_node_with_the_old_list_is_delivered_after_the_roll() {
+    // Nodes 0 and 1 run the old list; node 2 already runs the new one, which marks it
+    // leaving. A hook of a tenant node 2 owned and node 0 owns now, sent to node 0: node 0
+    // forwards it to node 2 (its owner in the old list), node 2 on to node 0 (its owner in
+    // the new), which stores it whatever its view. Node 0's handoff stages it for node 2,
+    // which refuses it (not its tenant): node 0 takes it back, and once it rolls onto the
+    // new list the tenant is its own and the hook is delivered there. (It used to wait in
+    // node 0's outbox for node 2 for good: in no queue, counted nowhere.)
+    let mut r = Relay::new(
+        3,
+        "retry: { schedule_ms: [200], jitter: none, max_attempts: 1000 }",
+    );
+    // The sink refuses: the hook stays queued, so it is staged and moves, or waits.
+    r.sink.default_status.store(503, Ordering::Relaxed);
+    let new_owner =
+        |t: &str| ankusa_relay::cluster::owner_index(["relay-0", "relay-1"].into_iter(), t);
+    let t = (0..)
+        .map(|n| format!("tenant-{n}"))
+        .find(|t| r.owner(t) == 2 && new_owner(t) == 0)
+        .unwrap();
+    r.start(0);
+    r.start(1);
+    r.leaving.insert(2);
+    r.start(2);
+    let c = client();
+    r.rt.block_on(async {
+        let a = r.send(&c, 0, &t, "d-roll").await;
+        assert_eq!(a.status, 202, "{:?}", a.json());
+    });
+    // Node 0 stored it, staged it for node 2, was refused and took it back.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let h = handoff_of(&r, 0);
+        if h["stalled"]
+            .as_str()
+            .is_some_and(|s| s.contains("taken back"))
+        {
+            assert_eq!(h["staged"], 0, "a refused batch is not left staged: {h}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "node 0 never staged and took back the hook: {h}\n{}",
+            r.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (_, v) = local_answer(&r, 0, &format!("/v1/tenants/{t}"));
+    let queued: i64 = ["pending", "scheduled", "inflight"]
+        .iter()
+        .map(|f| v["counters"][*f].as_i64().unwrap_or(0))
+        .sum();
+    assert_eq!(queued, 1, "node 0 counts the hook it took back: {v}");
+    let (_, m) = http_get(r.specs[0].admin, "/metrics").unwrap();
+    assert!(
+        m.contains(r#"ankusa_handoff_hooks_total{direction="taken_back"}"#),
+        "{m}"
+    );
+    // The roll reaches node 0.
+    if let Some(mut p) = r.procs[0].take() {
+        p.stop(Duration::from_secs(60));
+    }
+    r.start(0);
+    r.sink.default_status.store(200, Ordering::Relaxed);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !accepted_by_id(&r.sink, "/s").contains_key("d-roll") {
+        assert!(
+            Instant::now() < deadline,
+            "the hook was never delivered: node 0 {}\n{}",
+            handoff_of(&r, 0),
+            r.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(accepted_by_id(&r.sink, "/s").get("d-roll"), Some(&1));
+    for i in 0..3 {
+        let h = handoff_of(&r, i);
+        assert_eq!(h["staged"], 0, "node {i}: {h}");
+    }
+}
+
+/// A receiver answers a handoff batch it imported before as such, whatever its node list
+/// says now; only a batch it does not have is refused as not its (which is what lets the
+/// sender take a refused batch back without a row ending in two queues).
+#[test]
+fn a_batch_imported_before_is_answered_so_even_once_its_tenant_is_not_the_receivers() {
+    let mut r = Relay::new(2, "");
+    r.handoff_ms = 0;
+    let t = (0..)
+        .map(|n| format!("tenant-{n}"))
+        .find(|t| r.owner(t) == 0)
+        .unwrap();
+    r.start_all();
+    let c = client();
+    let url = format!("http://127.0.0.1:{}/cluster/v1/handoff", r.specs[0].admin);
+    let post_batch = |r: &Relay, n: u64| {
+        let item = ankusa_records::moved::Moved::Dedupe {
+            tenant: t.clone(),
+            key: format!("delivery-{n}").into_bytes(),
+            expires: ankusa_keyspace::now_ms() + 600_000,
+            id: format!("hk_{n}"),
+        };
+        let body = serde_json::json!({
+            "from": "relay-1",
+            "batch": n,
+            "items": [base64::engine::general_purpose::STANDARD.encode(item.encode())],
+        })
+        .to_string();
+        let auth = node_signed(
+            CLUSTER_TOKEN,
+            "relay-1",
+            "/cluster/v1/handoff",
+            &body,
+            ankusa_keyspace::now_ms(),
+        );
+        r.rt.block_on(post(
+            &c,
+            &url,
+            &[auth, ("content-type", "application/json".to_owned())],
+            body,
+        ))
+    };
+    let a = post_batch(&r, 1);
+    assert_eq!(a.status, 200, "{:?}", a.json());
+    assert_eq!(a.json()["outcome"], "imported", "{:?}", a.json());
+    // Node 0 restarts marked leaving: the tenant is no longer its.
+    r.leaving.insert(0);
+    if let Some(mut p) = r.procs[0].take() {
+        p.stop(Duration::from_secs(60));
+    }
+    r.start(0);
+    let a = post_batch(&r, 1);
+    assert_eq!(a.status, 200, "{:?}", a.json());
+    assert_eq!(a.json()["outcome"], "already", "{:?}", a.json());
+    let a = post_batch(&r, 2);
+    assert_eq!(a.status, 409, "{:?}", a.json());
+    assert_eq!(a.json()["error"], "not_owner", "{:?}", a.json());
 }
 
 /// `/v1/node`'s handoff account of node `i` (`null` before its first pass).
