@@ -42,6 +42,7 @@ use crate::status::RelayStatus;
     // `controller-revision-hash` label, 11 more) must stay within 63.
     validation = Rule::new("self.metadata.name.size() <= 40").message("a Relay name is at most 40 characters: the names of its StatefulSet, Services and Jobs are built from it"),
     validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$')").message("a Relay name must be a DNS-1035 label (lower-case letters, digits and '-', starting with a letter): it names the relay's Services"),
+    validation = Rule::new("!has(self.spec.config) || !has(self.spec.config.configMapRef) || self.spec.config.configMapRef.name != self.metadata.name + '-config'").message("spec.config.configMapRef may not name <Relay name>-config: the operator writes that ConfigMap for the nodes (copy yours to another name)"),
     validation = Rule::new("!has(self.spec.upgrade) || !has(self.spec.upgrade.rollbackTo) || self.spec.upgrade.rollbackTo.image == self.spec.image").message("spec.upgrade.rollbackTo.image must be spec.image: set both to the release to return to"),
     validation = Rule::new("!has(self.spec.bootstrap) || has(self.spec.bootstrap.fromBackup.claimName) || has(self.spec.bootstrap.fromBackup.objectStore) || has(self.spec.backup)").message("bootstrap.fromBackup needs a claimName or an objectStore, or spec.backup (its destination or its objectStore) to read the backups from"),
     doc = "A set of Ankusa relay nodes: durable multi-tenant webhook relay on embedded stores",

@@ -41,6 +41,9 @@ pub struct PodObs {
     /// when its step runs out of time.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// Since when the scheduler has found no node for it (RFC 3339), while it has not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unschedulable_since: Option<String>,
 }
 
 /// What a node answered at `/v1/node` (and `/v1/tenants?top=`).
@@ -191,8 +194,58 @@ pub struct Observed {
     /// `spec.storage` differs from the StatefulSet's claim templates (which cannot change
     /// in place): what the user has to do.
     pub storage_change: Option<String>,
+    /// Objects at this Relay's names that it does not own (no controller reference to it):
+    /// it takes none of them, and while one of a kind it wants is there it applies nothing
+    /// (`Degraded`: `ObjectNotOwned`, naming each).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub foreign: Vec<ForeignObject>,
+    /// Why pods of the StatefulSet or of the Relay's Jobs could not be created (their
+    /// controllers' recent `FailedCreate` Events), newest first: `Kind name: message`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub create_failures: Vec<String>,
     /// RFC 3339, for condition transition times.
     pub now: String,
+}
+
+/// An object at one of a Relay's names that is not the Relay's.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ForeignObject {
+    /// Its kind among the applied objects (`None`: the operator's token Secret).
+    pub kind: Option<Owned>,
+    /// `Kind/name`.
+    pub object: String,
+    /// Whose it is: its controller (`Relay other`), or that it has none.
+    pub owner: String,
+}
+
+impl ForeignObject {
+    /// The live object `v` at `object` (`Kind/name`), if it is not controlled by the
+    /// object of UID `uid`.
+    pub fn of(kind: Option<Owned>, object: String, v: &Value, uid: Option<&str>) -> Option<Self> {
+        let refs = v
+            .pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        let controller = refs.iter().find(|r| r["controller"] == true);
+        match controller {
+            Some(c) if uid.is_some() && c["uid"].as_str() == uid => None,
+            Some(c) => Some(ForeignObject {
+                kind,
+                object,
+                owner: format!(
+                    "{} {}",
+                    c["kind"].as_str().unwrap_or("object"),
+                    c["name"].as_str().unwrap_or("?")
+                ),
+            }),
+            None => Some(ForeignObject {
+                kind,
+                object,
+                owner: "no controller (made by hand or by another tool)".into(),
+            }),
+        }
+    }
 }
 
 /// An owned object kind.

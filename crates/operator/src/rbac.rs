@@ -68,6 +68,9 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ),
     // controller::events::event: events.k8s.io/v1 Events (a repeat is a patch of its series).
     ("events.k8s.io", "events", &["create", "patch"]),
+    // controller::observe::observe_create_failures: the StatefulSet's and Jobs'
+    // `FailedCreate` Events (core/v1, read by their involved object's fields).
+    ("", "events", &["list"]),
 ];
 
 /// (API group, resource, verbs) granted in the operator's own namespace.

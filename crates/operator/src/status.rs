@@ -383,7 +383,12 @@ fn rollout_conditions(
 }
 
 /// What needs attention, each with its reason (the first is `Degraded`'s).
-fn faults(
+/// How long a relay pod may wait for the scheduler before `PodUnschedulable` says so.
+const UNSCHEDULABLE_GRACE_S: i64 = 60;
+
+/// What `Degraded` reports: each fault's reason and message, the first one the
+/// condition's reason.
+pub(crate) fn faults(
     relay: &Relay,
     o: &Observed,
     r: &Rollout,
@@ -391,11 +396,49 @@ fn faults(
     nodes: &[NodeReport],
 ) -> Vec<(&'static str, String)> {
     let mut faults: Vec<(&'static str, String)> = Vec::new();
+    if !o.foreign.is_empty() {
+        faults.push(("ObjectNotOwned", foreign_message(relay, &o.foreign)));
+    }
     if let Some(e) = &o.config_error {
         faults.push(("ConfigInvalid", e.clone()));
     }
+    if !o.create_failures.is_empty() {
+        faults.push((
+            "PodCreateFailed",
+            format!("pods cannot be created: {}", o.create_failures.join("; ")),
+        ));
+    }
+    // A pod the scheduler has not placed for a minute (not one a volume binding or a
+    // cluster autoscaler is about to place).
+    let unschedulable: Vec<String> = o
+        .pods
+        .iter()
+        .filter_map(|p| {
+            let since = p.unschedulable_since.as_deref()?;
+            let long = crate::observed::elapsed_s(since, &o.now)? >= UNSCHEDULABLE_GRACE_S;
+            long.then(|| format!("{}: {}", p.name, p.waiting.as_deref().unwrap_or("")))
+        })
+        .collect();
+    if !unschedulable.is_empty() {
+        faults.push((
+            "PodUnschedulable",
+            format!(
+                "the scheduler places no node for {}",
+                unschedulable.join("; ")
+            ),
+        ));
+    }
     if let Some(e) = &o.apply_error {
         faults.push(("ApplyFailed", e.clone()));
+    }
+    if let Some(held) = tenants_held(o).filter(|h| *h > relay.spec.tenants.max) {
+        faults.push((
+            "TenantsMaxBelowHeld",
+            format!(
+                "spec.tenants.max is {} but the Relay holds {held} tenants: no new tenant is admitted until it is raised above that or tenants are erased (the tenants held keep their hooks)",
+                relay.spec.tenants.max
+            ),
+        ));
     }
     if let Some(e) = &o.storage_change {
         faults.push(("StorageChangePending", e.clone()));
@@ -433,6 +476,50 @@ fn faults(
         ));
     }
     faults
+}
+
+/// The tenants the Relay holds, by the nodes that answered: its registry's count (each
+/// tenant once), or the nodes' own counts where no node keeps a registry (one node).
+fn tenants_held(o: &Observed) -> Option<i64> {
+    let readings: Vec<&ankusa_api::node::NodeStatus> = o
+        .nodes
+        .values()
+        .filter_map(|n| n.as_ref().ok().map(|r| &r.status))
+        .collect();
+    if readings.is_empty() {
+        return None;
+    }
+    let registered: Option<i64> = readings
+        .iter()
+        .filter_map(|s| s.cluster.as_ref().and_then(|c| c.tenants_registered))
+        .map(|n| n as i64)
+        .reduce(|a, b| a + b);
+    Some(registered.unwrap_or_else(|| readings.iter().map(|s| i64::from(s.tenants)).sum()))
+}
+
+/// What `ObjectNotOwned` says: each object at one of the Relay's names that is not its,
+/// whose it is, and what to do.
+fn foreign_message(relay: &Relay, foreign: &[crate::observed::ForeignObject]) -> String {
+    let objects = foreign
+        .iter()
+        .map(|f| format!("{} belongs to {}", f.object, f.owner))
+        .collect::<Vec<_>>()
+        .join("; ");
+    let config_ref = relay
+        .spec
+        .config
+        .config_map_ref
+        .as_ref()
+        .map(|r| r.name.as_str())
+        .zip(relay.metadata.name.as_deref())
+        .filter(|(cm, name)| *cm == format!("{name}-config"))
+        .map(|(cm, _)| {
+            format!(" (spec.configMapRef names {cm}, the ConfigMap this Relay writes for its nodes: copy it to another name and point configMapRef there)")
+        })
+        .unwrap_or_default();
+    format!(
+        "{objects}{config_ref}: the operator takes no object it does not own, and applies nothing of this Relay while one of its names is taken: rename or delete that object, or give this Relay another name"
+    )
 }
 
 /// `ScheduledBackups`: True while every node's last scheduled backup is younger than twice
@@ -539,5 +626,106 @@ impl<'a> Conditions<'a> {
 
     fn into_vec(self) -> Vec<Condition> {
         self.out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::observed::{ForeignObject, NodeReading, Owned, PodObs};
+    use serde_json::json;
+
+    fn relay(max: i64) -> Relay {
+        serde_json::from_value(json!({
+            "apiVersion": "ankusa.dev/v1alpha1",
+            "kind": "Relay",
+            "metadata": { "name": "hooks", "namespace": "shop", "uid": "u1" },
+            "spec": { "image": "relay:1", "replicas": 1, "tenants": { "max": max } },
+        }))
+        .unwrap()
+    }
+
+    fn answering(tenants: u32) -> Observed {
+        let status = serde_json::from_value(json!({
+            "version": "1", "supported_format": 3, "store_format": 3, "migrating_to": null,
+            "tenants": tenants, "counters": { "pending": 0, "scheduled": 0, "inflight": 0, "dead": 0, "bytes": 0, "archive_pending": 0 },
+            "oldest_due_at_ms": null,
+        }))
+        .unwrap();
+        let mut o = Observed::default();
+        o.nodes.insert(
+            "hooks-0".into(),
+            Ok(NodeReading {
+                status,
+                top: Vec::new(),
+            }),
+        );
+        o
+    }
+
+    fn reasons(relay: &Relay, o: &Observed) -> Vec<&'static str> {
+        faults(relay, o, &dummy_rollout(), &Default::default(), &[])
+            .into_iter()
+            .map(|(reason, _)| reason)
+            .collect()
+    }
+
+    #[test]
+    fn a_tenants_max_below_the_tenants_held_is_a_fault() {
+        assert!(reasons(&relay(10), &answering(10)).is_empty());
+        assert_eq!(reasons(&relay(9), &answering(10)), ["TenantsMaxBelowHeld"]);
+        // Nothing answers: nothing is known.
+        assert!(reasons(&relay(1), &Observed::default()).is_empty());
+    }
+
+    #[test]
+    fn foreign_objects_pods_not_made_and_not_placed_are_faults_naming_them() {
+        let mut o = answering(0);
+        o.foreign.push(ForeignObject {
+            kind: Some(Owned::ConfigMap),
+            object: "ConfigMap/hooks-config".into(),
+            owner: "no controller".into(),
+        });
+        o.create_failures
+            .push("StatefulSet hooks: no PriorityClass with name gold was found".into());
+        o.pods.push(PodObs {
+            name: "hooks-0".into(),
+            ordinal: 0,
+            image: "relay:1".into(),
+            ready: false,
+            failing: None,
+            waiting: Some("Unschedulable: 0/3 nodes are available: 3 Insufficient cpu".into()),
+            unschedulable_since: Some("2026-01-01T00:00:00Z".into()),
+        });
+        o.now = "2026-01-01T00:01:00Z".into();
+        let r = relay(10);
+        assert_eq!(
+            reasons(&r, &o),
+            ["ObjectNotOwned", "PodCreateFailed", "PodUnschedulable"]
+        );
+        let all = faults(&r, &o, &dummy_rollout(), &Default::default(), &[]);
+        assert!(all[0]
+            .1
+            .contains("ConfigMap/hooks-config belongs to no controller"));
+        assert!(all[1].1.contains("gold"));
+        assert!(all[2].1.contains("hooks-0: Unschedulable: 0/3 nodes"));
+    }
+
+    fn dummy_rollout() -> Rollout {
+        Rollout {
+            image: "relay:1".into(),
+            partition: 0,
+            replicas: 1,
+            jobs: Vec::new(),
+            upgrade: None,
+            target_format: None,
+            hold: None,
+            backups_succeeded_now: false,
+            current_image: None,
+            restore: None,
+            claims: Vec::new(),
+            hold_statefulset: false,
+            stop_pod: None,
+        }
     }
 }

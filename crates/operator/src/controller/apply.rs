@@ -95,10 +95,24 @@ pub(super) async fn apply_desired(
             }
         }
     }
-    for (kind, change) in planner::changes(desired, &o.objects) {
-        if dry_refused.contains(&kind) {
-            continue;
+    let mut changes = planner::changes(desired, &o.objects);
+    // An object the shared field manager of earlier releases still applies is applied once
+    // under the Relay's own, which lets the shared one go (no Event: nothing changes).
+    for kind in Owned::ALL {
+        let live = o.objects.get(kind);
+        if live.is_some_and(legacy_applier)
+            && desired.value(kind).is_some()
+            && !changes.iter().any(|(k, _)| *k == kind)
+            && !dry_refused.contains(&kind)
+            && !(kind == Owned::StatefulSet && (leave_statefulset || hold_statefulset))
+        {
+            if let Err(e) = patch_owned(ctx, names, desired, kind, DryRun::No).await {
+                refused.push((format!("{} update", kind.kind()), e));
+            }
         }
+    }
+    changes.retain(|(kind, _)| !dry_refused.contains(kind));
+    for (kind, change) in changes {
         // A bootstrap restores the nodes' claims before any pod may start on them.
         if kind == Owned::StatefulSet
             && (leave_statefulset || hold_statefulset && change == Change::Create)
@@ -217,7 +231,14 @@ pub(super) async fn create_job(
         )?,
     };
     let api: Api<Job> = Api::namespaced(ctx.client.clone(), &names.namespace);
-    ssa(&api, &name, &obj, DryRun::No).await?;
+    ssa(
+        &api,
+        &super::field_manager(&names.relay),
+        &name,
+        &obj,
+        DryRun::No,
+    )
+    .await?;
     ctx.metrics.applied("Job", "create");
     Ok(())
 }
@@ -272,26 +293,28 @@ pub(super) async fn patch_owned(
         names.namespace.as_str(),
         names.of_kind(kind),
     );
+    let manager = super::field_manager(&names.relay);
+    let manager = manager.as_str();
     let answer = match kind {
         Owned::ConfigMap => {
             let api: Api<ConfigMap> = Api::namespaced(client, ns);
-            ssa(&api, name, &desired.config_map, dry_run).await?
+            ssa(&api, manager, name, &desired.config_map, dry_run).await?
         }
         Owned::HeadlessService => {
             let api: Api<Service> = Api::namespaced(client, ns);
-            ssa(&api, name, &desired.headless, dry_run).await?
+            ssa(&api, manager, name, &desired.headless, dry_run).await?
         }
         Owned::ClientService => {
             let api: Api<Service> = Api::namespaced(client, ns);
-            ssa(&api, name, &desired.client, dry_run).await?
+            ssa(&api, manager, name, &desired.client, dry_run).await?
         }
         Owned::StatefulSet => {
             let api: Api<StatefulSet> = Api::namespaced(client, ns);
-            ssa(&api, name, &desired.statefulset, dry_run).await?
+            ssa(&api, manager, name, &desired.statefulset, dry_run).await?
         }
         Owned::PodDisruptionBudget => {
             let api: Api<PodDisruptionBudget> = Api::namespaced(client, ns);
-            ssa(&api, name, &desired.pdb, dry_run).await?
+            ssa(&api, manager, name, &desired.pdb, dry_run).await?
         }
         Owned::ServiceMonitor => {
             let Some(sm) = &desired.service_monitor else {
@@ -299,18 +322,18 @@ pub(super) async fn patch_owned(
             };
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client, ns, &resources::service_monitor_resource());
-            ssa(&api, name, sm, dry_run).await?
+            ssa(&api, manager, name, sm, dry_run).await?
         }
         Owned::IngestService => {
             let api: Api<Service> = Api::namespaced(client, ns);
-            ssa(&api, name, &desired.ingest_service, dry_run).await?
+            ssa(&api, manager, name, &desired.ingest_service, dry_run).await?
         }
         Owned::Ingress => {
             let Some(ingress) = &desired.ingress else {
                 return Ok(None);
             };
             let api: Api<Ingress> = Api::namespaced(client, ns);
-            ssa(&api, name, ingress, dry_run).await?
+            ssa(&api, manager, name, ingress, dry_run).await?
         }
         Owned::HttpRoute => {
             let Some(route) = &desired.http_route else {
@@ -318,21 +341,26 @@ pub(super) async fn patch_owned(
             };
             let api: Api<DynamicObject> =
                 Api::namespaced_with(client, ns, &resources::http_route_resource());
-            ssa(&api, name, route, dry_run).await?
+            ssa(&api, manager, name, route, dry_run).await?
         }
         Owned::NetworkPolicy => {
             let Some(policy) = &desired.network_policy else {
                 return Ok(None);
             };
             let api: Api<NetworkPolicy> = Api::namespaced(client, ns);
-            ssa(&api, name, policy, dry_run).await?
+            ssa(&api, manager, name, policy, dry_run).await?
         }
     };
     Ok(Some(answer))
 }
 
+/// Server-side apply of `obj` as `name`, forced, under the Relay's field manager
+/// (`manager`): the API server's answer. A real apply to an object the operator's releases
+/// before field managers per Relay also applied then lets that manager go
+/// ([`release_legacy_fields`]).
 pub(super) async fn ssa<K>(
     api: &Api<K>,
+    manager: &str,
     name: &str,
     obj: &K,
     dry_run: DryRun,
@@ -340,10 +368,49 @@ pub(super) async fn ssa<K>(
 where
     K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    let mut params = PatchParams::apply(FIELD_MANAGER).force();
+    let mut params = PatchParams::apply(manager).force();
     params.dry_run = dry_run == DryRun::Yes;
-    let answer = api.patch(name, &params, &Patch::Apply(obj)).await?;
-    Ok(to_json(&answer))
+    let answer = to_json(&api.patch(name, &params, &Patch::Apply(obj)).await?);
+    if dry_run == DryRun::No && legacy_applier(&answer) {
+        release_legacy_fields(api, name, &answer).await?;
+    }
+    Ok(answer)
+}
+
+/// Whether the shared field manager of earlier releases ([`FIELD_MANAGER`]) still owns
+/// fields of the object `v` by an apply.
+pub(super) fn legacy_applier(v: &Value) -> bool {
+    v.pointer("/metadata/managedFields")
+        .and_then(Value::as_array)
+        .is_some_and(|fields| {
+            fields.iter().any(|f| {
+                f["manager"] == FIELD_MANAGER
+                    && f["operation"] == "Apply"
+                    && f.get("subresource").is_none()
+            })
+        })
+}
+
+/// The shared field manager of earlier releases applies an empty object: it owns nothing
+/// after, so a field only it set (one this release no longer sets) goes, and every field
+/// the Relay's own manager applied just before stays (owned by that manager too). Once per
+/// object, after the first apply under the Relay's manager.
+async fn release_legacy_fields<K>(api: &Api<K>, name: &str, applied: &Value) -> Result<(), Error>
+where
+    K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    let empty = json!({
+        "apiVersion": applied["apiVersion"],
+        "kind": applied["kind"],
+        "metadata": { "name": name },
+    });
+    api.patch(
+        name,
+        &PatchParams::apply(FIELD_MANAGER),
+        &Patch::Apply(&empty),
+    )
+    .await?;
+    Ok(())
 }
 
 /// Carry out one change of an owned object, with the Event, metric and log line that go
@@ -397,7 +464,14 @@ pub(super) async fn apply<K>(
 where
     K: Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
 {
-    ssa(api, name, obj, DryRun::No).await?;
+    ssa(
+        api,
+        &super::field_manager(&relay.name_any()),
+        name,
+        obj,
+        DryRun::No,
+    )
+    .await?;
     record(ctx, relay, kind, name, change).await;
     Ok(())
 }

@@ -47,6 +47,15 @@ pub(super) async fn event(ctx: &Context, relay: &Relay, reason: &str, object: &s
 
 /// The Event of a step of the upgrade gate (a Warning for a failure).
 pub(super) async fn event_with(ctx: &Context, relay: &Relay, e: &planner::StepEvent) {
+    event_as(ctx, relay, e, "Upgrade").await
+}
+
+/// A Warning Event of a fault ([`planner::fault_events`]).
+pub(super) async fn fault_event(ctx: &Context, relay: &Relay, e: &planner::StepEvent) {
+    event_as(ctx, relay, e, "Reconcile").await
+}
+
+async fn event_as(ctx: &Context, relay: &Relay, e: &planner::StepEvent, action: &str) {
     let ev = Event {
         type_: if e.warning {
             EventType::Warning
@@ -55,10 +64,10 @@ pub(super) async fn event_with(ctx: &Context, relay: &Relay, e: &planner::StepEv
         },
         reason: e.reason.into(),
         note: Some(truncate(&e.message, 1000)),
-        action: "Upgrade".into(),
+        action: action.into(),
         secondary: None,
     };
-    tracing::info!(relay = %relay.name_any(), reason = e.reason, message = %e.message, "upgrade step");
+    tracing::info!(relay = %relay.name_any(), reason = e.reason, message = %e.message, action, "event");
     if let Err(err) = ctx.recorder.publish(&ev, &relay.object_ref(&())).await {
         tracing::warn!(error = %err, "cannot write an Event");
     }

@@ -18,7 +18,7 @@
 //! object, and the `poll_interval` requeue (that is the node poll). A failed reconcile
 //! backs off exponentially per object (1 s doubling to 5 min).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -39,7 +39,7 @@ use serde_json::json;
 use crate::metrics::Metrics;
 use crate::names::{Names, ResourceError};
 use crate::nodes::NodeClient;
-use crate::observed::Observed;
+use crate::observed::{ForeignObject, Observed};
 use crate::planner::{self, Change};
 use crate::resources::{self, DesiredSet};
 use crate::status;
@@ -52,11 +52,19 @@ use apply::{
     apply, apply_desired, create_claims, create_job, keep_claim_templates, now_rfc3339,
     write_status,
 };
-use events::event_with;
+use events::{event_with, fault_event};
 use observe::{observe, user_config};
 
-/// The field manager of every server-side apply the operator makes.
+/// The field manager of the Relays' status, and of every server-side apply of the
+/// releases before field managers per Relay ([`field_manager`]); the Events' reporter.
 pub const FIELD_MANAGER: &str = "ankusa-operator";
+
+/// The field manager of every server-side apply made for Relay `relay`:
+/// `ankusa-operator/<relay>`. One per Relay, so what one Relay applies is never taken for
+/// another's in an object's managed fields.
+pub fn field_manager(relay: &str) -> String {
+    format!("{FIELD_MANAGER}/{relay}")
+}
 
 /// Why a reconcile failed.
 #[derive(Debug, thiserror::Error)]
@@ -132,6 +140,9 @@ pub struct Context {
     /// What probes learned of images: the store format and the digest the tag resolved to
     /// (at most [`PROBED_MAX`] images; a forgotten one is read from its Job again).
     probed: Mutex<BTreeMap<String, Probed>>,
+    /// The faults each `Relay` reported at its last reconcile (a Warning Event goes out when
+    /// one is new); a deleted Relay's entry goes with it.
+    reported: Mutex<HashMap<(String, String), BTreeSet<&'static str>>>,
 }
 
 impl Context {
@@ -151,6 +162,7 @@ impl Context {
             recorder,
             failures: Mutex::new(HashMap::new()),
             probed: Mutex::new(BTreeMap::new()),
+            reported: Mutex::new(HashMap::new()),
         })
     }
 }
@@ -205,12 +217,19 @@ pub async fn run(
     let writer = reflector::store::Writer::new(ar.clone());
     let reader = writer.as_reader();
     let health = ctx.settings.health.clone();
-    let metrics = ctx.metrics.clone();
+    let forget = ctx.clone();
     let relay_changes = watcher(relays, watcher::Config::default())
         .map(move |event| {
-            // A deleted Relay's series go (the controller does not reconcile it again).
+            // A deleted Relay's series and faults go (the controller does not reconcile it
+            // again).
             if let Ok(watcher::Event::Delete(obj)) = &event {
-                metrics.forget(&obj.namespace().unwrap_or_default(), &obj.name_any());
+                let key = (obj.namespace().unwrap_or_default(), obj.name_any());
+                forget.metrics.forget(&key.0, &key.1);
+                forget
+                    .reported
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&key);
             }
             if let Some(h) = &health {
                 match &event {
@@ -348,7 +367,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
             None
         }
     };
-    let token = ensure_token(relay, ctx, &names).await?;
+    let token = ensure_token(relay, ctx, &names, &mut o).await?;
 
     observe(relay, ctx, &names, &token, &mut o).await?;
     let rollout = planner::rollout(relay, &prev, &o);
@@ -376,7 +395,14 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                 owners: crate::drain::handoff_capable(&o).then_some(relay.spec.replicas),
             },
         );
+        // Of the objects at this Relay's names that are not its, those of the kinds it
+        // wants hold it: nothing is applied, no Job or claim made, while one is there.
+        if let Ok(d) = &desired {
+            o.foreign
+                .retain(|f| f.kind.is_none_or(|k| d.value(k).is_some()));
+        }
         match desired {
+            Ok(_) if !o.foreign.is_empty() => {}
             Ok(mut desired) => {
                 o.storage_change =
                     keep_claim_templates(&mut desired, o.objects.statefulset.as_ref());
@@ -426,6 +452,9 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
             Err(e) => o.config_error = Some(e.to_string()),
         }
     }
+    if o.config_error.is_some() {
+        o.foreign.retain(|f| f.kind.is_none_or(|k| !k.optional()));
+    }
     let next = write_status(relay, ctx, &prev, &o, &rollout, &monitor, &scheduled).await?;
     for e in planner::upgrade_events(
         relay,
@@ -436,6 +465,8 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         event_with(ctx, relay, &e).await;
     }
     ctx.metrics.upgrade(relay, &next);
+    let faults = status::faults(relay, &o, &rollout, &scheduled, &next.nodes);
+    warn_new_faults(ctx, relay, &faults, &prev, &next).await;
     if o.apply_error.is_some() {
         // Retried sooner than the poll, with the backoff of a failed reconcile.
         return Ok(Action::requeue(
@@ -464,6 +495,27 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
             d.min(ctx.settings.poll_interval)
         }),
     ))
+}
+
+/// The Warning Events of the faults new since the Relay's last reconcile, of a scheduled
+/// backup that failed, of object store pushes gone bad ([`planner::fault_events`]).
+async fn warn_new_faults(
+    ctx: &Context,
+    relay: &Relay,
+    faults: &[(&'static str, String)],
+    prev: &RelayStatus,
+    next: &RelayStatus,
+) {
+    let key = (relay.namespace().unwrap_or_default(), relay.name_any());
+    let reported = ctx
+        .reported
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .insert(key, faults.iter().map(|(reason, _)| *reason).collect())
+        .unwrap_or_default();
+    for e in planner::fault_events(&reported, faults, prev, next) {
+        fault_event(ctx, relay, &e).await;
+    }
 }
 
 /// A Relay whose reconciliation is paused (`ankusa.dev/reconcile: paused`): nothing of it
@@ -500,9 +552,27 @@ async fn paused(relay: &Relay, ctx: &Context, prev: &RelayStatus) -> Result<Acti
 /// The operator's admin token for this `Relay`, read from its Secret; the Secret (with the
 /// backup-scope token and the nodes' cluster token beside it) is made once, and a key
 /// missing from an older one added.
-async fn ensure_token(relay: &Relay, ctx: &Context, names: &Names) -> Result<String, Error> {
+/// A token Secret at the Relay's name that is not its is neither read nor written: it goes
+/// to `o.foreign` (the Relay waits) and the token is empty.
+async fn ensure_token(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    o: &mut Observed,
+) -> Result<String, Error> {
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &names.namespace);
     let existing = api.get_opt(&names.token_secret).await?;
+    if let Some(f) = existing.as_ref().and_then(|s| {
+        ForeignObject::of(
+            None,
+            format!("Secret/{}", names.token_secret),
+            &apply::to_json(s),
+            relay.metadata.uid.as_deref(),
+        )
+    }) {
+        o.foreign.push(f);
+        return Ok(String::new());
+    }
     let key = |k: &str| {
         existing
             .as_ref()

@@ -16,7 +16,7 @@ use serde_json::Value;
 
 use super::{truncate, Context, Error, Probed, PROBED_MAX};
 use crate::names::Names;
-use crate::observed::{JobObs, Observed, PodObs, ProbeObs, StsObs};
+use crate::observed::{ForeignObject, JobObs, Observed, Owned, PodObs, ProbeObs, StsObs};
 use crate::resources;
 
 use super::apply::to_json;
@@ -101,16 +101,25 @@ pub(super) async fn observe(
     let client = &ctx.client;
     let ns = names.namespace.as_str();
 
+    let uid = relay.metadata.uid.clone();
+    let uid = uid.as_deref();
     let sts_api: Api<StatefulSet> = Api::namespaced(client.clone(), ns);
     let sts = sts_api.get_opt(&names.statefulset).await?;
-    o.statefulset = sts.as_ref().map(sts_obs);
-    o.objects.statefulset = sts.as_ref().map(to_json);
-    o.objects.config_map = get_json::<ConfigMap>(client, ns, &names.config_map).await?;
-    o.objects.headless = get_json::<Service>(client, ns, &names.headless).await?;
-    o.objects.client = get_json::<Service>(client, ns, &names.client).await?;
-    o.objects.pdb = get_json::<PodDisruptionBudget>(client, ns, &names.pdb).await?;
-
-    o.objects.ingest_service = get_json::<Service>(client, ns, &names.ingest).await?;
+    o.objects.statefulset = mine(o, uid, Owned::StatefulSet, names, sts.as_ref().map(to_json));
+    o.statefulset = sts
+        .as_ref()
+        .filter(|_| o.objects.statefulset.is_some())
+        .map(sts_obs);
+    let cm = get_json::<ConfigMap>(client, ns, &names.config_map).await?;
+    o.objects.config_map = mine(o, uid, Owned::ConfigMap, names, cm);
+    let headless = get_json::<Service>(client, ns, &names.headless).await?;
+    o.objects.headless = mine(o, uid, Owned::HeadlessService, names, headless);
+    let svc = get_json::<Service>(client, ns, &names.client).await?;
+    o.objects.client = mine(o, uid, Owned::ClientService, names, svc);
+    let pdb = get_json::<PodDisruptionBudget>(client, ns, &names.pdb).await?;
+    o.objects.pdb = mine(o, uid, Owned::PodDisruptionBudget, names, pdb);
+    let ingest = get_json::<Service>(client, ns, &names.ingest).await?;
+    o.objects.ingest_service = mine(o, uid, Owned::IngestService, names, ingest);
 
     observe_optional(relay, client, ns, names, o).await?;
 
@@ -195,11 +204,102 @@ pub(super) async fn observe(
     }
 
     observe_jobs(relay, ctx, names, o).await?;
+    observe_create_failures(client, ns, names, o).await?;
     Ok(())
 }
 
+/// How recent a `FailedCreate` Event must be to count: the controllers repeat it (as a
+/// series) while the failure lasts.
+const CREATE_FAILURE_WINDOW_S: i64 = 600;
+
+/// Why the StatefulSet's missing pods, or the Relay's unfinished Jobs' pods, could not be
+/// created (a PriorityClass that does not exist, a ResourceQuota, Pod Security): the
+/// controllers say so only in `FailedCreate` Events on the StatefulSet or the Job, read
+/// here (only while a pod is missing or a Job runs) into `o.create_failures`, newest first,
+/// one per object.
+async fn observe_create_failures(
+    client: &Client,
+    ns: &str,
+    names: &Names,
+    o: &mut Observed,
+) -> Result<(), Error> {
+    let pods_missing = o
+        .statefulset
+        .as_ref()
+        .is_some_and(|s| (o.pods.len() as i32) < s.replicas);
+    let running = |j: &JobObs| *j == JobObs::Running;
+    let jobs_running = o.backups.values().any(running)
+        || o.restores.values().any(running)
+        || o.scheduled.values().any(running)
+        || o.probes.values().any(|p| *p == ProbeObs::Running);
+    if !pods_missing && !jobs_running {
+        return Ok(());
+    }
+    let api: Api<k8s_openapi::api::core::v1::Event> = Api::namespaced(client.clone(), ns);
+    let events = api
+        .list(&ListParams::default().fields("reason=FailedCreate"))
+        .await?;
+    let mut found: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let job_prefix = format!("{}-", names.relay);
+    for e in events.items {
+        let (kind, name) = (
+            e.involved_object.kind.clone().unwrap_or_default(),
+            e.involved_object.name.clone().unwrap_or_default(),
+        );
+        let ours = match kind.as_str() {
+            "StatefulSet" => pods_missing && name == names.statefulset,
+            "Job" => jobs_running && name.starts_with(&job_prefix),
+            _ => false,
+        };
+        let at = e
+            .last_timestamp
+            .as_ref()
+            .map(|t| t.0.to_string())
+            .or_else(|| e.event_time.as_ref().map(|t| t.0.to_string()))
+            .unwrap_or_default();
+        let recent =
+            crate::observed::elapsed_s(&at, &o.now).is_some_and(|s| s <= CREATE_FAILURE_WINDOW_S);
+        if !ours || !recent {
+            continue;
+        }
+        let object = format!("{kind} {name}");
+        let message = truncate(e.message.as_deref().unwrap_or(""), 300);
+        if found.get(&object).is_none_or(|(t, _)| *t < at) {
+            found.insert(object, (at, message));
+        }
+    }
+    let mut failures: Vec<(String, String)> = found
+        .into_iter()
+        .map(|(object, (at, message))| (at, format!("{object}: {message}")))
+        .collect();
+    failures.sort_by(|a, b| b.0.cmp(&a.0));
+    o.create_failures = failures.into_iter().map(|(_, m)| m).collect();
+    Ok(())
+}
+
+/// The live object `v` of `kind` at this Relay's name for it, when the Relay owns it (its
+/// controller reference); one that is not its is noted in `o.foreign` and read as absent.
+fn mine(
+    o: &mut Observed,
+    uid: Option<&str>,
+    kind: Owned,
+    names: &Names,
+    v: Option<Value>,
+) -> Option<Value> {
+    let v = v?;
+    let object = format!("{}/{}", kind.kind(), names.of_kind(kind));
+    match ForeignObject::of(Some(kind), object, &v, uid) {
+        None => Some(v),
+        Some(f) => {
+            o.foreign.push(f);
+            None
+        }
+    }
+}
+
 /// The optional objects, read whether or not the spec asks for them: one left from when it
-/// did is deleted. One of that name that this Relay does not own is not its business.
+/// did is deleted. One of that name that this Relay does not own is noted (it matters only
+/// when the spec asks for that kind).
 async fn observe_optional(
     relay: &Relay,
     client: &kube::Client,
@@ -208,46 +308,29 @@ async fn observe_optional(
     o: &mut Observed,
 ) -> Result<(), Error> {
     let uid = relay.metadata.uid.clone();
-    // Any object's metadata, read as the API's type.
-    #[derive(serde::Deserialize)]
-    struct Object {
-        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    }
-    let owned = |v: Value| {
-        let refs = serde_json::from_value::<Object>(v.clone())
-            .ok()
-            .and_then(|o| o.metadata.owner_references)
-            .unwrap_or_default();
-        let mine = refs
-            .iter()
-            .any(|r| r.controller == Some(true) && Some(&r.uid) == uid.as_ref());
-        mine.then_some(v)
-    };
+    let uid = uid.as_deref();
     o.service_monitor_api =
         api_served(client, "monitoring.coreos.com/v1", "servicemonitors").await?;
     if o.service_monitor_api {
-        o.objects.service_monitor = get_dynamic(
+        let sm = get_dynamic(
             client,
             ns,
             &resources::service_monitor_resource(),
             &names.service_monitor,
         )
-        .await?
-        .and_then(owned);
+        .await?;
+        o.objects.service_monitor = mine(o, uid, Owned::ServiceMonitor, names, sm);
     }
     o.http_route_api = api_served(client, "gateway.networking.k8s.io/v1", "httproutes").await?;
     if o.http_route_api {
-        o.objects.http_route =
-            get_dynamic(client, ns, &resources::http_route_resource(), &names.ingest)
-                .await?
-                .and_then(owned);
+        let route =
+            get_dynamic(client, ns, &resources::http_route_resource(), &names.ingest).await?;
+        o.objects.http_route = mine(o, uid, Owned::HttpRoute, names, route);
     }
-    o.objects.ingress = get_json::<Ingress>(client, ns, &names.ingest)
-        .await?
-        .and_then(owned);
-    o.objects.network_policy = get_json::<NetworkPolicy>(client, ns, &names.network_policy)
-        .await?
-        .and_then(owned);
+    let ingress = get_json::<Ingress>(client, ns, &names.ingest).await?;
+    o.objects.ingress = mine(o, uid, Owned::Ingress, names, ingress);
+    let policy = get_json::<NetworkPolicy>(client, ns, &names.network_policy).await?;
+    o.objects.network_policy = mine(o, uid, Owned::NetworkPolicy, names, policy);
     Ok(())
 }
 
@@ -731,18 +814,22 @@ pub(super) fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
             })
     });
     // Not failing, not Ready: unschedulable, or a container still being created.
-    let unscheduled = status
+    let scheduled = status
         .conditions
         .iter()
         .flatten()
-        .find(|c| c.type_ == "PodScheduled" && c.status == "False")
-        .map(|c| {
-            format!(
-                "{}: {}",
-                c.reason.clone().unwrap_or_else(|| "Unschedulable".into()),
-                truncate(c.message.as_deref().unwrap_or(""), 200)
-            )
-        });
+        .find(|c| c.type_ == "PodScheduled" && c.status == "False");
+    let unschedulable_since = scheduled
+        .filter(|c| c.reason.as_deref() == Some("Unschedulable"))
+        .and_then(|c| c.last_transition_time.as_ref())
+        .map(|t| t.0.to_string());
+    let unscheduled = scheduled.map(|c| {
+        format!(
+            "{}: {}",
+            c.reason.clone().unwrap_or_else(|| "Unschedulable".into()),
+            truncate(c.message.as_deref().unwrap_or(""), 200)
+        )
+    });
     let waiting = unscheduled.or_else(|| waiting.and_then(|w| w.reason));
     Some(PodObs {
         name,
@@ -751,6 +838,7 @@ pub(super) fn pod_obs(p: &Pod, sts: &str) -> Option<PodObs> {
         ready,
         failing,
         waiting,
+        unschedulable_since,
     })
 }
 

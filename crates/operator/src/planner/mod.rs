@@ -45,7 +45,7 @@ pub mod adopt;
 mod events;
 mod objects;
 
-pub use events::{upgrade_events, StepEvent};
+pub use events::{fault_events, upgrade_events, StepEvent};
 pub use objects::{changes, monitor_decision, Change, MonitorDecision};
 
 use ankusa_crds::relay::{BackupPolicy, Relay};
@@ -351,7 +351,7 @@ pub(crate) fn probe_of(image: &str, o: &Observed) -> Result<u32, (Option<Hold>, 
         Some(ProbeObs::Failed(m)) => Err((
             hold(
                 "ProbeFailed",
-                format!("the image probe of {image} failed: {m}; set spec.image to a release that starts"),
+                format!("the image probe of {image} failed: {m}; set spec.image to a release that starts, or change spec.upgrade.retry to probe it again"),
                 true,
             ),
             Vec::new(),

@@ -224,6 +224,7 @@ impl World {
                 ready: p.ready,
                 failing: p.crashing.then(|| "CrashLoopBackOff".to_owned()),
                 waiting: None,
+                unschedulable_since: None,
             });
             if p.ready {
                 o.nodes.insert(

@@ -12,6 +12,7 @@ mod gate;
 mod golden;
 mod leader;
 mod nodes;
+mod ownership;
 mod planner;
 mod reconcile;
 mod support;

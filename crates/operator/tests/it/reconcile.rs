@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ankusa_api::node::{Counters, NodeStatus};
 use ankusa_crds::relay::Relay;
-use ankusa_operator::controller::{self, Context, Settings, FIELD_MANAGER};
+use ankusa_operator::controller::{self, Context, Settings};
 use ankusa_operator::metrics::Metrics;
 use k8s_openapi::api::apps::v1::StatefulSet;
 use k8s_openapi::api::core::v1::{
@@ -222,7 +222,7 @@ async fn first_reconcile_creates_everything_with_field_manager_and_owner_referen
             .as_array()
             .unwrap()
             .iter()
-            .filter(|m| m["manager"] == FIELD_MANAGER)
+            .filter(|m| m["manager"] == controller::field_manager("relay").as_str())
             .collect();
         assert_eq!(
             managers.len(),
@@ -245,6 +245,14 @@ async fn first_reconcile_creates_everything_with_field_manager_and_owner_referen
     );
     assert!(applies.iter().all(|w| w.uri.contains("fieldManager=ankusa-operator")
         && w.uri.contains("force=true")), "{applies:#?}");
+    // Each object under the Relay's own field manager; the status under the shared one.
+    assert!(
+        applies
+            .iter()
+            .all(|w| w.resource == "relays"
+                || w.uri.contains("fieldManager=ankusa-operator%2Frelay")),
+        "{applies:#?}"
+    );
     assert!(writes.iter().all(|w| w.verb != "delete"), "{writes:#?}");
     let events = cluster::events(&admin, &ns).await;
     let created: Vec<_> = events
@@ -893,10 +901,8 @@ async fn a_refused_object_is_a_condition_and_the_rest_goes_on() {
     // Allowed again: the next reconcile applies it.
     quotas.delete("no-pdbs", &Default::default()).await.unwrap();
     reconcile(&ctx, &ns, "relay").await.unwrap();
-    assert_eq!(
-        condition(&admin, &ns, "relay", "Degraded").await["status"],
-        "False"
-    );
+    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
+    assert_eq!(degraded["status"], "False", "{degraded:#}");
     let pdbs: Api<PodDisruptionBudget> = Api::namespaced(admin.clone(), &ns);
     assert!(pdbs.get_opt("relay").await.unwrap().is_some());
 }
