@@ -86,6 +86,23 @@ fn in_transit(sender: &Store, receiver: &Store) -> Places {
     out
 }
 
+/// Imports a batch into `into`'s store through its assembler, as its writer does, with
+/// the sync: the writer's answer.
+fn import_into(into: &mut Harness, from: Origin, batch: u64, items: Vec<Moved>) -> ImportReply {
+    let (reply, _) = tokio::sync::oneshot::channel();
+    let imp = Import {
+        from,
+        batch,
+        items,
+        reply,
+    };
+    let (assembled, answer) = into.asm.assemble_import(&into.store, &imp).unwrap();
+    if let Some(a) = assembled {
+        into.asm.commit(&into.store, a, true).unwrap();
+    }
+    answer
+}
+
 /// Tenant `ord`'s due rows in `store`.
 fn due_of(store: &Store, ord: TenantOrd) -> Vec<deliveries::DueRow> {
     crate::testkit::due_rows(store)
@@ -286,25 +303,12 @@ impl Pair {
 
     fn import(&mut self) -> Option<ImportReply> {
         let o = outbox(&self.sender.store).unwrap().into_iter().next()?;
-        let (reply, _) = tokio::sync::oneshot::channel();
-        let imp = Import {
-            from: Origin::Node(SENDER.into()),
-            batch: o.batch,
-            items: o.items,
-            reply,
-        };
-        let (assembled, answer) = self
-            .receiver
-            .asm
-            .assemble_import(&self.receiver.store, &imp)
-            .unwrap();
-        if let Some(a) = assembled {
-            self.receiver
-                .asm
-                .commit(&self.receiver.store, a, true)
-                .unwrap();
-        }
-        Some(answer)
+        Some(import_into(
+            &mut self.receiver,
+            Origin::Node(SENDER.into()),
+            o.batch,
+            o.items,
+        ))
     }
 
     /// The sender takes its waiting batch back, through its own writer, if the receiver
@@ -314,21 +318,12 @@ impl Pair {
         if last_imported(&self.receiver.store, SENDER).unwrap() >= o.batch {
             return None;
         }
-        let (reply, _) = tokio::sync::oneshot::channel();
-        let imp = Import {
-            from: Origin::TakenBack(o.receiver.clone()),
-            batch: o.batch,
-            items: o.items,
-            reply,
-        };
-        let (assembled, answer) = self
-            .sender
-            .asm
-            .assemble_import(&self.sender.store, &imp)
-            .unwrap();
-        if let Some(a) = assembled {
-            self.sender.asm.commit(&self.sender.store, a, true).unwrap();
-        }
+        let answer = import_into(
+            &mut self.sender,
+            Origin::TakenBack(o.receiver.clone()),
+            o.batch,
+            o.items,
+        );
         assert!(
             outbox(&self.sender.store).unwrap().is_empty(),
             "a batch taken back leaves the outbox"
@@ -585,19 +580,12 @@ fn a_refused_batch_is_taken_back_counted_once_and_moves_again_later() {
         "the dedupe key is back"
     );
     // A second take-back of the same batch (its answer lost) writes nothing.
-    let (reply, _) = tokio::sync::oneshot::channel();
-    let again = Import {
-        from: Origin::TakenBack(RECEIVER.into()),
-        batch: staged.batch,
-        items: staged.items.clone(),
-        reply,
-    };
-    let (assembled, answer) = pair
-        .sender
-        .asm
-        .assemble_import(&pair.sender.store, &again)
-        .unwrap();
-    assert!(assembled.is_none());
+    let answer = import_into(
+        &mut pair.sender,
+        Origin::TakenBack(RECEIVER.into()),
+        staged.batch,
+        staged.items.clone(),
+    );
     assert_eq!(answer, ImportReply::Already);
     pair.check();
     // Later (the lists agree again) the rows move under the next batch number.

@@ -307,22 +307,17 @@ impl Sender {
     /// for their tenants' owner then — or keeps them, when that is this node.
     async fn take_back(&self, o: Outbox, why: &str) -> Result<u64, String> {
         let (receiver, batch) = (o.receiver.clone(), o.batch);
-        let (tx, rx) = tokio::sync::oneshot::channel();
         let failed = |e: &dyn std::fmt::Display| {
             format!("taking batch {batch} for {receiver} back ({why}): {e}")
         };
-        self.writer
-            .try_import(Import {
-                from: Origin::TakenBack(receiver.clone()),
-                batch,
-                items: o.items,
-                reply: tx,
-            })
-            .map_err(|e| failed(&e))?;
-        let reply = tokio::time::timeout(IMPORT_TIMEOUT, rx)
-            .await
-            .map_err(|_| failed(&"the writer did not answer"))?
-            .map_err(|_| failed(&"the writer stopped"))?;
+        let reply = import(
+            &self.writer,
+            Origin::TakenBack(receiver.clone()),
+            batch,
+            o.items,
+        )
+        .await
+        .map_err(|e| failed(&e))?;
         match reply {
             ImportReply::Imported {
                 hooks,
@@ -505,18 +500,8 @@ pub async fn receive(
         }
         items.push(item);
     }
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    writer
-        .try_import(Import {
-            from: Origin::Node(batch.from.clone()),
-            batch: batch.batch,
-            items,
-            reply: tx,
-        })
-        .map_err(|_| Refusal::Unavailable)?;
-    let reply = tokio::time::timeout(IMPORT_TIMEOUT, rx)
+    let reply = import(writer, Origin::Node(batch.from.clone()), batch.batch, items)
         .await
-        .map_err(|_| Refusal::Unavailable)?
         .map_err(|_| Refusal::Unavailable)?;
     match reply {
         ImportReply::Imported {
@@ -545,6 +530,29 @@ pub async fn receive(
         ImportReply::TenantLimit => Err(Refusal::TenantLimit),
         ImportReply::Unavailable => Err(Refusal::Unavailable),
     }
+}
+
+/// Hands a batch to the writer and waits for its answer, at most [`IMPORT_TIMEOUT`]; why
+/// there is none (the writer's queue full, the writer late or stopped).
+async fn import(
+    writer: &WriterHandle,
+    from: Origin,
+    batch: u64,
+    items: Vec<Moved>,
+) -> Result<ImportReply, &'static str> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    writer
+        .try_import(Import {
+            from,
+            batch,
+            items,
+            reply: tx,
+        })
+        .map_err(|_| "the writer's queue is full")?;
+    tokio::time::timeout(IMPORT_TIMEOUT, rx)
+        .await
+        .map_err(|_| "the writer did not answer")?
+        .map_err(|_| "the writer stopped")
 }
 
 /// The answer to a batch imported before: nothing written now.
