@@ -256,6 +256,14 @@ impl Pair {
         self.copies.sort();
     }
 
+    /// A live dedupe key of the moving tenant on the sender (`delivery-1` → `hk_1`).
+    fn add_dedupe_key(&mut self) {
+        let key = ankusa_keyspace::dedupe(TENANT, b"delivery-1").unwrap();
+        let far = ankusa_keyspace::now_ms() + 60_000;
+        self.sender
+            .commit(|tx| tx.push_op(Op::put(Cf::Index, key, crate::dedupe::value(far, "hk_1"))));
+    }
+
     /// The moving tenant's deliveries in a queue.
     fn moving(&self, store: &Store) -> Places {
         queue_of(store)
@@ -493,16 +501,7 @@ proptest! {
 fn a_batch_imported_twice_is_written_once_and_dedupe_keys_move() {
     let mut pair = Pair::new(3);
     let ord = pair.sender.ord(TENANT);
-    // A live dedupe key of the moving tenant.
-    let key = ankusa_keyspace::dedupe(TENANT, b"delivery-1").unwrap();
-    let far = ankusa_keyspace::now_ms() + 60_000;
-    pair.sender.commit(|tx| {
-        tx.push_op(Op::put(
-            Cf::Index,
-            key.clone(),
-            crate::dedupe::value(far, "hk_1"),
-        ))
-    });
+    pair.add_dedupe_key();
     let staged = stage(&pair.sender.store, RECEIVER, ord, TENANT, 0)
         .unwrap()
         .unwrap();
@@ -547,15 +546,7 @@ fn a_refused_batch_is_taken_back_counted_once_and_moves_again_later() {
     let mut pair = Pair::new(6);
     pair.add_copies();
     let ord = pair.sender.ord(TENANT);
-    let key = ankusa_keyspace::dedupe(TENANT, b"delivery-1").unwrap();
-    let far = ankusa_keyspace::now_ms() + 60_000;
-    pair.sender.commit(|tx| {
-        tx.push_op(Op::put(
-            Cf::Index,
-            key.clone(),
-            crate::dedupe::value(far, "hk_1"),
-        ))
-    });
+    pair.add_dedupe_key();
     let before = crate::counters::read(&pair.sender.store, ord).unwrap();
     let staged = stage(&pair.sender.store, RECEIVER, ord, TENANT, 0)
         .unwrap()

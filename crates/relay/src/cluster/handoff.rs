@@ -229,13 +229,7 @@ impl Sender {
         let staged = self.blocking(handoff::outbox_len).await.unwrap_or(0);
         self.metrics.handoff_rows_leaving.set(rows_leaving as i64);
         self.metrics.handoff_staged.set(staged as i64);
-        let received = self
-            .metrics
-            .handoff_hooks
-            .get_or_create(&DirectionLabel {
-                direction: "received".into(),
-            })
-            .get();
+        let received = hooks_counter(&self.metrics, "received").get();
         self.cluster.set_handoff_status(HandoffStatus {
             tenants_leaving,
             rows_leaving,
@@ -291,12 +285,7 @@ impl Sender {
             .await
             .map_err(|e| format!("confirming batch {} of {}: {e}", o.batch, o.receiver))?;
         self.moved.fetch_add(hooks, Ordering::Relaxed);
-        self.metrics
-            .handoff_hooks
-            .get_or_create(&DirectionLabel {
-                direction: "sent".into(),
-            })
-            .inc_by(hooks);
+        hooks_counter(&self.metrics, "sent").inc_by(hooks);
         tracing::info!(receiver = %o.receiver, batch = o.batch, hooks, items = o.items.len(), "handoff: a batch moved to its owner");
         Ok(hooks)
     }
@@ -325,12 +314,7 @@ impl Sender {
                 archived,
                 records,
             } => {
-                self.metrics
-                    .handoff_hooks
-                    .get_or_create(&DirectionLabel {
-                        direction: "taken_back".into(),
-                    })
-                    .inc_by(hooks);
+                hooks_counter(&self.metrics, "taken_back").inc_by(hooks);
                 tracing::warn!(%receiver, batch, hooks, dedupe, archived, records, reason = why, "handoff: a staged batch taken back into this node's queue");
                 Ok(hooks)
             }
@@ -510,12 +494,7 @@ pub async fn receive(
             archived,
             records,
         } => {
-            metrics
-                .handoff_hooks
-                .get_or_create(&DirectionLabel {
-                    direction: "received".into(),
-                })
-                .inc_by(hooks);
+            hooks_counter(metrics, "received").inc_by(hooks);
             tracing::info!(from = %batch.from, batch = batch.batch, hooks, dedupe, archived, records, "handoff: a batch imported");
             Ok(HandoffAnswer {
                 batch: batch.batch,
@@ -553,6 +532,19 @@ async fn import(
         .await
         .map_err(|_| "the writer did not answer")?
         .map_err(|_| "the writer stopped")
+}
+
+/// `ankusa_handoff_hooks_total{direction}`: `sent`, `received` or `taken_back`.
+fn hooks_counter(
+    metrics: &Metrics,
+    direction: &str,
+) -> prometheus_client::metrics::counter::Counter {
+    metrics
+        .handoff_hooks
+        .get_or_create(&DirectionLabel {
+            direction: direction.into(),
+        })
+        .clone()
 }
 
 /// The answer to a batch imported before: nothing written now.
