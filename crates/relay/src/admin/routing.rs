@@ -347,11 +347,7 @@ pub(super) async fn read_all(
                 let status = resp.status();
                 match resp.into_body().collect().await {
                     Ok(c) => Ok((status, c.to_bytes())),
-                    Err(e) => Err(Unreachable {
-                        node: name.clone(),
-                        reason: e.to_string(),
-                        code: None,
-                    }),
+                    Err(e) => Err(Unreachable::new(name.clone(), e.to_string())),
                 }
             }
             Err(e) => Err(e),

@@ -76,6 +76,17 @@ pub struct Unreachable {
     pub code: Option<ErrorCode>,
 }
 
+impl Unreachable {
+    /// No answer from `node`, for `reason` (no error code).
+    pub fn new(node: impl Into<String>, reason: impl Into<String>) -> Self {
+        Unreachable {
+            node: node.into(),
+            reason: reason.into(),
+            code: None,
+        }
+    }
+}
+
 /// This node's view of its Relay.
 pub struct Cluster {
     members: Vec<Member>,
@@ -281,11 +292,7 @@ impl Cluster {
         to: &str,
         batch: &HandoffBatch,
     ) -> Result<HandoffAnswer, Unreachable> {
-        let body = serde_json::to_vec(batch).map_err(|e| Unreachable {
-            node: to.to_owned(),
-            reason: e.to_string(),
-            code: None,
-        })?;
+        let body = serde_json::to_vec(batch).map_err(|e| Unreachable::new(to, e.to_string()))?;
         self.cluster_call(to, Method::POST, "/cluster/v1/handoff", Bytes::from(body))
             .await
     }
@@ -542,11 +549,7 @@ impl Cluster {
         path: &str,
         body: Bytes,
     ) -> Result<T, Unreachable> {
-        let unreachable = |reason: String| Unreachable {
-            node: name.to_owned(),
-            reason,
-            code: None,
-        };
+        let unreachable = |reason: String| Unreachable::new(name, reason);
         let to = self
             .members
             .iter()
@@ -656,11 +659,7 @@ impl Cluster {
                 self.forward_admin(m, method, path_and_query, headers, body)
                     .await
             }
-            None => Err(Unreachable {
-                node: name.to_owned(),
-                reason: "not in the node list".into(),
-                code: None,
-            }),
+            None => Err(Unreachable::new(name, "not in the node list")),
         }
     }
 
@@ -704,11 +703,7 @@ impl Cluster {
             .inc();
         res.map_err(|reason| {
             tracing::warn!(node = %to.name, %kind, %reason, "another node of the Relay did not answer");
-            Unreachable {
-                node: to.name.clone(),
-                reason,
-                code: None,
-            }
+            Unreachable::new(to.name.clone(), reason)
         })
     }
 

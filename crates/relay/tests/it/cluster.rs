@@ -1720,21 +1720,28 @@ fn a_forward_never_loops_even_when_two_nodes_disagree_on_the_owner() {
     );
 }
 
-#[test]
-fn a_leaving_node_sends_a_forwarded_hook_on_to_its_owner_and_stores_none() {
-    // Nodes 0 and 1 run the old list; node 2 already runs the new one, which marks it
-    // leaving (a roll in progress). Node 0 sends node 2 its former tenants' hooks.
-    let mut r = Relay::new(3, "");
-    let new_owner =
+/// A roll in progress: nodes 0 and 1 started on the old list of three, node 2 on the new
+/// one, which marks it leaving. A tenant node 2 owned and node `new_owner` owns now.
+fn roll_with_node_2_leaving(r: &mut Relay, new_owner: usize) -> String {
+    let owner_now =
         |t: &str| ankusa_relay::cluster::owner_index(["relay-0", "relay-1"].into_iter(), t);
     let t = (0..)
         .map(|n| format!("tenant-{n}"))
-        .find(|t| r.owner(t) == 2 && new_owner(t) == 1)
+        .find(|t| r.owner(t) == 2 && owner_now(t) == new_owner)
         .unwrap();
     r.start(0);
     r.start(1);
     r.leaving.insert(2);
     r.start(2);
+    t
+}
+
+#[test]
+fn a_leaving_node_sends_a_forwarded_hook_on_to_its_owner_and_stores_none() {
+    // Nodes 0 and 1 run the old list; node 2 already runs the new one, which marks it
+    // leaving (a roll in progress). Node 0 sends node 2 its former tenants' hooks.
+    let mut r = Relay::new(3, "");
+    let t = roll_with_node_2_leaving(&mut r, 1);
     let c = client();
     r.rt.block_on(async {
         let a = r.send(&c, 0, &t, "d-on").await;
@@ -1774,16 +1781,7 @@ fn a_hook_a_roll_stored_on_a_node_with_the_old_list_is_delivered_after_the_roll(
     );
     // The sink refuses: the hook stays queued, so it is staged and moves, or waits.
     r.sink.default_status.store(503, Ordering::Relaxed);
-    let new_owner =
-        |t: &str| ankusa_relay::cluster::owner_index(["relay-0", "relay-1"].into_iter(), t);
-    let t = (0..)
-        .map(|n| format!("tenant-{n}"))
-        .find(|t| r.owner(t) == 2 && new_owner(t) == 0)
-        .unwrap();
-    r.start(0);
-    r.start(1);
-    r.leaving.insert(2);
-    r.start(2);
+    let t = roll_with_node_2_leaving(&mut r, 0);
     let c = client();
     r.rt.block_on(async {
         let a = r.send(&c, 0, &t, "d-roll").await;
