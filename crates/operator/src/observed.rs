@@ -222,12 +222,10 @@ impl ForeignObject {
     /// The live object `v` at `object` (`Kind/name`), if it is not controlled by the
     /// object of UID `uid`.
     pub fn of(kind: Option<Owned>, object: String, v: &Value, uid: Option<&str>) -> Option<Self> {
-        let refs = v
+        let controller = v
             .pointer("/metadata/ownerReferences")
             .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let controller = refs.iter().find(|r| r["controller"] == true);
+            .and_then(|refs| refs.iter().find(|r| r["controller"] == true));
         match controller {
             Some(c) if uid.is_some() && c["uid"].as_str() == uid => None,
             Some(c) => Some(ForeignObject {

@@ -25,6 +25,10 @@ use crate::observed::{in_progress, Observed};
 use crate::plan::Rollout;
 use crate::planner::MonitorDecision;
 
+/// The faults `Degraded` reports: each one's reason and message, the first the condition's
+/// reason.
+pub type Faults = Vec<(&'static str, String)>;
+
 /// The `Relay`'s status.
 pub fn status(
     relay: &Relay,
@@ -34,6 +38,19 @@ pub fn status(
     monitor: &MonitorDecision,
     scheduled: &crate::backups::Decision,
 ) -> RelayStatus {
+    status_and_faults(relay, prev, o, r, monitor, scheduled).0
+}
+
+/// The `Relay`'s status, and the faults its `Degraded` condition reports (each reason and
+/// message), for their Warning Events.
+pub(crate) fn status_and_faults(
+    relay: &Relay,
+    prev: &RelayStatus,
+    o: &Observed,
+    r: &Rollout,
+    monitor: &MonitorDecision,
+    scheduled: &crate::backups::Decision,
+) -> (RelayStatus, Faults) {
     let generation = relay.metadata.generation.unwrap_or(0);
     let replicas = relay.spec.replicas.max(0);
     // The nodes a scale-down takes out stay in the report (and their rows in the totals)
@@ -87,7 +104,7 @@ pub fn status(
         Phase::Pending
     };
     let answered = fleet.answered;
-    RelayStatus {
+    let status = RelayStatus {
         observed_generation: Some(generation),
         conditions: conds.into_vec(),
         phase: Some(phase),
@@ -116,7 +133,8 @@ pub fn status(
         backup_claims: o.backup_claim_rooms.values().cloned().collect(),
         claim_archives: o.claim_archives.values().cloned().collect(),
         restore: r.restore.clone().or_else(|| prev.restore.clone()),
-    }
+    };
+    (status, faults)
 }
 
 /// What the nodes report, gathered: each node's report, the tenant totals, the top
@@ -388,14 +406,14 @@ const UNSCHEDULABLE_GRACE_S: i64 = 60;
 
 /// What `Degraded` reports: each fault's reason and message, the first one the
 /// condition's reason.
-pub(crate) fn faults(
+fn faults(
     relay: &Relay,
     o: &Observed,
     r: &Rollout,
     scheduled: &crate::backups::Decision,
     nodes: &[NodeReport],
-) -> Vec<(&'static str, String)> {
-    let mut faults: Vec<(&'static str, String)> = Vec::new();
+) -> Faults {
+    let mut faults = Faults::new();
     if !o.foreign.is_empty() {
         faults.push(("ObjectNotOwned", foreign_message(relay, &o.foreign)));
     }

@@ -148,10 +148,10 @@ pub(super) async fn write_status(
     rollout: &crate::plan::Rollout,
     monitor: &planner::MonitorDecision,
     scheduled: &crate::backups::Decision,
-) -> Result<RelayStatus, Error> {
-    let next = status::status(relay, prev, o, rollout, monitor, scheduled);
+) -> Result<(RelayStatus, status::Faults), Error> {
+    let (next, faults) = status::status_and_faults(relay, prev, o, rollout, monitor, scheduled);
     if relay.status.as_ref() == Some(&next) {
-        return Ok(next);
+        return Ok((next, faults));
     }
     let api: Api<Relay> =
         Api::namespaced(ctx.client.clone(), &relay.namespace().unwrap_or_default());
@@ -166,7 +166,7 @@ pub(super) async fn write_status(
         &Patch::Apply(&body),
     )
     .await?;
-    Ok(next)
+    Ok((next, faults))
 }
 
 pub(super) fn now_rfc3339() -> String {

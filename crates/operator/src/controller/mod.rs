@@ -455,7 +455,8 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
     if o.config_error.is_some() {
         o.foreign.retain(|f| f.kind.is_none_or(|k| !k.optional()));
     }
-    let next = write_status(relay, ctx, &prev, &o, &rollout, &monitor, &scheduled).await?;
+    let (next, faults) =
+        write_status(relay, ctx, &prev, &o, &rollout, &monitor, &scheduled).await?;
     for e in planner::upgrade_events(
         relay,
         prev.upgrade.as_ref(),
@@ -465,7 +466,6 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         event_with(ctx, relay, &e).await;
     }
     ctx.metrics.upgrade(relay, &next);
-    let faults = status::faults(relay, &o, &rollout, &scheduled, &next.nodes);
     warn_new_faults(ctx, relay, &faults, &prev, &next).await;
     if o.apply_error.is_some() {
         // Retried sooner than the poll, with the backoff of a failed reconcile.
@@ -502,7 +502,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
 async fn warn_new_faults(
     ctx: &Context,
     relay: &Relay,
-    faults: &[(&'static str, String)],
+    faults: &status::Faults,
     prev: &RelayStatus,
     next: &RelayStatus,
 ) {
