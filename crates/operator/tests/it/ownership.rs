@@ -14,7 +14,7 @@ use kube::Client;
 use serde_json::{json, Value};
 
 use crate::cluster;
-use crate::reconcile::{condition, context, create_relay, get_json, reconcile, NOWHERE};
+use crate::reconcile::{condition, context, create_relay, get_json, reconcile, set_up, NOWHERE};
 
 /// The Warning Events of `reason` on the Relays of `ns`.
 async fn warnings(admin: &Client, ns: &str, reason: &str) -> Vec<String> {
@@ -123,17 +123,12 @@ async fn a_config_map_ref_naming_the_config_map_the_operator_writes_is_refused()
 
 #[tokio::test]
 async fn two_relays_whose_names_collide_never_take_each_others_service() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "collide").await;
-    create_relay(
-        &admin,
-        &ns,
+    let (admin, ns, ctx) = set_up(
+        "collide",
         "minimal",
         json!({ "metadata": { "name": "hooks" } }),
     )
     .await;
-    let ctx = context(op, NOWHERE);
     reconcile(&ctx, &ns, "hooks").await.unwrap();
     let ingest = get_json::<Service>(&admin, &ns, "hooks-ingest")
         .await
@@ -185,11 +180,8 @@ fn appliers(obj: &Value) -> Vec<String> {
 
 #[tokio::test]
 async fn objects_the_shared_field_manager_applied_move_to_the_relays_own_and_its_stale_fields_go() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "manager").await;
-    create_relay(&admin, &ns, "minimal", json!({})).await;
-    let ctx = context(op.clone(), NOWHERE);
+    let (admin, ns, ctx) = set_up("manager", "minimal", json!({})).await;
+    let op = ctx.client.clone();
     reconcile(&ctx, &ns, "relay").await.unwrap();
     let own = field_manager("relay");
     let svc = get_json::<Service>(&admin, &ns, "relay-ingest")
@@ -243,17 +235,12 @@ async fn objects_the_shared_field_manager_applied_move_to_the_relays_own_and_its
 
 #[tokio::test]
 async fn pods_that_cannot_be_created_are_a_condition_and_a_warning_event() {
-    let admin = cluster::admin().await;
-    let (op, _) = cluster::operator_client().await;
-    let ns = cluster::namespace(&admin, "no-class").await;
-    create_relay(
-        &admin,
-        &ns,
+    let (admin, ns, ctx) = set_up(
+        "no-class",
         "minimal",
         json!({ "spec": { "priorityClassName": "no-such-class" } }),
     )
     .await;
-    let ctx = context(op, NOWHERE);
     reconcile(&ctx, &ns, "relay").await.unwrap();
     assert!(get_json::<StatefulSet>(&admin, &ns, "relay")
         .await

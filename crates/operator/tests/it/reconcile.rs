@@ -53,7 +53,11 @@ pub(crate) async fn create_relay(admin: &Client, ns: &str, fixture: &str, patch:
 /// A new namespace (`prefix`) on the full control plane with the fixture `fixture`
 /// (`patch` merged), and an operator context as the operator's ServiceAccount whose nodes
 /// answer nothing.
-async fn set_up(prefix: &str, fixture: &str, patch: Value) -> (Client, String, Arc<Context>) {
+pub(crate) async fn set_up(
+    prefix: &str,
+    fixture: &str,
+    patch: Value,
+) -> (Client, String, Arc<Context>) {
     let admin = cluster::admin().await;
     let (op, _) = cluster::operator_client().await;
     set_up_on(admin, op, prefix, fixture, patch).await
