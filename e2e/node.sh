@@ -14,7 +14,8 @@
 #   volumes, CPU requests a two-core node can hold, and no backup section (the backup
 #   claim's e2e is the upgrade gate's);
 # - the example's sink, http://webhook-consumer.apps.svc:8080/hooks, is `ankusa-relay sink`
-#   in a pod of namespace `apps`, behind a headless Service of that name.
+#   in a pod of namespace `apps`, behind a headless Service of that name (and the CA
+#   bundle's sink, tls-consumer.apps.svc:8443, the same over HTTPS on test CAs' certificates).
 # The test's namespaces give every pod of theirs a toleration of the real node's taint
 # (the API server's PodTolerationRestriction, the namespace's defaultTolerations) and kwok's
 # nodes are tainted for the test, so every pod of the test runs on the real node — and no
@@ -363,24 +364,114 @@ e2e_until 120 bash -c "[ \"\$(kubectl get pod hooks-2 -o jsonpath='{.status.cont
 e2e_until 90 delivered --allow-duplicates || { python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates || true; fail "acked hooks were lost across the SIGKILL"; }
 python3 e2e/hooks.py check "$work/acked" "$work/sink.log" --allow-duplicates
 
-say "a source added to the Relay's configuration reaches the running nodes through the ConfigMap: no pod restarted"
+say "a source added to the Relay's configuration and tenants.max raised reach the running nodes through the ConfigMap: no pod restarted"
 pods_before=$(hooks_pods)
 hash_before=$(kubectl get statefulset hooks -o jsonpath='{.spec.template.metadata.annotations.ankusa\.dev/config-hash}')
 kubectl patch relay hooks --type json -p '[{"op": "add", "path": "/spec/config/inline/sources/-",
-  "value": {"id": "added", "tenant": {"header": "x-tenant"}, "verify": {"scheme": "none"}, "route": "to-internal"}}]' >/dev/null
+  "value": {"id": "added", "tenant": {"header": "x-tenant"}, "verify": {"scheme": "none"}, "route": "to-internal"}},
+  {"op": "replace", "path": "/spec/tenants/max", "value": 100001}]' >/dev/null
 added() {
   [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$port/ingest/added" \
     -H 'x-tenant: reload-tenant' -H 'content-type: application/json' -d '{"added":true}')" = 202 ]
 }
-# The kubelet refreshes a ConfigMap volume at its pod sync (every minute by default); the
-# node reads its file every 2 s.
+# The kubelet refreshes a ConfigMap volume at its pod sync (every minute by default, 10 s on
+# the test node); the node reads its file every 2 s.
 e2e_until 240 added || fail "the added source never took a hook: $(kubectl logs hooks-0 --tail 20 2>&1)"
 kubectl logs hooks-0 | grep -q "configuration reloaded" || fail "hooks-0 logged no reload"
+tenants_max() { # each node's ankusa_tenants_max, one line each
+  local p ip
+  for p in 0 1 2; do
+    ip=$(kubectl get pod "hooks-$p" -o jsonpath='{.status.podIP}')
+    curl -fsS -H "Authorization: Bearer $admin_token" "http://$ip:9090/metrics" | awk '$1 == "ankusa_tenants_max" { print $2 }'
+  done
+}
+all_raised() { [ "$(tenants_max | sort -u)" = 100001 ]; }
+e2e_until 60 all_raised || fail "tenants.max did not reach every node: $(tenants_max | tr '\n' ' ')"
 [ "$(kubectl get statefulset hooks -o jsonpath='{.spec.template.metadata.annotations.ankusa\.dev/config-hash}')" = "$hash_before" ] \
   || fail "adding a source changed the pods' config hash: the pods roll"
 sleep 5
 pods_after=$(hooks_pods)
 [ "$pods_after" = "$pods_before" ] || fail "pods restarted on a reloadable change: $pods_before -> $pods_after"
+
+say "config.caBundleRef: a sink on a test CA reached over HTTPS; the CA rotated in the Secret and the sink's certificate with it; reached again, no pod restarted"
+# A CA and a certificate for tls-consumer.apps.svc it signed, in directory $1.
+test_ca() {
+  mkdir -p "$1"
+  openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -days 2 -subj "/CN=e2e sinks CA $(basename "$1")" \
+    -keyout "$1/ca.key" -out "$1/ca.crt" 2>/dev/null
+  openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -subj /CN=tls-consumer.apps.svc \
+    -keyout "$1/tls.key" -out "$1/tls.csr" 2>/dev/null
+  printf 'subjectAltName=DNS:tls-consumer.apps.svc\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n' >"$1/ext"
+  openssl x509 -req -in "$1/tls.csr" -CA "$1/ca.crt" -CAkey "$1/ca.key" -CAcreateserial -days 2 \
+    -extfile "$1/ext" -out "$1/tls.crt" 2>/dev/null || fail "openssl could not sign the sink's certificate"
+}
+# The TLS sink's pod on the certificate of CA $1 (made again: it reads its files at start),
+# and the Relay's bundle Secret holding that CA.
+tls_sink_on() {
+  kubectl -n apps delete pod tls-consumer --ignore-not-found --wait=true >/dev/null
+  kubectl -n apps create secret tls tls-consumer --cert "$work/$1/tls.crt" --key "$work/$1/tls.key" \
+    --dry-run=client -o yaml | kubectl -n apps apply -f - >/dev/null
+  kubectl -n apps apply -f - >/dev/null <<EOF
+apiVersion: v1
+kind: Pod
+metadata: { name: tls-consumer, labels: { app: tls-consumer } }
+spec:
+  securityContext: { runAsNonRoot: true, runAsUser: 10001, seccompProfile: { type: RuntimeDefault } }
+  containers:
+  - name: sink
+    image: ghcr.io/ankusa/relay:0.1.0
+    imagePullPolicy: Never
+    args: [sink, --listen, "[::]:8443", --tls-cert, /tls/tls.crt, --tls-key, /tls/tls.key]
+    volumeMounts: [{ name: tls, mountPath: /tls, readOnly: true }]
+    resources: { requests: { cpu: 20m, memory: 32Mi } }
+    securityContext:
+      allowPrivilegeEscalation: false
+      readOnlyRootFilesystem: true
+      capabilities: { drop: [ALL] }
+  volumes: [{ name: tls, secret: { secretName: tls-consumer } }]
+EOF
+  kubectl create secret generic sinks-ca --from-file=ca.crt="$work/$1/ca.crt" --dry-run=client -o yaml \
+    | kubectl apply -f - >/dev/null
+  kubectl -n apps wait --for=condition=Ready pod/tls-consumer --timeout=60s >/dev/null || fail "the TLS sink did not start"
+}
+test_ca "$work/ca-first"
+test_ca "$work/ca-second"
+sink_service tls-consumer
+tls_sink_on ca-first
+kubectl apply -f - >/dev/null <<EOF
+apiVersion: ankusa.dev/v1alpha1
+kind: Relay
+metadata: { name: tls }
+spec:
+  replicas: 1
+  image: ghcr.io/ankusa/relay:0.1.0
+  storage: { size: 1Gi, storageClassName: $ANKUSA_TESTENV_STORAGE_CLASS }
+  resources: { requests: { cpu: 50m, memory: 64Mi } }
+  config:
+    caBundleRef: { secret: { name: sinks-ca } }
+    inline:
+      sinks: [{ id: tls, url: "https://tls-consumer.apps.svc:8443/hooks", timeout_ms: 2000 }]
+      routes: [{ id: r, sinks: [tls] }]
+      sources: [{ id: demo, tenant: { header: x-tenant }, verify: { scheme: none }, route: r }]
+      retry: { schedule_ms: [500, 1000], max_attempts: 1000, jitter: none }
+EOF
+kubectl wait --for=condition=Ready relay/tls --timeout=3m >/dev/null || fail "relay/tls did not become Ready"
+tls_ip=$(kubectl get pod tls-0 -o jsonpath='{.status.podIP}')
+tls_pod() { kubectl get pod tls-0 -o jsonpath='{.metadata.uid}/{.status.containerStatuses[0].restartCount}'; }
+tls_before=$(tls_pod)
+printed() { kubectl -n apps logs tls-consumer 2>/dev/null | grep -qF "{\"tls\":\"$1\"} → 204"; }
+over_tls() { # hook $1 acked by tls-0 and printed by the TLS sink
+  curl -fsS -X POST -H 'x-tenant: t1' -H 'content-type: application/json' -d "{\"tls\":\"$1\"}" \
+    "http://$tls_ip:8080/ingest/demo" -o /dev/null || fail "tls-0 did not ack hook $1"
+  e2e_until 90 printed "$1" || fail "hook $1 never reached the TLS sink: $(kubectl logs tls-0 --tail 10 2>&1)"
+}
+over_tls first
+tls_sink_on ca-second
+over_tls second
+kubectl logs tls-0 | grep -q "reloading the configuration" || fail "tls-0 did not read its rotated bundle again"
+[ "$(tls_pod)" = "$tls_before" ] || fail "tls-0 restarted for a rotated bundle: $tls_before -> $(tls_pod)"
+kubectl delete relay tls --wait=false >/dev/null
+kubectl -n apps delete pod tls-consumer --wait=false >/dev/null
 
 # --- a slow start ---------------------------------------------------------------------------
 # A node whose volume is a directory mounted again through FUSE (e2e/testenv/slowfs) that

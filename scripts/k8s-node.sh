@@ -190,6 +190,9 @@ evictionHard: { memory.available: 100Mi, nodefs.available: 2%, imagefs.available
 imageGCHighThresholdPercent: 99
 imageGCLowThresholdPercent: 98
 serializeImagePulls: false
+# A Secret's or ConfigMap's update reaches a mounted volume at the pod's next sync: every
+# 10 s here, not every minute, so the tests' rotations and reloads land in seconds.
+syncFrequency: 10s
 EOF
   spawn kubelet "$bin/kubelet" --config "$n/kubelet.yaml" --kubeconfig "$dir/kubeconfig-kubelet" \
     --root-dir "$n/kubelet" --hostname-override "$NODE_NAME"

@@ -1,10 +1,10 @@
 //! What a running node reloads (SIGHUP, or its file changing) and what needs a restart.
 //! The node applies the first ([`RELOADABLE`]); the operator rolls the pods only for the
-//! rest ([`restart_part`]), so a change of sources, sinks, routes or tokens reaches the
-//! nodes through their ConfigMap volume without a restart.
+//! rest ([`restart_part`]), so a change of sources, sinks, routes, tokens or `tenants.max`
+//! reaches the nodes through their ConfigMap volume without a restart.
 
 /// The keys a running node reloads, as dotted paths.
-pub const RELOADABLE: [&str; 7] = [
+pub const RELOADABLE: [&str; 8] = [
     "sources",
     "sinks",
     "routes",
@@ -12,6 +12,7 @@ pub const RELOADABLE: [&str; 7] = [
     "pull",
     "ingest.body_limit_bytes",
     "tenants.limits",
+    "tenants.max",
 ];
 
 /// Sets reloadable `key` of `into` to `from`'s: the one place each key of [`RELOADABLE`]
@@ -25,6 +26,7 @@ fn copy_key(into: &mut crate::Config, from: &crate::Config, key: &str) {
         "pull" => into.pull = from.pull.clone(),
         "ingest.body_limit_bytes" => into.ingest.body_limit_bytes = from.ingest.body_limit_bytes,
         "tenants.limits" => into.tenants.limits = from.tenants.limits,
+        "tenants.max" => into.tenants.max = from.tenants.max,
         other => unreachable!("{other} is not in RELOADABLE"),
     }
 }
@@ -107,7 +109,7 @@ mod tests {
              sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\n\
              routes: [{ id: r, sinks: [s] }]\n\
              sources: [{ id: a, verify: { scheme: none }, route: r }]\n\
-             tenants: { limits: { queued_bytes: 1048576 } }\n\
+             tenants: { limits: { queued_bytes: 1048576 }, max: 7 }\n\
              pull: { max_claim: 10 }\n",
         );
         assert_eq!(with_reloadables_of(&a, &b), b);

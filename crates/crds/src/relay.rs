@@ -357,6 +357,46 @@ pub struct ConfigSpec {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 16))]
     pub secret_dirs: Vec<SecretDir>,
+    /// Certificate authorities every sink's HTTPS server may be signed by, beyond the web
+    /// PKI, from a key of a Secret (cert-manager's `ca.crt`) or a ConfigMap (a
+    /// trust-manager Bundle): mounted as `/etc/ankusa-ca/ca.crt` and set as the nodes'
+    /// `dispatch.ca_bundle`, in place of one the configuration gives. The nodes read it
+    /// again when it rotates, without a restart.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_bundle_ref: Option<CaBundleRef>,
+}
+
+/// Where `config.caBundleRef` is mounted (its directory), and the bundle's file in it.
+pub const CA_BUNDLE_MOUNT: &str = "/etc/ankusa-ca";
+pub const CA_BUNDLE_FILE: &str = "/etc/ankusa-ca/ca.crt";
+
+/// A PEM bundle of certificate authorities: one key of a Secret or of a ConfigMap.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("has(self.secret) != has(self.configMap)").message("caBundleRef names a secret or a configMap, exactly one"))]
+pub struct CaBundleRef {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secret: Option<BundleKey>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub config_map: Option<BundleKey>,
+}
+
+/// A key of a Secret or a ConfigMap in the Relay's namespace.
+#[derive(KubeSchema, Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct BundleKey {
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$')").message("must be an object's name"))]
+    pub name: String,
+    /// The key holding the PEM bundle (default `ca.crt`).
+    #[serde(default = "default_bundle_key")]
+    #[schemars(length(min = 1, max = 253))]
+    #[x_kube(validation = Rule::new("self.matches('^[-._a-zA-Z0-9]+$')").message("must be a key of a Secret or a ConfigMap"))]
+    pub key: String,
+}
+
+fn default_bundle_key() -> String {
+    "ca.crt".into()
 }
 
 /// A Secret mounted as a directory (`config.secretDirs`).

@@ -179,7 +179,8 @@ impl Resolution {
 pub struct Allocator {
     cache: TenantCache,
     next: Option<u32>,
-    max: u32,
+    /// `tenants.max`, shared with what reloads it ([`Allocator::max_handle`]).
+    max: std::sync::Arc<std::sync::atomic::AtomicU32>,
 }
 
 impl Allocator {
@@ -187,8 +188,15 @@ impl Allocator {
         Allocator {
             cache: TenantCache::new(CACHE_CAPACITY),
             next: None,
-            max,
+            max: std::sync::Arc::new(std::sync::atomic::AtomicU32::new(max)),
         }
+    }
+
+    /// The allocator's `tenants.max`: a store into it takes effect at the next batch
+    /// (a configuration reload raises or lowers it; a tenant that has an ordinal is never
+    /// refused).
+    pub fn max_handle(&self) -> std::sync::Arc<std::sync::atomic::AtomicU32> {
+        self.max.clone()
     }
 
     /// With a cache of `capacity` entries (tests).
@@ -240,15 +248,16 @@ impl Allocator {
             Some(n) => n,
             None => next_ord(store)?,
         };
+        let max = self.max.load(std::sync::atomic::Ordering::Relaxed);
         for (t, v) in misses.into_iter().zip(found) {
             match v.as_deref().and_then(decode_u32) {
                 Some(o) => {
                     res.resolved.push((t.to_owned(), TenantOrd(o)));
                     res.ords.insert(t.to_owned(), Ok(TenantOrd(o)));
                 }
-                None if next > self.max || next > TenantOrd::MAX_REAL => {
+                None if next > max || next > TenantOrd::MAX_REAL => {
                     res.ords
-                        .insert(t.to_owned(), Err(QueueError::TenantLimit { max: self.max }));
+                        .insert(t.to_owned(), Err(QueueError::TenantLimit { max }));
                 }
                 None => {
                     let o = TenantOrd(next);

@@ -115,6 +115,12 @@ impl Assembler {
         })
     }
 
+    /// The `tenants.max` new tenants are held to: storing into it takes effect at the next
+    /// batch ([`crate::tenants::Allocator::max_handle`]).
+    pub fn tenants_max(&self) -> std::sync::Arc<std::sync::atomic::AtomicU32> {
+        self.alloc.max_handle()
+    }
+
     /// Refuses the hooks of the tenants `erasing` holds, and forgets its cached ordinals
     /// when an erase ends.
     pub fn erasing(mut self, erasing: std::sync::Arc<crate::tenants::Erasing>) -> Self {

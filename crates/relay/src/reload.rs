@@ -2,7 +2,9 @@
 //! run` watches it), reads the file again and applies what can change under a running node.
 //!
 //! **What reloads** ([`ankusa_config::reload::RELOADABLE`], from the configuration crate, which the operator
-//! reads too): `sources`, `sinks`, `routes`, `admin.tokens` and `ingest.body_limit_bytes`. Everything else needs a restart: a reload that changes any
+//! reads too): `sources`, `sinks`, `routes`, `admin.tokens`, `pull`,
+//! `ingest.body_limit_bytes`, `tenants.limits` and `tenants.max`; and the content of every
+//! CA bundle file (`dispatch.ca_bundle`, `sinks[].ca_bundle`), read again at each reload. Everything else needs a restart: a reload that changes any
 //! other key — or the archive setting of any source, which the writer and the archiver
 //! read at start — is refused, naming the keys.
 //!
@@ -63,6 +65,10 @@ pub struct Parts {
     pub quotas: Arc<crate::ingest::quota::Quotas>,
     /// The claim gateway's consumers and bounds.
     pub pull: Arc<crate::pull::Gateway>,
+    /// The writer's `tenants.max` (new tenants past it are refused at the next batch).
+    pub tenants_max: Arc<std::sync::atomic::AtomicU32>,
+    /// The node's share of `tenants.max` among the Relay's nodes.
+    pub cluster: Arc<crate::cluster::Cluster>,
 }
 
 /// The parts a reload swaps, and the configuration they run.
@@ -130,21 +136,44 @@ impl Reloader {
         result
     }
 
-    /// What changes when a running source's `tenant_secrets` directory does, cheaply (the
-    /// watcher asks every [`POLL`]): each directory's modification time, which an added or
-    /// removed tenant moves, and the target of its `..data` link, which a mounted
-    /// Kubernetes Secret's update swaps. A secret rewritten in place in a plain directory
-    /// needs a SIGHUP.
-    pub fn secret_dirs_stamp(&self) -> Vec<u8> {
+    /// What changes when a running source's `tenant_secrets` directory or a CA bundle file
+    /// does, cheaply (the watcher asks every [`POLL`]): each directory's modification time,
+    /// which an added or removed tenant moves, and the target of its `..data` link, which a
+    /// mounted Kubernetes Secret's or ConfigMap's update swaps; each CA bundle file's
+    /// modification time and length (through the links a mounted volume makes). A secret
+    /// rewritten in place in a plain directory needs a SIGHUP.
+    pub fn watched_files_stamp(&self) -> Vec<u8> {
         let running = self.running.lock().unwrap_or_else(|p| p.into_inner());
         let mut out = Vec::new();
+        let mut stamp = |path: &std::path::Path| {
+            let meta = std::fs::metadata(path).ok();
+            let modified = meta.as_ref().and_then(|m| m.modified().ok());
+            let len = meta.as_ref().map(std::fs::Metadata::len);
+            out.extend_from_slice(
+                format!("{}\0{modified:?}\0{len:?}\0", path.display()).as_bytes(),
+            );
+            let dir = if path.is_dir() {
+                Some(path)
+            } else {
+                path.parent()
+            };
+            if let Some(Ok(target)) = dir.map(|d| std::fs::read_link(d.join("..data"))) {
+                out.extend_from_slice(target.as_os_str().as_encoded_bytes());
+            }
+        };
         for s in &running.sources {
             if let Some(ankusa_config::TenantSecrets::Dir(dir)) = &s.tenant_secrets {
-                let modified = std::fs::metadata(dir).and_then(|m| m.modified()).ok();
-                out.extend_from_slice(format!("{}\0{modified:?}\0", dir.display()).as_bytes());
-                if let Ok(target) = std::fs::read_link(dir.join("..data")) {
-                    out.extend_from_slice(target.as_os_str().as_encoded_bytes());
-                }
+                stamp(dir);
+            }
+        }
+        let bundles = running
+            .sinks
+            .iter()
+            .filter_map(|s| s.ca_bundle.as_ref())
+            .chain(running.dispatch.ca_bundle.as_ref());
+        for b in bundles {
+            if let ankusa_config::CaBundle::File(path) = b {
+                stamp(path);
             }
         }
         out
@@ -198,12 +227,29 @@ impl Reloader {
         p.config.store(Arc::new(next.clone()));
         p.sources.store(Arc::new(sources));
         p.quotas.set_defaults(next.tenants.limits);
+        if next.tenants.max != running.tenants.max {
+            self.set_tenants_max(next.tenants.max);
+        }
         *running = next;
         Ok(if changed.is_empty() {
             Reloaded::Unchanged
         } else {
             Reloaded::Applied { changed }
         })
+    }
+}
+
+impl Reloader {
+    /// A new `tenants.max`: the writer's ceiling, this node's share of the Relay's, the
+    /// gauge. Lowered below the tenants held, the node keeps serving every one of them and
+    /// admits no new tenant (the operator's `TenantsMaxBelowHeld` says so).
+    fn set_tenants_max(&self, max: u32) {
+        self.parts
+            .tenants_max
+            .store(max, std::sync::atomic::Ordering::Relaxed);
+        self.parts.cluster.set_tenants_max(max);
+        self.metrics.tenants_max.set(i64::from(max));
+        tracing::info!(tenants_max = max, "tenants.max changed");
     }
 }
 
@@ -221,7 +267,7 @@ pub async fn watch(
         let file = std::fs::read(p).ok()?;
         let mut d = sha2::Sha256::new();
         d.update(&file);
-        d.update(reloader.secret_dirs_stamp());
+        d.update(reloader.watched_files_stamp());
         Some(d.finalize().into())
     };
     let mut seen = digest(&path);
@@ -339,10 +385,7 @@ mod tests {
         let moved = cfg(&format!(
             "{BASE}tenants: {{ max: 5 }}\ndispatch: {{ max_inflight: 9 }}\n"
         ));
-        assert_eq!(
-            needs_restart(&running, &moved),
-            ["dispatch.max_inflight", "tenants.max"]
-        );
+        assert_eq!(needs_restart(&running, &moved), ["dispatch.max_inflight"]);
         let archived =
             cfg(&BASE.replace("sinks: [s] }", "sinks: [s], archive: { enabled: true } }"));
         let why = needs_restart(&running, &archived);

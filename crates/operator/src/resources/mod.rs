@@ -289,6 +289,12 @@ pub fn relay_config_with(
     }));
     let tenants = entry_object(root, "tenants")?;
     tenants.insert("max".into(), json!(relay.spec.tenants.max));
+    if relay.spec.config.ca_bundle_ref.is_some() {
+        entry_object(root, "dispatch")?.insert(
+            "ca_bundle".into(),
+            json!({ "file": ankusa_crds::relay::CA_BUNDLE_FILE }),
+        );
+    }
     // With a memory limit the node sizes its store from its cgroup (a quarter of the
     // limit). Without one it would take 512 MiB whatever the pod was given: a quarter of
     // the memory request instead, what the scheduler reserved for it, unless the

@@ -93,6 +93,12 @@ pub fn statefulset(
             }));
         }
     }
+    if let Some((volume, mount)) = ca_bundle_volume(&spec.config) {
+        volumes.push(volume);
+        if let Some(mounts) = container["volumeMounts"].as_array_mut() {
+            mounts.push(mount);
+        }
+    }
     if let Some(policy) = &spec.image_pull_policy {
         container["imagePullPolicy"] = json!(policy);
     }
@@ -259,4 +265,28 @@ pub fn pdb(relay: &Relay) -> Result<PodDisruptionBudget, ResourceError> {
             },
         }),
     )
+}
+
+/// `config.caBundleRef`'s volume and mount: the bundle's one key as `ca.crt`, which the
+/// kubelet updates in place when it rotates (the node reads it again without a restart).
+fn ca_bundle_volume(config: &ankusa_crds::relay::ConfigSpec) -> Option<(Value, Value)> {
+    let bundle = config.ca_bundle_ref.as_ref()?;
+    let items = |key: &str| json!([{ "key": key, "path": "ca.crt" }]);
+    let volume = match (&bundle.secret, &bundle.config_map) {
+        (Some(k), _) => json!({
+            "name": "ca-bundle",
+            "secret": { "secretName": k.name, "items": items(&k.key) },
+        }),
+        (None, Some(k)) => json!({
+            "name": "ca-bundle",
+            "configMap": { "name": k.name, "items": items(&k.key) },
+        }),
+        (None, None) => return None,
+    };
+    let mount = json!({
+        "name": "ca-bundle",
+        "mountPath": ankusa_crds::relay::CA_BUNDLE_MOUNT,
+        "readOnly": true,
+    });
+    Some((volume, mount))
 }

@@ -228,6 +228,56 @@ fn config_hash_follows_the_configuration() {
         a.config_map, reloadable.config_map,
         "the nodes read the new file"
     );
+    // `tenants.max` reloads too: a new value reaches the nodes' file, and no pod rolls.
+    let mut raised = r.clone();
+    raised.spec.tenants.max += 1;
+    let raised = DesiredSet::build(&raised, None, 0, false).unwrap();
+    assert_eq!(hash(&a), hash(&raised));
+    assert_ne!(a.config_map, raised.config_map);
+}
+
+/// `config.caBundleRef` mounts the bundle's key as `ca.crt` and points the nodes'
+/// `dispatch.ca_bundle` at it, over one the configuration gives.
+#[test]
+fn a_ca_bundle_ref_is_mounted_and_trusted_by_the_nodes() {
+    let mut r = relay("minimal");
+    let user = serde_json::json!({ "dispatch": { "ca_bundle": { "pem": "inline" } } });
+    for (kind, volume) in [("secret", "secret"), ("configMap", "configMap")] {
+        r.spec.config.ca_bundle_ref = Some(
+            serde_json::from_value(serde_json::json!({ kind: { "name": "sinks-ca" } })).unwrap(),
+        );
+        let d = DesiredSet::build(&r, Some(&user), 0, false).unwrap();
+        let pod = serde_json::to_value(d.statefulset.spec.unwrap().template.spec.unwrap()).unwrap();
+        let v = pod["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "ca-bundle")
+            .expect("the bundle's volume");
+        assert_eq!(
+            v[volume]["items"],
+            serde_json::json!([{ "key": "ca.crt", "path": "ca.crt" }])
+        );
+        let name = if kind == "secret" {
+            "secretName"
+        } else {
+            "name"
+        };
+        assert_eq!(v[volume][name], "sinks-ca");
+        let mount = pod["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "ca-bundle")
+            .expect("the bundle's mount")
+            .clone();
+        assert_eq!(mount["mountPath"], "/etc/ankusa-ca");
+        let cfg = resources::relay_config(&r, Some(&user)).unwrap();
+        assert_eq!(
+            cfg["dispatch"]["ca_bundle"],
+            serde_json::json!({ "file": "/etc/ankusa-ca/ca.crt" })
+        );
+    }
 }
 
 /// A pod's termination grace covers the preStop pause and the node's own

@@ -34,6 +34,75 @@ pub struct SinkArgs {
     /// Print every header of each delivery under its line.
     #[arg(long)]
     pub print_headers: bool,
+    /// Serve HTTPS with this PEM certificate chain (with `--tls-key`): a sink behind a
+    /// private certificate authority, which the relay trusts through `dispatch.ca_bundle`
+    /// or `sinks[].ca_bundle`.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<std::path::PathBuf>,
+    /// The PEM private key of `--tls-cert`.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<std::path::PathBuf>,
+}
+
+/// The TLS acceptor of `--tls-cert` and `--tls-key`.
+fn tls_acceptor(
+    cert: &std::path::Path,
+    key: &std::path::Path,
+) -> anyhow::Result<tokio_rustls::TlsAcceptor> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_file_iter(cert)
+        .and_then(|certs| certs.collect::<Result<Vec<_>, _>>())
+        .with_context(|| format!("--tls-cert {}", cert.display()))?;
+    anyhow::ensure!(
+        !chain.is_empty(),
+        "--tls-cert {} holds no certificate",
+        cert.display()
+    );
+    let key = PrivateKeyDer::from_pem_file(key)
+        .with_context(|| format!("--tls-key {}", key.display()))?;
+    let config = rustls::ServerConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)
+    .context("--tls-cert and --tls-key")?;
+    Ok(tokio_rustls::TlsAcceptor::from(std::sync::Arc::new(config)))
+}
+
+/// Serves `app` over TLS on `l` until `stop` ends: one task per connection.
+async fn serve_tls(
+    l: tokio::net::TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    app: axum::Router,
+    stop: impl std::future::Future<Output = ()>,
+) {
+    tokio::pin!(stop);
+    loop {
+        let tcp = tokio::select! {
+            _ = &mut stop => return,
+            accepted = l.accept() => match accepted {
+                Ok((tcp, _)) => tcp,
+                Err(e) => {
+                    eprintln!("ankusa-relay sink: accepting a connection: {e}");
+                    continue;
+                }
+            },
+        };
+        let (acceptor, app) = (acceptor.clone(), app.clone());
+        tokio::spawn(async move {
+            // A client that does not trust the certificate ends the handshake here.
+            let stream = match acceptor.accept(tcp).await {
+                Ok(s) => s,
+                Err(e) => return eprintln!("ankusa-relay sink: TLS handshake: {e}"),
+            };
+            let service = hyper_util::service::TowerToHyperService::new(app);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
 }
 
 /// Which deliveries fail: the `n`th (from 1) when the running count of failures owed,
@@ -57,6 +126,10 @@ pub(super) fn sink(args: SinkArgs) -> anyhow::Result<ExitCode> {
         tolerance_s: 300,
     });
     let verifier = Arc::new(verifier);
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(tls_acceptor(cert, key)?),
+        _ => None,
+    };
     let received = Arc::new(AtomicU64::new(0));
     let (rate, print_headers) = (args.fail_rate, args.print_headers);
     let rt = tokio::runtime::Runtime::new()?;
@@ -82,15 +155,21 @@ pub(super) fn sink(args: SinkArgs) -> anyhow::Result<ExitCode> {
         let l = ankusa_config::listen::bind(args.listen)
             .and_then(tokio::net::TcpListener::from_std)
             .with_context(|| format!("binding {}", args.listen))?;
-        println!("ankusa-relay sink: listening on http://{}", l.local_addr()?);
+        let scheme = if tls.is_some() { "https" } else { "http" };
+        println!(
+            "ankusa-relay sink: listening on {scheme}://{}",
+            l.local_addr()?
+        );
         // SIGTERM too: in a container the sink is PID 1, which ignores a signal it has no
         // handler for.
         let mut signals = StopSignals::install()?;
-        axum::serve(l, app)
-            .with_graceful_shutdown(async move {
-                signals.recv().await;
-            })
-            .await?;
+        let stop = async move {
+            signals.recv().await;
+        };
+        match tls {
+            Some(acceptor) => serve_tls(l, acceptor, app, stop).await,
+            None => axum::serve(l, app).with_graceful_shutdown(stop).await?,
+        }
         anyhow::Ok(())
     })?;
     Ok(ExitCode::SUCCESS)

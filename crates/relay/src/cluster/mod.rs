@@ -43,6 +43,7 @@ use ankusa_config::Config;
 use ankusa_queue::engine::{Store, StoreError};
 use ankusa_queue::registry::{Admission, Ledger, Registry, Shares};
 use ankusa_queue::QueueError;
+use arc_swap::ArcSwap;
 
 /// On a request the listener's edge found signed by a node of the Relay ([`ankusa_verify::node`]): that
 /// node's name. The edge removes every `ankusa-*` header of any other request, so only
@@ -100,8 +101,9 @@ pub struct Cluster {
     metrics: Arc<Metrics>,
     /// Tenants the registry admitted (bounded by `tenants.max` and a ceiling).
     admitted: Mutex<HashSet<String>>,
-    /// With two nodes or more: this node's part of the tenant registry, and its share.
-    registry: Option<(Registry, Shares)>,
+    /// With two nodes or more: this node's part of the tenant registry, and its share (a
+    /// reload of `tenants.max` swaps it, [`Cluster::set_tenants_max`]).
+    registry: Option<(Registry, ArcSwap<Shares>)>,
     /// One loan asked at a time (the others wait and find its slots).
     borrowing: tokio::sync::Mutex<()>,
     /// Loans asked, to turn the first node asked.
@@ -183,7 +185,7 @@ impl Cluster {
             })?;
             metrics.cluster_tenants_registered.set(r.len() as i64);
             metrics.cluster_tenant_slots.set(r.slots(&shares));
-            Some((r, shares))
+            Some((r, ArcSwap::from_pointee(shares)))
         } else {
             None
         };
@@ -267,7 +269,7 @@ impl Cluster {
             tenant_slots: self
                 .registry
                 .as_ref()
-                .map(|(r, s)| r.slots(s).max(0) as u64),
+                .map(|(r, s)| r.slots(&s.load()).max(0) as u64),
             leaving: self.leaving(),
             handoff: self.handoff_status(),
         })
@@ -301,8 +303,26 @@ impl Cluster {
     fn publish(&self) {
         if let Some((r, s)) = &self.registry {
             self.metrics.cluster_tenants_registered.set(r.len() as i64);
-            self.metrics.cluster_tenant_slots.set(r.slots(s));
+            self.metrics.cluster_tenant_slots.set(r.slots(&s.load()));
         }
+    }
+
+    /// A reload's `tenants.max`: this node's share of it from now on (the node list does
+    /// not change without a restart). Loans stay as they are: slots lent or borrowed keep
+    /// counting, so a lower `tenants.max` may leave a node with fewer slots than tenants —
+    /// it keeps serving them and admits no new one until it has slots again.
+    pub fn set_tenants_max(&self, max: u32) {
+        let (Some((_, shares)), Some(me)) = (&self.registry, self.me()) else {
+            return;
+        };
+        let names: Vec<&str> = self
+            .members
+            .iter()
+            .filter(|m| !m.leaving)
+            .map(|m| m.name.as_str())
+            .collect();
+        shares.store(Arc::new(Shares::of(max, &names, me)));
+        self.publish();
     }
 
     /// Tenants this node has taken hooks for as their owner since it started.
@@ -338,13 +358,14 @@ impl Cluster {
         let Some((registry, shares)) = &self.registry else {
             return Ok(Admission::Admitted);
         };
+        let shares = shares.load_full();
         if self.is_admitted(tenant) {
             return Ok(Admission::Admitted);
         }
         let mut exists = exists()?;
         let (mut unreachable, mut one_loan, mut asked) = (None, None, false);
         loop {
-            let answer = registry.admit(tenant, exists, shares);
+            let answer = registry.admit(tenant, exists, &shares);
             self.publish();
             if answer == Admission::Admitted {
                 self.remember(tenant);
@@ -367,7 +388,7 @@ impl Cluster {
                 continue;
             }
             match self
-                .borrow(registry, shares, (shares.share / 4).max(1))
+                .borrow(registry, &shares, (shares.share / 4).max(1))
                 .await
             {
                 Loan::Got => {}
@@ -462,7 +483,7 @@ impl Cluster {
         let Some((registry, shares)) = &self.registry else {
             return Ok((0, 0));
         };
-        let answer = registry.lend(to, want, shares)?;
+        let answer = registry.lend(to, want, &shares.load())?;
         self.publish();
         Ok(answer)
     }
@@ -478,8 +499,9 @@ impl Cluster {
         };
         let me = self.me().unwrap_or_default().to_owned();
         loop {
-            self.read_ledgers(registry, &shares.peers, &me).await;
-            self.cover_deficit(registry, shares).await;
+            let now = shares.load_full();
+            self.read_ledgers(registry, &now.peers, &me).await;
+            self.cover_deficit(registry, &now).await;
             tokio::time::sleep(Duration::from_secs(30)).await;
         }
     }
@@ -521,7 +543,7 @@ impl Cluster {
     pub fn ledger(&self) -> Option<(Ledger, i64)> {
         self.registry
             .as_ref()
-            .map(|(r, s)| (r.ledger(), r.slots(s)))
+            .map(|(r, s)| (r.ledger(), r.slots(&s.load())))
     }
 
     fn remember(&self, tenant: &str) {

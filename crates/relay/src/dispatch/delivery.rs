@@ -234,7 +234,10 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
             }
         };
         let body_bytes = config.dispatch.response_body_bytes;
-        let fingerprint = sink_fingerprint(s, body_bytes, secret.as_deref(), own_cas.as_ref());
+        // The authorities it trusts as read now: a bundle file rotated under the same path
+        // makes a new sink at the next reload.
+        let trusted = own_cas.as_ref().unwrap_or(&node_cas);
+        let fingerprint = sink_fingerprint(s, body_bytes, secret.as_deref(), trusted);
         if let Some(kept) = previous.and_then(|p| p.by_id.get(&s.id)) {
             if kept.fingerprint == fingerprint {
                 sinks.insert(s.id.clone(), kept.clone());
@@ -280,12 +283,13 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
 }
 
 /// What a sink is built from, hashed: its configuration, the response bytes its errors
-/// keep, its secret as resolved, and its own certificate authorities as read.
+/// keep, its secret as resolved, and the certificate authorities it trusts as read (the
+/// node's, and its own).
 fn sink_fingerprint(
     s: &ankusa_config::SinkConfig,
     body_bytes: usize,
     key: Option<&[u8]>,
-    cas: Option<&Vec<rustls::pki_types::CertificateDer<'static>>>,
+    cas: &[rustls::pki_types::CertificateDer<'static>],
 ) -> [u8; 32] {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
@@ -293,7 +297,7 @@ fn sink_fingerprint(
     h.update((body_bytes as u64).to_be_bytes());
     h.update([u8::from(key.is_some())]);
     h.update(key.unwrap_or_default());
-    for ca in cas.into_iter().flatten() {
+    for ca in cas {
         h.update((ca.len() as u64).to_be_bytes());
         h.update(ca.as_ref());
     }

@@ -406,6 +406,7 @@ impl Node {
                 .await
                 .map_err(NodeError::task("boot: migrations and recovery"))??
         };
+        let tenants_max = assembler.tenants_max();
         // Fresh deliveries start at their ingest commit while dispatch has caught up.
         let starter = Arc::new(pipeline::runner::Starter::with_paused(api.paused.clone()));
         let (writer, writer_thread) = writer::spawn(
@@ -435,7 +436,7 @@ impl Node {
             quarantine,
             metrics.clone(),
             ready.clone(),
-            cluster,
+            cluster.clone(),
             api.quotas.clone(),
         ));
         let _ = api.ingest.set(Arc::downgrade(&ingest_state));
@@ -451,6 +452,8 @@ impl Node {
                 status: api.config_status.clone(),
                 quotas: api.quotas.clone(),
                 pull: gateway.clone(),
+                tenants_max,
+                cluster,
             },
             metrics.clone(),
         ));

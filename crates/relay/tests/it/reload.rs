@@ -85,20 +85,20 @@ async fn a_reload_applies_sources_sinks_routes_and_tokens_or_nothing() {
     let restart = grown
         .clone()
         .open_source("c", "r2")
-        .section("tenants: { max: 5 }");
+        .section("retry: { max_attempts: 3 }");
     let e = node
         .reloader
         .reload(&restart.yaml_at(node.dir()), Vec::new())
         .unwrap_err();
     assert!(
-        matches!(&e, ReloadError::NeedsRestart(k) if k == &["tenants.max"]),
+        matches!(&e, ReloadError::NeedsRestart(k) if k == &["retry.max_attempts"]),
         "{e}"
     );
     assert_eq!(post("c").await, 404, "a refused reload applied a source");
     let (_, v) = node_json(&c, &node, ADMIN).await;
     let refused = v["config"]["refused"]["message"].as_str().unwrap();
     assert!(
-        refused.contains("need a restart") && refused.contains("tenants.max"),
+        refused.contains("need a restart") && refused.contains("retry.max_attempts"),
         "{v}"
     );
     // A file that does not validate: refused with the key and its line.
@@ -129,6 +129,58 @@ async fn a_reload_applies_sources_sinks_routes_and_tokens_or_nothing() {
         .unwrap();
     let (_, v) = node_json(&c, &node, ADMIN).await;
     assert!(v["config"]["refused"].is_null(), "{v}");
+    node.stop().await;
+}
+
+/// `tenants.max` reloads: raised, a tenant refused before is taken; lowered below the
+/// tenants held, every one of them is still served and a new one is refused — all in one
+/// running node, and its gauge follows.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tenants_max_reloads_up_and_down_without_refusing_a_held_tenant() {
+    let sink = TestSink::start().await;
+    let spec = |max: u32| base(&sink).section(&format!("tenants: {{ max: {max} }}"));
+    let node = spec(1).start().await;
+    let c = client();
+    let post = |tenant: &str| {
+        let (c, url) = (c.clone(), node.ingest_url("a"));
+        let tenant = tenant.to_owned();
+        async move {
+            post(&c, &url, &[("x-tenant", tenant)], b"{}".to_vec())
+                .await
+                .status
+        }
+    };
+    let gauge = || async {
+        let m = get_text(&c, &node.admin_url("/metrics")).await.1;
+        ankusa_relay::testkit::metric(&m, "ankusa_tenants_max")
+    };
+    assert_eq!(post("t1").await, 202);
+    assert_eq!(post("t2").await, 503, "past tenants.max = 1");
+    let r = node
+        .reloader
+        .reload(&spec(2).yaml_at(node.dir()), Vec::new());
+    assert_eq!(
+        r.unwrap(),
+        Reloaded::Applied {
+            changed: vec!["tenants.max"]
+        }
+    );
+    assert_eq!(gauge().await, Some(2.0));
+    assert_eq!(
+        post("t2").await,
+        202,
+        "raised: the tenant refused before is taken"
+    );
+    assert_eq!(post("t3").await, 503, "past tenants.max = 2");
+    node.reloader
+        .reload(&spec(1).yaml_at(node.dir()), Vec::new())
+        .unwrap();
+    assert_eq!(gauge().await, Some(1.0));
+    for held in ["t1", "t2"] {
+        assert_eq!(post(held).await, 202, "{held} is held: never refused");
+    }
+    assert_eq!(post("t3").await, 503, "lowered: no new tenant");
+    delivered(&sink, "/one", 4).await;
     node.stop().await;
 }
 

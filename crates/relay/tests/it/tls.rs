@@ -23,11 +23,10 @@ fn private_ca() -> (String, Vec<CertificateDer<'static>>, PrivateKeyDer<'static>
     )
 }
 
-/// An HTTPS sink on 127.0.0.1: answers 200 to every request and keeps each one's path.
-async fn https_sink(
+fn acceptor(
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
-) -> (u16, Arc<Mutex<Vec<String>>>) {
+) -> tokio_rustls::TlsAcceptor {
     let tls = rustls::ServerConfig::builder_with_provider(Arc::new(
         rustls::crypto::ring::default_provider(),
     ))
@@ -36,14 +35,36 @@ async fn https_sink(
     .with_no_client_auth()
     .with_single_cert(chain, key)
     .unwrap();
-    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(tls));
+    tokio_rustls::TlsAcceptor::from(Arc::new(tls))
+}
+
+/// The certificate an HTTPS sink presents to its next connections.
+type Presented = Arc<Mutex<tokio_rustls::TlsAcceptor>>;
+
+/// An HTTPS sink on 127.0.0.1: answers 200 to every request and keeps each one's path.
+async fn https_sink(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> (u16, Arc<Mutex<Vec<String>>>) {
+    let (port, seen, _) = rotating_https_sink(chain, key).await;
+    (port, seen)
+}
+
+/// [`https_sink`], whose certificate the test may replace (for the connections after).
+async fn rotating_https_sink(
+    chain: Vec<CertificateDer<'static>>,
+    key: PrivateKeyDer<'static>,
+) -> (u16, Arc<Mutex<Vec<String>>>, Presented) {
+    let presented = Arc::new(Mutex::new(acceptor(chain, key)));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let seen = Arc::new(Mutex::new(Vec::new()));
     let paths = seen.clone();
+    let current = presented.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
-            let (acceptor, paths) = (acceptor.clone(), paths.clone());
+            let acceptor = current.lock().unwrap().clone();
+            let paths = paths.clone();
             tokio::spawn(async move {
                 // A client that does not trust the certificate ends the handshake here.
                 let Ok(stream) = acceptor.accept(tcp).await else {
@@ -60,13 +81,16 @@ async fn https_sink(
                         ))
                     }
                 });
+                // One request per connection: every delivery shakes hands with the
+                // certificate presented now.
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .keep_alive(false)
                     .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
                     .await;
             });
         }
     });
-    (port, seen)
+    (port, seen, presented)
 }
 
 async fn post_one(node: &TestNode, tenant: &str) {
@@ -152,6 +176,66 @@ async fn a_sink_behind_a_private_ca_is_delivered_to_only_when_trusted() {
     node.stop().await;
 }
 
+/// The node-wide bundle's file rotated under the same path (a mounted Secret or ConfigMap
+/// updated: the operator's `caBundleRef`) is read again without a restart: the file's
+/// watcher sees it change, the sinks that trusted the old authorities are rebuilt, and a
+/// sink whose server now presents a certificate of the new CA is reached before and after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_wide_bundle_rotated_in_its_file_is_trusted_without_a_restart() {
+    let (old_ca, chain, key) = private_ca();
+    let (port, seen, presented) = rotating_https_sink(chain, key).await;
+    let dir = tempfile::tempdir().unwrap();
+    let bundle = dir.path().join("ca.pem");
+    std::fs::write(&bundle, &old_ca).unwrap();
+    let spec = TestNode::builder()
+        .sink("rotated", &format!("https://127.0.0.1:{port}/rotated"))
+        .route("main", &["rotated"])
+        .open_source("in", "main")
+        .section("retry: { schedule_ms: [50, 100], max_attempts: 1000, jitter: none }")
+        .section(&format!(
+            "dispatch: {{ tick_interval_ms: 10, ca_bundle: {{ file: {} }} }}",
+            bundle.display()
+        ));
+    let node = spec.clone().start().await;
+    let config = dir.path().join("relay.yaml");
+    std::fs::write(&config, spec.yaml_at(node.dir())).unwrap();
+    let watcher = tokio::spawn(ankusa_relay::reload::watch(
+        node.reloader.clone(),
+        config,
+        None,
+        Duration::from_millis(50),
+    ));
+    post_one(&node, "acme").await;
+    let delivered = |n: usize| {
+        let seen = seen.clone();
+        move || seen.lock().unwrap().len() >= n
+    };
+    eventually(20, "delivery under the first CA", delivered(1)).await;
+
+    // The server's certificate and the bundle both move to a new CA; nothing else changes.
+    let (new_ca, chain, key) = private_ca();
+    *presented.lock().unwrap() = acceptor(chain, key);
+    let swapped = dir.path().join("ca.pem.new");
+    std::fs::write(&swapped, &new_ca).unwrap();
+    std::fs::rename(&swapped, &bundle).unwrap();
+    let mut reloads = 0.0;
+    for _ in 0..200 {
+        let (_, text) = get_text(&client(), &node.admin_url("/metrics")).await;
+        reloads =
+            metric(&text, r#"ankusa_config_reloads_total{outcome="unchanged"}"#).unwrap_or(0.0);
+        if reloads >= 1.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reloads >= 1.0, "the rotated bundle was never read again");
+    post_one(&node, "acme").await;
+    eventually(20, "delivery under the rotated CA", delivered(2)).await;
+    assert_eq!(attempts(&node, "rotated", "delivered").await, 2.0);
+    watcher.abort();
+    node.stop().await;
+}
+
 /// A bundle that holds no certificate is refused at start, naming its key.
 #[test]
 fn a_bundle_without_a_certificate_is_a_configuration_error() {
@@ -183,4 +267,68 @@ fn a_bundle_without_a_certificate_is_a_configuration_error() {
             .unwrap_err();
         assert!(err.to_string().contains(key), "{key}: {err}");
     }
+}
+
+/// `ankusa-relay sink --tls-cert --tls-key` serves HTTPS: a node that trusts its CA
+/// delivers to it, and it prints the hook; a certificate file that holds none is refused
+/// before it listens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_sink_serves_https_to_a_node_that_trusts_its_ca() {
+    use std::io::BufRead;
+    let (ca, server, key) = crate::support::private_ca();
+    let dir = tempfile::tempdir().unwrap();
+    let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    std::fs::write(&cert_file, server.pem()).unwrap();
+    std::fs::write(&key_file, key.serialize_pem()).unwrap();
+    let mut sink = crate::support::Proc {
+        child: crate::support::bin()
+            .args(["sink", "--listen", "127.0.0.1:0", "--tls-cert"])
+            .arg(&cert_file)
+            .arg("--tls-key")
+            .arg(&key_file)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    };
+    let mut out = std::io::BufReader::new(sink.child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let port: u16 = first
+        .trim()
+        .strip_prefix("ankusa-relay sink: listening on https://127.0.0.1:")
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{first}"));
+    let pem = serde_json::to_string(&ca.pem()).unwrap();
+    let node = TestNode::builder()
+        .sink("demo", &format!("https://127.0.0.1:{port}/hooks"))
+        .route("main", &["demo"])
+        .open_source("in", "main")
+        .section(&format!("dispatch: {{ ca_bundle: {{ pem: {pem} }} }}"))
+        .start()
+        .await;
+    post_one(&node, "acme").await;
+    let line = tokio::task::spawn_blocking(move || {
+        let mut l = String::new();
+        out.read_line(&mut l).unwrap();
+        l
+    })
+    .await
+    .unwrap();
+    assert!(
+        line.starts_with("received ") && line.contains("(tenant acme") && line.contains("→ 204"),
+        "{line}"
+    );
+    node.stop().await;
+    drop(sink);
+
+    let refused = crate::support::bin()
+        .args(["sink", "--listen", "127.0.0.1:0", "--tls-cert"])
+        .arg(&key_file)
+        .arg("--tls-key")
+        .arg(&key_file)
+        .output()
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(err.contains("holds no certificate"), "{err}");
 }
