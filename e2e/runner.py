@@ -18,7 +18,9 @@ release that digest was issued for, whatever its tag names since:
 - `previous`: e2e/previous_release.py, the format-2 release before it (its store is the
   committed v2 fixture, restored on first start);
 - `crash-after-migrate`: a release that migrates the store to format 3, then exits 1
-  every time it starts.
+  every time it starts;
+- `does-not-start`: an image whose binary cannot run at all (every command, a probe's
+  `version --json` too, exits 1: `exec format error`).
 A node's data directory is its volume claim's PersistentVolume (a host directory), so a
 store outlives its pod, a scale-down and the StatefulSet, as it does on a cluster. kwok
 marks a pod Ready when it starts it; the runner then reports what the process does, as a
@@ -64,6 +66,8 @@ sys.path.insert(0, os.path.join(HERE, "..", "scripts"))
 from free_ports import free_ports  # noqa: E402
 FIXTURE_V2 = os.path.join(HERE, "..", "crates", "relay", "tests", "fixtures", "store-v2.tar.zst")
 RELEASES = json.loads(os.environ.get("ANKUSA_E2E_RELEASES") or "{}")
+# What a container of the `does-not-start` release does, whatever its command.
+UNRUNNABLE = 'echo "exec /usr/bin/ankusa-relay: exec format error" >&2; exit 1'
 DATA_MOUNT = "/var/lib/ankusa"
 RESTART_PAUSE_S = 2.0
 
@@ -286,6 +290,8 @@ def start(pod):
     if release == "previous":
         cmd = [sys.executable, os.path.join(HERE, "previous_release.py"), "run", RELAY, FIXTURE_V2,
                data, backups, str(admin), token_file, backup_file]
+    elif release == "does-not-start":
+        cmd = ["bash", "-c", UNRUNNABLE]
     elif release == "crash-after-migrate":
         cmd = ["bash", "-c", '"$0" store migrate --data "$1" && echo "crashing after the migration" >&2; exit 1',
                RELAY, data]
@@ -358,7 +364,11 @@ def run_job(pod):
 
     def body():
         release = release_of(container["image"])
-        if args[:1] == ["version"] and release == "previous":
+        if release == "does-not-start":
+            with open(term, "w"):
+                pass
+            out = subprocess.run(["bash", "-c", UNRUNNABLE], capture_output=True, text=True)
+        elif args[:1] == ["version"] and release == "previous":
             cmd = [sys.executable, os.path.join(HERE, "previous_release.py"), "version"]
             with open(term, "w") as f:
                 out = subprocess.run(cmd, stdout=f, stderr=subprocess.PIPE, text=True)

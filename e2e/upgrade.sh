@@ -18,6 +18,9 @@
 #
 # 5. `again`: a Relay deleted and applied again with a newer release over the claims it
 #    left: the image is probed and each claim backed up offline before any node opens it.
+# 6. `probe`: the probe of an image that does not start fails (ProbeFailed, nothing rolls);
+#    the tag pushed again with a build that starts and `spec.upgrade.retry` changed, the
+#    image is probed again and the nodes roll onto it.
 #
 # In 1, the pods run the new release pinned to the digest its probe resolved; the tag
 # pushed again later does not change what a recreated pod runs.
@@ -28,11 +31,12 @@ OLD=ghcr.io/ankusa/relay:0.0.9
 NEW=ghcr.io/ankusa/relay:0.1.0
 BROKEN=ghcr.io/ankusa/relay:0.1.1
 FIXED=ghcr.io/ankusa/relay:0.1.2
-export ANKUSA_E2E_RELEASES="{\"$OLD\":\"previous\",\"$NEW\":\"current\",\"$BROKEN\":\"crash-after-migrate\",\"$FIXED\":\"current\"}"
+UNRUNNABLE=ghcr.io/ankusa/relay:0.1.3
+export ANKUSA_E2E_RELEASES="{\"$OLD\":\"previous\",\"$NEW\":\"current\",\"$BROKEN\":\"crash-after-migrate\",\"$FIXED\":\"current\",\"$UNRUNNABLE\":\"does-not-start\"}"
 source "$(dirname "$0")/lib.sh"
 e2e_start
 
-# ANKUSA_E2E_ONLY=name runs one scenario (up, nobk, crash, scale, again).
+# ANKUSA_E2E_ONLY=name runs one scenario (up, nobk, crash, scale, again, probe).
 only() { [ -z "${ANKUSA_E2E_ONLY:-}" ] || [ "$ANKUSA_E2E_ONLY" = "$1" ]; }
 field() { kubectl -n "$ns" get relay "$1" -o jsonpath="$2"; }
 phase_is() { [ "$(field "$1" '{.status.upgrade.phase}')" = "$2" ]; }
@@ -282,5 +286,30 @@ for i in 0 1; do
     grep -q "store format 2" || fail "the backup of again-$i is not its format-2 store"
 done
 echo "e2e: again: each retained store backed up (offline, at format 2) before a node opened it on $NEW"
+fi
+
+# --- 6. a failed image probe, probed again by spec.upgrade.retry ---
+if only probe; then
+echo "e2e: probe: one node on $NEW, then $UNRUNNABLE, whose binary does not run"
+backup_claim probe-backups
+RELAY_IMAGE=$NEW relay probe 1 probe-backups
+kubectl -n "$ns" wait --for=condition=Ready relay/probe --timeout=3m >/dev/null || fail "probe did not become Ready on $NEW"
+set_spec probe "{\"image\":\"$UNRUNNABLE\"}"
+probe_failed() { field probe '{.status.conditions[*].message}' | grep -q "the image probe of $UNRUNNABLE failed"; }
+e2e_until 180 probe_failed || fail "the probe did not fail: $(field probe '{.status.conditions}')"
+field probe '{.status.conditions[*].message}' | grep -q "change spec.upgrade.retry to probe it again" ||
+  fail "the condition does not say how to probe again: $(field probe '{.status.conditions}')"
+grep -q "started probe-0 release=does-not-start" "$work/runner.log" && fail "probe-0 rolled onto an image whose probe failed"
+echo "e2e: probe: failed; $UNRUNNABLE pushed again (a build that starts), spec.upgrade.retry set"
+python3 -c 'import json, os, sys; r = json.loads(os.environ["ANKUSA_E2E_RELEASES"]); r[sys.argv[1]] = "current"; print(json.dumps(r))' \
+  "$UNRUNNABLE" >"$work/releases.json"
+set_spec probe '{"upgrade":{"retry":"1"}}'
+rolled() { grep -q "started probe-0 release=current image=$UNRUNNABLE" "$work/runner.log"; }
+e2e_until 180 rolled || fail "probe-0 did not roll onto $UNRUNNABLE after the retry: $(field probe '{.status.conditions}')"
+kubectl -n "$ns" wait --for=condition=Ready relay/probe --timeout=2m >/dev/null || fail "probe is not Ready on $UNRUNNABLE"
+[ "$(kubectl -n "$ns" get jobs -l app.kubernetes.io/instance=probe -o name | grep -c probe-probe-)" -ge 2 ] ||
+  fail "no second probe Job: $(kubectl -n "$ns" get jobs -o name)"
+rm "$work/releases.json"
+echo "e2e: probe: probed again after the retry, and rolled"
 fi
 echo "e2e: upgrade: passed"

@@ -122,10 +122,16 @@ pub fn backup_job_name(relay: &Relay, ordinal: i32, cursor: &UpgradeStatus) -> S
     format!("{name}-backup-{ordinal}-{}", job_hash(&key))
 }
 
-/// The image probe Job of `image`.
+/// The image probe Job of `image`, for this value of `spec.upgrade.retry`: a new value
+/// names a Job that does not exist yet, so a failed probe is run again (the failed one is
+/// kept, as every Job is, for a day).
 pub fn probe_job_name(relay: &Relay, image: &str) -> String {
     let name = relay.metadata.name.clone().unwrap_or_default();
-    format!("{name}-probe-{}", job_hash(image))
+    let key = match relay.spec.upgrade.retry.as_deref() {
+        None => image.to_owned(),
+        Some(retry) => format!("{image}\n{retry}"),
+    };
+    format!("{name}-probe-{}", job_hash(&key))
 }
 
 /// 8 hex digits of `key`'s hash: a Job name must stay a 63-character label (the CRD holds

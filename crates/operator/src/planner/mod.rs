@@ -351,7 +351,7 @@ pub(crate) fn probe_of(image: &str, o: &Observed) -> Result<u32, (Option<Hold>, 
         Some(ProbeObs::Failed(m)) => Err((
             hold(
                 "ProbeFailed",
-                format!("the image probe of {image} failed: {m}; set spec.image to a release that starts"),
+                format!("the image probe of {image} failed: {m}; set spec.image to a release that starts, or change spec.upgrade.retry to probe it again"),
                 true,
             ),
             Vec::new(),
