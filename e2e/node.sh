@@ -80,8 +80,9 @@ cleanup() {
     tail -n 30 "$ANKUSA_TESTENV_DIR/kubelet.log" >&2 || true
   fi
   if [ "${ANKUSA_E2E_KEEP:-}" != 1 ]; then
+    helm uninstall second --namespace ankusa-second >/dev/null 2>&1 || true
     helm uninstall ankusa --namespace ankusa-system >/dev/null 2>&1 || true
-    kubectl delete namespace "$ns" apps ankusa-system ${dra:-} ${drb:-} --wait=false >/dev/null 2>&1 || true
+    kubectl delete namespace "$ns" apps ankusa-system ankusa-second ${dra:-} ${drb:-} --wait=false >/dev/null 2>&1 || true
   fi
   kubectl taint nodes -l type=kwok ankusa.dev/real-node-test- >/dev/null 2>&1 || true
   kubectl delete pv "slow-$ns" --wait=false >/dev/null 2>&1 || true
@@ -472,6 +473,38 @@ kubectl logs tls-0 | grep -q "reloading the configuration" || fail "tls-0 did no
 [ "$(tls_pod)" = "$tls_before" ] || fail "tls-0 restarted for a rotated bundle: $tls_before -> $(tls_pod)"
 kubectl delete relay tls --wait=false >/dev/null
 kubectl -n apps delete pod tls-consumer --wait=false >/dev/null
+
+say "a second chart release in another namespace: it leaves the Relays to the first (a Warning Event on each), which reports it in Degraded; nothing of relay/hooks changes; uninstalled, the report goes"
+pods_before=$(hooks_pods)
+sts_generation=$(kubectl get statefulset hooks -o jsonpath='{.metadata.generation}')
+test_namespace ankusa-second
+helm install second charts/ankusa --namespace ankusa-second --set crds.install=false --set replicaCount=1 >/dev/null
+second_ready() {
+  kubectl -n ankusa-second get pods -l app.kubernetes.io/name=ankusa-operator \
+    -o jsonpath='{.items[*].status.containerStatuses[0].ready}' | grep -q true
+}
+e2e_until 120 second_ready || fail "the second release's operator did not become Ready"
+refused() {
+  kubectl get events --field-selector reason=ManagedByAnotherOperator,involvedObject.name=hooks \
+    -o jsonpath='{.items[*].message}' | grep -q "install ankusa-second/"
+}
+e2e_until 90 refused || fail "the second install wrote no ManagedByAnotherOperator Event on relay/hooks"
+reported() {
+  kubectl get relay hooks -o jsonpath='{.status.conditions[?(@.type=="Degraded")].message}' \
+    | grep -q "install ankusa-second/ankusa-operator watches this Relay too"
+}
+e2e_until 90 reported || fail "relay/hooks does not report the second install: $(kubectl get relay hooks -o jsonpath='{.status.conditions}')"
+[ "$(kubectl get relay hooks -o jsonpath='{.status.operator}')" = ankusa-system/ankusa-operator ] \
+  || fail "relay/hooks is managed by $(kubectl get relay hooks -o jsonpath='{.status.operator}')"
+kubectl -n ankusa-second logs deploy/second-ankusa 2>/dev/null | grep -q "another operator install manages this Relay" \
+  || fail "the second install did not say it leaves relay/hooks alone"
+helm uninstall second --namespace ankusa-second >/dev/null
+kubectl delete namespace ankusa-second --wait=true --timeout=120s >/dev/null || fail "namespace ankusa-second did not go"
+not_reported() { ! reported; }
+e2e_until 90 not_reported || fail "relay/hooks still reports the uninstalled install"
+[ "$(hooks_pods)" = "$pods_before" ] || fail "the second install restarted relay pods: $pods_before -> $(hooks_pods)"
+[ "$(kubectl get statefulset hooks -o jsonpath='{.metadata.generation}')" = "$sts_generation" ] \
+  || fail "the second install changed relay/hooks's StatefulSet"
 
 # --- a slow start ---------------------------------------------------------------------------
 # A node whose volume is a directory mounted again through FUSE (e2e/testenv/slowfs) that

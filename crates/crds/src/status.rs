@@ -71,6 +71,11 @@ pub struct RelayStatus {
     /// went missing is recreated with, so no pod starts a new release ungated.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub current_image: Option<String>,
+    /// The operator install that manages this Relay, `<namespace>/<lease>` (its leader
+    /// election Lease): another install that watches it leaves it alone while that Lease is
+    /// renewed, and takes it over once it has not been for a while (the install is gone).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operator: Option<String>,
 }
 
 /// A restore of the nodes from a backup set, the cursor a restarted operator resumes from.

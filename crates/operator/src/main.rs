@@ -182,6 +182,12 @@ async fn run(args: RunArgs) -> anyhow::Result<()> {
             std::env::var("POD_NAMESPACE").ok(),
             args.operator_pod_labels.as_deref(),
         ),
+        install: args
+            .leader_election
+            .then(|| ankusa_operator::controller::claim::Install {
+                namespace: args.lease_namespace.clone(),
+                lease: args.lease_name.clone(),
+            }),
         ..Settings::default()
     };
     let ctx = Context::new(client.clone(), metrics.clone(), settings);

@@ -203,8 +203,26 @@ pub struct Observed {
     /// controllers' recent `FailedCreate` Events), newest first: `Kind name: message`.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub create_failures: Vec<String>,
+    /// What other operator installs that watch this Relay and leave it to this one said in
+    /// the last ten minutes (`Degraded`: `AnotherOperatorWatches`).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub refusals: Vec<String>,
+    /// The nodes' data claims (`data-<name>-<ordinal>`), for their growth.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub data_claims: Vec<DataClaim>,
     /// RFC 3339, for condition transition times.
     pub now: String,
+}
+
+/// A node's data claim as it is.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DataClaim {
+    pub name: String,
+    pub class: Option<String>,
+    /// `spec.resources.requests.storage`.
+    pub requested: Option<String>,
+    /// Bound to a volume (only a bound claim may grow).
+    pub bound: bool,
 }
 
 /// An object at one of a Relay's names that is not the Relay's.

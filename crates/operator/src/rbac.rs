@@ -39,8 +39,11 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     ("", "pods", &["list", "delete"]),
     // controller::observe: the nodes' volume claims (those that outlived a scale-down are
     // backed up before an upgrade); controller::apply::create_claims: a bootstrap's data
-    // claims, made before the StatefulSet so they can be restored into.
-    ("", "persistentvolumeclaims", &["list", "create"]),
+    // claims, made before the StatefulSet so they can be restored into;
+    // controller::expand: a data claim grown to spec.storage.size.
+    ("", "persistentvolumeclaims", &["list", "create", "patch"]),
+    // controller::expand: whether the claims' StorageClass allows volume expansion.
+    ("storage.k8s.io", "storageclasses", &["get"]),
     // controller::observe::observe_jobs + apply::create_job: image probe and backup Jobs.
     ("batch", "jobs", &["list", "watch", "create", "patch"]),
     // The deletes: an optional object no longer asked for (a ServiceMonitor whose
@@ -69,8 +72,11 @@ pub const CLUSTER_RULES: &[(&str, &str, &[&str])] = &[
     // controller::events::event: events.k8s.io/v1 Events (a repeat is a patch of its series).
     ("events.k8s.io", "events", &["create", "patch"]),
     // controller::observe::observe_create_failures: the StatefulSet's and Jobs'
-    // `FailedCreate` Events (core/v1, read by their involved object's fields).
+    // `FailedCreate` Events (core/v1, read by their involved object's fields); and
+    // controller::claim::observe_refusals: other installs' refusals of a Relay.
     ("", "events", &["list"]),
+    // controller::claim: whether the install a Relay names renews its Lease.
+    ("coordination.k8s.io", "leases", &["get"]),
 ];
 
 /// (API group, resource, verbs) granted in the operator's own namespace.

@@ -133,6 +133,8 @@ pub(crate) fn status_and_faults(
         backup_claims: o.backup_claim_rooms.values().cloned().collect(),
         claim_archives: o.claim_archives.values().cloned().collect(),
         restore: r.restore.clone().or_else(|| prev.restore.clone()),
+        // The install that manages it: `write_status` names this one.
+        operator: prev.operator.clone(),
     };
     (status, faults)
 }
@@ -492,6 +494,10 @@ fn faults(
                 .collect::<Vec<_>>()
                 .join("; "),
         ));
+    }
+    // Last: another install's refusal never hides what this one has to say.
+    if !o.refusals.is_empty() {
+        faults.push(("AnotherOperatorWatches", o.refusals.join("; ")));
     }
     faults
 }

@@ -24,40 +24,31 @@ use crate::status;
 use super::events::record;
 
 /// The StatefulSet's claim templates cannot change in place: the desired object keeps the
-/// live ones, and a different size asked for is reported (`Some(message)`) for the user to
-/// carry out.
+/// live ones, and what `spec.storage` asks of them is returned (grown by
+/// [`super::expand`], or reported).
 pub(super) fn keep_claim_templates(
     desired: &mut DesiredSet,
     live: Option<&Value>,
-) -> Option<String> {
-    let live_templates = live?.pointer("/spec/volumeClaimTemplates")?.clone();
-    let live_templates: Vec<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
-        serde_json::from_value(live_templates).ok()?;
-    let spec = desired.statefulset.spec.as_mut()?;
+) -> super::expand::Growth {
+    use super::expand::{growth, Growth};
+    let Some(live_templates) = live.and_then(|l| l.pointer("/spec/volumeClaimTemplates")) else {
+        return Growth::Same;
+    };
+    let Ok(live_templates) = serde_json::from_value::<
+        Vec<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
+    >(live_templates.clone()) else {
+        return Growth::Same;
+    };
+    let Some(spec) = desired.statefulset.spec.as_mut() else {
+        return Growth::Same;
+    };
     let wanted = spec.volume_claim_templates.clone().unwrap_or_default();
-    let size = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
-        c.spec
-            .as_ref()
-            .and_then(|s| s.resources.as_ref())
-            .and_then(|r| r.requests.as_ref())
-            .and_then(|r| r.get("storage"))
-            .map(|q| q.0.clone())
-    };
-    let class = |c: &k8s_openapi::api::core::v1::PersistentVolumeClaim| {
-        c.spec.as_ref().and_then(|s| s.storage_class_name.clone())
-    };
-    let message = match (wanted.first(), live_templates.first()) {
-        (Some(w), Some(l)) if size(w) != size(l) || (class(w).is_some() && class(w) != class(l)) => Some(format!(
-            "spec.storage asks for {} ({}) but the StatefulSet's claims were made with {} ({}); claim templates cannot change in place: expand each data-* claim (kubectl edit pvc), then delete the StatefulSet with --cascade=orphan; the operator recreates it with the new template on the release the nodes run",
-            size(w).unwrap_or_default(),
-            class(w).unwrap_or_else(|| "default class".into()),
-            size(l).unwrap_or_default(),
-            class(l).unwrap_or_else(|| "default class".into()),
-        )),
-        _ => None,
+    let change = match (wanted.first(), live_templates.first()) {
+        (Some(w), Some(l)) => growth(w, l),
+        _ => Growth::Same,
     };
     spec.volume_claim_templates = Some(live_templates);
-    message
+    change
 }
 
 /// Measure drift against the API server's own answer (a dry-run apply of each existing
@@ -149,7 +140,12 @@ pub(super) async fn write_status(
     monitor: &planner::MonitorDecision,
     scheduled: &crate::backups::Decision,
 ) -> Result<(RelayStatus, status::Faults), Error> {
-    let (next, faults) = status::status_and_faults(relay, prev, o, rollout, monitor, scheduled);
+    let (mut next, faults) = status::status_and_faults(relay, prev, o, rollout, monitor, scheduled);
+    // This install claimed the Relay before it reconciled it (`claim`): the status read
+    // before may name no install, or one that is gone.
+    if let Some(me) = &ctx.settings.install {
+        next.operator = Some(me.id());
+    }
     if relay.status.as_ref() == Some(&next) {
         return Ok((next, faults));
     }

@@ -45,7 +45,9 @@ use crate::resources::{self, DesiredSet};
 use crate::status;
 
 pub mod apply;
+pub mod claim;
 pub mod events;
+pub mod expand;
 pub mod observe;
 
 use apply::{
@@ -112,6 +114,9 @@ pub struct Settings {
     pub health: Option<Arc<crate::health::Health>>,
     /// Who the operator is, for the NetworkPolicies that admit it to the nodes' admin port.
     pub operator: resources::OperatorPeer,
+    /// This install (its leader election Lease), which the Relays it manages name in
+    /// `status.operator`; `None` without leader election: every Relay is this one's.
+    pub install: Option<claim::Install>,
 }
 
 impl Default for Settings {
@@ -124,6 +129,7 @@ impl Default for Settings {
             instance: "ankusa-operator".into(),
             health: None,
             operator: resources::OperatorPeer::default(),
+            install: None,
         }
     }
 }
@@ -143,6 +149,8 @@ pub struct Context {
     /// The faults each `Relay` reported at its last reconcile (a Warning Event goes out when
     /// one is new); a deleted Relay's entry goes with it.
     reported: Mutex<HashMap<(String, String), BTreeSet<&'static str>>>,
+    /// Other installs' Leases, for whether they still renew them ([`claim`]).
+    leases: Mutex<claim::LeaseSightings>,
 }
 
 impl Context {
@@ -163,6 +171,7 @@ impl Context {
             failures: Mutex::new(HashMap::new()),
             probed: Mutex::new(BTreeMap::new()),
             reported: Mutex::new(HashMap::new()),
+            leases: Mutex::new(HashMap::new()),
         })
     }
 }
@@ -352,8 +361,8 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
     let ns = names.namespace.as_str();
     let client = &ctx.client;
     let prev = relay.status.clone().unwrap_or_default();
-    if relay.reconcile_paused() {
-        return paused(relay, ctx, &prev).await;
+    if let Some(action) = not_reconciled(relay, ctx, &prev).await? {
+        return Ok(action);
     }
     let mut o = Observed {
         now: now_rfc3339(),
@@ -404,8 +413,9 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
         match desired {
             Ok(_) if !o.foreign.is_empty() => {}
             Ok(mut desired) => {
-                o.storage_change =
-                    keep_claim_templates(&mut desired, o.objects.statefulset.as_ref());
+                let storage =
+                    storage_change(relay, ctx, &names, &mut desired, &o, &rollout).await?;
+                o.storage_change = storage.pending;
                 // A refused object (a ServiceMonitor the Prometheus Operator rejects, say)
                 // is a condition; the rest of the reconcile, the gate's Jobs included,
                 // goes on.
@@ -419,7 +429,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
                     &desired,
                     &mut o,
                     rollout.hold_statefulset,
-                    rollout.stop_pod.is_some(),
+                    rollout.stop_pod.is_some() || storage.recreating,
                 )
                 .await;
                 if !refused.is_empty() {
@@ -516,6 +526,58 @@ async fn warn_new_faults(
     for e in planner::fault_events(&reported, faults, prev, next) {
         fault_event(ctx, relay, &e).await;
     }
+}
+
+/// What `spec.storage` asks of the StatefulSet's claims: nothing, grown in place
+/// ([`expand`]), or the condition's message when it cannot be. The desired StatefulSet keeps
+/// the live claim templates (they cannot change in place).
+async fn storage_change(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    desired: &mut DesiredSet,
+    o: &Observed,
+    rollout: &crate::plan::Rollout,
+) -> Result<expand::Storage, Error> {
+    Ok(
+        match keep_claim_templates(desired, o.objects.statefulset.as_ref()) {
+            expand::Growth::Same => expand::Storage::default(),
+            expand::Growth::Refused(message) => expand::Storage {
+                pending: Some(message),
+                recreating: false,
+            },
+            expand::Growth::Grow { from, to, class } => {
+                expand::grow(relay, ctx, names, o, rollout, (&from, &to, class)).await?
+            }
+        },
+    )
+}
+
+/// A Relay this reconcile leaves as it is: paused by its annotation, or managed by another
+/// operator install.
+async fn not_reconciled(
+    relay: &Relay,
+    ctx: &Context,
+    prev: &RelayStatus,
+) -> Result<Option<Action>, Error> {
+    if relay.reconcile_paused() {
+        return paused(relay, ctx, prev).await.map(Some);
+    }
+    match claim::claim(relay, ctx).await? {
+        claim::Claim::Refused { holder } => left_to(relay, ctx, &holder).await.map(Some),
+        claim::Claim::Mine => Ok(None),
+    }
+}
+
+/// A Relay another install manages: nothing of it is read or changed; a Warning Event says
+/// so (the managing install reports it), and it is looked at again at the next poll (to
+/// take it over once that install is gone).
+async fn left_to(relay: &Relay, ctx: &Context, holder: &str) -> Result<Action, Error> {
+    if let Some(me) = &ctx.settings.install {
+        claim::refuse(ctx, relay, me, holder).await;
+    }
+    ctx.metrics.failure("managed_elsewhere");
+    Ok(Action::requeue(ctx.settings.poll_interval))
 }
 
 /// A Relay whose reconciliation is paused (`ankusa.dev/reconcile: paused`): nothing of it

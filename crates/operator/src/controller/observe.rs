@@ -143,12 +143,31 @@ pub(super) async fn observe(
 
     let claims: Api<k8s_openapi::api::core::v1::PersistentVolumeClaim> =
         Api::namespaced(client.clone(), ns);
-    o.claims = claims
+    let data = claims
         .list(&ListParams::default().labels(&selector))
-        .await?
+        .await?;
+    let live = data
         .items
         .iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
+        .filter(|c| names.claim_ordinal(&c.name_any()).is_some());
+    o.data_claims = live
+        .clone()
+        .map(|c| {
+            let spec = c.spec.as_ref();
+            crate::observed::DataClaim {
+                name: c.name_any(),
+                class: spec.and_then(|s| s.storage_class_name.clone()),
+                requested: spec
+                    .and_then(|s| s.resources.as_ref())
+                    .and_then(|r| r.requests.as_ref())
+                    .and_then(|r| r.get("storage"))
+                    .map(|q| q.0.clone()),
+                bound: c.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Bound"),
+            }
+        })
+        .collect();
+    o.claims = live
         .filter_map(|c| names.claim_ordinal(&c.name_any()))
         .collect();
     o.claims.sort_unstable();
@@ -205,6 +224,7 @@ pub(super) async fn observe(
 
     observe_jobs(relay, ctx, names, o).await?;
     observe_create_failures(client, ns, names, o).await?;
+    o.refusals = super::claim::observe_refusals(ctx, relay, &o.now).await?;
     Ok(())
 }
 

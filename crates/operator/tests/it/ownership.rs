@@ -270,3 +270,142 @@ async fn pods_that_cannot_be_created_are_a_condition_and_a_warning_event() {
     assert_eq!(events.len(), 1, "{events:?}");
     assert!(events[0].contains("no-such-class"), "{events:?}");
 }
+
+/// An operator context of the install whose Lease is `lease_ns/ankusa-operator`.
+fn install_context(
+    op: Client,
+    lease_ns: &str,
+) -> std::sync::Arc<ankusa_operator::controller::Context> {
+    use ankusa_operator::controller::{claim::Install, Context, Settings};
+    let settings = Settings {
+        node_url_template: NOWHERE.into(),
+        node_timeout: Duration::from_millis(500),
+        install: Some(Install {
+            namespace: lease_ns.into(),
+            lease: "ankusa-operator".into(),
+        }),
+        ..Settings::default()
+    };
+    Context::new(
+        op,
+        std::sync::Arc::new(ankusa_operator::metrics::Metrics::default()),
+        settings,
+    )
+}
+
+/// The leader Lease of the install in `ns`, as its leader holds it.
+async fn hold_lease(admin: &Client, ns: &str) {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let lease: Lease = serde_json::from_value(json!({
+        "metadata": { "name": "ankusa-operator" },
+        "spec": { "holderIdentity": format!("{ns}-0"), "leaseDurationSeconds": 15 },
+    }))
+    .unwrap();
+    Api::<Lease>::namespaced(admin.clone(), ns)
+        .create(&PostParams::default(), &lease)
+        .await
+        .unwrap();
+}
+
+async fn managed_by(admin: &Client, ns: &str) -> Option<String> {
+    let relay = get_json::<ankusa_crds::relay::Relay>(admin, ns, "relay")
+        .await
+        .unwrap();
+    relay["status"]["operator"].as_str().map(str::to_owned)
+}
+
+/// Two operator installs watch one Relay (two chart releases, each with a leader): the
+/// first to reconcile it names itself in `status.operator` and manages it; the other
+/// changes nothing of it — no object applied, no status written — and says so in a Warning
+/// Event, which the managing install reports in `Degraded`. Once the managing install is
+/// gone (its Lease with it), the other takes the Relay over.
+#[tokio::test]
+async fn a_second_install_leaves_a_relay_to_the_install_that_manages_it_until_it_is_gone() {
+    let (admin, ns, _) = set_up("installs", "minimal", json!({})).await;
+    let (op, _) = cluster::operator_client().await;
+    let first = cluster::namespace(&admin, "install-a").await;
+    let second = cluster::namespace(&admin, "install-b").await;
+    hold_lease(&admin, &first).await;
+    hold_lease(&admin, &second).await;
+    let (a, b) = (
+        install_context(op.clone(), &first),
+        install_context(op, &second),
+    );
+    let (a_id, b_id) = (
+        format!("{first}/ankusa-operator"),
+        format!("{second}/ankusa-operator"),
+    );
+
+    reconcile(&a, &ns, "relay").await.unwrap();
+    assert_eq!(
+        managed_by(&admin, &ns).await.as_deref(),
+        Some(a_id.as_str())
+    );
+    // The second install: it writes nothing but its Events, and says why.
+    let audit = crate::cluster::Audit::mark();
+    reconcile(&b, &ns, "relay").await.unwrap();
+    reconcile(&b, &ns, "relay").await.unwrap();
+    let writes: Vec<String> = audit
+        .writes(crate::cluster::OPERATOR_USER, &ns)
+        .into_iter()
+        .filter(|w| w.resource != "events")
+        .map(|w| format!("{} {}", w.verb, w.uri))
+        .collect();
+    assert!(writes.is_empty(), "the second install wrote: {writes:#?}");
+    assert_eq!(
+        managed_by(&admin, &ns).await.as_deref(),
+        Some(a_id.as_str())
+    );
+    let said = warnings(&admin, &ns, "ManagedByAnotherOperator").await;
+    assert!(
+        said.iter()
+            .any(|n| n.contains(&b_id) && n.contains(&format!("leaves it to {a_id}"))),
+        "{said:?}"
+    );
+    // The managing install reports it.
+    reconcile(&a, &ns, "relay").await.unwrap();
+    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
+    assert_eq!(degraded["status"], "True", "{degraded:#}");
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "the operator install {b_id} watches this Relay too"
+        )),
+        "{message}"
+    );
+
+    // The first install is uninstalled: its Lease goes, and the second takes over.
+    Api::<k8s_openapi::api::coordination::v1::Lease>::namespaced(admin.clone(), &first)
+        .delete("ankusa-operator", &Default::default())
+        .await
+        .unwrap();
+    reconcile(&b, &ns, "relay").await.unwrap();
+    assert_eq!(
+        managed_by(&admin, &ns).await.as_deref(),
+        Some(b_id.as_str())
+    );
+    let sts = get_json::<StatefulSet>(&admin, &ns, "relay").await.unwrap();
+    let managers: Vec<&str> = sts["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|f| f["manager"].as_str())
+        .collect();
+    assert!(
+        managers.contains(&field_manager("relay").as_str()),
+        "{managers:?}"
+    );
+    // A reinstalled first install (its Lease back) now leaves the Relay to the second.
+    hold_lease(&admin, &first).await;
+    reconcile(&a, &ns, "relay").await.unwrap();
+    assert_eq!(
+        managed_by(&admin, &ns).await.as_deref(),
+        Some(b_id.as_str())
+    );
+    let said = warnings(&admin, &ns, "ManagedByAnotherOperator").await;
+    assert!(
+        said.iter()
+            .any(|n| n.contains(&a_id) && n.contains(&format!("leaves it to {b_id}"))),
+        "{said:?}"
+    );
+}

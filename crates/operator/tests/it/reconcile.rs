@@ -911,6 +911,155 @@ async fn a_refused_object_is_a_condition_and_the_rest_goes_on() {
     assert!(pdbs.get_opt("relay").await.unwrap().is_some());
 }
 
+/// The data claims' size as they ask for it, and the StatefulSet's template's.
+async fn sizes(admin: &Client, ns: &str) -> (String, Option<String>) {
+    let claim = Api::<PersistentVolumeClaim>::namespaced(admin.clone(), ns)
+        .get("data-relay-0")
+        .await
+        .unwrap();
+    let asked = claim.spec.unwrap().resources.unwrap().requests.unwrap()["storage"]
+        .0
+        .clone();
+    let sts = Api::<StatefulSet>::namespaced(admin.clone(), ns)
+        .get_opt("relay")
+        .await
+        .unwrap()
+        .filter(|s| s.metadata.deletion_timestamp.is_none());
+    let template = sts.map(|s| {
+        s.spec.unwrap().volume_claim_templates.unwrap()[0]
+            .spec
+            .clone()
+            .unwrap()
+            .resources
+            .unwrap()
+            .requests
+            .unwrap()["storage"]
+            .0
+            .clone()
+    });
+    (asked, template)
+}
+
+/// `spec.storage.size` grown on a StorageClass that allows expansion (one the test makes):
+/// the bound data claim is patched to the new size and the StatefulSet made again with the
+/// new template, its pod adopted as it runs (not restarted). On a class that does not
+/// allow it, nothing changes and `Degraded` says why; a smaller size is never carried out.
+#[tokio::test]
+async fn a_grown_storage_size_expands_the_claims_where_the_class_allows_it() {
+    use k8s_openapi::api::storage::v1::StorageClass;
+    let admin = cluster::admin().await;
+    let ns = cluster::namespace(&admin, "expand").await;
+    let class = format!("expandable-{ns}");
+    let classes: Api<StorageClass> = Api::all(admin.clone());
+    let sc: StorageClass = serde_json::from_value(json!({
+        "metadata": { "name": class },
+        "provisioner": "kubernetes.io/no-provisioner",
+        "allowVolumeExpansion": true,
+        "volumeBindingMode": "Immediate",
+    }))
+    .unwrap();
+    classes.create(&PostParams::default(), &sc).await.unwrap();
+    create_relay(
+        &admin,
+        &ns,
+        "minimal",
+        json!({ "spec": { "replicas": 1, "storage": { "size": "1Gi", "storageClassName": class } } }),
+    )
+    .await;
+    let (op, _) = cluster::operator_client().await;
+    let ctx = context(op, NOWHERE);
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    wait_ready_pods(&admin, &ns, 1).await;
+    let claims: Api<PersistentVolumeClaim> = Api::namespaced(admin.clone(), &ns);
+    cluster::eventually(Duration::from_secs(60), "data-relay-0 bound", || async {
+        let c = claims.get("data-relay-0").await.unwrap();
+        (c.status.and_then(|s| s.phase).as_deref() == Some("Bound")).then_some(())
+    })
+    .await;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), &ns);
+    let pod_uid = pods.get("relay-0").await.unwrap().uid();
+
+    let relays: Api<Relay> = Api::namespaced(admin.clone(), &ns);
+    merge_spec(
+        &relays,
+        "relay",
+        json!({ "spec": { "storage": { "size": "2Gi" } } }),
+    )
+    .await;
+    cluster::eventually(
+        Duration::from_secs(90),
+        "the StatefulSet made again at 2Gi",
+        || async {
+            // A reconcile may fail while the StatefulSet goes (it is made again after).
+            let _ = reconcile(&ctx, &ns, "relay").await;
+            let (asked, template) = sizes(&admin, &ns).await;
+            (asked == "2Gi" && template.as_deref() == Some("2Gi")).then_some(())
+        },
+    )
+    .await;
+    // The pod ran on: adopted by the new StatefulSet, never replaced.
+    cluster::eventually(Duration::from_secs(60), "relay-0 adopted", || async {
+        let p = pods.get("relay-0").await.unwrap();
+        let owned = p
+            .owner_references()
+            .iter()
+            .any(|r| r.kind == "StatefulSet" && r.controller == Some(true));
+        owned.then_some(p.uid())
+    })
+    .await;
+    assert_eq!(pods.get("relay-0").await.unwrap().uid(), pod_uid);
+    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
+    assert_ne!(degraded["reason"], "StorageChangePending", "{degraded:#}");
+
+    // A smaller size: never carried out.
+    merge_spec(
+        &relays,
+        "relay",
+        json!({ "spec": { "storage": { "size": "1Gi" } } }),
+    )
+    .await;
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
+    assert_eq!(degraded["reason"], "StorageChangePending", "{degraded:#}");
+    assert!(
+        degraded["message"]
+            .as_str()
+            .unwrap()
+            .contains("never shrinks"),
+        "{degraded:#}"
+    );
+    // The class no longer allows it: nothing changes, and the condition says why.
+    classes
+        .patch(
+            &class,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "allowVolumeExpansion": false })),
+        )
+        .await
+        .unwrap();
+    merge_spec(
+        &relays,
+        "relay",
+        json!({ "spec": { "storage": { "size": "3Gi" } } }),
+    )
+    .await;
+    reconcile(&ctx, &ns, "relay").await.unwrap();
+    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
+    assert_eq!(degraded["reason"], "StorageChangePending", "{degraded:#}");
+    let message = degraded["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!(
+            "StorageClass {class} does not allow volume expansion"
+        )) && message.contains("--cascade=orphan"),
+        "{message}"
+    );
+    assert_eq!(
+        sizes(&admin, &ns).await,
+        ("2Gi".to_owned(), Some("2Gi".to_owned()))
+    );
+    classes.delete(&class, &Default::default()).await.unwrap();
+}
+
 /// A StatefulSet's claim templates are immutable: a changed `spec.storage` is not applied
 /// (the templates stay as they are, nothing is refused), and the condition says what to do.
 #[tokio::test]
