@@ -325,6 +325,10 @@ pub struct HookOut {
     pub headers: BTreeMap<String, String>,
     /// The hook is still stored: its body can be read (`?body=true`).
     pub stored: bool,
+    /// No sink of its route took it (every one's filter left it out): it is never
+    /// delivered, and its body is kept only for an archive obligation.
+    #[serde(default)]
+    pub filtered: bool,
     /// Its tenant is paused on this node since then (ms since the epoch): its queued
     /// deliveries wait for `…/resume`.
     #[serde(skip_serializing_if = "Option::is_none")]

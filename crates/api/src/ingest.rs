@@ -10,4 +10,8 @@ pub struct IngestAnswer {
     pub id: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub duplicate: Option<bool>,
+    /// True when no sink of the source's route took the hook (every one's filter left it
+    /// out): it is in the hook log as filtered and is never delivered.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filtered: Option<bool>,
 }

@@ -19,6 +19,7 @@ mod dedupe;
 mod dispatch;
 mod env;
 pub use env::EnvReport;
+mod filter;
 mod hook_log;
 mod ingest;
 pub mod listen;
@@ -54,13 +55,14 @@ pub use reclaim::ReclaimConfig;
 pub use retry::{Jitter, RetryConfig};
 mod locate;
 pub mod reload;
+pub use filter::{glob, Filter, HeaderMatch, HookFacts, Patterns, PointerMatch};
 pub use routes::RouteConfig;
 pub use secrets::{SecretSource, Secrets, REDACTED};
 pub use shutdown::ShutdownConfig;
 pub use sinks::{SinkConfig, SinkKind, MAX_PULL_SINK_ID};
 pub use sources::{
-    IdempotencyConfig, SigEncoding, SourceConfig, TenantBinding, TenantFrom, TenantSecrets,
-    VerifyConfig, MAX_FORWARD_HEADERS, MAX_TENANT_SECRETS, MAX_TENANT_SECRET_BYTES,
+    EventTypeFrom, IdempotencyConfig, SigEncoding, SourceConfig, TenantBinding, TenantFrom,
+    TenantSecrets, VerifyConfig, MAX_FORWARD_HEADERS, MAX_TENANT_SECRETS, MAX_TENANT_SECRET_BYTES,
     RESERVED_HEADERS,
 };
 pub use store::{StoreConfig, STORE_MEMORY_MIN};
@@ -422,6 +424,18 @@ impl Config {
                 ));
             }
             s.validate(&key, &routes, secrets)?;
+            let route = self.routes.iter().find(|r| r.id == s.route);
+            if let Some(r) = route.filter(|r| r.filters.values().any(Filter::reads_event)) {
+                if s.event_type().is_none() {
+                    return Err(invalid(
+                        &format!("{key}.event_type"),
+                        format!(
+                            "route {:?} filters on the event type: say where this source's hooks carry it ({{ header: NAME }} or {{ json_pointer: /PATH }})",
+                            r.id
+                        ),
+                    ));
+                }
+            }
         }
         Ok(())
     }

@@ -1,10 +1,10 @@
 //! Routes: a source's sinks (`routes`).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::{invalid, ArchiveSetting, ConfigError};
+use crate::{invalid, ArchiveSetting, ConfigError, Filter};
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields)]
@@ -14,6 +14,10 @@ pub struct RouteConfig {
     /// Archive the hooks of every source on this route (a source's own setting wins).
     #[serde(default)]
     pub archive: Option<ArchiveSetting>,
+    /// A sink of the route (by id) takes a hook only when the hook matches its filter; a
+    /// sink without one takes every hook.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub filters: BTreeMap<String, Filter>,
 }
 
 impl RouteConfig {
@@ -33,6 +37,13 @@ impl RouteConfig {
                     format!("unknown sink {s:?}"),
                 ));
             }
+        }
+        for (sink, filter) in &self.filters {
+            let at = format!("{key}.filters.{sink}");
+            if !self.sinks.contains(sink) {
+                return Err(invalid(&at, "not one of the route's sinks"));
+            }
+            filter.validate(&at)?;
         }
         Ok(())
     }

@@ -256,6 +256,20 @@ pub struct SourceConfig {
     /// with one secret for every tenant, says so (refused otherwise).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tenant_binding: Option<TenantBinding>,
+    /// Where a hook's event type is, for route filters' `event` conditions. Absent: the
+    /// scheme's ([`SourceConfig::event_type`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub event_type: Option<EventTypeFrom>,
+}
+
+/// Where a hook's event type is.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+pub enum EventTypeFrom {
+    /// A request header (GitHub's `X-GitHub-Event`, Shopify's `X-Shopify-Topic`).
+    Header(String),
+    /// A JSON pointer into the body (Stripe's and Standard Webhooks' `/type`).
+    JsonPointer(String),
 }
 
 /// The most header names a source may forward.
@@ -300,6 +314,18 @@ impl SourceConfig {
 }
 
 impl SourceConfig {
+    /// Where its hooks' event type is: `event_type`, or the scheme's — GitHub's
+    /// `X-GitHub-Event` header, Stripe's and Standard Webhooks' `/type` — or none.
+    pub fn event_type(&self) -> Option<EventTypeFrom> {
+        self.event_type.clone().or(match &self.verify {
+            VerifyConfig::Github { .. } => Some(EventTypeFrom::Header("x-github-event".into())),
+            VerifyConfig::Stripe { .. } | VerifyConfig::StandardWebhooks { .. } => {
+                Some(EventTypeFrom::JsonPointer("/type".into()))
+            }
+            _ => None,
+        })
+    }
+
     /// This source's own keys (`key` is `sources[i]`): its route one of `routes`, its
     /// tenant rule, forwarded headers, body limit, archive setting and secret (read unless
     /// `secrets` says not to).

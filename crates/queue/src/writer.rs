@@ -225,6 +225,18 @@ impl Assembler {
             };
             let seq = Seq(next_seq);
             next_seq += 1;
+            let archived = (archive || self.archived.contains(&env.source))
+                && !unarchived.get(i).copied().unwrap_or(false);
+            if env.sinks.is_empty() && !archived {
+                // A hook every filter of its route left out: its log record alone (found
+                // by its id as filtered). No hook row, no counter moves, nothing to
+                // reclaim. (Archived, it is stored for its archive obligation alone.)
+                if self.log {
+                    crate::hooklog::log_ingest(&mut tx, seq, env);
+                }
+                outcomes.push(Ok(seq));
+                continue;
+            }
             let mut slots = Vec::new();
             starting.clear();
             if let Some(starts) = starts {
@@ -240,8 +252,7 @@ impl Assembler {
                     seq,
                     ord,
                     envelope: env,
-                    archive: (archive || self.archived.contains(&env.source))
-                        && !unarchived.get(i).copied().unwrap_or(false),
+                    archive: archived,
                     log: self.log,
                     started: &starting,
                 },

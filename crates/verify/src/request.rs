@@ -67,6 +67,17 @@ impl<'a> JsonBody<'a> {
             .as_ref()
             .map_err(|_| "the body is not JSON")
     }
+
+    /// The text of the value at JSON `pointer`: a string as it is, a number or a boolean as
+    /// JSON writes it; `None` for anything else, nothing there, or a body that is not JSON
+    /// (parsed once, whoever asks first).
+    pub fn text_at(&mut self, pointer: &str) -> Option<String> {
+        match self.get().ok()?.pointer(pointer)? {
+            serde_json::Value::String(s) => Some(s.clone()),
+            v @ (serde_json::Value::Number(_) | serde_json::Value::Bool(_)) => Some(v.to_string()),
+            _ => None,
+        }
+    }
 }
 
 /// The headers `src` forwards, as received (every value of a repeated one), within

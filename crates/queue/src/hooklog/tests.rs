@@ -400,3 +400,34 @@ fn a_purge_leaves_a_purged_event_but_not_under_a_pruned_hook_nor_in_an_erase() {
     assert_eq!(events.unwrap().count(), 0);
     assert_eq!(states(&h, "hk_1"), [(DeliveryState::Gone, None)]);
 }
+
+/// A hook with no sink (every filter of its route left it out) is committed to the log
+/// alone: found by its id with no sink, its body not kept, no hook row, no counter moved;
+/// the next hook gets the next seq. Archived, it is stored for its archive obligation.
+#[test]
+fn a_hook_no_sink_took_is_logged_alone() {
+    let mut h = logging();
+    let seq = h.ingest(Some("acme"), 0, 1_000, false);
+    let id = Harness::envelope(None, 0, 0, 1).id;
+    let v = lookup(&h.store, &id, true).unwrap().unwrap();
+    assert_eq!(v.seq, seq);
+    assert!(v.record.envelope.sinks.is_empty());
+    assert!(v.sinks.is_empty());
+    assert!(!v.stored, "a filtered hook's body is not kept");
+    assert_eq!(v.body, None);
+    assert_eq!(
+        crate::fold::rows_in(&h.store, ankusa_keyspace::Family::Hooks).unwrap(),
+        0
+    );
+    assert!(crate::fold::stored(&h.store)
+        .unwrap()
+        .values()
+        .all(|c| *c == Default::default()));
+    h.assert_counters_equal_fold();
+    let next = h.ingest(Some("acme"), 1, 1_001, false);
+    assert_eq!(next.0, seq.0 + 1);
+    h.ingest(Some("acme"), 0, 1_002, true);
+    let archived = Harness::envelope(None, 0, 0, 3).id;
+    assert!(lookup(&h.store, &archived, false).unwrap().unwrap().stored);
+    h.assert_counters_equal_fold();
+}

@@ -66,6 +66,7 @@ fn render(v: HookView, tenant_paused_since_ms: Option<u64>) -> HookOut {
             .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
             .collect(),
         stored: v.stored,
+        filtered: v.sinks.is_empty(),
         tenant_paused_since_ms,
         sinks: v
             .sinks

@@ -19,6 +19,7 @@
 //! writer task and awaits the commit. Every request is counted in
 //! `ankusa_ingest_requests_total{source,outcome}` with its latency.
 
+mod filter;
 pub mod quarantine;
 pub mod quota;
 pub mod replay;
@@ -57,7 +58,10 @@ pub struct Source {
     /// The source's verifier, or one per tenant.
     pub keys: Keys,
     pub idempotency: IdempotencyConfig,
-    pub sinks: Vec<String>,
+    /// The route's sinks, each with its filter (`routes[].filters`) if it has one.
+    pub sinks: Vec<(String, Option<ankusa_config::Filter>)>,
+    /// Where a hook's event type is, for the filters.
+    pub event_type: Option<ankusa_config::EventTypeFrom>,
     pub body_limit: usize,
     /// Request headers kept with the hook and sent to its sinks (lower case).
     pub forward: Vec<HeaderName>,
@@ -132,7 +136,12 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
             .routes
             .iter()
             .find(|r| r.id == s.route)
-            .map(|r| r.sinks.clone())
+            .map(|r| {
+                r.sinks
+                    .iter()
+                    .map(|k| (k.clone(), r.filters.get(k).cloned()))
+                    .collect()
+            })
             .unwrap_or_default();
         out.insert(
             s.id.clone(),
@@ -142,6 +151,7 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
                 keys,
                 idempotency: s.idempotency.clone().unwrap_or(default_idem),
                 sinks,
+                event_type: s.event_type(),
                 body_limit: s.body_limit_bytes.unwrap_or(config.ingest.body_limit_bytes),
                 forward: s
                     .forwarded()
@@ -516,22 +526,20 @@ async fn handle<'a>(
             return (label, outcome, r);
         }
     }
-    let store = &s.store;
-    if let Some((outcome, r)) = admission_refusal(s, owned_as).await {
-        return (label, outcome, r);
-    }
-    // Quotas, on the owner: after admission (a refused tenant has no ordinal to read).
-    if let Some((outcome, r)) = quota_refusal(s.quotas.admit(store, owned_as, now_ms)) {
+    if let Some((outcome, r)) = owner_refusal(s, owned_as, now_ms).await {
         return (label, outcome, r);
     }
     let idempotency = idempotency_of(&src.idempotency, &headers, &mut json);
+    // The route's filters, once, before the commit: the sinks that take the hook.
+    let sinks = filter::taken(src, &headers, &mut json, &s.metrics);
+    let filtered = sinks.is_empty();
     let envelope = Envelope {
         id: s.new_id(),
         tenant,
         source: src.id.clone(),
         received_at: AtMs(now_ms),
         content_type: content_type(&headers),
-        sinks: src.sinks.clone(),
+        sinks,
         body: bytes.to_vec(),
         headers: forwarded,
     };
@@ -555,7 +563,7 @@ async fn handle<'a>(
     }
     match rx.await {
         Ok(reply) => {
-            let (outcome, r) = answer(reply);
+            let (outcome, r) = answer(reply, filtered);
             (label, outcome, r)
         }
         Err(_) => unavailable("the store could not commit the hook"),
@@ -586,6 +594,15 @@ async fn forward_to(
             );
             (Outcome::OwnerUnavailable, with_retry_after(r, 5))
         }
+    }
+}
+
+/// What the owner refuses a hook of `tenant` for: its admission, then its quotas (after
+/// admission: a refused tenant has no ordinal to read); nothing when it takes it.
+async fn owner_refusal(s: &IngestState, tenant: &str, now_ms: u64) -> Option<(Outcome, Response)> {
+    match admission_refusal(s, tenant).await {
+        Some(refused) => Some(refused),
+        None => quota_refusal(s.quotas.admit(&s.store, tenant, now_ms)),
     }
 }
 
@@ -759,7 +776,7 @@ fn quota_refusal(
 }
 
 /// The writer's reply, as the provider is answered.
-fn answer(reply: Reply) -> (Outcome, Response) {
+fn answer(reply: Reply, filtered: bool) -> (Outcome, Response) {
     match reply {
         Reply::Accepted { id } => (
             Outcome::Accepted,
@@ -768,6 +785,7 @@ fn answer(reply: Reply) -> (Outcome, Response) {
                 Json(IngestAnswer {
                     id,
                     duplicate: None,
+                    filtered: filtered.then_some(true),
                 }),
             )
                 .into_response(),
@@ -779,6 +797,7 @@ fn answer(reply: Reply) -> (Outcome, Response) {
                 Json(IngestAnswer {
                     id,
                     duplicate: Some(true),
+                    filtered: None,
                 }),
             )
                 .into_response(),

@@ -406,6 +406,17 @@ pub struct OutcomeLabel {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceSinkLabels {
+    pub source: String,
+    pub sink: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabel {
+    pub source: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct VerifyLabels {
     pub source: String,
     /// One of `ankusa_verify::VerifyError::REASONS`.
@@ -463,6 +474,14 @@ node_metrics! {
     config_reload_refused: Gauge = Default::default(),
         "ankusa_config_reload_refused",
         "1 while the configuration file holds a reload the node refused (the previous configuration runs)";
+    /// Deliveries a route's filter left out, by source and sink.
+    route_filtered: Family<SourceSinkLabels, Counter> = Default::default(),
+        "ankusa_route_filtered",
+        "Deliveries a route's filter left out (the hook did not match that sink's filter), by source and sink";
+    /// Hooks no sink took: committed to the hook log alone.
+    hooks_filtered: Family<SourceLabel, Counter> = Default::default(),
+        "ankusa_hooks_filtered",
+        "Hooks accepted that no sink of their route took (every one's filter left them out): in the hook log as filtered, never delivered";
     /// Requests that failed verification, by source and reason code.
     ingest_verification_failures: Family<VerifyLabels, Counter> = Default::default(),
         "ankusa_ingest_verification_failures",
@@ -744,6 +763,25 @@ impl Metrics {
         self.config_reloads
             .get_or_create(&OutcomeLabel {
                 outcome: outcome.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A delivery to `sink` that a filter of `source`'s route left out.
+    pub fn route_filtered(&self, source: &str, sink: &str) {
+        self.route_filtered
+            .get_or_create(&SourceSinkLabels {
+                source: source.to_owned(),
+                sink: sink.to_owned(),
+            })
+            .inc();
+    }
+
+    /// A hook of `source` that no sink took.
+    pub fn hook_filtered(&self, source: &str) {
+        self.hooks_filtered
+            .get_or_create(&SourceLabel {
+                source: source.to_owned(),
             })
             .inc();
     }

@@ -74,10 +74,10 @@ pull:
 dispatch: { ca_bundle: { pem: PEM } }
 store: { memory_bytes: 67108864 }
 tenants: { limits: { ingest_per_second: 10, ingest_burst: 20, queued_bytes: 1048576, archive_bytes: 1048576 } }
-routes: [{ id: r, sinks: [s] }]
+routes: [{ id: r, sinks: [s], filters: { s: { event: "invoice.*" } } }]
 sources:
   - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },
-      route: r, body_limit_bytes: 1024, forward_headers: [x-f] }
+      route: r, body_limit_bytes: 1024, forward_headers: [x-f], event_type: { header: x-e } }
   - { id: b, tenant: path, verify: { scheme: github }, tenant_secrets: { map: { t: { value: k } } }, route: r }
   - { id: c, tenant: { header: x-t }, verify: { scheme: github, secret: { value: k } }, tenant_binding: shared-secret, route: r }
 backup:

@@ -14,6 +14,7 @@ mod dispatch;
 mod docs;
 mod erase;
 mod faults;
+mod filters;
 mod image;
 mod ingest;
 mod listeners;
