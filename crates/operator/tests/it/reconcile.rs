@@ -1011,23 +1011,25 @@ async fn a_grown_storage_size_expands_the_claims_where_the_class_allows_it() {
     let degraded = condition(&admin, &ns, "relay", "Degraded").await;
     assert_ne!(degraded["reason"], "StorageChangePending", "{degraded:#}");
 
+    // What a size asked for leaves pending: the Degraded message.
+    let pending = |size: &'static str| {
+        let (relays, ctx, admin, ns) = (&relays, &ctx, &admin, &ns);
+        async move {
+            merge_spec(
+                relays,
+                "relay",
+                json!({ "spec": { "storage": { "size": size } } }),
+            )
+            .await;
+            reconcile(ctx, ns, "relay").await.unwrap();
+            let degraded = condition(admin, ns, "relay", "Degraded").await;
+            assert_eq!(degraded["reason"], "StorageChangePending", "{degraded:#}");
+            degraded["message"].as_str().unwrap().to_owned()
+        }
+    };
     // A smaller size: never carried out.
-    merge_spec(
-        &relays,
-        "relay",
-        json!({ "spec": { "storage": { "size": "1Gi" } } }),
-    )
-    .await;
-    reconcile(&ctx, &ns, "relay").await.unwrap();
-    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
-    assert_eq!(degraded["reason"], "StorageChangePending", "{degraded:#}");
-    assert!(
-        degraded["message"]
-            .as_str()
-            .unwrap()
-            .contains("never shrinks"),
-        "{degraded:#}"
-    );
+    let message = pending("1Gi").await;
+    assert!(message.contains("never shrinks"), "{message}");
     // The class no longer allows it: nothing changes, and the condition says why.
     classes
         .patch(
@@ -1037,16 +1039,7 @@ async fn a_grown_storage_size_expands_the_claims_where_the_class_allows_it() {
         )
         .await
         .unwrap();
-    merge_spec(
-        &relays,
-        "relay",
-        json!({ "spec": { "storage": { "size": "3Gi" } } }),
-    )
-    .await;
-    reconcile(&ctx, &ns, "relay").await.unwrap();
-    let degraded = condition(&admin, &ns, "relay", "Degraded").await;
-    assert_eq!(degraded["reason"], "StorageChangePending", "{degraded:#}");
-    let message = degraded["message"].as_str().unwrap();
+    let message = pending("3Gi").await;
     assert!(
         message.contains(&format!(
             "StorageClass {class} does not allow volume expansion"

@@ -497,29 +497,15 @@ fn a_second_node_on_a_held_store_names_the_holder() {
 #[test]
 fn the_sink_fails_on_purpose_and_prints_headers() {
     use std::io::BufRead;
-    let mut sink = Proc {
-        child: bin()
-            .args(["sink", "--listen", "127.0.0.1:0", "--status", "202"])
-            .args([
-                "--fail-rate",
-                "0.5",
-                "--fail-status",
-                "500",
-                "--print-headers",
-            ])
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    };
-    let mut out = std::io::BufReader::new(sink.child.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
-    let port: u16 = first
-        .trim()
-        .rsplit(':')
-        .next()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("{first}"));
+    let (_sink, mut out, _, port) = demo_sink([
+        "--status",
+        "202",
+        "--fail-rate",
+        "0.5",
+        "--fail-status",
+        "500",
+        "--print-headers",
+    ]);
     let statuses: Vec<u16> = (0..4)
         .map(|i| {
             let h = [

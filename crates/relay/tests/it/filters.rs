@@ -155,35 +155,30 @@ async fn a_routes_filters_choose_its_sinks_and_a_hook_none_takes_is_logged_as_fi
 /// is refused at start, naming the key; a filter on a sink the route does not name too.
 #[test]
 fn a_filter_the_configuration_cannot_evaluate_is_refused() {
-    let load = |text: &str| ankusa_config::Config::from_yaml(text, Vec::new());
-    let base = "data_dir: /d\nsinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\n";
-    let e = load(&format!(
-        "{base}routes: [{{ id: r, sinks: [s], filters: {{ s: {{ event: push }} }} }}]\nsources: [{{ id: a, verify: {{ scheme: none }}, route: r }}]\n"
-    ))
-    .unwrap_err()
-    .to_string();
-    assert!(
-        e.contains("sources[0].event_type") && e.contains("filters on the event type"),
-        "{e}"
+    let load = |rest: &str| {
+        let base = "data_dir: /d\nsinks: [{ id: s, url: \"http://127.0.0.1:9/\" }]\n";
+        ankusa_config::Config::from_yaml(&format!("{base}{rest}"), Vec::new())
+    };
+    let refused = |rest: &str, says: &[&str]| {
+        let e = load(rest).unwrap_err().to_string();
+        assert!(says.iter().all(|s| e.contains(s)), "{e}");
+    };
+    let on_push = "routes: [{ id: r, sinks: [s], filters: { s: { event: push } } }]\n";
+    refused(
+        &format!("{on_push}sources: [{{ id: a, verify: {{ scheme: none }}, route: r }}]\n"),
+        &["sources[0].event_type", "filters on the event type"],
     );
-    let e = load(&format!(
-        "{base}routes: [{{ id: r, sinks: [s], filters: {{ t: {{ event: push }} }} }}]\n"
-    ))
-    .unwrap_err()
-    .to_string();
-    assert!(
-        e.contains("routes[0].filters.t") && e.contains("not one of the route's sinks"),
-        "{e}"
+    refused(
+        "routes: [{ id: r, sinks: [s], filters: { t: { event: push } } }]\n",
+        &["routes[0].filters.t", "not one of the route's sinks"],
     );
-    let e = load(&format!(
-        "{base}routes: [{{ id: r, sinks: [s], filters: {{ s: {{ pointer: {{ pointer: type, matches: x }} }} }} }}]\n"
-    ))
-    .unwrap_err()
-    .to_string();
-    assert!(e.contains("is not a JSON pointer"), "{e}");
+    refused(
+        "routes: [{ id: r, sinks: [s], filters: { s: { pointer: { pointer: type, matches: x } } } }]\n",
+        &["is not a JSON pointer"],
+    );
     // GitHub's event type is its X-GitHub-Event header: no event_type needed.
     load(&format!(
-        "{base}routes: [{{ id: r, sinks: [s], filters: {{ s: {{ event: push }} }} }}]\nsources: [{{ id: a, verify: {{ scheme: github, secret: {{ value: x }} }}, route: r }}]\n"
+        "{on_push}sources: [{{ id: a, verify: {{ scheme: github, secret: {{ value: x }} }}, route: r }}]\n"
     ))
     .unwrap();
 }

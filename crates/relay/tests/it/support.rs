@@ -327,6 +327,37 @@ pub struct Proc {
     pub child: std::process::Child,
 }
 
+/// `ankusa-relay sink --listen 127.0.0.1:0` with `args`: the process, its output after its
+/// first line, that line (`… listening on http://127.0.0.1:PORT`) and the port.
+pub fn demo_sink<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> (
+    Proc,
+    std::io::BufReader<std::process::ChildStdout>,
+    String,
+    u16,
+) {
+    use std::io::BufRead;
+    let mut sink = Proc {
+        child: bin()
+            .args(["sink", "--listen", "127.0.0.1:0"])
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap(),
+    };
+    let mut out = std::io::BufReader::new(sink.child.stdout.take().unwrap());
+    let mut first = String::new();
+    out.read_line(&mut first).unwrap();
+    let port = first
+        .trim()
+        .rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("{first}"));
+    (sink, out, first, port)
+}
+
 /// The last `lines` lines of the log of the node whose files are under `dir`.
 pub fn log_tail(dir: &Path, lines: usize) -> String {
     let text = std::fs::read_to_string(dir.join("relay.log")).unwrap_or_default();

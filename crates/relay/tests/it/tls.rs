@@ -280,24 +280,10 @@ async fn the_demo_sink_serves_https_to_a_node_that_trusts_its_ca() {
     let (cert_file, key_file) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
     std::fs::write(&cert_file, server.pem()).unwrap();
     std::fs::write(&key_file, key.serialize_pem()).unwrap();
-    let mut sink = crate::support::Proc {
-        child: crate::support::bin()
-            .args(["sink", "--listen", "127.0.0.1:0", "--tls-cert"])
-            .arg(&cert_file)
-            .arg("--tls-key")
-            .arg(&key_file)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap(),
-    };
-    let mut out = std::io::BufReader::new(sink.child.stdout.take().unwrap());
-    let mut first = String::new();
-    out.read_line(&mut first).unwrap();
-    let port: u16 = first
-        .trim()
-        .strip_prefix("ankusa-relay sink: listening on https://127.0.0.1:")
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("{first}"));
+    let tls = [std::ffi::OsStr::new("--tls-cert"), cert_file.as_os_str()];
+    let key_arg = [std::ffi::OsStr::new("--tls-key"), key_file.as_os_str()];
+    let (sink, mut out, first, port) = crate::support::demo_sink(tls.into_iter().chain(key_arg));
+    assert!(first.contains("listening on https://127.0.0.1:"), "{first}");
     let pem = serde_json::to_string(&ca.pem()).unwrap();
     let node = TestNode::builder()
         .sink("demo", &format!("https://127.0.0.1:{port}/hooks"))
