@@ -460,7 +460,9 @@ kubectl wait --for=condition=Ready relay/tls --timeout=3m >/dev/null || fail "re
 tls_ip=$(kubectl get pod tls-0 -o jsonpath='{.status.podIP}')
 tls_pod() { kubectl get pod tls-0 -o jsonpath='{.metadata.uid}/{.status.containerStatuses[0].restartCount}'; }
 tls_before=$(tls_pod)
-printed() { kubectl -n apps logs tls-consumer 2>/dev/null | grep -qF "{\"tls\":\"$1\"} → 204"; }
+# (Each output read whole before it is searched: `grep -q` stops at its match, and under
+# pipefail the lister's SIGPIPE would fail the check.)
+printed() { grep -qF "{\"tls\":\"$1\"} → 204" <<<"$(kubectl -n apps logs tls-consumer 2>/dev/null)"; }
 over_tls() { # hook $1 acked by tls-0 and printed by the TLS sink
   curl -fsS -X POST -H 'x-tenant: t1' -H 'content-type: application/json' -d "{\"tls\":\"$1\"}" \
     "http://$tls_ip:8080/ingest/demo" -o /dev/null || fail "tls-0 did not ack hook $1"
@@ -469,7 +471,7 @@ over_tls() { # hook $1 acked by tls-0 and printed by the TLS sink
 over_tls first
 tls_sink_on ca-second
 over_tls second
-kubectl logs tls-0 | grep -q "reloading the configuration" || fail "tls-0 did not read its rotated bundle again"
+grep -q "reloading the configuration" <<<"$(kubectl logs tls-0)" || fail "tls-0 did not read its rotated bundle again"
 [ "$(tls_pod)" = "$tls_before" ] || fail "tls-0 restarted for a rotated bundle: $tls_before -> $(tls_pod)"
 kubectl delete relay tls --wait=false >/dev/null
 kubectl -n apps delete pod tls-consumer --wait=false >/dev/null
@@ -485,18 +487,18 @@ second_ready() {
 }
 e2e_until 120 second_ready || fail "the second release's operator did not become Ready"
 refused() {
-  kubectl get events --field-selector reason=ManagedByAnotherOperator,involvedObject.name=hooks \
-    -o jsonpath='{.items[*].message}' | grep -q "install ankusa-second/"
+  grep -q "install ankusa-second/" <<<"$(kubectl get events \
+    --field-selector reason=ManagedByAnotherOperator,involvedObject.name=hooks -o jsonpath='{.items[*].message}')"
 }
 e2e_until 90 refused || fail "the second install wrote no ManagedByAnotherOperator Event on relay/hooks"
 reported() {
-  kubectl get relay hooks -o jsonpath='{.status.conditions[?(@.type=="Degraded")].message}' \
-    | grep -q "install ankusa-second/ankusa-operator watches this Relay too"
+  grep -q "install ankusa-second/ankusa-operator watches this Relay too" \
+    <<<"$(kubectl get relay hooks -o jsonpath='{.status.conditions[?(@.type=="Degraded")].message}')"
 }
 e2e_until 90 reported || fail "relay/hooks does not report the second install: $(kubectl get relay hooks -o jsonpath='{.status.conditions}')"
 [ "$(kubectl get relay hooks -o jsonpath='{.status.operator}')" = ankusa-system/ankusa-operator ] \
   || fail "relay/hooks is managed by $(kubectl get relay hooks -o jsonpath='{.status.operator}')"
-kubectl -n ankusa-second logs deploy/second-ankusa 2>/dev/null | grep -q "another operator install manages this Relay" \
+grep -q "another operator install manages this Relay" <<<"$(kubectl -n ankusa-second logs deploy/second-ankusa 2>/dev/null)" \
   || fail "the second install did not say it leaves relay/hooks alone"
 helm uninstall second --namespace ankusa-second >/dev/null
 kubectl delete namespace ankusa-second --wait=true --timeout=120s >/dev/null || fail "namespace ankusa-second did not go"
