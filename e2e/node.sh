@@ -378,7 +378,7 @@ added() {
 # The kubelet refreshes a ConfigMap volume at its pod sync (every minute by default, 10 s on
 # the test node); the node reads its file every 2 s.
 e2e_until 240 added || fail "the added source never took a hook: $(kubectl logs hooks-0 --tail 20 2>&1)"
-kubectl logs hooks-0 | grep -q "configuration reloaded" || fail "hooks-0 logged no reload"
+grep -q "configuration reloaded" <<<"$(kubectl logs hooks-0)" || fail "hooks-0 logged no reload"
 tenants_max() { # each node's ankusa_tenants_max, one line each
   local p ip
   for p in 0 1 2; do
