@@ -190,8 +190,9 @@ pub(super) async fn grow(
             continue;
         }
         if !c.bound {
-            // Only a bound claim may grow; it is made again at the new size when its node
-            // is (a claim of the new template).
+            // Only a bound claim may grow: the StatefulSet waits (looked at again each poll)
+            // until this one is bound and grown too, or its new template would leave it
+            // short for good.
             short += 1;
             continue;
         }
