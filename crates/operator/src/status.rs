@@ -29,21 +29,9 @@ use crate::planner::MonitorDecision;
 /// reason.
 pub type Faults = Vec<(&'static str, String)>;
 
-/// The `Relay`'s status.
-pub fn status(
-    relay: &Relay,
-    prev: &RelayStatus,
-    o: &Observed,
-    r: &Rollout,
-    monitor: &MonitorDecision,
-    scheduled: &crate::backups::Decision,
-) -> RelayStatus {
-    status_and_faults(relay, prev, o, r, monitor, scheduled).0
-}
-
 /// The `Relay`'s status, and the faults its `Degraded` condition reports (each reason and
 /// message), for their Warning Events.
-pub(crate) fn status_and_faults(
+pub fn status(
     relay: &Relay,
     prev: &RelayStatus,
     o: &Observed,
@@ -402,7 +390,6 @@ fn rollout_conditions(
     }
 }
 
-/// What needs attention, each with its reason (the first is `Degraded`'s).
 /// How long a relay pod may wait for the scheduler before `PodUnschedulable` says so.
 const UNSCHEDULABLE_GRACE_S: i64 = 60;
 

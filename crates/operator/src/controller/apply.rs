@@ -23,34 +23,6 @@ use crate::status;
 
 use super::events::record;
 
-/// The StatefulSet's claim templates cannot change in place: the desired object keeps the
-/// live ones, and what `spec.storage` asks of them is returned (grown by
-/// [`super::expand`], or reported).
-pub(super) fn keep_claim_templates(
-    desired: &mut DesiredSet,
-    live: Option<&Value>,
-) -> super::expand::Growth {
-    use super::expand::{growth, Growth};
-    let Some(live_templates) = live.and_then(|l| l.pointer("/spec/volumeClaimTemplates")) else {
-        return Growth::Same;
-    };
-    let Ok(live_templates) = serde_json::from_value::<
-        Vec<k8s_openapi::api::core::v1::PersistentVolumeClaim>,
-    >(live_templates.clone()) else {
-        return Growth::Same;
-    };
-    let Some(spec) = desired.statefulset.spec.as_mut() else {
-        return Growth::Same;
-    };
-    let wanted = spec.volume_claim_templates.clone().unwrap_or_default();
-    let change = match (wanted.first(), live_templates.first()) {
-        (Some(w), Some(l)) => growth(w, l),
-        _ => Growth::Same,
-    };
-    spec.volume_claim_templates = Some(live_templates);
-    change
-}
-
 /// Measure drift against the API server's own answer (a dry-run apply of each existing
 /// object), then carry out the planner's changes. Returns what was refused (`StatefulSet
 /// update`, say, with the error); one refusal does not stop the other objects.
@@ -140,7 +112,7 @@ pub(super) async fn write_status(
     monitor: &planner::MonitorDecision,
     scheduled: &crate::backups::Decision,
 ) -> Result<(RelayStatus, status::Faults), Error> {
-    let (mut next, faults) = status::status_and_faults(relay, prev, o, rollout, monitor, scheduled);
+    let (mut next, faults) = status::status(relay, prev, o, rollout, monitor, scheduled);
     // This install claimed the Relay before it reconciled it (`claim`): the status read
     // before may name no install, or one that is gone.
     if let Some(me) = &ctx.settings.install {

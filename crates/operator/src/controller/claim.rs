@@ -137,7 +137,11 @@ async fn renewed(ctx: &Context, id: &str) -> Result<bool, Error> {
 /// The Warning Event on a Relay another install manages, saying this install leaves it
 /// alone; its related object is this install's Lease, which the managing install checks
 /// (a refusal is reported while the install that made it runs).
-pub async fn refuse(ctx: &Context, relay: &Relay, me: &Install, holder: &str) {
+pub async fn refuse(ctx: &Context, relay: &Relay, holder: &str) {
+    // Only an install of its own refuses a Relay ([`claim`]).
+    let Some(me) = &ctx.settings.install else {
+        return;
+    };
     let note = format!(
         "the operator install {} watches this Relay too and leaves it to {holder}, which manages it: run one operator install per cluster, or give each install namespaces of its own",
         me.id()

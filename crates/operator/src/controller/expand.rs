@@ -28,7 +28,7 @@ use super::{Context, Error};
 use crate::names::Names;
 use crate::observed::Observed;
 use crate::plan::Rollout;
-use crate::resources::quantity_bytes;
+use crate::resources::{quantity_bytes, DesiredSet};
 
 /// What `spec.storage` asks of the claims, against the templates the StatefulSet was made
 /// with.
@@ -97,12 +97,11 @@ pub fn growth(wanted: &PersistentVolumeClaim, live: &PersistentVolumeClaim) -> G
 /// What the volumes' growth to `to` waits for, if anything: an upgrade, a restore or a
 /// scale-down, which move the StatefulSet themselves.
 fn busy(relay: &Relay, o: &Observed, rollout: &Rollout) -> Option<&'static str> {
-    if rollout.upgrade.as_ref().is_some_and(|u| {
-        !matches!(
-            u.phase,
-            ankusa_crds::status::UpgradePhase::Idle | ankusa_crds::status::UpgradePhase::Completed
-        )
-    }) {
+    if rollout
+        .upgrade
+        .as_ref()
+        .is_some_and(crate::observed::in_progress)
+    {
         return Some("an upgrade");
     }
     if rollout
@@ -122,7 +121,46 @@ fn busy(relay: &Relay, o: &Observed, rollout: &Rollout) -> Option<&'static str> 
     None
 }
 
-/// What [`grow`] did.
+/// The StatefulSet's claim templates cannot change in place: `desired` keeps the live
+/// ones (`live` is the live StatefulSet), and what `spec.storage` asks of them is carried
+/// out ([`grow`]) or reported ([`Storage::pending`]).
+pub(super) async fn storage(
+    relay: &Relay,
+    ctx: &Context,
+    names: &Names,
+    desired: &mut DesiredSet,
+    o: &Observed,
+    rollout: &Rollout,
+) -> Result<Storage, Error> {
+    Ok(
+        match keep_claim_templates(desired, o.objects.statefulset.as_ref()) {
+            Growth::Same => Storage::default(),
+            Growth::Refused(message) => Storage::pending(message),
+            Growth::Grow { from, to, class } => {
+                grow(relay, ctx, names, o, rollout, (&from, &to, class)).await?
+            }
+        },
+    )
+}
+
+/// Puts the live StatefulSet's claim templates into `desired`: what the spec's differ by.
+fn keep_claim_templates(desired: &mut DesiredSet, live: Option<&serde_json::Value>) -> Growth {
+    let templates = live
+        .and_then(|l| l.pointer("/spec/volumeClaimTemplates"))
+        .and_then(|t| serde_json::from_value::<Vec<PersistentVolumeClaim>>(t.clone()).ok());
+    let (Some(live_templates), Some(spec)) = (templates, desired.statefulset.spec.as_mut()) else {
+        return Growth::Same;
+    };
+    let wanted = spec.volume_claim_templates.clone().unwrap_or_default();
+    let change = match (wanted.first(), live_templates.first()) {
+        (Some(w), Some(l)) => growth(w, l),
+        _ => Growth::Same,
+    };
+    spec.volume_claim_templates = Some(live_templates);
+    change
+}
+
+/// What [`storage`] did.
 #[derive(Debug, Default)]
 pub struct Storage {
     /// Why the claims cannot grow, for `StorageChangePending`.

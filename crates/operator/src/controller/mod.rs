@@ -50,10 +50,7 @@ pub mod events;
 pub mod expand;
 pub mod observe;
 
-use apply::{
-    apply, apply_desired, create_claims, create_job, keep_claim_templates, now_rfc3339,
-    write_status,
-};
+use apply::{apply, apply_desired, create_claims, create_job, now_rfc3339, write_status};
 use events::{event_with, fault_event};
 use observe::{observe, user_config};
 
@@ -414,7 +411,7 @@ async fn reconcile_inner(relay: &Relay, ctx: &Context) -> Result<Action, Error> 
             Ok(_) if !o.foreign.is_empty() => {}
             Ok(mut desired) => {
                 let storage =
-                    storage_change(relay, ctx, &names, &mut desired, &o, &rollout).await?;
+                    expand::storage(relay, ctx, &names, &mut desired, &o, &rollout).await?;
                 o.storage_change = storage.pending;
                 // A refused object (a ServiceMonitor the Prometheus Operator rejects, say)
                 // is a condition; the rest of the reconcile, the gate's Jobs included,
@@ -528,31 +525,6 @@ async fn warn_new_faults(
     }
 }
 
-/// What `spec.storage` asks of the StatefulSet's claims: nothing, grown in place
-/// ([`expand`]), or the condition's message when it cannot be. The desired StatefulSet keeps
-/// the live claim templates (they cannot change in place).
-async fn storage_change(
-    relay: &Relay,
-    ctx: &Context,
-    names: &Names,
-    desired: &mut DesiredSet,
-    o: &Observed,
-    rollout: &crate::plan::Rollout,
-) -> Result<expand::Storage, Error> {
-    Ok(
-        match keep_claim_templates(desired, o.objects.statefulset.as_ref()) {
-            expand::Growth::Same => expand::Storage::default(),
-            expand::Growth::Refused(message) => expand::Storage {
-                pending: Some(message),
-                recreating: false,
-            },
-            expand::Growth::Grow { from, to, class } => {
-                expand::grow(relay, ctx, names, o, rollout, (&from, &to, class)).await?
-            }
-        },
-    )
-}
-
 /// A Relay this reconcile leaves as it is: paused by its annotation, or managed by another
 /// operator install.
 async fn not_reconciled(
@@ -573,9 +545,7 @@ async fn not_reconciled(
 /// so (the managing install reports it), and it is looked at again at the next poll (to
 /// take it over once that install is gone).
 async fn left_to(relay: &Relay, ctx: &Context, holder: &str) -> Result<Action, Error> {
-    if let Some(me) = &ctx.settings.install {
-        claim::refuse(ctx, relay, me, holder).await;
-    }
+    claim::refuse(ctx, relay, holder).await;
     ctx.metrics.failure("managed_elsewhere");
     Ok(Action::requeue(ctx.settings.poll_interval))
 }
@@ -614,6 +584,7 @@ async fn paused(relay: &Relay, ctx: &Context, prev: &RelayStatus) -> Result<Acti
 /// The operator's admin token for this `Relay`, read from its Secret; the Secret (with the
 /// backup-scope token and the nodes' cluster token beside it) is made once, and a key
 /// missing from an older one added.
+///
 /// A token Secret at the Relay's name that is not its is neither read nor written: it goes
 /// to `o.foreign` (the Relay waits) and the token is empty.
 async fn ensure_token(

@@ -146,13 +146,11 @@ pub(super) async fn observe(
     let data = claims
         .list(&ListParams::default().labels(&selector))
         .await?;
-    let live = data
+    o.data_claims = data
         .items
         .iter()
         .filter(|c| c.metadata.deletion_timestamp.is_none())
-        .filter(|c| names.claim_ordinal(&c.name_any()).is_some());
-    o.data_claims = live
-        .clone()
+        .filter(|c| names.claim_ordinal(&c.name_any()).is_some())
         .map(|c| {
             let spec = c.spec.as_ref();
             crate::observed::DataClaim {
@@ -167,8 +165,10 @@ pub(super) async fn observe(
             }
         })
         .collect();
-    o.claims = live
-        .filter_map(|c| names.claim_ordinal(&c.name_any()))
+    o.claims = o
+        .data_claims
+        .iter()
+        .filter_map(|c| names.claim_ordinal(&c.name))
         .collect();
     o.claims.sort_unstable();
     observe_backup_claims(relay, &claims, names, o).await?;

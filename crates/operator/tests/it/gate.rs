@@ -312,7 +312,7 @@ impl World {
         }
         let monitor = planner::monitor_decision(&self.relay, o);
         let scheduled = ankusa_operator::backups::decide(&self.relay, prev, o);
-        let next = status::status(&self.relay, prev, o, r, &monitor, &scheduled);
+        let next = status::status(&self.relay, prev, o, r, &monitor, &scheduled).0;
         self.status_json = serde_json::to_string(&next).unwrap();
     }
 

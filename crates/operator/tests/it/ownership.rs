@@ -276,21 +276,15 @@ fn install_context(
     op: Client,
     lease_ns: &str,
 ) -> std::sync::Arc<ankusa_operator::controller::Context> {
-    use ankusa_operator::controller::{claim::Install, Context, Settings};
-    let settings = Settings {
-        node_url_template: NOWHERE.into(),
-        node_timeout: Duration::from_millis(500),
-        install: Some(Install {
-            namespace: lease_ns.into(),
-            lease: "ankusa-operator".into(),
-        }),
-        ..Settings::default()
+    let install = ankusa_operator::controller::claim::Install {
+        namespace: lease_ns.into(),
+        lease: "ankusa-operator".into(),
     };
-    Context::new(
-        op,
-        std::sync::Arc::new(ankusa_operator::metrics::Metrics::default()),
-        settings,
-    )
+    let settings = ankusa_operator::controller::Settings {
+        install: Some(install),
+        ..crate::reconcile::settings(NOWHERE)
+    };
+    crate::reconcile::context_with(op, settings)
 }
 
 /// The leader Lease of the install in `ns`, as its leader holds it.

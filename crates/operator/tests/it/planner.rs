@@ -113,7 +113,7 @@ fn run(file: &str) {
     let desired = DesiredSet::build_with(&effective, user.as_ref(), r.partition, &around).unwrap();
     let changes = planner::changes(&desired, &o.objects);
     let scheduled = ankusa_operator::backups::decide(&relay, &prev, &o);
-    let st = status::status(&relay, &prev, &o, &r, &monitor, &scheduled);
+    let st = status::status(&relay, &prev, &o, &r, &monitor, &scheduled).0;
 
     let conditions: serde_json::Map<String, Value> = st
         .conditions

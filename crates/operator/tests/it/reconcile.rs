@@ -24,11 +24,20 @@ use crate::support::{merge, relay_value};
 
 /// An operator context on `client` (the operator's identity).
 pub(crate) fn context(client: Client, node_url_template: &str) -> Arc<Context> {
-    let settings = Settings {
+    context_with(client, settings(node_url_template))
+}
+
+/// The tests' operator settings: nodes at `node_url_template`, a short poll timeout.
+pub(crate) fn settings(node_url_template: &str) -> Settings {
+    Settings {
         node_url_template: node_url_template.into(),
         node_timeout: Duration::from_millis(500),
         ..Settings::default()
-    };
+    }
+}
+
+/// An operator context on `client` with `settings`.
+pub(crate) fn context_with(client: Client, settings: Settings) -> Arc<Context> {
     Context::new(client, Arc::new(Metrics::default()), settings)
 }
 
