@@ -237,9 +237,7 @@ impl Reloader {
             Reloaded::Applied { changed }
         })
     }
-}
 
-impl Reloader {
     /// A new `tenants.max`: the writer's ceiling, this node's share of the Relay's, the
     /// gauge. Lowered below the tenants held, the node keeps serving every one of them and
     /// admits no new tenant (the operator's `TenantsMaxBelowHeld` says so).

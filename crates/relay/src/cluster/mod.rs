@@ -316,10 +316,9 @@ impl Cluster {
             return;
         };
         let names: Vec<&str> = self
-            .members
+            .owners
             .iter()
-            .filter(|m| !m.leaving)
-            .map(|m| m.name.as_str())
+            .map(|&i| self.members[i].name.as_str())
             .collect();
         shares.store(Arc::new(Shares::of(max, &names, me)));
         self.publish();
@@ -358,10 +357,10 @@ impl Cluster {
         let Some((registry, shares)) = &self.registry else {
             return Ok(Admission::Admitted);
         };
-        let shares = shares.load_full();
         if self.is_admitted(tenant) {
             return Ok(Admission::Admitted);
         }
+        let shares = shares.load_full();
         let mut exists = exists()?;
         let (mut unreachable, mut one_loan, mut asked) = (None, None, false);
         loop {
