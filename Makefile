@@ -171,3 +171,4 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench tenant_quota
 	$(CARGO) bench -p ankusa-relay --bench console
 	$(CARGO) bench -p ankusa-relay --bench backup
+	$(CARGO) bench -p ankusa-relay --bench nats

@@ -9,7 +9,9 @@ use crate::{in_range, invalid, CaBundle, ConfigError, SecretSource, Secrets};
 pub struct SinkConfig {
     pub id: String,
     /// `http` (the default): the relay POSTs each hook to `url`. `pull`: consumers claim
-    /// the hooks over HTTP (`/pull/{sink}/claim`, docs/pull.md); no `url`.
+    /// the hooks over HTTP (`/pull/{sink}/claim`, docs/pull.md); no `url`. `nats`: each
+    /// hook is published to a NATS JetStream stream (`url`: `nats://` or `tls://`, and the
+    /// `nats` block).
     #[serde(default)]
     pub kind: SinkKind,
     #[serde(default)]
@@ -43,6 +45,84 @@ pub struct SinkConfig {
     /// `pull.lease_ms`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lease_ms: Option<u64>,
+    /// A NATS sink's subject and credentials (`kind: nats` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub nats: Option<NatsConfig>,
+}
+
+/// Where a NATS sink publishes, and as whom.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct NatsConfig {
+    /// The subject each hook is published on; `{tenant}` and `{source}` are replaced by
+    /// the hook's tenant and source, each one subject token (see [`subject_token`]).
+    pub subject: String,
+    /// A `.creds` file's contents (the user's JWT and NKey seed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creds: Option<SecretSource>,
+    /// A token the server takes as the client's credentials.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token: Option<SecretSource>,
+    /// A user name, with `password`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub password: Option<SecretSource>,
+}
+
+/// The placeholders a NATS subject may hold.
+pub const SUBJECT_PLACEHOLDERS: [&str; 2] = ["{tenant}", "{source}"];
+
+/// `value` as one NATS subject token: bytes outside `[A-Za-z0-9_-]` as `%XX` (a tenant
+/// id may hold `.`, `*`, `>` or spaces, which would split or widen the subject).
+pub fn subject_token(value: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || b == b'_' || b == b'-';
+    if !value.is_empty() && value.bytes().all(plain) {
+        return std::borrow::Cow::Borrowed(value);
+    }
+    let mut out = String::with_capacity(value.len() * 3 + 2);
+    if value.is_empty() {
+        out.push_str("%00");
+    }
+    for b in value.bytes() {
+        if plain(b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+/// What is wrong with `subject` as a NATS sink's subject template, if anything: it must
+/// be tokens joined by `.`, none empty, no wildcard (`*`, `>`), no white space, and no
+/// placeholder but those of [`SUBJECT_PLACEHOLDERS`].
+pub fn subject_problem(subject: &str) -> Option<String> {
+    let mut filled = subject.to_owned();
+    for p in SUBJECT_PLACEHOLDERS {
+        filled = filled.replace(p, "x");
+    }
+    if filled.contains(['{', '}']) {
+        return Some(format!(
+            "the only placeholders are {}",
+            SUBJECT_PLACEHOLDERS.join(" and ")
+        ));
+    }
+    if filled.is_empty() || filled.len() > 1024 {
+        return Some("is 1 to 1 024 bytes".into());
+    }
+    for token in filled.split('.') {
+        if token.is_empty() {
+            return Some("has an empty token (`..`, or a `.` at an end)".into());
+        }
+        if token == "*" || token == ">" {
+            return Some("has a wildcard token: a publish subject names one subject".into());
+        }
+        if token.chars().any(char::is_whitespace) {
+            return Some("has white space".into());
+        }
+    }
+    None
 }
 
 /// How a sink's deliveries leave the node.
@@ -54,6 +134,8 @@ pub enum SinkKind {
     Http,
     /// Consumers lease the hooks over HTTP (the claim gateway).
     Pull,
+    /// A publish to NATS JetStream, acknowledged by the stream.
+    Nats,
 }
 
 /// The longest id of a pull sink (it is part of the store's keys and of URLs).
@@ -77,22 +159,20 @@ impl SinkConfig {
         if self.kind == SinkKind::Pull {
             return self.validate_pull(key);
         }
+        if self.kind == SinkKind::Nats {
+            self.validate_nats(key)?;
+        } else if self.nats.is_some() {
+            return Err(invalid(
+                &format!("{key}.nats"),
+                "is a NATS sink's key (kind: nats)",
+            ));
+        } else {
+            self.validate_http_url(key)?;
+        }
         if self.lease_ms.is_some() {
             return Err(invalid(
                 &format!("{key}.lease_ms"),
                 "is a pull sink's key (kind: pull)",
-            ));
-        }
-        if self.url.is_empty() {
-            return Err(invalid(
-                &format!("{key}.url"),
-                "an HTTP sink (kind: http, the default) needs an http:// or https:// URL",
-            ));
-        }
-        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
-            return Err(invalid(
-                &format!("{key}.url"),
-                "must be an http:// or https:// URL",
             ));
         }
         in_range(&format!("{key}.timeout_ms"), self.timeout_ms, 1..=600_000)?;
@@ -116,6 +196,65 @@ impl SinkConfig {
         Ok(())
     }
 
+    fn validate_http_url(&self, key: &str) -> Result<(), ConfigError> {
+        if self.url.is_empty() {
+            return Err(invalid(
+                &format!("{key}.url"),
+                "an HTTP sink (kind: http, the default) needs an http:// or https:// URL",
+            ));
+        }
+        if !(self.url.starts_with("http://") || self.url.starts_with("https://")) {
+            return Err(invalid(
+                &format!("{key}.url"),
+                "must be an http:// or https:// URL",
+            ));
+        }
+        Ok(())
+    }
+
+    /// A NATS sink: its servers (`nats://` or `tls://`, comma-separated), a subject, at
+    /// most one way to sign in.
+    fn validate_nats(&self, key: &str) -> Result<(), ConfigError> {
+        let servers: Vec<&str> = self.url.split(',').map(str::trim).collect();
+        if self.url.trim().is_empty()
+            || servers
+                .iter()
+                .any(|u| !(u.starts_with("nats://") || u.starts_with("tls://")) || u.len() < 8)
+        {
+            return Err(invalid(
+                &format!("{key}.url"),
+                "a NATS sink needs its servers: nats:// or tls:// URLs, comma-separated",
+            ));
+        }
+        let Some(nats) = &self.nats else {
+            return Err(invalid(
+                &format!("{key}.nats.subject"),
+                "a NATS sink (kind: nats) needs the subject it publishes on",
+            ));
+        };
+        if let Some(why) = subject_problem(&nats.subject) {
+            return Err(invalid(&format!("{key}.nats.subject"), why));
+        }
+        let ways = [
+            nats.creds.is_some(),
+            nats.token.is_some(),
+            nats.user.is_some() || nats.password.is_some(),
+        ];
+        if ways.iter().filter(|w| **w).count() > 1 {
+            return Err(invalid(
+                &format!("{key}.nats"),
+                "one way to sign in: creds, token, or user and password",
+            ));
+        }
+        if nats.user.is_some() != nats.password.is_some() {
+            return Err(invalid(
+                &format!("{key}.nats"),
+                "user and password go together",
+            ));
+        }
+        Ok(())
+    }
+
     /// A pull sink: an id that fits a key and a URL path, no HTTP keys, a lease in range.
     fn validate_pull(&self, key: &str) -> Result<(), ConfigError> {
         let url_safe = self
@@ -134,6 +273,12 @@ impl SinkConfig {
             ("headers", !self.headers.is_empty()),
             ("ca_bundle", self.ca_bundle.is_some()),
         ];
+        if self.nats.is_some() {
+            return Err(invalid(
+                &format!("{key}.nats"),
+                "is a NATS sink's key (kind: nats)",
+            ));
+        }
         if let Some((k, _)) = http_keys.iter().find(|(_, set)| *set) {
             return Err(invalid(
                 &format!("{key}.{k}"),
@@ -151,5 +296,60 @@ impl SinkConfig {
             )?;
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Config;
+
+    fn refused(sink: &str) -> String {
+        let yaml = format!("sinks: [{sink}]\n");
+        Config::from_yaml(&yaml, Vec::new())
+            .expect_err(sink)
+            .to_string()
+    }
+
+    /// A NATS sink needs its servers and a subject it can publish on; one way to sign in;
+    /// the other kinds refuse its block.
+    #[test]
+    fn a_nats_sink_is_checked_for_servers_subject_and_credentials() {
+        let ok = "{ id: n, kind: nats, url: \"nats://a:4222, tls://b:4222\", nats: { subject: \"hooks.{tenant}.{source}\", user: u, password: { value: p } } }";
+        Config::from_yaml(&format!("sinks: [{ok}]\n"), Vec::new()).unwrap();
+        for (sink, key) in [
+            ("{ id: n, kind: nats, url: \"http://a\", nats: { subject: s } }", "sinks[0].url"),
+            ("{ id: n, kind: nats, url: \"nats://a:1\" }", "sinks[0].nats.subject"),
+            ("{ id: n, kind: nats, url: \"nats://a:1\", nats: { subject: \"a.*\" } }", "wildcard"),
+            ("{ id: n, kind: nats, url: \"nats://a:1\", nats: { subject: \"a..b\" } }", "empty token"),
+            ("{ id: n, kind: nats, url: \"nats://a:1\", nats: { subject: \"a.{hook}\" } }", "placeholders"),
+            ("{ id: n, kind: nats, url: \"nats://a:1\", nats: { subject: \"a b\" } }", "white space"),
+            ("{ id: n, kind: nats, url: \"nats://a:1\", nats: { subject: s, token: { value: t }, user: u, password: { value: p } } }", "one way to sign in"),
+            ("{ id: n, kind: nats, url: \"nats://a:1\", nats: { subject: s, user: u } }", "go together"),
+            ("{ id: n, url: \"http://a\", nats: { subject: s } }", "sinks[0].nats"),
+            ("{ id: n, kind: pull, nats: { subject: s } }", "sinks[0].nats"),
+        ] {
+            let e = refused(sink);
+            assert!(e.contains(key), "{sink}: {e}");
+        }
+    }
+
+    /// A tenant or source is one subject token: kept when plain, percent-encoded when it
+    /// holds a byte NATS gives a meaning to (or none at all).
+    #[test]
+    fn a_value_becomes_one_subject_token() {
+        assert_eq!(subject_token("acme-1_x"), "acme-1_x");
+        assert_eq!(subject_token("a.b c"), "a%2Eb%20c");
+        assert_eq!(subject_token(">"), "%3E");
+        assert_eq!(subject_token("*"), "%2A");
+        assert_eq!(subject_token("50%"), "50%25");
+        assert_eq!(subject_token(""), "%00");
+        assert_eq!(subject_token("é"), "%C3%A9");
+        for t in ["a.b", "*", ">", " ", "x\ty"] {
+            assert!(
+                !subject_token(t).contains(['.', '*', '>', ' ', '\t']),
+                "{t}"
+            );
+        }
     }
 }

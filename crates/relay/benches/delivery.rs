@@ -57,7 +57,7 @@ use ankusa_keyspace::AtMs;
 use ankusa_records::Envelope;
 use ankusa_relay::node::Node;
 use ankusa_relay::testkit::TestNode;
-use ankusa_store::{Rows, Store};
+use ankusa_store::Store;
 
 mod load;
 use http_body_util::{BodyExt, Full};
@@ -172,66 +172,32 @@ async fn drain<F: std::future::Future<Output = ()>>(n: u64, f: F) -> Drain {
 /// alone**: the same loop without the POSTs, what the store's transitions of a delivery cost
 /// when nothing else runs, batched as cheaply as they can be.
 async fn transitions_twin(port: u16, sink: &load::ArrivalSink, post: bool) -> Drain {
-    use ankusa_queue::deliveries::{self, Tx};
-    use ankusa_relay::dispatch::pipeline::plan::{plan_tick, Cursors, TickLimits};
     let parts = TwinParts::open(port);
-    let (deliverer, target, store) = (&parts.deliverer, &parts.target, &parts.store);
-    let limits = TickLimits {
-        rows_per_tick: 512,
-        rows_per_tenant: 512,
-        ..TickLimits::default()
+    let target = load::twin::Target {
+        deliverer: parts.deliverer.clone(),
+        sink: parts.target.clone(),
     };
     sink.count.store(0, Ordering::Relaxed);
-    let started = Instant::now();
-    let mut delivered = 0u64;
     eprintln!(
         "delivery: the transitions twin drains its backlog (pid {})",
         std::process::id()
     );
-    drain(BACKLOG, async {
-        while delivered < BACKLOG {
-            assert!(
-                started.elapsed() < Duration::from_secs(600),
-                "the twin never drained"
-            );
-            // Read and claim a batch, read its hooks.
-            let s = store.clone();
-            let (claimed, envs) = tokio::task::spawn_blocking(move || {
-                let now = AtMs(ankusa_keyspace::now_ms());
-                let plan = plan_tick(&s, now, &limits, &Cursors::default()).expect("plan");
-                let mut tx = Tx::new();
-                let mut claimed = Vec::new();
-                for w in &plan.work {
-                    for r in &w.rows {
-                        claimed.push(deliveries::claim(&mut tx, r));
-                    }
-                }
-                tx.commit(&s, false).expect("claim");
-                for w in &plan.work {
-                    deliveries::cleanup_markers(&s, w.ord, &w.buckets, now).expect("cleanup");
-                }
-                let (envs, attempts) = read_claimed(&s, &claimed);
-                let claimed: Vec<_> = claimed.into_iter().zip(attempts).collect();
-                (claimed, envs)
-            })
-            .await
-            .expect("read");
-            // The same signed POSTs through the node's client, CONCURRENCY at a time.
-            if post {
-                post_all(deliverer, target, envs).await;
-            }
-            // Commit the outcomes with each attempt's hook-log event (the node's hook log is
-            // on, as by default: a durable move of every delivery, as in `ingest`'s store
-            // floor), then reclaim what they freed.
-            let s = store.clone();
-            let n = claimed.len() as u64;
-            tokio::task::spawn_blocking(move || load::settle_attempts(&s, &claimed, true))
-                .await
-                .expect("commit");
-            delivered += n;
-        }
-    })
+    drain(
+        BACKLOG,
+        load::twin::lockstep(
+            &parts.store,
+            BACKLOG,
+            post.then_some(&target),
+            CONCURRENCY,
+            posted,
+        ),
+    )
     .await
+}
+
+/// A twin's POST answered as the sink answers: 204.
+fn posted(a: &ankusa_relay::dispatch::delivery::Attempt) {
+    assert_eq!(a.status, 204, "{a:?}");
 }
 
 /// Rows the pipelined twin holds claimed at most: as many next in line as in flight, as the
@@ -394,7 +360,7 @@ fn twin_claimer(
         for t in &drained {
             deliveries::cleanup_markers(store, t.ord, &t.buckets, now).expect("cleanup");
         }
-        let (envs, attempts) = read_claimed(store, &claimed);
+        let (envs, attempts) = load::twin::read_claimed(store, &claimed);
         *line.held.lock().expect("line") += claimed.len();
         claimed_all += claimed.len() as u64;
         for ((row, env), attempt) in claimed.into_iter().zip(envs).zip(attempts) {
@@ -403,32 +369,6 @@ fn twin_claimer(
             }
         }
     }
-}
-
-/// What both twins read of the rows they claimed: each row's hook, and the number of its
-/// attempt (its delivery row's attempts so far, plus one) for its hook-log event — and,
-/// were it to fail, its backoff or dead letter.
-fn read_claimed(
-    store: &Store,
-    claimed: &[ankusa_queue::deliveries::InflightRow],
-) -> (Vec<Envelope>, Vec<u32>) {
-    let keys: Vec<_> = claimed
-        .iter()
-        .map(|r| ankusa_keyspace::hook(r.key.seq))
-        .collect();
-    let envs = store
-        .multi_get(ankusa_keyspace::Cf::Hooks, &keys)
-        .expect("hooks")
-        .into_iter()
-        .map(|v| Envelope::decode(&v.expect("hook")).expect("envelope"))
-        .collect();
-    let pairs: Vec<_> = claimed.iter().map(|r| (r.key.seq, r.key.sink)).collect();
-    let attempts = ankusa_queue::deliveries::delivery_rows(store, &pairs)
-        .expect("delivery rows")
-        .into_iter()
-        .map(|st| st.map_or(0, |st| st.attempts) + 1)
-        .collect();
-    (envs, attempts)
 }
 
 /// What both twins start from: the backlog in a store of their own, and the node's client
@@ -456,37 +396,6 @@ impl TwinParts {
             deliverer,
             target,
         }
-    }
-}
-
-/// Posts every envelope, signed, through the node's own client, CONCURRENCY at a time.
-async fn post_all(
-    deliverer: &ankusa_relay::dispatch::delivery::Deliverer,
-    target: &Arc<ankusa_relay::dispatch::delivery::Sink>,
-    envs: Vec<Envelope>,
-) {
-    let envs = Arc::new(envs);
-    let next = Arc::new(AtomicU64::new(0));
-    let tasks: Vec<_> = (0..CONCURRENCY)
-        .map(|_| {
-            let (d, t, envs, next) = (
-                deliverer.clone(),
-                target.clone(),
-                envs.clone(),
-                next.clone(),
-            );
-            tokio::spawn(async move {
-                loop {
-                    let i = next.fetch_add(1, Ordering::Relaxed) as usize;
-                    let Some(env) = envs.get(i) else { return };
-                    let a = d.attempt(&t, env, Duration::from_secs(60)).await;
-                    assert_eq!(a.status, 204, "{a:?}");
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.expect("post");
     }
 }
 

@@ -72,6 +72,27 @@ pub fn client(connect_timeout: std::time::Duration) -> Result<Client, rustls::Er
     )
 }
 
+/// The client side of TLS the node's outbound connections use (sinks, NATS servers):
+/// rustls on ring, trusting the web PKI's roots and `cas`.
+pub fn tls_client(
+    cas: &[rustls::pki_types::CertificateDer<'static>],
+) -> Result<rustls::ClientConfig, rustls::Error> {
+    let mut roots = rustls::RootCertStore {
+        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
+    };
+    for ca in cas {
+        roots.add(ca.clone())?;
+    }
+    Ok(
+        rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth(),
+    )
+}
+
 /// HTTP/1.1 over plain HTTP or TLS on `http`, trusting the web PKI's roots (compiled into
 /// the binary) and `cas`.
 pub fn https(
@@ -80,20 +101,8 @@ pub fn https(
 ) -> Result<Https, rustls::Error> {
     // The TLS layer takes `https://` URIs through the TCP connector.
     http.enforce_http(false);
-    let mut roots = rustls::RootCertStore {
-        roots: webpki_roots::TLS_SERVER_ROOTS.to_vec(),
-    };
-    for ca in cas {
-        roots.add(ca.clone())?;
-    }
-    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots)
-    .with_no_client_auth();
     Ok(hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
+        .with_tls_config(tls_client(cas)?)
         .https_or_http()
         .enable_http1()
         .wrap_connector(http))

@@ -577,6 +577,103 @@ impl Drop for SeaweedFs {
     }
 }
 
+/// A NATS server with JetStream on loopback: the broker of the NATS sink's tests and the
+/// `nats` bench, built from its Go module by `scripts/nats-server.sh` (cached once per
+/// machine). Its store is in its own directory; [`NatsServer::stop`] and
+/// [`NatsServer::restart`] take it down and bring it back on the same port and store.
+/// Killed when dropped.
+pub struct NatsServer {
+    child: Option<std::process::Child>,
+    bin: String,
+    pub port: u16,
+    /// `--auth`: the token clients must present, if any.
+    token: Option<String>,
+    dir: tempfile::TempDir,
+}
+
+impl NatsServer {
+    /// Starts it (clients need `token` when given) and waits until it takes connections.
+    pub fn start(token: Option<&str>) -> NatsServer {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let built = std::process::Command::new("bash")
+            .arg(repo.join("scripts/nats-server.sh"))
+            .output()
+            .expect("run scripts/nats-server.sh");
+        assert!(
+            built.status.success(),
+            "{}",
+            String::from_utf8_lossy(&built.stderr)
+        );
+        let mut server = NatsServer {
+            child: None,
+            bin: String::from_utf8_lossy(&built.stdout).trim().to_owned(),
+            port: free_port(),
+            token: token.map(str::to_owned),
+            dir: tempfile::tempdir().expect("a directory for nats-server"),
+        };
+        server.restart();
+        server
+    }
+
+    /// The server's process id while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(std::process::Child::id)
+    }
+
+    /// `nats://127.0.0.1:PORT`.
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts it again (after [`NatsServer::stop`]) on its port and store, and waits until
+    /// it takes connections.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none(), "nats-server runs already");
+        let log = std::fs::File::options()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("nats.log"))
+            .expect("nats.log");
+        let mut cmd = std::process::Command::new(&self.bin);
+        cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
+            .arg("-sd")
+            .arg(self.dir.path().join("store"))
+            .args(["--server_name", "ankusa-test"]);
+        if let Some(t) = &self.token {
+            cmd.args(["--auth", t]);
+        }
+        self.child = Some(
+            cmd.stdout(std::process::Stdio::null())
+                .stderr(log)
+                .spawn()
+                .expect("start nats-server"),
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", self.port)).is_err() {
+            assert!(
+                Instant::now() < deadline,
+                "nats-server never listened: {}",
+                std::fs::read_to_string(self.dir.path().join("nats.log")).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills it (SIGKILL: a broker that is gone, not one that says goodbye).
+    pub fn stop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod outside;
+pub mod twin;
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -1,4 +1,5 @@
-//! One delivery attempt: an HTTP POST of the stored body to a sink.
+//! One delivery attempt: an HTTP POST of the stored body to a sink (a NATS sink's publish
+//! is in [`super::nats`]).
 //!
 //! - The original content type, Standard Webhooks signing with the sink's secret
 //!   (`webhook-id` = the hook id, `webhook-timestamp`, `webhook-signature`), the hook's
@@ -41,7 +42,8 @@ pub const RESPONSE_DRAIN_BYTES: usize = 64 << 10;
 #[derive(Debug)]
 pub struct Sink {
     pub id: String,
-    pub uri: Uri,
+    /// How its deliveries leave the node.
+    transport: Transport,
     key: Option<Vec<u8>>,
     pub timeout: Duration,
     headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
@@ -62,16 +64,36 @@ pub struct Sink {
     claimed_by: std::sync::Mutex<HashMap<TenantOrd, usize>>,
     /// The adaptive limit and the breaker.
     pub control: Controller,
-    /// The connection pool this sink's requests go through: the node's, or one of its own
-    /// when it trusts its own certificate authorities (`sinks[].ca_bundle`).
-    client: Client<Https, Full<Bytes>>,
     /// SHA-256 over what the sink was built from — its configuration, its secret and its
     /// own certificate authorities as read: a reload keeps a sink whose fingerprint did not
     /// change as it is (its adaptive limit, breaker, line and connections).
     fingerprint: [u8; 32],
 }
 
+/// Where a sink's deliveries go. (One per sink, inside its `Arc`: the variants' sizes cost
+/// nothing per delivery.)
+#[derive(Debug)]
+#[allow(clippy::large_enum_variant)]
+enum Transport {
+    /// POSTs to `uri` through `client`: the node's connection pool, or one of the sink's
+    /// own when it trusts its own certificate authorities (`sinks[].ca_bundle`).
+    Http {
+        uri: Uri,
+        client: Client<Https, Full<Bytes>>,
+    },
+    /// Publishes to NATS JetStream.
+    Nats(super::nats::NatsSink),
+}
+
 impl Sink {
+    /// The Standard Webhooks signature of `env` now, with the sink's secret if it has one:
+    /// the timestamp (seconds) and the `webhook-signature` value.
+    pub fn signature(&self, env: &Envelope) -> Option<(u64, String)> {
+        let key = self.key.as_ref()?;
+        let ts = ankusa_keyspace::now_ms() / 1000;
+        Some((ts, standard_webhooks_sign(key, &env.id, ts, &env.body)))
+    }
+
     fn claimed_by(&self) -> std::sync::MutexGuard<'_, HashMap<TenantOrd, usize>> {
         self.claimed_by.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -154,6 +176,9 @@ pub struct Attempt {
     pub class: Option<ErrorClass>,
     pub error: String,
     pub latency: Duration,
+    /// Delivered, and the sink said it had it already (a NATS stream's duplicate of the
+    /// message id).
+    pub duplicate: bool,
 }
 
 impl Attempt {
@@ -197,10 +222,6 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
             pull.insert(s.id.clone());
             continue;
         }
-        let uri: Uri = s.url.parse().map_err(|e| ConfigError::Invalid {
-            key: format!("{key}.url"),
-            message: format!("{e}"),
-        })?;
         let secret = match &s.secret {
             Some(sec) => Some(standard_webhooks_key(
                 &sec.resolve(&format!("{key}.secret"))?,
@@ -237,7 +258,18 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
         // The authorities it trusts as read now: a bundle file rotated under the same path
         // makes a new sink at the next reload.
         let trusted = own_cas.as_ref().unwrap_or(&node_cas);
-        let fingerprint = sink_fingerprint(s, body_bytes, secret.as_deref(), trusted);
+        // A NATS sink's credentials, as resolved, are part of what it is built from.
+        let nats = match s.kind {
+            ankusa_config::SinkKind::Nats => Some(super::nats::NatsSink::build(s, &key, trusted)?),
+            _ => None,
+        };
+        let fingerprint = sink_fingerprint(
+            s,
+            body_bytes,
+            secret.as_deref(),
+            nats.as_ref().map(|(_, secrets)| &secrets[..]),
+            trusted,
+        );
         if let Some(kept) = previous.and_then(|p| p.by_id.get(&s.id)) {
             if kept.fingerprint == fingerprint {
                 sinks.insert(s.id.clone(), kept.clone());
@@ -245,15 +277,24 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
             }
         }
         // Built only for a sink that is new or changed: a kept one keeps its pool.
-        let client = match &own_cas {
-            None => shared.clone(),
-            Some(cas) => delivery_client(cas, permits, &format!("{key}.ca_bundle"))?,
+        let transport = match nats {
+            Some((nats, _)) => Transport::Nats(nats),
+            None => Transport::Http {
+                uri: s.url.parse().map_err(|e| ConfigError::Invalid {
+                    key: format!("{key}.url"),
+                    message: format!("{e}"),
+                })?,
+                client: match &own_cas {
+                    None => shared.clone(),
+                    Some(cas) => delivery_client(cas, permits, &format!("{key}.ca_bundle"))?,
+                },
+            },
         };
         sinks.insert(
             s.id.clone(),
             Arc::new(Sink {
                 id: s.id.clone(),
-                uri,
+                transport,
                 key: secret,
                 timeout: Duration::from_millis(s.timeout_ms),
                 headers,
@@ -270,7 +311,6 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
                     s.breaker_failures,
                     Duration::from_millis(s.breaker_cooldown_ms),
                 ),
-                client,
                 fingerprint,
             }),
         );
@@ -283,20 +323,24 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
 }
 
 /// What a sink is built from, hashed: its configuration, the response bytes its errors
-/// keep, its secret as resolved, and the certificate authorities it trusts as read (the
-/// node's, and its own).
+/// keep, its secret and its NATS credentials as resolved, and the certificate authorities
+/// it trusts as read (the node's, and its own).
 fn sink_fingerprint(
     s: &ankusa_config::SinkConfig,
     body_bytes: usize,
     key: Option<&[u8]>,
+    credentials: Option<&[u8]>,
     cas: &[rustls::pki_types::CertificateDer<'static>],
 ) -> [u8; 32] {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
     h.update(serde_json::to_vec(s).unwrap_or_default());
     h.update((body_bytes as u64).to_be_bytes());
-    h.update([u8::from(key.is_some())]);
-    h.update(key.unwrap_or_default());
+    for secret in [key, credentials] {
+        h.update([u8::from(secret.is_some())]);
+        h.update((secret.map_or(0, <[u8]>::len) as u64).to_be_bytes());
+        h.update(secret.unwrap_or_default());
+    }
     for ca in cas {
         h.update((ca.len() as u64).to_be_bytes());
         h.update(ca.as_ref());
@@ -404,10 +448,14 @@ impl Deliverer {
         sinks.by_id.is_empty() || sinks.by_id.values().any(|s| s.batch_free())
     }
 
-    /// POSTs the hook to the sink once.
+    /// Sends the hook to the sink once: a POST, or a NATS sink's publish.
     pub async fn attempt(&self, sink: &Sink, env: &Envelope, max_retry_after: Duration) -> Attempt {
+        let (uri, client) = match &sink.transport {
+            Transport::Http { uri, client } => (uri, client),
+            Transport::Nats(nats) => return nats_attempt(sink, nats, env).await,
+        };
         let started = Instant::now();
-        let req = match request(sink, env) {
+        let req = match request(sink, uri, env) {
             Ok(r) => r,
             Err(e) => {
                 return Attempt {
@@ -416,11 +464,12 @@ impl Deliverer {
                     class: Some(ErrorClass::Request),
                     error: format!("request: {e}"),
                     latency: started.elapsed(),
+                    duplicate: false,
                 }
             }
         };
         let result = tokio::time::timeout(sink.timeout, async {
-            let resp = sink.client.request(req).await?;
+            let resp = client.request(req).await?;
             let status = resp.status();
             let retry_after = resp
                 .headers()
@@ -461,6 +510,7 @@ impl Deliverer {
                 class: Some(ErrorClass::Timeout),
                 error: "timeout".into(),
                 latency,
+                duplicate: false,
             },
             Ok(Err(e)) => Attempt {
                 verdict: Verdict::Retry { retry_after: None },
@@ -468,6 +518,7 @@ impl Deliverer {
                 class: Some(ErrorClass::Connection),
                 error: format!("connection: {e}"),
                 latency,
+                duplicate: false,
             },
             Ok(Ok((status, retry_after, head))) => {
                 let code = status.as_u16();
@@ -492,9 +543,44 @@ impl Deliverer {
                         status_error(code, &head)
                     },
                     latency,
+                    duplicate: false,
                 }
             }
         }
+    }
+}
+
+/// A NATS sink's publish of `env`, as an attempt.
+async fn nats_attempt(sink: &Sink, nats: &super::nats::NatsSink, env: &Envelope) -> Attempt {
+    let part = super::nats::SinkPart {
+        id: &sink.id,
+        signature: sink.signature(env),
+        headers: &sink.headers,
+        dead_letter_on_4xx: sink.dead_letter_on_4xx,
+    };
+    let published = nats.publish(&part, env).await;
+    let latency = published.latency;
+    match published.outcome {
+        Ok(duplicate) => Attempt {
+            verdict: Verdict::Delivered,
+            status: 0,
+            class: None,
+            error: String::new(),
+            latency,
+            duplicate,
+        },
+        Err(f) => Attempt {
+            verdict: if f.dead {
+                Verdict::Dead
+            } else {
+                Verdict::Retry { retry_after: None }
+            },
+            status: f.status,
+            class: Some(f.class),
+            error: f.error,
+            latency,
+            duplicate: false,
+        },
     }
 }
 
@@ -515,7 +601,11 @@ fn status_error(code: u16, head: &[u8]) -> String {
 
 /// The signed POST of `env` to `sink`: the standard headers by their static names, in
 /// one header map sized for them (what a delivery costs is mostly this and the exchange).
-fn request(sink: &Sink, env: &Envelope) -> Result<hyper::Request<Full<Bytes>>, hyper::http::Error> {
+fn request(
+    sink: &Sink,
+    uri: &Uri,
+    env: &Envelope,
+) -> Result<hyper::Request<Full<Bytes>>, hyper::http::Error> {
     use hyper::header::{HeaderName, HeaderValue, CONTENT_TYPE, USER_AGENT};
     static WEBHOOK_ID: HeaderName = HeaderName::from_static("webhook-id");
     static WEBHOOK_TIMESTAMP: HeaderName = HeaderName::from_static("webhook-timestamp");
@@ -524,7 +614,7 @@ fn request(sink: &Sink, env: &Envelope) -> Result<hyper::Request<Full<Bytes>>, h
     static SOURCE: HeaderName = HeaderName::from_static("ankusa-source");
     let mut req = hyper::Request::new(Full::new(Bytes::from(env.body.clone())));
     *req.method_mut() = hyper::Method::POST;
-    *req.uri_mut() = sink.uri.clone();
+    *req.uri_mut() = uri.clone();
     let h = req.headers_mut();
     h.reserve(7 + env.headers.len() + sink.headers.len());
     h.insert(CONTENT_TYPE, HeaderValue::from_str(&env.content_type)?);
@@ -548,12 +638,11 @@ fn request(sink: &Sink, env: &Envelope) -> Result<hyper::Request<Full<Bytes>>, h
             h.append(n, v);
         }
     }
-    if let Some(key) = &sink.key {
-        let ts = ankusa_keyspace::now_ms() / 1000;
+    if let Some((ts, signature)) = sink.signature(env) {
         h.insert(WEBHOOK_TIMESTAMP.clone(), HeaderValue::from(ts));
         h.insert(
             WEBHOOK_SIGNATURE.clone(),
-            HeaderValue::from_str(&standard_webhooks_sign(key, &env.id, ts, &env.body))?,
+            HeaderValue::from_str(&signature)?,
         );
     }
     for (k, v) in &sink.headers {

@@ -13,6 +13,7 @@
 pub mod control;
 pub mod delivery;
 pub mod line;
+pub mod nats;
 pub mod outcome;
 pub mod parked;
 pub mod paused;

@@ -265,6 +265,8 @@ impl AttemptLabel {
 #[derive(Clone, Debug)]
 pub struct SinkMeters {
     attempts: [Counter; 4],
+    /// Delivered attempts the sink had already ([`Attempt::duplicate`](crate::dispatch::delivery::Attempt::duplicate)).
+    pub duplicates: Counter,
     pub latency: Histogram,
     pub limit: Gauge,
     pub breaker: Gauge,
@@ -508,6 +510,10 @@ node_metrics! {
     delivery_attempts: Family<SinkOutcome, Counter> = Default::default(),
         "ankusa_delivery_attempts",
         "Delivery attempts by sink and outcome (delivered, retryable, rejected, error)";
+    /// Deliveries the sink acknowledged as one it had already (a NATS stream's duplicate).
+    delivery_duplicates: Family<SinkLabel, Counter> = Default::default(),
+        "ankusa_delivery_duplicates",
+        "Delivered attempts the sink acknowledged as a duplicate of a message it had (a NATS sink: the stream dropped a repeated Nats-Msg-Id), by sink";
     delivery_latency: Family<SinkLabel, Histogram> = Family::<SinkLabel, Histogram>::new_with_constructor(|| { Histogram::new(exponential_buckets(0.000_5, 2.0, 16)) }),
         "ankusa_delivery_latency_seconds",
         "Duration of a delivery attempt, by sink";
@@ -734,6 +740,7 @@ impl Metrics {
         });
         SinkMeters {
             attempts,
+            duplicates: self.delivery_duplicates.get_or_create(&label).clone(),
             latency: self.delivery_latency.get_or_create(&label).clone(),
             limit: self.sink_limit.get_or_create(&label).clone(),
             breaker: self.sink_breaker.get_or_create(&label).clone(),

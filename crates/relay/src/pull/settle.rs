@@ -53,6 +53,7 @@ impl Gateway {
                     class: None,
                     error: String::new(),
                     latency: Duration::from_millis(now.saturating_sub(h.lease.claimed_at.0)),
+                    duplicate: false,
                 },
                 Settle::Nack { retry_after } => Attempt {
                     verdict: Verdict::Retry { retry_after },
@@ -60,6 +61,7 @@ impl Gateway {
                     class: Some(ErrorClass::Nacked),
                     error: format!("nacked by consumer {}", consumer.name),
                     latency: Duration::from_millis(now.saturating_sub(h.lease.claimed_at.0)),
+                    duplicate: false,
                 },
             };
             let kind = match how {
@@ -362,6 +364,7 @@ impl Gateway {
                     class: Some(ErrorClass::LeaseExpired),
                     error: error.into(),
                     latency: Duration::from_millis(now.saturating_sub(lease.claimed_at.0)),
+                    duplicate: false,
                 };
                 let h = Held {
                     row,

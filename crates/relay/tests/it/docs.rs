@@ -68,6 +68,9 @@ sinks:
       headers: {}, dead_letter_on_4xx: true, max_inflight: 4, breaker_failures: 3, breaker_cooldown_ms: 10,
       ca_bundle: { pem: PEM } }
   - { id: q, kind: pull, lease_ms: 5000, max_inflight: 10 }
+  - { id: n, kind: nats, url: "nats://127.0.0.1:4222", nats: { subject: "h.{tenant}", user: u, password: { value: p } } }
+  - { id: n2, kind: nats, url: "tls://127.0.0.1:4222", nats: { subject: "h", creds: { value: c } } }
+  - { id: n3, kind: nats, url: "nats://127.0.0.1:4222", nats: { subject: "h", token: { value: t } } }
 pull:
   tenant_max_leases: 5
   consumers: [{ name: c, secret: { value: "0123456789abcdef0123" }, sinks: [q], tenants: [t], max_leases: 5 }]

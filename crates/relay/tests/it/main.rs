@@ -20,6 +20,7 @@ mod ingest;
 mod listeners;
 mod logs;
 mod memory;
+mod nats;
 mod objstore;
 mod partition;
 mod pause;

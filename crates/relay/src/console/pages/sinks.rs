@@ -1,4 +1,5 @@
-//! Sinks: each push sink's limit, breaker, rates and latency; each pull sink's leases.
+//! Sinks: each push sink's limit, breaker, rates and latency (a NATS sink's server and
+//! subject for its host); each pull sink's leases.
 
 use std::sync::Arc;
 
@@ -40,7 +41,15 @@ pub(super) fn sinks(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
             };
             vec![
                 format!("<code>{}</code>", esc(&s.id)),
-                esc(&host_of(&s.url)),
+                match &s.nats {
+                    // A NATS sink: its first server and its subject.
+                    Some(n) => format!(
+                        "{} · <code>{}</code>",
+                        esc(&host_of(&s.url)),
+                        esc(&n.subject)
+                    ),
+                    None => esc(&host_of(&s.url)),
+                },
                 count_cell(m.limit.get()),
                 count_cell(m.requests.get()),
                 breaker.into(),

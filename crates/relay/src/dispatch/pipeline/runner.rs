@@ -58,6 +58,7 @@ impl Runner {
                         class: Some(ankusa_records::ErrorClass::Unconfigured),
                         error: "the hook's sink is no longer configured".into(),
                         latency: Duration::ZERO,
+                        duplicate: false,
                     },
                     Some(Metered { sink, meters: m }) => {
                         let span = tracing::debug_span!(
@@ -91,6 +92,9 @@ impl Runner {
                         m.requests.set(requests as i64);
                         m.queued.set(queued as i64);
                         m.attempt(a.label()).inc();
+                        if a.duplicate {
+                            m.duplicates.inc();
+                        }
                         m.latency.observe(a.latency.as_secs_f64());
                         m.recent.observe(a.latency);
                         a
