@@ -55,25 +55,16 @@ struct Drain {
     broker_us: f64,
 }
 
-/// The broker's CPU time so far (`/proc/<pid>/stat`).
-fn broker_cpu(pid: u32) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the broker's stat");
-    let close = stat.rfind(')').expect("stat");
-    let f: Vec<&str> = stat[close + 2..].split(' ').collect();
-    let ticks: u64 = f[11].parse::<u64>().expect("utime") + f[12].parse::<u64>().expect("stime");
-    Duration::from_millis(ticks * 10)
-}
-
 /// Times `f`, which delivers `n` messages, with this process's CPU and the broker's.
 async fn measure<F: std::future::Future<Output = ()>>(n: u64, pid: u32, f: F) -> Drain {
-    let (started, cpu0, broker0) = (Instant::now(), load::cpu_time(), broker_cpu(pid));
+    let (started, cpu0, broker0) = (Instant::now(), load::cpu_time(), load::process_cpu(pid));
     f.await;
     let secs = started.elapsed().as_secs_f64();
     let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
     Drain {
         rate: n as f64 / secs,
         cpu_us: per(load::cpu_time() - cpu0),
-        broker_us: per(broker_cpu(pid) - broker0),
+        broker_us: per(load::process_cpu(pid) - broker0),
     }
 }
 

@@ -131,7 +131,7 @@ impl MergeLoad {
             let mut i: u64 = 0;
             while !s.load(Ordering::Relaxed) {
                 let ord = TenantOrd(1 + (i.wrapping_mul(2_654_435_761) % tenants) as u32);
-                let d = if i % 2 == 0 { 1 } else { -1 };
+                let d = if i.is_multiple_of(2) { 1 } else { -1 };
                 let ops = counters::ops(&[
                     Delta::new(ord, CounterField::Bytes, 100 * d),
                     Delta::new(ord, CounterField::Scheduled, d),

@@ -197,6 +197,13 @@ pub fn cpu_time() -> Duration {
     stat_cpu(&stat).1
 }
 
+/// Another process's CPU time so far (user + system), from `/proc/<pid>/stat`: a broker the
+/// bench started.
+pub fn process_cpu(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("the process's stat");
+    stat_cpu(&stat).1
+}
+
 /// The command (a thread's name) and the CPU time (user + system) of a `stat` file.
 fn stat_cpu(stat: &str) -> (&str, Duration) {
     let (open, close) = (
