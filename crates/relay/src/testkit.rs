@@ -213,6 +213,12 @@ pub fn metric(text: &str, name: &str) -> Option<f64> {
 /// and a port of the ephemeral range may meanwhile be handed to any `bind(0)` or outgoing
 /// connection on the machine (another test's sink, which answers every path with an empty
 /// 200, once stood in for a restarting node that way).
+///
+/// Each port given is **held for this process's life** by a lock on a file named after it
+/// (`$TMPDIR/ankusa-test-ports/<port>`), which every test process checks: a node stopped
+/// and restarted on its ports never finds one taken by another test that chose it while
+/// the node was down (seen: "Address already in use" at a cluster test's restart). The
+/// kernel drops the lock when the process ends, however it ends.
 pub fn free_port() -> u16 {
     let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
         .ok()
@@ -222,7 +228,7 @@ pub fn free_port() -> u16 {
     if low > floor + 1_000 {
         for _ in 0..1_000 {
             let port = rand::random_range(floor..low);
-            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() && hold_port(port) {
                 return port;
             }
         }
@@ -231,6 +237,27 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("a free loopback port")
+}
+
+/// Takes the lock of `port` for this process's life: false if another process holds it.
+fn hold_port(port: u16) -> bool {
+    static HELD: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+    let dir = std::env::temp_dir().join("ankusa-test-ports");
+    let _ = std::fs::create_dir_all(&dir);
+    let Ok(file) = std::fs::File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))
+    else {
+        // No directory to lock in: the port is only checked free, as before.
+        return true;
+    };
+    if file.try_lock().is_err() {
+        return false;
+    }
+    lock(&HELD).push(file);
+    true
 }
 
 /// Appends `items` as a YAML block list named `name` (`indent` before each item; the lines

@@ -267,7 +267,7 @@ fn eq(a: &[u8], b: &[u8]) -> bool {
 }
 
 fn hex_decode(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

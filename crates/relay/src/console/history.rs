@@ -129,7 +129,7 @@ impl History {
             delivered,
             backlog: c.pending + c.scheduled + c.inflight,
         };
-        let minute = self.lock().samples % (60_000 / INTERVAL_MS) == 0;
+        let minute = self.lock().samples.is_multiple_of(60_000 / INTERVAL_MS);
         let tenant_backlogs = if minute {
             Some(tenant_backlogs(store)?)
         } else {

@@ -188,7 +188,7 @@ fn big_v2(data: &Path, hooks: u64) {
             .body(vec![b'x'; (n % 50) as usize])
             .build();
         let at = |n: u64| {
-            AtMs(if n % 7 == 0 {
+            AtMs(if n.is_multiple_of(7) {
                 4_000_000_000_000 + n
             } else {
                 1_600_000_000_000 + n
