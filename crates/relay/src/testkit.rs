@@ -613,6 +613,8 @@ pub struct NatsServer {
     child: Option<std::process::Child>,
     bin: String,
     pub port: u16,
+    /// Its monitoring port (`/connz`: [`NatsServer::connections`]).
+    pub monitor: u16,
     /// `--auth`: the token clients must present, if any.
     token: Option<String>,
     dir: tempfile::TempDir,
@@ -635,6 +637,7 @@ impl NatsServer {
             child: None,
             bin: String::from_utf8_lossy(&built.stdout).trim().to_owned(),
             port: free_port(),
+            monitor: free_port(),
             token: token.map(str::to_owned),
             dir: tempfile::tempdir().expect("a directory for nats-server"),
         };
@@ -663,6 +666,7 @@ impl NatsServer {
             .expect("nats.log");
         let mut cmd = std::process::Command::new(&self.bin);
         cmd.args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
+            .args(["-m", &self.monitor.to_string()])
             .arg("-sd")
             .arg(self.dir.path().join("store"))
             .args(["--server_name", "ankusa-test"]);
@@ -684,6 +688,23 @@ impl NatsServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The client connections it has open now (its monitoring endpoint's `/connz`).
+    pub fn connections(&self) -> u64 {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.monitor)).expect("/connz");
+        write!(
+            s,
+            "GET /connz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        )
+        .expect("/connz");
+        let mut answer = String::new();
+        s.read_to_string(&mut answer).expect("/connz");
+        let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
+        serde_json::from_str::<serde_json::Value>(body).expect("/connz's JSON")["num_connections"]
+            .as_u64()
+            .expect("num_connections")
     }
 
     /// Kills it (SIGKILL: a broker that is gone, not one that says goodbye).

@@ -280,6 +280,66 @@ async fn a_broker_away_retries_then_dead_letters_and_back_delivers_and_replays()
     node.stop().await;
 }
 
+/// A reload that keeps a NATS sink as it was keeps its connection; one that changes it
+/// builds it anew on a connection of its own and closes the old one once its deliveries
+/// end (no connection left behind per reload).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_keeps_an_unchanged_sinks_connection_and_closes_a_replaced_ones() {
+    let server = NatsServer::start(None);
+    let js = js(&server, None).await;
+    let mut stream = make_stream(&js, "RELOAD", &["one.>", "two.>"]).await;
+    let builder = |subject: &str| {
+        TestNode::builder()
+            .admin_token("ops", ADMIN)
+            .section("dispatch: { tick_interval_ms: 10 }")
+            .sink_yaml(&format!(
+                r#"{{ id: s, kind: nats, url: "{}", nats: {{ subject: "{subject}" }} }}"#,
+                server.url()
+            ))
+            .route("r", &["s"])
+            .open_source("in", "r")
+    };
+    let node = builder("one.{tenant}").start().await;
+    let c = client();
+    let deliver = |n: u64| {
+        let (c, url, s) = (c.clone(), node.ingest_url("in"), stream.clone());
+        async move {
+            let h = [("x-tenant", "acme".to_owned())];
+            assert_eq!(post(&c, &url, &h, b"x".to_vec()).await.status, 202);
+            until(20, "the hook in the stream", || {
+                let mut s = s.clone();
+                async move { stream_len(&mut s).await >= n }
+            })
+            .await;
+        }
+    };
+    deliver(1).await;
+    // The test's own connection and the sink's.
+    assert_eq!(server.connections(), 2);
+    let same = node
+        .reloader
+        .reload(&builder("one.{tenant}").yaml_at(node.dir()), Vec::new());
+    assert!(same.is_ok(), "{same:?}");
+    deliver(2).await;
+    assert_eq!(
+        server.connections(),
+        2,
+        "an unchanged sink kept its connection"
+    );
+    let changed = node
+        .reloader
+        .reload(&builder("two.{tenant}").yaml_at(node.dir()), Vec::new());
+    assert!(changed.is_ok(), "{changed:?}");
+    deliver(3).await;
+    let last = messages(&mut stream).await.pop().unwrap();
+    assert_eq!(last.subject.as_str(), "two.acme", "the new sink published");
+    until(20, "the replaced sink's connection closed", || async {
+        server.connections() == 2
+    })
+    .await;
+    node.stop().await;
+}
+
 /// A TCP proxy to `upstream` whose server-to-client direction can be held: what the
 /// client sends reaches the server, what the server answers waits while `hold` is set.
 struct HoldingProxy {
