@@ -615,14 +615,23 @@ pub struct NatsServer {
     pub port: u16,
     /// Its monitoring port (`/connz`: [`NatsServer::connections`]).
     pub monitor: u16,
-    /// `--auth`: the token clients must present, if any.
-    token: Option<String>,
+    /// Its arguments beyond the port, the monitor and the store (TLS, credentials).
+    extra: Vec<String>,
     dir: tempfile::TempDir,
 }
 
 impl NatsServer {
     /// Starts it (clients need `token` when given) and waits until it takes connections.
     pub fn start(token: Option<&str>) -> NatsServer {
+        let extra: Vec<String> = match token {
+            Some(t) => vec!["--auth".into(), t.into()],
+            None => Vec::new(),
+        };
+        NatsServer::start_with(&extra)
+    }
+
+    /// [`NatsServer::start`] with more of `nats-server`'s arguments (`--tls`, `--user`, …).
+    pub fn start_with(extra: &[String]) -> NatsServer {
         let repo = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
         let built = std::process::Command::new("bash")
             .arg(repo.join("scripts/nats-server.sh"))
@@ -638,7 +647,7 @@ impl NatsServer {
             bin: String::from_utf8_lossy(&built.stdout).trim().to_owned(),
             port: free_port(),
             monitor: free_port(),
-            token: token.map(str::to_owned),
+            extra: extra.to_vec(),
             dir: tempfile::tempdir().expect("a directory for nats-server"),
         };
         server.restart();
@@ -670,9 +679,7 @@ impl NatsServer {
             .arg("-sd")
             .arg(self.dir.path().join("store"))
             .args(["--server_name", "ankusa-test"]);
-        if let Some(t) = &self.token {
-            cmd.args(["--auth", t]);
-        }
+        cmd.args(&self.extra);
         self.child = Some(
             cmd.stdout(std::process::Stdio::null())
                 .stderr(log)

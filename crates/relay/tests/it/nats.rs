@@ -280,6 +280,93 @@ async fn a_broker_away_retries_then_dead_letters_and_back_delivers_and_replays()
     node.stop().await;
 }
 
+/// `tls://`: a server whose certificate a private CA signed is reached by the sink that
+/// trusts that CA (`ca_bundle`) and signs in with its user and password (a secret); the
+/// same server without the bundle, or with a wrong password, gets no message — those
+/// attempts fail and are retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_nats_sink_over_tls_trusts_its_ca_bundle_and_signs_in_with_its_password() {
+    let (ca, cert, key) = crate::support::private_ca();
+    let dir = tempfile::tempdir().unwrap();
+    let file = |name: &str, text: String| {
+        let p = dir.path().join(name);
+        std::fs::write(&p, text).unwrap();
+        p.display().to_string()
+    };
+    let (ca_file, cert_file, key_file) = (
+        file("ca.pem", ca.pem()),
+        file("cert.pem", cert.pem()),
+        file("key.pem", key.serialize_pem()),
+    );
+    let args: Vec<String> = ["--tls", "--tlscert", &cert_file, "--tlskey", &key_file]
+        .into_iter()
+        .chain(["--user", "relay", "--pass", "relay-password"])
+        .map(str::to_owned)
+        .collect();
+    let server = NatsServer::start_with(&args);
+    let url = format!("tls://127.0.0.1:{}", server.port);
+    let nats_client = async_nats::ConnectOptions::new()
+        .user_and_password("relay".into(), "relay-password".into())
+        .add_root_certificates(ca_file.into())
+        .require_tls(true)
+        .connect(&url)
+        .await
+        .expect("the test's TLS connection");
+    let mut stream = make_stream(&jetstream::new(nats_client), "TLS", &["tls.>"]).await;
+    let pem = serde_json::to_string(&ca.pem()).unwrap();
+    let sink = |id: &str, ca: bool, password: &str| {
+        format!(
+            r#"{{ id: {id}, kind: nats, url: "{url}", timeout_ms: 500, breaker_failures: 1000,
+                 {} nats: {{ subject: "tls.{id}.{{tenant}}", user: relay, password: {{ value: {password} }} }} }}"#,
+            if ca {
+                format!("ca_bundle: {{ pem: {pem} }},")
+            } else {
+                String::new()
+            }
+        )
+    };
+    let node = TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("retry: { schedule_ms: [50], jitter: none, max_attempts: 1000 }")
+        .sink_yaml(&sink("trusted", true, "relay-password"))
+        .sink_yaml(&sink("untrusted", false, "relay-password"))
+        .sink_yaml(&sink("wrongpw", true, "not-the-password"))
+        .route("r", &["trusted", "untrusted", "wrongpw"])
+        .open_source("in", "r")
+        .start()
+        .await;
+    let h = [("x-tenant", "acme".to_owned())];
+    let r = post(&client(), &node.ingest_url("in"), &h, b"over tls".to_vec()).await;
+    assert_eq!(r.status, 202);
+    until(20, "the trusted sink's message", || {
+        let mut s = stream.clone();
+        async move { stream_len(&mut s).await >= 1 }
+    })
+    .await;
+    let errors = |id: &'static str| {
+        let node = &node;
+        async move {
+            series(
+                node,
+                &format!("ankusa_delivery_attempts_total{{sink=\"{id}\",outcome=\"error\"}}"),
+            )
+            .await
+        }
+    };
+    until(
+        20,
+        "the untrusted and the wrong password's attempts failing",
+        || async { errors("untrusted").await >= 2.0 && errors("wrongpw").await >= 2.0 },
+    )
+    .await;
+    let got = messages(&mut stream).await;
+    assert_eq!(got.len(), 1, "only the trusted sink's message");
+    assert_eq!(got[0].subject.as_str(), "tls.trusted.acme");
+    assert_eq!(&got[0].payload[..], b"over tls");
+    node.stop().await;
+}
+
 /// A reload that keeps a NATS sink as it was keeps its connection; one that changes it
 /// builds it anew on a connection of its own and closes the old one once its deliveries
 /// end (no connection left behind per reload).
