@@ -47,16 +47,19 @@ const SECRET: &str = "whsec_YmVuY2gtc2luay1zZWNyZXQ=";
 /// The rule: the relay's CPU per delivery over the transitions twin's, in the median round.
 const TWIN_RULE: f64 = 1.15;
 
-/// A drain's deliveries per second and CPU per delivery: this process's and the broker's.
-#[derive(Debug, Clone, Copy)]
+/// A drain's deliveries per second and CPU per delivery: this process's and the broker's,
+/// and this process's by thread name (µs per delivery).
+#[derive(Debug, Clone)]
 struct Drain {
     rate: f64,
     cpu_us: f64,
     broker_us: f64,
+    by_thread: Vec<(String, f64)>,
 }
 
 /// Times `f`, which delivers `n` messages, with this process's CPU and the broker's.
 async fn measure<F: std::future::Future<Output = ()>>(n: u64, pid: u32, f: F) -> Drain {
+    let threads = load::thread_cpu();
     let (started, cpu0, broker0) = (Instant::now(), load::cpu_time(), load::process_cpu(pid));
     f.await;
     let secs = started.elapsed().as_secs_f64();
@@ -65,6 +68,11 @@ async fn measure<F: std::future::Future<Output = ()>>(n: u64, pid: u32, f: F) ->
         rate: n as f64 / secs,
         cpu_us: per(load::cpu_time() - cpu0),
         broker_us: per(load::process_cpu(pid) - broker0),
+        by_thread: load::cpu_by_thread(&threads, &load::thread_cpu())
+            .into_iter()
+            .map(|(name, cpu)| (name, per(cpu)))
+            .filter(|(_, us)| *us >= 0.05)
+            .collect(),
     }
 }
 
@@ -271,7 +279,28 @@ fn main() -> std::process::ExitCode {
         "| the store's moves alone | {:.0} | {:.1} | {:.1} | | |",
         moves.rate, moves.cpu_us, moves.broker_us
     );
-    let (r, t, b) = rounds[median];
+    let (r, t, b) = rounds[median].clone();
+    // Where the relay's CPU goes, against the twin's, in the median round (threads that
+    // ended within a run are in its total only).
+    println!("\n| thread (median round) | relay µs per delivery | twin µs per delivery |");
+    println!("|---|---:|---:|");
+    let mut names: Vec<&String> = r
+        .by_thread
+        .iter()
+        .chain(&t.by_thread)
+        .map(|(n, _)| n)
+        .collect();
+    names.sort();
+    names.dedup();
+    let of = |d: &Drain, name: &str| {
+        d.by_thread
+            .iter()
+            .find(|(n, _)| n == name)
+            .map_or(0.0, |(_, us)| *us)
+    };
+    for name in names {
+        println!("| {name} | {:.1} | {:.1} |", of(&r, name), of(&t, name));
+    }
     // What any relay that makes the store's moves can reach against the bare client when
     // the client, the broker and RocksDB share the cores: their CPU per delivery summed.
     let ceiling = (b.cpu_us + b.broker_us) / (b.cpu_us + b.broker_us + moves.cpu_us);
