@@ -702,6 +702,27 @@ mod tests {
         assert!(d.sink("c").is_none(), "c was removed");
     }
 
+    /// A NATS sink's `.creds` are read when the sink is built: a file that is not one is
+    /// the configuration's error (the reload refused), not every attempt's; a sink that
+    /// reads them builds with no connection made (the first attempt opens it).
+    #[tokio::test]
+    async fn a_nats_sinks_credentials_are_read_when_it_is_built() {
+        let cfg = |creds: &str| {
+            let text = format!(
+                "sinks:\n  - {{ id: n, kind: nats, url: \"nats://127.0.0.1:9\", nats: {{ subject: s, creds: {{ value: {creds:?} }} }} }}\n"
+            );
+            Config::from_yaml(&text, Vec::new()).unwrap()
+        };
+        let e = Deliverer::from_config(&cfg("not a creds file")).unwrap_err();
+        assert!(e.to_string().contains("sinks[0].nats.creds"), "{e}");
+        let unreachable = "nats://127.0.0.1:9";
+        let text = format!(
+            "sinks:\n  - {{ id: n, kind: nats, url: \"{unreachable}\", nats: {{ subject: s, token: {{ value: t }} }} }}\n"
+        );
+        let d = Deliverer::from_config(&Config::from_yaml(&text, Vec::new()).unwrap()).unwrap();
+        assert!(d.sink("n").is_some());
+    }
+
     #[test]
     fn backoff_follows_the_schedule_and_repeats_its_last_step() {
         let r = RetryConfig {
