@@ -367,6 +367,65 @@ async fn a_nats_sink_over_tls_trusts_its_ca_bundle_and_signs_in_with_its_passwor
     node.stop().await;
 }
 
+/// A hook whose message is over the server's `max_payload` (1 MB by default, headers
+/// included) is dead-lettered at its first attempt with an error that says so — no retry
+/// could deliver it — while a hook that fits is delivered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_over_the_servers_max_payload_is_dead_lettered_at_once() {
+    let server = NatsServer::start(None);
+    make_stream(&js(&server, None).await, "BIG", &["big.>"]).await;
+    let node = TestNode::builder()
+        .admin_token("ops", ADMIN)
+        .section("dispatch: { tick_interval_ms: 10 }")
+        .section("retry: { schedule_ms: [50], jitter: none, max_attempts: 1000 }")
+        .sink_yaml(&format!(
+            r#"{{ id: big, kind: nats, url: "{}", nats: {{ subject: "big.{{tenant}}" }} }}"#,
+            server.url()
+        ))
+        .route("r", &["big"])
+        .source_yaml(
+            "{ id: in, tenant: { header: x-tenant }, verify: { scheme: none }, route: r, body_limit_bytes: 4194304 }",
+        )
+        .start()
+        .await;
+    let c = client();
+    let h = [("x-tenant", "acme".to_owned())];
+    let small = post(&c, &node.ingest_url("in"), &h, vec![b'a'; 1000]).await;
+    assert_eq!(small.status, 202);
+    let large = post(&c, &node.ingest_url("in"), &h, vec![b'b'; 1_200_000]).await;
+    assert_eq!(large.status, 202);
+    let id = large.json()["id"].as_str().unwrap().to_owned();
+    until(
+        20,
+        "the large hook dead and the small one delivered",
+        || async {
+            let c = counters(&node).await;
+            c["dead"].as_i64() == Some(1) && queued_rows(&c) == 1
+        },
+    )
+    .await;
+    let (_, hook) = admin_call(
+        node.admin_addr,
+        "GET",
+        &format!("/v1/hooks/{id}"),
+        ADMIN,
+        "",
+    )
+    .await;
+    let sink = &hook["sinks"][0];
+    assert_eq!(sink["attempts"].as_u64(), Some(1), "{hook}");
+    let event = &sink["events"][0];
+    assert_eq!(event["outcome"], "dead", "{hook}");
+    assert!(
+        event["error"]
+            .as_str()
+            .unwrap_or("")
+            .contains("max payload size exceeded"),
+        "{hook}"
+    );
+    node.stop().await;
+}
+
 /// A reload that keeps a NATS sink as it was keeps its connection; one that changes it
 /// builds it anew on a connection of its own and closes the old one once its deliveries
 /// end (no connection left behind per reload).
