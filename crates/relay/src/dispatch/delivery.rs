@@ -64,8 +64,8 @@ pub struct Sink {
     claimed_by: std::sync::Mutex<HashMap<TenantOrd, usize>>,
     /// The adaptive limit and the breaker.
     pub control: Controller,
-    /// SHA-256 over what the sink was built from — its configuration, its secret and its
-    /// own certificate authorities as read: a reload keeps a sink whose fingerprint did not
+    /// SHA-256 over what the sink was built from — its configuration, its secret, its NATS
+    /// credentials and its own certificate authorities as read: a reload keeps a sink whose fingerprint did not
     /// change as it is (its adaptive limit, breaker, line and connections).
     fingerprint: [u8; 32],
 }
