@@ -96,6 +96,20 @@ async fn counters(node: &TestNode) -> serde_json::Value {
         .clone()
 }
 
+/// The hook log's record of hook `id` (`GET /v1/hooks/{id}`).
+async fn hook_of(node: &TestNode, id: &str) -> serde_json::Value {
+    let (status, v) = admin_call(
+        node.admin_addr,
+        "GET",
+        &format!("/v1/hooks/{id}"),
+        ADMIN,
+        "",
+    )
+    .await;
+    assert_eq!(status, 200, "{v}");
+    v
+}
+
 fn header<'a>(m: &'a jetstream::message::StreamMessage, name: &str) -> &'a str {
     m.headers.get(name).map_or("", |v| v.as_str())
 }
@@ -243,14 +257,7 @@ async fn a_broker_away_retries_then_dead_letters_and_back_delivers_and_replays()
         counters(&node).await["dead"].as_i64() == Some(1)
     })
     .await;
-    let (_, hook) = admin_call(
-        node.admin_addr,
-        "GET",
-        &format!("/v1/hooks/{lost}"),
-        ADMIN,
-        "",
-    )
-    .await;
+    let hook = hook_of(&node, &lost).await;
     let attempts = hook["sinks"][0]["attempts"].as_u64().unwrap_or(0);
     assert_eq!(attempts, 8, "{hook}");
     server.restart();
@@ -404,14 +411,7 @@ async fn a_message_over_the_servers_max_payload_is_dead_lettered_at_once() {
         },
     )
     .await;
-    let (_, hook) = admin_call(
-        node.admin_addr,
-        "GET",
-        &format!("/v1/hooks/{id}"),
-        ADMIN,
-        "",
-    )
-    .await;
+    let hook = hook_of(&node, &id).await;
     let sink = &hook["sinks"][0];
     assert_eq!(sink["attempts"].as_u64(), Some(1), "{hook}");
     let event = &sink["events"][0];
