@@ -45,7 +45,7 @@ pub struct NatsSink {
     subject: String,
     auth: Auth,
     tls: rustls::ClientConfig,
-    /// `tls://` servers: refuse a server that does not offer TLS.
+    /// A `tls://` server among them: refuse a server that does not offer TLS.
     require_tls: bool,
     timeout: Duration,
     /// The JetStream context over the sink's one connection, opened by the first attempt.
@@ -108,7 +108,7 @@ impl NatsSink {
         let tls = crate::http::tls_client(cas)
             .map_err(|e| invalid("ca_bundle", format!("TLS set-up: {e}")))?;
         let sink = NatsSink {
-            require_tls: s.url.trim_start().starts_with("tls://"),
+            require_tls: servers.iter().any(ServerAddr::tls_required),
             servers,
             subject: nats.subject.clone(),
             auth,
