@@ -59,10 +59,7 @@ pub use filter::{glob, Filter, HeaderMatch, HookFacts, Patterns, PointerMatch};
 pub use routes::RouteConfig;
 pub use secrets::{SecretSource, Secrets, REDACTED};
 pub use shutdown::ShutdownConfig;
-pub use sinks::{
-    subject_problem, subject_token, NatsConfig, SinkConfig, SinkKind, MAX_PULL_SINK_ID,
-    SUBJECT_PLACEHOLDERS,
-};
+pub use sinks::{subject_token, NatsConfig, SinkConfig, SinkKind, MAX_PULL_SINK_ID};
 pub use sources::{
     EventTypeFrom, IdempotencyConfig, SigEncoding, SourceConfig, TenantBinding, TenantFrom,
     TenantSecrets, VerifyConfig, MAX_FORWARD_HEADERS, MAX_TENANT_SECRETS, MAX_TENANT_SECRET_BYTES,

@@ -71,7 +71,7 @@ pub struct NatsConfig {
 }
 
 /// The placeholders a NATS subject may hold.
-pub const SUBJECT_PLACEHOLDERS: [&str; 2] = ["{tenant}", "{source}"];
+const SUBJECT_PLACEHOLDERS: [&str; 2] = ["{tenant}", "{source}"];
 
 /// `value` as one NATS subject token: bytes outside `[A-Za-z0-9_-]` as `%XX` (a tenant
 /// id may hold `.`, `*`, `>` or spaces, which would split or widen the subject).
@@ -97,7 +97,7 @@ pub fn subject_token(value: &str) -> std::borrow::Cow<'_, str> {
 /// What is wrong with `subject` as a NATS sink's subject template, if anything: it must
 /// be tokens joined by `.`, none empty, no wildcard (`*`, `>`), no white space, and no
 /// placeholder but those of [`SUBJECT_PLACEHOLDERS`].
-pub fn subject_problem(subject: &str) -> Option<String> {
+fn subject_problem(subject: &str) -> Option<String> {
     let mut filled = subject.to_owned();
     for p in SUBJECT_PLACEHOLDERS {
         filled = filled.replace(p, "x");

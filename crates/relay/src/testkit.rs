@@ -567,22 +567,8 @@ impl SeaweedFs {
 
     /// `PUT /<bucket>` answered 200 (anonymous: the server has no identities).
     fn make_bucket(&self, bucket: &str) -> bool {
-        use std::io::{Read, Write};
-        let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", self.s3)) else {
-            return false;
-        };
-        let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-        if write!(
-            s,
-            "PUT /{bucket} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
-        )
-        .is_err()
-        {
-            return false;
-        }
-        let mut answer = String::new();
-        let _ = s.read_to_string(&mut answer);
-        answer.starts_with("HTTP/1.1 200")
+        loopback_http(self.s3, "PUT", &format!("/{bucket}"))
+            .is_some_and(|a| a.starts_with("HTTP/1.1 200"))
     }
 
     pub fn endpoint(&self) -> String {
@@ -602,6 +588,23 @@ impl Drop for SeaweedFs {
             }
         }
     }
+}
+
+/// The whole answer (status line, headers, body) of a bodiless `method path` to
+/// 127.0.0.1:`port` on a connection of its own; `None` if it could not be sent. For the
+/// test servers' own endpoints, with no HTTP client of their own.
+fn loopback_http(port: u16, method: &str, path: &str) -> Option<String> {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).ok()?;
+    let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+    write!(
+        s,
+        "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    .ok()?;
+    let mut answer = String::new();
+    let _ = s.read_to_string(&mut answer);
+    Some(answer)
 }
 
 /// A NATS server with JetStream on loopback: the broker of the NATS sink's tests and the
@@ -699,15 +702,7 @@ impl NatsServer {
 
     /// The client connections it has open now (its monitoring endpoint's `/connz`).
     pub fn connections(&self) -> u64 {
-        use std::io::{Read, Write};
-        let mut s = std::net::TcpStream::connect(("127.0.0.1", self.monitor)).expect("/connz");
-        write!(
-            s,
-            "GET /connz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
-        )
-        .expect("/connz");
-        let mut answer = String::new();
-        s.read_to_string(&mut answer).expect("/connz");
+        let answer = loopback_http(self.monitor, "GET", "/connz").expect("/connz");
         let body = answer.split_once("\r\n\r\n").map_or("", |(_, b)| b);
         serde_json::from_str::<serde_json::Value>(body).expect("/connz's JSON")["num_connections"]
             .as_u64()
