@@ -118,15 +118,15 @@ async fn relay_drain(server: &NatsServer, js: &jetstream::Context, pid: u32) -> 
     // Read off the sink's own counter: encoding every metric to read one would be work of
     // the node's measured window that no delivery does.
     let meters = node.metrics.sink_meters("n");
-    let delivered = |_: &Node| {
+    let delivered = || {
         meters
             .attempt(ankusa_relay::metrics::AttemptLabel::Delivered)
             .get()
     };
-    let before = delivered(&node);
+    let before = delivered();
     let started = Instant::now();
     let d = measure(BACKLOG - before, pid, async {
-        while delivered(&node) < BACKLOG {
+        while delivered() < BACKLOG {
             assert!(
                 started.elapsed() < Duration::from_secs(600),
                 "the backlog never drained"
