@@ -113,7 +113,7 @@ MODULE_RANK = {
     "admin": 5,
     "erase": 4, "pull": 4,
     "ingest": 3, "dispatch": 3,
-    "cluster": 2, "objstore": 2,
+    "cluster": 2, "objstore": 2, "endpoints": 2,
     "metrics": 1, "http": 1, "upgrade": 1, "telemetry": 1,
     "wire": 0,
 }
@@ -123,14 +123,14 @@ MODULE_RANK = {
 SUBMODULE_RANK = {
     "admin": {
         "auth": 0, "api": 1, "sources": 2, "erase": 2,
-        "archive": 4, "audit": 4, "backups": 4, "dlq": 4, "limits": 4, "node": 4,
+        "archive": 4, "audit": 4, "backups": 4, "dlq": 4, "endpoints": 4, "limits": 4, "node": 4,
         "portal": 4, "quarantine": 4, "tenants": 4, "hooks": 5,
         "routing": 5, "relay_wide": 6, "cluster_api": 6,
     },
-    "cli": {"client": 0, "store": 0, "objstore": 1, "backup": 2, "admin": 3, "pull": 1,
+    "cli": {"client": 0, "store": 0, "objstore": 1, "backup": 2, "admin": 3, "pull": 1, "endpoints": 1,
             "run": 3, "sink": 0, "listing": 1, "times": 1},
     "console": {"html": 0, "history": 0, "session": 0, "pages": 1},
-    "dispatch": {"parked": 0, "paused": 0, "replays": 0, "line": 1, "control": 2, "replayer": 1,
+    "dispatch": {"parked": 0, "paused": 0, "replays": 0, "pace": 0, "line": 1, "control": 2, "replayer": 1,
                  "nats": 2, "delivery": 3, "outcome": 4, "pipeline": 5},
 }
 # Upward edges not removed yet: (from, to) -> what removes them. The check fails on any

@@ -64,6 +64,9 @@ pub enum ErrorClass {
     Nacked,
     /// A pull consumer's lease ran out before an ack.
     LeaseExpired,
+    /// A tenant endpoint's address is one the node does not deliver to (private,
+    /// loopback, link-local…: `endpoints.allow_private` is off).
+    AddressRefused,
 }
 
 /// Where a delivery is now.
@@ -178,7 +181,7 @@ impl Overrides {
 
 /// A key that is there, `null` included (`Some(None)`); an absent key is the field's
 /// default (`None`).
-fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
+pub(crate) fn present<'de, D, T>(d: D) -> Result<Option<Option<T>>, D::Error>
 where
     D: Deserializer<'de>,
     T: Deserialize<'de>,

@@ -96,6 +96,9 @@ pub struct HandoffAnswer {
     /// Hook log records imported now (a leaving node's, of hooks it no longer stores).
     #[serde(default)]
     pub records: u64,
+    /// Tenants' endpoints imported now.
+    #[serde(default)]
+    pub endpoints: u64,
 }
 
 #[cfg(test)]
@@ -118,16 +121,17 @@ mod tests {
             dedupe: 0,
             archived: 0,
             records: 0,
+            endpoints: 0,
         };
         assert_eq!(
             serde_json::to_string(&a).unwrap(),
-            r#"{"batch":3,"outcome":"already","hooks":0,"dedupe":0,"archived":0,"records":0}"#
+            r#"{"batch":3,"outcome":"already","hooks":0,"dedupe":0,"archived":0,"records":0,"endpoints":0}"#
         );
         // An answer of a release before archived copies moved.
         let old: HandoffAnswer =
             serde_json::from_str(r#"{"batch":3,"outcome":"imported","hooks":2,"dedupe":1}"#)
                 .unwrap();
-        assert_eq!(old.archived, 0);
+        assert_eq!((old.archived, old.endpoints), (0, 0));
     }
 }
 

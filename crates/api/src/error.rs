@@ -51,6 +51,7 @@ pub enum ErrorCode {
     TenantBacklogFull,
     TenantErasing,
     TooManyOverrides,
+    TooManyEndpoints,
     // A Relay of several nodes.
     NotOwner,
     OwnerUnavailable,
@@ -95,6 +96,7 @@ impl ErrorCode {
         ErrorCode::TenantBacklogFull,
         ErrorCode::TenantErasing,
         ErrorCode::TooManyOverrides,
+        ErrorCode::TooManyEndpoints,
         ErrorCode::NotOwner,
         ErrorCode::OwnerUnavailable,
         ErrorCode::RegistryUnavailable,
@@ -133,6 +135,7 @@ impl ErrorCode {
             ErrorCode::TenantBacklogFull => "tenant_backlog_full",
             ErrorCode::TenantErasing => "tenant_erasing",
             ErrorCode::TooManyOverrides => "too_many_overrides",
+            ErrorCode::TooManyEndpoints => "too_many_endpoints",
             ErrorCode::NotOwner => "not_owner",
             ErrorCode::OwnerUnavailable => "owner_unavailable",
             ErrorCode::RegistryUnavailable => "registry_unavailable",

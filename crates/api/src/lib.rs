@@ -11,6 +11,7 @@
 //!   the backup and restore commands the operator's Jobs write.
 //! - [`ingest`]: what ingest answers when it takes a hook.
 //! - [`pull`]: the pull gateway (`/pull/{sink}/…`).
+//! - [`endpoints`]: a tenant's own endpoints (`/v1/tenants/{t}/endpoints`).
 //! - [`cluster`]: the calls between the nodes of a Relay (`/cluster/v1/…`).
 //! - [`merge`]: how a relay-wide call folds the answers of several nodes into one, the
 //!   same for the node that fans a call out and for the command line.
@@ -20,6 +21,7 @@
 
 pub mod admin;
 pub mod cluster;
+pub mod endpoints;
 pub mod error;
 pub mod ingest;
 pub mod merge;

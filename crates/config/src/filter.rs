@@ -111,7 +111,7 @@ impl Filter {
     }
 
     /// Its bounds, and each part well formed; `key` names it in errors.
-    pub(crate) fn validate(&self, key: &str) -> Result<(), ConfigError> {
+    pub fn validate(&self, key: &str) -> Result<(), ConfigError> {
         let mut count = 0;
         self.validate_at(key, 1, &mut count)
     }

@@ -53,8 +53,10 @@ pub use pull::{ConsumerConfig, PullConfig, MAX_LEASE_MS};
 pub use quarantine::QuarantineConfig;
 pub use reclaim::ReclaimConfig;
 pub use retry::{Jitter, RetryConfig};
+mod endpoints;
 mod locate;
 pub mod reload;
+pub use endpoints::{EndpointsConfig, ENDPOINT_ID_PREFIX, MAX_ROTATION_OVERLAP_S};
 pub use filter::{glob, Filter, HeaderMatch, HookFacts, Patterns, PointerMatch};
 pub use routes::RouteConfig;
 pub use secrets::{SecretSource, Secrets, REDACTED};
@@ -212,6 +214,8 @@ pub struct Config {
     pub cluster: ClusterConfig,
     /// The claim gateway of pull sinks.
     pub pull: PullConfig,
+    /// Tenants' own endpoints, managed through the API.
+    pub endpoints: EndpointsConfig,
     pub sources: Vec<SourceConfig>,
     pub sinks: Vec<SinkConfig>,
     pub routes: Vec<RouteConfig>,
@@ -238,6 +242,7 @@ impl Default for Config {
             log: LogConfig::default(),
             cluster: ClusterConfig::default(),
             pull: PullConfig::default(),
+            endpoints: EndpointsConfig::default(),
             sources: Vec::new(),
             sinks: Vec::new(),
             routes: Vec::new(),
@@ -387,12 +392,19 @@ impl Config {
         self.shutdown.validate()?;
         self.log.validate()?;
         self.cluster.validate(secrets)?;
+        self.endpoints.validate()?;
         // Each list's ids are unique, and what one entry names exists in the next.
         let mut sinks = std::collections::BTreeSet::new();
         for (i, s) in self.sinks.iter().enumerate() {
             let key = format!("sinks[{i}]");
             if s.id.is_empty() || !sinks.insert(s.id.as_str()) {
                 return Err(invalid(&key, format!("id {:?} is empty or repeated", s.id)));
+            }
+            if s.id.starts_with(ENDPOINT_ID_PREFIX) || s.id.starts_with('@') {
+                return Err(invalid(
+                    &format!("{key}.id"),
+                    format!("{ENDPOINT_ID_PREFIX:?} starts the ids of tenants' own endpoints, and \"@endpoints\" labels their series: no sink id starts with either"),
+                ));
             }
             s.validate(&key, secrets)?;
         }

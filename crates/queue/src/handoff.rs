@@ -239,8 +239,9 @@ pub fn stage(
                 crate::archive::stage_copy(&mut tx, ord, item);
                 tx.push_op(Op::put(Cf::Default, outbox.0, outbox.1));
             }
-            // Records move in batches of their own (stage_records).
-            Moved::Logged { .. } => {}
+            // Records and endpoints move in batches of their own (stage_records,
+            // stage_endpoints).
+            Moved::Logged { .. } | Moved::Endpoint { .. } => {}
         }
     }
     tx.push_op(Op::put(Cf::Default, sent_key, batch.to_be_bytes()));
@@ -287,6 +288,47 @@ pub fn stage_records(
     }
     tx.push_op(Op::put(Cf::Default, sent_key, batch.to_be_bytes()));
     tx.commit(store, true)?;
+    Ok(outbox(store)?
+        .into_iter()
+        .find(|o| o.receiver == receiver && o.batch == batch))
+}
+
+/// Stages tenants' endpoints (`(tenant, id, record)`, each of a tenant `receiver` owns) for
+/// `receiver`: they leave this node's store and enter its outbox, in one synced write, under
+/// the next batch number (at most [`BATCH_HOOKS`] a batch). Refused while an earlier batch
+/// for `receiver` waits for its answer.
+pub fn stage_endpoints(
+    store: &Store,
+    receiver: &str,
+    endpoints: &[(String, String, Vec<u8>)],
+) -> Result<Option<Outbox>, QueueError> {
+    let (lo, hi) = out_range(receiver);
+    if store.first(Family::Meta, &lo, &hi, Dir::Forward)?.is_some() {
+        return Err(QueueError::HandoffStaged {
+            receiver: receiver.to_owned(),
+        });
+    }
+    if endpoints.is_empty() {
+        return Ok(None);
+    }
+    let sent_key = named(SENT_PREFIX, receiver);
+    let batch = read_u64(store, &sent_key)? + 1;
+    let mut ops = Vec::with_capacity(2 * endpoints.len() + 1);
+    for (i, (tenant, id, record)) in endpoints.iter().take(BATCH_HOOKS).enumerate() {
+        let item = Moved::Endpoint {
+            tenant: tenant.clone(),
+            id: id.clone(),
+            record: record.clone(),
+        };
+        ops.push(crate::endpoints::op(tenant, id, None).0);
+        ops.push(Op::put(
+            Cf::Default,
+            out_key(receiver, batch, i as u32),
+            item.encode(),
+        ));
+    }
+    ops.push(Op::put(Cf::Default, sent_key, batch.to_be_bytes()));
+    store.write(ops, true)?;
     Ok(outbox(store)?
         .into_iter()
         .find(|o| o.receiver == receiver && o.batch == batch))

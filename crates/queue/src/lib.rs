@@ -28,6 +28,7 @@ pub mod audit;
 pub mod counters;
 pub mod dedupe;
 pub mod deliveries;
+pub mod endpoints;
 pub mod engine;
 pub mod erase;
 pub mod fold;

@@ -209,7 +209,7 @@ pub fn dead_rows(store: &Store) -> Vec<DeadRow> {
 struct MaskStarts(u8);
 
 impl super::writer::Starts for MaskStarts {
-    fn try_start(&self, _: TenantOrd, sink: &str) -> Option<super::writer::StartSlot> {
+    fn try_start(&self, _: TenantOrd, _: &str, sink: &str) -> Option<super::writer::StartSlot> {
         let i: u32 = sink.strip_prefix("sink")?.parse().ok()?;
         (i < 8 && self.0 & (1 << i) != 0).then(|| super::writer::StartSlot(Box::new(())))
     }

@@ -15,6 +15,7 @@ use ankusa_records::Envelope;
 use ankusa_store::{Dir, Rows, Store};
 
 mod import;
+pub use import::ImportReply;
 mod sync;
 
 use sync::{AfterSync, Syncer, Syncing, Written};
@@ -41,9 +42,9 @@ pub struct Assembled {
 /// with no tick, no read of the store and no claim commit. Anything [`Starts::try_start`]
 /// refuses is written due, as always, and claimed by a tick in its tenant's turn.
 pub trait Starts: Send + Sync {
-    /// The slots for a delivery of tenant `ord`'s fresh hook to sink `sink` (its id), or
-    /// none: the row is then written due.
-    fn try_start(&self, ord: TenantOrd, sink: &str) -> Option<StartSlot>;
+    /// The slots for a delivery of tenant `ord`'s (`tenant`'s) fresh hook to sink `sink`
+    /// (its id), or none: the row is then written due.
+    fn try_start(&self, ord: TenantOrd, tenant: &str, sink: &str) -> Option<StartSlot>;
     /// After a commit that wrote due rows, once they are hinted: rows wait in the store
     /// (a tick that began before this has not seen their hints).
     fn waiting(&self);
@@ -241,7 +242,7 @@ impl Assembler {
             starting.clear();
             if let Some(starts) = starts {
                 for (k, sink) in env.sinks.iter().enumerate() {
-                    let slot = starts.try_start(ord, sink);
+                    let slot = starts.try_start(ord, env.tenant_or_default(), sink);
                     starting.push(slot.is_some());
                     slots.extend(slot.map(|s| (SinkIdx(k as u16), s)));
                 }
@@ -483,26 +484,6 @@ impl std::fmt::Display for Origin {
             Origin::TakenBack(n) => write!(f, "this node's outbox for {n}"),
         }
     }
-}
-
-/// The writer's answer to an [`Import`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ImportReply {
-    /// Committed by a synced write: this many hooks, dedupe keys, archived copies and
-    /// hook log records.
-    Imported {
-        hooks: u64,
-        dedupe: u64,
-        archived: u64,
-        records: u64,
-    },
-    /// This batch (or a later one) of the sender was imported before, or (taken back) is
-    /// no longer in the outbox: nothing written.
-    Already,
-    /// A tenant of the batch would be past `tenants.max` on this node: nothing written.
-    TenantLimit,
-    /// The store failed, or an item does not decode: nothing written.
-    Unavailable,
 }
 
 /// The writer's queue is full (or the writer has stopped): answer `unavailable`.

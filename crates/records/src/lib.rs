@@ -353,6 +353,9 @@ pub enum ErrorClass {
     Nacked,
     /// A pull consumer's lease ran out before an ack.
     LeaseExpired,
+    /// A tenant endpoint's address is one the node does not deliver to (private,
+    /// loopback, link-local…: `endpoints.allow_private` is off).
+    AddressRefused,
 }
 
 impl ErrorClass {
@@ -366,6 +369,7 @@ impl ErrorClass {
             ErrorClass::Unconfigured => "unconfigured",
             ErrorClass::Nacked => "nacked",
             ErrorClass::LeaseExpired => "lease_expired",
+            ErrorClass::AddressRefused => "address_refused",
         }
     }
 
@@ -379,6 +383,7 @@ impl ErrorClass {
             Some(ErrorClass::Unconfigured) => 5,
             Some(ErrorClass::Nacked) => 6,
             Some(ErrorClass::LeaseExpired) => 7,
+            Some(ErrorClass::AddressRefused) => 8,
         }
     }
     pub fn of(b: u8) -> Result<Option<ErrorClass>, DecodeError> {
@@ -391,6 +396,7 @@ impl ErrorClass {
             5 => Some(ErrorClass::Unconfigured),
             6 => Some(ErrorClass::Nacked),
             7 => Some(ErrorClass::LeaseExpired),
+            8 => Some(ErrorClass::AddressRefused),
             _ => return Err(bad("error class")),
         })
     }

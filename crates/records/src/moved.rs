@@ -94,6 +94,13 @@ pub enum Moved {
         /// The first hook's id, the duplicate's answer.
         id: String,
     },
+    /// One of the tenant's own endpoints (`/v1/tenants/{t}/endpoints`), its record as
+    /// stored: the receiver keeps it under the same id.
+    Endpoint {
+        tenant: String,
+        id: String,
+        record: Vec<u8>,
+    },
 }
 
 const VERSION: u8 = 1;
@@ -101,6 +108,7 @@ const HOOK: u8 = 1;
 const DEDUPE: u8 = 2;
 const ARCHIVED: u8 = 3;
 const LOGGED: u8 = 4;
+const ENDPOINT: u8 = 5;
 const DUE: u8 = 1;
 const PARKED: u8 = 2;
 const DEAD: u8 = 3;
@@ -160,6 +168,9 @@ impl Moved {
             } => {
                 e.u8(LOGGED).u64(*seq).bytes(record);
                 encode_events(&mut e, events);
+            }
+            Moved::Endpoint { tenant, id, record } => {
+                e.u8(ENDPOINT).str(tenant).str(id).bytes(record);
             }
         }
         e.finish()
@@ -233,6 +244,11 @@ impl Moved {
                 record: d.bytes()?.to_vec(),
                 events: decode_events(&mut d, v.len())?,
             },
+            ENDPOINT => Moved::Endpoint {
+                tenant: d.string()?,
+                id: d.string()?,
+                record: d.bytes()?.to_vec(),
+            },
             _ => return Err(bad("unknown kind")),
         };
         d.end()?;
@@ -253,6 +269,7 @@ impl Moved {
             Moved::Logged { record, events, .. } => {
                 record.len() + events.iter().map(|e| e.value.len() + 16).sum::<usize>()
             }
+            Moved::Endpoint { tenant, id, record } => tenant.len() + id.len() + record.len(),
         }
     }
 }
@@ -372,7 +389,12 @@ mod tests {
                 value: b"delivered".to_vec(),
             }],
         };
-        for m in [hook(), dedupe, archived, logged] {
+        let endpoint = Moved::Endpoint {
+            tenant: "acme".into(),
+            id: "ep_0123456789abcdef".into(),
+            record: br#"{"v":1}"#.to_vec(),
+        };
+        for m in [hook(), dedupe, archived, logged, endpoint] {
             let bytes = m.encode();
             assert_eq!(Moved::decode(&bytes).unwrap(), m);
             for cut in 0..bytes.len() {

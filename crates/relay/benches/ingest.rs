@@ -491,6 +491,7 @@ impl ankusa_queue::writer::Starts for StartAll {
         &self,
         _: ankusa_keyspace::TenantOrd,
         _: &str,
+        _: &str,
     ) -> Option<ankusa_queue::writer::StartSlot> {
         Some(ankusa_queue::writer::StartSlot(Box::new(())))
     }

@@ -123,6 +123,8 @@ pub struct Deps {
     pub paused: Arc<crate::dispatch::paused::Paused>,
     /// Its own limits, forgotten once it ends.
     pub quotas: Arc<crate::ingest::quota::Quotas>,
+    /// Its own endpoints, deleted by its last write.
+    pub endpoints: Arc<crate::endpoints::Book>,
     /// The quarantined requests of the sources fixed to it.
     pub quarantine: Option<Arc<crate::ingest::quarantine::Quarantine>>,
     pub config: Arc<ArcSwap<Config>>,
@@ -184,6 +186,10 @@ fn advance(d: &Deps, ord: TenantOrd) -> Result<bool, ankusa_queue::QueueError> {
         Step::Clean => {
             // The counters are checked first: an erase that cannot end writes nothing.
             let mut ops = erase::finish_ops(&d.store, ord, &e.tenant)?;
+            // Its endpoints (no new one is made while it is erasing).
+            let endpoints = d.endpoints.erase_ops(&e.tenant)?;
+            let endpoints_removed = endpoints.len();
+            ops.extend(endpoints);
             // Every row is deleted; before the erase says it is done, the deleted values
             // leave the store's files too (write-ahead logs, tables, blob files). A crash
             // here resumes at this step and scrubs again.
@@ -203,6 +209,7 @@ fn advance(d: &Deps, ord: TenantOrd) -> Result<bool, ankusa_queue::QueueError> {
             d.eraser.erasing.end(&e.tenant);
             d.paused.erased(ord);
             d.quotas.forget(&e.tenant);
+            d.endpoints.erased(&e.tenant, endpoints_removed);
             d.eraser.lock().remove(&ord);
             tracing::info!(tenant = %e.tenant, ord = ord.0, removed = e.removed, "tenant erased");
             return Ok(true);

@@ -3,6 +3,7 @@
 //! readiness answer, and what a listener answers before the store is open. And the one
 //! HTTP(S) client the node's outgoing calls to other nodes and the admin CLI use.
 
+pub mod guard;
 pub mod serve;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -95,10 +96,13 @@ pub fn tls_client(
 
 /// HTTP/1.1 over plain HTTP or TLS on `http`, trusting the web PKI's roots (compiled into
 /// the binary) and `cas`.
-pub fn https(
-    mut http: hyper_util::client::legacy::connect::HttpConnector,
+pub fn https<R>(
+    mut http: hyper_util::client::legacy::connect::HttpConnector<R>,
     cas: &[rustls::pki_types::CertificateDer<'static>],
-) -> Result<Https, rustls::Error> {
+) -> Result<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector<R>>,
+    rustls::Error,
+> {
     // The TLS layer takes `https://` URIs through the TCP connector.
     http.enforce_http(false);
     Ok(hyper_rustls::HttpsConnectorBuilder::new()

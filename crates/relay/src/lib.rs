@@ -41,6 +41,7 @@ pub mod cli;
 pub mod cluster;
 pub mod console;
 pub mod dispatch;
+pub mod endpoints;
 pub mod erase;
 pub mod http;
 pub mod ingest;

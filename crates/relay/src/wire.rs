@@ -80,6 +80,7 @@ pub fn error_class(c: ankusa_records::ErrorClass) -> wire::ErrorClass {
         C::Unconfigured => wire::ErrorClass::Unconfigured,
         C::Nacked => wire::ErrorClass::Nacked,
         C::LeaseExpired => wire::ErrorClass::LeaseExpired,
+        C::AddressRefused => wire::ErrorClass::AddressRefused,
     }
 }
 
@@ -124,6 +125,7 @@ mod tests {
             ankusa_records::ErrorClass::Timeout,
             ankusa_records::ErrorClass::LeaseExpired,
             ankusa_records::ErrorClass::Unconfigured,
+            ankusa_records::ErrorClass::AddressRefused,
         ] {
             let text = serde_json::to_string(&super::error_class(c)).unwrap();
             assert_eq!(text, format!("\"{}\"", c.name()));

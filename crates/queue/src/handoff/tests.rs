@@ -517,7 +517,8 @@ fn a_batch_imported_twice_is_written_once_and_dedupe_keys_move() {
             hooks: 3,
             dedupe: 1,
             archived: 0,
-            records: 0
+            records: 0,
+            endpoints: 0
         })
     );
     pair.check();
@@ -911,4 +912,59 @@ fn log_records_of_delivered_hooks_move_and_the_receiver_explains_them() {
             .is_empty()
     );
     pair.check();
+}
+
+/// A tenant's endpoints move with their own batch: gone from the sender with the stage,
+/// on the receiver with the import, and back on the sender when the batch is taken back.
+#[test]
+fn endpoints_move_in_a_batch_of_their_own_and_come_back_when_taken_back() {
+    let mut pair = Pair::new(0);
+    let eps: Vec<(String, String, Vec<u8>)> = (0..3)
+        .map(|i| {
+            (
+                TENANT.to_owned(),
+                format!("ep_{i}"),
+                format!("{{\"n\":{i}}}").into_bytes(),
+            )
+        })
+        .collect();
+    let ops = eps
+        .iter()
+        .map(|(t, id, r)| crate::endpoints::op(t, id, Some(r.clone())))
+        .collect();
+    crate::commit(&pair.sender.store, ops, true).unwrap();
+    let of = |s: &Store| crate::endpoints::of_tenant(s, TENANT).unwrap().len();
+
+    stage_endpoints(&pair.sender.store, RECEIVER, &eps)
+        .unwrap()
+        .unwrap();
+    assert_eq!(of(&pair.sender.store), 0, "staged: no longer the sender's");
+    assert_eq!(
+        pair.take_back(),
+        Some(ImportReply::Imported {
+            hooks: 0,
+            dedupe: 0,
+            archived: 0,
+            records: 0,
+            endpoints: 3
+        })
+    );
+    assert_eq!(of(&pair.sender.store), 3, "taken back: the sender's again");
+
+    let batch = stage_endpoints(&pair.sender.store, RECEIVER, &eps)
+        .unwrap()
+        .unwrap();
+    assert!(matches!(
+        pair.import(),
+        Some(ImportReply::Imported { endpoints: 3, .. })
+    ));
+    assert_eq!(pair.import(), Some(ImportReply::Already));
+    confirm(&pair.sender.store, RECEIVER, batch.batch).unwrap();
+    assert_eq!(of(&pair.sender.store), 0);
+    assert_eq!(
+        crate::endpoints::of_tenant(&pair.receiver.store, TENANT).unwrap(),
+        eps.iter()
+            .map(|(_, id, r)| (id.clone(), r.clone()))
+            .collect::<Vec<_>>()
+    );
 }

@@ -5,7 +5,7 @@ use ankusa_keyspace::{AtMs, Family, Seq};
 use ankusa_records::Envelope;
 use ankusa_store::{Rows, Store};
 
-use super::{next_seq, Assembled, Assembler, Import, ImportReply, Origin};
+use super::{next_seq, Assembled, Assembler, Import, Origin};
 use crate::dedupe;
 use crate::deliveries::{self, Tx};
 use crate::QueueError;
@@ -53,17 +53,11 @@ impl Assembler {
         let mut next_seq = self.next_seq;
         let mut due = Vec::new();
         let (mut hooks, mut dedupes, mut archived, mut records) = (0u64, 0u64, 0u64, 0u64);
+        let mut endpoints = 0u64;
         let mut ids = record_ids.iter();
         let mut envs = envelopes.iter();
         let now = ankusa_keyspace::now_ms();
-        let dedupe_keys: Vec<Option<Vec<u8>>> = imp
-            .items
-            .iter()
-            .map(|item| match item {
-                Moved::Dedupe { tenant, key, .. } => ankusa_keyspace::dedupe(tenant, key),
-                Moved::Hook(_) | Moved::Archived { .. } | Moved::Logged { .. } => None,
-            })
-            .collect();
+        let dedupe_keys = dedupe_keys(&imp.items);
         let wanted: Vec<Vec<u8>> = dedupe_keys.iter().flatten().cloned().collect();
         let mut held = store
             .multi_get(ankusa_keyspace::Cf::Index, &wanted)?
@@ -132,6 +126,11 @@ impl Assembler {
                     }
                     dedupes += 1;
                 }
+                // Keyed by its tenant's id, it needs no ordinal: kept as it came.
+                Moved::Endpoint { tenant, id, record } => {
+                    tx.push(crate::endpoints::op(tenant, id, Some(record.clone())));
+                    endpoints += 1;
+                }
             }
         }
         if next_seq != self.next_seq {
@@ -158,9 +157,22 @@ impl Assembler {
                 dedupe: dedupes,
                 archived,
                 records,
+                endpoints,
             },
         ))
     }
+}
+
+/// The dedupe key of each item that is one (`None` for the others), in the items' order.
+fn dedupe_keys(items: &[ankusa_records::moved::Moved]) -> Vec<Option<Vec<u8>>> {
+    use ankusa_records::moved::Moved;
+    items
+        .iter()
+        .map(|item| match item {
+            Moved::Dedupe { tenant, key, .. } => ankusa_keyspace::dedupe(tenant, key),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The import's last ops: the batch's number recorded (from another node), or its outbox
@@ -204,7 +216,29 @@ fn decode_items(
                 })?;
                 record_ids.push(r.envelope.id);
             }
+            Moved::Endpoint { .. } => {}
         }
     }
     Ok((envelopes, record_ids, tenants))
+}
+
+/// The writer's answer to an [`Import`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImportReply {
+    /// Committed by a synced write: this many hooks, dedupe keys, archived copies, hook
+    /// log records and tenants' endpoints.
+    Imported {
+        hooks: u64,
+        dedupe: u64,
+        archived: u64,
+        records: u64,
+        endpoints: u64,
+    },
+    /// This batch (or a later one) of the sender was imported before, or (taken back) is
+    /// no longer in the outbox: nothing written.
+    Already,
+    /// A tenant of the batch would be past `tenants.max` on this node: nothing written.
+    TenantLimit,
+    /// The store failed, or an item does not decode: nothing written.
+    Unavailable,
 }

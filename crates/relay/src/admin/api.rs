@@ -52,6 +52,8 @@ pub struct Api {
     pub paused: Arc<crate::dispatch::paused::Paused>,
     /// Tenant quotas, which ingest enforces.
     pub quotas: Arc<crate::ingest::quota::Quotas>,
+    /// Tenants' own endpoints, which ingest routes to and dispatch delivers to.
+    pub endpoints: Arc<crate::endpoints::Book>,
     /// Tenants being erased, and the erases' progress.
     pub eraser: Arc<crate::erase::Eraser>,
     /// The node's pushes to an object store, once they run (`backup.object_store`).

@@ -69,6 +69,15 @@ pub async fn erase(
                 })?;
                 a.quotas.forget(&t);
             }
+            // And endpoints made before the tenant's first hook here.
+            a.endpoints.erase_alone(&t, || {
+                a.audit.op(
+                    &c.name,
+                    "tenant.endpoint.delete",
+                    Some(&t),
+                    serde_json::json!({ "erase": true }),
+                )
+            })?;
             return Err(ApiError::NotFound("tenant"));
         };
         let audit = a.audit.op(

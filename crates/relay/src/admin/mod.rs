@@ -31,6 +31,7 @@ pub mod auth;
 pub mod backups;
 pub mod cluster_api;
 pub mod dlq;
+pub mod endpoints;
 pub mod erase;
 pub mod hooks;
 pub mod limits;
@@ -421,6 +422,43 @@ fn tenant_routes(v: routing::V1) -> routing::V1 {
         "/v1/tenants/{t}/limits",
         Answered::everywhere::<LimitsView>(path),
         limits::delete,
+    )
+    // A tenant's endpoints are kept by its owner.
+    .at(
+        M::GET,
+        "/v1/tenants/{t}/endpoints",
+        Answered::Owner(path),
+        endpoints::list,
+    )
+    .at(
+        M::POST,
+        "/v1/tenants/{t}/endpoints",
+        Answered::Owner(path),
+        endpoints::create,
+    )
+    .at(
+        M::GET,
+        "/v1/tenants/{t}/endpoints/{id}",
+        Answered::Owner(path),
+        endpoints::get,
+    )
+    .at(
+        M::PATCH,
+        "/v1/tenants/{t}/endpoints/{id}",
+        Answered::Owner(path),
+        endpoints::update,
+    )
+    .at(
+        M::DELETE,
+        "/v1/tenants/{t}/endpoints/{id}",
+        Answered::Owner(path),
+        endpoints::delete,
+    )
+    .at(
+        M::POST,
+        "/v1/tenants/{t}/endpoints/{id}/rotate",
+        Answered::Owner(path),
+        endpoints::rotate,
     )
 }
 

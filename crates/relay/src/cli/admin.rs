@@ -34,6 +34,8 @@ enum Answer {
     Hook(Box<HookOut>),
     /// A report of what the call did (summed over the nodes): printed field by field.
     Report(serde_json::Value),
+    /// An answer printed as its JSON.
+    Json(serde_json::Value),
 }
 
 /// `admin …`: one call per node, merged.
@@ -282,6 +284,9 @@ async fn answer(nodes: &Nodes, command: &AdminCommand) -> anyhow::Result<Answer>
             };
             report(fold(answers))?
         }
+        AdminCommand::Endpoints { command } => {
+            Answer::Json(super::endpoints::answer(nodes, command).await?)
+        }
         AdminCommand::Quarantine {
             command: QuarantineCommand::List { limit, before },
         } => {
@@ -497,6 +502,7 @@ fn text(out: &Answer, now: u64) -> String {
             t.tenants.len()
         ),
         Answer::Tenant(t) => tenants_text(&[t], now),
+        Answer::Json(v) => format!("{}\n", serde_json::to_string_pretty(v).unwrap_or_default()),
         Answer::Dlq(l) => {
             let rows: Vec<Vec<String>> = l
                 .items

@@ -152,13 +152,37 @@ impl Nodes {
         path: &str,
         body: Option<&Bytes>,
     ) -> anyhow::Result<T> {
+        self.send(i, true, method, path, body).await
+    }
+
+    /// One call the Relay routes where it is answered (a tenant's owner): sent to the
+    /// first node, without `ankusa-cluster-local`.
+    pub async fn routed<T: DeserializeOwned>(
+        &self,
+        method: hyper::Method,
+        path: &str,
+        body: Option<&Bytes>,
+    ) -> anyhow::Result<T> {
+        self.send(0, false, method, path, body).await
+    }
+
+    async fn send<T: DeserializeOwned>(
+        &self,
+        i: usize,
+        local: bool,
+        method: hyper::Method,
+        path: &str,
+        body: Option<&Bytes>,
+    ) -> anyhow::Result<T> {
         let url = format!("{}{path}", self.urls[i]);
         let mut req = hyper::Request::builder()
             .method(method)
             .uri(&url)
-            .header("authorization", &self.auth)
+            .header("authorization", &self.auth);
+        if local {
             // Each node answers for itself: this client merges the nodes' answers.
-            .header(crate::cluster::LOCAL_HEADER, "1");
+            req = req.header(crate::cluster::LOCAL_HEADER, "1");
+        }
         let payload = match body {
             Some(b) => {
                 req = req.header("content-type", "application/json");

@@ -7,6 +7,7 @@
 mod admin;
 mod backup;
 mod client;
+mod endpoints;
 mod listing;
 mod objstore;
 mod pull;
@@ -241,6 +242,11 @@ pub enum AdminCommand {
         #[arg(long)]
         clear: bool,
     },
+    /// A tenant's own endpoints (answered by the tenant's owner).
+    Endpoints {
+        #[command(subcommand)]
+        command: EndpointsCommand,
+    },
     /// Requests that failed verification.
     Quarantine {
         #[command(subcommand)]
@@ -259,6 +265,84 @@ pub enum AdminCommand {
         /// Keep the newest N backups in each node's directory, remove the older.
         #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
         keep: Option<u64>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EndpointsCommand {
+    /// The tenant's endpoints, without their secrets.
+    List {
+        /// The tenant's id.
+        tenant: String,
+    },
+    /// A new endpoint: prints it and its secret (shown this once).
+    Create {
+        /// The tenant's id.
+        tenant: String,
+        /// `http://` or `https://`.
+        url: String,
+        /// Free text for the tenant.
+        #[arg(long)]
+        description: Option<String>,
+        /// A route filter as JSON (`{"event": "invoice.*"}`).
+        #[arg(long)]
+        filter: Option<String>,
+        /// The most deliveries a second to it.
+        #[arg(long)]
+        rate: Option<u32>,
+        /// Made disabled: it takes no hook until `update --enable`.
+        #[arg(long)]
+        disabled: bool,
+    },
+    /// One endpoint.
+    Get {
+        /// The tenant's id.
+        tenant: String,
+        /// The endpoint's id (`ep_…`).
+        id: String,
+    },
+    /// Change what the flags say; `--filter none`, `--rate none`, `--description none`
+    /// clear.
+    Update {
+        /// The tenant's id.
+        tenant: String,
+        /// The endpoint's id (`ep_…`).
+        id: String,
+        /// A new URL.
+        #[arg(long)]
+        url: Option<String>,
+        /// New free text (`none`: cleared).
+        #[arg(long)]
+        description: Option<String>,
+        /// A new route filter as JSON (`none`: every hook).
+        #[arg(long)]
+        filter: Option<String>,
+        /// The most deliveries a second (`none`: no pace).
+        #[arg(long)]
+        rate: Option<String>,
+        /// New hooks go to it again.
+        #[arg(long, conflicts_with = "disable")]
+        enable: bool,
+        /// New hooks no longer go to it; its queued deliveries dead-letter in their turn.
+        #[arg(long)]
+        disable: bool,
+    },
+    /// A new secret (printed once); the old one signs beside it for the overlap.
+    Rotate {
+        /// The tenant's id.
+        tenant: String,
+        /// The endpoint's id (`ep_…`).
+        id: String,
+        /// Seconds the old secret still signs (default: endpoints.rotation_overlap_s).
+        #[arg(long)]
+        overlap_s: Option<u64>,
+    },
+    /// Delete an endpoint: its queued deliveries dead-letter in their turn.
+    Delete {
+        /// The tenant's id.
+        tenant: String,
+        /// The endpoint's id (`ep_…`).
+        id: String,
     },
 }
 

@@ -138,6 +138,16 @@ impl Sender {
             }
             Err(e) => stalled = Some(format!("reading the outbox: {e}")),
         }
+        // Tenants' endpoints go first, at once: their owner's hooks reach them there, and the
+        // rows that follow find them. (Rows still here retry until they move too.)
+        // (`left_behind`: endpoints, then hook log records, that could not move yet.)
+        let mut left_behind = match self.move_endpoints(&refused).await {
+            Ok(left) => left,
+            Err(e) => {
+                stalled = Some(e);
+                true
+            }
+        };
         let (mut tenants_leaving, mut rows_leaving) = (0u64, 0u64);
         let mut after: Option<String> = None;
         loop {
@@ -213,16 +223,15 @@ impl Sender {
         }
         // A leaving node hands on its hook log too, once its tenants' rows have moved, so
         // that `GET /v1/hooks/{id}` still explains their hooks after it is gone.
-        let mut records_left = false;
         if self.cluster.leaving() && rows_leaving == 0 && stalled.is_none() {
             match self.move_records(&refused).await {
                 Ok((n, left)) => {
                     moved += n;
-                    records_left = left;
+                    left_behind |= left;
                 }
                 Err(e) => {
                     stalled = Some(e);
-                    records_left = true;
+                    left_behind = true;
                 }
             }
         }
@@ -236,13 +245,13 @@ impl Sender {
             staged,
             hooks_moved: self.moved.load(Ordering::Relaxed),
             hooks_received: received,
-            drained: rows_leaving == 0 && staged == 0 && stalled.is_none() && !records_left,
+            drained: rows_leaving == 0 && staged == 0 && stalled.is_none() && !left_behind,
             stalled,
             pass_at_ms: ankusa_keyspace::now_ms(),
         });
         Pass {
             moved,
-            settled: rows_leaving == 0 && staged == 0 && tenants_leaving == 0 && !records_left,
+            settled: rows_leaving == 0 && staged == 0 && tenants_leaving == 0 && !left_behind,
         }
     }
 
@@ -313,9 +322,13 @@ impl Sender {
                 dedupe,
                 archived,
                 records,
+                endpoints,
             } => {
                 hooks_counter(&self.metrics, "taken_back").inc_by(hooks);
-                tracing::warn!(%receiver, batch, hooks, dedupe, archived, records, reason = why, "handoff: a staged batch taken back into this node's queue");
+                if endpoints > 0 {
+                    self.cluster.endpoints_moved();
+                }
+                tracing::warn!(%receiver, batch, hooks, dedupe, archived, records, endpoints, reason = why, "handoff: a staged batch taken back into this node's queue");
                 Ok(hooks)
             }
             ImportReply::Already => Ok(0),
@@ -367,6 +380,61 @@ impl Sender {
                 None => return Ok((moved, left)),
             }
         }
+    }
+
+    /// Moves the endpoints of tenants another node owns to it, a batch per owner at a time,
+    /// walking them once: whether some are left (an owner in `refused` waits).
+    async fn move_endpoints(&self, refused: &HashSet<String>) -> Result<bool, String> {
+        let (mut after, mut left, mut moved) = (None, false, false);
+        loop {
+            let from = after.take();
+            let page = self
+                .blocking(move |s| {
+                    ankusa_queue::endpoints::page(s, from.as_deref(), handoff::BATCH_HOOKS)
+                })
+                .await
+                .map_err(|e| format!("reading the endpoints: {e}"))?;
+            let mut by_owner: std::collections::BTreeMap<String, Vec<(String, String, Vec<u8>)>> =
+                Default::default();
+            for (tenant, id, record) in page.items {
+                match self.cluster.other_owner(&tenant) {
+                    None => {}
+                    Some(m) if refused.contains(&m.name) => left = true,
+                    Some(m) => by_owner
+                        .entry(m.name.clone())
+                        .or_default()
+                        .push((tenant, id, record)),
+                }
+            }
+            for (owner, endpoints) in by_owner {
+                let to = owner.clone();
+                let staged = self
+                    .blocking(move |s| handoff::stage_endpoints(s, &to, &endpoints))
+                    .await;
+                moved = true;
+                match staged {
+                    Ok(Some(batch)) => {
+                        if let Err(e) = self.send(batch).await {
+                            self.cluster.endpoints_moved();
+                            return Err(e);
+                        }
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.cluster.endpoints_moved();
+                        return Err(format!("staging endpoints for {owner}: {e}"));
+                    }
+                }
+            }
+            match page.next {
+                Some(k) => after = Some(k),
+                None => break,
+            }
+        }
+        if moved {
+            self.cluster.endpoints_moved();
+        }
+        Ok(left)
     }
 
     fn is_done(&self, tenant: &str) -> bool {
@@ -472,7 +540,7 @@ pub async fn receive(
                 .map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?
                 .tenant_or_default()
                 .to_owned(),
-            Moved::Dedupe { tenant, .. } => tenant.clone(),
+            Moved::Dedupe { tenant, .. } | Moved::Endpoint { tenant, .. } => tenant.clone(),
             Moved::Logged { record, .. } => ankusa_records::LogRecord::decode(record)
                 .map_err(|e| Refusal::Bad(format!("items[{i}]: {e}")))?
                 .envelope
@@ -493,9 +561,13 @@ pub async fn receive(
             dedupe,
             archived,
             records,
+            endpoints,
         } => {
             hooks_counter(metrics, "received").inc_by(hooks);
-            tracing::info!(from = %batch.from, batch = batch.batch, hooks, dedupe, archived, records, "handoff: a batch imported");
+            if endpoints > 0 {
+                cluster.endpoints_moved();
+            }
+            tracing::info!(from = %batch.from, batch = batch.batch, hooks, dedupe, archived, records, endpoints, "handoff: a batch imported");
             Ok(HandoffAnswer {
                 batch: batch.batch,
                 outcome: HandoffOutcome::Imported,
@@ -503,6 +575,7 @@ pub async fn receive(
                 dedupe,
                 archived,
                 records,
+                endpoints,
             })
         }
         ImportReply::Already => Ok(already(batch.batch)),
@@ -556,5 +629,6 @@ fn already(batch: u64) -> HandoffAnswer {
         dedupe: 0,
         archived: 0,
         records: 0,
+        endpoints: 0,
     }
 }

@@ -110,6 +110,9 @@ pub struct Cluster {
     loans: std::sync::atomic::AtomicUsize,
     /// The last handoff pass's account (`handoff::Handoff` writes it).
     handoff: Mutex<Option<ankusa_api::node::HandoffStatus>>,
+    /// Told when a handoff moved tenants' endpoints in or out of the store (the node's
+    /// book of them reads the store again).
+    endpoints_moved: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl std::fmt::Debug for Cluster {
@@ -207,6 +210,7 @@ impl Cluster {
             // There from the start: the operator reads its presence as "this release can
             // hand its rows over"; the first pass fills it in.
             handoff: Mutex::new(multi.then(ankusa_api::node::HandoffStatus::default)),
+            endpoints_moved: std::sync::OnceLock::new(),
         })
     }
 
@@ -281,6 +285,17 @@ impl Cluster {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .clone()
+    }
+
+    /// What to do when a handoff moved tenants' endpoints (set once, at boot).
+    pub fn on_endpoints_moved(&self, f: impl Fn() + Send + Sync + 'static) {
+        let _ = self.endpoints_moved.set(Box::new(f));
+    }
+
+    fn endpoints_moved(&self) {
+        if let Some(f) = self.endpoints_moved.get() {
+            f();
+        }
     }
 
     fn set_handoff_status(&self, status: ankusa_api::node::HandoffStatus) {

@@ -44,7 +44,11 @@ pub struct Sink {
     pub id: String,
     /// How its deliveries leave the node.
     transport: Transport,
-    key: Option<Vec<u8>>,
+    /// The keys that sign its deliveries, newest first (none: unsigned; two during a
+    /// tenant endpoint's rotation).
+    keys: Vec<Vec<u8>>,
+    /// A tenant endpoint's `rate_per_second`.
+    pace: Option<super::pace::Pace>,
     pub timeout: Duration,
     headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
     pub dead_letter_on_4xx: bool,
@@ -77,21 +81,85 @@ pub struct Sink {
 enum Transport {
     /// POSTs to `uri` through `client`: the node's connection pool, or one of the sink's
     /// own when it trusts its own certificate authorities (`sinks[].ca_bundle`).
-    Http {
-        uri: Uri,
-        client: Client<Https, Full<Bytes>>,
-    },
+    Http { uri: Uri, client: Pool },
     /// Publishes to NATS JetStream.
     Nats(super::nats::NatsSink),
 }
 
+/// The connections a sink's POSTs go through.
+#[derive(Debug, Clone)]
+enum Pool {
+    /// The system's resolver, any address.
+    Open(Client<Https, Full<Bytes>>),
+    /// Tenant endpoints': the addresses of [`crate::http::guard`] refused.
+    Guarded(Client<Guarded, Full<Bytes>>),
+}
+
+/// The connector of tenant endpoints that refuses inner addresses.
+type Guarded = hyper_rustls::HttpsConnector<HttpConnector<crate::http::guard::Resolver>>;
+
+impl Pool {
+    fn request(
+        &self,
+        req: hyper::Request<Full<Bytes>>,
+    ) -> hyper_util::client::legacy::ResponseFuture {
+        match self {
+            Pool::Open(c) => c.request(req),
+            Pool::Guarded(c) => c.request(req),
+        }
+    }
+}
+
+/// What a sink is built of, whatever its kind.
+struct Parts {
+    id: String,
+    transport: Transport,
+    keys: Vec<Vec<u8>>,
+    timeout: Duration,
+    headers: Vec<(hyper::header::HeaderName, hyper::header::HeaderValue)>,
+    dead_letter_on_4xx: bool,
+    response_body_bytes: usize,
+    permits: usize,
+    breaker_failures: u32,
+    breaker_cooldown: Duration,
+    fingerprint: [u8; 32],
+    pace: Option<super::pace::Pace>,
+}
+
 impl Sink {
-    /// The Standard Webhooks signature of `env` now, with the sink's secret if it has one:
-    /// the timestamp (seconds) and the `webhook-signature` value.
+    fn new(p: Parts) -> Arc<Sink> {
+        Arc::new(Sink {
+            id: p.id,
+            transport: p.transport,
+            keys: p.keys,
+            pace: p.pace,
+            timeout: p.timeout,
+            headers: p.headers,
+            dead_letter_on_4xx: p.dead_letter_on_4xx,
+            response_body_bytes: p.response_body_bytes,
+            line: Line::new(p.permits),
+            claims: Arc::new(tokio::sync::Semaphore::new(Controller::claim_capacity(
+                p.permits,
+            ))),
+            claim_capacity: Controller::claim_capacity(p.permits),
+            claimed_by: std::sync::Mutex::new(HashMap::new()),
+            control: Controller::new(p.permits, p.breaker_failures, p.breaker_cooldown),
+            fingerprint: p.fingerprint,
+        })
+    }
+
+    /// The Standard Webhooks signature of `env` now, with the sink's secrets if it has
+    /// any: the timestamp (seconds) and the `webhook-signature` value (one signature a
+    /// key, space-separated, as the standard lets a rotation send them).
     pub fn signature(&self, env: &Envelope) -> Option<(u64, String)> {
-        let key = self.key.as_ref()?;
+        let (first, more) = self.keys.split_first()?;
         let ts = ankusa_keyspace::now_ms() / 1000;
-        Some((ts, standard_webhooks_sign(key, &env.id, ts, &env.body)))
+        let mut value = standard_webhooks_sign(first, &env.id, ts, &env.body);
+        for key in more {
+            value.push(' ');
+            value.push_str(&standard_webhooks_sign(key, &env.id, ts, &env.body));
+        }
+        Some((ts, value))
     }
 
     fn claimed_by(&self) -> std::sync::MutexGuard<'_, HashMap<TenantOrd, usize>> {
@@ -284,36 +352,27 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
                     key: format!("{key}.url"),
                     message: format!("{e}"),
                 })?,
-                client: match &own_cas {
+                client: Pool::Open(match &own_cas {
                     None => shared.clone(),
                     Some(cas) => delivery_client(cas, permits, &format!("{key}.ca_bundle"))?,
-                },
+                }),
             },
         };
-        sinks.insert(
-            s.id.clone(),
-            Arc::new(Sink {
-                id: s.id.clone(),
-                transport,
-                key: secret,
-                timeout: Duration::from_millis(s.timeout_ms),
-                headers,
-                dead_letter_on_4xx: s.dead_letter_on_4xx,
-                response_body_bytes: body_bytes,
-                line: Line::new(permits),
-                claims: Arc::new(tokio::sync::Semaphore::new(Controller::claim_capacity(
-                    permits,
-                ))),
-                claim_capacity: Controller::claim_capacity(permits),
-                claimed_by: std::sync::Mutex::new(HashMap::new()),
-                control: Controller::new(
-                    permits,
-                    s.breaker_failures,
-                    Duration::from_millis(s.breaker_cooldown_ms),
-                ),
-                fingerprint,
-            }),
-        );
+        let sink = Sink::new(Parts {
+            id: s.id.clone(),
+            transport,
+            keys: secret.into_iter().collect(),
+            timeout: Duration::from_millis(s.timeout_ms),
+            headers,
+            dead_letter_on_4xx: s.dead_letter_on_4xx,
+            response_body_bytes: body_bytes,
+            permits,
+            breaker_failures: s.breaker_failures,
+            breaker_cooldown: Duration::from_millis(s.breaker_cooldown_ms),
+            fingerprint,
+            pace: None,
+        });
+        sinks.insert(s.id.clone(), sink);
     }
     Ok(Sinks {
         generation: 0,
@@ -382,6 +441,8 @@ pub struct Sinks {
 #[derive(Debug, Clone)]
 pub struct Deliverer {
     sinks: Arc<arc_swap::ArcSwap<Sinks>>,
+    /// Tenants' own endpoints, built as sinks when their deliveries come.
+    endpoints: Option<Arc<EndpointSinks>>,
     /// Wakes the consumers waiting on a pull sink when the tick parks rows for it.
     pub pull_wake: Arc<PullWake>,
 }
@@ -393,8 +454,31 @@ impl Deliverer {
         let sinks = build_sinks(config, None)?;
         Ok(Deliverer {
             sinks: Arc::new(arc_swap::ArcSwap::from_pointee(sinks)),
+            endpoints: None,
             pull_wake: Arc::default(),
         })
+    }
+
+    /// Delivers to the endpoints `book` holds too (before the deliverer is shared).
+    pub fn with_endpoints(
+        &mut self,
+        book: Arc<crate::endpoints::Book>,
+        cluster: Arc<crate::cluster::Cluster>,
+        config: &Config,
+    ) -> Result<(), ConfigError> {
+        self.endpoints = Some(Arc::new(EndpointSinks::new(book, cluster, config)?));
+        Ok(())
+    }
+
+    /// The sink a delivery of `tenant`'s hook to sink `id` goes to: a configured one, or
+    /// the tenant's endpoint of that id. `Err` (the delivery is retried): the endpoint could
+    /// not be read, or it moved to the tenant's owner, where the row follows it (a
+    /// handoff); `Ok(None)`: no such sink, or an endpoint deleted or disabled.
+    pub fn sink_for(&self, tenant: &str, id: &str) -> Result<Option<Arc<Sink>>, String> {
+        match &self.endpoints {
+            Some(e) if id.starts_with(ankusa_config::ENDPOINT_ID_PREFIX) => e.sink(tenant, id),
+            _ => Ok(self.sink(id)),
+        }
     }
 
     /// The sinks of `config`, ready to [`install`](Deliverer::install): a sink whose
@@ -431,21 +515,26 @@ impl Deliverer {
         self.sinks.load_full()
     }
 
-    /// Free slots over every sink: the most rows a tick can start deliveries for.
+    /// Free slots over every sink: the most rows a tick can start deliveries for (the
+    /// endpoints' built so far, and one endpoint's more for those not built yet).
     pub fn free_slots(&self) -> usize {
-        self.sinks
+        let configured: usize = self
+            .sinks
             .load()
             .by_id
             .values()
             .map(|s| s.free_claims())
-            .sum()
+            .sum();
+        configured + self.endpoints.as_ref().map_or(0, |e| e.free_slots())
     }
 
     /// Whether some sink has a quarter of its line free (see [`Sink::batch_free`]): worth a
     /// tick that waited for slots.
     pub fn batch_free(&self) -> bool {
         let sinks = self.sinks.load();
-        sinks.by_id.is_empty() || sinks.by_id.values().any(|s| s.batch_free())
+        sinks.by_id.is_empty()
+            || sinks.by_id.values().any(|s| s.batch_free())
+            || self.endpoints.as_ref().is_some_and(|e| e.batch_free())
     }
 
     /// Sends the hook to the sink once: a POST, or a NATS sink's publish.
@@ -454,7 +543,13 @@ impl Deliverer {
             Transport::Http { uri, client } => (uri, client),
             Transport::Nats(nats) => return nats_attempt(sink, nats, env).await,
         };
+        if let Some(pace) = &sink.pace {
+            pace.wait().await;
+        }
         let started = Instant::now();
+        if let Some(refused) = refused_literal(client, uri) {
+            return refused_attempt(refused, started);
+        }
         let req = match request(sink, uri, env) {
             Ok(r) => r,
             Err(e) => {
@@ -512,13 +607,16 @@ impl Deliverer {
                 latency,
                 duplicate: false,
             },
-            Ok(Err(e)) => Attempt {
-                verdict: Verdict::Retry { retry_after: None },
-                status: 0,
-                class: Some(ErrorClass::Connection),
-                error: format!("connection: {e}"),
-                latency,
-                duplicate: false,
+            Ok(Err(e)) => match crate::http::guard::refusal_in(&e) {
+                Some(r) => refused_attempt(r.to_string(), started),
+                None => Attempt {
+                    verdict: Verdict::Retry { retry_after: None },
+                    status: 0,
+                    class: Some(ErrorClass::Connection),
+                    error: format!("connection: {e}"),
+                    latency,
+                    duplicate: false,
+                },
             },
             Ok(Ok((status, retry_after, head))) => {
                 let code = status.as_u16();
@@ -547,6 +645,160 @@ impl Deliverer {
                 }
             }
         }
+    }
+}
+
+/// Why a guarded pool does not connect to the address written in `uri` (the connector
+/// resolves names only).
+fn refused_literal(pool: &Pool, uri: &Uri) -> Option<String> {
+    let Pool::Guarded(_) = pool else { return None };
+    let host = uri.host()?.trim_start_matches('[').trim_end_matches(']');
+    let ip: std::net::IpAddr = host.parse().ok()?;
+    crate::http::guard::refused(ip)
+        .map(|why| format!("{ip} is a {why} address: refused (endpoints.allow_private is off)"))
+}
+
+/// An attempt the guard refused: dead at once (no retry reaches another address; the
+/// tenant fixes its URL and replays).
+fn refused_attempt(error: String, started: Instant) -> Attempt {
+    Attempt {
+        verdict: Verdict::Dead,
+        status: 0,
+        class: Some(ErrorClass::AddressRefused),
+        error,
+        latency: started.elapsed(),
+        duplicate: false,
+    }
+}
+
+/// Tenants' endpoints as sinks, built from their records when a delivery needs one and
+/// kept (at most `endpoints.cache_tenants`, the least recently used going first) until
+/// their record changes or a rotated secret stops signing.
+#[derive(Debug)]
+pub struct EndpointSinks {
+    book: Arc<crate::endpoints::Book>,
+    /// Who owns each tenant: an endpoint not here is its owner's once a handoff moved it.
+    cluster: Arc<crate::cluster::Cluster>,
+    pool: Pool,
+    built: std::sync::Mutex<hashlink::LruCache<(String, String), Built>>,
+    response_body_bytes: usize,
+}
+
+#[derive(Debug)]
+struct Built {
+    /// The record's `updated_ms` it was built from.
+    updated_ms: u64,
+    /// When its keys change (a rotated secret's end): built again from then on.
+    until_ms: u64,
+    sink: Arc<Sink>,
+}
+
+impl EndpointSinks {
+    fn new(
+        book: Arc<crate::endpoints::Book>,
+        cluster: Arc<crate::cluster::Cluster>,
+        config: &Config,
+    ) -> Result<Self, ConfigError> {
+        let e = &config.endpoints;
+        let node_cas = match &config.dispatch.ca_bundle {
+            Some(ca) => ca.certificates("dispatch.ca_bundle")?,
+            None => Vec::new(),
+        };
+        let pool = if e.allow_private {
+            Pool::Open(delivery_client(
+                &node_cas,
+                e.max_inflight,
+                "dispatch.ca_bundle",
+            )?)
+        } else {
+            let http = HttpConnector::new_with_resolver(crate::http::guard::Resolver);
+            let https =
+                crate::http::https(http, &node_cas).map_err(|err| ConfigError::Invalid {
+                    key: "dispatch.ca_bundle".into(),
+                    message: format!("TLS set-up: {err}"),
+                })?;
+            Pool::Guarded(
+                Client::builder(TokioExecutor::new())
+                    .pool_idle_timeout(Duration::from_secs(60))
+                    .pool_max_idle_per_host(e.max_inflight)
+                    .build(https),
+            )
+        };
+        Ok(EndpointSinks {
+            built: std::sync::Mutex::new(hashlink::LruCache::new(e.cache_tenants.max(1))),
+            book,
+            cluster,
+            pool,
+            response_body_bytes: config.dispatch.response_body_bytes,
+        })
+    }
+
+    fn built(&self) -> std::sync::MutexGuard<'_, hashlink::LruCache<(String, String), Built>> {
+        self.built.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn sink(&self, tenant: &str, id: &str) -> Result<Option<Arc<Sink>>, String> {
+        let record = match self.book.get(tenant, id) {
+            Ok(Some(r)) if r.enabled => r,
+            Ok(None) if self.cluster.other_owner(tenant).is_some() => {
+                return Err(format!(
+                    "the tenant's endpoint {id} moved to the tenant's owner; this row follows it"
+                ))
+            }
+            Ok(_) => return Ok(None),
+            Err(e) => return Err(format!("reading the endpoint: {e}")),
+        };
+        let now = ankusa_keyspace::now_ms();
+        let key = (tenant.to_owned(), id.to_owned());
+        if let Some(b) = self.built().get(&key) {
+            if b.updated_ms == record.updated_ms && now < b.until_ms {
+                return Ok(Some(b.sink.clone()));
+            }
+        }
+        let e = self.book.config();
+        let uri: Uri = record
+            .url
+            .parse()
+            .map_err(|err| format!("the endpoint's url: {err}"))?;
+        let sink = Sink::new(Parts {
+            id: record.id.clone(),
+            transport: Transport::Http {
+                uri,
+                client: self.pool.clone(),
+            },
+            keys: record.keys_at(now),
+            timeout: Duration::from_millis(e.timeout_ms),
+            headers: Vec::new(),
+            dead_letter_on_4xx: true,
+            response_body_bytes: self.response_body_bytes,
+            permits: e.max_inflight,
+            breaker_failures: e.breaker_failures,
+            breaker_cooldown: Duration::from_millis(e.breaker_cooldown_ms),
+            fingerprint: [0; 32],
+            pace: record.rate_per_second.map(super::pace::Pace::per_second),
+        });
+        self.built().insert(
+            key,
+            Built {
+                updated_ms: record.updated_ms,
+                until_ms: record.keys_change_at(now).unwrap_or(u64::MAX),
+                sink: sink.clone(),
+            },
+        );
+        Ok(Some(sink))
+    }
+
+    /// The built endpoints' free claims, and one endpoint's line for those not built yet.
+    fn free_slots(&self) -> usize {
+        if self.book.total() == 0 {
+            return 0;
+        }
+        let built: usize = self.built().iter().map(|(_, b)| b.sink.free_claims()).sum();
+        built + Controller::claim_capacity(self.book.config().max_inflight)
+    }
+
+    fn batch_free(&self) -> bool {
+        self.book.total() > 0
     }
 }
 

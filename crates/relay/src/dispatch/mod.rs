@@ -15,6 +15,7 @@ pub mod delivery;
 pub mod line;
 pub mod nats;
 pub mod outcome;
+pub mod pace;
 pub mod parked;
 pub mod paused;
 pub mod pipeline;

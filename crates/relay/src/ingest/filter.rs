@@ -13,7 +13,10 @@ use ankusa_config::{EventTypeFrom, HookFacts};
 use ankusa_verify::request::JsonBody;
 use axum::http::HeaderMap;
 
+use std::sync::Arc;
+
 use super::Source;
+use crate::endpoints::{Record, SERIES as ENDPOINTS_SERIES};
 use crate::metrics::Metrics;
 
 /// A hook as the filters read it: its headers, its body (parsed at most once) and its
@@ -38,15 +41,25 @@ impl HookFacts for Facts<'_, '_, '_> {
     }
 }
 
-/// The sinks of `src`'s route that take this hook, in the route's order.
+/// The sinks of `src`'s route that take this hook, in the route's order, then the
+/// tenant's `endpoints` that do (enabled, and their filter matches).
 pub(super) fn taken(
     src: &Source,
+    endpoints: Option<&[Arc<Record>]>,
     headers: &HeaderMap,
     json: &mut JsonBody<'_>,
     metrics: &Metrics,
 ) -> Vec<String> {
-    if src.sinks.iter().all(|(_, f)| f.is_none()) {
-        return src.sinks.iter().map(|(s, _)| s.clone()).collect();
+    let endpoints = endpoints.unwrap_or_default();
+    let plain =
+        src.sinks.iter().all(|(_, f)| f.is_none()) && endpoints.iter().all(|e| e.filter.is_none());
+    if plain {
+        let mut out: Vec<String> = src.sinks.iter().map(|(s, _)| s.clone()).collect();
+        out.extend(endpoints.iter().filter(|e| e.enabled).map(|e| e.id.clone()));
+        if out.is_empty() {
+            metrics.hook_filtered(&src.id);
+        }
+        return out;
     }
     let event = match &src.event_type {
         Some(EventTypeFrom::Header(h)) => headers
@@ -61,11 +74,18 @@ pub(super) fn taken(
         json: RefCell::new(json),
         event,
     };
-    let mut out = Vec::with_capacity(src.sinks.len());
+    let mut out = Vec::with_capacity(src.sinks.len() + endpoints.len());
     for (sink, filter) in &src.sinks {
         match filter {
             Some(f) if !f.matches(&facts) => metrics.route_filtered(&src.id, sink),
             _ => out.push(sink.clone()),
+        }
+    }
+    for e in endpoints.iter().filter(|e| e.enabled) {
+        if e.takes(&facts) {
+            out.push(e.id.clone());
+        } else {
+            metrics.route_filtered(&src.id, ENDPOINTS_SERIES);
         }
     }
     if out.is_empty() {

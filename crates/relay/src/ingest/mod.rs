@@ -65,6 +65,8 @@ pub struct Source {
     pub body_limit: usize,
     /// Request headers kept with the hook and sent to its sinks (lower case).
     pub forward: Vec<HeaderName>,
+    /// Its route delivers to the tenant's own endpoints too (`routes[].endpoints`).
+    pub endpoints: bool,
 }
 
 use ankusa_verify::request::{forwarded, idempotency_of, tenant_of, JsonBody};
@@ -132,10 +134,8 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
                 json_pointer: Some("/id".into()),
             },
         };
-        let sinks = config
-            .routes
-            .iter()
-            .find(|r| r.id == s.route)
+        let route = config.routes.iter().find(|r| r.id == s.route);
+        let sinks = route
             .map(|r| {
                 r.sinks
                     .iter()
@@ -163,6 +163,7 @@ pub fn sources(config: &Config) -> Result<HashMap<String, Source>, ConfigError> 
                         })
                     })
                     .collect::<Result<_, _>>()?,
+                endpoints: route.is_some_and(|r| r.endpoints),
             },
         );
     }
@@ -185,6 +186,8 @@ pub struct IngestState {
     pub cluster: Arc<Cluster>,
     /// Tenant quotas, enforced here on the tenant's owner.
     pub quotas: Arc<quota::Quotas>,
+    /// Tenants' own endpoints, for the routes that deliver to them.
+    endpoints: Option<Arc<crate::endpoints::Book>>,
     next_id: AtomicU64,
     id_prefix: String,
     /// Lines about requests that failed verification: a sender can cause them at any rate.
@@ -211,6 +214,7 @@ impl IngestState {
             metrics,
             ready,
             cluster,
+            endpoints: None,
             next_id: AtomicU64::new(0),
             verify_log: Arc::new(crate::telemetry::LogLimit::new(VERIFY_LOG_PER_SECOND)),
             // Ids are unique across restarts: boot time and a random part, then a counter.
@@ -220,6 +224,12 @@ impl IngestState {
                 rand::random::<u32>() & 0xFF_FFFF
             ),
         }
+    }
+
+    /// Delivers to the endpoints `book` holds on the routes that say so.
+    pub fn with_endpoints(mut self, book: Arc<crate::endpoints::Book>) -> Self {
+        self.endpoints = Some(book);
+        self
     }
 
     fn new_id(&self) -> String {
@@ -530,8 +540,10 @@ async fn handle<'a>(
         return (label, outcome, r);
     }
     let idempotency = idempotency_of(&src.idempotency, &headers, &mut json);
-    // The route's filters, once, before the commit: the sinks that take the hook.
-    let sinks = filter::taken(src, &headers, &mut json, &s.metrics);
+    let sinks = match sinks_taken(s, src, owned_as, &headers, &mut json) {
+        Ok(sinks) => sinks,
+        Err(r) => return (label, Outcome::Unavailable, *r),
+    };
     let filtered = sinks.is_empty();
     let envelope = Envelope {
         id: s.new_id(),
@@ -568,6 +580,38 @@ async fn handle<'a>(
         }
         Err(_) => unavailable("the store could not commit the hook"),
     }
+}
+
+/// The route's filters, once, before the commit: the sinks of `src`'s route that take the
+/// hook, then tenant `tenant`'s own endpoints
+/// that do when the route delivers to them ([`filter::taken`]); a 503 when those cannot be
+/// read.
+fn sinks_taken(
+    s: &IngestState,
+    src: &Source,
+    tenant: &str,
+    headers: &HeaderMap,
+    json: &mut JsonBody<'_>,
+) -> Result<Vec<String>, Box<Response>> {
+    let endpoints = match s.endpoints.as_ref().filter(|_| src.endpoints) {
+        None => None,
+        Some(book) => Some(book.of(tenant).map_err(|e| {
+            tracing::error!(error = %e, "ingest: reading the tenant's endpoints failed");
+            let r = error(
+                StatusCode::SERVICE_UNAVAILABLE,
+                ErrorCode::Unavailable,
+                "the store could not read the tenant's endpoints",
+            );
+            Box::new(with_retry_after(r, 1))
+        })?),
+    };
+    Ok(filter::taken(
+        src,
+        endpoints.as_deref(),
+        headers,
+        json,
+        &s.metrics,
+    ))
 }
 
 /// A hook of a tenant another node owns, sent on to it: its answer, or `unavailable` when

@@ -705,6 +705,14 @@ node_metrics! {
     tenant_limit_overrides: Gauge = Default::default(),
         "ankusa_tenant_limit_overrides",
         "Tenants with their own limits on this node (PUT /v1/tenants/{t}/limits)";
+    /// Tenants' own endpoints stored here (`/v1/tenants/{t}/endpoints`).
+    endpoints: Gauge = Default::default(),
+        "ankusa_endpoints",
+        "Tenants' own endpoints stored on this node (at most endpoints.max_total)";
+    /// Tenants whose endpoint lists are held in memory.
+    endpoint_cache_tenants: Gauge = Default::default(),
+        "ankusa_endpoint_cache_tenants",
+        "Tenants whose endpoint lists this node holds in memory (at most endpoints.cache_tenants)";
     /// Tenants a quota refused a hook of within the last 5 minutes.
     tenants_over_quota: Gauge = Default::default(),
         "ankusa_tenants_over_quota",

@@ -83,6 +83,11 @@ pub(super) fn api_state(
             metrics.tenant_limit_overrides.clone(),
         )),
         eraser: Arc::new(crate::erase::Eraser::default()),
+        endpoints: Arc::new(crate::endpoints::Book::new(
+            store.clone(),
+            &config.endpoints,
+            metrics,
+        )),
         cluster,
         hints: Arc::new(DueHints::default()),
         store: store.clone(),
@@ -206,6 +211,10 @@ pub(super) fn recover(config: &Config, api: &Api) -> Result<(u64, Assembler), No
     let limited = api.quotas.load(store)?;
     if limited > 0 {
         tracing::info!(tenants = limited, "tenants with their own limits");
+    }
+    let endpoints = api.endpoints.load()?;
+    if endpoints > 0 {
+        tracing::info!(endpoints, "tenants' own endpoints");
     }
     let markers = deliveries::repair_markers_except(store, |o| api.paused.holds(o))?;
     if markers > 0 {
@@ -331,6 +340,7 @@ pub(super) fn background_tasks(
                 eraser: api.eraser.clone(),
                 paused: api.paused.clone(),
                 quotas: api.quotas.clone(),
+                endpoints: api.endpoints.clone(),
                 quarantine: api.quarantine.clone(),
                 config: api.config.clone(),
             },

@@ -379,12 +379,15 @@ impl Node {
         stop: tokio::sync::watch::Receiver<bool>,
     ) -> Result<Booted, NodeError> {
         let sources = crate::ingest::sources(&config)?;
-        let deliverer = Deliverer::from_config(&config)?;
+        let mut deliverer = Deliverer::from_config(&config)?;
         let store = open_store(&config, &metrics).await?;
         let cluster = Arc::new(Cluster::new(&config, &store, metrics.clone())?);
         let ingest_edge = cluster.clone();
         let ready = Arc::new(AtomicBool::new(false));
         let (api, quarantine) = api_state(&config, &store, &metrics, cluster.clone())?;
+        deliverer.with_endpoints(api.endpoints.clone(), cluster.clone(), &config)?;
+        let book = api.endpoints.clone();
+        cluster.on_endpoints_moved(move || book.reload());
         let history = Arc::new(crate::console::history::History::new(
             metrics.console_history_tenants.clone(),
         ));
@@ -429,16 +432,19 @@ impl Node {
         let _ = api.writer.set(writer.clone());
         let handoff_writer = writer.clone();
         let gateway = pull_gateway(&config, &api, &deliverer, &metrics).await?;
-        let ingest_state = Arc::new(IngestState::new(
-            sources,
-            store.clone(),
-            writer,
-            quarantine,
-            metrics.clone(),
-            ready.clone(),
-            cluster.clone(),
-            api.quotas.clone(),
-        ));
+        let ingest_state = Arc::new(
+            IngestState::new(
+                sources,
+                store.clone(),
+                writer,
+                quarantine,
+                metrics.clone(),
+                ready.clone(),
+                cluster.clone(),
+                api.quotas.clone(),
+            )
+            .with_endpoints(api.endpoints.clone()),
+        );
         let _ = api.ingest.set(Arc::downgrade(&ingest_state));
         // The reloader holds the parts it swaps, never the states that hold the writer (a
         // stop waits for the writer's last handle to go).

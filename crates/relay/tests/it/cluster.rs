@@ -47,6 +47,8 @@ struct Relay {
     leaving: HashSet<usize>,
     /// `cluster.handoff_interval_ms` (0: former owners keep what they stored).
     handoff_ms: u64,
+    /// The route delivers to the tenants' own endpoints too.
+    endpoints: bool,
 }
 
 impl Relay {
@@ -70,6 +72,7 @@ impl Relay {
             lists: HashMap::new(),
             leaving: HashSet::new(),
             handoff_ms: 200,
+            endpoints: false,
         };
         for _ in 0..nodes {
             r.add_spec();
@@ -132,7 +135,11 @@ impl Relay {
                 self.sink.url("/s")
             ))
             .sink_yaml("{ id: q, kind: pull }")
-            .route("r", if self.pull { &["s", "q"] } else { &["s"] })
+            .route_yaml(&format!(
+                "{{ id: r, sinks: [{}], endpoints: {} }}",
+                if self.pull { "s, q" } else { "s" },
+                self.endpoints
+            ))
             .source_yaml(&format!(
                 r#"{{ id: gh, tenant: {{ header: x-tenant }}, verify: {{ scheme: github, secret: {{ value: "{GH_SECRET}" }} }}, tenant_binding: shared-secret, route: r }}"#
             ))
@@ -2044,6 +2051,97 @@ fn a_leaving_node_hands_every_stored_row_to_the_owners_and_each_acked_hook_is_de
     assert!(
         text.contains("pending=0 scheduled=0 inflight=0 dead=0"),
         "{text}"
+    );
+}
+
+/// A tenant's own endpoints follow it to its new owner when its node leaves: the same id,
+/// its deliveries still owed there (the endpoint answering 503 when the node left) moved
+/// with them and delivered once, and its later hooks delivered to it by the new owner; the
+/// node that left holds none.
+#[test]
+fn a_tenants_endpoints_move_to_its_new_owner_with_its_rows() {
+    let mut r = Relay::new(
+        3,
+        "endpoints: { allow_private: true }\nretry: { schedule_ms: [300], jitter: none, max_attempts: 20 }",
+    );
+    r.endpoints = true;
+    let t = (0..)
+        .map(|n| format!("ep-tenant-{n}"))
+        .find(|t| r.owner(t) == 2)
+        .unwrap();
+    r.start_all();
+    let c = client();
+    let call = |r: &Relay, i: usize, method: &str, path: &str, body: &str| {
+        let headers = [
+            format!("Authorization: Bearer {ADMIN}"),
+            "content-type: application/json".to_owned(),
+        ];
+        let (s, b) = http_raw(
+            r.specs[i].admin,
+            method,
+            path,
+            &headers,
+            body,
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        (
+            s,
+            serde_json::from_str::<serde_json::Value>(&b).unwrap_or_default(),
+        )
+    };
+    // Made through node 0, kept by the owner, node 2.
+    let path = format!("/v1/tenants/{t}/endpoints");
+    let body = serde_json::json!({ "url": r.sink.url("/ep") }).to_string();
+    let (s, made) = call(&r, 0, "POST", &path, &body);
+    assert_eq!(s, 201, "{made}");
+    let id = made["endpoint"]["id"].as_str().unwrap().to_owned();
+    let (_, v) = local_answer(&r, 2, &path);
+    assert_eq!(v["endpoints"][0]["id"], id.as_str(), "{v}");
+    // The endpoint refuses its first deliveries: they wait on node 2, retried.
+    r.sink.script("/ep", &[(503, None); 6]);
+    let mut acked = HashSet::new();
+    r.send_acked(&c, &t, "before", 3, &mut acked);
+    std::thread::sleep(Duration::from_millis(400));
+
+    r.leaving.insert(2);
+    for i in [2, 0, 1] {
+        if let Some(mut p) = r.procs[i].take() {
+            p.stop(Duration::from_secs(60));
+        }
+        r.start(i);
+    }
+    await_drained(&r, 2, Duration::from_secs(60));
+    let owner = (0..2)
+        .find(|i| local_answer(&r, *i, &path).1["endpoints"][0]["id"] == id.as_str())
+        .expect("the endpoint reached the tenant's new owner");
+    let (_, v) = local_answer(&r, 2, &path);
+    assert_eq!(
+        v["endpoints"],
+        serde_json::json!([]),
+        "node 2 still holds it: {v}"
+    );
+    r.send_acked(&c, &t, "after", 3, &mut acked);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !acked
+        .iter()
+        .all(|d| accepted_by_id(&r.sink, "/ep").contains_key(d))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "not every hook reached the endpoint\n{}",
+            r.logs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    std::thread::sleep(Duration::from_millis(500));
+    let got = accepted_by_id(&r.sink, "/ep");
+    assert!(got.values().all(|n| *n == 1), "delivered twice: {got:?}");
+    assert_eq!(got.len(), acked.len());
+    let (_, text) = http_get_auth_token(r.specs[owner].admin, "/metrics", ADMIN).unwrap();
+    assert_eq!(
+        ankusa_relay::testkit::metric(&text, "ankusa_endpoints"),
+        Some(1.0)
     );
 }
 

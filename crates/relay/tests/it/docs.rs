@@ -77,7 +77,7 @@ pull:
 dispatch: { ca_bundle: { pem: PEM } }
 store: { memory_bytes: 67108864 }
 tenants: { limits: { ingest_per_second: 10, ingest_burst: 20, queued_bytes: 1048576, archive_bytes: 1048576 } }
-routes: [{ id: r, sinks: [s], filters: { s: { event: "invoice.*" } } }]
+routes: [{ id: r, sinks: [s], endpoints: true, filters: { s: { event: "invoice.*" } } }]
 sources:
   - { id: a, tenant: { header: x-t }, verify: { scheme: none }, idempotency: { headers: [x-i] },
       route: r, body_limit_bytes: 1024, forward_headers: [x-f], event_type: { header: x-e } }

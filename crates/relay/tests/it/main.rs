@@ -12,6 +12,7 @@ mod contract;
 mod crash;
 mod dispatch;
 mod docs;
+mod endpoints;
 mod erase;
 mod faults;
 mod filters;

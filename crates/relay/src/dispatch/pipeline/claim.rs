@@ -187,8 +187,13 @@ pub(super) fn claim_tick(
     let picked = assign(&work, start, ctx.free, &ctx.tenants, &weight_of, |c| {
         c.envelope
             .as_deref()
-            .and_then(|env| env.sinks.get(c.row.key.sink.0 as usize))
-            .and_then(|id| ctx.deliverer.sink(id))
+            .and_then(|env| {
+                let id = env.sinks.get(c.row.key.sink.0 as usize)?;
+                ctx.deliverer
+                    .sink_for(env.tenant_or_default(), id)
+                    .ok()
+                    .flatten()
+            })
             .map_or(SinkSlot::NotNeeded, |sink| {
                 sink.try_claim(c.row.key.ord)
                     .map_or(SinkSlot::Refused, SinkSlot::Taken)

@@ -400,6 +400,8 @@ struct Metered {
 struct SinkSeries {
     generation: u64,
     by_id: HashMap<String, Metered>,
+    /// Every tenant endpoint's deliveries, in one series ([`crate::endpoints::SERIES`]).
+    endpoints: SinkMeters,
 }
 
 impl SinkSeries {
@@ -421,6 +423,7 @@ impl SinkSeries {
         SinkSeries {
             generation: sinks.generation,
             by_id,
+            endpoints: metrics.sink_meters(crate::endpoints::SERIES),
         }
     }
 }

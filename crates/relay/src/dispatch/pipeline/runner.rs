@@ -39,6 +39,35 @@ impl Runner {
         fresh
     }
 
+    /// The sink of delivery `k` of `env` and its series (`true`: the endpoints' shared
+    /// one); `Ok(None)`: no such sink now; `Err`: its endpoint could not be read.
+    #[allow(clippy::type_complexity)]
+    fn target<'s>(
+        &self,
+        sinks: &'s SinkSeries,
+        env: &ankusa_records::Envelope,
+        k: usize,
+    ) -> Result<
+        Option<(
+            Arc<crate::dispatch::delivery::Sink>,
+            &'s crate::metrics::SinkMeters,
+            bool,
+        )>,
+        String,
+    > {
+        let Some(id) = env.sinks.get(k) else {
+            return Ok(None);
+        };
+        if id.starts_with(ankusa_config::ENDPOINT_ID_PREFIX) {
+            let sink = self.deliverer.sink_for(env.tenant_or_default(), id)?;
+            return Ok(sink.map(|s| (s, &sinks.endpoints, true)));
+        }
+        Ok(sinks
+            .by_id
+            .get(id)
+            .map(|Metered { sink, meters }| (sink.clone(), meters, false)))
+    }
+
     /// One claimed (or started) delivery: its attempt, in its tenant's turn in the sink's
     /// line, then its outcome to the committer (which gives the permit back).
     async fn deliver(&self, mut job: Job, permit: tokio::sync::OwnedSemaphorePermit) {
@@ -47,20 +76,24 @@ impl Runner {
         let attempt = match job.envelope.as_deref().filter(|_| job.corrupt.is_none()) {
             None => None,
             Some(env) => Some(
-                match env
-                    .sinks
-                    .get(job.row.key.sink.0 as usize)
-                    .and_then(|id| sinks.by_id.get(id))
-                {
-                    None => Attempt {
-                        verdict: Verdict::Dead,
+                match self.target(&sinks, env, job.row.key.sink.0 as usize) {
+                    Err(error) => Attempt {
+                        verdict: Verdict::Retry { retry_after: None },
                         status: 0,
                         class: Some(ankusa_records::ErrorClass::Unconfigured),
-                        error: "the hook's sink is no longer configured".into(),
+                        error,
                         latency: Duration::ZERO,
                         duplicate: false,
                     },
-                    Some(Metered { sink, meters: m }) => {
+                    Ok(None) => Attempt {
+                        verdict: Verdict::Dead,
+                        status: 0,
+                        class: Some(ankusa_records::ErrorClass::Unconfigured),
+                        error: gone(env, job.row.key.sink.0 as usize),
+                        latency: Duration::ZERO,
+                        duplicate: false,
+                    },
+                    Ok(Some((sink, m, shared))) => {
                         let span = tracing::debug_span!(
                             target: crate::telemetry::TARGET,
                             "delivery",
@@ -77,7 +110,7 @@ impl Runner {
                         let a = async {
                             let _request = sink.line.acquire(job.row.key.ord).await;
                             self.deliverer
-                                .attempt(sink, env, self.max_retry_after)
+                                .attempt(&sink, env, self.max_retry_after)
                                 .await
                         }
                         .instrument(span.clone())
@@ -87,10 +120,14 @@ impl Runner {
                         let now = std::time::Instant::now();
                         let (limit, breaker) = sink.control.record(a.signal(), now);
                         let (requests, queued) = sink.line.set_limit(limit);
-                        m.limit.set(limit as i64);
-                        m.breaker.set(breaker as i64);
-                        m.requests.set(requests as i64);
-                        m.queued.set(queued as i64);
+                        // The endpoints' one series counts; its gauges would be any one
+                        // endpoint's.
+                        if !shared {
+                            m.limit.set(limit as i64);
+                            m.breaker.set(breaker as i64);
+                            m.requests.set(requests as i64);
+                            m.queued.set(queued as i64);
+                        }
                         m.attempt(a.label()).inc();
                         if a.duplicate {
                             m.duplicates.inc();
@@ -121,6 +158,17 @@ impl Runner {
                 tracing::error!(left_out, "dispatch: the outcome committer is gone; this delivery's row is due again after the next boot");
             }
         }
+    }
+}
+
+/// Why delivery `k` of `env` has no sink: a configured one removed, or a tenant's endpoint
+/// deleted or disabled.
+fn gone(env: &ankusa_records::Envelope, k: usize) -> String {
+    match env.sinks.get(k) {
+        Some(id) if id.starts_with(ankusa_config::ENDPOINT_ID_PREFIX) => {
+            format!("the tenant's endpoint {id} is deleted or disabled")
+        }
+        _ => "the hook's sink is no longer configured".into(),
     }
 }
 
@@ -237,14 +285,23 @@ impl Starter {
 }
 
 impl ankusa_queue::writer::Starts for Starter {
-    fn try_start(&self, ord: TenantOrd, sink: &str) -> Option<ankusa_queue::writer::StartSlot> {
+    fn try_start(
+        &self,
+        ord: TenantOrd,
+        tenant: &str,
+        sink: &str,
+    ) -> Option<ankusa_queue::writer::StartSlot> {
         let p = self.parts.get()?;
         // A paused tenant's row is written due and waits; no tick takes it either, so
         // the gate (which only guards the ticks' order) stays as it is.
         if self.paused.holds(ord) {
             return None;
         }
-        let target = p.deliverer.sink(sink);
+        // An endpoint that cannot be read now is left to a tick.
+        let Ok(target) = p.deliverer.sink_for(tenant, sink) else {
+            self.close();
+            return None;
+        };
         // A pull sink's row (no HTTP sink of that id) is written due for the tick to park:
         // nothing to start, and nothing the gate guards (no push row waits behind it).
         if target.is_none() && p.deliverer.is_pull(sink) {
