@@ -147,11 +147,20 @@ def main():
         b.wait_for("the replayed hook delivered", delivered)
         shot(b, "hook-replayed")
 
-        # The tenant portal: its tenant, and another tenant is 404.
+        # The tenant portal: its tenant, and another tenant is 404. It shows the tenant's own
+        # endpoints, never their secrets.
+        made = api("POST", "/v1/tenants/acme/endpoints",
+                   {"url": "https://hooks.acme.example/in", "description": "acme billing",
+                    "filter": {"event": "invoice.*"}})
         link = api("POST", "/v1/portal-links", {"tenant": "acme", "ttl_ms": 600000})
         b.get(ADMIN + link["path"])
         b.wait_for("the portal", lambda: "Tenant acme" in b.page_text())
         assert "Portal of acme" in b.page_text()
+        endpoints = b.text(b.find("section[aria-labelledby='h-ep']"))
+        for shown in [made["endpoint"]["id"], "https://hooks.acme.example/in", "acme billing", "invoice.*"]:
+            assert shown in endpoints, f"{shown} not on the portal's endpoints: {endpoints}"
+        source = b.run("return document.documentElement.outerHTML;")
+        assert made["secret"] not in source and "whsec_" not in source, "a secret on the page"
         assert "Overview" not in b.text(b.find("nav")), "the portal shows no relay-wide pages"
         shot(b, "portal")
         prefix = link["path"].rstrip("/")

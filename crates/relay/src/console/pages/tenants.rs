@@ -17,6 +17,7 @@ use crate::http::percent_encode as enc;
 use ankusa_api::admin::{
     DlqPage, PortalLink, PortalRequest, PurgeReport, RecentHooks, TenantView, TenantsTop,
 };
+use ankusa_api::endpoints::EndpointList;
 
 /// The tenants with the most work, as `GET /v1/tenants?top=50` answers: an admin's from the
 /// ranking the history keeps (a minute old at most; each row's counters read now), so the
@@ -167,13 +168,15 @@ pub(super) async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool
         format!("/v1/tenants/{te}"),
         format!("/v1/dlq?tenant={te}&limit=20"),
         format!("/v1/hooks?tenant={te}&limit=20"),
+        format!("/v1/tenants/{te}/endpoints"),
     ];
-    let (view, dead, recent) = tokio::join!(
+    let (view, dead, recent, endpoints) = tokio::join!(
         c.call::<TenantView>(v, Method::GET, &paths[0], None),
         c.call::<DlqPage>(v, Method::GET, &paths[1], None),
         c.call::<RecentHooks>(v, Method::GET, &paths[2], None),
+        c.call::<EndpointList>(v, Method::GET, &paths[3], None),
     );
-    let (view, dead, recent) = (view?, dead?, recent?);
+    let (view, dead, recent, endpoints) = (view?, dead?, recent?, endpoints?);
     let ctr = &view.counters;
     let cfg = c.api.config.load();
     let sources: Vec<Vec<String>> = cfg
@@ -238,6 +241,7 @@ pub(super) async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool
 <form method=\"get\" action=\"{base}/hooks\" class=\"row\" role=\"search\">{}\
 <label for=\"delivery\">Find by the provider's delivery id</label><input id=\"delivery\" name=\"delivery\"><button type=\"submit\">Find</button></form>\
 <section aria-labelledby=\"h-src\"><h2 id=\"h-src\">Sources</h2>{}</section>\
+<section aria-labelledby=\"h-ep\"><h2 id=\"h-ep\">Endpoints</h2>{}</section>\
 <section aria-labelledby=\"h-dead\"><h2 id=\"h-dead\">Dead letters</h2>{}<p><a href=\"{base}/dlq?tenant={te}\">All dead letters of this tenant</a></p></section>\
 <section aria-labelledby=\"h-recent\"><h2 id=\"h-recent\">Recent hooks</h2>{}{}</section>",
         esc(t),
@@ -251,6 +255,7 @@ pub(super) async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool
         html::sparkline(&format!("Backlog of {t} over the last hour"), &c.history.tenant(t)),
         hidden("tenant", t),
         table("Sources this tenant's hooks can come in through", &["Source", "Tenant", "Route"], &sources),
+        endpoints_table(&endpoints),
         table("The newest dead letters", &DEAD_HEADERS, &dead_rows(v, &dead.items, false)),
         table("The newest hooks the node's log keeps", &HOOK_HEADERS, &hook_rows(v, &recent.items, false)),
         if recent.truncated {
@@ -267,6 +272,44 @@ pub(super) async fn tenant(c: &Arc<Console>, v: &Viewer, t: &str, fragment: bool
         fragment,
         true,
     ))
+}
+
+/// The tenant's own endpoints (`/v1/tenants/{t}/endpoints`): what each takes and how it
+/// signs, never a secret.
+fn endpoints_table(l: &EndpointList) -> String {
+    let rows: Vec<Vec<String>> = l
+        .endpoints
+        .iter()
+        .map(|e| {
+            let rotating = e.secrets.iter().filter_map(|s| s.expires_ms).max();
+            vec![
+                format!("<code>{}</code>", esc(&e.id)),
+                format!("<code class=\"wrap\">{}</code>", esc(&e.url)),
+                esc(e.description.as_deref().unwrap_or("")),
+                e.filter
+                    .as_ref()
+                    .map(|f| format!("<code class=\"wrap\">{}</code>", esc(&f.to_string())))
+                    .unwrap_or_else(|| "every hook".into()),
+                e.rate_per_second
+                    .map(|r| format!("{r}/s"))
+                    .unwrap_or_default(),
+                if e.enabled { "enabled" } else { "disabled" }.into(),
+                rotating
+                    .map(|at| format!("rotated; the old secret signs until {}", time_el(at)))
+                    .unwrap_or_default(),
+            ]
+        })
+        .collect();
+    format!(
+        "{}<p class=\"muted\">{} of at most {}. Managed through the API or <code>ankusa-relay admin endpoints</code>.</p>",
+        table(
+            "The tenant's own endpoints: routes with endpoints on deliver to them",
+            &["Id", "URL", "Description", "Takes", "Rate", "State", "Secret"],
+            &rows
+        ),
+        plural(l.endpoints.len() as i64, "endpoint"),
+        l.max
+    )
 }
 
 pub(super) async fn purge(c: &Arc<Console>, v: &Viewer, t: &str, form: &Form) -> Page {
