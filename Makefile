@@ -33,19 +33,25 @@ run: deps-run
 ## pinned in e2e/testenv/go.mod) and starts on 127.0.0.1, and stops when they end.
 ## The Go-built tools (the control plane, the collector, Toxiproxy, SeaweedFS) build in the
 ## background, at a low priority, from the moment the system packages are in, and are
-## waited for before the control plane starts (scripts/test-tools.sh).
+## waited for before the control plane starts (scripts/test-tools.sh); the fuzz smoke runs
+## in the background at the lowest priority from the toolchains' install to the tests' end
+## (scripts/fuzz-smoke.sh).
 test: deps-system
 	@bash scripts/test-tools.sh start
-	@$(MAKE) --no-print-directory deps fmt lint check-layers fuzz-smoke
+	@$(MAKE) --no-print-directory deps
+	@bash scripts/fuzz-smoke.sh start
+	@$(MAKE) --no-print-directory fmt lint check-layers
 	@bash scripts/test-tools.sh wait
 	bash scripts/k8s-testenv.sh run -- $(MAKE) --no-print-directory nextest e2e
+	@bash scripts/fuzz-smoke.sh wait
 
 ## Every fuzz target (fuzz/, cargo fuzz on nightly) for FUZZ_SECONDS each (default 10 min).
 FUZZ_SECONDS ?= 600
 fuzz:
 	bash scripts/fuzz.sh $(FUZZ_SECONDS)
 
-# The smoke `make test` runs: each target for 20 s; a crash fails the build.
+# The smoke `make test` runs (in the background: scripts/fuzz-smoke.sh): each target for
+# 20 s; a crash fails the build.
 fuzz-smoke:
 	bash scripts/fuzz.sh 20
 

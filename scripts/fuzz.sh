@@ -36,7 +36,7 @@ fuzz_one() {
   local t=$1 log=$2
   mkdir -p "fuzz/corpus/$t" "fuzz/seeds/$t" "fuzz/artifacts/$t"
   cargo +nightly fuzz run "$t" "fuzz/corpus/$t" "fuzz/seeds/$t" -- \
-    -max_total_time="$seconds" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    -max_total_time="$seconds" -timeout="${FUZZ_TIMEOUT_S:-10}" -rss_limit_mb=2048 -print_final_stats=1 \
     >"$log" 2>&1
 }
 report() {

@@ -668,6 +668,12 @@ fn the_docs_say_what_make_test_and_make_bench_run() {
         .filter(|p| !p.starts_with("deps"))
         .map(str::to_owned)
         .collect();
+    // The fuzz smoke runs in the background (its script starts and waits for it).
+    if test.iter().any(|l| l.contains("scripts/fuzz-smoke.sh start"))
+        && test.iter().any(|l| l.contains("scripts/fuzz-smoke.sh wait"))
+    {
+        named.push("fuzz-smoke".into());
+    }
     for step in [
         "fmt",
         "lint",
