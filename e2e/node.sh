@@ -1158,7 +1158,7 @@ reconciled() {
 e2e_until 120 reconciled || fail "the operator did not reconcile a change once reachable again"
 
 # --- backups that outlive the namespace ---------------------------------------------------
-say "backups in a bucket: pushes every 15 s under load, kubectl delete namespace, the Relay recreated in another namespace from the bucket; every hook acked before the last completed backup delivered once"
+say "backups in a bucket: pushes every 10 s under load, kubectl delete namespace, the Relay recreated in another namespace from the bucket; every hook acked before the last completed backup delivered once"
 # SeaweedFS's S3 gateway on the pod bridge's own address (the pods reach the host there;
 # the test made that bridge), every port its own, its files and logs in $work.
 weed=$(bash scripts/seaweedfs.sh)
@@ -1215,7 +1215,7 @@ $1
 EOF
 }
 dr_relay "  backup:
-    objectStore: { url: s3://hooks-dr/a, endpoint: \"$s3\", credentialsSecret: s3-keys, intervalSeconds: 15 }" |
+    objectStore: { url: s3://hooks-dr/a, endpoint: \"$s3\", credentialsSecret: s3-keys, intervalSeconds: 10 }" |
   kubectl -n "$dra" apply -f - >/dev/null
 dr_ready() { kubectl -n "$1" get relay hooks -o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True; }
 dr_condition() { kubectl -n "$1" get relay hooks -o jsonpath="{.status.conditions[?(@.type==\"$2\")].$3}"; }
@@ -1299,7 +1299,7 @@ dr_relay "  bootstrap:
     fromBackup:
       objectStore: { url: s3://hooks-dr/a, endpoint: \"$s3\", credentialsSecret: s3-keys }
   backup:
-    objectStore: { url: s3://hooks-dr/b, endpoint: \"$s3\", credentialsSecret: s3-keys, intervalSeconds: 15 }" |
+    objectStore: { url: s3://hooks-dr/b, endpoint: \"$s3\", credentialsSecret: s3-keys, intervalSeconds: 10 }" |
   kubectl -n "$drb" apply -f - >/dev/null
 restored() { [ "$(kubectl -n "$drb" get relay hooks -o jsonpath='{.status.restore.phase}')" = Completed ]; }
 e2e_until 300 restored || fail "the restore from the bucket did not complete: $(kubectl -n "$drb" get relay hooks -o jsonpath='{.status.restore}')"

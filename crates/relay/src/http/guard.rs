@@ -205,5 +205,16 @@ mod tests {
         let r = refusal_in(&e).expect("a refusal");
         assert_eq!(r.why, "loopback");
         assert!(e.to_string().contains("localhost resolves to"), "{e}");
+        // Numeric forms the system's resolver reads as an address are names to the URL's
+        // check, and refused here.
+        for numeric in ["2130706433", "0x7f000001", "127.1"] {
+            let name: Name = numeric.parse().unwrap();
+            let e = Resolver.oneshot(name).await.unwrap_err();
+            assert_eq!(
+                refusal_in(&e).map(|r| r.why),
+                Some("loopback"),
+                "{numeric}: {e}"
+            );
+        }
     }
 }

@@ -669,8 +669,12 @@ fn the_docs_say_what_make_test_and_make_bench_run() {
         .map(str::to_owned)
         .collect();
     // The fuzz smoke runs in the background (its script starts and waits for it).
-    if test.iter().any(|l| l.contains("scripts/fuzz-smoke.sh start"))
-        && test.iter().any(|l| l.contains("scripts/fuzz-smoke.sh wait"))
+    if test
+        .iter()
+        .any(|l| l.contains("scripts/fuzz-smoke.sh start"))
+        && test
+            .iter()
+            .any(|l| l.contains("scripts/fuzz-smoke.sh wait"))
     {
         named.push("fuzz-smoke".into());
     }

@@ -461,3 +461,30 @@ async fn the_cli_manages_a_tenants_endpoints() {
     assert_eq!(list["endpoints"], json!([]));
     node.stop().await;
 }
+
+/// An endpoint's `rate_per_second` spaces its requests' starts: eleven hooks at once to an
+/// endpoint of 10 a second arrive over at least a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_endpoints_rate_spaces_its_deliveries() {
+    let sink = TestSink::start().await;
+    let node = node_with("{ allow_private: true }").await;
+    let body = json!({ "url": sink.url("/paced"), "rate_per_second": 10 });
+    let (s, v) = call(
+        &node,
+        "POST",
+        "/v1/tenants/acme/endpoints",
+        ACME,
+        &body.to_string(),
+    )
+    .await;
+    assert_eq!(s, 201, "{v}");
+    for n in 0..11 {
+        send(&node, "acme", "e", &format!("{{\"n\":{n}}}")).await;
+    }
+    eventually(20, "eleven deliveries", || sink.on("/paced").len() == 11).await;
+    let mut at: Vec<_> = sink.on("/paced").iter().map(|r| r.at).collect();
+    at.sort();
+    let spread = at[10] - at[0];
+    assert!(spread >= Duration::from_millis(950), "{spread:?}");
+    node.stop().await;
+}
