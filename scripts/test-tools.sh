@@ -10,30 +10,13 @@
 #   scripts/test-tools.sh wait    wait for them; fail with their log if one failed
 set -euo pipefail
 cd "$(dirname "$0")/.."
-dir=target/test-tools
 case "${1:-}" in
   start)
-    mkdir -p "$dir"
-    rm -f "$dir/rc"
-    (
-      nice -n 10 bash -c 'bash scripts/otelcol.sh >/dev/null && bash scripts/toxiproxy.sh >/dev/null &&
-        bash scripts/seaweedfs.sh >/dev/null && bash scripts/nats-server.sh >/dev/null &&
-        bash scripts/k8s-testenv.sh build' >"$dir/log" 2>&1
-      echo $? >"$dir/rc"
-    ) &
-    echo "test-tools: building the Go tools in the background (log: $dir/log)"
+    bash scripts/background.sh start test-tools nice -n 10 bash -c 'bash scripts/otelcol.sh >/dev/null &&
+      bash scripts/toxiproxy.sh >/dev/null && bash scripts/seaweedfs.sh >/dev/null &&
+      bash scripts/nats-server.sh >/dev/null && bash scripts/k8s-testenv.sh build'
+    echo "test-tools: building the Go tools in the background (log: target/test-tools/log)"
     ;;
-  wait)
-    [ -d "$dir" ] || { echo "test-tools: not started (scripts/test-tools.sh start)" >&2; exit 2; }
-    started=$SECONDS
-    while [ ! -f "$dir/rc" ]; do sleep 2; done
-    rc=$(cat "$dir/rc")
-    if [ "$rc" != 0 ]; then
-      cat "$dir/log" >&2
-      echo "test-tools: a Go tool did not build" >&2
-      exit "$rc"
-    fi
-    echo "test-tools: ready (waited $((SECONDS - started)) s)"
-    ;;
+  wait) bash scripts/background.sh wait test-tools ;;
   *) echo "usage: $0 start|wait" >&2; exit 2 ;;
 esac
