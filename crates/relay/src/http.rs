@@ -112,6 +112,27 @@ pub fn https<R>(
         .wrap_connector(http))
 }
 
+/// `url` without its user information and its query's values.
+pub fn redact_url(url: &str) -> String {
+    let r = ankusa_config::REDACTED;
+    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
+    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let (authority, tail) = rest.split_at(end);
+    let authority = match authority.rsplit_once('@') {
+        Some((_, host)) => format!("{r}@{host}"),
+        None => authority.to_owned(),
+    };
+    let tail = match tail.split_once('?') {
+        Some((path, _)) => format!("{path}?{r}"),
+        None => tail.to_owned(),
+    };
+    if scheme.is_empty() {
+        format!("{authority}{tail}")
+    } else {
+        format!("{scheme}://{authority}{tail}")
+    }
+}
+
 /// The token of an `Authorization` value of the `Bearer` scheme, whose name is
 /// case-insensitive (RFC 7235 §2.1): `bearer t`, `BEARER t` and `Bearer  t` all give `t`.
 /// The admin API's tokens and the pull gateway's consumers both use it.
@@ -348,4 +369,19 @@ pub async fn json_errors(resp: Response) -> Response {
 /// The answer to a path no route serves.
 pub async fn not_found() -> Response {
     error(StatusCode::NOT_FOUND, ErrorCode::NotFound, "no such path")
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_url_loses_its_user_information_and_its_query() {
+        assert_eq!(
+            super::redact_url("https://user:pw@hooks.example.com:8443/in?token=t#x"),
+            "https://<redacted>@hooks.example.com:8443/in?<redacted>"
+        );
+        assert_eq!(
+            super::redact_url("http://127.0.0.1:9/hooks"),
+            "http://127.0.0.1:9/hooks"
+        );
+    }
 }

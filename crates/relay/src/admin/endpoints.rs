@@ -72,7 +72,8 @@ fn audited(api: &Api, c: &Caller, action: &str, t: &str, r: &Record) -> ankusa_q
         &c.name,
         action,
         Some(t),
-        serde_json::json!({ "id": r.id, "url": r.url, "enabled": r.enabled }),
+        // A URL's query may hold the tenant's own credential: the log keeps its shape.
+        serde_json::json!({ "id": r.id, "url": crate::http::redact_url(&r.url), "enabled": r.enabled }),
     )
 }
 

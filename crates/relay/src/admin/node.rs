@@ -49,45 +49,9 @@ fn redact_sinks(config: &mut serde_json::Value) {
         }
         if let Some(url) = sink.get_mut("url") {
             if let Some(u) = url.as_str() {
-                *url = redact_url(u).into();
+                *url = crate::http::redact_url(u).into();
             }
         }
-    }
-}
-
-/// `url` without its user information and its query's values.
-fn redact_url(url: &str) -> String {
-    let r = ankusa_config::REDACTED;
-    let (scheme, rest) = url.split_once("://").unwrap_or(("", url));
-    let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
-    let (authority, tail) = rest.split_at(end);
-    let authority = match authority.rsplit_once('@') {
-        Some((_, host)) => format!("{r}@{host}"),
-        None => authority.to_owned(),
-    };
-    let tail = match tail.split_once('?') {
-        Some((path, _)) => format!("{path}?{r}"),
-        None => tail.to_owned(),
-    };
-    if scheme.is_empty() {
-        format!("{authority}{tail}")
-    } else {
-        format!("{scheme}://{authority}{tail}")
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn a_url_loses_its_user_information_and_its_query() {
-        assert_eq!(
-            super::redact_url("https://user:pw@hooks.example.com:8443/in?token=t#x"),
-            "https://<redacted>@hooks.example.com:8443/in?<redacted>"
-        );
-        assert_eq!(
-            super::redact_url("http://127.0.0.1:9/hooks"),
-            "http://127.0.0.1:9/hooks"
-        );
     }
 }
 
