@@ -178,3 +178,4 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench console
 	$(CARGO) bench -p ankusa-relay --bench backup
 	$(CARGO) bench -p ankusa-relay --bench nats
+	$(CARGO) bench -p ankusa-relay --bench endpoints

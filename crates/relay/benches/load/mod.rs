@@ -580,6 +580,19 @@ pub fn node_store(data: &std::path::Path) -> ankusa_store::Store {
 /// received over the last minute, written to a store at `data` through the writer's
 /// assembler (the `delivery` and `pull` benches drain it).
 pub fn write_backlog(data: &std::path::Path, sink: &str, hooks: u64, tenants: u64, size: usize) {
+    write_backlog_to(data, hooks, tenants, size, |_| sink.to_owned());
+}
+
+/// [`write_backlog`], each tenant's hooks (tenant `tenant-<t>`) to the sink `sink_of(t)`
+/// names.
+#[allow(dead_code)] // not every bench of this module's users writes to several sinks
+pub fn write_backlog_to(
+    data: &std::path::Path,
+    hooks: u64,
+    tenants: u64,
+    size: usize,
+    sink_of: impl Fn(u64) -> String,
+) {
     use ankusa_keyspace::AtMs;
     use ankusa_records::Envelope;
     let store = node_store(data);
@@ -592,7 +605,7 @@ pub fn write_backlog(data: &std::path::Path, sink: &str, hooks: u64, tenants: u6
                 Envelope::builder(format!("backlog-{n}"), "in")
                     .tenant(Some(&format!("tenant-{}", n % tenants)))
                     .received_at(AtMs(now - 60_000 + n / 100))
-                    .sinks([sink])
+                    .sinks([sink_of(n % tenants)])
                     .body(backlog_body(n, size))
                     .build()
             })

@@ -680,12 +680,14 @@ pub struct EndpointSinks {
     /// Who owns each tenant: an endpoint not here is its owner's once a handoff moved it.
     cluster: Arc<crate::cluster::Cluster>,
     pool: Pool,
-    built: std::sync::Mutex<hashlink::LruCache<(String, String), Built>>,
+    /// By endpoint id.
+    built: std::sync::Mutex<hashlink::LruCache<String, Built>>,
     response_body_bytes: usize,
 }
 
 #[derive(Debug)]
 struct Built {
+    tenant: String,
     /// The record's `updated_ms` it was built from.
     updated_ms: u64,
     /// When its keys change (a rotated secret's end): built again from then on.
@@ -704,12 +706,11 @@ impl EndpointSinks {
             Some(ca) => ca.certificates("dispatch.ca_bundle")?,
             None => Vec::new(),
         };
+        // Idle connections kept per host: many tenants' endpoints may share a host (a
+        // receiving service's), so the node's per-sink figure, not one endpoint's.
+        let idle = config.dispatch.per_sink_inflight;
         let pool = if e.allow_private {
-            Pool::Open(delivery_client(
-                &node_cas,
-                e.max_inflight,
-                "dispatch.ca_bundle",
-            )?)
+            Pool::Open(delivery_client(&node_cas, idle, "dispatch.ca_bundle")?)
         } else {
             let http = HttpConnector::new_with_resolver(crate::http::guard::Resolver);
             let https =
@@ -720,7 +721,7 @@ impl EndpointSinks {
             Pool::Guarded(
                 Client::builder(TokioExecutor::new())
                     .pool_idle_timeout(Duration::from_secs(60))
-                    .pool_max_idle_per_host(e.max_inflight)
+                    .pool_max_idle_per_host(idle)
                     .build(https),
             )
         };
@@ -733,7 +734,7 @@ impl EndpointSinks {
         })
     }
 
-    fn built(&self) -> std::sync::MutexGuard<'_, hashlink::LruCache<(String, String), Built>> {
+    fn built(&self) -> std::sync::MutexGuard<'_, hashlink::LruCache<String, Built>> {
         self.built.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -749,9 +750,10 @@ impl EndpointSinks {
             Err(e) => return Err(format!("reading the endpoint: {e}")),
         };
         let now = ankusa_keyspace::now_ms();
-        let key = (tenant.to_owned(), id.to_owned());
-        if let Some(b) = self.built().get(&key) {
-            if b.updated_ms == record.updated_ms && now < b.until_ms {
+        // By id alone (ids are random and never reused), the tenant checked: a lookup
+        // allocates nothing.
+        if let Some(b) = self.built().get(id) {
+            if b.tenant == tenant && b.updated_ms == record.updated_ms && now < b.until_ms {
                 return Ok(Some(b.sink.clone()));
             }
         }
@@ -778,8 +780,9 @@ impl EndpointSinks {
             pace: record.rate_per_second.map(super::pace::Pace::per_second),
         });
         self.built().insert(
-            key,
+            id.to_owned(),
             Built {
+                tenant: tenant.to_owned(),
                 updated_ms: record.updated_ms,
                 until_ms: record.keys_change_at(now).unwrap_or(u64::MAX),
                 sink: sink.clone(),
@@ -788,13 +791,15 @@ impl EndpointSinks {
         Ok(Some(sink))
     }
 
-    /// The built endpoints' free claims, and one endpoint's line for those not built yet.
+    /// At most the claims of every built endpoint and of one not built yet: the bound a
+    /// tick reads candidates up to, in O(1) (a tick must not walk thousands of endpoints;
+    /// each claim still takes its endpoint's slot, and the node's, or waits).
     fn free_slots(&self) -> usize {
         if self.book.total() == 0 {
             return 0;
         }
-        let built: usize = self.built().iter().map(|(_, b)| b.sink.free_claims()).sum();
-        built + Controller::claim_capacity(self.book.config().max_inflight)
+        let built = self.built().len();
+        (built + 1) * Controller::claim_capacity(self.book.config().max_inflight)
     }
 
     fn batch_free(&self) -> bool {
