@@ -95,11 +95,13 @@ fn base64_of(t: u64) -> String {
     base64::engine::general_purpose::STANDARD.encode(key)
 }
 
-/// One drain: deliveries per second and the process's CPU per delivery.
+/// One drain: deliveries per second, the process's CPU per delivery, and the node's
+/// dispatch ticks per 1 000 deliveries.
 #[derive(Debug, Clone, Copy)]
 struct Drain {
     rate: f64,
     cpu_us: f64,
+    ticks_per_k: f64,
 }
 
 /// A node booted on a backlog to the configured sink (`endpoints` false) or to each
@@ -128,10 +130,12 @@ async fn drain(port: u16, sink: &load::ArrivalSink, endpoints: bool) -> Drain {
     }
     let (secs, cpu) = (started.elapsed(), load::cpu_time() - cpu0);
     let n = (BACKLOG - before) as f64;
+    let ticks = load::metric(&node.metrics.encode(), "ankusa_dispatch_tick_seconds_count");
     node.shutdown().await.expect("shutdown");
     Drain {
         rate: n / secs.as_secs_f64(),
         cpu_us: cpu.as_secs_f64() * 1e6 / n,
+        ticks_per_k: ticks * 1e3 / n,
     }
 }
 
@@ -148,17 +152,19 @@ fn main() -> std::process::ExitCode {
         rounds
     });
     println!("\nendpoints — {BACKLOG} hooks of {BODY} B over {TENANTS} tenants to a local sink, the node's slots {CONCURRENCY}");
-    println!("| round | configured: deliveries/s | µs CPU each | endpoints: deliveries/s | µs CPU each | endpoints / configured (CPU) |");
-    println!("|---|---:|---:|---:|---:|---:|");
+    println!("| round | configured: deliveries/s | µs CPU each | ticks / 1 000 | endpoints: deliveries/s | µs CPU each | ticks / 1 000 | endpoints / configured (CPU) |");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let ratio = |(c, e): &(Drain, Drain)| e.cpu_us / c.cpu_us;
     for (k, r) in rounds.iter().enumerate() {
         println!(
-            "| {} | {:.0} | {:.1} | {:.0} | {:.1} | {:.2}× |",
+            "| {} | {:.0} | {:.1} | {:.1} | {:.0} | {:.1} | {:.1} | {:.2}× |",
             k + 1,
             r.0.rate,
             r.0.cpu_us,
+            r.0.ticks_per_k,
             r.1.rate,
             r.1.cpu_us,
+            r.1.ticks_per_k,
             ratio(r)
         );
     }

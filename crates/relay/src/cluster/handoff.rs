@@ -141,13 +141,8 @@ impl Sender {
         // Tenants' endpoints go first, at once: their owner's hooks reach them there, and the
         // rows that follow find them. (Rows still here retry until they move too.)
         // (`left_behind`: endpoints, then hook log records, that could not move yet.)
-        let mut left_behind = match self.move_endpoints(&refused).await {
-            Ok(left) => left,
-            Err(e) => {
-                stalled = Some(e);
-                true
-            }
-        };
+        let (mut left_behind, failed) = self.move_endpoints(&mut refused).await;
+        stalled = failed.or(stalled);
         let (mut tenants_leaving, mut rows_leaving) = (0u64, 0u64);
         let mut after: Option<String> = None;
         loop {
@@ -383,17 +378,26 @@ impl Sender {
     }
 
     /// Moves the endpoints of tenants another node owns to it, a batch per owner at a time,
-    /// walking them once: whether some are left (an owner in `refused` waits).
-    async fn move_endpoints(&self, refused: &HashSet<String>) -> Result<bool, String> {
-        let (mut after, mut left, mut moved) = (None, false, false);
+    /// walking them once: whether some are left (an owner in `refused` waits), and the last
+    /// failure. An owner that does not take its batch joins `refused`: no row of its tenants
+    /// moves this pass, so none reaches it before their endpoints.
+    async fn move_endpoints(&self, refused: &mut HashSet<String>) -> (bool, Option<String>) {
+        let (mut after, mut left, mut moved, mut failed) = (None, false, false, None);
         loop {
             let from = after.take();
-            let page = self
+            let page = match self
                 .blocking(move |s| {
                     ankusa_queue::endpoints::page(s, from.as_deref(), handoff::BATCH_HOOKS)
                 })
                 .await
-                .map_err(|e| format!("reading the endpoints: {e}"))?;
+            {
+                Ok(p) => p,
+                Err(e) => {
+                    failed = Some(format!("reading the endpoints: {e}"));
+                    left = true;
+                    break;
+                }
+            };
             let mut by_owner: std::collections::BTreeMap<String, Vec<(String, String, Vec<u8>)>> =
                 Default::default();
             for (tenant, id, record) in page.items {
@@ -412,18 +416,15 @@ impl Sender {
                     .blocking(move |s| handoff::stage_endpoints(s, &to, &endpoints))
                     .await;
                 moved = true;
-                match staged {
-                    Ok(Some(batch)) => {
-                        if let Err(e) = self.send(batch).await {
-                            self.cluster.endpoints_moved();
-                            return Err(e);
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(e) => {
-                        self.cluster.endpoints_moved();
-                        return Err(format!("staging endpoints for {owner}: {e}"));
-                    }
+                let sent = match staged {
+                    Ok(Some(batch)) => self.send(batch).await.map(|_| ()),
+                    Ok(None) => Ok(()),
+                    Err(e) => Err(format!("staging endpoints for {owner}: {e}")),
+                };
+                if let Err(e) = sent {
+                    refused.insert(owner);
+                    failed = Some(e);
+                    left = true;
                 }
             }
             match page.next {
@@ -434,7 +435,7 @@ impl Sender {
         if moved {
             self.cluster.endpoints_moved();
         }
-        Ok(left)
+        (left, failed)
     }
 
     fn is_done(&self, tenant: &str) -> bool {
