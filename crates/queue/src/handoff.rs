@@ -74,6 +74,25 @@ fn out_key(receiver: &str, batch: u64, item: u32) -> Vec<u8> {
     k
 }
 
+/// Refused while a batch for `receiver` waits for its answer (one at a time: a receiver
+/// sees one sender's numbers only grow).
+fn none_waiting(store: &Store, receiver: &str) -> Result<(), QueueError> {
+    let (lo, hi) = out_range(receiver);
+    if store.first(Family::Meta, &lo, &hi, Dir::Forward)?.is_some() {
+        return Err(QueueError::HandoffStaged {
+            receiver: receiver.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// Batch `batch` for `receiver`, as just staged.
+fn staged(store: &Store, receiver: &str, batch: u64) -> Result<Option<Outbox>, QueueError> {
+    Ok(outbox(store)?
+        .into_iter()
+        .find(|o| o.receiver == receiver && o.batch == batch))
+}
+
 /// The keys of `receiver`'s outbox (every batch), as a range.
 fn out_range(receiver: &str) -> (Vec<u8>, Vec<u8>) {
     let mut lo = named(OUT_PREFIX, receiver);
@@ -169,12 +188,7 @@ pub fn stage(
     tenant: &str,
     now_ms: u64,
 ) -> Result<Option<Outbox>, QueueError> {
-    let (lo, hi) = out_range(receiver);
-    if store.first(Family::Meta, &lo, &hi, Dir::Forward)?.is_some() {
-        return Err(QueueError::HandoffStaged {
-            receiver: receiver.to_owned(),
-        });
-    }
+    none_waiting(store, receiver)?;
     let movable = deliveries::movable_hooks(store, ord, BATCH_HOOKS, BATCH_BYTES)?;
     let mut items: Vec<Moved> = movable.hooks.into_iter().map(Moved::Hook).collect();
     // Then, in the room left, the tenant's archived copies still in their retention.
@@ -251,9 +265,7 @@ pub fn stage(
         let n = movable.orphans.len().min(committed.moved.len());
         orphans_dropped(tenant, &committed.moved[..n]);
     }
-    Ok(outbox(store)?
-        .into_iter()
-        .find(|o| o.receiver == receiver && o.batch == batch))
+    staged(store, receiver, batch)
 }
 
 /// Stages a batch of hook log records (from [`crate::hooklog::movable_records`], each of a
@@ -266,12 +278,7 @@ pub fn stage_records(
     receiver: &str,
     records: &[crate::hooklog::MovableRecord],
 ) -> Result<Option<Outbox>, QueueError> {
-    let (lo, hi) = out_range(receiver);
-    if store.first(Family::Meta, &lo, &hi, Dir::Forward)?.is_some() {
-        return Err(QueueError::HandoffStaged {
-            receiver: receiver.to_owned(),
-        });
-    }
+    none_waiting(store, receiver)?;
     if records.is_empty() {
         return Ok(None);
     }
@@ -288,9 +295,7 @@ pub fn stage_records(
     }
     tx.push_op(Op::put(Cf::Default, sent_key, batch.to_be_bytes()));
     tx.commit(store, true)?;
-    Ok(outbox(store)?
-        .into_iter()
-        .find(|o| o.receiver == receiver && o.batch == batch))
+    staged(store, receiver, batch)
 }
 
 /// Stages tenants' endpoints (`(tenant, id, record)`, each of a tenant `receiver` owns) for
@@ -302,12 +307,7 @@ pub fn stage_endpoints(
     receiver: &str,
     endpoints: &[(String, String, Vec<u8>)],
 ) -> Result<Option<Outbox>, QueueError> {
-    let (lo, hi) = out_range(receiver);
-    if store.first(Family::Meta, &lo, &hi, Dir::Forward)?.is_some() {
-        return Err(QueueError::HandoffStaged {
-            receiver: receiver.to_owned(),
-        });
-    }
+    none_waiting(store, receiver)?;
     if endpoints.is_empty() {
         return Ok(None);
     }
@@ -329,9 +329,7 @@ pub fn stage_endpoints(
     }
     ops.push(Op::put(Cf::Default, sent_key, batch.to_be_bytes()));
     store.write(ops, true)?;
-    Ok(outbox(store)?
-        .into_iter()
-        .find(|o| o.receiver == receiver && o.batch == batch))
+    staged(store, receiver, batch)
 }
 
 /// Logs the orphans of `tenant` a stage dropped (`moved`: their units' outcomes).
