@@ -423,7 +423,14 @@ def reconcile_pods():
                 stop(name, nodes.pop(name))
         for name, pod in running.items():
             if name not in nodes:
-                node = start(pod)
+                # The list may be old by now (stopping nodes takes time): a pod deleted
+                # since, or replaced, is not started (a StatefulSet deleted with its Relay
+                # recreates a pod for a moment; its process must not start after it went).
+                fresh = kubectl_json("get", "pod", name)
+                if (not fresh or fresh["metadata"]["uid"] != pod["metadata"]["uid"]
+                        or fresh["metadata"].get("deletionTimestamp")):
+                    continue
+                node = start(fresh)
                 if node:
                     nodes[name] = node
         for name, node in nodes.items():
