@@ -430,10 +430,14 @@ fn verification_failures_are_logged_with_their_reason_within_a_budget() {
         .filter_map(|v| v["fields"]["left_out"].as_u64())
         .sum();
     assert_eq!(failures.len() as u64 + said, 40, "{text}");
-    assert!(
-        text.contains("more requests failed verification"),
-        "the count left out was not said:\n{text}"
-    );
+    // Some second held more than its five (on a loaded machine the 40 can spread over
+    // eight seconds or more, and then none is left out): its count was said.
+    if 40 > 5 * seconds {
+        assert!(
+            text.contains("more requests failed verification"),
+            "the count left out was not said:\n{text}"
+        );
+    }
 }
 
 /// A failed delivery is in the node's log once its outcome is committed: INFO with its
