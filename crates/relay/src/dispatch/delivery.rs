@@ -414,11 +414,27 @@ fn delivery_client(
     idle_per_host: usize,
     key: &str,
 ) -> Result<Client<Https, Full<Bytes>>, ConfigError> {
-    let https =
-        crate::http::https(HttpConnector::new(), cas).map_err(|e| ConfigError::Invalid {
-            key: key.to_owned(),
-            message: format!("TLS set-up: {e}"),
-        })?;
+    pooled(HttpConnector::new(), cas, idle_per_host, key)
+}
+
+/// A pooled client over `http` (its resolver: the system's, or the endpoints' guard).
+fn pooled<R>(
+    http: HttpConnector<R>,
+    cas: &[rustls::pki_types::CertificateDer<'static>],
+    idle_per_host: usize,
+    key: &str,
+) -> Result<Client<hyper_rustls::HttpsConnector<HttpConnector<R>>, Full<Bytes>>, ConfigError>
+where
+    R: Clone + Send + Sync + 'static,
+    R: tower::Service<hyper_util::client::legacy::connect::dns::Name>,
+    R::Response: Iterator<Item = std::net::SocketAddr>,
+    R::Future: Send,
+    R::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let https = crate::http::https(http, cas).map_err(|e| ConfigError::Invalid {
+        key: key.to_owned(),
+        message: format!("TLS set-up: {e}"),
+    })?;
     Ok(Client::builder(TokioExecutor::new())
         .pool_idle_timeout(Duration::from_secs(60))
         .pool_max_idle_per_host(idle_per_host)
@@ -709,21 +725,12 @@ impl EndpointSinks {
         // Idle connections kept per host: many tenants' endpoints may share a host (a
         // receiving service's), so the node's per-sink figure, not one endpoint's.
         let idle = config.dispatch.per_sink_inflight;
+        let key = "dispatch.ca_bundle";
         let pool = if e.allow_private {
-            Pool::Open(delivery_client(&node_cas, idle, "dispatch.ca_bundle")?)
+            Pool::Open(delivery_client(&node_cas, idle, key)?)
         } else {
-            let http = HttpConnector::new_with_resolver(crate::http::guard::Resolver);
-            let https =
-                crate::http::https(http, &node_cas).map_err(|err| ConfigError::Invalid {
-                    key: "dispatch.ca_bundle".into(),
-                    message: format!("TLS set-up: {err}"),
-                })?;
-            Pool::Guarded(
-                Client::builder(TokioExecutor::new())
-                    .pool_idle_timeout(Duration::from_secs(60))
-                    .pool_max_idle_per_host(idle)
-                    .build(https),
-            )
+            let guarded = HttpConnector::new_with_resolver(crate::http::guard::Resolver);
+            Pool::Guarded(pooled(guarded, &node_cas, idle, key)?)
         };
         Ok(EndpointSinks {
             built: std::sync::Mutex::new(hashlink::LruCache::new(e.cache_tenants.max(1))),
