@@ -193,16 +193,12 @@ impl Book {
         }
     }
 
-    /// Sets the stored count (and its gauge) to what `f` makes of it.
-    fn count(&self, f: impl Fn(usize) -> usize) {
-        let mut now = self.total.load(Ordering::Relaxed);
-        while let Err(seen) =
-            self.total
-                .compare_exchange(now, f(now), Ordering::Relaxed, Ordering::Relaxed)
-        {
-            now = seen;
-        }
-        self.stored_gauge.set(f(now) as i64);
+    /// Sets the stored count (and its gauge) to what `f` makes of it. Called under
+    /// `writes`: the one writer of the count at a time.
+    fn count(&self, f: impl FnOnce(usize) -> usize) {
+        let next = f(self.total.load(Ordering::Relaxed));
+        self.total.store(next, Ordering::Relaxed);
+        self.stored_gauge.set(next as i64);
     }
 
     /// Counts the endpoints the store holds (at boot, once its format is current).
