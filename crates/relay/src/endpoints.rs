@@ -111,9 +111,10 @@ impl Record {
             .min()
     }
 
-    /// Whether it takes the hook `facts` describes (enabled, and its filter matches).
+    /// Whether its filter takes the hook `facts` describes (none: every hook). Whether it
+    /// is enabled is its caller's to ask first (a disabled one is not "filtered out").
     pub fn takes(&self, facts: &dyn HookFacts) -> bool {
-        self.enabled && self.filter.as_ref().is_none_or(|f| f.matches(facts))
+        self.filter.as_ref().is_none_or(|f| f.matches(facts))
     }
 }
 
