@@ -78,6 +78,8 @@ cleanup() {
     kubectl -n ankusa-system logs deploy/ankusa --tail 40 >&2 || true
     for p in 0 1 2; do kubectl -n "$ns" logs "hooks-$p" --tail 20 >&2 2>/dev/null || true; done
     tail -n 30 "$ANKUSA_TESTENV_DIR/kubelet.log" >&2 || true
+    # Last, where a shortened report still shows it: the disk the node's pods share.
+    df -h "$ANKUSA_TESTENV_DIR" >&2 || true
   fi
   if [ "${ANKUSA_E2E_KEEP:-}" != 1 ]; then
     helm uninstall second --namespace ankusa-second >/dev/null 2>&1 || true

@@ -186,9 +186,18 @@ authentication:
 authorization: { mode: Webhook }
 registerWithTaints:
 - { key: ankusa.dev/real-node, value: "true", effect: NoSchedule }
-evictionHard: { memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2% }
-imageGCHighThresholdPercent: 99
-imageGCLowThresholdPercent: 98
+# No eviction or image collection for disk: the node's disk is the machine's, shared with
+# other work whose free space swings (a CI run's relays were evicted when it fell under
+# 2 %), and the images the tests import are not pulled again once collected. "0%" turns
+# a disk signal off; an image collection threshold of 100 turns collection off.
+evictionHard:
+  memory.available: 100Mi
+  nodefs.available: "0%"
+  nodefs.inodesFree: "0%"
+  imagefs.available: "0%"
+  imagefs.inodesFree: "0%"
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
 serializeImagePulls: false
 # A Secret's or ConfigMap's update reaches a mounted volume at the pod's next sync: every
 # 10 s here, not every minute, so the tests' rotations and reloads land in seconds.
