@@ -28,6 +28,9 @@ use axum::http::{HeaderMap, StatusCode};
 use crate::node::Node;
 use ankusa_config::Config;
 
+mod kafka;
+pub use kafka::KafkaBroker;
+
 /// A node's configuration, built up as YAML: the store under a data directory, listeners on
 /// loopback (ephemeral ports unless [`NodeBuilder::ports`]), then what the test adds.
 #[derive(Debug, Clone, Default)]
