@@ -131,7 +131,7 @@ SUBMODULE_RANK = {
             "run": 3, "sink": 0, "listing": 1, "times": 1},
     "console": {"html": 0, "history": 0, "session": 0, "pages": 1},
     "dispatch": {"parked": 0, "paused": 0, "replays": 0, "pace": 0, "line": 1, "control": 2, "replayer": 1,
-                 "nats": 2, "delivery": 3, "outcome": 4, "pipeline": 5},
+                 "nats": 2, "kafka": 3, "delivery": 4, "outcome": 5, "pipeline": 6},
 }
 # Upward edges not removed yet: (from, to) -> what removes them. The check fails on any
 # other, and on a known edge that is gone (so that the list only shrinks).

@@ -3,8 +3,10 @@
 #
 #   scripts/install-deps.sh run    what `make run` needs to build and start a node:
 #                                  libclang (bindgen, for the RocksDB bindings, Debian's
-#                                  libclang-dev), a C++ compiler for RocksDB, a C one (zstd)
-#                                  and make. Nothing else: a first hook waits only on the build.
+#                                  libclang-dev), a C++ compiler for RocksDB, a C one (zstd,
+#                                  librdkafka), make, and OpenSSL's headers with pkg-config
+#                                  (librdkafka's TLS). Nothing else: a first hook waits only on
+#                                  the build.
 #   scripts/install-deps.sh image  what `make image` uses on a Debian machine: the build's
 #                                  (libclang, C and C++ compilers), objcopy (binutils) and
 #                                  python3 for scripts/image.py, and apt's package lists for
@@ -24,6 +26,8 @@
 #   plugins, iptables and nftables (to put the host's tables back); skopeo to push the
 #   images `make image` builds
 # - iproute2 and iptables for the partition suite's network namespaces and drops
+# - a Java runtime (17 or newer) and Maven: the Kafka sink's test broker is Apache Kafka's
+#   own jars from Maven Central (scripts/kafka.sh)
 set -euo pipefail
 mode=${1:-test}
 apt_install() { # Debian packages, as root or through sudo
@@ -49,6 +53,9 @@ fi
 command -v c++ >/dev/null 2>&1 || need_apt+=(g++)
 command -v cc >/dev/null 2>&1 || need_apt+=(gcc)
 [ "$mode" = image ] || command -v make >/dev/null 2>&1 || need_apt+=(make)
+# librdkafka's build (the Kafka sink) links Debian's OpenSSL, found through pkg-config.
+dpkg -s libssl-dev >/dev/null 2>&1 || need_apt+=(libssl-dev)
+command -v pkg-config >/dev/null 2>&1 || need_apt+=(pkg-config)
 if [ "$mode" = image ]; then
   command -v objcopy >/dev/null 2>&1 || need_apt+=(binutils)
   command -v python3 >/dev/null 2>&1 || need_apt+=(python3)
@@ -71,6 +78,10 @@ elif [ "$mode" != run ]; then
   # The console's browser test drives a real headless Chromium over WebDriver.
   [ -x /usr/bin/chromium ] || need_apt+=(chromium)
   [ -x /usr/bin/chromedriver ] || need_apt+=(chromium-driver)
+  # The Kafka broker of the Kafka sink's tests: Kafka 4 runs on Java 17 or newer.
+  java_ok() { java -version 2>&1 | awk -F'"' '/version/ { split($2, v, "."); exit !(v[1] >= 17) }'; }
+  command -v java >/dev/null 2>&1 && java_ok || need_apt+=(default-jre-headless)
+  command -v mvn >/dev/null 2>&1 || need_apt+=(maven)
 fi
 
 if [ ${#need_apt[@]} -gt 0 ]; then

@@ -22,6 +22,7 @@ pub use env::EnvReport;
 mod filter;
 mod hook_log;
 mod ingest;
+mod kafka;
 pub mod listen;
 mod log;
 mod pull;
@@ -58,6 +59,9 @@ mod locate;
 pub mod reload;
 pub use endpoints::{EndpointsConfig, ENDPOINT_ID_PREFIX, MAX_ROTATION_OVERLAP_S};
 pub use filter::{glob, Filter, HeaderMatch, HookFacts, Patterns, PointerMatch};
+pub use kafka::{
+    kafka_servers, topic_token, KafkaConfig, KafkaSasl, KAFKA_SASL_MECHANISMS, MAX_TOPIC,
+};
 pub use routes::RouteConfig;
 pub use secrets::{SecretSource, Secrets, REDACTED};
 pub use shutdown::ShutdownConfig;

@@ -11,7 +11,8 @@ pub struct SinkConfig {
     /// `http` (the default): the relay POSTs each hook to `url`. `pull`: consumers claim
     /// the hooks over HTTP (`/pull/{sink}/claim`, docs/pull.md); no `url`. `nats`: each
     /// hook is published to a NATS JetStream stream (`url`: `nats://` or `tls://`, and the
-    /// `nats` block).
+    /// `nats` block). `kafka`: each hook is published to a Kafka topic in a transaction
+    /// (`url`: `kafka://` or `kafka+tls://`, and the `kafka` block).
     #[serde(default)]
     pub kind: SinkKind,
     #[serde(default)]
@@ -48,6 +49,9 @@ pub struct SinkConfig {
     /// A NATS sink's subject and credentials (`kind: nats` only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub nats: Option<NatsConfig>,
+    /// A Kafka sink's topic, sign-in and batch (`kind: kafka` only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kafka: Option<crate::KafkaConfig>,
 }
 
 /// Where a NATS sink publishes, and as whom.
@@ -136,6 +140,8 @@ pub enum SinkKind {
     Pull,
     /// A publish to NATS JetStream, acknowledged by the stream.
     Nats,
+    /// A publish to a Kafka topic, in a transaction that commits.
+    Kafka,
 }
 
 /// The longest id of a pull sink (it is part of the store's keys and of URLs).
@@ -159,15 +165,22 @@ impl SinkConfig {
         if self.kind == SinkKind::Pull {
             return self.validate_pull(key);
         }
-        if self.kind == SinkKind::Nats {
-            self.validate_nats(key)?;
-        } else if self.nats.is_some() {
+        if self.kind != SinkKind::Nats && self.nats.is_some() {
             return Err(invalid(
                 &format!("{key}.nats"),
                 "is a NATS sink's key (kind: nats)",
             ));
-        } else {
-            self.validate_http_url(key)?;
+        }
+        if self.kind != SinkKind::Kafka && self.kafka.is_some() {
+            return Err(invalid(
+                &format!("{key}.kafka"),
+                "is a Kafka sink's key (kind: kafka)",
+            ));
+        }
+        match self.kind {
+            SinkKind::Nats => self.validate_nats(key)?,
+            SinkKind::Kafka => self.validate_kafka(key)?,
+            _ => self.validate_http_url(key)?,
         }
         if self.lease_ms.is_some() {
             return Err(invalid(
@@ -210,6 +223,18 @@ impl SinkConfig {
             ));
         }
         Ok(())
+    }
+
+    /// A Kafka sink: its bootstrap servers (`kafka://` or `kafka+tls://`), its block.
+    fn validate_kafka(&self, key: &str) -> Result<(), ConfigError> {
+        crate::kafka::kafka_servers(&self.url).map_err(|m| invalid(&format!("{key}.url"), m))?;
+        let Some(kafka) = &self.kafka else {
+            return Err(invalid(
+                &format!("{key}.kafka.topic"),
+                "a Kafka sink (kind: kafka) needs the topic it publishes to",
+            ));
+        };
+        kafka.validate(&format!("{key}.kafka"))
     }
 
     /// A NATS sink: its servers (`nats://` or `tls://`, comma-separated), a subject, at
@@ -277,6 +302,12 @@ impl SinkConfig {
             return Err(invalid(
                 &format!("{key}.nats"),
                 "is a NATS sink's key (kind: nats)",
+            ));
+        }
+        if self.kafka.is_some() {
+            return Err(invalid(
+                &format!("{key}.kafka"),
+                "is a Kafka sink's key (kind: kafka)",
             ));
         }
         if let Some((k, _)) = http_keys.iter().find(|(_, set)| *set) {

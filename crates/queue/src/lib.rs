@@ -36,6 +36,7 @@ pub mod formats;
 pub mod handoff;
 pub mod hints;
 pub mod hooklog;
+pub mod kafka;
 pub mod quarantine;
 pub mod reclaim;
 pub mod registry;

@@ -84,6 +84,8 @@ enum Transport {
     Http { uri: Uri, client: Pool },
     /// Publishes to NATS JetStream.
     Nats(super::nats::NatsSink),
+    /// Publishes to Kafka, in transactions.
+    Kafka(super::kafka::KafkaSink),
 }
 
 /// The connections a sink's POSTs go through.
@@ -245,8 +247,11 @@ pub struct Attempt {
     pub error: String,
     pub latency: Duration,
     /// Delivered, and the sink said it had it already (a NATS stream's duplicate of the
-    /// message id).
+    /// message id, a Kafka transaction of an earlier attempt found committed).
     pub duplicate: bool,
+    /// A Kafka sink's marker of this delivery stands in the store: deleted with the
+    /// outcome ([`ankusa_queue::kafka`]).
+    pub marked: bool,
 }
 
 impl Attempt {
@@ -326,16 +331,23 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
         // The authorities it trusts as read now: a bundle file rotated under the same path
         // makes a new sink at the next reload.
         let trusted = own_cas.as_ref().unwrap_or(&node_cas);
-        // A NATS sink's credentials, as resolved, are part of what it is built from.
-        let nats = match s.kind {
-            ankusa_config::SinkKind::Nats => Some(super::nats::NatsSink::build(s, &key, trusted)?),
+        // A NATS or Kafka sink's credentials, as resolved, are part of what it is built from.
+        let broker = match s.kind {
+            ankusa_config::SinkKind::Nats => {
+                let (nats, secrets) = super::nats::NatsSink::build(s, &key, trusted)?;
+                Some((Transport::Nats(nats), secrets))
+            }
+            ankusa_config::SinkKind::Kafka => {
+                let (kafka, secrets) = super::kafka::KafkaSink::build(s, &key, permits, trusted)?;
+                Some((Transport::Kafka(kafka), secrets))
+            }
             _ => None,
         };
         let fingerprint = sink_fingerprint(
             s,
             body_bytes,
             secret.as_deref(),
-            nats.as_ref().map(|(_, secrets)| &secrets[..]),
+            broker.as_ref().map(|(_, secrets)| &secrets[..]),
             trusted,
         );
         if let Some(kept) = previous.and_then(|p| p.by_id.get(&s.id)) {
@@ -345,8 +357,8 @@ fn build_sinks(config: &Config, previous: Option<&Sinks>) -> Result<Sinks, Confi
             }
         }
         // Built only for a sink that is new or changed: a kept one keeps its pool.
-        let transport = match nats {
-            Some((nats, _)) => Transport::Nats(nats),
+        let transport = match broker {
+            Some((broker, _)) => broker,
             None => Transport::Http {
                 uri: s.url.parse().map_err(|e| ConfigError::Invalid {
                     key: format!("{key}.url"),
@@ -461,6 +473,8 @@ pub struct Deliverer {
     endpoints: Option<Arc<EndpointSinks>>,
     /// Wakes the consumers waiting on a pull sink when the tick parks rows for it.
     pub pull_wake: Arc<PullWake>,
+    /// The store the Kafka sinks keep their markers in, once the node opened it.
+    kafka: Arc<std::sync::OnceLock<super::kafka::KafkaStore>>,
 }
 
 pub use super::parked::PullWake;
@@ -472,7 +486,13 @@ impl Deliverer {
             sinks: Arc::new(arc_swap::ArcSwap::from_pointee(sinks)),
             endpoints: None,
             pull_wake: Arc::default(),
+            kafka: Arc::default(),
         })
+    }
+
+    /// Gives the Kafka sinks the node's store, for their markers and producer name.
+    pub fn with_store(&self, store: Arc<ankusa_queue::engine::Store>) {
+        let _ = self.kafka.set(super::kafka::KafkaStore::new(store));
     }
 
     /// Delivers to the endpoints `book` holds too (before the deliverer is shared).
@@ -558,6 +578,9 @@ impl Deliverer {
         let (uri, client) = match &sink.transport {
             Transport::Http { uri, client } => (uri, client),
             Transport::Nats(nats) => return nats_attempt(sink, nats, env).await,
+            Transport::Kafka(kafka) => {
+                return kafka_attempt(sink, kafka, env, self.kafka.get()).await
+            }
         };
         if let Some(pace) = &sink.pace {
             pace.wait().await;
@@ -576,6 +599,7 @@ impl Deliverer {
                     error: format!("request: {e}"),
                     latency: started.elapsed(),
                     duplicate: false,
+                    marked: false,
                 }
             }
         };
@@ -622,6 +646,7 @@ impl Deliverer {
                 error: "timeout".into(),
                 latency,
                 duplicate: false,
+                marked: false,
             },
             Ok(Err(e)) => match crate::http::guard::refusal_in(&e) {
                 Some(r) => refused_attempt(r.to_string(), started),
@@ -632,6 +657,7 @@ impl Deliverer {
                     error: format!("connection: {e}"),
                     latency,
                     duplicate: false,
+                    marked: false,
                 },
             },
             Ok(Ok((status, retry_after, head))) => {
@@ -658,6 +684,7 @@ impl Deliverer {
                     },
                     latency,
                     duplicate: false,
+                    marked: false,
                 }
             }
         }
@@ -684,6 +711,7 @@ fn refused_attempt(error: String, started: Instant) -> Attempt {
         error,
         latency: started.elapsed(),
         duplicate: false,
+        marked: false,
     }
 }
 
@@ -814,6 +842,31 @@ impl EndpointSinks {
     }
 }
 
+/// A Kafka sink's publish of `env`, as an attempt.
+async fn kafka_attempt(
+    sink: &Sink,
+    kafka: &super::kafka::KafkaSink,
+    env: &Envelope,
+    store: Option<&super::kafka::KafkaStore>,
+) -> Attempt {
+    let part = super::nats::SinkPart {
+        id: &sink.id,
+        signature: sink.signature(env),
+        headers: &sink.headers,
+        dead_letter_on_4xx: sink.dead_letter_on_4xx,
+    };
+    let (outcome, latency) = kafka.publish(&part, env, store).await;
+    let published = super::nats::Published {
+        outcome: outcome.map(|sent| sent.duplicate),
+        latency,
+    };
+    let mut a = published_attempt(published);
+    // The marker goes with a final outcome (delivered, or dead-lettered: its transaction
+    // aborted); a retried one's stays, for the next attempt to read back.
+    a.marked = !matches!(a.verdict, Verdict::Retry { .. });
+    a
+}
+
 /// A NATS sink's publish of `env`, as an attempt.
 async fn nats_attempt(sink: &Sink, nats: &super::nats::NatsSink, env: &Envelope) -> Attempt {
     let part = super::nats::SinkPart {
@@ -822,7 +875,11 @@ async fn nats_attempt(sink: &Sink, nats: &super::nats::NatsSink, env: &Envelope)
         headers: &sink.headers,
         dead_letter_on_4xx: sink.dead_letter_on_4xx,
     };
-    let published = nats.publish(&part, env).await;
+    published_attempt(nats.publish(&part, env).await)
+}
+
+/// A broker's answer to a publish, as an attempt.
+fn published_attempt(published: super::nats::Published) -> Attempt {
     let latency = published.latency;
     match published.outcome {
         Ok(duplicate) => Attempt {
@@ -832,6 +889,7 @@ async fn nats_attempt(sink: &Sink, nats: &super::nats::NatsSink, env: &Envelope)
             error: String::new(),
             latency,
             duplicate,
+            marked: false,
         },
         Err(f) => Attempt {
             verdict: if f.dead {
@@ -844,6 +902,7 @@ async fn nats_attempt(sink: &Sink, nats: &super::nats::NatsSink, env: &Envelope)
             error: f.error,
             latency,
             duplicate: false,
+            marked: false,
         },
     }
 }

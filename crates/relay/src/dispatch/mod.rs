@@ -12,6 +12,7 @@
 
 pub mod control;
 pub mod delivery;
+pub mod kafka;
 pub mod line;
 pub mod nats;
 pub mod outcome;

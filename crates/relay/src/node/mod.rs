@@ -410,6 +410,8 @@ impl Node {
                 .map_err(NodeError::task("boot: migrations and recovery"))??
         };
         let tenants_max = assembler.tenants_max();
+        // The Kafka sinks' markers live in the store (once it is migrated and recovered).
+        deliverer.with_store(store.clone());
         // Fresh deliveries start at their ingest commit while dispatch has caught up.
         let starter = Arc::new(pipeline::runner::Starter::with_paused(api.paused.clone()));
         let (writer, writer_thread) = writer::spawn(

@@ -54,6 +54,7 @@ impl Gateway {
                     error: String::new(),
                     latency: Duration::from_millis(now.saturating_sub(h.lease.claimed_at.0)),
                     duplicate: false,
+                    marked: false,
                 },
                 Settle::Nack { retry_after } => Attempt {
                     verdict: Verdict::Retry { retry_after },
@@ -62,6 +63,7 @@ impl Gateway {
                     error: format!("nacked by consumer {}", consumer.name),
                     latency: Duration::from_millis(now.saturating_sub(h.lease.claimed_at.0)),
                     duplicate: false,
+                    marked: false,
                 },
             };
             let kind = match how {
@@ -365,6 +367,7 @@ impl Gateway {
                     error: error.into(),
                     latency: Duration::from_millis(now.saturating_sub(lease.claimed_at.0)),
                     duplicate: false,
+                    marked: false,
                 };
                 let h = Held {
                     row,

@@ -71,6 +71,8 @@ sinks:
   - { id: n, kind: nats, url: "nats://127.0.0.1:4222", nats: { subject: "h.{tenant}", user: u, password: { value: p } } }
   - { id: n2, kind: nats, url: "tls://127.0.0.1:4222", nats: { subject: "h", creds: { value: c } } }
   - { id: n3, kind: nats, url: "nats://127.0.0.1:4222", nats: { subject: "h", token: { value: t } } }
+  - { id: k, kind: kafka, url: "kafka://127.0.0.1:9092", kafka: { topic: "h.{tenant}", max_batch: 10,
+      sasl: { mechanism: PLAIN, username: u, password: { value: p } } } }
 pull:
   tenant_max_leases: 5
   consumers: [{ name: c, secret: { value: "0123456789abcdef0123" }, sinks: [q], tenants: [t], max_leases: 5 }]
@@ -876,7 +878,8 @@ fn range_of(cell: &str) -> Option<(u64, Option<u64>)> {
 #[test]
 fn every_documented_numeric_bound_is_enforced() {
     let base = "data_dir: ./never-opened\n\
-        sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }, { id: p, kind: pull }]\n\
+        sinks: [{ id: s, url: \"http://127.0.0.1:9/\" }, { id: p, kind: pull },\
+          { id: k, kind: kafka, url: \"kafka://127.0.0.1:9\", kafka: { topic: t } }]\n\
         routes: [{ id: r, sinks: [s] }]\n\
         sources: [{ id: a, verify: { scheme: none }, route: r }]\n\
         backup: { object_store: { url: \"s3://bucket/prefix\" } }\n\
@@ -890,9 +893,12 @@ fn every_documented_numeric_bound_is_enforced() {
             continue;
         };
         // The variable that sets the key: a list's first entry (the base has one of each),
-        // or for a pull sink's own key the base's second sink, its pull sink.
+        // or for a pull sink's own key the base's second sink, its pull sink, and for a
+        // Kafka sink's its third.
         let entry = if cells.get(3).is_some_and(|m| m.starts_with("A pull sink's")) {
             ".1"
+        } else if key.starts_with("sinks[].kafka.") {
+            ".2"
         } else {
             ".0"
         };

@@ -18,6 +18,7 @@ mod faults;
 mod filters;
 mod image;
 mod ingest;
+mod kafka;
 mod listeners;
 mod logs;
 mod memory;

@@ -1,5 +1,5 @@
-//! Sinks: each push sink's limit, breaker, rates and latency (a NATS sink's server and
-//! subject for its host); each pull sink's leases.
+//! Sinks: each push sink's limit, breaker, rates and latency (a NATS or Kafka sink's server and
+//! subject or topic for its host); each pull sink's leases.
 
 use std::sync::Arc;
 
@@ -41,14 +41,17 @@ pub(super) fn sinks(c: &Arc<Console>, v: &Viewer, fragment: bool) -> Page {
             };
             vec![
                 format!("<code>{}</code>", esc(&s.id)),
-                match &s.nats {
-                    // A NATS sink: its first server and its subject.
-                    Some(n) => format!(
+                // A NATS or Kafka sink: its first server and its subject or topic.
+                match (&s.nats, &s.kafka) {
+                    (Some(n), _) => format!(
                         "{} · <code>{}</code>",
                         esc(&host_of(&s.url)),
                         esc(&n.subject)
                     ),
-                    None => esc(&host_of(&s.url)),
+                    (None, Some(k)) => {
+                        format!("{} · <code>{}</code>", esc(&host_of(&s.url)), esc(&k.topic))
+                    }
+                    (None, None) => esc(&host_of(&s.url)),
                 },
                 count_cell(m.limit.get()),
                 count_cell(m.requests.get()),

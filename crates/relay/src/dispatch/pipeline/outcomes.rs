@@ -135,6 +135,9 @@ fn commit_once(c: &Committer, batch: &[Done]) -> Result<Committed, QueueError> {
         )?;
         retries.extend(s.due_again);
         failed.extend(s.failed.map(|f| (i, f)));
+        if let Some(forget) = kafka_marker(d) {
+            tx.push(forget);
+        }
     }
     // One unit per outcome: a hook went only with a row that moved.
     let committed = tx.commit(&c.store, false)?;
@@ -148,6 +151,14 @@ fn commit_once(c: &Committer, batch: &[Done]) -> Result<Committed, QueueError> {
         removed,
         failed,
     })
+}
+
+/// The change that deletes a Kafka delivery's marker with its outcome, if one stands.
+fn kafka_marker(d: &Done) -> Option<ankusa_queue::Change> {
+    let (env, a) = (d.job.envelope.as_deref()?, d.attempt.as_ref()?);
+    let sink = env.sinks.get(d.job.row.key.sink.0 as usize)?;
+    a.marked
+        .then(|| ankusa_queue::kafka::forget_op(sink, &env.id))
 }
 
 /// For each finished attempt, whether it is a delivery that takes its hook along: the

@@ -84,6 +84,7 @@ impl Runner {
                         error,
                         latency: Duration::ZERO,
                         duplicate: false,
+                        marked: false,
                     },
                     Ok(None) => Attempt {
                         verdict: Verdict::Dead,
@@ -92,6 +93,7 @@ impl Runner {
                         error: gone(env, job.row.key.sink.0 as usize),
                         latency: Duration::ZERO,
                         duplicate: false,
+                        marked: false,
                     },
                     Ok(Some((sink, m, shared))) => {
                         let span = tracing::debug_span!(
