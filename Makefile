@@ -178,4 +178,5 @@ bench: deps
 	$(CARGO) bench -p ankusa-relay --bench console
 	$(CARGO) bench -p ankusa-relay --bench backup
 	$(CARGO) bench -p ankusa-relay --bench nats
+	$(CARGO) bench -p ankusa-relay --bench kafka
 	$(CARGO) bench -p ankusa-relay --bench endpoints

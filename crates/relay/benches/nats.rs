@@ -32,6 +32,8 @@
 
 use std::time::{Duration, Instant};
 
+use load::broker::{measure, Drain};
+
 use ankusa_relay::node::Node;
 use ankusa_relay::testkit::{NatsServer, TestNode};
 use async_nats::jetstream;
@@ -46,35 +48,6 @@ const ROUNDS: usize = 5;
 const SECRET: &str = "whsec_YmVuY2gtc2luay1zZWNyZXQ=";
 /// The rule: the relay's CPU per delivery over the transitions twin's, in the median round.
 const TWIN_RULE: f64 = 1.15;
-
-/// A drain's deliveries per second and CPU per delivery: this process's and the broker's,
-/// and this process's by thread name (µs per delivery).
-#[derive(Debug, Clone)]
-struct Drain {
-    rate: f64,
-    cpu_us: f64,
-    broker_us: f64,
-    by_thread: Vec<(String, f64)>,
-}
-
-/// Times `f`, which delivers `n` messages, with this process's CPU and the broker's.
-async fn measure<F: std::future::Future<Output = ()>>(n: u64, pid: u32, f: F) -> Drain {
-    let threads = load::thread_cpu();
-    let (started, cpu0, broker0) = (Instant::now(), load::cpu_time(), load::process_cpu(pid));
-    f.await;
-    let secs = started.elapsed().as_secs_f64();
-    let per = |d: Duration| d.as_secs_f64() * 1e6 / n as f64;
-    Drain {
-        rate: n as f64 / secs,
-        cpu_us: per(load::cpu_time() - cpu0),
-        broker_us: per(load::process_cpu(pid) - broker0),
-        by_thread: load::cpu_by_thread(&threads, &load::thread_cpu())
-            .into_iter()
-            .map(|(name, cpu)| (name, per(cpu)))
-            .filter(|(_, us)| *us >= 0.05)
-            .collect(),
-    }
-}
 
 /// A new, empty stream `name` on `subject.>`.
 async fn fresh_stream(js: &jetstream::Context, name: &str, subject: &str) {
@@ -251,76 +224,11 @@ fn main() -> std::process::ExitCode {
         let moves = twin_drain(&server, &js, pid, false).await;
         (rounds, moves)
     });
-    let of_twin = |i: usize| rounds[i].0.cpu_us / rounds[i].1.cpu_us;
-    let of_bare = |i: usize| rounds[i].0.rate / rounds[i].2.rate;
-    let mut order: Vec<usize> = (0..rounds.len()).collect();
-    order.sort_by(|a, b| of_twin(*a).total_cmp(&of_twin(*b)));
-    let median = order[order.len() / 2];
-    println!("\nnats — {BACKLOG} hooks of {BODY} B over {TENANTS} tenants to a JetStream stream, {CONCURRENCY} publishes in flight");
-    println!("| run | deliveries/s | CPU per delivery (µs) | broker CPU per delivery (µs) | relay CPU / twin's | relay rate / bare's |");
-    println!("|---|---:|---:|---:|---:|---:|");
-    for (k, (r, t, b)) in rounds.iter().enumerate() {
-        for (name, d) in [("relay", r), ("transitions twin", t), ("bare client", b)] {
-            let ratios = if name == "relay" {
-                format!("{:.2}× | {:.0}%", of_twin(k), of_bare(k) * 100.0)
-            } else {
-                " | ".into()
-            };
-            println!(
-                "| {name}, round {} | {:.0} | {:.1} | {:.1} | {ratios} |",
-                k + 1,
-                d.rate,
-                d.cpu_us,
-                d.broker_us,
-            );
-        }
-    }
-    println!(
-        "| the store's moves alone | {:.0} | {:.1} | {:.1} | | |",
-        moves.rate, moves.cpu_us, moves.broker_us
-    );
-    let (r, t, b) = rounds[median].clone();
-    // Where the relay's CPU goes, against the twin's, in the median round (threads that
-    // ended within a run are in its total only).
-    println!("\n| thread (median round) | relay µs per delivery | twin µs per delivery |");
-    println!("|---|---:|---:|");
-    let mut names: Vec<&String> = r
-        .by_thread
-        .iter()
-        .chain(&t.by_thread)
-        .map(|(n, _)| n)
-        .collect();
-    names.sort();
-    names.dedup();
-    let of = |d: &Drain, name: &str| {
-        d.by_thread
-            .iter()
-            .find(|(n, _)| n == name)
-            .map_or(0.0, |(_, us)| *us)
-    };
-    for name in names {
-        println!("| {name} | {:.1} | {:.1} |", of(&r, name), of(&t, name));
-    }
-    // What any relay that makes the store's moves can reach against the bare client when
-    // the client, the broker and RocksDB share the cores: their CPU per delivery summed.
-    let ceiling = (b.cpu_us + b.broker_us) / (b.cpu_us + b.broker_us + moves.cpu_us);
-    println!(
-        "\nmedian round {}: relay {:.1} µs per delivery against the twin's {:.1} µs = {:.2}× (pass: <= {TWIN_RULE}×); \
-         rate {:.0}/s, {:.0}% of the bare client's {:.0}/s (the issue's rule, >= 70%: printed; the ceiling of a relay making the store's moves here: {:.0}%)",
-        median + 1,
-        r.cpu_us,
-        t.cpu_us,
-        of_twin(median),
-        r.rate,
-        of_bare(median) * 100.0,
-        b.rate,
-        ceiling * 100.0
-    );
-    if of_twin(median) <= TWIN_RULE {
-        println!("nats: PASS");
-        std::process::ExitCode::SUCCESS
-    } else {
-        println!("nats: FAIL");
-        std::process::ExitCode::FAILURE
-    }
+    load::broker::report(
+        "nats",
+        &format!("{BACKLOG} hooks of {BODY} B over {TENANTS} tenants to a JetStream stream, {CONCURRENCY} publishes in flight"),
+        &rounds,
+        &moves,
+        TWIN_RULE,
+    )
 }

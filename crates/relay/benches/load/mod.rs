@@ -4,6 +4,7 @@
 // Each bench uses its own part of this module.
 #![allow(dead_code)]
 
+pub mod broker;
 pub mod outside;
 pub mod twin;
 
