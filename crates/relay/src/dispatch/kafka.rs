@@ -314,12 +314,13 @@ impl Worker {
             .set("acks", "all")
             .set("linger.ms", "1")
             .set("message.timeout.ms", timeout_ms.to_string())
+            // Within the brokers' default `transaction.max.timeout.ms` (15 minutes).
             .set(
                 "transaction.timeout.ms",
-                (timeout_ms * 2).max(60_000).to_string(),
+                (timeout_ms * 2).clamp(60_000, 900_000).to_string(),
             )
             .create()?;
-        producer.init_transactions(self.timeout)?;
+        producer.init_transactions(self.timeout.max(Duration::from_secs(1)))?;
         let reader: BaseConsumer = self
             .config()
             .set("group.id", format!("{transactional_id}-read-back"))
