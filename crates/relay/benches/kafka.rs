@@ -26,7 +26,7 @@
 //! making the store's moves has on these two cores (docs/performance.md).
 #![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use load::broker::{measure, Drain};
 
@@ -73,26 +73,7 @@ async fn relay_drain(broker: &KafkaBroker, round: usize, pid: u32) -> Drain {
     let node = Node::start(config(&data, broker, &format!("relay-{round}")))
         .await
         .expect("node");
-    let meters = node.metrics.sink_meters("k");
-    let delivered = || {
-        meters
-            .attempt(ankusa_relay::metrics::AttemptLabel::Delivered)
-            .get()
-    };
-    let before = delivered();
-    let started = Instant::now();
-    let d = measure(BACKLOG - before, pid, async {
-        while delivered() < BACKLOG {
-            assert!(
-                started.elapsed() < Duration::from_secs(900),
-                "the backlog never drained"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    node.shutdown().await.expect("shutdown");
-    d
+    load::broker::node_drain(node, "k", BACKLOG, pid).await
 }
 
 /// The transitions twin drains the same backlog into topic `twin-<round>`, publishing

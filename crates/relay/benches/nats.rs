@@ -30,8 +30,6 @@
 //! relay that commits its outcomes can pass it here.
 #![allow(clippy::expect_used)] // a bench program: a failed expect is a failed run
 
-use std::time::{Duration, Instant};
-
 use load::broker::{measure, Drain};
 
 use ankusa_relay::node::Node;
@@ -88,28 +86,7 @@ async fn relay_drain(server: &NatsServer, js: &jetstream::Context, pid: u32) -> 
     let node = Node::start(config(&data, server, "relay"))
         .await
         .expect("node");
-    // Read off the sink's own counter: encoding every metric to read one would be work of
-    // the node's measured window that no delivery does.
-    let meters = node.metrics.sink_meters("n");
-    let delivered = || {
-        meters
-            .attempt(ankusa_relay::metrics::AttemptLabel::Delivered)
-            .get()
-    };
-    let before = delivered();
-    let started = Instant::now();
-    let d = measure(BACKLOG - before, pid, async {
-        while delivered() < BACKLOG {
-            assert!(
-                started.elapsed() < Duration::from_secs(600),
-                "the backlog never drained"
-            );
-            tokio::time::sleep(Duration::from_millis(5)).await;
-        }
-    })
-    .await;
-    node.shutdown().await.expect("shutdown");
-    d
+    load::broker::node_drain(node, "n", BACKLOG, pid).await
 }
 
 /// The transitions twin drains the same backlog into the stream `TWIN`, publishing through

@@ -34,6 +34,37 @@ pub async fn measure<F: std::future::Future<Output = ()>>(n: u64, pid: u32, f: F
     }
 }
 
+/// Measures `node` draining its backlog of `backlog` hooks to sink `sink` (read off the
+/// sink's own counter: encoding every metric to read one would be work of the node's
+/// measured window that no delivery does), then stops it.
+pub async fn node_drain(
+    node: ankusa_relay::node::Node,
+    sink: &str,
+    backlog: u64,
+    pid: u32,
+) -> Drain {
+    let meters = node.metrics.sink_meters(sink);
+    let delivered = || {
+        meters
+            .attempt(ankusa_relay::metrics::AttemptLabel::Delivered)
+            .get()
+    };
+    let before = delivered();
+    let started = Instant::now();
+    let d = measure(backlog - before, pid, async {
+        while delivered() < backlog {
+            assert!(
+                started.elapsed() < Duration::from_secs(900),
+                "the backlog never drained"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    node.shutdown().await.expect("shutdown");
+    d
+}
+
 /// One round: the relay's drain, the twin's, the bare client's.
 pub type Round = (Drain, Drain, Drain);
 

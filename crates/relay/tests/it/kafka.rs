@@ -16,7 +16,7 @@ use rdkafka::message::{Headers, Message};
 use rdkafka::{Offset, TopicPartitionList};
 
 use crate::support::{
-    admin_call, client, get_text, http_get_admin, post, proc_node, queued_rows, Proc,
+    admin_call, client, http_get_admin, post, proc_node, queued_rows, series, until, Proc,
 };
 
 const ADMIN: &str = "kafka-admin-token-0123456";
@@ -85,31 +85,6 @@ fn committed(bootstrap: &str, prefix: &str) -> Vec<Read> {
         }
     }
     out
-}
-
-/// Polls `f` every 25 ms until it holds; panics with `what` after `secs`.
-async fn until<F: std::future::Future<Output = bool>>(
-    secs: u64,
-    what: &str,
-    mut f: impl FnMut() -> F,
-) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// The value of the series `name` (with its labels) in the node's metrics, 0 if absent.
-async fn series(node: &TestNode, name: &str) -> f64 {
-    metric(
-        &get_text(&client(), &node.admin_url("/metrics")).await.1,
-        name,
-    )
-    .unwrap_or(0.0)
 }
 
 async fn counters(node: &TestNode) -> serde_json::Value {

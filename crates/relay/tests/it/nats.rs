@@ -12,7 +12,7 @@ use ankusa_relay::testkit::{metric, NatsServer, TestNode};
 use async_nats::jetstream;
 
 use crate::support::{
-    admin_call, client, get_text, http_get_admin, post, proc_node, queued_rows, Proc,
+    admin_call, client, http_get_admin, post, proc_node, queued_rows, series, until, Proc,
 };
 
 const ADMIN: &str = "nats-admin-token-012345";
@@ -61,31 +61,6 @@ async fn messages(
 
 async fn stream_len(stream: &mut jetstream::stream::Stream) -> u64 {
     stream.info().await.map_or(0, |i| i.state.messages)
-}
-
-/// Polls `f` every 25 ms until it holds; panics with `what` after `secs`.
-async fn until<F: std::future::Future<Output = bool>>(
-    secs: u64,
-    what: &str,
-    mut f: impl FnMut() -> F,
-) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
-    while !f().await {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "timed out waiting for: {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
-/// The value of the series `name` (with its labels) in the node's metrics, 0 if absent.
-async fn series(node: &TestNode, name: &str) -> f64 {
-    metric(
-        &get_text(&client(), &node.admin_url("/metrics")).await.1,
-        name,
-    )
-    .unwrap_or(0.0)
 }
 
 /// The node's counters (`/v1/node`).

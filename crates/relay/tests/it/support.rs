@@ -585,3 +585,28 @@ pub fn private_ca() -> (rcgen::Certificate, rcgen::Certificate, rcgen::KeyPair) 
         .unwrap();
     (ca, server, key)
 }
+
+/// Polls `f` every 25 ms until it holds; panics with `what` after `secs`.
+pub async fn until<F: std::future::Future<Output = bool>>(
+    secs: u64,
+    what: &str,
+    mut f: impl FnMut() -> F,
+) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(secs);
+    while !f().await {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "timed out waiting for: {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// The value of the series `name` (with its labels) in the node's metrics, 0 if absent.
+pub async fn series(node: &ankusa_relay::testkit::TestNode, name: &str) -> f64 {
+    ankusa_relay::testkit::metric(
+        &get_text(&client(), &node.admin_url("/metrics")).await.1,
+        name,
+    )
+    .unwrap_or(0.0)
+}
