@@ -16,7 +16,7 @@
 //! markers stand at a time, and one per hook.
 
 use ankusa_keyspace::{Cf, Family};
-use ankusa_store::{Dir, Op, Rows, Store};
+use ankusa_store::{Op, Rows, Store};
 
 use crate::{Change, QueueError};
 
@@ -32,15 +32,10 @@ pub struct Marker {
     pub topic: String,
 }
 
-fn sink_prefix(sink: &str) -> Vec<u8> {
+fn key(sink: &str, hook: &str) -> Vec<u8> {
     let mut k = PREFIX.to_vec();
     k.extend_from_slice(sink.as_bytes());
     k.push(0);
-    k
-}
-
-fn key(sink: &str, hook: &str) -> Vec<u8> {
-    let mut k = sink_prefix(sink);
     k.extend_from_slice(hook.as_bytes());
     k
 }
@@ -111,21 +106,6 @@ pub fn marked(
         .collect()
 }
 
-/// Sink `sink`'s markers, `(hook id, marker)` in hook id order.
-pub fn markers(store: &Store, sink: &str) -> Result<Vec<(String, Marker)>, QueueError> {
-    let lo = sink_prefix(sink);
-    let mut hi = lo[..lo.len() - 1].to_vec();
-    hi.push(1);
-    let mut out = Vec::new();
-    for kv in store.scan(Family::Meta, &lo, &hi, Dir::Forward)? {
-        let (k, v) = kv?;
-        let hook = std::str::from_utf8(&k[lo.len()..])
-            .map_err(|_| QueueError::corrupt_at(Family::Meta, &k, "a hook id not UTF-8"))?;
-        out.push((hook.to_owned(), decode(&k, &v)?));
-    }
-    Ok(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -144,23 +124,22 @@ mod tests {
         };
         let (a, b) = (m(10), m(11));
         let mut ops = mark_ops("k", [("h1", &a), ("h2", &b)]);
-        ops.extend(mark_ops("k2", [("h1", &b)]));
+        ops.extend(mark_ops("k2", [("h3", &b)]));
         ops.push(producer_name_op("00ff"));
         crate::commit(store, ops, true).unwrap();
-        assert_eq!(
-            markers(store, "k").unwrap(),
-            vec![("h1".to_owned(), a.clone()), ("h2".to_owned(), b.clone())]
-        );
-        assert_eq!(
-            markers(store, "k2").unwrap(),
-            vec![("h1".to_owned(), b.clone())]
-        );
         assert_eq!(
             marked(store, "k", &["h2", "h3", "h1"]).unwrap(),
             vec![Some(b.clone()), None, Some(a.clone())]
         );
+        assert_eq!(
+            marked(store, "k2", &["h1", "h3"]).unwrap(),
+            vec![None, Some(b.clone())]
+        );
         crate::commit(store, vec![forget_op("k", "h2")], false).unwrap();
-        assert_eq!(markers(store, "k").unwrap(), vec![("h1".to_owned(), a)]);
+        assert_eq!(
+            marked(store, "k", &["h1", "h2"]).unwrap(),
+            vec![Some(a), None]
+        );
         assert_eq!(producer_name(store).unwrap().as_deref(), Some("00ff"));
     }
 }
