@@ -164,6 +164,17 @@ impl Sink {
         Some((ts, value))
     }
 
+    /// What a broker sink's publish of `env` takes of this sink: its id, signature,
+    /// headers and verdict on a 4xx.
+    fn part(&self, env: &Envelope) -> super::nats::SinkPart<'_> {
+        super::nats::SinkPart {
+            id: &self.id,
+            signature: self.signature(env),
+            headers: &self.headers,
+            dead_letter_on_4xx: self.dead_letter_on_4xx,
+        }
+    }
+
     fn claimed_by(&self) -> std::sync::MutexGuard<'_, HashMap<TenantOrd, usize>> {
         self.claimed_by.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -849,18 +860,7 @@ async fn kafka_attempt(
     env: &Envelope,
     store: Option<&super::kafka::KafkaStore>,
 ) -> Attempt {
-    let part = super::nats::SinkPart {
-        id: &sink.id,
-        signature: sink.signature(env),
-        headers: &sink.headers,
-        dead_letter_on_4xx: sink.dead_letter_on_4xx,
-    };
-    let (outcome, latency) = kafka.publish(&part, env, store).await;
-    let published = super::nats::Published {
-        outcome: outcome.map(|sent| sent.duplicate),
-        latency,
-    };
-    let mut a = published_attempt(published);
+    let mut a = published_attempt(kafka.publish(&sink.part(env), env, store).await);
     // The marker goes with a final outcome (delivered, or dead-lettered: its transaction
     // aborted); a retried one's stays, for the next attempt to read back.
     a.marked = !matches!(a.verdict, Verdict::Retry { .. });
@@ -869,13 +869,7 @@ async fn kafka_attempt(
 
 /// A NATS sink's publish of `env`, as an attempt.
 async fn nats_attempt(sink: &Sink, nats: &super::nats::NatsSink, env: &Envelope) -> Attempt {
-    let part = super::nats::SinkPart {
-        id: &sink.id,
-        signature: sink.signature(env),
-        headers: &sink.headers,
-        dead_letter_on_4xx: sink.dead_letter_on_4xx,
-    };
-    published_attempt(nats.publish(&part, env).await)
+    published_attempt(nats.publish(&sink.part(env), env).await)
 }
 
 /// A broker's answer to a publish, as an attempt.

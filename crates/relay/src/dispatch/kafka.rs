@@ -37,7 +37,7 @@ use ankusa_queue::engine::Store;
 use ankusa_queue::kafka::Marker;
 use ankusa_records::{Envelope, ErrorClass};
 
-pub use super::nats::{Failed, SinkPart};
+use super::nats::{Failed, Published, SinkPart};
 
 /// A Kafka sink's servers, topic, sign-in and producer.
 pub struct KafkaSink {
@@ -68,13 +68,8 @@ struct Job {
     topic: String,
     body: Vec<u8>,
     headers: OwnedHeaders,
-    reply: tokio::sync::oneshot::Sender<Result<Sent, Failed>>,
-}
-
-/// A publish that committed: `true` when an earlier attempt's transaction had it already.
-#[derive(Debug, Clone, Copy)]
-pub struct Sent {
-    pub duplicate: bool,
+    /// Committed (`true`: by an earlier attempt's transaction, read back), or why not.
+    reply: tokio::sync::oneshot::Sender<Result<bool, Failed>>,
 }
 
 /// What the node gives its Kafka sinks: the store their markers go to, and its producer
@@ -106,10 +101,7 @@ impl KafkaStore {
         let name = match ankusa_queue::kafka::producer_name(&self.store)? {
             Some(n) => n,
             None => {
-                let n: String = rand::random::<[u8; 16]>()
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect();
+                let n = ankusa_keyspace::hex(&rand::random::<[u8; 16]>());
                 let op = ankusa_queue::kafka::producer_name_op(&n);
                 ankusa_queue::commit(&self.store, vec![op], true)?;
                 n
@@ -201,22 +193,20 @@ impl KafkaSink {
         sink: &SinkPart<'_>,
         env: &Envelope,
         store: Option<&KafkaStore>,
-    ) -> (Result<Sent, Failed>, Duration) {
+    ) -> Published {
         let started = Instant::now();
+        let ended = |outcome| Published {
+            outcome,
+            latency: started.elapsed(),
+        };
         let Some(store) = store else {
-            return (
-                Err(failed(
-                    false,
-                    ErrorClass::Unconfigured,
-                    "the node gave its Kafka sinks no store".into(),
-                )),
-                started.elapsed(),
-            );
+            let e = "the node gave its Kafka sinks no store".to_owned();
+            return ended(Err(failed(false, ErrorClass::Unconfigured, e)));
         };
         let topic = self.topic(env);
         if topic.len() > ankusa_config::MAX_TOPIC {
             let e = format!("the topic is {} characters, over Kafka's 249", topic.len());
-            return (Err(failed(true, ErrorClass::Request, e)), started.elapsed());
+            return ended(Err(failed(true, ErrorClass::Request, e)));
         }
         let (reply, answer) = tokio::sync::oneshot::channel();
         let job = Job {
@@ -231,10 +221,7 @@ impl KafkaSink {
         // one is a producer that stopped taking them.
         if tx.try_send(job).is_err() {
             let e = "the sink's producer is not taking publishes".to_owned();
-            return (
-                Err(failed(false, ErrorClass::Connection, e)),
-                started.elapsed(),
-            );
+            return ended(Err(failed(false, ErrorClass::Connection, e)));
         }
         let outcome = match tokio::time::timeout(self.timeout, answer).await {
             Ok(Ok(r)) => r,
@@ -245,7 +232,7 @@ impl KafkaSink {
             )),
             Err(_) => Err(failed(false, ErrorClass::Timeout, "timeout".into())),
         };
-        (outcome, started.elapsed())
+        ended(outcome)
     }
 
     /// Starts the producer's thread; it ends when the sink is dropped (a reload replaced
@@ -364,26 +351,21 @@ impl Worker {
 
     /// One batch: hooks whose marker says they may be out already are read back first; the
     /// rest go in one transaction. `Err`: the producer can go on no more.
-    fn batch(&self, c: &Clients, mut jobs: Vec<Job>) -> Result<(), KafkaError> {
+    fn batch(&self, c: &Clients, jobs: Vec<Job>) -> Result<(), KafkaError> {
         // A hook twice in one batch (an attempt that timed out, its retry already here):
         // the later goes, the earlier is answered — one publish.
         let mut seen = std::collections::HashSet::with_capacity(jobs.len());
-        let mut superseded = vec![false; jobs.len()];
-        for (i, j) in jobs.iter().enumerate().rev() {
-            superseded[i] = !seen.insert(j.hook.clone());
-        }
-        if superseded.iter().any(|s| *s) {
-            let mut keep = Vec::with_capacity(jobs.len());
-            for (j, s) in jobs.into_iter().zip(superseded) {
-                if s {
-                    let e = "superseded by a later attempt of the same hook".to_owned();
-                    let _ = j.reply.send(Err(failed(false, ErrorClass::Timeout, e)));
-                } else {
-                    keep.push(j);
-                }
+        let mut kept = Vec::with_capacity(jobs.len());
+        for j in jobs.into_iter().rev() {
+            if seen.insert(j.hook.clone()) {
+                kept.push(j);
+            } else {
+                let e = "superseded by a later attempt of the same hook".to_owned();
+                let _ = j.reply.send(Err(failed(false, ErrorClass::Timeout, e)));
             }
-            jobs = keep;
         }
+        kept.reverse();
+        let jobs = kept;
         let hooks: Vec<&str> = jobs.iter().map(|j| j.hook.as_str()).collect();
         let marked = match ankusa_queue::kafka::marked(&self.store.store, &self.sink, &hooks) {
             Ok(m) => m,
@@ -406,7 +388,7 @@ impl Worker {
             };
             match read_back(&c.reader, &j.hook, &m, self.timeout) {
                 Some(true) => {
-                    let _ = j.reply.send(Ok(Sent { duplicate: true }));
+                    let _ = j.reply.send(Ok(true));
                 }
                 Some(false) => publish.push(j),
                 None => {
@@ -422,18 +404,19 @@ impl Worker {
     }
 
     /// Publishes `jobs` in one transaction and commits it, markers written first.
-    fn transaction(&self, c: &Clients, jobs: Vec<Job>) -> Result<(), KafkaError> {
+    fn transaction(&self, c: &Clients, mut jobs: Vec<Job>) -> Result<(), KafkaError> {
         let p = &c.producer;
         if let Err(e) = p.begin_transaction() {
             answer_all(jobs, &e);
             return Err(e);
         }
         let mut sent = Vec::with_capacity(jobs.len());
-        for j in &jobs {
+        for j in &mut jobs {
+            // The headers go with the record (the job keeps its reply).
             let record = FutureRecord::to(&j.topic)
                 .key(j.hook.as_bytes())
                 .payload(&j.body)
-                .headers(j.headers.clone());
+                .headers(std::mem::take(&mut j.headers));
             sent.push(p.send_result(record).map_err(|(e, _)| e));
         }
         let delivered: Vec<Result<(i32, i64), KafkaError>> = sent
@@ -465,15 +448,12 @@ impl Worker {
         let now = ankusa_keyspace::now_ms();
         let markers: Vec<Marker> = jobs
             .iter()
-            .zip(&delivered)
-            .map(|(j, d)| {
-                let (partition, offset) = d.as_ref().copied().unwrap_or((0, 0));
-                Marker {
-                    written_ms: now,
-                    partition,
-                    offset,
-                    topic: j.topic.clone(),
-                }
+            .zip(delivered.into_iter().flatten())
+            .map(|(j, (partition, offset))| Marker {
+                written_ms: now,
+                partition,
+                offset,
+                topic: j.topic.clone(),
             })
             .collect();
         let ops = ankusa_queue::kafka::mark_ops(
@@ -494,7 +474,7 @@ impl Worker {
         match p.commit_transaction(self.timeout) {
             Ok(()) => {
                 for j in jobs {
-                    let _ = j.reply.send(Ok(Sent { duplicate: false }));
+                    let _ = j.reply.send(Ok(false));
                 }
                 Ok(())
             }
