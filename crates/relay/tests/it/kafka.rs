@@ -33,12 +33,18 @@ struct Read {
 /// Every committed message of the topics whose names start with `prefix` (read committed,
 /// from each partition's start to its end).
 fn committed(bootstrap: &str, prefix: &str) -> Vec<Read> {
+    read_topics(bootstrap, prefix, "read_committed")
+}
+
+/// Every message of the topics whose names start with `prefix`, at `isolation` (Kafka's
+/// `isolation.level`: `read_uncommitted` sees open and aborted transactions' messages too).
+fn read_topics(bootstrap: &str, prefix: &str, isolation: &str) -> Vec<Read> {
     let c: BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "ankusa-test-reader")
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation)
         .create()
         .expect("a test consumer");
     let md = c
@@ -338,11 +344,15 @@ async fn a_kafka_sink_over_tls_trusts_its_ca_bundle_and_signs_in_with_its_passwo
 
 /// What the proxy holds of the broker's answers.
 const PASS: u8 = 0;
+/// Kafka's API keys the proxy tells apart.
+const PRODUCE: i16 = 0;
+const END_TXN: i16 = 26;
 /// The answers to `EndTxn` (API key 26), and what follows them on their connection: the
 /// broker commits (or aborts) the transaction, the producer never learns.
 const HOLD_END_TXN: u8 = 1;
-/// Every answer: the broker has the messages, the producer never learns it did.
-const HOLD_ALL: u8 = 2;
+/// The answers to `Produce` (API key 0), and what follows them on their connection: the
+/// broker has the messages, the producer never learns it does.
+const HOLD_PRODUCE: u8 = 2;
 /// The `EndTxn` requests, and what follows them on their connection: the broker never
 /// hears of the commit.
 const HOLD_END_TXN_REQUEST: u8 = 3;
@@ -412,17 +422,20 @@ async fn relay_frames(
     use tokio::io::AsyncWriteExt;
     let (mut cr, mut cw) = client.into_split();
     let (mut sr, mut sw) = server.into_split();
-    let end_txn = Arc::new(std::sync::Mutex::new(
-        std::collections::HashSet::<i32>::new(),
-    ));
-    let (seen, up_mode) = (end_txn.clone(), mode.clone());
+    // The API key of each request sent, by its correlation id: what an answer answers.
+    let asked = Arc::new(std::sync::Mutex::new(HashMap::<i32, i16>::new()));
+    let (record, up_mode) = (asked.clone(), mode.clone());
     let up = tokio::spawn(async move {
         let mut held = false;
         while let Some(f) = read_frame(&mut cr).await {
-            if f.len() >= 12 && i16::from_be_bytes([f[4], f[5]]) == 26 {
+            if f.len() >= 12 {
+                let api_key = i16::from_be_bytes([f[4], f[5]]);
                 let correlation = i32::from_be_bytes([f[8], f[9], f[10], f[11]]);
-                seen.lock().unwrap().insert(correlation);
-                if !held && up_mode.load(Ordering::SeqCst) == HOLD_END_TXN_REQUEST {
+                record.lock().unwrap().insert(correlation, api_key);
+                if api_key == END_TXN
+                    && !held
+                    && up_mode.load(Ordering::SeqCst) == HOLD_END_TXN_REQUEST
+                {
                     held = true;
                     held_requests.fetch_add(1, Ordering::SeqCst);
                 }
@@ -437,15 +450,16 @@ async fn relay_frames(
     });
     let mut held = false;
     while let Some(f) = read_frame(&mut sr).await {
-        let correlation = if f.len() >= 8 {
-            i32::from_be_bytes([f[4], f[5], f[6], f[7]])
+        let answers = if f.len() >= 8 {
+            let correlation = i32::from_be_bytes([f[4], f[5], f[6], f[7]]);
+            asked.lock().unwrap().remove(&correlation)
         } else {
-            -1
+            None
         };
         held = held
             || match mode.load(Ordering::SeqCst) {
-                HOLD_ALL => true,
-                HOLD_END_TXN => end_txn.lock().unwrap().contains(&correlation),
+                HOLD_PRODUCE => answers == Some(PRODUCE),
+                HOLD_END_TXN => answers == Some(END_TXN),
                 _ => false,
             };
         if held {
@@ -466,7 +480,7 @@ async fn relay_frames(
 /// 2. after its marker was written and its commit asked for, the request held by the proxy:
 ///    restarted, the producer's start aborts the open transaction, the marked hooks are read
 ///    back, not found, and published again;
-/// 3. after it was published and before any marker (every answer held): restarted, the
+/// 3. after it was published and before any marker (the answers to its publishes held): restarted, the
 ///    producer's start aborts the open transaction, and the hooks are published again —
 ///    each once, as a `read_committed` reader sees the topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -589,12 +603,24 @@ async fn every_acked_hook_is_in_the_topic_once_across_a_sigkill_around_its_commi
         "the aborted transaction's hooks were read back, not found, and published again"
     );
 
-    // 3. Published, no marker yet (every answer held): aborted at the restart.
-    proxy.mode.store(HOLD_ALL, Ordering::SeqCst);
+    // 3. Published, no marker yet (the answers to the publishes held): aborted at the restart.
+    let before = count(bootstrap.clone()).await;
+    let uncommitted = |b: String| async move {
+        tokio::task::spawn_blocking(move || read_topics(&b, "crash", "read_uncommitted").len())
+            .await
+            .unwrap()
+    };
+    let seen_before = uncommitted(bootstrap.clone()).await;
+    proxy.mode.store(HOLD_PRODUCE, Ordering::SeqCst);
     for i in 0..HOOKS {
         ids.push(send(format!("held publish {i}")).await);
     }
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    until(60, "held publishes on the broker, uncommitted", || {
+        let b = bootstrap.clone();
+        async move { uncommitted(b).await > seen_before }
+    })
+    .await;
+    assert_eq!(count(bootstrap.clone()).await, before, "nothing committed");
     node.kill9();
     proxy.mode.store(PASS, Ordering::SeqCst);
     let _node = Proc::start(dir.path(), &spec);
